@@ -1,0 +1,1 @@
+"""memtrace.plots: renderers (timeline, flame graph, text). They read analysis results only."""

@@ -1,0 +1,1 @@
+"""memtrace.plugins: the vLLM general plugin, FlashInfer hooks and the pytest plugin."""

@@ -1,0 +1,34 @@
+"""memtrace: an exact timeline of GPU memory during vLLM start-up.
+
+Importing memtrace is cheap: it imports no torch, matplotlib or vLLM and never touches CUDA.
+The public API is loaded on first use:
+
+- ``memtrace.trace(path)`` / ``memtrace.start()`` / ``memtrace.stop()``: record any PyTorch program.
+- ``memtrace.phase(name)``: mark a phase (context manager or decorator).
+- ``memtrace.load(path)``: read a run directory or a trace file into ``memtrace.model.Run``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+__version__ = "0.1.0"
+
+__all__ = ["__version__", "load", "phase", "start", "stop", "trace"]
+
+_LAZY = {
+    "trace": ("memtrace.capture.api", "trace"),
+    "start": ("memtrace.capture.api", "start"),
+    "stop": ("memtrace.capture.api", "stop"),
+    "phase": ("memtrace.capture.api", "phase"),
+    "load": ("memtrace.store", "load_run"),
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        import importlib
+
+        module, attr = _LAZY[name]
+        return getattr(importlib.import_module(module), attr)
+    raise AttributeError(f"module 'memtrace' has no attribute {name!r}")

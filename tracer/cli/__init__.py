@@ -1,0 +1,71 @@
+"""The ``memtrace`` command line: one module per subcommand, discovered in this package.
+
+A command module defines ``NAME`` (the verb), ``ORDER`` (its place in ``--help``), a docstring (its
+help text), ``add_arguments(parser)`` and ``run(args) -> int``. It must be cheap to import: heavy
+imports (matplotlib, torch) go inside ``run``. Nothing outside ``memtrace.cli`` imports it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import pkgutil
+import sys
+
+from ..errors import MemtraceError
+
+
+def _commands() -> list:
+    mods = []
+    for info in pkgutil.iter_modules(__path__):
+        if info.name.startswith("_"):
+            continue
+        mod = importlib.import_module(f"{__name__}.{info.name}")
+        if hasattr(mod, "NAME") and hasattr(mod, "run"):
+            mods.append(mod)
+    return sorted(mods, key=lambda m: (getattr(m, "ORDER", 100), m.NAME))
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from .. import __version__
+
+    parser = argparse.ArgumentParser(
+        prog="memtrace",
+        description="An exact timeline of GPU memory during vLLM start-up: what filled the GPU, when, and who asked.",
+    )
+    parser.add_argument("--version", action="version", version=f"memtrace {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for mod in _commands():
+        doc = (mod.__doc__ or "").strip()
+        p = sub.add_parser(
+            mod.NAME,
+            help=doc.splitlines()[0] if doc else None,
+            description=doc,
+            formatter_class=argparse.RawDescriptionHelpFormatter,
+        )
+        mod.add_arguments(p)
+        p.set_defaults(_run=mod.run)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of the ``memtrace`` console script. Returns the exit code."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not getattr(args, "_run", None):
+        parser.print_help()
+        return 2
+    try:
+        return int(args._run(args) or 0)
+    except MemtraceError as exc:
+        print(f"memtrace: error: {exc}", file=sys.stderr)
+        return exc.exit_code
+    except KeyboardInterrupt:
+        print("memtrace: interrupted", file=sys.stderr)
+        return 130
+    except BrokenPipeError:
+        return 0
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

@@ -1,0 +1,29 @@
+"""memtrace's own error types: a user-caused problem is one line and an exit code, never a traceback."""
+
+from __future__ import annotations
+
+
+class MemtraceError(Exception):
+    """An error the user can fix. ``str(err)`` is one line saying what is wrong and what to do.
+
+    The CLI prints ``memtrace: error: <message>`` and exits with ``exit_code`` (2 by default).
+    """
+
+    exit_code = 2
+
+    def __init__(self, message: str, exit_code: int | None = None):
+        super().__init__(message)
+        if exit_code is not None:
+            self.exit_code = exit_code
+
+
+class TraceFormatError(MemtraceError):
+    """A file is missing, empty, corrupt, foreign, or from an unknown format version."""
+
+
+class UsageError(MemtraceError):
+    """An argument is invalid (unknown rank, a moment outside the run, a bad size...)."""
+
+
+class CaptureUnavailable(MemtraceError):
+    """Recording cannot start here (no torch, no GPU). Capture logs it and lets the program run."""

@@ -1,0 +1,228 @@
+"""The trace model: plain data describing what one GPU-owning process did with memory.
+
+This module is the bottom of memtrace's data flow: it imports nothing else of memtrace, and
+holds no behaviour beyond small conveniences. Every quantity is an integer of bytes (``*_bytes``)
+or of Unix-epoch microseconds (``*_us``); formatting belongs to the renderers.
+
+Allocator events are kept columnar, in one numpy structured array (``EVENT_DTYPE``), because a
+start-up can produce millions of them. Stacks are interned: an event refers to a stack id, a stack
+is a tuple of frame ids (innermost frame first, as PyTorch records them), a frame is
+(filename, line, function).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+#: On-disk format version written by this memtrace: (major, minor). Readers refuse a newer major.
+FORMAT_VERSION = (1, 0)
+
+#: Allocator actions, in the order of their integer codes in ``EVENT_DTYPE["action"]``.
+#: The names are PyTorch's own (``c10/core/CachingDeviceAllocator.h`` TraceEntry::Action).
+ACTIONS: tuple[str, ...] = (
+    "alloc",  # a block handed to a tensor; size = requested bytes
+    "free_requested",  # the tensor released it; memory may still wait on stream uses
+    "free_completed",  # the block is back in the allocator's pool
+    "segment_alloc",  # cudaMalloc of a new segment; size = segment bytes
+    "segment_free",  # cudaFree of a segment
+    "segment_map",  # expandable segment grew (physical pages mapped)
+    "segment_unmap",  # expandable segment shrank
+    "snapshot",  # a snapshot was taken (no memory effect)
+    "oom",  # the allocator failed; addr holds device free bytes, size the request
+    "annotate",  # user annotation (no memory effect)
+)
+ACTION_CODE: dict[str, int] = {name: code for code, name in enumerate(ACTIONS)}
+
+#: One allocator event. ``stack`` is an index into ``Trace.stacks`` or -1 when none was recorded.
+EVENT_DTYPE = np.dtype(
+    [
+        ("time_us", "<i8"),
+        ("action", "<i1"),
+        ("addr", "<i8"),
+        ("size", "<i8"),
+        ("stream", "<i8"),
+        ("stack", "<i4"),
+    ]
+)
+
+#: One device-level sample (NVML): memory used on the whole device, all processes included.
+SAMPLE_DTYPE = np.dtype([("time_us", "<i8"), ("used_bytes", "<i8")])
+
+
+def empty_events(n: int = 0) -> np.ndarray:
+    """A zeroed event array of length ``n`` (stack set to -1)."""
+    events = np.zeros(n, dtype=EVENT_DTYPE)
+    events["stack"] = -1
+    return events
+
+
+def empty_samples(n: int = 0) -> np.ndarray:
+    """A zeroed device-sample array of length ``n``."""
+    return np.zeros(n, dtype=SAMPLE_DTYPE)
+
+
+@dataclass(frozen=True)
+class Frame:
+    """One Python (or C++) frame of an allocation's stack."""
+
+    filename: str
+    line: int
+    name: str
+
+
+@dataclass
+class Block:
+    """A block inside a segment at the moment the final snapshot was taken."""
+
+    address: int
+    size_bytes: int
+    requested_bytes: int
+    state: str  # "active_allocated", "active_pending_free", "inactive"
+    stack: int = -1
+
+
+@dataclass
+class Segment:
+    """A segment (one cudaMalloc, or one expandable range) at the final snapshot."""
+
+    address: int
+    total_bytes: int
+    stream: int = 0
+    segment_type: str = "large"
+    pool_id: str = "0,0"  # PyTorch's (a, b) pool id; "0,0" is the default pool, others are graph pools
+    is_expandable: bool = False
+    blocks: list[Block] = field(default_factory=list)
+
+    @property
+    def allocated_bytes(self) -> int:
+        return sum(b.size_bytes for b in self.blocks if b.state.startswith("active"))
+
+    @property
+    def requested_bytes(self) -> int:
+        return sum(b.requested_bytes for b in self.blocks if b.state.startswith("active"))
+
+
+@dataclass
+class Phase:
+    """A named span of time. ``parent`` is the index of the enclosing phase in ``Trace.phases``.
+
+    ``end_us`` is None for a phase that never ended (the process died inside it).
+    ``source`` says who marked it: "vllm" (the plugin), "user" (memtrace.phase), "annotation"
+    (a record_function range found in a PyTorch snapshot).
+    """
+
+    name: str
+    start_us: int
+    end_us: int | None = None
+    parent: int | None = None
+    source: str = "user"
+
+
+@dataclass
+class HookCall:
+    """One call of a hooked function (FlashInfer workspace allocators by default).
+
+    ``returned_bytes`` counts the distinct storages the call returned; the deltas are PyTorch's
+    allocated/reserved counters after minus before. ``args`` keeps ints, strings, dtypes, shapes.
+    """
+
+    name: str
+    start_us: int
+    end_us: int
+    args: dict[str, Any] = field(default_factory=dict)
+    returned_bytes: int | None = None
+    allocated_delta_bytes: int | None = None
+    reserved_delta_bytes: int | None = None
+    error: str | None = None
+    parent: int | None = None  # index of the enclosing hook call (nested calls)
+
+
+@dataclass
+class Note:
+    """Something a reader of the trace must know: a missing hook target, a truncated history."""
+
+    time_us: int
+    level: str  # "info", "warning", "error"
+    text: str
+
+
+@dataclass
+class Process:
+    """Who recorded the trace: one process owning (at most) one device."""
+
+    pid: int = 0
+    hostname: str = ""
+    role: str = ""  # "worker", "engine", "user", "import"...
+    rank: int | None = None
+    local_rank: int | None = None
+    world_size: int | None = None
+    device_index: int | None = None
+    device_total_bytes: int | None = None  # physical capacity of the device
+
+
+@dataclass
+class Recording:
+    """How the allocator history was recorded, and whether anything is missing from it."""
+
+    source: str = "memtrace"  # "memtrace" (live capture) or "torch-snapshot" (imported)
+    start_us: int | None = None
+    end_us: int | None = None
+    stacks: str = "python"  # "none", "python", "all"
+    max_entries: int | None = None
+    drains: int = 0
+    truncated: bool = False  # events were lost (ring buffer wrapped before a drain)
+    lost_events_min: int = 0  # a lower bound on how many, when known
+    end_reason: str = ""  # "stop", "startup-complete", "oom", "signal:SIGTERM", "exit"...
+
+
+#: Well-known fact keys. Facts are a JSON-compatible dict; unknown keys are kept as they are.
+FACT_ENV = "env"  # dict: gpu_name, compute_capability, driver, cuda, torch, vllm, flashinfer, cmdline...
+FACT_TARGET_BYTES = "target_bytes"  # the utilization target: the line a start-up must stay under
+FACT_UTIL = "gpu_memory_utilization"
+FACT_VLLM_AVAILABLE_KV_BYTES = "vllm.available_kv_cache_bytes"
+FACT_VLLM_KV_TOKENS = "vllm.kv_cache_tokens"
+FACT_OOM = "oom"  # dict: time_us, device, requested_bytes, device_total_bytes, device_free_bytes
+FACT_COUNTERS = "torch_counters"  # list of dicts: torch's own counters at phase ends (validation)
+
+
+@dataclass
+class Trace:
+    """Everything one process recorded. Plain data: analysis functions take it as input."""
+
+    process: Process = field(default_factory=Process)
+    recording: Recording = field(default_factory=Recording)
+    events: np.ndarray = field(default_factory=empty_events)
+    frames: list[Frame] = field(default_factory=list)
+    stacks: list[tuple[int, ...]] = field(default_factory=list)
+    segments: list[Segment] = field(default_factory=list)
+    phases: list[Phase] = field(default_factory=list)
+    samples: np.ndarray = field(default_factory=empty_samples)
+    hook_calls: list[HookCall] = field(default_factory=list)
+    facts: dict[str, Any] = field(default_factory=dict)
+    notes: list[Note] = field(default_factory=list)
+    #: Where the trace was read from (set by the store; not saved).
+    path: str = ""
+
+    def stack_frames(self, stack: int) -> list[Frame]:
+        """The frames of an interned stack, innermost first; [] for -1."""
+        if stack < 0:
+            return []
+        return [self.frames[i] for i in self.stacks[stack]]
+
+    @property
+    def label(self) -> str:
+        """A short name for this process in reports: ``rank 0``, ``pid 1234``."""
+        if self.process.rank is not None:
+            return f"rank {self.process.rank}"
+        return f"pid {self.process.pid}"
+
+
+@dataclass
+class Run:
+    """One traced run: a directory holding one trace file per process (or a single file)."""
+
+    path: str
+    traces: list[Trace] = field(default_factory=list)

@@ -1,0 +1,425 @@
+"""The on-disk store: one SQLite file per traced process, one directory per run.
+
+Why SQLite: it is in the standard library, crash-safe (each append is a committed transaction, so
+a SIGKILL leaves everything flushed before it readable), appendable while the process runs, and
+open to any SQLite tool. It is never pickle.
+
+Layout of a trace file (format ``memtrace-trace``, version ``FORMAT_VERSION``):
+
+- ``meta(key, value)``: ``format``, ``version`` ("1.0"), ``writer`` and the JSON documents
+  ``process``, ``recording``, ``facts``.
+- ``frames(id, filename, line, name)`` and ``stacks(id, frames)`` (frame ids, innermost first,
+  space-separated): the interned stacks.
+- ``event_chunks(seq, count, data)``: allocator events in appended chunks; ``data`` is the raw
+  little-endian bytes of a numpy array of ``EVENT_DTYPE`` (time_us i8, action i1, addr i8, size i8,
+  stream i8, stack i4, packed). Chunks keep a million events loadable in well under a second;
+  ``memtrace export`` turns them into other formats.
+- ``sample_chunks(seq, count, data)``: device samples, ``SAMPLE_DTYPE`` (time_us i8, used_bytes i8).
+- ``segments`` and ``blocks``: the allocator state at the last snapshot.
+- ``phases``, ``hook_calls``, ``notes``: one row each.
+
+Readers refuse a file whose major version is newer than theirs and fill defaults for fields a
+minor version added. A run directory holds ``*.memtrace`` files (one per process); a run is also
+allowed to be a single file.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import sqlite3
+import time
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from .errors import TraceFormatError
+from .model import (
+    EVENT_DTYPE,
+    FORMAT_VERSION,
+    SAMPLE_DTYPE,
+    Block,
+    Frame,
+    HookCall,
+    Note,
+    Phase,
+    Process,
+    Recording,
+    Run,
+    Segment,
+    Trace,
+    empty_events,
+    empty_samples,
+)
+
+FORMAT_NAME = "memtrace-trace"
+SUFFIX = ".memtrace"
+SQLITE_MAGIC = b"SQLite format 3\x00"
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS meta(key TEXT PRIMARY KEY, value TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS frames(id INTEGER PRIMARY KEY, filename TEXT, line INTEGER, name TEXT);
+CREATE TABLE IF NOT EXISTS stacks(id INTEGER PRIMARY KEY, frames TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS event_chunks(seq INTEGER PRIMARY KEY, count INTEGER NOT NULL, data BLOB NOT NULL);
+CREATE TABLE IF NOT EXISTS sample_chunks(seq INTEGER PRIMARY KEY, count INTEGER NOT NULL, data BLOB NOT NULL);
+CREATE TABLE IF NOT EXISTS segments(id INTEGER PRIMARY KEY, address INTEGER, total_bytes INTEGER,
+    stream INTEGER, segment_type TEXT, pool_id TEXT, is_expandable INTEGER);
+CREATE TABLE IF NOT EXISTS blocks(segment INTEGER, address INTEGER, size_bytes INTEGER,
+    requested_bytes INTEGER, state TEXT, stack INTEGER);
+CREATE TABLE IF NOT EXISTS phases(id INTEGER PRIMARY KEY, name TEXT, start_us INTEGER, end_us INTEGER,
+    parent INTEGER, source TEXT);
+CREATE TABLE IF NOT EXISTS hook_calls(id INTEGER PRIMARY KEY, name TEXT, start_us INTEGER, end_us INTEGER,
+    args TEXT, returned_bytes INTEGER, allocated_delta_bytes INTEGER, reserved_delta_bytes INTEGER,
+    error TEXT, parent INTEGER);
+CREATE TABLE IF NOT EXISTS notes(id INTEGER PRIMARY KEY, time_us INTEGER, level TEXT, text TEXT);
+"""
+
+
+def _json(obj: Any) -> str:
+    return json.dumps(obj, sort_keys=True, default=str)
+
+
+def _from_dict(cls, data: dict[str, Any]):
+    """Build a dataclass from a dict, ignoring unknown keys and defaulting missing ones."""
+    names = {f.name for f in dataclasses.fields(cls)}
+    return cls(**{k: v for k, v in data.items() if k in names})
+
+
+class TraceWriter:
+    """Appends one process's trace to a SQLite file; every method commits, so a crash loses nothing
+    already written.
+
+    Frames and stacks are interned here: pass frames as (filename, line, name) tuples to
+    :meth:`intern_stack` and store the returned id in the events' ``stack`` column.
+    """
+
+    def __init__(self, path: str | os.PathLike, *, overwrite: bool = False):
+        self.path = Path(path)
+        if self.path.exists() and not overwrite:
+            raise TraceFormatError(f"{self.path} already exists; choose another output or pass --force")
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        if overwrite and self.path.exists():
+            self.path.unlink()
+        self._db = sqlite3.connect(str(self.path), check_same_thread=False)
+        self._db.execute("PRAGMA journal_mode=WAL")
+        self._db.execute("PRAGMA synchronous=NORMAL")
+        self._db.executescript(_SCHEMA)
+        self._frames: dict[tuple[str, int, str], int] = {}
+        self._stacks: dict[tuple[int, ...], int] = {}
+        self._event_seq = 0
+        self._sample_seq = 0
+        with self._db:
+            self._put_meta("format", FORMAT_NAME)
+            self._put_meta("version", f"{FORMAT_VERSION[0]}.{FORMAT_VERSION[1]}")
+            self._put_meta("writer", f"memtrace pid {os.getpid()} at {int(time.time() * 1e6)}")
+
+    # -- small helpers -------------------------------------------------------------------------
+    def _put_meta(self, key: str, value: str) -> None:
+        self._db.execute("INSERT OR REPLACE INTO meta(key, value) VALUES (?, ?)", (key, value))
+
+    def close(self) -> None:
+        if self._db is not None:
+            try:
+                self._db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+            except sqlite3.Error:
+                pass
+            self._db.close()
+            self._db = None
+
+    def __enter__(self) -> TraceWriter:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    # -- documents -----------------------------------------------------------------------------
+    def set_process(self, process: Process) -> None:
+        with self._db:
+            self._put_meta("process", _json(dataclasses.asdict(process)))
+
+    def set_recording(self, recording: Recording) -> None:
+        with self._db:
+            self._put_meta("recording", _json(dataclasses.asdict(recording)))
+
+    def set_facts(self, facts: dict[str, Any]) -> None:
+        with self._db:
+            self._put_meta("facts", _json(facts))
+
+    # -- interning -----------------------------------------------------------------------------
+    def intern_frames(self, frames: Iterable[tuple[str, int, str]]) -> tuple[int, ...]:
+        ids = []
+        new = []
+        for key in frames:
+            fid = self._frames.get(key)
+            if fid is None:
+                fid = self._frames[key] = len(self._frames)
+                new.append((fid, *key))
+            ids.append(fid)
+        if new:
+            with self._db:
+                self._db.executemany("INSERT INTO frames(id, filename, line, name) VALUES (?,?,?,?)", new)
+        return tuple(ids)
+
+    def intern_stack(self, frames: Iterable[tuple[str, int, str]]) -> int:
+        """The stack id for ``frames`` (innermost first), adding it if new."""
+        key = self.intern_frames(frames)
+        sid = self._stacks.get(key)
+        if sid is None:
+            sid = self._stacks[key] = len(self._stacks)
+            with self._db:
+                self._db.execute(
+                    "INSERT INTO stacks(id, frames) VALUES (?, ?)", (sid, " ".join(map(str, key)))
+                )
+        return sid
+
+    # -- appends -------------------------------------------------------------------------------
+    def append_events(self, events: np.ndarray) -> None:
+        if len(events) == 0:
+            return
+        data = np.ascontiguousarray(events, dtype=EVENT_DTYPE).tobytes()
+        with self._db:
+            self._db.execute(
+                "INSERT INTO event_chunks(seq, count, data) VALUES (?,?,?)", (self._event_seq, len(events), data)
+            )
+        self._event_seq += 1
+
+    def append_samples(self, samples: np.ndarray) -> None:
+        if len(samples) == 0:
+            return
+        data = np.ascontiguousarray(samples, dtype=SAMPLE_DTYPE).tobytes()
+        with self._db:
+            self._db.execute(
+                "INSERT INTO sample_chunks(seq, count, data) VALUES (?,?,?)", (self._sample_seq, len(samples), data)
+            )
+        self._sample_seq += 1
+
+    def set_segments(self, segments: list[Segment]) -> None:
+        """Replace the stored allocator state (the last snapshot wins)."""
+        with self._db:
+            self._db.execute("DELETE FROM segments")
+            self._db.execute("DELETE FROM blocks")
+            for i, s in enumerate(segments):
+                self._db.execute(
+                    "INSERT INTO segments VALUES (?,?,?,?,?,?,?)",
+                    (i, s.address, s.total_bytes, s.stream, s.segment_type, s.pool_id, int(s.is_expandable)),
+                )
+                self._db.executemany(
+                    "INSERT INTO blocks VALUES (?,?,?,?,?,?)",
+                    [(i, b.address, b.size_bytes, b.requested_bytes, b.state, b.stack) for b in s.blocks],
+                )
+
+    def add_phase(self, phase: Phase) -> int:
+        """Store a phase and return its id (pass it as ``parent`` of nested phases)."""
+        with self._db:
+            cur = self._db.execute(
+                "INSERT INTO phases(name, start_us, end_us, parent, source) VALUES (?,?,?,?,?)",
+                (phase.name, phase.start_us, phase.end_us, phase.parent, phase.source),
+            )
+        return cur.lastrowid - 1  # ids are 1-based in SQLite, indexes 0-based in the model
+
+    def end_phase(self, index: int, end_us: int) -> None:
+        with self._db:
+            self._db.execute("UPDATE phases SET end_us=? WHERE id=?", (end_us, index + 1))
+
+    def add_hook_call(self, call: HookCall) -> int:
+        with self._db:
+            cur = self._db.execute(
+                "INSERT INTO hook_calls(name, start_us, end_us, args, returned_bytes, allocated_delta_bytes,"
+                " reserved_delta_bytes, error, parent) VALUES (?,?,?,?,?,?,?,?,?)",
+                (
+                    call.name,
+                    call.start_us,
+                    call.end_us,
+                    _json(call.args),
+                    call.returned_bytes,
+                    call.allocated_delta_bytes,
+                    call.reserved_delta_bytes,
+                    call.error,
+                    call.parent,
+                ),
+            )
+        return cur.lastrowid - 1
+
+    def add_note(self, note: Note) -> None:
+        with self._db:
+            self._db.execute(
+                "INSERT INTO notes(time_us, level, text) VALUES (?,?,?)", (note.time_us, note.level, note.text)
+            )
+
+
+def save_trace(trace: Trace, path: str | os.PathLike, *, overwrite: bool = False) -> Path:
+    """Write a whole in-memory Trace to ``path`` (an importer's result, a test fixture...)."""
+    with TraceWriter(path, overwrite=overwrite) as w:
+        w.set_process(trace.process)
+        w.set_recording(trace.recording)
+        w.set_facts(trace.facts)
+        # frames and stacks keep their ids: write them verbatim
+        with w._db:
+            w._db.executemany(
+                "INSERT INTO frames(id, filename, line, name) VALUES (?,?,?,?)",
+                [(i, f.filename, f.line, f.name) for i, f in enumerate(trace.frames)],
+            )
+            w._db.executemany(
+                "INSERT INTO stacks(id, frames) VALUES (?,?)",
+                [(i, " ".join(map(str, s))) for i, s in enumerate(trace.stacks)],
+            )
+        w._frames = {(f.filename, f.line, f.name): i for i, f in enumerate(trace.frames)}
+        w._stacks = {tuple(s): i for i, s in enumerate(trace.stacks)}
+        chunk = 1 << 18
+        for start in range(0, len(trace.events), chunk):
+            w.append_events(trace.events[start : start + chunk])
+        for start in range(0, len(trace.samples), chunk):
+            w.append_samples(trace.samples[start : start + chunk])
+        w.set_segments(trace.segments)
+        for p in trace.phases:
+            w.add_phase(p)
+        for c in trace.hook_calls:
+            w.add_hook_call(c)
+        for n in trace.notes:
+            w.add_note(n)
+    return Path(path)
+
+
+# -- reading ------------------------------------------------------------------------------------
+
+
+def _check_file(path: Path) -> None:
+    if not path.exists():
+        raise TraceFormatError(f"{path}: no such file or directory; pass a run directory or a .memtrace file")
+    if path.is_dir():
+        raise TraceFormatError(f"{path} is a directory; pass a .memtrace file, or load it as a run")
+    size = path.stat().st_size
+    if size == 0:
+        raise TraceFormatError(f"{path} is empty: the traced process wrote nothing; record the run again")
+    with open(path, "rb") as f:
+        head = f.read(16)
+    if head != SQLITE_MAGIC:
+        raise TraceFormatError(
+            f"{path} is not a memtrace trace (not SQLite); for a PyTorch snapshot pickle use "
+            "'memtrace import' or pass --allow-pickle"
+        )
+
+
+def _chunks(db: sqlite3.Connection, table: str, dtype: np.dtype, empty) -> np.ndarray:
+    rows = db.execute(f"SELECT count, data FROM {table} ORDER BY seq").fetchall()
+    if not rows:
+        return empty()
+    parts = []
+    for count, data in rows:
+        if len(data) != count * dtype.itemsize:
+            raise TraceFormatError(f"corrupt {table}: a chunk holds {len(data)} bytes for {count} records")
+        parts.append(np.frombuffer(data, dtype=dtype))
+    return np.concatenate(parts) if len(parts) > 1 else parts[0].copy()
+
+
+def _version(db: sqlite3.Connection, path: Path) -> tuple[int, int]:
+    meta = dict(db.execute("SELECT key, value FROM meta WHERE key IN ('format', 'version')").fetchall())
+    if meta.get("format") != FORMAT_NAME:
+        raise TraceFormatError(f"{path} is an SQLite file but not a memtrace trace (format={meta.get('format')!r})")
+    try:
+        major, minor = (int(x) for x in meta["version"].split("."))
+    except (KeyError, ValueError):
+        raise TraceFormatError(f"{path}: unreadable format version {meta.get('version')!r}") from None
+    if major > FORMAT_VERSION[0]:
+        raise TraceFormatError(
+            f"{path} uses memtrace trace format {major}.{minor}, newer than the {FORMAT_VERSION[0]}.x this "
+            "memtrace reads; upgrade memtrace (pip install -U memtrace)"
+        )
+    return major, minor
+
+
+def load_trace(path: str | os.PathLike) -> Trace:
+    """Read one trace file. Raises TraceFormatError (one line) for anything a user can cause."""
+    path = Path(path)
+    _check_file(path)
+    try:
+        db = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
+        try:
+            return _read(db, path)
+        finally:
+            db.close()
+    except sqlite3.DatabaseError as exc:
+        raise TraceFormatError(f"{path} is corrupt ({exc}); record the run again or restore a copy") from None
+
+
+def _read(db: sqlite3.Connection, path: Path) -> Trace:
+    tables = {r[0] for r in db.execute("SELECT name FROM sqlite_master WHERE type='table'")}
+    if "meta" not in tables:
+        raise TraceFormatError(f"{path} is an SQLite file but not a memtrace trace (no meta table)")
+    _version(db, path)
+    meta = dict(db.execute("SELECT key, value FROM meta").fetchall())
+
+    def doc(key: str) -> dict[str, Any]:
+        return json.loads(meta[key]) if key in meta else {}
+
+    def rows(table: str, sql: str) -> list[tuple]:
+        return db.execute(sql).fetchall() if table in tables else []
+
+    trace = Trace(
+        process=_from_dict(Process, doc("process")),
+        recording=_from_dict(Recording, doc("recording")),
+        facts=doc("facts"),
+        path=str(path),
+    )
+    trace.frames = [Frame(f or "", int(l or 0), n or "") for f, l, n in rows("frames", "SELECT filename, line, name FROM frames ORDER BY id")]
+    trace.stacks = [
+        tuple(int(x) for x in s.split()) for (s,) in rows("stacks", "SELECT frames FROM stacks ORDER BY id")
+    ]
+    trace.events = _chunks(db, "event_chunks", EVENT_DTYPE, empty_events) if "event_chunks" in tables else empty_events()
+    trace.samples = (
+        _chunks(db, "sample_chunks", SAMPLE_DTYPE, empty_samples) if "sample_chunks" in tables else empty_samples()
+    )
+    segs: dict[int, Segment] = {}
+    for sid, addr, total, stream, stype, pool, expandable in rows(
+        "segments", "SELECT id, address, total_bytes, stream, segment_type, pool_id, is_expandable FROM segments ORDER BY id"
+    ):
+        segs[sid] = Segment(addr, total, stream, stype, pool, bool(expandable))
+    for seg, addr, size, req, state, stack in rows(
+        "blocks", "SELECT segment, address, size_bytes, requested_bytes, state, stack FROM blocks"
+    ):
+        if seg in segs:
+            segs[seg].blocks.append(Block(addr, size, req, state, stack if stack is not None else -1))
+    trace.segments = list(segs.values())
+    trace.phases = [
+        Phase(n, s, e, p, src or "user")
+        for n, s, e, p, src in rows("phases", "SELECT name, start_us, end_us, parent, source FROM phases ORDER BY id")
+    ]
+    trace.hook_calls = [
+        HookCall(n, s, e, json.loads(a) if a else {}, rb, ad, rd, err, par)
+        for n, s, e, a, rb, ad, rd, err, par in rows(
+            "hook_calls",
+            "SELECT name, start_us, end_us, args, returned_bytes, allocated_delta_bytes, reserved_delta_bytes,"
+            " error, parent FROM hook_calls ORDER BY id",
+        )
+    ]
+    trace.notes = [Note(t, lv, tx) for t, lv, tx in rows("notes", "SELECT time_us, level, text FROM notes ORDER BY id")]
+    n_frames = len(trace.frames)
+    if any(fid >= n_frames for s in trace.stacks for fid in s):
+        raise TraceFormatError(f"{path} is corrupt: a stack names a frame that is not stored")
+    return trace
+
+
+def trace_files(run_dir: str | os.PathLike) -> list[Path]:
+    """The trace files of a run directory, in a stable order."""
+    return sorted(Path(run_dir).glob(f"*{SUFFIX}"))
+
+
+def load_run(path: str | os.PathLike) -> Run:
+    """Read a run: a directory of ``*.memtrace`` files, or one file. Traces are ordered by rank, then pid."""
+    path = Path(path)
+    if not path.exists():
+        raise TraceFormatError(f"{path}: no such file or directory; pass a run directory or a .memtrace file")
+    if path.is_dir():
+        files = trace_files(path)
+        if not files:
+            raise TraceFormatError(
+                f"{path} holds no {SUFFIX} files; was the run recorded with memtrace (VLLM_PLUGINS=memtrace)?"
+            )
+        traces = [load_trace(f) for f in files]
+    else:
+        traces = [load_trace(path)]
+    traces.sort(key=lambda t: (t.process.rank if t.process.rank is not None else 1 << 30, t.process.pid))
+    return Run(path=str(path), traces=traces)
