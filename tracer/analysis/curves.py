@@ -1,0 +1,157 @@
+"""Exact memory curves from allocator events: pure functions over a Trace.
+
+Semantics (PyTorch's caching allocator, ``TraceEntry`` actions):
+
+- **reserved** (what PyTorch holds from CUDA; torch's ``memory_reserved``): ``+size`` on
+  ``segment_alloc`` and ``segment_map``, ``-size`` on ``segment_free`` and ``segment_unmap``.
+- **allocated** (bytes live in tensors, as *requested* by the caller): ``+size`` on ``alloc``,
+  ``-size`` on ``free_completed``. Between ``free_requested`` and ``free_completed`` a block still
+  waits on another stream's work, so it still occupies memory and stays counted. Trace entries carry
+  requested sizes; torch's ``memory_allocated`` counts blocks rounded up to 512 B (or 2 MiB for large
+  ones), so it is a few KiB above this curve: both are exact, they count different things.
+- **baseline**: memory that existed before the first recorded event, reconstructed from the final
+  snapshot: ``baseline = state at snapshot - net effect of all recorded events``.
+- **device used** comes from NVML samples (all processes, CUDA context, NCCL, raw cudaMalloc);
+  **non-PyTorch** = device used - reserved, evaluated at each sample.
+
+A Curve is a step function: ``bytes[i]`` holds from ``time_us[i]`` until ``time_us[i+1]``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..model import ACTION_CODE, Trace
+
+_ALLOC = ACTION_CODE["alloc"]
+_FREE_COMPLETED = ACTION_CODE["free_completed"]
+_SEG_UP = (ACTION_CODE["segment_alloc"], ACTION_CODE["segment_map"])
+_SEG_DOWN = (ACTION_CODE["segment_free"], ACTION_CODE["segment_unmap"])
+
+
+@dataclass(frozen=True)
+class Curve:
+    """A step function of bytes over time (Unix-epoch microseconds)."""
+
+    time_us: np.ndarray  # int64, non-decreasing
+    bytes: np.ndarray  # int64, same length
+
+    def __len__(self) -> int:
+        return len(self.time_us)
+
+    @property
+    def peak_index(self) -> int:
+        """Index of the first maximum (-1 for an empty curve)."""
+        return int(np.argmax(self.bytes)) if len(self.bytes) else -1
+
+    @property
+    def peak_bytes(self) -> int:
+        return int(self.bytes.max()) if len(self.bytes) else 0
+
+    def at(self, t_us: int) -> int:
+        """The value in force at ``t_us`` (the last step at or before it); 0 before the first."""
+        i = int(np.searchsorted(self.time_us, t_us, side="right")) - 1
+        return int(self.bytes[i]) if i >= 0 else 0
+
+    def window(self, start_us: int, end_us: int) -> Curve:
+        """The part of the curve in force during [start_us, end_us], starting with the value at start_us."""
+        lo = int(np.searchsorted(self.time_us, start_us, side="right"))
+        hi = int(np.searchsorted(self.time_us, end_us, side="right"))
+        t = np.concatenate(([start_us], self.time_us[lo:hi])).astype(np.int64)
+        b = np.concatenate(([self.at(start_us)], self.bytes[lo:hi])).astype(np.int64)
+        return Curve(t, b)
+
+
+@dataclass(frozen=True)
+class Baseline:
+    """Memory that existed before the first recorded event."""
+
+    allocated_bytes: int
+    reserved_bytes: int
+    consistent: bool  # False when the events do not add up to the final snapshot (lost events)
+
+
+def _deltas(trace: Trace, up: tuple[int, ...], down: tuple[int, ...]) -> np.ndarray:
+    ev = trace.events
+    action = ev["action"]
+    delta = np.zeros(len(ev), dtype=np.int64)
+    size = ev["size"].astype(np.int64)
+    delta[np.isin(action, up)] = size[np.isin(action, up)]
+    mask_down = np.isin(action, down)
+    delta[mask_down] = -size[mask_down]
+    return delta
+
+
+def _allocated_deltas(trace: Trace) -> np.ndarray:
+    return _deltas(trace, (_ALLOC,), (_FREE_COMPLETED,))
+
+
+def _reserved_deltas(trace: Trace) -> np.ndarray:
+    return _deltas(trace, _SEG_UP, _SEG_DOWN)
+
+
+def baseline(trace: Trace) -> Baseline:
+    """Reconstruct the memory present before recording began from the final segments.
+
+    Without segments (none were saved), the baseline is taken as zero, which is right for a
+    recording started before the program's first CUDA allocation.
+    """
+    net_alloc = int(_allocated_deltas(trace).sum())
+    net_reserved = int(_reserved_deltas(trace).sum())
+    if not trace.segments:
+        return Baseline(0, 0, consistent=net_alloc >= 0 and net_reserved >= 0)
+    final_reserved = sum(s.total_bytes for s in trace.segments)
+    final_alloc = sum(
+        b.requested_bytes for s in trace.segments for b in s.blocks if b.state.startswith("active")
+    )
+    base_alloc = final_alloc - net_alloc
+    base_reserved = final_reserved - net_reserved
+    ok = base_alloc >= 0 and base_reserved >= 0 and base_alloc <= base_reserved
+    return Baseline(max(base_alloc, 0), max(base_reserved, 0), consistent=ok)
+
+
+def _curve(trace: Trace, deltas: np.ndarray, start: int) -> Curve:
+    ev = trace.events
+    t0 = trace.recording.start_us
+    times = ev["time_us"].astype(np.int64)
+    values = start + np.cumsum(deltas)
+    if t0 is None or (len(times) and t0 > times[0]):
+        t0 = int(times[0]) if len(times) else 0
+    return Curve(np.concatenate(([t0], times)), np.concatenate(([start], values)).astype(np.int64))
+
+
+def allocated_curve(trace: Trace, base: Baseline | None = None) -> Curve:
+    """Bytes live in tensors (requested sizes), after every event."""
+    base = base or baseline(trace)
+    return _curve(trace, _allocated_deltas(trace), base.allocated_bytes)
+
+
+def reserved_curve(trace: Trace, base: Baseline | None = None) -> Curve:
+    """Bytes PyTorch holds in segments, after every event."""
+    base = base or baseline(trace)
+    return _curve(trace, _reserved_deltas(trace), base.reserved_bytes)
+
+
+def device_used_curve(trace: Trace) -> Curve:
+    """NVML device-used bytes (whole device), one step per sample."""
+    s = trace.samples
+    return Curve(s["time_us"].astype(np.int64), s["used_bytes"].astype(np.int64))
+
+
+def non_torch_curve(trace: Trace, reserved: Curve | None = None) -> Curve:
+    """Device used minus PyTorch reserved at each NVML sample: CUDA context, NCCL, cuBLAS, raw cudaMalloc.
+
+    Memory of other processes on the same device is included (NVML sees the device, not the process).
+    """
+    used = device_used_curve(trace)
+    if len(used) == 0:
+        return used
+    reserved = reserved or reserved_curve(trace)
+    if len(reserved):
+        idx = np.searchsorted(reserved.time_us, used.time_us, side="right") - 1
+        res = np.where(idx >= 0, reserved.bytes[np.clip(idx, 0, None)], 0)
+    else:
+        res = np.zeros(len(used), dtype=np.int64)
+    return Curve(used.time_us, used.bytes - res)
