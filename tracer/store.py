@@ -170,9 +170,7 @@ class TraceWriter:
         if sid is None:
             sid = self._stacks[key] = len(self._stacks)
             with self._db:
-                self._db.execute(
-                    "INSERT INTO stacks(id, frames) VALUES (?, ?)", (sid, " ".join(map(str, key)))
-                )
+                self._db.execute("INSERT INTO stacks(id, frames) VALUES (?, ?)", (sid, " ".join(map(str, key))))
         return sid
 
     # -- appends -------------------------------------------------------------------------------
@@ -364,17 +362,23 @@ def _read(db: sqlite3.Connection, path: Path) -> Trace:
         facts=doc("facts"),
         path=str(path),
     )
-    trace.frames = [Frame(f or "", int(l or 0), n or "") for f, l, n in rows("frames", "SELECT filename, line, name FROM frames ORDER BY id")]
+    trace.frames = [
+        Frame(f or "", int(ln or 0), n or "")
+        for f, ln, n in rows("frames", "SELECT filename, line, name FROM frames ORDER BY id")
+    ]
     trace.stacks = [
         tuple(int(x) for x in s.split()) for (s,) in rows("stacks", "SELECT frames FROM stacks ORDER BY id")
     ]
-    trace.events = _chunks(db, "event_chunks", EVENT_DTYPE, empty_events) if "event_chunks" in tables else empty_events()
+    trace.events = (
+        _chunks(db, "event_chunks", EVENT_DTYPE, empty_events) if "event_chunks" in tables else empty_events()
+    )
     trace.samples = (
         _chunks(db, "sample_chunks", SAMPLE_DTYPE, empty_samples) if "sample_chunks" in tables else empty_samples()
     )
     segs: dict[int, Segment] = {}
     for sid, addr, total, stream, stype, pool, expandable in rows(
-        "segments", "SELECT id, address, total_bytes, stream, segment_type, pool_id, is_expandable FROM segments ORDER BY id"
+        "segments",
+        "SELECT id, address, total_bytes, stream, segment_type, pool_id, is_expandable FROM segments ORDER BY id",
     ):
         segs[sid] = Segment(addr, total, stream, stype, pool, bool(expandable))
     for seg, addr, size, req, state, stack in rows(

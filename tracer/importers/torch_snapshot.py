@@ -79,7 +79,9 @@ def entries_to_events(entries: Sequence[dict[str, Any]], intern_stack: StackInte
     return events[:n]
 
 
-def segments_from_snapshot(raw_segments: Sequence[dict[str, Any]], intern_stack: StackInterner, device: int | None = None) -> list[Segment]:
+def segments_from_snapshot(
+    raw_segments: Sequence[dict[str, Any]], intern_stack: StackInterner, device: int | None = None
+) -> list[Segment]:
     """The allocator state of a snapshot (``snapshot["segments"]``), for one device if given."""
     out = []
     for s in raw_segments:

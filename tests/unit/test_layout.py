@@ -1,0 +1,68 @@
+"""The package layout: the user's top-level folders map onto one import package, `memtrace`."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import tomllib
+
+ROOT = Path(__file__).resolve().parents[2]
+ROOTS = {"memtrace": "tracer", "memtrace.plugins": "plugins", "memtrace.plots": "plots"}
+
+
+def _packages_on_disk() -> set[str]:
+    found = set()
+    for package, folder in ROOTS.items():
+        base = ROOT / folder
+        for init in base.rglob("__init__.py"):
+            rel = init.parent.relative_to(base)
+            parts = [] if rel == Path(".") else list(rel.parts)
+            found.add(".".join([package, *parts]))
+    return found
+
+
+def test_every_subpackage_on_disk_is_listed_in_pyproject():
+    config = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    listed = set(config["tool"]["setuptools"]["packages"])
+    assert listed == _packages_on_disk()
+
+
+def test_package_dir_maps_the_user_folders():
+    config = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    assert config["tool"]["setuptools"]["package-dir"] == ROOTS
+
+
+def _modules_after(code: str) -> set[str]:
+    out = subprocess.run(
+        [sys.executable, "-c", code + "\nimport sys; print(' '.join(sorted(sys.modules)))"],
+        capture_output=True,
+        text=True,
+        check=True,
+        cwd="/",
+    )
+    return set(out.stdout.split())
+
+
+HEAVY = {"torch", "matplotlib", "vllm", "flashinfer", "pynvml"}
+
+
+def test_import_memtrace_imports_no_torch_matplotlib_or_vllm():
+    assert not HEAVY & _modules_after("import memtrace; memtrace.__version__")
+
+
+def test_building_the_cli_imports_no_heavy_module():
+    # every command module is imported to build --help: each must keep its heavy imports inside run()
+    assert not HEAVY & _modules_after("import memtrace.cli; memtrace.cli.build_parser()")
+
+
+def test_memtrace_is_imported_from_the_installed_package_not_the_repo_folders():
+    # `import plugins` / `import tracer` from the repo root must never work by accident
+    out = subprocess.run(
+        [sys.executable, "-c", "import importlib.util as u; print(u.find_spec('tracer'), u.find_spec('plugins'))"],
+        capture_output=True,
+        text=True,
+        cwd="/",
+    )
+    assert out.stdout.strip() == "None None"
