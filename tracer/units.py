@@ -1,0 +1,126 @@
+"""Sizes as users type them ("32GiB", "512MiB", "2%", "16000000000") and as reports print them.
+
+Parsing happens at the edge (CLI arguments); everything inside memtrace stays integers of bytes.
+Binary units (KiB, MiB, GiB, TiB) are powers of 1024; decimal units (KB, MB, GB, TB) are powers of
+1000, as on a GPU's box ("96 GB"). A bare number is bytes. A percentage is a fraction of something
+the caller knows (a device's capacity, a baseline run's peak), so it is parsed separately.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from .errors import UsageError
+
+KiB = 1024
+MiB = 1024**2
+GiB = 1024**3
+
+_UNITS = {
+    "": 1,
+    "b": 1,
+    "k": 1000,
+    "kb": 1000,
+    "m": 1000**2,
+    "mb": 1000**2,
+    "g": 1000**3,
+    "gb": 1000**3,
+    "t": 1000**4,
+    "tb": 1000**4,
+    "ki": KiB,
+    "kib": KiB,
+    "mi": MiB,
+    "mib": MiB,
+    "gi": GiB,
+    "gib": GiB,
+    "ti": 1024**4,
+    "tib": 1024**4,
+}
+_SIZE_RE = re.compile(r"^\s*([+-]?\d+(?:\.\d*)?|[+-]?\.\d+)\s*([a-zA-Z]*)\s*$")
+
+
+def parse_size(text: str | int) -> int:
+    """Bytes from "32GiB", "96 GB", "512MiB", "1.5g" or a plain integer; raises UsageError otherwise.
+
+    Args:
+        text: the size as typed. Units are case-insensitive; a bare number is bytes.
+    Returns:
+        The size in bytes, rounded to the nearest integer. Negative sizes are refused.
+    """
+    if isinstance(text, int):
+        value = text
+    else:
+        m = _SIZE_RE.match(str(text))
+        unit = m.group(2).lower() if m else ""
+        if not m or unit not in _UNITS:
+            raise UsageError(
+                f"cannot read size {text!r}: write bytes or a number with a unit, e.g. 32GiB, 512MiB, 96GB"
+            )
+        value = round(float(m.group(1)) * _UNITS[unit])
+    if value < 0:
+        raise UsageError(f"size {text!r} is negative; give a size of zero or more bytes")
+    return int(value)
+
+
+def parse_fraction(text: str | float) -> float:
+    """A fraction from "0.92" or "92%"; raises UsageError unless it lies in (0, 1]."""
+    raw = str(text).strip()
+    try:
+        value = float(raw[:-1]) / 100 if raw.endswith("%") else float(raw)
+    except ValueError:
+        raise UsageError(f"cannot read fraction {text!r}: write e.g. 0.92 or 92%") from None
+    if not 0 < value <= 1:
+        raise UsageError(f"fraction {text!r} must be above 0 and at most 1 (100%)")
+    return value
+
+
+@dataclass(frozen=True)
+class Threshold:
+    """An allowance typed as bytes ("512MiB") or as a share of a reference ("2%")."""
+
+    bytes: int | None = None
+    fraction: float | None = None
+
+    def of(self, reference_bytes: int) -> int:
+        """The allowance in bytes, given the reference a percentage applies to."""
+        if self.bytes is not None:
+            return self.bytes
+        return round((self.fraction or 0.0) * reference_bytes)
+
+
+def parse_threshold(text: str) -> Threshold:
+    """A Threshold from "2%", "0.5%", "512MiB" or plain bytes; raises UsageError otherwise."""
+    raw = str(text).strip()
+    if raw.endswith("%"):
+        try:
+            pct = float(raw[:-1])
+        except ValueError:
+            raise UsageError(f"cannot read percentage {text!r}: write e.g. 2% or 0.5%") from None
+        if pct < 0:
+            raise UsageError(f"percentage {text!r} is negative; give 0% or more")
+        return Threshold(fraction=pct / 100)
+    return Threshold(bytes=parse_size(raw))
+
+
+def parse_sizes(text: str) -> list[int]:
+    """Bytes from a comma-separated list: "16GiB,32GiB"."""
+    parts = [p for p in str(text).split(",") if p.strip()]
+    if not parts:
+        raise UsageError(f"cannot read sizes {text!r}: write e.g. 16GiB,32GiB")
+    return [parse_size(p) for p in parts]
+
+
+def format_gib(n_bytes: int | float, digits: int = 2) -> str:
+    """ "12.34 GiB" (always GiB, for columns and plot labels that must compare at a glance)."""
+    return f"{n_bytes / GiB:.{digits}f} GiB"
+
+
+def format_bytes(n_bytes: int | float, digits: int = 1) -> str:
+    """A human size in the largest binary unit that keeps the number >= 1: "512.0 MiB", "3.2 GiB"."""
+    sign = "-" if n_bytes < 0 else ""
+    n = abs(float(n_bytes))
+    for unit, scale in (("TiB", 1024**4), ("GiB", GiB), ("MiB", MiB), ("KiB", KiB)):
+        if n >= scale:
+            return f"{sign}{n / scale:.{digits}f} {unit}"
+    return f"{sign}{int(n)} B"
