@@ -10,7 +10,13 @@ Semantics (PyTorch's caching allocator, ``TraceEntry`` actions):
   requested sizes; torch's ``memory_allocated`` counts blocks rounded up to 512 B (or 2 MiB for large
   ones), so it is a few KiB above this curve: both are exact, they count different things.
 - **baseline**: memory that existed before the first recorded event, reconstructed from the final
-  snapshot: ``baseline = state at snapshot - net effect of all recorded events``.
+  snapshot: ``baseline = state at snapshot - net effect of all recorded events``. Without a final
+  snapshot it is the least value that keeps the curve from going negative (0 for a recording that
+  started before the first CUDA allocation; more when a ring buffer dropped the oldest events).
+- **order**: the events' order is the allocator's (it records under its lock); ``time_us`` comes
+  from a TSC-to-wall-clock conversion and may step back by a microsecond. Curve times are made
+  non-decreasing (a running maximum) so that ``at``/``window`` can search them; values keep the
+  event order. Curve index ``i`` is the state after event ``i - 1``; index 0 is the baseline.
 - **device used** comes from NVML samples (all processes, CUDA context, NCCL, raw cudaMalloc);
   **non-PyTorch** = device used - reserved, evaluated at each sample.
 
@@ -76,9 +82,8 @@ class Baseline:
 def _deltas(trace: Trace, up: tuple[int, ...], down: tuple[int, ...]) -> np.ndarray:
     ev = trace.events
     action = ev["action"]
-    delta = np.zeros(len(ev), dtype=np.int64)
     size = ev["size"].astype(np.int64)
-    delta[np.isin(action, up)] = size[np.isin(action, up)]
+    delta = np.where(np.isin(action, up), size, 0)
     mask_down = np.isin(action, down)
     delta[mask_down] = -size[mask_down]
     return delta
@@ -98,14 +103,18 @@ def baseline(trace: Trace) -> Baseline:
     Without segments (none were saved), the baseline is taken as zero, which is right for a
     recording started before the program's first CUDA allocation.
     """
-    net_alloc = int(_allocated_deltas(trace).sum())
-    net_reserved = int(_reserved_deltas(trace).sum())
+    alloc_deltas = _allocated_deltas(trace)
+    reserved_deltas = _reserved_deltas(trace)
+    net_alloc = int(alloc_deltas.sum())
+    net_reserved = int(reserved_deltas.sum())
     if not trace.segments:
-        return Baseline(0, 0, consistent=net_alloc >= 0 and net_reserved >= 0)
+        # Fix (was 0, 0): a history whose oldest events were dropped starts with frees of memory the
+        # curve never saw; the least baseline that keeps the curves non-negative is the honest floor.
+        need_alloc = max(0, -int(np.cumsum(alloc_deltas).min())) if len(alloc_deltas) else 0
+        need_reserved = max(0, -int(np.cumsum(reserved_deltas).min())) if len(reserved_deltas) else 0
+        return Baseline(need_alloc, need_reserved, consistent=need_alloc == 0 and need_reserved == 0)
     final_reserved = sum(s.total_bytes for s in trace.segments)
-    final_alloc = sum(
-        b.requested_bytes for s in trace.segments for b in s.blocks if b.state.startswith("active")
-    )
+    final_alloc = sum(b.requested_bytes for s in trace.segments for b in s.blocks if b.state.startswith("active"))
     base_alloc = final_alloc - net_alloc
     base_reserved = final_reserved - net_reserved
     ok = base_alloc >= 0 and base_reserved >= 0 and base_alloc <= base_reserved
@@ -115,7 +124,7 @@ def baseline(trace: Trace) -> Baseline:
 def _curve(trace: Trace, deltas: np.ndarray, start: int) -> Curve:
     ev = trace.events
     t0 = trace.recording.start_us
-    times = ev["time_us"].astype(np.int64)
+    times = np.maximum.accumulate(ev["time_us"].astype(np.int64)) if len(ev) else ev["time_us"].astype(np.int64)
     values = start + np.cumsum(deltas)
     if t0 is None or (len(times) and t0 > times[0]):
         t0 = int(times[0]) if len(times) else 0
@@ -148,10 +157,42 @@ def non_torch_curve(trace: Trace, reserved: Curve | None = None) -> Curve:
     used = device_used_curve(trace)
     if len(used) == 0:
         return used
-    reserved = reserved or reserved_curve(trace)
+    if reserved is None:
+        reserved = reserved_curve(trace)
     if len(reserved):
         idx = np.searchsorted(reserved.time_us, used.time_us, side="right") - 1
         res = np.where(idx >= 0, reserved.bytes[np.clip(idx, 0, None)], 0)
     else:
         res = np.zeros(len(used), dtype=np.int64)
     return Curve(used.time_us, used.bytes - res)
+
+
+@dataclass(frozen=True)
+class Curves:
+    """All curves of one trace, computed once and shared by the analyses and renderers.
+
+    ``device_used`` and ``non_torch`` are empty curves when the trace holds no NVML samples.
+    """
+
+    allocated: Curve
+    reserved: Curve
+    device_used: Curve
+    non_torch: Curve
+    baseline: Baseline
+
+    @property
+    def has_device(self) -> bool:
+        return len(self.device_used) > 0
+
+
+def all_curves(trace: Trace) -> Curves:
+    """Compute every curve of ``trace`` (one baseline reconstruction, one pass per curve)."""
+    base = baseline(trace)
+    reserved = reserved_curve(trace, base)
+    return Curves(
+        allocated=allocated_curve(trace, base),
+        reserved=reserved,
+        device_used=device_used_curve(trace),
+        non_torch=non_torch_curve(trace, reserved),
+        baseline=base,
+    )
