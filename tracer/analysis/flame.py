@@ -1,0 +1,197 @@
+"""The memory live at one moment, grouped by allocating stack: a tree for flame graphs.
+
+Every live allocation (``live.live_allocations_at``) contributes its requested bytes to one path of
+frames, outermost first (root → leaf). The tree's root holds exactly the live bytes at that moment,
+so folded lines made from it (``frame;frame;frame bytes``) add up to ``allocated_curve.at`` the
+same moment, to the byte.
+
+Frames are labelled ``function (path/file.py:line)`` with the path cut after ``site-packages/``.
+An allocation made while a hooked function ran (``trace.hook_calls``: FlashInfer's workspace
+allocators by default) gets a frame of its own, ``[hook] allocate_sm120_dynamic_workspace``, placed
+where the hook wrapped the call: in place of memtrace's wrapper frames if the stack has them, else
+just outside the frame of the hooked function, else as the leaf. Allocations without a recorded
+stack sit under ``[no stack recorded]``; blocks allocated before recording began under
+``[allocated before recording]``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from ..model import Frame, HookCall, Trace
+from .curves import Curve
+from .live import LiveAllocation, lifetimes, live_allocations_at
+
+NO_STACK = "[no stack recorded]"
+BEFORE_RECORDING = "[allocated before recording]"
+HOOK_PREFIX = "[hook] "
+#: Files of memtrace's own hook wrappers: replaced by the ``[hook]`` frame.
+_WRAPPER_FILES = ("memtrace/plugins/hooks.py", "plugins/hooks.py")
+_CUT_AFTER = ("site-packages/", "dist-packages/")
+
+
+@dataclass
+class FlameNode:
+    """One frame of the tree. ``total_bytes`` includes the children; ``self_bytes`` ends here."""
+
+    name: str
+    total_bytes: int = 0
+    self_bytes: int = 0
+    count: int = 0  # allocations at or below this frame
+    children: dict[str, FlameNode] = field(default_factory=dict)
+
+    @property
+    def kind(self) -> str:
+        """ "hook", "marker" (a bracketed pseudo-frame) or "frame"."""
+        if self.name.startswith(HOOK_PREFIX):
+            return "hook"
+        return "marker" if self.name.startswith("[") else "frame"
+
+    def sorted_children(self) -> list[FlameNode]:
+        """Children, widest first (ties by name, so output is deterministic)."""
+        return sorted(self.children.values(), key=lambda c: (-c.total_bytes, c.name))
+
+
+@dataclass(frozen=True)
+class Flame:
+    """Live memory at one moment as a tree; ``root.total_bytes`` is the live total."""
+
+    time_us: int
+    event_index: int | None  # the state right after this event, when the moment is an event
+    root: FlameNode
+    stacks: dict[tuple[str, ...], int]  # root→leaf frame labels -> bytes (the folded form)
+
+    @property
+    def total_bytes(self) -> int:
+        return self.root.total_bytes
+
+
+def frame_label(frame: Frame) -> str:
+    """``function (vllm/v1/worker/gpu_worker.py:406)``; ';' is replaced (it separates folded frames)."""
+    path = frame.filename
+    for marker in _CUT_AFTER:
+        k = path.rfind(marker)
+        if k >= 0:
+            path = path[k + len(marker) :]
+            break
+    else:
+        parts = path.replace("\\", "/").split("/")
+        path = "/".join(parts[-2:]) if len(parts) > 2 else path
+    where = f"{path}:{frame.line}" if frame.line else path
+    return f"{frame.name} ({where})".replace(";", ":")
+
+
+def hook_short_name(hook_name: str) -> str:
+    """``pkg.mod:Class.method`` → ``Class.method``; ``pkg.mod.func`` → ``func``."""
+    if ":" in hook_name:
+        return hook_name.rsplit(":", 1)[1]
+    return hook_name.rsplit(".", 1)[-1]
+
+
+def _insert_hooks(labels: list[str], frames: list[Frame], hooks: list[HookCall]) -> list[str]:
+    """Place one ``[hook]`` frame per running hook call into a root→leaf label list."""
+    out = list(labels)
+    for h in reversed(hooks):  # innermost first, so outer hooks land outside inner ones
+        short = hook_short_name(h.name)
+        tag = HOOK_PREFIX + short
+        wrap = [i for i, f in enumerate(frames) if f.filename.endswith(_WRAPPER_FILES)]
+        if wrap:
+            pos = wrap[0]
+        else:
+            func = short.rsplit(".", 1)[-1]
+            named = [i for i, f in enumerate(frames) if f.name == func]
+            pos = named[-1] if named else len(out)
+        out.insert(min(pos, len(out)), tag)
+        frames = frames[:pos] + [Frame("", 0, tag)] + frames[pos:]
+    return [lab for lab, f in zip(out, frames) if not f.filename.endswith(_WRAPPER_FILES)]
+
+
+def stack_paths(
+    trace: Trace, live: list[LiveAllocation]
+) -> tuple[dict[tuple[str, ...], int], dict[tuple[str, ...], int]]:
+    """(bytes, allocation count) per root→leaf frame path (hook frames inserted) of ``live``."""
+    hooks_sorted = sorted(trace.hook_calls, key=lambda h: h.start_us)
+    hook_starts = np.array([h.start_us for h in hooks_sorted], dtype=np.int64)
+    cache: dict[int, tuple[list[str], list[Frame]]] = {}
+    paths: dict[tuple[str, ...], int] = {}
+    counts: dict[tuple[str, ...], int] = {}
+    for a in live:
+        if a.stack not in cache:
+            frames = list(reversed(trace.stack_frames(a.stack)))  # root → leaf
+            cache[a.stack] = ([frame_label(f) for f in frames], frames)
+        labels, frames = cache[a.stack]
+        running = _hook_chain_sorted(hooks_sorted, hook_starts, a.alloc_us) if a.alloc_us is not None else []
+        path = _insert_hooks(labels, frames, running) if running else list(labels)
+        if not path or path == [HOOK_PREFIX + hook_short_name(h.name) for h in running]:
+            path = [BEFORE_RECORDING if a.alloc_us is None else NO_STACK, *path]
+        key = tuple(path)
+        paths[key] = paths.get(key, 0) + a.size_bytes
+        counts[key] = counts.get(key, 0) + 1
+    return paths, counts
+
+
+def _hook_chain_sorted(hooks: list[HookCall], starts: np.ndarray, t_us: int) -> list[HookCall]:
+    if not hooks:
+        return []
+    k = int(np.searchsorted(starts, t_us, side="right"))
+    running = [h for h in hooks[:k] if t_us <= max(h.end_us, h.start_us)]
+    running.sort(key=lambda h: (h.start_us, -h.end_us))
+    return running
+
+
+def build_tree(paths: dict[tuple[str, ...], int], counts: dict[tuple[str, ...], int] | None = None) -> FlameNode:
+    """A tree whose every node's ``total_bytes`` sums the paths through it."""
+    root = FlameNode("all")
+    for path, nbytes in paths.items():
+        n = (counts or {}).get(path, 1)
+        node = root
+        node.total_bytes += nbytes
+        node.count += n
+        for name in path:
+            node = node.children.setdefault(name, FlameNode(name))
+            node.total_bytes += nbytes
+            node.count += n
+        node.self_bytes += nbytes
+    return root
+
+
+def flame_at(trace: Trace, t_us: int | None = None, *, event_index: int | None = None) -> Flame:
+    """The live allocations at ``t_us`` (or right after event ``event_index``) as a flame tree.
+
+    Args:
+        trace: the trace.
+        t_us: a Unix-epoch microsecond; every event at or before it has happened.
+        event_index: instead, the state right after ``trace.events[event_index]``: use
+            ``summary.peak.event_index`` for the exact peak when several events share its microsecond.
+    """
+    lt = lifetimes(trace)
+    live = live_allocations_at(trace, t_us, event_index=event_index, lt=lt)
+    if t_us is None:
+        ev = trace.events
+        t_us = int(ev["time_us"][event_index]) if event_index is not None and 0 <= event_index < len(ev) else 0
+    paths, counts = stack_paths(trace, live)
+    return Flame(time_us=int(t_us), event_index=event_index, root=build_tree(paths, counts), stacks=paths)
+
+
+def peak_event_index(allocated: Curve, reserved: Curve) -> int:
+    """The event after which to look at "the peak": within the reserved curve's peak plateau (from
+    the event that reached the peak until reserved next changes), the event with the most bytes
+    allocated. A ``segment_alloc`` reaches the peak one event before the ``alloc`` that needed it,
+    so the reserved peak's own index would miss the very block that caused it.
+
+    Returns an event index (curve index - 1), -1 for the baseline state.
+    """
+    if not len(reserved):
+        return -1
+    pi = reserved.peak_index
+    change = np.flatnonzero(reserved.bytes[pi + 1 :] != reserved.bytes[pi])
+    end = pi + 1 + (int(change[0]) if len(change) else len(reserved.bytes) - pi - 1)
+    k = pi + int(np.argmax(allocated.bytes[pi:end]))
+    return k - 1
+
+
+def widest_leaves(flame: Flame, top: int = 5) -> list[tuple[tuple[str, ...], int]]:
+    """The ``top`` root→leaf paths holding the most bytes, largest first."""
+    return sorted(flame.stacks.items(), key=lambda kv: (-kv[1], kv[0]))[:top]
