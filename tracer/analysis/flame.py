@@ -105,7 +105,7 @@ def _insert_hooks(labels: list[str], frames: list[Frame], hooks: list[HookCall])
             pos = named[-1] if named else len(out)
         out.insert(min(pos, len(out)), tag)
         frames = frames[:pos] + [Frame("", 0, tag)] + frames[pos:]
-    return [lab for lab, f in zip(out, frames) if not f.filename.endswith(_WRAPPER_FILES)]
+    return [lab for lab, f in zip(out, frames, strict=True) if not f.filename.endswith(_WRAPPER_FILES)]
 
 
 def stack_paths(
