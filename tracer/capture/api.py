@@ -1,0 +1,159 @@
+"""The public recording API: ``memtrace.trace``, ``start``, ``stop``, ``phase``, ``current_session``.
+
+One recording session per process, writing ``<run_dir>/<host>-pid<pid>[-rank<r>].memtrace``::
+
+    import memtrace
+
+    with memtrace.trace("out/"):            # or memtrace.start("out/") ... memtrace.stop()
+        with memtrace.phase("load_model"):
+            model = build()
+
+    @memtrace.phase("profile_run")          # phase() is also a decorator
+    def profile_run(): ...
+
+API (stable; the vLLM plugin codes against it):
+
+- ``start(path_or_dir=None, *, rank=None, local_rank=None, world_size=None, device=None,
+  stacks="python", sample_hz=1000, max_entries=DEFAULT_MAX_ENTRIES, role="user", sidecar=True,
+  handle_signals=True) -> Session``. ``path_or_dir`` is a run directory (default: ``$MEMTRACE_DIR``,
+  else ``memtrace-YYYYmmdd-HHMMSS/`` in the cwd, exported to ``MEMTRACE_DIR`` so child processes
+  write next to it) or a path ending in ``.memtrace``. ``device`` is a CUDA index, ``"cuda:N"`` or a
+  ``torch.device`` (default: the current device). ``stacks`` is "none", "python" or "all". A second
+  ``start()`` in the same process raises :class:`memtrace.errors.UsageError`. Without torch or a
+  GPU, one log line says so and the session records phases, facts and notes only.
+- ``stop(reason="stop") -> Path | None``: drain the allocator history, save the final segments,
+  stop the NVML sidecar, close the file; returns its path (None when nothing was recording).
+  Idempotent. Also runs at interpreter exit, on SIGTERM and SIGINT, and on a CUDA OOM (the trace is
+  written before ``torch.OutOfMemoryError`` propagates).
+- ``trace(path_or_dir=None, **start_kwargs)``: context manager around start/stop; yields the Session.
+- ``phase(name, *, source="user")``: context manager and decorator; a no-op when nothing records.
+  Phases nest. Each is stored with Python times (``time.time_ns()//1000``) and also emitted as a
+  ``torch.profiler.record_function("memtrace:<name>")`` range, which lands in the allocator's
+  ``external_annotations`` on its own clock.
+- ``current_session() -> Session | None``. A Session offers ``set_fact(key, value)`` (JSON values),
+  ``add_note(level, text)`` ("info"/"warning"/"error"), ``record_hook_call(HookCall) -> int``,
+  ``flush()`` (drain allocator history and commit everything now), ``path``, ``phase_path()``.
+
+Defaults, from measurements on an H200 (see ``tests/data/h200/README.md``): the allocator history is a
+ring buffer of ``max_entries`` entries; memtrace drains it at phase boundaries and from a watchdog
+thread when the estimated number of undrained entries passes half of it, so 200,000 entries (tens of
+MB of host memory with Python stacks) is far above what one phase of a start-up produces.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any, TypeVar
+
+from .session import DEFAULT_MAX_ENTRIES, Session, active_session, begin_session
+
+__all__ = ["DEFAULT_MAX_ENTRIES", "Session", "current_session", "phase", "start", "stop", "trace"]
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def start(
+    path_or_dir: str | Path | None = None,
+    *,
+    rank: int | None = None,
+    local_rank: int | None = None,
+    world_size: int | None = None,
+    device: Any = None,
+    stacks: str = "python",
+    sample_hz: float = 1000.0,
+    max_entries: int = DEFAULT_MAX_ENTRIES,
+    role: str = "user",
+    sidecar: bool = True,
+    handle_signals: bool = True,
+) -> Session:
+    """Start recording this process. Raises UsageError if a session is already recording.
+
+    Args:
+        path_or_dir: run directory, or a ``.memtrace`` file path. Default: ``$MEMTRACE_DIR`` or a new
+            ``memtrace-YYYYmmdd-HHMMSS/`` in the current directory.
+        rank, local_rank, world_size: the process's place in a distributed run (file name, reports).
+        device: the CUDA device to trace (index, "cuda:N" or torch.device); default current device.
+        stacks: "none", "python" (default) or "all" (C++ too; slow to symbolize).
+        sample_hz: NVML sampling rate of the sidecar process (0 disables the sidecar).
+        max_entries: size of the allocator's history ring buffer.
+        role: free text stored in the trace ("user", "worker"...).
+        sidecar: start the NVML sampler process.
+        handle_signals: write the trace on SIGTERM/SIGINT (only possible from the main thread).
+    """
+    return begin_session(
+        path_or_dir,
+        rank=rank,
+        local_rank=local_rank,
+        world_size=world_size,
+        device=device,
+        stacks=stacks,
+        sample_hz=sample_hz if sidecar else 0.0,
+        max_entries=max_entries,
+        role=role,
+        handle_signals=handle_signals,
+    )
+
+
+def stop(reason: str = "stop") -> Path | None:
+    """Stop recording and close the trace file; returns its path, or None if nothing was recording."""
+    session = active_session()
+    if session is None:
+        return None
+    return session.close(reason)
+
+
+def current_session() -> Session | None:
+    """The session recording this process, or None."""
+    return active_session()
+
+
+@contextlib.contextmanager
+def trace(path_or_dir: str | Path | None = None, **kwargs: Any) -> Iterator[Session]:
+    """Record the body of a ``with`` block: ``with memtrace.trace("out/") as session: ...``."""
+    session = start(path_or_dir, **kwargs)
+    reason = "stop"
+    try:
+        yield session
+    except BaseException as exc:
+        reason = "oom" if type(exc).__name__ == "OutOfMemoryError" else f"exception:{type(exc).__name__}"
+        raise
+    finally:
+        if active_session() is session:
+            session.close(reason)
+
+
+class phase:
+    """Mark a named phase: ``with memtrace.phase("load_model"):`` or ``@memtrace.phase("x")``.
+
+    A no-op when no session records. ``source`` says who marked it ("user", "vllm").
+    """
+
+    def __init__(self, name: str, *, source: str = "user"):
+        self.name = str(name)
+        self.source = source
+        self._tokens: list[Any] = []
+
+    def __enter__(self) -> phase:
+        session = active_session()
+        self._tokens.append(session.phase_enter(self.name, self.source) if session is not None else None)
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        token = self._tokens.pop() if self._tokens else None
+        if token is not None:
+            session = active_session()
+            if session is not None:
+                session.phase_exit(token)
+
+    def __call__(self, func: F) -> F:
+        name, source = self.name, self.source
+
+        @functools.wraps(func)
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            with phase(name, source=source):
+                return func(*args, **kwargs)
+
+        return wrapper  # type: ignore[return-value]

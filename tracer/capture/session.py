@@ -1,0 +1,324 @@
+"""A recording session: one per process, owning the trace file and every source that feeds it.
+
+The session writes through one ``TraceWriter`` (guarded by one lock: the watchdog thread, the OOM
+observer and signal handlers write too), keeps the phase stack, facts, notes and hook calls, and
+starts/stops the allocator history (:mod:`.history`), the NVML sidecar (:mod:`.sidecar`), the OOM
+observer (:mod:`.oom`) and the exit/signal handlers (:mod:`.signals`). Without torch or CUDA it still
+records phases, facts and notes, after one log line saying why there are no allocator events.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from ..errors import MemtraceError, UsageError
+from ..model import FACT_ENV, FACT_OOM, HookCall, Note, Phase, Process, Recording
+from ..store import SUFFIX, TraceWriter
+
+log = logging.getLogger("memtrace")
+
+#: Ring-buffer size of the allocator history; drained long before it fills (see api docstring).
+DEFAULT_MAX_ENTRIES = 200_000
+STACKS = ("none", "python", "all")
+
+_active: Session | None = None
+_active_lock = threading.RLock()
+
+
+def now_us() -> int:
+    """Unix-epoch microseconds, the clock of every time in a trace."""
+    return time.time_ns() // 1000
+
+
+def active_session() -> Session | None:
+    """The session recording this process (None in a forked child of a recording process)."""
+    s = _active
+    if s is not None and s.pid != os.getpid():
+        return None
+    return s
+
+
+def run_dir(path_or_dir: str | os.PathLike | None) -> Path:
+    """The run directory: the argument, else ``$MEMTRACE_DIR``, else a new timestamped one (exported)."""
+    if path_or_dir is not None:
+        return Path(path_or_dir)
+    env = os.environ.get("MEMTRACE_DIR")
+    if env:
+        return Path(env)
+    path = Path.cwd() / time.strftime("memtrace-%Y%m%d-%H%M%S")
+    os.environ["MEMTRACE_DIR"] = str(path)  # children of this process write next to us
+    return path
+
+
+def trace_path(path_or_dir: str | os.PathLike | None, rank: int | None) -> Path:
+    """``<run_dir>/<host>-pid<pid>[-rank<r>].memtrace``, or the given ``.memtrace`` path."""
+    if path_or_dir is not None and str(path_or_dir).endswith(SUFFIX):
+        return Path(path_or_dir)
+    name = f"{socket.gethostname()}-pid{os.getpid()}" + (f"-rank{rank}" if rank is not None else "")
+    return run_dir(path_or_dir) / (name + SUFFIX)
+
+
+def begin_session(path_or_dir: str | os.PathLike | None, **kwargs: Any) -> Session:
+    """Create, start and register the process's session (UsageError if one is recording)."""
+    global _active
+    with _active_lock:
+        current = active_session()
+        if current is not None:
+            raise UsageError(
+                f"memtrace is already recording this process to {current.path}; call memtrace.stop() first"
+            )
+        stacks = kwargs.get("stacks", "python")
+        if stacks not in STACKS:
+            raise UsageError(f"stacks={stacks!r} is not one of {', '.join(STACKS)}")
+        path = trace_path(path_or_dir, kwargs.get("rank"))
+        try:
+            session = Session(path, **kwargs)
+        except OSError as exc:
+            raise MemtraceError(
+                f"cannot write the trace {path}: {exc.strerror or exc}; choose another MEMTRACE_DIR"
+            ) from None
+        _active = session
+    session.start_sources()
+    return session
+
+
+class Session:
+    """Everything one process records. Use :func:`memtrace.start` to create one."""
+
+    def __init__(
+        self,
+        path: Path,
+        *,
+        rank: int | None = None,
+        local_rank: int | None = None,
+        world_size: int | None = None,
+        device: Any = None,
+        stacks: str = "python",
+        sample_hz: float = 1000.0,
+        max_entries: int = DEFAULT_MAX_ENTRIES,
+        role: str = "user",
+        handle_signals: bool = True,
+    ):
+        self.pid = os.getpid()
+        self.path = Path(path)
+        self._lock = threading.RLock()
+        self.writer = TraceWriter(self.path)
+        self.process = Process(
+            pid=self.pid,
+            hostname=socket.gethostname(),
+            role=role,
+            rank=rank,
+            local_rank=local_rank,
+            world_size=world_size,
+        )
+        self.recording = Recording(source="memtrace", start_us=now_us(), stacks=stacks, max_entries=max_entries)
+        self.facts: dict[str, Any] = {}
+        self._device_arg = device
+        self._sample_hz = float(sample_hz)
+        self._handle_signals = handle_signals
+        self._phases: list[Phase] = []
+        self._open: list[int] = []  # indexes of open phases, outermost first
+        self._ranges: dict[int, Any] = {}  # phase index -> entered record_function
+        self.history = None  # AllocatorHistory when CUDA is there
+        self.sidecar = None  # Sidecar process handle when NVML is there
+        self.closed = False
+        self.writer.set_process(self.process)
+        self.writer.set_recording(self.recording)
+
+    # -- sources -------------------------------------------------------------------------------
+    def start_sources(self) -> None:
+        """Start the allocator history, sidecar, OOM observer and handlers. Never raises for a missing GPU."""
+        from . import env, history, signals
+
+        self.set_fact(FACT_ENV, env.environment())
+        device = history.resolve_device(self._device_arg)
+        if isinstance(device, str):  # a reason why there is no GPU
+            log.warning("memtrace: %s; recording phases and facts only (no allocator events)", device)
+            self.add_note("warning", f"no allocator events: {device}")
+        else:
+            self._start_gpu(device)
+        if self._handle_signals:
+            signals.install()
+        self.flush_documents()
+
+    def _start_gpu(self, device: int) -> None:
+        from . import env, history, oom, sidecar
+
+        self.process.device_index = device
+        gpu = env.gpu_facts(device)
+        self.process.device_total_bytes = gpu.get("total_memory_bytes")
+        self.facts[FACT_ENV].update(gpu)
+        self.history = history.AllocatorHistory(
+            device=device,
+            stacks=self.recording.stacks,
+            max_entries=self.recording.max_entries or DEFAULT_MAX_ENTRIES,
+            intern_stack=self._intern_stack,
+            on_batch=self._on_batch,
+            add_note=self.add_note,
+            lock=self._lock,
+        )
+        self.history.enable()
+        oom.attach()
+        if self._sample_hz > 0:
+            self.sidecar = sidecar.start_sidecar(self.path, gpu, self._sample_hz)
+            if isinstance(self.sidecar, str):
+                log.warning("memtrace: no NVML samples: %s", self.sidecar)
+                self.add_note("warning", f"no NVML samples: {self.sidecar}")
+                self.sidecar = None
+            else:
+                self.facts["sidecar"] = self.sidecar.info
+        self.history.start_watchdog()
+
+    def _intern_stack(self, frames) -> int:
+        with self._lock:
+            return self.writer.intern_stack(frames)
+
+    def _on_batch(self, events) -> None:
+        with self._lock:
+            if not self.closed:
+                self.writer.append_events(events)
+
+    # -- facts, notes, hook calls --------------------------------------------------------------
+    def set_fact(self, key: str, value: Any) -> None:
+        """Store a JSON-compatible fact (written to the file at once)."""
+        with self._lock:
+            self.facts[key] = value
+            if not self.closed:
+                self.writer.set_facts(self.facts)
+
+    def add_note(self, level: str, text: str) -> None:
+        """Store a note a reader must see ("info", "warning", "error")."""
+        with self._lock:
+            if not self.closed:
+                self.writer.add_note(Note(now_us(), level, text))
+
+    def record_hook_call(self, call: HookCall) -> int:
+        """Store one call of a hooked function; returns its index (the ``parent`` of nested calls)."""
+        with self._lock:
+            if self.closed:
+                return -1
+            return self.writer.add_hook_call(call)
+
+    # -- phases --------------------------------------------------------------------------------
+    def phase_path(self) -> str:
+        """The open phases as a path, ``compile_or_warm_up/capture_model``; "" outside any phase."""
+        with self._lock:
+            return "/".join(self._phases[i].name for i in self._open)
+
+    def phase_enter(self, name: str, source: str = "user") -> int:
+        """Open a phase now; returns the token for :meth:`phase_exit`."""
+        with self._lock:
+            if self.closed:
+                return -1
+            parent = self._open[-1] if self._open else None
+            ph = Phase(name=name, start_us=now_us(), end_us=None, parent=parent, source=source)
+            index = self.writer.add_phase(ph)
+            self._phases.append(ph)
+            self._open.append(index)
+        if self.history is not None:
+            self.history.boundary(top_level=parent is None)
+            self._ranges[index] = self.history.enter_range(f"memtrace:{name}")
+        return index
+
+    def phase_exit(self, index: int) -> None:
+        """Close the phase ``index`` (and any phase still open inside it)."""
+        if index < 0 or self.closed:
+            return
+        rng = self._ranges.pop(index, None)
+        if rng is not None:
+            self.history.exit_range(rng)
+        with self._lock:
+            if index not in self._open:
+                return
+            t = now_us()
+            while self._open:
+                top = self._open.pop()
+                self._phases[top].end_us = t
+                self.writer.end_phase(top, t)
+                if top == index:
+                    break
+                self.add_note("warning", f"phase {self._phases[top].name!r} was still open when its parent ended")
+            top_level = not self._open
+        if self.history is not None:
+            self.history.boundary(top_level=top_level)
+
+    # -- writing -------------------------------------------------------------------------------
+    def flush_documents(self) -> None:
+        with self._lock:
+            if self.closed:
+                return
+            if self.history is not None:
+                self.history.update_recording(self.recording)
+            self.writer.set_process(self.process)
+            self.writer.set_recording(self.recording)
+            self.writer.set_facts(self.facts)
+
+    def flush(self, *, segments: bool = True) -> None:
+        """Drain the allocator history and commit everything now (the file is complete on disk)."""
+        with self._lock:
+            if self.closed:
+                return
+            if self.history is not None:
+                snap = self.history.drain("flush")
+                if segments and snap is not None:
+                    self.writer.set_segments(self.history.segments(snap))
+            self.flush_documents()
+
+    def on_oom(self, device: int, requested: int, total: int, free: int) -> None:
+        """Called by the OOM observer before torch raises: record the OOM and write the trace."""
+        if self.closed or self.history is None or device != self.process.device_index:
+            return
+        record = {
+            "time_us": now_us(),
+            "device": int(device),
+            "requested_bytes": int(requested),
+            "device_total_bytes": int(total),
+            "device_free_bytes": int(free),
+            "phase": self.phase_path(),
+        }
+        with self._lock:
+            if FACT_OOM in self.facts:
+                self.add_note("error", f"another CUDA OOM: {record}")
+            else:
+                self.facts[FACT_OOM] = record
+            self.recording.end_reason = "oom"
+            self.flush()
+
+    def close(self, reason: str = "stop") -> Path:
+        """Drain, save segments, stop the sidecar and close the file. Idempotent."""
+        global _active
+        with self._lock:
+            if self.closed:
+                return self.path
+            t = now_us()
+            if reason in ("stop", "exit", "startup-complete") or reason.startswith("exception"):
+                for index in self._open:  # a graceful stop inside phases ends them now
+                    self._phases[index].end_us = t
+                    self.writer.end_phase(index, t)
+                self._open.clear()
+            if self.recording.end_reason != "oom" or reason not in ("exit", "stop"):
+                self.recording.end_reason = reason
+            if self.history is not None:
+                try:
+                    snap = self.history.stop()
+                    if snap is not None:
+                        self.writer.set_segments(self.history.segments(snap))
+                except Exception as exc:  # a bug must not lose the rest of the trace
+                    log.warning("memtrace: could not save the final allocator state: %s", exc)
+                    self.add_note("error", f"final allocator state not saved: {exc!r}")
+            if self.sidecar is not None:
+                self.facts["sidecar"] = self.sidecar.stop()
+            self.recording.end_us = now_us()
+            self.flush_documents()
+            self.closed = True
+            self.writer.close()
+        with _active_lock:
+            if _active is self:
+                _active = None
+        return self.path

@@ -1,0 +1,284 @@
+"""The NVML sidecar: a separate process sampling device-used memory into the trace file.
+
+Why a process: no GIL contention with the traced program, and it outlives a traced process that is
+killed (it flushes and exits when its parent dies). It never imports torch, so it never creates a
+CUDA context; it finds the traced device by UUID (then PCI bus id) from torch, never by index,
+which CUDA_VISIBLE_DEVICES renumbers.
+
+Samples are ``(time_us, used_bytes)`` on the Unix-µs clock (the midpoint of the NVML call), written
+to the trace's ``sample_chunks`` table through the sidecar's own SQLite connection (the file is in
+WAL mode, so the two writers interleave; only the sidecar writes samples). Runs of equal values
+are compressed without losing a step: a sample is kept when its value differs from the previous one,
+together with the last sample of the run before it, plus one heartbeat every ``HEARTBEAT_US``.
+
+Protocol with the traced process: the sidecar prints one line, ``ready {json}`` or
+``unavailable <reason>``; it stops on ``stop`` or EOF on its stdin, or when its parent pid changes,
+and prints ``done {json}`` with its statistics. Run as ``python -m memtrace.capture.sidecar``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import select
+import signal
+import sqlite3
+import subprocess
+import sys
+import threading
+import time
+from array import array
+from pathlib import Path
+from typing import Any
+
+log = logging.getLogger("memtrace")
+
+HEARTBEAT_US = 50_000
+FLUSH_EVERY_S = 0.2
+READY_TIMEOUT_S = 20.0
+
+
+# -- the traced process's side -------------------------------------------------------------------
+class Sidecar:
+    """Handle on a running sidecar process."""
+
+    def __init__(self, proc: subprocess.Popen, info: dict[str, Any]):
+        self.proc = proc
+        self.info = info
+
+    def stop(self, timeout: float = 10.0) -> dict[str, Any]:
+        """Ask the sidecar to flush and exit; returns its info and statistics."""
+        proc = self.proc
+        try:
+            if proc.poll() is None:
+                proc.stdin.write(b"stop\n")
+                proc.stdin.flush()
+            proc.stdin.close()
+        except (OSError, ValueError):
+            pass
+        try:
+            out, _ = proc.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            out, _ = proc.communicate()
+            self.info["error"] = f"did not stop within {timeout:.0f} s; killed"
+        for line in (out or b"").decode(errors="replace").splitlines():
+            if line.startswith("done "):
+                self.info.update(json.loads(line[5:]))
+        self.info["exit_code"] = proc.returncode
+        return self.info
+
+
+def _child_env() -> dict[str, str]:
+    env = dict(os.environ)
+    import memtrace
+
+    pkg = Path(memtrace.__file__).resolve().parent
+    if pkg.name == "memtrace":  # a normal install: make sure the child finds the same copy
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (str(pkg.parent), env.get("PYTHONPATH")) if p)
+    return env
+
+
+def start_sidecar(db_path: str | os.PathLike, gpu: dict[str, Any], hz: float) -> Sidecar | str:
+    """Start the sampler for the device described by ``gpu`` (env.gpu_facts); a reason string if not."""
+    cmd = [sys.executable, "-m", "memtrace.capture.sidecar", "--db", str(db_path), "--hz", str(hz)]
+    cmd += ["--parent", str(os.getpid()), "--index", str(gpu.get("device_index", 0))]
+    if gpu.get("gpu_uuid"):
+        cmd += ["--uuid", gpu["gpu_uuid"]]
+    if gpu.get("pci_bus_id"):
+        cmd += ["--pci", gpu["pci_bus_id"]]
+    try:
+        proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=_child_env(), close_fds=True)
+    except OSError as exc:
+        return f"could not start the sidecar process ({exc})"
+    ready, _, _ = select.select([proc.stdout], [], [], READY_TIMEOUT_S)
+    line = proc.stdout.readline().decode(errors="replace").strip() if ready else ""
+    if line.startswith("ready "):
+        info = json.loads(line[6:])
+        info["pid"] = proc.pid
+        return Sidecar(proc, info)
+    if proc.poll() is None:
+        proc.kill()
+    proc.wait()
+    return line.removeprefix("unavailable ") or f"the sidecar did not answer within {READY_TIMEOUT_S:.0f} s"
+
+
+# -- the sidecar process -------------------------------------------------------------------------
+def _open_device(pynvml: Any, uuid: str | None, pci: str | None, index: int) -> tuple[Any, str]:
+    errors = []
+    if uuid:
+        try:
+            return pynvml.nvmlDeviceGetHandleByUUID(uuid), "uuid"
+        except pynvml.NVMLError as exc:
+            errors.append(f"uuid {uuid}: {exc}")
+    if pci:
+        try:
+            return pynvml.nvmlDeviceGetHandleByPciBusId(pci), "pci"
+        except pynvml.NVMLError as exc:
+            errors.append(f"pci {pci}: {exc}")
+    if not uuid and not pci:
+        return pynvml.nvmlDeviceGetHandleByIndex(index), "index"
+    raise LookupError("; ".join(errors))
+
+
+class _Writer:
+    """Appends compressed samples to the trace file through its own connection."""
+
+    def __init__(self, db: str):
+        self.db = sqlite3.connect(db, timeout=60.0)
+        self.db.execute("PRAGMA busy_timeout=60000")
+        self.buf = array("q")
+        self.kept = 0
+        self.last_value: int | None = None
+        self.last_kept_t = 0
+        self.pending: tuple[int, int] | None = None
+
+    def add(self, t: int, v: int) -> None:
+        if v != self.last_value:
+            if self.pending is not None:
+                self.buf.extend(self.pending)
+            self.buf.extend((t, v))
+            self.last_value, self.last_kept_t, self.pending = v, t, None
+        elif t - self.last_kept_t >= HEARTBEAT_US:
+            self.buf.extend((t, v))
+            self.last_kept_t, self.pending = t, None
+        else:
+            self.pending = (t, v)
+
+    def flush(self, final: bool = False) -> None:
+        if final and self.pending is not None:
+            self.buf.extend(self.pending)
+            self.pending = None
+        if not self.buf:
+            return
+        if sys.byteorder != "little":
+            self.buf.byteswap()
+        n = len(self.buf) // 2
+        with self.db:
+            self.db.execute(
+                "INSERT INTO sample_chunks(seq, count, data) VALUES "
+                "((SELECT COALESCE(MAX(seq), -1) + 1 FROM sample_chunks), ?, ?)",
+                (n, self.buf.tobytes()),
+            )
+        self.kept += n
+        self.buf = array("q")
+
+    def note(self, level: str, text: str) -> None:
+        with self.db:
+            self.db.execute(
+                "INSERT INTO notes(time_us, level, text) VALUES (?,?,?)", (time.time_ns() // 1000, level, text)
+            )
+
+
+def _sample(pynvml: Any, handle: Any, writer: _Writer, hz: float, parent: int, stop: threading.Event) -> dict:
+    period = 1.0 / hz
+    taken = errors = 0
+    started = time.perf_counter()
+    next_t = started
+    last_flush = started
+    while not stop.is_set():
+        t0 = time.time_ns()
+        try:
+            used = pynvml.nvmlDeviceGetMemoryInfo(handle).used
+        except pynvml.NVMLError as exc:
+            errors += 1
+            if errors == 1:
+                writer.note("warning", f"NVML sample failed: {exc}")
+            if errors >= 1000:
+                writer.note("error", "NVML kept failing; sampling stopped")
+                break
+            used = None
+        t1 = time.time_ns()
+        if used is not None:
+            writer.add((t0 + t1) // 2000, int(used))
+            taken += 1
+        now = time.perf_counter()
+        if now - last_flush >= FLUSH_EVERY_S:
+            writer.flush()
+            last_flush = now
+            if os.getppid() != parent:  # the traced process died: flush and go
+                stop.set()
+        next_t += period
+        delay = next_t - time.perf_counter()
+        if delay > 0:
+            time.sleep(delay)
+        else:
+            next_t = time.perf_counter()
+    elapsed = time.perf_counter() - started
+    writer.flush(final=True)
+    return {
+        "taken": taken,
+        "kept": writer.kept,
+        "errors": errors,
+        "achieved_hz": round(taken / elapsed, 1) if elapsed else 0.0,
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m memtrace.capture.sidecar")
+    parser.add_argument("--db", required=True)
+    parser.add_argument("--hz", type=float, default=1000.0)
+    parser.add_argument("--parent", type=int, required=True)
+    parser.add_argument("--index", type=int, default=0)
+    parser.add_argument("--uuid")
+    parser.add_argument("--pci")
+    args = parser.parse_args(argv)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C goes to the traced program; it stops us
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *a: stop.set())
+
+    def say(line: str) -> None:
+        try:
+            sys.stdout.write(line + "\n")
+            sys.stdout.flush()
+        except (BrokenPipeError, ValueError):
+            pass  # the traced process is gone; the samples are already in the file
+
+    try:
+        import pynvml
+    except ImportError:
+        say("unavailable nvidia-ml-py is not installed (pip install nvidia-ml-py)")
+        return 0
+    try:
+        pynvml.nvmlInit()
+    except pynvml.NVMLError as exc:
+        say(f"unavailable NVML could not start ({exc}); is the NVIDIA driver loaded?")
+        return 0
+    try:
+        handle, how = _open_device(pynvml, args.uuid, args.pci, args.index)
+        name = pynvml.nvmlDeviceGetName(handle)
+        info = {
+            "nvml_device": name if isinstance(name, str) else name.decode(),
+            "matched_by": how,
+            "driver": _text(pynvml.nvmlSystemGetDriverVersion()),
+            "hz": args.hz,
+            "total_bytes": int(pynvml.nvmlDeviceGetMemoryInfo(handle).total),
+        }
+    except (pynvml.NVMLError, LookupError) as exc:
+        say(f"unavailable the traced GPU was not found by NVML ({exc})")
+        return 0
+
+    def watch_stdin() -> None:
+        for line in sys.stdin:
+            if line.strip() == "stop":
+                break
+        stop.set()  # "stop", or EOF: the traced process closed the pipe or died
+
+    threading.Thread(target=watch_stdin, daemon=True).start()
+    writer = _Writer(args.db)
+    say("ready " + json.dumps(info))
+    stats = _sample(pynvml, handle, writer, args.hz, args.parent, stop)
+    writer.db.close()
+    pynvml.nvmlShutdown()
+    say("done " + json.dumps(stats))
+    return 0
+
+
+def _text(value: Any) -> str:
+    return value if isinstance(value, str) else value.decode()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

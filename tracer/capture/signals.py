@@ -1,0 +1,78 @@
+"""Write the trace at interpreter exit, on SIGTERM and on SIGINT, then let the program go on as before.
+
+- ``atexit``: ``stop("exit")``.
+- SIGTERM: ``stop("signal:SIGTERM")``, then the previous handler is called; with the default
+  handler the signal is re-raised with the default action, so the process still dies of SIGTERM.
+- SIGINT: the trace is flushed (the program may catch KeyboardInterrupt and carry on), then the
+  previous handler runs (by default it raises KeyboardInterrupt).
+
+Handlers can only be installed from the main thread; elsewhere only ``atexit`` is installed.
+SIGKILL cannot be caught: everything flushed before it (every drain, phase, fact) and the NVML
+sidecar's samples stay readable.
+"""
+
+from __future__ import annotations
+
+import atexit
+import logging
+import os
+import signal
+import threading
+from typing import Any
+
+log = logging.getLogger("memtrace")
+
+_installed = False
+_previous: dict[int, Any] = {}
+
+
+def _on_exit() -> None:
+    from .session import active_session
+
+    session = active_session()
+    if session is not None:
+        try:
+            session.close("exit")
+        except Exception as exc:
+            log.warning("memtrace: could not write the trace at exit: %s", exc)
+
+
+def _handler(signum: int, frame: Any) -> None:
+    from .session import active_session
+
+    session = active_session()
+    name = signal.Signals(signum).name
+    if session is not None:
+        try:
+            if signum == signal.SIGINT:
+                session.add_note("info", "SIGINT received")
+                session.flush()
+            else:
+                session.close(f"signal:{name}")
+        except Exception as exc:
+            log.warning("memtrace: could not write the trace on %s: %s", name, exc)
+    previous = _previous.get(signum, signal.SIG_DFL)
+    if callable(previous):
+        previous(signum, frame)
+    elif previous == signal.SIG_IGN:
+        return
+    else:  # SIG_DFL (or None: installed from C): die of the signal as the program would have
+        signal.signal(signum, signal.SIG_DFL)
+        os.kill(os.getpid(), signum)
+
+
+def install() -> bool:
+    """Install the exit and signal handlers once per process. False if signals could not be set."""
+    global _installed
+    if _installed:
+        return True
+    atexit.register(_on_exit)
+    if threading.current_thread() is not threading.main_thread():
+        log.info("memtrace: not on the main thread: trace written at exit only, not on SIGTERM/SIGINT")
+        _installed = True
+        return False
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        _previous[sig] = signal.getsignal(sig)
+        signal.signal(sig, _handler)
+    _installed = True
+    return True
