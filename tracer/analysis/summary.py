@@ -18,6 +18,7 @@ Definitions:
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass, field
 from typing import Any
@@ -47,14 +48,21 @@ PROFILING_PHASES = ("determine_available_memory", "profile_run", "profile")
 
 @dataclass(frozen=True)
 class Peak:
-    """The global peak of reserved memory and what else was true at that instant."""
+    """The global peak of reserved memory (first reached at ``time_us``) and what it held.
+
+    Reserved stays at its peak until a segment is released, and the tensor a new segment was made
+    for is handed out by the *next* event; so ``allocated_bytes`` and the holders are taken at the
+    fullest moment (most allocated bytes, first reached) while reserved stays at the peak:
+    right after event ``event_index``, at ``state_us``.
+    """
 
     time_us: int
     reserved_bytes: int
     allocated_bytes: int
     phase_path: str
-    event_index: int  # the event that reached it (-1: the baseline itself)
+    event_index: int  # the state shown: right after this event (-1: the baseline itself)
     non_torch_bytes: int | None = None  # NVML used - reserved at the last sample at or before it
+    state_us: int = 0  # when the state shown was reached (see below)
 
 
 @dataclass(frozen=True)
@@ -254,7 +262,14 @@ def summarize(trace: Trace, target_bytes: int | None = None, *, top: int = 10, c
     non_torch = None
     if curves.has_device and curves.non_torch.time_us[0] <= t_peak:
         non_torch = curves.non_torch.at(t_peak)
-    peak = Peak(t_peak, int(res.bytes[pi]), int(alloc.bytes[pi]), path_at(trace, t_peak), pi - 1, non_torch)
+    # Reserved holds its peak until the next segment is freed; the block a new segment was made for is
+    # handed out by the next event. The state shown at the peak is the fullest moment of that plateau.
+    below = np.flatnonzero(res.bytes[pi:] != res.bytes[pi])
+    plateau_end = pi + int(below[0]) if len(below) else len(res)
+    k = pi + int(np.argmax(alloc.bytes[pi:plateau_end]))
+    peak = Peak(
+        t_peak, int(res.bytes[pi]), int(alloc.bytes[k]), path_at(trace, t_peak), k - 1, non_torch, int(alloc.time_us[k])
+    )
     ai = alloc.peak_index
     peak_alloc = PeakPoint(
         "allocated", int(alloc.time_us[ai]), int(alloc.bytes[ai]), path_at(trace, int(alloc.time_us[ai]))
@@ -273,7 +288,7 @@ def summarize(trace: Trace, target_bytes: int | None = None, *, top: int = 10, c
                 crossings.append(c)
     holders = [
         HolderLine(h.stack, meaningful_frame(fr := trace.stack_frames(h.stack)), fr, h.bytes, h.count, h.share)
-        for h in holders_by_stack(trace, top=top, event_index=pi - 1, lt=lifetimes(trace))
+        for h in holders_by_stack(trace, top=top, event_index=peak.event_index, lt=lifetimes(trace))
     ]
     oom = trace.facts.get(FACT_OOM)
     return Summary(
@@ -301,3 +316,45 @@ def summarize(trace: Trace, target_bytes: int | None = None, *, top: int = 10, c
         oom=oom if isinstance(oom, dict) else None,
         path=trace.path,
     )
+
+
+def _plain(obj: Any) -> Any:
+    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        out = {f.name: _plain(getattr(obj, f.name)) for f in dataclasses.fields(obj)}
+        for name in (
+            "delta_reserved_bytes",
+            "delta_allocated_bytes",
+            "memtrace_non_kv_bytes",
+            "memtrace_available_kv_bytes",
+            "difference_bytes",
+            "truncated",
+        ):
+            if hasattr(type(obj), name) and isinstance(getattr(type(obj), name), property):
+                out[name] = _plain(getattr(obj, name))
+        return out
+    if isinstance(obj, dict):
+        return {str(k): _plain(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_plain(v) for v in obj]
+    if isinstance(obj, np.integer):
+        return int(obj)
+    if isinstance(obj, np.floating):
+        return float(obj)
+    return obj
+
+
+def summary_to_dict(summary: Summary) -> dict[str, Any]:
+    """A JSON-ready dict of ``summary``: exact integers of bytes and microseconds, nothing rounded."""
+    return _plain(summary)
+
+
+def worst(summaries: list[Summary]) -> Summary | None:
+    """The trace closest to dying: the largest overshoot of its target, else the highest peak reserved."""
+    if not summaries:
+        return None
+
+    def key(s: Summary) -> tuple[int, int]:
+        over = max((c.overshoot_bytes for c in s.crossings), default=None)
+        return (1 if over is not None else 0, over if over is not None else s.peak.reserved_bytes)
+
+    return max(summaries, key=key)

@@ -1,0 +1,345 @@
+"""The text and markdown renderer of a Summary: what ``memtrace report`` prints.
+
+Reads analysis results only (``memtrace.analysis.summary.Summary``). Sizes print in GiB with two
+decimals and times in seconds since the start of the recording; the exact integers are in
+``memtrace report --json``.
+"""
+
+from __future__ import annotations
+
+import textwrap
+from typing import TextIO
+
+from ..analysis.summary import Crossing, Summary, worst
+from ..model import Frame
+
+GiB = 1024**3
+
+DEFINITIONS = (
+    "allocated = requested bytes live in tensors (trace entries carry requested sizes; torch's "
+    "memory_allocated counts rounded blocks, a few KiB more). reserved = bytes in PyTorch's segments "
+    "(torch's memory_reserved). device used = NVML, the whole device: CUDA context, NCCL, cuBLAS and "
+    "other processes included. non-torch = device used - reserved. Times are seconds since the start "
+    "of the recording."
+)
+_CURVE_NAMES = {"reserved": "reserved", "device_used": "device used", "allocated": "allocated"}
+
+
+def gib(n: int | None) -> str:
+    return "-" if n is None else f"{n / GiB:.2f}"
+
+
+def gib_unit(n: int | None) -> str:
+    return "-" if n is None else f"{n / GiB:.2f} GiB"
+
+
+def signed_gib(n: int) -> str:
+    return f"{n / GiB:+.2f}"
+
+
+def frame_text(frame: Frame | None) -> str:
+    """``pkg/module.py:123 function``: the path after site-packages (or its last two parts)."""
+    if frame is None:
+        return "(no stack recorded)"
+    fn = frame.filename.replace("\\", "/")
+    for marker in ("site-packages/", "dist-packages/"):
+        if marker in fn:
+            fn = fn.split(marker, 1)[1]
+            break
+    else:
+        fn = "/".join(fn.split("/")[-2:])
+    return f"{fn}:{frame.line} {frame.name}"
+
+
+def _cut(text: str, width: int) -> str:
+    return text if len(text) <= width else text[: max(width - 1, 0)] + "…"
+
+
+def _cut_left(text: str, width: int) -> str:
+    """Cut from the left, keeping the end (a frame's function name matters most)."""
+    return text if len(text) <= width else "…" + text[len(text) - width + 1 :]
+
+
+class _Out:
+    def __init__(self, file: TextIO, width: int, markdown: bool):
+        self.file, self.width, self.md = file, width, markdown
+
+    def line(self, text: str = "") -> None:
+        self.file.write(text + "\n")
+
+    def heading(self, text: str, level: int = 2) -> None:
+        if self.md:
+            self.line(f"\n{'#' * level} {text}\n")
+        else:
+            self.line()
+            self.line(text)
+            self.line("-" * min(len(text), self.width))
+
+    def item(self, text: str) -> None:
+        if self.md:
+            self.line(f"- {text}")
+            return
+        for i, part in enumerate(textwrap.wrap(text, self.width - 4, break_on_hyphens=False) or [""]):
+            self.line(("  " if i == 0 else "    ") + part)
+
+    def table(self, header: list[str], rows: list[list[str]], align: str, groups: list[tuple[str, int]] = ()) -> None:
+        """A table; ``align`` holds one "l" or "r" per column; the last column is cut to the width.
+
+        ``groups`` labels runs of columns over the header in text mode: (label, how many columns).
+        """
+        if self.md:
+            names = header
+            if groups:
+                names, col = [], 0
+                for label, span in groups:
+                    names += [f"{label} {h}".strip() for h in header[col : col + span]]
+                    col += span
+            self.line("| " + " | ".join(names) + " |")
+            self.line("|" + "|".join("---" if a == "l" else "---:" for a in align) + "|")
+            for r in rows:
+                self.line("| " + " | ".join(c.replace("|", "\\|") for c in r) + " |")
+            return
+        widths = [max([len(h)] + [len(r[i]) for r in rows]) for i, h in enumerate(header)]
+        used = 2 + sum(widths[:-1]) + 2 * (len(widths) - 1)
+        widths[-1] = max(min(widths[-1], self.width - used), len(header[-1]) if align[-1] == "r" else 8)
+        if groups:
+            cells, col = [], 0
+            for label, span in groups:
+                w = sum(widths[col : col + span]) + 2 * (span - 1)
+                cells.append(_cut(label, w).center(w) if label else " " * w)
+                col += span
+            self.line(("  " + "  ".join(cells)).rstrip())
+        for r in [header, *rows]:
+            cells = []
+            for c, w, a in zip(r, widths, align, strict=True):
+                c = _cut(c, w) if a == "r" else _cut_left(c, w)
+                cells.append(c.ljust(w) if a == "l" else c.rjust(w))
+            self.line(("  " + "  ".join(cells)).rstrip())
+
+
+def _seconds(s: Summary, t_us: int) -> str:
+    return f"{(t_us - s.start_us) / 1e6:.2f} s"
+
+
+def _header(out: _Out, s: Summary) -> None:
+    p = s.process
+    who = [s.label]
+    if p.rank is not None:
+        who.append(f"pid {p.pid}")
+    if p.hostname:
+        who.append(f"host {p.hostname}")
+    if p.device_index is not None:
+        who.append(f"cuda:{p.device_index}")
+    if out.md:
+        out.line(f"## memtrace report: {', '.join(who)}\n")
+    else:
+        out.line(_cut(f"memtrace report: {', '.join(who)}", out.width))
+    env = s.env
+    dev = [str(env["gpu_name"])] if env.get("gpu_name") else []
+    if env.get("compute_capability"):
+        dev.append(f"sm {env['compute_capability']}")
+    if p.device_total_bytes:
+        dev.append(f"{gib_unit(p.device_total_bytes)} total")
+    versions = [f"{k} {env[k]}" for k in ("driver", "cuda", "torch", "vllm", "flashinfer") if env.get(k)]
+    if dev:
+        out.item("device: " + ", ".join(dev))
+    if versions:
+        out.item("versions: " + ", ".join(versions))
+    dur = (s.end_us - s.start_us) / 1e6
+    rec = s.recording
+    out.item(
+        f"recording: {s.n_events:,} allocator events, {s.n_samples:,} NVML samples over {dur:.2f} s "
+        f"(source {rec.source}, stacks {rec.stacks})"
+    )
+    if s.path:
+        out.item(f"file: {s.path}")
+
+
+def _phases(out: _Out, s: Summary) -> None:
+    if not s.phases:
+        return
+    out.heading("Phases")
+    name_w = 30
+    full = out.md
+    rows = []
+    for p in s.phases:
+        indent = ("\u00a0\u00a0" if out.md else "  ") * p.depth
+        name = _cut(indent + p.name + ("" if p.ended else " (open)"), name_w)
+        times = [f"{(p.start_us - s.start_us) / 1e6:.2f}", f"{(p.end_us - s.start_us) / 1e6:.2f}"]
+        alloc = [gib(p.end_allocated_bytes), gib(p.peak_allocated_bytes), signed_gib(p.delta_allocated_bytes)]
+        res = [gib(p.end_reserved_bytes), gib(p.peak_reserved_bytes), signed_gib(p.delta_reserved_bytes)]
+        if full:
+            alloc.insert(0, gib(p.start_allocated_bytes))
+            res.insert(0, gib(p.start_reserved_bytes))
+        rows.append([name, *times, *alloc, *res, gib(p.peak_device_used_bytes)])
+    cols = ["start", "end", "peak", "Δ"] if full else ["end", "peak", "Δ"]
+    header = ["phase", "start", "end", *cols, *cols, "peak"]
+    groups = [("", 1), ("seconds", 2), ("allocated GiB", len(cols)), ("reserved GiB", len(cols)), ("NVML", 1)]
+    out.table(header, rows, "l" + "r" * (len(header) - 1), groups)
+    if not out.md:
+        out.line("  (start = end - Δ; NVML peak is device used, '-' where not sampled)")
+
+
+def _peak(out: _Out, s: Summary) -> None:
+    out.heading("Peak")
+    pk = s.peak
+    where = f" in {pk.phase_path}" if pk.phase_path else ""
+    extra = f"; non-torch {gib_unit(pk.non_torch_bytes)}" if pk.non_torch_bytes is not None else ""
+    out.item(
+        f"reserved {gib_unit(pk.reserved_bytes)} at {_seconds(s, pk.time_us)}{where} "
+        f"(allocated {gib_unit(pk.allocated_bytes)} at its fullest{extra})"
+    )
+    pa = s.peak_allocated
+    out.item(
+        f"allocated peak {gib_unit(pa.bytes)} at {_seconds(s, pa.time_us)}"
+        + (f" in {pa.phase_path}" if pa.phase_path else "")
+    )
+    if s.peak_device_used is not None:
+        pd = s.peak_device_used
+        out.item(
+            f"device used peak {gib_unit(pd.bytes)} at {_seconds(s, pd.time_us)}"
+            + (f" in {pd.phase_path}" if pd.phase_path else "")
+            + " (NVML samples)"
+        )
+    if s.oom:
+        o = s.oom
+        out.item(
+            f"OUT OF MEMORY at {_seconds(s, int(o.get('time_us', s.end_us)))}: requested "
+            f"{gib_unit(o.get('requested_bytes'))}, device free {gib_unit(o.get('device_free_bytes'))}"
+        )
+
+
+def _crossing_text(s: Summary, c: Crossing) -> str:
+    where = f" in {c.phase_path}" if c.phase_path else ""
+    stay = "until the recording ended" if c.ended_above else f"for {c.duration_us / 1e6:.3f} s"
+    more = f"; {c.excursions} excursions above in all" if c.excursions > 1 else ""
+    return (
+        f"{_CURVE_NAMES.get(c.curve, c.curve)} crossed it at {_seconds(s, c.time_us)}{where}, "
+        f"reached {gib_unit(c.value_bytes)} (+{gib_unit(c.overshoot_bytes)} over) at {_seconds(s, c.value_us)}, "
+        f"stayed above {stay}{more}"
+    )
+
+
+def _target(out: _Out, s: Summary) -> None:
+    if s.target_bytes is None:
+        return
+    source = {"argument": "given", "facts": "from the trace", "utilization": "utilization x device total"}
+    out.heading(f"Target {gib_unit(s.target_bytes)} ({source.get(s.target_source, s.target_source)})")
+    if not s.crossings:
+        head = s.target_bytes - s.peak.reserved_bytes
+        out.item(f"never crossed: the reserved peak stays {gib_unit(head)} below it")
+        if s.peak_device_used is not None:
+            out.item(f"device used peak stays {gib_unit(s.target_bytes - s.peak_device_used.bytes)} below it")
+    for c in s.crossings:
+        out.item(_crossing_text(s, c))
+
+
+def _holders(out: _Out, s: Summary) -> None:
+    if not s.holders:
+        return
+    out.heading(f"Top holders at the reserved peak ({_seconds(s, s.peak.time_us)}), by allocating stack")
+    rows = [[gib(h.bytes), f"{h.share * 100:.1f}%", f"{h.count:,}", frame_text(h.frame)] for h in s.holders]
+    out.table(["GiB", "share", "blocks", "where (innermost frame outside torch)"], rows, "rrrl")
+
+
+def _hooks(out: _Out, s: Summary, limit: int = 20) -> None:
+    if not s.hook_calls:
+        return
+    out.heading("Hook calls (FlashInfer workspace allocators and MEMTRACE_HOOKS)")
+    rows = []
+    for c in s.hook_calls[:limit]:
+        rows.append(
+            [
+                _cut(c.name.rsplit(".", 1)[-1], 40),
+                f"{(c.start_us - s.start_us) / 1e6:.2f}",
+                f"{(c.end_us - c.start_us) / 1e3:.1f}",
+                gib(c.returned_bytes),
+                "-" if c.allocated_delta_bytes is None else signed_gib(c.allocated_delta_bytes),
+                "-" if c.reserved_delta_bytes is None else signed_gib(c.reserved_delta_bytes),
+                "error: " + c.error if c.error else "",
+            ]
+        )
+    out.table(["function", "start s", "ms", "returned GiB", "Δ alloc GiB", "Δ res GiB", "error"], rows, "lrrrrrl")
+    if len(s.hook_calls) > limit:
+        out.item(f"... and {len(s.hook_calls) - limit:,} more calls (see --json)")
+
+
+def _reconciliation(out: _Out, s: Summary) -> None:
+    r = s.reconciliation
+    if r is None:
+        return
+    out.heading("Reconciliation with vLLM's available KV cache (estimate)")
+    where = r.phase_path or "the whole recording"
+    nt = gib_unit(r.non_torch_bytes) if r.non_torch_bytes is not None else "not sampled"
+    out.item(
+        f"memtrace non-KV = peak reserved in {where} {gib_unit(r.peak_reserved_bytes)} + non-torch {nt}"
+        f" = {gib_unit(r.memtrace_non_kv_bytes)}"
+    )
+    out.item(f"target {gib_unit(r.target_bytes)} - non-KV = {gib_unit(r.memtrace_available_kv_bytes)} for the KV cache")
+    out.item(f"vLLM reported {gib_unit(r.vllm_available_kv_bytes)}; difference {signed_gib(r.difference_bytes)} GiB")
+    out.item(r.note)
+
+
+def _notes(out: _Out, s: Summary) -> None:
+    if not (s.warnings or s.notes):
+        return
+    out.heading("Warnings and notes")
+    for w in s.warnings:
+        out.item(f"WARNING: {w}")
+    for n in s.notes:
+        out.item(f"{n.level}: {n.text}")
+
+
+def render_report(summary: Summary, file: TextIO, width: int = 100, markdown: bool = False) -> None:
+    """Write the report of one trace to ``file``.
+
+    Args:
+        summary: ``memtrace.analysis.summary.summarize(trace, ...)``.
+        file: a text stream.
+        width: the text width tables are cut to (text mode).
+        markdown: GitHub-flavoured markdown instead of plain text (for an upstream issue).
+    """
+    out = _Out(file, width, markdown)
+    _header(out, summary)
+    if summary.warnings:
+        out.item(f"WARNING: {len(summary.warnings)} warning(s) below; figures may be incomplete")
+    _phases(out, summary)
+    _peak(out, summary)
+    _target(out, summary)
+    _holders(out, summary)
+    _hooks(out, summary)
+    _reconciliation(out, summary)
+    _notes(out, summary)
+
+
+def render_definitions(file: TextIO, width: int = 100, markdown: bool = False) -> None:
+    """The "Definitions" footer."""
+    out = _Out(file, width, markdown)
+    out.heading("Definitions")
+    if markdown:
+        out.line(DEFINITIONS)
+        return
+    words, line = DEFINITIONS.split(), "  "
+    for w in words:
+        if len(line) + len(w) + 1 > width:
+            out.line(line.rstrip())
+            line = "  "
+        line += w + " "
+    out.line(line.rstrip())
+
+
+def render_run(summaries: list[Summary], file: TextIO, width: int = 100, markdown: bool = False) -> None:
+    """Every trace of a run, one section each, the worst rank named, then the definitions."""
+    for i, s in enumerate(summaries):
+        if i:
+            file.write("\n" + ("---\n" if markdown else "=" * min(width, 100) + "\n"))
+        render_report(s, file, width, markdown)
+    if len(summaries) > 1:
+        w = worst(summaries)
+        why = (
+            f"overshoots the target by {gib_unit(max(c.overshoot_bytes for c in w.crossings))}"
+            if w.crossings
+            else f"highest reserved peak, {gib_unit(w.peak.reserved_bytes)}"
+        )
+        file.write("\n" + ("**" if markdown else "") + f"Worst: {w.label} ({why})" + ("**" if markdown else "") + "\n")
+    render_definitions(file, width, markdown)
