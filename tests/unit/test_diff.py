@@ -1,0 +1,136 @@
+"""memtrace diff: the regression gate. Synthetic start-ups (named so) until real H200 pairs exist,
+then the real pair recorded with and without --workspace-extra 1GiB (tests/data/h200)."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import sys
+from pathlib import Path
+
+import pytest
+from memtrace.analysis.diff import diff_traces
+from memtrace.cli import main
+from memtrace.store import save_trace
+from memtrace.units import parse_threshold
+
+TESTS = Path(__file__).resolve().parents[1]
+if "synthetic_gates" not in sys.modules:
+    _spec = importlib.util.spec_from_file_location("synthetic_gates", TESTS / "synthetic_gates.py")
+    sys.modules["synthetic_gates"] = importlib.util.module_from_spec(_spec)
+    _spec.loader.exec_module(sys.modules["synthetic_gates"])
+g = sys.modules["synthetic_gates"]
+GiB, MiB = g.GiB, g.MiB
+
+
+@pytest.fixture(scope="module")
+def synthetic_runs(tmp_path_factory) -> dict[str, Path]:
+    d = tmp_path_factory.mktemp("runs")
+    runs = {
+        "base": g.vllm_like_startup(),
+        "same": g.vllm_like_startup(),
+        "workspace_1gib": g.vllm_like_startup(extra_workspace=GiB),
+        "warmup_plus_1gib": g.vllm_like_startup(warmup=3 * GiB),
+        "oom": g.vllm_like_startup(oom_in="profile_run"),
+    }
+    return {name: save_trace(t, d / f"{name}.memtrace") for name, t in runs.items()}
+
+
+def _run(capsys, *argv) -> tuple[int, str, str]:
+    rc = main(["diff", *map(str, argv)])
+    out = capsys.readouterr()
+    return rc, out.out, out.err
+
+
+def test_identical_synthetic_runs_pass_with_exit_0(synthetic_runs, capsys):
+    rc, out, _ = _run(capsys, synthetic_runs["base"], synthetic_runs["same"], "--fail-over", "2%")
+    assert rc == 0
+    assert "OK: nothing grew more than 2%" in out
+
+
+def test_synthetic_workspace_growth_fails_in_profile_run_and_names_the_site(synthetic_runs, capsys):
+    rc, out, _ = _run(capsys, synthetic_runs["base"], synthetic_runs["workspace_1gib"], "--fail-over", "2%")
+    assert rc == 1
+    # headline first: available KV and memory before KV sizing, old -> new, delta
+    head = out.splitlines()[2:5]
+    assert head[0].startswith("Headline")
+    assert "available KV cache (vLLM)      15.26 GiB →   14.26 GiB      -1.00 GiB" in head[1]
+    assert "memory before KV sizing        22.90 GiB →   23.90 GiB      +1.00 GiB" in head[2]
+    assert "phase determine_available_memory/profile_run: 28.90 GiB → 29.90 GiB (+1.00 GiB" in out
+    assert "new     +1.00 GiB     0.00 GiB →    1.00 GiB  allocate_extra_workspace (my_patch/workspace.py:17)" in out
+    assert "FAIL: 3 figure(s) grew more than 2% (exit 1)" in out
+
+
+def test_synthetic_workspace_growth_changes_nothing_else(synthetic_runs):
+    base, new = (g.vllm_like_startup(), g.vllm_like_startup(extra_workspace=GiB))
+    d = diff_traces(base, new, parse_threshold("2%"))
+    grown = {p.path: p.peak.delta for p in d.phases if p.peak.delta}
+    assert grown == {"determine_available_memory": GiB, "determine_available_memory/profile_run": GiB}
+    assert [c.label for c in d.regressions] == [
+        "memory before KV sizing",
+        "determine_available_memory",
+        "determine_available_memory/profile_run",
+    ]
+    cats = {c.label: c.delta for c in d.categories if c.delta}
+    assert cats == {"flashinfer_workspace": GiB, "kv_cache": -GiB}
+    assert [(s.frames[0].name, s.delta) for s in d.sites] == [
+        ("allocate_extra_workspace", GiB),
+        ("_allocate_kv_cache_tensors", -GiB),
+    ]
+    (hook,) = d.hooks
+    assert (hook.base_bytes_per_call, hook.new_bytes_per_call) == ((2 * GiB,), (3 * GiB,))
+
+
+def test_a_growth_inside_profile_run_fails_even_when_the_global_peak_is_unchanged():
+    # a fixed KV cache (--kv-cache-memory) keeps the global peak in warm-up, where nothing changed
+    base = g.vllm_like_startup(kv_cache=14 * GiB)
+    new = g.vllm_like_startup(kv_cache=14 * GiB, activation=7 * GiB)  # profile_run's spike +1 GiB
+    d = diff_traces(base, new, parse_threshold("2%"))
+    peak = next(c for c in d.headline if c.label == "peak")
+    assert peak.delta == 0
+    assert "determine_available_memory/profile_run" in [c.label for c in d.regressions]
+    assert d.failed
+
+
+def test_post_kv_transient_growth_fails(synthetic_runs, capsys):
+    rc, out, _ = _run(capsys, synthetic_runs["base"], synthetic_runs["warmup_plus_1gib"], "--fail-over", "512MiB")
+    assert rc == 1
+    assert "post-KV transient: 2.50 GiB → 3.50 GiB (+1.00 GiB, allowed +512.0 MiB)" in out
+
+
+def test_absolute_threshold_above_the_growth_passes(synthetic_runs, capsys):
+    rc, out, _ = _run(capsys, synthetic_runs["base"], synthetic_runs["workspace_1gib"], "--fail-over", "1.5GiB")
+    assert rc == 0
+
+
+def test_new_run_dying_of_oom_fails(synthetic_runs, capsys):
+    rc, out, _ = _run(capsys, synthetic_runs["base"], synthetic_runs["oom"])
+    assert rc == 1
+    assert "the new run died of CUDA OOM in determine_available_memory/profile_run" in out
+
+
+def test_json_output_carries_the_regressions(synthetic_runs, capsys):
+    rc, out, _ = _run(capsys, synthetic_runs["base"], synthetic_runs["workspace_1gib"], "--json")
+    doc = json.loads(out)
+    assert rc == 1 and doc["failed"] is True
+    (t,) = doc["traces"]
+    assert [r["label"] for r in t["regressions"]][0] == "memory before KV sizing"
+    assert t["regressions"][0]["delta_bytes"] == GiB
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["missing-dir", "missing-dir"], "no such file or directory"),
+        (["{base}", "{base}", "--fail-over", "lots"], "cannot read size 'lots'"),
+        (["{base}", "{not_a_trace}"], "is not a memtrace trace"),
+    ],
+)
+def test_bad_input_exits_2_with_one_line(synthetic_runs, tmp_path, capsys, argv, message):
+    junk = tmp_path / "junk.memtrace"
+    junk.write_text("hello")
+    argv = [a.format(base=synthetic_runs["base"], not_a_trace=junk) for a in argv]
+    rc, out, err = _run(capsys, *argv)
+    assert rc == 2
+    assert err.startswith("memtrace: error: ") and message in err
+    assert len(err.strip().splitlines()) == 1

@@ -1,0 +1,97 @@
+"""memtrace fits: the capacity what-if. Synthetic start-ups (named so) check the model's arithmetic;
+real H200 runs at mimicked capacities (tests/data/h200) check its predictions against outcomes."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import sys
+from pathlib import Path
+
+import pytest
+from memtrace.analysis.fits import FITS, NO_KV, OOM, fit, fits
+from memtrace.cli import main
+from memtrace.store import save_trace
+
+TESTS = Path(__file__).resolve().parents[1]
+if "synthetic_gates" not in sys.modules:
+    _spec = importlib.util.spec_from_file_location("synthetic_gates", TESTS / "synthetic_gates.py")
+    sys.modules["synthetic_gates"] = importlib.util.module_from_spec(_spec)
+    _spec.loader.exec_module(sys.modules["synthetic_gates"])
+g = sys.modules["synthetic_gates"]
+GiB, MiB = g.GiB, g.MiB
+
+# The SYNTHETIC start-up: 20 MiB + 20 GiB weights + 2 GiB workspace + 900 MiB non-PyTorch before
+# profiling; profile_run peaks 6 GiB higher (28.90 GiB); after the KV cache, a 2 GiB warm-up spike
+# and a 512 MiB CUDA-graph pool (post-KV transient 2.5 GiB).
+PRE_KV_PEAK = 20 * MiB + 20 * GiB + 2 * GiB + 6 * GiB + g.NON_TORCH
+
+
+@pytest.fixture(scope="module")
+def synthetic():
+    return g.vllm_like_startup(capacity=48 * GiB, util=0.92)
+
+
+def test_card_independent_memory_is_vllms_non_kv_figure(synthetic):
+    r = fit(synthetic, 48 * GiB)
+    assert r.non_kv_bytes == PRE_KV_PEAK
+    assert r.pre_kv_peak_bytes == PRE_KV_PEAK
+    assert r.pre_kv_peak_phase == "determine_available_memory/profile_run"
+
+
+def test_the_recorded_card_fits_with_the_recorded_kv_cache(synthetic):
+    r = fit(synthetic, 48 * GiB)
+    assert r.outcome == FITS
+    # vLLM rounds the target up (ceil); the synthetic recording rounded it down
+    assert abs(r.kv_cache_bytes - synthetic.facts["vllm.available_kv_cache_bytes"]) <= 1
+
+
+def test_a_card_smaller_than_the_profile_peak_dies_in_profile_run(synthetic):
+    r = fit(synthetic, 24 * GiB)
+    assert (r.outcome, r.stage, r.phase) == (OOM, "pre-KV", "determine_available_memory/profile_run")
+    assert r.overshoot_bytes == PRE_KV_PEAK - 24 * GiB
+
+
+def test_a_card_smaller_than_the_weights_dies_loading_them(synthetic):
+    assert fit(synthetic, 16 * GiB).phase == "load_model"
+
+
+def test_a_card_whose_target_is_under_non_kv_gets_no_kv_cache(synthetic):
+    # 30 GiB physical holds the 28.90 GiB profile peak, but 0.92 x 30 GiB = 27.6 GiB < non-KV
+    r = fit(synthetic, 30 * GiB)
+    assert (r.outcome, r.stage) == (NO_KV, "KV sizing")
+    assert r.overshoot_bytes == PRE_KV_PEAK - int(-(-30 * GiB * 0.92 // 1))
+
+
+def test_post_kv_transient_kills_warm_up_when_util_leaves_too_little_headroom():
+    # an 8 GiB warm-up spike, more than profile_run's 6 GiB that vLLM kept out of the KV cache:
+    # on 40 GiB at 0.99 the KV cache takes 39.6 - 28.9 GiB and warm-up peaks at 22.9 + 10.7 + 8.5 GiB
+    heavy_warmup = g.vllm_like_startup(capacity=48 * GiB, util=0.92, warmup=8 * GiB)
+    assert fit(heavy_warmup, 48 * GiB).outcome == FITS
+    r = fit(heavy_warmup, 40 * GiB, util=0.99)
+    assert (r.outcome, r.stage) == (OOM, "post-KV")
+    assert r.phase == "compile_or_warm_up_model"
+    assert r.post_kv_peak_bytes > 40 * GiB
+
+
+def test_several_capacities_give_one_row_each(synthetic):
+    rows = fits(synthetic, [16 * GiB, 24 * GiB, 30 * GiB, 32 * GiB, 48 * GiB])
+    assert [r.outcome for r in rows] == [OOM, OOM, NO_KV, FITS, FITS]
+
+
+def test_cli_table_and_exit_status(synthetic, tmp_path, capsys):
+    path = save_trace(synthetic, tmp_path / "run.memtrace")
+    rc = main(["fits", str(path), "--capacity", "24GiB,32GiB"])
+    out = capsys.readouterr().out
+    assert rc == 1
+    assert "OOM in determine_available_memory/profile_run (before KV sizing; needs 4.90 GiB more)" in out
+    assert "fits, " in out
+    rc = main(["fits", str(path), "--capacity", "32GiB", "--json"])
+    doc = json.loads(capsys.readouterr().out)
+    assert rc == 0 and doc["fits"][0]["survives"] is True
+
+
+def test_cli_refuses_a_bad_capacity_with_exit_2(synthetic, tmp_path, capsys):
+    path = save_trace(synthetic, tmp_path / "run.memtrace")
+    assert main(["fits", str(path), "--capacity", "big"]) == 2
+    assert "cannot read size 'big'" in capsys.readouterr().err

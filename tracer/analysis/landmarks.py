@@ -1,0 +1,174 @@
+"""The landmarks of vLLM's KV-cache sizing in one trace, shared by ``diff`` and ``fits``.
+
+vLLM sizes its KV cache from what is in use when profiling ends: ``available_kv = util × total −
+non_kv``. The figures a regression gate and a capacity what-if need are therefore:
+
+- **memory before KV sizing**: PyTorch reserved + non-PyTorch memory (CUDA context, NCCL, raw
+  cudaMalloc) at the end of ``determine_available_memory`` (or, without it, at the start of the KV
+  cache allocation);
+- **pre-KV peak**: the highest device-level memory before the KV cache is allocated (weights,
+  workspaces, profile_run's activations, non-PyTorch memory);
+- **KV cache**: the bytes allocated inside the KV-allocation phase (``initialize_kv_cache``);
+- **post-KV transient**: the highest device-level memory after the KV cache exists, minus the
+  memory in use right after it was allocated (warm-up, CUDA-graph capture).
+
+"Device level" is the *total* curve: the exact reserved curve plus the non-PyTorch memory of the
+last NVML sample at or before each moment (the first sample's value before it). A trace without
+NVML samples falls back to reserved alone (``Landmarks.device_level`` is False).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..model import FACT_TARGET_BYTES, FACT_UTIL, FACT_VLLM_AVAILABLE_KV_BYTES, Trace
+from .curves import Curve, Curves, all_curves
+from .phases import path_at, phase_path, recording_span, window_peak
+
+#: Phase names marking vLLM's KV sizing (the profiling step that ends with the KV figure).
+SIZING_NAMES = ("determine_available_memory",)
+#: Phase names marking the KV cache allocation, preferred first.
+KV_INIT_NAMES = ("initialize_kv_cache", "kv_cache_init", "allocate_kv_cache", "initialize_from_config")
+
+
+def total_curve(curves: Curves, *, include_non_torch: bool = True) -> Curve:
+    """Reserved + non-PyTorch memory at every event and sample (reserved alone without samples)."""
+    res = curves.reserved
+    nt = curves.non_torch
+    if len(nt) == 0 or not include_non_torch:
+        return res
+    times = np.union1d(res.time_us, nt.time_us).astype(np.int64)
+    ri = np.searchsorted(res.time_us, times, side="right") - 1
+    r = np.where(ri >= 0, res.bytes[np.clip(ri, 0, None)], 0) if len(res) else np.zeros(len(times), np.int64)
+    ni = np.clip(np.searchsorted(nt.time_us, times, side="right") - 1, 0, None)
+    return Curve(times, (r + nt.bytes[ni]).astype(np.int64))
+
+
+@dataclass(frozen=True)
+class Moment:
+    """A value of the total curve at a time, with the phase path in force then."""
+
+    time_us: int
+    bytes: int
+    phase: str
+
+
+@dataclass(frozen=True)
+class Landmarks:
+    """KV-sizing landmarks of one trace; a field is None when the trace lacks the phase it needs."""
+
+    device_level: bool  # True when non-PyTorch memory (NVML) is included
+    sizing_end_us: int | None  # when vLLM measured what is left for the KV cache
+    before_kv_bytes: int | None  # reserved + non-torch at that moment
+    before_kv_reserved_bytes: int | None
+    before_kv_non_torch_bytes: int | None
+    pre_kv_peak: Moment | None  # highest total memory before the KV cache was allocated
+    kv_phase: str | None  # path of the KV-allocation phase
+    kv_start_us: int | None
+    kv_end_us: int | None
+    kv_cache_bytes: int | None  # allocated inside the KV-allocation phase
+    after_kv_bytes: int | None  # total memory right after the KV cache was allocated
+    post_kv_peak: Moment | None  # highest total memory after it
+    vllm_available_kv_bytes: int | None  # vLLM's own figure (facts), when recorded
+    target_bytes: int | None
+    gpu_memory_utilization: float | None
+    peak: Moment  # the highest total memory of the whole trace
+
+    @property
+    def post_kv_transient_bytes(self) -> int | None:
+        if self.post_kv_peak is None or self.after_kv_bytes is None:
+            return None
+        return max(0, self.post_kv_peak.bytes - self.after_kv_bytes)
+
+    @property
+    def non_kv_bytes(self) -> int | None:
+        """vLLM's non-KV figure: target − available KV (facts), when both were recorded."""
+        if self.vllm_available_kv_bytes is None or self.target_bytes is None:
+            return None
+        return self.target_bytes - self.vllm_available_kv_bytes
+
+
+def _first_phase(trace: Trace, names: tuple[str, ...], after_us: int | None = None) -> int | None:
+    """Index of the first phase (by start) named like ``names`` (earlier names preferred)."""
+    for name in names:
+        found = [
+            i for i, p in enumerate(trace.phases) if p.name == name and (after_us is None or p.start_us >= after_us)
+        ]
+        if found:
+            return min(found, key=lambda i: (trace.phases[i].start_us, i))
+    return None
+
+
+def _moment(trace: Trace, curve: Curve, start_us: int, end_us: int) -> Moment | None:
+    if len(curve) == 0 or end_us < start_us:
+        return None
+    value, t = window_peak(curve, start_us, end_us)
+    return Moment(t, value, path_at(trace, t))
+
+
+def _int_fact(trace: Trace, key: str) -> int | None:
+    v = trace.facts.get(key)
+    return int(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else None
+
+
+def landmarks(trace: Trace, curves: Curves | None = None, *, include_non_torch: bool = True) -> Landmarks:
+    """Find the KV-sizing landmarks of ``trace``.
+
+    Args:
+        trace: the trace.
+        curves: its precomputed curves, to share work.
+        include_non_torch: add NVML's non-PyTorch memory to reserved (when the trace has samples).
+    """
+    curves = curves or all_curves(trace)
+    include_non_torch = include_non_torch and len(curves.non_torch) > 0
+    total = total_curve(curves, include_non_torch=include_non_torch)
+    first_us, last_us = recording_span(trace)
+    peak = _moment(trace, total, first_us, last_us) or Moment(first_us, 0, "")
+
+    sizing = _first_phase(trace, SIZING_NAMES)
+    sizing_end = None
+    if sizing is not None:
+        sizing_end = trace.phases[sizing].end_us
+    kv = _first_phase(trace, KV_INIT_NAMES, after_us=sizing_end)
+    kv_start = kv_end = None
+    if kv is not None:
+        kv_start = trace.phases[kv].start_us
+        kv_end = trace.phases[kv].end_us
+    if sizing_end is None:
+        sizing_end = kv_start
+
+    before = before_r = before_nt = None
+    if sizing_end is not None:
+        before = total.at(sizing_end)
+        before_r = curves.reserved.at(sizing_end)
+        before_nt = before - before_r
+    pre_end = kv_start if kv_start is not None else sizing_end
+    pre_peak = _moment(trace, total, first_us, pre_end) if pre_end is not None else None
+
+    kv_bytes = after = post_peak = None
+    if kv_start is not None and kv_end is not None:
+        kv_bytes = max(0, curves.allocated.at(kv_end) - curves.allocated.at(kv_start))
+        after = total.at(kv_end)
+        post_peak = _moment(trace, total, kv_end, last_us)
+
+    util = trace.facts.get(FACT_UTIL)
+    return Landmarks(
+        device_level=include_non_torch,
+        sizing_end_us=sizing_end,
+        before_kv_bytes=before,
+        before_kv_reserved_bytes=before_r,
+        before_kv_non_torch_bytes=before_nt,
+        pre_kv_peak=pre_peak,
+        kv_phase=phase_path(trace, kv) if kv is not None else None,
+        kv_start_us=kv_start,
+        kv_end_us=kv_end,
+        kv_cache_bytes=kv_bytes,
+        after_kv_bytes=after,
+        post_kv_peak=post_peak,
+        vllm_available_kv_bytes=_int_fact(trace, FACT_VLLM_AVAILABLE_KV_BYTES),
+        target_bytes=_int_fact(trace, FACT_TARGET_BYTES),
+        gpu_memory_utilization=float(util) if isinstance(util, (int, float)) else None,
+        peak=peak,
+    )

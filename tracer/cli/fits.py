@@ -1,0 +1,128 @@
+"""Would this start-up survive on a card of another size? If not, in which phase, and by how much.
+
+The model keeps what does not depend on the card (weights, workspaces, profile_run's activations,
+CUDA context and other non-PyTorch memory), sizes the KV cache as vLLM does
+(util × capacity − non-KV memory) and moves the post-KV part of the recorded curve by the change
+in KV bytes. A start-up dies where the curve goes over the physical capacity: in profiling
+(before the KV cache, where --gpu-memory-utilization cannot help), at KV sizing (no memory left
+for the cache blocks), or in warm-up / CUDA-graph capture (the post-KV transient).
+
+  memtrace fits RUN --capacity 32GiB
+  memtrace fits RUN --capacity 16GiB,24GiB,32GiB --util 0.92
+
+Exit status: 0 when it fits on every capacity asked, 1 when it dies on one, 2 on bad input.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+NAME = "fits"
+ORDER = 45
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("run_path", metavar="RUN", help="a recorded start-up (run directory or .memtrace file)")
+    p.add_argument(
+        "--capacity",
+        required=True,
+        metavar="SIZE[,SIZE...]",
+        help="card memory: 32GiB, 24GB, or several separated by commas for a table",
+    )
+    p.add_argument(
+        "--util",
+        default=None,
+        metavar="FRACTION",
+        help="--gpu-memory-utilization on that card (default: the recorded one, else 0.9)",
+    )
+    p.add_argument("--rank", type=int, default=None, help="the rank to read (default: the first)")
+    p.add_argument("--json", action="store_true", help="print the predictions as JSON")
+
+
+def run(args: argparse.Namespace) -> int:
+    from ..analysis.fits import fits, smallest_fitting
+    from ..progress import task
+    from ..units import parse_fraction, parse_sizes
+    from ._runs import load_with_progress, main_trace
+
+    capacities = parse_sizes(args.capacity)
+    util = parse_fraction(args.util) if args.util is not None else None
+    trace = main_trace(load_with_progress(args.run_path), args.rank)
+    with task("Predicting", total=None):
+        results = fits(trace, capacities, util)
+        smallest = smallest_fitting(trace, util)
+    if args.json:
+        out = {
+            "run": args.run_path,
+            "smallest_fitting_capacity_bytes": smallest,
+            "fits": [{**r.__dict__, "survives": r.survives} for r in results],
+        }
+        json.dump(out, sys.stdout, indent=2)
+        print()
+    else:
+        sys.stdout.write(render(results, args.run_path, smallest))
+    return 0 if all(r.survives for r in results) else 1
+
+
+def _gib(n: int | None) -> str:
+    return "—" if n is None else f"{n / 1024**3:.2f} GiB"
+
+
+def _verdict(r) -> str:
+    if r.survives:
+        return f"fits, {_gib(r.headroom_bytes)} to spare"
+    if r.stage == "KV sizing":
+        return f"vLLM refuses: no memory for the KV cache ({_gib(r.overshoot_bytes)} short)"
+    if r.stage == "pre-KV":
+        return f"OOM in {r.phase} (before KV sizing; needs {_gib(r.overshoot_bytes)} more)"
+    return f"OOM in {r.phase} (after the KV cache; {_gib(r.overshoot_bytes)} over)"
+
+
+def render(results: list, run_path: str, smallest: int | None) -> str:
+    """The text answer: one paragraph for one capacity, a table for several."""
+    lines = [f"memtrace fits: {run_path}"]
+    if len(results) == 1:
+        r = results[0]
+        lines.append(
+            f"On a {_gib(r.capacity_bytes)} card at --gpu-memory-utilization {r.util:g} "
+            f"(vLLM may fill {_gib(r.target_bytes)}):"
+        )
+        if r.survives:
+            lines.append(
+                f"  SURVIVES: KV cache {_gib(r.kv_cache_bytes)}, {_gib(r.headroom_bytes)} to spare at the tightest moment"
+            )
+        elif r.stage == "pre-KV":
+            lines.append(f"  DIES in {r.phase}, before the KV cache is sized:")
+            lines.append(
+                f"  before the KV cache it needs {_gib(r.pre_kv_peak_bytes)} (peak in {r.pre_kv_peak_phase}), "
+                f"{_gib(r.overshoot_bytes)} more than the card; --gpu-memory-utilization cannot help"
+            )
+        elif r.stage == "KV sizing":
+            lines.append(
+                f"  DIES at KV sizing: vLLM counts {_gib(r.non_kv_bytes)} that is not KV cache, "
+                f'{_gib(r.overshoot_bytes)} more than it may fill ("No available memory for the cache blocks")'
+            )
+        else:
+            lines.append(f"  DIES in {r.phase}, after the KV cache ({_gib(r.kv_cache_bytes)}) was allocated:")
+            lines.append(
+                f"  the post-KV peak would be {_gib(r.post_kv_peak_bytes)}, {_gib(r.overshoot_bytes)} over the card"
+            )
+        lines.append(
+            f"  card-independent: {_gib(r.non_kv_bytes)} non-KV; pre-KV peak {_gib(r.pre_kv_peak_bytes)} in {r.pre_kv_peak_phase}"
+        )
+    else:
+        head = f"  {'capacity':>10} {'util':>5} {'vLLM fills':>11} {'non-KV':>10} {'KV cache':>10} {'post-KV peak':>13}  outcome"
+        lines.append(head)
+        for r in results:
+            kv = _gib(r.kv_cache_bytes) if r.kv_cache_bytes > 0 else "none"
+            lines.append(
+                f"  {_gib(r.capacity_bytes):>10} {r.util:>5g} {_gib(r.target_bytes):>11} {_gib(r.non_kv_bytes):>10} "
+                f"{kv:>10} {_gib(r.post_kv_peak_bytes):>13}  {_verdict(r)}"
+            )
+        r = results[0]
+        lines.append(f"  pre-KV peak (every card): {_gib(r.pre_kv_peak_bytes)} in {r.pre_kv_peak_phase}")
+    if smallest is not None:
+        lines.append(f"Smallest card this start-up fits on at that utilization: about {_gib(smallest)}")
+    return "\n".join(lines) + "\n"
