@@ -336,10 +336,10 @@ def render_run(summaries: list[Summary], file: TextIO, width: int = 100, markdow
         render_report(s, file, width, markdown)
     if len(summaries) > 1:
         w = worst(summaries)
-        why = (
-            f"overshoots the target by {gib_unit(max(c.overshoot_bytes for c in w.crossings))}"
-            if w.crossings
-            else f"highest reserved peak, {gib_unit(w.peak.reserved_bytes)}"
-        )
+        if w.crossings:
+            c = max(w.crossings, key=lambda c: c.overshoot_bytes)
+            why = f"{_CURVE_NAMES.get(c.curve, c.curve)} goes {gib_unit(c.overshoot_bytes)} over its target"
+        else:
+            why = f"highest reserved peak, {gib_unit(w.peak.reserved_bytes)}"
         file.write("\n" + ("**" if markdown else "") + f"Worst: {w.label} ({why})" + ("**" if markdown else "") + "\n")
     render_definitions(file, width, markdown)

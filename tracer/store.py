@@ -30,6 +30,7 @@ import json
 import os
 import sqlite3
 import time
+import urllib.parse
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
@@ -333,8 +334,14 @@ def load_trace(path: str | os.PathLike) -> Trace:
     """Read one trace file. Raises TraceFormatError (one line) for anything a user can cause."""
     path = Path(path)
     _check_file(path)
+    # A finished trace (no -wal beside it) is opened immutable, so reading it creates no -shm/-wal
+    # files next to the user's file (and works in a read-only directory); a trace still being written,
+    # or left by a crashed writer, has a -wal that must be read, which needs the normal mode.
+    uri = "file:" + urllib.parse.quote(str(path.resolve())) + "?mode=ro"
+    if not path.with_name(path.name + "-wal").exists():
+        uri += "&immutable=1"
     try:
-        db = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
+        db = sqlite3.connect(uri, uri=True)
         try:
             return _read(db, path)
         finally:

@@ -1,0 +1,196 @@
+"""`memtrace report` and `memtrace import` end to end (in-process), on the SYNTHETIC vLLM-shaped
+start-up of tests/synthetic_startup.py and on hand-built snapshot pickles."""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import io
+import json
+import pickle
+import sys
+from pathlib import Path
+
+import pytest
+from memtrace.analysis.summary import summarize
+from memtrace.cli import main
+from memtrace.plots.text import render_report
+from memtrace.store import load_trace, save_trace
+
+TESTS = Path(__file__).resolve().parents[1]
+GiB = 1 << 30
+MiB = 1 << 20
+
+
+def synthetic():
+    if "synthetic_startup" not in sys.modules:
+        spec = importlib.util.spec_from_file_location("synthetic_startup", TESTS / "synthetic_startup.py")
+        mod = importlib.util.module_from_spec(spec)
+        sys.modules["synthetic_startup"] = mod
+        spec.loader.exec_module(mod)
+    return sys.modules["synthetic_startup"]
+
+
+@pytest.fixture()
+def startup_file(tmp_path):
+    return save_trace(synthetic().synthetic_startup(), tmp_path / "startup.memtrace")
+
+
+def report(capsys, *argv) -> str:
+    assert main(["report", *map(str, argv)]) == 0
+    return capsys.readouterr().out
+
+
+def test_report_names_the_peak_its_phase_and_the_crossing(capsys, startup_file):
+    out = report(capsys, startup_file)
+    assert "reserved 44.52 GiB at 18.00 s in determine_available_memory/profile_run" in out
+    assert "Target 44.16 GiB (from the trace)" in out
+    assert "reserved crossed it at 18.00 s in determine_available_memory/profile_run, reached 44.52 GiB" in out
+    assert "stayed above for 0.035 s" in out
+    assert "device used peak 45.35 GiB" in out
+
+
+def test_report_phase_table_indents_nested_phases(capsys, startup_file):
+    lines = report(capsys, startup_file).splitlines()
+    row = next(ln for ln in lines if ln.strip().startswith("profile_run"))
+    assert row.startswith("    profile_run")
+    assert row.split()[1:3] == ["12.50", "20.00"]
+    assert "44.52" in row.split()  # the peak reserved inside profile_run
+    assert max(len(ln) for ln in lines) <= 100
+
+
+def test_report_top_holders_at_the_peak_show_the_meaningful_frame(capsys, startup_file):
+    out = report(capsys, startup_file)
+    holders = out.split("Top holders")[1].splitlines()
+    assert holders[3].split()[:3] == ["24.00", "57.1%", "96"]
+    assert holders[3].endswith("vllm/model_executor/layers/linear.py:301 create_weights")
+    assert "fused_moe/flashinfer_b12x.py:97 apply" in holders[4]
+    assert holders[5].endswith("allocate_sm120_dynamic_workspace")
+
+
+def test_report_lists_hook_calls_and_the_definitions(capsys, startup_file):
+    out = report(capsys, startup_file)
+    assert "allocate_sm120_dynamic_workspace    13.00" in out
+    assert "allocated = requested bytes live in tensors" in out
+    assert "reserved = bytes in PyTorch's segments" in out and "device used = NVML" in out
+
+
+def test_report_json_holds_exact_integers(capsys, startup_file):
+    doc = json.loads(report(capsys, startup_file, "--json"))
+    (t,) = doc["traces"]
+    s = summarize(load_trace(startup_file))
+    assert t["peak"]["reserved_bytes"] == s.peak.reserved_bytes == 47_802_482_688
+    assert t["peak"]["time_us"] == 1_780_000_018_000_000
+    assert t["target_bytes"] == s.target_bytes
+    assert t["crossings"][0]["overshoot_bytes"] == s.peak.reserved_bytes - s.target_bytes
+    assert t["phases"][3]["path"] == "determine_available_memory/profile_run"
+    assert t["phases"][3]["delta_reserved_bytes"] == s.phases[3].delta_reserved_bytes
+
+
+def test_util_and_total_set_the_target(capsys, startup_file):
+    doc = json.loads(report(capsys, startup_file, "--util", "0.5", "--total", "80GiB", "--json"))
+    assert doc["traces"][0]["target_bytes"] == 40 * GiB
+    doc = json.loads(report(capsys, startup_file, "--util", "95%", "--json"))  # x the recorded 48 GiB
+    assert doc["traces"][0]["target_bytes"] == (48 * GiB * 95 + 99) // 100
+    doc = json.loads(report(capsys, startup_file, "--target", "60GiB", "--json"))
+    assert doc["traces"][0]["crossings"] == []
+
+
+def test_multi_rank_run_has_a_section_per_rank_and_names_the_worst(capsys, tmp_path):
+    syn = synthetic()
+    for rank in (0, 1):
+        t = syn.synthetic_startup()
+        t.process.rank = rank
+        t.process.pid = 100 + rank
+        if rank == 1:
+            t.facts["target_bytes"] = 40 * GiB
+        save_trace(t, tmp_path / f"rank{rank}.memtrace")
+    out = report(capsys, tmp_path)
+    assert out.count("memtrace report: rank ") == 2
+    assert "Worst: rank 1 (device used goes 5.35 GiB over its target)" in out
+    only = report(capsys, tmp_path, "--rank", "1")
+    assert only.count("memtrace report: rank ") == 1 and "Worst" not in only
+
+
+def test_markdown_report_is_tables_and_headings(capsys, startup_file):
+    out = report(capsys, startup_file, "--markdown")
+    assert out.startswith("## memtrace report: rank 0")
+    assert "| phase | seconds start | seconds end | allocated GiB start |" in out
+    assert "|\u00a0\u00a0profile_run |" in out.replace("| \u00a0", "|\u00a0")
+
+
+def test_render_report_of_an_empty_trace(tmp_path):
+    from memtrace.model import Trace
+
+    buf = io.StringIO()
+    render_report(summarize(Trace()), buf)
+    assert "reserved 0.00 GiB" in buf.getvalue()
+
+
+def snapshot_dict():
+    frames = [{"filename": "/app/train.py", "line": 12, "name": "step"}]
+    entries = [
+        {
+            "action": "segment_alloc",
+            "addr": 1 << 32,
+            "size": 20 * MiB,
+            "stream": 0,
+            "time_us": 1_000_000,
+            "frames": frames,
+        },
+        {"action": "alloc", "addr": 1 << 32, "size": 12 * MiB, "stream": 0, "time_us": 1_000_100, "frames": frames},
+        {
+            "action": "free_requested",
+            "addr": 1 << 32,
+            "size": 12 * MiB,
+            "stream": 0,
+            "time_us": 2_000_000,
+            "frames": [],
+        },
+        {
+            "action": "free_completed",
+            "addr": 1 << 32,
+            "size": 12 * MiB,
+            "stream": 0,
+            "time_us": 2_000_000,
+            "frames": [],
+        },
+    ]
+    ann = [
+        {"name": "memtrace:train", "stage": "START", "device": 0, "time_us": 900_000},
+        {"name": "memtrace:train", "stage": "END", "device": 0, "time_us": 2_100_000},
+    ]
+    seg = {
+        "address": 1 << 32,
+        "total_size": 20 * MiB,
+        "stream": 0,
+        "segment_type": "large",
+        "blocks": [{"address": 1 << 32, "size": 20 * MiB, "requested_size": 0, "state": "inactive"}],
+    }
+    return {"segments": [seg], "device_traces": [entries], "external_annotations": ann}
+
+
+def test_report_reads_a_snapshot_pickle_with_a_warning(capsys, tmp_path):
+    p = tmp_path / "snap.pickle"
+    p.write_bytes(pickle.dumps(snapshot_dict()))
+    assert main(["report", str(p)]) == 0
+    cap = capsys.readouterr()
+    assert "reserved 0.02 GiB at 0.10 s in train" in cap.out
+    assert cap.err.count("\n") == 1 and "unpickling can run code" in cap.err
+
+
+def test_import_converts_a_snapshot_and_never_overwrites_without_force(capsys, tmp_path):
+    p = tmp_path / "snap.pickle"
+    p.write_bytes(pickle.dumps(snapshot_dict()))
+    out = tmp_path / "snap.memtrace"
+    assert main(["import", str(p)]) == 0  # default output: SNAPSHOT.memtrace
+    t = load_trace(out)
+    assert (len(t.events), t.phases[0].name, t.recording.source) == (4, "train", "torch-snapshot")
+    digest = hashlib.sha256(out.read_bytes()).hexdigest()
+    capsys.readouterr()
+    assert main(["import", str(p), "-o", str(out)]) == 2
+    assert "already exists" in capsys.readouterr().err
+    assert hashlib.sha256(out.read_bytes()).hexdigest() == digest
+    assert main(["import", str(p), "-o", str(out), "--force"]) == 0
+    assert len(load_trace(out).events) == 4
+    assert sorted(x.name for x in tmp_path.iterdir()) == ["snap.memtrace", "snap.pickle"]
