@@ -156,15 +156,14 @@ def _site_key(trace: Trace, stack: int) -> tuple[tuple[str, int, str], ...]:
 
 
 def _sites_at_peak(trace: Trace, curves: Curves) -> dict[tuple, tuple[int, tuple[Frame, ...]]]:
-    """Live bytes by stack at the reserved peak (the moment right after the peak's event)."""
+    """Live bytes by stack at the reserved peak (``flame.peak_event_index``: the fullest moment of it)."""
     if len(trace.events) == 0 and not trace.segments:
         return {}
-    idx = curves.reserved.peak_index - 1  # curve index i is the state after event i-1
+    from .flame import peak_event_index
+
+    idx = peak_event_index(curves.allocated, curves.reserved)  # the event after which the peak holds
     lt = lifetimes(trace)
-    if idx >= 0:
-        holders = holders_by_stack(trace, top=1 << 30, event_index=idx, lt=lt)
-    else:
-        holders = holders_by_stack(trace, int(curves.reserved.time_us[0]), top=1 << 30, lt=lt)
+    holders = holders_by_stack(trace, top=1 << 30, event_index=idx, lt=lt)
     out: dict[tuple, tuple[int, tuple[Frame, ...]]] = {}
     for h in holders:
         key = _site_key(trace, h.stack)

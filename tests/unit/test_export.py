@@ -1,0 +1,183 @@
+"""memtrace export: Perfetto/Chrome JSON that follows the Trace Event Format, a memory_viz snapshot
+that round-trips through memtrace's own importer, folded stacks. Synthetic start-ups (named so)
+and, where they exist, real H200 traces (tests/data/h200)."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import pickle
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from memtrace.analysis.curves import all_curves
+from memtrace.cli import main
+from memtrace.exporters.memory_viz import PICKLE_PROTOCOL, export_memory_viz, snapshot_dict
+from memtrace.exporters.perfetto import export_perfetto
+from memtrace.importers.torch_snapshot import trace_from_snapshot
+from memtrace.store import load_trace, save_trace
+
+TESTS = Path(__file__).resolve().parents[1]
+if "synthetic_gates" not in sys.modules:
+    _spec = importlib.util.spec_from_file_location("synthetic_gates", TESTS / "synthetic_gates.py")
+    sys.modules["synthetic_gates"] = importlib.util.module_from_spec(_spec)
+    _spec.loader.exec_module(sys.modules["synthetic_gates"])
+g = sys.modules["synthetic_gates"]
+GiB = g.GiB
+H200 = TESTS / "data" / "h200"
+
+
+def _real_traces() -> list[Path]:
+    return sorted(H200.rglob("*.memtrace"))[:2] if H200.exists() else []
+
+
+def _traces():
+    """(name, Trace) pairs: the synthetic start-ups, then up to two real H200 traces."""
+    out = [
+        ("synthetic", g.vllm_like_startup(extra_workspace=GiB)),
+        ("synthetic-oom", g.vllm_like_startup(oom_in="profile_run")),
+    ]
+    out += [(p.name, load_trace(p)) for p in _real_traces()]
+    return out
+
+
+TRACES = _traces()
+IDS = [name for name, _ in TRACES]
+
+
+def check_trace_event_format(doc: dict) -> None:
+    """The Trace Event Format's rules, as Perfetto's JSON importer and chrome://tracing apply them."""
+    assert isinstance(doc, dict) and isinstance(doc["traceEvents"], list)
+    open_slices: dict[tuple, list] = {}
+    for ev in doc["traceEvents"]:
+        assert ev["ph"] in {"C", "X", "B", "E", "M"}, ev
+        assert isinstance(ev["pid"], int) and isinstance(ev.get("tid", 0), int)
+        assert isinstance(ev["name"], str) and ev["name"]
+        if ev["ph"] == "M":
+            assert ev["name"] in {"process_name", "thread_name", "thread_sort_index", "process_sort_index"}
+            continue
+        assert isinstance(ev["ts"], (int, float)) and ev["ts"] >= 0  # microseconds since t0
+        if ev["ph"] == "C":
+            assert ev["args"] and all(isinstance(v, (int, float)) for v in ev["args"].values()), ev
+        if ev["ph"] == "X":
+            assert isinstance(ev["dur"], (int, float)) and ev["dur"] >= 0
+            # slices on one thread must nest: each starts after and ends before the enclosing one
+            stack = open_slices.setdefault((ev["pid"], ev["tid"]), [])
+            while stack and stack[-1] <= ev["ts"]:
+                stack.pop()
+            end = ev["ts"] + ev["dur"]
+            assert not stack or end <= stack[-1], f"{ev['name']} overlaps its enclosing slice"
+            stack.append(end)
+
+
+@pytest.mark.parametrize("name, trace", TRACES, ids=IDS)
+def test_perfetto_json_follows_the_trace_event_format(tmp_path, name, trace):
+    path = export_perfetto([trace], tmp_path / "t.json")
+    doc = json.loads(path.read_text())
+    check_trace_event_format(doc)
+    names = {e["name"] for e in doc["traceEvents"] if e["ph"] == "C"}
+    assert {"allocated", "reserved"} <= names
+    if len(trace.samples):
+        assert {"device used", "non-PyTorch"} <= names
+    phases = [e for e in doc["traceEvents"] if e["ph"] == "X" and e.get("cat") == "phase"]
+    assert len(phases) == len(trace.phases)
+
+
+@pytest.mark.parametrize("name, trace", TRACES, ids=IDS)
+def test_perfetto_counters_replay_the_exact_curves(tmp_path, name, trace):
+    doc = json.loads(export_perfetto([trace], tmp_path / "t.json").read_text())
+    t0 = doc["otherData"]["t0_us"]
+    curves = all_curves(trace)
+    for track, curve in (("allocated", curves.allocated), ("reserved", curves.reserved)):
+        points = [(e["ts"] + t0, e["args"]["bytes"]) for e in doc["traceEvents"] if e["name"] == track]
+        times = np.array([p[0] for p in points])
+        values = np.array([p[1] for p in points])
+        assert values.max() == curve.peak_bytes
+        for t in np.unique(curve.time_us)[:: max(1, len(curve) // 200)]:
+            i = np.searchsorted(times, t, side="right") - 1
+            assert values[i] == curve.at(int(t))
+
+
+def test_perfetto_oom_and_hook_calls_are_slices(tmp_path):
+    trace = g.vllm_like_startup(oom_in="profile_run")
+    doc = json.loads(export_perfetto([trace], tmp_path / "t.json").read_text())
+    (oom,) = [e for e in doc["traceEvents"] if e["name"] == "CUDA OOM"]
+    assert oom["ph"] == "X" and oom["args"]["requested_bytes"] == 2 * GiB
+    (hook,) = [e for e in doc["traceEvents"] if e.get("cat") == "hook"]
+    assert hook["name"] == "allocate_sm120_dynamic_workspace" and hook["args"]["returned_bytes"] == 2 * GiB
+
+
+def test_perfetto_gives_each_process_its_own_track(tmp_path):
+    a, b = g.vllm_like_startup(), g.vllm_like_startup()
+    b.process.rank, b.process.pid = 1, 4343
+    doc = json.loads(export_perfetto([a, b], tmp_path / "t.json").read_text())
+    names = {e["pid"]: e["args"]["name"] for e in doc["traceEvents"] if e["name"] == "process_name"}
+    assert names == {4242: "rank 0 (pid 4242)", 4343: "rank 1 (pid 4343)"}
+
+
+@pytest.mark.parametrize("name, trace", TRACES, ids=IDS)
+def test_memory_viz_snapshot_round_trips_with_identical_curves(tmp_path, name, trace):
+    path = export_memory_viz(trace, tmp_path / "snap.pickle")
+    assert path.read_bytes()[:2] == b"\x80\x04"  # protocol 4: memory_viz rejects 5 (pytorch#183842)
+    with open(path, "rb") as f:
+        snap = pickle.load(f)  # our own file, just written
+    back = trace_from_snapshot(snap, source=str(path))
+    before, after = all_curves(trace), all_curves(back)
+    for curve in ("allocated", "reserved"):
+        a, b = getattr(before, curve), getattr(after, curve)
+        # the importer starts the curve at the first event rather than the recording's start
+        assert np.array_equal(a.bytes, b.bytes), curve
+        assert np.array_equal(a.time_us[1:], b.time_us[1:]), curve
+    assert [(p.name, p.start_us, p.end_us) for p in back.phases] == [
+        (p.name, p.start_us, p.end_us) for p in trace.phases
+    ]
+    assert len(back.stacks) == len(trace.stacks)
+
+
+def test_memory_viz_snapshot_has_pytorchs_shape():
+    snap = snapshot_dict(g.vllm_like_startup())
+    assert set(snap) == {"segments", "device_traces", "external_annotations", "allocator_settings"}
+    entry = snap["device_traces"][0][1]
+    assert set(entry) >= {"action", "addr", "size", "stream", "time_us", "frames"}
+    assert entry["action"] == "alloc" and entry["frames"][0]["name"] == "execute_method"
+    seg = snap["segments"][0]
+    assert set(seg) >= {"address", "total_size", "stream", "segment_type", "blocks", "device", "segment_pool_id"}
+    assert {"address", "size", "requested_size", "state", "frames"} <= set(seg["blocks"][0])
+    assert snap["external_annotations"][0] == {
+        "name": "memtrace:init_device",
+        "stage": "START",
+        "device": 0,
+        "time_us": g._s.T0,
+    }
+    assert PICKLE_PROTOCOL == 4
+
+
+def test_export_cli_writes_each_format_and_never_overwrites_without_force(tmp_path, capsys, monkeypatch):
+    run = save_trace(g.vllm_like_startup(extra_workspace=GiB), tmp_path / "run.memtrace")
+    monkeypatch.chdir(tmp_path)
+    for fmt, out in (
+        ("perfetto", "run.perfetto.json"),
+        ("memory-viz", "run.memory_viz.pickle"),
+        ("folded", "run.folded"),
+    ):
+        assert main(["export", str(run), "--format", fmt]) == 0
+        assert (tmp_path / out).stat().st_size > 0
+    capsys.readouterr()
+    assert main(["export", str(run), "--format", "folded"]) == 2
+    assert "run.folded already exists" in capsys.readouterr().err
+    assert main(["export", str(run), "--format", "folded", "--force"]) == 0
+
+
+def test_folded_export_adds_up_to_the_allocated_bytes_at_the_peak(tmp_path):
+    trace = g.vllm_like_startup(extra_workspace=GiB)
+    run = save_trace(trace, tmp_path / "run.memtrace")
+    assert main(["export", str(run), "-f", "folded", "-o", str(tmp_path / "x.folded")]) == 0
+    lines = (tmp_path / "x.folded").read_text().splitlines()
+    total = sum(int(line.rsplit(" ", 1)[1]) for line in lines)
+    # at the reserved peak (warm-up's capture_model): weights, workspace, KV cache, graph pool, init
+    kv = trace.facts["vllm.available_kv_cache_bytes"] // (2 * g.MiB) * 2 * g.MiB
+    assert total == 20 * g.MiB + 20 * GiB + 3 * GiB + kv + 512 * g.MiB
+    assert any("allocate_extra_workspace" in line for line in lines)

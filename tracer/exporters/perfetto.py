@@ -1,0 +1,138 @@
+"""Chrome / Perfetto trace-event JSON: open a memtrace run in ui.perfetto.dev (or chrome://tracing).
+
+The file follows the Trace Event Format (``{"traceEvents": [...]}``):
+
+- one *process* per traced process (``pid``: its pid, or its position when pids collide), named
+  ``rank 0 (pid 1234)`` by an ``M`` (metadata) event;
+- *counter* tracks (``ph: "C"``), one per curve, each with a single numeric arg ``bytes``:
+  ``allocated``, ``reserved``, and with NVML samples ``device used`` and ``non-PyTorch``. Only
+  changes are written (the last value of each microsecond), so the file stays exact and small;
+- *slices* (``ph: "X"``, ``ts``/``dur`` in microseconds): phases on the "phases" thread (tid 1,
+  properly nested), hooked calls on the "hook calls" thread (tid 2) with their bytes and arguments,
+  and the OOM, when there was one, on the "events" thread (tid 3).
+
+Timestamps are microseconds since the earliest moment of the run (``otherData.t0_us`` holds that
+moment as Unix-epoch microseconds), so every process shares one time axis.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterator
+from pathlib import Path
+from typing import IO, Any
+
+import numpy as np
+
+from ..analysis.curves import Curve, all_curves
+from ..analysis.phases import recording_span
+from ..model import FACT_OOM, Trace
+
+PHASES_TID = 1
+HOOKS_TID = 2
+EVENTS_TID = 3
+COUNTERS = ("allocated", "reserved", "device used", "non-PyTorch")
+
+
+def _changes(curve: Curve) -> tuple[np.ndarray, np.ndarray]:
+    """The curve reduced to its last value per microsecond, then to the points where it changes."""
+    t, b = curve.time_us, curve.bytes
+    if len(t) == 0:
+        return t, b
+    last = np.ones(len(t), dtype=bool)
+    last[:-1] = t[1:] != t[:-1]
+    t, b = t[last], b[last]
+    keep = np.ones(len(t), dtype=bool)
+    keep[1:] = b[1:] != b[:-1]
+    return t[keep], b[keep]
+
+
+def _pids(traces: list[Trace]) -> list[int]:
+    pids = [t.process.pid for t in traces]
+    if len(set(pids)) == len(pids) and all(p > 0 for p in pids):
+        return pids
+    return list(range(1, len(traces) + 1))
+
+
+def _json_safe(value: Any) -> Any:
+    return json.loads(json.dumps(value, default=str))
+
+
+def trace_events(traces: list[Trace], progress=None) -> Iterator[dict[str, Any]]:
+    """Every trace event of a run, metadata first. ``progress.advance()`` is called once per trace."""
+    t0 = min(recording_span(t)[0] for t in traces) if traces else 0
+    for trace, pid in zip(traces, _pids(traces), strict=True):
+        label = trace.label if trace.process.rank is None else f"{trace.label} (pid {trace.process.pid})"
+        yield {"name": "process_name", "ph": "M", "pid": pid, "tid": 0, "args": {"name": label}}
+        for tid, name in ((PHASES_TID, "phases"), (HOOKS_TID, "hook calls"), (EVENTS_TID, "events")):
+            yield {"name": "thread_name", "ph": "M", "pid": pid, "tid": tid, "args": {"name": name}}
+            yield {"name": "thread_sort_index", "ph": "M", "pid": pid, "tid": tid, "args": {"sort_index": tid}}
+        yield from _counters(trace, pid, t0)
+        yield from _phase_slices(trace, pid, t0)
+        yield from _hook_slices(trace, pid, t0)
+        oom = trace.facts.get(FACT_OOM)
+        if isinstance(oom, dict) and oom.get("time_us") is not None:
+            args = {k: v for k, v in oom.items() if isinstance(v, (int, float, str))}
+            yield {"name": "CUDA OOM", "cat": "oom", "ph": "X", "ts": int(oom["time_us"]) - t0, "dur": 0,
+                   "pid": pid, "tid": EVENTS_TID, "args": args}  # fmt: skip
+        if progress is not None:
+            progress.advance()
+
+
+def _counters(trace: Trace, pid: int, t0: int) -> Iterator[dict[str, Any]]:
+    curves = all_curves(trace)
+    for name, curve in zip(
+        COUNTERS, (curves.allocated, curves.reserved, curves.device_used, curves.non_torch), strict=True
+    ):
+        t, b = _changes(curve)
+        for ts, value in zip((t - t0).tolist(), b.tolist(), strict=True):
+            yield {"name": name, "ph": "C", "ts": ts, "pid": pid, "tid": 0, "args": {"bytes": value}}
+
+
+def _phase_slices(trace: Trace, pid: int, t0: int) -> Iterator[dict[str, Any]]:
+    _, end_of_trace = recording_span(trace)
+    spans = []
+    for p in trace.phases:
+        end = p.end_us if p.end_us is not None else max(end_of_trace, p.start_us)
+        spans.append((p.start_us, -(end - p.start_us), p, end))
+    spans.sort(key=lambda s: (s[0], s[1]))  # parents (longer) before children that start with them
+    for start, _, p, end in spans:
+        args = {"source": p.source, "ended": p.end_us is not None}
+        yield {"name": p.name, "cat": "phase", "ph": "X", "ts": start - t0, "dur": end - start,
+               "pid": pid, "tid": PHASES_TID, "args": args}  # fmt: skip
+
+
+def _hook_slices(trace: Trace, pid: int, t0: int) -> Iterator[dict[str, Any]]:
+    for c in sorted(trace.hook_calls, key=lambda c: (c.start_us, -(c.end_us - c.start_us))):
+        args: dict[str, Any] = {"args": _json_safe(c.args)}
+        for key in ("returned_bytes", "allocated_delta_bytes", "reserved_delta_bytes", "error"):
+            if getattr(c, key) is not None:
+                args[key] = getattr(c, key)
+        yield {"name": c.name.rsplit(".", 1)[-1], "cat": "hook", "ph": "X", "ts": c.start_us - t0,
+               "dur": max(0, c.end_us - c.start_us), "pid": pid, "tid": HOOKS_TID,
+               "args": {"function": c.name, **args}}  # fmt: skip
+
+
+def write_perfetto(traces: list[Trace], out: IO[str], progress=None) -> int:
+    """Stream the Trace Event JSON of ``traces`` to ``out``; returns the number of events."""
+    t0 = min(recording_span(t)[0] for t in traces) if traces else 0
+    out.write('{"displayTimeUnit": "ms", "otherData": ')
+    out.write(json.dumps({"producer": "memtrace", "t0_us": t0, "units": "bytes, microseconds since t0_us"}))
+    out.write(', "traceEvents": [\n')
+    n = 0
+    for ev in trace_events(traces, progress):
+        if n:
+            out.write(",\n")
+        out.write(json.dumps(ev, separators=(",", ":")))
+        n += 1
+    out.write("\n]}\n")
+    return n
+
+
+def export_perfetto(traces: list[Trace], path: str | os.PathLike, progress=None) -> Path:
+    """Write ``traces`` (one run) to ``path`` as Perfetto / Chrome trace JSON."""
+    out = Path(path)
+    with open(out, "w", encoding="utf-8") as f:
+        write_perfetto(traces, f, progress)
+    return out
