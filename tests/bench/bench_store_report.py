@@ -29,7 +29,6 @@ import time
 from pathlib import Path
 
 import numpy as np
-
 from memtrace.model import (
     ACTION_CODE,
     SAMPLE_DTYPE,
