@@ -1,0 +1,418 @@
+"""Function hooks by dotted path: wrap ``pkg.mod:func`` or ``pkg.mod:Class.method`` now, or the
+moment its module is imported, and undo every patch on request.
+
+A :class:`HookManager` owns a set of hooks. Each hook names a target and a :class:`Handler` whose
+``before``/``after`` run around every call. Guarantees, whatever the handler does:
+
+- **import order does not matter**: a target whose module is not imported yet is patched right after
+  the module executes, by a ``sys.meta_path`` finder that wraps the module's loader for that one import;
+- **every binding is patched**: for a module-level function, every module that imported it by name
+  (``from mod import func``) before the patch has its binding replaced too;
+- **idempotent and undoable**: a wrapper carries a sentinel (``__memtrace_hook__``), patching twice is a
+  no-op, :meth:`HookManager.unpatch` restores every original binding;
+- **a class's own attributes only**: ``Class.method`` is wrapped only where ``method`` is in
+  ``Class.__dict__`` (an inherited method is the base class's target), so nothing is wrapped twice;
+- **re-entrancy**: a thread-local guard calls straight through while a handler does its bookkeeping,
+  and while a call with the same handler key is already running on this thread (a subclass method
+  calling its base, two targets mapped to one phase);
+- **never breaks the program**: an exception in ``before``/``after`` is caught, logged once per hook,
+  passed to ``on_error``, and the original is called as if no hook were there.
+
+This module imports nothing heavy (no torch, no vLLM).
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib.machinery
+import logging
+import os
+import sys
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from types import ModuleType
+from typing import Any, Protocol
+
+logger = logging.getLogger("memtrace.hooks")
+
+SENTINEL = "__memtrace_hook__"
+
+#: Set to a hook's target path (or handler key) to make its bookkeeping raise: a check that a failing
+#: hook never changes the traced program. Used by the integration tests.
+FAULT_ENV = "MEMTRACE_FAULT"
+
+_NO_TOKEN = object()
+
+
+class HookTargetError(ValueError):
+    """A target string is not of the form ``pkg.mod:func`` or ``pkg.mod:Class.method``."""
+
+
+@dataclass(frozen=True)
+class Target:
+    """A function by dotted path: ``module`` is imported, ``qualname`` is looked up in it."""
+
+    module: str
+    qualname: str
+
+    @classmethod
+    def parse(cls, text: str) -> Target:
+        """Parse ``pkg.mod:func`` or ``pkg.mod:Class.method``."""
+        mod, sep, qual = text.strip().partition(":")
+        parts = qual.split(".")
+        if not sep or not mod or not qual or not all(p.isidentifier() for p in parts):
+            raise HookTargetError(f"hook target {text!r} is not of the form pkg.mod:func or pkg.mod:Class.method")
+        if not all(p.isidentifier() for p in mod.split(".")):
+            raise HookTargetError(f"hook target {text!r}: {mod!r} is not a module path")
+        return cls(mod, qual)
+
+    @property
+    def path(self) -> str:
+        return f"{self.module}:{self.qualname}"
+
+    def __str__(self) -> str:
+        return self.path
+
+
+class Handler(Protocol):
+    """What runs around a hooked call. ``before`` returns a token handed to ``after``."""
+
+    key: str
+
+    def before(self, target: Target, args: tuple, kwargs: dict) -> Any: ...
+
+    def after(self, token: Any, result: Any, error: BaseException | None) -> None: ...
+
+
+@dataclass
+class _Hook:
+    target: Target
+    handler: Handler
+    key: str
+    logged: bool = False
+
+
+@dataclass
+class _Binding:
+    owner: Any  # module or class
+    name: str
+    original: Any  # the raw attribute value (function, staticmethod, classmethod...)
+    wrapper: Any
+
+
+class _Local(threading.local):
+    def __init__(self) -> None:
+        self.busy = 0  # >0 while a handler does bookkeeping on this thread
+        self.active: dict[str, int] = {}  # handler key -> depth of running wrapped calls
+
+
+_tls = _Local()
+
+
+def _reset_after_fork() -> None:
+    global _tls
+    _tls = _Local()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_reset_after_fork)
+
+
+def in_bookkeeping() -> bool:
+    """True while a handler runs on this thread (hooks called from it go straight through)."""
+    return _tls.busy > 0
+
+
+@dataclass
+class HookManager:
+    """Installs hooks and keeps what it needs to undo them.
+
+    ``on_error(hook_path, exc)`` is called (once per hook) when a handler fails; ``on_missing(path,
+    why)`` when a target's module is imported but the target is not in it.
+    """
+
+    on_error: Callable[[str, BaseException], None] | None = None
+    on_missing: Callable[[str, str], None] | None = None
+    _hooks: dict[str, list[_Hook]] = field(default_factory=dict)  # module -> hooks waiting on it
+    _bindings: list[_Binding] = field(default_factory=list)
+    _done: set[tuple[str, str]] = field(default_factory=set)  # (target path, key) patched
+    _lock: threading.RLock = field(default_factory=threading.RLock)
+    _finder: _PostImportFinder | None = None
+
+    # -- public API ---------------------------------------------------------------------------
+    def add(self, target: Target | str, handler: Handler) -> None:
+        """Hook ``target``: now if its module is imported, else right after it is."""
+        if isinstance(target, str):
+            target = Target.parse(target)
+        hook = _Hook(target, handler, getattr(handler, "key", target.path))
+        with self._lock:
+            self._hooks.setdefault(target.module, []).append(hook)
+            module = sys.modules.get(target.module)
+            if module is not None and getattr(module, "__spec__", None) is not None and not _initializing(module):
+                self._apply(hook, module)
+            else:
+                self._ensure_finder()
+
+    def patched(self) -> list[str]:
+        """The target paths patched so far (each once)."""
+        with self._lock:
+            return sorted({path for path, _ in self._done})
+
+    def unpatch(self) -> None:
+        """Restore every binding this manager replaced and stop watching imports."""
+        with self._lock:
+            for b in reversed(self._bindings):
+                current = _own_attr(b.owner, b.name)
+                if current is b.wrapper:
+                    setattr(b.owner, b.name, b.original)
+            self._bindings.clear()
+            self._done.clear()
+            self._hooks.clear()
+            if self._finder is not None:
+                try:
+                    sys.meta_path.remove(self._finder)
+                except ValueError:
+                    pass
+                self._finder = None
+
+    def watched_modules(self) -> list[str]:
+        with self._lock:
+            return sorted(self._hooks)
+
+    # -- patching ------------------------------------------------------------------------------
+    def _ensure_finder(self) -> None:
+        if self._finder is None or self._finder not in sys.meta_path:
+            self._finder = _PostImportFinder(self)
+            sys.meta_path.insert(0, self._finder)
+
+    def module_imported(self, module: ModuleType) -> None:
+        """Apply the hooks waiting on ``module`` (called by the finder after the module executed)."""
+        with self._lock:
+            for hook in list(self._hooks.get(module.__name__, ())):
+                self._apply(hook, module)
+
+    def _apply(self, hook: _Hook, module: ModuleType) -> None:
+        done_key = (hook.target.path, hook.key)
+        if done_key in self._done:
+            return
+        try:
+            owner, name = _resolve(module, hook.target.qualname)
+        except LookupError as exc:
+            self._done.add(done_key)  # report once
+            self._missing(hook.target.path, str(exc))
+            return
+        raw = _own_attr(owner, name)
+        if getattr(_unwrap_descriptor(raw), SENTINEL, None) is not None:
+            self._done.add(done_key)  # someone (maybe us, before a fork) already wrapped it
+            return
+        wrapper = _wrap_raw(raw, hook, self)
+        if wrapper is None:
+            self._done.add(done_key)
+            self._missing(hook.target.path, f"{type(raw).__name__} is not a function")
+            return
+        setattr(owner, name, wrapper)
+        self._bindings.append(_Binding(owner, name, raw, wrapper))
+        self._done.add(done_key)
+        if isinstance(owner, ModuleType):
+            self._rebind_importers(raw, wrapper, owner)
+
+    def _rebind_importers(self, original: Any, wrapper: Any, home: ModuleType) -> None:
+        """Replace ``original`` in every module that imported it by name before the patch."""
+        for mod in list(sys.modules.values()):
+            if mod is home or not isinstance(mod, ModuleType):
+                continue
+            try:
+                items = list(vars(mod).items())
+            except TypeError:
+                continue
+            for name, value in items:
+                if value is original:
+                    setattr(mod, name, wrapper)
+                    self._bindings.append(_Binding(mod, name, original, wrapper))
+
+    def _missing(self, path: str, why: str) -> None:
+        logger.warning("memtrace: hook target %s not found (%s); continuing without it", path, why)
+        if self.on_missing is not None:
+            try:
+                self.on_missing(path, why)
+            except Exception:  # noqa: BLE001 - reporting must never break the program
+                logger.debug("memtrace: on_missing failed", exc_info=True)
+
+    def _failed(self, hook: _Hook, exc: BaseException) -> None:
+        if hook.logged:
+            return
+        hook.logged = True
+        logger.warning(
+            "memtrace: hook %s failed (%s: %s); the call went through unrecorded, later failures are not logged",
+            hook.target.path,
+            type(exc).__name__,
+            exc,
+        )
+        if self.on_error is not None:
+            try:
+                self.on_error(hook.target.path, exc)
+            except Exception:  # noqa: BLE001
+                logger.debug("memtrace: on_error failed", exc_info=True)
+
+
+def _initializing(module: ModuleType) -> bool:
+    spec = getattr(module, "__spec__", None)
+    return bool(getattr(spec, "_initializing", False))
+
+
+def _resolve(module: ModuleType, qualname: str) -> tuple[Any, str]:
+    parts = qualname.split(".")
+    owner: Any = module
+    for part in parts[:-1]:
+        if not hasattr(owner, part):
+            raise LookupError(f"{module.__name__} has no {part!r}")
+        owner = getattr(owner, part)
+    name = parts[-1]
+    if isinstance(owner, ModuleType):
+        if name not in vars(owner):
+            raise LookupError(f"{module.__name__} has no {name!r}")
+    elif isinstance(owner, type):
+        if name not in owner.__dict__:
+            where = "inherited, not defined here" if hasattr(owner, name) else "absent"
+            raise LookupError(f"{owner.__qualname__}.{name} is {where}")
+    else:
+        raise LookupError(f"{'.'.join(parts[:-1])} is not a class")
+    return owner, name
+
+
+def _own_attr(owner: Any, name: str) -> Any:
+    if isinstance(owner, type):
+        return owner.__dict__.get(name)
+    return vars(owner).get(name)
+
+
+def _unwrap_descriptor(raw: Any) -> Any:
+    if isinstance(raw, (staticmethod, classmethod)):
+        return raw.__func__
+    return raw
+
+
+def _wrap_raw(raw: Any, hook: _Hook, manager: HookManager) -> Any:
+    func = _unwrap_descriptor(raw)
+    if not callable(func):
+        return None
+    wrapper = _make_wrapper(func, hook, manager)
+    if isinstance(raw, staticmethod):
+        return staticmethod(wrapper)
+    if isinstance(raw, classmethod):
+        return classmethod(wrapper)
+    return wrapper
+
+
+def _fault(hook: _Hook) -> None:
+    wanted = os.environ.get(FAULT_ENV)
+    if wanted and wanted in (hook.target.path, hook.key):
+        raise RuntimeError(f"fault injected by {FAULT_ENV}={wanted}")
+
+
+def _make_wrapper(original: Callable, hook: _Hook, manager: HookManager) -> Callable:
+    handler, key = hook.handler, hook.key
+
+    @functools.wraps(original)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        local = _tls
+        if local.busy or local.active.get(key):
+            return original(*args, **kwargs)
+        token = _NO_TOKEN
+        local.busy += 1
+        try:
+            _fault(hook)
+            token = handler.before(hook.target, args, kwargs)
+        except Exception as exc:  # noqa: BLE001 - a hook must never break the call
+            token = _NO_TOKEN
+            manager._failed(hook, exc)
+        finally:
+            local.busy -= 1
+        local.active[key] = local.active.get(key, 0) + 1
+        try:
+            result = original(*args, **kwargs)
+        except BaseException as exc:
+            local.active[key] -= 1
+            _after(local, hook, manager, token, None, exc)
+            raise
+        local.active[key] -= 1
+        _after(local, hook, manager, token, result, None)
+        return result
+
+    setattr(wrapper, SENTINEL, hook.target.path)
+    return wrapper
+
+
+def _after(local: _Local, hook: _Hook, manager: HookManager, token: Any, result: Any, error: BaseException | None):
+    if token is _NO_TOKEN:
+        return
+    local.busy += 1
+    try:
+        hook.handler.after(token, result, error)
+    except Exception as exc:  # noqa: BLE001
+        manager._failed(hook, exc)
+    finally:
+        local.busy -= 1
+
+
+#: loaders created for one module each: safe to give one of them a one-shot exec_module
+_PER_MODULE_LOADERS = (
+    importlib.machinery.SourceFileLoader,
+    importlib.machinery.SourcelessFileLoader,
+    importlib.machinery.ExtensionFileLoader,
+)
+
+
+class _PostImportFinder:
+    """A ``sys.meta_path`` entry that finds nothing itself: for a watched module it asks the other
+    finders for the spec, then makes that one import call back the manager after the module ran."""
+
+    def __init__(self, manager: HookManager):
+        self._manager = manager
+        self._searching = threading.local()
+
+    def find_spec(self, fullname: str, path: Any = None, target: Any = None) -> Any:
+        if fullname not in self._manager._hooks or getattr(self._searching, "name", None) == fullname:
+            return None
+        self._searching.name = fullname
+        try:
+            spec = None
+            for finder in sys.meta_path:
+                if finder is self or not hasattr(finder, "find_spec"):
+                    continue
+                spec = finder.find_spec(fullname, path, target)
+                if spec is not None:
+                    break
+            if spec is not None and spec.loader is not None and hasattr(spec.loader, "exec_module"):
+                _watch_exec(spec.loader, self._manager)
+            return spec
+        except Exception:  # noqa: BLE001 - never break an import: let the normal finders do it
+            logger.warning("memtrace: cannot watch the import of %s; its hooks are skipped", fullname, exc_info=True)
+            return None
+        finally:
+            self._searching.name = None
+
+    def invalidate_caches(self) -> None:
+        pass
+
+
+def _watch_exec(loader: Any, manager: HookManager) -> None:
+    """Make ``loader.exec_module`` call the manager once after it ran, then restore the loader."""
+    if not isinstance(loader, _PER_MODULE_LOADERS):
+        # shared loaders (builtin, frozen, zip) are not touched: patch on the next add() instead
+        return
+    original = loader.exec_module
+
+    def exec_module(module: ModuleType) -> None:
+        try:
+            del loader.exec_module  # back to the class's method: this loader is pristine again
+        except AttributeError:
+            pass
+        original(module)
+        try:
+            manager.module_imported(module)
+        except Exception:  # noqa: BLE001 - patching must never break an import
+            logger.warning("memtrace: patching %s failed; continuing without its hooks", module.__name__, exc_info=True)
+
+    loader.exec_module = exec_module

