@@ -194,3 +194,23 @@ def test_import_converts_a_snapshot_and_never_overwrites_without_force(capsys, t
     assert main(["import", str(p), "-o", str(out), "--force"]) == 0
     assert len(load_trace(out).events) == 4
     assert sorted(x.name for x in tmp_path.iterdir()) == ["snap.memtrace", "snap.pickle"]
+
+
+def test_report_shows_versions_warnings_notes_and_the_reconciliation(capsys, tmp_path):
+    from memtrace.model import Note
+
+    t = synthetic().synthetic_startup()
+    t.facts["env"] = {"gpu_name": "NVIDIA H200", "compute_capability": "9.0", "torch": "2.11.0", "vllm": "0.25.1"}
+    t.facts["vllm.available_kv_cache_bytes"] = 10 * GiB
+    t.recording.truncated = True
+    t.recording.lost_events_min = 4096
+    t.notes.append(Note(t.recording.start_us, "warning", "hook target flashinfer.experimental.b12x not found"))
+    out = report(capsys, save_trace(t, tmp_path / "t.memtrace"), "--width", "200")
+    assert "device: NVIDIA H200, sm 9.0, 48.00 GiB total" in out
+    assert "versions: torch 2.11.0, vllm 0.25.1" in out
+    assert "WARNING: the allocator history was truncated (at least 4,096 events lost)" in out
+    assert "warning: hook target flashinfer.experimental.b12x not found" in out
+    recon = out.split("Reconciliation")[1]
+    assert "peak reserved in determine_available_memory 44.52 GiB + non-torch 0.83 GiB = 45.35 GiB" in recon
+    assert "target 44.16 GiB - non-KV = -1.19 GiB for the KV cache" in recon
+    assert "vLLM reported 10.00 GiB; difference -11.19 GiB" in recon

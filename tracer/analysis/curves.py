@@ -100,15 +100,17 @@ def _reserved_deltas(trace: Trace) -> np.ndarray:
 def baseline(trace: Trace) -> Baseline:
     """Reconstruct the memory present before recording began from the final segments.
 
-    Without segments (none were saved), the baseline is taken as zero, which is right for a
-    recording started before the program's first CUDA allocation.
+    Without segments (none were saved), the baseline is the least value that keeps the curves from
+    going negative: zero for a recording started before the program's first CUDA allocation.
     """
-    alloc_deltas = _allocated_deltas(trace)
-    reserved_deltas = _reserved_deltas(trace)
+    return _baseline(trace, _allocated_deltas(trace), _reserved_deltas(trace))
+
+
+def _baseline(trace: Trace, alloc_deltas: np.ndarray, reserved_deltas: np.ndarray) -> Baseline:
     net_alloc = int(alloc_deltas.sum())
     net_reserved = int(reserved_deltas.sum())
     if not trace.segments:
-        # Fix (was 0, 0): a history whose oldest events were dropped starts with frees of memory the
+        # A history whose oldest events were dropped starts with frees of memory the
         # curve never saw; the least baseline that keeps the curves non-negative is the honest floor.
         need_alloc = max(0, -int(np.cumsum(alloc_deltas).min())) if len(alloc_deltas) else 0
         need_reserved = max(0, -int(np.cumsum(reserved_deltas).min())) if len(reserved_deltas) else 0
@@ -187,10 +189,11 @@ class Curves:
 
 def all_curves(trace: Trace) -> Curves:
     """Compute every curve of ``trace`` (one baseline reconstruction, one pass per curve)."""
-    base = baseline(trace)
-    reserved = reserved_curve(trace, base)
+    alloc_d, res_d = _allocated_deltas(trace), _reserved_deltas(trace)
+    base = _baseline(trace, alloc_d, res_d)
+    reserved = _curve(trace, res_d, base.reserved_bytes)
     return Curves(
-        allocated=allocated_curve(trace, base),
+        allocated=_curve(trace, alloc_d, base.allocated_bytes),
         reserved=reserved,
         device_used=device_used_curve(trace),
         non_torch=non_torch_curve(trace, reserved),
