@@ -12,7 +12,6 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-
 from memtrace.analysis.curves import all_curves
 from memtrace.cli import main
 from memtrace.exporters.memory_viz import PICKLE_PROTOCOL, export_memory_viz, snapshot_dict

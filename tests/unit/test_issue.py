@@ -1,0 +1,76 @@
+"""memtrace issue: a Markdown bundle for an upstream issue, with the timeline and flame images beside it.
+Synthetic start-ups (named so); real H200 traces when they exist under tests/data/h200."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+
+import pytest
+from memtrace.cli import main
+from memtrace.store import save_trace
+
+TESTS = Path(__file__).resolve().parents[1]
+if "synthetic_gates" not in sys.modules:
+    _spec = importlib.util.spec_from_file_location("synthetic_gates", TESTS / "synthetic_gates.py")
+    sys.modules["synthetic_gates"] = importlib.util.module_from_spec(_spec)
+    _spec.loader.exec_module(sys.modules["synthetic_gates"])
+g = sys.modules["synthetic_gates"]
+GiB = g.GiB
+
+
+@pytest.fixture(scope="module")
+def bundle(tmp_path_factory) -> Path:
+    d = tmp_path_factory.mktemp("issue")
+    run = save_trace(g.vllm_like_startup(extra_workspace=GiB), d / "run.memtrace")
+    assert main(["issue", str(run), "-o", str(d / "bundle")]) == 0
+    return d / "bundle"
+
+
+def test_bundle_holds_markdown_and_images(bundle):
+    assert (bundle / "timeline.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert (bundle / "flame.svg").read_text().lstrip().startswith("<?xml")
+    assert (bundle / "flame.folded").stat().st_size > 0
+    md = (bundle / "issue.md").read_text()
+    assert "![GPU memory during start-up](timeline.png)" in md
+    assert "![flame graph at the peak](flame.svg)" in md
+
+
+def test_markdown_carries_the_environment_fingerprint(bundle):
+    md = (bundle / "issue.md").read_text()
+    for row in (
+        "| GPU | SYNTHETIC GPU |",
+        "| compute capability | 9.0 |",
+        "| driver | 580.0 |",
+        "| CUDA | 13.0 |",
+        "| torch | 2.11.0 |",
+        "| vLLM | 0.25.1 |",
+        "| FlashInfer | 0.6.13 |",
+        "| --gpu-memory-utilization | 0.92 |",
+    ):
+        assert row in md
+    assert "vllm serve synthetic/model --gpu-memory-utilization 0.92" in md
+
+
+def test_markdown_summarises_peak_kv_sizing_and_holders(bundle):
+    md = (bundle / "issue.md").read_text()
+    assert "Memory in use before KV sizing: 23.90 GiB." in md
+    assert "vLLM's available KV cache: 14.26 GiB." in md
+    # the per-phase table (nested phases are indented with no-break spaces, which Markdown keeps)
+    assert "| \u00a0 \u00a0 profile_run | 5.40 | 6.53 |" in md
+    assert "allocate_extra_workspace" in md  # a top holder at the peak
+    assert "allocate_sm120_dynamic_workspace" in md  # the hook call
+
+
+def test_existing_bundle_is_not_overwritten_without_force(bundle, tmp_path, capsys):
+    run = save_trace(g.vllm_like_startup(), tmp_path / "run.memtrace")
+    assert main(["issue", str(run), "-o", str(bundle)]) == 2
+    assert "already holds issue.md" in capsys.readouterr().err
+    assert main(["issue", str(run), "-o", str(bundle), "--force"]) == 0
+
+
+def test_oom_run_says_it_died(tmp_path):
+    run = save_trace(g.vllm_like_startup(oom_in="profile_run"), tmp_path / "oom.memtrace")
+    assert main(["issue", str(run), "-o", str(tmp_path / "b")]) == 0
+    assert "**The process died of CUDA OOM** (requested 2.00 GiB)." in (tmp_path / "b" / "issue.md").read_text()
