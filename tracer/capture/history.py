@@ -5,7 +5,8 @@ buffer. A drain takes ``_snapshot()``, converts this device's new ``device_trace
 :func:`memtrace.importers.torch_snapshot.entries_to_events`, hands them to the session, and
 re-enables recording with ``clear_history=True`` so the next snapshot holds only newer entries.
 
-Drains happen at phase boundaries (when enough is pending, or at top level), on flush/stop/OOM, and
+Drains happen at phase boundaries (when 2,000 entries are pending, or at a top-level boundary at
+most every 0.5 s), on flush/stop/OOM, and
 from a watchdog thread that reads the allocator's cumulative counters every 100 ms and drains when
 the estimated undrained entries pass half of ``max_entries`` (or every 30 s, to bound what a
 SIGKILL loses). The snapshot and the clear run back to back with the GIL switch interval raised, so
@@ -44,6 +45,7 @@ _COUNTERS = {
 WATCH_PERIOD_S = 0.1
 MAX_UNDRAINED_S = 30.0
 BOUNDARY_MIN_PENDING = 2_000
+TOP_LEVEL_MIN_INTERVAL_S = 0.5
 
 
 def resolve_device(device: Any) -> int | str:
@@ -220,7 +222,9 @@ class AllocatorHistory:
         """A phase began or ended: drain if it is worth it."""
         if self._stop.is_set():
             return
-        if top_level or self._pending() >= BOUNDARY_MIN_PENDING:
+        pending = self._pending()
+        recent = time.monotonic() - self._last_drain < TOP_LEVEL_MIN_INTERVAL_S
+        if pending >= BOUNDARY_MIN_PENDING or (top_level and pending > 0 and not recent):
             self.drain("phase")
 
     def update_recording(self, rec: Recording) -> None:

@@ -55,7 +55,6 @@ class Sidecar:
             if proc.poll() is None:
                 proc.stdin.write(b"stop\n")
                 proc.stdin.flush()
-            proc.stdin.close()
         except (OSError, ValueError):
             pass
         try:
