@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..model import HookCall
-from .hooks import HookTargetError, Target
+from .hooks import HookTargetError, Target, original_function
 
 HOOKS_ENV = "MEMTRACE_HOOKS"
 
@@ -252,11 +252,7 @@ class HookCallRecorder:
 
     def _function(self) -> Callable | None:
         if self._func is None:
-            mod = sys.modules.get(self.target.module)
-            obj: Any = mod
-            for part in self.target.qualname.split("."):
-                obj = getattr(obj, part, None) if obj is not None else None
-            self._func = inspect.unwrap(obj) if callable(obj) else None
+            self._func = original_function(self.target)
         return self._func
 
 

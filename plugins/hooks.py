@@ -119,6 +119,33 @@ if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_reset_after_fork)
 
 
+def original_function(target: Target) -> Callable | None:
+    """The unwrapped function a target names, if its module is imported (None otherwise)."""
+    obj: Any = sys.modules.get(target.module)
+    for part in target.qualname.split("."):
+        obj = getattr(obj, part, None) if obj is not None else None
+    if obj is None or not callable(obj):
+        return None
+    import inspect
+
+    return inspect.unwrap(obj)
+
+
+def call_argument(target: Target, name: str, args: tuple, kwargs: dict) -> Any:
+    """The value of parameter ``name`` in a call of ``target``, keyword or positional (None if absent)."""
+    if name in kwargs:
+        return kwargs[name]
+    func = original_function(target)
+    if func is None:
+        return None
+    import inspect
+
+    try:
+        return inspect.signature(func).bind_partial(*args, **kwargs).arguments.get(name)
+    except (TypeError, ValueError):
+        return None
+
+
 def in_bookkeeping() -> bool:
     """True while a handler runs on this thread (hooks called from it go straight through)."""
     return _tls.busy > 0

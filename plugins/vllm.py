@@ -30,7 +30,7 @@ import time
 from typing import Any
 
 from . import flashinfer, vllm_facts
-from .hooks import HookManager, Target
+from .hooks import HookManager, Target, call_argument
 from .vllm_targets import (
     COMPILE_OR_WARM_UP,
     CUDAGRAPH_PROFILE,
@@ -287,7 +287,7 @@ class PhaseHook:
         self.key = target.phase  # one phase at a time: a subclass calling its base is not nested
 
     def before(self, target: Target, args: tuple, kwargs: dict) -> Any:
-        if self.target.skip_kwarg and kwargs.get(self.target.skip_kwarg):
+        if self.target.skip_kwarg and call_argument(target, self.target.skip_kwarg, args, kwargs):
             return None
         worker = args[0] if args else None
         if self.phase == INIT_DEVICE:
