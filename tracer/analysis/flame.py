@@ -192,6 +192,14 @@ def peak_event_index(allocated: Curve, reserved: Curve) -> int:
     return k - 1
 
 
+def window_peak_event_index(allocated: Curve, start_us: int, end_us: int) -> int:
+    """The event after which the most bytes were allocated during [start_us, end_us] (the state in
+    force at ``start_us`` counts); an event index, -1 for the baseline state."""
+    lo = max(int(np.searchsorted(allocated.time_us, start_us, side="right")) - 1, 0)
+    hi = max(int(np.searchsorted(allocated.time_us, end_us, side="right")), lo + 1)
+    return lo + int(np.argmax(allocated.bytes[lo:hi])) - 1
+
+
 def widest_leaves(flame: Flame, top: int = 5) -> list[tuple[tuple[str, ...], int]]:
     """The ``top`` root→leaf paths holding the most bytes, largest first."""
     return sorted(flame.stacks.items(), key=lambda kv: (-kv[1], kv[0]))[:top]

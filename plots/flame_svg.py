@@ -1,0 +1,167 @@
+"""A self-contained SVG flame graph of the memory live at one moment.
+
+Root at the top (an "icicle"): each frame's width is the bytes allocated beneath it, children
+sorted widest first, so the widest bars are what held the memory. Hovering a frame shows its
+``<title>``: the frame, its bytes and its share of the live total. The file has no scripts, no
+external fonts or stylesheets, nothing fetched from the network; it opens in any browser and
+renders inline in a GitHub issue. Colours say where a frame's code lives (vLLM, FlashInfer, torch,
+other Python), with memtrace's ``[hook]`` frames (FlashInfer workspace allocators) in magenta.
+"""
+
+from __future__ import annotations
+
+import colorsys
+import dataclasses
+import hashlib
+import os
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from xml.sax.saxutils import escape
+
+from ..analysis.flame import Flame, FlameNode
+from ..units import format_bytes
+
+WIDTH = 1200
+ROW = 18
+PAD = 10
+FONT = "Verdana, DejaVu Sans, Arial, sans-serif"
+CHAR_PX = 7.0  # average glyph width of 12 px Verdana, to fit labels
+MIN_PX = 0.4  # frames narrower than this are not drawn (their bytes stay in their parents)
+
+#: (name, test on the file path in a frame label, hue range) in priority order.
+PALETTE = (
+    ("FlashInfer", "flashinfer/", (25, 40)),
+    ("vLLM", "vllm/", (200, 225)),
+    ("torch", "torch/", (0, 12)),
+    ("other Python", "", (95, 130)),
+)
+HOOK_FILL = "rgb(214,60,190)"
+MARKER_FILL = "rgb(190,190,190)"
+_PATH_RE = re.compile(r"\(([^()]*)\)$")
+
+
+@dataclass(frozen=True)
+class FlameSvgDrawn:
+    """What the renderer drew, for tests and callers: the total and the widest frames."""
+
+    path: Path
+    total_bytes: int
+    frames_drawn: int
+    depth: int
+    top_level: list[tuple[str, int]] = field(default_factory=list)  # root's children, widest first
+
+
+def _fill(node: FlameNode, depth: int) -> str:
+    if depth == 0:
+        return "rgb(150,150,150)"
+    if node.kind == "hook":
+        return HOOK_FILL
+    if node.kind == "marker":
+        return MARKER_FILL
+    m = _PATH_RE.search(node.name)
+    where = m.group(1) if m else ""
+    h = int(hashlib.md5(node.name.encode()).hexdigest()[:6], 16)
+    for _, key, (lo, hi) in PALETTE:
+        if key in where:
+            return _rgb(lo + h % (hi - lo + 1), 0.55 + (h % 20) / 100, 0.62 + ((h >> 8) % 12) / 100)
+    return _rgb(110, 0.45, 0.65)
+
+
+def _rgb(hue: float, sat: float, light: float) -> str:
+    """An ``rgb()`` colour (every SVG renderer reads it; not all read ``hsl()``)."""
+    r, g, b = colorsys.hls_to_rgb(hue / 360, light, sat)
+    return f"rgb({round(r * 255)},{round(g * 255)},{round(b * 255)})"
+
+
+def _fit(label: str, nbytes: int, width_px: float) -> str:
+    """The longest of: label and size, function and size, function, a cut label; "" if none fits."""
+    n = int((width_px - 6) / CHAR_PX)
+    size = format_bytes(nbytes, 2)
+    func = label.split(" (", 1)[0]
+    for text in (f"{label} · {size}", f"{func} · {size}", func):
+        if len(text) <= n:
+            return text
+    return label[: n - 2] + ".." if n >= 4 else ""
+
+
+def _frames(node: FlameNode, x: float, depth: int, scale: float, total: int, out: list[str], stats: list[int]) -> None:
+    w = node.total_bytes * scale
+    if w < MIN_PX:
+        return
+    stats[0] += 1
+    stats[1] = max(stats[1], depth + 1)
+    y = _top() + depth * ROW
+    share = 100.0 * node.total_bytes / total if total else 0.0
+    tip = f"{node.name}\n{format_bytes(node.total_bytes, 2)} ({share:.1f}% of live) in {node.count:,} allocation" + (
+        "s" if node.count != 1 else ""
+    )
+    if node.self_bytes and node.children:
+        tip += f"\n{format_bytes(node.self_bytes, 2)} allocated in this frame itself"
+    text = _fit(node.name, node.total_bytes, w) if depth else _fit(node.name, 0, w).split(" · ")[0]
+    weight = ' font-weight="bold"' if node.kind == "hook" else ""
+    out.append(
+        f'<g><title>{escape(tip)}</title><rect x="{x:.2f}" y="{y}" width="{w:.2f}" height="{ROW - 1}" '
+        f'fill="{_fill(node, depth)}" rx="2"/>'
+        + (f'<text x="{x + 3:.2f}" y="{y + ROW - 5}"{weight}>{escape(text)}</text>' if text else "")
+        + "</g>"
+    )
+    cx = x
+    for child in node.sorted_children():
+        _frames(child, cx, depth + 1, scale, total, out, stats)
+        cx += child.total_bytes * scale
+
+
+def _top() -> int:
+    return 74
+
+
+def _legend(y: int) -> str:
+    items = [(name, _rgb((lo + hi) / 2, 0.6, 0.66)) for name, _, (lo, hi) in PALETTE]
+    items += [("[hook] FlashInfer workspace call", HOOK_FILL), ("[no stack] / [before recording]", MARKER_FILL)]
+    parts, x = [], PAD
+    for name, fill in items:
+        parts.append(f'<rect x="{x}" y="{y - 11}" width="12" height="12" fill="{fill}" rx="2"/>')
+        parts.append(f'<text x="{x + 16}" y="{y}">{escape(name)}</text>')
+        x += 28 + int(len(name) * CHAR_PX)
+    return "".join(parts)
+
+
+def render_flame_svg(
+    flame: Flame, path: str | os.PathLike, *, title: str, subtitle: str = "", width: int = WIDTH
+) -> FlameSvgDrawn:
+    """Write ``flame`` as an SVG flame graph to ``path``.
+
+    Args:
+        flame: the tree (``memtrace.analysis.flame.flame_at``).
+        path: the output file.
+        title: first line, e.g. "Live GPU memory at the peak: 18.000 s, profile_run".
+        subtitle: second line (totals, target, trace name).
+        width: image width in pixels.
+    """
+    total = flame.total_bytes
+    scale = (width - 2 * PAD) / total if total else 0.0
+    body: list[str] = []
+    stats = [0, 0]
+    root = dataclasses.replace(flame.root, name=f"all live memory: {format_bytes(total, 2)}")
+    if total:
+        _frames(root, PAD, 0, scale, total, body, stats)
+    height = _top() + max(stats[1], 1) * ROW + 2 * PAD + 18
+    footer_y = height - PAD
+    svg = [
+        '<?xml version="1.0" encoding="UTF-8"?>',
+        f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
+        f'viewBox="0 0 {width} {height}" font-family="{FONT}" font-size="12">',
+        f'<rect width="{width}" height="{height}" fill="white"/>',
+        f'<text x="{PAD}" y="24" font-size="17" font-weight="bold">{escape(title)}</text>',
+        f'<text x="{PAD}" y="44" fill="#333">{escape(subtitle)}</text>',
+        _legend(64),
+        *body,
+        f'<text x="{PAD}" y="{footer_y}" fill="#666" font-size="11">Width = bytes live at that moment; '
+        "root at the top, callers above callees. Hover a frame for its bytes and share. memtrace</text>",
+        "</svg>",
+    ]
+    out = Path(path)
+    out.write_text("\n".join(svg) + "\n", encoding="utf-8")
+    top = [(c.name, c.total_bytes) for c in root.sorted_children()]
+    return FlameSvgDrawn(out, total, stats[0], stats[1], top)

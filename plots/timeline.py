@@ -1,0 +1,200 @@
+"""The start-up timeline: GPU memory over time, by category, with the target and the first crossing.
+
+One row per process (rank), on one time axis (seconds since the earliest start). Each row has:
+
+- a phase lane above the plot: one bar row per nesting depth, labels that never overlap
+  (``phase_lane``);
+- the main plot: PyTorch allocated memory stacked by category (``analysis.categories``), the
+  reserved line, NVML device-used as a line, the non-PyTorch band between them, the utilization
+  target and the physical capacity (plus optional what-if capacities) as horizontal lines, and
+  the first crossing of the target marked and annotated (time, phase, peak, overshoot, duration);
+- a zoom panel on the right around that crossing (or the peak), so a crossing that lasts
+  milliseconds in a run of minutes is still visible.
+
+Curves are thinned per pixel bucket keeping their extremes (``downsample``), so a million events
+plot in seconds without losing the peak. matplotlib (Agg) is imported inside the functions.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from ..analysis.categories import CATEGORIES
+from ..units import GiB, format_gib
+from .phase_lane import PhaseLabel
+from .timeline_axes import draw_lane, draw_main, draw_zoom, zoom_window
+from .timeline_data import RankTimeline
+
+WIDTH_IN = 13.0
+DPI = 110
+MAIN_H_IN = 3.4
+LANE_ROW_IN = 0.24
+FONT = 10.5
+
+
+@dataclass(frozen=True)
+class CrossingDrawn:
+    """The crossing the timeline annotated, in the units of the drawing and of the trace."""
+
+    curve: str
+    time_us: int
+    time_s: float  # seconds since the drawing's t0
+    phase_path: str
+    value_bytes: int
+    value_us: int  # when the excursion reached value_bytes
+    overshoot_bytes: int
+    duration_us: int
+    text: str
+
+
+@dataclass(frozen=True)
+class RankDrawn:
+    """What was drawn for one rank."""
+
+    label: str
+    target_bytes: int | None
+    capacity_bytes: int | None
+    crossing: CrossingDrawn | None
+    zoom_us: tuple[int, int]
+    phase_labels: list[PhaseLabel]
+    annotation_corner: str  # where the crossing's text box went: "left", "center", "right", or ""
+
+
+@dataclass(frozen=True)
+class TimelineDrawn:
+    """What ``render_timeline`` drew: the file, the shared time origin and each rank's figures."""
+
+    path: Path
+    t0_us: int
+    ranks: list[RankDrawn]
+
+
+def _phase_name(path: str) -> str:
+    parts = path.split("/")
+    return path if len(path) <= 44 or len(parts) < 3 else ".../" + "/".join(parts[-2:])
+
+
+def crossing_text(rank: RankTimeline, t0_us: int) -> CrossingDrawn | None:
+    """The annotation for the first crossing of ``rank``'s target, or None when it never crossed."""
+    c = rank.first_crossing()
+    if c is None or rank.target_bytes is None:
+        return None
+    what = "NVML device used" if c.curve == "device_used" else "PyTorch reserved"
+    dur = c.duration_us / 1000
+    lasting = f"{dur:.0f} ms" if dur < 10_000 else f"{dur / 1000:.1f} s"
+    lines = [
+        f"crosses the target at {(c.time_us - t0_us) / 1e6:.3f} s in {_phase_name(c.phase_path) or '(no phase)'}",
+        f"{what} peaks at {format_gib(c.value_bytes)}: {format_gib(c.overshoot_bytes)} over {format_gib(rank.target_bytes)}",
+        f"above the target for {lasting}" + (" (still above at the end)" if c.ended_above else ""),
+    ]
+    other = [x for x in rank.summary.crossings if x is not c]
+    if other:
+        o = other[0]
+        name = "device used" if o.curve == "device_used" else "reserved"
+        lines.append(f"{name}: peak {format_gib(o.value_bytes)} (+{format_gib(o.overshoot_bytes)})")
+    return CrossingDrawn(
+        curve=c.curve,
+        time_us=c.time_us,
+        time_s=(c.time_us - t0_us) / 1e6,
+        phase_path=c.phase_path,
+        value_bytes=c.value_bytes,
+        value_us=c.value_us,
+        overshoot_bytes=c.overshoot_bytes,
+        duration_us=c.duration_us,
+        text="\n".join(lines),
+    )
+
+
+def _lane_rows(rank: RankTimeline) -> int:
+    """Rows of the phase lane: one per depth, plus one for labels that fit nowhere else."""
+    return max([p.depth for p in rank.summary.phases], default=-1) + 2
+
+
+def render_timeline(
+    ranks: list[RankTimeline],
+    path: str | os.PathLike,
+    *,
+    capacities: list[int] | tuple[int, ...] = (),
+    title: str | None = None,
+) -> TimelineDrawn:
+    """Draw the timeline of one or more ranks into ``path`` (.png or .svg, by suffix).
+
+    Args:
+        ranks: prepared ranks (``timeline_data.prepare_rank``), drawn top to bottom.
+        path: the output file.
+        capacities: what-if card sizes in bytes, drawn as dotted lines.
+        title: the figure's title (defaults to a generic one).
+    """
+    import matplotlib
+
+    matplotlib.use("Agg", force=True)
+    import matplotlib.pyplot as plt
+
+    if not ranks:
+        raise ValueError("render_timeline needs at least one rank")
+    t0 = min(r.start_us for r in ranks)
+    t_end = max(r.end_us for r in ranks)
+    heights: list[float] = []
+    for r in ranks:
+        heights += [max(_lane_rows(r), 1) * LANE_ROW_IN + 0.08, MAIN_H_IN]
+    title_in = 0.55
+    legend_in = 0.55 + 0.24 * 2  # x-axis label, then two legend rows
+    fig_h = sum(heights) + legend_in + title_in + 0.45 * len(ranks)
+    with plt.rc_context({"font.size": FONT, "axes.titlesize": FONT + 1, "svg.fonttype": "none"}):
+        fig = plt.figure(figsize=(WIDTH_IN, fig_h), dpi=DPI)
+        gs = fig.add_gridspec(
+            2 * len(ranks),
+            2,
+            width_ratios=[3.3, 1],
+            height_ratios=heights,
+            left=0.06,
+            right=0.955,
+            top=1 - title_in / fig_h,
+            bottom=legend_in / fig_h,
+            hspace=0.12,
+            wspace=0.16,
+        )
+        drawn, main_axes, handles = [], [], {}
+        for i, rank in enumerate(ranks):
+            lane_ax = fig.add_subplot(gs[2 * i, 0], sharex=main_axes[0] if main_axes else None)
+            main_ax = fig.add_subplot(gs[2 * i + 1, 0], sharex=main_axes[0] if main_axes else None)
+            zoom_ax = fig.add_subplot(gs[2 * i + 1, 1])
+            main_axes.append(main_ax)
+            crossing = crossing_text(rank, t0)
+            window = zoom_window(rank)
+            px_per_s = lane_ax.get_window_extent().width / max((t_end - t0) / 1e6, 1e-6)
+            char_px = FONT * 0.833 * DPI / 72 * 0.6  # "small" text, DejaVu Sans: about 0.55-0.6 em a glyph
+            labels = draw_lane(lane_ax, rank, t0, px_per_s, char_px, len(ranks) > 1)
+            corner = draw_main(main_ax, rank, t0, t_end, crossing, capacities, window, handles)
+            draw_zoom(zoom_ax, rank, t0, window, crossing)
+            lane_ax.set_xlim((0, (t_end - t0) / 1e6))
+            drawn.append(
+                RankDrawn(rank.label, rank.target_bytes, rank.capacity_bytes, crossing, window, labels, corner)
+            )
+        main_axes[-1].set_xlabel("seconds since start")
+        for ax in main_axes[:-1]:
+            ax.tick_params(labelbottom=False)
+        order = [*(n for n in CATEGORIES), "non_torch", "reserved", "device_used", "target", "capacity", "what-if"]
+        items = [(handles[k], k) for k in order if k in handles]
+        fig.legend(
+            [h for (h, _), _ in items],
+            [lab for (_, lab), _ in items],
+            loc="lower center",
+            ncol=(len(items) + 1) // 2,
+            frameon=False,
+            bbox_to_anchor=(0.5, 0.005),
+        )
+        fig.suptitle(title or "GPU memory during start-up", x=0.06, ha="left", fontsize=FONT + 3, fontweight="bold")
+        out = Path(path)
+        fig.savefig(out, dpi=DPI, format=out.suffix.lstrip(".").lower() or "png")
+        plt.close(fig)
+    return TimelineDrawn(out, t0, drawn)
+
+
+def gib(values: np.ndarray) -> np.ndarray:
+    """Bytes to GiB as floats (for drawing only)."""
+    return np.asarray(values, dtype=np.float64) / GiB

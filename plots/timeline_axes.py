@@ -1,0 +1,267 @@
+"""The three axes of one timeline row: the phase lane, the main plot and the zoom panel.
+
+Called by ``timeline.render_timeline`` with matplotlib already imported; these functions only
+draw onto the axes they are given. Bytes become GiB and microseconds seconds here, nowhere else.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from ..analysis.categories import CATEGORIES
+from ..units import GiB, format_gib
+from .downsample import bucket_indices
+from .phase_lane import PhaseBar, PhaseLabel, place_labels
+from .timeline_data import RankTimeline
+
+COLORS = {
+    "weights": "#4C72B0",
+    "kv_cache": "#55A868",
+    "flashinfer_workspace": "#D63CBE",
+    "cudagraph_pool": "#8172B2",
+    "activations": "#F0A030",
+    "other": "#B0B0B0",
+}
+LABELS = {
+    "weights": "weights",
+    "kv_cache": "KV cache",
+    "flashinfer_workspace": "FlashInfer workspace (hooks)",
+    "cudagraph_pool": "CUDA-graph pools",
+    "activations": "activations",
+    "other": "other PyTorch",
+}
+NON_TORCH = "#E8A0A0"
+TARGET = "#C62828"
+N_BUCKETS = 2400
+LANE_COLORS = ("#DDE3EA", "#C9D3DE")
+
+
+def _s(t_us: np.ndarray | int, t0: int) -> Any:
+    return (np.asarray(t_us, dtype=np.float64) - t0) / 1e6
+
+
+def _g(b: np.ndarray | int) -> Any:
+    return np.asarray(b, dtype=np.float64) / GiB
+
+
+def zoom_window(rank: RankTimeline) -> tuple[int, int]:
+    """[lo, hi] microseconds around the first crossing (or the reserved peak when none)."""
+    c = rank.first_crossing()
+    if c is not None:
+        a, b = c.time_us, c.time_us + max(c.duration_us, 1)
+    else:
+        res = rank.curves.reserved
+        pi = max(res.peak_index, 0)
+        a = int(res.time_us[pi]) if len(res) else rank.start_us
+        later = np.flatnonzero(res.bytes[pi:] != res.bytes[pi]) if len(res) else []
+        b = int(res.time_us[pi + later[0]]) if len(later) else rank.end_us
+    width = max(b - a, 2_000)
+    lo = max(a - int(1.5 * width), rank.start_us)
+    hi = min(b + int(1.5 * width), rank.end_us)
+    return lo, max(hi, lo + 1)
+
+
+def draw_lane(ax, rank: RankTimeline, t0: int, px_per_s: float, char_px: float, show_rank: bool) -> list[PhaseLabel]:
+    """Phase bars, one row per depth (outermost on top), with labels that do not overlap; labels
+    that fit nowhere in their row go to an overflow row on top, with a leader line to their bar."""
+    rows = max([p.depth for p in rank.summary.phases], default=-1) + 1
+    bars = [
+        PhaseBar(p.path, p.name, p.depth, float(_s(p.start_us, t0)), float(_s(p.end_us, t0)))
+        for p in rank.summary.phases
+    ]
+    for i, b in enumerate(sorted(bars, key=lambda b: (b.depth, b.start_s))):
+        y = rows - 1 - b.depth
+        ax.broken_barh([(b.start_s, max(b.end_s - b.start_s, 0))], (y + 0.08, 0.84), color=LANE_COLORS[i % 2])
+    labels = place_labels(bars, px_per_s, char_px, x_min=float(_s(rank.start_us, t0)))
+    for lab in labels:
+        if lab.where == "above":
+            y, elbow = rows + 0.55, rows + 0.12
+            top_of_bar = rows - lab.depth - 0.08
+            xs = [lab.anchor_s, lab.anchor_s] + ([lab.x_s + 0.3 / px_per_s * 20] if lab.x_s > lab.anchor_s else [])
+            ax.plot(xs, [top_of_bar, elbow, elbow][: len(xs)], color="#888888", lw=0.6)
+            ax.text(lab.x_s, y, lab.text, ha="left", va="center", fontsize="small")
+        else:
+            y = rows - 1 - lab.depth + 0.5
+            ax.text(lab.x_s, y, lab.text, ha="center" if lab.inside else "left", va="center", fontsize="small")
+    overflow = any(lab.where == "above" for lab in labels)
+    ax.set_ylim(0, max(rows, 1) + (1 if overflow else 0))
+    ax.set_yticks([])
+    ax.tick_params(labelbottom=False, bottom=False)
+    for side in ("top", "right", "left", "bottom"):
+        ax.spines[side].set_visible(False)
+    ax.set_ylabel(rank.label if show_rank else "phases", rotation=0, ha="right", va="center", fontsize="small")
+    return labels
+
+
+def _stack(ax, rank: RankTimeline, t0: int, lo: int, hi: int, n_buckets: int, handles: dict | None) -> None:
+    alloc = rank.curves.allocated
+    keep = bucket_indices(alloc.time_us, alloc.bytes, lo, hi, n_buckets)
+    t = np.append(_s(alloc.time_us[keep], t0), _s(hi, t0))
+    base = np.zeros(len(t))
+    for name in CATEGORIES:
+        vals = np.maximum(rank.categories[name].bytes[keep], 0)
+        if not vals.any():
+            continue
+        top = base + np.append(_g(vals), _g(vals[-1]))
+        art = ax.fill_between(t, base, top, step="post", color=COLORS[name], lw=0, alpha=0.9)
+        if handles is not None:
+            handles.setdefault(name, (art, LABELS[name]))
+        base = top
+
+
+def _lines(ax, rank: RankTimeline, t0: int, lo: int, hi: int, n_buckets: int, handles: dict | None) -> None:
+    res = rank.curves.reserved
+    keep = bucket_indices(res.time_us, res.bytes, lo, hi, n_buckets)
+    t = np.append(_s(res.time_us[keep], t0), _s(hi, t0))
+    (line,) = ax.step(t, np.append(_g(res.bytes[keep]), _g(res.bytes[keep][-1])), where="post", color="black", lw=1.0)
+    if handles is not None:
+        handles.setdefault("reserved", (line, "PyTorch reserved"))
+    if not rank.curves.has_device:
+        return
+    used, nt = rank.curves.device_used, rank.curves.non_torch
+    keep = bucket_indices(used.time_us, used.bytes, lo, hi, n_buckets)
+    if not len(keep):
+        return
+    ts, u, r = _s(used.time_us[keep], t0), _g(used.bytes[keep]), _g(used.bytes[keep] - nt.bytes[keep])
+    band = ax.fill_between(ts, r, u, step="post", color=NON_TORCH, alpha=0.55, lw=0, hatch="///", edgecolor="#C06060")
+    (dline,) = ax.step(ts, u, where="post", color="#B03030", lw=1.0, ls=(0, (4, 1.5)))
+    if handles is not None:
+        handles.setdefault("non_torch", (band, "non-PyTorch (NVML used - reserved)"))
+        handles.setdefault("device_used", (dline, "NVML device used"))
+
+
+def _hlines(ax, rank: RankTimeline, capacities, handles: dict) -> list[tuple[float, str, str]]:
+    lines = []
+    if rank.target_bytes is not None:
+        text = f"target {format_gib(rank.target_bytes)}"
+        if rank.util and rank.capacity_bytes and abs(rank.util * rank.capacity_bytes - rank.target_bytes) < 2**20:
+            text += f" ({rank.util:g} x {format_gib(rank.capacity_bytes)})"  # only when it is the recorded one
+        art = ax.axhline(_g(rank.target_bytes), color=TARGET, lw=1.4)
+        handles.setdefault("target", (art, "utilization target"))
+        lines.append((float(_g(rank.target_bytes)), text, TARGET))
+    if rank.capacity_bytes:
+        art = ax.axhline(_g(rank.capacity_bytes), color="black", lw=1.2, ls="--")
+        handles.setdefault("capacity", (art, "device capacity"))
+        lines.append((float(_g(rank.capacity_bytes)), f"capacity {format_gib(rank.capacity_bytes)}", "black"))
+    for cap in capacities:
+        art = ax.axhline(_g(cap), color="#555555", lw=1.0, ls=":")
+        handles.setdefault("what-if", (art, "what-if card size"))
+        lines.append((float(_g(cap)), f"what-if {format_gib(cap, 0)} card", "#555555"))
+    return lines
+
+
+def _label_hlines(ax, lines: list[tuple[float, str, str]], ymax: float, height_px: float) -> None:
+    """Labels at the left edge, above their line; below it when the previous label is too close."""
+    min_gap = 15 / height_px * ymax
+    placed: list[float] = []
+    for y, text, color in sorted(lines):
+        above = not placed or y - placed[-1] >= min_gap
+        ty = y if above else y - min_gap
+        ax.annotate(
+            text,
+            (0.005, ty),
+            xycoords=("axes fraction", "data"),
+            xytext=(2, 2 if above else -2),
+            textcoords="offset points",
+            va="bottom" if above else "top",
+            color=color,
+            fontsize="small",
+            bbox={"boxstyle": "square,pad=0.1", "fc": "white", "ec": "none", "alpha": 0.75},
+        )
+        placed.append(y if above else y - min_gap)
+
+
+def _box_corner(ax, rank: RankTimeline, t0: int, xmax_s: float, ymax: float) -> tuple[str, float]:
+    """The upper corner (left/center/right third) whose data stays lowest, and that data's top (GiB)."""
+    best, best_top = "right", float("inf")
+    res = rank.curves.reserved
+    used = rank.curves.device_used
+    for corner, (a, b) in (("left", (0.0, 0.42)), ("center", (0.29, 0.71)), ("right", (0.58, 1.0))):
+        lo, hi = t0 + int(a * xmax_s * 1e6), t0 + int(b * xmax_s * 1e6)
+        tops = [res.window(lo, hi).bytes.max()] if len(res) else [0]
+        if len(used):
+            tops.append(used.window(lo, hi).bytes.max())
+        top = float(_g(max(tops)))
+        if top < best_top - 1e-9:
+            best, best_top = corner, top
+    return best, best_top
+
+
+def draw_main(ax, rank, t0, t_end, crossing, capacities, window, handles) -> str:
+    """The main plot; returns where the crossing's annotation box went ("" when none)."""
+    _stack(ax, rank, t0, rank.start_us, rank.end_us, N_BUCKETS, handles)
+    _lines(ax, rank, t0, rank.start_us, rank.end_us, N_BUCKETS, handles)
+    hl = _hlines(ax, rank, capacities, handles)
+    peaks = [rank.curves.reserved.peak_bytes, rank.curves.device_used.peak_bytes, rank.capacity_bytes or 0]
+    peaks += [rank.target_bytes or 0, *capacities]
+    xmax_s = (t_end - t0) / 1e6
+    ax.set_xlim(0, xmax_s)
+    for p in rank.summary.phases:
+        if p.depth == 0:
+            ax.axvline(_s(p.start_us, t0), color="#999999", lw=0.6, alpha=0.6, zorder=0)
+    ax.set_ylabel("GiB")
+    ax.grid(axis="y", alpha=0.3)
+    ymax = float(_g(max(peaks))) * 1.08 or 1.0
+    corner = ""
+    if crossing is not None:
+        corner, data_top = _box_corner(ax, rank, t0, xmax_s, ymax)
+        ymax = max(ymax, data_top / 0.62)  # the text box takes the top ~35 % above that corner's data
+        x, y = float(_s(crossing.value_us, t0)), float(_g(crossing.value_bytes))
+        ax.axvline(x, color=TARGET, lw=1.0, alpha=0.7, ls="-.")
+        ax.plot([x], [y], marker="v", color=TARGET, ms=8, zorder=5)
+        xt = {"left": 0.01, "center": 0.5, "right": 0.99}[corner]
+        ax.annotate(
+            crossing.text,
+            (x, y),
+            xytext=(xt, 0.97),
+            textcoords="axes fraction",
+            ha={"left": "left", "center": "center", "right": "right"}[corner],
+            va="top",
+            multialignment="left",
+            fontsize="small",
+            bbox={"boxstyle": "round,pad=0.35", "fc": "#FFF5F5", "ec": TARGET, "lw": 0.8},
+            arrowprops={"arrowstyle": "->", "color": TARGET, "lw": 1.0},
+            zorder=6,
+        )
+    ax.set_ylim(0, ymax)
+    height_px = ax.get_window_extent().height
+    _label_hlines(ax, hl, ymax, max(height_px, 1.0))
+    lo, hi = window
+    ax.axvspan(_s(lo, t0), _s(hi, t0), color="#FFD54F", alpha=0.35, lw=0)
+    return corner
+
+
+def draw_zoom(ax, rank: RankTimeline, t0: int, window: tuple[int, int], crossing) -> None:
+    """The window around the crossing (or the peak), x in milliseconds from its start."""
+    lo, hi = window
+    origin = crossing.time_us if crossing is not None else lo
+    ms0 = (origin - t0) / 1e6
+    _stack(ax, rank, t0, lo, hi, 600, None)
+    _lines(ax, rank, t0, lo, hi, 600, None)
+    ax.set_xlim(_s(lo, t0), _s(hi, t0))
+    ticks = ax.get_xticks()
+    ax.set_xticks(ticks)
+    ax.set_xticklabels([f"{(t - ms0) * 1e3:+.0f}" for t in ticks])
+    ax.set_xlim(_s(lo, t0), _s(hi, t0))
+    ax.set_xlabel(f"ms from {ms0:.3f} s")
+    values = [rank.curves.reserved.window(lo, hi).bytes.max()]
+    if rank.curves.has_device:
+        values.append(rank.curves.device_used.window(lo, hi).bytes.max())
+    if rank.target_bytes is not None:
+        ax.axhline(_g(rank.target_bytes), color=TARGET, lw=1.4)
+        values.append(rank.target_bytes)
+    top = float(_g(max(values)))
+    bottom = float(_g(min(rank.curves.allocated.window(lo, hi).bytes.min(), rank.target_bytes or top)))
+    span = max(top - bottom, 0.5)
+    ax.set_ylim(max(bottom - 0.6 * span, 0), top + 0.25 * span)
+    ax.yaxis.tick_right()
+    ax.grid(alpha=0.3)
+    title = "zoom: first crossing" if crossing is not None else "zoom: peak reserved"
+    if crossing is not None:
+        ax.axvline(crossing.time_s, color=TARGET, lw=1.0, alpha=0.7, ls="-.")
+        ax.plot([_s(crossing.value_us, t0)], [_g(crossing.value_bytes)], marker="v", color=TARGET, ms=8)
+        ax.text(0.02, 0.97, format_gib(crossing.value_bytes), transform=ax.transAxes, va="top", color=TARGET)
+    ax.set_title(title, fontsize="medium", loc="left")
+    ax.set_facecolor("#FFFBEA")

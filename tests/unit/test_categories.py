@@ -1,0 +1,142 @@
+"""Every allocation gets one category, and the category curves add up to the allocated curve exactly.
+
+Uses the SYNTHETIC vLLM-shaped start-up of tests/synthetic_startup.py (figures known by construction)
+and, where present, the real H200 traces under tests/data.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from memtrace.analysis.categories import (
+    ACTIVATIONS,
+    CATEGORIES,
+    CUDAGRAPH,
+    KV_CACHE,
+    OTHER,
+    WEIGHTS,
+    WORKSPACE,
+    categorize,
+    category_curves,
+    classify,
+    phase_categories,
+)
+from memtrace.analysis.curves import allocated_curve
+from memtrace.model import ACTION_CODE, HookCall, Phase, Trace, empty_events
+
+TESTS = Path(__file__).resolve().parents[1]
+GiB, MiB = 1024**3, 1024**2
+
+
+def _synthetic():
+    name = "memtrace_tests_synthetic_startup"
+    if name not in sys.modules:
+        spec = importlib.util.spec_from_file_location(name, TESTS / "synthetic_startup.py")
+        mod = importlib.util.module_from_spec(spec)
+        sys.modules[name] = mod
+        spec.loader.exec_module(mod)
+    return sys.modules[name]
+
+
+def _real_traces() -> list[Path]:
+    return sorted((TESTS / "data").glob("**/*.memtrace"))
+
+
+@pytest.fixture(scope="module")
+def startup():
+    return _synthetic().synthetic_startup()
+
+
+def test_category_curves_add_up_to_the_allocated_curve_at_every_event(startup):
+    curves = category_curves(startup)
+    total = sum(curves[name].bytes for name in CATEGORIES)
+    alloc = allocated_curve(startup)
+    assert np.array_equal(curves["weights"].time_us, alloc.time_us)
+    assert np.array_equal(total, alloc.bytes)
+
+
+def test_synthetic_startup_ends_with_the_figures_it_was_built_with(startup):
+    end = {name: int(c.bytes[-1]) for name, c in category_curves(startup).items()}
+    assert end == {
+        "weights": 24 * GiB,
+        "kv_cache": 14 * GiB,
+        "flashinfer_workspace": 4 * GiB,
+        "cudagraph_pool": 512 * MiB,
+        "activations": 0,
+        "other": 20 * MiB,
+    }
+
+
+def test_the_transient_activation_at_the_crossing_counts_as_activations(startup):
+    s = _synthetic()
+    curves = category_curves(startup)
+    t = s.T0 + 18_000_000
+    assert curves["activations"].at(t) == 14 * GiB
+    assert curves["activations"].at(t + 40_000) == 0
+
+
+def test_allocations_inside_a_hook_call_are_flashinfer_workspace_whatever_the_phase():
+    trace = Trace(
+        phases=[Phase("load_model", 0, 100)],
+        hook_calls=[HookCall("flashinfer.x:allocate_sm120_dynamic_workspace", 10, 20)],
+    )
+    codes = classify(trace, np.array([5, 10, 15, 20, 21]), np.zeros(5, dtype=np.int64))
+    assert codes.tolist() == [WEIGHTS, WORKSPACE, WORKSPACE, WORKSPACE, WEIGHTS]
+
+
+def test_kv_cache_made_while_profiling_is_transient_not_kv_cache():
+    trace = Trace(
+        phases=[
+            Phase("determine_available_memory", 0, 100),
+            Phase("profile_cudagraph_memory", 10, 50, parent=0),
+            Phase("initialize_kv_cache", 20, 30, parent=1),
+            Phase("initialize_from_config", 100, 200),
+            Phase("initialize_kv_cache", 110, 190, parent=3),
+            Phase("init_device", 200, 210),
+            Phase("my_user_phase", 300, 400),
+        ]
+    )
+    assert phase_categories(trace) == [ACTIVATIONS, CUDAGRAPH, ACTIVATIONS, KV_CACHE, KV_CACHE, OTHER, ACTIVATIONS]
+    assert classify(trace, np.array([25, 150, 500]), np.zeros(3, dtype=np.int64)).tolist() == [
+        ACTIVATIONS,
+        KV_CACHE,
+        OTHER,
+    ]
+
+
+def test_blocks_in_a_private_pool_are_cudagraph_pool_even_outside_capture(startup):
+    s = _synthetic()
+    graph_seg = [seg for seg in startup.segments if seg.pool_id == "2,0"][0]
+    code = classify(startup, np.array([s.T0 + 60_000_000]), np.array([graph_seg.address]))
+    assert code.tolist() == [CUDAGRAPH]
+
+
+def test_a_free_of_memory_allocated_before_recording_comes_out_of_other():
+    ev = empty_events(2)
+    ev[0] = (10, ACTION_CODE["free_completed"], 0x1000, 4096, 0, -1)
+    ev[1] = (20, ACTION_CODE["alloc"], 0x2000, 100, 0, -1)
+    trace = Trace(events=ev, phases=[Phase("load_model", 0, 100)])
+    assert categorize(trace).codes.tolist() == [OTHER, WEIGHTS]
+    curves = category_curves(trace)
+    assert curves["other"].bytes.tolist() == [4096, 0, 0]
+    assert curves["weights"].bytes.tolist() == [0, 0, 100]
+
+
+def test_an_empty_trace_has_flat_zero_category_curves():
+    curves = category_curves(Trace())
+    assert all(c.bytes.tolist() == [0] for c in curves.values())
+
+
+@pytest.mark.parametrize("path", _real_traces(), ids=lambda p: str(p.relative_to(TESTS / "data")))
+def test_real_trace_categories_add_up_and_weights_come_from_load_model(path):
+    from memtrace.store import load_trace
+
+    trace = load_trace(path)
+    curves = category_curves(trace)
+    assert np.array_equal(sum(curves[n].bytes for n in CATEGORIES), allocated_curve(trace).bytes)
+    if any(p.name == "load_model" for p in trace.phases) and len(trace.events):
+        assert curves["weights"].peak_bytes > 0
