@@ -1,0 +1,208 @@
+"""pytest plugin: fail a test whose GPU memory peak goes over a budget.
+
+Loaded through the ``pytest11`` entry point (name ``memtrace``); loading it imports neither torch
+nor numpy: only a test that asks for a budget does. Two ways to ask::
+
+    @pytest.mark.memtrace(max_peak="30GiB")          # the whole test (call phase)
+    def test_startup(): ...
+
+    @pytest.mark.memtrace(max_peak="2GiB", curve="allocated")
+    def test_forward(): ...
+
+    def test_prefill(memtrace_budget):                # one block of a test
+        with memtrace_budget("2GiB"):
+            model(tokens)
+
+The test is recorded with memtrace's capture API (after ``gc.collect()`` and
+``torch.cuda.empty_cache()``, so that memory cached by earlier tests does not count) inside a phase
+named after the test; user phases (``memtrace.phase``) nest in it. ``curve`` is "reserved" (the
+default: PyTorch's segments), "allocated" or "device" (NVML, the whole card). Over budget, the test
+fails with the budget, the measured peak, the phase of the peak, the top holders and the trace's
+path (read it with ``memtrace report``). Without torch or a CUDA GPU the test is *skipped* with
+the reason, never passed silently. ``--memtrace-dir DIR`` keeps the traces there (default: a
+temporary directory).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import re
+import tempfile
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+MARKER = "memtrace"
+
+
+@dataclass(frozen=True)
+class Budget:
+    """What a test asked for: the largest peak allowed on one curve."""
+
+    max_peak_bytes: int
+    max_peak_text: str
+    curve: str = "reserved"
+
+
+_BUDGET_KEY = pytest.StashKey[Budget]()
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    group = parser.getgroup("memtrace", "GPU memory budgets (memtrace)")
+    group.addoption("--memtrace-dir", default=None, help="keep the traces of budgeted tests in this directory")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line(
+        "markers",
+        "memtrace(max_peak, curve='reserved'): fail the test when its GPU memory peak exceeds max_peak "
+        "(e.g. '30GiB'); skipped without a CUDA GPU",
+    )
+
+
+def _curves() -> tuple[str, ...]:
+    return ("reserved", "allocated", "device")  # memtrace.analysis.budget.CURVES, without importing numpy
+
+
+def parse_budget(max_peak: Any = None, curve: str = "reserved", **unknown: Any) -> Budget:
+    """A Budget from the marker's or fixture's arguments; UsageError (one line) when unreadable."""
+    from memtrace.errors import UsageError
+    from memtrace.units import parse_size
+
+    if unknown:
+        raise UsageError(f"memtrace budget: unknown argument(s) {', '.join(sorted(unknown))}; use max_peak= and curve=")
+    if max_peak is None:
+        raise UsageError("memtrace budget: give max_peak, e.g. @pytest.mark.memtrace(max_peak='30GiB')")
+    if curve not in _curves():
+        raise UsageError(f"memtrace budget: unknown curve {curve!r}; use one of {', '.join(_curves())}")
+    return Budget(parse_size(max_peak), str(max_peak), curve)
+
+
+def cuda_unavailable_reason() -> str | None:
+    """Why a budget cannot be measured here (no torch, no CUDA GPU), or None when it can."""
+    try:
+        import torch
+    except ImportError:
+        return "memtrace budget needs torch with CUDA; torch is not installed"
+    if not torch.cuda.is_available():
+        return f"memtrace budget needs a CUDA GPU; torch {torch.__version__} sees none"
+    return None
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    marker = item.get_closest_marker(MARKER)
+    if marker is None:
+        return
+    from memtrace.errors import MemtraceError
+
+    try:
+        budget = parse_budget(*marker.args, **marker.kwargs)
+    except MemtraceError as exc:
+        pytest.fail(str(exc), pytrace=False)
+    reason = cuda_unavailable_reason()
+    if reason:
+        pytest.skip(reason)
+    item.stash[_BUDGET_KEY] = budget
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_call(item: pytest.Item):
+    budget = item.stash.get(_BUDGET_KEY, None)
+    if budget is None:
+        return (yield)
+    with _record(item.config, item.nodeid, item.name) as holder:
+        result = yield
+    _enforce(budget, holder["path"], item.nodeid)
+    return result
+
+
+@contextlib.contextmanager
+def _record(config: pytest.Config, nodeid: str, phase_name: str) -> Iterator[dict[str, Path]]:
+    """Record the body with memtrace's capture API; the trace's path lands in the yielded dict."""
+    import gc
+
+    import torch
+    from memtrace.capture import api
+
+    gc.collect()
+    torch.cuda.empty_cache()
+    directory = config.getoption("memtrace_dir", None)
+    base = Path(directory) if directory else Path(tempfile.mkdtemp(prefix="memtrace-pytest-"))
+    base.mkdir(parents=True, exist_ok=True)
+    path = base / (re.sub(r"[^A-Za-z0-9_.-]+", "_", nodeid).strip("_")[-150:] + ".memtrace")
+    if path.exists():
+        path.unlink()
+    holder: dict[str, Path] = {"path": path}
+    session = api.start(path, role="test", handle_signals=False)
+    try:
+        with api.phase(phase_name, source="user"):
+            yield holder
+    finally:
+        torch.cuda.synchronize()
+        holder["path"] = session.close("test-end") or path
+
+
+def _enforce(budget: Budget, path: Path, what: str) -> None:
+    from memtrace.analysis.budget import check_budget
+    from memtrace.store import load_trace
+
+    result = check_budget(load_trace(path), budget.max_peak_bytes, curve=budget.curve)
+    if result.over:
+        pytest.fail(failure_message(result, what, budget.max_peak_text, path), pytrace=False)
+
+
+def failure_message(result: Any, what: str, budget_text: str, path: Path | str | None = None) -> str:
+    """The readable failure of an over-budget test: budget, measured peak, phase, top holders."""
+
+    def gib(n: int) -> str:
+        return f"{n / 1024**3:.2f} GiB"
+
+    lines = [
+        f"{what}: GPU memory peak {gib(result.peak_bytes)} ({result.curve}) is over the budget "
+        f"{budget_text} ({gib(result.budget_bytes)}) by {gib(result.excess_bytes)}",
+        f"  peak in phase: {result.phase or 'outside any phase'}",
+    ]
+    if result.holders:
+        lines.append("  top holders at the peak:")
+        for h in result.holders:
+            f = h.frame
+            where = f"{f.name} ({'/'.join(f.filename.split('/')[-2:])}:{f.line})" if f else "(no stack recorded)"
+            lines.append(f"    {gib(h.bytes):>10}  {h.count:>5} block(s)  {where}")
+    if path is not None:
+        lines.append(f"  trace: {path}  (memtrace report {path})")
+    return "\n".join(lines)
+
+
+class BudgetRecorder:
+    """The ``memtrace_budget`` fixture's value: ``with memtrace_budget("2GiB"): ...``."""
+
+    def __init__(self, request: pytest.FixtureRequest) -> None:
+        self._request = request
+        self.checks: list[Any] = []
+
+    @contextlib.contextmanager
+    def __call__(self, max_peak: Any, curve: str = "reserved") -> Iterator[None]:
+        from memtrace.errors import MemtraceError
+
+        try:
+            budget = parse_budget(max_peak, curve)
+        except MemtraceError as exc:
+            pytest.fail(str(exc), pytrace=False)
+        node = self._request.node
+        with _record(node.config, f"{node.nodeid}-block{len(self.checks) + 1}", node.name) as holder:
+            yield
+        self.checks.append(budget)
+        _enforce(budget, holder["path"], node.nodeid)
+
+
+@pytest.fixture
+def memtrace_budget(request: pytest.FixtureRequest) -> BudgetRecorder:
+    """Record a block and fail the test when its GPU memory peak goes over a budget (skips without CUDA)."""
+    reason = cuda_unavailable_reason()
+    if reason:
+        pytest.skip(reason)
+    return BudgetRecorder(request)
