@@ -62,6 +62,8 @@ class RankDrawn:
     zoom_us: tuple[int, int]
     phase_labels: list[PhaseLabel]
     annotation_corner: str  # where the crossing's text box went: "left", "center", "right", or ""
+    lane_px_per_s: float = 0.0  # the scale the phase labels were laid out with
+    lane_char_px: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -173,7 +175,17 @@ def render_timeline(
             draw_zoom(zoom_ax, rank, t0, window, crossing)
             lane_ax.set_xlim((0, (t_end - t0) / 1e6))
             drawn.append(
-                RankDrawn(rank.label, rank.target_bytes, rank.capacity_bytes, crossing, window, labels, corner)
+                RankDrawn(
+                    rank.label,
+                    rank.target_bytes,
+                    rank.capacity_bytes,
+                    crossing,
+                    window,
+                    labels,
+                    corner,
+                    px_per_s,
+                    char_px,
+                )
             )
         main_axes[-1].set_xlabel("seconds since start")
         for ax in main_axes[:-1]:

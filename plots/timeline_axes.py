@@ -47,16 +47,16 @@ def _g(b: np.ndarray | int) -> Any:
 
 
 def zoom_window(rank: RankTimeline) -> tuple[int, int]:
-    """[lo, hi] microseconds around the first crossing (or the reserved peak when none)."""
+    """[lo, hi] microseconds around the first crossing (its start, when it lasts long), or around the
+    moment the reserved peak was reached when nothing crossed."""
+    run = max(rank.end_us - rank.start_us, 1)
     c = rank.first_crossing()
     if c is not None:
-        a, b = c.time_us, c.time_us + max(c.duration_us, 1)
+        a, b = c.time_us, c.time_us + min(max(c.duration_us, 1), run // 10)
     else:
         res = rank.curves.reserved
-        pi = max(res.peak_index, 0)
-        a = int(res.time_us[pi]) if len(res) else rank.start_us
-        later = np.flatnonzero(res.bytes[pi:] != res.bytes[pi]) if len(res) else []
-        b = int(res.time_us[pi + later[0]]) if len(later) else rank.end_us
+        a = int(res.time_us[max(res.peak_index, 0)]) if len(res) else rank.start_us
+        b = a + run // 100
     width = max(b - a, 2_000)
     lo = max(a - int(1.5 * width), rank.start_us)
     hi = min(b + int(1.5 * width), rank.end_us)
@@ -229,7 +229,8 @@ def draw_main(ax, rank, t0, t_end, crossing, capacities, window, handles) -> str
     height_px = ax.get_window_extent().height
     _label_hlines(ax, hl, ymax, max(height_px, 1.0))
     lo, hi = window
-    ax.axvspan(_s(lo, t0), _s(hi, t0), color="#FFD54F", alpha=0.35, lw=0)
+    if hi - lo < 0.2 * (t_end - t0):  # mark where the zoom panel looks (a sliver for milliseconds)
+        ax.axvspan(_s(lo, t0), _s(hi, t0), color="#FFD54F", alpha=0.5, lw=0, zorder=0)
     return corner
 
 
@@ -243,9 +244,10 @@ def draw_zoom(ax, rank: RankTimeline, t0: int, window: tuple[int, int], crossing
     ax.set_xlim(_s(lo, t0), _s(hi, t0))
     ticks = ax.get_xticks()
     ax.set_xticks(ticks)
-    ax.set_xticklabels([f"{(t - ms0) * 1e3:+.0f}" for t in ticks])
+    in_s = hi - lo > 5_000_000
+    ax.set_xticklabels([f"{(t - ms0) * (1 if in_s else 1e3):+.{1 if in_s else 0}f}" for t in ticks])
     ax.set_xlim(_s(lo, t0), _s(hi, t0))
-    ax.set_xlabel(f"ms from {ms0:.3f} s")
+    ax.set_xlabel(f"{'s' if in_s else 'ms'} from {ms0:.3f} s")
     values = [rank.curves.reserved.window(lo, hi).bytes.max()]
     if rank.curves.has_device:
         values.append(rank.curves.device_used.window(lo, hi).bytes.max())

@@ -1,0 +1,73 @@
+"""Benchmark: draw the timeline and the flame graph of a 1M-event SYNTHETIC trace (goal: <= 5 s each).
+
+Prints figures; asserts nothing about time (speed goals are not tests). Run:
+
+    python tests/bench/bench_plots.py [N_EVENTS]
+
+Phases timed separately: analysis (curves, categories, summary) and drawing for the timeline;
+live-set + tree and SVG writing for the flame graph; also the same through the store and the CLI.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+TESTS = Path(__file__).resolve().parents[1]
+
+
+def _synthetic():
+    spec = importlib.util.spec_from_file_location("synthetic_startup", TESTS / "synthetic_startup.py")
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules["synthetic_startup"] = mod
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def main(n_events: int = 1_000_000) -> None:
+    from memtrace.analysis.curves import all_curves
+    from memtrace.analysis.flame import flame_at, peak_event_index
+    from memtrace.cli import main as cli
+    from memtrace.plots.flame_svg import render_flame_svg
+    from memtrace.plots.folded import render_folded
+    from memtrace.plots.timeline import render_timeline
+    from memtrace.plots.timeline_data import prepare_rank
+    from memtrace.store import save_trace
+
+    trace = _synthetic().synthetic_large(n_events)
+    print(f"trace: {len(trace.events):,} events, {len(trace.samples):,} NVML samples (SYNTHETIC)")
+    with tempfile.TemporaryDirectory() as tmp:
+        tmp = Path(tmp)
+        import matplotlib  # noqa: F401  (import cost is not the renderer's)
+
+        t0 = time.perf_counter()
+        rank = prepare_rank(trace)
+        t1 = time.perf_counter()
+        render_timeline([rank], tmp / "t.png")
+        t2 = time.perf_counter()
+        print(f"plot:  analysis {t1 - t0:.2f} s + drawing {t2 - t1:.2f} s = {t2 - t0:.2f} s (goal <= 5 s)")
+
+        t0 = time.perf_counter()
+        curves = all_curves(trace)
+        flame = flame_at(trace, event_index=peak_event_index(curves.allocated, curves.reserved))
+        t1 = time.perf_counter()
+        render_flame_svg(flame, tmp / "f.svg", title="bench")
+        render_folded(flame, tmp / "f.folded")
+        t2 = time.perf_counter()
+        print(f"flame: analysis {t1 - t0:.2f} s + writing {t2 - t1:.2f} s = {t2 - t0:.2f} s (goal <= 5 s)")
+
+        save_trace(trace, tmp / "run" / "rank0.memtrace")
+        for argv in (
+            ["plot", str(tmp / "run"), "-o", str(tmp / "c.png")],
+            ["flame", str(tmp / "run"), "-o", str(tmp / "c.svg")],
+        ):
+            t0 = time.perf_counter()
+            rc = cli(argv)
+            print(f"memtrace {argv[0]} (load + analyse + draw): {time.perf_counter() - t0:.2f} s, exit {rc}")
+
+
+if __name__ == "__main__":
+    main(int(sys.argv[1]) if len(sys.argv) > 1 else 1_000_000)

@@ -1,0 +1,217 @@
+"""The timeline marks the first crossing at the right time and phase, keeps every peak when it
+thins a curve, lays phase labels out without overlaps, draws one panel per rank, and `memtrace plot`
+refuses bad input with one line and exit 2.
+
+SYNTHETIC data from tests/synthetic_startup.py; real H200 traces under tests/data when present.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib.util
+import struct
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from memtrace.analysis.summary import summarize
+from memtrace.cli import main
+from memtrace.model import Trace
+from memtrace.plots.downsample import bucket_indices, thin_step
+from memtrace.plots.phase_lane import PhaseBar, place_labels
+from memtrace.plots.timeline import render_timeline
+from memtrace.plots.timeline_data import prepare_rank
+from memtrace.store import save_trace
+
+TESTS = Path(__file__).resolve().parents[1]
+GiB, MiB = 1024**3, 1024**2
+
+
+def _synthetic():
+    name = "memtrace_tests_synthetic_startup"
+    if name not in sys.modules:
+        spec = importlib.util.spec_from_file_location(name, TESTS / "synthetic_startup.py")
+        mod = importlib.util.module_from_spec(spec)
+        sys.modules[name] = mod
+        spec.loader.exec_module(mod)
+    return sys.modules[name]
+
+
+def _real_traces() -> list[Path]:
+    return sorted((TESTS / "data").glob("**/*.memtrace"))
+
+
+def _png_size(path: Path) -> tuple[int, int]:
+    head = path.read_bytes()[:24]
+    assert head[:8] == b"\x89PNG\r\n\x1a\n"
+    return struct.unpack(">II", head[16:24])
+
+
+@pytest.fixture(scope="module")
+def startup():
+    return _synthetic().synthetic_startup()
+
+
+@pytest.fixture(scope="module")
+def drawn(startup, tmp_path_factory):
+    out = tmp_path_factory.mktemp("timeline") / "t.png"
+    return render_timeline([prepare_rank(startup)], out, capacities=[32 * GiB])
+
+
+def test_crossing_is_annotated_at_its_time_phase_peak_and_overshoot(drawn):
+    c = drawn.ranks[0].crossing
+    assert c.curve == "reserved"
+    assert c.time_s == pytest.approx(18.0)
+    assert c.phase_path == "determine_available_memory/profile_run"
+    assert c.value_bytes == 24 * GiB + 4 * GiB + 14 * GiB + 2560 * MiB + 20 * MiB  # + 40 cached 64 MiB segments
+    assert c.overshoot_bytes == c.value_bytes - int(48 * GiB * 0.92)
+    assert c.duration_us == 35_000
+    assert "18.000 s in determine_available_memory/profile_run" in c.text
+    assert "0.36 GiB over 44.16 GiB" in c.text and "35 ms" in c.text
+
+
+def test_a_crossing_of_milliseconds_gets_a_zoom_window_of_milliseconds(drawn):
+    c = drawn.ranks[0].crossing
+    lo, hi = drawn.ranks[0].zoom_us
+    assert lo < c.time_us < c.time_us + c.duration_us < hi
+    assert hi - lo < 200_000  # the main axis spans ~60 s; the zoom about 0.14 s
+
+
+def test_the_target_defaults_to_the_recorded_one(drawn):
+    assert drawn.ranks[0].target_bytes == int(48 * GiB * 0.92)
+    assert drawn.ranks[0].capacity_bytes == 48 * GiB
+
+
+def test_the_png_is_issue_sized(drawn):
+    width, height = _png_size(drawn.path)
+    assert 1200 <= width <= 1600 and 500 <= height <= 900
+
+
+def test_every_phase_gets_a_label_and_no_two_labels_of_a_row_overlap(drawn, startup):
+    labels = drawn.ranks[0].phase_labels
+    assert {lab.path for lab in labels} == {p.path for p in summarize(startup).phases}
+    _assert_no_overlap(labels, drawn.ranks[0].lane_px_per_s, drawn.ranks[0].lane_char_px)
+
+
+def _assert_no_overlap(labels, px_per_s, char_px):
+    rows: dict[object, list[tuple[float, float]]] = {}
+    for lab in labels:
+        w = len(lab.text) * char_px / px_per_s
+        lo = lab.x_s - w / 2 if lab.inside else lab.x_s
+        rows.setdefault("above" if lab.where == "above" else lab.depth, []).append((lo, lo + w))
+    for spans in rows.values():
+        spans.sort()
+        for (_, a_hi), (b_lo, _) in zip(spans, spans[1:], strict=False):
+            assert a_hi <= b_lo + 1e-9
+
+
+def test_labels_that_do_not_fit_go_right_then_above_then_abbreviated():
+    bars = [
+        PhaseBar("load_model", "load_model", 0, 0.0, 10.0),
+        PhaseBar("init_device", "init_device", 0, 10.0, 10.5),
+        PhaseBar("compile_or_warm_up_model", "compile_or_warm_up_model", 0, 10.5, 12.0),
+    ]
+    labels = {lab.path: lab for lab in place_labels(bars, px_per_s=20, char_px=7)}
+    assert labels["load_model"].where == "inside" and labels["load_model"].text == "load_model"
+    assert labels["init_device"].where == "above"  # no room inside, the next bar is right beside it
+    assert labels["compile_or_warm_up_model"].text == "← warm-up"  # empty space to its right
+
+
+def test_thinning_keeps_the_maximum_and_minimum_of_a_million_steps():
+    rng = np.random.default_rng(1)
+    t = np.cumsum(rng.integers(1, 100, 1_000_000)).astype(np.int64)
+    v = rng.integers(0, 10**9, 1_000_000).astype(np.int64)
+    v[777_777] = 5 * 10**9
+    v[123_456] = -1
+    tt, vv = thin_step(t, v, int(t[0]), int(t[-1]), 2000)
+    assert len(tt) <= 4 * 2000 and vv.max() == 5 * 10**9 and vv.min() == -1
+    assert np.all(np.diff(tt) >= 0)
+
+
+def test_short_curves_are_not_thinned():
+    t = np.arange(10, dtype=np.int64)
+    assert bucket_indices(t, t, 0, 9, 100).tolist() == list(range(10))
+
+
+def test_no_crossing_when_the_target_is_above_everything(startup, tmp_path):
+    d = render_timeline([prepare_rank(startup, target_bytes=100 * GiB)], tmp_path / "t.png")
+    assert d.ranks[0].crossing is None and d.ranks[0].annotation_corner == ""
+    lo, hi = d.ranks[0].zoom_us
+    assert lo <= _synthetic().T0 + 18_000_000 <= hi  # zoomed on the reserved peak instead
+
+
+def test_two_ranks_share_one_time_axis(startup, tmp_path):
+    later = dataclasses.replace(startup, process=dataclasses.replace(startup.process, rank=1))
+    d = render_timeline([prepare_rank(startup), prepare_rank(later)], tmp_path / "t.svg")
+    assert [r.label for r in d.ranks] == ["rank 0", "rank 1"]
+    assert d.t0_us == _synthetic().T0
+    assert (tmp_path / "t.svg").read_text().lstrip().startswith("<?xml")
+
+
+@pytest.fixture()
+def run_dir(tmp_path, startup):
+    save_trace(startup, tmp_path / "synth" / "rank0.memtrace")
+    return tmp_path / "synth"
+
+
+def test_plot_cli_default_name_no_overwrite_then_force(run_dir, tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    assert main(["plot", str(run_dir)]) == 0
+    err = capsys.readouterr().err
+    assert "crossed 44.16 GiB at 18.000 s in determine_available_memory/profile_run" in err
+    assert (tmp_path / "synth-timeline.png").exists()
+    assert main(["plot", str(run_dir)]) == 2
+    assert "exists; pass --force" in capsys.readouterr().err
+    assert main(["plot", str(run_dir), "--force", "--util", "0.8", "--capacity", "16GiB,32GiB"]) == 0
+    assert "crossed 38.40 GiB" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--rank", "5"], "no trace of rank 5"),
+        (["--target", "lots"], "cannot read size"),
+        (["--capacity", "16GiB,x"], "cannot read size"),
+        (["-o", "t.jpg"], "must end in .png, .svg"),
+    ],
+)
+def test_plot_cli_bad_input_is_one_line_exit_2(run_dir, tmp_path, monkeypatch, capsys, argv, message):
+    monkeypatch.chdir(tmp_path)
+    assert main(["plot", str(run_dir), *argv]) == 2
+    err = capsys.readouterr().err.strip()
+    assert message in err and err.count("\n") == 0
+
+
+def test_plot_cli_on_a_run_without_events_is_exit_2(tmp_path, capsys):
+    save_trace(Trace(), tmp_path / "empty.memtrace")
+    assert main(["plot", str(tmp_path / "empty.memtrace"), "-o", str(tmp_path / "e.png")]) == 2
+    assert "no allocator events" in capsys.readouterr().err
+    assert not (tmp_path / "e.png").exists()
+
+
+@pytest.mark.parametrize("path", _real_traces(), ids=lambda p: str(p.relative_to(TESTS / "data")))
+def test_real_trace_crossing_annotation_matches_the_summary(path, tmp_path):
+    from memtrace.store import load_trace
+
+    trace = load_trace(path)
+    if not len(trace.events):
+        pytest.skip("no allocator events (CPU-only worker)")
+    rank = prepare_rank(trace)
+    d = render_timeline([rank], tmp_path / "t.png")
+    s = summarize(trace)
+    c = d.ranks[0].crossing
+    if not s.crossings:
+        assert c is None
+        return
+    first = min(s.crossings, key=lambda x: (x.time_us, x.curve != "reserved"))
+    assert (c.time_us, c.phase_path, c.value_bytes, c.overshoot_bytes) == (
+        first.time_us,
+        first.phase_path,
+        first.value_bytes,
+        first.overshoot_bytes,
+    )
+    lo, hi = d.ranks[0].zoom_us
+    assert lo <= c.time_us <= hi
+    _assert_no_overlap(d.ranks[0].phase_labels, d.ranks[0].lane_px_per_s, d.ranks[0].lane_char_px)
