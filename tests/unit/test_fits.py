@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from memtrace.analysis.fits import FITS, NO_KV, OOM, fit, fits
+from memtrace.analysis.fits import FITS, NO_KV, OOM, UNKNOWN, fit, fits
 from memtrace.cli import main
 from memtrace.store import save_trace
 
@@ -95,3 +95,9 @@ def test_cli_refuses_a_bad_capacity_with_exit_2(synthetic, tmp_path, capsys):
     path = save_trace(synthetic, tmp_path / "run.memtrace")
     assert main(["fits", str(path), "--capacity", "big"]) == 2
     assert "cannot read size 'big'" in capsys.readouterr().err
+
+
+def test_a_run_that_died_in_profiling_cannot_tell_about_larger_cards():
+    died = g.vllm_like_startup(oom_in="profile_run")
+    assert fit(died, 16 * GiB).outcome == OOM  # its weights alone do not fit
+    assert fit(died, 64 * GiB).outcome == UNKNOWN  # the recording stops before the KV cache

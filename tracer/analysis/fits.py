@@ -25,7 +25,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..model import Trace
+from ..model import FACT_OOM, Trace
 from .curves import Curve, Curves, all_curves
 from .landmarks import Landmarks, landmarks, total_curve
 from .phases import path_at, recording_span
@@ -36,6 +36,7 @@ DEFAULT_UTIL = 0.9
 FITS = "fits"
 OOM = "oom"
 NO_KV = "no-kv-memory"
+UNKNOWN = "unknown"  # the recording ends (the run died) before the part that decides
 
 
 @dataclass(frozen=True)
@@ -51,7 +52,7 @@ class Fit:
     pre_kv_peak_phase: str
     post_kv_peak_bytes: int | None  # None when the run would not get that far or the trace lacks it
     post_kv_peak_phase: str
-    outcome: str  # FITS, OOM or NO_KV
+    outcome: str  # FITS, OOM, NO_KV or UNKNOWN
     phase: str  # where it dies ("" when it fits)
     overshoot_bytes: int  # by how much it goes over the capacity (OOM), or the missing KV bytes (NO_KV)
     headroom_bytes: int  # the smallest gap under the capacity (FITS)
@@ -130,7 +131,9 @@ def fit(
     if kv_new <= 0:
         return result(NO_KV, "KV sizing (after determine_available_memory)", -kv_new, "KV sizing")
     kv_rec = _recorded_kv(lm)
-    if lm.kv_end_us is None or kv_rec is None:  # the trace ends before the KV cache: nothing more to check
+    if lm.kv_end_us is None or kv_rec is None:  # the recording ends before the KV cache was allocated
+        if trace.facts.get(FACT_OOM) or lm.sizing_end_us is None:
+            return result(UNKNOWN, "", 0, "beyond the recording", headroom=capacity_bytes - pre_peak)
         return result(FITS, "", 0, "", headroom=capacity_bytes - pre_peak)
     # 5. post-KV: the recorded curve moved by the change in KV bytes
     shift = kv_new - kv_rec

@@ -10,7 +10,8 @@ for the cache blocks), or in warm-up / CUDA-graph capture (the post-KV transient
   memtrace fits RUN --capacity 32GiB
   memtrace fits RUN --capacity 16GiB,24GiB,32GiB --util 0.92
 
-Exit status: 0 when it fits on every capacity asked, 1 when it dies on one, 2 on bad input.
+Exit status: 0 when it fits on every capacity asked, 1 when it dies on one (or the recording ends
+too early to tell), 2 on bad input.
 """
 
 from __future__ import annotations
@@ -71,6 +72,8 @@ def _gib(n: int | None) -> str:
 
 
 def _verdict(r) -> str:
+    if r.outcome == "unknown":
+        return "unknown: the recording ends before the KV cache (record a run that gets further)"
     if r.survives:
         return f"fits, {_gib(r.headroom_bytes)} to spare"
     if r.stage == "KV sizing":
