@@ -32,7 +32,7 @@ GiB = 1024**3
 MiB = 1024**2
 T0 = 1_780_000_000_000_000  # Unix-epoch microseconds
 SITE = "/usr/lib/python3.12/site-packages/"
-HOOK = "flashinfer.fused_moe.cute_dsl.blackwell_sm12x.moe_dispatch.allocate_sm120_dynamic_workspace"
+HOOK = "flashinfer.fused_moe.cute_dsl.blackwell_sm12x.moe_dispatch:allocate_sm120_dynamic_workspace"
 
 # Stacks, outermost first here (the builder stores them innermost first, as PyTorch does).
 WORKER = [(SITE + "vllm/v1/worker/worker_base.py", 320, "execute_method")]
@@ -181,7 +181,8 @@ class Builder:
 
 
 def synthetic_startup() -> Trace:
-    """A 60 s SYNTHETIC vLLM-shaped start-up on a 48 GiB card at 0.92 (target 44.16 GiB).
+    """A 60 s SYNTHETIC vLLM-shaped start-up on a 48 GiB card at 0.92 (target 44.16 GiB), with the
+    vLLM plugin's canonical phase names (``memtrace.plugins.vllm_targets``).
 
     Known figures: 24 GiB of weights (96 x 256 MiB) in load_model; a 4 GiB FlashInfer workspace
     (hook call at 13.0 s); a 14 GiB activation live for 30 ms from 18.0 s in profile_run, whose
@@ -215,27 +216,23 @@ def synthetic_startup() -> Trace:
             b.tick(5_000)
             b.empty_cache()  # vLLM's memory_profiling empties the cache: the excursion lasts 35 ms
             b.tick(1_965_000)
-        with b.phase("profile_cudagraph_memory"):
-            b.tick(100_000)
-            with b.phase("initialize_kv_cache"):
-                b.tick(100_000)
-                mini = b.alloc(512 * MiB, KV)
-                b.tick(100_000)
+        with b.phase("cudagraph_profile"):  # vLLM's CUDA-graph estimate: a minimal KV cache + sample captures
             b.tick(200_000)
+            mini = b.alloc(512 * MiB, KV)
+            b.tick(300_000)
             g = b.alloc(300 * MiB, CAPTURE, pool="1,0")
             b.tick(3_000_000)
             b.free(g)
             b.free(mini)
             b.empty_cache()
         b.tick(1_000_000)
-    with b.phase("initialize_from_config"):
+    with b.phase("kv_cache_init"):
         b.tick(100_000)
-        with b.phase("initialize_kv_cache"):
-            for _ in range(28):
-                b.tick(50_000)
-                b.alloc(512 * MiB, KV)
-        b.tick(500_000)
-    with b.phase("compile_or_warm_up_model"):
+        for _ in range(28):
+            b.tick(50_000)
+            b.alloc(512 * MiB, KV)
+        b.tick(1_900_000)
+    with b.phase("compile_or_warm_up"):
         for _ in range(50):
             b.tick(200_000)
             a = b.alloc(1 * GiB, ACTIVATION)
@@ -295,7 +292,7 @@ def synthetic_large(n_events: int = 1_000_000, seed: int = 0) -> Trace:
         Phase("load_model", T0 + 1_000_000, T0 + 11_000_000, None, "vllm"),
         Phase("determine_available_memory", T0 + 11_000_000, T0 + 150_000_000, None, "vllm"),
         Phase("profile_run", T0 + 12_000_000, T0 + 140_000_000, 2, "vllm"),
-        Phase("compile_or_warm_up_model", T0 + 150_000_000, T0 + 300_000_000, None, "vllm"),
+        Phase("compile_or_warm_up", T0 + 150_000_000, T0 + 300_000_000, None, "vllm"),
         Phase("capture_model", T0 + 250_000_000, T0 + 299_500_000, 4, "vllm"),
     ]
     b.hooks = [HookCall(HOOK, T0 + 13_000_000, T0 + 13_002_000, {})]

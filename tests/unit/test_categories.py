@@ -92,10 +92,10 @@ def test_kv_cache_made_while_profiling_is_transient_not_kv_cache():
     trace = Trace(
         phases=[
             Phase("determine_available_memory", 0, 100),
-            Phase("profile_cudagraph_memory", 10, 50, parent=0),
-            Phase("initialize_kv_cache", 20, 30, parent=1),
+            Phase("cudagraph_profile", 10, 50, parent=0),
+            Phase("initialize_kv_cache", 20, 30, parent=1),  # a user marking vLLM's is_profiling call
             Phase("initialize_from_config", 100, 200),
-            Phase("initialize_kv_cache", 110, 190, parent=3),
+            Phase("kv_cache_init", 110, 190, parent=3),
             Phase("init_device", 200, 210),
             Phase("my_user_phase", 300, 400),
         ]

@@ -11,18 +11,20 @@ exactly one category, decided by the first rule that applies, in this order:
 2. **cudagraph_pool** — the block lies in a segment of a private pool in the final snapshot
    (``Segment.pool_id != "0,0"``; CUDA-graph capture allocates from such pools) and was allocated
    after that segment was created; or it was allocated inside a graph-capture phase
-   (``capture_model``, ``profile_cudagraph_memory``: vLLM's sample captures for its estimate).
+   (``capture_model``; ``cudagraph_profile``, vLLM's estimate of graph memory, whose minimal
+   ``is_profiling`` KV cache and sample captures are freed again when it ends).
 3. By the phase it was allocated in, walking from the innermost phase outwards, the first phase
    whose name is known decides:
 
    - ``load_model`` → **weights**;
-   - a KV-cache phase (``initialize_kv_cache``, ``kv_cache_init``, ``allocate_kv_cache``,
+   - a KV-cache phase (``kv_cache_init``, ``initialize_kv_cache``, ``allocate_kv_cache``,
      ``initialize_from_config``...) → **kv_cache**, unless the allocation is inside a profiling
-     phase (a name containing "profil", as vLLM's minimal ``is_profiling=True`` cache made to
-     estimate CUDA-graph memory): that cache is freed again and counts as **activations**;
+     phase (a name containing "profil"): a KV cache made to profile is freed again and counts as
+     **activations** (the vLLM plugin does not mark ``initialize_kv_cache(is_profiling=True)`` as a
+     phase at all, so vLLM's minimal cache falls under ``cudagraph_profile``);
    - ``init_device`` → **other** (NCCL buffers, cuBLAS warm-up);
-   - forward passes (``profile_run``, ``_dummy_run``, ``determine_available_memory``, warm-up,
-     ``compile_or_warm_up_model``, sampler warm-up) → **activations**;
+   - forward passes (``profile_run``, ``_dummy_run``, ``determine_available_memory``,
+     ``compile_or_warm_up``, ``kernel_warmup``, sampler warm-up) → **activations**;
    - a phase with an unknown name (a user's ``memtrace.phase``) defers to its parent; if no phase in
      the path is known, the allocation is **activations** (tensors made while the program worked).
 4. Outside every phase, and blocks already live before the first recorded event (the baseline),
@@ -63,7 +65,7 @@ _SEG_ALLOC = (ACTION_CODE["segment_alloc"], ACTION_CODE["segment_map"])
 _DEFAULT_POOL = "0,0"
 
 # Phase-name rules (lower-cased, matched as substrings in this order; first hit wins).
-_GRAPH_PHASES = ("capture_model", "profile_cudagraph", "cudagraph_capture", "capture_graph")
+_GRAPH_PHASES = ("capture_model", "cudagraph_profile", "profile_cudagraph", "cudagraph_capture", "capture_graph")
 _KV_PHASES = ("kv_cache_init", "initialize_kv_cache", "allocate_kv_cache", "init_kv_cache", "initialize_from_config")
 _WEIGHT_PHASES = ("load_model", "load_weights")
 _OTHER_PHASES = ("init_device",)
