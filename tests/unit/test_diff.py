@@ -134,3 +134,68 @@ def test_bad_input_exits_2_with_one_line(synthetic_runs, tmp_path, capsys, argv,
     assert rc == 2
     assert err.startswith("memtrace: error: ") and message in err
     assert len(err.strip().splitlines()) == 1
+
+
+# -- real H200 runs: examples/record_startup.py with and without --workspace-extra 1GiB -------------
+
+H200 = TESTS / "data" / "h200"
+REAL_PAIR = (H200 / "startup-full", H200 / "startup-ws1g")
+NEEDS_PAIR = pytest.mark.skipif(
+    not all(p.is_dir() for p in REAL_PAIR),
+    reason="no real H200 pair (startup-full, startup-ws1g) under tests/data/h200 yet",
+)
+TOL = 64 * MiB  # allocator rounding and NVML sampling; far below the 1 GiB change
+
+
+@pytest.fixture(scope="module")
+def real_diff():
+    from memtrace.store import load_run
+
+    base, new = (load_run(p).traces[0] for p in REAL_PAIR)
+    return diff_traces(base, new, parse_threshold("2%"))
+
+
+@NEEDS_PAIR
+def test_real_workspace_extra_shows_as_1gib_growth_inside_profile_run(real_diff):
+    phases = {p.path: p for p in real_diff.phases}
+    assert abs(phases["profile_run"].peak.delta - GiB) < TOL
+    assert abs(phases["profile_run"].inside_delta - GiB) < TOL
+    before = next(c for c in real_diff.headline if c.label == "memory before KV sizing")
+    assert abs(before.delta - GiB) < TOL
+    kv = next(c for c in real_diff.headline if c.label == "available KV cache (vLLM)")
+    assert abs(kv.delta + GiB) < TOL  # the KV cache pays for it
+
+
+@NEEDS_PAIR
+def test_real_workspace_extra_changes_nothing_else(real_diff):
+    phases = {p.path: p for p in real_diff.phases}
+    for path, p in phases.items():
+        if path == "profile_run":
+            continue
+        if path == "kv_cache_init":  # the KV cache is 1 GiB smaller
+            assert abs(p.inside_delta + GiB) < TOL, path
+            continue
+        assert abs(p.inside_delta) < TOL, f"{path} grew by {p.inside_delta} B inside itself"
+    post = next(c for c in real_diff.headline if c.label == "post-KV transient")
+    assert abs(post.delta) < TOL
+    assert [
+        c.label for c in real_diff.regressions if not c.label.startswith(("profile_run", "determine_available"))
+    ] == ["memory before KV sizing"]
+
+
+@NEEDS_PAIR
+def test_real_workspace_extra_names_the_workspace_site(real_diff):
+    grew = [s for s in real_diff.sites if s.delta > 0]
+    assert grew and abs(grew[0].delta - GiB) < TOL
+    assert any(f.name == "allocate_sm120_dynamic_workspace" for f in grew[0].frames)
+    assert all(abs(s.delta) < TOL for s in grew[1:])
+
+
+@NEEDS_PAIR
+def test_real_pair_cli_exit_codes(capsys):
+    base, new = REAL_PAIR
+    assert main(["diff", str(base), str(new), "--fail-over", "2%"]) == 1
+    out = capsys.readouterr().out
+    assert "profile_run" in out.split("Over the threshold")[1].split("Per phase")[0]
+    assert main(["diff", str(base), str(base)]) == 0
+    assert main(["diff", str(base), str(new), "--fail-over", "2GiB"]) == 0

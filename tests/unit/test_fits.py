@@ -101,3 +101,50 @@ def test_a_run_that_died_in_profiling_cannot_tell_about_larger_cards():
     died = g.vllm_like_startup(oom_in="profile_run")
     assert fit(died, 16 * GiB).outcome == OOM  # its weights alone do not fit
     assert fit(died, 64 * GiB).outcome == UNKNOWN  # the recording stops before the KV cache
+
+
+# -- validation on real H200 runs at mimicked capacities (tests/data/h200, tests/gpu/make_h200_data.py) --
+
+H200 = TESTS / "data" / "h200"
+OUTCOMES = H200 / "outcomes.json"
+
+
+def _h200_cases() -> list[tuple[str, dict]]:
+    if not OUTCOMES.exists():
+        return []
+    doc = json.loads(OUTCOMES.read_text())
+    return sorted(
+        ((k, v) for k, v in doc.items() if k.startswith("startup-cap")), key=lambda kv: kv[1]["capacity_bytes"]
+    )
+
+
+def _real(outcome: dict) -> tuple[str, str | None]:
+    """A real outcome as (kind, phase): ("ok", None), ("oom", "profile_run"), ("error", phase)..."""
+    return ("ok", None) if outcome.get("outcome") == "ok" else (outcome.get("outcome"), outcome.get("phase"))
+
+
+def _predicted(r) -> tuple[str, str | None]:
+    if r.outcome == FITS:
+        return ("ok", None)
+    if r.outcome == NO_KV:  # vLLM (and the example) raise ValueError while sizing the KV cache
+        return ("error", "determine_available_memory")
+    return ("oom", r.phase)
+
+
+@pytest.mark.skipif(not _h200_cases(), reason="no real H200 runs at mimicked capacities under tests/data/h200 yet")
+def test_fits_predicts_where_real_h200_startups_died_at_mimicked_capacities():
+    from memtrace.store import load_run
+
+    full = load_run(H200 / "startup-full").traces[0]
+    rows = []
+    for name, outcome in _h200_cases():
+        r = fit(full, outcome["capacity_bytes"], util=0.92)
+        rows.append((name, outcome["capacity_bytes"] / GiB, _real(outcome), _predicted(r)))
+    report = "\n".join(f"{n}: {c:.2f} GiB real {real} predicted {pred}" for n, c, real, pred in rows)
+    agree = [row for row in rows if row[2] == row[3]]
+    assert len(agree) == len(rows), report
+    kinds = {real for _, _, real, _ in agree}
+    assert len(agree) >= 3, report
+    assert ("oom", "profile_run") in kinds, report  # one dies in profiling
+    assert any(k == "oom" and str(p).startswith("compile_or_warm_up") for k, p in kinds), report  # one in warm-up
+    assert ("ok", None) in kinds, report
