@@ -1,0 +1,90 @@
+"""Render the README's figures from a real trace shipped in tests/data: the timeline and the peak flame graph.
+
+    python examples/render_figures.py                      # the first H200 run under tests/data
+    python examples/render_figures.py tests/data/h200/full --out docs --force
+
+Writes ``timeline.png`` and ``flame.svg`` (and ``flame.folded``) into ``--out`` (default ``docs``),
+through the same functions ``memtrace plot`` and ``memtrace flame`` use, and prints what they drew:
+the crossing's time, phase and overshoot, and the widest frames of the flame graph.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def default_run() -> Path:
+    """The first run directory (one holding .memtrace files) under tests/data/h200, else tests/data."""
+    for base in (ROOT / "tests" / "data" / "h200", ROOT / "tests" / "data"):
+        runs = sorted({p.parent for p in base.glob("**/*.memtrace")})
+        if runs:
+            return runs[0]
+    raise SystemExit("no real trace under tests/data yet; pass a run directory")
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument(
+        "run", nargs="?", type=Path, help="run directory or .memtrace file (default: first under tests/data)"
+    )
+    p.add_argument("--out", type=Path, default=ROOT / "docs", help="folder for the figures (default: docs)")
+    p.add_argument("--force", action="store_true", help="replace figures that exist")
+    args = p.parse_args(argv)
+
+    from memtrace.analysis.curves import all_curves
+    from memtrace.analysis.flame import flame_at, peak_event_index, widest_leaves
+    from memtrace.analysis.phases import recording_span
+    from memtrace.plots.flame_svg import render_flame_svg
+    from memtrace.plots.folded import render_folded
+    from memtrace.plots.timeline import render_timeline
+    from memtrace.plots.timeline_data import prepare_rank
+    from memtrace.store import load_run
+    from memtrace.units import format_gib
+
+    run_path = args.run or default_run()
+    run = load_run(run_path)
+    traces = [t for t in run.traces if len(t.events)]
+    if not traces:
+        raise SystemExit(f"{run_path}: no trace with allocator events")
+    args.out.mkdir(parents=True, exist_ok=True)
+    outs = {name: args.out / name for name in ("timeline.png", "flame.svg", "flame.folded")}
+    clash = [str(o) for o in outs.values() if o.exists() and not args.force]
+    if clash:
+        raise SystemExit(f"{', '.join(clash)} exist; pass --force to replace them")
+
+    env = traces[0].facts.get("env") or {}
+    gpu = env.get("gpu_name") or "GPU"
+    drawn = render_timeline(
+        [prepare_rank(t) for t in traces], outs["timeline.png"], title=f"GPU memory during start-up ({gpu})"
+    )
+    for r in drawn.ranks:
+        c = r.crossing
+        what = "no crossing" if c is None else f"crossing at {c.time_s:.3f} s in {c.phase_path}, "
+        if c is not None:
+            what += f"{format_gib(c.value_bytes)} ({c.curve}), +{format_gib(c.overshoot_bytes)}, {c.duration_us} us"
+        print(f"timeline {r.label}: {what}")
+
+    trace = max(traces, key=lambda t: all_curves(t).reserved.peak_bytes)
+    curves = all_curves(trace)
+    k = peak_event_index(curves.allocated, curves.reserved)
+    flame = flame_at(trace, event_index=k)
+    secs = (flame.time_us - recording_span(trace)[0]) / 1e6
+    render_flame_svg(
+        flame,
+        outs["flame.svg"],
+        title=f"Live GPU memory at the peak: {secs:.3f} s ({gpu}, {trace.label})",
+        subtitle=f"{format_gib(flame.total_bytes)} allocated; reserved {format_gib(int(curves.reserved.bytes[k + 1]))}",
+    )
+    render_folded(flame, outs["flame.folded"])
+    for path, nbytes in widest_leaves(flame, 3):
+        print(f"flame: {format_gib(nbytes)}  {path[-1]}")
+    print(f"wrote {', '.join(str(o) for o in outs.values())}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
