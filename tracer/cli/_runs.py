@@ -6,7 +6,7 @@ from pathlib import Path
 
 from ..errors import UsageError
 from ..model import Run, Trace
-from ..progress import track
+from ..progress import task, track
 
 
 def load_with_progress(path: str | Path) -> Run:
@@ -14,11 +14,10 @@ def load_with_progress(path: str | Path) -> Run:
     from ..store import load_run, load_trace, trace_files
 
     p = Path(path)
-    if not p.is_dir():
-        return load_run(p)
-    files = trace_files(p)
+    files = trace_files(p) if p.is_dir() else []
     if len(files) <= 1:
-        return load_run(p)
+        with task(f"Loading {p.name}", total=None):
+            return load_run(p)
     traces = [load_trace(f) for f in track(files, f"Loading {p.name}")]
     traces.sort(key=lambda t: (t.process.rank if t.process.rank is not None else 1 << 30, t.process.pid))
     return Run(path=str(p), traces=traces)
