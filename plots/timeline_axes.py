@@ -55,8 +55,11 @@ def zoom_window(rank: RankTimeline) -> tuple[int, int]:
         a, b = c.time_us, c.time_us + min(max(c.duration_us, 1), run // 10)
     else:
         res = rank.curves.reserved
-        a = int(res.time_us[max(res.peak_index, 0)]) if len(res) else rank.start_us
-        b = a + run // 100
+        pi = max(res.peak_index, 0)
+        a = int(res.time_us[pi]) if len(res) else rank.start_us
+        later = np.flatnonzero(res.bytes[pi:] != res.bytes[pi]) if len(res) else np.zeros(0, dtype=np.int64)
+        b = int(res.time_us[pi + later[0]]) if len(later) else rank.end_us  # while the peak lasted
+        b = min(b, a + run // 10)
     width = max(b - a, 2_000)
     lo = max(a - int(1.5 * width), rank.start_us)
     hi = min(b + int(1.5 * width), rank.end_us)
@@ -153,15 +156,14 @@ def _hlines(ax, rank: RankTimeline, capacities, handles: dict) -> list[tuple[flo
 
 
 def _label_hlines(ax, lines: list[tuple[float, str, str]], ymax: float, height_px: float) -> None:
-    """Labels at the left edge, above their line; below it when the previous label is too close."""
+    """Labels at the left edge: above their line, or below it when the line above is too close."""
     min_gap = 15 / height_px * ymax
-    placed: list[float] = []
-    for y, text, color in sorted(lines):
-        above = not placed or y - placed[-1] >= min_gap
-        ty = y if above else y - min_gap
+    above_y = float("inf")  # the line just above the one being labelled
+    for y, text, color in sorted(lines, reverse=True):
+        above = above_y - y >= min_gap
         ax.annotate(
             text,
-            (0.005, ty),
+            (0.005, y),
             xycoords=("axes fraction", "data"),
             xytext=(2, 2 if above else -2),
             textcoords="offset points",
@@ -170,7 +172,7 @@ def _label_hlines(ax, lines: list[tuple[float, str, str]], ymax: float, height_p
             fontsize="small",
             bbox={"boxstyle": "square,pad=0.1", "fc": "white", "ec": "none", "alpha": 0.75},
         )
-        placed.append(y if above else y - min_gap)
+        above_y = y
 
 
 def _box_corner(ax, rank: RankTimeline, t0: int, xmax_s: float, ymax: float) -> tuple[str, float]:
@@ -235,20 +237,23 @@ def draw_main(ax, rank, t0, t_end, crossing, capacities, window, handles) -> str
 
 
 def draw_zoom(ax, rank: RankTimeline, t0: int, window: tuple[int, int], crossing) -> None:
-    """The window around the crossing (or the peak), x in milliseconds from its start."""
+    """The window around the crossing (or the peak), x in milliseconds (or seconds) from its start."""
+    from matplotlib.ticker import MaxNLocator
+
     lo, hi = window
-    origin = crossing.time_us if crossing is not None else lo
-    ms0 = (origin - t0) / 1e6
+    res = rank.curves.reserved
+    origin = crossing.time_us if crossing is not None else int(res.time_us[max(res.peak_index, 0)])
     _stack(ax, rank, t0, lo, hi, 600, None)
     _lines(ax, rank, t0, lo, hi, 600, None)
-    ax.set_xlim(_s(lo, t0), _s(hi, t0))
-    ticks = ax.get_xticks()
-    ax.set_xticks(ticks)
     in_s = hi - lo > 5_000_000
-    ax.set_xticklabels([f"{(t - ms0) * (1 if in_s else 1e3):+.{1 if in_s else 0}f}" for t in ticks])
+    unit = 1e6 if in_s else 1e3
+    rel = MaxNLocator(5).tick_values((lo - origin) / unit, (hi - origin) / unit)
+    rel = [r for r in rel if lo <= origin + r * unit <= hi]
+    ax.set_xticks([_s(origin + r * unit, t0) for r in rel])
+    ax.set_xticklabels([f"{r:+g}" if r else "0" for r in rel])
     ax.set_xlim(_s(lo, t0), _s(hi, t0))
-    ax.set_xlabel(f"{'s' if in_s else 'ms'} from {ms0:.3f} s")
-    values = [rank.curves.reserved.window(lo, hi).bytes.max()]
+    ax.set_xlabel(f"{'s' if in_s else 'ms'} from {(origin - t0) / 1e6:.3f} s")
+    values = [res.window(lo, hi).bytes.max()]
     if rank.curves.has_device:
         values.append(rank.curves.device_used.window(lo, hi).bytes.max())
     if rank.target_bytes is not None:
@@ -260,10 +265,13 @@ def draw_zoom(ax, rank: RankTimeline, t0: int, window: tuple[int, int], crossing
     ax.set_ylim(max(bottom - 0.6 * span, 0), top + 0.25 * span)
     ax.yaxis.tick_right()
     ax.grid(alpha=0.3)
-    title = "zoom: first crossing" if crossing is not None else "zoom: peak reserved"
     if crossing is not None:
         ax.axvline(crossing.time_s, color=TARGET, lw=1.0, alpha=0.7, ls="-.")
         ax.plot([_s(crossing.value_us, t0)], [_g(crossing.value_bytes)], marker="v", color=TARGET, ms=8)
         ax.text(0.02, 0.97, format_gib(crossing.value_bytes), transform=ax.transAxes, va="top", color=TARGET)
-    ax.set_title(title, fontsize="medium", loc="left")
+    else:
+        ax.text(0.02, 0.97, f"peak {format_gib(res.peak_bytes)}", transform=ax.transAxes, va="top")
+    ax.set_title(
+        "zoom: first crossing" if crossing is not None else "zoom: peak reserved", fontsize="medium", loc="left"
+    )
     ax.set_facecolor("#FFFBEA")
