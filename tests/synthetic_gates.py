@@ -1,4 +1,4 @@
-"""SYNTHETIC vLLM-like start-ups with knobs, for the gate commands' tests (diff, fits, issue, export).
+"""SYNTHETIC vLLM-like start-ups (the vLLM plugin's canonical phase names) with knobs, for the gate commands' tests (diff, fits, issue, export).
 
 Not a recording: built with ``tests/synthetic_startup.py``'s Builder so that every figure is known
 in advance, and sized the way vLLM 0.25 sizes its KV cache (``available = int(util × capacity) −
@@ -103,18 +103,17 @@ def _build(b, capacity, util, weights, workspace, extra_workspace, activation, w
     # vLLM's sizing: everything before the KV cache is card-independent
     non_kv = 20 * MiB + weights + workspace + extra_workspace + activation + NON_TORCH
     available = int(capacity * util) - non_kv if kv_cache is None else kv_cache
-    with b.phase("initialize_from_config"):
-        b.tick(100_000)
-        with b.phase("initialize_kv_cache"):
-            b.tick(50_000)
-            b.alloc(available // (2 * MiB) * 2 * MiB, _s.KV)
-            b.tick(50_000)
-        b.tick(500_000)
-    with b.phase("compile_or_warm_up_model"):
+    with b.phase("kv_cache_init"):
+        b.tick(50_000)
+        b.alloc(available // (2 * MiB) * 2 * MiB, _s.KV)
+        b.tick(50_000)
+    b.tick(500_000)
+    with b.phase("compile_or_warm_up"):
         b.tick(200_000)
-        w = b.alloc(warmup, _s.ACTIVATION)
-        b.tick(20_000)
-        b.free(w)
+        with b.phase("kernel_warmup"):
+            w = b.alloc(warmup, _s.ACTIVATION)
+            b.tick(20_000)
+            b.free(w)
         b.tick(200_000)
         with b.phase("capture_model"):
             b.tick(500_000)

@@ -40,14 +40,14 @@ def test_budget_over_the_peak_names_phase_and_holders():
     result = check_budget(trace, 30 * GiB)
     # the reserved peak: weights 20 GiB + workspaces 3 GiB + KV cache + warm-up, in warm-up
     assert result.over
-    assert result.phase == "compile_or_warm_up_model/capture_model"
+    assert result.phase == "compile_or_warm_up/capture_model"
     assert result.excess_bytes == result.peak_bytes - 30 * GiB
     names = [h.frame.name for h in result.holders]
     assert names[0] == "create_weights" and "allocate_extra_workspace" in names
     msg = failure_message(result, "test_x", "30GiB", "/tmp/t.memtrace")
     assert msg.splitlines()[0].startswith("test_x: GPU memory peak ")
     assert "over the budget 30GiB (30.00 GiB)" in msg
-    assert "peak in phase: compile_or_warm_up_model/capture_model" in msg
+    assert "peak in phase: compile_or_warm_up/capture_model" in msg
     assert "create_weights (layers/linear.py:301)" in msg
 
 
@@ -178,7 +178,7 @@ def test_over_budget_test_fails_with_a_readable_report_FAKE_recorder(pytester, t
     result.stdout.fnmatch_lines(
         [
             "*test_too_big: GPU memory peak * (reserved) is over the budget 30GiB (30.00 GiB) by *",
-            "*peak in phase: compile_or_warm_up_model/capture_model*",
+            "*peak in phase: compile_or_warm_up/capture_model*",
             "*top holders at the peak:*",
             "*create_weights (layers/linear.py:301)*",
         ]

@@ -157,13 +157,15 @@ def _render_one(d, multi: bool) -> list[str]:
         out.append(
             f"  {tag} {_delta(s.delta):>12}  {_gib(s.base_bytes):>11} → {_gib(s.new_bytes):>11}  {_frame_label(s.frames)}"
         )
+    from ..analysis.flame import hook_short_name
+
     hooks = [h for h in d.hooks if h.base_bytes_per_call != h.new_bytes_per_call]
     if d.hooks:
         out.append("")
         out.append("FlashInfer workspace (hooked calls): calls, bytes per call")
         for h in d.hooks:
             same = "" if h in hooks else "  (unchanged)"
-            short = h.name.rsplit(".", 1)[-1]
+            short = hook_short_name(h.name)
             out.append(
                 f"  {short}: {h.base_calls} → {h.new_calls} calls; {_per_call(h.base_bytes_per_call)} → "
                 f"{_per_call(h.new_bytes_per_call)} per call; total {_delta(h.new_total - h.base_total)}{same}"

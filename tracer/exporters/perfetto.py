@@ -26,6 +26,7 @@ from typing import IO, Any
 import numpy as np
 
 from ..analysis.curves import Curve, all_curves
+from ..analysis.flame import hook_short_name
 from ..analysis.phases import recording_span
 from ..model import FACT_OOM, Trace
 
@@ -109,7 +110,7 @@ def _hook_slices(trace: Trace, pid: int, t0: int) -> Iterator[dict[str, Any]]:
         for key in ("returned_bytes", "allocated_delta_bytes", "reserved_delta_bytes", "error"):
             if getattr(c, key) is not None:
                 args[key] = getattr(c, key)
-        yield {"name": c.name.rsplit(".", 1)[-1], "cat": "hook", "ph": "X", "ts": c.start_us - t0,
+        yield {"name": hook_short_name(c.name), "cat": "hook", "ph": "X", "ts": c.start_us - t0,
                "dur": max(0, c.end_us - c.start_us), "pid": pid, "tid": HOOKS_TID,
                "args": {"function": c.name, **args}}  # fmt: skip
 
