@@ -225,3 +225,46 @@ def test_real_trace_folded_at_the_peak_sums_to_the_live_bytes(path, tmp_path):
         assert widths[leaf] == pytest.approx(max(w for n, w in widths.items() if n == leaf), abs=0.01)
         assert widths[leaf] >= top.bytes * (1180 / flame.total_bytes) - 0.01
     assert np.isfinite(flame.total_bytes)
+
+
+def test_memtrace_wrapper_frames_are_dropped_and_the_hook_frame_sits_outside_the_hooked_function():
+    site = "/venv/lib/python3.12/site-packages/"
+    frames = [  # innermost first, as recorded
+        Frame(
+            site + "flashinfer/fused_moe/cute_dsl/blackwell_sm12x/moe_dispatch.py",
+            212,
+            "allocate_sm120_dynamic_workspace",
+        ),
+        Frame(site + "memtrace/plugins/hooks.py", 360, "wrapper"),
+        Frame(site + "vllm/model_executor/layers/fused_moe/flashinfer_b12x.py", 97, "apply"),
+        Frame(site + "vllm/v1/worker/gpu_model_runner.py", 6290, "profile_run"),
+        Frame(site + "memtrace/plugins/hooks.py", 360, "wrapper"),  # the phase hook around profile_run
+        Frame(site + "vllm/v1/worker/gpu_worker.py", 430, "determine_available_memory"),
+    ]
+    ev = empty_events(2)
+    ev[0] = (10, ACTION_CODE["alloc"], 0x1000, 100, 0, 0)
+    ev[1] = (30, ACTION_CODE["alloc"], 0x2000, 7, 0, 1)
+    from memtrace.model import HookCall
+
+    trace = Trace(
+        events=ev,
+        frames=frames,
+        stacks=[tuple(range(6)), (2, 3, 4, 5)],
+        hook_calls=[
+            HookCall(
+                "flashinfer.fused_moe.cute_dsl.blackwell_sm12x.moe_dispatch:allocate_sm120_dynamic_workspace", 5, 20
+            )
+        ],
+    )
+    flame = flame_at(trace, 40)
+    names = {tuple(f.split(" (")[0] for f in path): b for path, b in flame.stacks.items()}
+    assert names == {
+        (
+            "determine_available_memory",
+            "profile_run",
+            "apply",
+            "[hook] allocate_sm120_dynamic_workspace",
+            "allocate_sm120_dynamic_workspace",
+        ): 100,
+        ("determine_available_memory", "profile_run", "apply"): 7,
+    }

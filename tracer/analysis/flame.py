@@ -7,11 +7,12 @@ same moment, to the byte.
 
 Frames are labelled ``function (path/file.py:line)`` with the path cut after ``site-packages/``.
 An allocation made while a hooked function ran (``trace.hook_calls``: FlashInfer's workspace
-allocators by default) gets a frame of its own, ``[hook] allocate_sm120_dynamic_workspace``, placed
-where the hook wrapped the call: in place of memtrace's wrapper frames if the stack has them, else
-just outside the frame of the hooked function, else as the leaf. Allocations without a recorded
-stack sit under ``[no stack recorded]``; blocks allocated before recording began under
-``[allocated before recording]``.
+allocators by default) gets a frame of its own, ``[hook] allocate_sm120_dynamic_workspace``, right
+outside the innermost frame of the hooked function (in place of memtrace's wrapper frames there),
+else as the leaf. memtrace's own wrapper frames (``memtrace/plugins/hooks.py``, also found around
+vLLM's phase methods) are dropped from every stack: they are the tracer, not the program.
+Allocations without a recorded stack sit under ``[no stack recorded]``; blocks allocated before
+recording began under ``[allocated before recording]``.
 """
 
 from __future__ import annotations
@@ -90,22 +91,39 @@ def hook_short_name(hook_name: str) -> str:
     return hook_name.rsplit(".", 1)[-1]
 
 
+def _is_wrapper(frame: Frame) -> bool:
+    return frame.filename.replace("\\", "/").endswith(_WRAPPER_FILES)
+
+
+def _hook_position(frames: list[Frame], hook: HookCall) -> int:
+    """Where (root→leaf index) a hook call's frame goes: in place of the wrapper frames right outside
+    the innermost frame of the hooked function; else right outside that frame; else at the innermost
+    wrapper; else at the leaf end."""
+    func = hook_short_name(hook.name).rsplit(".", 1)[-1]
+    named = [i for i, f in enumerate(frames) if f.name == func]
+    if named:
+        pos = named[-1]
+        while pos > 0 and _is_wrapper(frames[pos - 1]):
+            pos -= 1
+        return pos
+    wrappers = [i for i, f in enumerate(frames) if _is_wrapper(f)]
+    if wrappers:
+        pos = wrappers[-1]
+        while pos > 0 and _is_wrapper(frames[pos - 1]):
+            pos -= 1
+        return pos
+    return len(frames)
+
+
 def _insert_hooks(labels: list[str], frames: list[Frame], hooks: list[HookCall]) -> list[str]:
-    """Place one ``[hook]`` frame per running hook call into a root→leaf label list."""
-    out = list(labels)
-    for h in reversed(hooks):  # innermost first, so outer hooks land outside inner ones
-        short = hook_short_name(h.name)
-        tag = HOOK_PREFIX + short
-        wrap = [i for i, f in enumerate(frames) if f.filename.endswith(_WRAPPER_FILES)]
-        if wrap:
-            pos = wrap[0]
-        else:
-            func = short.rsplit(".", 1)[-1]
-            named = [i for i, f in enumerate(frames) if f.name == func]
-            pos = named[-1] if named else len(out)
-        out.insert(min(pos, len(out)), tag)
-        frames = frames[:pos] + [Frame("", 0, tag)] + frames[pos:]
-    return [lab for lab, f in zip(out, frames, strict=True) if not f.filename.endswith(_WRAPPER_FILES)]
+    """Place one ``[hook]`` frame per running hook call (outermost first) into a root→leaf list, and
+    drop memtrace's own wrapper frames."""
+    items: list[tuple[str, Frame | None]] = list(zip(labels, frames, strict=True))
+    for h in reversed(hooks):  # innermost first: an outer hook then lands outside the inner one
+        plain = [f if f is not None else Frame("", 0, "") for _, f in items]
+        pos = _hook_position(plain, h)
+        items.insert(pos, (HOOK_PREFIX + hook_short_name(h.name), None))
+    return [lab for lab, f in items if f is None or not _is_wrapper(f)]
 
 
 def stack_paths(
@@ -123,7 +141,7 @@ def stack_paths(
             cache[a.stack] = ([frame_label(f) for f in frames], frames)
         labels, frames = cache[a.stack]
         running = _hook_chain_sorted(hooks_sorted, hook_starts, a.alloc_us) if a.alloc_us is not None else []
-        path = _insert_hooks(labels, frames, running) if running else list(labels)
+        path = _insert_hooks(labels, frames, running)
         if not path or path == [HOOK_PREFIX + hook_short_name(h.name) for h in running]:
             path = [BEFORE_RECORDING if a.alloc_us is None else NO_STACK, *path]
         key = tuple(path)
