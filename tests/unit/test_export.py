@@ -180,3 +180,15 @@ def test_folded_export_adds_up_to_the_allocated_bytes_at_the_peak(tmp_path):
     kv = trace.facts["vllm.available_kv_cache_bytes"] // (2 * g.MiB) * 2 * g.MiB
     assert total == 20 * g.MiB + 20 * GiB + 3 * GiB + kv + 512 * g.MiB
     assert any("allocate_extra_workspace" in line for line in lines)
+
+
+@pytest.mark.parametrize("name, trace", TRACES, ids=IDS)
+def test_torchs_own_memory_viz_reads_the_snapshot(name, trace):
+    memory_viz = pytest.importorskip("torch.cuda._memory_viz")
+    snap = snapshot_dict(trace)
+    summary = memory_viz.segsum(snap)  # checks that each segment's blocks add up to its size
+    total = sum(s.total_bytes for s in trace.segments)
+    assert f"segments: {len(trace.segments)}" in summary
+    assert str(memory_viz.Bytes(total)) in summary
+    listing = memory_viz.trace(snap)  # replays device_traces entry by entry
+    assert f"{len(trace.events)} entries" in listing

@@ -35,6 +35,24 @@ def _frame_lists(trace: Trace) -> list[list[dict[str, Any]]]:
     return [[frames[i] for i in stack] for stack in trace.stacks]
 
 
+def _covering_blocks(seg, frames_of) -> list[dict[str, Any]]:
+    """The segment's blocks, with "inactive" blocks filling any gap: PyTorch's snapshots cover every
+    byte of a segment with blocks, and ``torch.cuda._memory_viz`` checks that they add up."""
+    out: list[dict[str, Any]] = []
+    cursor = seg.address
+    end = seg.address + seg.total_bytes
+    for b in sorted(seg.blocks, key=lambda b: b.address):
+        if b.address > cursor:
+            out.append({"address": cursor, "size": b.address - cursor, "requested_size": 0, "state": "inactive",
+                        "frames": []})  # fmt: skip
+        out.append({"address": b.address, "size": b.size_bytes, "requested_size": b.requested_bytes,
+                    "state": b.state, "frames": frames_of(b.stack)})  # fmt: skip
+        cursor = max(cursor, b.address + b.size_bytes)
+    if cursor < end:
+        out.append({"address": cursor, "size": end - cursor, "requested_size": 0, "state": "inactive", "frames": []})
+    return out
+
+
 def snapshot_dict(trace: Trace, progress=None) -> dict[str, Any]:
     """The ``_snapshot()``-shaped dict of ``trace``."""
     device = trace.process.device_index or 0
@@ -67,16 +85,7 @@ def snapshot_dict(trace: Trace, progress=None) -> dict[str, Any]:
         progress.advance()
     segments = []
     for s in trace.segments:
-        blocks = [
-            {
-                "address": b.address,
-                "size": b.size_bytes,
-                "requested_size": b.requested_bytes,
-                "state": b.state,
-                "frames": frames_of(b.stack),
-            }  # fmt: skip
-            for b in s.blocks
-        ]
+        blocks = _covering_blocks(s, frames_of)
         active = sum(b.size_bytes for b in s.blocks if b.state.startswith("active"))
         segments.append(
             {
