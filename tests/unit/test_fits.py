@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from memtrace.analysis.fits import FITS, NO_KV, OOM, UNKNOWN, fit, fits
+from memtrace.analysis.fits import FITS, NO_KV, OOM, REFUSED, UNKNOWN, fit, fits
 from memtrace.cli import main
 from memtrace.store import save_trace
 
@@ -148,3 +148,14 @@ def test_fits_predicts_where_real_h200_startups_died_at_mimicked_capacities():
     assert ("oom", "profile_run") in kinds, report  # one dies in profiling
     assert any(k == "oom" and str(p).startswith("compile_or_warm_up") for k, p in kinds), report  # one in warm-up
     assert ("ok", None) in kinds, report
+
+
+def test_vllm_refuses_at_init_when_util_leaves_less_than_the_cuda_context():
+    trace = g.vllm_like_startup()
+    trace.facts["vllm.version"] = "0.25.1"  # recorded by the vLLM plugin: vLLM's request_memory check applies
+    # 900 MiB in use after init_device; 0.99 x 64 GiB leaves 655 MiB free of util: vLLM raises ValueError
+    r = fit(trace, 64 * GiB, util=0.99)
+    assert (r.outcome, r.phase) == (REFUSED, "init_device")
+    assert fit(trace, 64 * GiB, util=0.92).outcome == FITS
+    del trace.facts["vllm.version"]  # a plain PyTorch program makes no such check
+    assert fit(trace, 64 * GiB, util=0.99).outcome != REFUSED

@@ -11,6 +11,8 @@ Model (vLLM's own sizing, applied to a recorded start-up):
 3. The run dies (OOM) in the first phase where the pre-KV curve goes over the *physical* capacity:
    ``util`` cannot help there, it only bounds what is allocated after profiling.
 4. ``KV ≤ 0``: vLLM refuses to start ("No available memory for the cache blocks").
+   Before all that, vLLM itself (not a plain PyTorch program) refuses at ``init_device`` when the
+   free memory then (capacity − memory in use at the end of init_device) is below util × capacity.
 5. After the KV cache exists, the recorded curve moves by the change in KV bytes
    (``shift = KV(capacity) − KV(recorded)``); the run dies in the first phase (warm-up, CUDA-graph
    capture) where the shifted curve goes over the physical capacity.
@@ -37,6 +39,7 @@ FITS = "fits"
 OOM = "oom"
 NO_KV = "no-kv-memory"
 UNKNOWN = "unknown"  # the recording ends (the run died) before the part that decides
+REFUSED = "refused-at-init"  # vLLM: free memory at init_device is less than util × capacity
 
 
 @dataclass(frozen=True)
@@ -52,7 +55,7 @@ class Fit:
     pre_kv_peak_phase: str
     post_kv_peak_bytes: int | None  # None when the run would not get that far or the trace lacks it
     post_kv_peak_phase: str
-    outcome: str  # FITS, OOM, NO_KV or UNKNOWN
+    outcome: str  # FITS, OOM, NO_KV, REFUSED or UNKNOWN
     phase: str  # where it dies ("" when it fits)
     overshoot_bytes: int  # by how much it goes over the capacity (OOM), or the missing KV bytes (NO_KV)
     headroom_bytes: int  # the smallest gap under the capacity (FITS)
@@ -123,6 +126,12 @@ def fit(
         return Fit(capacity_bytes, util, target, non_kv, kv_new, pre_peak, pre_phase, post, post_phase,
                    outcome, phase, overshoot, headroom, stage)  # fmt: skip
 
+    # vLLM's request_memory check in init_device
+    init_end = _init_device_end(trace)
+    if init_end is not None and _is_vllm(trace):
+        free_at_init = capacity_bytes - total.at(init_end)
+        if free_at_init < target:
+            return result(REFUSED, "init_device", target - free_at_init, "init")
     # 3. pre-KV: the card-independent part must fit physically
     t = _first_crossing(trace, total, first_us, pre_end, capacity_bytes)
     if t is not None:
@@ -146,6 +155,16 @@ def fit(
         return result(OOM, path_at(trace, t) or "after the KV cache", over, "post-KV", post_bytes, post_phase)
     highest = max(pre_peak, post_bytes or 0)
     return result(FITS, "", 0, "", post_bytes, post_phase, capacity_bytes - highest)
+
+
+def _init_device_end(trace: Trace) -> int | None:
+    ends = [p.end_us for p in trace.phases if p.name == "init_device" and p.end_us is not None]
+    return min(ends) if ends else None
+
+
+def _is_vllm(trace: Trace) -> bool:
+    """Recorded by the vLLM plugin (a plain PyTorch program makes no request_memory check)."""
+    return any(k in trace.facts for k in ("vllm.version", "vllm.config"))
 
 
 def fits(trace: Trace, capacities: list[int], util: float | None = None) -> list[Fit]:

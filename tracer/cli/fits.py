@@ -76,6 +76,8 @@ def _verdict(r) -> str:
         return "unknown: the recording ends before the KV cache (record a run that gets further)"
     if r.survives:
         return f"fits, {_gib(r.headroom_bytes)} to spare"
+    if r.stage == "init":
+        return f"vLLM refuses at init_device: free memory {_gib(r.overshoot_bytes)} short of util × capacity"
     if r.stage == "KV sizing":
         return f"vLLM refuses: no memory for the KV cache ({_gib(r.overshoot_bytes)} short)"
     if r.stage == "pre-KV":
@@ -101,6 +103,11 @@ def render(results: list, run_path: str, smallest: int | None) -> str:
             lines.append(
                 f"  before the KV cache it needs {_gib(r.pre_kv_peak_bytes)} (peak in {r.pre_kv_peak_phase}), "
                 f"{_gib(r.overshoot_bytes)} more than the card; --gpu-memory-utilization cannot help"
+            )
+        elif r.stage == "init":
+            lines.append(
+                f"  REFUSED at init_device: vLLM needs {_gib(r.target_bytes)} free at start-up and would find "
+                f"{_gib(r.overshoot_bytes)} less (CUDA context and other memory); lower --gpu-memory-utilization"
             )
         elif r.stage == "KV sizing":
             lines.append(
