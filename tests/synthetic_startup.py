@@ -32,7 +32,8 @@ GiB = 1024**3
 MiB = 1024**2
 T0 = 1_780_000_000_000_000  # Unix-epoch microseconds
 SITE = "/usr/lib/python3.12/site-packages/"
-HOOK = "flashinfer.fused_moe.cute_dsl.blackwell_sm12x.moe_dispatch:allocate_sm120_dynamic_workspace"
+# Dotted form. The vLLM plugin records ``module:qualname`` (hooks.Target.path); test_flame covers that form.
+HOOK = "flashinfer.fused_moe.cute_dsl.blackwell_sm12x.moe_dispatch.allocate_sm120_dynamic_workspace"
 
 # Stacks, outermost first here (the builder stores them innermost first, as PyTorch does).
 WORKER = [(SITE + "vllm/v1/worker/worker_base.py", 320, "execute_method")]
