@@ -80,14 +80,24 @@ def _phase_name(path: str) -> str:
     return path if len(path) <= 44 or len(parts) < 3 else ".../" + "/".join(parts[-2:])
 
 
+def duration_text(us: int) -> str:
+    """ "250 µs", "3.5 ms", "35 ms", "2.50 s", "12.3 s" """
+    if us < 1000:
+        return f"{us} µs"
+    if us < 10_000:
+        return f"{us / 1000:.1f} ms"
+    if us < 1_000_000:
+        return f"{us / 1000:.0f} ms"
+    return f"{us / 1e6:.2f} s" if us < 10_000_000 else f"{us / 1e6:.1f} s"
+
+
 def crossing_text(rank: RankTimeline, t0_us: int) -> CrossingDrawn | None:
     """The annotation for the first crossing of ``rank``'s target, or None when it never crossed."""
     c = rank.first_crossing()
     if c is None or rank.target_bytes is None:
         return None
     what = "NVML device used" if c.curve == "device_used" else "PyTorch reserved"
-    dur = c.duration_us / 1000
-    lasting = f"{dur:.0f} ms" if dur < 10_000 else f"{dur / 1000:.1f} s"
+    lasting = duration_text(c.duration_us)
     lines = [
         f"crosses the target at {(c.time_us - t0_us) / 1e6:.3f} s in {_phase_name(c.phase_path) or '(no phase)'}",
         f"{what} peaks at {format_gib(c.value_bytes)}: {format_gib(c.overshoot_bytes)} over {format_gib(rank.target_bytes)}",
