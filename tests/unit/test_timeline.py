@@ -215,3 +215,16 @@ def test_real_trace_crossing_annotation_matches_the_summary(path, tmp_path):
     lo, hi = d.ranks[0].zoom_us
     assert lo <= c.time_us <= hi
     _assert_no_overlap(d.ranks[0].phase_labels, d.ranks[0].lane_px_per_s, d.ranks[0].lane_char_px)
+
+
+def test_render_figures_example_writes_timeline_flame_and_folded(run_dir, tmp_path, capsys):
+    spec = importlib.util.spec_from_file_location("render_figures", TESTS.parent / "examples" / "render_figures.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    assert mod.main([str(run_dir), "--out", str(tmp_path / "docs")]) == 0
+    out = capsys.readouterr().out
+    assert "crossing at 18.000 s in determine_available_memory/profile_run" in out
+    assert "24.00 GiB  create_weights" in out
+    assert {p.name for p in (tmp_path / "docs").iterdir()} == {"timeline.png", "flame.svg", "flame.folded"}
+    with pytest.raises(SystemExit):  # never overwrites without --force
+        mod.main([str(run_dir), "--out", str(tmp_path / "docs")])
