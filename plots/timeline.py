@@ -26,14 +26,14 @@ import numpy as np
 from ..analysis.categories import CATEGORIES
 from ..units import GiB, format_gib
 from .phase_lane import PhaseLabel
-from .timeline_axes import draw_lane, draw_main, draw_zoom, zoom_window
+from .timeline_axes import DPI_HINT, LABEL_PT, draw_lane, draw_main, draw_zoom, zoom_window
 from .timeline_data import RankTimeline
 
-WIDTH_IN = 13.0
-DPI = 110
+WIDTH_IN = 12.5
+DPI = DPI_HINT
 MAIN_H_IN = 3.4
-LANE_ROW_IN = 0.24
-FONT = 10.5
+LANE_ROW_IN = 0.27
+FONT = 12.0
 
 
 @dataclass(frozen=True)
@@ -99,15 +99,16 @@ def crossing_text(rank: RankTimeline, t0_us: int) -> CrossingDrawn | None:
     what = "NVML device used" if c.curve == "device_used" else "PyTorch reserved"
     lasting = duration_text(c.duration_us)
     lines = [
-        f"crosses the target at {(c.time_us - t0_us) / 1e6:.3f} s in {_phase_name(c.phase_path) or '(no phase)'}",
-        f"{what} peaks at {format_gib(c.value_bytes)}: {format_gib(c.overshoot_bytes)} over {format_gib(rank.target_bytes)}",
-        f"above the target for {lasting}" + (" (still above at the end)" if c.ended_above else ""),
+        f"first crossing of the target: {(c.time_us - t0_us) / 1e6:.3f} s",
+        f"in {_phase_name(c.phase_path) or '(no phase)'}",
+        f"{what}: {format_gib(c.value_bytes)}, {format_gib(c.overshoot_bytes)} over",
+        f"the {format_gib(rank.target_bytes)} target for {lasting}" + (" (until the end)" if c.ended_above else ""),
     ]
     other = [x for x in rank.summary.crossings if x is not c]
     if other:
         o = other[0]
-        name = "device used" if o.curve == "device_used" else "reserved"
-        lines.append(f"{name}: peak {format_gib(o.value_bytes)} (+{format_gib(o.overshoot_bytes)})")
+        name = "NVML device used" if o.curve == "device_used" else "PyTorch reserved"
+        lines.append(f"{name}: {format_gib(o.value_bytes)} (+{format_gib(o.overshoot_bytes)})")
     return CrossingDrawn(
         curve=c.curve,
         time_us=c.time_us,
@@ -153,8 +154,9 @@ def render_timeline(
     heights: list[float] = []
     for r in ranks:
         heights += [max(_lane_rows(r), 1) * LANE_ROW_IN + 0.08, MAIN_H_IN]
+    legend_rows = 3
     title_in = 0.55
-    legend_in = 0.55 + 0.24 * 2  # x-axis label, then two legend rows
+    legend_in = 0.5 + 0.27 * legend_rows  # x-axis label, then the legend's rows
     fig_h = sum(heights) + legend_in + title_in + 0.45 * len(ranks)
     with plt.rc_context({"font.size": FONT, "axes.titlesize": FONT + 1, "svg.fonttype": "none"}):
         fig = plt.figure(figsize=(WIDTH_IN, fig_h), dpi=DPI)
@@ -179,7 +181,7 @@ def render_timeline(
             crossing = crossing_text(rank, t0)
             window = zoom_window(rank)
             px_per_s = lane_ax.get_window_extent().width / max((t_end - t0) / 1e6, 1e-6)
-            char_px = FONT * 0.833 * DPI / 72 * 0.6  # "small" text, DejaVu Sans: about 0.55-0.6 em a glyph
+            char_px = LABEL_PT * DPI / 72 * 0.6  # DejaVu Sans: about 0.55-0.6 em a glyph
             labels = draw_lane(lane_ax, rank, t0, px_per_s, char_px, len(ranks) > 1)
             corner = draw_main(main_ax, rank, t0, t_end, crossing, capacities, window, handles)
             draw_zoom(zoom_ax, rank, t0, window, crossing)
@@ -206,8 +208,9 @@ def render_timeline(
             [h for (h, _), _ in items],
             [lab for (_, lab), _ in items],
             loc="lower center",
-            ncol=(len(items) + 1) // 2,
+            ncol=-(-len(items) // legend_rows),
             frameon=False,
+            fontsize=FONT - 1,
             bbox_to_anchor=(0.5, 0.005),
         )
         fig.suptitle(title or "GPU memory during start-up", x=0.06, ha="left", fontsize=FONT + 3, fontweight="bold")

@@ -36,6 +36,8 @@ NON_TORCH = "#E8A0A0"
 TARGET = "#C62828"
 N_BUCKETS = 2400
 LANE_COLORS = ("#DDE3EA", "#C9D3DE")
+DPI_HINT = 110  # the renderer's dpi, for sizing text before drawing
+LABEL_PT = 11.0  # phase labels, line labels and the crossing's text: readable when GitHub scales the image down
 
 
 def _s(t_us: np.ndarray | int, t0: int) -> Any:
@@ -84,17 +86,17 @@ def draw_lane(ax, rank: RankTimeline, t0: int, px_per_s: float, char_px: float, 
             top_of_bar = rows - lab.depth - 0.08
             xs = [lab.anchor_s, lab.anchor_s] + ([lab.x_s + 0.3 / px_per_s * 20] if lab.x_s > lab.anchor_s else [])
             ax.plot(xs, [top_of_bar, elbow, elbow][: len(xs)], color="#888888", lw=0.6)
-            ax.text(lab.x_s, y, lab.text, ha="left", va="center", fontsize="small")
+            ax.text(lab.x_s, y, lab.text, ha="left", va="center", fontsize=LABEL_PT)
         else:
             y = rows - 1 - lab.depth + 0.5
-            ax.text(lab.x_s, y, lab.text, ha="center" if lab.inside else "left", va="center", fontsize="small")
+            ax.text(lab.x_s, y, lab.text, ha="center" if lab.inside else "left", va="center", fontsize=LABEL_PT)
     overflow = any(lab.where == "above" for lab in labels)
     ax.set_ylim(0, max(rows, 1) + (1 if overflow else 0))
     ax.set_yticks([])
     ax.tick_params(labelbottom=False, bottom=False)
     for side in ("top", "right", "left", "bottom"):
         ax.spines[side].set_visible(False)
-    ax.set_ylabel(rank.label if show_rank else "phases", rotation=0, ha="right", va="center", fontsize="small")
+    ax.set_ylabel(rank.label if show_rank else "phases", rotation=0, ha="right", va="center", fontsize=LABEL_PT)
     return labels
 
 
@@ -169,18 +171,19 @@ def _label_hlines(ax, lines: list[tuple[float, str, str]], ymax: float, height_p
             textcoords="offset points",
             va="bottom" if above else "top",
             color=color,
-            fontsize="small",
+            fontsize=LABEL_PT,
             bbox={"boxstyle": "square,pad=0.1", "fc": "white", "ec": "none", "alpha": 0.75},
         )
         above_y = y
 
 
-def _box_corner(ax, rank: RankTimeline, t0: int, xmax_s: float, ymax: float) -> tuple[str, float]:
-    """The upper corner (left/center/right third) whose data stays lowest, and that data's top (GiB)."""
+def _box_corner(rank: RankTimeline, t0: int, xmax_s: float, box_frac: float) -> tuple[str, float]:
+    """Where the crossing's text box goes: the top-left, -centre or -right stretch of ``box_frac`` of
+    the width whose data stays lowest; returns the corner and that data's top in GiB."""
     best, best_top = "right", float("inf")
-    res = rank.curves.reserved
-    used = rank.curves.device_used
-    for corner, (a, b) in (("left", (0.0, 0.42)), ("center", (0.29, 0.71)), ("right", (0.58, 1.0))):
+    res, used = rank.curves.reserved, rank.curves.device_used
+    w = min(box_frac, 1.0)
+    for corner, (a, b) in (("left", (0.0, w)), ("right", (1.0 - w, 1.0)), ("center", (0.5 - w / 2, 0.5 + w / 2))):
         lo, hi = t0 + int(a * xmax_s * 1e6), t0 + int(b * xmax_s * 1e6)
         tops = [res.window(lo, hi).bytes.max()] if len(res) else [0]
         if len(used):
@@ -189,6 +192,35 @@ def _box_corner(ax, rank: RankTimeline, t0: int, xmax_s: float, ymax: float) -> 
         if top < best_top - 1e-9:
             best, best_top = corner, top
     return best, best_top
+
+
+def _annotate_crossing(ax, rank, t0, xmax_s, crossing, ymax: float, line_tops: list[float]) -> tuple[str, float]:
+    """Mark the crossing and put its text box in the emptiest top corner; returns (corner, new ymax)."""
+    lines = crossing.text.split("\n")
+    ext = ax.get_window_extent()
+    char_px, line_px = LABEL_PT * DPI_HINT / 72 * 0.58, LABEL_PT * DPI_HINT / 72 * 1.3
+    box_frac = (max(len(x) for x in lines) * char_px + 20) / max(ext.width, 1.0)
+    box_hfrac = (len(lines) * line_px + 16) / max(ext.height, 1.0)
+    corner, data_top = _box_corner(rank, t0, xmax_s, box_frac)
+    top = max([data_top, *line_tops])  # the target/capacity lines run under the whole width
+    ymax = max(ymax, top / max(1.0 - box_hfrac - 0.05, 0.3))
+    x, y = float(_s(crossing.value_us, t0)), float(_g(crossing.value_bytes))
+    ax.axvline(x, color=TARGET, lw=1.0, alpha=0.7, ls="-.")
+    ax.plot([x], [y], marker="v", color=TARGET, ms=8, zorder=5)
+    ax.annotate(
+        crossing.text,
+        (x, y),
+        xytext=({"left": 0.01, "center": 0.5, "right": 0.99}[corner], 0.97),
+        textcoords="axes fraction",
+        ha=corner,
+        va="top",
+        multialignment="left",
+        fontsize=LABEL_PT,
+        bbox={"boxstyle": "round,pad=0.35", "fc": "#FFF5F5", "ec": TARGET, "lw": 0.8},
+        arrowprops={"arrowstyle": "->", "color": TARGET, "lw": 1.0},
+        zorder=6,
+    )
+    return corner, ymax
 
 
 def draw_main(ax, rank, t0, t_end, crossing, capacities, window, handles) -> str:
@@ -208,25 +240,7 @@ def draw_main(ax, rank, t0, t_end, crossing, capacities, window, handles) -> str
     ymax = float(_g(max(peaks))) * 1.08 or 1.0
     corner = ""
     if crossing is not None:
-        corner, data_top = _box_corner(ax, rank, t0, xmax_s, ymax)
-        ymax = max(ymax, data_top / 0.62)  # the text box takes the top ~35 % above that corner's data
-        x, y = float(_s(crossing.value_us, t0)), float(_g(crossing.value_bytes))
-        ax.axvline(x, color=TARGET, lw=1.0, alpha=0.7, ls="-.")
-        ax.plot([x], [y], marker="v", color=TARGET, ms=8, zorder=5)
-        xt = {"left": 0.01, "center": 0.5, "right": 0.99}[corner]
-        ax.annotate(
-            crossing.text,
-            (x, y),
-            xytext=(xt, 0.97),
-            textcoords="axes fraction",
-            ha={"left": "left", "center": "center", "right": "right"}[corner],
-            va="top",
-            multialignment="left",
-            fontsize="small",
-            bbox={"boxstyle": "round,pad=0.35", "fc": "#FFF5F5", "ec": TARGET, "lw": 0.8},
-            arrowprops={"arrowstyle": "->", "color": TARGET, "lw": 1.0},
-            zorder=6,
-        )
+        corner, ymax = _annotate_crossing(ax, rank, t0, xmax_s, crossing, ymax, [y for y, _, _ in hl])
     ax.set_ylim(0, ymax)
     height_px = ax.get_window_extent().height
     _label_hlines(ax, hl, ymax, max(height_px, 1.0))
