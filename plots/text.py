@@ -123,7 +123,7 @@ def _seconds(s: Summary, t_us: int) -> str:
 
 def _header(out: _Out, s: Summary) -> None:
     p = s.process
-    who = [s.label]
+    who = ["torch snapshot"] if p.role == "import" and not p.pid else [s.label]
     if p.rank is not None:
         who.append(f"pid {p.pid}")
     if p.hostname:
@@ -149,7 +149,7 @@ def _header(out: _Out, s: Summary) -> None:
     rec = s.recording
     out.item(
         f"recording: {s.n_events:,} allocator events, {s.n_samples:,} NVML samples over {dur:.2f} s "
-        f"(source {rec.source}, stacks {rec.stacks})"
+        f"(source {rec.source}, stacks {rec.stacks}" + (f", ended: {rec.end_reason})" if rec.end_reason else ")")
     )
     if s.path:
         out.item(f"file: {s.path}")
