@@ -1,0 +1,118 @@
+"""memtrace's reconstruction of vLLM's available-KV figure, term by term.
+
+Small hand-made traces with round numbers check each formula; the real H200 trace (vLLM 0.25.1 +
+FlashInfer 0.6.13) checks the agreement with vLLM's own figure and its log line.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import numpy as np
+import pytest
+from memtrace.analysis.reconcile import FORMULA_025, FORMULA_033, choose_formula, reconcile_kv
+from memtrace.model import ACTION_CODE, Phase, Trace, empty_events, empty_samples
+
+REAL = Path(__file__).resolve().parents[1] / "data" / "vllm-h200"
+GiB = 1 << 30
+
+
+def _trace(events, samples, facts) -> Trace:
+    ev = empty_events(len(events))
+    for i, (t, action, addr, size) in enumerate(events):
+        ev[i]["time_us"], ev[i]["action"], ev[i]["addr"], ev[i]["size"] = t, ACTION_CODE[action], addr, size
+    sm = empty_samples(len(samples))
+    for i, (t, used) in enumerate(samples):
+        sm[i]["time_us"], sm[i]["used_bytes"] = t, used
+    phases = [
+        Phase("init_device", 0, 10, None, "vllm"),
+        Phase("load_model", 20, 30, None, "vllm"),
+        Phase("determine_available_memory", 40, 100, None, "vllm"),
+        Phase("profile_run", 41, 80, 2, "vllm"),
+        Phase("cudagraph_profile", 81, 95, 2, "vllm"),
+    ]
+    base = {"target_bytes": 10_000, "vllm.cudagraph_memory_estimate_bytes": 300}
+    return Trace(events=ev, samples=sm, phases=phases, facts={**base, **facts})
+
+
+WEIGHTS = [(25, "segment_alloc", 0x1000, 2000), (25, "alloc", 0x1000, 1000)]
+PROFILE = [(50, "segment_alloc", 0x9000, 4000), (50, "alloc", 0x9000, 3000), (60, "free_completed", 0x9000, 3000)]
+
+
+def test_vllm_025_formula_adds_non_torch_increase_torch_peak_and_weights():
+    # empty_cache at the end of memory_profiling (after the graph profile in 0.25): segment_free at 99
+    events = WEIGHTS + PROFILE + [(99, "segment_free", 0x9000, 4000)]
+    samples = [(11, 500), (26, 2500), (51, 6700), (99, 2700)]  # non-torch 500 -> 700 during profile_run
+    trace = _trace(
+        events, samples, {"vllm.profile": {"non_torch_memory_bytes": 200}, "vllm.available_kv_cache_bytes": 5500}
+    )
+    r = reconcile_kv(trace)
+    assert r.formula == FORMULA_025
+    assert (r.weights_bytes, r.torch_peak_increase_bytes, r.non_torch_increase_bytes) == (1000, 3000, 200)
+    assert r.non_kv_bytes == 4200 and r.graph_estimate_bytes == 300
+    assert r.available_kv_bytes == 10_000 - 4200 - 300 == 5500
+    assert r.difference_bytes == 0 and r.relative_difference == 0.0
+    assert r.init_us == 11 and r.after_us == 100
+
+
+def test_vllm_033_formula_uses_total_consumed_and_the_transient_headroom():
+    # empty_cache before the graph profile (0.33): segment_free at 80.5 -> after = cudagraph_profile start
+    events = WEIGHTS + PROFILE + [(80, "segment_free", 0x9000, 4000)]
+    samples = [(11, 500), (26, 2500), (51, 6700), (80, 2700)]
+    trace = _trace(
+        events, samples, {"vllm.profile": {"total_consumed_bytes": 2200}, "vllm.available_kv_cache_bytes": 4400}
+    )
+    r = reconcile_kv(trace)
+    assert r.formula == FORMULA_033 and r.after_us == 81
+    assert (r.total_consumed_bytes, r.transient_peak_headroom_bytes) == (2200, 3000)
+    assert r.available_kv_bytes == 10_000 - 5200 - 300 == 4500
+    assert r.difference_bytes == 100 and r.relative_difference == pytest.approx(100 / 4400)
+
+
+def test_a_disabled_graph_estimate_is_not_subtracted():
+    events = WEIGHTS + PROFILE + [(99, "segment_free", 0x9000, 4000)]
+    samples = [(11, 500), (26, 2500), (51, 6700), (99, 2700)]
+    facts = {"vllm.version": "0.25.1", "env": {"environ": {"VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS": "0"}}}
+    r = reconcile_kv(_trace(events, samples, facts))
+    assert r.graph_estimate_bytes == 0 and r.available_kv_bytes == 5800
+    assert any("not applied" in n for n in r.notes)
+
+
+def test_formula_follows_vllms_own_attributes_then_its_version():
+    assert choose_formula({"vllm.profile": {"non_torch_memory_bytes": 1}}) == FORMULA_025
+    assert choose_formula({"vllm.profile": {"total_consumed_bytes": 1}, "vllm.version": "0.25.1"}) == FORMULA_033
+    assert choose_formula({"vllm.version": "0.25.1"}) == FORMULA_025
+    assert choose_formula({"vllm.version": "0.33.0"}) == FORMULA_033
+
+
+def test_a_trace_without_samples_or_phases_is_not_reconciled():
+    events = WEIGHTS + PROFILE
+    assert reconcile_kv(_trace(events, [], {})) is None
+    trace = _trace(events, [(11, 500)], {})
+    trace.phases = trace.phases[:2]
+    assert reconcile_kv(trace) is None
+
+
+def _real_trace():
+    from memtrace.store import load_run
+
+    files = sorted(REAL.glob("*.memtrace"))
+    if not files:
+        pytest.skip(f"no real vLLM trace in {REAL}")
+    run = load_run(files[0])
+    return run.traces[0]
+
+
+def test_real_h200_trace_matches_vllms_available_kv_within_one_percent():
+    trace = _real_trace()
+    r = reconcile_kv(trace)
+    assert r is not None and r.formula == FORMULA_025
+    vllm_bytes = trace.facts["vllm.available_kv_cache_bytes"]
+    assert r.vllm_available_kv_bytes == vllm_bytes
+    assert r.relative_difference < 0.01, (r.available_kv_bytes, vllm_bytes)
+    log = (REAL / "vllm.log").read_text(errors="replace")
+    logged_gib = float(re.search(r"Available KV cache memory: ([\d.]+) GiB", log).group(1))
+    assert abs(r.available_kv_bytes / GiB - logged_gib) / logged_gib < 0.01
+    assert abs(vllm_bytes / GiB - logged_gib) < 0.006  # vLLM logs round(GiB, 2)
+    assert np.isclose(r.weights_bytes, trace.facts["vllm.profile"]["weights_memory_bytes"], rtol=0.01)

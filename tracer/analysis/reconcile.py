@@ -1,0 +1,191 @@
+"""memtrace's own reconstruction of vLLM's KV-cache sizing, from a trace alone (pure).
+
+vLLM sizes the KV cache as ``available = requested - non_kv - graph_estimate`` where ``requested``
+is ``ceil(total x gpu_memory_utilization)`` (the trace's ``target_bytes``) and ``non_kv`` is measured
+around ``profile_run``. This module recomputes ``non_kv`` from memtrace's exact allocator curves and
+NVML samples, with vLLM's formula for the version that produced the trace, so a reader can see each
+term and check vLLM's figure (``facts["vllm.available_kv_cache_bytes"]``) against it.
+
+**vLLM 0.25.x** (``gpu_worker.determine_available_memory``; the CUDA-graph profile runs *inside*
+``memory_profiling``)::
+
+    non_kv = non_torch_increase + torch_peak_increase + weights_memory
+    non_torch_increase  = non-torch(after profiling) - non-torch(init snapshot)
+    torch_peak_increase = peak allocated during profile_run - allocated when profile_run starts
+    weights_memory      = allocated after load_model - allocated before it
+
+**vLLM 0.32/0.33** (the graph profile runs *after* ``memory_profiling``)::
+
+    non_kv = total_consumed + transient_peak_headroom
+    total_consumed          = device used(after profiling) - device used(init snapshot)
+    transient_peak_headroom = peak allocated during profile_run - allocated after profiling
+
+Here non-torch = NVML device used - PyTorch reserved (the non-torch curve); "init snapshot" is the end
+of ``init_device`` (vLLM measures a moment before it; what the runner allocates in between is torch
+memory, which the 0.25 formula does not count); "after profiling" is the end of
+``determine_available_memory`` (0.25) or the start of ``cudagraph_profile`` (0.33), after vLLM's
+``empty_cache``. The graph estimate is vLLM's own extrapolation (the return value of
+``profile_cudagraph_memory``, recorded as a fact): memtrace reports it, it does not re-derive it.
+Which formula applies is read from vLLM's worker attributes recorded in ``facts["vllm.profile"]``
+(``non_torch_memory`` exists in 0.25, ``total_consumed`` from 0.32), else from ``vllm.version``.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..model import FACT_TARGET_BYTES, FACT_VLLM_AVAILABLE_KV_BYTES, Phase, Trace
+from .curves import Curve, Curves, all_curves
+
+FACT_GRAPH_ESTIMATE = "vllm.cudagraph_memory_estimate_bytes"
+FORMULA_025 = "vllm-0.25"
+FORMULA_033 = "vllm-0.33"
+
+
+@dataclass(frozen=True)
+class KvReconciliation:
+    """Every term of memtrace's reconstruction, in bytes, and vLLM's own figure beside it."""
+
+    formula: str
+    target_bytes: int
+    weights_bytes: int
+    peak_allocated_bytes: int  # peak allocated during profile_run
+    non_kv_bytes: int
+    graph_estimate_bytes: int  # vLLM's estimate, as applied (0 when disabled)
+    available_kv_bytes: int
+    vllm_available_kv_bytes: int | None
+    torch_peak_increase_bytes: int | None = None  # 0.25
+    non_torch_increase_bytes: int | None = None  # 0.25
+    total_consumed_bytes: int | None = None  # 0.33
+    transient_peak_headroom_bytes: int | None = None  # 0.33
+    init_us: int = 0
+    after_us: int = 0
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def difference_bytes(self) -> int | None:
+        """memtrace's available KV minus vLLM's."""
+        if self.vllm_available_kv_bytes is None:
+            return None
+        return self.available_kv_bytes - self.vllm_available_kv_bytes
+
+    @property
+    def relative_difference(self) -> float | None:
+        """|difference| / vLLM's figure."""
+        if not self.vllm_available_kv_bytes:
+            return None
+        return abs(self.difference_bytes) / abs(self.vllm_available_kv_bytes)
+
+
+def _phase(trace: Trace, name: str) -> Phase | None:
+    for p in trace.phases:
+        if p.name == name:
+            return p
+    return None
+
+
+def choose_formula(facts: dict[str, Any]) -> str:
+    """FORMULA_025 or FORMULA_033 for the vLLM that wrote these facts."""
+    profile = facts.get("vllm.profile") or {}
+    if "non_torch_memory_bytes" in profile:
+        return FORMULA_025
+    if "total_consumed_bytes" in profile:
+        return FORMULA_033
+    m = re.match(r"(\d+)\.(\d+)", str(facts.get("vllm.version") or ""))
+    if m and (int(m.group(1)), int(m.group(2))) < (0, 32):
+        return FORMULA_025
+    return FORMULA_033
+
+
+def _graph_estimate(trace: Trace) -> tuple[int, list[str]]:
+    estimate = trace.facts.get(FACT_GRAPH_ESTIMATE)
+    if not isinstance(estimate, int):
+        return 0, ["no CUDA-graph estimate recorded (eager, or no cudagraph_profile phase): 0"]
+    environ = (trace.facts.get("env") or {}).get("environ") or {}
+    if str(environ.get("VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS", "1")).strip() == "0":
+        return 0, [f"CUDA-graph estimate {estimate} B not applied (VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS=0)"]
+    return estimate, []
+
+
+def _window_max(curve: Curve, start_us: int, end_us: int) -> int:
+    return curve.window(start_us, end_us).peak_bytes
+
+
+def _sampled_at(curve: Curve, t_us: int) -> int | None:
+    """The curve's value at ``t_us``, or None when it has no sample at or before it."""
+    if len(curve) == 0 or int(curve.time_us[0]) > t_us:
+        return None
+    return curve.at(t_us)
+
+
+def reconcile_kv(trace: Trace, curves: Curves | None = None, formula: str | None = None) -> KvReconciliation | None:
+    """memtrace's available-KV figure for a vLLM start-up trace; None when the trace lacks what it
+    needs (a target, the load_model / profile_run / determine_available_memory phases, allocator events,
+    NVML samples)."""
+    target = trace.facts.get(FACT_TARGET_BYTES)
+    load, prof, dam = (_phase(trace, n) for n in ("load_model", "profile_run", "determine_available_memory"))
+    init = _phase(trace, "init_device")
+    if not isinstance(target, int) or None in (load, prof, dam, init) or len(trace.events) == 0:
+        return None
+    if None in (load.end_us, prof.end_us, dam.end_us, init.end_us):
+        return None
+    curves = curves or all_curves(trace)
+    if not curves.has_device:
+        return None
+    formula = formula or choose_formula(trace.facts)
+    graph = _phase(trace, "cudagraph_profile")
+    if formula == FORMULA_025:
+        after_us = dam.end_us
+    else:
+        after_us = graph.start_us if graph is not None and graph.start_us >= prof.end_us else dam.end_us
+    init_us = max(init.end_us, int(curves.device_used.time_us[0]))
+    notes = []
+    if init_us > init.end_us:
+        notes.append(f"first NVML sample {init_us - init.end_us} us after init_device ended: used as the init snapshot")
+
+    alloc = curves.allocated
+    weights = alloc.at(load.end_us) - alloc.at(load.start_us)
+    peak = _window_max(alloc, prof.start_us, prof.end_us)
+    estimate, more = _graph_estimate(trace)
+    notes += more
+    vllm_kv = trace.facts.get(FACT_VLLM_AVAILABLE_KV_BYTES)
+    common = dict(
+        formula=formula,
+        target_bytes=int(target),
+        weights_bytes=int(weights),
+        peak_allocated_bytes=int(peak),
+        graph_estimate_bytes=int(estimate),
+        vllm_available_kv_bytes=int(vllm_kv) if isinstance(vllm_kv, int) else None,
+        init_us=int(init_us),
+        after_us=int(after_us),
+        notes=notes,
+    )
+    if formula == FORMULA_025:
+        torch_peak_increase = peak - alloc.at(prof.start_us)
+        nt_init, nt_after = _sampled_at(curves.non_torch, init_us), _sampled_at(curves.non_torch, after_us)
+        if nt_init is None or nt_after is None:
+            return None
+        non_torch_increase = nt_after - nt_init
+        non_kv = non_torch_increase + torch_peak_increase + weights
+        return KvReconciliation(
+            **common,
+            non_kv_bytes=int(non_kv),
+            available_kv_bytes=int(target - non_kv - estimate),
+            torch_peak_increase_bytes=int(torch_peak_increase),
+            non_torch_increase_bytes=int(non_torch_increase),
+        )
+    used_init, used_after = _sampled_at(curves.device_used, init_us), _sampled_at(curves.device_used, after_us)
+    if used_init is None or used_after is None:
+        return None
+    total_consumed = used_after - used_init
+    headroom = peak - alloc.at(after_us)
+    non_kv = total_consumed + headroom
+    return KvReconciliation(
+        **common,
+        non_kv_bytes=int(non_kv),
+        available_kv_bytes=int(target - non_kv - estimate),
+        total_consumed_bytes=int(total_consumed),
+        transient_peak_headroom_bytes=int(headroom),
+    )
