@@ -250,13 +250,12 @@ class HookManager:
             if mod is home or not isinstance(mod, ModuleType):
                 continue
             try:
-                items = list(vars(mod).items())
-            except TypeError:
-                continue
-            for name, value in items:
-                if value is original:
+                names = [name for name, value in list(vars(mod).items()) if value is original]
+                for name in names:
                     setattr(mod, name, wrapper)
                     self._bindings.append(_Binding(mod, name, original, wrapper))
+            except Exception:  # noqa: BLE001 - an odd module (lazy, read-only) keeps its binding
+                continue
 
     def _missing(self, path: str, why: str) -> None:
         logger.warning("memtrace: hook target %s not found (%s); continuing without it", path, why)
