@@ -143,15 +143,17 @@ def summarize_arg(value: Any) -> Any:
 def bound_args(func: Callable, args: tuple, kwargs: dict) -> dict[str, Any]:
     """Arguments by name (``self`` dropped), summarized with :func:`summarize_arg`."""
     try:
-        bound = inspect.signature(func).bind_partial(*args, **kwargs)
-        items = list(bound.arguments.items())
+        sig = inspect.signature(func)
+        items = list(sig.bind_partial(*args, **kwargs).arguments.items())
+        var_kw = {n for n, p in sig.parameters.items() if p.kind is inspect.Parameter.VAR_KEYWORD}
     except (TypeError, ValueError):
         items = [(f"arg{i}", a) for i, a in enumerate(args)] + list(kwargs.items())
+        var_kw = set()
     out: dict[str, Any] = {}
     for name, value in items:
         if name in ("self", "cls"):
             continue
-        if isinstance(value, dict) and name == "kwargs":
+        if name in var_kw and isinstance(value, dict):
             out.update({k: summarize_arg(v) for k, v in value.items()})
         else:
             out[name] = summarize_arg(value)

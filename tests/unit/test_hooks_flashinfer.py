@@ -128,6 +128,18 @@ def test_tensor_and_dtype_arguments_are_summarized():
     assert fi.summarize_arg(object()) == "<object>"
 
 
+def test_keyword_catch_alls_are_spread_into_the_args():
+    def allocate(state_E, *, k, **rest):
+        return None
+
+    assert fi.bound_args(allocate, (4,), {"k": 2, "backend": "dynamic", "device": torch.device("cpu")}) == {
+        "state_E": 4,
+        "k": 2,
+        "backend": "dynamic",
+        "device": "cpu",
+    }
+
+
 def test_user_targets_come_from_memtrace_hooks():
     good, bad = fi.user_targets("a.b:f, c.d:K.m,,nonsense")
     assert good == ["a.b:f", "c.d:K.m"]
