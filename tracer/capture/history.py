@@ -7,7 +7,7 @@ re-enables recording with ``clear_history=True`` so the next snapshot holds only
 
 Drains happen at phase boundaries (when 2,000 entries are pending, or at a top-level boundary at
 most every 0.5 s), on flush/stop/OOM, and
-from a watchdog thread that reads the allocator's cumulative counters every 100 ms and drains when
+from a watchdog thread that reads the allocator's cumulative counters every 20 ms and drains when
 the estimated undrained entries pass half of ``max_entries`` (or every 30 s, to bound what a
 SIGKILL loses). The snapshot and the clear run back to back with the GIL switch interval raised, so
 no other Python thread allocates between them.
@@ -30,8 +30,9 @@ from typing import Any
 
 import numpy as np
 
-from ..importers.torch_snapshot import entries_to_events, segments_from_snapshot
+from ..importers.torch_snapshot import segments_from_snapshot
 from ..model import ACTION_CODE, Recording, Segment
+from .convert import entries_to_events_fast
 
 log = logging.getLogger("memtrace")
 
@@ -42,7 +43,7 @@ _COUNTERS = {
     "segment.all.allocated": "segment_alloc",
     "segment.all.freed": "segment_free",
 }
-WATCH_PERIOD_S = 0.1
+WATCH_PERIOD_S = 0.02
 MAX_UNDRAINED_S = 30.0
 BOUNDARY_MIN_PENDING = 2_000
 TOP_LEVEL_MIN_INTERVAL_S = 0.5
@@ -67,6 +68,44 @@ def resolve_device(device: Any) -> int | str:
         return dev.index if dev.index is not None else int(torch.cuda.current_device())
     except Exception as exc:  # a broken driver must not crash the traced program
         return f"CUDA is unusable ({exc})"
+
+
+class DrainTiming:
+    """What draining cost the traced program (stored as ``facts["capture"]["drains"]``)."""
+
+    def __init__(self) -> None:
+        self.count = 0
+        self.snapshot_s = 0.0
+        self.convert_s = 0.0
+        self.max_s = 0.0
+        self.by_reason: dict[str, int] = {}
+        self.first: list[dict[str, Any]] = []
+
+    def add(self, reason: str, events: int, snapshot_s: float, convert_s: float) -> None:
+        self.count += 1
+        self.snapshot_s += snapshot_s
+        self.convert_s += convert_s
+        self.max_s = max(self.max_s, snapshot_s + convert_s)
+        self.by_reason[reason] = self.by_reason.get(reason, 0) + 1
+        if len(self.first) < 8:
+            self.first.append(
+                {
+                    "reason": reason,
+                    "events": events,
+                    "snapshot_s": round(snapshot_s, 4),
+                    "convert_s": round(convert_s, 4),
+                }
+            )
+
+    def as_fact(self) -> dict[str, Any]:
+        return {
+            "count": self.count,
+            "snapshot_s": round(self.snapshot_s, 4),
+            "convert_s": round(self.convert_s, 4),
+            "max_s": round(self.max_s, 4),
+            "by_reason": self.by_reason,
+            "first": self.first,
+        }
 
 
 class AllocatorHistory:
@@ -106,6 +145,7 @@ class AllocatorHistory:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._other_devices_warned = False
+        self.timing = DrainTiming()
         params = inspect.signature(torch.cuda.memory._record_memory_history).parameters
         self._supports = set(params)
 
@@ -117,6 +157,8 @@ class AllocatorHistory:
             kwargs["stacks"] = "all" if self.stacks == "all" else "python"
             if "max_entries" in self._supports:
                 kwargs["max_entries"] = self.max_entries
+            if "global_record_annotations" in self._supports:  # phases from any thread
+                kwargs["global_record_annotations"] = True
         if clear and "clear_history" in self._supports:
             kwargs["clear_history"] = True
         self.torch.cuda.memory._record_memory_history(**kwargs)
@@ -131,6 +173,15 @@ class AllocatorHistory:
         torch = self.torch
         if not torch.cuda.is_initialized():
             return dict.fromkeys(_COUNTERS, 0)
+        raw = getattr(torch._C, "_cuda_memoryStats", None)
+        if raw is not None:  # the nested dict, without memory_stats()' Python flattening
+            s = raw(self.device)
+            return {
+                "allocation.all.allocated": int(s["allocation"]["all"]["allocated"]),
+                "allocation.all.freed": int(s["allocation"]["all"]["freed"]),
+                "segment.all.allocated": int(s["segment"]["all"]["allocated"]),
+                "segment.all.freed": int(s["segment"]["all"]["freed"]),
+            }
         stats = torch.cuda.memory_stats(self.device)
         return {k: int(stats.get(k, 0)) for k in _COUNTERS}
 
@@ -164,8 +215,10 @@ class AllocatorHistory:
     def drain(self, reason: str, *, stop: bool = False) -> dict[str, Any] | None:
         """Move the history recorded since the last drain into the trace; returns the snapshot."""
         with self.lock:
+            t0 = time.perf_counter()
             before = self._stats()
             snap = self._snapshot_and_clear(stop=stop)
+            t1 = time.perf_counter()
             self._last_stats = before
             self._last_drain = time.monotonic()
             traces = snap.get("device_traces") or []
@@ -176,8 +229,9 @@ class AllocatorHistory:
                 self._note(f"{others} allocator events on other devices than cuda:{self.device} were not kept")
             if len(entries) >= self.max_entries:
                 self._lost(1, f"the allocator history wrapped before a drain ({len(entries)} = max_entries entries)")
-            events = entries_to_events(entries, self.intern_stack)
+            events = entries_to_events_fast(entries, self.intern_stack)
             self.on_batch(events)
+            self.timing.add(reason, len(events), t1 - t0, time.perf_counter() - t1)
             self.events += len(events)
             self.drains += 1
             for name, code in ACTION_CODE.items():
@@ -226,6 +280,28 @@ class AllocatorHistory:
         recent = time.monotonic() - self._last_drain < TOP_LEVEL_MIN_INTERVAL_S
         if pending >= BOUNDARY_MIN_PENDING or (top_level and pending > 0 and not recent):
             self.drain("phase")
+
+    def capture_fact(self, phases: list) -> dict[str, Any]:
+        """Drain costs and how far the record_function annotations sit from the Python phase times."""
+        starts: dict[str, list[int]] = {}
+        for a in self.annotations:
+            if a.get("stage") == "START":
+                starts.setdefault(str(a["name"])[len("memtrace:") :], []).append(int(a.get("time_us", 0)))
+        used: dict[str, int] = {}
+        skew = []
+        for p in phases:
+            i = used.get(p.name, 0)
+            if i < len(starts.get(p.name, ())):
+                skew.append(starts[p.name][i] - p.start_us)
+                used[p.name] = i + 1
+        fact: dict[str, Any] = {"drains": self.timing.as_fact(), "annotations": len(self.annotations)}
+        if skew:
+            fact["annotation_minus_phase_start_us"] = {
+                "matched": len(skew),
+                "median": int(np.median(skew)),
+                "max_abs": int(max(abs(x) for x in skew)),
+            }
+        return fact
 
     def update_recording(self, rec: Recording) -> None:
         rec.drains = self.drains

@@ -163,6 +163,7 @@ class Session:
             add_note=self.add_note,
             lock=self._lock,
         )
+        self._preimport_symbolizer()
         self.history.enable()
         oom.attach()
         if self._sample_hz > 0:
@@ -174,6 +175,25 @@ class Session:
             else:
                 self.facts["sidecar"] = self.sidecar.info
         self.history.start_watchdog()
+
+    def _preimport_symbolizer(self) -> None:
+        """Import torch._inductor now if Python stacks will be symbolized.
+
+        PyTorch's Python-stack symbolizer asks ``hasattr(torch, "_inductor")``, which imports
+        torch._inductor on the first snapshot with stacks: about 5 s once per process on the H200
+        (measured with tests/gpu/probe_first_snapshot.py). vLLM imports it anyway; doing it here keeps
+        that cost out of the first drain (and out of whatever phase it would have landed in).
+        """
+        import sys
+
+        if self.recording.stacks == "none" or "torch._inductor" in sys.modules:
+            return
+        t0 = time.perf_counter()
+        try:
+            import torch._inductor  # noqa: F401
+        except Exception as exc:  # a broken inductor only costs the first drain its import attempt
+            log.info("memtrace: could not pre-import torch._inductor: %s", exc)
+        self.facts["capture_preimport_s"] = round(time.perf_counter() - t0, 3)
 
     def _intern_stack(self, frames) -> int:
         with self._lock:
@@ -213,16 +233,17 @@ class Session:
 
     def phase_enter(self, name: str, source: str = "user") -> int:
         """Open a phase now; returns the token for :meth:`phase_exit`."""
+        if self.closed:
+            return -1
+        if self.history is not None:  # drain first, so its cost never lands inside the phase
+            self.history.boundary(top_level=not self._open)
         with self._lock:
-            if self.closed:
-                return -1
             parent = self._open[-1] if self._open else None
             ph = Phase(name=name, start_us=now_us(), end_us=None, parent=parent, source=source)
             index = self.writer.add_phase(ph)
             self._phases.append(ph)
             self._open.append(index)
         if self.history is not None:
-            self.history.boundary(top_level=parent is None)
             self._ranges[index] = self.history.enter_range(f"memtrace:{name}")
         return index
 
@@ -255,6 +276,7 @@ class Session:
                 return
             if self.history is not None:
                 self.history.update_recording(self.recording)
+                self.facts["capture"] = self.history.capture_fact(self._phases)
             self.writer.set_process(self.process)
             self.writer.set_recording(self.recording)
             self.writer.set_facts(self.facts)

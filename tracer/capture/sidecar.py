@@ -22,6 +22,7 @@ import argparse
 import json
 import logging
 import os
+import queue
 import select
 import signal
 import sqlite3
@@ -123,16 +124,24 @@ def _open_device(pynvml: Any, uuid: str | None, pci: str | None, index: int) -> 
 
 
 class _Writer:
-    """Appends compressed samples to the trace file through its own connection."""
+    """Compresses samples; a thread appends them to the trace file through its own connection.
+
+    The sampling loop only swaps buffers (``hand_off``), so a slow SQLite commit never delays a sample.
+    """
 
     def __init__(self, db: str):
-        self.db = sqlite3.connect(db, timeout=60.0)
-        self.db.execute("PRAGMA busy_timeout=60000")
+        self.db_path = db
         self.buf = array("q")
         self.kept = 0
         self.last_value: int | None = None
         self.last_kept_t = 0
         self.pending: tuple[int, int] | None = None
+        self.queue: queue.Queue = queue.Queue()
+        self.thread: threading.Thread | None = None
+
+    def start(self) -> None:
+        self.thread = threading.Thread(target=self._run, name="memtrace-sidecar-writer", daemon=True)
+        self.thread.start()
 
     def add(self, t: int, v: int) -> None:
         if v != self.last_value:
@@ -146,29 +155,43 @@ class _Writer:
         else:
             self.pending = (t, v)
 
-    def flush(self, final: bool = False) -> None:
+    def hand_off(self, final: bool = False) -> None:
         if final and self.pending is not None:
             self.buf.extend(self.pending)
             self.pending = None
-        if not self.buf:
-            return
-        if sys.byteorder != "little":
-            self.buf.byteswap()
-        n = len(self.buf) // 2
-        with self.db:
-            self.db.execute(
-                "INSERT INTO sample_chunks(seq, count, data) VALUES "
-                "((SELECT COALESCE(MAX(seq), -1) + 1 FROM sample_chunks), ?, ?)",
-                (n, self.buf.tobytes()),
-            )
-        self.kept += n
-        self.buf = array("q")
+        if self.buf:
+            self.kept += len(self.buf) // 2
+            self.queue.put(("samples", self.buf))
+            self.buf = array("q")
 
     def note(self, level: str, text: str) -> None:
-        with self.db:
-            self.db.execute(
-                "INSERT INTO notes(time_us, level, text) VALUES (?,?,?)", (time.time_ns() // 1000, level, text)
-            )
+        self.queue.put(("note", (time.time_ns() // 1000, level, text)))
+
+    def close(self) -> None:
+        """Write everything handed off and stop the thread."""
+        self.queue.put(None)
+        if self.thread is not None:
+            self.thread.join()
+
+    def _run(self) -> None:
+        db = sqlite3.connect(self.db_path, timeout=60.0)
+        db.execute("PRAGMA busy_timeout=60000")
+        try:
+            while (item := self.queue.get()) is not None:
+                kind, data = item
+                with db:
+                    if kind == "samples":
+                        if sys.byteorder != "little":
+                            data.byteswap()
+                        db.execute(
+                            "INSERT INTO sample_chunks(seq, count, data) VALUES "
+                            "((SELECT COALESCE(MAX(seq), -1) + 1 FROM sample_chunks), ?, ?)",
+                            (len(data) // 2, data.tobytes()),
+                        )
+                    else:
+                        db.execute("INSERT INTO notes(time_us, level, text) VALUES (?,?,?)", data)
+        finally:
+            db.close()
 
 
 def _sample(pynvml: Any, handle: Any, writer: _Writer, hz: float, parent: int, stop: threading.Event) -> dict:
@@ -195,7 +218,7 @@ def _sample(pynvml: Any, handle: Any, writer: _Writer, hz: float, parent: int, s
             taken += 1
         now = time.perf_counter()
         if now - last_flush >= FLUSH_EVERY_S:
-            writer.flush()
+            writer.hand_off()
             last_flush = now
             if os.getppid() != parent:  # the traced process died: flush and go
                 stop.set()
@@ -206,7 +229,7 @@ def _sample(pynvml: Any, handle: Any, writer: _Writer, hz: float, parent: int, s
         else:
             next_t = time.perf_counter()
     elapsed = time.perf_counter() - started
-    writer.flush(final=True)
+    writer.hand_off(final=True)
     return {
         "taken": taken,
         "kept": writer.kept,
@@ -267,9 +290,12 @@ def main(argv: list[str] | None = None) -> int:
 
     threading.Thread(target=watch_stdin, daemon=True).start()
     writer = _Writer(args.db)
+    writer.start()
     say("ready " + json.dumps(info))
-    stats = _sample(pynvml, handle, writer, args.hz, args.parent, stop)
-    writer.db.close()
+    try:
+        stats = _sample(pynvml, handle, writer, args.hz, args.parent, stop)
+    finally:
+        writer.close()
     pynvml.nvmlShutdown()
     say("done " + json.dumps(stats))
     return 0
