@@ -32,7 +32,7 @@ import threading
 import time
 from typing import Any
 
-from . import flashinfer, vllm_facts
+from . import flashinfer, vllm_boundaries, vllm_facts
 from .hooks import HookManager, Target, call_argument
 from .vllm_targets import (
     COMPILE_OR_WARM_UP,
@@ -212,6 +212,7 @@ class Plugin:
                 log.warning("memtrace: not recording this worker: %s", exc)
                 return None
         _add_closed_phase(session, INIT_DEVICE, start_us, now_us())
+        vllm_boundaries.record(session, INIT_DEVICE, "end")
         self._session_facts(session, worker)
         for level, text in self.pending_notes:
             session.add_note(level, text)
@@ -315,7 +316,9 @@ class PhaseHook:
         if self.phase == KV_CACHE_INIT and len(args) > 1:
             for key, value in vllm_facts.kv_cache_facts(args[1], worker).items():
                 session.set_fact(key, value)
-        return (session.phase_enter(self.phase, source="vllm"), worker, session)
+        index = session.phase_enter(self.phase, source="vllm")
+        vllm_boundaries.record(session, self.phase, "start")
+        return (index, worker, session)
 
     def after(self, token: Any, result: Any, error: BaseException | None) -> None:
         if token is None:
@@ -326,6 +329,7 @@ class PhaseHook:
                 self.plugin.start_session(worker, extra)
             return
         session = extra
+        vllm_boundaries.record(session, self.phase, "end")
         session.phase_exit(index)
         if error is not None:
             return

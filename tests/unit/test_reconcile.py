@@ -48,7 +48,7 @@ def test_vllm_025_formula_adds_non_torch_increase_torch_peak_and_weights():
         events, samples, {"vllm.profile": {"non_torch_memory_bytes": 200}, "vllm.available_kv_cache_bytes": 5500}
     )
     r = reconcile_kv(trace)
-    assert r.formula == FORMULA_025
+    assert r.formula == FORMULA_025 and r.source == "nvml"
     assert (r.weights_bytes, r.torch_peak_increase_bytes, r.non_torch_increase_bytes) == (1000, 3000, 200)
     assert r.non_kv_bytes == 4200 and r.graph_estimate_bytes == 300
     assert r.available_kv_bytes == 10_000 - 4200 - 300 == 5500
@@ -68,6 +68,25 @@ def test_vllm_033_formula_uses_total_consumed_and_the_transient_headroom():
     assert (r.total_consumed_bytes, r.transient_peak_headroom_bytes) == (2200, 3000)
     assert r.available_kv_bytes == 10_000 - 5200 - 300 == 4500
     assert r.difference_bytes == 100 and r.relative_difference == pytest.approx(100 / 4400)
+
+
+def test_boundary_readings_stand_in_for_nvml_samples():
+    events = WEIGHTS + PROFILE + [(99, "segment_free", 0x9000, 4000)]
+    readings = [  # what the plugin reads with cudaMemGetInfo + memory_reserved at the phase edges
+        {"phase": "init_device", "edge": "end", "free_bytes": 9500, "total_bytes": 10_000, "reserved_bytes": 0},
+        {
+            "phase": "determine_available_memory",
+            "edge": "end",
+            "free_bytes": 7300,
+            "total_bytes": 10_000,
+            "reserved_bytes": 2000,
+        },
+    ]
+    trace = _trace(events, [], {"vllm.version": "0.25.1", "memtrace.phase_memory": readings})
+    r = reconcile_kv(trace)
+    assert r.source == "boundaries" and r.non_torch_increase_bytes == 200 and r.available_kv_bytes == 5500
+    trace.facts["memtrace.phase_memory"] = readings[:1]
+    assert reconcile_kv(trace) is None
 
 
 def test_a_disabled_graph_estimate_is_not_subtracted():
@@ -107,10 +126,12 @@ def _real_trace():
 def test_real_h200_trace_matches_vllms_available_kv_within_one_percent():
     trace = _real_trace()
     r = reconcile_kv(trace)
-    assert r is not None and r.formula == FORMULA_025
+    assert r is not None and r.formula == FORMULA_025 and r.source == "nvml"
     vllm_bytes = trace.facts["vllm.available_kv_cache_bytes"]
     assert r.vllm_available_kv_bytes == vllm_bytes
     assert r.relative_difference < 0.01, (r.available_kv_bytes, vllm_bytes)
+    b = reconcile_kv(trace, source="boundaries")
+    assert b is not None and b.relative_difference < 0.01, (b.available_kv_bytes, vllm_bytes)
     log = (REAL / "vllm.log").read_text(errors="replace")
     logged_gib = float(re.search(r"Available KV cache memory: ([\d.]+) GiB", log).group(1))
     assert abs(r.available_kv_bytes / GiB - logged_gib) / logged_gib < 0.01

@@ -20,7 +20,10 @@ term and check vLLM's figure (``facts["vllm.available_kv_cache_bytes"]``) agains
     total_consumed          = device used(after profiling) - device used(init snapshot)
     transient_peak_headroom = peak allocated during profile_run - allocated after profiling
 
-Here non-torch = NVML device used - PyTorch reserved (the non-torch curve); "init snapshot" is the end
+Device memory comes from one of two sources (``source``): ``"nvml"``, the sidecar's samples (non-torch
+= NVML device used - PyTorch reserved, the non-torch curve), or ``"boundaries"``, the plugin's own
+``cudaMemGetInfo`` + reserved readings at phase edges (``facts["memtrace.phase_memory"]``, the same
+calls vLLM's MemorySnapshot makes); the default is NVML when the trace has samples. "init snapshot" is the end
 of ``init_device`` (vLLM measures a moment before it; what the runner allocates in between is torch
 memory, which the 0.25 formula does not count); "after profiling" is the end of
 ``determine_available_memory`` (0.25) or the start of ``cudagraph_profile`` (0.33), after vLLM's
@@ -42,6 +45,7 @@ from .curves import Curve, Curves, all_curves
 FACT_GRAPH_ESTIMATE = "vllm.cudagraph_memory_estimate_bytes"
 FORMULA_025 = "vllm-0.25"
 FORMULA_033 = "vllm-0.33"
+FACT_PHASE_MEMORY = "memtrace.phase_memory"  # written by memtrace.plugins.vllm_boundaries
 
 
 @dataclass(frozen=True)
@@ -49,6 +53,7 @@ class KvReconciliation:
     """Every term of memtrace's reconstruction, in bytes, and vLLM's own figure beside it."""
 
     formula: str
+    source: str  # "nvml" or "boundaries"
     target_bytes: int
     weights_bytes: int
     peak_allocated_bytes: int  # peak allocated during profile_run
@@ -120,10 +125,34 @@ def _sampled_at(curve: Curve, t_us: int) -> int | None:
     return curve.at(t_us)
 
 
-def reconcile_kv(trace: Trace, curves: Curves | None = None, formula: str | None = None) -> KvReconciliation | None:
+def _reading(trace: Trace, phase: str, edge: str) -> dict[str, int] | None:
+    for r in trace.facts.get(FACT_PHASE_MEMORY) or []:
+        if r.get("phase") == phase and r.get("edge") == edge:
+            return r
+    return None
+
+
+class _Device:
+    """Device used / non-torch bytes at the two instants, from NVML curves or boundary readings."""
+
+    def __init__(self, trace: Trace, curves: Curves, source: str, init_us: int, after_us: int, after_key):
+        self.ok = True
+        if source == "nvml":
+            self.used = [_sampled_at(curves.device_used, t) for t in (init_us, after_us)]
+            self.non_torch = [_sampled_at(curves.non_torch, t) for t in (init_us, after_us)]
+        else:
+            readings = [_reading(trace, "init_device", "end"), _reading(trace, *after_key)]
+            self.used = [r["total_bytes"] - r["free_bytes"] if r else None for r in readings]
+            self.non_torch = [r["total_bytes"] - r["free_bytes"] - r["reserved_bytes"] if r else None for r in readings]
+        self.ok = None not in self.used and None not in self.non_torch
+
+
+def reconcile_kv(
+    trace: Trace, curves: Curves | None = None, formula: str | None = None, source: str | None = None
+) -> KvReconciliation | None:
     """memtrace's available-KV figure for a vLLM start-up trace; None when the trace lacks what it
-    needs (a target, the load_model / profile_run / determine_available_memory phases, allocator events,
-    NVML samples)."""
+    needs (a target; the init_device, load_model, profile_run and determine_available_memory phases;
+    allocator events; NVML samples or boundary readings, per ``source``)."""
     target = trace.facts.get(FACT_TARGET_BYTES)
     load, prof, dam = (_phase(trace, n) for n in ("load_model", "profile_run", "determine_available_memory"))
     init = _phase(trace, "init_device")
@@ -132,18 +161,20 @@ def reconcile_kv(trace: Trace, curves: Curves | None = None, formula: str | None
     if None in (load.end_us, prof.end_us, dam.end_us, init.end_us):
         return None
     curves = curves or all_curves(trace)
-    if not curves.has_device:
-        return None
+    source = source or ("nvml" if curves.has_device else "boundaries")
     formula = formula or choose_formula(trace.facts)
     graph = _phase(trace, "cudagraph_profile")
-    if formula == FORMULA_025:
-        after_us = dam.end_us
+    if formula == FORMULA_025 or graph is None or graph.start_us < prof.end_us:
+        after_us, after_key = dam.end_us, ("determine_available_memory", "end")
     else:
-        after_us = graph.start_us if graph is not None and graph.start_us >= prof.end_us else dam.end_us
-    init_us = max(init.end_us, int(curves.device_used.time_us[0]))
-    notes = []
-    if init_us > init.end_us:
+        after_us, after_key = graph.start_us, ("cudagraph_profile", "start")
+    init_us, notes = init.end_us, []
+    if source == "nvml" and curves.has_device and int(curves.device_used.time_us[0]) > init_us:
+        init_us = int(curves.device_used.time_us[0])
         notes.append(f"first NVML sample {init_us - init.end_us} us after init_device ended: used as the init snapshot")
+    device = _Device(trace, curves, source, init_us, after_us, after_key)
+    if not device.ok:
+        return None
 
     alloc = curves.allocated
     weights = alloc.at(load.end_us) - alloc.at(load.start_us)
@@ -153,6 +184,7 @@ def reconcile_kv(trace: Trace, curves: Curves | None = None, formula: str | None
     vllm_kv = trace.facts.get(FACT_VLLM_AVAILABLE_KV_BYTES)
     common = dict(
         formula=formula,
+        source=source,
         target_bytes=int(target),
         weights_bytes=int(weights),
         peak_allocated_bytes=int(peak),
@@ -164,10 +196,7 @@ def reconcile_kv(trace: Trace, curves: Curves | None = None, formula: str | None
     )
     if formula == FORMULA_025:
         torch_peak_increase = peak - alloc.at(prof.start_us)
-        nt_init, nt_after = _sampled_at(curves.non_torch, init_us), _sampled_at(curves.non_torch, after_us)
-        if nt_init is None or nt_after is None:
-            return None
-        non_torch_increase = nt_after - nt_init
+        non_torch_increase = device.non_torch[1] - device.non_torch[0]
         non_kv = non_torch_increase + torch_peak_increase + weights
         return KvReconciliation(
             **common,
@@ -176,10 +205,7 @@ def reconcile_kv(trace: Trace, curves: Curves | None = None, formula: str | None
             torch_peak_increase_bytes=int(torch_peak_increase),
             non_torch_increase_bytes=int(non_torch_increase),
         )
-    used_init, used_after = _sampled_at(curves.device_used, init_us), _sampled_at(curves.device_used, after_us)
-    if used_init is None or used_after is None:
-        return None
-    total_consumed = used_after - used_init
+    total_consumed = device.used[1] - device.used[0]
     headroom = peak - alloc.at(after_us)
     non_kv = total_consumed + headroom
     return KvReconciliation(

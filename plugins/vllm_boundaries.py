@@ -1,0 +1,49 @@
+"""memtrace's own device-memory readings at vLLM's phase boundaries (CUDA only).
+
+At the start and end of every vLLM phase the plugin reads what vLLM's ``MemorySnapshot`` reads —
+``cudaMemGetInfo`` (free, total) and PyTorch's reserved/allocated counters — at the same instants
+vLLM measures (init snapshot = end of ``init_device``; "after profiling" = end of
+``determine_available_memory`` in 0.25, start of ``cudagraph_profile`` in 0.33). Reading these changes
+nothing (no allocation, no ``empty_cache``, no peak reset). They are kept as
+``facts["memtrace.phase_memory"]``: a list of ``{phase, edge, time_us, free_bytes, total_bytes,
+reserved_bytes, allocated_bytes}``; ``memtrace.analysis.reconcile`` uses them when a trace has no NVML
+samples, and reports both when it has.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from typing import Any
+
+FACT_PHASE_MEMORY = "memtrace.phase_memory"
+
+
+def read(device: int) -> dict[str, int] | None:
+    """One reading of the device, or None without an initialized CUDA."""
+    torch = sys.modules.get("torch")
+    if torch is None or not torch.cuda.is_initialized():
+        return None
+    free, total = torch.cuda.mem_get_info(device)
+    return {
+        "time_us": time.time_ns() // 1000,
+        "free_bytes": int(free),
+        "total_bytes": int(total),
+        "reserved_bytes": int(torch.cuda.memory_reserved(device)),
+        "allocated_bytes": int(torch.cuda.memory_allocated(device)),
+    }
+
+
+def record(session: Any, phase: str, edge: str) -> None:
+    """Append a reading for ``phase`` at ``edge`` ("start"/"end") to the session's facts (CUDA sessions only)."""
+    if getattr(session, "history", None) is None:
+        return
+    device = getattr(getattr(session, "process", None), "device_index", None)
+    if device is None:
+        return
+    reading = read(device)
+    if reading is None:
+        return
+    readings = list(session.facts.get(FACT_PHASE_MEMORY) or [])
+    readings.append({"phase": phase, "edge": edge, **reading})
+    session.set_fact(FACT_PHASE_MEMORY, readings)
