@@ -121,10 +121,13 @@ class AllocatorHistory:
         on_batch: Callable[[np.ndarray], None],
         add_note: Callable[[str, str], None],
         lock: threading.RLock,
+        torch_module: Any = None,
     ):
-        import torch
+        if torch_module is None:
+            import torch as torch_module
 
-        self.torch = torch
+        self.torch = torch_module
+        torch = torch_module
         self.device = device
         self.stacks = stacks
         self.max_entries = int(max_entries)

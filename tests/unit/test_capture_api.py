@@ -1,0 +1,107 @@
+"""The recording API on a machine without a GPU: phases, facts and notes are still recorded."""
+
+from __future__ import annotations
+
+import os
+import socket
+
+import memtrace
+import pytest
+from memtrace.capture.api import current_session
+from memtrace.errors import UsageError
+from memtrace.model import HookCall
+from memtrace.store import load_run, load_trace
+
+
+@pytest.fixture(autouse=True)
+def _no_session_left():
+    yield
+    memtrace.stop()
+
+
+def test_cpu_only_session_records_phases_facts_notes_and_hook_calls(tmp_path):
+    with memtrace.trace(tmp_path, rank=3) as session:
+        with memtrace.phase("load_model", source="vllm"):
+            with memtrace.phase("inner"):
+                session.set_fact("vllm.kv_cache_tokens", 1234)
+        session.add_note("info", "hello")
+        parent = session.record_hook_call(HookCall("ws", 1, 2, {"rows": 8}, 4096))
+        session.record_hook_call(HookCall("inner_ws", 1, 2, parent=parent))
+        session.flush()
+    assert session.path == tmp_path / f"{socket.gethostname()}-pid{os.getpid()}-rank3.memtrace"
+    trace = load_trace(session.path)
+    assert [(p.name, p.parent, p.source) for p in trace.phases] == [("load_model", None, "vllm"), ("inner", 0, "user")]
+    assert all(p.end_us >= p.start_us for p in trace.phases)
+    assert trace.facts["vllm.kv_cache_tokens"] == 1234
+    assert trace.process.rank == 3 and trace.process.pid == os.getpid()
+    assert [c.name for c in trace.hook_calls] == ["ws", "inner_ws"] and trace.hook_calls[1].parent == 0
+    texts = [n.text for n in trace.notes]
+    assert "hello" in texts and any("no allocator events" in t for t in texts)
+    assert len(trace.events) == 0 and trace.recording.end_reason == "stop"
+
+
+def test_a_second_start_is_a_clear_error_and_leaves_the_first_intact(tmp_path):
+    session = memtrace.start(tmp_path / "a")
+    with pytest.raises(UsageError, match="already recording"):
+        memtrace.start(tmp_path / "b")
+    with memtrace.phase("still-recorded"):
+        pass
+    assert memtrace.stop() == session.path
+    assert memtrace.stop() is None  # idempotent
+    assert [p.name for p in load_trace(session.path).phases] == ["still-recorded"]
+    assert not (tmp_path / "b").exists()
+
+
+def test_phase_is_a_decorator_and_a_no_op_without_a_session(tmp_path):
+    @memtrace.phase("step")
+    def step(x):
+        return x + 1
+
+    assert step(1) == 2  # nothing records: still runs
+    with memtrace.trace(tmp_path) as session:
+        assert step(2) == 3 and step(3) == 4
+    assert [p.name for p in load_trace(session.path).phases] == ["step", "step"]
+
+
+def test_the_run_dir_comes_from_memtrace_dir_or_a_timestamp_exported_to_children(tmp_path, monkeypatch):
+    monkeypatch.setenv("MEMTRACE_DIR", str(tmp_path / "env-run"))
+    with memtrace.trace() as session:
+        pass
+    assert session.path.parent == tmp_path / "env-run"
+    monkeypatch.delenv("MEMTRACE_DIR")
+    monkeypatch.chdir(tmp_path)
+    with memtrace.trace() as session:
+        pass
+    assert session.path.parent.name.startswith("memtrace-")
+    assert os.environ["MEMTRACE_DIR"] == str(session.path.parent)
+    assert len(load_run(session.path.parent).traces) == 1
+
+
+def test_an_exception_ends_the_recording_with_its_name_and_closes_open_phases(tmp_path):
+    with pytest.raises(RuntimeError), memtrace.trace(tmp_path) as session:
+        memtrace.phase("left-open").__enter__()
+        raise RuntimeError("boom")
+    trace = load_trace(session.path)
+    assert trace.recording.end_reason == "exception:RuntimeError"
+    assert trace.phases[0].end_us is not None
+    assert current_session() is None
+
+
+def test_environment_facts_are_recorded_without_secrets(tmp_path, monkeypatch):
+    monkeypatch.setenv("HF_TOKEN", "hf_abcdefghijklmnopqrstuvwxyz")
+    monkeypatch.setenv("VLLM_API_KEY", "s3cret")
+    with memtrace.trace(tmp_path) as session:
+        pass
+    env = load_trace(session.path).facts["env"]
+    assert env["environ"]["HF_TOKEN"] == "<redacted>" and env["environ"]["VLLM_API_KEY"] == "<redacted>"
+    assert env["torch"] and env["python"] and env["memtrace"] == memtrace.__version__
+    assert "hf_abcdefghijklmnopqrstuvwxyz" not in str(env)
+
+
+def test_using_phase_without_a_session_imports_no_torch():
+    import subprocess
+    import sys
+
+    code = "import sys, memtrace\nwith memtrace.phase('x'):\n    pass\nprint('torch' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "False"

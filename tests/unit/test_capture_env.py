@@ -1,0 +1,43 @@
+"""Secrets never reach a trace's environment facts."""
+
+from __future__ import annotations
+
+from memtrace.capture.env import REDACTED, redact_argv, redact_env
+
+
+def test_option_values_that_look_secret_are_redacted():
+    argv = ["vllm", "serve", "m", "--api-key", "abc", "--api-key=def", "--hf-token", "x", "--port", "8000"]
+    assert redact_argv(argv) == [
+        "vllm",
+        "serve",
+        "m",
+        "--api-key",
+        REDACTED,
+        f"--api-key={REDACTED}",
+        "--hf-token",
+        REDACTED,
+        "--port",
+        "8000",
+    ]
+
+
+def test_secret_looking_assignments_and_token_values_are_redacted():
+    argv = ["run", "PASSWORD=hunter2", "my_secret=1", "hf_abcdefghijklmnopqrstuv", "--model=meta/llama"]
+    assert redact_argv(argv) == ["run", f"PASSWORD={REDACTED}", f"my_secret={REDACTED}", REDACTED, "--model=meta/llama"]
+
+
+def test_only_interesting_environment_variables_are_kept_and_secrets_redacted():
+    env = {
+        "HF_TOKEN": "hf_x",
+        "VLLM_API_KEY": "k",
+        "VLLM_USE_V1": "1",
+        "CUDA_VISIBLE_DEVICES": "0,1",
+        "AWS_SECRET_ACCESS_KEY": "nope",
+        "HOME": "/root",
+    }
+    assert redact_env(env) == {
+        "CUDA_VISIBLE_DEVICES": "0,1",
+        "HF_TOKEN": REDACTED,
+        "VLLM_API_KEY": REDACTED,
+        "VLLM_USE_V1": "1",
+    }

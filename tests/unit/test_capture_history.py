@@ -1,0 +1,130 @@
+"""Allocator-history draining and loss detection, against FakeAllocator (no CUDA here).
+
+FakeAllocator imitates the parts of ``torch.cuda`` that history.py uses: a ring buffer of
+``max_entries`` trace entries (oldest dropped), ``clear_history``, ``_snapshot()`` and the cumulative
+counters of ``memory_stats``. The GPU tests (tests/gpu) run the same code against the real allocator.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+import types
+
+import numpy as np
+from memtrace.capture import history as H
+from memtrace.capture.convert import entries_to_events_fast
+from memtrace.importers.torch_snapshot import Interner, entries_to_events
+from memtrace.model import ACTION_CODE
+
+
+class FakeAllocator:
+    def __init__(self):
+        self.entries, self.max, self.t = [], 10**9, 1_000
+        self.stats = dict.fromkeys(H._COUNTERS, 0)
+        self.frames = [{"filename": "model.py", "line": 7, "name": "forward"}]
+
+    def record(self, enabled="all", context="all", stacks="python", max_entries=10**9, clear_history=False, **kw):
+        self.max = max_entries
+        if clear_history:
+            self.entries = []
+
+    def _ev(self, action, size):
+        self.t += 1
+        self.entries.append(
+            {"action": action, "addr": 4096, "size": size, "stream": 0, "time_us": self.t, "frames": self.frames}
+        )
+        del self.entries[: max(0, len(self.entries) - self.max)]
+
+    def alloc_free(self, size=512):
+        self._ev("alloc", size)
+        self.stats["allocation.all.allocated"] += 1
+        self._ev("free_requested", size)
+        self._ev("free_completed", size)
+        self.stats["allocation.all.freed"] += 1
+
+    def snapshot(self):
+        return {"device_traces": [list(self.entries)], "segments": [], "external_annotations": []}
+
+    def torch(self):
+        memory = types.SimpleNamespace(_record_memory_history=self.record, _snapshot=self.snapshot)
+        cuda = types.SimpleNamespace(
+            memory=memory, is_initialized=lambda: True, memory_stats=lambda d: dict(self.stats)
+        )
+        prof = types.SimpleNamespace(record_function=lambda name: contextlib.nullcontext())
+        return types.SimpleNamespace(cuda=cuda, _C=types.SimpleNamespace(), profiler=prof)
+
+
+def _history(fake, max_entries):
+    batches, notes, interner = [], [], Interner()
+    h = H.AllocatorHistory(
+        device=0,
+        stacks="python",
+        max_entries=max_entries,
+        intern_stack=interner,
+        on_batch=batches.append,
+        add_note=lambda level, text: notes.append(text),
+        lock=threading.RLock(),
+        torch_module=fake.torch(),
+    )
+    h.enable()
+    return h, batches, notes
+
+
+def test_drained_batches_hold_every_event_once():
+    fake = FakeAllocator()
+    h, batches, notes = _history(fake, 100)
+    for _ in range(3):
+        for _ in range(20):
+            fake.alloc_free()
+        h.drain("phase")
+    h.stop()
+    events = np.concatenate(batches)
+    assert len(events) == 180 and np.all(np.diff(events["time_us"]) == 1)
+    assert not h.truncated and notes == [] and h.drains == 4
+
+
+def test_a_wrapped_ring_buffer_is_reported_with_a_lower_bound_of_lost_events():
+    fake = FakeAllocator()
+    h, batches, notes = _history(fake, 100)
+    for _ in range(50):  # 150 entries into a 100-entry buffer
+        fake.alloc_free()
+    h.stop()
+    assert h.truncated
+    assert h.lost_min >= 16  # 50 allocs counted by the allocator, 34 in the kept entries
+    assert any("wrapped" in n for n in notes) and any("missing" in n for n in notes)
+
+
+def test_phase_boundaries_drain_when_enough_is_pending():
+    fake = FakeAllocator()
+    h, batches, _ = _history(fake, 100_000)
+    for _ in range(H.BOUNDARY_MIN_PENDING):
+        fake.alloc_free()
+    h.boundary(top_level=False)
+    assert h.drains == 1 and len(batches[0]) == 3 * H.BOUNDARY_MIN_PENDING
+    fake.alloc_free()
+    h.boundary(top_level=True)  # a top-level boundary right after a drain waits
+    assert h.drains == 1
+
+
+def test_fast_conversion_equals_the_importer_conversion():
+    shared = [{"filename": "a.py", "line": 3, "name": "g"}, {"filename": "b.py", "line": 9, "name": "h"}]
+    entries = [
+        {"action": "segment_alloc", "addr": 1 << 40, "size": 2 << 20, "stream": 0, "time_us": 5, "frames": shared},
+        {"action": "alloc", "addr": 1 << 40, "size": 512, "stream": 0, "time_us": 6, "frames": shared},
+        {"action": "from_the_future", "addr": 0, "size": 0, "time_us": 7},
+        {
+            "action": "free_completed",
+            "addr": 1 << 40,
+            "size": 512,
+            "stream": 7,
+            "time_us": 8,
+            "frames": [dict(f) for f in shared],
+        },
+        {"action": "oom", "addr": 123, "size": 1 << 30, "stream": 0, "time_us": 9, "frames": []},
+    ]
+    a, b = Interner(), Interner()
+    slow, fast = entries_to_events(entries, a), entries_to_events_fast(entries, b)
+    assert fast.tolist() == slow.tolist()
+    assert a.frames == b.frames and a.stacks == b.stacks
+    assert fast["action"].tolist() == [ACTION_CODE[x] for x in ("segment_alloc", "alloc", "free_completed", "oom")]
