@@ -5,7 +5,8 @@ sorted widest first, so the widest bars are what held the memory. Hovering a fra
 ``<title>``: the frame, its bytes and its share of the live total. The file has no scripts, no
 external fonts or stylesheets, nothing fetched from the network; it opens in any browser and
 renders inline in a GitHub issue. Colours say where a frame's code lives (vLLM, FlashInfer, torch,
-other Python), with memtrace's ``[hook]`` frames (FlashInfer workspace allocators) in magenta.
+other Python); memtrace's ``[hook]`` frames and FlashInfer's workspace allocators
+(``analysis.categories.WORKSPACE_FUNCTIONS``) are magenta, as in the timeline.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from xml.sax.saxutils import escape
 
+from ..analysis.categories import WORKSPACE_FUNCTIONS
 from ..analysis.flame import Flame, FlameNode
 from ..units import format_bytes
 
@@ -55,7 +57,7 @@ class FlameSvgDrawn:
 def _fill(node: FlameNode, depth: int) -> str:
     if depth == 0:
         return "rgb(150,150,150)"
-    if node.kind == "hook":
+    if node.kind == "hook" or node.name.split(" (", 1)[0] in WORKSPACE_FUNCTIONS:
         return HOOK_FILL
     if node.kind == "marker":
         return MARKER_FILL
@@ -118,7 +120,10 @@ def _top() -> int:
 
 def _legend(y: int) -> str:
     items = [(name, _rgb((lo + hi) / 2, 0.6, 0.66)) for name, _, (lo, hi) in PALETTE]
-    items += [("[hook] FlashInfer workspace call", HOOK_FILL), ("[no stack] / [before recording]", MARKER_FILL)]
+    items += [
+        ("FlashInfer workspace allocator / [hook] call", HOOK_FILL),
+        ("[no stack] / [before recording]", MARKER_FILL),
+    ]
     parts, x = [], PAD
     for name, fill in items:
         parts.append(f'<rect x="{x}" y="{y - 11}" width="12" height="12" fill="{fill}" rx="2"/>')

@@ -163,14 +163,14 @@ def render_timeline(
         gs = fig.add_gridspec(
             2 * len(ranks),
             2,
-            width_ratios=[3.3, 1],
+            width_ratios=[3.4, 1],
             height_ratios=heights,
             left=0.06,
-            right=0.955,
+            right=0.95,
             top=1 - title_in / fig_h,
             bottom=legend_in / fig_h,
             hspace=0.12,
-            wspace=0.16,
+            wspace=0.34,  # room for the target/capacity labels right of the main plot
         )
         drawn, main_axes, handles = [], [], {}
         for i, rank in enumerate(ranks):

@@ -82,10 +82,11 @@ def draw_lane(ax, rank: RankTimeline, t0: int, px_per_s: float, char_px: float, 
     labels = place_labels(bars, px_per_s, char_px, x_min=float(_s(rank.start_us, t0)))
     for lab in labels:
         if lab.where == "above":
-            y, elbow = rows + 0.55, rows + 0.12
-            top_of_bar = rows - lab.depth - 0.08
-            xs = [lab.anchor_s, lab.anchor_s] + ([lab.x_s + 0.3 / px_per_s * 20] if lab.x_s > lab.anchor_s else [])
-            ax.plot(xs, [top_of_bar, elbow, elbow][: len(xs)], color="#888888", lw=0.6)
+            y, top_of_bar = rows + 0.55, rows - lab.depth - 0.08
+            # straight up when the label sits over its bar, else a slanted line to the label's start:
+            # two shifted labels then never share a leader segment
+            end_x = lab.anchor_s if lab.x_s <= lab.anchor_s else lab.x_s + 4 / px_per_s
+            ax.plot([lab.anchor_s, end_x], [top_of_bar, rows + 0.18], color="#777777", lw=0.7)
             ax.text(lab.x_s, y, lab.text, ha="left", va="center", fontsize=LABEL_PT)
         else:
             y = rows - 1 - lab.depth + 0.5
@@ -138,43 +139,62 @@ def _lines(ax, rank: RankTimeline, t0: int, lo: int, hi: int, n_buckets: int, ha
 
 
 def _hlines(ax, rank: RankTimeline, capacities, handles: dict) -> list[tuple[float, str, str]]:
+    """Target, capacity and what-if lines; returns (y GiB, short label, colour) for the margin labels."""
     lines = []
     if rank.target_bytes is not None:
-        text = f"target {format_gib(rank.target_bytes)}"
+        legend = "utilization target"
         if rank.util and rank.capacity_bytes and abs(rank.util * rank.capacity_bytes - rank.target_bytes) < 2**20:
-            text += f" ({rank.util:g} x {format_gib(rank.capacity_bytes)})"  # only when it is the recorded one
+            legend += f" ({rank.util:g} x {format_gib(rank.capacity_bytes)})"  # only when it is the recorded one
         art = ax.axhline(_g(rank.target_bytes), color=TARGET, lw=1.4)
-        handles.setdefault("target", (art, "utilization target"))
-        lines.append((float(_g(rank.target_bytes)), text, TARGET))
-    if rank.capacity_bytes:
+        handles.setdefault("target", (art, legend))
+        lines.append((float(_g(rank.target_bytes)), f"target {format_gib(rank.target_bytes)}", TARGET))
+    if rank.capacity_bytes and not _capacity_off_scale(rank, capacities):
         art = ax.axhline(_g(rank.capacity_bytes), color="black", lw=1.2, ls="--")
-        handles.setdefault("capacity", (art, "device capacity"))
-        lines.append((float(_g(rank.capacity_bytes)), f"capacity {format_gib(rank.capacity_bytes)}", "black"))
+        handles.setdefault("capacity", (art, "card capacity"))
+        lines.append((float(_g(rank.capacity_bytes)), f"card {format_gib(rank.capacity_bytes)}", "black"))
+    elif rank.capacity_bytes:  # far above everything: say it in the legend, keep the scale for the data
+        (art,) = ax.plot([], [], color="black", lw=1.2, ls="--")
+        handles.setdefault("capacity", (art, f"card capacity {format_gib(rank.capacity_bytes, 1)} (off the scale)"))
     for cap in capacities:
         art = ax.axhline(_g(cap), color="#555555", lw=1.0, ls=":")
         handles.setdefault("what-if", (art, "what-if card size"))
-        lines.append((float(_g(cap)), f"what-if {format_gib(cap, 0)} card", "#555555"))
+        lines.append((float(_g(cap)), f"what-if {format_gib(cap, 0)}", "#555555"))
     return lines
 
 
+def _capacity_off_scale(rank: RankTimeline, capacities) -> bool:
+    """True when the card is so much larger than what the run used that drawing it would squash the data."""
+    used = [rank.curves.reserved.peak_bytes, rank.curves.device_used.peak_bytes, rank.target_bytes or 0, *capacities]
+    return bool(rank.capacity_bytes) and rank.capacity_bytes > 1.6 * max(used)
+
+
 def _label_hlines(ax, lines: list[tuple[float, str, str]], ymax: float, height_px: float) -> None:
-    """Labels at the left edge: above their line, or below it when the line above is too close."""
-    min_gap = 15 / height_px * ymax
-    above_y = float("inf")  # the line just above the one being labelled
-    for y, text, color in sorted(lines, reverse=True):
-        above = above_y - y >= min_gap
+    """Labels in the right margin, at their line's height; labels of lines closer than a text line
+    are pushed apart (keeping their order) and joined to their line by a short stroke."""
+    step = (LABEL_PT * DPI_HINT / 72 * 1.15) / max(height_px, 1.0) * ymax
+    ys = sorted(lines, key=lambda x: x[0])
+    placed: list[float] = []
+    for y, _, _ in ys:  # bottom-up: each label at least one text line above the previous one
+        placed.append(max(y, placed[-1] + step) if placed else y)
+    overflow = placed[-1] - ymax + step / 2 if placed else 0.0
+    if overflow > 0:  # pushed out of the top: shift the stack down as a whole
+        placed = [p - overflow for p in placed]
+    for (y, text, color), ty in zip(ys, placed, strict=True):
         ax.annotate(
             text,
-            (0.005, y),
+            (1.0, y),
             xycoords=("axes fraction", "data"),
-            xytext=(2, 2 if above else -2),
-            textcoords="offset points",
-            va="bottom" if above else "top",
+            xytext=(1.012, ty),
+            textcoords=("axes fraction", "data"),
+            va="center",
+            ha="left",
             color=color,
-            fontsize=LABEL_PT,
-            bbox={"boxstyle": "square,pad=0.1", "fc": "white", "ec": "none", "alpha": 0.75},
+            fontsize=LABEL_PT - 0.5,
+            annotation_clip=False,
+            arrowprops={"arrowstyle": "-", "color": color, "lw": 0.8, "shrinkA": 0, "shrinkB": 2}
+            if abs(ty - y) > step / 4
+            else None,
         )
-        above_y = y
 
 
 def _box_corner(rank: RankTimeline, t0: int, xmax_s: float, box_frac: float) -> tuple[str, float]:
@@ -228,7 +248,9 @@ def draw_main(ax, rank, t0, t_end, crossing, capacities, window, handles) -> str
     _stack(ax, rank, t0, rank.start_us, rank.end_us, N_BUCKETS, handles)
     _lines(ax, rank, t0, rank.start_us, rank.end_us, N_BUCKETS, handles)
     hl = _hlines(ax, rank, capacities, handles)
-    peaks = [rank.curves.reserved.peak_bytes, rank.curves.device_used.peak_bytes, rank.capacity_bytes or 0]
+    peaks = [rank.curves.reserved.peak_bytes, rank.curves.device_used.peak_bytes]
+    if not _capacity_off_scale(rank, capacities):
+        peaks.append(rank.capacity_bytes or 0)
     peaks += [rank.target_bytes or 0, *capacities]
     xmax_s = (t_end - t0) / 1e6
     ax.set_xlim(0, xmax_s)
@@ -261,7 +283,7 @@ def draw_zoom(ax, rank: RankTimeline, t0: int, window: tuple[int, int], crossing
     _lines(ax, rank, t0, lo, hi, 600, None)
     in_s = hi - lo > 5_000_000
     unit = 1e6 if in_s else 1e3
-    rel = MaxNLocator(5).tick_values((lo - origin) / unit, (hi - origin) / unit)
+    rel = MaxNLocator(4, steps=[1, 2, 5, 10]).tick_values((lo - origin) / unit, (hi - origin) / unit)
     rel = [r for r in rel if lo <= origin + r * unit <= hi]
     ax.set_xticks([_s(origin + r * unit, t0) for r in rel])
     ax.set_xticklabels([f"{r:+g}" if r else "0" for r in rel])
@@ -274,7 +296,12 @@ def draw_zoom(ax, rank: RankTimeline, t0: int, window: tuple[int, int], crossing
         ax.axhline(_g(rank.target_bytes), color=TARGET, lw=1.4)
         values.append(rank.target_bytes)
     top = float(_g(max(values)))
-    bottom = float(_g(min(rank.curves.allocated.window(lo, hi).bytes.min(), rank.target_bytes or top)))
+    # the y range follows the peak moment itself (not the padding around it), so a jump just before
+    # it (the KV cache being allocated) does not squash the crossing into a few pixels
+    focus = [rank.curves.allocated.at(crossing.value_us if crossing is not None else origin)]
+    if rank.target_bytes is not None:
+        focus.append(rank.target_bytes)
+    bottom = float(_g(min(focus)))
     span = max(top - bottom, 0.5)
     ax.set_ylim(max(bottom - 0.6 * span, 0), top + 0.25 * span)
     ax.yaxis.tick_right()

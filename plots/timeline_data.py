@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..analysis.categories import category_curves
+from ..analysis.categories import categorize, category_curves
 from ..analysis.curves import Curve, Curves, all_curves
 from ..analysis.live import lifetimes
 from ..analysis.phases import recording_span
@@ -26,7 +26,8 @@ class RankTimeline:
     summary: Summary
     start_us: int
     end_us: int
-    capacity_bytes: int | None  # the device's physical memory, when recorded
+    capacity_bytes: int | None  # the card's memory: facts["capacity_bytes"] (a run that stood for a
+    # smaller card, e.g. with a per-process memory fraction), else the device's physical memory
     util: float | None  # --gpu-memory-utilization, when recorded
 
     @property
@@ -41,12 +42,17 @@ class RankTimeline:
         return min(self.summary.crossings, key=lambda c: (c.time_us, c.curve != "reserved"))
 
 
+def _capacity(trace: Trace) -> int | None:
+    stood_for = trace.facts.get("capacity_bytes")
+    if isinstance(stood_for, (int, float)) and stood_for > 0:
+        return int(stood_for)
+    return trace.process.device_total_bytes
+
+
 def prepare_rank(trace: Trace, target_bytes: int | None = None) -> RankTimeline:
     """Run the analyses the timeline needs on ``trace`` (``target_bytes`` overrides the recorded one)."""
     curves = all_curves(trace)
     summary = summarize(trace, target_bytes, curves=curves, top=5)
-    from ..analysis.categories import categorize
-
     cats = category_curves(trace, categorize(trace, lifetimes(trace)))
     start, end = recording_span(trace)
     util = trace.facts.get(FACT_UTIL)
@@ -57,6 +63,6 @@ def prepare_rank(trace: Trace, target_bytes: int | None = None) -> RankTimeline:
         summary=summary,
         start_us=start,
         end_us=max(end, start + 1),
-        capacity_bytes=trace.process.device_total_bytes,
+        capacity_bytes=_capacity(trace),
         util=float(util) if util is not None else None,
     )

@@ -140,3 +140,52 @@ def test_real_trace_categories_add_up_and_weights_come_from_load_model(path):
     assert np.array_equal(sum(curves[n].bytes for n in CATEGORIES), allocated_curve(trace).bytes)
     if any(p.name == "load_model" for p in trace.phases) and len(trace.events):
         assert curves["weights"].peak_bytes > 0
+
+
+H200 = TESTS / "data" / "h200"
+
+
+def _h200(name: str):
+    from memtrace.store import load_run
+
+    if not (H200 / name).is_dir():
+        pytest.skip(f"no real trace tests/data/h200/{name}")
+    return load_run(H200 / name).traces[0]
+
+
+def _torch_counters(trace) -> dict[str, dict]:
+    return {c["phase"]: c for c in trace.facts.get("torch_counters") or []}
+
+
+def test_real_h200_weights_and_kv_cache_match_torchs_own_counters():
+    trace = _h200("startup-full")
+    counters = _torch_counters(trace)
+    curves = category_curves(trace)
+    end = {p.name: p.end_us for p in trace.phases}
+    loaded = counters["load_model"]["memory_allocated"] - counters["init_device"]["memory_allocated"]
+    kv = counters["kv_cache_init"]["memory_allocated"] - counters["determine_available_memory"]["memory_allocated"]
+    # torch counts blocks rounded up to 512 B; the trace counts requested bytes
+    assert curves["weights"].at(end["load_model"]) == pytest.approx(loaded, rel=0.01)
+    assert curves["kv_cache"].at(end["kv_cache_init"]) == pytest.approx(kv, rel=0.001)
+
+
+def test_real_h200_workspace_is_found_by_stack_without_hook_calls_and_grows_by_the_extra_gib():
+    full, ws = _h200("startup-full"), _h200("startup-ws1g")
+    assert not full.hook_calls  # recorded without hooks: the stack rule finds the allocator
+    grow = (
+        category_curves(ws)["flashinfer_workspace"].bytes[-1] - category_curves(full)["flashinfer_workspace"].bytes[-1]
+    )
+    assert grow == GiB  # the recording added --workspace-extra 1GiB to one workspace
+
+
+def test_real_h200_graph_pool_blocks_are_cudagraph_pool():
+    trace = _h200("startup-full")
+    curves = category_curves(trace)
+    graph_blocks = sum(
+        b.requested_bytes
+        for s in trace.segments
+        if s.pool_id != "0,0"
+        for b in s.blocks
+        if b.state.startswith("active")
+    )
+    assert graph_blocks > 0 and curves["cudagraph_pool"].bytes[-1] >= graph_blocks

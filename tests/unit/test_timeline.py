@@ -15,7 +15,6 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-
 from memtrace.analysis.summary import summarize
 from memtrace.cli import main
 from memtrace.model import Trace

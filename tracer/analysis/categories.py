@@ -7,7 +7,9 @@ exactly one category, decided by the first rule that applies, in this order:
    time windows, nested calls included). Hooks are FlashInfer's workspace allocators by default
    (``allocate_sm120_dynamic_workspace`` and siblings); ``MEMTRACE_HOOKS`` adds others, and their
    allocations land here too. The window is one of time, not of thread: an allocation made by
-   another thread during the call is counted in.
+   another thread during the call is counted in. Also, without hook calls (hooks off, an imported
+   torch snapshot): an allocation whose recorded stack passes through one of FlashInfer's workspace
+   allocators (``WORKSPACE_FUNCTIONS``).
 2. **cudagraph_pool** — the block lies in a segment of a private pool in the final snapshot
    (``Segment.pool_id != "0,0"``; CUDA-graph capture allocates from such pools) and was allocated
    after that segment was created; or it was allocated inside a graph-capture phase
@@ -58,6 +60,19 @@ CATEGORIES: tuple[str, ...] = (
 )
 CATEGORY_CODE: dict[str, int] = {name: i for i, name in enumerate(CATEGORIES)}
 WEIGHTS, KV_CACHE, WORKSPACE, CUDAGRAPH, ACTIVATIONS, OTHER = range(len(CATEGORIES))
+
+#: FlashInfer's workspace allocators (0.6.x, 0.7.x; see memtrace.plugins.flashinfer): a stack through
+#: one of these makes an allocation flashinfer_workspace even when no hook recorded the call.
+WORKSPACE_FUNCTIONS = frozenset(
+    {
+        "allocate_sm120_moe_workspace",
+        "allocate_sm120_static_workspace",
+        "allocate_sm120_dynamic_workspace",
+        "_allocate_sm120_w4a16_workspace",
+    }
+)
+#: Generic names that count only in FlashInfer's / b12x's own files.
+_WORKSPACE_IN_FLASHINFER = frozenset({"_allocate_buffers", "_allocate_core_arena", "_alloc_route_workspace"})
 
 _ALLOC = ACTION_CODE["alloc"]
 _FREE = ACTION_CODE["free_completed"]
@@ -169,8 +184,25 @@ def _graph_pool_ranges(trace: Trace) -> list[tuple[int, int, int]]:
     return out
 
 
-def classify(trace: Trace, times_us: np.ndarray, addrs: np.ndarray) -> np.ndarray:
-    """Category codes (int8, indices into CATEGORIES) of allocations made at ``times_us`` at ``addrs``.
+def workspace_stacks(trace: Trace) -> np.ndarray:
+    """For each interned stack, whether it passes through a FlashInfer workspace allocator."""
+    out = np.zeros(len(trace.stacks), dtype=bool)
+    hits = set()
+    for i, f in enumerate(trace.frames):
+        path = f.filename.replace("\\", "/")
+        if f.name in WORKSPACE_FUNCTIONS or (
+            f.name in _WORKSPACE_IN_FLASHINFER and ("flashinfer" in path or "b12x" in path)
+        ):
+            hits.add(i)
+    if hits:
+        for k, stack in enumerate(trace.stacks):
+            out[k] = any(fid in hits for fid in stack)
+    return out
+
+
+def classify(trace: Trace, times_us: np.ndarray, addrs: np.ndarray, stacks: np.ndarray | None = None) -> np.ndarray:
+    """Category codes (int8, indices into CATEGORIES) of allocations made at ``times_us`` at ``addrs``
+    (with interned ``stacks``, -1 for none, when known).
 
     Applies rules 1-3 of the module docstring; a time outside every phase gives ``OTHER``.
     """
@@ -186,6 +218,10 @@ def classify(trace: Trace, times_us: np.ndarray, addrs: np.ndarray) -> np.ndarra
         codes[(addrs >= lo) & (addrs < hi) & (times >= created)] = CUDAGRAPH
     starts, ends = _hook_windows(trace)
     codes[_in_windows(times, starts, ends)] = WORKSPACE
+    if stacks is not None and len(trace.stacks):
+        ws = np.append(workspace_stacks(trace), False)  # index -1 (no stack) -> False
+        st = np.asarray(stacks, dtype=np.int64)
+        codes[ws[np.where((st >= 0) & (st < len(trace.stacks)), st, -1)]] = WORKSPACE
     return codes
 
 
@@ -205,7 +241,7 @@ def categorize(trace: Trace, lt: Lifetimes | None = None) -> Categorized:
     n = len(ev)
     codes = np.full(n, -1, dtype=np.int8)
     allocs = np.flatnonzero(ev["action"] == _ALLOC)
-    codes[allocs] = classify(trace, ev["time_us"][allocs], ev["addr"][allocs])
+    codes[allocs] = classify(trace, ev["time_us"][allocs], ev["addr"][allocs], ev["stack"][allocs])
     frees = ev["action"] == _FREE
     codes[frees] = OTHER  # frees of memory allocated before recording, unless paired below
     lt = lt or lifetimes(trace)
