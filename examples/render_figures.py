@@ -1,7 +1,8 @@
 """Render the README's figures from a real trace shipped in tests/data: the timeline and the peak flame graph.
 
     python examples/render_figures.py                      # the first H200 run under tests/data
-    python examples/render_figures.py tests/data/h200/full --out docs --force
+    python examples/render_figures.py tests/data/h200/startup-cap32g --flame-run tests/data/h200/startup-cap16g \
+        --out docs --force                                 # the README's figures
 
 Writes ``timeline.png`` and ``flame.svg`` (and ``flame.folded``) into ``--out`` (default ``docs``),
 through the same functions ``memtrace plot`` and ``memtrace flame`` use, and prints what they drew:
@@ -31,13 +32,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument(
         "run", nargs="?", type=Path, help="run directory or .memtrace file (default: first under tests/data)"
     )
+    p.add_argument("--flame-run", type=Path, help="run for the flame graph (default: RUN)")
     p.add_argument("--out", type=Path, default=ROOT / "docs", help="folder for the figures (default: docs)")
     p.add_argument("--force", action="store_true", help="replace figures that exist")
     args = p.parse_args(argv)
 
     from memtrace.analysis.curves import all_curves
     from memtrace.analysis.flame import flame_at, peak_event_index, widest_leaves
-    from memtrace.analysis.phases import recording_span
+    from memtrace.analysis.phases import path_at, recording_span
     from memtrace.plots.flame_svg import render_flame_svg
     from memtrace.plots.folded import render_folded
     from memtrace.plots.timeline import render_timeline
@@ -58,6 +60,9 @@ def main(argv: list[str] | None = None) -> int:
 
     env = traces[0].facts.get("env") or {}
     gpu = env.get("gpu_name") or "GPU"
+    stood_for = traces[0].facts.get("capacity_bytes")
+    if stood_for and traces[0].process.device_total_bytes and stood_for < traces[0].process.device_total_bytes:
+        gpu += f" standing for a {format_gib(stood_for, 0)} card"  # a per-process memory fraction
     drawn = render_timeline(
         [prepare_rank(t) for t in traces], outs["timeline.png"], title=f"GPU memory during start-up ({gpu})"
     )
@@ -68,6 +73,8 @@ def main(argv: list[str] | None = None) -> int:
             what += f"{format_gib(c.value_bytes)} ({c.curve}), +{format_gib(c.overshoot_bytes)}, {c.duration_us} us"
         print(f"timeline {r.label}: {what}")
 
+    if args.flame_run is not None:
+        traces = [t for t in load_run(args.flame_run).traces if len(t.events)] or traces
     trace = max(traces, key=lambda t: all_curves(t).reserved.peak_bytes)
     curves = all_curves(trace)
     k = peak_event_index(curves.allocated, curves.reserved)
@@ -76,8 +83,9 @@ def main(argv: list[str] | None = None) -> int:
     render_flame_svg(
         flame,
         outs["flame.svg"],
-        title=f"Live GPU memory at the peak: {secs:.3f} s ({gpu}, {trace.label})",
-        subtitle=f"{format_gib(flame.total_bytes)} allocated; reserved {format_gib(int(curves.reserved.bytes[k + 1]))}",
+        title=f"Live GPU memory at the peak: {secs:.3f} s, in {path_at(trace, flame.time_us) or 'no phase'}",
+        subtitle=f"{format_gib(flame.total_bytes)} allocated; reserved {format_gib(int(curves.reserved.bytes[k + 1]))}"
+        f" · {gpu}, {trace.label} · {Path(trace.path).parent.name}",
     )
     render_folded(flame, outs["flame.folded"])
     for path, nbytes in widest_leaves(flame, 3):

@@ -39,7 +39,7 @@ class Moment:
 
     time_us: int
     event_index: int | None
-    what: str  # "the peak", "18.250 s", "phase profile_run"
+    what: str  # "the peak", "18.250 s", "the fullest moment of profile_run"
     phase_path: str
 
 
@@ -76,7 +76,7 @@ def resolve_moment(trace, curves, at: str) -> Moment:
         raise UsageError(f"--at {at}: no such phase; use peak, seconds, or one of: {known}")
     best = max(matches, key=lambda s: (s.peak_allocated_bytes, -s.start_us))
     k = window_peak_event_index(curves.allocated, best.start_us, best.end_us)
-    m = at_event(k, f"phase {best.path}")
+    m = at_event(k, f"the fullest moment of {best.path}")
     return Moment(max(m.time_us, best.start_us), k, m.what, best.path)
 
 
@@ -129,7 +129,8 @@ def run(args: argparse.Namespace) -> int:
         render_flame_svg(
             flame,
             out,
-            title=f"Live GPU memory at {moment.what}: {secs:.3f} s, {moment.phase_path or 'outside any phase'}",
+            title=f"Live GPU memory at {moment.what}: {secs:.3f} s"
+            + ("" if moment.what.endswith(moment.phase_path) else f", in {moment.phase_path or 'no phase'}"),
             subtitle=" · ".join(sub),
         )
     print(f"memtrace: {trace.label}: {format_gib(flame.total_bytes)} live at {moment.what}", file=sys.stderr)
