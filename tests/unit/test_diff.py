@@ -178,6 +178,9 @@ def test_real_workspace_extra_changes_nothing_else(real_diff):
         assert abs(p.inside_delta) < TOL, f"{path} grew by {p.inside_delta} B inside itself"
     post = next(c for c in real_diff.headline if c.label == "post-KV transient")
     assert abs(post.delta) < TOL
+    cats = {c.label: c.delta for c in real_diff.categories if abs(c.delta) >= TOL}
+    assert cats.keys() == {"flashinfer_workspace", "kv_cache"}  # the hooked workspace grew, the KV cache paid
+    assert abs(cats["flashinfer_workspace"] - GiB) < TOL and abs(cats["kv_cache"] + GiB) < TOL
     assert [
         c.label for c in real_diff.regressions if not c.label.startswith(("profile_run", "determine_available"))
     ] == ["memory before KV sizing"]

@@ -214,15 +214,18 @@ def category_changes(base: Trace, new: Trace, base_curves: Curves, new_curves: C
     None when ``memtrace.analysis.categories`` is not available.
     """
     try:
-        from .categories import category_curves, category_totals_at
+        from .categories import category_curves
     except ImportError:
         return None
+
+    from .flame import peak_event_index
 
     def at_peak(trace: Trace, curves: Curves) -> dict[str, int]:
         if len(curves.reserved) == 0:
             return {}
-        t = int(curves.reserved.time_us[curves.reserved.peak_index])
-        return category_totals_at(category_curves(trace), t)
+        # the same moment as the sites: right after the peak's fullest event (curve index = event + 1)
+        i = peak_event_index(curves.allocated, curves.reserved) + 1
+        return {name: int(c.bytes[i]) for name, c in category_curves(trace).items()}
 
     bd, nd = at_peak(base, base_curves), at_peak(new, new_curves)
     names = [k for k in dict.fromkeys([*bd, *nd])]

@@ -9,7 +9,10 @@ Model (vLLM's own sizing, applied to a recorded start-up):
    everything that is not KV cache (recorded as ``target − available KV`` when the trace holds
    vLLM's figures; else the pre-KV peak of reserved + non-PyTorch memory).
 3. The run dies (OOM) in the first phase where the pre-KV curve goes over the *physical* capacity:
-   ``util`` cannot help there, it only bounds what is allocated after profiling.
+   ``util`` cannot help there, it only bounds what is allocated after profiling. The curve compared
+   is what the start-up *needs*: the pinned segments (``analysis.pinned``: the caching allocator
+   releases free cached segments before it fails) plus non-PyTorch memory, as recorded or as given
+   (``non_torch_bytes``: a different card has a different CUDA context).
 4. ``KV ≤ 0``: vLLM refuses to start ("No available memory for the cache blocks").
    Before all that, vLLM itself (not a plain PyTorch program) refuses at ``init_device`` when the
    free memory then (capacity − memory in use at the end of init_device) is below util × capacity.
@@ -30,7 +33,8 @@ import numpy as np
 from ..model import FACT_OOM, Trace
 from .curves import Curve, Curves, all_curves
 from .landmarks import Landmarks, landmarks, total_curve
-from .phases import path_at, recording_span
+from .phases import path_at, recording_span, window_peak
+from .pinned import pinned_curve
 
 #: vLLM's default --gpu-memory-utilization, used when the trace did not record one.
 DEFAULT_UTIL = 0.9
@@ -93,13 +97,25 @@ def _recorded_kv(lm: Landmarks) -> int | None:
     return lm.kv_cache_bytes
 
 
+def need_curve(trace: Trace, curves: Curves, lm: Landmarks, non_torch_bytes: int | None = None) -> Curve:
+    """What the start-up needs on the card at each moment: the pinned segments (``pinned``: what the
+    allocator cannot release) plus non-PyTorch memory, as recorded (steady NVML samples) or, when
+    ``non_torch_bytes`` is given, that constant (another card's CUDA context, say)."""
+    base = pinned_curve(trace, curves)
+    if non_torch_bytes is not None:
+        return Curve(base.time_us, base.bytes + int(non_torch_bytes))
+    return total_curve(curves, include_non_torch=lm.device_level, base=base)
+
+
 def fit(
     trace: Trace,
     capacity_bytes: int,
     util: float | None = None,
     *,
+    non_torch_bytes: int | None = None,
     curves: Curves | None = None,
     lm: Landmarks | None = None,
+    need: Curve | None = None,
 ) -> Fit:
     """Predict whether the start-up recorded in ``trace`` survives on a card of ``capacity_bytes``.
 
@@ -107,11 +123,13 @@ def fit(
         trace: a recorded start-up (any card size; a larger card shows more of the curve).
         capacity_bytes: physical memory of the card asked about.
         util: --gpu-memory-utilization on that card; default: the recorded one, else 0.9.
-        curves, lm: precomputed curves and landmarks, to share work between capacities.
+        non_torch_bytes: non-PyTorch memory on that card (CUDA context, NCCL, libraries), held
+            constant; default: as recorded (NVML).
+        curves, lm, need: precomputed curves, landmarks and :func:`need_curve`, to share work.
     """
     curves = curves or all_curves(trace)
     lm = lm or landmarks(trace, curves)
-    total = total_curve(curves, include_non_torch=lm.device_level)
+    need = need if need is not None else need_curve(trace, curves, lm, non_torch_bytes)
     if util is None:
         util = lm.gpu_memory_utilization or DEFAULT_UTIL
     first_us, last_us = recording_span(trace)
@@ -119,8 +137,8 @@ def fit(
     non_kv = _non_kv(lm)
     kv_new = target - non_kv
     pre_end = lm.kv_start_us if lm.kv_start_us is not None else (lm.sizing_end_us or last_us)
-    pre_peak = lm.pre_kv_peak.bytes if lm.pre_kv_peak else lm.peak.bytes
-    pre_phase = lm.pre_kv_peak.phase if lm.pre_kv_peak else lm.peak.phase
+    pre_peak, pre_t = window_peak(need, first_us, pre_end)
+    pre_phase = path_at(trace, pre_t)
 
     def result(outcome, phase, overshoot, stage, post=None, post_phase="", headroom=0):
         return Fit(capacity_bytes, util, target, non_kv, kv_new, pre_peak, pre_phase, post, post_phase,
@@ -129,11 +147,11 @@ def fit(
     # vLLM's request_memory check in init_device
     init_end = _init_device_end(trace)
     if init_end is not None and _is_vllm(trace):
-        free_at_init = capacity_bytes - total.at(init_end)
+        free_at_init = capacity_bytes - need.at(init_end)
         if free_at_init < target:
             return result(REFUSED, "init_device", target - free_at_init, "init")
     # 3. pre-KV: the card-independent part must fit physically
-    t = _first_crossing(trace, total, first_us, pre_end, capacity_bytes)
+    t = _first_crossing(trace, need, first_us, pre_end, capacity_bytes)
     if t is not None:
         return result(OOM, path_at(trace, t) or "before the first phase", pre_peak - capacity_bytes, "pre-KV")
     # 4. KV sizing
@@ -146,14 +164,13 @@ def fit(
         return result(FITS, "", 0, "", headroom=capacity_bytes - pre_peak)
     # 5. post-KV: the recorded curve moved by the change in KV bytes
     shift = kv_new - kv_rec
-    post = lm.post_kv_peak
-    post_bytes = (post.bytes + shift) if post else None
-    post_phase = post.phase if post else ""
-    t = _first_crossing(trace, total, lm.kv_start_us or lm.kv_end_us, last_us, capacity_bytes, shift)
+    post_raw, post_t = window_peak(need, lm.kv_end_us, last_us)
+    post_bytes, post_phase = post_raw + shift, path_at(trace, post_t)
+    t = _first_crossing(trace, need, lm.kv_start_us or lm.kv_end_us, last_us, capacity_bytes, shift)
     if t is not None:
-        over = (post_bytes or 0) - capacity_bytes
+        over = post_bytes - capacity_bytes
         return result(OOM, path_at(trace, t) or "after the KV cache", over, "post-KV", post_bytes, post_phase)
-    highest = max(pre_peak, post_bytes or 0)
+    highest = max(pre_peak, post_bytes)
     return result(FITS, "", 0, "", post_bytes, post_phase, capacity_bytes - highest)
 
 
@@ -167,26 +184,35 @@ def _is_vllm(trace: Trace) -> bool:
     return any(k in trace.facts for k in ("vllm.version", "vllm.config"))
 
 
-def fits(trace: Trace, capacities: list[int], util: float | None = None) -> list[Fit]:
+def fits(
+    trace: Trace, capacities: list[int], util: float | None = None, *, non_torch_bytes: int | None = None
+) -> list[Fit]:
     """:func:`fit` for several capacities, sharing the curves."""
     curves = all_curves(trace)
     lm = landmarks(trace, curves)
-    return [fit(trace, c, util, curves=curves, lm=lm) for c in capacities]
+    need = need_curve(trace, curves, lm, non_torch_bytes)
+    return [fit(trace, c, util, curves=curves, lm=lm, need=need) for c in capacities]
 
 
 def smallest_fitting(
-    trace: Trace, util: float | None = None, *, lo: int = 1 << 30, hi: int | None = None
+    trace: Trace,
+    util: float | None = None,
+    *,
+    non_torch_bytes: int | None = None,
+    lo: int = 1 << 30,
+    hi: int | None = None,
 ) -> int | None:
     """The smallest capacity (to 64 MiB) on which the start-up survives, or None above ``hi``."""
     curves = all_curves(trace)
     lm = landmarks(trace, curves)
+    need = need_curve(trace, curves, lm, non_torch_bytes)
     hi = hi or max(lm.peak.bytes * 4, lo)
-    if not fit(trace, hi, util, curves=curves, lm=lm).survives:
+    if not fit(trace, hi, util, curves=curves, lm=lm, need=need).survives:
         return None
     step = 64 << 20
     while hi - lo > step:
         mid = (lo + hi) // 2
-        if fit(trace, mid, util, curves=curves, lm=lm).survives:
+        if fit(trace, mid, util, curves=curves, lm=lm, need=need).survives:
             hi = mid
         else:
             lo = mid

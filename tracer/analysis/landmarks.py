@@ -13,8 +13,9 @@ non_kv``. The figures a regression gate and a capacity what-if need are therefor
   memory in use right after it was allocated (warm-up, CUDA-graph capture).
 
 "Device level" is the *total* curve: the exact reserved curve plus the non-PyTorch memory of the
-last NVML sample at or before each moment (the first sample's value before it). A trace without
-NVML samples falls back to reserved alone (``Landmarks.device_level`` is False).
+last steady NVML sample at or before each moment (see :func:`steady_non_torch`; the first one's
+value before it). A trace without NVML samples falls back to reserved alone
+(``Landmarks.device_level`` is False).
 """
 
 from __future__ import annotations
@@ -33,11 +34,41 @@ SIZING_NAMES = ("determine_available_memory",)
 KV_INIT_NAMES = ("initialize_kv_cache", "kv_cache_init", "allocate_kv_cache", "initialize_from_config")
 
 
-def total_curve(curves: Curves, *, include_non_torch: bool = True) -> Curve:
-    """Reserved + non-PyTorch memory at every event and sample (reserved alone without samples)."""
-    res = curves.reserved
-    nt = curves.non_torch
-    if len(nt) == 0 or not include_non_torch:
+#: NVML samples within this many microseconds of a change of the reserved curve are not used to
+#: measure non-PyTorch memory: the sidecar's clock and the allocator's differ by about a millisecond,
+#: so while memory moves fast (8 x 15 GiB of KV cache in 9 ms on an H200) used - reserved is off by
+#: whole allocations (16 GiB "non-PyTorch" spikes measured in tests/data/h200/startup-full).
+STEADY_GUARD_US = 5_000
+
+
+def steady_non_torch(curves: Curves, guard_us: int = STEADY_GUARD_US) -> Curve:
+    """Non-PyTorch memory measured only at NVML samples where reserved held still for ±guard_us.
+
+    Each kept sample's value holds until the next kept one; the first kept value also holds before
+    it. Returns the raw non-PyTorch curve when no sample is steady, an empty curve without samples.
+    """
+    nt, res = curves.non_torch, curves.reserved
+    if len(nt) == 0 or len(res) == 0:
+        return nt
+    before = np.searchsorted(res.time_us, nt.time_us - guard_us, side="right")
+    after = np.searchsorted(res.time_us, nt.time_us + guard_us, side="right")
+    lo = np.clip(before - 1, 0, None)
+    hi = np.clip(after - 1, 0, None)
+    steps = np.concatenate(([0], np.cumsum(res.bytes[1:] != res.bytes[:-1])))  # changes up to index i
+    keep = steps[hi] == steps[lo]
+    if not keep.any():
+        return nt
+    return Curve(nt.time_us[keep], nt.bytes[keep])
+
+
+def total_curve(curves: Curves, *, include_non_torch: bool = True, base: Curve | None = None) -> Curve:
+    """``base`` (default: reserved) + steady non-PyTorch memory at every event and kept sample.
+
+    Without NVML samples (or with ``include_non_torch=False``) it is ``base`` alone.
+    """
+    res = base if base is not None else curves.reserved
+    nt = steady_non_torch(curves) if include_non_torch else None
+    if nt is None or len(nt) == 0:
         return res
     times = np.union1d(res.time_us, nt.time_us).astype(np.int64)
     ri = np.searchsorted(res.time_us, times, side="right") - 1

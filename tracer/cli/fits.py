@@ -1,7 +1,9 @@
 """Would this start-up survive on a card of another size? If not, in which phase, and by how much.
 
 The model keeps what does not depend on the card (weights, workspaces, profile_run's activations,
-CUDA context and other non-PyTorch memory), sizes the KV cache as vLLM does
+CUDA context and other non-PyTorch memory, unless --non-torch gives the other card's), counts only
+the segments PyTorch could not release (a full card's allocator frees its cached segments before it
+fails), sizes the KV cache as vLLM does
 (util × capacity − non-KV memory) and moves the post-KV part of the recorded curve by the change
 in KV bytes. A start-up dies where the curve goes over the physical capacity: in profiling
 (before the KV cache, where --gpu-memory-utilization cannot help), at KV sizing (no memory left
@@ -38,6 +40,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         metavar="FRACTION",
         help="--gpu-memory-utilization on that card (default: the recorded one, else 0.9)",
     )
+    p.add_argument(
+        "--non-torch",
+        default=None,
+        metavar="SIZE",
+        help="non-PyTorch memory on that card (CUDA context, NCCL, libraries); default: as recorded (NVML)",
+    )
     p.add_argument("--rank", type=int, default=None, help="the rank to read (default: the first)")
     p.add_argument("--json", action="store_true", help="print the predictions as JSON")
 
@@ -45,15 +53,16 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from ..analysis.fits import fits, smallest_fitting
     from ..progress import task
-    from ..units import parse_fraction, parse_sizes
+    from ..units import parse_fraction, parse_size, parse_sizes
     from ._runs import load_with_progress, main_trace
 
     capacities = parse_sizes(args.capacity)
     util = parse_fraction(args.util) if args.util is not None else None
+    non_torch = parse_size(args.non_torch) if args.non_torch is not None else None
     trace = main_trace(load_with_progress(args.run_path), args.rank)
     with task("Predicting", total=None):
-        results = fits(trace, capacities, util)
-        smallest = smallest_fitting(trace, util)
+        results = fits(trace, capacities, util, non_torch_bytes=non_torch)
+        smallest = smallest_fitting(trace, util, non_torch_bytes=non_torch)
     if args.json:
         out = {
             "run": args.run_path,

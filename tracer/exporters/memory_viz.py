@@ -68,19 +68,21 @@ def snapshot_dict(trace: Trace, progress=None) -> dict[str, Any]:
         ev["time_us"].tolist(), ev["action"].tolist(), ev["addr"].tolist(), ev["size"].tolist(),
         ev["stream"].tolist(), ev["stack"].tolist(), strict=True,
     )  # fmt: skip
+    oom = ACTIONS.index("oom")
     for t, action, addr, size, stream, stack in cols:
-        entries.append(
-            {
-                "action": ACTIONS[action],
-                "addr": addr,
-                "size": size,
-                "stream": stream,
-                "time_us": t,
-                "frames": frames_of(stack),
-                "compile_context": "N/A",
-                "user_metadata": "",
-            }  # fmt: skip
-        )
+        entry = {
+            "action": ACTIONS[action],
+            "addr": addr,
+            "size": size,
+            "stream": stream,
+            "time_us": t,
+            "frames": frames_of(stack),
+            "compile_context": "N/A",
+            "user_metadata": "",
+        }
+        if action == oom:  # PyTorch keeps the device's free bytes of an OOM in "device_free"
+            entry["device_free"] = addr
+        entries.append(entry)
     if progress is not None:
         progress.advance()
     segments = []
