@@ -75,3 +75,15 @@ def test_oom_run_says_it_died(tmp_path):
     run = save_trace(g.vllm_like_startup(oom_in="profile_run"), tmp_path / "oom.memtrace")
     assert main(["issue", str(run), "-o", str(tmp_path / "b")]) == 0
     assert "**The process died of CUDA OOM** (requested 2.00 GiB)." in (tmp_path / "b" / "issue.md").read_text()
+
+
+H200_FULL = TESTS / "data" / "h200" / "startup-full"
+
+
+@pytest.mark.skipif(not H200_FULL.is_dir(), reason="no real H200 run under tests/data/h200 yet")
+def test_real_h200_bundle_names_the_gpu_and_the_warm_up_crossing(tmp_path):
+    assert main(["issue", str(H200_FULL), "-o", str(tmp_path / "b")]) == 0
+    md = (tmp_path / "b" / "issue.md").read_text()
+    assert "| GPU | NVIDIA H200 |" in md and "| compute capability | 9.0 |" in md and "| driver | 580.159.04 |" in md
+    assert "It crossed the target (128.62 GiB) in `compile_or_warm_up/kernel_warmup` (NVML device-used memory)" in md
+    assert "vLLM's available KV cache: 121.72 GiB." in md

@@ -141,8 +141,9 @@ def _summary_paragraph(trace, s) -> str:
     if s.target_bytes:
         if s.crossings:
             c = min(s.crossings, key=lambda c: c.time_us)
+            curve = {"reserved": "PyTorch reserved", "device_used": "NVML device-used"}.get(c.curve, c.curve)
             parts.append(
-                f"It crossed the target ({_gib(s.target_bytes)}) in `{c.phase_path}` ({c.curve} curve) by "
+                f"It crossed the target ({_gib(s.target_bytes)}) in `{c.phase_path}` ({curve} memory) by "
                 f"{_gib(c.overshoot_bytes)} for {c.duration_us / 1000:.1f} ms."
             )
         else:
