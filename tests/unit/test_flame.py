@@ -268,3 +268,27 @@ def test_memtrace_wrapper_frames_are_dropped_and_the_hook_frame_sits_outside_the
         ): 100,
         ("determine_available_memory", "profile_run", "apply"): 7,
     }
+
+
+def _oom_runs() -> list[Path]:
+    return sorted(p for p in (TESTS / "data" / "h200").glob("startup-*") if "died_in" in _facts_of(p))
+
+
+def _facts_of(run: Path) -> dict:
+    from memtrace.store import load_run
+
+    return load_run(run).traces[0].facts
+
+
+@pytest.mark.parametrize("run", _oom_runs(), ids=lambda p: p.name)
+def test_real_h200_oom_peak_flame_holds_what_torch_counted_when_the_card_died(run):
+    """Independent check: torch's own max_memory_allocated (counted in 512 B blocks) at the death."""
+    from memtrace.store import load_run
+
+    trace = load_run(run).traces[0]
+    curves = all_curves(trace)
+    flame = flame_at(trace, event_index=peak_event_index(curves.allocated, curves.reserved))
+    torch_max = max(c["max_memory_allocated"] for c in trace.facts["torch_counters"])
+    assert torch_max * 0.998 <= flame.total_bytes <= torch_max
+    assert _folded_total(folded_lines(flame)) == flame.total_bytes
+    assert any(p[-1].startswith("allocate_sm120_dynamic_workspace") for p in flame.stacks)

@@ -231,3 +231,25 @@ def test_render_figures_example_writes_timeline_flame_and_folded(run_dir, tmp_pa
     assert {p.name for p in (tmp_path / "docs").iterdir()} == {"timeline.png", "flame.svg", "flame.folded"}
     with pytest.raises(SystemExit):  # never overwrites without --force
         mod.main([str(run_dir), "--out", str(tmp_path / "docs")])
+
+
+def _h200_runs() -> list[Path]:
+    return sorted((TESTS / "data" / "h200").glob("startup-*"))
+
+
+@pytest.mark.parametrize("run", _h200_runs(), ids=lambda p: p.name)
+def test_real_h200_crossing_is_in_the_phase_the_run_died_in_and_not_after_the_oom(run, tmp_path):
+    """Independent check: the recorder's own outcome (facts["died_in"], the OOM observer's time)."""
+    from memtrace.store import load_run
+
+    trace = load_run(run).traces[0]
+    drawn = render_timeline([prepare_rank(trace)], tmp_path / "t.png")
+    c = drawn.ranks[0].crossing
+    assert c is not None  # every recorded start-up went over its 0.92 target at some point
+    died = trace.facts.get("died_in")
+    if died:
+        assert c.phase_path.split("/")[-1] == died.split("/")[-1]
+        assert c.time_us <= trace.facts["oom"]["time_us"]
+    capacity = trace.facts["capacity_bytes"]
+    assert drawn.ranks[0].capacity_bytes == capacity
+    assert drawn.ranks[0].target_bytes == trace.facts["target_bytes"]
