@@ -48,6 +48,7 @@ class Budget:
 
 
 _BUDGET_KEY = pytest.StashKey[Budget]()
+_ACTIVE_KEY = pytest.StashKey[tuple]()
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -56,6 +57,11 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 
 def pytest_configure(config: pytest.Config) -> None:
+    # two plain hook objects around pytest's own call hook rather than one wrapper: works with every
+    # pluggy that pytest >= 7 accepts (``wrapper=True`` needs pluggy >= 1.2)
+    if not config.pluginmanager.has_plugin("memtrace-budget-start"):
+        config.pluginmanager.register(_StartRecording(), "memtrace-budget-start")
+        config.pluginmanager.register(_CheckBudget(), "memtrace-budget-check")
     config.addinivalue_line(
         "markers",
         "memtrace(max_peak, curve='reserved'): fail the test when its GPU memory peak exceeds max_peak "
@@ -109,15 +115,41 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
     item.stash[_BUDGET_KEY] = budget
 
 
-@pytest.hookimpl(wrapper=True)
-def pytest_runtest_call(item: pytest.Item):
-    budget = item.stash.get(_BUDGET_KEY, None)
-    if budget is None:
-        return (yield)
-    with _record(item.config, item.nodeid, item.name) as holder:
-        result = yield
-    _enforce(budget, holder["path"], item.nodeid)
-    return result
+class _StartRecording:
+    """Starts recording right before the test function runs (before pytest's own call hook)."""
+
+    @pytest.hookimpl(tryfirst=True)
+    def pytest_runtest_call(self, item: pytest.Item) -> None:
+        if item.stash.get(_BUDGET_KEY, None) is None:
+            return
+        recording = _record(item.config, item.nodeid, item.name)
+        item.stash[_ACTIVE_KEY] = (recording, recording.__enter__())
+
+
+class _CheckBudget:
+    """Stops recording once the test function returned, and fails the test over budget. A test that
+    raised never gets here (its own failure stands); teardown stops its recording."""
+
+    @pytest.hookimpl(trylast=True)
+    def pytest_runtest_call(self, item: pytest.Item) -> None:
+        holder = _stop(item)
+        if holder is not None:
+            _enforce(item.stash[_BUDGET_KEY], holder["path"], item.nodeid)
+
+
+def _stop(item: pytest.Item) -> dict[str, Path] | None:
+    active = item.stash.get(_ACTIVE_KEY, None)
+    if active is None:
+        return None
+    del item.stash[_ACTIVE_KEY]
+    recording, holder = active
+    recording.__exit__(None, None, None)
+    return holder
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_teardown(item: pytest.Item) -> None:
+    _stop(item)
 
 
 @contextlib.contextmanager

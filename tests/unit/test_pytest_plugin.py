@@ -155,7 +155,11 @@ def test_over_budget_test_fails_with_a_readable_report_FAKE_recorder(pytester, t
 
         @contextlib.contextmanager
         def fake_record(config, nodeid, phase_name):
-            yield {{"path": Path({str(trace_path)!r})}}
+            try:
+                yield {{"path": Path({str(trace_path)!r})}}
+            finally:  # every recording is stopped, whether the test passed or raised
+                with open({str(tmp_path / "stopped.txt")!r}, "a") as f:
+                    f.write(nodeid + "\n")
 
         plugin._record = fake_record
         """
@@ -171,10 +175,16 @@ def test_over_budget_test_fails_with_a_readable_report_FAKE_recorder(pytester, t
         @pytest.mark.memtrace(max_peak="64GiB")
         def test_fits():
             pass
+
+        @pytest.mark.memtrace(max_peak="30GiB")
+        def test_raises():
+            raise ValueError("its own failure")
         """
     )
     result = pytester.runpytest()
-    result.assert_outcomes(passed=1, failed=1)
+    result.assert_outcomes(passed=1, failed=2)
+    result.stdout.fnmatch_lines(["*ValueError: its own failure*"])  # not replaced by the budget verdict
+    assert len((tmp_path / "stopped.txt").read_text().splitlines()) == 3
     result.stdout.fnmatch_lines(
         [
             "*test_too_big: GPU memory peak * (reserved) is over the budget 30GiB (30.00 GiB) by *",
