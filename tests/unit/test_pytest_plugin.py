@@ -159,7 +159,7 @@ def test_over_budget_test_fails_with_a_readable_report_FAKE_recorder(pytester, t
                 yield {{"path": Path({str(trace_path)!r})}}
             finally:  # every recording is stopped, whether the test passed or raised
                 with open({str(tmp_path / "stopped.txt")!r}, "a") as f:
-                    f.write(nodeid + "\n")
+                    f.write(nodeid + "\\n")
 
         plugin._record = fake_record
         """
