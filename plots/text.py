@@ -203,9 +203,11 @@ def _peak(out: _Out, s: Summary) -> None:
         )
     if s.oom:
         o = s.oom
+        where = f" in {o['phase']}" if o.get("phase") else ""
+        limit = f"; allocator limit {gib_unit(o['device_total_bytes'])}" if o.get("device_total_bytes") else ""
         out.item(
-            f"OUT OF MEMORY at {_seconds(s, int(o.get('time_us', s.end_us)))}: requested "
-            f"{gib_unit(o.get('requested_bytes'))}, device free {gib_unit(o.get('device_free_bytes'))}"
+            f"OUT OF MEMORY at {_seconds(s, int(o.get('time_us', s.end_us)))}{where}: requested "
+            f"{gib_unit(o.get('requested_bytes'))}{limit}, device free {gib_unit(o.get('device_free_bytes'))}"
         )
 
 
@@ -265,10 +267,13 @@ def _hooks(out: _Out, s: Summary, limit: int = 20) -> None:
 
 
 def _reconciliation(out: _Out, s: Summary) -> None:
+    if s.kv is not None:
+        _kv(out, s)
+        return
     r = s.reconciliation
     if r is None:
         return
-    out.heading("Reconciliation with vLLM's available KV cache (estimate)")
+    out.heading("Reconciliation with vLLM's available KV cache (simple estimate)")
     where = r.phase_path or "the whole recording"
     nt = gib_unit(r.non_torch_bytes) if r.non_torch_bytes is not None else "not sampled"
     out.item(
@@ -278,6 +283,43 @@ def _reconciliation(out: _Out, s: Summary) -> None:
     out.item(f"target {gib_unit(r.target_bytes)} - non-KV = {gib_unit(r.memtrace_available_kv_bytes)} for the KV cache")
     out.item(f"vLLM reported {gib_unit(r.vllm_available_kv_bytes)}; difference {signed_gib(r.difference_bytes)} GiB")
     out.item(r.note)
+
+
+def _kv(out: _Out, s: Summary) -> None:
+    k = s.kv
+    out.heading(f"Reconciliation with vLLM's available KV cache ({k.formula} formula, device memory from {k.source})")
+    if k.total_consumed_bytes is not None:
+        terms = (
+            f"device memory consumed since init {gib_unit(k.total_consumed_bytes)} + transient peak headroom "
+            f"{gib_unit(k.transient_peak_headroom_bytes)}"
+        )
+    else:
+        terms = (
+            f"non-torch increase {gib_unit(k.non_torch_increase_bytes)} + torch peak increase "
+            f"{gib_unit(k.torch_peak_increase_bytes)} + weights {gib_unit(k.weights_bytes)}"
+        )
+    out.item(f"non-KV = {terms} = {gib_unit(k.non_kv_bytes)}")
+    out.item(
+        f"available KV = target {gib_unit(k.target_bytes)} - non-KV - CUDA-graph estimate "
+        f"{gib_unit(k.graph_estimate_bytes)} = {gib_unit(k.available_kv_bytes)} (weights {gib_unit(k.weights_bytes)}, "
+        f"peak allocated in profile_run {gib_unit(k.peak_allocated_bytes)})"
+    )
+    if k.vllm_available_kv_bytes is not None:
+        out.item(
+            f"vLLM reported {gib_unit(k.vllm_available_kv_bytes)}; memtrace's reconstruction differs by "
+            f"{signed_gib(k.difference_bytes)} GiB"
+        )
+    for n in k.notes:
+        out.item(n)
+    if s.crossings:
+        c = min(s.crossings, key=lambda c: c.time_us)
+        when = f"at {_seconds(s, c.time_us)}" + (f" in {c.phase_path}" if c.phase_path else "")
+        if c.time_us >= k.after_us:
+            out.item(
+                f"the target was first crossed after vLLM had sized the KV cache ({when}): its budget left no room for it"
+            )
+        else:
+            out.item(f"the target was first crossed while profiling, before the KV cache was sized ({when})")
 
 
 def _notes(out: _Out, s: Summary) -> None:

@@ -211,6 +211,22 @@ def test_report_shows_versions_warnings_notes_and_the_reconciliation(capsys, tmp
     assert "WARNING: the allocator history was truncated (at least 4,096 events lost)" in out
     assert "warning: hook target flashinfer.experimental.b12x not found" in out
     recon = out.split("Reconciliation")[1]
+    assert "(vllm-0.33 formula, device memory from nvml)" in recon
+    assert (
+        "non-KV = device memory consumed since init 28.29 GiB + transient peak headroom 14.00 GiB = 42.29 GiB" in recon
+    )
+    assert "vLLM reported 10.00 GiB; memtrace's reconstruction differs by -8.13 GiB" in recon
+    assert "first crossed while profiling, before the KV cache was sized (at 18.00 s" in recon
+
+
+def test_report_falls_back_to_the_simple_reconciliation_without_vllm_phases(capsys, tmp_path):
+    t = synthetic().synthetic_startup()
+    t.facts["vllm.available_kv_cache_bytes"] = 10 * GiB
+    t.phases = [p for p in t.phases if p.name != "init_device"]
+    for p in t.phases:
+        p.parent = None if p.parent is None else p.parent - 1
+    out = report(capsys, save_trace(t, tmp_path / "t.memtrace"), "--width", "200")
+    recon = out.split("Reconciliation")[1]
+    assert "(simple estimate)" in recon
     assert "peak reserved in determine_available_memory 44.52 GiB + non-torch 0.83 GiB = 45.35 GiB" in recon
-    assert "target 44.16 GiB - non-KV = -1.19 GiB for the KV cache" in recon
     assert "vLLM reported 10.00 GiB; difference -11.19 GiB" in recon

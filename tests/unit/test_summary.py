@@ -2,7 +2,13 @@
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import numpy as np
+import pytest
+from memtrace.analysis.curves import all_curves
+from memtrace.analysis.live import live_allocations_at
 from memtrace.analysis.summary import summarize
 from memtrace.model import (
     ACTION_CODE,
@@ -15,6 +21,7 @@ from memtrace.model import (
     Trace,
     empty_events,
 )
+from memtrace.store import load_run
 
 MiB = 1 << 20
 GiB = 1 << 30
@@ -141,3 +148,76 @@ def test_reconciliation_uses_the_profiling_peak_plus_non_torch():
 def test_an_empty_trace_summarizes_without_error():
     s = summarize(Trace())
     assert (s.peak.reserved_bytes, s.peak_allocated.bytes, s.crossings, s.holders) == (0, 0, [], [])
+
+
+# -- real traces recorded on an H200 (tests/data/h200, see its README) ------------------------------
+
+DATA = Path(__file__).resolve().parents[1] / "data" / "h200"
+RUNS = sorted(p.name for p in DATA.glob("startup-*"))
+
+
+def real(name: str):
+    trace = load_run(DATA / name).traces[0]
+    counters = json.loads(next((DATA / name).glob("*.counters.json")).read_text())["counters"]
+    return trace, counters
+
+
+@pytest.mark.parametrize("name", RUNS)
+def test_real_peak_reserved_equals_torch_max_memory_reserved_to_the_byte(name):
+    trace, counters = real(name)
+    s = summarize(trace)
+    assert s.peak.reserved_bytes == max(c["max_memory_reserved"] for c in counters)
+
+
+@pytest.mark.parametrize("name", RUNS)
+def test_real_peak_is_attributed_to_the_phase_where_torch_saw_it(name):
+    trace, counters = real(name)
+    s = summarize(trace)
+    top = max(c["max_memory_reserved"] for c in counters)
+    first = next(c for c in counters if c["max_memory_reserved"] == top)  # phase ends come innermost first
+    assert s.peak.phase_path.split("/")[-1] == first["phase"]
+    phase = next(p for p in trace.phases if p.name == first["phase"])
+    assert phase.start_us <= s.peak.time_us <= (phase.end_us or s.end_us) <= first["time_us"]
+
+
+def test_real_peak_of_the_full_card_is_in_capture_model_and_crosses_in_kernel_warmup():
+    s = summarize(real("startup-full")[0])
+    assert s.peak.phase_path == "compile_or_warm_up/capture_model"
+    assert s.peak.reserved_bytes == 140_286_885_888
+    res = next(c for c in s.crossings if c.curve == "reserved")
+    assert res.phase_path == "compile_or_warm_up/kernel_warmup"
+    assert res.value_bytes == s.peak.reserved_bytes and res.overshoot_bytes == s.peak.reserved_bytes - s.target_bytes
+
+
+@pytest.mark.parametrize("name", RUNS)
+def test_real_peak_allocated_is_the_requested_bytes_live_at_that_moment(name):
+    trace, counters = real(name)
+    c = all_curves(trace)
+    s = summarize(trace, curves=c)
+    i = c.allocated.peak_index
+    assert s.peak_allocated.bytes == sum(a.size_bytes for a in live_allocations_at(trace, event_index=i - 1))
+    assert s.peak.allocated_bytes == sum(
+        a.size_bytes for a in live_allocations_at(trace, event_index=s.peak.event_index)
+    )
+    # torch counts whole blocks (rounded up), memtrace the requested bytes: a few MiB apart, never the other way
+    torch_max = max(x["max_memory_allocated"] for x in counters)
+    assert 0 <= torch_max - s.peak_allocated.bytes <= 16 * MiB
+
+
+@pytest.mark.parametrize("name", RUNS)
+def test_real_holders_at_the_peak_add_up_to_the_allocated_bytes_there(name):
+    s = summarize(real(name)[0], top=1 << 20)
+    assert sum(h.bytes for h in s.holders) == s.peak.allocated_bytes
+    assert s.baseline.consistent and not s.warnings
+
+
+def test_real_oom_runs_carry_the_oom_and_the_phase_it_died_in():
+    s = summarize(real("startup-cap16g")[0])
+    assert s.oom["phase"] == "compile_or_warm_up/kernel_warmup" and s.oom["requested_bytes"] == 1 << 30
+    assert s.phases[-1].path == "compile_or_warm_up/kernel_warmup"
+
+
+def test_real_kv_reconstruction_matches_vllms_figure():
+    s = summarize(real("startup-full")[0])
+    assert s.kv.vllm_available_kv_bytes == 130_693_424_743
+    assert s.kv.available_kv_bytes == s.kv.vllm_available_kv_bytes

@@ -41,6 +41,7 @@ from ..model import (
 from .curves import Baseline, Curve, Curves, all_curves
 from .live import holders_by_stack, lifetimes, meaningful_frame
 from .phases import PhaseStats, path_at, phase_path, phase_stats, recording_span, window_peak
+from .reconcile import KvReconciliation, reconcile_kv
 
 #: Phase names (substrings) of vLLM's memory profiling, most specific first, for the reconciliation.
 PROFILING_PHASES = ("determine_available_memory", "profile_run", "profile")
@@ -61,7 +62,7 @@ class Peak:
     allocated_bytes: int
     phase_path: str
     event_index: int  # the state shown: right after this event (-1: the baseline itself)
-    non_torch_bytes: int | None = None  # NVML used - reserved at the last sample at or before it
+    non_torch_bytes: int | None = None  # NVML used - reserved at the last steady sample at or before it
     state_us: int = 0  # when the state shown was reached (see below)
 
 
@@ -151,7 +152,8 @@ class Summary:
     hook_calls: list[HookCall]
     notes: list[Note]
     warnings: list[str] = field(default_factory=list)
-    reconciliation: Reconciliation | None = None
+    reconciliation: Reconciliation | None = None  # the simple estimate (always, when vLLM's figure is known)
+    kv: KvReconciliation | None = None  # vLLM's own formula on memtrace's curves (analysis.reconcile)
     oom: dict[str, Any] | None = None
     path: str = ""
 
@@ -198,12 +200,15 @@ def crossing(trace: Trace, curve: Curve, target: int, name: str) -> Crossing | N
 
 
 def _profiling_window(trace: Trace) -> tuple[str, int, int] | None:
-    for key in PROFILING_PHASES:
-        for i, p in enumerate(trace.phases):
-            if key in p.name:
-                end = p.end_us if p.end_us is not None else recording_span(trace)[1]
-                return phase_path(trace, i), p.start_us, end
-    return None
+    """(label, start, end) spanning every phase whose name contains a PROFILING_PHASES word."""
+    hits = [i for i, p in enumerate(trace.phases) if any(k in p.name for k in PROFILING_PHASES)]
+    if not hits:
+        return None
+    end_of_trace = recording_span(trace)[1]
+    start = min(trace.phases[i].start_us for i in hits)
+    end = max(trace.phases[i].end_us if trace.phases[i].end_us is not None else end_of_trace for i in hits)
+    tops = [i for i in hits if not any(trace.phases[i].parent == j for j in hits)]
+    return " + ".join(dict.fromkeys(phase_path(trace, i) for i in tops)), start, end
 
 
 def reconcile(trace: Trace, curves: Curves, target: int | None) -> Reconciliation | None:
@@ -217,12 +222,23 @@ def reconcile(trace: Trace, curves: Curves, target: int | None) -> Reconciliatio
         note = "no profiling phase recorded: used the peak reserved over the whole recording"
     else:
         path, start, end = window
-        note = "peak reserved during the profiling phase + non-torch memory (NVML used - reserved) at that peak"
+        note = "peak reserved while profiling + non-torch memory (NVML used - reserved) at that peak"
     peak_bytes, peak_us = window_peak(curves.reserved, start, end)
-    non_torch = curves.non_torch.at(peak_us) if curves.has_device and curves.non_torch.time_us[0] <= peak_us else None
+    non_torch = _non_torch_at(curves, peak_us)
     if non_torch is None:
         note += "; no NVML samples, so non-torch memory is not counted"
     return Reconciliation(int(target), int(kv), path, peak_bytes, non_torch, note)
+
+
+def _non_torch_at(curves: Curves, t_us: int) -> int | None:
+    """Non-PyTorch bytes at ``t_us`` from the last *steady* NVML sample (see landmarks.steady_non_torch:
+    while memory moves fast, used - reserved is off by whole allocations); None without samples."""
+    if not curves.has_device:
+        return None
+    from .landmarks import steady_non_torch
+
+    steady = steady_non_torch(curves)
+    return int(steady.at(max(t_us, int(steady.time_us[0])))) if len(steady) else None
 
 
 def _warnings(trace: Trace, curves: Curves) -> list[str]:
@@ -259,9 +275,7 @@ def summarize(trace: Trace, target_bytes: int | None = None, *, top: int = 10, c
     res, alloc = curves.reserved, curves.allocated
     pi = res.peak_index
     t_peak = int(res.time_us[pi])
-    non_torch = None
-    if curves.has_device and curves.non_torch.time_us[0] <= t_peak:
-        non_torch = curves.non_torch.at(t_peak)
+    non_torch = _non_torch_at(curves, t_peak)
     # Reserved holds its peak until the next segment is freed; the block a new segment was made for is
     # handed out by the next event. The state shown at the peak is the fullest moment of that plateau.
     below = np.flatnonzero(res.bytes[pi:] != res.bytes[pi])
@@ -313,6 +327,7 @@ def summarize(trace: Trace, target_bytes: int | None = None, *, top: int = 10, c
         notes=list(trace.notes),
         warnings=_warnings(trace, curves),
         reconciliation=reconcile(trace, curves, target),
+        kv=reconcile_kv(trace, curves),
         oom=oom if isinstance(oom, dict) else None,
         path=trace.path,
     )
