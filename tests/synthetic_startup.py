@@ -249,9 +249,10 @@ def synthetic_startup() -> Trace:
     return b.trace(48 * GiB, 0.92, context_bytes=550 * MiB, sample_every_us=5_000)
 
 
-def synthetic_large(n_events: int = 1_000_000, seed: int = 0) -> Trace:
+def synthetic_large(n_events: int = 1_000_000, seed: int = 0, n_stacks: int = 1) -> Trace:
     """A SYNTHETIC trace of about ``n_events`` events (300 s, alloc/free churn over 64 live slots)
     on top of 24 GiB of weights, with the same phase names and hook call as synthetic_startup.
+    ``n_stacks`` > 1 spreads the churn over that many distinct 40-frame stacks (a wide flame graph).
     """
     rng = np.random.default_rng(seed)
     b = Builder()
@@ -284,6 +285,20 @@ def synthetic_large(n_events: int = 1_000_000, seed: int = 0) -> Trace:
     rest["size"][1::2] = sizes
     rest["stack"][0::2] = -1
     rest["stack"][1::2] = act_stack
+    if n_stacks > 1:
+        slots = 64 * max(1, n_stacks // 64)  # enough live slots that many stacks are live at once
+        base_ids = b.stacks[act_stack]
+        deep = [Frame(SITE + f"vllm/model_executor/layers/deep_{d}.py", 10 + d, f"call_{d}") for d in range(30)]
+        first = len(b.frames)
+        b.frames.extend(deep)
+        for k in range(n_stacks):
+            b.frames.append(Frame(SITE + f"vllm/model_executor/layers/op_{k % 97}.py", k, f"kernel_{k}"))
+            b.stacks.append((len(b.frames) - 1, *range(first + 29, first - 1, -1), *base_ids))
+        rest["stack"][1::2] = act_stack + 1 + (np.arange(n_steps) % n_stacks)
+        slot_addr = pool + (np.arange(n_steps) % slots) * 64 * MiB
+        rest["addr"][0::2] = rest["addr"][1::2] = slot_addr
+        prev = np.concatenate((np.zeros(slots, dtype=np.int64), sizes[:-slots]))[:n_steps]
+        rest["size"][0::2] = prev
     ev = ev[~((ev["action"] == ACTION_CODE["free_completed"]) & (ev["size"] == 0))]
     pool_seg = np.zeros(1, dtype=EVENT_DTYPE)
     pool_seg[0] = (T0 + 11_900_000, ACTION_CODE["segment_alloc"], pool, slots * 64 * MiB, 0, -1)
