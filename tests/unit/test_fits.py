@@ -199,3 +199,15 @@ def test_cli_non_torch_option_describes_another_cards_context(capsys):
     assert "DIES in compile_or_warm_up/kernel_warmup, after the KV cache (22.54 GiB)" in capsys.readouterr().out
     assert main(["fits", run, "--capacity", "32GiB", "--non-torch", "0.67GiB"]) == 0
     assert "SURVIVES: KV cache 22.54 GiB" in capsys.readouterr().out
+
+
+def test_vllm_refuses_a_kv_cache_too_small_for_one_max_model_len_request():
+    trace = g.vllm_like_startup()  # 15.26 GiB of KV cache on its 48 GiB card
+    kv = trace.facts["vllm.available_kv_cache_bytes"]
+    trace.facts["vllm.kv_cache_tokens"] = kv // (64 * 1024)  # 64 KiB of KV cache per token
+    trace.facts["vllm.config"] = {"max_model_len": 131072}  # one request needs 8 GiB
+    # 0.92 x 40 GiB - 28.9 GiB non-KV = 7.90 GiB of KV cache: positive, but short of one request
+    r = fit(trace, 40 * GiB)
+    assert (r.outcome, r.phase) == (NO_KV, "KV sizing (one max_model_len request does not fit)")
+    assert 0.09 * GiB < r.overshoot_bytes < 0.1 * GiB
+    assert fit(trace, 44 * GiB).outcome == FITS

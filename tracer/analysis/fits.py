@@ -13,7 +13,9 @@ Model (vLLM's own sizing, applied to a recorded start-up):
    is what the start-up *needs*: the pinned segments (``analysis.pinned``: the caching allocator
    releases free cached segments before it fails) plus non-PyTorch memory, as recorded or as given
    (``non_torch_bytes``: a different card has a different CUDA context).
-4. ``KV ≤ 0``: vLLM refuses to start ("No available memory for the cache blocks").
+4. ``KV ≤ 0``: vLLM refuses to start ("No available memory for the cache blocks"); so it does
+   when the KV cache cannot hold one request of ``max_model_len`` tokens (bytes per token as
+   recorded).
    Before all that, vLLM itself (not a plain PyTorch program) refuses at ``init_device`` when the
    free memory then (capacity − memory in use at the end of init_device) is below util × capacity.
 5. After the KV cache exists, the recorded curve moves by the change in KV bytes
@@ -30,7 +32,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..model import FACT_OOM, Trace
+from ..model import FACT_OOM, FACT_VLLM_KV_TOKENS, Trace
 from .curves import Curve, Curves, all_curves
 from .landmarks import Landmarks, landmarks, total_curve
 from .phases import path_at, recording_span, window_peak
@@ -158,6 +160,9 @@ def fit(
     if kv_new <= 0:
         return result(NO_KV, "KV sizing (after determine_available_memory)", -kv_new, "KV sizing")
     kv_rec = _recorded_kv(lm)
+    one_request = _one_request_bytes(trace, kv_rec)
+    if one_request is not None and kv_new < one_request:  # vLLM: "To serve at least one request..."
+        return result(NO_KV, "KV sizing (one max_model_len request does not fit)", one_request - kv_new, "KV sizing")
     if lm.kv_end_us is None or kv_rec is None:  # the recording ends before the KV cache was allocated
         if trace.facts.get(FACT_OOM) or lm.sizing_end_us is None:
             return result(UNKNOWN, "", 0, "beyond the recording", headroom=capacity_bytes - pre_peak)
@@ -172,6 +177,16 @@ def fit(
         return result(OOM, path_at(trace, t) or "after the KV cache", over, "post-KV", post_bytes, post_phase)
     highest = max(pre_peak, post_bytes)
     return result(FITS, "", 0, "", post_bytes, post_phase, capacity_bytes - highest)
+
+
+def _one_request_bytes(trace: Trace, kv_rec: int | None) -> int | None:
+    """KV bytes one request of max_model_len tokens needs (vLLM refuses to start below it), from the
+    recorded KV bytes per token; None when the trace lacks the figures (not a vLLM trace)."""
+    tokens = trace.facts.get(FACT_VLLM_KV_TOKENS)
+    max_len = (trace.facts.get("vllm.config") or {}).get("max_model_len")
+    if not kv_rec or not isinstance(tokens, int) or tokens <= 0 or not isinstance(max_len, int):
+        return None
+    return math.ceil(kv_rec / tokens * max_len)
 
 
 def _init_device_end(trace: Trace) -> int | None:
