@@ -87,6 +87,8 @@ def _verdict(r) -> str:
         return f"fits, {_gib(r.headroom_bytes)} to spare"
     if r.stage == "init":
         return f"vLLM refuses at init_device: free memory {_gib(r.overshoot_bytes)} short of util × capacity"
+    if r.stage == "KV sizing" and "max_model_len" in r.phase:
+        return f"vLLM refuses: KV cache {_gib(r.kv_cache_bytes)} < one max_model_len request ({_gib(r.overshoot_bytes)} short)"
     if r.stage == "KV sizing":
         return f"vLLM refuses: no memory for the KV cache ({_gib(r.overshoot_bytes)} short)"
     if r.stage == "pre-KV":
@@ -117,6 +119,11 @@ def render(results: list, run_path: str, smallest: int | None) -> str:
             lines.append(
                 f"  REFUSED at init_device: vLLM needs {_gib(r.target_bytes)} free at start-up and would find "
                 f"{_gib(r.overshoot_bytes)} less (CUDA context and other memory); lower --gpu-memory-utilization"
+            )
+        elif r.stage == "KV sizing" and "max_model_len" in r.phase:
+            lines.append(
+                f"  DIES at KV sizing: the {_gib(r.kv_cache_bytes)} KV cache cannot hold one request of max_model_len "
+                f"tokens ({_gib(r.overshoot_bytes)} short); lower --max-model-len or raise --gpu-memory-utilization"
             )
         elif r.stage == "KV sizing":
             lines.append(
