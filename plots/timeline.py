@@ -151,32 +151,13 @@ def render_timeline(
         raise ValueError("render_timeline needs at least one rank")
     t0 = min(r.start_us for r in ranks)
     t_end = max(r.end_us for r in ranks)
-    heights: list[float] = []
-    for r in ranks:
-        heights += [max(_lane_rows(r), 1) * LANE_ROW_IN + 0.08, MAIN_H_IN]
-    legend_rows = 3
-    title_in = 0.55
-    legend_in = 0.5 + 0.27 * legend_rows  # x-axis label, then the legend's rows
-    fig_h = sum(heights) + legend_in + title_in + 0.45 * len(ranks)
     with plt.rc_context({"font.size": FONT, "axes.titlesize": FONT + 1, "svg.fonttype": "none"}):
-        fig = plt.figure(figsize=(WIDTH_IN, fig_h), dpi=DPI)
-        gs = fig.add_gridspec(
-            2 * len(ranks),
-            2,
-            width_ratios=[3.4, 1],
-            height_ratios=heights,
-            left=0.06,
-            right=0.95,
-            top=1 - title_in / fig_h,
-            bottom=legend_in / fig_h,
-            hspace=0.12,
-            wspace=0.34,  # room for the target/capacity labels right of the main plot
-        )
+        fig, gs = _figure(plt, ranks)
         drawn, main_axes, handles = [], [], {}
         for i, rank in enumerate(ranks):
-            lane_ax = fig.add_subplot(gs[2 * i, 0], sharex=main_axes[0] if main_axes else None)
-            main_ax = fig.add_subplot(gs[2 * i + 1, 0], sharex=main_axes[0] if main_axes else None)
-            zoom_ax = fig.add_subplot(gs[2 * i + 1, 1])
+            share = main_axes[0] if main_axes else None
+            lane_ax = fig.add_subplot(gs[2 * i, 0], sharex=share)
+            main_ax = fig.add_subplot(gs[2 * i + 1, 0], sharex=share)
             main_axes.append(main_ax)
             crossing = crossing_text(rank, t0)
             window = zoom_window(rank)
@@ -184,7 +165,7 @@ def render_timeline(
             char_px = LABEL_PT * DPI / 72 * 0.6  # DejaVu Sans: about 0.55-0.6 em a glyph
             labels = draw_lane(lane_ax, rank, t0, px_per_s, char_px, len(ranks) > 1)
             corner = draw_main(main_ax, rank, t0, t_end, crossing, capacities, window, handles)
-            draw_zoom(zoom_ax, rank, t0, window, crossing)
+            draw_zoom(fig.add_subplot(gs[2 * i + 1, 1]), rank, t0, window, crossing)
             lane_ax.set_xlim((0, (t_end - t0) / 1e6))
             drawn.append(
                 RankDrawn(
@@ -202,22 +183,54 @@ def render_timeline(
         main_axes[-1].set_xlabel("seconds since start")
         for ax in main_axes[:-1]:
             ax.tick_params(labelbottom=False)
-        order = [*(n for n in CATEGORIES), "non_torch", "reserved", "device_used", "target", "capacity", "what-if"]
-        items = [(handles[k], k) for k in order if k in handles]
-        fig.legend(
-            [h for (h, _), _ in items],
-            [lab for (_, lab), _ in items],
-            loc="lower center",
-            ncol=-(-len(items) // legend_rows),
-            frameon=False,
-            fontsize=FONT - 1,
-            bbox_to_anchor=(0.5, 0.005),
-        )
+        _legend(fig, handles)
         fig.suptitle(title or "GPU memory during start-up", x=0.06, ha="left", fontsize=FONT + 3, fontweight="bold")
         out = Path(path)
         fig.savefig(out, dpi=DPI, format=out.suffix.lstrip(".").lower() or "png")
         plt.close(fig)
     return TimelineDrawn(out, t0, drawn)
+
+
+LEGEND_ROWS = 3
+TITLE_IN = 0.55
+LEGEND_IN = 0.5 + 0.27 * LEGEND_ROWS  # the x-axis label, then the legend's rows
+
+
+def _figure(plt, ranks: list[RankTimeline]):
+    """The figure and its grid: per rank a phase lane over the main plot (left) and the zoom (right)."""
+    heights: list[float] = []
+    for r in ranks:
+        heights += [max(_lane_rows(r), 1) * LANE_ROW_IN + 0.08, MAIN_H_IN]
+    fig_h = sum(heights) + LEGEND_IN + TITLE_IN + 0.45 * len(ranks)
+    fig = plt.figure(figsize=(WIDTH_IN, fig_h), dpi=DPI)
+    gs = fig.add_gridspec(
+        2 * len(ranks),
+        2,
+        width_ratios=[3.4, 1],
+        height_ratios=heights,
+        left=0.06,
+        right=0.95,
+        top=1 - TITLE_IN / fig_h,
+        bottom=LEGEND_IN / fig_h,
+        hspace=0.12,
+        wspace=0.34,  # room for the target/capacity labels right of the main plot
+    )
+    return fig, gs
+
+
+def _legend(fig, handles: dict) -> None:
+    """One legend for all ranks, below the plots, in a fixed order."""
+    order = [*CATEGORIES, "non_torch", "reserved", "device_used", "target", "capacity", "what-if"]
+    items = [handles[k] for k in order if k in handles]
+    fig.legend(
+        [h for h, _ in items],
+        [label for _, label in items],
+        loc="lower center",
+        ncol=-(-len(items) // LEGEND_ROWS),
+        frameon=False,
+        fontsize=FONT - 1,
+        bbox_to_anchor=(0.5, 0.005),
+    )
 
 
 def gib(values: np.ndarray) -> np.ndarray:
