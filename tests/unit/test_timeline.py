@@ -253,3 +253,11 @@ def test_real_h200_crossing_is_in_the_phase_the_run_died_in_and_not_after_the_oo
     capacity = trace.facts["capacity_bytes"]
     assert drawn.ranks[0].capacity_bytes == capacity
     assert drawn.ranks[0].target_bytes == trace.facts["target_bytes"]
+
+
+def test_plot_cli_skips_processes_without_events_and_says_so(run_dir, tmp_path, capsys):
+    save_trace(Trace(process=dataclasses.replace(Trace().process, pid=99, rank=1)), run_dir / "rank1.memtrace")
+    assert main(["plot", str(run_dir), "-o", str(tmp_path / "t.png")]) == 0
+    assert "skipping rank 1: no allocator events" in capsys.readouterr().err
+    assert main(["plot", str(run_dir), "--rank", "1", "-o", str(tmp_path / "u.png")]) == 2
+    assert "rank 1 recorded no allocator events" in capsys.readouterr().err

@@ -94,17 +94,15 @@ def run(args: argparse.Namespace) -> int:
     from ..analysis.curves import all_curves
     from ..analysis.flame import flame_at
     from ..analysis.summary import resolve_target
-    from ..errors import UsageError
     from ..units import format_gib
     from ._runs import load_with_progress, select
-    from .plot import output_path
+    from .plot import output_path, with_events
 
     fmt = args.format
     if fmt is None:
         fmt = "folded" if args.output and Path(args.output).suffix.lower() in (".folded", ".txt") else "svg"
-    trace = _pick_trace(select(load_with_progress(args.run_path), args.rank), args.rank)
-    if len(trace.events) == 0:
-        raise UsageError(f"{args.run_path}: {trace.label} recorded no allocator events, so nothing was live to show")
+    traces = with_events(select(load_with_progress(args.run_path), args.rank), args.run_path, "show")
+    trace = _pick_trace(traces, args.rank)
     curves = all_curves(trace)
     moment = resolve_moment(trace, curves, args.at)
     out = output_path(args.run_path, args.output, args.force, SUFFIX[fmt])

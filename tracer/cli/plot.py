@@ -52,6 +52,26 @@ def output_path(run_path: str, output: str | None, force: bool, suffix: str) -> 
     return out
 
 
+def with_events(traces: list, run_path: str, what: str) -> list:
+    """The traces that recorded allocator events; the others are skipped with a note on stderr.
+
+    Raises UsageError when none did (a CPU-only worker, or recording never started).
+    """
+    from ..errors import UsageError
+
+    kept = [t for t in traces if len(t.events)]
+    if not kept:
+        names = ", ".join(t.label for t in traces)
+        raise UsageError(
+            f"{run_path}: {names} recorded no allocator events, so there is nothing to {what} "
+            "(a CPU-only worker, or recording never started)"
+        )
+    for t in traces:
+        if not len(t.events):
+            print(f"memtrace: skipping {t.label}: no allocator events", file=sys.stderr)
+    return kept
+
+
 def _target_for(trace, target: int | None, util: float | None) -> int | None:
     from ..errors import UsageError
 
@@ -73,15 +93,7 @@ def run(args: argparse.Namespace) -> int:
     capacities = parse_sizes(args.capacity) if args.capacity else []
     if args.output and Path(args.output).suffix.lower() not in FORMATS:
         raise UsageError(f"cannot draw {Path(args.output).name}: the output must end in {', '.join(FORMATS)}")
-    run_ = load_with_progress(args.run_path)
-    traces = select(run_, args.rank)
-    empty = [t.label for t in traces if len(t.events) == 0]
-    if empty:
-        hint = "; use --rank to pick a rank that has them" if len(run_.traces) > 1 else ""
-        raise UsageError(
-            f"{args.run_path}: {', '.join(empty)} recorded no allocator events, so there is nothing to draw "
-            f"(a CPU-only worker, or recording never started){hint}"
-        )
+    traces = with_events(select(load_with_progress(args.run_path), args.rank), args.run_path, "draw")
     out = output_path(args.run_path, args.output, args.force, "-timeline.png")
     from ..plots.timeline import render_timeline
     from ..plots.timeline_data import prepare_rank
