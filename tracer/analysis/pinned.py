@@ -4,9 +4,9 @@ On a card that is full, PyTorch's caching allocator does not fail at once: it re
 segment with no live block (``release_cached_blocks``) and retries. So what a start-up *needs* at a
 moment is not the reserved curve (which, on a large card, keeps free segments cached) but the
 *pinned* curve: the sizes of the segments that hold at least one live block. ``fits`` compares this
-curve with smaller capacities; on the H200 runs at mimicked capacities (tests/data/h200) the
-32 GiB card survived with 0.16 GiB to spare where the full card's reserved curve said 0.3 GiB too
-much.
+curve with smaller capacities. In tests/data/h200/startup-full, capture_model's reserved peak is
+130.65 GiB of which 128.85 GiB is pinned: 1.8 GiB of cached segments a smaller card would release
+rather than fail (kernel_warmup, where those runs died, has 130.29 reserved and 130.25 pinned).
 
 Segments are tracked through ``segment_alloc``/``segment_free``; blocks through ``alloc`` /
 ``free_completed``, placed in the segment whose address range holds them. Blocks and segments from
