@@ -211,3 +211,19 @@ def test_vllm_refuses_a_kv_cache_too_small_for_one_max_model_len_request():
     assert (r.outcome, r.phase) == (NO_KV, "KV sizing (one max_model_len request does not fit)")
     assert 0.09 * GiB < r.overshoot_bytes < 0.1 * GiB
     assert fit(trace, 44 * GiB).outcome == FITS
+
+
+def test_pinned_curve_drops_cached_segments_that_the_allocator_could_release():
+    from memtrace.analysis.curves import all_curves
+    from memtrace.analysis.pinned import pinned_curve
+
+    trace = g.vllm_like_startup()
+    curves = all_curves(trace)
+    pinned = pinned_curve(trace, curves)
+    assert (pinned.bytes <= curves.reserved.bytes).all()
+    profile = next(p for p in trace.phases if p.name == "profile_run")
+    # the 6 GiB activation was freed 530 ms before the end of profile_run and stays cached until
+    # empty_cache at its end: reserved keeps it, pinned does not
+    t = profile.end_us - 100_000
+    assert curves.reserved.at(t) - pinned.at(t) == 6 * GiB
+    assert pinned.peak_bytes == curves.reserved.peak_bytes  # every segment is in use at the peak
