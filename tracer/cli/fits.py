@@ -62,6 +62,16 @@ def run(args: argparse.Namespace) -> int:
     trace = main_trace(load_with_progress(args.run_path), args.rank)
     with task("Predicting", total=None):
         results = fits(trace, capacities, util, non_torch_bytes=non_torch)
+        if non_torch is None:
+            from ..analysis.landmarks import landmarks
+
+            recorded = landmarks(trace).before_kv_non_torch_bytes
+            gpu = (trace.facts.get("env") or {}).get("gpu_name") or "the recorded GPU"
+            assumption = (
+                f"as recorded on {gpu}: {_gib(recorded)} at KV sizing" if recorded else "none recorded (no NVML)"
+            )
+        else:
+            assumption = f"{_gib(non_torch)} (--non-torch)"
         smallest = smallest_fitting(trace, util, non_torch_bytes=non_torch)
     if args.json:
         out = {
@@ -72,7 +82,7 @@ def run(args: argparse.Namespace) -> int:
         json.dump(out, sys.stdout, indent=2)
         print()
     else:
-        sys.stdout.write(render(results, args.run_path, smallest))
+        sys.stdout.write(render(results, args.run_path, smallest, assumption))
     return 0 if all(r.survives for r in results) else 1
 
 
@@ -96,7 +106,7 @@ def _verdict(r) -> str:
     return f"OOM in {r.phase} (after the KV cache; {_gib(r.overshoot_bytes)} over)"
 
 
-def render(results: list, run_path: str, smallest: int | None) -> str:
+def render(results: list, run_path: str, smallest: int | None, non_torch: str = "") -> str:
     """The text answer: one paragraph for one capacity, a table for several."""
     lines = [f"memtrace fits: {run_path}"]
     if len(results) == 1:
@@ -149,6 +159,8 @@ def render(results: list, run_path: str, smallest: int | None) -> str:
             )
         r = results[0]
         lines.append(f"  pre-KV peak (every card): {_gib(r.pre_kv_peak_bytes)} in {r.pre_kv_peak_phase}")
+    if non_torch:
+        lines.append(f"Non-PyTorch memory (CUDA context, libraries) assumed: {non_torch}; --non-torch SIZE to change")
     if smallest is not None:
         lines.append(f"Smallest card this start-up fits on at that utilization: about {_gib(smallest)}")
     return "\n".join(lines) + "\n"
