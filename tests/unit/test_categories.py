@@ -189,3 +189,16 @@ def test_real_h200_graph_pool_blocks_are_cudagraph_pool():
         if b.state.startswith("active")
     )
     assert graph_blocks > 0 and curves["cudagraph_pool"].bytes[-1] >= graph_blocks
+
+
+def test_real_vllm_kv_cache_and_weights_categories_match_vllms_own_figures():
+    from memtrace.store import load_run
+
+    run = TESTS / "data" / "vllm-h200" / "startup"
+    if not run.is_dir():
+        pytest.skip("no real vLLM trace under tests/data/vllm-h200")
+    trace = load_run(run).traces[0]
+    curves = category_curves(trace)
+    assert curves["kv_cache"].bytes[-1] == pytest.approx(trace.facts["vllm.kv_cache_bytes"], abs=1024)
+    assert curves["weights"].bytes[-1] == pytest.approx(trace.facts["vllm.weights_memory_bytes"], rel=0.001)
+    assert curves["cudagraph_pool"].bytes[-1] > 0  # capture_model's private pool

@@ -109,7 +109,7 @@ def test_blocks_from_before_recording_and_without_stacks_get_marker_frames():
     ev[1] = (20, ACTION_CODE["free_completed"], 0x1000, 50, 0, -1)  # its alloc predates the recording
     trace = Trace(events=ev)
     flame = flame_at(trace, 15)
-    assert flame.stacks == {("[no stack recorded]",): 100, (BEFORE_RECORDING,): 50}
+    assert flame.stacks == {("[no stack recorded]", "[phase] (outside any phase)"): 100, (BEFORE_RECORDING,): 50}
 
 
 def _svg_frames(path: Path) -> dict[str, float]:
@@ -292,3 +292,21 @@ def test_real_h200_oom_peak_flame_holds_what_torch_counted_when_the_card_died(ru
     assert torch_max * 0.998 <= flame.total_bytes <= torch_max
     assert _folded_total(folded_lines(flame)) == flame.total_bytes
     assert any(p[-1].startswith("allocate_sm120_dynamic_workspace") for p in flame.stacks)
+
+
+VLLM_RUN = TESTS / "data" / "vllm-h200" / "startup"
+
+
+def test_real_vllm_peak_flame_without_stacks_groups_by_phase_and_matches_vllms_own_kv_and_weights():
+    """Independent check: vLLM's own figures (the KV cache it allocated, the weights it measured)."""
+    from memtrace.store import load_run
+
+    if not VLLM_RUN.is_dir():
+        pytest.skip("no real vLLM trace under tests/data/vllm-h200")
+    trace = load_run(VLLM_RUN).traces[0]
+    curves = all_curves(trace)
+    flame = flame_at(trace, event_index=peak_event_index(curves.allocated, curves.reserved))
+    by_phase = {p[-1]: b for p, b in flame.stacks.items() if p[0] == "[no stack recorded]"}
+    assert by_phase["[phase] kv_cache_init"] == pytest.approx(trace.facts["vllm.kv_cache_bytes"], abs=1024)
+    assert by_phase["[phase] load_model"] == pytest.approx(trace.facts["vllm.weights_memory_bytes"], rel=0.001)
+    assert _folded_total(folded_lines(flame)) == flame.total_bytes == int(curves.allocated.bytes.max())

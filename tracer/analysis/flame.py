@@ -11,8 +11,9 @@ allocators by default) gets a frame of its own, ``[hook] allocate_sm120_dynamic_
 outside the innermost frame of the hooked function (in place of memtrace's wrapper frames there),
 else as the leaf. memtrace's own wrapper frames (``memtrace/plugins/hooks.py``, also found around
 vLLM's phase methods) are dropped from every stack: they are the tracer, not the program.
-Allocations without a recorded stack sit under ``[no stack recorded]``; blocks allocated before
-recording began under ``[allocated before recording]``.
+Allocations without a recorded stack sit under ``[no stack recorded]``, then the phase they were
+made in (``[phase] kv_cache_init``); blocks allocated before recording began under
+``[allocated before recording]``.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from .live import LiveAllocation, lifetimes, live_allocations_at
 NO_STACK = "[no stack recorded]"
 BEFORE_RECORDING = "[allocated before recording]"
 HOOK_PREFIX = "[hook] "
+PHASE_PREFIX = "[phase] "
 #: Files of memtrace's own hook wrappers: replaced by the ``[hook]`` frame.
 _WRAPPER_FILES = ("memtrace/plugins/hooks.py", "plugins/hooks.py")
 _CUT_AFTER = ("site-packages/", "dist-packages/")
@@ -135,7 +137,8 @@ def stack_paths(
     cache: dict[int, tuple[list[str], list[Frame]]] = {}
     paths: dict[tuple[str, ...], int] = {}
     counts: dict[tuple[str, ...], int] = {}
-    for a in live:
+    phase_of = _phase_labels(trace, live)
+    for i, a in enumerate(live):
         if a.stack not in cache:
             frames = list(reversed(trace.stack_frames(a.stack)))  # root → leaf
             cache[a.stack] = ([frame_label(f) for f in frames], frames)
@@ -143,11 +146,24 @@ def stack_paths(
         running = _hook_chain_sorted(hooks_sorted, hook_starts, a.alloc_us) if a.alloc_us is not None else []
         path = _insert_hooks(labels, frames, running)
         if not path or path == [HOOK_PREFIX + hook_short_name(h.name) for h in running]:
-            path = [BEFORE_RECORDING if a.alloc_us is None else NO_STACK, *path]
+            # no Python stack: the phase it was allocated in still says a lot (stacks="none" traces)
+            head = [BEFORE_RECORDING] if a.alloc_us is None else [NO_STACK, phase_of[i]]
+            path = [*head, *path]
         key = tuple(path)
         paths[key] = paths.get(key, 0) + a.size_bytes
         counts[key] = counts.get(key, 0) + 1
     return paths, counts
+
+
+def _phase_labels(trace: Trace, live: list[LiveAllocation]) -> list[str]:
+    """``[phase] load_model``: the innermost phase path each allocation was made in."""
+    from .categories import innermost_phase_indices
+    from .phases import phase_path
+
+    times = np.array([a.alloc_us if a.alloc_us is not None else 0 for a in live], dtype=np.int64)
+    idx = innermost_phase_indices(trace, times)
+    names = {int(i): phase_path(trace, int(i)) for i in np.unique(idx) if i >= 0}
+    return [f"{PHASE_PREFIX}{names[int(i)]}" if i >= 0 else f"{PHASE_PREFIX}(outside any phase)" for i in idx]
 
 
 def _hook_chain_sorted(hooks: list[HookCall], starts: np.ndarray, t_us: int) -> list[HookCall]:

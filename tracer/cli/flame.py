@@ -123,6 +123,8 @@ def run(args: argparse.Namespace) -> int:
         sub = [trace.label, f"{format_gib(flame.total_bytes)} allocated", f"reserved {format_gib(int(reserved))}"]
         if target is not None:
             sub.append(f"target {format_gib(target)}")
+        if trace.recording.stacks == "none":
+            sub.append("no Python stacks recorded: grouped by phase")
         sub.append(Path(args.run_path.rstrip("/")).name)
         render_flame_svg(
             flame,
