@@ -9,6 +9,7 @@ import importlib
 import sys
 import textwrap
 import uuid
+from pathlib import Path
 
 import pytest
 
@@ -158,3 +159,32 @@ def test_default_targets_cover_the_06_and_07_allocators():
         assert f"{dispatch}:{func}" in paths
     assert "flashinfer.fused_moe.cute_dsl.b12x_moe:B12xMoEWrapper._allocate_buffers" in paths
     assert "b12x.moe.fused_moe._impl:_allocate_core_arena" in paths
+
+
+# -- FlashInfer 0.6.13's real allocator, hooked on an H200 (tests/data/vllm-h200/flashinfer_probe.py) --
+
+REAL = Path(__file__).resolve().parents[1] / "data" / "vllm-h200" / "flashinfer-probe"
+DISPATCH = "flashinfer.fused_moe.cute_dsl.blackwell_sm12x.moe_dispatch"
+
+
+def test_real_b12x_dynamic_workspace_bytes_are_the_sum_of_its_storages():
+    from memtrace.store import load_run
+
+    (trace,) = load_run(REAL).traces
+    calls = trace.hook_calls
+    names = [(c.name.split(":")[-1], c.parent) for c in calls]
+    assert names == [
+        ("allocate_sm120_dynamic_workspace", None),  # through the module
+        ("allocate_sm120_dynamic_workspace", None),  # through the package's re-export
+        ("allocate_sm120_moe_workspace", None),
+        ("allocate_sm120_dynamic_workspace", 2),  # nested in the dispatcher
+    ]
+    args = {"state_E": 128, "weight_E": 128, "routed_rows": 65536, "k": 2048, "n": 768, "num_topk": 8, "device": "cuda"}
+    for c in calls:
+        assert c.name.startswith(DISPATCH) and c.error is None
+        assert c.returned_bytes == 94_974_860  # the 0.6.13 tensor list for this shape, byte for byte
+        assert {k: c.args[k] for k in args} == args
+        assert c.allocated_delta_bytes >= c.returned_bytes  # rounded to the allocator's blocks
+    assert calls[0].allocated_delta_bytes == 95_110_144
+    assert calls[3].start_us >= calls[2].start_us and calls[3].end_us <= calls[2].end_us
+    assert trace.facts["env"]["flashinfer"] == "0.6.13"

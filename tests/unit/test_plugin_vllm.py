@@ -129,3 +129,73 @@ def test_kv_cache_facts_from_a_kv_cache_config():
         "vllm.kv_cache_bytes": 1024,
         "vllm.kv_cache_tokens": 1600,
     }
+
+
+# -- the real start-up recorded on an H200 with vLLM 0.25.1 + FlashInfer 0.6.13 (tests/data/vllm-h200) --
+
+REAL = Path(__file__).resolve().parents[1] / "data" / "vllm-h200" / "startup"
+REAL_PHASES = [
+    ("init_device", None),
+    ("load_model", None),
+    ("determine_available_memory", None),
+    ("profile_run", "determine_available_memory"),
+    ("cudagraph_profile", "determine_available_memory"),
+    ("kv_cache_init", None),
+    ("compile_or_warm_up", None),
+    ("kernel_warmup", "compile_or_warm_up"),
+    ("capture_model", "compile_or_warm_up"),
+]
+
+
+def _real():
+    from memtrace.store import load_run
+
+    (trace,) = load_run(REAL).traces
+    return trace
+
+
+def test_real_h200_startup_has_every_phase_nested_as_vllm_0251_calls_them():
+    trace = _real()
+    got = [(p.name, trace.phases[p.parent].name if p.parent is not None else None) for p in trace.phases]
+    assert got == REAL_PHASES
+    assert [p.start_us for p in trace.phases] == sorted(p.start_us for p in trace.phases)
+    assert all(p.end_us is not None and p.source == "vllm" for p in trace.phases)
+    assert trace.recording.end_reason == "startup-complete" and not trace.recording.truncated
+    assert len(trace.events) == 14_767 and len(trace.samples) > 1000
+
+
+def test_real_h200_startup_facts_are_vllms_own_figures():
+    trace = _real()
+    f = trace.facts
+    assert f["target_bytes"] == 138_101_089_895 == f["vllm.profile"]["requested_memory_bytes"]
+    assert f["target_source"] == "Worker.requested_memory" and f["gpu_memory_utilization"] == 0.92
+    assert f["vllm.available_kv_cache_bytes"] == 125_653_349_991
+    log = (REAL / "vllm.log").read_text(errors="replace")
+    assert "Available KV cache memory: 117.02 GiB" in log and "GPU KV cache size: 15,338,528 tokens" in log
+    assert f["vllm.kv_cache_tokens"] == 15_338_528 and f["vllm.kv_cache_blocks"] == 958_658
+    assert f["vllm.cudagraph_memory_estimate_bytes"] == 47_185_920  # "Estimated CUDA graph memory: 0.04 GiB"
+    assert f["vllm.weights_memory_bytes"] == 11_259_703_296  # "Model loading took 10.49 GiB"
+    assert (f["env"]["vllm"], f["env"]["flashinfer"], f["env"]["torch"]) == ("0.25.1", "0.6.13", "2.11.0+cu130")
+    cfg = f["vllm.config"]
+    assert cfg["architecture"] == "Qwen3MoeForCausalLM" and cfg["kv_cache_dtype"] == "fp8"
+    assert cfg["distributed_executor_backend"] == "uni" and cfg["model_runner_class"].endswith(
+        "gpu_model_runner.GPUModelRunner"
+    )
+
+
+def test_real_h200_startup_keeps_no_secret():
+    cmdline = _real().facts["env"]["cmdline"]
+    assert cmdline[cmdline.index("--api-key") + 1] == "<redacted>"
+    assert b"memtrace-secret-key" not in (REAL / "vm-pid1568-rank0.memtrace").read_bytes()
+    assert "memtrace-secret-key" in (REAL / "vllm.log").read_text()  # vLLM itself logs it (non-default args)
+
+
+def test_real_h200_phase_edges_carry_memtraces_own_device_readings():
+    readings = _real().facts["memtrace.phase_memory"]
+    edges = [(r["phase"], r["edge"]) for r in readings]
+    assert edges[0] == ("init_device", "end") and ("capture_model", "end") in edges and len(edges) == 17
+    kv = {r["edge"]: r for r in readings if r["phase"] == "kv_cache_init"}
+    grown = kv["end"]["allocated_bytes"] - kv["start"]["allocated_bytes"]
+    kv_bytes = _real().facts["vllm.kv_cache_bytes"]
+    assert kv_bytes == 125_653_221_376  # the KV cache tensors vLLM asked for
+    assert 0 <= grown - kv_bytes == 8_126_976  # + the runner's small per-layer buffers built with them

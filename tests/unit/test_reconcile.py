@@ -9,7 +9,6 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-import numpy as np
 import pytest
 from memtrace.analysis.reconcile import FORMULA_025, FORMULA_033, choose_formula, reconcile_kv
 from memtrace.model import ACTION_CODE, Phase, Trace, empty_events, empty_samples
@@ -116,24 +115,27 @@ def test_a_trace_without_samples_or_phases_is_not_reconciled():
 def _real_trace():
     from memtrace.store import load_run
 
-    files = sorted(REAL.glob("*.memtrace"))
-    if not files:
-        pytest.skip(f"no real vLLM trace in {REAL}")
-    run = load_run(files[0])
-    return run.traces[0]
+    return load_run(REAL / "startup").traces[0]
 
 
 def test_real_h200_trace_matches_vllms_available_kv_within_one_percent():
     trace = _real_trace()
-    r = reconcile_kv(trace)
-    assert r is not None and r.formula == FORMULA_025 and r.source == "nvml"
+    profile = trace.facts["vllm.profile"]  # vLLM's own figures, read from its worker
     vllm_bytes = trace.facts["vllm.available_kv_cache_bytes"]
-    assert r.vllm_available_kv_bytes == vllm_bytes
-    assert r.relative_difference < 0.01, (r.available_kv_bytes, vllm_bytes)
-    b = reconcile_kv(trace, source="boundaries")
-    assert b is not None and b.relative_difference < 0.01, (b.available_kv_bytes, vllm_bytes)
-    log = (REAL / "vllm.log").read_text(errors="replace")
+    log = (REAL / "startup" / "vllm.log").read_text(errors="replace")
     logged_gib = float(re.search(r"Available KV cache memory: ([\d.]+) GiB", log).group(1))
-    assert abs(r.available_kv_bytes / GiB - logged_gib) / logged_gib < 0.01
-    assert abs(vllm_bytes / GiB - logged_gib) < 0.006  # vLLM logs round(GiB, 2)
-    assert np.isclose(r.weights_bytes, trace.facts["vllm.profile"]["weights_memory_bytes"], rtol=0.01)
+    assert logged_gib == 117.02 and vllm_bytes == 125_653_349_991
+    for source in ("nvml", "boundaries"):
+        r = reconcile_kv(trace, source=source)
+        assert r.formula == FORMULA_025 and r.source == source and r.vllm_available_kv_bytes == vllm_bytes
+        assert r.available_kv_bytes == 125_824_288_231  # 117.18 GiB
+        assert r.relative_difference < 0.01 and abs(r.available_kv_bytes / GiB - logged_gib) / logged_gib < 0.01
+        # term by term against vLLM's own worker attributes
+        assert r.torch_peak_increase_bytes == profile["peak_activation_memory_bytes"] == 897_581_056
+        assert r.weights_bytes == pytest.approx(profile["weights_memory_bytes"], rel=1e-4)
+        assert r.graph_estimate_bytes == profile["cudagraph_memory_estimate_bytes"] == 47_185_920
+        assert r.non_torch_increase_bytes == 73_400_320  # vLLM: 243,269,632, from an earlier snapshot
+        # the whole difference: non-torch memory created inside init_device after vLLM's snapshot,
+        # plus requested-vs-rounded weight bytes
+        assert r.init_gap_bytes == profile["non_torch_memory_bytes"] - r.non_torch_increase_bytes == 169_869_312
+        assert r.difference_bytes == r.init_gap_bytes + (profile["weights_memory_bytes"] - r.weights_bytes)

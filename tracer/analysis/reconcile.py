@@ -67,6 +67,10 @@ class KvReconciliation:
     transient_peak_headroom_bytes: int | None = None  # 0.33
     init_us: int = 0
     after_us: int = 0
+    #: device memory (non-torch for 0.25, used for 0.33) that appeared between vLLM's own init snapshot
+    #: (inside init_device, before the model runner is built) and the end of init_device, where
+    #: memtrace's recording starts: vLLM counts it, memtrace's figure cannot. Diagnostic only.
+    init_gap_bytes: int | None = None
     notes: list[str] = field(default_factory=list)
 
     @property
@@ -147,6 +151,22 @@ class _Device:
         self.ok = None not in self.used and None not in self.non_torch
 
 
+def _init_gap(trace: Trace, formula: str) -> int | None:
+    """Device memory vLLM's init snapshot did not hold yet when init_device ended (cudaMemGetInfo terms:
+    from the plugin's reading at the end of init_device; NVML's "used" counts the driver's reserved
+    memory too, ~615 MiB on an H200, so it is not comparable with vLLM's snapshot)."""
+    snap = (trace.facts.get("vllm.profile") or {}).get("init_snapshot") or {}
+    reading = _reading(trace, "init_device", "end")
+    if reading is None:
+        return None
+    used = reading["total_bytes"] - reading["free_bytes"]
+    if formula == FORMULA_025 and isinstance(snap.get("non_torch_memory"), int):
+        return int(used - reading["reserved_bytes"] - snap["non_torch_memory"])
+    if formula == FORMULA_033 and isinstance(snap.get("cuda_memory"), int):
+        return int(used - snap["cuda_memory"])
+    return None
+
+
 def reconcile_kv(
     trace: Trace, curves: Curves | None = None, formula: str | None = None, source: str | None = None
 ) -> KvReconciliation | None:
@@ -182,6 +202,12 @@ def reconcile_kv(
     estimate, more = _graph_estimate(trace)
     notes += more
     vllm_kv = trace.facts.get(FACT_VLLM_AVAILABLE_KV_BYTES)
+    gap = _init_gap(trace, formula)
+    if gap:
+        notes.append(
+            f"{gap} B appeared inside init_device after vLLM's init snapshot, before recording started: "
+            "vLLM counts them as non-KV memory, memtrace's figure does not"
+        )
     common = dict(
         formula=formula,
         source=source,
@@ -192,6 +218,7 @@ def reconcile_kv(
         vllm_available_kv_bytes=int(vllm_kv) if isinstance(vllm_kv, int) else None,
         init_us=int(init_us),
         after_us=int(after_us),
+        init_gap_bytes=gap,
         notes=notes,
     )
     if formula == FORMULA_025:

@@ -12,12 +12,14 @@ python3 -m pip install -q --no-deps --no-build-isolation --target /tmp/site . >>
 export PYTHONUNBUFFERED=1 VLLM_CACHE_ROOT=/tmp/vcache HF_HUB_OFFLINE=1
 echo "installed at ${SECONDS}s"
 
-# 1. FlashInfer's real allocator with memtrace's hook, inside a memtrace session
+# 1. FlashInfer's real allocator with memtrace's hook, inside a memtrace session (SKIP_PROBE=1 skips it)
+if [ "${SKIP_PROBE:-0}" != 1 ]; then
 rm -rf /tmp/fi-run
 timeout 120 python3 "$HERE/flashinfer_probe.py" /tmp/fi-run > "$OUT/flashinfer-probe.log" 2>&1
 grep -E "HOOKCALL|expected|patched|Error" "$OUT/flashinfer-probe.log"
 tar czf "$OUT/flashinfer-run.tar.gz" -C /tmp fi-run 2>/dev/null
 echo "probe done at ${SECONDS}s"
+fi
 
 # 2. vLLM start-up of a real-architecture Qwen3-MoE (dummy weights) with the plugin
 mkdir -p /tmp/model && cat > /tmp/model/config.json <<'JSON'
@@ -33,7 +35,7 @@ JSON
 nvidia-smi --query-gpu=timestamp,memory.used,memory.total --format=csv,noheader,nounits -lms 100 > "$OUT/nvidia-smi.csv" 2>/dev/null &
 SMI=$!
 rm -rf /tmp/vrun
-VLLM_PLUGINS=memtrace MEMTRACE_DIR=/tmp/vrun setsid python3 -m vllm.entrypoints.openai.api_server \
+VLLM_PLUGINS=memtrace MEMTRACE_DIR=/tmp/vrun MEMTRACE_STACKS=${MEMTRACE_STACKS:-python} setsid python3 -m vllm.entrypoints.openai.api_server \
   --model /tmp/model --load-format dummy --skip-tokenizer-init --host 127.0.0.1 --port 8771 \
   --kv-cache-dtype fp8 --max-model-len 32768 --max-num-batched-tokens 8192 --max-num-seqs 8 \
   --gpu-memory-utilization 0.92 --api-key memtrace-secret-key > "$OUT/vllm.log" 2>&1 &
