@@ -30,8 +30,9 @@ H200 = TESTS / "data" / "h200"
 
 
 def _real_traces() -> list[Path]:
-    """The full-card run and one that died of OOM, when the real H200 data is there."""
-    return [p for name in ("startup-full", "startup-cap16g") for p in sorted((H200 / name).glob("*.memtrace"))]
+    """The full-card run, one that died of OOM and a real vLLM 0.25.1 start-up, when they are there."""
+    dirs = [H200 / "startup-full", H200 / "startup-cap16g", TESTS / "data" / "vllm-h200" / "startup"]
+    return [p for d in dirs for p in sorted(d.glob("*.memtrace"))]
 
 
 def _traces():

@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from memtrace.analysis.fits import FITS, NO_KV, OOM, UNKNOWN, fit, fits
+from memtrace.analysis.fits import FITS, NO_KV, OOM, REFUSED, UNKNOWN, fit, fits
 from memtrace.cli import main
 from memtrace.store import save_trace
 
@@ -229,3 +229,31 @@ def test_pinned_curve_drops_cached_segments_that_the_allocator_could_release():
     # the 2 GiB warm-up segment stays cached to the end: the reserved peak (in capture_model) holds it
     assert curves.reserved.bytes[-1] - pinned.bytes[-1] == 2 * GiB
     assert curves.reserved.peak_bytes - pinned.peak_bytes == 512 * MiB  # pinned peaks in kernel_warmup
+
+
+VLLM_RUN = TESTS / "data" / "vllm-h200" / "startup"
+
+
+@pytest.mark.skipif(not VLLM_RUN.is_dir(), reason="no real vLLM start-up under tests/data/vllm-h200 yet")
+def test_real_vllm_startup_applies_vllms_own_checks():
+    from memtrace.store import load_run
+
+    trace = load_run(VLLM_RUN).traces[0]  # vLLM 0.25.1 on the H200, util 0.92, 117.02 GiB of KV cache
+    full = fit(trace, trace.process.device_total_bytes)
+    assert full.outcome == FITS
+    assert abs(full.kv_cache_bytes - trace.facts["vllm.available_kv_cache_bytes"]) <= 1
+    # 1.31 GiB in use after init_device is more than the 8% of a 16 GiB card vLLM leaves free
+    small = fit(trace, 16 * GiB)
+    assert (small.outcome, small.phase) == (REFUSED, "init_device")
+    assert fit(trace, 24 * GiB).outcome == FITS
+
+
+def test_vllm_refuses_at_init_when_util_leaves_less_than_the_cuda_context():
+    trace = g.vllm_like_startup()
+    trace.facts["vllm.version"] = "0.25.1"  # recorded by the vLLM plugin: vLLM's request_memory check applies
+    # 900 MiB in use after init_device; 0.99 x 64 GiB leaves 655 MiB free of util: vLLM raises ValueError
+    r = fit(trace, 64 * GiB, util=0.99)
+    assert (r.outcome, r.phase) == (REFUSED, "init_device")
+    assert fit(trace, 64 * GiB, util=0.92).outcome == FITS
+    del trace.facts["vllm.version"]  # a plain PyTorch program makes no such check
+    assert fit(trace, 64 * GiB, util=0.99).outcome != REFUSED
