@@ -310,3 +310,28 @@ def test_real_vllm_peak_flame_without_stacks_groups_by_phase_and_matches_vllms_o
     assert by_phase["[phase] kv_cache_init"] == pytest.approx(trace.facts["vllm.kv_cache_bytes"], abs=1024)
     assert by_phase["[phase] load_model"] == pytest.approx(trace.facts["vllm.weights_memory_bytes"], rel=0.001)
     assert _folded_total(folded_lines(flame)) == flame.total_bytes == int(curves.allocated.bytes.max())
+
+
+def test_real_flashinfer_hook_frames_hold_exactly_the_bytes_the_hooked_calls_returned():
+    """Real FlashInfer 0.6.13 allocators on the H200, hooked: each top-level call returned 94,974,860 B."""
+    from memtrace.analysis.categories import category_curves
+    from memtrace.store import load_run
+
+    run = TESTS / "data" / "vllm-h200" / "flashinfer-probe"
+    if not run.is_dir():
+        pytest.skip("no real FlashInfer probe trace")
+    trace = load_run(run).traces[0]
+    top_calls = [h for h in trace.hook_calls if h.parent is None]
+    curves = all_curves(trace)
+    flame = flame_at(trace, event_index=peak_event_index(curves.allocated, curves.reserved))
+    under_hooks = sum(b for p, b in flame.stacks.items() if p[1].startswith(HOOK_PREFIX))
+    assert under_hooks == flame.total_bytes == sum(h.returned_bytes for h in top_calls) == 3 * 94_974_860
+    nested = [p for p in flame.stacks if p[1] == HOOK_PREFIX + "allocate_sm120_moe_workspace"]
+    assert nested and all(HOOK_PREFIX + "allocate_sm120_dynamic_workspace" in p for p in nested)
+    assert category_curves(trace)["flashinfer_workspace"].bytes[-1] == 3 * 94_974_860
+
+
+def test_frame_labels_start_at_the_package_when_installed_outside_site_packages():
+    f = Frame("/tmp/site/flashinfer/fused_moe/cute_dsl/blackwell_sm12x/moe_dispatch.py", 1264, "alloc")
+    assert frame_label(f) == "alloc (flashinfer/fused_moe/cute_dsl/blackwell_sm12x/moe_dispatch.py:1264)"
+    assert frame_label(Frame("/home/u/proj/train.py", 3, "main")) == "main (proj/train.py:3)"

@@ -33,6 +33,7 @@ PHASE_PREFIX = "[phase] "
 #: Files of memtrace's own hook wrappers: replaced by the ``[hook]`` frame.
 _WRAPPER_FILES = ("memtrace/plugins/hooks.py", "plugins/hooks.py")
 _CUT_AFTER = ("site-packages/", "dist-packages/")
+_PACKAGE_ROOTS = ("vllm/", "flashinfer/", "torch/", "transformers/", "triton/", "b12x/", "memtrace/")
 
 
 @dataclass
@@ -72,16 +73,22 @@ class Flame:
 
 
 def frame_label(frame: Frame) -> str:
-    """``function (vllm/v1/worker/gpu_worker.py:406)``; ';' is replaced (it separates folded frames)."""
-    path = frame.filename
+    """``function (vllm/v1/worker/gpu_worker.py:406)``: the path from the package root (after
+    ``site-packages/``, else at a known package such as ``vllm/``), else its last two parts.
+    ';' is replaced (it separates folded frames)."""
+    path = frame.filename.replace("\\", "/")
     for marker in _CUT_AFTER:
         k = path.rfind(marker)
         if k >= 0:
             path = path[k + len(marker) :]
             break
     else:
-        parts = path.replace("\\", "/").split("/")
-        path = "/".join(parts[-2:]) if len(parts) > 2 else path
+        roots = [k for k in (path.find(f"/{r}") for r in _PACKAGE_ROOTS) if k >= 0]
+        if roots:  # installed elsewhere (pip --target, a source checkout): cut at the package
+            path = path[min(roots) + 1 :]
+        else:
+            parts = path.split("/")
+            path = "/".join(parts[-2:]) if len(parts) > 2 else path
     where = f"{path}:{frame.line}" if frame.line else path
     return f"{frame.name} ({where})".replace(";", ":")
 
