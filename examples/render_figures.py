@@ -1,7 +1,7 @@
 """Render the README's figures from a real trace shipped in tests/data: the timeline and the peak flame graph.
 
     python examples/render_figures.py                      # the first H200 run under tests/data
-    python examples/render_figures.py tests/data/h200/startup-cap32g --flame-run tests/data/h200/startup-cap16g \
+    python examples/render_figures.py tests/data/vllm-h200/startup --flame-run tests/data/h200/startup-cap16g \
         --out docs --force                                 # the README's figures
 
 Writes ``timeline.png`` and ``flame.svg`` (and ``flame.folded``) into ``--out`` (default ``docs``),
@@ -63,9 +63,11 @@ def main(argv: list[str] | None = None) -> int:
     stood_for = traces[0].facts.get("capacity_bytes")
     if stood_for and traces[0].process.device_total_bytes and stood_for < traces[0].process.device_total_bytes:
         gpu += f" standing for a {format_gib(stood_for, 0)} card"  # a per-process memory fraction
-    drawn = render_timeline(
-        [prepare_rank(t) for t in traces], outs["timeline.png"], title=f"GPU memory during start-up ({gpu})"
-    )
+    facts = traces[0].facts
+    arch = (facts.get("vllm.config") or {}).get("architecture")
+    what = f"vLLM {facts['vllm.version']} start-up" if facts.get("vllm.version") else "GPU memory during start-up"
+    title = f"{what}{', ' + arch if arch else ''} ({gpu})"
+    drawn = render_timeline([prepare_rank(t) for t in traces], outs["timeline.png"], title=title)
     for r in drawn.ranks:
         c = r.crossing
         what = "no crossing" if c is None else f"crossing at {c.time_s:.3f} s in {c.phase_path}, "
