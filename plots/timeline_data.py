@@ -42,7 +42,8 @@ class RankTimeline:
         return min(self.summary.crossings, key=lambda c: (c.time_us, c.curve != "reserved"))
 
 
-def _capacity(trace: Trace) -> int | None:
+def card_capacity(trace: Trace) -> int | None:
+    """The card's memory: facts["capacity_bytes"] (a run standing for a smaller card), else the device's."""
     stood_for = trace.facts.get("capacity_bytes")
     if isinstance(stood_for, (int, float)) and stood_for > 0:
         return int(stood_for)
@@ -63,6 +64,6 @@ def prepare_rank(trace: Trace, target_bytes: int | None = None) -> RankTimeline:
         summary=summary,
         start_us=start,
         end_us=max(end, start + 1),
-        capacity_bytes=_capacity(trace),
+        capacity_bytes=card_capacity(trace),
         util=float(util) if util is not None else None,
     )

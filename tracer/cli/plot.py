@@ -77,7 +77,9 @@ def _target_for(trace, target: int | None, util: float | None) -> int | None:
 
     if util is None:
         return target
-    total = trace.process.device_total_bytes
+    from ..plots.timeline_data import card_capacity
+
+    total = card_capacity(trace)
     if not total:
         raise UsageError(f"{trace.label} did not record the device's capacity; give --target BYTES instead of --util")
     return math.ceil(util * total)
