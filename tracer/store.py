@@ -151,17 +151,22 @@ class TraceWriter:
 
     # -- interning -----------------------------------------------------------------------------
     def intern_frames(self, frames: Iterable[tuple[str, int, str]]) -> tuple[int, ...]:
+        """Frame ids for ``frames``; new frames are stored first and remembered only once stored,
+        so a failed write never leaves a gap in the ids."""
         ids = []
-        new = []
+        new: dict[tuple[str, int, str], int] = {}
         for key in frames:
-            fid = self._frames.get(key)
+            fid = self._frames.get(key, new.get(key))
             if fid is None:
-                fid = self._frames[key] = len(self._frames)
-                new.append((fid, *key))
+                fid = new[key] = len(self._frames) + len(new)
             ids.append(fid)
         if new:
             with self._db:
-                self._db.executemany("INSERT INTO frames(id, filename, line, name) VALUES (?,?,?,?)", new)
+                self._db.executemany(
+                    "INSERT INTO frames(id, filename, line, name) VALUES (?,?,?,?)",
+                    [(fid, *key) for key, fid in new.items()],
+                )
+            self._frames.update(new)
         return tuple(ids)
 
     def intern_stack(self, frames: Iterable[tuple[str, int, str]]) -> int:
@@ -169,9 +174,10 @@ class TraceWriter:
         key = self.intern_frames(frames)
         sid = self._stacks.get(key)
         if sid is None:
-            sid = self._stacks[key] = len(self._stacks)
+            sid = len(self._stacks)
             with self._db:
                 self._db.execute("INSERT INTO stacks(id, frames) VALUES (?, ?)", (sid, " ".join(map(str, key))))
+            self._stacks[key] = sid
         return sid
 
     # -- appends -------------------------------------------------------------------------------

@@ -13,7 +13,6 @@ import types
 
 import numpy as np
 from memtrace.capture import history as H
-from memtrace.capture.convert import entries_to_events_fast
 from memtrace.importers.torch_snapshot import Interner, entries_to_events
 from memtrace.model import ACTION_CODE
 
@@ -107,7 +106,7 @@ def test_phase_boundaries_drain_when_enough_is_pending():
     assert h.drains == 1
 
 
-def test_fast_conversion_equals_the_importer_conversion():
+def test_conversion_interns_shared_and_equal_stacks_once_and_skips_unknown_actions():
     shared = [{"filename": "a.py", "line": 3, "name": "g"}, {"filename": "b.py", "line": 9, "name": "h"}]
     entries = [
         {"action": "segment_alloc", "addr": 1 << 40, "size": 2 << 20, "stream": 0, "time_us": 5, "frames": shared},
@@ -121,10 +120,30 @@ def test_fast_conversion_equals_the_importer_conversion():
             "time_us": 8,
             "frames": [dict(f) for f in shared],
         },
-        {"action": "oom", "addr": 123, "size": 1 << 30, "stream": 0, "time_us": 9, "frames": []},
+        {"action": "oom", "device_free": 123, "size": 1 << 30, "stream": 0, "time_us": 9, "frames": []},
     ]
-    a, b = Interner(), Interner()
-    slow, fast = entries_to_events(entries, a), entries_to_events_fast(entries, b)
-    assert fast.tolist() == slow.tolist()
-    assert a.frames == b.frames and a.stacks == b.stacks
-    assert fast["action"].tolist() == [ACTION_CODE[x] for x in ("segment_alloc", "alloc", "free_completed", "oom")]
+    interner = Interner()
+    events = entries_to_events(entries, interner)
+    assert events["action"].tolist() == [ACTION_CODE[x] for x in ("segment_alloc", "alloc", "free_completed", "oom")]
+    assert events["stack"].tolist() == [0, 0, 0, -1]  # equal contents, other list object: same stack
+    assert interner.frames == [("a.py", 3, "g"), ("b.py", 9, "h")]
+    assert events["stream"].tolist() == [0, 0, 7, 0] and events["addr"][-1] == 123
+
+
+def test_a_frame_line_outside_int64_is_stored_as_minus_one_and_the_trace_still_loads(tmp_path):
+    # seen on an H200 inside vLLM: a frame line that did not fit SQLite's INTEGER broke a drain
+    from memtrace.store import TraceWriter, load_trace
+
+    entries = [
+        {
+            "action": "alloc",
+            "addr": 1,
+            "size": 8,
+            "time_us": 1,
+            "frames": [{"filename": "x.py", "line": 1 << 64, "name": "f"}],
+        }
+    ]
+    with TraceWriter(tmp_path / "t.memtrace") as writer:
+        writer.append_events(entries_to_events(entries, writer.intern_stack))
+    trace = load_trace(tmp_path / "t.memtrace")
+    assert trace.stack_frames(int(trace.events["stack"][0]))[0].line == -1

@@ -30,9 +30,8 @@ from typing import Any
 
 import numpy as np
 
-from ..importers.torch_snapshot import segments_from_snapshot
+from ..importers.torch_snapshot import entries_to_events, segments_from_snapshot
 from ..model import ACTION_CODE, Recording, Segment
-from .convert import entries_to_events_fast
 
 log = logging.getLogger("memtrace")
 
@@ -232,7 +231,7 @@ class AllocatorHistory:
                 self._note(f"{others} allocator events on other devices than cuda:{self.device} were not kept")
             if len(entries) >= self.max_entries:
                 self._lost(1, f"the allocator history wrapped before a drain ({len(entries)} = max_entries entries)")
-            events = entries_to_events_fast(entries, self.intern_stack)
+            events = entries_to_events(entries, self.intern_stack)
             self.on_batch(events)
             self.timing.add(reason, len(events), t1 - t0, time.perf_counter() - t1)
             self.events += len(events)

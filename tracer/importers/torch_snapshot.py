@@ -49,34 +49,74 @@ class Interner:
         return sid
 
 
+_INT64_MIN, _INT64_MAX = -(1 << 63), (1 << 63) - 1
+
+
+def _line(value: Any) -> int:
+    """A frame's line number as an int64; -1 when PyTorch reports none or a value outside int64.
+
+    Seen on an H200 inside vLLM: a frame whose ``line`` did not fit SQLite's INTEGER.
+    """
+    try:
+        line = int(value or 0)
+    except (TypeError, ValueError):
+        return -1
+    return line if _INT64_MIN <= line <= _INT64_MAX else -1
+
+
 def _frames_of(raw: Iterable[dict[str, Any]] | None) -> tuple[tuple[str, int, str], ...]:
     if not raw:
         return ()
-    return tuple((str(f.get("filename", "")), int(f.get("line", 0) or 0), str(f.get("name", ""))) for f in raw)
+    return tuple((str(f.get("filename", "")), _line(f.get("line")), str(f.get("name", ""))) for f in raw)
 
 
 def entries_to_events(entries: Sequence[dict[str, Any]], intern_stack: StackInterner) -> np.ndarray:
     """Convert ``device_traces[d]`` entries to an ``EVENT_DTYPE`` array, interning their stacks.
 
-    Unknown actions (from a newer PyTorch) are skipped. For ``oom`` entries PyTorch stores the
-    device's free bytes in ``addr``; it is kept there unchanged.
+    Unknown actions (from a newer PyTorch) are skipped. For ``oom`` entries the device's free bytes
+    (PyTorch's ``device_free``) are stored in ``addr``. Built for the live recorder's hot
+    path: columns are gathered in one pass each, and a stack is interned once per distinct ``frames``
+    list object (a snapshot shares one list per unique traceback) before falling back to its contents.
     """
-    events = empty_events(len(entries))
-    n = 0
-    for e in entries:
-        code = ACTION_CODE.get(e.get("action"))
-        if code is None:
-            continue
-        ev = events[n]
-        ev["time_us"] = int(e.get("time_us", 0) or 0)
-        ev["action"] = code
-        ev["addr"] = int(e.get("addr", 0) or 0)
-        ev["size"] = int(e.get("size", 0) or 0)
-        ev["stream"] = int(e.get("stream", 0) or 0)
-        frames = _frames_of(e.get("frames"))
-        ev["stack"] = intern_stack(frames) if frames else -1
-        n += 1
-    return events[:n]
+    codes = ACTION_CODE
+    kept = [e for e in entries if e.get("action") in codes]
+    n = len(kept)
+    events = empty_events(n)
+    if n == 0:
+        return events
+    by_list: dict[int, int] = {}
+    by_content: dict[tuple, int] = {}
+
+    def stack_of(frames: Any) -> int:
+        if not frames:
+            return -1
+        sid = by_list.get(id(frames))
+        if sid is None:
+            key = _frames_of(frames)
+            sid = by_content.get(key)
+            if sid is None:
+                sid = by_content[key] = intern_stack(key)
+            by_list[id(frames)] = sid
+        return sid
+
+    def column(name: str):
+        return (int(e.get(name, 0) or 0) for e in kept)
+
+    events["time_us"] = np.fromiter(column("time_us"), dtype=np.int64, count=n)
+    events["action"] = np.fromiter((codes[e["action"]] for e in kept), dtype=np.int8, count=n)
+    # an oom entry carries the device's free bytes (``device_free`` in PyTorch >= 2.1, ``addr`` before)
+    events["addr"] = np.fromiter(
+        (
+            int(e.get("device_free", e.get("addr", 0)) or 0) if e["action"] == "oom" else int(e.get("addr", 0) or 0)
+            for e in kept
+        ),
+        dtype=np.int64,
+        count=n,
+    )
+    events["size"] = np.fromiter(column("size"), dtype=np.int64, count=n)
+    events["stream"] = np.fromiter(column("stream"), dtype=np.int64, count=n)
+    events["stack"] = np.fromiter((stack_of(e.get("frames")) for e in kept), dtype=np.int32, count=n)
+    return events
 
 
 def segments_from_snapshot(
