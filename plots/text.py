@@ -10,6 +10,7 @@ from __future__ import annotations
 import textwrap
 from typing import TextIO
 
+from ..analysis.flame import hook_short_name
 from ..analysis.summary import Crossing, Summary, worst
 from ..model import Frame
 
@@ -83,7 +84,7 @@ class _Out:
             self.line(("  " if i == 0 else "    ") + part)
 
     def table(self, header: list[str], rows: list[list[str]], align: str, groups: list[tuple[str, int]] = ()) -> None:
-        """A table; ``align`` holds one "l" or "r" per column; the last column is cut to the width.
+        """A table; ``align`` holds one "l" or "r" per column; a last text column is cut to the width.
 
         ``groups`` labels runs of columns over the header in text mode: (label, how many columns).
         """
@@ -101,7 +102,8 @@ class _Out:
             return
         widths = [max([len(h)] + [len(r[i]) for r in rows]) for i, h in enumerate(header)]
         used = 2 + sum(widths[:-1]) + 2 * (len(widths) - 1)
-        widths[-1] = max(min(widths[-1], self.width - used), len(header[-1]) if align[-1] == "r" else 8)
+        if align[-1] == "l":  # text may be cut to the width; numbers never are
+            widths[-1] = max(min(widths[-1], self.width - used), 8)
         if groups:
             cells, col = [], 0
             for label, span in groups:
@@ -252,7 +254,7 @@ def _hooks(out: _Out, s: Summary, limit: int = 20) -> None:
     for c in s.hook_calls[:limit]:
         rows.append(
             [
-                _cut(c.name.rsplit(".", 1)[-1], 40),
+                _cut(hook_short_name(c.name), 40),
                 f"{(c.start_us - s.start_us) / 1e6:.2f}",
                 f"{(c.end_us - c.start_us) / 1e3:.1f}",
                 gib(c.returned_bytes),
