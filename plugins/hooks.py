@@ -24,7 +24,6 @@ This module imports nothing heavy (no torch, no vLLM).
 from __future__ import annotations
 
 import functools
-import importlib.machinery
 import logging
 import os
 import sys
@@ -33,6 +32,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from types import ModuleType
 from typing import Any, Protocol
+
+from .post_import import PostImportFinder
 
 logger = logging.getLogger("memtrace.hooks")
 
@@ -165,7 +166,7 @@ class HookManager:
     _bindings: list[_Binding] = field(default_factory=list)
     _done: set[tuple[str, str]] = field(default_factory=set)  # (target path, key) patched
     _lock: threading.RLock = field(default_factory=threading.RLock)
-    _finder: _PostImportFinder | None = None
+    _finder: PostImportFinder | None = None
 
     # -- public API ---------------------------------------------------------------------------
     def add(self, target: Target | str, handler: Handler) -> None:
@@ -210,7 +211,7 @@ class HookManager:
     # -- patching ------------------------------------------------------------------------------
     def _ensure_finder(self) -> None:
         if self._finder is None or self._finder not in sys.meta_path:
-            self._finder = _PostImportFinder(self)
+            self._finder = PostImportFinder(self)
             sys.meta_path.insert(0, self._finder)
 
     def module_imported(self, module: ModuleType) -> None:
@@ -380,65 +381,3 @@ def _after(local: _Local, hook: _Hook, manager: HookManager, token: Any, result:
         manager._failed(hook, exc)
     finally:
         local.busy -= 1
-
-
-#: loaders created for one module each: safe to give one of them a one-shot exec_module
-_PER_MODULE_LOADERS = (
-    importlib.machinery.SourceFileLoader,
-    importlib.machinery.SourcelessFileLoader,
-    importlib.machinery.ExtensionFileLoader,
-)
-
-
-class _PostImportFinder:
-    """A ``sys.meta_path`` entry that finds nothing itself: for a watched module it asks the other
-    finders for the spec, then makes that one import call back the manager after the module ran."""
-
-    def __init__(self, manager: HookManager):
-        self._manager = manager
-        self._searching = threading.local()
-
-    def find_spec(self, fullname: str, path: Any = None, target: Any = None) -> Any:
-        if fullname not in self._manager._hooks or getattr(self._searching, "name", None) == fullname:
-            return None
-        self._searching.name = fullname
-        try:
-            spec = None
-            for finder in sys.meta_path:
-                if finder is self or not hasattr(finder, "find_spec"):
-                    continue
-                spec = finder.find_spec(fullname, path, target)
-                if spec is not None:
-                    break
-            if spec is not None and spec.loader is not None and hasattr(spec.loader, "exec_module"):
-                _watch_exec(spec.loader, self._manager)
-            return spec
-        except Exception:  # noqa: BLE001 - never break an import: let the normal finders do it
-            logger.warning("memtrace: cannot watch the import of %s; its hooks are skipped", fullname, exc_info=True)
-            return None
-        finally:
-            self._searching.name = None
-
-    def invalidate_caches(self) -> None:
-        pass
-
-
-def _watch_exec(loader: Any, manager: HookManager) -> None:
-    """Make ``loader.exec_module`` call the manager once after it ran, then restore the loader."""
-    if not isinstance(loader, _PER_MODULE_LOADERS):
-        # shared loaders (builtin, frozen, zip) are not touched: patch on the next add() instead
-        return
-    original = loader.exec_module
-
-    def exec_module(module: ModuleType) -> None:
-        try:
-            del loader.exec_module  # back to the class's method: this loader is pristine again
-        except AttributeError:
-            pass
-        original(module)
-        try:
-            manager.module_imported(module)
-        except Exception:  # noqa: BLE001 - patching must never break an import
-            logger.warning("memtrace: patching %s failed; continuing without its hooks", module.__name__, exc_info=True)
-
-    loader.exec_module = exec_module

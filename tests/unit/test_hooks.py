@@ -231,7 +231,7 @@ def test_fault_injection_env_breaks_only_the_named_hook(pkg, monkeypatch, caplog
 def test_unpatch_restores_classes_and_stops_watching_imports(pkg):
     manager = HookManager()
     manager.add(f"{pkg}.lib:Base.method", Recorder())
-    assert any(type(f).__name__ == "_PostImportFinder" for f in sys.meta_path)
+    assert any(type(f).__name__ == "PostImportFinder" for f in sys.meta_path)
     lib = importlib.import_module(f"{pkg}.lib")
     assert hasattr(lib.Base.__dict__["method"], SENTINEL)
     manager.unpatch()

@@ -34,7 +34,7 @@ print(json.dumps({
     "heavy": sorted(m for m in ("torch", "vllm", "matplotlib", "flashinfer") if m in sys.modules),
     "enabled": p is not None,
     "watched": p.manager.watched_modules() if p else [],
-    "finders": sum(type(f).__name__ == "_PostImportFinder" for f in sys.meta_path),
+    "finders": sum(type(f).__name__ == "PostImportFinder" for f in sys.meta_path),
     "dir": os.environ.get("MEMTRACE_DIR"),
     "cmdline": json.loads(os.environ.get("MEMTRACE_CMDLINE", "null")),
 }))
