@@ -95,18 +95,33 @@ def _inside(b: PhaseBar, px_per_s: float, char_px: float, pad_px: float, cut: bo
     return None
 
 
-def _right(b: PhaseBar, taken: list[tuple[float, float]], px_per_s: float, char_px: float, pad_px: float):
+def _right(
+    b: PhaseBar,
+    taken: list[tuple[float, float]],
+    px_per_s: float,
+    char_px: float,
+    pad_px: float,
+    x_max: float = float("inf"),
+):
     start = b.end_s + pad_px / 2 / px_per_s
     for text in reversed(candidates(b.name)):
         text = "← " + text
         end = start + _width_s(text, px_per_s, char_px, pad_px)
-        if _free(start, end, taken):
+        if end <= x_max and _free(start, end, taken):
             taken.append((start, end))
             return PhaseLabel(b.path, text, b.depth, start, "right", (b.start_s + b.end_s) / 2)
     return None
 
 
-def _above(b: PhaseBar, taken: list[tuple[float, float]], px_per_s: float, char_px: float, pad_px: float, x_min: float):
+def _above(
+    b: PhaseBar,
+    taken: list[tuple[float, float]],
+    px_per_s: float,
+    char_px: float,
+    pad_px: float,
+    x_min: float,
+    x_max: float = float("inf"),
+):
     """In the overflow row: as close to the bar's middle as the labels already there allow."""
     # (the leader line needs the label to start at or left of the bar's middle to stay short)
     mid = (b.start_s + b.end_s) / 2
@@ -116,6 +131,10 @@ def _above(b: PhaseBar, taken: list[tuple[float, float]], px_per_s: float, char_
     for lo, hi in sorted(taken):
         if start < hi and start + w > lo:
             start = hi
+    if start + w > x_max:  # it would leave the figure: end it at the edge if that stretch is free
+        start = x_max - w
+        if start < x_min or not _free(start, start + w, taken):
+            return None
     if start - mid > 8 * w:  # too far from its bar to be read as its label
         return None
     taken.append((start, start + w))
@@ -123,7 +142,12 @@ def _above(b: PhaseBar, taken: list[tuple[float, float]], px_per_s: float, char_
 
 
 def place_labels(
-    bars: list[PhaseBar], px_per_s: float, char_px: float, pad_px: float = 6.0, x_min: float = 0.0
+    bars: list[PhaseBar],
+    px_per_s: float,
+    char_px: float,
+    pad_px: float = 6.0,
+    x_min: float = 0.0,
+    x_max: float = float("inf"),
 ) -> list[PhaseLabel]:
     """Pick a non-overlapping label for each bar (bars of one row must not overlap in time).
 
@@ -138,6 +162,7 @@ def place_labels(
         char_px: average width of one character of the label font, in pixels.
         pad_px: free space kept around each label.
         x_min: the left edge of the drawing (seconds); overflow labels start no further left.
+        x_max: the right edge of the figure (seconds); overflow labels end no further right.
     """
     labels: list[PhaseLabel] = []
     rows: dict[int, list[PhaseBar]] = {}
@@ -152,8 +177,8 @@ def place_labels(
         for b in row:
             lab = (
                 inside[id(b)]
-                or _right(b, taken, px_per_s, char_px, pad_px)
-                or _above(b, overflow, px_per_s, char_px, pad_px, x_min)
+                or _right(b, taken, px_per_s, char_px, pad_px, x_max)
+                or _above(b, overflow, px_per_s, char_px, pad_px, x_min, x_max)
                 or _inside(b, px_per_s, char_px, pad_px, cut=True)
             )
             if lab is not None:

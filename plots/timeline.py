@@ -156,16 +156,18 @@ def render_timeline(
         drawn, main_axes, handles = [], [], {}
         for i, rank in enumerate(ranks):
             share = main_axes[0] if main_axes else None
-            lane_ax = fig.add_subplot(gs[2 * i, 0], sharex=share)
-            main_ax = fig.add_subplot(gs[2 * i + 1, 0], sharex=share)
+            lane_ax = fig.add_subplot(gs[3 * i + 1, 0], sharex=share)
+            main_ax = fig.add_subplot(gs[3 * i + 2, 0], sharex=share)
             main_axes.append(main_ax)
             crossing = crossing_text(rank, t0)
             window = zoom_window(rank)
             px_per_s = lane_ax.get_window_extent().width / max((t_end - t0) / 1e6, 1e-6)
             char_px = LABEL_PT * DPI / 72 * 0.6  # DejaVu Sans: about 0.55-0.6 em a glyph
-            labels = draw_lane(lane_ax, rank, t0, px_per_s, char_px, len(ranks) > 1)
+            # overflow labels may run into the right margin, never past the figure's edge
+            x_max = (fig.bbox.width - lane_ax.get_window_extent().x0) / px_per_s
+            labels = draw_lane(lane_ax, rank, t0, px_per_s, char_px, len(ranks) > 1, x_max=x_max)
             corner = draw_main(main_ax, rank, t0, t_end, crossing, capacities, window, handles)
-            draw_zoom(fig.add_subplot(gs[2 * i + 1, 1]), rank, t0, window, crossing)
+            draw_zoom(fig.add_subplot(gs[3 * i + 2, 1]), rank, t0, window, crossing)
             lane_ax.set_xlim((0, (t_end - t0) / 1e6))
             drawn.append(
                 RankDrawn(
@@ -183,6 +185,8 @@ def render_timeline(
         main_axes[-1].set_xlabel("seconds since start")
         for ax in main_axes[:-1]:
             ax.tick_params(labelbottom=False)
+        if "target" in handles and len({(r.util, r.capacity_bytes) for r in ranks}) > 1:
+            handles["target"] = (handles["target"][0], "utilization target (each rank's own)")
         _legend(fig, handles)
         fig.suptitle(title or "GPU memory during start-up", x=0.06, ha="left", fontsize=FONT + 3, fontweight="bold")
         out = Path(path)
@@ -192,19 +196,21 @@ def render_timeline(
 
 
 LEGEND_ROWS = 3
+RANK_GAP_IN = 0.45
 TITLE_IN = 0.55
 LEGEND_IN = 0.5 + 0.27 * LEGEND_ROWS  # the x-axis label, then the legend's rows
 
 
 def _figure(plt, ranks: list[RankTimeline]):
-    """The figure and its grid: per rank a phase lane over the main plot (left) and the zoom (right)."""
+    """The figure and its grid: per rank a spacer, a phase lane over the main plot (left) and the zoom (right)."""
     heights: list[float] = []
-    for r in ranks:
-        heights += [max(_lane_rows(r), 1) * LANE_ROW_IN + 0.08, MAIN_H_IN]
+    for i, r in enumerate(ranks):
+        # a spacer row above every rank but the first keeps the zoom's axis label off the next lane
+        heights += [RANK_GAP_IN if i else 0.01, max(_lane_rows(r), 1) * LANE_ROW_IN + 0.08, MAIN_H_IN]
     fig_h = sum(heights) + LEGEND_IN + TITLE_IN + 0.45 * len(ranks)
     fig = plt.figure(figsize=(WIDTH_IN, fig_h), dpi=DPI)
     gs = fig.add_gridspec(
-        2 * len(ranks),
+        3 * len(ranks),
         2,
         width_ratios=[3.4, 1],
         height_ratios=heights,

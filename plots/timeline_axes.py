@@ -68,7 +68,9 @@ def zoom_window(rank: RankTimeline) -> tuple[int, int]:
     return lo, max(hi, lo + 1)
 
 
-def draw_lane(ax, rank: RankTimeline, t0: int, px_per_s: float, char_px: float, show_rank: bool) -> list[PhaseLabel]:
+def draw_lane(
+    ax, rank: RankTimeline, t0: int, px_per_s: float, char_px: float, show_rank: bool, x_max: float = float("inf")
+) -> list[PhaseLabel]:
     """Phase bars, one row per depth (outermost on top), with labels that do not overlap; labels
     that fit nowhere in their row go to an overflow row on top, with a leader line to their bar."""
     rows = max([p.depth for p in rank.summary.phases], default=-1) + 1
@@ -79,7 +81,7 @@ def draw_lane(ax, rank: RankTimeline, t0: int, px_per_s: float, char_px: float, 
     for i, b in enumerate(sorted(bars, key=lambda b: (b.depth, b.start_s))):
         y = rows - 1 - b.depth
         ax.broken_barh([(b.start_s, max(b.end_s - b.start_s, 0))], (y + 0.08, 0.84), color=LANE_COLORS[i % 2])
-    labels = place_labels(bars, px_per_s, char_px, x_min=float(_s(rank.start_us, t0)))
+    labels = place_labels(bars, px_per_s, char_px, x_min=float(_s(rank.start_us, t0)), x_max=x_max)
     for lab in labels:
         if lab.where == "above":
             y, top_of_bar = rows + 0.55, rows - lab.depth - 0.08

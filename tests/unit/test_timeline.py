@@ -261,3 +261,17 @@ def test_plot_cli_skips_processes_without_events_and_says_so(run_dir, tmp_path, 
     assert "skipping rank 1: no allocator events" in capsys.readouterr().err
     assert main(["plot", str(run_dir), "--rank", "1", "-o", str(tmp_path / "u.png")]) == 2
     assert "rank 1 recorded no allocator events" in capsys.readouterr().err
+
+
+def test_overflow_labels_never_end_past_the_figure_edge():
+    from memtrace.plots.phase_lane import PhaseBar, place_labels
+
+    # three narrow bars at the right end of the axis: their names only fit in the overflow row
+    bars = [
+        PhaseBar(f"p{i}", name, 0, 99.0 + 0.2 * i, 99.1 + 0.2 * i)
+        for i, name in enumerate(["alpha_phase", "beta_phase", "gamma_phase"])
+    ]
+    labels = place_labels(bars, px_per_s=10.0, char_px=7.0, x_min=0.0, x_max=105.0)
+    for lab in labels:
+        assert lab.x_s + len(lab.text) * 7.0 / 10.0 <= 105.0
+    assert [lab.text for lab in labels if lab.where == "above"]  # at least one still placed, at the edge

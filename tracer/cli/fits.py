@@ -46,7 +46,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         metavar="SIZE",
         help="non-PyTorch memory on that card (CUDA context, NCCL, libraries); default: as recorded (NVML)",
     )
-    p.add_argument("--rank", type=int, default=None, help="the rank to read (default: the first)")
+    p.add_argument(
+        "--rank",
+        type=int,
+        default=None,
+        help="only this rank (default: every rank with allocator events, and the worst named)",
+    )
     p.add_argument("--json", action="store_true", help="print the predictions as JSON")
 
 
@@ -54,36 +59,64 @@ def run(args: argparse.Namespace) -> int:
     from ..analysis.fits import fits, smallest_fitting
     from ..progress import task
     from ..units import parse_fraction, parse_size, parse_sizes
-    from ._runs import load_with_progress, main_trace
+    from ._runs import load_with_progress, select
 
     capacities = parse_sizes(args.capacity)
     util = parse_fraction(args.util) if args.util is not None else None
     non_torch = parse_size(args.non_torch) if args.non_torch is not None else None
-    trace = main_trace(load_with_progress(args.run_path), args.rank)
-    with task("Predicting", total=None):
-        results = fits(trace, capacities, util, non_torch_bytes=non_torch)
-        if non_torch is None:
-            from ..analysis.landmarks import landmarks
-
-            recorded = landmarks(trace).before_kv_non_torch_bytes
-            gpu = (trace.facts.get("env") or {}).get("gpu_name") or "the recorded GPU"
-            assumption = (
-                f"as recorded on {gpu}: {_gib(recorded)} at KV sizing" if recorded else "none recorded (no NVML)"
-            )
-        else:
-            assumption = f"{_gib(non_torch)} (--non-torch)"
-        smallest = smallest_fitting(trace, util, non_torch_bytes=non_torch)
+    run = load_with_progress(args.run_path)
+    traces = [t for t in select(run, args.rank) if len(t.events)] or select(run, args.rank)[:1]
+    answers = []  # (trace, results, smallest, assumption), one per rank
+    for trace in traces:
+        with task("Predicting", total=None):
+            results = fits(trace, capacities, util, non_torch_bytes=non_torch)
+            smallest = smallest_fitting(trace, util, non_torch_bytes=non_torch)
+        answers.append((trace, results, smallest, _assumption(trace, non_torch)))
+    multi = len(answers) > 1
     if args.json:
         out = {
             "run": args.run_path,
-            "smallest_fitting_capacity_bytes": smallest,
-            "fits": [{**r.__dict__, "survives": r.survives} for r in results],
+            "ranks": [
+                {
+                    "rank": trace.process.rank,
+                    "pid": trace.process.pid,
+                    "smallest_fitting_capacity_bytes": smallest,
+                    "fits": [{**r.__dict__, "survives": r.survives} for r in results],
+                }
+                for trace, results, smallest, _ in answers
+            ],
         }
+        if not multi:  # one process: the flat shape
+            out.update(out.pop("ranks")[0])
+            out.pop("rank"), out.pop("pid")
         json.dump(out, sys.stdout, indent=2)
         print()
     else:
-        sys.stdout.write(render(results, args.run_path, smallest, assumption))
-    return 0 if all(r.survives for r in results) else 1
+        for trace, results, smallest, assumption in answers:
+            text = render(results, args.run_path, smallest, assumption)
+            if multi:
+                text = text.replace(
+                    f"memtrace fits: {args.run_path}", f"memtrace fits: {args.run_path} ({trace.label})", 1
+                )
+            sys.stdout.write(text)
+        if multi:
+            worst = max(answers, key=lambda a: a[2] if a[2] is not None else float("inf"))
+            need = f"needs about {_gib(worst[2])}" if worst[2] is not None else "fits on no card tried"
+            sys.stdout.write(
+                f"Worst rank: {worst[0].label} ({need}); every rank must fit for the start-up to survive\n"
+            )
+    return 0 if all(r.survives for _, results, _, _ in answers for r in results) else 1
+
+
+def _assumption(trace, non_torch: int | None) -> str:
+    """The non-PyTorch memory the prediction assumes, in words."""
+    if non_torch is not None:
+        return f"{_gib(non_torch)} (--non-torch)"
+    from ..analysis.landmarks import landmarks
+
+    recorded = landmarks(trace).before_kv_non_torch_bytes
+    gpu = (trace.facts.get("env") or {}).get("gpu_name") or "the recorded GPU"
+    return f"as recorded on {gpu}: {_gib(recorded)} at KV sizing" if recorded else "none recorded (no NVML)"
 
 
 def _gib(n: int | None) -> str:
