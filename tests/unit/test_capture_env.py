@@ -41,3 +41,14 @@ def test_only_interesting_environment_variables_are_kept_and_secrets_redacted():
         "VLLM_API_KEY": REDACTED,
         "VLLM_USE_V1": "1",
     }
+
+
+def test_vllm_options_that_merely_contain_token_keep_their_values():
+    # seen on the H200: --skip-tokenizer-init hid the following --host, and the batch size was hidden
+    argv = ["serve", "--skip-tokenizer-init", "--host", "127.0.0.1", "--max-num-batched-tokens", "8192"]
+    assert redact_argv(argv) == argv
+    assert redact_argv(["--hf-token", "abc", "--authorization=Bearer x"]) == [
+        "--hf-token",
+        REDACTED,
+        f"--authorization={REDACTED}",
+    ]

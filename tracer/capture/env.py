@@ -17,7 +17,11 @@ import sys
 from typing import Any
 
 REDACTED = "<redacted>"
-_SECRET_NAME = re.compile(r"(token|secret|password|passwd|api[-_]?key|credential|auth)", re.IGNORECASE)
+#: a secret-looking word standing alone in an option or variable name: ``--hf-token``, ``HF_TOKEN``,
+#: ``--api-key``; not ``--skip-tokenizer-init`` or ``--max-num-batched-tokens``
+_SECRET_NAME = re.compile(
+    r"(?<![a-z])(token|secret|password|passwd|api[-_]?key|credentials?|auth|authorization)(?![a-z])", re.IGNORECASE
+)
 _SECRET_VALUE = re.compile(r"\b(hf_[A-Za-z0-9]{16,}|sk-[A-Za-z0-9_-]{16,}|gh[pousr]_[A-Za-z0-9]{20,})\b")
 #: environment variables worth keeping (values of secret-looking names are redacted)
 _ENV_PREFIXES = ("VLLM_", "CUDA_", "PYTORCH_", "NCCL_", "FLASHINFER_", "MEMTRACE_", "TORCH_")
