@@ -211,7 +211,7 @@ class Plugin:
             except MemtraceError as exc:
                 log.warning("memtrace: not recording this worker: %s", exc)
                 return None
-        _add_closed_phase(session, INIT_DEVICE, start_us, now_us())
+        session.add_phase(INIT_DEVICE, start_us, now_us(), source="vllm")
         vllm_boundaries.record(session, INIT_DEVICE, "end")
         self._session_facts(session, worker)
         for level, text in self.pending_notes:
@@ -260,23 +260,6 @@ def _session() -> Any:
 def _record_hook_call(call: Any) -> int | None:
     session = _session()
     return session.record_hook_call(call) if session is not None else None
-
-
-def _add_closed_phase(session: Any, name: str, start_us: int, end_us: int) -> None:
-    """A phase that already ended (init_device: the session starts when it returns).
-
-    Uses ``Session.add_phase`` when the capture API offers it; otherwise the minimal equivalent here.
-    """
-    add = getattr(session, "add_phase", None)
-    if callable(add):
-        add(name, start_us, end_us, source="vllm")
-        return
-    from ..model import Phase
-
-    with session._lock:
-        ph = Phase(name=name, start_us=start_us, end_us=end_us, parent=None, source="vllm")
-        session.writer.add_phase(ph)
-        session._phases.append(ph)
 
 
 def _stop_at_process_end() -> None:

@@ -105,3 +105,17 @@ def test_using_phase_without_a_session_imports_no_torch():
     code = "import sys, memtrace\nwith memtrace.phase('x'):\n    pass\nprint('torch' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "False"
+
+
+def test_a_phase_that_already_ended_is_added_with_its_own_times(tmp_path):
+    from memtrace.capture import api
+    from memtrace.store import load_trace
+
+    with api.trace(tmp_path / "t.memtrace", sidecar=False) as session:
+        session.add_phase("init_device", 1_000, 2_000, source="vllm")
+        with api.phase("load_model"):
+            session.add_phase("inner", 3_000, 4_000)
+    phases = load_trace(tmp_path / "t.memtrace").phases
+    assert [(p.name, p.start_us, p.end_us, p.source) for p in phases[:1]] == [("init_device", 1_000, 2_000, "vllm")]
+    inner = next(p for p in phases if p.name == "inner")
+    assert phases[inner.parent].name == "load_model"

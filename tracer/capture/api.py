@@ -32,6 +32,7 @@ API (stable; the vLLM plugin codes against it):
   ``external_annotations`` on its own clock.
 - ``current_session() -> Session | None``. A Session offers ``set_fact(key, value)`` (JSON values),
   ``add_note(level, text)`` ("info"/"warning"/"error"), ``record_hook_call(HookCall) -> int``,
+  ``add_phase(name, start_us, end_us, source)`` (a phase that already ended),
   ``flush()`` (drain allocator history and commit everything now), ``path``, ``phase_path()``.
 
 Defaults, from measurements on an H200 (torch 2.11; ``tests/data/h200/README.md``,

@@ -231,6 +231,18 @@ class Session:
         with self._lock:
             return "/".join(self._phases[i].name for i in self._open)
 
+    def add_phase(self, name: str, start_us: int, end_us: int, source: str = "user") -> int:
+        """Record a phase that already ended (e.g. vLLM's ``init_device``: recording starts when it
+        returns). It nests under the phase open now, if any. Returns its index, -1 once closed."""
+        if self.closed:
+            return -1
+        with self._lock:
+            parent = self._open[-1] if self._open else None
+            ph = Phase(name=name, start_us=int(start_us), end_us=int(end_us), parent=parent, source=source)
+            index = self.writer.add_phase(ph)
+            self._phases.append(ph)
+        return index
+
     def phase_enter(self, name: str, source: str = "user") -> int:
         """Open a phase now; returns the token for :meth:`phase_exit`."""
         if self.closed:
