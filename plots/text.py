@@ -20,7 +20,8 @@ DEFINITIONS = (
     "allocated = requested bytes live in tensors (trace entries carry requested sizes; torch's "
     "memory_allocated counts rounded blocks, a few KiB more). reserved = bytes in PyTorch's segments "
     "(torch's memory_reserved). device used = NVML, the whole device: CUDA context, NCCL, cuBLAS and "
-    "other processes included. non-torch = device used - reserved. Times are seconds since the start "
+    "other processes included, less the memory the driver reserves (counted as cudaMemGetInfo and "
+    "vLLM's target count). non-torch = device used - reserved. Times are seconds since the start "
     "of the recording."
 )
 _CURVE_NAMES = {"reserved": "reserved", "device_used": "device used", "allocated": "allocated"}

@@ -17,7 +17,8 @@ Semantics (PyTorch's caching allocator, ``TraceEntry`` actions):
   from a TSC-to-wall-clock conversion and may step back by a microsecond. Curve times are made
   non-decreasing (a running maximum) so that ``at``/``window`` can search them; values keep the
   event order. Curve index ``i`` is the state after event ``i - 1``; index 0 is the baseline.
-- **device used** comes from NVML samples (all processes, CUDA context, NCCL, raw cudaMalloc);
+- **device used** comes from NVML samples (all processes, CUDA context, NCCL, raw cudaMalloc), put
+  in CUDA's accounting (NVML also counts memory the driver reserves, which CUDA never reports);
   **non-PyTorch** = device used - reserved, evaluated at each sample.
 
 A Curve is a step function: ``bytes[i]`` holds from ``time_us[i]`` until ``time_us[i+1]``.
@@ -145,10 +146,27 @@ def reserved_curve(trace: Trace, base: Baseline | None = None) -> Curve:
     return _curve(trace, _reserved_deltas(trace), base.reserved_bytes)
 
 
+def driver_reserved_bytes(trace: Trace) -> int:
+    """Memory the driver keeps that NVML counts as used but CUDA does not report at all.
+
+    NVML's total exceeds ``cudaMemGetInfo``'s total by this much (644,939,776 B on the H200), and
+    NVML's "used" includes it. vLLM's target (util × CUDA total) and torch's numbers are in CUDA's
+    accounting, so the device-used curve is moved into it. 0 when either total is unknown.
+    """
+    nvml_total = (trace.facts.get("sidecar") or {}).get("total_bytes")
+    cuda_total = trace.process.device_total_bytes
+    if not nvml_total or not cuda_total:
+        return 0
+    return max(int(nvml_total) - int(cuda_total), 0)
+
+
 def device_used_curve(trace: Trace) -> Curve:
-    """NVML device-used bytes (whole device), one step per sample."""
+    """Device-used bytes (whole device, every process) from the NVML samples, in CUDA's accounting:
+    NVML's used minus :func:`driver_reserved_bytes`, i.e. ``total - free`` as ``cudaMemGetInfo``
+    (and vLLM) would report it. One step per sample."""
     s = trace.samples
-    return Curve(s["time_us"].astype(np.int64), s["used_bytes"].astype(np.int64))
+    used = s["used_bytes"].astype(np.int64) - driver_reserved_bytes(trace)
+    return Curve(s["time_us"].astype(np.int64), used)
 
 
 def non_torch_curve(trace: Trace, reserved: Curve | None = None) -> Curve:
