@@ -6,12 +6,11 @@ and, where present, the real H200 traces under tests/data.
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
+import synthetic_startup
 from memtrace.analysis.categories import (
     ACTIVATIONS,
     CATEGORIES,
@@ -27,23 +26,14 @@ from memtrace.analysis.categories import (
 )
 from memtrace.analysis.curves import allocated_curve
 from memtrace.model import ACTION_CODE, HookCall, Phase, Trace, empty_events
+from testdata import real_traces as _real_traces
 
 TESTS = Path(__file__).resolve().parents[1]
 GiB, MiB = 1024**3, 1024**2
 
 
 def _synthetic():
-    name = "memtrace_tests_synthetic_startup"
-    if name not in sys.modules:
-        spec = importlib.util.spec_from_file_location(name, TESTS / "synthetic_startup.py")
-        mod = importlib.util.module_from_spec(spec)
-        sys.modules[name] = mod
-        spec.loader.exec_module(mod)
-    return sys.modules[name]
-
-
-def _real_traces() -> list[Path]:
-    return sorted((TESTS / "data").glob("**/*.memtrace"))
+    return synthetic_startup
 
 
 @pytest.fixture(scope="module")

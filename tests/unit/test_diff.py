@@ -3,23 +3,17 @@ then the real pair recorded with and without --workspace-extra 1GiB (tests/data/
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
 from pathlib import Path
 
 import pytest
+import synthetic_gates as g
 from memtrace.analysis.diff import diff_traces
 from memtrace.cli import main
 from memtrace.store import save_trace
 from memtrace.units import parse_threshold
 
 TESTS = Path(__file__).resolve().parents[1]
-if "synthetic_gates" not in sys.modules:
-    _spec = importlib.util.spec_from_file_location("synthetic_gates", TESTS / "synthetic_gates.py")
-    sys.modules["synthetic_gates"] = importlib.util.module_from_spec(_spec)
-    _spec.loader.exec_module(sys.modules["synthetic_gates"])
-g = sys.modules["synthetic_gates"]
 GiB, MiB = g.GiB, g.MiB
 
 

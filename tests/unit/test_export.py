@@ -4,14 +4,13 @@ and, where they exist, real H200 traces (tests/data/h200)."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import pickle
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
+import synthetic_gates as g
 from memtrace.analysis.curves import all_curves
 from memtrace.cli import main
 from memtrace.exporters.memory_viz import PICKLE_PROTOCOL, export_memory_viz, snapshot_dict
@@ -20,11 +19,6 @@ from memtrace.importers.torch_snapshot import trace_from_snapshot
 from memtrace.store import load_trace, save_trace
 
 TESTS = Path(__file__).resolve().parents[1]
-if "synthetic_gates" not in sys.modules:
-    _spec = importlib.util.spec_from_file_location("synthetic_gates", TESTS / "synthetic_gates.py")
-    sys.modules["synthetic_gates"] = importlib.util.module_from_spec(_spec)
-    _spec.loader.exec_module(sys.modules["synthetic_gates"])
-g = sys.modules["synthetic_gates"]
 GiB = g.GiB
 H200 = TESTS / "data" / "h200"
 

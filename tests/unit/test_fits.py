@@ -3,22 +3,16 @@ real H200 runs at mimicked capacities (tests/data/h200) check its predictions ag
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
 from pathlib import Path
 
 import pytest
+import synthetic_gates as g
 from memtrace.analysis.fits import FITS, NO_KV, OOM, REFUSED, UNKNOWN, fit, fits
 from memtrace.cli import main
 from memtrace.store import save_trace
 
 TESTS = Path(__file__).resolve().parents[1]
-if "synthetic_gates" not in sys.modules:
-    _spec = importlib.util.spec_from_file_location("synthetic_gates", TESTS / "synthetic_gates.py")
-    sys.modules["synthetic_gates"] = importlib.util.module_from_spec(_spec)
-    _spec.loader.exec_module(sys.modules["synthetic_gates"])
-g = sys.modules["synthetic_gates"]
 GiB, MiB = g.GiB, g.MiB
 
 # The SYNTHETIC start-up: 20 MiB + 20 GiB weights + 2 GiB workspace + 900 MiB non-PyTorch before

@@ -6,14 +6,13 @@ SYNTHETIC data from tests/synthetic_startup.py; real H200 traces under tests/dat
 
 from __future__ import annotations
 
-import importlib.util
 import re
-import sys
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
 import numpy as np
 import pytest
+import synthetic_startup
 from memtrace.analysis.curves import all_curves
 from memtrace.analysis.flame import (
     BEFORE_RECORDING,
@@ -29,6 +28,7 @@ from memtrace.model import ACTION_CODE, Frame, Trace, empty_events
 from memtrace.plots.flame_svg import render_flame_svg
 from memtrace.plots.folded import folded_lines, render_folded
 from memtrace.store import save_trace
+from testdata import real_traces as _real_traces
 
 TESTS = Path(__file__).resolve().parents[1]
 GiB, MiB = 1024**3, 1024**2
@@ -36,17 +36,7 @@ SVG = "{http://www.w3.org/2000/svg}"
 
 
 def _synthetic():
-    name = "memtrace_tests_synthetic_startup"
-    if name not in sys.modules:
-        spec = importlib.util.spec_from_file_location(name, TESTS / "synthetic_startup.py")
-        mod = importlib.util.module_from_spec(spec)
-        sys.modules[name] = mod
-        spec.loader.exec_module(mod)
-    return sys.modules[name]
-
-
-def _real_traces() -> list[Path]:
-    return sorted((TESTS / "data").glob("**/*.memtrace"))
+    return synthetic_startup
 
 
 @pytest.fixture(scope="module")

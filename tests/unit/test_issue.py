@@ -3,21 +3,15 @@ Synthetic start-ups (named so); real H200 traces when they exist under tests/dat
 
 from __future__ import annotations
 
-import importlib.util
 import re
-import sys
 from pathlib import Path
 
 import pytest
+import synthetic_gates as g
 from memtrace.cli import main
 from memtrace.store import save_trace
 
 TESTS = Path(__file__).resolve().parents[1]
-if "synthetic_gates" not in sys.modules:
-    _spec = importlib.util.spec_from_file_location("synthetic_gates", TESTS / "synthetic_gates.py")
-    sys.modules["synthetic_gates"] = importlib.util.module_from_spec(_spec)
-    _spec.loader.exec_module(sys.modules["synthetic_gates"])
-g = sys.modules["synthetic_gates"]
 GiB = g.GiB
 
 

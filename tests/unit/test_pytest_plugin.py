@@ -8,12 +8,12 @@ exercised once with a FAKE recorder standing in for the GPU recording, named so.
 
 from __future__ import annotations
 
-import importlib.util
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+import synthetic_gates as g
 from memtrace.analysis.budget import check_budget
 from memtrace.errors import UsageError
 from memtrace.plugins.pytest_plugin import cuda_unavailable_reason, failure_message, parse_budget
@@ -22,11 +22,6 @@ from memtrace.store import load_trace
 pytest_plugins = ["pytester"]
 
 TESTS = Path(__file__).resolve().parents[1]
-if "synthetic_gates" not in sys.modules:
-    _spec = importlib.util.spec_from_file_location("synthetic_gates", TESTS / "synthetic_gates.py")
-    sys.modules["synthetic_gates"] = importlib.util.module_from_spec(_spec)
-    _spec.loader.exec_module(sys.modules["synthetic_gates"])
-g = sys.modules["synthetic_gates"]
 GiB, MiB = g.GiB, g.MiB
 H200 = TESTS / "data" / "h200"
 NO_CUDA = cuda_unavailable_reason()

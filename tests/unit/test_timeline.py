@@ -10,11 +10,11 @@ from __future__ import annotations
 import dataclasses
 import importlib.util
 import struct
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
+import synthetic_startup
 from memtrace.analysis.summary import summarize
 from memtrace.cli import main
 from memtrace.model import Trace
@@ -23,23 +23,14 @@ from memtrace.plots.phase_lane import PhaseBar, place_labels
 from memtrace.plots.timeline import render_timeline
 from memtrace.plots.timeline_data import prepare_rank
 from memtrace.store import save_trace
+from testdata import real_traces as _real_traces
 
 TESTS = Path(__file__).resolve().parents[1]
 GiB, MiB = 1024**3, 1024**2
 
 
 def _synthetic():
-    name = "memtrace_tests_synthetic_startup"
-    if name not in sys.modules:
-        spec = importlib.util.spec_from_file_location(name, TESTS / "synthetic_startup.py")
-        mod = importlib.util.module_from_spec(spec)
-        sys.modules[name] = mod
-        spec.loader.exec_module(mod)
-    return sys.modules[name]
-
-
-def _real_traces() -> list[Path]:
-    return sorted((TESTS / "data").glob("**/*.memtrace"))
+    return synthetic_startup
 
 
 def _png_size(path: Path) -> tuple[int, int]:
