@@ -190,8 +190,7 @@ def _enforce(budget: Budget, path: Path, what: str) -> None:
 def failure_message(result: Any, what: str, budget_text: str, path: Path | str | None = None) -> str:
     """The readable failure of an over-budget test: budget, measured peak, phase, top holders."""
 
-    def gib(n: int) -> str:
-        return f"{n / 1024**3:.2f} GiB"
+    from ..units import format_gib as gib
 
     lines = [
         f"{what}: GPU memory peak {gib(result.peak_bytes)} ({result.curve}) is over the budget "

@@ -111,8 +111,10 @@ def parse_sizes(text: str) -> list[int]:
     return [parse_size(p) for p in parts]
 
 
-def format_gib(n_bytes: int | float, digits: int = 2) -> str:
-    """ "12.34 GiB" (always GiB, for columns and plot labels that must compare at a glance)."""
+def format_gib(n_bytes: int | float | None, digits: int = 2) -> str:
+    """ "12.34 GiB" (always GiB, for columns and plot labels that must compare at a glance); "—" for None."""
+    if n_bytes is None:
+        return "—"
     return f"{n_bytes / GiB:.{digits}f} GiB"
 
 

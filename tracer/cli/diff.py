@@ -17,7 +17,6 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from typing import Any
 
 NAME = "diff"
 ORDER = 40
@@ -39,6 +38,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from ..analysis.diff import diff_traces
     from ..errors import UsageError
+    from ..plots.diff_text import diff_to_json, render_diff
     from ..progress import track
     from ..units import parse_threshold
     from ._runs import load_with_progress, select
@@ -52,210 +52,8 @@ def run(args: argparse.Namespace) -> int:
     pairs = list(zip(base, new, strict=True))
     diffs = [diff_traces(b, n, threshold, label=n.label) for b, n in track(pairs, "Comparing runs")]
     if args.json:
-        json.dump(to_json(diffs, args.base, args.new), sys.stdout, indent=2)
+        json.dump(diff_to_json(diffs, args.base, args.new), sys.stdout, indent=2)
         print()
     else:
-        sys.stdout.write(render(diffs, args.base, args.new))
+        sys.stdout.write(render_diff(diffs, args.base, args.new))
     return 1 if any(d.failed for d in diffs) else 0
-
-
-# -- rendering ----------------------------------------------------------------------------------
-
-
-def _gib(n: int | None) -> str:
-    return "—" if n is None else f"{n / 1024**3:.2f} GiB"
-
-
-def _delta(n: int | None) -> str:
-    if n is None:
-        return "—"
-    if n == 0:
-        return "0"
-    return ("+" if n > 0 else "-") + _size(abs(n))
-
-
-def _size(n: int) -> str:
-    if n >= 1024**3:
-        return f"{n / 1024**3:.2f} GiB"
-    if n >= 1024**2:
-        return f"{n / 1024**2:.1f} MiB"
-    return f"{n / 1024:.1f} KiB" if n >= 1024 else f"{n} B"
-
-
-def _pct(base: int | None, delta: int | None) -> str:
-    if base in (None, 0) or delta is None:
-        return ""
-    return f"({delta / base * 100:+.1f}%)"
-
-
-def _frame_label(frames) -> str:
-    from ..analysis.live import meaningful_frame
-
-    f = meaningful_frame(list(frames))
-    if f is None:
-        return "(no stack recorded)"
-    short = "/".join(f.filename.split("/")[-2:])
-    return f"{f.name} ({short}:{f.line})"
-
-
-def render(diffs: list, base_path: str, new_path: str) -> str:
-    """The text report of a list of TraceDiffs."""
-    out: list[str] = [f"memtrace diff: {base_path} → {new_path}"]
-    for d in diffs:
-        out += _render_one(d, multi=len(diffs) > 1)
-    failed = [d for d in diffs if d.failed]
-    out.append("")
-    if failed:
-        n = sum(len(d.regressions) + (d.new_oom is not None) for d in failed)
-        out.append(f"FAIL: {n} figure(s) grew more than {diffs[0].threshold} (exit 1)")
-    else:
-        thr = diffs[0].threshold if diffs else "the threshold"
-        out.append(f"OK: nothing grew more than {thr}")
-    return "\n".join(out) + "\n"
-
-
-def _render_one(d, multi: bool) -> list[str]:
-    out = [""]
-    if multi:
-        out.append(f"== {d.label} ==")
-    level = "PyTorch reserved + non-PyTorch memory" if d.device_level else "PyTorch reserved only (no NVML in both)"
-    out.append(f"Headline — {level}:")
-    for c in d.headline:
-        if c.base is None and c.new is None:
-            continue
-        mark = "  << over " + d.threshold if c.over else ""
-        where = f"  [{c.phase}]" if c.phase and c.label in ("peak", "post-KV transient") else ""
-        out.append(
-            f"  {c.label:<28} {_gib(c.base):>11} → {_gib(c.new):>11}   {_delta(c.delta):>12} {_pct(c.base, c.delta)}{where}{mark}"
-        )
-    if d.new_oom:
-        out.append(f"  the new run died of CUDA OOM in {d.new_oom}; the base run did not")
-    regs = d.regressions
-    if regs:
-        out.append("")
-        out.append(f"Over the threshold ({d.threshold}):")
-        for c in regs:
-            kind = "phase " if c in [p.peak for p in d.phases] else ""
-            out.append(
-                f"  {kind}{c.label}: {_gib(c.base)} → {_gib(c.new)} ({_delta(c.delta)}, allowed {_delta(c.limit)})"
-            )
-    out += _render_phases(d)
-    if d.categories:
-        rows = [c for c in d.categories if c.delta]
-        out.append("")
-        out.append("By category, at each run's peak (allocated):")
-        if not rows:
-            out.append("  no change")
-        for c in rows:
-            out.append(f"  {c.label:<24} {_gib(c.base):>11} → {_gib(c.new):>11}   {_delta(c.delta):>12}")
-    out.append("")
-    out.append("By allocating stack, at each run's peak (new, or grew most):")
-    if not d.sites:
-        out.append("  no change")
-    for s in d.sites:
-        tag = "new " if s.is_new else ("grew" if s.delta > 0 else "less")
-        out.append(
-            f"  {tag} {_delta(s.delta):>12}  {_gib(s.base_bytes):>11} → {_gib(s.new_bytes):>11}  {_frame_label(s.frames)}"
-        )
-    from ..analysis.flame import hook_short_name
-
-    hooks = [h for h in d.hooks if h.base_bytes_per_call != h.new_bytes_per_call]
-    if d.hooks:
-        out.append("")
-        out.append("FlashInfer workspace (hooked calls): calls, bytes per call")
-        for h in d.hooks:
-            same = "" if h in hooks else "  (unchanged)"
-            short = hook_short_name(h.name)
-            out.append(
-                f"  {short}: {h.base_calls} → {h.new_calls} calls; {_per_call(h.base_bytes_per_call)} → "
-                f"{_per_call(h.new_bytes_per_call)} per call; total {_delta(h.new_total - h.base_total)}{same}"
-            )
-    return out
-
-
-def _per_call(sizes: tuple[int, ...]) -> str:
-    if not sizes:
-        return "—"
-    distinct = sorted(set(sizes))
-    if len(distinct) == 1:
-        return _size(distinct[0])
-    return f"{_size(min(sizes))}..{_size(max(sizes))}"
-
-
-def _render_phases(d) -> list[str]:
-    out = ["", "Per phase (peak):"]
-    width = max([len("  " * p.depth + p.path.rsplit("/", 1)[-1]) for p in d.phases] + [5])
-    out.append(f"  {'phase':<{width}} {'base':>11} {'new':>11} {'Δ peak':>12} {'Δ inside':>12}")
-    for p in d.phases:
-        name = "  " * p.depth + p.path.rsplit("/", 1)[-1]
-        mark = "  << over" if p.peak.over else ""
-        inside = p.inside_delta
-        here = ""
-        if inside and abs(inside) >= 2 * 1024**2:
-            here = "  (grew inside)" if inside > 0 else "  (less inside)"
-        out.append(
-            f"  {name:<{width}} {_gib(p.peak.base):>11} {_gib(p.peak.new):>11} {_delta(p.peak.delta):>12} {_delta(inside):>12}{mark}{here}"
-        )
-    for path in d.base_only_phases:
-        out.append(f"  {path}: only in the base run")
-    for path in d.new_only_phases:
-        out.append(f"  {path}: only in the new run")
-    return out
-
-
-def to_json(diffs: list, base_path: str, new_path: str) -> dict[str, Any]:
-    """A JSON-compatible dict of the comparison (bytes as integers)."""
-
-    def change(c) -> dict[str, Any]:
-        return {"label": c.label, "base_bytes": c.base, "new_bytes": c.new, "delta_bytes": c.delta,
-                "limit_bytes": c.limit, "over": c.over, "phase": c.phase}  # fmt: skip
-
-    return {
-        "base": base_path,
-        "new": new_path,
-        "failed": any(d.failed for d in diffs),
-        "traces": [
-            {
-                "label": d.label,
-                "device_level": d.device_level,
-                "threshold": d.threshold,
-                "failed": d.failed,
-                "new_oom_phase": d.new_oom,
-                "headline": [change(c) for c in d.headline],
-                "regressions": [change(c) for c in d.regressions],
-                "phases": [
-                    {
-                        **change(p.peak),
-                        "path": p.path,
-                        "inside_base_bytes": p.inside_base,
-                        "inside_new_bytes": p.inside_new,
-                    }  # fmt: skip
-                    for p in d.phases
-                ],
-                "base_only_phases": d.base_only_phases,
-                "new_only_phases": d.new_only_phases,
-                "categories": [change(c) for c in d.categories] if d.categories is not None else None,
-                "sites": [
-                    {
-                        "frames": [[f.filename, f.line, f.name] for f in s.frames],
-                        "base_bytes": s.base_bytes,
-                        "new_bytes": s.new_bytes,
-                        "delta_bytes": s.delta,
-                        "new": s.is_new,
-                    }  # fmt: skip
-                    for s in d.sites
-                ],
-                "hooks": [
-                    {
-                        "name": h.name,
-                        "base_calls": h.base_calls,
-                        "new_calls": h.new_calls,
-                        "base_bytes_per_call": list(h.base_bytes_per_call),
-                        "new_bytes_per_call": list(h.new_bytes_per_call),
-                    }  # fmt: skip
-                    for h in d.hooks
-                ],
-            }
-            for d in diffs
-        ],
-    }

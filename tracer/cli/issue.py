@@ -78,7 +78,7 @@ def run(args: argparse.Namespace) -> int:
             flame,
             out / "flame.svg",
             title=f"Live GPU memory at the peak: {peak_s:.3f} s, {s.peak.phase_path or 'outside any phase'}",
-            subtitle=f"{tr.label}; reserved {s.peak.reserved_bytes / 1024**3:.2f} GiB",
+            subtitle=f"{tr.label}; reserved {_gib(s.peak.reserved_bytes)}",
         )
         render_folded(flame, out / "flame.folded")
         t.advance()
@@ -95,7 +95,9 @@ def _title(trace) -> str:
 
 
 def _gib(n: int | None) -> str:
-    return "—" if n is None else f"{n / 1024**3:.2f} GiB"
+    from ..units import format_gib
+
+    return format_gib(n)
 
 
 def _cmdline(env: dict[str, Any]) -> str:
