@@ -31,7 +31,7 @@ import os
 import sqlite3
 import time
 import urllib.parse
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
@@ -424,8 +424,11 @@ def trace_files(run_dir: str | os.PathLike) -> list[Path]:
     return sorted(Path(run_dir).glob(f"*{SUFFIX}"))
 
 
-def load_run(path: str | os.PathLike) -> Run:
-    """Read a run: a directory of ``*.memtrace`` files, or one file. Traces are ordered by rank, then pid."""
+def load_run(path: str | os.PathLike, each: Callable[[list[Path]], Iterable[Path]] | None = None) -> Run:
+    """Read a run: a directory of ``*.memtrace`` files, or one file. Traces are ordered by rank, then pid.
+
+    ``each`` wraps the list of a directory's files as they are read (a progress bar, say).
+    """
     path = Path(path)
     if not path.exists():
         raise TraceFormatError(f"{path}: no such file or directory; pass a run directory or a .memtrace file")
@@ -435,7 +438,7 @@ def load_run(path: str | os.PathLike) -> Run:
             raise TraceFormatError(
                 f"{path} holds no {SUFFIX} files; was the run recorded with memtrace (VLLM_PLUGINS=memtrace)?"
             )
-        traces = [load_trace(f) for f in files]
+        traces = [load_trace(f) for f in (each(files) if each else files)]
     else:
         traces = [load_trace(path)]
     traces.sort(key=lambda t: (t.process.rank if t.process.rank is not None else 1 << 30, t.process.pid))

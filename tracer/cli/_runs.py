@@ -10,17 +10,14 @@ from ..progress import task, track
 
 
 def load_with_progress(path: str | Path) -> Run:
-    """``memtrace.store.load_run`` with a progress bar over the run's files."""
-    from ..store import load_run, load_trace, trace_files
+    """``memtrace.store.load_run`` with a progress bar over the run's files (a spinner for one file)."""
+    from ..store import load_run, trace_files
 
     p = Path(path)
-    files = trace_files(p) if p.is_dir() else []
-    if len(files) <= 1:
-        with task(f"Loading {p.name}", total=None):
-            return load_run(p)
-    traces = [load_trace(f) for f in track(files, f"Loading {p.name}")]
-    traces.sort(key=lambda t: (t.process.rank if t.process.rank is not None else 1 << 30, t.process.pid))
-    return Run(path=str(p), traces=traces)
+    if p.is_dir() and len(trace_files(p)) > 1:
+        return load_run(p, each=lambda files: track(files, f"Loading {p.name}"))
+    with task(f"Loading {p.name}", total=None):
+        return load_run(p)
 
 
 def select(run: Run, rank: int | None) -> list[Trace]:
