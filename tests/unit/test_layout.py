@@ -57,12 +57,18 @@ def test_building_the_cli_imports_no_heavy_module():
     assert not HEAVY & _modules_after("import memtrace.cli; memtrace.cli.build_parser()")
 
 
-def test_memtrace_is_imported_from_the_installed_package_not_the_repo_folders():
-    # `import plugins` / `import tracer` from the repo root must never work by accident
-    out = subprocess.run(
-        [sys.executable, "-c", "import importlib.util as u; print(u.find_spec('tracer'), u.find_spec('plugins'))"],
-        capture_output=True,
-        text=True,
-        cwd="/",
+def test_memtrace_never_imports_its_modules_through_the_repo_folder_names():
+    # From the repo root (where `python -m pytest` runs, putting it on sys.path) `import plugins`
+    # works by accident; memtrace's own modules must only ever be reached as `memtrace.*`.
+    code = (
+        "import importlib, pkgutil\n"
+        "for root in ('memtrace', 'memtrace.plugins', 'memtrace.plots'):\n"
+        "    pkg = importlib.import_module(root)\n"
+        "    for m in pkgutil.walk_packages(pkg.__path__, root + '.'):\n"
+        "        m.name.endswith('__main__') or importlib.import_module(m.name)\n"
+        "import sys; print(' '.join(sorted(sys.modules)))"
     )
-    assert out.stdout.strip() == "None None"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=ROOT)
+    loaded = set(out.stdout.split())
+    assert "memtrace.plugins.vllm" in loaded and "memtrace.plots.timeline" in loaded
+    assert not {"tracer", "plugins", "plots"} & {name.split(".")[0] for name in loaded}
