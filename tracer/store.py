@@ -57,6 +57,9 @@ from .model import (
 )
 
 FORMAT_NAME = "memtrace-trace"
+#: The distribution's name on PyPI ("memtrace" there is an unrelated Valgrind tool).
+DISTRIBUTION = "memtrace-vllm"
+UPGRADE_HINT = f"pip install -U {DISTRIBUTION}"
 SUFFIX = ".memtrace"
 SQLITE_MAGIC = b"SQLite format 3\x00"
 
@@ -296,11 +299,14 @@ def _check_file(path: Path) -> None:
         raise TraceFormatError(f"{path}: no such file or directory; pass a run directory or a .memtrace file")
     if path.is_dir():
         raise TraceFormatError(f"{path} is a directory; pass a .memtrace file, or load it as a run")
-    size = path.stat().st_size
+    try:
+        size = path.stat().st_size
+        with open(path, "rb") as f:
+            head = f.read(16)
+    except OSError as exc:
+        raise TraceFormatError(f"cannot read {path}: {exc.strerror or exc}; check its permissions") from None
     if size == 0:
         raise TraceFormatError(f"{path} is empty: the traced process wrote nothing; record the run again")
-    with open(path, "rb") as f:
-        head = f.read(16)
     if head != SQLITE_MAGIC:
         raise TraceFormatError(
             f"{path} is not a memtrace trace (not SQLite); for a PyTorch snapshot pickle use "
@@ -331,7 +337,7 @@ def _version(db: sqlite3.Connection, path: Path) -> tuple[int, int]:
     if major > FORMAT_VERSION[0]:
         raise TraceFormatError(
             f"{path} uses memtrace trace format {major}.{minor}, newer than the {FORMAT_VERSION[0]}.x this "
-            "memtrace reads; upgrade memtrace (pip install -U memtrace)"
+            f"memtrace reads; upgrade memtrace ({UPGRADE_HINT})"
         )
     return major, minor
 
@@ -420,8 +426,13 @@ def _read(db: sqlite3.Connection, path: Path) -> Trace:
 
 
 def trace_files(run_dir: str | os.PathLike) -> list[Path]:
-    """The trace files of a run directory, in a stable order."""
-    return sorted(Path(run_dir).glob(f"*{SUFFIX}"))
+    """The trace files of a run directory, in a stable order. TraceFormatError when it cannot be listed."""
+    run_dir = Path(run_dir)
+    try:
+        names = os.listdir(run_dir)
+    except OSError as exc:
+        raise TraceFormatError(f"cannot list {run_dir}: {exc.strerror or exc}; check its permissions") from None
+    return sorted(run_dir / n for n in names if n.endswith(SUFFIX))
 
 
 def load_run(path: str | os.PathLike, each: Callable[[list[Path]], Iterable[Path]] | None = None) -> Run:

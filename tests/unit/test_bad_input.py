@@ -137,7 +137,7 @@ def test_import_of_a_bad_snapshot_writes_nothing(capsys, tmp_path):
 
 def test_unknown_rank(capsys, tmp_path):
     p = good_trace(tmp_path / "t.memtrace")
-    fails_cleanly(capsys, ["report", str(p), "--rank", "3"], p, "no trace of rank 3")
+    fails_cleanly(capsys, ["report", str(p), "--rank", "3"], p, "has no rank 3")
 
 
 def test_bad_target_size(capsys, tmp_path):

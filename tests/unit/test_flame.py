@@ -181,7 +181,7 @@ def test_flame_cli_folded_at_a_phase_sums_to_that_phase_peak(run_dir, tmp_path, 
     [
         (["--at", "99"], "the run lasts 58.501 s"),
         (["--at", "no_such_phase"], "no such phase"),
-        (["--rank", "3"], "no trace of rank 3"),
+        (["--rank", "3"], "has no rank 3"),
     ],
 )
 def test_flame_cli_bad_moments_ranks_are_one_line_exit_2(run_dir, tmp_path, capsys, argv, message):

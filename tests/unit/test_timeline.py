@@ -165,7 +165,7 @@ def test_plot_cli_default_name_no_overwrite_then_force(run_dir, tmp_path, monkey
 @pytest.mark.parametrize(
     ("argv", "message"),
     [
-        (["--rank", "5"], "no trace of rank 5"),
+        (["--rank", "5"], "has no rank 5"),
         (["--target", "lots"], "cannot read size"),
         (["--capacity", "16GiB,x"], "cannot read size"),
         (["-o", "t.jpg"], "must end in .png, .svg"),

@@ -1,7 +1,15 @@
-"""Loading runs for the gate commands (diff, fits, issue, export): with a progress bar, one rank or all."""
+"""The one way every reading command takes its input: arguments, loading (with progress), rank choice.
+
+Every command that reads a run calls :func:`add_input` (the positional RUN, ``--allow-pickle``) and
+:func:`load`: a run directory, a ``.memtrace`` file, or a PyTorch snapshot pickle (``.pickle``/``.pkl``
+or any name with ``--allow-pickle``; the same warning and the same refusal of code in the pickle:
+``importers.files``). Target arguments are added by :func:`add_target` and resolved per trace by
+``analysis.target.resolve_target``.
+"""
 
 from __future__ import annotations
 
+import argparse
 from pathlib import Path
 
 from ..errors import UsageError
@@ -9,30 +17,91 @@ from ..model import Run, Trace
 from ..progress import task, track
 
 
-def load_with_progress(path: str | Path) -> Run:
-    """``memtrace.store.load_run`` with a progress bar over the run's files (a spinner for one file)."""
-    from ..store import load_run, trace_files
+def add_input(p: argparse.ArgumentParser, dest: str = "run_path", help: str | None = None) -> None:
+    """The positional RUN and ``--allow-pickle``."""
+    p.add_argument(dest, metavar="RUN", help=help or "run directory, .memtrace file or snapshot pickle (.pickle/.pkl)")
+    if not any("--allow-pickle" in a.option_strings for a in p._actions):
+        p.add_argument(
+            "--allow-pickle", action="store_true", help="read a snapshot pickle whatever its name (unpickling warns)"
+        )
+
+
+def add_target(p: argparse.ArgumentParser) -> None:
+    """``--target`` / ``--util`` [``--total``]: the same flags, parsed the same way, in every command."""
+    g = p.add_mutually_exclusive_group()
+    g.add_argument("--target", metavar="SIZE", help="the line not to cross, e.g. 88GiB (default: the recorded one)")
+    g.add_argument("--util", metavar="FRACTION", help="target as a share of the card, e.g. 0.92 or 92%%")
+    p.add_argument("--total", metavar="SIZE", help="the card's memory for --util (default: the card the run stood for)")
+
+
+def target_args(args: argparse.Namespace) -> dict:
+    """Keyword arguments for ``resolve_target`` from :func:`add_target`'s flags (parsed, validated)."""
+    from ..units import parse_fraction, parse_size
+
+    return {
+        "target_bytes": parse_size(args.target) if getattr(args, "target", None) is not None else None,
+        "util": parse_fraction(args.util) if getattr(args, "util", None) is not None else None,
+        "total_bytes": parse_size(args.total) if getattr(args, "total", None) is not None else None,
+    }
+
+
+def load(path: str | Path, *, allow_pickle: bool = False) -> Run:
+    """A Run from ``path`` (see the module docstring), with a progress bar over a run's files."""
+    from ..importers.files import load_input
+    from ..store import trace_files
 
     p = Path(path)
-    if p.is_dir() and len(trace_files(p)) > 1:
-        return load_run(p, each=lambda files: track(files, f"Loading {p.name}"))
-    with task(f"Loading {p.name}", total=None):
-        return load_run(p)
+    if p.is_dir():
+        try:
+            many = len(trace_files(p)) > 1
+        except OSError:
+            many = False  # load_input says what is wrong, in one line
+        if many:
+            return load_input(p, each=lambda files: track(files, f"Loading {p.name}"))
+    with task(f"Loading {p.name or path}", total=None):
+        return load_input(p, allow_pickle=allow_pickle)
+
+
+def load_args(args: argparse.Namespace, dest: str = "run_path") -> Run:
+    """:func:`load` of the path in ``args.<dest>`` with its ``--allow-pickle``."""
+    return load(getattr(args, dest), allow_pickle=getattr(args, "allow_pickle", False))
+
+
+def check_rank(rank: int | None) -> None:
+    if rank is not None and rank < 0:
+        raise UsageError(f"--rank {rank}: ranks are 0 or more")
+
+
+def ranks_of(run: Run) -> list[int]:
+    """The ranks a run holds; a single trace without a rank counts as rank 0."""
+    ranks = sorted({t.process.rank for t in run.traces if t.process.rank is not None})
+    if not ranks and len(run.traces) == 1:
+        return [0]
+    return ranks
 
 
 def select(run: Run, rank: int | None) -> list[Trace]:
     """The traces of ``run`` for ``rank`` (all when None); UsageError when the rank is absent."""
+    check_rank(rank)
     if rank is None:
         return run.traces
     chosen = [t for t in run.traces if t.process.rank == rank]
     if not chosen and rank == 0 and len(run.traces) == 1 and run.traces[0].process.rank is None:
         return run.traces
     if not chosen:
-        have = sorted({t.process.rank for t in run.traces if t.process.rank is not None})
-        raise UsageError(f"{run.path} has no trace of rank {rank}; it holds ranks {have or 'none'}")
+        have = ranks_of(run)
+        pids = ", ".join(str(t.process.pid) for t in run.traces if t.process.rank is None)
+        if have:
+            raise UsageError(f"{run.path} has no rank {rank}; it holds rank(s) {', '.join(map(str, have))}")
+        raise UsageError(f"{run.path} has no rank {rank}; its traces carry no rank (pids {pids}); leave out --rank")
     return chosen
 
 
 def main_trace(run: Run, rank: int | None) -> Trace:
     """One trace: the given rank's, else the first (rank 0 when ranks are known)."""
     return select(run, rank)[0]
+
+
+# Kept for the gate commands written before the one loader: same function, older name.
+def load_with_progress(path: str | Path) -> Run:
+    return load(path)

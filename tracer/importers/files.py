@@ -17,6 +17,7 @@ import io
 import os
 import pickle
 import sys
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
@@ -100,18 +101,30 @@ def trace_from_snapshot_file(path: str | os.PathLike, *, device: int | None = No
     return trace
 
 
-def load_input(path: str | os.PathLike, *, allow_pickle: bool = False, device: int | None = None) -> Run:
-    """A Run from a run directory, a ``.memtrace`` file, or (see module docstring) a snapshot pickle."""
+def load_input(
+    path: str | os.PathLike,
+    *,
+    allow_pickle: bool = False,
+    device: int | None = None,
+    each: Callable[[list[Path]], Iterable[Path]] | None = None,
+) -> Run:
+    """A Run from a run directory, a ``.memtrace`` file, or (see module docstring) a snapshot pickle.
+
+    ``each`` wraps a run directory's file list as it is read (a progress bar).
+    """
     from ..store import SQLITE_MAGIC, load_run
 
     p = Path(path)
     if not p.exists():
         raise TraceFormatError(f"{p}: no such file or directory; pass a run directory, a .memtrace file or a snapshot")
     if p.is_dir():
-        return load_run(p)
+        return load_run(p, each=each)
     if is_pickle_path(p) or allow_pickle:
-        with open(p, "rb") as f:
-            head = f.read(16)
+        try:
+            with open(p, "rb") as f:
+                head = f.read(16)
+        except OSError as exc:
+            raise TraceFormatError(f"cannot read {p}: {exc.strerror or exc}; check its permissions") from None
         if head == SQLITE_MAGIC:  # a trace misnamed .pkl: read it as what it is
             return load_run(p)
         warn_pickle(p)

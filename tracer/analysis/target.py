@@ -1,0 +1,113 @@
+"""The line not to cross and the card it is drawn on: one resolver, one precedence, for every output.
+
+Every command, renderer, exporter and the pytest gate asks :func:`resolve_target` and shows what it
+returns. Precedence:
+
+1. an explicit target in bytes (``--target``);
+2. ``ceil(util x total)`` for an explicit utilization (``--util``) times ``--total`` when given, else
+   the card the run stood for (see :func:`card_capacity`);
+3. the target the trace recorded (vLLM's ``requested_memory``, ``facts["target_bytes"]``);
+4. ``ceil(recorded util x card)``;
+5. none.
+
+The card's capacity is ``--total`` when given, else ``facts["capacity_bytes"]`` (a run that stood
+for a smaller card, e.g. under ``set_per_process_memory_fraction``), else the device's physical memory.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from .. import facts as F
+from ..errors import UsageError
+from ..model import Trace
+
+#: Where a target came from, in the words reports print.
+ARGUMENT = "--target"
+UTIL_TOTAL = "--util x --total"
+UTIL_CARD = "--util x card"
+RECORDED = "recorded"
+RECORDED_UTIL = "recorded util x card"
+
+
+@dataclass(frozen=True)
+class Target:
+    """The target and the card, in bytes; ``target_bytes`` is None when nothing gives one."""
+
+    target_bytes: int | None
+    capacity_bytes: int | None  # the card: --total, the card the run stood for, else the device
+    util: float | None  # the utilization behind the target, when it came from one
+    source: str  # ARGUMENT, UTIL_TOTAL, UTIL_CARD, RECORDED, RECORDED_UTIL or ""
+    capacity_source: str  # "--total", "recorded card", "device", ""
+
+    @property
+    def known(self) -> bool:
+        return self.target_bytes is not None
+
+
+def card_capacity(trace: Trace) -> tuple[int | None, str]:
+    """The card's memory and where it came from: the card the run stood for, else the device's."""
+    stood_for = F.int_fact(trace.facts, F.CAPACITY_BYTES)
+    if stood_for is not None and stood_for > 0:
+        return stood_for, "recorded card"
+    if trace.process.device_total_bytes:
+        return int(trace.process.device_total_bytes), "device"
+    return None, ""
+
+
+def resolve_target(
+    trace: Trace,
+    *,
+    target_bytes: int | None = None,
+    util: float | None = None,
+    total_bytes: int | None = None,
+) -> Target:
+    """The target for ``trace`` (see the module docstring for the precedence).
+
+    Args:
+        trace: the trace.
+        target_bytes: an explicit target (``--target``); must be above zero.
+        util: an explicit utilization (``--util``), in (0, 1].
+        total_bytes: the card's memory for ``util`` (``--total``); only with ``util``.
+    Raises:
+        UsageError: for a target of 0 bytes, ``target_bytes`` together with ``util``, ``total_bytes``
+            without ``util``, or ``util`` on a trace that recorded no capacity and no ``total_bytes``.
+    """
+    if target_bytes is not None and util is not None:
+        raise UsageError("give either --target or --util, not both")
+    if total_bytes is not None and util is None:
+        raise UsageError("--total only applies with --util; pass --util 0.92 --total 96GB, or --target BYTES")
+    if target_bytes is not None and target_bytes <= 0:
+        raise UsageError(f"--target {target_bytes} B is not a line a start-up can stay under; give a size above 0")
+    if total_bytes is not None and total_bytes <= 0:
+        raise UsageError("--total must be above 0 bytes")
+    card, card_source = (total_bytes, "--total") if total_bytes is not None else card_capacity(trace)
+    if target_bytes is not None:
+        return Target(int(target_bytes), card, None, ARGUMENT, card_source)
+    if util is not None:
+        if not card:
+            raise UsageError(f"{trace.label} does not record its device capacity; pass --total BYTES with --util")
+        return Target(math.ceil(util * card), card, util, UTIL_TOTAL if total_bytes is not None else UTIL_CARD,
+                      card_source)  # fmt: skip
+    recorded_util = trace.facts.get(F.UTIL)
+    recorded_util = float(recorded_util) if isinstance(recorded_util, (int, float)) else None
+    recorded = F.int_fact(trace.facts, F.TARGET_BYTES)
+    if recorded is not None and recorded > 0:
+        return Target(recorded, card, recorded_util, RECORDED, card_source)
+    if recorded_util and card:
+        return Target(math.ceil(recorded_util * card), card, recorded_util, RECORDED_UTIL, card_source)
+    return Target(None, card, recorded_util, "", card_source)
+
+
+def describe(target: Target) -> str:
+    """One phrase for reports: where the target came from."""
+    if target.source == ARGUMENT:
+        return "--target"
+    if target.source in (UTIL_TOTAL, UTIL_CARD):
+        return f"--util {target.util:g} x {'--total' if target.source == UTIL_TOTAL else 'the card'}"
+    if target.source == RECORDED:
+        return "recorded (vLLM's requested memory)" if target.util is None else f"recorded (util {target.util:g})"
+    if target.source == RECORDED_UTIL:
+        return f"recorded util {target.util:g} x the card"
+    return "none"

@@ -1,0 +1,130 @@
+"""The registry of fact keys: the one part of a trace file whose shape the format version does not spell out.
+
+A trace's ``meta`` table holds a JSON document ``facts``: a dict from these keys to JSON values. This
+module lists every key memtrace writes or reads, with its type, its unit and who writes it, so readers
+and writers never spell a key twice. Code reads and writes facts only through these constants
+(``tests/unit/test_facts_registry.py`` fails on a literal key anywhere else). Unknown keys found in a
+file are kept as they are, so a newer writer's facts survive an older reader.
+
+Bytes are integers of bytes, times integers of Unix-epoch microseconds, as everywhere in the model.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class FactKey:
+    """One documented fact: its key in the ``facts`` document, JSON type, writer and meaning."""
+
+    key: str
+    type: str  # "int", "float", "str", "bool", "dict", "list"
+    writer: str  # who writes it
+    doc: str
+
+
+REGISTRY: dict[str, FactKey] = {}
+
+
+def _fact(key: str, type_: str, writer: str, doc: str) -> str:
+    REGISTRY[key] = FactKey(key, type_, writer, doc)
+    return key
+
+
+# -- environment and capture ---------------------------------------------------------------------------
+ENV = _fact(
+    "env",
+    "dict",
+    "capture.env",
+    "gpu_name, compute_capability, driver, cuda, torch, vllm, flashinfer, "
+    "hostname, cmdline (secrets redacted), allocator settings and other fingerprint fields",
+)
+MEMTRACE_VERSION = _fact("memtrace", "str", "capture.env", "the memtrace version that recorded the trace")
+CAPTURE = _fact("capture", "dict", "capture.session", "how the allocator history was drained (drains, clock skew)")
+CAPTURE_PREIMPORT_S = _fact(
+    "capture_preimport_s",
+    "float",
+    "capture.session",
+    "seconds spent importing torch's stack symbolizer before recording",
+)
+SIDECAR = _fact("sidecar", "dict", "capture.session", "the NVML sidecar: rate, samples, driver reserve, errors")
+ALLOCATOR_SETTINGS = _fact(
+    "allocator_settings",
+    "dict",
+    "importers.torch_snapshot",
+    "the snapshot's allocator_settings (expandable segments...)",
+)
+MARKER = _fact("marker", "str", "tests", "a free-form label a test or script attaches to a run")
+
+# -- the line not to cross, and the card -------------------------------------------------------------------
+TARGET_BYTES = _fact(
+    "target_bytes",
+    "int",
+    "plugins.vllm, examples",
+    "the utilization target in bytes: vLLM's requested_memory = ceil(util x total)",
+)
+TARGET_SOURCE = _fact("target_source", "str", "plugins.vllm", "where target_bytes came from in vLLM")
+UTIL = _fact("gpu_memory_utilization", "float", "plugins.vllm, examples", "--gpu-memory-utilization")
+CAPACITY_BYTES = _fact(
+    "capacity_bytes",
+    "int",
+    "examples, users",
+    "the card the run stood for when smaller than the device (a per-process memory fraction)",
+)
+MEMORY_FRACTION = _fact("memory_fraction", "float", "examples", "torch's set_per_process_memory_fraction value")
+PEAK_STATS_RESET_US = _fact("peak_stats_reset_us", "int", "examples", "when torch's peak counters were reset")
+
+# -- what happened -----------------------------------------------------------------------------------------
+OOM = _fact(
+    "oom",
+    "dict",
+    "capture.session (OOM observer), importers.torch_snapshot",
+    "time_us, device, requested_bytes, device_total_bytes, device_free_bytes, phase",
+)
+DIED_IN = _fact("died_in", "str", "examples", "the phase path the example script died in")
+STARTUP_OUTCOME = _fact("startup_outcome", "dict", "examples", "the example's own account of how it ended")
+TORCH_COUNTERS = _fact("torch_counters", "list", "examples", "torch's own counters at phase ends (validation)")
+PHASE_MEMORY = _fact(
+    "memtrace.phase_memory",
+    "dict",
+    "plugins.vllm_boundaries",
+    "cudaMemGetInfo / torch counters read at vLLM's phase boundaries",
+)
+
+# -- vLLM's own figures --------------------------------------------------------------------------------------
+VLLM_VERSION = _fact("vllm.version", "str", "plugins.vllm", "vLLM's version string")
+VLLM_CONFIG = _fact(
+    "vllm.config",
+    "dict",
+    "plugins.vllm",
+    "model, max_model_len, max_num_batched_tokens, "
+    "max_num_seqs, kv_cache_dtype, tensor_parallel_size and the other memory-relevant flags",
+)
+VLLM_HOOK_TARGETS = _fact("vllm.hook_targets", "list", "plugins.vllm", "the vLLM methods the plugin wrapped")
+VLLM_STARTUP_COMPLETE_US = _fact("vllm.startup_complete_us", "int", "plugins.vllm", "end of warm-up")
+VLLM_AVAILABLE_KV_BYTES = _fact(
+    "vllm.available_kv_cache_bytes", "int", "plugins.vllm", "Worker.determine_available_memory's return value"
+)
+VLLM_KV_TOKENS = _fact("vllm.kv_cache_tokens", "int", "plugins.vllm", "GPU KV cache size in tokens")
+VLLM_KV_BYTES = _fact("vllm.kv_cache_bytes", "int", "plugins.vllm_facts", "bytes of the KV cache tensors")
+VLLM_KV_BLOCKS = _fact("vllm.kv_cache_blocks", "int", "plugins.vllm_facts", "number of KV cache blocks")
+VLLM_WEIGHTS_BYTES = _fact("vllm.weights_memory_bytes", "int", "plugins.vllm", "model_runner.model_memory_usage")
+VLLM_PROFILE = _fact("vllm.profile", "dict", "plugins.vllm_facts", "the worker's memory-profiling attributes")
+VLLM_GRAPH_ESTIMATE_BYTES = _fact(
+    "vllm.cudagraph_memory_estimate_bytes", "int", "plugins.vllm", "profile_cudagraph_memory's estimate"
+)
+VLLM_NON_TORCH_AT_INIT_BYTES = _fact(
+    "vllm.non_torch_at_init_bytes", "int", "plugins.vllm_facts", "non-torch memory in vLLM's init snapshot"
+)
+
+
+def is_vllm(facts: dict) -> bool:
+    """True for a trace the vLLM plugin recorded (vLLM's own checks and formulas apply)."""
+    return VLLM_VERSION in facts or VLLM_CONFIG in facts
+
+
+def int_fact(facts: dict, key: str) -> int | None:
+    """``facts[key]`` as an int when it is a number (not a bool), else None."""
+    v = facts.get(key)
+    return int(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else None
