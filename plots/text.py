@@ -154,8 +154,8 @@ def _header(out: _Out, s: Summary) -> None:
         f"recording: {s.n_events:,} allocator events, {s.n_samples:,} NVML samples over {dur:.2f} s "
         f"(source {rec.source}, stacks {rec.stacks}" + (f", ended: {rec.end_reason})" if rec.end_reason else ")")
     )
-    if s.path:
-        out.item(f"file: {s.path}")
+    if s.path:  # Markdown goes upstream: the file's name only, never a local path
+        out.item(f"file: {s.path.rsplit('/', 1)[-1] if out.md else s.path}")
 
 
 def _phases(out: _Out, s: Summary) -> None:

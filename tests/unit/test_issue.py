@@ -68,7 +68,8 @@ def test_existing_bundle_is_not_overwritten_without_force(bundle, tmp_path, caps
 def test_oom_run_says_it_died(tmp_path):
     run = save_trace(g.vllm_like_startup(oom_in="profile_run"), tmp_path / "oom.memtrace")
     assert main(["issue", str(run), "-o", str(tmp_path / "b")]) == 0
-    assert "**The process died of CUDA OOM** (requested 2.00 GiB)." in (tmp_path / "b" / "issue.md").read_text()
+    md = (tmp_path / "b" / "issue.md").read_text()
+    assert re.search(r"\*\*The process died of CUDA OOM\*\* in `determine_available_memory/profile_run` at [\d.]+ s \(requested 2\.00 GiB", md)
 
 
 H200_FULL = TESTS / "data" / "h200" / "startup-full"
@@ -79,5 +80,29 @@ def test_real_h200_bundle_names_the_gpu_and_the_warm_up_crossing(tmp_path):
     assert main(["issue", str(H200_FULL), "-o", str(tmp_path / "b")]) == 0
     md = (tmp_path / "b" / "issue.md").read_text()
     assert "| GPU | NVIDIA H200 |" in md and "| compute capability | 9.0 |" in md and "| driver | 580.159.04 |" in md
-    assert "It crossed the target (128.62 GiB) in `compile_or_warm_up/kernel_warmup` (NVML device-used memory)" in md
+    assert "Device-used memory first crossed the target (128.62 GiB) in `compile_or_warm_up/kernel_warmup`" in md
     assert "vLLM's available KV cache: 121.72 GiB." in md
+
+
+VLLM_RUN = TESTS / "data" / "vllm-h200" / "startup"
+
+
+def test_real_vllm_bundle_holds_no_local_paths_and_a_title_from_facts(tmp_path):
+    assert main(["issue", str(VLLM_RUN), "-o", str(tmp_path / "b")]) == 0
+    md = (tmp_path / "b" / "issue.md").read_text()
+    assert md.startswith("## GPU memory during vLLM 0.25.1 start-up: model (Qwen3MoeForCausalLM) on NVIDIA H200")
+    for local in ("/tmp/", "/opt/", str(TESTS), "/work/", "/root/"):
+        assert local not in md, local
+
+
+def test_failed_bundle_leaves_no_folder_behind(tmp_path, capsys):
+    out = tmp_path / "b"
+    assert main(["issue", str(VLLM_RUN), "-o", str(out), "--rank", "9"]) == 2
+    assert not out.exists()
+    assert "has no rank 9" in capsys.readouterr().err
+
+
+def test_bundle_inside_the_run_is_refused(tmp_path, capsys):
+    trace = next(VLLM_RUN.glob("*.memtrace"))
+    assert main(["issue", str(trace), "-o", str(trace)]) == 2
+    assert "input" in capsys.readouterr().err
