@@ -8,6 +8,9 @@ from typing import Any
 from ..units import GiB, format_bytes
 from ..units import format_gib as _gib
 
+#: Fingerprint differences listed one per line; the rest are named on one line.
+SHOW_MISMATCHES = 8
+
 
 def _delta(n: int | None) -> str:
     if n is None:
@@ -50,6 +53,8 @@ def render_diff(diffs: list, base_path: str, new_path: str) -> str:
     else:
         thr = diffs[0].threshold if diffs else "the threshold"
         out.append(f"OK: nothing grew more than {thr}")
+    if any(d.mismatches for d in diffs):
+        out.append("(the runs are not comparable: see the WARNING above)")
     return "\n".join(out) + "\n"
 
 
@@ -58,25 +63,32 @@ def _render_one(d, multi: bool) -> list[str]:
     if multi:
         out.append(f"== {d.label} ==")
     level = "PyTorch reserved + non-PyTorch memory" if d.device_level else "PyTorch reserved only (no NVML in both)"
+    if d.mismatches:
+        out.append("WARNING: the two runs are not comparable; they differ in:")
+        out += [f"  {name}: {b} → {n}" for name, b, n in d.mismatches[:SHOW_MISMATCHES]]
+        rest = [name for name, _, _ in d.mismatches[SHOW_MISMATCHES:]]
+        if rest:
+            out.append(f"  and {len(rest)} more: {', '.join(rest)}")
     out.append(f"Headline — {level}:")
     for c in d.headline:
         if c.base is None and c.new is None:
             continue
         mark = "  << over " + d.threshold if c.over else ""
-        where = f"  [{c.phase}]" if c.phase and c.label in ("peak", "post-KV transient") else ""
+        where = f"  [{c.phase}]" if c.phase else ""
         out.append(
             f"  {c.label:<28} {_gib(c.base):>11} → {_gib(c.new):>11}   {_delta(c.delta):>12} {_pct(c.base, c.delta)}{where}{mark}"
         )
-    if d.new_oom:
-        out.append(f"  the new run died of CUDA OOM in {d.new_oom}; the base run did not")
+    if d.new_oom is not None:
+        out.append(f"  {oom_line(d.new_oom)}; the base run did not")
     regs = d.regressions
     if regs:
         out.append("")
         out.append(f"Over the threshold ({d.threshold}):")
         for c in regs:
-            kind = "phase " if c in [p.peak for p in d.phases] else ""
+            kind = "phase " if c in [p.peak for p in d.phases] else "hooked " if c in d.hook_totals else ""
+            label = _hook_label(c.label) if kind == "hooked " else c.label
             out.append(
-                f"  {kind}{c.label}: {_gib(c.base)} → {_gib(c.new)} ({_delta(c.delta)}, allowed {_delta(c.limit)})"
+                f"  {kind}{label}: {_gib(c.base)} → {_gib(c.new)} ({_delta(c.delta)}, allowed {_delta(c.limit)})"
             )
     out += _render_phases(d)
     if d.categories:
@@ -109,7 +121,27 @@ def _render_one(d, multi: bool) -> list[str]:
                 f"  {short}: {h.base_calls} → {h.new_calls} calls; {_per_call(h.base_bytes_per_call)} → "
                 f"{_per_call(h.new_bytes_per_call)} per call; total {_delta(h.new_total - h.base_total)}{same}"
             )
+        for c in d.hook_totals:
+            mark = "  << over " + d.threshold if c.over else ""
+            name = _hook_label(c.label)
+            out.append(f"  total {name}: {_gib(c.base)} → {_gib(c.new)} ({_delta(c.delta)}){mark}")
     return out
+
+
+def _hook_label(name: str) -> str:
+    from ..analysis.diff import ALL_HOOKS
+    from ..analysis.flame import hook_short_name
+
+    return name if name == ALL_HOOKS else hook_short_name(name)
+
+
+def oom_line(oom) -> str:
+    """``the new run died of CUDA OOM in PHASE: asked for X with Y free`` (analysis.oom.Oom)."""
+    free = f" with {_size(oom.free_bytes)} free" if oom.free_bytes is not None else ""
+    return (
+        f"the new run died of CUDA OOM in {oom.phase_path or 'no phase'} at its "
+        f"{_size(oom.requested_bytes)} request{free}"
+    )
 
 
 def _per_call(sizes: tuple[int, ...]) -> str:
@@ -123,6 +155,8 @@ def _per_call(sizes: tuple[int, ...]) -> str:
 
 def _render_phases(d) -> list[str]:
     out = ["", "Per phase (peak):"]
+    if not d.phases and not d.base_only_phases and not d.new_only_phases:
+        return out + ["  neither run recorded phases: the global peaks above are what is gated"]
     width = max([len("  " * p.depth + p.path.rsplit("/", 1)[-1]) for p in d.phases] + [5])
     out.append(f"  {'phase':<{width}} {'base':>11} {'new':>11} {'Δ peak':>12} {'Δ inside':>12}")
     for p in d.phases:
@@ -142,6 +176,13 @@ def _render_phases(d) -> list[str]:
     return out
 
 
+def _oom_json(oom) -> dict[str, Any] | None:
+    if oom is None:
+        return None
+    return {"phase": oom.phase_path, "time_us": oom.time_us, "requested_bytes": oom.requested_bytes,
+            "free_bytes": oom.free_bytes, "total_bytes": oom.total_bytes, "source": oom.source}  # fmt: skip
+
+
 def diff_to_json(diffs: list, base_path: str, new_path: str) -> dict[str, Any]:
     """A JSON-compatible dict of the comparison (bytes as integers)."""
 
@@ -153,13 +194,16 @@ def diff_to_json(diffs: list, base_path: str, new_path: str) -> dict[str, Any]:
         "base": base_path,
         "new": new_path,
         "failed": any(d.failed for d in diffs),
+        "comparable": all(d.comparable for d in diffs),
         "traces": [
             {
                 "label": d.label,
                 "device_level": d.device_level,
                 "threshold": d.threshold,
                 "failed": d.failed,
-                "new_oom_phase": d.new_oom,
+                "comparable": d.comparable,
+                "mismatches": [{"field": k, "base": b, "new": n} for k, b, n in d.mismatches],
+                "new_oom": _oom_json(d.new_oom),
                 "headline": [change(c) for c in d.headline],
                 "regressions": [change(c) for c in d.regressions],
                 "phases": [
@@ -171,6 +215,7 @@ def diff_to_json(diffs: list, base_path: str, new_path: str) -> dict[str, Any]:
                     }  # fmt: skip
                     for p in d.phases
                 ],
+                "hook_totals": [change(c) for c in d.hook_totals],
                 "base_only_phases": d.base_only_phases,
                 "new_only_phases": d.new_only_phases,
                 "categories": [change(c) for c in d.categories] if d.categories is not None else None,

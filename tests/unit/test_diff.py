@@ -52,7 +52,8 @@ def test_synthetic_workspace_growth_fails_in_profile_run_and_names_the_site(synt
     assert "memory before KV sizing        22.90 GiB →   23.90 GiB      +1.00 GiB" in head[2]
     assert "phase determine_available_memory/profile_run: 28.90 GiB → 29.90 GiB (+1.00 GiB" in out
     assert "new     +1.00 GiB     0.00 GiB →    1.00 GiB  allocate_extra_workspace (my_patch/workspace.py:17)" in out
-    assert "FAIL: 3 figure(s) grew more than 2% (exit 1)" in out
+    assert "hooked allocate_sm120_dynamic_workspace: 2.00 GiB → 3.00 GiB (+1.00 GiB" in out
+    assert "FAIL: 4 figure(s) grew more than 2% (exit 1)" in out
 
 
 def test_synthetic_workspace_growth_changes_nothing_else(synthetic_runs):
@@ -64,6 +65,12 @@ def test_synthetic_workspace_growth_changes_nothing_else(synthetic_runs):
         "memory before KV sizing",
         "determine_available_memory",
         "determine_available_memory/profile_run",
+        "flashinfer.fused_moe.cute_dsl.blackwell_sm12x.moe_dispatch.allocate_sm120_dynamic_workspace",
+    ]
+    assert [c.label for c in d.headline if c.delta] == [
+        "available KV cache (vLLM)",
+        "memory before KV sizing",
+        "KV cache",
     ]
     cats = {c.label: c.delta for c in d.categories if c.delta}
     assert cats == {"flashinfer_workspace": GiB, "kv_cache": -GiB}
@@ -80,8 +87,9 @@ def test_a_growth_inside_profile_run_fails_even_when_the_global_peak_is_unchange
     base = g.vllm_like_startup(kv_cache=14 * GiB)
     new = g.vllm_like_startup(kv_cache=14 * GiB, activation=7 * GiB)  # profile_run's spike +1 GiB
     d = diff_traces(base, new, parse_threshold("2%"))
-    peak = next(c for c in d.headline if c.label == "peak")
-    assert peak.delta == 0
+    peaks = [c for c in d.headline if c.label.startswith("peak ")]
+    assert [c.label for c in peaks] == ["peak reserved", "peak allocated", "peak device used"]
+    assert all(c.delta == 0 for c in peaks)
     assert "determine_available_memory/profile_run" in [c.label for c in d.regressions]
     assert d.failed
 
@@ -196,3 +204,102 @@ def test_real_pair_cli_exit_codes(capsys):
     assert "profile_run" in out.split("Over the threshold")[1].split("Per phase")[0]
     assert main(["diff", str(base), str(base)]) == 0
     assert main(["diff", str(base), str(new), "--fail-over", "2GiB"]) == 0
+
+
+# -- issue 13 item 3: a gate that cannot be fooled ------------------------------------------------------------
+
+H200 = TESTS / "data" / "h200"
+VLLM_RUN = TESTS / "data" / "vllm-h200" / "startup"
+
+
+def _phaseless_snapshot(run: str, out: Path) -> Path:
+    """A real H200 trace exported for memory_viz with its phases removed: what an imported snapshot looks like."""
+    import pickle
+
+    from memtrace.exporters.memory_viz import snapshot_dict
+    from memtrace.store import load_run
+
+    snap = snapshot_dict(load_run(H200 / run).traces[0])
+    snap["external_annotations"] = []
+    with open(out, "wb") as f:
+        pickle.dump(snap, f, protocol=4)
+    return out
+
+
+@pytest.fixture(scope="module")
+def snapshots(tmp_path_factory) -> dict[str, Path]:
+    d = tmp_path_factory.mktemp("snapshots")
+    return {r: _phaseless_snapshot(f"startup-{r}", d / f"{r}.pickle") for r in ("cap16g", "cap20.75g", "full", "ws1g")}
+
+
+def test_phaseless_snapshot_pair_fails_on_global_peak_growth(snapshots, capsys):
+    before = {p: p.read_bytes() for p in snapshots.values()}
+    rc, out, err = _run(capsys, snapshots["cap16g"], snapshots["cap20.75g"], "--fail-over", "2%")
+    assert rc == 1
+    # 15,458,107,392 -> 21,495,808,000 B reserved (+39.1 %), the figures `memtrace report` shows for these runs
+    assert "peak reserved                  14.40 GiB →   20.02 GiB      +5.62 GiB (+39.1%)  << over 2%" in out
+    assert "peak allocated                 14.32 GiB →   19.94 GiB      +5.62 GiB (+39.3%)  << over 2%" in out
+    assert "neither run recorded phases" in out
+    assert "FAIL: 2 figure(s) grew more than 2% (exit 1)" in out
+    assert "pickle" in err  # the loader's warning, once per file
+    assert before == {p: p.read_bytes() for p in snapshots.values()}
+
+
+def test_phaseless_snapshot_global_peaks_match_the_recorded_run():
+    import tempfile
+
+    from memtrace.analysis.diff import PEAK_ALLOCATED, PEAK_RESERVED, figures
+    from memtrace.importers.files import trace_from_snapshot_file
+    from memtrace.store import load_run
+
+    with tempfile.TemporaryDirectory() as d:
+        snap = trace_from_snapshot_file(_phaseless_snapshot("startup-cap16g", Path(d) / "x.pickle"))
+    live = load_run(H200 / "startup-cap16g").traces[0]
+    fs, fl = figures(snap), figures(live, device_level=False)
+    assert fs.phases == {} and fl.phases
+    assert fs.headline[PEAK_RESERVED] == fl.headline[PEAK_RESERVED] == 15_458_107_392
+    assert fs.headline[PEAK_ALLOCATED] == fl.headline[PEAK_ALLOCATED]
+
+
+def test_phaseless_snapshots_of_an_unchanged_peak_pass(snapshots, capsys):
+    # the workspace-extra run's 1 GiB is paid by the KV cache: the global peaks do not move
+    rc, out, _ = _run(capsys, snapshots["full"], snapshots["ws1g"], "--fail-over", "2%")
+    assert rc == 0, out
+    assert "OK: nothing grew more than 2%" in out
+
+
+def test_a_shrinking_peak_passes_and_a_size_threshold_applies_to_peaks(snapshots, capsys):
+    assert _run(capsys, snapshots["cap20.75g"], snapshots["cap16g"], "--fail-over", "2%")[0] == 0
+    assert _run(capsys, snapshots["cap16g"], snapshots["cap20.75g"], "--fail-over", "6GiB")[0] == 0
+    assert _run(capsys, snapshots["cap16g"], snapshots["cap20.75g"], "--fail-over", "5GiB")[0] == 1
+
+
+def test_vllm_run_against_a_plain_pytorch_script_warns_which_fields_differ(capsys):
+    rc, out, _ = _run(capsys, VLLM_RUN, H200 / "startup-full", "--fail-over", "2%")
+    warning = out.split("WARNING: the two runs are not comparable; they differ in:")[1].split("Headline")[0]
+    assert "  kind: vllm → pytorch" in warning
+    assert "  vllm: 0.25.1 → —" in warning
+    assert "  flashinfer: 0.6.13 → —" in warning
+    assert "  model: /tmp/model → record_startup.py" in warning
+    assert "(the runs are not comparable: see the WARNING above)" in out
+    rc, out, _ = _run(capsys, VLLM_RUN, H200 / "startup-full", "--json")
+    doc = json.loads(out)
+    assert doc["comparable"] is False
+    fields = {m["field"]: (m["base"], m["new"]) for m in doc["traces"][0]["mismatches"]}
+    assert fields["kind"] == ("vllm", "pytorch") and fields["max_num_seqs"] == ("8", "—")
+
+
+def test_two_runs_of_one_matrix_key_are_comparable(capsys):
+    rc, out, _ = _run(capsys, H200 / "startup-full", H200 / "startup-ws1g")
+    assert "WARNING" not in out
+    rc, out, _ = _run(capsys, H200 / "startup-full", H200 / "startup-cap32g")
+    assert "  card_bytes: 150109880320 → 34359738368" in out  # a different card is another key
+
+
+def test_new_run_dying_of_oom_names_phase_request_and_free_memory(capsys):
+    # startup-cap6g died in profile_run asking for 1 GiB (outcomes.json); the OOM comes from analysis.oom
+    rc, out, _ = _run(capsys, H200 / "startup-cap32g", H200 / "startup-cap6g", "--fail-over", "100GiB")
+    assert rc == 1
+    assert "the new run died of CUDA OOM in profile_run at its 1.00 GiB request" in out
+    rc, out, _ = _run(capsys, H200 / "startup-cap16g", H200 / "startup-cap6g", "--fail-over", "100GiB")
+    assert rc == 0  # the base died too: not a new failure

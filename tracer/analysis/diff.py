@@ -1,32 +1,54 @@
 """Compare two traces of the same start-up: what grew, where, and whether it breaks a threshold.
 
-The gate (``TraceDiff.regressions``) fails when any of these grew by more than the threshold:
-the peak of every phase (matched by phase path; a phase repeated under the same path is matched by
-occurrence, ``profile_run#2``), the memory before KV sizing, and the post-KV transient. Phase
-peaks are gated one by one, so a regression inside ``profile_run`` fails even when the global
-peak (often in warm-up) did not move. Growth below ``MIN_GROWTH_BYTES`` never fails a percentage
-threshold: it is allocator rounding, not a regression.
+The gate (``TraceDiff.regressions``) fails when any of these grew by more than the threshold: the
+global peaks (reserved, allocated, and NVML device-used when both runs sampled it), the peak of
+every phase (matched by phase path; a phase repeated under the same path is matched by occurrence,
+``profile_run#2``), the memory before KV sizing, the post-KV transient, and the bytes returned by
+each hooked function (FlashInfer's workspace allocators) and by all of them together. The global
+peaks make the gate work on every kind of trace: an imported snapshot without phases fails when its
+peak grew. Phase peaks are gated one by one, so a regression inside ``profile_run`` fails even when
+the global peak (often in warm-up) did not move. Growth below ``MIN_GROWTH_BYTES`` never fails a
+percentage threshold: it is allocator rounding, not a regression. A new run that died of OOM
+(``analysis.oom.find_oom``) where the base did not fails too.
 
-Everything else (categories, sites, FlashInfer workspace calls) explains the change. Pure
-functions over Traces; rendering is the CLI's job.
+The gated figures of one trace are a :class:`Figures` (what ``history`` stores); :func:`compare`
+is the one comparator, used by :func:`diff_traces` and by ``history check``. Everything else
+(categories, sites) explains the change. Two runs whose environment fingerprints differ
+(``analysis.history_key``) are compared anyway, with the differences listed in ``mismatches``.
+Pure functions over Traces; rendering is ``plots.diff_text``'s job.
 """
 
 from __future__ import annotations
 
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
-from ..model import FACT_OOM, Frame, Trace
+from ..model import Frame, Trace
 from ..units import MiB, Threshold
 from .curves import Curves, all_curves
-from .landmarks import Landmarks, landmarks, total_curve
+from .history_key import differences, fingerprint
+from .landmarks import landmarks, total_curve
 from .live import holders_by_stack, lifetimes
-from .phases import phase_stats, window_peak
+from .oom import Oom, find_oom
+from .phases import path_at, phase_stats, window_peak
 
 #: Growth under this never fails a percentage threshold (one large-segment rounding unit).
 MIN_GROWTH_BYTES = 2 * MiB
 #: How many sites to report.
 TOP_SITES = 8
+
+#: Headline figures, in the order shown; GATED ones fail the gate when they grow past the threshold.
+AVAILABLE_KV = "available KV cache (vLLM)"
+BEFORE_KV = "memory before KV sizing"
+KV_CACHE = "KV cache"
+POST_KV = "post-KV transient"
+PEAK_RESERVED = "peak reserved"
+PEAK_ALLOCATED = "peak allocated"
+PEAK_DEVICE = "peak device used"
+HEADLINE = (AVAILABLE_KV, BEFORE_KV, KV_CACHE, POST_KV, PEAK_RESERVED, PEAK_ALLOCATED, PEAK_DEVICE)
+GATED = frozenset({BEFORE_KV, POST_KV, PEAK_RESERVED, PEAK_ALLOCATED, PEAK_DEVICE})
+#: The label of all hooked calls' bytes together.
+ALL_HOOKS = "all hooked calls"
 
 
 @dataclass(frozen=True)
@@ -104,6 +126,19 @@ class HookChange:
         return sum(self.new_bytes_per_call)
 
 
+@dataclass(frozen=True)
+class Figures:
+    """The gated figures of one trace, computed once (``figures``): what diff compares and history stores."""
+
+    device_level: bool  # phase peaks and the memory before KV sizing include non-PyTorch memory (NVML)
+    fingerprint: dict[str, str]  # analysis.history_key.fingerprint
+    headline: dict[str, int]  # HEADLINE label -> bytes, for the figures the trace has
+    where: dict[str, str]  # HEADLINE label -> phase path of the moment (peaks, post-KV transient)
+    phases: dict[str, tuple[int, int, int]]  # path (name#n for repeats) -> (peak, peak above start, depth)
+    hooks: dict[str, tuple[int, ...]]  # hooked function -> bytes returned per outermost call
+    oom: Oom | None  # the OOM the run died of
+
+
 @dataclass
 class TraceDiff:
     """The comparison of one process's trace in both runs."""
@@ -111,23 +146,29 @@ class TraceDiff:
     label: str
     device_level: bool  # both traces hold NVML samples: figures include non-PyTorch memory
     threshold: str
-    headline: list[Change]  # available KV, memory before KV sizing, KV cache, post-KV transient, peak
+    headline: list[Change]  # HEADLINE order; gated ones carry a limit
     phases: list[PhaseChange]
-    categories: list[Change] | None  # None when memtrace.analysis.categories is unavailable
+    categories: list[Change] | None  # None when not computed (history) or unavailable
     sites: list[SiteChange]
     hooks: list[HookChange]
+    hook_totals: list[Change] = field(default_factory=list)  # bytes per hooked function, then ALL_HOOKS
     base_only_phases: list[str] = field(default_factory=list)
     new_only_phases: list[str] = field(default_factory=list)
-    new_oom: str | None = None  # the new run died of OOM (and the base did not): where
+    new_oom: Oom | None = None  # the new run died of OOM (and the base did not)
+    mismatches: list[tuple[str, str, str]] = field(default_factory=list)  # fingerprint fields that differ
 
     @property
     def regressions(self) -> list[Change]:
         gated = [c for c in self.headline if c.over] + [p.peak for p in self.phases if p.peak.over]
-        return gated
+        return gated + [c for c in self.hook_totals if c.over]
 
     @property
     def failed(self) -> bool:
         return bool(self.regressions) or self.new_oom is not None
+
+    @property
+    def comparable(self) -> bool:
+        return not self.mismatches
 
 
 def _limit(threshold: Threshold, base: int | None) -> int | None:
@@ -199,15 +240,6 @@ def _hook_bytes(trace: Trace) -> dict[str, list[int]]:
     return out
 
 
-def hook_changes(base: Trace, new: Trace) -> list[HookChange]:
-    """Per hooked function: number of calls and bytes per call in both runs."""
-    b, n = _hook_bytes(base), _hook_bytes(new)
-    return [
-        HookChange(name, len(b.get(name, [])), len(n.get(name, [])), tuple(b.get(name, [])), tuple(n.get(name, [])))
-        for name in sorted(set(b) | set(n))
-    ]
-
-
 def category_changes(base: Trace, new: Trace, base_curves: Curves, new_curves: Curves) -> list[Change] | None:
     """Allocated bytes per category (weights, KV cache, workspaces...) at each run's reserved peak.
 
@@ -232,67 +264,116 @@ def category_changes(base: Trace, new: Trace, base_curves: Curves, new_curves: C
     return [Change(k, bd.get(k, 0), nd.get(k, 0)) for k in names]
 
 
-def _headline(lb: Landmarks, ln: Landmarks, threshold: Threshold) -> list[Change]:
-    def peak_of(m):
-        return m.bytes if m is not None else None
+def figures(trace: Trace, *, device_level: bool | None = None, curves: Curves | None = None) -> Figures:
+    """The gated figures of ``trace``.
 
-    return [
-        Change("available KV cache (vLLM)", lb.vllm_available_kv_bytes, ln.vllm_available_kv_bytes),
-        Change(
-            "memory before KV sizing", lb.before_kv_bytes, ln.before_kv_bytes, _limit(threshold, lb.before_kv_bytes)
-        ),
-        Change("KV cache", lb.kv_cache_bytes, ln.kv_cache_bytes),
-        Change(
-            "post-KV transient",
-            lb.post_kv_transient_bytes,
-            ln.post_kv_transient_bytes,
-            _limit(threshold, lb.post_kv_transient_bytes),
-            ln.post_kv_peak.phase if ln.post_kv_peak else "",
-        ),
-        Change("peak", peak_of(lb.peak), peak_of(ln.peak), phase=ln.peak.phase),
-    ]
+    Args:
+        trace: the trace.
+        device_level: add steady non-PyTorch memory (NVML) to phase peaks and to the memory before
+            KV sizing; default: when the trace has NVML samples. Compare like with like.
+        curves: its precomputed ``all_curves``.
+    """
+    curves = curves or all_curves(trace)
+    if device_level is None:
+        device_level = curves.has_device
+    device_level = device_level and curves.has_device
+    lm = landmarks(trace, curves, include_non_torch=device_level)
+    head = {
+        AVAILABLE_KV: lm.vllm_available_kv_bytes,
+        BEFORE_KV: lm.before_kv_bytes,
+        KV_CACHE: lm.kv_cache_bytes,
+        POST_KV: lm.post_kv_transient_bytes,
+    }
+    where = {POST_KV: lm.post_kv_peak.phase} if lm.post_kv_peak else {}
+    peaks = [(PEAK_RESERVED, curves.reserved), (PEAK_ALLOCATED, curves.allocated)]
+    if device_level:
+        peaks.append((PEAK_DEVICE, curves.device_used))
+    for name, curve in peaks:  # the same moments as ``memtrace report``'s peaks
+        if len(curve):
+            i = curve.peak_index
+            head[name] = int(curve.bytes[i])
+            where[name] = path_at(trace, int(curve.time_us[i]))
+    return Figures(
+        device_level=device_level,
+        fingerprint=fingerprint(trace),
+        headline={k: int(v) for k, v in head.items() if v is not None},
+        where=where,
+        phases={
+            k: (peak, inside, depth)
+            for k, (peak, inside, depth, _) in _phase_peaks(trace, curves, device_level).items()
+        },
+        hooks={k: tuple(v) for k, v in _hook_bytes(trace).items()},
+        oom=find_oom(trace),
+    )
 
 
-def _oom_phase(trace: Trace) -> str | None:
-    oom = trace.facts.get(FACT_OOM)
-    if not oom:
-        return None
-    from .phases import path_at
+def _hook_totals(base: Figures, new: Figures, threshold: Threshold) -> list[Change]:
+    names = sorted(set(base.hooks) | set(new.hooks))
+    if not names:
+        return []
+    out = []
+    for name in names:
+        b = sum(base.hooks[name]) if name in base.hooks else None
+        out.append(Change(name, b, sum(new.hooks.get(name, ())), _limit(threshold, b)))
+    if len(names) == 1:
+        return out
+    b_all, n_all = sum(map(sum, base.hooks.values())), sum(map(sum, new.hooks.values()))
+    return out + [Change(ALL_HOOKS, b_all, n_all, _limit(threshold, b_all))]
 
-    t = oom.get("time_us") if isinstance(oom, dict) else None
-    return (path_at(trace, int(t)) or "outside any phase") if t is not None else "unknown phase"
+
+def compare(base: Figures, new: Figures, threshold: Threshold, *, label: str = "") -> TraceDiff:
+    """The gate over two :class:`Figures` (the one comparator: diff and history check call it).
+
+    Categories and sites need the traces: :func:`diff_traces` adds them.
+    """
+    headline = []
+    for name in HEADLINE:
+        b, n = base.headline.get(name), new.headline.get(name)
+        if b is None and n is None:
+            continue
+        limit = _limit(threshold, b) if name in GATED else None
+        headline.append(Change(name, b, n, limit, new.where.get(name, "")))
+    phases = []
+    for key, (peak, inside, depth) in new.phases.items():
+        if key in base.phases:
+            b_peak, b_inside, _ = base.phases[key]
+            phases.append(
+                PhaseChange(key, depth, Change(key, b_peak, peak, _limit(threshold, b_peak)), b_inside, inside)
+            )
+    names = sorted(set(base.hooks) | set(new.hooks))
+    return TraceDiff(
+        label=label,
+        device_level=base.device_level and new.device_level,
+        threshold=_threshold_text(threshold),
+        headline=headline,
+        phases=phases,
+        categories=None,
+        sites=[],
+        hooks=[
+            HookChange(
+                n, len(base.hooks.get(n, ())), len(new.hooks.get(n, ())), base.hooks.get(n, ()), new.hooks.get(n, ())
+            )
+            for n in names
+        ],  # fmt: skip
+        hook_totals=_hook_totals(base, new, threshold),
+        base_only_phases=[k for k in base.phases if k not in new.phases],
+        new_only_phases=[k for k in new.phases if k not in base.phases],
+        new_oom=new.oom if base.oom is None else None,
+        mismatches=differences(base.fingerprint, new.fingerprint),
+    )
 
 
 def diff_traces(base: Trace, new: Trace, threshold: Threshold, *, label: str = "") -> TraceDiff:
     """Compare ``new`` against ``base`` (the same process of two runs)."""
     bc, nc = all_curves(base), all_curves(new)
-    device_level = bc.has_device and nc.has_device
-    # compare like with like: reserved-only figures on both sides unless both have NVML samples
-    lb = landmarks(base, bc, include_non_torch=device_level)
-    ln = landmarks(new, nc, include_non_torch=device_level)
-    bp = _phase_peaks(base, bc, device_level)
-    np_ = _phase_peaks(new, nc, device_level)
-    phases = []
-    for key, (peak, inside, depth, _) in np_.items():
-        if key in bp:
-            b_peak, b_inside, _, _ = bp[key]
-            phases.append(
-                PhaseChange(key, depth, Change(key, b_peak, peak, _limit(threshold, b_peak)), b_inside, inside)
-            )
-    new_oom = _oom_phase(new) if _oom_phase(base) is None else None
-    return TraceDiff(
+    device_level = bc.has_device and nc.has_device  # like with like: reserved-only unless both sampled NVML
+    d = compare(
+        figures(base, device_level=device_level, curves=bc),
+        figures(new, device_level=device_level, curves=nc),
+        threshold,
         label=label or new.label,
-        device_level=device_level,
-        threshold=_threshold_text(threshold),
-        headline=_headline(lb, ln, threshold),
-        phases=phases,
-        categories=category_changes(base, new, bc, nc),
-        sites=site_changes(base, new, bc, nc),
-        hooks=hook_changes(base, new),
-        base_only_phases=[k for k in bp if k not in np_],
-        new_only_phases=[k for k in np_ if k not in bp],
-        new_oom=new_oom,
     )
+    return replace(d, categories=category_changes(base, new, bc, nc), sites=site_changes(base, new, bc, nc))
 
 
 def _threshold_text(threshold: Threshold) -> str:

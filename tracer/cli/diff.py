@@ -4,9 +4,11 @@ Prints the headline first (vLLM's available KV cache and the memory in use befor
 new), then every phase's peak side by side, what grew by category and by allocating stack at each
 run's peak, and FlashInfer workspace bytes per hook call.
 
-Exit status: 1 when any phase's peak, the memory before KV sizing or the post-KV transient grew by
-more than --fail-over (or the new run died of OOM where the base did not); 0 otherwise; 2 on bad
-input. Phases are matched by path (a phase repeated under one path by occurrence: name#2).
+Exit status: 1 when a global peak (reserved, allocated, NVML device-used), any phase's peak, the
+memory before KV sizing, the post-KV transient or a hooked function's bytes grew by more than
+--fail-over (or the new run died of OOM where the base did not); 0 otherwise; 2 on bad input.
+Phases are matched by path (a phase repeated under one path by occurrence: name#2). Runs that differ
+in model, GPU, versions or memory flags are compared with a WARNING naming what differs.
 
   memtrace diff base-run/ new-run/ --fail-over 2%
   memtrace diff base-run/ new-run/ --fail-over 512MiB --json
@@ -23,8 +25,10 @@ ORDER = 40
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("base", metavar="BASE", help="the reference run (directory or .memtrace file)")
-    p.add_argument("new", metavar="NEW", help="the run to check")
+    from ._runs import add_input
+
+    add_input(p, "base", help="the reference run (directory, .memtrace file or snapshot pickle)")
+    add_input(p, "new", help="the run to check")
     p.add_argument(
         "--fail-over",
         default="2%",
@@ -41,11 +45,11 @@ def run(args: argparse.Namespace) -> int:
     from ..plots.diff_text import diff_to_json, render_diff
     from ..progress import track
     from ..units import parse_threshold
-    from ._runs import load_with_progress, select
+    from ._runs import load, select
 
     threshold = parse_threshold(args.fail_over)
-    base_run = load_with_progress(args.base)
-    new_run = load_with_progress(args.new)
+    base_run = load(args.base, allow_pickle=args.allow_pickle)
+    new_run = load(args.new, allow_pickle=args.allow_pickle)
     base, new = select(base_run, args.rank), select(new_run, args.rank)
     if len(base) != len(new):
         raise UsageError(f"{args.base} holds {len(base)} traces and {args.new} {len(new)}; pick one with --rank N")

@@ -1,0 +1,128 @@
+"""The environment fingerprint of a run (the "matrix key"): what must match for two runs to compare.
+
+Two start-ups are comparable when they ran the same kind of program (a vLLM start-up, a plain PyTorch
+script, an imported snapshot) on the same GPU model with the same driver, CUDA, torch, vLLM and
+FlashInfer, for the same model, with the same flags that change memory (vLLM's batch and length
+limits, KV-cache dtype, parallelism, graph mode, ``--gpu-memory-utilization``, the card a run stood
+for). ``diff`` warns with :func:`differences` when they are not; ``history`` files runs under
+:func:`matrix_key` so that a run is only ever checked against runs of the same key.
+
+What is left out on purpose: host names, GPU serial numbers, paths, ports and free-form command-line
+arguments (a patched workspace size is exactly what the gate must catch, not a different key).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+
+from .. import facts as F
+from ..model import Trace
+from .target import card_capacity
+
+#: Environment fields, in the order they are shown.
+ENV_FIELDS = ("gpu", "driver", "cuda", "torch", "vllm", "flashinfer")
+#: vLLM configuration entries that change how much memory a start-up takes.
+MEMORY_FLAGS = (
+    "max_model_len",
+    "max_num_batched_tokens",
+    "max_num_seqs",
+    "kv_cache_dtype",
+    "dtype",
+    "quantization",
+    "block_size",
+    "tensor_parallel_size",
+    "pipeline_parallel_size",
+    "data_parallel_size",
+    "enable_expert_parallel",
+    "enforce_eager",
+    "compilation_mode",
+    "cudagraph_mode",
+    "moe_backend",
+    "use_v2_model_runner",
+)
+#: Shown for a field a run did not record.
+UNKNOWN = "—"
+
+
+def _text(value) -> str:
+    if value is None or value == "":
+        return ""
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)
+    return str(value)
+
+
+def program_kind(trace: Trace) -> str:
+    """``vllm`` (the vLLM plugin recorded it), ``snapshot`` (an imported PyTorch snapshot) or ``pytorch``."""
+    if F.is_vllm(trace.facts):
+        return "vllm"
+    if trace.recording.source != "memtrace":
+        return "snapshot"
+    return "pytorch"
+
+
+def _program(env: dict) -> str:
+    """The script a plain PyTorch run executed (its file name), from the recorded command line."""
+    cmd = env.get("cmdline")
+    if not isinstance(cmd, list) or not cmd:
+        return ""
+    args = [str(a) for a in cmd]
+    if os.path.basename(args[0]).startswith("python") and len(args) > 1:
+        args = args[1:]
+        if args[0] == "-m" and len(args) > 1:
+            return args[1]
+    return os.path.basename(args[0])
+
+
+def fingerprint(trace: Trace) -> dict[str, str]:
+    """The matrix-key fields of ``trace`` as text, known fields only, in a stable order.
+
+    ``kind``, the environment (:data:`ENV_FIELDS`), ``model`` (vLLM's model, else the script's
+    name), the vLLM flags of :data:`MEMORY_FLAGS`, ``gpu_memory_utilization`` and ``card_bytes``
+    (the card the run stood for, when smaller than the device).
+    """
+    facts = trace.facts
+    env = facts.get(F.ENV) if isinstance(facts.get(F.ENV), dict) else {}
+    config = facts.get(F.VLLM_CONFIG) if isinstance(facts.get(F.VLLM_CONFIG), dict) else {}
+    kind = program_kind(trace)
+    out = {"kind": kind}
+    values = {
+        "gpu": env.get("gpu_name"),
+        "driver": env.get("driver"),
+        "cuda": env.get("cuda"),
+        "torch": env.get("torch"),
+        "vllm": env.get("vllm") or facts.get(F.VLLM_VERSION),
+        "flashinfer": env.get("flashinfer"),
+        "model": config.get("model") or (_program(env) if kind == "pytorch" else None),
+    }
+    values.update({flag: config.get(flag) for flag in MEMORY_FLAGS})
+    values["gpu_memory_utilization"] = facts.get(F.UTIL)
+    card, source = card_capacity(trace)
+    values["card_bytes"] = card if source == "recorded card" else None
+    out.update({k: t for k, v in values.items() if (t := _text(v))})
+    return out
+
+
+def matrix_key(fp: dict[str, str]) -> str:
+    """A short stable id of a fingerprint (16 hex digits of its SHA-256)."""
+    return hashlib.sha256(json.dumps(fp, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def describe(fp: dict[str, str]) -> str:
+    """One line naming a fingerprint: ``vllm · NVIDIA H200 · torch 2.11.0 · vllm 0.25.1 · model``."""
+    parts = [fp.get("kind", UNKNOWN), fp.get("gpu", "")]
+    parts += [f"{k} {fp[k]}" for k in ("torch", "vllm", "flashinfer") if k in fp]
+    parts.append(fp.get("model", ""))
+    return " · ".join(p for p in parts if p)
+
+
+def differences(base: dict[str, str], new: dict[str, str]) -> list[tuple[str, str, str]]:
+    """Fields whose values differ: (field, base value, new value), ``—`` where a run lacks it."""
+    out = []
+    for k in dict.fromkeys([*base, *new]):
+        b, n = base.get(k, UNKNOWN), new.get(k, UNKNOWN)
+        if b != n:
+            out.append((k, b, n))
+    return out
