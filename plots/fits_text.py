@@ -1,82 +1,154 @@
 """The text rendering of ``memtrace fits`` (analysis.fits results): one paragraph for one capacity,
-a table for several."""
+a table for several.
+
+Every outcome the analysis can give (``analysis.fits.OUTCOMES``) has its own words here, chosen by
+``outcome`` alone, so the text always says what ``--json`` says; an outcome without words is a bug
+(ValueError), never a wrong sentence.
+"""
 
 from __future__ import annotations
 
+from ..analysis.fits import DIED, FITS, NO_KV, OOM, REFUSED, UNKNOWN, Fit
 from ..units import format_gib as _gib
 
+#: The first word of the one-capacity answer, per outcome (also what tests compare with --json).
+HEADLINE = {
+    FITS: "SURVIVES",
+    OOM: "DIES",
+    NO_KV: "DIES",
+    REFUSED: "REFUSED",
+    DIED: "DIES",
+    UNKNOWN: "UNKNOWN",
+}
 
-def _verdict(r) -> str:
-    if r.outcome == "unknown":
-        return "unknown: the recording ends before the KV cache (record a run that gets further)"
-    if r.survives:
+
+def _oom_facts(r: Fit) -> str:
+    """The recorded OOM in words: phase, the failed request, the free memory."""
+    o = r.recorded_oom
+    where = f" in {o.phase_path}" if o.phase_path else ""
+    limit = f", allocator limit {_gib(o.total_bytes)}" if o.total_bytes else ""
+    free = _gib(o.free_bytes) if o.free_bytes is not None else "not recorded"
+    return (
+        f"the recorded run died of CUDA OOM{where}: it asked for {_gib(o.requested_bytes)}, device free {free}{limit}"
+    )
+
+
+def _verdict(r: Fit) -> str:
+    """One short phrase for a table row."""
+    if r.outcome == FITS:
         return f"fits, {_gib(r.headroom_bytes)} to spare"
-    if r.stage == "init":
+    if r.outcome == REFUSED:
         return f"vLLM refuses at init_device: free memory {_gib(r.overshoot_bytes)} short of util × capacity"
-    if r.stage == "KV sizing" and "max_model_len" in r.phase:
-        return f"vLLM refuses: KV cache {_gib(r.kv_cache_bytes)} < one max_model_len request ({_gib(r.overshoot_bytes)} short)"
-    if r.stage == "KV sizing":
+    if r.outcome == NO_KV and "max_model_len" in r.phase:
+        return (
+            f"vLLM refuses: KV cache {_gib(r.kv_cache_bytes)} < one max_model_len request "
+            f"({_gib(r.overshoot_bytes)} short)"
+        )
+    if r.outcome == NO_KV:
         return f"vLLM refuses: no memory for the KV cache ({_gib(r.overshoot_bytes)} short)"
-    if r.stage == "pre-KV":
+    if r.outcome == OOM and r.stage == "pre-KV":
         return f"OOM in {r.phase} (before KV sizing; needs {_gib(r.overshoot_bytes)} more)"
-    return f"OOM in {r.phase} (after the KV cache; {_gib(r.overshoot_bytes)} over)"
+    if r.outcome == OOM:
+        return f"OOM in {r.phase} (after the KV cache; {_gib(r.overshoot_bytes)} over)"
+    if r.outcome == DIED and r.overshoot_bytes > 0:
+        return f"dies in {r.phase}, as recorded (the failed request is {_gib(r.overshoot_bytes)} over)"
+    if r.outcome == DIED:
+        return f"dies in {r.phase}, as recorded (no more room there than the recorded card)"
+    if r.outcome == UNKNOWN and r.recorded_oom is not None:
+        return f"unknown: fits up to the recorded OOM in {r.phase}; nothing after it was recorded"
+    if r.outcome == UNKNOWN:
+        return "unknown: the recording ends before the KV cache (record a run that gets further)"
+    raise ValueError(f"no words for fits outcome {r.outcome!r}")
 
 
-def render_fits(results: list, run_path: str, smallest: int | None, non_torch: str = "") -> str:
+def _answer(r: Fit) -> list[str]:
+    """The one-capacity answer: the headline line and its explanation."""
+    head = HEADLINE[r.outcome]
+    if r.outcome == FITS:
+        return [f"{head}: KV cache {_gib(r.kv_cache_bytes)}, {_gib(r.headroom_bytes)} to spare at the tightest moment"]
+    if r.outcome == REFUSED:
+        return [
+            f"{head} at init_device: vLLM needs {_gib(r.target_bytes)} free at start-up and would find "
+            f"{_gib(r.overshoot_bytes)} less (CUDA context and other memory); lower --gpu-memory-utilization"
+        ]
+    if r.outcome == NO_KV and "max_model_len" in r.phase:
+        return [
+            f"{head} at KV sizing: the {_gib(r.kv_cache_bytes)} KV cache cannot hold one request of max_model_len "
+            f"tokens ({_gib(r.overshoot_bytes)} short); lower --max-model-len or raise --gpu-memory-utilization"
+        ]
+    if r.outcome == NO_KV:
+        return [
+            f"{head} at KV sizing: vLLM counts {_gib(r.non_kv_bytes)} that is not KV cache, "
+            f'{_gib(r.overshoot_bytes)} more than it may fill ("No available memory for the cache blocks")'
+        ]
+    if r.outcome == OOM and r.stage == "pre-KV":
+        return [
+            f"{head} in {r.phase}, before the KV cache is sized:",
+            f"before the KV cache it needs {_gib(r.pre_kv_peak_bytes)} (peak in {r.pre_kv_peak_phase}), "
+            f"{_gib(r.overshoot_bytes)} more than the card; --gpu-memory-utilization cannot help",
+        ]
+    if r.outcome == OOM:
+        return [
+            f"{head} in {r.phase}, after the KV cache ({_gib(r.kv_cache_bytes)}) was allocated:",
+            f"the post-KV peak would be {_gib(r.post_kv_peak_bytes)}, {_gib(r.overshoot_bytes)} over the card",
+        ]
+    if r.outcome == DIED:
+        why = (
+            f"on this card that request would still be {_gib(r.overshoot_bytes)} over the card"
+            if r.overshoot_bytes > 0
+            else "this card leaves no more room there than the recorded one did"
+        )
+        return [f"{head} in {r.phase}, where the recording died:", f"{_oom_facts(r)}; {why}"]
+    if r.outcome == UNKNOWN and r.recorded_oom is not None:
+        return [
+            f"{head}: {_oom_facts(r)}.",
+            f"On this card that request would fit ({_gib(r.headroom_bytes)} to spare), but what the start-up "
+            "needed after it was never recorded; record a run on a card this large to know",
+        ]
+    if r.outcome == UNKNOWN:
+        return [f"{head}: the recording ends before the KV cache was sized; record a run that gets further"]
+    raise ValueError(f"no words for fits outcome {r.outcome!r}")
+
+
+def _assumption(r: Fit) -> str:
+    if r.non_torch_bytes is None:
+        return f"Non-PyTorch memory (CUDA context, libraries) assumed: {r.non_torch_source}; --non-torch SIZE to set it"
+    return (
+        f"Non-PyTorch memory (CUDA context, libraries) assumed: {_gib(r.non_torch_bytes)} ({r.non_torch_source}); "
+        "--non-torch SIZE to change"
+    )
+
+
+def render_fits(results: list[Fit], run_path: str, smallest: int | None) -> str:
     """The text answer: one paragraph for one capacity, a table for several."""
     lines = [f"memtrace fits: {run_path}"]
+    r = results[0]
     if len(results) == 1:
-        r = results[0]
         lines.append(
             f"On a {_gib(r.capacity_bytes)} card at --gpu-memory-utilization {r.util:g} "
             f"(vLLM may fill {_gib(r.target_bytes)}):"
         )
-        if r.survives:
-            lines.append(
-                f"  SURVIVES: KV cache {_gib(r.kv_cache_bytes)}, {_gib(r.headroom_bytes)} to spare at the tightest moment"
-            )
-        elif r.stage == "pre-KV":
-            lines.append(f"  DIES in {r.phase}, before the KV cache is sized:")
-            lines.append(
-                f"  before the KV cache it needs {_gib(r.pre_kv_peak_bytes)} (peak in {r.pre_kv_peak_phase}), "
-                f"{_gib(r.overshoot_bytes)} more than the card; --gpu-memory-utilization cannot help"
-            )
-        elif r.stage == "init":
-            lines.append(
-                f"  REFUSED at init_device: vLLM needs {_gib(r.target_bytes)} free at start-up and would find "
-                f"{_gib(r.overshoot_bytes)} less (CUDA context and other memory); lower --gpu-memory-utilization"
-            )
-        elif r.stage == "KV sizing" and "max_model_len" in r.phase:
-            lines.append(
-                f"  DIES at KV sizing: the {_gib(r.kv_cache_bytes)} KV cache cannot hold one request of max_model_len "
-                f"tokens ({_gib(r.overshoot_bytes)} short); lower --max-model-len or raise --gpu-memory-utilization"
-            )
-        elif r.stage == "KV sizing":
-            lines.append(
-                f"  DIES at KV sizing: vLLM counts {_gib(r.non_kv_bytes)} that is not KV cache, "
-                f'{_gib(r.overshoot_bytes)} more than it may fill ("No available memory for the cache blocks")'
-            )
-        else:
-            lines.append(f"  DIES in {r.phase}, after the KV cache ({_gib(r.kv_cache_bytes)}) was allocated:")
-            lines.append(
-                f"  the post-KV peak would be {_gib(r.post_kv_peak_bytes)}, {_gib(r.overshoot_bytes)} over the card"
-            )
+        lines += ["  " + line for line in _answer(r)]
         lines.append(
-            f"  card-independent: {_gib(r.non_kv_bytes)} non-KV; pre-KV peak {_gib(r.pre_kv_peak_bytes)} in {r.pre_kv_peak_phase}"
+            f"  card-independent: {_gib(r.non_kv_bytes)} non-KV ({r.non_kv_source}); "
+            f"pre-KV peak {_gib(r.pre_kv_peak_bytes)} in {r.pre_kv_peak_phase}"
         )
     else:
         head = f"  {'capacity':>10} {'util':>5} {'vLLM fills':>11} {'non-KV':>10} {'KV cache':>10} {'post-KV peak':>13}  outcome"
         lines.append(head)
-        for r in results:
-            kv = _gib(r.kv_cache_bytes) if r.kv_cache_bytes > 0 else "none"
+        for x in results:
+            kv = _gib(x.kv_cache_bytes) if x.kv_cache_bytes > 0 else "none"
             lines.append(
-                f"  {_gib(r.capacity_bytes):>10} {r.util:>5g} {_gib(r.target_bytes):>11} {_gib(r.non_kv_bytes):>10} "
-                f"{kv:>10} {_gib(r.post_kv_peak_bytes):>13}  {_verdict(r)}"
+                f"  {_gib(x.capacity_bytes):>10} {x.util:>5g} {_gib(x.target_bytes):>11} {_gib(x.non_kv_bytes):>10} "
+                f"{kv:>10} {_gib(x.post_kv_peak_bytes):>13}  {_verdict(x)}"
             )
-        r = results[0]
         lines.append(f"  pre-KV peak (every card): {_gib(r.pre_kv_peak_bytes)} in {r.pre_kv_peak_phase}")
-    if non_torch:
-        lines.append(f"Non-PyTorch memory (CUDA context, libraries) assumed: {non_torch}; --non-torch SIZE to change")
+        lines.append(f"  non-KV: {r.non_kv_source}")
+        if r.recorded_oom is not None:
+            lines.append(f"  {_oom_facts(r)}")
+    lines.append(_assumption(r))
     if smallest is not None:
         lines.append(f"Smallest card this start-up fits on at that utilization: about {_gib(smallest)}")
+    elif r.recorded_oom is not None:
+        lines.append("Smallest card: unknown; the recording ends at its OOM, so no card can be promised from it")
     return "\n".join(lines) + "\n"

@@ -128,14 +128,36 @@ def test_real_h200_trace_matches_vllms_available_kv_within_one_percent():
     for source in ("nvml", "boundaries"):
         r = reconcile_kv(trace, source=source)
         assert r.formula == FORMULA_025 and r.source == source and r.vllm_available_kv_bytes == vllm_bytes
-        assert r.available_kv_bytes == 125_824_288_231  # 117.18 GiB
+        # 117.02 GiB: the init-gap term (below) counted, as vLLM counts it; 117.18 GiB without it
+        assert r.available_kv_bytes == 125_654_418_919
         assert r.relative_difference < 0.01 and abs(r.available_kv_bytes / GiB - logged_gib) / logged_gib < 0.01
         # term by term against vLLM's own worker attributes
         assert r.torch_peak_increase_bytes == profile["peak_activation_memory_bytes"] == 897_581_056
         assert r.weights_bytes == pytest.approx(profile["weights_memory_bytes"], rel=1e-4)
         assert r.graph_estimate_bytes == profile["cudagraph_memory_estimate_bytes"] == 47_185_920
         assert r.non_torch_increase_bytes == 73_400_320  # vLLM: 243,269,632, from an earlier snapshot
-        # the whole difference: non-torch memory created inside init_device after vLLM's snapshot,
-        # plus requested-vs-rounded weight bytes
+        # non-torch memory created inside init_device after vLLM's snapshot, before memtrace's curves
+        # begin, is a term of non-KV (vLLM counts it); what is left is requested-vs-rounded weight bytes
         assert r.init_gap_bytes == profile["non_torch_memory_bytes"] - r.non_torch_increase_bytes == 169_869_312
-        assert r.difference_bytes == r.init_gap_bytes + (profile["weights_memory_bytes"] - r.weights_bytes)
+        assert (
+            r.non_kv_bytes == r.non_torch_increase_bytes + r.torch_peak_increase_bytes + r.weights_bytes + 169_869_312
+        )
+        assert r.difference_bytes == profile["weights_memory_bytes"] - r.weights_bytes == 1_068_928
+        assert r.withheld_bytes == r.target_bytes - r.available_kv_bytes == r.non_kv_bytes + r.graph_estimate_bytes
+
+
+def test_non_kv_is_one_figure_with_the_reconstruction_first_then_vllms_then_the_pre_kv_peak():
+    from memtrace.analysis.reconcile import MEMTRACE, PRE_KV_PEAK, VLLM_RECORDED, non_kv
+    from memtrace.store import load_run
+
+    trace = _real_trace()
+    n = non_kv(trace)
+    assert (n.source, n.bytes) == (MEMTRACE, n.reconstruction.withheld_bytes)
+    # within 1 MiB of vLLM's own target - available KV (12,447,739,904 B = 11.59 GiB)
+    assert abs(n.bytes - (trace.facts["target_bytes"] - trace.facts["vllm.available_kv_cache_bytes"])) == 1_068_928
+    del trace.facts["memtrace.phase_memory"], trace.facts["vllm.profile"]  # no readings, no vLLM attributes
+    trace.samples = trace.samples[:0]  # and no NVML: nothing to reconstruct from
+    n = non_kv(trace)
+    assert (n.source, n.bytes) == (VLLM_RECORDED, 12_447_739_904)
+    died = load_run(REAL.parent / "h200" / "startup-cap6g").traces[0]  # died in profile_run: no sizing
+    assert non_kv(died).source == PRE_KV_PEAK

@@ -5,14 +5,13 @@ Model (vLLM's own sizing, applied to a recorded start-up):
 1. What does not depend on the card stays as recorded: weights, workspaces, the activations of
    ``profile_run`` (sized by ``max_num_batched_tokens``), CUDA context and other non-PyTorch memory.
    So the whole curve *before* the KV cache is allocated is the same on any card.
-2. vLLM sizes the KV cache as ``ceil(util × capacity) − non_kv`` where ``non_kv`` is its measure of
-   everything that is not KV cache (recorded as ``target − available KV`` when the trace holds
-   vLLM's figures; else the pre-KV peak of reserved + non-PyTorch memory).
+2. vLLM sizes the KV cache as ``ceil(util × capacity) − non_kv`` where ``non_kv`` is what vLLM keeps
+   out of the KV cache: ``analysis.reconcile.non_kv``, the one figure ``report`` shows too.
 3. The run dies (OOM) in the first phase where the pre-KV curve goes over the *physical* capacity:
    ``util`` cannot help there, it only bounds what is allocated after profiling. The curve compared
    is what the start-up *needs*: the pinned segments (``analysis.pinned``: the caching allocator
-   releases free cached segments before it fails) plus non-PyTorch memory, as recorded or as given
-   (``non_torch_bytes``: a different card has a different CUDA context).
+   releases free cached segments before it fails) plus non-PyTorch memory, as recorded (steady NVML
+   samples) or as given (``non_torch_bytes``: a different card has a different CUDA context).
 4. ``KV ≤ 0``: vLLM refuses to start ("No available memory for the cache blocks"); so it does
    when the KV cache cannot hold one request of ``max_model_len`` tokens (bytes per token as
    recorded).
@@ -22,21 +21,46 @@ Model (vLLM's own sizing, applied to a recorded start-up):
    (``shift = KV(capacity) − KV(recorded)``); the run dies in the first phase (warm-up, CUDA-graph
    capture) where the shifted curve goes over the physical capacity.
 
+A recording that ended in an OOM (``analysis.oom.find_oom``) covers the start-up only up to that
+failed request; nothing after it is known. So, for such a recording:
+
+- the curve is read only up to the OOM; a death the model finds before it (steps 3-5) is answered
+  as usual (OOM, NO_KV, REFUSED);
+- else, at the OOM moment, the failed request is added to what the start-up needs there (shifted as
+  in 5 when the KV cache existed). When that goes over the asked card, or when the asked card has no
+  more room at that moment than the recorded one had (before the KV cache: capacity ≤ the recorded
+  card's; after it: capacity − ceil(util × capacity) ≤ the recorded card's capacity − target, the
+  room vLLM leaves beside the KV cache), the answer is DIED: it dies where the recording died, with
+  the recorded phase, request and free memory. So the recorded card itself always answers DIED;
+- else the answer is UNKNOWN ("beyond the recording"): that request would fit on the asked card, but
+  what the start-up needed after it was never recorded. A recording that ended in an OOM never
+  answers FITS, and :func:`smallest_fitting` finds no card for it.
+
+A recording that ended (without an OOM) before the KV cache was sized answers UNKNOWN past the part
+it covers, too.
+
 Pure functions over a Trace; figures are bytes.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
-from ..model import FACT_OOM, FACT_VLLM_KV_TOKENS, Trace
+from .. import facts as F
+from ..errors import UsageError
+from ..model import Trace
 from .curves import Curve, Curves, all_curves
-from .landmarks import Landmarks, landmarks, total_curve
+from .landmarks import Landmarks, landmarks, steady_non_torch_at, total_curve
+from .oom import Oom, find_oom
 from .phases import path_at, recording_span, window_peak
 from .pinned import pinned_curve
+from .reconcile import non_kv as non_kv_model
+from .target import resolve_target
 
 #: vLLM's default --gpu-memory-utilization, used when the trace did not record one.
 DEFAULT_UTIL = 0.9
@@ -46,6 +70,17 @@ OOM = "oom"
 NO_KV = "no-kv-memory"
 UNKNOWN = "unknown"  # the recording ends (the run died) before the part that decides
 REFUSED = "refused-at-init"  # vLLM: free memory at init_device is less than util × capacity
+DIED = "died"  # the recording died of OOM, and this card has no more room there: it dies there too
+OUTCOMES = (FITS, OOM, NO_KV, REFUSED, DIED, UNKNOWN)
+
+#: The smallest capacity :func:`check_capacity` accepts: no GPU vLLM runs on has less.
+MIN_CAPACITY = 1 << 30
+
+#: Where the assumed non-PyTorch memory came from.
+NT_ARGUMENT = "--non-torch"
+NT_AT_SIZING = "NVML at KV sizing"
+NT_LAST_STEADY = "NVML, last steady sample"
+NT_NONE = "none (no NVML samples)"
 
 
 @dataclass(frozen=True)
@@ -64,12 +99,32 @@ class Fit:
     outcome: str  # FITS, OOM, NO_KV, REFUSED or UNKNOWN
     phase: str  # where it dies ("" when it fits)
     overshoot_bytes: int  # by how much it goes over the capacity (OOM), or the missing KV bytes (NO_KV)
-    headroom_bytes: int  # the smallest gap under the capacity (FITS)
-    stage: str  # "pre-KV" (profiling), "KV sizing", "post-KV" (warm-up / capture), "" when it fits
+    headroom_bytes: int  # the smallest gap under the capacity (FITS; UNKNOWN: at the recorded OOM)
+    stage: str  # "init", "pre-KV", "KV sizing", "post-KV", "recorded OOM", "beyond the recording", ""
+    non_torch_bytes: int | None = None  # the non-PyTorch memory assumed (see non_torch_source)
+    non_torch_source: str = NT_NONE
+    non_kv_source: str = ""  # reconcile.non_kv's source
+    recorded_oom: Oom | None = None  # the OOM the recording ended in, when it did
+    recorded_capacity_bytes: int | None = None  # the card the recording stood for
 
     @property
     def survives(self) -> bool:
         return self.outcome == FITS
+
+
+def fit_to_dict(r: Fit) -> dict[str, Any]:
+    """A JSON-ready dict of ``r`` (exact integers; the recorded OOM nested), with ``survives``."""
+    return {**dataclasses.asdict(r), "survives": r.survives}
+
+
+def check_capacity(capacity_bytes: int) -> int:
+    """``capacity_bytes`` when it is a card's memory; UsageError for 0, 1 MiB and the like."""
+    if capacity_bytes < MIN_CAPACITY:
+        raise UsageError(
+            f"--capacity {capacity_bytes:,} B is not a GPU's memory; give the card's memory, at least 1GiB "
+            "(e.g. 24GiB, 80GB)"
+        )
+    return capacity_bytes
 
 
 def _first_crossing(trace: Trace, curve: Curve, start_us: int, end_us: int, limit: int, shift: int = 0) -> int | None:
@@ -82,14 +137,6 @@ def _first_crossing(trace: Trace, curve: Curve, start_us: int, end_us: int, limi
     hi = int(np.searchsorted(curve.time_us, end_us, side="right"))
     over = np.flatnonzero(curve.bytes[lo:hi] + shift > limit)
     return int(curve.time_us[lo + over[0]]) if len(over) else None
-
-
-def _non_kv(lm: Landmarks) -> int:
-    if lm.non_kv_bytes is not None:
-        return lm.non_kv_bytes
-    if lm.pre_kv_peak is not None:
-        return lm.pre_kv_peak.bytes
-    return lm.peak.bytes
 
 
 def _recorded_kv(lm: Landmarks) -> int | None:
@@ -109,15 +156,60 @@ def need_curve(trace: Trace, curves: Curves, lm: Landmarks, non_torch_bytes: int
     return total_curve(curves, include_non_torch=lm.device_level, base=base)
 
 
+@dataclass(frozen=True)
+class Recorded:
+    """What every capacity's prediction shares: the curves, landmarks, what the start-up needs, the
+    non-KV figure, the recorded OOM and card, and the non-PyTorch memory assumed."""
+
+    curves: Curves
+    lm: Landmarks
+    need: Curve
+    non_kv_bytes: int
+    non_kv_source: str
+    oom: Oom | None
+    capacity_bytes: int | None
+    target_bytes: int | None
+    non_torch_bytes: int | None
+    non_torch_source: str
+
+
+def recorded(trace: Trace, non_torch_bytes: int | None = None, *, curves: Curves | None = None) -> Recorded:
+    """Compute once what :func:`fit` needs for any capacity."""
+    curves = curves or all_curves(trace)
+    lm = landmarks(trace, curves)
+    nk = non_kv_model(trace, curves)
+    oom = find_oom(trace)
+    target = resolve_target(trace)
+    if non_torch_bytes is not None:
+        nt, nt_source = int(non_torch_bytes), NT_ARGUMENT
+    elif not lm.device_level:
+        nt, nt_source = None, NT_NONE
+    elif lm.before_kv_non_torch_bytes is not None:
+        nt, nt_source = lm.before_kv_non_torch_bytes, NT_AT_SIZING
+    else:  # no KV sizing recorded (died before it): the last steady figure the recording holds
+        end = oom.time_us if oom is not None else recording_span(trace)[1]
+        nt, nt_source = steady_non_torch_at(curves, end), NT_LAST_STEADY
+    return Recorded(
+        curves=curves,
+        lm=lm,
+        need=need_curve(trace, curves, lm, non_torch_bytes),
+        non_kv_bytes=nk.bytes if nk is not None else 0,
+        non_kv_source=nk.source if nk is not None else "",
+        oom=oom,
+        capacity_bytes=target.capacity_bytes,
+        target_bytes=target.target_bytes,
+        non_torch_bytes=nt,
+        non_torch_source=nt_source,
+    )
+
+
 def fit(
     trace: Trace,
     capacity_bytes: int,
     util: float | None = None,
     *,
     non_torch_bytes: int | None = None,
-    curves: Curves | None = None,
-    lm: Landmarks | None = None,
-    need: Curve | None = None,
+    rec: Recorded | None = None,
 ) -> Fit:
     """Predict whether the start-up recorded in ``trace`` survives on a card of ``capacity_bytes``.
 
@@ -127,28 +219,28 @@ def fit(
         util: --gpu-memory-utilization on that card; default: the recorded one, else 0.9.
         non_torch_bytes: non-PyTorch memory on that card (CUDA context, NCCL, libraries), held
             constant; default: as recorded (NVML).
-        curves, lm, need: precomputed curves, landmarks and :func:`need_curve`, to share work.
+        rec: :func:`recorded` for this trace and ``non_torch_bytes``, to share work between capacities.
     """
-    curves = curves or all_curves(trace)
-    lm = lm or landmarks(trace, curves)
-    need = need if need is not None else need_curve(trace, curves, lm, non_torch_bytes)
+    rec = rec or recorded(trace, non_torch_bytes)
+    lm, need, oom = rec.lm, rec.need, rec.oom
     if util is None:
         util = lm.gpu_memory_utilization or DEFAULT_UTIL
     first_us, last_us = recording_span(trace)
+    end_us = min(oom.time_us, last_us) if oom is not None else last_us  # nothing is known after an OOM
     target = math.ceil(capacity_bytes * util)
-    non_kv = _non_kv(lm)
-    kv_new = target - non_kv
+    kv_new = target - rec.non_kv_bytes
     pre_end = lm.kv_start_us if lm.kv_start_us is not None else (lm.sizing_end_us or last_us)
+    pre_end = min(pre_end, end_us)
     pre_peak, pre_t = window_peak(need, first_us, pre_end)
-    pre_phase = path_at(trace, pre_t)
 
     def result(outcome, phase, overshoot, stage, post=None, post_phase="", headroom=0):
-        return Fit(capacity_bytes, util, target, non_kv, kv_new, pre_peak, pre_phase, post, post_phase,
-                   outcome, phase, overshoot, headroom, stage)  # fmt: skip
+        return Fit(capacity_bytes, util, target, rec.non_kv_bytes, kv_new, pre_peak, path_at(trace, pre_t), post,
+                   post_phase, outcome, phase, overshoot, headroom, stage, rec.non_torch_bytes, rec.non_torch_source,
+                   rec.non_kv_source, oom, rec.capacity_bytes)  # fmt: skip
 
     # vLLM's request_memory check in init_device
     init_end = _init_device_end(trace)
-    if init_end is not None and _is_vllm(trace):
+    if init_end is not None and init_end <= end_us and F.is_vllm(trace.facts):
         free_at_init = capacity_bytes - need.at(init_end)
         if free_at_init < target:
             return result(REFUSED, "init_device", target - free_at_init, "init")
@@ -156,6 +248,8 @@ def fit(
     t = _first_crossing(trace, need, first_us, pre_end, capacity_bytes)
     if t is not None:
         return result(OOM, path_at(trace, t) or "before the first phase", pre_peak - capacity_bytes, "pre-KV")
+    if oom is not None and (lm.kv_end_us is None or oom.time_us < lm.kv_end_us):  # died before the KV cache
+        return _at_oom(rec, capacity_bytes, target, 0, result)
     # 4. KV sizing
     if kv_new <= 0:
         return result(NO_KV, "KV sizing (after determine_available_memory)", -kv_new, "KV sizing")
@@ -164,26 +258,45 @@ def fit(
     if one_request is not None and kv_new < one_request:  # vLLM: "To serve at least one request..."
         return result(NO_KV, "KV sizing (one max_model_len request does not fit)", one_request - kv_new, "KV sizing")
     if lm.kv_end_us is None or kv_rec is None:  # the recording ends before the KV cache was allocated
-        if trace.facts.get(FACT_OOM) or lm.sizing_end_us is None:
+        if lm.sizing_end_us is None:
             return result(UNKNOWN, "", 0, "beyond the recording", headroom=capacity_bytes - pre_peak)
         return result(FITS, "", 0, "", headroom=capacity_bytes - pre_peak)
     # 5. post-KV: the recorded curve moved by the change in KV bytes
     shift = kv_new - kv_rec
-    post_raw, post_t = window_peak(need, lm.kv_end_us, last_us)
+    post_raw, post_t = window_peak(need, lm.kv_end_us, end_us)
     post_bytes, post_phase = post_raw + shift, path_at(trace, post_t)
-    t = _first_crossing(trace, need, lm.kv_start_us or lm.kv_end_us, last_us, capacity_bytes, shift)
+    t = _first_crossing(trace, need, lm.kv_start_us or lm.kv_end_us, end_us, capacity_bytes, shift)
     if t is not None:
         over = post_bytes - capacity_bytes
         return result(OOM, path_at(trace, t) or "after the KV cache", over, "post-KV", post_bytes, post_phase)
+    if oom is not None:
+        return _at_oom(rec, capacity_bytes, target, shift, result, post_bytes, post_phase)
     highest = max(pre_peak, post_bytes)
     return result(FITS, "", 0, "", post_bytes, post_phase, capacity_bytes - highest)
+
+
+def _at_oom(rec: Recorded, capacity: int, target: int, shift: int, result, post=None, post_phase="") -> Fit:
+    """DIED or UNKNOWN at the recorded OOM (see the module docstring)."""
+    oom = rec.oom
+    needed = rec.need.at(oom.time_us) + shift + oom.requested_bytes
+    if shift == 0 and (rec.lm.kv_end_us is None or oom.time_us < rec.lm.kv_end_us):
+        no_roomier = rec.capacity_bytes is not None and capacity <= rec.capacity_bytes
+    else:
+        no_roomier = (
+            rec.capacity_bytes is not None
+            and rec.target_bytes is not None
+            and capacity - target <= rec.capacity_bytes - rec.target_bytes
+        )
+    if needed > capacity or no_roomier:
+        return result(DIED, oom.phase_path, max(needed - capacity, 0), "recorded OOM", post, post_phase)
+    return result(UNKNOWN, oom.phase_path, 0, "beyond the recording", post, post_phase, capacity - needed)
 
 
 def _one_request_bytes(trace: Trace, kv_rec: int | None) -> int | None:
     """KV bytes one request of max_model_len tokens needs (vLLM refuses to start below it), from the
     recorded KV bytes per token; None when the trace lacks the figures (not a vLLM trace)."""
-    tokens = trace.facts.get(FACT_VLLM_KV_TOKENS)
-    max_len = (trace.facts.get("vllm.config") or {}).get("max_model_len")
+    tokens = trace.facts.get(F.VLLM_KV_TOKENS)
+    max_len = (trace.facts.get(F.VLLM_CONFIG) or {}).get("max_model_len")
     if not kv_rec or not isinstance(tokens, int) or tokens <= 0 or not isinstance(max_len, int):
         return None
     return math.ceil(kv_rec / tokens * max_len)
@@ -194,19 +307,12 @@ def _init_device_end(trace: Trace) -> int | None:
     return min(ends) if ends else None
 
 
-def _is_vllm(trace: Trace) -> bool:
-    """Recorded by the vLLM plugin (a plain PyTorch program makes no request_memory check)."""
-    return any(k in trace.facts for k in ("vllm.version", "vllm.config"))
-
-
 def fits(
     trace: Trace, capacities: list[int], util: float | None = None, *, non_torch_bytes: int | None = None
 ) -> list[Fit]:
-    """:func:`fit` for several capacities, sharing the curves."""
-    curves = all_curves(trace)
-    lm = landmarks(trace, curves)
-    need = need_curve(trace, curves, lm, non_torch_bytes)
-    return [fit(trace, c, util, curves=curves, lm=lm, need=need) for c in capacities]
+    """:func:`fit` for several capacities, sharing the work."""
+    rec = recorded(trace, non_torch_bytes)
+    return [fit(trace, c, util, rec=rec) for c in capacities]
 
 
 def smallest_fitting(
@@ -214,20 +320,22 @@ def smallest_fitting(
     util: float | None = None,
     *,
     non_torch_bytes: int | None = None,
-    lo: int = 1 << 30,
+    lo: int = MIN_CAPACITY,
     hi: int | None = None,
+    rec: Recorded | None = None,
 ) -> int | None:
-    """The smallest capacity (to 64 MiB) on which the start-up survives, or None above ``hi``."""
-    curves = all_curves(trace)
-    lm = landmarks(trace, curves)
-    need = need_curve(trace, curves, lm, non_torch_bytes)
-    hi = hi or max(lm.peak.bytes * 4, lo)
-    if not fit(trace, hi, util, curves=curves, lm=lm, need=need).survives:
+    """The smallest capacity (to 64 MiB) on which the start-up survives, or None above ``hi`` (and
+    always None for a recording that ended in an OOM: it never answers FITS)."""
+    rec = rec or recorded(trace, non_torch_bytes)
+    if rec.oom is not None:
+        return None
+    hi = hi or max(rec.lm.peak.bytes * 4, lo)
+    if not fit(trace, hi, util, rec=rec).survives:
         return None
     step = 64 << 20
     while hi - lo > step:
         mid = (lo + hi) // 2
-        if fit(trace, mid, util, curves=curves, lm=lm, need=need).survives:
+        if fit(trace, mid, util, rec=rec).survives:
             hi = mid
         else:
             lo = mid

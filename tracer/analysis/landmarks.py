@@ -24,7 +24,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..model import FACT_TARGET_BYTES, FACT_UTIL, FACT_VLLM_AVAILABLE_KV_BYTES, Trace
+from .. import facts as F
+from ..model import Trace
 from .curves import Curve, Curves, all_curves
 from .phases import path_at, phase_path, recording_span, window_peak
 
@@ -59,6 +60,15 @@ def steady_non_torch(curves: Curves, guard_us: int = STEADY_GUARD_US) -> Curve:
     if not keep.any():
         return nt
     return Curve(nt.time_us[keep], nt.bytes[keep])
+
+
+def steady_non_torch_at(curves: Curves, t_us: int) -> int | None:
+    """Non-PyTorch bytes at ``t_us``: the last steady NVML sample at or before it (the first one's
+    value before it); None without samples. THE figure of non-PyTorch memory at a moment."""
+    if not curves.has_device:
+        return None
+    steady = steady_non_torch(curves)
+    return int(steady.at(max(t_us, int(steady.time_us[0])))) if len(steady) else None
 
 
 def total_curve(curves: Curves, *, include_non_torch: bool = True, base: Curve | None = None) -> Curve:
@@ -115,7 +125,8 @@ class Landmarks:
 
     @property
     def non_kv_bytes(self) -> int | None:
-        """vLLM's non-KV figure: target − available KV (facts), when both were recorded."""
+        """vLLM's own non-KV figure: target − available KV (facts), when both were recorded. A part of
+        the authoritative model, ``analysis.reconcile.non_kv``: use that."""
         if self.vllm_available_kv_bytes is None or self.target_bytes is None:
             return None
         return self.target_bytes - self.vllm_available_kv_bytes
@@ -137,11 +148,6 @@ def _moment(trace: Trace, curve: Curve, start_us: int, end_us: int) -> Moment | 
         return None
     value, t = window_peak(curve, start_us, end_us)
     return Moment(t, value, path_at(trace, t))
-
-
-def _int_fact(trace: Trace, key: str) -> int | None:
-    v = trace.facts.get(key)
-    return int(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else None
 
 
 def landmarks(trace: Trace, curves: Curves | None = None, *, include_non_torch: bool = True) -> Landmarks:
@@ -184,7 +190,7 @@ def landmarks(trace: Trace, curves: Curves | None = None, *, include_non_torch: 
         after = total.at(kv_end)
         post_peak = _moment(trace, total, kv_end, last_us)
 
-    util = trace.facts.get(FACT_UTIL)
+    util = trace.facts.get(F.UTIL)
     return Landmarks(
         device_level=include_non_torch,
         sizing_end_us=sizing_end,
@@ -198,8 +204,8 @@ def landmarks(trace: Trace, curves: Curves | None = None, *, include_non_torch: 
         kv_cache_bytes=kv_bytes,
         after_kv_bytes=after,
         post_kv_peak=post_peak,
-        vllm_available_kv_bytes=_int_fact(trace, FACT_VLLM_AVAILABLE_KV_BYTES),
-        target_bytes=_int_fact(trace, FACT_TARGET_BYTES),
+        vllm_available_kv_bytes=F.int_fact(trace.facts, F.VLLM_AVAILABLE_KV_BYTES),
+        target_bytes=F.int_fact(trace.facts, F.TARGET_BYTES),
         gpu_memory_utilization=float(util) if isinstance(util, (int, float)) else None,
         peak=peak,
     )

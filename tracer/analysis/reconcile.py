@@ -1,4 +1,12 @@
-"""memtrace's own reconstruction of vLLM's KV-cache sizing, from a trace alone (pure).
+"""vLLM's non-KV memory, the one model: memtrace's reconstruction of vLLM's KV-cache sizing (pure).
+
+**Authoritative.** :func:`reconcile_kv` (vLLM's own formula on memtrace's curves) is THE figure of
+vLLM's non-KV memory; :func:`non_kv` wraps it with its fallbacks, and ``report`` and ``fits`` both
+show what :func:`non_kv` returns ("what vLLM keeps out of the KV cache" = target - available KV =
+non-KV + the CUDA-graph estimate). The simpler estimates are its parts, used only when the trace
+cannot support the reconstruction, in this order: vLLM's own recorded figure
+(``landmarks.Landmarks.non_kv_bytes`` = target - ``facts["vllm.available_kv_cache_bytes"]``), then the
+pre-KV peak of device-level memory (``landmarks.Landmarks.pre_kv_peak``: a program that is not vLLM).
 
 vLLM sizes the KV cache as ``available = requested - non_kv - graph_estimate`` where ``requested``
 is ``ceil(total x gpu_memory_utilization)`` (the trace's ``target_bytes``) and ``non_kv`` is measured
@@ -25,7 +33,10 @@ Device memory comes from one of two sources (``source``): ``"nvml"``, the sideca
 ``cudaMemGetInfo`` + reserved readings at phase edges (``facts["memtrace.phase_memory"]``, the same
 calls vLLM's MemorySnapshot makes); the default is NVML when the trace has samples. "init snapshot" is the end
 of ``init_device`` (vLLM measures a moment before it; what the runner allocates in between is torch
-memory, which the 0.25 formula does not count); "after profiling" is the end of
+memory, which the 0.25 formula does not count). Device memory that appeared between vLLM's own init
+snapshot (``facts["vllm.profile"]["init_snapshot"]``) and the end of ``init_device``, before memtrace's
+curves begin, is measured by the plugin's reading there and added as its own term (``init_gap_bytes``):
+vLLM counts it, so the reconstruction does too; "after profiling" is the end of
 ``determine_available_memory`` (0.25) or the start of ``cudagraph_profile`` (0.33), after vLLM's
 ``empty_cache``. The graph estimate is vLLM's own extrapolation (the return value of
 ``profile_cudagraph_memory``, recorded as a fact): memtrace reports it, it does not re-derive it.
@@ -39,13 +50,14 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..model import FACT_TARGET_BYTES, FACT_VLLM_AVAILABLE_KV_BYTES, Phase, Trace
+from .. import facts as F
+from ..model import Phase, Trace
 from .curves import Curve, Curves, all_curves
 
-FACT_GRAPH_ESTIMATE = "vllm.cudagraph_memory_estimate_bytes"
+FACT_GRAPH_ESTIMATE = F.VLLM_GRAPH_ESTIMATE_BYTES
 FORMULA_025 = "vllm-0.25"
 FORMULA_033 = "vllm-0.33"
-FACT_PHASE_MEMORY = "memtrace.phase_memory"  # written by memtrace.plugins.vllm_boundaries
+FACT_PHASE_MEMORY = F.PHASE_MEMORY  # written by memtrace.plugins.vllm_boundaries
 
 
 @dataclass(frozen=True)
@@ -69,9 +81,17 @@ class KvReconciliation:
     after_us: int = 0
     #: device memory (non-torch for 0.25, used for 0.33) that appeared between vLLM's own init snapshot
     #: (inside init_device, before the model runner is built) and the end of init_device, where
-    #: memtrace's recording starts: vLLM counts it, memtrace's figure cannot. Diagnostic only.
+    #: memtrace's curves start, from the plugin's cudaMemGetInfo reading there: vLLM counts it, so it
+    #: is a term of ``non_kv_bytes`` (None, counted as 0, when the trace lacks either reading).
     init_gap_bytes: int | None = None
+    first_sample_delay_us: int = 0  # NVML's first sample came this long after init_device ended
+    graph_estimate_disabled_bytes: int | None = None  # recorded but not applied (env switch)
     notes: list[str] = field(default_factory=list)
+
+    @property
+    def withheld_bytes(self) -> int:
+        """What vLLM keeps out of the KV cache: target - available KV = non-KV + CUDA-graph estimate."""
+        return self.target_bytes - self.available_kv_bytes
 
     @property
     def difference_bytes(self) -> int | None:
@@ -97,25 +117,26 @@ def _phase(trace: Trace, name: str) -> Phase | None:
 
 def choose_formula(facts: dict[str, Any]) -> str:
     """FORMULA_025 or FORMULA_033 for the vLLM that wrote these facts."""
-    profile = facts.get("vllm.profile") or {}
+    profile = facts.get(F.VLLM_PROFILE) or {}
     if "non_torch_memory_bytes" in profile:
         return FORMULA_025
     if "total_consumed_bytes" in profile:
         return FORMULA_033
-    m = re.match(r"(\d+)\.(\d+)", str(facts.get("vllm.version") or ""))
+    m = re.match(r"(\d+)\.(\d+)", str(facts.get(F.VLLM_VERSION) or ""))
     if m and (int(m.group(1)), int(m.group(2))) < (0, 32):
         return FORMULA_025
     return FORMULA_033
 
 
-def _graph_estimate(trace: Trace) -> tuple[int, list[str]]:
+def _graph_estimate(trace: Trace) -> tuple[int, int | None, list[str]]:
+    """(estimate applied, estimate recorded but switched off, notes)."""
     estimate = trace.facts.get(FACT_GRAPH_ESTIMATE)
     if not isinstance(estimate, int):
-        return 0, ["no CUDA-graph estimate recorded (eager, or no cudagraph_profile phase): 0"]
-    environ = (trace.facts.get("env") or {}).get("environ") or {}
+        return 0, None, ["no CUDA-graph estimate recorded (eager, or no cudagraph_profile phase): 0"]
+    environ = (trace.facts.get(F.ENV) or {}).get("environ") or {}
     if str(environ.get("VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS", "1")).strip() == "0":
-        return 0, [f"CUDA-graph estimate {estimate} B not applied (VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS=0)"]
-    return estimate, []
+        return 0, estimate, ["CUDA-graph estimate not applied (VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS=0)"]
+    return estimate, None, []
 
 
 def _window_max(curve: Curve, start_us: int, end_us: int) -> int:
@@ -155,7 +176,7 @@ def _init_gap(trace: Trace, formula: str) -> int | None:
     """Device memory vLLM's init snapshot did not hold yet when init_device ended (cudaMemGetInfo terms:
     from the plugin's reading at the end of init_device; NVML's "used" counts the driver's reserved
     memory too, ~615 MiB on an H200, so it is not comparable with vLLM's snapshot)."""
-    snap = (trace.facts.get("vllm.profile") or {}).get("init_snapshot") or {}
+    snap = (trace.facts.get(F.VLLM_PROFILE) or {}).get("init_snapshot") or {}
     reading = _reading(trace, "init_device", "end")
     if reading is None:
         return None
@@ -173,7 +194,7 @@ def reconcile_kv(
     """memtrace's available-KV figure for a vLLM start-up trace; None when the trace lacks what it
     needs (a target; the init_device, load_model, profile_run and determine_available_memory phases;
     allocator events; NVML samples or boundary readings, per ``source``)."""
-    target = trace.facts.get(FACT_TARGET_BYTES)
+    target = trace.facts.get(F.TARGET_BYTES)
     load, prof, dam = (_phase(trace, n) for n in ("load_model", "profile_run", "determine_available_memory"))
     init = _phase(trace, "init_device")
     if not isinstance(target, int) or None in (load, prof, dam, init) or len(trace.events) == 0:
@@ -191,7 +212,6 @@ def reconcile_kv(
     init_us, notes = init.end_us, []
     if source == "nvml" and curves.has_device and int(curves.device_used.time_us[0]) > init_us:
         init_us = int(curves.device_used.time_us[0])
-        notes.append(f"first NVML sample {init_us - init.end_us} us after init_device ended: used as the init snapshot")
     device = _Device(trace, curves, source, init_us, after_us, after_key)
     if not device.ok:
         return None
@@ -199,15 +219,10 @@ def reconcile_kv(
     alloc = curves.allocated
     weights = alloc.at(load.end_us) - alloc.at(load.start_us)
     peak = _window_max(alloc, prof.start_us, prof.end_us)
-    estimate, more = _graph_estimate(trace)
+    estimate, disabled, more = _graph_estimate(trace)
     notes += more
-    vllm_kv = trace.facts.get(FACT_VLLM_AVAILABLE_KV_BYTES)
+    vllm_kv = trace.facts.get(F.VLLM_AVAILABLE_KV_BYTES)
     gap = _init_gap(trace, formula)
-    if gap:
-        notes.append(
-            f"{gap} B appeared inside init_device after vLLM's init snapshot, before recording started: "
-            "vLLM counts them as non-KV memory, memtrace's figure does not"
-        )
     common = dict(
         formula=formula,
         source=source,
@@ -219,12 +234,14 @@ def reconcile_kv(
         init_us=int(init_us),
         after_us=int(after_us),
         init_gap_bytes=gap,
+        first_sample_delay_us=int(init_us - init.end_us),
+        graph_estimate_disabled_bytes=disabled,
         notes=notes,
     )
     if formula == FORMULA_025:
         torch_peak_increase = peak - alloc.at(prof.start_us)
         non_torch_increase = device.non_torch[1] - device.non_torch[0]
-        non_kv = non_torch_increase + torch_peak_increase + weights
+        non_kv = non_torch_increase + torch_peak_increase + weights + (gap or 0)
         return KvReconciliation(
             **common,
             non_kv_bytes=int(non_kv),
@@ -234,7 +251,7 @@ def reconcile_kv(
         )
     total_consumed = device.used[1] - device.used[0]
     headroom = peak - alloc.at(after_us)
-    non_kv = total_consumed + headroom
+    non_kv = total_consumed + headroom + (gap or 0)
     return KvReconciliation(
         **common,
         non_kv_bytes=int(non_kv),
@@ -242,3 +259,35 @@ def reconcile_kv(
         total_consumed_bytes=int(total_consumed),
         transient_peak_headroom_bytes=int(headroom),
     )
+
+
+#: Where :func:`non_kv`'s figure came from, in the words outputs print.
+MEMTRACE = "memtrace (vLLM's formula on memtrace's curves)"
+VLLM_RECORDED = "vLLM's own figure (recorded)"
+PRE_KV_PEAK = "pre-KV peak (not a vLLM start-up, or its sizing was not recorded)"
+
+
+@dataclass(frozen=True)
+class NonKv:
+    """What vLLM keeps out of the KV cache (target - available KV), the one figure every output shows."""
+
+    bytes: int
+    source: str  # MEMTRACE, VLLM_RECORDED or PRE_KV_PEAK
+    reconstruction: KvReconciliation | None  # the terms, when source is MEMTRACE
+
+
+def non_kv(trace: Trace, curves: Curves | None = None) -> NonKv | None:
+    """The authoritative non-KV figure (see the module docstring): :func:`reconcile_kv`'s
+    ``withheld_bytes``, else vLLM's recorded target - available KV, else the pre-KV peak of device-level
+    memory (None for a trace with no memory at all)."""
+    from .landmarks import landmarks
+
+    curves = curves or all_curves(trace)
+    k = reconcile_kv(trace, curves)
+    if k is not None:
+        return NonKv(k.withheld_bytes, MEMTRACE, k)
+    lm = landmarks(trace, curves)
+    if lm.non_kv_bytes is not None:
+        return NonKv(lm.non_kv_bytes, VLLM_RECORDED, None)
+    moment = lm.pre_kv_peak or lm.peak
+    return NonKv(moment.bytes, PRE_KV_PEAK, None) if moment is not None else None

@@ -27,12 +27,15 @@ ORDER = 45
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("run_path", metavar="RUN", help="a recorded start-up (run directory or .memtrace file)")
+    from ._runs import add_input
+
+    allow_negative_values(p)
+    add_input(p)
     p.add_argument(
         "--capacity",
         required=True,
         metavar="SIZE[,SIZE...]",
-        help="card memory: 32GiB, 24GB, or several separated by commas for a table",
+        help="card memory: 32GiB, 24GB, or several separated by commas for a table (at least 1GiB)",
     )
     p.add_argument(
         "--util",
@@ -55,25 +58,34 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", action="store_true", help="print the predictions as JSON")
 
 
+def allow_negative_values(p: argparse.ArgumentParser) -> None:
+    """Read "-5GiB" after an option as its value (argparse would take it for an option and say
+    "expected one argument"), so the value's own parser refuses it in one line."""
+    import re
+
+    p._negative_number_matcher = re.compile(r"^-\.?\d")
+
+
 def run(args: argparse.Namespace) -> int:
-    from ..analysis.fits import fits, smallest_fitting
+    from ..analysis.fits import check_capacity, fit_to_dict, fits, recorded, smallest_fitting
     from ..plots.fits_text import render_fits
     from ..progress import task
     from ..units import format_gib as _gib
     from ..units import parse_fraction, parse_size, parse_sizes
-    from ._runs import load_with_progress, select
+    from ._runs import load_args, select
 
-    capacities = parse_sizes(args.capacity)
+    capacities = [check_capacity(c) for c in parse_sizes(args.capacity)]
     util = parse_fraction(args.util) if args.util is not None else None
     non_torch = parse_size(args.non_torch) if args.non_torch is not None else None
-    run = load_with_progress(args.run_path)
+    run = load_args(args)
     traces = [t for t in select(run, args.rank) if len(t.events)] or select(run, args.rank)[:1]
-    answers = []  # (trace, results, smallest, assumption), one per rank
+    answers = []  # (trace, results, smallest), one per rank
     for trace in traces:
         with task("Predicting", total=None):
+            rec = recorded(trace, non_torch)
             results = fits(trace, capacities, util, non_torch_bytes=non_torch)
-            smallest = smallest_fitting(trace, util, non_torch_bytes=non_torch)
-        answers.append((trace, results, smallest, _assumption(trace, non_torch)))
+            smallest = smallest_fitting(trace, util, rec=rec)
+        answers.append((trace, results, smallest))
     multi = len(answers) > 1
     if args.json:
         out = {
@@ -83,9 +95,9 @@ def run(args: argparse.Namespace) -> int:
                     "rank": trace.process.rank,
                     "pid": trace.process.pid,
                     "smallest_fitting_capacity_bytes": smallest,
-                    "fits": [{**r.__dict__, "survives": r.survives} for r in results],
+                    "fits": [fit_to_dict(r) for r in results],
                 }
-                for trace, results, smallest, _ in answers
+                for trace, results, smallest in answers
             ],
         }
         if not multi:  # one process: the flat shape
@@ -94,30 +106,14 @@ def run(args: argparse.Namespace) -> int:
         json.dump(out, sys.stdout, indent=2)
         print()
     else:
-        for trace, results, smallest, assumption in answers:
-            text = render_fits(results, args.run_path, smallest, assumption)
-            if multi:
-                text = text.replace(
-                    f"memtrace fits: {args.run_path}", f"memtrace fits: {args.run_path} ({trace.label})", 1
-                )
-            sys.stdout.write(text)
+        for trace, results, smallest in answers:
+            sys.stdout.write(
+                render_fits(results, f"{args.run_path} ({trace.label})" if multi else args.run_path, smallest)
+            )
         if multi:
             worst = max(answers, key=lambda a: a[2] if a[2] is not None else float("inf"))
             need = f"needs about {_gib(worst[2])}" if worst[2] is not None else "fits on no card tried"
             sys.stdout.write(
                 f"Worst rank: {worst[0].label} ({need}); every rank must fit for the start-up to survive\n"
             )
-    return 0 if all(r.survives for _, results, _, _ in answers for r in results) else 1
-
-
-def _assumption(trace, non_torch: int | None) -> str:
-    """The non-PyTorch memory the prediction assumes, in words."""
-    from ..units import format_gib as _gib
-
-    if non_torch is not None:
-        return f"{_gib(non_torch)} (--non-torch)"
-    from ..analysis.landmarks import landmarks
-
-    recorded = landmarks(trace).before_kv_non_torch_bytes
-    gpu = (trace.facts.get("env") or {}).get("gpu_name") or "the recorded GPU"
-    return f"as recorded on {gpu}: {_gib(recorded)} at KV sizing" if recorded else "none recorded (no NVML)"
+    return 0 if all(r.survives for _, results, _ in answers for r in results) else 1
