@@ -17,8 +17,11 @@ Semantics (PyTorch's caching allocator, ``TraceEntry`` actions):
   from a TSC-to-wall-clock conversion and may step back by a microsecond. Curve times are made
   non-decreasing (a running maximum) so that ``at``/``window`` can search them; values keep the
   event order. Curve index ``i`` is the state after event ``i - 1``; index 0 is the baseline.
-- **device used** comes from NVML samples (all processes, CUDA context, NCCL, raw cudaMalloc), put
-  in CUDA's accounting (NVML also counts memory the driver reserves, which CUDA never reports);
+- **device used** comes from NVML samples (CUDA context, NCCL, raw cudaMalloc), put in CUDA's
+  accounting (NVML also counts memory the driver reserves, which CUDA never reports), and is *this
+  process's*: the memory of other processes on the device (``trace.others``, NVML's per-process
+  list; format 1.1) is taken out and kept as its own curve, **others**. A trace without that series
+  (format 1.0, or the traced pid not found by NVML) has the whole device's used memory.
   **non-PyTorch** = device used - reserved, evaluated at each sample.
 
 A Curve is a step function: ``bytes[i]`` holds from ``time_us[i]`` until ``time_us[i+1]``.
@@ -160,19 +163,30 @@ def driver_reserved_bytes(trace: Trace) -> int:
     return max(int(nvml_total) - int(cuda_total), 0)
 
 
+def others_curve(trace: Trace) -> Curve:
+    """Bytes other processes hold on the traced device (empty when not sampled)."""
+    o = trace.others
+    return Curve(o["time_us"].astype(np.int64), o["others_bytes"].astype(np.int64))
+
+
 def device_used_curve(trace: Trace) -> Curve:
-    """Device-used bytes (whole device, every process) from the NVML samples, in CUDA's accounting:
-    NVML's used minus :func:`driver_reserved_bytes`, i.e. ``total - free`` as ``cudaMemGetInfo``
-    (and vLLM) would report it. One step per sample."""
+    """This process's device-used bytes from the NVML samples, in CUDA's accounting: NVML's used minus
+    :func:`driver_reserved_bytes` (``total - free`` as ``cudaMemGetInfo`` would report it) minus the
+    other processes' memory in force at each sample (their first figure before it was first read).
+    One step per sample."""
     s = trace.samples
     used = s["used_bytes"].astype(np.int64) - driver_reserved_bytes(trace)
+    others = others_curve(trace)
+    if len(others) and len(used):
+        idx = np.searchsorted(others.time_us, s["time_us"], side="right") - 1
+        used = used - others.bytes[np.clip(idx, 0, None)]
     return Curve(s["time_us"].astype(np.int64), used)
 
 
 def non_torch_curve(trace: Trace, reserved: Curve | None = None) -> Curve:
     """Device used minus PyTorch reserved at each NVML sample: CUDA context, NCCL, cuBLAS, raw cudaMalloc.
 
-    Memory of other processes on the same device is included (NVML sees the device, not the process).
+    Other processes' memory is not in it when it was sampled (see :func:`device_used_curve`).
     """
     used = device_used_curve(trace)
     if len(used) == 0:
@@ -191,7 +205,8 @@ def non_torch_curve(trace: Trace, reserved: Curve | None = None) -> Curve:
 class Curves:
     """All curves of one trace, computed once and shared by the analyses and renderers.
 
-    ``device_used`` and ``non_torch`` are empty curves when the trace holds no NVML samples.
+    ``device_used`` and ``non_torch`` are empty curves when the trace holds no NVML samples; both are
+    this process's alone when ``others`` (other processes' memory on the device) was sampled.
     """
 
     allocated: Curve
@@ -199,6 +214,7 @@ class Curves:
     device_used: Curve
     non_torch: Curve
     baseline: Baseline
+    others: Curve = Curve(np.zeros(0, np.int64), np.zeros(0, np.int64))
 
     @property
     def has_device(self) -> bool:
@@ -216,4 +232,5 @@ def all_curves(trace: Trace) -> Curves:
         device_used=device_used_curve(trace),
         non_torch=non_torch_curve(trace, reserved),
         baseline=base,
+        others=others_curve(trace),
     )

@@ -1,0 +1,266 @@
+#!/usr/bin/env bash
+# Issue 11, round 2 on the lent H200 — ONE device call (~9 min), everything written under $OUT:
+#   (a) trace  : a real vLLM 0.25.1 start-up under `memtrace run`, MEMTRACE_STACKS=python, MEMTRACE_UNTIL=startup
+#                (cold: it also fills the compile cache the later steps reuse); trace size checked (<= 2 MB)
+#   (b) shared : a plain torch process holds HOLD_GIB (128) GiB, then vLLM at --gpu-memory-utilization 0.07
+#                under `memtrace run` dies in profile_run; its trace, the holder's pid, NVML per-process samples
+#   (c) cost   : PAIRS warm pairs, plugin on (MEMTRACE_DIR) / off (memtrace installed, idle), alternating
+#                with the order swapped each pair, same compile cache; vLLM's "init engine (...) took X s"
+#                lines; every run is stopped as soon as that line appears (the API server's own start is
+#                not measured)
+# Run from the repo root on the device, after the 17 chunk folders were copied to /tmp/stage
+# (shared/device/README.md) or with /tmp/site already installed on a warm machine:
+#   bash tests/gpu/vllm_round2.sh                      # all three steps, 3 pairs if time allows
+#   STEPS=cost PAIRS=3 bash tests/gpu/vllm_round2.sh   # a second call on the same warm machine
+# Knobs: STEPS (trace,shared,cost), PAIRS (3), LIMIT (seconds for the script, 560), HOLD_GIB (128),
+#        SHARED_UTIL (0.07), PORT (base port, 8781).
+# Files back in $OUT (<= 8): progress.log, install.log, trace.tar.gz, shared.tar.gz, cost.tar.gz,
+# cost-pairs.tsv. The model is the 8-layer Qwen3-MoE of tests/data/vllm-h200/record.sh.
+set -uo pipefail   # no -e: every step reports its own failure and the script goes on to the next
+OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
+LIMIT=${LIMIT:-560}
+PAIRS=${PAIRS:-3}
+STEPS=${STEPS:-trace,shared,cost}
+HOLD_GIB=${HOLD_GIB:-128}
+SHARED_UTIL=${SHARED_UTIL:-0.07}
+PORT=${PORT:-8781}
+W=/tmp/vr2                      # work folder; the session ids of everything started are in $W/sids
+INIT_RE='init engine \(profile, create kv cache, warmup model\) took [0-9.]+'
+
+log() { printf '[%s +%3ds] %s\n' "$(date -u +%H:%M:%S)" "$SECONDS" "$*" | tee -a "$OUT/progress.log"; }
+left() { echo $((LIMIT - SECONDS)); }
+want() { [[ ",$STEPS," == *",$1,"* ]]; }
+session_pids() { ps -eo pid=,sid= | awk -v s="$1" '$2 == s {print $1}'; }
+
+# Stop everything in session SID: SIGTERM to its leader (`memtrace run` forwards it to vLLM's API server,
+# which shuts its engine down), then SIGTERM to every process of the session, then SIGKILL. (Not SIGINT:
+# a background command of a script starts with SIGINT ignored, and Python keeps it ignored.)
+stop_session() {
+  local sid=$1 grace=${2:-20} i
+  [ -n "$(session_pids "$sid")" ] || return 0
+  kill -TERM "$sid" 2>/dev/null
+  for ((i = 0; i < grace; i++)); do [ -n "$(session_pids "$sid")" ] || return 0; sleep 1; done
+  session_pids "$sid" | xargs -r kill -TERM 2>/dev/null
+  for ((i = 0; i < 10; i++)); do [ -n "$(session_pids "$sid")" ] || return 0; sleep 1; done
+  log "session $sid still alive after SIGTERM: SIGKILL"
+  session_pids "$sid" | xargs -r kill -KILL 2>/dev/null; sleep 1
+}
+
+# start LOGFILE CMD... : run CMD in a new session, output to LOGFILE; sets SID (the session id)
+start() {
+  local logfile=$1; shift
+  setsid "$@" > "$logfile" 2>&1 < /dev/null &
+  SID=$!
+  echo "$SID" >> "$W/sids"
+}
+
+# wait_log FILE REGEX SID SECONDS: 0 = REGEX seen, 1 = the session ended first, 2 = timed out
+wait_log() {
+  local f=$1 re=$2 sid=$3 until=$((SECONDS + $4))
+  [ "$until" -gt "$LIMIT" ] && until=$LIMIT
+  while :; do
+    grep -qE "$re" "$f" 2>/dev/null && return 0
+    if [ -z "$(session_pids "$sid")" ]; then grep -qE "$re" "$f" 2>/dev/null && return 0; return 1; fi
+    [ "$SECONDS" -ge "$until" ] && return 2
+    sleep 1
+  done
+}
+
+# wait_end SID SECONDS: 0 = the session ended, 2 = timed out
+wait_end() {
+  local until=$((SECONDS + $2))
+  [ "$until" -gt "$LIMIT" ] && until=$LIMIT
+  while [ -n "$(session_pids "$1")" ]; do [ "$SECONDS" -ge "$until" ] && return 2; sleep 1; done
+  return 0
+}
+
+cleanup_all() {
+  [ -f "$W/sids" ] || return 0
+  local sid
+  while read -r sid; do [ -n "$sid" ] && stop_session "$sid" 5; done < "$W/sids"
+  : > "$W/sids"
+}
+
+pack() {  # the step folders as tarballs in $OUT (called after each step and at exit)
+  local s
+  for s in trace shared cost; do [ -d "$W/$s" ] && tar czf "$OUT/$s.tar.gz" -C "$W" "$s" 2>/dev/null; done
+  [ -f "$W/cost/pairs.tsv" ] && cp "$W/cost/pairs.tsv" "$OUT/cost-pairs.tsv"
+  return 0
+}
+
+finish() { trap - EXIT INT TERM; cleanup_all; pack; log "done; files in $OUT: $(ls "$OUT" | tr '\n' ' ')"; }
+trap finish EXIT
+trap 'log "interrupted"; exit 130' INT TERM
+
+# ---- set-up -------------------------------------------------------------------------------------
+mkdir -p "$W"
+cleanup_all   # servers left over by an earlier call on this machine
+rm -rf "$W/trace" "$W/shared" "$W/cost"
+log "round 2: STEPS=$STEPS PAIRS=$PAIRS LIMIT=${LIMIT}s HOLD_GIB=$HOLD_GIB SHARED_UTIL=$SHARED_UTIL"
+SITE_ENV=${SITE_ENV:-/tmp/site/vllm-env.sh}   # (a knob only for trying the script off the device)
+if [ ! -f "$SITE_ENV" ]; then
+  [ -f /tmp/stage/install-on-device.sh ] || { log "no /tmp/site and no /tmp/stage: copy the 17 chunk folders first"; exit 1; }
+  SMOKE=0 bash /tmp/stage/install-on-device.sh > "$OUT/install.log" 2>&1
+fi
+source "$SITE_ENV"
+python3 -m pip install -q --no-deps --no-build-isolation --target /tmp/site . >> "$OUT/install.log" 2>&1 \
+  || { log "memtrace install failed"; tail -20 "$OUT/install.log"; exit 1; }
+export PYTHONUNBUFFERED=1 VLLM_CACHE_ROOT=/tmp/vcache HF_HUB_OFFLINE=1 VLLM_NO_USAGE_STATS=1
+unset VLLM_PLUGINS MEMTRACE MEMTRACE_DIR MEMTRACE_UNTIL MEMTRACE_STACKS MEMTRACE_HOOKS MEMTRACE_FAULT
+python3 -c "import vllm, torch, memtrace; print('vllm', vllm.__version__, 'torch', torch.__version__, 'memtrace', memtrace.__file__)" 2>&1 | tee -a "$OUT/progress.log"
+log "GPU at start (compute apps / memory):"
+nvidia-smi --query-compute-apps=pid,process_name,used_memory --format=csv,noheader 2>&1 | tee -a "$OUT/progress.log"
+nvidia-smi --query-gpu=name,memory.used,memory.total,driver_version --format=csv,noheader 2>&1 | tee -a "$OUT/progress.log"
+log "installed; compile cache: $(du -sh /tmp/vcache 2>/dev/null | cut -f1 || echo none)"
+
+mkdir -p /tmp/model && cat > /tmp/model/config.json <<'JSON'
+{"architectures": ["Qwen3MoeForCausalLM"], "model_type": "qwen3_moe", "hidden_size": 2048,
+ "intermediate_size": 6144, "moe_intermediate_size": 768, "num_experts": 128, "num_experts_per_tok": 8,
+ "num_hidden_layers": 8, "num_attention_heads": 32, "num_key_value_heads": 4, "head_dim": 128,
+ "vocab_size": 151936, "max_position_embeddings": 40960, "rope_theta": 1000000.0, "rms_norm_eps": 1e-06,
+ "hidden_act": "silu", "decoder_sparse_step": 1, "mlp_only_layers": [], "norm_topk_prob": true,
+ "attention_bias": false, "tie_word_embeddings": false, "use_sliding_window": false,
+ "router_aux_loss_coef": 0.001, "output_router_logits": false, "bos_token_id": 151643,
+ "eos_token_id": 151645, "torch_dtype": "bfloat16"}
+JSON
+# the flags of tests/data/vllm-h200/record.sh; the port is added per run
+VLLM=(python3 -m vllm.entrypoints.openai.api_server --model /tmp/model --load-format dummy --skip-tokenizer-init
+      --host 127.0.0.1 --kv-cache-dtype fp8 --max-model-len 32768 --max-num-batched-tokens 8192 --max-num-seqs 8
+      --api-key memtrace-secret-key)
+NEXT_PORT=$PORT
+port() { NEXT_PORT=$((NEXT_PORT + 1)); echo "$NEXT_PORT"; }
+vllm_facts() {  # the lines of vLLM's log that must not change with the plugin
+  grep -hoE "Available KV cache memory: [0-9.]+ GiB|GPU KV cache size: [0-9,]+ tokens|Model loading took [0-9.]+ GiB|$INIT_RE s( \(compilation: [0-9.]+ s\))?" "$1" | tr '\n' ';'
+}
+smi_start() {  # device-level NVML samples at 10 Hz into FILE
+  start /dev/null nvidia-smi --query-gpu=timestamp,memory.used,memory.total --format=csv,noheader,nounits -lms 100 -f "$1"
+  SMI=$SID
+}
+
+# ---- (a) a real start-up, traced with Python stacks ---------------------------------------------
+if want trace; then
+  mkdir -p "$W/trace"; D=$W/trace
+  log "(a) trace: cold start-up under memtrace run, MEMTRACE_STACKS=python (limit $(left)s left)"
+  smi_start "$D/nvidia-smi.csv"
+  MEMTRACE_STACKS=python start "$D/vllm.log" python3 -m memtrace run --dir "$D/run" --until startup -- \
+    "${VLLM[@]}" --port "$(port)" --gpu-memory-utilization 0.92
+  A=$SID
+  wait_log "$D/vllm.log" "Application startup complete" "$A" $(( $(left) > 400 ? 360 : $(left) - 30 ))
+  rc=$?
+  log "(a) startup-complete wait: $([ $rc = 0 ] && echo seen || ([ $rc = 1 ] && echo 'server died' || echo 'TIMED OUT'))"
+  wait_log "$D/vllm.log" "memtrace: start-up complete" "$A" 30 && sleep 8   # memtrace run's summary follows
+  stop_session "$A"; stop_session "$SMI" 2
+  grep -E "memtrace|Available KV|KV cache size|Model loading took|init engine|Graph capturing|Error|Traceback" "$D/vllm.log" | cut -c1-300 | head -40 | tee -a "$OUT/progress.log"
+  for f in "$D"/run/*.memtrace; do
+    [ -f "$f" ] || { log "(a) NO TRACE FILE"; continue; }
+    size=$(stat -c %s "$f")
+    log "(a) trace $(basename "$f"): $size B $([ "$size" -le 2000000 ] && echo '<= 2 MB: OK' || echo '> 2 MB: TOO BIG to ship')"
+    ls "$f"-wal >/dev/null 2>&1 && log "(a) WARNING: a -wal file is left beside the trace (writer not closed)"
+  done
+  timeout 60 python3 -m memtrace report "$D/run" > "$D/report.txt" 2>&1; log "(a) report exit $?"
+  head -30 "$D/report.txt" | tee -a "$OUT/progress.log"
+  pack; log "(a) done"
+fi
+
+# ---- (b) a shared GPU: another process holds HOLD_GIB GiB ---------------------------------------
+if want shared && [ "$(left)" -ge 100 ]; then
+  mkdir -p "$W/shared"; D=$W/shared
+  log "(b) shared: holder takes ${HOLD_GIB} GiB, then vLLM at util $SHARED_UTIL (limit $(left)s left)"
+  cat > "$D/holder.py" <<'PY'
+"""Hold N GiB of the GPU until killed (the 'other process' of a shared GPU)."""
+import os, sys, time
+import torch
+n = int(float(sys.argv[1]) * 2**30)
+x = torch.empty(n, dtype=torch.uint8, device="cuda")
+x.fill_(1)
+torch.cuda.synchronize()
+free, total = torch.cuda.mem_get_info()
+with open(sys.argv[2], "w") as f:
+    f.write(f"{os.getpid()}\n")
+print(f"holder pid {os.getpid()} holds {n} B; cudaMemGetInfo free {free} B of {total} B; "
+      f"reserved {torch.cuda.memory_reserved()} B", flush=True)
+while True:
+    time.sleep(1)
+PY
+  start "$D/holder.log" python3 "$D/holder.py" "$HOLD_GIB" "$D/holder.pid"
+  H=$SID
+  if wait_log "$D/holder.log" "holder pid" "$H" 90; then
+    cat "$D/holder.log" | tee -a "$OUT/progress.log"
+    start /dev/null bash -c "while :; do echo \"# \$(date +%s.%N)\"; nvidia-smi --query-compute-apps=pid,process_name,used_memory --format=csv,noheader,nounits; sleep 0.5; done > '$D/nvidia-smi-apps.txt' 2>&1"
+    APPS=$SID
+    smi_start "$D/nvidia-smi.csv"
+    start "$D/vllm.log" python3 -m memtrace run --dir "$D/run" --until startup -- \
+      "${VLLM[@]}" --port "$(port)" --gpu-memory-utilization "$SHARED_UTIL"
+    B=$SID
+    wait_end "$B" $(( $(left) > 200 ? 180 : $(left) - 15 )); rc=$?
+    log "(b) vLLM $([ $rc = 0 ] && echo exited || echo 'still running: stopping it')"
+    stop_session "$B" 10; stop_session "$APPS" 2; stop_session "$SMI" 2
+    log "(b) holder pid (its own os.getpid): $(cat "$D/holder.pid" 2>/dev/null); NVML's compute apps while vLLM ran:"
+    grep -v '^#' "$D/nvidia-smi-apps.txt" | sort | uniq -c | sort -rn | head -8 | tee -a "$OUT/progress.log"
+    grep -E "memtrace|OutOfMemory|Tried to allocate|Process [0-9]+ has|Error|Traceback|File \"" "$D/vllm.log" | cut -c1-300 | head -60 | tee -a "$OUT/progress.log"
+    ls -la "$D/run" 2>&1 | tee -a "$OUT/progress.log"
+    timeout 60 python3 -m memtrace report "$D/run" > "$D/report.txt" 2>&1; log "(b) report exit $?"
+    head -40 "$D/report.txt" | tee -a "$OUT/progress.log"
+  else
+    log "(b) the holder did not start:"; tail -20 "$D/holder.log" | tee -a "$OUT/progress.log"
+  fi
+  stop_session "$H" 5
+  pack; log "(b) done"
+elif want shared; then
+  log "(b) skipped: $(left)s left"
+fi
+
+# ---- (c) the cost: warm pairs, plugin on / off --------------------------------------------------
+one_run() {  # one_run NAME on|off -> prints the init-engine seconds (or "-") ; logs under $W/cost
+  local name=$1 mode=$2 d=$W/cost t0 rc secs
+  t0=$SECONDS
+  if [ "$mode" = on ]; then
+    MEMTRACE_DIR="$d/$name-trace" start "$d/$name.log" "${VLLM[@]}" --port "$(port)" --gpu-memory-utilization 0.92
+  else
+    start "$d/$name.log" "${VLLM[@]}" --port "$(port)" --gpu-memory-utilization 0.92
+  fi
+  local sid=$SID
+  wait_log "$d/$name.log" "$INIT_RE" "$sid" $(( $(left) - 10 )); rc=$?
+  stop_session "$sid" 15
+  secs=$(grep -oE "$INIT_RE" "$d/$name.log" | head -1 | grep -oE '[0-9.]+$')
+  echo "$name	$mode	${secs:--}	$((SECONDS - t0))	$(vllm_facts "$d/$name.log")" >> "$d/runs.tsv"
+  log "(c) $name ($mode): init engine ${secs:-not reached (rc $rc)} s; run took $((SECONDS - t0)) s"
+  RUN_S=$((SECONDS - t0)); SECS=${secs:--}
+}
+
+if want cost; then
+  mkdir -p "$W/cost"
+  log "(c) cost: $PAIRS pairs (limit $(left)s left; compile cache $(du -sh /tmp/vcache 2>/dev/null | cut -f1))"
+  want trace || log "(c) note: no (a) in this call: the first run may pay the cold compile"
+  printf 'pair\twith_plugin_s\twithout_plugin_s\tratio\torder\n' > "$W/cost/pairs.tsv"
+  EST=90   # seconds one warm run is allowed to take before the first is measured
+  for ((p = 1; p <= PAIRS; p++)); do
+    if [ "$(left)" -lt $((2 * EST + 15)) ]; then log "(c) stopping before pair $p: $(left)s left, a pair needs ~$((2 * EST))s"; break; fi
+    if ((p % 2)); then order="off on"; else order="on off"; fi
+    declare -A S=()
+    for mode in $order; do
+      one_run "pair$p-$mode" "$mode"; S[$mode]=$SECS
+      [ "$RUN_S" -gt "$EST" ] && EST=$RUN_S
+    done
+    ratio=$(python3 -c "import sys; a, b = sys.argv[1:]; print(f'{float(a) / float(b):.3f}')" "${S[on]}" "${S[off]}" 2>/dev/null || echo -)
+    printf '%s\t%s\t%s\t%s\t%s\n' "$p" "${S[on]}" "${S[off]}" "$ratio" "${order// /-then-}" >> "$W/cost/pairs.tsv"
+    pack
+  done
+  log "(c) pairs (init engine seconds, warm, same compile cache /tmp/vcache):"
+  column -t "$W/cost/pairs.tsv" 2>/dev/null | tee -a "$OUT/progress.log" || cat "$W/cost/pairs.tsv"
+  python3 - "$W/cost/pairs.tsv" <<'PY' 2>&1 | tee -a "$OUT/progress.log"
+import statistics, sys
+rows = [line.split("\t") for line in open(sys.argv[1]).read().splitlines()[1:]]
+ok = [(float(r[1]), float(r[2])) for r in rows if r[1] != "-" and r[2] != "-"]
+if ok:
+    on, off = zip(*ok)
+    print(f"{len(ok)} pairs: median with {statistics.median(on):.2f} s, without {statistics.median(off):.2f} s, "
+          f"median ratio {statistics.median(a / b for a, b in ok):.3f}, "
+          f"median difference {statistics.median(a - b for a, b in ok):+.2f} s")
+else:
+    print("no complete pair")
+PY
+  log "(c) vLLM's figures per run (must be equal with and without the plugin):"
+  cut -f1,2,5 "$W/cost/runs.tsv" | tee -a "$OUT/progress.log"
+  pack; log "(c) done"
+fi
