@@ -82,6 +82,13 @@ OOM = _fact(
     "capture.session (OOM observer), importers.torch_snapshot",
     "time_us, device, requested_bytes, device_total_bytes, device_free_bytes, phase",
 )
+IMPORT = _fact(
+    "import",
+    "dict",
+    "importers.torch_snapshot",
+    "how a torch snapshot was imported: device, devices (all with history), "
+    "clock ('recorded' or 'synthetic': no time_us before PyTorch 2.1), stacks ('python' or 'all')",
+)
 DIED_IN = _fact("died_in", "str", "examples", "the phase path the example script died in")
 STARTUP_OUTCOME = _fact("startup_outcome", "dict", "examples", "the example's own account of how it ended")
 TORCH_COUNTERS = _fact("torch_counters", "list", "examples", "torch's own counters at phase ends (validation)")

@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 
 #: On-disk format version written by this memtrace: (major, minor). Readers refuse a newer major.
-FORMAT_VERSION = (1, 0)
+FORMAT_VERSION = (1, 1)
 
 #: Allocator actions, in the order of their integer codes in ``EVENT_DTYPE["action"]``.
 #: The names are PyTorch's own (``c10/core/CachingDeviceAllocator.h`` TraceEntry::Action).
@@ -51,6 +51,10 @@ EVENT_DTYPE = np.dtype(
 #: One device-level sample (NVML): memory used on the whole device, all processes included.
 SAMPLE_DTYPE = np.dtype([("time_us", "<i8"), ("used_bytes", "<i8")])
 
+#: One sample of the memory *other* processes hold on the traced device (NVML's per-process list,
+#: every process but the traced one). Format 1.1; a 1.0 file loads with none.
+OTHERS_DTYPE = np.dtype([("time_us", "<i8"), ("others_bytes", "<i8")])
+
 
 def empty_events(n: int = 0) -> np.ndarray:
     """A zeroed event array of length ``n`` (stack set to -1)."""
@@ -62,6 +66,11 @@ def empty_events(n: int = 0) -> np.ndarray:
 def empty_samples(n: int = 0) -> np.ndarray:
     """A zeroed device-sample array of length ``n``."""
     return np.zeros(n, dtype=SAMPLE_DTYPE)
+
+
+def empty_others(n: int = 0) -> np.ndarray:
+    """A zeroed other-processes sample array of length ``n``."""
+    return np.zeros(n, dtype=OTHERS_DTYPE)
 
 
 @dataclass(frozen=True)
@@ -200,6 +209,8 @@ class Trace:
     segments: list[Segment] = field(default_factory=list)
     phases: list[Phase] = field(default_factory=list)
     samples: np.ndarray = field(default_factory=empty_samples)
+    #: Memory held by other processes on the device (``OTHERS_DTYPE``); empty when not sampled.
+    others: np.ndarray = field(default_factory=empty_others)
     hook_calls: list[HookCall] = field(default_factory=list)
     facts: dict[str, Any] = field(default_factory=dict)
     notes: list[Note] = field(default_factory=list)

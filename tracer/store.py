@@ -6,7 +6,7 @@ open to any SQLite tool. It is never pickle.
 
 Layout of a trace file (format ``memtrace-trace``, version ``FORMAT_VERSION``):
 
-- ``meta(key, value)``: ``format``, ``version`` ("1.0"), ``writer`` and the JSON documents
+- ``meta(key, value)``: ``format``, ``version`` ("1.1"), ``writer`` and the JSON documents
   ``process``, ``recording``, ``facts``.
 - ``frames(id, filename, line, name)`` and ``stacks(id, frames)`` (frame ids, innermost first,
   space-separated): the interned stacks.
@@ -14,7 +14,16 @@ Layout of a trace file (format ``memtrace-trace``, version ``FORMAT_VERSION``):
   little-endian bytes of a numpy array of ``EVENT_DTYPE`` (time_us i8, action i1, addr i8, size i8,
   stream i8, stack i4, packed). Chunks keep a million events loadable in well under a second;
   ``memtrace export`` turns them into other formats.
-- ``sample_chunks(seq, count, data)``: device samples, ``SAMPLE_DTYPE`` (time_us i8, used_bytes i8).
+- ``sample_chunks(seq, count, data)``: device samples, ``SAMPLE_DTYPE`` (time_us i8, used_bytes i8):
+  NVML's used memory of the whole device, every process included.
+- ``other_chunks(seq, count, data)`` (since 1.1): memory held on the device by processes other than
+  the traced one, ``OTHERS_DTYPE`` (time_us i8, others_bytes i8), from NVML's per-process list
+  (sampled less often than ``sample_chunks``). How it was attributed is ``facts["sidecar"]
+  ["others_method"]``: "per-process" (the traced pid was found: the sum of every other process's
+  used memory), "used-minus-ours" (the traced pid was found but another process's figure was not
+  available: device used - driver reserve - ours), or "not-found" (the traced pid never appeared,
+  e.g. a PID namespace: no series, and device used stays the whole device's). A 1.0 file has no
+  such table and loads with no samples.
 - ``segments`` and ``blocks``: the allocator state at the last snapshot.
 - ``phases``, ``hook_calls``, ``notes``: one row each.
 
@@ -41,6 +50,7 @@ from .errors import TraceFormatError
 from .model import (
     EVENT_DTYPE,
     FORMAT_VERSION,
+    OTHERS_DTYPE,
     SAMPLE_DTYPE,
     Block,
     Frame,
@@ -53,6 +63,7 @@ from .model import (
     Segment,
     Trace,
     empty_events,
+    empty_others,
     empty_samples,
 )
 
@@ -69,6 +80,7 @@ CREATE TABLE IF NOT EXISTS frames(id INTEGER PRIMARY KEY, filename TEXT, line IN
 CREATE TABLE IF NOT EXISTS stacks(id INTEGER PRIMARY KEY, frames TEXT NOT NULL);
 CREATE TABLE IF NOT EXISTS event_chunks(seq INTEGER PRIMARY KEY, count INTEGER NOT NULL, data BLOB NOT NULL);
 CREATE TABLE IF NOT EXISTS sample_chunks(seq INTEGER PRIMARY KEY, count INTEGER NOT NULL, data BLOB NOT NULL);
+CREATE TABLE IF NOT EXISTS other_chunks(seq INTEGER PRIMARY KEY, count INTEGER NOT NULL, data BLOB NOT NULL);
 CREATE TABLE IF NOT EXISTS segments(id INTEGER PRIMARY KEY, address INTEGER, total_bytes INTEGER,
     stream INTEGER, segment_type TEXT, pool_id TEXT, is_expandable INTEGER);
 CREATE TABLE IF NOT EXISTS blocks(segment INTEGER, address INTEGER, size_bytes INTEGER,
@@ -114,7 +126,6 @@ class TraceWriter:
         self._frames: dict[tuple[str, int, str], int] = {}
         self._stacks: dict[tuple[int, ...], int] = {}
         self._event_seq = 0
-        self._sample_seq = 0
         with self._db:
             self._put_meta("format", FORMAT_NAME)
             self._put_meta("version", f"{FORMAT_VERSION[0]}.{FORMAT_VERSION[1]}")
@@ -183,6 +194,23 @@ class TraceWriter:
             self._stacks[key] = sid
         return sid
 
+    def put_interned(self, frames: list[Frame], stacks: list[tuple[int, ...]]) -> None:
+        """Store a whole trace's frames and stacks with their ids as they are (an importer's or a
+        loaded trace's tables). Only on a writer that has interned nothing yet."""
+        if self._frames or self._stacks:
+            raise ValueError("put_interned needs a writer that has interned nothing yet")
+        with self._db:
+            self._db.executemany(
+                "INSERT INTO frames(id, filename, line, name) VALUES (?,?,?,?)",
+                [(i, f.filename, f.line, f.name) for i, f in enumerate(frames)],
+            )
+            self._db.executemany(
+                "INSERT INTO stacks(id, frames) VALUES (?,?)",
+                [(i, " ".join(map(str, s))) for i, s in enumerate(stacks)],
+            )
+        self._frames = {(f.filename, f.line, f.name): i for i, f in enumerate(frames)}
+        self._stacks = {tuple(s): i for i, s in enumerate(stacks)}
+
     # -- appends -------------------------------------------------------------------------------
     def append_events(self, events: np.ndarray) -> None:
         if len(events) == 0:
@@ -195,14 +223,12 @@ class TraceWriter:
         self._event_seq += 1
 
     def append_samples(self, samples: np.ndarray) -> None:
-        if len(samples) == 0:
-            return
-        data = np.ascontiguousarray(samples, dtype=SAMPLE_DTYPE).tobytes()
-        with self._db:
-            self._db.execute(
-                "INSERT INTO sample_chunks(seq, count, data) VALUES (?,?,?)", (self._sample_seq, len(samples), data)
-            )
-        self._sample_seq += 1
+        """Append device-used samples (``SAMPLE_DTYPE``)."""
+        _insert_chunk(self._db, "sample_chunks", _records(samples, SAMPLE_DTYPE))
+
+    def append_others(self, others: np.ndarray) -> None:
+        """Append other-processes samples (``OTHERS_DTYPE``)."""
+        _insert_chunk(self._db, "other_chunks", _records(others, OTHERS_DTYPE))
 
     def set_segments(self, segments: list[Segment]) -> None:
         """Replace the stored allocator state (the last snapshot wins)."""
@@ -258,29 +284,73 @@ class TraceWriter:
             )
 
 
+def _records(data: Any, dtype: np.dtype) -> np.ndarray:
+    """``data`` as little-endian records of ``dtype``: a numpy array, or a flat ``array('q')`` of
+    interleaved fields in native byte order (the sidecar's buffers, so it needs no numpy per sample)."""
+    if isinstance(data, np.ndarray):
+        return np.ascontiguousarray(data, dtype=dtype)
+    flat = np.frombuffer(memoryview(data).cast("B"), dtype=np.int64).astype("<i8")
+    return flat.view(dtype)
+
+
+def _insert_chunk(db: sqlite3.Connection, table: str, records: np.ndarray) -> None:
+    """Append one chunk; the next ``seq`` is read in the same transaction, so two writers of one
+    file (the traced process and the sidecar) never collide."""
+    if len(records) == 0:
+        return
+    with db:
+        db.execute(
+            f"INSERT INTO {table}(seq, count, data) VALUES ((SELECT COALESCE(MAX(seq), -1) + 1 FROM {table}), ?, ?)",
+            (len(records), records.tobytes()),
+        )
+
+
+class SampleAppender:
+    """The second writer of a trace file: the NVML sidecar's connection (another process).
+
+    The file is in WAL mode, so its appends interleave with the traced process's ``TraceWriter``;
+    only the sidecar writes samples while a process is recorded. Every method commits.
+    """
+
+    def __init__(self, path: str | os.PathLike, *, timeout_s: float = 60.0):
+        self._db = sqlite3.connect(str(path), timeout=timeout_s)
+        self._db.execute(f"PRAGMA busy_timeout={int(timeout_s * 1000)}")
+        self._db.executescript(_SCHEMA)  # a file written by a memtrace before 1.1 gains other_chunks
+
+    def append_samples(self, samples: Any) -> None:
+        """Device-used samples: ``SAMPLE_DTYPE`` records or an ``array('q')`` of (time_us, used) pairs."""
+        _insert_chunk(self._db, "sample_chunks", _records(samples, SAMPLE_DTYPE))
+
+    def append_others(self, others: Any) -> None:
+        """Other-processes samples: ``OTHERS_DTYPE`` records or an ``array('q')`` of pairs."""
+        _insert_chunk(self._db, "other_chunks", _records(others, OTHERS_DTYPE))
+
+    def add_note(self, note: Note) -> None:
+        with self._db:
+            self._db.execute(
+                "INSERT INTO notes(time_us, level, text) VALUES (?,?,?)", (note.time_us, note.level, note.text)
+            )
+
+    def close(self) -> None:
+        if self._db is not None:
+            self._db.close()
+            self._db = None
+
+
 def save_trace(trace: Trace, path: str | os.PathLike, *, overwrite: bool = False) -> Path:
     """Write a whole in-memory Trace to ``path`` (an importer's result, a test fixture...)."""
     with TraceWriter(path, overwrite=overwrite) as w:
         w.set_process(trace.process)
         w.set_recording(trace.recording)
         w.set_facts(trace.facts)
-        # frames and stacks keep their ids: write them verbatim
-        with w._db:
-            w._db.executemany(
-                "INSERT INTO frames(id, filename, line, name) VALUES (?,?,?,?)",
-                [(i, f.filename, f.line, f.name) for i, f in enumerate(trace.frames)],
-            )
-            w._db.executemany(
-                "INSERT INTO stacks(id, frames) VALUES (?,?)",
-                [(i, " ".join(map(str, s))) for i, s in enumerate(trace.stacks)],
-            )
-        w._frames = {(f.filename, f.line, f.name): i for i, f in enumerate(trace.frames)}
-        w._stacks = {tuple(s): i for i, s in enumerate(trace.stacks)}
+        w.put_interned(trace.frames, trace.stacks)  # frames and stacks keep their ids
         chunk = 1 << 18
         for start in range(0, len(trace.events), chunk):
             w.append_events(trace.events[start : start + chunk])
         for start in range(0, len(trace.samples), chunk):
             w.append_samples(trace.samples[start : start + chunk])
+        for start in range(0, len(trace.others), chunk):
+            w.append_others(trace.others[start : start + chunk])
         w.set_segments(trace.segments)
         for p in trace.phases:
             w.add_phase(p)
@@ -393,6 +463,9 @@ def _read(db: sqlite3.Connection, path: Path) -> Trace:
     )
     trace.samples = (
         _chunks(db, "sample_chunks", SAMPLE_DTYPE, empty_samples) if "sample_chunks" in tables else empty_samples()
+    )
+    trace.others = (
+        _chunks(db, "other_chunks", OTHERS_DTYPE, empty_others) if "other_chunks" in tables else empty_others()
     )
     segs: dict[int, Segment] = {}
     for sid, addr, total, stream, stype, pool, expandable in rows(

@@ -19,7 +19,8 @@ from memtrace.store import TraceWriter, load_trace
 
 FAKE_NVML = textwrap.dedent(
     """
-    # FakeNVML: device-used bytes step up by 1 MiB every 5 ms, from 1 GiB.
+    # FakeNVML: device-used bytes step up by 1 MiB every 5 ms, from 1 GiB (plus other processes').
+    import os
     import time
 
     class NVMLError(Exception):
@@ -57,7 +58,24 @@ FAKE_NVML = textwrap.dedent(
 
     def nvmlDeviceGetMemoryInfo(h):
         steps = int((time.monotonic() - _t0) / 0.005)
-        return _Mem((1 << 30) + steps * (1 << 20))
+        return _Mem((1 << 30) + steps * (1 << 20) + _others_bytes())
+
+    # The per-process list: the traced process (the sidecar's parent) holds 512 MiB; other processes
+    # are described by $FAKE_NVML_OTHERS, "pid:bytes,pid:bytes" ("pid:na" = figure not available).
+    class _Proc:
+        def __init__(self, pid, used):
+            self.pid, self.usedGpuMemory = pid, used
+
+    def _others():
+        spec = os.environ.get("FAKE_NVML_OTHERS", "")
+        return [(int(p), None if b == "na" else int(b)) for p, b in (x.split(":") for x in spec.split(",") if x)]
+
+    def _others_bytes():
+        return sum(b or (1 << 30) for _, b in _others())
+
+    def nvmlDeviceGetComputeRunningProcesses(h):
+        me = int(os.environ.get("FAKE_NVML_TRACED_PID", os.getppid()))
+        return [_Proc(me, 512 << 20)] + [_Proc(p, b) for p, b in _others()]
     """
 )
 
@@ -138,3 +156,66 @@ def test_an_unknown_gpu_is_reported_not_raised(tmp_path, fake_nvml):
     reason = sidecar.start_sidecar(w.path, {"gpu_uuid": "GPU-other", "device_index": 0}, 1000.0)
     w.close()
     assert isinstance(reason, str) and "not found by NVML" in reason
+
+
+def _run_sidecar(tmp_path, monkeypatch, others: str, traced_pid: int | None = None, seconds: float = 0.4):
+    monkeypatch.setenv("FAKE_NVML_OTHERS", others)
+    if traced_pid is not None:
+        monkeypatch.setenv("FAKE_NVML_TRACED_PID", str(traced_pid))
+    w = _writer(tmp_path)
+    gpu = {"gpu_uuid": "GPU-fake", "total_memory_bytes": (80 << 30) - (1 << 30)}  # driver reserve: 1 GiB
+    sc = sidecar.start_sidecar(w.path, gpu, 1000.0)
+    assert not isinstance(sc, str), sc
+    time.sleep(seconds)
+    info = sc.stop()
+    w.close()
+    return info, load_trace(w.path)
+
+
+def test_other_processes_are_summed_from_the_per_process_list(tmp_path, fake_nvml, monkeypatch):
+    info, trace = _run_sidecar(tmp_path, monkeypatch, f"4242:{3 << 30},4243:{1 << 29}")
+    assert info["others_method"] == "per-process"
+    assert info["traced_pids"] == [os.getpid()] and 4242 in info["nvml_pids"]
+    o = trace.others
+    assert len(o) == info["others_kept"] >= 2  # one value: the first sample and heartbeats
+    assert set(o["others_bytes"].tolist()) == {(3 << 30) + (1 << 29)}
+    assert o["time_us"][0] >= trace.samples["time_us"][0] - 1000 and np.all(np.diff(o["time_us"]) > 0)
+    assert info["others_methods"]["per-process"] * 10 == pytest.approx(info["taken"], abs=10)  # every 10 ms
+
+
+def test_an_unavailable_figure_falls_back_on_used_minus_ours(tmp_path, fake_nvml, monkeypatch):
+    info, trace = _run_sidecar(tmp_path, monkeypatch, "4242:na")
+    assert info["others_method"] == "used-minus-ours"
+    o, s = trace.others, trace.samples
+    # FakeNVML used = 1 GiB + steps + 1 GiB (the unknown process); minus the 1 GiB reserve and our 512 MiB
+    used_at = s["used_bytes"][np.searchsorted(s["time_us"], o["time_us"], side="right") - 1]
+    assert np.all(np.abs(o["others_bytes"] - (used_at - (1 << 30) - (512 << 20))) <= 1 << 20)  # one step apart
+
+
+def test_our_process_not_found_records_no_others_and_says_so(tmp_path, fake_nvml, monkeypatch):
+    info, trace = _run_sidecar(tmp_path, monkeypatch, f"4242:{3 << 30}", traced_pid=777_777)  # a host pid
+    assert info["others_method"] == "not-found" and len(trace.others) == 0
+    assert info["nvml_pids"] == [4242, 777_777]
+
+
+def test_the_only_process_listed_is_ours(tmp_path, fake_nvml, monkeypatch):
+    info, trace = _run_sidecar(tmp_path, monkeypatch, "", traced_pid=777_777)
+    assert info["others_method"] == "per-process"
+    assert set(trace.others["others_bytes"].tolist()) == {0}
+
+
+def test_the_sidecar_starts_without_waiting_and_answers_on_a_thread(tmp_path, fake_nvml):
+    w = _writer(tmp_path)
+    answers = []
+    t0 = time.perf_counter()
+    sc = sidecar.start_sidecar(w.path, {"gpu_uuid": "GPU-fake"}, 1000.0, wait=False, on_ready=answers.append)
+    returned_s = time.perf_counter() - t0
+    bad = sidecar.start_sidecar(w.path, {"gpu_uuid": "GPU-other"}, 1000.0, wait=False, on_unavailable=answers.append)
+    time.sleep(0.3)
+    sc.stop()
+    bad.stop()
+    w.close()
+    assert returned_s < 0.05  # the child's Python start and nvmlInit are not waited for
+    assert [a["nvml_device"] for a in answers if isinstance(a, dict)] == ["FakeNVML GPU"]
+    assert any(isinstance(a, str) and "not found by NVML" in a for a in answers)
+    assert bad.unavailable and len(load_trace(w.path).samples) > 0

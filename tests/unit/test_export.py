@@ -156,13 +156,13 @@ def test_export_cli_writes_each_format_and_never_overwrites_without_force(tmp_pa
     for fmt, out in (
         ("perfetto", "run.perfetto.json"),
         ("memory-viz", "run.memory_viz.pickle"),
-        ("folded", "run.folded"),
+        ("folded", "run-flame.folded"),
     ):
         assert main(["export", str(run), "--format", fmt]) == 0
         assert (tmp_path / out).stat().st_size > 0
     capsys.readouterr()
     assert main(["export", str(run), "--format", "folded"]) == 2
-    assert "run.folded already exists" in capsys.readouterr().err
+    assert "run-flame.folded exists" in capsys.readouterr().err
     assert main(["export", str(run), "--format", "folded", "--force"]) == 0
 
 

@@ -179,7 +179,8 @@ def test_report_reads_a_snapshot_pickle_with_a_warning(capsys, tmp_path):
     assert cap.err.count("\n") == 1 and "unpickling can run code" in cap.err
 
 
-def test_import_converts_a_snapshot_and_never_overwrites_without_force(capsys, tmp_path):
+def test_import_converts_a_snapshot_and_never_overwrites_without_force(capsys, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # the default output is written here (outputs.output_file)
     p = tmp_path / "snap.pickle"
     p.write_bytes(pickle.dumps(snapshot_dict()))
     out = tmp_path / "snap.memtrace"
@@ -189,7 +190,7 @@ def test_import_converts_a_snapshot_and_never_overwrites_without_force(capsys, t
     digest = hashlib.sha256(out.read_bytes()).hexdigest()
     capsys.readouterr()
     assert main(["import", str(p), "-o", str(out)]) == 2
-    assert "already exists" in capsys.readouterr().err
+    assert "exists" in capsys.readouterr().err
     assert hashlib.sha256(out.read_bytes()).hexdigest() == digest
     assert main(["import", str(p), "-o", str(out), "--force"]) == 0
     assert len(load_trace(out).events) == 4

@@ -118,13 +118,22 @@ def _baseline(trace: Trace, alloc_deltas: np.ndarray, reserved_deltas: np.ndarra
         # curve never saw; the least baseline that keeps the curves non-negative is the honest floor.
         need_alloc = max(0, -int(np.cumsum(alloc_deltas).min())) if len(alloc_deltas) else 0
         need_reserved = max(0, -int(np.cumsum(reserved_deltas).min())) if len(reserved_deltas) else 0
-        return Baseline(need_alloc, need_reserved, consistent=need_alloc == 0 and need_reserved == 0)
+        ok = need_alloc == 0 and need_reserved == 0
+        return Baseline(need_alloc, need_reserved, consistent=ok and _within(alloc_deltas, reserved_deltas, 0, 0))
     final_reserved = sum(s.total_bytes for s in trace.segments)
     final_alloc = sum(b.requested_bytes for s in trace.segments for b in s.blocks if b.state.startswith("active"))
     base_alloc = final_alloc - net_alloc
     base_reserved = final_reserved - net_reserved
     ok = base_alloc >= 0 and base_reserved >= 0 and base_alloc <= base_reserved
+    ok = ok and _within(alloc_deltas, reserved_deltas, base_alloc, base_reserved)
     return Baseline(max(base_alloc, 0), max(base_reserved, 0), consistent=ok)
+
+
+def _within(alloc_deltas: np.ndarray, reserved_deltas: np.ndarray, base_alloc: int, base_reserved: int) -> bool:
+    """True when allocated never exceeds reserved after any event (tensors live inside segments)."""
+    if not len(alloc_deltas):
+        return True
+    return bool(np.all(base_alloc + np.cumsum(alloc_deltas) <= base_reserved + np.cumsum(reserved_deltas)))
 
 
 def _curve(trace: Trace, deltas: np.ndarray, start: int) -> Curve:

@@ -177,20 +177,8 @@ def holders_by_stack(
     return out
 
 
-#: Path fragments of frames that say nothing about *why* memory was asked for.
-_PLUMBING = ("/torch/", "\\torch\\", "/memtrace/", "/tracer/", "<frozen", "/contextlib.py", "/functools.py")
-
-
 def meaningful_frame(frames: list[Frame]) -> Frame | None:
-    """The innermost frame worth showing: the first (innermost first) outside torch, memtrace and
-    the standard library; else the innermost frame; None for an empty stack."""
-    for f in frames:
-        fn = f.filename
-        if any(p in fn for p in _PLUMBING):
-            continue
-        if "/lib/python3" in fn and "site-packages" not in fn and "dist-packages" not in fn:
-            continue
-        if fn.endswith((".cpp", ".h", ".cc", ".cu")) or fn in ("", "??"):
-            continue
-        return f
-    return frames[0] if frames else None
+    """The innermost Python frame worth showing (see ``analysis.frames.meaningful_frame``)."""
+    from .frames import meaningful_frame as pick
+
+    return pick(frames)

@@ -166,15 +166,23 @@ class Session:
         self._preimport_symbolizer()
         self.history.enable()
         oom.attach()
-        if self._sample_hz > 0:
-            self.sidecar = sidecar.start_sidecar(self.path, gpu, self._sample_hz)
-            if isinstance(self.sidecar, str):
-                log.warning("memtrace: no NVML samples: %s", self.sidecar)
-                self.add_note("warning", f"no NVML samples: {self.sidecar}")
-                self.sidecar = None
+        if self._sample_hz > 0:  # not waited for: the child answers on a thread
+            started = sidecar.start_sidecar(
+                self.path, gpu, self._sample_hz, wait=False, on_ready=self._sidecar_ready, on_unavailable=self._no_nvml
+            )
+            if isinstance(started, str):
+                self._no_nvml(started)
             else:
-                self.facts["sidecar"] = self.sidecar.info
+                self.sidecar = started
         self.history.start_watchdog()
+
+    def _sidecar_ready(self, info: dict[str, Any]) -> None:
+        with self._lock:
+            self.facts["sidecar"] = info  # written with the next documents (an OOM flush, the close)
+
+    def _no_nvml(self, reason: str) -> None:
+        log.warning("memtrace: no NVML samples: %s", reason)
+        self.add_note("warning", f"no NVML samples: {reason}")
 
     def _preimport_symbolizer(self) -> None:
         """Import torch._inductor now if Python stacks will be symbolized.
@@ -347,7 +355,9 @@ class Session:
                     log.warning("memtrace: could not save the final allocator state: %s", exc)
                     self.add_note("error", f"final allocator state not saved: {exc!r}")
             if self.sidecar is not None:
-                self.facts["sidecar"] = self.sidecar.stop()
+                info = self.sidecar.stop()
+                if self.sidecar.unavailable is None:
+                    self.facts["sidecar"] = info
             self.recording.end_us = now_us()
             self.flush_documents()
             self.closed = True

@@ -5,11 +5,13 @@ killed (it flushes and exits when its parent dies). It never imports torch, so i
 CUDA context; it finds the traced device by UUID (then PCI bus id) from torch, never by index,
 which CUDA_VISIBLE_DEVICES renumbers.
 
-Samples are ``(time_us, used_bytes)`` on the Unix-µs clock (the midpoint of the NVML call), written
-to the trace's ``sample_chunks`` table through the sidecar's own SQLite connection (the file is in
-WAL mode, so the two writers interleave; only the sidecar writes samples). Runs of equal values
-are compressed without losing a step: a sample is kept when its value differs from the previous one,
-together with the last sample of the run before it, plus one heartbeat every ``HEARTBEAT_US``.
+Samples are ``(time_us, used_bytes)`` on the Unix-µs clock (the midpoint of the NVML call); every
+``PROCESSES_EVERY_S`` it also reads NVML's per-process list and samples the memory of the *other*
+processes on the device (see :class:`_Others`). Both series go to the trace file through the store's
+``SampleAppender`` (its own SQLite connection: the file is in WAL mode, so the two writers
+interleave; only the sidecar writes samples). Runs of equal values are compressed without losing a
+step: a sample is kept when its value differs from the previous one, together with the last sample
+of the run before it, plus one heartbeat every ``HEARTBEAT_US``.
 
 Protocol with the traced process: the sidecar prints one line, ``ready {json}`` or
 ``unavailable <reason>``; it stops on ``stop`` or EOF on its stdin, or when its parent pid changes,
@@ -25,32 +27,55 @@ import os
 import queue
 import select
 import signal
-import sqlite3
 import subprocess
 import sys
 import threading
 import time
 from array import array
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+
+from ..model import Note
 
 log = logging.getLogger("memtrace")
 
 HEARTBEAT_US = 50_000
 FLUSH_EVERY_S = 0.2
+#: How often the per-process list is read (for the other processes' memory).
+PROCESSES_EVERY_S = 0.01
 READY_TIMEOUT_S = 20.0
 
 
 # -- the traced process's side -------------------------------------------------------------------
 class Sidecar:
-    """Handle on a running sidecar process."""
+    """Handle on a running sidecar process. Its ``ready``/``unavailable`` line is read by
+    :meth:`wait_ready`, on the caller's thread or on a background one (``start_sidecar(wait=False)``)."""
 
-    def __init__(self, proc: subprocess.Popen, info: dict[str, Any]):
+    def __init__(self, proc: subprocess.Popen):
         self.proc = proc
-        self.info = info
+        self.info: dict[str, Any] = {"pid": proc.pid}
+        self.unavailable: str | None = None
+        self._waiter: threading.Thread | None = None
+
+    def wait_ready(self, timeout: float = READY_TIMEOUT_S) -> str | None:
+        """Read the sidecar's first line; the reason it is unavailable, or None once it samples."""
+        proc = self.proc
+        ready, _, _ = select.select([proc.stdout], [], [], timeout)
+        line = proc.stdout.readline().decode(errors="replace").strip() if ready else ""
+        if line.startswith("ready "):
+            self.info.update(json.loads(line[6:]))
+            return None
+        if proc.poll() is None:
+            proc.kill()
+        proc.wait()
+        self.unavailable = line.removeprefix("unavailable ") or f"the sidecar did not answer within {timeout:.0f} s"
+        return self.unavailable
 
     def stop(self, timeout: float = 10.0) -> dict[str, Any]:
         """Ask the sidecar to flush and exit; returns its info and statistics."""
+        if self._waiter is not None:
+            self._waiter.join(READY_TIMEOUT_S + 1)
         proc = self.proc
         try:
             if proc.poll() is None:
@@ -81,28 +106,48 @@ def _child_env() -> dict[str, str]:
     return env
 
 
-def start_sidecar(db_path: str | os.PathLike, gpu: dict[str, Any], hz: float) -> Sidecar | str:
-    """Start the sampler for the device described by ``gpu`` (env.gpu_facts); a reason string if not."""
+def start_sidecar(
+    db_path: str | os.PathLike,
+    gpu: dict[str, Any],
+    hz: float,
+    *,
+    wait: bool = True,
+    on_ready: Callable[[dict[str, Any]], None] | None = None,
+    on_unavailable: Callable[[str], None] | None = None,
+) -> Sidecar | str:
+    """Start the sampler for the device described by ``gpu`` (env.gpu_facts); a reason string if not.
+
+    ``wait=False`` returns at once (starting Python and NVML takes the child 0.1-1 s, which the
+    traced program need not wait for): a thread reads the answer and calls ``on_ready(info)`` or
+    ``on_unavailable(reason)``.
+    """
     cmd = [sys.executable, "-m", "memtrace.capture.sidecar", "--db", str(db_path), "--hz", str(hz)]
     cmd += ["--parent", str(os.getpid()), "--index", str(gpu.get("device_index", 0))]
     if gpu.get("gpu_uuid"):
         cmd += ["--uuid", gpu["gpu_uuid"]]
     if gpu.get("pci_bus_id"):
         cmd += ["--pci", gpu["pci_bus_id"]]
+    if gpu.get("total_memory_bytes"):
+        cmd += ["--cuda-total", str(int(gpu["total_memory_bytes"]))]
     try:
         proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=_child_env(), close_fds=True)
     except OSError as exc:
         return f"could not start the sidecar process ({exc})"
-    ready, _, _ = select.select([proc.stdout], [], [], READY_TIMEOUT_S)
-    line = proc.stdout.readline().decode(errors="replace").strip() if ready else ""
-    if line.startswith("ready "):
-        info = json.loads(line[6:])
-        info["pid"] = proc.pid
-        return Sidecar(proc, info)
-    if proc.poll() is None:
-        proc.kill()
-    proc.wait()
-    return line.removeprefix("unavailable ") or f"the sidecar did not answer within {READY_TIMEOUT_S:.0f} s"
+    sc = Sidecar(proc)
+
+    def answer() -> str | None:
+        reason = sc.wait_ready()
+        callback = on_ready if reason is None else on_unavailable
+        if callback is not None:
+            callback(sc.info if reason is None else reason)
+        return reason
+
+    if wait:
+        reason = answer()
+        return reason if reason is not None else sc
+    sc._waiter = threading.Thread(target=answer, name="memtrace-sidecar-start", daemon=True)
+    sc._waiter.start()
+    return sc
 
 
 # -- the sidecar process -------------------------------------------------------------------------
@@ -123,25 +168,17 @@ def _open_device(pynvml: Any, uuid: str | None, pci: str | None, index: int) -> 
     raise LookupError("; ".join(errors))
 
 
-class _Writer:
-    """Compresses samples; a thread appends them to the trace file through its own connection.
+class _Series:
+    """Compresses one sample series without losing a step: a sample is kept when its value differs
+    from the previous one, together with the last sample of the run before it, plus one heartbeat
+    every ``HEARTBEAT_US``. Buffers are flat ``array('q')`` of (time_us, value) pairs."""
 
-    The sampling loop only swaps buffers (``hand_off``), so a slow SQLite commit never delays a sample.
-    """
-
-    def __init__(self, db: str):
-        self.db_path = db
+    def __init__(self) -> None:
         self.buf = array("q")
         self.kept = 0
         self.last_value: int | None = None
         self.last_kept_t = 0
         self.pending: tuple[int, int] | None = None
-        self.queue: queue.Queue = queue.Queue()
-        self.thread: threading.Thread | None = None
-
-    def start(self) -> None:
-        self.thread = threading.Thread(target=self._run, name="memtrace-sidecar-writer", daemon=True)
-        self.thread.start()
 
     def add(self, t: int, v: int) -> None:
         if v != self.last_value:
@@ -155,17 +192,50 @@ class _Writer:
         else:
             self.pending = (t, v)
 
-    def hand_off(self, final: bool = False) -> None:
+    def take(self, final: bool = False) -> array | None:
         if final and self.pending is not None:
             self.buf.extend(self.pending)
             self.pending = None
-        if self.buf:
-            self.kept += len(self.buf) // 2
-            self.queue.put(("samples", self.buf))
-            self.buf = array("q")
+        if not self.buf:
+            return None
+        buf, self.buf = self.buf, array("q")
+        self.kept += len(buf) // 2
+        return buf
+
+
+class _Writer:
+    """The device-used and other-processes series; a thread appends them to the trace file through
+    the store's :class:`~memtrace.store.SampleAppender` (its own connection).
+
+    The sampling loop only swaps buffers (``hand_off``), so a slow SQLite commit never delays a sample.
+    """
+
+    def __init__(self, db: str):
+        self.db_path = db
+        self.used = _Series()
+        self.others = _Series()
+        self.queue: queue.Queue = queue.Queue()
+        self.thread: threading.Thread | None = None
+
+    def start(self) -> None:
+        self.thread = threading.Thread(target=self._run, name="memtrace-sidecar-writer", daemon=True)
+        self.thread.start()
+
+    def add(self, t: int, v: int) -> None:
+        self.used.add(t, v)
+
+    @property
+    def kept(self) -> int:
+        return self.used.kept
+
+    def hand_off(self, final: bool = False) -> None:
+        for kind, series in (("samples", self.used), ("others", self.others)):
+            buf = series.take(final)
+            if buf is not None:
+                self.queue.put((kind, buf))
 
     def note(self, level: str, text: str) -> None:
-        self.queue.put(("note", (time.time_ns() // 1000, level, text)))
+        self.queue.put(("note", Note(time.time_ns() // 1000, level, text)))
 
     def close(self) -> None:
         """Write everything handed off and stop the thread."""
@@ -174,28 +244,109 @@ class _Writer:
             self.thread.join()
 
     def _run(self) -> None:
-        db = sqlite3.connect(self.db_path, timeout=60.0)
-        db.execute("PRAGMA busy_timeout=60000")
+        from ..store import SampleAppender
+
+        out = SampleAppender(self.db_path)
         try:
             while (item := self.queue.get()) is not None:
                 kind, data = item
-                with db:
-                    if kind == "samples":
-                        if sys.byteorder != "little":
-                            data.byteswap()
-                        db.execute(
-                            "INSERT INTO sample_chunks(seq, count, data) VALUES "
-                            "((SELECT COALESCE(MAX(seq), -1) + 1 FROM sample_chunks), ?, ?)",
-                            (len(data) // 2, data.tobytes()),
-                        )
-                    else:
-                        db.execute("INSERT INTO notes(time_us, level, text) VALUES (?,?,?)", data)
+                if kind == "samples":
+                    out.append_samples(data)
+                elif kind == "others":
+                    out.append_others(data)
+                else:
+                    out.add_note(data)
         finally:
-            db.close()
+            out.close()
 
 
-def _sample(pynvml: Any, handle: Any, writer: _Writer, hz: float, parent: int, stop: threading.Event) -> dict:
-    period = 1.0 / hz
+class _Others:
+    """Memory of the other processes on the device, from NVML's per-process list.
+
+    The traced process is found by its pid (or another pid of it in a nested PID namespace, from
+    ``/proc/<pid>/status`` NSpid), or as the only process listed (it holds a CUDA context when the
+    sidecar starts). Then others = the sum of every other process's used memory ("per-process"), or
+    device used - driver reserve - ours when another process's figure is not available
+    ("used-minus-ours"). When the traced process is not found (NVML lists host pids inside a
+    container's PID namespace, and there are several processes), nothing is recorded ("not-found").
+    """
+
+    def __init__(self, pynvml: Any, handle: Any, parent: int, reserve: int):
+        self.pynvml, self.handle, self.reserve = pynvml, handle, reserve
+        self.query = getattr(pynvml, "nvmlDeviceGetComputeRunningProcesses", None)  # absent in very old pynvml
+        self.ours = _own_pids(parent)
+        self.counts: dict[str, int] = {}
+        self.max_processes = 0
+        self.listed: set[int] = set()
+        self.failed = 0
+
+    def sample(self, used: int) -> int | None:
+        """Others' bytes now, or None when not attributable."""
+        if self.query is None:
+            return self._count("unsupported", None)
+        try:
+            procs = self.query(self.handle)
+        except self.pynvml.NVMLError:
+            self.failed += 1
+            return None
+        self.max_processes = max(self.max_processes, len(procs))
+        if len(self.listed) < 64:
+            self.listed.update(int(p.pid) for p in procs)
+        mine = [p for p in procs if int(p.pid) in self.ours]
+        if not mine and len(procs) == 1:
+            mine = list(procs)
+        rest = [p for p in procs if p not in mine]
+        if not mine:
+            return self._count("not-found", None)
+        if all(_used(p) is not None for p in rest):
+            return self._count("per-process", sum(_used(p) for p in rest))
+        own = [_used(p) for p in mine]
+        if all(v is not None for v in own):
+            return self._count("used-minus-ours", max(used - self.reserve - sum(own), 0))
+        return self._count("not-available", None)
+
+    def _count(self, method: str, value: int | None) -> int | None:
+        self.counts[method] = self.counts.get(method, 0) + 1
+        return value
+
+    def stats(self) -> dict[str, Any]:
+        attributed = {k: v for k, v in self.counts.items() if k in ("per-process", "used-minus-ours")}
+        method = (
+            max(attributed, key=attributed.get)
+            if attributed
+            else (max(self.counts, key=self.counts.get) if self.counts else "none")
+        )
+        return {
+            "others_method": method,
+            "others_methods": dict(self.counts),
+            "others_errors": self.failed,
+            "traced_pids": sorted(self.ours),
+            "nvml_pids": sorted(self.listed),
+            "max_processes": self.max_processes,
+        }
+
+
+def _used(proc: Any) -> int | None:
+    v = getattr(proc, "usedGpuMemory", None)
+    return int(v) if v is not None else None  # pynvml gives None for NVML_VALUE_NOT_AVAILABLE
+
+
+def _own_pids(pid: int) -> set[int]:
+    """``pid`` and its pids in the other PID namespaces this /proc shows (``NSpid``)."""
+    pids = {pid}
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                if line.startswith("NSpid:"):
+                    pids.update(int(x) for x in line.split()[1:])
+    except (OSError, ValueError):
+        pass
+    return pids
+
+
+def _sample(pynvml: Any, handle: Any, writer: _Writer, args: Any, others: _Others, stop: threading.Event) -> dict:
+    period = 1.0 / args.hz
+    every = max(1, round(PROCESSES_EVERY_S * args.hz))  # the per-process list costs ~49 µs on the H200
     taken = errors = 0
     started = time.perf_counter()
     next_t = started
@@ -215,12 +366,17 @@ def _sample(pynvml: Any, handle: Any, writer: _Writer, hz: float, parent: int, s
         t1 = time.time_ns()
         if used is not None:
             writer.add((t0 + t1) // 2000, int(used))
+            if taken % every == 0:
+                t2 = time.time_ns()
+                value = others.sample(int(used))
+                if value is not None:
+                    writer.others.add((t2 + time.time_ns()) // 2000, value)
             taken += 1
         now = time.perf_counter()
         if now - last_flush >= FLUSH_EVERY_S:
             writer.hand_off()
             last_flush = now
-            if os.getppid() != parent:  # the traced process died: flush and go
+            if os.getppid() != args.parent:  # the traced process died: flush and go
                 stop.set()
         next_t += period
         delay = next_t - time.perf_counter()
@@ -233,8 +389,10 @@ def _sample(pynvml: Any, handle: Any, writer: _Writer, hz: float, parent: int, s
     return {
         "taken": taken,
         "kept": writer.kept,
+        "others_kept": writer.others.kept,
         "errors": errors,
         "achieved_hz": round(taken / elapsed, 1) if elapsed else 0.0,
+        **others.stats(),
     }
 
 
@@ -246,6 +404,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--index", type=int, default=0)
     parser.add_argument("--uuid")
     parser.add_argument("--pci")
+    parser.add_argument("--cuda-total", type=int, default=0, help="CUDA's total bytes (NVML's total - driver reserve)")
     args = parser.parse_args(argv)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C goes to the traced program; it stops us
     stop = threading.Event()
@@ -293,7 +452,9 @@ def main(argv: list[str] | None = None) -> int:
     writer.start()
     say("ready " + json.dumps(info))
     try:
-        stats = _sample(pynvml, handle, writer, args.hz, args.parent, stop)
+        reserve = max(info["total_bytes"] - args.cuda_total, 0) if args.cuda_total else 0
+        others = _Others(pynvml, handle, args.parent, reserve)
+        stats = _sample(pynvml, handle, writer, args, others, stop)
     finally:
         writer.close()
     pynvml.nvmlShutdown()

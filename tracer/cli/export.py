@@ -7,8 +7,9 @@
               (one rank: --rank, default the first)
   folded      folded stacks of what was live at the peak, for speedscope / flamegraph.pl (one rank)
 
-The output defaults to RUN's name plus .perfetto.json, .memory_viz.pickle or .folded in the current
-directory; an existing file is only replaced with --force.
+The output defaults to RUN's name plus .perfetto.json, .memory_viz.pickle or -flame.folded, here;
+the name must end in the format's suffix, its folder must exist, an input is never overwritten (not
+even with --force) and an existing file is only replaced with --force, atomically.
 
   memtrace export RUN --format perfetto
   memtrace export RUN --format memory-viz -o startup.pickle
@@ -17,68 +18,58 @@ directory; an existing file is only replaced with --force.
 from __future__ import annotations
 
 import argparse
-from pathlib import Path
 
 NAME = "export"
 ORDER = 60
 
-SUFFIX = {"perfetto": ".perfetto.json", "memory-viz": ".memory_viz.pickle", "folded": ".folded"}
+#: Default name endings per format (folded matches ``memtrace flame``'s ``<run>-flame.folded``).
+SUFFIX = {"perfetto": ".perfetto.json", "memory-viz": ".memory_viz.pickle", "folded": "-flame.folded"}
+#: Endings each format accepts for -o.
+ACCEPTS = {"perfetto": (".json",), "memory-viz": (".pickle", ".pkl"), "folded": (".folded", ".txt")}
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("run_path", metavar="RUN", help="run directory or .memtrace file")
+    from ._runs import add_input
+
+    add_input(p)
     p.add_argument("-f", "--format", choices=sorted(SUFFIX), default="perfetto", help="output format (perfetto)")
     p.add_argument("-o", "--output", metavar="FILE", help="output file (default: RUN's name + the format's suffix)")
-    p.add_argument("--force", action="store_true", help="replace FILE if it exists")
+    p.add_argument("--force", action="store_true", help="replace FILE if it exists (never an input)")
     p.add_argument("--rank", type=int, default=None, help="the rank to export (memory-viz, folded; default: first)")
-
-
-def output_path(run_path: str, fmt: str, output: str | None, force: bool) -> Path:
-    """Where to write; UsageError when it exists and --force was not given."""
-    from ..errors import UsageError
-
-    if output:
-        out = Path(output)
-    else:
-        name = Path(run_path.rstrip("/")).name
-        for suffix in (".memtrace",):
-            name = name.removesuffix(suffix)
-        out = Path(name + SUFFIX[fmt])
-    if out.exists() and not force:
-        raise UsageError(f"{out} already exists; choose another file with -o or pass --force to replace it")
-    if out.is_dir():
-        raise UsageError(f"{out} is a directory; give a file name with -o")
-    return out
 
 
 def run(args: argparse.Namespace) -> int:
     import sys
 
+    from ..outputs import atomic_write, output_file
     from ..progress import task
-    from ._runs import load_with_progress, select
+    from ._runs import check_rank, load_args, select
 
-    out = output_path(args.run_path, args.format, args.output, args.force)
-    run_ = load_with_progress(args.run_path)
+    check_rank(args.rank)
+    out = output_file(
+        args.run_path, args.output, default_suffix=SUFFIX[args.format], suffixes=ACCEPTS[args.format], force=args.force
+    )
+    run_ = load_args(args)
     if args.format == "perfetto":
         from ..exporters.perfetto import export_perfetto
 
         traces = select(run_, args.rank)
-        with task(f"Writing {out}", total=len(traces)) as t:
-            export_perfetto(traces, out, progress=t)
+        with task(f"Writing {out}", total=len(traces)) as t, atomic_write(out) as tmp:
+            export_perfetto(traces, tmp, progress=t)
     elif args.format == "memory-viz":
         from ..exporters.memory_viz import export_memory_viz
 
         trace = select(run_, args.rank)[0]
-        with task(f"Writing {out}", total=2) as t:
-            export_memory_viz(trace, out, progress=t)
+        with task(f"Writing {out}", total=2) as t, atomic_write(out) as tmp:
+            export_memory_viz(trace, tmp, progress=t)
     else:
         from ..analysis.curves import all_curves
         from ..analysis.flame import flame_at, peak_event_index
         from ..plots.folded import render_folded
 
         trace = select(run_, args.rank)[0]
-        with task(f"Writing {out}", total=None):
+        with task(f"Writing {out}", total=None), atomic_write(out) as tmp:
             curves = all_curves(trace)
-            render_folded(flame_at(trace, event_index=peak_event_index(curves.allocated, curves.reserved)), out)
+            render_folded(flame_at(trace, event_index=peak_event_index(curves.allocated, curves.reserved)), tmp)
     print(f"memtrace: wrote {out}", file=sys.stderr)
     return 0

@@ -1,16 +1,20 @@
-"""Convert a PyTorch memory snapshot pickle into a memtrace trace file.
+"""Convert a PyTorch memory snapshot pickle into memtrace trace files.
 
 Reads the pickle written by torch.cuda.memory._dump_snapshot() (with the history recorded by
 _record_memory_history) and writes the same events, stacks, segments and record_function phases
-to a .memtrace file, which later commands read without unpickling anything.
+to .memtrace files, which later commands read without unpickling anything. A snapshot of one
+device becomes one file (SNAPSHOT.memtrace); a snapshot with history on several devices becomes a
+run folder (SNAPSHOT/) holding one file per device (cuda0.memtrace, ...), each with rank = the
+device index, unless --device picks one.
+
+  memtrace import snap.pickle
+  memtrace import snap.pickle --device 1 -o cuda1.memtrace
 """
 
 from __future__ import annotations
 
 import argparse
-import os
 import sys
-from pathlib import Path
 
 NAME = "import"
 ORDER = 60
@@ -18,33 +22,51 @@ ORDER = 60
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("snapshot", metavar="SNAPSHOT.pickle", help="a torch.cuda.memory._dump_snapshot() file")
-    parser.add_argument("-o", "--output", metavar="OUT.memtrace", help="output file (default: SNAPSHOT.memtrace)")
-    parser.add_argument("--device", type=int, metavar="N", help="device to import (default: the busiest)")
-    parser.add_argument("-f", "--force", action="store_true", help="overwrite the output if it exists")
+    parser.add_argument(
+        "-o", "--output", metavar="OUT", help="output .memtrace file, or folder for several devices (default: here)"
+    )
+    parser.add_argument("--device", type=int, metavar="N", help="import this device only (default: every device)")
+    parser.add_argument("--force", action="store_true", help="replace the output if it exists")
+    parser.add_argument("--allow-pickle", action="store_true", help="accepted for symmetry: import always unpickles")
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..errors import TraceFormatError
-    from ..importers.files import trace_from_snapshot_file, warn_pickle
+    from ..errors import UsageError
+    from ..importers.files import traces_from_snapshot_file, warn_pickle
+    from ..outputs import atomic_write, make_dir, output_dir, output_file
     from ..store import SUFFIX, save_trace
 
-    src = Path(args.snapshot)
-    out = Path(args.output) if args.output else src.with_suffix(SUFFIX)
-    if out.exists() and not args.force:
-        raise TraceFormatError(f"{out} already exists; choose another output with -o or pass --force")
-    if out.resolve() == src.resolve():
-        raise TraceFormatError(f"the output {out} is the snapshot itself; choose another output with -o")
+    src = args.snapshot
+    if args.device is not None and args.device < 0:
+        raise UsageError(f"--device {args.device}: devices are 0 or more")
+    several_out = args.output is not None and not str(args.output).lower().endswith(SUFFIX)
+    if args.output is None or not several_out:  # check the file name before the long read
+        output_file(src, args.output, default_suffix=SUFFIX, suffixes=(SUFFIX,), force=args.force)
     warn_pickle(src)
-    trace = trace_from_snapshot_file(src, device=args.device)
-    tmp = out.with_name(f".{out.name}.{os.getpid()}.tmp")
-    try:
-        save_trace(trace, tmp, overwrite=True)
-        os.replace(tmp, out)  # the old output (with --force) is replaced only by a complete new one
-    finally:
-        tmp.unlink(missing_ok=True)
-    print(
-        f"memtrace: wrote {out}: {len(trace.events):,} events, {len(trace.stacks):,} stacks, "
-        f"{len(trace.phases)} phases, {len(trace.segments)} segments",
-        file=sys.stderr,
-    )
+    traces = traces_from_snapshot_file(src, device=args.device)
+    if len(traces) == 1 and not several_out:
+        out = output_file(src, args.output, default_suffix=SUFFIX, suffixes=(SUFFIX,), force=args.force)
+        with atomic_write(out) as tmp:
+            save_trace(traces[0], tmp, overwrite=True)
+        written = [out]
+    else:
+        if args.output is not None and not several_out:
+            devs = ", ".join(str(t.process.device_index) for t in traces)
+            raise UsageError(
+                f"{src} holds history on devices {devs}: pass --device N for one file, or -o a folder for all"
+            )
+        files = tuple(f"cuda{t.process.device_index}{SUFFIX}" for t in traces)
+        folder = output_dir(src, args.output, default_suffix="", files=files, force=args.force)
+        make_dir(folder)
+        written = []
+        for trace, name in zip(traces, files, strict=True):
+            with atomic_write(folder / name) as tmp:
+                save_trace(trace, tmp, overwrite=True)
+            written.append(folder / name)
+    for out, t in zip(written, traces, strict=True):
+        print(
+            f"memtrace: wrote {out}: cuda:{t.process.device_index}, {len(t.events):,} events, {len(t.stacks):,} "
+            f"stacks ({t.recording.stacks}), {len(t.phases)} phases, {len(t.segments)} segments",
+            file=sys.stderr,
+        )
     return 0

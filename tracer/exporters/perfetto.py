@@ -6,10 +6,17 @@ The file follows the Trace Event Format (``{"traceEvents": [...]}``):
   ``rank 0 (pid 1234)`` by an ``M`` (metadata) event;
 - *counter* tracks (``ph: "C"``), one per curve, each with a single numeric arg ``bytes``:
   ``allocated``, ``reserved``, and with NVML samples ``device used`` and ``non-PyTorch``. Only
-  changes are written (the last value of each microsecond), so the file stays exact and small;
+  changes are written (the last value of each microsecond), so the file stays exact and small.
+  ``non-PyTorch`` is the analysis' steady curve (``landmarks.steady_non_torch``: NVML samples taken
+  while reserved moved are not used), the figure ``report`` gives, not the raw used - reserved that
+  spikes by whole allocations when the sidecar's clock and the allocator's disagree;
 - *slices* (``ph: "X"``, ``ts``/``dur`` in microseconds): phases on the "phases" thread (tid 1,
   properly nested), hooked calls on the "hook calls" thread (tid 2) with their bytes and arguments,
-  and the OOM, when there was one, on the "events" thread (tid 3).
+  and the OOM, when there was one (``analysis.oom.find_oom``: a live record or an imported ``oom``
+  entry), on the "events" thread (tid 3).
+
+The file is streamed: counter points are formatted in chunks straight to the output, so a trace of
+ten million events never holds its JSON in memory.
 
 Timestamps are microseconds since the earliest moment of the run (``otherData.t0_us`` holds that
 moment as Unix-epoch microseconds), so every process shares one time axis.
@@ -17,6 +24,7 @@ moment as Unix-epoch microseconds), so every process shares one time axis.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 from collections.abc import Iterator
@@ -27,8 +35,10 @@ import numpy as np
 
 from ..analysis.curves import Curve, all_curves
 from ..analysis.flame import hook_short_name
+from ..analysis.landmarks import steady_non_torch
+from ..analysis.oom import find_oom
 from ..analysis.phases import recording_span
-from ..model import FACT_OOM, Trace
+from ..model import Trace
 
 PHASES_TID = 1
 HOOKS_TID = 2
@@ -60,35 +70,59 @@ def _json_safe(value: Any) -> Any:
     return json.loads(json.dumps(value, default=str))
 
 
-def trace_events(traces: list[Trace], progress=None) -> Iterator[dict[str, Any]]:
-    """Every trace event of a run, metadata first. ``progress.advance()`` is called once per trace."""
+CHUNK = 1 << 16
+
+
+def _records(traces: list[Trace], progress=None) -> Iterator[str]:
+    """Every trace event of a run as JSON text, metadata first; counter points come in chunks of
+    :data:`CHUNK` records joined by ``,\\n``. ``progress.advance()`` is called once per trace."""
     t0 = min(recording_span(t)[0] for t in traces) if traces else 0
     for trace, pid in zip(traces, _pids(traces), strict=True):
-        label = trace.label if trace.process.rank is None else f"{trace.label} (pid {trace.process.pid})"
-        yield {"name": "process_name", "ph": "M", "pid": pid, "tid": 0, "args": {"name": label}}
-        for tid, name in ((PHASES_TID, "phases"), (HOOKS_TID, "hook calls"), (EVENTS_TID, "events")):
-            yield {"name": "thread_name", "ph": "M", "pid": pid, "tid": tid, "args": {"name": name}}
-            yield {"name": "thread_sort_index", "ph": "M", "pid": pid, "tid": tid, "args": {"sort_index": tid}}
+        for ev in _metadata(trace, pid):
+            yield _dumps(ev)
         yield from _counters(trace, pid, t0)
-        yield from _phase_slices(trace, pid, t0)
-        yield from _hook_slices(trace, pid, t0)
-        oom = trace.facts.get(FACT_OOM)
-        if isinstance(oom, dict) and oom.get("time_us") is not None:
-            args = {k: v for k, v in oom.items() if isinstance(v, (int, float, str))}
-            yield {"name": "CUDA OOM", "cat": "oom", "ph": "X", "ts": int(oom["time_us"]) - t0, "dur": 0,
-                   "pid": pid, "tid": EVENTS_TID, "args": args}  # fmt: skip
+        for ev in (*_phase_slices(trace, pid, t0), *_hook_slices(trace, pid, t0), *_oom_slice(trace, pid, t0)):
+            yield _dumps(ev)
         if progress is not None:
             progress.advance()
 
 
-def _counters(trace: Trace, pid: int, t0: int) -> Iterator[dict[str, Any]]:
+def trace_events(traces: list[Trace], progress=None) -> Iterator[dict[str, Any]]:
+    """Every trace event of a run as dicts (what :func:`write_perfetto` writes), metadata first."""
+    for text in _records(traces, progress):
+        yield from json.loads(f"[{text}]")
+
+
+def _dumps(ev: dict[str, Any]) -> str:
+    return json.dumps(ev, separators=(",", ":"))
+
+
+def _metadata(trace: Trace, pid: int) -> Iterator[dict[str, Any]]:
+    label = trace.label if trace.process.rank is None else f"{trace.label} (pid {trace.process.pid})"
+    yield {"name": "process_name", "ph": "M", "pid": pid, "tid": 0, "args": {"name": label}}
+    for tid, name in ((PHASES_TID, "phases"), (HOOKS_TID, "hook calls"), (EVENTS_TID, "events")):
+        yield {"name": "thread_name", "ph": "M", "pid": pid, "tid": tid, "args": {"name": name}}
+        yield {"name": "thread_sort_index", "ph": "M", "pid": pid, "tid": tid, "args": {"sort_index": tid}}
+
+
+def _oom_slice(trace: Trace, pid: int, t0: int) -> Iterator[dict[str, Any]]:
+    oom = find_oom(trace)
+    if oom is None:
+        return
+    args = {k: v for k, v in dataclasses.asdict(oom).items() if isinstance(v, (int, str)) and v is not None}
+    yield {"name": "CUDA OOM", "cat": "oom", "ph": "X", "ts": oom.time_us - t0, "dur": 0,
+           "pid": pid, "tid": EVENTS_TID, "args": args}  # fmt: skip
+
+
+def _counters(trace: Trace, pid: int, t0: int) -> Iterator[str]:
     curves = all_curves(trace)
-    for name, curve in zip(
-        COUNTERS, (curves.allocated, curves.reserved, curves.device_used, curves.non_torch), strict=True
-    ):
+    non_torch = steady_non_torch(curves)
+    for name, curve in zip(COUNTERS, (curves.allocated, curves.reserved, curves.device_used, non_torch), strict=True):
         t, b = _changes(curve)
-        for ts, value in zip((t - t0).tolist(), b.tolist(), strict=True):
-            yield {"name": name, "ph": "C", "ts": ts, "pid": pid, "tid": 0, "args": {"bytes": value}}
+        fmt = f'{{"name":"{name}","ph":"C","ts":%d,"pid":{pid},"tid":0,"args":{{"bytes":%d}}}}'
+        for lo in range(0, len(t), CHUNK):
+            pairs = zip((t[lo : lo + CHUNK] - t0).tolist(), b[lo : lo + CHUNK].tolist(), strict=True)
+            yield ",\n".join(map(fmt.__mod__, pairs))
 
 
 def _phase_slices(trace: Trace, pid: int, t0: int) -> Iterator[dict[str, Any]]:
@@ -116,16 +150,17 @@ def _hook_slices(trace: Trace, pid: int, t0: int) -> Iterator[dict[str, Any]]:
 
 
 def write_perfetto(traces: list[Trace], out: IO[str], progress=None) -> int:
-    """Stream the Trace Event JSON of ``traces`` to ``out``; returns the number of events."""
+    """Stream the Trace Event JSON of ``traces`` to ``out``; returns the number of records written
+    (a chunk of counter points counts as one)."""
     t0 = min(recording_span(t)[0] for t in traces) if traces else 0
     out.write('{"displayTimeUnit": "ms", "otherData": ')
     out.write(json.dumps({"producer": "memtrace", "t0_us": t0, "units": "bytes, microseconds since t0_us"}))
     out.write(', "traceEvents": [\n')
     n = 0
-    for ev in trace_events(traces, progress):
+    for text in _records(traces, progress):
         if n:
             out.write(",\n")
-        out.write(json.dumps(ev, separators=(",", ":")))
+        out.write(text)
         n += 1
     out.write("\n]}\n")
     return n

@@ -13,7 +13,6 @@ read-only and never modified.
 
 from __future__ import annotations
 
-import io
 import os
 import pickle
 import sys
@@ -60,11 +59,16 @@ def read_snapshot(path: str | os.PathLike) -> dict[str, Any]:
         raise TraceFormatError(f"{path}: no such file; pass the pickle written by torch.cuda.memory._dump_snapshot()")
     if path.is_dir():
         raise TraceFormatError(f"{path} is a directory; pass the snapshot pickle file itself")
-    data = path.read_bytes()
-    if not data:
+    try:
+        f = open(path, "rb")  # streamed: the file's bytes are never all in memory beside the objects
+    except OSError as exc:
+        raise TraceFormatError(f"cannot read {path}: {exc.strerror or exc}; check its permissions") from None
+    if path.stat().st_size == 0:
+        f.close()
         raise TraceFormatError(f"{path} is empty; dump the snapshot again with torch.cuda.memory._dump_snapshot()")
     try:
-        snapshot = _SnapshotUnpickler(io.BytesIO(data)).load()
+        with f:
+            snapshot = _SnapshotUnpickler(f).load()
     except (
         pickle.UnpicklingError,
         EOFError,
@@ -77,6 +81,7 @@ def read_snapshot(path: str | os.PathLike) -> dict[str, Any]:
         UnicodeDecodeError,
         OverflowError,
         MemoryError,
+        OSError,
     ) as exc:
         why = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
         raise TraceFormatError(
@@ -86,19 +91,35 @@ def read_snapshot(path: str | os.PathLike) -> dict[str, Any]:
     return snapshot
 
 
-def trace_from_snapshot_file(path: str | os.PathLike, *, device: int | None = None) -> Trace:
-    """Read a snapshot pickle and convert it with ``memtrace.importers.torch_snapshot``."""
-    from .torch_snapshot import trace_from_snapshot
+def traces_from_snapshot_file(path: str | os.PathLike, *, device: int | None = None) -> list[Trace]:
+    """Read a snapshot pickle and convert it, one trace per device (``importers.torch_snapshot``)."""
+    from .torch_snapshot import traces_from_snapshot
 
     snapshot = read_snapshot(path)
-    trace = trace_from_snapshot(snapshot, device=device, source=str(path))
-    if len(trace.events) == 0:
+    if isinstance(snapshot, list) and all(isinstance(s, dict) and "blocks" in s for s in snapshot[:10]):
+        raise TraceFormatError(
+            f"{path} holds allocator state only (a torch.cuda.memory_snapshot() segment list), no history; "
+            "call torch.cuda.memory._record_memory_history() before the workload and dump with _dump_snapshot()"
+        )
+    traces = traces_from_snapshot(snapshot, device=device, source=str(path))
+    del snapshot
+    if not any(len(t.events) for t in traces):
         raise TraceFormatError(
             f"{path} holds allocator state but no events (no history was recorded); call "
             "torch.cuda.memory._record_memory_history() before the workload, then dump the snapshot"
         )
-    trace.path = str(path)
-    return trace
+    for t in traces:
+        t.path = str(path)
+        for note in t.notes:
+            if note.level == "warning":
+                print(f"memtrace: warning: {path} (cuda:{t.process.device_index}): {note.text}", file=sys.stderr)
+    return traces
+
+
+def trace_from_snapshot_file(path: str | os.PathLike, *, device: int | None = None) -> Trace:
+    """One device's trace of a snapshot pickle (``device``, else the one with the most events)."""
+    traces = traces_from_snapshot_file(path, device=device)
+    return max(traces, key=lambda t: len(t.events))
 
 
 def load_input(
@@ -128,5 +149,5 @@ def load_input(
         if head == SQLITE_MAGIC:  # a trace misnamed .pkl: read it as what it is
             return load_run(p)
         warn_pickle(p)
-        return Run(path=str(p), traces=[trace_from_snapshot_file(p, device=device)])
+        return Run(path=str(p), traces=traces_from_snapshot_file(p, device=device))
     return load_run(p)

@@ -9,13 +9,16 @@ This module never imports torch: a snapshot is plain dicts and lists.
 
 from __future__ import annotations
 
+import operator
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 import numpy as np
 
+from .. import facts as F
+from ..analysis.frames import stacks_kind
 from ..errors import TraceFormatError
-from ..model import ACTION_CODE, Block, Phase, Process, Recording, Segment, Trace, empty_events
+from ..model import ACTION_CODE, Block, Frame, Note, Phase, Process, Recording, Segment, Trace, empty_events
 
 #: intern_stack(frames) -> stack id, frames as (filename, line, name) tuples, innermost first.
 StackInterner = Callable[[Sequence[tuple[str, int, str]]], int]
@@ -70,52 +73,97 @@ def _frames_of(raw: Iterable[dict[str, Any]] | None) -> tuple[tuple[str, int, st
     return tuple((str(f.get("filename", "")), _line(f.get("line")), str(f.get("name", ""))) for f in raw)
 
 
+class _StackCache:
+    """Stack ids of ``frames`` lists, cached three ways (valid while the entries are alive).
+
+    torch gives each trace entry a frames list of its own (an alloc shares it with its frees at
+    most) while the frame dicts inside are shared across the whole snapshot. So the list's id hits
+    about a third of the time; the tuple of its frame dicts' ids hits for every repeated traceback;
+    only a new combination of frames is converted (each frame dict once) and interned by content.
+    """
+
+    def __init__(self, intern_stack: StackInterner) -> None:
+        self.intern_stack = intern_stack
+        self.by_list: dict[int, int] = {}
+        self.by_ids: dict[tuple[int, ...], int] = {}
+        self.by_content: dict[tuple, int] = {}
+        self.frame_of: dict[int, tuple[str, int, str]] = {}
+
+    def __call__(self, frames: Any) -> int:
+        if not frames:
+            return -1
+        sid = self.by_list.get(id(frames))
+        if sid is not None:
+            return sid
+        ids = tuple(map(id, frames))
+        sid = self.by_ids.get(ids)
+        if sid is None:
+            frame_of = self.frame_of
+            key = []
+            for f in frames:
+                t = frame_of.get(id(f))
+                if t is None:
+                    t = frame_of[id(f)] = (str(f.get("filename", "")), _line(f.get("line")), str(f.get("name", "")))
+                key.append(t)
+            content = tuple(key)
+            sid = self.by_content.get(content)
+            if sid is None:
+                sid = self.by_content[content] = self.intern_stack(content)
+            self.by_ids[ids] = sid
+        self.by_list[id(frames)] = sid
+        return sid
+
+
+def _int_column(kept: Sequence[dict[str, Any]], name: str, n: int) -> np.ndarray | None:
+    """``entry[name]`` of every entry as int64 (missing -> 0); None when some value is None or absent
+    everywhere it matters (the caller decides), computed at C speed when every entry has an int."""
+    try:
+        return np.fromiter(map(operator.itemgetter(name), kept), dtype=np.int64, count=n)
+    except (KeyError, TypeError, ValueError, OverflowError):
+        pass
+    return np.fromiter((int(e.get(name) or 0) for e in kept), dtype=np.int64, count=n)
+
+
+def has_clock(entries: Sequence[dict[str, Any]]) -> bool:
+    """False when the entries carry no ``time_us`` (PyTorch before 2.1 recorded none)."""
+    return any(e.get("time_us") for e in entries[:1000]) or any(e.get("time_us") for e in entries[-1000:])
+
+
 def entries_to_events(entries: Sequence[dict[str, Any]], intern_stack: StackInterner) -> np.ndarray:
     """Convert ``device_traces[d]`` entries to an ``EVENT_DTYPE`` array, interning their stacks.
 
     Unknown actions (from a newer PyTorch) are skipped. For ``oom`` entries the device's free bytes
-    (PyTorch's ``device_free``) are stored in ``addr``. Built for the live recorder's hot
-    path: columns are gathered in one pass each, and a stack is interned once per distinct ``frames``
-    list object (a snapshot shares one list per unique traceback) before falling back to its contents.
+    (PyTorch's ``device_free``) are stored in ``addr``. Entries without ``time_us`` get 0 (see
+    :func:`has_clock`). Built for ten million entries: each column is gathered in one C-level pass
+    and stacks go through :class:`_StackCache`.
     """
     codes = ACTION_CODE
-    kept = [e for e in entries if e.get("action") in codes]
+    actions = list(map(operator.itemgetter("action"), entries)) if entries else []
+    code_list = list(map(codes.get, actions))
+    if None in code_list:
+        keep = [c is not None for c in code_list]
+        kept: Sequence[dict[str, Any]] = [e for e, k in zip(entries, keep, strict=True) if k]
+        code_list = [c for c in code_list if c is not None]
+    else:
+        kept = entries
     n = len(kept)
     events = empty_events(n)
     if n == 0:
         return events
-    by_list: dict[int, int] = {}
-    by_content: dict[tuple, int] = {}
-
-    def stack_of(frames: Any) -> int:
-        if not frames:
-            return -1
-        sid = by_list.get(id(frames))
-        if sid is None:
-            key = _frames_of(frames)
-            sid = by_content.get(key)
-            if sid is None:
-                sid = by_content[key] = intern_stack(key)
-            by_list[id(frames)] = sid
-        return sid
-
-    def column(name: str):
-        return (int(e.get(name, 0) or 0) for e in kept)
-
-    events["time_us"] = np.fromiter(column("time_us"), dtype=np.int64, count=n)
-    events["action"] = np.fromiter((codes[e["action"]] for e in kept), dtype=np.int8, count=n)
-    # an oom entry carries the device's free bytes (``device_free`` in PyTorch >= 2.1, ``addr`` before)
-    events["addr"] = np.fromiter(
-        (
-            int(e.get("device_free", e.get("addr", 0)) or 0) if e["action"] == "oom" else int(e.get("addr", 0) or 0)
-            for e in kept
-        ),
-        dtype=np.int64,
-        count=n,
-    )
-    events["size"] = np.fromiter(column("size"), dtype=np.int64, count=n)
-    events["stream"] = np.fromiter(column("stream"), dtype=np.int64, count=n)
-    events["stack"] = np.fromiter((stack_of(e.get("frames")) for e in kept), dtype=np.int32, count=n)
+    events["action"] = np.array(code_list, dtype=np.int8)
+    events["time_us"] = _int_column(kept, "time_us", n)
+    events["size"] = _int_column(kept, "size", n)
+    events["stream"] = _int_column(kept, "stream", n)
+    oom = np.flatnonzero(events["action"] == codes["oom"])
+    if len(oom):  # an oom entry carries the device's free bytes (device_free in PyTorch >= 2.1, addr before)
+        events["addr"] = np.fromiter((int(e.get("addr", 0) or 0) for e in kept), dtype=np.int64, count=n)
+        for i in oom.tolist():
+            e = kept[i]
+            events["addr"][i] = int(e.get("device_free", e.get("addr", 0)) or 0)
+    else:
+        events["addr"] = _int_column(kept, "addr", n)
+    get_frames = operator.methodcaller("get", "frames")
+    events["stack"] = np.fromiter(map(_StackCache(intern_stack), map(get_frames, kept)), dtype=np.int32, count=n)
     return events
 
 
@@ -183,12 +231,12 @@ def phases_from_annotations(annotations: Sequence[dict[str, Any]], device: int |
     return phases
 
 
-def pick_device(snapshot: dict[str, Any]) -> int:
-    """The device whose history is longest (the one a single-GPU process used)."""
+def devices_with_history(snapshot: dict[str, Any]) -> list[int]:
+    """Every device whose history holds an allocator event or whose segments are listed, in order."""
     traces = snapshot.get("device_traces") or []
-    if not traces:
-        return 0
-    return max(range(len(traces)), key=lambda d: len(traces[d] or []))
+    found = {d for d, t in enumerate(traces) if any(e.get("action") in ACTION_CODE for e in t or [])}
+    found |= {int(s.get("device", 0) or 0) for s in snapshot.get("segments") or []}
+    return sorted(found)
 
 
 def validate_snapshot(snapshot: Any, source: str) -> None:
@@ -201,39 +249,78 @@ def validate_snapshot(snapshot: Any, source: str) -> None:
         )
 
 
-def trace_from_snapshot(snapshot: dict[str, Any], *, device: int | None = None, source: str = "snapshot") -> Trace:
-    """Build a Trace from a whole ``_snapshot()`` dict (events, segments, frames, phases)."""
-    validate_snapshot(snapshot, source)
-    dev = pick_device(snapshot) if device is None else device
+SYNTHETIC_CLOCK_NOTE = (
+    "this snapshot records no times (time_us arrived in PyTorch 2.1): its events are placed 1 µs apart "
+    "in recorded order, so durations and rates are not real; the order and every byte figure are exact"
+)
+
+
+def _device_trace(snapshot: dict[str, Any], dev: int, devices: list[int]) -> Trace:
     traces = snapshot.get("device_traces") or []
-    if dev >= len(traces) and traces:
-        raise TraceFormatError(f"{source} has no device {dev} (it holds {len(traces)} devices)")
-    entries = traces[dev] if traces else []
+    entries = (traces[dev] or []) if dev < len(traces) else []
     interner = Interner()
     events = entries_to_events(entries, interner)
     segments = segments_from_snapshot(snapshot.get("segments", []), interner, device=dev)
-    if len(events) == 0 and not segments:
-        raise TraceFormatError(
-            f"{source} holds no allocator events and no segments; record with "
-            "torch.cuda.memory._record_memory_history() before taking the snapshot"
-        )
-    from ..model import Frame
-
+    notes: list[Note] = []
+    clock = "recorded"
+    if len(events) and not has_clock(entries):
+        events["time_us"] = np.arange(len(events), dtype=np.int64)
+        clock = "synthetic"
+        notes.append(Note(0, "warning", SYNTHETIC_CLOCK_NOTE))
+    if len(devices) > 1:
+        others = ", ".join(f"cuda:{d}" for d in devices if d != dev)
+        notes.append(Note(0, "info", f"the snapshot holds several devices; this trace is cuda:{dev} (rank {dev}), "
+                                     f"the others ({others}) are their own traces"))  # fmt: skip
+    stacks = stacks_kind([Frame(*f) for f in interner.frames])
     trace = Trace(
-        process=Process(role="import", device_index=dev),
+        process=Process(role="import", rank=dev, device_index=dev),
         recording=Recording(
             source="torch-snapshot",
             start_us=int(events["time_us"].min()) if len(events) else None,
             end_us=int(events["time_us"].max()) if len(events) else None,
-            stacks="python" if interner.stacks else "none",
+            stacks=stacks,
         ),
         events=events,
         frames=[Frame(*f) for f in interner.frames],
         stacks=list(interner.stacks),
         segments=segments,
-        phases=phases_from_annotations(snapshot.get("external_annotations", []), device=dev),
+        phases=[] if clock == "synthetic" else phases_from_annotations(snapshot.get("external_annotations", []), dev),
+        notes=notes,
     )
+    trace.facts[F.IMPORT] = {"device": dev, "devices": devices, "clock": clock, "stacks": stacks}
     settings = snapshot.get("allocator_settings")
     if settings:
-        trace.facts["allocator_settings"] = settings
+        trace.facts[F.ALLOCATOR_SETTINGS] = settings
     return trace
+
+
+def traces_from_snapshot(
+    snapshot: dict[str, Any], *, device: int | None = None, source: str = "snapshot"
+) -> list[Trace]:
+    """One Trace per device of a whole ``_snapshot()`` dict (events, segments, frames, phases).
+
+    Every device with history or segments becomes its own trace, ``rank`` = its index (so
+    ``--rank 1`` picks cuda:1); ``device`` keeps that one only. A snapshot without ``time_us``
+    gets an order-preserving synthetic clock and a warning note (:data:`SYNTHETIC_CLOCK_NOTE`).
+    """
+    validate_snapshot(snapshot, source)
+    devices = devices_with_history(snapshot)
+    if device is not None:
+        if device not in devices:
+            have = ", ".join(map(str, devices)) or "none"
+            raise TraceFormatError(f"{source} has no history for device {device} (devices with history: {have})")
+        wanted = [device]
+    else:
+        wanted = devices
+    if not wanted:
+        raise TraceFormatError(
+            f"{source} holds no allocator events and no segments; record with "
+            "torch.cuda.memory._record_memory_history() before taking the snapshot"
+        )
+    return [_device_trace(snapshot, d, devices) for d in wanted]
+
+
+def trace_from_snapshot(snapshot: dict[str, Any], *, device: int | None = None, source: str = "snapshot") -> Trace:
+    """One device's Trace (``device``, else the one with the most events): for single-device snapshots."""
+    traces = traces_from_snapshot(snapshot, device=device, source=source)
+    return max(traces, key=lambda t: len(t.events)) if device is None else traces[0]

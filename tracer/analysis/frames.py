@@ -1,0 +1,77 @@
+"""Which frames of a recorded stack say who asked for memory: Python frames, then the one worth showing.
+
+PyTorch records stacks two ways (``_record_memory_history(stacks=...)``):
+
+- ``"python"``: Python frames only (``.py`` files, ``<frozen ...>``, ``<string>``), innermost first;
+- ``"all"``: the native stack as well, innermost first: the unwinder itself (``??:0
+  torch::unwind::unwind()``), the caching allocator, ATen and the dispatcher (``.cpp``, ``.h``,
+  ``??``), CPython's interpreter (``Objects/methodobject.c cfunction_call``, ``Python/ceval.c``)
+  with the Python frames interleaved where the interpreter ran them, the C runtime (``_start``,
+  ``__libc_start_main``), and the outermost Python frames appended after ``_start``.
+
+Attribution (holders, flame graphs, diffs) is about the program's Python code, so every analysis
+that names a frame goes through :func:`python_frames` / :func:`meaningful_frame`: the native frames
+are kept in the trace (exact) but never blamed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from ..model import Frame
+
+#: File endings of native (C, C++, CUDA) frames and of shared objects.
+_NATIVE_SUFFIXES = (".c", ".h", ".cc", ".cpp", ".cxx", ".hpp", ".hh", ".cu", ".cuh", ".so", ".S", ".s")
+#: Path fragments of Python frames that say nothing about *why* memory was asked for.
+_PLUMBING = ("/torch/", "\\torch\\", "/memtrace/", "/tracer/", "<frozen", "/contextlib.py", "/functools.py")
+
+
+def is_python_frame(f: Frame) -> bool:
+    """True for a frame of Python code: a ``.py`` file or a pseudo-file such as ``<string>``."""
+    fn = f.filename
+    if not fn or fn == "??":
+        return False
+    if fn.endswith((".py", ".pyw")) or (fn.startswith("<") and fn.endswith(">")):
+        return True
+    if fn.endswith(_NATIVE_SUFFIXES) or "::" in f.name:
+        return False
+    base = fn.rsplit("/", 1)[-1].rsplit("\\", 1)[-1]
+    return f.line > 0 and "." not in base  # an extension-less script (a console entry point)
+
+
+def is_native_frame(f: Frame) -> bool:
+    """True for a frame of native code (what only ``stacks="all"`` records)."""
+    return not is_python_frame(f)
+
+
+def stacks_kind(frames: Sequence[Frame]) -> str:
+    """``"all"`` when any frame is native, ``"python"`` when there are frames, else ``"none"``."""
+    if not frames:
+        return "none"
+    return "all" if any(is_native_frame(f) for f in frames) else "python"
+
+
+def python_frames(frames: Sequence[Frame]) -> list[Frame]:
+    """The Python frames of a stack, innermost first; the stack itself when it holds none
+    (a purely native stack still says something)."""
+    kept = [f for f in frames if is_python_frame(f)]
+    return kept if kept else list(frames)
+
+
+def _is_plumbing(f: Frame) -> bool:
+    fn = f.filename
+    if any(p in fn for p in _PLUMBING):
+        return True
+    return "/lib/python3" in fn and "site-packages" not in fn and "dist-packages" not in fn
+
+
+def meaningful_frame(frames: Sequence[Frame]) -> Frame | None:
+    """The innermost frame worth showing: the innermost Python frame outside torch, memtrace and the
+    standard library; else the innermost Python frame; else the innermost frame; None for an empty stack."""
+    py = [f for f in frames if is_python_frame(f)]
+    for f in py:
+        if not _is_plumbing(f):
+            return f
+    if py:
+        return py[0]
+    return frames[0] if frames else None
