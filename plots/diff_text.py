@@ -40,9 +40,9 @@ def _frame_label(frames) -> str:
     return f"{f.name} ({short}:{f.line})"
 
 
-def render_diff(diffs: list, base_path: str, new_path: str) -> str:
+def render_diff(diffs: list, base_path: str, new_path: str, *, title: str = "memtrace diff") -> str:
     """The text report of a list of TraceDiffs."""
-    out: list[str] = [f"memtrace diff: {base_path} → {new_path}"]
+    out: list[str] = [f"{title}: {base_path} → {new_path}"]
     for d in diffs:
         out += _render_one(d, multi=len(diffs) > 1)
     failed = [d for d in diffs if d.failed]
@@ -99,8 +99,14 @@ def _render_one(d, multi: bool) -> list[str]:
             out.append("  no change")
         for c in rows:
             out.append(f"  {c.label:<24} {_gib(c.base):>11} → {_gib(c.new):>11}   {_delta(c.delta):>12}")
-    out.append("")
-    out.append("By allocating stack, at each run's peak (new, or grew most):")
+    if d.categories is not None or d.sites:  # history check has figures, not traces: no sites
+        out += _render_sites(d)
+    out += _render_hooks(d)
+    return out
+
+
+def _render_sites(d) -> list[str]:
+    out = ["", "By allocating stack, at each run's peak (new, or grew most):"]
     if not d.sites:
         out.append("  no change")
     for s in d.sites:
@@ -108,8 +114,13 @@ def _render_one(d, multi: bool) -> list[str]:
         out.append(
             f"  {tag} {_delta(s.delta):>12}  {_gib(s.base_bytes):>11} → {_gib(s.new_bytes):>11}  {_frame_label(s.frames)}"
         )
+    return out
+
+
+def _render_hooks(d) -> list[str]:
     from ..analysis.flame import hook_short_name
 
+    out: list[str] = []
     hooks = [h for h in d.hooks if h.base_bytes_per_call != h.new_bytes_per_call]
     if d.hooks:
         out.append("")

@@ -115,6 +115,10 @@ def describe(fp: dict[str, str]) -> str:
     parts = [fp.get("kind", UNKNOWN), fp.get("gpu", "")]
     parts += [f"{k} {fp[k]}" for k in ("torch", "vllm", "flashinfer") if k in fp]
     parts.append(fp.get("model", ""))
+    if fp.get("card_bytes", "").isdigit():
+        from ..units import format_gib
+
+        parts.append(f"card {format_gib(int(fp['card_bytes']))}")
     return " · ".join(p for p in parts if p)
 
 

@@ -1,0 +1,196 @@
+"""Keep a history of runs and gate each new run against the last accepted one of the same environment.
+
+The history is an SQLite file (--db, default memtrace-history.sqlite). Runs are filed under their
+matrix key: GPU, driver, CUDA, torch, vLLM, FlashInfer, model and the flags that change memory.
+
+  memtrace history add RUN               record RUN as the accepted reference for its key
+  memtrace history check RUN --add       compare RUN with the last accepted run of its key (exit 1 on
+                                         growth past --fail-over, as memtrace diff), then record it:
+                                         accepted when it passed, refused when it did not
+  memtrace history show -o trend.png     the runs per key, and their trend as a PNG
+  memtrace history accept N              accept run #N after all (a growth that was intended)
+
+check exits 0 when nothing grew past --fail-over, 1 when something did (or the new run died of OOM
+where the reference did not), 2 on bad input; with no accepted run of the key it says which stored
+key is closest and how it differs, and exits 0 (1 with --strict).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+NAME = "history"
+ORDER = 45
+
+
+def _db(p: argparse.ArgumentParser) -> None:
+    from ..history_store import DEFAULT_DB
+
+    p.add_argument("--db", default=DEFAULT_DB, metavar="FILE", help=f"the history file (default {DEFAULT_DB})")
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    from ._runs import add_input
+
+    sub = p.add_subparsers(dest="action", metavar="ACTION", required=True)
+    a = sub.add_parser("add", help="record a run as the accepted reference of its key")
+    add_input(a)
+    _db(a)
+    a.add_argument("--label", help="the run's name in the history (default: the run's own name)")
+    a.add_argument("--rank", type=int, default=None, help="only this rank (default: every rank)")
+    c = sub.add_parser("check", help="compare a run with the last accepted run of its key; exit 1 on growth")
+    add_input(c)
+    _db(c)
+    c.add_argument("--fail-over", default="2%", metavar="LIMIT", help="allowed growth: 2%% or 512MiB (default 2%%)")
+    c.add_argument("--rank", type=int, default=None, help="only this rank (default: every rank)")
+    c.add_argument("--add", action="store_true", help="then record the run: accepted if it passed, refused if not")
+    c.add_argument("--label", help="the run's name in the history, with --add")
+    c.add_argument("--strict", action="store_true", help="exit 1 when the history holds no run of this key")
+    c.add_argument("--json", action="store_true", help="print the comparison as JSON (as memtrace diff --json)")
+    s = sub.add_parser("show", help="list the runs per key and draw their trend (PNG or SVG)")
+    _db(s)
+    s.add_argument("-o", "--output", metavar="FILE", help="the trend figure (default <db name>-trend.png)")
+    s.add_argument("--force", action="store_true", help="replace an existing figure")
+    s.add_argument("--key", help="only this matrix key")
+    s.add_argument("--no-plot", action="store_true", help="only the text listing")
+    acc = sub.add_parser("accept", help="accept run #N (all its ranks) as the reference of its key")
+    _db(acc)
+    acc.add_argument("batch", type=int, metavar="N", help="the run's number, as history show lists it")
+
+
+def _recorded(args: argparse.Namespace) -> list:
+    from ..analysis.history import record
+    from ._runs import load_args, select
+
+    return [record(t) for t in select(load_args(args), args.rank)]
+
+
+def _rows(recs: list, args: argparse.Namespace, accepted: bool) -> list:
+    from ..analysis.history import figures_doc
+    from ..history_store import NewRow
+    from ..outputs import run_name
+
+    label = args.label or run_name(args.run_path)
+    return [
+        NewRow(
+            r.key,
+            r.fingerprint,
+            label,
+            str(args.run_path),
+            r.rank,
+            r.recorded_us,
+            accepted,
+            figures_doc(r.reserved),
+            figures_doc(r.device) if r.device is not None else None,
+        )  # fmt: skip
+        for r in recs
+    ]
+
+
+def _add(args: argparse.Namespace) -> int:
+    from ..analysis.history_key import describe
+    from ..history_store import add_rows, connect
+
+    recs = _recorded(args)
+    with connect(args.db, create=True) as db:
+        ids = add_rows(db, _rows(recs, args, accepted=True))
+        batch = db.execute("SELECT batch FROM runs WHERE id = ?", (ids[0],)).fetchone()[0]
+    print(f"added run #{batch} ({len(ids)} process(es)) to {args.db} as the reference of key {recs[0].key}:")
+    print(f"  {describe(recs[0].fingerprint)}")
+    return 0
+
+
+def _check(args: argparse.Namespace) -> int:
+    from ..analysis.history import Recorded, check, closest, figures_from_doc
+    from ..history_store import add_rows, all_rows, connect, last_accepted
+    from ..plots.diff_text import diff_to_json, render_diff
+    from ..units import parse_threshold
+
+    threshold = parse_threshold(args.fail_over)
+    recs = _recorded(args)
+    diffs, refs, missing = [], [], []
+    with connect(args.db, create=args.add) as db:
+        for r in recs:
+            row = last_accepted(db, r.key, r.rank)
+            if row is None:
+                missing.append(r)
+                continue
+            device = figures_from_doc(row.figures_device) if row.figures_device else None
+            base = Recorded(row.key, row.fingerprint, row.rank, row.recorded_us,
+                            figures_from_doc(row.figures_reserved), device)  # fmt: skip
+            diffs.append(check(base, r, threshold, label=f"rank {r.rank}" if r.rank is not None else ""))
+            refs.append(row)
+        failed = any(d.failed for d in diffs) or (args.strict and bool(missing))
+        near = closest({row.key: row.fingerprint for row in all_rows(db)}, missing[0].fingerprint) if missing else None
+        if args.add:
+            add_rows(db, _rows(recs, args, accepted=not failed))
+    base_name = f"{args.db} run #{refs[0].batch} ({refs[0].label})" if refs else str(args.db)
+    if args.json:
+        doc = diff_to_json(diffs, base_name, str(args.run_path))
+        doc.update(failed=failed, without_reference=[r.rank for r in missing])
+        json.dump(doc, sys.stdout, indent=2)
+        print()
+    else:
+        if diffs:
+            sys.stdout.write(render_diff(diffs, base_name, str(args.run_path), title="memtrace history check"))
+        for r in missing:
+            _say_missing(r, near, args)
+        if args.add:
+            print(f"recorded in {args.db} as {'refused' if failed else 'accepted'}")
+    return 1 if failed else 0
+
+
+def _say_missing(rec, near, args: argparse.Namespace) -> None:
+    from ..analysis.history_key import describe
+
+    rank = f" rank {rec.rank}" if rec.rank is not None else ""
+    print(f"no accepted run of key {rec.key}{rank} in {args.db} ({describe(rec.fingerprint)}): nothing to compare")
+    if near is not None:
+        key, diff = near
+        what = "; ".join(f"{k} {b} → {n}" for k, b, n in diff[:6]) + (" …" if len(diff) > 6 else "")
+        print(f"  the closest stored key {key} differs in: {what}")
+    print("  " + ("exit 1 (--strict)" if args.strict else "pass --strict to fail in this case"))
+
+
+def _show(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from ..analysis.history import trends
+    from ..errors import UsageError
+    from ..history_store import all_rows, connect
+    from ..outputs import atomic_write, output_file
+    from ..plots.history_png import history_table, render_history
+
+    out = None
+    if not args.no_plot:
+        name = args.output or f"{Path(args.db).stem}-trend.png"
+        out = output_file(args.db, name, default_suffix="-trend.png", suffixes=(".png", ".svg"), force=args.force)
+    with connect(args.db, create=False) as db:
+        rows = all_rows(db, args.key)
+    if not rows:
+        raise UsageError(f"{args.db} holds no run" + (f" of key {args.key}" if args.key else ""))
+    ts = trends(rows)
+    sys.stdout.write(history_table(ts, rows))
+    if out is not None:
+        with atomic_write(Path(out)) as tmp:
+            render_history(ts, tmp, title=f"memtrace history: {Path(args.db).name}")
+        print(f"wrote {out}")
+    return 0
+
+
+def _accept(args: argparse.Namespace) -> int:
+    from ..errors import UsageError
+    from ..history_store import accept_batch, connect
+
+    with connect(args.db, create=False) as db:
+        n = accept_batch(db, args.batch)
+    if not n:
+        raise UsageError(f"{args.db} holds no run #{args.batch}; 'memtrace history show --db {args.db}' lists them")
+    print(f"run #{args.batch} ({n} process(es)) is now the accepted reference of its key")
+    return 0
+
+
+def run(args: argparse.Namespace) -> int:
+    return {"add": _add, "check": _check, "show": _show, "accept": _accept}[args.action](args)
