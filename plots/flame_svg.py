@@ -21,7 +21,7 @@ from pathlib import Path
 from xml.sax.saxutils import escape
 
 from ..analysis.categories import WORKSPACE_FUNCTIONS
-from ..analysis.flame import Flame, FlameNode
+from ..analysis.flame import HOOK_PREFIX, Flame, FlameNode
 from ..units import format_bytes
 
 WIDTH = 1200
@@ -76,15 +76,43 @@ def _rgb(hue: float, sat: float, light: float) -> str:
     return f"rgb({round(r * 255)},{round(g * 255)},{round(b * 255)})"
 
 
-def _fit(label: str, nbytes: int, width_px: float) -> str:
-    """The longest of: label and size, function and size, function, a cut label; "" if none fits."""
+def short_label(label: str) -> str:
+    """``startup (examples/record_startup.py:249)`` -> ``startup:249``: the function and its line, so
+    sibling frames of one function called from different lines stay apart."""
+    if label.startswith(HOOK_PREFIX):  # the box is bold magenta already
+        return label[len(HOOK_PREFIX) :]
+    m = _PATH_RE.search(label)
+    func = label[: m.start()].rstrip() if m else label
+    line = m.group(1).rsplit(":", 1)[1] if m and ":" in m.group(1) else ""
+    return f"{func}:{line}" if line.isdigit() else func
+
+
+def _cut(text: str, n: int) -> str:
+    """``text`` in ``n`` characters; a ``func:line`` keeps its line and cuts the function ("sta…:291")."""
+    if len(text) <= n:
+        return text
+    func, _, line = text.rpartition(":")
+    if func and line.isdigit() and n - len(line) - 2 >= 2:
+        return f"{func[: n - len(line) - 2]}…:{line}"
+    return text[: n - 1] + "…"
+
+
+def _fit(label: str, nbytes: int | None, width_px: float) -> str:
+    """The longest label that fits ``width_px``, bytes kept as long as they fit: "label · size", then
+    "func:line · size", then "func:li… · size" (8 characters of the name at least), then "func:line"
+    alone, cut if need be; "" if not 3 characters fit."""
     n = int((width_px - 6) / CHAR_PX)
+    short = short_label(label)
+    if nbytes is None:
+        return _cut(label, n) if n >= 3 else ""
     size = format_bytes(nbytes, 2)
-    func = label.split(" (", 1)[0]
-    for text in (f"{label} · {size}", f"{func} · {size}", func):
+    for text in (f"{label} · {size}", f"{short} · {size}"):
         if len(text) <= n:
             return text
-    return label[: n - 2] + ".." if n >= 4 else ""
+    room = n - len(size) - 3
+    if room >= min(len(short), 8):
+        return f"{_cut(short, room)} · {size}"
+    return _cut(short, n) if n >= 3 else ""
 
 
 def _frames(node: FlameNode, x: float, depth: int, scale: float, total: int, out: list[str], stats: list[int]) -> None:
@@ -100,7 +128,7 @@ def _frames(node: FlameNode, x: float, depth: int, scale: float, total: int, out
     )
     if node.self_bytes and node.children:
         tip += f"\n{format_bytes(node.self_bytes, 2)} allocated in this frame itself"
-    text = _fit(node.name, node.total_bytes, w) if depth else _fit(node.name, 0, w).split(" · ")[0]
+    text = _fit(node.name, node.total_bytes if depth else None, w)
     weight = ' font-weight="bold"' if node.kind == "hook" else ""
     out.append(
         f'<g><title>{escape(tip)}</title><rect x="{x:.2f}" y="{y}" width="{w:.2f}" height="{ROW - 1}" '
@@ -148,7 +176,8 @@ def render_flame_svg(
     scale = (width - 2 * PAD) / total if total else 0.0
     body: list[str] = []
     stats = [0, 0]
-    root = dataclasses.replace(flame.root, name=f"all live memory: {format_bytes(total, 2)}")
+    what = "live memory" if flame.since_us is None else "allocated in the window and still live"
+    root = dataclasses.replace(flame.root, name=f"all {what}: {format_bytes(total, 2)}")
     if total:
         _frames(root, PAD, 0, scale, total, body, stats)
     height = _top() + max(stats[1], 1) * ROW + 2 * PAD + 18
@@ -163,7 +192,8 @@ def render_flame_svg(
         _legend(64),
         *body,
         f'<text x="{PAD}" y="{footer_y}" fill="#666" font-size="11">Width = bytes live at that moment; '
-        "root at the top, callers above callees. Hover a frame for its bytes and share. memtrace</text>",
+        "root at the top, callers above callees; name:line · bytes in each box, the full frame and "
+        "share on hover. memtrace</text>",
         "</svg>",
     ]
     out = Path(path)

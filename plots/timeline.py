@@ -38,16 +38,30 @@ FONT = 12.0
 
 @dataclass(frozen=True)
 class CrossingDrawn:
-    """The crossing the timeline annotated, in the units of the drawing and of the trace."""
+    """The crossing the timeline annotated (``analysis.crossing``), in the drawing's and the trace's units."""
 
-    curve: str
-    time_us: int
-    time_s: float  # seconds since the drawing's t0
+    curve: str  # "device_used" or "reserved"
+    time_us: int  # the first moment above the target
+    time_s: float  # the same, in seconds since the drawing's t0
     phase_path: str
-    value_bytes: int
+    at_cross_bytes: int  # the curve's value at the crossing
+    value_bytes: int  # the excursion's maximum
     value_us: int  # when the excursion reached value_bytes
     overshoot_bytes: int
     duration_us: int
+    until: str  # "dropped", "end" or "oom"
+    text: str
+
+
+@dataclass(frozen=True)
+class OomDrawn:
+    """The OOM marked on the timeline (``analysis.oom.find_oom``)."""
+
+    time_us: int
+    time_s: float
+    phase_path: str
+    requested_bytes: int
+    free_bytes: int | None
     text: str
 
 
@@ -64,6 +78,8 @@ class RankDrawn:
     annotation_corner: str  # where the crossing's text box went: "left", "center", "right", or ""
     lane_px_per_s: float = 0.0  # the scale the phase labels were laid out with
     lane_char_px: float = 0.0
+    oom: OomDrawn | None = None
+    annotation: str = ""  # the whole text of the annotation box
 
 
 @dataclass(frozen=True)
@@ -91,40 +107,67 @@ def duration_text(us: int) -> str:
     return f"{us / 1e6:.2f} s" if us < 10_000_000 else f"{us / 1e6:.1f} s"
 
 
+_UNTIL = {"dropped": "", "end": ", until the end of the recording", "oom": ", until the OOM"}
+
+
 def crossing_text(rank: RankTimeline, t0_us: int) -> CrossingDrawn | None:
-    """The annotation for the first crossing of ``rank``'s target, or None when it never crossed."""
+    """The annotation for the first crossing of ``rank``'s target, or None when it never crossed.
+
+    The crossing's moment and value, and the excursion's maximum (value and moment), are separate
+    lines; the other curve's crossing (or that it stayed below) follows.
+    """
     c = rank.first_crossing()
-    if c is None or rank.target_bytes is None:
+    if c is None:
         return None
-    what = "NVML device used" if c.curve == "device_used" else "PyTorch reserved"
-    lasting = duration_text(c.duration_us)
+    sec = (c.time_us - t0_us) / 1e6
     lines = [
-        f"first crossing of the target: {(c.time_us - t0_us) / 1e6:.3f} s",
-        f"in {_phase_name(c.phase_path) or '(no phase)'}",
-        f"{what}: {format_gib(c.value_bytes)}, {format_gib(c.overshoot_bytes)} over",
-        f"the {format_gib(rank.target_bytes)} target for {lasting}" + (" (until the end)" if c.ended_above else ""),
+        f"{c.name} crossed the {format_gib(c.target_bytes)} target",
+        f"at {sec:.3f} s in {_phase_name(c.phase_path) or '(no phase)'}: {format_gib(c.at_cross_bytes)}",
+        f"highest {format_gib(c.max_bytes)} (+{format_gib(c.overshoot_bytes)}) at {(c.max_us - t0_us) / 1e6:.3f} s",
+        f"above it for {duration_text(c.duration_us)}{_UNTIL[c.until]}",
     ]
-    other = [x for x in rank.summary.crossings if x is not c]
-    if other:
-        o = other[0]
-        name = "NVML device used" if o.curve == "device_used" else "PyTorch reserved"
-        lines.append(f"{name}: {format_gib(o.value_bytes)} (+{format_gib(o.overshoot_bytes)})")
+    other = rank.crossings.second if rank.crossings is not None else None
+    if other is not None:
+        lines.append(
+            f"{other.name} crossed at {(other.time_us - t0_us) / 1e6:.3f} s, highest "
+            f"{format_gib(other.max_bytes)} (+{format_gib(other.overshoot_bytes)})"
+        )
+    elif c.curve == "device_used":
+        top = rank.curves.reserved.window(rank.start_us, rank.oom.time_us if rank.oom else rank.end_us).peak_bytes
+        lines.append(f"PyTorch reserved stayed below it (highest {format_gib(top)})")
     return CrossingDrawn(
         curve=c.curve,
         time_us=c.time_us,
-        time_s=(c.time_us - t0_us) / 1e6,
+        time_s=sec,
         phase_path=c.phase_path,
-        value_bytes=c.value_bytes,
-        value_us=c.value_us,
+        at_cross_bytes=c.at_cross_bytes,
+        value_bytes=c.max_bytes,
+        value_us=c.max_us,
         overshoot_bytes=c.overshoot_bytes,
         duration_us=c.duration_us,
+        until=c.until,
         text="\n".join(lines),
     )
 
 
+def oom_text(rank: RankTimeline, t0_us: int) -> OomDrawn | None:
+    """The OOM's marker text: when, where, what was asked for and what was free."""
+    o = rank.oom
+    if o is None:
+        return None
+    sec = (o.time_us - t0_us) / 1e6
+    head = f"OUT OF MEMORY at {sec:.3f} s in {_phase_name(o.phase_path) or '(no phase)'}"
+    free = f"{format_gib(o.free_bytes)} free on the device" if o.free_bytes is not None else "free memory not recorded"
+    limited = o.total_bytes and rank.device_total_bytes and o.total_bytes < rank.device_total_bytes
+    detail = f"asked {format_gib(o.requested_bytes)}; " + (
+        f"limit {format_gib(o.total_bytes)}, {free}" if limited else free
+    )
+    return OomDrawn(o.time_us, sec, o.phase_path, o.requested_bytes, o.free_bytes, f"{head}\n{detail}")
+
+
 def _lane_rows(rank: RankTimeline) -> int:
     """Rows of the phase lane: one per depth, plus one for labels that fit nowhere else."""
-    return max([p.depth for p in rank.summary.phases], default=-1) + 2
+    return max([p.depth for p in rank.phases], default=-1) + 2
 
 
 def render_timeline(
@@ -159,14 +202,14 @@ def render_timeline(
             lane_ax = fig.add_subplot(gs[3 * i + 1, 0], sharex=share)
             main_ax = fig.add_subplot(gs[3 * i + 2, 0], sharex=share)
             main_axes.append(main_ax)
-            crossing = crossing_text(rank, t0)
+            crossing, oom = crossing_text(rank, t0), oom_text(rank, t0)
             window = zoom_window(rank)
             px_per_s = lane_ax.get_window_extent().width / max((t_end - t0) / 1e6, 1e-6)
             char_px = LABEL_PT * DPI / 72 * 0.6  # DejaVu Sans: about 0.55-0.6 em a glyph
             # overflow labels may run into the right margin, never past the figure's edge
             x_max = (fig.bbox.width - lane_ax.get_window_extent().x0) / px_per_s
             labels = draw_lane(lane_ax, rank, t0, px_per_s, char_px, len(ranks) > 1, x_max=x_max)
-            corner = draw_main(main_ax, rank, t0, t_end, crossing, capacities, window, handles)
+            corner = draw_main(main_ax, rank, t0, t_end, crossing, capacities, window, handles, oom)
             draw_zoom(fig.add_subplot(gs[3 * i + 2, 1]), rank, t0, window, crossing)
             lane_ax.set_xlim((0, (t_end - t0) / 1e6))
             drawn.append(
@@ -180,6 +223,8 @@ def render_timeline(
                     corner,
                     px_per_s,
                     char_px,
+                    oom,
+                    "\n".join(d.text for d in (crossing, oom) if d is not None),
                 )
             )
         main_axes[-1].set_xlabel("seconds since start")
@@ -187,7 +232,7 @@ def render_timeline(
             ax.tick_params(labelbottom=False)
         if "target" in handles and len({(r.util, r.capacity_bytes) for r in ranks}) > 1:
             handles["target"] = (handles["target"][0], "utilization target (each rank's own)")
-        _legend(fig, handles)
+        _legend(fig, handles, _legend_rows(ranks))
         fig.suptitle(title or "GPU memory during start-up", x=0.06, ha="left", fontsize=FONT + 3, fontweight="bold")
         out = Path(path)
         fig.savefig(out, dpi=DPI, format=out.suffix.lstrip(".").lower() or "png")
@@ -195,10 +240,17 @@ def render_timeline(
     return TimelineDrawn(out, t0, drawn)
 
 
-LEGEND_ROWS = 3
+LEGEND_ROWS = 3  # 4 when an OOM adds its entry
 RANK_GAP_IN = 0.45
 TITLE_IN = 0.55
-LEGEND_IN = 0.5 + 0.27 * LEGEND_ROWS  # the x-axis label, then the legend's rows
+
+
+def _legend_rows(ranks: list[RankTimeline]) -> int:
+    return LEGEND_ROWS + (1 if any(r.oom is not None for r in ranks) else 0)
+
+
+def _legend_in(rows: int) -> float:
+    return 0.55 + 0.3 * rows  # the x-axis label, then the legend's rows
 
 
 def _figure(plt, ranks: list[RankTimeline]):
@@ -207,7 +259,8 @@ def _figure(plt, ranks: list[RankTimeline]):
     for i, r in enumerate(ranks):
         # a spacer row above every rank but the first keeps the zoom's axis label off the next lane
         heights += [RANK_GAP_IN if i else 0.01, max(_lane_rows(r), 1) * LANE_ROW_IN + 0.08, MAIN_H_IN]
-    fig_h = sum(heights) + LEGEND_IN + TITLE_IN + 0.45 * len(ranks)
+    legend_in = _legend_in(_legend_rows(ranks))
+    fig_h = sum(heights) + legend_in + TITLE_IN + 0.45 * len(ranks)
     fig = plt.figure(figsize=(WIDTH_IN, fig_h), dpi=DPI)
     gs = fig.add_gridspec(
         3 * len(ranks),
@@ -217,22 +270,22 @@ def _figure(plt, ranks: list[RankTimeline]):
         left=0.06,
         right=0.95,
         top=1 - TITLE_IN / fig_h,
-        bottom=LEGEND_IN / fig_h,
+        bottom=legend_in / fig_h,
         hspace=0.12,
         wspace=0.34,  # room for the target/capacity labels right of the main plot
     )
     return fig, gs
 
 
-def _legend(fig, handles: dict) -> None:
+def _legend(fig, handles: dict, rows: int = LEGEND_ROWS) -> None:
     """One legend for all ranks, below the plots, in a fixed order."""
-    order = [*CATEGORIES, "non_torch", "reserved", "device_used", "target", "capacity", "what-if"]
+    order = [*CATEGORIES, "non_torch", "reserved", "device_used", "target", "capacity", "what-if", "oom"]
     items = [handles[k] for k in order if k in handles]
     fig.legend(
         [h for h, _ in items],
         [label for _, label in items],
         loc="lower center",
-        ncol=-(-len(items) // LEGEND_ROWS),
+        ncol=-(-len(items) // rows),
         frameon=False,
         fontsize=FONT - 1,
         bbox_to_anchor=(0.5, 0.005),

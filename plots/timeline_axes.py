@@ -34,6 +34,7 @@ LABELS = {
 }
 NON_TORCH = "#E8A0A0"
 TARGET = "#C62828"
+OOM_COLOR = "#4A0000"
 N_BUCKETS = 2400
 LANE_COLORS = ("#DDE3EA", "#C9D3DE")
 DPI_HINT = 110  # the renderer's dpi, for sizing text before drawing
@@ -55,6 +56,8 @@ def zoom_window(rank: RankTimeline) -> tuple[int, int]:
     c = rank.first_crossing()
     if c is not None:
         a, b = c.time_us, c.time_us + min(max(c.duration_us, 1), run // 10)
+    elif rank.oom is not None:  # nothing crossed, but it died: look at the moment it died
+        a = b = rank.oom.time_us
     else:
         res = rank.curves.reserved
         pi = max(res.peak_index, 0)
@@ -73,11 +76,8 @@ def draw_lane(
 ) -> list[PhaseLabel]:
     """Phase bars, one row per depth (outermost on top), with labels that do not overlap; labels
     that fit nowhere in their row go to an overflow row on top, with a leader line to their bar."""
-    rows = max([p.depth for p in rank.summary.phases], default=-1) + 1
-    bars = [
-        PhaseBar(p.path, p.name, p.depth, float(_s(p.start_us, t0)), float(_s(p.end_us, t0)))
-        for p in rank.summary.phases
-    ]
+    rows = max([p.depth for p in rank.phases], default=-1) + 1
+    bars = [PhaseBar(p.path, p.name, p.depth, float(_s(p.start_us, t0)), float(_s(p.end_us, t0))) for p in rank.phases]
     for i, b in enumerate(sorted(bars, key=lambda b: (b.depth, b.start_s))):
         y = rows - 1 - b.depth
         ax.broken_barh([(b.start_s, max(b.end_s - b.start_s, 0))], (y + 0.08, 0.84), color=LANE_COLORS[i % 2])
@@ -216,22 +216,21 @@ def _box_corner(rank: RankTimeline, t0: int, xmax_s: float, box_frac: float) -> 
     return best, best_top
 
 
-def _annotate_crossing(ax, rank, t0, xmax_s, crossing, ymax: float, line_tops: list[float]) -> tuple[str, float]:
-    """Mark the crossing and put its text box in the emptiest top corner; returns (corner, new ymax)."""
-    lines = crossing.text.split("\n")
+def _annotate(ax, rank, t0, xmax_s, text: str, anchor: tuple[float, float], ymax: float, line_tops: list[float]):
+    """Put the annotation box in the emptiest top corner, its arrow to ``anchor``; returns (corner, new ymax)."""
+    lines = text.split("\n")
     ext = ax.get_window_extent()
     char_px, line_px = LABEL_PT * DPI_HINT / 72 * 0.58, LABEL_PT * DPI_HINT / 72 * 1.3
     box_frac = (max(len(x) for x in lines) * char_px + 20) / max(ext.width, 1.0)
     box_hfrac = (len(lines) * line_px + 16) / max(ext.height, 1.0)
     corner, data_top = _box_corner(rank, t0, xmax_s, box_frac)
-    top = max([data_top, *line_tops])  # the target/capacity lines run under the whole width
+    # the box may hide a stretch of the target/capacity lines (they run the whole width and are
+    # labelled in the margin), never data; lines far below the data's top still count
+    top = max([data_top, *[y for y in line_tops if y <= data_top * 1.05]])
     ymax = max(ymax, top / max(1.0 - box_hfrac - 0.05, 0.3))
-    x, y = float(_s(crossing.value_us, t0)), float(_g(crossing.value_bytes))
-    ax.axvline(x, color=TARGET, lw=1.0, alpha=0.7, ls="-.")
-    ax.plot([x], [y], marker="v", color=TARGET, ms=8, zorder=5)
     ax.annotate(
-        crossing.text,
-        (x, y),
+        text,
+        anchor,
         xytext=({"left": 0.01, "center": 0.5, "right": 0.99}[corner], 0.97),
         textcoords="axes fraction",
         ha=corner,
@@ -245,8 +244,27 @@ def _annotate_crossing(ax, rank, t0, xmax_s, crossing, ymax: float, line_tops: l
     return corner, ymax
 
 
-def draw_main(ax, rank, t0, t_end, crossing, capacities, window, handles) -> str:
-    """The main plot; returns where the crossing's annotation box went ("" when none)."""
+def _oom_point(rank: RankTimeline, t0: int) -> tuple[float, float]:
+    """Where the OOM marker goes: at the OOM's moment, on device used (when sampled) or reserved."""
+    t = rank.oom.time_us
+    curve = rank.curves.device_used if rank.curves.has_device else rank.curves.reserved
+    return float(_s(t, t0)), float(_g(max(curve.at(t), rank.curves.reserved.at(t))))
+
+
+def _mark_oom(ax, rank: RankTimeline, t0: int, t_end: int, handles: dict | None) -> None:
+    """The OOM: a solid line at its moment, a cross on the curve, and the time after it greyed out
+    (the run was dead or dying: nothing drawn there is part of the start-up)."""
+    x, y = _oom_point(rank, t0)
+    if rank.oom.time_us < t_end:
+        ax.axvspan(x, _s(t_end, t0), color="#9E9E9E", alpha=0.22, lw=0, zorder=4, hatch="\\\\")
+    line = ax.axvline(x, color=OOM_COLOR, lw=1.6, zorder=5)
+    ax.plot([x], [y], marker="X", color=OOM_COLOR, ms=10, mec="white", mew=0.8, zorder=7)
+    if handles is not None:
+        handles.setdefault("oom", (line, "out of memory (after it: grey)"))
+
+
+def draw_main(ax, rank, t0, t_end, crossing, capacities, window, handles, oom=None) -> str:
+    """The main plot; returns where the annotation box went ("" when none)."""
     _stack(ax, rank, t0, rank.start_us, rank.end_us, N_BUCKETS, handles)
     _lines(ax, rank, t0, rank.start_us, rank.end_us, N_BUCKETS, handles)
     hl = _hlines(ax, rank, capacities, handles)
@@ -256,15 +274,26 @@ def draw_main(ax, rank, t0, t_end, crossing, capacities, window, handles) -> str
     peaks += [rank.target_bytes or 0, *capacities]
     xmax_s = (t_end - t0) / 1e6
     ax.set_xlim(0, xmax_s)
-    for p in rank.summary.phases:
+    for p in rank.phases:
         if p.depth == 0:
             ax.axvline(_s(p.start_us, t0), color="#999999", lw=0.6, alpha=0.6, zorder=0)
     ax.set_ylabel("GiB")
     ax.grid(axis="y", alpha=0.3)
     ymax = float(_g(max(peaks))) * 1.08 or 1.0
-    corner = ""
     if crossing is not None:
-        corner, ymax = _annotate_crossing(ax, rank, t0, xmax_s, crossing, ymax, [y for y, _, _ in hl])
+        ax.axvline(crossing.time_s, color=TARGET, lw=1.0, alpha=0.7, ls="-.")
+        ax.plot([_s(crossing.value_us, t0)], [_g(crossing.value_bytes)], marker="v", color=TARGET, ms=8, zorder=5)
+    if oom is not None:
+        _mark_oom(ax, rank, t0, rank.end_us, handles)
+    texts = [d.text for d in (crossing, oom) if d is not None]
+    corner = ""
+    if texts:
+        anchor = (
+            (float(_s(crossing.value_us, t0)), float(_g(crossing.value_bytes)))
+            if crossing is not None
+            else _oom_point(rank, t0)
+        )
+        corner, ymax = _annotate(ax, rank, t0, xmax_s, "\n".join(texts), anchor, ymax, [y for y, _, _ in hl])
     ax.set_ylim(0, ymax)
     height_px = ax.get_window_extent().height
     _label_hlines(ax, hl, ymax, max(height_px, 1.0))
@@ -280,7 +309,12 @@ def draw_zoom(ax, rank: RankTimeline, t0: int, window: tuple[int, int], crossing
 
     lo, hi = window
     res = rank.curves.reserved
-    origin = crossing.time_us if crossing is not None else int(res.time_us[max(res.peak_index, 0)])
+    if crossing is not None:
+        origin = crossing.time_us
+    elif rank.oom is not None:
+        origin = rank.oom.time_us
+    else:
+        origin = int(res.time_us[max(res.peak_index, 0)])
     _stack(ax, rank, t0, lo, hi, 600, None)
     _lines(ax, rank, t0, lo, hi, 600, None)
     in_s = hi - lo > 5_000_000
@@ -312,9 +346,10 @@ def draw_zoom(ax, rank: RankTimeline, t0: int, window: tuple[int, int], crossing
         ax.axvline(crossing.time_s, color=TARGET, lw=1.0, alpha=0.7, ls="-.")
         ax.plot([_s(crossing.value_us, t0)], [_g(crossing.value_bytes)], marker="v", color=TARGET, ms=8)
         ax.text(0.02, 0.97, format_gib(crossing.value_bytes), transform=ax.transAxes, va="top", color=TARGET)
-    else:
+    elif rank.oom is None:
         ax.text(0.02, 0.97, f"peak {format_gib(res.peak_bytes)}", transform=ax.transAxes, va="top")
-    ax.set_title(
-        "zoom: first crossing" if crossing is not None else "zoom: peak reserved", fontsize="medium", loc="left"
-    )
+    if rank.oom is not None and lo <= rank.oom.time_us <= hi:
+        _mark_oom(ax, rank, t0, hi, None)
+    title = "zoom: first crossing" if crossing is not None else "zoom: the OOM" if rank.oom else "zoom: peak reserved"
+    ax.set_title(title, fontsize="medium", loc="left")
     ax.set_facecolor("#FFFBEA")

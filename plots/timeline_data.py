@@ -1,7 +1,13 @@
 """What the timeline draws for one process, gathered from the analysis (no drawing here).
 
-``prepare_rank(trace)`` runs the analyses once (curves, categories, summary) and keeps the results
-a renderer needs, so ``timeline.render_timeline`` never touches a Trace's events itself.
+``prepare_rank(trace, target)`` runs the analyses once and keeps what a renderer needs, so
+``timeline.render_timeline`` never touches a Trace's events itself:
+
+- the curves and the categories of allocated memory (``analysis.curves``, ``analysis.categories``);
+- the phases (``analysis.phases.phase_stats``);
+- the target and the card (``analysis.target.resolve_target``: the one resolver every output uses);
+- the OOM the run died of (``analysis.oom.find_oom``) and the first crossing of the target, read up
+  to that OOM (``analysis.crossing``: the one definition report and plot share).
 """
 
 from __future__ import annotations
@@ -9,11 +15,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..analysis.categories import categorize, category_curves
+from ..analysis.crossing import Crossings, Excursion, crossings
 from ..analysis.curves import Curve, Curves, all_curves
 from ..analysis.live import lifetimes
-from ..analysis.phases import recording_span
-from ..analysis.summary import Crossing, Summary, summarize
-from ..model import FACT_UTIL, Trace
+from ..analysis.oom import Oom, find_oom
+from ..analysis.phases import PhaseStats, phase_stats, recording_span
+from ..analysis.target import Target, resolve_target
+from ..model import Trace
 
 
 @dataclass(frozen=True)
@@ -23,47 +31,56 @@ class RankTimeline:
     label: str
     curves: Curves
     categories: dict[str, Curve]
-    summary: Summary
+    phases: list[PhaseStats]
     start_us: int
     end_us: int
-    capacity_bytes: int | None  # the card's memory: facts["capacity_bytes"] (a run that stood for a
-    # smaller card, e.g. with a per-process memory fraction), else the device's physical memory
-    util: float | None  # --gpu-memory-utilization, when recorded
+    target: Target
+    crossings: Crossings | None
+    oom: Oom | None
+    device_total_bytes: int | None = None  # the physical device (an OOM's limit may be lower)
 
     @property
     def target_bytes(self) -> int | None:
-        return self.summary.target_bytes
+        return self.target.target_bytes
 
-    def first_crossing(self) -> Crossing | None:
-        """The earliest crossing of the target (NVML device-used or PyTorch reserved); on a tie, the
-        exact one (reserved)."""
-        if not self.summary.crossings:
-            return None
-        return min(self.summary.crossings, key=lambda c: (c.time_us, c.curve != "reserved"))
+    @property
+    def capacity_bytes(self) -> int | None:
+        """The card: ``--total``, the card the run stood for, else the device (``Target.capacity_bytes``)."""
+        return self.target.capacity_bytes
 
+    @property
+    def util(self) -> float | None:
+        return self.target.util
 
-def card_capacity(trace: Trace) -> int | None:
-    """The card's memory: facts["capacity_bytes"] (a run standing for a smaller card), else the device's."""
-    stood_for = trace.facts.get("capacity_bytes")
-    if isinstance(stood_for, (int, float)) and stood_for > 0:
-        return int(stood_for)
-    return trace.process.device_total_bytes
+    def first_crossing(self) -> Excursion | None:
+        """The crossing the figure names (``Crossings.first``: device used when sampled, else reserved)."""
+        return self.crossings.first if self.crossings is not None else None
 
 
-def prepare_rank(trace: Trace, target_bytes: int | None = None) -> RankTimeline:
-    """Run the analyses the timeline needs on ``trace`` (``target_bytes`` overrides the recorded one)."""
+def prepare_rank(trace: Trace, target_bytes: int | None = None, *, target: Target | None = None) -> RankTimeline:
+    """Run the analyses the timeline needs on ``trace``.
+
+    Args:
+        trace: the trace.
+        target_bytes: an explicit target (``--target``), resolved with the trace's card.
+        target: an already resolved target (``resolve_target(trace, **target_args(args))``); wins over
+            ``target_bytes``. Default: the recorded one.
+    """
+    if target is None:
+        target = resolve_target(trace, target_bytes=target_bytes)
     curves = all_curves(trace)
-    summary = summarize(trace, target_bytes, curves=curves, top=5)
     cats = category_curves(trace, categorize(trace, lifetimes(trace)))
     start, end = recording_span(trace)
-    util = trace.facts.get(FACT_UTIL)
+    oom = find_oom(trace)
     return RankTimeline(
         label=trace.label,
         curves=curves,
         categories=cats,
-        summary=summary,
+        phases=phase_stats(trace, curves),
         start_us=start,
         end_us=max(end, start + 1),
-        capacity_bytes=card_capacity(trace),
-        util=float(util) if util is not None else None,
+        target=target,
+        crossings=crossings(trace, curves, target.target_bytes, oom_us=oom.time_us if oom else None),
+        oom=oom,
+        device_total_bytes=trace.process.device_total_bytes,
     )

@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import synthetic_startup
-from memtrace.analysis.summary import summarize
+from memtrace.analysis.phases import phase_stats
 from memtrace.cli import main
 from memtrace.model import Trace
 from memtrace.plots.downsample import bucket_indices, thin_step
@@ -52,17 +52,19 @@ def drawn(startup, tmp_path_factory):
 
 def test_crossing_is_annotated_at_its_time_phase_peak_and_overshoot(drawn):
     c = drawn.ranks[0].crossing
-    assert c.curve == "reserved"
+    assert c.curve == "device_used"  # sampled: what the card sees is named first
     assert c.time_s == pytest.approx(18.0)
     assert c.phase_path == "determine_available_memory/profile_run"
-    assert c.value_bytes == 24 * GiB + 4 * GiB + 14 * GiB + 2560 * MiB + 20 * MiB  # + 40 cached 64 MiB segments
-    assert c.overshoot_bytes == c.value_bytes - int(48 * GiB * 0.92)
-    assert c.duration_us == 35_000
-    assert c.text.splitlines()[:4] == [
-        "first crossing of the target: 18.000 s",
-        "in determine_available_memory/profile_run",
-        "PyTorch reserved: 44.52 GiB, 0.36 GiB over",
-        "the 44.16 GiB target for 35 ms",
+    target = int(48 * GiB * 0.92)
+    assert c.overshoot_bytes == c.value_bytes - target
+    assert c.duration_us == 35_000 and c.until == "dropped"
+    reserved = 24 * GiB + 4 * GiB + 14 * GiB + 2560 * MiB + 20 * MiB  # + 40 cached 64 MiB segments
+    assert c.text.splitlines() == [
+        "NVML device used crossed the 44.16 GiB target",
+        "at 18.000 s in determine_available_memory/profile_run: 45.35 GiB",
+        "highest 45.35 GiB (+1.19 GiB) at 18.000 s",
+        "above it for 35 ms",
+        f"PyTorch reserved crossed at 18.000 s, highest 44.52 GiB (+{(reserved - target) / GiB:.2f} GiB)",
     ]
 
 
@@ -85,7 +87,7 @@ def test_the_png_is_issue_sized(drawn):
 
 def test_every_phase_gets_a_label_and_no_two_labels_of_a_row_overlap(drawn, startup):
     labels = drawn.ranks[0].phase_labels
-    assert {lab.path for lab in labels} == {p.path for p in summarize(startup).phases}
+    assert {lab.path for lab in labels} == {p.path for p in phase_stats(startup)}
     _assert_no_overlap(labels, drawn.ranks[0].lane_px_per_s, drawn.ranks[0].lane_char_px)
 
 
@@ -168,7 +170,8 @@ def test_plot_cli_default_name_no_overwrite_then_force(run_dir, tmp_path, monkey
         (["--rank", "5"], "has no rank 5"),
         (["--target", "lots"], "cannot read size"),
         (["--capacity", "16GiB,x"], "cannot read size"),
-        (["-o", "t.jpg"], "must end in .png, .svg"),
+        (["-o", "t.jpg"], "this format writes .png or .svg or .pdf files"),
+        (["-o", "missing/deep/t.png"], "folder missing/deep does not exist"),
     ],
 )
 def test_plot_cli_bad_input_is_one_line_exit_2(run_dir, tmp_path, monkeypatch, capsys, argv, message):
@@ -186,26 +189,33 @@ def test_plot_cli_on_a_run_without_events_is_exit_2(tmp_path, capsys):
 
 
 @pytest.mark.parametrize("path", _real_traces(), ids=lambda p: str(p.relative_to(TESTS / "data")))
-def test_real_trace_crossing_annotation_matches_the_summary(path, tmp_path):
+def test_real_trace_crossing_annotation_is_the_shared_definition(path, tmp_path):
+    from memtrace.analysis.crossing import crossings
+    from memtrace.analysis.curves import all_curves
+    from memtrace.analysis.oom import find_oom
+    from memtrace.analysis.target import resolve_target
     from memtrace.store import load_trace
 
     trace = load_trace(path)
     if not len(trace.events):
         pytest.skip("no allocator events (CPU-only worker)")
-    rank = prepare_rank(trace)
-    d = render_timeline([rank], tmp_path / "t.png")
-    s = summarize(trace)
+    d = render_timeline([prepare_rank(trace)], tmp_path / "t.png")
+    oom = find_oom(trace)
+    cr = crossings(trace, all_curves(trace), resolve_target(trace).target_bytes, oom_us=oom.time_us if oom else None)
     c = d.ranks[0].crossing
-    if not s.crossings:
+    if cr is None or cr.first is None:
         assert c is None
         return
-    first = min(s.crossings, key=lambda x: (x.time_us, x.curve != "reserved"))
-    assert (c.time_us, c.phase_path, c.value_bytes, c.overshoot_bytes) == (
+    first = cr.first
+    assert (c.curve, c.time_us, c.phase_path, c.value_bytes, c.value_us, c.overshoot_bytes) == (
+        first.curve,
         first.time_us,
         first.phase_path,
-        first.value_bytes,
+        first.max_bytes,
+        first.max_us,
         first.overshoot_bytes,
     )
+    assert c.curve == ("device_used" if len(trace.samples) and cr.device_used else "reserved")
     lo, hi = d.ranks[0].zoom_us
     assert lo <= c.time_us <= hi
     _assert_no_overlap(d.ranks[0].phase_labels, d.ranks[0].lane_px_per_s, d.ranks[0].lane_char_px)

@@ -66,6 +66,7 @@ class Flame:
     event_index: int | None  # the state right after this event, when the moment is an event
     root: FlameNode
     stacks: dict[tuple[str, ...], int]  # root→leaf frame labels -> bytes (the folded form)
+    since_us: int | None = None  # only allocations made at or after this moment (None: every live one)
 
     @property
     def total_bytes(self) -> int:
@@ -198,7 +199,9 @@ def build_tree(paths: dict[tuple[str, ...], int], counts: dict[tuple[str, ...], 
     return root
 
 
-def flame_at(trace: Trace, t_us: int | None = None, *, event_index: int | None = None) -> Flame:
+def flame_at(
+    trace: Trace, t_us: int | None = None, *, event_index: int | None = None, since_us: int | None = None
+) -> Flame:
     """The live allocations at ``t_us`` (or right after event ``event_index``) as a flame tree.
 
     Args:
@@ -206,14 +209,18 @@ def flame_at(trace: Trace, t_us: int | None = None, *, event_index: int | None =
         t_us: a Unix-epoch microsecond; every event at or before it has happened.
         event_index: instead, the state right after ``trace.events[event_index]``: use
             ``summary.peak.event_index`` for the exact peak when several events share its microsecond.
+        since_us: keep only allocations made at or after this moment: what a phase or a window
+            *added and still held* (blocks from before recording never count).
     """
     lt = lifetimes(trace)
     live = live_allocations_at(trace, t_us, event_index=event_index, lt=lt)
+    if since_us is not None:
+        live = [a for a in live if a.alloc_us is not None and a.alloc_us >= since_us]
     if t_us is None:
         ev = trace.events
         t_us = int(ev["time_us"][event_index]) if event_index is not None and 0 <= event_index < len(ev) else 0
     paths, counts = stack_paths(trace, live)
-    return Flame(time_us=int(t_us), event_index=event_index, root=build_tree(paths, counts), stacks=paths)
+    return Flame(int(t_us), event_index, build_tree(paths, counts), paths, since_us)
 
 
 def peak_event_index(allocated: Curve, reserved: Curve) -> int:

@@ -2,137 +2,93 @@
 
 The widest frames are the code that allocated the memory live at that moment; FlashInfer's
 workspace allocators appear as frames of their own ("[hook] allocate_sm120_dynamic_workspace").
+Every box says its function, line and bytes, without hovering.
+
 --at picks the moment: "peak" (the peak of reserved memory, with the allocation that caused it),
-a number of seconds since the start, or a phase (its name or path: the moment of its highest
-allocated memory). The SVG needs no network; --format folded writes "frame;frame bytes" lines for
-speedscope or flamegraph.pl, which add up to the live bytes exactly.
+"oom" (right before the failed allocation), a time since the start (7.05, 7.05s, 7050ms, 7050000us),
+or a phase (its name or path: the moment of its highest allocated memory).
+--added keeps only what the phase of that moment allocated and still held then (profile_run's
+activations, capture's CUDA-graph pools); --since PHASE|TIME keeps what was allocated from then on.
+
+-f/--format svg (default) or folded: "frame;frame bytes" lines for speedscope or flamegraph.pl,
+which add up to the live bytes exactly. The SVG needs no network.
 
   memtrace flame RUN                         # writes <run>-flame.svg at the peak
-  memtrace flame RUN --at profile_run --format folded -o profile.folded
-  memtrace flame RUN --at 18.25 --rank 1
+  memtrace flame RUN --at profile_run --added
+  memtrace flame RUN --at oom -f folded      # writes <run>-flame.folded
+  memtrace flame RUN --at 7050ms --rank 1
 """
 
 from __future__ import annotations
 
 import argparse
-import math
 import sys
-from dataclasses import dataclass
 
 NAME = "flame"
 ORDER = 31
 SUFFIX = {"svg": "-flame.svg", "folded": "-flame.folded"}
+SUFFIXES = {"svg": (".svg",), "folded": (".folded", ".txt")}
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("run_path", metavar="RUN", help="run directory or .memtrace file")
-    p.add_argument("--at", default="peak", metavar="peak|SECONDS|PHASE", help="the moment to show (default: peak)")
+    from ._runs import add_input
+
+    add_input(p)
+    p.add_argument("--at", default="peak", metavar="peak|oom|TIME|PHASE", help="the moment to show (default: peak)")
+    window = p.add_mutually_exclusive_group()
+    window.add_argument("--added", action="store_true", help="only what the moment's phase allocated and still held")
+    window.add_argument("--since", metavar="PHASE|TIME", help="only what was allocated from then on and still held")
     p.add_argument("-o", "--output", metavar="FILE", help="file to write (default: <run>-flame.svg or .folded)")
     p.add_argument("-f", "--format", choices=sorted(SUFFIX), default=None, help="svg (default) or folded")
     p.add_argument("--rank", type=int, default=None, help="the rank to show (default: the one with the highest peak)")
-    p.add_argument("--force", action="store_true", help="replace FILE if it exists")
+    p.add_argument("--force", action="store_true", help="replace FILE if it exists (never an input)")
 
 
-@dataclass(frozen=True)
-class Moment:
-    """The moment a flame graph shows: the state right after ``event_index``, or at ``time_us``."""
+def _format(args: argparse.Namespace) -> str:
+    from pathlib import Path
 
-    time_us: int
-    event_index: int | None
-    what: str  # "the peak", "18.250 s", "the fullest moment of profile_run"
-    phase_path: str
-
-
-def resolve_moment(trace, curves, at: str) -> Moment:
-    """Read --at for ``trace``: "peak", seconds since the start, or a phase name/path; UsageError otherwise."""
-    from ..analysis.flame import peak_event_index, window_peak_event_index
-    from ..analysis.phases import path_at, phase_path, phase_stats, recording_span
-    from ..errors import UsageError
-
-    start, end = recording_span(trace)
-    ev_time = trace.events["time_us"]
-
-    def at_event(k: int, what: str) -> Moment:
-        t = int(ev_time[k]) if k >= 0 else start
-        return Moment(t, k, what, path_at(trace, t))
-
-    text = at.strip()
-    if text.lower() == "peak":
-        return at_event(peak_event_index(curves.allocated, curves.reserved), "the peak")
-    try:
-        seconds = float(text.removesuffix("s"))
-        seconds = seconds if math.isfinite(seconds) else None
-    except ValueError:
-        seconds = None
-    if seconds is not None:
-        t = start + round(seconds * 1e6)
-        if not start <= t <= end:
-            raise UsageError(f"--at {at}: the run lasts {(end - start) / 1e6:.3f} s; give seconds from 0 to that")
-        return Moment(t, None, f"{seconds:.3f} s", path_at(trace, t))
-    matches = [s for s in phase_stats(trace, curves) if text in (s.name, s.path)]
-    if not matches:
-        names = sorted({phase_path(trace, i) for i in range(len(trace.phases))})
-        known = ", ".join(names[:12]) + (" ..." if len(names) > 12 else "") if names else "none recorded"
-        raise UsageError(f"--at {at}: no such phase; use peak, seconds, or one of: {known}")
-    best = max(matches, key=lambda s: (s.peak_allocated_bytes, -s.start_us))
-    k = window_peak_event_index(curves.allocated, best.start_us, best.end_us)
-    m = at_event(k, f"the fullest moment of {best.path}")
-    return Moment(max(m.time_us, best.start_us), k, m.what, best.path)
-
-
-def _pick_trace(traces, rank):
-    if rank is not None or len(traces) == 1:
-        return traces[0]
-    from ..analysis.curves import reserved_curve
-
-    return max(traces, key=lambda t: reserved_curve(t).peak_bytes)
+    if args.format is not None:
+        return args.format
+    suffix = Path(args.output).suffix.lower() if args.output else ""
+    return "folded" if suffix in SUFFIXES["folded"] else "svg"
 
 
 def run(args: argparse.Namespace) -> int:
-    from pathlib import Path
-
     from ..analysis.curves import all_curves
     from ..analysis.flame import flame_at
-    from ..analysis.summary import resolve_target
+    from ..analysis.moment import resolve_moment, with_since
+    from ..outputs import atomic_write, output_file, run_name
+    from ..progress import task
     from ..units import format_gib
-    from ._runs import load_with_progress, select
-    from .plot import output_path, with_events
+    from ._runs import load_args, select
+    from .plot import with_events
 
-    fmt = args.format
-    if fmt is None:
-        fmt = "folded" if args.output and Path(args.output).suffix.lower() in (".folded", ".txt") else "svg"
-    traces = with_events(select(load_with_progress(args.run_path), args.rank), args.run_path, "show")
-    trace = _pick_trace(traces, args.rank)
-    curves = all_curves(trace)
-    moment = resolve_moment(trace, curves, args.at)
-    out = output_path(args.run_path, args.output, args.force, SUFFIX[fmt])
-    flame = flame_at(trace, moment.time_us if moment.event_index is None else None, event_index=moment.event_index)
-    if fmt == "folded":
-        from ..plots.folded import render_folded
-
-        render_folded(flame, out)
-    else:
-        from ..analysis.phases import recording_span
-        from ..plots.flame_svg import render_flame_svg
-
-        start, _ = recording_span(trace)
-        secs = (moment.time_us - start) / 1e6
-        k = moment.event_index
-        reserved = curves.reserved.bytes[k + 1] if k is not None else curves.reserved.at(moment.time_us)
-        target, _ = resolve_target(trace, None)
-        sub = [trace.label, f"{format_gib(flame.total_bytes)} allocated", f"reserved {format_gib(int(reserved))}"]
-        if target is not None:
-            sub.append(f"target {format_gib(target)}")
-        if trace.recording.stacks == "none":
-            sub.append("no Python stacks recorded: grouped by phase")
-        sub.append(Path(args.run_path.rstrip("/")).name)
-        render_flame_svg(
-            flame,
-            out,
-            title=f"Live GPU memory at {moment.what}: {secs:.3f} s"
-            + ("" if moment.what.endswith(moment.phase_path) else f", in {moment.phase_path or 'no phase'}"),
-            subtitle=" · ".join(sub),
+    fmt = _format(args)
+    out = output_file(args.run_path, args.output, default_suffix=SUFFIX[fmt], suffixes=SUFFIXES[fmt], force=args.force)
+    traces = with_events(select(load_args(args), args.rank), args.run_path, "show")
+    curves_of = {id(t): all_curves(t) for t in traces}
+    trace = traces[0] if len(traces) == 1 else max(traces, key=lambda t: curves_of[id(t)].reserved.peak_bytes)
+    curves = curves_of[id(trace)]
+    moment = with_since(trace, curves, resolve_moment(trace, curves, args.at), args.since, args.added)
+    with task(f"Drawing {out}", total=None):
+        flame = flame_at(
+            trace,
+            moment.time_us if moment.event_index is None else None,
+            event_index=moment.event_index,
+            since_us=moment.since_us,
         )
-    print(f"memtrace: {trace.label}: {format_gib(flame.total_bytes)} live at {moment.what}", file=sys.stderr)
+        with atomic_write(out) as tmp:
+            if fmt == "folded":
+                from ..plots.folded import render_folded
+
+                render_folded(flame, tmp)
+            else:
+                from ..plots.flame_svg import render_flame_svg
+                from ..plots.titles import flame_titles
+
+                title, subtitle = flame_titles(trace, curves, flame, moment, fallback=run_name(args.run_path))
+                render_flame_svg(flame, tmp, title=title, subtitle=subtitle)
+    held = f"added since {moment.since_what} and live" if moment.since_us is not None else "live"
+    print(f"memtrace: {trace.label}: {format_gib(flame.total_bytes)} {held} at {moment.what}", file=sys.stderr)
     print(f"memtrace: wrote {out}", file=sys.stderr)
     return 0

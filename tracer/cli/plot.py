@@ -1,21 +1,21 @@
-"""Draw the start-up timeline: memory by category, the target, and the moment it was crossed.
+"""Draw the start-up timeline: memory by category, the target, the first crossing and the OOM.
 
 The image shows PyTorch allocated memory stacked by category (weights, KV cache, FlashInfer
 workspace, CUDA-graph pools, activations), the reserved and NVML device-used lines with the
 non-PyTorch memory between them, the phases, the --gpu-memory-utilization target and the card's
-capacity, and the first crossing of the target, annotated and zoomed. One panel per rank.
+capacity, the first crossing of the target (its moment, and the excursion's maximum) and the OOM
+the run died of (the failed request and the free memory; the time after it greyed out), annotated
+and zoomed. One panel per rank. The title names the model, vLLM version and GPU the trace recorded.
 
   memtrace plot RUN                       # writes <run>-timeline.png
   memtrace plot RUN -o timeline.svg --capacity 16GiB,32GiB
-  memtrace plot RUN --util 0.85           # draw another target (default: the recorded one)
+  memtrace plot RUN --util 0.85           # another target: 0.85 x the card the run stood for
 """
 
 from __future__ import annotations
 
 import argparse
-import math
 import sys
-from pathlib import Path
 
 NAME = "plot"
 ORDER = 30
@@ -23,33 +23,16 @@ FORMATS = (".png", ".svg", ".pdf")
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("run_path", metavar="RUN", help="run directory or .memtrace file")
-    p.add_argument("-o", "--output", metavar="FILE", help="image to write, .png or .svg (default: <run>-timeline.png)")
-    target = p.add_mutually_exclusive_group()
-    target.add_argument("--target", metavar="BYTES", help="the line not to cross, e.g. 88GiB (default: recorded)")
-    target.add_argument("--util", metavar="FRACTION", help="target as a share of the card, e.g. 0.92 or 92%%")
+    from ._runs import add_input, add_target
+
+    add_input(p)
+    p.add_argument(
+        "-o", "--output", metavar="FILE", help="image to write, .png, .svg or .pdf (default: <run>-timeline.png)"
+    )
+    add_target(p)
     p.add_argument("--capacity", metavar="SIZE[,SIZE...]", help="what-if card sizes to draw, e.g. 16GiB,32GiB")
     p.add_argument("--rank", type=int, default=None, help="draw only this rank (default: every rank)")
-    p.add_argument("--force", action="store_true", help="replace FILE if it exists")
-
-
-def output_path(run_path: str, output: str | None, force: bool, suffix: str) -> Path:
-    """The file to write: ``output``, else ``<run name><suffix>`` in the current directory.
-
-    Raises UsageError when it exists and ``force`` is false.
-    """
-    from ..errors import UsageError
-
-    if output:
-        out = Path(output)
-    else:
-        name = Path(run_path.rstrip("/")).name.removesuffix(".memtrace")
-        out = Path(f"{name}{suffix}")
-    if out.exists() and not force:
-        raise UsageError(f"{out} exists; pass --force to replace it or -o to choose another file")
-    if out.parent and not out.parent.exists():
-        raise UsageError(f"cannot write {out}: folder {out.parent} does not exist")
-    return out
+    p.add_argument("--force", action="store_true", help="replace FILE if it exists (never an input)")
 
 
 def with_events(traces: list, run_path: str, what: str) -> list:
@@ -72,47 +55,35 @@ def with_events(traces: list, run_path: str, what: str) -> list:
     return kept
 
 
-def _target_for(trace, target: int | None, util: float | None) -> int | None:
-    from ..errors import UsageError
-
-    if util is None:
-        return target
-    from ..plots.timeline_data import card_capacity
-
-    total = card_capacity(trace)
-    if not total:
-        raise UsageError(f"{trace.label} did not record the device's capacity; give --target BYTES instead of --util")
-    return math.ceil(util * total)
-
-
 def run(args: argparse.Namespace) -> int:
-    from ..errors import UsageError
-    from ..units import format_gib, parse_fraction, parse_size, parse_sizes
-    from ._runs import load_with_progress, select
-
-    target = parse_size(args.target) if args.target is not None else None
-    util = parse_fraction(args.util) if args.util is not None else None
-    capacities = parse_sizes(args.capacity) if args.capacity else []
-    if args.output and Path(args.output).suffix.lower() not in FORMATS:
-        raise UsageError(f"cannot draw {Path(args.output).name}: the output must end in {', '.join(FORMATS)}")
-    traces = with_events(select(load_with_progress(args.run_path), args.rank), args.run_path, "draw")
-    out = output_path(args.run_path, args.output, args.force, "-timeline.png")
+    from ..analysis.target import resolve_target
+    from ..outputs import atomic_write, output_file, run_name
     from ..plots.timeline import render_timeline
     from ..plots.timeline_data import prepare_rank
+    from ..plots.titles import timeline_title
     from ..progress import task
+    from ..units import format_gib, parse_sizes
+    from ._runs import load_args, select, target_args
 
-    with task(f"Drawing {out}", total=None):
-        ranks = [prepare_rank(t, _target_for(t, target, util)) for t in traces]
-        name = Path(args.run_path.rstrip("/")).name
-        drawn = render_timeline(ranks, out, capacities=capacities, title=f"GPU memory during start-up: {name}")
+    kwargs = target_args(args)
+    capacities = parse_sizes(args.capacity) if args.capacity else []
+    out = output_file(args.run_path, args.output, default_suffix="-timeline.png", suffixes=FORMATS, force=args.force)
+    traces = with_events(select(load_args(args), args.rank), args.run_path, "draw")
+    targets = [resolve_target(t, **kwargs) for t in traces]
+    with task(f"Drawing {out}", total=None), atomic_write(out) as tmp:
+        ranks = [prepare_rank(t, target=tg) for t, tg in zip(traces, targets, strict=True)]
+        title = timeline_title(traces[0], fallback=run_name(args.run_path))
+        drawn = render_timeline(ranks, tmp, capacities=capacities, title=title)
     for r in drawn.ranks:
-        c = r.crossing
+        c, o = r.crossing, r.oom
         if c is not None:
-            where = c.phase_path or "no phase"
             print(
-                f"memtrace: {r.label}: crossed {format_gib(r.target_bytes or 0)} at {c.time_s:.3f} s in {where}, "
-                f"peak {format_gib(c.value_bytes)} (+{format_gib(c.overshoot_bytes)})",
+                f"memtrace: {r.label}: {'NVML device used' if c.curve == 'device_used' else 'PyTorch reserved'} "
+                f"crossed {format_gib(r.target_bytes)} at {c.time_s:.3f} s in {c.phase_path or 'no phase'}; "
+                f"highest {format_gib(c.value_bytes)} (+{format_gib(c.overshoot_bytes)})",
                 file=sys.stderr,
             )
+        if o is not None:
+            print(f"memtrace: {r.label}: {o.text.replace(chr(10), '; ')}", file=sys.stderr)
     print(f"memtrace: wrote {out}", file=sys.stderr)
     return 0

@@ -1,0 +1,129 @@
+"""Which moment (and which window) a "what was live" view shows: ``--at`` and ``--since`` read once.
+
+``--at`` picks the moment:
+
+- ``peak``: the peak of reserved memory, at its fullest (``flame.peak_event_index``);
+- ``oom``: right before the failed allocation the run died of (``analysis.oom.find_oom``);
+- a time since the start of the recording: ``7.05``, ``7.05s``, ``7050ms``, ``7050000us`` (or ``µs``);
+- a phase, by name or path: the fullest moment (most bytes allocated) of that phase; a name that
+  occurs several times picks the occurrence with the highest peak.
+
+``--since`` keeps only what was allocated at or after a moment (a phase's start, or a time): the
+flame then shows what that window *added and still held*. ``--added`` is ``--since`` the phase the
+moment lies in: the phase named by ``--at``, else the innermost phase in force at that moment.
+Every unreadable value is a UsageError naming what is accepted.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass
+
+from ..errors import UsageError
+from ..model import Trace
+from .curves import Curves
+from .flame import peak_event_index, window_peak_event_index
+from .oom import find_oom
+from .phases import PhaseStats, path_at, phase_path, phase_stats, recording_span
+
+_TIME = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:e[+-]?[0-9]+)?)\s*(s|ms|us|µs)?\s*$", re.IGNORECASE)
+_UNIT_US = {"s": 1_000_000, "ms": 1_000, "us": 1, "µs": 1, None: 1_000_000}
+
+
+@dataclass(frozen=True)
+class Moment:
+    """The state a view shows: right after ``event_index`` (when set), else at ``time_us``."""
+
+    time_us: int
+    event_index: int | None
+    what: str  # "the peak", "the OOM", "18.250 s", "the fullest moment of profile_run"
+    phase_path: str  # the innermost phase in force ("" outside any)
+    since_us: int | None = None  # only allocations made at or after this moment count
+    since_what: str = ""  # "profile_run's start", "12.000 s"
+
+
+def parse_time_us(text: str) -> int | None:
+    """Microseconds from ``7.05``, ``7.05s``, ``7050ms``, ``7050us``; None when ``text`` is not a time."""
+    m = _TIME.match(text)
+    if m is None:
+        return None
+    value = float(m.group(1)) * _UNIT_US[m.group(2).lower() if m.group(2) else None]
+    return round(value) if math.isfinite(value) else None
+
+
+def _phase_choices(trace: Trace) -> str:
+    names = sorted({phase_path(trace, i) for i in range(len(trace.phases))})
+    return ", ".join(names[:12]) + (" ..." if len(names) > 12 else "") if names else "none recorded"
+
+
+def find_phase(trace: Trace, curves: Curves, text: str, flag: str) -> PhaseStats:
+    """The phase named ``text`` (name or path; the occurrence with the highest peak); UsageError if none."""
+    matches = [s for s in phase_stats(trace, curves) if text in (s.name, s.path)]
+    if not matches:
+        raise UsageError(f"{flag} {text}: no such phase or time; use peak, oom, 7.05s / 7050ms, or one of: "
+                         f"{_phase_choices(trace)}")  # fmt: skip
+    return max(matches, key=lambda s: (s.peak_allocated_bytes, -s.start_us))
+
+
+def _at_time(trace: Trace, us: int, flag: str, text: str) -> int:
+    start, end = recording_span(trace)
+    t = start + us
+    if not start <= t <= end:
+        raise UsageError(f"{flag} {text}: the run lasts {(end - start) / 1e6:.3f} s; give a time from 0 to that")
+    return t
+
+
+def resolve_moment(trace: Trace, curves: Curves, at: str) -> Moment:
+    """Read ``--at`` (see the module docstring) for ``trace``."""
+    start, _ = recording_span(trace)
+    ev_time = trace.events["time_us"]
+
+    def after_event(k: int, what: str) -> Moment:
+        t = int(ev_time[k]) if k >= 0 else start
+        return Moment(t, k, what, path_at(trace, t))
+
+    text = at.strip()
+    if text.lower() == "peak":
+        return after_event(peak_event_index(curves.allocated, curves.reserved), "the peak")
+    if text.lower() == "oom":
+        oom = find_oom(trace)
+        if oom is None:
+            raise UsageError(f"--at oom: {trace.label} recorded no out-of-memory error; use peak, a time or a phase")
+        return Moment(oom.time_us, None, "the OOM", oom.phase_path)
+    us = parse_time_us(text)
+    if us is not None:
+        t = _at_time(trace, us, "--at", at)
+        return Moment(t, None, f"{us / 1e6:.3f} s", path_at(trace, t))
+    best = find_phase(trace, curves, text, "--at")
+    k = window_peak_event_index(curves.allocated, best.start_us, best.end_us)
+    m = after_event(k, f"the fullest moment of {best.path}")
+    return Moment(max(m.time_us, best.start_us), k, m.what, best.path)
+
+
+def with_since(trace: Trace, curves: Curves, moment: Moment, since: str | None, added: bool) -> Moment:
+    """``moment`` restricted to what was allocated from ``--since`` (or, with ``added``, from the start of
+    its phase) on; UsageError when both are given, the window is empty, or it starts after the moment."""
+    if since is None and not added:
+        return moment
+    if since is not None and added:
+        raise UsageError("give either --added or --since, not both")
+    if added:
+        if not moment.phase_path:
+            raise UsageError(f"--added: {moment.what} lies outside every phase; give --since PHASE|TIME")
+        phase = find_phase(trace, curves, moment.phase_path, "--added")
+        since_us, what = phase.start_us, f"the start of {phase.path}"
+    else:
+        us = parse_time_us(since)
+        if us is not None:
+            since_us, what = _at_time(trace, us, "--since", since), f"{us / 1e6:.3f} s"
+        else:
+            phase = find_phase(trace, curves, since.strip(), "--since")
+            since_us, what = phase.start_us, f"the start of {phase.path}"
+    if since_us > moment.time_us:
+        start = recording_span(trace)[0]
+        raise UsageError(
+            f"--since: {what} ({(since_us - start) / 1e6:.3f} s) comes after {moment.what} "
+            f"({(moment.time_us - start) / 1e6:.3f} s); nothing made then can be live at that moment"
+        )
+    return Moment(moment.time_us, moment.event_index, moment.what, moment.phase_path, since_us, what)
