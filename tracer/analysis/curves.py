@@ -33,6 +33,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from .. import facts as F
 from ..model import ACTION_CODE, Trace
 
 _ALLOC = ACTION_CODE["alloc"]
@@ -165,7 +166,7 @@ def driver_reserved_bytes(trace: Trace) -> int:
     NVML's "used" includes it. vLLM's target (util × CUDA total) and torch's numbers are in CUDA's
     accounting, so the device-used curve is moved into it. 0 when either total is unknown.
     """
-    nvml_total = (trace.facts.get("sidecar") or {}).get("total_bytes")
+    nvml_total = (trace.facts.get(F.SIDECAR) or {}).get("total_bytes")
     cuda_total = trace.process.device_total_bytes
     if not nvml_total or not cuda_total:
         return 0
