@@ -165,3 +165,24 @@ def test_bad_input_is_one_line_exit_2(db, tmp_path, capsys, argv, message):
     assert rc == 2 and message in err and err.count("\n") == 1, err
     assert _hash(db) == before
     assert not (tmp_path / "none.sqlite").exists()
+
+
+def test_the_example_ci_script_gates_recorded_runs_and_keeps_the_artifacts(tmp_path):
+    import os
+    import subprocess
+    import sys
+
+    script = Path(__file__).resolve().parents[2] / "examples" / "ci" / "memtrace-gate.sh"
+    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
+
+    def gate(run: Path) -> int:
+        return subprocess.run(["bash", str(script)], cwd=tmp_path, env={**env, "RUN": str(run)},
+                              capture_output=True, text=True, timeout=300).returncode  # fmt: skip
+
+    assert gate(FULL) == 0  # the first run of its key: recorded as the reference
+    assert gate(WS1G) == 1  # +1.00 GiB before KV sizing
+    art = tmp_path / "memtrace-artifacts"
+    assert {p.name for p in art.iterdir()} >= {"report.txt", "report.md", "timeline.png", "flame.svg",
+                                               "history-check.txt", "history.txt", "history-trend.png"}  # fmt: skip
+    assert "FAIL: 3 figure(s) grew more than 2% (exit 1)" in (art / "history-check.txt").read_text()
+    assert "startup-ws1g             refused" in (art / "history.txt").read_text()
