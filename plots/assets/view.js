@@ -1,0 +1,189 @@
+/* memtrace view: the page's code. Reads the data memtrace packed (plots/view_data.py), draws one uPlot
+ * chart per rank on a shared time axis, and answers "what was live here" from the event arrays.
+ * No network: a page written by `memtrace view --serve` asks only the server it came from. */
+(function () {
+  'use strict';
+  const MT = (window.memtraceView = { ready: false, errors: [], ranks: [], selected: null });
+  window.addEventListener('error', (e) => MT.errors.push(String(e.message || e)));
+  window.addEventListener('unhandledrejection', (e) => MT.errors.push(String(e.reason)));
+  const doc = JSON.parse(document.getElementById('mt-doc').textContent);
+  const GiB = 1073741824;
+  const ALLOC = 0, FREE = 2, SEG_UP = [3, 5], SEG_DOWN = [4, 6];
+  const CAT_COLORS = ['#4e79a7', '#59a14f', '#e15759', '#b07aa1', '#f28e2b', '#bab0ac'];
+  const el = (tag, attrs, ...kids) => {
+    const e = document.createElement(tag);
+    for (const [k, v] of Object.entries(attrs || {})) {
+      if (k === 'class') e.className = v; else if (k.startsWith('on')) e.addEventListener(k.slice(2), v); else e.setAttribute(k, v);
+    }
+    for (const c of kids) e.append(c instanceof Node ? c : document.createTextNode(String(c)));
+    return e;
+  };
+  const gib = (b) => (b / GiB).toFixed(2) + ' GiB';
+  const exact = (b) => (b == null ? '—' : gib(b) + ' (' + Math.round(b).toLocaleString('en-US') + ' B)');
+  const secs = (us) => (us / 1e6).toFixed(6) + ' s';
+  function upper(arr, v, lo, hi) { /* first index with arr[i] > v */
+    lo = lo || 0; hi = hi == null ? arr.length : hi;
+    while (lo < hi) { const m = (lo + hi) >> 1; if (arr[m] <= v) lo = m + 1; else hi = m; }
+    return lo;
+  }
+
+  /* ---------- decoding ---------- */
+  async function inflate(b64) {
+    const bin = atob(b64), u = new Uint8Array(bin.length);
+    for (let i = 0; i < bin.length; i++) u[i] = bin.charCodeAt(i);
+    const s = new Blob([u]).stream().pipeThrough(new DecompressionStream('gzip'));
+    return new Response(s).arrayBuffer();
+  }
+  const VIEWS = { '<u4': Uint32Array, '|u1': Uint8Array, '|i1': Int8Array, '<f8': Float64Array, '<i4': Int32Array };
+  function columns(buf, table) {
+    const out = {};
+    for (const c of table) out[c.name] = new VIEWS[c.dtype](buf, c.offset, c.length);
+    return out;
+  }
+
+  /* ---------- one rank's model, computed from the event arrays ---------- */
+  function buildLocal(meta, col) {
+    const n = meta.n_events, K = meta.categories.length, OTHER = K - 1;
+    const t = new Float64Array(n), alloc = new Float64Array(n), res = new Float64Array(n), cats = new Float64Array(n * K);
+    let tt = meta.first_event_us, a = meta.baseline.allocated, r = meta.baseline.reserved;
+    const cur = new Float64Array(K); cur[OTHER] = a;
+    const { dt, act, cat, size } = col;
+    for (let i = 0; i < n; i++) {
+      tt += dt[i]; t[i] = tt;
+      const ac = act[i];
+      if (ac === ALLOC) { a += size[i]; cur[cat[i]] += size[i]; }
+      else if (ac === FREE) { a -= size[i]; cur[cat[i]] -= size[i]; }
+      else if (ac === SEG_UP[0] || ac === SEG_UP[1]) r += size[i];
+      else if (ac === SEG_DOWN[0] || ac === SEG_DOWN[1]) r -= size[i];
+      alloc[i] = a; res[i] = r; cats.set(cur, i * K);
+    }
+    return { t, alloc, res, cats, K };
+  }
+  function stateAt(R, i) { /* values after event i (-1: the baseline) */
+    const m = R.meta, K = m.categories.length;
+    if (i < 0) { const c = new Float64Array(K); c[K - 1] = m.baseline.allocated; return { alloc: m.baseline.allocated, res: m.baseline.reserved, cats: c }; }
+    return { alloc: R.L.alloc[i], res: R.L.res[i], cats: R.L.cats.subarray(i * K, i * K + K) };
+  }
+  function deviceAt(R, tus) {
+    const c = R.col, i = upper(c.dev_t, tus) - 1;
+    return i < 0 ? { used: null, nontorch: null } : { used: c.dev_used[i], nontorch: c.dev_nontorch[i] };
+  }
+  function phaseAt(meta, tus) {
+    let best = null;
+    for (const p of meta.phases) if (p.start_us <= tus && tus < p.end_us && (!best || p.depth >= best.depth)) best = p;
+    return best ? best.path : '(no phase)';
+  }
+
+  /* the chart's series for one window: x in seconds; stacked categories (top first), reserved, device used */
+  function pushState(Y, K, s) {
+    let cum = 0; const cs = [];
+    for (let k = 0; k < K; k++) { cum += s.cats[k]; cs.push(cum); }
+    for (let k = 0; k < K; k++) Y[k].push(cs[K - 1 - k]);
+    Y[K].push(s.res);
+  }
+  function windowLocal(R, x0, x1, W) {
+    const L = R.L, K = L.K, t0 = x0 * 1e6, t1 = x1 * 1e6;
+    const i0 = upper(L.t, t0) - 1, i1 = upper(L.t, t1);
+    const ex = [], Y = Array.from({ length: K + 1 }, () => []);
+    ex.push(x0); pushState(Y, K, stateAt(R, i0));
+    const count = i1 - i0 - 1, isExact = count <= 4 * W;
+    if (isExact) {
+      for (let i = i0 + 1; i < i1; i++) { ex.push(L.t[i] / 1e6); pushState(Y, K, stateAt(R, i)); }
+    } else {
+      const bw = (t1 - t0) / W;
+      let i = i0 + 1;
+      for (let b = 0; b < W && i < i1; b++) {
+        const end = t0 + (b + 1) * bw; let hi = -1, lo = -1, rmax = -Infinity, rmin = Infinity;
+        for (; i < i1 && L.t[i] <= end; i++) {
+          if (hi < 0 || L.alloc[i] > L.alloc[hi]) hi = i;
+          if (lo < 0 || L.alloc[i] < L.alloc[lo]) lo = i;
+          if (L.res[i] > rmax) rmax = L.res[i];
+          if (L.res[i] < rmin) rmin = L.res[i];
+        }
+        if (hi < 0) continue;
+        const sh = stateAt(R, hi), sl = stateAt(R, lo);
+        ex.push((t0 + b * bw) / 1e6); pushState(Y, K, { ...sh, res: rmax });
+        ex.push((t0 + (b + 0.5) * bw) / 1e6); pushState(Y, K, { ...sl, res: rmin });
+        const last = stateAt(R, i - 1);
+        ex.push(Math.min(end, L.t[i - 1]) / 1e6); pushState(Y, K, last);
+      }
+    }
+    return mergeDevice(R, x0, x1, W, ex, Y, isExact, count);
+  }
+  function mergeDevice(R, x0, x1, W, ex, Y, isExact, count) {
+    const c = R.col, t0 = x0 * 1e6, t1 = x1 * 1e6;
+    const j0 = Math.max(upper(c.dev_t, t0) - 1, 0), j1 = upper(c.dev_t, t1);
+    let dx = [], dv = [];
+    const step = Math.max(1, Math.ceil((j1 - j0) / (4 * W)));
+    for (let j = j0; j < j1; j += step) {
+      let m = j;
+      for (let q = j; q < Math.min(j + step, j1); q++) if (c.dev_used[q] > c.dev_used[m]) m = q;
+      dx.push(Math.max(c.dev_t[j], t0) / 1e6); dv.push(c.dev_used[m]);
+    }
+    /* merge the event points and the sample points on one x axis, carrying each curve's last value */
+    const K1 = Y.length, X = [], out = Array.from({ length: K1 + 1 }, () => []);
+    let a = 0, b = 0, lastDev = null, lastEv = -1;
+    while (a < ex.length || b < dx.length) {
+      if (b >= dx.length || (a < ex.length && ex[a] <= dx[b])) { X.push(ex[a]); lastEv = a++; }
+      else { X.push(dx[b]); lastDev = dv[b++]; }
+      for (let k = 0; k < K1; k++) out[k].push(lastEv >= 0 ? Y[k][lastEv] : null);
+      out[K1].push(lastDev);
+    }
+    X.push(x1); for (let k = 0; k <= K1; k++) out[k].push(out[k][out[k].length - 1]);
+    return { data: [X, ...out], exact: isExact, events: count };
+  }
+
+  /* the live set right after event e, from the event arrays: exactly the allocations with i <= e < i + life */
+  function liveLocal(R, e) {
+    const { act, size, stack, life, pre_end, pre_size, pre_stack } = R.col, L = R.L;
+    const groups = new Map(); let total = 0, count = 0;
+    const add = (key, sz, st, i) => {
+      let g = groups.get(key);
+      if (!g) groups.set(key, (g = { stack: st, bytes: 0, count: 0, at: i }));
+      g.bytes += sz; g.count++; total += sz; count++;
+    };
+    for (let j = 0; j < pre_end.length; j++) if (pre_end[j] > e) add(pre_stack[j] >= 0 ? 's' + pre_stack[j] : 'pre', pre_size[j], pre_stack[j], -1);
+    for (let i = 0; i <= e; i++) {
+      if (act[i] !== ALLOC || i + life[i] <= e) continue;
+      const st = stack[i];
+      add(st >= 0 ? 's' + st : 'p' + phaseAt(R.meta, L.t[i]), size[i], st, i);
+    }
+    const list = [];
+    for (const [key, g] of groups) list.push({ path: groupPath(R.meta, key, g, L), title: groupTitle(R.meta, key, g), bytes: g.bytes, count: g.count });
+    list.sort((x, y) => y.bytes - x.bytes);
+    const around = [];
+    for (let i = Math.max(0, e - 12); i < Math.min(L.t.length, e + 13); i++) {
+      around.push({ index: i, t_us: L.t[i], action: R.meta.actions[act[i]], size: size[i],
+        category: R.col.cat[i] >= 0 ? R.meta.categories[R.col.cat[i]] : '', where: stack[i] >= 0 ? R.meta.stack_titles[stack[i]] : '' });
+    }
+    return { event: e, t_us: e >= 0 ? L.t[e] : R.meta.t_first_us, total, count, groups: list, around };
+  }
+  function groupPath(meta, key, g) {
+    if (key === 'pre') return ['[before recording]'];
+    if (key[0] === 'p') return ['[no stack]', ...key.slice(1).split('/')];
+    return meta.stacks[g.stack].map((f) => meta.frames[f]);
+  }
+  function groupTitle(meta, key, g) {
+    if (key === 'pre') return '[before recording]';
+    if (key[0] === 'p') return '[no stack] allocated in ' + key.slice(1);
+    return meta.stack_titles[g.stack] || meta.frames[meta.stacks[g.stack][meta.stacks[g.stack].length - 1]];
+  }
+
+  /* ---------- remote answers (memtrace view --serve) ---------- */
+  async function api(path) {
+    const r = await fetch(path);
+    if (!r.ok) throw new Error(path + ': ' + r.status + ' ' + (await r.text()));
+    return r.json();
+  }
+
+  MT.window = (R, x0, x1, W) => (R.L ? Promise.resolve(windowLocal(R, x0, x1, W))
+    : doc.api ? api(`/api/window?rank=${R.index}&x0=${x0}&x1=${x1}&w=${W}`)
+      : Promise.resolve(R.meta.overview));
+  MT.live = (R, e) => (R.L ? Promise.resolve(liveLocal(R, e))
+    : doc.api ? api(`/api/live?rank=${R.index}&event=${e}`) : Promise.reject(new Error('this page carries an overview only: run `memtrace view --serve RUN` to see what was live')));
+  MT.eventAt = (R, tus) => (R.L ? Promise.resolve(upper(R.L.t, tus) - 1)
+    : doc.api ? api(`/api/event?rank=${R.index}&t_us=${tus}`).then((d) => d.event) : Promise.resolve(null));
+
+  MT._internals = { buildLocal, windowLocal, liveLocal, stateAt, deviceAt, phaseAt, upper, inflate, columns, exact };
+  window.__mtDoc = doc;
+})();

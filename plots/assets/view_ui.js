@@ -1,0 +1,256 @@
+/* memtrace view: the page itself (charts, landmarks, live set, tables), over the model in view.js.
+ * State the tests read is kept in window.memtraceView (ranks[r].drawn, ranks[r].view, selected). */
+(function () {
+  'use strict';
+  const MT = window.memtraceView, doc = window.__mtDoc, I = MT._internals;
+  const GiB = 1073741824;
+  const CAT_COLORS = ['#4e79a7', '#59a14f', '#e15759', '#b07aa1', '#f28e2b', '#bab0ac'];
+  const el = (tag, attrs, ...kids) => {
+    const e = document.createElement(tag);
+    for (const [k, v] of Object.entries(attrs || {})) {
+      if (k === 'class') e.className = v; else if (k.startsWith('on')) e.addEventListener(k.slice(2), v); else e.setAttribute(k, v);
+    }
+    for (const c of kids) if (c != null) e.append(c instanceof Node ? c : document.createTextNode(String(c)));
+    return e;
+  };
+  const gib = (b) => (b == null ? '—' : (b / GiB).toFixed(2) + ' GiB');
+  const exact = I.exact;
+  const app = document.getElementById('mt-app');
+  let syncing = false;
+
+  function header() {
+    const r0 = doc.ranks[0];
+    app.append(el('h1', {}, doc.title));
+    const note = doc.ranks.some((r) => !r.has_events)
+      ? (doc.api ? 'Served by memtrace view --serve: zoom and clicks are answered from the trace file.'
+        : 'This run is too big for one page: it carries a coarse overview. Run `memtrace view --serve RUN` to zoom to exact steps.')
+      : 'Drag to zoom, wheel to zoom around the cursor, double-click to reset; click a moment to see what was live.';
+    app.append(el('p', { class: 'mt-note' }, note));
+    return r0;
+  }
+
+  function legend() {
+    const d = el('div', { class: 'mt-legend' });
+    doc.ranks[0].categories.forEach((c, k) => d.append(el('span', {}, el('i', { style: `background:${CAT_COLORS[k]}` }), c.replace('_', ' '))));
+    d.append(el('span', {}, el('i', { style: 'background:#222;height:2px' }), 'reserved'));
+    d.append(el('span', {}, el('i', { style: 'background:#8c564b;height:2px' }), 'device used (NVML)'));
+    d.append(el('span', {}, el('i', { style: 'background:rgba(140,86,75,.25)' }), 'non-PyTorch'));
+    d.append(el('span', {}, el('i', { style: 'background:#d62728;height:2px' }), 'target'));
+    d.append(el('span', {}, el('i', { style: 'background:#555;height:2px' }), 'capacity'));
+    return d;
+  }
+
+  /* ---------- drawing on top of uPlot: phases, target, capacity, crossing, OOM, peak, selection ---------- */
+  function overlay(R) {
+    return (u) => {
+      const m = R.meta, ctx = u.ctx, top = u.bbox.top, h = u.bbox.height, left = u.bbox.left, w = u.bbox.width;
+      const dpr = devicePixelRatio || 1, X = (us) => u.valToPos(us / 1e6, 'x', true), Yp = (b) => u.valToPos(b, 'y', true);
+      const drawn = { phases: 0, phase_names: [], target: null, capacity: null, crossing: null, oom: null, peak: null };
+      ctx.save();
+      ctx.beginPath(); ctx.rect(left, top, w, h); ctx.clip();
+      ctx.font = `${11 * dpr}px sans-serif`; ctx.textBaseline = 'top';
+      m.phases.forEach((p, k) => {
+        const a = Math.max(X(p.start_us), left), b = Math.min(X(p.end_us), left + w);
+        if (b <= a) return;
+        const band = 16 * dpr, y = top + p.depth * band;
+        ctx.fillStyle = p.depth === 0 ? (k % 2 ? 'rgba(0,0,0,.05)' : 'rgba(0,0,0,.09)') : 'rgba(31,119,180,.12)';
+        ctx.fillRect(a, y, b - a, band);
+        ctx.strokeStyle = 'rgba(0,0,0,.25)'; ctx.beginPath(); ctx.moveTo(a, top); ctx.lineTo(a, top + h); ctx.stroke();
+        ctx.fillStyle = '#333';
+        if (ctx.measureText(p.name).width + 6 * dpr < b - a) ctx.fillText(p.name, a + 3 * dpr, y + 2 * dpr);
+        drawn.phases++; drawn.phase_names.push(p.path);
+      });
+      const hline = (bytes, color, label, dash) => {
+        const y = Yp(bytes); if (y < top || y > top + h) return null;
+        ctx.strokeStyle = color; ctx.lineWidth = 1.5 * dpr; ctx.setLineDash(dash || []);
+        ctx.beginPath(); ctx.moveTo(left, y); ctx.lineTo(left + w, y); ctx.stroke(); ctx.setLineDash([]);
+        ctx.fillStyle = color; ctx.textBaseline = 'bottom'; ctx.textAlign = 'right';
+        ctx.fillText(label, left + w - 4 * dpr, y - 2 * dpr); ctx.textBaseline = 'top'; ctx.textAlign = 'left';
+        return Math.round(y / dpr);
+      };
+      if (m.target.bytes) drawn.target = hline(m.target.bytes, '#d62728', `target ${gib(m.target.bytes)} (${m.target.source})`, [6 * dpr, 4 * dpr]);
+      if (m.target.capacity) drawn.capacity = hline(m.target.capacity, '#555', `capacity ${gib(m.target.capacity)}`);
+      const vline = (us, color, label, dash, row) => {
+        const x = X(us); if (x < left || x > left + w) return null;
+        ctx.strokeStyle = color; ctx.lineWidth = 1.5 * dpr; ctx.setLineDash(dash || []);
+        ctx.beginPath(); ctx.moveTo(x, top); ctx.lineTo(x, top + h); ctx.stroke(); ctx.setLineDash([]);
+        ctx.fillStyle = color; const tw = ctx.measureText(label).width;
+        ctx.fillText(label, x + 3 * dpr + tw > left + w ? x - 3 * dpr - tw : x + 3 * dpr, top + h - (16 + 14 * (row || 0)) * dpr);
+        return Math.round(x / dpr);
+      };
+      const c = m.crossings.length ? m.crossings.reduce((a, b) => (b.time_us < a.time_us ? b : a)) : null;
+      if (c) drawn.crossing = vline(c.time_us - m.t0_us, '#d62728', `crossed +${gib(c.overshoot_bytes)}`, [2 * dpr, 2 * dpr]);
+      if (m.oom) drawn.oom = vline(m.oom.time_us - m.t0_us, '#000', `OOM (${gib(m.oom.requested_bytes)} asked)`, null, 2);
+      drawn.peak = vline(m.peak.state_us - m.t0_us, '#9467bd', `peak ${gib(m.peak.reserved_bytes)} reserved`, [1 * dpr, 3 * dpr], 1);
+      if (R.selectedUs != null) vline(R.selectedUs, '#17becf', 'selected', null, 3);
+      ctx.restore();
+      R.drawn = drawn; MT.ranks[R.index].drawn = drawn;
+    };
+  }
+
+  function makeChart(R, host, width) {
+    const K = R.meta.categories.length;
+    const series = [{ label: 'time', value: (u, v) => (v == null ? '' : v.toFixed(6) + ' s') }];
+    const stepped = uPlot.paths.stepped({ align: 1 });
+    for (let k = K - 1; k >= 0; k--) series.push({ label: R.meta.categories[k], stroke: CAT_COLORS[k], fill: CAT_COLORS[k] + 'cc', width: 0.5, paths: stepped, points: { show: false } });
+    series.push({ label: 'reserved', stroke: '#222', width: 1.5, paths: stepped, points: { show: false } });
+    series.push({ label: 'device used', stroke: '#8c564b', width: 1.5, paths: stepped, points: { show: false }, spanGaps: true });
+    const maxY = Math.max(R.meta.target.capacity || 0, R.meta.peak.reserved_bytes, R.meta.target.bytes || 0) * 1.04;
+    const opts = {
+      width, height: 320, series, legend: { show: false },
+      bands: [{ series: [K + 2, K + 1], fill: 'rgba(140,86,75,.25)', dir: 1 }],
+      scales: { x: { time: false, range: (u, lo, hi) => [lo, hi] }, y: { range: () => [0, maxY] } },
+      axes: [{ label: 'seconds since start', values: (u, vs) => vs.map((v) => v.toFixed(3)) },
+        { label: 'GiB', size: 60, incrs: [0.25, 0.5, 1, 2, 4, 8, 10, 16, 20, 32, 40, 64, 80, 128].map((g) => g * GiB),
+          values: (u, vs) => vs.map((v) => +(v / GiB).toFixed(2)) }],
+      cursor: { sync: { key: 'mt' }, drag: { x: true, y: false }, points: { show: false } },
+      hooks: {
+        draw: [overlay(R)],
+        setCursor: [(u) => hover(R, u)],
+        setScale: [(u, key) => { if (key === 'x') onZoom(R, u.scales.x.min, u.scales.x.max); }],
+      },
+    };
+    const u = new uPlot(opts, [[0, 1], ...series.slice(1).map(() => [null, null])], host);
+    wireMouse(R, u);
+    return u;
+  }
+
+  function hover(R, u) {
+    const i = u.cursor.idx, box = R.info;
+    if (i == null || u.cursor.left < 0) return;
+    const x = u.posToVal(u.cursor.left, 'x'), tus = x * 1e6, m = R.meta;
+    const rows = [['time', (tus / 1e6).toFixed(6) + ' s'], ['phase', I.phaseAt(m, tus)]];
+    if (R.L) {
+      const e = I.upper(R.L.t, tus) - 1, s = I.stateAt(R, e), d = I.deviceAt(R, tus);
+      rows.push(['event', e < 0 ? 'before the first' : `#${e} (${m.actions[R.col.act[e]]} ${Math.round(R.col.size[e]).toLocaleString('en-US')} B)`]);
+      rows.push(['allocated', exact(s.alloc)], ['reserved', exact(s.res)], ['device used', exact(d.used)], ['non-PyTorch', exact(d.nontorch)]);
+      m.categories.forEach((c, k) => { if (s.cats[k]) rows.push([c, exact(s.cats[k])]); });
+    } else {
+      const K = m.categories.length, v = (j) => u.data[j][i];
+      rows.push(['allocated', exact(v(1))], ['reserved', exact(v(K + 1))], ['device used', exact(v(K + 2))]);
+    }
+    box.replaceChildren(el('table', {}, ...rows.map(([k, v]) => el('tr', {}, el('th', {}, k), el('td', {}, v)))));
+    R.hover = { t_us: tus, rows: Object.fromEntries(rows) };
+  }
+
+  function wireMouse(R, u) {
+    let down = null;
+    u.over.addEventListener('mousedown', (e) => { down = [e.clientX, e.clientY]; });
+    u.over.addEventListener('mouseup', (e) => {
+      if (!down || Math.abs(e.clientX - down[0]) > 3) { down = null; return; }
+      down = null;
+      const x = u.posToVal(e.clientX - u.over.getBoundingClientRect().left, 'x');
+      MT.eventAt(R, x * 1e6).then((ev) => select(R, ev)).catch(report);
+    });
+    u.over.addEventListener('dblclick', () => zoomAll(R.meta.start_us / 1e6, R.meta.end_us / 1e6));
+    u.over.addEventListener('wheel', (e) => {
+      e.preventDefault();
+      const { min, max } = u.scales.x, x = u.posToVal(e.clientX - u.over.getBoundingClientRect().left, 'x');
+      const f = e.deltaY < 0 ? 0.6 : 1 / 0.6;
+      zoomAll(x - (x - min) * f, x + (max - x) * f);
+    }, { passive: false });
+  }
+
+  function zoomAll(x0, x1) {
+    const lo = Math.min(...doc.ranks.map((r) => r.start_us)) / 1e6, hi = Math.max(...doc.ranks.map((r) => r.end_us)) / 1e6;
+    x0 = Math.max(x0, lo); x1 = Math.min(x1, hi);
+    if (!(x1 > x0)) x1 = x0 + 1e-6;
+    MT.ranks.forEach((r) => r.u.setScale('x', { min: x0, max: x1 }));
+  }
+  MT.zoom = zoomAll;
+
+  function onZoom(R, x0, x1) {
+    if (x0 == null || R.loading === `${x0}:${x1}`) return;
+    R.loading = `${x0}:${x1}`;
+    MT.window(R, x0, x1, R.u.bbox.width / (devicePixelRatio || 1)).then((w) => {
+      if (R.loading !== `${x0}:${x1}`) return;
+      R.u.setData(w.data);
+      R.view = { x0, x1, exact: w.exact, events: w.events, points: w.data[0].length };
+      MT.ranks[R.index].view = R.view;
+      if (!syncing) { syncing = true; MT.ranks.forEach((o) => { if (o !== R && (o.u.scales.x.min !== x0 || o.u.scales.x.max !== x1)) o.u.setScale('x', { min: x0, max: x1 }); }); syncing = false; }
+    }).catch(report);
+  }
+
+  function report(err) { MT.errors.push(String(err && err.stack || err)); const p = el('p', { class: 'mt-error' }, String(err.message || err)); app.prepend(p); }
+
+  /* ---------- the moment clicked: live total, icicle, holders, events around ---------- */
+  function select(R, e) {
+    if (e == null) return;
+    const t1 = performance.now();
+    return MT.live(R, e).then((live) => {
+      R.selectedUs = live.t_us; R.u.redraw(false);
+      renderLive(R, live);
+      MT.selected = { rank: R.index, event: e, t_us: live.t_us, live_bytes: live.total, count: live.count, ms: performance.now() - t1 };
+    }).catch(report);
+  }
+  MT.select = (rank, e) => select(MT.ranks[rank], e);
+
+  function renderLive(R, live) {
+    const m = R.meta, p = R.panel;
+    const head = el('h3', {}, `${m.label}: live after event #${live.event} at ${(live.t_us / 1e6).toFixed(6)} s (${I.phaseAt(m, live.t_us)})`);
+    const total = el('p', { class: 'mt-live-total' }, 'live: ', el('b', { 'data-bytes': String(live.total), id: `mt-live-${R.index}` }, exact(live.total)), ` in ${live.count.toLocaleString('en-US')} allocations`);
+    const holders = el('table', { class: 'mt-table' }, el('tr', {}, el('th', {}, 'held by'), el('th', {}, 'bytes'), el('th', {}, 'allocations'), el('th', {}, 'share')));
+    for (const g of live.groups.slice(0, 15)) holders.append(el('tr', {}, el('td', {}, g.title), el('td', { class: 'num', title: `${g.bytes} B` }, gib(g.bytes)), el('td', { class: 'num' }, g.count), el('td', { class: 'num' }, live.total ? (100 * g.bytes / live.total).toFixed(1) + ' %' : '')));
+    const ev = el('table', { class: 'mt-table mt-events' }, el('tr', {}, ...['#', 'time (s)', 'action', 'bytes', 'category', 'where'].map((h) => el('th', {}, h))));
+    for (const a of live.around) ev.append(el('tr', { class: a.index === live.event ? 'mt-here' : '' }, el('td', { class: 'num' }, a.index), el('td', { class: 'num' }, (a.t_us / 1e6).toFixed(6)), el('td', {}, a.action), el('td', { class: 'num' }, Math.round(a.size).toLocaleString('en-US')), el('td', {}, a.category), el('td', {}, a.where)));
+    p.replaceChildren(head, total, el('h4', {}, 'Live allocations by stack (icicle: width = bytes)'), icicle(live), el('div', { class: 'mt-cols' }, el('div', {}, el('h4', {}, 'Top holders'), holders), el('div', {}, el('h4', {}, 'Events around'), ev)));
+  }
+
+  function icicle(live) {
+    const root = { name: 'all', bytes: 0, kids: new Map() };
+    for (const g of live.groups) {
+      let n = root; n.bytes += g.bytes;
+      for (const f of g.path) { let c = n.kids.get(f); if (!c) n.kids.set(f, (c = { name: f, bytes: 0, kids: new Map() })); c.bytes += g.bytes; n = c; }
+    }
+    const box = el('div', { class: 'mt-icicle' }); let depth = 0;
+    const W = 100, ROW = 18;
+    const walk = (n, x, d) => {
+      if (!root.bytes || n.bytes / root.bytes < 0.002) return;
+      const w = (W * n.bytes) / root.bytes; depth = Math.max(depth, d);
+      box.append(el('div', { class: 'mt-node', style: `left:${x}%;width:${w}%;top:${d * ROW}px`, title: `${n.name}\n${exact(n.bytes)}` }, n.name));
+      let cx = x;
+      for (const c of [...n.kids.values()].sort((a, b) => b.bytes - a.bytes)) { walk(c, cx, d + 1); cx += (W * c.bytes) / root.bytes; }
+    };
+    walk(root, 0, 0);
+    box.style.height = `${(depth + 1) * ROW + 2}px`;
+    return box;
+  }
+
+  /* ---------- tables: phases, and the report as `memtrace report` prints it ---------- */
+  function phaseTable(m) {
+    const t = el('table', { class: 'mt-table' }, el('tr', {}, ...['phase', 'start (s)', 'end (s)', 'reserved at start', 'peak reserved', 'Δ reserved', 'peak allocated', 'peak device used'].map((h) => el('th', {}, h))));
+    for (const p of m.phase_table) {
+      t.append(el('tr', {}, el('td', { style: `padding-left:${0.4 + p.depth * 1.2}em` }, p.name),
+        el('td', { class: 'num' }, ((p.start_us - m.t0_us) / 1e6).toFixed(3)), el('td', { class: 'num' }, ((p.end_us - m.t0_us) / 1e6).toFixed(3)),
+        ...[p.start_reserved_bytes, p.peak_reserved_bytes, p.delta_reserved_bytes, p.peak_allocated_bytes, p.peak_device_used_bytes].map((b) => el('td', { class: 'num', title: b == null ? '' : `${b} B` }, gib(b)))));
+    }
+    return t;
+  }
+
+  async function main() {
+    header(); app.append(legend());
+    const width = Math.max(600, Math.min(app.clientWidth || 1200, 1600) - 20);
+    for (const [index, meta] of doc.ranks.entries()) {
+      const buf = await I.inflate(document.getElementById(`mt-blob-${index}`).textContent);
+      const col = I.columns(buf, meta.columns);
+      const R = { index, meta, col, L: meta.has_events ? I.buildLocal(meta, col) : null, drawn: null, view: null };
+      MT.ranks.push(R);
+      const lane = el('section', { class: 'mt-lane' }, el('h2', {}, meta.label));
+      const marks = el('div', { class: 'mt-landmarks' });
+      for (const lm of meta.landmarks) marks.append(el('button', { 'data-landmark': lm.name, onclick: () => { select(R, lm.event); } }, lm.name));
+      marks.append(el('button', { onclick: () => zoomAll(meta.start_us / 1e6, meta.end_us / 1e6) }, 'reset zoom'));
+      const host = el('div', { class: 'mt-chart' }), info = el('div', { class: 'mt-info' });
+      R.info = info; R.panel = el('div', { class: 'mt-live' }, el('p', { class: 'mt-note' }, 'Click the chart or a landmark to see what was live.'));
+      lane.append(marks, el('div', { class: 'mt-row' }, host, info), R.panel, el('h3', {}, 'Phases'), phaseTable(meta));
+      app.append(lane);
+      R.u = makeChart(R, host, width - 300);
+    }
+    app.append(el('h2', {}, 'Report'), el('pre', { class: 'mt-report' }, doc.report));
+    const lo = Math.min(...doc.ranks.map((r) => r.start_us)) / 1e6, hi = Math.max(...doc.ranks.map((r) => r.end_us)) / 1e6;
+    zoomAll(lo, hi);
+    await new Promise((res) => { const wait = () => (MT.ranks.every((r) => r.view) ? res() : setTimeout(wait, 5)); wait(); });
+    MT.ready = true;
+  }
+  const t0 = performance.now();
+  main().then(() => { MT.loadMs = performance.now() - t0; document.body.setAttribute('data-ready', '1'); }).catch(report);
+})();

@@ -1,0 +1,208 @@
+"""Pack one run's analysis results into the compact form ``memtrace view``'s page reads (no HTML here).
+
+Per rank the page gets a small JSON document (figures from ``analysis.summary``, the target, the OOM,
+phases, landmarks, interned frames and stacks) and one binary blob of little-endian columns, gzip'd
+(the page inflates it with the browser's ``DecompressionStream``). Event columns, one entry per
+allocator event in trace order:
+
+- ``dt`` uint32: microseconds since the previous event (times made non-decreasing, as ``curves``);
+- ``act`` uint8: the action code (``model.ACTIONS``); ``cat`` int8: the category (``categories``);
+- ``size`` float64: bytes (exact: sizes stay below 2**53);
+- ``stack`` int32: the interned stack, -1 when none; ``life`` int32: for an ``alloc``, how many events
+  later its allocation ends (``live.lifetimes``' free position minus its own; past the end when never
+  freed), 0 for other actions.
+
+plus ``pre_*`` columns for allocations live before the first event (``live.lifetimes`` with no alloc
+position: their end position, size, stack) and the NVML ``dev_*`` columns (device used, non-PyTorch).
+From these the page computes the curves and, at any event, the exact live set: an allocation at event
+``i`` is live after event ``e`` when ``i <= e < i + life[i]``. Only packing happens here: every figure
+comes from the analysis modules.
+"""
+
+from __future__ import annotations
+
+import gzip
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from ..analysis.categories import CATEGORIES, categorize
+from ..analysis.curves import Curves, all_curves
+from ..analysis.flame import frame_label
+from ..analysis.live import Lifetimes, lifetimes, meaningful_frame
+from ..analysis.oom import find_oom
+from ..analysis.phases import recording_span
+from ..analysis.summary import Summary, summarize, summary_to_dict
+from ..analysis.target import Target
+from ..model import ACTIONS, Trace
+
+#: Columns of the binary blob, in order: (name, numpy dtype).
+EVENT_COLUMNS = (("dt", "<u4"), ("act", "u1"), ("cat", "i1"), ("size", "<f8"), ("stack", "<i4"), ("life", "<i4"))
+PRE_COLUMNS = (("pre_end", "<i4"), ("pre_size", "<f8"), ("pre_stack", "<i4"))
+DEVICE_COLUMNS = (("dev_t", "<f8"), ("dev_used", "<f8"), ("dev_nontorch", "<f8"))
+_EXACT = 1 << 53
+
+
+@dataclass
+class PackedRank:
+    """One rank, ready to embed: ``meta`` is JSON-ready, ``blob`` the gzip'd columns (``columns`` says
+    where each starts and how long it is, before compression)."""
+
+    meta: dict[str, Any]
+    blob: bytes
+    columns: list[dict[str, Any]] = field(default_factory=list)
+
+
+@dataclass
+class RankAnalysis:
+    """The analysis results of one trace that the page (and ``view_server``) need."""
+
+    trace: Trace
+    target: Target
+    curves: Curves
+    summary: Summary
+    lt: Lifetimes
+    times: np.ndarray  # event times, non-decreasing (as the curves')
+    cats: np.ndarray  # category code per event
+
+
+def analyse(trace: Trace, target: Target) -> RankAnalysis:
+    """Run the analyses once for ``trace`` under ``target``."""
+    curves = all_curves(trace)
+    summary = summarize(trace, target.target_bytes, curves=curves)
+    lt = lifetimes(trace)
+    cats = categorize(trace, lt).codes
+    times = curves.allocated.time_us[1:]
+    return RankAnalysis(trace, target, curves, summary, lt, times, cats)
+
+
+def event_at(times: np.ndarray, t_us: int) -> int:
+    """The last event at or before ``t_us`` (-1: before the first)."""
+    return int(np.searchsorted(times, t_us, side="right")) - 1
+
+
+def _landmarks(a: RankAnalysis) -> list[dict[str, Any]]:
+    s = a.summary
+    out = [{"name": "peak", "event": s.peak.event_index, "time_us": s.peak.state_us}]
+    for c in s.crossings:
+        label = "first crossing" if c.curve == "reserved" else "device crossing"
+        out.append({"name": label, "event": event_at(a.times, c.time_us), "time_us": c.time_us})
+    oom = find_oom(a.trace)
+    if oom is not None:
+        out.append({"name": "OOM", "event": event_at(a.times, oom.time_us), "time_us": oom.time_us})
+    for p in s.phases:
+        if p.depth == 0:
+            out.append({"name": f"end {p.name}", "event": event_at(a.times, p.end_us), "time_us": p.end_us})
+    return out
+
+
+def _stacks(trace: Trace) -> tuple[list[str], list[list[int]]]:
+    """Frame labels and stacks as frame ids root→leaf (as the flame graph labels frames)."""
+    labels = [frame_label(f) for f in trace.frames]
+    return labels, [list(reversed(s)) for s in trace.stacks]
+
+
+def rank_meta(a: RankAnalysis, t0_us: int) -> dict[str, Any]:
+    """The JSON part of one rank (figures exact, in bytes and microseconds)."""
+    t, s = a.trace, a.summary
+    oom = find_oom(t)
+    start, end = recording_span(t)
+    frames, stacks = _stacks(t)
+    titles = []
+    for st in range(len(t.stacks)):
+        f = meaningful_frame(t.stack_frames(st))
+        titles.append(frame_label(f) if f is not None else "")
+    doc = summary_to_dict(s)
+    return {
+        "label": t.label,
+        "t0_us": t0_us,
+        "n_events": len(t.events),
+        "t_first_us": int(a.curves.allocated.time_us[0]) - t0_us,
+        "start_us": start - t0_us,
+        "end_us": end - t0_us,
+        "baseline": {"allocated": s.baseline.allocated_bytes, "reserved": s.baseline.reserved_bytes},
+        "target": {
+            "bytes": a.target.target_bytes,
+            "capacity": a.target.capacity_bytes,
+            "util": a.target.util,
+            "source": a.target.source,
+        },
+        "peak": doc["peak"],
+        "crossings": doc["crossings"],
+        "oom": None if oom is None else {**oom.__dict__},
+        "phases": [
+            {
+                "name": p.name,
+                "path": p.path,
+                "depth": p.depth,
+                "start_us": p.start_us - t0_us,
+                "end_us": p.end_us - t0_us,
+            }
+            for p in s.phases
+        ],
+        "phase_table": doc["phases"],
+        "landmarks": _landmarks(a),
+        "frames": frames,
+        "stacks": stacks,
+        "stack_titles": titles,
+        "categories": list(CATEGORIES),
+        "actions": list(ACTIONS),
+    }
+
+
+def _columns(a: RankAnalysis, t0_us: int) -> list[tuple[str, np.ndarray]]:
+    ev, lt, n = a.trace.events, a.lt, len(a.trace.events)
+    if len(ev) and int(ev["size"].max()) >= _EXACT:
+        raise ValueError("an event size of 2**53 bytes or more cannot be carried exactly")
+    dt = np.diff(a.times, prepend=a.times[:1]) if n else np.zeros(0, np.int64)
+    if n and int(dt.max()) > 0xFFFFFFFF:
+        raise ValueError("a gap of more than 71 minutes between two events")
+    life = np.zeros(n, dtype=np.int64)
+    rec = lt.alloc_pos >= 0
+    life[lt.alloc_pos[rec]] = lt.free_pos[rec] - lt.alloc_pos[rec]
+    pre = ~rec
+    dev, nt = a.curves.device_used, a.curves.non_torch
+    cols = {
+        "dt": dt,
+        "act": ev["action"],
+        "cat": a.cats,
+        "size": ev["size"],
+        "stack": ev["stack"],
+        "life": life,
+        "pre_end": lt.free_pos[pre],
+        "pre_size": lt.size[pre],
+        "pre_stack": lt.stack[pre],
+        "dev_t": dev.time_us - t0_us,
+        "dev_used": dev.bytes,
+        "dev_nontorch": nt.bytes,
+    }
+    return [
+        (name, np.ascontiguousarray(cols[name], dtype=dt_))
+        for name, dt_ in (*EVENT_COLUMNS, *PRE_COLUMNS, *DEVICE_COLUMNS)
+    ]
+
+
+def pack_rank(a: RankAnalysis, t0_us: int, *, with_events: bool = True) -> PackedRank:
+    """The page's data for one rank; without events (a run too big for one page) only the JSON part
+    and the NVML columns go in, and the page asks ``view_server`` for the rest."""
+    meta = rank_meta(a, t0_us)
+    meta["first_event_us"] = int(a.times[0]) - t0_us if len(a.times) else 0
+    parts, columns, offset = [], [], 0
+    for name, arr in _columns(a, t0_us):
+        if not with_events and not name.startswith("dev_"):
+            continue
+        raw = arr.tobytes()
+        columns.append({"name": name, "dtype": arr.dtype.str, "offset": offset, "length": len(arr)})
+        parts.append(raw)
+        offset += len(raw)
+        pad = (-offset) % 8  # each column starts 8-aligned so the page can view it in place
+        parts.append(b"\0" * pad)
+        offset += pad
+    meta["has_events"] = with_events
+    return PackedRank(meta, gzip.compress(b"".join(parts), compresslevel=6, mtime=0), columns)
+
+
+def run_start(analyses: list[RankAnalysis]) -> int:
+    """The shared time origin of every rank: the earliest recording start (as ``memtrace report``'s times)."""
+    return min(recording_span(a.trace)[0] for a in analyses)

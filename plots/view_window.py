@@ -1,0 +1,141 @@
+"""The page's two questions answered in Python, for runs too big for one page: a zoomed window of the
+timeline (exact steps when it holds few events, a min/max envelope per pixel otherwise) and the live
+set after one event. ``view_server`` serves them; ``view_html`` uses the window for the coarse overview.
+
+The answers have the shape the page's own code (``assets/view.js``) computes for a page that carries
+its events: ``{"data": [x, stacked categories top first..., reserved, device used], "exact", "events"}``
+and ``{"event", "t_us", "total", "count", "groups", "around"}``. Every value comes from the analysis
+(curves, categories, lifetimes); this module only selects and groups.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from ..analysis.categories import CATEGORIES, Categorized, category_curves
+from ..analysis.flame import frame_label
+from ..analysis.live import meaningful_frame
+from ..analysis.phases import phase_path
+from ..model import ACTIONS
+from .view_data import RankAnalysis
+
+_ALLOC = ACTIONS.index("alloc")
+
+
+class RankQueries:
+    """Precomputed arrays of one rank (curve index i = the state after event i - 1), in page time."""
+
+    def __init__(self, a: RankAnalysis, t0_us: int) -> None:
+        self.a, self.t0 = a, t0_us
+        self.t = a.times - t0_us
+        cc = category_curves(a.trace, Categorized(a.cats))
+        cats = np.stack([cc[name].bytes for name in CATEGORIES])
+        self.stacked = np.cumsum(cats, axis=0)[::-1]  # top (all categories) first, as the chart draws them
+        self.alloc = a.curves.allocated.bytes
+        self.res = a.curves.reserved.bytes
+        self.dev_t = a.curves.device_used.time_us - t0_us
+        self.dev = a.curves.device_used.bytes
+        self.curve_t0 = int(a.curves.allocated.time_us[0]) - t0_us
+
+    def event_at(self, t_us: float) -> int:
+        return int(np.searchsorted(self.t, t_us, side="right")) - 1
+
+    def window(self, x0: float, x1: float, width: int) -> dict[str, Any]:
+        """The chart's data between ``x0`` and ``x1`` seconds for a chart ``width`` pixels wide."""
+        width = max(int(width), 10)
+        t0, t1 = x0 * 1e6, x1 * 1e6
+        i0, i1 = self.event_at(t0), int(np.searchsorted(self.t, t1, side="right"))
+        count = i1 - i0 - 1
+        idx = np.arange(i0 + 1, i1)
+        if count <= 4 * width:
+            ex, ci = np.concatenate(([t0], self.t[idx])), np.concatenate(([i0 + 1], idx + 1))
+            res = self.res[ci]
+        else:
+            bucket = ((self.t[idx] - t0) * width // max(t1 - t0, 1)).astype(np.int64)
+            order = np.lexsort((-self.alloc[idx + 1], bucket))  # per bucket: fullest moment first
+            first = np.flatnonzero(np.r_[True, bucket[order][1:] != bucket[order][:-1]])
+            hi = idx[order][first]
+            order_lo = np.lexsort((self.alloc[idx + 1], bucket))
+            lo = idx[order_lo][first]
+            starts = np.flatnonzero(np.r_[True, bucket[1:] != bucket[:-1]])
+            rmax = np.maximum.reduceat(self.res[idx + 1], starts)
+            rmin = np.minimum.reduceat(self.res[idx + 1], starts)
+            b = bucket[starts].astype(np.float64)
+            bw = (t1 - t0) / width
+            ex = np.concatenate(([t0], np.stack((t0 + b * bw, t0 + (b + 0.5) * bw), 1).ravel()))
+            ci = np.concatenate(([i0 + 1], np.stack((hi + 1, lo + 1), 1).ravel()))
+            res = np.concatenate(([self.res[i0 + 1]], np.stack((rmax, rmin), 1).ravel()))
+        j0 = max(int(np.searchsorted(self.dev_t, t0, side="right")) - 1, 0)
+        j1 = int(np.searchsorted(self.dev_t, t1, side="right"))
+        step = max(1, -(-(j1 - j0) // (4 * width)))
+        dx = np.maximum(self.dev_t[j0:j1:step], t0)
+        x = np.union1d(ex, dx)
+        e_at = np.searchsorted(ex, x, side="right") - 1
+        d_at = np.searchsorted(dx, x, side="right") - 1
+        dev = [None if k < 0 else int(self.dev[j0 + k * step]) for k in d_at.tolist()]
+        cols = [(x / 1e6).tolist()]
+        cols += [self.stacked[k][ci][e_at].tolist() for k in range(len(CATEGORIES))]
+        cols += [res[e_at].tolist(), dev]
+        cols = [c + [c[-1]] for c in cols]
+        cols[0][-1] = x1
+        return {"data": cols, "exact": bool(count <= 4 * width), "events": int(count)}
+
+    def live(self, e: int, *, top: int = 200) -> dict[str, Any]:
+        """The allocations live right after event ``e``, grouped by stack (by phase without a stack)."""
+        a, lt = self.a, self.a.lt
+        tr = a.trace
+        m = np.flatnonzero((lt.alloc_pos <= e) & (lt.free_pos > e))
+        groups: dict[tuple, list] = {}
+        for i in m.tolist():
+            st = int(lt.stack[i])
+            if st >= 0:
+                key: tuple = ("s", st)
+            elif lt.alloc_pos[i] < 0:
+                key = ("pre",)
+            else:
+                key = ("p", self._phase_path(int(lt.alloc_us[i])))
+            g = groups.setdefault(key, [0, 0])
+            g[0] += int(lt.size[i])
+            g[1] += 1
+        out = []
+        for key, (nbytes, count) in sorted(groups.items(), key=lambda kv: -kv[1][0])[:top]:
+            out.append({**self._describe(key), "bytes": nbytes, "count": count})
+        ev = tr.events
+        lo, hi = max(0, e - 12), min(len(ev), e + 13)
+        around = [
+            {
+                "index": i,
+                "t_us": float(self.t[i]),
+                "action": ACTIONS[int(ev["action"][i])],
+                "size": int(ev["size"][i]),
+                "category": CATEGORIES[int(a.cats[i])] if a.cats[i] >= 0 else "",
+                "where": self._title(int(ev["stack"][i])) if ev["stack"][i] >= 0 else "",
+            }
+            for i in range(lo, hi)
+        ]
+        t_us = float(self.t[e]) if e >= 0 else float(self.curve_t0)
+        total = int(lt.size[m].sum())
+        return {"event": e, "t_us": t_us, "total": total, "count": len(m), "groups": out, "around": around}
+
+    def _phase_path(self, t_abs: int) -> str:
+        tr, best = self.a.trace, None
+        for i, p in enumerate(tr.phases):
+            end = p.end_us if p.end_us is not None else np.iinfo(np.int64).max
+            if p.start_us <= t_abs < end and (best is None or phase_path(tr, i).count("/") >= best[1]):
+                best = (i, phase_path(tr, i).count("/"))
+        return phase_path(tr, best[0]) if best else "(no phase)"
+
+    def _title(self, st: int) -> str:
+        frames = self.a.trace.stack_frames(st)
+        f = meaningful_frame(frames)
+        return frame_label(f) if f is not None else ""
+
+    def _describe(self, key: tuple) -> dict[str, Any]:
+        if key[0] == "pre":
+            return {"path": ["[before recording]"], "title": "[before recording]"}
+        if key[0] == "p":
+            return {"path": ["[no stack]", *key[1].split("/")], "title": f"[no stack] allocated in {key[1]}"}
+        frames = self.a.trace.stack_frames(key[1])
+        return {"path": [frame_label(f) for f in reversed(frames)], "title": self._title(key[1])}

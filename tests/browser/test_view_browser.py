@@ -1,0 +1,234 @@
+"""`memtrace view` pages opened in a real Chromium (Debian's, driven by Playwright; no browser download).
+
+The pages are written from the real vLLM 0.25.1 start-up recorded on the H200 (tests/data/vllm-h200) and
+from the real 16 GiB-card run that died of OOM (tests/data/h200/startup-cap16g); each test fails on any
+JavaScript error or console error. The figures asserted come from `memtrace report --json` of the same
+run, so the page must agree with the report to the byte.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import os
+import shutil
+import sqlite3
+from pathlib import Path
+
+import pytest
+from testdata import DATA
+
+pytestmark = pytest.mark.browser
+playwright_api = pytest.importorskip("playwright.sync_api", reason="Playwright is installed by .ci/setup")
+CHROMIUM = os.environ.get("MEMTRACE_CHROMIUM", "/usr/bin/chromium")
+if not Path(CHROMIUM).exists():
+    pytest.skip(f"no Chromium at {CHROMIUM} (.ci/setup installs Debian's chromium)", allow_module_level=True)
+
+STARTUP = DATA / "vllm-h200" / "startup"
+OOM_RUN = DATA / "h200" / "startup-cap16g"
+
+
+def _main(*argv: str) -> str:
+    from memtrace.cli import main
+
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        assert main(list(argv)) == 0
+    return out.getvalue()
+
+
+def _report(run: Path) -> dict:
+    return json.loads(_main("report", str(run), "--json"))
+
+
+@pytest.fixture(scope="module")
+def browser():
+    with playwright_api.sync_playwright() as p:
+        b = p.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"])
+        yield b
+        b.close()
+
+
+class Page:
+    """A page of `memtrace view` with every JavaScript error collected."""
+
+    def __init__(self, browser, html: Path):
+        self.errors: list[str] = []
+        self.page = browser.new_page(viewport={"width": 1400, "height": 1000})
+        self.page.on("pageerror", lambda e: self.errors.append(f"pageerror: {e}"))
+        self.page.on("console", lambda m: self.errors.append(f"console: {m.text}") if m.type == "error" else None)
+        self.page.goto(html.as_uri())
+        self.page.wait_for_function("window.memtraceView && (memtraceView.ready || memtraceView.errors.length)")
+        self.check()
+
+    def js(self, expr: str):
+        return self.page.evaluate(expr)
+
+    def check(self) -> None:
+        errors = self.errors + self.js("memtraceView.errors")
+        assert not errors, errors
+
+    def rank(self, r: int = 0) -> dict:
+        return self.js(f"(() => {{ const R = memtraceView.ranks[{r}]; return {{drawn: R.drawn, view: R.view}}; }})()")
+
+    def chart_box(self, r: int = 0) -> dict:
+        return self.js(
+            f"(() => {{ const b = memtraceView.ranks[{r}].u.over.getBoundingClientRect(); return {{x: b.x, y: b.y, w: b.width, h: b.height}}; }})()"
+        )
+
+    def x_of(self, seconds: float, r: int = 0) -> float:
+        return self.js(f"memtraceView.ranks[{r}].u.valToPos({float(seconds)!r}, 'x')") + self.chart_box(r)["x"]
+
+    def zoom(self, x0: float, x1: float) -> None:
+        self.js(f"memtraceView.zoom({x0!r}, {x1!r})")
+        self.page.wait_for_function(f"memtraceView.ranks.every(r => r.view && Math.abs(r.view.x0 - {x0!r}) < 1e-9)")
+
+    def close(self) -> None:
+        self.check()
+        self.page.close()
+
+
+@pytest.fixture(scope="module")
+def startup_html(tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("view") / "startup.html"
+    _main("view", str(STARTUP), "-o", str(out))
+    return out
+
+
+@pytest.fixture
+def startup(browser, startup_html):
+    page = Page(browser, startup_html)
+    yield page
+    page.close()
+
+
+def test_phases_target_capacity_and_crossing_are_drawn(startup):
+    drawn = startup.rank()["drawn"]
+    assert drawn["phase_names"] == [
+        "init_device",
+        "load_model",
+        "determine_available_memory",
+        "determine_available_memory/profile_run",
+        "determine_available_memory/cudagraph_profile",
+        "kv_cache_init",
+        "compile_or_warm_up",
+        "compile_or_warm_up/kernel_warmup",
+        "compile_or_warm_up/capture_model",
+    ]
+    assert drawn["target"] is not None and drawn["capacity"] is not None and drawn["crossing"] is not None
+    assert drawn["capacity"] < drawn["target"]  # the card's 139.8 GiB lies above the 128.6 GiB target
+    assert drawn["oom"] is None  # this start-up survived
+
+
+def test_clicking_the_peak_shows_the_reports_allocated_at_peak_to_the_byte(startup):
+    peak = _report(STARTUP)["traces"][0]["peak"]
+    t0 = startup.js("memtraceView.ranks[0].meta.t0_us")
+    at = (peak["state_us"] - t0) / 1e6
+    startup.zoom(at - 40e-6, at + 40e-6)  # 80 µs across the chart: one microsecond is ~13 px
+    x = startup.x_of(at + 0.4e-6)
+    box = startup.chart_box()
+    startup.page.mouse.click(x, box["y"] + box["h"] / 2)
+    startup.page.wait_for_function("memtraceView.selected")
+    sel = startup.js("memtraceView.selected")
+    assert sel["event"] == peak["event_index"]
+    assert sel["live_bytes"] == peak["allocated_bytes"] == 137_882_827_252
+    assert startup.page.inner_text("#mt-live-0") == "128.41 GiB (137,882,827,252 B)"
+    assert sel["ms"] < 500
+    # the landmark button lands on the same moment
+    startup.js("memtraceView.selected = null")
+    startup.page.click("button[data-landmark=peak]")
+    startup.page.wait_for_function("memtraceView.selected")
+    assert startup.js("memtraceView.selected.live_bytes") == peak["allocated_bytes"]
+    assert startup.page.locator(".mt-icicle .mt-node").count() >= 3
+    assert startup.page.locator(".mt-events tr.mt-here").count() == 1
+
+
+def test_wheel_and_drag_zoom_reach_exact_steps(startup):
+    from memtrace.cli._runs import load
+
+    trace = load(STARTUP).traces[0]
+    times = sorted(int(t) for t in trace.events["time_us"])
+    assert startup.rank()["view"]["exact"] is False  # 14,767 events do not fit 1,000 pixels exactly
+    box = startup.chart_box()
+    x = startup.x_of((trace.events["time_us"][5528] - startup.js("memtraceView.ranks[0].meta.t0_us")) / 1e6)
+    startup.page.mouse.move(x, box["y"] + box["h"] / 2)
+    for _ in range(30):
+        startup.page.mouse.wheel(0, -200)
+        startup.page.wait_for_timeout(30)
+        if startup.rank()["view"]["exact"]:
+            break
+    view = startup.rank()["view"]
+    assert view["exact"] is True
+    t0 = startup.js("memtraceView.ranks[0].meta.t0_us")
+    lo, hi = t0 + view["x0"] * 1e6, t0 + view["x1"] * 1e6
+    inside = sum(1 for t in times if lo < t <= hi)
+    assert abs(view["events"] - inside) <= 1 and view["points"] >= view["events"] + 1
+    # a drag narrows the window further
+    startup.page.mouse.move(box["x"] + box["w"] * 0.3, box["y"] + 50)
+    startup.page.mouse.down()
+    startup.page.mouse.move(box["x"] + box["w"] * 0.6, box["y"] + 50, steps=5)
+    startup.page.mouse.up()
+    startup.page.wait_for_function(
+        f"memtraceView.ranks[0].view.x1 - memtraceView.ranks[0].view.x0 < {view['x1'] - view['x0']}"
+    )
+
+
+def test_hover_shows_exact_bytes_and_the_phase(startup):
+    box = startup.chart_box()
+    startup.page.mouse.move(box["x"] + box["w"] * 0.5, box["y"] + box["h"] / 2)
+    startup.page.wait_for_function("memtraceView.ranks[0].hover")
+    rows = startup.js("memtraceView.ranks[0].hover.rows")
+    assert rows["phase"] == "determine_available_memory/profile_run"  # the middle of the run is spent profiling
+    assert rows["allocated"].endswith(" B)") and "GiB (" in rows["allocated"]
+    assert rows["time"].endswith(" s")
+
+
+def test_screenshot_of_the_page(startup, tmp_path):
+    startup.page.click("button[data-landmark=peak]")
+    startup.page.wait_for_function("memtraceView.selected")
+    shot = tmp_path / "view.png"
+    startup.page.screenshot(path=str(shot), full_page=True)
+    keep = os.environ.get("MEMTRACE_VIEW_SCREENSHOT")
+    if keep:
+        shutil.copy(shot, keep)
+    assert shot.stat().st_size > 50_000  # a drawn page, not a blank one
+
+
+def test_oom_run_draws_the_oom_and_shows_stacks_at_it(browser, tmp_path):
+    out = tmp_path / "oom.html"
+    _main("view", str(OOM_RUN), "-o", str(out))
+    page = Page(browser, out)
+    assert page.rank()["drawn"]["oom"] is not None
+    page.page.click("button[data-landmark=OOM]")
+    page.page.wait_for_function("memtraceView.selected")
+    report = _report(OOM_RUN)["traces"][0]
+    assert page.js("memtraceView.selected.live_bytes") > 0
+    assert page.page.locator(".mt-icicle .mt-node").count() > 5  # real Python stacks, several frames deep
+    page.page.click("button[data-landmark=peak]")
+    page.page.wait_for_function(f"memtraceView.selected.event === {report['peak']['event_index']}")
+    assert page.js("memtraceView.selected.live_bytes") == report["peak"]["allocated_bytes"]
+    page.close()
+
+
+def test_two_ranks_get_one_lane_each_on_a_shared_time_axis(browser, tmp_path):
+    run_dir = tmp_path / "tp2"
+    run_dir.mkdir()
+    for rank, name in enumerate(["startup-cap32g", "startup-cap44g"]):
+        dst = run_dir / f"vm-pid{1000 + rank}-rank{rank}.memtrace"
+        shutil.copy(next((DATA / "h200" / name).glob("*.memtrace")), dst)
+        db = sqlite3.connect(dst)
+        with db:
+            (doc,) = db.execute("SELECT value FROM meta WHERE key='process'").fetchone()
+            process = {**json.loads(doc), "rank": rank, "local_rank": rank, "world_size": 2, "pid": 1000 + rank}
+            db.execute("UPDATE meta SET value=? WHERE key='process'", (json.dumps(process),))
+        db.close()
+    out = tmp_path / "tp2.html"
+    _main("view", str(run_dir), "-o", str(out))
+    page = Page(browser, out)
+    assert page.js("memtraceView.ranks.length") == 2
+    assert page.page.locator("section.mt-lane h2").all_inner_texts() == ["rank 0", "rank 1"]
+    page.zoom(2.0, 3.0)
+    views = [page.rank(r)["view"] for r in (0, 1)]
+    assert views[0]["x0"] == views[1]["x0"] == 2.0 and views[0]["x1"] == views[1]["x1"] == 3.0
+    page.close()

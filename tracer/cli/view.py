@@ -1,0 +1,73 @@
+"""Write one self-contained HTML page to explore a run: zoom, hover, click a moment to see what was live.
+
+The page shows the timeline (allocated by category, reserved, NVML device used, the non-PyTorch band,
+phases, the target, the card's capacity, the crossing and the OOM), zooms by drag and wheel down to
+single allocator events, and shows at any clicked moment (or a landmark: peak, first crossing, OOM,
+end of each phase) the live allocations as an icicle by stack, the top holders and the events around.
+Everything is inline: it opens from disk with no network. A run with more than --max-events events
+per page carries a coarse overview; `--serve` then answers the page's zoom and click queries from the
+trace on 127.0.0.1 (a free port; Ctrl-C stops it).
+
+  memtrace view RUN                       # writes <run>-view.html
+  memtrace view RUN -o run.html --force --util 0.85
+  memtrace view --serve RUN               # http://127.0.0.1:PORT/ until Ctrl-C
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+NAME = "view"
+ORDER = 35
+DEFAULT_MAX_EVENTS = 4_000_000
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    from ._runs import add_input, add_target
+
+    add_input(p)
+    p.add_argument("-o", "--output", metavar="FILE", help="page to write (default: <run>-view.html)")
+    p.add_argument("--force", action="store_true", help="replace FILE if it exists")
+    p.add_argument("--rank", type=int, default=None, help="only this rank (default: every rank, one lane each)")
+    add_target(p)
+    p.add_argument("--serve", action="store_true", help="serve the page on 127.0.0.1 and answer its queries")
+    p.add_argument("--port", type=int, default=0, help="port for --serve (default: a free one)")
+    p.add_argument(
+        "--max-events",
+        type=int,
+        default=DEFAULT_MAX_EVENTS,
+        metavar="N",
+        help=f"events per page above which the page carries an overview only (default {DEFAULT_MAX_EVENTS:,})",
+    )
+
+
+def run(args: argparse.Namespace) -> int:
+    from ..analysis.target import resolve_target
+    from ..outputs import atomic_write, output_file, run_name
+    from ..plots.view_data import analyse
+    from ..plots.view_html import build_page
+    from ..progress import task
+    from ._runs import load_args, select, target_args
+    from .plot import with_events
+
+    out = None
+    if not args.serve:
+        out = output_file(
+            args.run_path, args.output, default_suffix="-view.html", suffixes=(".html",), force=args.force
+        )
+    targets = target_args(args)
+    traces = with_events(select(load_args(args), args.rank), args.run_path, "view")
+    with task("Analysing", total=None):
+        analyses = [analyse(t, resolve_target(t, **targets)) for t in traces]
+    title = f"GPU memory during start-up: {run_name(args.run_path)}"
+    if args.serve:
+        from ..plots.view_server import serve
+
+        return serve(analyses, title=title, port=args.port, max_events=args.max_events)
+    with task(f"Writing {out}", total=None):
+        page = build_page(analyses, title=title, max_events=args.max_events, api=False)
+        with atomic_write(out) as tmp:
+            tmp.write_text(page, encoding="utf-8")
+    print(f"memtrace: wrote {out}", file=sys.stderr)
+    return 0
