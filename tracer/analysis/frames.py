@@ -67,11 +67,28 @@ def _is_plumbing(f: Frame) -> bool:
 
 def meaningful_frame(frames: Sequence[Frame]) -> Frame | None:
     """The innermost frame worth showing: the innermost Python frame outside torch, memtrace and the
-    standard library; else the innermost Python frame; else the innermost frame; None for an empty stack."""
+    standard library; else the innermost Python frame; else a native frame past the unwinder and the
+    allocator (:func:`_native_frame`); None for an empty stack."""
     py = [f for f in frames if is_python_frame(f)]
     for f in py:
         if not _is_plumbing(f):
             return f
     if py:
         return py[0]
+    return _native_frame(frames)
+
+
+#: Native frames that are the recording machinery or the allocator itself, never the reason.
+_NATIVE_PLUMBING = ("torch::unwind", "torch::CapturedTraceback", "torch::cuda::", "c10::")
+
+
+def _native_frame(frames: Sequence[Frame]) -> Frame | None:
+    """For a stack with no Python frame (an autograd engine thread, a C++ extension): the autograd
+    node that ran (``DivBackward0::apply``), else the innermost frame past the unwinder and allocator."""
+    for f in frames:
+        if "Backward" in f.name and "::apply" in f.name:
+            return f
+    for f in frames:
+        if f.name and not f.name.startswith(_NATIVE_PLUMBING):
+            return f
     return frames[0] if frames else None

@@ -20,8 +20,10 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from ..errors import TraceFormatError
-from ..model import Run, Trace
+from ..model import ACTION_CODE, Run, Trace
 
 PICKLE_SUFFIXES = (".pickle", ".pkl")
 #: The only globals a snapshot pickle may name: containers the standard library rebuilds harmlessly.
@@ -103,7 +105,8 @@ def traces_from_snapshot_file(path: str | os.PathLike, *, device: int | None = N
         )
     traces = traces_from_snapshot(snapshot, device=device, source=str(path))
     del snapshot
-    if not any(len(t.events) for t in traces):
+    inert = (ACTION_CODE["snapshot"], ACTION_CODE["annotate"])
+    if not any(np.isin(t.events["action"], inert, invert=True).any() for t in traces):
         raise TraceFormatError(
             f"{path} holds allocator state but no events (no history was recorded); call "
             "torch.cuda.memory._record_memory_history() before the workload, then dump the snapshot"
