@@ -58,6 +58,7 @@ def render_html(ranks: list[PackedRank], summaries: list, *, title: str, api: bo
     return f"""<!DOCTYPE html>
 <html lang="en"><head><meta charset="utf-8">
 <meta name="viewport" content="width=device-width, initial-scale=1">
+<link rel="icon" href="data:,">
 <title>{html.escape(title)}</title>
 <style>{css}</style>
 </head><body>

@@ -53,12 +53,12 @@ def browser():
 class Page:
     """A page of `memtrace view` with every JavaScript error collected."""
 
-    def __init__(self, browser, html: Path):
+    def __init__(self, browser, html: Path | str):
         self.errors: list[str] = []
         self.page = browser.new_page(viewport={"width": 1400, "height": 1000})
         self.page.on("pageerror", lambda e: self.errors.append(f"pageerror: {e}"))
         self.page.on("console", lambda m: self.errors.append(f"console: {m.text}") if m.type == "error" else None)
-        self.page.goto(html.as_uri())
+        self.page.goto(html if isinstance(html, str) else html.as_uri())
         self.page.wait_for_function("window.memtraceView && (memtraceView.ready || memtraceView.errors.length)")
         self.check()
 
@@ -232,3 +232,30 @@ def test_two_ranks_get_one_lane_each_on_a_shared_time_axis(browser, tmp_path):
     views = [page.rank(r)["view"] for r in (0, 1)]
     assert views[0]["x0"] == views[1]["x0"] == 2.0 and views[0]["x1"] == views[1]["x1"] == 3.0
     page.close()
+
+
+def test_served_page_of_a_run_too_big_for_one_page_zooms_and_clicks_through_the_server(browser):
+    from memtrace.analysis.target import resolve_target
+    from memtrace.cli._runs import load
+    from memtrace.plots.view_data import analyse
+    from memtrace.plots.view_server import start
+
+    trace = load(STARTUP).traces[0]
+    server = start([analyse(trace, resolve_target(trace))], title="served", max_events=1_000)
+    try:
+        assert server.server_address[0] == "127.0.0.1"
+        page = Page(browser, server.url)
+        assert page.js("memtraceView.ranks[0].L") is None  # the page carries no events: the server answers
+        peak = _report(STARTUP)["traces"][0]["peak"]
+        at = (peak["state_us"] - page.js("memtraceView.ranks[0].meta.t0_us")) / 1e6
+        page.zoom(at - 40e-6, at + 40e-6)
+        assert page.rank()["view"]["exact"] is True
+        box = page.chart_box()
+        page.page.mouse.click(page.x_of(at + 0.4e-6), box["y"] + box["h"] / 2)
+        page.page.wait_for_function("memtraceView.selected")
+        assert page.js("memtraceView.selected.live_bytes") == peak["allocated_bytes"]
+        assert page.page.inner_text("#mt-live-0") == "128.41 GiB (137,882,827,252 B)"
+        page.close()
+    finally:
+        server.shutdown()
+        server.server_close()
