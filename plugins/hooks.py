@@ -44,6 +44,7 @@ SENTINEL = "__memtrace_hook__"
 FAULT_ENV = "MEMTRACE_FAULT"
 
 _NO_TOKEN = object()
+_WRAPPER_CODE: Any = None  # the code of the wrappers _make_wrapper returns (see _drop_inner_wrapper_frames)
 
 
 class HookTargetError(ValueError):
@@ -343,6 +344,7 @@ def _make_wrapper(original: Callable, hook: _Hook, manager: HookManager) -> Call
 
     @functools.wraps(original)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
+        __tracebackhide__ = True  # noqa: F841 - pytest and IPython leave this frame out of tracebacks
         local = _tls
         if local.busy or local.active.get(key):
             return original(*args, **kwargs)
@@ -362,13 +364,31 @@ def _make_wrapper(original: Callable, hook: _Hook, manager: HookManager) -> Call
         except BaseException as exc:
             local.active[key] -= 1
             _after(local, hook, manager, token, None, exc)
-            raise
+            _drop_inner_wrapper_frames(exc.__traceback__)
+            raise  # the program's own exception object, unchanged
         local.active[key] -= 1
         _after(local, hook, manager, token, result, None)
         return result
 
     setattr(wrapper, SENTINEL, hook.target.path)
+    global _WRAPPER_CODE
+    _WRAPPER_CODE = wrapper.__code__  # one code object for every wrapper this module makes
     return wrapper
+
+
+def _drop_inner_wrapper_frames(tb: Any) -> None:
+    """Unlink the frames of memtrace wrappers nested below ``tb``'s head from an exception's traceback.
+
+    An exception raised inside two hooked calls (``determine_available_memory`` > ``profile_run``) then
+    shows one memtrace frame in the traceback the user reads (the outermost wrapper's, which Python
+    adds as the exception leaves it) instead of one per hook. The frames themselves are untouched.
+    """
+    prev = tb
+    while prev is not None and prev.tb_next is not None:
+        if prev.tb_next.tb_frame.f_code is _WRAPPER_CODE:
+            prev.tb_next = prev.tb_next.tb_next
+        else:
+            prev = prev.tb_next
 
 
 def _after(local: _Local, hook: _Hook, manager: HookManager, token: Any, result: Any, error: BaseException | None):

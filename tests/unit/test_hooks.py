@@ -6,9 +6,11 @@ import importlib
 import logging
 import sys
 import textwrap
+import traceback
 import uuid
 
 import pytest
+from memtrace.plugins import hooks
 from memtrace.plugins.hooks import SENTINEL, HookManager, HookTargetError, Target
 
 
@@ -195,6 +197,30 @@ def test_an_exception_of_the_original_propagates_and_reaches_after(pkg):
     with pytest.raises(KeyError, match="inner"):
         lib.boom()
     assert rec.events[-1] == ("after", 1, None, "KeyError")
+    manager.unpatch()
+
+
+def test_an_error_through_nested_hooks_is_the_same_object_with_one_memtrace_frame(pkg):
+    """vLLM's OOM traceback (determine_available_memory > profile_run, both hooked) showed memtrace's
+    wrapper twice; now the exception object is the program's own and one wrapper frame remains."""
+    importlib.import_module(f"{pkg}.lib")
+    user = importlib.import_module(f"{pkg}.user")
+    manager = HookManager()
+    manager.add(f"{pkg}.lib:work", Recorder())
+    manager.add(f"{pkg}.user:call", Recorder())
+    err = MemoryError("CUDA out of memory. Tried to allocate 60.00 MiB")
+
+    class Tensor:
+        def __add__(self, other):
+            raise err
+
+    with pytest.raises(MemoryError) as info:
+        user.call(Tensor())
+    assert info.value is err and err.__cause__ is None and err.__context__ is None
+    frames = traceback.extract_tb(err.__traceback__)
+    ours = [f for f in frames if f.filename == hooks.__file__]
+    assert len(ours) == 1 and ours[0].name == "wrapper"
+    assert [f.name for f in frames if f.filename != hooks.__file__][-3:] == ["call", "work", "__add__"]
     manager.unpatch()
 
 
