@@ -9,6 +9,9 @@ nor numpy: only a test that asks for a budget does. Two ways to ask::
     @pytest.mark.memtrace(max_peak="2GiB", curve="allocated")
     def test_forward(): ...
 
+    @pytest.mark.memtrace(util=0.5)                   # half the card (util x the card, or x total=)
+    def test_half(): ...
+
     def test_prefill(memtrace_budget):                # one block of a test
         with memtrace_budget("2GiB"):
             model(tokens)
@@ -17,8 +20,11 @@ The test is recorded with memtrace's capture API (after ``gc.collect()`` and
 ``torch.cuda.empty_cache()``, so that memory cached by earlier tests does not count) inside a phase
 named after the test; user phases (``memtrace.phase``) nest in it. ``curve`` is "reserved" (the
 default: PyTorch's segments), "allocated" or "device" (NVML, the whole card). Over budget, the test
-fails with the budget, the measured peak, the phase of the peak, the top holders and the trace's
-path (read it with ``memtrace report``). Without torch or a CUDA GPU the test is *skipped* with
+fails with the budget, the measured peak, the phase of the peak, every curve's peak and the OOM as
+``memtrace report`` gives them (``analysis.budget`` resolves the budget through
+``analysis.target.resolve_target`` and takes its figures from ``analysis.summary``), the top
+holders and the trace's path. A budgeted test that raised after a CUDA OOM gets a "memtrace"
+section in its report: where it died, what it asked for, what was free. Without torch or a CUDA GPU the test is *skipped* with
 the reason, never passed silently. ``--memtrace-dir DIR`` keeps the traces there (default: a
 temporary directory).
 """
@@ -42,9 +48,11 @@ MARKER = "memtrace"
 class Budget:
     """What a test asked for: the largest peak allowed on one curve."""
 
-    max_peak_bytes: int
+    max_peak_bytes: int | None  # None: the budget is util x the card (``util=``)
     max_peak_text: str
     curve: str = "reserved"
+    util: float | None = None
+    total_bytes: int | None = None
 
 
 _BUDGET_KEY = pytest.StashKey[Budget]()
@@ -64,8 +72,8 @@ def pytest_configure(config: pytest.Config) -> None:
         config.pluginmanager.register(_CheckBudget(), "memtrace-budget-check")
     config.addinivalue_line(
         "markers",
-        "memtrace(max_peak, curve='reserved'): fail the test when its GPU memory peak exceeds max_peak "
-        "(e.g. '30GiB'); skipped without a CUDA GPU",
+        "memtrace(max_peak, curve='reserved', util=None, total=None): fail the test when its GPU memory "
+        "peak exceeds max_peak (e.g. '30GiB') or util x the card; skipped without a CUDA GPU",
     )
 
 
@@ -73,17 +81,32 @@ def _curves() -> tuple[str, ...]:
     return ("reserved", "allocated", "device")  # memtrace.analysis.budget.CURVES, without importing numpy
 
 
-def parse_budget(max_peak: Any = None, curve: str = "reserved", **unknown: Any) -> Budget:
-    """A Budget from the marker's or fixture's arguments; UsageError (one line) when unreadable."""
+def parse_budget(
+    max_peak: Any = None, curve: str = "reserved", *, util: Any = None, total: Any = None, **unknown: Any
+) -> Budget:
+    """A Budget from the marker's or fixture's arguments; UsageError (one line) when unreadable.
+
+    ``max_peak`` is a size ("30GiB"); ``util`` a share of the card (0.9 or "90%") times ``total``
+    or the card the test ran on: the same target resolution as ``memtrace report --util``.
+    """
     from memtrace.errors import UsageError
-    from memtrace.units import parse_size
+    from memtrace.units import parse_fraction, parse_size
 
     if unknown:
-        raise UsageError(f"memtrace budget: unknown argument(s) {', '.join(sorted(unknown))}; use max_peak= and curve=")
-    if max_peak is None:
-        raise UsageError("memtrace budget: give max_peak, e.g. @pytest.mark.memtrace(max_peak='30GiB')")
+        raise UsageError(
+            f"memtrace budget: unknown argument(s) {', '.join(sorted(unknown))}; use max_peak= or util=, and curve="
+        )
+    if max_peak is None and util is None:
+        raise UsageError("memtrace budget: give max_peak, e.g. @pytest.mark.memtrace(max_peak='30GiB'), or util=0.9")
+    if max_peak is not None and util is not None:
+        raise UsageError("memtrace budget: give either max_peak or util, not both")
+    if total is not None and util is None:
+        raise UsageError("memtrace budget: total= only applies with util=")
     if curve not in _curves():
         raise UsageError(f"memtrace budget: unknown curve {curve!r}; use one of {', '.join(_curves())}")
+    if util is not None:
+        u = parse_fraction(util)
+        return Budget(None, f"util {u:g}", curve, u, parse_size(total) if total is not None else None)
     return Budget(parse_size(max_peak), str(max_peak), curve)
 
 
@@ -182,21 +205,38 @@ def _enforce(budget: Budget, path: Path, what: str) -> None:
     from memtrace.analysis.budget import check_budget
     from memtrace.store import load_trace
 
-    result = check_budget(load_trace(path), budget.max_peak_bytes, curve=budget.curve)
+    result = check_budget(
+        load_trace(path), budget.max_peak_bytes, curve=budget.curve, util=budget.util, total_bytes=budget.total_bytes
+    )
     if result.over:
         pytest.fail(failure_message(result, what, budget.max_peak_text, path), pytrace=False)
 
 
 def failure_message(result: Any, what: str, budget_text: str, path: Path | str | None = None) -> str:
-    """The readable failure of an over-budget test: budget, measured peak, phase, top holders."""
+    """The readable failure of an over-budget test: budget, measured peak, phase, top holders, the
+    peaks and the OOM as ``memtrace report`` gives them."""
 
     from ..units import format_gib as gib
 
+    source = f", {result.budget_source}" if getattr(result, "budget_source", "") not in ("", "--target") else ""
     lines = [
         f"{what}: GPU memory peak {gib(result.peak_bytes)} ({result.curve}) is over the budget "
-        f"{budget_text} ({gib(result.budget_bytes)}) by {gib(result.excess_bytes)}",
+        f"{budget_text} ({gib(result.budget_bytes)}{source}) by {gib(result.excess_bytes)}",
         f"  peak in phase: {result.phase or 'outside any phase'}",
     ]
+    return "\n".join(lines + _details(result, path))
+
+
+def _details(result: Any, path: Path | str | None) -> list[str]:
+    from ..units import format_gib as gib
+
+    lines = []
+    if result.peaks:
+        lines.append("  peaks (as memtrace report): " + ", ".join(f"{k} {gib(v)}" for k, v in result.peaks.items()))
+    if result.oom is not None:
+        o = result.oom
+        free = f" with {gib(o.free_bytes)} free" if o.free_bytes is not None else ""
+        lines.append(f"  died of CUDA OOM in {o.phase_path or 'no phase'}: asked for {gib(o.requested_bytes)}{free}")
     if result.holders:
         lines.append("  top holders at the peak:")
         for h in result.holders:
@@ -205,7 +245,44 @@ def failure_message(result: Any, what: str, budget_text: str, path: Path | str |
             lines.append(f"    {gib(h.bytes):>10}  {h.count:>5} block(s)  {where}")
     if path is not None:
         lines.append(f"  trace: {path}  (memtrace report {path})")
-    return "\n".join(lines)
+    return lines
+
+
+def oom_report(path: Path | str) -> str | None:
+    """For a test that raised: what memtrace saw if the trace recorded a CUDA OOM, else None."""
+    from memtrace.analysis.budget import check_budget
+    from memtrace.analysis.oom import find_oom
+    from memtrace.store import load_trace
+
+    trace = load_trace(path)
+    if find_oom(trace) is None:
+        return None
+    result = check_budget(trace, 1 << 62)  # any budget: only the figures are wanted
+    head = f"GPU memory peak {_gib(result.peak_bytes)} (reserved) in {result.phase or 'no phase'}"
+    return "\n".join([head, *_details(result, path)])
+
+
+def _gib(n: int) -> str:
+    from memtrace.units import format_gib
+
+    return format_gib(n)
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo) -> Any:
+    """A budgeted test that raised (a CUDA OOM, typically): stop its recording and add what it saw."""
+    outcome = yield
+    if call.when != "call" or call.excinfo is None:
+        return
+    holder = _stop(item)
+    if holder is None:
+        return
+    try:
+        text = oom_report(holder["path"])
+    except Exception as exc:  # the test's own failure stands; say why memtrace has nothing to add
+        text = f"memtrace could not read the test's trace {holder['path']}: {exc}"
+    if text:
+        outcome.get_result().sections.append(("memtrace", text))
 
 
 class BudgetRecorder:

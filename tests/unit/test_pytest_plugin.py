@@ -8,6 +8,7 @@ exercised once with a FAKE recorder standing in for the GPU recording, named so.
 
 from __future__ import annotations
 
+import dataclasses
 import subprocess
 import sys
 from pathlib import Path
@@ -76,6 +77,9 @@ def test_budget_on_real_h200_traces_names_the_peak_phase():
         ({"max_peak": "lots"}, "cannot read size 'lots'"),
         ({"max_peak": "1GiB", "curve": "nvml"}, "unknown curve 'nvml'"),
         ({"max_peak": "1GiB", "limit": 3}, "unknown argument(s) limit"),
+        ({"max_peak": "1GiB", "util": 0.5}, "either max_peak or util"),
+        ({"max_peak": "1GiB", "total": "80GiB"}, "total= only applies with util="),
+        ({"util": 0}, "fraction 0 must be above 0"),
     ],
 )
 def test_bad_budget_arguments_are_one_line_errors(kwargs, message):
@@ -88,6 +92,54 @@ def test_budget_sizes_parse():
     assert parse_budget(max_peak="512MiB", curve="allocated") == parse_budget(512 * MiB, "allocated").__class__(
         512 * MiB, "512MiB", "allocated"
     )
+
+
+def test_util_budget_parses():
+    b = parse_budget(util="90%", total="80GiB")
+    assert (b.max_peak_bytes, b.util, b.total_bytes, b.max_peak_text) == (None, 0.9, 80 * GiB, "util 0.9")
+
+
+# -- the same target and figures as `memtrace report` (issue 10: one answer everywhere) ---------------------
+
+
+def test_util_budget_is_the_target_report_resolves_and_the_peaks_are_reports():
+    from memtrace.analysis.summary import summarize
+    from memtrace.analysis.target import resolve_target
+
+    trace = load_trace(next((H200 / "startup-cap32g").glob("*.memtrace")))
+    result = check_budget(trace, util=0.5)
+    # the card this run stood for is 32 GiB (capacity_bytes), not the H200's 139.8 GiB
+    assert result.budget_bytes == resolve_target(trace, util=0.5).target_bytes == 16 * GiB
+    assert result.budget_source == "--util 0.5 x the card"
+    s = summarize(trace)
+    assert (result.peak_bytes, result.peak_us, result.phase) == (
+        s.peak.reserved_bytes,
+        s.peak.time_us,
+        s.peak.phase_path,
+    )
+    assert result.peaks == {
+        "reserved": s.peak.reserved_bytes,
+        "allocated": s.peak_allocated.bytes,
+        "device": s.peak_device_used.bytes,
+    }
+    assert [h.bytes for h in result.holders] == [h.bytes for h in s.holders[:5]]
+    dev = check_budget(trace, util=0.5, curve="device")
+    assert (dev.peak_bytes, dev.phase) == (s.peak_device_used.bytes, s.peak_device_used.phase_path)
+    assert result.oom is None
+
+
+def test_a_budget_names_the_oom_the_run_died_of():
+    trace = load_trace(next((H200 / "startup-cap16g").glob("*.memtrace")))
+    result = check_budget(trace, 8 * GiB)
+    assert result.oom.phase_path == "compile_or_warm_up/kernel_warmup" and result.oom.requested_bytes == GiB
+    msg = failure_message(result, "test_x", "8GiB")
+    assert "  died of CUDA OOM in compile_or_warm_up/kernel_warmup: asked for 1.00 GiB" in msg
+    assert "  peaks (as memtrace report): reserved 14.40 GiB, allocated 14.32 GiB, device " in msg
+
+
+def test_no_budget_at_all_is_one_line():
+    with pytest.raises(UsageError, match="no memory budget"):
+        check_budget(dataclasses.replace(g.vllm_like_startup(), facts={}))  # no max_peak, no util, no recorded target
 
 
 # -- inside pytest (pytester) ---------------------------------------------------------------------
@@ -130,7 +182,7 @@ def test_bad_marker_fails_even_without_a_gpu(pytester):
 
 def test_marker_is_registered(pytester):
     result = pytester.runpytest("--markers")
-    result.stdout.fnmatch_lines(["@pytest.mark.memtrace(max_peak, curve='reserved'): fail the test*"])
+    result.stdout.fnmatch_lines(["@pytest.mark.memtrace(max_peak, curve='reserved', util=None, total=None): fail*"])
 
 
 def test_over_budget_test_fails_with_a_readable_report_FAKE_recorder(pytester, tmp_path):
@@ -218,3 +270,42 @@ def test_plugin_is_registered_by_its_entry_point():
         cwd="/",  # a stale memtrace.egg-info in the repository root would shadow the installed metadata
     )
     assert out.stdout.strip() == "['memtrace.plugins.pytest_plugin']"
+
+
+def test_a_budgeted_test_that_died_of_oom_reports_where_FAKE_recorder(pytester):
+    # FAKE recorder as above, returning the real H200 trace of a start-up that died of OOM on a 16 GiB card
+    trace_path = next((H200 / "startup-cap16g").glob("*.memtrace"))
+    pytester.makeconftest(
+        f"""
+        import contextlib
+        from pathlib import Path
+        import memtrace.plugins.pytest_plugin as plugin
+
+        plugin.cuda_unavailable_reason = lambda: None
+
+        @contextlib.contextmanager
+        def fake_record(config, nodeid, phase_name):
+            yield {{"path": Path({str(trace_path)!r})}}
+
+        plugin._record = fake_record
+        """
+    )
+    pytester.makepyfile(
+        """
+        import pytest
+
+        @pytest.mark.memtrace(max_peak="64GiB")
+        def test_dies():
+            raise MemoryError("CUDA out of memory. Tried to allocate 1024.00 MiB")
+        """
+    )
+    result = pytester.runpytest()
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines(
+        [
+            "*MemoryError: CUDA out of memory*",
+            "*- memtrace -*",
+            "GPU memory peak 14.40 GiB (reserved) in compile_or_warm_up/kernel_warmup",
+            "  died of CUDA OOM in compile_or_warm_up/kernel_warmup: asked for 1.00 GiB with *",
+        ]
+    )

@@ -1,9 +1,12 @@
 """Is a trace's peak within a memory budget? The pure check behind the pytest plugin's marker.
 
+The budget is a target resolved by ``analysis.target.resolve_target`` (the one resolver): an explicit
+size, ``util`` x ``total`` (or x the card the run stood for), else the target the trace recorded.
 The peak is taken on one curve: ``reserved`` (PyTorch's segments, the default: what the process
 holds on the card), ``allocated`` (bytes live in tensors) or ``device`` (NVML device-used: the
-whole card, CUDA context and other processes included; needs NVML samples). The result names the
-phase of the peak and the stacks holding the most memory there.
+whole card, CUDA context and other processes included; needs NVML samples). The figures are
+``memtrace report``'s (``analysis.summary.summarize``: the same peak, moment, phase and holders),
+and an OOM the run died of comes from ``analysis.oom.find_oom``.
 """
 
 from __future__ import annotations
@@ -13,9 +16,9 @@ from dataclasses import dataclass
 from ..errors import UsageError
 from ..model import Frame, Trace
 from .curves import all_curves
-from .flame import peak_event_index
 from .live import holders_by_stack, lifetimes, meaningful_frame
-from .phases import path_at
+from .oom import Oom, find_oom
+from .target import describe, resolve_target
 
 CURVES = ("reserved", "allocated", "device")
 
@@ -39,6 +42,9 @@ class BudgetCheck:
     peak_us: int
     phase: str  # phase path in force at the peak ("" outside every phase)
     holders: list[BudgetHolder]
+    budget_source: str = ""  # analysis.target.describe of the resolved target
+    peaks: dict[str, int] | None = None  # every curve's peak as `memtrace report` prints it
+    oom: Oom | None = None  # the OOM the run died of, if it did
 
     @property
     def over(self) -> bool:
@@ -49,37 +55,59 @@ class BudgetCheck:
         return self.peak_bytes - self.budget_bytes
 
 
-def check_budget(trace: Trace, budget_bytes: int, *, curve: str = "reserved", top: int = 5) -> BudgetCheck:
-    """Compare the peak of ``curve`` in ``trace`` with ``budget_bytes``.
+def _budget(trace: Trace, budget_bytes: int | None, util: float | None, total_bytes: int | None) -> tuple[int, str]:
+    target = resolve_target(trace, target_bytes=budget_bytes, util=util, total_bytes=total_bytes)
+    if target.target_bytes is None:
+        raise UsageError("no memory budget: give max_peak='30GiB' or util=0.9; the trace recorded no target")
+    return target.target_bytes, describe(target)
+
+
+def check_budget(
+    trace: Trace,
+    budget_bytes: int | None = None,
+    *,
+    curve: str = "reserved",
+    top: int = 5,
+    util: float | None = None,
+    total_bytes: int | None = None,
+) -> BudgetCheck:
+    """Compare the peak of ``curve`` in ``trace`` with the budget.
 
     Args:
         trace: the recorded trace.
-        budget_bytes: the largest peak allowed.
+        budget_bytes: the largest peak allowed (``--target``); None: ``util`` or the recorded target.
         curve: "reserved" (default), "allocated" or "device" (NVML).
         top: how many holders at the peak to report.
+        util: the budget as a share of the card (``--util``), with ``total_bytes`` (``--total``).
     Raises:
-        UsageError: an unknown curve, or "device" without NVML samples.
+        UsageError: an unknown curve, "device" without NVML samples, or no budget at all.
     """
+    from .summary import summarize
+
     if curve not in CURVES:
         raise UsageError(f"unknown curve {curve!r} for a memory budget; use one of {', '.join(CURVES)}")
+    budget, source = _budget(trace, budget_bytes, util, total_bytes)
     curves = all_curves(trace)
-    c = {"reserved": curves.reserved, "allocated": curves.allocated, "device": curves.device_used}[curve]
-    if curve == "device" and len(c) == 0:
+    if curve == "device" and not curves.has_device:
         raise UsageError("the trace holds no NVML samples, so no device-level peak; budget the 'reserved' curve")
-    if len(c) == 0:
-        return BudgetCheck(budget_bytes, curve, 0, trace.recording.start_us or 0, "", [])
-    i = c.peak_index
-    peak_us = int(c.time_us[i])
-    if curve == "device":
-        event_index = None
-    elif curve == "allocated":
-        event_index = i - 1  # curve index i is the state after event i - 1
+    if len(curves.reserved) == 0:
+        return BudgetCheck(budget, curve, 0, trace.recording.start_us or 0, "", [], source, {}, find_oom(trace))
+    s = summarize(trace, top=top, curves=curves)
+    peaks = {"reserved": (s.peak.reserved_bytes, s.peak.time_us, s.peak.phase_path)}
+    peaks["allocated"] = (s.peak_allocated.bytes, s.peak_allocated.time_us, s.peak_allocated.phase_path)
+    if s.peak_device_used is not None:
+        d = s.peak_device_used
+        peaks["device"] = (d.bytes, d.time_us, d.phase_path)
+    peak, peak_us, phase = peaks[curve]
+    if curve == "reserved":  # report's holders, at report's moment
+        holders = [BudgetHolder(h.bytes, h.count, h.frame) for h in s.holders]
     else:
-        event_index = peak_event_index(curves.allocated, curves.reserved)
-    lt = lifetimes(trace)
-    if event_index is None:
-        hs = holders_by_stack(trace, peak_us, top=top, lt=lt)
-    else:
-        hs = holders_by_stack(trace, top=top, event_index=event_index, lt=lt)
-    holders = [BudgetHolder(h.bytes, h.count, meaningful_frame(trace.stack_frames(h.stack))) for h in hs]
-    return BudgetCheck(budget_bytes, curve, c.peak_bytes, peak_us, path_at(trace, peak_us), holders)
+        lt = lifetimes(trace)
+        if curve == "allocated":  # curve index i is the state after event i - 1
+            hs = holders_by_stack(trace, top=top, event_index=curves.allocated.peak_index - 1, lt=lt)
+        else:
+            hs = holders_by_stack(trace, peak_us, top=top, lt=lt)
+        holders = [BudgetHolder(h.bytes, h.count, meaningful_frame(trace.stack_frames(h.stack))) for h in hs]
+    return BudgetCheck(
+        budget, curve, peak, peak_us, phase, holders, source, {k: v[0] for k, v in peaks.items()}, find_oom(trace)
+    )
