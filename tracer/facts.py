@@ -121,6 +121,19 @@ VLLM_PROFILE = _fact("vllm.profile", "dict", "plugins.vllm_facts", "the worker's
 VLLM_GRAPH_ESTIMATE_BYTES = _fact(
     "vllm.cudagraph_memory_estimate_bytes", "int", "plugins.vllm", "profile_cudagraph_memory's estimate"
 )
+VLLM_KV_SIZE_SOURCE = _fact(
+    "vllm.kv_cache_size_source",
+    "str",
+    "plugins.vllm",
+    "how vLLM sized the KV cache: 'profiling' (its formula), '--kv-cache-memory-bytes' or "
+    "'VLLM_ENABLE_STARTUP_PLAN' (a persisted plan); the last two skip the memory profiling (profile_run still runs)",
+)
+VLLM_PLUGINS = _fact(
+    "vllm.plugins",
+    "dict",
+    "plugins.vllm_facts",
+    "VLLM_PLUGINS as the worker saw it (null = unset) and the general/platform plugins vLLM loads with it",
+)
 VLLM_NON_TORCH_AT_INIT_BYTES = _fact(
     "vllm.non_torch_at_init_bytes", "int", "plugins.vllm_facts", "non-torch memory in vLLM's init snapshot"
 )
