@@ -130,7 +130,7 @@ def render_fits(results: list[Fit], run_path: str, smallest: int | None) -> str:
         )
         lines += ["  " + line for line in _answer(r)]
         lines.append(
-            f"  card-independent: {_gib(r.non_kv_bytes)} non-KV ({r.non_kv_source}); "
+            f"  card-independent: vLLM keeps {_gib(r.non_kv_bytes)} out of the KV cache ({r.non_kv_source}); "
             f"pre-KV peak {_gib(r.pre_kv_peak_bytes)} in {r.pre_kv_peak_phase}"
         )
     else:
@@ -143,7 +143,7 @@ def render_fits(results: list[Fit], run_path: str, smallest: int | None) -> str:
                 f"{kv:>10} {_gib(x.post_kv_peak_bytes):>13}  {_verdict(x)}"
             )
         lines.append(f"  pre-KV peak (every card): {_gib(r.pre_kv_peak_bytes)} in {r.pre_kv_peak_phase}")
-        lines.append(f"  non-KV: {r.non_kv_source}")
+        lines.append(f"  non-KV: what vLLM keeps out of the KV cache, from {r.non_kv_source}")
         if r.recorded_oom is not None:
             lines.append(f"  {_oom_facts(r)}")
     lines.append(_assumption(r))

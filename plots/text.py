@@ -7,10 +7,12 @@ decimals and times in seconds since the start of the recording; the exact intege
 
 from __future__ import annotations
 
+import re
 import textwrap
 from typing import TextIO
 
 from ..analysis.flame import hook_short_name
+from ..analysis.reconcile import MEMTRACE, VLLM_RECORDED
 from ..analysis.summary import Crossing, Summary, worst
 from ..model import Frame
 
@@ -53,6 +55,17 @@ def frame_text(frame: Frame | None) -> str:
     return f"{fn}:{frame.line} {frame.name}"
 
 
+#: A number and its unit ("11.39 GiB", "+0.36 GiB", "7.05 s", "54.6 %"): never broken across lines.
+_FIGURE = re.compile(r"(\d) (GiB|MiB|KiB|B|s|ms|us|%)(?![\w])")
+_NBSP = "\u00a0"
+
+
+def wrap(text: str, width: int) -> list[str]:
+    """``text`` cut into lines of at most ``width`` at spaces, never between a number and its unit."""
+    glued = _FIGURE.sub(lambda m: m.group(1) + _NBSP + m.group(2), text)
+    return [line.replace(_NBSP, " ") for line in textwrap.wrap(glued, width, break_on_hyphens=False)] or [""]
+
+
 def _cut(text: str, width: int) -> str:
     return text if len(text) <= width else text[: max(width - 1, 0)] + "…"
 
@@ -81,7 +94,7 @@ class _Out:
         if self.md:
             self.line(f"- {text}")
             return
-        for i, part in enumerate(textwrap.wrap(text, self.width - 4, break_on_hyphens=False) or [""]):
+        for i, part in enumerate(wrap(text, self.width - 4)):
             self.line(("  " if i == 0 else "    ") + part)
 
     def table(self, header: list[str], rows: list[list[str]], align: str, groups: list[tuple[str, int]] = ()) -> None:
@@ -137,6 +150,8 @@ def _header(out: _Out, s: Summary) -> None:
         out.line(f"## memtrace report: {', '.join(who)}\n")
     else:
         out.line(_cut(f"memtrace report: {', '.join(who)}", out.width))
+    if s.oom is not None:  # the first thing to know about a run
+        out.item(("**" if out.md else "") + _oom_text(s) + ("**" if out.md else ""))
     env = s.env
     dev = [str(env["gpu_name"])] if env.get("gpu_name") else []
     if env.get("compute_capability"):
@@ -158,6 +173,19 @@ def _header(out: _Out, s: Summary) -> None:
         out.item(f"file: {s.path.rsplit('/', 1)[-1] if out.md else s.path}")
 
 
+def _oom_text(s: Summary) -> str:
+    """The OOM the run died of, in one sentence: when, where, the failed request, the free memory."""
+    o = s.oom
+    where = f" in {o.phase_path}" if o.phase_path else " outside any phase"
+    free = f"device free {gib_unit(o.free_bytes)}" if o.free_bytes is not None else "free memory not recorded"
+    limit = f", allocator limit {gib_unit(o.total_bytes)}" if o.total_bytes else ""
+    more = f" ({o.count} OOMs recorded; the first shown)" if o.count > 1 else ""
+    return (
+        f"DIED: CUDA out of memory at {_seconds(s, o.time_us)}{where}: requested {gib_unit(o.requested_bytes)}, "
+        f"{free}{limit}{more}. Nothing after it was recorded."
+    )
+
+
 def _phases(out: _Out, s: Summary) -> None:
     if not s.phases:
         return
@@ -166,8 +194,12 @@ def _phases(out: _Out, s: Summary) -> None:
     full = out.md
     rows = []
     for p in s.phases:
-        indent = ("\u00a0\u00a0" if out.md else "  ") * p.depth
-        name = _cut(indent + p.name + ("" if p.ended else " (open)"), name_w)
+        if out.md:  # GitHub strips leading spaces in a cell: a visible marker nests the phase
+            indent = "&nbsp;&nbsp;&nbsp;&nbsp;" * max(p.depth - 1, 0) + "↳ " if p.depth else ""
+        else:
+            indent = "  " * p.depth
+        name = indent + p.name + ("" if p.ended else " (open)")
+        name = name if out.md else _cut(name, name_w)
         times = [f"{(p.start_us - s.start_us) / 1e6:.2f}", f"{(p.end_us - s.start_us) / 1e6:.2f}"]
         alloc = [gib(p.end_allocated_bytes), gib(p.peak_allocated_bytes), signed_gib(p.delta_allocated_bytes)]
         res = [gib(p.end_reserved_bytes), gib(p.peak_reserved_bytes), signed_gib(p.delta_reserved_bytes)]
@@ -204,19 +236,14 @@ def _peak(out: _Out, s: Summary) -> None:
             + (f" in {pd.phase_path}" if pd.phase_path else "")
             + " (NVML samples)"
         )
-    if s.oom:
-        o = s.oom
-        where = f" in {o['phase']}" if o.get("phase") else ""
-        limit = f"; allocator limit {gib_unit(o['device_total_bytes'])}" if o.get("device_total_bytes") else ""
-        out.item(
-            f"OUT OF MEMORY at {_seconds(s, int(o.get('time_us', s.end_us)))}{where}: requested "
-            f"{gib_unit(o.get('requested_bytes'))}{limit}, device free {gib_unit(o.get('device_free_bytes'))}"
-        )
 
 
 def _crossing_text(s: Summary, c: Crossing) -> str:
     where = f" in {c.phase_path}" if c.phase_path else ""
-    stay = "until the recording ended" if c.ended_above else f"for {c.duration_us / 1e6:.3f} s"
+    if c.ended_above and s.oom is not None:
+        stay = f"until the OOM ({c.duration_us / 1e6:.3f} s)"
+    else:
+        stay = "until the recording ended" if c.ended_above else f"for {c.duration_us / 1e6:.3f} s"
     more = f"; {c.excursions} excursions above in all" if c.excursions > 1 else ""
     return (
         f"{_CURVE_NAMES.get(c.curve, c.curve)} crossed it at {_seconds(s, c.time_us)}{where}, "
@@ -228,8 +255,10 @@ def _crossing_text(s: Summary, c: Crossing) -> str:
 def _target(out: _Out, s: Summary) -> None:
     if s.target_bytes is None:
         return
-    source = {"argument": "given", "facts": "from the trace", "utilization": "utilization x device total"}
-    out.heading(f"Target {gib_unit(s.target_bytes)} ({source.get(s.target_source, s.target_source)})")
+    out.heading(f"Target {gib_unit(s.target_bytes)}")
+    t = s.target
+    card = f"; card {gib_unit(t.capacity_bytes)} ({t.capacity_source})" if t.capacity_bytes else ""
+    out.item(f"from: {s.target_source}{card}")
     if not s.crossings:
         head = s.target_bytes - s.peak.reserved_bytes
         out.item(f"never crossed: the reserved peak stays {gib_unit(head)} below it")
@@ -242,9 +271,11 @@ def _target(out: _Out, s: Summary) -> None:
 def _holders(out: _Out, s: Summary) -> None:
     if not s.holders:
         return
-    out.heading(f"Top holders at the reserved peak ({_seconds(s, s.peak.time_us)}), by allocating stack")
-    rows = [[gib(h.bytes), f"{h.share * 100:.1f}%", f"{h.count:,}", frame_text(h.frame)] for h in s.holders]
-    out.table(["GiB", "share", "blocks", "where (innermost frame outside torch)"], rows, "rrrl")
+    out.heading(f"Top holders at the reserved peak ({_seconds(s, s.peak.time_us)}), by allocating site")
+    rows = [
+        [gib(h.bytes), f"{h.share * 100:.1f}%", f"{h.count:,}", f"{h.stacks:,}", frame_text(h.frame)] for h in s.holders
+    ]
+    out.table(["GiB", "share", "blocks", "stacks", "where (innermost frame outside torch)"], rows, "rrrrl")
 
 
 def _hooks(out: _Out, s: Summary, limit: int = 20) -> None:
@@ -270,22 +301,24 @@ def _hooks(out: _Out, s: Summary, limit: int = 20) -> None:
 
 
 def _reconciliation(out: _Out, s: Summary) -> None:
-    if s.kv is not None:
+    n = s.non_kv
+    if n is None:
+        return
+    if n.source == MEMTRACE:
         _kv(out, s)
-        return
-    r = s.reconciliation
-    if r is None:
-        return
-    out.heading("Reconciliation with vLLM's available KV cache (simple estimate)")
-    where = r.phase_path or "the whole recording"
-    nt = gib_unit(r.non_torch_bytes) if r.non_torch_bytes is not None else "not sampled"
-    out.item(
-        f"memtrace non-KV = peak reserved in {where} {gib_unit(r.peak_reserved_bytes)} + non-torch {nt}"
-        f" = {gib_unit(r.memtrace_non_kv_bytes)}"
-    )
-    out.item(f"target {gib_unit(r.target_bytes)} - non-KV = {gib_unit(r.memtrace_available_kv_bytes)} for the KV cache")
-    out.item(f"vLLM reported {gib_unit(r.vllm_available_kv_bytes)}; difference {signed_gib(r.difference_bytes)} GiB")
-    out.item(r.note)
+    else:
+        out.heading("vLLM's non-KV memory (what it keeps out of the KV cache; fits uses this figure)")
+        if n.source == VLLM_RECORDED:
+            out.item(
+                f"{gib_unit(n.bytes)}: vLLM's own figure (target - available KV, recorded); memtrace cannot "
+                "reconstruct it here (a phase, NVML samples or boundary readings are missing)"
+            )
+        else:
+            out.item(
+                f"{gib_unit(n.bytes)}: the peak before the KV cache (reserved + non-torch); no KV sizing was "
+                "recorded" + (" (the run died first)" if s.died else "")
+            )
+    _crossing_vs_sizing(out, s)
 
 
 def _kv(out: _Out, s: Summary) -> None:
@@ -301,20 +334,44 @@ def _kv(out: _Out, s: Summary) -> None:
             f"non-torch increase {gib_unit(k.non_torch_increase_bytes)} + torch peak increase "
             f"{gib_unit(k.torch_peak_increase_bytes)} + weights {gib_unit(k.weights_bytes)}"
         )
+    if k.init_gap_bytes:
+        terms += f" + before recording began {gib_unit(k.init_gap_bytes)}"
     out.item(f"non-KV = {terms} = {gib_unit(k.non_kv_bytes)}")
     out.item(
         f"available KV = target {gib_unit(k.target_bytes)} - non-KV - CUDA-graph estimate "
         f"{gib_unit(k.graph_estimate_bytes)} = {gib_unit(k.available_kv_bytes)} (weights {gib_unit(k.weights_bytes)}, "
         f"peak allocated in profile_run {gib_unit(k.peak_allocated_bytes)})"
     )
+    out.item(
+        f"vLLM keeps {gib_unit(k.withheld_bytes)} out of the KV cache (non-KV + CUDA-graph estimate; fits uses it)"
+    )
     if k.vllm_available_kv_bytes is not None:
         out.item(
             f"vLLM reported {gib_unit(k.vllm_available_kv_bytes)}; memtrace's reconstruction differs by "
             f"{signed_gib(k.difference_bytes)} GiB"
         )
+    if k.init_gap_bytes:
+        out.item(
+            f"{gib_unit(k.init_gap_bytes)} appeared inside init_device after vLLM's init snapshot, before "
+            "memtrace's curves begin (the plugin's reading at its end): vLLM counts it, so does non-KV above"
+        )
+    if k.first_sample_delay_us:
+        out.item(
+            f"first NVML sample {k.first_sample_delay_us / 1e3:.1f} ms after init_device ended: used as the init snapshot"
+        )
+    if k.graph_estimate_disabled_bytes is not None:
+        out.item(
+            f"CUDA-graph estimate {gib_unit(k.graph_estimate_disabled_bytes)} not applied "
+            "(VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS=0)"
+        )
     for n in k.notes:
-        out.item(n)
-    if s.crossings:
+        if "not applied" not in n:
+            out.item(n)
+
+
+def _crossing_vs_sizing(out: _Out, s: Summary) -> None:
+    k = s.kv
+    if k is not None and s.crossings:
         c = min(s.crossings, key=lambda c: c.time_us)
         when = f"at {_seconds(s, c.time_us)}" + (f" in {c.phase_path}" if c.phase_path else "")
         if c.time_us >= k.after_us:

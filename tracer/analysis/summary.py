@@ -12,39 +12,32 @@ Definitions:
 - **crossing**: the first time a curve (reserved; NVML device-used when sampled) goes above the
   target. Its *excursion* lasts until the curve drops back to or below the target;
   ``value_bytes`` is the excursion's maximum, ``overshoot_bytes`` = value - target.
-- **target**: the explicit argument, else ``facts["target_bytes"]``, else
-  ``ceil(facts["gpu_memory_utilization"] * process.device_total_bytes)`` (vLLM's requested memory).
+- **target**: ``analysis.target.resolve_target`` (the one resolver); the Summary carries the
+  ``Target`` (bytes, card, where it came from).
+- **OOM**: ``analysis.oom.find_oom`` (recorded live or imported); nothing after it is claimed.
+- **top holders**: live bytes at the peak grouped by the frame a report prints for them (the
+  innermost meaningful frame), so one line per printed site; ``stacks`` counts the distinct
+  allocating stacks behind a line.
+- **non-KV memory**: ``analysis.reconcile.non_kv`` (the one model, also what ``fits`` uses).
 """
 
 from __future__ import annotations
 
 import dataclasses
-import math
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
-from ..model import (
-    FACT_ENV,
-    FACT_OOM,
-    FACT_TARGET_BYTES,
-    FACT_UTIL,
-    FACT_VLLM_AVAILABLE_KV_BYTES,
-    Frame,
-    HookCall,
-    Note,
-    Process,
-    Recording,
-    Trace,
-)
+from .. import facts as F
+from ..model import Frame, HookCall, Note, Process, Recording, Trace
 from .curves import Baseline, Curve, Curves, all_curves
+from .landmarks import steady_non_torch_at
 from .live import holders_by_stack, lifetimes, meaningful_frame
-from .phases import PhaseStats, path_at, phase_path, phase_stats, recording_span, window_peak
-from .reconcile import KvReconciliation, reconcile_kv
-
-#: Phase names (substrings) of vLLM's memory profiling, most specific first, for the reconciliation.
-PROFILING_PHASES = ("determine_available_memory", "profile_run", "profile")
+from .oom import Oom, find_oom
+from .phases import PhaseStats, path_at, phase_stats, recording_span
+from .reconcile import KvReconciliation, NonKv, non_kv
+from .target import Target, describe, resolve_target
 
 
 @dataclass(frozen=True)
@@ -93,39 +86,15 @@ class Crossing:
 
 @dataclass(frozen=True)
 class HolderLine:
-    """Live bytes at the peak held by one allocating stack."""
+    """Live bytes at the peak held by one printed site (the innermost meaningful frame)."""
 
-    stack: int
-    frame: Frame | None  # the innermost user-meaningful frame
-    frames: list[Frame]
+    stack: int  # the largest of the allocating stacks behind this line
+    frame: Frame | None  # the innermost user-meaningful frame: what is printed
+    frames: list[Frame]  # the largest stack's frames
     bytes: int
-    count: int
+    count: int  # live blocks
     share: float
-
-
-@dataclass(frozen=True)
-class Reconciliation:
-    """memtrace's non-KV memory next to vLLM's available-KV figure (a simple, labelled estimate)."""
-
-    target_bytes: int
-    vllm_available_kv_bytes: int
-    phase_path: str  # the profiling phase whose peak was used ("" when none was found)
-    peak_reserved_bytes: int  # peak reserved during that phase (or before the KV cache, see note)
-    non_torch_bytes: int | None  # NVML used - reserved at that peak, when sampled
-    note: str
-
-    @property
-    def memtrace_non_kv_bytes(self) -> int:
-        return self.peak_reserved_bytes + (self.non_torch_bytes or 0)
-
-    @property
-    def memtrace_available_kv_bytes(self) -> int:
-        return self.target_bytes - self.memtrace_non_kv_bytes
-
-    @property
-    def difference_bytes(self) -> int:
-        """memtrace's implied available KV minus vLLM's (positive: vLLM was more conservative)."""
-        return self.memtrace_available_kv_bytes - self.vllm_available_kv_bytes
+    stacks: int = 1  # distinct allocating stacks grouped under this frame
 
 
 @dataclass
@@ -144,34 +113,38 @@ class Summary:
     peak: Peak
     peak_allocated: PeakPoint
     peak_device_used: PeakPoint | None
-    target_bytes: int | None
-    target_source: str  # "argument", "facts", "utilization", ""
+    target: Target
     crossings: list[Crossing]
     phases: list[PhaseStats]
     holders: list[HolderLine]
     hook_calls: list[HookCall]
     notes: list[Note]
     warnings: list[str] = field(default_factory=list)
-    reconciliation: Reconciliation | None = None  # the simple estimate (always, when vLLM's figure is known)
-    kv: KvReconciliation | None = None  # vLLM's own formula on memtrace's curves (analysis.reconcile)
-    oom: dict[str, Any] | None = None
+    non_kv: NonKv | None = None  # the one non-KV figure (analysis.reconcile.non_kv), fits shows it too
+    oom: Oom | None = None  # the OOM the run died of (analysis.oom.find_oom)
     path: str = ""
 
     @property
     def truncated(self) -> bool:
         return self.recording.truncated
 
+    @property
+    def target_bytes(self) -> int | None:
+        return self.target.target_bytes
 
-def resolve_target(trace: Trace, target_bytes: int | None) -> tuple[int | None, str]:
-    """The target in bytes and where it came from."""
-    if target_bytes is not None:
-        return int(target_bytes), "argument"
-    if trace.facts.get(FACT_TARGET_BYTES) is not None:
-        return int(trace.facts[FACT_TARGET_BYTES]), "facts"
-    util, total = trace.facts.get(FACT_UTIL), trace.process.device_total_bytes
-    if util is not None and total:
-        return math.ceil(float(util) * int(total)), "utilization"
-    return None, ""
+    @property
+    def target_source(self) -> str:
+        """Where the target came from, in words (``analysis.target.describe``)."""
+        return describe(self.target)
+
+    @property
+    def kv(self) -> KvReconciliation | None:
+        """vLLM's formula on memtrace's curves, term by term (None when the trace cannot support it)."""
+        return self.non_kv.reconstruction if self.non_kv is not None else None
+
+    @property
+    def died(self) -> bool:
+        return self.oom is not None
 
 
 def crossing(trace: Trace, curve: Curve, target: int, name: str) -> Crossing | None:
@@ -199,48 +172,6 @@ def crossing(trace: Trace, curve: Curve, target: int, name: str) -> Crossing | N
     )
 
 
-def _profiling_window(trace: Trace) -> tuple[str, int, int] | None:
-    """(label, start, end) spanning every phase whose name contains a PROFILING_PHASES word."""
-    hits = [i for i, p in enumerate(trace.phases) if any(k in p.name for k in PROFILING_PHASES)]
-    if not hits:
-        return None
-    end_of_trace = recording_span(trace)[1]
-    start = min(trace.phases[i].start_us for i in hits)
-    end = max(trace.phases[i].end_us if trace.phases[i].end_us is not None else end_of_trace for i in hits)
-    tops = [i for i in hits if not any(trace.phases[i].parent == j for j in hits)]
-    return " + ".join(dict.fromkeys(phase_path(trace, i) for i in tops)), start, end
-
-
-def reconcile(trace: Trace, curves: Curves, target: int | None) -> Reconciliation | None:
-    """Compare vLLM's available-KV figure with target - (peak reserved while profiling + non-torch)."""
-    kv = trace.facts.get(FACT_VLLM_AVAILABLE_KV_BYTES)
-    if kv is None or target is None:
-        return None
-    window = _profiling_window(trace)
-    if window is None:
-        path, start, end = "", *recording_span(trace)
-        note = "no profiling phase recorded: used the peak reserved over the whole recording"
-    else:
-        path, start, end = window
-        note = "peak reserved while profiling + non-torch memory (NVML used - reserved) at that peak"
-    peak_bytes, peak_us = window_peak(curves.reserved, start, end)
-    non_torch = _non_torch_at(curves, peak_us)
-    if non_torch is None:
-        note += "; no NVML samples, so non-torch memory is not counted"
-    return Reconciliation(int(target), int(kv), path, peak_bytes, non_torch, note)
-
-
-def _non_torch_at(curves: Curves, t_us: int) -> int | None:
-    """Non-PyTorch bytes at ``t_us`` from the last *steady* NVML sample (see landmarks.steady_non_torch:
-    while memory moves fast, used - reserved is off by whole allocations); None without samples."""
-    if not curves.has_device:
-        return None
-    from .landmarks import steady_non_torch
-
-    steady = steady_non_torch(curves)
-    return int(steady.at(max(t_us, int(steady.time_us[0])))) if len(steady) else None
-
-
 def _warnings(trace: Trace, curves: Curves) -> list[str]:
     out = []
     rec = trace.recording
@@ -261,29 +192,25 @@ def _warnings(trace: Trace, curves: Curves) -> list[str]:
     return out
 
 
-def summarize(trace: Trace, target_bytes: int | None = None, *, top: int = 10, curves: Curves | None = None) -> Summary:
+def summarize(
+    trace: Trace, target: Target | int | None = None, *, top: int = 10, curves: Curves | None = None
+) -> Summary:
     """Summarize one trace (see the module docstring for the definitions).
 
     Args:
         trace: the trace.
-        target_bytes: the line not to cross; defaults to the trace's facts.
+        target: ``analysis.target.resolve_target(trace, ...)``; None resolves the recorded one; an int
+            is an explicit target in bytes (``resolve_target(trace, target_bytes=...)``).
         top: how many holders at the peak to keep.
         curves: precomputed ``all_curves(trace)``.
     """
     curves = curves or all_curves(trace)
+    if not isinstance(target, Target):
+        target = resolve_target(trace, target_bytes=target)
     start_us, end_us = recording_span(trace)
-    res, alloc = curves.reserved, curves.allocated
-    pi = res.peak_index
-    t_peak = int(res.time_us[pi])
-    non_torch = _non_torch_at(curves, t_peak)
-    # Reserved holds its peak until the next segment is freed; the block a new segment was made for is
-    # handed out by the next event. The state shown at the peak is the fullest moment of that plateau.
-    below = np.flatnonzero(res.bytes[pi:] != res.bytes[pi])
-    plateau_end = pi + int(below[0]) if len(below) else len(res)
-    k = pi + int(np.argmax(alloc.bytes[pi:plateau_end]))
-    peak = Peak(
-        t_peak, int(res.bytes[pi]), int(alloc.bytes[k]), path_at(trace, t_peak), k - 1, non_torch, int(alloc.time_us[k])
-    )
+    oom = find_oom(trace)
+    peak = _peak(trace, curves)
+    alloc = curves.allocated
     ai = alloc.peak_index
     peak_alloc = PeakPoint(
         "allocated", int(alloc.time_us[ai]), int(alloc.bytes[ai]), path_at(trace, int(alloc.time_us[ai]))
@@ -293,23 +220,11 @@ def summarize(trace: Trace, target_bytes: int | None = None, *, top: int = 10, c
         di = curves.device_used.peak_index
         td = int(curves.device_used.time_us[di])
         peak_dev = PeakPoint("device_used", td, int(curves.device_used.bytes[di]), path_at(trace, td))
-    target, source = resolve_target(trace, target_bytes)
-    crossings = []
-    if target is not None:
-        for name, curve in (("reserved", res), ("device_used", curves.device_used)):
-            c = crossing(trace, curve, target, name) if len(curve) else None
-            if c is not None:
-                crossings.append(c)
-    holders = [
-        HolderLine(h.stack, meaningful_frame(fr := trace.stack_frames(h.stack)), fr, h.bytes, h.count, h.share)
-        for h in holders_by_stack(trace, top=top, event_index=peak.event_index, lt=lifetimes(trace))
-    ]
-    oom = trace.facts.get(FACT_OOM)
     return Summary(
         label=trace.label,
         process=trace.process,
         recording=trace.recording,
-        env=dict(trace.facts.get(FACT_ENV) or {}),
+        env=dict(trace.facts.get(F.ENV) or {}),
         start_us=start_us,
         end_us=end_us,
         n_events=len(trace.events),
@@ -318,19 +233,83 @@ def summarize(trace: Trace, target_bytes: int | None = None, *, top: int = 10, c
         peak=peak,
         peak_allocated=peak_alloc,
         peak_device_used=peak_dev,
-        target_bytes=target,
-        target_source=source,
-        crossings=crossings,
+        target=target,
+        crossings=_crossings(trace, curves, target.target_bytes, oom),
         phases=phase_stats(trace, curves),
-        holders=holders,
+        holders=holders_by_site(trace, peak.event_index, top),
         hook_calls=list(trace.hook_calls),
         notes=list(trace.notes),
         warnings=_warnings(trace, curves),
-        reconciliation=reconcile(trace, curves, target),
-        kv=reconcile_kv(trace, curves),
-        oom=oom if isinstance(oom, dict) else None,
+        non_kv=non_kv(trace, curves),
+        oom=oom,
         path=trace.path,
     )
+
+
+def _peak(trace: Trace, curves: Curves) -> Peak:
+    """The reserved peak and the fullest moment of its plateau (see :class:`Peak`)."""
+    res, alloc = curves.reserved, curves.allocated
+    pi = res.peak_index
+    t_peak = int(res.time_us[pi])
+    # Reserved holds its peak until the next segment is freed; the block a new segment was made for is
+    # handed out by the next event. The state shown at the peak is the fullest moment of that plateau.
+    below = np.flatnonzero(res.bytes[pi:] != res.bytes[pi])
+    plateau_end = pi + int(below[0]) if len(below) else len(res)
+    k = pi + int(np.argmax(alloc.bytes[pi:plateau_end]))
+    return Peak(
+        t_peak,
+        int(res.bytes[pi]),
+        int(alloc.bytes[k]),
+        path_at(trace, t_peak),
+        k - 1,
+        steady_non_torch_at(curves, t_peak),
+        int(alloc.time_us[k]),
+    )
+
+
+def _crossings(trace: Trace, curves: Curves, target: int | None, oom: Oom | None) -> list[Crossing]:
+    """The crossings of ``target``, the one outputs name first: device used when sampled (what the card
+    sees), then the exact reserved one; curves are read up to the OOM, nothing after it."""
+    if target is None:
+        return []
+    out = []
+    for name, curve in (("device_used", curves.device_used), ("reserved", curves.reserved)):
+        if oom is not None and len(curve):
+            n = int(np.searchsorted(curve.time_us, oom.time_us, side="right"))
+            curve = Curve(curve.time_us[:n], curve.bytes[:n])
+        c = crossing(trace, curve, target, name) if len(curve) else None
+        if c is not None and oom is not None and c.ended_above:  # above until the OOM, not the file's end
+            c = dataclasses.replace(c, duration_us=max(oom.time_us - c.time_us, 0))
+        if c is not None:
+            out.append(c)
+    return out
+
+
+def holders_by_site(trace: Trace, event_index: int, top: int = 10) -> list[HolderLine]:
+    """Live bytes right after ``event_index`` grouped by the frame printed for them (the innermost
+    meaningful frame: file, line, function), largest first, at most ``top`` lines."""
+    groups: dict[tuple, list] = {}
+    for h in holders_by_stack(trace, top=len(trace.stacks) + 1, event_index=event_index, lt=lifetimes(trace)):
+        frames = trace.stack_frames(h.stack) if h.stack >= 0 else []
+        frame = meaningful_frame(frames)
+        key = (frame.filename, frame.line, frame.name) if frame is not None else None
+        groups.setdefault(key, []).append((h, frame, frames))
+    lines = []
+    for members in groups.values():
+        h, frame, frames = members[0]  # holders come largest first
+        lines.append(
+            HolderLine(
+                stack=h.stack,
+                frame=frame,
+                frames=frames,
+                bytes=sum(m[0].bytes for m in members),
+                count=sum(m[0].count for m in members),
+                share=sum(m[0].share for m in members),
+                stacks=len(members),
+            )
+        )
+    lines.sort(key=lambda x: -x.bytes)
+    return lines[:top]
 
 
 def _plain(obj: Any) -> Any:
@@ -339,10 +318,12 @@ def _plain(obj: Any) -> Any:
         for name in (
             "delta_reserved_bytes",
             "delta_allocated_bytes",
-            "memtrace_non_kv_bytes",
-            "memtrace_available_kv_bytes",
             "difference_bytes",
+            "withheld_bytes",
             "truncated",
+            "target_bytes",
+            "target_source",
+            "overshoot_bytes",
         ):
             if hasattr(type(obj), name) and isinstance(getattr(type(obj), name), property):
                 out[name] = _plain(getattr(obj, name))
