@@ -89,6 +89,7 @@ class TimelineDrawn:
     path: Path
     t0_us: int
     ranks: list[RankDrawn]
+    title: str = ""
 
 
 def _phase_name(path: str) -> str:
@@ -183,7 +184,7 @@ def render_timeline(
         ranks: prepared ranks (``timeline_data.prepare_rank``), drawn top to bottom.
         path: the output file.
         capacities: what-if card sizes in bytes, drawn as dotted lines.
-        title: the figure's title (defaults to a generic one).
+        title: the figure's title (default: what the first rank's trace recorded it ran, with what, on what).
     """
     import matplotlib
 
@@ -233,11 +234,13 @@ def render_timeline(
         if "target" in handles and len({(r.util, r.capacity_bytes) for r in ranks}) > 1:
             handles["target"] = (handles["target"][0], "utilization target (each rank's own)")
         _legend(fig, handles, _legend_rows(ranks))
-        fig.suptitle(title or "GPU memory during start-up", x=0.06, ha="left", fontsize=FONT + 3, fontweight="bold")
+        what = ranks[0].description
+        title = title or ("GPU memory during start-up" + (f": {what}" if what else ""))
+        fig.suptitle(title, x=0.06, ha="left", fontsize=FONT + 3, fontweight="bold")
         out = Path(path)
         fig.savefig(out, dpi=DPI, format=out.suffix.lstrip(".").lower() or "png")
         plt.close(fig)
-    return TimelineDrawn(out, t0, drawn)
+    return TimelineDrawn(out, t0, drawn, title)
 
 
 LEGEND_ROWS = 3  # 4 when an OOM adds its entry

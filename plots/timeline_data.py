@@ -22,6 +22,7 @@ from ..analysis.oom import Oom, find_oom
 from ..analysis.phases import PhaseStats, phase_stats, recording_span
 from ..analysis.target import Target, resolve_target
 from ..model import Trace
+from .titles import describe_run
 
 
 @dataclass(frozen=True)
@@ -38,6 +39,7 @@ class RankTimeline:
     crossings: Crossings | None
     oom: Oom | None
     device_total_bytes: int | None = None  # the physical device (an OOM's limit may be lower)
+    description: str = ""  # what ran, with what, on what (``titles.describe_run``): the default title
 
     @property
     def target_bytes(self) -> int | None:
@@ -83,4 +85,5 @@ def prepare_rank(trace: Trace, target_bytes: int | None = None, *, target: Targe
         crossings=crossings(trace, curves, target.target_bytes, oom_us=oom.time_us if oom else None),
         oom=oom,
         device_total_bytes=trace.process.device_total_bytes,
+        description=describe_run(trace),
     )

@@ -13,7 +13,7 @@ from pathlib import PurePosixPath
 
 from .. import facts as F
 from ..model import Trace
-from ..units import format_gib
+from ..units import format_bytes, format_gib
 
 
 def _dict(trace: Trace, key: str) -> dict:
@@ -85,14 +85,20 @@ def flame_titles(trace: Trace, curves, flame, moment, fallback: str = "") -> tup
 
     secs = (moment.time_us - recording_span(trace)[0]) / 1e6
     where = "" if moment.what.endswith(moment.phase_path) else f", in {moment.phase_path or 'no phase'}"
-    if moment.since_us is not None:
+    phase = moment.phase_path
+    if moment.since_us is not None and (moment.since_what, moment.what) == (
+        f"the start of {phase}",
+        f"the fullest moment of {phase}",
+    ):
+        title = f"What {phase} added and still held at its fullest moment: {secs:.3f} s"
+    elif moment.since_us is not None:
         title = f"Allocated since {moment.since_what} and still live at {moment.what}: {secs:.3f} s{where}"
     else:
         title = f"Live GPU memory at {moment.what}: {secs:.3f} s{where}"
     k = moment.event_index
     reserved = int(curves.reserved.bytes[k + 1]) if k is not None else curves.reserved.at(moment.time_us)
     allocated = int(curves.allocated.bytes[k + 1]) if k is not None else curves.allocated.at(moment.time_us)
-    shown = f"{format_gib(flame.total_bytes)} shown of " if moment.since_us is not None else ""
+    shown = f"{format_bytes(flame.total_bytes, 2)} shown of " if moment.since_us is not None else ""
     sub = [describe_run(trace, fallback), trace.label, f"{shown}{format_gib(allocated)} allocated",
            f"reserved {format_gib(reserved)}"]  # fmt: skip
     target = resolve_target(trace).target_bytes

@@ -59,7 +59,7 @@ def run(args: argparse.Namespace) -> int:
     from ..analysis.moment import resolve_moment, with_since
     from ..outputs import atomic_write, output_file, run_name
     from ..progress import task
-    from ..units import format_gib
+    from ..units import format_bytes
     from ._runs import load_args, select
     from .plot import with_events
 
@@ -89,6 +89,6 @@ def run(args: argparse.Namespace) -> int:
                 title, subtitle = flame_titles(trace, curves, flame, moment, fallback=run_name(args.run_path))
                 render_flame_svg(flame, tmp, title=title, subtitle=subtitle)
     held = f"added since {moment.since_what} and live" if moment.since_us is not None else "live"
-    print(f"memtrace: {trace.label}: {format_gib(flame.total_bytes)} {held} at {moment.what}", file=sys.stderr)
+    print(f"memtrace: {trace.label}: {format_bytes(flame.total_bytes, 2)} {held} at {moment.what}", file=sys.stderr)
     print(f"memtrace: wrote {out}", file=sys.stderr)
     return 0
