@@ -12,9 +12,9 @@ import textwrap
 from typing import TextIO
 
 from ..analysis.flame import hook_short_name
-from ..analysis.reconcile import MEMTRACE, VLLM_RECORDED
 from ..analysis.summary import Crossing, Summary, worst
 from ..model import Frame
+from .kv_text import render_non_kv
 
 GiB = 1024**3
 
@@ -240,7 +240,7 @@ def _peak(out: _Out, s: Summary) -> None:
 
 def _crossing_text(s: Summary, c: Crossing) -> str:
     where = f" in {c.phase_path}" if c.phase_path else ""
-    if c.ended_above and s.oom is not None:
+    if c.until == "oom":
         stay = f"until the OOM ({c.duration_us / 1e6:.3f} s)"
     else:
         stay = "until the recording ended" if c.ended_above else f"for {c.duration_us / 1e6:.3f} s"
@@ -300,88 +300,6 @@ def _hooks(out: _Out, s: Summary, limit: int = 20) -> None:
         out.item(f"... and {len(s.hook_calls) - limit:,} more calls (see --json)")
 
 
-def _reconciliation(out: _Out, s: Summary) -> None:
-    n = s.non_kv
-    if n is None:
-        return
-    if n.source == MEMTRACE:
-        _kv(out, s)
-    else:
-        out.heading("vLLM's non-KV memory (what it keeps out of the KV cache; fits uses this figure)")
-        if n.source == VLLM_RECORDED:
-            out.item(
-                f"{gib_unit(n.bytes)}: vLLM's own figure (target - available KV, recorded); memtrace cannot "
-                "reconstruct it here (a phase, NVML samples or boundary readings are missing)"
-            )
-        else:
-            out.item(
-                f"{gib_unit(n.bytes)}: the peak before the KV cache (reserved + non-torch); no KV sizing was "
-                "recorded" + (" (the run died first)" if s.died else "")
-            )
-    _crossing_vs_sizing(out, s)
-
-
-def _kv(out: _Out, s: Summary) -> None:
-    k = s.kv
-    out.heading(f"Reconciliation with vLLM's available KV cache ({k.formula} formula, device memory from {k.source})")
-    if k.total_consumed_bytes is not None:
-        terms = (
-            f"device memory consumed since init {gib_unit(k.total_consumed_bytes)} + transient peak headroom "
-            f"{gib_unit(k.transient_peak_headroom_bytes)}"
-        )
-    else:
-        terms = (
-            f"non-torch increase {gib_unit(k.non_torch_increase_bytes)} + torch peak increase "
-            f"{gib_unit(k.torch_peak_increase_bytes)} + weights {gib_unit(k.weights_bytes)}"
-        )
-    if k.init_gap_bytes:
-        terms += f" + before recording began {gib_unit(k.init_gap_bytes)}"
-    out.item(f"non-KV = {terms} = {gib_unit(k.non_kv_bytes)}")
-    out.item(
-        f"available KV = target {gib_unit(k.target_bytes)} - non-KV - CUDA-graph estimate "
-        f"{gib_unit(k.graph_estimate_bytes)} = {gib_unit(k.available_kv_bytes)} (weights {gib_unit(k.weights_bytes)}, "
-        f"peak allocated in profile_run {gib_unit(k.peak_allocated_bytes)})"
-    )
-    out.item(
-        f"vLLM keeps {gib_unit(k.withheld_bytes)} out of the KV cache (non-KV + CUDA-graph estimate; fits uses it)"
-    )
-    if k.vllm_available_kv_bytes is not None:
-        out.item(
-            f"vLLM reported {gib_unit(k.vllm_available_kv_bytes)}; memtrace's reconstruction differs by "
-            f"{signed_gib(k.difference_bytes)} GiB"
-        )
-    if k.init_gap_bytes:
-        out.item(
-            f"{gib_unit(k.init_gap_bytes)} appeared inside init_device after vLLM's init snapshot, before "
-            "memtrace's curves begin (the plugin's reading at its end): vLLM counts it, so does non-KV above"
-        )
-    if k.first_sample_delay_us:
-        out.item(
-            f"first NVML sample {k.first_sample_delay_us / 1e3:.1f} ms after init_device ended: used as the init snapshot"
-        )
-    if k.graph_estimate_disabled_bytes is not None:
-        out.item(
-            f"CUDA-graph estimate {gib_unit(k.graph_estimate_disabled_bytes)} not applied "
-            "(VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS=0)"
-        )
-    for n in k.notes:
-        if "not applied" not in n:
-            out.item(n)
-
-
-def _crossing_vs_sizing(out: _Out, s: Summary) -> None:
-    k = s.kv
-    if k is not None and s.crossings:
-        c = min(s.crossings, key=lambda c: c.time_us)
-        when = f"at {_seconds(s, c.time_us)}" + (f" in {c.phase_path}" if c.phase_path else "")
-        if c.time_us >= k.after_us:
-            out.item(
-                f"the target was first crossed after vLLM had sized the KV cache ({when}): its budget left no room for it"
-            )
-        else:
-            out.item(f"the target was first crossed while profiling, before the KV cache was sized ({when})")
-
-
 def _notes(out: _Out, s: Summary) -> None:
     if not (s.warnings or s.notes):
         return
@@ -410,7 +328,7 @@ def render_report(summary: Summary, file: TextIO, width: int = 100, markdown: bo
     _target(out, summary)
     _holders(out, summary)
     _hooks(out, summary)
-    _reconciliation(out, summary)
+    render_non_kv(out, summary)
     _notes(out, summary)
 
 

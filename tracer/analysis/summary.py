@@ -9,8 +9,9 @@ Definitions:
 - **peak**: the global maximum of the reserved curve (the first time it is reached), with the
   allocated bytes at that same instant and the innermost phase in force. The peaks of the
   allocated curve and of NVML device-used are reported beside it.
-- **crossing**: the first time a curve (reserved; NVML device-used when sampled) goes above the
-  target. Its *excursion* lasts until the curve drops back to or below the target;
+- **crossing**: ``analysis.crossing`` (the one definition report and plot share): the first time a
+  curve goes above the target, device used first when sampled, then the exact reserved one. Its
+  *excursion* lasts until the curve drops back to or below the target, the OOM or the end;
   ``value_bytes`` is the excursion's maximum, ``overshoot_bytes`` = value - target.
 - **target**: ``analysis.target.resolve_target`` (the one resolver); the Summary carries the
   ``Target`` (bytes, card, where it came from).
@@ -31,7 +32,8 @@ import numpy as np
 
 from .. import facts as F
 from ..model import Frame, HookCall, Note, Process, Recording, Trace
-from .curves import Baseline, Curve, Curves, all_curves
+from .crossing import crossings
+from .curves import Baseline, Curves, all_curves
 from .landmarks import steady_non_torch_at
 from .live import holders_by_stack, lifetimes, meaningful_frame
 from .oom import Oom, find_oom
@@ -71,17 +73,18 @@ class PeakPoint:
 
 @dataclass(frozen=True)
 class Crossing:
-    """The first excursion of a curve above the target."""
+    """The first excursion of a curve above the target (``analysis.crossing``, the one definition)."""
 
-    curve: str  # "reserved" or "device_used"
+    curve: str  # "device_used" or "reserved"
     time_us: int
     phase_path: str
     value_bytes: int  # maximum during the excursion
     value_us: int  # when that maximum was reached
     overshoot_bytes: int  # value_bytes - target
-    duration_us: int  # until the curve dropped back to or below the target (or the recording ended)
-    ended_above: bool  # the recording ended while still above the target
+    duration_us: int  # until the curve dropped back to or below the target, the OOM, or the end
+    ended_above: bool  # still above when the recording ended or the run died
     excursions: int  # how many separate times the curve went above the target
+    until: str = "dropped"  # "dropped", "oom" or "end"
 
 
 @dataclass(frozen=True)
@@ -145,31 +148,6 @@ class Summary:
     @property
     def died(self) -> bool:
         return self.oom is not None
-
-
-def crossing(trace: Trace, curve: Curve, target: int, name: str) -> Crossing | None:
-    """The first excursion of ``curve`` above ``target``, or None if it never goes above."""
-    above = curve.bytes > target
-    if not above.any():
-        return None
-    i = int(np.argmax(above))
-    below_after = np.flatnonzero(~above[i:])
-    j = i + int(below_after[0]) if len(below_after) else len(curve)
-    k = i + int(np.argmax(curve.bytes[i:j]))
-    t = int(curve.time_us[i])
-    end = int(curve.time_us[j]) if j < len(curve) else max(recording_span(trace)[1], t)
-    rises = int(above[0]) + int(np.count_nonzero(above[1:] & ~above[:-1]))
-    return Crossing(
-        curve=name,
-        time_us=t,
-        phase_path=path_at(trace, t),
-        value_bytes=int(curve.bytes[k]),
-        value_us=int(curve.time_us[k]),
-        overshoot_bytes=int(curve.bytes[k]) - target,
-        duration_us=end - t,
-        ended_above=j >= len(curve),
-        excursions=rises,
-    )
 
 
 def _warnings(trace: Trace, curves: Curves) -> list[str]:
@@ -268,21 +246,27 @@ def _peak(trace: Trace, curves: Curves) -> Peak:
 
 
 def _crossings(trace: Trace, curves: Curves, target: int | None, oom: Oom | None) -> list[Crossing]:
-    """The crossings of ``target``, the one outputs name first: device used when sampled (what the card
-    sees), then the exact reserved one; curves are read up to the OOM, nothing after it."""
-    if target is None:
+    """``analysis.crossing.crossings`` as a list: the curve outputs name first (device used when
+    sampled), then the exact reserved one; read up to the OOM, nothing after it."""
+    found = crossings(trace, curves, target, oom_us=oom.time_us if oom is not None else None)
+    if found is None:
         return []
-    out = []
-    for name, curve in (("device_used", curves.device_used), ("reserved", curves.reserved)):
-        if oom is not None and len(curve):
-            n = int(np.searchsorted(curve.time_us, oom.time_us, side="right"))
-            curve = Curve(curve.time_us[:n], curve.bytes[:n])
-        c = crossing(trace, curve, target, name) if len(curve) else None
-        if c is not None and oom is not None and c.ended_above:  # above until the OOM, not the file's end
-            c = dataclasses.replace(c, duration_us=max(oom.time_us - c.time_us, 0))
-        if c is not None:
-            out.append(c)
-    return out
+    return [
+        Crossing(
+            curve=e.curve,
+            time_us=e.time_us,
+            phase_path=e.phase_path,
+            value_bytes=e.max_bytes,
+            value_us=e.max_us,
+            overshoot_bytes=e.overshoot_bytes,
+            duration_us=e.duration_us,
+            ended_above=e.until != "dropped",
+            excursions=e.excursions,
+            until=e.until,
+        )
+        for e in (found.first, found.second)
+        if e is not None
+    ]
 
 
 def holders_by_site(trace: Trace, event_index: int, top: int = 10) -> list[HolderLine]:
