@@ -1,0 +1,146 @@
+"""`memtrace view` without a browser: the page is self-contained, follows the output policy, and the
+data it carries rebuilds the report's figures exactly (the browser tests in tests/browser check the
+page's own code does the same in Chromium). Real data: the vLLM 0.25.1 start-up recorded on the H200.
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import gzip
+import io
+import json
+import re
+import sys
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import numpy as np
+import pytest
+from memtrace.analysis.target import resolve_target
+from memtrace.cli import main
+from memtrace.cli._runs import load
+from memtrace.plots.view_data import analyse, pack_rank, run_start
+from memtrace.plots.view_server import start
+from memtrace.plots.view_window import RankQueries
+from testdata import DATA, TESTS
+
+STARTUP = DATA / "vllm-h200" / "startup"
+
+
+def _analysis(run: Path = STARTUP):
+    trace = load(run).traces[0]
+    return analyse(trace, resolve_target(trace))
+
+
+def _decode(packed) -> dict[str, np.ndarray]:
+    raw = gzip.decompress(packed.blob)
+    return {
+        c["name"]: np.frombuffer(raw, dtype=np.dtype(c["dtype"]), count=c["length"], offset=c["offset"])
+        for c in packed.columns
+    }
+
+
+def test_view_writes_one_self_contained_page_named_after_the_run(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    assert main(["view", str(STARTUP)]) == 0
+    page = (tmp_path / "startup-view.html").read_text()
+    assert "wrote startup-view.html" in capsys.readouterr().err
+    refs = re.findall(r"""(?:src|href)\s*=\s*["']([^"']*)["']""", page)
+    assert refs == ["data:,"]  # only the empty favicon: no script, style or image comes from elsewhere
+    assert "https://cdn" not in page and '<link rel="stylesheet"' not in page
+    assert page.count("fetch(") == 1 and "fetch(path)" in page  # only the served page's /api/ calls
+    doc = json.loads(re.search(r'<script type="application/json" id="mt-doc">(.*?)</script>', page, re.S)[1])
+    assert doc["api"] is False and doc["ranks"][0]["label"] == "rank 0"
+    assert "Reconciliation" in doc["report"]  # the report as `memtrace report` prints it
+
+
+def test_existing_page_needs_force_and_the_suffix_must_be_html(tmp_path, capsys):
+    out = tmp_path / "v.html"
+    out.write_text("keep")
+    assert main(["view", str(STARTUP), "-o", str(out)]) == 2
+    assert out.read_text() == "keep" and "--force" in capsys.readouterr().err
+    assert main(["view", str(STARTUP), "-o", str(tmp_path / "v.png")]) == 2
+    assert "html" in capsys.readouterr().err
+    assert main(["view", str(STARTUP), "-o", str(out), "--rank", "3"]) == 2
+    assert out.read_text() == "keep"
+    assert main(["view", str(STARTUP), "-o", str(out), "--force"]) == 0
+    assert out.read_text().startswith("<!DOCTYPE html>")
+
+
+def test_packed_events_rebuild_the_curves_and_the_live_set_at_the_peak_to_the_byte():
+    a = _analysis()
+    packed = pack_rank(a, run_start([a]))
+    col = _decode(packed)
+    n = packed.meta["n_events"]
+    # the page's own arithmetic (assets/view.js buildLocal / liveLocal), in numpy
+    times = packed.meta["first_event_us"] + np.cumsum(col["dt"].astype(np.int64))
+    assert np.array_equal(times + packed.meta["t0_us"], a.curves.allocated.time_us[1:])
+    sign = np.where(col["act"] == 0, 1, np.where(col["act"] == 2, -1, 0))
+    allocated = packed.meta["baseline"]["allocated"] + np.cumsum(sign * col["size"].astype(np.int64))
+    assert np.array_equal(allocated, a.curves.allocated.bytes[1:])
+    e = a.summary.peak.event_index
+    i = np.arange(n)
+    live = (col["act"] == 0) & (i <= e) & (i + col["life"] > e)
+    total = int(col["size"][live].astype(np.int64).sum()) + int(col["pre_size"][col["pre_end"] > e].sum())
+    assert total == a.summary.peak.allocated_bytes == 137_882_827_252
+    assert packed.meta["peak"]["allocated_bytes"] == total
+
+
+def test_the_page_holds_at_most_24_bytes_per_event_on_the_bench_generator(tmp_path):
+    sys.path.insert(0, str(TESTS / "bench"))
+    from bench_store_report import build
+    from memtrace.plots.view_html import build_page
+
+    trace = build(200_000)
+    page = build_page([analyse(trace, resolve_target(trace))], title="bench", max_events=4_000_000, api=False)
+    assert len(page.encode()) / len(trace.events) <= 24
+
+
+def test_window_is_exact_when_zoomed_in_and_an_envelope_when_not():
+    a = _analysis()
+    q = RankQueries(a, run_start([a]))
+    whole = q.window(0, q.t[-1] / 1e6, 800)
+    assert not whole["exact"] and whole["events"] == len(a.times)
+    at = a.summary.peak.state_us - q.t0
+    near = q.window((at - 40) / 1e6, (at + 40) / 1e6, 800)
+    assert near["exact"]
+    x, top = near["data"][0], near["data"][1]  # the top of the stack is all allocated memory
+    k = max(j for j, t in enumerate(x) if t * 1e6 <= at + 0.4)
+    assert top[k] == a.summary.peak.allocated_bytes
+    assert max(whole["data"][1]) == a.curves.allocated.peak_bytes  # the envelope keeps the maximum
+
+
+def test_server_listens_on_loopback_and_answers_the_page_queries():
+    a = _analysis()
+    server = start([a], title="t", max_events=1_000)
+    try:
+        assert server.server_address[0] == "127.0.0.1"
+        get = lambda path: urllib.request.urlopen(server.url + path, timeout=10).read()  # noqa: E731
+        assert b'"api":true' in get("")
+        e = json.loads(get(f"api/event?rank=0&t_us={a.summary.peak.state_us - server.queries[0].t0}"))["event"]
+        assert e == a.summary.peak.event_index
+        live = json.loads(get(f"api/live?rank=0&event={e}"))
+        assert live["total"] == a.summary.peak.allocated_bytes
+        assert sum(g["bytes"] for g in live["groups"]) == live["total"]
+        for bad, code in (("api/live?rank=0&event=99999999", 400), ("api/live?rank=7&event=1", 400), ("nope", 404)):
+            with pytest.raises(urllib.error.HTTPError) as err:
+                get(bad)
+            assert err.value.code == code
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def test_a_run_over_max_events_carries_an_overview_instead_of_its_events(tmp_path):
+    out = tmp_path / "o.html"
+    with contextlib.redirect_stderr(io.StringIO()):
+        assert main(["view", str(STARTUP), "-o", str(out), "--max-events", "1000"]) == 0
+    page = out.read_text()
+    doc = json.loads(re.search(r'id="mt-doc">(.*?)</script>', page, re.S)[1])
+    rank = doc["ranks"][0]
+    assert rank["has_events"] is False and not rank["overview"]["exact"]
+    assert [c["name"] for c in rank["columns"]] == ["dev_t", "dev_used", "dev_nontorch"]
+    blob = re.search(r'id="mt-blob-0">(.*?)</script>', page, re.S)[1]
+    assert len(base64.b64decode(blob)) < 100_000
