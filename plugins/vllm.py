@@ -32,6 +32,7 @@ import threading
 import time
 from typing import Any
 
+from .. import facts as F
 from . import flashinfer, vllm_boundaries, vllm_facts
 from .hooks import HookManager, Target, call_argument
 from .vllm_targets import (
@@ -53,7 +54,8 @@ UNTIL_ENV = "MEMTRACE_UNTIL"
 STACKS_ENV = "MEMTRACE_STACKS"
 CMDLINE_ENV = "MEMTRACE_CMDLINE"  # the redacted command line of the process that loaded vLLM first
 DIR_ENV = "MEMTRACE_DIR"
-FACT_STARTUP_COMPLETE = "vllm.startup_complete_us"
+SWITCH_ENV = "MEMTRACE"
+FACT_STARTUP_COMPLETE = F.VLLM_STARTUP_COMPLETE_US
 
 _plugin: Plugin | None = None
 _lock = threading.Lock()
@@ -71,7 +73,7 @@ def enabled(environ: dict[str, str] | None = None) -> bool:
     plugins = [p.strip() for p in environ.get("VLLM_PLUGINS", "").split(",")]
     if "memtrace" in plugins or environ.get(DIR_ENV):
         return True
-    return environ.get("MEMTRACE", "").strip().lower() in ("1", "true", "yes", "on")
+    return environ.get(SWITCH_ENV, "").strip().lower() in ("1", "true", "yes", "on")
 
 
 def register() -> None:
@@ -226,10 +228,11 @@ class Plugin:
         total = getattr(getattr(session, "process", None), "device_total_bytes", None)
         for key, value in vllm_facts.target_facts(worker, total).items():
             session.set_fact(key, value)
-        session.set_fact("vllm.config", vllm_facts.config_facts(worker))
-        session.set_fact("vllm.version", self.version_text)
-        session.set_fact("vllm.hook_targets", list(self.hooked))
-        env = dict(session.facts.get("env") or {})
+        session.set_fact(F.VLLM_CONFIG, vllm_facts.config_facts(worker))
+        session.set_fact(F.VLLM_VERSION, self.version_text)
+        session.set_fact(F.VLLM_HOOK_TARGETS, list(self.hooked))
+        session.set_fact(F.VLLM_PLUGINS, vllm_facts.plugin_facts(dict(os.environ)))
+        env = dict(session.facts.get(F.ENV) or {})
         cmdline = os.environ.get(CMDLINE_ENV)
         if cmdline:
             try:
@@ -238,7 +241,7 @@ class Plugin:
                 pass
         if self.version_text and not env.get("vllm"):
             env["vllm"] = self.version_text
-        session.set_fact("env", env)
+        session.set_fact(F.ENV, env)
 
     def startup_complete(self, session: Any) -> None:
         from ..capture import api
@@ -286,6 +289,7 @@ class PhaseHook:
         self.target = target
         self.phase = target.phase
         self.key = target.phase  # one phase at a time: a subclass calling its base is not nested
+        self.kv_bytes_given: Any = None  # --kv-cache-memory-bytes as determine_available_memory began
 
     def before(self, target: Target, args: tuple, kwargs: dict) -> Any:
         if self.target.skip_kwarg and call_argument(target, self.target.skip_kwarg, args, kwargs):
@@ -299,6 +303,8 @@ class PhaseHook:
         if self.phase == KV_CACHE_INIT and len(args) > 1:
             for key, value in vllm_facts.kv_cache_facts(args[1], worker).items():
                 session.set_fact(key, value)
+        if self.phase == DETERMINE_AVAILABLE_MEMORY:
+            self.kv_bytes_given = vllm_facts.kv_bytes_given(worker)
         index = session.phase_enter(self.phase, source="vllm")
         vllm_boundaries.record(session, self.phase, "start")
         return (index, worker, session)
@@ -315,23 +321,43 @@ class PhaseHook:
         vllm_boundaries.record(session, self.phase, "end")
         session.phase_exit(index)
         if error is not None:
+            _log_oom(self.phase, error, session)
             return
         if self.phase == LOAD_MODEL:
             weights = getattr(getattr(worker, "model_runner", None), "model_memory_usage", None)
             if isinstance(weights, (int, float)):
-                session.set_fact("vllm.weights_memory_bytes", int(weights))
+                session.set_fact(F.VLLM_WEIGHTS_BYTES, int(weights))
         elif self.phase == DETERMINE_AVAILABLE_MEMORY:
             if isinstance(result, int):
-                session.set_fact("vllm.available_kv_cache_bytes", int(result))
-            session.set_fact("vllm.profile", vllm_facts.profile_facts(worker))
+                session.set_fact(F.VLLM_AVAILABLE_KV_BYTES, int(result))
+            session.set_fact(F.VLLM_KV_SIZE_SOURCE, vllm_facts.kv_size_source(self.kv_bytes_given, worker))
+            session.set_fact(F.VLLM_PROFILE, vllm_facts.profile_facts(worker))
             for key, value in vllm_facts.target_facts(worker).items():
                 if key not in session.facts:
                     session.set_fact(key, value)
         elif self.phase == CUDAGRAPH_PROFILE:
             if isinstance(result, int):
-                session.set_fact("vllm.cudagraph_memory_estimate_bytes", int(result))
+                session.set_fact(F.VLLM_GRAPH_ESTIMATE_BYTES, int(result))
         elif self.phase == COMPILE_OR_WARM_UP:
-            tokens = vllm_facts.kv_cache_facts(None, worker).get("vllm.kv_cache_tokens")
-            if tokens is not None and "vllm.kv_cache_tokens" not in session.facts:
-                session.set_fact("vllm.kv_cache_tokens", tokens)
+            tokens = vllm_facts.kv_cache_facts(None, worker).get(F.VLLM_KV_TOKENS)
+            if tokens is not None and F.VLLM_KV_TOKENS not in session.facts:
+                session.set_fact(F.VLLM_KV_TOKENS, tokens)
             self.plugin.startup_complete(session)
+
+
+_oom_logged: set[int] = set()  # ids of the OOM errors already logged (each phase it crosses sees it)
+
+
+def _log_oom(phase: str, error: BaseException, session: Any) -> None:
+    """Say once, at the innermost phase it crossed, that a CUDA OOM is vLLM's/PyTorch's error, not memtrace's."""
+    kind = type(error)
+    if kind.__name__ != "OutOfMemoryError" or not kind.__module__.startswith("torch") or id(error) in _oom_logged:
+        return
+    _oom_logged.add(id(error))
+    log.warning(
+        "memtrace: vLLM ran out of GPU memory in %s (torch.OutOfMemoryError, raised by PyTorch's allocator for "
+        "vLLM; the error and its traceback are vLLM's, not memtrace's). memtrace only observed it: the trace "
+        "with the failed request is %s",
+        phase,
+        getattr(session, "path", "?"),
+    )

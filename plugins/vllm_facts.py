@@ -10,13 +10,17 @@ Keys (``memtrace.model`` defines the well-known ones):
 - ``vllm.kv_cache_tokens``, ``vllm.kv_cache_blocks``, ``vllm.kv_cache_bytes``;
 - ``vllm.config``: model, dtype, backends and sizes from the command line;
 - ``vllm.profile``: vLLM's own profiling figures (weights, non-torch, peak activation, CUDA-graph
-  estimate, init snapshot), kept to compare memtrace's reconstruction with.
+  estimate, init snapshot), kept to compare memtrace's reconstruction with;
+- ``vllm.kv_cache_size_source`` (profiling, or a size given: the formula does not apply) and
+  ``vllm.plugins`` (what ``VLLM_PLUGINS`` let vLLM load).
 """
 
 from __future__ import annotations
 
 import math
 from typing import Any
+
+from .. import facts as F
 
 _SCALARS = (bool, int, float, str)
 
@@ -96,17 +100,17 @@ def target_facts(worker: Any, device_total_bytes: int | None = None) -> dict[str
     util = _get(worker, "cache_config.gpu_memory_utilization")
     out: dict[str, Any] = {}
     if isinstance(util, (int, float)):
-        out["gpu_memory_utilization"] = float(util)
+        out[F.UTIL] = float(util)
     for attr in ("requested_memory", "requested_cpu_memory"):
         value = getattr(worker, attr, None)
         if isinstance(value, (int, float)) and value > 0:
-            out["target_bytes"] = int(value)
-            out["target_source"] = f"{type(worker).__name__}.{attr}"
+            out[F.TARGET_BYTES] = int(value)
+            out[F.TARGET_SOURCE] = f"{type(worker).__name__}.{attr}"
             return out
     total = _get(worker, "init_snapshot.total_memory") or device_total_bytes
-    if isinstance(total, int) and total > 0 and "gpu_memory_utilization" in out:
-        out["target_bytes"] = math.ceil(total * out["gpu_memory_utilization"])
-        out["target_source"] = "device total x gpu_memory_utilization"
+    if isinstance(total, int) and total > 0 and F.UTIL in out:
+        out[F.TARGET_BYTES] = math.ceil(total * out[F.UTIL])
+        out[F.TARGET_SOURCE] = "device total x gpu_memory_utilization"
     return out
 
 
@@ -152,16 +156,16 @@ def kv_cache_facts(kv_cache_config: Any, worker: Any = None) -> dict[str, Any]:
     out: dict[str, Any] = {}
     blocks = getattr(kv_cache_config, "num_blocks", None)
     if isinstance(blocks, int):
-        out["vllm.kv_cache_blocks"] = blocks
+        out[F.VLLM_KV_BLOCKS] = blocks
     tensors = getattr(kv_cache_config, "kv_cache_tensors", None) or []
     sizes = [getattr(t, "size", None) for t in tensors]
     if sizes and all(isinstance(s, int) for s in sizes):
-        out["vllm.kv_cache_bytes"] = int(sum(sizes))
+        out[F.VLLM_KV_BYTES] = int(sum(sizes))
     tokens = _get(worker, "cache_config.kv_cache_size_tokens")
     if not isinstance(tokens, int):
         tokens = _kv_tokens(kv_cache_config, worker)
     if isinstance(tokens, int):
-        out["vllm.kv_cache_tokens"] = tokens
+        out[F.VLLM_KV_TOKENS] = tokens
     return out
 
 
@@ -182,6 +186,39 @@ def _kv_tokens(kv_cache_config: Any, worker: Any) -> int | None:
         if isinstance(bs, int):
             return blocks * bs
     return None
+
+
+PLUGIN_GROUPS = {"general": "vllm.general_plugins", "platform": "vllm.platform_plugins"}
+
+
+def plugin_facts(environ: dict[str, str]) -> dict[str, Any]:
+    """Which general and platform plugins vLLM loads in this process: every installed one when
+    ``VLLM_PLUGINS`` is unset, else only those it names (vLLM splits the value on commas, unstripped)."""
+    from importlib.metadata import entry_points
+
+    value = environ.get("VLLM_PLUGINS")
+    allowed = None if value is None else value.split(",")
+    out: dict[str, Any] = {"VLLM_PLUGINS": value}
+    for key, group in PLUGIN_GROUPS.items():
+        names = sorted({ep.name for ep in entry_points(group=group)})
+        out[key] = [n for n in names if allowed is None or n in allowed]
+    return out
+
+
+def kv_bytes_given(worker: Any) -> Any:
+    """``--kv-cache-memory-bytes`` as vLLM holds it (None when not given)."""
+    return _get(worker, "cache_config.kv_cache_memory_bytes")
+
+
+def kv_size_source(explicit_before: Any, worker: Any) -> str:
+    """How vLLM sized the KV cache in ``determine_available_memory``: ``--kv-cache-memory-bytes`` when it
+    was set before the call, ``VLLM_ENABLE_STARTUP_PLAN`` when a persisted plan set it during the call
+    (vLLM >= 0.32), else ``profiling``."""
+    if explicit_before:
+        return "--kv-cache-memory-bytes"
+    if kv_bytes_given(worker):
+        return "VLLM_ENABLE_STARTUP_PLAN"
+    return "profiling"
 
 
 def rank_facts(worker: Any) -> dict[str, Any]:

@@ -199,3 +199,50 @@ def test_real_h200_phase_edges_carry_memtraces_own_device_readings():
     kv_bytes = _real().facts["vllm.kv_cache_bytes"]
     assert kv_bytes == 125_653_221_376  # the KV cache tensors vLLM asked for
     assert 0 <= grown - kv_bytes == 8_126_976  # + the runner's small per-layer buffers built with them
+
+
+def test_the_plugins_vllm_loads_follow_its_allow_list():
+    """VLLM_PLUGINS filters every plugin group: unset loads all; set loads only the names it lists,
+    split on commas as vLLM does (a space is part of the name)."""
+    from importlib.metadata import entry_points
+
+    installed = sorted({ep.name for ep in entry_points(group="vllm.general_plugins")})
+    assert "memtrace" in installed
+    everything = vllm_facts.plugin_facts({})
+    assert everything["VLLM_PLUGINS"] is None and everything["general"] == installed
+    assert vllm_facts.plugin_facts({"VLLM_PLUGINS": "memtrace"})["general"] == ["memtrace"]
+    assert vllm_facts.plugin_facts({"VLLM_PLUGINS": "x, memtrace"})["general"] == []
+    assert vllm_facts.plugin_facts({"VLLM_PLUGINS": ""})["general"] == []
+
+
+def test_the_kv_cache_size_source_tells_a_given_size_from_profiling():
+    def worker(kv):
+        return SimpleNamespace(cache_config=SimpleNamespace(kv_cache_memory_bytes=kv))
+
+    assert vllm_facts.kv_size_source(None, worker(None)) == "profiling"
+    assert vllm_facts.kv_size_source(64 << 20, worker(64 << 20)) == "--kv-cache-memory-bytes"
+    # vLLM >= 0.32 with VLLM_ENABLE_STARTUP_PLAN=1: a persisted plan sets the size inside the call
+    assert vllm_facts.kv_size_source(None, worker(5 << 30)) == "VLLM_ENABLE_STARTUP_PLAN"
+
+
+def test_a_cuda_oom_crossing_phases_is_logged_once_as_vllms_error(caplog):
+    import logging
+
+    import torch
+
+    class FakeSession:  # a fake: no CUDA here to make a real session run out of memory
+        path = "/run/vm-pid7-rank0.memtrace"
+
+        def phase_exit(self, index):
+            pass
+
+    inner, outer = (next(t for t in TARGETS if t.phase == p) for p in ("profile_run", "determine_available_memory"))
+    hooks = [plugin.PhaseHook(None, inner), plugin.PhaseHook(None, outer)]
+    err = torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 60.00 MiB")
+    with caplog.at_level(logging.WARNING, logger="memtrace"):
+        for hook in hooks:  # innermost first, as the exception leaves them
+            hook.after((0, None, FakeSession()), None, err)
+        plugin.PhaseHook(None, TARGETS[0]).after((0, None, FakeSession()), None, ValueError("not an OOM"))
+    lines = [r.getMessage() for r in caplog.records]
+    assert len(lines) == 1, lines
+    assert "profile_run" in lines[0] and "not memtrace's" in lines[0] and FakeSession.path in lines[0]
