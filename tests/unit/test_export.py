@@ -237,3 +237,27 @@ def test_perfetto_non_pytorch_is_the_steady_curve_not_the_raw_spikes(tmp_path, r
     assert max(points) == steady.peak_bytes
     # the raw used - reserved spiked to 15.37 GiB (vLLM) and 2.18 GiB (cap16g); the report says 0.74 / 0.68
     assert max(points) < (0.75 if "vllm" in run else 0.69) * GiB
+
+
+@pytest.mark.parametrize("name, trace", TRACES, ids=IDS)
+def test_streamed_memory_viz_file_unpickles_to_the_snapshot_dict(tmp_path, name, trace):
+    path = export_memory_viz(trace, tmp_path / "snap.pickle")
+    with open(path, "rb") as f:
+        assert pickle.load(f) == snapshot_dict(trace)  # the streamed writer and the dict agree, value for value
+
+
+def test_streamed_memory_viz_file_is_read_by_torchs_memory_viz(tmp_path):
+    memory_viz = pytest.importorskip("torch.cuda._memory_viz")
+    src = TESTS / "data" / "snapshots" / "multi-device-oom.pickle"  # a real snapshot with an OOM on cuda:1
+    if not src.exists():
+        pytest.skip("tests/data/snapshots is not shipped")
+    from memtrace.importers.files import traces_from_snapshot_file
+
+    trace = traces_from_snapshot_file(src, device=1)[0]
+    path = export_memory_viz(trace, tmp_path / "snap.pickle")
+    with open(path, "rb") as f:
+        snap = pickle.load(f)
+    assert f"{len(trace.events)} entries" in memory_viz.trace(snap)
+    assert f"segments: {len(trace.segments)}" in memory_viz.segsum(snap)
+    (oom,) = [e for e in snap["device_traces"][1] if e["action"] == "oom"]
+    assert (oom["device_free"], oom["size"]) == (95_682_560, 5_308_694_528)  # the recorded figure, not 0

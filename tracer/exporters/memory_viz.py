@@ -11,7 +11,8 @@ The dict has PyTorch's shape, so memory_viz and ``torch.cuda._memory_viz`` read 
   (``{name: "memtrace:<phase>", stage: START|END, device, time_us}``);
 - ``allocator_settings``: as recorded, when the trace kept them.
 
-It is written as a pickle with protocol 4: memory_viz rejects protocol 5 (pytorch#183842). NVML
+It is written as a pickle with protocol 4: memory_viz rejects protocol 5 (pytorch#183842). The file
+is streamed (``pickle_stream``): ten million entries never exist as Python objects. NVML
 samples, hook calls and facts have no place in this format and are left out. memtrace reads the
 file back with ``memtrace import`` (``importers.torch_snapshot.trace_from_snapshot``).
 """
@@ -19,14 +20,30 @@ file back with ``memtrace import`` (``importers.torch_snapshot.trace_from_snapsh
 from __future__ import annotations
 
 import os
-import pickle
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
-from ..analysis.phases import recording_span
-from ..model import ACTIONS, Trace
+import numpy as np
+
+from .. import facts as F
+from ..model import ACTION_CODE, ACTIONS, Trace
+from .pickle_stream import (
+    APPENDS,
+    COMPILE_CONTEXT,
+    EMPTY_DICT,
+    EMPTY_LIST,
+    MARK,
+    PROTO4,
+    SETITEMS,
+    STOP,
+    USER_METADATA,
+    PickleStream,
+    StackRef,
+    entry_records,
+)
 
 PICKLE_PROTOCOL = 4
+_OOM = ACTION_CODE["oom"]
 
 
 def _frame_lists(trace: Trace) -> list[list[dict[str, Any]]]:
@@ -53,38 +70,8 @@ def _covering_blocks(seg, frames_of) -> list[dict[str, Any]]:
     return out
 
 
-def snapshot_dict(trace: Trace, progress=None) -> dict[str, Any]:
-    """The ``_snapshot()``-shaped dict of ``trace``."""
+def _segments(trace: Trace, frames_of) -> list[dict[str, Any]]:
     device = trace.process.device_index or 0
-    stacks = _frame_lists(trace)
-    empty: list[dict[str, Any]] = []
-
-    def frames_of(stack: int) -> list[dict[str, Any]]:
-        return stacks[stack] if 0 <= stack < len(stacks) else empty
-
-    ev = trace.events
-    entries = []
-    cols = zip(
-        ev["time_us"].tolist(), ev["action"].tolist(), ev["addr"].tolist(), ev["size"].tolist(),
-        ev["stream"].tolist(), ev["stack"].tolist(), strict=True,
-    )  # fmt: skip
-    oom = ACTIONS.index("oom")
-    for t, action, addr, size, stream, stack in cols:
-        entry = {
-            "action": ACTIONS[action],
-            "addr": addr,
-            "size": size,
-            "stream": stream,
-            "time_us": t,
-            "frames": frames_of(stack),
-            "compile_context": "N/A",
-            "user_metadata": "",
-        }
-        if action == oom:  # PyTorch keeps the device's free bytes of an OOM in "device_free"
-            entry["device_free"] = addr
-        entries.append(entry)
-    if progress is not None:
-        progress.advance()
     segments = []
     for s in trace.segments:
         blocks = _covering_blocks(s, frames_of)
@@ -104,27 +91,124 @@ def snapshot_dict(trace: Trace, progress=None) -> dict[str, Any]:
                 "blocks": blocks,
             }
         )
-    _, end_of_trace = recording_span(trace)
+    return segments
+
+
+def _annotations(trace: Trace) -> list[dict[str, Any]]:
+    device = trace.process.device_index or 0
     annotations = []
     for p in trace.phases:
         annotations.append({"name": f"memtrace:{p.name}", "stage": "START", "device": device, "time_us": p.start_us})
         if p.end_us is not None:
             annotations.append({"name": f"memtrace:{p.name}", "stage": "END", "device": device, "time_us": p.end_us})
     annotations.sort(key=lambda a: (a["time_us"], a["stage"] == "START"))  # an END before a START at one µs
+    return annotations
+
+
+def _entry(t: int, action: int, addr: int, size: int, stream: int, frames: Any) -> dict[str, Any]:
+    entry = {
+        "action": ACTIONS[action],
+        "addr": addr,
+        "size": size,
+        "stream": stream,
+        "time_us": t,
+        "frames": frames,
+        "compile_context": COMPILE_CONTEXT,
+        "user_metadata": USER_METADATA,
+    }
+    if action == _OOM:  # PyTorch keeps the device's free bytes of an OOM in "device_free"
+        entry["device_free"] = addr
+    return entry
+
+
+def snapshot_dict(trace: Trace, progress=None) -> dict[str, Any]:
+    """The ``_snapshot()``-shaped dict of ``trace``, in memory (:func:`export_memory_viz` streams the
+    same thing to a file without building it)."""
+    device = trace.process.device_index or 0
+    stacks = _frame_lists(trace)
+    empty: list[dict[str, Any]] = []
+
+    def frames_of(stack: int) -> list[dict[str, Any]]:
+        return stacks[stack] if 0 <= stack < len(stacks) else empty
+
+    ev = trace.events
+    cols = zip(
+        ev["time_us"].tolist(), ev["action"].tolist(), ev["addr"].tolist(), ev["size"].tolist(),
+        ev["stream"].tolist(), ev["stack"].tolist(), strict=True,
+    )  # fmt: skip
+    entries = [_entry(t, a, addr, size, stream, frames_of(stack)) for t, a, addr, size, stream, stack in cols]
+    if progress is not None:
+        progress.advance()
+    segments = _segments(trace, frames_of)
     if progress is not None:
         progress.advance()
     return {
         "segments": segments,
         "device_traces": [[] for _ in range(device)] + [entries],
-        "external_annotations": annotations,
-        "allocator_settings": trace.facts.get("allocator_settings", {}),
+        "external_annotations": _annotations(trace),
+        "allocator_settings": trace.facts.get(F.ALLOCATOR_SETTINGS, {}),
     }
 
 
+#: Entries per MARK ... APPENDS group of the streamed file.
+CHUNK = 1 << 16
+
+
+def _slow_positions(ev: np.ndarray) -> np.ndarray:
+    """Entries the generic writer writes: the first use of each stack and action, and every OOM."""
+    if len(ev) == 0:
+        return np.zeros(0, np.int64)
+    _, first_stack = np.unique(ev["stack"], return_index=True)
+    _, first_action = np.unique(ev["action"], return_index=True)
+    ooms = np.flatnonzero(ev["action"] == _OOM)
+    return np.unique(np.concatenate((first_stack, first_action, ooms)).astype(np.int64))
+
+
+def _write_entries(ps: PickleStream, ev: np.ndarray) -> None:
+    ps.w(EMPTY_LIST)
+    slow = _slow_positions(ev)
+    for lo in range(0, len(ev), CHUNK):
+        hi = min(len(ev), lo + CHUNK)
+        ps.w(MARK)
+        cur = lo
+        for i in slow[(slow >= lo) & (slow < hi)].tolist():
+            if i > cur:
+                ps.raw(entry_records(ps, ev[cur:i], ACTIONS).tobytes())
+            e = ev[i]
+            ps.value(_entry(int(e["time_us"]), int(e["action"]), int(e["addr"]), int(e["size"]), int(e["stream"]),
+                            StackRef(int(e["stack"]))))  # fmt: skip
+            cur = i + 1
+        if cur < hi:
+            ps.raw(entry_records(ps, ev[cur:hi], ACTIONS).tobytes())
+        ps.w(APPENDS)
+
+
+def write_snapshot(trace: Trace, out: IO[bytes], progress=None) -> None:
+    """Stream the snapshot of ``trace`` to ``out`` as a protocol-4 pickle (see ``pickle_stream``)."""
+    device = trace.process.device_index or 0
+    ps = PickleStream(out, [(f.filename, f.line, f.name) for f in trace.frames], trace.stacks)
+    ps.w(PROTO4 + EMPTY_DICT + MARK)
+    ps.string("segments")
+    ps.value(_segments(trace, StackRef))
+    ps.string("device_traces")
+    ps.w(EMPTY_LIST + MARK + EMPTY_LIST * device)
+    _write_entries(ps, trace.events)
+    ps.w(APPENDS)
+    if progress is not None:
+        progress.advance()
+    ps.string("external_annotations")
+    ps.value(_annotations(trace))
+    ps.string("allocator_settings")
+    ps.value(trace.facts.get(F.ALLOCATOR_SETTINGS, {}))
+    ps.w(SETITEMS + STOP)
+    ps.flush()
+    if progress is not None:
+        progress.advance()
+
+
 def export_memory_viz(trace: Trace, path: str | os.PathLike, progress=None) -> Path:
-    """Write ``trace`` to ``path`` as a memory_viz-compatible snapshot pickle (protocol 4)."""
+    """Write ``trace`` to ``path`` as a memory_viz-compatible snapshot pickle (protocol 4), streamed."""
     out = Path(path)
-    snap = snapshot_dict(trace, progress)
     with open(out, "wb") as f:
-        pickle.dump(snap, f, protocol=PICKLE_PROTOCOL)
+        write_snapshot(trace, f, progress)
     return out
