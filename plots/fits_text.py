@@ -8,7 +8,8 @@ Every outcome the analysis can give (``analysis.fits.OUTCOMES``) has its own wor
 
 from __future__ import annotations
 
-from ..analysis.fits import DIED, FITS, NO_KV, OOM, REFUSED, UNKNOWN, Fit
+from ..analysis.fits import DIED, FITS, NO_KV, NO_KV_CACHE, OOM, REFUSED, UNKNOWN, Fit
+from ..analysis.reconcile import PRE_KV_PEAK
 from ..units import format_gib as _gib
 
 #: The first word of the one-capacity answer, per outcome (also what tests compare with --json).
@@ -64,6 +65,8 @@ def _verdict(r: Fit) -> str:
 def _answer(r: Fit) -> list[str]:
     """The one-capacity answer: the headline line and its explanation."""
     head = HEADLINE[r.outcome]
+    if r.outcome == FITS and r.stage == NO_KV_CACHE:
+        return [f"{head}: its whole recording fits (no KV cache), {_gib(r.headroom_bytes)} to spare at its peak"]
     if r.outcome == FITS:
         return [f"{head}: KV cache {_gib(r.kv_cache_bytes)}, {_gib(r.headroom_bytes)} to spare at the tightest moment"]
     if r.outcome == REFUSED:
@@ -129,10 +132,15 @@ def render_fits(results: list[Fit], run_path: str, smallest: int | None) -> str:
             f"(vLLM may fill {_gib(r.target_bytes)}):"
         )
         lines += ["  " + line for line in _answer(r)]
-        lines.append(
-            f"  card-independent: vLLM keeps {_gib(r.non_kv_bytes)} out of the KV cache ({r.non_kv_source}); "
-            f"pre-KV peak {_gib(r.pre_kv_peak_bytes)} in {r.pre_kv_peak_phase}"
-        )
+        if r.non_kv_source == PRE_KV_PEAK:
+            lines.append(
+                f"  card-independent: peak {_gib(r.pre_kv_peak_bytes)} in {r.pre_kv_peak_phase} (no KV sizing recorded)"
+            )
+        else:
+            lines.append(
+                f"  card-independent: vLLM keeps {_gib(r.non_kv_bytes)} out of the KV cache ({r.non_kv_source}); "
+                f"pre-KV peak {_gib(r.pre_kv_peak_bytes)} in {r.pre_kv_peak_phase}"
+            )
     else:
         head = f"  {'capacity':>10} {'util':>5} {'vLLM fills':>11} {'non-KV':>10} {'KV cache':>10} {'post-KV peak':>13}  outcome"
         lines.append(head)

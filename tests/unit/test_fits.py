@@ -345,3 +345,16 @@ def test_the_assumed_non_torch_memory_is_the_recorded_steady_figure(capsys):
     assert "no NVML" not in out
     _, out, _ = _run_fits(capsys, str(H200 / "startup-cap32g"), "--capacity", "32GiB")
     assert "assumed: 0.68 GiB (NVML at KV sizing)" in out
+
+
+PROBE = TESTS / "data" / "vllm-h200" / "flashinfer-probe"
+
+
+@pytest.mark.skipif(not PROBE.is_dir(), reason="no real FlashInfer probe trace")
+def test_a_program_with_no_kv_cache_fits_when_its_whole_curve_does(capsys):
+    # a real FlashInfer probe on the H200 (not vLLM): it said "unknown: the recording ends before the KV
+    # cache", and would have refused "no memory for the KV cache" on a card below its peak / util
+    rc, out, _ = _run_fits(capsys, str(PROBE), "--capacity", "2GiB")
+    assert rc == 0 and "SURVIVES: its whole recording fits (no KV cache)" in out
+    assert "card-independent: peak 0.32 GiB in moe_workspace_dynamic (no KV sizing recorded)" in out
+    assert "assumed: 0.04 GiB (NVML, last steady sample)" in out  # it has NVML samples

@@ -36,8 +36,9 @@ failed request; nothing after it is known. So, for such a recording:
   what the start-up needed after it was never recorded. A recording that ended in an OOM never
   answers FITS, and :func:`smallest_fitting` finds no card for it.
 
-A recording that ended (without an OOM) before the KV cache was sized answers UNKNOWN past the part
-it covers, too.
+A vLLM recording that ended (without an OOM) before the KV cache was sized answers UNKNOWN past the
+part it covers, too. A program that is not vLLM and sizes no KV cache fits when its whole recorded
+curve does (steps 3 and 5 do not apply).
 
 Pure functions over a Trace; figures are bytes.
 """
@@ -72,6 +73,7 @@ UNKNOWN = "unknown"  # the recording ends (the run died) before the part that de
 REFUSED = "refused-at-init"  # vLLM: free memory at init_device is less than util × capacity
 DIED = "died"  # the recording died of OOM, and this card has no more room there: it dies there too
 OUTCOMES = (FITS, OOM, NO_KV, REFUSED, DIED, UNKNOWN)
+NO_KV_CACHE = "no KV cache"  # the stage of a program that sizes none (not vLLM): its whole curve fits
 
 #: The smallest capacity :func:`check_capacity` accepts: no GPU vLLM runs on has less.
 MIN_CAPACITY = 1 << 30
@@ -250,6 +252,8 @@ def fit(
         return result(OOM, path_at(trace, t) or "before the first phase", pre_peak - capacity_bytes, "pre-KV")
     if oom is not None and (lm.kv_end_us is None or oom.time_us < lm.kv_end_us):  # died before the KV cache
         return _at_oom(rec, capacity_bytes, target, 0, result)
+    if lm.sizing_end_us is None and not F.is_vllm(trace.facts):  # a program with no KV cache: all of it fits
+        return result(FITS, "", 0, NO_KV_CACHE, headroom=capacity_bytes - pre_peak)
     # 4. KV sizing
     if kv_new <= 0:
         return result(NO_KV, "KV sizing (after determine_available_memory)", -kv_new, "KV sizing")
