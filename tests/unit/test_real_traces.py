@@ -111,3 +111,39 @@ def test_the_full_card_crosses_its_target_after_the_kv_cache_is_sized():
     warm = next(p for p in trace.phases if p.name == "compile_or_warm_up")
     assert curve.peak_bytes > target
     assert warm.start_us <= first <= warm.end_us
+
+
+# -- one answer everywhere (issue 10): report and fits state the same OOM, target and non-KV figure ----
+
+
+def _trace_ids() -> list:
+    from testdata import real_traces
+
+    return [pytest.param(p, id=str(p.relative_to(p.parents[2]))) for p in real_traces()]
+
+
+@pytest.mark.parametrize("path", _trace_ids())
+def test_report_and_fits_agree_on_the_oom_the_target_and_the_non_kv_figure(path, capsys):
+    from memtrace.analysis.oom import find_oom
+    from memtrace.cli import main
+    from memtrace.store import load_trace
+
+    trace = load_trace(path)
+    oom = find_oom(trace)
+    assert main(["report", str(path), "--json"]) == 0
+    (rep,) = json.loads(capsys.readouterr().out)["traces"]
+    card = rep["target"]["capacity_bytes"]
+    rc = main(["fits", str(path), "--capacity", str(max(card or 0, 1 << 30)), "--json"])
+    fit = json.loads(capsys.readouterr().out)["fits"][0]
+    assert rc == (0 if fit["survives"] else 1)
+    # the OOM: the same record, to the byte, in both; a run that died never fits (defect 1)
+    assert (rep["oom"] is None) == (fit["recorded_oom"] is None) == (oom is None)
+    if oom is not None:
+        assert rep["oom"] == fit["recorded_oom"]
+        assert (rep["oom"]["time_us"], rep["oom"]["requested_bytes"]) == (oom.time_us, oom.requested_bytes)
+        assert fit["outcome"] == "died" and not fit["survives"]
+    # the non-KV figure: one model (reconcile.non_kv) behind both
+    if rep["non_kv"] is not None:
+        assert rep["non_kv"]["bytes"] == fit["non_kv_bytes"] and rep["non_kv"]["source"] == fit["non_kv_source"]
+    # the card the recording stood for is the one fits compares with
+    assert fit["recorded_capacity_bytes"] == card
