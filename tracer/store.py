@@ -419,7 +419,7 @@ def load_trace(path: str | os.PathLike) -> Trace:
     # A finished trace (no -wal beside it) is opened immutable, so reading it creates no -shm/-wal
     # files next to the user's file (and works in a read-only directory); a trace still being written,
     # or left by a crashed writer, has a -wal that must be read, which needs the normal mode.
-    uri = "file:" + urllib.parse.quote(str(path.resolve())) + "?mode=ro"
+    uri = _read_only_uri(path)
     if not path.with_name(path.name + "-wal").exists():
         uri += "&immutable=1"
     try:
@@ -430,6 +430,29 @@ def load_trace(path: str | os.PathLike) -> Trace:
             db.close()
     except sqlite3.DatabaseError as exc:
         raise TraceFormatError(f"{path} is corrupt ({exc}); record the run again or restore a copy") from None
+
+
+def _read_only_uri(path: Path) -> str:
+    """A read-only SQLite URI for ``path``, quoted: a name with ``#``, ``?`` or ``%`` is the file's own."""
+    return "file:" + urllib.parse.quote(str(path.resolve())) + "?mode=ro"
+
+
+def read_fact(path: str | os.PathLike, key: str) -> Any:
+    """One fact of a trace file, read without disturbing its writers (for watching a live trace).
+
+    None when the fact is not there yet, or the file is being created or cannot be read right now:
+    the caller looks again later. Never raises for the file's state.
+    """
+    try:
+        db = sqlite3.connect(_read_only_uri(Path(path)), uri=True, timeout=1.0)
+        try:
+            row = db.execute("SELECT value FROM meta WHERE key='facts'").fetchone()
+        finally:
+            db.close()
+        facts = json.loads(row[0]) if row else {}
+    except (sqlite3.Error, ValueError, OSError):
+        return None
+    return facts.get(key) if isinstance(facts, dict) else None
 
 
 def _read(db: sqlite3.Connection, path: Path) -> Trace:

@@ -3,55 +3,108 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import time
 from pathlib import Path
 
+import pytest
+from memtrace import facts as F
 from memtrace.cli import run as run_cmd
 from memtrace.model import Phase, Process, Trace
-from memtrace.store import TraceWriter, save_trace
+from memtrace.store import TraceWriter, read_fact, save_trace
 
 
-def test_child_environment_adds_memtrace_to_the_listed_plugins():
-    env = run_cmd.child_environment(
-        {"VLLM_PLUGINS": "a, b", "PATH": "/bin"}, Path("/r"), "exit", ["vllm", "serve", "--api-key", "k"]
-    )
-    assert env["VLLM_PLUGINS"] == "a,b,memtrace" and env["PATH"] == "/bin"
-    assert env["MEMTRACE_DIR"] == "/r" and env["MEMTRACE_UNTIL"] == "exit"
+def test_child_environment_leaves_vllm_plugins_unset_and_turns_memtrace_on_by_its_own_switch():
+    """VLLM_PLUGINS is vLLM's allow-list for every plugin group: memtrace run must not set it."""
+    env = run_cmd.child_environment({"PATH": "/bin"}, Path("/r"), "exit", ["vllm", "serve", "--api-key", "k"])
+    assert "VLLM_PLUGINS" not in env and env["PATH"] == "/bin"
+    assert env["MEMTRACE"] == "1" and env["MEMTRACE_DIR"] == "/r" and env["MEMTRACE_UNTIL"] == "exit"
     assert json.loads(env["MEMTRACE_CMDLINE"]) == ["vllm", "serve", "--api-key", "<redacted>"]
-    assert run_cmd.child_environment({}, Path("/r"), "startup", ["x"])["VLLM_PLUGINS"] == "memtrace"
-    assert (
-        run_cmd.child_environment({"VLLM_PLUGINS": "memtrace"}, Path("/r"), "startup", ["x"])["VLLM_PLUGINS"]
-        == "memtrace"
-    )
+
+
+def test_a_users_vllm_plugins_keeps_its_plugins_and_gains_memtrace():
+    def plugins(value):
+        return run_cmd.child_environment({"VLLM_PLUGINS": value}, Path("/r"), "startup", ["x"])["VLLM_PLUGINS"]
+
+    assert plugins("lora_filesystem_resolver") == "lora_filesystem_resolver,memtrace"
+    assert plugins("a,memtrace,b") == "a,memtrace,b"  # already there: unchanged
+    assert plugins("a, b") == "a, b,memtrace"  # the user's spelling is kept (vLLM does not strip)
+    assert plugins("a, memtrace") == "a, memtrace,memtrace"  # vLLM would not match " memtrace"
+    assert plugins("") == "memtrace"  # set but empty: vLLM loads nothing, so memtrace alone
 
 
 def test_exit_codes_are_the_shells():
     assert run_cmd.exit_code(0) == 0 and run_cmd.exit_code(3) == 3 and run_cmd.exit_code(-15) == 143
 
 
-def test_startup_is_detected_from_the_traces_fact(tmp_path):
-    assert run_cmd.startup_state(tmp_path) == (0, 0)
-    save_trace(Trace(process=Process(pid=1), facts={"vllm.startup_complete_us": 5}), tmp_path / "a.memtrace")
-    with TraceWriter(tmp_path / "b.memtrace") as w:  # still recording: no fact yet
+@pytest.mark.parametrize("name", ["run", "run#1", "run?x=1", "50%", "a b"])
+def test_startup_is_detected_from_the_traces_fact_whatever_the_folder_name(tmp_path, name):
+    """Issue 10 defect 13: 'run#1' was read through an unquoted SQLite URI and never seen complete."""
+    run_dir = tmp_path / name
+    assert run_cmd.startup_state(run_dir) == (0, 0)  # not created yet
+    run_dir.mkdir()
+    save_trace(Trace(process=Process(pid=1), facts={F.VLLM_STARTUP_COMPLETE_US: 5}), run_dir / "a.memtrace")
+    with TraceWriter(run_dir / "b.memtrace") as w:  # still recording: no fact yet
         w.add_phase(Phase("init_device", 1, 2))
-        assert run_cmd.startup_state(tmp_path) == (2, 1)
+        assert run_cmd.startup_state(run_dir) == (2, 1)
+    (run_dir / "c.memtrace").write_bytes(b"")  # being created
+    assert run_cmd.startup_state(run_dir) == (3, 1)
 
 
-def _memtrace_run(tmp_path: Path, script: str) -> subprocess.Popen:
+def test_read_fact_reads_a_live_file_and_never_raises(tmp_path):
+    path = tmp_path / "x#y.memtrace"
+    assert read_fact(path, F.VLLM_VERSION) is None
+    with TraceWriter(path) as w:
+        w.set_facts({F.VLLM_VERSION: "0.32.0"})
+        assert read_fact(path, F.VLLM_VERSION) == "0.32.0"
+        assert read_fact(path, F.VLLM_STARTUP_COMPLETE_US) is None
+    path.write_bytes(b"not sqlite at all")
+    assert read_fact(path, F.VLLM_VERSION) is None
+
+
+def _memtrace_run(tmp_path: Path, script: str, name: str = "run") -> subprocess.Popen:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("MEMTRACE", "VLLM_PLUGINS"))}
     return subprocess.Popen(
-        [sys.executable, "-m", "memtrace", "run", "--dir", str(tmp_path / "run"), "--", sys.executable, "-c", script],
+        [sys.executable, "-m", "memtrace", "run", "--dir", str(tmp_path / name), "--", sys.executable, "-c", script],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
+        env=env,
     )
 
 
+#: A stand-in for a vLLM worker (named so): writes a finished start-up trace where the plugin would,
+#: then keeps "serving" for a while, as vLLM does after start-up.
+FAKE_WORKER = """
+import os, time
+from memtrace import facts as F
+from memtrace.model import Phase, Process, Trace
+from memtrace.store import save_trace
+trace = Trace(process=Process(pid=os.getpid()), facts={F.VLLM_STARTUP_COMPLETE_US: 2_000_000})
+trace.phases = [Phase("init_device", 0, 1_000_000, source="vllm"), Phase("load_model", 1_000_000, 2_000_000, source="vllm")]
+os.makedirs(os.environ["MEMTRACE_DIR"], exist_ok=True)
+save_trace(trace, os.path.join(os.environ["MEMTRACE_DIR"], "vm-pid1-rank0.memtrace"))
+print("serving", flush=True)
+time.sleep(4)
+"""
+
+
+def test_a_run_folder_named_run_hash_1_sees_startup_complete_while_the_command_runs(tmp_path):
+    proc = _memtrace_run(tmp_path, FAKE_WORKER, name="run#1")
+    out, err = proc.communicate(timeout=90)
+    assert proc.returncode == 0, err
+    assert f"start-up complete; traces in {tmp_path / 'run#1'}" in err and "before start-up completed" not in err
+    assert "load_model" in out  # the summary, printed while the command was still running
+    assert out.index("serving") < out.index("load_model")
+
+
 def test_the_exit_code_is_the_commands(tmp_path):
-    proc = _memtrace_run(tmp_path, "import os, sys; print(os.environ['VLLM_PLUGINS']); sys.exit(7)")
+    script = "import os, sys; print(os.environ.get('VLLM_PLUGINS'), os.environ['MEMTRACE']); sys.exit(7)"
+    proc = _memtrace_run(tmp_path, script)
     out, err = proc.communicate(timeout=60)
-    assert proc.returncode == 7 and out.strip() == "memtrace"
+    assert proc.returncode == 7 and out.strip() == "None 1"
     assert "exited (7) before start-up completed" in err
 
 

@@ -1,12 +1,19 @@
-"""Run a command (vllm serve ...) with memtrace's vLLM plugin; print the summary when start-up ends.
+"""Run a command (vllm serve ...) with memtrace's vLLM plugin on; print the summary when start-up ends.
 
     memtrace run [--dir DIR] [--until startup|exit] -- vllm serve MODEL ...
 
-Sets VLLM_PLUGINS (keeping the plugins already listed), MEMTRACE_DIR and MEMTRACE_UNTIL, runs the
-command, forwards SIGINT/SIGTERM/SIGHUP to it, and prints the report of every traced worker as soon
-as start-up completes (vLLM is then serving and keeps running) or, if it never does, when the command
-dies (an OOM trace is complete by then). The exit code is the command's. With --until exit the
-workers record until they exit; the summary at start-up shows what was recorded so far.
+vLLM is left as it was. The plugin is turned on by memtrace's own switch (``MEMTRACE=1``,
+``MEMTRACE_DIR``, ``MEMTRACE_UNTIL``), not by ``VLLM_PLUGINS``: that variable is vLLM's allow-list
+for *every* plugin group, so ``VLLM_PLUGINS=memtrace`` would turn off vLLM's own general plugins and
+any platform plugin. Unset, vLLM loads every installed plugin, memtrace included. When the user set
+``VLLM_PLUGINS`` without memtrace, memtrace is appended to it (and a line says so), else vLLM would
+not load it.
+
+The command runs in its own process group; SIGINT/SIGTERM/SIGHUP are forwarded to it. The report of
+every traced worker is printed as soon as start-up completes (vLLM is then serving and keeps
+running) or, if it never does, when the command dies (an OOM trace is complete by then). The exit
+code is the command's. With --until exit the workers record until they exit; the summary at
+start-up shows what was recorded so far. Trace files are read only through ``memtrace.store``.
 """
 
 from __future__ import annotations
@@ -15,16 +22,17 @@ import argparse
 import json
 import os
 import signal
-import sqlite3
 import subprocess
 import sys
 import time
 from pathlib import Path
 
+from .. import facts as F
+
 NAME = "run"
 ORDER = 10
 
-STARTUP_FACT = "vllm.startup_complete_us"  # set by memtrace.plugins.vllm at the end of warm-up
+PLUGIN = "memtrace"  # the plugin's name in vLLM's entry-point group
 POLL_S = 0.5
 GRACE_S = 10.0  # after one worker completes start-up, how long to wait for the others
 
@@ -42,15 +50,25 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("command", nargs=argparse.REMAINDER, metavar="-- COMMAND", help="the command to trace")
 
 
+def plugins_with_memtrace(value: str | None) -> str | None:
+    """The ``VLLM_PLUGINS`` vLLM must see for memtrace to load: None (leave it unset: vLLM then loads
+    every installed plugin) or the user's list with memtrace appended. vLLM splits the value on
+    commas without stripping, so that is the test here too."""
+    if value is None or PLUGIN in value.split(","):
+        return value
+    return f"{value},{PLUGIN}" if value.strip() else PLUGIN
+
+
 def child_environment(environ: dict[str, str], run_dir: Path, until: str, command: list[str]) -> dict[str, str]:
-    """The command's environment: memtrace added to VLLM_PLUGINS, the run settings, the redacted argv."""
+    """The command's environment: memtrace's switch and run settings, the redacted argv, and
+    ``VLLM_PLUGINS`` untouched unless it was set without memtrace."""
     from ..capture.env import redact_argv
 
     env = dict(environ)
-    plugins = [p.strip() for p in env.get("VLLM_PLUGINS", "").split(",") if p.strip()]
-    if "memtrace" not in plugins:
-        plugins.append("memtrace")
-    env["VLLM_PLUGINS"] = ",".join(plugins)
+    plugins = plugins_with_memtrace(env.get("VLLM_PLUGINS"))
+    if plugins is not None:
+        env["VLLM_PLUGINS"] = plugins
+    env["MEMTRACE"] = "1"
     env["MEMTRACE_DIR"] = str(run_dir)
     env["MEMTRACE_UNTIL"] = until
     env["MEMTRACE_CMDLINE"] = json.dumps(redact_argv(command))
@@ -63,20 +81,15 @@ def exit_code(returncode: int) -> int:
 
 
 def startup_state(run_dir: Path) -> tuple[int, int]:
-    """(trace files, of which completed start-up), read without disturbing the writers."""
-    files = sorted(run_dir.glob("*.memtrace"))
-    done = 0
-    for f in files:
-        try:
-            db = sqlite3.connect(f"file:{f}?mode=ro", uri=True, timeout=1.0)
-            try:
-                row = db.execute("SELECT value FROM meta WHERE key='facts'").fetchone()
-            finally:
-                db.close()
-            if row and STARTUP_FACT in json.loads(row[0]):
-                done += 1
-        except (sqlite3.Error, ValueError):
-            continue  # being created or written: look again at the next poll
+    """(trace files, of which completed start-up), read through the store without disturbing the writers."""
+    from ..errors import MemtraceError
+    from ..store import read_fact, trace_files
+
+    try:
+        files = trace_files(run_dir)
+    except MemtraceError:
+        return 0, 0  # not created yet
+    done = sum(read_fact(f, F.VLLM_STARTUP_COMPLETE_US) is not None for f in files)
     return len(files), done
 
 
@@ -99,17 +112,19 @@ def _forward_signals(child: subprocess.Popen) -> dict[int, object]:
 
 
 def _summary(run_dir: Path, width: int) -> None:
+    """The report of every trace in the run, as ``memtrace report`` prints it."""
     from ..analysis.summary import summarize
+    from ..analysis.target import resolve_target
     from ..errors import MemtraceError
     from ..plots.text import render_run
-    from ..store import load_run
+    from ._runs import load
 
     try:
-        run_ = load_run(run_dir)
+        run_ = load(run_dir)
     except MemtraceError as exc:
         print(f"memtrace: no summary: {exc}", file=sys.stderr)
         return
-    render_run([summarize(t) for t in run_.traces], sys.stdout, width=width)
+    render_run([summarize(t, resolve_target(t)) for t in run_.traces], sys.stdout, width=width)
     sys.stdout.flush()
 
 
@@ -126,6 +141,12 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError(f"{run_dir} already holds traces; choose another --dir or pass --force to add to it")
     env = child_environment(dict(os.environ), run_dir, args.until, command)
     print(f"memtrace: tracing into {run_dir} (until {args.until})", file=sys.stderr)
+    if env.get("VLLM_PLUGINS") != os.environ.get("VLLM_PLUGINS"):
+        print(
+            f"memtrace: VLLM_PLUGINS={os.environ['VLLM_PLUGINS']!r} is vLLM's allow-list of plugins; memtrace was "
+            f"added to it for this run (VLLM_PLUGINS={env['VLLM_PLUGINS']!r})",
+            file=sys.stderr,
+        )
     try:
         group = {"process_group": 0} if sys.version_info >= (3, 11) else {"preexec_fn": os.setpgrp}
         child = subprocess.Popen(command, env=env, **group)
