@@ -11,6 +11,10 @@ from __future__ import annotations
 from ..analysis.fits import DIED, FITS, NO_KV, NO_KV_CACHE, OOM, REFUSED, UNKNOWN, Fit
 from ..analysis.reconcile import PRE_KV_PEAK
 from ..units import format_gib as _gib
+from .text import wrap
+
+#: The width of the one-capacity answer (the table is as wide as it needs).
+WIDTH = 100
 
 #: The first word of the one-capacity answer, per outcome (also what tests compare with --json).
 HEADLINE = {
@@ -113,12 +117,18 @@ def _answer(r: Fit) -> list[str]:
     raise ValueError(f"no words for fits outcome {r.outcome!r}")
 
 
+def _wrapped(indent: str, text: str, width: int = WIDTH) -> str:
+    """``text`` cut at spaces to ``width`` (never inside a figure), continued two spaces deeper."""
+    parts = wrap(text, width - len(indent) - 2)
+    return "\n".join((indent if i == 0 else indent + "  ") + p for i, p in enumerate(parts))
+
+
 def _assumption(r: Fit) -> str:
     if r.non_torch_bytes is None:
-        return f"Non-PyTorch memory (CUDA context, libraries) assumed: {r.non_torch_source}; --non-torch SIZE to set it"
+        return f"Non-PyTorch memory (CUDA context, libraries) assumed: {r.non_torch_source}; --non-torch\u00a0SIZE to set it"
     return (
         f"Non-PyTorch memory (CUDA context, libraries) assumed: {_gib(r.non_torch_bytes)} ({r.non_torch_source}); "
-        "--non-torch SIZE to change"
+        "--non-torch\u00a0SIZE to change"
     )
 
 
@@ -131,16 +141,17 @@ def render_fits(results: list[Fit], run_path: str, smallest: int | None) -> str:
             f"On a {_gib(r.capacity_bytes)} card at --gpu-memory-utilization {r.util:g} "
             f"(vLLM may fill {_gib(r.target_bytes)}):"
         )
-        lines += ["  " + line for line in _answer(r)]
+        lines += [_wrapped("  ", line) for line in _answer(r)]
         if r.non_kv_source == PRE_KV_PEAK:
-            lines.append(
-                f"  card-independent: peak {_gib(r.pre_kv_peak_bytes)} in {r.pre_kv_peak_phase} (no KV sizing recorded)"
+            fixed = (
+                f"card-independent: peak {_gib(r.pre_kv_peak_bytes)} in {r.pre_kv_peak_phase} (no KV sizing recorded)"
             )
         else:
-            lines.append(
-                f"  card-independent: vLLM keeps {_gib(r.non_kv_bytes)} out of the KV cache ({r.non_kv_source}); "
+            fixed = (
+                f"card-independent: vLLM keeps {_gib(r.non_kv_bytes)} out of the KV cache ({r.non_kv_source}); "
                 f"pre-KV peak {_gib(r.pre_kv_peak_bytes)} in {r.pre_kv_peak_phase}"
             )
+        lines.append(_wrapped("  ", fixed))
     else:
         head = f"  {'capacity':>10} {'util':>5} {'vLLM fills':>11} {'non-KV':>10} {'KV cache':>10} {'post-KV peak':>13}  outcome"
         lines.append(head)
@@ -154,7 +165,7 @@ def render_fits(results: list[Fit], run_path: str, smallest: int | None) -> str:
         lines.append(f"  non-KV: what vLLM keeps out of the KV cache, from {r.non_kv_source}")
         if r.recorded_oom is not None:
             lines.append(f"  {_oom_facts(r)}")
-    lines.append(_assumption(r))
+    lines.append(_wrapped("", _assumption(r)))
     if smallest is not None:
         lines.append(f"Smallest card this start-up fits on at that utilization: about {_gib(smallest)}")
     elif r.recorded_oom is not None:

@@ -271,9 +271,10 @@ OOM_RUNS = ("startup-cap16g", "startup-cap20.75g")
 
 
 def _run_fits(capsys, *argv) -> tuple[int, str, str]:
+    """(exit code, stdout with wrapped lines joined, stderr)."""
     rc = main(["fits", *argv])
     cap = capsys.readouterr()
-    return rc, cap.out, cap.err
+    return rc, cap.out if "--json" in argv else cap.out.replace("\n    ", " "), cap.err
 
 
 @NEEDS_H200
