@@ -120,7 +120,7 @@ def rank_meta(a: RankAnalysis, t0_us: int) -> dict[str, Any]:
         "n_events": len(t.events),
         "t_first_us": int(a.curves.allocated.time_us[0]) - t0_us,
         "start_us": start - t0_us,
-        "end_us": end - t0_us,
+        "end_us": (end if oom is None else min(end, oom.time_us)) - t0_us,  # nothing drawn after an OOM
         "baseline": {"allocated": s.baseline.allocated_bytes, "reserved": s.baseline.reserved_bytes},
         "target": {
             "bytes": a.target.target_bytes,

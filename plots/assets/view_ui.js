@@ -48,7 +48,7 @@
       const drawn = { phases: 0, phase_names: [], target: null, capacity: null, crossing: null, oom: null, peak: null };
       ctx.save();
       ctx.beginPath(); ctx.rect(left, top, w, h); ctx.clip();
-      ctx.font = `${11 * dpr}px sans-serif`; ctx.textBaseline = 'top';
+      ctx.font = `${11 * dpr}px sans-serif`; ctx.textBaseline = 'top'; ctx.textAlign = 'left';
       m.phases.forEach((p, k) => {
         const a = Math.max(X(p.start_us), left), b = Math.min(X(p.end_us), left + w);
         if (b <= a) return;
@@ -100,7 +100,7 @@
       width, height: 320, series, legend: { show: false },
       bands: [{ series: [K + 2, K + 1], fill: 'rgba(140,86,75,.25)', dir: 1 }],
       scales: { x: { time: false, range: (u, lo, hi) => [lo, hi] }, y: { range: () => [0, maxY] } },
-      axes: [{ label: 'seconds since start', values: (u, vs) => vs.map((v) => v.toFixed(3)) },
+      axes: [{ label: 'seconds since start', values: (u, vs, ax, space, incr) => vs.map((v) => v.toFixed(Math.min(6, (String(+incr.toPrecision(6)).split('.')[1] || '').length))) },
         { label: 'GiB', size: 60, incrs: [0.25, 0.5, 1, 2, 4, 8, 10, 16, 20, 32, 40, 64, 80, 128].map((g) => g * GiB),
           values: (u, vs) => vs.map((v) => +(v / GiB).toFixed(2)) }],
       cursor: { sync: { key: 'mt' }, drag: { x: true, y: false }, points: { show: false } },
@@ -243,7 +243,7 @@
       R.info = info; R.panel = el('div', { class: 'mt-live' }, el('p', { class: 'mt-note' }, 'Click the chart or a landmark to see what was live.'));
       lane.append(marks, el('div', { class: 'mt-row' }, host, info), R.panel, el('h3', {}, 'Phases'), phaseTable(meta));
       app.append(lane);
-      R.u = makeChart(R, host, width - 300);
+      R.u = makeChart(R, host, width - 360);
     }
     app.append(el('h2', {}, 'Report'), el('pre', { class: 'mt-report' }, doc.report));
     const lo = Math.min(...doc.ranks.map((r) => r.start_us)) / 1e6, hi = Math.max(...doc.ranks.map((r) => r.end_us)) / 1e6;
