@@ -115,13 +115,15 @@ def _fit(label: str, nbytes: int | None, width_px: float) -> str:
     return _cut(short, n) if n >= 3 else ""
 
 
-def _frames(node: FlameNode, x: float, depth: int, scale: float, total: int, out: list[str], stats: list[int]) -> None:
+def _frames(
+    node: FlameNode, x: float, depth: int, scale: float, total: int, out: list[str], stats: list[int], top: int
+) -> None:
     w = node.total_bytes * scale
     if w < MIN_PX:
         return
     stats[0] += 1
     stats[1] = max(stats[1], depth + 1)
-    y = _top() + depth * ROW
+    y = top + depth * ROW
     share = 100.0 * node.total_bytes / total if total else 0.0
     tip = f"{node.name}\n{format_bytes(node.total_bytes, 2)} ({share:.1f}% of live) in {node.count:,} allocation" + (
         "s" if node.count != 1 else ""
@@ -138,12 +140,20 @@ def _frames(node: FlameNode, x: float, depth: int, scale: float, total: int, out
     )
     cx = x
     for child in node.sorted_children():
-        _frames(child, cx, depth + 1, scale, total, out, stats)
+        _frames(child, cx, depth + 1, scale, total, out, stats, top)
         cx += child.total_bytes * scale
 
 
-def _top() -> int:
-    return 74
+def _subtitle_lines(subtitle: str, width: int) -> list[str]:
+    """The subtitle cut at " · " separators into lines that fit ``width`` (a figure is never cut)."""
+    n = int((width - 2 * PAD) / CHAR_PX)
+    lines: list[str] = []
+    for part in subtitle.split(" · ") if subtitle else []:
+        if lines and len(lines[-1]) + 3 + len(part) <= n:
+            lines[-1] += " · " + part
+        else:
+            lines.append(part)
+    return lines
 
 
 def _legend(y: int) -> str:
@@ -169,7 +179,7 @@ def render_flame_svg(
         flame: the tree (``memtrace.analysis.flame.flame_at``).
         path: the output file.
         title: first line, e.g. "Live GPU memory at the peak: 18.000 s, profile_run".
-        subtitle: second line (totals, target, trace name).
+        subtitle: what ran and the totals, parts joined by " · " (wrapped at those joins).
         width: image width in pixels.
     """
     total = flame.total_bytes
@@ -178,9 +188,12 @@ def render_flame_svg(
     stats = [0, 0]
     what = "live memory" if flame.since_us is None else "allocated in the window and still live"
     root = dataclasses.replace(flame.root, name=f"all {what}: {format_bytes(total, 2)}")
+    subs = _subtitle_lines(subtitle, width)
+    legend_y = 44 + 18 * max(len(subs), 1) + 2
+    top = legend_y + 10
     if total:
-        _frames(root, PAD, 0, scale, total, body, stats)
-    height = _top() + max(stats[1], 1) * ROW + 2 * PAD + 18
+        _frames(root, PAD, 0, scale, total, body, stats, top)
+    height = top + max(stats[1], 1) * ROW + 2 * PAD + 18
     footer_y = height - PAD
     svg = [
         '<?xml version="1.0" encoding="UTF-8"?>',
@@ -188,8 +201,8 @@ def render_flame_svg(
         f'viewBox="0 0 {width} {height}" font-family="{FONT}" font-size="12">',
         f'<rect width="{width}" height="{height}" fill="white"/>',
         f'<text x="{PAD}" y="24" font-size="17" font-weight="bold">{escape(title)}</text>',
-        f'<text x="{PAD}" y="44" fill="#333">{escape(subtitle)}</text>',
-        _legend(64),
+        *(f'<text x="{PAD}" y="{44 + 18 * i}" fill="#333">{escape(line)}</text>' for i, line in enumerate(subs)),
+        _legend(legend_y),
         *body,
         f'<text x="{PAD}" y="{footer_y}" fill="#666" font-size="11">Width = bytes live at that moment; '
         "root at the top, callers above callees; name:line · bytes in each box, the full frame and "

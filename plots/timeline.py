@@ -197,37 +197,9 @@ def render_timeline(
     t_end = max(r.end_us for r in ranks)
     with plt.rc_context({"font.size": FONT, "axes.titlesize": FONT + 1, "svg.fonttype": "none"}):
         fig, gs = _figure(plt, ranks)
-        drawn, main_axes, handles = [], [], {}
-        for i, rank in enumerate(ranks):
-            share = main_axes[0] if main_axes else None
-            lane_ax = fig.add_subplot(gs[3 * i + 1, 0], sharex=share)
-            main_ax = fig.add_subplot(gs[3 * i + 2, 0], sharex=share)
-            main_axes.append(main_ax)
-            crossing, oom = crossing_text(rank, t0), oom_text(rank, t0)
-            window = zoom_window(rank)
-            px_per_s = lane_ax.get_window_extent().width / max((t_end - t0) / 1e6, 1e-6)
-            char_px = LABEL_PT * DPI / 72 * 0.6  # DejaVu Sans: about 0.55-0.6 em a glyph
-            # overflow labels may run into the right margin, never past the figure's edge
-            x_max = (fig.bbox.width - lane_ax.get_window_extent().x0) / px_per_s
-            labels = draw_lane(lane_ax, rank, t0, px_per_s, char_px, len(ranks) > 1, x_max=x_max)
-            corner = draw_main(main_ax, rank, t0, t_end, crossing, capacities, window, handles, oom)
-            draw_zoom(fig.add_subplot(gs[3 * i + 2, 1]), rank, t0, window, crossing)
-            lane_ax.set_xlim((0, (t_end - t0) / 1e6))
-            drawn.append(
-                RankDrawn(
-                    rank.label,
-                    rank.target_bytes,
-                    rank.capacity_bytes,
-                    crossing,
-                    window,
-                    labels,
-                    corner,
-                    px_per_s,
-                    char_px,
-                    oom,
-                    "\n".join(d.text for d in (crossing, oom) if d is not None),
-                )
-            )
+        main_axes: list = []
+        handles: dict = {}
+        drawn = [_draw_rank(fig, gs, i, ranks, t0, t_end, capacities, main_axes, handles) for i in range(len(ranks))]
         main_axes[-1].set_xlabel("seconds since start")
         for ax in main_axes[:-1]:
             ax.tick_params(labelbottom=False)
@@ -241,6 +213,28 @@ def render_timeline(
         fig.savefig(out, dpi=DPI, format=out.suffix.lstrip(".").lower() or "png")
         plt.close(fig)
     return TimelineDrawn(out, t0, drawn, title)
+
+
+def _draw_rank(fig, gs, i: int, ranks, t0: int, t_end: int, capacities, main_axes: list, handles: dict) -> RankDrawn:
+    """Rank ``i``'s phase lane, main plot and zoom, in grid rows 3i+1 and 3i+2; appends its main axes."""
+    rank = ranks[i]
+    share = main_axes[0] if main_axes else None
+    lane_ax = fig.add_subplot(gs[3 * i + 1, 0], sharex=share)
+    main_ax = fig.add_subplot(gs[3 * i + 2, 0], sharex=share)
+    main_axes.append(main_ax)
+    crossing, oom = crossing_text(rank, t0), oom_text(rank, t0)
+    window = zoom_window(rank)
+    px_per_s = lane_ax.get_window_extent().width / max((t_end - t0) / 1e6, 1e-6)
+    char_px = LABEL_PT * DPI / 72 * 0.6  # DejaVu Sans: about 0.55-0.6 em a glyph
+    # overflow labels may run into the right margin, never past the figure's edge
+    x_max = (fig.bbox.width - lane_ax.get_window_extent().x0) / px_per_s
+    labels = draw_lane(lane_ax, rank, t0, px_per_s, char_px, len(ranks) > 1, x_max=x_max)
+    corner = draw_main(main_ax, rank, t0, t_end, crossing, capacities, window, handles, oom)
+    draw_zoom(fig.add_subplot(gs[3 * i + 2, 1]), rank, t0, window, crossing)
+    lane_ax.set_xlim((0, (t_end - t0) / 1e6))
+    annotation = "\n".join(d.text for d in (crossing, oom) if d is not None)
+    return RankDrawn(rank.label, rank.target_bytes, rank.capacity_bytes, crossing, window, labels, corner,
+                     px_per_s, char_px, oom, annotation)  # fmt: skip
 
 
 LEGEND_ROWS = 3  # 4 when an OOM adds its entry

@@ -104,6 +104,12 @@ def flame_titles(trace: Trace, curves, flame, moment, fallback: str = "") -> tup
     target = resolve_target(trace).target_bytes
     if target is not None:
         sub.append(f"target {format_gib(target)}")
+    if moment.what == "the OOM":
+        from ..analysis.oom import find_oom
+
+        oom = find_oom(trace)
+        free = f", {format_gib(oom.free_bytes)} free on the device" if oom.free_bytes is not None else ""
+        sub.append(f"the failed request: {format_bytes(oom.requested_bytes, 2)}{free}")
     if trace.recording.stacks == "none":
         sub.append("no Python stacks recorded: grouped by phase")
     return title, " · ".join(s for s in sub if s)

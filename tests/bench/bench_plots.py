@@ -4,7 +4,7 @@ Prints figures; asserts nothing about time (speed goals are not tests). Run:
 
     python tests/bench/bench_plots.py [N_EVENTS]
 
-Phases timed separately: analysis (curves, categories, summary) and drawing for the timeline;
+Phases timed separately: analysis (curves, categories, phases, crossing, OOM) and drawing for the timeline;
 live-set + tree and SVG writing for the flame graph; also the same through the store and the CLI.
 """
 
