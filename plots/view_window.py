@@ -53,20 +53,7 @@ class RankQueries:
             ex, ci = np.concatenate(([t0], self.t[idx])), np.concatenate(([i0 + 1], idx + 1))
             res = self.res[ci]
         else:
-            bucket = ((self.t[idx] - t0) * width // max(t1 - t0, 1)).astype(np.int64)
-            order = np.lexsort((-self.alloc[idx + 1], bucket))  # per bucket: fullest moment first
-            first = np.flatnonzero(np.r_[True, bucket[order][1:] != bucket[order][:-1]])
-            hi = idx[order][first]
-            order_lo = np.lexsort((self.alloc[idx + 1], bucket))
-            lo = idx[order_lo][first]
-            starts = np.flatnonzero(np.r_[True, bucket[1:] != bucket[:-1]])
-            rmax = np.maximum.reduceat(self.res[idx + 1], starts)
-            rmin = np.minimum.reduceat(self.res[idx + 1], starts)
-            b = bucket[starts].astype(np.float64)
-            bw = (t1 - t0) / width
-            ex = np.concatenate(([t0], np.stack((t0 + b * bw, t0 + (b + 0.5) * bw), 1).ravel()))
-            ci = np.concatenate(([i0 + 1], np.stack((hi + 1, lo + 1), 1).ravel()))
-            res = np.concatenate(([self.res[i0 + 1]], np.stack((rmax, rmin), 1).ravel()))
+            ex, ci, res = self._envelope(idx, t0, t1, width)
         j0 = max(int(np.searchsorted(self.dev_t, t0, side="right")) - 1, 0)
         j1 = int(np.searchsorted(self.dev_t, t1, side="right"))
         step = max(1, -(-(j1 - j0) // (4 * width)))
@@ -81,6 +68,28 @@ class RankQueries:
         cols = [c + [c[-1]] for c in cols]
         cols[0][-1] = x1
         return {"data": cols, "exact": bool(count <= 4 * width), "events": int(count)}
+
+    def _envelope(self, idx: np.ndarray, t0: float, t1: float, width: int) -> tuple:
+        """Per pixel column: the fullest and the emptiest moment (allocated), and reserved's max and min.
+        Times are sorted, so each column is one slice of ``idx``: O(n), no sort."""
+        vals, rv = self.alloc[idx + 1], self.res[idx + 1]
+        bw = (t1 - t0) / width
+        edges = np.searchsorted(self.t[idx], t0 + bw * np.arange(width), side="left")
+        starts = np.unique(np.clip(edges, 0, len(idx) - 1))
+        counts = np.diff(np.r_[starts, len(idx)])
+
+        def first_where(target: np.ndarray) -> np.ndarray:
+            hit = np.flatnonzero(vals == np.repeat(target, counts))
+            return idx[hit[np.searchsorted(hit, starts)]]
+
+        hi = first_where(np.maximum.reduceat(vals, starts))
+        lo = first_where(np.minimum.reduceat(vals, starts))
+        b = np.floor((self.t[idx[starts]] - t0) / bw)
+        ex = np.concatenate(([t0], np.stack((t0 + b * bw, t0 + (b + 0.5) * bw), 1).ravel()))
+        ci = np.concatenate(([idx[0]], np.stack((hi + 1, lo + 1), 1).ravel()))
+        rmax, rmin = np.maximum.reduceat(rv, starts), np.minimum.reduceat(rv, starts)
+        res = np.concatenate(([self.res[idx[0]]], np.stack((rmax, rmin), 1).ravel()))
+        return ex, ci, res
 
     def live(self, e: int, *, top: int = 200) -> dict[str, Any]:
         """The allocations live right after event ``e``, grouped by stack (by phase without a stack)."""

@@ -176,8 +176,12 @@
     return r.json();
   }
 
+  const isOverview = (R, x0, x1) => {
+    const X = R.meta.overview && R.meta.overview.data[0];
+    return !!X && (Math.abs(x0 - X[0]) < 1e-9 && Math.abs(x1 - X[X.length - 1]) < 1e-9);
+  };
   MT.window = (R, x0, x1, W) => (R.L ? Promise.resolve(windowLocal(R, x0, x1, W))
-    : doc.api ? api(`/api/window?rank=${R.index}&x0=${x0}&x1=${x1}&w=${W}`)
+    : doc.api && !isOverview(R, x0, x1) ? api(`/api/window?rank=${R.index}&x0=${x0}&x1=${x1}&w=${W}`)
       : Promise.resolve(R.meta.overview));
   MT.live = (R, e) => (R.L ? Promise.resolve(liveLocal(R, e))
     : doc.api ? api(`/api/live?rank=${R.index}&event=${e}`) : Promise.reject(new Error('this page carries an overview only: run `memtrace view --serve RUN` to see what was live')));

@@ -144,3 +144,27 @@ def test_a_run_over_max_events_carries_an_overview_instead_of_its_events(tmp_pat
     assert [c["name"] for c in rank["columns"]] == ["dev_t", "dev_used", "dev_nontorch"]
     blob = re.search(r'id="mt-blob-0">(.*?)</script>', page, re.S)[1]
     assert len(base64.b64decode(blob)) < 100_000
+
+
+def test_view_serve_prints_a_loopback_address_and_stops_on_ctrl_c():
+    import signal
+    import subprocess
+
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "memtrace", "view", "--serve", str(STARTUP)],
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        line = ""
+        while "serving" not in line:
+            line = proc.stderr.readline()
+            assert line, "the server never said where it listens"
+        url = re.search(r"http://127\.0\.0\.1:\d+/", line)[0]
+        assert b"<!DOCTYPE html>" in urllib.request.urlopen(url, timeout=10).read(200)
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(timeout=20) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        proc.stderr.close()
