@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 from memtrace.analysis.target import resolve_target
 from memtrace.cli import main
-from memtrace.plots.timeline import render_timeline
+from memtrace.plots.timeline import crossing_text, oom_text, render_timeline
 from memtrace.plots.timeline_data import prepare_rank
 from memtrace.store import load_run
 
@@ -144,3 +144,37 @@ def test_plot_refuses_its_input_as_output_even_with_force(tmp_path, capsys):
     assert main(["plot", str(run), "-o", str(run / "x.png"), "--force"]) == 2
     assert "input" in capsys.readouterr().err
     assert target.read_bytes() == before
+
+
+def _runs_with_events() -> list[Path]:
+    return [*sorted(p for p in H200.glob("startup-*") if p.is_dir()), VLLM]
+
+
+@pytest.mark.parametrize("run", _runs_with_events(), ids=lambda p: p.name)
+@pytest.mark.parametrize(
+    "given", [{}, {"util": 0.5}, {"target_bytes": 88 * GiB}, {"util": 0.9, "total_bytes": 8 * GiB}]
+)
+def test_plot_and_report_state_the_same_target_crossing_and_oom(run, given):
+    """One answer everywhere: the figures the timeline annotates are the report's, to the byte."""
+    from memtrace.analysis.summary import summarize
+
+    trace = _trace(run)
+    target = resolve_target(trace, **given)
+    rank = prepare_rank(trace, target=target)  # what render_timeline annotates, without drawing it
+    c, oom = crossing_text(rank, rank.start_us), oom_text(rank, rank.start_us)
+    s = summarize(trace, target)
+    assert rank.target_bytes == s.target.target_bytes and rank.capacity_bytes == s.target.capacity_bytes
+    assert (oom.time_us if oom else None) == (s.oom.time_us if s.oom else None)
+    if not s.crossings:
+        assert c is None
+        return
+    first = s.crossings[0]
+    assert (c.curve, c.time_us, c.phase_path, c.value_bytes, c.value_us, c.overshoot_bytes, c.duration_us) == (
+        first.curve,
+        first.time_us,
+        first.phase_path,
+        first.value_bytes,
+        first.value_us,
+        first.overshoot_bytes,
+        first.duration_us,
+    )
