@@ -85,15 +85,14 @@ def event_at(times: np.ndarray, t_us: int) -> int:
 def _landmarks(a: RankAnalysis) -> list[dict[str, Any]]:
     s = a.summary
     out = [{"name": "peak", "event": s.peak.event_index, "time_us": s.peak.state_us}]
-    for c in s.crossings:
-        label = "first crossing" if c.curve == "reserved" else "device crossing"
+    for k, c in enumerate(sorted(s.crossings, key=lambda c: c.time_us)):
+        label = f"{'first crossing' if k == 0 else 'crossing'} ({c.curve.replace('_', ' ')})"
         out.append({"name": label, "event": event_at(a.times, c.time_us), "time_us": c.time_us})
     oom = find_oom(a.trace)
     if oom is not None:
         out.append({"name": "OOM", "event": event_at(a.times, oom.time_us), "time_us": oom.time_us})
     for p in s.phases:
-        if p.depth == 0:
-            out.append({"name": f"end {p.name}", "event": event_at(a.times, p.end_us), "time_us": p.end_us})
+        out.append({"name": f"end {p.name}", "event": event_at(a.times, p.end_us), "time_us": p.end_us})
     return out
 
 

@@ -158,6 +158,10 @@
     MT.ranks.forEach((r) => r.u.setScale('x', { min: x0, max: x1 }));
   }
   MT.zoom = zoomAll;
+  function reveal(R, x) { /* bring a moment into view, keeping the zoom */
+    const { min, max } = R.u.scales.x;
+    if (x < min || x > max) zoomAll(x - (max - min) / 2, x + (max - min) / 2);
+  }
 
   function onZoom(R, x0, x1) {
     if (x0 == null || R.loading === `${x0}:${x1}`) return;
@@ -237,7 +241,7 @@
       MT.ranks.push(R);
       const lane = el('section', { class: 'mt-lane' }, el('h2', {}, meta.label));
       const marks = el('div', { class: 'mt-landmarks' });
-      for (const lm of meta.landmarks) marks.append(el('button', { 'data-landmark': lm.name, onclick: () => { select(R, lm.event); } }, lm.name));
+      for (const lm of meta.landmarks) marks.append(el('button', { 'data-landmark': lm.name, onclick: () => { reveal(R, (lm.time_us - meta.t0_us) / 1e6); select(R, lm.event); } }, lm.name));
       marks.append(el('button', { onclick: () => zoomAll(meta.start_us / 1e6, meta.end_us / 1e6) }, 'reset zoom'));
       const host = el('div', { class: 'mt-chart' }), info = el('div', { class: 'mt-info' });
       R.info = info; R.panel = el('div', { class: 'mt-live' }, el('p', { class: 'mt-note' }, 'Click the chart or a landmark to see what was live.'));
