@@ -1,0 +1,162 @@
+"""Benchmark: every memtrace command as a fresh process at 100k / 1M / 3M / 10M events; prints a table.
+
+For each size it writes a SYNTHETIC snapshot pickle with torch's object structure
+(``snapshot_gen.py``: shared frame dicts, one frames list per traceback, ``pickle.dump``'s opcodes,
+a vLLM-shaped start-up), then runs, each in a process of its own:
+
+- the floors: ``pickle.load`` of the pickle, ``python -m torch.cuda._memory_viz stats`` and
+  ``trace_plot`` on it (torch's own tools; skipped with ``--no-torch``);
+- ``memtrace import`` of the pickle, then every reading command and export on the imported trace:
+  report, plot, flame, view, fits, diff (the trace against itself), issue, export perfetto /
+  memory-viz / folded.
+
+Wall time and max RSS are the child's alone: each command runs under ``/usr/bin/time -f '%e %M'``
+(a 2 MiB process forks it), because a child's ``ru_maxrss`` on Linux starts from the RSS of the
+process that forked it (``exec`` keeps the old mm's high-water mark), so timing children from a
+big parent, or ``getrusage(RUSAGE_SELF)`` inside them, counts the parent's memory too. Without
+``/usr/bin/time``, ``os.wait4``'s rusage is used and the table says so.
+
+Goals (issue 14), at 10M events on the 2-core development machine: import <= 1.5x pickle.load and
+<= 2 GiB above it; every other command <= 10 s and <= 2 GiB.
+
+  python tests/bench/bench_scale.py --events 100k,1M,3M
+  python tests/bench/bench_scale.py --events 10M --dir /tmp/memtrace-bench   # minutes; files are kept
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import snapshot_gen  # noqa: E402
+
+MiB = 1 << 20
+GiB = 1 << 30
+TIME = shutil.which("time") and Path("/usr/bin/time").exists()
+PY = sys.executable
+
+
+def parse_count(text: str) -> int:
+    text = text.strip().lower()
+    mult = {"k": 1_000, "m": 1_000_000}.get(text[-1], 1)
+    return int(float(text.rstrip("km")) * mult)
+
+
+def measure(cmd: list[str], cwd: Path, timeout: float) -> tuple[float, int, int, str]:
+    """(wall s, max RSS bytes, exit code, last stderr line) of ``cmd`` as a fresh process."""
+    if TIME:
+        with tempfile.NamedTemporaryFile("r", suffix=".time") as tf:
+            p = subprocess.run(["/usr/bin/time", "-f", "%e %M", "-o", tf.name, *cmd], cwd=cwd,
+                               capture_output=True, text=True, timeout=timeout)  # fmt: skip
+            wall, kib = tf.read().split()[-2:]
+            return float(wall), int(kib) * 1024, p.returncode, (p.stderr.strip().splitlines() or [""])[-1]
+    t = time.perf_counter()
+    proc = subprocess.Popen(cmd, cwd=cwd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    _, status, usage = os.wait4(proc.pid, 0)
+    wall = time.perf_counter() - t
+    err = proc.stderr.read() if proc.stderr else ""
+    return wall, usage.ru_maxrss * 1024, os.waitstatus_to_exitcode(status), (err.strip().splitlines() or [""])[-1]
+
+
+def commands(snap: Path, trace: Path, out: Path) -> list[tuple[str, list[str]]]:
+    mt = [PY, "-m", "memtrace"]
+    t = str(trace)
+    return [
+        ("memtrace import", [*mt, "import", str(snap), "-o", t, "--force"]),
+        ("report", [*mt, "report", t]),
+        ("plot", [*mt, "plot", t, "-o", str(out / "t.png"), "--force"]),
+        ("flame", [*mt, "flame", t, "-o", str(out / "f.svg"), "--force"]),
+        ("view", [*mt, "view", t, "-o", str(out / "v.html"), "--force"]),
+        ("fits --capacity 48GiB", [*mt, "fits", t, "--capacity", "48GiB"]),
+        ("diff A A", [*mt, "diff", t, t]),
+        ("issue", [*mt, "issue", t, "-o", str(out / "issue"), "--force"]),
+        ("export perfetto", [*mt, "export", t, "-f", "perfetto", "-o", str(out / "p.json"), "--force"]),
+        ("export memory-viz", [*mt, "export", t, "-f", "memory-viz", "-o", str(out / "m.pickle"), "--force"]),
+        ("export folded", [*mt, "export", t, "-f", "folded", "-o", str(out / "f.folded"), "--force"]),
+    ]
+
+
+def floors(snap: Path, out: Path, torch_tools: bool) -> list[tuple[str, list[str]]]:
+    load = "import pickle,sys\nwith open(sys.argv[1],'rb') as f: pickle.load(f)"
+    rows = [("pickle.load", [PY, "-c", load, str(snap)])]
+    if torch_tools:
+        rows.append(("torch _memory_viz stats", [PY, "-m", "torch.cuda._memory_viz", "stats", str(snap)]))
+        rows.append(
+            (
+                "torch _memory_viz trace_plot",
+                [PY, "-m", "torch.cuda._memory_viz", "trace_plot", str(snap), "-o", str(out / "torch.html")],
+            )  # fmt: skip
+        )
+    return rows
+
+
+def run_size(n: int, work: Path, args: argparse.Namespace) -> None:
+    snap = work / f"snap-{n}.pickle"
+    if not snap.exists():
+        t = time.perf_counter()
+        with open(snap, "wb") as f:
+            written = snapshot_gen.write_snapshot(f, n)
+        print(f"# generated {snap.name}: {written:,} entries in {time.perf_counter() - t:.1f} s")
+    trace = work / f"snap-{n}.memtrace"
+    out = work / f"out-{n}"
+    out.mkdir(exist_ok=True)
+    rows = floors(snap, out, not args.no_torch) + commands(snap, trace, out)
+    if args.only:
+        rows = [r for r in rows if r[0] == "pickle.load" or any(k in r[0] for k in args.only.split(","))]
+    results = {}
+    print(f"\n## {n:,} events: pickle {snap.stat().st_size / MiB:,.0f} MiB" + ("" if TIME else " (RSS via wait4)"))
+    print(f"{'command':32} {'wall s':>8} {'max RSS MiB':>12} {'x load':>7}  exit")
+    for name, cmd in rows:
+        try:
+            wall, rss, rc, err = measure(cmd, out, args.timeout)
+        except subprocess.TimeoutExpired:
+            print(f"{name:32} {'>' + str(args.timeout):>8}")
+            continue
+        results[name] = (wall, rss)
+        base = results.get("pickle.load", (wall, rss))[0] or 1e-9
+        note = "" if rc in (0, 1) else f"  {err[:80]}"
+        print(f"{name:32} {wall:8.2f} {rss / MiB:12,.0f} {wall / base:7.2f}  {rc}{note}", flush=True)
+    if trace.exists():
+        print(f"# trace {trace.stat().st_size / MiB:,.0f} MiB = {trace.stat().st_size / n:.1f} B/event; "
+              f"pickle {snap.stat().st_size / n:.1f} B/event")  # fmt: skip
+    if "memtrace import" in results and "pickle.load" in results:
+        (iw, ir), (lw, lr) = results["memtrace import"], results["pickle.load"]
+        print(f"# import / pickle.load: {iw / lw:.2f}x wall, +{(ir - lr) / MiB:,.0f} MiB RSS (goal <= 1.5x, <= 2 GiB)")
+    for name, (wall, rss) in results.items():
+        if name not in ("pickle.load", "memtrace import") and not name.startswith("torch") and n >= 10_000_000:
+            ok = wall <= 10 and rss <= 2 * GiB
+            print(f"# {name}: {'meets' if ok else 'MISSES'} the 10 s / 2 GiB goal")
+    if not args.keep:
+        shutil.rmtree(out, ignore_errors=True)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--events", default="100k,1M,3M", help="comma-separated sizes (100k,1M,3M,10M)")
+    ap.add_argument("--dir", help="keep the pickles and traces here (reused by later runs)")
+    ap.add_argument("--only", help="comma-separated command names to run (pickle.load always runs)")
+    ap.add_argument("--no-torch", action="store_true", help="skip torch's _memory_viz stats / trace_plot")
+    ap.add_argument("--keep", action="store_true", help="keep the outputs")
+    ap.add_argument("--timeout", type=float, default=900)
+    args = ap.parse_args()
+    work = Path(args.dir) if args.dir else Path(tempfile.mkdtemp(prefix="memtrace-bench-"))
+    work.mkdir(parents=True, exist_ok=True)
+    print(f"# {os.cpu_count()} CPUs, python {sys.version.split()[0]}, work dir {work}")
+    try:
+        for n in (parse_count(x) for x in args.events.split(",")):
+            run_size(n, work, args)
+    finally:
+        if not args.dir:
+            shutil.rmtree(work, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
