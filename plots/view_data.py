@@ -29,7 +29,7 @@ import numpy as np
 
 from ..analysis.categories import CATEGORIES, categorize
 from ..analysis.curves import Curves, all_curves
-from ..analysis.flame import frame_label
+from ..analysis.flame import BEFORE_RECORDING, NO_STACK, frame_label
 from ..analysis.live import Lifetimes, lifetimes, meaningful_frame
 from ..analysis.oom import find_oom
 from ..analysis.phases import recording_span
@@ -145,6 +145,7 @@ def rank_meta(a: RankAnalysis, t0_us: int) -> dict[str, Any]:
         "frames": frames,
         "stacks": stacks,
         "stack_titles": titles,
+        "markers": {"no_stack": NO_STACK, "before": BEFORE_RECORDING},  # the flame graph's pseudo-frames
         "categories": list(CATEGORIES),
         "actions": list(ACTIONS),
     }

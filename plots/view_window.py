@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 
 from ..analysis.categories import CATEGORIES, Categorized, category_curves
-from ..analysis.flame import frame_label
+from ..analysis.flame import BEFORE_RECORDING, NO_STACK, frame_label
 from ..analysis.live import meaningful_frame
 from ..analysis.phases import phase_path
 from ..model import ACTIONS
@@ -143,8 +143,8 @@ class RankQueries:
 
     def _describe(self, key: tuple) -> dict[str, Any]:
         if key[0] == "pre":
-            return {"path": ["[before recording]"], "title": "[before recording]"}
+            return {"path": [BEFORE_RECORDING], "title": BEFORE_RECORDING}
         if key[0] == "p":
-            return {"path": ["[no stack]", *key[1].split("/")], "title": f"[no stack] allocated in {key[1]}"}
+            return {"path": [NO_STACK, *key[1].split("/")], "title": f"{NO_STACK} allocated in {key[1]}"}
         frames = self.a.trace.stack_frames(key[1])
         return {"path": [frame_label(f) for f in reversed(frames)], "title": self._title(key[1])}

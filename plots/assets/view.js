@@ -159,13 +159,13 @@
     return { event: e, t_us: e >= 0 ? L.t[e] : R.meta.t_first_us, total, count, groups: list, around };
   }
   function groupPath(meta, key, g) {
-    if (key === 'pre') return ['[before recording]'];
-    if (key[0] === 'p') return ['[no stack]', ...key.slice(1).split('/')];
+    if (key === 'pre') return [meta.markers.before];
+    if (key[0] === 'p') return [meta.markers.no_stack, ...key.slice(1).split('/')];
     return meta.stacks[g.stack].map((f) => meta.frames[f]);
   }
   function groupTitle(meta, key, g) {
-    if (key === 'pre') return '[before recording]';
-    if (key[0] === 'p') return '[no stack] allocated in ' + key.slice(1);
+    if (key === 'pre') return meta.markers.before;
+    if (key[0] === 'p') return meta.markers.no_stack + ' allocated in ' + key.slice(1);
     return meta.stack_titles[g.stack] || meta.frames[meta.stacks[g.stack][meta.stacks[g.stack].length - 1]];
   }
 
