@@ -303,3 +303,31 @@ def test_new_run_dying_of_oom_names_phase_request_and_free_memory(capsys):
     assert "the new run died of CUDA OOM in profile_run at its 1.00 GiB request" in out
     rc, out, _ = _run(capsys, H200 / "startup-cap16g", H200 / "startup-cap6g", "--fail-over", "100GiB")
     assert rc == 0  # the base died too: not a new failure
+
+
+def test_hooked_bytes_are_what_each_call_added():
+    from memtrace.analysis.diff import hook_call_bytes
+
+    # the real 0.6.13 dynamic allocator on the H200: 94,974,860 B returned, 95,110,144 B allocated (512 B blocks)
+    assert hook_call_bytes(94_974_860, 95_110_144) == 94_974_860
+    # a wrapper handed shared workspaces returns them again but allocates nothing: it adds nothing
+    assert hook_call_bytes(337_578_440, 0) == 0
+    assert hook_call_bytes(None, 4096) == 4096 and hook_call_bytes(1000, None) == 1000
+
+
+def test_shared_workspaces_show_as_a_drop_per_hook_target_FAKE_calls():
+    # FAKE: the hooked calls of 40 layers are made up from the real probe call (one allocating, the
+    # rest handed the first one's storages), as FlashInfer 0.7's shared workspaces would record them
+    import dataclasses
+
+    from memtrace.store import load_run
+
+    probe = load_run(TESTS / "data" / "vllm-h200" / "flashinfer-probe").traces[0]
+    first = next(c for c in probe.hook_calls if c.parent is None)
+    per_layer = dataclasses.replace(probe, hook_calls=[first] * 40)
+    shared = dataclasses.replace(probe, hook_calls=[first] + [dataclasses.replace(first, allocated_delta_bytes=0)] * 39)
+    d = diff_traces(per_layer, shared, parse_threshold("2%"))
+    (total,) = d.hook_totals
+    assert (total.base, total.new) == (40 * 94_974_860, 94_974_860)
+    assert not d.failed
+    assert diff_traces(shared, per_layer, parse_threshold("2%")).failed  # and back: +39 workspaces fail the gate

@@ -135,7 +135,7 @@ class Figures:
     headline: dict[str, int]  # HEADLINE label -> bytes, for the figures the trace has
     where: dict[str, str]  # HEADLINE label -> phase path of the moment (peaks, post-KV transient)
     phases: dict[str, tuple[int, int, int]]  # path (name#n for repeats) -> (peak, peak above start, depth)
-    hooks: dict[str, tuple[int, ...]]  # hooked function -> bytes returned per outermost call
+    hooks: dict[str, tuple[int, ...]]  # hooked function -> bytes added per outermost call (hook_call_bytes)
     oom: Oom | None  # the OOM the run died of
 
 
@@ -230,13 +230,23 @@ def site_changes(
     return grew[:top] + shrank[: max(0, top - len(grew[:top])) // 2]
 
 
+def hook_call_bytes(returned: int | None, allocated_delta: int | None) -> int:
+    """The bytes one hooked call added: what it returned, but no more than PyTorch's allocated bytes grew
+    during it when that is known. A wrapper handed shared workspaces (FlashInfer 0.7's
+    ``shared_static_workspace``...) returns them again without allocating: it adds nothing."""
+    if returned is None:
+        return max(0, allocated_delta or 0)
+    if allocated_delta is None:
+        return returned
+    return min(returned, max(0, allocated_delta))
+
+
 def _hook_bytes(trace: Trace) -> dict[str, list[int]]:
     out: dict[str, list[int]] = {}
     for c in trace.hook_calls:
         if c.parent is not None:
             continue  # nested calls are counted by their outermost hooked caller
-        b = c.returned_bytes if c.returned_bytes is not None else (c.allocated_delta_bytes or 0)
-        out.setdefault(c.name, []).append(int(b))
+        out.setdefault(c.name, []).append(hook_call_bytes(c.returned_bytes, c.allocated_delta_bytes))
     return out
 
 
