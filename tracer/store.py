@@ -385,15 +385,19 @@ def _check_file(path: Path) -> None:
 
 
 def _chunks(db: sqlite3.Connection, table: str, dtype: np.dtype, empty) -> np.ndarray:
-    rows = db.execute(f"SELECT count, data FROM {table} ORDER BY seq").fetchall()
-    if not rows:
+    """The chunks of ``table`` in one array, filled chunk by chunk: peak memory is the array plus one
+    chunk (fetching every blob first, then concatenating, held the data twice: 0.8 GB at 10M events)."""
+    total = db.execute(f"SELECT COALESCE(SUM(count), 0) FROM {table}").fetchone()[0]
+    if not total:
         return empty()
-    parts = []
-    for count, data in rows:
-        if len(data) != count * dtype.itemsize:
+    out = np.empty(int(total), dtype=dtype)
+    pos = 0
+    for count, data in db.execute(f"SELECT count, data FROM {table} ORDER BY seq"):
+        if len(data) != count * dtype.itemsize or pos + count > total:
             raise TraceFormatError(f"corrupt {table}: a chunk holds {len(data)} bytes for {count} records")
-        parts.append(np.frombuffer(data, dtype=dtype))
-    return np.concatenate(parts) if len(parts) > 1 else parts[0].copy()
+        out[pos : pos + count] = np.frombuffer(data, dtype=dtype)
+        pos += count
+    return out[:pos]
 
 
 def _version(db: sqlite3.Connection, path: Path) -> tuple[int, int]:
