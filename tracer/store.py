@@ -547,7 +547,7 @@ def load_run(path: str | os.PathLike, each: Callable[[list[Path]], Iterable[Path
         files = trace_files(path)
         if not files:
             raise TraceFormatError(
-                f"{path} holds no {SUFFIX} files; was the run recorded with memtrace (VLLM_PLUGINS=memtrace)?"
+                f"{path} holds no {SUFFIX} files; was the run recorded with memtrace (memtrace run, or MEMTRACE=1)?"
             )
         traces = [load_trace(f) for f in (each(files) if each else files)]
     else:

