@@ -198,6 +198,7 @@ PY
     log "(b) holder pid (its own os.getpid): $(cat "$D/holder.pid" 2>/dev/null); NVML's compute apps while vLLM ran:"
     grep -v '^#' "$D/nvidia-smi-apps.txt" | sort | uniq -c | sort -rn | head -8 | tee -a "$OUT/progress.log"
     grep -E "memtrace|OutOfMemory|Tried to allocate|Process [0-9]+ has|Error|Traceback|File \"" "$D/vllm.log" | cut -c1-300 | head -60 | tee -a "$OUT/progress.log"
+    log "(b) memtrace frames in vLLM's OOM traceback: $(grep -c 'memtrace/plugins/hooks.py' "$D/vllm.log") (expect 1 per traceback print); traceback prints: $(grep -c 'Traceback (most recent call last)' "$D/vllm.log")"
     ls -la "$D/run" 2>&1 | tee -a "$OUT/progress.log"
     timeout 60 python3 -m memtrace report "$D/run" > "$D/report.txt" 2>&1; log "(b) report exit $?"
     head -40 "$D/report.txt" | tee -a "$OUT/progress.log"
