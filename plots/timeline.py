@@ -24,7 +24,7 @@ from pathlib import Path
 import numpy as np
 
 from ..analysis.categories import CATEGORIES
-from ..units import GiB, format_gib
+from ..units import GiB, format_bytes, format_gib
 from .phase_lane import PhaseLabel
 from .timeline_axes import DPI_HINT, LABEL_PT, draw_lane, draw_main, draw_zoom, zoom_window
 from .timeline_data import RankTimeline
@@ -108,6 +108,15 @@ def duration_text(us: int) -> str:
     return f"{us / 1e6:.2f} s" if us < 10_000_000 else f"{us / 1e6:.1f} s"
 
 
+def _in_phase(path: str) -> str:
+    return f"in {_phase_name(path)}" if path else "outside any phase"
+
+
+def _size(n: int) -> str:
+    """GiB as everywhere on the figure, but "27.56 MiB" rather than "0.03 GiB" for what is small."""
+    return format_gib(n) if abs(n) >= GiB else format_bytes(n, 2)
+
+
 _UNTIL = {"dropped": "", "end": ", until the end of the recording", "oom": ", until the OOM"}
 
 
@@ -123,7 +132,7 @@ def crossing_text(rank: RankTimeline, t0_us: int) -> CrossingDrawn | None:
     sec = (c.time_us - t0_us) / 1e6
     lines = [
         f"{c.name} crossed the {format_gib(c.target_bytes)} target",
-        f"at {sec:.3f} s in {_phase_name(c.phase_path) or '(no phase)'}: {format_gib(c.at_cross_bytes)}",
+        f"at {sec:.3f} s {_in_phase(c.phase_path)}: {format_gib(c.at_cross_bytes)}",
         f"highest {format_gib(c.max_bytes)} (+{format_gib(c.overshoot_bytes)}) at {(c.max_us - t0_us) / 1e6:.3f} s",
         f"above it for {duration_text(c.duration_us)}{_UNTIL[c.until]}",
     ]
@@ -157,10 +166,10 @@ def oom_text(rank: RankTimeline, t0_us: int) -> OomDrawn | None:
     if o is None:
         return None
     sec = (o.time_us - t0_us) / 1e6
-    head = f"OUT OF MEMORY at {sec:.3f} s in {_phase_name(o.phase_path) or '(no phase)'}"
-    free = f"{format_gib(o.free_bytes)} free on the device" if o.free_bytes is not None else "free memory not recorded"
+    head = f"OUT OF MEMORY at {sec:.3f} s {_in_phase(o.phase_path)}"
+    free = f"{_size(o.free_bytes)} free on the device" if o.free_bytes is not None else "free memory not recorded"
     limited = o.total_bytes and rank.device_total_bytes and o.total_bytes < rank.device_total_bytes
-    detail = f"asked {format_gib(o.requested_bytes)}; " + (
+    detail = f"asked {_size(o.requested_bytes)}; " + (
         f"limit {format_gib(o.total_bytes)}, {free}" if limited else free
     )
     return OomDrawn(o.time_us, sec, o.phase_path, o.requested_bytes, o.free_bytes, f"{head}\n{detail}")
