@@ -21,6 +21,8 @@ Goals (issue 14), at 10M events on the 2-core development machine: import <= 1.5
 
   python tests/bench/bench_scale.py --events 100k,1M,3M
   python tests/bench/bench_scale.py --events 10M --dir /tmp/memtrace-bench   # minutes; files are kept
+  python tests/bench/bench_scale.py --events 1M --pythonpath /tmp/old   # an older memtrace, for comparison
+                                   # (/tmp/old/memtrace = git archive of tracer/, plots/ and plugins/ inside)
 """
 
 from __future__ import annotations
@@ -145,7 +147,10 @@ def main() -> int:
     ap.add_argument("--no-torch", action="store_true", help="skip torch's _memory_viz stats / trace_plot")
     ap.add_argument("--keep", action="store_true", help="keep the outputs")
     ap.add_argument("--timeout", type=float, default=900)
+    ap.add_argument("--pythonpath", help="PYTHONPATH for the commands: measure another memtrace (an old checkout)")
     args = ap.parse_args()
+    if args.pythonpath:
+        os.environ["PYTHONPATH"] = args.pythonpath
     work = Path(args.dir) if args.dir else Path(tempfile.mkdtemp(prefix="memtrace-bench-"))
     work.mkdir(parents=True, exist_ok=True)
     print(f"# {os.cpu_count()} CPUs, python {sys.version.split()[0]}, work dir {work}")

@@ -208,11 +208,11 @@ def write_snapshot(out: IO[bytes], n_events: int, seed: int = 0) -> int:
     w.memoize()
     n = _entries(w, cols, stack_body)
     w.w(b"a")  # APPEND the one device's list to device_traces
-    w.put_s("external_annotations")
-    _annotations(w, cols["time_us"])
     w.put_s("allocator_settings")
     w.w(b"}")
     w.memoize()
+    w.put_s("external_annotations")
+    _annotations(w, cols["time_us"])
     w.w(b"u.")
     w.commit()
     return n
