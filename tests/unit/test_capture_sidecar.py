@@ -34,6 +34,7 @@ FAKE_NVML = textwrap.dedent(
 
     def nvmlInit():
         global _t0
+        time.sleep(float(os.environ.get("FAKE_NVML_INIT_S", "0")))  # NVML can take a second to start
         _t0 = time.monotonic()
 
     def nvmlShutdown():
@@ -204,18 +205,22 @@ def test_the_only_process_listed_is_ours(tmp_path, fake_nvml, monkeypatch):
     assert set(trace.others["others_bytes"].tolist()) == {0}
 
 
-def test_the_sidecar_starts_without_waiting_and_answers_on_a_thread(tmp_path, fake_nvml):
+def test_the_sidecar_starts_without_waiting_and_answers_on_a_thread(tmp_path, fake_nvml, monkeypatch):
+    monkeypatch.setenv("FAKE_NVML_INIT_S", "1.0")
     w = _writer(tmp_path)
     answers = []
     t0 = time.perf_counter()
     sc = sidecar.start_sidecar(w.path, {"gpu_uuid": "GPU-fake"}, 1000.0, wait=False, on_ready=answers.append)
     returned_s = time.perf_counter() - t0
     bad = sidecar.start_sidecar(w.path, {"gpu_uuid": "GPU-other"}, 1000.0, wait=False, on_unavailable=answers.append)
-    time.sleep(0.3)
+    assert returned_s < 0.5  # the child's Python start and its 1 s nvmlInit are not waited for
+    deadline = time.time() + 20
+    while len(answers) < 2 and time.time() < deadline:  # both answers arrive on their threads
+        time.sleep(0.05)
+    time.sleep(0.2)
     sc.stop()
     bad.stop()
     w.close()
-    assert returned_s < 0.05  # the child's Python start and nvmlInit are not waited for
     assert [a["nvml_device"] for a in answers if isinstance(a, dict)] == ["FakeNVML GPU"]
     assert any(isinstance(a, str) and "not found by NVML" in a for a in answers)
     assert bad.unavailable and len(load_trace(w.path).samples) > 0

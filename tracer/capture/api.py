@@ -89,7 +89,8 @@ def start(
         rank, local_rank, world_size: the process's place in a distributed run (file name, reports).
         device: the CUDA device to trace (index, "cuda:N" or torch.device); default current device.
         stacks: "none", "python" (default) or "all" (C++ too; slow to symbolize).
-        sample_hz: NVML sampling rate of the sidecar process (0 disables the sidecar).
+        sample_hz: NVML sampling rate of the sidecar process (0 disables the sidecar);
+            ``$MEMTRACE_SAMPLE_HZ`` overrides it (a knob for measuring what sampling costs).
         max_entries: size of the allocator's history ring buffer.
         role: free text stored in the trace ("user", "worker"...).
         sidecar: start the NVML sampler process.

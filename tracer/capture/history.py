@@ -148,6 +148,8 @@ class AllocatorHistory:
         self._thread: threading.Thread | None = None
         self._other_devices_warned = False
         self.timing = DrainTiming()
+        #: Runs a drain's conversion elsewhere (the session's background writer); None: on the drainer.
+        self.defer: Callable[[Callable[[], None]], None] | None = None
         params = inspect.signature(torch.cuda.memory._record_memory_history).parameters
         self._supports = set(params)
 
@@ -215,37 +217,49 @@ class AllocatorHistory:
         return snap
 
     def drain(self, reason: str, *, stop: bool = False) -> dict[str, Any] | None:
-        """Move the history recorded since the last drain into the trace; returns the snapshot."""
+        """Move the history recorded since the last drain into the trace; returns the snapshot.
+
+        The snapshot and the clear run here; with ``defer`` set (the session's background writer),
+        converting and writing the entries run there, in drain order.
+        """
         with self.lock:
             t0 = time.perf_counter()
             before = self._stats()
             snap = self._snapshot_and_clear(stop=stop)
-            t1 = time.perf_counter()
+            snapshot_s = time.perf_counter() - t0
             self._last_stats = before
             self._last_drain = time.monotonic()
-            traces = snap.get("device_traces") or []
-            entries = traces[self.device] if self.device < len(traces) else []
-            others = sum(len(t or []) for i, t in enumerate(traces) if i != self.device)
-            if others and not self._other_devices_warned:
-                self._other_devices_warned = True
-                self._note(f"{others} allocator events on other devices than cuda:{self.device} were not kept")
-            if len(entries) >= self.max_entries:
-                self._lost(1, f"the allocator history wrapped before a drain ({len(entries)} = max_entries entries)")
-            events = entries_to_events(entries, self.intern_stack)
-            self.on_batch(events)
-            self.timing.add(reason, len(events), t1 - t0, time.perf_counter() - t1)
-            self.events += len(events)
             self.drains += 1
-            for name, code in ACTION_CODE.items():
-                if name in self._counts:
-                    self._counts[name] += int(np.count_nonzero(events["action"] == code))
-            self._check(before)
-            self.annotations.extend(
-                a for a in snap.get("external_annotations") or [] if str(a.get("name", "")).startswith("memtrace:")
-            )
-            if self.allocator_settings is None:
-                self.allocator_settings = snap.get("allocator_settings")
-            return snap
+            if self.defer is None:
+                self._convert(snap, before, reason, snapshot_s)
+        if self.defer is not None:
+            self.defer(lambda: self._convert(snap, before, reason, snapshot_s))
+        return snap
+
+    def _convert(self, snap: dict[str, Any], before: dict[str, int] | None, reason: str, snapshot_s: float) -> None:
+        """Turn a drained snapshot's entries into events and hand them to the session (in drain order)."""
+        t1 = time.perf_counter()
+        traces = snap.get("device_traces") or []
+        entries = traces[self.device] if self.device < len(traces) else []
+        others = sum(len(t or []) for i, t in enumerate(traces) if i != self.device)
+        if others and not self._other_devices_warned:
+            self._other_devices_warned = True
+            self._note(f"{others} allocator events on other devices than cuda:{self.device} were not kept")
+        if len(entries) >= self.max_entries:
+            self._lost(1, f"the allocator history wrapped before a drain ({len(entries)} = max_entries entries)")
+        events = entries_to_events(entries, self.intern_stack)
+        self.on_batch(events)
+        self.timing.add(reason, len(events), snapshot_s, time.perf_counter() - t1)
+        self.events += len(events)
+        for name, code in ACTION_CODE.items():
+            if name in self._counts:
+                self._counts[name] += int(np.count_nonzero(events["action"] == code))
+        self._check(before)
+        self.annotations.extend(
+            a for a in snap.get("external_annotations") or [] if str(a.get("name", "")).startswith("memtrace:")
+        )
+        if self.allocator_settings is None:
+            self.allocator_settings = snap.get("allocator_settings")
 
     def _check(self, stats: dict[str, int] | None) -> None:
         """Counters read before the snapshot must not exceed the events recorded up to it."""
@@ -296,7 +310,8 @@ class AllocatorHistory:
             if i < len(starts.get(p.name, ())):
                 skew.append(starts[p.name][i] - p.start_us)
                 used[p.name] = i + 1
-        fact: dict[str, Any] = {"drains": self.timing.as_fact(), "annotations": len(self.annotations)}
+        drains = {**self.timing.as_fact(), "converted_on": "traced thread" if self.defer is None else "background"}
+        fact: dict[str, Any] = {"drains": drains, "annotations": len(self.annotations)}
         if skew:
             fact["annotation_minus_phase_start_us"] = {
                 "matched": len(skew),

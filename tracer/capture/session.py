@@ -26,6 +26,8 @@ log = logging.getLogger("memtrace")
 #: Ring-buffer size of the allocator history; drained long before it fills (see api docstring).
 DEFAULT_MAX_ENTRIES = 200_000
 STACKS = ("none", "python", "all")
+#: Overrides the NVML sampling rate of every session started in this process (0: no sidecar).
+SAMPLE_HZ_ENV = "MEMTRACE_SAMPLE_HZ"
 
 _active: Session | None = None
 _active_lock = threading.RLock()
@@ -73,6 +75,12 @@ def begin_session(path_or_dir: str | os.PathLike | None, **kwargs: Any) -> Sessi
             raise UsageError(
                 f"memtrace is already recording this process to {current.path}; call memtrace.stop() first"
             )
+        hz = os.environ.get(SAMPLE_HZ_ENV, "").strip()
+        if hz and kwargs.get("sample_hz", 1.0) > 0:  # a measurement knob: 0 turns the sidecar off
+            try:
+                kwargs["sample_hz"] = max(float(hz), 0.0)
+            except ValueError:
+                raise UsageError(f"{SAMPLE_HZ_ENV}={hz!r} is not a number of samples per second") from None
         stacks = kwargs.get("stacks", "python")
         if stacks not in STACKS:
             raise UsageError(f"stacks={stacks!r} is not one of {', '.join(STACKS)}")
@@ -127,7 +135,9 @@ class Session:
         self._ranges: dict[int, Any] = {}  # phase index -> entered record_function
         self.history = None  # AllocatorHistory when CUDA is there
         self.sidecar = None  # Sidecar process handle when NVML is there
-        self.closed = False
+        self._bg = None  # background.Background: converts and writes drains off the traced thread
+        self.closed = False  # recording stopped (phases, drains): set when close() begins
+        self._file_closed = False  # the trace file is complete and closed
         self.writer.set_process(self.process)
         self.writer.set_recording(self.recording)
 
@@ -163,6 +173,7 @@ class Session:
             add_note=self.add_note,
             lock=self._lock,
         )
+        self.attach_history(self.history)
         self._preimport_symbolizer()
         self.history.enable()
         oom.attach()
@@ -183,6 +194,16 @@ class Session:
     def _no_nvml(self, reason: str) -> None:
         log.warning("memtrace: no NVML samples: %s", reason)
         self.add_note("warning", f"no NVML samples: {reason}")
+
+    def attach_history(self, history: Any) -> None:
+        """Record ``history`` (an AllocatorHistory); its drains are converted on the background writer
+        unless ``MEMTRACE_CAPTURE_SYNC=1``. (Separate so a benchmark can attach a FakeTorch history.)"""
+        from . import background
+
+        self.history = history
+        if not background.synchronous():
+            self._bg = background.Background(on_error=lambda text: self.add_note("error", text))
+            history.defer = self._bg.submit
 
     def _preimport_symbolizer(self) -> None:
         """Import torch._inductor now if Python stacks will be symbolized.
@@ -209,7 +230,7 @@ class Session:
 
     def _on_batch(self, events) -> None:
         with self._lock:
-            if not self.closed:
+            if not self._file_closed:
                 self.writer.append_events(events)
 
     # -- facts, notes, hook calls --------------------------------------------------------------
@@ -217,13 +238,13 @@ class Session:
         """Store a JSON-compatible fact (written to the file at once)."""
         with self._lock:
             self.facts[key] = value
-            if not self.closed:
+            if not self._file_closed:
                 self.writer.set_facts(self.facts)
 
     def add_note(self, level: str, text: str) -> None:
         """Store a note a reader must see ("info", "warning", "error")."""
         with self._lock:
-            if not self.closed:
+            if not self._file_closed:
                 self.writer.add_note(Note(now_us(), level, text))
 
     def record_hook_call(self, call: HookCall) -> int:
@@ -292,7 +313,7 @@ class Session:
     # -- writing -------------------------------------------------------------------------------
     def flush_documents(self) -> None:
         with self._lock:
-            if self.closed:
+            if self._file_closed:
                 return
             if self.history is not None:
                 self.history.update_recording(self.recording)
@@ -301,16 +322,38 @@ class Session:
             self.writer.set_recording(self.recording)
             self.writer.set_facts(self.facts)
 
+    def _later(self, task) -> None:
+        """Run ``task`` on the background writer, after the drains handed to it (here without one)."""
+        if self._bg is not None:
+            self._bg.submit(task)
+        else:
+            task()
+
+    def wait_written(self) -> None:
+        """Return once everything handed to the background writer is in the file."""
+        if self._bg is not None:
+            self._bg.wait()
+
+    def _save_segments(self, snap: dict[str, Any]) -> None:
+        try:
+            segments = self.history.segments(snap)
+            with self._lock:
+                if not self._file_closed:
+                    self.writer.set_segments(segments)
+        except Exception as exc:  # a bug must not lose the rest of the trace
+            log.warning("memtrace: could not save the allocator state: %s", exc)
+            self.add_note("error", f"allocator state not saved: {exc!r}")
+
     def flush(self, *, segments: bool = True) -> None:
         """Drain the allocator history and commit everything now (the file is complete on disk)."""
-        with self._lock:
-            if self.closed:
-                return
-            if self.history is not None:
-                snap = self.history.drain("flush")
-                if segments and snap is not None:
-                    self.writer.set_segments(self.history.segments(snap))
-            self.flush_documents()
+        if self.closed:
+            return
+        if self.history is not None:
+            snap = self.history.drain("flush")
+            if segments and snap is not None:
+                self._later(lambda: self._save_segments(snap))
+        self.wait_written()
+        self.flush_documents()
 
     def on_oom(self, device: int, requested: int, total: int, free: int) -> None:
         """Called by the OOM observer before torch raises: record the OOM and write the trace."""
@@ -330,14 +373,21 @@ class Session:
             else:
                 self.facts[FACT_OOM] = record
             self.recording.end_reason = "oom"
-            self.flush()
+        self.flush()  # waits for the background writer: the trace is complete before torch raises
 
     def close(self, reason: str = "stop") -> Path:
-        """Drain, save segments, stop the sidecar and close the file. Idempotent."""
+        """Drain, save segments, stop the sidecar and close the file. Idempotent.
+
+        At the end of vLLM's start-up (``reason="startup-complete"``) only the final snapshot is taken
+        here; converting it, saving the allocator state, stopping the sidecar and closing the file run
+        on the background writer (:meth:`wait_written`; interpreter exit and SIGTERM wait for it). Any
+        other reason returns with the file complete.
+        """
         global _active
         with self._lock:
             if self.closed:
                 return self.path
+            self.closed = True
             t = now_us()
             if reason in ("stop", "exit", "startup-complete") or reason.startswith("exception"):
                 for index in self._open:  # a graceful stop inside phases ends them now
@@ -346,23 +396,66 @@ class Session:
                 self._open.clear()
             if self.recording.end_reason != "oom" or reason not in ("exit", "stop"):
                 self.recording.end_reason = reason
-            if self.history is not None:
-                try:
-                    snap = self.history.stop()
-                    if snap is not None:
-                        self.writer.set_segments(self.history.segments(snap))
-                except Exception as exc:  # a bug must not lose the rest of the trace
-                    log.warning("memtrace: could not save the final allocator state: %s", exc)
-                    self.add_note("error", f"final allocator state not saved: {exc!r}")
-            if self.sidecar is not None:
-                info = self.sidecar.stop()
-                if self.sidecar.unavailable is None:
-                    self.facts["sidecar"] = info
-            self.recording.end_us = now_us()
-            self.flush_documents()
-            self.closed = True
-            self.writer.close()
+        snap = None
+        if self.history is not None:
+            try:
+                snap = self.history.stop()
+            except Exception as exc:  # a bug must not lose the rest of the trace
+                log.warning("memtrace: could not save the final allocator state: %s", exc)
+                self.add_note("error", f"final allocator state not saved: {exc!r}")
+        if snap is not None:
+            self._later(lambda: self._save_segments(snap))
+        if self._bg is not None and reason == "startup-complete":
+            _finishing.append(self)
+            _wait_at_exit()
+            self._bg.submit(self._finish)
+        else:
+            self.wait_written()
+            self._finish()
         with _active_lock:
             if _active is self:
                 _active = None
         return self.path
+
+    def _finish(self) -> None:
+        """Stop the sidecar, write the documents and close the file (last of all background work)."""
+        if self.sidecar is not None:
+            info = self.sidecar.stop()
+            if self.sidecar.unavailable is None:
+                self.facts["sidecar"] = info
+        with self._lock:
+            self.recording.end_us = now_us()
+            self.flush_documents()
+            self._file_closed = True
+            self.writer.close()
+        if self._bg is not None:
+            self._bg.end()
+        if self in _finishing:
+            _finishing.remove(self)
+
+
+#: Sessions whose file is still being finished by their background writer.
+_finishing: list[Session] = []
+_exit_wait_registered = False
+
+
+def wait_finishing() -> None:
+    """Wait until every closed session's file is complete (at exit, on SIGTERM)."""
+    for session in list(_finishing):
+        session.wait_written()
+
+
+def _wait_at_exit() -> None:
+    """Make a multiprocessing child (a vLLM worker: it skips atexit) wait for its files at exit too."""
+    global _exit_wait_registered
+    if _exit_wait_registered:
+        return
+    _exit_wait_registered = True
+    try:
+        import atexit
+        from multiprocessing import util
+
+        atexit.register(wait_finishing)
+        util.Finalize(None, wait_finishing, exitpriority=100)
+    except Exception:  # noqa: BLE001
+        log.debug("memtrace: no exit wait for the background writer", exc_info=True)

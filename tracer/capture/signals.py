@@ -1,6 +1,6 @@
 """Write the trace at interpreter exit, on SIGTERM and on SIGINT, then let the program go on as before.
 
-- ``atexit``: ``stop("exit")``.
+- ``atexit``: ``stop("exit")``, then wait for any trace still being finished in the background.
 - SIGTERM: ``stop("signal:SIGTERM")``, then the previous handler is called; with the default
   handler the signal is re-raised with the default action, so the process still dies of SIGTERM.
 - SIGINT: the trace is flushed (the program may catch KeyboardInterrupt and carry on), then the
@@ -27,7 +27,7 @@ _previous: dict[int, Any] = {}
 
 
 def _on_exit() -> None:
-    from .session import active_session
+    from .session import active_session, wait_finishing
 
     session = active_session()
     if session is not None:
@@ -35,6 +35,7 @@ def _on_exit() -> None:
             session.close("exit")
         except Exception as exc:
             log.warning("memtrace: could not write the trace at exit: %s", exc)
+    wait_finishing()  # a trace closed at the end of start-up may still be written in the background
 
 
 def _handler(signum: int, frame: Any) -> None:
@@ -51,6 +52,10 @@ def _handler(signum: int, frame: Any) -> None:
                 session.close(f"signal:{name}")
         except Exception as exc:
             log.warning("memtrace: could not write the trace on %s: %s", name, exc)
+    if signum != signal.SIGINT:
+        from .session import wait_finishing
+
+        wait_finishing()
     previous = _previous.get(signum, signal.SIG_DFL)
     if callable(previous):
         previous(signum, frame)

@@ -1,0 +1,79 @@
+"""FakeTorch: the parts of ``torch.cuda`` that ``memtrace.capture.history`` uses, for CPU tests and benches.
+
+It replays the entries of a ``_snapshot()``-shaped dict (e.g. ``memtrace.exporters.memory_viz.
+snapshot_dict`` of a synthetic trace) as if the program allocated them: ``allocate(n)`` records the
+next ``n`` entries (a fresh frames list per entry, as torch builds them) and bumps the allocator's
+cumulative counters; ``_snapshot()`` returns the history since the last clear plus the segments.
+Everything else a test drives (Session, drains, the store) is memtrace's real code.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import types
+from pathlib import Path
+
+from memtrace.capture import history as H
+from memtrace.capture.session import Session
+
+_COUNTER = {
+    "alloc": "allocation.all.allocated",
+    "free_completed": "allocation.all.freed",
+    "segment_alloc": "segment.all.allocated",
+    "segment_free": "segment.all.freed",
+}
+
+
+class FakeTorch:
+    """The parts of ``torch.cuda`` that history.py uses, replaying recorded entries (FakeTorch)."""
+
+    def __init__(self, snap: dict):
+        self.all_entries = snap["device_traces"][0]
+        self.segments = snap["segments"]
+        self.pos = 0
+        self.history: list[dict] = []
+        self.stats = dict.fromkeys(H._COUNTERS, 0)
+
+    def allocate(self, n: int) -> None:
+        for e in self.all_entries[self.pos : self.pos + n]:
+            self.history.append({**e, "frames": list(e["frames"])})  # torch: one frames list per entry
+            key = _COUNTER.get(e["action"])
+            if key:
+                self.stats[key] += 1
+        self.pos += n
+
+    def record(self, enabled="all", clear_history=False, **kw) -> None:
+        if clear_history:
+            self.history = []
+
+    def snapshot(self) -> dict:
+        return {"device_traces": [list(self.history)], "segments": self.segments, "external_annotations": []}
+
+    def module(self):
+        memory = types.SimpleNamespace(_record_memory_history=self.record, _snapshot=self.snapshot)
+        cuda = types.SimpleNamespace(
+            memory=memory, is_initialized=lambda: True, memory_stats=lambda d: dict(self.stats)
+        )
+        prof = types.SimpleNamespace(record_function=lambda name: contextlib.nullcontext())
+        return types.SimpleNamespace(cuda=cuda, _C=types.SimpleNamespace(), profiler=prof)
+
+
+def session_with(snap: dict, path: Path, **kwargs) -> tuple[Session, FakeTorch]:
+    """A real Session writing ``path`` whose allocator history is a FakeTorch replaying ``snap``."""
+    fake = FakeTorch(snap)
+    s = Session(path, sample_hz=0, handle_signals=False, role="vllm-worker", **kwargs)
+    s.process.device_index = 0
+    s.facts["env"] = {}
+    history = H.AllocatorHistory(
+        device=0,
+        stacks="python",
+        max_entries=200_000,
+        intern_stack=s._intern_stack,
+        on_batch=s._on_batch,
+        add_note=s.add_note,
+        lock=s._lock,
+        torch_module=fake.module(),
+    )
+    s.attach_history(history)
+    history.enable()
+    return s, fake

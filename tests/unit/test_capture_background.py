@@ -1,0 +1,123 @@
+"""The background writer: drains converted off the traced thread, in order, and waited for where a
+complete file is promised (flush, the OOM path, close, exit).
+
+The allocator is FakeTorch (tests/capture_fakes.py: no CUDA here) replaying the real H200 start-up
+tests/data/h200/startup-full as torch's ``_snapshot()`` dicts; the session, drains, conversion and
+store are memtrace's real code.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+from capture_fakes import session_with
+from memtrace.capture import history as H
+from memtrace.capture import session as S
+from memtrace.exporters.memory_viz import snapshot_dict
+from memtrace.model import FACT_OOM
+from memtrace.store import load_trace
+
+FULL = Path(__file__).parents[1] / "data" / "h200" / "startup-full" / "vm-pid457.memtrace"
+PHASES = ("load_model", "profile_run", "kv_cache_init", "capture_model")
+
+
+@pytest.fixture(scope="module")
+def snap():
+    return snapshot_dict(load_trace(FULL))
+
+
+def _replay(s, fake, n_phases=len(PHASES)):
+    share = len(fake.all_entries) // len(PHASES)
+    for name in PHASES[:n_phases]:
+        token = s.phase_enter(name, source="vllm")
+        fake.allocate(share)
+        s.phase_exit(token)
+
+
+def _record(snap, path, monkeypatch, sync: str) -> object:
+    monkeypatch.setenv("MEMTRACE_CAPTURE_SYNC", sync)
+    s, fake = session_with(snap, path)
+    _replay(s, fake)
+    fake.allocate(len(fake.all_entries))  # the rest, drained by close
+    s.close("startup-complete")
+    S.wait_finishing()
+    return load_trace(path), fake
+
+
+def test_background_and_synchronous_capture_write_the_same_trace(snap, tmp_path, monkeypatch):
+    bg, fake = _record(snap, tmp_path / "bg.memtrace", monkeypatch, "")
+    sync, _ = _record(snap, tmp_path / "sync.memtrace", monkeypatch, "1")
+    assert len(bg.events) == len(fake.all_entries) == 13_922
+    assert np.array_equal(bg.events, sync.events)
+    assert bg.frames == sync.frames and bg.stacks == sync.stacks
+    assert [(x.address, x.total_bytes, len(x.blocks)) for x in bg.segments] == [
+        (x.address, x.total_bytes, len(x.blocks)) for x in sync.segments
+    ]
+    assert bg.facts["capture"]["drains"]["converted_on"] == "background"
+    assert sync.facts["capture"]["drains"]["converted_on"] == "traced thread"
+    assert bg.recording.end_us and bg.recording.end_reason == "startup-complete"
+
+
+def _slow_conversion(monkeypatch, seconds=0.3):
+    real = H.entries_to_events
+
+    def slow(entries, intern):
+        time.sleep(seconds)
+        return real(entries, intern)
+
+    monkeypatch.setattr(H, "entries_to_events", slow)
+
+
+def test_startup_complete_returns_at_once_and_exit_waits_for_the_file(snap, tmp_path, monkeypatch):
+    monkeypatch.setenv("MEMTRACE_CAPTURE_SYNC", "")
+    _slow_conversion(monkeypatch)
+    path = tmp_path / "t.memtrace"
+    s, fake = session_with(snap, path)
+    fake.allocate(len(fake.all_entries))
+    t0 = time.perf_counter()
+    s.close("startup-complete")
+    returned_s = time.perf_counter() - t0
+    assert returned_s < 0.25  # the 0.3 s conversion runs in the background
+    assert s in S._finishing
+    S.wait_finishing()  # what atexit, multiprocessing's finalizers and SIGTERM call
+    trace = load_trace(path)
+    assert len(trace.events) == 13_922 and trace.segments and trace.recording.end_us
+    assert s not in S._finishing
+
+
+def test_the_oom_path_writes_everything_before_it_returns(snap, tmp_path, monkeypatch):
+    monkeypatch.setenv("MEMTRACE_CAPTURE_SYNC", "")
+    path = tmp_path / "t.memtrace"
+    s, fake = session_with(snap, path)
+    _replay(s, fake, 2)
+    _slow_conversion(monkeypatch)
+    fake.allocate(500)
+    s.on_oom(0, 60 << 20, 141 << 30, 27 << 20)  # torch raises right after this returns
+    trace = load_trace(path)  # the file is still open (WAL): read what is on disk now
+    assert len(trace.events) == fake.pos
+    assert trace.facts[FACT_OOM]["requested_bytes"] == 60 << 20 and trace.segments
+    s.close("oom")
+
+
+def test_a_failing_conversion_is_a_note_and_later_drains_are_kept(snap, tmp_path, monkeypatch):
+    monkeypatch.setenv("MEMTRACE_CAPTURE_SYNC", "")
+    real, calls = H.entries_to_events, []
+
+    def fails_once(entries, intern):
+        calls.append(len(entries))
+        if len(calls) == 1:
+            raise RuntimeError("conversion bug")
+        return real(entries, intern)
+
+    monkeypatch.setattr(H, "entries_to_events", fails_once)
+    path = tmp_path / "t.memtrace"
+    s, fake = session_with(snap, path)
+    _replay(s, fake)
+    s.close("stop")
+    trace = load_trace(path)
+    assert any("background write failed" in n.text and "conversion bug" in n.text for n in trace.notes)
+    assert len(trace.events) == fake.pos - calls[0] > 0
+    assert trace.recording.truncated  # the lost batch is never silent: the allocator counters disagree
