@@ -70,7 +70,7 @@ class RankAnalysis:
 def analyse(trace: Trace, target: Target) -> RankAnalysis:
     """Run the analyses once for ``trace`` under ``target``."""
     curves = all_curves(trace)
-    summary = summarize(trace, target.target_bytes, curves=curves)
+    summary = summarize(trace, target, curves=curves)
     lt = lifetimes(trace)
     cats = categorize(trace, lt).codes
     times = curves.allocated.time_us[1:]

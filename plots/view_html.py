@@ -47,12 +47,13 @@ def page_document(ranks: list[PackedRank], *, title: str, report_text: str, api:
 def render_html(ranks: list[PackedRank], summaries: list, *, title: str, api: bool = False) -> str:
     """The whole page as a string."""
     buf = io.StringIO()
-    render_run(summaries, buf, width=110)
+    render_run(summaries, buf)  # as `memtrace report` prints it
     doc = page_document(ranks, title=title, report_text=buf.getvalue(), api=api)
     blobs = "\n".join(
         f'<script type="application/octet-stream" id="mt-blob-{i}">{base64.b64encode(r.blob).decode("ascii")}</script>'
         for i, r in enumerate(ranks)
     )
+    doc_json = json.dumps(doc, separators=(",", ":")).replace("<", "\\u003c")  # no "</script>" or "<!--" inside
     css = "\n".join(asset(n) for n in _ASSETS if n.endswith(".css"))
     js = "\n".join(_script_safe(asset(n)) for n in _ASSETS if n.endswith(".js"))
     return f"""<!DOCTYPE html>
@@ -63,7 +64,7 @@ def render_html(ranks: list[PackedRank], summaries: list, *, title: str, api: bo
 <style>{css}</style>
 </head><body>
 <div id="mt-app"></div>
-<script type="application/json" id="mt-doc">{_script_safe(json.dumps(doc, separators=(",", ":")))}</script>
+<script type="application/json" id="mt-doc">{doc_json}</script>
 {blobs}
 <script>{js}</script>
 </body></html>

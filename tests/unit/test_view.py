@@ -161,10 +161,23 @@ def test_view_serve_prints_a_loopback_address_and_stops_on_ctrl_c():
             line = proc.stderr.readline()
             assert line, "the server never said where it listens"
         url = re.search(r"http://127\.0\.0\.1:\d+/", line)[0]
-        assert b"<!DOCTYPE html>" in urllib.request.urlopen(url, timeout=10).read(200)
+        with urllib.request.urlopen(url, timeout=30) as r:
+            assert r.read().startswith(b"<!DOCTYPE html>")
         proc.send_signal(signal.SIGINT)
-        assert proc.wait(timeout=20) == 0
+        assert proc.wait(timeout=60) == 0
     finally:
         if proc.poll() is None:
             proc.kill()
         proc.stderr.close()
+
+
+def test_the_page_carries_the_report_as_memtrace_report_prints_it(tmp_path):
+    out = tmp_path / "v.html"
+    with contextlib.redirect_stderr(io.StringIO()):
+        assert main(["view", str(STARTUP), "-o", str(out), "--util", "0.85"]) == 0
+    buf = io.StringIO()
+    with contextlib.redirect_stdout(buf):
+        assert main(["report", str(STARTUP), "--util", "0.85"]) == 0
+    doc = json.loads(re.search(r'id="mt-doc">(.*?)</script>', out.read_text(), re.S)[1])
+    assert doc["report"] == buf.getvalue()
+    assert doc["ranks"][0]["target"]["bytes"] == 127_593_398_272  # ceil(0.85 x the H200's 150,109,880,320 B)
