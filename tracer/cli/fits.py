@@ -9,11 +9,16 @@ in KV bytes. A start-up dies where the curve goes over the physical capacity: in
 (before the KV cache, where --gpu-memory-utilization cannot help), at KV sizing (no memory left
 for the cache blocks), or in warm-up / CUDA-graph capture (the post-KV transient).
 
+A recording that ended in a CUDA OOM covers the start-up only up to that failed request: on its own
+card (or one with no more room) the answer is that it dies there (the phase, the request, the free
+memory); on a larger card, "unknown" when the request would fit (what came after it was never
+recorded). Such a recording never answers "fits".
+
   memtrace fits RUN --capacity 32GiB
   memtrace fits RUN --capacity 16GiB,24GiB,32GiB --util 0.92
 
 Exit status: 0 when it fits on every capacity asked, 1 when it dies on one (or the recording ends
-too early to tell), 2 on bad input.
+too early to tell), 2 on bad input (a capacity below 1GiB included).
 """
 
 from __future__ import annotations
