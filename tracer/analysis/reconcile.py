@@ -132,7 +132,7 @@ def _graph_estimate(trace: Trace) -> tuple[int, int | None, list[str]]:
     """(estimate applied, estimate recorded but switched off, notes)."""
     estimate = trace.facts.get(FACT_GRAPH_ESTIMATE)
     if not isinstance(estimate, int):
-        return 0, None, ["no CUDA-graph estimate recorded (eager, or no cudagraph_profile phase): 0"]
+        return 0, None, ["no CUDA-graph estimate recorded (eager, or no cudagraph_profile phase): counted as none"]
     environ = (trace.facts.get(F.ENV) or {}).get("environ") or {}
     if str(environ.get("VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS", "1")).strip() == "0":
         return 0, estimate, ["CUDA-graph estimate not applied (VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS=0)"]
