@@ -19,11 +19,11 @@ Layout of a trace file (format ``memtrace-trace``, version ``FORMAT_VERSION``):
 - ``other_chunks(seq, count, data)`` (since 1.1): memory held on the device by processes other than
   the traced one, ``OTHERS_DTYPE`` (time_us i8, others_bytes i8), from NVML's per-process list
   (sampled less often than ``sample_chunks``). How it was attributed is ``facts["sidecar"]
-  ["others_method"]``: "per-process" (the traced pid was found: the sum of every other process's
-  used memory), "used-minus-ours" (the traced pid was found but another process's figure was not
-  available: device used - driver reserve - ours), or "not-found" (the traced pid never appeared,
-  e.g. a PID namespace: no series, and device used stays the whole device's). A 1.0 file has no
-  such table and loads with no samples.
+  ["others_method"]``: "per-process" (the traced process was found, by its pid or, inside a PID
+  namespace, by its memory, ``memory_matched_pid``: the sum of every other process's used memory),
+  "used-minus-ours" (found, but another process's figure was not available: device used - driver
+  reserve - ours), or "not-found" (not found, or not told apart: no series, and device used stays
+  the whole device's). A 1.0 file has no such table and loads with no samples.
 - ``segments`` and ``blocks``: the allocator state at the last snapshot.
 - ``phases``, ``hook_calls``, ``notes``: one row each.
 

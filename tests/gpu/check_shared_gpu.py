@@ -78,6 +78,7 @@ def _record_and_check(hold: int, child_pid: int) -> int:
         "others_method": side.get("others_method"),
         "others_methods": side.get("others_methods"),
         "traced_pids": side.get("traced_pids"),
+        "memory_matched_pid": side.get("memory_matched_pid"),
         "nvml_pids": side.get("nvml_pids"),
         "samples": len(trace.samples),
         "others_samples": len(trace.others),

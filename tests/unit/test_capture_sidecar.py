@@ -159,15 +159,18 @@ def test_an_unknown_gpu_is_reported_not_raised(tmp_path, fake_nvml):
     assert isinstance(reason, str) and "not found by NVML" in reason
 
 
-def _run_sidecar(tmp_path, monkeypatch, others: str, traced_pid: int | None = None, seconds: float = 0.4):
+def _run_sidecar(tmp_path, monkeypatch, others: str, traced_pid: int | None = None, seconds: float = 0.4, **kw):
     monkeypatch.setenv("FAKE_NVML_OTHERS", others)
     if traced_pid is not None:
         monkeypatch.setenv("FAKE_NVML_TRACED_PID", str(traced_pid))
     w = _writer(tmp_path)
     gpu = {"gpu_uuid": "GPU-fake", "total_memory_bytes": (80 << 30) - (1 << 30)}  # driver reserve: 1 GiB
-    sc = sidecar.start_sidecar(w.path, gpu, 1000.0)
+    sc = sidecar.start_sidecar(w.path, gpu, 1000.0, reserved_bytes=kw.get("reserved_bytes"))
     assert not isinstance(sc, str), sc
     time.sleep(seconds)
+    if "hint_later" in kw:
+        sc.hint(kw["hint_later"])
+        time.sleep(seconds)
     info = sc.stop()
     w.close()
     return info, load_trace(w.path)
@@ -224,3 +227,22 @@ def test_the_sidecar_starts_without_waiting_and_answers_on_a_thread(tmp_path, fa
     assert [a["nvml_device"] for a in answers if isinstance(a, dict)] == ["FakeNVML GPU"]
     assert any(isinstance(a, str) and "not found by NVML" in a for a in answers)
     assert bad.unavailable and len(load_trace(w.path).samples) > 0
+
+
+def test_inside_a_pid_namespace_our_process_is_found_by_its_memory(tmp_path, fake_nvml, monkeypatch):
+    # NVML lists host pids (777777 is ours there); we hold 512 MiB, PyTorch reserved 0 at start
+    info, trace = _run_sidecar(tmp_path, monkeypatch, f"4242:{12 << 30}", traced_pid=777_777, reserved_bytes=0)
+    assert info["others_method"] == "per-process" and info["memory_matched_pid"] == 777_777
+    assert set(trace.others["others_bytes"].tolist()) == {12 << 30}
+
+
+def test_a_later_reserved_hint_finds_our_process(tmp_path, fake_nvml, monkeypatch):
+    info, trace = _run_sidecar(tmp_path, monkeypatch, f"4242:{12 << 30}", traced_pid=777_777, hint_later=0)
+    assert info["memory_matched_pid"] == 777_777
+    assert info["others_methods"]["not-found"] > 0 and info["others_methods"]["per-process"] > 0
+    assert set(trace.others["others_bytes"].tolist()) == {12 << 30}
+
+
+def test_two_processes_that_could_be_ours_are_not_guessed(tmp_path, fake_nvml, monkeypatch):
+    info, trace = _run_sidecar(tmp_path, monkeypatch, f"4242:{3 << 30}", traced_pid=777_777, reserved_bytes=0)
+    assert info["others_method"] == "not-found" and info["memory_matched_pid"] is None and len(trace.others) == 0

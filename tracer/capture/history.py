@@ -189,6 +189,16 @@ class AllocatorHistory:
         stats = torch.cuda.memory_stats(self.device)
         return {k: int(stats.get(k, 0)) for k in _COUNTERS}
 
+    def reserved_bytes(self) -> int | None:
+        """PyTorch's reserved bytes on the device now (None when it cannot be read)."""
+        try:
+            raw = getattr(self.torch._C, "_cuda_memoryStats", None)
+            if raw is not None:
+                return int(raw(self.device)["reserved_bytes"]["all"]["current"])
+            return int(self.torch.cuda.memory_reserved(self.device))
+        except Exception:  # noqa: BLE001 - a hint only
+            return None
+
     def _pending(self) -> int:
         """Estimated entries recorded since the last drain (alloc 1, free 2, segment 1)."""
         now = self._stats()

@@ -179,7 +179,13 @@ class Session:
         oom.attach()
         if self._sample_hz > 0:  # not waited for: the child answers on a thread
             started = sidecar.start_sidecar(
-                self.path, gpu, self._sample_hz, wait=False, on_ready=self._sidecar_ready, on_unavailable=self._no_nvml
+                self.path,
+                gpu,
+                self._sample_hz,
+                wait=False,
+                on_ready=self._sidecar_ready,
+                on_unavailable=self._no_nvml,
+                reserved_bytes=self.history.reserved_bytes(),
             )
             if isinstance(started, str):
                 self._no_nvml(started)
@@ -278,6 +284,7 @@ class Session:
             return -1
         if self.history is not None:  # drain first, so its cost never lands inside the phase
             self.history.boundary(top_level=not self._open)
+            self._hint_sidecar()
         with self._lock:
             parent = self._open[-1] if self._open else None
             ph = Phase(name=name, start_us=now_us(), end_us=None, parent=parent, source=source)
@@ -309,6 +316,14 @@ class Session:
             top_level = not self._open
         if self.history is not None:
             self.history.boundary(top_level=top_level)
+            self._hint_sidecar()
+
+    def _hint_sidecar(self) -> None:
+        """Tell the sidecar PyTorch's reserved bytes (how it finds us by memory inside a container)."""
+        if self.sidecar is not None:
+            reserved = self.history.reserved_bytes()
+            if reserved is not None:
+                self.sidecar.hint(reserved)
 
     # -- writing -------------------------------------------------------------------------------
     def flush_documents(self) -> None:

@@ -44,6 +44,10 @@ HEARTBEAT_US = 50_000
 FLUSH_EVERY_S = 0.2
 #: How often the per-process list is read (for the other processes' memory).
 PROCESSES_EVERY_S = 0.01
+#: Finding the traced process by memory when its pid is not NVML's: its NVML figure lies within
+#: [reserved - MATCH_BELOW, reserved + MATCH_ABOVE] (a CUDA context, cuBLAS, NCCL on top of PyTorch's).
+MATCH_BELOW = 1 << 30
+MATCH_ABOVE = 8 << 30
 READY_TIMEOUT_S = 20.0
 
 
@@ -71,6 +75,15 @@ class Sidecar:
         proc.wait()
         self.unavailable = line.removeprefix("unavailable ") or f"the sidecar did not answer within {timeout:.0f} s"
         return self.unavailable
+
+    def hint(self, reserved_bytes: int) -> None:
+        """Tell the sidecar the traced process's PyTorch reserved bytes (see ``_Others``)."""
+        try:
+            if self.proc.poll() is None:
+                self.proc.stdin.write(f"reserved {int(reserved_bytes)}\n".encode())
+                self.proc.stdin.flush()
+        except (OSError, ValueError):
+            pass
 
     def stop(self, timeout: float = 10.0) -> dict[str, Any]:
         """Ask the sidecar to flush and exit; returns its info and statistics."""
@@ -114,9 +127,12 @@ def start_sidecar(
     wait: bool = True,
     on_ready: Callable[[dict[str, Any]], None] | None = None,
     on_unavailable: Callable[[str], None] | None = None,
+    reserved_bytes: int | None = None,
 ) -> Sidecar | str:
     """Start the sampler for the device described by ``gpu`` (env.gpu_facts); a reason string if not.
 
+    ``reserved_bytes`` (PyTorch's reserved bytes now; later ones through :meth:`Sidecar.hint`) lets
+    the sidecar find the traced process by memory where NVML's pids are not ours (a container).
     ``wait=False`` returns at once (starting Python and NVML takes the child 0.1-1 s, which the
     traced program need not wait for): a thread reads the answer and calls ``on_ready(info)`` or
     ``on_unavailable(reason)``.
@@ -129,6 +145,8 @@ def start_sidecar(
         cmd += ["--pci", gpu["pci_bus_id"]]
     if gpu.get("total_memory_bytes"):
         cmd += ["--cuda-total", str(int(gpu["total_memory_bytes"]))]
+    if reserved_bytes is not None:
+        cmd += ["--reserved", str(int(reserved_bytes))]
     try:
         proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=_child_env(), close_fds=True)
     except OSError as exc:
@@ -268,11 +286,18 @@ class _Others:
     sidecar starts). Then others = the sum of every other process's used memory ("per-process"), or
     device used - driver reserve - ours when another process's figure is not available
     ("used-minus-ours"). When the traced process is not found (NVML lists host pids inside a
-    container's PID namespace, and there are several processes), nothing is recorded ("not-found").
+    container's PID namespace, and there are several processes), it is looked for by memory: the
+    traced process sends its PyTorch reserved bytes (at start, then ``reserved N`` lines at phase
+    boundaries), and the one process whose NVML figure lies within [reserved - MATCH_BELOW,
+    reserved + MATCH_ABOVE] (PyTorch's segments plus a CUDA context and libraries) is taken as
+    ours, by its pid from then on ("memory-matched" in the statistics). Until then, or when several
+    processes match, nothing is recorded ("not-found").
     """
 
-    def __init__(self, pynvml: Any, handle: Any, parent: int, reserve: int):
+    def __init__(self, pynvml: Any, handle: Any, parent: int, reserve: int, hint: int | None = None):
         self.pynvml, self.handle, self.reserve = pynvml, handle, reserve
+        self.hint = hint  # the traced process's latest PyTorch reserved bytes (set by the stdin thread)
+        self.memory_matched: int | None = None
         self.query = getattr(pynvml, "nvmlDeviceGetComputeRunningProcesses", None)  # absent in very old pynvml
         self.ours = _own_pids(parent)
         self.counts: dict[str, int] = {}
@@ -295,6 +320,8 @@ class _Others:
         mine = [p for p in procs if int(p.pid) in self.ours]
         if not mine and len(procs) == 1:
             mine = list(procs)
+        if not mine:
+            mine = self._match_by_memory(procs)
         rest = [p for p in procs if p not in mine]
         if not mine:
             return self._count("not-found", None)
@@ -304,6 +331,17 @@ class _Others:
         if all(v is not None for v in own):
             return self._count("used-minus-ours", max(used - self.reserve - sum(own), 0))
         return self._count("not-available", None)
+
+    def _match_by_memory(self, procs: list) -> list:
+        hint = self.hint
+        if hint is None:
+            return []
+        near = [p for p in procs if _used(p) is not None and hint - MATCH_BELOW <= _used(p) <= hint + MATCH_ABOVE]
+        if len(near) != 1:
+            return []
+        self.memory_matched = int(near[0].pid)
+        self.ours.add(self.memory_matched)
+        return near
 
     def _count(self, method: str, value: int | None) -> int | None:
         self.counts[method] = self.counts.get(method, 0) + 1
@@ -321,6 +359,7 @@ class _Others:
             "others_methods": dict(self.counts),
             "others_errors": self.failed,
             "traced_pids": sorted(self.ours),
+            "memory_matched_pid": self.memory_matched,
             "nvml_pids": sorted(self.listed),
             "max_processes": self.max_processes,
         }
@@ -405,6 +444,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--uuid")
     parser.add_argument("--pci")
     parser.add_argument("--cuda-total", type=int, default=0, help="CUDA's total bytes (NVML's total - driver reserve)")
+    parser.add_argument("--reserved", type=int, help="the traced process's PyTorch reserved bytes at start")
     args = parser.parse_args(argv)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C goes to the traced program; it stops us
     stop = threading.Event()
@@ -441,10 +481,16 @@ def main(argv: list[str] | None = None) -> int:
         say(f"unavailable the traced GPU was not found by NVML ({exc})")
         return 0
 
+    reserve = max(info["total_bytes"] - args.cuda_total, 0) if args.cuda_total else 0
+    others = _Others(pynvml, handle, args.parent, reserve, args.reserved)
+
     def watch_stdin() -> None:
         for line in sys.stdin:
-            if line.strip() == "stop":
+            word, _, value = line.strip().partition(" ")
+            if word == "stop":
                 break
+            if word == "reserved" and value.isdigit():
+                others.hint = int(value)
         stop.set()  # "stop", or EOF: the traced process closed the pipe or died
 
     threading.Thread(target=watch_stdin, daemon=True).start()
@@ -452,8 +498,6 @@ def main(argv: list[str] | None = None) -> int:
     writer.start()
     say("ready " + json.dumps(info))
     try:
-        reserve = max(info["total_bytes"] - args.cuda_total, 0) if args.cuda_total else 0
-        others = _Others(pynvml, handle, args.parent, reserve)
         stats = _sample(pynvml, handle, writer, args, others, stop)
     finally:
         writer.close()
