@@ -1,19 +1,20 @@
 """Pack one run's analysis results into the compact form ``memtrace view``'s page reads (no HTML here).
 
 Per rank the page gets a small JSON document (figures from ``analysis.summary``, the target, the OOM,
-phases, landmarks, interned frames and stacks) and one binary blob of little-endian columns, gzip'd
+phases, landmarks, the interned icicle paths of ``view_paths``) and one binary blob of little-endian columns, gzip'd
 (the page inflates it with the browser's ``DecompressionStream``). Event columns, one entry per
 allocator event in trace order:
 
 - ``dt`` uint32: microseconds since the previous event (times made non-decreasing, as ``curves``);
 - ``act`` uint8: the action code (``model.ACTIONS``); ``cat`` int8: the category (``categories``);
 - ``size`` float64: bytes (exact: sizes stay below 2**53);
-- ``stack`` int32: the interned stack, -1 when none; ``life`` int32: for an ``alloc``, how many events
-  later its allocation ends (``live.lifetimes``' free position minus its own; past the end when never
-  freed), 0 for other actions.
+- ``stack`` int32: the interned stack, -1 when none (the events table names its innermost frame);
+- ``life`` int32: for an ``alloc``, how many events later its allocation ends (``live.lifetimes``' free
+  position minus its own; past the end when never freed), 0 for other actions;
+- ``path`` int32: for an ``alloc``, its icicle path (``view_paths``: frames, hook calls, phase), else -1.
 
 plus ``pre_*`` columns for allocations live before the first event (``live.lifetimes`` with no alloc
-position: their end position, size, stack) and the NVML ``dev_*`` columns (device used, non-PyTorch).
+position: their end position, size, path) and the NVML ``dev_*`` columns (device used, non-PyTorch).
 From these the page computes the curves and, at any event, the exact live set: an allocation at event
 ``i`` is live after event ``e`` when ``i <= e < i + life[i]``. Only packing happens here: every figure
 comes from the analysis modules.
@@ -29,17 +30,26 @@ import numpy as np
 
 from ..analysis.categories import CATEGORIES, categorize
 from ..analysis.curves import Curves, all_curves
-from ..analysis.flame import BEFORE_RECORDING, NO_STACK, frame_label
+from ..analysis.flame import frame_label
 from ..analysis.live import Lifetimes, lifetimes, meaningful_frame
 from ..analysis.oom import find_oom
 from ..analysis.phases import recording_span
 from ..analysis.summary import Summary, summarize, summary_to_dict
 from ..analysis.target import Target
 from ..model import ACTIONS, Trace
+from .view_paths import Paths, allocation_paths
 
 #: Columns of the binary blob, in order: (name, numpy dtype).
-EVENT_COLUMNS = (("dt", "<u4"), ("act", "u1"), ("cat", "i1"), ("size", "<f8"), ("stack", "<i4"), ("life", "<i4"))
-PRE_COLUMNS = (("pre_end", "<i4"), ("pre_size", "<f8"), ("pre_stack", "<i4"))
+EVENT_COLUMNS = (
+    ("dt", "<u4"),
+    ("act", "u1"),
+    ("cat", "i1"),
+    ("size", "<f8"),
+    ("stack", "<i4"),
+    ("life", "<i4"),
+    ("path", "<i4"),
+)
+PRE_COLUMNS = (("pre_end", "<i4"), ("pre_size", "<f8"), ("pre_path", "<i4"))
 DEVICE_COLUMNS = (("dev_t", "<f8"), ("dev_used", "<f8"), ("dev_nontorch", "<f8"))
 _EXACT = 1 << 53
 
@@ -65,6 +75,7 @@ class RankAnalysis:
     lt: Lifetimes
     times: np.ndarray  # event times, non-decreasing (as the curves')
     cats: np.ndarray  # category code per event
+    paths: Paths  # the flame graph's path of every allocation of ``lt``
 
 
 def analyse(trace: Trace, target: Target) -> RankAnalysis:
@@ -74,7 +85,7 @@ def analyse(trace: Trace, target: Target) -> RankAnalysis:
     lt = lifetimes(trace)
     cats = categorize(trace, lt).codes
     times = curves.allocated.time_us[1:]
-    return RankAnalysis(trace, target, curves, summary, lt, times, cats)
+    return RankAnalysis(trace, target, curves, summary, lt, times, cats, allocation_paths(trace, lt))
 
 
 def event_at(times: np.ndarray, t_us: int) -> int:
@@ -96,18 +107,11 @@ def _landmarks(a: RankAnalysis) -> list[dict[str, Any]]:
     return out
 
 
-def _stacks(trace: Trace) -> tuple[list[str], list[list[int]]]:
-    """Frame labels and stacks as frame ids root→leaf (as the flame graph labels frames)."""
-    labels = [frame_label(f) for f in trace.frames]
-    return labels, [list(reversed(s)) for s in trace.stacks]
-
-
 def rank_meta(a: RankAnalysis, t0_us: int) -> dict[str, Any]:
     """The JSON part of one rank (figures exact, in bytes and microseconds)."""
     t, s = a.trace, a.summary
     oom = find_oom(t)
     start, end = recording_span(t)
-    frames, stacks = _stacks(t)
     titles = []
     for st in range(len(t.stacks)):
         f = meaningful_frame(t.stack_frames(st))
@@ -142,10 +146,10 @@ def rank_meta(a: RankAnalysis, t0_us: int) -> dict[str, Any]:
         ],
         "phase_table": doc["phases"],
         "landmarks": _landmarks(a),
-        "frames": frames,
-        "stacks": stacks,
         "stack_titles": titles,
-        "markers": {"no_stack": NO_STACK, "before": BEFORE_RECORDING},  # the flame graph's pseudo-frames
+        "labels": a.paths.labels,
+        "paths": a.paths.paths,
+        "path_titles": a.paths.titles,
         "categories": list(CATEGORIES),
         "actions": list(ACTIONS),
     }
@@ -159,8 +163,10 @@ def _columns(a: RankAnalysis, t0_us: int) -> list[tuple[str, np.ndarray]]:
     if n and int(dt.max()) > 0xFFFFFFFF:
         raise ValueError("a gap of more than 71 minutes between two events")
     life = np.zeros(n, dtype=np.int64)
+    path = np.full(n, -1, dtype=np.int64)
     rec = lt.alloc_pos >= 0
     life[lt.alloc_pos[rec]] = lt.free_pos[rec] - lt.alloc_pos[rec]
+    path[lt.alloc_pos[rec]] = a.paths.ids[rec]
     pre = ~rec
     dev, nt = a.curves.device_used, a.curves.non_torch
     cols = {
@@ -170,9 +176,10 @@ def _columns(a: RankAnalysis, t0_us: int) -> list[tuple[str, np.ndarray]]:
         "size": ev["size"],
         "stack": ev["stack"],
         "life": life,
+        "path": path,
         "pre_end": lt.free_pos[pre],
         "pre_size": lt.size[pre],
-        "pre_stack": lt.stack[pre],
+        "pre_path": a.paths.ids[pre],
         "dev_t": dev.time_us - t0_us,
         "dev_used": dev.bytes,
         "dev_nontorch": nt.bytes,

@@ -15,9 +15,8 @@ from typing import Any
 import numpy as np
 
 from ..analysis.categories import CATEGORIES, Categorized, category_curves
-from ..analysis.flame import BEFORE_RECORDING, NO_STACK, frame_label
+from ..analysis.flame import frame_label
 from ..analysis.live import meaningful_frame
-from ..analysis.phases import phase_path
 from ..model import ACTIONS
 from .view_data import RankAnalysis
 
@@ -92,25 +91,23 @@ class RankQueries:
         return ex, ci, res
 
     def live(self, e: int, *, top: int = 200) -> dict[str, Any]:
-        """The allocations live right after event ``e``, grouped by stack (by phase without a stack)."""
+        """The allocations live right after event ``e``, grouped by icicle path (``view_paths``)."""
         a, lt = self.a, self.a.lt
         tr = a.trace
         m = np.flatnonzero((lt.alloc_pos <= e) & (lt.free_pos > e))
-        groups: dict[tuple, list] = {}
-        for i in m.tolist():
-            st = int(lt.stack[i])
-            if st >= 0:
-                key: tuple = ("s", st)
-            elif lt.alloc_pos[i] < 0:
-                key = ("pre",)
-            else:
-                key = ("p", self._phase_path(int(lt.alloc_us[i])))
-            g = groups.setdefault(key, [0, 0])
-            g[0] += int(lt.size[i])
-            g[1] += 1
-        out = []
-        for key, (nbytes, count) in sorted(groups.items(), key=lambda kv: -kv[1][0])[:top]:
-            out.append({**self._describe(key), "bytes": nbytes, "count": count})
+        ids = a.paths.ids[m]
+        nbytes = np.bincount(ids, weights=lt.size[m], minlength=len(a.paths.paths)).astype(np.int64)
+        counts = np.bincount(ids, minlength=len(a.paths.paths))
+        order = [int(p) for p in np.argsort(-nbytes, kind="stable")[:top] if counts[p]]
+        out = [
+            {
+                "path": [a.paths.labels[x] for x in a.paths.paths[p]],
+                "title": a.paths.titles[p],
+                "bytes": int(nbytes[p]),
+                "count": int(counts[p]),
+            }
+            for p in order
+        ]
         ev = tr.events
         lo, hi = max(0, e - 12), min(len(ev), e + 13)
         around = [
@@ -128,23 +125,7 @@ class RankQueries:
         total = int(lt.size[m].sum())
         return {"event": e, "t_us": t_us, "total": total, "count": len(m), "groups": out, "around": around}
 
-    def _phase_path(self, t_abs: int) -> str:
-        tr, best = self.a.trace, None
-        for i, p in enumerate(tr.phases):
-            end = p.end_us if p.end_us is not None else np.iinfo(np.int64).max
-            if p.start_us <= t_abs < end and (best is None or phase_path(tr, i).count("/") >= best[1]):
-                best = (i, phase_path(tr, i).count("/"))
-        return phase_path(tr, best[0]) if best else "(no phase)"
-
     def _title(self, st: int) -> str:
         frames = self.a.trace.stack_frames(st)
         f = meaningful_frame(frames)
         return frame_label(f) if f is not None else ""
-
-    def _describe(self, key: tuple) -> dict[str, Any]:
-        if key[0] == "pre":
-            return {"path": [BEFORE_RECORDING], "title": BEFORE_RECORDING}
-        if key[0] == "p":
-            return {"path": [NO_STACK, *key[1].split("/")], "title": f"{NO_STACK} allocated in {key[1]}"}
-        frames = self.a.trace.stack_frames(key[1])
-        return {"path": [frame_label(f) for f in reversed(frames)], "title": self._title(key[1])}

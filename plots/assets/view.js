@@ -135,38 +135,23 @@
 
   /* the live set right after event e, from the event arrays: exactly the allocations with i <= e < i + life */
   function liveLocal(R, e) {
-    const { act, size, stack, life, pre_end, pre_size, pre_stack } = R.col, L = R.L;
-    const groups = new Map(); let total = 0, count = 0;
-    const add = (key, sz, st, i) => {
-      let g = groups.get(key);
-      if (!g) groups.set(key, (g = { stack: st, bytes: 0, count: 0, at: i }));
-      g.bytes += sz; g.count++; total += sz; count++;
-    };
-    for (let j = 0; j < pre_end.length; j++) if (pre_end[j] > e) add(pre_stack[j] >= 0 ? 's' + pre_stack[j] : 'pre', pre_size[j], pre_stack[j], -1);
+    const { act, size, stack, life, path, pre_end, pre_size, pre_path } = R.col, L = R.L, m = R.meta;
+    const bytes = new Float64Array(m.paths.length), counts = new Uint32Array(m.paths.length);
+    let total = 0, count = 0;
+    for (let j = 0; j < pre_end.length; j++) if (pre_end[j] > e) { bytes[pre_path[j]] += pre_size[j]; counts[pre_path[j]]++; total += pre_size[j]; count++; }
     for (let i = 0; i <= e; i++) {
       if (act[i] !== ALLOC || i + life[i] <= e) continue;
-      const st = stack[i];
-      add(st >= 0 ? 's' + st : 'p' + phaseAt(R.meta, L.t[i]), size[i], st, i);
+      bytes[path[i]] += size[i]; counts[path[i]]++; total += size[i]; count++;
     }
-    const list = [];
-    for (const [key, g] of groups) list.push({ path: groupPath(R.meta, key, g, L), title: groupTitle(R.meta, key, g), bytes: g.bytes, count: g.count });
-    list.sort((x, y) => y.bytes - x.bytes);
+    const groups = [];
+    for (let p = 0; p < bytes.length; p++) if (counts[p]) groups.push({ path: m.paths[p].map((l) => m.labels[l]), title: m.path_titles[p], bytes: bytes[p], count: counts[p] });
+    groups.sort((x, y) => y.bytes - x.bytes);
     const around = [];
     for (let i = Math.max(0, e - 12); i < Math.min(L.t.length, e + 13); i++) {
-      around.push({ index: i, t_us: L.t[i], action: R.meta.actions[act[i]], size: size[i],
-        category: R.col.cat[i] >= 0 ? R.meta.categories[R.col.cat[i]] : '', where: stack[i] >= 0 ? R.meta.stack_titles[stack[i]] : '' });
+      around.push({ index: i, t_us: L.t[i], action: m.actions[act[i]], size: size[i],
+        category: R.col.cat[i] >= 0 ? m.categories[R.col.cat[i]] : '', where: stack[i] >= 0 ? m.stack_titles[stack[i]] : '' });
     }
-    return { event: e, t_us: e >= 0 ? L.t[e] : R.meta.t_first_us, total, count, groups: list, around };
-  }
-  function groupPath(meta, key, g) {
-    if (key === 'pre') return [meta.markers.before];
-    if (key[0] === 'p') return [meta.markers.no_stack, ...key.slice(1).split('/')];
-    return meta.stacks[g.stack].map((f) => meta.frames[f]);
-  }
-  function groupTitle(meta, key, g) {
-    if (key === 'pre') return meta.markers.before;
-    if (key[0] === 'p') return meta.markers.no_stack + ' allocated in ' + key.slice(1);
-    return meta.stack_titles[g.stack] || meta.frames[meta.stacks[g.stack][meta.stacks[g.stack].length - 1]];
+    return { event: e, t_us: e >= 0 ? L.t[e] : m.t_first_us, total, count, groups, around };
   }
 
   /* ---------- remote answers (memtrace view --serve) ---------- */

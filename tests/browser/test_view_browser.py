@@ -259,3 +259,21 @@ def test_served_page_of_a_run_too_big_for_one_page_zooms_and_clicks_through_the_
     finally:
         server.shutdown()
         server.server_close()
+
+
+def test_icicle_paths_in_the_page_are_the_flame_graphs_with_flashinfer_hook_frames(browser, tmp_path):
+    """The real FlashInfer 0.6.13 probe: hooked workspace allocations get their [hook] frame in the page too."""
+    from memtrace.analysis.flame import flame_at
+    from memtrace.cli._runs import load
+
+    run = DATA / "vllm-h200" / "flashinfer-probe"
+    out = tmp_path / "probe.html"
+    _main("view", str(run), "-o", str(out))
+    page = Page(browser, out)
+    trace = load(run).traces[0]
+    e = _report(run)["traces"][0]["peak"]["event_index"]
+    groups = page.js(f"memtraceView.live(memtraceView.ranks[0], {e}).then(l => l.groups.map(g => [g.path, g.bytes]))")
+    expected = flame_at(trace, event_index=e).stacks
+    assert {tuple(p): b for p, b in groups} == expected
+    assert any(label.startswith("[hook] ") for path in expected for label in path)
+    page.close()

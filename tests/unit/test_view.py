@@ -24,7 +24,7 @@ from memtrace.cli._runs import load
 from memtrace.plots.view_data import analyse, pack_rank, run_start
 from memtrace.plots.view_server import start
 from memtrace.plots.view_window import RankQueries
-from testdata import DATA, TESTS
+from testdata import DATA, TESTS, real_traces
 
 STARTUP = DATA / "vllm-h200" / "startup"
 
@@ -181,3 +181,16 @@ def test_the_page_carries_the_report_as_memtrace_report_prints_it(tmp_path):
     doc = json.loads(re.search(r'id="mt-doc">(.*?)</script>', out.read_text(), re.S)[1])
     assert doc["report"] == buf.getvalue()
     assert doc["ranks"][0]["target"]["bytes"] == 127_593_398_272  # ceil(0.85 x the H200's 150,109,880,320 B)
+
+
+@pytest.mark.parametrize("path", real_traces(), ids=lambda p: p.parent.name)
+def test_live_set_groups_are_the_flame_graphs_paths_at_the_peak(path):
+    """Hook frames ([hook] ...), stacks and the phase of stack-less allocations, as `memtrace flame` draws them."""
+    from memtrace.analysis.flame import flame_at
+
+    a = _analysis(path)
+    q = RankQueries(a, run_start([a]))
+    e = a.summary.peak.event_index
+    live = q.live(e, top=10_000)
+    assert {tuple(g["path"]): g["bytes"] for g in live["groups"]} == flame_at(a.trace, event_index=e).stacks
+    assert live["total"] == a.summary.peak.allocated_bytes
