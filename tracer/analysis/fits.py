@@ -265,18 +265,21 @@ def fit(
         if lm.sizing_end_us is None:
             return result(UNKNOWN, "", 0, "beyond the recording", headroom=capacity_bytes - pre_peak)
         return result(FITS, "", 0, "", headroom=capacity_bytes - pre_peak)
-    # 5. post-KV: the recorded curve moved by the change in KV bytes
-    shift = kv_new - kv_rec
+    return _post_kv(trace, rec, capacity_bytes, target, kv_new - kv_rec, end_us, pre_peak, result)
+
+
+def _post_kv(trace: Trace, rec: Recorded, capacity: int, target: int, shift: int, end_us: int, pre_peak: int, result):
+    """Step 5: the recorded curve after the KV cache, moved by ``shift`` (the change in KV bytes)."""
+    lm, need = rec.lm, rec.need
     post_raw, post_t = window_peak(need, lm.kv_end_us, end_us)
     post_bytes, post_phase = post_raw + shift, path_at(trace, post_t)
-    t = _first_crossing(trace, need, lm.kv_start_us or lm.kv_end_us, end_us, capacity_bytes, shift)
+    t = _first_crossing(trace, need, lm.kv_start_us or lm.kv_end_us, end_us, capacity, shift)
     if t is not None:
-        over = post_bytes - capacity_bytes
+        over = post_bytes - capacity
         return result(OOM, path_at(trace, t) or "after the KV cache", over, "post-KV", post_bytes, post_phase)
-    if oom is not None:
-        return _at_oom(rec, capacity_bytes, target, shift, result, post_bytes, post_phase)
-    highest = max(pre_peak, post_bytes)
-    return result(FITS, "", 0, "", post_bytes, post_phase, capacity_bytes - highest)
+    if rec.oom is not None:
+        return _at_oom(rec, capacity, target, shift, result, post_bytes, post_phase)
+    return result(FITS, "", 0, "", post_bytes, post_phase, capacity - max(pre_peak, post_bytes))
 
 
 def _at_oom(rec: Recorded, capacity: int, target: int, shift: int, result, post=None, post_phase="") -> Fit:
@@ -312,10 +315,15 @@ def _init_device_end(trace: Trace) -> int | None:
 
 
 def fits(
-    trace: Trace, capacities: list[int], util: float | None = None, *, non_torch_bytes: int | None = None
+    trace: Trace,
+    capacities: list[int],
+    util: float | None = None,
+    *,
+    non_torch_bytes: int | None = None,
+    rec: Recorded | None = None,
 ) -> list[Fit]:
-    """:func:`fit` for several capacities, sharing the work."""
-    rec = recorded(trace, non_torch_bytes)
+    """:func:`fit` for several capacities, sharing the work (``rec``: :func:`recorded`, if at hand)."""
+    rec = rec or recorded(trace, non_torch_bytes)
     return [fit(trace, c, util, rec=rec) for c in capacities]
 
 

@@ -88,7 +88,7 @@ def run(args: argparse.Namespace) -> int:
     for trace in traces:
         with task("Predicting", total=None):
             rec = recorded(trace, non_torch)
-            results = fits(trace, capacities, util, non_torch_bytes=non_torch)
+            results = fits(trace, capacities, util, rec=rec)
             smallest = smallest_fitting(trace, util, rec=rec)
         answers.append((trace, results, smallest))
     multi = len(answers) > 1
