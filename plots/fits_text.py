@@ -110,7 +110,7 @@ def _answer(r: Fit) -> list[str]:
         return [
             f"{head}: {_oom_facts(r)}.",
             f"On this card that request would fit ({_gib(r.headroom_bytes)} to spare), but what the start-up "
-            "needed after it was never recorded; record a run on a card this large to know",
+            "needed after it was never recorded; record a run with this card and utilization to know",
         ]
     if r.outcome == UNKNOWN:
         return [f"{head}: the recording ends before the KV cache was sized; record a run that gets further"]
@@ -162,7 +162,7 @@ def render_fits(results: list[Fit], run_path: str, smallest: int | None) -> str:
                 f"{kv:>10} {_gib(x.post_kv_peak_bytes):>13}  {_verdict(x)}"
             )
         lines.append(f"  pre-KV peak (every card): {_gib(r.pre_kv_peak_bytes)} in {r.pre_kv_peak_phase}")
-        lines.append(f"  non-KV: what vLLM keeps out of the KV cache, from {r.non_kv_source}")
+        lines.append(f"  non-KV: what vLLM keeps out of the KV cache ({r.non_kv_source})")
         if r.recorded_oom is not None:
             lines.append(f"  {_oom_facts(r)}")
     lines.append(_wrapped("", _assumption(r)))

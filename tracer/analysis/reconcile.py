@@ -262,9 +262,9 @@ def reconcile_kv(
 
 
 #: Where :func:`non_kv`'s figure came from, in the words outputs print.
-MEMTRACE = "memtrace (vLLM's formula on memtrace's curves)"
-VLLM_RECORDED = "vLLM's own figure (recorded)"
-PRE_KV_PEAK = "pre-KV peak (not a vLLM start-up, or its sizing was not recorded)"
+MEMTRACE = "vLLM's formula on memtrace's curves"
+VLLM_RECORDED = "vLLM's own recorded figure"
+PRE_KV_PEAK = "the peak before any KV cache (no KV sizing recorded)"
 
 
 @dataclass(frozen=True)
