@@ -9,6 +9,7 @@ records phases, facts and notes, after one log line saying why there are no allo
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import socket
@@ -30,6 +31,27 @@ STACKS = ("none", "python", "all")
 SAMPLE_HZ_ENV = "MEMTRACE_SAMPLE_HZ"
 
 _active: Session | None = None
+
+
+def _on_traced_thread(method):
+    """Add the time a Session method takes on the thread that started the session to what capture
+    cost the traced program (``facts["capture"]["traced_thread_s"]``); nested calls count once."""
+
+    @functools.wraps(method)
+    def timed(self, *args, **kwargs):
+        if threading.get_ident() != self._owner or self._depth:
+            return method(self, *args, **kwargs)
+        self._depth += 1
+        t0 = time.perf_counter()
+        try:
+            return method(self, *args, **kwargs)
+        finally:
+            self._spent_s += time.perf_counter() - t0
+            self._depth -= 1
+
+    return timed
+
+
 _active_lock = threading.RLock()
 
 
@@ -114,6 +136,9 @@ class Session:
         handle_signals: bool = True,
     ):
         self.pid = os.getpid()
+        self._owner = threading.get_ident()  # the traced thread (the one that started recording)
+        self._depth = 0
+        self._spent_s = 0.0
         self.path = Path(path)
         self._lock = threading.RLock()
         self.writer = TraceWriter(self.path)
@@ -142,6 +167,7 @@ class Session:
         self.writer.set_recording(self.recording)
 
     # -- sources -------------------------------------------------------------------------------
+    @_on_traced_thread
     def start_sources(self) -> None:
         """Start the allocator history, sidecar, OOM observer and handlers. Never raises for a missing GPU."""
         from . import env, history, signals
@@ -240,6 +266,7 @@ class Session:
                 self.writer.append_events(events)
 
     # -- facts, notes, hook calls --------------------------------------------------------------
+    @_on_traced_thread
     def set_fact(self, key: str, value: Any) -> None:
         """Store a JSON-compatible fact (written to the file at once)."""
         with self._lock:
@@ -247,12 +274,14 @@ class Session:
             if not self._file_closed:
                 self.writer.set_facts(self.facts)
 
+    @_on_traced_thread
     def add_note(self, level: str, text: str) -> None:
         """Store a note a reader must see ("info", "warning", "error")."""
         with self._lock:
             if not self._file_closed:
                 self.writer.add_note(Note(now_us(), level, text))
 
+    @_on_traced_thread
     def record_hook_call(self, call: HookCall) -> int:
         """Store one call of a hooked function; returns its index (the ``parent`` of nested calls)."""
         with self._lock:
@@ -266,6 +295,7 @@ class Session:
         with self._lock:
             return "/".join(self._phases[i].name for i in self._open)
 
+    @_on_traced_thread
     def add_phase(self, name: str, start_us: int, end_us: int, source: str = "user") -> int:
         """Record a phase that already ended (e.g. vLLM's ``init_device``: recording starts when it
         returns). It nests under the phase open now, if any. Returns its index, -1 once closed."""
@@ -278,6 +308,7 @@ class Session:
             self._phases.append(ph)
         return index
 
+    @_on_traced_thread
     def phase_enter(self, name: str, source: str = "user") -> int:
         """Open a phase now; returns the token for :meth:`phase_exit`."""
         if self.closed:
@@ -295,6 +326,7 @@ class Session:
             self._ranges[index] = self.history.enter_range(f"memtrace:{name}")
         return index
 
+    @_on_traced_thread
     def phase_exit(self, index: int) -> None:
         """Close the phase ``index`` (and any phase still open inside it)."""
         if index < 0 or self.closed:
@@ -333,6 +365,7 @@ class Session:
             if self.history is not None:
                 self.history.update_recording(self.recording)
                 self.facts["capture"] = self.history.capture_fact(self._phases)
+                self.facts["capture"]["traced_thread_s"] = round(self._spent_s, 4)
             self.writer.set_process(self.process)
             self.writer.set_recording(self.recording)
             self.writer.set_facts(self.facts)
@@ -359,6 +392,7 @@ class Session:
             log.warning("memtrace: could not save the allocator state: %s", exc)
             self.add_note("error", f"allocator state not saved: {exc!r}")
 
+    @_on_traced_thread
     def flush(self, *, segments: bool = True) -> None:
         """Drain the allocator history and commit everything now (the file is complete on disk)."""
         if self.closed:
@@ -390,6 +424,7 @@ class Session:
             self.recording.end_reason = "oom"
         self.flush()  # waits for the background writer: the trace is complete before torch raises
 
+    @_on_traced_thread
     def close(self, reason: str = "stop") -> Path:
         """Drain, save segments, stop the sidecar and close the file. Idempotent.
 
