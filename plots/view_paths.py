@@ -10,6 +10,7 @@ class; allocations made while a hook ran are asked one by one (they are few: wor
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 import numpy as np
@@ -17,7 +18,8 @@ import numpy as np
 from ..analysis.categories import innermost_phase_indices
 from ..analysis.flame import frame_label, stack_paths
 from ..analysis.live import Lifetimes, LiveAllocation, meaningful_frame
-from ..model import Trace
+from ..analysis.phases import recording_span
+from ..model import Trace, empty_events, empty_samples
 
 
 @dataclass(frozen=True)
@@ -30,9 +32,17 @@ class Paths:
     titles: list[str]  # what the top-holders table calls each path
 
 
+def _without_events(trace: Trace) -> Trace:
+    """``trace`` without its event and sample arrays but with the same recording span: ``stack_paths``
+    reads phases, hook calls and stacks, and would otherwise scan every event once per call."""
+    start, end = recording_span(trace)
+    rec = dataclasses.replace(trace.recording, start_us=start, end_us=end)
+    return dataclasses.replace(trace, events=empty_events(), samples=empty_samples(), recording=rec)
+
+
 class _Interner:
     def __init__(self, trace: Trace) -> None:
-        self.trace = trace
+        self.trace = _without_events(trace)
         self.labels: list[str] = []
         self.label_ids: dict[str, int] = {}
         self.paths: list[list[int]] = []

@@ -74,8 +74,10 @@
         const x = X(us); if (x < left || x > left + w) return null;
         ctx.strokeStyle = color; ctx.lineWidth = 1.5 * dpr; ctx.setLineDash(dash || []);
         ctx.beginPath(); ctx.moveTo(x, top); ctx.lineTo(x, top + h); ctx.stroke(); ctx.setLineDash([]);
-        ctx.fillStyle = color; const tw = ctx.measureText(label).width;
-        ctx.fillText(label, x + 3 * dpr + tw > left + w ? x - 3 * dpr - tw : x + 3 * dpr, top + h - (16 + 14 * (row || 0)) * dpr);
+        const tw = ctx.measureText(label).width, tx = x + 3 * dpr + tw > left + w ? x - 3 * dpr - tw : x + 3 * dpr;
+        const ty = top + h - (16 + 14 * (row || 0)) * dpr;
+        ctx.fillStyle = 'rgba(255,255,255,.8)'; ctx.fillRect(tx - 2 * dpr, ty - 1 * dpr, tw + 4 * dpr, 13 * dpr);
+        ctx.fillStyle = color; ctx.fillText(label, tx, ty);
         return Math.round(x / dpr);
       };
       const c = m.crossings.length ? m.crossings.reduce((a, b) => (b.time_us < a.time_us ? b : a)) : null;
