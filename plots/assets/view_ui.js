@@ -64,8 +64,10 @@
         const y = Yp(bytes); if (y < top || y > top + h) return null;
         ctx.strokeStyle = color; ctx.lineWidth = 1.5 * dpr; ctx.setLineDash(dash || []);
         ctx.beginPath(); ctx.moveTo(left, y); ctx.lineTo(left + w, y); ctx.stroke(); ctx.setLineDash([]);
-        ctx.fillStyle = color; ctx.textBaseline = 'bottom'; ctx.textAlign = 'right';
-        ctx.fillText(label, left + w - 4 * dpr, y - 2 * dpr); ctx.textBaseline = 'top'; ctx.textAlign = 'left';
+        const tw = ctx.measureText(label).width, tx = left + w - 4 * dpr - tw;
+        const ty = y - top < 50 * dpr ? y + 2 * dpr : y - 14 * dpr; /* below the line near the phase bands */
+        ctx.fillStyle = 'rgba(255,255,255,.8)'; ctx.fillRect(tx - 2 * dpr, ty - 1 * dpr, tw + 4 * dpr, 13 * dpr);
+        ctx.fillStyle = color; ctx.fillText(label, tx, ty);
         return Math.round(y / dpr);
       };
       if (m.target.bytes) drawn.target = hline(m.target.bytes, '#d62728', `target ${gib(m.target.bytes)} (${m.target.source})`, [6 * dpr, 4 * dpr]);
