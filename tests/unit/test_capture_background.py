@@ -14,11 +14,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 from capture_fakes import session_with
+from memtrace import facts as F
 from memtrace.capture import history as H
 from memtrace.capture import session as S
 from memtrace.exporters.memory_viz import snapshot_dict
 from memtrace.model import FACT_OOM
-from memtrace.store import load_trace
+from memtrace.store import load_trace, read_fact
 
 FULL = Path(__file__).parents[1] / "data" / "h200" / "startup-full" / "vm-pid457.memtrace"
 PHASES = ("load_model", "profile_run", "kv_cache_init", "capture_model")
@@ -77,14 +78,17 @@ def test_startup_complete_returns_at_once_and_exit_waits_for_the_file(snap, tmp_
     path = tmp_path / "t.memtrace"
     s, fake = session_with(snap, path)
     fake.allocate(len(fake.all_entries))
+    s.set_fact(F.VLLM_STARTUP_COMPLETE_US, 123)  # as the plugin does, right before stopping
     t0 = time.perf_counter()
     s.close("startup-complete")
     returned_s = time.perf_counter() - t0
     assert returned_s < 0.25  # the 0.3 s conversion runs in the background
     assert s in S._finishing
+    assert read_fact(path, F.VLLM_STARTUP_COMPLETE_US) is None  # memtrace run must not read it yet
     S.wait_finishing()  # what atexit, multiprocessing's finalizers and SIGTERM call
     trace = load_trace(path)
     assert len(trace.events) == 13_922 and trace.segments and trace.recording.end_us
+    assert read_fact(path, F.VLLM_STARTUP_COMPLETE_US) == 123
     assert s not in S._finishing
 
 

@@ -18,6 +18,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from .. import facts as F
 from ..errors import MemtraceError, UsageError
 from ..model import FACT_ENV, FACT_OOM, HookCall, Note, Phase, Process, Recording
 from ..store import SUFFIX, TraceWriter
@@ -430,14 +431,20 @@ class Session:
 
         At the end of vLLM's start-up (``reason="startup-complete"``) only the final snapshot is taken
         here; converting it, saving the allocator state, stopping the sidecar and closing the file run
-        on the background writer (:meth:`wait_written`; interpreter exit and SIGTERM wait for it). Any
-        other reason returns with the file complete.
+        on the background writer (:meth:`wait_written`; interpreter exit and SIGTERM wait for it), and
+        the start-up-complete fact reaches the file last, with the finished trace. Any other reason
+        returns with the file complete.
         """
         global _active
+        deferred = self._bg is not None and reason == "startup-complete"
         with self._lock:
             if self.closed:
                 return self.path
             self.closed = True
+            if deferred and F.VLLM_STARTUP_COMPLETE_US in self.facts:
+                # a watcher (memtrace run) takes this fact for "the trace is complete": it reaches the
+                # file with the finished trace (_finish), not before
+                self.writer.set_facts({k: v for k, v in self.facts.items() if k != F.VLLM_STARTUP_COMPLETE_US})
             t = now_us()
             if reason in ("stop", "exit", "startup-complete") or reason.startswith("exception"):
                 for index in self._open:  # a graceful stop inside phases ends them now
@@ -455,7 +462,7 @@ class Session:
                 self.add_note("error", f"final allocator state not saved: {exc!r}")
         if snap is not None:
             self._later(lambda: self._save_segments(snap))
-        if self._bg is not None and reason == "startup-complete":
+        if deferred:
             _finishing.append(self)
             _wait_at_exit()
             self._bg.submit(self._finish)
