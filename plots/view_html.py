@@ -1,9 +1,10 @@
 """Write ``memtrace view``'s page: one self-contained HTML file (CSS, JavaScript and data inline).
 
-The page's code is ``assets/view.js`` and ``assets/view.css``; the charts are drawn by the vendored
-uPlot (``assets/VENDORED.md``). Data comes from ``view_data.pack_rank``: a JSON document per rank and
-its gzip'd columns in base64. Nothing is fetched from the network; a page written with
-``api=True`` (``memtrace view --serve``) asks the server it came from for zoomed windows and live sets.
+The page's code is ``assets/view.js`` (the model: decoding, curves, live sets), ``assets/view_ui.js``
+(charts, tables) and ``assets/view.css``; the charts are drawn by the vendored uPlot
+(``assets/VENDORED.md``). Data comes from ``view_data.pack_rank``: a JSON document per rank and its
+gzip'd columns in base64. Nothing is fetched from the network; a page written with ``api=True``
+(``memtrace view --serve``) asks the server it came from for zoomed windows and live sets.
 """
 
 from __future__ import annotations
