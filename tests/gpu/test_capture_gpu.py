@@ -265,3 +265,35 @@ def test_phases_land_in_the_allocator_annotations(tmp_path, torch_cuda):
     trace = load_trace(session.path)
     start = next(a["time_us"] for a in notes if a["stage"] == "START")
     assert abs(start - trace.phases[0].start_us) < 1_000
+
+
+def test_startup_complete_is_finished_in_the_background_losslessly(tmp_path, torch_cuda):
+    from memtrace.capture import session as S
+
+    torch = torch_cuda
+    before = torch.cuda.memory_stats()
+    session = memtrace.start(tmp_path, max_entries=40_000)
+    for i in range(6):
+        with memtrace.phase(f"step{i}"):
+            keep = [torch.empty(4096 * (j % 7 + 1), device="cuda") for j in range(5_000)]
+            del keep
+    t0 = time.perf_counter()
+    memtrace.stop("startup-complete")
+    returned_s = time.perf_counter() - t0
+    after = torch.cuda.memory_stats()
+    S.wait_finishing()
+    trace = load_trace(session.path)
+    allocs, frees = _alloc_counts(trace)
+    print(f"\nstop returned in {returned_s * 1e3:.1f} ms; capture {trace.facts['capture']}")
+    assert allocs == after["allocation.all.allocated"] - before["allocation.all.allocated"]
+    assert frees == after["allocation.all.freed"] - before["allocation.all.freed"]
+    assert trace.facts["capture"]["drains"]["converted_on"] == "background"
+    assert trace.recording.end_us and trace.segments and not trace.recording.truncated
+
+
+def test_another_process_memory_is_attributed_to_others():
+    """tests/gpu/check_shared_gpu.py: a child holds 16 GiB; the trace shows it as others'."""
+    script = os.path.join(os.path.dirname(__file__), "check_shared_gpu.py")
+    out = subprocess.run([sys.executable, script, "--hold-gib", "16"], capture_output=True, text=True, timeout=300)
+    print(out.stdout, out.stderr[-2000:])
+    assert out.returncode == 0 and "PASS" in out.stdout
