@@ -13,6 +13,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from memtrace import facts as F
 from memtrace.analysis.curves import all_curves
 from memtrace.analysis.flame import flame_at
 from memtrace.analysis.live import lifetimes
@@ -52,7 +53,7 @@ def test_at_7050ms_is_the_same_moment_as_7_05s(cap16):
 def test_at_oom_is_the_recorded_oom_in_the_phase_it_died_in(cap16):
     trace, curves = cap16
     m = resolve_moment(trace, curves, "oom")
-    assert m.time_us == trace.facts["oom"]["time_us"]
+    assert m.time_us == trace.facts[F.OOM]["time_us"]
     assert m.phase_path == "compile_or_warm_up/kernel_warmup"
     flame = flame_at(trace, m.time_us)
     # what torch held when the 1 GiB request failed: "14.32 GiB is allocated by PyTorch" (outcomes.json)

@@ -14,6 +14,7 @@ import shutil
 from pathlib import Path
 
 import pytest
+from memtrace import facts as F
 from memtrace.analysis.target import resolve_target
 from memtrace.cli import main
 from memtrace.plots.timeline import crossing_text, oom_text, render_timeline
@@ -49,7 +50,7 @@ def test_plot_util_is_a_share_of_the_card_the_run_stood_for(tmp_path, capsys):
 def test_the_oom_is_marked_with_its_request_and_free_memory(name, tmp_path):
     outcome = OUTCOMES[name]
     trace = _trace(H200 / name)
-    record = trace.facts["oom"]
+    record = trace.facts[F.OOM]
     drawn = render_timeline([prepare_rank(trace)], tmp_path / "t.png").ranks[0]
     assert outcome["outcome"] == "oom"
     assert drawn.oom is not None and drawn.oom.time_us == record["time_us"]

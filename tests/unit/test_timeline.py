@@ -15,6 +15,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import synthetic_startup
+from memtrace import facts as F
 from memtrace.analysis.phases import phase_stats
 from memtrace.cli import main
 from memtrace.model import Trace
@@ -247,13 +248,13 @@ def test_real_h200_crossing_is_in_the_phase_the_run_died_in_and_not_after_the_oo
     drawn = render_timeline([prepare_rank(trace)], tmp_path / "t.png")
     c = drawn.ranks[0].crossing
     assert c is not None  # every recorded start-up went over its 0.92 target at some point
-    died = trace.facts.get("died_in")
+    died = trace.facts.get(F.DIED_IN)
     if died:
         assert c.phase_path.split("/")[-1] == died.split("/")[-1]
-        assert c.time_us <= trace.facts["oom"]["time_us"]
-    capacity = trace.facts["capacity_bytes"]
+        assert c.time_us <= trace.facts[F.OOM]["time_us"]
+    capacity = trace.facts[F.CAPACITY_BYTES]
     assert drawn.ranks[0].capacity_bytes == capacity
-    assert drawn.ranks[0].target_bytes == trace.facts["target_bytes"]
+    assert drawn.ranks[0].target_bytes == trace.facts[F.TARGET_BYTES]
 
 
 def test_plot_cli_skips_processes_without_events_and_says_so(run_dir, tmp_path, capsys):
