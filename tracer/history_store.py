@@ -130,9 +130,10 @@ def connect(path: str | os.PathLike, *, create: bool) -> Iterator[sqlite3.Connec
 def add_rows(db: sqlite3.Connection, rows: list[NewRow]) -> list[int]:
     """Store one run's processes under one new batch; returns their ids."""
     now = int(time.time() * 1_000_000)
-    (batch,) = db.execute("SELECT COALESCE(MAX(batch), 0) + 1 FROM runs").fetchone()
     ids = []
-    with db:
+    with db:  # one write transaction: two CI jobs adding at once get distinct batches
+        db.execute("BEGIN IMMEDIATE")
+        (batch,) = db.execute("SELECT COALESCE(MAX(batch), 0) + 1 FROM runs").fetchone()
         for r in rows:
             cur = db.execute(
                 "INSERT INTO runs (batch, key, fingerprint, label, source, rank, recorded_us, added_us, accepted,"

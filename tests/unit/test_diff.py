@@ -331,3 +331,18 @@ def test_shared_workspaces_show_as_a_drop_per_hook_target_FAKE_calls():
     assert (total.base, total.new) == (40 * 94_974_860, 94_974_860)
     assert not d.failed
     assert diff_traces(shared, per_layer, parse_threshold("2%")).failed  # and back: +39 workspaces fail the gate
+
+
+SNAPSHOTS = TESTS / "data" / "snapshots"
+
+
+@pytest.mark.skipif(not (SNAPSHOTS / "stacks-all.pickle").exists(), reason="public snapshots not shipped")
+def test_real_public_snapshots_without_phases_are_gated_on_their_peaks(capsys):
+    # two students' runs of one assignment (tests/data/snapshots/README.md): phase-less, no NVML
+    small, big = SNAPSHOTS / "stacks-all.pickle", SNAPSHOTS / "python-stacks.pickle"
+    rc, out, _ = _run(capsys, small, big, "--fail-over", "2%")
+    assert rc == 1
+    assert "peak reserved                   3.52 GiB →   13.21 GiB      +9.69 GiB (+275.0%)  << over 2%" in out
+    assert "FAIL: 2 figure(s) grew more than 2% (exit 1)" in out
+    assert _run(capsys, big, small, "--fail-over", "2%")[0] == 0
+    assert _run(capsys, small, small, "--fail-over", "0%")[0] == 0
