@@ -346,3 +346,25 @@ def test_real_public_snapshots_without_phases_are_gated_on_their_peaks(capsys):
     assert "FAIL: 2 figure(s) grew more than 2% (exit 1)" in out
     assert _run(capsys, big, small, "--fail-over", "2%")[0] == 0
     assert _run(capsys, small, small, "--fail-over", "0%")[0] == 0
+
+
+def test_diff_peaks_are_report_peaks_on_every_real_trace():
+    from memtrace.analysis.diff import PEAK_ALLOCATED, PEAK_DEVICE, PEAK_RESERVED, figures
+    from memtrace.analysis.summary import summarize
+    from memtrace.store import load_trace
+    from testdata import real_traces
+
+    paths = real_traces()
+    assert len(paths) >= 9
+    for path in paths:
+        trace = load_trace(path)
+        f, s = figures(trace), summarize(trace)
+        assert (f.headline[PEAK_RESERVED], f.where[PEAK_RESERVED]) == (s.peak.reserved_bytes, s.peak.phase_path)
+        assert (f.headline[PEAK_ALLOCATED], f.where[PEAK_ALLOCATED]) == (
+            s.peak_allocated.bytes,
+            s.peak_allocated.phase_path,
+        )
+        if s.peak_device_used is not None:
+            assert f.headline[PEAK_DEVICE] == s.peak_device_used.bytes, path
+        else:
+            assert PEAK_DEVICE not in f.headline
