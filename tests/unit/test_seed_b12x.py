@@ -70,3 +70,119 @@ def test_dynamic_tiles_follow_0613_geometry(rows):
     b = seed.dynamic_0613_bytes(state_E=4, routed_rows=rows, k=256, n=256)
     tiles = -(-rows // 128) + min(4, rows) - 1
     assert b == tiles * 128 * (128 + 16 + 8) + 4 * (4 + 2 + 4 + 5 + 5 + 6 * tiles * 2 + tiles)
+
+
+# -- the GPU script's control flow, over FAKE FlashInfer modules (this machine has no GPU) --------------------
+
+
+class _FakeWrapper:
+    """FAKE B12xMoEWrapper: records its arguments; ``refuse`` makes it raise as on an unsupported GPU."""
+
+    made: list = []
+    refuse = False
+
+    def __init__(self, num_experts, top_k, hidden_size, intermediate_size, **kw):
+        if _FakeWrapper.refuse:
+            raise RuntimeError("b12x needs SM120")
+        self.kw = {"num_experts": num_experts, "top_k": top_k, "hidden_size": hidden_size,
+                   "intermediate_size": intermediate_size, **kw}  # fmt: skip
+        self._static_workspace = kw.get("shared_static_workspace") or object()
+        self._dynamic_workspace = kw.get("shared_dynamic_workspace") or object()
+        self._moe_output = kw.get("shared_output") or object()
+        _FakeWrapper.made.append(self)
+
+
+def _fake_flashinfer(monkeypatch, cutover_signature):
+    import types
+
+    calls: list = []
+    b12x = types.ModuleType("flashinfer.fused_moe.cute_dsl.b12x_moe")
+    b12x.B12xMoEWrapper = _FakeWrapper
+    dispatch = types.ModuleType("flashinfer.fused_moe.cute_dsl.blackwell_sm12x.moe_dispatch")
+
+    def allocate_sm120_moe_workspace(*, state_E, weight_E, k, n, num_topk, device, max_rows=None, routed_rows=None,
+                                     quant_mode=None, activation_precision=None, backend=None, activation="silu"):  # fmt: skip
+        calls.append({"backend": backend, "max_rows": max_rows, "routed_rows": routed_rows, "device": device})
+        return object()
+
+    dispatch.allocate_sm120_moe_workspace = allocate_sm120_moe_workspace
+    dispatch._get_static_compact_cutover_pairs = cutover_signature
+    cute = types.ModuleType("flashinfer.fused_moe.cute_dsl")
+    cute.b12x_moe = b12x
+    sm12x = types.ModuleType("flashinfer.fused_moe.cute_dsl.blackwell_sm12x")
+    sm12x.moe_dispatch = dispatch
+    for name, mod in {"flashinfer": types.ModuleType("flashinfer"), "flashinfer.fused_moe": types.ModuleType("x"),
+                      "flashinfer.fused_moe.cute_dsl": cute, "flashinfer.fused_moe.cute_dsl.b12x_moe": b12x,
+                      "flashinfer.fused_moe.cute_dsl.blackwell_sm12x": sm12x,
+                      "flashinfer.fused_moe.cute_dsl.blackwell_sm12x.moe_dispatch": dispatch}.items():  # fmt: skip
+        monkeypatch.setitem(sys.modules, name, mod)
+    return calls
+
+
+class _FakeTorch:
+    """FAKE torch: cuda devices and empty tensors as plain records."""
+
+    bfloat16 = "bfloat16"
+    empties: list = []
+
+    @staticmethod
+    def device(name):
+        return name
+
+    @staticmethod
+    def empty(shape, dtype, device):
+        _FakeTorch.empties.append((shape, dtype, device))
+        return object()
+
+
+def _args(**kw):
+    import argparse
+
+    base = {"layers": 40, "max_num_batched_tokens": 8192, "shared": False, "mode": "auto"}
+    return argparse.Namespace(**{**base, **kw})
+
+
+def test_one_wrapper_per_layer_with_vllms_arguments_FAKE_flashinfer(monkeypatch):
+    import memtrace
+
+    _FakeWrapper.made, _FakeWrapper.refuse = [], False
+    _fake_flashinfer(monkeypatch, lambda activation_precision="fp4": 640)
+    how, keep = seed._build_layers(_args(), MODEL, _FakeTorch, memtrace)
+    assert how == "B12xMoEWrapper" and len(keep) == 40
+    assert all(w.kw == seed.wrapper_kwargs(MODEL, 8192) for w in keep)  # nothing shared: 40 sets of workspaces
+
+
+def test_shared_mode_hands_the_first_layers_workspaces_to_the_others_FAKE_flashinfer(monkeypatch):
+    import memtrace
+
+    _FakeWrapper.made, _FakeWrapper.refuse = [], False
+    _fake_flashinfer(monkeypatch, lambda activation_precision="fp4": 640)
+    _, keep = seed._build_layers(_args(shared=True), MODEL, _FakeTorch, memtrace)
+    first = keep[0]
+    assert "shared_static_workspace" not in first.kw
+    assert all(w._static_workspace is first._static_workspace and w._moe_output is first._moe_output for w in keep)
+
+
+def test_a_refusing_wrapper_falls_back_to_the_allocators_with_its_arguments_FAKE_flashinfer(monkeypatch, capsys):
+    import memtrace
+
+    _FakeWrapper.made, _FakeWrapper.refuse, _FakeTorch.empties = [], True, []
+
+    def cutover_07(activation_precision="fp4", quant_mode=None, num_experts=None, intermediate_size=None, *,
+                   hidden_size=None, activation=None, num_topk=None, capacity_tokens=None, sm_count=None):  # fmt: skip
+        assert (quant_mode, num_experts, hidden_size, num_topk, capacity_tokens) == ("nvfp4", 256, 2048, 8, 8192)
+        return 1024
+
+    calls = _fake_flashinfer(monkeypatch, cutover_07)
+    how, keep = seed._build_layers(_args(), MODEL, _FakeTorch, memtrace)
+    assert how == "allocate_sm120_moe_workspace"
+    assert (
+        "B12xMoEWrapper refused (RuntimeError: b12x needs SM120); calling the allocators instead"
+        in capsys.readouterr().out
+    )
+    assert len(calls) == 80 and len(_FakeTorch.empties) == 40  # static + dynamic + output per layer
+    assert calls[:2] == [
+        {"backend": "static", "max_rows": 1024, "routed_rows": None, "device": "cuda"},
+        {"backend": "dynamic", "max_rows": None, "routed_rows": 65536, "device": "cuda"},
+    ]
+    assert _FakeTorch.empties[0] == ((8192, 2048), "bfloat16", "cuda")
