@@ -22,7 +22,6 @@ import io
 import os
 import pickle
 import resource
-import subprocess
 import sys
 import tempfile
 import time
@@ -194,16 +193,18 @@ def snapshot_pickle_bytes(trace: Trace) -> int:
 
 
 def child_report_rss(path: Path) -> tuple[float, int]:
-    """Wall seconds and peak RSS (bytes) of `memtrace report PATH` in a fresh process."""
-    code = (
-        "import io,contextlib,resource,sys,time;t=time.perf_counter();from memtrace.cli import main\n"
-        "with contextlib.redirect_stdout(io.StringIO()): rc=main(['report', sys.argv[1]])\n"
-        "print(time.perf_counter()-t, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss*1024, rc)"
-    )
-    out = subprocess.run([sys.executable, "-c", code, str(path)], capture_output=True, text=True, check=True).stdout
-    secs, rss, rc = out.split()
-    assert rc == "0", out
-    return float(secs), int(rss)
+    """Wall seconds and peak RSS (bytes) of `memtrace report PATH` in a fresh process, the child's alone.
+
+    Measured by ``/usr/bin/time`` (a small process forks the command): a child's ``ru_maxrss`` on Linux
+    starts from its forking parent's RSS, so ``getrusage(RUSAGE_SELF)`` inside a child of this big
+    process reported this process's memory (the README's old "270 MiB" for `report`).
+    """
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from bench_scale import measure
+
+    secs, rss, rc, err = measure([sys.executable, "-m", "memtrace", "report", str(path)], path.parent, 600)
+    assert rc == 0, err
+    return secs, rss
 
 
 def main() -> int:

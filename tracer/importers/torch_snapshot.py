@@ -73,45 +73,45 @@ def _frames_of(raw: Iterable[dict[str, Any]] | None) -> tuple[tuple[str, int, st
     return tuple((str(f.get("filename", "")), _line(f.get("line")), str(f.get("name", ""))) for f in raw)
 
 
-class _StackCache:
-    """Stack ids of ``frames`` lists, cached three ways (valid while the entries are alive).
+def _stack_column(frames_of_entries: Iterable[Any], intern_stack: StackInterner) -> np.ndarray:
+    """Stack ids of the entries' ``frames`` lists (-1 for none), interning each distinct stack once.
 
     torch gives each trace entry a frames list of its own (an alloc shares it with its frees at
-    most) while the frame dicts inside are shared across the whole snapshot. So the list's id hits
-    about a third of the time; the tuple of its frame dicts' ids hits for every repeated traceback;
-    only a new combination of frames is converted (each frame dict once) and interned by content.
+    most) while the frame dicts inside are shared across the whole snapshot. So a list is looked up
+    by (its innermost frame dict's id, its depth, its outermost frame dict's id) and confirmed by
+    comparing it with the list seen first (identical frame dicts compare at C speed); only a new
+    stack is converted and interned. The ids are valid while the entries are alive (this call).
+    Measured on a 1M-entry snapshot: 0.65 s of CPU, against 2.3 s keyed on the tuple of every frame
+    dict's id; keyed on each list's id, the cache misses two times in three.
     """
-
-    def __init__(self, intern_stack: StackInterner) -> None:
-        self.intern_stack = intern_stack
-        self.by_list: dict[int, int] = {}
-        self.by_ids: dict[tuple[int, ...], int] = {}
-        self.by_content: dict[tuple, int] = {}
-        self.frame_of: dict[int, tuple[str, int, str]] = {}
-
-    def __call__(self, frames: Any) -> int:
+    by_ends: dict[tuple[int, int, int], list[tuple[Any, int]]] = {}
+    by_content: dict[tuple, int] = {}
+    get = by_ends.get
+    sids: list[int] = []
+    append = sids.append
+    last, last_sid = None, -1  # a free_completed follows its free_requested with the same list
+    for frames in frames_of_entries:
+        if frames is last:
+            append(last_sid)
+            continue
         if not frames:
-            return -1
-        sid = self.by_list.get(id(frames))
-        if sid is not None:
-            return sid
-        ids = tuple(map(id, frames))
-        sid = self.by_ids.get(ids)
-        if sid is None:
-            frame_of = self.frame_of
-            key = []
-            for f in frames:
-                t = frame_of.get(id(f))
-                if t is None:
-                    t = frame_of[id(f)] = (str(f.get("filename", "")), _line(f.get("line")), str(f.get("name", "")))
-                key.append(t)
-            content = tuple(key)
-            sid = self.by_content.get(content)
+            append(-1)
+            continue
+        key = (id(frames[0]), len(frames), id(frames[-1]))
+        seen = get(key)
+        if seen is not None and seen[0][0] == frames:
+            sid = seen[0][1]
+        else:
+            sid = next((s for ref, s in seen if ref == frames), None) if seen is not None else None
             if sid is None:
-                sid = self.by_content[content] = self.intern_stack(content)
-            self.by_ids[ids] = sid
-        self.by_list[id(frames)] = sid
-        return sid
+                content = _frames_of(frames)
+                sid = by_content.get(content)
+                if sid is None:
+                    sid = by_content[content] = intern_stack(content)
+                by_ends.setdefault(key, []).append((frames, sid))
+        append(sid)
+        last, last_sid = frames, sid
+    return np.array(sids, dtype=np.int32)
 
 
 def _int_column(kept: Sequence[dict[str, Any]], name: str, n: int) -> np.ndarray | None:
@@ -135,7 +135,7 @@ def entries_to_events(entries: Sequence[dict[str, Any]], intern_stack: StackInte
     Unknown actions (from a newer PyTorch) are skipped. For ``oom`` entries the device's free bytes
     (PyTorch's ``device_free``) are stored in ``addr``. Entries without ``time_us`` get 0 (see
     :func:`has_clock`). Built for ten million entries: each column is gathered in one C-level pass
-    and stacks go through :class:`_StackCache`.
+    and stacks go through :func:`_stack_column`.
     """
     codes = ACTION_CODE
     actions = list(map(operator.itemgetter("action"), entries)) if entries else []
@@ -162,8 +162,11 @@ def entries_to_events(entries: Sequence[dict[str, Any]], intern_stack: StackInte
             events["addr"][i] = int(e.get("device_free", e.get("addr", 0)) or 0)
     else:
         events["addr"] = _int_column(kept, "addr", n)
-    get_frames = operator.methodcaller("get", "frames")
-    events["stack"] = np.fromiter(map(_StackCache(intern_stack), map(get_frames, kept)), dtype=np.int32, count=n)
+    try:  # every entry has "frames" unless the history was recorded without stacks
+        frames = list(map(operator.itemgetter("frames"), kept))
+    except KeyError:
+        frames = list(map(operator.methodcaller("get", "frames"), kept))
+    events["stack"] = _stack_column(frames, intern_stack)
     return events
 
 
@@ -172,6 +175,7 @@ def segments_from_snapshot(
 ) -> list[Segment]:
     """The allocator state of a snapshot (``snapshot["segments"]``), for one device if given."""
     out = []
+    raw_frames: list[Any] = []  # each block's frames list, converted together below
     for s in raw_segments:
         if device is not None and s.get("device", device) != device:
             continue
@@ -187,18 +191,21 @@ def segments_from_snapshot(
         cursor = addr
         for b in s.get("blocks", []):
             size = int(b.get("size", 0))
-            frames = _frames_of(b.get("frames"))
+            raw_frames.append(b.get("frames"))
             seg.blocks.append(
                 Block(
                     address=int(b.get("address", cursor)),
                     size_bytes=size,
                     requested_bytes=int(b.get("requested_size", size) or 0),
                     state=str(b.get("state", "inactive")),
-                    stack=intern_stack(frames) if frames else -1,
                 )
             )
             cursor += size
         out.append(seg)
+    stacks = iter(_stack_column(raw_frames, intern_stack).tolist())
+    for seg in out:
+        for block in seg.blocks:
+            block.stack = next(stacks)
     return out
 
 
