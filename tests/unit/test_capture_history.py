@@ -147,3 +147,20 @@ def test_a_frame_line_outside_int64_is_stored_as_minus_one_and_the_trace_still_l
         writer.append_events(entries_to_events(entries, writer.intern_stack))
     trace = load_trace(tmp_path / "t.memtrace")
     assert trace.stack_frames(int(trace.events["stack"][0]))[0].line == -1
+
+
+def test_stacks_are_recorded_for_allocations_only():
+    """context="alloc": nothing reads a free's stack, and gathering one per free doubled the cost."""
+    calls = []
+    fake = FakeAllocator()
+    real = fake.record
+
+    def record(**kwargs):
+        calls.append(kwargs)
+        return real(**kwargs)
+
+    fake.record = record
+    h, _, _ = _history(fake, 100)
+    h.stop()
+    assert calls[0]["context"] == "alloc" and calls[0]["stacks"] == "python"
+    assert calls[-1]["enabled"] is None

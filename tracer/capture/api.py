@@ -88,7 +88,8 @@ def start(
             ``memtrace-YYYYmmdd-HHMMSS/`` in the current directory.
         rank, local_rank, world_size: the process's place in a distributed run (file name, reports).
         device: the CUDA device to trace (index, "cuda:N" or torch.device); default current device.
-        stacks: "none", "python" (default) or "all" (C++ too; slow to symbolize).
+        stacks: "none", "python" (default) or "all" (C++ too; slow to symbolize): the stacks of
+            allocations (frees are recorded without one).
         sample_hz: NVML sampling rate of the sidecar process (0 disables the sidecar);
             ``$MEMTRACE_SAMPLE_HZ`` overrides it (a knob for measuring what sampling costs).
         max_entries: size of the allocator's history ring buffer.

@@ -1,7 +1,7 @@
 """Record PyTorch's caching-allocator history and drain it into the trace without losing events.
 
 ``torch.cuda.memory._record_memory_history`` keeps the last ``max_entries`` events in a ring
-buffer. A drain takes ``_snapshot()``, converts this device's new ``device_traces`` entries with
+buffer (with the stacks of allocations only: ``context="alloc"``). A drain takes ``_snapshot()``, converts this device's new ``device_traces`` entries with
 :func:`memtrace.importers.torch_snapshot.entries_to_events`, hands them to the session, and
 re-enables recording with ``clear_history=True`` so the next snapshot holds only newer entries.
 
@@ -157,7 +157,10 @@ class AllocatorHistory:
     def _record(self, *, clear: bool, enabled: str | None = "all") -> None:
         kwargs: dict[str, Any] = {"enabled": enabled}
         if enabled is not None:
-            kwargs["context"] = None if self.stacks == "none" else "all"
+            # "alloc": stacks of allocations only. Nothing in memtrace reads a free's stack (a block's
+            # owner is its allocation), and gathering one per free doubled what recording costs the
+            # program (torch takes the GIL for it, even on a C++ thread) and what drains convert.
+            kwargs["context"] = None if self.stacks == "none" else "alloc"
             kwargs["stacks"] = "all" if self.stacks == "all" else "python"
             if "max_entries" in self._supports:
                 kwargs["max_entries"] = self.max_entries
