@@ -194,3 +194,17 @@ def test_live_set_groups_are_the_flame_graphs_paths_at_the_peak(path):
     live = q.live(e, top=10_000)
     assert {tuple(g["path"]): g["bytes"] for g in live["groups"]} == flame_at(a.trace, event_index=e).stacks
     assert live["total"] == a.summary.peak.allocated_bytes
+
+
+def test_a_bad_run_is_one_line_and_writes_nothing(tmp_path, capsys):
+    junk = tmp_path / "junk.memtrace"
+    junk.write_bytes(b"not a trace")
+    for run in (tmp_path / "missing", junk):
+        assert main(["view", str(run), "-o", str(tmp_path / "v.html")]) == 2
+        err = capsys.readouterr().err.strip()
+        assert err.startswith("memtrace: error:") and "\n" not in err
+    assert not (tmp_path / "v.html").exists()
+    same = tmp_path / "run.html"
+    same.write_bytes(b"not a trace")
+    assert main(["view", str(same), "-o", str(same), "--force"]) == 2  # an input is never an output
+    assert same.read_bytes() == b"not a trace" and "input" in capsys.readouterr().err
