@@ -18,7 +18,7 @@ plot in seconds without losing the peak. matplotlib (Agg) is imported inside the
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -90,6 +90,7 @@ class TimelineDrawn:
     t0_us: int
     ranks: list[RankDrawn]
     title: str = ""
+    legend: list[str] = field(default_factory=list)  # the legend's entries, in order
 
 
 def _phase_name(path: str) -> str:
@@ -169,9 +170,7 @@ def oom_text(rank: RankTimeline, t0_us: int) -> OomDrawn | None:
     head = f"OUT OF MEMORY at {sec:.3f} s {_in_phase(o.phase_path)}"
     free = f"{_size(o.free_bytes)} free on the device" if o.free_bytes is not None else "free memory not recorded"
     limited = o.total_bytes and rank.device_total_bytes and o.total_bytes < rank.device_total_bytes
-    detail = f"asked {_size(o.requested_bytes)}; " + (
-        f"limit {format_gib(o.total_bytes)}, {free}" if limited else free
-    )
+    detail = f"asked {_size(o.requested_bytes)}; " + (f"limit {format_gib(o.total_bytes)}, {free}" if limited else free)
     return OomDrawn(o.time_us, sec, o.phase_path, o.requested_bytes, o.free_bytes, f"{head}\n{detail}")
 
 
@@ -214,14 +213,14 @@ def render_timeline(
             ax.tick_params(labelbottom=False)
         if "target" in handles and len({(r.util, r.capacity_bytes) for r in ranks}) > 1:
             handles["target"] = (handles["target"][0], "utilization target (each rank's own)")
-        _legend(fig, handles, _legend_rows(ranks))
+        legend = _legend(fig, handles, _legend_rows(ranks))
         what = ranks[0].description
         title = title or ("GPU memory during start-up" + (f": {what}" if what else ""))
         fig.suptitle(title, x=0.06, ha="left", fontsize=FONT + 3, fontweight="bold")
         out = Path(path)
         fig.savefig(out, dpi=DPI, format=out.suffix.lstrip(".").lower() or "png")
         plt.close(fig)
-    return TimelineDrawn(out, t0, drawn, title)
+    return TimelineDrawn(out, t0, drawn, title, legend)
 
 
 def _draw_rank(fig, gs, i: int, ranks, t0: int, t_end: int, capacities, main_axes: list, handles: dict) -> RankDrawn:
@@ -246,13 +245,14 @@ def _draw_rank(fig, gs, i: int, ranks, t0: int, t_end: int, capacities, main_axe
                      px_per_s, char_px, oom, annotation)  # fmt: skip
 
 
-LEGEND_ROWS = 3  # 4 when an OOM adds its entry
+LEGEND_ROWS = 3  # 4 when an OOM or other processes add their entries
 RANK_GAP_IN = 0.45
 TITLE_IN = 0.55
 
 
 def _legend_rows(ranks: list[RankTimeline]) -> int:
-    return LEGEND_ROWS + (1 if any(r.oom is not None for r in ranks) else 0)
+    extra = any(r.oom is not None or r.curves.others.bytes.any() for r in ranks)
+    return LEGEND_ROWS + (1 if extra else 0)
 
 
 def _legend_in(rows: int) -> float:
@@ -283,9 +283,9 @@ def _figure(plt, ranks: list[RankTimeline]):
     return fig, gs
 
 
-def _legend(fig, handles: dict, rows: int = LEGEND_ROWS) -> None:
+def _legend(fig, handles: dict, rows: int = LEGEND_ROWS) -> list[str]:
     """One legend for all ranks, below the plots, in a fixed order."""
-    order = [*CATEGORIES, "non_torch", "reserved", "device_used", "target", "capacity", "what-if", "oom"]
+    order = [*CATEGORIES, "non_torch", "others", "reserved", "device_used", "target", "capacity", "what-if", "oom"]
     items = [handles[k] for k in order if k in handles]
     fig.legend(
         [h for h, _ in items],
@@ -296,6 +296,7 @@ def _legend(fig, handles: dict, rows: int = LEGEND_ROWS) -> None:
         fontsize=FONT - 1,
         bbox_to_anchor=(0.5, 0.005),
     )
+    return [label for _, label in items]
 
 
 def gib(values: np.ndarray) -> np.ndarray:

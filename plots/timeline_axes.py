@@ -33,6 +33,7 @@ LABELS = {
     "other": "other PyTorch",
 }
 NON_TORCH = "#E8A0A0"
+OTHERS = "#B8C4CE"
 TARGET = "#C62828"
 OOM_COLOR = "#4A0000"
 N_BUCKETS = 2400
@@ -137,7 +138,29 @@ def _lines(ax, rank: RankTimeline, t0: int, lo: int, hi: int, n_buckets: int, ha
     (dline,) = ax.step(ts, u, where="post", color="#B03030", lw=1.0, ls=(0, (4, 1.5)))
     if handles is not None:
         handles.setdefault("non_torch", (band, "non-PyTorch (NVML used - reserved)"))
-        handles.setdefault("device_used", (dline, "NVML device used"))
+        shared = rank.curves.others.bytes.any()
+        handles.setdefault("device_used", (dline, "NVML device used" + (" (this process)" if shared else "")))
+    if rank.curves.others.bytes.any():
+        top = _g(used.bytes[keep] + others_at(rank, used.time_us[keep]))
+        art = ax.fill_between(ts, u, top, step="post", color=OTHERS, alpha=0.5, lw=0, hatch="..", edgecolor="#7A8A99")
+        if handles is not None:
+            handles.setdefault("others", (art, "other processes on the GPU (NVML)"))
+
+
+def others_at(rank: RankTimeline, t_us: np.ndarray) -> np.ndarray:
+    """Other processes' bytes in force at each of ``t_us`` (their first figure before it was first read)."""
+    o = rank.curves.others
+    if not len(o):
+        return np.zeros(len(t_us), dtype=np.int64)
+    return o.bytes[np.clip(np.searchsorted(o.time_us, t_us, side="right") - 1, 0, None)]
+
+
+def whole_device_peak(rank: RankTimeline) -> int:
+    """The highest device used, other processes included (this process's alone when none was sampled)."""
+    used = rank.curves.device_used
+    if not len(used):
+        return 0
+    return int((used.bytes + others_at(rank, used.time_us)).max())
 
 
 def _hlines(ax, rank: RankTimeline, capacities, handles: dict) -> list[tuple[float, str, str]]:
@@ -166,7 +189,7 @@ def _hlines(ax, rank: RankTimeline, capacities, handles: dict) -> list[tuple[flo
 
 def _capacity_off_scale(rank: RankTimeline, capacities) -> bool:
     """True when the card is so much larger than what the run used that drawing it would squash the data."""
-    used = [rank.curves.reserved.peak_bytes, rank.curves.device_used.peak_bytes, rank.target_bytes or 0, *capacities]
+    used = [rank.curves.reserved.peak_bytes, whole_device_peak(rank), rank.target_bytes or 0, *capacities]
     return bool(rank.capacity_bytes) and rank.capacity_bytes > 1.6 * max(used)
 
 
@@ -268,7 +291,7 @@ def draw_main(ax, rank, t0, t_end, crossing, capacities, window, handles, oom=No
     _stack(ax, rank, t0, rank.start_us, rank.end_us, N_BUCKETS, handles)
     _lines(ax, rank, t0, rank.start_us, rank.end_us, N_BUCKETS, handles)
     hl = _hlines(ax, rank, capacities, handles)
-    peaks = [rank.curves.reserved.peak_bytes, rank.curves.device_used.peak_bytes]
+    peaks = [rank.curves.reserved.peak_bytes, whole_device_peak(rank)]
     if not _capacity_off_scale(rank, capacities):
         peaks.append(rank.capacity_bytes or 0)
     peaks += [rank.target_bytes or 0, *capacities]

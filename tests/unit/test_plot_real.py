@@ -181,3 +181,25 @@ def test_plot_and_report_state_the_same_target_crossing_and_oom(run, given):
         first.overshoot_bytes,
         first.duration_us,
     )
+
+
+def test_a_shared_gpu_draws_the_other_processes_as_their_own_band(tmp_path):
+    """Issue 11 item 2. CONSTRUCTED from the real startup-full trace (as tests/unit/test_capture_shared_gpu.py
+    builds it): 128 GiB held by another process, in NVML's device-wide samples and in the per-process series."""
+    import dataclasses
+
+    import numpy as np
+    from memtrace.model import OTHERS_DTYPE
+
+    real = _trace(H200 / "startup-full")
+    shared = dataclasses.replace(real, samples=real.samples.copy(), facts=dict(real.facts))
+    shared.samples["used_bytes"] += 128 * GiB
+    t = np.arange(real.samples["time_us"][0], real.samples["time_us"][-1] + 1, 10_000, dtype=np.int64)
+    shared.others = np.zeros(len(t), dtype=OTHERS_DTYPE)
+    shared.others["time_us"], shared.others["others_bytes"] = t, 128 * GiB
+    alone = render_timeline([prepare_rank(real)], tmp_path / "a.png")
+    both = render_timeline([prepare_rank(shared)], tmp_path / "s.png")
+    assert "other processes on the GPU (NVML)" in both.legend and "NVML device used (this process)" in both.legend
+    assert "other processes on the GPU (NVML)" not in alone.legend
+    assert both.ranks[0].crossing == alone.ranks[0].crossing  # the others' memory is not this process's
+    assert "init_device" not in both.ranks[0].crossing.phase_path
