@@ -109,7 +109,8 @@ def run_size(n: int, work: Path, args: argparse.Namespace) -> None:
     trace = work / f"snap-{n}.memtrace"
     out = work / f"out-{n}"
     out.mkdir(exist_ok=True)
-    rows = floors(snap, out, not args.no_torch) + commands(snap, trace, out)
+    torch_tools = not args.no_torch and n <= args.torch_max
+    rows = floors(snap, out, torch_tools) + commands(snap, trace, out)
     if args.only:
         rows = [r for r in rows if r[0] == "pickle.load" or any(k in r[0] for k in args.only.split(","))]
     results = {}
@@ -145,6 +146,8 @@ def main() -> int:
     ap.add_argument("--dir", help="keep the pickles and traces here (reused by later runs)")
     ap.add_argument("--only", help="comma-separated command names to run (pickle.load always runs)")
     ap.add_argument("--no-torch", action="store_true", help="skip torch's _memory_viz stats / trace_plot")
+    ap.add_argument("--torch-max", type=parse_count, default=3_000_000,
+                    help="skip torch's tools above this many events (trace_plot held 1.5 GiB per 1M)")  # fmt: skip
     ap.add_argument("--keep", action="store_true", help="keep the outputs")
     ap.add_argument("--timeout", type=float, default=900)
     ap.add_argument("--pythonpath", help="PYTHONPATH for the commands: measure another memtrace (an old checkout)")
