@@ -69,6 +69,7 @@ def _render_one(d, multi: bool) -> list[str]:
         rest = [name for name, _, _ in d.mismatches[SHOW_MISMATCHES:]]
         if rest:
             out.append(f"  and {len(rest)} more: {', '.join(rest)}")
+        out.append("")
     out.append(f"Headline — {level}:")
     for c in d.headline:
         if c.base is None and c.new is None:

@@ -81,7 +81,8 @@ def fingerprint(trace: Trace) -> dict[str, str]:
 
     ``kind``, the environment (:data:`ENV_FIELDS`), ``model`` (vLLM's model, else the script's
     name), the vLLM flags of :data:`MEMORY_FLAGS`, ``gpu_memory_utilization`` and ``card_bytes``
-    (the card the run stood for, when smaller than the device).
+    (the card the run stood for, only when smaller than the device: a run on the whole card and one
+    that recorded the whole card as its capacity are the same).
     """
     facts = trace.facts
     env = facts.get(F.ENV) if isinstance(facts.get(F.ENV), dict) else {}
@@ -100,7 +101,9 @@ def fingerprint(trace: Trace) -> dict[str, str]:
     values.update({flag: config.get(flag) for flag in MEMORY_FLAGS})
     values["gpu_memory_utilization"] = facts.get(F.UTIL)
     card, source = card_capacity(trace)
-    values["card_bytes"] = card if source == "recorded card" else None
+    device = trace.process.device_total_bytes
+    smaller = source == "recorded card" and (not device or card < device)
+    values["card_bytes"] = card if smaller else None  # only a run that stood for a smaller card
     out.update({k: t for k, v in values.items() if (t := _text(v))})
     return out
 
