@@ -204,10 +204,12 @@ def _report(path: Path, args, model: MoeModel, how: str, allocated: int, reserve
     from memtrace.store import load_trace
 
     trace = load_trace(path)
-    outer = figures(trace).hooks  # the bytes memtrace diff gates: outermost hooked calls, per target
+    outer = figures(trace).hooks  # what memtrace diff gates: bytes each outermost hooked call added, per target
     print(f"flashinfer {version}; {how}; {args.layers} MoE layers{' (shared workspaces)' if args.shared else ''}")
     print(f"total PyTorch allocated delta: {allocated} B ({allocated / GiB:.2f} GiB); reserved delta {reserved} B")
-    print(f"total returned by outermost hooked calls: {sum(map(sum, outer.values()))} B")
+    print(f"total added by outermost hooked calls (memtrace diff's figure): {sum(map(sum, outer.values()))} B")
+    for name, sizes in sorted(outer.items()):
+        print(f"  {hook_short_name(name)}: {len(sizes)} outermost calls, {sum(sizes)} B added")
     names = sorted({c.name for c in trace.hook_calls})
     for name in names:
         calls = [c for c in trace.hook_calls if c.name == name]
