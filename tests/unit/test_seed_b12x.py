@@ -186,3 +186,14 @@ def test_a_refusing_wrapper_falls_back_to_the_allocators_with_its_arguments_FAKE
         {"backend": "dynamic", "max_rows": None, "routed_rows": 65536, "device": "cuda"},
     ]
     assert _FakeTorch.empties[0] == ((8192, 2048), "bfloat16", "cuda")
+
+
+def test_the_report_reads_a_real_hooked_trace(capsys):
+    # the real 0.6.13 probe trace (tests/data/vllm-h200/flashinfer-probe): four hooked calls, one nested
+    path = next((TESTS / "data" / "vllm-h200" / "flashinfer-probe").glob("*.memtrace"))
+    seed._report(path, _args(layers=3), MODEL, "allocate_sm120_moe_workspace", 285_362_432, 297_795_584, "0.6.13")
+    out = capsys.readouterr().out
+    assert "flashinfer 0.6.13; allocate_sm120_moe_workspace; 3 MoE layers" in out
+    assert "total added by outermost hooked calls (memtrace diff's figure): 284924580 B" in out  # 3 x 94,974,860
+    assert "  allocate_sm120_dynamic_workspace: 3 calls (1 nested), returned 284924580 B" in out
+    assert "0.6.13 prediction per layer: {'static': 190060044, 'dynamic': 113963964, 'output': 33554432" in out
