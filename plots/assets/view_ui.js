@@ -16,6 +16,7 @@
   const gib = (b) => (b == null ? '—' : (b / GiB).toFixed(2) + ' GiB');
   const exact = I.exact;
   const app = document.getElementById('mt-app');
+  const GUTTER = 150; /* px right of the plot for the target and capacity labels */
   let syncing = false;
 
   function header() {
@@ -60,14 +61,12 @@
         if (ctx.measureText(p.name).width + 6 * dpr < b - a) ctx.fillText(p.name, a + 3 * dpr, y + 2 * dpr);
         drawn.phases++; drawn.phase_names.push(p.path);
       });
+      const gutter = [];
       const hline = (bytes, color, label, dash) => {
         const y = Yp(bytes); if (y < top || y > top + h) return null;
         ctx.strokeStyle = color; ctx.lineWidth = 1.5 * dpr; ctx.setLineDash(dash || []);
         ctx.beginPath(); ctx.moveTo(left, y); ctx.lineTo(left + w, y); ctx.stroke(); ctx.setLineDash([]);
-        const tw = ctx.measureText(label).width, tx = left + w - 4 * dpr - tw;
-        const ty = y - top < 50 * dpr ? y + 2 * dpr : y - 14 * dpr; /* below the line near the phase bands */
-        ctx.fillStyle = 'rgba(255,255,255,.8)'; ctx.fillRect(tx - 2 * dpr, ty - 1 * dpr, tw + 4 * dpr, 13 * dpr);
-        ctx.fillStyle = color; ctx.fillText(label, tx, ty);
+        gutter.push([y, color, label]); /* labelled in the right margin, outside the plot */
         return Math.round(y / dpr);
       };
       if (m.target.bytes) drawn.target = hline(m.target.bytes, '#d62728', `target ${gib(m.target.bytes)} (${m.target.source})`, [6 * dpr, 4 * dpr]);
@@ -88,6 +87,13 @@
       drawn.peak = vline(m.peak.state_us - m.t0_us, '#9467bd', `peak ${gib(m.peak.reserved_bytes)} reserved`, [1 * dpr, 3 * dpr], 1);
       if (R.selectedUs != null) vline(R.selectedUs, '#17becf', 'selected', null, 3);
       ctx.restore();
+      ctx.save(); ctx.font = `${11 * dpr}px sans-serif`; ctx.textBaseline = 'middle'; ctx.textAlign = 'left';
+      let last = -Infinity;
+      for (const [y, color, label] of gutter.sort((a, b) => a[0] - b[0])) {
+        const ty = Math.max(y, last + 13 * dpr); last = ty;
+        ctx.fillStyle = color; ctx.fillText(label, left + w + 6 * dpr, ty, GUTTER * dpr - 8 * dpr);
+      }
+      ctx.restore();
       R.drawn = drawn; MT.ranks[R.index].drawn = drawn;
     };
   }
@@ -101,7 +107,7 @@
     series.push({ label: 'device used', stroke: '#8c564b', width: 1.5, paths: stepped, points: { show: false }, spanGaps: true });
     const maxY = Math.max(R.meta.target.capacity || 0, R.meta.peak.reserved_bytes, R.meta.target.bytes || 0) * 1.04;
     const opts = {
-      width, height: 320, series, legend: { show: false },
+      width, height: 320, series, legend: { show: false }, padding: [12, GUTTER, 0, 0],
       bands: [{ series: [K + 2, K + 1], fill: 'rgba(140,86,75,.25)', dir: 1 }],
       scales: { x: { time: false, range: (u, lo, hi) => [lo, hi] }, y: { range: () => [0, maxY] } },
       axes: [{ label: 'seconds since start', values: (u, vs, ax, space, incr) => vs.map((v) => v.toFixed(Math.min(6, (String(+incr.toPrecision(6)).split('.')[1] || '').length))) },
@@ -251,7 +257,7 @@
       R.info = info; R.panel = el('div', { class: 'mt-live' }, el('p', { class: 'mt-note' }, 'Click the chart or a landmark to see what was live.'));
       lane.append(marks, el('div', { class: 'mt-row' }, host, info), R.panel, el('h3', {}, 'Phases'), phaseTable(meta));
       app.append(lane);
-      R.u = makeChart(R, host, width - 360);
+      R.u = makeChart(R, host, width - 340);
     }
     app.append(el('h2', {}, 'Report'), el('pre', { class: 'mt-report' }, doc.report));
     const lo = Math.min(...doc.ranks.map((r) => r.start_us)) / 1e6, hi = Math.max(...doc.ranks.map((r) => r.end_us)) / 1e6;
