@@ -173,3 +173,13 @@ def test_memory_viz_round_trip_keeps_the_curves(tmp_path, path):
         a, b = all_curves(trace), all_curves(back)
         assert np.array_equal(a.allocated.bytes, b.allocated.bytes)
         assert np.array_equal(a.reserved.bytes, b.reserved.bytes)
+
+
+def test_flame_of_a_stacks_all_snapshot_shows_python_frames_and_autograd_nodes(tmp_path, capsys):
+    out = tmp_path / "f.folded"
+    assert main(["flame", str(need(ALL)), "-f", "folded", "-o", str(out)]) == 0
+    text = out.read_text()
+    assert "custom_scaled_dot_product_attention" in text or "custom_softmax" in text
+    for native in ("torch::unwind::unwind()", "_start", "cfunction_call", "Python/ceval.c", "CUDACachingAllocator"):
+        assert native not in text, native
+    assert "Backward0::apply" in text  # autograd-thread allocations: the node that ran is the leaf

@@ -24,6 +24,7 @@ import numpy as np
 
 from ..model import Frame, HookCall, Trace
 from .curves import Curve
+from .frames import python_frames
 from .live import LiveAllocation, lifetimes, live_allocations_at
 
 NO_STACK = "[no stack recorded]"
@@ -148,7 +149,7 @@ def stack_paths(
     phase_of = _phase_labels(trace, live)
     for i, a in enumerate(live):
         if a.stack not in cache:
-            frames = list(reversed(trace.stack_frames(a.stack)))  # root → leaf
+            frames = list(reversed(python_frames(trace.stack_frames(a.stack))))  # root → leaf, Python frames
             cache[a.stack] = ([frame_label(f) for f in frames], frames)
         labels, frames = cache[a.stack]
         running = _hook_chain_sorted(hooks_sorted, hook_starts, a.alloc_us) if a.alloc_us is not None else []

@@ -52,10 +52,14 @@ def stacks_kind(frames: Sequence[Frame]) -> str:
 
 
 def python_frames(frames: Sequence[Frame]) -> list[Frame]:
-    """The Python frames of a stack, innermost first; the stack itself when it holds none
-    (a purely native stack still says something)."""
+    """The Python frames of a stack, innermost first. A stack with none (an autograd engine
+    thread) keeps its native frames from :func:`meaningful_frame`'s choice outwards: the unwinder
+    and the allocator below it are dropped."""
     kept = [f for f in frames if is_python_frame(f)]
-    return kept if kept else list(frames)
+    if kept:
+        return kept
+    leaf = _native_frame(frames)
+    return list(frames[frames.index(leaf) :]) if leaf is not None else []
 
 
 def _is_plumbing(f: Frame) -> bool:
