@@ -208,3 +208,10 @@ def test_a_bad_run_is_one_line_and_writes_nothing(tmp_path, capsys):
     same.write_bytes(b"not a trace")
     assert main(["view", str(same), "-o", str(same), "--force"]) == 2  # an input is never an output
     assert same.read_bytes() == b"not a trace" and "input" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("flags", [["--serve", "--port", "70000"], ["--max-events", "-1"], ["--util", "2"]])
+def test_bad_flags_are_one_line(flags, capsys):
+    assert main(["view", str(STARTUP), *flags]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("memtrace: error:") and "\n" not in err

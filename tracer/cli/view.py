@@ -44,6 +44,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from ..analysis.target import resolve_target
+    from ..errors import UsageError
     from ..outputs import atomic_write, output_file, run_name
     from ..plots.view_data import analyse
     from ..plots.view_html import build_page
@@ -51,6 +52,10 @@ def run(args: argparse.Namespace) -> int:
     from ._runs import load_args, select, target_args
     from .plot import with_events
 
+    if not 0 <= args.port <= 65535:
+        raise UsageError(f"--port {args.port}: give a port from 1 to 65535, or 0 for a free one")
+    if args.max_events < 0:
+        raise UsageError(f"--max-events {args.max_events}: give how many events a page may carry, 0 or more")
     out = None
     if not args.serve:
         out = output_file(
