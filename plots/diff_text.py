@@ -70,6 +70,8 @@ def _render_one(d, multi: bool) -> list[str]:
         if rest:
             out.append(f"  and {len(rest)} more: {', '.join(rest)}")
         out.append("")
+    if d.environment_unknown:
+        out += ["note: a run recorded no environment (GPU, versions, model, flags): comparability not checked", ""]
     out.append(f"Headline — {level}:")
     for c in d.headline:
         if c.base is None and c.new is None:
@@ -215,6 +217,7 @@ def diff_to_json(diffs: list, base_path: str, new_path: str) -> dict[str, Any]:
                 "failed": d.failed,
                 "comparable": d.comparable,
                 "mismatches": [{"field": k, "base": b, "new": n} for k, b, n in d.mismatches],
+                "environment_unknown": d.environment_unknown,
                 "new_oom": _oom_json(d.new_oom),
                 "headline": [change(c) for c in d.headline],
                 "regressions": [change(c) for c in d.regressions],

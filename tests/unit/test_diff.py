@@ -291,7 +291,7 @@ def test_vllm_run_against_a_plain_pytorch_script_warns_which_fields_differ(capsy
 
 def test_two_runs_of_one_matrix_key_are_comparable(capsys):
     rc, out, _ = _run(capsys, H200 / "startup-full", H200 / "startup-ws1g")
-    assert "WARNING" not in out
+    assert "WARNING" not in out and "note: a run recorded no environment" not in out
     rc, out, _ = _run(capsys, H200 / "startup-full", H200 / "startup-cap32g")
     assert "  card_bytes: — → 34359738368" in out  # a run that stood for a 32 GiB card is another key
 
@@ -343,6 +343,7 @@ def test_real_public_snapshots_without_phases_are_gated_on_their_peaks(capsys):
     rc, out, _ = _run(capsys, small, big, "--fail-over", "2%")
     assert rc == 1
     assert "peak reserved                   3.52 GiB →   13.21 GiB      +9.69 GiB (+275.0%)  << over 2%" in out
+    assert "note: a run recorded no environment (GPU, versions, model, flags): comparability not checked" in out
     assert "FAIL: 2 figure(s) grew more than 2% (exit 1)" in out
     assert _run(capsys, big, small, "--fail-over", "2%")[0] == 0
     assert _run(capsys, small, small, "--fail-over", "0%")[0] == 0

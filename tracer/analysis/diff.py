@@ -156,6 +156,7 @@ class TraceDiff:
     new_only_phases: list[str] = field(default_factory=list)
     new_oom: Oom | None = None  # the new run died of OOM (and the base did not)
     mismatches: list[tuple[str, str, str]] = field(default_factory=list)  # fingerprint fields that differ
+    environment_unknown: bool = False  # a run recorded no environment (an imported snapshot): unchecked
 
     @property
     def regressions(self) -> list[Change]:
@@ -370,6 +371,7 @@ def compare(base: Figures, new: Figures, threshold: Threshold, *, label: str = "
         new_only_phases=[k for k in new.phases if k not in base.phases],
         new_oom=new.oom if base.oom is None else None,
         mismatches=differences(base.fingerprint, new.fingerprint),
+        environment_unknown=len(base.fingerprint) <= 1 or len(new.fingerprint) <= 1,  # "kind" alone
     )
 
 
