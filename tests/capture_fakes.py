@@ -27,7 +27,10 @@ _COUNTER = {
 class FakeTorch:
     """The parts of ``torch.cuda`` that history.py uses, replaying recorded entries (FakeTorch)."""
 
-    def __init__(self, snap: dict):
+    def __init__(self, snap: dict, free_stacks: bool | None = None):
+        """``free_stacks``: keep the frees' stacks whatever ``context`` asks (None: as torch would)."""
+        self.free_stacks = free_stacks
+        self.context = "all"
         self.all_entries = snap["device_traces"][0]
         self.segments = snap["segments"]
         self.pos = 0
@@ -35,14 +38,17 @@ class FakeTorch:
         self.stats = dict.fromkeys(H._COUNTERS, 0)
 
     def allocate(self, n: int) -> None:
+        keep_free = self.context == "all" if self.free_stacks is None else self.free_stacks
         for e in self.all_entries[self.pos : self.pos + n]:
-            self.history.append({**e, "frames": list(e["frames"])})  # torch: one frames list per entry
+            stack = keep_free or e["action"] in ("alloc", "segment_alloc")
+            self.history.append({**e, "frames": list(e["frames"]) if stack else []})  # one list per entry
             key = _COUNTER.get(e["action"])
             if key:
                 self.stats[key] += 1
         self.pos += n
 
-    def record(self, enabled="all", clear_history=False, **kw) -> None:
+    def record(self, enabled="all", context="all", clear_history=False, **kw) -> None:
+        self.context = context
         if clear_history:
             self.history = []
 
@@ -58,9 +64,9 @@ class FakeTorch:
         return types.SimpleNamespace(cuda=cuda, _C=types.SimpleNamespace(), profiler=prof)
 
 
-def session_with(snap: dict, path: Path, **kwargs) -> tuple[Session, FakeTorch]:
+def session_with(snap: dict, path: Path, free_stacks: bool | None = None, **kwargs) -> tuple[Session, FakeTorch]:
     """A real Session writing ``path`` whose allocator history is a FakeTorch replaying ``snap``."""
-    fake = FakeTorch(snap)
+    fake = FakeTorch(snap, free_stacks)
     s = Session(path, sample_hz=0, handle_signals=False, role="vllm-worker", **kwargs)
     s.process.device_index = 0
     s.facts["env"] = {}

@@ -12,7 +12,10 @@ A vLLM-shaped start-up is replayed: nested phases each allocating their share of
 plugin's facts at every phase edge (``vllm_boundaries``-style readings, a growing list), then
 ``close("startup-complete")``. Printed: per-boundary cost on the traced thread (median, max,
 total), set_fact, close, and the time until the trace file is complete; for the synchronous
-capture (``MEMTRACE_CAPTURE_SYNC=1``, the behaviour before the background writer) and the default.
+capture with the frees' stacks (the behaviour before), the synchronous capture with allocation stacks
+only (``MEMTRACE_CAPTURE_SYNC=1``), and the default (background writer, allocation stacks only).
+Then the whole replay's wall time with some work per phase, GIL released (GPU-bound) or held
+(Python-bound), minus the same replay untraced: a background thread still takes the GIL it needs.
 
     python tests/bench/bench_capture_cost.py [--events 30000] [--repeats 3]
 """
@@ -71,10 +74,10 @@ def untraced(snap: dict, n_events: int, work) -> float:
     return time.perf_counter() - t0
 
 
-def one_startup(snap: dict, d: Path, n_events: int, work=lambda: None) -> dict:
+def one_startup(snap: dict, d: Path, n_events: int, work=lambda: None, free_stacks: bool | None = None) -> dict:
     path = d / f"t{time.monotonic_ns()}.memtrace"
     wall0 = time.perf_counter()
-    s, fake = session_with(snap, path)
+    s, fake = session_with(snap, path, free_stacks)
     boundary, facts, open_ = [], [], {}
     readings: list[dict] = []
 
@@ -147,11 +150,15 @@ def main() -> int:
     snap = snapshot_dict(build(args.events))
     n = len(snap["device_traces"][0])
     print(f"{n} entries, {len(snap['segments'])} segments, {sum(len(s['blocks']) for s in snap['segments'])} blocks")
-    modes = (("synchronous (MEMTRACE_CAPTURE_SYNC=1, as before)", "1"), ("background writer (default)", ""))
+    modes = (
+        ("before: synchronous, frees' stacks too", "1", True),
+        ("synchronous, allocation stacks only", "1", None),
+        ("now: background writer, allocation stacks only", "", None),
+    )
     with tempfile.TemporaryDirectory() as d:
-        for label, sync in modes:
+        for label, sync, free_stacks in modes:
             os.environ["MEMTRACE_CAPTURE_SYNC"] = sync
-            report(label, [one_startup(snap, Path(d), n) for _ in range(args.repeats)])
+            report(label, [one_startup(snap, Path(d), n, free_stacks=free_stacks) for _ in range(args.repeats)])
         # the whole start-up's wall time with work between the boundaries, minus the same untraced
         n_spin = calibrate(args.work_s)
         works = {
@@ -160,16 +167,17 @@ def main() -> int:
         }
         print(f"start-up wall time added by capture, {len(PHASES)} phases of {args.work_s:.2f} s work:")
         for wname, work in works.items():
-            walls: dict[str, list[float]] = {"untraced": []} | {label: [] for label, _ in modes}
+            walls: dict[str, list[float]] = {"untraced": []} | {label: [] for label, _, _ in modes}
             for _ in range(args.repeats):  # interleaved, so a busy machine weighs on all alike
                 walls["untraced"].append(untraced(snap, n, work))
-                for label, sync in modes:
+                for label, sync, free_stacks in modes:
                     os.environ["MEMTRACE_CAPTURE_SYNC"] = sync
-                    walls[label].append(one_startup(snap, Path(d), n, work)["wall"])
+                    walls[label].append(one_startup(snap, Path(d), n, work, free_stacks)["wall"])
             base = statistics.median(walls["untraced"])
-            for label, _ in modes:
+            print(f"  {wname}:")
+            for label, _, _ in modes:
                 wall = statistics.median(walls[label])
-                print(f"  {wname}, {label.split(' (')[0]}: +{(wall - base) * 1e3:5.0f} ms ({wall / base:.3f}x)")
+                print(f"    {label:50s} +{(wall - base) * 1e3:5.0f} ms ({wall / base:.3f}x)")
     os.environ.pop("MEMTRACE_CAPTURE_SYNC", None)
     print(f"threads left: {[t.name for t in threading.enumerate() if t.name.startswith('memtrace')]}")
     return 0
