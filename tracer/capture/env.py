@@ -16,6 +16,8 @@ import socket
 import sys
 from typing import Any
 
+from .. import facts as F
+
 REDACTED = "<redacted>"
 #: a secret-looking word standing alone in an option or variable name: ``--hf-token``, ``HF_TOKEN``,
 #: ``--api-key``; not ``--skip-tokenizer-init`` or ``--max-num-batched-tokens``
@@ -109,7 +111,7 @@ def environment() -> dict[str, Any]:
     }
     from .. import __version__
 
-    facts["memtrace"] = __version__
+    facts[F.MEMTRACE_VERSION] = __version__
     return facts
 
 

@@ -222,7 +222,7 @@ class Session:
 
     def _sidecar_ready(self, info: dict[str, Any]) -> None:
         with self._lock:
-            self.facts["sidecar"] = info  # written with the next documents (an OOM flush, the close)
+            self.facts[F.SIDECAR] = info  # written with the next documents (an OOM flush, the close)
 
     def _no_nvml(self, reason: str) -> None:
         log.warning("memtrace: no NVML samples: %s", reason)
@@ -255,7 +255,7 @@ class Session:
             import torch._inductor  # noqa: F401
         except Exception as exc:  # a broken inductor only costs the first drain its import attempt
             log.info("memtrace: could not pre-import torch._inductor: %s", exc)
-        self.facts["capture_preimport_s"] = round(time.perf_counter() - t0, 3)
+        self.facts[F.CAPTURE_PREIMPORT_S] = round(time.perf_counter() - t0, 3)
 
     def _intern_stack(self, frames) -> int:
         with self._lock:
@@ -365,8 +365,8 @@ class Session:
                 return
             if self.history is not None:
                 self.history.update_recording(self.recording)
-                self.facts["capture"] = self.history.capture_fact(self._phases)
-                self.facts["capture"]["traced_thread_s"] = round(self._spent_s, 4)
+                self.facts[F.CAPTURE] = self.history.capture_fact(self._phases)
+                self.facts[F.CAPTURE]["traced_thread_s"] = round(self._spent_s, 4)
             self.writer.set_process(self.process)
             self.writer.set_recording(self.recording)
             self.writer.set_facts(self.facts)
@@ -479,7 +479,7 @@ class Session:
         if self.sidecar is not None:
             info = self.sidecar.stop()
             if self.sidecar.unavailable is None:
-                self.facts["sidecar"] = info
+                self.facts[F.SIDECAR] = info
         with self._lock:
             self.recording.end_us = now_us()
             self.flush_documents()
