@@ -137,7 +137,7 @@ def run(args: argparse.Namespace) -> int:
     if not command:
         raise UsageError("give the command to trace after --, e.g. memtrace run -- vllm serve MODEL")
     run_dir = Path(args.dir or time.strftime("memtrace-%Y%m%d-%H%M%S")).resolve()
-    if run_dir.is_dir() and any(run_dir.glob("*.memtrace")) and not args.force:
+    if startup_state(run_dir)[0] and not args.force:
         raise UsageError(f"{run_dir} already holds traces; choose another --dir or pass --force to add to it")
     env = child_environment(dict(os.environ), run_dir, args.until, command)
     print(f"memtrace: tracing into {run_dir} (until {args.until})", file=sys.stderr)
@@ -182,6 +182,6 @@ def _wait(child: subprocess.Popen, run_dir: Path, width: int) -> int:
             printed = True
     if not printed:
         print(f"memtrace: the command exited ({exit_code(returncode)}) before start-up completed", file=sys.stderr)
-        if any(run_dir.glob("*.memtrace")):
+        if startup_state(run_dir)[0]:
             _summary(run_dir, width)
     return exit_code(returncode)
