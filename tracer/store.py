@@ -7,7 +7,8 @@ open to any SQLite tool. It is never pickle.
 Layout of a trace file (format ``memtrace-trace``, version ``FORMAT_VERSION``):
 
 - ``meta(key, value)``: ``format``, ``version`` ("1.1"), ``writer`` and the JSON documents
-  ``process``, ``recording``, ``facts``.
+  ``process``, ``recording``, ``facts``. Every fact key, with its type and writer, is listed in
+  ``memtrace.facts`` (the one part of the file the version number does not spell out).
 - ``frames(id, filename, line, name)`` and ``stacks(id, frames)`` (frame ids, innermost first,
   space-separated): the interned stacks.
 - ``event_chunks(seq, count, data)``: allocator events in appended chunks; ``data`` is the raw
