@@ -14,6 +14,7 @@ from memtrace import facts as F
 from memtrace.cli import run as run_cmd
 from memtrace.model import Phase, Process, Trace
 from memtrace.store import TraceWriter, read_fact, save_trace
+from testdata import DATA
 
 
 def test_child_environment_leaves_vllm_plugins_unset_and_turns_memtrace_on_by_its_own_switch():
@@ -129,3 +130,21 @@ def test_an_existing_run_dir_with_traces_needs_force(tmp_path):
     proc = _memtrace_run(tmp_path, "pass")
     _, err = proc.communicate(timeout=60)
     assert proc.returncode == 2 and "already holds traces" in err and "--force" in err
+
+
+def test_a_command_that_died_of_oom_gets_its_summary_and_the_error_is_named_as_vllms(tmp_path):
+    """The real 16 GiB-card H200 start-up that died of CUDA OOM, copied where a worker would write it
+    by a stand-in command that then exits 1 (as vLLM does when its engine dies)."""
+    real = DATA / "h200" / "startup-cap16g" / "vm-pid552.memtrace"
+    script = (
+        "import os, shutil, sys\n"
+        "os.makedirs(os.environ['MEMTRACE_DIR'])\n"
+        f"shutil.copy({str(real)!r}, os.environ['MEMTRACE_DIR'])\n"
+        "sys.exit(1)\n"
+    )
+    proc = _memtrace_run(tmp_path, script)
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 1
+    assert "exited (1) before start-up completed" in err
+    assert "ran out of GPU memory in" in err and "vLLM's/PyTorch's, not memtrace's" in err
+    assert "OOM" in out or "out of memory" in out.lower()

@@ -113,6 +113,7 @@ def _forward_signals(child: subprocess.Popen) -> dict[int, object]:
 
 def _summary(run_dir: Path, width: int) -> None:
     """The report of every trace in the run, as ``memtrace report`` prints it."""
+    from ..analysis.oom import find_oom
     from ..analysis.summary import summarize
     from ..analysis.target import resolve_target
     from ..errors import MemtraceError
@@ -126,6 +127,14 @@ def _summary(run_dir: Path, width: int) -> None:
         return
     render_run([summarize(t, resolve_target(t)) for t in run_.traces], sys.stdout, width=width)
     sys.stdout.flush()
+    for trace in run_.traces:
+        oom = find_oom(trace)
+        if oom is not None:
+            print(
+                f"memtrace: pid {trace.process.pid} ran out of GPU memory in {oom.phase_path or 'no phase'}: that error "
+                "and its traceback are vLLM's/PyTorch's, not memtrace's; memtrace recorded it (see the summary)",
+                file=sys.stderr,
+            )
 
 
 def run(args: argparse.Namespace) -> int:
