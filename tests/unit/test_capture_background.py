@@ -125,3 +125,24 @@ def test_a_failing_conversion_is_a_note_and_later_drains_are_kept(snap, tmp_path
     assert any("background write failed" in n.text and "conversion bug" in n.text for n in trace.notes)
     assert len(trace.events) == fake.pos - calls[0] > 0
     assert trace.recording.truncated  # the lost batch is never silent: the allocator counters disagree
+
+
+def test_a_signal_handler_interrupting_a_session_method_does_not_deadlock(snap, tmp_path, monkeypatch):
+    """SIGTERM's handler runs on the thread that may hold the session lock; the writer needs it."""
+    import threading
+
+    monkeypatch.setenv("MEMTRACE_CAPTURE_SYNC", "")
+    _slow_conversion(monkeypatch, 0.2)
+    path = tmp_path / "t.memtrace"
+    s, fake = session_with(snap, path)
+    _replay(s, fake)  # conversions queued on the background writer
+
+    def interrupted_method():
+        with s._lock:  # inside set_fact, say, when the signal arrives
+            s.close("signal:SIGTERM")
+
+    t = threading.Thread(target=interrupted_method)
+    t.start()
+    t.join(30)
+    assert not t.is_alive(), "close() waited for a writer that needs the lock it holds"
+    assert len(load_trace(path).events) == fake.pos

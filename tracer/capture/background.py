@@ -16,6 +16,7 @@ import logging
 import os
 import queue
 import threading
+import time
 from collections.abc import Callable
 
 log = logging.getLogger("memtrace")
@@ -40,10 +41,20 @@ class Background:
     def submit(self, task: Callable[[], None]) -> None:
         self._queue.put(task)
 
-    def wait(self) -> None:
-        """Return once every task submitted so far has run (at once on the worker itself)."""
-        if threading.current_thread() is not self._thread:
-            self._queue.join()
+    def wait(self, timeout: float | None = None) -> bool:
+        """Return once every task submitted so far has run (at once on the worker itself); False
+        if ``timeout`` seconds passed first."""
+        if threading.current_thread() is self._thread:
+            return True
+        q = self._queue
+        deadline = None if timeout is None else time.monotonic() + timeout
+        with q.all_tasks_done:
+            while q.unfinished_tasks:
+                remaining = None if deadline is None else deadline - time.monotonic()
+                if remaining is not None and remaining <= 0:
+                    return False
+                q.all_tasks_done.wait(remaining)
+        return True
 
     def end(self) -> None:
         """End the thread once what is queued has run (without waiting; fine on the worker itself)."""

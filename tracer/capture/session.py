@@ -28,6 +28,8 @@ log = logging.getLogger("memtrace")
 #: Ring-buffer size of the allocator history; drained long before it fills (see api docstring).
 DEFAULT_MAX_ENTRIES = 200_000
 STACKS = ("none", "python", "all")
+#: The longest wait for the background writer (it converts one drain in well under a second).
+WAIT_WRITTEN_S = 120.0
 #: Overrides the NVML sampling rate of every session started in this process (0: no sidecar).
 SAMPLE_HZ_ENV = "MEMTRACE_SAMPLE_HZ"
 
@@ -378,10 +380,22 @@ class Session:
         else:
             task()
 
-    def wait_written(self) -> None:
-        """Return once everything handed to the background writer is in the file."""
-        if self._bg is not None:
-            self._bg.wait()
+    def wait_written(self, timeout: float | None = WAIT_WRITTEN_S) -> bool:
+        """Return once everything handed to the background writer is in the file (False after
+        ``timeout`` seconds: never hang a dying program).
+
+        Called with the session's lock held by this thread (a signal handler that interrupted a
+        session method), the lock is let go while waiting, or the writer could never take it.
+        """
+        if self._bg is None:
+            return True
+        if not self._lock._is_owned():
+            return self._bg.wait(timeout)
+        state = self._lock._release_save()
+        try:
+            return self._bg.wait(timeout)
+        finally:
+            self._lock._acquire_restore(state)
 
     def _save_segments(self, snap: dict[str, Any]) -> None:
         try:
