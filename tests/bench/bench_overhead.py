@@ -7,12 +7,18 @@ in ONE process; the figure is the ratio of the medians. GPU bytes tracing adds: 
 the end of the workload (everything still alive), traced minus untraced, plus the device-used change
 across ``memtrace.start()`` itself. Prints figures; asserts nothing (speed goals are not tests).
 
-    python tests/bench/bench_overhead.py [--repeats 5] [--stacks python]
+    python tests/bench/bench_overhead.py [--repeats 5] [--stacks python] [--all-variants]
+
+``--all-variants`` also runs the traced workload without the NVML sidecar (``MEMTRACE_SAMPLE_HZ=0``),
+with synchronous drains (``MEMTRACE_CAPTURE_SYNC=1``) and without stacks, alternating with the
+others, to say which part of capture costs what; each line also gives the time memtrace's own calls
+took on the traced thread (``facts["capture"]["traced_thread_s"]``).
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import tempfile
 import time
@@ -59,6 +65,11 @@ def main() -> None:
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--steps", type=int, default=60)
     p.add_argument("--stacks", default="python")
+    p.add_argument(
+        "--all-variants",
+        action="store_true",
+        help="also without the NVML sidecar, with synchronous drains and without stacks (what each part costs)",
+    )
     a = p.parse_args()
     import pynvml
     import torch
@@ -67,43 +78,67 @@ def main() -> None:
     uuid = str(torch.cuda.get_device_properties(0).uuid)
     HANDLE = pynvml.nvmlDeviceGetHandleByUUID(uuid if uuid.startswith("GPU-") else "GPU-" + uuid)
     workload(torch, 6)  # warm-up: cuBLAS handles, kernels, caching allocator
-    times = {False: [], True: []}
-    used = {False: [], True: []}
+    variants = {
+        "untraced": None,
+        f"traced ({a.stacks} stacks)": ({}, a.stacks),
+        "traced, no NVML sidecar": ({"MEMTRACE_SAMPLE_HZ": "0"}, a.stacks),
+        "traced, synchronous drains": ({"MEMTRACE_CAPTURE_SYNC": "1"}, a.stacks),
+        "traced, no stacks": ({}, "none"),
+    }
+    if not a.all_variants:
+        variants = dict(list(variants.items())[:2])
+    times: dict[str, list[float]] = {k: [] for k in variants}
+    used: dict[str, list] = {k: [] for k in variants}
+    spent: dict[str, list[float]] = {k: [] for k in variants}
     start_delta, start_s, stop_s = [], [], []
     events = drains = 0
     with tempfile.TemporaryDirectory() as tmp:
         for i in range(a.repeats):
-            for traced in (False, True) if i % 2 == 0 else (True, False):
+            order = list(variants) if i % 2 == 0 else list(variants)[::-1]  # alternate, so drift weighs alike
+            for name in order:
+                spec = variants[name]
                 torch.cuda.synchronize()
                 torch.cuda.empty_cache()
-                if traced:
+                if spec is not None:
+                    env, stacks = spec
+                    saved = {k: os.environ.get(k) for k in env}
+                    os.environ.update(env)
                     before = nvml_used(HANDLE)
                     s0 = time.perf_counter()
-                    session = memtrace.start(f"{tmp}/r{i}", stacks=a.stacks)
+                    session = memtrace.start(f"{tmp}/r{i}-v{list(variants).index(name)}", stacks=stacks)
                     start_s.append(time.perf_counter() - s0)
                     time.sleep(0.05)
                     start_delta.append(nvml_used(HANDLE) - before)
                 t0 = time.perf_counter()
                 with memtrace.phase("workload"):
-                    used[traced].append(workload(torch, a.steps))
-                times[traced].append(time.perf_counter() - t0)
-                if traced:
+                    used[name].append(workload(torch, a.steps))
+                times[name].append(time.perf_counter() - t0)
+                if spec is not None:
                     s0 = time.perf_counter()
                     memtrace.stop()
                     stop_s.append(time.perf_counter() - s0)
+                    for k, v in saved.items():  # as it was before this variant
+                        if v is None:
+                            os.environ.pop(k, None)
+                        else:
+                            os.environ[k] = v
                     tr = memtrace.load(session.path).traces[0]
                     events, drains = len(tr.events), tr.facts["capture"]["drains"]
-    off, on = statistics.median(times[False]), statistics.median(times[True])
-    print(f"untraced: median {off:.3f} s  {[round(t, 3) for t in times[False]]}")
-    print(f"traced ({a.stacks} stacks): median {on:.3f} s  {[round(t, 3) for t in times[True]]}")
-    print(f"wall-time ratio traced/untraced: {on / off:.4f}  ({(on / off - 1) * 100:+.2f} %, goal <= +2 %)")
+                    spent[name].append(tr.facts["capture"].get("traced_thread_s", 0.0))
+    off = statistics.median(times["untraced"])
+    for name in variants:
+        on = statistics.median(times[name])
+        extra = f"; memtrace on the traced thread {statistics.median(spent[name]):.3f} s" if spent[name] else ""
+        print(f"{name:32s} median {on:.3f} s  ratio {on / off:.4f} ({(on / off - 1) * 100:+.2f} %){extra}")
+    print(f"goal: traced <= +2 %; runs: { {k: [round(t, 3) for t in v] for k, v in times.items()} }")
+    traced = list(variants)[1]
     print(f"events per traced run: {events}; drains of the last run: {drains}")
-    nvml = {k: statistics.median(u for u, _ in v) for k, v in used.items()}
-    non_torch = {k: statistics.median(u - r for u, r in v) for k, v in used.items()}
-    print(f"NVML device-used at workload end, traced - untraced: {nvml[True] - nvml[False]:.0f} bytes")
+    nvml = {k: statistics.median(u for u, _ in used[k]) for k in ("untraced", traced)}
+    non_torch = {k: statistics.median(u - r for u, r in used[k]) for k in ("untraced", traced)}
+    print(f"NVML device-used at workload end, traced - untraced: {nvml[traced] - nvml['untraced']:.0f} bytes")
     print(
         f"non-PyTorch bytes (NVML used - reserved) at workload end, traced - untraced: "
-        f"{non_torch[True] - non_torch[False]:.0f} bytes (goal 0)"
+        f"{non_torch[traced] - non_torch['untraced']:.0f} bytes (goal 0)"
     )
     print(f"memtrace.start() took {[round(x, 3) for x in start_s]} s, stop() {[round(x, 3) for x in stop_s]} s")
     print(f"NVML device-used change across memtrace.start(): {start_delta} bytes")
