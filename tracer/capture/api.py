@@ -38,8 +38,12 @@ API (stable; the vLLM plugin codes against it):
 Defaults, from measurements on an H200 (torch 2.11; ``tests/data/h200/README.md``,
 ``tests/bench/bench_overhead.py``): the vLLM-shaped start-up of ``examples/record_startup.py``
 (3.5 GiB of weights, profile run, KV cache, warm-up, 10 CUDA-graph captures) produces 13,922 allocator
-events, drained 3-4 times; a drain of 16,700 events costs the traced thread 0.12 s (0.03 s snapshot,
-0.09 s conversion). The history is a ring buffer of ``max_entries`` entries; memtrace drains it at
+events, drained 3-4 times; a drain of 16,700 events cost 0.12 s (0.03 s snapshot, 0.09 s
+conversion). Only the snapshot stays on the traced thread: the conversion and the writes run on a
+background writer thread, in order, waited for by ``flush()``, the OOM path and ``stop()`` (at vLLM's
+end of start-up, ``stop("startup-complete")`` returns at once and the file is finished in the
+background; exit waits for it); ``MEMTRACE_CAPTURE_SYNC=1`` keeps it all on the traced thread. Stacks
+are recorded for allocations only. The history is a ring buffer of ``max_entries`` entries; memtrace drains it at
 phase boundaries (at most every 0.5 s at top level, or once 2,000 entries are pending) and from a
 watchdog thread when more than half of it is undrained, so 200,000 entries (about 14 such start-ups)
 leaves a wide margin. Drains by the allocating thread (phase boundaries, flush, OOM, stop) lose
@@ -47,7 +51,9 @@ nothing; a watchdog drain can miss the few events another thread allocates betwe
 snapshot and its clear (3 of 180,000 in a tight loop on the H200), and that is always reported
 (``recording.truncated``, ``lost_events_min``, a note). With Python stacks, ``start()`` imports
 ``torch._inductor`` if nothing has yet (PyTorch's stack symbolizer would, ~5 s, at the first snapshot).
-The NVML sidecar samples at 1 kHz (997 Hz achieved) and keeps only changes plus a 50 ms heartbeat.
+The NVML sidecar samples at 1 kHz (997 Hz achieved) and keeps only changes plus a 50 ms heartbeat;
+every 10 ms it also reads NVML's per-process list (~49 µs) for the memory of other processes on the
+device. It is started without being waited for.
 Tracing adds no GPU memory: NVML device-used was unchanged across ``start()`` and the non-PyTorch
 bytes at the end of a traced and an untraced run were equal.
 """
