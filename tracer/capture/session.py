@@ -1,6 +1,7 @@
 """A recording session: one per process, owning the trace file and every source that feeds it.
 
-The session writes through one ``TraceWriter`` (guarded by one lock: the watchdog thread, the OOM
+The session writes through one ``TraceWriter`` (guarded by one lock: the background writer
+(:mod:`.background`, which converts drains off the traced thread), the watchdog thread, the OOM
 observer and signal handlers write too), keeps the phase stack, facts, notes and hook calls, and
 starts/stops the allocator history (:mod:`.history`), the NVML sidecar (:mod:`.sidecar`), the OOM
 observer (:mod:`.oom`) and the exit/signal handlers (:mod:`.signals`). Without torch or CUDA it still
