@@ -16,6 +16,7 @@ import pytest
 from capture_fakes import session_with
 from memtrace import facts as F
 from memtrace.capture import history as H
+from memtrace.capture import registry as R
 from memtrace.capture import session as S
 from memtrace.exporters.memory_viz import snapshot_dict
 from memtrace.model import FACT_OOM
@@ -83,13 +84,13 @@ def test_startup_complete_returns_at_once_and_exit_waits_for_the_file(snap, tmp_
     s.close("startup-complete")
     returned_s = time.perf_counter() - t0
     assert returned_s < 0.25  # the 0.3 s conversion runs in the background
-    assert s in S._finishing
+    assert s in R._finishing
     assert read_fact(path, F.VLLM_STARTUP_COMPLETE_US) is None  # memtrace run must not read it yet
     S.wait_finishing()  # what atexit, multiprocessing's finalizers and SIGTERM call
     trace = load_trace(path)
     assert len(trace.events) == 13_922 and trace.segments and trace.recording.end_us
     assert read_fact(path, F.VLLM_STARTUP_COMPLETE_US) == 123
-    assert s not in S._finishing
+    assert s not in R._finishing
 
 
 def test_the_oom_path_writes_everything_before_it_returns(snap, tmp_path, monkeypatch):

@@ -20,21 +20,26 @@ from pathlib import Path
 from typing import Any
 
 from .. import facts as F
-from ..errors import MemtraceError, UsageError
 from ..model import FACT_ENV, FACT_OOM, HookCall, Note, Phase, Process, Recording
-from ..store import SUFFIX, TraceWriter
+from ..store import TraceWriter
+from . import registry
+from .registry import (  # noqa: F401  (the session's module names, as before the split)
+    SAMPLE_HZ_ENV,
+    STACKS,
+    active_session,
+    begin_session,
+    now_us,
+    run_dir,
+    trace_path,
+    wait_finishing,
+)
 
 log = logging.getLogger("memtrace")
 
 #: Ring-buffer size of the allocator history; drained long before it fills (see api docstring).
 DEFAULT_MAX_ENTRIES = 200_000
-STACKS = ("none", "python", "all")
 #: The longest wait for the background writer (it converts one drain in well under a second).
 WAIT_WRITTEN_S = 120.0
-#: Overrides the NVML sampling rate of every session started in this process (0: no sidecar).
-SAMPLE_HZ_ENV = "MEMTRACE_SAMPLE_HZ"
-
-_active: Session | None = None
 
 
 def _on_traced_thread(method):
@@ -54,72 +59,6 @@ def _on_traced_thread(method):
             self._depth -= 1
 
     return timed
-
-
-_active_lock = threading.RLock()
-
-
-def now_us() -> int:
-    """Unix-epoch microseconds, the clock of every time in a trace."""
-    return time.time_ns() // 1000
-
-
-def active_session() -> Session | None:
-    """The session recording this process (None in a forked child of a recording process)."""
-    s = _active
-    if s is not None and s.pid != os.getpid():
-        return None
-    return s
-
-
-def run_dir(path_or_dir: str | os.PathLike | None) -> Path:
-    """The run directory: the argument, else ``$MEMTRACE_DIR``, else a new timestamped one (exported)."""
-    if path_or_dir is not None:
-        return Path(path_or_dir)
-    env = os.environ.get("MEMTRACE_DIR")
-    if env:
-        return Path(env)
-    path = Path.cwd() / time.strftime("memtrace-%Y%m%d-%H%M%S")
-    os.environ["MEMTRACE_DIR"] = str(path)  # children of this process write next to us
-    return path
-
-
-def trace_path(path_or_dir: str | os.PathLike | None, rank: int | None) -> Path:
-    """``<run_dir>/<host>-pid<pid>[-rank<r>].memtrace``, or the given ``.memtrace`` path."""
-    if path_or_dir is not None and str(path_or_dir).endswith(SUFFIX):
-        return Path(path_or_dir)
-    name = f"{socket.gethostname()}-pid{os.getpid()}" + (f"-rank{rank}" if rank is not None else "")
-    return run_dir(path_or_dir) / (name + SUFFIX)
-
-
-def begin_session(path_or_dir: str | os.PathLike | None, **kwargs: Any) -> Session:
-    """Create, start and register the process's session (UsageError if one is recording)."""
-    global _active
-    with _active_lock:
-        current = active_session()
-        if current is not None:
-            raise UsageError(
-                f"memtrace is already recording this process to {current.path}; call memtrace.stop() first"
-            )
-        hz = os.environ.get(SAMPLE_HZ_ENV, "").strip()
-        if hz and kwargs.get("sample_hz", 1.0) > 0:  # a measurement knob: 0 turns the sidecar off
-            try:
-                kwargs["sample_hz"] = max(float(hz), 0.0)
-            except ValueError:
-                raise UsageError(f"{SAMPLE_HZ_ENV}={hz!r} is not a number of samples per second") from None
-        stacks = kwargs.get("stacks", "python")
-        if stacks not in STACKS:
-            raise UsageError(f"stacks={stacks!r} is not one of {', '.join(STACKS)}")
-        path = trace_path(path_or_dir, kwargs.get("rank"))
-        try:
-            session = Session(path, **kwargs)
-        except OSError as exc:
-            raise MemtraceError(
-                f"cannot write the trace {path}: {exc.strerror or exc}; choose another MEMTRACE_DIR"
-            ) from None
-        _active = session
-    session.start_sources()
-    return session
 
 
 class Session:
@@ -450,7 +389,6 @@ class Session:
         the start-up-complete fact reaches the file last, with the finished trace. Any other reason
         returns with the file complete.
         """
-        global _active
         deferred = self._bg is not None and reason == "startup-complete"
         with self._lock:
             if self.closed:
@@ -478,15 +416,12 @@ class Session:
         if snap is not None:
             self._later(lambda: self._save_segments(snap))
         if deferred:
-            _finishing.append(self)
-            _wait_at_exit()
+            registry.finishing(self)
             self._bg.submit(self._finish)
         else:
             self.wait_written()
             self._finish()
-        with _active_lock:
-            if _active is self:
-                _active = None
+        registry.deactivate(self)
         return self.path
 
     def _finish(self) -> None:
@@ -502,32 +437,4 @@ class Session:
             self.writer.close()
         if self._bg is not None:
             self._bg.end()
-        if self in _finishing:
-            _finishing.remove(self)
-
-
-#: Sessions whose file is still being finished by their background writer.
-_finishing: list[Session] = []
-_exit_wait_registered = False
-
-
-def wait_finishing() -> None:
-    """Wait until every closed session's file is complete (at exit, on SIGTERM)."""
-    for session in list(_finishing):
-        session.wait_written()
-
-
-def _wait_at_exit() -> None:
-    """Make a multiprocessing child (a vLLM worker: it skips atexit) wait for its files at exit too."""
-    global _exit_wait_registered
-    if _exit_wait_registered:
-        return
-    _exit_wait_registered = True
-    try:
-        import atexit
-        from multiprocessing import util
-
-        atexit.register(wait_finishing)
-        util.Finalize(None, wait_finishing, exitpriority=100)
-    except Exception:  # noqa: BLE001
-        log.debug("memtrace: no exit wait for the background writer", exc_info=True)
+        registry.finished(self)

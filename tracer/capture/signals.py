@@ -27,7 +27,7 @@ _previous: dict[int, Any] = {}
 
 
 def _on_exit() -> None:
-    from .session import active_session, wait_finishing
+    from .registry import active_session, wait_finishing
 
     session = active_session()
     if session is not None:
@@ -39,7 +39,7 @@ def _on_exit() -> None:
 
 
 def _handler(signum: int, frame: Any) -> None:
-    from .session import active_session
+    from .registry import active_session
 
     session = active_session()
     name = signal.Signals(signum).name
@@ -53,7 +53,7 @@ def _handler(signum: int, frame: Any) -> None:
         except Exception as exc:
             log.warning("memtrace: could not write the trace on %s: %s", name, exc)
     if signum != signal.SIGINT:
-        from .session import wait_finishing
+        from .registry import wait_finishing
 
         wait_finishing()
     previous = _previous.get(signum, signal.SIG_DFL)
