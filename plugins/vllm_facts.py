@@ -199,8 +199,9 @@ def plugin_facts(environ: dict[str, str]) -> dict[str, Any]:
     value = environ.get("VLLM_PLUGINS")
     allowed = None if value is None else value.split(",")
     out: dict[str, Any] = {"VLLM_PLUGINS": value}
+    installed = entry_points()  # one scan of the installed distributions (this runs on vLLM's path)
     for key, group in PLUGIN_GROUPS.items():
-        names = sorted({ep.name for ep in entry_points(group=group)})
+        names = sorted({ep.name for ep in installed.select(group=group)})
         out[key] = [n for n in names if allowed is None or n in allowed]
     return out
 
