@@ -59,6 +59,7 @@ STACKS_ENV = "MEMTRACE_STACKS"
 CMDLINE_ENV = "MEMTRACE_CMDLINE"  # the redacted command line of the process that loaded vLLM first
 DIR_ENV = "MEMTRACE_DIR"
 SWITCH_ENV = "MEMTRACE"
+PLUGIN_NAME = "memtrace"  # the entry point's name in vLLM's vllm.general_plugins group
 FACT_STARTUP_COMPLETE = F.VLLM_STARTUP_COMPLETE_US
 
 _plugin: Plugin | None = None
@@ -78,6 +79,15 @@ def enabled(environ: dict[str, str] | None = None) -> bool:
     if "memtrace" in plugins or environ.get(DIR_ENV):
         return True
     return environ.get(SWITCH_ENV, "").strip().lower() in ("1", "true", "yes", "on")
+
+
+def vllm_plugins_with_memtrace(value: str | None) -> str | None:
+    """The ``VLLM_PLUGINS`` vLLM must see for this plugin to load: None (leave it unset: vLLM then loads
+    every installed plugin) or the user's list with memtrace appended. vLLM splits the value on
+    commas without stripping, so that is the test here too."""
+    if value is None or PLUGIN_NAME in value.split(","):
+        return value
+    return f"{value},{PLUGIN_NAME}" if value.strip() else PLUGIN_NAME
 
 
 def register() -> None:

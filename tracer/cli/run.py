@@ -32,7 +32,6 @@ from .. import facts as F
 NAME = "run"
 ORDER = 10
 
-PLUGIN = "memtrace"  # the plugin's name in vLLM's entry-point group
 POLL_S = 0.5
 GRACE_S = 10.0  # after one worker completes start-up, how long to wait for the others
 
@@ -50,22 +49,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("command", nargs=argparse.REMAINDER, metavar="-- COMMAND", help="the command to trace")
 
 
-def plugins_with_memtrace(value: str | None) -> str | None:
-    """The ``VLLM_PLUGINS`` vLLM must see for memtrace to load: None (leave it unset: vLLM then loads
-    every installed plugin) or the user's list with memtrace appended. vLLM splits the value on
-    commas without stripping, so that is the test here too."""
-    if value is None or PLUGIN in value.split(","):
-        return value
-    return f"{value},{PLUGIN}" if value.strip() else PLUGIN
-
-
 def child_environment(environ: dict[str, str], run_dir: Path, until: str, command: list[str]) -> dict[str, str]:
     """The command's environment: memtrace's switch and run settings, the redacted argv, and
     ``VLLM_PLUGINS`` untouched unless it was set without memtrace."""
     from ..capture.env import redact_argv
+    from ..plugins.vllm import vllm_plugins_with_memtrace
 
     env = dict(environ)
-    plugins = plugins_with_memtrace(env.get("VLLM_PLUGINS"))
+    plugins = vllm_plugins_with_memtrace(env.get("VLLM_PLUGINS"))
     if plugins is not None:
         env["VLLM_PLUGINS"] = plugins
     env["MEMTRACE"] = "1"
