@@ -31,6 +31,7 @@ class FakeTorch:
         """``free_stacks``: keep the frees' stacks whatever ``context`` asks (None: as torch would)."""
         self.free_stacks = free_stacks
         self.context = "all"
+        self.reserved = 0  # what torch.cuda.memory_reserved() answers
         self.all_entries = snap["device_traces"][0]
         self.segments = snap["segments"]
         self.pos = 0
@@ -58,7 +59,10 @@ class FakeTorch:
     def module(self):
         memory = types.SimpleNamespace(_record_memory_history=self.record, _snapshot=self.snapshot)
         cuda = types.SimpleNamespace(
-            memory=memory, is_initialized=lambda: True, memory_stats=lambda d: dict(self.stats)
+            memory=memory,
+            is_initialized=lambda: True,
+            memory_stats=lambda d: dict(self.stats),
+            memory_reserved=lambda d: self.reserved,
         )
         prof = types.SimpleNamespace(record_function=lambda name: contextlib.nullcontext())
         return types.SimpleNamespace(cuda=cuda, _C=types.SimpleNamespace(), profiler=prof)

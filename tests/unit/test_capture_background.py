@@ -147,3 +147,28 @@ def test_a_signal_handler_interrupting_a_session_method_does_not_deadlock(snap, 
     t.join(30)
     assert not t.is_alive(), "close() waited for a writer that needs the lock it holds"
     assert len(load_trace(path).events) == fake.pos
+
+
+def test_phase_boundaries_tell_the_sidecar_pytorchs_reserved_bytes(snap, tmp_path):
+    """How the sidecar finds this process by memory where NVML lists host pids (a container)."""
+
+    class SidecarStub:  # stands in for the sidecar process handle: records what it is told
+        unavailable = None
+
+        def __init__(self):
+            self.hints = []
+
+        def hint(self, reserved):
+            self.hints.append(reserved)
+
+        def stop(self):
+            return {}
+
+    s, fake = session_with(snap, tmp_path / "t.memtrace")
+    s.sidecar = SidecarStub()
+    fake.reserved = 3 << 30
+    token = s.phase_enter("load_model")
+    fake.reserved = 5 << 30
+    s.phase_exit(token)
+    s.close("stop")
+    assert s.sidecar.hints == [3 << 30, 5 << 30]
