@@ -128,7 +128,7 @@ VLLM=(python3 -m vllm.entrypoints.openai.api_server --model /tmp/model --load-fo
       --host 127.0.0.1 --kv-cache-dtype fp8 --max-model-len 32768 --max-num-batched-tokens 8192 --max-num-seqs 8
       --api-key memtrace-secret-key)
 NEXT_PORT=$PORT
-port() { NEXT_PORT=$((NEXT_PORT + 1)); echo "$NEXT_PORT"; }
+next_port() { NEXT_PORT=$((NEXT_PORT + 1)); }   # a fresh port per server (not in a $(...): that is a subshell)
 vllm_facts() {  # the lines of vLLM's log that must not change with the plugin
   grep -hoE "Available KV cache memory: [0-9.]+ GiB|GPU KV cache size: [0-9,]+ tokens|Model loading took [0-9.]+ GiB|$INIT_RE s( \(compilation: [0-9.]+ s\))?" "$1" | tr '\n' ';'
 }
@@ -141,9 +141,9 @@ smi_start() {  # device-level NVML samples at 10 Hz into FILE
 if want trace; then
   mkdir -p "$W/trace"; D=$W/trace
   log "(a) trace: cold start-up under memtrace run, MEMTRACE_STACKS=python (limit $(left)s left)"
-  smi_start "$D/nvidia-smi.csv"
+  smi_start "$D/nvidia-smi.csv"; next_port
   MEMTRACE_STACKS=python start "$D/vllm.log" python3 -m memtrace run --dir "$D/run" --until startup -- \
-    "${VLLM[@]}" --port "$(port)" --gpu-memory-utilization 0.92
+    "${VLLM[@]}" --port "$NEXT_PORT" --gpu-memory-utilization 0.92
   A=$SID
   wait_log "$D/vllm.log" "Application startup complete" "$A" $(( $(left) > 400 ? 360 : $(left) - 30 ))
   rc=$?
@@ -188,9 +188,9 @@ PY
     cat "$D/holder.log" | tee -a "$OUT/progress.log"
     start /dev/null bash -c "while :; do echo \"# \$(date +%s.%N)\"; nvidia-smi --query-compute-apps=pid,process_name,used_memory --format=csv,noheader,nounits; sleep 0.5; done > '$D/nvidia-smi-apps.txt' 2>&1"
     APPS=$SID
-    smi_start "$D/nvidia-smi.csv"
+    smi_start "$D/nvidia-smi.csv"; next_port
     start "$D/vllm.log" python3 -m memtrace run --dir "$D/run" --until startup -- \
-      "${VLLM[@]}" --port "$(port)" --gpu-memory-utilization "$SHARED_UTIL"
+      "${VLLM[@]}" --port "$NEXT_PORT" --gpu-memory-utilization "$SHARED_UTIL"
     B=$SID
     wait_end "$B" $(( $(left) > 200 ? 180 : $(left) - 15 )); rc=$?
     log "(b) vLLM $([ $rc = 0 ] && echo exited || echo 'still running: stopping it')"
@@ -214,11 +214,11 @@ fi
 # ---- (c) the cost: warm pairs, plugin on / off --------------------------------------------------
 one_run() {  # one_run NAME on|off -> prints the init-engine seconds (or "-") ; logs under $W/cost
   local name=$1 mode=$2 d=$W/cost t0 rc secs
-  t0=$SECONDS
+  t0=$SECONDS; next_port
   if [ "$mode" = on ]; then
-    MEMTRACE_DIR="$d/$name-trace" start "$d/$name.log" "${VLLM[@]}" --port "$(port)" --gpu-memory-utilization 0.92
+    MEMTRACE_DIR="$d/$name-trace" start "$d/$name.log" "${VLLM[@]}" --port "$NEXT_PORT" --gpu-memory-utilization 0.92
   else
-    start "$d/$name.log" "${VLLM[@]}" --port "$(port)" --gpu-memory-utilization 0.92
+    start "$d/$name.log" "${VLLM[@]}" --port "$NEXT_PORT" --gpu-memory-utilization 0.92
   fi
   local sid=$SID
   wait_log "$d/$name.log" "$INIT_RE" "$sid" $(( $(left) - 10 )); rc=$?
