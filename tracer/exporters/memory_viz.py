@@ -150,8 +150,9 @@ def snapshot_dict(trace: Trace, progress=None) -> dict[str, Any]:
     }
 
 
-#: Entries per MARK ... APPENDS group of the streamed file.
-CHUNK = 1 << 16
+#: Entries per MARK ... APPENDS group of the streamed file. MemoryViz.js appends a group with
+#: ``arr.push(...items)``, whose argument count JavaScript engines cap (pickle itself uses 1,000).
+CHUNK = 1 << 13
 
 
 def _slow_positions(ev: np.ndarray) -> np.ndarray:
