@@ -76,7 +76,7 @@ def enabled(environ: dict[str, str] | None = None) -> bool:
     memtrace alone must not trace every vLLM run.)"""
     environ = os.environ if environ is None else environ
     plugins = [p.strip() for p in environ.get("VLLM_PLUGINS", "").split(",")]
-    if "memtrace" in plugins or environ.get(DIR_ENV):
+    if PLUGIN_NAME in plugins or environ.get(DIR_ENV):
         return True
     return environ.get(SWITCH_ENV, "").strip().lower() in ("1", "true", "yes", "on")
 
