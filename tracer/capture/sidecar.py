@@ -74,6 +74,11 @@ class Sidecar:
         self.unavailable = line.removeprefix("unavailable ") or f"the sidecar did not answer within {timeout:.0f} s"
         return self.unavailable
 
+    def join_started(self, timeout: float = READY_TIMEOUT_S) -> None:
+        """Wait until a sidecar started with ``wait=False`` has answered (sampling or unavailable)."""
+        if self._waiter is not None:
+            self._waiter.join(timeout)
+
     def hint(self, reserved_bytes: int) -> None:
         """Tell the sidecar the traced process's PyTorch reserved bytes (see ``processes.Others``)."""
         try:
