@@ -7,6 +7,7 @@ from typing import Any
 
 from ..units import GiB, format_bytes
 from ..units import format_gib as _gib
+from . import oom_text
 
 #: Fingerprint differences listed one per line; the rest are named on one line.
 SHOW_MISMATCHES = 8
@@ -65,7 +66,7 @@ def _render_one(d, multi: bool) -> list[str]:
     level = "PyTorch reserved + non-PyTorch memory" if d.device_level else "PyTorch reserved only (no NVML in both)"
     if d.mismatches:
         out.append("WARNING: the two runs are not comparable; they differ in:")
-        out += [f"  {name}: {b} → {n}" for name, b, n in d.mismatches[:SHOW_MISMATCHES]]
+        out += [f"  {name}: {_field(name, b)} → {_field(name, n)}" for name, b, n in d.mismatches[:SHOW_MISMATCHES]]
         rest = [name for name, _, _ in d.mismatches[SHOW_MISMATCHES:]]
         if rest:
             out.append(f"  and {len(rest)} more: {', '.join(rest)}")
@@ -149,13 +150,14 @@ def _hook_label(name: str) -> str:
     return name if name == ALL_HOOKS else hook_short_name(name)
 
 
+def _field(name: str, value: str) -> str:
+    """A fingerprint field as shown: byte counts in GiB, everything else as recorded."""
+    return _gib(int(value)) if name.endswith("_bytes") and value.isdigit() else value
+
+
 def oom_line(oom) -> str:
-    """``the new run died of CUDA OOM in PHASE: asked for X with Y free`` (analysis.oom.Oom)."""
-    free = f" with {_size(oom.free_bytes)} free" if oom.free_bytes is not None else ""
-    return (
-        f"the new run died of CUDA OOM in {oom.phase_path or 'no phase'} at its "
-        f"{_size(oom.requested_bytes)} request{free}"
-    )
+    """``the new run died of CUDA OOM in PHASE: requested X, device free Y`` (analysis.oom.Oom)."""
+    return f"the new run died of CUDA OOM {oom_text.where(oom)}: {oom_text.details(oom)}"
 
 
 def _per_call(sizes: tuple[int, ...]) -> str:

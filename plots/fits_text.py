@@ -11,6 +11,7 @@ from __future__ import annotations
 from ..analysis.fits import DIED, FITS, NO_KV, NO_KV_CACHE, OOM, REFUSED, UNKNOWN, Fit
 from ..analysis.reconcile import PRE_KV_PEAK
 from ..units import format_gib as _gib
+from . import oom_text
 from .text import wrap
 
 #: The width of the one-capacity answer (the table is as wide as it needs).
@@ -30,12 +31,7 @@ HEADLINE = {
 def _oom_facts(r: Fit) -> str:
     """The recorded OOM in words: phase, the failed request, the free memory."""
     o = r.recorded_oom
-    where = f" in {o.phase_path}" if o.phase_path else ""
-    limit = f", allocator limit {_gib(o.total_bytes)}" if o.total_bytes else ""
-    free = _gib(o.free_bytes) if o.free_bytes is not None else "not recorded"
-    return (
-        f"the recorded run died of CUDA OOM{where}: it asked for {_gib(o.requested_bytes)}, device free {free}{limit}"
-    )
+    return f"the recorded run died of CUDA OOM {oom_text.where(o)}: {oom_text.details(o)}"
 
 
 def _verdict(r: Fit) -> str:

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from ..analysis.landmarks import Landmarks
 from ..analysis.oom import Oom
 from ..units import format_gib
+from . import oom_text
 
 
 @dataclass(frozen=True)
@@ -53,10 +54,9 @@ def summary_paragraph(r: IssueRank) -> str:
         parts.append(f"Transient after the KV cache was allocated: {format_gib(lm.post_kv_transient_bytes)}{where}.")
     if r.oom is not None:
         o = r.oom
-        free = f", {format_gib(o.free_bytes)} free" if o.free_bytes is not None else ""
         parts.append(
             f"**The process died of CUDA OOM** in `{o.phase_path or 'outside any phase'}` at "
-            f"{(o.time_us - s.start_us) / 1e6:.3f} s (requested {format_gib(o.requested_bytes)}{free})."
+            f"{(o.time_us - s.start_us) / 1e6:.3f} s ({oom_text.details(o, s.process.device_total_bytes)})."
         )
     return " ".join(parts)
 

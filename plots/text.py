@@ -14,6 +14,7 @@ from typing import TextIO
 from ..analysis.flame import hook_short_name
 from ..analysis.summary import Crossing, Summary, worst
 from ..model import Frame
+from . import oom_text
 from .kv_text import render_non_kv
 
 GiB = 1024**3
@@ -21,9 +22,9 @@ GiB = 1024**3
 DEFINITIONS = (
     "allocated = requested bytes live in tensors (trace entries carry requested sizes; torch's "
     "memory_allocated counts rounded blocks, a few KiB more). reserved = bytes in PyTorch's segments "
-    "(torch's memory_reserved). device used = NVML, the whole device: CUDA context, NCCL, cuBLAS and "
-    "other processes included, less the memory the driver reserves (counted as cudaMemGetInfo and "
-    "vLLM's target count). non-torch = device used - reserved. Times are seconds since the start "
+    "(torch's memory_reserved). device used = this process's device memory from NVML: CUDA context, "
+    "NCCL, cuBLAS included; other processes' memory (NVML's per-process list) and the memory the driver "
+    "reserves left out (counted as cudaMemGetInfo and vLLM's target count). non-torch = device used - reserved. Times are seconds since the start "
     "of the recording."
 )
 _CURVE_NAMES = {"reserved": "reserved", "device_used": "device used", "allocated": "allocated"}
@@ -163,6 +164,9 @@ def _header(out: _Out, s: Summary) -> None:
         out.item("device: " + ", ".join(dev))
     if versions:
         out.item("versions: " + ", ".join(versions))
+    if s.allocator:
+        shown = ", ".join(f"{k}:{v}" if v else k for k, v in sorted(s.allocator.items()))
+        out.item(f"allocator settings: {shown}")
     dur = (s.end_us - s.start_us) / 1e6
     rec = s.recording
     out.item(
@@ -176,13 +180,9 @@ def _header(out: _Out, s: Summary) -> None:
 def _oom_text(s: Summary) -> str:
     """The OOM the run died of, in one sentence: when, where, the failed request, the free memory."""
     o = s.oom
-    where = f" in {o.phase_path}" if o.phase_path else " outside any phase"
-    free = f"device free {gib_unit(o.free_bytes)}" if o.free_bytes is not None else "free memory not recorded"
-    limit = f", allocator limit {gib_unit(o.total_bytes)}" if o.total_bytes else ""
-    more = f" ({o.count} OOMs recorded; the first shown)" if o.count > 1 else ""
     return (
-        f"DIED: CUDA out of memory at {_seconds(s, o.time_us)}{where}: requested {gib_unit(o.requested_bytes)}, "
-        f"{free}{limit}{more}. Nothing after it was recorded."
+        f"DIED: CUDA out of memory at {_seconds(s, o.time_us)} {oom_text.where(o)}: "
+        f"{oom_text.details(o, s.process.device_total_bytes)}. Nothing after it was recorded."
     )
 
 
@@ -234,7 +234,13 @@ def _peak(out: _Out, s: Summary) -> None:
         out.item(
             f"device used peak {gib_unit(pd.bytes)} at {_seconds(s, pd.time_us)}"
             + (f" in {pd.phase_path}" if pd.phase_path else "")
-            + " (NVML samples)"
+            + " (NVML samples, this process)"
+        )
+    if s.peak_others is not None and s.peak_others.bytes > 0:
+        po = s.peak_others
+        out.item(
+            f"other processes on this GPU held up to {gib_unit(po.bytes)} (at {_seconds(s, po.time_us)}; NVML's "
+            "per-process list): not this process's memory, left out of device used and non-torch"
         )
 
 

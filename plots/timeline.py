@@ -24,7 +24,7 @@ from pathlib import Path
 import numpy as np
 
 from ..analysis.categories import CATEGORIES
-from ..units import GiB, format_bytes, format_gib
+from ..units import GiB, format_gib, format_size
 from .phase_lane import PhaseLabel
 from .timeline_axes import DPI_HINT, LABEL_PT, draw_lane, draw_main, draw_zoom, zoom_window
 from .timeline_data import RankTimeline
@@ -115,7 +115,7 @@ def _in_phase(path: str) -> str:
 
 def _size(n: int) -> str:
     """GiB as everywhere on the figure, but "27.56 MiB" rather than "0.03 GiB" for what is small."""
-    return format_gib(n) if abs(n) >= GiB else format_bytes(n, 2)
+    return format_size(n)
 
 
 _UNTIL = {"dropped": "", "end": ", until the end of the recording", "oom": ", until the OOM"}

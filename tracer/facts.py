@@ -52,7 +52,7 @@ SIDECAR = _fact("sidecar", "dict", "capture.session", "the NVML sidecar: rate, s
 ALLOCATOR_SETTINGS = _fact(
     "allocator_settings",
     "dict",
-    "importers.torch_snapshot",
+    "capture.session (first drain), importers.torch_snapshot",
     "the snapshot's allocator_settings (expandable segments...)",
 )
 MARKER = _fact("marker", "str", "tests", "a free-form label a test or script attaches to a run")

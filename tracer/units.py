@@ -118,6 +118,14 @@ def format_gib(n_bytes: int | float | None, digits: int = 2) -> str:
     return f"{n_bytes / GiB:.{digits}f} GiB"
 
 
+def format_size(n_bytes: int | float | None) -> str:
+    """GiB as everywhere, but "27.56 MiB" rather than "0.03 GiB" for what is under 1 GiB (torch's own
+    wording in its OOM message); "—" for None."""
+    if n_bytes is None:
+        return "—"
+    return format_gib(n_bytes) if abs(n_bytes) >= GiB else format_bytes(n_bytes, 2)
+
+
 def format_bytes(n_bytes: int | float, digits: int = 1) -> str:
     """A human size in the largest binary unit that keeps the number >= 1: "512.0 MiB", "3.2 GiB"."""
     sign = "-" if n_bytes < 0 else ""

@@ -293,14 +293,14 @@ def test_two_runs_of_one_matrix_key_are_comparable(capsys):
     rc, out, _ = _run(capsys, H200 / "startup-full", H200 / "startup-ws1g")
     assert "WARNING" not in out and "note: a run recorded no environment" not in out
     rc, out, _ = _run(capsys, H200 / "startup-full", H200 / "startup-cap32g")
-    assert "  card_bytes: — → 34359738368" in out  # a run that stood for a 32 GiB card is another key
+    assert "  card_bytes: — → 32.00 GiB" in out  # a run that stood for a 32 GiB card is another key
 
 
 def test_new_run_dying_of_oom_names_phase_request_and_free_memory(capsys):
     # startup-cap6g died in profile_run asking for 1 GiB (outcomes.json); the OOM comes from analysis.oom
     rc, out, _ = _run(capsys, H200 / "startup-cap32g", H200 / "startup-cap6g", "--fail-over", "100GiB")
     assert rc == 1
-    assert "the new run died of CUDA OOM in profile_run at its 1.00 GiB request" in out
+    assert "the new run died of CUDA OOM in profile_run: requested 1.00 GiB, device free 134.06 GiB" in out
     rc, out, _ = _run(capsys, H200 / "startup-cap16g", H200 / "startup-cap6g", "--fail-over", "100GiB")
     assert rc == 0  # the base died too: not a new failure
 

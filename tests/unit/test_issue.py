@@ -93,7 +93,7 @@ VLLM_RUN = TESTS / "data" / "vllm-h200" / "startup"
 def test_real_vllm_bundle_holds_no_local_paths_and_a_title_from_facts(tmp_path):
     assert main(["issue", str(VLLM_RUN), "-o", str(tmp_path / "b")]) == 0
     md = (tmp_path / "b" / "issue.md").read_text()
-    assert md.startswith("## GPU memory during vLLM 0.25.1 start-up: model (Qwen3MoeForCausalLM) on NVIDIA H200")
+    assert md.startswith("## GPU memory during start-up: Qwen3MoeForCausalLM, vLLM 0.25.1, NVIDIA H200")
     for local in ("/tmp/", "/opt/", str(TESTS), "/work/", "/root/"):
         assert local not in md, local
 

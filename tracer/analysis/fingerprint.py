@@ -1,8 +1,9 @@
-"""Who recorded a trace and on what: the environment fingerprint, the run's title, shareable paths.
+"""What a reader of an upstream issue needs to know about a run: the environment table, the command
+line, the allocator settings, with shareable paths.
 
-One owner for the facts that identify a run (GPU, driver, CUDA, torch, vLLM, FlashInfer, model and the
-flags that change memory): the issue bundle's environment table, every figure's title and the
-comparability check of two runs read them from here. Paths on the recording machine (``/tmp/model``,
+The environment fields shown are those of the matrix key (``history_key``, which decides whether two
+runs compare) plus the versions and the flags that change memory; figure titles are
+``plots.titles``. Paths on the recording machine (``/tmp/model``,
 ``/opt/venv/bin/python3``) are shown by their last component only, so nothing local leaks into an
 upstream issue.
 """
@@ -14,24 +15,11 @@ from typing import Any
 
 from .. import facts as F
 from ..model import Trace
+from .history_key import MEMORY_FLAGS as _KEY_FLAGS
 
-#: vLLM flags (``facts["vllm.config"]`` keys) that change how much memory a start-up takes.
-MEMORY_FLAGS = (
-    "model",
-    "architecture",
-    "moe_backend",
-    "quantization",
-    "dtype",
-    "kv_cache_dtype",
-    "max_model_len",
-    "max_num_batched_tokens",
-    "max_num_seqs",
-    "tensor_parallel_size",
-    "pipeline_parallel_size",
-    "cudagraph_mode",
-    "enforce_eager",
-    "block_size",
-)
+#: vLLM flags shown in the environment table: the model, then the flags that change memory (the
+#: matrix key's own list, ``history_key.MEMORY_FLAGS``: one list of them).
+MEMORY_FLAGS = ("model", "architecture", *_KEY_FLAGS)
 
 
 def public_path(value: Any) -> Any:
@@ -53,20 +41,6 @@ def vllm_config(trace: Trace) -> dict[str, Any]:
 
 def vllm_version(trace: Trace) -> str | None:
     return env(trace).get("vllm") or trace.facts.get(F.VLLM_VERSION)
-
-
-def model_name(trace: Trace) -> str | None:
-    """The model as a reader knows it: the served name or path's last component, with the architecture
-    when the name is a local folder (``model (Qwen3MoeForCausalLM)``)."""
-    cfg = vllm_config(trace)
-    model = cfg.get("model")
-    if not model:
-        return None
-    shown = public_path(model)
-    arch = cfg.get("architecture")
-    if arch and shown != model:
-        return f"{shown} ({arch})"
-    return str(shown)
 
 
 def environment(trace: Trace) -> list[tuple[str, str]]:
@@ -100,27 +74,18 @@ def command_line(trace: Trace) -> str:
     return str(cmd or "")
 
 
-def title(trace: Trace) -> str:
-    """A figure's title from the trace's facts: "GPU memory during vLLM 0.25.1 start-up: model (Arch) on NVIDIA H200"."""
-    version = vllm_version(trace)
-    what = f"vLLM {version} start-up" if version else "start-up"
-    model = model_name(trace)
-    gpu = env(trace).get("gpu_name")
-    on = " on ".join(x for x in (model, gpu) if x)
-    return f"GPU memory during {what}" + (f": {on}" if on else "")
-
-
-def identity(trace: Trace) -> dict[str, str]:
-    """The fields that make two runs comparable (GPU, versions, model, memory flags), as strings."""
-    e, cfg = env(trace), vllm_config(trace)
-    out = {
-        "gpu": e.get("gpu_name"),
-        "driver": e.get("driver"),
-        "cuda": e.get("cuda"),
-        "torch": e.get("torch"),
-        "vllm": vllm_version(trace),
-        "flashinfer": e.get("flashinfer"),
-        "gpu_memory_utilization": trace.facts.get(F.UTIL),
-    }
-    out.update({k: cfg.get(k) for k in MEMORY_FLAGS})
-    return {k: str(v) for k, v in out.items() if v not in (None, "")}
+def allocator_settings(trace: Trace) -> dict[str, str]:
+    """The caching allocator's settings in force: torch's own ``allocator_settings`` from the first
+    snapshot when recorded, else ``PYTORCH_CUDA_ALLOC_CONF`` / ``PYTORCH_ALLOC_CONF`` as set; {} for
+    PyTorch's defaults (or a trace that recorded neither)."""
+    recorded = trace.facts.get(F.ALLOCATOR_SETTINGS)
+    if isinstance(recorded, dict) and recorded:
+        return {str(k): str(v) for k, v in recorded.items()}
+    environ = env(trace).get("environ") or {}
+    conf = environ.get("PYTORCH_CUDA_ALLOC_CONF") or environ.get("PYTORCH_ALLOC_CONF") or ""
+    out = {}
+    for part in str(conf).split(","):
+        key, sep, value = part.partition(":")
+        if key.strip():
+            out[key.strip()] = value.strip() if sep else ""
+    return out

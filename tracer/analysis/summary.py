@@ -34,6 +34,7 @@ from .. import facts as F
 from ..model import Frame, HookCall, Note, Process, Recording, Trace
 from .crossing import crossings
 from .curves import Baseline, Curves, all_curves
+from .fingerprint import allocator_settings
 from .landmarks import steady_non_torch_at
 from .live import holders_by_stack, lifetimes, meaningful_frame
 from .oom import Oom, find_oom
@@ -116,6 +117,7 @@ class Summary:
     peak: Peak
     peak_allocated: PeakPoint
     peak_device_used: PeakPoint | None
+    peak_others: PeakPoint | None  # other processes' memory on the device (NVML per-process), never counted as ours
     target: Target
     crossings: list[Crossing]
     phases: list[PhaseStats]
@@ -125,6 +127,7 @@ class Summary:
     warnings: list[str] = field(default_factory=list)
     non_kv: NonKv | None = None  # the one non-KV figure (analysis.reconcile.non_kv), fits shows it too
     oom: Oom | None = None  # the OOM the run died of (analysis.oom.find_oom)
+    allocator: dict[str, str] = field(default_factory=dict)  # allocator settings in force (fingerprint)
     path: str = ""
 
     @property
@@ -198,6 +201,11 @@ def summarize(
         di = curves.device_used.peak_index
         td = int(curves.device_used.time_us[di])
         peak_dev = PeakPoint("device_used", td, int(curves.device_used.bytes[di]), path_at(trace, td))
+    peak_others = None
+    if len(curves.others):
+        oi = curves.others.peak_index
+        to = int(curves.others.time_us[oi])
+        peak_others = PeakPoint("others", to, int(curves.others.bytes[oi]), path_at(trace, to))
     return Summary(
         label=trace.label,
         process=trace.process,
@@ -211,6 +219,8 @@ def summarize(
         peak=peak,
         peak_allocated=peak_alloc,
         peak_device_used=peak_dev,
+        peak_others=peak_others,
+        allocator=allocator_settings(trace),
         target=target,
         crossings=_crossings(trace, curves, target.target_bytes, oom),
         phases=phase_stats(trace, curves),

@@ -315,6 +315,8 @@ class Session:
                 self.history.update_recording(self.recording)
                 self.facts[F.CAPTURE] = self.history.capture_fact(self._phases)
                 self.facts[F.CAPTURE]["traced_thread_s"] = round(self._spent_s, 4)
+                if isinstance(self.history.allocator_settings, dict):  # torch's own view of its settings
+                    self.facts[F.ALLOCATOR_SETTINGS] = self.history.allocator_settings
             self.writer.set_process(self.process)
             self.writer.set_recording(self.recording)
             self.writer.set_facts(self.facts)

@@ -52,6 +52,7 @@ def run(args: argparse.Namespace) -> int:
     from ..plots.issue_md import IssueRank, render_issue, report_markdown
     from ..plots.timeline import render_timeline
     from ..plots.timeline_data import prepare_rank
+    from ..plots.titles import timeline_title
     from ..progress import task
     from ..units import format_gib
     from ._runs import load_args, select, target_args
@@ -66,7 +67,7 @@ def run(args: argparse.Namespace) -> int:
         t.advance()
         with atomic_write(out / "timeline.png") as tmp:
             rank_data = [prepare_rank(tr, tg.target_bytes) for tr, tg in zip(traces, targets, strict=True)]
-            render_timeline(rank_data, tmp, title=fingerprint.title(traces[0]))
+            render_timeline(rank_data, tmp, title=timeline_title(traces[0]))
         t.advance()
         worst = max(range(len(traces)), key=lambda i: summaries[i].peak.reserved_bytes)
         tr, s = traces[worst], summaries[worst]
@@ -84,7 +85,7 @@ def run(args: argparse.Namespace) -> int:
             render_folded(flame, tmp)
         t.advance()
     text = render_issue(
-        fingerprint.title(traces[0]),
+        timeline_title(traces[0]),
         ranks,
         fingerprint.environment(traces[0]),
         fingerprint.command_line(traces[0]),
