@@ -49,8 +49,11 @@ def render_diff(diffs: list, base_path: str, new_path: str, *, title: str = "mem
     failed = [d for d in diffs if d.failed]
     out.append("")
     if failed:
+        if any(d.new_empty for d in failed):
+            out.append("FAIL: the new run recorded no PyTorch memory, so nothing can pass the gate (exit 1)")
         n = sum(len(d.regressions) + (d.new_oom is not None) for d in failed)
-        out.append(f"FAIL: {n} figure(s) grew more than {diffs[0].threshold} (exit 1)")
+        if n:
+            out.append(f"FAIL: {n} figure(s) grew more than {diffs[0].threshold} (exit 1)")
     else:
         thr = diffs[0].threshold if diffs else "the threshold"
         out.append(f"OK: nothing grew more than {thr}")
@@ -84,6 +87,8 @@ def _render_one(d, multi: bool) -> list[str]:
         )
     if d.new_oom is not None:
         out.append(f"  {oom_line(d.new_oom)}; the base run did not")
+    if d.new_empty:
+        out.append("  the new run recorded no PyTorch memory (it stopped before allocating, or recorded nothing)")
     regs = d.regressions
     if regs:
         out.append("")
@@ -221,6 +226,7 @@ def diff_to_json(diffs: list, base_path: str, new_path: str) -> dict[str, Any]:
                 "mismatches": [{"field": k, "base": b, "new": n} for k, b, n in d.mismatches],
                 "environment_unknown": d.environment_unknown,
                 "new_oom": _oom_json(d.new_oom),
+                "new_empty": d.new_empty,
                 "headline": [change(c) for c in d.headline],
                 "regressions": [change(c) for c in d.regressions],
                 "phases": [

@@ -288,6 +288,14 @@ def _hooks(out: _Out, s: Summary, limit: int = 20) -> None:
     if not s.hook_calls:
         return
     out.heading("Hook calls (FlashInfer workspace allocators and MEMTRACE_HOOKS)")
+    if len(s.hook_calls) > 1:
+        totals = [
+            [_cut(hook_short_name(h.name), 40), f"{h.calls:,}", gib(h.returned_bytes), signed_gib(h.allocated_delta_bytes),
+             f"{h.errors:,}" if h.errors else ""]
+            for h in s.hook_totals
+        ]  # fmt: skip
+        out.table(["by function", "calls", "returned GiB", "Δ alloc GiB", "errors"], totals, "lrrrr")
+        out.line("")
     rows = []
     for c in s.hook_calls[:limit]:
         rows.append(

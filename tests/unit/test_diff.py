@@ -369,3 +369,18 @@ def test_diff_peaks_are_report_peaks_on_every_real_trace():
             assert f.headline[PEAK_DEVICE] == s.peak_device_used.bytes, path
         else:
             assert PEAK_DEVICE not in f.headline
+
+
+def test_a_new_run_that_recorded_nothing_fails_the_gate(tmp_path, capsys):
+    # what FlashInfer 0.7.4 did on the H200: the import failed inside memtrace.trace(), leaving a trace of
+    # the environment and no allocator event; diff said "OK: nothing grew" before
+    from memtrace.model import Trace
+    from memtrace.store import load_trace, save_trace
+
+    base = H200 / "startup-full"
+    empty = load_trace(next(base.glob("*.memtrace")))
+    empty = Trace(process=empty.process, recording=empty.recording, facts=empty.facts)
+    new = save_trace(empty, tmp_path / "empty.memtrace")
+    rc, out, _ = _run(capsys, base, new)
+    assert rc == 1
+    assert "FAIL: the new run recorded no PyTorch memory" in out

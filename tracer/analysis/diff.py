@@ -164,8 +164,15 @@ class TraceDiff:
         return gated + [c for c in self.hook_totals if c.over]
 
     @property
+    def new_empty(self) -> bool:
+        """The new run recorded no PyTorch memory where the base did (it crashed first, or recorded
+        nothing): there is nothing to compare, and a gate must not call that a pass."""
+        peak = {c.label: c for c in self.headline}.get(PEAK_RESERVED)
+        return peak is not None and bool(peak.base) and not peak.new
+
+    @property
     def failed(self) -> bool:
-        return bool(self.regressions) or self.new_oom is not None
+        return bool(self.regressions) or self.new_oom is not None or self.new_empty
 
     @property
     def comparable(self) -> bool:

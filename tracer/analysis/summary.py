@@ -101,6 +101,30 @@ class HolderLine:
     stacks: int = 1  # distinct allocating stacks grouped under this frame
 
 
+@dataclass(frozen=True)
+class HookTotal:
+    """Every call of one hooked function added up (nested calls count under their own function)."""
+
+    name: str
+    calls: int
+    returned_bytes: int  # distinct storages returned, summed over the calls
+    allocated_delta_bytes: int  # PyTorch allocated after minus before, summed
+    errors: int
+
+
+def hook_totals(trace: Trace) -> list[HookTotal]:
+    """Per hooked function: calls, bytes returned and allocated, errors; largest first."""
+    acc: dict[str, list[int]] = {}
+    for c in trace.hook_calls:
+        a = acc.setdefault(c.name, [0, 0, 0, 0])
+        a[0] += 1
+        a[1] += c.returned_bytes or 0
+        a[2] += c.allocated_delta_bytes or 0
+        a[3] += 1 if c.error else 0
+    rows = [HookTotal(name, *v) for name, v in acc.items()]
+    return sorted(rows, key=lambda h: (-h.returned_bytes, h.name))
+
+
 @dataclass
 class Summary:
     """Everything ``memtrace report`` shows for one trace."""
@@ -123,6 +147,7 @@ class Summary:
     phases: list[PhaseStats]
     holders: list[HolderLine]
     hook_calls: list[HookCall]
+    hook_totals: list[HookTotal]
     notes: list[Note]
     warnings: list[str] = field(default_factory=list)
     non_kv: NonKv | None = None  # the one non-KV figure (analysis.reconcile.non_kv), fits shows it too
@@ -226,6 +251,7 @@ def summarize(
         phases=phase_stats(trace, curves),
         holders=holders_by_site(trace, peak.event_index, top),
         hook_calls=list(trace.hook_calls),
+        hook_totals=hook_totals(trace),
         notes=list(trace.notes),
         warnings=_warnings(trace, curves),
         non_kv=non_kv(trace, curves),
