@@ -23,7 +23,7 @@ transformer-MoE built from random bf16 weights (no download, no vLLM needed):
   one private pool).
 
 At each phase end torch's counters (max_memory_reserved, max_memory_allocated, memory_reserved,
-memory_allocated) and NVML's device-used bytes go to ``facts["torch_counters"]`` and to
+memory_allocated) and NVML's device-used bytes go to ``facts[K.TORCH_COUNTERS]`` and to
 ``<trace>.counters.json`` next to the trace, with the outcome (``ok`` or the phase it died in).
 
 Usage::
@@ -49,6 +49,7 @@ from pathlib import Path
 import memtrace
 import torch
 import torch.nn.functional as F
+from memtrace import facts as K
 from memtrace.capture.api import current_session
 
 UNITS = {"": 1, "b": 1, "kib": 1 << 10, "mib": 1 << 20, "gib": 1 << 30, "kb": 10**3, "mb": 10**6, "gb": 10**9}
@@ -187,7 +188,7 @@ class Counters:
     def save(self) -> None:
         session = current_session()
         if session is not None:
-            session.set_fact("torch_counters", self.rows)
+            session.set_fact(K.TORCH_COUNTERS, self.rows)
         self.path.write_text(json.dumps(self.doc, indent=1, sort_keys=True))
 
 
@@ -200,8 +201,8 @@ def vphase(name: str, counters: Counters):
                 yield
             except BaseException:
                 session = current_session()
-                if session is not None and "died_in" not in session.facts:
-                    session.set_fact("died_in", session.phase_path())
+                if session is not None and K.DIED_IN not in session.facts:
+                    session.set_fact(K.DIED_IN, session.phase_path())
                 raise
     finally:
         counters.take(name)
@@ -214,9 +215,9 @@ def startup(a, session) -> dict:
     capacity = a.capacity or total
     counters = Counters(session.path.with_suffix(".counters.json"), dev.index)
     counters.doc.update(capacity_bytes=capacity, device_total_bytes=total, util=a.util, argv=sys.argv[1:])
-    session.set_fact("gpu_memory_utilization", a.util)
-    session.set_fact("target_bytes", math.ceil(a.util * capacity))
-    session.set_fact("capacity_bytes", capacity)
+    session.set_fact(K.UTIL, a.util)
+    session.set_fact(K.TARGET_BYTES, math.ceil(a.util * capacity))
+    session.set_fact(K.CAPACITY_BYTES, capacity)
     counters.doc["target_bytes"] = math.ceil(a.util * capacity)
 
     numbers: dict = {}
@@ -240,7 +241,7 @@ def startup(a, session) -> dict:
         if a.capacity:
             fraction = min(1.0, max(0.0, (capacity - non_torch) / total))
             torch.cuda.set_per_process_memory_fraction(fraction, dev)
-            session.set_fact("memory_fraction", fraction)
+            session.set_fact(K.MEMORY_FRACTION, fraction)
         requested = math.ceil(a.util * capacity)
         free_init = free_on_card()  # vLLM's init snapshot: after the context and cuBLAS, before weights
         note(requested_memory_bytes=requested, non_torch_at_init_bytes=non_torch, init_free_bytes=free_init)
@@ -253,7 +254,7 @@ def startup(a, session) -> dict:
     gc.collect()
     torch.cuda.empty_cache()
     torch.cuda.reset_peak_memory_stats(dev)
-    session.set_fact("peak_stats_reset_us", time.time_ns() // 1000)
+    session.set_fact(K.PEAK_STATS_RESET_US, time.time_ns() // 1000)
     with vphase("profile_run", counters), torch.inference_mode():
         tokens = torch.randint(0, a.vocab, (max_tokens,), device=dev)
         model(tokens)
@@ -339,16 +340,16 @@ def main(argv: list[str] | None = None) -> int:
         try:
             doc = startup(a, session)
         except (torch.OutOfMemoryError, ValueError) as exc:
-            oom = session.facts.get("oom") or {}
+            oom = session.facts.get(K.OOM) or {}
             outcome = {
                 "outcome": "oom" if isinstance(exc, torch.OutOfMemoryError) else "error",
-                "phase": oom.get("phase") or session.facts.get("died_in"),
+                "phase": oom.get("phase") or session.facts.get(K.DIED_IN),
                 "error": f"{type(exc).__name__}: {(str(exc).splitlines() or [''])[0]}",
             }
             doc = json.loads(session.path.with_suffix(".counters.json").read_text())
         outcome["seconds"] = round(time.time() - t0, 3)
         doc["outcome"] = outcome
-        session.set_fact("startup_outcome", outcome)
+        session.set_fact(K.STARTUP_OUTCOME, outcome)
         session.path.with_suffix(".counters.json").write_text(json.dumps(doc, indent=1, sort_keys=True))
         path = session.path
     print(

@@ -60,7 +60,6 @@ CMDLINE_ENV = "MEMTRACE_CMDLINE"  # the redacted command line of the process tha
 DIR_ENV = "MEMTRACE_DIR"
 SWITCH_ENV = "MEMTRACE"
 PLUGIN_NAME = "memtrace"  # the entry point's name in vLLM's vllm.general_plugins group
-FACT_STARTUP_COMPLETE = F.VLLM_STARTUP_COMPLETE_US
 
 _plugin: Plugin | None = None
 _lock = threading.Lock()
@@ -260,7 +259,7 @@ class Plugin:
     def startup_complete(self, session: Any) -> None:
         from ..capture import api
 
-        session.set_fact(FACT_STARTUP_COMPLETE, now_us())
+        session.set_fact(F.VLLM_STARTUP_COMPLETE_US, now_us())
         if self.until == "startup":
             path = api.stop("startup-complete")
             log.info("memtrace: start-up traced: %s", path)

@@ -16,7 +16,7 @@ import sys
 import time
 from typing import Any
 
-FACT_PHASE_MEMORY = "memtrace.phase_memory"
+from .. import facts as F
 
 
 def read(device: int) -> dict[str, int] | None:
@@ -44,6 +44,6 @@ def record(session: Any, phase: str, edge: str) -> None:
     reading = read(device)
     if reading is None:
         return
-    readings = list(session.facts.get(FACT_PHASE_MEMORY) or [])
+    readings = list(session.facts.get(F.PHASE_MEMORY) or [])
     readings.append({"phase": phase, "edge": edge, **reading})
-    session.set_fact(FACT_PHASE_MEMORY, readings)
+    session.set_fact(F.PHASE_MEMORY, readings)

@@ -187,14 +187,8 @@ class Recording:
     end_reason: str = ""  # "stop", "startup-complete", "oom", "signal:SIGTERM", "exit"...
 
 
-#: Well-known fact keys. Facts are a JSON-compatible dict; unknown keys are kept as they are.
-FACT_ENV = "env"  # dict: gpu_name, compute_capability, driver, cuda, torch, vllm, flashinfer, cmdline...
-FACT_TARGET_BYTES = "target_bytes"  # the utilization target: the line a start-up must stay under
-FACT_UTIL = "gpu_memory_utilization"
-FACT_VLLM_AVAILABLE_KV_BYTES = "vllm.available_kv_cache_bytes"
-FACT_VLLM_KV_TOKENS = "vllm.kv_cache_tokens"
-FACT_OOM = "oom"  # dict: time_us, device, requested_bytes, device_total_bytes, device_free_bytes
-FACT_COUNTERS = "torch_counters"  # list of dicts: torch's own counters at phase ends (validation)
+#: Fact keys (the ``facts`` document's keys) are listed once, with their types and writers, in
+#: ``memtrace.facts``.
 
 
 @dataclass

@@ -19,7 +19,7 @@ from memtrace.capture import history as H
 from memtrace.capture import registry as R
 from memtrace.capture import session as S
 from memtrace.exporters.memory_viz import snapshot_dict
-from memtrace.model import FACT_OOM
+from memtrace.facts import OOM as FACT_OOM
 from memtrace.store import load_trace, read_fact
 
 FULL = Path(__file__).parents[1] / "data" / "h200" / "startup-full" / "vm-pid457.memtrace"

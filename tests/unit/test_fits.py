@@ -285,15 +285,15 @@ def test_a_run_that_died_of_oom_on_its_card_says_it_dies_there(name, capsys):
     rc, out, _ = _run_fits(capsys, run, "--capacity", card)
     assert rc == 1  # it said "SURVIVES … 0.93 GiB to spare", exit 0, for cap16g
     assert f"DIES in {outcome['phase']}, where the recording died:" in out
-    requested = "1.00 GiB" if name == "startup-cap16g" else "0.50 GiB"
-    assert f"died of CUDA OOM in {outcome['phase']}: it asked for {requested}, device free" in out
+    requested, requested_bytes = ("1.00 GiB", GiB) if name == "startup-cap16g" else ("512.00 MiB", GiB // 2)
+    assert f"died of CUDA OOM in {outcome['phase']}: requested {requested}, device free" in out
     assert "SURVIVES" not in out and "Smallest card: unknown" in out
     rc, out, _ = _run_fits(capsys, run, "--capacity", card, "--json")
     doc = json.loads(out)
     assert rc == 1 and doc["smallest_fitting_capacity_bytes"] is None
     (r,) = doc["fits"]
     assert (r["outcome"], r["phase"], r["survives"]) == (DIED, outcome["phase"], False)
-    assert r["recorded_oom"]["requested_bytes"] == int(requested.split()[0].replace(".", "")) * GiB // 100
+    assert r["recorded_oom"]["requested_bytes"] == requested_bytes
 
 
 @NEEDS_H200
@@ -327,7 +327,7 @@ def test_text_and_json_render_the_same_answer(capsys):
             if r["phase"]:
                 assert r["phase"] in out
     _, out, _ = _run_fits(capsys, str(H200 / "startup-cap6g"), "--capacity", "32GiB")
-    assert "UNKNOWN: the recorded run died of CUDA OOM in profile_run: it asked for 1.00 GiB" in out
+    assert "UNKNOWN: the recorded run died of CUDA OOM in profile_run: requested 1.00 GiB" in out
 
 
 @NEEDS_H200

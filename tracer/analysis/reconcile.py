@@ -54,10 +54,8 @@ from .. import facts as F
 from ..model import Phase, Trace
 from .curves import Curve, Curves, all_curves
 
-FACT_GRAPH_ESTIMATE = F.VLLM_GRAPH_ESTIMATE_BYTES
 FORMULA_025 = "vllm-0.25"
 FORMULA_033 = "vllm-0.33"
-FACT_PHASE_MEMORY = F.PHASE_MEMORY  # written by memtrace.plugins.vllm_boundaries
 
 
 @dataclass(frozen=True)
@@ -130,7 +128,7 @@ def choose_formula(facts: dict[str, Any]) -> str:
 
 def _graph_estimate(trace: Trace) -> tuple[int, int | None, list[str]]:
     """(estimate applied, estimate recorded but switched off, notes)."""
-    estimate = trace.facts.get(FACT_GRAPH_ESTIMATE)
+    estimate = trace.facts.get(F.VLLM_GRAPH_ESTIMATE_BYTES)
     if not isinstance(estimate, int):
         return 0, None, ["no CUDA-graph estimate recorded (eager, or no cudagraph_profile phase): counted as none"]
     environ = (trace.facts.get(F.ENV) or {}).get("environ") or {}
@@ -151,7 +149,7 @@ def _sampled_at(curve: Curve, t_us: int) -> int | None:
 
 
 def _reading(trace: Trace, phase: str, edge: str) -> dict[str, int] | None:
-    for r in trace.facts.get(FACT_PHASE_MEMORY) or []:
+    for r in trace.facts.get(F.PHASE_MEMORY) or []:
         if r.get("phase") == phase and r.get("edge") == edge:
             return r
     return None

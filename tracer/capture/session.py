@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from .. import facts as F
-from ..model import FACT_ENV, FACT_OOM, HookCall, Note, Phase, Process, Recording
+from ..model import HookCall, Note, Phase, Process, Recording
 from ..store import TraceWriter
 from . import registry
 from .registry import (  # noqa: F401  (the session's module names, as before the split)
@@ -115,7 +115,7 @@ class Session:
         """Start the allocator history, sidecar, OOM observer and handlers. Never raises for a missing GPU."""
         from . import env, history, signals
 
-        self.set_fact(FACT_ENV, env.environment())
+        self.set_fact(F.ENV, env.environment())
         device = history.resolve_device(self._device_arg)
         if isinstance(device, str):  # a reason why there is no GPU
             log.warning("memtrace: %s; recording phases and facts only (no allocator events)", device)
@@ -132,7 +132,7 @@ class Session:
         self.process.device_index = device
         gpu = env.gpu_facts(device)
         self.process.device_total_bytes = gpu.get("total_memory_bytes")
-        self.facts[FACT_ENV].update(gpu)
+        self.facts[F.ENV].update(gpu)
         self.history = history.AllocatorHistory(
             device=device,
             stacks=self.recording.stacks,
@@ -380,10 +380,10 @@ class Session:
             "phase": self.phase_path(),
         }
         with self._lock:
-            if FACT_OOM in self.facts:
+            if F.OOM in self.facts:
                 self.add_note("error", f"another CUDA OOM: {record}")
             else:
-                self.facts[FACT_OOM] = record
+                self.facts[F.OOM] = record
             self.recording.end_reason = "oom"
         self.flush()  # waits for the background writer: the trace is complete before torch raises
 

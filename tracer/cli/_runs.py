@@ -101,7 +101,3 @@ def main_trace(run: Run, rank: int | None) -> Trace:
     """One trace: the given rank's, else the first (rank 0 when ranks are known)."""
     return select(run, rank)[0]
 
-
-# Kept for the gate commands written before the one loader: same function, older name.
-def load_with_progress(path: str | Path) -> Run:
-    return load(path)
