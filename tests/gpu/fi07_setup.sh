@@ -113,6 +113,6 @@ EOF
 
 case "${1:-}" in
   --install) install ;;
-  "" | -h | --help) sed -n '2,14p' "$0" ;;
+  "" | -h | --help) sed -n '2,/^set /{/^#/p}' "$0" ;;
   *) stage "${1%/}" ;;
 esac
