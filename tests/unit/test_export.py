@@ -48,7 +48,9 @@ def check_trace_event_format(doc: dict) -> None:
     assert isinstance(doc, dict) and isinstance(doc["traceEvents"], list)
     open_slices: dict[tuple, list] = {}
     for ev in doc["traceEvents"]:
-        assert ev["ph"] in {"C", "X", "B", "E", "M"}, ev
+        assert ev["ph"] in {"C", "X", "B", "E", "M", "i"}, ev
+        if ev["ph"] == "i":  # instant events: scope g(lobal), p(rocess) or t(hread)
+            assert ev.get("s", "t") in {"g", "p", "t"}, ev
         assert isinstance(ev["pid"], int) and isinstance(ev.get("tid", 0), int)
         assert isinstance(ev["name"], str) and ev["name"]
         if ev["ph"] == "M":

@@ -215,7 +215,7 @@ def summarize(
         target = resolve_target(trace, target_bytes=target)
     start_us, end_us = recording_span(trace)
     oom = find_oom(trace)
-    peak = _peak(trace, curves)
+    peak = reserved_peak(trace, curves)
     alloc = curves.allocated
     ai = alloc.peak_index
     peak_alloc = PeakPoint(
@@ -260,7 +260,7 @@ def summarize(
     )
 
 
-def _peak(trace: Trace, curves: Curves) -> Peak:
+def reserved_peak(trace: Trace, curves: Curves) -> Peak:
     """The reserved peak and the fullest moment of its plateau (see :class:`Peak`)."""
     res, alloc = curves.reserved, curves.allocated
     pi = res.peak_index

@@ -29,9 +29,10 @@ ACCEPTS = {"perfetto": (".json",), "memory-viz": (".pickle", ".pkl"), "folded": 
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    from ._runs import add_input
+    from ._runs import add_input, add_target
 
     add_input(p)
+    add_target(p)  # perfetto: the target counter and the first crossing
     p.add_argument("-f", "--format", choices=sorted(SUFFIX), default="perfetto", help="output format (perfetto)")
     p.add_argument("-o", "--output", metavar="FILE", help="output file (default: RUN's name + the format's suffix)")
     p.add_argument("--force", action="store_true", help="replace FILE if it exists (never an input)")
@@ -43,7 +44,7 @@ def run(args: argparse.Namespace) -> int:
 
     from ..outputs import atomic_write, output_file
     from ..progress import task
-    from ._runs import check_rank, load_args, select
+    from ._runs import check_rank, load_args, select, target_args
 
     check_rank(args.rank)
     out = output_file(
@@ -51,11 +52,13 @@ def run(args: argparse.Namespace) -> int:
     )
     run_ = load_args(args)
     if args.format == "perfetto":
+        from ..analysis.target import resolve_target
         from ..exporters.perfetto import export_perfetto
 
         traces = select(run_, args.rank)
+        targets = [resolve_target(tr, **target_args(args)) for tr in traces]
         with task(f"Writing {out}", total=len(traces)) as t, atomic_write(out) as tmp:
-            export_perfetto(traces, tmp, progress=t)
+            export_perfetto(traces, tmp, progress=t, targets=targets)
     elif args.format == "memory-viz":
         from ..exporters.memory_viz import export_memory_viz
 

@@ -5,7 +5,9 @@ The file follows the Trace Event Format (``{"traceEvents": [...]}``):
 - one *process* per traced process (``pid``: its pid, or its position when pids collide), named
   ``rank 0 (pid 1234)`` by an ``M`` (metadata) event;
 - *counter* tracks (``ph: "C"``), one per curve, each with a single numeric arg ``bytes``:
-  ``allocated``, ``reserved``, and with NVML samples ``device used`` and ``non-PyTorch``. Only
+  ``allocated``, ``reserved``, with NVML samples ``device used`` and ``non-PyTorch`` (this process's),
+  ``other processes`` when NVML's per-process list was sampled, and ``target`` (the resolved target,
+  ``analysis.target``). Only
   changes are written (the last value of each microsecond), so the file stays exact and small.
   ``non-PyTorch`` is the analysis' steady curve (``landmarks.steady_non_torch``: NVML samples taken
   while reserved moved are not used), the figure ``report`` gives, not the raw used - reserved that
@@ -13,7 +15,8 @@ The file follows the Trace Event Format (``{"traceEvents": [...]}``):
 - *slices* (``ph: "X"``, ``ts``/``dur`` in microseconds): phases on the "phases" thread (tid 1,
   properly nested), hooked calls on the "hook calls" thread (tid 2) with their bytes and arguments,
   and the OOM, when there was one (``analysis.oom.find_oom``: a live record or an imported ``oom``
-  entry), on the "events" thread (tid 3).
+  entry), on the "events" thread (tid 3), with instants for the reserved peak and the first crossing
+  of the target (``analysis.summary.reserved_peak``, ``analysis.crossing``): the figures ``report`` states.
 
 The file is streamed: counter points are formatted in chunks straight to the output, so a trace of
 ten million events never holds its JSON in memory.
@@ -33,17 +36,20 @@ from typing import IO, Any
 
 import numpy as np
 
+from ..analysis.crossing import crossings
 from ..analysis.curves import Curve, all_curves
 from ..analysis.flame import hook_short_name
 from ..analysis.landmarks import steady_non_torch
 from ..analysis.oom import find_oom
 from ..analysis.phases import recording_span
+from ..analysis.summary import reserved_peak
+from ..analysis.target import Target, resolve_target
 from ..model import Trace
 
 PHASES_TID = 1
 HOOKS_TID = 2
 EVENTS_TID = 3
-COUNTERS = ("allocated", "reserved", "device used", "non-PyTorch")
+COUNTERS = ("allocated", "reserved", "device used", "non-PyTorch", "other processes", "target")
 
 
 def _changes(curve: Curve) -> tuple[np.ndarray, np.ndarray]:
@@ -73,23 +79,32 @@ def _json_safe(value: Any) -> Any:
 CHUNK = 1 << 16
 
 
-def _records(traces: list[Trace], progress=None) -> Iterator[str]:
+def _records(traces: list[Trace], progress=None, targets: list[Target] | None = None) -> Iterator[str]:
     """Every trace event of a run as JSON text, metadata first; counter points come in chunks of
-    :data:`CHUNK` records joined by ``,\\n``. ``progress.advance()`` is called once per trace."""
+    :data:`CHUNK` records joined by ``,\\n``. ``progress.advance()`` is called once per trace.
+    ``targets`` (``analysis.target.resolve_target`` per trace; default: the recorded one) draws the
+    target counter and the first crossing."""
     t0 = min(recording_span(t)[0] for t in traces) if traces else 0
-    for trace, pid in zip(traces, _pids(traces), strict=True):
+    targets = targets or [resolve_target(t) for t in traces]
+    for trace, pid, target in zip(traces, _pids(traces), targets, strict=True):
+        curves = all_curves(trace)
         for ev in _metadata(trace, pid):
             yield _dumps(ev)
-        yield from _counters(trace, pid, t0)
-        for ev in (*_phase_slices(trace, pid, t0), *_hook_slices(trace, pid, t0), *_oom_slice(trace, pid, t0)):
+        yield from _counters(trace, curves, pid, t0, target)
+        for ev in (
+            *_phase_slices(trace, pid, t0),
+            *_hook_slices(trace, pid, t0),
+            *_oom_slice(trace, pid, t0),
+            *_landmarks(trace, curves, pid, t0, target),
+        ):
             yield _dumps(ev)
         if progress is not None:
             progress.advance()
 
 
-def trace_events(traces: list[Trace], progress=None) -> Iterator[dict[str, Any]]:
+def trace_events(traces: list[Trace], progress=None, targets: list[Target] | None = None) -> Iterator[dict[str, Any]]:
     """Every trace event of a run as dicts (what :func:`write_perfetto` writes), metadata first."""
-    for text in _records(traces, progress):
+    for text in _records(traces, progress, targets):
         yield from json.loads(f"[{text}]")
 
 
@@ -114,15 +129,48 @@ def _oom_slice(trace: Trace, pid: int, t0: int) -> Iterator[dict[str, Any]]:
            "pid": pid, "tid": EVENTS_TID, "args": args}  # fmt: skip
 
 
-def _counters(trace: Trace, pid: int, t0: int) -> Iterator[str]:
-    curves = all_curves(trace)
+def _target_curve(trace: Trace, target: Target) -> Curve:
+    if target.target_bytes is None:
+        return Curve(np.zeros(0, np.int64), np.zeros(0, np.int64))
+    start, end = recording_span(trace)
+    return Curve(np.array([start, end], np.int64), np.array([target.target_bytes] * 2, np.int64))
+
+
+def _counters(trace: Trace, curves, pid: int, t0: int, target: Target) -> Iterator[str]:
     non_torch = steady_non_torch(curves)
-    for name, curve in zip(COUNTERS, (curves.allocated, curves.reserved, curves.device_used, non_torch), strict=True):
+    series = (
+        curves.allocated,
+        curves.reserved,
+        curves.device_used,
+        non_torch,
+        curves.others,
+        _target_curve(trace, target),
+    )
+    for name, curve in zip(COUNTERS, series, strict=True):
         t, b = _changes(curve)
         fmt = f'{{"name":"{name}","ph":"C","ts":%d,"pid":{pid},"tid":0,"args":{{"bytes":%d}}}}'
         for lo in range(0, len(t), CHUNK):
             pairs = zip((t[lo : lo + CHUNK] - t0).tolist(), b[lo : lo + CHUNK].tolist(), strict=True)
             yield ",\n".join(map(fmt.__mod__, pairs))
+
+
+def _landmarks(trace: Trace, curves, pid: int, t0: int, target: Target) -> Iterator[dict[str, Any]]:
+    """Instant events for the figures ``report`` states: the reserved peak and the first crossing."""
+    if not len(trace.events):
+        return
+    peak = reserved_peak(trace, curves)
+    yield {"name": "peak reserved", "cat": "landmark", "ph": "i", "s": "p", "ts": peak.time_us - t0, "pid": pid,
+           "tid": EVENTS_TID, "args": {"reserved_bytes": peak.reserved_bytes, "allocated_bytes": peak.allocated_bytes,
+                                        "phase": peak.phase_path}}  # fmt: skip
+    oom = find_oom(trace)
+    found = crossings(trace, curves, target.target_bytes, oom_us=oom.time_us if oom is not None else None)
+    first = found.first if found is not None else None
+    if first is not None:
+        args = {"curve": first.curve, "target_bytes": first.target_bytes, "bytes_at_crossing": first.at_cross_bytes,
+                "max_bytes": first.max_bytes, "overshoot_bytes": first.overshoot_bytes, "phase": first.phase_path,
+                "target_source": target.source}  # fmt: skip
+        yield {"name": "first crossing of the target", "cat": "landmark", "ph": "i", "s": "p",
+               "ts": first.time_us - t0, "pid": pid, "tid": EVENTS_TID, "args": args}  # fmt: skip
 
 
 def _phase_slices(trace: Trace, pid: int, t0: int) -> Iterator[dict[str, Any]]:
@@ -149,7 +197,7 @@ def _hook_slices(trace: Trace, pid: int, t0: int) -> Iterator[dict[str, Any]]:
                "args": {"function": c.name, **args}}  # fmt: skip
 
 
-def write_perfetto(traces: list[Trace], out: IO[str], progress=None) -> int:
+def write_perfetto(traces: list[Trace], out: IO[str], progress=None, targets: list[Target] | None = None) -> int:
     """Stream the Trace Event JSON of ``traces`` to ``out``; returns the number of records written
     (a chunk of counter points counts as one)."""
     t0 = min(recording_span(t)[0] for t in traces) if traces else 0
@@ -157,7 +205,7 @@ def write_perfetto(traces: list[Trace], out: IO[str], progress=None) -> int:
     out.write(json.dumps({"producer": "memtrace", "t0_us": t0, "units": "bytes, microseconds since t0_us"}))
     out.write(', "traceEvents": [\n')
     n = 0
-    for text in _records(traces, progress):
+    for text in _records(traces, progress, targets):
         if n:
             out.write(",\n")
         out.write(text)
@@ -166,9 +214,11 @@ def write_perfetto(traces: list[Trace], out: IO[str], progress=None) -> int:
     return n
 
 
-def export_perfetto(traces: list[Trace], path: str | os.PathLike, progress=None) -> Path:
-    """Write ``traces`` (one run) to ``path`` as Perfetto / Chrome trace JSON."""
+def export_perfetto(
+    traces: list[Trace], path: str | os.PathLike, progress=None, targets: list[Target] | None = None
+) -> Path:
+    """Write ``traces`` (one run) to ``path`` as Perfetto / Chrome trace JSON (``targets``: see _records)."""
     out = Path(path)
     with open(out, "w", encoding="utf-8") as f:
-        write_perfetto(traces, f, progress)
+        write_perfetto(traces, f, progress, targets)
     return out
