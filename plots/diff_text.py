@@ -57,7 +57,7 @@ def render_diff(diffs: list, base_path: str, new_path: str, *, title: str = "mem
     else:
         thr = diffs[0].threshold if diffs else "the threshold"
         out.append(f"OK: nothing grew more than {thr}")
-    if any(d.mismatches for d in diffs):
+    if any(d.setup_changes for d in diffs):
         out.append("(the runs are not comparable: see the WARNING above)")
     return "\n".join(out) + "\n"
 
@@ -67,13 +67,16 @@ def _render_one(d, multi: bool) -> list[str]:
     if multi:
         out.append(f"== {d.label} ==")
     level = "PyTorch reserved + non-PyTorch memory" if d.device_level else "PyTorch reserved only (no NVML in both)"
-    if d.mismatches:
+    if d.setup_changes:
         out.append("WARNING: the two runs are not comparable; they differ in:")
-        out += [f"  {name}: {_field(name, b)} → {_field(name, n)}" for name, b, n in d.mismatches[:SHOW_MISMATCHES]]
-        rest = [name for name, _, _ in d.mismatches[SHOW_MISMATCHES:]]
+        out += [f"  {name}: {_field(name, b)} → {_field(name, n)}" for name, b, n in d.setup_changes[:SHOW_MISMATCHES]]
+        rest = [name for name, _, _ in d.setup_changes[SHOW_MISMATCHES:]]
         if rest:
             out.append(f"  and {len(rest)} more: {', '.join(rest)}")
         out.append("")
+    if d.version_changes:
+        shown = ", ".join(f"{name} {b} → {n}" for name, b, n in d.version_changes)
+        out += [f"Versions compared: {shown}", ""]
     if d.environment_unknown:
         out += ["note: a run recorded no environment (GPU, versions, model, flags): comparability not checked", ""]
     out.append(f"Headline — {level}:")
@@ -145,6 +148,8 @@ def _render_hooks(d) -> list[str]:
             mark = "  << over " + d.threshold if c.over else ""
             name = _hook_label(c.label)
             out.append(f"  total {name}: {_gib(c.base)} → {_gib(c.new)} ({_delta(c.delta)}){mark}")
+        for c in d.nested_hooks:
+            out.append(f"    inside: {_hook_label(c.label)}: {_gib(c.base)} → {_gib(c.new)} ({_delta(c.delta or 0)})")
     return out
 
 
@@ -239,6 +244,7 @@ def diff_to_json(diffs: list, base_path: str, new_path: str) -> dict[str, Any]:
                     for p in d.phases
                 ],
                 "hook_totals": [change(c) for c in d.hook_totals],
+                "nested_hooks": [change(c) for c in d.nested_hooks],
                 "base_only_phases": d.base_only_phases,
                 "new_only_phases": d.new_only_phases,
                 "categories": [change(c) for c in d.categories] if d.categories is not None else None,

@@ -278,8 +278,7 @@ def test_vllm_run_against_a_plain_pytorch_script_warns_which_fields_differ(capsy
     rc, out, _ = _run(capsys, VLLM_RUN, H200 / "startup-full", "--fail-over", "2%")
     warning = out.split("WARNING: the two runs are not comparable; they differ in:")[1].split("Headline")[0]
     assert "  kind: vllm → pytorch" in warning
-    assert "  vllm: 0.25.1 → —" in warning
-    assert "  flashinfer: 0.6.13 → —" in warning
+    assert "Versions compared: vllm 0.25.1 → —, flashinfer 0.6.13 → —" in out
     assert "  model: /tmp/model → record_startup.py" in warning
     assert "(the runs are not comparable: see the WARNING above)" in out
     rc, out, _ = _run(capsys, VLLM_RUN, H200 / "startup-full", "--json")
@@ -384,3 +383,27 @@ def test_a_new_run_that_recorded_nothing_fails_the_gate(tmp_path, capsys):
     rc, out, _ = _run(capsys, base, new)
     assert rc == 1
     assert "FAIL: the new run recorded no PyTorch memory" in out
+
+
+SEED = H200.parent / "h200"
+
+
+def test_flashinfer_release_pair_from_the_real_allocators_per_target_and_in_total(capsys):
+    # the seed's 40 B12xMoEWrapper per-layer workspaces on the H200: FlashInfer 0.6.13 vs 0.7.4
+    rc, out, _ = _run(capsys, SEED / "seed-b12x-0613", SEED / "seed-b12x-074", "--fail-over", "2%")
+    assert rc == 0 and "WARNING" not in out
+    assert "Versions compared: flashinfer 0.6.13 → 0.7.4" in out
+    assert "total B12xMoEWrapper._allocate_buffers: 12.58 GiB → 6.71 GiB (-5.86 GiB)" in out
+    assert "inside: allocate_sm120_static_workspace: 7.08 GiB → 1.22 GiB" in out
+    # the other way round is a release that grew: the gate fails on the peaks and the hooked total
+    rc, out, _ = _run(capsys, SEED / "seed-b12x-074", SEED / "seed-b12x-0613", "--fail-over", "2%")
+    assert rc == 1
+    assert "total B12xMoEWrapper._allocate_buffers: 6.71 GiB → 12.58 GiB (+5.86 GiB)  << over 2%" in out
+    # shared workspaces (flashinfer#4603): one wrapper's worth for all 40 layers
+    rc, out, _ = _run(capsys, SEED / "seed-b12x-074", SEED / "seed-b12x-074-shared", "--json")
+    doc = json.loads(out)
+    totals = {c["label"]: (c["base_bytes"], c["new_bytes"]) for c in doc["traces"][0]["hook_totals"]}
+    assert totals["flashinfer.fused_moe.cute_dsl.b12x_moe:B12xMoEWrapper._allocate_buffers"] == (
+        7_208_031_040,
+        180_200_776,
+    )

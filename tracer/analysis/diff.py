@@ -43,6 +43,8 @@ BEFORE_KV = "memory before KV sizing"
 KV_CACHE = "KV cache"
 POST_KV = "post-KV transient"
 PEAK_RESERVED = "peak reserved"
+#: Fingerprint fields that a release gate changes on purpose (``history_key.ENV_FIELDS`` less the GPU).
+VERSION_FIELDS = frozenset({"driver", "cuda", "torch", "vllm", "flashinfer"})
 PEAK_ALLOCATED = "peak allocated"
 PEAK_DEVICE = "peak device used"
 HEADLINE = (AVAILABLE_KV, BEFORE_KV, KV_CACHE, POST_KV, PEAK_RESERVED, PEAK_ALLOCATED, PEAK_DEVICE)
@@ -137,6 +139,7 @@ class Figures:
     phases: dict[str, tuple[int, int, int]]  # path (name#n for repeats) -> (peak, peak above start, depth)
     hooks: dict[str, tuple[int, ...]]  # hooked function -> bytes added per outermost call (hook_call_bytes)
     oom: Oom | None  # the OOM the run died of
+    nested: dict[str, int] = field(default_factory=dict)  # hooked function called inside another -> bytes added
 
 
 @dataclass
@@ -152,6 +155,7 @@ class TraceDiff:
     sites: list[SiteChange]
     hooks: list[HookChange]
     hook_totals: list[Change] = field(default_factory=list)  # bytes per hooked function, then ALL_HOOKS
+    nested_hooks: list[Change] = field(default_factory=list)  # per nested hook target, not gated
     base_only_phases: list[str] = field(default_factory=list)
     new_only_phases: list[str] = field(default_factory=list)
     new_oom: Oom | None = None  # the new run died of OOM (and the base did not)
@@ -175,8 +179,19 @@ class TraceDiff:
         return bool(self.regressions) or self.new_oom is not None or self.new_empty
 
     @property
+    def version_changes(self) -> list[tuple[str, str, str]]:
+        """Software versions that differ (driver, CUDA, torch, vLLM, FlashInfer): what a release gate
+        compares on purpose, not a reason the runs do not compare."""
+        return [m for m in self.mismatches if m[0] in VERSION_FIELDS]
+
+    @property
+    def setup_changes(self) -> list[tuple[str, str, str]]:
+        """Everything else that differs (GPU, model, flags, the program): the runs do not compare."""
+        return [m for m in self.mismatches if m[0] not in VERSION_FIELDS]
+
+    @property
     def comparable(self) -> bool:
-        return not self.mismatches
+        return not self.setup_changes
 
 
 def _limit(threshold: Threshold, base: int | None) -> int | None:
@@ -258,6 +273,17 @@ def _hook_bytes(trace: Trace) -> dict[str, list[int]]:
     return out
 
 
+def _nested_hook_bytes(trace: Trace) -> dict[str, int]:
+    """Bytes added by hooked functions called inside another hooked call (FlashInfer's static and
+    dynamic workspace allocators inside ``B12xMoEWrapper._allocate_buffers``): shown per target, not
+    gated (their outermost caller already counts them)."""
+    out: dict[str, int] = {}
+    for c in trace.hook_calls:
+        if c.parent is not None:
+            out[c.name] = out.get(c.name, 0) + hook_call_bytes(c.returned_bytes, c.allocated_delta_bytes)
+    return out
+
+
 def category_changes(base: Trace, new: Trace, base_curves: Curves, new_curves: Curves) -> list[Change] | None:
     """Allocated bytes per category (weights, KV cache, workspaces...) at each run's reserved peak.
 
@@ -321,6 +347,7 @@ def figures(trace: Trace, *, device_level: bool | None = None, curves: Curves | 
             for k, (peak, inside, depth, _) in _phase_peaks(trace, curves, device_level).items()
         },
         hooks={k: tuple(v) for k, v in _hook_bytes(trace).items()},
+        nested=_nested_hook_bytes(trace),
         oom=find_oom(trace),
     )
 
@@ -374,6 +401,9 @@ def compare(base: Figures, new: Figures, threshold: Threshold, *, label: str = "
             for n in names
         ],  # fmt: skip
         hook_totals=_hook_totals(base, new, threshold),
+        nested_hooks=[
+            Change(n, base.nested.get(n), new.nested.get(n, 0), None) for n in sorted(set(base.nested) | set(new.nested))
+        ],
         base_only_phases=[k for k in base.phases if k not in new.phases],
         new_only_phases=[k for k in new.phases if k not in base.phases],
         new_oom=new.oom if base.oom is None else None,

@@ -42,6 +42,7 @@ def figures_doc(f: Figures) -> dict:
         "where": f.where,
         "phases": {k: list(v) for k, v in f.phases.items()},
         "hooks": {k: list(v) for k, v in f.hooks.items()},
+        "nested": dict(f.nested),
         "oom": asdict(f.oom) if f.oom is not None else None,
     }
 
@@ -55,6 +56,7 @@ def figures_from_doc(doc: dict) -> Figures:
         where=dict(doc.get("where", {})),
         phases={k: (int(v[0]), int(v[1]), int(v[2])) for k, v in doc["phases"].items()},
         hooks={k: tuple(int(b) for b in v) for k, v in doc["hooks"].items()},
+        nested={k: int(v) for k, v in doc.get("nested", {}).items()},  # absent in documents before it
         oom=Oom(**doc["oom"]) if doc.get("oom") else None,
     )
 
