@@ -2,8 +2,8 @@
 
 - **Default names** come from the run's own name (``run_name``): a run directory's name (``.`` and
   ``..`` resolved), a trace file's stem; ``<name><suffix>`` in the current directory.
-- **An input is never an output**, even with ``--force``: the output may not be, or lie inside, any
-  file or directory the command reads.
+- **An input is never an output**, even with ``--force``: the output may not be an input, lie inside
+  an input file, or be a trace file inside an input run folder.
 - **Nothing is replaced without ``--force``**, and a directory is never replaced by a file.
 - **The suffix matches the format**: a command refuses a name whose suffix its format cannot write.
 - **No folder is created silently**: the parent folder must exist (a bundle's own folder is created,
@@ -47,12 +47,18 @@ def _inside(path: Path, parent: Path) -> bool:
 
 
 def _check_not_input(out: Path, inputs: Iterable[str | os.PathLike]) -> None:
+    """An output may not be an input, lie inside an input file, or join a run folder as a trace.
+
+    Other files inside a run folder are fine (``cd RUN && memtrace plot .`` writes ``RUN-timeline.png``
+    there): a run is its ``*.memtrace`` files, and nothing else in its folder is read.
+    """
     resolved = out.resolve()
     for raw in inputs:
         src = Path(raw).resolve()
-        if resolved == src or _inside(resolved, src):
-            what = "is" if resolved == src else "lies inside"
-            raise UsageError(f"{out} {what} the input {raw}; an input is never an output, choose another name with -o")
+        if resolved == src:
+            raise UsageError(f"{out} is the input {raw}; an input is never an output, choose another name with -o")
+        if _inside(resolved, src) and (src.is_file() or resolved.name.endswith(TRACE_SUFFIX)):
+            raise UsageError(f"{out} lies inside the input {raw}; choose another name with -o")
         if src.is_file() and _inside(src, resolved) and out.exists() and out.is_dir():
             raise UsageError(f"{out} holds the input {raw}; choose another output with -o")
 

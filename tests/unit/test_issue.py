@@ -109,3 +109,17 @@ def test_bundle_inside_the_run_is_refused(tmp_path, capsys):
     trace = next(VLLM_RUN.glob("*.memtrace"))
     assert main(["issue", str(trace), "-o", str(trace)]) == 2
     assert "input" in capsys.readouterr().err
+
+
+def test_plot_of_dot_inside_a_run_is_named_after_the_run(tmp_path, monkeypatch, capsys):
+    # issue 10 defect 10: `cd RUN && memtrace plot .` wrote "-timeline.png" titled "GPU memory during start-up:"
+    import shutil
+
+    run = tmp_path / "startup"
+    shutil.copytree(VLLM_RUN, run)
+    monkeypatch.chdir(run)
+    assert main(["plot", "."]) == 0
+    assert main(["issue", "."]) == 0
+    assert (run / "startup-timeline.png").exists() and (run / "startup-issue" / "issue.md").exists()
+    md = (run / "startup-issue" / "issue.md").read_text()
+    assert md.startswith("## GPU memory during start-up: Qwen3MoeForCausalLM, vLLM 0.25.1, NVIDIA H200")

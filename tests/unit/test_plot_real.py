@@ -144,9 +144,12 @@ def test_plot_refuses_its_input_as_output_even_with_force(tmp_path, capsys):
     target = run / "vm-pid522.memtrace"
     before = target.read_bytes()
     assert main(["plot", str(target), "-o", str(run), "--force"]) == 2
-    assert main(["plot", str(run), "-o", str(run / "x.png"), "--force"]) == 2
+    assert main(["plot", str(target), "-o", str(target / "x.png"), "--force"]) == 2  # inside the trace file
     assert "input" in capsys.readouterr().err
     assert target.read_bytes() == before
+    # a picture inside the run folder is no part of the run (``cd RUN && memtrace plot .``)
+    assert main(["plot", str(run), "-o", str(run / "x.png")]) == 0
+    assert [p.name for p in run.glob("*.memtrace")] == [target.name]
 
 
 def _runs_with_events() -> list[Path]:
