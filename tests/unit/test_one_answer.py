@@ -1,0 +1,146 @@
+"""One answer everywhere (issue 10): every output states the same target, peak, crossing and OOM, to the byte.
+
+For every run shipped under tests/data (real H200 start-ups, the real vLLM runs, the FlashInfer runs, and
+PyTorch snapshots other people recorded) and every way of giving the target, ``report --json`` is the
+reference; the Perfetto export (its target counter, peak and crossing instants, OOM slice), ``fits --json``
+on the run's own card, ``diff`` of the run against itself and the issue bundle must say the same thing.
+(The timeline's annotations are checked against the report in test_plot_real.py, the view's page in
+test_view.py.)
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+from memtrace.cli import main
+from memtrace.units import format_gib
+
+DATA = Path(__file__).resolve().parents[1] / "data"
+RUNS = sorted(
+    [p for p in (DATA / "h200").iterdir() if p.is_dir()]
+    + [p for p in (DATA / "vllm-h200").iterdir() if p.is_dir()]
+    + [p for p in (DATA / "snapshots").glob("*.pickle") if p.name != "state-only.pickle"]
+)
+GiB = 1 << 30
+TARGETS = {
+    "recorded": [],
+    "bytes": ["--target", "9GiB"],
+    "util": ["--util", "0.5"],
+    "util-total": ["--util", "0.9", "--total", "8GiB"],
+}
+
+
+def _cli(capsys, *argv) -> tuple[int, str]:
+    code = main([str(a) for a in argv])
+    return code, capsys.readouterr().out
+
+
+@pytest.fixture(scope="module")
+def tmp(tmp_path_factory) -> Path:
+    return tmp_path_factory.mktemp("one-answer")
+
+
+def _report(capsys, run: Path, given: list[str]) -> list[dict]:
+    code, out = _cli(capsys, "report", run, *given, "--json")
+    assert code == 0
+    return json.loads(out)["traces"]
+
+
+def _perfetto(capsys, run: Path, given: list[str], out: Path) -> dict[str, dict]:
+    """The Perfetto figures per process label: target, peak, first crossing, OOM."""
+    assert main(["export", str(run), *given, "-f", "perfetto", "-o", str(out), "--force"]) == 0
+    capsys.readouterr()
+    events = json.loads(out.read_text())["traceEvents"]
+    names = {e["pid"]: e["args"]["name"] for e in events if e["ph"] == "M" and e["name"] == "process_name"}
+    found: dict[str, dict] = {label: {} for label in names.values()}
+    for e in events:
+        fig = found.get(names.get(e["pid"], ""))
+        if fig is None:
+            continue
+        if e["ph"] == "C" and e["name"] == "target":
+            fig["target"] = e["args"]["bytes"]
+        elif e["name"] == "peak reserved":
+            fig["peak"] = e["args"]["reserved_bytes"]
+        elif e["name"] == "first crossing of the target":
+            fig["crossing"] = (e["args"]["curve"], e["args"]["target_bytes"])
+        elif e["name"] == "CUDA OOM":
+            fig["oom"] = (e["args"]["requested_bytes"], e["args"].get("free_bytes"))
+    return found
+
+
+@pytest.mark.parametrize("way", sorted(TARGETS))
+@pytest.mark.parametrize("run", RUNS, ids=lambda p: p.name)
+def test_every_output_states_the_reports_target_peak_crossing_and_oom(run, way, capsys, tmp):
+    given = TARGETS[way]
+    code, out = _cli(capsys, "report", run, *given, "--json")
+    if code == 2:  # --util on a snapshot that recorded no capacity: every command refuses it alike
+        err = capsys.readouterr().err
+        assert main(["export", str(run), *given, "-o", str(tmp / "refused.json")]) == 2
+        assert main(["plot", str(run), *given, "-o", str(tmp / "refused.png")]) == 2
+        assert not (tmp / "refused.json").exists() and not (tmp / "refused.png").exists()
+        assert "capacity" in err + capsys.readouterr().err
+        return
+    assert code == 0
+    reports = json.loads(out)["traces"]
+    perfetto = _perfetto(capsys, run, given, tmp / f"{run.name}-{way}.json")
+    for r in reports:
+        label = r["label"] if r["process"]["rank"] is None else f"{r['label']} (pid {r['process']['pid']})"
+        p = perfetto[label]
+        target = r["target"]["target_bytes"]
+        assert p.get("target") == target
+        if r["n_events"]:
+            assert p["peak"] == r["peak"]["reserved_bytes"]
+        first = r["crossings"][0] if r["crossings"] else None
+        assert p.get("crossing") == ((first["curve"], target) if first else None)
+        oom = r["oom"]
+        assert p.get("oom") == ((oom["requested_bytes"], oom["free_bytes"]) if oom else None)
+
+
+@pytest.mark.parametrize("run", RUNS, ids=lambda p: p.name)
+def test_diff_of_a_run_against_itself_passes_and_gates_the_reports_peaks(run, capsys):
+    reports = _report(capsys, run, [])
+    code, out = _cli(capsys, "diff", run, run, "--json")
+    assert code == 0
+    doc = json.loads(out)
+    for r, d in zip(reports, doc["traces"], strict=True):
+        headline = {c["label"]: c for c in d["headline"]}
+        if r["n_events"]:
+            peak = headline["peak reserved"]
+            assert peak["base_bytes"] == peak["new_bytes"] == r["peak"]["reserved_bytes"]
+            assert headline["peak allocated"]["new_bytes"] == r["peak_allocated"]["bytes"]
+        assert not d["new_empty"]
+
+
+@pytest.mark.parametrize("run", [p for p in RUNS if p.is_dir()], ids=lambda p: p.name)
+def test_fits_on_the_runs_own_card_uses_the_reports_target(run, capsys):
+    r = _report(capsys, run, [])[0]
+    if not r["n_events"]:
+        pytest.skip("no allocator events: nothing to predict")
+    t = r["target"]
+    card, util = t["capacity_bytes"], t["util"] or 0.9
+    code, out = _cli(capsys, "fits", run, "--capacity", card, "--util", util, "--json")
+    fit = json.loads(out)["fits"][0]
+    assert fit["target_bytes"] == math.ceil(util * card)
+    if t["source"] in ("recorded", "recorded util x card") and t["util"] is not None:
+        assert fit["target_bytes"] == t["target_bytes"]
+    if r["oom"] is not None:  # a run that died never fits on its own card
+        assert code == 1 and fit["outcome"] == "died"
+
+
+@pytest.mark.parametrize("way", ["recorded", "util"])
+@pytest.mark.parametrize(
+    "run", [DATA / "h200" / "startup-cap16g", DATA / "vllm-h200" / "shared-gpu", DATA / "h200" / "startup-full"]
+)
+def test_issue_bundle_states_the_reports_target_and_oom(run, way, capsys, tmp):
+    r = _report(capsys, run, TARGETS[way])[0]
+    out = tmp / f"issue-{run.name}-{way}"
+    assert main(["issue", str(run), "-o", str(out), *TARGETS[way]]) == 0
+    md = (out / "issue.md").read_text()
+    assert f"the target ({format_gib(r['target']['target_bytes'])})" in md
+    if r["oom"]:
+        assert f"**The process died of CUDA OOM** in `{r['oom']['phase_path']}`" in md
+    else:
+        assert "died of CUDA OOM" not in md
