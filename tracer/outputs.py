@@ -53,7 +53,15 @@ def _check_not_input(out: Path, inputs: Iterable[str | os.PathLike]) -> None:
     there): a run is its ``*.memtrace`` files, and nothing else in its folder is read.
     """
     resolved = out.resolve()
-    for raw in inputs:
+    expanded: list[str | os.PathLike] = []
+    for raw in inputs:  # a run folder's traces are inputs too
+        expanded.append(raw)
+        if Path(raw).is_dir():
+            try:
+                expanded += [p for p in Path(raw).iterdir() if p.name.endswith(TRACE_SUFFIX)]
+            except OSError:
+                pass  # the loader says why the folder cannot be read
+    for raw in expanded:
         src = Path(raw).resolve()
         if resolved == src:
             raise UsageError(f"{out} is the input {raw}; an input is never an output, choose another name with -o")
@@ -95,12 +103,12 @@ def output_file(
     out = Path(output) if output is not None else Path(run_name(run_path) + default_suffix)
     if str(output or "x").strip() == "":
         raise UsageError("-o was given an empty name")
-    name = out.name.lower()
-    if not any(name.endswith(s.lower()) for s in suffixes):
-        raise UsageError(f"cannot write {out.name}: this format writes {' or '.join(suffixes)} files")
     _check_not_input(out, [run_path, *inputs])
     if out.is_dir():
         raise UsageError(f"{out} is a directory; give a file name with -o")
+    name = out.name.lower()
+    if not any(name.endswith(s.lower()) for s in suffixes):
+        raise UsageError(f"cannot write {out.name}: this format writes {' or '.join(suffixes)} files")
     if out.exists() and not force:
         raise UsageError(f"{out} exists; pass --force to replace it or -o to choose another file")
     _check_parent(out)

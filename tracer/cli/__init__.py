@@ -43,9 +43,18 @@ def build_parser() -> argparse.ArgumentParser:
             description=doc,
             formatter_class=argparse.RawDescriptionHelpFormatter,
         )
+        _allow_negative_values(p)
         mod.add_arguments(p)
         p.set_defaults(_run=mod.run)
     return parser
+
+
+def _allow_negative_values(p: argparse.ArgumentParser) -> None:
+    """Read "-5GiB" or "-2%" after an option as its value (argparse would take it for an option and say
+    "expected one argument"), so the value's own parser refuses it in one line, in every command."""
+    import re
+
+    p._negative_number_matcher = re.compile(r"^-\.?\d")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -34,7 +34,6 @@ ORDER = 45
 def add_arguments(p: argparse.ArgumentParser) -> None:
     from ._runs import add_input
 
-    allow_negative_values(p)
     add_input(p)
     p.add_argument(
         "--capacity",
@@ -61,14 +60,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="only this rank (default: every rank with allocator events, and the worst named)",
     )
     p.add_argument("--json", action="store_true", help="print the predictions as JSON")
-
-
-def allow_negative_values(p: argparse.ArgumentParser) -> None:
-    """Read "-5GiB" after an option as its value (argparse would take it for an option and say
-    "expected one argument"), so the value's own parser refuses it in one line."""
-    import re
-
-    p._negative_number_matcher = re.compile(r"^-\.?\d")
 
 
 def run(args: argparse.Namespace) -> int:

@@ -18,9 +18,7 @@ ORDER = 20
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     from ._runs import add_input, add_target
-    from .fits import allow_negative_values
 
-    allow_negative_values(parser)
     add_input(parser)
     add_target(parser)
     parser.add_argument("--rank", type=int, metavar="N", help="only this rank (default: every rank)")
