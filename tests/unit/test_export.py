@@ -197,7 +197,7 @@ def test_export_never_writes_over_its_input_and_checks_the_name(tmp_path, capsys
     before = run.read_bytes()
     monkeypatch.chdir(tmp_path)
     cases = (
-        (["-f", "folded", "-o", str(run), "--force"], "writes .folded"),  # defect 9: this destroyed the trace
+        (["-f", "folded", "-o", str(run), "--force"], "is the input"),  # defect 9: this destroyed the trace
         (["-f", "perfetto", "-o", "x.png"], ".json"),  # the suffix must match the format
         (["-f", "memory-viz", "-o", "x.json"], ".pickle"),
         (["-f", "folded", "-o", str(tmp_path / "missing" / "x.folded")], "does not exist"),  # no silent mkdir
