@@ -6,7 +6,7 @@
 
 from __future__ import annotations
 
-from ..analysis.reconcile import MEMTRACE, VLLM_RECORDED
+from ..analysis.reconcile import KV_GIVEN, MEMTRACE, VLLM_RECORDED
 from ..analysis.summary import Summary
 from ..units import format_gib
 
@@ -32,7 +32,12 @@ def render_non_kv(out, s: Summary) -> None:
         _kv(out, s)
     else:
         out.heading("vLLM's non-KV memory (what it keeps out of the KV cache; fits uses this figure)")
-        if n.source == VLLM_RECORDED:
+        if n.source == KV_GIVEN:
+            out.item(
+                f"{gib_unit(n.bytes)} beside the KV cache: its size was given to vLLM (--kv-cache-memory-bytes "
+                "or a start-up plan), so vLLM ran no formula and the cache has that size on any card"
+            )
+        elif n.source == VLLM_RECORDED:
             out.item(
                 f"{gib_unit(n.bytes)}: vLLM's own figure (target - available KV, recorded); memtrace cannot "
                 "reconstruct it here (a phase, NVML samples or boundary readings are missing)"

@@ -161,3 +161,22 @@ def test_non_kv_is_one_figure_with_the_reconstruction_first_then_vllms_then_the_
     assert (n.source, n.bytes) == (VLLM_RECORDED, 12_447_739_904)
     died = load_run(REAL.parent / "h200" / "startup-cap6g").traces[0]  # died in profile_run: no sizing
     assert non_kv(died).source == PRE_KV_PEAK
+
+
+def test_a_given_kv_size_is_not_reconstructed_and_fits_keeps_it_on_every_card():
+    # --kv-cache-memory-bytes / VLLM_ENABLE_STARTUP_PLAN: vLLM runs profile_run but no formula (vLLM 0.32's
+    # determine_available_memory); the KV cache has the given size on any card
+    from memtrace import facts as F
+    from memtrace.analysis.fits import fit
+    from memtrace.analysis.reconcile import KV_GIVEN, non_kv, reconcile_kv
+    from memtrace.store import load_run
+
+    trace = load_run(Path(__file__).resolve().parents[1] / "data" / "vllm-h200" / "startup-stacks").traces[0]
+    given = trace.facts[F.VLLM_AVAILABLE_KV_BYTES]
+    assert reconcile_kv(trace) is not None
+    trace.facts[F.VLLM_KV_SIZE_SOURCE] = "--kv-cache-memory-bytes"
+    assert reconcile_kv(trace) is None
+    nk = non_kv(trace)
+    assert nk.source == KV_GIVEN and nk.bytes == trace.facts[F.TARGET_BYTES] - given
+    for capacity in (150 << 30, 200 << 30):
+        assert fit(trace, capacity).kv_cache_bytes == given

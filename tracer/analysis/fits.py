@@ -6,7 +6,8 @@ Model (vLLM's own sizing, applied to a recorded start-up):
    ``profile_run`` (sized by ``max_num_batched_tokens``), CUDA context and other non-PyTorch memory.
    So the whole curve *before* the KV cache is allocated is the same on any card.
 2. vLLM sizes the KV cache as ``ceil(util × capacity) − non_kv`` where ``non_kv`` is what vLLM keeps
-   out of the KV cache: ``analysis.reconcile.non_kv``, the one figure ``report`` shows too.
+   out of the KV cache: ``analysis.reconcile.non_kv``, the one figure ``report`` shows too. When the
+   size was given (``--kv-cache-memory-bytes``, a start-up plan) the KV cache has that size on any card.
 3. The run dies (OOM) in the first phase where the pre-KV curve goes over the *physical* capacity:
    ``util`` cannot help there, it only bounds what is allocated after profiling. The curve compared
    is what the start-up *needs*: the pinned segments (``analysis.pinned``: the caching allocator
@@ -60,6 +61,7 @@ from .landmarks import Landmarks, landmarks, steady_non_torch_at, total_curve
 from .oom import Oom, find_oom
 from .phases import path_at, recording_span, window_peak
 from .pinned import pinned_curve
+from .reconcile import KV_GIVEN
 from .reconcile import non_kv as non_kv_model
 from .target import resolve_target
 
@@ -231,6 +233,8 @@ def fit(
     end_us = min(oom.time_us, last_us) if oom is not None else last_us  # nothing is known after an OOM
     target = math.ceil(capacity_bytes * util)
     kv_new = target - rec.non_kv_bytes
+    if rec.non_kv_source == KV_GIVEN and _recorded_kv(lm) is not None:
+        kv_new = _recorded_kv(lm)  # --kv-cache-memory-bytes: the same KV cache on any card
     pre_end = lm.kv_start_us if lm.kv_start_us is not None else (lm.sizing_end_us or last_us)
     pre_end = min(pre_end, end_us)
     pre_peak, pre_t = window_peak(need, first_us, pre_end)

@@ -192,6 +192,8 @@ def reconcile_kv(
     """memtrace's available-KV figure for a vLLM start-up trace; None when the trace lacks what it
     needs (a target; the init_device, load_model, profile_run and determine_available_memory phases;
     allocator events; NVML samples or boundary readings, per ``source``)."""
+    if kv_size_given(trace):  # vLLM ran no formula: the size was handed to it
+        return None
     target = trace.facts.get(F.TARGET_BYTES)
     load, prof, dam = (_phase(trace, n) for n in ("load_model", "profile_run", "determine_available_memory"))
     init = _phase(trace, "init_device")
@@ -259,8 +261,17 @@ def reconcile_kv(
     )
 
 
+def kv_size_given(trace: Trace) -> bool:
+    """vLLM was handed the KV cache's size (``--kv-cache-memory-bytes``, or a persisted start-up plan
+    under ``VLLM_ENABLE_STARTUP_PLAN=1``): it still runs ``profile_run`` but sizes nothing, so its
+    formula does not apply and the KV cache has that size on any card."""
+    source = trace.facts.get(F.VLLM_KV_SIZE_SOURCE)
+    return isinstance(source, str) and source != "profiling"
+
+
 #: Where :func:`non_kv`'s figure came from, in the words outputs print.
 MEMTRACE = "vLLM's formula on memtrace's curves"
+KV_GIVEN = "the KV cache's size was given to vLLM (no formula): target - that size"
 VLLM_RECORDED = "vLLM's own recorded figure"
 PRE_KV_PEAK = "the peak before any KV cache (no KV sizing recorded)"
 
@@ -270,7 +281,7 @@ class NonKv:
     """What vLLM keeps out of the KV cache (target - available KV), the one figure every output shows."""
 
     bytes: int
-    source: str  # MEMTRACE, VLLM_RECORDED or PRE_KV_PEAK
+    source: str  # MEMTRACE, VLLM_RECORDED, KV_GIVEN or PRE_KV_PEAK
     reconstruction: KvReconciliation | None  # the terms, when source is MEMTRACE
 
 
@@ -286,6 +297,6 @@ def non_kv(trace: Trace, curves: Curves | None = None) -> NonKv | None:
         return NonKv(k.withheld_bytes, MEMTRACE, k)
     lm = landmarks(trace, curves)
     if lm.non_kv_bytes is not None:
-        return NonKv(lm.non_kv_bytes, VLLM_RECORDED, None)
+        return NonKv(lm.non_kv_bytes, KV_GIVEN if kv_size_given(trace) else VLLM_RECORDED, None)
     moment = lm.pre_kv_peak or lm.peak
     return NonKv(moment.bytes, PRE_KV_PEAK, None) if moment is not None else None
