@@ -356,3 +356,9 @@ def smallest_fitting(
         else:
             lo = mid
     return hi
+
+
+def worst_rank(smallest: list[int | None]) -> int:
+    """Index of the rank that needs the largest card (``smallest_fitting`` per rank; None, fitting on no
+    card tried or unknown, is the worst): every rank must fit for a start-up to survive."""
+    return max(range(len(smallest)), key=lambda i: smallest[i] if smallest[i] is not None else float("inf"))

@@ -63,7 +63,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..analysis.fits import check_capacity, fit_to_dict, fits, recorded, smallest_fitting
+    from ..analysis.fits import check_capacity, fit_to_dict, fits, recorded, smallest_fitting, worst_rank
     from ..plots.fits_text import render_fits
     from ..progress import task
     from ..units import format_gib as _gib
@@ -83,9 +83,11 @@ def run(args: argparse.Namespace) -> int:
             smallest = smallest_fitting(trace, util, rec=rec)
         answers.append((trace, results, smallest))
     multi = len(answers) > 1
+    worst = answers[worst_rank([a[2] for a in answers])]
     if args.json:
         out = {
             "run": args.run_path,
+            "worst": worst[0].label if multi else None,
             "ranks": [
                 {
                     "rank": trace.process.rank,
@@ -98,7 +100,7 @@ def run(args: argparse.Namespace) -> int:
         }
         if not multi:  # one process: the flat shape
             out.update(out.pop("ranks")[0])
-            out.pop("rank"), out.pop("pid")
+            out.pop("rank"), out.pop("pid"), out.pop("worst")
         json.dump(out, sys.stdout, indent=2)
         print()
     else:
@@ -107,7 +109,6 @@ def run(args: argparse.Namespace) -> int:
                 render_fits(results, f"{args.run_path} ({trace.label})" if multi else args.run_path, smallest)
             )
         if multi:
-            worst = max(answers, key=lambda a: a[2] if a[2] is not None else float("inf"))
             need = f"needs about {_gib(worst[2])}" if worst[2] is not None else "fits on no card tried"
             sys.stdout.write(
                 f"Worst rank: {worst[0].label} ({need}); every rank must fit for the start-up to survive\n"
