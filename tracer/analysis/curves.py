@@ -35,6 +35,7 @@ import numpy as np
 
 from .. import facts as F
 from ..model import ACTION_CODE, Trace
+from .memo import cached
 
 _ALLOC = ACTION_CODE["alloc"]
 _FREE_COMPLETED = ACTION_CODE["free_completed"]
@@ -232,7 +233,12 @@ class Curves:
 
 
 def all_curves(trace: Trace) -> Curves:
-    """Compute every curve of ``trace`` (one baseline reconstruction, one pass per curve)."""
+    """Every curve of ``trace`` (one baseline reconstruction, one pass per curve), computed once per trace
+    (``memo.cached``: the arrays are shared and read-only)."""
+    return cached(trace, "all_curves", _all_curves)
+
+
+def _all_curves(trace: Trace) -> Curves:
     alloc_d, res_d = _allocated_deltas(trace), _reserved_deltas(trace)
     base = _baseline(trace, alloc_d, res_d)
     reserved = _curve(trace, res_d, base.reserved_bytes)

@@ -29,6 +29,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..model import ACTION_CODE, Frame, Trace
+from .memo import cached
 
 _ALLOC = ACTION_CODE["alloc"]
 _FREE_COMPLETED = ACTION_CODE["free_completed"]
@@ -71,7 +72,13 @@ class Lifetimes:
 
 
 def lifetimes(trace: Trace) -> Lifetimes:
-    """Pair every alloc with its free_completed (vectorised), and add blocks from before recording."""
+    """Pair every alloc with its free_completed (vectorised), and add blocks from before recording.
+
+    Computed once per trace (``memo.cached``: the arrays are shared and read-only)."""
+    return cached(trace, "lifetimes", _lifetimes)
+
+
+def _lifetimes(trace: Trace) -> Lifetimes:
     ev = trace.events
     n = len(ev)
     action = ev["action"]
