@@ -45,8 +45,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..model import ACTION_CODE, Trace
-from .curves import Curve, allocated_curve, baseline
+from .curves import Curve, all_curves
 from .live import Lifetimes, lifetimes
+from .memo import cached
 from .phases import phase_depth, recording_span
 
 #: Category names, in stacking order (bottom first). Codes are indices into this tuple.
@@ -235,8 +236,15 @@ class Categorized:
 def categorize(trace: Trace, lt: Lifetimes | None = None) -> Categorized:
     """Categories of all alloc and free_completed events of ``trace`` (see the module docstring).
 
-    Frees are paired with their allocations by ``live.lifetimes`` (pass it to share the work).
+    Frees are paired with their allocations by ``live.lifetimes`` (pass it to share the work). Without
+    ``lt``, computed once per trace (``memo.cached``).
     """
+    if lt is None:
+        return cached(trace, "categorize", lambda t: _categorize(t, lifetimes(t)))
+    return _categorize(trace, lt)
+
+
+def _categorize(trace: Trace, lt: Lifetimes) -> Categorized:
     ev = trace.events
     n = len(ev)
     codes = np.full(n, -1, dtype=np.int8)
@@ -244,7 +252,6 @@ def categorize(trace: Trace, lt: Lifetimes | None = None) -> Categorized:
     codes[allocs] = classify(trace, ev["time_us"][allocs], ev["addr"][allocs], ev["stack"][allocs])
     frees = ev["action"] == _FREE
     codes[frees] = OTHER  # frees of memory allocated before recording, unless paired below
-    lt = lt or lifetimes(trace)
     paired = (lt.alloc_pos >= 0) & (lt.free_pos < n)
     a_pos, f_pos = lt.alloc_pos[paired], lt.free_pos[paired]
     is_free = frees[f_pos]  # the allocation's end may be a later alloc at its address (a lost free)
@@ -252,25 +259,53 @@ def categorize(trace: Trace, lt: Lifetimes | None = None) -> Categorized:
     return Categorized(codes=codes)
 
 
+def _signed_sizes(trace: Trace) -> np.ndarray:
+    """+size for each alloc, -size for each free_completed, 0 for other events (int64)."""
+    ev = trace.events
+    action = ev["action"]
+    delta = ev["size"].astype(np.int64)
+    delta[action == _FREE] *= -1
+    delta[(action != _ALLOC) & (action != _FREE)] = 0
+    return delta
+
+
 def category_curves(trace: Trace, categorized: Categorized | None = None) -> dict[str, Curve]:
     """Allocated bytes by category, on the time axis of ``allocated_curve`` (stack them in CATEGORIES order).
 
     At every index the values add up exactly to ``allocated_curve(trace).bytes``; the baseline
-    (memory allocated before the first recorded event) starts in ``other``.
+    (memory allocated before the first recorded event) starts in ``other``. Without ``categorized``,
+    computed once per trace (``memo.cached``).
     """
-    cat = categorized or categorize(trace)
-    ev = trace.events
-    base_info = baseline(trace)
-    base = base_info.allocated_bytes
-    times = allocated_curve(trace, base_info).time_us
-    size = ev["size"].astype(np.int64)
-    sign = np.where(ev["action"] == _ALLOC, 1, np.where(ev["action"] == _FREE, -1, 0))
-    delta = size * sign
+    if categorized is None:
+        return cached(trace, "category_curves", lambda t: _category_curves(t, categorize(t)))
+    return _category_curves(trace, categorized)
+
+
+def _category_curves(trace: Trace, cat: Categorized) -> dict[str, Curve]:
+    curves = all_curves(trace)
+    base = curves.baseline.allocated_bytes
+    times = curves.allocated.time_us
+    delta = _signed_sizes(trace)
     out = {}
     for code, name in enumerate(CATEGORIES):
-        d = np.where(cat.codes == code, delta, 0)
         start = base if code == OTHER else 0
-        out[name] = Curve(times, np.concatenate(([start], start + np.cumsum(d))).astype(np.int64))
+        values = np.empty(len(delta) + 1, dtype=np.int64)
+        values[0] = start
+        np.cumsum(np.where(cat.codes == code, delta, 0), out=values[1:])
+        if start:
+            values[1:] += start
+        out[name] = Curve(times, values)
+    return out
+
+
+def category_totals_at_index(trace: Trace, index: int, categorized: Categorized | None = None) -> dict[str, int]:
+    """``{name: category_curves(trace)[name].bytes[index]}`` (the state after event ``index - 1``) without
+    building the curves: one sum per category over the events before ``index``."""
+    cat = categorized or categorize(trace)
+    delta = _signed_sizes(trace)[:index]
+    codes = cat.codes[:index]
+    out = {name: int(delta[codes == code].sum()) for code, name in enumerate(CATEGORIES)}
+    out[CATEGORIES[OTHER]] += all_curves(trace).baseline.allocated_bytes
     return out
 
 

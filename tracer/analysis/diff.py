@@ -290,7 +290,7 @@ def category_changes(base: Trace, new: Trace, base_curves: Curves, new_curves: C
     None when ``memtrace.analysis.categories`` is not available.
     """
     try:
-        from .categories import category_curves
+        from .categories import category_totals_at_index
     except ImportError:
         return None
 
@@ -301,7 +301,7 @@ def category_changes(base: Trace, new: Trace, base_curves: Curves, new_curves: C
             return {}
         # the same moment as the sites: right after the peak's fullest event (curve index = event + 1)
         i = peak_event_index(curves.allocated, curves.reserved) + 1
-        return {name: int(c.bytes[i]) for name, c in category_curves(trace).items()}
+        return category_totals_at_index(trace, i)
 
     bd, nd = at_peak(base, base_curves), at_peak(new, new_curves)
     names = [k for k in dict.fromkeys([*bd, *nd])]
@@ -402,7 +402,8 @@ def compare(base: Figures, new: Figures, threshold: Threshold, *, label: str = "
         ],  # fmt: skip
         hook_totals=_hook_totals(base, new, threshold),
         nested_hooks=[
-            Change(n, base.nested.get(n), new.nested.get(n, 0), None) for n in sorted(set(base.nested) | set(new.nested))
+            Change(n, base.nested.get(n), new.nested.get(n, 0), None)
+            for n in sorted(set(base.nested) | set(new.nested))
         ],
         base_only_phases=[k for k in base.phases if k not in new.phases],
         new_only_phases=[k for k in new.phases if k not in base.phases],

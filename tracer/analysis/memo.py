@@ -22,7 +22,8 @@ from __future__ import annotations
 
 import dataclasses
 import weakref
-from typing import Any, Callable, TypeVar
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 import numpy as np
 
