@@ -55,6 +55,12 @@ ALLOCATOR_SETTINGS = _fact(
     "capture.session (first drain), importers.torch_snapshot",
     "the snapshot's allocator_settings (expandable segments...)",
 )
+CUPTI = _fact(
+    "cupti",
+    "dict",
+    "capture.cupti",
+    "the optional CUPTI source: on, version, records, stacks matched, clock offset, errors",
+)
 MARKER = _fact("marker", "str", "tests", "a free-form label a test or script attaches to a run")
 
 # -- the line not to cross, and the card -------------------------------------------------------------------

@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 
 #: On-disk format version written by this memtrace: (major, minor). Readers refuse a newer major.
-FORMAT_VERSION = (1, 1)
+FORMAT_VERSION = (1, 2)
 
 #: Allocator actions, in the order of their integer codes in ``EVENT_DTYPE["action"]``.
 #: The names are PyTorch's own (``c10/core/CachingDeviceAllocator.h`` TraceEntry::Action).
@@ -56,6 +56,40 @@ SAMPLE_DTYPE = np.dtype([("time_us", "<i8"), ("used_bytes", "<i8")])
 OTHERS_DTYPE = np.dtype([("time_us", "<i8"), ("others_bytes", "<i8")])
 
 
+#: One device allocation or release seen by CUPTI's activity API (``capture.cupti``; format 1.2, a 1.0 or
+#: 1.1 file loads with none): every allocation the CUDA driver made for the process, PyTorch's segments
+#: included. ``kind`` indexes ``MEMORY_KINDS``, ``op`` ``MEMORY_OPS``; ``stack`` is the Python stack of
+#: the CUDA API call that made it (-1: none taken), ``correlation`` CUPTI's correlation id.
+DEVICE_ALLOC_DTYPE = np.dtype(
+    [
+        ("time_us", "<i8"),
+        ("address", "<i8"),
+        ("bytes", "<i8"),
+        ("kind", "<i1"),
+        ("op", "<i1"),
+        ("stack", "<i4"),
+        ("pid", "<i4"),
+        ("device", "<i2"),
+        ("correlation", "<i8"),
+    ]
+)
+#: CUPTI's memory kinds (``CUpti_ActivityMemoryKind``'s names, lower case), codes of ``kind``.
+MEMORY_KINDS: tuple[str, ...] = (
+    "unknown",
+    "pageable",
+    "pinned",
+    "device",
+    "array",
+    "managed",
+    "device_static",
+    "managed_static",
+)
+#: Kinds that take device memory (pageable and pinned host memory do not).
+DEVICE_MEMORY_KINDS = frozenset({"device", "array", "managed", "device_static", "managed_static"})
+#: CUPTI's memory operations, codes of ``op``.
+MEMORY_OPS: tuple[str, ...] = ("invalid", "allocation", "release")
+
+
 def empty_events(n: int = 0) -> np.ndarray:
     """A zeroed event array of length ``n`` (stack set to -1)."""
     events = np.zeros(n, dtype=EVENT_DTYPE)
@@ -71,6 +105,13 @@ def empty_samples(n: int = 0) -> np.ndarray:
 def empty_others(n: int = 0) -> np.ndarray:
     """A zeroed other-processes sample array of length ``n``."""
     return np.zeros(n, dtype=OTHERS_DTYPE)
+
+
+def empty_device_allocs(n: int = 0) -> np.ndarray:
+    """A device-allocation record array of length ``n`` (stack set to -1)."""
+    records = np.zeros(n, dtype=DEVICE_ALLOC_DTYPE)
+    records["stack"] = -1
+    return records
 
 
 @dataclass(frozen=True)
@@ -205,6 +246,8 @@ class Trace:
     samples: np.ndarray = field(default_factory=empty_samples)
     #: Memory held by other processes on the device (``OTHERS_DTYPE``); empty when not sampled.
     others: np.ndarray = field(default_factory=empty_others)
+    #: Device allocations and releases seen by CUPTI (``DEVICE_ALLOC_DTYPE``); empty without the source.
+    device_allocs: np.ndarray = field(default_factory=empty_device_allocs)
     hook_calls: list[HookCall] = field(default_factory=list)
     facts: dict[str, Any] = field(default_factory=dict)
     notes: list[Note] = field(default_factory=list)

@@ -6,7 +6,7 @@ open to any SQLite tool. It is never pickle.
 
 Layout of a trace file (format ``memtrace-trace``, version ``FORMAT_VERSION``):
 
-- ``meta(key, value)``: ``format``, ``version`` ("1.1"), ``writer`` and the JSON documents
+- ``meta(key, value)``: ``format``, ``version`` ("1.2"), ``writer`` and the JSON documents
   ``process``, ``recording``, ``facts``. Every fact key, with its type and writer, is listed in
   ``memtrace.facts`` (the one part of the file the version number does not spell out).
 - ``frames(id, filename, line, name)`` and ``stacks(id, frames)`` (frame ids, innermost first,
@@ -25,6 +25,12 @@ Layout of a trace file (format ``memtrace-trace``, version ``FORMAT_VERSION``):
   "used-minus-ours" (found, but another process's figure was not available: device used - driver
   reserve - ours), or "not-found" (not found, or not told apart: no series, and device used stays
   the whole device's). A 1.0 file has no such table and loads with no samples.
+- ``device_alloc_chunks(seq, count, data)`` (since 1.2): device allocations and releases seen by
+  CUPTI's activity API (the optional source ``capture.cupti``, ``MEMTRACE_CUPTI=1``),
+  ``DEVICE_ALLOC_DTYPE`` (time_us i8, address i8, bytes i8, kind i1, op i1, stack i4, pid i4,
+  device i2, correlation i8, packed): PyTorch's segments and every allocation outside its allocator,
+  with the Python stack of the CUDA call that made it (-1 when none was taken). A 1.0 or 1.1 file
+  has no such table and loads with no records; so does a trace recorded without the source.
 - ``segments`` and ``blocks``: the allocator state at the last snapshot.
 - ``phases``, ``hook_calls``, ``notes``: one row each.
 
@@ -49,6 +55,7 @@ import numpy as np
 
 from .errors import TraceFormatError
 from .model import (
+    DEVICE_ALLOC_DTYPE,
     EVENT_DTYPE,
     FORMAT_VERSION,
     OTHERS_DTYPE,
@@ -63,6 +70,7 @@ from .model import (
     Run,
     Segment,
     Trace,
+    empty_device_allocs,
     empty_events,
     empty_others,
     empty_samples,
@@ -82,6 +90,7 @@ CREATE TABLE IF NOT EXISTS stacks(id INTEGER PRIMARY KEY, frames TEXT NOT NULL);
 CREATE TABLE IF NOT EXISTS event_chunks(seq INTEGER PRIMARY KEY, count INTEGER NOT NULL, data BLOB NOT NULL);
 CREATE TABLE IF NOT EXISTS sample_chunks(seq INTEGER PRIMARY KEY, count INTEGER NOT NULL, data BLOB NOT NULL);
 CREATE TABLE IF NOT EXISTS other_chunks(seq INTEGER PRIMARY KEY, count INTEGER NOT NULL, data BLOB NOT NULL);
+CREATE TABLE IF NOT EXISTS device_alloc_chunks(seq INTEGER PRIMARY KEY, count INTEGER NOT NULL, data BLOB NOT NULL);
 CREATE TABLE IF NOT EXISTS segments(id INTEGER PRIMARY KEY, address INTEGER, total_bytes INTEGER,
     stream INTEGER, segment_type TEXT, pool_id TEXT, is_expandable INTEGER);
 CREATE TABLE IF NOT EXISTS blocks(segment INTEGER, address INTEGER, size_bytes INTEGER,
@@ -231,6 +240,10 @@ class TraceWriter:
         """Append other-processes samples (``OTHERS_DTYPE``)."""
         _insert_chunk(self._db, "other_chunks", _records(others, OTHERS_DTYPE))
 
+    def append_device_allocs(self, records: np.ndarray) -> None:
+        """Append CUPTI device-allocation records (``DEVICE_ALLOC_DTYPE``)."""
+        _insert_chunk(self._db, "device_alloc_chunks", _records(records, DEVICE_ALLOC_DTYPE))
+
     def set_segments(self, segments: list[Segment]) -> None:
         """Replace the stored allocator state (the last snapshot wins)."""
         with self._db:
@@ -352,6 +365,8 @@ def save_trace(trace: Trace, path: str | os.PathLike, *, overwrite: bool = False
             w.append_samples(trace.samples[start : start + chunk])
         for start in range(0, len(trace.others), chunk):
             w.append_others(trace.others[start : start + chunk])
+        for start in range(0, len(trace.device_allocs), chunk):
+            w.append_device_allocs(trace.device_allocs[start : start + chunk])
         w.set_segments(trace.segments)
         for p in trace.phases:
             w.add_phase(p)
@@ -494,6 +509,11 @@ def _read(db: sqlite3.Connection, path: Path) -> Trace:
     )
     trace.others = (
         _chunks(db, "other_chunks", OTHERS_DTYPE, empty_others) if "other_chunks" in tables else empty_others()
+    )
+    trace.device_allocs = (
+        _chunks(db, "device_alloc_chunks", DEVICE_ALLOC_DTYPE, empty_device_allocs)
+        if "device_alloc_chunks" in tables
+        else empty_device_allocs()
     )
     segs: dict[int, Segment] = {}
     for sid, addr, total, stream, stype, pool, expandable in rows(

@@ -37,6 +37,7 @@ from .curves import Baseline, Curves, all_curves
 from .fingerprint import allocator_settings
 from .landmarks import steady_non_torch_at
 from .live import holders_by_stack, lifetimes, meaningful_frame
+from .non_torch import NonTorchBreakdown, at_moments
 from .oom import Oom, find_oom
 from .phases import PhaseStats, path_at, phase_stats, recording_span
 from .reconcile import KvReconciliation, NonKv, non_kv
@@ -154,6 +155,9 @@ class Summary:
     oom: Oom | None = None  # the OOM the run died of (analysis.oom.find_oom)
     allocator: dict[str, str] = field(default_factory=dict)  # allocator settings in force (fingerprint)
     path: str = ""
+    #: non-PyTorch memory by category at the first crossing and the peak, from CUPTI's records
+    #: (``analysis.non_torch``); [] when the trace has none
+    non_torch: list[NonTorchBreakdown] = field(default_factory=list)
 
     @property
     def truncated(self) -> bool:
@@ -231,6 +235,7 @@ def summarize(
         oi = curves.others.peak_index
         to = int(curves.others.time_us[oi])
         peak_others = PeakPoint("others", to, int(curves.others.bytes[oi]), path_at(trace, to))
+    crossing_list = _crossings(trace, curves, target.target_bytes, oom)
     return Summary(
         label=trace.label,
         process=trace.process,
@@ -247,7 +252,7 @@ def summarize(
         peak_others=peak_others,
         allocator=allocator_settings(trace),
         target=target,
-        crossings=_crossings(trace, curves, target.target_bytes, oom),
+        crossings=crossing_list,
         phases=phase_stats(trace, curves),
         holders=holders_by_site(trace, peak.event_index, top),
         hook_calls=list(trace.hook_calls),
@@ -257,6 +262,12 @@ def summarize(
         non_kv=non_kv(trace, curves),
         oom=oom,
         path=trace.path,
+        non_torch=at_moments(
+            trace,
+            crossing_us=crossing_list[0].time_us if crossing_list else None,
+            peak_us=peak_dev.time_us if peak_dev is not None else peak.time_us,
+            curves=curves,
+        ),
     )
 
 

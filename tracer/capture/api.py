@@ -15,12 +15,14 @@ API (stable; the vLLM plugin codes against it):
 
 - ``start(path_or_dir=None, *, rank=None, local_rank=None, world_size=None, device=None,
   stacks="python", sample_hz=1000, max_entries=DEFAULT_MAX_ENTRIES, role="user", sidecar=True,
-  handle_signals=True) -> Session``. ``path_or_dir`` is a run directory (default: ``$MEMTRACE_DIR``,
+  handle_signals=True, cupti=None) -> Session``. ``path_or_dir`` is a run directory (default: ``$MEMTRACE_DIR``,
   else ``memtrace-YYYYmmdd-HHMMSS/`` in the cwd, exported to ``MEMTRACE_DIR`` so child processes
   write next to it) or a path ending in ``.memtrace``. ``device`` is a CUDA index, ``"cuda:N"`` or a
   ``torch.device`` (default: the current device). ``stacks`` is "none", "python" or "all". A second
   ``start()`` in the same process raises :class:`memtrace.errors.UsageError`. Without torch or a
-  GPU, one log line says so and the session records phases, facts and notes only.
+  GPU, one log line says so and the session records phases, facts and notes only. ``cupti=True`` (or
+  ``MEMTRACE_CUPTI=1``) adds the optional CUPTI source (:mod:`memtrace.capture.cupti`): every device
+  allocation outside PyTorch's allocator, with its Python stack.
 - ``stop(reason="stop") -> Path | None``: drain the allocator history, save the final segments,
   stop the NVML sidecar, close the file; returns its path (None when nothing was recording).
   Idempotent. Also runs at interpreter exit, on SIGTERM and SIGINT, and on a CUDA OOM (the trace is
@@ -86,6 +88,7 @@ def start(
     role: str = "user",
     sidecar: bool = True,
     handle_signals: bool = True,
+    cupti: bool | None = None,
 ) -> Session:
     """Start recording this process. Raises UsageError if a session is already recording.
 
@@ -102,6 +105,8 @@ def start(
         role: free text stored in the trace ("user", "worker"...).
         sidecar: start the NVML sampler process.
         handle_signals: write the trace on SIGTERM/SIGINT (only possible from the main thread).
+        cupti: record every device allocation and release through CUPTI (``capture.cupti``; needs
+            ``pip install memtrace-vllm[cupti]``); None (default) leaves it to ``MEMTRACE_CUPTI=1``.
     """
     return begin_session(
         path_or_dir,
@@ -114,6 +119,7 @@ def start(
         max_entries=max_entries,
         role=role,
         handle_signals=handle_signals,
+        cupti=cupti,
     )
 
 

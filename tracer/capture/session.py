@@ -77,6 +77,7 @@ class Session:
         max_entries: int = DEFAULT_MAX_ENTRIES,
         role: str = "user",
         handle_signals: bool = True,
+        cupti: bool | None = None,
     ):
         self.pid = os.getpid()
         self._owner = threading.get_ident()  # the traced thread (the one that started recording)
@@ -103,6 +104,9 @@ class Session:
         self._ranges: dict[int, Any] = {}  # phase index -> entered record_function
         self.history = None  # AllocatorHistory when CUDA is there
         self.sidecar = None  # Sidecar process handle when NVML is there
+        self._cupti_arg = cupti  # None: MEMTRACE_CUPTI decides (capture.cupti.wanted)
+        self.cupti = None  # capture.cupti.CuptiSource when that optional source records
+        self._cupti_flushed = 0.0
         self._bg = None  # background.Background: converts and writes drains off the traced thread
         self.closed = False  # recording stopped (phases, drains): set when close() begins
         self._file_closed = False  # the trace file is complete and closed
@@ -122,6 +126,7 @@ class Session:
             self.add_note("warning", f"no allocator events: {device}")
         else:
             self._start_gpu(device)
+        self._start_cupti()
         if self._handle_signals:
             signals.install()
         self.flush_documents()
@@ -167,6 +172,36 @@ class Session:
         self.history.start_watchdog()
         if self.sidecar is not None:
             self.sidecar.join_started()
+
+    def _start_cupti(self) -> None:
+        """The optional CUPTI source (``capture.cupti``), when asked for; its absence is a note, never an error."""
+        from . import cupti
+
+        if not cupti.wanted(self._cupti_arg):
+            return
+        self.cupti = cupti.start_source(self)
+        self.facts[F.CUPTI] = self.cupti.fact() if self.cupti is not None else {"on": False}
+
+    def _flush_cupti(self, *, stop: bool = False, throttle_s: float = 0.0) -> None:
+        """Write the CUPTI records delivered so far (at drains, top-level phase boundaries, close)."""
+        if self.cupti is None:
+            return
+        now = time.monotonic()
+        if not stop and now - self._cupti_flushed < throttle_s:
+            return
+        self._cupti_flushed = now
+        try:
+            self.cupti.stop() if stop else self.cupti.flush()
+        except Exception as exc:  # a bug must not lose the rest of the trace
+            log.warning("memtrace: CUPTI records not written: %s", exc)
+            self.add_note("error", f"CUPTI records not written: {exc!r}")
+        with self._lock:
+            self.facts[F.CUPTI] = self.cupti.fact()
+
+    def _on_device_allocs(self, records) -> None:
+        with self._lock:
+            if not self._file_closed:
+                self.writer.append_device_allocs(records)
 
     def _sidecar_ready(self, info: dict[str, Any]) -> None:
         with self._lock:
@@ -265,6 +300,8 @@ class Session:
         if self.history is not None:  # drain first, so its cost never lands inside the phase
             self.history.boundary(top_level=not self._open)
             self._hint_sidecar()
+        if not self._open:
+            self._flush_cupti(throttle_s=0.5)
         with self._lock:
             parent = self._open[-1] if self._open else None
             ph = Phase(name=name, start_us=now_us(), end_us=None, parent=parent, source=source)
@@ -298,6 +335,8 @@ class Session:
         if self.history is not None:
             self.history.boundary(top_level=top_level)
             self._hint_sidecar()
+        if top_level:
+            self._flush_cupti(throttle_s=0.5)
 
     def _hint_sidecar(self) -> None:
         """Tell the sidecar PyTorch's reserved bytes (how it finds us by memory inside a container)."""
@@ -364,6 +403,7 @@ class Session:
             snap = self.history.drain("flush")
             if segments and snap is not None:
                 self._later(lambda: self._save_segments(snap))
+        self._flush_cupti()
         self.wait_written()
         self.flush_documents()
 
@@ -414,6 +454,7 @@ class Session:
                 self._open.clear()
             if self.recording.end_reason != "oom" or reason not in ("exit", "stop"):
                 self.recording.end_reason = reason
+        self._flush_cupti(stop=True)
         snap = None
         if self.history is not None:
             try:

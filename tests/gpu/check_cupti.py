@@ -1,0 +1,242 @@
+"""GPU check of the optional CUPTI source (issue 15): non-PyTorch allocations with their Python stacks.
+
+Run on the GPU machine, from the repository root (cupti-python and pyelftools carried as wheels)::
+
+    python3 -m pip install -q --no-index --no-deps --target /tmp/cupti .whlcupti/*.whl
+    python3 -m pip install -q --no-deps --no-build-isolation --target /tmp/mt .
+    PYTHONPATH=/tmp/cupti:/tmp/mt python3 tests/gpu/check_cupti.py [--cost] [--timeout 420]
+
+Records one session with ``cupti=True`` in which PyTorch makes a 256 MiB segment, a raw ``cudaMalloc``
+of 512 MiB (ctypes on the libcudart torch loaded) is held then freed, and CuPy's pool takes 64 MiB;
+then loads the trace and checks: records per kind/op, the raw allocation's bytes and the innermost
+frame of its Python stack (``raw_cudamalloc`` here), PyTorch's segment recognised and not counted as
+non-PyTorch, the report's breakdown at the peak. ``--cost`` also times 200 uncached allocations
+(``empty_cache`` between them) without memtrace, with memtrace, and with memtrace and CUPTI.
+Prints one JSON line, then PASS or FAIL with the reasons; exit code 0 (pass), 1 (fail), 3 (timeout
+or crash).
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import faulthandler
+import glob
+import json
+import os
+import signal
+import sys
+import tempfile
+import time
+import traceback
+
+MiB = 1 << 20
+TORCH_BYTES = 256 * MiB
+RAW_BYTES = 512 * MiB
+CUPY_BYTES = 64 * MiB
+figures: dict = {}
+
+
+def _bail(reason: str, code: int = 3) -> None:
+    figures["error"] = reason
+    print(json.dumps(figures, default=str), flush=True)
+    print(f"FAIL: {reason}", flush=True)
+    os._exit(code)
+
+
+def find_cudart() -> str:
+    """The libcudart this process already loaded (torch's), else one from the nvidia/torch wheels."""
+    try:
+        with open("/proc/self/maps") as f:
+            for line in f:
+                path = line.split()[-1]
+                if "libcudart.so" in os.path.basename(path):
+                    return path
+    except OSError:
+        pass
+    for base in sys.path:
+        for pattern in (
+            "nvidia/cu13/lib/libcudart.so*",
+            "nvidia/cuda_runtime/lib/libcudart.so*",
+            "torch/lib/libcudart*.so*",
+        ):
+            hits = sorted(glob.glob(os.path.join(base, pattern)))
+            if hits:
+                return hits[0]
+    return "libcudart.so"
+
+
+def raw_cudamalloc(cudart, nbytes: int) -> int:
+    """A kernel library's own cudaMalloc, outside PyTorch's allocator (its frame must be the stack's innermost)."""
+    ptr = ctypes.c_void_p()
+    rc = cudart.cudaMalloc(ctypes.byref(ptr), ctypes.c_size_t(nbytes))
+    if rc != 0:
+        raise RuntimeError(f"cudaMalloc returned {rc}")
+    return int(ptr.value)
+
+
+def time_uncached(torch, n: int = 200) -> float:
+    """Seconds for ``n`` allocations that each reach cudaMalloc (empty_cache between them)."""
+    torch.cuda.synchronize()
+    torch.cuda.empty_cache()
+    t0 = time.perf_counter()
+    for _ in range(n):
+        x = torch.empty(4 * MiB, dtype=torch.uint8, device="cuda")
+        del x
+        torch.cuda.empty_cache()
+    torch.cuda.synchronize()
+    return time.perf_counter() - t0
+
+
+def _cost(torch, memtrace, label: str, cupti: bool | None, d: str) -> None:
+    if cupti is None:
+        figures[f"cost_{label}_s"] = round(time_uncached(torch), 4)
+        return
+    with memtrace.trace(os.path.join(d, f"cost-{label}.memtrace"), cupti=cupti, sidecar=False):
+        figures[f"cost_{label}_s"] = round(time_uncached(torch), 4)
+
+
+def record(torch, memtrace, cudart, d: str):
+    path = os.path.join(d, "check.memtrace")
+    with memtrace.trace(path, cupti=True) as session:
+        time.sleep(1.0)  # the NVML sidecar starts without being waited for
+        with memtrace.phase("torch_segment"):
+            x = torch.empty(TORCH_BYTES, dtype=torch.uint8, device="cuda")
+            torch.cuda.synchronize()
+        with memtrace.phase("cupy_pool"):
+            try:
+                import cupy
+
+                y = cupy.empty(CUPY_BYTES, dtype=cupy.uint8)
+                cupy.cuda.runtime.deviceSynchronize()
+                figures["cupy"] = cupy.__version__
+            except Exception as exc:  # noqa: BLE001  (cupy is optional for the check)
+                y = None
+                figures["cupy"] = f"unavailable: {exc!r}"
+        with memtrace.phase("raw_cudamalloc"):
+            ptr = raw_cudamalloc(cudart, RAW_BYTES)
+            time.sleep(0.3)  # held: NVML sees it
+            figures["raw_address"] = hex(ptr)
+        with memtrace.phase("raw_free"):
+            cudart.cudaFree(ctypes.c_void_p(ptr))
+            time.sleep(0.2)
+        figures["cupti_fact_live"] = dict(session.facts.get("cupti") or {})
+        del x, y
+    return path
+
+
+def check(trace) -> list[str]:
+    from memtrace.analysis import non_torch
+    from memtrace.analysis.phases import path_at
+    from memtrace.analysis.summary import summarize
+
+    recs = trace.device_allocs
+    figures["records"] = len(recs)
+    figures["per_kind_op"] = non_torch.counts(trace)
+    figures["cupti_fact"] = trace.facts.get("cupti")
+    failures = []
+    alloc, release = non_torch.MEMORY_OPS.index("allocation"), non_torch.MEMORY_OPS.index("release")
+    raw = [i for i in range(len(recs)) if recs["bytes"][i] == RAW_BYTES and recs["op"][i] == alloc]
+    raw_free = [i for i in range(len(recs)) if recs["bytes"][i] == RAW_BYTES and recs["op"][i] == release]
+    if not raw:
+        failures.append("no record of the raw 512 MiB cudaMalloc")
+    else:
+        i = raw[-1]
+        frames = trace.stack_frames(int(recs["stack"][i]))
+        inner = frames[0] if frames else None
+        figures["raw_bytes"] = int(recs["bytes"][i])
+        figures["raw_innermost_frame"] = f"{inner.filename}:{inner.line} {inner.name}" if inner else None
+        figures["raw_phase"] = path_at(trace, int(recs["time_us"][i]))
+        figures["raw_released"] = bool(raw_free)
+        if inner is None or inner.name != "raw_cudamalloc":
+            failures.append(f"the raw cudaMalloc's innermost frame is {figures['raw_innermost_frame']!r}")
+        if figures["raw_phase"] != "raw_cudamalloc":
+            failures.append(f"the raw cudaMalloc is in phase {figures['raw_phase']!r}")
+        if not raw_free:
+            failures.append("no release record of the raw cudaMalloc")
+    torch_flags = non_torch.torch_made(trace)
+    seg = [i for i in range(len(recs)) if recs["bytes"][i] == TORCH_BYTES and recs["op"][i] == alloc]
+    figures["torch_segment_recognised"] = bool(seg) and all(bool(torch_flags[i]) for i in seg)
+    if not figures["torch_segment_recognised"]:
+        failures.append("PyTorch's 256 MiB segment was not recognised")
+    cupy_seen = any(recs["bytes"][i] == CUPY_BYTES and recs["op"][i] == alloc for i in range(len(recs)))
+    figures["cupy_seen"] = cupy_seen
+    if not str(figures.get("cupy", "")).startswith("unavailable") and not cupy_seen:
+        failures.append("no record of CuPy's 64 MiB pool allocation")
+    summary = summarize(trace)
+    figures["breakdown"] = [_plain(b) for b in summary.non_torch]
+    peak = next((b for b in summary.non_torch if b.moment == "peak"), None)
+    if peak is None:
+        failures.append("the report has no non-PyTorch breakdown")
+    else:
+        if peak.torch_bytes < TORCH_BYTES:
+            failures.append(f"PyTorch bytes at the peak {peak.torch_bytes} < the 256 MiB segment")
+        if peak.cupti_bytes >= TORCH_BYTES + RAW_BYTES:
+            failures.append("PyTorch's segment is counted as non-PyTorch too")
+    if raw:
+        held = non_torch.breakdown(trace, int(recs["time_us"][raw[-1]]), "raw held")
+        figures["breakdown_raw_held"] = _plain(held)
+        if held.cupti_bytes < RAW_BYTES or held.cupti_bytes >= RAW_BYTES + TORCH_BYTES:
+            failures.append(f"non-PyTorch bytes while the raw cudaMalloc is held: {held.cupti_bytes}")
+    return failures
+
+
+def _plain(b) -> dict:
+    return {
+        "moment": b.moment,
+        "phase": b.phase_path,
+        "cupti_bytes": b.cupti_bytes,
+        "torch_bytes": b.torch_bytes,
+        "nvml_non_torch_bytes": b.nvml_non_torch_bytes,
+        "unexplained_bytes": b.unexplained_bytes,
+        "categories": {c.name: c.bytes for c in b.categories},
+        "libraries": {c.name: dict(c.libraries) for c in b.categories if c.libraries},
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--cost", action="store_true", help="also time 200 uncached allocations off/on")
+    parser.add_argument("--timeout", type=float, default=420.0, help="seconds before giving up (exit 3)")
+    args = parser.parse_args(argv)
+    signal.signal(signal.SIGALRM, lambda *_: _bail(f"timed out after {args.timeout:.0f} s"))
+    signal.alarm(int(args.timeout))
+    faulthandler.dump_traceback_later(args.timeout + 30, exit=True)  # stuck in C with the GIL held
+    try:
+        from cupti import cupti  # noqa: F401
+    except Exception as exc:  # noqa: BLE001
+        _bail(f"cupti-python not importable: {exc!r}")
+    try:
+        import memtrace
+        import torch
+        from memtrace.store import load_trace
+
+        torch.cuda.init()
+        torch.empty(1, device="cuda")  # the CUDA context exists first, as in a vLLM worker
+        path = find_cudart()
+        figures["cudart"] = path
+        cudart = ctypes.CDLL(path)
+        figures["torch"] = torch.__version__
+        with tempfile.TemporaryDirectory() as d:
+            if args.cost:
+                _cost(torch, memtrace, "none", None, d)
+                _cost(torch, memtrace, "memtrace", False, d)
+            trace = load_trace(record(torch, memtrace, cudart, d))
+            if args.cost:
+                _cost(torch, memtrace, "memtrace_cupti", True, d)
+        failures = check(trace)
+    except Exception as exc:  # noqa: BLE001
+        traceback.print_exc()
+        _bail(f"crashed: {exc!r}")
+    if args.cost:
+        base = figures.get("cost_memtrace_s") or 0
+        figures["cost_cupti_extra_us_per_alloc"] = round((figures["cost_memtrace_cupti_s"] - base) / 200 * 1e6, 1)
+    signal.alarm(0)
+    faulthandler.cancel_dump_traceback_later()
+    print(json.dumps(figures, default=str), flush=True)
+    print("PASS" if not failures else "FAIL: " + "; ".join(failures), flush=True)
+    return 0 if not failures else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
