@@ -30,6 +30,7 @@ _FREE = ACTION_CODE["free_completed"]
 _SEG_ALLOC = ACTION_CODE["segment_alloc"]
 _SEG_FREE = ACTION_CODE["segment_free"]
 _EXPANDABLE = (ACTION_CODE["segment_map"], ACTION_CODE["segment_unmap"])
+_MAX_ROUNDS = 64
 
 
 class _Segments:
@@ -61,11 +62,136 @@ class _Segments:
 
 
 def pinned_curve(trace: Trace, curves: Curves | None = None) -> Curve:
-    """Bytes of segments holding a live block, on the reserved curve's time axis (index i: after event i-1)."""
+    """Bytes of segments holding a live block, on the reserved curve's time axis (index i: after event i-1).
+
+    Vectorised (:func:`_pinned_columns`); the event-at-a-time :func:`_pinned_loop` gives the same curve
+    and is kept for traces whose segment events do not alternate alloc/free at each address.
+    """
     curves = curves or all_curves(trace)
     ev = trace.events
     if len(ev) == 0 or np.isin(ev["action"], _EXPANDABLE).any():
         return curves.reserved
+    out = _pinned_columns(trace)
+    if out is None:
+        return _pinned_loop(trace, curves)
+    return Curve(curves.reserved.time_us, np.minimum(out, curves.reserved.bytes))
+
+
+def _instances(trace: Trace) -> tuple[np.ndarray, ...] | None:
+    """Every segment's life: (start, size, open, close) in doubled positions (event i at 2i+1; before
+    recording -1, never closed 2n+1), sorted by (start, open); None when an address's segment events
+    do not alternate (the loop then decides)."""
+    ev = trace.events
+    n = len(ev)
+    action = ev["action"]
+    addr = ev["addr"].astype(np.int64)
+    seg_pos = np.flatnonzero((action == _SEG_ALLOC) | (action == _SEG_FREE))
+    seg_addr, seg_is_alloc = addr[seg_pos], action[seg_pos] == _SEG_ALLOC
+    allocated_here = set(seg_addr[seg_is_alloc].tolist())
+    initial = {s.address: s.total_bytes for s in trace.segments if s.address not in allocated_here}
+    order = np.lexsort((seg_pos, seg_addr))
+    seg_pos, seg_addr, seg_is_alloc = seg_pos[order], seg_addr[order], seg_is_alloc[order]
+    first = np.ones(len(seg_pos), dtype=bool)
+    first[1:] = seg_addr[1:] != seg_addr[:-1]
+    # a segment_free first at an address with no segment_alloc before it: a segment from before recording
+    for a, p in zip(seg_addr[first & ~seg_is_alloc].tolist(), seg_pos[first & ~seg_is_alloc].tolist(), strict=True):
+        initial.setdefault(a, int(ev["size"][p]))
+    rank = np.arange(len(seg_pos)) - np.maximum.accumulate(np.where(first, np.arange(len(seg_pos)), 0))
+    init_active = np.isin(seg_addr, np.array(list(initial), dtype=np.int64))
+    if not np.array_equal(seg_is_alloc, (rank + init_active) % 2 == 0):
+        return None
+    # opens: every segment_alloc, and each initial segment; a close is the next event at its address
+    last = np.append(first[1:], True)  # the last segment event at its address: never closed after it
+    nxt = np.where(last, n, np.append(seg_pos[1:], n))
+    a_idx = np.flatnonzero(seg_is_alloc)
+    i_addr = np.array(list(initial), dtype=np.int64)
+    i_size = np.array(list(initial.values()), dtype=np.int64)
+    # an initial segment closes at its address's first event (a free), if any
+    i_first = np.minimum(np.searchsorted(seg_addr, i_addr), len(seg_addr))
+    at = np.append(seg_addr, -1)[i_first] == i_addr
+    i_close = np.where(at, np.append(seg_pos, n)[i_first], n)
+    start = np.concatenate((seg_addr[a_idx], i_addr))
+    size = np.concatenate((ev["size"][seg_pos[a_idx]].astype(np.int64), i_size))
+    opened = np.concatenate((2 * seg_pos[a_idx] + 1, np.full(len(i_addr), -1, np.int64)))
+    closed = 2 * np.concatenate((nxt[a_idx], i_close)).astype(np.int64) + 1
+    o = np.lexsort((opened, start))
+    return start[o], size[o], opened[o], closed[o]
+
+
+def _find(inst: tuple[np.ndarray, ...], addr: np.ndarray, q: np.ndarray) -> np.ndarray | None:
+    """For each (address, doubled position): the instance ``_Segments.find`` returns then (the active
+    segment with the largest start at or below the address, if the address lies in it), -1 for none.
+    One round per closed segment passed on the way down; None after ``_MAX_ROUNDS`` (the loop decides)."""
+    start, size, opened, closed = inst
+    starts, group = np.unique(start, return_inverse=True)
+    span = int(closed.max(initial=0)) + 3
+    key = group.astype(np.int64) * span + (opened + 1)
+    out = np.full(len(addr), -1, dtype=np.int64)
+    j = np.searchsorted(starts, addr, side="right") - 1
+    todo = np.flatnonzero(j >= 0)
+    for _ in range(_MAX_ROUNDS):
+        if not len(todo):
+            return out
+        jt = j[todo]
+        k = np.searchsorted(key, jt * span + q[todo] + 1, side="left") - 1  # the last opened before q
+        kc = np.maximum(k, 0)
+        active = (k >= 0) & (group[kc] == jt) & (closed[kc] > q[todo])
+        hit = todo[active]
+        out[hit] = np.where(addr[hit] < start[kc[active]] + size[kc[active]], kc[active], -1)
+        j[todo] -= 1
+        todo = todo[~active & (j[todo] >= 0)]
+    return None if len(todo) else out
+
+
+def _pinned_columns(trace: Trace) -> np.ndarray | None:
+    """The pinned bytes after every event (index 0: before the first), or None (see :func:`_instances`)."""
+    inst = _instances(trace)
+    if inst is None:
+        return None
+    start, size, opened, closed = inst
+    ev = trace.events
+    n = len(ev)
+    action = ev["action"]
+    lt = lifetimes(trace)
+    before = lt.addr[lt.alloc_pos < 0]
+    pos = np.flatnonzero((action == _ALLOC) | (action == _FREE))
+    k0 = _find(inst, before, np.zeros(len(before), np.int64))
+    k = _find(inst, ev["addr"][pos].astype(np.int64), 2 * pos + 1)
+    if k0 is None or k is None:
+        return None
+    c0 = np.bincount(k0 + 1, minlength=len(start) + 1)[1:]
+    pos, k = pos[k >= 0], k[k >= 0]
+    o = np.lexsort((pos, k))
+    pos, k = pos[o], k[o]
+    step = np.where(action[pos] == _ALLOC, 1, -1)
+    # per instance, the live-block count floored at 0 (a free of an empty segment is ignored):
+    # S = c0 + running sum, live = S - min(0, running min of S); groups kept apart by an offset
+    csum = np.cumsum(step)
+    grp_first = np.ones(len(k), dtype=bool)
+    grp_first[1:] = k[1:] != k[:-1]
+    base = np.maximum.accumulate(np.where(grp_first, np.arange(len(k)), 0))
+    s_walk = c0[k] + csum - (csum[base] - step[base])
+    big = 2 * (len(k) + int(c0.max(initial=0))) + 4
+    run_min = np.minimum.accumulate(s_walk - k * big) + k * big
+    live = s_walk - np.minimum(run_min, 0)
+    prev = np.where(grp_first, c0[k], np.append(0, live[:-1]))
+    delta = np.zeros(n + 1, dtype=np.int64)  # delta[i + 1]: the change made by event i
+    gain = np.where((prev == 0) & (live > 0), size[k], 0) - np.where((prev > 0) & (live == 0), size[k], 0)
+    delta[pos + 1] = gain  # one event per position
+    # at a segment's free: its bytes go if it still held a live block
+    grp_last = np.append(grp_first[1:], True)
+    last_live = c0.copy()
+    last_live[k[grp_last]] = live[grp_last]
+    shut = (closed < 2 * n + 1) & (last_live > 0)
+    delta[(closed[shut] - 1) // 2 + 1] -= size[shut]  # one free closes one segment
+    # segments opened pinned: initial ones with a live block count from the start
+    delta[0] = int(size[(opened < 0) & (c0 > 0)].sum())
+    return np.cumsum(delta)
+
+
+def _pinned_loop(trace: Trace, curves: Curves) -> Curve:
+    """The reference: one event at a time (for traces whose segment events do not alternate per address)."""
+    ev = trace.events
     actions = ev["action"].tolist()
     addrs = ev["addr"].tolist()
     sizes = ev["size"].tolist()
