@@ -207,7 +207,7 @@ def pack_rank(a: RankAnalysis, t0_us: int, *, with_events: bool = True) -> Packe
         parts.append(b"\0" * pad)
         offset += pad
     meta["has_events"] = with_events
-    return PackedRank(meta, gzip.compress(b"".join(parts), compresslevel=6, mtime=0), columns)
+    return PackedRank(meta, gzip.compress(b"".join(parts), compresslevel=1, mtime=0), columns)
 
 
 def run_start(analyses: list[RankAnalysis]) -> int:
