@@ -16,6 +16,7 @@ from ..analysis.summary import Crossing, Summary, worst
 from ..model import Frame
 from . import oom_text
 from .kv_text import render_non_kv
+from .non_torch_text import render_non_torch
 
 GiB = 1024**3
 
@@ -341,6 +342,7 @@ def render_report(summary: Summary, file: TextIO, width: int = 100, markdown: bo
     _peak(out, summary)
     _target(out, summary)
     _holders(out, summary)
+    render_non_torch(out, summary)
     _hooks(out, summary)
     render_non_kv(out, summary)
     _notes(out, summary)

@@ -92,8 +92,11 @@ def _cost(torch, memtrace, label: str, cupti: bool | None, d: str) -> None:
     if cupti is None:
         figures[f"cost_{label}_s"] = round(time_uncached(torch), 4)
         return
-    with memtrace.trace(os.path.join(d, f"cost-{label}.memtrace"), cupti=cupti, sidecar=False):
+    from memtrace.store import load_trace
+
+    with memtrace.trace(os.path.join(d, f"cost-{label}.memtrace"), cupti=cupti, sidecar=False) as session:
         figures[f"cost_{label}_s"] = round(time_uncached(torch), 4)
+    figures[f"cost_{label}_records"] = len(load_trace(session.path).device_allocs)
 
 
 def record(torch, memtrace, cudart, d: str):
@@ -231,6 +234,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.cost:
         base = figures.get("cost_memtrace_s") or 0
         figures["cost_cupti_extra_us_per_alloc"] = round((figures["cost_memtrace_cupti_s"] - base) / 200 * 1e6, 1)
+        if figures["cost_memtrace_cupti_records"] < 400:  # 200 cudaMalloc + 200 cudaFree
+            failures.append(f"the cost run with CUPTI saw {figures['cost_memtrace_cupti_records']} records, not 400")
     signal.alarm(0)
     faulthandler.cancel_dump_traceback_later()
     print(json.dumps(figures, default=str), flush=True)

@@ -159,7 +159,9 @@ class CuptiSource:
         api = self.api
         self._measure_clock()
         _route(self)
-        api.activity_register_callbacks(_buffer_requested, _buffer_completed)
+        if api not in _registered:  # once per process: later sessions reuse the same callbacks
+            api.activity_register_callbacks(_buffer_requested, _buffer_completed)
+            _registered.append(api)
         api.activity_enable(api.ActivityKind.MEMORY2)
         self.active = True
         try:
@@ -306,6 +308,7 @@ class CuptiSource:
 
 # -- the process-wide callbacks (CUPTI takes one set per process) ------------------------------------
 _current: CuptiSource | None = None
+_registered: list[Any] = []  # the CUPTI modules whose activity callbacks are registered
 
 
 def _route(source: CuptiSource | None) -> None:
