@@ -87,12 +87,9 @@ class Baseline:
 
 def _deltas(trace: Trace, up: tuple[int, ...], down: tuple[int, ...]) -> np.ndarray:
     ev = trace.events
-    action = ev["action"]
-    size = ev["size"].astype(np.int64)
-    delta = np.where(np.isin(action, up), size, 0)
-    mask_down = np.isin(action, down)
-    delta[mask_down] = -size[mask_down]
-    return delta
+    sign = np.zeros(256, dtype=np.int64)  # by action code (int8, read as uint8)
+    sign[list(up)], sign[list(down)] = 1, -1
+    return sign[ev["action"].view(np.uint8)] * ev["size"]
 
 
 def _allocated_deltas(trace: Trace) -> np.ndarray:
@@ -138,14 +135,25 @@ def _within(alloc_deltas: np.ndarray, reserved_deltas: np.ndarray, base_alloc: i
     return bool(np.all(base_alloc + np.cumsum(alloc_deltas) <= base_reserved + np.cumsum(reserved_deltas)))
 
 
-def _curve(trace: Trace, deltas: np.ndarray, start: int) -> Curve:
+def _curve_times(trace: Trace) -> np.ndarray:
+    """The curves' time axis: the recording start, then the events' times made non-decreasing."""
     ev = trace.events
     t0 = trace.recording.start_us
-    times = np.maximum.accumulate(ev["time_us"].astype(np.int64)) if len(ev) else ev["time_us"].astype(np.int64)
-    values = start + np.cumsum(deltas)
-    if t0 is None or (len(times) and t0 > times[0]):
-        t0 = int(times[0]) if len(times) else 0
-    return Curve(np.concatenate(([t0], times)), np.concatenate(([start], values)).astype(np.int64))
+    times = np.empty(len(ev) + 1, dtype=np.int64)
+    np.maximum.accumulate(ev["time_us"], out=times[1:])
+    if t0 is None or (len(ev) and t0 > times[1]):
+        t0 = int(times[1]) if len(ev) else 0
+    times[0] = t0
+    return times
+
+
+def _curve(trace: Trace, deltas: np.ndarray, start: int, times: np.ndarray | None = None) -> Curve:
+    values = np.empty(len(deltas) + 1, dtype=np.int64)
+    values[0] = start
+    np.cumsum(deltas, out=values[1:])
+    if start:
+        values[1:] += start
+    return Curve(_curve_times(trace) if times is None else times, values)
 
 
 def allocated_curve(trace: Trace, base: Baseline | None = None) -> Curve:
@@ -241,9 +249,10 @@ def all_curves(trace: Trace) -> Curves:
 def _all_curves(trace: Trace) -> Curves:
     alloc_d, res_d = _allocated_deltas(trace), _reserved_deltas(trace)
     base = _baseline(trace, alloc_d, res_d)
-    reserved = _curve(trace, res_d, base.reserved_bytes)
+    times = _curve_times(trace)
+    reserved = _curve(trace, res_d, base.reserved_bytes, times)
     return Curves(
-        allocated=_curve(trace, alloc_d, base.allocated_bytes),
+        allocated=_curve(trace, alloc_d, base.allocated_bytes, times),
         reserved=reserved,
         device_used=device_used_curve(trace),
         non_torch=non_torch_curve(trace, reserved),
