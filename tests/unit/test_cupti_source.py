@@ -272,3 +272,25 @@ def test_records_delivered_after_stop_are_dropped(fake, tmp_path):
     fake.activity_flush_all(1)  # no source routed: nothing kept, nothing raised
     assert len(load_trace(s.path).device_allocs) == 0
     assert np.all(load_trace(s.path).device_allocs["stack"] == -1)
+
+
+def test_a_second_session_reuses_the_callbacks_registered_once(fake, tmp_path):
+    registered = []
+    real_register = fake.activity_register_callbacks
+    fake.activity_register_callbacks = lambda r, c: (registered.append(1), real_register(r, c))
+    for name in ("a", "b"):
+        with memtrace.trace(tmp_path / f"{name}.memtrace", cupti=True, sidecar=False) as s:
+            fake.cuda_malloc(0x1000, 4096)
+        assert len(load_trace(s.path).device_allocs) == 1, name
+    assert registered == [1]
+
+
+def test_a_forked_childs_records_are_not_this_sessions(fake, tmp_path, monkeypatch):
+    with memtrace.trace(tmp_path / "t.memtrace", cupti=True, sidecar=False) as s:
+        fake.cuda_malloc(0x1000, 4096)
+        monkeypatch.setattr(source_mod.os, "getpid", lambda: s.pid + 1)  # as seen from a forked child
+        fake.cuda_malloc(0x2000, 4096)
+        fake.activity_flush_all(1)  # delivered in the child: dropped there
+        monkeypatch.undo()
+        monkeypatch.setattr(source_mod, "import_cupti", lambda: fake)
+    assert load_trace(s.path).device_allocs["address"].tolist() == []

@@ -134,6 +134,7 @@ class CuptiSource:
         self._errors: dict[str, int] = {}
         self._logged: set[str] = set()
         self.active = False
+        self.pid = os.getpid()  # a forked child's CUDA calls are not this process's
         self.records = 0
         self.with_stack = 0
         self.dropped_stacks = 0
@@ -322,7 +323,7 @@ def _buffer_requested() -> tuple[int, int]:
 
 def _buffer_completed(activities: Any) -> None:
     source = _current
-    if source is None:
+    if source is None or source.pid != os.getpid():
         return
     try:
         source.take(activities)
@@ -332,7 +333,7 @@ def _buffer_completed(activities: Any) -> None:
 
 def _api_callback(userdata: Any, domain: Any, callback_id: Any, callback_data: Any) -> None:
     source = _current
-    if source is None or not source.active:
+    if source is None or not source.active or source.pid != os.getpid():
         return
     try:
         source.on_api(callback_data)
