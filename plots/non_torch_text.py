@@ -44,6 +44,11 @@ def render_non_torch(out, s: Summary) -> None:
                 f"{when}: CUPTI {format_gib(b.cupti_bytes)} outside PyTorch (no NVML samples: nothing unexplained"
                 f" is stated); PyTorch's own segments recognised {format_gib(b.torch_bytes)}"
             )
+        if b.unexplained_bytes is not None and b.unexplained_bytes < 0:
+            out.item(
+                "unexplained is negative: CUPTI counted memory NVML did not show as used at that sample "
+                "(managed memory not yet touched, or an allocation between two samples)"
+            )
         rows = [
             [c.name, _gib(c.bytes), f"{c.count:,}" if c.name != UNEXPLAINED else "", _where(b, c.name)]
             for c in b.categories

@@ -17,7 +17,7 @@ import pytest
 from memtrace.analysis import non_torch as nt
 from memtrace.analysis.curves import all_curves
 from memtrace.analysis.landmarks import steady_non_torch_at
-from memtrace.analysis.summary import summarize
+from memtrace.analysis.summary import summarize, summary_to_dict
 from memtrace.model import ACTION_CODE, FORMAT_VERSION, MEMORY_KINDS, MEMORY_OPS, Frame, Segment, empty_device_allocs
 from memtrace.plots.text import render_report
 from memtrace.store import load_trace, save_trace
@@ -126,6 +126,9 @@ def test_summary_report_and_file_format_carry_the_breakdown(real, tmp_path):
     for name in (nt.NCCL, nt.JIT, nt.CUBLAS, nt.GRAPHS, nt.UNEXPLAINED, "cupy 0.06"):
         assert name in text, name
     assert "vllm/distributed/device_communicators/pynccl.py:90 __init__" in text
+    assert "unexplained is negative" in text  # at the first crossing: the records here outweigh NVML's figure
+    plain = summary_to_dict(s)["non_torch"][1]  # report --json
+    assert plain["cupti_bytes"] == sum(expected.values()) and plain["categories"][0]["name"] == nt.NCCL
 
 
 def test_without_records_nothing_changes_and_old_files_load_empty(real):
