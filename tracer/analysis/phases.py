@@ -17,6 +17,7 @@ import numpy as np
 
 from ..model import Phase, Trace
 from .curves import Curve, Curves, all_curves
+from .memo import cached
 
 
 @dataclass(frozen=True)
@@ -48,6 +49,12 @@ class PhaseStats:
         return self.end_allocated_bytes - self.start_allocated_bytes
 
 
+def _time_bounds(trace: Trace) -> list[tuple[int, int]]:
+    """(min, max) time of the events and of the samples, for those that are not empty."""
+    arrays = (trace.events["time_us"], trace.samples["time_us"])
+    return [(int(a.min()), int(a.max())) for a in arrays if len(a)]
+
+
 def recording_span(trace: Trace) -> tuple[int, int]:
     """(first, last) microsecond the trace knows about: recording bounds, events, samples, phases."""
     starts, ends = [], []
@@ -57,10 +64,9 @@ def recording_span(trace: Trace) -> tuple[int, int]:
             starts.append(v)
     if rec.end_us is not None:
         ends.append(rec.end_us)
-    for arr in (trace.events["time_us"], trace.samples["time_us"]):
-        if len(arr):
-            starts.append(int(arr.min()))
-            ends.append(int(arr.max()))
+    for lo, hi in cached(trace, "time_bounds", _time_bounds):
+        starts.append(lo)
+        ends.append(hi)
     for p in trace.phases:
         starts.append(p.start_us)
         ends.append(p.end_us if p.end_us is not None else p.start_us)
