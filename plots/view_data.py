@@ -22,7 +22,7 @@ comes from the analysis modules.
 
 from __future__ import annotations
 
-import gzip
+import zlib
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -195,19 +195,21 @@ def pack_rank(a: RankAnalysis, t0_us: int, *, with_events: bool = True) -> Packe
     and the NVML columns go in, and the page asks ``view_server`` for the rest."""
     meta = rank_meta(a, t0_us)
     meta["first_event_us"] = int(a.times[0]) - t0_us if len(a.times) else 0
+    # compressed column by column (gzip, level 1): no uncompressed copy of the whole blob is ever made
+    z = zlib.compressobj(1, zlib.DEFLATED, 31)
     parts, columns, offset = [], [], 0
     for name, arr in _columns(a, t0_us):
         if not with_events and not name.startswith("dev_"):
             continue
-        raw = arr.tobytes()
         columns.append({"name": name, "dtype": arr.dtype.str, "offset": offset, "length": len(arr)})
-        parts.append(raw)
-        offset += len(raw)
+        parts.append(z.compress(arr.data.cast("B") if arr.nbytes else b""))
+        offset += arr.nbytes
         pad = (-offset) % 8  # each column starts 8-aligned so the page can view it in place
-        parts.append(b"\0" * pad)
+        parts.append(z.compress(b"\0" * pad))
         offset += pad
+    parts.append(z.flush())
     meta["has_events"] = with_events
-    return PackedRank(meta, gzip.compress(b"".join(parts), compresslevel=1, mtime=0), columns)
+    return PackedRank(meta, b"".join(parts), columns)
 
 
 def run_start(analyses: list[RankAnalysis]) -> int:
