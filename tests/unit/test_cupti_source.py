@@ -144,6 +144,13 @@ class FakeCupti:
             )
 
 
+@pytest.fixture(autouse=True)
+def stacks_on(monkeypatch):
+    """The callback API (stacks) is opt-in since it deadlocked with PyTorch's allocator on the H200;
+    these tests exercise it, except where a test turns it off."""
+    monkeypatch.setenv(source_mod.STACKS_ENV, "1")
+
+
 @pytest.fixture
 def fake(monkeypatch):
     api = FakeCupti()
@@ -294,3 +301,11 @@ def test_a_forked_childs_records_are_not_this_sessions(fake, tmp_path, monkeypat
         monkeypatch.undo()
         monkeypatch.setattr(source_mod, "import_cupti", lambda: fake)
     assert load_trace(s.path).device_allocs["address"].tolist() == []
+
+
+def test_without_the_stacks_switch_no_callback_is_subscribed_and_a_note_says_why(fake, tmp_path, monkeypatch):
+    monkeypatch.delenv(source_mod.STACKS_ENV)
+    with memtrace.trace(tmp_path / "t.memtrace", cupti=True) as session:
+        assert fake.api_callback is None  # subscribe() never called (close would clear it anyway)
+    notes = [n.text for n in load_trace(session.path).notes]
+    assert any("records without Python stacks" in t and source_mod.STACKS_ENV in t for t in notes)

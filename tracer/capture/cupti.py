@@ -20,6 +20,15 @@ Two CUPTI mechanisms, both from ``cupti.cupti``:
   kernel library has the Python line that caused it. CUPTI allows one subscriber per process: when
   another tool holds it, records come without stacks and a note says so.
 
+**Experimental; the callback API deadlocks with PyTorch.** On the H200 (torch 2.11, cupti-python
+13.0.1) ``tests/gpu/check_cupti.py`` hung in its first ``torch.empty``: PyTorch's caching allocator
+holds its mutex across ``cudaMalloc``; the CUPTI API callback then waits for the GIL, which memtrace's
+watchdog thread held while it waited for that same mutex (``torch.cuda.memory_stats``). A Python
+callback on the allocation APIs cannot be made safe from Python, so the callback API is off unless
+``MEMTRACE_CUPTI_STACKS=1`` (it needs a C-level callback that copies the stack without the GIL, or no
+other thread taking the allocator's lock: not done yet). Activity records alone (no stacks) are
+delivered on CUPTI's own thread; they are not yet verified on a GPU either.
+
 Every callback catches its own errors (logged once, counted in ``facts["cupti"]``): a CUDA call is
 never failed by memtrace. Records' timestamps are Unix-clock nanoseconds on CUDA 13 (measured on the
 H200); when CUPTI's clock is found off the Unix clock by more than a second at start, the offset is
@@ -44,6 +53,7 @@ from ..store import DISTRIBUTION
 log = logging.getLogger("memtrace")
 
 ENV = "MEMTRACE_CUPTI"
+STACKS_ENV = "MEMTRACE_CUPTI_STACKS"  # the callback API (Python stacks): see the module docstring
 OFF_NOTE = f"CUPTI source off: pip install {DISTRIBUTION}[cupti]"
 #: Bytes of one activity buffer handed to CUPTI (a MEMORY2 record is ~100 bytes).
 BUFFER_BYTES = 1 << 20
@@ -165,6 +175,10 @@ class CuptiSource:
             _registered.append(api)
         api.activity_enable(api.ActivityKind.MEMORY2)
         self.active = True
+        if os.environ.get(STACKS_ENV, "").strip().lower() not in ("1", "true", "yes", "on"):
+            self._add_note("info", "CUPTI: records without Python stacks (the callback API deadlocks with "
+                           f"PyTorch's allocator; {STACKS_ENV}=1 turns it on at that risk)")  # fmt: skip
+            return
         try:
             self._subscribe()
         except Exception as exc:  # another tool holds the one subscriber: records without stacks
