@@ -163,21 +163,26 @@ def _pinned_columns(trace: Trace) -> np.ndarray | None:
     pos, k = pos[k >= 0], k[k >= 0]
     o = np.lexsort((pos, k))
     pos, k = pos[o], k[o]
-    step = np.where(action[pos] == _ALLOC, 1, -1)
+    del o, k0
+    step = np.where(action[pos] == _ALLOC, 1, -1).astype(np.int32)
     # per instance, the live-block count floored at 0 (a free of an empty segment is ignored):
     # S = c0 + running sum, live = S - min(0, running min of S); groups kept apart by an offset
-    csum = np.cumsum(step)
+    csum = np.cumsum(step, dtype=np.int64)
     grp_first = np.ones(len(k), dtype=bool)
     grp_first[1:] = k[1:] != k[:-1]
     base = np.maximum.accumulate(np.where(grp_first, np.arange(len(k)), 0))
     s_walk = c0[k] + csum - (csum[base] - step[base])
+    del csum, base, step
     big = 2 * (len(k) + int(c0.max(initial=0))) + 4
     run_min = np.minimum.accumulate(s_walk - k * big) + k * big
-    live = s_walk - np.minimum(run_min, 0)
+    np.minimum(run_min, 0, out=run_min)
+    live = s_walk - run_min
+    del s_walk, run_min
     prev = np.where(grp_first, c0[k], np.append(0, live[:-1]))
     delta = np.zeros(n + 1, dtype=np.int64)  # delta[i + 1]: the change made by event i
     gain = np.where((prev == 0) & (live > 0), size[k], 0) - np.where((prev > 0) & (live == 0), size[k], 0)
     delta[pos + 1] = gain  # one event per position
+    del gain, prev, pos
     # at a segment's free: its bytes go if it still held a live block
     grp_last = np.append(grp_first[1:], True)
     last_live = c0.copy()
