@@ -113,16 +113,7 @@ nvidia-smi --query-compute-apps=pid,process_name,used_memory --format=csv,nohead
 nvidia-smi --query-gpu=name,memory.used,memory.total,driver_version --format=csv,noheader 2>&1 | tee -a "$OUT/progress.log"
 log "installed; compile cache: $(du -sh /tmp/vcache 2>/dev/null | cut -f1 || echo none)"
 
-mkdir -p /tmp/model && cat > /tmp/model/config.json <<'JSON'
-{"architectures": ["Qwen3MoeForCausalLM"], "model_type": "qwen3_moe", "hidden_size": 2048,
- "intermediate_size": 6144, "moe_intermediate_size": 768, "num_experts": 128, "num_experts_per_tok": 8,
- "num_hidden_layers": 8, "num_attention_heads": 32, "num_key_value_heads": 4, "head_dim": 128,
- "vocab_size": 151936, "max_position_embeddings": 40960, "rope_theta": 1000000.0, "rms_norm_eps": 1e-06,
- "hidden_act": "silu", "decoder_sparse_step": 1, "mlp_only_layers": [], "norm_topk_prob": true,
- "attention_bias": false, "tie_word_embeddings": false, "use_sliding_window": false,
- "router_aux_loss_coef": 0.001, "output_router_logits": false, "bos_token_id": 151643,
- "eos_token_id": 151645, "torch_dtype": "bfloat16"}
-JSON
+mkdir -p /tmp/model && cp tests/data/vllm-h200/model-config.json /tmp/model/config.json   # the model of record.sh
 # the flags of tests/data/vllm-h200/record.sh; the port is added per run
 VLLM=(python3 -m vllm.entrypoints.openai.api_server --model /tmp/model --load-format dummy --skip-tokenizer-init
       --host 127.0.0.1 --kv-cache-dtype fp8 --max-model-len 32768 --max-num-batched-tokens 8192 --max-num-seqs 8

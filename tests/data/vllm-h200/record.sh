@@ -22,16 +22,7 @@ echo "probe done at ${SECONDS}s"
 fi
 
 # 2. vLLM start-up of a real-architecture Qwen3-MoE (dummy weights) with the plugin
-mkdir -p /tmp/model && cat > /tmp/model/config.json <<'JSON'
-{"architectures": ["Qwen3MoeForCausalLM"], "model_type": "qwen3_moe", "hidden_size": 2048,
- "intermediate_size": 6144, "moe_intermediate_size": 768, "num_experts": 128, "num_experts_per_tok": 8,
- "num_hidden_layers": 8, "num_attention_heads": 32, "num_key_value_heads": 4, "head_dim": 128,
- "vocab_size": 151936, "max_position_embeddings": 40960, "rope_theta": 1000000.0, "rms_norm_eps": 1e-06,
- "hidden_act": "silu", "decoder_sparse_step": 1, "mlp_only_layers": [], "norm_topk_prob": true,
- "attention_bias": false, "tie_word_embeddings": false, "use_sliding_window": false,
- "router_aux_loss_coef": 0.001, "output_router_logits": false, "bos_token_id": 151643,
- "eos_token_id": 151645, "torch_dtype": "bfloat16"}
-JSON
+mkdir -p /tmp/model && cp "$HERE/model-config.json" /tmp/model/config.json   # 8-layer Qwen3-MoE, real architecture
 nvidia-smi --query-gpu=timestamp,memory.used,memory.total --format=csv,noheader,nounits -lms 100 > "$OUT/nvidia-smi.csv" 2>/dev/null &
 SMI=$!
 rm -rf /tmp/vrun
