@@ -144,8 +144,7 @@ def crossing_text(rank: RankTimeline, t0_us: int) -> CrossingDrawn | None:
             f"{format_gib(other.max_bytes)} (+{format_gib(other.overshoot_bytes)})"
         )
     elif c.curve == "device_used":
-        top = rank.curves.reserved.window(rank.start_us, rank.oom.time_us if rank.oom else rank.end_us).peak_bytes
-        lines.append(f"PyTorch reserved stayed below it (highest {format_gib(top)})")
+        lines.append(f"PyTorch reserved stayed below it (highest {format_gib(rank.crossings.reserved_max_bytes)})")
     return CrossingDrawn(
         curve=c.curve,
         time_us=c.time_us,

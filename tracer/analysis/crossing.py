@@ -68,6 +68,7 @@ class Crossings:
     device_used: Excursion | None  # None when not sampled or never above
     reserved: Excursion | None
     oom_us: int | None  # the curves were read up to here (None: to the end of the recording)
+    reserved_max_bytes: int = 0  # PyTorch reserved's highest over what was read (for "stayed below it")
 
     @property
     def first(self) -> Excursion | None:
@@ -140,4 +141,6 @@ def crossings(trace: Trace, curves: Curves, target_bytes: int | None, *, oom_us:
         return None
     dev = excursion(trace, curves.device_used, target_bytes, DEVICE_USED, end_us=oom_us) if curves.has_device else None
     res = excursion(trace, curves.reserved, target_bytes, RESERVED, end_us=oom_us)
-    return Crossings(int(target_bytes), dev, res, oom_us)
+    start_us, end_us = recording_span(trace)
+    top = curves.reserved.window(start_us, oom_us if oom_us is not None else end_us).peak_bytes
+    return Crossings(int(target_bytes), dev, res, oom_us, int(top))
