@@ -16,19 +16,11 @@ import sys
 import pytest
 from memtrace import facts as F
 from memtrace.store import load_run
-from vllm_server import PROFILED_ARGS, VllmServer
+from vllm_server import PHASES, PROFILED_ARGS, VllmServer
 
 pytestmark = pytest.mark.vllm
 
 EXECUTE = "vllm.v1.worker.gpu_worker:Worker.execute_model"
-PHASES = [
-    "init_device",
-    "load_model",
-    "determine_available_memory",
-    "profile_run",
-    "kv_cache_init",
-    "compile_or_warm_up",
-]
 
 
 @pytest.fixture(scope="module")

@@ -14,20 +14,12 @@ import re
 import pytest
 from memtrace import facts as F
 from memtrace.store import load_run
-from vllm_server import VllmServer
+from vllm_server import PHASES, VllmServer
 
 pytestmark = pytest.mark.vllm
 
 API_KEY = "sk-memtrace-test-0123456789abcdef"
 PROMPT = "Hello world"
-PHASES = [
-    "init_device",
-    "load_model",
-    "determine_available_memory",
-    "profile_run",
-    "kv_cache_init",
-    "compile_or_warm_up",
-]
 
 
 @pytest.fixture(scope="module")

@@ -27,6 +27,16 @@ BASE_ARGS = ["--max-model-len", "256", "--max-num-seqs", "2", "--seed", "0"]
 KV_ARGS = ["--kv-cache-memory-bytes", "64M"]
 PROFILED_ARGS = ["--gpu-memory-utilization", "0.2"]
 
+#: The phases vLLM's CPU start-up records, in order (the integration tests' shared expectation).
+PHASES = [
+    "init_device",
+    "load_model",
+    "determine_available_memory",
+    "profile_run",
+    "kv_cache_init",
+    "compile_or_warm_up",
+]
+
 
 def free_port() -> int:
     with socket.socket() as s:
