@@ -12,6 +12,7 @@ from __future__ import annotations
 from pathlib import PurePosixPath
 
 from .. import facts as F
+from ..analysis.target import card_capacity
 from ..model import Trace
 from ..units import format_bytes, format_gib
 
@@ -47,9 +48,9 @@ def _program(trace: Trace) -> str:
 def gpu_name(trace: Trace) -> str:
     """The GPU, and the card the run stood for when that is smaller ("NVIDIA H200 as a 16 GiB card")."""
     gpu = str(_dict(trace, F.ENV).get("gpu_name") or "")
-    stood_for = F.int_fact(trace.facts, F.CAPACITY_BYTES)
+    stood_for, source = card_capacity(trace)  # the one owner of "the card the run stood for"
     physical = trace.process.device_total_bytes
-    if stood_for and physical and stood_for < physical:
+    if source == "recorded card" and stood_for and physical and stood_for < physical:
         return f"{gpu or 'GPU'} as a {format_gib(stood_for, 2).replace('.00 ', ' ')} card"
     return gpu
 
