@@ -19,9 +19,9 @@ def details(o: Oom, device_total_bytes: int | None = None, sep: str = ", ") -> s
     """``requested 32.00 MiB, device free 5.56 MiB`` (+ ``allocator limit 15.33 GiB`` when limited)."""
     free = f"device free {format_size(o.free_bytes)}" if o.free_bytes is not None else "free memory not recorded"
     parts = [f"requested {format_size(o.requested_bytes)}", free]
-    limited = o.total_bytes and (not device_total_bytes or o.total_bytes < device_total_bytes)
-    if limited:
-        parts.append(f"allocator limit {format_size(o.total_bytes)}")
+    limit = o.limit_bytes(device_total_bytes)
+    if limit is not None:
+        parts.append(f"allocator limit {format_size(limit)}")
     if o.count > 1:
         parts.append(f"{o.count} OOMs recorded, the first shown")
     return sep.join(parts)

@@ -168,8 +168,8 @@ def oom_text(rank: RankTimeline, t0_us: int) -> OomDrawn | None:
     sec = (o.time_us - t0_us) / 1e6
     head = f"OUT OF MEMORY at {sec:.3f} s {_in_phase(o.phase_path)}"
     free = f"{_size(o.free_bytes)} free on the device" if o.free_bytes is not None else "free memory not recorded"
-    limited = o.total_bytes and rank.device_total_bytes and o.total_bytes < rank.device_total_bytes
-    detail = f"asked {_size(o.requested_bytes)}; " + (f"limit {format_gib(o.total_bytes)}, {free}" if limited else free)
+    limit = o.limit_bytes(rank.device_total_bytes)
+    detail = f"asked {_size(o.requested_bytes)}; " + (f"limit {format_gib(limit)}, {free}" if limit else free)
     return OomDrawn(o.time_us, sec, o.phase_path, o.requested_bytes, o.free_bytes, f"{head}\n{detail}")
 
 

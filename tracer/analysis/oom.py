@@ -34,6 +34,12 @@ class Oom:
     source: str  # "observer" (a live capture) or "allocator event" (an imported snapshot)
     count: int  # how many OOMs the trace holds (retries after a caught OOM make more)
 
+    def limit_bytes(self, device_total_bytes: int | None) -> int | None:
+        """The allocator's limit when it was below the device (a per-process memory fraction), else None."""
+        if self.total_bytes and (not device_total_bytes or self.total_bytes < device_total_bytes):
+            return self.total_bytes
+        return None
+
 
 def _int(value) -> int | None:
     return int(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
