@@ -12,7 +12,9 @@
 # (shared/device/README.md) or with /tmp/site already installed on a warm machine:
 #   bash tests/gpu/vllm_round2.sh                      # all three steps, 3 pairs if time allows
 #   STEPS=cost PAIRS=3 bash tests/gpu/vllm_round2.sh   # a second call on the same warm machine
-# Knobs: STEPS (trace,shared,cost), PAIRS (3), LIMIT (seconds for the script, 560), HOLD_GIB (128),
+#   CUPTI=1 STEPS=trace bash tests/gpu/vllm_round2.sh   # (a) with the CUPTI source (carry .whlcupti)
+#   STEPS=cost MODES="on off cupti" bash tests/gpu/vllm_round2.sh   # the plugin's cost with and without CUPTI
+# Knobs: STEPS (trace,shared,cost), PAIRS (3 rounds), MODES ('on off'), CUPTI (0), LIMIT (seconds for the script, 560), HOLD_GIB (128),
 #        SHARED_UTIL (0.07), PORT (base port, 8781).
 # Files back in $OUT (<= 8): progress.log, install.log, trace.tar.gz, shared.tar.gz, cost.tar.gz,
 # cost-pairs.tsv. The model is the 8-layer Qwen3-MoE of tests/data/vllm-h200/record.sh.
@@ -20,6 +22,8 @@ set -uo pipefail   # no -e: every step reports its own failure and the script go
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 LIMIT=${LIMIT:-560}
 PAIRS=${PAIRS:-3}
+MODES=${MODES:-on off}   # cost modes per round: on (plugin), off (installed, idle), cupti (plugin + CUPTI)
+CUPTI=${CUPTI:-0}       # 1: the (a) trace is recorded with MEMTRACE_CUPTI=1 MEMTRACE_CUPTI_STACKS=1
 STEPS=${STEPS:-trace,shared,cost}
 HOLD_GIB=${HOLD_GIB:-128}
 SHARED_UTIL=${SHARED_UTIL:-0.07}
@@ -105,6 +109,10 @@ fi
 source "$SITE_ENV"
 python3 -m pip install -q --no-deps --no-build-isolation --target /tmp/site . >> "$OUT/install.log" 2>&1 \
   || { log "memtrace install failed"; tail -20 "$OUT/install.log"; exit 1; }
+if [ "$CUPTI" = 1 ] || [[ " $MODES " == *" cupti "* ]]; then   # cupti-python + pyelftools, carried as wheels
+  python3 -m pip install -q --no-index --no-deps --target /tmp/site .whlcupti/*.whl >> "$OUT/install.log" 2>&1 \
+    || { log "cupti-python install failed (carry .whlcupti)"; tail -5 "$OUT/install.log"; exit 1; }
+fi
 export PYTHONUNBUFFERED=1 VLLM_CACHE_ROOT=/tmp/vcache HF_HUB_OFFLINE=1 VLLM_NO_USAGE_STATS=1
 unset VLLM_PLUGINS MEMTRACE MEMTRACE_DIR MEMTRACE_UNTIL MEMTRACE_STACKS MEMTRACE_HOOKS MEMTRACE_FAULT
 python3 -c "import vllm, torch, memtrace; print('vllm', vllm.__version__, 'torch', torch.__version__, 'memtrace', memtrace.__file__)" 2>&1 | tee -a "$OUT/progress.log"
@@ -133,12 +141,17 @@ if want trace; then
   mkdir -p "$W/trace"; D=$W/trace
   log "(a) trace: cold start-up under memtrace run, MEMTRACE_STACKS=python (limit $(left)s left)"
   smi_start "$D/nvidia-smi.csv"; next_port
-  MEMTRACE_STACKS=python start "$D/vllm.log" python3 -m memtrace run --dir "$D/run" --until startup -- \
+  CUPTI_ENV=(); [ "$CUPTI" = 1 ] && CUPTI_ENV=(MEMTRACE_CUPTI=1 MEMTRACE_CUPTI_STACKS=1)
+  start "$D/vllm.log" env "${CUPTI_ENV[@]}" PYTHONFAULTHANDLER=1 MEMTRACE_STACKS=python python3 -m memtrace run --dir "$D/run" --until startup -- \
     "${VLLM[@]}" --port "$NEXT_PORT" --gpu-memory-utilization 0.92
   A=$SID
   wait_log "$D/vllm.log" "Application startup complete" "$A" $(( $(left) > 400 ? 360 : $(left) - 30 ))
   rc=$?
   log "(a) startup-complete wait: $([ $rc = 0 ] && echo seen || ([ $rc = 1 ] && echo 'server died' || echo 'TIMED OUT'))"
+  if [ $rc = 2 ]; then   # stuck: every Python thread's stack into vllm.log (PYTHONFAULTHANDLER=1), then stop
+    session_pids "$A" | xargs -r kill -ABRT 2>/dev/null; sleep 3
+    grep -B2 -A25 "most recent call first" "$D/vllm.log" | cut -c1-200 | head -150 | tee -a "$OUT/progress.log"
+  fi
   wait_log "$D/vllm.log" "memtrace: start-up complete" "$A" 30 && sleep 8   # memtrace run's summary follows
   stop_session "$A"; stop_session "$SMI" 2
   grep -E "memtrace|Available KV|KV cache size|Model loading took|init engine|Graph capturing|Error|Traceback" "$D/vllm.log" | cut -c1-300 | head -40 | tee -a "$OUT/progress.log"
@@ -203,14 +216,15 @@ elif want shared; then
 fi
 
 # ---- (c) the cost: warm pairs, plugin on / off --------------------------------------------------
-one_run() {  # one_run NAME on|off -> prints the init-engine seconds (or "-") ; logs under $W/cost
+one_run() {  # one_run NAME on|off|cupti -> prints the init-engine seconds (or "-") ; logs under $W/cost
   local name=$1 mode=$2 d=$W/cost t0 rc secs
   t0=$SECONDS; next_port
-  if [ "$mode" = on ]; then
-    MEMTRACE_DIR="$d/$name-trace" start "$d/$name.log" "${VLLM[@]}" --port "$NEXT_PORT" --gpu-memory-utilization 0.92
-  else
-    start "$d/$name.log" "${VLLM[@]}" --port "$NEXT_PORT" --gpu-memory-utilization 0.92
-  fi
+  case $mode in
+    on) MEMTRACE_DIR="$d/$name-trace" start "$d/$name.log" "${VLLM[@]}" --port "$NEXT_PORT" --gpu-memory-utilization 0.92 ;;
+    cupti) MEMTRACE_DIR="$d/$name-trace" MEMTRACE_CUPTI=1 MEMTRACE_CUPTI_STACKS=1 \
+             start "$d/$name.log" "${VLLM[@]}" --port "$NEXT_PORT" --gpu-memory-utilization 0.92 ;;
+    *) start "$d/$name.log" "${VLLM[@]}" --port "$NEXT_PORT" --gpu-memory-utilization 0.92 ;;
+  esac
   local sid=$SID
   wait_log "$d/$name.log" "$INIT_RE" "$sid" $(( $(left) - 10 )); rc=$?
   stop_session "$sid" 15
@@ -222,35 +236,43 @@ one_run() {  # one_run NAME on|off -> prints the init-engine seconds (or "-") ; 
 
 if want cost; then
   mkdir -p "$W/cost"
-  log "(c) cost: $PAIRS pairs (limit $(left)s left; compile cache $(du -sh /tmp/vcache 2>/dev/null | cut -f1))"
+  read -r -a MODE_LIST <<< "$MODES"
+  NM=${#MODE_LIST[@]}
+  log "(c) cost: $PAIRS rounds of ($MODES) (limit $(left)s left; compile cache $(du -sh /tmp/vcache 2>/dev/null | cut -f1))"
   want trace || log "(c) note: no (a) in this call: the first run may pay the cold compile"
-  printf 'pair\twith_plugin_s\twithout_plugin_s\tratio\torder\n' > "$W/cost/pairs.tsv"
+  printf 'round\torder' > "$W/cost/pairs.tsv"; for m in "${MODE_LIST[@]}"; do printf '\t%s_s' "$m" >> "$W/cost/pairs.tsv"; done; echo >> "$W/cost/pairs.tsv"
   EST=90   # seconds one warm run is allowed to take before the first is measured
   for ((p = 1; p <= PAIRS; p++)); do
-    if [ "$(left)" -lt $((2 * EST + 15)) ]; then log "(c) stopping before pair $p: $(left)s left, a pair needs ~$((2 * EST))s"; break; fi
-    if ((p % 2)); then order="off on"; else order="on off"; fi
+    if [ "$(left)" -lt $((NM * EST + 15)) ]; then log "(c) stopping before round $p: $(left)s left, a round needs ~$((NM * EST))s"; break; fi
+    order=()   # rotate the order each round so no mode always runs first
+    for ((k = 0; k < NM; k++)); do order+=("${MODE_LIST[$(( (k + p - 1) % NM ))]}"); done
     declare -A S=()
-    for mode in $order; do
-      one_run "pair$p-$mode" "$mode"; S[$mode]=$SECS
+    for mode in "${order[@]}"; do
+      one_run "round$p-$mode" "$mode"; S[$mode]=$SECS
       [ "$RUN_S" -gt "$EST" ] && EST=$RUN_S
     done
-    ratio=$(python3 -c "import sys; a, b = sys.argv[1:]; print(f'{float(a) / float(b):.3f}')" "${S[on]}" "${S[off]}" 2>/dev/null || echo -)
-    printf '%s\t%s\t%s\t%s\t%s\n' "$p" "${S[on]}" "${S[off]}" "$ratio" "${order// /-then-}" >> "$W/cost/pairs.tsv"
+    printf '%s\t%s' "$p" "$(IFS=-; echo "${order[*]}")" >> "$W/cost/pairs.tsv"
+    for m in "${MODE_LIST[@]}"; do printf '\t%s' "${S[$m]}" >> "$W/cost/pairs.tsv"; done; echo >> "$W/cost/pairs.tsv"
     pack
   done
-  log "(c) pairs (init engine seconds, warm, same compile cache /tmp/vcache):"
+  log "(c) init engine seconds per round (warm, same compile cache /tmp/vcache):"
   column -t "$W/cost/pairs.tsv" 2>/dev/null | tee -a "$OUT/progress.log" || cat "$W/cost/pairs.tsv"
   python3 - "$W/cost/pairs.tsv" <<'PY' 2>&1 | tee -a "$OUT/progress.log"
 import statistics, sys
-rows = [line.split("\t") for line in open(sys.argv[1]).read().splitlines()[1:]]
-ok = [(float(r[1]), float(r[2])) for r in rows if r[1] != "-" and r[2] != "-"]
-if ok:
-    on, off = zip(*ok)
-    print(f"{len(ok)} pairs: median with {statistics.median(on):.2f} s, without {statistics.median(off):.2f} s, "
-          f"median ratio {statistics.median(a / b for a, b in ok):.3f}, "
-          f"median difference {statistics.median(a - b for a, b in ok):+.2f} s")
-else:
-    print("no complete pair")
+lines = open(sys.argv[1]).read().splitlines()
+modes = [c[: -len("_s")] for c in lines[0].split("\t")[2:]]
+rows = [dict(zip(modes, line.split("\t")[2:])) for line in lines[1:]]
+for m in modes:
+    if m == "off":
+        continue
+    ok = [(float(r[m]), float(r["off"])) for r in rows if r.get(m, "-") != "-" and r.get("off", "-") != "-"]
+    if ok:
+        a, b = zip(*ok)
+        print(f"{m} vs off, {len(ok)} rounds: median {statistics.median(a):.2f} s vs {statistics.median(b):.2f} s, "
+              f"median ratio {statistics.median(x / y for x, y in ok):.3f}, "
+              f"median difference {statistics.median(x - y for x, y in ok):+.2f} s")
+    else:
+        print(f"{m} vs off: no complete round")
 PY
   log "(c) vLLM's figures per run (must be equal with and without the plugin):"
   cut -f1,2,5 "$W/cost/runs.tsv" | tee -a "$OUT/progress.log"

@@ -309,3 +309,32 @@ def test_without_the_stacks_switch_no_callback_is_subscribed_and_a_note_says_why
         assert fake.api_callback is None  # subscribe() never called (close would clear it anyway)
     notes = [n.text for n in load_trace(session.path).notes]
     assert any("records without Python stacks" in t and source_mod.STACKS_ENV in t for t in notes)
+
+
+class FakeHistory:
+    """Stands for the allocator history (it needs a GPU): counts watchdog starts."""
+
+    def __init__(self):
+        self.watchdogs = 0
+
+    def start_watchdog(self):
+        self.watchdogs += 1
+
+
+@pytest.mark.parametrize("stacks", [True, False])
+def test_no_drain_watchdog_while_the_api_callbacks_are_on(fake, tmp_path, monkeypatch, stacks):
+    """The H200 deadlock: a callback inside PyTorch's cudaMalloc waits for the GIL that the watchdog held
+    while it waited for the allocator's mutex. With the callbacks on, no watchdog; without them, one."""
+    if not stacks:
+        monkeypatch.delenv(source_mod.STACKS_ENV)
+    session = memtrace.start(tmp_path / "t.memtrace", cupti=True, sidecar=False)
+    try:
+        assert session.cupti.stacks_on is stacks
+        session.history = FakeHistory()
+        session._start_watchdog()
+        assert session.history.watchdogs == (0 if stacks else 1)
+    finally:
+        session.history = None
+        memtrace.stop()
+    notes = [n.text for n in load_trace(session.path).notes]
+    assert any("drain watchdog off" in t for t in notes) is stacks

@@ -20,14 +20,16 @@ Two CUPTI mechanisms, both from ``cupti.cupti``:
   kernel library has the Python line that caused it. CUPTI allows one subscriber per process: when
   another tool holds it, records come without stacks and a note says so.
 
-**Experimental; the callback API deadlocks with PyTorch.** On the H200 (torch 2.11, cupti-python
-13.0.1) ``tests/gpu/check_cupti.py`` hung in its first ``torch.empty``: PyTorch's caching allocator
-holds its mutex across ``cudaMalloc``; the CUPTI API callback then waits for the GIL, which memtrace's
-watchdog thread held while it waited for that same mutex (``torch.cuda.memory_stats``). A Python
-callback on the allocation APIs cannot be made safe from Python, so the callback API is off unless
-``MEMTRACE_CUPTI_STACKS=1`` (it needs a C-level callback that copies the stack without the GIL, or no
-other thread taking the allocator's lock: not done yet). Activity records alone (no stacks) are
-delivered on CUPTI's own thread; they are not yet verified on a GPU either.
+**The callback API and PyTorch's allocator.** PyTorch's caching allocator holds its mutex across
+``cudaMalloc`` with the GIL released; a Python API callback there waits for the GIL. Any thread that holds
+the GIL while it waits for that mutex (``torch.cuda.memory_stats``, ``_snapshot``, ``empty_cache`` from
+another thread) then deadlocks the process: on the H200 (torch 2.11, cupti-python 13.0.1)
+``tests/gpu/check_cupti.py`` hung in its first ``torch.empty`` while memtrace's drain watchdog read the
+allocator's counters. So while the callbacks are on the session starts no watchdog (drains happen at
+phase boundaries and at close, on the traced thread), and the callbacks stay opt-in
+(``MEMTRACE_CUPTI_STACKS=1``): a program whose other threads call those functions while one thread
+allocates can still deadlock, which memtrace cannot rule out from Python (a C-level callback could).
+Activity records alone (no stacks) are delivered on CUPTI's own thread and take no allocator lock.
 
 Every callback catches its own errors (logged once, counted in ``facts["cupti"]``): a CUDA call is
 never failed by memtrace. Records' timestamps are Unix-clock nanoseconds on CUDA 13 (measured on the

@@ -127,6 +127,7 @@ class Session:
         else:
             self._start_gpu(device)
         self._start_cupti()
+        self._start_watchdog()
         if self._handle_signals:
             signals.install()
         self.flush_documents()
@@ -169,7 +170,6 @@ class Session:
         self._preimport_symbolizer()
         self.history.enable()
         oom.attach()
-        self.history.start_watchdog()
         if self.sidecar is not None:
             self.sidecar.join_started()
 
@@ -181,6 +181,23 @@ class Session:
             return
         self.cupti = cupti.start_source(self)
         self.facts[F.CUPTI] = self.cupti.fact() if self.cupti is not None else {"on": False}
+
+    def _start_watchdog(self) -> None:
+        """The drain watchdog, unless CUPTI's API callbacks are on: a callback inside PyTorch's
+        ``cudaMalloc`` (the allocator's mutex held, the GIL released) waits for the GIL, so no other
+        thread of ours may hold the GIL while it waits for that mutex — the watchdog's counters and drains
+        do exactly that (it deadlocked on the H200). Drains then happen at phase boundaries and at close on
+        the traced thread; a ring buffer that wraps before one is still reported (``recording.truncated``)."""
+        if self.history is None:
+            return
+        if self.cupti is not None and self.cupti.stacks_on:
+            self.add_note(
+                "info",
+                "drain watchdog off while CUPTI's API callbacks are on: the allocator history is drained at "
+                "phase boundaries and at close (a ring buffer that wraps before that is reported)",
+            )
+            return
+        self.history.start_watchdog()
 
     def _flush_cupti(self, *, stop: bool = False, throttle_s: float = 0.0) -> None:
         """Write the CUPTI records delivered so far (at drains, top-level phase boundaries, close)."""
