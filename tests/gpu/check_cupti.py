@@ -226,7 +226,11 @@ def main(argv: list[str] | None = None) -> int:
                 _cost(torch, memtrace, "memtrace", False, d)
             trace = load_trace(record(torch, memtrace, cudart, d))
             if args.cost:
-                _cost(torch, memtrace, "memtrace_cupti", True, d)
+                _cost(torch, memtrace, "memtrace_cupti", True, d)  # with stacks when MEMTRACE_CUPTI_STACKS=1
+                stacks_env = os.environ.pop("MEMTRACE_CUPTI_STACKS", None)
+                _cost(torch, memtrace, "memtrace_cupti_records_only", True, d)
+                if stacks_env is not None:
+                    os.environ["MEMTRACE_CUPTI_STACKS"] = stacks_env
         failures = check(trace)
     except Exception as exc:  # noqa: BLE001
         traceback.print_exc()

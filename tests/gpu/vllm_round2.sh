@@ -14,7 +14,7 @@
 #   STEPS=cost PAIRS=3 bash tests/gpu/vllm_round2.sh   # a second call on the same warm machine
 #   CUPTI=1 STEPS=trace bash tests/gpu/vllm_round2.sh   # (a) with the CUPTI source (carry .whlcupti)
 #   STEPS=cost MODES="on off cupti" bash tests/gpu/vllm_round2.sh   # the plugin's cost with and without CUPTI
-# Knobs: STEPS (trace,shared,cost), PAIRS (3 rounds), MODES ('on off'), CUPTI (0), LIMIT (seconds for the script, 560), HOLD_GIB (128),
+# Knobs: STEPS (trace,shared,cost), PAIRS (3 rounds), MODES ('on off'), FIRST_ROUND (1), WARMUP (0), CUPTI (0), LIMIT (seconds for the script, 560), HOLD_GIB (128),
 #        SHARED_UTIL (0.07), PORT (base port, 8781).
 # Files back in $OUT (<= 8): progress.log, install.log, trace.tar.gz, shared.tar.gz, cost.tar.gz,
 # cost-pairs.tsv. The model is the 8-layer Qwen3-MoE of tests/data/vllm-h200/record.sh.
@@ -22,6 +22,8 @@ set -uo pipefail   # no -e: every step reports its own failure and the script go
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 LIMIT=${LIMIT:-560}
 PAIRS=${PAIRS:-3}
+FIRST_ROUND=${FIRST_ROUND:-1}   # a later call continues the numbering (and the order's rotation)
+WARMUP=${WARMUP:-0}     # 1: one uncounted run (plugin off) first, to fill a cold compile cache
 MODES=${MODES:-on off}   # cost modes per round: on (plugin), off (installed, idle), cupti (plugin + CUPTI)
 CUPTI=${CUPTI:-0}       # 1: the (a) trace is recorded with MEMTRACE_CUPTI=1 MEMTRACE_CUPTI_STACKS=1
 STEPS=${STEPS:-trace,shared,cost}
@@ -242,7 +244,8 @@ if want cost; then
   want trace || log "(c) note: no (a) in this call: the first run may pay the cold compile"
   printf 'round\torder' > "$W/cost/pairs.tsv"; for m in "${MODE_LIST[@]}"; do printf '\t%s_s' "$m" >> "$W/cost/pairs.tsv"; done; echo >> "$W/cost/pairs.tsv"
   EST=90   # seconds one warm run is allowed to take before the first is measured
-  for ((p = 1; p <= PAIRS; p++)); do
+  if [ "$WARMUP" = 1 ]; then one_run warmup off; log "(c) warm-up (not counted) took ${RUN_S}s"; fi
+  for ((p = FIRST_ROUND; p < FIRST_ROUND + PAIRS; p++)); do
     if [ "$(left)" -lt $((NM * EST + 15)) ]; then log "(c) stopping before round $p: $(left)s left, a round needs ~$((NM * EST))s"; break; fi
     order=()   # rotate the order each round so no mode always runs first
     for ((k = 0; k < NM; k++)); do order+=("${MODE_LIST[$(( (k + p - 1) % NM ))]}"); done
