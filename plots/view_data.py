@@ -23,6 +23,7 @@ comes from the analysis modules.
 from __future__ import annotations
 
 import zlib
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -155,39 +156,50 @@ def rank_meta(a: RankAnalysis, t0_us: int) -> dict[str, Any]:
     }
 
 
-def _columns(a: RankAnalysis, t0_us: int) -> list[tuple[str, np.ndarray]]:
+def _columns(a: RankAnalysis, t0_us: int, *, with_events: bool = True) -> Iterator[tuple[str, np.ndarray]]:
+    """The blob's columns in order, each built in its own dtype when its turn comes (at 10M events the
+    event columns are 0.1-0.4 GiB each: no two wide copies are alive at once); without events, only
+    the NVML ``dev_*`` columns."""
     ev, lt, n = a.trace.events, a.lt, len(a.trace.events)
-    if len(ev) and int(ev["size"].max()) >= _EXACT:
+    if with_events and n and int(ev["size"].max()) >= _EXACT:
         raise ValueError("an event size of 2**53 bytes or more cannot be carried exactly")
-    dt = np.diff(a.times, prepend=a.times[:1]) if n else np.zeros(0, np.int64)
-    if n and int(dt.max()) > 0xFFFFFFFF:
-        raise ValueError("a gap of more than 71 minutes between two events")
-    life = np.zeros(n, dtype=np.int64)
-    path = np.full(n, -1, dtype=np.int64)
     rec = lt.alloc_pos >= 0
-    life[lt.alloc_pos[rec]] = lt.free_pos[rec] - lt.alloc_pos[rec]
-    path[lt.alloc_pos[rec]] = a.paths.ids[rec]
-    pre = ~rec
     dev, nt = a.curves.device_used, a.curves.non_torch
-    cols = {
-        "dt": dt,
-        "act": ev["action"],
-        "cat": a.cats,
-        "size": ev["size"],
-        "stack": ev["stack"],
-        "life": life,
-        "path": path,
-        "pre_end": lt.free_pos[pre],
-        "pre_size": lt.size[pre],
-        "pre_path": a.paths.ids[pre],
-        "dev_t": dev.time_us - t0_us,
-        "dev_used": dev.bytes,
-        "dev_nontorch": nt.bytes,
+    build = {
+        "dt": lambda: _dt(a.times),
+        "act": lambda: ev["action"],
+        "cat": lambda: a.cats,
+        "size": lambda: ev["size"],
+        "stack": lambda: ev["stack"],
+        "life": lambda: _at_allocs(n, lt.alloc_pos[rec], lt.free_pos[rec] - lt.alloc_pos[rec], 0),
+        "path": lambda: _at_allocs(n, lt.alloc_pos[rec], a.paths.ids[rec], -1),
+        "pre_end": lambda: lt.free_pos[~rec],
+        "pre_size": lambda: lt.size[~rec],
+        "pre_path": lambda: a.paths.ids[~rec],
+        "dev_t": lambda: dev.time_us - t0_us,
+        "dev_used": lambda: dev.bytes,
+        "dev_nontorch": lambda: nt.bytes,
     }
-    return [
-        (name, np.ascontiguousarray(cols[name], dtype=dt_))
-        for name, dt_ in (*EVENT_COLUMNS, *PRE_COLUMNS, *DEVICE_COLUMNS)
-    ]
+    for name, dt_ in (*EVENT_COLUMNS, *PRE_COLUMNS, *DEVICE_COLUMNS):
+        if with_events or name.startswith("dev_"):
+            yield name, np.ascontiguousarray(build[name](), dtype=dt_)
+
+
+def _dt(times: np.ndarray) -> np.ndarray:
+    """Microseconds since the previous event, as uint32 (the first event's is 0)."""
+    if not len(times):
+        return np.zeros(0, np.uint32)
+    dt = np.diff(times, prepend=times[:1])
+    if int(dt.max()) > 0xFFFFFFFF:
+        raise ValueError("a gap of more than 71 minutes between two events")
+    return dt.astype("<u4")
+
+
+def _at_allocs(n: int, pos: np.ndarray, values: np.ndarray, fill: int) -> np.ndarray:
+    """An int32 event column: ``values`` at the alloc positions ``pos``, ``fill`` elsewhere."""
+    out = np.full(n, fill, dtype="<i4")
+    out[pos] = values
+    return out
 
 
 def pack_rank(a: RankAnalysis, t0_us: int, *, with_events: bool = True) -> PackedRank:
@@ -198,15 +210,14 @@ def pack_rank(a: RankAnalysis, t0_us: int, *, with_events: bool = True) -> Packe
     # compressed column by column (gzip, level 1): no uncompressed copy of the whole blob is ever made
     z = zlib.compressobj(1, zlib.DEFLATED, 31)
     parts, columns, offset = [], [], 0
-    for name, arr in _columns(a, t0_us):
-        if not with_events and not name.startswith("dev_"):
-            continue
+    for name, arr in _columns(a, t0_us, with_events=with_events):
         columns.append({"name": name, "dtype": arr.dtype.str, "offset": offset, "length": len(arr)})
         parts.append(z.compress(arr.data.cast("B") if arr.nbytes else b""))
         offset += arr.nbytes
         pad = (-offset) % 8  # each column starts 8-aligned so the page can view it in place
         parts.append(z.compress(b"\0" * pad))
         offset += pad
+        del arr
     parts.append(z.flush())
     meta["has_events"] = with_events
     return PackedRank(meta, b"".join(parts), columns)
