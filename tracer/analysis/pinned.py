@@ -15,7 +15,7 @@ Expandable segments (``segment_map``/``segment_unmap``) are not modelled: the re
 returned for them.
 
 The segment events (tens of thousands) are replayed one by one (:class:`_History`); the block events
-(millions) are placed and counted with numpy in chunks, with 32-bit indexes, so that 10M events need a
+(millions) are placed and counted with numpy in windows of events, with 32-bit indexes, so that 10M events need a
 few hundred MiB beyond the trace. :func:`_pinned_loop`, one event at a time, is the reference.
 """
 
