@@ -5,6 +5,7 @@ from pathlib import Path
 
 from memtrace.analysis import non_torch
 from memtrace.analysis.summary import summarize
+from memtrace.model import MEMORY_OPS
 from memtrace.store import load_trace
 
 TRACE = Path(__file__).parents[1] / "data" / "vllm-h200" / "startup-cupti" / "vm-pid1909-rank0.memtrace"
@@ -14,7 +15,10 @@ def test_records_stacks_and_pytorchs_segments():
     t = load_trace(TRACE)
     fact = t.facts["cupti"]
     assert (fact["records"], fact["records_with_stack"], fact["stacks"]) == (1745, 84, True)
-    assert int(non_torch.torch_made(t).sum()) == 77
+    made = non_torch.torch_made(t)
+    release = t.device_allocs["op"] == MEMORY_OPS.index("release")
+    # 77 of the 80 device allocations are PyTorch's segments, and all 24 releases free one of them
+    assert (int((made & ~release).sum()), int((made & release).sum()), int(release.sum())) == (77, 24, 24)
     assert any("drain watchdog off" in n.text for n in t.notes)
 
 
@@ -25,3 +29,30 @@ def test_breakdown_at_the_first_crossing_adds_up_to_nvml():
     assert first.nvml_non_torch_bytes == 808_255_488
     assert first.unexplained_bytes == first.nvml_non_torch_bytes - first.cupti_bytes == 739_893_276
     assert first.torch_bytes > 128 * 2**30  # PyTorch's segments recognised, not counted as non-PyTorch
+    # the unexplained rest: 0.67 GiB was there when recording began (CUDA context), 16.8 MiB grew
+    # unseen (12 MiB of it CUPTI's own buffers: the same start-up without CUPTI stays 12,582,912 B lower)
+    assert (first.at_start_bytes, first.grew_unseen_bytes) == (722_272_256, 17_621_020)
+    assert first.at_start_bytes + first.grew_unseen_bytes == first.unexplained_bytes
+
+
+def test_categories_name_the_compiled_graph_and_the_kernel_modules():
+    first = next(b for b in summarize(load_trace(TRACE)).non_torch if b.moment == "first crossing")
+    other = first.category(non_torch.OTHER)
+    # three raw cudaMallocs (64 MiB + 128 KiB + 1 KiB) inside one torch op called from Inductor's code
+    assert (other.bytes, other.count, other.libraries) == (67_240_960, 3, ((non_torch.COMPILED, 67_240_960),))
+    top = other.largest[0]
+    assert (top.bytes, top.frame.name, top.frame.line, top.phase_path) == (
+        64 * 2**20, "call", 947, "determine_available_memory/profile_run"
+    )
+    assert "/torch/" not in top.frame.filename  # named by the code that called the op, not torch/_ops.py
+    statics = first.category(non_torch.MODULES)
+    assert (statics.bytes, statics.count) == (1_121_252, 1_483)  # the __device__ globals of loaded kernels
+    assert other.bytes + statics.bytes == first.cupti_bytes
+
+
+def test_live_curve_is_the_non_pytorch_bytes_cupti_saw():
+    t = load_trace(TRACE)
+    curve = non_torch.live_curve(t)
+    first = next(b for b in summarize(t).non_torch if b.moment == "first crossing")
+    assert curve.at(first.time_us) == first.cupti_bytes
+    assert int(curve.bytes.max()) == 68_364_089

@@ -9,15 +9,22 @@ allocation and release the CUDA driver made for the process. Definitions (bytes,
   twice. Everything else is **non-PyTorch**.
 - **live at t**: allocated at or before ``t`` and not released at or before ``t``; only kinds that
   take device memory (``model.DEVICE_MEMORY_KINDS``; pinned host memory is left out).
-- **categories**, by the Python stack of the CUDA call (``capture.cupti``) and its phase, first match:
-  NCCL (a frame of NCCL or ``torch.distributed``), FlashInfer/CUTLASS JIT modules (a frame of
-  ``flashinfer`` or ``cutlass``), CUDA graphs (a frame of ``cuda/graphs.py`` or a cudagraph helper, or
-  a phase that captures graphs), cuBLAS/cuBLASLt workspaces (a cuBLAS frame, or an innermost frame
-  of a matmul/linear), other libraries (named by the innermost frame's package; "no stack" when
-  CUPTI gave none).
+- **categories**, by the Python stack of the CUDA call (``capture.cupti``), the memory kind and the
+  phase, first match: NCCL (a frame of NCCL or ``torch.distributed``), FlashInfer/CUTLASS JIT modules
+  (a frame of ``flashinfer`` or ``cutlass``), kernel modules' statics (memory kind ``device_static``:
+  the ``__device__`` globals of every module the driver loads, PyTorch's and Triton's included), CUDA
+  graphs (a frame of ``cuda/graphs.py`` or a cudagraph helper, or a phase that captures graphs),
+  cuBLAS/cuBLASLt workspaces (a cuBLAS frame, or an innermost frame of a matmul/linear), other
+  libraries (named by the package of the innermost frame outside torch and the standard library,
+  ``frames.meaningful_frame``: a ``cudaMalloc`` inside a torch op is named by who called the op;
+  "torch.compile graph" for Inductor's generated code; "no stack" when CUPTI gave none).
 - **unexplained** = the steady NVML non-PyTorch bytes at ``t`` (``landmarks.steady_non_torch_at``:
-  device used − reserved) − the non-PyTorch bytes CUPTI saw live: the CUDA context, the driver's own
-  memory and what was allocated before recording began. None without NVML samples.
+  device used − reserved) − the non-PyTorch bytes CUPTI saw live. None without NVML samples. It is
+  split in two: **present when recording began** (the non-PyTorch bytes at the first steady NVML
+  sample, less what CUPTI saw live then: the CUDA context, the driver's own memory, what was
+  allocated before memtrace started) and **grew unseen** (the rest: memory that appeared while
+  recording and that CUPTI did not report — CUPTI's own device buffers among it, 12 MiB on the H200).
+- **live curve**: the non-PyTorch bytes CUPTI saw live, exactly, at every record (:func:`live_curve`).
 - **moments**: the first crossing of the target (``summary.Crossing``) and the peak (NVML device
   used when sampled, else reserved).
 """
@@ -30,21 +37,27 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..model import ACTION_CODE, DEVICE_MEMORY_KINDS, MEMORY_KINDS, MEMORY_OPS, Frame, Trace
-from .curves import Curves, all_curves
-from .landmarks import steady_non_torch_at
+from .curves import Curve, Curves, all_curves
+from .frames import meaningful_frame, python_frames
+from .landmarks import steady_non_torch, steady_non_torch_at
 from .phases import path_at
 
 NCCL = "NCCL"
 JIT = "FlashInfer/CUTLASS JIT modules"
 GRAPHS = "CUDA graphs"
 CUBLAS = "cuBLAS/cuBLASLt workspaces"
+MODULES = "kernel modules' statics"
 OTHER = "other libraries"
 UNEXPLAINED = "unexplained"
-CATEGORIES = (NCCL, CUBLAS, GRAPHS, JIT, OTHER, UNEXPLAINED)
+CATEGORIES = (NCCL, CUBLAS, GRAPHS, JIT, MODULES, OTHER, UNEXPLAINED)
+#: The library named for an allocation made from Inductor's generated code.
+COMPILED = "torch.compile graph"
 
 _ALLOCATION = MEMORY_OPS.index("allocation")
 _RELEASE = MEMORY_OPS.index("release")
 _DEVICE_KINDS = np.array([name in DEVICE_MEMORY_KINDS for name in MEMORY_KINDS])
+_STATIC_KINDS = frozenset({"device_static", "managed_static"})
+_COMPILED_PATHS = ("torchinductor", "torch_compile_cache", "/inductor/")
 _SEG_UP = (ACTION_CODE["segment_alloc"], ACTION_CODE["segment_map"])
 _MATMUL = {"linear", "matmul", "mm", "bmm", "addmm", "baddbmm", "_scaled_mm", "einsum", "cublas"}
 _GRAPH_PHASES = ("capture_model", "cuda_graph", "cudagraph")
@@ -60,8 +73,9 @@ class Allocation:
     kind: str
     category: str
     library: str
-    frame: Frame | None  # the innermost frame of its stack
+    frame: Frame | None  # the innermost frame outside torch and the standard library (frames.meaningful_frame)
     phase_path: str
+    stack: int = -1  # its stack id in the trace (-1: none recorded)
 
 
 @dataclass(frozen=True)
@@ -87,6 +101,9 @@ class NonTorchBreakdown:
     torch_bytes: int  # PyTorch's own segments recognised among the live records (not counted)
     nvml_non_torch_bytes: int | None
     unexplained_bytes: int | None
+    #: the unexplained bytes split: present when recording began (first steady NVML sample) / the rest
+    at_start_bytes: int | None = None
+    grew_unseen_bytes: int | None = None
 
     def category(self, name: str) -> CategoryBytes | None:
         return next((c for c in self.categories if c.name == name), None)
@@ -97,7 +114,8 @@ def has_records(trace: Trace) -> bool:
 
 
 def torch_made(trace: Trace) -> np.ndarray:
-    """One bool per ``device_allocs`` record: an allocation PyTorch's allocator made (see docstring)."""
+    """One bool per ``device_allocs`` record: an allocation PyTorch's allocator made (see docstring), or
+    the release of one (the next release at its address)."""
     recs = trace.device_allocs
     out = np.zeros(len(recs), dtype=bool)
     ev = trace.events
@@ -108,14 +126,24 @@ def torch_made(trace: Trace) -> np.ndarray:
     for s in trace.segments:
         known.setdefault((s.address, s.total_bytes), 1)
     order = np.argsort(recs["time_us"], kind="stable")
+    live: set[int] = set()  # addresses of PyTorch's segments live now
     for i in order.tolist():
+        addr = int(recs["address"][i])
+        if recs["op"][i] == _RELEASE:
+            if addr in live:
+                live.discard(addr)
+                out[i] = True
+            continue
         if recs["op"][i] != _ALLOCATION:
             continue
-        key = (int(recs["address"][i]), int(recs["bytes"][i]))
+        key = (addr, int(recs["bytes"][i]))
         left = known.get(key, 0)
         if left > 0:
             known[key] = left - 1
             out[i] = True
+            live.add(addr)
+        else:
+            live.discard(addr)
     return out
 
 
@@ -138,21 +166,31 @@ def live_at(trace: Trace, time_us: int) -> list[int]:
 
 
 def _library(frames: list[Frame]) -> str:
-    for f in frames:
-        path = f.filename.replace("\\", "/")
-        for marker in ("site-packages/", "dist-packages/"):
-            if marker in path:
-                return path.split(marker, 1)[1].split("/", 1)[0].removesuffix(".py")
-    return os.path.basename(frames[0].filename).removesuffix(".py") if frames else "no stack"
+    """The package of the innermost frame outside torch and the standard library (its file's name
+    when not installed; :data:`COMPILED` for Inductor's generated code)."""
+    f = meaningful_frame(frames)
+    if f is None:
+        return "no stack"
+    path = f.filename.replace("\\", "/")
+    if any(c in path.lower() for c in _COMPILED_PATHS):
+        return COMPILED
+    for marker in ("site-packages/", "dist-packages/"):
+        if marker in path:
+            return path.split(marker, 1)[1].split("/", 1)[0].removesuffix(".py")
+    return os.path.basename(path).removesuffix(".py")
 
 
-def classify(frames: list[Frame], phase: str) -> tuple[str, str]:
-    """(category, library) of an allocation from its stack (innermost first) and its phase path."""
+def classify(frames: list[Frame], phase: str, kind: str = "device") -> tuple[str, str]:
+    """(category, library) of an allocation from its stack (innermost first), its phase path and its
+    memory kind (``model.MEMORY_KINDS``)."""
+    frames = python_frames(frames)
     text = [(f.filename.replace("\\", "/").lower(), f.name.lower()) for f in frames]
     if any("nccl" in p or "nccl" in n or "torch/distributed" in p for p, n in text):
         return NCCL, "nccl"
     if any("flashinfer" in p or "cutlass" in p or "cutlass" in n for p, n in text):
         return JIT, "flashinfer" if any("flashinfer" in p for p, _ in text) else "cutlass"
+    if kind in _STATIC_KINDS:
+        return MODULES, _library(frames)
     if any(p.endswith("cuda/graphs.py") or "cudagraph" in p or "cudagraph" in n for p, n in text) or any(
         g in phase for g in _GRAPH_PHASES
     ):
@@ -177,24 +215,69 @@ def breakdown(
         if torch[i]:
             torch_bytes += size
             continue
-        frames = trace.stack_frames(int(recs["stack"][i]))
+        stack = int(recs["stack"][i])
+        frames = trace.stack_frames(stack)
         t = int(recs["time_us"][i])
         phase = path_at(trace, t)
-        category, library = classify(frames, phase)
         kind = MEMORY_KINDS[int(recs["kind"][i])] if 0 <= int(recs["kind"][i]) < len(MEMORY_KINDS) else "unknown"
+        category, library = classify(frames, phase, kind)
         groups.setdefault(category, []).append(
-            Allocation(t, int(recs["address"][i]), size, kind, category, library, frames[0] if frames else None, phase)
+            Allocation(
+                t, int(recs["address"][i]), size, kind, category, library, meaningful_frame(frames), phase, stack
+            )
         )
     cats = [_category(name, allocs, largest) for name, allocs in groups.items()]
     cats.sort(key=lambda c: (-c.bytes, c.name))
     cupti_bytes = sum(c.bytes for c in cats)
-    nvml = steady_non_torch_at(curves or all_curves(trace), time_us)
+    curves = curves or all_curves(trace)
+    nvml = steady_non_torch_at(curves, time_us)
     unexplained = nvml - cupti_bytes if nvml is not None else None
+    at_start = grew = None
     if unexplained is not None:
         cats.append(CategoryBytes(UNEXPLAINED, unexplained, 0))
+        at_start = _unexplained_at_start(trace, curves)
+        grew = unexplained - at_start if at_start is not None else None
     return NonTorchBreakdown(
-        moment, int(time_us), path_at(trace, time_us), tuple(cats), cupti_bytes, torch_bytes, nvml, unexplained
-    )
+        moment, int(time_us), path_at(trace, time_us), tuple(cats), cupti_bytes, torch_bytes, nvml, unexplained,
+        at_start, grew,
+    )  # fmt: skip
+
+
+def _unexplained_at_start(trace: Trace, curves: Curves) -> int | None:
+    """The non-PyTorch bytes at the first steady NVML sample, less what CUPTI saw live then."""
+    steady = steady_non_torch(curves)
+    if not len(steady):
+        return None
+    t0 = int(steady.time_us[0])
+    return int(steady.bytes[0]) - int(live_curve(trace).at(t0)) if has_records(trace) else int(steady.bytes[0])
+
+
+def live_curve(trace: Trace) -> Curve:
+    """The non-PyTorch device bytes CUPTI saw live, one step per record that changes them (PyTorch's
+    own segments and pinned host memory left out); empty without records."""
+    recs = trace.device_allocs
+    if not len(recs):
+        return Curve(np.zeros(0, np.int64), np.zeros(0, np.int64))
+    torch = torch_made(trace)
+    kinds = recs["kind"].astype(np.int64)
+    device = _DEVICE_KINDS[np.clip(kinds, 0, len(_DEVICE_KINDS) - 1)]
+    order = np.argsort(recs["time_us"], kind="stable")
+    live: dict[int, int] = {}
+    times, values, total = [], [], 0
+    for i in order.tolist():
+        if torch[i]:
+            continue
+        op, addr = int(recs["op"][i]), int(recs["address"][i])
+        if op == _ALLOCATION and device[i]:
+            total += int(recs["bytes"][i]) - live.pop(addr, 0)
+            live[addr] = int(recs["bytes"][i])
+        elif op == _RELEASE and addr in live:
+            total -= live.pop(addr)
+        else:
+            continue
+        times.append(int(recs["time_us"][i]))
+        values.append(total)
+    return Curve(np.asarray(times, np.int64), np.asarray(values, np.int64))
 
 
 def _category(name: str, allocs: list[Allocation], largest: int) -> CategoryBytes:
