@@ -42,7 +42,10 @@ def test_categories_name_the_compiled_graph_and_the_kernel_modules():
     assert (other.bytes, other.count, other.libraries) == (67_240_960, 3, ((non_torch.COMPILED, 67_240_960),))
     top = other.largest[0]
     assert (top.bytes, top.frame.name, top.frame.line, top.phase_path) == (
-        64 * 2**20, "call", 947, "determine_available_memory/profile_run"
+        64 * 2**20,
+        "call",
+        947,
+        "determine_available_memory/profile_run",
     )
     assert "/torch/" not in top.frame.filename  # named by the code that called the op, not torch/_ops.py
     statics = first.category(non_torch.MODULES)
