@@ -6,7 +6,7 @@ Printed only when the trace holds CUPTI records (the optional source ``MEMTRACE_
 
 from __future__ import annotations
 
-from ..analysis.non_torch import OTHER, UNEXPLAINED, NonTorchBreakdown
+from ..analysis.non_torch import MODULES, OTHER, UNEXPLAINED, NonTorchBreakdown
 from ..analysis.summary import Summary
 from ..units import format_gib
 
@@ -20,19 +20,39 @@ def _where(b: NonTorchBreakdown, name: str) -> str:
 
     cat = b.category(name)
     if cat is None or name == UNEXPLAINED:
-        return "CUDA context, driver, before recording"
+        if b.at_start_bytes is None or b.grew_unseen_bytes is None:
+            return "CUDA context, driver, before recording"
+        return (
+            f"{b.at_start_bytes:,} B present when recording began (CUDA context, driver, earlier allocations), "
+            f"{b.grew_unseen_bytes:,} B grew while recording without a CUPTI record (CUPTI's own device "
+            "buffers among it)"
+        )
+    if name == MODULES and not any(a.frame for a in cat.largest):
+        return (
+            f"{cat.count:,} allocations of memory kind device_static: the __device__ globals of the kernel"
+            " modules the driver loaded (lazily, at a kernel's first launch: no API call to take a stack from)"
+        )
+    libs = ""
     if name == OTHER and cat.libraries:
-        return ", ".join(f"{lib} {_gib(n)}" for lib, n in cat.libraries[:4])
-    return "; ".join(f"{frame_text(a.frame)} ({_gib(a.bytes)})" for a in cat.largest[:2])
+        libs = ", ".join(f"{lib} {_gib(n)} GiB" for lib, n in cat.libraries[:4]) + "; largest "
+    return libs + "; ".join(
+        f"{frame_text(a.frame)} ({a.bytes:,} B in {a.phase_path or 'no phase'})" for a in cat.largest[:2]
+    )
 
 
 def render_non_torch(out, s: Summary) -> None:
-    """One table per moment (first crossing, peak): category, GiB, allocations, largest or libraries."""
+    """One table per moment (first crossing, peak): category, bytes, GiB, allocations, then where each
+    category's bytes come from; a moment with the same figures as the one before says so in one line."""
     if not s.non_torch:
         return
     out.heading("Non-PyTorch memory by category (CUPTI: every device allocation outside PyTorch's allocator)")
+    previous: NonTorchBreakdown | None = None
     for b in s.non_torch:
         when = f"at the {b.moment} ({(b.time_us - s.start_us) / 1e6:.2f} s, {b.phase_path or 'no phase'})"
+        if previous is not None and _same(previous, b):
+            out.item(f"{when}: the same non-PyTorch figures as at the {previous.moment}")
+            continue
+        previous = b
         if b.nvml_non_torch_bytes is not None:
             out.item(
                 f"{when}: NVML non-PyTorch {format_gib(b.nvml_non_torch_bytes)} = CUPTI {format_gib(b.cupti_bytes)}"
@@ -50,7 +70,19 @@ def render_non_torch(out, s: Summary) -> None:
                 "(managed memory not yet touched, or an allocation between two samples)"
             )
         rows = [
-            [c.name, _gib(c.bytes), f"{c.count:,}" if c.name != UNEXPLAINED else "", _where(b, c.name)]
+            [c.name, f"{c.bytes:,}", _gib(c.bytes), f"{c.count:,}" if c.name != UNEXPLAINED else ""]
             for c in b.categories
         ]
-        out.table(["category", "GiB", "allocations", "largest (where) / libraries"], rows, "lrrl")
+        out.table(["category", "bytes", "GiB", "allocations"], rows, "lrrr")
+        for c in b.categories:
+            out.item(f"{c.name}: {_where(b, c.name)}")
+
+
+def _same(a: NonTorchBreakdown, b: NonTorchBreakdown) -> bool:
+    """The same categories, bytes and counts, and the same NVML figures (PyTorch's own may differ)."""
+    key = lambda x: (  # noqa: E731
+        [(c.name, c.bytes, c.count) for c in x.categories],
+        x.nvml_non_torch_bytes,
+        x.at_start_bytes,
+    )
+    return key(a) == key(b)

@@ -59,3 +59,19 @@ def test_live_curve_is_the_non_pytorch_bytes_cupti_saw():
     first = next(b for b in summarize(t).non_torch if b.moment == "first crossing")
     assert curve.at(first.time_us) == first.cupti_bytes
     assert int(curve.bytes.max()) == 68_364_089
+
+
+def test_report_states_the_breakdown_in_bytes():
+    import io
+
+    from memtrace.plots.text import render_report
+
+    buf = io.StringIO()
+    render_report(summarize(load_trace(TRACE)), buf)
+    text = " ".join(buf.getvalue().split())
+    assert "other libraries 67,240,960 0.06 3" in text
+    assert "kernel modules' statics 1,121,252 0.00 1,483" in text
+    assert "unexplained 739,893,276 0.69" in text
+    assert "722,272,256 B present when recording began" in text and "17,621,020 B grew while recording" in text
+    assert "cu3svbzqvt7ri5nuodhjv3gvdgpsuamhai3ep62kw5cs3ozoovof.py:947 call (67,108,864 B in" in text
+    assert "at the peak" in text and "the same non-PyTorch figures as at the first crossing" in text
