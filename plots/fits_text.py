@@ -122,9 +122,17 @@ def _wrapped(indent: str, text: str, width: int = WIDTH) -> str:
 def _assumption(r: Fit) -> str:
     if r.non_torch_bytes is None:
         return f"Non-PyTorch memory (CUDA context, libraries) assumed: {r.non_torch_source}; --non-torch\u00a0SIZE to set it"
+    split = ""
+    if r.non_torch_cupti_bytes is not None:
+        split = f" = {_gib(r.non_torch_cupti_bytes)} CUPTI saw allocated"
+        if r.non_torch_at_start_bytes is not None and r.non_torch_grew_unseen_bytes is not None:
+            split += (
+                f" + {_gib(r.non_torch_at_start_bytes)} present when recording began (CUDA context: another card's"
+                f" differs) + {_gib(r.non_torch_grew_unseen_bytes)} grew unseen"
+            )
     return (
-        f"Non-PyTorch memory (CUDA context, libraries) assumed: {_gib(r.non_torch_bytes)} ({r.non_torch_source}); "
-        "--non-torch\u00a0SIZE to change"
+        f"Non-PyTorch memory (CUDA context, libraries) assumed: {_gib(r.non_torch_bytes)} ({r.non_torch_source})"
+        f"{split}; --non-torch\u00a0SIZE to change"
     )
 
 

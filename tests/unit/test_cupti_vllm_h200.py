@@ -75,3 +75,15 @@ def test_report_states_the_breakdown_in_bytes():
     assert "722,272,256 B present when recording began" in text and "17,621,020 B grew while recording" in text
     assert "cu3svbzqvt7ri5nuodhjv3gvdgpsuamhai3ep62kw5cs3ozoovof.py:947 call (67,108,864 B in" in text
     assert "at the peak" in text and "the same non-PyTorch figures as at the first crossing" in text
+
+
+def test_fits_splits_its_assumed_non_pytorch_memory_by_cuptis_records():
+    from memtrace.analysis import fits
+
+    r = fits.fit(load_trace(TRACE), 80 * 2**30)
+    assert r.non_torch_source == fits.NT_AT_SIZING
+    assert r.non_torch_cupti_bytes == 68_362_212  # the 64 MiB + 128 KiB + 1 KiB of profile_run and the statics
+    assert r.non_torch_at_start_bytes == 722_272_256
+    assert r.non_torch_cupti_bytes + r.non_torch_at_start_bytes + r.non_torch_grew_unseen_bytes == r.non_torch_bytes
+    given = fits.fit(load_trace(TRACE), 80 * 2**30, non_torch_bytes=2**30)  # --non-torch: nothing to split
+    assert (given.non_torch_cupti_bytes, given.non_torch_at_start_bytes) == (None, None)

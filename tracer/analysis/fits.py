@@ -12,7 +12,9 @@ Model (vLLM's own sizing, applied to a recorded start-up):
    ``util`` cannot help there, it only bounds what is allocated after profiling. The curve compared
    is what the start-up *needs*: the pinned segments (``analysis.pinned``: the caching allocator
    releases free cached segments before it fails) plus non-PyTorch memory, as recorded (steady NVML
-   samples) or as given (``non_torch_bytes``: a different card has a different CUDA context).
+   samples) or as given (``non_torch_bytes``: a different card has a different CUDA context). With
+   CUPTI records the assumed figure is split (``non_torch.breakdown`` at the moment it was taken):
+   what CUPTI saw allocated, what was present when recording began (the CUDA context), what grew unseen.
 4. ``KV ≤ 0``: vLLM refuses to start ("No available memory for the cache blocks"); so it does
    when the KV cache cannot hold one request of ``max_model_len`` tokens (bytes per token as
    recorded).
@@ -56,6 +58,7 @@ import numpy as np
 from .. import facts as F
 from ..errors import UsageError
 from ..model import Trace
+from . import non_torch
 from .curves import Curve, Curves, all_curves
 from .landmarks import Landmarks, landmarks, steady_non_torch_at, total_curve
 from .oom import Oom, find_oom
@@ -110,6 +113,12 @@ class Fit:
     non_kv_source: str = ""  # reconcile.non_kv's source
     recorded_oom: Oom | None = None  # the OOM the recording ended in, when it did
     recorded_capacity_bytes: int | None = None  # the card the recording stood for
+    #: the assumed non-PyTorch memory split by CUPTI's records (``non_torch.breakdown`` at the moment it
+    #: was taken): what CUPTI saw, what was present when recording began, what grew unseen; None
+    #: without CUPTI records or with ``--non-torch``
+    non_torch_cupti_bytes: int | None = None
+    non_torch_at_start_bytes: int | None = None
+    non_torch_grew_unseen_bytes: int | None = None
 
     @property
     def survives(self) -> bool:
@@ -175,6 +184,7 @@ class Recorded:
     target_bytes: int | None
     non_torch_bytes: int | None
     non_torch_source: str
+    non_torch_split: tuple[int | None, int | None, int | None] = (None, None, None)
 
 
 def recorded(trace: Trace, non_torch_bytes: int | None = None, *, curves: Curves | None = None) -> Recorded:
@@ -184,15 +194,20 @@ def recorded(trace: Trace, non_torch_bytes: int | None = None, *, curves: Curves
     nk = non_kv_model(trace, curves)
     oom = find_oom(trace)
     target = resolve_target(trace)
+    nt_at = None
     if non_torch_bytes is not None:
         nt, nt_source = int(non_torch_bytes), NT_ARGUMENT
     elif not lm.device_level:
         nt, nt_source = None, NT_NONE
     elif lm.before_kv_non_torch_bytes is not None:
-        nt, nt_source = lm.before_kv_non_torch_bytes, NT_AT_SIZING
+        nt, nt_source, nt_at = lm.before_kv_non_torch_bytes, NT_AT_SIZING, lm.sizing_end_us
     else:  # no KV sizing recorded (died before it): the last steady figure the recording holds
-        end = oom.time_us if oom is not None else recording_span(trace)[1]
-        nt, nt_source = steady_non_torch_at(curves, end), NT_LAST_STEADY
+        nt_at = oom.time_us if oom is not None else recording_span(trace)[1]
+        nt, nt_source = steady_non_torch_at(curves, nt_at), NT_LAST_STEADY
+    split: tuple[int | None, int | None, int | None] = (None, None, None)
+    b = non_torch.breakdown(trace, nt_at, "assumed", curves=curves) if nt_at is not None else None
+    if b is not None and b.nvml_non_torch_bytes == nt:  # the same figure, split by CUPTI's records
+        split = (b.cupti_bytes, b.at_start_bytes, b.grew_unseen_bytes)
     return Recorded(
         curves=curves,
         lm=lm,
@@ -204,6 +219,7 @@ def recorded(trace: Trace, non_torch_bytes: int | None = None, *, curves: Curves
         target_bytes=target.target_bytes,
         non_torch_bytes=nt,
         non_torch_source=nt_source,
+        non_torch_split=split,
     )
 
 
@@ -242,7 +258,7 @@ def fit(
     def result(outcome, phase, overshoot, stage, post=None, post_phase="", headroom=0):
         return Fit(capacity_bytes, util, target, rec.non_kv_bytes, kv_new, pre_peak, path_at(trace, pre_t), post,
                    post_phase, outcome, phase, overshoot, headroom, stage, rec.non_torch_bytes, rec.non_torch_source,
-                   rec.non_kv_source, oom, rec.capacity_bytes)  # fmt: skip
+                   rec.non_kv_source, oom, rec.capacity_bytes, *rec.non_torch_split)  # fmt: skip
 
     # vLLM's request_memory check in init_device
     init_end = _init_device_end(trace)
