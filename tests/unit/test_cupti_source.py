@@ -189,6 +189,7 @@ def test_records_reach_the_trace_with_the_calling_threads_stack_and_phase(fake, 
     assert recs[2]["stack"] == -1  # a release has no stack
     fact = t.facts["cupti"]
     assert fact["records"] == 3 and fact["records_with_stack"] == 2 and fact["stacks"] and not fact["errors"]
+    assert (fact["on"], fact["active"]) == (True, False)  # it recorded; stopped at close
 
 
 def test_records_are_written_at_every_flush_not_only_at_close(fake, tmp_path):

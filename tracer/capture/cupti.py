@@ -145,7 +145,8 @@ class CuptiSource:
         self._subscriber: Any = None
         self._errors: dict[str, int] = {}
         self._logged: set[str] = set()
-        self.active = False
+        self.active = False  # recording now
+        self.started = False  # recorded in this session (``facts["cupti"]["on"]``, also after stop)
         self.pid = os.getpid()  # a forked child's CUDA calls are not this process's
         self.records = 0
         self.with_stack = 0
@@ -176,7 +177,7 @@ class CuptiSource:
             api.activity_register_callbacks(_buffer_requested, _buffer_completed)
             _registered.append(api)
         api.activity_enable(api.ActivityKind.MEMORY2)
-        self.active = True
+        self.active = self.started = True
         if os.environ.get(STACKS_ENV, "").strip().lower() not in ("1", "true", "yes", "on"):
             self._add_note("info", "CUPTI: records without Python stacks (the callback API deadlocks with "
                            f"PyTorch's allocator; {STACKS_ENV}=1 turns it on at that risk)")  # fmt: skip
@@ -229,9 +230,10 @@ class CuptiSource:
         _route(None)
 
     def fact(self) -> dict[str, Any]:
-        """``facts["cupti"]``."""
+        """``facts["cupti"]``: ``on`` says the source recorded in this trace (``active``: still recording)."""
         return {
-            "on": self.active,
+            "on": self.started,
+            "active": self.active,
             "version": getattr(self.api, "__version__", None) or _dist_version(),
             "records": self.records,
             "records_with_stack": self.with_stack,
