@@ -170,9 +170,15 @@ def _header(out: _Out, s: Summary) -> None:
         out.item(f"allocator settings: {shown}")
     dur = (s.end_us - s.start_us) / 1e6
     rec = s.recording
+    ended = f", ended: {rec.end_reason}" if rec.end_reason else ""
+    if not rec.end_reason and rec.source == "memtrace":
+        ended = (
+            ", not closed: still recording, or the process was killed before memtrace closed the trace"
+            " (what was drained before is in it)"
+        )
     out.item(
         f"recording: {s.n_events:,} allocator events, {s.n_samples:,} NVML samples over {dur:.2f} s "
-        f"(source {rec.source}, stacks {rec.stacks}" + (f", ended: {rec.end_reason})" if rec.end_reason else ")")
+        f"(source {rec.source}, stacks {rec.stacks}{ended})"
     )
     if s.path:  # Markdown goes upstream: the file's name only, never a local path
         out.item(f"file: {s.path.rsplit('/', 1)[-1] if out.md else s.path}")
