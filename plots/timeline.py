@@ -5,8 +5,9 @@ One row per process (rank), on one time axis (seconds since the earliest start).
 - a phase lane above the plot: one bar row per nesting depth, labels that never overlap
   (``phase_lane``);
 - the main plot: PyTorch allocated memory stacked by category (``analysis.categories``), the
-  reserved line, NVML device-used as a line, the non-PyTorch band between them, the utilization
-  target and the physical capacity (plus optional what-if capacities) as horizontal lines, and
+  reserved line, NVML device-used as a line, the non-PyTorch band between them (when the trace holds
+  CUPTI records: what CUPTI saw, exactly, on top of reserved, then the unexplained rest), the
+  utilization target and the physical capacity (plus optional what-if capacities) as horizontal lines, and
   the first crossing of the target marked and annotated (time, phase, peak, overshoot, duration);
 - a zoom panel on the right around that crossing (or the peak), so a crossing that lasts
   milliseconds in a run of minutes is still visible.
@@ -244,14 +245,15 @@ def _draw_rank(fig, gs, i: int, ranks, t0: int, t_end: int, capacities, main_axe
                      px_per_s, char_px, oom, annotation)  # fmt: skip
 
 
-LEGEND_ROWS = 3  # 4 when an OOM or other processes add their entries
+LEGEND_ROWS = 3  # one more when an OOM or other processes add their entries, one more for CUPTI's
 RANK_GAP_IN = 0.45
 TITLE_IN = 0.55
 
 
 def _legend_rows(ranks: list[RankTimeline]) -> int:
     extra = any(r.oom is not None or r.curves.others.bytes.any() for r in ranks)
-    return LEGEND_ROWS + (1 if extra else 0)
+    cupti = any(r.cupti is not None for r in ranks)
+    return LEGEND_ROWS + (1 if extra else 0) + (1 if cupti else 0)
 
 
 def _legend_in(rows: int) -> float:
@@ -284,7 +286,8 @@ def _figure(plt, ranks: list[RankTimeline]):
 
 def _legend(fig, handles: dict, rows: int = LEGEND_ROWS) -> list[str]:
     """One legend for all ranks, below the plots, in a fixed order."""
-    order = [*CATEGORIES, "non_torch", "others", "reserved", "device_used", "target", "capacity", "what-if", "oom"]
+    order = [*CATEGORIES, "non_torch_cupti", "non_torch_unexplained", "non_torch", "others", "reserved"]
+    order += ["device_used", "target", "capacity", "what-if", "oom"]
     items = [handles[k] for k in order if k in handles]
     fig.legend(
         [h for h, _ in items],

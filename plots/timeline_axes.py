@@ -14,7 +14,7 @@ from ..analysis.categories import CATEGORIES
 from ..units import GiB, format_gib
 from .downsample import bucket_indices
 from .phase_lane import PhaseBar, PhaseLabel, place_labels
-from .timeline_data import RankTimeline
+from .timeline_data import CuptiSplit, RankTimeline, cupti_split
 
 COLORS = {
     "weights": "#4C72B0",
@@ -33,6 +33,9 @@ LABELS = {
     "other": "other PyTorch",
 }
 NON_TORCH = "#E8A0A0"
+NON_TORCH_STYLE = {"color": NON_TORCH, "alpha": 0.55, "lw": 0, "hatch": "///", "edgecolor": "#C06060"}
+CUPTI = "#2A9D8F"  # the non-PyTorch memory CUPTI saw, exactly
+CUPTI_EDGE = "#17645B"
 OTHERS = "#B8C4CE"
 TARGET = "#C62828"
 OOM_COLOR = "#4A0000"
@@ -134,10 +137,15 @@ def _lines(ax, rank: RankTimeline, t0: int, lo: int, hi: int, n_buckets: int, ha
     if not len(keep):
         return
     ts, u, r = _s(used.time_us[keep], t0), _g(used.bytes[keep]), _g(used.bytes[keep] - nt.bytes[keep])
-    band = ax.fill_between(ts, r, u, step="post", color=NON_TORCH, alpha=0.55, lw=0, hatch="///", edgecolor="#C06060")
+    if rank.cupti is None:
+        band = ax.fill_between(ts, r, u, step="post", **NON_TORCH_STYLE)
+        key, label = "non_torch", "non-PyTorch (NVML used - reserved)"
+    else:  # a run mixing ranks with and without CUPTI names both bands
+        band = _cupti_bands(ax, cupti_split(rank, keep, lo, hi, n_buckets), t0, handles)
+        key, label = "non_torch_unexplained", "non-PyTorch unexplained (NVML used - reserved - CUPTI)"
     (dline,) = ax.step(ts, u, where="post", color="#B03030", lw=1.0, ls=(0, (4, 1.5)))
     if handles is not None:
-        handles.setdefault("non_torch", (band, "non-PyTorch (NVML used - reserved)"))
+        handles.setdefault(key, (band, label))
         shared = rank.curves.others.bytes.any()
         handles.setdefault("device_used", (dline, "NVML device used" + (" (this process)" if shared else "")))
     if rank.curves.others.bytes.any():
@@ -145,6 +153,18 @@ def _lines(ax, rank: RankTimeline, t0: int, lo: int, hi: int, n_buckets: int, ha
         art = ax.fill_between(ts, u, top, step="post", color=OTHERS, alpha=0.5, lw=0, hatch="..", edgecolor="#7A8A99")
         if handles is not None:
             handles.setdefault("others", (art, "other processes on the GPU (NVML)"))
+
+
+def _cupti_bands(ax, split: CuptiSplit, t0: int, handles: dict | None):
+    """What CUPTI saw on top of reserved (solid, its top edged so a thin band still shows), the rest up
+    to device used hatched as the band without CUPTI; returns the hatched band's artist."""
+    t, r, c, u = _s(split.time_us, t0), _g(split.reserved_bytes), _g(split.cupti_top_bytes), _g(split.used_bytes)
+    art = ax.fill_between(t, r, c, step="post", color=CUPTI, alpha=0.85, lw=0, gid="non_torch_cupti")
+    ax.step(t, c, where="post", color=CUPTI_EDGE, lw=0.7, zorder=1.5)
+    band = ax.fill_between(t, c, u, step="post", gid="non_torch_unexplained", **NON_TORCH_STYLE)
+    if handles is not None:
+        handles.setdefault("non_torch_cupti", (art, "non-PyTorch seen by CUPTI (exact)"))
+    return band
 
 
 def others_at(rank: RankTimeline, t_us: np.ndarray) -> np.ndarray:
