@@ -128,8 +128,11 @@ def _assumption(r: Fit) -> str:
         if r.non_torch_at_start_bytes is not None and r.non_torch_grew_unseen_bytes is not None:
             split += (
                 f" + {_gib(r.non_torch_at_start_bytes)} present when recording began (CUDA context: another card's"
-                f" differs) + {_gib(r.non_torch_grew_unseen_bytes)} grew unseen"
+                " differs)"
             )
+            if r.non_torch_cupti_own_bytes:
+                split += f" + {_gib(r.non_torch_cupti_own_bytes)} CUPTI's own (not there without CUPTI)"
+            split += f" + {_gib(r.non_torch_grew_unseen_bytes)} grew unseen"
     return (
         f"Non-PyTorch memory (CUDA context, libraries) assumed: {_gib(r.non_torch_bytes)} ({r.non_torch_source})"
         f"{split}; --non-torch\u00a0SIZE to change"

@@ -22,10 +22,12 @@ def _where(b: NonTorchBreakdown, name: str) -> str:
     if cat is None or name == UNEXPLAINED:
         if b.at_start_bytes is None or b.grew_unseen_bytes is None:
             return "CUDA context, driver, before recording"
+        own = ""
+        if b.cupti_own_bytes is not None:
+            own = f"{b.cupti_own_bytes:,} B CUPTI's own (NVML's growth right after it was enabled, no record), "
         return (
             f"{b.at_start_bytes:,} B present when recording began (CUDA context, driver, earlier allocations), "
-            f"{b.grew_unseen_bytes:,} B grew while recording without a CUPTI record (CUPTI's own device "
-            "buffers among it)"
+            f"{own}{b.grew_unseen_bytes:,} B grew while recording without a CUPTI record"
         )
     if name == MODULES and not any(a.frame for a in cat.largest):
         return (

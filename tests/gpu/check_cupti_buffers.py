@@ -48,9 +48,21 @@ def child(mode: str) -> dict:
     before = nvml_used_by_me()
     out: dict = {"mode": mode}
     session = api = None
-    if mode == "defaults":
+    if mode == "defaults" or mode.startswith("attrs:"):
         from cupti import cupti as api
 
+        for item in mode.removeprefix("attrs:").split(",") if mode.startswith("attrs:") else []:
+            name, value = item.split("=")
+            v, n = ctypes.c_size_t(int(value)), ctypes.c_size_t(ctypes.sizeof(ctypes.c_size_t))
+            old = ctypes.c_size_t(0)
+            api.activity_get_attribute(
+                int(getattr(api.ActivityAttribute, name)), ctypes.addressof(n), ctypes.addressof(old)
+            )
+            n = ctypes.c_size_t(ctypes.sizeof(ctypes.c_size_t))
+            api.activity_set_attribute(
+                int(getattr(api.ActivityAttribute, name)), ctypes.addressof(n), ctypes.addressof(v)
+            )
+            out.setdefault("defaults", {})[name] = int(old.value)
         rows: list = []
         api.activity_register_callbacks(lambda: (1 << 20, 0), lambda acts: rows.extend(int(a.bytes) for a in acts))
         api.activity_enable(api.ActivityKind.MEMORY2)
@@ -73,12 +85,12 @@ def child(mode: str) -> dict:
     out["reserved"] = torch.cuda.memory_reserved()
     out["delta"] = after - before
     out["non_torch_delta"] = after - before - out["reserved"]
-    if mode == "defaults":
+    if api is not None:
         api.activity_flush_all(1)
         out["records"] = len(out.pop("rows"))
     if session is not None:
         fact = dict(session.facts.get("cupti") or {})
-        session.stop()
+        session.close()
         from memtrace.store import load_trace
 
         out["records"] = len(load_trace(session.path).device_allocs)
@@ -94,7 +106,7 @@ def main() -> int:
         print(json.dumps(child(sys.argv[2])), flush=True)
         return 0
     results = {}
-    for mode in ("none", "defaults", "memtrace"):
+    for mode in ("none", "defaults", "memtrace", *sys.argv[1:]):
         p = subprocess.run([sys.executable, __file__, "--child", mode], capture_output=True, text=True, timeout=120)
         line = (p.stdout.strip().splitlines() or ["{}"])[-1]
         print(line if p.returncode == 0 else json.dumps({"mode": mode, "rc": p.returncode, "err": p.stderr[-800:]}))

@@ -1,5 +1,5 @@
 """CUPTI's own device memory, measured on the H200 (tests/data/vllm-h200/README.md, "CUPTI"): the same warm vLLM
-0.25.1 start-up with the plugin alone (`cost-round4/on`) and with the plugin and CUPTI (`cost-round4/cupti`), one
+0.25.1 start-up with the plugin alone (`cost-round4-on`) and with the plugin and CUPTI (`cost-round4-cupti`), one
 minute apart on one machine. CUPTI's buffers add 12,582,912 B of non-PyTorch memory, and vLLM's KV cache is smaller
 by exactly that: the reason the source stays off by default."""
 
@@ -16,7 +16,7 @@ KV_BYTES_PER_TOKEN = 8 * 2 * 4 * 128 * 1  # layers x (K, V) x KV heads x head_di
 
 
 def _figures(mode: str):
-    t = load_trace(next((HERE / "cost-round4" / mode).glob("*.memtrace")))
+    t = load_trace(next((HERE / f"cost-round4-{mode}").glob("*.memtrace")))
     c = all_curves(t)
     steady = steady_non_torch(c)
     return t, landmarks(t, c), int(steady.bytes[0]), int(steady.bytes.max())
@@ -30,6 +30,15 @@ def test_cuptis_own_buffers_shrink_vllms_kv_cache_by_exactly_their_size():
     assert top_cupti - top_on == CUPTI_BYTES  # CUPTI's buffers, grown while recording, seen by NVML only
     assert lm_cupti.before_kv_non_torch_bytes - lm_on.before_kv_non_torch_bytes == CUPTI_BYTES
     assert lm_on.kv_cache_bytes - lm_cupti.kv_cache_bytes == CUPTI_BYTES  # vLLM gave them to CUPTI
+
+
+def test_the_analysis_names_cuptis_own_bytes_from_the_cupti_run_alone():
+    from memtrace.analysis import non_torch
+
+    cupti = _figures("cupti")[0]
+    assert non_torch.cupti_own_bytes(cupti) == CUPTI_BYTES  # what the run without CUPTI shows is missing
+    on = _figures("on")[0]
+    assert non_torch.cupti_own_bytes(on) is None  # no CUPTI records: nothing to name
 
 
 def test_vllms_own_log_says_the_same_in_tokens():

@@ -14,7 +14,8 @@ Model (vLLM's own sizing, applied to a recorded start-up):
    releases free cached segments before it fails) plus non-PyTorch memory, as recorded (steady NVML
    samples) or as given (``non_torch_bytes``: a different card has a different CUDA context). With
    CUPTI records the assumed figure is split (``non_torch.breakdown`` at the moment it was taken):
-   what CUPTI saw allocated, what was present when recording began (the CUDA context), what grew unseen.
+   what CUPTI saw allocated, what was present when recording began (the CUDA context), CUPTI's own
+   device memory (not there without CUPTI), what grew unseen.
 4. ``KV ≤ 0``: vLLM refuses to start ("No available memory for the cache blocks"); so it does
    when the KV cache cannot hold one request of ``max_model_len`` tokens (bytes per token as
    recorded).
@@ -119,6 +120,7 @@ class Fit:
     non_torch_cupti_bytes: int | None = None
     non_torch_at_start_bytes: int | None = None
     non_torch_grew_unseen_bytes: int | None = None
+    non_torch_cupti_own_bytes: int | None = None  # of the unexplained rest: CUPTI's own device memory
 
     @property
     def survives(self) -> bool:
@@ -184,7 +186,7 @@ class Recorded:
     target_bytes: int | None
     non_torch_bytes: int | None
     non_torch_source: str
-    non_torch_split: tuple[int | None, int | None, int | None] = (None, None, None)
+    non_torch_split: tuple[int | None, int | None, int | None, int | None] = (None, None, None, None)
 
 
 def recorded(trace: Trace, non_torch_bytes: int | None = None, *, curves: Curves | None = None) -> Recorded:
@@ -204,10 +206,10 @@ def recorded(trace: Trace, non_torch_bytes: int | None = None, *, curves: Curves
     else:  # no KV sizing recorded (died before it): the last steady figure the recording holds
         nt_at = oom.time_us if oom is not None else recording_span(trace)[1]
         nt, nt_source = steady_non_torch_at(curves, nt_at), NT_LAST_STEADY
-    split: tuple[int | None, int | None, int | None] = (None, None, None)
+    split: tuple[int | None, int | None, int | None, int | None] = (None, None, None, None)
     b = non_torch.breakdown(trace, nt_at, "assumed", curves=curves) if nt_at is not None else None
     if b is not None and b.nvml_non_torch_bytes == nt:  # the same figure, split by CUPTI's records
-        split = (b.cupti_bytes, b.at_start_bytes, b.grew_unseen_bytes)
+        split = (b.cupti_bytes, b.at_start_bytes, b.grew_unseen_bytes, b.cupti_own_bytes)
     return Recorded(
         curves=curves,
         lm=lm,

@@ -8,7 +8,8 @@ allocation and release the CUDA driver made for the process. Definitions (bytes,
   per (address, size): PyTorch's segments are already in the reserved curve and are never counted
   twice. Everything else is **non-PyTorch**.
 - **live at t**: allocated at or before ``t`` and not released at or before ``t``; only kinds that
-  take device memory (``model.DEVICE_MEMORY_KINDS``; pinned host memory is left out).
+  take device memory (``model.DEVICE_MEMORY_KINDS``; pinned host memory is left out). The non-PyTorch
+  ones (:func:`live_allocations`) are what the breakdown, the live curve and the flame graph count.
 - **categories**, by the Python stack of the CUDA call (``capture.cupti``), the memory kind and the
   phase, first match: NCCL (a frame of NCCL or ``torch.distributed``), FlashInfer/CUTLASS JIT modules
   (a frame of ``flashinfer`` or ``cutlass``), kernel modules' statics (memory kind ``device_static``:
@@ -20,10 +21,12 @@ allocation and release the CUDA driver made for the process. Definitions (bytes,
   "torch.compile graph" for Inductor's generated code; "no stack" when CUPTI gave none).
 - **unexplained** = the steady NVML non-PyTorch bytes at ``t`` (``landmarks.steady_non_torch_at``:
   device used − reserved) − the non-PyTorch bytes CUPTI saw live. None without NVML samples. It is
-  split in two: **present when recording began** (the non-PyTorch bytes at the first steady NVML
+  split in three: **present when recording began** (the non-PyTorch bytes at the first steady NVML
   sample, less what CUPTI saw live then: the CUDA context, the driver's own memory, what was
-  allocated before memtrace started) and **grew unseen** (the rest: memory that appeared while
-  recording and that CUPTI did not report — CUPTI's own device buffers among it, 12 MiB on the H200).
+  allocated before memtrace started), **CUPTI's own** (the NVML growth, less what CUPTI saw, in the
+  :data:`CUPTI_SETTLE_US` after CUPTI was enabled, ``facts["cupti"]["started_us"]``, else after the
+  first steady sample: enabling CUPTI costs 12,582,912 B within 50 ms on the H200, whatever its
+  attributes) and **grew unseen** (the rest: memory that appeared while recording without a record).
 - **live curve**: the non-PyTorch bytes CUPTI saw live, exactly, at every record (:func:`live_curve`).
 - **moments**: the first crossing of the target (``summary.Crossing``) and the peak (NVML device
   used when sampled, else reserved).
@@ -52,6 +55,9 @@ UNEXPLAINED = "unexplained"
 CATEGORIES = (NCCL, CUBLAS, GRAPHS, JIT, MODULES, OTHER, UNEXPLAINED)
 #: The library named for an allocation made from Inductor's generated code.
 COMPILED = "torch.compile graph"
+#: The window after CUPTI is enabled in which NVML's unrecorded growth is CUPTI's own (it took 3 steps
+#: within 50 ms on the H200).
+CUPTI_SETTLE_US = 200_000
 
 _ALLOCATION = MEMORY_OPS.index("allocation")
 _RELEASE = MEMORY_OPS.index("release")
@@ -104,6 +110,7 @@ class NonTorchBreakdown:
     #: the unexplained bytes split: present when recording began (first steady NVML sample) / the rest
     at_start_bytes: int | None = None
     grew_unseen_bytes: int | None = None
+    cupti_own_bytes: int | None = None  # of the unexplained bytes: CUPTI's own (see the module docstring)
 
     def category(self, name: str) -> CategoryBytes | None:
         return next((c for c in self.categories if c.name == name), None)
@@ -200,15 +207,20 @@ def classify(frames: list[Frame], phase: str, kind: str = "device") -> tuple[str
     return OTHER, _library(frames)
 
 
-def breakdown(
-    trace: Trace, time_us: int, moment: str, *, curves: Curves | None = None, largest: int = 3
-) -> NonTorchBreakdown | None:
-    """Non-PyTorch memory at ``time_us``; None when the trace holds no CUPTI records."""
+def live_allocations(trace: Trace, time_us: int) -> list[Allocation]:
+    """The non-PyTorch allocations CUPTI saw live at ``time_us`` (device memory kinds only, PyTorch's own
+    segments left out), in record order; [] without records. Their bytes add up to
+    :func:`breakdown`'s ``cupti_bytes`` and :func:`live_curve` at the same moment."""
+    return _live(trace, time_us)[0]
+
+
+def _live(trace: Trace, time_us: int) -> tuple[list[Allocation], int]:
+    """(the non-PyTorch allocations live at ``time_us``, the bytes of PyTorch's own segments live then)."""
     if not has_records(trace):
-        return None
+        return [], 0
     recs = trace.device_allocs
     torch = torch_made(trace)
-    groups: dict[str, list[Allocation]] = {}
+    out: list[Allocation] = []
     torch_bytes = 0
     for i in live_at(trace, time_us):
         size = int(recs["bytes"][i])
@@ -221,26 +233,62 @@ def breakdown(
         phase = path_at(trace, t)
         kind = MEMORY_KINDS[int(recs["kind"][i])] if 0 <= int(recs["kind"][i]) < len(MEMORY_KINDS) else "unknown"
         category, library = classify(frames, phase, kind)
-        groups.setdefault(category, []).append(
+        out.append(
             Allocation(
                 t, int(recs["address"][i]), size, kind, category, library, meaningful_frame(frames), phase, stack
             )
         )
+    return out, torch_bytes
+
+
+def breakdown(
+    trace: Trace, time_us: int, moment: str, *, curves: Curves | None = None, largest: int = 3
+) -> NonTorchBreakdown | None:
+    """Non-PyTorch memory at ``time_us``; None when the trace holds no CUPTI records."""
+    if not has_records(trace):
+        return None
+    allocations, torch_bytes = _live(trace, time_us)
+    groups: dict[str, list[Allocation]] = {}
+    for a in allocations:
+        groups.setdefault(a.category, []).append(a)
     cats = [_category(name, allocs, largest) for name, allocs in groups.items()]
     cats.sort(key=lambda c: (-c.bytes, c.name))
     cupti_bytes = sum(c.bytes for c in cats)
     curves = curves or all_curves(trace)
     nvml = steady_non_torch_at(curves, time_us)
     unexplained = nvml - cupti_bytes if nvml is not None else None
-    at_start = grew = None
+    at_start = grew = own = None
     if unexplained is not None:
         cats.append(CategoryBytes(UNEXPLAINED, unexplained, 0))
         at_start = _unexplained_at_start(trace, curves)
-        grew = unexplained - at_start if at_start is not None else None
+        own = cupti_own_bytes(trace, curves) if time_us >= _cupti_start(trace, curves) + CUPTI_SETTLE_US else None
+        grew = unexplained - at_start - (own or 0) if at_start is not None else None
     return NonTorchBreakdown(
         moment, int(time_us), path_at(trace, time_us), tuple(cats), cupti_bytes, torch_bytes, nvml, unexplained,
-        at_start, grew,
+        at_start, grew, own,
     )  # fmt: skip
+
+
+def _cupti_start(trace: Trace, curves: Curves) -> int:
+    """When CUPTI's records were enabled (``facts["cupti"]["started_us"]``), not before the first steady
+    NVML sample (the first sample when the fact is missing: files before it was recorded)."""
+    steady = steady_non_torch(curves)
+    first = int(steady.time_us[0]) if len(steady) else 0
+    started = (trace.facts.get("cupti") or {}).get("started_us")
+    return max(int(started), first) if isinstance(started, int) else first
+
+
+def cupti_own_bytes(trace: Trace, curves: Curves | None = None) -> int | None:
+    """CUPTI's own device memory: NVML's non-PyTorch growth in the :data:`CUPTI_SETTLE_US` after CUPTI
+    was enabled, less what CUPTI recorded in that window (never below 0); None without records or NVML."""
+    curves = curves or all_curves(trace)
+    steady = steady_non_torch(curves)
+    if not has_records(trace) or not len(steady):
+        return None
+    t0 = _cupti_start(trace, curves)
+    t1 = t0 + CUPTI_SETTLE_US
+    seen = live_curve(trace)
+    return max((steady.at(t1) - steady.at(t0)) - (seen.at(t1) - seen.at(t0)), 0)
 
 
 def _unexplained_at_start(trace: Trace, curves: Curves) -> int | None:

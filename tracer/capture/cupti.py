@@ -31,6 +31,13 @@ phase boundaries and at close, on the traced thread), and the callbacks stay opt
 allocates can still deadlock, which memtrace cannot rule out from Python (a C-level callback could).
 Activity records alone (no stacks) are delivered on CUPTI's own thread and take no allocator lock.
 
+**CUPTI's own device memory.** Enabling the records costs the process 12,582,912 B of device memory on
+the H200 (CUDA 13.0, cupti-python 13.0.1), in three 4 MiB steps within 50 ms; vLLM then sizes its KV
+cache 1,536 tokens smaller. No activity attribute changes it (``tests/gpu/check_cupti_buffers.py``: the
+device-buffer size, pre-allocation, pool limit, graph and CDP buffer sizes, pinned host buffers: 12,582,912 B
+every time). ``facts["cupti"]["started_us"]`` says when the records were enabled, so that
+``analysis.non_torch`` can name that growth; the source stays off by default.
+
 Every callback catches its own errors (logged once, counted in ``facts["cupti"]``): a CUDA call is
 never failed by memtrace. Records' timestamps are Unix-clock nanoseconds on CUDA 13 (measured on the
 H200); when CUPTI's clock is found off the Unix clock by more than a second at start, the offset is
@@ -88,15 +95,6 @@ DRIVER_CBIDS = (
     "cuModuleLoadFatBinary",
     "cuLibraryLoadData",
     "cuLibraryLoadFromFile",
-)
-#: CUPTI pre-allocates device buffers for the records the GPU itself writes (kernels, memcpys: none of
-#: which memtrace enables) on every context: 3 of 4 MiB each by default, measured on the H200 as
-#: 12,582,912 B of device memory that vLLM then left out of its KV cache (1,536 tokens). MEMORY2 records
-#: are made on the host, so memtrace asks for no pre-allocated device buffers or semaphore pools
-#: (``cuptiActivitySetAttribute``, before ``activity_enable``). Each value is a ``size_t``.
-DEVICE_BUFFER_ATTRIBUTES = (
-    ("ATTR_DEVICE_BUFFER_PRE_ALLOCATE_VALUE", 0),
-    ("ATTR_PROFILING_SEMAPHORE_PRE_ALLOCATE_VALUE", 0),
 )
 _THIS_FILE = os.path.normcase(os.path.abspath(__file__))
 
@@ -162,7 +160,7 @@ class CuptiSource:
         self.dropped_stacks = 0
         self.offset_ns = 0
         self.stacks_on = False
-        self.attributes: dict[str, dict[str, int]] = {}  # name -> {"default": n, "set": m}
+        self.started_us: int | None = None  # Unix µs when the records were enabled
         self._kind_codes = self._codes(getattr(api, "ActivityMemoryKind", None), MEMORY_KINDS)
         self._op_codes = self._codes(getattr(api, "ActivityMemoryOperationType", None), MEMORY_OPS)
 
@@ -182,13 +180,13 @@ class CuptiSource:
         turns it into a note)."""
         api = self.api
         self._measure_clock()
-        self._set_attributes()
         _route(self)
         if api not in _registered:  # once per process: later sessions reuse the same callbacks
             api.activity_register_callbacks(_buffer_requested, _buffer_completed)
             _registered.append(api)
         api.activity_enable(api.ActivityKind.MEMORY2)
         self.active = self.started = True
+        self.started_us = time.time_ns() // 1000
         if os.environ.get(STACKS_ENV, "").strip().lower() not in ("1", "true", "yes", "on"):
             self._add_note("info", "CUPTI: records without Python stacks (the callback API deadlocks with "
                            f"PyTorch's allocator; {STACKS_ENV}=1 turns it on at that risk)")  # fmt: skip
@@ -213,25 +211,6 @@ class CuptiSource:
                 if cbid is not None:
                     api.enable_callback(1, self._subscriber, domain, cbid)
         self.stacks_on = True
-
-    def _set_attributes(self) -> None:
-        """:data:`DEVICE_BUFFER_ATTRIBUTES`, each read first (its default kept for ``facts``); a CUPTI that
-        lacks one or refuses costs that attribute (one log line), never the source."""
-        import ctypes
-
-        enum = getattr(self.api, "ActivityAttribute", None)
-        for name, value in DEVICE_BUFFER_ATTRIBUTES:
-            attr = getattr(enum, name, None) if enum is not None else None
-            if attr is None:
-                continue
-            try:
-                old, size = ctypes.c_size_t(0), ctypes.c_size_t(ctypes.sizeof(ctypes.c_size_t))
-                self.api.activity_get_attribute(int(attr), ctypes.addressof(size), ctypes.addressof(old))
-                new, size = ctypes.c_size_t(value), ctypes.c_size_t(ctypes.sizeof(ctypes.c_size_t))
-                self.api.activity_set_attribute(int(attr), ctypes.addressof(size), ctypes.addressof(new))
-                self.attributes[name] = {"default": int(old.value), "set": value}
-            except Exception as exc:  # noqa: BLE001
-                self._error(f"set {name}", exc)
 
     def _measure_clock(self) -> None:
         try:
@@ -269,7 +248,7 @@ class CuptiSource:
             "records_with_stack": self.with_stack,
             "stacks": self.stacks_on,
             "clock_offset_ns": self.offset_ns,
-            "attributes": dict(self.attributes),
+            "started_us": self.started_us,
             "errors": dict(self._errors),
         }
 
