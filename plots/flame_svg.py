@@ -7,6 +7,12 @@ external fonts or stylesheets, nothing fetched from the network; it opens in any
 renders inline in a GitHub issue. Colours say where a frame's code lives (vLLM, FlashInfer, torch,
 other Python); memtrace's ``[hook]`` frames and FlashInfer's workspace allocators
 (``analysis.categories.WORKSPACE_FUNCTIONS``) are magenta, as in the timeline.
+
+When the flame holds the non-PyTorch memory CUPTI saw (``Flame.non_torch_bytes``), its
+``[non-PyTorch, CUPTI]`` frame and categories are teal (the timeline's CUPTI colour), the root and
+the subtitle state both parts (PyTorch + non-PyTorch), and when that part is too narrow to read
+(under a third of the width: 65 MiB beside 128 GiB of PyTorch's) it is drawn a second time below,
+at its own scale. A flame without it renders exactly as before.
 """
 
 from __future__ import annotations
@@ -21,7 +27,7 @@ from pathlib import Path
 from xml.sax.saxutils import escape
 
 from ..analysis.categories import WORKSPACE_FUNCTIONS
-from ..analysis.flame import HOOK_PREFIX, Flame, FlameNode
+from ..analysis.flame import HOOK_PREFIX, NON_TORCH, Flame, FlameNode
 from ..units import format_bytes
 
 WIDTH = 1200
@@ -40,6 +46,10 @@ PALETTE = (
 )
 HOOK_FILL = "rgb(214,60,190)"
 MARKER_FILL = "rgb(190,190,190)"
+CUPTI_FILL = "rgb(42,157,143)"  # timeline_axes.CUPTI: the non-PyTorch memory CUPTI saw
+CUPTI_CATEGORY_FILL = "rgb(132,201,192)"
+#: The non-PyTorch part is drawn again at its own scale when narrower than this share of the width.
+ZOOM_BELOW = 1 / 3
 _PATH_RE = re.compile(r"\(([^()]*)\)$")
 
 
@@ -52,11 +62,16 @@ class FlameSvgDrawn:
     frames_drawn: int
     depth: int
     top_level: list[tuple[str, int]] = field(default_factory=list)  # root's children, widest first
+    non_torch_panel: bool = False  # the non-PyTorch part drawn again below at its own scale
 
 
-def _fill(node: FlameNode, depth: int) -> str:
-    if depth == 0:
+def _fill(node: FlameNode, depth: int, parent: str | None = None) -> str:
+    if depth == 0 and parent is None:
         return "rgb(150,150,150)"
+    if node.name == NON_TORCH:
+        return CUPTI_FILL
+    if parent == NON_TORCH:
+        return CUPTI_CATEGORY_FILL
     if node.kind == "hook" or node.name.split(" (", 1)[0] in WORKSPACE_FUNCTIONS:
         return HOOK_FILL
     if node.kind == "marker":
@@ -116,8 +131,17 @@ def _fit(label: str, nbytes: int | None, width_px: float) -> str:
 
 
 def _frames(
-    node: FlameNode, x: float, depth: int, scale: float, total: int, out: list[str], stats: list[int], top: int
+    node: FlameNode,
+    x: float,
+    depth: int,
+    scale: float,
+    total: int,
+    out: list[str],
+    stats: list[int],
+    top: int,
+    parent: str | None = None,
 ) -> None:
+    """Draw ``node`` and its children; ``parent`` is None for the root (no bytes in its box)."""
     w = node.total_bytes * scale
     if w < MIN_PX:
         return
@@ -130,17 +154,17 @@ def _frames(
     )
     if node.self_bytes and node.children:
         tip += f"\n{format_bytes(node.self_bytes, 2)} allocated in this frame itself"
-    text = _fit(node.name, node.total_bytes if depth else None, w)
+    text = _fit(node.name, node.total_bytes if depth or parent is not None else None, w)
     weight = ' font-weight="bold"' if node.kind == "hook" else ""
     out.append(
         f'<g><title>{escape(tip)}</title><rect x="{x:.2f}" y="{y}" width="{w:.2f}" height="{ROW - 1}" '
-        f'fill="{_fill(node, depth)}" rx="2"/>'
+        f'fill="{_fill(node, depth, parent)}" rx="2"/>'
         + (f'<text x="{x + 3:.2f}" y="{y + ROW - 5}"{weight}>{escape(text)}</text>' if text else "")
         + "</g>"
     )
     cx = x
     for child in node.sorted_children():
-        _frames(child, cx, depth + 1, scale, total, out, stats, top)
+        _frames(child, cx, depth + 1, scale, total, out, stats, top, node.name)
         cx += child.total_bytes * scale
 
 
@@ -156,12 +180,14 @@ def _subtitle_lines(subtitle: str, width: int) -> list[str]:
     return lines
 
 
-def _legend(y: int) -> str:
+def _legend(y: int, cupti: bool = False) -> str:
     items = [(name, _rgb((lo + hi) / 2, 0.6, 0.66)) for name, _, (lo, hi) in PALETTE]
     items += [
         ("FlashInfer workspace allocator / [hook] call", HOOK_FILL),
         ("[no stack] / [before recording]", MARKER_FILL),
     ]
+    if cupti:
+        items.append(("non-PyTorch (CUPTI)", CUPTI_FILL))
     parts, x = [], PAD
     for name, fill in items:
         parts.append(f'<rect x="{x}" y="{y - 11}" width="12" height="12" fill="{fill}" rx="2"/>')
@@ -179,7 +205,8 @@ def render_flame_svg(
         flame: the tree (``memtrace.analysis.flame.flame_at``).
         path: the output file.
         title: first line, e.g. "Live GPU memory at the peak: 18.000 s, profile_run".
-        subtitle: what ran and the totals, parts joined by " · " (wrapped at those joins).
+        subtitle: what ran and the totals, parts joined by " · " (wrapped at those joins); the
+            PyTorch and non-PyTorch parts are added when the flame holds CUPTI's records.
         width: image width in pixels.
     """
     total = flame.total_bytes
@@ -187,13 +214,31 @@ def render_flame_svg(
     body: list[str] = []
     stats = [0, 0]
     what = "live memory" if flame.since_us is None else "allocated in the window and still live"
-    root = dataclasses.replace(flame.root, name=f"all {what}: {format_bytes(total, 2)}")
+    name = f"all {what}: {format_bytes(total, 2)}"
+    cupti = flame.non_torch_bytes is not None
+    if cupti:
+        split = f"PyTorch {format_bytes(flame.torch_bytes, 2)} + non-PyTorch (CUPTI) {format_bytes(flame.non_torch_bytes, 2)}"
+        name += f" = {split}"
+        subtitle = " · ".join(p for p in (subtitle, f"shown: {split}") if p)
+    root = dataclasses.replace(flame.root, name=name)
     subs = _subtitle_lines(subtitle, width)
     legend_y = 44 + 18 * max(len(subs), 1) + 2
     top = legend_y + 10
     if total:
         _frames(root, PAD, 0, scale, total, body, stats, top)
     height = top + max(stats[1], 1) * ROW + 2 * PAD + 18
+    part = flame.root.children.get(NON_TORCH)
+    zoom = part is not None and part.total_bytes > 0 and part.total_bytes < ZOOM_BELOW * total
+    if zoom:
+        heading_y = top + max(stats[1], 1) * ROW + PAD + 16
+        body.append(
+            f'<text x="{PAD}" y="{heading_y}" font-weight="bold">The non-PyTorch memory CUPTI saw, at its own scale: '
+            f"{escape(format_bytes(part.total_bytes, 2))} across the full width</text>"
+        )
+        panel = [0, 0]
+        _frames(part, PAD, 0, (width - 2 * PAD) / part.total_bytes, total, body, panel, heading_y + 8, "all")
+        stats[0] += panel[0]
+        height = heading_y + 8 + panel[1] * ROW + 2 * PAD + 18
     footer_y = height - PAD
     svg = [
         '<?xml version="1.0" encoding="UTF-8"?>',
@@ -202,7 +247,7 @@ def render_flame_svg(
         f'<rect width="{width}" height="{height}" fill="white"/>',
         f'<text x="{PAD}" y="24" font-size="17" font-weight="bold">{escape(title)}</text>',
         *(f'<text x="{PAD}" y="{44 + 18 * i}" fill="#333">{escape(line)}</text>' for i, line in enumerate(subs)),
-        _legend(legend_y),
+        _legend(legend_y, cupti),
         *body,
         f'<text x="{PAD}" y="{footer_y}" fill="#666" font-size="11">Width = bytes live at that moment; '
         "root at the top, callers above callees; name:line · bytes in each box, the full frame and "
@@ -211,5 +256,5 @@ def render_flame_svg(
     ]
     out = Path(path)
     out.write_text("\n".join(svg) + "\n", encoding="utf-8")
-    top = [(c.name, c.total_bytes) for c in root.sorted_children()]
-    return FlameSvgDrawn(out, total, stats[0], stats[1], top)
+    top_level = [(c.name, c.total_bytes) for c in root.sorted_children()]
+    return FlameSvgDrawn(out, total, stats[0], stats[1], top_level, zoom)

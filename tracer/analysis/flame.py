@@ -1,9 +1,15 @@
 """The memory live at one moment, grouped by allocating stack: a tree for flame graphs.
 
-Every live allocation (``live.live_allocations_at``) contributes its requested bytes to one path of
-frames, outermost first (root → leaf). The tree's root holds exactly the live bytes at that moment,
-so folded lines made from it (``frame;frame;frame bytes``) add up to ``allocated_curve.at`` the
-same moment, to the byte.
+Every live PyTorch allocation (``live.live_allocations_at``) contributes its requested bytes to one
+path of frames, outermost first (root → leaf). When the trace holds CUPTI records
+(``non_torch.has_records``), every non-PyTorch device allocation CUPTI saw live then
+(``non_torch.live_allocations``) contributes its bytes too, under a top-level frame of its own,
+``[non-PyTorch, CUPTI]``, then its category (``[kernel modules' statics]``), then its Python stack.
+The root holds both, and the invariant is two-fold, to the byte: the PyTorch part (everything outside
+``[non-PyTorch, CUPTI]``, ``Flame.torch_bytes``) equals ``allocated_curve.at`` that moment, and the
+CUPTI part (``Flame.non_torch_bytes``) equals ``non_torch.breakdown(...).cupti_bytes`` at the same
+microsecond; folded lines made from the tree (``frame;frame;frame bytes``) add up to their sum.
+A trace without CUPTI records gives the PyTorch part alone, exactly as before.
 
 Frames are labelled ``function (path/file.py:line)`` with the path cut after ``site-packages/``.
 An allocation made while a hooked function ran (``trace.hook_calls``: FlashInfer's workspace
@@ -13,7 +19,7 @@ else as the leaf. memtrace's own wrapper frames (``memtrace/plugins/hooks.py``, 
 vLLM's phase methods) are dropped from every stack: they are the tracer, not the program.
 Allocations without a recorded stack sit under ``[no stack recorded]``, then the phase they were
 made in (``[phase] kv_cache_init``); blocks allocated before recording began under
-``[allocated before recording]``.
+``[allocated before recording]``. CUPTI's records follow the same rules below their category.
 """
 
 from __future__ import annotations
@@ -23,10 +29,13 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ..model import Frame, HookCall, Trace
+from . import non_torch as _non_torch
 from .curves import Curve
 from .frames import python_frames
 from .live import LiveAllocation, lifetimes, live_allocations_at
 
+#: The top-level frame of the non-PyTorch device memory CUPTI saw (``non_torch.live_allocations``).
+NON_TORCH = "[non-PyTorch, CUPTI]"
 NO_STACK = "[no stack recorded]"
 BEFORE_RECORDING = "[allocated before recording]"
 HOOK_PREFIX = "[hook] "
@@ -61,13 +70,19 @@ class FlameNode:
 
 @dataclass(frozen=True)
 class Flame:
-    """Live memory at one moment as a tree; ``root.total_bytes`` is the live total."""
+    """Live memory at one moment as a tree; ``root.total_bytes`` is the live total, which is
+    ``torch_bytes`` + ``non_torch_bytes`` (the latter None when CUPTI recorded nothing, or was left out)."""
 
     time_us: int
     event_index: int | None  # the state right after this event, when the moment is an event
     root: FlameNode
     stacks: dict[tuple[str, ...], int]  # root→leaf frame labels -> bytes (the folded form)
     since_us: int | None = None  # only allocations made at or after this moment (None: every live one)
+    #: PyTorch's live requested bytes in the tree (``allocated_curve`` at that moment, unless ``since_us``)
+    torch_bytes: int = 0
+    #: the non-PyTorch bytes CUPTI saw live, under :data:`NON_TORCH` (``breakdown``'s ``cupti_bytes``);
+    #: None when the trace holds no CUPTI records or they were left out
+    non_torch_bytes: int | None = None
 
     @property
     def total_bytes(self) -> int:
@@ -141,27 +156,59 @@ def stack_paths(
     trace: Trace, live: list[LiveAllocation]
 ) -> tuple[dict[tuple[str, ...], int], dict[tuple[str, ...], int]]:
     """(bytes, allocation count) per root→leaf frame path (hook frames inserted) of ``live``."""
-    hooks_sorted = sorted(trace.hook_calls, key=lambda h: h.start_us)
-    hook_starts = np.array([h.start_us for h in hooks_sorted], dtype=np.int64)
-    cache: dict[int, tuple[list[str], list[Frame]]] = {}
+    paths_of = _Paths(trace)
     paths: dict[tuple[str, ...], int] = {}
     counts: dict[tuple[str, ...], int] = {}
     phase_of = _phase_labels(trace, live)
     for i, a in enumerate(live):
-        if a.stack not in cache:
-            frames = list(reversed(python_frames(trace.stack_frames(a.stack))))  # root → leaf, Python frames
-            cache[a.stack] = ([frame_label(f) for f in frames], frames)
-        labels, frames = cache[a.stack]
-        running = _hook_chain_sorted(hooks_sorted, hook_starts, a.alloc_us) if a.alloc_us is not None else []
-        path = _insert_hooks(labels, frames, running)
-        if not path or path == [HOOK_PREFIX + hook_short_name(h.name) for h in running]:
-            # no Python stack: the phase it was allocated in still says a lot (stacks="none" traces)
+        path, bare = paths_of.path(a.stack, a.alloc_us)
+        if bare:  # no Python stack: the phase it was allocated in still says a lot (stacks="none" traces)
             head = [BEFORE_RECORDING] if a.alloc_us is None else [NO_STACK, phase_of[i]]
             path = [*head, *path]
         key = tuple(path)
         paths[key] = paths.get(key, 0) + a.size_bytes
         counts[key] = counts.get(key, 0) + 1
     return paths, counts
+
+
+def non_torch_paths(
+    trace: Trace, allocations: list[_non_torch.Allocation]
+) -> tuple[dict[tuple[str, ...], int], dict[tuple[str, ...], int]]:
+    """(bytes, allocation count) per root→leaf path of CUPTI's non-PyTorch ``allocations``:
+    ``[non-PyTorch, CUPTI]``, ``[category]``, then the Python stack as for PyTorch's allocations
+    (``[no stack recorded]`` and the phase when CUPTI gave none)."""
+    paths_of = _Paths(trace)
+    paths: dict[tuple[str, ...], int] = {}
+    counts: dict[tuple[str, ...], int] = {}
+    for a in allocations:
+        path, bare = paths_of.path(a.stack, a.time_us)
+        if bare:
+            path = [NO_STACK, f"{PHASE_PREFIX}{a.phase_path or '(outside any phase)'}", *path]
+        key = (NON_TORCH, f"[{a.category}]", *path)
+        paths[key] = paths.get(key, 0) + a.bytes
+        counts[key] = counts.get(key, 0) + 1
+    return paths, counts
+
+
+class _Paths:
+    """The root→leaf labels of a stack id, hook frames of the calls running at a moment inserted."""
+
+    def __init__(self, trace: Trace) -> None:
+        self.trace = trace
+        self.hooks = sorted(trace.hook_calls, key=lambda h: h.start_us)
+        self.starts = np.array([h.start_us for h in self.hooks], dtype=np.int64)
+        self.cache: dict[int, tuple[list[str], list[Frame]]] = {}
+
+    def path(self, stack: int, t_us: int | None) -> tuple[list[str], bool]:
+        """(the labels, True when they hold no Python frame: hook frames at most)."""
+        if stack not in self.cache:
+            frames = list(reversed(python_frames(self.trace.stack_frames(stack))))  # root → leaf, Python frames
+            self.cache[stack] = ([frame_label(f) for f in frames], frames)
+        labels, frames = self.cache[stack]
+        running = _hook_chain_sorted(self.hooks, self.starts, t_us) if t_us is not None else []
+        path = _insert_hooks(labels, frames, running)
+        hooks_only = [HOOK_PREFIX + hook_short_name(h.name) for h in running]
+        return path, not path or path == hooks_only
 
 
 def _phase_labels(trace: Trace, live: list[LiveAllocation]) -> list[str]:
@@ -201,7 +248,12 @@ def build_tree(paths: dict[tuple[str, ...], int], counts: dict[tuple[str, ...], 
 
 
 def flame_at(
-    trace: Trace, t_us: int | None = None, *, event_index: int | None = None, since_us: int | None = None
+    trace: Trace,
+    t_us: int | None = None,
+    *,
+    event_index: int | None = None,
+    since_us: int | None = None,
+    non_torch: bool = False,
 ) -> Flame:
     """The live allocations at ``t_us`` (or right after event ``event_index``) as a flame tree.
 
@@ -212,6 +264,9 @@ def flame_at(
             ``summary.peak.event_index`` for the exact peak when several events share its microsecond.
         since_us: keep only allocations made at or after this moment: what a phase or a window
             *added and still held* (blocks from before recording never count).
+        non_torch: also the non-PyTorch device memory CUPTI saw live at that microsecond, when the
+            trace holds CUPTI records (under :data:`NON_TORCH`; ``memtrace flame`` asks for it). The
+            default, PyTorch's allocations alone, is what the viewer's live set and ``diff`` compare.
     """
     lt = lifetimes(trace)
     live = live_allocations_at(trace, t_us, event_index=event_index, lt=lt)
@@ -221,7 +276,16 @@ def flame_at(
         ev = trace.events
         t_us = int(ev["time_us"][event_index]) if event_index is not None and 0 <= event_index < len(ev) else 0
     paths, counts = stack_paths(trace, live)
-    return Flame(int(t_us), event_index, build_tree(paths, counts), paths, since_us)
+    torch_bytes = sum(paths.values())
+    non_torch_bytes = None
+    if non_torch and _non_torch.has_records(trace):
+        cupti = _non_torch.live_allocations(trace, int(t_us))
+        if since_us is not None:
+            cupti = [a for a in cupti if a.time_us >= since_us]
+        more, more_counts = non_torch_paths(trace, cupti)
+        non_torch_bytes = sum(more.values())
+        paths, counts = {**paths, **more}, {**counts, **more_counts}
+    return Flame(int(t_us), event_index, build_tree(paths, counts), paths, since_us, torch_bytes, non_torch_bytes)
 
 
 def peak_event_index(allocated: Curve, reserved: Curve) -> int:

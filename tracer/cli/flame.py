@@ -10,8 +10,14 @@ or a phase (its name or path: the moment of its highest allocated memory).
 --added keeps only what the phase of that moment allocated and still held then (profile_run's
 activations, capture's CUDA-graph pools); --since PHASE|TIME keeps what was allocated from then on.
 
+When the trace holds CUPTI records (recorded with MEMTRACE_CUPTI=1), the non-PyTorch device memory
+CUPTI saw live at that moment is drawn too, under its own frame "[non-PyTorch, CUPTI]", then its
+category ("[kernel modules' statics]") and its Python stack; --torch-only leaves it out (to compare
+with a run recorded without CUPTI).
+
 -f/--format svg (default) or folded: "frame;frame bytes" lines for speedscope or flamegraph.pl,
-which add up to the live bytes exactly. The SVG needs no network.
+which add up to the live bytes exactly (PyTorch's allocated bytes, plus what CUPTI saw). The SVG
+needs no network.
 
   memtrace flame RUN                         # writes <run>-flame.svg at the peak
   memtrace flame RUN --at profile_run --added
@@ -38,6 +44,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     window = p.add_mutually_exclusive_group()
     window.add_argument("--added", action="store_true", help="only what the moment's phase allocated and still held")
     window.add_argument("--since", metavar="PHASE|TIME", help="only what was allocated from then on and still held")
+    p.add_argument(
+        "--torch-only",
+        action="store_true",
+        help="leave out the non-PyTorch memory CUPTI recorded (to compare with a run recorded without CUPTI)",
+    )
     p.add_argument("-o", "--output", metavar="FILE", help="file to write (default: <run>-flame.svg or .folded)")
     p.add_argument("-f", "--format", choices=sorted(SUFFIX), default=None, help="svg (default) or folded")
     p.add_argument("--rank", type=int, default=None, help="the rank to show (default: the one with the highest peak)")
@@ -76,6 +87,7 @@ def run(args: argparse.Namespace) -> int:
             moment.time_us if moment.event_index is None else None,
             event_index=moment.event_index,
             since_us=moment.since_us,
+            non_torch=not args.torch_only,
         )
         with atomic_write(out) as tmp:
             if fmt == "folded":
@@ -89,6 +101,11 @@ def run(args: argparse.Namespace) -> int:
                 title, subtitle = flame_titles(trace, curves, flame, moment, fallback=run_name(args.run_path))
                 render_flame_svg(flame, tmp, title=title, subtitle=subtitle)
     held = f"added since {moment.since_what} and live" if moment.since_us is not None else "live"
-    print(f"memtrace: {trace.label}: {format_bytes(flame.total_bytes, 2)} {held} at {moment.what}", file=sys.stderr)
+    split = ""
+    if flame.non_torch_bytes is not None:
+        split = f" (PyTorch {format_bytes(flame.torch_bytes, 2)} + non-PyTorch {format_bytes(flame.non_torch_bytes, 2)} CUPTI saw)"
+    print(
+        f"memtrace: {trace.label}: {format_bytes(flame.total_bytes, 2)}{split} {held} at {moment.what}", file=sys.stderr
+    )
     print(f"memtrace: wrote {out}", file=sys.stderr)
     return 0
