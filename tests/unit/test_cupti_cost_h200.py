@@ -49,3 +49,14 @@ def test_vllms_own_log_says_the_same_in_tokens():
         tokens.setdefault(r["mode"], set()).add(int(figure.replace(",", "")))
     assert tokens == {"off": {15_338_528}, "on": {15_338_528}, "cupti": {15_336_992}}
     assert (15_338_528 - 15_336_992) * KV_BYTES_PER_TOKEN == CUPTI_BYTES
+
+
+def test_diff_says_a_run_with_cupti_does_not_compare_with_one_without():
+    from memtrace.analysis.diff import diff_traces
+    from memtrace.units import parse_threshold
+
+    on, cupti = _figures("on")[0], _figures("cupti")[0]
+    d = diff_traces(on, cupti, parse_threshold("5%"))
+    assert d.setup_changes == [("cupti", "—", "on")] and not d.comparable
+    before = {c.label: c for c in d.headline}["memory before KV sizing"]
+    assert before.new - before.base == CUPTI_BYTES  # the whole difference, named by the setup line

@@ -82,7 +82,9 @@ def fingerprint(trace: Trace) -> dict[str, str]:
     ``kind``, the environment (:data:`ENV_FIELDS`), ``model`` (vLLM's model, else the script's
     name), the vLLM flags of :data:`MEMORY_FLAGS`, ``gpu_memory_utilization`` and ``card_bytes``
     (the card the run stood for, only when smaller than the device: a run on the whole card and one
-    that recorded the whole card as its capacity are the same).
+    that recorded the whole card as its capacity are the same), ``cupti`` ("on" when the optional
+    CUPTI source recorded: its own 12,582,912 B of device memory on the H200 change what vLLM sizes,
+    so a run with it does not compare with one without).
     """
     facts = trace.facts
     env = facts.get(F.ENV) if isinstance(facts.get(F.ENV), dict) else {}
@@ -104,6 +106,8 @@ def fingerprint(trace: Trace) -> dict[str, str]:
     device = trace.process.device_total_bytes
     smaller = source == "recorded card" and (not device or card < device)
     values["card_bytes"] = card if smaller else None  # only a run that stood for a smaller card
+    cupti = facts.get(F.CUPTI)
+    values["cupti"] = "on" if (isinstance(cupti, dict) and cupti.get("records")) or len(trace.device_allocs) else None
     out.update({k: t for k, v in values.items() if (t := _text(v))})
     return out
 
