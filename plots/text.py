@@ -111,10 +111,12 @@ class _Out:
                 for label, span in groups:
                     names += [f"{label} {h}".strip() for h in header[col : col + span]]
                     col += span
+            self.line()  # a table right after a list item would be read as part of it
             self.line("| " + " | ".join(names) + " |")
             self.line("|" + "|".join("---" if a == "l" else "---:" for a in align) + "|")
             for r in rows:
                 self.line("| " + " | ".join(c.replace("|", "\\|") for c in r) + " |")
+            self.line()
             return
         widths = [max([len(h)] + [len(r[i]) for r in rows]) for i, h in enumerate(header)]
         used = 2 + sum(widths[:-1]) + 2 * (len(widths) - 1)

@@ -99,7 +99,7 @@ def flame_titles(trace: Trace, curves, flame, moment, fallback: str = "") -> tup
     k = moment.event_index
     reserved = int(curves.reserved.bytes[k + 1]) if k is not None else curves.reserved.at(moment.time_us)
     allocated = int(curves.allocated.bytes[k + 1]) if k is not None else curves.allocated.at(moment.time_us)
-    shown = f"{format_bytes(flame.total_bytes, 2)} shown of " if moment.since_us is not None else ""
+    shown = f"{format_bytes(flame.torch_bytes, 2)} shown of " if moment.since_us is not None else ""
     sub = [describe_run(trace, fallback), trace.label, f"{shown}{format_gib(allocated)} allocated",
            f"reserved {format_gib(reserved)}"]  # fmt: skip
     target = resolve_target(trace).target_bytes

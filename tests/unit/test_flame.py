@@ -205,8 +205,9 @@ def test_real_trace_folded_at_the_peak_sums_to_the_live_bytes(path, tmp_path):
         pytest.skip("no allocator events (CPU-only worker)")
     curves = all_curves(trace)
     k = peak_event_index(curves.allocated, curves.reserved)
-    flame = flame_at(trace, event_index=k)
-    assert _folded_total(folded_lines(flame)) == flame.total_bytes == int(curves.allocated.bytes[k + 1])
+    flame = flame_at(trace, event_index=k, non_torch=True)  # the CUPTI part too, where recorded
+    assert flame.torch_bytes == int(curves.allocated.bytes[k + 1])
+    assert _folded_total(folded_lines(flame)) == flame.total_bytes == flame.torch_bytes + (flame.non_torch_bytes or 0)
     render_flame_svg(flame, tmp_path / "f.svg", title="real")
     widths = _svg_frames(tmp_path / "f.svg")
     top = holders_by_stack(trace, event_index=k, top=1)[0]

@@ -39,6 +39,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from .. import facts as F
 from ..model import ACTION_CODE, DEVICE_MEMORY_KINDS, MEMORY_KINDS, MEMORY_OPS, Frame, Trace
 from .curves import Curve, Curves, all_curves
 from .frames import meaningful_frame, python_frames
@@ -274,7 +275,7 @@ def _cupti_start(trace: Trace, curves: Curves) -> int:
     NVML sample (the first sample when the fact is missing: files before it was recorded)."""
     steady = steady_non_torch(curves)
     first = int(steady.time_us[0]) if len(steady) else 0
-    started = (trace.facts.get("cupti") or {}).get("started_us")
+    started = (trace.facts.get(F.CUPTI) or {}).get("started_us")
     return max(int(started), first) if isinstance(started, int) else first
 
 

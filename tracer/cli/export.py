@@ -5,7 +5,8 @@
               calls, one process track per traced process (every rank)
   memory-viz  a torch.cuda.memory._snapshot()-shaped pickle (protocol 4) for pytorch.org/memory_viz
               (one rank: --rank, default the first)
-  folded      folded stacks of what was live at the peak, for speedscope / flamegraph.pl (one rank)
+  folded      folded stacks of what was live at the peak, for speedscope / flamegraph.pl (one rank; with
+              CUPTI records, the non-PyTorch allocations under "[non-PyTorch, CUPTI]" too)
 
 The output defaults to RUN's name plus .perfetto.json, .memory_viz.pickle or -flame.folded, here;
 the name must end in the format's suffix, its folder must exist, an input is never overwritten (not
@@ -73,6 +74,7 @@ def run(args: argparse.Namespace) -> int:
         trace = select(run_, args.rank)[0]
         with task(f"Writing {out}", total=None), atomic_write(out) as tmp:
             curves = all_curves(trace)
-            render_folded(flame_at(trace, event_index=peak_event_index(curves.allocated, curves.reserved)), tmp)
+            k = peak_event_index(curves.allocated, curves.reserved)
+            render_folded(flame_at(trace, event_index=k, non_torch=True), tmp)
     print(f"memtrace: wrote {out}", file=sys.stderr)
     return 0

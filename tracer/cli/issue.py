@@ -72,7 +72,7 @@ def run(args: argparse.Namespace) -> int:
         worst = max(range(len(traces)), key=lambda i: summaries[i].peak.reserved_bytes)
         tr, s = traces[worst], summaries[worst]
         curves = all_curves(tr)
-        flame = flame_at(tr, event_index=peak_event_index(curves.allocated, curves.reserved))
+        flame = flame_at(tr, event_index=peak_event_index(curves.allocated, curves.reserved), non_torch=True)
         peak_s = (s.peak.time_us - s.start_us) / 1e6
         with atomic_write(out / "flame.svg") as tmp:
             render_flame_svg(
