@@ -25,9 +25,15 @@ def _where(b: NonTorchBreakdown, name: str) -> str:
         own = ""
         if b.cupti_own_bytes is not None:
             own = f"{b.cupti_own_bytes:,} B CUPTI's own (NVML's growth right after it was enabled, no record), "
+        rest = f"{b.grew_unseen_bytes:,} B grew while recording without a CUPTI record"
+        if b.grew_unseen_bytes < 0:
+            rest = (
+                f"{-b.grew_unseen_bytes:,} B fewer than CUPTI's records say (NVML's last sample came before an"
+                " allocation CUPTI saw)"
+            )
         return (
             f"{b.at_start_bytes:,} B present when recording began (CUDA context, driver, earlier allocations), "
-            f"{own}{b.grew_unseen_bytes:,} B grew while recording without a CUPTI record"
+            f"{own}{rest}"
         )
     if name == MODULES and not any(a.frame for a in cat.largest):
         return (

@@ -166,6 +166,10 @@ def check(trace) -> list[str]:
     figures["cupy_seen"] = cupy_seen
     if not str(figures.get("cupy", "")).startswith("unavailable") and not cupy_seen:
         failures.append("no record of CuPy's 64 MiB pool allocation")
+    fact = trace.facts.get("cupti") or {}
+    if not fact.get("on") or not isinstance(fact.get("started_us"), int):
+        failures.append(f"facts['cupti'] lacks on/started_us: {fact}")
+    figures["cupti_own_bytes"] = non_torch.cupti_own_bytes(trace)
     summary = summarize(trace)
     figures["breakdown"] = [_plain(b) for b in summary.non_torch]
     peak = next((b for b in summary.non_torch if b.moment == "peak"), None)
@@ -192,6 +196,9 @@ def _plain(b) -> dict:
         "torch_bytes": b.torch_bytes,
         "nvml_non_torch_bytes": b.nvml_non_torch_bytes,
         "unexplained_bytes": b.unexplained_bytes,
+        "at_start_bytes": b.at_start_bytes,
+        "cupti_own_bytes": b.cupti_own_bytes,
+        "grew_unseen_bytes": b.grew_unseen_bytes,
         "categories": {c.name: c.bytes for c in b.categories},
         "libraries": {c.name: dict(c.libraries) for c in b.categories if c.libraries},
     }
@@ -224,7 +231,12 @@ def main(argv: list[str] | None = None) -> int:
             if args.cost:
                 _cost(torch, memtrace, "none", None, d)
                 _cost(torch, memtrace, "memtrace", False, d)
-            trace = load_trace(record(torch, memtrace, cudart, d))
+            trace_path = record(torch, memtrace, cudart, d)
+            trace = load_trace(trace_path)
+            if os.environ.get("OUT"):  # bring the trace back (the device tool's $OUT)
+                import shutil
+
+                shutil.copy(trace_path, os.path.join(os.environ["OUT"], "check-cupti.memtrace"))
             if args.cost:
                 _cost(torch, memtrace, "memtrace_cupti", True, d)  # with stacks when MEMTRACE_CUPTI_STACKS=1
                 stacks_env = os.environ.pop("MEMTRACE_CUPTI_STACKS", None)

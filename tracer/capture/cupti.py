@@ -35,7 +35,7 @@ Activity records alone (no stacks) are delivered on CUPTI's own thread and take 
 the H200 (CUDA 13.0, cupti-python 13.0.1), in three 4 MiB steps within 50 ms; vLLM then sizes its KV
 cache 1,536 tokens smaller. No activity attribute changes it (``tests/gpu/check_cupti_buffers.py``: the
 device-buffer size, pre-allocation, pool limit, graph and CDP buffer sizes, pinned host buffers: 12,582,912 B
-every time). ``facts["cupti"]["started_us"]`` says when the records were enabled, so that
+every time). ``facts["cupti"]["started_us"]`` says when memtrace began enabling the records, so that
 ``analysis.non_torch`` can name that growth; the source stays off by default.
 
 Every callback catches its own errors (logged once, counted in ``facts["cupti"]``): a CUDA call is
@@ -160,7 +160,7 @@ class CuptiSource:
         self.dropped_stacks = 0
         self.offset_ns = 0
         self.stacks_on = False
-        self.started_us: int | None = None  # Unix µs when the records were enabled
+        self.started_us: int | None = None  # Unix µs when memtrace began enabling the records
         self._kind_codes = self._codes(getattr(api, "ActivityMemoryKind", None), MEMORY_KINDS)
         self._op_codes = self._codes(getattr(api, "ActivityMemoryOperationType", None), MEMORY_OPS)
 
@@ -180,13 +180,15 @@ class CuptiSource:
         turns it into a note)."""
         api = self.api
         self._measure_clock()
+        # before enabling: CUPTI takes its own device memory inside activity_register_callbacks /
+        # activity_enable (three 4 MiB steps 16 ms before that call returned, on the H200)
+        self.started_us = time.time_ns() // 1000
         _route(self)
         if api not in _registered:  # once per process: later sessions reuse the same callbacks
             api.activity_register_callbacks(_buffer_requested, _buffer_completed)
             _registered.append(api)
         api.activity_enable(api.ActivityKind.MEMORY2)
         self.active = self.started = True
-        self.started_us = time.time_ns() // 1000
         if os.environ.get(STACKS_ENV, "").strip().lower() not in ("1", "true", "yes", "on"):
             self._add_note("info", "CUPTI: records without Python stacks (the callback API deadlocks with "
                            f"PyTorch's allocator; {STACKS_ENV}=1 turns it on at that risk)")  # fmt: skip
