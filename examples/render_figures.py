@@ -92,7 +92,7 @@ def main(argv: list[str] | None = None) -> int:
         c = r.crossing
         what = "no crossing" if c is None else f"crossing at {c.time_s:.3f} s in {c.phase_path}; "
         if c is not None:
-            what += f"highest {c.value_bytes} B ({c.curve}) at {c.value_us}, +{c.overshoot_bytes} B, {c.duration_us} us"
+            what += f"highest {c.max_bytes} B ({c.curve}) at {c.max_us}, +{c.overshoot_bytes} B, {c.duration_us} us"
         print(f"timeline {r.label}: {what}" + (f"; {r.oom.text.splitlines()[0]}" if r.oom else ""))
 
     flame_path = args.flame_run or run_path

@@ -40,8 +40,8 @@ def summary_paragraph(r: IssueRank) -> str:
             parts.append(
                 f"{curve.capitalize()} memory first crossed the target ({format_gib(target)}) in "
                 f"`{c.phase_path or 'outside any phase'}` at {(c.time_us - s.start_us) / 1e6:.3f} s; its highest "
-                f"point above it was {format_gib(c.value_bytes)} (+{format_gib(c.overshoot_bytes)}) at "
-                f"{(c.value_us - s.start_us) / 1e6:.3f} s."
+                f"point above it was {format_gib(c.max_bytes)} (+{format_gib(c.overshoot_bytes)}) at "
+                f"{(c.max_us - s.start_us) / 1e6:.3f} s."
             )
         else:
             parts.append(f"It stayed under the target ({format_gib(target)}).")

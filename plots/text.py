@@ -11,8 +11,9 @@ import re
 import textwrap
 from typing import TextIO
 
+from ..analysis.crossing import Excursion
 from ..analysis.flame import hook_short_name
-from ..analysis.summary import Crossing, Summary, worst
+from ..analysis.summary import Summary, worst
 from ..model import Frame
 from . import oom_text
 from .kv_text import render_non_kv
@@ -253,7 +254,7 @@ def _peak(out: _Out, s: Summary) -> None:
         )
 
 
-def _crossing_text(s: Summary, c: Crossing) -> str:
+def _crossing_text(s: Summary, c: Excursion) -> str:
     where = f" in {c.phase_path}" if c.phase_path else ""
     if c.until == "oom":
         stay = f"until the OOM ({c.duration_us / 1e6:.3f} s)"
@@ -262,7 +263,7 @@ def _crossing_text(s: Summary, c: Crossing) -> str:
     more = f"; {c.excursions} excursions above in all" if c.excursions > 1 else ""
     return (
         f"{_CURVE_NAMES.get(c.curve, c.curve)} crossed it at {_seconds(s, c.time_us)}{where}, "
-        f"reached {gib_unit(c.value_bytes)} (+{gib_unit(c.overshoot_bytes)} over) at {_seconds(s, c.value_us)}, "
+        f"reached {gib_unit(c.max_bytes)} (+{gib_unit(c.overshoot_bytes)} over) at {_seconds(s, c.max_us)}, "
         f"stayed above {stay}{more}"
     )
 

@@ -46,8 +46,8 @@ class CrossingDrawn:
     time_s: float  # the same, in seconds since the drawing's t0
     phase_path: str
     at_cross_bytes: int  # the curve's value at the crossing
-    value_bytes: int  # the excursion's maximum
-    value_us: int  # when the excursion reached value_bytes
+    max_bytes: int  # the excursion's maximum
+    max_us: int  # when the excursion reached max_bytes
     overshoot_bytes: int
     duration_us: int
     until: str  # "dropped", "end" or "oom"
@@ -152,8 +152,8 @@ def crossing_text(rank: RankTimeline, t0_us: int) -> CrossingDrawn | None:
         time_s=sec,
         phase_path=c.phase_path,
         at_cross_bytes=c.at_cross_bytes,
-        value_bytes=c.max_bytes,
-        value_us=c.max_us,
+        max_bytes=c.max_bytes,
+        max_us=c.max_us,
         overshoot_bytes=c.overshoot_bytes,
         duration_us=c.duration_us,
         until=c.until,

@@ -325,14 +325,14 @@ def draw_main(ax, rank, t0, t_end, crossing, capacities, window, handles, oom=No
     ymax = float(_g(max(peaks))) * 1.08 or 1.0
     if crossing is not None:
         ax.axvline(crossing.time_s, color=TARGET, lw=1.0, alpha=0.7, ls="-.")
-        ax.plot([_s(crossing.value_us, t0)], [_g(crossing.value_bytes)], marker="v", color=TARGET, ms=8, zorder=5)
+        ax.plot([_s(crossing.max_us, t0)], [_g(crossing.max_bytes)], marker="v", color=TARGET, ms=8, zorder=5)
     if oom is not None:
         _mark_oom(ax, rank, t0, rank.end_us, handles)
     texts = [d.text for d in (crossing, oom) if d is not None]
     corner = ""
     if texts:
         anchor = (
-            (float(_s(crossing.value_us, t0)), float(_g(crossing.value_bytes)))
+            (float(_s(crossing.max_us, t0)), float(_g(crossing.max_bytes)))
             if crossing is not None
             else _oom_point(rank, t0)
         )
@@ -377,7 +377,7 @@ def draw_zoom(ax, rank: RankTimeline, t0: int, window: tuple[int, int], crossing
     top = float(_g(max(values)))
     # the y range follows the peak moment itself (not the padding around it), so a jump just before
     # it (the KV cache being allocated) does not squash the crossing into a few pixels
-    focus = [rank.curves.allocated.at(crossing.value_us if crossing is not None else origin)]
+    focus = [rank.curves.allocated.at(crossing.max_us if crossing is not None else origin)]
     if rank.target_bytes is not None:
         focus.append(rank.target_bytes)
     bottom = float(_g(min(focus)))
@@ -387,8 +387,8 @@ def draw_zoom(ax, rank: RankTimeline, t0: int, window: tuple[int, int], crossing
     ax.grid(alpha=0.3)
     if crossing is not None:
         ax.axvline(crossing.time_s, color=TARGET, lw=1.0, alpha=0.7, ls="-.")
-        ax.plot([_s(crossing.value_us, t0)], [_g(crossing.value_bytes)], marker="v", color=TARGET, ms=8)
-        ax.text(0.02, 0.97, format_gib(crossing.value_bytes), transform=ax.transAxes, va="top", color=TARGET)
+        ax.plot([_s(crossing.max_us, t0)], [_g(crossing.max_bytes)], marker="v", color=TARGET, ms=8)
+        ax.text(0.02, 0.97, format_gib(crossing.max_bytes), transform=ax.transAxes, va="top", color=TARGET)
     elif rank.oom is None:
         ax.text(0.02, 0.97, f"peak {format_gib(res.peak_bytes)}", transform=ax.transAxes, va="top")
     if rank.oom is not None and lo <= rank.oom.time_us <= hi:

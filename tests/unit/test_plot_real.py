@@ -71,7 +71,7 @@ def test_nothing_after_the_oom_is_claimed_on_the_6_gib_card(tmp_path):
     assert c.until == "oom" and c.time_us <= drawn.oom.time_us
     assert c.duration_us == drawn.oom.time_us - c.time_us < 1_000  # microseconds, not 4.80 s
     assert "until the OOM" in c.text and "until the end" not in c.text
-    assert c.value_us <= drawn.oom.time_us
+    assert c.max_us <= drawn.oom.time_us
 
 
 def test_a_run_without_oom_marks_none(tmp_path):
@@ -85,8 +85,8 @@ def test_the_vllm_crossing_states_its_moment_and_the_excursion_maximum_apart(tmp
     c = d.ranks[0].crossing
     assert c.curve == "device_used"
     assert round(c.time_s, 3) == 124.057 and c.phase_path == "kv_cache_init"
-    assert round((c.value_us - d.t0_us) / 1e6, 3) == 124.618
-    assert c.at_cross_bytes < c.value_bytes
+    assert round((c.max_us - d.t0_us) / 1e6, 3) == 124.618
+    assert c.at_cross_bytes < c.max_bytes
     lines = c.text.splitlines()
     assert lines[0] == "NVML device used crossed the 128.62 GiB target"
     assert lines[1] == f"at 124.057 s in kv_cache_init: {c.at_cross_bytes / GiB:.2f} GiB"
@@ -175,12 +175,12 @@ def test_plot_and_report_state_the_same_target_crossing_and_oom(run, given):
         assert c is None
         return
     first = s.crossings[0]
-    assert (c.curve, c.time_us, c.phase_path, c.value_bytes, c.value_us, c.overshoot_bytes, c.duration_us) == (
+    assert (c.curve, c.time_us, c.phase_path, c.max_bytes, c.max_us, c.overshoot_bytes, c.duration_us) == (
         first.curve,
         first.time_us,
         first.phase_path,
-        first.value_bytes,
-        first.value_us,
+        first.max_bytes,
+        first.max_us,
         first.overshoot_bytes,
         first.duration_us,
     )

@@ -99,8 +99,8 @@ def test_crossing_of_the_target_by_reserved_and_by_device_used():
     s = summarize(startup(), 4 * GiB)
     dev, res = s.crossings  # device used first: what the card sees; the exact reserved one beside it
     assert (res.curve, res.time_us, res.phase_path) == ("reserved", 200, "determine_available_memory/profile_run")
-    assert (res.value_bytes, res.overshoot_bytes, res.duration_us, res.ended_above) == (5 * GiB, GiB, 30, False)
-    assert (dev.curve, dev.time_us, dev.value_bytes, dev.overshoot_bytes, dev.duration_us) == (
+    assert (res.max_bytes, res.overshoot_bytes, res.duration_us, res.ended_above) == (5 * GiB, GiB, 30, False)
+    assert (dev.curve, dev.time_us, dev.max_bytes, dev.overshoot_bytes, dev.duration_us) == (
         "device_used",
         205,
         6 * GiB,
@@ -196,7 +196,7 @@ def test_real_peak_of_the_full_card_is_in_capture_model_and_crosses_in_kernel_wa
     assert s.peak.reserved_bytes == 140_286_885_888
     res = next(c for c in s.crossings if c.curve == "reserved")
     assert res.phase_path == "compile_or_warm_up/kernel_warmup"
-    assert res.value_bytes == s.peak.reserved_bytes and res.overshoot_bytes == s.peak.reserved_bytes - s.target_bytes
+    assert res.max_bytes == s.peak.reserved_bytes and res.overshoot_bytes == s.peak.reserved_bytes - s.target_bytes
 
 
 @pytest.mark.parametrize("name", RUNS)

@@ -57,7 +57,7 @@ def test_crossing_is_annotated_at_its_time_phase_peak_and_overshoot(drawn):
     assert c.time_s == pytest.approx(18.0)
     assert c.phase_path == "determine_available_memory/profile_run"
     target = int(48 * GiB * 0.92)
-    assert c.overshoot_bytes == c.value_bytes - target
+    assert c.overshoot_bytes == c.max_bytes - target
     assert c.duration_us == 35_000 and c.until == "dropped"
     reserved = 24 * GiB + 4 * GiB + 14 * GiB + 2560 * MiB + 20 * MiB  # + 40 cached 64 MiB segments
     assert c.text.splitlines() == [
@@ -208,7 +208,7 @@ def test_real_trace_crossing_annotation_is_the_shared_definition(path, tmp_path)
         assert c is None
         return
     first = cr.first
-    assert (c.curve, c.time_us, c.phase_path, c.value_bytes, c.value_us, c.overshoot_bytes) == (
+    assert (c.curve, c.time_us, c.phase_path, c.max_bytes, c.max_us, c.overshoot_bytes) == (
         first.curve,
         first.time_us,
         first.phase_path,

@@ -59,6 +59,11 @@ class Excursion:
     def name(self) -> str:
         return CURVE_NAMES[self.curve]
 
+    @property
+    def ended_above(self) -> bool:
+        """Still above the target when the recording ended or the run died."""
+        return self.until != "dropped"
+
 
 @dataclass(frozen=True)
 class Crossings:

@@ -28,7 +28,7 @@ allocation and release the CUDA driver made for the process. Definitions (bytes,
   first steady sample: enabling CUPTI costs 12,582,912 B within 50 ms on the H200, whatever its
   attributes) and **grew unseen** (the rest: memory that appeared while recording without a record).
 - **live curve**: the non-PyTorch bytes CUPTI saw live, exactly, at every record (:func:`live_curve`).
-- **moments**: the first crossing of the target (``summary.Crossing``) and the peak (NVML device
+- **moments**: the first crossing of the target (``crossing.Excursion``) and the peak (NVML device
   used when sampled, else reserved).
 """
 

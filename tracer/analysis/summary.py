@@ -12,7 +12,8 @@ Definitions:
 - **crossing**: ``analysis.crossing`` (the one definition report and plot share): the first time a
   curve goes above the target, device used first when sampled, then the exact reserved one. Its
   *excursion* lasts until the curve drops back to or below the target, the OOM or the end;
-  ``value_bytes`` is the excursion's maximum, ``overshoot_bytes`` = value - target.
+  ``max_bytes`` is the excursion's maximum, ``overshoot_bytes`` = maximum - target. The summary holds
+  ``crossing.Excursion`` itself: one class for a crossing everywhere.
 - **target**: ``analysis.target.resolve_target`` (the one resolver); the Summary carries the
   ``Target`` (bytes, card, where it came from).
 - **OOM**: ``analysis.oom.find_oom`` (recorded live or imported); nothing after it is claimed.
@@ -32,7 +33,7 @@ import numpy as np
 
 from .. import facts as F
 from ..model import Frame, HookCall, Note, Process, Recording, Trace
-from .crossing import crossings
+from .crossing import Excursion, crossings
 from .curves import Baseline, Curves, all_curves
 from .fingerprint import allocator_settings
 from .landmarks import steady_non_torch_at
@@ -71,22 +72,6 @@ class PeakPoint:
     time_us: int
     bytes: int
     phase_path: str
-
-
-@dataclass(frozen=True)
-class Crossing:
-    """The first excursion of a curve above the target (``analysis.crossing``, the one definition)."""
-
-    curve: str  # "device_used" or "reserved"
-    time_us: int
-    phase_path: str
-    value_bytes: int  # maximum during the excursion
-    value_us: int  # when that maximum was reached
-    overshoot_bytes: int  # value_bytes - target
-    duration_us: int  # until the curve dropped back to or below the target, the OOM, or the end
-    ended_above: bool  # still above when the recording ended or the run died
-    excursions: int  # how many separate times the curve went above the target
-    until: str = "dropped"  # "dropped", "oom" or "end"
 
 
 @dataclass(frozen=True)
@@ -144,7 +129,7 @@ class Summary:
     peak_device_used: PeakPoint | None
     peak_others: PeakPoint | None  # other processes' memory on the device (NVML per-process), never counted as ours
     target: Target
-    crossings: list[Crossing]
+    crossings: list[Excursion]
     phases: list[PhaseStats]
     holders: list[HolderLine]
     hook_calls: list[HookCall]
@@ -292,28 +277,13 @@ def reserved_peak(trace: Trace, curves: Curves) -> Peak:
     )
 
 
-def _crossings(trace: Trace, curves: Curves, target: int | None, oom: Oom | None) -> list[Crossing]:
+def _crossings(trace: Trace, curves: Curves, target: int | None, oom: Oom | None) -> list[Excursion]:
     """``analysis.crossing.crossings`` as a list: the curve outputs name first (device used when
     sampled), then the exact reserved one; read up to the OOM, nothing after it."""
     found = crossings(trace, curves, target, oom_us=oom.time_us if oom is not None else None)
     if found is None:
         return []
-    return [
-        Crossing(
-            curve=e.curve,
-            time_us=e.time_us,
-            phase_path=e.phase_path,
-            value_bytes=e.max_bytes,
-            value_us=e.max_us,
-            overshoot_bytes=e.overshoot_bytes,
-            duration_us=e.duration_us,
-            ended_above=e.until != "dropped",
-            excursions=e.excursions,
-            until=e.until,
-        )
-        for e in (found.first, found.second)
-        if e is not None
-    ]
+    return [e for e in (found.first, found.second) if e is not None]
 
 
 def holders_by_site(trace: Trace, event_index: int, top: int = 10) -> list[HolderLine]:
@@ -355,6 +325,7 @@ def _plain(obj: Any) -> Any:
             "target_bytes",
             "target_source",
             "overshoot_bytes",
+            "ended_above",
         ):
             if hasattr(type(obj), name) and isinstance(getattr(type(obj), name), property):
                 out[name] = _plain(getattr(obj, name))

@@ -80,7 +80,7 @@ def run(args: argparse.Namespace) -> int:
             print(
                 f"memtrace: {r.label}: {'NVML device used' if c.curve == 'device_used' else 'PyTorch reserved'} "
                 f"crossed {format_gib(r.target_bytes)} at {c.time_s:.3f} s in {c.phase_path or 'no phase'}; "
-                f"highest {format_gib(c.value_bytes)} (+{format_gib(c.overshoot_bytes)})",
+                f"highest {format_gib(c.max_bytes)} (+{format_gib(c.overshoot_bytes)})",
                 file=sys.stderr,
             )
         if o is not None:
