@@ -8,15 +8,7 @@ from __future__ import annotations
 
 from ..analysis.reconcile import KV_GIVEN, MEMTRACE, VLLM_RECORDED
 from ..analysis.summary import Summary
-from ..units import format_gib
-
-
-def gib_unit(n: int | None) -> str:
-    return "-" if n is None else format_gib(n)
-
-
-def signed_gib(n: int) -> str:
-    return f"{n / 2**30:+.2f}"
+from ..units import gib_or_dash, signed_gib_number
 
 
 def _seconds(s: Summary, t_us: int) -> str:
@@ -34,17 +26,17 @@ def render_non_kv(out, s: Summary) -> None:
         out.heading("vLLM's non-KV memory (what it keeps out of the KV cache; fits uses this figure)")
         if n.source == KV_GIVEN:
             out.item(
-                f"{gib_unit(n.bytes)} beside the KV cache: its size was given to vLLM (--kv-cache-memory-bytes "
+                f"{gib_or_dash(n.bytes)} beside the KV cache: its size was given to vLLM (--kv-cache-memory-bytes "
                 "or a start-up plan), so vLLM ran no formula and the cache has that size on any card"
             )
         elif n.source == VLLM_RECORDED:
             out.item(
-                f"{gib_unit(n.bytes)}: vLLM's own figure (target - available KV, recorded); memtrace cannot "
+                f"{gib_or_dash(n.bytes)}: vLLM's own figure (target - available KV, recorded); memtrace cannot "
                 "reconstruct it here (a phase, NVML samples or boundary readings are missing)"
             )
         else:
             out.item(
-                f"{gib_unit(n.bytes)}: the peak before the KV cache (reserved + non-torch); no KV sizing was "
+                f"{gib_or_dash(n.bytes)}: the peak before the KV cache (reserved + non-torch); no KV sizing was "
                 "recorded" + (" (the run died first)" if s.died else "")
             )
     _crossing_vs_sizing(out, s)
@@ -55,33 +47,33 @@ def _kv(out, s: Summary) -> None:
     out.heading(f"Reconciliation with vLLM's available KV cache ({k.formula} formula, device memory from {k.source})")
     if k.total_consumed_bytes is not None:
         terms = (
-            f"device memory consumed since init {gib_unit(k.total_consumed_bytes)} + transient peak headroom "
-            f"{gib_unit(k.transient_peak_headroom_bytes)}"
+            f"device memory consumed since init {gib_or_dash(k.total_consumed_bytes)} + transient peak headroom "
+            f"{gib_or_dash(k.transient_peak_headroom_bytes)}"
         )
     else:
         terms = (
-            f"non-torch increase {gib_unit(k.non_torch_increase_bytes)} + torch peak increase "
-            f"{gib_unit(k.torch_peak_increase_bytes)} + weights {gib_unit(k.weights_bytes)}"
+            f"non-torch increase {gib_or_dash(k.non_torch_increase_bytes)} + torch peak increase "
+            f"{gib_or_dash(k.torch_peak_increase_bytes)} + weights {gib_or_dash(k.weights_bytes)}"
         )
     if k.init_gap_bytes:
-        terms += f" + before recording began {gib_unit(k.init_gap_bytes)}"
-    out.item(f"non-KV = {terms} = {gib_unit(k.non_kv_bytes)}")
+        terms += f" + before recording began {gib_or_dash(k.init_gap_bytes)}"
+    out.item(f"non-KV = {terms} = {gib_or_dash(k.non_kv_bytes)}")
     out.item(
-        f"available KV = target {gib_unit(k.target_bytes)} - non-KV - CUDA-graph estimate "
-        f"{gib_unit(k.graph_estimate_bytes)} = {gib_unit(k.available_kv_bytes)} (weights {gib_unit(k.weights_bytes)}, "
-        f"peak allocated in profile_run {gib_unit(k.peak_allocated_bytes)})"
+        f"available KV = target {gib_or_dash(k.target_bytes)} - non-KV - CUDA-graph estimate "
+        f"{gib_or_dash(k.graph_estimate_bytes)} = {gib_or_dash(k.available_kv_bytes)} (weights {gib_or_dash(k.weights_bytes)}, "
+        f"peak allocated in profile_run {gib_or_dash(k.peak_allocated_bytes)})"
     )
     out.item(
-        f"vLLM keeps {gib_unit(k.withheld_bytes)} out of the KV cache (non-KV + CUDA-graph estimate; fits uses it)"
+        f"vLLM keeps {gib_or_dash(k.withheld_bytes)} out of the KV cache (non-KV + CUDA-graph estimate; fits uses it)"
     )
     if k.vllm_available_kv_bytes is not None:
         out.item(
-            f"vLLM reported {gib_unit(k.vllm_available_kv_bytes)}; memtrace's reconstruction differs by "
-            f"{signed_gib(k.difference_bytes)} GiB"
+            f"vLLM reported {gib_or_dash(k.vllm_available_kv_bytes)}; memtrace's reconstruction differs by "
+            f"{signed_gib_number(k.difference_bytes)} GiB"
         )
     if k.init_gap_bytes:
         out.item(
-            f"{gib_unit(k.init_gap_bytes)} appeared inside init_device after vLLM's init snapshot, before "
+            f"{gib_or_dash(k.init_gap_bytes)} appeared inside init_device after vLLM's init snapshot, before "
             "memtrace's curves begin (the plugin's reading at its end): vLLM counts it, so does non-KV above"
         )
     if k.first_sample_delay_us:
@@ -90,7 +82,7 @@ def _kv(out, s: Summary) -> None:
         )
     if k.graph_estimate_disabled_bytes is not None:
         out.item(
-            f"CUDA-graph estimate {gib_unit(k.graph_estimate_disabled_bytes)} not applied "
+            f"CUDA-graph estimate {gib_or_dash(k.graph_estimate_disabled_bytes)} not applied "
             "(VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS=0)"
         )
     for n in k.notes:

@@ -8,11 +8,7 @@ from __future__ import annotations
 
 from ..analysis.non_torch import MODULES, OTHER, UNEXPLAINED, NonTorchBreakdown
 from ..analysis.summary import Summary
-from ..units import format_gib
-
-
-def _gib(n: int | None) -> str:
-    return "-" if n is None else f"{n / 2**30:.2f}"
+from ..units import format_gib, gib_number
 
 
 def _where(b: NonTorchBreakdown, name: str) -> str:
@@ -42,7 +38,7 @@ def _where(b: NonTorchBreakdown, name: str) -> str:
         )
     libs = ""
     if name == OTHER and cat.libraries:
-        libs = ", ".join(f"{lib} {_gib(n)} GiB" for lib, n in cat.libraries[:4]) + "; largest "
+        libs = ", ".join(f"{lib} {gib_number(n)} GiB" for lib, n in cat.libraries[:4]) + "; largest "
     return libs + "; ".join(
         f"{frame_text(a.frame)} ({a.bytes:,} B in {a.phase_path or 'no phase'})" for a in cat.largest[:2]
     )
@@ -78,7 +74,7 @@ def render_non_torch(out, s: Summary) -> None:
                 "(managed memory not yet touched, or an allocation between two samples)"
             )
         rows = [
-            [c.name, f"{c.bytes:,}", _gib(c.bytes), f"{c.count:,}" if c.name != UNEXPLAINED else ""]
+            [c.name, f"{c.bytes:,}", gib_number(c.bytes), f"{c.count:,}" if c.name != UNEXPLAINED else ""]
             for c in b.categories
         ]
         out.table(["category", "bytes", "GiB", "allocations"], rows, "lrrr")

@@ -15,11 +15,10 @@ from ..analysis.crossing import Excursion
 from ..analysis.flame import hook_short_name
 from ..analysis.summary import Summary, worst
 from ..model import Frame
+from ..units import gib_number, gib_or_dash, signed_gib_number
 from . import oom_text
 from .kv_text import render_non_kv
 from .non_torch_text import render_non_torch
-
-GiB = 1024**3
 
 DEFINITIONS = (
     "allocated = requested bytes live in tensors (trace entries carry requested sizes; torch's "
@@ -30,18 +29,6 @@ DEFINITIONS = (
     "of the recording."
 )
 _CURVE_NAMES = {"reserved": "reserved", "device_used": "device used", "allocated": "allocated"}
-
-
-def gib(n: int | None) -> str:
-    return "-" if n is None else f"{n / GiB:.2f}"
-
-
-def gib_unit(n: int | None) -> str:
-    return "-" if n is None else f"{n / GiB:.2f} GiB"
-
-
-def signed_gib(n: int) -> str:
-    return f"{n / GiB:+.2f}"
 
 
 def frame_text(frame: Frame | None) -> str:
@@ -162,7 +149,7 @@ def _header(out: _Out, s: Summary) -> None:
     if env.get("compute_capability"):
         dev.append(f"sm {env['compute_capability']}")
     if p.device_total_bytes:
-        dev.append(f"{gib_unit(p.device_total_bytes)} total")
+        dev.append(f"{gib_or_dash(p.device_total_bytes)} total")
     versions = [f"{k} {env[k]}" for k in ("driver", "cuda", "torch", "vllm", "flashinfer") if env.get(k)]
     if dev:
         out.item("device: " + ", ".join(dev))
@@ -211,12 +198,20 @@ def _phases(out: _Out, s: Summary) -> None:
         name = indent + p.name + ("" if p.ended else " (open)")
         name = name if out.md else _cut(name, name_w)
         times = [f"{(p.start_us - s.start_us) / 1e6:.2f}", f"{(p.end_us - s.start_us) / 1e6:.2f}"]
-        alloc = [gib(p.end_allocated_bytes), gib(p.peak_allocated_bytes), signed_gib(p.delta_allocated_bytes)]
-        res = [gib(p.end_reserved_bytes), gib(p.peak_reserved_bytes), signed_gib(p.delta_reserved_bytes)]
+        alloc = [
+            gib_number(p.end_allocated_bytes),
+            gib_number(p.peak_allocated_bytes),
+            signed_gib_number(p.delta_allocated_bytes),
+        ]
+        res = [
+            gib_number(p.end_reserved_bytes),
+            gib_number(p.peak_reserved_bytes),
+            signed_gib_number(p.delta_reserved_bytes),
+        ]
         if full:
-            alloc.insert(0, gib(p.start_allocated_bytes))
-            res.insert(0, gib(p.start_reserved_bytes))
-        rows.append([name, *times, *alloc, *res, gib(p.peak_device_used_bytes)])
+            alloc.insert(0, gib_number(p.start_allocated_bytes))
+            res.insert(0, gib_number(p.start_reserved_bytes))
+        rows.append([name, *times, *alloc, *res, gib_number(p.peak_device_used_bytes)])
     cols = ["start", "end", "peak", "Δ"] if full else ["end", "peak", "Δ"]
     header = ["phase", "start", "end", *cols, *cols, "peak"]
     groups = [("", 1), ("seconds", 2), ("allocated GiB", len(cols)), ("reserved GiB", len(cols)), ("NVML", 1)]
@@ -229,27 +224,27 @@ def _peak(out: _Out, s: Summary) -> None:
     out.heading("Peak")
     pk = s.peak
     where = f" in {pk.phase_path}" if pk.phase_path else ""
-    extra = f"; non-torch {gib_unit(pk.non_torch_bytes)}" if pk.non_torch_bytes is not None else ""
+    extra = f"; non-torch {gib_or_dash(pk.non_torch_bytes)}" if pk.non_torch_bytes is not None else ""
     out.item(
-        f"reserved {gib_unit(pk.reserved_bytes)} at {_seconds(s, pk.time_us)}{where} "
-        f"(allocated {gib_unit(pk.allocated_bytes)} at its fullest{extra})"
+        f"reserved {gib_or_dash(pk.reserved_bytes)} at {_seconds(s, pk.time_us)}{where} "
+        f"(allocated {gib_or_dash(pk.allocated_bytes)} at its fullest{extra})"
     )
     pa = s.peak_allocated
     out.item(
-        f"allocated peak {gib_unit(pa.bytes)} at {_seconds(s, pa.time_us)}"
+        f"allocated peak {gib_or_dash(pa.bytes)} at {_seconds(s, pa.time_us)}"
         + (f" in {pa.phase_path}" if pa.phase_path else "")
     )
     if s.peak_device_used is not None:
         pd = s.peak_device_used
         out.item(
-            f"device used peak {gib_unit(pd.bytes)} at {_seconds(s, pd.time_us)}"
+            f"device used peak {gib_or_dash(pd.bytes)} at {_seconds(s, pd.time_us)}"
             + (f" in {pd.phase_path}" if pd.phase_path else "")
             + " (NVML samples, this process)"
         )
     if s.peak_others is not None and s.peak_others.bytes > 0:
         po = s.peak_others
         out.item(
-            f"other processes on this GPU held up to {gib_unit(po.bytes)} (at {_seconds(s, po.time_us)}; NVML's "
+            f"other processes on this GPU held up to {gib_or_dash(po.bytes)} (at {_seconds(s, po.time_us)}; NVML's "
             "per-process list): not this process's memory, left out of device used and non-torch"
         )
 
@@ -263,7 +258,7 @@ def _crossing_text(s: Summary, c: Excursion) -> str:
     more = f"; {c.excursions} excursions above in all" if c.excursions > 1 else ""
     return (
         f"{_CURVE_NAMES.get(c.curve, c.curve)} crossed it at {_seconds(s, c.time_us)}{where}, "
-        f"reached {gib_unit(c.max_bytes)} (+{gib_unit(c.overshoot_bytes)} over) at {_seconds(s, c.max_us)}, "
+        f"reached {gib_or_dash(c.max_bytes)} (+{gib_or_dash(c.overshoot_bytes)} over) at {_seconds(s, c.max_us)}, "
         f"stayed above {stay}{more}"
     )
 
@@ -271,15 +266,15 @@ def _crossing_text(s: Summary, c: Excursion) -> str:
 def _target(out: _Out, s: Summary) -> None:
     if s.target_bytes is None:
         return
-    out.heading(f"Target {gib_unit(s.target_bytes)}")
+    out.heading(f"Target {gib_or_dash(s.target_bytes)}")
     t = s.target
-    card = f"; card {gib_unit(t.capacity_bytes)} ({t.capacity_source})" if t.capacity_bytes else ""
+    card = f"; card {gib_or_dash(t.capacity_bytes)} ({t.capacity_source})" if t.capacity_bytes else ""
     out.item(f"from: {s.target_source}{card}")
     if not s.crossings:
         head = s.target_bytes - s.peak.reserved_bytes
-        out.item(f"never crossed: the reserved peak stays {gib_unit(head)} below it")
+        out.item(f"never crossed: the reserved peak stays {gib_or_dash(head)} below it")
         if s.peak_device_used is not None:
-            out.item(f"device used peak stays {gib_unit(s.target_bytes - s.peak_device_used.bytes)} below it")
+            out.item(f"device used peak stays {gib_or_dash(s.target_bytes - s.peak_device_used.bytes)} below it")
     for c in s.crossings:
         out.item(_crossing_text(s, c))
 
@@ -289,7 +284,8 @@ def _holders(out: _Out, s: Summary) -> None:
         return
     out.heading(f"Top holders at the reserved peak ({_seconds(s, s.peak.time_us)}), by allocating site")
     rows = [
-        [gib(h.bytes), f"{h.share * 100:.1f}%", f"{h.count:,}", f"{h.stacks:,}", frame_text(h.frame)] for h in s.holders
+        [gib_number(h.bytes), f"{h.share * 100:.1f}%", f"{h.count:,}", f"{h.stacks:,}", frame_text(h.frame)]
+        for h in s.holders
     ]
     out.table(["GiB", "share", "blocks", "stacks", "where (innermost frame outside torch)"], rows, "rrrrl")
 
@@ -300,7 +296,7 @@ def _hooks(out: _Out, s: Summary, limit: int = 20) -> None:
     out.heading("Hook calls (FlashInfer workspace allocators and MEMTRACE_HOOKS)")
     if len(s.hook_calls) > 1:
         totals = [
-            [_cut(hook_short_name(h.name), 40), f"{h.calls:,}", gib(h.returned_bytes), signed_gib(h.allocated_delta_bytes),
+            [_cut(hook_short_name(h.name), 40), f"{h.calls:,}", gib_number(h.returned_bytes), signed_gib_number(h.allocated_delta_bytes),
              f"{h.errors:,}" if h.errors else ""]
             for h in s.hook_totals
         ]  # fmt: skip
@@ -313,9 +309,9 @@ def _hooks(out: _Out, s: Summary, limit: int = 20) -> None:
                 _cut(hook_short_name(c.name), 40),
                 f"{(c.start_us - s.start_us) / 1e6:.2f}",
                 f"{(c.end_us - c.start_us) / 1e3:.1f}",
-                gib(c.returned_bytes),
-                "-" if c.allocated_delta_bytes is None else signed_gib(c.allocated_delta_bytes),
-                "-" if c.reserved_delta_bytes is None else signed_gib(c.reserved_delta_bytes),
+                gib_number(c.returned_bytes),
+                "-" if c.allocated_delta_bytes is None else signed_gib_number(c.allocated_delta_bytes),
+                "-" if c.reserved_delta_bytes is None else signed_gib_number(c.reserved_delta_bytes),
                 "error: " + c.error if c.error else "",
             ]
         )
@@ -383,8 +379,8 @@ def render_run(summaries: list[Summary], file: TextIO, width: int = 100, markdow
         w = worst(summaries)
         if w.crossings:
             c = max(w.crossings, key=lambda c: c.overshoot_bytes)
-            why = f"{_CURVE_NAMES.get(c.curve, c.curve)} goes {gib_unit(c.overshoot_bytes)} over its target"
+            why = f"{_CURVE_NAMES.get(c.curve, c.curve)} goes {gib_or_dash(c.overshoot_bytes)} over its target"
         else:
-            why = f"highest reserved peak, {gib_unit(w.peak.reserved_bytes)}"
+            why = f"highest reserved peak, {gib_or_dash(w.peak.reserved_bytes)}"
         file.write("\n" + ("**" if markdown else "") + f"Worst: {w.label} ({why})" + ("**" if markdown else "") + "\n")
     render_definitions(file, width, markdown)

@@ -118,6 +118,21 @@ def format_gib(n_bytes: int | float | None, digits: int = 2) -> str:
     return f"{n_bytes / GiB:.{digits}f} GiB"
 
 
+def gib_number(n_bytes: int | None) -> str:
+    """ "12.34" (GiB, for table columns headed "GiB"); "-" for None."""
+    return "-" if n_bytes is None else f"{n_bytes / GiB:.2f}"
+
+
+def gib_or_dash(n_bytes: int | None) -> str:
+    """ "12.34 GiB" as :func:`format_gib`, "-" for None (text reports' empty cell)."""
+    return "-" if n_bytes is None else format_gib(n_bytes)
+
+
+def signed_gib_number(n_bytes: int) -> str:
+    """ "+0.12" (GiB, for delta columns)."""
+    return f"{n_bytes / GiB:+.2f}"
+
+
 def format_size(n_bytes: int | float | None) -> str:
     """GiB as everywhere, but "27.56 MiB" rather than "0.03 GiB" for what is under 1 GiB (torch's own
     wording in its OOM message); "—" for None."""
