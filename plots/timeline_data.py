@@ -22,6 +22,7 @@ import numpy as np
 from ..analysis.categories import categorize, category_curves
 from ..analysis.crossing import Crossings, Excursion, crossings
 from ..analysis.curves import Curve, Curves, all_curves
+from ..analysis.fingerprint import describe_run
 from ..analysis.live import lifetimes
 from ..analysis.non_torch import has_records, live_curve
 from ..analysis.oom import Oom, find_oom
@@ -29,7 +30,6 @@ from ..analysis.phases import PhaseStats, phase_stats, recording_span
 from ..analysis.target import Target, resolve_target
 from ..model import Trace
 from .downsample import bucket_indices
-from .titles import describe_run
 
 
 @dataclass(frozen=True)

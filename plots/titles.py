@@ -1,68 +1,15 @@
 """Figure titles from what a trace recorded (model, vLLM version, GPU), never from its folder's name.
 
-``describe_run(trace)`` -> ``"Qwen3MoeForCausalLM, vLLM 0.25.1, NVIDIA H200"``: the model (a Hugging
-Face id as given, else the architecture vLLM resolved, else the served name; a local path alone says
-nothing to a reader of an upstream issue), the vLLM version, the GPU and, for a run that stood for a
-smaller card, that card. A run without vLLM names the program it ran (``record_startup.py``). The run's
-name is the last resort, for traces that recorded none of these.
+What ran, with what, on what is ``analysis.fingerprint.describe_run`` (``"Qwen3MoeForCausalLM, vLLM
+0.25.1, NVIDIA H200"``; a run without vLLM names the program it ran); this module only words titles
+around it. The run's name is the last resort, for traces that recorded none of these.
 """
 
 from __future__ import annotations
 
-from pathlib import PurePosixPath
-
-from .. import facts as F
-from ..analysis.target import card_capacity
+from ..analysis.fingerprint import describe_run
 from ..model import Trace
 from ..units import format_bytes, format_gib
-
-
-def _dict(trace: Trace, key: str) -> dict:
-    value = trace.facts.get(key)
-    return value if isinstance(value, dict) else {}
-
-
-def model_name(trace: Trace) -> str:
-    """The model as a reader knows it ("" when not recorded)."""
-    cfg = _dict(trace, F.VLLM_CONFIG)
-    model = str(cfg.get("model") or "")
-    local = not model or model.startswith(("/", ".", "~")) or model.count("/") > 1
-    arch = str(cfg.get("architecture") or "")
-    if model and not local:
-        return model
-    if arch:
-        return arch
-    served = str(cfg.get("served_model_name") or "")
-    return PurePosixPath(served or model).name
-
-
-def _program(trace: Trace) -> str:
-    cmd = _dict(trace, F.ENV).get("cmdline")
-    if isinstance(cmd, list) and cmd:
-        args = [str(c) for c in cmd]
-        script = next((a for a in args if a.endswith(".py")), args[0])
-        return PurePosixPath(script).name
-    return ""
-
-
-def gpu_name(trace: Trace) -> str:
-    """The GPU, and the card the run stood for when that is smaller ("NVIDIA H200 as a 16 GiB card")."""
-    gpu = str(_dict(trace, F.ENV).get("gpu_name") or "")
-    stood_for, source = card_capacity(trace)  # the one owner of "the card the run stood for"
-    physical = trace.process.device_total_bytes
-    if source == "recorded card" and stood_for and physical and stood_for < physical:
-        return f"{gpu or 'GPU'} as a {format_gib(stood_for, 2).replace('.00 ', ' ')} card"
-    return gpu
-
-
-def describe_run(trace: Trace, fallback: str = "") -> str:
-    """What ran, with what, on what: the parts that were recorded, joined by commas."""
-    version = trace.facts.get(F.VLLM_VERSION) or _dict(trace, F.ENV).get("vllm")
-    parts = [model_name(trace)]
-    parts.append(f"vLLM {version}" if version else _program(trace))
-    parts.append(gpu_name(trace))
-    parts = [p for p in parts if p]
-    return ", ".join(parts) if parts else fallback
 
 
 def timeline_title(trace: Trace, fallback: str = "") -> str:

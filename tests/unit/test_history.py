@@ -186,3 +186,21 @@ def test_the_example_ci_script_gates_recorded_runs_and_keeps_the_artifacts(tmp_p
                                                "history-check.txt", "history.txt", "history-trend.png"}  # fmt: skip
     assert "FAIL: 3 figure(s) grew more than 2% (exit 1)" in (art / "history-check.txt").read_text()
     assert "startup-ws1g             refused" in (art / "history.txt").read_text()
+
+
+@pytest.mark.parametrize(
+    ("cmdline", "program"),
+    [
+        (["/opt/venv/bin/python3", "bench/record_startup.py", "--x"], "record_startup.py"),
+        (["python3", "-m", "vllm.entrypoints.openai.api_server", "--model", "m"], "vllm.entrypoints.openai.api_server"),
+        # two scripts launched by torchrun are two programs (both were keyed "torchrun" before)
+        (["/usr/bin/torchrun", "--nproc-per-node", "2", "train.py"], "train.py"),
+        (["/usr/bin/torchrun", "--nproc-per-node", "2", "eval.py"], "eval.py"),
+        (["my-launcher"], "my-launcher"),
+        ([], ""),
+    ],
+)
+def test_program_name_is_what_ran(cmdline, program):
+    from memtrace.analysis.history_key import program_name
+
+    assert program_name({"cmdline": cmdline}) == program

@@ -16,6 +16,7 @@ from typing import Any
 from .. import facts as F
 from ..model import Trace
 from .history_key import MEMORY_FLAGS as _KEY_FLAGS
+from .history_key import program_name
 
 #: vLLM flags shown in the environment table: the model, then the flags that change memory (the
 #: matrix key's own list, ``history_key.MEMORY_FLAGS``: one list of them).
@@ -41,6 +42,44 @@ def vllm_config(trace: Trace) -> dict[str, Any]:
 
 def vllm_version(trace: Trace) -> str | None:
     return env(trace).get("vllm") or trace.facts.get(F.VLLM_VERSION)
+
+
+def model_name(trace: Trace) -> str:
+    """The model as a reader knows it ("" when not recorded): a Hugging Face id as given, else the
+    architecture vLLM resolved, else the served name (a local path alone says nothing upstream)."""
+    cfg = vllm_config(trace)
+    model = str(cfg.get("model") or "")
+    local = not model or model.startswith(("/", ".", "~")) or model.count("/") > 1
+    arch = str(cfg.get("architecture") or "")
+    if model and not local:
+        return model
+    if arch:
+        return arch
+    served = str(cfg.get("served_model_name") or "")
+    return os.path.basename((served or model).rstrip("/"))
+
+
+def gpu_name(trace: Trace) -> str:
+    """The GPU, and the card the run stood for when that is smaller ("NVIDIA H200 as a 16 GiB card")."""
+    from ..units import format_gib
+    from .target import card_capacity
+
+    gpu = str(env(trace).get("gpu_name") or "")
+    stood_for, source = card_capacity(trace)  # the one owner of "the card the run stood for"
+    physical = trace.process.device_total_bytes
+    if source == "recorded card" and stood_for and physical and stood_for < physical:
+        return f"{gpu or 'GPU'} as a {format_gib(stood_for, 2).replace('.00 ', ' ')} card"
+    return gpu
+
+
+def describe_run(trace: Trace, fallback: str = "") -> str:
+    """What ran, with what, on what (``"Qwen3MoeForCausalLM, vLLM 0.25.1, NVIDIA H200"``): the model,
+    the vLLM version (else the program a plain PyTorch run executed), the GPU; the parts that were
+    recorded, joined by commas; ``fallback`` when none was."""
+    version = vllm_version(trace)
+    parts = [model_name(trace), f"vLLM {version}" if version else program_name(env(trace)), gpu_name(trace)]
+    parts = [p for p in parts if p]
+    return ", ".join(parts) if parts else fallback
 
 
 def environment(trace: Trace) -> list[tuple[str, str]]:

@@ -63,8 +63,10 @@ def program_kind(trace: Trace) -> str:
     return "pytorch"
 
 
-def _program(env: dict) -> str:
-    """The script a plain PyTorch run executed (its file name), from the recorded command line."""
+def program_name(env: dict) -> str:
+    """The program a run executed, from the recorded command line: the module of ``python -m mod``,
+    else the first ``.py`` file named (``torchrun --nproc 2 train.py`` ran ``train.py``), else the
+    command's file name; "" when no command was recorded."""
     cmd = env.get("cmdline")
     if not isinstance(cmd, list) or not cmd:
         return ""
@@ -73,7 +75,8 @@ def _program(env: dict) -> str:
         args = args[1:]
         if args[0] == "-m" and len(args) > 1:
             return args[1]
-    return os.path.basename(args[0])
+    script = next((a for a in args if a.endswith(".py")), args[0])
+    return os.path.basename(script)
 
 
 def fingerprint(trace: Trace) -> dict[str, str]:
@@ -98,7 +101,7 @@ def fingerprint(trace: Trace) -> dict[str, str]:
         "torch": env.get("torch"),
         "vllm": env.get("vllm") or facts.get(F.VLLM_VERSION),
         "flashinfer": env.get("flashinfer"),
-        "model": config.get("model") or (_program(env) if kind == "pytorch" else None),
+        "model": config.get("model") or (program_name(env) if kind == "pytorch" else None),
     }
     values.update({flag: config.get(flag) for flag in MEMORY_FLAGS})
     values["gpu_memory_utilization"] = facts.get(F.UTIL)
