@@ -100,3 +100,19 @@ def test_fits_splits_its_assumed_non_pytorch_memory_by_cuptis_records():
     assert sum(parts) == r.non_torch_bytes
     given = fits.fit(load_trace(TRACE), 80 * 2**30, non_torch_bytes=2**30)  # --non-torch: nothing to split
     assert (given.non_torch_cupti_bytes, given.non_torch_at_start_bytes) == (None, None)
+
+
+def test_perfetto_export_carries_the_exact_non_pytorch_counter(tmp_path):
+    import json
+
+    from memtrace.cli import main
+
+    out = tmp_path / "t.perfetto.json"
+    assert main(["export", str(TRACE), "--format", "perfetto", "-o", str(out)]) == 0
+    events = json.loads(out.read_text())["traceEvents"]
+    cupti = [e for e in events if e.get("name") == "non-PyTorch seen by CUPTI"]
+    t0 = json.loads(out.read_text())["otherData"]["t0_us"]
+    first = next(b for b in summarize(load_trace(TRACE)).non_torch if b.moment == "first crossing")
+    before = [e["args"]["bytes"] for e in cupti if e["ts"] + t0 <= first.time_us]
+    assert before[-1] == first.cupti_bytes == 68_362_212
+    assert max(e["args"]["bytes"] for e in cupti) == 68_364_089

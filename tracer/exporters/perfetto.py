@@ -11,7 +11,8 @@ The file follows the Trace Event Format (``{"traceEvents": [...]}``):
   changes are written (the last value of each microsecond), so the file stays exact and small.
   ``non-PyTorch`` is the analysis' steady curve (``landmarks.steady_non_torch``: NVML samples taken
   while reserved moved are not used), the figure ``report`` gives, not the raw used - reserved that
-  spikes by whole allocations when the sidecar's clock and the allocator's disagree;
+  spikes by whole allocations when the sidecar's clock and the allocator's disagree; with CUPTI
+  records, ``non-PyTorch seen by CUPTI`` (``non_torch.live_curve``: the exact part of it);
 - *slices* (``ph: "X"``, ``ts``/``dur`` in microseconds): phases on the "phases" thread (tid 1,
   properly nested), hooked calls on the "hook calls" thread (tid 2) with their bytes and arguments,
   and the OOM, when there was one (``analysis.oom.find_oom``: a live record or an imported ``oom``
@@ -40,6 +41,7 @@ from ..analysis.crossing import crossings
 from ..analysis.curves import Curve, all_curves
 from ..analysis.flame import hook_short_name
 from ..analysis.landmarks import steady_non_torch
+from ..analysis.non_torch import live_curve
 from ..analysis.oom import find_oom
 from ..analysis.phases import recording_span
 from ..analysis.summary import reserved_peak
@@ -49,7 +51,15 @@ from ..model import Trace
 PHASES_TID = 1
 HOOKS_TID = 2
 EVENTS_TID = 3
-COUNTERS = ("allocated", "reserved", "device used", "non-PyTorch", "other processes", "target")
+COUNTERS = (
+    "allocated",
+    "reserved",
+    "device used",
+    "non-PyTorch",
+    "non-PyTorch seen by CUPTI",
+    "other processes",
+    "target",
+)
 
 
 def _changes(curve: Curve) -> tuple[np.ndarray, np.ndarray]:
@@ -143,6 +153,7 @@ def _counters(trace: Trace, curves, pid: int, t0: int, target: Target) -> Iterat
         curves.reserved,
         curves.device_used,
         non_torch,
+        live_curve(trace),  # empty without CUPTI records
         curves.others,
         _target_curve(trace, target),
     )
