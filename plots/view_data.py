@@ -15,6 +15,14 @@ allocator event in trace order:
 
 plus ``pre_*`` columns for allocations live before the first event (``live.lifetimes`` with no alloc
 position: their end position, size, path) and the NVML ``dev_*`` columns (device used, non-PyTorch).
+When the trace holds CUPTI records (``non_torch.has_records``) the ``cupti_*`` columns follow, two
+step curves as the analysis gives them: ``cupti_t``/``cupti_bytes``, ``non_torch.live_curve`` (the
+non-PyTorch bytes CUPTI saw live from that step on; 0 before the first), and
+``cupti_nvml_t``/``cupti_nvml_bytes``, ``landmarks.steady_non_torch`` (NVML's non-PyTorch figure that
+``non_torch.breakdown`` takes CUPTI's bytes from; its first value also holds before it). The page
+shows both and their difference, the unexplained rest. Without records they are left out, so such a
+page carries exactly what it did before; the page finds columns by name in the column table (the
+blob has no format number to bump).
 From these the page computes the curves and, at any event, the exact live set: an allocation at event
 ``i`` is live after event ``e`` when ``i <= e < i + life[i]``. Only packing happens here: every figure
 comes from the analysis modules.
@@ -30,9 +38,11 @@ from typing import Any
 import numpy as np
 
 from ..analysis.categories import CATEGORIES, categorize
-from ..analysis.curves import Curves, all_curves
+from ..analysis.curves import Curve, Curves, all_curves
 from ..analysis.flame import frame_label
+from ..analysis.landmarks import steady_non_torch
 from ..analysis.live import Lifetimes, lifetimes, meaningful_frame
+from ..analysis.non_torch import has_records, live_curve
 from ..analysis.oom import find_oom
 from ..analysis.phases import recording_span
 from ..analysis.summary import Summary, summarize, summary_to_dict
@@ -52,6 +62,8 @@ EVENT_COLUMNS = (
 )
 PRE_COLUMNS = (("pre_end", "<i4"), ("pre_size", "<f8"), ("pre_path", "<i4"))
 DEVICE_COLUMNS = (("dev_t", "<f8"), ("dev_used", "<f8"), ("dev_nontorch", "<f8"))
+#: Only in the blob of a trace with CUPTI records: ``non_torch.live_curve`` and ``landmarks.steady_non_torch``.
+CUPTI_COLUMNS = (("cupti_t", "<f8"), ("cupti_bytes", "<f8"), ("cupti_nvml_t", "<f8"), ("cupti_nvml_bytes", "<f8"))
 _EXACT = 1 << 53
 
 
@@ -77,6 +89,7 @@ class RankAnalysis:
     times: np.ndarray  # event times, non-decreasing (as the curves')
     cats: np.ndarray  # category code per event
     paths: Paths  # the flame graph's path of every allocation of ``lt``
+    cupti: Curve | None = None  # non_torch.live_curve when the trace holds CUPTI records, else None
 
 
 def analyse(trace: Trace, target: Target) -> RankAnalysis:
@@ -86,7 +99,8 @@ def analyse(trace: Trace, target: Target) -> RankAnalysis:
     lt = lifetimes(trace)
     cats = categorize(trace, lt).codes
     times = curves.allocated.time_us[1:]
-    return RankAnalysis(trace, target, curves, summary, lt, times, cats, allocation_paths(trace, lt))
+    cupti = live_curve(trace) if has_records(trace) else None
+    return RankAnalysis(trace, target, curves, summary, lt, times, cats, allocation_paths(trace, lt), cupti)
 
 
 def event_at(times: np.ndarray, t_us: int) -> int:
@@ -159,12 +173,13 @@ def rank_meta(a: RankAnalysis, t0_us: int) -> dict[str, Any]:
 def _columns(a: RankAnalysis, t0_us: int, *, with_events: bool = True) -> Iterator[tuple[str, np.ndarray]]:
     """The blob's columns in order, each built in its own dtype when its turn comes (at 10M events the
     event columns are 0.1-0.4 GiB each: no two wide copies are alive at once); without events, only
-    the NVML ``dev_*`` columns."""
+    the NVML ``dev_*`` columns (and the ``cupti_*`` ones, when the trace has CUPTI records)."""
     ev, lt, n = a.trace.events, a.lt, len(a.trace.events)
     if with_events and n and int(ev["size"].max()) >= _EXACT:
         raise ValueError("an event size of 2**53 bytes or more cannot be carried exactly")
     rec = lt.alloc_pos >= 0
     dev, nt = a.curves.device_used, a.curves.non_torch
+    steady = steady_non_torch(a.curves) if a.cupti is not None else None
     build = {
         "dt": lambda: _dt(a.times),
         "act": lambda: ev["action"],
@@ -179,9 +194,14 @@ def _columns(a: RankAnalysis, t0_us: int, *, with_events: bool = True) -> Iterat
         "dev_t": lambda: dev.time_us - t0_us,
         "dev_used": lambda: dev.bytes,
         "dev_nontorch": lambda: nt.bytes,
+        "cupti_t": lambda: a.cupti.time_us - t0_us,
+        "cupti_bytes": lambda: a.cupti.bytes,
+        "cupti_nvml_t": lambda: steady.time_us - t0_us,
+        "cupti_nvml_bytes": lambda: steady.bytes,
     }
-    for name, dt_ in (*EVENT_COLUMNS, *PRE_COLUMNS, *DEVICE_COLUMNS):
-        if with_events or name.startswith("dev_"):
+    cupti = CUPTI_COLUMNS if a.cupti is not None else ()
+    for name, dt_ in (*EVENT_COLUMNS, *PRE_COLUMNS, *DEVICE_COLUMNS, *cupti):
+        if with_events or name.startswith(("dev_", "cupti_")):
             yield name, np.ascontiguousarray(build[name](), dtype=dt_)
 
 

@@ -68,6 +68,16 @@
     const c = R.col, i = upper(c.dev_t, tus) - 1;
     return i < 0 ? { used: null, nontorch: null } : { used: c.dev_used[i], nontorch: c.dev_nontorch[i] };
   }
+  /* with CUPTI records (the cupti_* columns), at tus: the non-PyTorch bytes CUPTI saw live
+   * (non_torch.live_curve's step in force, 0 before the first) and NVML's steady non-PyTorch figure
+   * (landmarks.steady_non_torch's step in force, its first before it; null without samples);
+   * null without records */
+  function cuptiAt(R, tus) {
+    const c = R.col;
+    if (!c.cupti_t) return null;
+    const i = upper(c.cupti_t, tus) - 1, j = Math.max(upper(c.cupti_nvml_t, tus) - 1, 0);
+    return { seen: i < 0 ? 0 : c.cupti_bytes[i], nvml: c.cupti_nvml_t.length ? c.cupti_nvml_bytes[j] : null };
+  }
   function phaseAt(meta, tus) {
     let best = null;
     for (const p of meta.phases) if (p.start_us <= tus && tus < p.end_us && (!best || p.depth >= best.depth)) best = p;
@@ -173,6 +183,6 @@
   MT.eventAt = (R, tus) => (R.L ? Promise.resolve(upper(R.L.t, tus) - 1)
     : doc.api ? api(`/api/event?rank=${R.index}&t_us=${tus}`).then((d) => d.event) : Promise.resolve(null));
 
-  MT._internals = { buildLocal, windowLocal, liveLocal, stateAt, deviceAt, phaseAt, upper, inflate, columns, exact };
+  MT._internals = { buildLocal, windowLocal, liveLocal, stateAt, deviceAt, cuptiAt, phaseAt, upper, inflate, columns, exact };
   window.__mtDoc = doc;
 })();

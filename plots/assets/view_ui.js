@@ -14,6 +14,8 @@
     return e;
   };
   const gib = (b) => (b == null ? '—' : (b / GiB).toFixed(2) + ' GiB');
+  const mib = (b) => (Math.abs(b) >= GiB ? gib(b) : (b / 1048576).toFixed(2) + ' MiB'); /* small figures in MiB */
+  const bytes = (b) => Math.round(b).toLocaleString('en-US') + ' B';
   const exact = I.exact;
   const app = document.getElementById('mt-app');
   const GUTTER = 150; /* px right of the plot for the target and capacity labels */
@@ -134,13 +136,31 @@
       const e = I.upper(R.L.t, tus) - 1, s = I.stateAt(R, e), d = I.deviceAt(R, tus);
       rows.push(['event', e < 0 ? 'before the first' : `#${e} (${m.actions[R.col.act[e]]} ${Math.round(R.col.size[e]).toLocaleString('en-US')} B)`]);
       rows.push(['allocated', exact(s.alloc)], ['reserved', exact(s.res)], ['device used', exact(d.used)], ['non-PyTorch', exact(d.nontorch)]);
+      rows.push(...cuptiRows(R, tus));
       m.categories.forEach((c, k) => { if (s.cats[k]) rows.push([c, exact(s.cats[k])]); });
     } else {
       const K = m.categories.length, v = (j) => u.data[j][i];
       rows.push(['allocated', exact(v(1))], ['reserved', exact(v(K + 1))], ['device used', exact(v(K + 2))]);
+      rows.push(...cuptiRows(R, tus));
     }
     box.replaceChildren(el('table', {}, ...rows.map(([k, v]) => el('tr', {}, el('th', {}, k), el('td', {}, v)))));
     R.hover = { t_us: tus, rows: Object.fromEntries(rows) };
+  }
+
+  /* with CUPTI records: NVML's steady non-PyTorch figure (as the report's), the part CUPTI saw
+   * (exact) and the rest, unexplained (shown clipped at 0 when CUPTI saw more than NVML says) */
+  function cuptiRows(R, tus) {
+    const c = I.cuptiAt(R, tus);
+    if (c == null) return [];
+    const rows = [['non-PyTorch, steady NVML', c.nvml == null ? '—' : `${mib(c.nvml)} (${bytes(c.nvml)})`],
+      ['non-PyTorch seen by CUPTI', `${mib(c.seen)} (${bytes(c.seen)}, exact)`]];
+    if (c.nvml == null) rows.push(['non-PyTorch unexplained', '— (no NVML samples)']);
+    else {
+      const rest = c.nvml - c.seen;
+      rows.push(['non-PyTorch unexplained', rest >= 0 ? `${mib(rest)} (${bytes(rest)})`
+        : `0 B (clipped at 0: CUPTI saw ${bytes(-rest)} more than NVML's non-PyTorch)`]);
+    }
+    return rows;
   }
 
   function wireMouse(R, u) {
