@@ -40,7 +40,8 @@ def _where(b: NonTorchBreakdown, name: str) -> str:
     if name == OTHER and cat.libraries:
         libs = ", ".join(f"{lib} {gib_number(n)} GiB" for lib, n in cat.libraries[:4]) + "; largest "
     return libs + "; ".join(
-        f"{frame_text(a.frame)} ({a.bytes:,} B in {a.phase_path or 'no phase'})" for a in cat.largest[:2]
+        f"{frame_text(a.frame)} ({a.bytes:,} B in {a.phase_path or 'no phase'}{f', op {a.op}' if a.op else ''})"
+        for a in cat.largest[:2]
     )
 
 

@@ -122,6 +122,24 @@ class Frame:
     line: int
     name: str
 
+    @property
+    def op(self) -> str | None:
+        """The torch operator this frame called (``vllm::moe_forward``), when the capture named it
+        (:func:`op_frame_name`); None otherwise."""
+        if not self.name.endswith("]") or _OP_MARK not in self.name:
+            return None
+        return self.name.rsplit(_OP_MARK, 1)[1][:-1] or None
+
+
+_OP_MARK = " [op "
+
+
+def op_frame_name(function: str, op: str) -> str:
+    """The stored name of a frame of ``torch/_ops.py`` that called operator ``op``: ``__call__ [op
+    vllm::moe_forward]`` (``capture.cupti`` writes it, :attr:`Frame.op` reads it): a C++ op's own
+    ``cudaMalloc`` has no Python frame below it, so the op's name is the only clue who asked."""
+    return f"{function}{_OP_MARK}{op}]"
+
 
 @dataclass
 class Block:

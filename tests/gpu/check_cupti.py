@@ -123,6 +123,13 @@ def record(torch, memtrace, cudart, d: str):
         with memtrace.phase("raw_free"):
             cudart.cudaFree(ctypes.c_void_p(ptr))
             time.sleep(0.2)
+        with memtrace.phase("torch_ops"):  # first cuDNN / cuBLAS use: their handles' own memory, if any
+            a = torch.randn(8, 16, 32, 32, device="cuda")
+            w = torch.randn(16, 16, 3, 3, device="cuda")
+            torch.ops.aten.convolution(a, w, None, [1, 1], [1, 1], [1, 1], False, [0, 0], 1)
+            m = torch.randn(1024, 1024, device="cuda")
+            torch.ops.aten.mm(m, m)
+            torch.cuda.synchronize()
         figures["cupti_fact_live"] = dict(session.facts.get("cupti") or {})
         del x, y
     return path
@@ -170,6 +177,18 @@ def check(trace) -> list[str]:
     if not fact.get("on") or not isinstance(fact.get("started_us"), int):
         failures.append(f"facts['cupti'] lacks on/started_us: {fact}")
     figures["cupti_own_bytes"] = non_torch.cupti_own_bytes(trace)
+    ops_phase = next((p for p in trace.phases if p.name == "torch_ops"), None)
+    if ops_phase is not None:  # what the operators' libraries allocated themselves (reported, not checked)
+        seen = []
+        for i in range(len(recs)):
+            t = int(recs["time_us"][i])
+            if torch_flags[i] or recs["op"][i] != alloc or not ops_phase.start_us <= t <= ops_phase.end_us:
+                continue
+            frames = trace.stack_frames(int(recs["stack"][i]))
+            kind = non_torch.MEMORY_KINDS[int(recs["kind"][i])]
+            seen.append({"bytes": int(recs["bytes"][i]), "kind": kind, "ops": [f.op for f in frames if f.op],
+                         "category": non_torch.classify(frames, "torch_ops", kind)})  # fmt: skip
+        figures["torch_ops_records"] = seen
     summary = summarize(trace)
     figures["breakdown"] = [_plain(b) for b in summary.non_torch]
     peak = next((b for b in summary.non_torch if b.moment == "peak"), None)

@@ -24,7 +24,8 @@ def test_a_raw_cudamalloc_has_its_python_stack_and_phase():
     assert (inner.filename.rsplit("/", 1)[-1], inner.line, inner.name) == ("check_cupti.py", 72, "raw_cudamalloc")
     assert path_at(t, int(r["time_us"][raw[0]])) == "raw_cudamalloc"
     made = non_torch.torch_made(t)
-    assert [int(r["bytes"][i]) for i in range(len(r)) if made[i]] == [256 * MiB]  # PyTorch's segment
+    assert made[[i for i in range(len(r)) if r["bytes"][i] == 256 * MiB][0]]  # PyTorch's segment
+    assert not made[raw].any()
 
 
 def test_cuptis_own_memory_is_named_from_the_moment_it_was_enabled():
@@ -36,3 +37,18 @@ def test_cuptis_own_memory_is_named_from_the_moment_it_was_enabled():
     assert peak.cupti_bytes == 512 * MiB + 64 * MiB  # the raw cudaMalloc and CuPy's pool
     assert (peak.at_start_bytes, peak.cupti_own_bytes, peak.grew_unseen_bytes) == (552_402_944, 12_582_912, 0)
     assert peak.at_start_bytes + peak.cupti_own_bytes + peak.grew_unseen_bytes == peak.unexplained_bytes
+
+
+def test_the_first_matmul_is_cublas_named_by_its_operator():
+    """The first ``aten::mm`` makes cuBLAS allocate 1,024 + 131,072 + 67,108,864 B itself: the same three
+    sizes (67,240,960 B) as the unnamed raw cudaMallocs of the vLLM start-up's profile_run
+    (test_cupti_vllm_h200.py), recorded before operators were named."""
+    t = load_trace(TRACE)
+    ops = next(p for p in t.phases if p.name == "torch_ops")
+    b = non_torch.breakdown(t, ops.end_us, "after the operators")
+    cublas = b.category(non_torch.CUBLAS)
+    assert (cublas.bytes, cublas.count) == (67_240_960, 3)
+    assert sorted(a.bytes for a in cublas.largest) == [1024, 131_072, 64 * MiB]
+    assert {a.op for a in cublas.largest} == {"aten::mm"}
+    other = b.category(non_torch.OTHER)
+    assert dict(other.libraries)["op aten::convolution"] == 25_348  # cuDNN's own, named by its operator

@@ -341,3 +341,44 @@ def test_no_drain_watchdog_while_the_api_callbacks_are_on(fake, tmp_path, monkey
         memtrace.stop()
     notes = [n.text for n in load_trace(session.path).notes]
     assert any("drain watchdog off" in t for t in notes) is stacks
+
+
+def test_a_torch_operator_is_named_in_its_frame_and_names_the_allocation(fake, tmp_path, monkeypatch):
+    """A C++ operator's own cudaMalloc has no Python frame below ``torch/_ops.py``'s ``__call__``: the
+    frame is stored with the operator's name. Here a real operator with a Python implementation makes
+    the call (the frame is real torch), then a stand-in frame compiled under the name ``torch/_ops.py``
+    plays a C++ operator (the only Python frame inside the op, as on the H200)."""
+    import functools
+
+    import torch
+    from memtrace.analysis import non_torch
+
+    monkeypatch.setenv(source_mod.STACKS_ENV, "1")
+
+    def raw_alloc(x):
+        kernel_library_malloc(fake, 0x7100_0000_0000, 8 << 20)
+        return x.clone()
+
+    lib = torch.library.Library("memtrace_test", "DEF")  # kept alive for the test
+    lib.define("raw_alloc(Tensor x) -> Tensor")
+    lib.impl("raw_alloc", raw_alloc, "CPU")
+
+    namespace: dict = {}
+    exec(compile("def __call__(self, f):\n    return f()\n", "/venv/site-packages/torch/_ops.py", "exec"), namespace)
+    cxx_op = SimpleNamespace(_name="vllm::moe_forward")  # what OpOverload calls its operator
+
+    def compiled_graph_call():  # Inductor's generated code calls the operator
+        namespace["__call__"](cxx_op, functools.partial(fake.cuda_malloc, 0x7200_0000_0000, 64 << 20))
+
+    with memtrace.trace(tmp_path / "t.memtrace", cupti=True, sidecar=False) as s:
+        torch.ops.memtrace_test.raw_alloc(torch.zeros(2))
+        compiled_graph_call()
+    t = load_trace(s.path)
+    real, standin = (t.stack_frames(int(st)) for st in t.device_allocs["stack"])
+    ops = [f for f in real if f.op]
+    assert ops and {f.op for f in ops} <= {"memtrace_test::raw_alloc"}  # torch's own _ops.py frame, named
+    assert ops[0].filename.endswith("torch/_ops.py") and ops[0].name.startswith("__call__ [op ")
+    assert standin[1].op == "vllm::moe_forward" and standin[2].name == "compiled_graph_call"
+    # (the fake's cuda_malloc frame stands for the C call: left out, as CUPTI's C callers have no frame)
+    libraries = [non_torch.classify(f[1:], "profile_run")[1] for f in (real, standin)]
+    assert libraries == ["test_cupti_source", "op vllm::moe_forward"]  # Python code inside the op wins

@@ -15,7 +15,9 @@ allocation and release the CUDA driver made for the process. Definitions (bytes,
   (a frame of ``flashinfer`` or ``cutlass``), kernel modules' statics (memory kind ``device_static``:
   the ``__device__`` globals of every module the driver loads, PyTorch's and Triton's included), CUDA
   graphs (a frame of ``cuda/graphs.py`` or a cudagraph helper, or a phase that captures graphs),
-  cuBLAS/cuBLASLt workspaces (a cuBLAS frame, or an innermost frame of a matmul/linear), other
+  cuBLAS/cuBLASLt workspaces (a cuBLAS frame, an innermost frame of a matmul/linear, or a matmul
+  operator named by the capture: the first ``aten::mm`` on the H200 made 1,024 + 131,072 + 67,108,864 B
+  of raw ``cudaMalloc`` inside cuBLAS), other
   libraries (named by the package of the innermost frame outside torch and the standard library,
   ``frames.meaningful_frame``: a ``cudaMalloc`` inside a torch op is named by who called the op;
   "torch.compile graph" for Inductor's generated code; "no stack" when CUPTI gave none).
@@ -83,6 +85,7 @@ class Allocation:
     frame: Frame | None  # the innermost frame outside torch and the standard library (frames.meaningful_frame)
     phase_path: str
     stack: int = -1  # its stack id in the trace (-1: none recorded)
+    op: str | None = None  # the torch operator that made the call (``model.Frame.op``), when named
 
 
 @dataclass(frozen=True)
@@ -174,9 +177,15 @@ def live_at(trace: Trace, time_us: int) -> list[int]:
 
 
 def _library(frames: list[Frame]) -> str:
-    """The package of the innermost frame outside torch and the standard library (its file's name
-    when not installed; :data:`COMPILED` for Inductor's generated code)."""
+    """The torch operator that made the call (``op vllm::moe_forward``, when the capture named it and
+    no frame outside torch lies inside it), else the package of the innermost frame outside torch and
+    the standard library (its file's name when not installed; :data:`COMPILED` for Inductor's
+    generated code)."""
     f = meaningful_frame(frames)
+    inner = frames[: frames.index(f)] if f is not None and f in frames else frames
+    op = next((g.op for g in inner if g.op), None)
+    if op:
+        return f"op {op}"
     if f is None:
         return "no stack"
     path = f.filename.replace("\\", "/")
@@ -203,7 +212,9 @@ def classify(frames: list[Frame], phase: str, kind: str = "device") -> tuple[str
         g in phase for g in _GRAPH_PHASES
     ):
         return GRAPHS, "cuda graphs"
-    if any("cublas" in p or "cublas" in n for p, n in text) or (text and text[0][1] in _MATMUL):
+    op = next((f.op for f in frames if f.op), None)
+    op_base = op.split("::")[-1].split(".")[0] if op else ""
+    if any("cublas" in p or "cublas" in n for p, n in text) or (text and text[0][1] in _MATMUL) or op_base in _MATMUL:
         return CUBLAS, "cublas"
     return OTHER, _library(frames)
 
@@ -236,7 +247,16 @@ def _live(trace: Trace, time_us: int) -> tuple[list[Allocation], int]:
         category, library = classify(frames, phase, kind)
         out.append(
             Allocation(
-                t, int(recs["address"][i]), size, kind, category, library, meaningful_frame(frames), phase, stack
+                t,
+                int(recs["address"][i]),
+                size,
+                kind,
+                category,
+                library,
+                meaningful_frame(frames),
+                phase,
+                stack,
+                next((f.op for f in frames if f.op), None),
             )
         )
     return out, torch_bytes

@@ -56,7 +56,7 @@ from typing import Any
 
 import numpy as np
 
-from ..model import DEVICE_ALLOC_DTYPE, MEMORY_KINDS, MEMORY_OPS
+from ..model import DEVICE_ALLOC_DTYPE, MEMORY_KINDS, MEMORY_OPS, op_frame_name
 from ..store import DISTRIBUTION
 
 log = logging.getLogger("memtrace")
@@ -115,15 +115,32 @@ def import_cupti() -> Any:
 
 def python_frames(skip: int = 1) -> tuple[tuple[str, int, str], ...]:
     """The calling thread's Python stack, innermost first, as (filename, line, name); this module's
-    frames left out."""
+    frames left out. A frame of ``torch/_ops.py`` calling an operator is named with it
+    (``model.op_frame_name``: ``__call__ [op vllm::moe_forward]``)."""
     frame = sys._getframe(skip)
     out = []
     while frame is not None and len(out) < MAX_FRAMES:
         code = frame.f_code
         if os.path.normcase(code.co_filename) != _THIS_FILE:
-            out.append((code.co_filename, frame.f_lineno or 0, code.co_name))
+            name = code.co_name
+            if name == "__call__" and code.co_filename.endswith(_OPS_FILE):
+                name = _op_name(frame, name)
+            out.append((code.co_filename, frame.f_lineno or 0, name))
         frame = frame.f_back
     return tuple(out)
+
+
+_OPS_FILE = os.path.join("torch", "_ops.py")
+
+
+def _op_name(frame: Any, name: str) -> str:
+    """``name`` with the operator ``self`` of an ``OpOverload``/``OpOverloadPacket.__call__`` frame."""
+    try:
+        op = frame.f_locals.get("self")
+        qualified = getattr(op, "_name", None) or getattr(op, "_qualified_op_name", None)
+        return op_frame_name(name, str(qualified)) if qualified else name
+    except Exception:  # noqa: BLE001  (a frame we cannot read keeps its plain name)
+        return name
 
 
 class CuptiSource:
