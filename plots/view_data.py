@@ -14,13 +14,12 @@ allocator event in trace order:
 - ``path`` int32: for an ``alloc``, its icicle path (``view_paths``: frames, hook calls, phase), else -1.
 
 plus ``pre_*`` columns for allocations live before the first event (``live.lifetimes`` with no alloc
-position: their end position, size, path) and the NVML ``dev_*`` columns (device used, non-PyTorch).
-When the trace holds CUPTI records (``non_torch.has_records``) the ``cupti_*`` columns follow, two
-step curves as the analysis gives them: ``cupti_t``/``cupti_bytes``, ``non_torch.live_curve`` (the
-non-PyTorch bytes CUPTI saw live from that step on; 0 before the first), and
-``cupti_nvml_t``/``cupti_nvml_bytes``, ``landmarks.steady_non_torch`` (NVML's non-PyTorch figure that
-``non_torch.breakdown`` takes CUPTI's bytes from; its first value also holds before it). The page
-shows both and their difference, the unexplained rest. Without records they are left out, so such a
+position: their end position, size, path) and the NVML ``dev_*`` columns (device used, and
+non-PyTorch as the report states it: ``landmarks.steady_non_torch`` in force at each sample, not the raw
+used - reserved, which spikes by whole allocations when a sample and the allocator disagree).
+When the trace holds CUPTI records (``non_torch.has_records``) the ``cupti_*`` columns follow:
+``cupti_t``/``cupti_bytes``, ``non_torch.live_curve`` (the non-PyTorch bytes CUPTI saw live from that
+step on; 0 before the first). The page shows it and the unexplained rest, NVML's non-PyTorch minus it. Without records they are left out, so such a
 page carries exactly what it did before; the page finds columns by name in the column table (the
 blob has no format number to bump).
 From these the page computes the curves and, at any event, the exact live set: an allocation at event
@@ -40,7 +39,7 @@ import numpy as np
 from ..analysis.categories import CATEGORIES, categorize
 from ..analysis.curves import Curve, Curves, all_curves
 from ..analysis.flame import frame_label
-from ..analysis.landmarks import steady_non_torch
+from ..analysis.landmarks import steady_non_torch_values
 from ..analysis.live import Lifetimes, lifetimes, meaningful_frame
 from ..analysis.non_torch import has_records, live_curve
 from ..analysis.oom import find_oom
@@ -63,7 +62,7 @@ EVENT_COLUMNS = (
 PRE_COLUMNS = (("pre_end", "<i4"), ("pre_size", "<f8"), ("pre_path", "<i4"))
 DEVICE_COLUMNS = (("dev_t", "<f8"), ("dev_used", "<f8"), ("dev_nontorch", "<f8"))
 #: Only in the blob of a trace with CUPTI records: ``non_torch.live_curve`` and ``landmarks.steady_non_torch``.
-CUPTI_COLUMNS = (("cupti_t", "<f8"), ("cupti_bytes", "<f8"), ("cupti_nvml_t", "<f8"), ("cupti_nvml_bytes", "<f8"))
+CUPTI_COLUMNS = (("cupti_t", "<f8"), ("cupti_bytes", "<f8"))
 _EXACT = 1 << 53
 
 
@@ -178,8 +177,7 @@ def _columns(a: RankAnalysis, t0_us: int, *, with_events: bool = True) -> Iterat
     if with_events and n and int(ev["size"].max()) >= _EXACT:
         raise ValueError("an event size of 2**53 bytes or more cannot be carried exactly")
     rec = lt.alloc_pos >= 0
-    dev, nt = a.curves.device_used, a.curves.non_torch
-    steady = steady_non_torch(a.curves) if a.cupti is not None else None
+    dev = a.curves.device_used
     build = {
         "dt": lambda: _dt(a.times),
         "act": lambda: ev["action"],
@@ -193,11 +191,9 @@ def _columns(a: RankAnalysis, t0_us: int, *, with_events: bool = True) -> Iterat
         "pre_path": lambda: a.paths.ids[~rec],
         "dev_t": lambda: dev.time_us - t0_us,
         "dev_used": lambda: dev.bytes,
-        "dev_nontorch": lambda: nt.bytes,
+        "dev_nontorch": lambda: steady_non_torch_values(a.curves, dev.time_us),
         "cupti_t": lambda: a.cupti.time_us - t0_us,
         "cupti_bytes": lambda: a.cupti.bytes,
-        "cupti_nvml_t": lambda: steady.time_us - t0_us,
-        "cupti_nvml_bytes": lambda: steady.bytes,
     }
     cupti = CUPTI_COLUMNS if a.cupti is not None else ()
     for name, dt_ in (*EVENT_COLUMNS, *PRE_COLUMNS, *DEVICE_COLUMNS, *cupti):

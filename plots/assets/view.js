@@ -69,14 +69,14 @@
     return i < 0 ? { used: null, nontorch: null } : { used: c.dev_used[i], nontorch: c.dev_nontorch[i] };
   }
   /* with CUPTI records (the cupti_* columns), at tus: the non-PyTorch bytes CUPTI saw live
-   * (non_torch.live_curve's step in force, 0 before the first) and NVML's steady non-PyTorch figure
-   * (landmarks.steady_non_torch's step in force, its first before it; null without samples);
+   * (non_torch.live_curve's step in force, 0 before the first) and NVML's non-PyTorch figure then
+   * (dev_nontorch: the report's steady one; null before the first sample or without samples);
    * null without records */
   function cuptiAt(R, tus) {
     const c = R.col;
     if (!c.cupti_t) return null;
-    const i = upper(c.cupti_t, tus) - 1, j = Math.max(upper(c.cupti_nvml_t, tus) - 1, 0);
-    return { seen: i < 0 ? 0 : c.cupti_bytes[i], nvml: c.cupti_nvml_t.length ? c.cupti_nvml_bytes[j] : null };
+    const i = upper(c.cupti_t, tus) - 1;
+    return { seen: i < 0 ? 0 : c.cupti_bytes[i], nvml: deviceAt(R, tus).nontorch };
   }
   function phaseAt(meta, tus) {
     let best = null;

@@ -140,20 +140,20 @@
       m.categories.forEach((c, k) => { if (s.cats[k]) rows.push([c, exact(s.cats[k])]); });
     } else {
       const K = m.categories.length, v = (j) => u.data[j][i];
-      rows.push(['allocated', exact(v(1))], ['reserved', exact(v(K + 1))], ['device used', exact(v(K + 2))]);
+      rows.push(['allocated', exact(v(1))], ['reserved', exact(v(K + 1))], ['device used', exact(v(K + 2))],
+        ['non-PyTorch', exact(I.deviceAt(R, tus).nontorch)]);
       rows.push(...cuptiRows(R, tus));
     }
     box.replaceChildren(el('table', {}, ...rows.map(([k, v]) => el('tr', {}, el('th', {}, k), el('td', {}, v)))));
     R.hover = { t_us: tus, rows: Object.fromEntries(rows) };
   }
 
-  /* with CUPTI records: NVML's steady non-PyTorch figure (as the report's), the part CUPTI saw
-   * (exact) and the rest, unexplained (shown clipped at 0 when CUPTI saw more than NVML says) */
+  /* with CUPTI records: of NVML's non-PyTorch figure (the "non-PyTorch" row, as the report's), the
+   * part CUPTI saw (exact) and the rest, unexplained (shown clipped at 0 when CUPTI saw more) */
   function cuptiRows(R, tus) {
     const c = I.cuptiAt(R, tus);
     if (c == null) return [];
-    const rows = [['non-PyTorch, steady NVML', c.nvml == null ? '—' : `${mib(c.nvml)} (${bytes(c.nvml)})`],
-      ['non-PyTorch seen by CUPTI', `${mib(c.seen)} (${bytes(c.seen)}, exact)`]];
+    const rows = [['non-PyTorch seen by CUPTI', `${mib(c.seen)} (${bytes(c.seen)}, exact)`]];
     if (c.nvml == null) rows.push(['non-PyTorch unexplained', '— (no NVML samples)']);
     else {
       const rest = c.nvml - c.seen;
