@@ -190,6 +190,7 @@ def test_records_reach_the_trace_with_the_calling_threads_stack_and_phase(fake, 
     fact = t.facts["cupti"]
     assert fact["records"] == 3 and fact["records_with_stack"] == 2 and fact["stacks"] and not fact["errors"]
     assert (fact["on"], fact["active"]) == (True, False)  # it recorded; stopped at close
+    assert any(n.text == source_mod.ON_NOTE for n in t.notes)  # said once: it changes what vLLM sizes
     # when the records were enabled: where analysis.non_torch looks for CUPTI's own device memory
     assert t.recording.start_us <= fact["started_us"] <= int(recs["time_us"].min())
 
