@@ -148,3 +148,38 @@ def test_a_command_that_died_of_oom_gets_its_summary_and_the_error_is_named_as_v
     assert "exited (1) before start-up completed" in err
     assert "ran out of GPU memory in" in err and "vLLM's/PyTorch's, not memtrace's" in err
     assert "OOM" in out or "out of memory" in out.lower()
+
+
+@pytest.mark.parametrize(
+    ("cupti", "expected"),
+    [(None, (None, None)), ("off", ("0", "0")), ("records", ("1", "0")), ("stacks", ("1", "1"))],
+)
+def test_the_cupti_switches_reach_the_child(cupti, expected):
+    env = run_cmd.child_environment({"PATH": "/bin"}, Path("/r"), "startup", ["x"], cupti)
+    assert (env.get("MEMTRACE_CUPTI"), env.get("MEMTRACE_CUPTI_STACKS")) == expected
+
+
+def test_cupti_without_cupti_python_is_one_line_and_exit_2(tmp_path, capsys, monkeypatch):
+    import importlib.util
+
+    from memtrace.cli import main
+
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "cupti" else object())
+    run_dir = tmp_path / "run"
+    assert main(["run", "--dir", str(run_dir), "--cupti", "records", "--", sys.executable, "-c", "pass"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and "pip install memtrace-vllm[cupti]" in err
+    assert not run_dir.exists()  # nothing ran, nothing was created
+
+
+def test_cupti_stacks_turn_both_switches_on_in_the_command(tmp_path, capfd, monkeypatch):
+    import importlib.util
+
+    from memtrace.cli import main
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: object() if name == "cupti" else real(name, *a))
+    code = "import os; print('cupti', os.environ['MEMTRACE_CUPTI'], os.environ['MEMTRACE_CUPTI_STACKS'])"
+    monkeypatch.setenv("MEMTRACE_CUPTI", "0")  # the flag wins over the environment
+    assert main(["run", "--dir", str(tmp_path / "run"), "--cupti", "stacks", "--", sys.executable, "-c", code]) == 0
+    assert "cupti 1 1" in capfd.readouterr().out
