@@ -129,13 +129,5 @@ def cupti_split(rank: RankTimeline, keep: np.ndarray, lo: int, hi: int, n_bucket
     j = np.searchsorted(t_nvml, grid, side="right") - 1  # the drawn sample in force
     u = used.bytes[keep][j]
     r = u - nt.bytes[keep][j]
-    c = _in_force(cupti, grid)
+    c = cupti.at_each(grid)
     return CuptiSplit(grid, r, r + np.clip(c, 0, np.maximum(u - r, 0)), u)
-
-
-def _in_force(curve: Curve, t_us: np.ndarray) -> np.ndarray:
-    """The step curve's value in force at each of ``t_us`` (0 before its first step)."""
-    if not len(curve):
-        return np.zeros(len(t_us), dtype=np.int64)
-    i = np.searchsorted(curve.time_us, t_us, side="right") - 1
-    return np.where(i >= 0, curve.bytes[np.clip(i, 0, None)], 0)

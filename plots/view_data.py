@@ -19,9 +19,9 @@ non-PyTorch as the report states it: ``landmarks.steady_non_torch`` in force at 
 used - reserved, which spikes by whole allocations when a sample and the allocator disagree).
 When the trace holds CUPTI records (``non_torch.has_records``) the ``cupti_*`` columns follow:
 ``cupti_t``/``cupti_bytes``, ``non_torch.live_curve`` (the non-PyTorch bytes CUPTI saw live from that
-step on; 0 before the first). The page shows it and the unexplained rest, NVML's non-PyTorch minus it. Without records they are left out, so such a
-page carries exactly what it did before; the page finds columns by name in the column table (the
-blob has no format number to bump).
+step on; 0 before the first). The page shows it and the unexplained rest, NVML's non-PyTorch minus
+it. Without records they are left out; the page finds columns by name in the column table (the blob
+has no format number to bump).
 From these the page computes the curves and, at any event, the exact live set: an allocation at event
 ``i`` is live after event ``e`` when ``i <= e < i + life[i]``. Only packing happens here: every figure
 comes from the analysis modules.
@@ -61,7 +61,7 @@ EVENT_COLUMNS = (
 )
 PRE_COLUMNS = (("pre_end", "<i4"), ("pre_size", "<f8"), ("pre_path", "<i4"))
 DEVICE_COLUMNS = (("dev_t", "<f8"), ("dev_used", "<f8"), ("dev_nontorch", "<f8"))
-#: Only in the blob of a trace with CUPTI records: ``non_torch.live_curve`` and ``landmarks.steady_non_torch``.
+#: Only in the blob of a trace with CUPTI records: ``non_torch.live_curve``.
 CUPTI_COLUMNS = (("cupti_t", "<f8"), ("cupti_bytes", "<f8"))
 _EXACT = 1 << 53
 

@@ -106,7 +106,9 @@ def test_pytorch_segments_are_paired_once_per_event():
     assert nt.torch_made(t).tolist() == [True, True, False]  # its release is PyTorch's too
     # a segment of the final snapshot that no event made (it existed before recording) is PyTorch's too
     t.segments = [*t.segments, Segment(address=0x5000_0000_0000, total_bytes=2 * MiB)]
+    recs = recs.copy()  # the analysed columns are read-only (memo): a new one
     recs[2] = (3, 0x5000_0000_0000, 2 * MiB, DEVICE, ALLOC, -1, 1, 0, 3)
+    t.device_allocs = recs
     assert nt.torch_made(t).tolist() == [True, True, True]
 
 

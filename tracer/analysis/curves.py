@@ -67,6 +67,15 @@ class Curve:
         i = int(np.searchsorted(self.time_us, t_us, side="right")) - 1
         return int(self.bytes[i]) if i >= 0 else 0
 
+    def at_each(self, t_us: np.ndarray, *, first_before: bool = False) -> np.ndarray:
+        """:meth:`at` at each of ``t_us`` (int64): 0 before the first step, or with ``first_before``
+        the first step's value (a sampled figure known from its first reading on); zeros when empty."""
+        if not len(self):
+            return np.zeros(len(t_us), dtype=np.int64)
+        i = np.searchsorted(self.time_us, t_us, side="right") - 1
+        values = self.bytes[np.clip(i, 0, None)].astype(np.int64)
+        return values if first_before else np.where(i >= 0, values, 0)
+
     def window(self, start_us: int, end_us: int) -> Curve:
         """The part of the curve in force during [start_us, end_us], starting with the value at start_us."""
         lo = int(np.searchsorted(self.time_us, start_us, side="right"))

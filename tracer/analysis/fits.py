@@ -186,7 +186,8 @@ class Recorded:
     target_bytes: int | None
     non_torch_bytes: int | None
     non_torch_source: str
-    non_torch_split: tuple[int | None, int | None, int | None, int | None] = (None, None, None, None)
+    #: ``Fit``'s ``non_torch_*`` split fields by name (empty: nothing to split)
+    non_torch_split: dict[str, int | None] = dataclasses.field(default_factory=dict)
 
 
 def recorded(trace: Trace, non_torch_bytes: int | None = None, *, curves: Curves | None = None) -> Recorded:
@@ -206,10 +207,15 @@ def recorded(trace: Trace, non_torch_bytes: int | None = None, *, curves: Curves
     else:  # no KV sizing recorded (died before it): the last steady figure the recording holds
         nt_at = oom.time_us if oom is not None else recording_span(trace)[1]
         nt, nt_source = steady_non_torch_at(curves, nt_at), NT_LAST_STEADY
-    split: tuple[int | None, int | None, int | None, int | None] = (None, None, None, None)
+    split: dict[str, int | None] = {}
     b = non_torch.breakdown(trace, nt_at, "assumed", curves=curves) if nt_at is not None else None
     if b is not None and b.nvml_non_torch_bytes == nt:  # the same figure, split by CUPTI's records
-        split = (b.cupti_bytes, b.at_start_bytes, b.grew_unseen_bytes, b.cupti_own_bytes)
+        split = {
+            "non_torch_cupti_bytes": b.cupti_bytes,
+            "non_torch_at_start_bytes": b.at_start_bytes,
+            "non_torch_grew_unseen_bytes": b.grew_unseen_bytes,
+            "non_torch_cupti_own_bytes": b.cupti_own_bytes,
+        }
     return Recorded(
         curves=curves,
         lm=lm,
@@ -260,7 +266,7 @@ def fit(
     def result(outcome, phase, overshoot, stage, post=None, post_phase="", headroom=0):
         return Fit(capacity_bytes, util, target, rec.non_kv_bytes, kv_new, pre_peak, path_at(trace, pre_t), post,
                    post_phase, outcome, phase, overshoot, headroom, stage, rec.non_torch_bytes, rec.non_torch_source,
-                   rec.non_kv_source, oom, rec.capacity_bytes, *rec.non_torch_split)  # fmt: skip
+                   rec.non_kv_source, oom, rec.capacity_bytes, **rec.non_torch_split)  # fmt: skip
 
     # vLLM's request_memory check in init_device
     init_end = _init_device_end(trace)

@@ -73,11 +73,9 @@ def steady_non_torch_at(curves: Curves, t_us: int) -> int | None:
 
 def steady_non_torch_values(curves: Curves, times_us: np.ndarray) -> np.ndarray:
     """:func:`steady_non_torch_at` at each of ``times_us`` (int64; zeros without samples)."""
-    steady = steady_non_torch(curves) if curves.has_device else None
-    if steady is None or not len(steady):
+    if not curves.has_device:
         return np.zeros(len(times_us), dtype=np.int64)
-    idx = np.clip(np.searchsorted(steady.time_us, times_us, side="right") - 1, 0, None)
-    return steady.bytes[idx].astype(np.int64)
+    return steady_non_torch(curves).at_each(times_us, first_before=True)
 
 
 def total_curve(curves: Curves, *, include_non_torch: bool = True, base: Curve | None = None) -> Curve:

@@ -11,7 +11,7 @@ it. The memo relies on that, and guards it:
   finalizer when the trace is collected, so an id reused by a later trace never sees an old result and
   nothing leaks between tests;
 - each result is stored with a signature of what the analyses read (identity and length of events,
-  samples, others, segments, phases, hook calls, facts; the recording start and device total), so a
+  samples, others, CUPTI's device allocations, segments, phases, hook calls, facts; the recording start and device total), so a
   trace whose columns are replaced or resized after an analysis is computed afresh;
 - the numpy columns it was computed from are made read-only, so an in-place edit of an event after an
   analysis raises instead of being served a stale result; and the results are read-only too, since
@@ -35,7 +35,16 @@ _MEMO: dict[int, dict[str, tuple[tuple, Any]]] = {}
 
 
 def _signature(trace: Trace) -> tuple:
-    cols = (trace.events, trace.samples, trace.others, trace.segments, trace.phases, trace.hook_calls, trace.facts)
+    cols = (
+        trace.events,
+        trace.samples,
+        trace.others,
+        trace.device_allocs,
+        trace.segments,
+        trace.phases,
+        trace.hook_calls,
+        trace.facts,
+    )
     return (
         *((id(c), len(c)) for c in cols),
         trace.recording.start_us,
@@ -70,7 +79,7 @@ def cached(trace: Trace, name: str, compute: Callable[[Trace], T]) -> T:
     hit = entry.get(name)
     if hit is not None and hit[0] == sig:
         return hit[1]
-    for col in (trace.events, trace.samples, trace.others):
+    for col in (trace.events, trace.samples, trace.others, trace.device_allocs):
         if isinstance(col, np.ndarray):
             col.flags.writeable = False
     value = _freeze(compute(trace))
