@@ -37,14 +37,16 @@ import time
 from typing import Any
 
 from .. import facts as F
-from . import flashinfer, vllm_boundaries, vllm_facts
+from . import flashinfer, vllm_boundaries, vllm_facts, vllm_vmm
 from .hooks import HookManager, Target, call_argument
 from .vllm_targets import (
     COMPILE_OR_WARM_UP,
     CUDAGRAPH_PROFILE,
     DETERMINE_AVAILABLE_MEMORY,
     INIT_DEVICE,
+    KV_CACHE_EXTEND,
     KV_CACHE_INIT,
+    KV_CACHE_SIZING,
     LOAD_MODEL,
     VllmTarget,
     is_supported,
@@ -162,10 +164,16 @@ class Plugin:
             self._note("warning", f"{UNTIL_ENV}={self.until!r} is not 'startup' or 'exit'; using 'startup'")
             self.until = "startup"
         if self.version is not None and not is_supported(self.version):
-            self._note("warning", f"vLLM {self.version_text} is outside the versions memtrace knows (0.25-0.33)")
+            self._note("warning", f"vLLM {self.version_text} is outside the versions memtrace knows (0.25-0.34)")
         for target in targets_for(self.version):
             self.manager.add(target.path, PhaseHook(self, target))
             self.hooked.append(target.path)
+        for path in PEAK_RESET_TARGETS:
+            self.manager.add(path, PeakResetHook())
+        if self.version is None or self.version >= (0, 34):  # the extensible KV cache's memory
+            self.hooked += vllm_vmm.install(self.manager, _session)
+            self.manager.add(SIZING_READ_TARGET, SizingReadHook())
+            self.hooked.append(SIZING_READ_TARGET)
         extra, bad = flashinfer.user_targets()
         for msg in bad:
             self._note("warning", msg)
@@ -198,11 +206,12 @@ class Plugin:
 
     def _target_missing(self, path: str, why: str) -> None:
         text = f"hook target {path} not found in this version ({why})"
+        level = "info" if path in PEAK_RESET_TARGETS else "warning"  # an older torch: no reset times, no harm
         session = _session()
         if session is not None:
-            session.add_note("warning", text)
+            session.add_note(level, text)
         else:
-            self.pending_notes.append(("warning", text))
+            self.pending_notes.append((level, text))
 
     # -- session -----------------------------------------------------------------------------------
     def start_session(self, worker: Any, start_us: int) -> Any:
@@ -255,6 +264,21 @@ class Plugin:
         if self.version_text and not env.get("vllm"):
             env["vllm"] = self.version_text
         session.set_fact(F.ENV, env)
+
+    def kv_cache_extended(self, session: Any, worker: Any) -> None:
+        """vLLM 0.34 committed its extensible KV cache to its final size: the KV facts become the final
+        ones (blocks, tokens, committed bytes), then start-up is complete."""
+        ext = vllm_facts.extensible_facts(worker)
+        if ext:
+            session.set_fact(F.VLLM_EXTENSIBLE_KV, ext)
+        runner = getattr(worker, "model_runner", None)
+        final = vllm_facts.kv_cache_facts(getattr(runner, "kv_cache_config", None), worker)
+        for key in (F.VLLM_KV_BLOCKS, F.VLLM_KV_TOKENS):
+            if key in final:
+                session.set_fact(key, final[key])
+        if "physical_bytes" in ext:
+            session.set_fact(F.VLLM_KV_BYTES, ext["physical_bytes"])
+        self.startup_complete(session)
 
     def startup_complete(self, session: Any) -> None:
         from ..capture import api
@@ -318,6 +342,15 @@ class PhaseHook:
                 session.set_fact(key, value)
         if self.phase == DETERMINE_AVAILABLE_MEMORY:
             self.kv_bytes_given = vllm_facts.kv_bytes_given(worker)
+        if self.phase == KV_CACHE_SIZING:  # measure_kv_cache_blocks(kv_cache, ...): args[0] is the cache
+            session.set_fact(
+                F.VLLM_KV_SIZING,
+                vllm_facts.sizing_inputs(
+                    worker,
+                    call_argument(target, "init_free_memory", args, kwargs),
+                    call_argument(target, "requested_memory", args, kwargs),
+                ),
+            )
         index = session.phase_enter(self.phase, source="vllm")
         vllm_boundaries.record(session, self.phase, "start")
         return (index, worker, session)
@@ -345,17 +378,75 @@ class PhaseHook:
                 session.set_fact(F.VLLM_AVAILABLE_KV_BYTES, int(result))
             session.set_fact(F.VLLM_KV_SIZE_SOURCE, vllm_facts.kv_size_source(self.kv_bytes_given, worker))
             session.set_fact(F.VLLM_PROFILE, vllm_facts.profile_facts(worker))
+            # the target vLLM sizes with (0.34 resolves it again if the extensible KV cache was turned off)
             for key, value in vllm_facts.target_facts(worker).items():
-                if key not in session.facts:
-                    session.set_fact(key, value)
+                session.set_fact(key, value)
+        elif self.phase == KV_CACHE_SIZING:
+            sizing = dict(session.facts.get(F.VLLM_KV_SIZING) or {})
+            if isinstance(result, int):
+                sizing["num_blocks"] = int(result)
+            limit = getattr(worker, "torch_memory_limit", None)  # args[0] is the ExtensibleKVCache here
+            if isinstance(limit, int):
+                sizing["torch_memory_limit_bytes"] = limit
+            sizing["time_us"] = now_us()
+            session.set_fact(F.VLLM_KV_SIZING, sizing)
+        elif self.phase == KV_CACHE_EXTEND:
+            self.plugin.kv_cache_extended(session, worker)
         elif self.phase == CUDAGRAPH_PROFILE:
             if isinstance(result, int):
                 session.set_fact(F.VLLM_GRAPH_ESTIMATE_BYTES, int(result))
         elif self.phase == COMPILE_OR_WARM_UP:
+            if vllm_facts.extensible(worker) and KV_CACHE_EXTEND_PATH in self.plugin.hooked:
+                return  # the KV cache is committed to its final size next (kv_cache_extend): start-up ends there
             tokens = vllm_facts.kv_cache_facts(None, worker).get(F.VLLM_KV_TOKENS)
             if tokens is not None and F.VLLM_KV_TOKENS not in session.facts:
                 session.set_fact(F.VLLM_KV_TOKENS, tokens)
             self.plugin.startup_complete(session)
+
+
+KV_CACHE_EXTEND_PATH = "vllm.v1.worker.gpu_worker:Worker.extend_kv_cache"
+#: vLLM 0.34's own free-memory reading; the one taken inside ``measure_kv_cache_blocks`` (after its
+#: ``empty_cache``) is the ``free_memory`` its KV cache is sized from.
+SIZING_READ_TARGET = "vllm.utils.mem_utils:device_memory_info"
+
+
+#: Where torch's peak counters are reset (vLLM resets them before each measurement it takes).
+PEAK_RESET_TARGETS = ("torch.accelerator.memory:reset_peak_memory_stats", "torch.cuda.memory:reset_peak_memory_stats")
+
+
+class PeakResetHook:
+    """Appends the time of each reset of torch's peak counters to ``memtrace.peak_resets_us``."""
+
+    key = "torch.reset_peak_memory_stats"  # one key: torch.accelerator's reset calling torch.cuda's counts once
+
+    def before(self, target: Target, args: tuple, kwargs: dict) -> Any:
+        return _session()
+
+    def after(self, token: Any, result: Any, error: BaseException | None) -> None:
+        if token is not None and error is None:
+            token.set_fact(F.PEAK_RESETS_US, [*(token.facts.get(F.PEAK_RESETS_US) or []), now_us()])
+
+
+class SizingReadHook:
+    """Keeps vLLM's first ``device_memory_info`` reading inside ``kv_cache_sizing`` in ``vllm.kv_cache_sizing``."""
+
+    key = "vllm.sizing_read"
+
+    def before(self, target: Target, args: tuple, kwargs: dict) -> Any:
+        session = _session()
+        if session is None or not session.phase_path().endswith(KV_CACHE_SIZING):
+            return None
+        sizing = session.facts.get(F.VLLM_KV_SIZING) or {}
+        return None if "free_memory_bytes" in sizing else session
+
+    def after(self, token: Any, result: Any, error: BaseException | None) -> None:
+        if token is None or error is not None or not isinstance(result, tuple) or len(result) != 2:
+            return
+        free, total = result
+        if isinstance(free, int) and isinstance(total, int):
+            sizing = dict(token.facts.get(F.VLLM_KV_SIZING) or {})
+            sizing.update(free_memory_bytes=free, total_memory_bytes=total, free_read_us=now_us())
+            token.set_fact(F.VLLM_KV_SIZING, sizing)
 
 
 _oom_logged: set[int] = set()  # ids of the OOM errors already logged (each phase it crosses sees it)

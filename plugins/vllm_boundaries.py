@@ -6,7 +6,8 @@ vLLM measures (init snapshot = end of ``init_device``; "after profiling" = end o
 ``determine_available_memory`` in 0.25, start of ``cudagraph_profile`` in 0.33). Reading these changes
 nothing (no allocation, no ``empty_cache``, no peak reset). They are kept as
 ``facts["memtrace.phase_memory"]``: a list of ``{phase, edge, time_us, free_bytes, total_bytes,
-reserved_bytes, allocated_bytes}``; ``memtrace.analysis.reconcile`` uses them when a trace has no NVML
+reserved_bytes, allocated_bytes, reserved_peak_bytes, allocated_peak_bytes}`` (the peaks are torch's own,
+since the last reset: ``facts["memtrace.peak_resets_us"]``); ``memtrace.analysis.reconcile`` uses them when a trace has no NVML
 samples, and reports both when it has.
 """
 
@@ -31,6 +32,8 @@ def read(device: int) -> dict[str, int] | None:
         "total_bytes": int(total),
         "reserved_bytes": int(torch.cuda.memory_reserved(device)),
         "allocated_bytes": int(torch.cuda.memory_allocated(device)),
+        "reserved_peak_bytes": int(torch.cuda.max_memory_reserved(device)),
+        "allocated_peak_bytes": int(torch.cuda.max_memory_allocated(device)),
     }
 
 

@@ -18,6 +18,7 @@ Keys (``memtrace.model`` defines the well-known ones):
 from __future__ import annotations
 
 import math
+import sys
 from typing import Any
 
 from .. import facts as F
@@ -96,8 +97,13 @@ def config_facts(worker: Any) -> dict[str, Any]:
 
 
 def target_facts(worker: Any, device_total_bytes: int | None = None) -> dict[str, Any]:
-    """``target_bytes`` and ``gpu_memory_utilization`` (see the module docstring for the order)."""
+    """``target_bytes`` and ``gpu_memory_utilization`` (see the module docstring for the order).
+
+    vLLM 0.34 leaves ``gpu_memory_utilization`` None unless the user set it and resolves it with the
+    sizing mode (``resolved_gpu_memory_utilization``: 1.0 with the extensible KV cache, else 0.92)."""
     util = _get(worker, "cache_config.gpu_memory_utilization")
+    if util is None:
+        util = _get(worker, "cache_config.resolved_gpu_memory_utilization")
     out: dict[str, Any] = {}
     if isinstance(util, (int, float)):
         out[F.UTIL] = float(util)
@@ -112,6 +118,90 @@ def target_facts(worker: Any, device_total_bytes: int | None = None) -> dict[str
         out[F.TARGET_BYTES] = math.ceil(total * out[F.UTIL])
         out[F.TARGET_SOURCE] = "device total x gpu_memory_utilization"
     return out
+
+
+UTIL_FLAG = "--gpu-memory-utilization"
+
+
+def util_source(worker: Any, version: tuple[int, int] | None, argv: list[str]) -> str:
+    """Who chose the utilization target: ``user``, ``vllm-default`` or ``unknown`` (facts.UTIL_SOURCE).
+
+    From 0.34 vLLM keeps the user's value apart (None when unset). Before, the field always holds a
+    number: the flag on the command line (or a value other than the 0.92 default) means the user's."""
+    cache = getattr(worker, "cache_config", None)
+    if version is not None and version >= (0, 34) and hasattr(cache, "resolved_gpu_memory_utilization"):
+        return "vllm-default" if getattr(cache, "gpu_memory_utilization", None) is None else "user"
+    if any(a == UTIL_FLAG or a.startswith(UTIL_FLAG + "=") for a in argv):
+        return "user"
+    util = getattr(cache, "gpu_memory_utilization", None)
+    if isinstance(util, float) and util != 0.92:
+        return "user"
+    serving = any(a in ("serve",) or a.endswith("api_server") for a in argv)
+    return "vllm-default" if serving else "unknown"
+
+
+def extensible(worker: Any) -> bool:
+    """Whether vLLM (0.34+) sizes this worker's KV cache as an extensible one."""
+    return _get(worker, "cache_config.enable_extensible_kv_cache") is True
+
+
+def _kv_cache(worker_or_runner: Any) -> Any:
+    runner = getattr(worker_or_runner, "model_runner", worker_or_runner)
+    return getattr(runner, "extensible_kv_cache", None)
+
+
+def _ints(obj: Any, fields: dict[str, str]) -> dict[str, int]:
+    out = {}
+    for key, path in fields.items():
+        v = _get(obj, path)
+        if isinstance(v, (int, float)) and not isinstance(v, bool):
+            out[key] = int(v)
+    return out
+
+
+_SIZING_CACHE_FIELDS = {
+    "committed_bytes": "physical_bytes",
+    "transient_peak_bytes": "reserved_headroom_bytes",
+    "torch_reserve_growth_bytes": "torch_reserve_growth_bytes",
+    "bytes_per_block": "bytes_per_block",
+    "capacity_blocks": "capacity_blocks",
+}
+
+
+def sizing_inputs(kv_cache: Any, init_free: Any, requested: Any) -> dict[str, Any]:
+    """What vLLM 0.34's ``measure_kv_cache_blocks`` sizes the KV cache from, read as it is called."""
+    out: dict[str, Any] = _ints(kv_cache, _SIZING_CACHE_FIELDS)
+    for key, value in (("init_free_memory_bytes", init_free), ("requested_memory_bytes", requested)):
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            out[key] = int(value)
+    module = sys.modules.get("vllm.v1.worker.extensible_kv_cache")
+    for key, attr in (
+        ("margin_floor_bytes", "KV_CACHE_MARGIN_FLOOR_BYTES"),
+        ("non_torch_reserve_bytes", "KV_CACHE_NON_TORCH_RESERVE_BYTES"),
+        ("warmup_reserve_fraction", "KV_CACHE_WARMUP_RESERVE_FRACTION"),
+        ("margin_fraction", "KV_CACHE_MARGIN_FRACTION"),
+    ):
+        value = getattr(module, attr, None)
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            out[key] = value
+    return out
+
+
+_EXTENSIBLE_FIELDS = {
+    "capacity_blocks": "capacity_blocks",
+    "reserved_bytes": "buffer.capacity_bytes",
+    "granularity_bytes": "buffer.granularity",
+    "bytes_per_block": "bytes_per_block",
+    "committed_blocks": "num_committed_blocks",
+    "physical_bytes": "physical_bytes",
+    "torch_memory_limit_bytes": "torch_memory_limit",
+}
+
+
+def extensible_facts(worker: Any) -> dict[str, int]:
+    """The extensible KV cache as it stands (vLLM 0.34+): capacity, address space, committed blocks/bytes."""
+    kv_cache = _kv_cache(worker)
+    return _ints(kv_cache, _EXTENSIBLE_FIELDS) if kv_cache is not None else {}
 
 
 _SNAPSHOT_FIELDS = ("torch_peak", "free_memory", "total_memory", "cuda_memory", "torch_memory", "non_torch_memory")
@@ -171,8 +261,6 @@ def kv_cache_facts(kv_cache_config: Any, worker: Any = None) -> dict[str, Any]:
 
 def _kv_tokens(kv_cache_config: Any, worker: Any) -> int | None:
     try:
-        import sys
-
         utils = sys.modules.get("vllm.v1.core.kv_cache_utils")
         capacity = getattr(utils, "get_kv_cache_capacity", None)
         if capacity is not None and getattr(worker, "vllm_config", None) is not None:
@@ -214,11 +302,14 @@ def kv_bytes_given(worker: Any) -> Any:
 def kv_size_source(explicit_before: Any, worker: Any) -> str:
     """How vLLM sized the KV cache in ``determine_available_memory``: ``--kv-cache-memory-bytes`` when it
     was set before the call, ``VLLM_ENABLE_STARTUP_PLAN`` when a persisted plan set it during the call
-    (vLLM >= 0.32), else ``profiling``."""
+    (vLLM >= 0.32), ``extensible`` when vLLM 0.34 measures it after warm-up (the profiled figure then only
+    sizes the address range), else ``profiling``."""
     if explicit_before:
         return "--kv-cache-memory-bytes"
     if kv_bytes_given(worker):
         return "VLLM_ENABLE_STARTUP_PLAN"
+    if extensible(worker):
+        return "extensible"
     return "profiling"
 
 

@@ -71,7 +71,20 @@ TARGET_BYTES = _fact(
     "the utilization target in bytes: vLLM's requested_memory = ceil(util x total)",
 )
 TARGET_SOURCE = _fact("target_source", "str", "plugins.vllm", "where target_bytes came from in vLLM")
-UTIL = _fact("gpu_memory_utilization", "float", "plugins.vllm, examples", "--gpu-memory-utilization")
+UTIL = _fact(
+    "gpu_memory_utilization",
+    "float",
+    "plugins.vllm, examples",
+    "--gpu-memory-utilization as vLLM resolved it (0.34+: the user's value, else 1.0 with the extensible "
+    "KV cache and 0.92 without)",
+)
+UTIL_SOURCE = _fact(
+    "gpu_memory_utilization_source",
+    "str",
+    "plugins.vllm_facts",
+    "'user' (set on the command line or in the config), 'vllm-default' (vLLM chose it: 0.34+ say so, "
+    "before 0.34 the flag was absent from the command line) or 'unknown' (e.g. vLLM's Python API before 0.34)",
+)
 CAPACITY_BYTES = _fact(
     "capacity_bytes",
     "int",
@@ -80,6 +93,13 @@ CAPACITY_BYTES = _fact(
 )
 MEMORY_FRACTION = _fact("memory_fraction", "float", "examples", "torch's set_per_process_memory_fraction value")
 PEAK_STATS_RESET_US = _fact("peak_stats_reset_us", "int", "examples", "when torch's peak counters were reset")
+PEAK_RESETS_US = _fact(
+    "memtrace.peak_resets_us",
+    "list",
+    "plugins.vllm",
+    "when vLLM reset torch's peak counters (torch.accelerator/torch.cuda reset_peak_memory_stats), in order: "
+    "a peak vLLM reads (its transient peak, max_memory_reserved) counts from the last reset before it",
+)
 
 # -- what happened -----------------------------------------------------------------------------------------
 OOM = _fact(
@@ -102,7 +122,7 @@ PHASE_MEMORY = _fact(
     "memtrace.phase_memory",
     "dict",
     "plugins.vllm_boundaries",
-    "cudaMemGetInfo / torch counters read at vLLM's phase boundaries",
+    "cudaMemGetInfo / torch counters (current and peak since the last reset) read at vLLM's phase boundaries",
 )
 
 # -- vLLM's own figures --------------------------------------------------------------------------------------
@@ -131,8 +151,27 @@ VLLM_KV_SIZE_SOURCE = _fact(
     "vllm.kv_cache_size_source",
     "str",
     "plugins.vllm",
-    "how vLLM sized the KV cache: 'profiling' (its formula), '--kv-cache-memory-bytes' or "
-    "'VLLM_ENABLE_STARTUP_PLAN' (a persisted plan); the last two skip the memory profiling (profile_run still runs)",
+    "how vLLM sized the KV cache: 'profiling' (its estimate from profile_run), 'extensible' (0.34+: "
+    "measured after warm-up and CUDA-graph capture, then committed outside PyTorch's allocator), "
+    "'--kv-cache-memory-bytes' or 'VLLM_ENABLE_STARTUP_PLAN' (a persisted plan); the last two skip the "
+    "memory profiling (profile_run still runs)",
+)
+VLLM_KV_SIZING = _fact(
+    "vllm.kv_cache_sizing",
+    "dict",
+    "plugins.vllm_facts",
+    "vLLM 0.34's extensible sizing (measure_kv_cache_blocks): its inputs init_free_memory_bytes, "
+    "requested_memory_bytes, free_memory_bytes (vLLM's own cudaMemGetInfo after empty_cache), "
+    "committed_bytes, transient_peak_bytes, torch_reserve_growth_bytes, margin_floor_bytes, "
+    "margin_fraction, non_torch_reserve_bytes, bytes_per_block; its result num_blocks; "
+    "torch_memory_limit_bytes (the cap it put on PyTorch's allocator); time_us",
+)
+VLLM_EXTENSIBLE_KV = _fact(
+    "vllm.extensible_kv_cache",
+    "dict",
+    "plugins.vllm_facts",
+    "vLLM 0.34's extensible KV cache after kv_cache_extend: capacity_blocks, reserved_bytes (address "
+    "space), granularity_bytes, bytes_per_block, committed_blocks, physical_bytes, torch_memory_limit_bytes",
 )
 VLLM_PLUGINS = _fact(
     "vllm.plugins",

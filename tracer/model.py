@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 
 #: On-disk format version written by this memtrace: (major, minor). Readers refuse a newer major.
-FORMAT_VERSION = (1, 2)
+FORMAT_VERSION = (1, 3)
 
 #: Allocator actions, in the order of their integer codes in ``EVENT_DTYPE["action"]``.
 #: The names are PyTorch's own (``c10/core/CachingDeviceAllocator.h`` TraceEntry::Action).
@@ -90,6 +90,33 @@ DEVICE_MEMORY_KINDS = frozenset({"device", "array", "managed", "device_static", 
 MEMORY_OPS: tuple[str, ...] = ("invalid", "allocation", "release")
 
 
+#: One call of the CUDA virtual-memory API that vLLM (0.34+) makes through ``vllm/utils/vmm_driver.py`` to back
+#: its extensible KV cache outside PyTorch's allocator (``plugins.vllm_vmm``; format 1.3, an older file loads
+#: with none). ``op`` indexes ``VMM_OPS``: ``create`` (``cuMemCreate``: physical memory committed, ``bytes``;
+#: ``handle`` names it), ``release`` (``cuMemRelease`` of ``handle``: ``bytes`` is what its create committed),
+#: ``reserve`` / ``free_reserved`` (an address range, ``address`` and ``bytes``: no memory). ``caller`` indexes
+#: ``VMM_CALLERS`` (who asked); ``error`` is the CUDA driver's error code of a call that failed (0: it
+#: succeeded; a failed ``create`` committed nothing); ``stack`` the Python stack (-1: none taken).
+VMM_DTYPE = np.dtype(
+    [
+        ("time_us", "<i8"),
+        ("op", "<i1"),
+        ("caller", "<i1"),
+        ("error", "<i4"),
+        ("bytes", "<i8"),
+        ("handle", "<i8"),
+        ("address", "<i8"),
+        ("stack", "<i4"),
+    ]
+)
+#: The virtual-memory operations, codes of ``VMM_DTYPE["op"]``.
+VMM_OPS: tuple[str, ...] = ("create", "release", "reserve", "free_reserved")
+#: Who made the call, codes of ``VMM_DTYPE["caller"]``: vLLM's extensible KV cache
+#: (``vllm/utils/extensible_tensor.py``), vLLM's check that the API works (``vmm_unavailable_reason``: one
+#: granule created and released), anything else.
+VMM_CALLERS: tuple[str, ...] = ("other", "kv_cache", "probe")
+
+
 def empty_events(n: int = 0) -> np.ndarray:
     """A zeroed event array of length ``n`` (stack set to -1)."""
     events = np.zeros(n, dtype=EVENT_DTYPE)
@@ -110,6 +137,13 @@ def empty_others(n: int = 0) -> np.ndarray:
 def empty_device_allocs(n: int = 0) -> np.ndarray:
     """A device-allocation record array of length ``n`` (stack set to -1)."""
     records = np.zeros(n, dtype=DEVICE_ALLOC_DTYPE)
+    records["stack"] = -1
+    return records
+
+
+def empty_vmm(n: int = 0) -> np.ndarray:
+    """A virtual-memory call record array of length ``n`` (stack set to -1)."""
+    records = np.zeros(n, dtype=VMM_DTYPE)
     records["stack"] = -1
     return records
 
@@ -266,6 +300,8 @@ class Trace:
     others: np.ndarray = field(default_factory=empty_others)
     #: Device allocations and releases seen by CUPTI (``DEVICE_ALLOC_DTYPE``); empty without the source.
     device_allocs: np.ndarray = field(default_factory=empty_device_allocs)
+    #: vLLM's calls of CUDA's virtual-memory API (``VMM_DTYPE``): its extensible KV cache; empty before 0.34.
+    vmm: np.ndarray = field(default_factory=empty_vmm)
     hook_calls: list[HookCall] = field(default_factory=list)
     facts: dict[str, Any] = field(default_factory=dict)
     notes: list[Note] = field(default_factory=list)

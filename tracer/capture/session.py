@@ -261,6 +261,10 @@ class Session:
         with self._lock:
             return self.writer.intern_stack(frames)
 
+    def intern_stack(self, frames) -> int:
+        """The id of a stack given as (filename, line, name) tuples, innermost first (hooks' own stacks)."""
+        return self._intern_stack(frames)
+
     def _on_batch(self, events) -> None:
         with self._lock:
             if not self._file_closed:
@@ -289,6 +293,13 @@ class Session:
             if self.closed:
                 return -1
             return self.writer.add_hook_call(call)
+
+    @_on_traced_thread
+    def record_vmm(self, records) -> None:
+        """Store calls of CUDA's virtual-memory API (``model.VMM_DTYPE`` rows: vLLM's extensible KV cache)."""
+        with self._lock:
+            if not self.closed:
+                self.writer.append_vmm(records)
 
     # -- phases --------------------------------------------------------------------------------
     def phase_path(self) -> str:
