@@ -1,0 +1,157 @@
+#!/usr/bin/env bash
+# Real vLLM 0.34 (or 0.33) start-ups on the lent H200, traced by memtrace — one device call, files in $OUT.
+# Run from the repo root after the stage folders were copied to /tmp/stage (tests/gpu/vllm034/README.md):
+#   STEPS=moe-ext,moe-noext bash tests/gpu/vllm034/startups.sh
+# Steps (any order, comma-separated; each one start-up, traced under `memtrace run` with Python stacks):
+#   moe-ext      8-layer Qwen3-MoE (tests/data/vllm-h200/model-config.json), vLLM's defaults: extensible KV cache, util 1.0
+#   moe-noext    the same with --no-enable-extensible-kv-cache (util defaults to 0.92)
+#   moe-092      the same as moe-ext with --gpu-memory-utilization 0.92 (the flags of the 0.25.1 traces)
+#   dense-ext    32-layer Llama-shaped dense model (tests/gpu/vllm034/dense-config.json), extensible
+#   dense-noext  the same without the extensible KV cache
+#   small-ext    moe-ext on a "smaller card": a torch process holds HOLD_GIB GiB of the H200 first
+#   cost         ROUNDS rounds of warm moe-ext runs, plugin on (MEMTRACE_DIR) / off, order alternating
+# Knobs: STEPS, LIMIT (seconds for the script, 570), ROUNDS (4), FIRST_ROUND (1), HOLD_GIB (96),
+#        SITE (/tmp/site034: the installed stage), PORT (8791).
+# Every start-up is stopped as soon as memtrace's summary (or vLLM's "init engine" line, for cost runs
+# without the plugin) appears. Files back (<= 8): progress.log, install.log, one <step>.tar.gz per step
+# (vLLM's log, nvidia-smi at 10 Hz, the run directory, memtrace's report), cost-rounds.tsv.
+set -uo pipefail
+OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
+LIMIT=${LIMIT:-570}
+STEPS=${STEPS:-moe-ext}
+ROUNDS=${ROUNDS:-4}
+FIRST_ROUND=${FIRST_ROUND:-1}
+HOLD_GIB=${HOLD_GIB:-96}
+SITE=${SITE:-/tmp/site034}
+PORT=${PORT:-8791}
+W=/tmp/v034
+HERE=tests/gpu/vllm034
+INIT_RE='init engine \(profile, create kv cache, warmup model\) took [0-9.]+'
+# shellcheck source=tests/gpu/session_lib.sh
+source tests/gpu/session_lib.sh
+
+pack() {  # each step's folder as a tarball in $OUT (after each step and at exit)
+  local d
+  for d in "$W"/*/; do d=$(basename "$d"); tar czf "$OUT/$d.tar.gz" -C "$W" "$d" 2>/dev/null; done
+  [ -f "$W/cost/rounds.tsv" ] && cp "$W/cost/rounds.tsv" "$OUT/cost-rounds.tsv"
+  return 0
+}
+finish() { trap - EXIT INT TERM; cleanup_all; pack; log "done; files in $OUT: $(ls "$OUT" | tr '\n' ' ')"; }
+trap finish EXIT
+trap 'log "interrupted"; exit 130' INT TERM
+
+mkdir -p "$W"; cleanup_all
+log "vLLM start-ups: STEPS=$STEPS LIMIT=${LIMIT}s"
+if [ ! -f "$SITE/vllm-env.sh" ]; then
+  [ -f /tmp/stage/install-on-device.sh ] || { log "no $SITE and no /tmp/stage: copy the stage folders first"; exit 1; }
+  bash /tmp/stage/install-on-device.sh > "$OUT/install.log" 2>&1 || { log "install failed:"; tail -30 "$OUT/install.log" | tee -a "$OUT/progress.log"; exit 1; }
+  log "stage installed"
+fi
+source "$SITE/vllm-env.sh"
+python3 -m pip install -q --no-deps --no-build-isolation --no-compile --target "$SITE" --upgrade . >> "$OUT/install.log" 2>&1 \
+  || { log "memtrace install failed"; tail -20 "$OUT/install.log"; exit 1; }
+export PYTHONUNBUFFERED=1 VLLM_CACHE_ROOT=/tmp/vcache034 HF_HUB_OFFLINE=1 VLLM_NO_USAGE_STATS=1
+unset VLLM_PLUGINS MEMTRACE MEMTRACE_DIR MEMTRACE_UNTIL MEMTRACE_STACKS MEMTRACE_HOOKS MEMTRACE_FAULT
+python3 -c "import vllm, torch, flashinfer, memtrace; print('vllm', vllm.__version__, '| torch', torch.__version__, '| flashinfer', flashinfer.__version__, '| memtrace', memtrace.__file__)" 2>&1 | tee -a "$OUT/progress.log"
+nvidia-smi --query-gpu=name,memory.used,memory.total,driver_version --format=csv,noheader 2>&1 | tee -a "$OUT/progress.log"
+log "ready; compile cache: $(du -sh /tmp/vcache034 2>/dev/null | cut -f1 || echo none)"
+
+mkdir -p /tmp/model-moe /tmp/model-dense
+cp tests/data/vllm-h200/model-config.json /tmp/model-moe/config.json
+cp "$HERE/dense-config.json" /tmp/model-dense/config.json
+COMMON=(--load-format dummy --skip-tokenizer-init --host 127.0.0.1 --kv-cache-dtype fp8 --max-model-len 32768
+        --max-num-batched-tokens 8192 --max-num-seqs 8 --api-key memtrace-secret-key)
+NEXT_PORT=$PORT
+next_port() { NEXT_PORT=$((NEXT_PORT + 1)); }
+vllm_facts() {  # vLLM's own figures (must not change with the plugin)
+  grep -hoE "Available KV cache memory: [0-9.]+ GiB|KV cache size: [0-9,]+ tokens|Extended KV cache to [0-9]+ blocks \([0-9.]+ GiB\)|Model loading took [0-9.]+ GiB|$INIT_RE s" "$1" | tr '\n' ';'
+}
+
+# traced NAME MODEL_DIR FLAGS... : one start-up under `memtrace run`, stopped after memtrace's summary
+traced() {
+  local name=$1 model=$2; shift 2
+  local d=$W/$name; rm -rf "$d"; mkdir -p "$d"; next_port
+  log "($name) start-up ($(left)s left): $*"
+  start /dev/null nvidia-smi --query-gpu=timestamp,memory.used,memory.total --format=csv,noheader,nounits -lms 100 -f "$d/nvidia-smi.csv"
+  local smi=$SID t0=$SECONDS
+  start "$d/vllm.log" env PYTHONFAULTHANDLER=1 MEMTRACE_STACKS=python python3 -m memtrace run --dir "$d/run" --until startup -- \
+    python3 -m vllm.entrypoints.openai.api_server --model "$model" --port "$NEXT_PORT" "${COMMON[@]}" "$@"
+  local sid=$SID rc
+  wait_log "$d/vllm.log" "memtrace: start-up complete|Application startup complete" "$sid" $(( $(left) - 25 )); rc=$?
+  log "($name) $([ $rc = 0 ] && echo "ready after $((SECONDS - t0))s" || ([ $rc = 1 ] && echo 'server died' || echo 'TIMED OUT'))"
+  if [ $rc = 2 ]; then
+    session_pids "$sid" | xargs -r kill -ABRT 2>/dev/null; sleep 3
+    grep -B2 -A25 "most recent call first" "$d/vllm.log" | cut -c1-200 | head -80 | tee -a "$OUT/progress.log"
+  fi
+  wait_log "$d/vllm.log" "memtrace: start-up complete" "$sid" 20 && sleep 5
+  stop_session "$sid"; stop_session "$smi" 2
+  grep -E "memtrace|Available KV|KV cache size|Extended KV|Memory after warmup|Model loading took|init engine|Error|Traceback" "$d/vllm.log" | cut -c1-400 | head -40 | tee -a "$OUT/progress.log"
+  log "($name) vLLM's figures: $(vllm_facts "$d/vllm.log")"
+  for f in "$d"/run/*.memtrace; do [ -f "$f" ] && log "($name) trace $(basename "$f"): $(stat -c %s "$f") B"; done
+  timeout 90 python3 -m memtrace report "$d/run" > "$d/report.txt" 2>&1; log "($name) report exit $?"
+  head -45 "$d/report.txt" | tee -a "$OUT/progress.log"
+  pack
+}
+
+want moe-ext && traced moe-ext /tmp/model-moe
+want moe-noext && [ "$(left)" -gt 120 ] && traced moe-noext /tmp/model-moe --no-enable-extensible-kv-cache
+want moe-092 && [ "$(left)" -gt 120 ] && traced moe-092 /tmp/model-moe --gpu-memory-utilization 0.92
+want dense-ext && [ "$(left)" -gt 150 ] && traced dense-ext /tmp/model-dense
+want dense-noext && [ "$(left)" -gt 120 ] && traced dense-noext /tmp/model-dense --no-enable-extensible-kv-cache
+
+if want small-ext && [ "$(left)" -gt 150 ]; then
+  mkdir -p "$W/small-ext-holder"
+  cat > "$W/holder.py" <<'PY'
+"""Hold N GiB of the GPU until killed (another process on a shared GPU: a smaller card for vLLM)."""
+import os, sys, time
+import torch
+x = torch.empty(int(float(sys.argv[1]) * 2**30), dtype=torch.uint8, device="cuda"); x.fill_(1)
+torch.cuda.synchronize(); free, total = torch.cuda.mem_get_info()
+print(f"holder pid {os.getpid()} holds {x.numel()} B; cudaMemGetInfo free {free} B of {total} B", flush=True)
+while True:
+    time.sleep(1)
+PY
+  start "$W/small-ext-holder/holder.log" python3 "$W/holder.py" "$HOLD_GIB"
+  H=$SID
+  if wait_log "$W/small-ext-holder/holder.log" "holder pid" "$H" 60; then
+    cat "$W/small-ext-holder/holder.log" | tee -a "$OUT/progress.log"
+    traced small-ext /tmp/model-moe
+  else
+    log "(small-ext) the holder did not start"; tail -5 "$W/small-ext-holder/holder.log" | tee -a "$OUT/progress.log"
+  fi
+  stop_session "$H" 5
+  cp "$W/small-ext-holder/holder.log" "$W/small-ext/" 2>/dev/null; rm -rf "$W/small-ext-holder"
+fi
+
+# ---- cost: warm rounds, plugin on / off ------------------------------------------------------------
+one_run() {  # one_run NAME on|off -> SECS (init engine s), WALL (s to the log line)
+  local name=$1 mode=$2 d=$W/cost t0=$SECONDS rc
+  next_port
+  if [ "$mode" = on ]; then
+    MEMTRACE_DIR="$d/$name-trace" start "$d/$name.log" python3 -m vllm.entrypoints.openai.api_server --model /tmp/model-moe --port "$NEXT_PORT" "${COMMON[@]}"
+  else
+    start "$d/$name.log" python3 -m vllm.entrypoints.openai.api_server --model /tmp/model-moe --port "$NEXT_PORT" "${COMMON[@]}"
+  fi
+  local sid=$SID
+  wait_log "$d/$name.log" "Application startup complete" "$sid" $(( $(left) - 10 )); rc=$?
+  WALL=$((SECONDS - t0))
+  stop_session "$sid" 15
+  SECS=$(grep -oE "$INIT_RE" "$d/$name.log" | head -1 | grep -oE '[0-9.]+$')
+  echo "$name	$mode	${SECS:--}	$WALL	$(vllm_facts "$d/$name.log")" >> "$d/runs.tsv"
+  log "(cost) $name ($mode): init engine ${SECS:-not reached (rc $rc)} s; ready after ${WALL}s"
+}
+if want cost; then
+  mkdir -p "$W/cost"
+  [ -f "$W/cost/rounds.tsv" ] || printf 'round\torder\ton_init_s\toff_init_s\ton_wall_s\toff_wall_s\n' > "$W/cost/rounds.tsv"
+  EST=60
+  for ((p = FIRST_ROUND; p < FIRST_ROUND + ROUNDS; p++)); do
+    [ "$(left)" -lt $((2 * EST + 20)) ] && { log "(cost) stopping before round $p: $(left)s left"; break; }
+    if ((p % 2)); then order=(on off); else order=(off on); fi
+    declare -A S=() T=()
+    for mode in "${order[@]}"; do one_run "round$p-$mode" "$mode"; S[$mode]=${SECS:--}; T[$mode]=$WALL; [ "$WALL" -gt "$EST" ] && EST=$WALL; done
+    printf '%s\t%s\t%s\t%s\t%s\t%s\n' "$p" "${order[0]}-${order[1]}" "${S[on]}" "${S[off]}" "${T[on]}" "${T[off]}" >> "$W/cost/rounds.tsv"
+    pack
+  done
+  column -t "$W/cost/rounds.tsv" | tee -a "$OUT/progress.log"
+  cut -f1,2,5 "$W/cost/runs.tsv" | tee -a "$OUT/progress.log"
+fi
