@@ -173,7 +173,8 @@ class Plugin:
         if self.version is None or self.version >= (0, 34):  # the extensible KV cache's memory
             self.hooked += vllm_vmm.install(self.manager, _session)
             self.manager.add(SIZING_READ_TARGET, SizingReadHook())
-            self.hooked.append(SIZING_READ_TARGET)
+            self.manager.add(TRANSIENT_PEAK_TARGET, TransientPeakHook())
+            self.hooked += [SIZING_READ_TARGET, TRANSIENT_PEAK_TARGET]
         extra, bad = flashinfer.user_targets()
         for msg in bad:
             self._note("warning", msg)
@@ -250,6 +251,7 @@ class Plugin:
         total = getattr(getattr(session, "process", None), "device_total_bytes", None)
         for key, value in vllm_facts.target_facts(worker, total).items():
             session.set_fact(key, value)
+        session.set_fact(F.UTIL_SOURCE, vllm_facts.util_source(worker, self.version, _argv()))
         session.set_fact(F.VLLM_CONFIG, vllm_facts.config_facts(worker))
         session.set_fact(F.VLLM_VERSION, self.version_text)
         session.set_fact(F.VLLM_HOOK_TARGETS, list(self.hooked))
@@ -290,6 +292,15 @@ class Plugin:
         else:
             session.flush()
             log.info("memtrace: start-up complete; recording until exit to %s", session.path)
+
+
+def _argv() -> list[str]:
+    """The command line of the process that loaded vLLM first (redacted), else this process's."""
+    try:
+        argv = json.loads(os.environ.get(CMDLINE_ENV) or "null")
+    except ValueError:
+        argv = None
+    return [str(a) for a in argv] if isinstance(argv, list) else list(sys.argv)
 
 
 def _session() -> Any:
@@ -381,6 +392,7 @@ class PhaseHook:
             # the target vLLM sizes with (0.34 resolves it again if the extensible KV cache was turned off)
             for key, value in vllm_facts.target_facts(worker).items():
                 session.set_fact(key, value)
+            session.set_fact(F.UTIL_SOURCE, vllm_facts.util_source(worker, self.plugin.version, _argv()))
         elif self.phase == KV_CACHE_SIZING:
             sizing = dict(session.facts.get(F.VLLM_KV_SIZING) or {})
             if isinstance(result, int):
@@ -425,6 +437,44 @@ class PeakResetHook:
     def after(self, token: Any, result: Any, error: BaseException | None) -> None:
         if token is not None and error is None:
             token.set_fact(F.PEAK_RESETS_US, [*(token.facts.get(F.PEAK_RESETS_US) or []), now_us()])
+
+
+#: vLLM 0.34 folds the allocated transient since the last peak reset into the KV cache's reserve here.
+TRANSIENT_PEAK_TARGET = "vllm.v1.worker.extensible_kv_cache:ExtensibleKVCache.record_transient_peak"
+
+
+class TransientPeakHook:
+    """Appends what each ``record_transient_peak`` read to ``vllm.transient_peaks``: torch's allocated and
+    reserved counters (current and peak since the last reset) and the reserve it left on the KV cache."""
+
+    key = "vllm.transient_peak"
+
+    def before(self, target: Target, args: tuple, kwargs: dict) -> Any:
+        session = _session()
+        return None if session is None or not args else (session, args[0])
+
+    def after(self, token: Any, result: Any, error: BaseException | None) -> None:
+        if token is None or error is not None or not hasattr(result, "get"):
+            return
+        session, kv_cache = token
+        item = {"time_us": now_us()}
+        for key, stat in (
+            ("allocated_bytes", "allocated_bytes.all.current"),
+            ("allocated_peak_bytes", "allocated_bytes.all.peak"),
+            ("reserved_bytes", "reserved_bytes.all.current"),
+            ("reserved_peak_bytes", "reserved_bytes.all.peak"),
+        ):
+            value = result.get(stat)
+            if isinstance(value, int):
+                item[key] = value
+        for key, attr in (
+            ("reserved_headroom_bytes", "reserved_headroom_bytes"),
+            ("torch_reserve_growth_bytes", "torch_reserve_growth_bytes"),
+        ):
+            value = getattr(kv_cache, attr, None)
+            if isinstance(value, int):
+                item[key] = value
+        session.set_fact(F.VLLM_TRANSIENT_PEAKS, [*(session.facts.get(F.VLLM_TRANSIENT_PEAKS) or []), item])
 
 
 class SizingReadHook:

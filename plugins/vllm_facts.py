@@ -171,6 +171,10 @@ _SIZING_CACHE_FIELDS = {
 def sizing_inputs(kv_cache: Any, init_free: Any, requested: Any) -> dict[str, Any]:
     """What vLLM 0.34's ``measure_kv_cache_blocks`` sizes the KV cache from, read as it is called."""
     out: dict[str, Any] = _ints(kv_cache, _SIZING_CACHE_FIELDS)
+    for key, path in (("granularity_bytes", "buffer.granularity"), ("segment_strides", "segment_strides")):
+        value = _get(kv_cache, path)
+        if isinstance(value, int) or (isinstance(value, list) and all(isinstance(x, int) for x in value)):
+            out[key] = value
     for key, value in (("init_free_memory_bytes", init_free), ("requested_memory_bytes", requested)):
         if isinstance(value, (int, float)) and not isinstance(value, bool):
             out[key] = int(value)
@@ -198,10 +202,18 @@ _EXTENSIBLE_FIELDS = {
 }
 
 
-def extensible_facts(worker: Any) -> dict[str, int]:
-    """The extensible KV cache as it stands (vLLM 0.34+): capacity, address space, committed blocks/bytes."""
+def extensible_facts(worker: Any) -> dict[str, Any]:
+    """The extensible KV cache as it stands (vLLM 0.34+): capacity, address space, committed blocks/bytes,
+    and its segments' block strides (one segment per layer in layer-outermost layouts: each is committed
+    in whole granules, which is why the committed bytes exceed blocks x bytes per block)."""
     kv_cache = _kv_cache(worker)
-    return _ints(kv_cache, _EXTENSIBLE_FIELDS) if kv_cache is not None else {}
+    if kv_cache is None:
+        return {}
+    out: dict[str, Any] = _ints(kv_cache, _EXTENSIBLE_FIELDS)
+    strides = getattr(kv_cache, "segment_strides", None)
+    if isinstance(strides, list) and all(isinstance(x, int) for x in strides):
+        out["segment_strides"] = strides
+    return out
 
 
 _SNAPSHOT_FIELDS = ("torch_peak", "free_memory", "total_memory", "cuda_memory", "torch_memory", "non_torch_memory")

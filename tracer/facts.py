@@ -166,6 +166,15 @@ VLLM_KV_SIZING = _fact(
     "margin_fraction, non_torch_reserve_bytes, bytes_per_block; its result num_blocks; "
     "torch_memory_limit_bytes (the cap it put on PyTorch's allocator); time_us",
 )
+VLLM_TRANSIENT_PEAKS = _fact(
+    "vllm.transient_peaks",
+    "list",
+    "plugins.vllm",
+    "each call of vLLM 0.34's ExtensibleKVCache.record_transient_peak: time_us, torch's allocated_bytes, "
+    "allocated_peak_bytes, reserved_bytes, reserved_peak_bytes as it read them, and the cache's "
+    "reserved_headroom_bytes (the transient it keeps free) after the call. torch_reserve_growth_bytes is "
+    "read then too; vLLM raises it after the call, so the next item or vllm.kv_cache_sizing holds its final value",
+)
 VLLM_EXTENSIBLE_KV = _fact(
     "vllm.extensible_kv_cache",
     "dict",

@@ -278,3 +278,66 @@ def test_the_temporary_kv_cache_and_profiling_capture_are_flagged_where_vllm_bui
         profiling = {fn for _, fn in calls}
         assert profiling and all("profil" in fn for fn in profiling), calls
         assert unflagged <= {"initialize_from_config", "initialize_kv_cache", "compile_or_warm_up_model"}, unflagged
+
+
+# -- vLLM 0.34's extensible KV cache, read from objects shaped as 0.34's own (plain getattr) --------------
+
+
+def _kv_cache_034():
+    buffer = SimpleNamespace(capacity_bytes=40 << 30, granularity=2 << 20)
+    return SimpleNamespace(
+        capacity_blocks=1000,
+        bytes_per_block=8 * 65536,
+        segment_strides=[65536] * 8,
+        num_committed_blocks=900,
+        physical_bytes=8 * 29 * (2 << 20),
+        torch_memory_limit=5 << 30,
+        reserved_headroom_bytes=3 << 30,
+        torch_reserve_growth_bytes=1 << 30,
+        buffer=buffer,
+    )
+
+
+def test_extensible_kv_cache_facts_are_read_from_the_runners_cache():
+    worker = SimpleNamespace(model_runner=SimpleNamespace(extensible_kv_cache=_kv_cache_034()))
+    assert vllm_facts.extensible_facts(worker) == {
+        "capacity_blocks": 1000,
+        "reserved_bytes": 40 << 30,
+        "granularity_bytes": 2 << 20,
+        "bytes_per_block": 524288,
+        "committed_blocks": 900,
+        "physical_bytes": 486539264,
+        "torch_memory_limit_bytes": 5 << 30,
+        "segment_strides": [65536] * 8,
+    }
+    assert vllm_facts.extensible_facts(SimpleNamespace(model_runner=SimpleNamespace())) == {}
+
+
+def test_sizing_inputs_keep_what_vllm_sizes_the_kv_cache_from():
+    got = vllm_facts.sizing_inputs(_kv_cache_034(), 140 << 30, 150 << 30)
+    assert got["init_free_memory_bytes"] == 140 << 30 and got["requested_memory_bytes"] == 150 << 30
+    assert got["transient_peak_bytes"] == 3 << 30 and got["torch_reserve_growth_bytes"] == 1 << 30
+    assert got["committed_bytes"] == 486539264 and got["granularity_bytes"] == 2 << 20
+    assert got["segment_strides"] == [65536] * 8 and got["capacity_blocks"] == 1000
+
+
+def test_who_set_the_utilization_target():
+    unset = SimpleNamespace(
+        cache_config=SimpleNamespace(gpu_memory_utilization=None, resolved_gpu_memory_utilization=1.0)
+    )
+    mine = SimpleNamespace(
+        cache_config=SimpleNamespace(gpu_memory_utilization=0.9, resolved_gpu_memory_utilization=0.9)
+    )
+    assert vllm_facts.util_source(unset, (0, 34), ["vllm", "serve", "m"]) == "vllm-default"
+    assert vllm_facts.util_source(mine, (0, 34), ["vllm", "serve", "m"]) == "user"
+    assert vllm_facts.target_facts(unset, device_total_bytes=1000)["gpu_memory_utilization"] == 1.0
+    old = SimpleNamespace(cache_config=SimpleNamespace(gpu_memory_utilization=0.92))
+    assert (
+        vllm_facts.util_source(old, (0, 25), ["python", "-m", "vllm.entrypoints.openai.api_server"]) == "vllm-default"
+    )
+    assert vllm_facts.util_source(old, (0, 25), ["vllm", "serve", "--gpu-memory-utilization=0.92"]) == "user"
+    assert vllm_facts.util_source(old, (0, 25), ["python", "bench.py"]) == "unknown"
+    assert (
+        vllm_facts.util_source(SimpleNamespace(cache_config=SimpleNamespace(gpu_memory_utilization=0.8)), (0, 25), [])
+        == "user"
+    )

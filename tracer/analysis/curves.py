@@ -34,13 +34,17 @@ from dataclasses import dataclass
 import numpy as np
 
 from .. import facts as F
-from ..model import ACTION_CODE, Trace
+from ..model import ACTION_CODE, VMM_CALLERS, VMM_OPS, Trace
 from .memo import cached
 
 _ALLOC = ACTION_CODE["alloc"]
 _FREE_COMPLETED = ACTION_CODE["free_completed"]
 _SEG_UP = (ACTION_CODE["segment_alloc"], ACTION_CODE["segment_map"])
 _SEG_DOWN = (ACTION_CODE["segment_free"], ACTION_CODE["segment_unmap"])
+CREATE, RELEASE, RESERVE, FREE_RESERVED = (
+    VMM_OPS.index(op) for op in ("create", "release", "reserve", "free_reserved")
+)
+_KV_CACHE_CALLER = VMM_CALLERS.index("kv_cache")
 
 
 @dataclass(frozen=True)
@@ -211,10 +215,42 @@ def device_used_curve(trace: Trace) -> Curve:
     return Curve(s["time_us"].astype(np.int64), used)
 
 
-def non_torch_curve(trace: Trace, reserved: Curve | None = None) -> Curve:
+def _step_curve(times: np.ndarray, deltas: np.ndarray) -> Curve:
+    if not len(times):
+        return Curve(np.zeros(0, np.int64), np.zeros(0, np.int64))
+    order = np.argsort(times, kind="stable")
+    t = np.concatenate(([times[order[0]]], times[order])).astype(np.int64)
+    b = np.concatenate(([0], np.cumsum(deltas[order]))).astype(np.int64)
+    return Curve(t, b)
+
+
+def committed_curve(trace: Trace, *, kv_cache_only: bool = False) -> Curve:
+    """Bytes committed through the VMM API and not released, over time (0 before the first record);
+    with ``kv_cache_only`` the KV cache's buffer's alone. Empty without records."""
+    r = trace.vmm
+    ok = (r["error"] == 0) & np.isin(r["op"], (CREATE, RELEASE))
+    if kv_cache_only:
+        ok &= r["caller"] == _KV_CACHE_CALLER
+    r = r[ok]
+    sign = np.where(r["op"] == CREATE, 1, -1).astype(np.int64)
+    return _step_curve(r["time_us"].astype(np.int64), sign * r["bytes"].astype(np.int64))
+
+
+def vmm_reserved_curve(trace: Trace) -> Curve:
+    """Address space reserved through the VMM API (``cuMemAddressReserve`` minus ``cuMemAddressFree``):
+    not memory, the room the extensible KV cache may grow into."""
+    r = trace.vmm
+    r = r[(r["error"] == 0) & np.isin(r["op"], (RESERVE, FREE_RESERVED))]
+    sign = np.where(r["op"] == RESERVE, 1, -1).astype(np.int64)
+    return _step_curve(r["time_us"].astype(np.int64), sign * r["bytes"].astype(np.int64))
+
+
+def non_torch_curve(trace: Trace, reserved: Curve | None = None, vmm: Curve | None = None) -> Curve:
     """Device used minus PyTorch reserved at each NVML sample: CUDA context, NCCL, cuBLAS, raw cudaMalloc.
 
-    Other processes' memory is not in it when it was sampled (see :func:`device_used_curve`).
+    Other processes' memory is not in it when it was sampled (see :func:`device_used_curve`), nor what
+    vLLM (0.34+) committed through CUDA's virtual-memory API for its KV cache (:func:`committed_curve`):
+    that is the KV cache, counted on its own.
     """
     used = device_used_curve(trace)
     if len(used) == 0:
@@ -226,6 +262,9 @@ def non_torch_curve(trace: Trace, reserved: Curve | None = None) -> Curve:
         res = np.where(idx >= 0, reserved.bytes[np.clip(idx, 0, None)], 0)
     else:
         res = np.zeros(len(used), dtype=np.int64)
+    vmm = committed_curve(trace) if vmm is None else vmm
+    if len(vmm):
+        res = res + vmm.at_each(used.time_us)
     return Curve(used.time_us, used.bytes - res)
 
 
@@ -243,6 +282,8 @@ class Curves:
     non_torch: Curve
     baseline: Baseline
     others: Curve = Curve(np.zeros(0, np.int64), np.zeros(0, np.int64))
+    #: memory committed through CUDA's VMM API (vLLM 0.34's extensible KV cache); empty before 0.34
+    vmm: Curve = Curve(np.zeros(0, np.int64), np.zeros(0, np.int64))
 
     @property
     def has_device(self) -> bool:
@@ -260,11 +301,13 @@ def _all_curves(trace: Trace) -> Curves:
     base = _baseline(trace, alloc_d, res_d)
     times = _curve_times(trace)
     reserved = _curve(trace, res_d, base.reserved_bytes, times)
+    vmm = committed_curve(trace)
     return Curves(
         allocated=_curve(trace, alloc_d, base.allocated_bytes, times),
         reserved=reserved,
         device_used=device_used_curve(trace),
-        non_torch=non_torch_curve(trace, reserved),
+        non_torch=non_torch_curve(trace, reserved, vmm),
         baseline=base,
         others=others_curve(trace),
+        vmm=vmm,
     )
