@@ -264,9 +264,11 @@ def reconcile_kv(
 def kv_size_given(trace: Trace) -> bool:
     """vLLM was handed the KV cache's size (``--kv-cache-memory-bytes``, or a persisted start-up plan
     under ``VLLM_ENABLE_STARTUP_PLAN=1``): it still runs ``profile_run`` but sizes nothing, so its
-    formula does not apply and the KV cache has that size on any card."""
+    formula does not apply and the KV cache has that size on any card. (vLLM 0.34's extensible KV cache
+    is sized by a formula: after warm-up, ``analysis.extensible``; its profiled figure sizes the
+    address range with the 0.33 formula.)"""
     source = trace.facts.get(F.VLLM_KV_SIZE_SOURCE)
-    return isinstance(source, str) and source != "profiling"
+    return isinstance(source, str) and source not in ("profiling", "extensible")
 
 
 #: Where :func:`non_kv`'s figure came from, in the words outputs print.
