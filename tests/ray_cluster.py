@@ -1,4 +1,4 @@
-"""Start and stop a multi-node Ray test cluster (``cluster.py``) from a test, with a clean environment."""
+"""Start and stop a multi-node Ray test cluster (``ray_cluster_node.py``) from a test, with a clean environment."""
 
 from __future__ import annotations
 
@@ -26,7 +26,7 @@ def clean_env(**extra: str) -> dict[str, str]:
 
 @contextlib.contextmanager
 def ray_cluster(nodes: list[dict], env: dict[str, str] | None = None) -> Iterator[dict]:
-    """A running cluster of ``nodes`` (see cluster.py; ``temp_dir`` is filled in: one short folder per
+    """A running cluster of ``nodes`` (see ray_cluster_node.py; ``temp_dir`` is filled in: one short folder per
     node, Unix socket paths must stay short). Yields ``{"address", "root", "temp_dirs", "env"}``: ``env`` is
     the environment for a driver process (``RAY_TMPDIR`` set, no memtrace switch)."""
     root = Path(tempfile.mkdtemp(prefix="mtray-", dir="/tmp"))
@@ -39,7 +39,7 @@ def ray_cluster(nodes: list[dict], env: dict[str, str] | None = None) -> Iterato
     spec.write_text(json.dumps(nodes))
     env = clean_env(RAY_TMPDIR=str(root), **(env or {}))
     proc = subprocess.Popen(
-        [sys.executable, str(HERE / "cluster.py"), str(spec)],
+        [sys.executable, str(HERE / "ray_cluster_node.py"), str(spec)],
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         stderr=open(root / "cluster.log", "wb"),  # noqa: SIM115 - closed with the process

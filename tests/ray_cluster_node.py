@@ -1,6 +1,6 @@
 """Ray's own multi-node test cluster (``ray.cluster_utils.Cluster``) on this machine, in a process of its own.
 
-    python tests/distributed/cluster.py SPEC.json      # prints {"address": ...} on one line, then waits for stdin
+    python tests/ray_cluster_node.py SPEC.json      # prints {"address": ...} on one line, then waits for stdin
 
 SPEC is a list of nodes: ``{"temp_dir": ..., "num_cpus": 1, "num_gpus": 0, "resources": {...}, "env_vars":
 {...}}``; each node gets its own Ray temporary folder (its own "disk"), and its own raylet environment
