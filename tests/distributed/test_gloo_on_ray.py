@@ -22,7 +22,8 @@ pytest.importorskip("ray", reason="Ray is not installed here; .ci/setup installs
 
 from memtrace import facts as F  # noqa: E402
 from memtrace.analysis.clock import alignment  # noqa: E402
-from memtrace.gather import read_manifest  # noqa: E402
+from memtrace.cli import run as run_cmd
+from memtrace.gather import elsewhere, read_manifest  # noqa: E402
 from memtrace.store import load_run  # noqa: E402
 from ray_cluster import ray_cluster  # noqa: E402
 
@@ -62,6 +63,7 @@ def runs():
     with ray_cluster(nodes) as cluster:
         carried = _run_program(cluster, cluster["root"] / "run")
         bare = _run_program(cluster, cluster["root"] / "run-bare", "--no-carry")
+        dropped = _run_program(cluster, cluster["root"] / "run-dropped", "--drop-collector")
         node1_files = sorted((cluster["temp_dirs"][1] / "memtrace" / "run").glob("*.memtrace"))
         node1_copy = {f.name: f.read_bytes() for f in node1_files}
         run = load_run(cluster["root"] / "run")
@@ -70,6 +72,8 @@ def runs():
             "cluster": cluster,
             "carried": carried,
             "bare": bare,
+            "dropped": dropped,
+            "dropped_dir": cluster["root"] / "run-dropped",
             "run": run,
             "manifest": manifest,
             "node1_copy": node1_copy,
@@ -141,3 +145,16 @@ def test_without_carrying_memtraces_switches_no_trace_reaches_the_run_directory(
     for rank in runs["bare"]["ranks"]:
         assert "MEMTRACE_RAY_COLLECTOR" not in rank["memtrace_env"]
         assert Path(rank["path"]).parent != runs["bare_dir"]
+
+
+def test_a_trace_that_cannot_reach_the_driver_stays_on_its_node_and_the_run_says_where(runs, capsys):
+    run_dir = runs["dropped_dir"]
+    rank1 = runs["dropped"]["ranks"][1]
+    assert [t.process.rank for t in load_run(run_dir).traces] == [0]  # rank 1 never arrived
+    (missing,) = elsewhere(run_dir)
+    assert (missing.rank, missing.status, missing.local_path) == (1, "on-node", rank1["path"])
+    assert load_run(rank1["path"]).traces[0].process.rank == 1  # complete, on node 1's own disk
+    run_cmd._summary(run_dir, 100)
+    err = capsys.readouterr().err
+    assert f"memtrace: rank 1's trace is on node {missing.node_ip} (host {missing.host}), not here: " in err
+    assert f"scp {missing.node_ip}:{rank1['path']} {run_dir}/" in err
