@@ -156,5 +156,8 @@ def test_a_trace_that_cannot_reach_the_driver_stays_on_its_node_and_the_run_says
     assert load_run(rank1["path"]).traces[0].process.rank == 1  # complete, on node 1's own disk
     run_cmd._summary(run_dir, 100)
     err = capsys.readouterr().err
-    assert f"memtrace: rank 1's trace is on node {missing.node_ip} (host {missing.host}), not here: " in err
+    assert (
+        f"memtrace: rank 1's trace is on node {missing.node_ip} (host {missing.host}), not here (not handed over yet): "
+        in err
+    )
     assert f"scp {missing.node_ip}:{rank1['path']} {run_dir}/" in err

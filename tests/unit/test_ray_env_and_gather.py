@@ -106,3 +106,12 @@ def test_memtrace_run_counts_a_trace_left_on_another_node_as_not_done_and_says_h
         "memtrace: rank 1's trace is on node 10.0.0.2 (host b), not here (ConnectionError: driver gone): "
         f"scp 10.0.0.2:/tmp/ray/memtrace/run/b-pid7-rank1.memtrace {run_dir}/"
     ) in err
+
+
+def test_the_collector_takes_only_trace_file_names():
+    import pytest
+
+    ray_gather._check_name("vm-pid7-rank1.memtrace")
+    for bad in ("../x.memtrace", "/etc/x.memtrace", "a/b.memtrace", "x.sqlite", ".memtrace", "x.memtrace/.."):
+        with pytest.raises(ValueError):
+            ray_gather._check_name(bad)

@@ -15,7 +15,14 @@ from memtrace.store import load_run
 from testdata import DATA
 
 HERE = DATA / "vllm-cpu-tp2"
-PHASES = ["init_device", "load_model", "determine_available_memory", "profile_run", "kv_cache_init", "compile_or_warm_up"]
+PHASES = [
+    "init_device",
+    "load_model",
+    "determine_available_memory",
+    "profile_run",
+    "kv_cache_init",
+    "compile_or_warm_up",
+]
 
 
 def _phase(trace, name: str):

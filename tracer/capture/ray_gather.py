@@ -36,6 +36,7 @@ from typing import Any
 
 from .. import facts as F
 from .. import gather
+from ..store import SUFFIX
 from . import clock
 
 log = logging.getLogger("memtrace")
@@ -79,11 +80,13 @@ class Collector:
 
     def register(self, entry: dict[str, Any]) -> None:
         placed = gather.Placed(**entry)
+        _check_name(placed.file)
         self.manifest.traces[placed.file] = placed
         gather.write_manifest(self.run_dir, self.manifest)
 
     def put(self, name: str, offset: int, data: bytes) -> int:
         """Append ``data`` (at ``offset``) to the copy of ``name`` being received."""
+        _check_name(name)
         if offset == 0 or name not in self._parts:
             self._drop(name)
             part = open(self.run_dir / (name + ".part"), "wb")  # noqa: SIM115 - closed in done/_drop
@@ -123,6 +126,12 @@ class Collector:
         if part is not None:
             part[0].close()
             (self.run_dir / (name + ".part")).unlink(missing_ok=True)
+
+
+def _check_name(name: str) -> None:
+    """A trace's file name, nothing else: the collector never writes outside the run directory."""
+    if Path(name).name != name or not name.endswith(SUFFIX) or name.startswith("."):
+        raise ValueError(f"{name!r} is not a trace file name")
 
 
 def start_collector(run_dir: str | os.PathLike | None = None) -> Any:

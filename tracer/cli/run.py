@@ -131,7 +131,7 @@ def _say_elsewhere(run_dir: Path) -> None:
 
     for placed in elsewhere(run_dir):
         who = f"rank {placed.rank}" if placed.rank is not None else f"pid {placed.pid}"
-        why = f" ({placed.error})" if placed.error else ""
+        why = f" ({placed.error})" if placed.error else " (not handed over yet)" if placed.status == "on-node" else ""
         print(
             f"memtrace: {who}'s trace is on node {placed.node_ip or placed.host} (host {placed.host}), not here"
             f"{why}: {placed.fetch_hint(run_dir)}",
