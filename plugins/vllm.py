@@ -37,7 +37,9 @@ import time
 from typing import Any
 
 from .. import facts as F
-from . import flashinfer, vllm_boundaries, vllm_facts, vllm_vmm
+from ..capture.clock import export_driver_host
+from ..capture.clock import now_us as _clock_now_us
+from . import flashinfer, ray_env, vllm_boundaries, vllm_facts, vllm_vmm
 from .hooks import HookManager, Target, call_argument
 from .vllm_targets import (
     COMPILE_OR_WARM_UP,
@@ -68,7 +70,7 @@ _lock = threading.Lock()
 
 
 def now_us() -> int:
-    return time.time_ns() // 1000
+    return _clock_now_us()
 
 
 def enabled(environ: dict[str, str] | None = None) -> bool:
@@ -175,6 +177,10 @@ class Plugin:
             self.manager.add(SIZING_READ_TARGET, SizingReadHook())
             self.manager.add(TRANSIENT_PEAK_TARGET, TransientPeakHook())
             self.hooked += [SIZING_READ_TARGET, TRANSIENT_PEAK_TARGET]
+        ray_env.carry()  # MEMTRACE* reach Ray workers; the run's collector starts with Ray (plugins.ray_env)
+        export_driver_host()
+        self.manager.add(ray_env.RAY_CLUSTER_TARGET, ray_env.RayClusterHook())
+        self.hooked.append(ray_env.RAY_CLUSTER_TARGET)
         extra, bad = flashinfer.user_targets()
         for msg in bad:
             self._note("warning", msg)

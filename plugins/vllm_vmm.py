@@ -32,6 +32,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ..capture import pystack
+from ..capture.clock import now_us as _now_us
 from ..model import VMM_CALLERS, VMM_OPS, empty_vmm
 from . import hooks
 from .hooks import HookManager, Target, call_argument
@@ -52,12 +53,6 @@ _CALLER = {name: code for code, name in enumerate(VMM_CALLERS)}
 #: ``VmmDriver._check``'s message: ``GPU driver error {code}: {text}``.
 _ERROR_RE = re.compile(r"GPU driver error (\d+)")
 _HERE = (pystack.own_file(__file__), pystack.own_file(hooks.__file__))  # the recorder's own frames
-
-
-def _now_us() -> int:
-    import time
-
-    return time.time_ns() // 1000
 
 
 def error_code(exc: BaseException | None) -> int:

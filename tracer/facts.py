@@ -61,6 +61,21 @@ CUPTI = _fact(
     "capture.cupti",
     "the optional CUPTI source: on, version, records, stacks matched, clock offset, errors",
 )
+CLOCK = _fact(
+    "clock",
+    "dict",
+    "capture.clock, capture.ray_gather",
+    "host, reference_host (the driver's), method ('same-host', 'ray': round trips to the driver's node, "
+    "'unmeasured'), offset_us (driver time = trace time + offset_us; null when unmeasured), uncertainty_us, "
+    "and for 'ray' rtt_us, rounds, measured_at_us",
+)
+RAY = _fact(
+    "ray",
+    "dict",
+    "capture.ray_gather",
+    "a Ray worker's node_id, node_ip, the driver's node_id, whether it is on the driver's node, the collector "
+    "it hands its trace to and where the trace was written on its own node (local_path)",
+)
 MARKER = _fact("marker", "str", "tests", "a free-form label a test or script attaches to a run")
 
 # -- the line not to cross, and the card -------------------------------------------------------------------

@@ -72,7 +72,10 @@ def test_report_lists_hook_calls_and_the_definitions(capsys, startup_file):
     out = report(capsys, startup_file)
     assert "allocate_sm120_dynamic_workspace    13.00" in out
     assert "allocated = requested bytes live in tensors" in out
-    assert "reserved = bytes in PyTorch's segments" in out and "device used = this process's device memory from NVML" in out
+    assert (
+        "reserved = bytes in PyTorch's segments" in out
+        and "device used = this process's device memory from NVML" in out
+    )
 
 
 def test_report_json_holds_exact_integers(capsys, startup_file):

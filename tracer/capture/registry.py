@@ -1,5 +1,9 @@
 """Which session records this process, where its trace file goes, and which closed sessions are
-still being finished by their background writer (exit and SIGTERM wait for them)."""
+still being finished by their background writer (exit and SIGTERM wait for them).
+
+Every session gets the fact ``clock`` (:mod:`.clock`); one started inside a Ray worker of a run with a
+collector is tied to it (:mod:`.ray_gather`): it measures its clock through Ray, writes on its own node
+when that is not the driver's, and hands its file over once it is complete."""
 
 from __future__ import annotations
 
@@ -11,8 +15,10 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from .. import facts as F
 from ..errors import MemtraceError, UsageError
 from ..store import SUFFIX
+from . import clock
 
 if TYPE_CHECKING:
     from .session import Session
@@ -28,8 +34,8 @@ _active_lock = threading.RLock()
 
 
 def now_us() -> int:
-    """Unix-epoch microseconds, the clock of every time in a trace."""
-    return time.time_ns() // 1000
+    """Unix-epoch microseconds, the clock of every time in a trace (:func:`.clock.now_us`)."""
+    return clock.now_us()
 
 
 def active_session() -> Session | None:
@@ -79,7 +85,12 @@ def begin_session(path_or_dir: str | os.PathLike | None, **kwargs: Any) -> Sessi
         if stacks not in STACKS:
             raise UsageError(f"stacks={stacks!r} is not one of {', '.join(STACKS)}")
         path = trace_path(path_or_dir, kwargs.get("rank"))
+        from . import ray_gather
         from .session import Session
+
+        link = ray_gather.link_for(path)
+        if link is not None:
+            path = link.path
 
         try:
             session = Session(path, **kwargs)
@@ -88,8 +99,23 @@ def begin_session(path_or_dir: str | os.PathLike | None, **kwargs: Any) -> Sessi
                 f"cannot write the trace {path}: {exc.strerror or exc}; choose another MEMTRACE_DIR"
             ) from None
         _active = session
+    _tie(session, link)
     session.start_sources()
     return session
+
+
+def _tie(session: Session, link: Any) -> None:
+    """The session's clock fact, and for a Ray worker its collector: registered, handed the file at the end."""
+    if link is None:
+        session.set_fact(F.CLOCK, clock.local_fact())
+        return
+    for key, value in link.facts().items():
+        session.set_fact(key, value)
+    try:
+        link.register(session.process)
+    except Exception as exc:  # noqa: BLE001 - the trace is recorded all the same
+        log.warning("memtrace: could not register this trace with the run's collector: %s", exc)
+    session.on_file_closed = link.hand_over
 
 
 def deactivate(session: Session) -> None:
@@ -112,8 +138,15 @@ def finishing(session: Session) -> None:
 
 
 def finished(session: Session) -> None:
+    """``session``'s file is complete and closed: hand it on when something waits for it (a collector)."""
     if session in _finishing:
         _finishing.remove(session)
+    hand_over = getattr(session, "on_file_closed", None)
+    if hand_over is not None:
+        try:
+            hand_over(session.path)
+        except Exception:  # noqa: BLE001 - a bug here must not break the traced program's exit
+            log.warning("memtrace: handing over %s failed", session.path, exc_info=True)
 
 
 def wait_finishing() -> None:

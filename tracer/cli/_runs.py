@@ -100,4 +100,3 @@ def select(run: Run, rank: int | None) -> list[Trace]:
 def main_trace(run: Run, rank: int | None) -> Trace:
     """One trace: the given rank's, else the first (rank 0 when ranks are known)."""
     return select(run, rank)[0]
-

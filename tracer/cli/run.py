@@ -8,12 +8,18 @@ for *every* plugin group, so ``VLLM_PLUGINS=memtrace`` would turn off vLLM's own
 any platform plugin. Unset, vLLM loads every installed plugin, memtrace included. When the user set
 ``VLLM_PLUGINS`` without memtrace, memtrace is appended to it (and a line says so), else vLLM would
 not load it.
+``MEMTRACE`` is appended to ``VLLM_RAY_EXTRA_ENV_VAR_PREFIXES_TO_COPY`` (the user's entries kept), so that
+vLLM's Ray executor copies memtrace's switches to its workers, and this host is named the run's driver
+(``MEMTRACE_DRIVER_HOST``: workers elsewhere measure their clock against it).
 
 The command runs in its own process group; SIGINT/SIGTERM/SIGHUP are forwarded to it. The report of
 every traced worker is printed as soon as start-up completes (vLLM is then serving and keeps
 running) or, if it never does, when the command dies (an OOM trace is complete by then). The exit
 code is the command's. With --until exit the workers record until they exit; the summary at
 start-up shows what was recorded so far. Trace files are read only through ``memtrace.store``.
+Traces of Ray workers on other nodes arrive through Ray (``memtrace.capture.ray_gather``); a rank the
+run's manifest lists but whose file is not in the run directory counts as not done, and if it never
+arrives the summary says on which node it lies and how to fetch it.
 """
 
 from __future__ import annotations
@@ -65,7 +71,9 @@ def child_environment(
     """The command's environment: memtrace's switch and run settings, the redacted argv, the CUPTI
     source's switches when ``cupti`` is given ("off", "records", "stacks"), and ``VLLM_PLUGINS``
     untouched unless it was set without memtrace."""
+    from ..capture.clock import export_driver_host
     from ..capture.env import redact_argv
+    from ..plugins.ray_env import carry
     from ..plugins.vllm import vllm_plugins_with_memtrace
 
     env = dict(environ)
@@ -76,6 +84,8 @@ def child_environment(
     env["MEMTRACE_DIR"] = str(run_dir)
     env["MEMTRACE_UNTIL"] = until
     env["MEMTRACE_CMDLINE"] = json.dumps(redact_argv(command))
+    carry(env)
+    export_driver_host(env)
     if cupti is not None:
         from ..capture.cupti import ENV, STACKS_ENV
 
@@ -101,8 +111,10 @@ def exit_code(returncode: int) -> int:
 
 
 def startup_state(run_dir: Path) -> tuple[int, int]:
-    """(trace files, of which completed start-up), read through the store without disturbing the writers."""
+    """(traces, of which completed start-up), read through the store without disturbing the writers.
+    Traces the run's manifest places on other nodes count as not completed until their file arrives."""
     from ..errors import MemtraceError
+    from ..gather import elsewhere
     from ..store import read_fact, trace_files
 
     try:
@@ -110,7 +122,21 @@ def startup_state(run_dir: Path) -> tuple[int, int]:
     except MemtraceError:
         return 0, 0  # not created yet
     done = sum(read_fact(f, F.VLLM_STARTUP_COMPLETE_US) is not None for f in files)
-    return len(files), done
+    return len(files) + len(elsewhere(run_dir)), done
+
+
+def _say_elsewhere(run_dir: Path) -> None:
+    """One line per trace that stayed on another node: which rank, where, and how to fetch it."""
+    from ..gather import elsewhere
+
+    for placed in elsewhere(run_dir):
+        who = f"rank {placed.rank}" if placed.rank is not None else f"pid {placed.pid}"
+        why = f" ({placed.error})" if placed.error else " (not handed over yet)" if placed.status == "on-node" else ""
+        print(
+            f"memtrace: {who}'s trace is on node {placed.node_ip or placed.host} (host {placed.host}), not here"
+            f"{why}: {placed.fetch_hint(run_dir)}",
+            file=sys.stderr,
+        )
 
 
 def _forward_signals(child: subprocess.Popen) -> dict[int, object]:
@@ -144,9 +170,11 @@ def _summary(run_dir: Path, width: int) -> None:
         run_ = load(run_dir)
     except MemtraceError as exc:
         print(f"memtrace: no summary: {exc}", file=sys.stderr)
+        _say_elsewhere(run_dir)
         return
     render_run([summarize(t, resolve_target(t)) for t in run_.traces], sys.stdout, width=width)
     sys.stdout.flush()
+    _say_elsewhere(run_dir)
     for trace in run_.traces:
         oom = find_oom(trace)
         if oom is not None:
