@@ -1,0 +1,82 @@
+"""memtrace's curves against torch's own counters, read in the same process at vLLM's phase edges (pure).
+
+The vLLM plugin reads torch's counters at the start and end of every phase (``facts
+["memtrace.phase_memory"]``: reserved and allocated now, and their peaks since the last reset) and
+records every reset of the peaks (``facts["memtrace.peak_resets_us"]``). The same figures follow from
+memtrace's own curves, built from the allocator's events only:
+
+- **reserved now** = the reserved curve at the reading;
+- **reserved peak** = the reserved curve's maximum between the last reset before the reading (or the
+  start of the recording) and the reading;
+- **allocated peak - allocated now**: the same window on the allocated curve counted as torch counts it
+  (blocks rounded up to 512 B, ``extensible.torch_allocated_curve``); a difference, since the rounded
+  curve's baseline is unknown.
+
+Equal figures say the recording lost nothing and the curves mean what torch means; a difference names the
+reading where they part.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .. import facts as F
+from ..model import Trace
+from .curves import Curves
+from .extensible import torch_allocated_curve, window_max
+
+
+@dataclass(frozen=True)
+class CounterCheck:
+    """One reading of torch's counters beside memtrace's figures for the same moment (bytes)."""
+
+    phase: str
+    edge: str  # "start" or "end"
+    time_us: int
+    since_us: int  # the window's start: the last peak reset, or the recording's start
+    torch_reserved_bytes: int
+    memtrace_reserved_bytes: int
+    torch_reserved_peak_bytes: int | None
+    memtrace_reserved_peak_bytes: int
+    torch_transient_bytes: int | None  # allocated peak - allocated now, torch's
+    memtrace_transient_bytes: int
+
+    @property
+    def equal(self) -> bool:
+        return (
+            self.torch_reserved_bytes == self.memtrace_reserved_bytes
+            and self.torch_reserved_peak_bytes in (None, self.memtrace_reserved_peak_bytes)
+            and self.torch_transient_bytes in (None, self.memtrace_transient_bytes)
+        )
+
+
+def counter_checks(trace: Trace, curves: Curves) -> list[CounterCheck]:
+    """Every phase-edge reading that carries torch's counters, checked (empty when none was recorded)."""
+    readings = [r for r in trace.facts.get(F.PHASE_MEMORY) or [] if isinstance(r, dict) and "time_us" in r]
+    if not readings or not len(trace.events):
+        return []
+    resets = sorted(int(t) for t in trace.facts.get(F.PEAK_RESETS_US) or [])
+    alloc = torch_allocated_curve(trace)
+    start = int(curves.reserved.time_us[0])
+    out = []
+    for r in readings:
+        t = int(r["time_us"])
+        since = max([x for x in resets if x <= t], default=start)
+        since = max(since, start)
+        peak = r.get("allocated_peak_bytes")
+        now = r.get("allocated_bytes")
+        out.append(
+            CounterCheck(
+                phase=str(r.get("phase", "")),
+                edge=str(r.get("edge", "")),
+                time_us=t,
+                since_us=since,
+                torch_reserved_bytes=int(r.get("reserved_bytes", 0)),
+                memtrace_reserved_bytes=curves.reserved.at(t),
+                torch_reserved_peak_bytes=r.get("reserved_peak_bytes"),
+                memtrace_reserved_peak_bytes=window_max(curves.reserved, since, t),
+                torch_transient_bytes=(peak - now) if isinstance(peak, int) and isinstance(now, int) else None,
+                memtrace_transient_bytes=window_max(alloc, since, t) - alloc.at(t),
+            )
+        )
+    return out
