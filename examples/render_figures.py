@@ -29,29 +29,28 @@ def default_run() -> Path:
     raise SystemExit("no real trace under tests/data yet; pass a run directory")
 
 
-def _traces(path: Path) -> list:
+def _analysed(path: Path):
+    from memtrace.analysis.run import analyse
     from memtrace.store import load_run
 
-    traces = [t for t in load_run(path).traces if len(t.events)]
-    if not traces:
+    run = analyse(load_run(path).traces, path=str(path))
+    ranks = run.with_events()
+    if not ranks:
         raise SystemExit(f"{path}: no trace with allocator events")
-    return traces
+    return run.subset(ranks)
 
 
-def _flame(trace, at: str, added: bool, svg: Path, folded: Path | None, fallback: str) -> None:
-    from memtrace.analysis.curves import all_curves
-    from memtrace.analysis.flame import flame_at, widest_leaves
-    from memtrace.analysis.moment import resolve_moment, with_since
+def _flame(run, at: str, added: bool, svg: Path, folded: Path | None) -> None:
+    from memtrace.analysis.flame import widest_leaves
+    from memtrace.analysis.moment import flame_for
+    from memtrace.analysis.titles import flame_titles
     from memtrace.plots.flame_svg import render_flame_svg
     from memtrace.plots.folded import render_folded
-    from memtrace.plots.titles import flame_titles
     from memtrace.units import format_gib
 
-    curves = all_curves(trace)
-    moment = with_since(trace, curves, resolve_moment(trace, curves, at), None, added)
-    t = moment.time_us if moment.event_index is None else None
-    flame = flame_at(trace, t, event_index=moment.event_index, since_us=moment.since_us)
-    title, subtitle = flame_titles(trace, curves, flame, moment, fallback=fallback)
+    rank = run.worst
+    moment, flame = flame_for(rank, at, added=added, non_torch=False)
+    title, subtitle = flame_titles(rank, flame, moment, fallback=Path(run.path).name)
     render_flame_svg(flame, svg, title=title, subtitle=subtitle)
     if folded is not None:
         render_folded(flame, folded)
@@ -71,14 +70,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--force", action="store_true", help="replace figures that exist")
     args = p.parse_args(argv)
 
-    from memtrace.analysis.curves import all_curves
-    from memtrace.outputs import run_name
+    from memtrace.analysis.titles import timeline_title
     from memtrace.plots.timeline import render_timeline
     from memtrace.plots.timeline_data import prepare_rank
-    from memtrace.plots.titles import timeline_title
 
     run_path = args.run or default_run()
-    traces = _traces(run_path)
+    run = _analysed(run_path)
     args.out.mkdir(parents=True, exist_ok=True)
     names = ["timeline.png", "flame.svg", "flame.folded"] + [f"flame-{phase}.svg" for phase in args.added]
     outs = {name: args.out / name for name in names}
@@ -86,8 +83,8 @@ def main(argv: list[str] | None = None) -> int:
     if clash:
         raise SystemExit(f"{', '.join(clash)} exist; pass --force to replace them")
 
-    title = timeline_title(traces[0], fallback=run_name(run_path))
-    drawn = render_timeline([prepare_rank(t) for t in traces], outs["timeline.png"], title=title)
+    drawn = render_timeline([prepare_rank(r) for r in run.ranks], outs["timeline.png"], title=timeline_title(run),
+                            t0_us=run.origin.t0_us, footnote=f"Times: {run.origin.sentence}")  # fmt: skip
     for r in drawn.ranks:
         c = r.crossing
         what = "no crossing" if c is None else f"crossing at {c.time_s:.3f} s in {c.phase_path}; "
@@ -95,12 +92,10 @@ def main(argv: list[str] | None = None) -> int:
             what += f"highest {c.max_bytes} B ({c.curve}) at {c.max_us}, +{c.overshoot_bytes} B, {c.duration_us} us"
         print(f"timeline {r.label}: {what}" + (f"; {r.oom.text.splitlines()[0]}" if r.oom else ""))
 
-    flame_path = args.flame_run or run_path
-    flame_traces = _traces(flame_path) if args.flame_run is not None else traces
-    trace = max(flame_traces, key=lambda t: all_curves(t).reserved.peak_bytes)
-    _flame(trace, args.flame_at, False, outs["flame.svg"], outs["flame.folded"], run_name(flame_path))
+    flame_run = _analysed(args.flame_run) if args.flame_run is not None else run
+    _flame(flame_run, args.flame_at, False, outs["flame.svg"], outs["flame.folded"])
     for phase in args.added:
-        _flame(trace, phase, True, outs[f"flame-{phase}.svg"], None, run_name(flame_path))
+        _flame(flame_run, phase, True, outs[f"flame-{phase}.svg"], None)
     print(f"wrote {', '.join(str(o) for o in outs.values())}")
     return 0
 

@@ -272,3 +272,16 @@ def diff_to_json(diffs: list, base_path: str, new_path: str) -> dict[str, Any]:
             for d in diffs
         ],
     }
+
+
+def render(run, out, *, base, threshold, json_out: bool = False) -> None:
+    """``memtrace diff BASE NEW``: ``run`` is the new analysed run, ``base`` the reference one; the
+    comparison is ``analysis.diff.diff_runs`` (NothingToJudge when either side recorded nothing)."""
+    import json
+
+    diffs = run.compared_with(base, threshold)
+    if json_out:
+        json.dump(diff_to_json(diffs, base.path, run.path), out, indent=2)
+        out.write("\n")
+    else:
+        out.write(render_diff(diffs, base.path, run.path))

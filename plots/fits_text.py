@@ -178,3 +178,41 @@ def render_fits(results: list[Fit], run_path: str, smallest: int | None) -> str:
     elif r.recorded_oom is not None:
         lines.append("Smallest card: unknown; the recording ends at its OOM, so no card can be promised from it")
     return "\n".join(lines) + "\n"
+
+
+def render(run, out, *, capacities: list[int], util: float | None = None, non_torch: int | None = None,
+           json_out: bool = False) -> None:  # fmt: skip
+    """``memtrace fits`` of an analysed run: every rank with allocator events, the worst rank named (the
+    run's: ``AnalysedRun.worst``), as text or JSON on the stream ``out``. NothingToJudge when no rank
+    recorded an event."""
+    import json
+
+    from ..analysis.fits import fit_to_dict
+
+    answers = [r.fits(capacities, util, non_torch) for r in run.require_events("predict")]
+    multi = len(answers) > 1
+    worst = run.worst
+    if json_out:
+        doc = {
+            "run": run.path,
+            "worst": worst.label if multi else None,
+            "time_origin": run.origin.sentence,
+            "ranks": [
+                {"rank": a.rank.rank, "pid": a.rank.trace.process.pid, "verdict": a.rank.verdict,
+                 "smallest_fitting_capacity_bytes": a.smallest, "fits": [fit_to_dict(r) for r in a.results]}
+                for a in answers
+            ],
+        }  # fmt: skip
+        if not multi:  # one process: the flat shape
+            doc.update(doc.pop("ranks")[0])
+            for key in ("rank", "pid", "worst", "verdict"):
+                doc.pop(key)
+        json.dump(doc, out, indent=2)
+        out.write("\n")
+        return
+    for a in answers:
+        out.write(render_fits(a.results, f"{run.path} ({a.rank.label})" if multi else run.path, a.smallest))
+    if multi:
+        need = next((a.smallest for a in answers if a.rank is worst), None)
+        why = f"{worst.verdict}" + (f"; needs about {_gib(need)}" if need is not None else "")
+        out.write(f"Worst rank: {worst.label} ({why}); every rank must fit for the start-up to survive\n")

@@ -13,17 +13,11 @@ import numpy as np
 from ..analysis.categories import CATEGORIES
 from ..units import GiB, format_gib
 from .downsample import bucket_indices
+from .palette import CATEGORY_COLORS
 from .phase_lane import PhaseBar, PhaseLabel, place_labels
 from .timeline_data import CuptiSplit, RankTimeline, cupti_split
 
-COLORS = {
-    "weights": "#4C72B0",
-    "kv_cache": "#55A868",
-    "flashinfer_workspace": "#D63CBE",
-    "cudagraph_pool": "#8172B2",
-    "activations": "#F0A030",
-    "other": "#B0B0B0",
-}
+COLORS = CATEGORY_COLORS
 LABELS = {
     "weights": "weights",
     "kv_cache": "KV cache",

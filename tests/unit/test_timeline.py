@@ -24,6 +24,7 @@ from memtrace.plots.phase_lane import PhaseBar, place_labels
 from memtrace.plots.timeline import render_timeline
 from memtrace.plots.timeline_data import prepare_rank
 from memtrace.store import save_trace
+from testdata import analysed_rank
 from testdata import real_traces as _real_traces
 
 TESTS = Path(__file__).resolve().parents[1]
@@ -48,7 +49,7 @@ def startup():
 @pytest.fixture(scope="module")
 def drawn(startup, tmp_path_factory):
     out = tmp_path_factory.mktemp("timeline") / "t.png"
-    return render_timeline([prepare_rank(startup)], out, capacities=[32 * GiB])
+    return render_timeline([prepare_rank(analysed_rank(startup))], out, capacities=[32 * GiB])
 
 
 def test_crossing_is_annotated_at_its_time_phase_peak_and_overshoot(drawn):
@@ -133,7 +134,7 @@ def test_short_curves_are_not_thinned():
 
 
 def test_no_crossing_when_the_target_is_above_everything(startup, tmp_path):
-    d = render_timeline([prepare_rank(startup, target_bytes=100 * GiB)], tmp_path / "t.png")
+    d = render_timeline([prepare_rank(analysed_rank(startup, target_bytes=100 * GiB))], tmp_path / "t.png")
     assert d.ranks[0].crossing is None and d.ranks[0].annotation_corner == ""
     lo, hi = d.ranks[0].zoom_us
     assert lo <= _synthetic().T0 + 18_000_000 <= hi  # zoomed on the reserved peak instead
@@ -141,7 +142,7 @@ def test_no_crossing_when_the_target_is_above_everything(startup, tmp_path):
 
 def test_two_ranks_share_one_time_axis(startup, tmp_path):
     later = dataclasses.replace(startup, process=dataclasses.replace(startup.process, rank=1))
-    d = render_timeline([prepare_rank(startup), prepare_rank(later)], tmp_path / "t.svg")
+    d = render_timeline([prepare_rank(analysed_rank(startup)), prepare_rank(analysed_rank(later))], tmp_path / "t.svg")
     assert [r.label for r in d.ranks] == ["rank 0", "rank 1"]
     assert d.t0_us == _synthetic().T0
     assert (tmp_path / "t.svg").read_text().lstrip().startswith("<?xml")
@@ -200,7 +201,7 @@ def test_real_trace_crossing_annotation_is_the_shared_definition(path, tmp_path)
     trace = load_trace(path)
     if not len(trace.events):
         pytest.skip("no allocator events (CPU-only worker)")
-    d = render_timeline([prepare_rank(trace)], tmp_path / "t.png")
+    d = render_timeline([prepare_rank(analysed_rank(trace))], tmp_path / "t.png")
     oom = find_oom(trace)
     cr = crossings(trace, all_curves(trace), resolve_target(trace).target_bytes, oom_us=oom.time_us if oom else None)
     c = d.ranks[0].crossing
@@ -245,7 +246,7 @@ def test_real_h200_crossing_is_in_the_phase_the_run_died_in_and_not_after_the_oo
     from memtrace.store import load_run
 
     trace = load_run(run).traces[0]
-    drawn = render_timeline([prepare_rank(trace)], tmp_path / "t.png")
+    drawn = render_timeline([prepare_rank(analysed_rank(trace))], tmp_path / "t.png")
     c = drawn.ranks[0].crossing
     assert c is not None  # every recorded start-up went over its 0.92 target at some point
     died = trace.facts.get(F.DIED_IN)

@@ -18,20 +18,19 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from memtrace.analysis.target import resolve_target
+from memtrace.analysis.view_window import RankQueries
 from memtrace.cli import main
 from memtrace.cli._runs import load
-from memtrace.plots.view_data import analyse, pack_rank, run_start
-from memtrace.plots.view_server import start
-from memtrace.plots.view_window import RankQueries
-from testdata import DATA, TESTS, real_traces
+from memtrace.cli._serve import start
+from memtrace.plots.view_data import pack_rank
+from testdata import DATA, TESTS, analysed_rank, analysed_run, real_traces
 
 STARTUP = DATA / "vllm-h200" / "startup"
 
 
 def _analysis(run: Path = STARTUP):
     trace = load(run).traces[0]
-    return analyse(trace, resolve_target(trace))
+    return analysed_rank(trace)
 
 
 def _decode(packed) -> dict[str, np.ndarray]:
@@ -71,7 +70,7 @@ def test_existing_page_needs_force_and_the_suffix_must_be_html(tmp_path, capsys)
 
 def test_packed_events_rebuild_the_curves_and_the_live_set_at_the_peak_to_the_byte():
     a = _analysis()
-    packed = pack_rank(a, run_start([a]))
+    packed = pack_rank(a, a.origin.t0_us)
     col = _decode(packed)
     n = packed.meta["n_events"]
     # the page's own arithmetic (assets/view.js buildLocal / liveLocal), in numpy
@@ -94,15 +93,15 @@ def test_the_page_holds_at_most_24_bytes_per_event_on_the_bench_generator(tmp_pa
     from memtrace.plots.view_html import build_page
 
     trace = build(200_000)
-    page = build_page([analyse(trace, resolve_target(trace))], title="bench", max_events=4_000_000, api=False)
+    page = build_page(analysed_run([trace]), title="bench", max_events=4_000_000, api=False)
     assert len(page.encode()) / len(trace.events) <= 24
 
 
 def test_window_is_exact_when_zoomed_in_and_an_envelope_when_not():
     a = _analysis()
-    q = RankQueries(a, run_start([a]))
+    q = RankQueries(a, a.origin.t0_us)
     whole = q.window(0, q.t[-1] / 1e6, 800)
-    assert not whole["exact"] and whole["events"] == len(a.times)
+    assert not whole["exact"] and whole["events"] == len(a.event_times)
     at = a.summary.peak.state_us - q.t0
     near = q.window((at - 40) / 1e6, (at + 40) / 1e6, 800)
     assert near["exact"]
@@ -114,7 +113,7 @@ def test_window_is_exact_when_zoomed_in_and_an_envelope_when_not():
 
 def test_server_listens_on_loopback_and_answers_the_page_queries():
     a = _analysis()
-    server = start([a], title="t", max_events=1_000)
+    server = start(analysed_run([a.trace]), title="t", max_events=1_000)
     try:
         assert server.server_address[0] == "127.0.0.1"
         get = lambda path: urllib.request.urlopen(server.url + path, timeout=10).read()  # noqa: E731
@@ -189,7 +188,7 @@ def test_live_set_groups_are_the_flame_graphs_paths_at_the_peak(path):
     from memtrace.analysis.flame import flame_at
 
     a = _analysis(path)
-    q = RankQueries(a, run_start([a]))
+    q = RankQueries(a, a.origin.t0_us)
     e = a.summary.peak.event_index
     live = q.live(e, top=10_000)
     assert {tuple(g["path"]): g["bytes"] for g in live["groups"]} == flame_at(a.trace, event_index=e).stacks

@@ -28,7 +28,7 @@ from ..units import MiB, Threshold
 from .curves import Curves, all_curves
 from .history_key import differences, fingerprint
 from .landmarks import landmarks, total_curve
-from .live import holders_by_stack, lifetimes
+from .live import Lifetimes, holders_by_stack, lifetimes
 from .oom import Oom, find_oom
 from .phases import path_at, phase_stats, window_peak
 
@@ -219,14 +219,16 @@ def _site_key(trace: Trace, stack: int) -> tuple[tuple[str, int, str], ...]:
     return tuple((f.filename, f.line, f.name) for f in trace.stack_frames(stack))
 
 
-def _sites_at_peak(trace: Trace, curves: Curves) -> dict[tuple, tuple[int, tuple[Frame, ...]]]:
+def _sites_at_peak(
+    trace: Trace, curves: Curves, lt: Lifetimes | None = None
+) -> dict[tuple, tuple[int, tuple[Frame, ...]]]:
     """Live bytes by stack at the reserved peak (``flame.peak_event_index``: the fullest moment of it)."""
     if len(trace.events) == 0 and not trace.segments:
         return {}
     from .flame import peak_event_index
 
     idx = peak_event_index(curves.allocated, curves.reserved)  # the event after which the peak holds
-    lt = lifetimes(trace)
+    lt = lt if lt is not None else lifetimes(trace)
     holders = holders_by_stack(trace, top=1 << 30, event_index=idx, lt=lt)
     out: dict[tuple, tuple[int, tuple[Frame, ...]]] = {}
     for h in holders:
@@ -237,11 +239,18 @@ def _sites_at_peak(trace: Trace, curves: Curves) -> dict[tuple, tuple[int, tuple
 
 
 def site_changes(
-    base: Trace, new: Trace, base_curves: Curves, new_curves: Curves, top: int = TOP_SITES
+    base: Trace,
+    new: Trace,
+    base_curves: Curves,
+    new_curves: Curves,
+    top: int = TOP_SITES,
+    *,
+    base_lt: Lifetimes | None = None,
+    new_lt: Lifetimes | None = None,
 ) -> list[SiteChange]:
     """Stacks that are new at the new run's peak or whose live bytes grew most; then those that shrank most."""
-    b = _sites_at_peak(base, base_curves)
-    n = _sites_at_peak(new, new_curves)
+    b = _sites_at_peak(base, base_curves, base_lt)
+    n = _sites_at_peak(new, new_curves, new_lt)
     changes = []
     for key in set(b) | set(n):
         bb, bf = b.get(key, (0, ()))
@@ -284,7 +293,9 @@ def _nested_hook_bytes(trace: Trace) -> dict[str, int]:
     return out
 
 
-def category_changes(base: Trace, new: Trace, base_curves: Curves, new_curves: Curves) -> list[Change] | None:
+def category_changes(
+    base: Trace, new: Trace, base_curves: Curves, new_curves: Curves, cats: tuple = (None, None)
+) -> list[Change] | None:
     """Allocated bytes per category (weights, KV cache, workspaces...) at each run's reserved peak.
 
     None when ``memtrace.analysis.categories`` is not available.
@@ -296,19 +307,21 @@ def category_changes(base: Trace, new: Trace, base_curves: Curves, new_curves: C
 
     from .flame import peak_event_index
 
-    def at_peak(trace: Trace, curves: Curves) -> dict[str, int]:
+    def at_peak(trace: Trace, curves: Curves, cat) -> dict[str, int]:
         if len(curves.reserved) == 0:
             return {}
         # the same moment as the sites: right after the peak's fullest event (curve index = event + 1)
         i = peak_event_index(curves.allocated, curves.reserved) + 1
-        return category_totals_at_index(trace, i)
+        return category_totals_at_index(trace, i, cat, curves=curves)
 
-    bd, nd = at_peak(base, base_curves), at_peak(new, new_curves)
+    bd, nd = at_peak(base, base_curves, cats[0]), at_peak(new, new_curves, cats[1])
     names = [k for k in dict.fromkeys([*bd, *nd])]
     return [Change(k, bd.get(k, 0), nd.get(k, 0)) for k in names]
 
 
-def figures(trace: Trace, *, device_level: bool | None = None, curves: Curves | None = None) -> Figures:
+def figures(
+    trace: Trace, *, device_level: bool | None = None, curves: Curves | None = None, oom: Oom | None = None
+) -> Figures:
     """The gated figures of ``trace``.
 
     Args:
@@ -348,7 +361,7 @@ def figures(trace: Trace, *, device_level: bool | None = None, curves: Curves | 
         },
         hooks={k: tuple(v) for k, v in _hook_bytes(trace).items()},
         nested=_nested_hook_bytes(trace),
-        oom=find_oom(trace),
+        oom=oom if oom is not None else find_oom(trace),
     )
 
 
@@ -424,6 +437,42 @@ def diff_traces(base: Trace, new: Trace, threshold: Threshold, *, label: str = "
         label=label or new.label,
     )
     return replace(d, categories=category_changes(base, new, bc, nc), sites=site_changes(base, new, bc, nc))
+
+
+def diff_ranks(base, new, threshold: Threshold, *, label: str = "") -> TraceDiff:
+    """:func:`diff_traces` of two analysed ranks (``analysis.rank.AnalysedRank``), sharing their figures."""
+    bc, nc = base.curves, new.curves
+    device_level = bc.has_device and nc.has_device
+    d = compare(
+        figures(base.trace, device_level=device_level, curves=bc, oom=base.oom),
+        figures(new.trace, device_level=device_level, curves=nc, oom=new.oom),
+        threshold,
+        label=label or new.label,
+    )
+    sites = site_changes(base.trace, new.trace, bc, nc, base_lt=base.lifetimes, new_lt=new.lifetimes)
+    cats = category_changes(base.trace, new.trace, bc, nc, (base.categorized, new.categorized))
+    return replace(d, categories=cats, sites=sites)
+
+
+def diff_runs(base, new, threshold: Threshold) -> list[TraceDiff]:
+    """Rank by rank, two analysed runs (``analysis.run.AnalysedRun``) in the loader's order.
+
+    Raises:
+        NothingToJudge: a rank of either run recorded no allocator events (exit 1: never a pass).
+        UsageError: the runs hold different numbers of ranks.
+    """
+    from ..errors import NothingToJudge, UsageError
+    from .run import nothing_line
+
+    if len(base.ranks) != len(new.ranks):
+        raise UsageError(
+            f"{base.path} holds {len(base.ranks)} traces and {new.path} {len(new.ranks)}; pick one with --rank N"
+        )
+    for run in (base, new):
+        empty = [r for r in run.ranks if r.recorded_nothing and r.oom is None]
+        if empty:
+            raise NothingToJudge(nothing_line(run.subset(empty), "compare"))
+    return [diff_ranks(b, n, threshold, label=n.label) for b, n in zip(base.ranks, new.ranks, strict=True)]
 
 
 def _threshold_text(threshold: Threshold) -> str:

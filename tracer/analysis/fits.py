@@ -62,6 +62,7 @@ from ..model import Trace
 from . import non_torch
 from .curves import Curve, Curves, all_curves
 from .landmarks import Landmarks, landmarks, steady_non_torch_at, total_curve
+from .live import Lifetimes
 from .oom import Oom, find_oom
 from .phases import path_at, recording_span, window_peak
 from .pinned import pinned_curve
@@ -161,11 +162,13 @@ def _recorded_kv(lm: Landmarks) -> int | None:
     return lm.kv_cache_bytes
 
 
-def need_curve(trace: Trace, curves: Curves, lm: Landmarks, non_torch_bytes: int | None = None) -> Curve:
+def need_curve(
+    trace: Trace, curves: Curves, lm: Landmarks, non_torch_bytes: int | None = None, lt: Lifetimes | None = None
+) -> Curve:
     """What the start-up needs on the card at each moment: the pinned segments (``pinned``: what the
     allocator cannot release) plus non-PyTorch memory, as recorded (steady NVML samples) or, when
     ``non_torch_bytes`` is given, that constant (another card's CUDA context, say)."""
-    base = pinned_curve(trace, curves)
+    base = pinned_curve(trace, curves, lt)
     if non_torch_bytes is not None:
         return Curve(base.time_us, base.bytes + int(non_torch_bytes))
     return total_curve(curves, include_non_torch=lm.device_level, base=base)
@@ -190,13 +193,17 @@ class Recorded:
     non_torch_split: dict[str, int | None] = dataclasses.field(default_factory=dict)
 
 
-def recorded(trace: Trace, non_torch_bytes: int | None = None, *, curves: Curves | None = None) -> Recorded:
-    """Compute once what :func:`fit` needs for any capacity."""
-    curves = curves or all_curves(trace)
-    lm = landmarks(trace, curves)
-    nk = non_kv_model(trace, curves)
-    oom = find_oom(trace)
-    target = resolve_target(trace)
+def recorded(trace: Trace, non_torch_bytes: int | None = None, *, curves: Curves | None = None, rank=None) -> Recorded:
+    """Compute once what :func:`fit` needs for any capacity (``rank``: the trace's ``AnalysedRank``, whose
+    curves, landmarks, non-KV model, OOM and recorded target are taken as they are)."""
+    if rank is not None:
+        curves, lm, nk, oom, target = rank.curves, rank.landmarks, rank.non_kv, rank.oom, rank.recorded_target
+    else:
+        curves = curves or all_curves(trace)
+        lm = landmarks(trace, curves)
+        nk = non_kv_model(trace, curves)
+        oom = find_oom(trace)
+        target = resolve_target(trace)
     nt_at = None
     if non_torch_bytes is not None:
         nt, nt_source = int(non_torch_bytes), NT_ARGUMENT
@@ -219,7 +226,7 @@ def recorded(trace: Trace, non_torch_bytes: int | None = None, *, curves: Curves
     return Recorded(
         curves=curves,
         lm=lm,
-        need=need_curve(trace, curves, lm, non_torch_bytes),
+        need=need_curve(trace, curves, lm, non_torch_bytes, rank.lifetimes if rank is not None else None),
         non_kv_bytes=nk.bytes if nk is not None else 0,
         non_kv_source=nk.source if nk is not None else "",
         oom=oom,
@@ -382,7 +389,20 @@ def smallest_fitting(
     return hi
 
 
-def worst_rank(smallest: list[int | None]) -> int:
-    """Index of the rank that needs the largest card (``smallest_fitting`` per rank; None, fitting on no
-    card tried or unknown, is the worst): every rank must fit for a start-up to survive."""
-    return max(range(len(smallest)), key=lambda i: smallest[i] if smallest[i] is not None else float("inf"))
+@dataclass(frozen=True)
+class RankFits:
+    """The what-if of one analysed rank: one ``Fit`` per capacity asked, and the smallest card it fits on."""
+
+    rank: Any  # analysis.rank.AnalysedRank
+    results: list[Fit]
+    smallest: int | None
+
+    @property
+    def survives(self) -> bool:
+        return all(r.survives for r in self.results)
+
+
+def fits_of(rank, capacities: list[int], util: float | None = None, non_torch_bytes: int | None = None) -> RankFits:
+    """:func:`fits` and :func:`smallest_fitting` of an analysed rank, sharing its figures."""
+    rec = recorded(rank.trace, non_torch_bytes, rank=rank)
+    return RankFits(rank, fits(rank.trace, capacities, util, rec=rec), smallest_fitting(rank.trace, util, rec=rec))

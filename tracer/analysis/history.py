@@ -14,7 +14,7 @@ from dataclasses import asdict, dataclass
 
 from ..model import Trace
 from ..units import Threshold
-from .curves import all_curves
+from .curves import Curves, all_curves
 from .diff import (
     ALL_HOOKS,
     AVAILABLE_KV,
@@ -73,18 +73,30 @@ class Recorded:
     device: Figures | None  # None without NVML samples
 
 
-def record(trace: Trace) -> Recorded:
-    """The figures of ``trace`` at both levels, and its matrix key."""
-    curves = all_curves(trace)
+def record(trace: Trace, *, curves: Curves | None = None, oom: Oom | None = None) -> Recorded:
+    """The figures of ``trace`` at both levels, and its matrix key (``curves``, ``oom``: an analysed rank's)."""
+    curves = curves or all_curves(trace)
     fp = fingerprint(trace)
     return Recorded(
         key=matrix_key(fp),
         fingerprint=fp,
         rank=trace.process.rank,
         recorded_us=trace.recording.start_us,
-        reserved=figures(trace, device_level=False, curves=curves),
-        device=figures(trace, device_level=True, curves=curves) if curves.has_device else None,
+        reserved=figures(trace, device_level=False, curves=curves, oom=oom),
+        device=figures(trace, device_level=True, curves=curves, oom=oom) if curves.has_device else None,
     )
+
+
+def record_run(run, what: str) -> list[Recorded]:
+    """:func:`record` of every rank of an analysed run. NothingToJudge (exit 1) when a rank recorded no
+    allocator events: an empty run is never a reference, and never passes a check."""
+    from ..errors import NothingToJudge
+    from .run import nothing_line
+
+    empty = [r for r in run.ranks if r.recorded_nothing and r.oom is None]
+    if empty:
+        raise NothingToJudge(nothing_line(run.subset(empty), what))
+    return [record(r.trace, curves=r.curves, oom=r.oom) for r in run.ranks]
 
 
 def check(base: Recorded, new: Recorded, threshold: Threshold, *, label: str = "") -> TraceDiff:

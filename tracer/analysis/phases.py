@@ -17,7 +17,6 @@ import numpy as np
 
 from ..model import Phase, Trace
 from .curves import Curve, Curves, all_curves
-from .memo import cached
 
 
 @dataclass(frozen=True)
@@ -64,7 +63,7 @@ def recording_span(trace: Trace) -> tuple[int, int]:
             starts.append(v)
     if rec.end_us is not None:
         ends.append(rec.end_us)
-    for lo, hi in cached(trace, "time_bounds", _time_bounds):
+    for lo, hi in _time_bounds(trace):
         starts.append(lo)
         ends.append(hi)
     for p in trace.phases:

@@ -60,11 +60,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     acc.add_argument("batch", type=int, metavar="N", help="the run's number, as history show lists it")
 
 
-def _recorded(args: argparse.Namespace) -> list:
-    from ..analysis.history import record
-    from ._runs import load_args, select
+def _recorded(args: argparse.Namespace, what: str) -> list:
+    from ..analysis.history import record_run
+    from ._runs import analysed
 
-    return [record(t) for t in select(load_args(args), args.rank)]
+    return record_run(analysed(args), what)
 
 
 def _rows(recs: list, args: argparse.Namespace, accepted: bool) -> list:
@@ -93,7 +93,7 @@ def _add(args: argparse.Namespace) -> int:
     from ..analysis.history_key import describe
     from ..history_store import add_rows, connect
 
-    recs = _recorded(args)
+    recs = _recorded(args, "keep as a reference")
     with connect(args.db, create=True) as db:
         ids = add_rows(db, _rows(recs, args, accepted=True))
         batch = db.execute("SELECT batch FROM runs WHERE id = ?", (ids[0],)).fetchone()[0]
@@ -109,7 +109,7 @@ def _check(args: argparse.Namespace) -> int:
     from ..units import parse_threshold
 
     threshold = parse_threshold(args.fail_over)
-    recs = _recorded(args)
+    recs = _recorded(args, "check")
     diffs, refs, missing = [], [], []
     with connect(args.db, create=args.add) as db:
         for r in recs:
