@@ -45,7 +45,7 @@ def _side_by_side(out: _Out, run) -> None:
          r.phase_path or "-"]
         for r in sbs.rows
     ]  # fmt: skip
-    out.table(["rank", "peak reserved GiB", "at", "verdict", "phase"], rows, "lrrll")
+    out.table(["process", "peak reserved GiB", "at", "verdict", "phase"], rows, "lrrll")
     nxt = sbs.rows[1]
     out.item(
         f"{sbs.top} peaked {gib_or_dash(sbs.top_excess_bytes)} higher than the next ({nxt.label}); "
