@@ -111,18 +111,28 @@ def _render_one(d, multi: bool) -> list[str]:
             out.append("  no change")
         for c in rows:
             out.append(f"  {c.label:<24} {_gib(c.base):>11} → {_gib(c.new):>11}   {_delta(c.delta):>12}")
-    if d.categories is not None or d.sites:  # history check has figures, not traces: no sites
+    if d.categories is not None or d.sites or d.sites_missing:  # history check has figures, not traces
         out += _render_sites(d)
     out += _render_hooks(d)
     return out
 
 
+_NO_STACKS = {
+    "base": "the base run recorded no Python stacks",
+    "new": "the new run recorded no Python stacks",
+    "both": "neither run recorded Python stacks",
+}
+
+
 def _render_sites(d) -> list[str]:
-    out = ["", "By allocating stack, at each run's peak (new, or grew most):"]
+    out = ["", "By allocating stack (matched by function and file, not line), at each run's peak:"]
+    if d.sites_missing:
+        out.append(f"  not compared: {_NO_STACKS[d.sites_missing]} (MEMTRACE_STACKS=python records them)")
+        return out
     if not d.sites:
         out.append("  no change")
     for s in d.sites:
-        tag = "new " if s.is_new else ("grew" if s.delta > 0 else "less")
+        tag = "new " if s.is_new else "gone" if s.vanished else ("grew" if s.delta > 0 else "less")
         out.append(
             f"  {tag} {_delta(s.delta):>12}  {_gib(s.base_bytes):>11} → {_gib(s.new_bytes):>11}  {_frame_label(s.frames)}"
         )
@@ -255,9 +265,11 @@ def diff_to_json(diffs: list, base_path: str, new_path: str) -> dict[str, Any]:
                         "new_bytes": s.new_bytes,
                         "delta_bytes": s.delta,
                         "new": s.is_new,
+                        "vanished": s.vanished,
                     }  # fmt: skip
                     for s in d.sites
                 ],
+                "sites_without_stacks": d.sites_missing or None,
                 "hooks": [
                     {
                         "name": h.name,

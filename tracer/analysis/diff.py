@@ -23,19 +23,17 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass, field, replace
 
-from ..model import Frame, Trace
+from ..model import Trace
 from ..units import MiB, Threshold
 from .curves import Curves, all_curves
+from .diff_sites import SiteChange, site_changes
 from .history_key import differences, fingerprint
 from .landmarks import landmarks, total_curve
-from .live import Lifetimes, holders_by_stack, lifetimes
 from .oom import Oom, find_oom
 from .phases import path_at, phase_stats, window_peak
 
 #: Growth under this never fails a percentage threshold (one large-segment rounding unit).
 MIN_GROWTH_BYTES = 2 * MiB
-#: How many sites to report.
-TOP_SITES = 8
 
 #: Headline figures, in the order shown; GATED ones fail the gate when they grow past the threshold.
 AVAILABLE_KV = "available KV cache (vLLM)"
@@ -93,23 +91,6 @@ class PhaseChange:
 
 
 @dataclass(frozen=True)
-class SiteChange:
-    """Live bytes of one allocating stack at each run's peak."""
-
-    frames: tuple[Frame, ...]  # innermost first, from the run that has it (new preferred)
-    base_bytes: int
-    new_bytes: int
-
-    @property
-    def delta(self) -> int:
-        return self.new_bytes - self.base_bytes
-
-    @property
-    def is_new(self) -> bool:
-        return self.base_bytes == 0 and self.new_bytes > 0
-
-
-@dataclass(frozen=True)
 class HookChange:
     """Calls of one hooked function (FlashInfer workspace allocators): count and bytes per call."""
 
@@ -161,6 +142,8 @@ class TraceDiff:
     new_oom: Oom | None = None  # the new run died of OOM (and the base did not)
     mismatches: list[tuple[str, str, str]] = field(default_factory=list)  # fingerprint fields that differ
     environment_unknown: bool = False  # a run recorded no environment (an imported snapshot): unchecked
+    #: "base", "new" or "both": the side(s) recorded without Python stacks, so no stack is compared
+    sites_missing: str = ""
 
     @property
     def regressions(self) -> list[Change]:
@@ -213,53 +196,6 @@ def _phase_peaks(trace: Trace, curves: Curves, device_level: bool) -> dict[str, 
         peak, _ = window_peak(curve, st.start_us, st.end_us)
         out[key] = (peak, peak - curve.at(st.start_us), st.depth, st.path)
     return out
-
-
-def _site_key(trace: Trace, stack: int) -> tuple[tuple[str, int, str], ...]:
-    return tuple((f.filename, f.line, f.name) for f in trace.stack_frames(stack))
-
-
-def _sites_at_peak(
-    trace: Trace, curves: Curves, lt: Lifetimes | None = None
-) -> dict[tuple, tuple[int, tuple[Frame, ...]]]:
-    """Live bytes by stack at the reserved peak (``flame.peak_event_index``: the fullest moment of it)."""
-    if len(trace.events) == 0 and not trace.segments:
-        return {}
-    from .flame import peak_event_index
-
-    idx = peak_event_index(curves.allocated, curves.reserved)  # the event after which the peak holds
-    lt = lt if lt is not None else lifetimes(trace)
-    holders = holders_by_stack(trace, top=1 << 30, event_index=idx, lt=lt)
-    out: dict[tuple, tuple[int, tuple[Frame, ...]]] = {}
-    for h in holders:
-        key = _site_key(trace, h.stack)
-        prev = out.get(key, (0, ()))[0]
-        out[key] = (prev + h.bytes, tuple(trace.stack_frames(h.stack)))
-    return out
-
-
-def site_changes(
-    base: Trace,
-    new: Trace,
-    base_curves: Curves,
-    new_curves: Curves,
-    top: int = TOP_SITES,
-    *,
-    base_lt: Lifetimes | None = None,
-    new_lt: Lifetimes | None = None,
-) -> list[SiteChange]:
-    """Stacks that are new at the new run's peak or whose live bytes grew most; then those that shrank most."""
-    b = _sites_at_peak(base, base_curves, base_lt)
-    n = _sites_at_peak(new, new_curves, new_lt)
-    changes = []
-    for key in set(b) | set(n):
-        bb, bf = b.get(key, (0, ()))
-        nb, nf = n.get(key, (0, ()))
-        if nb != bb:
-            changes.append(SiteChange(nf or bf, bb, nb))
-    grew = sorted((c for c in changes if c.delta > 0), key=lambda c: -c.delta)
-    shrank = sorted((c for c in changes if c.delta < 0), key=lambda c: c.delta)
-    return grew[:top] + shrank[: max(0, top - len(grew[:top])) // 2]
 
 
 def hook_call_bytes(returned: int | None, allocated_delta: int | None) -> int:
@@ -436,7 +372,8 @@ def diff_traces(base: Trace, new: Trace, threshold: Threshold, *, label: str = "
         threshold,
         label=label or new.label,
     )
-    return replace(d, categories=category_changes(base, new, bc, nc), sites=site_changes(base, new, bc, nc))
+    sites = site_changes(base, new, bc, nc)
+    return replace(d, categories=category_changes(base, new, bc, nc), sites=sites.changes, sites_missing=sites.missing)
 
 
 def diff_ranks(base, new, threshold: Threshold, *, label: str = "") -> TraceDiff:
@@ -451,7 +388,7 @@ def diff_ranks(base, new, threshold: Threshold, *, label: str = "") -> TraceDiff
     )
     sites = site_changes(base.trace, new.trace, bc, nc, base_lt=base.lifetimes, new_lt=new.lifetimes)
     cats = category_changes(base.trace, new.trace, bc, nc, (base.categorized, new.categorized))
-    return replace(d, categories=cats, sites=sites)
+    return replace(d, categories=cats, sites=sites.changes, sites_missing=sites.missing)
 
 
 def diff_runs(base, new, threshold: Threshold) -> list[TraceDiff]:
