@@ -51,7 +51,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     c.add_argument("--json", action="store_true", help="print the comparison as JSON (as memtrace diff --json)")
     s = sub.add_parser("show", help="list the runs per key and draw their trend (PNG or SVG)")
     _db(s)
-    s.add_argument("-o", "--output", metavar="FILE", help="the trend figure (default <db name>-trend.png)")
+    s.add_argument(
+        "-o", "--output", metavar="FILE", help="the trend figure (default <db name>-trend.png, redrawn each time)"
+    )
     s.add_argument("--force", action="store_true", help="replace an existing figure")
     s.add_argument("--key", help="only this matrix key")
     s.add_argument("--no-plot", action="store_true", help="only the text listing")
@@ -164,9 +166,10 @@ def _show(args: argparse.Namespace) -> int:
     from ..plots.history_png import history_table, render_history
 
     out = None
-    if not args.no_plot:
+    if not args.no_plot:  # the default figure is the history's own picture: redrawn each time, as the db grows
         name = args.output or f"{Path(args.db).stem}-trend.png"
-        out = output_file(args.db, name, default_suffix="-trend.png", suffixes=(".png", ".svg"), force=args.force)
+        force = args.force or args.output is None
+        out = output_file(args.db, name, default_suffix="-trend.png", suffixes=(".png", ".svg"), force=force)
     with connect(args.db, create=False) as db:
         rows = all_rows(db, args.key)
     if not rows:
