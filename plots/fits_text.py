@@ -28,6 +28,11 @@ HEADLINE = {
 }
 
 
+def _in(phase: str) -> str:
+    """``in profile_run``, or ``outside any phase`` for a run that recorded none there."""
+    return f"in {phase}" if phase else "outside any phase"
+
+
 def _oom_facts(r: Fit) -> str:
     """The recorded OOM in words: phase, the failed request, the free memory."""
     o = r.recorded_oom
@@ -48,15 +53,15 @@ def _verdict(r: Fit) -> str:
     if r.outcome == NO_KV:
         return f"vLLM refuses: no memory for the KV cache ({_gib(r.overshoot_bytes)} short)"
     if r.outcome == OOM and r.stage == "pre-KV":
-        return f"OOM in {r.phase} (before KV sizing; needs {_gib(r.overshoot_bytes)} more)"
+        return f"OOM {_in(r.phase)} (before KV sizing; needs {_gib(r.overshoot_bytes)} more)"
     if r.outcome == OOM:
-        return f"OOM in {r.phase} (after the KV cache; {_gib(r.overshoot_bytes)} over)"
+        return f"OOM {_in(r.phase)} (after the KV cache; {_gib(r.overshoot_bytes)} over)"
     if r.outcome == DIED and r.overshoot_bytes > 0:
-        return f"dies in {r.phase}, as recorded (the failed request is {_gib(r.overshoot_bytes)} over)"
+        return f"dies {_in(r.phase)}, as recorded (the failed request is {_gib(r.overshoot_bytes)} over)"
     if r.outcome == DIED:
-        return f"dies in {r.phase}, as recorded (no more room there than the recorded card)"
+        return f"dies {_in(r.phase)}, as recorded (no more room there than the recorded card)"
     if r.outcome == UNKNOWN and r.recorded_oom is not None:
-        return f"unknown: fits up to the recorded OOM in {r.phase}; nothing after it was recorded"
+        return f"unknown: fits up to the recorded OOM {_in(r.phase)}; nothing after it was recorded"
     if r.outcome == UNKNOWN:
         return "unknown: the recording ends before the KV cache (record a run that gets further)"
     raise ValueError(f"no words for fits outcome {r.outcome!r}")
@@ -86,13 +91,13 @@ def _answer(r: Fit) -> list[str]:
         ]
     if r.outcome == OOM and r.stage == "pre-KV":
         return [
-            f"{head} in {r.phase}, before the KV cache is sized:",
-            f"before the KV cache it needs {_gib(r.pre_kv_peak_bytes)} (peak in {r.pre_kv_peak_phase}), "
+            f"{head} {_in(r.phase)}, before the KV cache is sized:",
+            f"before the KV cache it needs {_gib(r.pre_kv_peak_bytes)} (peak {_in(r.pre_kv_peak_phase)}), "
             f"{_gib(r.overshoot_bytes)} more than the card; --gpu-memory-utilization cannot help",
         ]
     if r.outcome == OOM:
         return [
-            f"{head} in {r.phase}, after the KV cache ({_gib(r.kv_cache_bytes)}) was allocated:",
+            f"{head} {_in(r.phase)}, after the KV cache ({_gib(r.kv_cache_bytes)}) was allocated:",
             f"the post-KV peak would be {_gib(r.post_kv_peak_bytes)}, {_gib(r.overshoot_bytes)} over the card",
         ]
     if r.outcome == DIED:
@@ -101,7 +106,7 @@ def _answer(r: Fit) -> list[str]:
             if r.overshoot_bytes > 0
             else "this card leaves no more room there than the recorded one did"
         )
-        return [f"{head} in {r.phase}, where the recording died:", f"{_oom_facts(r)}; {why}"]
+        return [f"{head} {_in(r.phase)}, where the recording died:", f"{_oom_facts(r)}; {why}"]
     if r.outcome == UNKNOWN and r.recorded_oom is not None:
         return [
             f"{head}: {_oom_facts(r)}.",
@@ -151,12 +156,12 @@ def render_fits(results: list[Fit], run_path: str, smallest: int | None) -> str:
         lines += [_wrapped("  ", line) for line in _answer(r)]
         if r.non_kv_source == PRE_KV_PEAK:
             fixed = (
-                f"card-independent: peak {_gib(r.pre_kv_peak_bytes)} in {r.pre_kv_peak_phase} (no KV sizing recorded)"
+                f"card-independent: peak {_gib(r.pre_kv_peak_bytes)} {_in(r.pre_kv_peak_phase)} (no KV sizing recorded)"
             )
         else:
             fixed = (
                 f"card-independent: vLLM keeps {_gib(r.non_kv_bytes)} out of the KV cache ({r.non_kv_source}); "
-                f"pre-KV peak {_gib(r.pre_kv_peak_bytes)} in {r.pre_kv_peak_phase}"
+                f"pre-KV peak {_gib(r.pre_kv_peak_bytes)} {_in(r.pre_kv_peak_phase)}"
             )
         lines.append(_wrapped("  ", fixed))
     else:
@@ -168,7 +173,7 @@ def render_fits(results: list[Fit], run_path: str, smallest: int | None) -> str:
                 f"  {_gib(x.capacity_bytes):>10} {x.util:>5g} {_gib(x.target_bytes):>11} {_gib(x.non_kv_bytes):>10} "
                 f"{kv:>10} {_gib(x.post_kv_peak_bytes):>13}  {_verdict(x)}"
             )
-        lines.append(f"  pre-KV peak (every card): {_gib(r.pre_kv_peak_bytes)} in {r.pre_kv_peak_phase}")
+        lines.append(f"  pre-KV peak (every card): {_gib(r.pre_kv_peak_bytes)} {_in(r.pre_kv_peak_phase)}")
         lines.append(f"  non-KV: what vLLM keeps out of the KV cache ({r.non_kv_source})")
         if r.recorded_oom is not None:
             lines.append(f"  {_oom_facts(r)}")
