@@ -374,3 +374,13 @@ def test_a_run_without_phases_says_outside_any_phase_not_an_empty_name(capacitie
         and " in  " not in out
         and not any(line.rstrip().endswith(" in") for line in out.splitlines())
     )
+
+
+@pytest.mark.parametrize("non_torch", ["96GiB", "100GiB"])
+def test_non_torch_memory_that_fills_the_card_is_refused_in_one_line(non_torch, capsys):
+    # issue 21: --non-torch 100GiB on a 96 GiB card was accepted (and predicted on)
+    run = TESTS / "data" / "h200" / "startup-full"
+    assert main(["fits", str(run), "--capacity", "96GiB,192GiB", "--non-torch", non_torch]) == 2
+    got = capsys.readouterr()
+    assert got.out == "" and got.err.count("\n") == 1
+    assert f"--non-torch {non_torch[:-3]}.00 GiB is not less than the 96.00 GiB card" in got.err

@@ -143,6 +143,22 @@ def check_capacity(capacity_bytes: int) -> int:
     return capacity_bytes
 
 
+def check_non_torch(non_torch_bytes: int | None, capacities: list[int]) -> int | None:
+    """``non_torch_bytes`` (``--non-torch``) when it leaves room on every card asked about; UsageError when
+    it fills one (a CUDA context, NCCL and libraries never take the whole card)."""
+    if non_torch_bytes is None:
+        return None
+    from ..units import format_gib
+
+    full = [c for c in capacities if non_torch_bytes >= c]
+    if full:
+        raise UsageError(
+            f"--non-torch {format_gib(non_torch_bytes)} is not less than the {format_gib(min(full))} card; "
+            "give the non-PyTorch memory (CUDA context, NCCL, libraries) on that card, e.g. 0.6GiB"
+        )
+    return non_torch_bytes
+
+
 def _first_crossing(trace: Trace, curve: Curve, start_us: int, end_us: int, limit: int, shift: int = 0) -> int | None:
     """First time in [start_us, end_us] where curve + shift > limit; None when it never does."""
     if len(curve) == 0:

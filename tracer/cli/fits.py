@@ -62,7 +62,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..analysis.fits import check_capacity
+    from ..analysis.fits import check_capacity, check_non_torch
     from ..plots.render import render
     from ..progress import task
     from ..units import parse_fraction, parse_size, parse_sizes
@@ -70,7 +70,7 @@ def run(args: argparse.Namespace) -> int:
 
     capacities = [check_capacity(c) for c in parse_sizes(args.capacity)]
     util = parse_fraction(args.util) if args.util is not None else None
-    non_torch = parse_size(args.non_torch) if args.non_torch is not None else None
+    non_torch = check_non_torch(parse_size(args.non_torch) if args.non_torch is not None else None, capacities)
     run_ = analysed(args)
     with task("Predicting", total=None):
         ranks = run_.require_events("predict")
