@@ -86,7 +86,8 @@ def _landmarks(a: AnalysedRank) -> list[dict[str, Any]]:
     for k, c in enumerate(s.crossings):
         label = f"{'first crossing' if k == 0 else 'crossing'} ({c.curve.replace('_', ' ')})"
         out.append({"name": label, "event": event_at(times, c.time_us), "time_us": c.time_us, "curve": c.curve,
-                    "bytes": c.at_cross_bytes, "phase": c.phase_path})  # fmt: skip
+                    "bytes": c.at_cross_bytes, "phase": c.phase_path, "max_bytes": c.max_bytes,
+                    "max_phase": c.max_phase_path})  # fmt: skip
     if a.oom is not None:
         out.append({"name": "OOM", "event": event_at(times, a.oom.time_us), "time_us": a.oom.time_us,
                     "phase": a.oom.phase_path})  # fmt: skip

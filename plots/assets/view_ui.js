@@ -229,7 +229,8 @@
     if (!lm || lm.bytes == null && lm.phase == null) return null;
     const what = lm.curve ? `${CURVES[lm.curve] || lm.curve} ${gib(lm.bytes)}` : '';
     const where = lm.phase != null ? ` in ${lm.phase || 'no phase'}` : '';
-    return el('p', { class: 'mt-landmark-line', 'data-landmark': lm.name }, `${lm.name}: ${what} at ${((lm.time_us - m.t0_us) / 1e6).toFixed(3)} s${where}`);
+    const top = lm.max_bytes != null ? `; highest ${gib(lm.max_bytes)} in ${lm.max_phase || 'no phase'}` : '';
+    return el('p', { class: 'mt-landmark-line', 'data-landmark': lm.name }, `${lm.name}: ${what} at ${((lm.time_us - m.t0_us) / 1e6).toFixed(3)} s${where}${top} (the live allocations below are PyTorch's alone)`);
   }
 
   function renderLive(R, live, lm) {

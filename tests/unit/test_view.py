@@ -214,3 +214,29 @@ def test_bad_flags_are_one_line(flags, capsys):
     assert main(["view", str(STARTUP), *flags]) == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith("memtrace: error:") and "\n" not in err
+
+
+def _page_doc(run: Path, tmp: Path, capsys) -> dict:
+    out = tmp / "v.html"
+    assert main(["view", str(run), "-o", str(out), "--force"]) == 0
+    capsys.readouterr()
+    return json.loads(re.search(r'id="mt-doc">(.*?)</script>', out.read_text(), re.S)[1])
+
+
+def test_the_first_crossing_landmark_states_the_reports_curve_value_and_phases(tmp_path, capsys):
+    # issue 21: on the real vLLM start-up the page's "first crossing" read out what was live (113.48 GiB of PyTorch
+    # allocations, kv_cache_init) where the report says NVML device used crossed at 128.92 GiB and went highest in
+    # compile_or_warm_up/kernel_warmup; the landmark now carries the report's figures, and the page states them
+    run = DATA / "vllm-h200" / "startup"
+    assert main(["report", str(run), "--json"]) == 0
+    first = json.loads(capsys.readouterr().out)["traces"][0]["crossings"][0]
+    rank = _page_doc(run, tmp_path, capsys)["ranks"][0]
+    (lm,) = [m for m in rank["landmarks"] if m["name"].startswith("first crossing")]
+    assert lm["name"] == "first crossing (device used)" and first["curve"] == "device_used"
+    assert (lm["time_us"], lm["bytes"], lm["phase"]) == (first["time_us"], first["at_cross_bytes"], first["phase_path"])
+    assert (lm["max_bytes"], lm["max_phase"]) == (first["max_bytes"], first["max_phase_path"])
+    assert f"{lm['bytes'] / 2**30:.2f}" == "128.92"
+    assert rank["crossings"][0]["curve"] == "device_used"  # the crossing line the chart draws: crossings[0]
+    ui = (Path(__file__).resolve().parents[2] / "plots" / "assets" / "view_ui.js").read_text()
+    assert "m.crossings[0]" in ui and "b.time_us < a.time_us" not in ui  # not the earliest curve's
+    assert "landmarkLine(m, lm)" in ui and "NVML device used" in ui
