@@ -11,6 +11,7 @@ import gzip
 import io
 import json
 import re
+import shutil
 import sys
 import urllib.error
 import urllib.request
@@ -240,3 +241,16 @@ def test_the_first_crossing_landmark_states_the_reports_curve_value_and_phases(t
     ui = (Path(__file__).resolve().parents[2] / "plots" / "assets" / "view_ui.js").read_text()
     assert "m.crossings[0]" in ui and "b.time_us < a.time_us" not in ui  # not the earliest curve's
     assert "landmarkLine(m, lm)" in ui and "NVML device used" in ui
+
+
+def test_the_pages_title_names_what_ran_as_the_timelines_does_not_the_folder(tmp_path, capsys):
+    # issue 21: the page was titled by the folder ("GPU memory during start-up: run") where the PNG names the model
+    run = tmp_path / "run"
+    shutil.copytree(STARTUP, run)
+    doc = _page_doc(run, tmp_path, capsys)
+    assert main(["plot", str(run), "-o", str(tmp_path / "t.svg")]) == 0
+    capsys.readouterr()
+    svg = (tmp_path / "t.svg").read_text()
+    assert doc["title"] == "GPU memory during start-up: Qwen3MoeForCausalLM, vLLM 0.25.1, NVIDIA H200"
+    assert doc["title"].split(": ", 1)[1] in svg and ": run" not in doc["title"]
+
