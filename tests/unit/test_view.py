@@ -254,3 +254,15 @@ def test_the_pages_title_names_what_ran_as_the_timelines_does_not_the_folder(tmp
     assert doc["title"] == "GPU memory during start-up: Qwen3MoeForCausalLM, vLLM 0.25.1, NVIDIA H200"
     assert doc["title"].split(": ", 1)[1] in svg and ": run" not in doc["title"]
 
+
+def test_the_page_draws_categories_in_the_timelines_colours(tmp_path, capsys):
+    # issue 21: the page had a palette of its own
+    from memtrace.analysis.categories import CATEGORIES
+    from memtrace.plots.timeline_axes import COLORS
+
+    rank = _page_doc(STARTUP, tmp_path, capsys)["ranks"][0]
+    assert rank["category_colors"] == [COLORS[c] for c in CATEGORIES]
+    ui = (Path(__file__).resolve().parents[2] / "plots" / "assets" / "view_ui.js").read_text()
+    fallback = re.search(r"category_colors\) \|\| (\[[^\]]*\])", ui)[1]
+    assert json.loads(fallback.replace("'", '"')) == rank["category_colors"]
+    assert "'#4e79a7'" not in ui  # the old palette is gone
