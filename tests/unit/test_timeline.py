@@ -105,7 +105,7 @@ def _assert_no_overlap(labels, px_per_s, char_px):
             assert a_hi <= b_lo + 1e-9
 
 
-def test_labels_that_do_not_fit_go_right_then_above_then_abbreviated():
+def test_labels_that_do_not_fit_go_right_then_above():
     bars = [
         PhaseBar("load_model", "load_model", 0, 0.0, 10.0),
         PhaseBar("init_device", "init_device", 0, 10.0, 10.5),
@@ -114,7 +114,7 @@ def test_labels_that_do_not_fit_go_right_then_above_then_abbreviated():
     labels = {lab.path: lab for lab in place_labels(bars, px_per_s=20, char_px=7)}
     assert labels["load_model"].where == "inside" and labels["load_model"].text == "load_model"
     assert labels["init_device"].where == "above"  # no room inside, the next bar is right beside it
-    assert labels["compile_or_warm_up_model"].text == "← warm-up"  # empty space to its right
+    assert labels["compile_or_warm_up_model"].text == "← compile_or_warm_up_model"  # empty space to its right
 
 
 def test_thinning_keeps_the_maximum_and_minimum_of_a_million_steps():
@@ -278,3 +278,37 @@ def test_overflow_labels_never_end_past_the_figure_edge():
     for lab in labels:
         assert lab.x_s + len(lab.text) * 7.0 / 10.0 <= 105.0
     assert [lab.text for lab in labels if lab.where == "above"]  # at least one still placed, at the edge
+
+
+def _crosses(p: tuple, q: tuple) -> bool:
+    """Whether two segments ((x, y), (x, y)) cross (touching ends do not count)."""
+
+    def side(a, b, c) -> float:
+        return (b[0] - a[0]) * (c[1] - a[1]) - (b[1] - a[1]) * (c[0] - a[0])
+
+    (a, b), (c, d) = p, q
+    return side(a, b, c) * side(a, b, d) < 0 and side(c, d, a) * side(c, d, b) < 0
+
+
+@pytest.mark.parametrize("run", ["vllm-h200/startup", "h200/startup-full", "h200/startup-cap16g"])
+def test_the_phase_strip_shows_recorded_names_and_leader_lines_never_cross(run, tmp_path):
+    """Issue 21: labels were made-up short forms ("kwarmup", "warm-up") and overflow leaders crossed."""
+    from memtrace.plots.phase_lane import leader
+    from memtrace.store import load_run
+
+    trace = load_run(Path(__file__).resolve().parents[1] / "data" / run).traces[0]
+    drawn = render_timeline([prepare_rank(analysed_rank(trace))], tmp_path / "t.png").ranks[0]
+    names = {p.name for p in trace.phases}
+    for lab in drawn.phase_labels:
+        text = lab.text.removeprefix("← ")
+        assert text in names or (text.endswith("…") and any(n.startswith(text[:-1]) for n in names)), text
+    rows = max(p.depth for p in prepare_rank(analysed_rank(trace)).phases) + 1
+    lines = []
+    for lab in (lab for lab in drawn.phase_labels if lab.where == "above"):
+        x_top, x_label = leader(lab, drawn.lane_px_per_s)
+        bar_top = rows - lab.depth - 0.08
+        lines += [((x_top, bar_top), (x_top, rows)), ((x_top, rows), (x_label, rows + 0.18))]
+    assert any(lab.where == "above" for lab in drawn.phase_labels) or run != "vllm-h200/startup"
+    for i, p in enumerate(lines):
+        for q in lines[i + 1 :]:
+            assert not _crosses(p, q)
