@@ -1,14 +1,17 @@
-"""Render the README's figures from real traces shipped in tests/data: the timeline and flame graphs.
+"""Render the README's figures from the real trace they come from: the timeline and the flame graphs.
 
-    python examples/render_figures.py                      # the first H200 run under tests/data
-    python examples/render_figures.py tests/data/vllm-h200/startup --flame-run tests/data/h200/startup-cap16g \
-        --added profile_run --out docs --force             # the README's figures
+    python examples/render_figures.py --out /tmp/figures   # the README's figures, from their source
+    python examples/render_figures.py --added profile_run --added capture_model --out docs --force
+                                                           # docs/ as the README shows it
 
-Writes ``timeline.png``, ``flame.svg`` and ``flame.folded`` (what was live at ``--flame-at``, default
-the peak) into ``--out`` (default ``docs``), and with ``--added PHASE`` (repeatable) also ``flame-PHASE.svg``:
-what that phase allocated and still held at its fullest moment. It goes through the same functions
-``memtrace plot`` and ``memtrace flame`` use (titles from the traces' facts) and prints what they
-drew: the crossing, the OOM, and the widest frames of each flame graph.
+The README's figures (``docs/timeline.png``, ``docs/flame.svg``, ``docs/flame-profile_run.svg``,
+``docs/flame-capture_model.svg``) are drawn from ``tests/data/vllm-h200/startup-stacks``: the real vLLM
+0.25.1 start-up on the H200 with Python stacks (the default RUN). Writes ``timeline.png``, ``flame.svg``
+and ``flame.folded`` (what was live at ``--flame-at``, default the peak) into ``--out`` (default
+``docs``), and with ``--added PHASE`` (repeatable) also ``flame-PHASE.svg``: what that phase allocated
+and still held at its fullest moment. It goes through the analysed run and the renderers ``memtrace
+plot`` and ``memtrace flame`` use (titles from the traces' facts) and prints what they drew: the
+crossing, the OOM, and the widest frames of each flame graph.
 """
 
 from __future__ import annotations
@@ -20,13 +23,15 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 
 
+#: Where the README's figures come from.
+README_RUN = ROOT / "tests" / "data" / "vllm-h200" / "startup-stacks"
+
+
 def default_run() -> Path:
-    """The first run directory (one holding .memtrace files) under tests/data/h200, else tests/data."""
-    for base in (ROOT / "tests" / "data" / "h200", ROOT / "tests" / "data"):
-        runs = sorted({p.parent for p in base.glob("**/*.memtrace")})
-        if runs:
-            return runs[0]
-    raise SystemExit("no real trace under tests/data yet; pass a run directory")
+    """The run the README's figures are drawn from (:data:`README_RUN`)."""
+    if not any(README_RUN.glob("*.memtrace")):
+        raise SystemExit(f"{README_RUN}: the README's source trace is missing; pass a run directory")
+    return README_RUN
 
 
 def _analysed(path: Path):
@@ -61,7 +66,10 @@ def _flame(run, at: str, added: bool, svg: Path, folded: Path | None) -> None:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument(
-        "run", nargs="?", type=Path, help="run directory or .memtrace file (default: first under tests/data)"
+        "run",
+        nargs="?",
+        type=Path,
+        help="run directory or .memtrace file (default: the README's, vllm-h200/startup-stacks)",
     )
     p.add_argument("--flame-run", type=Path, help="run for the flame graphs (default: RUN)")
     p.add_argument("--flame-at", default="peak", help="the flame graph's moment: peak, oom, a time or a phase")

@@ -312,3 +312,23 @@ def test_the_phase_strip_shows_recorded_names_and_leader_lines_never_cross(run, 
     for i, p in enumerate(lines):
         for q in lines[i + 1 :]:
             assert not _crosses(p, q)
+
+
+def test_render_figures_draws_the_readmes_figures_from_their_source_by_default(tmp_path, capsys):
+    """Issue 21: the example's docstring named other traces and its default drew seed-b12x-0613."""
+    import re
+
+    spec = importlib.util.spec_from_file_location("render_figures", TESTS.parent / "examples" / "render_figures.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    assert mod.default_run() == TESTS / "data" / "vllm-h200" / "startup-stacks"
+    assert "tests/data/vllm-h200/startup-stacks" in mod.__doc__ and "seed-b12x" not in mod.__doc__
+    assert mod.main(["--out", str(tmp_path / "docs"), "--added", "profile_run"]) == 0
+    capsys.readouterr()
+    docs = TESTS.parent / "docs"
+
+    def titles(svg: Path) -> list[str]:
+        return re.findall(r'<text x="10" y="(?:24|44)"[^>]*>([^<]*)</text>', svg.read_text())
+
+    for name in ("flame.svg", "flame-profile_run.svg"):  # what the README shows is what the example draws
+        assert titles(tmp_path / "docs" / name)[0] == titles(docs / name)[0]
