@@ -45,13 +45,14 @@ class MissingRank:
 
     @property
     def line(self) -> str:
-        """``MISSING: rank 1 (b-pid7-rank1.memtrace) is still on host b: scp ...``"""
-        why = (
-            "is still on"
-            if self.status != "failed"
-            else f"could not be handed over ({self.error or 'no reason recorded'}); it is on"
-        )
-        return f"MISSING: {self.label} ({self.file}) {why} host {self.host}: {self.fetch}"
+        """``MISSING: rank 1 (b-pid7-rank1.memtrace) is still on host b (...); fetch it with: scp ...``"""
+        if self.status == "failed":
+            why = f"could not be handed over ({self.error or 'no reason recorded'}); it is on host {self.host}"
+        elif self.status == "on-node":
+            why = f"is still on host {self.host} (not handed over yet)"
+        else:  # nodes.json says it arrived, yet the run directory lacks it
+            why = f"is not in the run directory (nodes.json: {self.status}); its node's copy is on host {self.host}"
+        return f"MISSING: {self.label} ({self.file}) {why}; fetch it with: {self.fetch}"
 
 
 class AnalysedRun:
