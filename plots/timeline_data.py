@@ -73,7 +73,7 @@ def prepare_rank(rank: AnalysedRank) -> RankTimeline:
         label=rank.label,
         curves=rank.curves,
         categories=rank.category_curves,
-        phases=rank.summary.phases,
+        phases=rank.phases,
         start_us=start,
         end_us=max(end, start + 1),
         target=rank.target,

@@ -1,7 +1,7 @@
 """Pack one run's analysis results into the compact form ``memtrace view``'s page reads (no HTML here).
 
-Per rank the page gets a small JSON document (figures from ``analysis.summary``, the target, the OOM,
-phases, landmarks, the interned icicle paths of ``view_paths``) and one binary blob of little-endian columns, gzip'd
+Per rank (an ``analysis.rank.AnalysedRank``) the page gets a small JSON document (its summary, target,
+OOM, phases, landmarks, time origin, the interned icicle paths of ``analysis.view_paths``) and one binary blob of little-endian columns, gzip'd
 (the page inflates it with the browser's ``DecompressionStream``). Event columns, one entry per
 allocator event in trace order:
 
@@ -200,7 +200,7 @@ def _at_allocs(n: int, pos: np.ndarray, values: np.ndarray, fill: int) -> np.nda
 
 def pack_rank(a: AnalysedRank, t0_us: int, *, with_events: bool = True) -> PackedRank:
     """The page's data for one rank; without events (a run too big for one page) only the JSON part
-    and the NVML columns go in, and the page asks ``view_server`` for the rest."""
+    and the NVML columns go in, and the page asks ``memtrace view --serve`` (``cli._serve``) for the rest."""
     meta = rank_meta(a, t0_us)
     meta["first_event_us"] = int(a.event_times[0]) - t0_us if len(a.event_times) else 0
     # compressed column by column (gzip, level 1): no uncompressed copy of the whole blob is ever made

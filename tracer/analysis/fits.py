@@ -207,6 +207,7 @@ class Recorded:
     non_torch_source: str
     #: ``Fit``'s ``non_torch_*`` split fields by name (empty: nothing to split)
     non_torch_split: dict[str, int | None] = dataclasses.field(default_factory=dict)
+    span: tuple[int, int] = (0, 0)  # the recording's first and last microsecond (``phases.recording_span``)
 
 
 def recorded(trace: Trace, non_torch_bytes: int | None = None, *, curves: Curves | None = None, rank=None) -> Recorded:
@@ -214,7 +215,9 @@ def recorded(trace: Trace, non_torch_bytes: int | None = None, *, curves: Curves
     curves, landmarks, non-KV model, OOM and recorded target are taken as they are)."""
     if rank is not None:
         curves, lm, nk, oom, target = rank.curves, rank.landmarks, rank.non_kv, rank.oom, rank.recorded_target
+        span = rank.span
     else:
+        span = recording_span(trace)
         curves = curves or all_curves(trace)
         lm = landmarks(trace, curves)
         nk = non_kv_model(trace, curves)
@@ -228,7 +231,7 @@ def recorded(trace: Trace, non_torch_bytes: int | None = None, *, curves: Curves
     elif lm.before_kv_non_torch_bytes is not None:
         nt, nt_source, nt_at = lm.before_kv_non_torch_bytes, NT_AT_SIZING, lm.sizing_end_us
     else:  # no KV sizing recorded (died before it): the last steady figure the recording holds
-        nt_at = oom.time_us if oom is not None else recording_span(trace)[1]
+        nt_at = oom.time_us if oom is not None else span[1]
         nt, nt_source = steady_non_torch_at(curves, nt_at), NT_LAST_STEADY
     split: dict[str, int | None] = {}
     b = non_torch.breakdown(trace, nt_at, "assumed", curves=curves) if nt_at is not None else None
@@ -251,6 +254,7 @@ def recorded(trace: Trace, non_torch_bytes: int | None = None, *, curves: Curves
         non_torch_bytes=nt,
         non_torch_source=nt_source,
         non_torch_split=split,
+        span=span,
     )
 
 
@@ -276,7 +280,7 @@ def fit(
     lm, need, oom = rec.lm, rec.need, rec.oom
     if util is None:
         util = lm.gpu_memory_utilization or DEFAULT_UTIL
-    first_us, last_us = recording_span(trace)
+    first_us, last_us = rec.span
     end_us = min(oom.time_us, last_us) if oom is not None else last_us  # nothing is known after an OOM
     target = math.ceil(capacity_bytes * util)
     kv_new = target - rec.non_kv_bytes

@@ -28,8 +28,8 @@ from .live import Lifetimes, lifetimes
 from .non_torch import has_records, live_curve
 from .oom import Oom, find_oom
 from .origin import TimeOrigin
-from .phases import recording_span
-from .reconcile import NonKv
+from .phases import PhaseStats, phase_stats, recording_span
+from .reconcile import NonKv, non_kv
 from .summary import Summary, summarize
 from .target import Target, resolve_target
 from .view_paths import Paths, allocation_paths
@@ -142,15 +142,23 @@ class AnalysedRank:
             oom=self.oom,
             found=self.crossings,
             origin=self.origin,
+            phases=self.phases,
+            nk=self.non_kv,
         )
 
     @cached_property
     def landmarks(self) -> Landmarks:
         return landmarks(self.trace, self.curves)
 
-    @property
+    @cached_property
+    def phases(self) -> list[PhaseStats]:
+        """Every phase's figures (``phases.phase_stats``)."""
+        return phase_stats(self.trace, self.curves)
+
+    @cached_property
     def non_kv(self) -> NonKv | None:
-        return self.summary.non_kv
+        """vLLM's non-KV memory, the one model (``reconcile.non_kv``): what the report and ``fits`` show."""
+        return non_kv(self.trace, self.curves)
 
     @cached_property
     def event_times(self) -> np.ndarray:

@@ -204,6 +204,8 @@ def summarize(
     oom: Oom | None = _UNSET,
     found: Crossings | None = _UNSET,
     origin: TimeOrigin | None = None,
+    phases: list[PhaseStats] | None = None,
+    nk: NonKv | None = _UNSET,
 ) -> Summary:
     """Summarize one trace (see the module docstring for the definitions). Outputs read it from
     ``analysis.rank.AnalysedRank.summary``, which passes every figure it already holds.
@@ -213,7 +215,8 @@ def summarize(
         target: ``analysis.target.resolve_target(trace, ...)`` (a ``Target``, never bare bytes); None: the
             recorded one.
         top: how many holders at the peak to keep.
-        curves, lt, oom, found: precomputed ``all_curves``, ``lifetimes``, ``find_oom`` and ``crossings``.
+        curves, lt, oom, found, phases, nk: precomputed ``all_curves``, ``lifetimes``, ``find_oom``,
+            ``crossings``, ``phase_stats`` and ``reconcile.non_kv``.
         origin: the run's time origin (default: this trace's own start).
     """
     if target is not None and not isinstance(target, Target):
@@ -258,13 +261,13 @@ def summarize(
         allocator=allocator_settings(trace),
         target=target,
         crossings=crossing_list,
-        phases=phase_stats(trace, curves),
+        phases=phases if phases is not None else phase_stats(trace, curves),
         holders=holders_by_site(trace, peak.event_index, top, lt=lt),
         hook_calls=list(trace.hook_calls),
         hook_totals=hook_totals(trace),
         notes=list(trace.notes),
         warnings=_warnings(trace, curves),
-        non_kv=non_kv(trace, curves),
+        non_kv=non_kv(trace, curves) if nk is _UNSET else nk,
         oom=oom,
         path=trace.path,
         non_torch=at_moments(

@@ -2,8 +2,9 @@
 
 For a run too big for one page: the page carries a coarse overview, and every zoom (``/api/window``)
 and click (``/api/event``, ``/api/live``) is answered here by the analysed run's queries
-(``analysis.view_window.RankQueries``, ``AnalysedRank.queries``), so zooming in always reaches exact steps. The server binds the loopback
-interface on a free port (or ``port``), prints its address, and stops on Ctrl-C.
+(``analysis.view_window.RankQueries``, ``AnalysedRank.queries``), so zooming in always reaches exact
+steps. The server binds the loopback interface on a free port (or ``port``), prints its address, and
+stops on Ctrl-C.
 """
 
 from __future__ import annotations
