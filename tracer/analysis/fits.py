@@ -407,22 +407,3 @@ def smallest_fitting(
         else:
             lo = mid
     return hi
-
-
-@dataclass(frozen=True)
-class RankFits:
-    """The what-if of one analysed rank: one ``Fit`` per capacity asked, and the smallest card it fits on."""
-
-    rank: Any  # analysis.rank.AnalysedRank
-    results: list[Fit]
-    smallest: int | None
-
-    @property
-    def survives(self) -> bool:
-        return all(r.survives for r in self.results)
-
-
-def fits_of(rank, capacities: list[int], util: float | None = None, non_torch_bytes: int | None = None) -> RankFits:
-    """:func:`fits` and :func:`smallest_fitting` of an analysed rank, sharing its figures."""
-    rec = recorded(rank.trace, non_torch_bytes, rank=rank)
-    return RankFits(rank, fits(rank.trace, capacities, util, rec=rec), smallest_fitting(rank.trace, util, rec=rec))

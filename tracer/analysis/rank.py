@@ -22,7 +22,7 @@ from ..model import Trace
 from .categories import Categorized, categorize, category_curves
 from .crossing import Crossings, Excursion, crossings
 from .curves import Curve, Curves, all_curves
-from .fits import RankFits, fits_of
+from .fits import Fit, fits, recorded, smallest_fitting
 from .landmarks import Landmarks, landmarks
 from .live import Lifetimes, lifetimes
 from .non_torch import has_records, live_curve
@@ -55,6 +55,20 @@ class TargetSpec:
 
     def as_kwargs(self) -> dict:
         return {"target_bytes": self.target_bytes, "util": self.util, "total_bytes": self.total_bytes}
+
+
+@dataclass(frozen=True)
+class RankFits:
+    """The capacity what-if of one analysed rank: one ``fits.Fit`` per capacity asked, and the smallest card
+    it fits on (``fits.smallest_fitting``)."""
+
+    rank: AnalysedRank
+    results: list[Fit]
+    smallest: int | None
+
+    @property
+    def survives(self) -> bool:
+        return all(r.survives for r in self.results)
 
 
 class AnalysedRank:
@@ -176,10 +190,12 @@ class AnalysedRank:
         return RankQueries(self, self.origin.t0_us)
 
     def fits(self, capacities: list[int], util: float | None = None, non_torch_bytes: int | None = None) -> RankFits:
-        """The capacity what-if (``analysis.fits.fits_of``), computed once per question."""
+        """The capacity what-if (``analysis.fits``), computed once per question."""
         key = (tuple(capacities), util, non_torch_bytes)
         if key not in self._fits:
-            self._fits[key] = fits_of(self, list(capacities), util, non_torch_bytes)
+            rec = recorded(self.trace, non_torch_bytes, rank=self)
+            found = fits(self.trace, list(capacities), util, rec=rec)
+            self._fits[key] = RankFits(self, found, smallest_fitting(self.trace, util, rec=rec))
         return self._fits[key]
 
     @property
