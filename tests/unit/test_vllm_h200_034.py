@@ -1,0 +1,126 @@
+"""Real vLLM 0.34.0 start-ups on the H200 (tests/data/vllm-h200-034, issue 20), read back on this CPU machine.
+
+vLLM 0.34.0 (installed with --no-deps beside FlashInfer 0.7.4, torch 2.14.0+cu130), the 8-layer Qwen3-MoE
+of tests/data/vllm-h200 and a 32-layer Llama-shaped dense model, each with the extensible KV cache
+(vLLM's default: the cache's pages committed through CUDA's VMM API after CUDA-graph capture) and
+without it; the MoE model again on a "smaller card" (another process holding 96 GiB of the H200).
+Every figure below is compared with what vLLM itself logged or what torch's own counters said in the
+same worker; none is a figure memtrace computed and then wrote down.
+"""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+from memtrace import facts as F
+from memtrace.analysis import torch_counters, vmm
+from memtrace.analysis.curves import all_curves
+from memtrace.analysis.extensible import extensible_sizing
+from memtrace.analysis.fits_extensible import fit_extensible
+from memtrace.analysis.reconcile import reconcile_kv
+from memtrace.store import load_run
+from vllm034_data import logged, run_dir
+
+GiB = 1 << 30
+EXT = ("moe-ext", "dense-ext", "small-ext")
+NOEXT = ("moe-noext", "dense-noext")
+
+
+def _trace(step: str):
+    return load_run(run_dir(step)).traces[0]
+
+
+def _gib(text: str) -> float:
+    return float(text.replace(",", ""))
+
+
+@pytest.mark.parametrize("step", EXT + NOEXT)
+def test_pytorchs_reserved_and_peaks_equal_torchs_own_counters_at_every_phase_edge(step):
+    t = _trace(step)
+    checks = torch_counters.counter_checks(t, all_curves(t))
+    assert len(checks) >= 19  # two readings per phase: 0.34's phases, with or without the extensible cache
+    assert [c for c in checks if not c.equal] == []
+    assert t.facts[F.VLLM_VERSION] == t.facts["env"]["vllm"] == "0.34.0"
+
+
+@pytest.mark.parametrize("step", EXT)
+def test_the_kv_cache_committed_through_cuda_vmm_is_vllms_extended_kv_cache_to_the_block(step):
+    t = _trace(step)
+    blocks = int(logged(step, r"Extended KV cache to (\d+) blocks"))
+    gib = _gib(logged(step, r"Extended KV cache to \d+ blocks \(([\d.]+) GiB\)"))
+    s = vmm.summary(t)
+    sizing = extensible_sizing(t)
+    assert t.facts[F.VLLM_KV_BLOCKS] == blocks == sizing.num_blocks
+    assert s.kv_cache_bytes == sizing.committed_final_bytes == sizing.pages_bytes
+    assert round(s.kv_cache_bytes / GiB, 2) == gib
+    assert s.failures == ()
+    # address space is not memory: reserved for the cache's whole range, more than was committed
+    assert s.reserved_bytes > s.kv_cache_bytes
+
+
+@pytest.mark.parametrize("step", EXT)
+def test_vllms_post_warm_up_sizing_is_rebuilt_term_by_term_and_gives_its_block_count(step):
+    t = _trace(step)
+    s = extensible_sizing(t)
+    for term in ("free", "committed", "requested", "transient_peak", "torch_reserve_growth"):
+        assert s.term(term).difference_bytes == 0, term
+    assert s.num_blocks_from_inputs == s.num_blocks_memtrace == s.num_blocks
+    # vLLM's "Memory after warmup: X GiB free, Y GiB committed to the KV cache, Z GiB kept for transient
+    # activations (A GiB allocated at peak, B GiB of torch reservation growth); ... Torch may reserve up to C GiB."
+    line = logged(step, r"(Memory after warmup: .*)")
+    free, committed, kept, peak, growth = (float(x) for x in re.findall(r"([\d.]+) GiB", line)[:5])
+    assert round(s.term("free").memtrace_bytes / GiB, 2) == free
+    assert round(s.term("committed").memtrace_bytes / GiB, 2) == committed
+    assert round(s.kept_for_transients_bytes / GiB, 2) == kept
+    assert round(s.term("transient_peak").memtrace_bytes / GiB, 2) == peak
+    assert round(s.term("torch_reserve_growth").memtrace_bytes / GiB, 2) == growth
+    assert round(s.torch_limit_bytes / GiB, 2) == _gib(logged(step, r"Torch may reserve up to ([\d.]+) GiB"))
+
+
+@pytest.mark.parametrize("step", EXT)
+def test_nvmls_non_pytorch_band_does_not_count_the_kv_cache(step):
+    t = _trace(step)
+    c = all_curves(t)
+    assert c.vmm.peak_bytes > 29 * GiB  # the KV cache, outside PyTorch
+    assert c.reserved.peak_bytes < 18 * GiB  # PyTorch never saw it
+    assert c.non_torch.peak_bytes < 5 * GiB  # CUDA context, NCCL, cuBLAS: not the KV cache
+    assert c.held.peak_bytes == max(c.held.bytes) >= c.vmm.peak_bytes + 10 * GiB
+
+
+@pytest.mark.parametrize("step", EXT + NOEXT)
+def test_the_target_is_vllms_resolved_utilization_and_says_where_it_came_from(step):
+    t = _trace(step)
+    assert t.facts[F.UTIL_SOURCE] == "vllm-default"
+    assert t.facts[F.UTIL] == (1.0 if step in EXT else 0.92)
+    assert t.facts[F.VLLM_KV_SIZE_SOURCE] == ("extensible" if step in EXT else "profiling")
+
+
+@pytest.mark.parametrize("step", NOEXT)
+def test_without_the_extensible_cache_the_profiled_available_kv_is_reconstructed(step):
+    t = _trace(step)
+    r = reconcile_kv(t, all_curves(t))
+    assert round(r.vllm_available_kv_bytes / GiB, 2) == _gib(logged(step, r"Available KV cache memory: ([\d.]+) GiB"))
+    assert abs(r.difference_bytes) < 4096  # 1,884 B of 117-121 GiB on both models
+    tokens = int(logged(step, r"GPU KV cache size: ([\d,]+) tokens").replace(",", ""))
+    assert t.facts[F.VLLM_KV_TOKENS] == tokens
+
+
+def test_fits_predicts_the_smaller_cards_kv_cache_to_the_block_from_the_full_cards_start_up():
+    """small-ext: another process held 96 GiB of the H200 (holder.log) while vLLM started; fits, fed the
+    full-card start-up and only what the other process held, says what vLLM then did."""
+    full, small = _trace("moe-ext"), _trace("small-ext")
+    others = all_curves(small).others.peak_bytes  # NVML: the holder's 96 GiB and its CUDA context
+    assert others >= 96 * GiB
+    f = fit_extensible(full, full.process.device_total_bytes, others_bytes=others)
+    assert f.survives
+    assert f.kv_blocks == int(logged("small-ext", r"Extended KV cache to (\d+) blocks")) == 60704
+    assert f.kv_tokens == int(logged("small-ext", r"GPU KV cache size: ([\d,]+) tokens").replace(",", ""))
+    assert f.kv_bytes == vmm.summary(small).kv_cache_bytes
+
+
+def test_a_card_too_small_for_the_weights_dies_before_the_kv_cache_exists():
+    full = _trace("moe-ext")
+    f = fit_extensible(full, 10 * GiB)
+    assert not f.survives and f.kv_blocks is None
+    assert f.phase.startswith("load_model")
