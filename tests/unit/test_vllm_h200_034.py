@@ -124,3 +124,26 @@ def test_a_card_too_small_for_the_weights_dies_before_the_kv_cache_exists():
     f = fit_extensible(full, 10 * GiB)
     assert not f.survives and f.kv_blocks is None
     assert f.phase.startswith("load_model")
+
+
+def test_the_report_shows_the_kv_cache_outside_pytorch_the_sizing_term_by_term_and_the_counters(capsys):
+    from memtrace.cli import main
+
+    assert main(["report", str(run_dir("moe-ext"))]) == 0
+    out = " ".join(capsys.readouterr().out.split())
+    assert "from: recorded (util 1, vLLM's default with the extensible KV cache, sized after warm-up)" in out
+    assert "vLLM committed 126.23 GiB (135,543,128,064 B) of KV cache pages through CUDA's virtual-memory API" in out
+    assert "address space reserved for the cache's range: 128.45 GiB (not memory" in out
+    assert "blocks: vLLM 258,528; vLLM's formula on vLLM's inputs 258,528; on memtrace's 258,528 (the same)" in out
+    assert "kv_cache_extend committed 126.23 GiB (135,543,128,064 B) = the pages of those blocks" in out
+    assert "equal torch's counters at all 25 readings" in out
+
+
+def test_the_report_says_vllms_default_without_the_extensible_cache_and_has_no_vmm_section(capsys):
+    from memtrace.cli import main
+
+    assert main(["report", str(run_dir("moe-noext"))]) == 0
+    out = " ".join(capsys.readouterr().out.split())
+    assert "from: recorded (util 0.92, vLLM's default with the KV cache sized by profiling)" in out
+    assert "KV cache outside PyTorch" not in out and "sizing after warm-up" not in out
+    assert "equal torch's counters at all 19 readings" in out

@@ -149,6 +149,9 @@ class AnalysedRank:
             origin=self.origin,
             phases=self.phases,
             nk=self.non_kv,
+            vmm=self.vmm,
+            ext=self.extensible,
+            counters=self.counter_checks,
         )
 
     @cached_property
