@@ -147,3 +147,25 @@ def test_the_report_says_vllms_default_without_the_extensible_cache_and_has_no_v
     assert "from: recorded (util 0.92, vLLM's default with the KV cache sized by profiling)" in out
     assert "KV cache outside PyTorch" not in out and "sizing after warm-up" not in out
     assert "equal torch's counters at all 19 readings" in out
+
+
+def test_fits_uses_vllms_post_warm_up_sizing_for_an_extensible_start_up(capsys):
+    """On the recorded card fits gives back vLLM's own blocks; smaller cards get fewer, and one too small
+    for what the start-up needs before the KV cache dies there; text and JSON say the same."""
+    import json
+
+    from memtrace.cli import main
+
+    full = _trace("moe-ext")
+    total = full.process.device_total_bytes
+    assert main(["fits", str(run_dir("moe-ext")), "--capacity", f"{total},12GiB", "--json"]) == 1  # one card dies
+    got = {f["capacity_bytes"]: f for f in json.loads(capsys.readouterr().out)["fits"]}
+    on_card = got[total]
+    assert on_card["kv_sizing"] == "extensible" and on_card["survives"]
+    assert on_card["kv_blocks"] == 258528 and on_card["kv_tokens"] == 16545792
+    assert on_card["kv_cache_bytes"] == vmm.summary(full).kv_cache_bytes
+    small = got[12 * GiB]
+    assert (small["outcome"], small["stage"], small["kv_blocks"]) == ("oom", "pre-KV", None)
+    assert main(["fits", str(run_dir("moe-ext")), "--capacity", f"{total}"]) == 0
+    text = " ".join(capsys.readouterr().out.split())
+    assert "SURVIVES: vLLM sizes the KV cache after warm-up to 126.23 GiB (258,528 blocks, 16,545,792 tokens)" in text

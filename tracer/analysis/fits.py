@@ -122,6 +122,11 @@ class Fit:
     non_torch_at_start_bytes: int | None = None
     non_torch_grew_unseen_bytes: int | None = None
     non_torch_cupti_own_bytes: int | None = None  # of the unexplained rest: CUPTI's own device memory
+    #: how vLLM sizes the KV cache on this card: "profiling" (``util x capacity - non_kv``) or "extensible"
+    #: (vLLM 0.34's default: measured after warm-up, ``analysis.fits_extensible``)
+    kv_sizing: str = "profiling"
+    kv_blocks: int | None = None  # extensible: the blocks vLLM would commit, and their tokens
+    kv_tokens: int | None = None
 
     @property
     def survives(self) -> bool:
@@ -423,6 +428,62 @@ class RankFits:
 
 
 def fits_of(rank, capacities: list[int], util: float | None = None, non_torch_bytes: int | None = None) -> RankFits:
-    """:func:`fits` and :func:`smallest_fitting` of an analysed rank, sharing its figures."""
+    """:func:`fits` and :func:`smallest_fitting` of an analysed rank, sharing its figures; for a start-up
+    whose KV cache vLLM sized after warm-up (0.34's extensible KV cache), :func:`extensible_fit` instead."""
+    from .fits_extensible import is_extensible
+
     rec = recorded(rank.trace, non_torch_bytes, rank=rank)
+    if is_extensible(rank.trace) and rank.extensible is not None:
+        results = [extensible_fit(rank, c, util, rec) for c in capacities]
+        return RankFits(rank, results, _smallest(lambda c: extensible_fit(rank, c, util, rec).survives, rec))
     return RankFits(rank, fits(rank.trace, capacities, util, rec=rec), smallest_fitting(rank.trace, util, rec=rec))
+
+
+def extensible_fit(rank, capacity_bytes: int, util: float | None, rec: Recorded) -> Fit:
+    """``fits_extensible.fit_extensible`` as a :class:`Fit`: the same outcomes, words and JSON as the
+    profiling model, with the blocks and tokens vLLM would commit after warm-up."""
+    from .fits_extensible import NO_KV_AFTER_WARMUP, fit_extensible
+
+    e = fit_extensible(rank.trace, capacity_bytes, util, non_torch_bytes=rec.non_torch_bytes, curves=rank.curves)
+    outcome = NO_KV if e.outcome == NO_KV_AFTER_WARMUP else e.outcome
+    over = {OOM: e.pre_kv_peak_bytes - capacity_bytes, NO_KV: -(e.range_bytes or 0) if e.outcome == NO_KV else 0}
+    stage = {OOM: "pre-KV", NO_KV: "KV sizing"}.get(outcome, "")
+    return Fit(
+        capacity_bytes=capacity_bytes,
+        util=e.util,
+        target_bytes=e.requested_bytes,
+        non_kv_bytes=rec.non_kv_bytes,
+        kv_cache_bytes=e.kv_bytes or 0,
+        pre_kv_peak_bytes=e.pre_kv_peak_bytes,
+        pre_kv_peak_phase=e.pre_kv_peak_phase,
+        post_kv_peak_bytes=None,
+        post_kv_peak_phase="",
+        outcome=outcome,
+        phase=e.phase,
+        overshoot_bytes=max(over.get(outcome, 0), 0),
+        headroom_bytes=capacity_bytes - e.pre_kv_peak_bytes if outcome == FITS else 0,
+        stage=stage,
+        non_torch_bytes=rec.non_torch_bytes,
+        non_torch_source=rec.non_torch_source,
+        non_kv_source=rec.non_kv_source,
+        recorded_capacity_bytes=rec.capacity_bytes,
+        kv_sizing="extensible",
+        kv_blocks=e.kv_blocks,
+        kv_tokens=e.kv_tokens,
+        **rec.non_torch_split,
+    )
+
+
+def _smallest(survives, rec: Recorded, lo: int = MIN_CAPACITY) -> int | None:
+    """The smallest capacity (to 64 MiB) for which ``survives(capacity)``, or None up to 4x the peak."""
+    hi = max(rec.lm.peak.bytes * 4, rec.capacity_bytes or 0, lo)
+    if not survives(hi):
+        return None
+    step = 64 << 20
+    while hi - lo > step:
+        mid = (lo + hi) // 2
+        if survives(mid):
+            hi = mid
+        else:
+            lo = mid
+    return hi
