@@ -169,3 +169,22 @@ def test_fits_uses_vllms_post_warm_up_sizing_for_an_extensible_start_up(capsys):
     assert main(["fits", str(run_dir("moe-ext")), "--capacity", f"{total}"]) == 0
     text = " ".join(capsys.readouterr().out.split())
     assert "SURVIVES: vLLM sizes the KV cache after warm-up to 126.23 GiB (258,528 blocks, 16,545,792 tokens)" in text
+
+
+def test_diff_of_the_0251_start_up_against_0340_names_what_the_new_versions_moved(capsys):
+    """The release gate across vLLM versions: vLLM 0.25.1 (tests/data/vllm-h200/startup, --gpu-memory-utilization
+    0.92 set) against 0.34.0 (moe-ext, the same model and flags, utilization left to vLLM)."""
+    from memtrace.cli import main
+    from testdata import DATA
+
+    code = main(["diff", str(DATA / "vllm-h200" / "startup"), str(run_dir("moe-ext"))])
+    out = capsys.readouterr().out
+    assert code == 1  # the KV cache grew 9.21 GiB with the whole card as target: over 2%
+    assert "vllm 0.25.1 → 0.34.0" in out
+    moved = out.split("What the new versions changed by themselves")[1].split("\n\n")[0]
+    assert "gpu_memory_utilization: 0.92 → 1" in moved and "kv_cache_sizing: — → extensible" in moved
+    assert "The KV cache moved: allocated through PyTorch's allocator → CUDA's VMM API (117.02 GiB → 126.23 GiB)" in out
+    rows = {line.split("  ")[1].strip(): line for line in out.splitlines() if line.startswith("  ") and "→" in line}
+    assert "117.02 GiB →  126.23 GiB" in rows["KV cache"]
+    assert "137.35 GiB" in rows["peak reserved"]  # reserved + the KV cache outside PyTorch, not 11.73 GiB
+    assert "gpu_memory_utilization" not in out.split("What the new versions")[0]  # not a set-up difference
