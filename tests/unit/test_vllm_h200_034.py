@@ -188,3 +188,14 @@ def test_diff_of_the_0251_start_up_against_0340_names_what_the_new_versions_move
     assert "117.02 GiB →  126.23 GiB" in rows["KV cache"]
     assert "137.35 GiB" in rows["peak reserved"]  # reserved + the KV cache outside PyTorch, not 11.73 GiB
     assert "gpu_memory_utilization" not in out.split("What the new versions")[0]  # not a set-up difference
+
+
+def test_the_issue_bundle_says_where_the_kv_cache_went(tmp_path):
+    from memtrace.cli import main
+
+    assert main(["issue", str(run_dir("moe-ext")), "-o", str(tmp_path / "bundle")]) == 0
+    text = (tmp_path / "bundle" / "issue.md").read_text()
+    summary = next(line for line in text.splitlines() if line.startswith("**Summary.**"))
+    assert "KV cache: 126.23 GiB (258,528 blocks) committed through CUDA's VMM API after warm-up" in summary
+    assert "vLLM's default with the extensible KV cache" in summary
+    assert "## KV cache outside PyTorch (CUDA VMM)" in text
