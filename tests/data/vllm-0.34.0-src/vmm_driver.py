@@ -77,7 +77,9 @@ def imex_channel_available() -> bool:
     return False
 
 
-def _find_loaded_library(lib_name: str, maps_lines: Iterable[str] | None = None) -> str | None:
+def _find_loaded_library(
+    lib_name: str, maps_lines: Iterable[str] | None = None
+) -> str | None:
     """Path of the mapped shared object named lib_name (e.g. libcuda),
     matched on the file name so that libcudart does not stand in for it."""
     try:
@@ -111,7 +113,10 @@ class VmmDriver:
 
     def __init__(self) -> None:
         self._lib = self._load_library()
-        self._fns: dict[str, Any] = {logical: getattr(self._lib, symbol) for logical, symbol in self._symbols.items()}
+        self._fns: dict[str, Any] = {
+            logical: getattr(self._lib, symbol)
+            for logical, symbol in self._symbols.items()
+        }
         self._configure_signatures()
 
     def _load_library(self) -> ctypes.CDLL:
@@ -125,7 +130,8 @@ class VmmDriver:
             except OSError:
                 continue
         raise RuntimeError(
-            f"Could not load {self._lib_candidates[0]}. The GPU driver library is required for VMM-backed tensors."
+            f"Could not load {self._lib_candidates[0]}. The GPU driver "
+            "library is required for VMM-backed tensors."
         )
 
     def _configure_signatures(self) -> None:
@@ -184,13 +190,17 @@ class VmmDriver:
             return
         raise RuntimeError(f"GPU driver error {result}: {self.error_string(result)}")
 
-    def _make_alloc_prop(self, device_index: int, export_handle_types: int = 0) -> _MemAllocationProp:
+    def _make_alloc_prop(
+        self, device_index: int, export_handle_types: int = 0
+    ) -> _MemAllocationProp:
         prop = _MemAllocationProp()
         prop.type = _MEM_ALLOCATION_TYPE_PINNED
         prop.location.type = _MEM_LOCATION_TYPE_DEVICE
         prop.location.id = device_index
         prop.allocFlags.compressionType = _MEM_ALLOCATION_COMP_NONE
-        prop.requestedHandleTypes = export_handle_types & MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR
+        prop.requestedHandleTypes = (
+            export_handle_types & MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR
+        )
         return prop
 
     def granularity(self, device_index: int) -> int:
@@ -227,7 +237,9 @@ class VmmDriver:
         """
         prop = self._make_alloc_prop(device_index, export_handle_types)
         handle = MemHandle()
-        self._check(self._fns["create"](ctypes.byref(handle), size, ctypes.byref(prop), 0))
+        self._check(
+            self._fns["create"](ctypes.byref(handle), size, ctypes.byref(prop), 0)
+        )
         return handle.value
 
     def map(self, ptr: int, size: int, handle: int) -> None:
@@ -294,22 +306,30 @@ class CudaVmmDriver(VmmDriver):
 
     def _device_attribute(self, attribute: int, device_index: int) -> bool:
         flag = ctypes.c_int()
-        result = self._lib.cuDeviceGetAttribute(ctypes.byref(flag), attribute, device_index)
+        result = self._lib.cuDeviceGetAttribute(
+            ctypes.byref(flag), attribute, device_index
+        )
         return result == _SUCCESS and bool(flag.value)
 
-    def _make_alloc_prop(self, device_index: int, export_handle_types: int = 0) -> _MemAllocationProp:
+    def _make_alloc_prop(
+        self, device_index: int, export_handle_types: int = 0
+    ) -> _MemAllocationProp:
         # Request GPUDirect RDMA support where available, as the sleep-mode
         # allocator does: without it, KV connectors cannot register the
         # memory with RDMA NICs (ibv_reg_mr fails with EFAULT).
         prop = super()._make_alloc_prop(device_index, export_handle_types)
         if (capable := self._rdma_capable.get(device_index)) is None:
-            capable = self._device_attribute(_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_WITH_CUDA_VMM_SUPPORTED, device_index)
+            capable = self._device_attribute(
+                _DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_WITH_CUDA_VMM_SUPPORTED, device_index
+            )
             self._rdma_capable[device_index] = capable
         prop.allocFlags.gpuDirectRDMACapable = int(capable)
         # UCX's cuda_ipc can only map driver-mapped memory through a FABRIC handle.
         if (fabric := self._fabric_capable.get(device_index)) is None:
             fabric = (
-                self._device_attribute(_DEVICE_ATTRIBUTE_HANDLE_TYPE_FABRIC_SUPPORTED, device_index)
+                self._device_attribute(
+                    _DEVICE_ATTRIBUTE_HANDLE_TYPE_FABRIC_SUPPORTED, device_index
+                )
                 and imex_channel_available()
             )
             self._fabric_capable[device_index] = fabric
