@@ -1,14 +1,17 @@
-"""Render the README's figures from real traces shipped in tests/data: the timeline and flame graphs.
+"""Render the README's figures from the real trace they come from: the timeline and the flame graphs.
 
-    python examples/render_figures.py                      # the first H200 run under tests/data
-    python examples/render_figures.py tests/data/vllm-h200/startup --flame-run tests/data/h200/startup-cap16g \
-        --added profile_run --out docs --force             # the README's figures
+    python examples/render_figures.py --out /tmp/figures   # the README's figures, from their source
+    python examples/render_figures.py --added profile_run --added capture_model --out docs --force
+                                                           # docs/ as the README shows it
 
-Writes ``timeline.png``, ``flame.svg`` and ``flame.folded`` (what was live at ``--flame-at``, default
-the peak) into ``--out`` (default ``docs``), and with ``--added PHASE`` (repeatable) also ``flame-PHASE.svg``:
-what that phase allocated and still held at its fullest moment. It goes through the same functions
-``memtrace plot`` and ``memtrace flame`` use (titles from the traces' facts) and prints what they
-drew: the crossing, the OOM, and the widest frames of each flame graph.
+The README's figures (``docs/timeline.png``, ``docs/flame.svg``, ``docs/flame-profile_run.svg``,
+``docs/flame-capture_model.svg``) are drawn from ``tests/data/vllm-h200/startup-stacks``: the real vLLM
+0.25.1 start-up on the H200 with Python stacks (the default RUN). Writes ``timeline.png``, ``flame.svg``
+and ``flame.folded`` (what was live at ``--flame-at``, default the peak) into ``--out`` (default
+``docs``), and with ``--added PHASE`` (repeatable) also ``flame-PHASE.svg``: what that phase allocated
+and still held at its fullest moment. It goes through the analysed run and the renderers ``memtrace
+plot`` and ``memtrace flame`` use (titles from the traces' facts) and prints what they drew: the
+crossing, the OOM, and the widest frames of each flame graph.
 """
 
 from __future__ import annotations
@@ -20,38 +23,39 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 
 
+#: Where the README's figures come from.
+README_RUN = ROOT / "tests" / "data" / "vllm-h200" / "startup-stacks"
+
+
 def default_run() -> Path:
-    """The first run directory (one holding .memtrace files) under tests/data/h200, else tests/data."""
-    for base in (ROOT / "tests" / "data" / "h200", ROOT / "tests" / "data"):
-        runs = sorted({p.parent for p in base.glob("**/*.memtrace")})
-        if runs:
-            return runs[0]
-    raise SystemExit("no real trace under tests/data yet; pass a run directory")
+    """The run the README's figures are drawn from (:data:`README_RUN`)."""
+    if not any(README_RUN.glob("*.memtrace")):
+        raise SystemExit(f"{README_RUN}: the README's source trace is missing; pass a run directory")
+    return README_RUN
 
 
-def _traces(path: Path) -> list:
+def _analysed(path: Path):
+    from memtrace.analysis.run import analyse
     from memtrace.store import load_run
 
-    traces = [t for t in load_run(path).traces if len(t.events)]
-    if not traces:
+    run = analyse(load_run(path).traces, path=str(path))
+    ranks = run.with_events()
+    if not ranks:
         raise SystemExit(f"{path}: no trace with allocator events")
-    return traces
+    return run.subset(ranks)
 
 
-def _flame(trace, at: str, added: bool, svg: Path, folded: Path | None, fallback: str) -> None:
-    from memtrace.analysis.curves import all_curves
-    from memtrace.analysis.flame import flame_at, widest_leaves
-    from memtrace.analysis.moment import resolve_moment, with_since
+def _flame(run, at: str, added: bool, svg: Path, folded: Path | None) -> None:
+    from memtrace.analysis.flame import widest_leaves
+    from memtrace.analysis.moment import flame_for
+    from memtrace.analysis.titles import flame_titles
     from memtrace.plots.flame_svg import render_flame_svg
     from memtrace.plots.folded import render_folded
-    from memtrace.plots.titles import flame_titles
     from memtrace.units import format_gib
 
-    curves = all_curves(trace)
-    moment = with_since(trace, curves, resolve_moment(trace, curves, at), None, added)
-    t = moment.time_us if moment.event_index is None else None
-    flame = flame_at(trace, t, event_index=moment.event_index, since_us=moment.since_us)
-    title, subtitle = flame_titles(trace, curves, flame, moment, fallback=fallback)
+    rank = run.worst
+    moment, flame = flame_for(rank, at, added=added, non_torch=False)
+    title, subtitle = flame_titles(rank, flame, moment, fallback=Path(run.path).name)
     render_flame_svg(flame, svg, title=title, subtitle=subtitle)
     if folded is not None:
         render_folded(flame, folded)
@@ -62,7 +66,10 @@ def _flame(trace, at: str, added: bool, svg: Path, folded: Path | None, fallback
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument(
-        "run", nargs="?", type=Path, help="run directory or .memtrace file (default: first under tests/data)"
+        "run",
+        nargs="?",
+        type=Path,
+        help="run directory or .memtrace file (default: the README's, vllm-h200/startup-stacks)",
     )
     p.add_argument("--flame-run", type=Path, help="run for the flame graphs (default: RUN)")
     p.add_argument("--flame-at", default="peak", help="the flame graph's moment: peak, oom, a time or a phase")
@@ -71,14 +78,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--force", action="store_true", help="replace figures that exist")
     args = p.parse_args(argv)
 
-    from memtrace.analysis.curves import all_curves
-    from memtrace.outputs import run_name
+    from memtrace.analysis.titles import timeline_title
     from memtrace.plots.timeline import render_timeline
     from memtrace.plots.timeline_data import prepare_rank
-    from memtrace.plots.titles import timeline_title
 
     run_path = args.run or default_run()
-    traces = _traces(run_path)
+    run = _analysed(run_path)
     args.out.mkdir(parents=True, exist_ok=True)
     names = ["timeline.png", "flame.svg", "flame.folded"] + [f"flame-{phase}.svg" for phase in args.added]
     outs = {name: args.out / name for name in names}
@@ -86,8 +91,8 @@ def main(argv: list[str] | None = None) -> int:
     if clash:
         raise SystemExit(f"{', '.join(clash)} exist; pass --force to replace them")
 
-    title = timeline_title(traces[0], fallback=run_name(run_path))
-    drawn = render_timeline([prepare_rank(t) for t in traces], outs["timeline.png"], title=title)
+    drawn = render_timeline([prepare_rank(r) for r in run.ranks], outs["timeline.png"], title=timeline_title(run),
+                            t0_us=run.origin.t0_us, footnote=f"Times: {run.origin.sentence}")  # fmt: skip
     for r in drawn.ranks:
         c = r.crossing
         what = "no crossing" if c is None else f"crossing at {c.time_s:.3f} s in {c.phase_path}; "
@@ -95,12 +100,10 @@ def main(argv: list[str] | None = None) -> int:
             what += f"highest {c.max_bytes} B ({c.curve}) at {c.max_us}, +{c.overshoot_bytes} B, {c.duration_us} us"
         print(f"timeline {r.label}: {what}" + (f"; {r.oom.text.splitlines()[0]}" if r.oom else ""))
 
-    flame_path = args.flame_run or run_path
-    flame_traces = _traces(flame_path) if args.flame_run is not None else traces
-    trace = max(flame_traces, key=lambda t: all_curves(t).reserved.peak_bytes)
-    _flame(trace, args.flame_at, False, outs["flame.svg"], outs["flame.folded"], run_name(flame_path))
+    flame_run = _analysed(args.flame_run) if args.flame_run is not None else run
+    _flame(flame_run, args.flame_at, False, outs["flame.svg"], outs["flame.folded"])
     for phase in args.added:
-        _flame(trace, phase, True, outs[f"flame-{phase}.svg"], None, run_name(flame_path))
+        _flame(flame_run, phase, True, outs[f"flame-{phase}.svg"], None)
     print(f"wrote {', '.join(str(o) for o in outs.values())}")
     return 0
 

@@ -67,6 +67,8 @@ def _render_one(d, multi: bool) -> list[str]:
     if multi:
         out.append(f"== {d.label} ==")
     level = "PyTorch reserved + non-PyTorch memory" if d.device_level else "PyTorch reserved only (no NVML in both)"
+    if "CUDA's VMM API" in d.kv_via:
+        level += "; reserved counts the KV cache committed through CUDA's VMM API (vLLM 0.34+)"
     if d.setup_changes:
         out.append("WARNING: the two runs are not comparable; they differ in:")
         out += [f"  {name}: {_field(name, b)} → {_field(name, n)}" for name, b, n in d.setup_changes[:SHOW_MISMATCHES]]
@@ -77,6 +79,14 @@ def _render_one(d, multi: bool) -> list[str]:
     if d.version_changes:
         shown = ", ".join(f"{name} {b} → {n}" for name, b, n in d.version_changes)
         out += [f"Versions compared: {shown}", ""]
+    if d.default_changes:
+        out.append("What the new versions changed by themselves (left to vLLM in the new run):")
+        out += [f"  {name}: {b} → {n}" for name, b, n in d.default_changes]
+        out.append("")
+    if d.kv_via[0] and d.kv_via[1] and d.kv_via[0] != d.kv_via[1]:
+        kv = {c.label: c for c in d.headline}.get("KV cache")
+        size = f" ({_gib(kv.base)} → {_gib(kv.new)})" if kv is not None and kv.base and kv.new else ""
+        out += [f"The KV cache moved: allocated through {d.kv_via[0]} → {d.kv_via[1]}{size}", ""]
     if d.environment_unknown:
         out += ["note: a run recorded no environment (GPU, versions, model, flags): comparability not checked", ""]
     out.append(f"Headline — {level}:")
@@ -111,18 +121,28 @@ def _render_one(d, multi: bool) -> list[str]:
             out.append("  no change")
         for c in rows:
             out.append(f"  {c.label:<24} {_gib(c.base):>11} → {_gib(c.new):>11}   {_delta(c.delta):>12}")
-    if d.categories is not None or d.sites:  # history check has figures, not traces: no sites
+    if d.categories is not None or d.sites or d.sites_missing:  # history check has figures, not traces
         out += _render_sites(d)
     out += _render_hooks(d)
     return out
 
 
+_NO_STACKS = {
+    "base": "the base run recorded no Python stacks",
+    "new": "the new run recorded no Python stacks",
+    "both": "neither run recorded Python stacks",
+}
+
+
 def _render_sites(d) -> list[str]:
-    out = ["", "By allocating stack, at each run's peak (new, or grew most):"]
+    out = ["", "By allocating stack (matched by function and file, not line), at each run's peak:"]
+    if d.sites_missing:
+        out.append(f"  not compared: {_NO_STACKS[d.sites_missing]} (MEMTRACE_STACKS=python records them)")
+        return out
     if not d.sites:
         out.append("  no change")
     for s in d.sites:
-        tag = "new " if s.is_new else ("grew" if s.delta > 0 else "less")
+        tag = "new " if s.is_new else "gone" if s.vanished else ("grew" if s.delta > 0 else "less")
         out.append(
             f"  {tag} {_delta(s.delta):>12}  {_gib(s.base_bytes):>11} → {_gib(s.new_bytes):>11}  {_frame_label(s.frames)}"
         )
@@ -255,9 +275,11 @@ def diff_to_json(diffs: list, base_path: str, new_path: str) -> dict[str, Any]:
                         "new_bytes": s.new_bytes,
                         "delta_bytes": s.delta,
                         "new": s.is_new,
+                        "vanished": s.vanished,
                     }  # fmt: skip
                     for s in d.sites
                 ],
+                "sites_without_stacks": d.sites_missing or None,
                 "hooks": [
                     {
                         "name": h.name,
@@ -272,3 +294,16 @@ def diff_to_json(diffs: list, base_path: str, new_path: str) -> dict[str, Any]:
             for d in diffs
         ],
     }
+
+
+def render(run, out, *, base, threshold, json_out: bool = False) -> None:
+    """``memtrace diff BASE NEW``: ``run`` is the new analysed run, ``base`` the reference one; the
+    comparison is ``analysis.diff.diff_runs`` (NothingToJudge when either side recorded nothing)."""
+    import json
+
+    diffs = run.compared_with(base, threshold)
+    if json_out:
+        json.dump(diff_to_json(diffs, base.path, run.path), out, indent=2)
+        out.write("\n")
+    else:
+        out.write(render_diff(diffs, base.path, run.path))

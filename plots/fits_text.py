@@ -28,6 +28,11 @@ HEADLINE = {
 }
 
 
+def _in(phase: str) -> str:
+    """``in profile_run``, or ``outside any phase`` for a run that recorded none there."""
+    return f"in {phase}" if phase else "outside any phase"
+
+
 def _oom_facts(r: Fit) -> str:
     """The recorded OOM in words: phase, the failed request, the free memory."""
     o = r.recorded_oom
@@ -36,10 +41,14 @@ def _oom_facts(r: Fit) -> str:
 
 def _verdict(r: Fit) -> str:
     """One short phrase for a table row."""
+    if r.outcome == FITS and r.kv_sizing == "extensible":
+        return f"fits: {_blocks(r)}"
     if r.outcome == FITS:
         return f"fits, {_gib(r.headroom_bytes)} to spare"
     if r.outcome == REFUSED:
         return f"vLLM refuses at init_device: free memory {_gib(r.overshoot_bytes)} short of util × capacity"
+    if r.outcome == NO_KV and r.kv_sizing == "extensible":
+        return f"vLLM refuses {_in(r.phase)}: no room for one max_model_len request"
     if r.outcome == NO_KV and "max_model_len" in r.phase:
         return (
             f"vLLM refuses: KV cache {_gib(r.kv_cache_bytes)} < one max_model_len request "
@@ -48,15 +57,15 @@ def _verdict(r: Fit) -> str:
     if r.outcome == NO_KV:
         return f"vLLM refuses: no memory for the KV cache ({_gib(r.overshoot_bytes)} short)"
     if r.outcome == OOM and r.stage == "pre-KV":
-        return f"OOM in {r.phase} (before KV sizing; needs {_gib(r.overshoot_bytes)} more)"
+        return f"OOM {_in(r.phase)} (before KV sizing; needs {_gib(r.overshoot_bytes)} more)"
     if r.outcome == OOM:
-        return f"OOM in {r.phase} (after the KV cache; {_gib(r.overshoot_bytes)} over)"
+        return f"OOM {_in(r.phase)} (after the KV cache; {_gib(r.overshoot_bytes)} over)"
     if r.outcome == DIED and r.overshoot_bytes > 0:
-        return f"dies in {r.phase}, as recorded (the failed request is {_gib(r.overshoot_bytes)} over)"
+        return f"dies {_in(r.phase)}, as recorded (the failed request is {_gib(r.overshoot_bytes)} over)"
     if r.outcome == DIED:
-        return f"dies in {r.phase}, as recorded (no more room there than the recorded card)"
+        return f"dies {_in(r.phase)}, as recorded (no more room there than the recorded card)"
     if r.outcome == UNKNOWN and r.recorded_oom is not None:
-        return f"unknown: fits up to the recorded OOM in {r.phase}; nothing after it was recorded"
+        return f"unknown: fits up to the recorded OOM {_in(r.phase)}; nothing after it was recorded"
     if r.outcome == UNKNOWN:
         return "unknown: the recording ends before the KV cache (record a run that gets further)"
     raise ValueError(f"no words for fits outcome {r.outcome!r}")
@@ -67,6 +76,12 @@ def _answer(r: Fit) -> list[str]:
     head = HEADLINE[r.outcome]
     if r.outcome == FITS and r.stage == NO_KV_CACHE:
         return [f"{head}: its whole recording fits (no KV cache), {_gib(r.headroom_bytes)} to spare at its peak"]
+    if r.outcome == FITS and r.kv_sizing == "extensible":
+        return [
+            f"{head}: vLLM sizes the KV cache after warm-up to {_gib(r.kv_cache_bytes)} ({_blocks(r)}); before it "
+            f"the start-up needs at most {_gib(r.pre_kv_peak_bytes)} ({_in(r.pre_kv_peak_phase)}), "
+            f"{_gib(r.headroom_bytes)} under the card"
+        ]
     if r.outcome == FITS:
         return [f"{head}: KV cache {_gib(r.kv_cache_bytes)}, {_gib(r.headroom_bytes)} to spare at the tightest moment"]
     if r.outcome == REFUSED:
@@ -79,6 +94,17 @@ def _answer(r: Fit) -> list[str]:
             f"{head} at KV sizing: the {_gib(r.kv_cache_bytes)} KV cache cannot hold one request of max_model_len "
             f"tokens ({_gib(r.overshoot_bytes)} short); lower --max-model-len or raise --gpu-memory-utilization"
         ]
+    if r.outcome == NO_KV and r.kv_sizing == "extensible" and r.phase == "kv_cache_init":
+        return [
+            f"{head} at kv_cache_init: the KV cache's address range (vLLM may fill {_gib(r.target_bytes)} - "
+            f"non-KV {_gib(r.non_kv_bytes)}) cannot hold one request of max_model_len tokens (vLLM refuses); "
+            "lower --max-model-len or use a larger card"
+        ]
+    if r.outcome == NO_KV and r.kv_sizing == "extensible":
+        return [
+            f"{head} {_in(r.phase)}: after warm-up too little is free for the KV cache to hold one request of "
+            "max_model_len tokens (vLLM refuses); lower --max-model-len or use a larger card"
+        ]
     if r.outcome == NO_KV:
         return [
             f"{head} at KV sizing: vLLM counts {_gib(r.non_kv_bytes)} that is not KV cache, "
@@ -86,13 +112,13 @@ def _answer(r: Fit) -> list[str]:
         ]
     if r.outcome == OOM and r.stage == "pre-KV":
         return [
-            f"{head} in {r.phase}, before the KV cache is sized:",
-            f"before the KV cache it needs {_gib(r.pre_kv_peak_bytes)} (peak in {r.pre_kv_peak_phase}), "
+            f"{head} {_in(r.phase)}, before the KV cache is sized:",
+            f"before the KV cache it needs {_gib(r.pre_kv_peak_bytes)} (peak {_in(r.pre_kv_peak_phase)}), "
             f"{_gib(r.overshoot_bytes)} more than the card; --gpu-memory-utilization cannot help",
         ]
     if r.outcome == OOM:
         return [
-            f"{head} in {r.phase}, after the KV cache ({_gib(r.kv_cache_bytes)}) was allocated:",
+            f"{head} {_in(r.phase)}, after the KV cache ({_gib(r.kv_cache_bytes)}) was allocated:",
             f"the post-KV peak would be {_gib(r.post_kv_peak_bytes)}, {_gib(r.overshoot_bytes)} over the card",
         ]
     if r.outcome == DIED:
@@ -101,7 +127,7 @@ def _answer(r: Fit) -> list[str]:
             if r.overshoot_bytes > 0
             else "this card leaves no more room there than the recorded one did"
         )
-        return [f"{head} in {r.phase}, where the recording died:", f"{_oom_facts(r)}; {why}"]
+        return [f"{head} {_in(r.phase)}, where the recording died:", f"{_oom_facts(r)}; {why}"]
     if r.outcome == UNKNOWN and r.recorded_oom is not None:
         return [
             f"{head}: {_oom_facts(r)}.",
@@ -111,6 +137,11 @@ def _answer(r: Fit) -> list[str]:
     if r.outcome == UNKNOWN:
         return [f"{head}: the recording ends before the KV cache was sized; record a run that gets further"]
     raise ValueError(f"no words for fits outcome {r.outcome!r}")
+
+
+def _blocks(r: Fit) -> str:
+    tokens = f", {r.kv_tokens:,} tokens" if r.kv_tokens is not None else ""
+    return f"{r.kv_blocks:,} blocks{tokens}" if r.kv_blocks is not None else "blocks unknown"
 
 
 def _wrapped(indent: str, text: str, width: int = WIDTH) -> str:
@@ -149,14 +180,19 @@ def render_fits(results: list[Fit], run_path: str, smallest: int | None) -> str:
             f"(vLLM may fill {_gib(r.target_bytes)}):"
         )
         lines += [_wrapped("  ", line) for line in _answer(r)]
-        if r.non_kv_source == PRE_KV_PEAK:
+        if r.kv_sizing == "extensible":
             fixed = (
-                f"card-independent: peak {_gib(r.pre_kv_peak_bytes)} in {r.pre_kv_peak_phase} (no KV sizing recorded)"
+                "card-independent: what the start-up needs before the KV cache, vLLM's reserves after warm-up "
+                "(the transient peak, PyTorch's reserve growth, the margin); the KV cache takes what is left"
+            )
+        elif r.non_kv_source == PRE_KV_PEAK:
+            fixed = (
+                f"card-independent: peak {_gib(r.pre_kv_peak_bytes)} {_in(r.pre_kv_peak_phase)} (no KV sizing recorded)"
             )
         else:
             fixed = (
                 f"card-independent: vLLM keeps {_gib(r.non_kv_bytes)} out of the KV cache ({r.non_kv_source}); "
-                f"pre-KV peak {_gib(r.pre_kv_peak_bytes)} in {r.pre_kv_peak_phase}"
+                f"pre-KV peak {_gib(r.pre_kv_peak_bytes)} {_in(r.pre_kv_peak_phase)}"
             )
         lines.append(_wrapped("  ", fixed))
     else:
@@ -168,7 +204,7 @@ def render_fits(results: list[Fit], run_path: str, smallest: int | None) -> str:
                 f"  {_gib(x.capacity_bytes):>10} {x.util:>5g} {_gib(x.target_bytes):>11} {_gib(x.non_kv_bytes):>10} "
                 f"{kv:>10} {_gib(x.post_kv_peak_bytes):>13}  {_verdict(x)}"
             )
-        lines.append(f"  pre-KV peak (every card): {_gib(r.pre_kv_peak_bytes)} in {r.pre_kv_peak_phase}")
+        lines.append(f"  pre-KV peak (every card): {_gib(r.pre_kv_peak_bytes)} {_in(r.pre_kv_peak_phase)}")
         lines.append(f"  non-KV: what vLLM keeps out of the KV cache ({r.non_kv_source})")
         if r.recorded_oom is not None:
             lines.append(f"  {_oom_facts(r)}")
@@ -178,3 +214,41 @@ def render_fits(results: list[Fit], run_path: str, smallest: int | None) -> str:
     elif r.recorded_oom is not None:
         lines.append("Smallest card: unknown; the recording ends at its OOM, so no card can be promised from it")
     return "\n".join(lines) + "\n"
+
+
+def render(run, out, *, capacities: list[int], util: float | None = None, non_torch: int | None = None,
+           json_out: bool = False) -> None:  # fmt: skip
+    """``memtrace fits`` of an analysed run: every rank with allocator events, the worst rank named (the
+    run's: ``AnalysedRun.worst``), as text or JSON on the stream ``out``. NothingToJudge when no rank
+    recorded an event."""
+    import json
+
+    from ..analysis.fits import fit_to_dict
+
+    answers = [r.fits(capacities, util, non_torch) for r in run.require_events("predict")]
+    multi = len(answers) > 1
+    worst = run.worst
+    if json_out:
+        doc = {
+            "run": run.path,
+            "worst": worst.label if multi else None,
+            "time_origin": run.origin.sentence,
+            "ranks": [
+                {"rank": a.rank.rank, "pid": a.rank.trace.process.pid, "verdict": a.rank.verdict,
+                 "smallest_fitting_capacity_bytes": a.smallest, "fits": [fit_to_dict(r) for r in a.results]}
+                for a in answers
+            ],
+        }  # fmt: skip
+        if not multi:  # one process: the flat shape
+            doc.update(doc.pop("ranks")[0])
+            for key in ("rank", "pid", "worst", "verdict"):
+                doc.pop(key)
+        json.dump(doc, out, indent=2)
+        out.write("\n")
+        return
+    for a in answers:
+        out.write(render_fits(a.results, f"{run.path} ({a.rank.label})" if multi else run.path, a.smallest))
+    if multi:
+        need = next((a.smallest for a in answers if a.rank is worst), None)
+        why = f"{worst.verdict}" + (f"; needs about {_gib(need)}" if need is not None else "")
+        out.write(f"Worst rank: {worst.label} ({why}); every rank must fit for the start-up to survive\n")

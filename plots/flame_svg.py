@@ -258,3 +258,32 @@ def render_flame_svg(
     out.write_text("\n".join(svg) + "\n", encoding="utf-8")
     top_level = [(c.name, c.total_bytes) for c in root.sorted_children()]
     return FlameSvgDrawn(out, total, stats[0], stats[1], top_level, zoom)
+
+
+def say_flame(rank, moment, flame: Flame, log) -> None:
+    """One line on ``log`` (when given): what the flame graph holds, and at which moment."""
+    if log is None:
+        return
+    held = f"added since {moment.since_what} and live" if moment.since_us is not None else "live"
+    split = ""
+    if flame.non_torch_bytes is not None:
+        split = (f" (PyTorch {format_bytes(flame.torch_bytes, 2)} + non-PyTorch {format_bytes(flame.non_torch_bytes, 2)}"
+                 " CUPTI saw)")  # fmt: skip
+    log.write(f"memtrace: {rank.label}: {format_bytes(flame.total_bytes, 2)}{split} {held} at {moment.what} "
+              f"({rank.seconds(moment.time_us):.3f} s)\n")  # fmt: skip
+
+
+def render(run, out: str | os.PathLike, *, at: str = "peak", since: str | None = None, added: bool = False,
+           torch_only: bool = False, log=None) -> None:  # fmt: skip
+    """The flame graph of the run's worst rank (``AnalysedRun.worst``; ``--rank`` leaves one) at ``at``
+    (``analysis.moment``), titled by ``analysis.titles.flame_titles``."""
+    from pathlib import Path
+
+    from ..analysis.moment import flame_for
+    from ..analysis.titles import flame_titles
+
+    rank = run.worst
+    moment, flame = flame_for(rank, at, since=since, added=added, non_torch=not torch_only)
+    title, subtitle = flame_titles(rank, flame, moment, fallback=Path(run.path).name)
+    render_flame_svg(flame, out, title=title, subtitle=subtitle)
+    say_flame(rank, moment, flame, log)

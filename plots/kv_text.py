@@ -12,7 +12,7 @@ from ..units import gib_or_dash, signed_gib_number
 
 
 def _seconds(s: Summary, t_us: int) -> str:
-    return f"{(t_us - s.start_us) / 1e6:.2f} s"
+    return f"{(t_us - s.t0_us) / 1e6:.2f} s"
 
 
 def render_non_kv(out, s: Summary) -> None:

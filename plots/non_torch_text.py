@@ -53,7 +53,7 @@ def render_non_torch(out, s: Summary) -> None:
     out.heading("Non-PyTorch memory by category (CUPTI: every device allocation outside PyTorch's allocator)")
     previous: NonTorchBreakdown | None = None
     for b in s.non_torch:
-        when = f"at the {b.moment} ({(b.time_us - s.start_us) / 1e6:.2f} s, {b.phase_path or 'no phase'})"
+        when = f"at the {b.moment} ({(b.time_us - s.t0_us) / 1e6:.2f} s, {b.phase_path or 'no phase'})"
         if previous is not None and _same(previous, b):
             out.item(f"{when}: the same non-PyTorch figures as at the {previous.moment}")
             continue

@@ -13,10 +13,11 @@ from typing import TextIO
 
 from ..analysis.crossing import Excursion
 from ..analysis.flame import hook_short_name
-from ..analysis.summary import Summary, worst
+from ..analysis.summary import Summary
 from ..model import Frame
 from ..units import gib_number, gib_or_dash, signed_gib_number
 from . import oom_text
+from .extensible_text import render_counters, render_extensible, render_vmm
 from .kv_text import render_non_kv
 from .non_torch_text import render_non_torch
 
@@ -25,8 +26,9 @@ DEFINITIONS = (
     "memory_allocated counts rounded blocks, a few KiB more). reserved = bytes in PyTorch's segments "
     "(torch's memory_reserved). device used = this process's device memory from NVML: CUDA context, "
     "NCCL, cuBLAS included; other processes' memory (NVML's per-process list) and the memory the driver "
-    "reserves left out (counted as cudaMemGetInfo and vLLM's target count). non-torch = device used - reserved. Times are seconds since the start "
-    "of the recording."
+    "reserves left out (counted as cudaMemGetInfo and vLLM's target count). non-torch = device used - reserved "
+    "- what vLLM (0.34+) committed through CUDA's VMM API (its KV cache, counted on its own). "
+    "Times are seconds since the run's time origin (the 'times' line: one origin for every rank and output)."
 )
 _CURVE_NAMES = {"reserved": "reserved", "device_used": "device used", "allocated": "allocated"}
 
@@ -126,14 +128,15 @@ class _Out:
 
 
 def _seconds(s: Summary, t_us: int) -> str:
-    return f"{(t_us - s.start_us) / 1e6:.2f} s"
+    return f"{(t_us - s.t0_us) / 1e6:.2f} s"
 
 
 def _header(out: _Out, s: Summary) -> None:
     p = s.process
-    who = ["torch snapshot"] if p.role == "import" and not p.pid else [s.label]
+    imported = p.role == "import" and not p.pid
+    who = ["torch snapshot"] if imported else [s.label]
     if p.rank is not None:
-        who.append(f"pid {p.pid}")
+        who.append(s.label if imported else f"pid {p.pid}")
     if p.hostname:
         who.append(f"host {p.hostname}")
     if p.device_index is not None:
@@ -170,6 +173,8 @@ def _header(out: _Out, s: Summary) -> None:
         f"recording: {s.n_events:,} allocator events, {s.n_samples:,} NVML samples over {dur:.2f} s "
         f"(source {rec.source}, stacks {rec.stacks}{ended})"
     )
+    if s.time_origin:
+        out.item(f"times: {s.time_origin}")
     if s.path:  # Markdown goes upstream: the file's name only, never a local path
         out.item(f"file: {s.path.rsplit('/', 1)[-1] if out.md else s.path}")
 
@@ -197,7 +202,7 @@ def _phases(out: _Out, s: Summary) -> None:
             indent = "  " * p.depth
         name = indent + p.name + ("" if p.ended else " (open)")
         name = name if out.md else _cut(name, name_w)
-        times = [f"{(p.start_us - s.start_us) / 1e6:.2f}", f"{(p.end_us - s.start_us) / 1e6:.2f}"]
+        times = [f"{(p.start_us - s.t0_us) / 1e6:.2f}", f"{(p.end_us - s.t0_us) / 1e6:.2f}"]
         alloc = [
             gib_number(p.end_allocated_bytes),
             gib_number(p.peak_allocated_bytes),
@@ -307,7 +312,7 @@ def _hooks(out: _Out, s: Summary, limit: int = 20) -> None:
         rows.append(
             [
                 _cut(hook_short_name(c.name), 40),
-                f"{(c.start_us - s.start_us) / 1e6:.2f}",
+                f"{(c.start_us - s.t0_us) / 1e6:.2f}",
                 f"{(c.end_us - c.start_us) / 1e3:.1f}",
                 gib_number(c.returned_bytes),
                 "-" if c.allocated_delta_bytes is None else signed_gib_number(c.allocated_delta_bytes),
@@ -350,6 +355,9 @@ def render_report(summary: Summary, file: TextIO, width: int = 100, markdown: bo
     render_non_torch(out, summary)
     _hooks(out, summary)
     render_non_kv(out, summary)
+    render_vmm(out, summary)
+    render_extensible(out, summary)
+    render_counters(out, summary)
     _notes(out, summary)
 
 
@@ -367,20 +375,3 @@ def render_definitions(file: TextIO, width: int = 100, markdown: bool = False) -
             line = "  "
         line += w + " "
     out.line(line.rstrip())
-
-
-def render_run(summaries: list[Summary], file: TextIO, width: int = 100, markdown: bool = False) -> None:
-    """Every trace of a run, one section each, the worst rank named, then the definitions."""
-    for i, s in enumerate(summaries):
-        if i:
-            file.write("\n" + ("---\n" if markdown else "=" * min(width, 100) + "\n"))
-        render_report(s, file, width, markdown)
-    if len(summaries) > 1:
-        w = worst(summaries)
-        if w.crossings:
-            c = max(w.crossings, key=lambda c: c.overshoot_bytes)
-            why = f"{_CURVE_NAMES.get(c.curve, c.curve)} goes {gib_or_dash(c.overshoot_bytes)} over its target"
-        else:
-            why = f"highest reserved peak, {gib_or_dash(w.peak.reserved_bytes)}"
-        file.write("\n" + ("**" if markdown else "") + f"Worst: {w.label} ({why})" + ("**" if markdown else "") + "\n")
-    render_definitions(file, width, markdown)

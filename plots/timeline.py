@@ -92,6 +92,7 @@ class TimelineDrawn:
     ranks: list[RankDrawn]
     title: str = ""
     legend: list[str] = field(default_factory=list)  # the legend's entries, in order
+    footnote: str = ""  # the line under the figure: the time origin
 
 
 def _phase_name(path: str) -> str:
@@ -185,6 +186,8 @@ def render_timeline(
     *,
     capacities: list[int] | tuple[int, ...] = (),
     title: str | None = None,
+    t0_us: int | None = None,
+    footnote: str = "",
 ) -> TimelineDrawn:
     """Draw the timeline of one or more ranks into ``path`` (.png or .svg, by suffix).
 
@@ -193,6 +196,8 @@ def render_timeline(
         path: the output file.
         capacities: what-if card sizes in bytes, drawn as dotted lines.
         title: the figure's title (default: what the first rank's trace recorded it ran, with what, on what).
+        t0_us: the run's time origin (``analysis.origin.TimeOrigin.t0_us``; default: the earliest start).
+        footnote: a line under the figure (the time origin's sentence).
     """
     import matplotlib
 
@@ -201,26 +206,29 @@ def render_timeline(
 
     if not ranks:
         raise ValueError("render_timeline needs at least one rank")
-    t0 = min(r.start_us for r in ranks)
+    t0 = min(r.start_us for r in ranks) if t0_us is None else t0_us
     t_end = max(r.end_us for r in ranks)
     with plt.rc_context({"font.size": FONT, "axes.titlesize": FONT + 1, "svg.fonttype": "none"}):
-        fig, gs = _figure(plt, ranks)
+        fig, gs = _figure(plt, ranks, FOOTNOTE_IN if footnote else 0.0)
         main_axes: list = []
         handles: dict = {}
         drawn = [_draw_rank(fig, gs, i, ranks, t0, t_end, capacities, main_axes, handles) for i in range(len(ranks))]
-        main_axes[-1].set_xlabel("seconds since start")
+        main_axes[-1].set_xlabel("seconds since start" + (" (Times, below)" if footnote else ""))
         for ax in main_axes[:-1]:
             ax.tick_params(labelbottom=False)
         if "target" in handles and len({(r.util, r.capacity_bytes) for r in ranks}) > 1:
             handles["target"] = (handles["target"][0], "utilization target (each rank's own)")
-        legend = _legend(fig, handles, _legend_rows(ranks))
+        legend = _legend(fig, handles, _legend_rows(ranks), lift_in=FOOTNOTE_IN if footnote else 0.0)
+        if footnote:
+            fig.text(0.06, 0.06 / fig.get_figheight(), footnote, ha="left", va="bottom", fontsize=FONT - 3,
+                     color="#444444")  # fmt: skip
         what = ranks[0].description
         title = title or ("GPU memory during start-up" + (f": {what}" if what else ""))
         fig.suptitle(title, x=0.06, ha="left", fontsize=FONT + 3, fontweight="bold")
         out = Path(path)
         fig.savefig(out, dpi=DPI, format=out.suffix.lstrip(".").lower() or "png")
         plt.close(fig)
-    return TimelineDrawn(out, t0, drawn, title, legend)
+    return TimelineDrawn(out, t0, drawn, title, legend, footnote)
 
 
 def _draw_rank(fig, gs, i: int, ranks, t0: int, t_end: int, capacities, main_axes: list, handles: dict) -> RankDrawn:
@@ -245,6 +253,7 @@ def _draw_rank(fig, gs, i: int, ranks, t0: int, t_end: int, capacities, main_axe
                      px_per_s, char_px, oom, annotation)  # fmt: skip
 
 
+FOOTNOTE_IN = 0.3  # the time origin's line under the legend
 LEGEND_ROWS = 3  # one more when an OOM or other processes add their entries, one more for CUPTI's
 RANK_GAP_IN = 0.45
 TITLE_IN = 0.55
@@ -260,13 +269,13 @@ def _legend_in(rows: int) -> float:
     return 0.55 + 0.3 * rows  # the x-axis label, then the legend's rows
 
 
-def _figure(plt, ranks: list[RankTimeline]):
+def _figure(plt, ranks: list[RankTimeline], footnote_in: float = 0.0):
     """The figure and its grid: per rank a spacer, a phase lane over the main plot (left) and the zoom (right)."""
     heights: list[float] = []
     for i, r in enumerate(ranks):
         # a spacer row above every rank but the first keeps the zoom's axis label off the next lane
         heights += [RANK_GAP_IN if i else 0.01, max(_lane_rows(r), 1) * LANE_ROW_IN + 0.08, MAIN_H_IN]
-    legend_in = _legend_in(_legend_rows(ranks))
+    legend_in = _legend_in(_legend_rows(ranks)) + footnote_in
     fig_h = sum(heights) + legend_in + TITLE_IN + 0.45 * len(ranks)
     fig = plt.figure(figsize=(WIDTH_IN, fig_h), dpi=DPI)
     gs = fig.add_gridspec(
@@ -284,7 +293,7 @@ def _figure(plt, ranks: list[RankTimeline]):
     return fig, gs
 
 
-def _legend(fig, handles: dict, rows: int = LEGEND_ROWS) -> list[str]:
+def _legend(fig, handles: dict, rows: int = LEGEND_ROWS, lift_in: float = 0.0) -> list[str]:
     """One legend for all ranks, below the plots, in a fixed order."""
     order = [*CATEGORIES, "non_torch_cupti", "non_torch_unexplained", "non_torch", "others", "reserved"]
     order += ["device_used", "target", "capacity", "what-if", "oom"]
@@ -296,7 +305,7 @@ def _legend(fig, handles: dict, rows: int = LEGEND_ROWS) -> list[str]:
         ncol=-(-len(items) // rows),
         frameon=False,
         fontsize=FONT - 1,
-        bbox_to_anchor=(0.5, 0.005),
+        bbox_to_anchor=(0.5, 0.005 + lift_in / fig.get_figheight()),
     )
     return [label for _, label in items]
 
@@ -304,3 +313,21 @@ def _legend(fig, handles: dict, rows: int = LEGEND_ROWS) -> list[str]:
 def gib(values: np.ndarray) -> np.ndarray:
     """Bytes to GiB as floats (for drawing only)."""
     return np.asarray(values, dtype=np.float64) / GiB
+
+
+def render(
+    run, out: str | os.PathLike, *, capacities: list[int] | tuple[int, ...] = (), title: str | None = None
+) -> None:
+    """The timeline of an analysed run (``analysis.run.AnalysedRun``): every rank on the run's one time
+    origin, stated under the figure; the title from what the run recorded (``analysis.titles``)."""
+    from ..analysis.titles import timeline_title
+    from .timeline_data import prepare_rank
+
+    render_timeline(
+        [prepare_rank(r) for r in run.ranks],
+        out,
+        capacities=capacities,
+        title=title or timeline_title(run),
+        t0_us=run.origin.t0_us,
+        footnote=f"Times: {run.origin.sentence}",
+    )

@@ -13,17 +13,11 @@ import numpy as np
 from ..analysis.categories import CATEGORIES
 from ..units import GiB, format_gib
 from .downsample import bucket_indices
-from .phase_lane import PhaseBar, PhaseLabel, place_labels
+from .palette import CATEGORY_COLORS
+from .phase_lane import PhaseBar, PhaseLabel, leader, place_labels
 from .timeline_data import CuptiSplit, RankTimeline, cupti_split
 
-COLORS = {
-    "weights": "#4C72B0",
-    "kv_cache": "#55A868",
-    "flashinfer_workspace": "#D63CBE",
-    "cudagraph_pool": "#8172B2",
-    "activations": "#F0A030",
-    "other": "#B0B0B0",
-}
+COLORS = CATEGORY_COLORS
 LABELS = {
     "weights": "weights",
     "kv_cache": "KV cache",
@@ -89,10 +83,9 @@ def draw_lane(
     for lab in labels:
         if lab.where == "above":
             y, top_of_bar = rows + 0.55, rows - lab.depth - 0.08
-            # straight up when the label sits over its bar, else a slanted line to the label's start:
-            # two shifted labels then never share a leader segment
-            end_x = lab.anchor_s if lab.x_s <= lab.anchor_s else lab.x_s + 4 / px_per_s
-            ax.plot([lab.anchor_s, end_x], [top_of_bar, rows + 0.18], color="#777777", lw=0.7)
+            # up from the bar to the lane's top edge, then to the label (phase_lane.leader): never crossing
+            x_top, x_label = leader(lab, px_per_s)
+            ax.plot([x_top, x_top, x_label], [top_of_bar, rows, rows + 0.18], color="#777777", lw=0.7)
             ax.text(lab.x_s, y, lab.text, ha="left", va="center", fontsize=LABEL_PT)
         else:
             y = rows - 1 - lab.depth + 0.5

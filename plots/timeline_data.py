@@ -1,7 +1,7 @@
 """What the timeline draws for one process, gathered from the analysis (no drawing here).
 
-``prepare_rank(trace, target)`` runs the analyses once and keeps what a renderer needs, so
-``timeline.render_timeline`` never touches a Trace's events itself:
+``prepare_rank(rank)`` takes what a renderer needs from an analysed rank (``analysis.rank.AnalysedRank``,
+where every figure is computed once), so ``timeline.render_timeline`` never touches a Trace's events:
 
 - the curves and the categories of allocated memory (``analysis.curves``, ``analysis.categories``);
 - the phases (``analysis.phases.phase_stats``);
@@ -19,16 +19,13 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..analysis.categories import categorize, category_curves
-from ..analysis.crossing import Crossings, Excursion, crossings
-from ..analysis.curves import Curve, Curves, all_curves
+from ..analysis.crossing import Crossings, Excursion
+from ..analysis.curves import Curve, Curves
 from ..analysis.fingerprint import describe_run
-from ..analysis.live import lifetimes
-from ..analysis.non_torch import has_records, live_curve
-from ..analysis.oom import Oom, find_oom
-from ..analysis.phases import PhaseStats, phase_stats, recording_span
-from ..analysis.target import Target, resolve_target
-from ..model import Trace
+from ..analysis.oom import Oom
+from ..analysis.phases import PhaseStats
+from ..analysis.rank import AnalysedRank
+from ..analysis.target import Target
 from .downsample import bucket_indices
 
 
@@ -68,34 +65,23 @@ class RankTimeline:
         return self.crossings.first if self.crossings is not None else None
 
 
-def prepare_rank(trace: Trace, target_bytes: int | None = None, *, target: Target | None = None) -> RankTimeline:
-    """Run the analyses the timeline needs on ``trace``.
-
-    Args:
-        trace: the trace.
-        target_bytes: an explicit target (``--target``), resolved with the trace's card.
-        target: an already resolved target (``resolve_target(trace, **target_args(args))``); wins over
-            ``target_bytes``. Default: the recorded one.
-    """
-    if target is None:
-        target = resolve_target(trace, target_bytes=target_bytes)
-    curves = all_curves(trace)
-    cats = category_curves(trace, categorize(trace, lifetimes(trace)))
-    start, end = recording_span(trace)
-    oom = find_oom(trace)
+def prepare_rank(rank: AnalysedRank) -> RankTimeline:
+    """What the timeline draws of one analysed rank (``analysis.rank.AnalysedRank``): its figures, read
+    from the rank (computed there once), never recomputed here."""
+    start, end = rank.span
     return RankTimeline(
-        label=trace.label,
-        curves=curves,
-        categories=cats,
-        phases=phase_stats(trace, curves),
+        label=rank.label,
+        curves=rank.curves,
+        categories=rank.category_curves,
+        phases=rank.phases,
         start_us=start,
         end_us=max(end, start + 1),
-        target=target,
-        crossings=crossings(trace, curves, target.target_bytes, oom_us=oom.time_us if oom else None),
-        oom=oom,
-        device_total_bytes=trace.process.device_total_bytes,
-        description=describe_run(trace),
-        cupti=live_curve(trace) if has_records(trace) else None,
+        target=rank.target,
+        crossings=rank.crossings,
+        oom=rank.oom,
+        device_total_bytes=rank.trace.process.device_total_bytes,
+        description=describe_run(rank.trace),
+        cupti=rank.cupti,
     )
 
 

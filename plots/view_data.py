@@ -1,7 +1,7 @@
 """Pack one run's analysis results into the compact form ``memtrace view``'s page reads (no HTML here).
 
-Per rank the page gets a small JSON document (figures from ``analysis.summary``, the target, the OOM,
-phases, landmarks, the interned icicle paths of ``view_paths``) and one binary blob of little-endian columns, gzip'd
+Per rank (an ``analysis.rank.AnalysedRank``) the page gets a small JSON document (its summary, target,
+OOM, phases, landmarks, time origin, the interned icicle paths of ``analysis.view_paths``) and one binary blob of little-endian columns, gzip'd
 (the page inflates it with the browser's ``DecompressionStream``). Event columns, one entry per
 allocator event in trace order:
 
@@ -36,18 +36,14 @@ from typing import Any
 
 import numpy as np
 
-from ..analysis.categories import CATEGORIES, categorize
-from ..analysis.curves import Curve, Curves, all_curves
+from ..analysis.categories import CATEGORIES
 from ..analysis.flame import frame_label
 from ..analysis.landmarks import steady_non_torch_values
-from ..analysis.live import Lifetimes, lifetimes, meaningful_frame
-from ..analysis.non_torch import has_records, live_curve
-from ..analysis.oom import find_oom
-from ..analysis.phases import recording_span
-from ..analysis.summary import Summary, summarize, summary_to_dict
-from ..analysis.target import Target
-from ..model import ACTIONS, Trace
-from .view_paths import Paths, allocation_paths
+from ..analysis.live import meaningful_frame
+from ..analysis.rank import AnalysedRank
+from ..analysis.summary import summary_to_dict
+from ..model import ACTIONS
+from .palette import CATEGORY_COLORS
 
 #: Columns of the binary blob, in order: (name, numpy dtype).
 EVENT_COLUMNS = (
@@ -76,64 +72,45 @@ class PackedRank:
     columns: list[dict[str, Any]] = field(default_factory=list)
 
 
-@dataclass
-class RankAnalysis:
-    """The analysis results of one trace that the page (and ``view_server``) need."""
-
-    trace: Trace
-    target: Target
-    curves: Curves
-    summary: Summary
-    lt: Lifetimes
-    times: np.ndarray  # event times, non-decreasing (as the curves')
-    cats: np.ndarray  # category code per event
-    paths: Paths  # the flame graph's path of every allocation of ``lt``
-    cupti: Curve | None = None  # non_torch.live_curve when the trace holds CUPTI records, else None
-
-
-def analyse(trace: Trace, target: Target) -> RankAnalysis:
-    """Run the analyses once for ``trace`` under ``target``."""
-    curves = all_curves(trace)
-    summary = summarize(trace, target, curves=curves)
-    lt = lifetimes(trace)
-    cats = categorize(trace, lt).codes
-    times = curves.allocated.time_us[1:]
-    cupti = live_curve(trace) if has_records(trace) else None
-    return RankAnalysis(trace, target, curves, summary, lt, times, cats, allocation_paths(trace, lt), cupti)
-
-
 def event_at(times: np.ndarray, t_us: int) -> int:
     """The last event at or before ``t_us`` (-1: before the first)."""
     return int(np.searchsorted(times, t_us, side="right")) - 1
 
 
-def _landmarks(a: RankAnalysis) -> list[dict[str, Any]]:
-    s = a.summary
-    out = [{"name": "peak", "event": s.peak.event_index, "time_us": s.peak.state_us}]
-    for k, c in enumerate(sorted(s.crossings, key=lambda c: c.time_us)):
+def _landmarks(a: AnalysedRank) -> list[dict[str, Any]]:
+    """The page's landmark buttons: the peak, the crossings (the one every output names first called "first
+    crossing", as the report orders them), the OOM, the end of each phase; each with the figure it marks."""
+    s, times = a.summary, a.event_times
+    out = [{"name": "peak", "event": s.peak.event_index, "time_us": s.peak.state_us, "curve": "reserved",
+            "bytes": s.peak.reserved_bytes}]  # fmt: skip
+    for k, c in enumerate(s.crossings):
         label = f"{'first crossing' if k == 0 else 'crossing'} ({c.curve.replace('_', ' ')})"
-        out.append({"name": label, "event": event_at(a.times, c.time_us), "time_us": c.time_us})
-    oom = find_oom(a.trace)
-    if oom is not None:
-        out.append({"name": "OOM", "event": event_at(a.times, oom.time_us), "time_us": oom.time_us})
+        out.append({"name": label, "event": event_at(times, c.time_us), "time_us": c.time_us, "curve": c.curve,
+                    "bytes": c.at_cross_bytes, "phase": c.phase_path, "max_bytes": c.max_bytes,
+                    "max_phase": c.max_phase_path})  # fmt: skip
+    if a.oom is not None:
+        out.append({"name": "OOM", "event": event_at(times, a.oom.time_us), "time_us": a.oom.time_us,
+                    "phase": a.oom.phase_path})  # fmt: skip
     for p in s.phases:
-        out.append({"name": f"end {p.name}", "event": event_at(a.times, p.end_us), "time_us": p.end_us})
+        out.append({"name": f"end {p.name}", "event": event_at(times, p.end_us), "time_us": p.end_us})
     return out
 
 
-def rank_meta(a: RankAnalysis, t0_us: int) -> dict[str, Any]:
+def rank_meta(a: AnalysedRank, t0_us: int) -> dict[str, Any]:
     """The JSON part of one rank (figures exact, in bytes and microseconds)."""
-    t, s = a.trace, a.summary
-    oom = find_oom(t)
-    start, end = recording_span(t)
+    t, s, oom = a.trace, a.summary, a.oom
+    start, end = a.span
     titles = []
     for st in range(len(t.stacks)):
         f = meaningful_frame(t.stack_frames(st))
         titles.append(frame_label(f) if f is not None else "")
     doc = summary_to_dict(s)
+    paths = a.icicle_paths
     return {
         "label": t.label,
         "t0_us": t0_us,
+        "time_origin": a.origin.sentence,
+        "verdict": a.verdict,
         "n_events": len(t.events),
         "t_first_us": int(a.curves.allocated.time_us[0]) - t0_us,
         "start_us": start - t0_us,
@@ -144,6 +121,7 @@ def rank_meta(a: RankAnalysis, t0_us: int) -> dict[str, Any]:
             "capacity": a.target.capacity_bytes,
             "util": a.target.util,
             "source": a.target.source,
+            "described": s.target_source,
         },
         "peak": doc["peak"],
         "crossings": doc["crossings"],
@@ -161,34 +139,36 @@ def rank_meta(a: RankAnalysis, t0_us: int) -> dict[str, Any]:
         "phase_table": doc["phases"],
         "landmarks": _landmarks(a),
         "stack_titles": titles,
-        "labels": a.paths.labels,
-        "paths": a.paths.paths,
-        "path_titles": a.paths.titles,
+        "labels": paths.labels,
+        "paths": paths.paths,
+        "path_titles": paths.titles,
         "categories": list(CATEGORIES),
+        "category_colors": [CATEGORY_COLORS[c] for c in CATEGORIES],
         "actions": list(ACTIONS),
     }
 
 
-def _columns(a: RankAnalysis, t0_us: int, *, with_events: bool = True) -> Iterator[tuple[str, np.ndarray]]:
+def _columns(a: AnalysedRank, t0_us: int, *, with_events: bool = True) -> Iterator[tuple[str, np.ndarray]]:
     """The blob's columns in order, each built in its own dtype when its turn comes (at 10M events the
     event columns are 0.1-0.4 GiB each: no two wide copies are alive at once); without events, only
     the NVML ``dev_*`` columns (and the ``cupti_*`` ones, when the trace has CUPTI records)."""
-    ev, lt, n = a.trace.events, a.lt, len(a.trace.events)
+    ev, lt, n = a.trace.events, a.lifetimes, len(a.trace.events)
+    paths, times, cats = a.icicle_paths, a.event_times, a.categorized.codes
     if with_events and n and int(ev["size"].max()) >= _EXACT:
         raise ValueError("an event size of 2**53 bytes or more cannot be carried exactly")
     rec = lt.alloc_pos >= 0
     dev = a.curves.device_used
     build = {
-        "dt": lambda: _dt(a.times),
+        "dt": lambda: _dt(times),
         "act": lambda: ev["action"],
-        "cat": lambda: a.cats,
+        "cat": lambda: cats,
         "size": lambda: ev["size"],
         "stack": lambda: ev["stack"],
         "life": lambda: _at_allocs(n, lt.alloc_pos[rec], lt.free_pos[rec] - lt.alloc_pos[rec], 0),
-        "path": lambda: _at_allocs(n, lt.alloc_pos[rec], a.paths.ids[rec], -1),
+        "path": lambda: _at_allocs(n, lt.alloc_pos[rec], paths.ids[rec], -1),
         "pre_end": lambda: lt.free_pos[~rec],
         "pre_size": lambda: lt.size[~rec],
-        "pre_path": lambda: a.paths.ids[~rec],
+        "pre_path": lambda: paths.ids[~rec],
         "dev_t": lambda: dev.time_us - t0_us,
         "dev_used": lambda: dev.bytes,
         "dev_nontorch": lambda: steady_non_torch_values(a.curves, dev.time_us),
@@ -218,11 +198,11 @@ def _at_allocs(n: int, pos: np.ndarray, values: np.ndarray, fill: int) -> np.nda
     return out
 
 
-def pack_rank(a: RankAnalysis, t0_us: int, *, with_events: bool = True) -> PackedRank:
+def pack_rank(a: AnalysedRank, t0_us: int, *, with_events: bool = True) -> PackedRank:
     """The page's data for one rank; without events (a run too big for one page) only the JSON part
-    and the NVML columns go in, and the page asks ``view_server`` for the rest."""
+    and the NVML columns go in, and the page asks ``memtrace view --serve`` (``cli._serve``) for the rest."""
     meta = rank_meta(a, t0_us)
-    meta["first_event_us"] = int(a.times[0]) - t0_us if len(a.times) else 0
+    meta["first_event_us"] = int(a.event_times[0]) - t0_us if len(a.event_times) else 0
     # compressed column by column (gzip, level 1): no uncompressed copy of the whole blob is ever made
     z = zlib.compressobj(1, zlib.DEFLATED, 31)
     parts, columns, offset = [], [], 0
@@ -237,8 +217,3 @@ def pack_rank(a: RankAnalysis, t0_us: int, *, with_events: bool = True) -> Packe
     parts.append(z.flush())
     meta["has_events"] = with_events
     return PackedRank(meta, b"".join(parts), columns)
-
-
-def run_start(analyses: list[RankAnalysis]) -> int:
-    """The shared time origin of every rank: the earliest recording start (as ``memtrace report``'s times)."""
-    return min(recording_span(a.trace)[0] for a in analyses)

@@ -16,8 +16,9 @@ import json
 from importlib import resources
 from typing import Any
 
-from .text import render_run
-from .view_data import PackedRank, RankAnalysis, pack_rank, run_start
+from .report import render as render_report
+from .report import worst_line
+from .view_data import PackedRank, pack_rank
 
 #: Width in pixels of the coarse overview a page without its events carries.
 OVERVIEW_WIDTH = 1600
@@ -35,21 +36,23 @@ def _script_safe(text: str) -> str:
     return text.replace("</", "<\\/")
 
 
-def page_document(ranks: list[PackedRank], *, title: str, report_text: str, api: bool) -> dict[str, Any]:
-    """The page's JSON document (every rank's meta and column table)."""
+def page_document(ranks: list[PackedRank], *, title: str, report_text: str, api: bool, run=None) -> dict[str, Any]:
+    """The page's JSON document (every rank's meta and column table; the run's worst rank, missing ranks)."""
     return {
         "title": title,
         "api": api,
         "report": report_text,
+        "worst": worst_line(run) if run is not None and run.multi else None,
+        "missing": [m.line for m in run.missing] if run is not None else [],
         "ranks": [{**r.meta, "columns": r.columns} for r in ranks],
     }
 
 
-def render_html(ranks: list[PackedRank], summaries: list, *, title: str, api: bool = False) -> str:
+def render_html(ranks: list[PackedRank], run, *, title: str, api: bool = False) -> str:
     """The whole page as a string."""
     buf = io.StringIO()
-    render_run(summaries, buf)  # as `memtrace report` prints it
-    doc = page_document(ranks, title=title, report_text=buf.getvalue(), api=api)
+    render_report(run, buf)  # as `memtrace report` prints it
+    doc = page_document(ranks, title=title, report_text=buf.getvalue(), api=api, run=run)
     blobs = "\n".join(
         f'<script type="application/octet-stream" id="mt-blob-{i}">{base64.b64encode(r.blob).decode("ascii")}</script>'
         for i, r in enumerate(ranks)
@@ -72,18 +75,25 @@ def render_html(ranks: list[PackedRank], summaries: list, *, title: str, api: bo
 """
 
 
-def build_page(analyses: list[RankAnalysis], *, title: str, max_events: int, api: bool) -> str:
-    """The page for ``analyses`` (one per rank): with every event when the run holds at most
-    ``max_events``, else a coarse overview per rank (``api``: the page asks its server for the rest)."""
-    t0 = run_start(analyses)
-    with_events = sum(len(a.times) for a in analyses) <= max_events
-    packed = []
-    for a in analyses:
-        p = pack_rank(a, t0, with_events=with_events)
-        if not with_events:
-            from .view_window import RankQueries
+def build_page(run, *, title: str | None = None, max_events: int, api: bool) -> str:
+    """The page of an analysed run (``analysis.run.AnalysedRun``): with every event when the run holds at most
+    ``max_events``, else a coarse overview per rank (``api``: the page asks its server for the rest). The
+    title names what ran (``analysis.titles.timeline_title``), as the timeline's does."""
+    from ..analysis.titles import timeline_title
 
-            q = RankQueries(a, t0)
-            p.meta["overview"] = q.window(p.meta["start_us"] / 1e6, p.meta["end_us"] / 1e6, OVERVIEW_WIDTH)
+    t0 = run.origin.t0_us
+    with_events = sum(len(r.event_times) for r in run.ranks) <= max_events
+    packed = []
+    for r in run.ranks:
+        p = pack_rank(r, t0, with_events=with_events)
+        if not with_events:
+            p.meta["overview"] = r.queries.window(p.meta["start_us"] / 1e6, p.meta["end_us"] / 1e6, OVERVIEW_WIDTH)
         packed.append(p)
-    return render_html(packed, [a.summary for a in analyses], title=title, api=api)
+    return render_html(packed, run, title=title or timeline_title(run), api=api)
+
+
+def render(run, out, *, max_events: int, title: str | None = None) -> None:
+    """Write the offline page of ``run`` to the path ``out``."""
+    from pathlib import Path
+
+    Path(out).write_text(build_page(run, title=title, max_events=max_events, api=False), encoding="utf-8")

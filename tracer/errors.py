@@ -27,3 +27,15 @@ class UsageError(MemtraceError):
 
 class CaptureUnavailable(MemtraceError):
     """Recording cannot start here (no torch, no GPU). Capture logs it and lets the program run."""
+
+
+class NothingToJudge(MemtraceError):
+    """A run recorded no allocator events, so a gate (``diff``, ``fits``, ``history``, the pytest gate) has
+    nothing to judge: one line saying what is missing, exit code 1 (a CI job that lost its GPU fails)."""
+
+    exit_code = 1
+
+
+class SeparateRuns(UsageError):
+    """A run directory holds the traces of more than one run (``memtrace run --force`` into a used folder):
+    never merged; the message names both and how to split them."""

@@ -4,7 +4,8 @@
   'use strict';
   const MT = window.memtraceView, doc = window.__mtDoc, I = MT._internals;
   const GiB = 1073741824;
-  const CAT_COLORS = ['#4e79a7', '#59a14f', '#e15759', '#b07aa1', '#f28e2b', '#bab0ac'];
+  /* the timeline's own colours (plots/palette.py), carried by the page's data */
+  const CAT_COLORS = (doc.ranks[0] && doc.ranks[0].category_colors) || ['#4C72B0', '#55A868', '#D63CBE', '#8172B2', '#F0A030', '#B0B0B0'];
   const el = (tag, attrs, ...kids) => {
     const e = document.createElement(tag);
     for (const [k, v] of Object.entries(attrs || {})) {
@@ -29,6 +30,9 @@
         : 'This run is too big for one page: it carries a coarse overview. Run `memtrace view --serve RUN` to zoom to exact steps.')
       : 'Drag to zoom, wheel to zoom around the cursor, double-click to reset; click a moment to see what was live.';
     app.append(el('p', { class: 'mt-note' }, note));
+    if (r0 && r0.time_origin) app.append(el('p', { class: 'mt-note', id: 'mt-origin' }, `Times: ${r0.time_origin}`));
+    for (const line of doc.missing || []) app.append(el('p', { class: 'mt-error mt-missing' }, line));
+    if (doc.worst) app.append(el('p', { class: 'mt-note', id: 'mt-worst' }, doc.worst));
     return r0;
   }
 
@@ -83,7 +87,7 @@
         ctx.fillStyle = color; ctx.fillText(label, tx, ty);
         return Math.round(x / dpr);
       };
-      const c = m.crossings.length ? m.crossings.reduce((a, b) => (b.time_us < a.time_us ? b : a)) : null;
+      const c = m.crossings.length ? m.crossings[0] : null; /* the crossing every output names first */
       if (c) drawn.crossing = vline(c.time_us - m.t0_us, '#d62728', `crossed +${gib(c.overshoot_bytes)}`, [2 * dpr, 2 * dpr]);
       if (m.oom) drawn.oom = vline(m.oom.time_us - m.t0_us, '#000', `OOM (${gib(m.oom.requested_bytes)} asked)`, null, 2);
       drawn.peak = vline(m.peak.state_us - m.t0_us, '#9467bd', `peak ${gib(m.peak.reserved_bytes)} reserved`, [1 * dpr, 3 * dpr], 1);
@@ -213,13 +217,23 @@
     const t1 = performance.now();
     return MT.live(R, e).then((live) => {
       R.selectedUs = live.t_us; R.u.redraw(false);
-      renderLive(R, live);
+      renderLive(R, live, R.landmark); R.landmark = null;
       MT.selected = { rank: R.index, event: e, t_us: live.t_us, live_bytes: live.total, count: live.count, ms: performance.now() - t1 };
     }).catch(report);
   }
   MT.select = (rank, e) => select(MT.ranks[rank], e);
 
-  function renderLive(R, live) {
+  const CURVES = { device_used: 'NVML device used', reserved: 'PyTorch reserved' };
+  /* what a landmark marks, in the report's words: the crossing's curve and value, the OOM's phase */
+  function landmarkLine(m, lm) {
+    if (!lm || lm.bytes == null && lm.phase == null) return null;
+    const what = lm.curve ? `${CURVES[lm.curve] || lm.curve} ${gib(lm.bytes)}` : '';
+    const where = lm.phase != null ? ` in ${lm.phase || 'no phase'}` : '';
+    const top = lm.max_bytes != null ? `; highest ${gib(lm.max_bytes)} in ${lm.max_phase || 'no phase'}` : '';
+    return el('p', { class: 'mt-landmark-line', 'data-landmark': lm.name }, `${lm.name}: ${what} at ${((lm.time_us - m.t0_us) / 1e6).toFixed(3)} s${where}${top} (the live allocations below are PyTorch's alone)`);
+  }
+
+  function renderLive(R, live, lm) {
     const m = R.meta, p = R.panel;
     const head = el('h3', {}, `${m.label}: live after event #${live.event} at ${(live.t_us / 1e6).toFixed(6)} s (${I.phaseAt(m, live.t_us)})`);
     const total = el('p', { class: 'mt-live-total' }, 'live: ', el('b', { 'data-bytes': String(live.total), id: `mt-live-${R.index}` }, exact(live.total)), ` in ${live.count.toLocaleString('en-US')} allocations`);
@@ -227,7 +241,7 @@
     for (const g of live.groups.slice(0, 15)) holders.append(el('tr', {}, el('td', {}, g.title), el('td', { class: 'num', title: `${g.bytes} B` }, gib(g.bytes)), el('td', { class: 'num' }, g.count), el('td', { class: 'num' }, live.total ? (100 * g.bytes / live.total).toFixed(1) + ' %' : '')));
     const ev = el('table', { class: 'mt-table mt-events' }, el('tr', {}, ...['#', 'time (s)', 'action', 'bytes', 'category', 'where'].map((h) => el('th', {}, h))));
     for (const a of live.around) ev.append(el('tr', { class: a.index === live.event ? 'mt-here' : '' }, el('td', { class: 'num' }, a.index), el('td', { class: 'num' }, (a.t_us / 1e6).toFixed(6)), el('td', {}, a.action), el('td', { class: 'num' }, Math.round(a.size).toLocaleString('en-US')), el('td', {}, a.category), el('td', {}, a.where)));
-    p.replaceChildren(head, total, el('h4', {}, 'Live allocations by stack (icicle: width = bytes)'), icicle(live), el('div', { class: 'mt-cols' }, el('div', {}, el('h4', {}, 'Top holders'), holders), el('div', {}, el('h4', {}, 'Events around'), ev)));
+    p.replaceChildren(head, ...[landmarkLine(m, lm)].filter(Boolean), total, el('h4', {}, 'Live allocations by stack (icicle: width = bytes)'), icicle(live), el('div', { class: 'mt-cols' }, el('div', {}, el('h4', {}, 'Top holders'), holders), el('div', {}, el('h4', {}, 'Events around'), ev)));
   }
 
   function icicle(live) {
@@ -271,7 +285,7 @@
       MT.ranks.push(R);
       const lane = el('section', { class: 'mt-lane' }, el('h2', {}, meta.label));
       const marks = el('div', { class: 'mt-landmarks' });
-      for (const lm of meta.landmarks) marks.append(el('button', { 'data-landmark': lm.name, onclick: () => { reveal(R, (lm.time_us - meta.t0_us) / 1e6); select(R, lm.event); } }, lm.name));
+      for (const lm of meta.landmarks) marks.append(el('button', { 'data-landmark': lm.name, onclick: () => { R.landmark = lm; reveal(R, (lm.time_us - meta.t0_us) / 1e6); select(R, lm.event); } }, lm.name));
       marks.append(el('button', { onclick: () => zoomAll(meta.start_us / 1e6, meta.end_us / 1e6) }, 'reset zoom'));
       const host = el('div', { class: 'mt-chart' }), info = el('div', { class: 'mt-info' });
       R.info = info; R.panel = el('div', { class: 'mt-live' }, el('p', { class: 'mt-note' }, 'Click the chart or a landmark to see what was live.'));

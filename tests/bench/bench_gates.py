@@ -21,6 +21,7 @@ spec.loader.exec_module(synthetic)
 
 from memtrace.analysis.diff import diff_traces  # noqa: E402
 from memtrace.analysis.fits import fits  # noqa: E402
+from memtrace.analysis.run import analyse  # noqa: E402
 from memtrace.exporters.memory_viz import export_memory_viz  # noqa: E402
 from memtrace.exporters.perfetto import export_perfetto  # noqa: E402
 from memtrace.units import GiB, parse_threshold  # noqa: E402
@@ -39,7 +40,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as d:
         timed("diff (self vs self)", lambda: diff_traces(trace, trace, parse_threshold("2%")))
         timed("fits (3 capacities)", lambda: fits(trace, [16 * GiB, 32 * GiB, 48 * GiB]))
-        timed("export perfetto", lambda: export_perfetto([trace], Path(d) / "t.json"))
+        timed("export perfetto", lambda: export_perfetto(analyse([trace]), Path(d) / "t.json"))
         timed("export memory-viz", lambda: export_memory_viz(trace, Path(d) / "t.pickle"))
         for name in ("t.json", "t.pickle"):
             print(f"{name:<28} {os.path.getsize(Path(d) / name) / 1e6:6.1f} MB")

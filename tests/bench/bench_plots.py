@@ -30,6 +30,7 @@ def _synthetic():
 def main(n_events: int = 1_000_000) -> None:
     from memtrace.analysis.curves import all_curves
     from memtrace.analysis.flame import flame_at, peak_event_index
+    from memtrace.analysis.run import analyse
     from memtrace.cli import main as cli
     from memtrace.plots.flame_svg import render_flame_svg
     from memtrace.plots.folded import render_folded
@@ -44,7 +45,7 @@ def main(n_events: int = 1_000_000) -> None:
         import matplotlib  # noqa: F401  (import cost is not the renderer's)
 
         t0 = time.perf_counter()
-        rank = prepare_rank(trace)
+        rank = prepare_rank(analyse([trace]).ranks[0])
         t1 = time.perf_counter()
         render_timeline([rank], tmp / "t.png")
         t2 = time.perf_counter()

@@ -10,7 +10,7 @@ phases, 100 Hz NVML samples), saves it, then measures in one run:
 - the size of PyTorch's own pickle of the same events (the equivalent ``_snapshot()`` dict pickled
   with the default protocol; no torch needed).
 
-Goals (DESIGN.md): load <= 1 s, report <= 2 s, report peak RSS <= 1 GiB. Run:
+Goals (the first landing's, read here, not tested): load <= 1 s, report <= 2 s, report peak RSS <= 1 GiB. Run:
 ``python tests/bench/bench_store_report.py [--events N] [--keep DIR] [--no-pickle]``.
 """
 

@@ -140,16 +140,16 @@ def torch_offline(browser, html: Path) -> None:
 
 
 def bench_serve(browser, n: int, tmp: Path) -> None:
-    from memtrace.analysis.target import resolve_target
-    from memtrace.plots.view_data import analyse
-    from memtrace.plots.view_server import start
+    from memtrace.cli._serve import start
     from memtrace.store import load_trace, save_trace
 
     path = tmp / "bench-serve.memtrace"
     save_trace(build(n), path)
     trace = load_trace(path)
     t = time.perf_counter()
-    server = start([analyse(trace, resolve_target(trace))], title="bench", max_events=4_000_000)
+    from memtrace.analysis.run import analyse
+
+    server = start(analyse([trace]), title="bench", max_events=4_000_000)
     print(f"serve      {len(trace.events):,} events analysed and served in {time.perf_counter() - t:.1f} s")
     try:
         page, opened = open_page(browser, server.url)

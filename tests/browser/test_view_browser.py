@@ -17,7 +17,7 @@ import sqlite3
 from pathlib import Path
 
 import pytest
-from testdata import DATA
+from testdata import DATA, analysed_run
 
 pytestmark = pytest.mark.browser
 playwright_api = pytest.importorskip("playwright.sync_api", reason="Playwright is installed by .ci/setup")
@@ -235,13 +235,11 @@ def test_two_ranks_get_one_lane_each_on_a_shared_time_axis(browser, tmp_path):
 
 
 def test_served_page_of_a_run_too_big_for_one_page_zooms_and_clicks_through_the_server(browser):
-    from memtrace.analysis.target import resolve_target
     from memtrace.cli._runs import load
-    from memtrace.plots.view_data import analyse
-    from memtrace.plots.view_server import start
+    from memtrace.cli._serve import start
 
     trace = load(STARTUP).traces[0]
-    server = start([analyse(trace, resolve_target(trace))], title="served", max_events=1_000)
+    server = start(analysed_run([trace]), title="served", max_events=1_000)
     try:
         assert server.server_address[0] == "127.0.0.1"
         page = Page(browser, server.url)

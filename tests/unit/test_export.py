@@ -17,6 +17,7 @@ from memtrace.exporters.memory_viz import PICKLE_PROTOCOL, export_memory_viz, sn
 from memtrace.exporters.perfetto import export_perfetto
 from memtrace.importers.torch_snapshot import trace_from_snapshot
 from memtrace.store import load_trace, save_trace
+from testdata import analysed_run
 
 TESTS = Path(__file__).resolve().parents[1]
 GiB = g.GiB
@@ -72,7 +73,7 @@ def check_trace_event_format(doc: dict) -> None:
 
 @pytest.mark.parametrize("name, trace", TRACES, ids=IDS)
 def test_perfetto_json_follows_the_trace_event_format(tmp_path, name, trace):
-    path = export_perfetto([trace], tmp_path / "t.json")
+    path = export_perfetto(analysed_run([trace]), tmp_path / "t.json")
     doc = json.loads(path.read_text())
     check_trace_event_format(doc)
     names = {e["name"] for e in doc["traceEvents"] if e["ph"] == "C"}
@@ -85,7 +86,7 @@ def test_perfetto_json_follows_the_trace_event_format(tmp_path, name, trace):
 
 @pytest.mark.parametrize("name, trace", TRACES, ids=IDS)
 def test_perfetto_counters_replay_the_exact_curves(tmp_path, name, trace):
-    doc = json.loads(export_perfetto([trace], tmp_path / "t.json").read_text())
+    doc = json.loads(export_perfetto(analysed_run([trace]), tmp_path / "t.json").read_text())
     t0 = doc["otherData"]["t0_us"]
     curves = all_curves(trace)
     for track, curve in (("allocated", curves.allocated), ("reserved", curves.reserved)):
@@ -100,7 +101,7 @@ def test_perfetto_counters_replay_the_exact_curves(tmp_path, name, trace):
 
 def test_perfetto_oom_and_hook_calls_are_slices(tmp_path):
     trace = g.vllm_like_startup(oom_in="profile_run")
-    doc = json.loads(export_perfetto([trace], tmp_path / "t.json").read_text())
+    doc = json.loads(export_perfetto(analysed_run([trace]), tmp_path / "t.json").read_text())
     (oom,) = [e for e in doc["traceEvents"] if e["name"] == "CUDA OOM"]
     assert oom["ph"] == "X" and oom["args"]["requested_bytes"] == 2 * GiB
     (hook,) = [e for e in doc["traceEvents"] if e.get("cat") == "hook"]
@@ -110,7 +111,7 @@ def test_perfetto_oom_and_hook_calls_are_slices(tmp_path):
 def test_perfetto_gives_each_process_its_own_track(tmp_path):
     a, b = g.vllm_like_startup(), g.vllm_like_startup()
     b.process.rank, b.process.pid = 1, 4343
-    doc = json.loads(export_perfetto([a, b], tmp_path / "t.json").read_text())
+    doc = json.loads(export_perfetto(analysed_run([a, b]), tmp_path / "t.json").read_text())
     names = {e["pid"]: e["args"]["name"] for e in doc["traceEvents"] if e["name"] == "process_name"}
     assert names == {4242: "rank 0 (pid 4242)", 4343: "rank 1 (pid 4343)"}
 
@@ -233,7 +234,7 @@ def test_perfetto_non_pytorch_is_the_steady_curve_not_the_raw_spikes(tmp_path, r
     if not path.exists():
         pytest.skip(f"{run} is not shipped")
     traces = load_run(path).traces
-    doc = json.loads(export_perfetto(traces, tmp_path / "t.json").read_text())
+    doc = json.loads(export_perfetto(analysed_run(traces), tmp_path / "t.json").read_text())
     points = [e["args"]["bytes"] for e in doc["traceEvents"] if e["name"] == "non-PyTorch"]
     steady = steady_non_torch(all_curves(traces[0]))
     assert max(points) == steady.peak_bytes

@@ -359,3 +359,28 @@ def test_a_program_with_no_kv_cache_fits_when_its_whole_curve_does(capsys):
     assert rc == 0 and "SURVIVES: its whole recording fits (no KV cache)" in out
     assert "card-independent: peak 0.32 GiB in moe_workspace_dynamic (no KV sizing recorded)" in out
     assert "assumed: 0.04 GiB (NVML, last steady sample)" in out  # it has NVML samples
+
+
+@pytest.mark.parametrize("capacities", ["80GiB", "80GiB,96GiB"])
+def test_a_run_without_phases_says_outside_any_phase_not_an_empty_name(capacities, capsys):
+    # issue 21: the three-device snapshot (no phases) printed "dies in , as recorded" and "peak 78.42 GiB in "
+
+    snap = Path(__file__).resolve().parents[1] / "data" / "snapshots" / "multi-device-oom.pickle"
+    assert main(["fits", str(snap), "--capacity", capacities, "--rank", "1"]) == 1
+    out = capsys.readouterr().out
+    assert "outside any phase" in out
+    assert (
+        " in ," not in out
+        and " in  " not in out
+        and not any(line.rstrip().endswith(" in") for line in out.splitlines())
+    )
+
+
+@pytest.mark.parametrize("non_torch", ["96GiB", "100GiB"])
+def test_non_torch_memory_that_fills_the_card_is_refused_in_one_line(non_torch, capsys):
+    # issue 21: --non-torch 100GiB on a 96 GiB card was accepted (and predicted on)
+    run = TESTS / "data" / "h200" / "startup-full"
+    assert main(["fits", str(run), "--capacity", "96GiB,192GiB", "--non-torch", non_torch]) == 2
+    got = capsys.readouterr()
+    assert got.out == "" and got.err.count("\n") == 1
+    assert f"--non-torch {non_torch[:-3]}.00 GiB is not less than the 96.00 GiB card" in got.err

@@ -118,8 +118,13 @@ def test_show_lists_each_key_and_draws_the_trend(db, tmp_path, capsys, monkeypat
                                 "121.72", "GiB"]  # fmt: skip
     assert lines[3].split()[:3] == ["#2", "startup-ws1g", "refused"] and "6.40" in lines[3]
     assert "vllm 0.25.1 · flashinfer 0.6.13 · /tmp/model · rank 0" in out
-    rc, _, err = _run(capsys, "show", "--db", db)
-    assert rc == 2 and "exists; pass --force" in err  # the figure is not replaced silently
+    # issue 21: the second show failed on its own default figure; the default is the history's picture, redrawn
+    rc, out, _ = _run(capsys, "show", "--db", db)
+    assert rc == 0 and f"wrote {png.name}" in out
+    mine = tmp_path / "mine.png"
+    mine.write_bytes(b"keep")
+    rc, _, err = _run(capsys, "show", "--db", db, "-o", mine)
+    assert rc == 2 and "exists; pass --force" in err and mine.read_bytes() == b"keep"  # a file asked for by name
 
 
 def _hash(p: Path) -> str:

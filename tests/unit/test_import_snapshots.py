@@ -23,6 +23,7 @@ from memtrace.exporters.perfetto import export_perfetto
 from memtrace.importers.files import read_snapshot, traces_from_snapshot_file
 from memtrace.importers.torch_snapshot import traces_from_snapshot
 from memtrace.store import load_run, load_trace
+from testdata import analysed_run
 
 SNAPS = Path(__file__).resolve().parents[1] / "data" / "snapshots"
 MULTI = SNAPS / "multi-device-oom.pickle"
@@ -155,7 +156,7 @@ def test_a_state_only_snapshot_is_refused_in_one_line(capsys):
 
 def test_imported_oom_reaches_perfetto_and_memory_viz(tmp_path):
     trace = traces_from_snapshot_file(need(MULTI))[1]
-    doc = json.loads(export_perfetto([trace], tmp_path / "t.json").read_text())
+    doc = json.loads(export_perfetto(analysed_run([trace]), tmp_path / "t.json").read_text())
     (oom,) = [e for e in doc["traceEvents"] if e["name"] == "CUDA OOM"]
     assert oom["args"]["requested_bytes"] == 5_308_694_528 and oom["args"]["free_bytes"] == 95_682_560
     snap = snapshot_dict(trace)

@@ -123,3 +123,25 @@ def test_plot_of_dot_inside_a_run_is_named_after_the_run(tmp_path, monkeypatch, 
     assert (run / "startup-timeline.png").exists() and (run / "startup-issue" / "issue.md").exists()
     md = (run / "startup-issue" / "issue.md").read_text()
     assert md.startswith("## GPU memory during start-up: Qwen3MoeForCausalLM, vLLM 0.25.1, NVIDIA H200")
+
+
+@pytest.mark.parametrize(
+    "given, source",
+    [([], "recorded (util 0.92)"), (["--util", "0.5"], "--util 0.5 x the card")],
+    ids=["recorded", "util"],
+)
+def test_the_bundle_says_where_the_target_came_from_as_the_report_does(given, source, tmp_path, capsys):
+    # issue 21: the bundle passed bare bytes and the report section said "from: --target" for every target
+    assert main(["issue", str(H200_FULL), "-o", str(tmp_path / "b"), *given]) == 0
+    md = (tmp_path / "b" / "issue.md").read_text()
+    assert f"- from: {source}" in md and "from: --target" not in md
+    assert f"The target came from {source}." in md
+
+
+def test_the_summary_leads_with_the_oom_then_the_crossing_every_output_names_first(tmp_path):
+    # issue 21: the summary led with the reserved curve and told the OOM last
+    cap16 = H200_FULL.parent / "startup-cap16g"
+    assert main(["issue", str(cap16), "-o", str(tmp_path / "b")]) == 0
+    summary = (tmp_path / "b" / "issue.md").read_text().split("**Summary.** ", 1)[1].split("\n", 1)[0]
+    assert summary.startswith("**The process died of CUDA OOM** in `compile_or_warm_up/kernel_warmup`")
+    assert summary.index("Device-used memory first crossed") < summary.index("Peak PyTorch reserved memory")

@@ -144,3 +144,120 @@ def test_issue_bundle_states_the_reports_target_and_oom(run, way, capsys, tmp):
         assert f"**The process died of CUDA OOM** in `{r['oom']['phase_path']}`" in md
     else:
         assert "died of CUDA OOM" not in md
+
+
+# -- multi-rank runs (issue 21): one worst rank, one OOM at one time on one origin, one target -----------------
+
+SNAPSHOT = DATA / "snapshots" / "multi-device-oom.pickle"
+
+
+@pytest.fixture(scope="module")
+def two_runs(tmp_path_factory) -> Path:
+    """A folder of two real H200 processes: the full start-up (crossed its target) and the 16 GiB-card one (died)."""
+    import shutil
+
+    folder = tmp_path_factory.mktemp("two-h200") / "run"
+    folder.mkdir()
+    for name in ("startup-full", "startup-cap16g"):
+        for f in (DATA / "h200" / name).glob("*.memtrace"):
+            shutil.copy(f, folder / f.name)
+    return folder
+
+
+def _everything(capsys, run: Path, out: Path) -> dict:
+    """What each output says about the worst rank, its OOM and the time origin."""
+    said: dict = {}
+    code, text = _cli(capsys, "report", run, "--json")
+    doc = json.loads(text)
+    said["report"] = doc
+    _, said["report_text"] = _cli(capsys, "report", run)
+    assert main(["plot", str(run), "-o", str(out / "t.png"), "--force"]) == 0
+    said["plot"] = capsys.readouterr().err
+    assert main(["issue", str(run), "-o", str(out / "issue"), "--force"]) == 0
+    capsys.readouterr()
+    said["issue"] = (out / "issue" / "issue.md").read_text()
+    assert main(["export", str(run), "-o", str(out / "p.json"), "--force"]) == 0
+    capsys.readouterr()
+    said["perfetto"] = json.loads((out / "p.json").read_text())
+    assert main(["view", str(run), "-o", str(out / "v.html"), "--force"]) == 0
+    capsys.readouterr()
+    page = (out / "v.html").read_text()
+    said["view"] = json.loads(page.split('id="mt-doc">', 1)[1].split("</script>", 1)[0])
+    assert main(["flame", str(run), "-o", str(out / "f.svg"), "--force"]) == 0
+    said["flame"] = capsys.readouterr().err
+    code, text = _cli(capsys, "fits", run, "--capacity", "16GiB", "--json")
+    said["fits"] = json.loads(text)
+    return said
+
+
+@pytest.mark.parametrize("which", ["snapshot", "two-h200"])
+def test_every_output_names_the_same_worst_rank_and_its_oom_at_the_same_time(which, two_runs, capsys, tmp_path):
+    run = SNAPSHOT if which == "snapshot" else two_runs
+    said = _everything(capsys, run, tmp_path)
+    doc = said["report"]
+    worst = {"snapshot": "rank 1", "two-h200": "pid 552"}[which]  # the rank that died, whatever peaked highest
+    assert doc["worst"] == worst and doc["verdict"] == "died"
+    (died,) = [t for t in doc["traces"] if t["oom"]]
+    assert died["label"] == worst
+    t0, oom = doc["time_origin"]["t0_us"], died["oom"]
+    at = f"{(oom['time_us'] - t0) / 1e6:.3f} s"
+    sentence = doc["time_origin"]["sentence"]
+    # the report: its worst line and the OOM, on the one origin
+    assert f"Worst: {worst} (died of CUDA OOM at {(oom['time_us'] - t0) / 1e6:.2f} s" in said["report_text"]
+    assert f"Times: {sentence}" in said["report_text"]
+    # the timeline's lines
+    assert f"memtrace: {worst}: OUT OF MEMORY at {at}" in said["plot"] and f"worst: {worst} (died)" in said["plot"]
+    assert sentence in said["plot"]
+    # the issue bundle: its first sentence says the run died, which rank, when
+    summary = said["issue"].split("**Summary.** ", 1)[1]
+    first = summary.split(". ", 1)[0]
+    assert "died of CUDA OOM" in first and at in first
+    assert (worst.capitalize() in first) if which == "snapshot" else ("pid 552" in first.lower())
+    assert sentence in said["issue"]
+    assert "| --- | --- |" in said["issue"]  # the environment table is never empty
+    # Perfetto: the same origin, the same worst rank, the OOM at the same microsecond
+    other = said["perfetto"]["otherData"]
+    assert (other["t0_us"], other["worst"], other["time_origin"]) == (t0, worst, sentence)
+    names = {e["pid"]: e["args"]["name"] for e in said["perfetto"]["traceEvents"] if e["name"] == "process_name"}
+    (slice_,) = [e for e in said["perfetto"]["traceEvents"] if e["name"] == "CUDA OOM"]
+    assert names[slice_["pid"]].startswith(worst) and slice_["ts"] == oom["time_us"] - t0
+    # the view: its page states the worst rank, the origin, and the OOM at the same moment
+    view = said["view"]
+    assert view["worst"].startswith(f"Worst: {worst}")
+    (lane,) = [r for r in view["ranks"] if r["label"] == worst]
+    assert lane["t0_us"] == t0 and lane["oom"]["time_us"] == oom["time_us"] and lane["time_origin"] == sentence
+    # the flame graph shows the worst rank; fits names it
+    assert f"\nmemtrace: {worst}: " in "\n" + said["flame"]
+    assert said["fits"]["worst"] == worst
+
+
+@pytest.mark.parametrize("which", ["snapshot", "two-h200"])
+def test_every_output_states_each_ranks_target_with_the_same_source(which, two_runs, capsys, tmp_path):
+    run = SNAPSHOT if which == "snapshot" else two_runs
+    given = [] if which == "two-h200" else ["--target", "9GiB"]
+    code, text = _cli(capsys, "report", run, *given, "--json")
+    reports = {t["label"]: t for t in json.loads(text)["traces"]}
+    perfetto = _perfetto(capsys, run, given, tmp_path / "p.json")
+    assert main(["view", str(run), *given, "-o", str(tmp_path / "v.html"), "--force"]) == 0
+    capsys.readouterr()
+    page = (tmp_path / "v.html").read_text()
+    view = json.loads(page.split('id="mt-doc">', 1)[1].split("</script>", 1)[0])
+    for lane in view["ranks"]:
+        r = reports[lane["label"]]
+        assert (lane["target"]["bytes"], lane["target"]["source"]) == (
+            r["target"]["target_bytes"],
+            r["target"]["source"],
+        )
+    for label, r in reports.items():
+        key = label if r["process"]["rank"] is None else f"{label} (pid {r['process']['pid']})"
+        assert perfetto[key].get("target") == r["target"]["target_bytes"]
+
+
+def test_the_issue_bundle_of_the_three_device_snapshot_names_the_rank_that_died_not_rank_0(capsys, tmp_path):
+    assert main(["issue", str(SNAPSHOT), "-o", str(tmp_path / "b")]) == 0
+    md = (tmp_path / "b" / "issue.md").read_text()
+    assert md.startswith("## GPU memory: ") and "start-up" not in md.splitlines()[0]  # a training snapshot
+    summary = md.split("**Summary.** ", 1)[1].split("\n", 1)[0]
+    assert summary.startswith("**Rank 1 (cuda:1) died of CUDA OOM**") and "4.94 GiB" in summary
+    assert "Peak PyTorch reserved memory of rank 1 78.42 GiB" in summary and "7.96 GiB" not in summary
+    assert "| devices | cuda:0, cuda:1, cuda:2 |" in md

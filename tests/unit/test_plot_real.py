@@ -20,6 +20,7 @@ from memtrace.cli import main
 from memtrace.plots.timeline import crossing_text, oom_text, render_timeline
 from memtrace.plots.timeline_data import prepare_rank
 from memtrace.store import load_run
+from testdata import analysed_rank
 
 DATA = Path(__file__).resolve().parents[1] / "data"
 H200, VLLM = DATA / "h200", DATA / "vllm-h200" / "startup"
@@ -33,7 +34,7 @@ def _trace(run: Path):
 
 def _draw(run: Path, tmp_path: Path, **target):
     trace = _trace(run)
-    return render_timeline([prepare_rank(trace, target=resolve_target(trace, **target))], tmp_path / "t.png")
+    return render_timeline([prepare_rank(analysed_rank(trace, **target))], tmp_path / "t.png")
 
 
 def test_plot_util_is_a_share_of_the_card_the_run_stood_for(tmp_path, capsys):
@@ -51,7 +52,7 @@ def test_the_oom_is_marked_with_its_request_and_free_memory(name, tmp_path):
     outcome = OUTCOMES[name]
     trace = _trace(H200 / name)
     record = trace.facts[F.OOM]
-    drawn = render_timeline([prepare_rank(trace)], tmp_path / "t.png").ranks[0]
+    drawn = render_timeline([prepare_rank(analysed_rank(trace))], tmp_path / "t.png").ranks[0]
     assert outcome["outcome"] == "oom"
     assert drawn.oom is not None and drawn.oom.time_us == record["time_us"]
     assert drawn.oom.phase_path.split("/")[-1] == outcome["phase"].split("/")[-1]
@@ -166,7 +167,7 @@ def test_plot_and_report_state_the_same_target_crossing_and_oom(run, given):
 
     trace = _trace(run)
     target = resolve_target(trace, **given)
-    rank = prepare_rank(trace, target=target)  # what render_timeline annotates, without drawing it
+    rank = prepare_rank(analysed_rank(trace, **given))  # what render_timeline annotates, without drawing it
     c, oom = crossing_text(rank, rank.start_us), oom_text(rank, rank.start_us)
     s = summarize(trace, target)
     assert rank.target_bytes == s.target.target_bytes and rank.capacity_bytes == s.target.capacity_bytes
@@ -200,8 +201,8 @@ def test_a_shared_gpu_draws_the_other_processes_as_their_own_band(tmp_path):
     t = np.arange(real.samples["time_us"][0], real.samples["time_us"][-1] + 1, 10_000, dtype=np.int64)
     shared.others = np.zeros(len(t), dtype=OTHERS_DTYPE)
     shared.others["time_us"], shared.others["others_bytes"] = t, 128 * GiB
-    alone = render_timeline([prepare_rank(real)], tmp_path / "a.png")
-    both = render_timeline([prepare_rank(shared)], tmp_path / "s.png")
+    alone = render_timeline([prepare_rank(analysed_rank(real))], tmp_path / "a.png")
+    both = render_timeline([prepare_rank(analysed_rank(shared))], tmp_path / "s.png")
     assert "other processes on the GPU (NVML)" in both.legend and "NVML device used (this process)" in both.legend
     assert "other processes on the GPU (NVML)" not in alone.legend
     assert both.ranks[0].crossing == alone.ranks[0].crossing  # the others' memory is not this process's

@@ -84,7 +84,8 @@ def test_allocated_and_device_used_peaks_are_reported_beside_it():
 def test_target_comes_from_the_one_resolver_and_the_summary_carries_it():
     from memtrace.analysis.target import RECORDED_UTIL, resolve_target
 
-    assert summarize(startup(), 123).target_bytes == 123
+    with pytest.raises(TypeError):  # a bare int is no target: where it came from would be lost
+        summarize(startup(), 123)
     s = summarize(startup())
     assert (s.target_bytes, s.target.source, s.target_source) == (
         4 * GiB,
@@ -96,7 +97,7 @@ def test_target_comes_from_the_one_resolver_and_the_summary_carries_it():
 
 
 def test_crossing_of_the_target_by_reserved_and_by_device_used():
-    s = summarize(startup(), 4 * GiB)
+    s = summarize(startup(), _target(4 * GiB))
     dev, res = s.crossings  # device used first: what the card sees; the exact reserved one beside it
     assert (res.curve, res.time_us, res.phase_path) == ("reserved", 200, "determine_available_memory/profile_run")
     assert (res.max_bytes, res.overshoot_bytes, res.duration_us, res.ended_above) == (5 * GiB, GiB, 30, False)
@@ -110,7 +111,7 @@ def test_crossing_of_the_target_by_reserved_and_by_device_used():
 
 
 def test_no_crossing_when_the_curve_stays_at_or_below_the_target():
-    assert summarize(startup(), 6 * GiB).crossings == []
+    assert summarize(startup(), _target(6 * GiB)).crossings == []
 
 
 def test_holders_at_the_peak_are_grouped_by_stack_with_the_meaningful_frame():
@@ -147,7 +148,7 @@ def test_non_kv_is_the_one_model_with_vllms_recorded_figure_as_its_fallback():
     from memtrace.analysis.reconcile import VLLM_RECORDED
 
     # no init_device phase and no target fact: memtrace cannot reconstruct; vLLM's figure stands
-    s = summarize(startup(), 4 * GiB)
+    s = summarize(startup(), _target(4 * GiB))
     assert s.non_kv is not None and s.kv is None
     tr = startup()
     tr.facts["target_bytes"] = 4 * GiB
@@ -249,3 +250,10 @@ def test_crossing_is_read_up_to_the_oom_only():
     assert s.died and s.crossings
     for c in s.crossings:  # "over the target for 4.80 s (until the end)" although the OOM was at 0.68 s
         assert c.time_us + c.duration_us == s.oom.time_us if c.ended_above else c.time_us < s.oom.time_us
+
+
+def _target(nbytes: int):
+    """An explicit target (``--target``) of the synthetic start-up, resolved by the one resolver."""
+    from memtrace.analysis.target import resolve_target
+
+    return resolve_target(startup(), target_bytes=nbytes)

@@ -24,6 +24,7 @@ from memtrace.plots.phase_lane import PhaseBar, place_labels
 from memtrace.plots.timeline import render_timeline
 from memtrace.plots.timeline_data import prepare_rank
 from memtrace.store import save_trace
+from testdata import analysed_rank
 from testdata import real_traces as _real_traces
 
 TESTS = Path(__file__).resolve().parents[1]
@@ -48,7 +49,7 @@ def startup():
 @pytest.fixture(scope="module")
 def drawn(startup, tmp_path_factory):
     out = tmp_path_factory.mktemp("timeline") / "t.png"
-    return render_timeline([prepare_rank(startup)], out, capacities=[32 * GiB])
+    return render_timeline([prepare_rank(analysed_rank(startup))], out, capacities=[32 * GiB])
 
 
 def test_crossing_is_annotated_at_its_time_phase_peak_and_overshoot(drawn):
@@ -104,7 +105,7 @@ def _assert_no_overlap(labels, px_per_s, char_px):
             assert a_hi <= b_lo + 1e-9
 
 
-def test_labels_that_do_not_fit_go_right_then_above_then_abbreviated():
+def test_labels_that_do_not_fit_go_right_then_above():
     bars = [
         PhaseBar("load_model", "load_model", 0, 0.0, 10.0),
         PhaseBar("init_device", "init_device", 0, 10.0, 10.5),
@@ -113,7 +114,7 @@ def test_labels_that_do_not_fit_go_right_then_above_then_abbreviated():
     labels = {lab.path: lab for lab in place_labels(bars, px_per_s=20, char_px=7)}
     assert labels["load_model"].where == "inside" and labels["load_model"].text == "load_model"
     assert labels["init_device"].where == "above"  # no room inside, the next bar is right beside it
-    assert labels["compile_or_warm_up_model"].text == "← warm-up"  # empty space to its right
+    assert labels["compile_or_warm_up_model"].text == "← compile_or_warm_up_model"  # empty space to its right
 
 
 def test_thinning_keeps_the_maximum_and_minimum_of_a_million_steps():
@@ -133,7 +134,7 @@ def test_short_curves_are_not_thinned():
 
 
 def test_no_crossing_when_the_target_is_above_everything(startup, tmp_path):
-    d = render_timeline([prepare_rank(startup, target_bytes=100 * GiB)], tmp_path / "t.png")
+    d = render_timeline([prepare_rank(analysed_rank(startup, target_bytes=100 * GiB))], tmp_path / "t.png")
     assert d.ranks[0].crossing is None and d.ranks[0].annotation_corner == ""
     lo, hi = d.ranks[0].zoom_us
     assert lo <= _synthetic().T0 + 18_000_000 <= hi  # zoomed on the reserved peak instead
@@ -141,7 +142,7 @@ def test_no_crossing_when_the_target_is_above_everything(startup, tmp_path):
 
 def test_two_ranks_share_one_time_axis(startup, tmp_path):
     later = dataclasses.replace(startup, process=dataclasses.replace(startup.process, rank=1))
-    d = render_timeline([prepare_rank(startup), prepare_rank(later)], tmp_path / "t.svg")
+    d = render_timeline([prepare_rank(analysed_rank(startup)), prepare_rank(analysed_rank(later))], tmp_path / "t.svg")
     assert [r.label for r in d.ranks] == ["rank 0", "rank 1"]
     assert d.t0_us == _synthetic().T0
     assert (tmp_path / "t.svg").read_text().lstrip().startswith("<?xml")
@@ -200,7 +201,7 @@ def test_real_trace_crossing_annotation_is_the_shared_definition(path, tmp_path)
     trace = load_trace(path)
     if not len(trace.events):
         pytest.skip("no allocator events (CPU-only worker)")
-    d = render_timeline([prepare_rank(trace)], tmp_path / "t.png")
+    d = render_timeline([prepare_rank(analysed_rank(trace))], tmp_path / "t.png")
     oom = find_oom(trace)
     cr = crossings(trace, all_curves(trace), resolve_target(trace).target_bytes, oom_us=oom.time_us if oom else None)
     c = d.ranks[0].crossing
@@ -245,7 +246,7 @@ def test_real_h200_crossing_is_in_the_phase_the_run_died_in_and_not_after_the_oo
     from memtrace.store import load_run
 
     trace = load_run(run).traces[0]
-    drawn = render_timeline([prepare_rank(trace)], tmp_path / "t.png")
+    drawn = render_timeline([prepare_rank(analysed_rank(trace))], tmp_path / "t.png")
     c = drawn.ranks[0].crossing
     assert c is not None  # every recorded start-up went over its 0.92 target at some point
     died = trace.facts.get(F.DIED_IN)
@@ -277,3 +278,57 @@ def test_overflow_labels_never_end_past_the_figure_edge():
     for lab in labels:
         assert lab.x_s + len(lab.text) * 7.0 / 10.0 <= 105.0
     assert [lab.text for lab in labels if lab.where == "above"]  # at least one still placed, at the edge
+
+
+def _crosses(p: tuple, q: tuple) -> bool:
+    """Whether two segments ((x, y), (x, y)) cross (touching ends do not count)."""
+
+    def side(a, b, c) -> float:
+        return (b[0] - a[0]) * (c[1] - a[1]) - (b[1] - a[1]) * (c[0] - a[0])
+
+    (a, b), (c, d) = p, q
+    return side(a, b, c) * side(a, b, d) < 0 and side(c, d, a) * side(c, d, b) < 0
+
+
+@pytest.mark.parametrize("run", ["vllm-h200/startup", "h200/startup-full", "h200/startup-cap16g"])
+def test_the_phase_strip_shows_recorded_names_and_leader_lines_never_cross(run, tmp_path):
+    """Issue 21: labels were made-up short forms ("kwarmup", "warm-up") and overflow leaders crossed."""
+    from memtrace.plots.phase_lane import leader
+    from memtrace.store import load_run
+
+    trace = load_run(Path(__file__).resolve().parents[1] / "data" / run).traces[0]
+    drawn = render_timeline([prepare_rank(analysed_rank(trace))], tmp_path / "t.png").ranks[0]
+    names = {p.name for p in trace.phases}
+    for lab in drawn.phase_labels:
+        text = lab.text.removeprefix("← ")
+        assert text in names or (text.endswith("…") and any(n.startswith(text[:-1]) for n in names)), text
+    rows = max(p.depth for p in prepare_rank(analysed_rank(trace)).phases) + 1
+    lines = []
+    for lab in (lab for lab in drawn.phase_labels if lab.where == "above"):
+        x_top, x_label = leader(lab, drawn.lane_px_per_s)
+        bar_top = rows - lab.depth - 0.08
+        lines += [((x_top, bar_top), (x_top, rows)), ((x_top, rows), (x_label, rows + 0.18))]
+    assert any(lab.where == "above" for lab in drawn.phase_labels) or run != "vllm-h200/startup"
+    for i, p in enumerate(lines):
+        for q in lines[i + 1 :]:
+            assert not _crosses(p, q)
+
+
+def test_render_figures_draws_the_readmes_figures_from_their_source_by_default(tmp_path, capsys):
+    """Issue 21: the example's docstring named other traces and its default drew seed-b12x-0613."""
+    import re
+
+    spec = importlib.util.spec_from_file_location("render_figures", TESTS.parent / "examples" / "render_figures.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    assert mod.default_run() == TESTS / "data" / "vllm-h200" / "startup-stacks"
+    assert "tests/data/vllm-h200/startup-stacks" in mod.__doc__ and "seed-b12x" not in mod.__doc__
+    assert mod.main(["--out", str(tmp_path / "docs"), "--added", "profile_run"]) == 0
+    capsys.readouterr()
+    docs = TESTS.parent / "docs"
+
+    def titles(svg: Path) -> list[str]:
+        return re.findall(r'<text x="10" y="(?:24|44)"[^>]*>([^<]*)</text>', svg.read_text())
+
+    for name in ("flame.svg", "flame-profile_run.svg"):  # what the README shows is what the example draws
+        assert titles(tmp_path / "docs" / name)[0] == titles(docs / name)[0]

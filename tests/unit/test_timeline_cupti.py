@@ -17,7 +17,7 @@ from memtrace.plots.timeline import render_timeline
 from memtrace.plots.timeline_axes import N_BUCKETS, zoom_window
 from memtrace.plots.timeline_data import cupti_split, prepare_rank
 from memtrace.store import load_trace
-from testdata import DATA
+from testdata import DATA, analysed_rank
 
 CUPTI_TRACE = DATA / "vllm-h200" / "startup-cupti" / "vm-pid1909-rank0.memtrace"
 PLAIN_TRACE = DATA / "vllm-h200" / "startup" / "vm-pid1568-rank0.memtrace"
@@ -33,7 +33,7 @@ def trace():
 
 @pytest.fixture(scope="module")
 def rank(trace):
-    return prepare_rank(trace)
+    return prepare_rank(analysed_rank(trace))
 
 
 def _drawn_split(rank, lo: int, hi: int, n_buckets: int):
@@ -90,7 +90,7 @@ def test_legend_names_both_parts_and_the_svg_holds_the_cupti_band(rank, tmp_path
 
 
 def test_a_trace_without_records_gets_no_cupti_artist(tmp_path):
-    plain = prepare_rank(load_trace(PLAIN_TRACE))
+    plain = prepare_rank(analysed_rank(load_trace(PLAIN_TRACE)))
     assert plain.cupti is None
     drawn = render_timeline([plain], tmp_path / "t.svg")
     assert BAND in drawn.legend
@@ -100,6 +100,6 @@ def test_a_trace_without_records_gets_no_cupti_artist(tmp_path):
 
 
 def test_ranks_with_and_without_records_name_both_bands(rank, tmp_path):
-    plain = prepare_rank(load_trace(PLAIN_TRACE))
+    plain = prepare_rank(analysed_rank(load_trace(PLAIN_TRACE)))
     drawn = render_timeline([rank, plain], tmp_path / "t.png")
     assert [label for label in drawn.legend if label.startswith("non-PyTorch")] == [SEEN, UNEXPLAINED, BAND]

@@ -11,6 +11,7 @@ import gzip
 import io
 import json
 import re
+import shutil
 import sys
 import urllib.error
 import urllib.request
@@ -18,20 +19,19 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from memtrace.analysis.target import resolve_target
+from memtrace.analysis.view_window import RankQueries
 from memtrace.cli import main
 from memtrace.cli._runs import load
-from memtrace.plots.view_data import analyse, pack_rank, run_start
-from memtrace.plots.view_server import start
-from memtrace.plots.view_window import RankQueries
-from testdata import DATA, TESTS, real_traces
+from memtrace.cli._serve import start
+from memtrace.plots.view_data import pack_rank
+from testdata import DATA, TESTS, analysed_rank, analysed_run, real_traces
 
 STARTUP = DATA / "vllm-h200" / "startup"
 
 
 def _analysis(run: Path = STARTUP):
     trace = load(run).traces[0]
-    return analyse(trace, resolve_target(trace))
+    return analysed_rank(trace)
 
 
 def _decode(packed) -> dict[str, np.ndarray]:
@@ -71,7 +71,7 @@ def test_existing_page_needs_force_and_the_suffix_must_be_html(tmp_path, capsys)
 
 def test_packed_events_rebuild_the_curves_and_the_live_set_at_the_peak_to_the_byte():
     a = _analysis()
-    packed = pack_rank(a, run_start([a]))
+    packed = pack_rank(a, a.origin.t0_us)
     col = _decode(packed)
     n = packed.meta["n_events"]
     # the page's own arithmetic (assets/view.js buildLocal / liveLocal), in numpy
@@ -94,15 +94,15 @@ def test_the_page_holds_at_most_24_bytes_per_event_on_the_bench_generator(tmp_pa
     from memtrace.plots.view_html import build_page
 
     trace = build(200_000)
-    page = build_page([analyse(trace, resolve_target(trace))], title="bench", max_events=4_000_000, api=False)
+    page = build_page(analysed_run([trace]), title="bench", max_events=4_000_000, api=False)
     assert len(page.encode()) / len(trace.events) <= 24
 
 
 def test_window_is_exact_when_zoomed_in_and_an_envelope_when_not():
     a = _analysis()
-    q = RankQueries(a, run_start([a]))
+    q = RankQueries(a, a.origin.t0_us)
     whole = q.window(0, q.t[-1] / 1e6, 800)
-    assert not whole["exact"] and whole["events"] == len(a.times)
+    assert not whole["exact"] and whole["events"] == len(a.event_times)
     at = a.summary.peak.state_us - q.t0
     near = q.window((at - 40) / 1e6, (at + 40) / 1e6, 800)
     assert near["exact"]
@@ -114,7 +114,7 @@ def test_window_is_exact_when_zoomed_in_and_an_envelope_when_not():
 
 def test_server_listens_on_loopback_and_answers_the_page_queries():
     a = _analysis()
-    server = start([a], title="t", max_events=1_000)
+    server = start(analysed_run([a.trace]), title="t", max_events=1_000)
     try:
         assert server.server_address[0] == "127.0.0.1"
         get = lambda path: urllib.request.urlopen(server.url + path, timeout=10).read()  # noqa: E731
@@ -189,7 +189,7 @@ def test_live_set_groups_are_the_flame_graphs_paths_at_the_peak(path):
     from memtrace.analysis.flame import flame_at
 
     a = _analysis(path)
-    q = RankQueries(a, run_start([a]))
+    q = RankQueries(a, a.origin.t0_us)
     e = a.summary.peak.event_index
     live = q.live(e, top=10_000)
     assert {tuple(g["path"]): g["bytes"] for g in live["groups"]} == flame_at(a.trace, event_index=e).stacks
@@ -215,3 +215,54 @@ def test_bad_flags_are_one_line(flags, capsys):
     assert main(["view", str(STARTUP), *flags]) == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith("memtrace: error:") and "\n" not in err
+
+
+def _page_doc(run: Path, tmp: Path, capsys) -> dict:
+    out = tmp / "v.html"
+    assert main(["view", str(run), "-o", str(out), "--force"]) == 0
+    capsys.readouterr()
+    return json.loads(re.search(r'id="mt-doc">(.*?)</script>', out.read_text(), re.S)[1])
+
+
+def test_the_first_crossing_landmark_states_the_reports_curve_value_and_phases(tmp_path, capsys):
+    # issue 21: on the real vLLM start-up the page's "first crossing" read out what was live (113.48 GiB of PyTorch
+    # allocations, kv_cache_init) where the report says NVML device used crossed at 128.92 GiB and went highest in
+    # compile_or_warm_up/kernel_warmup; the landmark now carries the report's figures, and the page states them
+    run = DATA / "vllm-h200" / "startup"
+    assert main(["report", str(run), "--json"]) == 0
+    first = json.loads(capsys.readouterr().out)["traces"][0]["crossings"][0]
+    rank = _page_doc(run, tmp_path, capsys)["ranks"][0]
+    (lm,) = [m for m in rank["landmarks"] if m["name"].startswith("first crossing")]
+    assert lm["name"] == "first crossing (device used)" and first["curve"] == "device_used"
+    assert (lm["time_us"], lm["bytes"], lm["phase"]) == (first["time_us"], first["at_cross_bytes"], first["phase_path"])
+    assert (lm["max_bytes"], lm["max_phase"]) == (first["max_bytes"], first["max_phase_path"])
+    assert f"{lm['bytes'] / 2**30:.2f}" == "128.92"
+    assert rank["crossings"][0]["curve"] == "device_used"  # the crossing line the chart draws: crossings[0]
+    ui = (Path(__file__).resolve().parents[2] / "plots" / "assets" / "view_ui.js").read_text()
+    assert "m.crossings[0]" in ui and "b.time_us < a.time_us" not in ui  # not the earliest curve's
+    assert "landmarkLine(m, lm)" in ui and "NVML device used" in ui
+
+
+def test_the_pages_title_names_what_ran_as_the_timelines_does_not_the_folder(tmp_path, capsys):
+    # issue 21: the page was titled by the folder ("GPU memory during start-up: run") where the PNG names the model
+    run = tmp_path / "run"
+    shutil.copytree(STARTUP, run)
+    doc = _page_doc(run, tmp_path, capsys)
+    assert main(["plot", str(run), "-o", str(tmp_path / "t.svg")]) == 0
+    capsys.readouterr()
+    svg = (tmp_path / "t.svg").read_text()
+    assert doc["title"] == "GPU memory during start-up: Qwen3MoeForCausalLM, vLLM 0.25.1, NVIDIA H200"
+    assert doc["title"].split(": ", 1)[1] in svg and ": run" not in doc["title"]
+
+
+def test_the_page_draws_categories_in_the_timelines_colours(tmp_path, capsys):
+    # issue 21: the page had a palette of its own
+    from memtrace.analysis.categories import CATEGORIES
+    from memtrace.plots.timeline_axes import COLORS
+
+    rank = _page_doc(STARTUP, tmp_path, capsys)["ranks"][0]
+    assert rank["category_colors"] == [COLORS[c] for c in CATEGORIES]
+    ui = (Path(__file__).resolve().parents[2] / "plots" / "assets" / "view_ui.js").read_text()
+    fallback = re.search(r"category_colors\) \|\| (\[[^\]]*\])", ui)[1]
+    assert json.loads(fallback.replace("'", '"')) == rank["category_colors"]
+    assert "'#4e79a7'" not in ui  # the old palette is gone

@@ -18,10 +18,9 @@ import numpy as np
 import pytest
 from memtrace.analysis import non_torch
 from memtrace.analysis.curves import all_curves
-from memtrace.analysis.target import resolve_target
 from memtrace.cli._runs import load
-from memtrace.plots.view_data import CUPTI_COLUMNS, DEVICE_COLUMNS, analyse, pack_rank, run_start
-from testdata import DATA
+from memtrace.plots.view_data import CUPTI_COLUMNS, DEVICE_COLUMNS, pack_rank
+from testdata import DATA, analysed_rank, analysed_run
 
 CUPTI_RUN = DATA / "vllm-h200" / "startup-cupti"
 PLAIN_RUN = DATA / "vllm-h200" / "startup"
@@ -32,8 +31,8 @@ CHROMIUM = os.environ.get("MEMTRACE_CHROMIUM", "/usr/bin/chromium")
 
 def _packed(run: Path, *, with_events: bool = True):
     trace = load(run).traces[0]
-    a = analyse(trace, resolve_target(trace))
-    t0 = run_start([a])
+    a = analysed_rank(trace)
+    t0 = a.origin.t0_us
     return trace, a, t0, pack_rank(a, t0, with_events=with_events)
 
 
@@ -215,7 +214,7 @@ def test_a_page_carrying_only_an_overview_shows_the_cupti_rows_too(browser, tmp_
 
     trace, a, t0, _ = _packed(CUPTI_RUN)
     out = tmp_path / "overview.html"
-    out.write_text(build_page([a], title="overview", max_events=1_000, api=False))
+    out.write_text(build_page(analysed_run([a.trace]), title="overview", max_events=1_000, api=False))
     page, errors = _open(browser, out)
     assert page.evaluate("memtraceView.ranks[0].L") is None  # no events in this page
     box = page.evaluate(

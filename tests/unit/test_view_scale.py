@@ -8,11 +8,11 @@ import gzip
 from pathlib import Path
 
 import numpy as np
-from memtrace.analysis.target import resolve_target
+from memtrace.analysis.view_window import RankQueries
 from memtrace.cli._runs import load
 from memtrace.plots import view_data
-from memtrace.plots.view_data import analyse, pack_rank, run_start
-from memtrace.plots.view_window import RankQueries
+from memtrace.plots.view_data import pack_rank
+from testdata import analysed_rank
 
 STARTUP = Path(__file__).resolve().parents[1] / "data" / "vllm-h200" / "startup"
 
@@ -26,8 +26,8 @@ def _columns(packed) -> dict[str, bytes]:
 
 def test_a_page_without_events_packs_the_nvml_columns_alone_and_builds_no_event_column(monkeypatch):
     trace = load(STARTUP).traces[0]
-    a = analyse(trace, resolve_target(trace))
-    t0 = run_start([a])
+    a = analysed_rank(trace)
+    t0 = a.origin.t0_us
     full = _columns(pack_rank(a, t0))
     built = []
     at_allocs = view_data._at_allocs
@@ -42,8 +42,8 @@ def test_a_page_without_events_packs_the_nvml_columns_alone_and_builds_no_event_
 
 def test_the_envelope_of_the_whole_run_keeps_each_pixels_fullest_and_emptiest_moment():
     trace = load(STARTUP).traces[0]
-    a = analyse(trace, resolve_target(trace))
-    q = RankQueries(a, run_start([a]))
+    a = analysed_rank(trace)
+    q = RankQueries(a, a.origin.t0_us)
     x0, x1 = q.t[0] / 1e6, q.t[-1] / 1e6
     w = q.window(x0, x1, 40)
     i0 = q.event_at(q.t[0] * 1.0)  # the window holds the events after i0 (several share the first time)

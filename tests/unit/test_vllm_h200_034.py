@@ -124,3 +124,78 @@ def test_a_card_too_small_for_the_weights_dies_before_the_kv_cache_exists():
     f = fit_extensible(full, 10 * GiB)
     assert not f.survives and f.kv_blocks is None
     assert f.phase.startswith("load_model")
+
+
+def test_the_report_shows_the_kv_cache_outside_pytorch_the_sizing_term_by_term_and_the_counters(capsys):
+    from memtrace.cli import main
+
+    assert main(["report", str(run_dir("moe-ext"))]) == 0
+    out = " ".join(capsys.readouterr().out.split())
+    assert "from: recorded (util 1, vLLM's default with the extensible KV cache, sized after warm-up)" in out
+    assert "vLLM committed 126.23 GiB (135,543,128,064 B) of KV cache pages through CUDA's virtual-memory API" in out
+    assert "address space reserved for the cache's range: 128.45 GiB (not memory" in out
+    assert "blocks: vLLM 258,528; vLLM's formula on vLLM's inputs 258,528; on memtrace's 258,528 (the same)" in out
+    assert "kv_cache_extend committed 126.23 GiB (135,543,128,064 B) = the pages of those blocks" in out
+    assert "equal torch's counters at all 25 readings" in out
+
+
+def test_the_report_says_vllms_default_without_the_extensible_cache_and_has_no_vmm_section(capsys):
+    from memtrace.cli import main
+
+    assert main(["report", str(run_dir("moe-noext"))]) == 0
+    out = " ".join(capsys.readouterr().out.split())
+    assert "from: recorded (util 0.92, vLLM's default with the KV cache sized by profiling)" in out
+    assert "KV cache outside PyTorch" not in out and "sizing after warm-up" not in out
+    assert "equal torch's counters at all 19 readings" in out
+
+
+def test_fits_uses_vllms_post_warm_up_sizing_for_an_extensible_start_up(capsys):
+    """On the recorded card fits gives back vLLM's own blocks; smaller cards get fewer, and one too small
+    for what the start-up needs before the KV cache dies there; text and JSON say the same."""
+    import json
+
+    from memtrace.cli import main
+
+    full = _trace("moe-ext")
+    total = full.process.device_total_bytes
+    assert main(["fits", str(run_dir("moe-ext")), "--capacity", f"{total},12GiB", "--json"]) == 1  # one card dies
+    got = {f["capacity_bytes"]: f for f in json.loads(capsys.readouterr().out)["fits"]}
+    on_card = got[total]
+    assert on_card["kv_sizing"] == "extensible" and on_card["survives"]
+    assert on_card["kv_blocks"] == 258528 and on_card["kv_tokens"] == 16545792
+    assert on_card["kv_cache_bytes"] == vmm.summary(full).kv_cache_bytes
+    small = got[12 * GiB]
+    assert (small["outcome"], small["stage"], small["kv_blocks"]) == ("oom", "pre-KV", None)
+    assert main(["fits", str(run_dir("moe-ext")), "--capacity", f"{total}"]) == 0
+    text = " ".join(capsys.readouterr().out.split())
+    assert "SURVIVES: vLLM sizes the KV cache after warm-up to 126.23 GiB (258,528 blocks, 16,545,792 tokens)" in text
+
+
+def test_diff_of_the_0251_start_up_against_0340_names_what_the_new_versions_moved(capsys):
+    """The release gate across vLLM versions: vLLM 0.25.1 (tests/data/vllm-h200/startup, --gpu-memory-utilization
+    0.92 set) against 0.34.0 (moe-ext, the same model and flags, utilization left to vLLM)."""
+    from memtrace.cli import main
+    from testdata import DATA
+
+    code = main(["diff", str(DATA / "vllm-h200" / "startup"), str(run_dir("moe-ext"))])
+    out = capsys.readouterr().out
+    assert code == 1  # the KV cache grew 9.21 GiB with the whole card as target: over 2%
+    assert "vllm 0.25.1 → 0.34.0" in out
+    moved = out.split("What the new versions changed by themselves")[1].split("\n\n")[0]
+    assert "gpu_memory_utilization: 0.92 → 1" in moved and "kv_cache_sizing: — → extensible" in moved
+    assert "The KV cache moved: allocated through PyTorch's allocator → CUDA's VMM API (117.02 GiB → 126.23 GiB)" in out
+    rows = {line.split("  ")[1].strip(): line for line in out.splitlines() if line.startswith("  ") and "→" in line}
+    assert "117.02 GiB →  126.23 GiB" in rows["KV cache"]
+    assert "137.35 GiB" in rows["peak reserved"]  # reserved + the KV cache outside PyTorch, not 11.73 GiB
+    assert "gpu_memory_utilization" not in out.split("What the new versions")[0]  # not a set-up difference
+
+
+def test_the_issue_bundle_says_where_the_kv_cache_went(tmp_path):
+    from memtrace.cli import main
+
+    assert main(["issue", str(run_dir("moe-ext")), "-o", str(tmp_path / "bundle")]) == 0
+    text = (tmp_path / "bundle" / "issue.md").read_text()
+    summary = next(line for line in text.splitlines() if line.startswith("**Summary.**"))
+    assert "KV cache: 126.23 GiB (258,528 blocks) committed through CUDA's VMM API after warm-up" in summary
+    assert "vLLM's default with the extensible KV cache" in summary
+    assert "## KV cache outside PyTorch (CUDA VMM)" in text

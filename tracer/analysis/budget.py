@@ -5,8 +5,8 @@ size, ``util`` x ``total`` (or x the card the run stood for), else the target th
 The peak is taken on one curve: ``reserved`` (PyTorch's segments, the default: what the process
 holds on the card), ``allocated`` (bytes live in tensors) or ``device`` (NVML device-used: the
 whole card, CUDA context and other processes included; needs NVML samples). The figures are
-``memtrace report``'s (``analysis.summary.summarize``: the same peak, moment, phase and holders),
-and an OOM the run died of comes from ``analysis.oom.find_oom``.
+``memtrace report``'s (the analysed run's summary: the same peak, moment, phase and holders, and the OOM
+the run died of). A trace that recorded no allocator event is no pass: ``NothingToJudge``.
 """
 
 from __future__ import annotations
@@ -15,10 +15,9 @@ from dataclasses import dataclass
 
 from ..errors import UsageError
 from ..model import Frame, Trace
-from .curves import all_curves
-from .live import holders_by_stack, lifetimes, meaningful_frame
-from .oom import Oom, find_oom
-from .target import describe, resolve_target
+from .live import holders_by_stack, meaningful_frame
+from .oom import Oom
+from .target import describe
 
 CURVES = ("reserved", "allocated", "device")
 
@@ -55,13 +54,6 @@ class BudgetCheck:
         return self.peak_bytes - self.budget_bytes
 
 
-def _budget(trace: Trace, budget_bytes: int | None, util: float | None, total_bytes: int | None) -> tuple[int, str]:
-    target = resolve_target(trace, target_bytes=budget_bytes, util=util, total_bytes=total_bytes)
-    if target.target_bytes is None:
-        raise UsageError("no memory budget: give max_peak='30GiB' or util=0.9; the trace recorded no target")
-    return target.target_bytes, describe(target)
-
-
 def check_budget(
     trace: Trace,
     budget_bytes: int | None = None,
@@ -71,7 +63,8 @@ def check_budget(
     util: float | None = None,
     total_bytes: int | None = None,
 ) -> BudgetCheck:
-    """Compare the peak of ``curve`` in ``trace`` with the budget.
+    """Compare the peak of ``curve`` in ``trace`` with the budget, on the trace's analysed run
+    (``analysis.run.analyse``: the same target, summary and OOM as ``memtrace report``).
 
     Args:
         trace: the recorded trace.
@@ -81,18 +74,26 @@ def check_budget(
         util: the budget as a share of the card (``--util``), with ``total_bytes`` (``--total``).
     Raises:
         UsageError: an unknown curve, "device" without NVML samples, or no budget at all.
+        NothingToJudge: the trace recorded no allocator events (a test that lost its GPU never passes).
     """
-    from .summary import summarize
+    from .rank import TargetSpec
+    from .run import analyse
 
     if curve not in CURVES:
         raise UsageError(f"unknown curve {curve!r} for a memory budget; use one of {', '.join(CURVES)}")
-    budget, source = _budget(trace, budget_bytes, util, total_bytes)
-    curves = all_curves(trace)
+    run = analyse([trace], TargetSpec(budget_bytes, util, total_bytes), path=trace.path, top=top)
+    rank = run.ranks[0]
+    if rank.target.target_bytes is None:
+        raise UsageError("no memory budget: give max_peak='30GiB' or util=0.9; the trace recorded no target")
+    if rank.recorded_nothing and rank.oom is None:
+        run.require_events("judge against the budget")
+    curves = rank.curves
     if curve == "device" and not curves.has_device:
         raise UsageError("the trace holds no NVML samples, so no device-level peak; budget the 'reserved' curve")
-    if len(curves.reserved) == 0:
-        return BudgetCheck(budget, curve, 0, trace.recording.start_us or 0, "", [], source, {}, find_oom(trace))
-    s = summarize(trace, top=top, curves=curves)
+    budget, source = rank.target.target_bytes, describe(rank.target)
+    if rank.recorded_nothing:  # died before its first allocation: nothing to show but the OOM
+        return BudgetCheck(budget, curve, 0, rank.span[0], "", [], source, {}, rank.oom)
+    s = rank.summary
     peaks = {"reserved": (s.peak.reserved_bytes, s.peak.time_us, s.peak.phase_path)}
     peaks["allocated"] = (s.peak_allocated.bytes, s.peak_allocated.time_us, s.peak_allocated.phase_path)
     if s.peak_device_used is not None:
@@ -102,12 +103,12 @@ def check_budget(
     if curve == "reserved":  # report's holders, at report's moment
         holders = [BudgetHolder(h.bytes, h.count, h.frame) for h in s.holders]
     else:
-        lt = lifetimes(trace)
+        lt = rank.lifetimes
         if curve == "allocated":  # curve index i is the state after event i - 1
             hs = holders_by_stack(trace, top=top, event_index=curves.allocated.peak_index - 1, lt=lt)
         else:
             hs = holders_by_stack(trace, peak_us, top=top, lt=lt)
-        holders = [BudgetHolder(h.bytes, h.count, meaningful_frame(trace.stack_frames(h.stack))) for h in hs]
+        holders = [BudgetHolder(h.bytes, h.count, meaningful_frame(rank.trace.stack_frames(h.stack))) for h in hs]
     return BudgetCheck(
-        budget, curve, peak, peak_us, phase, holders, source, {k: v[0] for k, v in peaks.items()}, find_oom(trace)
+        budget, curve, peak, peak_us, phase, holders, source, {k: v[0] for k, v in peaks.items()}, rank.oom
     )

@@ -45,9 +45,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..model import ACTION_CODE, Trace
-from .curves import Curve, all_curves
+from .curves import Curve, Curves, all_curves
 from .live import Lifetimes, lifetimes
-from .memo import cached
 from .phases import phase_depth, recording_span
 
 #: Category names, in stacking order (bottom first). Codes are indices into this tuple.
@@ -236,12 +235,9 @@ class Categorized:
 def categorize(trace: Trace, lt: Lifetimes | None = None) -> Categorized:
     """Categories of all alloc and free_completed events of ``trace`` (see the module docstring).
 
-    Frees are paired with their allocations by ``live.lifetimes`` (pass it to share the work). Without
-    ``lt``, computed once per trace (``memo.cached``).
+    Frees are paired with their allocations by ``live.lifetimes`` (pass it to share the work).
     """
-    if lt is None:
-        return cached(trace, "categorize", lambda t: _categorize(t, lifetimes(t)))
-    return _categorize(trace, lt)
+    return _categorize(trace, lt if lt is not None else lifetimes(trace))
 
 
 def _categorize(trace: Trace, lt: Lifetimes) -> Categorized:
@@ -269,20 +265,17 @@ def _signed_sizes(trace: Trace) -> np.ndarray:
     return delta
 
 
-def category_curves(trace: Trace, categorized: Categorized | None = None) -> dict[str, Curve]:
+def category_curves(
+    trace: Trace, categorized: Categorized | None = None, *, curves: Curves | None = None
+) -> dict[str, Curve]:
     """Allocated bytes by category, on the time axis of ``allocated_curve`` (stack them in CATEGORIES order).
 
     At every index the values add up exactly to ``allocated_curve(trace).bytes``; the baseline
-    (memory allocated before the first recorded event) starts in ``other``. Without ``categorized``,
-    computed once per trace (``memo.cached``).
+    (memory allocated before the first recorded event) starts in ``other``. Pass ``categorized`` and
+    ``curves`` to share the work.
     """
-    if categorized is None:
-        return cached(trace, "category_curves", lambda t: _category_curves(t, categorize(t)))
-    return _category_curves(trace, categorized)
-
-
-def _category_curves(trace: Trace, cat: Categorized) -> dict[str, Curve]:
-    curves = all_curves(trace)
+    cat = categorized if categorized is not None else categorize(trace)
+    curves = curves if curves is not None else all_curves(trace)
     base = curves.baseline.allocated_bytes
     times = curves.allocated.time_us
     delta = _signed_sizes(trace)
@@ -298,14 +291,16 @@ def _category_curves(trace: Trace, cat: Categorized) -> dict[str, Curve]:
     return out
 
 
-def category_totals_at_index(trace: Trace, index: int, categorized: Categorized | None = None) -> dict[str, int]:
+def category_totals_at_index(
+    trace: Trace, index: int, categorized: Categorized | None = None, *, curves: Curves | None = None
+) -> dict[str, int]:
     """``{name: category_curves(trace)[name].bytes[index]}`` (the state after event ``index - 1``) without
     building the curves: one sum per category over the events before ``index``."""
     cat = categorized or categorize(trace)
     delta = _signed_sizes(trace)[:index]
     codes = cat.codes[:index]
     out = {name: int(delta[codes == code].sum()) for code, name in enumerate(CATEGORIES)}
-    out[CATEGORIES[OTHER]] += all_curves(trace).baseline.allocated_bytes
+    out[CATEGORIES[OTHER]] += (curves if curves is not None else all_curves(trace)).baseline.allocated_bytes
     return out
 
 

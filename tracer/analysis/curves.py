@@ -36,7 +36,6 @@ import numpy as np
 
 from .. import facts as F
 from ..model import ACTION_CODE, VMM_CALLERS, VMM_OPS, Trace
-from .memo import cached
 
 _ALLOC = ACTION_CODE["alloc"]
 _FREE_COMPLETED = ACTION_CODE["free_completed"]
@@ -308,12 +307,8 @@ class Curves:
 
 
 def all_curves(trace: Trace) -> Curves:
-    """Every curve of ``trace`` (one baseline reconstruction, one pass per curve), computed once per trace
-    (``memo.cached``: the arrays are shared and read-only)."""
-    return cached(trace, "all_curves", _all_curves)
-
-
-def _all_curves(trace: Trace) -> Curves:
+    """Every curve of ``trace`` (one baseline reconstruction, one pass per curve). An analysed rank computes
+    them once (``analysis.rank.AnalysedRank.curves``); pass them on to share them."""
     alloc_d, res_d = _allocated_deltas(trace), _reserved_deltas(trace)
     base = _baseline(trace, alloc_d, res_d)
     times = _curve_times(trace)

@@ -23,19 +23,18 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass, field, replace
 
-from ..model import Frame, Trace
+from ..model import Trace
 from ..units import MiB, Threshold
 from .curves import Curves, all_curves
-from .history_key import differences, fingerprint
+from .diff_sites import SiteChange, site_changes
+from .extensible import extensible_sizing
+from .history_key import differences, fingerprint, left_to_vllm
 from .landmarks import landmarks, total_curve
-from .live import holders_by_stack, lifetimes
 from .oom import Oom, find_oom
 from .phases import path_at, phase_stats, window_peak
 
 #: Growth under this never fails a percentage threshold (one large-segment rounding unit).
 MIN_GROWTH_BYTES = 2 * MiB
-#: How many sites to report.
-TOP_SITES = 8
 
 #: Headline figures, in the order shown; GATED ones fail the gate when they grow past the threshold.
 AVAILABLE_KV = "available KV cache (vLLM)"
@@ -93,23 +92,6 @@ class PhaseChange:
 
 
 @dataclass(frozen=True)
-class SiteChange:
-    """Live bytes of one allocating stack at each run's peak."""
-
-    frames: tuple[Frame, ...]  # innermost first, from the run that has it (new preferred)
-    base_bytes: int
-    new_bytes: int
-
-    @property
-    def delta(self) -> int:
-        return self.new_bytes - self.base_bytes
-
-    @property
-    def is_new(self) -> bool:
-        return self.base_bytes == 0 and self.new_bytes > 0
-
-
-@dataclass(frozen=True)
 class HookChange:
     """Calls of one hooked function (FlashInfer workspace allocators): count and bytes per call."""
 
@@ -140,6 +122,10 @@ class Figures:
     hooks: dict[str, tuple[int, ...]]  # hooked function -> bytes added per outermost call (hook_call_bytes)
     oom: Oom | None  # the OOM the run died of
     nested: dict[str, int] = field(default_factory=dict)  # hooked function called inside another -> bytes added
+    #: fingerprint fields vLLM chose itself in this run (``history_key.left_to_vllm``)
+    left_to_vllm: frozenset[str] = frozenset()
+    #: how the KV cache was allocated: "PyTorch's allocator", "CUDA's VMM API" (vLLM 0.34+), or "" (none)
+    kv_via: str = ""
 
 
 @dataclass
@@ -160,7 +146,13 @@ class TraceDiff:
     new_only_phases: list[str] = field(default_factory=list)
     new_oom: Oom | None = None  # the new run died of OOM (and the base did not)
     mismatches: list[tuple[str, str, str]] = field(default_factory=list)  # fingerprint fields that differ
+    #: fingerprint fields the new run left to vLLM (``Figures.left_to_vllm``): with other versions, a change
+    #: there is the versions' own doing, not a different set-up
+    left_to_vllm: frozenset[str] = frozenset()
+    kv_via: tuple[str, str] = ("", "")  # how each run's KV cache was allocated (``Figures.kv_via``)
     environment_unknown: bool = False  # a run recorded no environment (an imported snapshot): unchecked
+    #: "base", "new" or "both": the side(s) recorded without Python stacks, so no stack is compared
+    sites_missing: str = ""
 
     @property
     def regressions(self) -> list[Change]:
@@ -185,9 +177,18 @@ class TraceDiff:
         return [m for m in self.mismatches if m[0] in VERSION_FIELDS]
 
     @property
+    def default_changes(self) -> list[tuple[str, str, str]]:
+        """With other versions, the fields the new run left to vLLM and that came out differently: what the
+        new versions changed by themselves (vLLM 0.34's utilization 1.0 and extensible KV cache)."""
+        if not self.version_changes:
+            return []
+        return [m for m in self.mismatches if m[0] not in VERSION_FIELDS and m[0] in self.left_to_vllm]
+
+    @property
     def setup_changes(self) -> list[tuple[str, str, str]]:
         """Everything else that differs (GPU, model, flags, the program): the runs do not compare."""
-        return [m for m in self.mismatches if m[0] not in VERSION_FIELDS]
+        defaults = {m[0] for m in self.default_changes}
+        return [m for m in self.mismatches if m[0] not in VERSION_FIELDS and m[0] not in defaults]
 
     @property
     def comparable(self) -> bool:
@@ -213,44 +214,6 @@ def _phase_peaks(trace: Trace, curves: Curves, device_level: bool) -> dict[str, 
         peak, _ = window_peak(curve, st.start_us, st.end_us)
         out[key] = (peak, peak - curve.at(st.start_us), st.depth, st.path)
     return out
-
-
-def _site_key(trace: Trace, stack: int) -> tuple[tuple[str, int, str], ...]:
-    return tuple((f.filename, f.line, f.name) for f in trace.stack_frames(stack))
-
-
-def _sites_at_peak(trace: Trace, curves: Curves) -> dict[tuple, tuple[int, tuple[Frame, ...]]]:
-    """Live bytes by stack at the reserved peak (``flame.peak_event_index``: the fullest moment of it)."""
-    if len(trace.events) == 0 and not trace.segments:
-        return {}
-    from .flame import peak_event_index
-
-    idx = peak_event_index(curves.allocated, curves.reserved)  # the event after which the peak holds
-    lt = lifetimes(trace)
-    holders = holders_by_stack(trace, top=1 << 30, event_index=idx, lt=lt)
-    out: dict[tuple, tuple[int, tuple[Frame, ...]]] = {}
-    for h in holders:
-        key = _site_key(trace, h.stack)
-        prev = out.get(key, (0, ()))[0]
-        out[key] = (prev + h.bytes, tuple(trace.stack_frames(h.stack)))
-    return out
-
-
-def site_changes(
-    base: Trace, new: Trace, base_curves: Curves, new_curves: Curves, top: int = TOP_SITES
-) -> list[SiteChange]:
-    """Stacks that are new at the new run's peak or whose live bytes grew most; then those that shrank most."""
-    b = _sites_at_peak(base, base_curves)
-    n = _sites_at_peak(new, new_curves)
-    changes = []
-    for key in set(b) | set(n):
-        bb, bf = b.get(key, (0, ()))
-        nb, nf = n.get(key, (0, ()))
-        if nb != bb:
-            changes.append(SiteChange(nf or bf, bb, nb))
-    grew = sorted((c for c in changes if c.delta > 0), key=lambda c: -c.delta)
-    shrank = sorted((c for c in changes if c.delta < 0), key=lambda c: c.delta)
-    return grew[:top] + shrank[: max(0, top - len(grew[:top])) // 2]
 
 
 def hook_call_bytes(returned: int | None, allocated_delta: int | None) -> int:
@@ -284,7 +247,9 @@ def _nested_hook_bytes(trace: Trace) -> dict[str, int]:
     return out
 
 
-def category_changes(base: Trace, new: Trace, base_curves: Curves, new_curves: Curves) -> list[Change] | None:
+def category_changes(
+    base: Trace, new: Trace, base_curves: Curves, new_curves: Curves, cats: tuple = (None, None)
+) -> list[Change] | None:
     """Allocated bytes per category (weights, KV cache, workspaces...) at each run's reserved peak.
 
     None when ``memtrace.analysis.categories`` is not available.
@@ -296,19 +261,21 @@ def category_changes(base: Trace, new: Trace, base_curves: Curves, new_curves: C
 
     from .flame import peak_event_index
 
-    def at_peak(trace: Trace, curves: Curves) -> dict[str, int]:
+    def at_peak(trace: Trace, curves: Curves, cat) -> dict[str, int]:
         if len(curves.reserved) == 0:
             return {}
         # the same moment as the sites: right after the peak's fullest event (curve index = event + 1)
         i = peak_event_index(curves.allocated, curves.reserved) + 1
-        return category_totals_at_index(trace, i)
+        return category_totals_at_index(trace, i, cat, curves=curves)
 
-    bd, nd = at_peak(base, base_curves), at_peak(new, new_curves)
+    bd, nd = at_peak(base, base_curves, cats[0]), at_peak(new, new_curves, cats[1])
     names = [k for k in dict.fromkeys([*bd, *nd])]
     return [Change(k, bd.get(k, 0), nd.get(k, 0)) for k in names]
 
 
-def figures(trace: Trace, *, device_level: bool | None = None, curves: Curves | None = None) -> Figures:
+def figures(
+    trace: Trace, *, device_level: bool | None = None, curves: Curves | None = None, oom: Oom | None = None
+) -> Figures:
     """The gated figures of ``trace``.
 
     Args:
@@ -322,14 +289,19 @@ def figures(trace: Trace, *, device_level: bool | None = None, curves: Curves | 
         device_level = curves.has_device
     device_level = device_level and curves.has_device
     lm = landmarks(trace, curves, include_non_torch=device_level)
+    sizing = extensible_sizing(trace, curves)
     head = {
-        AVAILABLE_KV: lm.vllm_available_kv_bytes,
+        # vLLM's own KV figure: with the extensible KV cache the size it committed after warm-up
+        # ("Extended KV cache to N blocks"), not the profiled figure that only sizes the address range
+        AVAILABLE_KV: sizing.pages_bytes if sizing is not None else lm.vllm_available_kv_bytes,
         BEFORE_KV: lm.before_kv_bytes,
         KV_CACHE: lm.kv_cache_bytes,
         POST_KV: lm.post_kv_transient_bytes,
     }
     where = {POST_KV: lm.post_kv_peak.phase} if lm.post_kv_peak else {}
-    peaks = [(PEAK_RESERVED, curves.reserved), (PEAK_ALLOCATED, curves.allocated)]
+    # reserved + the KV cache committed outside PyTorch (vLLM 0.34+), so a release that moves the KV cache
+    # out of PyTorch's allocator does not look like one that freed it
+    peaks = [(PEAK_RESERVED, curves.held), (PEAK_ALLOCATED, curves.allocated)]
     if device_level:
         peaks.append((PEAK_DEVICE, curves.device_used))
     for name, curve in peaks:  # the same moments as ``memtrace report``'s peaks
@@ -348,7 +320,9 @@ def figures(trace: Trace, *, device_level: bool | None = None, curves: Curves | 
         },
         hooks={k: tuple(v) for k, v in _hook_bytes(trace).items()},
         nested=_nested_hook_bytes(trace),
-        oom=find_oom(trace),
+        oom=oom if oom is not None else find_oom(trace),
+        left_to_vllm=left_to_vllm(trace),
+        kv_via=("CUDA's VMM API" if len(curves.vmm) else "PyTorch's allocator") if lm.kv_cache_bytes else "",
     )
 
 
@@ -409,6 +383,8 @@ def compare(base: Figures, new: Figures, threshold: Threshold, *, label: str = "
         new_only_phases=[k for k in new.phases if k not in base.phases],
         new_oom=new.oom if base.oom is None else None,
         mismatches=differences(base.fingerprint, new.fingerprint),
+        left_to_vllm=new.left_to_vllm,
+        kv_via=(base.kv_via, new.kv_via),
         environment_unknown=len(base.fingerprint) <= 1 or len(new.fingerprint) <= 1,  # "kind" alone
     )
 
@@ -423,7 +399,44 @@ def diff_traces(base: Trace, new: Trace, threshold: Threshold, *, label: str = "
         threshold,
         label=label or new.label,
     )
-    return replace(d, categories=category_changes(base, new, bc, nc), sites=site_changes(base, new, bc, nc))
+    sites = site_changes(base, new, bc, nc)
+    return replace(d, categories=category_changes(base, new, bc, nc), sites=sites.changes, sites_missing=sites.missing)
+
+
+def diff_ranks(base, new, threshold: Threshold, *, label: str = "") -> TraceDiff:
+    """:func:`diff_traces` of two analysed ranks (``analysis.rank.AnalysedRank``), sharing their figures."""
+    bc, nc = base.curves, new.curves
+    device_level = bc.has_device and nc.has_device
+    d = compare(
+        figures(base.trace, device_level=device_level, curves=bc, oom=base.oom),
+        figures(new.trace, device_level=device_level, curves=nc, oom=new.oom),
+        threshold,
+        label=label or new.label,
+    )
+    sites = site_changes(base.trace, new.trace, bc, nc, base_lt=base.lifetimes, new_lt=new.lifetimes)
+    cats = category_changes(base.trace, new.trace, bc, nc, (base.categorized, new.categorized))
+    return replace(d, categories=cats, sites=sites.changes, sites_missing=sites.missing)
+
+
+def diff_runs(base, new, threshold: Threshold) -> list[TraceDiff]:
+    """Rank by rank, two analysed runs (``analysis.run.AnalysedRun``) in the loader's order.
+
+    Raises:
+        NothingToJudge: a rank of either run recorded no allocator events (exit 1: never a pass).
+        UsageError: the runs hold different numbers of ranks.
+    """
+    from ..errors import NothingToJudge, UsageError
+    from .run import nothing_line
+
+    if len(base.ranks) != len(new.ranks):
+        raise UsageError(
+            f"{base.path} holds {len(base.ranks)} traces and {new.path} {len(new.ranks)}; pick one with --rank N"
+        )
+    for run in (base, new):
+        empty = [r for r in run.ranks if r.recorded_nothing and r.oom is None]
+        if empty:
+            raise NothingToJudge(nothing_line(run.subset(empty), "compare"))
+    return [diff_ranks(b, n, threshold, label=n.label) for b, n in zip(base.ranks, new.ranks, strict=True)]
 
 
 def _threshold_text(threshold: Threshold) -> str:

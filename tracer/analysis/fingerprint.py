@@ -102,7 +102,23 @@ def environment(trace: Trace) -> list[tuple[str, str]]:
         ("--gpu-memory-utilization", trace.facts.get(F.UTIL)),
     ]
     rows += [(k, public_path(cfg[k])) for k in MEMORY_FLAGS if cfg.get(k) is not None]
+    rows += _imported(trace)
     return [(k, str(v)) for k, v in rows if v not in (None, "")]
+
+
+def _imported(trace: Trace) -> list[tuple[str, Any]]:
+    """What an imported PyTorch snapshot says about where it came from (it records no versions)."""
+    imp = trace.facts.get(F.IMPORT)
+    if not isinstance(imp, dict):
+        return []
+    devices = imp.get("devices") or []
+    settings = allocator_settings(trace)
+    return [
+        ("recorded by", "torch.cuda.memory._dump_snapshot (a PyTorch snapshot; no versions recorded)"),
+        ("devices", ", ".join(f"cuda:{d}" for d in devices) if devices else None),
+        ("Python stacks", imp.get("stacks")),
+        ("allocator settings", ", ".join(f"{k}:{v}" if v else k for k, v in sorted(settings.items())) or None),
+    ]
 
 
 def command_line(trace: Trace) -> str:

@@ -62,6 +62,7 @@ from ..model import Trace
 from . import non_torch
 from .curves import Curve, Curves, all_curves
 from .landmarks import Landmarks, landmarks, steady_non_torch_at, total_curve
+from .live import Lifetimes
 from .oom import Oom, find_oom
 from .phases import path_at, recording_span, window_peak
 from .pinned import pinned_curve
@@ -121,6 +122,11 @@ class Fit:
     non_torch_at_start_bytes: int | None = None
     non_torch_grew_unseen_bytes: int | None = None
     non_torch_cupti_own_bytes: int | None = None  # of the unexplained rest: CUPTI's own device memory
+    #: how vLLM sizes the KV cache on this card: "profiling" (``util x capacity - non_kv``) or "extensible"
+    #: (vLLM 0.34's default: measured after warm-up, ``analysis.fits_extensible``)
+    kv_sizing: str = "profiling"
+    kv_blocks: int | None = None  # extensible: the blocks vLLM would commit, and their tokens
+    kv_tokens: int | None = None
 
     @property
     def survives(self) -> bool:
@@ -142,6 +148,22 @@ def check_capacity(capacity_bytes: int) -> int:
     return capacity_bytes
 
 
+def check_non_torch(non_torch_bytes: int | None, capacities: list[int]) -> int | None:
+    """``non_torch_bytes`` (``--non-torch``) when it leaves room on every card asked about; UsageError when
+    it fills one (a CUDA context, NCCL and libraries never take the whole card)."""
+    if non_torch_bytes is None:
+        return None
+    from ..units import format_gib
+
+    full = [c for c in capacities if non_torch_bytes >= c]
+    if full:
+        raise UsageError(
+            f"--non-torch {format_gib(non_torch_bytes)} is not less than the {format_gib(min(full))} card; "
+            "give the non-PyTorch memory (CUDA context, NCCL, libraries) on that card, e.g. 0.6GiB"
+        )
+    return non_torch_bytes
+
+
 def _first_crossing(trace: Trace, curve: Curve, start_us: int, end_us: int, limit: int, shift: int = 0) -> int | None:
     """First time in [start_us, end_us] where curve + shift > limit; None when it never does."""
     if len(curve) == 0:
@@ -161,11 +183,13 @@ def _recorded_kv(lm: Landmarks) -> int | None:
     return lm.kv_cache_bytes
 
 
-def need_curve(trace: Trace, curves: Curves, lm: Landmarks, non_torch_bytes: int | None = None) -> Curve:
+def need_curve(
+    trace: Trace, curves: Curves, lm: Landmarks, non_torch_bytes: int | None = None, lt: Lifetimes | None = None
+) -> Curve:
     """What the start-up needs on the card at each moment: the pinned segments (``pinned``: what the
     allocator cannot release) plus non-PyTorch memory, as recorded (steady NVML samples) or, when
     ``non_torch_bytes`` is given, that constant (another card's CUDA context, say)."""
-    base = pinned_curve(trace, curves)
+    base = pinned_curve(trace, curves, lt)
     if non_torch_bytes is not None:
         return Curve(base.time_us, base.bytes + int(non_torch_bytes))
     return total_curve(curves, include_non_torch=lm.device_level, base=base)
@@ -188,15 +212,22 @@ class Recorded:
     non_torch_source: str
     #: ``Fit``'s ``non_torch_*`` split fields by name (empty: nothing to split)
     non_torch_split: dict[str, int | None] = dataclasses.field(default_factory=dict)
+    span: tuple[int, int] = (0, 0)  # the recording's first and last microsecond (``phases.recording_span``)
 
 
-def recorded(trace: Trace, non_torch_bytes: int | None = None, *, curves: Curves | None = None) -> Recorded:
-    """Compute once what :func:`fit` needs for any capacity."""
-    curves = curves or all_curves(trace)
-    lm = landmarks(trace, curves)
-    nk = non_kv_model(trace, curves)
-    oom = find_oom(trace)
-    target = resolve_target(trace)
+def recorded(trace: Trace, non_torch_bytes: int | None = None, *, curves: Curves | None = None, rank=None) -> Recorded:
+    """Compute once what :func:`fit` needs for any capacity (``rank``: the trace's ``AnalysedRank``, whose
+    curves, landmarks, non-KV model, OOM and recorded target are taken as they are)."""
+    if rank is not None:
+        curves, lm, nk, oom, target = rank.curves, rank.landmarks, rank.non_kv, rank.oom, rank.recorded_target
+        span = rank.span
+    else:
+        span = recording_span(trace)
+        curves = curves or all_curves(trace)
+        lm = landmarks(trace, curves)
+        nk = non_kv_model(trace, curves)
+        oom = find_oom(trace)
+        target = resolve_target(trace)
     nt_at = None
     if non_torch_bytes is not None:
         nt, nt_source = int(non_torch_bytes), NT_ARGUMENT
@@ -205,7 +236,7 @@ def recorded(trace: Trace, non_torch_bytes: int | None = None, *, curves: Curves
     elif lm.before_kv_non_torch_bytes is not None:
         nt, nt_source, nt_at = lm.before_kv_non_torch_bytes, NT_AT_SIZING, lm.sizing_end_us
     else:  # no KV sizing recorded (died before it): the last steady figure the recording holds
-        nt_at = oom.time_us if oom is not None else recording_span(trace)[1]
+        nt_at = oom.time_us if oom is not None else span[1]
         nt, nt_source = steady_non_torch_at(curves, nt_at), NT_LAST_STEADY
     split: dict[str, int | None] = {}
     b = non_torch.breakdown(trace, nt_at, "assumed", curves=curves) if nt_at is not None else None
@@ -219,7 +250,7 @@ def recorded(trace: Trace, non_torch_bytes: int | None = None, *, curves: Curves
     return Recorded(
         curves=curves,
         lm=lm,
-        need=need_curve(trace, curves, lm, non_torch_bytes),
+        need=need_curve(trace, curves, lm, non_torch_bytes, rank.lifetimes if rank is not None else None),
         non_kv_bytes=nk.bytes if nk is not None else 0,
         non_kv_source=nk.source if nk is not None else "",
         oom=oom,
@@ -228,6 +259,7 @@ def recorded(trace: Trace, non_torch_bytes: int | None = None, *, curves: Curves
         non_torch_bytes=nt,
         non_torch_source=nt_source,
         non_torch_split=split,
+        span=span,
     )
 
 
@@ -253,7 +285,7 @@ def fit(
     lm, need, oom = rec.lm, rec.need, rec.oom
     if util is None:
         util = lm.gpu_memory_utilization or DEFAULT_UTIL
-    first_us, last_us = recording_span(trace)
+    first_us, last_us = rec.span
     end_us = min(oom.time_us, last_us) if oom is not None else last_us  # nothing is known after an OOM
     target = math.ceil(capacity_bytes * util)
     kv_new = target - rec.non_kv_bytes
@@ -382,7 +414,76 @@ def smallest_fitting(
     return hi
 
 
-def worst_rank(smallest: list[int | None]) -> int:
-    """Index of the rank that needs the largest card (``smallest_fitting`` per rank; None, fitting on no
-    card tried or unknown, is the worst): every rank must fit for a start-up to survive."""
-    return max(range(len(smallest)), key=lambda i: smallest[i] if smallest[i] is not None else float("inf"))
+@dataclass(frozen=True)
+class RankFits:
+    """The what-if of one analysed rank: one ``Fit`` per capacity asked, and the smallest card it fits on."""
+
+    rank: Any  # analysis.rank.AnalysedRank
+    results: list[Fit]
+    smallest: int | None
+
+    @property
+    def survives(self) -> bool:
+        return all(r.survives for r in self.results)
+
+
+def fits_of(rank, capacities: list[int], util: float | None = None, non_torch_bytes: int | None = None) -> RankFits:
+    """:func:`fits` and :func:`smallest_fitting` of an analysed rank, sharing its figures; for a start-up
+    whose KV cache vLLM sized after warm-up (0.34's extensible KV cache), :func:`extensible_fit` instead."""
+    from .fits_extensible import is_extensible
+
+    rec = recorded(rank.trace, non_torch_bytes, rank=rank)
+    if is_extensible(rank.trace) and rank.extensible is not None:
+        results = [extensible_fit(rank, c, util, rec) for c in capacities]
+        return RankFits(rank, results, _smallest(lambda c: extensible_fit(rank, c, util, rec).survives, rec))
+    return RankFits(rank, fits(rank.trace, capacities, util, rec=rec), smallest_fitting(rank.trace, util, rec=rec))
+
+
+def extensible_fit(rank, capacity_bytes: int, util: float | None, rec: Recorded) -> Fit:
+    """``fits_extensible.fit_extensible`` as a :class:`Fit`: the same outcomes, words and JSON as the
+    profiling model, with the blocks and tokens vLLM would commit after warm-up."""
+    from .fits_extensible import NO_KV_AFTER_WARMUP, fit_extensible
+
+    e = fit_extensible(rank.trace, capacity_bytes, util, non_torch_bytes=rec.non_torch_bytes, curves=rank.curves)
+    outcome = NO_KV if e.outcome == NO_KV_AFTER_WARMUP else e.outcome
+    over = {OOM: e.pre_kv_peak_bytes - capacity_bytes, NO_KV: -(e.range_bytes or 0) if e.outcome == NO_KV else 0}
+    stage = {OOM: "pre-KV", NO_KV: "KV sizing"}.get(outcome, "")
+    return Fit(
+        capacity_bytes=capacity_bytes,
+        util=e.util,
+        target_bytes=e.requested_bytes,
+        non_kv_bytes=rec.non_kv_bytes,
+        kv_cache_bytes=e.kv_bytes or 0,
+        pre_kv_peak_bytes=e.pre_kv_peak_bytes,
+        pre_kv_peak_phase=e.pre_kv_peak_phase,
+        post_kv_peak_bytes=None,
+        post_kv_peak_phase="",
+        outcome=outcome,
+        phase=e.phase,
+        overshoot_bytes=max(over.get(outcome, 0), 0),
+        headroom_bytes=capacity_bytes - e.pre_kv_peak_bytes if outcome == FITS else 0,
+        stage=stage,
+        non_torch_bytes=rec.non_torch_bytes,
+        non_torch_source=rec.non_torch_source,
+        non_kv_source=rec.non_kv_source,
+        recorded_capacity_bytes=rec.capacity_bytes,
+        kv_sizing="extensible",
+        kv_blocks=e.kv_blocks,
+        kv_tokens=e.kv_tokens,
+        **rec.non_torch_split,
+    )
+
+
+def _smallest(survives, rec: Recorded, lo: int = MIN_CAPACITY) -> int | None:
+    """The smallest capacity (to 64 MiB) for which ``survives(capacity)``, or None up to 4x the peak."""
+    hi = max(rec.lm.peak.bytes * 4, rec.capacity_bytes or 0, lo)
+    if not survives(hi):
+        return None
+    step = 64 << 20
+    while hi - lo > step:
+        mid = (lo + hi) // 2
+        if survives(mid):
+            hi = mid
+        else:
+            lo = mid
+    return hi

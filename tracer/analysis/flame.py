@@ -32,7 +32,7 @@ from ..model import Frame, HookCall, Trace
 from . import non_torch as _non_torch
 from .curves import Curve
 from .frames import python_frames
-from .live import LiveAllocation, lifetimes, live_allocations_at
+from .live import Lifetimes, LiveAllocation, lifetimes, live_allocations_at
 
 #: The top-level frame of the non-PyTorch device memory CUPTI saw (``non_torch.live_allocations``).
 NON_TORCH = "[non-PyTorch, CUPTI]"
@@ -254,6 +254,7 @@ def flame_at(
     event_index: int | None = None,
     since_us: int | None = None,
     non_torch: bool = False,
+    lt: Lifetimes | None = None,
 ) -> Flame:
     """The live allocations at ``t_us`` (or right after event ``event_index``) as a flame tree.
 
@@ -267,8 +268,9 @@ def flame_at(
         non_torch: also the non-PyTorch device memory CUPTI saw live at that microsecond, when the
             trace holds CUPTI records (under :data:`NON_TORCH`; ``memtrace flame`` asks for it). The
             default, PyTorch's allocations alone, is what the viewer's live set and ``diff`` compare.
+        lt: ``live.lifetimes(trace)``, when already computed (``AnalysedRank.lifetimes``).
     """
-    lt = lifetimes(trace)
+    lt = lt if lt is not None else lifetimes(trace)
     live = live_allocations_at(trace, t_us, event_index=event_index, lt=lt)
     if since_us is not None:
         live = [a for a in live if a.alloc_us is not None and a.alloc_us >= since_us]

@@ -14,7 +14,7 @@ from dataclasses import asdict, dataclass
 
 from ..model import Trace
 from ..units import Threshold
-from .curves import all_curves
+from .curves import Curves, all_curves
 from .diff import (
     ALL_HOOKS,
     AVAILABLE_KV,
@@ -44,6 +44,8 @@ def figures_doc(f: Figures) -> dict:
         "hooks": {k: list(v) for k, v in f.hooks.items()},
         "nested": dict(f.nested),
         "oom": asdict(f.oom) if f.oom is not None else None,
+        "left_to_vllm": sorted(f.left_to_vllm),
+        "kv_via": f.kv_via,
     }
 
 
@@ -58,6 +60,8 @@ def figures_from_doc(doc: dict) -> Figures:
         hooks={k: tuple(int(b) for b in v) for k, v in doc["hooks"].items()},
         nested={k: int(v) for k, v in doc.get("nested", {}).items()},  # absent in documents before it
         oom=Oom(**doc["oom"]) if doc.get("oom") else None,
+        left_to_vllm=frozenset(doc.get("left_to_vllm", ())),  # absent in documents before vLLM 0.34's support
+        kv_via=str(doc.get("kv_via", "")),
     )
 
 
@@ -73,18 +77,30 @@ class Recorded:
     device: Figures | None  # None without NVML samples
 
 
-def record(trace: Trace) -> Recorded:
-    """The figures of ``trace`` at both levels, and its matrix key."""
-    curves = all_curves(trace)
+def record(trace: Trace, *, curves: Curves | None = None, oom: Oom | None = None) -> Recorded:
+    """The figures of ``trace`` at both levels, and its matrix key (``curves``, ``oom``: an analysed rank's)."""
+    curves = curves or all_curves(trace)
     fp = fingerprint(trace)
     return Recorded(
         key=matrix_key(fp),
         fingerprint=fp,
         rank=trace.process.rank,
         recorded_us=trace.recording.start_us,
-        reserved=figures(trace, device_level=False, curves=curves),
-        device=figures(trace, device_level=True, curves=curves) if curves.has_device else None,
+        reserved=figures(trace, device_level=False, curves=curves, oom=oom),
+        device=figures(trace, device_level=True, curves=curves, oom=oom) if curves.has_device else None,
     )
+
+
+def record_run(run, what: str) -> list[Recorded]:
+    """:func:`record` of every rank of an analysed run. NothingToJudge (exit 1) when a rank recorded no
+    allocator events: an empty run is never a reference, and never passes a check."""
+    from ..errors import NothingToJudge
+    from .run import nothing_line
+
+    empty = [r for r in run.ranks if r.recorded_nothing and r.oom is None]
+    if empty:
+        raise NothingToJudge(nothing_line(run.subset(empty), what))
+    return [record(r.trace, curves=r.curves, oom=r.oom) for r in run.ranks]
 
 
 def check(base: Recorded, new: Recorded, threshold: Threshold, *, label: str = "") -> TraceDiff:

@@ -29,7 +29,6 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..model import ACTION_CODE, Frame, Trace
-from .memo import cached
 
 _ALLOC = ACTION_CODE["alloc"]
 _FREE_COMPLETED = ACTION_CODE["free_completed"]
@@ -74,8 +73,8 @@ class Lifetimes:
 def lifetimes(trace: Trace) -> Lifetimes:
     """Pair every alloc with its free_completed (vectorised), and add blocks from before recording.
 
-    Computed once per trace (``memo.cached``: the arrays are shared and read-only)."""
-    return cached(trace, "lifetimes", _lifetimes)
+    An analysed rank computes it once (``analysis.rank.AnalysedRank.lifetimes``); pass it on to share it."""
+    return _lifetimes(trace)
 
 
 def _lifetimes(trace: Trace) -> Lifetimes:

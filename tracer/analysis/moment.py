@@ -66,16 +66,23 @@ def find_phase(trace: Trace, curves: Curves, text: str, flag: str) -> PhaseStats
     return max(matches, key=lambda s: (s.peak_allocated_bytes, -s.start_us))
 
 
-def _at_time(trace: Trace, us: int, flag: str, text: str) -> int:
+def _at_time(trace: Trace, us: int, flag: str, text: str, t0_us: int | None = None) -> int:
     start, end = recording_span(trace)
-    t = start + us
-    if not start <= t <= end:
+    t0 = start if t0_us is None else t0_us
+    t = t0 + us
+    if not start <= t <= end and t0 == start:
         raise UsageError(f"{flag} {text}: the run lasts {(end - start) / 1e6:.3f} s; give a time from 0 to that")
+    if not start <= t <= end:  # a rank that started after the run's origin
+        raise UsageError(
+            f"{flag} {text}: this rank's recording runs from {(start - t0) / 1e6:.3f} s to {(end - t0) / 1e6:.3f} s; "
+            "give a time in between"
+        )
     return t
 
 
-def resolve_moment(trace: Trace, curves: Curves, at: str) -> Moment:
-    """Read ``--at`` (see the module docstring) for ``trace``."""
+def resolve_moment(trace: Trace, curves: Curves, at: str, *, t0_us: int | None = None) -> Moment:
+    """Read ``--at`` (see the module docstring) for ``trace``; a time counts from ``t0_us`` (the run's
+    origin, ``analysis.origin``; default: the trace's own start)."""
     start, _ = recording_span(trace)
     ev_time = trace.events["time_us"]
 
@@ -93,7 +100,7 @@ def resolve_moment(trace: Trace, curves: Curves, at: str) -> Moment:
         return Moment(oom.time_us, None, "the OOM", oom.phase_path)
     us = parse_time_us(text)
     if us is not None:
-        t = _at_time(trace, us, "--at", at)
+        t = _at_time(trace, us, "--at", at, t0_us)
         return Moment(t, None, f"{us / 1e6:.3f} s", path_at(trace, t))
     best = find_phase(trace, curves, text, "--at")
     k = window_peak_event_index(curves.allocated, best.start_us, best.end_us)
@@ -101,7 +108,9 @@ def resolve_moment(trace: Trace, curves: Curves, at: str) -> Moment:
     return Moment(max(m.time_us, best.start_us), k, m.what, best.path)
 
 
-def with_since(trace: Trace, curves: Curves, moment: Moment, since: str | None, added: bool) -> Moment:
+def with_since(
+    trace: Trace, curves: Curves, moment: Moment, since: str | None, added: bool, *, t0_us: int | None = None
+) -> Moment:
     """``moment`` restricted to what was allocated from ``--since`` (or, with ``added``, from the start of
     its phase) on; UsageError when both are given, the window is empty, or it starts after the moment."""
     if since is None and not added:
@@ -116,14 +125,33 @@ def with_since(trace: Trace, curves: Curves, moment: Moment, since: str | None, 
     else:
         us = parse_time_us(since)
         if us is not None:
-            since_us, what = _at_time(trace, us, "--since", since), f"{us / 1e6:.3f} s"
+            since_us, what = _at_time(trace, us, "--since", since, t0_us), f"{us / 1e6:.3f} s"
         else:
             phase = find_phase(trace, curves, since.strip(), "--since")
             since_us, what = phase.start_us, f"the start of {phase.path}"
     if since_us > moment.time_us:
-        start = recording_span(trace)[0]
+        start = recording_span(trace)[0] if t0_us is None else t0_us
         raise UsageError(
             f"--since: {what} ({(since_us - start) / 1e6:.3f} s) comes after {moment.what} "
             f"({(moment.time_us - start) / 1e6:.3f} s); nothing made then can be live at that moment"
         )
     return Moment(moment.time_us, moment.event_index, moment.what, moment.phase_path, since_us, what)
+
+
+def flame_for(rank, at: str = "peak", *, since: str | None = None, added: bool = False, non_torch: bool = True):
+    """(moment, flame) of an analysed rank (``analysis.rank.AnalysedRank``) at ``--at`` with ``--since`` /
+    ``--added``, times counted from the run's origin; the rank's lifetimes shared."""
+    from .flame import flame_at
+
+    t0 = rank.origin.t0_us
+    moment = with_since(rank.trace, rank.curves, resolve_moment(rank.trace, rank.curves, at, t0_us=t0), since, added,
+                        t0_us=t0)  # fmt: skip
+    flame = flame_at(
+        rank.trace,
+        moment.time_us if moment.event_index is None else None,
+        event_index=moment.event_index,
+        since_us=moment.since_us,
+        non_torch=non_torch,
+        lt=rank.lifetimes,
+    )
+    return moment, flame

@@ -46,7 +46,6 @@ from ..model import ACTION_CODE, DEVICE_MEMORY_KINDS, MEMORY_KINDS, MEMORY_OPS, 
 from .curves import Curve, Curves, all_curves
 from .frames import meaningful_frame, python_frames
 from .landmarks import steady_non_torch, steady_non_torch_at
-from .memo import cached
 from .phases import path_at
 
 NCCL = "NCCL"
@@ -127,11 +126,8 @@ def has_records(trace: Trace) -> bool:
 
 def torch_made(trace: Trace) -> np.ndarray:
     """One bool per ``device_allocs`` record: an allocation PyTorch's allocator made (see docstring), or
-    the release of one (the next release at its address). Computed once per trace (``memo.cached``)."""
-    return cached(trace, "non_torch.torch_made", _torch_made)
-
-
-def _torch_made(trace: Trace) -> np.ndarray:
+    the release of one (the next release at its address). One pass over CUPTI's records (thousands, not
+    millions: cheap enough to recompute)."""
     recs = trace.device_allocs
     out = np.zeros(len(recs), dtype=bool)
     ev = trace.events
@@ -328,12 +324,8 @@ def _unexplained_at_start(trace: Trace, curves: Curves) -> int | None:
 
 def live_curve(trace: Trace) -> Curve:
     """The non-PyTorch device bytes CUPTI saw live, one step per record that changes them (PyTorch's
-    own segments and pinned host memory left out); empty without records. Computed once per trace
-    (``memo.cached``)."""
-    return cached(trace, "non_torch.live_curve", _live_curve)
-
-
-def _live_curve(trace: Trace) -> Curve:
+    own segments and pinned host memory left out); empty without records. An analysed rank keeps it
+    (``analysis.rank.AnalysedRank.cupti``)."""
     recs = trace.device_allocs
     if not len(recs):
         return Curve(np.zeros(0, np.int64), np.zeros(0, np.int64))

@@ -17,7 +17,6 @@ import numpy as np
 
 from ..model import Phase, Trace
 from .curves import Curve, Curves, all_curves
-from .memo import cached
 
 
 @dataclass(frozen=True)
@@ -64,7 +63,7 @@ def recording_span(trace: Trace) -> tuple[int, int]:
             starts.append(v)
     if rec.end_us is not None:
         ends.append(rec.end_us)
-    for lo, hi in cached(trace, "time_bounds", _time_bounds):
+    for lo, hi in _time_bounds(trace):
         starts.append(lo)
         ends.append(hi)
     for p in trace.phases:
@@ -99,9 +98,11 @@ def phase_path(trace: Trace, index: int) -> str:
 
 def phase_index_at(trace: Trace, t_us: int) -> int | None:
     """Index of the innermost phase in force at ``t_us`` (start <= t < end), or None."""
-    _, end_of_trace = recording_span(trace)
+    end_of_trace = None  # read only for a phase that never ended: it scans every event
     best, best_key = None, None
     for i, p in enumerate(trace.phases):
+        if p.end_us is None and end_of_trace is None:
+            end_of_trace = recording_span(trace)[1]
         end = p.end_us if p.end_us is not None else max(end_of_trace, p.start_us) + 1
         if p.start_us <= t_us < end:
             key = (phase_depth(trace, i), p.start_us, i)

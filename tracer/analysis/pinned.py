@@ -27,7 +27,7 @@ import numpy as np
 
 from ..model import ACTION_CODE, Trace
 from .curves import Curve, Curves, all_curves
-from .live import lifetimes
+from .live import Lifetimes, lifetimes
 
 _ALLOC = ACTION_CODE["alloc"]
 _FREE = ACTION_CODE["free_completed"]
@@ -65,7 +65,7 @@ class _Segments:
         return start if addr < start + self.size[start] else None
 
 
-def pinned_curve(trace: Trace, curves: Curves | None = None) -> Curve:
+def pinned_curve(trace: Trace, curves: Curves | None = None, lt: Lifetimes | None = None) -> Curve:
     """Bytes of segments holding a live block, on the reserved curve's time axis (index i: after event i-1).
 
     Vectorised (:func:`_pinned_columns`); the event-at-a-time :func:`_pinned_loop` gives the same curve.
@@ -74,7 +74,7 @@ def pinned_curve(trace: Trace, curves: Curves | None = None) -> Curve:
     ev = trace.events
     if len(ev) == 0 or np.isin(ev["action"], _EXPANDABLE).any():
         return curves.reserved
-    out = _pinned_columns(trace)
+    out = _pinned_columns(trace, lt if lt is not None else lifetimes(trace))
     return Curve(curves.reserved.time_us, np.minimum(out, curves.reserved.bytes, out=out))
 
 
@@ -202,11 +202,11 @@ def _placed_blocks(trace: Trace, pieces: _Pieces) -> tuple[np.ndarray, np.ndarra
     return np.concatenate(out_pos or [np.zeros(0, idx)]), np.concatenate(out_k or [np.zeros(0, np.int32)])
 
 
-def _pinned_columns(trace: Trace) -> np.ndarray:
+def _pinned_columns(trace: Trace, lt: Lifetimes | None = None) -> np.ndarray:
     """The pinned bytes after every event (index 0: before the first)."""
     pieces = _Pieces(_history(trace))
     n = len(trace.events)
-    lt = lifetimes(trace)
+    lt = lt if lt is not None else lifetimes(trace)
     before = lt.addr[lt.alloc_pos < 0]
     k0 = pieces.find(before, np.zeros(len(before), np.int64), -1, 1)
     placed = _placed_blocks(trace, pieces)

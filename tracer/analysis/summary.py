@@ -33,16 +33,21 @@ import numpy as np
 
 from .. import facts as F
 from ..model import Frame, HookCall, Note, Process, Recording, Trace
-from .crossing import Excursion, crossings
+from .crossing import Crossings, Excursion, crossings
 from .curves import Baseline, Curves, all_curves
+from .extensible import ExtensibleSizing, extensible_sizing
 from .fingerprint import allocator_settings
 from .landmarks import steady_non_torch_at
-from .live import holders_by_stack, lifetimes, meaningful_frame
+from .live import Lifetimes, holders_by_stack, lifetimes, meaningful_frame
 from .non_torch import NonTorchBreakdown, at_moments
 from .oom import Oom, find_oom
+from .origin import TimeOrigin
 from .phases import PhaseStats, path_at, phase_stats, recording_span
 from .reconcile import KvReconciliation, NonKv, non_kv
 from .target import Target, describe, resolve_target
+from .torch_counters import CounterCheck, counter_checks
+from .vmm import VmmSummary
+from .vmm import summary as vmm_summary
 
 
 @dataclass(frozen=True)
@@ -143,6 +148,17 @@ class Summary:
     #: non-PyTorch memory by category at the first crossing and the peak, from CUPTI's records
     #: (``analysis.non_torch``); [] when the trace has none
     non_torch: list[NonTorchBreakdown] = field(default_factory=list)
+    #: the run's time origin (``analysis.origin.TimeOrigin``): every time printed counts from ``t0_us``
+    t0_us: int = 0
+    time_origin: str = ""
+    #: vLLM 0.34+: the KV cache committed through CUDA's VMM API, outside PyTorch (``analysis.vmm``), its
+    #: post-warm-up sizing term by term (``analysis.extensible``); None before 0.34 / without one
+    vmm: VmmSummary | None = None
+    extensible: ExtensibleSizing | None = None
+    #: memtrace's curves beside torch's own counters at vLLM's phase edges (``analysis.torch_counters``)
+    counter_checks: list[CounterCheck] = field(default_factory=list)
+    #: PyTorch reserved + VMM committed at its highest (None without VMM records)
+    peak_held: PeakPoint | None = None
 
     @property
     def truncated(self) -> bool:
@@ -187,23 +203,45 @@ def _warnings(trace: Trace, curves: Curves) -> list[str]:
     return out
 
 
+_UNSET: Any = object()
+
+
 def summarize(
-    trace: Trace, target: Target | int | None = None, *, top: int = 10, curves: Curves | None = None
+    trace: Trace,
+    target: Target | None = None,
+    *,
+    top: int = 10,
+    curves: Curves | None = None,
+    lt: Lifetimes | None = None,
+    oom: Oom | None = _UNSET,
+    found: Crossings | None = _UNSET,
+    origin: TimeOrigin | None = None,
+    phases: list[PhaseStats] | None = None,
+    nk: NonKv | None = _UNSET,
+    vmm: VmmSummary | None = _UNSET,
+    ext: ExtensibleSizing | None = _UNSET,
+    counters: list[CounterCheck] | None = None,
 ) -> Summary:
-    """Summarize one trace (see the module docstring for the definitions).
+    """Summarize one trace (see the module docstring for the definitions). Outputs read it from
+    ``analysis.rank.AnalysedRank.summary``, which passes every figure it already holds.
 
     Args:
         trace: the trace.
-        target: ``analysis.target.resolve_target(trace, ...)``; None resolves the recorded one; an int
-            is an explicit target in bytes (``resolve_target(trace, target_bytes=...)``).
+        target: ``analysis.target.resolve_target(trace, ...)`` (a ``Target``, never bare bytes); None: the
+            recorded one.
         top: how many holders at the peak to keep.
-        curves: precomputed ``all_curves(trace)``.
+        curves, lt, oom, found, phases, nk: precomputed ``all_curves``, ``lifetimes``, ``find_oom``,
+            ``crossings``, ``phase_stats`` and ``reconcile.non_kv``.
+        origin: the run's time origin (default: this trace's own start).
     """
+    if target is not None and not isinstance(target, Target):
+        raise TypeError("summarize takes a resolved Target (analysis.target.resolve_target), not bytes")
     curves = curves or all_curves(trace)
-    if not isinstance(target, Target):
-        target = resolve_target(trace, target_bytes=target)
+    target = target or resolve_target(trace)
     start_us, end_us = recording_span(trace)
-    oom = find_oom(trace)
+    oom = find_oom(trace) if oom is _UNSET else oom
+    if found is _UNSET:
+        found = crossings(trace, curves, target.target_bytes, oom_us=oom.time_us if oom is not None else None)
     peak = reserved_peak(trace, curves)
     alloc = curves.allocated
     ai = alloc.peak_index
@@ -220,7 +258,7 @@ def summarize(
         oi = curves.others.peak_index
         to = int(curves.others.time_us[oi])
         peak_others = PeakPoint("others", to, int(curves.others.bytes[oi]), path_at(trace, to))
-    crossing_list = _crossings(trace, curves, target.target_bytes, oom)
+    crossing_list = [e for e in (found.first, found.second) if e is not None] if found is not None else []
     return Summary(
         label=trace.label,
         process=trace.process,
@@ -238,13 +276,13 @@ def summarize(
         allocator=allocator_settings(trace),
         target=target,
         crossings=crossing_list,
-        phases=phase_stats(trace, curves),
-        holders=holders_by_site(trace, peak.event_index, top),
+        phases=phases if phases is not None else phase_stats(trace, curves),
+        holders=holders_by_site(trace, peak.event_index, top, lt=lt),
         hook_calls=list(trace.hook_calls),
         hook_totals=hook_totals(trace),
         notes=list(trace.notes),
         warnings=_warnings(trace, curves),
-        non_kv=non_kv(trace, curves),
+        non_kv=non_kv(trace, curves) if nk is _UNSET else nk,
         oom=oom,
         path=trace.path,
         non_torch=at_moments(
@@ -253,7 +291,23 @@ def summarize(
             peak_us=peak_dev.time_us if peak_dev is not None else peak.time_us,
             curves=curves,
         ),
+        t0_us=origin.t0_us if origin is not None else start_us,
+        time_origin=origin.sentence if origin is not None else "",
+        vmm=vmm_summary(trace) if vmm is _UNSET else vmm,
+        extensible=extensible_sizing(trace, curves) if ext is _UNSET else ext,
+        counter_checks=counter_checks(trace, curves) if counters is None else counters,
+        peak_held=_held_peak(trace, curves),
     )
+
+
+def _held_peak(trace: Trace, curves: Curves) -> PeakPoint | None:
+    """Reserved + VMM committed at its highest (vLLM 0.34's extensible KV cache); None without VMM records."""
+    if not len(curves.vmm):
+        return None
+    held = curves.held
+    i = held.peak_index
+    t = int(held.time_us[i])
+    return PeakPoint("held", t, int(held.bytes[i]), path_at(trace, t))
 
 
 def reserved_peak(trace: Trace, curves: Curves) -> Peak:
@@ -277,20 +331,12 @@ def reserved_peak(trace: Trace, curves: Curves) -> Peak:
     )
 
 
-def _crossings(trace: Trace, curves: Curves, target: int | None, oom: Oom | None) -> list[Excursion]:
-    """``analysis.crossing.crossings`` as a list: the curve outputs name first (device used when
-    sampled), then the exact reserved one; read up to the OOM, nothing after it."""
-    found = crossings(trace, curves, target, oom_us=oom.time_us if oom is not None else None)
-    if found is None:
-        return []
-    return [e for e in (found.first, found.second) if e is not None]
-
-
-def holders_by_site(trace: Trace, event_index: int, top: int = 10) -> list[HolderLine]:
+def holders_by_site(trace: Trace, event_index: int, top: int = 10, *, lt: Lifetimes | None = None) -> list[HolderLine]:
     """Live bytes right after ``event_index`` grouped by the frame printed for them (the innermost
     meaningful frame: file, line, function), largest first, at most ``top`` lines."""
     groups: dict[tuple, list] = {}
-    for h in holders_by_stack(trace, top=len(trace.stacks) + 1, event_index=event_index, lt=lifetimes(trace)):
+    lt = lt if lt is not None else lifetimes(trace)
+    for h in holders_by_stack(trace, top=len(trace.stacks) + 1, event_index=event_index, lt=lt):
         frames = trace.stack_frames(h.stack) if h.stack >= 0 else []
         frame = meaningful_frame(frames)
         key = (frame.filename, frame.line, frame.name) if frame is not None else None
@@ -344,15 +390,3 @@ def _plain(obj: Any) -> Any:
 def summary_to_dict(summary: Summary) -> dict[str, Any]:
     """A JSON-ready dict of ``summary``: exact integers of bytes and microseconds, nothing rounded."""
     return _plain(summary)
-
-
-def worst(summaries: list[Summary]) -> Summary | None:
-    """The trace closest to dying: the largest overshoot of its target, else the highest peak reserved."""
-    if not summaries:
-        return None
-
-    def key(s: Summary) -> tuple[int, int]:
-        over = max((c.overshoot_bytes for c in s.crossings), default=None)
-        return (1 if over is not None else 0, over if over is not None else s.peak.reserved_bytes)
-
-    return max(summaries, key=key)

@@ -100,3 +100,52 @@ def select(run: Run, rank: int | None) -> list[Trace]:
 def main_trace(run: Run, rank: int | None) -> Trace:
     """One trace: the given rank's, else the first (rank 0 when ranks are known)."""
     return select(run, rank)[0]
+
+
+def target_spec(args: argparse.Namespace):
+    """The ``analysis.rank.TargetSpec`` of :func:`add_target`'s flags (parsed, validated)."""
+    from ..analysis.rank import TargetSpec
+
+    return TargetSpec(**target_args(args))
+
+
+def missing_ranks(path: str | Path) -> list:
+    """The run's traces that ``nodes.json`` lists and its directory lacks (``analysis.run.MissingRank``)."""
+    from ..analysis.run import MissingRank
+    from ..gather import elsewhere
+
+    p = Path(path)
+    if not p.is_dir():
+        return []
+    return [MissingRank(m.file, m.rank, m.host or m.node_ip, m.status, m.error, m.fetch_hint(p)) for m in elsewhere(p)]
+
+
+def analysed(args: argparse.Namespace, dest: str = "run_path", *, rank: int | None = None, top: int = 10):
+    """load -> select ``--rank`` -> ``analysis.run.analyse`` with the command's target flags: the analysed run
+    every command renders."""
+    from ..analysis.run import analyse
+
+    path = getattr(args, dest)
+    run = load(path, allow_pickle=getattr(args, "allow_pickle", False))
+    chosen = {id(t) for t in select(run, rank if rank is not None else getattr(args, "rank", None))}
+    done = analyse(run.traces, target_spec(args), path=str(path), missing=missing_ranks(path), top=top)
+    if len(chosen) == len(run.traces):
+        return done
+    # one origin whatever --rank picks: the run is analysed whole, then shown in part
+    return done.subset([r for t, r in zip(run.traces, done.ranks, strict=True) if id(t) in chosen])
+
+
+def events_only(run, what: str):
+    """The ranks of ``run`` that recorded allocator events (the others are named on stderr), on the run's
+    origin; UsageError when none did (there is nothing to draw or show)."""
+    import sys
+
+    from ..analysis.run import nothing_line
+
+    kept = run.with_events()
+    if not kept:
+        raise UsageError(nothing_line(run, what).replace(": not passed", ""))
+    for r in run.ranks:
+        if r.recorded_nothing:
+            print(f"memtrace: skipping {r.label}: no allocator events", file=sys.stderr)
+    return run.subset(kept)

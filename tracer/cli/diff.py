@@ -17,7 +17,6 @@ in model, GPU, versions or memory flags are compared with a WARNING naming what 
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 
 NAME = "diff"
@@ -40,24 +39,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..analysis.diff import diff_traces
-    from ..errors import UsageError
-    from ..plots.diff_text import diff_to_json, render_diff
-    from ..progress import track
+    from ..plots.render import render
     from ..units import parse_threshold
-    from ._runs import load, select
+    from ._runs import analysed
 
     threshold = parse_threshold(args.fail_over)
-    base_run = load(args.base, allow_pickle=args.allow_pickle)
-    new_run = load(args.new, allow_pickle=args.allow_pickle)
-    base, new = select(base_run, args.rank), select(new_run, args.rank)
-    if len(base) != len(new):
-        raise UsageError(f"{args.base} holds {len(base)} traces and {args.new} {len(new)}; pick one with --rank N")
-    pairs = list(zip(base, new, strict=True))
-    diffs = [diff_traces(b, n, threshold, label=n.label) for b, n in track(pairs, "Comparing runs")]
-    if args.json:
-        json.dump(diff_to_json(diffs, args.base, args.new), sys.stdout, indent=2)
-        print()
-    else:
-        sys.stdout.write(render_diff(diffs, args.base, args.new))
-    return 1 if any(d.failed for d in diffs) else 0
+    base = analysed(args, "base")
+    new = analysed(args, "new")
+    failed = any(d.failed for d in new.compared_with(base, threshold))
+    render(new, sys.stdout, "diff", base=base, threshold=threshold, json_out=args.json)
+    return 1 if failed else 0

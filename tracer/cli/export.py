@@ -4,8 +4,8 @@
               allocated, reserved, device-used and non-PyTorch curves, slices for phases and hook
               calls, one process track per traced process (every rank)
   memory-viz  a torch.cuda.memory._snapshot()-shaped pickle (protocol 4) for pytorch.org/memory_viz
-              (one rank: --rank, default the first)
-  folded      folded stacks of what was live at the peak, for speedscope / flamegraph.pl (one rank; with
+              (one rank: --rank, default the run's worst rank, as every output names it)
+  folded      folded stacks of what was live at the peak, for speedscope / flamegraph.pl (the worst rank; with
               CUPTI records, the non-PyTorch allocations under "[non-PyTorch, CUPTI]" too)
 
 The output defaults to RUN's name plus .perfetto.json, .memory_viz.pickle or -flame.folded, here;
@@ -37,44 +37,28 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("-f", "--format", choices=sorted(SUFFIX), default="perfetto", help="output format (perfetto)")
     p.add_argument("-o", "--output", metavar="FILE", help="output file (default: RUN's name + the format's suffix)")
     p.add_argument("--force", action="store_true", help="replace FILE if it exists (never an input)")
-    p.add_argument("--rank", type=int, default=None, help="the rank to export (memory-viz, folded; default: first)")
+    p.add_argument(
+        "--rank", type=int, default=None, help="the rank to export (memory-viz, folded; default: the worst rank)"
+    )
 
 
 def run(args: argparse.Namespace) -> int:
     import sys
 
     from ..outputs import atomic_write, output_file
+    from ..plots.render import render
     from ..progress import task
-    from ._runs import check_rank, load_args, select, target_args
+    from ._runs import analysed, check_rank
 
     check_rank(args.rank)
     out = output_file(
         args.run_path, args.output, default_suffix=SUFFIX[args.format], suffixes=ACCEPTS[args.format], force=args.force
     )
-    run_ = load_args(args)
-    if args.format == "perfetto":
-        from ..analysis.target import resolve_target
-        from ..exporters.perfetto import export_perfetto
-
-        traces = select(run_, args.rank)
-        targets = [resolve_target(tr, **target_args(args)) for tr in traces]
-        with task(f"Writing {out}", total=len(traces)) as t, atomic_write(out) as tmp:
-            export_perfetto(traces, tmp, progress=t, targets=targets)
-    elif args.format == "memory-viz":
-        from ..exporters.memory_viz import export_memory_viz
-
-        trace = select(run_, args.rank)[0]
-        with task(f"Writing {out}", total=2) as t, atomic_write(out) as tmp:
-            export_memory_viz(trace, tmp, progress=t)
-    else:
-        from ..analysis.curves import all_curves
-        from ..analysis.flame import flame_at, peak_event_index
-        from ..plots.folded import render_folded
-
-        trace = select(run_, args.rank)[0]
-        with task(f"Writing {out}", total=None), atomic_write(out) as tmp:
-            curves = all_curves(trace)
-            k = peak_event_index(curves.allocated, curves.reserved)
-            render_folded(flame_at(trace, event_index=k, non_torch=True), tmp)
+    run_ = analysed(args)
+    with task(f"Writing {out}", total=len(run_.ranks)) as t, atomic_write(out) as tmp:
+        if args.format == "folded":
+            render(run_, tmp, "folded", log=sys.stderr)
+        else:
+            render(run_, tmp, args.format, progress=t)
     print(f"memtrace: wrote {out}", file=sys.stderr)
     return 0

@@ -24,7 +24,6 @@ too early to tell), 2 on bad input (a capacity below 1GiB included).
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 
 NAME = "fits"
@@ -63,54 +62,18 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..analysis.fits import check_capacity, fit_to_dict, fits, recorded, smallest_fitting, worst_rank
-    from ..plots.fits_text import render_fits
+    from ..analysis.fits import check_capacity, check_non_torch
+    from ..plots.render import render
     from ..progress import task
-    from ..units import format_gib as _gib
     from ..units import parse_fraction, parse_size, parse_sizes
-    from ._runs import load_args, select
+    from ._runs import analysed
 
     capacities = [check_capacity(c) for c in parse_sizes(args.capacity)]
     util = parse_fraction(args.util) if args.util is not None else None
-    non_torch = parse_size(args.non_torch) if args.non_torch is not None else None
-    run = load_args(args)
-    traces = [t for t in select(run, args.rank) if len(t.events)] or select(run, args.rank)[:1]
-    answers = []  # (trace, results, smallest), one per rank
-    for trace in traces:
-        with task("Predicting", total=None):
-            rec = recorded(trace, non_torch)
-            results = fits(trace, capacities, util, rec=rec)
-            smallest = smallest_fitting(trace, util, rec=rec)
-        answers.append((trace, results, smallest))
-    multi = len(answers) > 1
-    worst = answers[worst_rank([a[2] for a in answers])]
-    if args.json:
-        out = {
-            "run": args.run_path,
-            "worst": worst[0].label if multi else None,
-            "ranks": [
-                {
-                    "rank": trace.process.rank,
-                    "pid": trace.process.pid,
-                    "smallest_fitting_capacity_bytes": smallest,
-                    "fits": [fit_to_dict(r) for r in results],
-                }
-                for trace, results, smallest in answers
-            ],
-        }
-        if not multi:  # one process: the flat shape
-            out.update(out.pop("ranks")[0])
-            out.pop("rank"), out.pop("pid"), out.pop("worst")
-        json.dump(out, sys.stdout, indent=2)
-        print()
-    else:
-        for trace, results, smallest in answers:
-            sys.stdout.write(
-                render_fits(results, f"{args.run_path} ({trace.label})" if multi else args.run_path, smallest)
-            )
-        if multi:
-            need = f"needs about {_gib(worst[2])}" if worst[2] is not None else "fits on no card tried"
-            sys.stdout.write(
-                f"Worst rank: {worst[0].label} ({need}); every rank must fit for the start-up to survive\n"
-            )
-    return 0 if all(r.survives for _, results, _ in answers for r in results) else 1
+    non_torch = check_non_torch(parse_size(args.non_torch) if args.non_torch is not None else None, capacities)
+    run_ = analysed(args)
+    with task("Predicting", total=None):
+        ranks = run_.require_events("predict")
+        survives = all(r.fits(capacities, util, non_torch).survives for r in ranks)
+    render(run_, sys.stdout, "fits", capacities=capacities, util=util, non_torch=non_torch, json_out=args.json)
+    return 0 if survives else 1

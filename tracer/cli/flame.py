@@ -51,7 +51,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("-o", "--output", metavar="FILE", help="file to write (default: <run>-flame.svg or .folded)")
     p.add_argument("-f", "--format", choices=sorted(SUFFIX), default=None, help="svg (default) or folded")
-    p.add_argument("--rank", type=int, default=None, help="the rank to show (default: the one with the highest peak)")
+    p.add_argument(
+        "--rank",
+        type=int,
+        default=None,
+        help="the rank to show (default: the run's worst rank: the first to die, else the largest overshoot, else the highest peak)",
+    )
     p.add_argument("--force", action="store_true", help="replace FILE if it exists (never an input)")
 
 
@@ -65,47 +70,16 @@ def _format(args: argparse.Namespace) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..analysis.curves import all_curves
-    from ..analysis.flame import flame_at
-    from ..analysis.moment import resolve_moment, with_since
-    from ..outputs import atomic_write, output_file, run_name
+    from ..outputs import atomic_write, output_file
+    from ..plots.render import render
     from ..progress import task
-    from ..units import format_bytes
-    from ._runs import load_args, select
-    from .plot import with_events
+    from ._runs import analysed, events_only
 
     fmt = _format(args)
     out = output_file(args.run_path, args.output, default_suffix=SUFFIX[fmt], suffixes=SUFFIXES[fmt], force=args.force)
-    traces = with_events(select(load_args(args), args.rank), args.run_path, "show")
-    curves_of = {id(t): all_curves(t) for t in traces}
-    trace = traces[0] if len(traces) == 1 else max(traces, key=lambda t: curves_of[id(t)].reserved.peak_bytes)
-    curves = curves_of[id(trace)]
-    moment = with_since(trace, curves, resolve_moment(trace, curves, args.at), args.since, args.added)
-    with task(f"Drawing {out}", total=None):
-        flame = flame_at(
-            trace,
-            moment.time_us if moment.event_index is None else None,
-            event_index=moment.event_index,
-            since_us=moment.since_us,
-            non_torch=not args.torch_only,
-        )
-        with atomic_write(out) as tmp:
-            if fmt == "folded":
-                from ..plots.folded import render_folded
-
-                render_folded(flame, tmp)
-            else:
-                from ..plots.flame_svg import render_flame_svg
-                from ..plots.titles import flame_titles
-
-                title, subtitle = flame_titles(trace, curves, flame, moment, fallback=run_name(args.run_path))
-                render_flame_svg(flame, tmp, title=title, subtitle=subtitle)
-    held = f"added since {moment.since_what} and live" if moment.since_us is not None else "live"
-    split = ""
-    if flame.non_torch_bytes is not None:
-        split = f" (PyTorch {format_bytes(flame.torch_bytes, 2)} + non-PyTorch {format_bytes(flame.non_torch_bytes, 2)} CUPTI saw)"
-    print(
-        f"memtrace: {trace.label}: {format_bytes(flame.total_bytes, 2)}{split} {held} at {moment.what}", file=sys.stderr
-    )
+    run_ = events_only(analysed(args), "show")
+    options = {"at": args.at, "since": args.since, "added": args.added, "torch_only": args.torch_only}
+    with task(f"Drawing {out}", total=None), atomic_write(out) as tmp:
+        render(run_, tmp, "folded" if fmt == "folded" else "flame", **options, log=sys.stderr)
     print(f"memtrace: wrote {out}", file=sys.stderr)
     return 0

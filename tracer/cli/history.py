@@ -51,7 +51,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     c.add_argument("--json", action="store_true", help="print the comparison as JSON (as memtrace diff --json)")
     s = sub.add_parser("show", help="list the runs per key and draw their trend (PNG or SVG)")
     _db(s)
-    s.add_argument("-o", "--output", metavar="FILE", help="the trend figure (default <db name>-trend.png)")
+    s.add_argument(
+        "-o", "--output", metavar="FILE", help="the trend figure (default <db name>-trend.png, redrawn each time)"
+    )
     s.add_argument("--force", action="store_true", help="replace an existing figure")
     s.add_argument("--key", help="only this matrix key")
     s.add_argument("--no-plot", action="store_true", help="only the text listing")
@@ -60,11 +62,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     acc.add_argument("batch", type=int, metavar="N", help="the run's number, as history show lists it")
 
 
-def _recorded(args: argparse.Namespace) -> list:
-    from ..analysis.history import record
-    from ._runs import load_args, select
+def _recorded(args: argparse.Namespace, what: str) -> list:
+    from ..analysis.history import record_run
+    from ._runs import analysed
 
-    return [record(t) for t in select(load_args(args), args.rank)]
+    return record_run(analysed(args), what)
 
 
 def _rows(recs: list, args: argparse.Namespace, accepted: bool) -> list:
@@ -93,7 +95,7 @@ def _add(args: argparse.Namespace) -> int:
     from ..analysis.history_key import describe
     from ..history_store import add_rows, connect
 
-    recs = _recorded(args)
+    recs = _recorded(args, "keep as a reference")
     with connect(args.db, create=True) as db:
         ids = add_rows(db, _rows(recs, args, accepted=True))
         batch = db.execute("SELECT batch FROM runs WHERE id = ?", (ids[0],)).fetchone()[0]
@@ -109,7 +111,7 @@ def _check(args: argparse.Namespace) -> int:
     from ..units import parse_threshold
 
     threshold = parse_threshold(args.fail_over)
-    recs = _recorded(args)
+    recs = _recorded(args, "check")
     diffs, refs, missing = [], [], []
     with connect(args.db, create=args.add) as db:
         for r in recs:
@@ -164,9 +166,10 @@ def _show(args: argparse.Namespace) -> int:
     from ..plots.history_png import history_table, render_history
 
     out = None
-    if not args.no_plot:
+    if not args.no_plot:  # the default figure is the history's own picture: redrawn each time, as the db grows
         name = args.output or f"{Path(args.db).stem}-trend.png"
-        out = output_file(args.db, name, default_suffix="-trend.png", suffixes=(".png", ".svg"), force=args.force)
+        force = args.force or args.output is None
+        out = output_file(args.db, name, default_suffix="-trend.png", suffixes=(".png", ".svg"), force=force)
     with connect(args.db, create=False) as db:
         rows = all_rows(db, args.key)
     if not rows:

@@ -35,55 +35,18 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--force", action="store_true", help="replace FILE if it exists (never an input)")
 
 
-def with_events(traces: list, run_path: str, what: str) -> list:
-    """The traces that recorded allocator events; the others are skipped with a note on stderr.
-
-    Raises UsageError when none did (a CPU-only worker, or recording never started).
-    """
-    from ..errors import UsageError
-
-    kept = [t for t in traces if len(t.events)]
-    if not kept:
-        names = ", ".join(t.label for t in traces)
-        raise UsageError(
-            f"{run_path}: {names} recorded no allocator events, so there is nothing to {what} "
-            "(a CPU-only worker, or recording never started)"
-        )
-    for t in traces:
-        if not len(t.events):
-            print(f"memtrace: skipping {t.label}: no allocator events", file=sys.stderr)
-    return kept
-
-
 def run(args: argparse.Namespace) -> int:
-    from ..analysis.target import resolve_target
-    from ..outputs import atomic_write, output_file, run_name
-    from ..plots.timeline import render_timeline
-    from ..plots.timeline_data import prepare_rank
-    from ..plots.titles import timeline_title
+    from ..outputs import atomic_write, output_file
+    from ..plots.render import render
     from ..progress import task
-    from ..units import format_gib, parse_sizes
-    from ._runs import load_args, select, target_args
+    from ..units import parse_sizes
+    from ._runs import analysed, events_only
 
-    kwargs = target_args(args)
     capacities = parse_sizes(args.capacity) if args.capacity else []
     out = output_file(args.run_path, args.output, default_suffix="-timeline.png", suffixes=FORMATS, force=args.force)
-    traces = with_events(select(load_args(args), args.rank), args.run_path, "draw")
-    targets = [resolve_target(t, **kwargs) for t in traces]
+    run_ = events_only(analysed(args), "draw")
     with task(f"Drawing {out}", total=None), atomic_write(out) as tmp:
-        ranks = [prepare_rank(t, target=tg) for t, tg in zip(traces, targets, strict=True)]
-        title = timeline_title(traces[0], fallback=run_name(args.run_path))
-        drawn = render_timeline(ranks, tmp, capacities=capacities, title=title)
-    for r in drawn.ranks:
-        c, o = r.crossing, r.oom
-        if c is not None:
-            print(
-                f"memtrace: {r.label}: {'NVML device used' if c.curve == 'device_used' else 'PyTorch reserved'} "
-                f"crossed {format_gib(r.target_bytes)} at {c.time_s:.3f} s in {c.phase_path or 'no phase'}; "
-                f"highest {format_gib(c.max_bytes)} (+{format_gib(c.overshoot_bytes)})",
-                file=sys.stderr,
-            )
-        if o is not None:
-            print(f"memtrace: {r.label}: {o.text.replace(chr(10), '; ')}", file=sys.stderr)
+        render(run_, tmp, "timeline", capacities=capacities)
+    render(run_, sys.stderr, "lines")
     print(f"memtrace: wrote {out}", file=sys.stderr)
     return 0

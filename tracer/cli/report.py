@@ -4,12 +4,13 @@ RUN is a run directory, a .memtrace file, or a PyTorch snapshot pickle (.pickle/
 with --allow-pickle). The target is --target, or --util x --total (or x the card the run stood for),
 or what the trace recorded (vLLM's --gpu-memory-utilization). Sizes print in GiB; --json prints the
 exact integers of bytes and microseconds. A run that died of CUDA OOM says so in its first lines.
+A run of several ranks ends with the ranks side by side, the worst rank, the ranks missing from the
+run directory, and the one time origin every time counts from.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 
 NAME = "report"
@@ -31,11 +32,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..analysis.summary import summarize, summary_to_dict, worst
-    from ..analysis.target import resolve_target
     from ..errors import UsageError
-    from ..plots.text import render_run
-    from ._runs import load_args, select, target_args
+    from ..plots.render import render
+    from ._runs import analysed
 
     if args.json and args.markdown:
         raise UsageError("--json and --markdown are two output formats: give one")
@@ -43,19 +42,9 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError(f"--top {args.top}: give how many holders to list, 0 or more")
     if args.width < 40:
         raise UsageError(f"--width {args.width}: give at least 40 columns")
-    given = target_args(args)
-    run_ = load_args(args)
-    traces = select(run_, args.rank)
-    summaries = [summarize(t, resolve_target(t, **given), top=args.top) for t in traces]
+    run_ = analysed(args, top=args.top)
     if args.json:
-        w = worst(summaries)
-        doc = {
-            "path": run_.path,
-            "worst": w.label if w is not None and len(summaries) > 1 else None,
-            "traces": [summary_to_dict(s) for s in summaries],
-        }
-        json.dump(doc, sys.stdout, indent=1)
-        sys.stdout.write("\n")
-        return 0
-    render_run(summaries, sys.stdout, width=args.width, markdown=args.markdown)
+        render(run_, sys.stdout, "json")
+    else:
+        render(run_, sys.stdout, "markdown" if args.markdown else "text", width=args.width)
     return 0

@@ -157,28 +157,25 @@ def _forward_signals(child: subprocess.Popen) -> dict[int, object]:
 
 def _summary(run_dir: Path, width: int) -> None:
     """The report of every trace in the run, as ``memtrace report`` prints it."""
-    from ..analysis.oom import find_oom
-    from ..analysis.summary import summarize
-    from ..analysis.target import resolve_target
+    from ..analysis.run import analyse
     from ..errors import MemtraceError
-    from ..plots.text import render_run
-    from ._runs import load
+    from ..plots.render import render
+    from ._runs import load, missing_ranks
 
     try:
-        run_ = load(run_dir)
+        run_ = analyse(load(run_dir).traces, path=str(run_dir), missing=missing_ranks(run_dir))
     except MemtraceError as exc:
         print(f"memtrace: no summary: {exc}", file=sys.stderr)
         _say_elsewhere(run_dir)
         return
-    render_run([summarize(t, resolve_target(t)) for t in run_.traces], sys.stdout, width=width)
+    render(run_, sys.stdout, "text", width=width)
     sys.stdout.flush()
     _say_elsewhere(run_dir)
-    for trace in run_.traces:
-        oom = find_oom(trace)
-        if oom is not None:
+    for r in run_.ranks:
+        if r.oom is not None:
             print(
-                f"memtrace: pid {trace.process.pid} ran out of GPU memory in {oom.phase_path or 'no phase'}: that error "
-                "and its traceback are vLLM's/PyTorch's, not memtrace's; memtrace recorded it (see the summary)",
+                f"memtrace: pid {r.trace.process.pid} ran out of GPU memory in {r.oom.phase_path or 'no phase'}: that "
+                "error and its traceback are vLLM's/PyTorch's, not memtrace's; memtrace recorded it (see the summary)",
                 file=sys.stderr,
             )
 

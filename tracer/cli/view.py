@@ -43,14 +43,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..analysis.target import resolve_target
     from ..errors import UsageError
-    from ..outputs import atomic_write, output_file, run_name
-    from ..plots.view_data import analyse
-    from ..plots.view_html import build_page
+    from ..outputs import atomic_write, output_file
+    from ..plots.render import render
     from ..progress import task
-    from ._runs import load_args, select, target_args
-    from .plot import with_events
+    from ._runs import analysed, events_only
 
     if not 0 <= args.port <= 65535:
         raise UsageError(f"--port {args.port}: give a port from 1 to 65535, or 0 for a free one")
@@ -61,18 +58,12 @@ def run(args: argparse.Namespace) -> int:
         out = output_file(
             args.run_path, args.output, default_suffix="-view.html", suffixes=(".html",), force=args.force
         )
-    targets = target_args(args)
-    traces = with_events(select(load_args(args), args.rank), args.run_path, "view")
-    with task("Analysing", total=None):
-        analyses = [analyse(t, resolve_target(t, **targets)) for t in traces]
-    title = f"GPU memory during start-up: {run_name(args.run_path)}"
+    run_ = events_only(analysed(args), "view")
     if args.serve:
-        from ..plots.view_server import serve
+        from ._serve import serve
 
-        return serve(analyses, title=title, port=args.port, max_events=args.max_events)
-    with task(f"Writing {out}", total=None):
-        page = build_page(analyses, title=title, max_events=args.max_events, api=False)
-        with atomic_write(out) as tmp:
-            tmp.write_text(page, encoding="utf-8")
+        return serve(run_, port=args.port, max_events=args.max_events)
+    with task(f"Writing {out}", total=None), atomic_write(out) as tmp:
+        render(run_, tmp, "view", max_events=args.max_events)
     print(f"memtrace: wrote {out}", file=sys.stderr)
     return 0

@@ -213,3 +213,9 @@ def export_memory_viz(trace: Trace, path: str | os.PathLike, progress=None) -> P
     with open(out, "wb") as f:
         write_snapshot(trace, f, progress)
     return out
+
+
+def render(run, out: str | os.PathLike, *, progress=None) -> None:
+    """The render protocol's entry (``plots.render``): the run's worst rank (``--rank`` leaves one) as a
+    memory_viz snapshot."""
+    export_memory_viz(run.worst.trace, out, progress)

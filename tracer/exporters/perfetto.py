@@ -22,8 +22,10 @@ The file follows the Trace Event Format (``{"traceEvents": [...]}``):
 The file is streamed: counter points are formatted in chunks straight to the output, so a trace of
 ten million events never holds its JSON in memory.
 
-Timestamps are microseconds since the earliest moment of the run (``otherData.t0_us`` holds that
-moment as Unix-epoch microseconds), so every process shares one time axis.
+Timestamps are microseconds since the run's time origin (``analysis.origin``: ``otherData.t0_us`` holds
+that moment as Unix-epoch microseconds on the driver's clock, ``otherData.time_origin`` the sentence every
+output states, with each rank's shift onto that clock), so every process shares one time axis. The input is
+an analysed run (``analysis.run.AnalysedRun``): every figure is its ranks'.
 """
 
 from __future__ import annotations
@@ -37,15 +39,10 @@ from typing import IO, Any
 
 import numpy as np
 
-from ..analysis.crossing import crossings
-from ..analysis.curves import Curve, all_curves
+from ..analysis.curves import Curve
 from ..analysis.flame import hook_short_name
 from ..analysis.landmarks import steady_non_torch
-from ..analysis.non_torch import live_curve
-from ..analysis.oom import find_oom
-from ..analysis.phases import recording_span
 from ..analysis.summary import reserved_peak
-from ..analysis.target import Target, resolve_target
 from ..model import Trace
 
 PHASES_TID = 1
@@ -89,32 +86,29 @@ def _json_safe(value: Any) -> Any:
 CHUNK = 1 << 16
 
 
-def _records(traces: list[Trace], progress=None, targets: list[Target] | None = None) -> Iterator[str]:
-    """Every trace event of a run as JSON text, metadata first; counter points come in chunks of
-    :data:`CHUNK` records joined by ``,\\n``. ``progress.advance()`` is called once per trace.
-    ``targets`` (``analysis.target.resolve_target`` per trace; default: the recorded one) draws the
-    target counter and the first crossing."""
-    t0 = min(recording_span(t)[0] for t in traces) if traces else 0
-    targets = targets or [resolve_target(t) for t in traces]
-    for trace, pid, target in zip(traces, _pids(traces), targets, strict=True):
-        curves = all_curves(trace)
+def _records(run, progress=None) -> Iterator[str]:
+    """Every trace event of an analysed run as JSON text, metadata first; counter points come in chunks of
+    :data:`CHUNK` records joined by ``,\\n``. ``progress.advance()`` is called once per rank."""
+    t0 = run.origin.t0_us
+    for rank, pid in zip(run.ranks, _pids(run.traces), strict=True):
+        trace = rank.trace
         for ev in _metadata(trace, pid):
             yield _dumps(ev)
-        yield from _counters(trace, curves, pid, t0, target)
+        yield from _counters(rank, pid, t0)
         for ev in (
-            *_phase_slices(trace, pid, t0),
+            *_phase_slices(rank, pid, t0),
             *_hook_slices(trace, pid, t0),
-            *_oom_slice(trace, pid, t0),
-            *_landmarks(trace, curves, pid, t0, target),
+            *_oom_slice(rank, pid, t0),
+            *_landmarks(rank, pid, t0),
         ):
             yield _dumps(ev)
         if progress is not None:
             progress.advance()
 
 
-def trace_events(traces: list[Trace], progress=None, targets: list[Target] | None = None) -> Iterator[dict[str, Any]]:
-    """Every trace event of a run as dicts (what :func:`write_perfetto` writes), metadata first."""
-    for text in _records(traces, progress, targets):
+def trace_events(run, progress=None) -> Iterator[dict[str, Any]]:
+    """Every trace event of an analysed run as dicts (what :func:`write_perfetto` writes), metadata first."""
+    for text in _records(run, progress):
         yield from json.loads(f"[{text}]")
 
 
@@ -130,8 +124,8 @@ def _metadata(trace: Trace, pid: int) -> Iterator[dict[str, Any]]:
         yield {"name": "thread_sort_index", "ph": "M", "pid": pid, "tid": tid, "args": {"sort_index": tid}}
 
 
-def _oom_slice(trace: Trace, pid: int, t0: int) -> Iterator[dict[str, Any]]:
-    oom = find_oom(trace)
+def _oom_slice(rank, pid: int, t0: int) -> Iterator[dict[str, Any]]:
+    oom = rank.oom
     if oom is None:
         return
     args = {k: v for k, v in dataclasses.asdict(oom).items() if isinstance(v, (int, str)) and v is not None}
@@ -139,23 +133,26 @@ def _oom_slice(trace: Trace, pid: int, t0: int) -> Iterator[dict[str, Any]]:
            "pid": pid, "tid": EVENTS_TID, "args": args}  # fmt: skip
 
 
-def _target_curve(trace: Trace, target: Target) -> Curve:
-    if target.target_bytes is None:
+def _target_curve(rank) -> Curve:
+    if rank.target.target_bytes is None:
         return Curve(np.zeros(0, np.int64), np.zeros(0, np.int64))
-    start, end = recording_span(trace)
-    return Curve(np.array([start, end], np.int64), np.array([target.target_bytes] * 2, np.int64))
+    start, end = rank.span
+    return Curve(np.array([start, end], np.int64), np.array([rank.target.target_bytes] * 2, np.int64))
 
 
-def _counters(trace: Trace, curves, pid: int, t0: int, target: Target) -> Iterator[str]:
-    non_torch = steady_non_torch(curves)
+_EMPTY = Curve(np.zeros(0, np.int64), np.zeros(0, np.int64))
+
+
+def _counters(rank, pid: int, t0: int) -> Iterator[str]:
+    curves = rank.curves
     series = (
         curves.allocated,
         curves.reserved,
         curves.device_used,
-        non_torch,
-        live_curve(trace),  # empty without CUPTI records
+        steady_non_torch(curves),
+        rank.cupti if rank.cupti is not None else _EMPTY,
         curves.others,
-        _target_curve(trace, target),
+        _target_curve(rank),
     )
     for name, curve in zip(COUNTERS, series, strict=True):
         t, b = _changes(curve)
@@ -165,17 +162,15 @@ def _counters(trace: Trace, curves, pid: int, t0: int, target: Target) -> Iterat
             yield ",\n".join(map(fmt.__mod__, pairs))
 
 
-def _landmarks(trace: Trace, curves, pid: int, t0: int, target: Target) -> Iterator[dict[str, Any]]:
+def _landmarks(rank, pid: int, t0: int) -> Iterator[dict[str, Any]]:
     """Instant events for the figures ``report`` states: the reserved peak and the first crossing."""
-    if not len(trace.events):
+    if rank.recorded_nothing:
         return
-    peak = reserved_peak(trace, curves)
+    peak = reserved_peak(rank.trace, rank.curves)
     yield {"name": "peak reserved", "cat": "landmark", "ph": "i", "s": "p", "ts": peak.time_us - t0, "pid": pid,
            "tid": EVENTS_TID, "args": {"reserved_bytes": peak.reserved_bytes, "allocated_bytes": peak.allocated_bytes,
                                         "phase": peak.phase_path}}  # fmt: skip
-    oom = find_oom(trace)
-    found = crossings(trace, curves, target.target_bytes, oom_us=oom.time_us if oom is not None else None)
-    first = found.first if found is not None else None
+    first, target = rank.first_crossing, rank.target
     if first is not None:
         args = {"curve": first.curve, "target_bytes": first.target_bytes, "bytes_at_crossing": first.at_cross_bytes,
                 "max_bytes": first.max_bytes, "overshoot_bytes": first.overshoot_bytes, "phase": first.phase_path,
@@ -184,8 +179,9 @@ def _landmarks(trace: Trace, curves, pid: int, t0: int, target: Target) -> Itera
                "ts": first.time_us - t0, "pid": pid, "tid": EVENTS_TID, "args": args}  # fmt: skip
 
 
-def _phase_slices(trace: Trace, pid: int, t0: int) -> Iterator[dict[str, Any]]:
-    _, end_of_trace = recording_span(trace)
+def _phase_slices(rank, pid: int, t0: int) -> Iterator[dict[str, Any]]:
+    trace = rank.trace
+    _, end_of_trace = rank.span
     spans = []
     for p in trace.phases:
         end = p.end_us if p.end_us is not None else max(end_of_trace, p.start_us)
@@ -208,15 +204,19 @@ def _hook_slices(trace: Trace, pid: int, t0: int) -> Iterator[dict[str, Any]]:
                "args": {"function": c.name, **args}}  # fmt: skip
 
 
-def write_perfetto(traces: list[Trace], out: IO[str], progress=None, targets: list[Target] | None = None) -> int:
-    """Stream the Trace Event JSON of ``traces`` to ``out``; returns the number of records written
+def write_perfetto(run, out: IO[str], progress=None) -> int:
+    """Stream the Trace Event JSON of an analysed run to ``out``; returns the number of records written
     (a chunk of counter points counts as one)."""
-    t0 = min(recording_span(t)[0] for t in traces) if traces else 0
+    origin = run.origin
     out.write('{"displayTimeUnit": "ms", "otherData": ')
-    out.write(json.dumps({"producer": "memtrace", "t0_us": t0, "units": "bytes, microseconds since t0_us"}))
+    other = {"producer": "memtrace", "t0_us": origin.t0_us, "units": "bytes, microseconds since t0_us",
+             "time_origin": origin.sentence, "worst": run.worst.label, "verdict": run.verdict,
+             "shifts": [dataclasses.asdict(s) for s in origin.shifts],
+             "missing": [m.line for m in run.missing]}  # fmt: skip
+    out.write(json.dumps(other))
     out.write(', "traceEvents": [\n')
     n = 0
-    for text in _records(traces, progress, targets):
+    for text in _records(run, progress):
         if n:
             out.write(",\n")
         out.write(text)
@@ -225,11 +225,14 @@ def write_perfetto(traces: list[Trace], out: IO[str], progress=None, targets: li
     return n
 
 
-def export_perfetto(
-    traces: list[Trace], path: str | os.PathLike, progress=None, targets: list[Target] | None = None
-) -> Path:
-    """Write ``traces`` (one run) to ``path`` as Perfetto / Chrome trace JSON (``targets``: see _records)."""
+def export_perfetto(run, path: str | os.PathLike, progress=None) -> Path:
+    """Write an analysed run to ``path`` as Perfetto / Chrome trace JSON."""
     out = Path(path)
     with open(out, "w", encoding="utf-8") as f:
-        write_perfetto(traces, f, progress, targets)
+        write_perfetto(run, f, progress)
     return out
+
+
+def render(run, out: str | os.PathLike, *, progress=None) -> None:
+    """The render protocol's entry (``plots.render``): :func:`export_perfetto`."""
+    export_perfetto(run, out, progress)

@@ -1,37 +1,47 @@
-"""Figure titles from what a trace recorded (model, vLLM version, GPU), never from its folder's name.
+"""Figure titles from what a run recorded (model, vLLM version, GPU), never from its folder's name.
 
 What ran, with what, on what is ``analysis.fingerprint.describe_run`` (``"Qwen3MoeForCausalLM, vLLM
 0.25.1, NVIDIA H200"``; a run without vLLM names the program it ran); this module only words titles
-around it. The run's name is the last resort, for traces that recorded none of these.
+around it, from an analysed run or rank (the target, the OOM and the figures are the rank's own). A run
+is called a start-up unless it is an imported PyTorch snapshot; the run's name is the last resort, for traces that
+recorded none of these.
 """
 
 from __future__ import annotations
 
-from ..analysis.fingerprint import describe_run
-from ..model import Trace
+from .. import facts as F
 from ..units import format_bytes, format_gib
+from .fingerprint import describe_run
 
 
-def timeline_title(trace: Trace, fallback: str = "") -> str:
-    """``GPU memory during start-up: <describe_run>``."""
-    what = describe_run(trace, fallback)
-    return f"GPU memory during start-up: {what}" if what else "GPU memory during start-up"
+def what_ran(run) -> str:
+    """``GPU memory during start-up`` for a run memtrace recorded, ``GPU memory`` for imported PyTorch
+    snapshots (a training step, an inference loop: nothing says it is a start-up)."""
+    imported = all(isinstance(r.trace.facts.get(F.IMPORT), dict) for r in run.ranks)
+    return "GPU memory" if imported else "GPU memory during start-up"
 
 
-def flame_titles(trace: Trace, curves, flame, moment, fallback: str = "") -> tuple[str, str]:
-    """(title, subtitle) of a flame graph: the moment and window shown, then what ran and the totals.
+def timeline_title(run, fallback: str = "") -> str:
+    """``GPU memory during start-up: <describe_run>`` (``GPU memory: ...`` when vLLM recorded nothing)."""
+    from pathlib import Path
+
+    what = describe_run(run.ranks[0].trace, fallback or Path(run.path).name)
+    head = what_ran(run)
+    return f"{head}: {what}" if what else head
+
+
+def flame_titles(rank, flame, moment, fallback: str = "") -> tuple[str, str]:
+    """(title, subtitle) of a flame graph of ``rank`` (``analysis.rank.AnalysedRank``): the moment and window
+    shown, then what ran and the totals, the target (with its source) and the OOM the rank holds.
 
     Args:
-        trace: the trace.
-        curves: ``analysis.curves.all_curves(trace)``.
+        rank: the analysed rank.
         flame: ``analysis.flame.flame_at(...)``.
         moment: ``analysis.moment.Moment`` the flame shows.
         fallback: what to call the run when it recorded nothing to describe it by.
     """
-    from ..analysis.phases import recording_span
-    from ..analysis.target import resolve_target
-
-    secs = (moment.time_us - recording_span(trace)[0]) / 1e6
+    trace, curves = rank.trace, rank.curves
+    secs = rank.seconds(moment.time_us)
     where = "" if moment.what.endswith(moment.phase_path) else f", in {moment.phase_path or 'no phase'}"
     phase = moment.phase_path
     if moment.since_us is not None and (moment.since_what, moment.what) == (
@@ -49,15 +59,13 @@ def flame_titles(trace: Trace, curves, flame, moment, fallback: str = "") -> tup
     shown = f"{format_bytes(flame.torch_bytes, 2)} shown of " if moment.since_us is not None else ""
     sub = [describe_run(trace, fallback), trace.label, f"{shown}{format_gib(allocated)} allocated",
            f"reserved {format_gib(reserved)}"]  # fmt: skip
-    target = resolve_target(trace).target_bytes
-    if target is not None:
-        sub.append(f"target {format_gib(target)}")
-    if moment.what == "the OOM":
-        from ..analysis.oom import find_oom
-
-        oom = find_oom(trace)
+    if rank.target.target_bytes is not None:
+        sub.append(f"target {format_gib(rank.target.target_bytes)}")
+    if moment.what == "the OOM" and rank.oom is not None:
+        oom = rank.oom
         free = f", {format_gib(oom.free_bytes)} free on the device" if oom.free_bytes is not None else ""
         sub.append(f"the failed request: {format_bytes(oom.requested_bytes, 2)}{free}")
     if trace.recording.stacks == "none":
         sub.append("no Python stacks recorded: grouped by phase")
+    sub.append(f"times: {rank.origin.sentence}")
     return title, " · ".join(s for s in sub if s)

@@ -1,9 +1,10 @@
 """``memtrace view --serve``: serve the page and answer its zoom and click queries, on 127.0.0.1 only.
 
 For a run too big for one page: the page carries a coarse overview, and every zoom (``/api/window``)
-and click (``/api/event``, ``/api/live``) is answered here from the analysed trace
-(``view_window.RankQueries``), so zooming in always reaches exact steps. The server binds the loopback
-interface on a free port (or ``port``), prints its address, and stops on Ctrl-C.
+and click (``/api/event``, ``/api/live``) is answered here by the analysed run's queries
+(``analysis.view_window.RankQueries``, ``AnalysedRank.queries``), so zooming in always reaches exact
+steps. The server binds the loopback interface on a free port (or ``port``), prints its address, and
+stops on Ctrl-C.
 """
 
 from __future__ import annotations
@@ -15,9 +16,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import parse_qs, urlsplit
 
 from ..errors import UsageError
-from .view_data import RankAnalysis, run_start
-from .view_html import build_page
-from .view_window import RankQueries
+from ..plots.view_html import build_page
 
 HOST = "127.0.0.1"
 
@@ -27,10 +26,10 @@ class ViewServer(ThreadingHTTPServer):
 
     daemon_threads = True
 
-    def __init__(self, analyses: list[RankAnalysis], *, title: str, port: int = 0, max_events: int) -> None:
-        t0 = run_start(analyses)
-        self.queries = [RankQueries(a, t0) for a in analyses]
-        self.page = build_page(analyses, title=title, max_events=max_events, api=True).encode("utf-8")
+    def __init__(self, run, *, title: str | None = None, port: int = 0, max_events: int) -> None:
+        self.queries = [r.queries for r in run.ranks]
+        self.title = title
+        self.page = build_page(run, title=title, max_events=max_events, api=True).encode("utf-8")
         try:
             super().__init__((HOST, port), _Handler)
         except OSError as exc:
@@ -93,17 +92,17 @@ class _Handler(BaseHTTPRequestHandler):
         pass
 
 
-def start(analyses: list[RankAnalysis], *, title: str, port: int = 0, max_events: int) -> ViewServer:
-    """A running server (in a background thread); call ``shutdown()`` to stop it."""
-    server = ViewServer(analyses, title=title, port=port, max_events=max_events)
+def start(run, *, title: str | None = None, port: int = 0, max_events: int) -> ViewServer:
+    """A running server for the analysed run ``run`` (in a background thread); call ``shutdown()`` to stop it."""
+    server = ViewServer(run, title=title, port=port, max_events=max_events)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     return server
 
 
-def serve(analyses: list[RankAnalysis], *, title: str, port: int = 0, max_events: int) -> int:
-    """Serve until Ctrl-C; returns the exit code (0)."""
-    server = ViewServer(analyses, title=title, port=port, max_events=max_events)
-    print(f"memtrace: serving {title} at {server.url} (loopback only; Ctrl-C stops it)", file=sys.stderr)
+def serve(run, *, title: str | None = None, port: int = 0, max_events: int) -> int:
+    """Serve the analysed run ``run`` until Ctrl-C; returns the exit code (0)."""
+    server = ViewServer(run, title=title, port=port, max_events=max_events)
+    print(f"memtrace: serving {run.path} at {server.url} (loopback only; Ctrl-C stops it)", file=sys.stderr)
     try:
         server.serve_forever()
     except KeyboardInterrupt:

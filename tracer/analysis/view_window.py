@@ -1,11 +1,13 @@
-"""The page's two questions answered in Python, for runs too big for one page: a zoomed window of the
-timeline (exact steps when it holds few events, a min/max envelope per pixel otherwise) and the live
-set after one event. ``view_server`` serves them; ``view_html`` uses the window for the coarse overview.
+"""The view's two queries, answered from an analysed rank, for runs too big for one page: a zoomed window
+of the timeline (exact steps when it holds few events, a min/max envelope per pixel otherwise) and the
+live set after one event. ``memtrace view --serve`` (``cli._serve``) answers the page with them;
+``plots.view_html`` uses the window for the coarse overview.
 
 The answers have the shape the page's own code (``assets/view.js``) computes for a page that carries
 its events: ``{"data": [x, stacked categories top first..., reserved, device used], "exact", "events"}``
 and ``{"event", "t_us", "total", "count", "groups", "around"}``. Every value comes from the analysis
-(curves, categories, lifetimes); this module only selects and groups.
+(an ``analysis.rank.AnalysedRank``'s curves, categories, lifetimes, icicle paths); this module only
+selects and groups.
 """
 
 from __future__ import annotations
@@ -14,11 +16,10 @@ from typing import Any
 
 import numpy as np
 
-from ..analysis.categories import CATEGORIES, Categorized, category_curves
-from ..analysis.flame import frame_label
-from ..analysis.live import meaningful_frame
 from ..model import ACTIONS
-from .view_data import RankAnalysis
+from .categories import CATEGORIES
+from .flame import frame_label
+from .live import meaningful_frame
 
 _ALLOC = ACTIONS.index("alloc")
 
@@ -26,10 +27,11 @@ _ALLOC = ACTIONS.index("alloc")
 class RankQueries:
     """Precomputed arrays of one rank (curve index i = the state after event i - 1), in page time."""
 
-    def __init__(self, a: RankAnalysis, t0_us: int) -> None:
+    def __init__(self, a, t0_us: int) -> None:
+        """``a``: an ``analysis.rank.AnalysedRank``; ``t0_us``: the run's origin (the page's time 0)."""
         self.a, self.t0 = a, t0_us
-        self.t = a.times - t0_us
-        cc = category_curves(a.trace, Categorized(a.cats))
+        self.t = a.event_times - t0_us
+        cc = a.category_curves
         self.cats = [cc[name].bytes for name in CATEGORIES]  # stacked per window: no (6, n) copies at 10M
         self.alloc = a.curves.allocated.bytes
         self.res = a.curves.reserved.bytes
@@ -93,23 +95,24 @@ class RankQueries:
 
     def live(self, e: int, *, top: int = 200) -> dict[str, Any]:
         """The allocations live right after event ``e``, grouped by icicle path (``view_paths``)."""
-        a, lt = self.a, self.a.lt
+        a, lt = self.a, self.a.lifetimes
         tr = a.trace
         m = np.flatnonzero((lt.alloc_pos <= e) & (lt.free_pos > e))
-        ids = a.paths.ids[m]
-        nbytes = np.bincount(ids, weights=lt.size[m], minlength=len(a.paths.paths)).astype(np.int64)
-        counts = np.bincount(ids, minlength=len(a.paths.paths))
+        paths = a.icicle_paths
+        ids = paths.ids[m]
+        nbytes = np.bincount(ids, weights=lt.size[m], minlength=len(paths.paths)).astype(np.int64)
+        counts = np.bincount(ids, minlength=len(paths.paths))
         order = [int(p) for p in np.argsort(-nbytes, kind="stable")[:top] if counts[p]]
         out = [
             {
-                "path": [a.paths.labels[x] for x in a.paths.paths[p]],
-                "title": a.paths.titles[p],
+                "path": [paths.labels[x] for x in paths.paths[p]],
+                "title": paths.titles[p],
                 "bytes": int(nbytes[p]),
                 "count": int(counts[p]),
             }
             for p in order
         ]
-        ev = tr.events
+        ev, cats = tr.events, a.categorized.codes
         lo, hi = max(0, e - 12), min(len(ev), e + 13)
         around = [
             {
@@ -117,7 +120,7 @@ class RankQueries:
                 "t_us": float(self.t[i]),
                 "action": ACTIONS[int(ev["action"][i])],
                 "size": int(ev["size"][i]),
-                "category": CATEGORIES[int(a.cats[i])] if a.cats[i] >= 0 else "",
+                "category": CATEGORIES[int(cats[i])] if cats[i] >= 0 else "",
                 "where": self._title(int(ev["stack"][i])) if ev["stack"][i] >= 0 else "",
             }
             for i in range(lo, hi)

@@ -15,11 +15,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..analysis.categories import innermost_phase_indices
-from ..analysis.flame import frame_label, stack_paths
-from ..analysis.live import Lifetimes, LiveAllocation, meaningful_frame
-from ..analysis.phases import recording_span
 from ..model import Trace, empty_events, empty_samples
+from .categories import innermost_phase_indices
+from .flame import frame_label, stack_paths
+from .live import Lifetimes, LiveAllocation, meaningful_frame
+from .phases import recording_span
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,40 @@
+"""``memtrace report --json``: the analysed run as one JSON document, exact integers of bytes and µs.
+
+One more renderer of ``analysis.run.AnalysedRun``: the run's verdict, its worst rank, its time origin (the
+sentence every output states, and each rank's shift onto the driver's clock), the ranks side by side,
+the missing ranks, then each rank's summary (``analysis.summary.summary_to_dict``) with its verdict.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from typing import Any, TextIO
+
+from ..analysis.side_by_side import side_by_side
+from ..analysis.summary import summary_to_dict
+
+
+def run_doc(run) -> dict[str, Any]:
+    """The JSON-ready document of ``run``."""
+    sbs = side_by_side(run)
+    return {
+        "path": run.path,
+        "verdict": run.verdict,
+        "worst": run.worst.label,
+        "time_origin": {
+            "t0_us": run.origin.t0_us,
+            "sentence": run.origin.sentence,
+            "aligned": run.origin.aligned,
+            "shifts": [dataclasses.asdict(s) for s in run.origin.shifts],
+        },
+        "side_by_side": dataclasses.asdict(sbs) if sbs is not None else None,
+        "missing": [{**dataclasses.asdict(m), "line": m.line} for m in run.missing],
+        "traces": [{**summary_to_dict(r.summary), "verdict": r.verdict} for r in run.ranks],
+    }
+
+
+def render(run, file: TextIO) -> None:
+    """Write :func:`run_doc` of ``run`` to ``file``."""
+    json.dump(run_doc(run), file, indent=1)
+    file.write("\n")

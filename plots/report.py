@@ -1,0 +1,78 @@
+"""The report of an analysed run (``analysis.run.AnalysedRun``): what ``memtrace report`` prints.
+
+Every rank's section (``plots.text.render_report`` of its summary), then for a run of several ranks the
+ranks side by side (``analysis.side_by_side``) and the worst rank (``AnalysedRun.worst``), the ranks
+``nodes.json`` lists that are missing from the run directory, the time origin every time counts from,
+and the definitions.
+"""
+
+from __future__ import annotations
+
+from typing import TextIO
+
+from ..analysis.origin import who
+from ..analysis.rank import NOTHING
+from ..units import gib_number, gib_or_dash
+from . import oom_text
+from .text import _CURVE_NAMES, _Out, _seconds, render_definitions, render_report
+
+
+def worst_line(run) -> str:
+    """Why the run's worst rank (``analysis.run.AnalysedRun.worst``) is the worst, in one line."""
+    w = run.worst
+    s = w.summary
+    if run.verdict == NOTHING:
+        return f"Nothing to judge: {who([r.label for r in run.ranks])} recorded no allocator events"
+    if w.oom is not None:
+        why = f"died of CUDA OOM at {_seconds(s, w.oom.time_us)} {oom_text.where(w.oom)}"
+    elif w.first_crossing is not None:
+        c = max(s.crossings, key=lambda c: c.overshoot_bytes)
+        why = f"{_CURVE_NAMES.get(c.curve, c.curve)} goes {gib_or_dash(c.overshoot_bytes)} over its target"
+    else:
+        why = f"highest reserved peak, {gib_or_dash(s.peak.reserved_bytes)}"
+    return f"Worst: {w.label} ({why})"
+
+
+def _side_by_side(out: _Out, run) -> None:
+    from ..analysis.side_by_side import side_by_side
+
+    sbs = side_by_side(run)
+    if sbs is None:
+        return
+    out.heading("Ranks side by side")
+    rows = [
+        [r.label, gib_number(r.peak_reserved_bytes), _seconds(run.worst.summary, r.time_us), r.verdict,
+         r.phase_path or "-"]
+        for r in sbs.rows
+    ]  # fmt: skip
+    out.table(["process", "peak reserved GiB", "at", "verdict", "phase"], rows, "lrrll")
+    nxt = sbs.rows[1]
+    out.item(
+        f"{sbs.top} peaked {gib_or_dash(sbs.top_excess_bytes)} higher than the next ({nxt.label}); "
+        f"{sbs.first} peaked first, at {_seconds(run.worst.summary, sbs.first_us)}"
+    )
+
+
+def render_missing(file: TextIO, run, markdown: bool = False) -> None:
+    """One MISSING line per trace ``nodes.json`` lists and the run directory lacks."""
+    for m in run.missing:
+        file.write(("- **" if markdown else "") + m.line + ("**" if markdown else "") + "\n")
+
+
+def render(run, file: TextIO, *, width: int = 100, markdown: bool = False) -> None:
+    """The report of an analysed run (``analysis.run.AnalysedRun``): every rank, one section each, the ranks
+    side by side, the missing ranks, the worst rank named, the time origin, then the definitions."""
+    for i, r in enumerate(run.ranks):
+        if i:
+            file.write("\n" + ("---\n" if markdown else "=" * min(width, 100) + "\n"))
+        render_report(r.summary, file, width, markdown)
+    out = _Out(file, width, markdown)
+    if run.multi:
+        _side_by_side(out, run)
+        file.write("\n" + ("**" if markdown else "") + worst_line(run) + ("**" if markdown else "") + "\n")
+    if run.missing:
+        file.write("\n")
+        render_missing(file, run, markdown)
+    if run.multi:
+        file.write(f"Times: {run.origin.sentence}\n")
+    render_definitions(file, width, markdown)

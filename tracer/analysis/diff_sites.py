@@ -1,0 +1,112 @@
+"""What grew by allocating stack between two runs: live bytes at each run's peak, stack by stack.
+
+Two releases of a library move its lines, so a stack is matched by its frames' function and file, never by
+line: ``allocate_sm120_dynamic_workspace`` in ``blackwell_sm12x/moe_dispatch.py`` is the same frame at line
+2781 or 2790. A file is named by its path inside the installed package (after ``site-packages/``), else by
+its last two parts, so two machines' install folders match too. Stacks live at one peak and not the other
+are listed as new or vanished (``SiteChange.is_new`` / ``vanished``). A run recorded without Python stacks
+(``MEMTRACE_STACKS=none``, or a snapshot without frames) has nothing to match: the comparison is not made,
+and :attr:`Sites.missing` says which side lacks them, instead of calling everything "new".
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..model import Frame, Trace
+from .curves import Curves
+from .live import Lifetimes, holders_by_stack, lifetimes
+
+#: How many stacks to report in each direction (grew or new, shrank or vanished).
+TOP_SITES = 8
+
+
+@dataclass(frozen=True)
+class SiteChange:
+    """Live bytes of one allocating stack (matched by function and file) at each run's peak."""
+
+    frames: tuple[Frame, ...]  # innermost first, from the run that has it (new preferred)
+    base_bytes: int
+    new_bytes: int
+
+    @property
+    def delta(self) -> int:
+        return self.new_bytes - self.base_bytes
+
+    @property
+    def is_new(self) -> bool:
+        return self.base_bytes == 0 and self.new_bytes > 0
+
+    @property
+    def vanished(self) -> bool:
+        return self.new_bytes == 0 and self.base_bytes > 0
+
+
+@dataclass(frozen=True)
+class Sites:
+    """The stacks that changed (grew or new first, then shrank or vanished), or why none are compared."""
+
+    changes: list[SiteChange]
+    missing: str = ""  # "base", "new" or "both": the side(s) recorded without Python stacks
+
+
+def file_name(filename: str) -> str:
+    """A frame's file without the install folder: the path after ``site-packages/``, else its last two parts."""
+    fn = filename.replace("\\", "/")
+    for marker in ("site-packages/", "dist-packages/"):
+        if marker in fn:
+            return fn.split(marker, 1)[1]
+    return "/".join(fn.split("/")[-2:])
+
+
+def site_key(frames: list[Frame]) -> tuple[tuple[str, str], ...]:
+    """A stack as (function, file) pairs, innermost first: no line numbers."""
+    return tuple((f.name, file_name(f.filename)) for f in frames)
+
+
+def sites_at_peak(trace: Trace, peak_index: int, lt: Lifetimes | None = None) -> dict[tuple, tuple[int, tuple]] | None:
+    """Live bytes by :func:`site_key` right after event ``peak_index``; None when no live block has a stack."""
+    if len(trace.events) == 0 and not trace.segments:
+        return {}
+    lt = lt if lt is not None else lifetimes(trace)
+    out: dict[tuple, tuple[int, tuple[Frame, ...]]] = {}
+    stacked = False
+    for h in holders_by_stack(trace, top=1 << 30, event_index=peak_index, lt=lt):
+        frames = trace.stack_frames(h.stack)
+        stacked = stacked or bool(frames)
+        key = site_key(frames)
+        prev = out.get(key, (0, ()))[0]
+        out[key] = (prev + h.bytes, tuple(frames))
+    return out if stacked or not out else None
+
+
+def _peak_index(curves: Curves) -> int:
+    from .flame import peak_event_index
+
+    return peak_event_index(curves.allocated, curves.reserved)
+
+
+def site_changes(
+    base: Trace,
+    new: Trace,
+    base_curves: Curves,
+    new_curves: Curves,
+    top: int = TOP_SITES,
+    *,
+    base_lt: Lifetimes | None = None,
+    new_lt: Lifetimes | None = None,
+) -> Sites:
+    """Stacks new at the new run's peak or that grew most, then those that vanished or shrank most."""
+    b = sites_at_peak(base, _peak_index(base_curves), base_lt)
+    n = sites_at_peak(new, _peak_index(new_curves), new_lt)
+    if b is None or n is None:
+        return Sites([], "both" if b is None and n is None else "base" if b is None else "new")
+    changes = []
+    for key in dict.fromkeys([*n, *b]):
+        bb, bf = b.get(key, (0, ()))
+        nb, nf = n.get(key, (0, ()))
+        if nb != bb:
+            changes.append(SiteChange(nf or bf, bb, nb))
+    grew = sorted((c for c in changes if c.delta > 0), key=lambda c: -c.delta)[:top]
+    shrank = sorted((c for c in changes if c.delta < 0), key=lambda c: c.delta)[:top]
+    return Sites(grew + shrank)

@@ -1,0 +1,238 @@
+"""One analysed rank: a trace with its target, and every figure an output shows, each computed once, lazily.
+
+An :class:`AnalysedRank` is built by ``analysis.run.analyse`` (never by a renderer) from one trace (already
+on the driver's clock), the run's target specification and the run's time origin. Each figure is a
+``functools.cached_property``: computed on first use, kept on the object, shared by every renderer that
+asks; nothing is cached anywhere else, and the trace is never modified.
+
+Per rank: the ``target`` (``analysis.target.Target``, with its source: never flattened to bytes), the
+``curves``, the allocations' ``lifetimes``, their ``categories`` (codes and curves), the ``oom``, the
+``crossings`` (read up to the OOM), the ``summary`` (what ``memtrace report`` prints), the KV-sizing
+``landmarks``, the ``non_kv`` model, CUPTI's ``cupti`` curve, the KV cache committed outside PyTorch
+(``vmm``, ``vmm_kv``, vLLM 0.34's ``extensible`` sizing), torch's ``counter_checks``, and the ``verdict``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import cached_property
+
+import numpy as np
+
+from ..model import Trace
+from .categories import Categorized, categorize, category_curves
+from .crossing import Crossings, Excursion, crossings
+from .curves import Curve, Curves, all_curves, committed_curve
+from .extensible import ExtensibleSizing, extensible_sizing
+from .fits import RankFits, fits_of
+from .landmarks import Landmarks, landmarks
+from .live import Lifetimes, lifetimes
+from .non_torch import has_records, live_curve
+from .oom import Oom, find_oom
+from .origin import TimeOrigin
+from .phases import PhaseStats, phase_stats, recording_span
+from .reconcile import NonKv, non_kv
+from .summary import Summary, summarize
+from .target import Target, resolve_target
+from .torch_counters import CounterCheck, counter_checks
+from .view_paths import Paths, allocation_paths
+from .view_window import RankQueries
+from .vmm import VmmSummary
+from .vmm import summary as vmm_summary
+
+#: The verdicts of a rank and of a run, worst first.
+DIED = "died"
+CROSSED = "crossed"
+WITHIN = "within target"
+NO_TARGET = "no target"
+NOTHING = "recorded nothing"
+VERDICTS = (DIED, CROSSED, WITHIN, NO_TARGET, NOTHING)
+
+
+@dataclass(frozen=True)
+class TargetSpec:
+    """How the user asked for the target (``--target`` / ``--util`` [``--total``]); resolved per rank by
+    ``analysis.target.resolve_target``. All None: the recorded target."""
+
+    target_bytes: int | None = None
+    util: float | None = None
+    total_bytes: int | None = None
+
+    def as_kwargs(self) -> dict:
+        return {"target_bytes": self.target_bytes, "util": self.util, "total_bytes": self.total_bytes}
+
+
+class AnalysedRank:
+    """One trace of an analysed run and its figures (see the module docstring)."""
+
+    def __init__(self, trace: Trace, spec: TargetSpec, origin: TimeOrigin, *, top: int = 10) -> None:
+        self.trace = trace
+        self.spec = spec
+        self.origin = origin
+        self.top = top
+        # resolved at once: a target the trace cannot give (--util without a capacity) is a usage error now
+        self.target: Target = resolve_target(trace, **spec.as_kwargs())
+        self._fits: dict[tuple, RankFits] = {}
+
+    def __repr__(self) -> str:
+        return f"AnalysedRank({self.label}, {len(self.trace.events):,} events)"
+
+    @cached_property
+    def recorded_target(self) -> Target:
+        """The target the trace itself gives (no flags): what ``fits`` sizes the recorded card from."""
+        return resolve_target(self.trace)
+
+    @property
+    def label(self) -> str:
+        return self.trace.label
+
+    @property
+    def rank(self) -> int | None:
+        return self.trace.process.rank
+
+    @property
+    def recorded_nothing(self) -> bool:
+        """No allocator events: nothing to judge (a CPU-only worker, or recording never started)."""
+        return len(self.trace.events) == 0
+
+    @cached_property
+    def span(self) -> tuple[int, int]:
+        """(first, last) microsecond this rank knows about (``phases.recording_span``)."""
+        return recording_span(self.trace)
+
+    @cached_property
+    def curves(self) -> Curves:
+        return all_curves(self.trace)
+
+    @cached_property
+    def lifetimes(self) -> Lifetimes:
+        return lifetimes(self.trace)
+
+    @cached_property
+    def categorized(self) -> Categorized:
+        return categorize(self.trace, self.lifetimes)
+
+    @cached_property
+    def category_curves(self) -> dict[str, Curve]:
+        return category_curves(self.trace, self.categorized, curves=self.curves)
+
+    @cached_property
+    def cupti(self) -> Curve | None:
+        """The non-PyTorch bytes CUPTI saw live (``non_torch.live_curve``); None without CUPTI records."""
+        return live_curve(self.trace) if has_records(self.trace) else None
+
+    @cached_property
+    def oom(self) -> Oom | None:
+        return find_oom(self.trace)
+
+    @cached_property
+    def crossings(self) -> Crossings | None:
+        """Both curves' first excursions over the target, read up to the OOM (None without a target)."""
+        oom_us = self.oom.time_us if self.oom is not None else None
+        return crossings(self.trace, self.curves, self.target.target_bytes, oom_us=oom_us)
+
+    @property
+    def first_crossing(self) -> Excursion | None:
+        """The crossing every output names first (device used when sampled and crossed, else reserved)."""
+        return self.crossings.first if self.crossings is not None else None
+
+    @cached_property
+    def summary(self) -> Summary:
+        return summarize(
+            self.trace,
+            self.target,
+            top=self.top,
+            curves=self.curves,
+            lt=self.lifetimes,
+            oom=self.oom,
+            found=self.crossings,
+            origin=self.origin,
+            phases=self.phases,
+            nk=self.non_kv,
+            vmm=self.vmm,
+            ext=self.extensible,
+            counters=self.counter_checks,
+        )
+
+    @cached_property
+    def vmm(self) -> VmmSummary | None:
+        """What vLLM (0.34+) committed through CUDA's VMM API, outside PyTorch (None before 0.34)."""
+        return vmm_summary(self.trace)
+
+    @cached_property
+    def vmm_kv(self) -> Curve:
+        """The KV cache committed through CUDA's VMM API, over time (empty before 0.34): the band every
+        output draws beside PyTorch's, and the root the flame graph gives it."""
+        return committed_curve(self.trace, kv_cache_only=True)
+
+    @cached_property
+    def extensible(self) -> ExtensibleSizing | None:
+        """vLLM 0.34's post-warm-up sizing of its extensible KV cache, term by term (None without one)."""
+        return extensible_sizing(self.trace, self.curves)
+
+    @cached_property
+    def counter_checks(self) -> list[CounterCheck]:
+        """memtrace's curves beside torch's own counters read by the plugin at vLLM's phase edges."""
+        return counter_checks(self.trace, self.curves)
+
+    @cached_property
+    def landmarks(self) -> Landmarks:
+        return landmarks(self.trace, self.curves)
+
+    @cached_property
+    def phases(self) -> list[PhaseStats]:
+        """Every phase's figures (``phases.phase_stats``)."""
+        return phase_stats(self.trace, self.curves)
+
+    @cached_property
+    def non_kv(self) -> NonKv | None:
+        """vLLM's non-KV memory, the one model (``reconcile.non_kv``): what the report and ``fits`` show."""
+        return non_kv(self.trace, self.curves)
+
+    @cached_property
+    def event_times(self) -> np.ndarray:
+        """Event times made non-decreasing (as the curves'): curve index i + 1 is the state after event i."""
+        return self.curves.allocated.time_us[1:]
+
+    @cached_property
+    def icicle_paths(self) -> Paths:
+        """The flame graph's path of every allocation of ``lifetimes`` (``analysis.view_paths``): the view's icicle."""
+        return allocation_paths(self.trace, self.lifetimes)
+
+    @cached_property
+    def queries(self) -> RankQueries:
+        """The view's zoom and click queries (``analysis.view_window``), on the run's time origin."""
+        return RankQueries(self, self.origin.t0_us)
+
+    def fits(self, capacities: list[int], util: float | None = None, non_torch_bytes: int | None = None) -> RankFits:
+        """The capacity what-if (``analysis.fits.fits_of``), computed once per question."""
+        key = (tuple(capacities), util, non_torch_bytes)
+        if key not in self._fits:
+            self._fits[key] = fits_of(self, list(capacities), util, non_torch_bytes)
+        return self._fits[key]
+
+    @property
+    def overshoot_bytes(self) -> int | None:
+        """The largest overshoot of the target by any crossing (None when it never crossed)."""
+        found = self.crossings
+        over = [e.overshoot_bytes for e in (found.device_used, found.reserved) if e is not None] if found else []
+        return max(over) if over else None
+
+    @property
+    def peak_reserved_bytes(self) -> int:
+        return int(self.curves.reserved.peak_bytes) if not self.recorded_nothing else 0
+
+    @property
+    def verdict(self) -> str:
+        """DIED, CROSSED, WITHIN (the target), NO_TARGET (nothing to compare with) or NOTHING (no events)."""
+        if self.oom is not None:
+            return DIED
+        if self.recorded_nothing:
+            return NOTHING
+        if self.target.target_bytes is None:
+            return NO_TARGET
+        return CROSSED if self.first_crossing is not None else WITHIN
+
+    def seconds(self, t_us: int) -> float:
+        """``t_us`` in seconds since the run's origin."""
+        return self.origin.seconds(t_us)
