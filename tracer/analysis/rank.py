@@ -24,7 +24,9 @@ from .categories import Categorized, categorize, category_curves
 from .crossing import Crossings, Excursion, crossings
 from .curves import Curve, Curves, all_curves, committed_curve
 from .extensible import ExtensibleSizing, extensible_sizing
-from .fits import RankFits, fits_of
+from .fits import Fit, fits, recorded, smallest_fitting
+from .fits_extensible import as_fit, is_extensible
+from .fits_extensible import smallest as smallest_extensible
 from .landmarks import Landmarks, landmarks
 from .live import Lifetimes, lifetimes
 from .non_torch import has_records, live_curve
@@ -60,6 +62,20 @@ class TargetSpec:
 
     def as_kwargs(self) -> dict:
         return {"target_bytes": self.target_bytes, "util": self.util, "total_bytes": self.total_bytes}
+
+
+@dataclass(frozen=True)
+class RankFits:
+    """The capacity what-if of one analysed rank: one ``fits.Fit`` per capacity asked, and the smallest card
+    it fits on (``fits.smallest_fitting``)."""
+
+    rank: AnalysedRank
+    results: list[Fit]
+    smallest: int | None
+
+    @property
+    def survives(self) -> bool:
+        return all(r.survives for r in self.results)
 
 
 class AnalysedRank:
@@ -205,10 +221,16 @@ class AnalysedRank:
         return RankQueries(self, self.origin.t0_us)
 
     def fits(self, capacities: list[int], util: float | None = None, non_torch_bytes: int | None = None) -> RankFits:
-        """The capacity what-if (``analysis.fits.fits_of``), computed once per question."""
+        """The capacity what-if (``analysis.fits``), computed once per question."""
         key = (tuple(capacities), util, non_torch_bytes)
         if key not in self._fits:
-            self._fits[key] = fits_of(self, list(capacities), util, non_torch_bytes)
+            rec = recorded(self.trace, non_torch_bytes, rank=self)
+            if is_extensible(self.trace) and self.extensible is not None:  # vLLM 0.34: sized after warm-up
+                found = [as_fit(self, c, util, rec) for c in capacities]
+                self._fits[key] = RankFits(self, found, smallest_extensible(self, util, rec))
+            else:
+                found = fits(self.trace, list(capacities), util, rec=rec)
+                self._fits[key] = RankFits(self, found, smallest_fitting(self.trace, util, rec=rec))
         return self._fits[key]
 
     @property
