@@ -1,0 +1,91 @@
+"""The KV cache vLLM 0.34 commits through CUDA's VMM API, outside PyTorch, in every graphical output (issue 20).
+
+On the real H200 start-ups of tests/data/vllm-h200-034 the extensible KV cache (126 GiB on moe-ext, while
+PyTorch reserved peaks at 11.7 GiB) never passes through PyTorch's allocator: the timeline draws it as a band
+on top of PyTorch reserved, the flame graph and folded stacks give it a root of its own, Perfetto a counter,
+the view a series. Each figure is compared with ``rank.vmm.kv_cache_bytes`` (the plugin's exact records);
+the 0.25.1 start-up of tests/data/vllm-h200/startup shows none of it.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from memtrace.analysis.rank import TargetSpec
+from memtrace.analysis.run import analyse
+from memtrace.plots.palette import VMM_KV_LABEL
+from memtrace.plots.timeline import render_timeline
+from memtrace.plots.timeline_data import prepare_rank, vmm_band
+from memtrace.store import load_run
+from vllm034_data import run_dir
+
+TESTS = Path(__file__).resolve().parents[1]
+OLD = TESTS / "data" / "vllm-h200" / "startup"  # vLLM 0.25.1: no VMM
+MOE_KV_BYTES = 135_543_128_064  # what the plugin recorded vLLM committing (tests/data/vllm-h200-034/README.md)
+EXT = ("moe-ext", "dense-ext", "small-ext")
+
+_RUNS: dict = {}
+
+
+def _run(step: str):
+    if step not in _RUNS:
+        path = OLD if step == "old" else run_dir(step)
+        _RUNS[step] = analyse(load_run(path).traces, TargetSpec())
+    return _RUNS[step]
+
+
+def test_moe_ext_commits_126_gib_outside_pytorch():
+    rank = _run("moe-ext").ranks[0]
+    assert rank.vmm.kv_cache_bytes == MOE_KV_BYTES
+    assert rank.curves.reserved.peak_bytes < 12 * 2**30
+
+
+# --- the timeline -------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("step", EXT)
+def test_the_timelines_vmm_band_ends_at_the_kv_cache_committed(step):
+    rank = _run(step).ranks[0]
+    tl = prepare_rank(rank)
+    band = vmm_band(tl, tl.start_us, tl.end_us, 2400)
+    assert band is not None
+    assert int(band.kv_bytes[-1]) == rank.vmm.kv_cache_bytes
+    assert int(band.kv_bytes.max()) == rank.vmm.kv_cache_peak_bytes
+    # stacked on PyTorch reserved: its floor is the reserved curve's value in force
+    assert int(band.reserved_bytes[-1]) == rank.curves.reserved.at(tl.end_us)
+    assert (band.kv_bytes >= 0).all()
+
+
+def test_the_moe_ext_band_is_the_vmm_curve_at_every_step():
+    rank = _run("moe-ext").ranks[0]
+    tl = prepare_rank(rank)
+    band = vmm_band(tl, tl.start_us, tl.end_us, 2400)
+    assert set(rank.vmm_kv.time_us.tolist()) <= set(band.time_us.tolist())
+    assert (band.kv_bytes == rank.vmm_kv.at_each(band.time_us)).all()
+
+
+@pytest.mark.parametrize("step", EXT)
+def test_the_timeline_names_the_vmm_band_and_zooms_on_it(step, tmp_path):
+    run = _run(step)
+    tl = prepare_rank(run.ranks[0])
+    drawn = render_timeline([tl], tmp_path / "t.svg", t0_us=run.origin.t0_us)
+    assert VMM_KV_LABEL in drawn.legend
+    assert "non-PyTorch (NVML used - reserved - VMM)" in drawn.legend
+    kv = run.ranks[0].vmm_kv
+    lo, hi = drawn.ranks[0].zoom_us
+    assert lo <= int(kv.time_us[kv.peak_index]) <= hi  # the commit, a few ms wide, is in the zoom
+    svg = (tmp_path / "t.svg").read_text()
+    assert 'id="vmm_kv' in svg
+    assert "KV cache committed through CUDA VMM" in svg
+
+
+def test_a_timeline_before_034_has_no_vmm_band(tmp_path):
+    run = _run("old")
+    tl = prepare_rank(run.ranks[0])
+    assert tl.vmm_kv is None
+    assert vmm_band(tl, tl.start_us, tl.end_us, 2400) is None
+    drawn = render_timeline([tl], tmp_path / "t.svg", t0_us=run.origin.t0_us)
+    assert VMM_KV_LABEL not in drawn.legend
+    assert "non-PyTorch (NVML used - reserved)" in drawn.legend
+    assert "VMM" not in (tmp_path / "t.svg").read_text()
