@@ -89,3 +89,68 @@ def test_a_timeline_before_034_has_no_vmm_band(tmp_path):
     assert VMM_KV_LABEL not in drawn.legend
     assert "non-PyTorch (NVML used - reserved)" in drawn.legend
     assert "VMM" not in (tmp_path / "t.svg").read_text()
+
+
+# --- the flame graph and folded stacks -----------------------------------------------------------------------
+
+
+def _at_end(run) -> str:
+    rank = run.ranks[0]
+    return f"{rank.seconds(rank.span[1]):.6f}s"
+
+
+def test_the_folded_stacks_at_the_end_of_moe_ext_hold_the_vmm_kv_cache_under_its_own_root(tmp_path):
+    from memtrace.analysis.flame import VMM_KV
+    from memtrace.plots.render import render
+
+    run = _run("moe-ext")
+    out = tmp_path / "end.folded"
+    render(run, out, "folded", at=_at_end(run))
+    lines = out.read_text().splitlines()
+    vmm = [int(line.rsplit(" ", 1)[1]) for line in lines if line.startswith(VMM_KV + ";")]
+    assert sum(vmm) == MOE_KV_BYTES == run.ranks[0].vmm.kv_cache_bytes
+    # under the Python stack that committed it: vLLM's extensible KV cache mapping its chunks
+    assert any("_map_chunk_at (vllm/utils/extensible_tensor.py" in line for line in lines if line.startswith(VMM_KV))
+    total = sum(int(line.rsplit(" ", 1)[1]) for line in lines)
+    rank = run.ranks[0]
+    assert total == rank.curves.allocated.at(rank.span[1]) + MOE_KV_BYTES
+
+
+@pytest.mark.parametrize("step", EXT)
+def test_the_flame_at_the_end_splits_pytorch_and_the_vmm_kv_cache(step):
+    from memtrace.analysis.flame import VMM_KV
+    from memtrace.analysis.moment import flame_for
+
+    run = _run(step)
+    rank = run.ranks[0]
+    _, flame = flame_for(rank, _at_end(run))
+    assert flame.vmm_bytes == rank.vmm_kv.at(flame.time_us) == rank.vmm.kv_cache_bytes
+    assert flame.root.children[VMM_KV].total_bytes == flame.vmm_bytes
+    assert flame.total_bytes == flame.torch_bytes + flame.vmm_bytes
+    # --torch-only leaves it out, as CUPTI's part
+    _, torch_only = flame_for(rank, _at_end(run), non_torch=False)
+    assert torch_only.vmm_bytes is None and VMM_KV not in torch_only.root.children
+
+
+def test_the_flame_svg_names_the_vmm_kv_cache(tmp_path):
+    from memtrace.analysis.flame import VMM_KV
+    from memtrace.plots.render import render
+
+    run = _run("moe-ext")
+    out = tmp_path / "end.svg"
+    render(run, out, "flame", at=_at_end(run))
+    svg = out.read_text()
+    assert "KV cache outside PyTorch (CUDA VMM) 126.23 GiB" in svg
+    assert VMM_KV in svg
+
+
+def test_a_flame_before_034_has_no_vmm_root(tmp_path):
+    from memtrace.analysis.flame import VMM_KV
+    from memtrace.analysis.moment import flame_for
+    from memtrace.plots.render import render
+
+    run = _run("old")
+    _, flame = flame_for(run.ranks[0], "peak")
+    assert flame.vmm_bytes is None and VMM_KV not in flame.root.children
+    render(run, tmp_path / "p.folded", "folded")
+    assert "CUDA VMM" not in (tmp_path / "p.folded").read_text()
