@@ -154,3 +154,41 @@ def test_a_flame_before_034_has_no_vmm_root(tmp_path):
     assert flame.vmm_bytes is None and VMM_KV not in flame.root.children
     render(run, tmp_path / "p.folded", "folded")
     assert "CUDA VMM" not in (tmp_path / "p.folded").read_text()
+
+
+# --- Perfetto ------------------------------------------------------------------------------------------------
+
+
+def _counter(run, name: str) -> list[int]:
+    from memtrace.exporters.perfetto import trace_events
+
+    return [e["args"]["bytes"] for e in trace_events(run) if e.get("ph") == "C" and e["name"] == name]
+
+
+@pytest.mark.parametrize("step", EXT)
+def test_perfetto_has_a_vmm_kv_cache_counter_and_the_address_space_apart(step, tmp_path):
+    import json
+
+    from memtrace.plots.render import render
+
+    run = _run(step)
+    rank = run.ranks[0]
+    out = tmp_path / "p.perfetto.json"
+    render(run, out, "perfetto")
+    events = json.loads(out.read_text())["traceEvents"]
+    kv = [e["args"]["bytes"] for e in events if e.get("ph") == "C" and e["name"] == "KV cache (CUDA VMM)"]
+    assert max(kv) == rank.vmm.kv_cache_peak_bytes and kv[-1] == rank.vmm.kv_cache_bytes
+    if step == "moe-ext":
+        assert max(kv) == MOE_KV_BYTES
+    space = _counter(run, "VMM address space reserved (not memory)")
+    assert max(space) == rank.vmm.reserved_peak_bytes
+    # PyTorch's reserved counter does not hold it
+    assert max(_counter(run, "reserved")) == rank.curves.reserved.peak_bytes < rank.vmm.kv_cache_bytes
+
+
+def test_perfetto_before_034_has_no_vmm_counter():
+    from memtrace.exporters.perfetto import trace_events
+
+    names = {e["name"] for e in trace_events(_run("old")) if e.get("ph") == "C"}
+    assert "reserved" in names
+    assert not any("VMM" in n for n in names)
