@@ -192,3 +192,29 @@ def test_perfetto_before_034_has_no_vmm_counter():
     names = {e["name"] for e in trace_events(_run("old")) if e.get("ph") == "C"}
     assert "reserved" in names
     assert not any("VMM" in n for n in names)
+
+
+# --- the view ------------------------------------------------------------------------------------------------
+
+
+def test_the_views_data_carries_the_vmm_kv_curve_for_the_band_and_its_readout():
+    from memtrace.plots.view_data import pack_rank, rank_meta
+
+    run = _run("moe-ext")
+    rank = run.ranks[0]
+    t0 = run.origin.t0_us
+    meta = rank_meta(rank, t0)
+    assert meta["vmm"]["kv_cache_bytes"] == MOE_KV_BYTES
+    assert meta["vmm"]["label"] == VMM_KV_LABEL
+    assert meta["vmm"]["held_peak_bytes"] == rank.curves.held.peak_bytes
+    packed = pack_rank(rank, t0, with_events=False)  # an overview page carries them too
+    names = [c["name"] for c in packed.columns]
+    assert "vmm_t" in names and "vmm_kv" in names
+
+
+def test_the_views_data_before_034_has_no_vmm():
+    from memtrace.plots.view_data import pack_rank, rank_meta
+
+    run = _run("old")
+    assert rank_meta(run.ranks[0], run.origin.t0_us)["vmm"] is None
+    assert not any(c["name"].startswith("vmm_") for c in pack_rank(run.ranks[0], run.origin.t0_us).columns)
