@@ -22,7 +22,7 @@ import numpy as np
 from ..model import Trace
 from .categories import Categorized, categorize, category_curves
 from .crossing import Crossings, Excursion, crossings
-from .curves import Curve, Curves, all_curves, committed_curve
+from .curves import Curve, Curves, all_curves, committed_curve, vmm_reserved_curve
 from .extensible import ExtensibleSizing, extensible_sizing
 from .fits import Fit, fits, recorded, smallest_fitting
 from .fits_extensible import as_fit, is_extensible
@@ -180,6 +180,12 @@ class AnalysedRank:
         """The KV cache committed through CUDA's VMM API, over time (empty before 0.34): the band every
         output draws beside PyTorch's, and the root the flame graph gives it."""
         return committed_curve(self.trace, kv_cache_only=True)
+
+    @cached_property
+    def vmm_address_space(self) -> Curve:
+        """Address space reserved through CUDA's VMM API (``cuMemAddressReserve``), over time: not memory, the
+        room the extensible KV cache may grow into; shown apart from memory, if at all (empty before 0.34)."""
+        return vmm_reserved_curve(self.trace)
 
     @cached_property
     def extensible(self) -> ExtensibleSizing | None:
