@@ -199,3 +199,14 @@ def test_the_issue_bundle_says_where_the_kv_cache_went(tmp_path):
     assert "KV cache: 126.23 GiB (258,528 blocks) committed through CUDA's VMM API after warm-up" in summary
     assert "vLLM's default with the extensible KV cache" in summary
     assert "## KV cache outside PyTorch (CUDA VMM)" in text
+
+
+def test_a_flame_graph_at_a_time_names_that_time_once_and_holds_the_kv_cache_outside_pytorch(tmp_path):
+    from memtrace.cli import main
+
+    svg = tmp_path / "f.svg"
+    assert main(["flame", str(run_dir("moe-ext")), "--at", "179.5", "-o", str(svg)]) == 0
+    text = svg.read_text()
+    assert "Live GPU memory at 179.500 s<" in text or "Live GPU memory at 179.500 s " in text
+    assert "179.500 s: 179.500 s" not in text
+    assert "[KV cache outside PyTorch, CUDA VMM] · 126.23 GiB" in text
