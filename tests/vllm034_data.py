@@ -2,11 +2,12 @@
 
 The traces are shipped xz-compressed (a start-up with Python stacks is 1-3 MB of SQLite, 80-190 KB of xz);
 :func:`run_dir` unpacks one into a folder of its own under the system's temporary directory, once per
-test session, and returns that run directory (the trace alone: vLLM's log stays in tests/data).
+test process (removed when it exits), and returns that run directory (the trace alone: vLLM's log stays in tests/data).
 """
 
 from __future__ import annotations
 
+import atexit
 import lzma
 import os
 import re
@@ -17,6 +18,7 @@ from pathlib import Path
 DATA = Path(__file__).resolve().parent / "data" / "vllm-h200-034"
 STEPS = ("moe-ext", "moe-noext", "dense-ext", "dense-noext", "small-ext")
 _UNPACKED = Path(tempfile.gettempdir()) / f"memtrace-tests-vllm034-{os.getpid()}"
+atexit.register(shutil.rmtree, _UNPACKED, ignore_errors=True)  # nothing left behind in /tmp
 
 
 def run_dir(step: str) -> Path:
