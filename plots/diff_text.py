@@ -67,6 +67,8 @@ def _render_one(d, multi: bool) -> list[str]:
     if multi:
         out.append(f"== {d.label} ==")
     level = "PyTorch reserved + non-PyTorch memory" if d.device_level else "PyTorch reserved only (no NVML in both)"
+    if "CUDA's VMM API" in d.kv_via:
+        level += "; reserved counts the KV cache committed through CUDA's VMM API (vLLM 0.34+)"
     if d.setup_changes:
         out.append("WARNING: the two runs are not comparable; they differ in:")
         out += [f"  {name}: {_field(name, b)} → {_field(name, n)}" for name, b, n in d.setup_changes[:SHOW_MISMATCHES]]
@@ -77,6 +79,14 @@ def _render_one(d, multi: bool) -> list[str]:
     if d.version_changes:
         shown = ", ".join(f"{name} {b} → {n}" for name, b, n in d.version_changes)
         out += [f"Versions compared: {shown}", ""]
+    if d.default_changes:
+        out.append("What the new versions changed by themselves (left to vLLM in the new run):")
+        out += [f"  {name}: {b} → {n}" for name, b, n in d.default_changes]
+        out.append("")
+    if d.kv_via[0] and d.kv_via[1] and d.kv_via[0] != d.kv_via[1]:
+        kv = {c.label: c for c in d.headline}.get("KV cache")
+        size = f" ({_gib(kv.base)} → {_gib(kv.new)})" if kv is not None and kv.base and kv.new else ""
+        out += [f"The KV cache moved: allocated through {d.kv_via[0]} → {d.kv_via[1]}{size}", ""]
     if d.environment_unknown:
         out += ["note: a run recorded no environment (GPU, versions, model, flags): comparability not checked", ""]
     out.append(f"Headline — {level}:")

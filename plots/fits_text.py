@@ -41,10 +41,14 @@ def _oom_facts(r: Fit) -> str:
 
 def _verdict(r: Fit) -> str:
     """One short phrase for a table row."""
+    if r.outcome == FITS and r.kv_sizing == "extensible":
+        return f"fits: {_blocks(r)}"
     if r.outcome == FITS:
         return f"fits, {_gib(r.headroom_bytes)} to spare"
     if r.outcome == REFUSED:
         return f"vLLM refuses at init_device: free memory {_gib(r.overshoot_bytes)} short of util × capacity"
+    if r.outcome == NO_KV and r.kv_sizing == "extensible":
+        return f"vLLM refuses {_in(r.phase)}: no room for one max_model_len request"
     if r.outcome == NO_KV and "max_model_len" in r.phase:
         return (
             f"vLLM refuses: KV cache {_gib(r.kv_cache_bytes)} < one max_model_len request "
@@ -72,6 +76,12 @@ def _answer(r: Fit) -> list[str]:
     head = HEADLINE[r.outcome]
     if r.outcome == FITS and r.stage == NO_KV_CACHE:
         return [f"{head}: its whole recording fits (no KV cache), {_gib(r.headroom_bytes)} to spare at its peak"]
+    if r.outcome == FITS and r.kv_sizing == "extensible":
+        return [
+            f"{head}: vLLM sizes the KV cache after warm-up to {_gib(r.kv_cache_bytes)} ({_blocks(r)}); before it "
+            f"the start-up needs at most {_gib(r.pre_kv_peak_bytes)} ({_in(r.pre_kv_peak_phase)}), "
+            f"{_gib(r.headroom_bytes)} under the card"
+        ]
     if r.outcome == FITS:
         return [f"{head}: KV cache {_gib(r.kv_cache_bytes)}, {_gib(r.headroom_bytes)} to spare at the tightest moment"]
     if r.outcome == REFUSED:
@@ -83,6 +93,17 @@ def _answer(r: Fit) -> list[str]:
         return [
             f"{head} at KV sizing: the {_gib(r.kv_cache_bytes)} KV cache cannot hold one request of max_model_len "
             f"tokens ({_gib(r.overshoot_bytes)} short); lower --max-model-len or raise --gpu-memory-utilization"
+        ]
+    if r.outcome == NO_KV and r.kv_sizing == "extensible" and r.phase == "kv_cache_init":
+        return [
+            f"{head} at kv_cache_init: the KV cache's address range (vLLM may fill {_gib(r.target_bytes)} - "
+            f"non-KV {_gib(r.non_kv_bytes)}) cannot hold one request of max_model_len tokens (vLLM refuses); "
+            "lower --max-model-len or use a larger card"
+        ]
+    if r.outcome == NO_KV and r.kv_sizing == "extensible":
+        return [
+            f"{head} {_in(r.phase)}: after warm-up too little is free for the KV cache to hold one request of "
+            "max_model_len tokens (vLLM refuses); lower --max-model-len or use a larger card"
         ]
     if r.outcome == NO_KV:
         return [
@@ -116,6 +137,11 @@ def _answer(r: Fit) -> list[str]:
     if r.outcome == UNKNOWN:
         return [f"{head}: the recording ends before the KV cache was sized; record a run that gets further"]
     raise ValueError(f"no words for fits outcome {r.outcome!r}")
+
+
+def _blocks(r: Fit) -> str:
+    tokens = f", {r.kv_tokens:,} tokens" if r.kv_tokens is not None else ""
+    return f"{r.kv_blocks:,} blocks{tokens}" if r.kv_blocks is not None else "blocks unknown"
 
 
 def _wrapped(indent: str, text: str, width: int = WIDTH) -> str:
@@ -154,7 +180,12 @@ def render_fits(results: list[Fit], run_path: str, smallest: int | None) -> str:
             f"(vLLM may fill {_gib(r.target_bytes)}):"
         )
         lines += [_wrapped("  ", line) for line in _answer(r)]
-        if r.non_kv_source == PRE_KV_PEAK:
+        if r.kv_sizing == "extensible":
+            fixed = (
+                "card-independent: what the start-up needs before the KV cache, vLLM's reserves after warm-up "
+                "(the transient peak, PyTorch's reserve growth, the margin); the KV cache takes what is left"
+            )
+        elif r.non_kv_source == PRE_KV_PEAK:
             fixed = (
                 f"card-independent: peak {_gib(r.pre_kv_peak_bytes)} {_in(r.pre_kv_peak_phase)} (no KV sizing recorded)"
             )

@@ -13,6 +13,10 @@ When the flame holds the non-PyTorch memory CUPTI saw (``Flame.non_torch_bytes``
 the subtitle state both parts (PyTorch + non-PyTorch), and when that part is too narrow to read
 (under a third of the width: 65 MiB beside 128 GiB of PyTorch's) it is drawn a second time below,
 at its own scale. A flame without it renders exactly as before.
+
+When the flame holds the KV cache vLLM (0.34+) committed through CUDA's VMM API (``Flame.vmm_bytes``), its
+``[KV cache outside PyTorch, CUDA VMM]`` frame is the timeline's KV-cache green, the frames below it (the
+Python stack that committed each chunk) coloured as any, and the root, the subtitle and the legend name it.
 """
 
 from __future__ import annotations
@@ -27,7 +31,7 @@ from pathlib import Path
 from xml.sax.saxutils import escape
 
 from ..analysis.categories import WORKSPACE_FUNCTIONS
-from ..analysis.flame import HOOK_PREFIX, NON_TORCH, Flame, FlameNode
+from ..analysis.flame import HOOK_PREFIX, NON_TORCH, VMM_KV, Flame, FlameNode
 from ..units import format_bytes
 
 WIDTH = 1200
@@ -48,6 +52,7 @@ HOOK_FILL = "rgb(214,60,190)"
 MARKER_FILL = "rgb(190,190,190)"
 CUPTI_FILL = "rgb(42,157,143)"  # timeline_axes.CUPTI: the non-PyTorch memory CUPTI saw
 CUPTI_CATEGORY_FILL = "rgb(132,201,192)"
+VMM_KV_FILL = "rgb(85,168,104)"  # palette.VMM_KV_COLOR: the KV cache, committed outside PyTorch
 #: The non-PyTorch part is drawn again at its own scale when narrower than this share of the width.
 ZOOM_BELOW = 1 / 3
 _PATH_RE = re.compile(r"\(([^()]*)\)$")
@@ -70,6 +75,8 @@ def _fill(node: FlameNode, depth: int, parent: str | None = None) -> str:
         return "rgb(150,150,150)"
     if node.name == NON_TORCH:
         return CUPTI_FILL
+    if node.name == VMM_KV:
+        return VMM_KV_FILL
     if parent == NON_TORCH:
         return CUPTI_CATEGORY_FILL
     if node.kind == "hook" or node.name.split(" (", 1)[0] in WORKSPACE_FUNCTIONS:
@@ -180,7 +187,7 @@ def _subtitle_lines(subtitle: str, width: int) -> list[str]:
     return lines
 
 
-def _legend(y: int, cupti: bool = False) -> str:
+def _legend(y: int, cupti: bool = False, vmm: bool = False) -> str:
     items = [(name, _rgb((lo + hi) / 2, 0.6, 0.66)) for name, _, (lo, hi) in PALETTE]
     items += [
         ("FlashInfer workspace allocator / [hook] call", HOOK_FILL),
@@ -188,6 +195,8 @@ def _legend(y: int, cupti: bool = False) -> str:
     ]
     if cupti:
         items.append(("non-PyTorch (CUPTI)", CUPTI_FILL))
+    if vmm:
+        items.append(("KV cache outside PyTorch (CUDA VMM)", VMM_KV_FILL))
     parts, x = [], PAD
     for name, fill in items:
         parts.append(f'<rect x="{x}" y="{y - 11}" width="12" height="12" fill="{fill}" rx="2"/>')
@@ -216,8 +225,9 @@ def render_flame_svg(
     what = "live memory" if flame.since_us is None else "allocated in the window and still live"
     name = f"all {what}: {format_bytes(total, 2)}"
     cupti = flame.non_torch_bytes is not None
-    if cupti:
-        split = f"PyTorch {format_bytes(flame.torch_bytes, 2)} + non-PyTorch (CUPTI) {format_bytes(flame.non_torch_bytes, 2)}"
+    vmm = flame.vmm_bytes is not None
+    if cupti or vmm:
+        split = _split(flame)
         name += f" = {split}"
         subtitle = " · ".join(p for p in (subtitle, f"shown: {split}") if p)
     root = dataclasses.replace(flame.root, name=name)
@@ -247,7 +257,7 @@ def render_flame_svg(
         f'<rect width="{width}" height="{height}" fill="white"/>',
         f'<text x="{PAD}" y="24" font-size="17" font-weight="bold">{escape(title)}</text>',
         *(f'<text x="{PAD}" y="{44 + 18 * i}" fill="#333">{escape(line)}</text>' for i, line in enumerate(subs)),
-        _legend(legend_y, cupti),
+        _legend(legend_y, cupti, vmm),
         *body,
         f'<text x="{PAD}" y="{footer_y}" fill="#666" font-size="11">Width = bytes live at that moment; '
         "root at the top, callers above callees; name:line · bytes in each box, the full frame and "
@@ -260,6 +270,16 @@ def render_flame_svg(
     return FlameSvgDrawn(out, total, stats[0], stats[1], top_level, zoom)
 
 
+def _split(flame: Flame) -> str:
+    """``PyTorch 11.06 GiB + non-PyTorch (CUPTI) 65 MiB + KV cache outside PyTorch (CUDA VMM) 126.23 GiB``."""
+    parts = [f"PyTorch {format_bytes(flame.torch_bytes, 2)}"]
+    if flame.non_torch_bytes is not None:
+        parts.append(f"non-PyTorch (CUPTI) {format_bytes(flame.non_torch_bytes, 2)}")
+    if flame.vmm_bytes is not None:
+        parts.append(f"KV cache outside PyTorch (CUDA VMM) {format_bytes(flame.vmm_bytes, 2)}")
+    return " + ".join(parts)
+
+
 def say_flame(rank, moment, flame: Flame, log) -> None:
     """One line on ``log`` (when given): what the flame graph holds, and at which moment."""
     if log is None:
@@ -269,6 +289,9 @@ def say_flame(rank, moment, flame: Flame, log) -> None:
     if flame.non_torch_bytes is not None:
         split = (f" (PyTorch {format_bytes(flame.torch_bytes, 2)} + non-PyTorch {format_bytes(flame.non_torch_bytes, 2)}"
                  " CUPTI saw)")  # fmt: skip
+    if flame.vmm_bytes is not None:
+        split = split[:-1] if split else f" (PyTorch {format_bytes(flame.torch_bytes, 2)}"
+        split += f" + KV cache {format_bytes(flame.vmm_bytes, 2)} committed through CUDA VMM)"
     log.write(f"memtrace: {rank.label}: {format_bytes(flame.total_bytes, 2)}{split} {held} at {moment.what} "
               f"({rank.seconds(moment.time_us):.3f} s)\n")  # fmt: skip
 

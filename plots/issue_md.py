@@ -63,7 +63,13 @@ def summary_paragraph(run) -> str:
     )
     if lm.before_kv_bytes is not None:
         parts.append(f"Memory in use before KV sizing: {format_gib(lm.before_kv_bytes)}.")
-    if lm.vllm_available_kv_bytes is not None:
+    e = r.extensible
+    if e is not None and r.vmm is not None:
+        parts.append(
+            f"KV cache: {format_gib(r.vmm.kv_cache_bytes)} ({e.num_blocks:,} blocks) committed through CUDA's VMM "
+            "API after warm-up, outside PyTorch's allocator (vLLM's extensible KV cache)."
+        )
+    elif lm.vllm_available_kv_bytes is not None:
         parts.append(f"vLLM's available KV cache: {format_gib(lm.vllm_available_kv_bytes)}.")
     if lm.post_kv_transient_bytes is not None:
         where = f" in `{lm.post_kv_peak.phase}`" if lm.post_kv_peak and lm.post_kv_peak.phase else ""

@@ -11,3 +11,9 @@ CATEGORY_COLORS = {
     "activations": "#F0A030",
     "other": "#B0B0B0",
 }
+
+#: The KV cache vLLM (0.34+) commits through CUDA's VMM API, outside PyTorch: the KV cache's colour, hatched
+#: (the same category, allocated another way), wherever it is drawn.
+VMM_KV_COLOR = "#55A868"
+VMM_KV_EDGE = "#1E6B35"
+VMM_KV_LABEL = "KV cache (CUDA VMM, outside PyTorch)"

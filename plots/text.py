@@ -17,6 +17,7 @@ from ..analysis.summary import Summary
 from ..model import Frame
 from ..units import gib_number, gib_or_dash, signed_gib_number
 from . import oom_text
+from .extensible_text import render_counters, render_extensible, render_vmm
 from .kv_text import render_non_kv
 from .non_torch_text import render_non_torch
 
@@ -25,7 +26,8 @@ DEFINITIONS = (
     "memory_allocated counts rounded blocks, a few KiB more). reserved = bytes in PyTorch's segments "
     "(torch's memory_reserved). device used = this process's device memory from NVML: CUDA context, "
     "NCCL, cuBLAS included; other processes' memory (NVML's per-process list) and the memory the driver "
-    "reserves left out (counted as cudaMemGetInfo and vLLM's target count). non-torch = device used - reserved. "
+    "reserves left out (counted as cudaMemGetInfo and vLLM's target count). non-torch = device used - reserved "
+    "- what vLLM (0.34+) committed through CUDA's VMM API (its KV cache, counted on its own). "
     "Times are seconds since the run's time origin (the 'times' line: one origin for every rank and output)."
 )
 _CURVE_NAMES = {"reserved": "reserved", "device_used": "device used", "allocated": "allocated"}
@@ -353,6 +355,9 @@ def render_report(summary: Summary, file: TextIO, width: int = 100, markdown: bo
     render_non_torch(out, summary)
     _hooks(out, summary)
     render_non_kv(out, summary)
+    render_vmm(out, summary)
+    render_extensible(out, summary)
+    render_counters(out, summary)
     _notes(out, summary)
 
 

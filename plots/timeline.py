@@ -254,7 +254,7 @@ def _draw_rank(fig, gs, i: int, ranks, t0: int, t_end: int, capacities, main_axe
 
 
 FOOTNOTE_IN = 0.3  # the time origin's line under the legend
-LEGEND_ROWS = 3  # one more when an OOM or other processes add their entries, one more for CUPTI's
+LEGEND_ROWS = 3  # one more when an OOM or other processes add their entries, one more for CUPTI's, for VMM's
 RANK_GAP_IN = 0.45
 TITLE_IN = 0.55
 
@@ -262,7 +262,8 @@ TITLE_IN = 0.55
 def _legend_rows(ranks: list[RankTimeline]) -> int:
     extra = any(r.oom is not None or r.curves.others.bytes.any() for r in ranks)
     cupti = any(r.cupti is not None for r in ranks)
-    return LEGEND_ROWS + (1 if extra else 0) + (1 if cupti else 0)
+    vmm = any(r.vmm_kv is not None for r in ranks)
+    return LEGEND_ROWS + (1 if extra else 0) + (1 if cupti else 0) + (1 if vmm else 0)
 
 
 def _legend_in(rows: int) -> float:
@@ -295,7 +296,7 @@ def _figure(plt, ranks: list[RankTimeline], footnote_in: float = 0.0):
 
 def _legend(fig, handles: dict, rows: int = LEGEND_ROWS, lift_in: float = 0.0) -> list[str]:
     """One legend for all ranks, below the plots, in a fixed order."""
-    order = [*CATEGORIES, "non_torch_cupti", "non_torch_unexplained", "non_torch", "others", "reserved"]
+    order = [*CATEGORIES, "vmm_kv", "non_torch_cupti", "non_torch_unexplained", "non_torch", "others", "reserved"]
     order += ["device_used", "target", "capacity", "what-if", "oom"]
     items = [handles[k] for k in order if k in handles]
     fig.legend(

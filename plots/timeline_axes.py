@@ -13,9 +13,9 @@ import numpy as np
 from ..analysis.categories import CATEGORIES
 from ..units import GiB, format_gib
 from .downsample import bucket_indices
-from .palette import CATEGORY_COLORS
+from .palette import CATEGORY_COLORS, VMM_KV_COLOR, VMM_KV_EDGE, VMM_KV_LABEL
 from .phase_lane import PhaseBar, PhaseLabel, leader, place_labels
-from .timeline_data import CuptiSplit, RankTimeline, cupti_split
+from .timeline_data import CuptiSplit, RankTimeline, cupti_split, vmm_band
 
 COLORS = CATEGORY_COLORS
 LABELS = {
@@ -27,6 +27,7 @@ LABELS = {
     "other": "other PyTorch",
 }
 NON_TORCH = "#E8A0A0"
+VMM_KV_STYLE = {"color": VMM_KV_COLOR, "alpha": 0.45, "lw": 0, "hatch": "xx", "edgecolor": VMM_KV_EDGE}
 NON_TORCH_STYLE = {"color": NON_TORCH, "alpha": 0.55, "lw": 0, "hatch": "///", "edgecolor": "#C06060"}
 CUPTI = "#2A9D8F"  # the non-PyTorch memory CUPTI saw, exactly
 CUPTI_EDGE = "#17645B"
@@ -56,8 +57,8 @@ def zoom_window(rank: RankTimeline) -> tuple[int, int]:
         a, b = c.time_us, c.time_us + min(max(c.duration_us, 1), run // 10)
     elif rank.oom is not None:  # nothing crossed, but it died: look at the moment it died
         a = b = rank.oom.time_us
-    else:
-        res = rank.curves.reserved
+    else:  # what the process held: PyTorch reserved, plus what vLLM 0.34+ committed through CUDA's VMM API
+        res = rank.curves.held
         pi = max(res.peak_index, 0)
         a = int(res.time_us[pi]) if len(res) else rank.start_us
         later = np.flatnonzero(res.bytes[pi:] != res.bytes[pi]) if len(res) else np.zeros(0, dtype=np.int64)
@@ -116,7 +117,21 @@ def _stack(ax, rank: RankTimeline, t0: int, lo: int, hi: int, n_buckets: int, ha
         base = top
 
 
+def _vmm(ax, rank: RankTimeline, t0: int, lo: int, hi: int, n_buckets: int, handles: dict | None) -> None:
+    """The KV cache committed through CUDA's VMM API: a hatched band in the KV cache's colour on top of
+    PyTorch reserved (its top edged, so a band a few pixels wide still shows)."""
+    band = vmm_band(rank, lo, hi, n_buckets)
+    if band is None:
+        return
+    t, r, top = _s(band.time_us, t0), _g(band.reserved_bytes), _g(band.top_bytes)
+    art = ax.fill_between(t, r, top, step="post", gid="vmm_kv", **VMM_KV_STYLE)
+    ax.step(t, top, where="post", color=VMM_KV_EDGE, lw=0.9, zorder=1.5)
+    if handles is not None:
+        handles.setdefault("vmm_kv", (art, VMM_KV_LABEL))
+
+
 def _lines(ax, rank: RankTimeline, t0: int, lo: int, hi: int, n_buckets: int, handles: dict | None) -> None:
+    _vmm(ax, rank, t0, lo, hi, n_buckets, handles)
     res = rank.curves.reserved
     keep = bucket_indices(res.time_us, res.bytes, lo, hi, n_buckets)
     t = np.append(_s(res.time_us[keep], t0), _s(hi, t0))
@@ -132,7 +147,7 @@ def _lines(ax, rank: RankTimeline, t0: int, lo: int, hi: int, n_buckets: int, ha
     ts, u, r = _s(used.time_us[keep], t0), _g(used.bytes[keep]), _g(used.bytes[keep] - nt.bytes[keep])
     if rank.cupti is None:
         band = ax.fill_between(ts, r, u, step="post", **NON_TORCH_STYLE)
-        key, label = "non_torch", "non-PyTorch (NVML used - reserved)"
+        key, label = "non_torch", "non-PyTorch (NVML used - reserved" + (" - VMM)" if len(rank.curves.vmm) else ")")
     else:  # a run mixing ranks with and without CUPTI names both bands
         band = _cupti_bands(ax, cupti_split(rank, keep, lo, hi, n_buckets), t0, handles)
         key, label = "non_torch_unexplained", "non-PyTorch unexplained (NVML used - reserved - CUPTI)"
@@ -304,7 +319,7 @@ def draw_main(ax, rank, t0, t_end, crossing, capacities, window, handles, oom=No
     _stack(ax, rank, t0, rank.start_us, rank.end_us, N_BUCKETS, handles)
     _lines(ax, rank, t0, rank.start_us, rank.end_us, N_BUCKETS, handles)
     hl = _hlines(ax, rank, capacities, handles)
-    peaks = [rank.curves.reserved.peak_bytes, whole_device_peak(rank)]
+    peaks = [rank.curves.held.peak_bytes, whole_device_peak(rank)]
     if not _capacity_off_scale(rank, capacities):
         peaks.append(rank.capacity_bytes or 0)
     peaks += [rank.target_bytes or 0, *capacities]
@@ -331,6 +346,7 @@ def draw_main(ax, rank, t0, t_end, crossing, capacities, window, handles, oom=No
         )
         corner, ymax = _annotate(ax, rank, t0, xmax_s, "\n".join(texts), anchor, ymax, [y for y, _, _ in hl])
     ax.set_ylim(0, ymax)
+    _label_vmm(ax, rank, t0)
     height_px = ax.get_window_extent().height
     _label_hlines(ax, hl, ymax, max(height_px, 1.0))
     lo, hi = window
@@ -339,12 +355,39 @@ def draw_main(ax, rank, t0, t_end, crossing, capacities, window, handles, oom=No
     return corner
 
 
+def _label_vmm(ax, rank: RankTimeline, t0: int) -> None:
+    """Name the VMM band where it is highest: over minutes of start-up, a commit of a few milliseconds at the
+    very end is a few pixels wide, so the label (left of it, half-way up) points at it."""
+    kv = rank.vmm_kv
+    if kv is None:
+        return
+    i = kv.peak_index
+    t_us = int(kv.time_us[i])
+    y = float(_g(rank.curves.reserved.at(t_us) + kv.peak_bytes / 2))
+    x = float(_s(t_us, t0))
+    text = f"KV cache committed through CUDA VMM\n(outside PyTorch): {format_gib(kv.peak_bytes)} at {x:.2f} s"
+    right = x > 0.5 * ax.get_xlim()[1]
+    ax.annotate(
+        text,
+        (x, y),
+        xytext=(-14 if right else 14, 0),
+        textcoords="offset points",
+        ha="right" if right else "left",
+        va="center",
+        fontsize=LABEL_PT - 0.5,
+        color=VMM_KV_EDGE,
+        bbox={"boxstyle": "round,pad=0.3", "fc": "white", "ec": VMM_KV_EDGE, "lw": 0.6, "alpha": 0.9},
+        arrowprops={"arrowstyle": "->", "color": VMM_KV_EDGE, "lw": 1.0},
+        zorder=6,
+    )
+
+
 def draw_zoom(ax, rank: RankTimeline, t0: int, window: tuple[int, int], crossing) -> None:
     """The window around the crossing (or the peak), x in milliseconds (or seconds) from its start."""
     from matplotlib.ticker import MaxNLocator
 
     lo, hi = window
-    res = rank.curves.reserved
+    res = rank.curves.held  # PyTorch reserved, plus what was committed through CUDA's VMM API (0.34+)
     if crossing is not None:
         origin = crossing.time_us
     elif rank.oom is not None:
@@ -386,6 +429,7 @@ def draw_zoom(ax, rank: RankTimeline, t0: int, window: tuple[int, int], crossing
         ax.text(0.02, 0.97, f"peak {format_gib(res.peak_bytes)}", transform=ax.transAxes, va="top")
     if rank.oom is not None and lo <= rank.oom.time_us <= hi:
         _mark_oom(ax, rank, t0, hi, None)
-    title = "zoom: first crossing" if crossing is not None else "zoom: the OOM" if rank.oom else "zoom: peak reserved"
+    peak = "zoom: peak held (PyTorch + VMM)" if rank.vmm_kv is not None else "zoom: peak reserved"
+    title = "zoom: first crossing" if crossing is not None else "zoom: the OOM" if rank.oom else peak
     ax.set_title(title, fontsize="medium", loc="left")
     ax.set_facecolor("#FFFBEA")

@@ -10,7 +10,9 @@ where every figure is computed once), so ``timeline.render_timeline`` never touc
   to that OOM (``analysis.crossing``: the one definition report and plot share);
 - the non-PyTorch bytes CUPTI saw live (``analysis.non_torch.live_curve``), when the trace holds CUPTI
   records: the timeline splits its non-PyTorch band with it (:func:`cupti_split`: where each part
-  runs, in bytes, once the renderer has picked the NVML samples it draws).
+  runs, in bytes, once the renderer has picked the NVML samples it draws);
+- the KV cache vLLM (0.34+) committed through CUDA's VMM API, outside PyTorch (``AnalysedRank.vmm_kv``):
+  a band stacked on PyTorch reserved (:func:`vmm_band`), the KV cache's category allocated another way.
 """
 
 from __future__ import annotations
@@ -46,6 +48,8 @@ class RankTimeline:
     description: str = ""  # what ran, with what, on what (``titles.describe_run``): the default title
     #: the non-PyTorch bytes CUPTI saw live (``non_torch.live_curve``); None without CUPTI records
     cupti: Curve | None = None
+    #: the KV cache committed through CUDA's VMM API (``AnalysedRank.vmm_kv``); None when nothing was
+    vmm_kv: Curve | None = None
 
     @property
     def target_bytes(self) -> int | None:
@@ -82,6 +86,7 @@ def prepare_rank(rank: AnalysedRank) -> RankTimeline:
         device_total_bytes=rank.trace.process.device_total_bytes,
         description=describe_run(rank.trace),
         cupti=rank.cupti,
+        vmm_kv=rank.vmm_kv if rank.vmm_kv.bytes.any() else None,
     )
 
 
@@ -117,3 +122,40 @@ def cupti_split(rank: RankTimeline, keep: np.ndarray, lo: int, hi: int, n_bucket
     r = u - nt.bytes[keep][j]
     c = cupti.at_each(grid)
     return CuptiSplit(grid, r, r + np.clip(c, 0, np.maximum(u - r, 0)), u)
+
+
+@dataclass(frozen=True)
+class VmmBand:
+    """The KV cache committed outside PyTorch as drawn, in bytes on one time grid (step "post"): from
+    PyTorch reserved (the drawn samples' value in force) up to reserved + the KV cache's VMM bytes.
+
+    The grid is the drawn reserved samples, every step of the VMM curve within [lo, hi] and ``hi`` itself
+    (so the last value is the one at the end of the drawn range)."""
+
+    time_us: np.ndarray
+    reserved_bytes: np.ndarray
+    top_bytes: np.ndarray
+
+    @property
+    def kv_bytes(self) -> np.ndarray:
+        """The KV cache's VMM bytes at each grid time (exact: the curve's value in force)."""
+        return self.top_bytes - self.reserved_bytes
+
+
+def vmm_band(rank: RankTimeline, lo: int, hi: int, n_buckets: int) -> VmmBand | None:
+    """Where the band of the KV cache committed through CUDA's VMM API runs over [lo, hi]; None without one."""
+    kv = rank.vmm_kv
+    if kv is None:
+        return None
+    res = rank.curves.reserved
+    keep = bucket_indices(res.time_us, res.bytes, lo, hi, n_buckets)
+    t_res = res.time_us[keep]
+    steps = kv.time_us[(kv.time_us >= lo) & (kv.time_us <= hi)]
+    grid = np.union1d(np.union1d(t_res, steps), [lo, hi]).astype(np.int64)
+    grid = grid[(grid >= min(lo, int(t_res[0]) if len(t_res) else lo)) & (grid <= hi)]
+    if len(t_res):
+        j = np.searchsorted(t_res, grid, side="right") - 1
+        r = np.where(j >= 0, res.bytes[keep][np.clip(j, 0, None)], 0).astype(np.int64)
+    else:
+        r = np.zeros(len(grid), dtype=np.int64)
+    return VmmBand(grid, r, r + kv.at_each(grid))

@@ -21,7 +21,10 @@ When the trace holds CUPTI records (``non_torch.has_records``) the ``cupti_*`` c
 ``cupti_t``/``cupti_bytes``, ``non_torch.live_curve`` (the non-PyTorch bytes CUPTI saw live from that
 step on; 0 before the first). The page shows it and the unexplained rest, NVML's non-PyTorch minus
 it. Without records they are left out; the page finds columns by name in the column table (the blob
-has no format number to bump).
+has no format number to bump). Likewise, when vLLM (0.34+) committed its KV cache through CUDA's VMM API,
+the ``vmm_*`` columns: ``vmm_t``/``vmm_kv``, ``AnalysedRank.vmm_kv`` (the KV cache committed outside
+PyTorch from that step on; 0 before the first): the page draws it as a band on top of reserved and reads it
+out at the cursor; ``meta["vmm"]`` holds its figures (``AnalysedRank.vmm``), None before 0.34.
 From these the page computes the curves and, at any event, the exact live set: an allocation at event
 ``i`` is live after event ``e`` when ``i <= e < i + life[i]``. Only packing happens here: every figure
 comes from the analysis modules.
@@ -43,7 +46,7 @@ from ..analysis.live import meaningful_frame
 from ..analysis.rank import AnalysedRank
 from ..analysis.summary import summary_to_dict
 from ..model import ACTIONS
-from .palette import CATEGORY_COLORS
+from .palette import CATEGORY_COLORS, VMM_KV_LABEL
 
 #: Columns of the binary blob, in order: (name, numpy dtype).
 EVENT_COLUMNS = (
@@ -59,6 +62,8 @@ PRE_COLUMNS = (("pre_end", "<i4"), ("pre_size", "<f8"), ("pre_path", "<i4"))
 DEVICE_COLUMNS = (("dev_t", "<f8"), ("dev_used", "<f8"), ("dev_nontorch", "<f8"))
 #: Only in the blob of a trace with CUPTI records: ``non_torch.live_curve``.
 CUPTI_COLUMNS = (("cupti_t", "<f8"), ("cupti_bytes", "<f8"))
+#: Only in the blob of a trace whose KV cache was committed through CUDA's VMM API: ``AnalysedRank.vmm_kv``.
+VMM_COLUMNS = (("vmm_t", "<f8"), ("vmm_kv", "<f8"))
 _EXACT = 1 << 53
 
 
@@ -145,13 +150,34 @@ def rank_meta(a: AnalysedRank, t0_us: int) -> dict[str, Any]:
         "categories": list(CATEGORIES),
         "category_colors": [CATEGORY_COLORS[c] for c in CATEGORIES],
         "actions": list(ACTIONS),
+        "vmm": _vmm(a),
     }
+
+
+def _vmm(a: AnalysedRank) -> dict[str, Any] | None:
+    """The KV cache committed through CUDA's VMM API (``AnalysedRank.vmm``), None when there is none; the
+    address space reserved is not memory (named so)."""
+    v = a.vmm
+    if v is None or not has_vmm_kv(a):
+        return None
+    return {
+        "kv_cache_bytes": v.kv_cache_bytes,
+        "kv_cache_peak_bytes": v.kv_cache_peak_bytes,
+        "address_space_reserved_bytes": v.reserved_bytes,
+        "held_peak_bytes": a.curves.held.peak_bytes,
+        "label": VMM_KV_LABEL,
+    }
+
+
+def has_vmm_kv(a: AnalysedRank) -> bool:
+    """Whether the rank's KV cache was committed through CUDA's VMM API (vLLM 0.34+ with the extensible cache)."""
+    return bool(a.vmm_kv.bytes.any())
 
 
 def _columns(a: AnalysedRank, t0_us: int, *, with_events: bool = True) -> Iterator[tuple[str, np.ndarray]]:
     """The blob's columns in order, each built in its own dtype when its turn comes (at 10M events the
     event columns are 0.1-0.4 GiB each: no two wide copies are alive at once); without events, only
-    the NVML ``dev_*`` columns (and the ``cupti_*`` ones, when the trace has CUPTI records)."""
+    the NVML ``dev_*`` columns (and the ``cupti_*`` / ``vmm_*`` ones, when the trace has them)."""
     ev, lt, n = a.trace.events, a.lifetimes, len(a.trace.events)
     paths, times, cats = a.icicle_paths, a.event_times, a.categorized.codes
     if with_events and n and int(ev["size"].max()) >= _EXACT:
@@ -174,10 +200,13 @@ def _columns(a: AnalysedRank, t0_us: int, *, with_events: bool = True) -> Iterat
         "dev_nontorch": lambda: steady_non_torch_values(a.curves, dev.time_us),
         "cupti_t": lambda: a.cupti.time_us - t0_us,
         "cupti_bytes": lambda: a.cupti.bytes,
+        "vmm_t": lambda: a.vmm_kv.time_us - t0_us,
+        "vmm_kv": lambda: a.vmm_kv.bytes,
     }
     cupti = CUPTI_COLUMNS if a.cupti is not None else ()
-    for name, dt_ in (*EVENT_COLUMNS, *PRE_COLUMNS, *DEVICE_COLUMNS, *cupti):
-        if with_events or name.startswith(("dev_", "cupti_")):
+    vmm = VMM_COLUMNS if has_vmm_kv(a) else ()
+    for name, dt_ in (*EVENT_COLUMNS, *PRE_COLUMNS, *DEVICE_COLUMNS, *cupti, *vmm):
+        if with_events or name.startswith(("dev_", "cupti_", "vmm_")):
             yield name, np.ascontiguousarray(build[name](), dtype=dt_)
 
 

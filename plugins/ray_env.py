@@ -1,57 +1,59 @@
 """memtrace's switches reach vLLM's Ray workers, and the run's collector starts with Ray.
 
-vLLM's Ray executor (``RayDistributedExecutor``, ``VLLM_USE_RAY_V2_EXECUTOR_BACKEND=0``) and its Ray
-data-parallel engine actors copy to the workers only vLLM's registered variables, the names with the
-prefixes ``VLLM_``, ``FLASH_ATTENTION_``, ``LMCACHE_``, ``NCCL_``, ``UCX_``, ``HF_``, ``HUGGING_FACE_``,
-``PYTHONHASHSEED`` and what the user lists in ``VLLM_RAY_EXTRA_ENV_VAR_PREFIXES_TO_COPY`` /
-``VLLM_RAY_EXTRA_ENV_VARS_TO_COPY`` (``vllm/ray/ray_env.py``, ``get_env_vars_to_copy``: comma-separated,
-tokens stripped, additive). ``MEMTRACE``, ``MEMTRACE_DIR`` and the other switches are none of those, so
-:func:`carry` appends the prefix ``MEMTRACE`` to ``VLLM_RAY_EXTRA_ENV_VAR_PREFIXES_TO_COPY`` (every
-``MEMTRACE*`` variable, ``MEMTRACE`` itself included), keeping what the user put there, byte for byte.
-(``RayExecutorV2``, vLLM 0.32's default, copies the driver's whole environment anyway.) Which plugins
-vLLM loads is never touched: ``VLLM_PLUGINS`` is left as it is.
+vLLM's Ray executors and its Ray data-parallel engine actors copy to the workers only the names
+``vllm.ray.ray_env.get_env_vars_to_copy`` returns: vLLM's registered variables, the prefixes ``VLLM_``,
+``FLASH_ATTENTION_``, ``LMCACHE_``, ``NCCL_``, ``UCX_``, ``HF_``, ``HUGGING_FACE_``, and what the user lists
+in ``VLLM_RAY_EXTRA_ENV_VAR_PREFIXES_TO_COPY`` / ``VLLM_RAY_EXTRA_ENV_VARS_TO_COPY`` (0.32 and 0.34 alike).
+``MEMTRACE``, ``MEMTRACE_DIR`` and the other switches are none of those.
+
+:class:`CopyListHook` adds every ``MEMTRACE*`` variable set in this process to the set that function
+returns (in place: it is a ``set``), so every caller — the executors and the engine-actor launcher,
+which import it by name — hands them on. Nothing in the environment changes. In particular memtrace
+does **not** append to ``VLLM_RAY_EXTRA_ENV_VAR_PREFIXES_TO_COPY``, which it did at first: vLLM hashes
+every registered ``VLLM_*`` variable into torch.compile's cache key (``vllm/envs.py``,
+``compile_factors``; that one is not in its ``ignored_factors``), so on the H200 a start-up with memtrace
+missed the compile cache that one without it had filled (vLLM 0.34.0: "compilation: 20.66 s" against
+0.38 s). Which plugins vLLM loads is never touched either: ``VLLM_PLUGINS`` is left as it is.
 
 :class:`RayClusterHook` wraps vLLM's ``initialize_ray_cluster``: when it returns, Ray is up in the
 driver (the engine core) and the workers do not exist yet, so the run's collector starts there
-(:func:`memtrace.capture.ray_gather.start_collector`) and its name joins the variables vLLM copies.
+(:func:`memtrace.capture.ray_gather.start_collector`); its name is a ``MEMTRACE*`` variable too.
 """
 
 from __future__ import annotations
 
 import logging
 import os
-from collections.abc import MutableMapping
+from collections.abc import Mapping
 from typing import Any
 
 log = logging.getLogger("memtrace")
 
-PREFIXES_ENV = "VLLM_RAY_EXTRA_ENV_VAR_PREFIXES_TO_COPY"
-#: The prefix that carries every memtrace switch (``MEMTRACE`` itself and every ``MEMTRACE_*``).
+#: The prefix of every memtrace switch (``MEMTRACE`` itself and every ``MEMTRACE_*``).
 PREFIX = "MEMTRACE"
-#: Where vLLM starts Ray in the process that drives the workers (0.32; imported by name by its executors).
+#: The copy list every vLLM Ray launcher asks for (its callers import it by name; the hook rebinds them).
+COPY_LIST_TARGET = "vllm.ray.ray_env:get_env_vars_to_copy"
+#: Where vLLM starts Ray in the process that drives the workers (0.32 and 0.34).
 RAY_CLUSTER_TARGET = "vllm.v1.executor.ray_utils:initialize_ray_cluster"
 
 
-def prefixes_with_memtrace(value: str | None) -> str:
-    """``VLLM_RAY_EXTRA_ENV_VAR_PREFIXES_TO_COPY`` with ``MEMTRACE`` appended, unless one of the user's
-    prefixes already covers it. vLLM splits on commas and strips each token; so does this test."""
-    value = value or ""
-    tokens = [t.strip() for t in value.split(",") if t.strip()]
-    if any(PREFIX.startswith(t) for t in tokens):
-        return value
-    return f"{value},{PREFIX}" if tokens else PREFIX
-
-
-def carry(environ: MutableMapping[str, str] | None = None) -> bool:
-    """Make vLLM copy memtrace's switches to Ray workers (in ``environ``, default this process's);
-    True when the variable changed."""
+def switches(environ: Mapping[str, str] | None = None) -> set[str]:
+    """The names of memtrace's switches set in ``environ`` (default: this process's)."""
     environ = os.environ if environ is None else environ
-    before = environ.get(PREFIXES_ENV)
-    after = prefixes_with_memtrace(before)
-    if after == before:
-        return False
-    environ[PREFIXES_ENV] = after
-    return True
+    return {name for name in environ if name.startswith(PREFIX)}
+
+
+class CopyListHook:
+    """A hooks.Handler around ``get_env_vars_to_copy``: memtrace's switches join the names it returns."""
+
+    key = COPY_LIST_TARGET
+
+    def before(self, target: Any, args: tuple, kwargs: dict) -> Any:
+        return True
+
+    def after(self, token: Any, result: Any, error: BaseException | None) -> None:
+        if error is None and isinstance(result, set):
+            result.update(switches())
 
 
 class RayClusterHook:

@@ -177,10 +177,10 @@ class Plugin:
             self.manager.add(SIZING_READ_TARGET, SizingReadHook())
             self.manager.add(TRANSIENT_PEAK_TARGET, TransientPeakHook())
             self.hooked += [SIZING_READ_TARGET, TRANSIENT_PEAK_TARGET]
-        ray_env.carry()  # MEMTRACE* reach Ray workers; the run's collector starts with Ray (plugins.ray_env)
-        export_driver_host()
+        export_driver_host()  # MEMTRACE* reach Ray workers; the run's collector starts with Ray (plugins.ray_env)
+        self.manager.add(ray_env.COPY_LIST_TARGET, ray_env.CopyListHook())
         self.manager.add(ray_env.RAY_CLUSTER_TARGET, ray_env.RayClusterHook())
-        self.hooked.append(ray_env.RAY_CLUSTER_TARGET)
+        self.hooked += [ray_env.COPY_LIST_TARGET, ray_env.RAY_CLUSTER_TARGET]
         extra, bad = flashinfer.user_targets()
         for msg in bad:
             self._note("warning", msg)

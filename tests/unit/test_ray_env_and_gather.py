@@ -13,31 +13,31 @@ from memtrace.model import Process, Trace
 from memtrace.plugins import ray_env
 from memtrace.store import save_trace
 
-PREFIXES = ray_env.PREFIXES_ENV
+PREFIXES = "VLLM_RAY_EXTRA_ENV_VAR_PREFIXES_TO_COPY"
 
 
-def test_memtrace_is_appended_to_the_users_ray_prefixes_which_stay_byte_for_byte():
-    f = ray_env.prefixes_with_memtrace
-    assert f(None) == "MEMTRACE" and f("") == "MEMTRACE" and f(" , ") == "MEMTRACE"
-    assert f("MYCO_") == "MYCO_,MEMTRACE"
-    assert f("MYCO_, OTHER_ ") == "MYCO_, OTHER_ ,MEMTRACE"  # the user's spelling, then ours
-    assert f("A_,MEMTRACE") == "A_,MEMTRACE"  # already covered: unchanged
-    assert f(" MEM ") == " MEM "  # vLLM strips tokens: ' MEM ' covers every MEMTRACE* name
-    assert f("MEMTRACE_") == "MEMTRACE_,MEMTRACE"  # 'MEMTRACE_' misses the switch MEMTRACE itself
+def test_memtraces_switches_join_the_copy_list_vllm_returns_and_nothing_else_changes(monkeypatch):
+    monkeypatch.setenv("MEMTRACE", "1")
+    monkeypatch.setenv("MEMTRACE_DIR", "/r")
+    monkeypatch.setenv(PREFIXES, "MYCO_")
+    copied = {"VLLM_X", "HF_HOME"}
+    hook = ray_env.CopyListHook()
+    hook.after(hook.before(None, (), {}), copied, None)
+    assert {"MEMTRACE", "MEMTRACE_DIR", "VLLM_X", "HF_HOME"} <= copied
+    assert ray_env.switches({"MEMTRACEX": "1", "MYCO_A": "1", "MEMTRACE_UNTIL": "exit"}) == {
+        "MEMTRACEX",
+        "MEMTRACE_UNTIL",
+    }
+    failed = set()
+    hook.after(True, failed, RuntimeError("vLLM raised"))  # vLLM's own error: its result is not touched
+    assert failed == set()
 
 
-def test_carry_changes_only_the_prefix_variable_and_never_vllm_plugins():
-    env = {PREFIXES: "MYCO_", "VLLM_RAY_EXTRA_ENV_VARS_TO_COPY": "X", "VLLM_PLUGINS": "a"}
-    assert ray_env.carry(env) is True
-    assert env == {PREFIXES: "MYCO_,MEMTRACE", "VLLM_RAY_EXTRA_ENV_VARS_TO_COPY": "X", "VLLM_PLUGINS": "a"}
-    assert ray_env.carry(env) is False  # idempotent
-
-
-def test_memtrace_run_carries_its_switches_to_ray_workers_and_names_this_host_the_driver():
+def test_memtrace_run_changes_no_variable_vllm_hashes_into_its_compile_cache_and_names_this_host_the_driver():
     env = run_cmd.child_environment({PREFIXES: "MYCO_"}, Path("/r"), "startup", ["vllm"])
-    assert env[PREFIXES] == "MYCO_,MEMTRACE"
+    assert env[PREFIXES] == "MYCO_"
+    assert not [k for k in env if k.startswith("VLLM_") and k != PREFIXES]
     assert env["MEMTRACE_DRIVER_HOST"]
-    assert "VLLM_PLUGINS" not in env
 
 
 def test_a_plain_ray_program_gets_every_memtrace_switch_and_keeps_its_own_env_vars():

@@ -30,6 +30,7 @@ A Curve is a step function: ``bytes[i]`` holds from ``time_us[i]`` until ``time_
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 
 import numpy as np
 
@@ -223,6 +224,16 @@ def _step_curve(times: np.ndarray, deltas: np.ndarray) -> Curve:
     return Curve(t, b)
 
 
+def sum_curves(a: Curve, b: Curve) -> Curve:
+    """The step function ``a + b``: one step at every time either steps (the later of equal times wins)."""
+    if not len(b):
+        return a
+    if not len(a):
+        return b
+    t = np.union1d(a.time_us, b.time_us)
+    return Curve(t, a.at_each(t) + b.at_each(t))
+
+
 def committed_curve(trace: Trace, *, kv_cache_only: bool = False) -> Curve:
     """Bytes committed through the VMM API and not released, over time (0 before the first record);
     with ``kv_cache_only`` the KV cache's buffer's alone. Empty without records."""
@@ -287,6 +298,12 @@ class Curves:
     @property
     def has_device(self) -> bool:
         return len(self.device_used) > 0
+
+    @cached_property
+    def held(self) -> Curve:
+        """What this process holds through PyTorch's allocator and CUDA's VMM API together (reserved +
+        committed): the reserved curve itself before vLLM 0.34, where nothing is committed outside torch."""
+        return sum_curves(self.reserved, self.vmm)
 
 
 def all_curves(trace: Trace) -> Curves:

@@ -27,7 +27,8 @@ from ..model import Trace
 from ..units import MiB, Threshold
 from .curves import Curves, all_curves
 from .diff_sites import SiteChange, site_changes
-from .history_key import differences, fingerprint
+from .extensible import extensible_sizing
+from .history_key import differences, fingerprint, left_to_vllm
 from .landmarks import landmarks, total_curve
 from .oom import Oom, find_oom
 from .phases import path_at, phase_stats, window_peak
@@ -121,6 +122,10 @@ class Figures:
     hooks: dict[str, tuple[int, ...]]  # hooked function -> bytes added per outermost call (hook_call_bytes)
     oom: Oom | None  # the OOM the run died of
     nested: dict[str, int] = field(default_factory=dict)  # hooked function called inside another -> bytes added
+    #: fingerprint fields vLLM chose itself in this run (``history_key.left_to_vllm``)
+    left_to_vllm: frozenset[str] = frozenset()
+    #: how the KV cache was allocated: "PyTorch's allocator", "CUDA's VMM API" (vLLM 0.34+), or "" (none)
+    kv_via: str = ""
 
 
 @dataclass
@@ -141,6 +146,10 @@ class TraceDiff:
     new_only_phases: list[str] = field(default_factory=list)
     new_oom: Oom | None = None  # the new run died of OOM (and the base did not)
     mismatches: list[tuple[str, str, str]] = field(default_factory=list)  # fingerprint fields that differ
+    #: fingerprint fields the new run left to vLLM (``Figures.left_to_vllm``): with other versions, a change
+    #: there is the versions' own doing, not a different set-up
+    left_to_vllm: frozenset[str] = frozenset()
+    kv_via: tuple[str, str] = ("", "")  # how each run's KV cache was allocated (``Figures.kv_via``)
     environment_unknown: bool = False  # a run recorded no environment (an imported snapshot): unchecked
     #: "base", "new" or "both": the side(s) recorded without Python stacks, so no stack is compared
     sites_missing: str = ""
@@ -168,9 +177,18 @@ class TraceDiff:
         return [m for m in self.mismatches if m[0] in VERSION_FIELDS]
 
     @property
+    def default_changes(self) -> list[tuple[str, str, str]]:
+        """With other versions, the fields the new run left to vLLM and that came out differently: what the
+        new versions changed by themselves (vLLM 0.34's utilization 1.0 and extensible KV cache)."""
+        if not self.version_changes:
+            return []
+        return [m for m in self.mismatches if m[0] not in VERSION_FIELDS and m[0] in self.left_to_vllm]
+
+    @property
     def setup_changes(self) -> list[tuple[str, str, str]]:
         """Everything else that differs (GPU, model, flags, the program): the runs do not compare."""
-        return [m for m in self.mismatches if m[0] not in VERSION_FIELDS]
+        defaults = {m[0] for m in self.default_changes}
+        return [m for m in self.mismatches if m[0] not in VERSION_FIELDS and m[0] not in defaults]
 
     @property
     def comparable(self) -> bool:
@@ -271,14 +289,19 @@ def figures(
         device_level = curves.has_device
     device_level = device_level and curves.has_device
     lm = landmarks(trace, curves, include_non_torch=device_level)
+    sizing = extensible_sizing(trace, curves)
     head = {
-        AVAILABLE_KV: lm.vllm_available_kv_bytes,
+        # vLLM's own KV figure: with the extensible KV cache the size it committed after warm-up
+        # ("Extended KV cache to N blocks"), not the profiled figure that only sizes the address range
+        AVAILABLE_KV: sizing.pages_bytes if sizing is not None else lm.vllm_available_kv_bytes,
         BEFORE_KV: lm.before_kv_bytes,
         KV_CACHE: lm.kv_cache_bytes,
         POST_KV: lm.post_kv_transient_bytes,
     }
     where = {POST_KV: lm.post_kv_peak.phase} if lm.post_kv_peak else {}
-    peaks = [(PEAK_RESERVED, curves.reserved), (PEAK_ALLOCATED, curves.allocated)]
+    # reserved + the KV cache committed outside PyTorch (vLLM 0.34+), so a release that moves the KV cache
+    # out of PyTorch's allocator does not look like one that freed it
+    peaks = [(PEAK_RESERVED, curves.held), (PEAK_ALLOCATED, curves.allocated)]
     if device_level:
         peaks.append((PEAK_DEVICE, curves.device_used))
     for name, curve in peaks:  # the same moments as ``memtrace report``'s peaks
@@ -298,6 +321,8 @@ def figures(
         hooks={k: tuple(v) for k, v in _hook_bytes(trace).items()},
         nested=_nested_hook_bytes(trace),
         oom=oom if oom is not None else find_oom(trace),
+        left_to_vllm=left_to_vllm(trace),
+        kv_via=("CUDA's VMM API" if len(curves.vmm) else "PyTorch's allocator") if lm.kv_cache_bytes else "",
     )
 
 
@@ -358,6 +383,8 @@ def compare(base: Figures, new: Figures, threshold: Threshold, *, label: str = "
         new_only_phases=[k for k in new.phases if k not in base.phases],
         new_oom=new.oom if base.oom is None else None,
         mismatches=differences(base.fingerprint, new.fingerprint),
+        left_to_vllm=new.left_to_vllm,
+        kv_via=(base.kv_via, new.kv_via),
         environment_unknown=len(base.fingerprint) <= 1 or len(new.fingerprint) <= 1,  # "kind" alone
     )
 

@@ -176,6 +176,26 @@ def _transient_terms(trace: Trace, curves: Curves, sizing: dict) -> tuple[int | 
     return peak, growth, notes
 
 
+def _free_memory(trace: Trace, curves: Curves, t_us: int, total: int | None) -> tuple[int | None, str]:
+    """Free device memory when vLLM read it, as memtrace measured it.
+
+    The plugin's own ``cudaMemGetInfo`` at the end of ``kv_cache_sizing`` is the call vLLM makes, a few
+    hundred microseconds later with nothing allocated between (on the H200: equal to the byte). Without
+    it: CUDA's total - non-PyTorch memory (NVML's last sample) - PyTorch reserved and VMM committed
+    (exact, at that microsecond) - other processes. Not NVML's device used itself: vLLM empties
+    PyTorch's cache just before it reads, and a sample taken before that release lags it (20 MiB on
+    the H200).
+    """
+    for r in trace.facts.get(F.PHASE_MEMORY) or []:
+        if r.get("phase") == "kv_cache_sizing" and r.get("edge") == "end" and isinstance(r.get("free_bytes"), int):
+            return int(r["free_bytes"]), "cudaMemGetInfo read by the plugin at the end of kv_cache_sizing"
+    if not total or not curves.has_device:
+        return None, "not measured (no NVML samples)"
+    held = curves.non_torch.at(t_us) + curves.reserved.at(t_us) + (curves.vmm.at(t_us) if len(curves.vmm) else 0)
+    others = curves.others.at(t_us) if len(curves.others) else 0
+    return total - held - others, "CUDA total - non-PyTorch (NVML) - PyTorch reserved - VMM committed - others"
+
+
 def extensible_sizing(trace: Trace, curves: Curves | None = None) -> ExtensibleSizing | None:
     """The sizing of an extensible KV cache, term by term; None for a trace without one."""
     sizing = trace.facts.get(F.VLLM_KV_SIZING)
@@ -193,15 +213,13 @@ def extensible_sizing(trace: Trace, curves: Curves | None = None) -> ExtensibleS
     vllm["transient_peak"] = _int(sizing, "transient_peak_bytes")
     vllm["torch_reserve_growth"] = _int(sizing, "torch_reserve_growth_bytes")
     # memtrace's own figures at the moment vLLM read free memory
-    free_nvml = None
-    if total and curves.has_device:
-        free_nvml = total - curves.device_used.at(t) - (curves.others.at(t) if len(curves.others) else 0)
+    free_mt, free_how = _free_memory(trace, curves, t, total)
     committed = curves.vmm.at(t) if len(curves.vmm) else None
     peak, growth, more = _transient_terms(trace, curves, sizing)
     notes += more
     terms = (
         Term("init_free", vllm["init_free_memory"], None, "vLLM's init snapshot, taken before recording starts"),
-        Term("free", vllm["free_memory"], free_nvml, "CUDA total - device used (NVML) - other processes"),
+        Term("free", vllm["free_memory"], free_mt, free_how),
         Term("committed", vllm["committed"], committed, "KV pages committed through the VMM API (exact)"),
         Term("requested", vllm["requested_memory"], trace.facts.get(F.TARGET_BYTES), "the target: ceil(total x util)"),
         Term(

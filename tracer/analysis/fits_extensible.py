@@ -32,7 +32,7 @@ from .. import facts as F
 from ..model import Trace
 from .curves import Curves, all_curves, committed_curve
 from .extensible import blocks_within, extensible_sizing, measure_kv_cache_bytes, pages_for
-from .fits import FITS, NO_KV, OOM, UNKNOWN, need_curve
+from .fits import FITS, MIN_CAPACITY, NO_KV, OOM, UNKNOWN, Fit, Recorded, need_curve
 from .landmarks import landmarks
 from .phases import path_at
 from .reconcile import non_kv as non_kv_model
@@ -218,3 +218,55 @@ def _one_request_bytes(trace: Trace, sizing) -> int | None:
     if not per_block or not isinstance(max_len, int):
         return None
     return math.ceil(max_len / per_block) * sizing.bytes_per_block
+
+
+def as_fit(rank, capacity_bytes: int, util: float | None, rec: Recorded) -> Fit:
+    """:func:`fit_extensible` as a ``fits.Fit``: the same outcomes, words and JSON as the
+    profiling model, with the blocks and tokens vLLM would commit after warm-up."""
+    e = fit_extensible(rank.trace, capacity_bytes, util, non_torch_bytes=rec.non_torch_bytes, curves=rank.curves)
+    outcome = NO_KV if e.outcome == NO_KV_AFTER_WARMUP else e.outcome
+    over = {OOM: e.pre_kv_peak_bytes - capacity_bytes, NO_KV: -(e.range_bytes or 0) if e.outcome == NO_KV else 0}
+    stage = {OOM: "pre-KV", NO_KV: "KV sizing"}.get(outcome, "")
+    return Fit(
+        capacity_bytes=capacity_bytes,
+        util=e.util,
+        target_bytes=e.requested_bytes,
+        non_kv_bytes=rec.non_kv_bytes,
+        kv_cache_bytes=e.kv_bytes or 0,
+        pre_kv_peak_bytes=e.pre_kv_peak_bytes,
+        pre_kv_peak_phase=e.pre_kv_peak_phase,
+        post_kv_peak_bytes=None,
+        post_kv_peak_phase="",
+        outcome=outcome,
+        phase=e.phase,
+        overshoot_bytes=max(over.get(outcome, 0), 0),
+        headroom_bytes=capacity_bytes - e.pre_kv_peak_bytes if outcome == FITS else 0,
+        stage=stage,
+        non_torch_bytes=rec.non_torch_bytes,
+        non_torch_source=rec.non_torch_source,
+        non_kv_source=rec.non_kv_source,
+        recorded_capacity_bytes=rec.capacity_bytes,
+        kv_sizing="extensible",
+        kv_blocks=e.kv_blocks,
+        kv_tokens=e.kv_tokens,
+        **rec.non_torch_split,
+    )
+
+
+def smallest(rank, util: float | None, rec: Recorded, lo: int = MIN_CAPACITY) -> int | None:
+    """The smallest capacity (to 64 MiB) on which :func:`as_fit` survives, or None up to 4x the peak."""
+
+    def survives(capacity: int) -> bool:
+        return as_fit(rank, capacity, util, rec).survives
+
+    hi = max(rec.lm.peak.bytes * 4, rec.capacity_bytes or 0, lo)
+    if not survives(hi):
+        return None
+    step = 64 << 20
+    while hi - lo > step:
+        mid = (lo + hi) // 2
+        if survives(mid):
+            hi = mid
+        else:
+            lo = mid
+    return hi

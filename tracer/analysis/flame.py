@@ -11,6 +11,12 @@ CUPTI part (``Flame.non_torch_bytes``) equals ``non_torch.breakdown(...).cupti_b
 microsecond; folded lines made from the tree (``frame;frame;frame bytes``) add up to their sum.
 A trace without CUPTI records gives the PyTorch part alone, exactly as before.
 
+The KV cache vLLM (0.34+) commits through CUDA's VMM API, outside PyTorch (``vmm.live_kv_chunks``), gets a
+top-level frame of its own, ``[KV cache outside PyTorch, CUDA VMM]``, each chunk's bytes under the Python
+stack that committed it (``[no stack recorded]`` and the phase when none was taken); that part
+(``Flame.vmm_bytes``) equals ``committed_curve(trace, kv_cache_only=True).at`` that microsecond. It is asked
+for with ``non_torch`` (memory outside PyTorch's allocator), and absent before vLLM 0.34.
+
 Frames are labelled ``function (path/file.py:line)`` with the path cut after ``site-packages/``.
 An allocation made while a hooked function ran (``trace.hook_calls``: FlashInfer's workspace
 allocators by default) gets a frame of its own, ``[hook] allocate_sm120_dynamic_workspace``, right
@@ -30,12 +36,15 @@ import numpy as np
 
 from ..model import Frame, HookCall, Trace
 from . import non_torch as _non_torch
+from . import vmm as _vmm
 from .curves import Curve
 from .frames import python_frames
 from .live import Lifetimes, LiveAllocation, lifetimes, live_allocations_at
 
 #: The top-level frame of the non-PyTorch device memory CUPTI saw (``non_torch.live_allocations``).
 NON_TORCH = "[non-PyTorch, CUPTI]"
+#: The top-level frame of the KV cache committed through CUDA's VMM API (``vmm.live_kv_chunks``).
+VMM_KV = "[KV cache outside PyTorch, CUDA VMM]"
 NO_STACK = "[no stack recorded]"
 BEFORE_RECORDING = "[allocated before recording]"
 HOOK_PREFIX = "[hook] "
@@ -83,6 +92,9 @@ class Flame:
     #: the non-PyTorch bytes CUPTI saw live, under :data:`NON_TORCH` (``breakdown``'s ``cupti_bytes``);
     #: None when the trace holds no CUPTI records or they were left out
     non_torch_bytes: int | None = None
+    #: the KV cache committed through CUDA's VMM API then, under :data:`VMM_KV`; None when there is none
+    #: (before vLLM 0.34, nothing committed at that moment) or it was left out
+    vmm_bytes: int | None = None
 
     @property
     def total_bytes(self) -> int:
@@ -190,6 +202,24 @@ def non_torch_paths(
     return paths, counts
 
 
+def vmm_paths(trace: Trace, chunks: list[_vmm.Chunk]) -> tuple[dict[tuple[str, ...], int], dict[tuple[str, ...], int]]:
+    """(bytes, chunk count) per root→leaf path of the KV cache's VMM ``chunks``: :data:`VMM_KV`, then the
+    Python stack that committed each (``[no stack recorded]`` and the phase when none was taken)."""
+    from .phases import path_at
+
+    paths_of = _Paths(trace)
+    paths: dict[tuple[str, ...], int] = {}
+    counts: dict[tuple[str, ...], int] = {}
+    for c in chunks:
+        path, bare = paths_of.path(c.stack, c.time_us)
+        if bare:
+            path = [NO_STACK, f"{PHASE_PREFIX}{path_at(trace, c.time_us) or '(outside any phase)'}", *path]
+        key = (VMM_KV, *path)
+        paths[key] = paths.get(key, 0) + c.bytes
+        counts[key] = counts.get(key, 0) + 1
+    return paths, counts
+
+
 class _Paths:
     """The root→leaf labels of a stack id, hook frames of the calls running at a moment inserted."""
 
@@ -266,7 +296,8 @@ def flame_at(
         since_us: keep only allocations made at or after this moment: what a phase or a window
             *added and still held* (blocks from before recording never count).
         non_torch: also the non-PyTorch device memory CUPTI saw live at that microsecond, when the
-            trace holds CUPTI records (under :data:`NON_TORCH`; ``memtrace flame`` asks for it). The
+            trace holds CUPTI records (under :data:`NON_TORCH`; ``memtrace flame`` asks for it), and the
+            KV cache committed through CUDA's VMM API then (under :data:`VMM_KV`). The
             default, PyTorch's allocations alone, is what the viewer's live set and ``diff`` compare.
         lt: ``live.lifetimes(trace)``, when already computed (``AnalysedRank.lifetimes``).
     """
@@ -287,7 +318,17 @@ def flame_at(
         more, more_counts = non_torch_paths(trace, cupti)
         non_torch_bytes = sum(more.values())
         paths, counts = {**paths, **more}, {**counts, **more_counts}
-    return Flame(int(t_us), event_index, build_tree(paths, counts), paths, since_us, torch_bytes, non_torch_bytes)
+    vmm_bytes = None
+    if non_torch and _vmm.has_vmm(trace):
+        chunks = _vmm.live_kv_chunks(trace, int(t_us))
+        if since_us is not None:
+            chunks = [c for c in chunks if c.time_us >= since_us]
+        more, more_counts = vmm_paths(trace, chunks)
+        if more:
+            vmm_bytes = sum(more.values())
+            paths, counts = {**paths, **more}, {**counts, **more_counts}
+    return Flame(int(t_us), event_index, build_tree(paths, counts), paths, since_us, torch_bytes, non_torch_bytes,
+                 vmm_bytes)  # fmt: skip
 
 
 def peak_event_index(allocated: Curve, reserved: Curve) -> int:

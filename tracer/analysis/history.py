@@ -44,6 +44,8 @@ def figures_doc(f: Figures) -> dict:
         "hooks": {k: list(v) for k, v in f.hooks.items()},
         "nested": dict(f.nested),
         "oom": asdict(f.oom) if f.oom is not None else None,
+        "left_to_vllm": sorted(f.left_to_vllm),
+        "kv_via": f.kv_via,
     }
 
 
@@ -58,6 +60,8 @@ def figures_from_doc(doc: dict) -> Figures:
         hooks={k: tuple(int(b) for b in v) for k, v in doc["hooks"].items()},
         nested={k: int(v) for k, v in doc.get("nested", {}).items()},  # absent in documents before it
         oom=Oom(**doc["oom"]) if doc.get("oom") else None,
+        left_to_vllm=frozenset(doc.get("left_to_vllm", ())),  # absent in documents before vLLM 0.34's support
+        kv_via=str(doc.get("kv_via", "")),
     )
 
 

@@ -105,6 +105,7 @@ def fingerprint(trace: Trace) -> dict[str, str]:
     }
     values.update({flag: config.get(flag) for flag in MEMORY_FLAGS})
     values["gpu_memory_utilization"] = facts.get(F.UTIL)
+    values["kv_cache_sizing"] = facts.get(F.VLLM_KV_SIZE_SOURCE)  # "extensible" from vLLM 0.34 on
     card, source = card_capacity(trace)
     device = trace.process.device_total_bytes
     smaller = source == "recorded card" and (not device or card < device)
@@ -113,6 +114,25 @@ def fingerprint(trace: Trace) -> dict[str, str]:
     values["cupti"] = "on" if (isinstance(cupti, dict) and cupti.get("records")) or len(trace.device_allocs) else None
     out.update({k: t for k, v in values.items() if (t := _text(v))})
     return out
+
+
+def left_to_vllm(trace: Trace) -> frozenset[str]:
+    """The fingerprint fields whose value vLLM chose itself in this run: a flag of :data:`MEMORY_FLAGS`
+    (and ``--gpu-memory-utilization``) absent from the recorded command line, the utilization when vLLM
+    says it resolved its own default (``facts.UTIL_SOURCE``), and the KV cache's sizing mode unless the
+    user picked one. A new release may change those by itself; ``diff`` says so instead of calling the
+    runs incomparable. Empty when the command line was not recorded."""
+    env = trace.facts.get(F.ENV) if isinstance(trace.facts.get(F.ENV), dict) else {}
+    argv = [a.split("=", 1)[0] for a in env.get("cmdline") or [] if isinstance(a, str)]
+    if not argv:
+        return frozenset()
+    given = {a[2:].replace("-", "_") for a in argv if a.startswith("--")}
+    out = {f for f in (*MEMORY_FLAGS, "gpu_memory_utilization") if f not in given}
+    if trace.facts.get(F.UTIL_SOURCE) == "vllm-default":
+        out.add("gpu_memory_utilization")
+    if not given & {"enable_extensible_kv_cache", "no_enable_extensible_kv_cache", "kv_cache_memory_bytes"}:
+        out.add("kv_cache_sizing")
+    return frozenset(out)
 
 
 def matrix_key(fp: dict[str, str]) -> str:

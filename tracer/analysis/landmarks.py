@@ -26,7 +26,7 @@ import numpy as np
 
 from .. import facts as F
 from ..model import Trace
-from .curves import Curve, Curves, all_curves
+from .curves import Curve, Curves, all_curves, committed_curve
 from .phases import path_at, phase_path, recording_span, window_peak
 
 #: Phase names marking vLLM's KV sizing (the profiling step that ends with the KV figure).
@@ -79,11 +79,12 @@ def steady_non_torch_values(curves: Curves, times_us: np.ndarray) -> np.ndarray:
 
 
 def total_curve(curves: Curves, *, include_non_torch: bool = True, base: Curve | None = None) -> Curve:
-    """``base`` (default: reserved) + steady non-PyTorch memory at every event and kept sample.
+    """``base`` (default: reserved + what CUDA's VMM API committed, ``Curves.held``) + steady non-PyTorch
+    memory at every event and kept sample.
 
     Without NVML samples (or with ``include_non_torch=False``) it is ``base`` alone.
     """
-    res = base if base is not None else curves.reserved
+    res = base if base is not None else curves.held  # reserved + VMM committed (vLLM 0.34+)
     nt = steady_non_torch(curves) if include_non_torch else None
     if nt is None or len(nt) == 0:
         return res
@@ -196,6 +197,14 @@ def landmarks(trace: Trace, curves: Curves | None = None, *, include_non_torch: 
         kv_bytes = max(0, curves.allocated.at(kv_end) - curves.allocated.at(kv_start))
         after = total.at(kv_end)
         post_peak = _moment(trace, total, kv_end, last_us)
+    if len(curves.vmm):  # vLLM 0.34's extensible KV cache: its pages, committed by the end of kv_cache_extend,
+        # and what comes after the KV cache is whole counts from there
+        extend = next((p for p in trace.phases if p.name == "kv_cache_extend" and p.end_us), None)
+        until = extend.end_us if extend is not None else (kv_end or last_us)
+        kv_bytes = (kv_bytes or 0) + committed_curve(trace, kv_cache_only=True).at(until)
+        if extend is not None:
+            after = total.at(until)
+            post_peak = _moment(trace, total, until, last_us)
 
     util = trace.facts.get(F.UTIL)
     return Landmarks(

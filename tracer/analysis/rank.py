@@ -8,7 +8,8 @@ asks; nothing is cached anywhere else, and the trace is never modified.
 Per rank: the ``target`` (``analysis.target.Target``, with its source: never flattened to bytes), the
 ``curves``, the allocations' ``lifetimes``, their ``categories`` (codes and curves), the ``oom``, the
 ``crossings`` (read up to the OOM), the ``summary`` (what ``memtrace report`` prints), the KV-sizing
-``landmarks``, the ``non_kv`` model, CUPTI's ``cupti`` curve, and the ``verdict``.
+``landmarks``, the ``non_kv`` model, CUPTI's ``cupti`` curve, the KV cache committed outside PyTorch
+(``vmm``, ``vmm_kv``, vLLM 0.34's ``extensible`` sizing), torch's ``counter_checks``, and the ``verdict``.
 """
 
 from __future__ import annotations
@@ -21,8 +22,11 @@ import numpy as np
 from ..model import Trace
 from .categories import Categorized, categorize, category_curves
 from .crossing import Crossings, Excursion, crossings
-from .curves import Curve, Curves, all_curves
+from .curves import Curve, Curves, all_curves, committed_curve, vmm_reserved_curve
+from .extensible import ExtensibleSizing, extensible_sizing
 from .fits import Fit, fits, recorded, smallest_fitting
+from .fits_extensible import as_fit, is_extensible
+from .fits_extensible import smallest as smallest_extensible
 from .landmarks import Landmarks, landmarks
 from .live import Lifetimes, lifetimes
 from .non_torch import has_records, live_curve
@@ -32,8 +36,11 @@ from .phases import PhaseStats, phase_stats, recording_span
 from .reconcile import NonKv, non_kv
 from .summary import Summary, summarize
 from .target import Target, resolve_target
+from .torch_counters import CounterCheck, counter_checks
 from .view_paths import Paths, allocation_paths
 from .view_window import RankQueries
+from .vmm import VmmSummary
+from .vmm import summary as vmm_summary
 
 #: The verdicts of a rank and of a run, worst first.
 DIED = "died"
@@ -158,7 +165,37 @@ class AnalysedRank:
             origin=self.origin,
             phases=self.phases,
             nk=self.non_kv,
+            vmm=self.vmm,
+            ext=self.extensible,
+            counters=self.counter_checks,
         )
+
+    @cached_property
+    def vmm(self) -> VmmSummary | None:
+        """What vLLM (0.34+) committed through CUDA's VMM API, outside PyTorch (None before 0.34)."""
+        return vmm_summary(self.trace)
+
+    @cached_property
+    def vmm_kv(self) -> Curve:
+        """The KV cache committed through CUDA's VMM API, over time (empty before 0.34): the band every
+        output draws beside PyTorch's, and the root the flame graph gives it."""
+        return committed_curve(self.trace, kv_cache_only=True)
+
+    @cached_property
+    def vmm_address_space(self) -> Curve:
+        """Address space reserved through CUDA's VMM API (``cuMemAddressReserve``), over time: not memory, the
+        room the extensible KV cache may grow into; shown apart from memory, if at all (empty before 0.34)."""
+        return vmm_reserved_curve(self.trace)
+
+    @cached_property
+    def extensible(self) -> ExtensibleSizing | None:
+        """vLLM 0.34's post-warm-up sizing of its extensible KV cache, term by term (None without one)."""
+        return extensible_sizing(self.trace, self.curves)
+
+    @cached_property
+    def counter_checks(self) -> list[CounterCheck]:
+        """memtrace's curves beside torch's own counters read by the plugin at vLLM's phase edges."""
+        return counter_checks(self.trace, self.curves)
 
     @cached_property
     def landmarks(self) -> Landmarks:
@@ -194,8 +231,12 @@ class AnalysedRank:
         key = (tuple(capacities), util, non_torch_bytes)
         if key not in self._fits:
             rec = recorded(self.trace, non_torch_bytes, rank=self)
-            found = fits(self.trace, list(capacities), util, rec=rec)
-            self._fits[key] = RankFits(self, found, smallest_fitting(self.trace, util, rec=rec))
+            if is_extensible(self.trace) and self.extensible is not None:  # vLLM 0.34: sized after warm-up
+                found = [as_fit(self, c, util, rec) for c in capacities]
+                self._fits[key] = RankFits(self, found, smallest_extensible(self, util, rec))
+            else:
+                found = fits(self.trace, list(capacities), util, rec=rec)
+                self._fits[key] = RankFits(self, found, smallest_fitting(self.trace, util, rec=rec))
         return self._fits[key]
 
     @property

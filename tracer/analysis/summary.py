@@ -35,6 +35,7 @@ from .. import facts as F
 from ..model import Frame, HookCall, Note, Process, Recording, Trace
 from .crossing import Crossings, Excursion, crossings
 from .curves import Baseline, Curves, all_curves
+from .extensible import ExtensibleSizing, extensible_sizing
 from .fingerprint import allocator_settings
 from .landmarks import steady_non_torch_at
 from .live import Lifetimes, holders_by_stack, lifetimes, meaningful_frame
@@ -44,6 +45,9 @@ from .origin import TimeOrigin
 from .phases import PhaseStats, path_at, phase_stats, recording_span
 from .reconcile import KvReconciliation, NonKv, non_kv
 from .target import Target, describe, resolve_target
+from .torch_counters import CounterCheck, counter_checks
+from .vmm import VmmSummary
+from .vmm import summary as vmm_summary
 
 
 @dataclass(frozen=True)
@@ -147,6 +151,14 @@ class Summary:
     #: the run's time origin (``analysis.origin.TimeOrigin``): every time printed counts from ``t0_us``
     t0_us: int = 0
     time_origin: str = ""
+    #: vLLM 0.34+: the KV cache committed through CUDA's VMM API, outside PyTorch (``analysis.vmm``), its
+    #: post-warm-up sizing term by term (``analysis.extensible``); None before 0.34 / without one
+    vmm: VmmSummary | None = None
+    extensible: ExtensibleSizing | None = None
+    #: memtrace's curves beside torch's own counters at vLLM's phase edges (``analysis.torch_counters``)
+    counter_checks: list[CounterCheck] = field(default_factory=list)
+    #: PyTorch reserved + VMM committed at its highest (None without VMM records)
+    peak_held: PeakPoint | None = None
 
     @property
     def truncated(self) -> bool:
@@ -206,6 +218,9 @@ def summarize(
     origin: TimeOrigin | None = None,
     phases: list[PhaseStats] | None = None,
     nk: NonKv | None = _UNSET,
+    vmm: VmmSummary | None = _UNSET,
+    ext: ExtensibleSizing | None = _UNSET,
+    counters: list[CounterCheck] | None = None,
 ) -> Summary:
     """Summarize one trace (see the module docstring for the definitions). Outputs read it from
     ``analysis.rank.AnalysedRank.summary``, which passes every figure it already holds.
@@ -278,7 +293,21 @@ def summarize(
         ),
         t0_us=origin.t0_us if origin is not None else start_us,
         time_origin=origin.sentence if origin is not None else "",
+        vmm=vmm_summary(trace) if vmm is _UNSET else vmm,
+        extensible=extensible_sizing(trace, curves) if ext is _UNSET else ext,
+        counter_checks=counter_checks(trace, curves) if counters is None else counters,
+        peak_held=_held_peak(trace, curves),
     )
+
+
+def _held_peak(trace: Trace, curves: Curves) -> PeakPoint | None:
+    """Reserved + VMM committed at its highest (vLLM 0.34's extensible KV cache); None without VMM records."""
+    if not len(curves.vmm):
+        return None
+    held = curves.held
+    i = held.peak_index
+    t = int(held.time_us[i])
+    return PeakPoint("held", t, int(held.bytes[i]), path_at(trace, t))
 
 
 def reserved_peak(trace: Trace, curves: Curves) -> Peak:

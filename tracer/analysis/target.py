@@ -40,6 +40,11 @@ class Target:
     util: float | None  # the utilization behind the target, when it came from one
     source: str  # ARGUMENT, UTIL_TOTAL, UTIL_CARD, RECORDED, RECORDED_UTIL or ""
     capacity_source: str  # "--total", "recorded card", "device", ""
+    #: for a recorded target, who chose the utilization: "user", "vllm-default" or "" (facts.UTIL_SOURCE)
+    util_source: str = ""
+    #: how vLLM sized the KV cache: "extensible" (0.34's default, after warm-up), "profiling", "given"
+    #: (--kv-cache-memory-bytes) or "" (facts.VLLM_KV_SIZE_SOURCE); it picks vLLM's default utilization
+    kv_sizing: str = ""
 
     @property
     def known(self) -> bool:
@@ -93,11 +98,15 @@ def resolve_target(
     recorded_util = trace.facts.get(F.UTIL)
     recorded_util = float(recorded_util) if isinstance(recorded_util, (int, float)) else None
     recorded = F.int_fact(trace.facts, F.TARGET_BYTES)
+    how = {
+        "util_source": str(trace.facts.get(F.UTIL_SOURCE) or ""),
+        "kv_sizing": str(trace.facts.get(F.VLLM_KV_SIZE_SOURCE) or ""),
+    }
     if recorded is not None and recorded > 0:
-        return Target(recorded, card, recorded_util, RECORDED, card_source)
+        return Target(recorded, card, recorded_util, RECORDED, card_source, **how)
     if recorded_util and card:
-        return Target(math.ceil(recorded_util * card), card, recorded_util, RECORDED_UTIL, card_source)
-    return Target(None, card, recorded_util, "", card_source)
+        return Target(math.ceil(recorded_util * card), card, recorded_util, RECORDED_UTIL, card_source, **how)
+    return Target(None, card, recorded_util, "", card_source, **how)
 
 
 def describe(target: Target) -> str:
@@ -107,7 +116,29 @@ def describe(target: Target) -> str:
     if target.source in (UTIL_TOTAL, UTIL_CARD):
         return f"--util {target.util:g} x {'--total' if target.source == UTIL_TOTAL else 'the card'}"
     if target.source == RECORDED:
-        return "recorded (vLLM's requested memory)" if target.util is None else f"recorded (util {target.util:g})"
+        return (
+            "recorded (vLLM's requested memory)"
+            if target.util is None
+            else f"recorded (util {target.util:g}{_chosen(target)})"
+        )
     if target.source == RECORDED_UTIL:
-        return f"recorded util {target.util:g} x the card"
+        return f"recorded util {target.util:g} x the card{_chosen(target, ', ')}"
     return "none"
+
+
+#: vLLM's sizing modes in words (facts.VLLM_KV_SIZE_SOURCE)
+KV_SIZING_WORDS = {
+    "extensible": "the extensible KV cache, sized after warm-up",
+    "profiling": "the KV cache sized by profiling",
+    "given": "--kv-cache-memory-bytes",
+}
+
+
+def _chosen(target: Target, sep: str = ", ") -> str:
+    """Who chose the recorded utilization: ", set by the user" or ", vLLM's default for <sizing mode>"."""
+    if target.util_source == "user":
+        return f"{sep}set by the user"
+    if target.util_source == "vllm-default":
+        mode = KV_SIZING_WORDS.get(target.kv_sizing)
+        return f"{sep}vLLM's default" + (f" with {mode}" if mode else "")
+    return ""

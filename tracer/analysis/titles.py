@@ -52,7 +52,8 @@ def flame_titles(rank, flame, moment, fallback: str = "") -> tuple[str, str]:
     elif moment.since_us is not None:
         title = f"Allocated since {moment.since_what} and still live at {moment.what}: {secs:.3f} s{where}"
     else:
-        title = f"Live GPU memory at {moment.what}: {secs:.3f} s{where}"
+        at = moment.what if moment.what == f"{secs:.3f} s" else f"{moment.what}: {secs:.3f} s"  # --at 179.5: once
+        title = f"Live GPU memory at {at}{where}"
     k = moment.event_index
     reserved = int(curves.reserved.bytes[k + 1]) if k is not None else curves.reserved.at(moment.time_us)
     allocated = int(curves.allocated.bytes[k + 1]) if k is not None else curves.allocated.at(moment.time_us)

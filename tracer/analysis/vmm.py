@@ -81,6 +81,32 @@ def failed_commits(trace: Trace) -> list[FailedCommit]:
 
 
 @dataclass(frozen=True)
+class Chunk:
+    """One chunk of the KV cache committed through the VMM API (a successful ``cuMemCreate``), live at a
+    moment: when it was created, its bytes and the Python stack that created it (-1: none taken)."""
+
+    time_us: int
+    bytes: int
+    stack: int
+    handle: int
+
+
+def live_kv_chunks(trace: Trace, t_us: int) -> list[Chunk]:
+    """The KV cache's chunks committed at ``t_us`` (created at or before it, not released at or before it),
+    in creation order: their bytes add up to ``committed_curve(trace, kv_cache_only=True).at(t_us)``."""
+    r = trace.vmm
+    r = r[(r["error"] == 0) & (r["caller"] == KV_CACHE) & (r["time_us"] <= t_us)]
+    live: dict[int, Chunk] = {}
+    for rec in r[np.argsort(r["time_us"], kind="stable")]:
+        h = int(rec["handle"])
+        if rec["op"] == CREATE:
+            live[h] = Chunk(int(rec["time_us"]), int(rec["bytes"]), int(rec["stack"]), h)
+        elif rec["op"] == RELEASE:
+            live.pop(h, None)
+    return list(live.values())
+
+
+@dataclass(frozen=True)
 class VmmSummary:
     """What the VMM records add up to: the KV cache committed outside PyTorch at the end and at its most,
     the address space reserved for it, how many chunks were created and released, what failed."""

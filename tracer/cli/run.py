@@ -73,7 +73,6 @@ def child_environment(
     untouched unless it was set without memtrace."""
     from ..capture.clock import export_driver_host
     from ..capture.env import redact_argv
-    from ..plugins.ray_env import carry
     from ..plugins.vllm import vllm_plugins_with_memtrace
 
     env = dict(environ)
@@ -84,7 +83,6 @@ def child_environment(
     env["MEMTRACE_DIR"] = str(run_dir)
     env["MEMTRACE_UNTIL"] = until
     env["MEMTRACE_CMDLINE"] = json.dumps(redact_argv(command))
-    carry(env)
     export_driver_host(env)
     if cupti is not None:
         from ..capture.cupti import ENV, STACKS_ENV

@@ -12,7 +12,11 @@ The file follows the Trace Event Format (``{"traceEvents": [...]}``):
   ``non-PyTorch`` is the analysis' steady curve (``landmarks.steady_non_torch``: NVML samples taken
   while reserved moved are not used), the figure ``report`` gives, not the raw used - reserved that
   spikes by whole allocations when the sidecar's clock and the allocator's disagree; with CUPTI
-  records, ``non-PyTorch seen by CUPTI`` (``non_torch.live_curve``: the exact part of it);
+  records, ``non-PyTorch seen by CUPTI`` (``non_torch.live_curve``: the exact part of it); from vLLM
+  0.34, ``KV cache (CUDA VMM)``, the KV cache committed through CUDA's VMM API outside PyTorch
+  (``AnalysedRank.vmm_kv``: not in ``reserved``, nor in ``non-PyTorch``), and apart from memory the
+  ``VMM address space reserved (not memory)`` (``AnalysedRank.vmm_address_space``). A counter with no
+  point is not written: a trace before 0.34 has neither;
 - *slices* (``ph: "X"``, ``ts``/``dur`` in microseconds): phases on the "phases" thread (tid 1,
   properly nested), hooked calls on the "hook calls" thread (tid 2) with their bytes and arguments,
   and the OOM, when there was one (``analysis.oom.find_oom``: a live record or an imported ``oom``
@@ -56,6 +60,8 @@ COUNTERS = (
     "non-PyTorch seen by CUPTI",
     "other processes",
     "target",
+    "KV cache (CUDA VMM)",
+    "VMM address space reserved (not memory)",
 )
 
 
@@ -153,6 +159,8 @@ def _counters(rank, pid: int, t0: int) -> Iterator[str]:
         rank.cupti if rank.cupti is not None else _EMPTY,
         curves.others,
         _target_curve(rank),
+        rank.vmm_kv,
+        rank.vmm_address_space,
     )
     for name, curve in zip(COUNTERS, series, strict=True):
         t, b = _changes(curve)

@@ -32,7 +32,11 @@ def main(argv: list[str]) -> int:
         applies = {t.path for t in targets_for(version)}
         if version is not None and version >= (0, 34):
             applies |= {p for p, _ in VMM_TARGETS} | {plugin.SIZING_READ_TARGET, plugin.TRANSIENT_PEAK_TARGET}
-        every = sorted({t.path for t in TARGETS} | {p for p, _ in VMM_TARGETS} | {plugin.SIZING_READ_TARGET, plugin.TRANSIENT_PEAK_TARGET})
+        every = sorted(
+            {t.path for t in TARGETS}
+            | {p for p, _ in VMM_TARGETS}
+            | {plugin.SIZING_READ_TARGET, plugin.TRANSIENT_PEAK_TARGET}
+        )
         print(f"# vLLM {version_text} ({root})")
         for path in every:
             found = target_defined(Path(root), path)
