@@ -192,3 +192,17 @@ def test_real_vllm_kv_cache_and_weights_categories_match_vllms_own_figures():
     assert curves["kv_cache"].bytes[-1] == pytest.approx(trace.facts["vllm.kv_cache_bytes"], abs=1024)
     assert curves["weights"].bytes[-1] == pytest.approx(trace.facts["vllm.weights_memory_bytes"], rel=0.001)
     assert curves["cudagraph_pool"].bytes[-1] > 0  # capture_model's private pool
+
+
+def test_category_steps_read_the_category_curves_at_any_index_without_building_them():
+    """The view's zoom reads categories at a few thousand indices (analysis.categories.CategorySteps)."""
+    import numpy as np
+    from memtrace.analysis.categories import CATEGORIES, category_steps
+    from memtrace.analysis.run import analyse
+    from memtrace.store import load_run
+
+    rank = analyse(load_run(Path(__file__).resolve().parents[1] / "data" / "vllm-h200" / "startup").traces).ranks[0]
+    steps = category_steps(rank.trace, rank.categorized, rank.curves)
+    idx = np.r_[0, np.random.default_rng(0).integers(0, len(rank.trace.events) + 1, 500), len(rank.trace.events)]
+    want = np.array([rank.category_curves[c].bytes[idx] for c in CATEGORIES])
+    assert np.array_equal(steps.at(idx), want)

@@ -291,6 +291,40 @@ def category_curves(
     return out
 
 
+@dataclass(frozen=True)
+class CategorySteps:
+    """Allocated bytes by category at any curve index, without building the curves: per category the
+    positions of its events and the running sum of their signed sizes (one pass over the events, not
+    one per category). ``at(idx)[k]`` equals ``category_curves(...)[CATEGORIES[k]].bytes[idx]``."""
+
+    positions: list[np.ndarray]  # event indices of each category, sorted
+    sums: list[np.ndarray]  # 0, then the running sum of those events' signed sizes
+    starts: list[int]  # each category's value before the first event (the baseline is "other")
+
+    def at(self, idx: np.ndarray) -> np.ndarray:
+        """(len(CATEGORIES), len(idx)) int64: each category's bytes at curve indices ``idx``."""
+        idx = np.asarray(idx, dtype=np.int64)
+        rows = [
+            st + sm[np.searchsorted(pos, idx, side="left")]
+            for pos, sm, st in zip(self.positions, self.sums, self.starts, strict=True)
+        ]
+        return np.array(rows, dtype=np.int64).reshape(len(CATEGORIES), len(idx))
+
+
+def category_steps(trace: Trace, categorized: Categorized, curves: Curves) -> CategorySteps:
+    """:class:`CategorySteps` of ``trace`` (what the view's zoom reads at a few thousand indices)."""
+    delta = _signed_sizes(trace)
+    order = np.argsort(categorized.codes, kind="stable")  # events grouped by category, in event order
+    bounds = np.searchsorted(categorized.codes[order], np.arange(len(CATEGORIES) + 1), side="left")
+    positions, sums = [], []
+    for code in range(len(CATEGORIES)):
+        pos = order[bounds[code] : bounds[code + 1]]
+        positions.append(pos)
+        sums.append(np.concatenate(([0], np.cumsum(delta[pos]))).astype(np.int64))
+    starts = [curves.baseline.allocated_bytes if code == OTHER else 0 for code in range(len(CATEGORIES))]
+    return CategorySteps(positions, sums, starts)
+
+
 def category_totals_at_index(
     trace: Trace, index: int, categorized: Categorized | None = None, *, curves: Curves | None = None
 ) -> dict[str, int]:

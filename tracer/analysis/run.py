@@ -81,8 +81,9 @@ class AnalysedRun:
 
     @cached_property
     def worst(self) -> AnalysedRank:
-        """The rank every output names as the worst (see the module docstring)."""
-        return min(self.ranks, key=_worst_key)
+        """The rank every output names as the worst (see the module docstring); a run of one rank computes
+        nothing to say so."""
+        return self.ranks[0] if len(self.ranks) == 1 else min(self.ranks, key=_worst_key)
 
     @property
     def verdict(self) -> str:

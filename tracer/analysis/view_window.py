@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 
 from ..model import ACTIONS
-from .categories import CATEGORIES
+from .categories import CATEGORIES, category_steps
 from .flame import frame_label
 from .live import meaningful_frame
 
@@ -31,8 +31,8 @@ class RankQueries:
         """``a``: an ``analysis.rank.AnalysedRank``; ``t0_us``: the run's origin (the page's time 0)."""
         self.a, self.t0 = a, t0_us
         self.t = a.event_times - t0_us
-        cc = a.category_curves
-        self.cats = [cc[name].bytes for name in CATEGORIES]  # stacked per window: no (6, n) copies at 10M
+        # read at the window's few thousand indices: no per-category curve of every event is built
+        self.cats = category_steps(a.trace, a.categorized, a.curves)
         self.alloc = a.curves.allocated.bytes
         self.res = a.curves.reserved.bytes
         self.dev_t = a.curves.device_used.time_us - t0_us
@@ -63,7 +63,7 @@ class RankQueries:
         d_at = np.searchsorted(dx, x, side="right") - 1
         dev = [None if k < 0 else int(self.dev[j0 + k * step]) for k in d_at.tolist()]
         cols = [(x / 1e6).tolist()]
-        stacked = np.cumsum([c[ci] for c in self.cats], axis=0)[::-1]  # top (all categories) first, as drawn
+        stacked = np.cumsum(self.cats.at(ci), axis=0)[::-1]  # top (all categories) first, as drawn
         cols += [stacked[k][e_at].tolist() for k in range(len(CATEGORIES))]
         cols += [res[e_at].tolist(), dev]
         cols = [c + [c[-1]] for c in cols]
