@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from ..analysis.diff import KV_CACHE, VIA_VMM
 from ..units import GiB, format_bytes
 from ..units import format_gib as _gib
 from . import oom_text
@@ -67,7 +68,7 @@ def _render_one(d, multi: bool) -> list[str]:
     if multi:
         out.append(f"== {d.label} ==")
     level = "PyTorch reserved + non-PyTorch memory" if d.device_level else "PyTorch reserved only (no NVML in both)"
-    if "CUDA's VMM API" in d.kv_via:
+    if VIA_VMM in d.kv_via:
         level += "; reserved counts the KV cache committed through CUDA's VMM API (vLLM 0.34+)"
     if d.setup_changes:
         out.append("WARNING: the two runs are not comparable; they differ in:")
@@ -84,7 +85,7 @@ def _render_one(d, multi: bool) -> list[str]:
         out += [f"  {name}: {b} → {n}" for name, b, n in d.default_changes]
         out.append("")
     if d.kv_via[0] and d.kv_via[1] and d.kv_via[0] != d.kv_via[1]:
-        kv = {c.label: c for c in d.headline}.get("KV cache")
+        kv = {c.label: c for c in d.headline}.get(KV_CACHE)
         size = f" ({_gib(kv.base)} → {_gib(kv.new)})" if kv is not None and kv.base and kv.new else ""
         out += [f"The KV cache moved: allocated through {d.kv_via[0]} → {d.kv_via[1]}{size}", ""]
     if d.environment_unknown:

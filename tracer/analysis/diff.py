@@ -40,6 +40,9 @@ MIN_GROWTH_BYTES = 2 * MiB
 AVAILABLE_KV = "available KV cache (vLLM)"
 BEFORE_KV = "memory before KV sizing"
 KV_CACHE = "KV cache"
+#: How a run's KV cache was allocated (``Figures.kv_via``).
+VIA_TORCH = "PyTorch's allocator"
+VIA_VMM = "CUDA's VMM API"  # vLLM 0.34's extensible KV cache
 POST_KV = "post-KV transient"
 PEAK_RESERVED = "peak reserved"
 #: Fingerprint fields that a release gate changes on purpose (``history_key.ENV_FIELDS`` less the GPU).
@@ -124,7 +127,7 @@ class Figures:
     nested: dict[str, int] = field(default_factory=dict)  # hooked function called inside another -> bytes added
     #: fingerprint fields vLLM chose itself in this run (``history_key.left_to_vllm``)
     left_to_vllm: frozenset[str] = frozenset()
-    #: how the KV cache was allocated: "PyTorch's allocator", "CUDA's VMM API" (vLLM 0.34+), or "" (none)
+    #: how the KV cache was allocated: VIA_TORCH, VIA_VMM (vLLM 0.34+), or "" (none)
     kv_via: str = ""
 
 
@@ -322,7 +325,7 @@ def figures(
         nested=_nested_hook_bytes(trace),
         oom=oom if oom is not None else find_oom(trace),
         left_to_vllm=left_to_vllm(trace),
-        kv_via=("CUDA's VMM API" if len(curves.vmm) else "PyTorch's allocator") if lm.kv_cache_bytes else "",
+        kv_via=(VIA_VMM if len(curves.vmm) else VIA_TORCH) if lm.kv_cache_bytes else "",
     )
 
 
