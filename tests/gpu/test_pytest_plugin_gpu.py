@@ -34,13 +34,23 @@ def test_block_over_budget(memtrace_budget):
     with memtrace_budget("512MiB", curve="allocated"):
         x = torch.empty(GiB, dtype=torch.uint8, device="cuda")
         del x
+
+
+@pytest.mark.memtrace(max_peak="1GiB")
+def test_never_touches_the_gpu():  # a job that lost its GPU work: nothing to judge, never a pass
+    sum(range(1000))
+
+
+@pytest.mark.memtrace(max_peak="1GiB")
+def test_dies_of_oom():  # asks for far more than the card holds: the test's own error, memtrace's section
+    torch.empty(4096 * GiB, dtype=torch.uint8, device="cuda")
 """
 
 
 def test_budgets_are_enforced_on_a_real_gpu(pytester, tmp_path):
     pytester.makepyfile(TESTS)
     result = pytester.runpytest_subprocess("--memtrace-dir", str(tmp_path / "traces"))
-    result.assert_outcomes(passed=1, failed=2)
+    result.assert_outcomes(passed=1, failed=4)
     result.stdout.fnmatch_lines(
         [
             "*test_over_budget: GPU memory peak 2.00 GiB (reserved) is over the budget 1GiB (1.00 GiB) by 1.00 GiB*",
@@ -48,4 +58,8 @@ def test_budgets_are_enforced_on_a_real_gpu(pytester, tmp_path):
             "*test_over_budget (*test_budgets_are_enforced_on_a_real_gpu.py:*",
         ]
     )
-    assert len(list((tmp_path / "traces").glob("*.memtrace"))) == 3
+    result.stdout.fnmatch_lines(
+        ["*test_never_touches_the_gpu*recorded no allocator events, so there is nothing to judge against the budget*"]
+    )
+    result.stdout.fnmatch_lines(["*memtrace*", "*died of CUDA OOM in test_dies_of_oom: asked for *GiB*"])
+    assert len(list((tmp_path / "traces").glob("*.memtrace"))) == 5
