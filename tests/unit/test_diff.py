@@ -126,6 +126,9 @@ def test_json_output_carries_the_regressions(synthetic_runs, capsys):
         (["missing-dir", "missing-dir"], "no such file or directory"),
         (["{base}", "{base}", "--fail-over", "lots"], "cannot read size 'lots'"),
         (["{base}", "{not_a_trace}"], "is not a memtrace trace"),
+        # both runs are loaded at once; the base's error is the one said, as when they loaded one by one
+        (["{not_a_trace}", "missing-dir"], "junk.memtrace is not a memtrace trace"),
+        (["missing-dir", "{not_a_trace}"], "missing-dir: no such file or directory"),
     ],
 )
 def test_bad_input_exits_2_with_one_line(synthetic_runs, tmp_path, capsys, argv, message):
@@ -194,6 +197,21 @@ def test_real_workspace_extra_names_the_workspace_site(real_diff):
     assert grew and abs(grew[0].delta - GiB) < TOL
     assert any(f.name == "allocate_sm120_dynamic_workspace" for f in grew[0].frames)
     assert all(abs(s.delta) < TOL for s in grew[1:])
+
+
+@NEEDS_PAIR
+def test_stacks_are_keyed_as_site_key_says_frame_by_frame():
+    """The diff keys each stack through a per-frame memo; it must give :func:`site_key`'s answer for every stack."""
+    from memtrace.analysis.diff_sites import _SiteKeys, site_key
+    from memtrace.store import load_run
+
+    trace = load_run(REAL_PAIR[1]).traces[0]
+    keys = _SiteKeys(trace)
+    assert len(trace.stacks) > 100
+    assert [keys(s) for s in range(-1, len(trace.stacks))] == [
+        site_key(trace.stack_frames(s)) for s in range(-1, len(trace.stacks))
+    ]
+    assert any(name == "allocate_sm120_dynamic_workspace" for s in range(len(trace.stacks)) for name, _ in keys(s))
 
 
 @NEEDS_PAIR

@@ -64,20 +64,43 @@ def site_key(frames: list[Frame]) -> tuple[tuple[str, str], ...]:
     return tuple((f.name, file_name(f.filename)) for f in frames)
 
 
+class _SiteKeys:
+    """:func:`site_key` of a trace's interned stacks, each frame's (function, file) derived once: a start-up's
+    few thousand stacks share a few hundred frames and files."""
+
+    def __init__(self, trace: Trace) -> None:
+        self._trace = trace
+        self._frames: dict[int, tuple[str, str]] = {}
+        self._files: dict[str, str] = {}
+
+    def _frame(self, i: int) -> tuple[str, str]:
+        key = self._frames.get(i)
+        if key is None:
+            f = self._trace.frames[i]
+            name = self._files.get(f.filename)
+            if name is None:
+                name = self._files[f.filename] = file_name(f.filename)
+            key = self._frames[i] = (f.name, name)
+        return key
+
+    def __call__(self, stack: int) -> tuple[tuple[str, str], ...]:
+        return tuple(self._frame(i) for i in self._trace.stacks[stack]) if stack >= 0 else ()
+
+
 def sites_at_peak(trace: Trace, peak_index: int, lt: Lifetimes | None = None) -> dict[tuple, tuple[int, tuple]] | None:
     """Live bytes by :func:`site_key` right after event ``peak_index``; None when no live block has a stack."""
     if len(trace.events) == 0 and not trace.segments:
         return {}
     lt = lt if lt is not None else lifetimes(trace)
-    out: dict[tuple, tuple[int, tuple[Frame, ...]]] = {}
-    stacked = False
+    out: dict[tuple, tuple[int, int]] = {}  # key -> (bytes, the stack that shows it)
+    keys = _SiteKeys(trace)
     for h in holders_by_stack(trace, top=1 << 30, event_index=peak_index, lt=lt):
-        frames = trace.stack_frames(h.stack)
-        stacked = stacked or bool(frames)
-        key = site_key(frames)
-        prev = out.get(key, (0, ()))[0]
-        out[key] = (prev + h.bytes, tuple(frames))
-    return out if stacked or not out else None
+        key = keys(h.stack)
+        prev = out.get(key, (0, h.stack))
+        out[key] = (prev[0] + h.bytes, h.stack)
+    if out and all(not key for key in out):
+        return None  # no live block has a stack
+    return {key: (b, tuple(trace.stack_frames(stack))) for key, (b, stack) in out.items()}
 
 
 def _peak_index(curves: Curves) -> int:
