@@ -89,6 +89,8 @@ DISTRIBUTION = "memtrace-vllm"
 UPGRADE_HINT = f"pip install -U {DISTRIBUTION}"
 SUFFIX = ".memtrace"
 SQLITE_MAGIC = b"SQLite format 3\x00"
+#: How much of a trace file a reader maps into memory (SQLite's mmap_size): address space, not memory.
+READ_MMAP_BYTES = 1 << 40
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta(key TEXT PRIMARY KEY, value TEXT NOT NULL);
@@ -454,11 +456,16 @@ def load_trace(path: str | os.PathLike) -> Trace:
     # files next to the user's file (and works in a read-only directory); a trace still being written,
     # or left by a crashed writer, has a -wal that must be read, which needs the normal mode.
     uri = _read_only_uri(path)
-    if not path.with_name(path.name + "-wal").exists():
+    finished = not path.with_name(path.name + "-wal").exists()
+    if finished:
         uri += "&immutable=1"
     try:
         db = sqlite3.connect(uri, uri=True)
         try:
+            if finished:  # a file no writer changes is read through a memory map, not copied by read():
+                # a 10M-event trace's chunks load in about 2/3 of the time. Never a live trace's: a writer
+                # that shrinks the file under a map would crash the reader.
+                db.execute(f"PRAGMA mmap_size={READ_MMAP_BYTES}")
             return _read(db, path)
         finally:
             db.close()

@@ -165,16 +165,24 @@ def _insert_hooks(labels: list[str], frames: list[Frame], hooks: list[HookCall])
 
 
 def stack_paths(
-    trace: Trace, live: list[LiveAllocation]
+    trace: Trace, live: list[LiveAllocation], paths_of: FramePaths | None = None
 ) -> tuple[dict[tuple[str, ...], int], dict[tuple[str, ...], int]]:
-    """(bytes, allocation count) per root→leaf frame path (hook frames inserted) of ``live``."""
-    paths_of = _Paths(trace)
+    """(bytes, allocation count) per root→leaf frame path (hook frames inserted) of ``live``.
+
+    ``paths_of``: a :class:`FramePaths` of ``trace`` kept by a caller that asks again and again (the view's
+    interner)."""
+    paths_of = paths_of or FramePaths(trace)
     paths: dict[tuple[str, ...], int] = {}
     counts: dict[tuple[str, ...], int] = {}
-    phase_of = _phase_labels(trace, live)
+    rows = [paths_of.path(a.stack, a.alloc_us) for a in live]
+    # no Python stack: the phase it was allocated in still says a lot (stacks="none" traces)
+    phaseless = [i for i, (_, bare) in enumerate(rows) if bare and live[i].alloc_us is not None]
+    phase_of = (
+        dict(zip(phaseless, _phase_labels(trace, [live[i] for i in phaseless]), strict=True)) if phaseless else {}
+    )
     for i, a in enumerate(live):
-        path, bare = paths_of.path(a.stack, a.alloc_us)
-        if bare:  # no Python stack: the phase it was allocated in still says a lot (stacks="none" traces)
+        path, bare = rows[i]
+        if bare:
             head = [BEFORE_RECORDING] if a.alloc_us is None else [NO_STACK, phase_of[i]]
             path = [*head, *path]
         key = tuple(path)
@@ -189,7 +197,7 @@ def non_torch_paths(
     """(bytes, allocation count) per root→leaf path of CUPTI's non-PyTorch ``allocations``:
     ``[non-PyTorch, CUPTI]``, ``[category]``, then the Python stack as for PyTorch's allocations
     (``[no stack recorded]`` and the phase when CUPTI gave none)."""
-    paths_of = _Paths(trace)
+    paths_of = FramePaths(trace)
     paths: dict[tuple[str, ...], int] = {}
     counts: dict[tuple[str, ...], int] = {}
     for a in allocations:
@@ -207,7 +215,7 @@ def vmm_paths(trace: Trace, chunks: list[_vmm.Chunk]) -> tuple[dict[tuple[str, .
     Python stack that committed each (``[no stack recorded]`` and the phase when none was taken)."""
     from .phases import path_at
 
-    paths_of = _Paths(trace)
+    paths_of = FramePaths(trace)
     paths: dict[tuple[str, ...], int] = {}
     counts: dict[tuple[str, ...], int] = {}
     for c in chunks:
@@ -220,7 +228,7 @@ def vmm_paths(trace: Trace, chunks: list[_vmm.Chunk]) -> tuple[dict[tuple[str, .
     return paths, counts
 
 
-class _Paths:
+class FramePaths:
     """The root→leaf labels of a stack id, hook frames of the calls running at a moment inserted."""
 
     def __init__(self, trace: Trace) -> None:

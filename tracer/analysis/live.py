@@ -70,18 +70,21 @@ class Lifetimes:
     free_pos: np.ndarray
 
 
-def lifetimes(trace: Trace) -> Lifetimes:
+def lifetimes(trace: Trace, times: np.ndarray | None = None) -> Lifetimes:
     """Pair every alloc with its free_completed (vectorised), and add blocks from before recording.
 
-    An analysed rank computes it once (``analysis.rank.AnalysedRank.lifetimes``); pass it on to share it."""
-    return _lifetimes(trace)
+    ``times``: the events' times made non-decreasing, when already computed (the curves' time axis after its
+    first point, ``AnalysedRank.event_times``). An analysed rank computes the lifetimes once
+    (``analysis.rank.AnalysedRank.lifetimes``); pass them on to share them."""
+    return _lifetimes(trace, times)
 
 
-def _lifetimes(trace: Trace) -> Lifetimes:
+def _lifetimes(trace: Trace, times: np.ndarray | None = None) -> Lifetimes:
     ev = trace.events
     n = len(ev)
     action = ev["action"]
-    times = np.maximum.accumulate(ev["time_us"].astype(np.int64)) if n else ev["time_us"].astype(np.int64)
+    if times is None:
+        times = np.maximum.accumulate(ev["time_us"].astype(np.int64)) if n else ev["time_us"].astype(np.int64)
     idx = np.flatnonzero((action == _ALLOC) | (action == _FREE_COMPLETED))
     addr = ev["addr"][idx].astype(np.int64)
     order = np.lexsort((idx, addr))

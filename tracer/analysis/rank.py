@@ -122,7 +122,7 @@ class AnalysedRank:
 
     @cached_property
     def lifetimes(self) -> Lifetimes:
-        return lifetimes(self.trace)
+        return lifetimes(self.trace, self.event_times)
 
     @cached_property
     def categorized(self) -> Categorized:

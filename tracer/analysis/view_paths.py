@@ -17,7 +17,7 @@ import numpy as np
 
 from ..model import Trace, empty_events, empty_samples
 from .categories import innermost_phase_indices
-from .flame import frame_label, stack_paths
+from .flame import FramePaths, frame_label, stack_paths
 from .live import Lifetimes, LiveAllocation, meaningful_frame
 from .phases import recording_span
 
@@ -43,6 +43,7 @@ def _without_events(trace: Trace) -> Trace:
 class _Interner:
     def __init__(self, trace: Trace) -> None:
         self.trace = _without_events(trace)
+        self.paths_of = FramePaths(self.trace)
         self.labels: list[str] = []
         self.label_ids: dict[str, int] = {}
         self.paths: list[list[int]] = []
@@ -51,7 +52,7 @@ class _Interner:
 
     def path_of(self, stack: int, alloc_us: int | None) -> int:
         """The interned path of one allocation made at ``alloc_us`` (None: before recording)."""
-        (key,) = stack_paths(self.trace, [LiveAllocation(0, 1, stack, alloc_us)])[0]
+        (key,) = stack_paths(self.trace, [LiveAllocation(0, 1, stack, alloc_us)], self.paths_of)[0]
         pid = self.path_ids.get(key)
         if pid is None:
             pid = self.path_ids[key] = len(self.paths)
