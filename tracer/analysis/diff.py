@@ -53,6 +53,9 @@ HEADLINE = (AVAILABLE_KV, BEFORE_KV, KV_CACHE, POST_KV, PEAK_RESERVED, PEAK_ALLO
 GATED = frozenset({BEFORE_KV, POST_KV, PEAK_RESERVED, PEAK_ALLOCATED, PEAK_DEVICE})
 #: The label of all hooked calls' bytes together.
 ALL_HOOKS = "all hooked calls"
+#: What :func:`diff_ranks` reads of each analysed rank (``AnalysedRank`` properties): ``memtrace diff``
+#: computes them for both runs at once.
+RANK_NEEDS = ("curves", "lifetimes", "categorized", "oom")
 
 
 @dataclass(frozen=True)

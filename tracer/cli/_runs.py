@@ -45,12 +45,15 @@ def target_args(args: argparse.Namespace) -> dict:
     }
 
 
-def load(path: str | Path, *, allow_pickle: bool = False) -> Run:
-    """A Run from ``path`` (see the module docstring), with a progress bar over a run's files."""
+def load(path: str | Path, *, allow_pickle: bool = False, progress: bool = True) -> Run:
+    """A Run from ``path`` (see the module docstring), with a progress bar over a run's files (none when
+    ``progress`` is False: the caller shows one for several loads at once)."""
     from ..importers.files import load_input
     from ..store import trace_files
 
     p = Path(path)
+    if not progress:
+        return load_input(p, allow_pickle=allow_pickle)
     if p.is_dir():
         try:
             many = len(trace_files(p)) > 1
@@ -120,19 +123,47 @@ def missing_ranks(path: str | Path) -> list:
     return [MissingRank(m.file, m.rank, m.host or m.node_ip, m.status, m.error, m.fetch_hint(p)) for m in elsewhere(p)]
 
 
-def analysed(args: argparse.Namespace, dest: str = "run_path", *, rank: int | None = None, top: int = 10):
+def analysed(
+    args: argparse.Namespace, dest: str = "run_path", *, rank: int | None = None, top: int = 10, progress: bool = True
+):
     """load -> select ``--rank`` -> ``analysis.run.analyse`` with the command's target flags: the analysed run
     every command renders."""
     from ..analysis.run import analyse
 
     path = getattr(args, dest)
-    run = load(path, allow_pickle=getattr(args, "allow_pickle", False))
+    run = load(path, allow_pickle=getattr(args, "allow_pickle", False), progress=progress)
     chosen = {id(t) for t in select(run, rank if rank is not None else getattr(args, "rank", None))}
     done = analyse(run.traces, target_spec(args), path=str(path), missing=missing_ranks(path), top=top)
     if len(chosen) == len(run.traces):
         return done
     # one origin whatever --rank picks: the run is analysed whole, then shown in part
     return done.subset([r for t, r in zip(run.traces, done.ranks, strict=True) if id(t) in chosen])
+
+
+def analysed_together(args: argparse.Namespace, dests: tuple[str, str], needs: tuple[str, ...] = ()) -> tuple:
+    """:func:`analysed` of two runs at once (``diff``'s base and new), each with the figures ``needs`` names
+    (``AnalysedRank`` properties) computed: one in a second thread, since reading a trace and numpy's work
+    release the GIL, so on two cores the pair takes about the time of one. One progress line for both. An
+    error of the first run is raised before one of the second, as loading them one by one would."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    def one(dest: str):
+        run = analysed(args, dest, progress=False)
+        for r in run.ranks:
+            if not r.recorded_nothing:
+                for name in needs:
+                    getattr(r, name)
+        return run
+
+    names = " and ".join(Path(getattr(args, d)).name or str(getattr(args, d)) for d in dests)
+    with task(f"Loading and analysing {names}", total=None), ThreadPoolExecutor(1) as pool:
+        first = pool.submit(one, dests[0])
+        try:
+            second = one(dests[1])
+        except Exception:
+            first.result()  # the first run's error, if it has one, is the one to report
+            raise
+        return first.result(), second
 
 
 def events_only(run, what: str):

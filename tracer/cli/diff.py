@@ -39,13 +39,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from ..analysis.diff import RANK_NEEDS
     from ..plots.render import render
     from ..units import parse_threshold
-    from ._runs import analysed
+    from ._runs import analysed_together
 
     threshold = parse_threshold(args.fail_over)
-    base = analysed(args, "base")
-    new = analysed(args, "new")
+    base, new = analysed_together(args, ("base", "new"), RANK_NEEDS)
     failed = any(d.failed for d in new.compared_with(base, threshold))
     render(new, sys.stdout, "diff", base=base, threshold=threshold, json_out=args.json)
     return 1 if failed else 0
