@@ -144,6 +144,34 @@ def test_clicking_the_peak_shows_the_reports_allocated_at_peak_to_the_byte(start
     assert startup.page.locator(".mt-events tr.mt-here").count() == 1
 
 
+def test_the_first_crossing_landmark_says_what_the_report_says(startup):
+    """The landmark's line names the report's first crossing: its curve, the bytes when it crossed, the moment
+    on the report's time origin, its phase, and the highest point of that excursion with its phase."""
+    from memtrace.units import format_gib
+
+    doc = _report(STARTUP)["traces"][0]
+    c, t0 = doc["crossings"][0], doc["t0_us"]
+    assert startup.js("memtraceView.ranks[0].meta.t0_us") == t0  # one origin: the report's
+    startup.js("memtraceView.selected = null")
+    startup.page.click('button[data-landmark="first crossing (device used)"]')
+    startup.page.wait_for_function("memtraceView.selected")
+    line = startup.page.inner_text(".mt-landmark-line")
+    assert line.startswith(
+        f"first crossing (device used): NVML device used {format_gib(c['at_cross_bytes'])} "
+        f"at {(c['time_us'] - t0) / 1e6:.3f} s in {c['phase_path']}; "
+        f"highest {format_gib(c['max_bytes'])} in {c['max_phase_path']}"
+    ), line
+    # the report's own words for the same crossing (124.06 s in kv_cache_init, highest in kernel_warmup)
+    assert (c["phase_path"], c["max_phase_path"]) == ("kv_cache_init", "compile_or_warm_up/kernel_warmup")
+    assert f"crossed it at {(c['time_us'] - t0) / 1e6:.2f} s in kv_cache_init" in _main("report", str(STARTUP))
+    # the selection is the last event at or before the crossing's microsecond
+    import numpy as np
+    from memtrace.cli._runs import load
+
+    times = np.maximum.accumulate(load(STARTUP).traces[0].events["time_us"])
+    assert startup.js("memtraceView.selected.event") == int(np.searchsorted(times, c["time_us"], "right")) - 1
+
+
 def test_wheel_and_drag_zoom_reach_exact_steps(startup):
     from memtrace.cli._runs import load
 
