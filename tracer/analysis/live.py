@@ -85,18 +85,20 @@ def _lifetimes(trace: Trace, times: np.ndarray | None = None) -> Lifetimes:
     action = ev["action"]
     if times is None:
         times = np.maximum.accumulate(ev["time_us"].astype(np.int64)) if n else ev["time_us"].astype(np.int64)
+    # (temporaries are reassigned one at a time: at 10M events each is ~50 MB, and diff analyses two runs at once)
     idx = np.flatnonzero((action == _ALLOC) | (action == _FREE_COMPLETED))
-    addr = ev["addr"][idx].astype(np.int64)
+    addr = ev["addr"][idx].astype(np.int64, copy=False)
     order = np.lexsort((idx, addr))
-    idx, addr = idx[order], addr[order]
+    idx = idx[order]
+    addr = addr[order]
+    del order
     is_alloc = action[idx] == _ALLOC
     same_next = np.zeros(len(idx), dtype=bool)
     same_next[:-1] = addr[:-1] == addr[1:]
     # 1. recorded allocs: ended by the next event at the same address, if any
-    nxt = np.minimum(np.arange(len(idx)) + 1, max(len(idx) - 1, 0))
     a = np.flatnonzero(is_alloc)
     ended = same_next[a]
-    a_free_pos = np.where(ended, idx[nxt[a]] if len(a) else a, n)
+    a_free_pos = np.where(ended, idx[np.minimum(a + 1, len(idx) - 1)] if len(a) else a, n)
     a_free_us = np.where(ended, times[np.minimum(a_free_pos, max(n - 1, 0))] if len(a) else a, _NEVER)
     # 2. orphan frees: a free_completed not preceded (at its address) by an alloc
     prev_alloc = np.zeros(len(idx), dtype=bool)
@@ -115,14 +117,16 @@ def _lifetimes(trace: Trace, times: np.ndarray | None = None) -> Lifetimes:
     b_stack = np.array([x[2] for x in base], dtype=np.int32)
     nb = len(base)
     ev_a, ev_o = idx[a], idx[o]
+    out_addr = np.concatenate((addr[a], addr[o], b_addr))
+    del idx, addr, is_alloc, same_next, prev_alloc, a, ended
     return Lifetimes(
-        addr=np.concatenate((addr[a], addr[o], b_addr)),
-        size=np.concatenate((ev["size"][ev_a], ev["size"][ev_o], b_size)).astype(np.int64),
-        stack=np.concatenate((ev["stack"][ev_a], np.full(len(o), -1, np.int32), b_stack)).astype(np.int32),
+        addr=out_addr,
+        size=np.concatenate((ev["size"][ev_a], ev["size"][ev_o], b_size)).astype(np.int64, copy=False),
+        stack=np.concatenate((ev["stack"][ev_a], np.full(len(o), -1, np.int32), b_stack)).astype(np.int32, copy=False),
         alloc_us=np.concatenate((times[ev_a], np.full(len(o) + nb, _BEFORE, np.int64))),
-        alloc_pos=np.concatenate((ev_a, np.full(len(o) + nb, -1, np.int64))).astype(np.int64),
-        free_us=np.concatenate((a_free_us, times[ev_o], np.full(nb, _NEVER, np.int64))).astype(np.int64),
-        free_pos=np.concatenate((a_free_pos, ev_o, np.full(nb, n, np.int64))).astype(np.int64),
+        alloc_pos=np.concatenate((ev_a, np.full(len(o) + nb, -1, np.int64))).astype(np.int64, copy=False),
+        free_us=np.concatenate((a_free_us, times[ev_o], np.full(nb, _NEVER, np.int64))).astype(np.int64, copy=False),
+        free_pos=np.concatenate((a_free_pos, ev_o, np.full(nb, n, np.int64))).astype(np.int64, copy=False),
     )
 
 
