@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from ..analysis.fits import DIED, FITS, NO_KV, NO_KV_CACHE, OOM, REFUSED, UNKNOWN, Fit
 from ..analysis.reconcile import PRE_KV_PEAK
+from ..facts import KV_SIZED_EXTENSIBLE as EXTENSIBLE
 from ..units import format_gib as _gib
 from . import oom_text
 from .text import wrap
@@ -41,13 +42,13 @@ def _oom_facts(r: Fit) -> str:
 
 def _verdict(r: Fit) -> str:
     """One short phrase for a table row."""
-    if r.outcome == FITS and r.kv_sizing == "extensible":
+    if r.outcome == FITS and r.kv_sizing == EXTENSIBLE:
         return f"fits: {_blocks(r)}"
     if r.outcome == FITS:
         return f"fits, {_gib(r.headroom_bytes)} to spare"
     if r.outcome == REFUSED:
         return f"vLLM refuses at init_device: free memory {_gib(r.overshoot_bytes)} short of util × capacity"
-    if r.outcome == NO_KV and r.kv_sizing == "extensible":
+    if r.outcome == NO_KV and r.kv_sizing == EXTENSIBLE:
         return f"vLLM refuses {_in(r.phase)}: no room for one max_model_len request"
     if r.outcome == NO_KV and "max_model_len" in r.phase:
         return (
@@ -76,7 +77,7 @@ def _answer(r: Fit) -> list[str]:
     head = HEADLINE[r.outcome]
     if r.outcome == FITS and r.stage == NO_KV_CACHE:
         return [f"{head}: its whole recording fits (no KV cache), {_gib(r.headroom_bytes)} to spare at its peak"]
-    if r.outcome == FITS and r.kv_sizing == "extensible":
+    if r.outcome == FITS and r.kv_sizing == EXTENSIBLE:
         return [
             f"{head}: vLLM sizes the KV cache after warm-up to {_gib(r.kv_cache_bytes)} ({_blocks(r)}); before it "
             f"the start-up needs at most {_gib(r.pre_kv_peak_bytes)} ({_in(r.pre_kv_peak_phase)}), "
@@ -94,13 +95,13 @@ def _answer(r: Fit) -> list[str]:
             f"{head} at KV sizing: the {_gib(r.kv_cache_bytes)} KV cache cannot hold one request of max_model_len "
             f"tokens ({_gib(r.overshoot_bytes)} short); lower --max-model-len or raise --gpu-memory-utilization"
         ]
-    if r.outcome == NO_KV and r.kv_sizing == "extensible" and r.phase == "kv_cache_init":
+    if r.outcome == NO_KV and r.kv_sizing == EXTENSIBLE and r.phase == "kv_cache_init":
         return [
             f"{head} at kv_cache_init: the KV cache's address range (vLLM may fill {_gib(r.target_bytes)} - "
             f"non-KV {_gib(r.non_kv_bytes)}) cannot hold one request of max_model_len tokens (vLLM refuses); "
             "lower --max-model-len or use a larger card"
         ]
-    if r.outcome == NO_KV and r.kv_sizing == "extensible":
+    if r.outcome == NO_KV and r.kv_sizing == EXTENSIBLE:
         return [
             f"{head} {_in(r.phase)}: after warm-up too little is free for the KV cache to hold one request of "
             "max_model_len tokens (vLLM refuses); lower --max-model-len or use a larger card"
@@ -180,7 +181,7 @@ def render_fits(results: list[Fit], run_path: str, smallest: int | None) -> str:
             f"(vLLM may fill {_gib(r.target_bytes)}):"
         )
         lines += [_wrapped("  ", line) for line in _answer(r)]
-        if r.kv_sizing == "extensible":
+        if r.kv_sizing == EXTENSIBLE:
             fixed = (
                 "card-independent: what the start-up needs before the KV cache, vLLM's reserves after warm-up "
                 "(the transient peak, PyTorch's reserve growth, the margin); the KV cache takes what is left"

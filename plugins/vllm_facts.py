@@ -317,12 +317,12 @@ def kv_size_source(explicit_before: Any, worker: Any) -> str:
     (vLLM >= 0.32), ``extensible`` when vLLM 0.34 measures it after warm-up (the profiled figure then only
     sizes the address range), else ``profiling``."""
     if explicit_before:
-        return "--kv-cache-memory-bytes"
+        return F.KV_SIZE_GIVEN_FLAG
     if kv_bytes_given(worker):
-        return "VLLM_ENABLE_STARTUP_PLAN"
+        return F.KV_SIZE_GIVEN_PLAN
     if extensible(worker):
-        return "extensible"
-    return "profiling"
+        return F.KV_SIZED_EXTENSIBLE
+    return F.KV_SIZED_BY_PROFILING
 
 
 def rank_facts(worker: Any) -> dict[str, Any]:

@@ -171,6 +171,11 @@ VLLM_KV_SIZE_SOURCE = _fact(
     "'--kv-cache-memory-bytes' or 'VLLM_ENABLE_STARTUP_PLAN' (a persisted plan); the last two skip the "
     "memory profiling (profile_run still runs)",
 )
+#: The values of VLLM_KV_SIZE_SOURCE (the plugin writes them, analysis and outputs read them).
+KV_SIZED_BY_PROFILING = "profiling"
+KV_SIZED_EXTENSIBLE = "extensible"
+KV_SIZE_GIVEN_FLAG = "--kv-cache-memory-bytes"
+KV_SIZE_GIVEN_PLAN = "VLLM_ENABLE_STARTUP_PLAN"
 VLLM_KV_SIZING = _fact(
     "vllm.kv_cache_sizing",
     "dict",

@@ -180,3 +180,22 @@ def test_a_given_kv_size_is_not_reconstructed_and_fits_keeps_it_on_every_card():
     assert nk.source == KV_GIVEN and nk.bytes == trace.facts[F.TARGET_BYTES] - given
     for capacity in (150 << 30, 200 << 30):
         assert fit(trace, capacity).kv_cache_bytes == given
+
+
+def test_every_sizing_mode_the_plugin_records_is_known_by_name_and_in_words():
+    """The plugin's four answers for how vLLM sized the KV cache (``facts.KV_*``) are the ones analysis tells
+    apart: two are a size handed to vLLM, and each has words for "vLLM's default with ...". An earlier
+    table had words for "given", a value the plugin never writes."""
+    from memtrace import facts as F
+    from memtrace.analysis.reconcile import kv_size_given
+    from memtrace.analysis.target import KV_SIZING_WORDS
+    from memtrace.model import Trace
+
+    modes = (F.KV_SIZED_BY_PROFILING, F.KV_SIZED_EXTENSIBLE, F.KV_SIZE_GIVEN_FLAG, F.KV_SIZE_GIVEN_PLAN)
+    assert set(KV_SIZING_WORDS) == set(modes)
+    given = []
+    for mode in (*modes, None, ""):
+        trace = Trace()
+        trace.facts[F.VLLM_KV_SIZE_SOURCE] = mode
+        given.append(kv_size_given(trace))
+    assert given == [False, False, True, True, False, False]

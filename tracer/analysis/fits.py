@@ -124,7 +124,7 @@ class Fit:
     non_torch_cupti_own_bytes: int | None = None  # of the unexplained rest: CUPTI's own device memory
     #: how vLLM sizes the KV cache on this card: "profiling" (``util x capacity - non_kv``) or "extensible"
     #: (vLLM 0.34's default: measured after warm-up, ``analysis.fits_extensible``)
-    kv_sizing: str = "profiling"
+    kv_sizing: str = F.KV_SIZED_BY_PROFILING
     kv_blocks: int | None = None  # extensible: the blocks vLLM would commit, and their tokens
     kv_tokens: int | None = None
 

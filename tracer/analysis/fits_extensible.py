@@ -71,7 +71,7 @@ class ExtensibleFit:
 
 def is_extensible(trace: Trace) -> bool:
     """Whether vLLM sized this trace's KV cache after warm-up (0.34's extensible KV cache)."""
-    return trace.facts.get(F.VLLM_KV_SIZE_SOURCE) == "extensible"
+    return trace.facts.get(F.VLLM_KV_SIZE_SOURCE) == F.KV_SIZED_EXTENSIBLE
 
 
 def fit_extensible(
@@ -246,7 +246,7 @@ def as_fit(rank, capacity_bytes: int, util: float | None, rec: Recorded) -> Fit:
         non_torch_source=rec.non_torch_source,
         non_kv_source=rec.non_kv_source,
         recorded_capacity_bytes=rec.capacity_bytes,
-        kv_sizing="extensible",
+        kv_sizing=F.KV_SIZED_EXTENSIBLE,
         kv_blocks=e.kv_blocks,
         kv_tokens=e.kv_tokens,
         **rec.non_torch_split,

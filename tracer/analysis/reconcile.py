@@ -268,7 +268,7 @@ def kv_size_given(trace: Trace) -> bool:
     is sized by a formula: after warm-up, ``analysis.extensible``; its profiled figure sizes the
     address range with the 0.33 formula.)"""
     source = trace.facts.get(F.VLLM_KV_SIZE_SOURCE)
-    return isinstance(source, str) and source not in ("profiling", "extensible")
+    return source in (F.KV_SIZE_GIVEN_FLAG, F.KV_SIZE_GIVEN_PLAN)
 
 
 #: Where :func:`non_kv`'s figure came from, in the words outputs print.

@@ -128,9 +128,10 @@ def describe(target: Target) -> str:
 
 #: vLLM's sizing modes in words (facts.VLLM_KV_SIZE_SOURCE)
 KV_SIZING_WORDS = {
-    "extensible": "the extensible KV cache, sized after warm-up",
-    "profiling": "the KV cache sized by profiling",
-    "given": "--kv-cache-memory-bytes",
+    F.KV_SIZED_EXTENSIBLE: "the extensible KV cache, sized after warm-up",
+    F.KV_SIZED_BY_PROFILING: "the KV cache sized by profiling",
+    F.KV_SIZE_GIVEN_FLAG: "the KV cache's size given (--kv-cache-memory-bytes)",
+    F.KV_SIZE_GIVEN_PLAN: "the KV cache's size from a start-up plan (VLLM_ENABLE_STARTUP_PLAN)",
 }
 
 
