@@ -209,3 +209,29 @@ def test_program_name_is_what_ran(cmdline, program):
     from memtrace.analysis.history_key import program_name
 
     assert program_name({"cmdline": cmdline}) == program
+
+
+def test_a_command_line_that_lost_a_flags_name_claims_nothing_was_left_to_vllm():
+    """Traces recorded before memtrace stopped redacting every name holding "token" lost the flag after
+    ``--skip-tokenizer-init``; a flag missing from such a line proves nothing, so none is "left to vLLM"
+    (a diff would otherwise call the user's own setting a change the new versions made)."""
+    from memtrace import facts as F
+    from memtrace.analysis.history_key import flags_readable, left_to_vllm
+    from memtrace.model import Trace
+
+    shipped = load_run(Path(__file__).resolve().parents[1] / "data" / "vllm-h200" / "startup").traces[0]
+    assert not flags_readable(shipped.facts["env"]["cmdline"])  # '--skip-tokenizer-init', '<redacted>', '127.0.0.1'
+
+    def left(cmdline, util_source=None):
+        t = Trace()
+        t.facts[F.ENV] = {"cmdline": cmdline}
+        if util_source:
+            t.facts[F.UTIL_SOURCE] = util_source
+        return left_to_vllm(t)
+
+    lost = ["vllm", "serve", "m", "--skip-tokenizer-init", F.REDACTED, "32768", "--api-key", F.REDACTED]
+    assert left(lost) == frozenset()
+    assert left(lost, "vllm-default") == {"gpu_memory_utilization"}
+    whole = ["vllm", "serve", "m", "--skip-tokenizer-init", "--max-model-len", "32768", "--api-key", F.REDACTED]
+    assert flags_readable(whole)
+    assert "max_model_len" not in left(whole) and "max_num_seqs" in left(whole)

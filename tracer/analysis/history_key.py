@@ -126,6 +126,8 @@ def left_to_vllm(trace: Trace) -> frozenset[str]:
     argv = [a.split("=", 1)[0] for a in env.get("cmdline") or [] if isinstance(a, str)]
     if not argv:
         return frozenset()
+    if not flags_readable(argv):  # which flags the user gave is not known: claim none was left to vLLM
+        return frozenset({"gpu_memory_utilization"} if trace.facts.get(F.UTIL_SOURCE) == "vllm-default" else ())
     given = {a[2:].replace("-", "_") for a in argv if a.startswith("--")}
     out = {f for f in (*MEMORY_FLAGS, "gpu_memory_utilization") if f not in given}
     if trace.facts.get(F.UTIL_SOURCE) == "vllm-default":
@@ -133,6 +135,16 @@ def left_to_vllm(trace: Trace) -> frozenset[str]:
     if not given & {"enable_extensible_kv_cache", "no_enable_extensible_kv_cache", "kv_cache_memory_bytes"}:
         out.add("kv_cache_sizing")
     return frozenset(out)
+
+
+def flags_readable(argv: list[str]) -> bool:
+    """False when a recorded command line lost a flag's name: a ``<redacted>`` standing where a name would,
+    followed by a value (``--skip-tokenizer-init <redacted> 127.0.0.1``). Traces recorded before memtrace
+    stopped treating every name that holds "token" as a secret have them; there a missing flag proves
+    nothing. A secret's own value (``--api-key <redacted>``) is followed by the next flag or the end."""
+    return not any(
+        a == F.REDACTED and i + 1 < len(argv) and not argv[i + 1].startswith("-") for i, a in enumerate(argv)
+    )
 
 
 def matrix_key(fp: dict[str, str]) -> str:

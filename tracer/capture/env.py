@@ -17,8 +17,8 @@ import sys
 from typing import Any
 
 from .. import facts as F
+from ..facts import REDACTED
 
-REDACTED = "<redacted>"
 #: a secret-looking word standing alone in an option or variable name: ``--hf-token``, ``HF_TOKEN``,
 #: ``--api-key``; not ``--skip-tokenizer-init`` or ``--max-num-batched-tokens``
 _SECRET_NAME = re.compile(
