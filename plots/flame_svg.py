@@ -32,6 +32,7 @@ from xml.sax.saxutils import escape
 
 from ..analysis.categories import WORKSPACE_FUNCTIONS
 from ..analysis.flame import HOOK_PREFIX, NON_TORCH, VMM_KV, Flame, FlameNode
+from ..analysis.moment import PEAK
 from ..units import format_bytes
 
 WIDTH = 1200
@@ -292,8 +293,14 @@ def say_flame(rank, moment, flame: Flame, log) -> None:
     if flame.vmm_bytes is not None:
         split = split[:-1] if split else f" (PyTorch {format_bytes(flame.torch_bytes, 2)}"
         split += f" + KV cache {format_bytes(flame.vmm_bytes, 2)} committed through CUDA VMM)"
-    log.write(f"memtrace: {rank.label}: {format_bytes(flame.total_bytes, 2)}{split} {held} at {moment.what} "
-              f"({rank.seconds(moment.time_us):.3f} s)\n")  # fmt: skip
+    secs = f"{rank.seconds(moment.time_us):.3f} s"
+    when = moment.what if moment.what == secs else f"{moment.what} ({secs})"  # --at 179.5: said once
+    log.write(f"memtrace: {rank.label}: {format_bytes(flame.total_bytes, 2)}{split} {held} at {when}\n")
+    held_curve = rank.curves.held
+    if moment.what == PEAK and len(rank.curves.vmm) and held_curve.peak_bytes > rank.curves.reserved.peak_bytes:
+        t = int(held_curve.time_us[held_curve.peak_index])
+        log.write(f"memtrace: the most {rank.label} held was {format_bytes(held_curve.peak_bytes, 2)}, with the KV cache "
+                  f"committed through CUDA VMM, at {rank.seconds(t):.3f} s: --at {rank.seconds(t):.3f} shows it\n")  # fmt: skip
 
 
 def render(run, out: str | os.PathLike, *, at: str = "peak", since: str | None = None, added: bool = False,

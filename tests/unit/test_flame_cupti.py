@@ -149,7 +149,7 @@ def test_a_trace_without_records_draws_what_it_drew_before(trace, peak, tmp_path
 def test_cli_draws_cuptis_part_by_default_and_leaves_it_out_with_torch_only(tmp_path, capsys):
     both, torch_only = tmp_path / "both.folded", tmp_path / "torch.folded"
     assert main(["flame", str(RUN), "-o", str(both)]) == 0
-    assert "(PyTorch 128.40 GiB + non-PyTorch 65.20 MiB CUPTI saw) live at the peak" in capsys.readouterr().err
+    assert "(PyTorch 128.40 GiB + non-PyTorch 65.20 MiB CUPTI saw) live at the reserved peak" in capsys.readouterr().err
     assert main(["flame", str(RUN), "--torch-only", "-o", str(torch_only)]) == 0
     lines, plain = both.read_text().splitlines(), torch_only.read_text().splitlines()
     assert _folded_sum(lines, non_pytorch=True) == 68_362_212

@@ -210,3 +210,21 @@ def test_a_flame_graph_at_a_time_names_that_time_once_and_holds_the_kv_cache_out
     assert "Live GPU memory at 179.500 s<" in text or "Live GPU memory at 179.500 s " in text
     assert "179.500 s: 179.500 s" not in text
     assert "[KV cache outside PyTorch, CUDA VMM] · 126.23 GiB" in text
+
+
+def test_the_default_flame_is_pytorchs_reserved_peak_and_says_where_the_process_held_the_most(tmp_path, capsys):
+    """On 0.34 the reserved peak (warm-up) comes before the KV cache is committed outside PyTorch: the flame
+    says which peak it shows and points at the moment the process held the most, which --at then shows."""
+    from memtrace.cli import main
+
+    held = all_curves(_trace("moe-ext")).held
+    assert main(["flame", str(run_dir("moe-ext")), "-o", str(tmp_path / "a.svg")]) == 0
+    err = capsys.readouterr().err
+    assert "live at the reserved peak (168.969 s)" in err
+    said = re.search(r"the most rank 0 held was ([\d.]+) GiB, with the KV cache committed through CUDA VMM, "
+                     r"at ([\d.]+) s: --at \2 shows it", err)  # fmt: skip
+    assert said and float(said[1]) == round(held.peak_bytes / GiB, 2) == 137.35
+    assert main(["flame", str(run_dir("moe-ext")), "--at", said[2], "-o", str(tmp_path / "b.svg")]) == 0
+    err = capsys.readouterr().err
+    assert f"(PyTorch 11.06 GiB + KV cache 126.23 GiB committed through CUDA VMM) live at {said[2]} s\n" in err
+    assert "the most rank 0 held" not in err  # said only for the reserved peak

@@ -30,6 +30,10 @@ from .phases import PhaseStats, path_at, phase_path, phase_stats, recording_span
 _TIME = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:e[+-]?[0-9]+)?)\s*(s|ms|us|µs)?\s*$", re.IGNORECASE)
 _UNIT_US = {"s": 1_000_000, "ms": 1_000, "us": 1, "µs": 1, None: 1_000_000}
 
+#: What ``--at peak`` is called in titles and lines: the peak of PyTorch's reserved memory (from vLLM 0.34 the
+#: KV cache is committed outside PyTorch later, so it is not the most the process held).
+PEAK = "the reserved peak"
+
 
 @dataclass(frozen=True)
 class Moment:
@@ -37,7 +41,7 @@ class Moment:
 
     time_us: int
     event_index: int | None
-    what: str  # "the peak", "the OOM", "18.250 s", "the fullest moment of profile_run"
+    what: str  # "the reserved peak", "the OOM", "18.250 s", "the fullest moment of profile_run"
     phase_path: str  # the innermost phase in force ("" outside any)
     since_us: int | None = None  # only allocations made at or after this moment count
     since_what: str = ""  # "profile_run's start", "12.000 s"
@@ -92,7 +96,7 @@ def resolve_moment(trace: Trace, curves: Curves, at: str, *, t0_us: int | None =
 
     text = at.strip()
     if text.lower() == "peak":
-        return after_event(peak_event_index(curves.allocated, curves.reserved), "the peak")
+        return after_event(peak_event_index(curves.allocated, curves.reserved), PEAK)
     if text.lower() == "oom":
         oom = find_oom(trace)
         if oom is None:
