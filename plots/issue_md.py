@@ -14,6 +14,7 @@ import io
 from pathlib import Path
 
 from ..analysis.fingerprint import command_line, environment
+from ..analysis.moment import PEAK
 from ..analysis.titles import timeline_title, what_ran
 from ..units import format_gib
 from . import oom_text
@@ -103,7 +104,7 @@ def render_issue(run) -> str:
     render_report(run, buf, markdown=True)
     out += [buf.getvalue().rstrip(), ""]
     peak_of = f" ({r.label}, the worst rank)" if run.multi else ""
-    out += [f"## What held memory at the peak{peak_of}", "", "![flame graph at the peak](flame.svg)", ""]
+    out += [f"## What held memory at {PEAK}{peak_of}", "", f"![flame graph at {PEAK}](flame.svg)", ""]
     out += ["Folded stacks for speedscope / flamegraph.pl: `flame.folded`.", ""]
     return "\n".join(out) + "\n"
 

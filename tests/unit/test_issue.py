@@ -29,7 +29,7 @@ def test_bundle_holds_markdown_and_images(bundle):
     assert (bundle / "flame.folded").stat().st_size > 0
     md = (bundle / "issue.md").read_text()
     assert "![GPU memory during start-up](timeline.png)" in md
-    assert "![flame graph at the peak](flame.svg)" in md
+    assert "![flame graph at the reserved peak](flame.svg)" in md
 
 
 def test_markdown_carries_the_environment_fingerprint(bundle):

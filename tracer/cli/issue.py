@@ -7,7 +7,7 @@ DIR (default: RUN's name + "-issue") receives:
                 the peak, the crossing of the --gpu-memory-utilization target, the top holders at
                 the peak and the FlashInfer workspace calls, with the images linked
   timeline.png  GPU memory over time by category, the target line and the first crossing
-  flame.svg     what held memory at the peak (and flame.folded for speedscope / flamegraph.pl)
+  flame.svg     what held memory at the reserved peak (and flame.folded for speedscope / flamegraph.pl)
 
 Attach the images to the issue (GitHub uploads them when dropped into the text box). A DIR that
 already holds these files is only replaced with --force.
