@@ -303,3 +303,32 @@ def test_icicle_paths_in_the_page_are_the_flame_graphs_with_flashinfer_hook_fram
     assert {tuple(p): b for p, b in groups} == expected
     assert any(label.startswith("[hook] ") for path in expected for label in path)
     page.close()
+
+
+def test_a_vllm_034_page_draws_the_kv_cache_outside_pytorch_and_reads_it_out_exactly(browser, tmp_path):
+    """vLLM 0.34 (the H200 start-up in tests/data/vllm-h200-034): the KV cache committed through CUDA's VMM
+    API has its legend entry and band, and the hover after its commit reads vLLM's "Extended KV cache to
+    258528 blocks" to the byte, beside PyTorch's reserved memory."""
+    from vllm034_data import run_dir
+
+    out = tmp_path / "moe-ext.html"
+    _main("view", str(run_dir("moe-ext")), "-o", str(out))
+    page = Page(browser, out)
+    try:
+        doc = _report(run_dir("moe-ext"))["traces"][0]
+        label = page.js("memtraceView.ranks[0].meta.vmm.label")
+        assert page.page.inner_text("[data-legend=vmm_kv]").strip() == label
+        assert page.js("memtraceView.ranks[0].meta.vmm.held_peak_bytes") == doc["peak_held"]["bytes"]
+        end = page.js("memtraceView.ranks[0].meta.end_us") / 1e6
+        box = page.chart_box()
+        page.page.mouse.move(page.x_of(end - 0.05), box["y"] + box["h"] / 2)
+        page.page.wait_for_function("memtraceView.ranks[0].hover")
+        rows = page.js("memtraceView.ranks[0].hover.rows")
+        assert rows[label] == "126.23 GiB (135,543,128,064 B)"  # vLLM: 258528 blocks (126.23 GiB)
+        assert rows["reserved"].startswith("11.12 GiB (")  # PyTorch's own: the cache is not in it
+        # during warm-up the band holds only the pages vLLM committed for it (16 MiB, README), not the cache
+        page.page.mouse.move(page.x_of(160.0), box["y"] + box["h"] / 2)
+        page.page.wait_for_function("memtraceView.ranks[0].hover.t_us < 170e6")
+        assert page.js("memtraceView.ranks[0].hover.rows")[label] == "0.02 GiB (16,777,216 B)"
+    finally:
+        page.close()
