@@ -94,8 +94,11 @@ def measure_serve(cmd: list[str], cwd: Path, timeout: float, env: dict | None) -
     with tempfile.NamedTemporaryFile("r", suffix=".time") as tf, tempfile.TemporaryFile("w+") as err:
         wrap = ["/usr/bin/time", "-f", "%e %M", "-o", tf.name] if TIME else []
         t = time.perf_counter()
+        # Ctrl-C (SIGINT) stops the server: a benchmark started in the background (nohup ... &) runs with
+        # SIGINT ignored, which the server would inherit and never stop
         proc = subprocess.Popen([*wrap, *cmd, "--port", str(port)], cwd=cwd, stdout=subprocess.DEVNULL,
-                                stderr=err, env=env, start_new_session=True)  # fmt: skip
+                                stderr=err, env=env, start_new_session=True,
+                                preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))  # fmt: skip
         wall = exited = None
         while (exited := proc.poll()) is None and time.perf_counter() - t < timeout:
             try:
