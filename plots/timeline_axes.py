@@ -106,8 +106,9 @@ def _stack(ax, rank: RankTimeline, t0: int, lo: int, hi: int, n_buckets: int, ha
     keep = bucket_indices(alloc.time_us, alloc.bytes, lo, hi, n_buckets)
     t = np.append(_s(alloc.time_us[keep], t0), _s(hi, t0))
     base = np.zeros(len(t))
-    for name in CATEGORIES:
-        vals = np.maximum(rank.categories[name].bytes[keep], 0)
+    at_keep = rank.categories.at(keep)
+    for k, name in enumerate(CATEGORIES):
+        vals = np.maximum(at_keep[k], 0)
         if not vals.any():
             continue
         top = base + np.append(_g(vals), _g(vals[-1]))

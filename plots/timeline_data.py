@@ -21,6 +21,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..analysis.categories import CategorySteps
 from ..analysis.crossing import Crossings, Excursion
 from ..analysis.curves import Curve, Curves
 from ..analysis.fingerprint import describe_run
@@ -37,7 +38,7 @@ class RankTimeline:
 
     label: str
     curves: Curves
-    categories: dict[str, Curve]
+    categories: CategorySteps  # allocated bytes by category, read at the drawn indices
     phases: list[PhaseStats]
     start_us: int
     end_us: int
@@ -76,7 +77,7 @@ def prepare_rank(rank: AnalysedRank) -> RankTimeline:
     return RankTimeline(
         label=rank.label,
         curves=rank.curves,
-        categories=rank.category_curves,
+        categories=rank.category_steps,
         phases=rank.phases,
         start_us=start,
         end_us=max(end, start + 1),

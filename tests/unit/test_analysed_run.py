@@ -15,7 +15,7 @@ TRACE = next((Path(__file__).resolve().parents[1] / "data" / "h200" / "startup-c
 
 def test_each_figure_is_computed_once_on_the_rank_and_shared():
     rank = analyse([load_trace(TRACE)]).ranks[0]
-    for name in ("curves", "lifetimes", "categorized", "category_curves", "oom", "crossings", "summary", "landmarks"):
+    for name in ("curves", "lifetimes", "categorized", "category_steps", "oom", "crossings", "summary", "landmarks"):
         assert getattr(rank, name) is getattr(rank, name), name
     assert rank.summary.target is rank.target  # never flattened to bytes on the way
     assert rank.fits([16 << 30]) is rank.fits([16 << 30])

@@ -197,12 +197,14 @@ def test_real_vllm_kv_cache_and_weights_categories_match_vllms_own_figures():
 def test_category_steps_read_the_category_curves_at_any_index_without_building_them():
     """The view's zoom reads categories at a few thousand indices (analysis.categories.CategorySteps)."""
     import numpy as np
-    from memtrace.analysis.categories import CATEGORIES, category_steps
+    from memtrace.analysis.categories import CATEGORIES, category_curves, category_steps
     from memtrace.analysis.run import analyse
     from memtrace.store import load_run
 
     rank = analyse(load_run(Path(__file__).resolve().parents[1] / "data" / "vllm-h200" / "startup").traces).ranks[0]
     steps = category_steps(rank.trace, rank.categorized, rank.curves)
     idx = np.r_[0, np.random.default_rng(0).integers(0, len(rank.trace.events) + 1, 500), len(rank.trace.events)]
-    want = np.array([rank.category_curves[c].bytes[idx] for c in CATEGORIES])
+    curves = category_curves(rank.trace, rank.categorized, curves=rank.curves)
+    want = np.array([curves[c].bytes[idx] for c in CATEGORIES])
+    assert rank.category_steps is rank.category_steps  # computed once on the rank, shared by plot and view
     assert np.array_equal(steps.at(idx), want)

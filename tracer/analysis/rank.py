@@ -20,7 +20,7 @@ from functools import cached_property
 import numpy as np
 
 from ..model import Trace
-from .categories import Categorized, categorize, category_curves
+from .categories import Categorized, CategorySteps, categorize, category_steps
 from .crossing import Crossings, Excursion, crossings
 from .curves import Curve, Curves, all_curves, committed_curve, vmm_reserved_curve
 from .extensible import ExtensibleSizing, extensible_sizing
@@ -129,8 +129,10 @@ class AnalysedRank:
         return categorize(self.trace, self.lifetimes)
 
     @cached_property
-    def category_curves(self) -> dict[str, Curve]:
-        return category_curves(self.trace, self.categorized, curves=self.curves)
+    def category_steps(self) -> CategorySteps:
+        """Allocated bytes by category at any curve index, read where drawn (the timeline's pixels, the
+        view's window) without building seven curves of every event."""
+        return category_steps(self.trace, self.categorized, self.curves)
 
     @cached_property
     def cupti(self) -> Curve | None:

@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 
 from ..model import ACTIONS
-from .categories import CATEGORIES, category_steps
+from .categories import CATEGORIES
 from .flame import frame_label
 from .live import meaningful_frame
 
@@ -32,7 +32,7 @@ class RankQueries:
         self.a, self.t0 = a, t0_us
         self.t = a.event_times - t0_us
         # read at the window's few thousand indices: no per-category curve of every event is built
-        self.cats = category_steps(a.trace, a.categorized, a.curves)
+        self.cats = a.category_steps
         self.alloc = a.curves.allocated.bytes
         self.res = a.curves.reserved.bytes
         self.dev_t = a.curves.device_used.time_us - t0_us
