@@ -152,6 +152,6 @@ if want cost; then
     printf '%s\t%s\t%s\t%s\t%s\t%s\n' "$p" "${order[0]}-${order[1]}" "${S[on]}" "${S[off]}" "${T[on]}" "${T[off]}" >> "$W/cost/rounds.tsv"
     pack
   done
-  column -t "$W/cost/rounds.tsv" | tee -a "$OUT/progress.log"
+  { command -v column > /dev/null && column -t "$W/cost/rounds.tsv" || cat "$W/cost/rounds.tsv"; } | tee -a "$OUT/progress.log"  # the H200 image has no column
   cut -f1,2,5 "$W/cost/runs.tsv" | tee -a "$OUT/progress.log"
 fi
