@@ -296,8 +296,10 @@ def say_flame(rank, moment, flame: Flame, log) -> None:
     secs = f"{rank.seconds(moment.time_us):.3f} s"
     when = moment.what if moment.what == secs else f"{moment.what} ({secs})"  # --at 179.5: said once
     log.write(f"memtrace: {rank.label}: {format_bytes(flame.total_bytes, 2)}{split} {held} at {when}\n")
+    if moment.what != PEAK or not len(rank.curves.vmm):  # no KV cache outside PyTorch: the reserved peak is it
+        return
     held_curve = rank.curves.held
-    if moment.what == PEAK and len(rank.curves.vmm) and held_curve.peak_bytes > rank.curves.reserved.peak_bytes:
+    if held_curve.peak_bytes > rank.curves.reserved.peak_bytes:
         t = int(held_curve.time_us[held_curve.peak_index])
         log.write(f"memtrace: the most {rank.label} held was {format_bytes(held_curve.peak_bytes, 2)}, with the KV cache "
                   f"committed through CUDA VMM, at {rank.seconds(t):.3f} s: --at {rank.seconds(t):.3f} shows it\n")  # fmt: skip

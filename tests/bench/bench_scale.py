@@ -20,8 +20,8 @@ Goals, at 10M events on the 2-core development machine: import <= 1.5x pickle.lo
 it, every other command <= 10 s and <= 2 GiB (issue 14); every command within 0.15x the pickle.load timed
 in the same run, and ``view --serve`` answering its first request within 10 s (issue 21). Seconds vary
 1.5x between days on these machines; ratios within one run do not, so ``--against`` times another
-memtrace (an older checkout) command by command in the same run (this, other, other, this: the best of
-two each) and prints this/other.
+memtrace (an older checkout) command by command in the same run (this, other, other, this, ``--rounds``
+times: each side's best) and prints this/other.
 
   python tests/bench/bench_scale.py --events 100k,1M,3M
   python tests/bench/bench_scale.py --events 10M --dir /tmp/memtrace-bench   # minutes; files are kept
@@ -175,11 +175,18 @@ def run_size(n: int, work: Path, args: argparse.Namespace) -> None:
             wall, rss, rc, err = measure(cmd, out, args.timeout)
             other = None
             if args.against and name not in ("pickle.load", "memtrace import") and not name.startswith("torch"):
-                # this, other, other, this: each one's best of two, so neither pays alone for a cold page
-                # cache or a burst of load on the machine
+                # this, other, other, this (--rounds times): each one's best, so neither pays alone for a cold
+                # page cache or a burst of load on the machine
                 env = {**os.environ, "PYTHONPATH": args.against}
-                other = min(measure(cmd, out, args.timeout, env=env), measure(cmd, out, args.timeout, env=env))
-                wall, rss, rc, err = min((wall, rss, rc, err), measure(cmd, out, args.timeout))
+                runs = [(wall, rss, rc, err)]
+                others = []
+                for r in range(args.rounds):
+                    others += [measure(cmd, out, args.timeout, env=env), measure(cmd, out, args.timeout, env=env)]
+                    runs.append(measure(cmd, out, args.timeout))
+                    if r + 1 < args.rounds:
+                        runs.append(measure(cmd, out, args.timeout))
+                other = min(others)
+                wall, rss, rc, err = min(runs)
         except subprocess.TimeoutExpired:
             print(f"{name:32} {'>' + str(args.timeout):>8}")
             continue
@@ -226,6 +233,8 @@ def main() -> int:
     ap.add_argument("--keep", action="store_true", help="keep the outputs")
     ap.add_argument("--timeout", type=float, default=900)
     ap.add_argument("--pythonpath", help="PYTHONPATH for the commands: measure another memtrace (an old checkout)")
+    ap.add_argument("--rounds", type=int, default=1,
+                    help="with --against: how many this-other-other-this rounds (each side's best counts)")  # fmt: skip
     ap.add_argument("--against", metavar="PYTHONPATH",
                     help="also time each command with the memtrace found on PYTHONPATH (an old checkout), alternating")  # fmt: skip
     args = ap.parse_args()
