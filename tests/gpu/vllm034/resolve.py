@@ -32,15 +32,10 @@ from packaging.markers import default_environment
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name, parse_wheel_filename
 from packaging.version import Version
+from wheels import GLIBC_MAX, PIP_ENV, pip_for_h200  # this folder: the scripts run as scripts
 
 HERE = Path(__file__).resolve().parent
 FREEZE = HERE / "h200-image-pip-freeze.txt"
-GLIBC_MAX = 31  # wheels up to manylinux_2_31 (the 0.25.1 set's llguidance was 2_31 and ran there)
-PLATFORMS = [f"manylinux_2_{n}_x86_64" for n in range(GLIBC_MAX, 16, -1)] + [
-    "manylinux2014_x86_64",
-    "manylinux2010_x86_64",
-    "manylinux1_x86_64",
-]
 # The target interpreter, for evaluating markers (the H200 image's python).
 TARGET_ENV = dict(
     default_environment(),
@@ -166,33 +161,8 @@ def pip_download(specs, dest):
         have[(norm(n), str(v))] = p
     todo = [f"{n}=={v}" for n, v in specs if (n, str(Version(v))) not in have]
     if todo:
-        cmd = (
-            [
-                sys.executable,
-                "-m",
-                "pip",
-                "download",
-                "-q",
-                "--no-deps",
-                "--only-binary=:all:",
-                "--python-version",
-                "3.12",
-                "--implementation",
-                "cp",
-                "--abi",
-                "cp312",
-                "--abi",
-                "abi3",
-                "--abi",
-                "none",
-                "-d",
-                str(dest),
-            ]
-            + sum((["--platform", p] for p in PLATFORMS), [])
-            + todo
-        )
-        env = dict(os.environ, PIP_CONSTRAINT="")  # this machine caps torch in a constraints file
-        r = subprocess.run(cmd, env=env)
+        cmd = pip_for_h200("download", "-d", str(dest), *todo, abis=("cp312", "abi3", "none"))
+        r = subprocess.run(cmd, env=PIP_ENV)
         if r.returncode:
             sys.exit(f"pip download failed for: {' '.join(todo)}")
         for p in dest.glob("*.whl"):

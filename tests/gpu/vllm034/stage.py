@@ -31,17 +31,13 @@ import tempfile
 import time
 from pathlib import Path
 
+from wheels import PIP_ENV, pip_for_h200  # this folder: the scripts run as scripts
+
 HERE = Path(__file__).resolve().parent
 CAP = 48_000_000  # bytes per folder: with the ~12 MB checkout a call stays under 64 MiB
 PART = CAP  # bytes per part (c01: less, it also holds the manifest, the script and lists)
 MTIME = "2026-01-01 00:00:00Z"
 DEVICE_PY = "/opt/torch/.venv/bin/python3"
-GLIBC_MAX = 31
-PLATFORMS = [f"manylinux_2_{n}_x86_64" for n in range(GLIBC_MAX, 16, -1)] + [
-    "manylinux2014_x86_64",
-    "manylinux2010_x86_64",
-    "manylinux1_x86_64",
-]
 SETS = {
     "0.34.0": {"out": ".stage034", "site": "/tmp/site034", "base": None},
     "0.33.0": {"out": ".stage033", "site": "/tmp/site033", "base": "0.34.0"},
@@ -91,27 +87,9 @@ def ensure_wheels(rows, cache):
             continue
         dist, version = name.split("-")[:2]
         plat = name[: -len(".whl")].split("-")[-1]
-        platforms = [] if plat == "any" else sum((["--platform", x] for x in plat.split(".")), [])
-        cmd = (
-            [
-                sys.executable,
-                "-m",
-                "pip",
-                "download",
-                "-q",
-                "--no-deps",
-                "--only-binary=:all:",
-                "--python-version",
-                "3.12",
-                "--implementation",
-                "cp",
-                "-d",
-                str(cache),
-            ]
-            + platforms
-            + [f"{dist}=={version}"]
-        )
-        subprocess.run(cmd, check=True, env=dict(os.environ, PIP_CONSTRAINT=""))
+        platforms = [] if plat == "any" else plat.split(".")
+        cmd = pip_for_h200("download", "-d", str(cache), f"{dist}=={version}", platforms=platforms)
+        subprocess.run(cmd, check=True, env=PIP_ENV)
         if not p.exists() or sha256(p) != sha:
             sys.exit(f"downloaded {dist}=={version} but {name} is missing or its sha256 differs from the list")
 
@@ -119,26 +97,9 @@ def ensure_wheels(rows, cache):
 def install_tree(rows, cache, tree):
     if tree.exists():
         shutil.rmtree(tree)
-    cmd = [
-        sys.executable,
-        "-m",
-        "pip",
-        "install",
-        "-q",
-        "--no-deps",
-        "--no-compile",
-        "--no-index",
-        "--only-binary=:all:",
-        "--python-version",
-        "3.12",
-        "--implementation",
-        "cp",
-        "--target",
-        str(tree),
-    ]
-    cmd += sum((["--platform", p] for p in PLATFORMS), [])
-    cmd += [str(cache / name) for name, _, _ in rows]
-    subprocess.run(cmd, check=True, env=dict(os.environ, PIP_CONSTRAINT=""))
+    wheels = [str(cache / name) for name, _, _ in rows]
+    cmd = pip_for_h200("install", "--no-compile", "--no-index", "--target", str(tree), *wheels)
+    subprocess.run(cmd, check=True, env=PIP_ENV)
 
 
 def postprocess(tree, prune=True):
