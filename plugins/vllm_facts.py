@@ -130,14 +130,14 @@ def util_source(worker: Any, version: tuple[int, int] | None, argv: list[str]) -
     number: the flag on the command line (or a value other than the 0.92 default) means the user's."""
     cache = getattr(worker, "cache_config", None)
     if version is not None and version >= (0, 34) and hasattr(cache, "resolved_gpu_memory_utilization"):
-        return "vllm-default" if getattr(cache, "gpu_memory_utilization", None) is None else "user"
+        return F.UTIL_VLLM_DEFAULT if getattr(cache, "gpu_memory_utilization", None) is None else F.UTIL_BY_USER
     if any(a == UTIL_FLAG or a.startswith(UTIL_FLAG + "=") for a in argv):
-        return "user"
+        return F.UTIL_BY_USER
     util = getattr(cache, "gpu_memory_utilization", None)
     if isinstance(util, float) and util != 0.92:
-        return "user"
+        return F.UTIL_BY_USER
     serving = any(a in ("serve",) or a.endswith("api_server") for a in argv)
-    return "vllm-default" if serving else "unknown"
+    return F.UTIL_VLLM_DEFAULT if serving else F.UTIL_UNKNOWN
 
 
 def extensible(worker: Any) -> bool:

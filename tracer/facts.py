@@ -171,6 +171,10 @@ VLLM_KV_SIZE_SOURCE = _fact(
     "'--kv-cache-memory-bytes' or 'VLLM_ENABLE_STARTUP_PLAN' (a persisted plan); the last two skip the "
     "memory profiling (profile_run still runs)",
 )
+#: The values of UTIL_SOURCE (the plugin writes them, analysis reads them).
+UTIL_BY_USER = "user"
+UTIL_VLLM_DEFAULT = "vllm-default"
+UTIL_UNKNOWN = "unknown"
 #: What the recorder writes in place of a secret (a command line's ``--api-key`` value, ``HF_TOKEN``...).
 REDACTED = "<redacted>"
 #: The values of VLLM_KV_SIZE_SOURCE (the plugin writes them, analysis and outputs read them).

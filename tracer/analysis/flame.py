@@ -172,23 +172,20 @@ def stack_paths(
     ``paths_of``: a :class:`FramePaths` of ``trace`` kept by a caller that asks again and again (the view's
     interner)."""
     paths_of = paths_of or FramePaths(trace)
-    paths: dict[tuple[str, ...], int] = {}
-    counts: dict[tuple[str, ...], int] = {}
     rows = [paths_of.path(a.stack, a.alloc_us) for a in live]
     # no Python stack: the phase it was allocated in still says a lot (stacks="none" traces)
     phaseless = [i for i, (_, bare) in enumerate(rows) if bare and live[i].alloc_us is not None]
     phase_of = (
         dict(zip(phaseless, _phase_labels(trace, [live[i] for i in phaseless]), strict=True)) if phaseless else {}
     )
+    keyed = []
     for i, a in enumerate(live):
         path, bare = rows[i]
         if bare:
             head = [BEFORE_RECORDING] if a.alloc_us is None else [NO_STACK, phase_of[i]]
             path = [*head, *path]
-        key = tuple(path)
-        paths[key] = paths.get(key, 0) + a.size_bytes
-        counts[key] = counts.get(key, 0) + 1
-    return paths, counts
+        keyed.append((tuple(path), a.size_bytes))
+    return _tally(keyed)
 
 
 def non_torch_paths(
@@ -198,16 +195,13 @@ def non_torch_paths(
     ``[non-PyTorch, CUPTI]``, ``[category]``, then the Python stack as for PyTorch's allocations
     (``[no stack recorded]`` and the phase when CUPTI gave none)."""
     paths_of = FramePaths(trace)
-    paths: dict[tuple[str, ...], int] = {}
-    counts: dict[tuple[str, ...], int] = {}
+    keyed = []
     for a in allocations:
         path, bare = paths_of.path(a.stack, a.time_us)
         if bare:
-            path = [NO_STACK, f"{PHASE_PREFIX}{a.phase_path or '(outside any phase)'}", *path]
-        key = (NON_TORCH, f"[{a.category}]", *path)
-        paths[key] = paths.get(key, 0) + a.bytes
-        counts[key] = counts.get(key, 0) + 1
-    return paths, counts
+            path = [NO_STACK, phase_label(a.phase_path), *path]
+        keyed.append(((NON_TORCH, f"[{a.category}]", *path), a.bytes))
+    return _tally(keyed)
 
 
 def vmm_paths(trace: Trace, chunks: list[_vmm.Chunk]) -> tuple[dict[tuple[str, ...], int], dict[tuple[str, ...], int]]:
@@ -216,16 +210,33 @@ def vmm_paths(trace: Trace, chunks: list[_vmm.Chunk]) -> tuple[dict[tuple[str, .
     from .phases import path_at
 
     paths_of = FramePaths(trace)
-    paths: dict[tuple[str, ...], int] = {}
-    counts: dict[tuple[str, ...], int] = {}
+    keyed = []
     for c in chunks:
         path, bare = paths_of.path(c.stack, c.time_us)
         if bare:
-            path = [NO_STACK, f"{PHASE_PREFIX}{path_at(trace, c.time_us) or '(outside any phase)'}", *path]
-        key = (VMM_KV, *path)
-        paths[key] = paths.get(key, 0) + c.bytes
+            path = [NO_STACK, phase_label(path_at(trace, c.time_us)), *path]
+        keyed.append(((VMM_KV, *path), c.bytes))
+    return _tally(keyed)
+
+
+def _made_since(items: list, since_us: int | None) -> list:
+    """The CUPTI allocations or VMM chunks (``time_us``) made at or after ``since_us`` (all when None)."""
+    return items if since_us is None else [x for x in items if x.time_us >= since_us]
+
+
+def _tally(keyed: list[tuple[tuple[str, ...], int]]) -> tuple[dict[tuple[str, ...], int], dict[tuple[str, ...], int]]:
+    """(bytes, count) per path of ``(path, bytes)`` rows, paths in first-seen order."""
+    paths: dict[tuple[str, ...], int] = {}
+    counts: dict[tuple[str, ...], int] = {}
+    for key, n in keyed:
+        paths[key] = paths.get(key, 0) + n
         counts[key] = counts.get(key, 0) + 1
     return paths, counts
+
+
+def phase_label(path: str) -> str:
+    """``[phase] load_model``, or ``[phase] (outside any phase)``: where a stackless allocation was made."""
+    return f"{PHASE_PREFIX}{path or '(outside any phase)'}"
 
 
 class FramePaths:
@@ -257,7 +268,7 @@ def _phase_labels(trace: Trace, live: list[LiveAllocation]) -> list[str]:
     times = np.array([a.alloc_us if a.alloc_us is not None else 0 for a in live], dtype=np.int64)
     idx = innermost_phase_indices(trace, times)
     names = {int(i): phase_path(trace, int(i)) for i in np.unique(idx) if i >= 0}
-    return [f"{PHASE_PREFIX}{names[int(i)]}" if i >= 0 else f"{PHASE_PREFIX}(outside any phase)" for i in idx]
+    return [phase_label(names[int(i)] if i >= 0 else "") for i in idx]
 
 
 def _hook_chain_sorted(hooks: list[HookCall], starts: np.ndarray, t_us: int) -> list[HookCall]:
@@ -320,18 +331,13 @@ def flame_at(
     torch_bytes = sum(paths.values())
     non_torch_bytes = None
     if non_torch and _non_torch.has_records(trace):
-        cupti = _non_torch.live_allocations(trace, int(t_us))
-        if since_us is not None:
-            cupti = [a for a in cupti if a.time_us >= since_us]
+        cupti = _made_since(_non_torch.live_allocations(trace, int(t_us)), since_us)
         more, more_counts = non_torch_paths(trace, cupti)
         non_torch_bytes = sum(more.values())
         paths, counts = {**paths, **more}, {**counts, **more_counts}
     vmm_bytes = None
     if non_torch and _vmm.has_vmm(trace):
-        chunks = _vmm.live_kv_chunks(trace, int(t_us))
-        if since_us is not None:
-            chunks = [c for c in chunks if c.time_us >= since_us]
-        more, more_counts = vmm_paths(trace, chunks)
+        more, more_counts = vmm_paths(trace, _made_since(_vmm.live_kv_chunks(trace, int(t_us)), since_us))
         if more:
             vmm_bytes = sum(more.values())
             paths, counts = {**paths, **more}, {**counts, **more_counts}

@@ -127,10 +127,10 @@ def left_to_vllm(trace: Trace) -> frozenset[str]:
     if not argv:
         return frozenset()
     if not flags_readable(argv):  # which flags the user gave is not known: claim none was left to vLLM
-        return frozenset({"gpu_memory_utilization"} if trace.facts.get(F.UTIL_SOURCE) == "vllm-default" else ())
+        return frozenset({"gpu_memory_utilization"} if trace.facts.get(F.UTIL_SOURCE) == F.UTIL_VLLM_DEFAULT else ())
     given = {a[2:].replace("-", "_") for a in argv if a.startswith("--")}
     out = {f for f in (*MEMORY_FLAGS, "gpu_memory_utilization") if f not in given}
-    if trace.facts.get(F.UTIL_SOURCE) == "vllm-default":
+    if trace.facts.get(F.UTIL_SOURCE) == F.UTIL_VLLM_DEFAULT:
         out.add("gpu_memory_utilization")
     if not given & {"enable_extensible_kv_cache", "no_enable_extensible_kv_cache", "kv_cache_memory_bytes"}:
         out.add("kv_cache_sizing")

@@ -42,8 +42,8 @@ class Target:
     capacity_source: str  # "--total", "recorded card", "device", ""
     #: for a recorded target, who chose the utilization: "user", "vllm-default" or "" (facts.UTIL_SOURCE)
     util_source: str = ""
-    #: how vLLM sized the KV cache: "extensible" (0.34's default, after warm-up), "profiling", "given"
-    #: (--kv-cache-memory-bytes) or "" (facts.VLLM_KV_SIZE_SOURCE); it picks vLLM's default utilization
+    #: how vLLM sized the KV cache: one of facts.KV_SIZED_* / KV_SIZE_GIVEN_* (facts.VLLM_KV_SIZE_SOURCE), or ""
+    #: when not recorded; it picks vLLM's default utilization
     kv_sizing: str = ""
 
     @property
@@ -137,9 +137,9 @@ KV_SIZING_WORDS = {
 
 def _chosen(target: Target, sep: str = ", ") -> str:
     """Who chose the recorded utilization: ", set by the user" or ", vLLM's default for <sizing mode>"."""
-    if target.util_source == "user":
+    if target.util_source == F.UTIL_BY_USER:
         return f"{sep}set by the user"
-    if target.util_source == "vllm-default":
+    if target.util_source == F.UTIL_VLLM_DEFAULT:
         mode = KV_SIZING_WORDS.get(target.kv_sizing)
         return f"{sep}vLLM's default" + (f" with {mode}" if mode else "")
     return ""
