@@ -31,7 +31,8 @@ from .extensible import extensible_sizing
 from .history_key import differences, fingerprint, left_to_vllm
 from .landmarks import landmarks, total_curve
 from .oom import Oom, find_oom
-from .phases import path_at, phase_stats, window_peak
+from .phases import path_at, phase_stats
+from .quantities import fullest_at_peak, window_peak
 
 #: Growth under this never fails a percentage threshold (one large-segment rounding unit).
 MIN_GROWTH_BYTES = 2 * MiB
@@ -265,13 +266,11 @@ def category_changes(
     except ImportError:
         return None
 
-    from .flame import peak_event_index
-
     def at_peak(trace: Trace, curves: Curves, cat) -> dict[str, int]:
         if len(curves.reserved) == 0:
             return {}
         # the same moment as the sites: right after the peak's fullest event (curve index = event + 1)
-        i = peak_event_index(curves.allocated, curves.reserved) + 1
+        i = fullest_at_peak(curves.allocated, curves.reserved)
         return category_totals_at_index(trace, i, cat, curves=curves)
 
     bd, nd = at_peak(base, base_curves, cats[0]), at_peak(new, new_curves, cats[1])
