@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from ..model import Frame, Trace
 from .curves import Curves
 from .live import Lifetimes, holders_by_stack, lifetimes
-from .quantities import fullest_at_peak
+from .quantities import state_at_peak
 
 #: How many stacks to report in each direction (grew or new, shrank or vanished).
 TOP_SITES = 8
@@ -105,8 +105,8 @@ def sites_at_peak(trace: Trace, peak_index: int, lt: Lifetimes | None = None) ->
 
 
 def _peak_index(curves: Curves) -> int:
-    """The event after which the state "at the peak" is read (``quantities.fullest_at_peak``)."""
-    return fullest_at_peak(curves.allocated, curves.reserved) - 1
+    """The event after which the state "at the peak" is read (``quantities.state_at_peak``)."""
+    return state_at_peak(curves) - 1
 
 
 def site_changes(
