@@ -40,7 +40,11 @@ def test_the_kv_cache_by_category_agrees_with_the_headlines_kv_cache_in_both_run
     d = _json(capsys, "diff", STARTUP, moe_ext, "--json")["traces"][0]
     kv = {c["label"]: c for c in d["headline"]}["KV cache"]
     cat = {c["label"]: c for c in d["categories"]}["kv_cache"]
-    assert (cat["base_bytes"], cat["new_bytes"]) == (kv["base_bytes"], kv["new_bytes"]) == (125_653_221_636, 135_543_226_662)
+    assert (
+        (cat["base_bytes"], cat["new_bytes"])
+        == (kv["base_bytes"], kv["new_bytes"])
+        == (125_653_221_636, 135_543_226_662)
+    )
 
 
 def test_the_text_says_once_that_the_kv_cache_moved_and_never_that_reserved_counts_it(capsys, moe_ext):

@@ -247,7 +247,7 @@ class BeforeRecording:
 
     @property
     def bound(self) -> str:
-        """"" when exact, else "at least " (the words put before the figure)."""
+        """Empty when exact, else "at least " (the words put before the figure)."""
         return "" if self.exact else "at least "
 
 
