@@ -67,3 +67,24 @@ def test_the_whole_device_peak_puts_other_processes_back():
     empty = _curve([])
     c = Curves(_curve([0]), _curve([0]), used, empty, Baseline(0, 0, True), others=others)
     assert Q.whole_device_peak(c) == 106  # 6 of ours at 20 while the neighbour held 100
+
+
+def test_memory_present_before_recording_is_its_own_top_holder_in_report_and_flame(capsys, tmp_path):
+    import json
+
+    from memtrace.cli import main
+
+    run = ROOT / "tests" / "data" / "vllm-h200" / "startup"  # vLLM 0.25.1: 26 blocks older than the recording
+    assert main(["report", str(run), "--json"]) == 0
+    holders = json.loads(capsys.readouterr().out)["traces"][0]["holders"]
+    before = [h for h in holders if h["before_recording"]]
+    no_stack = [h for h in holders if h["frame"] is None and not h["before_recording"]]
+    assert [(h["bytes"], h["count"]) for h in before] == [(33_923_632, 26)]
+    assert [h["count"] for h in no_stack] == [132]
+    assert main(["report", str(run)]) == 0
+    text = capsys.readouterr().out
+    assert "    0.03    0.0%      26       1  (present before recording began)" in text
+    assert main(["flame", str(run), "-o", str(tmp_path / "f.folded")]) == 0
+    folded = dict(line.rsplit(" ", 1) for line in (tmp_path / "f.folded").read_text().splitlines())
+    assert int(folded["[allocated before recording]"]) == before[0]["bytes"]
+    assert sum(int(v) for k, v in folded.items() if k.startswith("[no stack recorded]")) == no_stack[0]["bytes"]

@@ -38,7 +38,7 @@ from .curves import Baseline, Curves, all_curves
 from .extensible import ExtensibleSizing, extensible_sizing
 from .fingerprint import allocator_settings
 from .landmarks import steady_non_torch_at
-from .live import Lifetimes, holders_by_stack, lifetimes, meaningful_frame
+from .live import BEFORE_RECORDING, Lifetimes, holders_by_stack, lifetimes, meaningful_frame
 from .non_torch import NonTorchBreakdown, at_moments
 from .oom import Oom, find_oom
 from .origin import TimeOrigin
@@ -91,6 +91,11 @@ class HolderLine:
     count: int  # live blocks
     share: float
     stacks: int = 1  # distinct allocating stacks grouped under this frame
+
+    @property
+    def before_recording(self) -> bool:
+        """The blocks present before recording began (no stack: ``live.BEFORE_RECORDING``)."""
+        return self.stack == BEFORE_RECORDING
 
 
 @dataclass(frozen=True)
@@ -328,10 +333,10 @@ def holders_by_site(trace: Trace, event_index: int, top: int = 10, *, lt: Lifeti
     meaningful frame: file, line, function), largest first, at most ``top`` lines."""
     groups: dict[tuple, list] = {}
     lt = lt if lt is not None else lifetimes(trace)
-    for h in holders_by_stack(trace, top=len(trace.stacks) + 1, event_index=event_index, lt=lt):
+    for h in holders_by_stack(trace, top=len(trace.stacks) + 2, event_index=event_index, lt=lt):
         frames = trace.stack_frames(h.stack) if h.stack >= 0 else []
         frame = meaningful_frame(frames)
-        key = (frame.filename, frame.line, frame.name) if frame is not None else None
+        key = (frame.filename, frame.line, frame.name) if frame is not None else h.stack if h.stack < 0 else None
         groups.setdefault(key, []).append((h, frame, frames))
     lines = []
     for members in groups.values():
@@ -364,6 +369,7 @@ def _plain(obj: Any) -> Any:
             "target_source",
             "overshoot_bytes",
             "ended_above",
+            "before_recording",
         ):
             if hasattr(type(obj), name) and isinstance(getattr(type(obj), name), property):
                 out[name] = _plain(getattr(obj, name))
