@@ -62,8 +62,6 @@ def torch_allocated_curve(trace: Trace) -> Curve:
     return Curve(times.astype(np.int64), values)
 
 
-
-
 def measure_kv_cache_bytes(
     *,
     init_free: int,
