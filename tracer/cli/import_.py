@@ -21,12 +21,16 @@ ORDER = 60
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    from ._runs import add_output
+
     parser.add_argument("snapshot", metavar="SNAPSHOT.pickle", help="a torch.cuda.memory._dump_snapshot() file")
-    parser.add_argument(
-        "-o", "--output", metavar="OUT", help="output .memtrace file, or folder for several devices (default: here)"
+    add_output(
+        parser,
+        "output .memtrace file, or folder for several devices (default: here)",
+        metavar="OUT",
+        force="replace the output if it exists",
     )
     parser.add_argument("--device", type=int, metavar="N", help="import this device only (default: every device)")
-    parser.add_argument("--force", action="store_true", help="replace the output if it exists")
     parser.add_argument("--allow-pickle", action="store_true", help="accepted for symmetry: import always unpickles")
 
 

@@ -45,6 +45,8 @@ GRACE_S = 10.0  # after one worker completes start-up, how long to wait for the 
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    from ._runs import add_force
+
     parser.add_argument(
         "--dir", metavar="DIR", help="run directory (default: $MEMTRACE_DIR, else memtrace-YYYYmmdd-HHMMSS/)"
     )
@@ -54,7 +56,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default="startup",
         help="stop recording at the end of warm-up (default) or when the workers exit",
     )
-    parser.add_argument("--force", action="store_true", help="record into DIR even if it already holds traces")
+    add_force(parser, "record into DIR even if it already holds traces")
     parser.add_argument(
         "--cupti",
         choices=("off", "records", "stacks"),
