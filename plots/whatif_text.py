@@ -114,7 +114,10 @@ def render_answer(a: Answer, run_path: str) -> str:
     what = f" -- what if {' '.join(a.changes)}" if a.changes else " -- the recorded flags"
     lines = [f"memtrace fits: {run_path}{what}", *_wrapped("", _flags_line(a))]
     if a.calibrated_traces:
-        lines.append(f"Model: each site's scaling fitted over {a.calibrated_traces} traces of this model")
+        lines.append(
+            f"Model: {a.calibrated_traces} traces of this model; {a.fitted_lines} (phase, kind) scalings fitted "
+            "where a flag differs between them, the rest by the one-trace rules (an estimate)"
+        )
     else:
         lines.append("Model: one trace, a documented rule per kind of site (an estimate)")
     for k in SCALED:

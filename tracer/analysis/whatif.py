@@ -762,6 +762,7 @@ class Answer:
     changes: list[str]
     scales: dict[str, Scale]
     calibrated_traces: int  # 0: one trace, the documented rules (an estimate)
+    fitted_lines: int  # (phase, kind) pairs fitted over the traces (the rest: the one-trace rules)
     notes: list[str]
     outcomes: list[Outcome]
     suggestions: list[Suggestions]
@@ -786,6 +787,7 @@ def answer(rank, what_if: list[str], capacities: list[int], *, suggest_too: bool
         changes=flags.changes(sites.flags),
         scales=w.scales,
         calibrated_traces=cal.traces if cal is not None else 0,
+        fitted_lines=len(cal.lines) if cal is not None else 0,
         notes=w.notes,
         outcomes=outcomes,
         suggestions=found,
