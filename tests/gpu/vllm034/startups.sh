@@ -10,7 +10,6 @@
 #   dense-noext  the same without the extensible KV cache
 #   small-ext    moe-ext on a "smaller card": a torch process holds HOLD_GIB GiB of the H200 first
 #   cost         ROUNDS rounds of warm moe-ext runs, plugin on (MEMTRACE_DIR) / off, order alternating
-#   grid         one moe start-up per entry of GRID ("name:flags;..."), beside a GRID_HOLD_GIB holder if set
 # Knobs: STEPS, LIMIT (seconds for the script, 570), ROUNDS (4), FIRST_ROUND (1), HOLD_GIB (96),
 #        SITE (/tmp/site034: the installed stage), PORT (8791).
 # Every start-up is stopped as soon as memtrace's summary (or vLLM's "init engine" line, for cost runs
@@ -100,26 +99,8 @@ want moe-092 && [ "$(left)" -gt 120 ] && traced moe-092 /tmp/model-moe --gpu-mem
 want dense-ext && [ "$(left)" -gt 150 ] && traced dense-ext /tmp/model-dense
 want dense-noext && [ "$(left)" -gt 120 ] && traced dense-noext /tmp/model-dense --no-enable-extensible-kv-cache
 
-# grid (issue 28): one MoE start-up per entry of GRID, "name:flags;name:flags" (flags after COMMON's, so they win),
-# e.g. GRID="g2048-s8:--max-num-batched-tokens 2048;g16384-s256:--max-num-batched-tokens 16384 --max-num-seqs 256".
-# With GRID_HOLD_GIB, a holder process keeps that many GiB of the H200 during the grid (a smaller card).
-grid_runs() {
-  local spec flags H=""
-  if [ -n "${GRID_HOLD_GIB:-}" ]; then
-    write_holder; start "$W/grid-holder.log" python3 "$W/holder.py" "$GRID_HOLD_GIB"; H=$SID
-    wait_log "$W/grid-holder.log" "holder pid" "$H" 60 || { log "(grid) the holder did not start"; stop_session "$H" 5; return; }
-    tee -a "$OUT/progress.log" < "$W/grid-holder.log"
-  fi
-  IFS=';' read -ra specs <<< "${GRID:-}"
-  for spec in "${specs[@]}"; do
-    [ "$(left)" -gt 100 ] || { log "(grid) stopping before ${spec%%:*}: $(left)s left"; break; }
-    read -ra flags <<< "${spec#*:}"
-    traced "${spec%%:*}" /tmp/model-moe "${flags[@]}"
-    [ -n "$H" ] && cp "$W/grid-holder.log" "$W/${spec%%:*}/holder.log"
-  done
-  [ -n "$H" ] && stop_session "$H" 5
-}
-write_holder() {
+if want small-ext && [ "$(left)" -gt 150 ]; then
+  mkdir -p "$W/small-ext-holder"
   cat > "$W/holder.py" <<'PY'
 """Hold N GiB of the GPU until killed (another process on a shared GPU: a smaller card for vLLM)."""
 import os, sys, time
@@ -130,12 +111,6 @@ print(f"holder pid {os.getpid()} holds {x.numel()} B; cudaMemGetInfo free {free}
 while True:
     time.sleep(1)
 PY
-}
-want grid && grid_runs
-
-if want small-ext && [ "$(left)" -gt 150 ]; then
-  mkdir -p "$W/small-ext-holder"
-  write_holder
   start "$W/small-ext-holder/holder.log" python3 "$W/holder.py" "$HOLD_GIB"
   H=$SID
   if wait_log "$W/small-ext-holder/holder.log" "holder pid" "$H" 60; then
