@@ -44,6 +44,7 @@ from .oom import Oom, find_oom
 from .origin import TimeOrigin
 from .phases import PhaseStats, path_at, phase_stats, recording_span
 from .reconcile import KvReconciliation, NonKv, non_kv
+from .self_cost import SelfCost, self_cost
 from .target import Target, describe, resolve_target
 from .torch_counters import CounterCheck, counter_checks
 from .vmm import VmmSummary
@@ -159,6 +160,8 @@ class Summary:
     counter_checks: list[CounterCheck] = field(default_factory=list)
     #: PyTorch reserved + VMM committed at its highest (None without VMM records)
     peak_held: PeakPoint | None = None
+    #: what memtrace cost the program (``analysis.self_cost``); ``recorded`` False in an older trace
+    self_cost: SelfCost = field(default_factory=lambda: SelfCost(recorded=False))
 
     @property
     def truncated(self) -> bool:
@@ -297,6 +300,7 @@ def summarize(
         extensible=extensible_sizing(trace, curves) if ext is _UNSET else ext,
         counter_checks=counter_checks(trace, curves) if counters is None else counters,
         peak_held=_held_peak(trace, curves),
+        self_cost=self_cost(trace),
     )
 
 
@@ -372,6 +376,8 @@ def _plain(obj: Any) -> Any:
             "target_source",
             "overshoot_bytes",
             "ended_above",
+            "total_ns",
+            "share_of_init_engine",
         ):
             if hasattr(type(obj), name) and isinstance(getattr(type(obj), name), property):
                 out[name] = _plain(getattr(obj, name))

@@ -14,7 +14,9 @@
 #        SITE (/tmp/site034: the installed stage), PORT (8791).
 # Every start-up is stopped as soon as memtrace's summary (or vLLM's "init engine" line, for cost runs
 # without the plugin) appears. Files back (<= 8): progress.log, install.log, one <step>.tar.gz per step
-# (vLLM's log, nvidia-smi at 10 Hz, the run directory, memtrace's report), cost-rounds.tsv.
+# (vLLM's log, nvidia-smi at 10 Hz, the run directory, memtrace's report), cost-rounds.tsv, cost-runs.tsv
+# (per run: vLLM's init engine, and for plugin-on runs memtrace's self-reported cost from the trace:
+# tests/bench/vllm_cost.py figure; `python tests/bench/vllm_cost.py analyse cost-runs.tsv` analyses the pairs).
 set -uo pipefail
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 LIMIT=${LIMIT:-570}
@@ -34,6 +36,7 @@ pack() {  # each step's folder as a tarball in $OUT (after each step and at exit
   local d
   for d in "$W"/*/; do d=$(basename "$d"); tar czf "$OUT/$d.tar.gz" -C "$W" "$d" 2>/dev/null; done
   [ -f "$W/cost/rounds.tsv" ] && cp "$W/cost/rounds.tsv" "$OUT/cost-rounds.tsv"
+  [ -f "$W/cost/runs.tsv" ] && cp "$W/cost/runs.tsv" "$OUT/cost-runs.tsv"
   return 0
 }
 finish() { trap - EXIT INT TERM; cleanup_all; pack; log "done; files in $OUT: $(ls "$OUT" | tr '\n' ' ')"; }
@@ -137,12 +140,15 @@ one_run() {  # one_run NAME on|off -> SECS (init engine s), WALL (s to the log l
   WALL=$((SECONDS - t0))
   stop_session "$sid" 15
   SECS=$(grep -oE "$INIT_RE" "$d/$name.log" | head -1 | grep -oE '[0-9.]+$')
-  echo "$name	$mode	${SECS:--}	$WALL	$(vllm_facts "$d/$name.log")" >> "$d/runs.tsv"
-  log "(cost) $name ($mode): init engine ${SECS:-not reached (rc $rc)} s; ready after ${WALL}s"
+  local self='-	-	-	-'  # memtrace's self-reported cost, from the trace (tests/bench/vllm_cost.py figure)
+  [ "$mode" = on ] && self=$(timeout 60 python3 tests/bench/vllm_cost.py figure "$d/$name-trace" 2>> "$OUT/progress.log")
+  echo "$name	$mode	${SECS:--}	$WALL	${self:--	-	-	-}	$(vllm_facts "$d/$name.log")" >> "$d/runs.tsv"
+  log "(cost) $name ($mode): init engine ${SECS:-not reached (rc $rc)} s; ready after ${WALL}s; memtrace's own: $(cut -f1,2 <<< "$self" | tr '\t' ' ')"
 }
 if want cost; then
   mkdir -p "$W/cost"
   [ -f "$W/cost/rounds.tsv" ] || printf 'round\torder\ton_init_s\toff_init_s\ton_wall_s\toff_wall_s\n' > "$W/cost/rounds.tsv"
+  [ -f "$W/cost/runs.tsv" ] || printf 'run\tplugin\tinit_engine_s\tready_s\tself_ms\tself_pct\thistory_ms\tself_sources\tvllm_figures\n' > "$W/cost/runs.tsv"
   EST=60
   for ((p = FIRST_ROUND; p < FIRST_ROUND + ROUNDS; p++)); do
     [ "$(left)" -lt $((2 * EST + 20)) ] && { log "(cost) stopping before round $p: $(left)s left"; break; }
@@ -153,5 +159,6 @@ if want cost; then
     pack
   done
   { command -v column > /dev/null && column -t "$W/cost/rounds.tsv" || cat "$W/cost/rounds.tsv"; } | tee -a "$OUT/progress.log"  # the H200 image has no column
-  cut -f1,2,5 "$W/cost/runs.tsv" | tee -a "$OUT/progress.log"
+  cut -f1-7 "$W/cost/runs.tsv" | tee -a "$OUT/progress.log"
+  python3 tests/bench/vllm_cost.py analyse "$W/cost/runs.tsv" 2>&1 | tee -a "$OUT/progress.log"
 fi
