@@ -64,8 +64,9 @@ from .curves import Curve, Curves, all_curves
 from .landmarks import Landmarks, landmarks, steady_non_torch_at, total_curve
 from .live import Lifetimes
 from .oom import Oom, find_oom
-from .phases import path_at, recording_span, window_peak
+from .phases import path_at, recording_span
 from .pinned import pinned_curve
+from .quantities import window_peak
 from .reconcile import KV_GIVEN
 from .reconcile import non_kv as non_kv_model
 from .target import resolve_target

@@ -35,6 +35,7 @@ from .extensible import blocks_within, extensible_sizing, measure_kv_cache_bytes
 from .fits import FITS, MIN_CAPACITY, NO_KV, OOM, UNKNOWN, Fit, Recorded, need_curve
 from .landmarks import landmarks
 from .phases import path_at
+from .quantities import first_max
 from .reconcile import non_kv as non_kv_model
 
 #: vLLM 0.34's default utilization with the extensible KV cache.
@@ -111,7 +112,7 @@ def fit_extensible(
     window = need.window(need.time_us[0] if len(need) else 0, end)
     after_init = window.time_us >= (init.end_us if init is not None else end)
     need_b = window.bytes + others_bytes + (after_init * floor)
-    i = int(need_b.argmax()) if len(need_b) else 0
+    i = max(first_max(need_b), 0)
     peak, peak_t = (int(need_b[i]), int(window.time_us[i])) if len(need_b) else (0, end)
     common = dict(capacity_bytes=capacity_bytes, others_bytes=others_bytes, util=util, requested_bytes=requested)
     pre = dict(pre_kv_peak_bytes=peak, pre_kv_peak_phase=path_at(trace, peak_t))

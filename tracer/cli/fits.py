@@ -31,7 +31,7 @@ ORDER = 45
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    from ._runs import add_input
+    from ._runs import add_input, add_rank
 
     add_input(p)
     p.add_argument(
@@ -52,12 +52,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         metavar="SIZE",
         help="non-PyTorch memory on that card (CUDA context, NCCL, libraries); default: as recorded (NVML)",
     )
-    p.add_argument(
-        "--rank",
-        type=int,
-        default=None,
-        help="only this rank (default: every rank with allocator events, and the worst named)",
-    )
+    add_rank(p, "only this rank (default: every rank with allocator events, and the worst named)")
     p.add_argument("--json", action="store_true", help="print the predictions as JSON")
 
 
