@@ -183,7 +183,10 @@ def test_the_report_states_the_cost_and_its_share_of_init_engine(snap, tmp_path,
     assert cost.share_of_init_engine == pytest.approx(cost.total_ns / 1e10)
     assert cost.sources[0].ns == max(s.ns for s in cost.sources)
     line = cost_text.headline(cost, vllm=True)
-    assert line == f"memtrace on vLLM's threads: {cost.total_ns / 1e6:.1f} ms ({cost.total_ns / 1e8:.2f} % of init engine, 10.00 s)"
+    assert (
+        line
+        == f"memtrace on vLLM's threads: {cost.total_ns / 1e6:.1f} ms ({cost.total_ns / 1e8:.2f} % of init engine, 10.00 s)"
+    )
     assert f"{HISTORY} {2000 * allocs / 1e6:.1f} ms" in cost_text.sources(cost)
 
 

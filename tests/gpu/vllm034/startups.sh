@@ -11,7 +11,7 @@
 #   small-ext    moe-ext on a "smaller card": a torch process holds HOLD_GIB GiB of the H200 first
 #   cost         ROUNDS rounds of warm moe-ext runs, plugin on (MEMTRACE_DIR) / off, order alternating
 # Knobs: STEPS, LIMIT (seconds for the script, 570), ROUNDS (4), FIRST_ROUND (1), HOLD_GIB (96),
-#        SITE (/tmp/site034: the installed stage), PORT (8791).
+#        SITE (/tmp/site034: the installed stage), PORT (8791), STACKS (python; MEMTRACE_STACKS of traced steps).
 # Every start-up is stopped as soon as memtrace's summary (or vLLM's "init engine" line, for cost runs
 # without the plugin) appears. Files back (<= 8): progress.log, install.log, one <step>.tar.gz per step
 # (vLLM's log, nvidia-smi at 10 Hz, the run directory, memtrace's report), cost-rounds.tsv, cost-runs.tsv
@@ -26,6 +26,7 @@ FIRST_ROUND=${FIRST_ROUND:-1}
 HOLD_GIB=${HOLD_GIB:-96}
 SITE=${SITE:-/tmp/site034}
 PORT=${PORT:-8791}
+STACKS=${STACKS:-python}  # MEMTRACE_STACKS of the traced steps (none: the floor of memtrace's cost)
 W=/tmp/v034
 HERE=tests/gpu/vllm034
 INIT_RE='init engine \(profile, create kv cache, warmup model\) took [0-9.]+'
@@ -77,7 +78,7 @@ traced() {
   log "($name) start-up ($(left)s left): $*"
   start /dev/null nvidia-smi --query-gpu=timestamp,memory.used,memory.total --format=csv,noheader,nounits -lms 100 -f "$d/nvidia-smi.csv"
   local smi=$SID t0=$SECONDS
-  start "$d/vllm.log" env PYTHONFAULTHANDLER=1 MEMTRACE_STACKS=python python3 -m memtrace run --dir "$d/run" --until startup -- \
+  start "$d/vllm.log" env PYTHONFAULTHANDLER=1 MEMTRACE_STACKS="$STACKS" python3 -m memtrace run --dir "$d/run" --until startup -- \
     python3 -m vllm.entrypoints.openai.api_server --model "$model" --port "$NEXT_PORT" "${COMMON[@]}" "$@"
   local sid=$SID rc
   wait_log "$d/vllm.log" "memtrace: start-up complete|Application startup complete" "$sid" $(( $(left) - 25 )); rc=$?
@@ -131,7 +132,7 @@ one_run() {  # one_run NAME on|off -> SECS (init engine s), WALL (s to the log l
   local name=$1 mode=$2 d=$W/cost t0=$SECONDS rc
   next_port
   if [ "$mode" = on ]; then
-    MEMTRACE_DIR="$d/$name-trace" start "$d/$name.log" python3 -m vllm.entrypoints.openai.api_server --model /tmp/model-moe --port "$NEXT_PORT" "${COMMON[@]}"
+    MEMTRACE_DIR="$d/$name-trace" MEMTRACE_STACKS="$STACKS" start "$d/$name.log" python3 -m vllm.entrypoints.openai.api_server --model /tmp/model-moe --port "$NEXT_PORT" "${COMMON[@]}"
   else
     start "$d/$name.log" python3 -m vllm.entrypoints.openai.api_server --model /tmp/model-moe --port "$NEXT_PORT" "${COMMON[@]}"
   fi
