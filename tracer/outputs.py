@@ -28,10 +28,10 @@ TRACE_SUFFIX = ".memtrace"
 
 def run_name(run_path: str | os.PathLike) -> str:
     """The name outputs are called after: ``runs/startup/`` -> ``startup``, ``x.memtrace`` -> ``x``,
-    ``.`` -> the current directory's name."""
+    ``w.rank0.1.pt.trace.json.gz`` -> ``w.rank0.1``, ``.`` -> the current directory's name."""
     p = Path(run_path)
     name = p.resolve().name if p.name in ("", ".", "..") else p.name
-    for suffix in (TRACE_SUFFIX, ".pickle", ".pkl"):
+    for suffix in (TRACE_SUFFIX, ".pickle", ".pkl", ".pt.trace.json.gz", ".pt.trace.json", ".json.gz", ".json"):
         if name.lower().endswith(suffix):
             name = name[: -len(suffix)]
             break

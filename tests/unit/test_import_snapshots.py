@@ -85,7 +85,7 @@ def test_import_writes_one_file_per_device_and_refuses_one_file_for_several(tmp_
     assert main(["import", str(src), "--device", "1", "-o", "c1.memtrace"]) == 0
     assert load_trace(tmp_path / "c1.memtrace").process.device_index == 1
     assert main(["import", str(src), "--device", "5"]) == 2
-    assert "devices with history: 0, 1, 2" in capsys.readouterr().err
+    assert "devices it holds: 0 (history), 1 (history), 2 (history)" in capsys.readouterr().err
     with pytest.raises(SystemExit) as exc:  # -f is not --force for import (flame and export: --format)
         main(["import", str(src), "--device", "1", "-o", "c1.memtrace", "-f"])
     assert exc.value.code == 2
