@@ -148,12 +148,6 @@ def test_allocated_above_reserved_is_not_consistent():
     assert not curves.baseline.consistent
 
 
-def test_a_state_only_snapshot_is_refused_in_one_line(capsys):
-    assert main(["report", str(need(STATE))]) == 2
-    err = capsys.readouterr().err.strip().splitlines()
-    assert "allocator state but no events" in err[-1] and "Traceback" not in "".join(err)
-
-
 def test_imported_oom_reaches_perfetto_and_memory_viz(tmp_path):
     trace = traces_from_snapshot_file(need(MULTI))[1]
     doc = json.loads(export_perfetto(analysed_run([trace]), tmp_path / "t.json").read_text())

@@ -159,7 +159,7 @@ def load_input(
     if not p.exists():
         raise TraceFormatError(f"{p}: no such file or directory; pass a run directory, a .memtrace file or a snapshot")
     if p.is_dir():
-        return load_run(p, each=each)
+        return _said(load_run(p, each=each))
     if is_profiler_path(p):
         from .kineto import traces_from_kineto_file
 
@@ -171,7 +171,26 @@ def load_input(
         except OSError as exc:
             raise TraceFormatError(f"cannot read {p}: {exc.strerror or exc}; check its permissions") from None
         if head == SQLITE_MAGIC:  # a trace misnamed .pkl: read it as what it is
-            return load_run(p)
+            return _said(load_run(p))
         warn_pickle(p)
         return Run(path=str(p), traces=traces_from_snapshot_file(p, device=device))
-    return load_run(p)
+    return _said(load_run(p))
+
+
+#: What every command says on stderr about an imported trace of these kinds (``facts["import"]["state"]``).
+_STATE_WORDS = {
+    "moment": "is the allocator's state at one moment (a snapshot without history): no timeline",
+    "missing": "was imported without its allocator state: every peak and total is a lower bound",
+}
+
+
+def _said(run: Run) -> Run:
+    """``run``, after one stderr line per trace that is one moment or a lower bound (the import's warning
+    notes said it when the snapshot was read; a saved trace says it on every load)."""
+    from .. import facts as F
+
+    for t in run.traces:
+        words = _STATE_WORDS.get((t.facts.get(F.IMPORT) or {}).get("state"))
+        if words:
+            print(f"memtrace: warning: {t.path or run.path} ({_where(t)}) {words}", file=sys.stderr)
+    return run

@@ -273,7 +273,7 @@ def _device_trace(key, mem, ranges, base_us, window, phases, cuda) -> Trace:
         events=events,
         frames=frames,
         stacks=list(interner.stacks),
-        phases=[] if host else list(phases),
+        phases=list(phases),
         notes=[Note(0, "info", PROFILER_NOTE)],
     )
     first_reserved = int(first.get("Total Reserved", 0) or 0)

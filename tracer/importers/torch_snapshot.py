@@ -315,21 +315,21 @@ NO_STATE_NOTE = (
 
 
 def _state_missing(events: np.ndarray, segments: list[Segment]) -> bool:
-    """True when the final state is listed empty although the events leave memory allocated or reserved at
-    the end, however little was held before them: then the listed state is not the real one."""
+    """True when the final state is listed empty although the events, from the least memory that keeps
+    them non-negative, leave memory allocated or reserved at the end, or allocate more than is reserved:
+    then the listed state is not the real one, and what was held before recording is unknown."""
     if segments or not len(events):
         return False
     act, size = events["action"], events["size"]
 
-    def left(up: tuple[str, ...], down: tuple[str, ...]) -> int:
+    def least(up: tuple[str, ...], down: tuple[str, ...]) -> np.ndarray:
         d = np.where(np.isin(act, [ACTION_CODE[a] for a in up]), size, 0)
-        d = d - np.where(np.isin(act, [ACTION_CODE[a] for a in down]), size, 0)
-        sums = np.cumsum(d)
-        return int(sums[-1]) + max(0, -int(sums.min()))
+        sums = np.cumsum(d - np.where(np.isin(act, [ACTION_CODE[a] for a in down]), size, 0))
+        return sums + max(0, -int(sums.min()))
 
-    held = left(("alloc",), ("free_completed",))
-    reserved = left(("segment_alloc", "segment_map"), ("segment_free", "segment_unmap"))
-    return held > 0 or reserved > 0
+    held = least(("alloc",), ("free_completed",))
+    reserved = least(("segment_alloc", "segment_map"), ("segment_free", "segment_unmap"))
+    return bool(held[-1] > 0 or reserved[-1] > 0 or (held > reserved).any())
 
 
 def _device_trace(snapshot: dict[str, Any], dev: int, devices: list[int]) -> Trace:
