@@ -1,5 +1,9 @@
 """Record the CPU Kineto trace shipped as tests/data/snapshots/cpu-mlp.pt.trace.json.gz (torch CPU)."""
-import gzip, shutil, torch
+
+import gzip
+import shutil
+
+import torch
 from torch.profiler import ProfilerActivity, profile, record_function
 
 torch.manual_seed(0)
