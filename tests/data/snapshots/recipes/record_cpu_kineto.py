@@ -11,7 +11,7 @@ model = torch.nn.Sequential(torch.nn.Linear(512, 1024), torch.nn.ReLU(), torch.n
 opt = torch.optim.SGD(model.parameters(), lr=0.01)
 x = torch.randn(64, 512)
 with profile(activities=[ProfilerActivity.CPU], profile_memory=True, record_shapes=True, with_stack=True) as prof:
-    for step in range(2):
+    for _step in range(2):
         with record_function("memtrace:forward"):
             loss = model(x).square().mean()
         with record_function("memtrace:backward"):
