@@ -32,7 +32,7 @@ from typing import Any
 import numpy as np
 
 from .. import facts as F
-from ..model import Frame, HookCall, Note, Process, Recording, Trace
+from ..model import ACTION_CODE, Frame, HookCall, Note, Process, Recording, Trace
 from .crossing import Crossings, Excursion, crossings
 from .curves import Baseline, Curves, all_curves
 from .extensible import ExtensibleSizing, extensible_sizing
@@ -215,6 +215,12 @@ def _warnings(trace: Trace, curves: Curves) -> list[str]:
 _UNSET: Any = object()
 
 
+def memory_events(trace: Trace) -> int:
+    """How many allocator events change memory (``snapshot`` and ``annotate`` markers left out)."""
+    inert = (ACTION_CODE["snapshot"], ACTION_CODE["annotate"])
+    return int(np.isin(trace.events["action"], inert, invert=True).sum())
+
+
 def summarize(
     trace: Trace,
     target: Target | None = None,
@@ -264,7 +270,7 @@ def summarize(
         env=dict(trace.facts.get(F.ENV) or {}),
         start_us=start_us,
         end_us=end_us,
-        n_events=len(trace.events),
+        n_events=memory_events(trace),
         n_samples=len(trace.samples),
         baseline=curves.baseline,
         peak=peak,
