@@ -11,12 +11,10 @@
 #   small-ext    moe-ext on a "smaller card": a torch process holds HOLD_GIB GiB of the H200 first
 #   cost         ROUNDS rounds of warm moe-ext runs, plugin on (MEMTRACE_DIR) / off, order alternating
 # Knobs: STEPS, LIMIT (seconds for the script, 570), ROUNDS (4), FIRST_ROUND (1), HOLD_GIB (96),
-#        SITE (/tmp/site034: the installed stage), PORT (8791), STACKS (python; MEMTRACE_STACKS of traced steps).
+#        SITE (/tmp/site034: the installed stage), PORT (8791).
 # Every start-up is stopped as soon as memtrace's summary (or vLLM's "init engine" line, for cost runs
 # without the plugin) appears. Files back (<= 8): progress.log, install.log, one <step>.tar.gz per step
-# (vLLM's log, nvidia-smi at 10 Hz, the run directory, memtrace's report), cost-rounds.tsv, cost-runs.tsv
-# (per run: vLLM's init engine, and for plugin-on runs memtrace's self-reported cost from the trace:
-# tests/bench/vllm_cost.py figure; `python tests/bench/vllm_cost.py analyse cost-runs.tsv` analyses the pairs).
+# (vLLM's log, nvidia-smi at 10 Hz, the run directory, memtrace's report), cost-rounds.tsv.
 set -uo pipefail
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 LIMIT=${LIMIT:-570}
@@ -26,7 +24,6 @@ FIRST_ROUND=${FIRST_ROUND:-1}
 HOLD_GIB=${HOLD_GIB:-96}
 SITE=${SITE:-/tmp/site034}
 PORT=${PORT:-8791}
-STACKS=${STACKS:-python}  # MEMTRACE_STACKS of the traced steps (none: the floor of memtrace's cost)
 W=/tmp/v034
 HERE=tests/gpu/vllm034
 INIT_RE='init engine \(profile, create kv cache, warmup model\) took [0-9.]+'
@@ -37,7 +34,6 @@ pack() {  # each step's folder as a tarball in $OUT (after each step and at exit
   local d
   for d in "$W"/*/; do d=$(basename "$d"); tar czf "$OUT/$d.tar.gz" -C "$W" "$d" 2>/dev/null; done
   [ -f "$W/cost/rounds.tsv" ] && cp "$W/cost/rounds.tsv" "$OUT/cost-rounds.tsv"
-  [ -f "$W/cost/runs.tsv" ] && cp "$W/cost/runs.tsv" "$OUT/cost-runs.tsv"
   return 0
 }
 finish() { trap - EXIT INT TERM; cleanup_all; pack; log "done; files in $OUT: $(ls "$OUT" | tr '\n' ' ')"; }
@@ -78,7 +74,7 @@ traced() {
   log "($name) start-up ($(left)s left): $*"
   start /dev/null nvidia-smi --query-gpu=timestamp,memory.used,memory.total --format=csv,noheader,nounits -lms 100 -f "$d/nvidia-smi.csv"
   local smi=$SID t0=$SECONDS
-  start "$d/vllm.log" env PYTHONFAULTHANDLER=1 MEMTRACE_STACKS="$STACKS" python3 -m memtrace run --dir "$d/run" --until startup -- \
+  start "$d/vllm.log" env PYTHONFAULTHANDLER=1 MEMTRACE_STACKS=python python3 -m memtrace run --dir "$d/run" --until startup -- \
     python3 -m vllm.entrypoints.openai.api_server --model "$model" --port "$NEXT_PORT" "${COMMON[@]}" "$@"
   local sid=$SID rc
   wait_log "$d/vllm.log" "memtrace: start-up complete|Application startup complete" "$sid" $(( $(left) - 25 )); rc=$?
@@ -132,7 +128,7 @@ one_run() {  # one_run NAME on|off -> SECS (init engine s), WALL (s to the log l
   local name=$1 mode=$2 d=$W/cost t0=$SECONDS rc
   next_port
   if [ "$mode" = on ]; then
-    MEMTRACE_DIR="$d/$name-trace" MEMTRACE_STACKS="$STACKS" start "$d/$name.log" python3 -m vllm.entrypoints.openai.api_server --model /tmp/model-moe --port "$NEXT_PORT" "${COMMON[@]}"
+    MEMTRACE_DIR="$d/$name-trace" start "$d/$name.log" python3 -m vllm.entrypoints.openai.api_server --model /tmp/model-moe --port "$NEXT_PORT" "${COMMON[@]}"
   else
     start "$d/$name.log" python3 -m vllm.entrypoints.openai.api_server --model /tmp/model-moe --port "$NEXT_PORT" "${COMMON[@]}"
   fi
@@ -141,15 +137,12 @@ one_run() {  # one_run NAME on|off -> SECS (init engine s), WALL (s to the log l
   WALL=$((SECONDS - t0))
   stop_session "$sid" 15
   SECS=$(grep -oE "$INIT_RE" "$d/$name.log" | head -1 | grep -oE '[0-9.]+$')
-  local self='-	-	-	-'  # memtrace's self-reported cost, from the trace (tests/bench/vllm_cost.py figure)
-  [ "$mode" = on ] && self=$(timeout 60 python3 tests/bench/vllm_cost.py figure "$d/$name-trace" 2>> "$OUT/progress.log")
-  echo "$name	$mode	${SECS:--}	$WALL	${self:--	-	-	-}	$(vllm_facts "$d/$name.log")" >> "$d/runs.tsv"
-  log "(cost) $name ($mode): init engine ${SECS:-not reached (rc $rc)} s; ready after ${WALL}s; memtrace's own: $(cut -f1,2 <<< "$self" | tr '\t' ' ')"
+  echo "$name	$mode	${SECS:--}	$WALL	$(vllm_facts "$d/$name.log")" >> "$d/runs.tsv"
+  log "(cost) $name ($mode): init engine ${SECS:-not reached (rc $rc)} s; ready after ${WALL}s"
 }
 if want cost; then
   mkdir -p "$W/cost"
   [ -f "$W/cost/rounds.tsv" ] || printf 'round\torder\ton_init_s\toff_init_s\ton_wall_s\toff_wall_s\n' > "$W/cost/rounds.tsv"
-  [ -f "$W/cost/runs.tsv" ] || printf 'run\tplugin\tinit_engine_s\tready_s\tself_ms\tself_pct\thistory_ms\tself_sources\tvllm_figures\n' > "$W/cost/runs.tsv"
   EST=60
   for ((p = FIRST_ROUND; p < FIRST_ROUND + ROUNDS; p++)); do
     [ "$(left)" -lt $((2 * EST + 20)) ] && { log "(cost) stopping before round $p: $(left)s left"; break; }
@@ -160,6 +153,5 @@ if want cost; then
     pack
   done
   { command -v column > /dev/null && column -t "$W/cost/rounds.tsv" || cat "$W/cost/rounds.tsv"; } | tee -a "$OUT/progress.log"  # the H200 image has no column
-  cut -f1-7 "$W/cost/runs.tsv" | tee -a "$OUT/progress.log"
-  python3 tests/bench/vllm_cost.py analyse "$W/cost/runs.tsv" 2>&1 | tee -a "$OUT/progress.log"
+  cut -f1,2,5 "$W/cost/runs.tsv" | tee -a "$OUT/progress.log"
 fi
