@@ -104,9 +104,22 @@ QUANTITIES = (ALLOCATED, ALLOCATED_BLOCKS, RESERVED, VMM, HELD, DEVICE_USED, OTH
 BY_KEY = {q.key: q for q in QUANTITIES}
 
 
+def present(curves: Curves) -> tuple[Quantity, ...]:
+    """The quantities a trace's ``curves`` hold, in :data:`QUANTITIES`' order: PyTorch's always; the VMM KV
+    cache and held only when something was committed outside PyTorch; NVML's when sampled."""
+    absent = set()
+    if not len(curves.vmm):
+        absent |= {VMM, HELD}
+    if not curves.has_device:
+        absent |= {DEVICE_USED, NON_TORCH}
+    if not len(curves.others):
+        absent.add(OTHERS)
+    return tuple(q for q in QUANTITIES if q not in absent)
+
+
 def curve(curves: Curves, q: Quantity) -> Curve:
     """The one curve of ``q`` among ``curves`` (``curves.all_curves``); KeyError for a quantity without one
-    (the blocks' curve and the memory before recording are built elsewhere: ``curves.block_curve``,
+    (the blocks' curve and the memory before recording are built elsewhere: ``blocks.block_curve``, ``AnalysedRank.allocated_blocks``,
     :func:`before_recording`)."""
     return {
         ALLOCATED: curves.allocated,
