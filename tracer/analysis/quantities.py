@@ -104,6 +104,15 @@ QUANTITIES = (ALLOCATED, ALLOCATED_BLOCKS, RESERVED, VMM, HELD, DEVICE_USED, OTH
 BY_KEY = {q.key: q for q in QUANTITIES}
 
 
+def in_vllm_terms(facts: dict) -> bool:
+    """True when vLLM's vocabulary (KV cache, non-KV memory, "vLLM fills") applies to a trace: the vLLM plugin
+    recorded it, or vLLM's own figures were recorded (``vllm.*`` facts, a vLLM-shaped start-up). Any other
+    program is answered in its own terms: PyTorch's quantities only."""
+    from .. import facts as F
+
+    return F.is_vllm(facts) or any(str(k).startswith("vllm.") for k in facts)
+
+
 def present(curves: Curves) -> tuple[Quantity, ...]:
     """The quantities a trace's ``curves`` hold, in :data:`QUANTITIES`' order: PyTorch's always; the VMM KV
     cache and held only when something was committed outside PyTorch; NVML's when sampled."""
