@@ -17,7 +17,7 @@ from ..analysis.quantities import BEFORE_RECORDING, QUANTITIES
 from ..analysis.summary import Summary
 from ..model import Frame
 from ..units import gib_number, gib_or_dash, signed_gib_number
-from . import oom_text
+from . import cost_text, oom_text
 from .extensible_text import render_counters, render_extensible, render_vmm
 from .kv_text import render_non_kv
 from .non_torch_text import render_non_torch
@@ -181,10 +181,17 @@ def _header(out: _Out, s: Summary) -> None:
         f"recording: {s.n_events:,} allocator events, {s.n_samples:,} NVML samples over {dur:.2f} s "
         f"(source {rec.source}, stacks {rec.stacks}{ended})"
     )
+    _cost(out, s)
     if s.time_origin:
         out.item(f"times: {s.time_origin}")
     if s.path:  # Markdown goes upstream: the file's name only, never a local path
         out.item(f"file: {s.path.rsplit('/', 1)[-1] if out.md else s.path}")
+
+
+def _cost(out: _Out, s: Summary) -> None:
+    vllm = s.process.role == "vllm-worker"
+    line = cost_text.headline(s.self_cost, vllm)
+    out.item(f"{line}; {cost_text.sources(s.self_cost)}" if s.self_cost.recorded else line)
 
 
 def _oom_text(s: Summary) -> str:

@@ -37,6 +37,7 @@ from .landmarks import landmarks
 from .phases import path_at
 from .quantities import first_max
 from .reconcile import non_kv as non_kv_model
+from .whatif import recorded_others
 
 #: vLLM 0.34's default utilization with the extensible KV cache.
 EXTENSIBLE_DEFAULT_UTIL = 1.0
@@ -100,7 +101,10 @@ def fit_extensible(
     )
     if not recorded_total:
         return None
-    lacks = int(recorded_total) - capacity_bytes + others_bytes  # bytes this card has less of, free
+    # bytes this card has less of, free: the recorded card's other processes are not on it (unless given back
+    # as ``others_bytes``, ``--keep-others``)
+    left_out = recorded_others(trace)
+    lacks = int(recorded_total) - left_out - capacity_bytes + others_bytes
     requested = math.ceil(capacity_bytes * util)
     # 1. before the KV cache is extended
     extend = next((p for p in trace.phases if p.name == "kv_cache_extend"), None)
@@ -250,6 +254,7 @@ def as_fit(rank, capacity_bytes: int, util: float | None, rec: Recorded) -> Fit:
         kv_sizing=F.KV_SIZED_EXTENSIBLE,
         kv_blocks=e.kv_blocks,
         kv_tokens=e.kv_tokens,
+        others_left_out_bytes=recorded_others(rank.trace),
         **rec.non_torch_split,
     )
 
