@@ -149,6 +149,12 @@ def first_max(values: np.ndarray) -> int:
     return int(np.argmax(values)) if len(values) else -1
 
 
+def array_max(values: np.ndarray) -> int:
+    """The largest of ``values`` (0 when empty): :func:`first_max`'s value."""
+    i = first_max(values)
+    return int(values[i]) if i >= 0 else 0
+
+
 @dataclass(frozen=True)
 class Point:
     """A curve's value at one of its steps: the peak of a curve."""
