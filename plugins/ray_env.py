@@ -48,6 +48,9 @@ class CopyListHook:
 
     key = COPY_LIST_TARGET
 
+    def __init__(self, plugin: Any = None, entry: Any = None):
+        pass  # built from a ``surface`` entry; it keeps nothing
+
     def before(self, target: Any, args: tuple, kwargs: dict) -> Any:
         return True
 
@@ -60,6 +63,9 @@ class RayClusterHook:
     """A hooks.Handler around ``initialize_ray_cluster``: start the run's collector once Ray is up."""
 
     key = RAY_CLUSTER_TARGET
+
+    def __init__(self, plugin: Any = None, entry: Any = None):
+        pass  # built from a ``surface`` entry; it keeps nothing
 
     def before(self, target: Any, args: tuple, kwargs: dict) -> Any:
         return True
