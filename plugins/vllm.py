@@ -38,6 +38,8 @@ import time
 from typing import Any
 
 from .. import facts as F
+from .. import plugins as _package
+from ..capture import selfcost
 from ..capture.clock import export_driver_host, now_us
 from . import flashinfer, surface, vllm_boundaries, vllm_facts
 from .hooks import HookManager
@@ -80,7 +82,7 @@ def vllm_plugins_with_memtrace(value: str | None) -> str | None:
 def register() -> None:
     """Entry point of the ``vllm.general_plugins`` group. Idempotent; never raises."""
     global _plugin
-    with _lock:
+    with _lock, selfcost.region(selfcost.REGISTRATION):
         if _plugin is not None:
             return
         if not enabled():
@@ -319,3 +321,12 @@ def _stop_exit() -> None:
 
 #: Hooked paths a trace can do without (torch's peak resets): their absence is an info note, not a warning.
 _OPTIONAL = {e.path for e in surface.TABLE if e.handler is not None and not e.required}
+
+
+def _charge_import() -> None:
+    """Charge importing this plugin (from the first import of ``memtrace.plugins``) to registration."""
+    spent = selfcost.tally()
+    selfcost.charge(spent, selfcost.REGISTRATION, _package.IMPORT_T0_NS, spent.inner)
+
+
+_charge_import()

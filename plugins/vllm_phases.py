@@ -68,6 +68,7 @@ class PhaseHook:
         self.target = entry
         self.phase = entry.phase
         self.key = entry.phase  # one phase at a time: a subclass calling its base is not nested
+        self.cost_source = "phases"  # where hooks.py charges this hook's time
 
     def before(self, target: Target, args: tuple, kwargs: dict) -> Any:
         if self.target.skip_kwarg and call_argument(target, self.target.skip_kwarg, args, kwargs):
@@ -204,6 +205,7 @@ class PeakResetHook:
     """Appends the time of each reset of torch's peak counters to ``memtrace.peak_resets_us``."""
 
     key = "torch.reset_peak_memory_stats"  # one key: torch.accelerator's reset calling torch.cuda's counts once
+    cost_source = "sizing_reads"
 
     def __init__(self, plugin: Any = None, entry: Any = None):
         pass
@@ -221,6 +223,7 @@ class TransientPeakHook:
     reserved counters (current and peak since the last reset) and the reserve it left on the KV cache."""
 
     key = "vllm.transient_peak"
+    cost_source = "sizing_reads"
 
     def __init__(self, plugin: Any = None, entry: Any = None):
         pass
@@ -258,6 +261,7 @@ class SizingReadHook:
     (taken after its ``empty_cache``: the ``free_memory`` the KV cache is sized from)."""
 
     key = "vllm.sizing_read"
+    cost_source = "sizing_reads"
 
     def __init__(self, plugin: Any = None, entry: Any = None):
         pass
