@@ -147,3 +147,43 @@ def test_others_that_fill_the_card_are_one_line_and_exit_2(capsys):
     args = ["fits", str(run_dir("moe-ext")), "--capacity", "16GiB", "--others", "16GiB"]
     assert main(args) == 2
     assert "--others 16GiB fills the card" in capsys.readouterr().err
+
+
+def test_the_issue_bundle_of_a_run_that_died_says_what_would_make_it_boot(tmp_path):
+    from testdata import DATA
+
+    out = tmp_path / "issue"
+    assert main(["issue", str(DATA / "vllm-h200" / "shared-gpu"), "-o", str(out)]) == 0
+    md = " ".join((out / "issue.md").read_text().split())
+    assert "## What would make it boot" in md
+    assert "DIES in determine_available_memory/profile_run" in md
+    assert "No flag helps: weights and workspaces alone need 11.23 GiB" in md
+    assert "11.21 GiB of it free of other processes" in md
+
+
+def test_a_recording_that_ends_at_its_oom_answers_unknown_past_it():
+    from testdata import DATA
+
+    r = analyse(load_run(DATA / "vllm-h200" / "shared-gpu").traces).ranks[0]
+    s = W.sites_of(r)
+    o = W.WhatIf(s, s.flags).on(16 * GiB)
+    assert o.verdict == W.UNKNOWN and "before the KV cache was sized" in o.why
+
+
+def test_fitted_scalings_come_from_the_traces_and_state_their_residual():
+    """Two traces of the same start-up labelled with different max-num-batched-tokens: the fitted line is flat
+    (the same bytes at both), so the what-if keeps every tokens site as recorded, with residual 0."""
+    import copy
+
+    a = _rank("moe-noext")
+    t = copy.deepcopy(a.trace)
+    t.facts["vllm.config"] = {**t.facts["vllm.config"], "max_num_batched_tokens": 4096}
+    b = analyse([t]).ranks[0]
+    cal = W.calibrate([W.sites_of(a), W.sites_of(b)])
+    line = cal.lines[("profile_run", W.TOKENS)]
+    assert abs(line.b) < 1e-6 and line.residual_bytes == 0 and line.points == 2
+    s = W.sites_of(a)
+    w = W.WhatIf(s, W.apply_what_if(s.flags, ["max-num-batched-tokens=2048"]), cal)
+    assert w.scales[W.TOKENS].rule.startswith("fitted over 2 traces")
+    p = next(p for p in w.on(32 * GiB).phases if p.phase == "determine_available_memory/profile_run")
+    assert p.predicted_bytes == p.recorded_bytes

@@ -200,12 +200,14 @@ def test_without_a_gpu_the_history_cost_is_not_measured_never_zero(snap, tmp_pat
 
 
 class SlowHistoryTorch:
-    """torch.empty whose cost, while the history records, grows with the Python stack's depth."""
+    """torch.empty on a virtual clock: 500 ns an allocation, and while the history records 2,000 ns more
+    plus 100 ns a Python frame of the caller's stack."""
 
     uint8 = "uint8"
 
     def __init__(self):
         self.on = False
+        self.now = 0
         self.reserved = 0
         self.emptied = 0
         outer = self
@@ -221,24 +223,24 @@ class SlowHistoryTorch:
                 outer.reserved = 0
 
         self.cuda = cuda
+        self.time = types.SimpleNamespace(perf_counter_ns=lambda: outer.now)
 
     def empty(self, n, dtype, device):
         self.reserved = 2 << 20  # the first block makes the allocator reserve a segment
+        self.now += 500
         if self.on:
-            frame, depth = sys._getframe(), 0
+            frame, depth = sys._getframe(1), 0  # the caller's frames, as torch records them
             while frame is not None:
                 depth += 1
                 frame = frame.f_back
-            end = time.perf_counter_ns() + 2000 + 100 * depth
-            while time.perf_counter_ns() < end:
-                pass
+            self.now += 2000 + 100 * depth
         return object()
 
 
-def test_the_calibration_measures_a_cost_per_allocation_and_per_frame():
+def test_the_calibration_measures_a_cost_per_allocation_and_per_frame(monkeypatch):
     torch = SlowHistoryTorch()
+    monkeypatch.setattr(history_cost, "time", torch.time)
     got = history_cost.calibrate(torch, 0, lambda: setattr(torch, "on", True), lambda: setattr(torch, "on", False))
     assert got["measured"] is True and got["released_segment"] is True and torch.emptied == 1
-    assert 60 < got["per_frame_ns"] < 200  # 100 ns a frame, give or take the loop's noise
-    expected = 2000 + 100 * (got["depth"] + 1)  # the fake's own empty() frame
-    assert 0.7 * expected < got["per_alloc_ns"] < 1.6 * expected
+    assert got["per_frame_ns"] == 100.0
+    assert got["per_alloc_ns"] == 2000 + 100 * got["depth"]
