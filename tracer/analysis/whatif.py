@@ -332,6 +332,8 @@ class Scale:
 def scale_of(kind: str, phase: str, rec: Flags, new: Flags, cal: Calibration | None, base_bytes: int) -> Scale:
     """The factor of ``kind`` in ``phase`` (fitted when calibrated, else the one-trace rule)."""
     x_new, x_rec = flag_value(new, kind), flag_value(rec, kind)
+    if kind == GRAPHS and x_new == 0 and x_rec:
+        return Scale(kind, 0.0, "no CUDA graphs are captured with enforce-eager")
     line = cal.lines.get((phase, kind)) if cal is not None else None
     if line is not None and base_bytes > 0:
         f = max(line.at(x_new), 0.0) / base_bytes
