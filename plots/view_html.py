@@ -19,6 +19,7 @@ from typing import Any
 from .report import render as render_report
 from .report import worst_line
 from .view_data import PackedRank, pack_rank
+from .whatif_text import boot_section
 
 #: Width in pixels of the coarse overview a page without its events carries.
 OVERVIEW_WIDTH = 1600
@@ -53,6 +54,7 @@ def render_html(ranks: list[PackedRank], run, *, title: str, api: bool = False) 
     buf = io.StringIO()
     render_report(run, buf)  # as `memtrace report` prints it
     doc = page_document(ranks, title=title, report_text=buf.getvalue(), api=api, run=run)
+    doc["boot"] = "\n".join(boot_section(run, markdown=False)[2:])  # fits --suggest: the issue bundle's words
     blobs = "\n".join(
         f'<script type="application/octet-stream" id="mt-blob-{i}">{base64.b64encode(r.blob).decode("ascii")}</script>'
         for i, r in enumerate(ranks)

@@ -161,7 +161,7 @@ def render(run, out, *, answers: list[tuple], json_out: bool = False) -> None:
         out.write(render_answer(a, f"{run.path} ({r.label})" if multi else run.path))
 
 
-def boot_section(run) -> list[str]:
+def boot_section(run, *, markdown: bool = True) -> list[str]:
     """The issue bundle's "What would make it boot" section (Markdown lines; [] for a run that is not a vLLM
     start-up or that booted): ``--suggest`` on the card the worst rank was recorded on, as it was (other
     processes kept), in the words of ``memtrace fits``."""
@@ -183,4 +183,8 @@ def boot_section(run) -> list[str]:
     else:
         lines.append(f"- {no_flag_helps(s)}")
     estimate = "fitted" if a.calibrated_traces else "one trace: documented rules per kind of site, an estimate"
-    return [*lines, "", f"_Model: {estimate} (docs/whatif.md)._", ""]
+    lines = [*lines, "", f"_Model: {estimate} (docs/whatif.md)._", ""]
+    if markdown:
+        return lines
+    plain = [x.removeprefix("## ").replace("`", "").strip("_") for x in lines]
+    return [y for x in plain for y in (wrap(x, WIDTH) if x else [""])]

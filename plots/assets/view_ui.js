@@ -309,6 +309,7 @@
       R.u = makeChart(R, host, width - 340);
     }
     app.append(el('h2', {}, 'Report'), el('pre', { class: 'mt-report' }, doc.report));
+    if (doc.boot) app.append(el('h2', {}, 'What would make it boot'), el('pre', { class: 'mt-boot' }, doc.boot));
     const lo = Math.min(...doc.ranks.map((r) => r.start_us)) / 1e6, hi = Math.max(...doc.ranks.map((r) => r.end_us)) / 1e6;
     zoomAll(lo, hi);
     await new Promise((res) => { const wait = () => (MT.ranks.every((r) => r.view) ? res() : setTimeout(wait, 5)); wait(); });

@@ -203,3 +203,17 @@ def test_a_real_start_up_is_predicted_from_another_within_2_percent_or_256_mib(b
     assert len(c.figures) >= 10 and c.verdict == W.BOOTS
     if held_out == "small-ext":  # the neighbour's 96 GiB kept: vLLM's own 60704 blocks, to the block
         assert next(f for f in c.figures if f.name == "KV blocks").error == 0
+
+
+def test_the_view_says_what_the_issue_bundle_says_about_what_would_make_it_boot(tmp_path):
+    from memtrace.plots.whatif_text import boot_section
+    from testdata import DATA
+
+    out = tmp_path / "view.html"
+    assert main(["view", str(DATA / "vllm-h200" / "shared-gpu"), "-o", str(out)]) == 0
+    page = out.read_text()
+    run = analyse(load_run(DATA / "vllm-h200" / "shared-gpu").traces)
+    assert "What would make it boot" in page
+    doc = json.loads(page.split('id="mt-doc">', 1)[1].split("</script>", 1)[0])
+    assert doc["boot"] == "\n".join(boot_section(run, markdown=False)[2:])
+    assert doc["boot"].startswith("On the recorded card (139.80 GiB), with the recorded flags: DIES in")

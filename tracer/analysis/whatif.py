@@ -61,7 +61,7 @@ BOOTS, DIES, REFUSES, UNKNOWN = "boots", "dies", "refuses", "unknown"
 #: vLLM's default utilization with / without the extensible KV cache (0.34).
 UTIL_EXTENSIBLE, UTIL_PROFILED = 1.0, 0.92
 _SAMPLER_FILES = ("sampler.py", "sampling.py", "topk_topp_sampler.py", "logits_processor.py", "penalties.py")
-_KV_FUNCS = ("_allocate_kv_cache_buffer", "allocate_kv_cache")
+_KV_FUNCS = ("_allocate_kv_cache_buffer", "allocate_kv_cache", "_allocate_kv_cache_tensors")
 _DTYPE_BYTES = {"fp8": 1, "fp8_e4m3": 1, "fp8_e5m2": 1, "auto": 2, "bfloat16": 2, "float16": 2, "half": 2}
 _BEFORE = np.iinfo(np.int64).min
 _NEVER = np.iinfo(np.int64).max
@@ -134,7 +134,8 @@ def recorded_flags(trace) -> Flags | None:
     need = ("max_num_batched_tokens", "max_num_seqs", "max_model_len")
     if not all(isinstance(cfg.get(k), int) for k in need):
         return None
-    user = trace.facts.get(F.UTIL_SOURCE) == F.UTIL_BY_USER
+    source = trace.facts.get(F.UTIL_SOURCE)  # older traces lack it: their figure is vLLM's resolved one, kept
+    user = source == F.UTIL_BY_USER or (source is None and not trace.facts.get(F.VLLM_KV_SIZE_SOURCE))
     return Flags(
         max_num_batched_tokens=cfg["max_num_batched_tokens"],
         max_num_seqs=cfg["max_num_seqs"],
@@ -274,6 +275,9 @@ class Sites:
                 continue
             s = int(lt.stack[i])
             k = of_stack(s) if s >= 0 else UNSTACKED
+            in_kv = any(lo <= a <= hi for lo, hi in kv_w)
+            if in_kv and k != KV and lt.size[i] >= 1 << 20 and any(lt.free_us[i] > hi for lo, hi in kv_w):
+                k = KV  # what initialize_kv_cache made and kept: the KV cache, with or without a stack
             in_graph = any(lo <= a <= hi for lo, hi in graph_w)
             if k == KV and not any(lo <= a <= hi for lo, hi in kv_w):
                 k = GRAPHS if in_graph else FIXED  # the minimal KV cache of the graph profile
