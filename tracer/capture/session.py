@@ -393,6 +393,11 @@ class Session:
         fact["history"] = history
         return fact
 
+    def later(self, task) -> None:
+        """Run ``task`` on the background writer, after what was handed to it before (at once, here,
+        without one): work the traced program need not wait for (facts that take milliseconds to gather)."""
+        self._later(task)
+
     def _later(self, task) -> None:
         """Run ``task`` on the background writer, after the drains handed to it (here without one)."""
         if self._bg is not None:
