@@ -34,6 +34,10 @@ from ..analysis.categories import WORKSPACE_FUNCTIONS
 from ..analysis.flame import HOOK_PREFIX, NON_TORCH, VMM_KV, Flame, FlameNode
 from ..analysis.moment import PEAK
 from ..units import format_bytes
+from .format_spec import Format
+
+#: this module's output format(s) (``plots.format_spec``)
+FORMATS = (Format("flame", "-flame.svg", (".svg",), commands=("flame",), choice="svg"),)
 
 WIDTH = 1200
 ROW = 18

@@ -26,9 +26,13 @@ import numpy as np
 
 from ..analysis.categories import CATEGORIES
 from ..units import GiB, format_gib, format_size
+from .format_spec import Format
 from .phase_lane import PhaseLabel
 from .timeline_axes import DPI_HINT, LABEL_PT, draw_lane, draw_main, draw_zoom, zoom_window
 from .timeline_data import RankTimeline
+
+#: this module's output format(s) (``plots.format_spec``)
+FORMATS = (Format("timeline", "-timeline.png", (".png", ".svg", ".pdf"), binary=True, commands=("plot",)),)
 
 WIDTH_IN = 12.5
 DPI = DPI_HINT
