@@ -47,3 +47,10 @@ def test_memtrace_run_help_no_longer_says_it_appends_to_a_vllm_variable():
     text = sub.choices["run"].format_help()
     assert "is appended to ``VLLM_RAY_EXTRA_ENV_VAR_PREFIXES_TO_COPY``" not in text
     assert "MEMTRACE_DIR" in text and "no vLLM variable is changed" in text
+
+
+def test_the_design_page_states_the_format_version_the_code_writes():
+    from memtrace.model import FORMAT_VERSION
+
+    text = (DOCS / "design.md").read_text()
+    assert f"format `memtrace-trace`, version {FORMAT_VERSION[0]}.{FORMAT_VERSION[1]};" in text
