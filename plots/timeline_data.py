@@ -160,3 +160,32 @@ def vmm_band(rank: RankTimeline, lo: int, hi: int, n_buckets: int) -> VmmBand | 
     else:
         r = np.zeros(len(grid), dtype=np.int64)
     return VmmBand(grid, r, r + kv.at_each(grid))
+
+
+def landmark_times_us(rank: RankTimeline) -> list[int]:
+    """The moments the figure names: the peak of what the process held, the peak of device used, the first
+    crossing of the target (and its excursion's maximum), the OOM."""
+    out = []
+    for curve in (rank.curves.held, rank.curves.device_used):
+        if len(curve):
+            out.append(int(curve.time_us[curve.peak_index]))
+    c = rank.first_crossing()
+    if c is not None:
+        out += [c.time_us, c.max_us]
+    if rank.oom is not None:
+        out.append(rank.oom.time_us)
+    return out
+
+
+def phases_at(rank: RankTimeline, times_us: list[int]) -> frozenset[str]:
+    """The paths of the phases (every depth) that any of ``times_us`` falls in."""
+    return frozenset(p.path for p in rank.phases for t in times_us if p.start_us <= t <= p.end_us)
+
+
+def drawn_curves(rank: RankTimeline) -> list[tuple[np.ndarray, np.ndarray]]:
+    """(time_us, bytes) of the curves the main plot draws: allocated, what the process held, device used."""
+    c = rank.curves
+    out = [(c.allocated.time_us, c.allocated.bytes), (c.held.time_us, c.held.bytes)]
+    if c.has_device:
+        out.append((c.device_used.time_us, c.device_used.bytes))
+    return out
