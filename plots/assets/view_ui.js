@@ -75,7 +75,7 @@
         if (ctx.measureText(p.name).width + 6 * dpr < b - a) ctx.fillText(p.name, a + 3 * dpr, y + 2 * dpr);
         drawn.phases++; drawn.phase_names.push(p.path);
       });
-      const gutter = [];
+      const gutter = [], names = [];
       const hline = (bytes, color, label, dash) => {
         const y = Yp(bytes); if (y < top || y > top + h) return null;
         ctx.strokeStyle = color; ctx.lineWidth = 1.5 * dpr; ctx.setLineDash(dash || []);
@@ -93,8 +93,7 @@
         ctx.strokeStyle = color; ctx.lineWidth = 1.5 * dpr; ctx.setLineDash(dash || []);
         ctx.beginPath(); ctx.moveTo(x, ty); ctx.lineTo(x, top + h); ctx.stroke(); ctx.setLineDash([]);
         const tw = ctx.measureText(label).width, tx = x + 3 * dpr + tw > left + w ? x - 3 * dpr - tw : x + 3 * dpr;
-        ctx.fillStyle = 'rgba(255,255,255,.85)'; ctx.fillRect(tx - 2 * dpr, ty, tw + 4 * dpr, 13 * dpr);
-        ctx.fillStyle = color; ctx.fillText(label, tx, ty + 1 * dpr);
+        names.push([label, color, tx, ty, tw]); /* written after every line, so no line runs through a name */
         drawn.labels.push({ label, x: Math.round(tx / dpr), y: Math.round(ty / dpr), w: Math.round(tw / dpr), h: 13 });
         return Math.round(x / dpr);
       };
@@ -103,6 +102,10 @@
       if (m.oom) drawn.oom = vline(m.oom.time_us - m.t0_us, '#000', `OOM (${gib(m.oom.requested_bytes)} asked)`, null, 2);
       drawn.peak = vline(m.peak.state_us - m.t0_us, '#9467bd', `peak ${gib(m.peak.reserved_bytes)} reserved`, [1 * dpr, 3 * dpr], 1);
       if (R.selectedUs != null) vline(R.selectedUs, '#17becf', 'selected', null, 3);
+      for (const [label, color, tx, ty, tw] of names) {
+        ctx.fillStyle = 'rgba(255,255,255,.92)'; ctx.fillRect(tx - 2 * dpr, ty, tw + 4 * dpr, 13 * dpr);
+        ctx.fillStyle = color; ctx.fillText(label, tx, ty + 1 * dpr);
+      }
       drawn.gutter = gutter.map(([y, , label]) => ({ label, y: Math.round(y / dpr) }));
       ctx.restore();
       ctx.save(); ctx.font = `${11 * dpr}px sans-serif`; ctx.textBaseline = 'middle'; ctx.textAlign = 'left';
