@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..analysis.diff import KV_CACHE, VIA_VMM
+from ..analysis.diff import KV_CACHE, VIA_VMM, nested_order
 from ..units import GiB, format_bytes
 from ..units import format_gib as _gib
 from . import oom_text
@@ -69,7 +69,7 @@ def _render_one(d, multi: bool) -> list[str]:
         out.append(f"== {d.label} ==")
     level = "PyTorch reserved + non-PyTorch memory" if d.device_level else "PyTorch reserved only (no NVML in both)"
     if VIA_VMM in d.kv_via:
-        level += "; reserved counts the KV cache committed through CUDA's VMM API (vLLM 0.34+)"
+        level = level.replace("PyTorch reserved", "PyTorch reserved + the KV cache outside PyTorch (CUDA VMM)", 1)
     if d.setup_changes:
         out.append("WARNING: the two runs are not comparable; they differ in:")
         out += [f"  {name}: {_field(name, b)} → {_field(name, n)}" for name, b, n in d.setup_changes[:SHOW_MISMATCHES]]
@@ -96,6 +96,7 @@ def _render_one(d, multi: bool) -> list[str]:
             continue
         mark = "  << over " + d.threshold if c.over else ""
         where = f"  [{c.phase}]" if c.phase else ""
+        mark += f"  ({c.note})" if c.note else ""
         out.append(
             f"  {c.label:<28} {_gib(c.base):>11} → {_gib(c.new):>11}   {_delta(c.delta):>12} {_pct(c.base, c.delta)}{where}{mark}"
         )
@@ -117,7 +118,7 @@ def _render_one(d, multi: bool) -> list[str]:
     if d.categories:
         rows = [c for c in d.categories if c.delta]
         out.append("")
-        out.append("By category, at each run's peak (allocated):")
+        out.append("By category, at the peak each run held (allocated, and the KV cache outside PyTorch):")
         if not rows:
             out.append("  no change")
         for c in rows:
@@ -169,8 +170,12 @@ def _render_hooks(d) -> list[str]:
             mark = "  << over " + d.threshold if c.over else ""
             name = _hook_label(c.label)
             out.append(f"  total {name}: {_gib(c.base)} → {_gib(c.new)} ({_delta(c.delta)}){mark}")
-        for c in d.nested_hooks:
-            out.append(f"    inside: {_hook_label(c.label)}: {_gib(c.base)} → {_gib(c.new)} ({_delta(c.delta or 0)})")
+        depth = dict(nested_order({c.label for c in d.nested_hooks}, d.nested_in))
+        for c in d.nested_hooks:  # each is part of its caller's bytes, never added to its siblings' callers
+            caller = d.nested_in.get(c.label)
+            where = f"inside {_hook_label(caller)}" if caller else "inside"
+            pad = "  " * (1 + depth.get(c.label, 1))
+            out.append(f"{pad}{where}: {_hook_label(c.label)}: {_gib(c.base)} → {_gib(c.new)} ({_delta(c.delta or 0)})")
     return out
 
 
@@ -235,7 +240,7 @@ def diff_to_json(diffs: list, base_path: str, new_path: str) -> dict[str, Any]:
 
     def change(c) -> dict[str, Any]:
         return {"label": c.label, "base_bytes": c.base, "new_bytes": c.new, "delta_bytes": c.delta,
-                "limit_bytes": c.limit, "over": c.over, "phase": c.phase}  # fmt: skip
+                "limit_bytes": c.limit, "over": c.over, "phase": c.phase, "note": c.note}  # fmt: skip
 
     return {
         "base": base_path,

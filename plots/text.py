@@ -13,10 +13,11 @@ from typing import TextIO
 
 from ..analysis.crossing import Excursion
 from ..analysis.flame import hook_short_name
+from ..analysis.quantities import BEFORE_RECORDING
 from ..analysis.summary import Summary
 from ..model import Frame
 from ..units import gib_number, gib_or_dash, signed_gib_number
-from . import oom_text
+from . import cost_text, oom_text
 from .extensible_text import render_counters, render_extensible, render_vmm
 from .kv_text import render_non_kv
 from .non_torch_text import render_non_torch
@@ -31,6 +32,14 @@ DEFINITIONS = (
     "Times are seconds since the run's time origin (the 'times' line: one origin for every rank and output)."
 )
 _CURVE_NAMES = {"reserved": "reserved", "device_used": "device used", "allocated": "allocated"}
+
+
+def holder_text(h) -> str:
+    """What a top-holder line (``summary.HolderLine``) is called: its frame, or the memory present before
+    recording began (``quantities.BEFORE_RECORDING``'s label), or no stack."""
+    if h.before_recording:
+        return f"({BEFORE_RECORDING.label})"
+    return frame_text(h.frame)
 
 
 def frame_text(frame: Frame | None) -> str:
@@ -173,10 +182,17 @@ def _header(out: _Out, s: Summary) -> None:
         f"recording: {s.n_events:,} allocator events, {s.n_samples:,} NVML samples over {dur:.2f} s "
         f"(source {rec.source}, stacks {rec.stacks}{ended})"
     )
+    _cost(out, s)
     if s.time_origin:
         out.item(f"times: {s.time_origin}")
     if s.path:  # Markdown goes upstream: the file's name only, never a local path
         out.item(f"file: {s.path.rsplit('/', 1)[-1] if out.md else s.path}")
+
+
+def _cost(out: _Out, s: Summary) -> None:
+    vllm = s.process.role == "vllm-worker"
+    line = cost_text.headline(s.self_cost, vllm)
+    out.item(f"{line}; {cost_text.sources(s.self_cost)}" if s.self_cost.recorded else line)
 
 
 def _oom_text(s: Summary) -> str:
@@ -289,7 +305,7 @@ def _holders(out: _Out, s: Summary) -> None:
         return
     out.heading(f"Top holders at the reserved peak ({_seconds(s, s.peak.time_us)}), by allocating site")
     rows = [
-        [gib_number(h.bytes), f"{h.share * 100:.1f}%", f"{h.count:,}", f"{h.stacks:,}", frame_text(h.frame)]
+        [gib_number(h.bytes), f"{h.share * 100:.1f}%", f"{h.count:,}", f"{h.stacks:,}", holder_text(h)]
         for h in s.holders
     ]
     out.table(["GiB", "share", "blocks", "stacks", "where (innermost frame outside torch)"], rows, "rrrrl")

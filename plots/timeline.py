@@ -24,6 +24,7 @@ from pathlib import Path
 
 import numpy as np
 
+from ..analysis import quantities
 from ..analysis.categories import CATEGORIES
 from ..units import GiB, format_gib, format_size
 from .phase_lane import PhaseLabel
@@ -182,12 +183,14 @@ def oom_text(rank: RankTimeline, t0_us: int) -> OomDrawn | None:
 
 def axis_scale(ranks: list[RankTimeline], t0: int, t_end: int) -> TimeScale:
     """The time axis: broken where every rank's memory stayed flat for long (``timeline_scale``)."""
-    curves = [c for r in ranks for c in drawn_curves(r)]
-    top = max([int(b.max()) for _, b in curves if len(b)] + [r.target_bytes or 0 for r in ranks] + [1])
+    curves = [c for r in ranks for c in drawn_curves(r) if len(c)]
+    top = max([quantities.peak_bytes(c) for c in curves] + [r.target_bytes or 0 for r in ranks] + [1])
     marks = [t for r in ranks for p in r.phases for t in (p.start_us, p.end_us)]
     marks += [t for r in ranks for t in landmark_times_us(r)]
     start = min(r.start_us for r in ranks)
-    quiet = quiet_stretches(curves, marks, start, t_end, FLAT_FRAC * top, MIN_QUIET_FRAC * (t_end - t0))
+    quiet = quiet_stretches(
+        [(c.time_us, c.bytes) for c in curves], marks, start, t_end, FLAT_FRAC * top, MIN_QUIET_FRAC * (t_end - t0)
+    )
     return time_scale(quiet, t0, t_end)
 
 

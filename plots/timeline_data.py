@@ -21,6 +21,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..analysis import quantities
 from ..analysis.categories import CategorySteps
 from ..analysis.crossing import Crossings, Excursion
 from ..analysis.curves import Curve, Curves
@@ -165,10 +166,7 @@ def vmm_band(rank: RankTimeline, lo: int, hi: int, n_buckets: int) -> VmmBand | 
 def landmark_times_us(rank: RankTimeline) -> list[int]:
     """The moments the figure names: the peak of what the process held, the peak of device used, the first
     crossing of the target (and its excursion's maximum), the OOM."""
-    out = []
-    for curve in (rank.curves.held, rank.curves.device_used):
-        if len(curve):
-            out.append(int(curve.time_us[curve.peak_index]))
+    out = [quantities.peak(c).time_us for c in (rank.curves.held, rank.curves.device_used) if len(c)]
     c = rank.first_crossing()
     if c is not None:
         out += [c.time_us, c.max_us]
@@ -182,10 +180,7 @@ def phases_at(rank: RankTimeline, times_us: list[int]) -> frozenset[str]:
     return frozenset(p.path for p in rank.phases for t in times_us if p.start_us <= t <= p.end_us)
 
 
-def drawn_curves(rank: RankTimeline) -> list[tuple[np.ndarray, np.ndarray]]:
-    """(time_us, bytes) of the curves the main plot draws: allocated, what the process held, device used."""
+def drawn_curves(rank: RankTimeline) -> list[Curve]:
+    """The curves the main plot draws: PyTorch allocated, held by this process, device used (when sampled)."""
     c = rank.curves
-    out = [(c.allocated.time_us, c.allocated.bytes), (c.held.time_us, c.held.bytes)]
-    if c.has_device:
-        out.append((c.device_used.time_us, c.device_used.bytes))
-    return out
+    return [c.allocated, c.held] + ([c.device_used] if c.has_device else [])

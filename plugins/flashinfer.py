@@ -202,8 +202,13 @@ class HookCallRecorder:
     """
 
     def __init__(
-        self, target: Target | str, sink: Callable[[HookCall], int | None], result_attrs: tuple[str, ...] = ()
+        self,
+        target: Target | str,
+        sink: Callable[[HookCall], int | None],
+        result_attrs: tuple[str, ...] = (),
+        cost_source: str = "flashinfer",
     ):
+        self.cost_source = cost_source  # where hooks.py charges this hook's time ("user" for MEMTRACE_HOOKS)
         self.target = Target.parse(target) if isinstance(target, str) else target
         self.key = self.target.path
         self.name = self.target.path
@@ -269,6 +274,6 @@ def install(manager: Any, sink: Callable[[HookCall], int | None], extra: list[st
         added.append(path)
     for path in extra or []:
         if path not in added:
-            manager.add(path, HookCallRecorder(path, sink))
+            manager.add(path, HookCallRecorder(path, sink, cost_source="user"))
             added.append(path)
     return added

@@ -37,6 +37,8 @@ import time
 from typing import Any
 
 from .. import facts as F
+from .. import plugins as _package
+from ..capture import selfcost
 from ..capture.clock import export_driver_host
 from ..capture.clock import now_us as _clock_now_us
 from . import flashinfer, ray_env, vllm_boundaries, vllm_facts, vllm_vmm
@@ -96,7 +98,7 @@ def vllm_plugins_with_memtrace(value: str | None) -> str | None:
 def register() -> None:
     """Entry point of the ``vllm.general_plugins`` group. Idempotent; never raises."""
     global _plugin
-    with _lock:
+    with _lock, selfcost.region(selfcost.REGISTRATION):
         if _plugin is not None:
             return
         if not enabled():
@@ -343,6 +345,7 @@ class PhaseHook:
         self.target = target
         self.phase = target.phase
         self.key = target.phase  # one phase at a time: a subclass calling its base is not nested
+        self.cost_source = "phases"
         self.kv_bytes_given: Any = None  # --kv-cache-memory-bytes as determine_available_memory began
 
     def before(self, target: Target, args: tuple, kwargs: dict) -> Any:
@@ -436,6 +439,7 @@ class PeakResetHook:
     """Appends the time of each reset of torch's peak counters to ``memtrace.peak_resets_us``."""
 
     key = "torch.reset_peak_memory_stats"  # one key: torch.accelerator's reset calling torch.cuda's counts once
+    cost_source = "sizing_reads"
 
     def before(self, target: Target, args: tuple, kwargs: dict) -> Any:
         return _session()
@@ -454,6 +458,7 @@ class TransientPeakHook:
     reserved counters (current and peak since the last reset) and the reserve it left on the KV cache."""
 
     key = "vllm.transient_peak"
+    cost_source = "sizing_reads"
 
     def before(self, target: Target, args: tuple, kwargs: dict) -> Any:
         session = _session()
@@ -487,6 +492,7 @@ class SizingReadHook:
     """Keeps vLLM's first ``device_memory_info`` reading inside ``kv_cache_sizing`` in ``vllm.kv_cache_sizing``."""
 
     key = "vllm.sizing_read"
+    cost_source = "sizing_reads"
 
     def before(self, target: Target, args: tuple, kwargs: dict) -> Any:
         session = _session()
@@ -521,3 +527,12 @@ def _log_oom(phase: str, error: BaseException, session: Any) -> None:
         phase,
         getattr(session, "path", "?"),
     )
+
+
+def _charge_import() -> None:
+    """Charge importing this plugin (from the first import of ``memtrace.plugins``) to registration."""
+    spent = selfcost.tally()
+    selfcost.charge(spent, selfcost.REGISTRATION, _package.IMPORT_T0_NS, spent.inner)
+
+
+_charge_import()

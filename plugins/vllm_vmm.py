@@ -83,6 +83,7 @@ class VmmHook:
     def __init__(self, op: str, session: Callable[[], Any], sizes: dict[int, int], lock: threading.Lock):
         self.op = op
         self.key = f"vllm.vmm.{op}"
+        self.cost_source = "vmm"
         self._session = session
         self._sizes = sizes
         self._lock = lock
