@@ -48,6 +48,16 @@ CAPTURE_PREIMPORT_S = _fact(
     "capture.session",
     "seconds spent importing torch's stack symbolizer before recording",
 )
+SELF_COST = _fact(
+    "memtrace.self_cost",
+    "dict",
+    "capture.session (capture.selfcost, capture.history_cost)",
+    "memtrace's own time on the traced process's threads (perf_counter_ns, exclusive): sources {name: {ns, "
+    "calls}} (registration, start, calibration, hooks.<kind>, phases, writes, drain.<reason>, flush, oom, stop), "
+    "total_ns, threads, memtrace_threads_ns (its own threads, not counted); history: the allocator history's "
+    "calibration (measured, per_alloc_ns at depth, per_frame_ns, ...; or measured false and why) and "
+    "recorded_allocs. A trace without it predates the measurement",
+)
 SIDECAR = _fact("sidecar", "dict", "capture.session", "the NVML sidecar: rate, samples, driver reserve, errors")
 ALLOCATOR_SETTINGS = _fact(
     "allocator_settings",
