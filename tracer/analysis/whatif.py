@@ -43,6 +43,7 @@ from ..errors import UsageError
 from .curves import Curve, committed_curve
 from .extensible import blocks_within, measure_kv_cache_bytes, pages_for
 from .phases import path_at, phase_path
+from .quantities import array_max, first_max
 
 TOKENS, SEQS, GRAPHS, KV, FIXED, UNSTACKED = "tokens", "seqs", "graphs", "kv", "fixed", "no stack"
 SCALED = (TOKENS, SEQS, GRAPHS)
@@ -424,7 +425,7 @@ class WhatIf:
                 delta += (factor - 1.0) * s.bytes[k]
         if s.bytes[UNSTACKED].any():
             self.notes.append(
-                f"{int(s.bytes[UNSTACKED].max()):,} B allocated without a recorded stack are kept as recorded "
+                f"{array_max(s.bytes[UNSTACKED]):,} B allocated without a recorded stack are kept as recorded "
                 "(record with MEMTRACE_STACKS=python to scale them)"
             )
         if self.rec.graphs == 0 and flags.graphs > 0:
@@ -456,7 +457,7 @@ class WhatIf:
 
     def _window_peak(self, curve: np.ndarray, start: int, end: int) -> tuple[int, int]:
         idx = self.sites.window_index(start, end)
-        j = idx[int(np.argmax(curve[idx]))]
+        j = idx[first_max(curve[idx])]
         return int(curve[j]), int(self.sites.time[j])
 
     def curve(self, kv_bytes: int) -> np.ndarray:
