@@ -18,6 +18,10 @@ from ..analysis.moment import PEAK
 from ..analysis.titles import timeline_title, what_ran
 from ..units import format_gib
 from . import oom_text
+from .format_spec import Format
+
+#: this module's output format(s) (``plots.format_spec``)
+FORMATS = (Format("issue", "-issue", (), commands=("issue",)),)
 
 FILES = ("issue.md", "timeline.png", "flame.svg", "flame.folded")
 _CURVE = {"reserved": "PyTorch reserved memory", "device_used": "Device-used memory"}
@@ -83,6 +87,7 @@ def summary_paragraph(run) -> str:
 def render_issue(run) -> str:
     """The issue text (GitHub-flavoured Markdown) of ``run``."""
     from .report import render as render_report
+    from .whatif_text import boot_section
 
     r = run.worst
     title = timeline_title(run)
@@ -103,6 +108,7 @@ def render_issue(run) -> str:
     buf = io.StringIO()
     render_report(run, buf, markdown=True)
     out += [buf.getvalue().rstrip(), ""]
+    out += boot_section(run)  # fits --suggest on the recorded card (plots.whatif_text)
     peak_of = f" ({r.label}, the worst rank)" if run.multi else ""
     out += [f"## What held memory at {PEAK}{peak_of}", "", f"![flame graph at {PEAK}](flame.svg)", ""]
     out += ["Folded stacks for speedscope / flamegraph.pl: `flame.folded`.", ""]

@@ -10,11 +10,19 @@ from __future__ import annotations
 
 from typing import TextIO
 
+from ..analysis import quantities
 from ..analysis.origin import who
 from ..analysis.rank import NOTHING
 from ..units import gib_number, gib_or_dash
 from . import oom_text
+from .format_spec import Format
 from .text import _CURVE_NAMES, _Out, _seconds, render_definitions, render_report
+
+#: this module's output format(s) (``plots.format_spec``)
+FORMATS = (
+    Format("text", commands=("report", "run")),
+    Format("markdown", commands=("report",), options={"markdown": True}),
+)
 
 
 def worst_line(run) -> str:
@@ -75,4 +83,5 @@ def render(run, file: TextIO, *, width: int = 100, markdown: bool = False) -> No
         render_missing(file, run, markdown)
     if run.multi:
         file.write(f"Times: {run.origin.sentence}\n")
-    render_definitions(file, width, markdown)
+    held = {q for r in run.ranks for q in quantities.present(r.curves)}
+    render_definitions(file, width, markdown, tuple(q for q in quantities.QUANTITIES if q in held))

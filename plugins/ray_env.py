@@ -49,6 +49,9 @@ class CopyListHook:
     key = COPY_LIST_TARGET
     cost_source = "ray"
 
+    def __init__(self, plugin: Any = None, entry: Any = None):
+        pass  # built from a ``surface`` entry; it keeps nothing
+
     def before(self, target: Any, args: tuple, kwargs: dict) -> Any:
         return True
 
@@ -62,6 +65,9 @@ class RayClusterHook:
 
     key = RAY_CLUSTER_TARGET
     cost_source = "ray"
+
+    def __init__(self, plugin: Any = None, entry: Any = None):
+        pass  # built from a ``surface`` entry; it keeps nothing
 
     def before(self, target: Any, args: tuple, kwargs: dict) -> Any:
         return True

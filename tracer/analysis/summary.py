@@ -43,7 +43,7 @@ from .non_torch import NonTorchBreakdown, at_moments
 from .oom import Oom, find_oom
 from .origin import TimeOrigin
 from .phases import PhaseStats, path_at, phase_stats, recording_span
-from .quantities import fullest_at_peak, peak
+from .quantities import fullest_at_peak, in_vllm_terms, peak
 from .reconcile import KvReconciliation, NonKv, non_kv
 from .self_cost import SelfCost, self_cost
 from .target import Target, describe, resolve_target
@@ -166,6 +166,9 @@ class Summary:
     counter_checks: list[CounterCheck] = field(default_factory=list)
     #: PyTorch reserved + VMM committed at its highest (None without VMM records)
     peak_held: PeakPoint | None = None
+    #: recorded by the vLLM plugin: vLLM's terms (KV cache, non-KV memory) apply; else the program is answered
+    #: in its own terms (``quantities.in_vllm_terms``)
+    vllm: bool = False
     #: what memtrace cost the program (``analysis.self_cost``); ``recorded`` False in an older trace
     self_cost: SelfCost = field(default_factory=lambda: SelfCost(recorded=False))
 
@@ -301,6 +304,7 @@ def summarize(
         extensible=extensible_sizing(trace, curves) if ext is _UNSET else ext,
         counter_checks=counter_checks(trace, curves) if counters is None else counters,
         peak_held=_held_peak(trace, curves),
+        vllm=in_vllm_terms(trace.facts),
         self_cost=self_cost(trace),
     )
 
