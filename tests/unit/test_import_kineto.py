@@ -136,7 +136,7 @@ def test_files_that_are_not_memory_profiles_are_refused_in_one_line(tmp_path, ca
 
 @pytest.mark.skipif(not GPU_DIR.exists(), reason="the H200 recording is not here")
 def test_h200_kineto_trace_matches_its_own_totals():
-    for path in sorted(GPU_DIR.glob("*.pt.trace.json*")):
+    for path in sorted(GPU_DIR.rglob("*.pt.trace.json*")):
         doc = _doc(path)
         for t in traces_from_kineto(doc, source=str(path)):
             if t.process.device_index is None:
