@@ -187,3 +187,19 @@ def test_fitted_scalings_come_from_the_traces_and_state_their_residual():
     assert w.scales[W.TOKENS].rule.startswith("fitted over 2 traces")
     p = next(p for p in w.on(32 * GiB).phases if p.phase == "determine_available_memory/profile_run")
     assert p.predicted_bytes == p.recorded_bytes
+
+
+@pytest.mark.parametrize(
+    ("base", "held_out"), [("moe-ext", "small-ext"), ("moe-ext", "moe-noext"), ("dense-ext", "dense-noext")]
+)
+def test_a_real_start_up_is_predicted_from_another_within_2_percent_or_256_mib(base, held_out):
+    """fits_check: the held-out run's flags and card (its neighbour kept) predicted from the base run, every
+    phase's peak, vLLM's available KV and its blocks compared with what the held-out run measured."""
+    from memtrace.analysis import fits_check
+
+    c = fits_check.check(W.sites_of(_rank(base)), None, W.sites_of(_rank(held_out)), held_out)
+    bad = [f for f in c.figures if not f.ok]
+    assert not bad, fits_check.markdown_table([c])
+    assert len(c.figures) >= 10 and c.verdict == W.BOOTS
+    if held_out == "small-ext":  # the neighbour's 96 GiB kept: vLLM's own 60704 blocks, to the block
+        assert next(f for f in c.figures if f.name == "KV blocks").error == 0
