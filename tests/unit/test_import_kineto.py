@@ -145,3 +145,10 @@ def test_h200_kineto_trace_matches_its_own_totals():
             curves, reserved = _check_totals(t, mem)
             at = np.flatnonzero(np.isin(t.events["action"], (0, 2))) + 1
             assert np.array_equal(curves.reserved.bytes[at], reserved)
+
+
+def test_the_cpus_memory_is_never_exported_as_a_devices_memory_viz_snapshot(tmp_path, capsys):
+    out = tmp_path / "cpu.pickle"
+    assert main(["export", str(need(CPU_MLP)), "-f", "memory-viz", "-o", str(out)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert "the CPU's memory" in err[-1] and not out.exists()
