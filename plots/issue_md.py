@@ -18,6 +18,10 @@ from ..analysis.moment import PEAK
 from ..analysis.titles import timeline_title, what_ran
 from ..units import format_gib
 from . import oom_text
+from .format_spec import Format
+
+#: this module's output format(s) (``plots.format_spec``)
+FORMATS = (Format("issue", "-issue", (), commands=("issue",)),)
 
 FILES = ("issue.md", "timeline.png", "flame.svg", "flame.folded")
 _CURVE = {"reserved": "PyTorch reserved memory", "device_used": "Device-used memory"}
