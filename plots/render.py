@@ -45,10 +45,11 @@ FORMATS: dict[str, tuple[str, dict[str, Any]]] = {
 }
 
 
-def render(run, out, fmt: str, **options: Any) -> None:
-    """Write ``run`` to ``out`` in ``fmt`` (one of :data:`FORMATS`) with the format's ``options``."""
+def render(run, out, fmt: str, **options: Any) -> Any:
+    """Write ``run`` to ``out`` in ``fmt`` (one of :data:`FORMATS`) with the format's ``options``; returns what
+    the renderer returns (the issue bundle: the names of the files it wrote)."""
     if fmt not in FORMATS:
         raise ValueError(f"unknown format {fmt!r}; one of {', '.join(FORMATS)}")
     module, fixed = FORMATS[fmt]
     mod = importlib.import_module(f"memtrace.{module}")
-    mod.render(run, out, **fixed, **options)
+    return mod.render(run, out, **fixed, **options)

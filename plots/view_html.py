@@ -18,6 +18,7 @@ from typing import Any
 
 from .report import render as render_report
 from .report import worst_line
+from . import verdict_text
 from .view_data import PackedRank, pack_rank
 
 #: Width in pixels of the coarse overview a page without its events carries.
@@ -40,6 +41,9 @@ def page_document(ranks: list[PackedRank], *, title: str, report_text: str, api:
     """The page's JSON document (every rank's meta and column table; the run's worst rank, missing ranks)."""
     return {
         "title": title,
+        # the run's verdict, said first under the title (a run that died or recorded nothing above all)
+        "headline": verdict_text.headline(run) if run is not None else None,
+        "verdict": run.verdict if run is not None else None,
         "api": api,
         "report": report_text,
         "worst": worst_line(run) if run is not None and run.multi else None,
