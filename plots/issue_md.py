@@ -89,7 +89,8 @@ def _hooks_line(run) -> str | None:
     if top is None:
         return None
     each = ", ".join(
-        f"`{hook_short_name(h.name)}` {format_gib(h.returned_bytes)} ({h.calls:,} calls)" for h in s.hook_totals[:_HOOKS]
+        f"`{hook_short_name(h.name)}` {format_gib(h.returned_bytes)} ({h.calls:,} calls)"
+        for h in s.hook_totals[:_HOOKS]
     )
     more = f", {len(s.hook_totals) - _HOOKS} more" if len(s.hook_totals) > _HOOKS else ""
     return (

@@ -16,9 +16,9 @@ import json
 from importlib import resources
 from typing import Any
 
+from . import verdict_text
 from .report import render as render_report
 from .report import worst_line
-from . import verdict_text
 from .view_data import PackedRank, pack_rank
 
 #: Width in pixels of the coarse overview a page without its events carries.

@@ -70,6 +70,8 @@ def run(args: argparse.Namespace) -> int:
     names = [*written, *attached]
     print(f"memtrace: wrote {out}/{names[0]}" + "".join(f", {n}" for n in names[1:]), file=sys.stderr)
     if run_.verdict == NOTHING:
-        print(f"memtrace: {out}/issue.md says the run recorded nothing: no picture, no peak; not passed", file=sys.stderr)
+        print(
+            f"memtrace: {out}/issue.md says the run recorded nothing: no picture, no peak; not passed", file=sys.stderr
+        )
         return 1
     return 0
