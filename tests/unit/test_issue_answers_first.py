@@ -123,7 +123,9 @@ def test_the_seed_bundle_folds_its_long_tables_as_github_renders_them(seed_bundl
     html = markdown.markdown(md, extensions=["tables", "fenced_code", "md_in_html"])
     assert html.count("<details") == 2 and html.index("<img") < html.index("<h2>Environment</h2>")
     report = html.split("<details", 2)[2]
-    assert "<summary>The whole report: 40 phases, the peak, the target, top holders, 200 hook calls, definitions" in report
+    assert (
+        "<summary>The whole report: 40 phases, the peak, the target, top holders, 200 hook calls, definitions" in report
+    )
     assert report.count("<tr>") > 40  # the phase table is a table inside the fold, not text
 
 
