@@ -69,7 +69,7 @@ def _render_one(d, multi: bool) -> list[str]:
         out.append(f"== {d.label} ==")
     level = "PyTorch reserved + non-PyTorch memory" if d.device_level else "PyTorch reserved only (no NVML in both)"
     if VIA_VMM in d.kv_via:
-        level += "; reserved counts the KV cache committed through CUDA's VMM API (vLLM 0.34+)"
+        level = level.replace("PyTorch reserved", "PyTorch reserved + the KV cache outside PyTorch (CUDA VMM)", 1)
     if d.setup_changes:
         out.append("WARNING: the two runs are not comparable; they differ in:")
         out += [f"  {name}: {_field(name, b)} → {_field(name, n)}" for name, b, n in d.setup_changes[:SHOW_MISMATCHES]]
@@ -96,6 +96,7 @@ def _render_one(d, multi: bool) -> list[str]:
             continue
         mark = "  << over " + d.threshold if c.over else ""
         where = f"  [{c.phase}]" if c.phase else ""
+        mark += f"  ({c.note})" if c.note else ""
         out.append(
             f"  {c.label:<28} {_gib(c.base):>11} → {_gib(c.new):>11}   {_delta(c.delta):>12} {_pct(c.base, c.delta)}{where}{mark}"
         )
@@ -117,7 +118,7 @@ def _render_one(d, multi: bool) -> list[str]:
     if d.categories:
         rows = [c for c in d.categories if c.delta]
         out.append("")
-        out.append("By category, at each run's peak (allocated):")
+        out.append("By category, at the peak each run held (allocated, and the KV cache outside PyTorch):")
         if not rows:
             out.append("  no change")
         for c in rows:
@@ -235,7 +236,7 @@ def diff_to_json(diffs: list, base_path: str, new_path: str) -> dict[str, Any]:
 
     def change(c) -> dict[str, Any]:
         return {"label": c.label, "base_bytes": c.base, "new_bytes": c.new, "delta_bytes": c.delta,
-                "limit_bytes": c.limit, "over": c.over, "phase": c.phase}  # fmt: skip
+                "limit_bytes": c.limit, "over": c.over, "phase": c.phase, "note": c.note}  # fmt: skip
 
     return {
         "base": base_path,

@@ -210,6 +210,14 @@ def render_fits(results: list[Fit], run_path: str, smallest: int | None) -> str:
         if r.recorded_oom is not None:
             lines.append(f"  {_oom_facts(r)}")
     lines.append(_wrapped("", _assumption(r)))
+    if r.others_left_out_bytes:
+        lines.append(
+            _wrapped(
+                "",
+                f"Other processes held {_gib(r.others_left_out_bytes)} on the recorded card: left out, each card "
+                "above holds this process alone (--keep-others to keep them)",
+            )
+        )
     if smallest is not None:
         lines.append(f"Smallest card this start-up fits on at that utilization: about {_gib(smallest)}")
     elif r.recorded_oom is not None:

@@ -16,6 +16,7 @@ flame, folded   ``plots.flame_svg``, ``plots.folded``  path
 view            ``plots.view_html``                    .html path
 issue           ``plots.issue_md``                     a directory
 fits            ``plots.fits_text``                    text stream
+whatif          ``plots.whatif_text`` (fits --what-if) text stream
 diff            ``plots.diff_text``                    text stream (``base=`` the other run)
 perfetto        ``exporters.perfetto``                 .json path
 memory-viz      ``exporters.memory_viz``               .pickle path
@@ -39,6 +40,7 @@ FORMATS: dict[str, tuple[str, dict[str, Any]]] = {
     "view": ("plots.view_html", {}),
     "issue": ("plots.issue_md", {}),
     "fits": ("plots.fits_text", {}),
+    "whatif": ("plots.whatif_text", {}),
     "diff": ("plots.diff_text", {}),
     "perfetto": ("exporters.perfetto", {}),
     "memory-viz": ("exporters.memory_viz", {}),

@@ -13,6 +13,7 @@ from typing import TextIO
 
 from ..analysis.crossing import Excursion
 from ..analysis.flame import hook_short_name
+from ..analysis.quantities import BEFORE_RECORDING
 from ..analysis.summary import Summary
 from ..model import Frame
 from ..units import gib_number, gib_or_dash, signed_gib_number
@@ -31,6 +32,14 @@ DEFINITIONS = (
     "Times are seconds since the run's time origin (the 'times' line: one origin for every rank and output)."
 )
 _CURVE_NAMES = {"reserved": "reserved", "device_used": "device used", "allocated": "allocated"}
+
+
+def holder_text(h) -> str:
+    """What a top-holder line (``summary.HolderLine``) is called: its frame, or the memory present before
+    recording began (``quantities.BEFORE_RECORDING``'s label), or no stack."""
+    if h.before_recording:
+        return f"({BEFORE_RECORDING.label})"
+    return frame_text(h.frame)
 
 
 def frame_text(frame: Frame | None) -> str:
@@ -289,7 +298,7 @@ def _holders(out: _Out, s: Summary) -> None:
         return
     out.heading(f"Top holders at the reserved peak ({_seconds(s, s.peak.time_us)}), by allocating site")
     rows = [
-        [gib_number(h.bytes), f"{h.share * 100:.1f}%", f"{h.count:,}", f"{h.stacks:,}", frame_text(h.frame)]
+        [gib_number(h.bytes), f"{h.share * 100:.1f}%", f"{h.count:,}", f"{h.stacks:,}", holder_text(h)]
         for h in s.holders
     ]
     out.table(["GiB", "share", "blocks", "stacks", "where (innermost frame outside torch)"], rows, "rrrrl")

@@ -10,6 +10,7 @@ from typing import Any
 
 import numpy as np
 
+from ..analysis import quantities
 from ..analysis.categories import CATEGORIES
 from ..units import GiB, format_gib
 from .downsample import bucket_indices
@@ -59,10 +60,10 @@ def zoom_window(rank: RankTimeline) -> tuple[int, int]:
         a = b = rank.oom.time_us
     else:  # what the process held: PyTorch reserved, plus what vLLM 0.34+ committed through CUDA's VMM API
         res = rank.curves.held
-        pi = max(res.peak_index, 0)
-        a = int(res.time_us[pi]) if len(res) else rank.start_us
-        later = np.flatnonzero(res.bytes[pi:] != res.bytes[pi]) if len(res) else np.zeros(0, dtype=np.int64)
-        b = int(res.time_us[pi + later[0]]) if len(later) else rank.end_us  # while the peak lasted
+        top = quantities.peak(res)
+        a = top.time_us if len(res) else rank.start_us
+        end = quantities.plateau_end(res, top.index) if len(res) else 0
+        b = int(res.time_us[end]) if 0 < end < len(res) else rank.end_us  # while the peak lasted
         b = min(b, a + run // 10)
     width = max(b - a, 2_000)
     lo = max(a - int(1.5 * width), rank.start_us)
@@ -186,10 +187,7 @@ def others_at(rank: RankTimeline, t_us: np.ndarray) -> np.ndarray:
 
 def whole_device_peak(rank: RankTimeline) -> int:
     """The highest device used, other processes included (this process's alone when none was sampled)."""
-    used = rank.curves.device_used
-    if not len(used):
-        return 0
-    return int((used.bytes + others_at(rank, used.time_us)).max())
+    return quantities.whole_device_peak(rank.curves)
 
 
 def _hlines(ax, rank: RankTimeline, capacities, handles: dict) -> list[tuple[float, str, str]]:
@@ -259,9 +257,9 @@ def _box_corner(rank: RankTimeline, t0: int, xmax_s: float, box_frac: float) -> 
     w = min(box_frac, 1.0)
     for corner, (a, b) in (("left", (0.0, w)), ("right", (1.0 - w, 1.0)), ("center", (0.5 - w / 2, 0.5 + w / 2))):
         lo, hi = t0 + int(a * xmax_s * 1e6), t0 + int(b * xmax_s * 1e6)
-        tops = [res.window(lo, hi).bytes.max()] if len(res) else [0]
+        tops = [quantities.window_max(res, lo, hi)] if len(res) else [0]
         if len(used):
-            tops.append(used.window(lo, hi).bytes.max())
+            tops.append(quantities.window_max(used, lo, hi))
         top = float(_g(max(tops)))
         if top < best_top - 1e-9:
             best, best_top = corner, top
@@ -405,9 +403,9 @@ def draw_zoom(ax, rank: RankTimeline, t0: int, window: tuple[int, int], crossing
     ax.set_xticklabels([f"{r:+g}" if r else "0" for r in rel])
     ax.set_xlim(_s(lo, t0), _s(hi, t0))
     ax.set_xlabel(f"{'s' if in_s else 'ms'} from {(origin - t0) / 1e6:.3f} s")
-    values = [res.window(lo, hi).bytes.max()]
+    values = [quantities.window_max(res, lo, hi)]
     if rank.curves.has_device:
-        values.append(rank.curves.device_used.window(lo, hi).bytes.max())
+        values.append(quantities.window_max(rank.curves.device_used, lo, hi))
     if rank.target_bytes is not None:
         ax.axhline(_g(rank.target_bytes), color=TARGET, lw=1.4)
         values.append(rank.target_bytes)

@@ -107,8 +107,12 @@ def read_manifest(run_dir: str | os.PathLike) -> Manifest | None:
 
 def elsewhere(run_dir: str | os.PathLike) -> list[Placed]:
     """The traces the manifest lists that are not in the run directory (still on their node, or lost),
-    in rank order."""
+    in rank order. A trace compressed in place (``.memtrace.xz``/``.gz``) is there."""
     manifest = read_manifest(run_dir)
     if manifest is None:
         return []
-    return sorted((p for p in manifest.traces.values() if not (Path(run_dir) / p.file).exists()), key=_order)
+    here = Path(run_dir)
+    return sorted(
+        (p for p in manifest.traces.values() if not any((here / (p.file + c)).exists() for c in ("", ".xz", ".gz"))),
+        key=_order,
+    )

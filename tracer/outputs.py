@@ -22,20 +22,21 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 from .errors import UsageError
-
-TRACE_SUFFIX = ".memtrace"
+from .packed import is_trace_name, strip_trace_suffix
 
 
 def run_name(run_path: str | os.PathLike) -> str:
-    """The name outputs are called after: ``runs/startup/`` -> ``startup``, ``x.memtrace`` -> ``x``,
-    ``.`` -> the current directory's name."""
+    """The name outputs are called after: ``runs/startup/`` -> ``startup``, ``x.memtrace`` (or
+    ``x.memtrace.xz``) -> ``x``, ``.`` -> the current directory's name."""
     p = Path(run_path)
     name = p.resolve().name if p.name in ("", ".", "..") else p.name
-    for suffix in (TRACE_SUFFIX, ".pickle", ".pkl"):
-        if name.lower().endswith(suffix):
-            name = name[: -len(suffix)]
-            break
-    return name or "run"
+    stripped = strip_trace_suffix(name)
+    if stripped == name:
+        for suffix in (".pickle", ".pkl"):
+            if name.lower().endswith(suffix):
+                stripped = name[: -len(suffix)]
+                break
+    return stripped or "run"
 
 
 def _inside(path: Path, parent: Path) -> bool:
@@ -50,7 +51,7 @@ def _check_not_input(out: Path, inputs: Iterable[str | os.PathLike]) -> None:
     """An output may not be an input, lie inside an input file, or join a run folder as a trace.
 
     Other files inside a run folder are fine (``cd RUN && memtrace plot .`` writes ``RUN-timeline.png``
-    there): a run is its ``*.memtrace`` files, and nothing else in its folder is read.
+    there): a run is its ``*.memtrace`` files (plain or compressed), and nothing else in its folder is read.
     """
     resolved = out.resolve()
     expanded: list[str | os.PathLike] = []
@@ -58,14 +59,14 @@ def _check_not_input(out: Path, inputs: Iterable[str | os.PathLike]) -> None:
         expanded.append(raw)
         if Path(raw).is_dir():
             try:
-                expanded += [p for p in Path(raw).iterdir() if p.name.endswith(TRACE_SUFFIX)]
+                expanded += [p for p in Path(raw).iterdir() if is_trace_name(p.name)]
             except OSError:
                 pass  # the loader says why the folder cannot be read
     for raw in expanded:
         src = Path(raw).resolve()
         if resolved == src:
             raise UsageError(f"{out} is the input {raw}; an input is never an output, choose another name with -o")
-        if _inside(resolved, src) and (src.is_file() or resolved.name.endswith(TRACE_SUFFIX)):
+        if _inside(resolved, src) and (src.is_file() or is_trace_name(resolved.name)):
             raise UsageError(f"{out} lies inside the input {raw}; choose another name with -o")
         if src.is_file() and _inside(src, resolved) and out.exists() and out.is_dir():
             raise UsageError(f"{out} holds the input {raw}; choose another output with -o")

@@ -40,7 +40,8 @@ Layout of a trace file (format ``memtrace-trace``, version ``FORMAT_VERSION``):
 - ``phases``, ``hook_calls``, ``notes``: one row each.
 
 Readers refuse a file whose major version is newer than theirs and fill defaults for fields a
-minor version added. A run directory holds ``*.memtrace`` files (one per process); a run is also
+minor version added. A run directory holds ``*.memtrace`` files (one per process; ``.memtrace.xz``/``.gz``
+compressed ones are read through a temporary copy: ``memtrace.packed``); a run is also
 allowed to be a single file.
 """
 
@@ -82,12 +83,12 @@ from .model import (
     empty_samples,
     empty_vmm,
 )
+from .packed import SUFFIX, compression, is_trace_name, strip_trace_suffix, unpacked
 
 FORMAT_NAME = "memtrace-trace"
 #: The distribution's name on PyPI ("memtrace" there is an unrelated Valgrind tool).
 DISTRIBUTION = "memtrace-vllm"
 UPGRADE_HINT = f"pip install -U {DISTRIBUTION}"
-SUFFIX = ".memtrace"
 SQLITE_MAGIC = b"SQLite format 3\x00"
 #: How much of a trace file a reader maps into memory (SQLite's mmap_size): address space, not memory.
 READ_MMAP_BYTES = 1 << 40
@@ -396,7 +397,8 @@ def save_trace(trace: Trace, path: str | os.PathLike, *, overwrite: bool = False
 # -- reading ------------------------------------------------------------------------------------
 
 
-def _check_file(path: Path) -> None:
+def _check_file(path: Path) -> bytes:
+    """The first bytes of a trace file the user named; TraceFormatError when it is missing, a folder or empty."""
     if not path.exists():
         raise TraceFormatError(f"{path}: no such file or directory; pass a run directory or a .memtrace file")
     if path.is_dir():
@@ -409,6 +411,10 @@ def _check_file(path: Path) -> None:
         raise TraceFormatError(f"cannot read {path}: {exc.strerror or exc}; check its permissions") from None
     if size == 0:
         raise TraceFormatError(f"{path} is empty: the traced process wrote nothing; record the run again")
+    return head
+
+
+def _check_sqlite(head: bytes, path: Path) -> None:
     if head != SQLITE_MAGIC:
         raise TraceFormatError(
             f"{path} is not a memtrace trace (not SQLite); for a PyTorch snapshot pickle use "
@@ -449,9 +455,24 @@ def _version(db: sqlite3.Connection, path: Path) -> tuple[int, int]:
 
 
 def load_trace(path: str | os.PathLike) -> Trace:
-    """Read one trace file. Raises TraceFormatError (one line) for anything a user can cause."""
+    """Read one trace file, plain or compressed (``.memtrace.xz``/``.gz``: ``memtrace.packed``).
+
+    Raises TraceFormatError (one line) for anything a user can cause.
+    """
     path = Path(path)
-    _check_file(path)
+    head = _check_file(path)
+    kind = compression(head)
+    if kind is None:
+        _check_sqlite(head, path)
+        return _load_sqlite(path, path)
+    with unpacked(path, kind) as plain:
+        with open(plain, "rb") as f:
+            _check_sqlite(f.read(16), path)
+        return _load_sqlite(plain, path)
+
+
+def _load_sqlite(path: Path, shown: Path) -> Trace:
+    """Read the SQLite trace at ``path``; messages and ``Trace.path`` name ``shown`` (the user's file)."""
     # A finished trace (no -wal beside it) is opened immutable, so reading it creates no -shm/-wal
     # files next to the user's file (and works in a read-only directory); a trace still being written,
     # or left by a crashed writer, has a -wal that must be read, which needs the normal mode.
@@ -466,11 +487,13 @@ def load_trace(path: str | os.PathLike) -> Trace:
                 # a 10M-event trace's chunks load in about 2/3 of the time. Never a live trace's: a writer
                 # that shrinks the file under a map would crash the reader.
                 db.execute(f"PRAGMA mmap_size={READ_MMAP_BYTES}")
-            return _read(db, path)
+            return _read(db, shown)
         finally:
             db.close()
     except sqlite3.DatabaseError as exc:
-        raise TraceFormatError(f"{path} is corrupt ({exc}); record the run again or restore a copy") from None
+        raise TraceFormatError(
+            f"{shown} is corrupt or truncated ({exc}); record the run again or restore a copy"
+        ) from None
 
 
 def _read_only_uri(path: Path) -> str:
@@ -569,13 +592,18 @@ def _read(db: sqlite3.Connection, path: Path) -> Trace:
 
 
 def trace_files(run_dir: str | os.PathLike) -> list[Path]:
-    """The trace files of a run directory, in a stable order. TraceFormatError when it cannot be listed."""
+    """The trace files of a run directory (``*.memtrace``, ``*.memtrace.xz``, ``*.memtrace.gz``), in a stable
+    order. TraceFormatError when it cannot be listed."""
     run_dir = Path(run_dir)
     try:
         names = os.listdir(run_dir)
     except OSError as exc:
         raise TraceFormatError(f"cannot list {run_dir}: {exc.strerror or exc}; check its permissions") from None
-    return sorted(run_dir / n for n in names if n.endswith(SUFFIX))
+    # a compressed copy beside its plain trace is the same trace, read once (the plain one)
+    kept = [
+        n for n in names if is_trace_name(n) and (n.endswith(SUFFIX) or strip_trace_suffix(n) + SUFFIX not in names)
+    ]
+    return sorted(run_dir / n for n in kept)
 
 
 def load_run(path: str | os.PathLike, each: Callable[[list[Path]], Iterable[Path]] | None = None) -> Run:
@@ -590,7 +618,7 @@ def load_run(path: str | os.PathLike, each: Callable[[list[Path]], Iterable[Path
         files = trace_files(path)
         if not files:
             raise TraceFormatError(
-                f"{path} holds no {SUFFIX} files; was the run recorded with memtrace (memtrace run, or MEMTRACE=1)?"
+                f"{path} holds no {SUFFIX} files (nor .memtrace.xz/.gz); was the run recorded with memtrace (memtrace run, or MEMTRACE=1)?"
             )
         traces = [load_trace(f) for f in (each(files) if each else files)]
     else:

@@ -10,6 +10,8 @@ import tomllib
 
 ROOT = Path(__file__).resolve().parents[2]
 ROOTS = {"memtrace": "tracer", "memtrace.plugins": "plugins", "memtrace.plots": "plots"}
+#: Folders of data the wheel ships, listed as packages so setuptools installs them without a warning.
+DATA_PACKAGES = {"memtrace.plots.assets": "plots/assets"}
 
 
 def _packages_on_disk() -> set[str]:
@@ -26,7 +28,9 @@ def _packages_on_disk() -> set[str]:
 def test_every_subpackage_on_disk_is_listed_in_pyproject():
     config = tomllib.loads((ROOT / "pyproject.toml").read_text())
     listed = set(config["tool"]["setuptools"]["packages"])
-    assert listed == _packages_on_disk()
+    assert listed == _packages_on_disk() | set(DATA_PACKAGES)
+    for folder in DATA_PACKAGES.values():
+        assert not (ROOT / folder / "__init__.py").exists() and any((ROOT / folder).iterdir())
 
 
 def test_package_dir_maps_the_user_folders():

@@ -183,3 +183,23 @@ def test_cupti_stacks_turn_both_switches_on_in_the_command(tmp_path, capfd, monk
     monkeypatch.setenv("MEMTRACE_CUPTI", "0")  # the flag wins over the environment
     assert main(["run", "--dir", str(tmp_path / "run"), "--cupti", "stacks", "--", sys.executable, "-c", code]) == 0
     assert "cupti 1 1" in capfd.readouterr().out
+
+
+def test_memtrace_dir_picks_the_run_directory_when_dir_is_not_given(tmp_path):
+    """``MEMTRACE_DIR=runs/x memtrace run -- cmd`` records into runs/x (relative to the working directory),
+    and the command sees that folder as its MEMTRACE_DIR."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("MEMTRACE", "VLLM_PLUGINS"))}
+    env["MEMTRACE_DIR"] = "runs/x"
+    script = "import os; print(os.environ['MEMTRACE_DIR'])"
+    done = subprocess.run(
+        [sys.executable, "-m", "memtrace", "run", "--", sys.executable, "-c", script],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    want = str((tmp_path / "runs" / "x").resolve())
+    assert done.stdout.strip() == want
+    assert f"memtrace: tracing into {want}" in done.stderr
+    assert not [p.name for p in tmp_path.iterdir() if p.name.startswith("memtrace-")]

@@ -186,7 +186,8 @@ def test_diff_of_the_0251_start_up_against_0340_names_what_the_new_versions_move
     assert "The KV cache moved: allocated through PyTorch's allocator → CUDA's VMM API (117.02 GiB → 126.23 GiB)" in out
     rows = {line.split("  ")[1].strip(): line for line in out.splitlines() if line.startswith("  ") and "→" in line}
     assert "117.02 GiB →  126.23 GiB" in rows["KV cache"]
-    assert "137.35 GiB" in rows["peak reserved"]  # reserved + the KV cache outside PyTorch, not 11.73 GiB
+    assert "137.35 GiB" in rows["peak held by this process"]  # reserved + the KV cache outside PyTorch
+    assert "→   11.73 GiB" in rows["peak reserved"] and "not gated" in rows["peak reserved"]  # PyTorch's alone
     assert "gpu_memory_utilization" not in out.split("What the new versions")[0]  # not a set-up difference
 
 

@@ -27,6 +27,7 @@ import numpy as np
 from ..model import Trace
 from .curves import Curve, Curves
 from .phases import path_at, recording_span
+from .quantities import excursion_peak, first_max
 
 DEVICE_USED = "device_used"
 RESERVED = "reserved"
@@ -106,10 +107,10 @@ def excursion(
     above = values > target_bytes
     if not above.any():
         return None
-    i = int(np.argmax(above))
+    i = first_max(above)
     back = np.flatnonzero(~above[i:])
     j = i + int(back[0]) if len(back) else n
-    k = i + int(np.argmax(values[i:j]))
+    k = excursion_peak(values, i, j)
     t = int(times[i])
     if j < n:
         stop, until = int(times[j]), "dropped"

@@ -36,6 +36,7 @@ import numpy as np
 
 from .. import facts as F
 from ..model import ACTION_CODE, VMM_CALLERS, VMM_OPS, Trace
+from .quantities import first_max
 
 _ALLOC = ACTION_CODE["alloc"]
 _FREE_COMPLETED = ACTION_CODE["free_completed"]
@@ -59,12 +60,14 @@ class Curve:
 
     @property
     def peak_index(self) -> int:
-        """Index of the first maximum (-1 for an empty curve)."""
-        return int(np.argmax(self.bytes)) if len(self.bytes) else -1
+        """Index of the first maximum (-1 for an empty curve): ``quantities.first_max``, the one peak rule."""
+        return first_max(self.bytes)
 
     @property
     def peak_bytes(self) -> int:
-        return int(self.bytes.max()) if len(self.bytes) else 0
+        """The value at :attr:`peak_index` (0 for an empty curve)."""
+        i = self.peak_index
+        return int(self.bytes[i]) if i >= 0 else 0
 
     def at(self, t_us: int) -> int:
         """The value in force at ``t_us`` (the last step at or before it); 0 before the first."""

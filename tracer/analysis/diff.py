@@ -25,13 +25,15 @@ from dataclasses import dataclass, field, replace
 
 from ..model import Trace
 from ..units import MiB, Threshold
-from .curves import Curves, all_curves
+from . import quantities as Q
+from .curves import Curves, all_curves, committed_curve
 from .diff_sites import SiteChange, site_changes
 from .extensible import extensible_sizing
 from .history_key import differences, fingerprint, left_to_vllm
 from .landmarks import landmarks, total_curve
 from .oom import Oom, find_oom
-from .phases import path_at, phase_stats, window_peak
+from .phases import path_at, phase_stats
+from .quantities import state_at_peak, window_peak
 
 #: Growth under this never fails a percentage threshold (one large-segment rounding unit).
 MIN_GROWTH_BYTES = 2 * MiB
@@ -49,8 +51,13 @@ PEAK_RESERVED = "peak reserved"
 VERSION_FIELDS = frozenset({"driver", "cuda", "torch", "vllm", "flashinfer"})
 PEAK_ALLOCATED = "peak allocated"
 PEAK_DEVICE = "peak device used"
-HEADLINE = (AVAILABLE_KV, BEFORE_KV, KV_CACHE, POST_KV, PEAK_RESERVED, PEAK_ALLOCATED, PEAK_DEVICE)
-GATED = frozenset({BEFORE_KV, POST_KV, PEAK_RESERVED, PEAK_ALLOCATED, PEAK_DEVICE})
+#: PyTorch reserved + the KV cache committed outside PyTorch (``quantities.HELD``): shown when a run has one
+PEAK_HELD = f"peak {Q.HELD.label}"
+HEADLINE = (AVAILABLE_KV, BEFORE_KV, KV_CACHE, POST_KV, PEAK_HELD, PEAK_RESERVED, PEAK_ALLOCATED, PEAK_DEVICE)
+GATED = frozenset({BEFORE_KV, POST_KV, PEAK_HELD, PEAK_RESERVED, PEAK_ALLOCATED, PEAK_DEVICE})
+#: PyTorch's own figures: not like with like when the KV cache moved outside PyTorch between the runs
+TORCH_ONLY = frozenset({PEAK_RESERVED, PEAK_ALLOCATED})
+MOVED_NOTE = "not gated: the KV cache moved outside PyTorch"
 #: The label of all hooked calls' bytes together.
 ALL_HOOKS = "all hooked calls"
 #: What :func:`diff_ranks` reads of each analysed rank (``AnalysedRank`` properties): ``memtrace diff``
@@ -67,6 +74,7 @@ class Change:
     new: int | None
     limit: int | None = None  # allowed growth in bytes; None: the figure is not gated
     phase: str = ""  # where the new value happened (peaks)
+    note: str = ""  # why a figure is shown but not gated (MOVED_NOTE)
 
     @property
     def delta(self) -> int | None:
@@ -265,14 +273,16 @@ def category_changes(
     except ImportError:
         return None
 
-    from .flame import peak_event_index
-
     def at_peak(trace: Trace, curves: Curves, cat) -> dict[str, int]:
         if len(curves.reserved) == 0:
             return {}
-        # the same moment as the sites: right after the peak's fullest event (curve index = event + 1)
-        i = peak_event_index(curves.allocated, curves.reserved) + 1
-        return category_totals_at_index(trace, i, cat, curves=curves)
+        # the same moment as the sites: the state at the peak of what the process held (quantities.state_at_peak)
+        i = state_at_peak(curves)
+        totals = category_totals_at_index(trace, i, cat, curves=curves)
+        if len(curves.vmm):  # the KV cache committed outside PyTorch is the KV cache still
+            t = Q.peak(curves.held).time_us
+            totals["kv_cache"] = totals.get("kv_cache", 0) + committed_curve(trace, kv_cache_only=True).at(t)
+        return totals
 
     bd, nd = at_peak(base, base_curves, cats[0]), at_peak(new, new_curves, cats[1])
     names = [k for k in dict.fromkeys([*bd, *nd])]
@@ -307,14 +317,14 @@ def figures(
     where = {POST_KV: lm.post_kv_peak.phase} if lm.post_kv_peak else {}
     # reserved + the KV cache committed outside PyTorch (vLLM 0.34+), so a release that moves the KV cache
     # out of PyTorch's allocator does not look like one that freed it
-    peaks = [(PEAK_RESERVED, curves.held), (PEAK_ALLOCATED, curves.allocated)]
+    peaks = [(PEAK_HELD, curves.held), (PEAK_RESERVED, curves.reserved), (PEAK_ALLOCATED, curves.allocated)]
     if device_level:
         peaks.append((PEAK_DEVICE, curves.device_used))
     for name, curve in peaks:  # the same moments as ``memtrace report``'s peaks
         if len(curve):
-            i = curve.peak_index
-            head[name] = int(curve.bytes[i])
-            where[name] = path_at(trace, int(curve.time_us[i]))
+            top = Q.peak(curve)
+            head[name] = top.bytes
+            where[name] = path_at(trace, top.time_us)
     return Figures(
         device_level=device_level,
         fingerprint=fingerprint(trace),
@@ -352,12 +362,17 @@ def compare(base: Figures, new: Figures, threshold: Threshold, *, label: str = "
     Categories and sites need the traces: :func:`diff_traces` adds them.
     """
     headline = []
+    moved = VIA_VMM in (base.kv_via, new.kv_via) and base.kv_via != new.kv_via and base.kv_via and new.kv_via
+    vmm = VIA_VMM in (base.kv_via, new.kv_via)
     for name in HEADLINE:
         b, n = base.headline.get(name), new.headline.get(name)
-        if b is None and n is None:
-            continue
-        limit = _limit(threshold, b) if name in GATED else None
-        headline.append(Change(name, b, n, limit, new.where.get(name, "")))
+        if b is None and n is None or (name == PEAK_HELD and not vmm):
+            continue  # held is reserved itself when neither run committed memory outside PyTorch
+        if name == PEAK_HELD:  # a figure stored before "held" was one: reserved, without a KV cache outside
+            b = base.headline.get(PEAK_RESERVED) if b is None and base.kv_via != VIA_VMM else b
+        note = MOVED_NOTE if moved and name in TORCH_ONLY else ""
+        limit = _limit(threshold, b) if name in GATED and not note else None
+        headline.append(Change(name, b, n, limit, new.where.get(name, ""), note))
     phases = []
     for key, (peak, inside, depth) in new.phases.items():
         if key in base.phases:

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from ..model import Frame, Trace
 from .curves import Curves
 from .live import Lifetimes, holders_by_stack, lifetimes
+from .quantities import state_at_peak
 
 #: How many stacks to report in each direction (grew or new, shrank or vanished).
 TOP_SITES = 8
@@ -104,9 +105,8 @@ def sites_at_peak(trace: Trace, peak_index: int, lt: Lifetimes | None = None) ->
 
 
 def _peak_index(curves: Curves) -> int:
-    from .flame import peak_event_index
-
-    return peak_event_index(curves.allocated, curves.reserved)
+    """The event after which the state "at the peak" is read (``quantities.state_at_peak``)."""
+    return state_at_peak(curves) - 1
 
 
 def site_changes(

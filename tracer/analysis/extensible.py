@@ -42,6 +42,7 @@ import numpy as np
 from .. import facts as F
 from ..model import ACTION_CODE, Trace
 from .curves import Curve, Curves, all_curves
+from .quantities import window_max
 
 _ALLOC = ACTION_CODE["alloc"]
 _FREE_COMPLETED = ACTION_CODE["free_completed"]
@@ -59,11 +60,6 @@ def torch_allocated_curve(trace: Trace) -> Curve:
     values = np.concatenate(([0], np.cumsum(sign * rounded))).astype(np.int64)
     times = np.concatenate(([ev["time_us"][0] if len(ev) else 0], np.maximum.accumulate(ev["time_us"])))
     return Curve(times.astype(np.int64), values)
-
-
-def window_max(curve: Curve, start_us: int, end_us: int) -> int:
-    """The largest value in force during [start_us, end_us]."""
-    return int(curve.window(start_us, end_us).bytes.max())
 
 
 def measure_kv_cache_bytes(

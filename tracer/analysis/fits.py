@@ -64,8 +64,9 @@ from .curves import Curve, Curves, all_curves
 from .landmarks import Landmarks, landmarks, steady_non_torch_at, total_curve
 from .live import Lifetimes
 from .oom import Oom, find_oom
-from .phases import path_at, recording_span, window_peak
+from .phases import path_at, recording_span
 from .pinned import pinned_curve
+from .quantities import window_peak
 from .reconcile import KV_GIVEN
 from .reconcile import non_kv as non_kv_model
 from .target import resolve_target
@@ -127,6 +128,8 @@ class Fit:
     kv_sizing: str = F.KV_SIZED_BY_PROFILING
     kv_blocks: int | None = None  # extensible: the blocks vLLM would commit, and their tokens
     kv_tokens: int | None = None
+    #: memory other processes held on the recorded card, not put on this one (the card holds this process alone)
+    others_left_out_bytes: int = 0
 
     @property
     def survives(self) -> bool:
@@ -346,13 +349,16 @@ def _at_oom(rec: Recorded, capacity: int, target: int, shift: int, result, post=
     """DIED or UNKNOWN at the recorded OOM (see the module docstring)."""
     oom = rec.oom
     needed = rec.need.at(oom.time_us) + shift + oom.requested_bytes
+    # the room the recording had: its card less what other processes held then (the asked card holds this
+    # process alone)
+    others = rec.curves.others.at(oom.time_us) if len(rec.curves.others) else 0
     if shift == 0 and (rec.lm.kv_end_us is None or oom.time_us < rec.lm.kv_end_us):
-        no_roomier = rec.capacity_bytes is not None and capacity <= rec.capacity_bytes
+        no_roomier = rec.capacity_bytes is not None and capacity <= rec.capacity_bytes - others
     else:
         no_roomier = (
             rec.capacity_bytes is not None
             and rec.target_bytes is not None
-            and capacity - target <= rec.capacity_bytes - rec.target_bytes
+            and capacity - target <= rec.capacity_bytes - others - rec.target_bytes
         )
     if needed > capacity or no_roomier:
         return result(DIED, oom.phase_path, max(needed - capacity, 0), "recorded OOM", post, post_phase)
@@ -383,8 +389,11 @@ def fits(
     rec: Recorded | None = None,
 ) -> list[Fit]:
     """:func:`fit` for several capacities, sharing the work (``rec``: :func:`recorded`, if at hand)."""
+    from .whatif import recorded_others
+
     rec = rec or recorded(trace, non_torch_bytes)
-    return [fit(trace, c, util, rec=rec) for c in capacities]
+    left_out = recorded_others(trace)
+    return [dataclasses.replace(fit(trace, c, util, rec=rec), others_left_out_bytes=left_out) for c in capacities]
 
 
 def smallest_fitting(

@@ -35,7 +35,9 @@ from .extensible import blocks_within, extensible_sizing, measure_kv_cache_bytes
 from .fits import FITS, MIN_CAPACITY, NO_KV, OOM, UNKNOWN, Fit, Recorded, need_curve
 from .landmarks import landmarks
 from .phases import path_at
+from .quantities import first_max
 from .reconcile import non_kv as non_kv_model
+from .whatif import recorded_others
 
 #: vLLM 0.34's default utilization with the extensible KV cache.
 EXTENSIBLE_DEFAULT_UTIL = 1.0
@@ -99,7 +101,10 @@ def fit_extensible(
     )
     if not recorded_total:
         return None
-    lacks = int(recorded_total) - capacity_bytes + others_bytes  # bytes this card has less of, free
+    # bytes this card has less of, free: the recorded card's other processes are not on it (unless given back
+    # as ``others_bytes``, ``--keep-others``)
+    left_out = recorded_others(trace)
+    lacks = int(recorded_total) - left_out - capacity_bytes + others_bytes
     requested = math.ceil(capacity_bytes * util)
     # 1. before the KV cache is extended
     extend = next((p for p in trace.phases if p.name == "kv_cache_extend"), None)
@@ -111,7 +116,7 @@ def fit_extensible(
     window = need.window(need.time_us[0] if len(need) else 0, end)
     after_init = window.time_us >= (init.end_us if init is not None else end)
     need_b = window.bytes + others_bytes + (after_init * floor)
-    i = int(need_b.argmax()) if len(need_b) else 0
+    i = max(first_max(need_b), 0)
     peak, peak_t = (int(need_b[i]), int(window.time_us[i])) if len(need_b) else (0, end)
     common = dict(capacity_bytes=capacity_bytes, others_bytes=others_bytes, util=util, requested_bytes=requested)
     pre = dict(pre_kv_peak_bytes=peak, pre_kv_peak_phase=path_at(trace, peak_t))
@@ -249,6 +254,7 @@ def as_fit(rank, capacity_bytes: int, util: float | None, rec: Recorded) -> Fit:
         kv_sizing=F.KV_SIZED_EXTENSIBLE,
         kv_blocks=e.kv_blocks,
         kv_tokens=e.kv_tokens,
+        others_left_out_bytes=recorded_others(rank.trace),
         **rec.non_torch_split,
     )
 

@@ -40,6 +40,7 @@ from . import vmm as _vmm
 from .curves import Curve
 from .frames import python_frames
 from .live import Lifetimes, LiveAllocation, lifetimes, live_allocations_at
+from .quantities import fullest_at_peak, window_fullest
 
 #: The top-level frame of the non-PyTorch device memory CUPTI saw (``non_torch.live_allocations``).
 NON_TORCH = "[non-PyTorch, CUPTI]"
@@ -346,28 +347,14 @@ def flame_at(
 
 
 def peak_event_index(allocated: Curve, reserved: Curve) -> int:
-    """The event after which to look at "the peak": within the reserved curve's peak plateau (from
-    the event that reached the peak until reserved next changes), the event with the most bytes
-    allocated. A ``segment_alloc`` reaches the peak one event before the ``alloc`` that needed it,
-    so the reserved peak's own index would miss the very block that caused it.
-
-    Returns an event index (curve index - 1), -1 for the baseline state.
-    """
-    if not len(reserved):
-        return -1
-    pi = reserved.peak_index
-    change = np.flatnonzero(reserved.bytes[pi + 1 :] != reserved.bytes[pi])
-    end = pi + 1 + (int(change[0]) if len(change) else len(reserved.bytes) - pi - 1)
-    k = pi + int(np.argmax(allocated.bytes[pi:end]))
-    return k - 1
+    """The event after which "the peak" is shown (``quantities.fullest_at_peak`` - 1); a thin alias kept for
+    callers of the old name."""
+    return fullest_at_peak(allocated, reserved) - 1
 
 
 def window_peak_event_index(allocated: Curve, start_us: int, end_us: int) -> int:
-    """The event after which the most bytes were allocated during [start_us, end_us] (the state in
-    force at ``start_us`` counts); an event index, -1 for the baseline state."""
-    lo = max(int(np.searchsorted(allocated.time_us, start_us, side="right")) - 1, 0)
-    hi = max(int(np.searchsorted(allocated.time_us, end_us, side="right")), lo + 1)
-    return lo + int(np.argmax(allocated.bytes[lo:hi])) - 1
+    """``quantities.window_fullest`` - 1 (an event index); a thin alias kept for callers of the old name."""
+    return window_fullest(allocated, start_us, end_us) - 1
 
 
 def widest_leaves(flame: Flame, top: int = 5) -> list[tuple[tuple[str, ...], int]]:

@@ -16,14 +16,21 @@ are kept in the trace (exact) but never blamed.
 
 from __future__ import annotations
 
+import functools
+import importlib.util
+import os
 from collections.abc import Sequence
 
 from ..model import Frame
 
 #: File endings of native (C, C++, CUDA) frames and of shared objects.
 _NATIVE_SUFFIXES = (".c", ".h", ".cc", ".cpp", ".cxx", ".hpp", ".hh", ".cu", ".cuh", ".so", ".S", ".s")
-#: Path fragments of Python frames that say nothing about *why* memory was asked for.
-_PLUMBING = ("/torch/", "\\torch\\", "/memtrace/", "/tracer/", "<frozen", "/contextlib.py", "/functools.py")
+#: Packages whose frames say nothing about *why* memory was asked for: torch and memtrace itself.
+_PLUMBING_PACKAGES = ("torch", "memtrace")
+#: The standard library's frames that only pass a call on.
+_PLUMBING_FILES = ("<frozen", "/contextlib.py", "/functools.py")
+#: Folders a package is installed into, on any machine that recorded a trace.
+_INSTALL_DIRS = ("/site-packages/", "/dist-packages/")
 
 
 def is_python_frame(f: Frame) -> bool:
@@ -62,11 +69,41 @@ def python_frames(frames: Sequence[Frame]) -> list[Frame]:
     return list(frames[frames.index(leaf) :]) if leaf is not None else []
 
 
+@functools.cache
+def _local_package_dirs() -> tuple[str, ...]:
+    """Where torch and memtrace (its three folders) are installed here, each ending in ``/``.
+
+    Found with ``importlib.util.find_spec``, which locates a package without importing it: torch is
+    never imported for this. A user's code in a folder that happens to be called ``memtrace``,
+    ``tracer`` or ``torch`` is not under any of them.
+    """
+    dirs = []
+    for name in ("torch", "memtrace", "memtrace.plugins", "memtrace.plots"):
+        try:
+            spec = importlib.util.find_spec(name)
+        except (ImportError, ValueError):
+            continue
+        for d in (spec.submodule_search_locations or []) if spec else []:
+            for form in {os.path.abspath(d), os.path.realpath(d)}:  # as imported, and through symlinks
+                dirs.append(form.replace("\\", "/").rstrip("/") + "/")
+    return tuple(dirs)
+
+
+def _is_package_plumbing(fn: str) -> bool:
+    """A frame of torch or memtrace: in their folders installed here, or (a trace recorded elsewhere)
+    right below an install folder (``.../site-packages/torch/...``)."""
+    for d in _INSTALL_DIRS:
+        at = fn.rfind(d)
+        if at >= 0 and fn[at + len(d) :].split("/", 1)[0] in _PLUMBING_PACKAGES:
+            return True
+    return fn.startswith(_local_package_dirs())
+
+
 def _is_plumbing(f: Frame) -> bool:
-    fn = f.filename
-    if any(p in fn for p in _PLUMBING):
+    fn = f.filename.replace("\\", "/")
+    if any(p in fn for p in _PLUMBING_FILES) or _is_package_plumbing(fn):
         return True
-    return "/lib/python3" in fn and "site-packages" not in fn and "dist-packages" not in fn
+    return "/lib/python3" in fn and not any(d in fn for d in _INSTALL_DIRS)
 
 
 def meaningful_frame(frames: Sequence[Frame]) -> Frame | None:

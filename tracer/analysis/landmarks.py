@@ -27,7 +27,8 @@ import numpy as np
 from .. import facts as F
 from ..model import Trace
 from .curves import Curve, Curves, all_curves, committed_curve
-from .phases import path_at, phase_path, recording_span, window_peak
+from .phases import path_at, phase_path, recording_span
+from .quantities import window_peak
 
 #: Phase names marking vLLM's KV sizing (the profiling step that ends with the KV figure).
 SIZING_NAMES = ("determine_available_memory",)

@@ -33,6 +33,8 @@ from ..model import ACTION_CODE, Frame, Trace
 _ALLOC = ACTION_CODE["alloc"]
 _FREE_COMPLETED = ACTION_CODE["free_completed"]
 _BEFORE = np.iinfo(np.int64).min
+#: the holder of the blocks present before recording began, without a stack (``holders_by_stack``)
+BEFORE_RECORDING = -2
 _NEVER = np.iinfo(np.int64).max
 
 
@@ -172,10 +174,15 @@ def holders_by_stack(
     event_index: int | None = None,
     lt: Lifetimes | None = None,
 ) -> list[Holder]:
-    """Live bytes at a moment grouped by allocating stack, largest first (at most ``top``)."""
+    """Live bytes at a moment grouped by allocating stack, largest first (at most ``top``).
+
+    Blocks without a recorded stack are the holder -1, except those present before recording began: they
+    are their own holder, :data:`BEFORE_RECORDING` (-2), as the flame graph's ``[allocated before recording]``.
+    """
     lt = lt or lifetimes(trace)
     m = _mask(lt, t_us, event_index)
-    stacks = lt.stack[m].astype(np.int64) + 1  # -1 (unknown) -> bin 0
+    stacks = lt.stack[m].astype(np.int64)
+    stacks = np.where((stacks < 0) & (lt.alloc_us[m] == _BEFORE), BEFORE_RECORDING, stacks) + 2  # -2, -1 -> 0, 1
     if len(stacks) == 0:
         return []
     sizes = np.bincount(stacks, weights=lt.size[m]).astype(np.int64)
@@ -186,7 +193,7 @@ def holders_by_stack(
     for s in order[:top]:
         if counts[s] == 0:
             break
-        out.append(Holder(int(s) - 1, int(sizes[s]), int(counts[s]), float(sizes[s] / total) if total else 0.0))
+        out.append(Holder(int(s) - 2, int(sizes[s]), int(counts[s]), float(sizes[s] / total) if total else 0.0))
     return out
 
 

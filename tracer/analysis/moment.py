@@ -2,7 +2,7 @@
 
 ``--at`` picks the moment:
 
-- ``peak``: the peak of reserved memory, at its fullest (``flame.peak_event_index``);
+- ``peak``: the peak of reserved memory, at its fullest (``quantities.fullest_at_peak``);
 - ``oom``: right before the failed allocation the run died of (``analysis.oom.find_oom``);
 - a time since the start of the recording: ``7.05``, ``7.05s``, ``7050ms``, ``7050000us`` (or ``µs``);
 - a phase, by name or path: the fullest moment (most bytes allocated) of that phase; a name that
@@ -23,9 +23,9 @@ from dataclasses import dataclass
 from ..errors import UsageError
 from ..model import Trace
 from .curves import Curves
-from .flame import peak_event_index, window_peak_event_index
 from .oom import find_oom
 from .phases import PhaseStats, path_at, phase_path, phase_stats, recording_span
+from .quantities import fullest_at_peak, window_fullest
 
 _TIME = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:e[+-]?[0-9]+)?)\s*(s|ms|us|µs)?\s*$", re.IGNORECASE)
 _UNIT_US = {"s": 1_000_000, "ms": 1_000, "us": 1, "µs": 1, None: 1_000_000}
@@ -96,7 +96,7 @@ def resolve_moment(trace: Trace, curves: Curves, at: str, *, t0_us: int | None =
 
     text = at.strip()
     if text.lower() == "peak":
-        return after_event(peak_event_index(curves.allocated, curves.reserved), PEAK)
+        return after_event(fullest_at_peak(curves.allocated, curves.reserved) - 1, PEAK)
     if text.lower() == "oom":
         oom = find_oom(trace)
         if oom is None:
@@ -107,7 +107,7 @@ def resolve_moment(trace: Trace, curves: Curves, at: str, *, t0_us: int | None =
         t = _at_time(trace, us, "--at", at, t0_us)
         return Moment(t, None, f"{us / 1e6:.3f} s", path_at(trace, t))
     best = find_phase(trace, curves, text, "--at")
-    k = window_peak_event_index(curves.allocated, best.start_us, best.end_us)
+    k = window_fullest(curves.allocated, best.start_us, best.end_us) - 1
     m = after_event(k, f"the fullest moment of {best.path}")
     return Moment(max(m.time_us, best.start_us), k, m.what, best.path)
 

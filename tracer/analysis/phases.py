@@ -13,10 +13,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import numpy as np
-
 from ..model import Phase, Trace
 from .curves import Curve, Curves, all_curves
+from .quantities import samples_peak, window_peak
 
 
 @dataclass(frozen=True)
@@ -133,36 +132,6 @@ def value_at(curve: Curve, t_us: int) -> int:
     return curve.at(t_us)
 
 
-def window_peak(curve: Curve, start_us: int, end_us: int) -> tuple[int, int]:
-    """(peak bytes, first time of the peak) of ``curve`` over [start_us, end_us]; (0, start_us) if empty.
-
-    The value in force at ``start_us`` counts, at time ``start_us``.
-    """
-    if len(curve) == 0:
-        return 0, start_us
-    lo = int(np.searchsorted(curve.time_us, start_us, side="right"))
-    hi = int(np.searchsorted(curve.time_us, end_us, side="right"))
-    first = value_at(curve, start_us)
-    if hi <= lo:
-        return first, start_us
-    seg = curve.bytes[lo:hi]
-    j = int(np.argmax(seg))
-    if int(seg[j]) > first:
-        return int(seg[j]), int(curve.time_us[lo + j])
-    return first, start_us
-
-
-def _samples_peak(curve: Curve, start_us: int, end_us: int) -> int | None:
-    """Peak of a sampled curve using only samples taken inside [start_us, end_us]."""
-    if len(curve) == 0:
-        return None
-    lo = int(np.searchsorted(curve.time_us, start_us, side="left"))
-    hi = int(np.searchsorted(curve.time_us, end_us, side="right"))
-    if hi <= lo:
-        return None
-    return int(curve.bytes[lo:hi].max())
-
-
 def phase_stats(trace: Trace, curves: Curves | None = None) -> list[PhaseStats]:
     """Statistics of every phase, in the order of ``trace.phases``."""
     curves = curves or all_curves(trace)
@@ -188,7 +157,7 @@ def phase_stats(trace: Trace, curves: Curves | None = None) -> list[PhaseStats]:
                 end_reserved_bytes=value_at(curves.reserved, end),
                 peak_reserved_bytes=peak_res,
                 peak_reserved_us=peak_res_us,
-                peak_device_used_bytes=_samples_peak(curves.device_used, p.start_us, end),
+                peak_device_used_bytes=samples_peak(curves.device_used, p.start_us, end),
             )
         )
     return out

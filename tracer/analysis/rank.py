@@ -33,6 +33,7 @@ from .non_torch import has_records, live_curve
 from .oom import Oom, find_oom
 from .origin import TimeOrigin
 from .phases import PhaseStats, phase_stats, recording_span
+from .quantities import peak_bytes
 from .reconcile import NonKv, non_kv
 from .summary import Summary, summarize
 from .target import Target, resolve_target
@@ -250,7 +251,7 @@ class AnalysedRank:
 
     @property
     def peak_reserved_bytes(self) -> int:
-        return int(self.curves.reserved.peak_bytes) if not self.recorded_nothing else 0
+        return peak_bytes(self.curves.reserved) if not self.recorded_nothing else 0
 
     @property
     def verdict(self) -> str:

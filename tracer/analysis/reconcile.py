@@ -53,6 +53,7 @@ from typing import Any
 from .. import facts as F
 from ..model import Phase, Trace
 from .curves import Curve, Curves, all_curves
+from .quantities import window_max
 
 FORMULA_025 = "vllm-0.25"
 FORMULA_033 = "vllm-0.33"
@@ -137,8 +138,7 @@ def _graph_estimate(trace: Trace) -> tuple[int, int | None, list[str]]:
     return estimate, None, []
 
 
-def _window_max(curve: Curve, start_us: int, end_us: int) -> int:
-    return curve.window(start_us, end_us).peak_bytes
+_window_max = window_max
 
 
 def _sampled_at(curve: Curve, t_us: int) -> int | None:

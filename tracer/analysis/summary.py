@@ -38,11 +38,12 @@ from .curves import Baseline, Curves, all_curves
 from .extensible import ExtensibleSizing, extensible_sizing
 from .fingerprint import allocator_settings
 from .landmarks import steady_non_torch_at
-from .live import Lifetimes, holders_by_stack, lifetimes, meaningful_frame
+from .live import BEFORE_RECORDING, Lifetimes, holders_by_stack, lifetimes, meaningful_frame
 from .non_torch import NonTorchBreakdown, at_moments
 from .oom import Oom, find_oom
 from .origin import TimeOrigin
 from .phases import PhaseStats, path_at, phase_stats, recording_span
+from .quantities import fullest_at_peak, peak
 from .reconcile import KvReconciliation, NonKv, non_kv
 from .target import Target, describe, resolve_target
 from .torch_counters import CounterCheck, counter_checks
@@ -90,6 +91,11 @@ class HolderLine:
     count: int  # live blocks
     share: float
     stacks: int = 1  # distinct allocating stacks grouped under this frame
+
+    @property
+    def before_recording(self) -> bool:
+        """The blocks present before recording began (no stack: ``live.BEFORE_RECORDING``)."""
+        return self.stack == BEFORE_RECORDING
 
 
 @dataclass(frozen=True)
@@ -244,20 +250,9 @@ def summarize(
         found = crossings(trace, curves, target.target_bytes, oom_us=oom.time_us if oom is not None else None)
     peak = reserved_peak(trace, curves)
     alloc = curves.allocated
-    ai = alloc.peak_index
-    peak_alloc = PeakPoint(
-        "allocated", int(alloc.time_us[ai]), int(alloc.bytes[ai]), path_at(trace, int(alloc.time_us[ai]))
-    )
-    peak_dev = None
-    if curves.has_device:
-        di = curves.device_used.peak_index
-        td = int(curves.device_used.time_us[di])
-        peak_dev = PeakPoint("device_used", td, int(curves.device_used.bytes[di]), path_at(trace, td))
-    peak_others = None
-    if len(curves.others):
-        oi = curves.others.peak_index
-        to = int(curves.others.time_us[oi])
-        peak_others = PeakPoint("others", to, int(curves.others.bytes[oi]), path_at(trace, to))
+    peak_alloc = _peak_point(trace, alloc, "allocated")
+    peak_dev = _peak_point(trace, curves.device_used, "device_used") if curves.has_device else None
+    peak_others = _peak_point(trace, curves.others, "others") if len(curves.others) else None
     crossing_list = [e for e in (found.first, found.second) if e is not None] if found is not None else []
     return Summary(
         label=trace.label,
@@ -300,29 +295,31 @@ def summarize(
     )
 
 
+def _peak_point(trace: Trace, c, name: str) -> PeakPoint:
+    """The peak of one curve (``quantities.peak``) with the phase in force then."""
+    top = peak(c)
+    return PeakPoint(name, top.time_us, top.bytes, path_at(trace, top.time_us))
+
+
 def _held_peak(trace: Trace, curves: Curves) -> PeakPoint | None:
     """Reserved + VMM committed at its highest (vLLM 0.34's extensible KV cache); None without VMM records."""
     if not len(curves.vmm):
         return None
-    held = curves.held
-    i = held.peak_index
-    t = int(held.time_us[i])
-    return PeakPoint("held", t, int(held.bytes[i]), path_at(trace, t))
+    top = peak(curves.held)
+    return PeakPoint("held", top.time_us, top.bytes, path_at(trace, top.time_us))
 
 
 def reserved_peak(trace: Trace, curves: Curves) -> Peak:
     """The reserved peak and the fullest moment of its plateau (see :class:`Peak`)."""
     res, alloc = curves.reserved, curves.allocated
-    pi = res.peak_index
-    t_peak = int(res.time_us[pi])
+    top = peak(res)
+    t_peak = top.time_us
     # Reserved holds its peak until the next segment is freed; the block a new segment was made for is
     # handed out by the next event. The state shown at the peak is the fullest moment of that plateau.
-    below = np.flatnonzero(res.bytes[pi:] != res.bytes[pi])
-    plateau_end = pi + int(below[0]) if len(below) else len(res)
-    k = pi + int(np.argmax(alloc.bytes[pi:plateau_end]))
+    k = fullest_at_peak(alloc, res)
     return Peak(
         t_peak,
-        int(res.bytes[pi]),
+        top.bytes,
         int(alloc.bytes[k]),
         path_at(trace, t_peak),
         k - 1,
@@ -336,10 +333,10 @@ def holders_by_site(trace: Trace, event_index: int, top: int = 10, *, lt: Lifeti
     meaningful frame: file, line, function), largest first, at most ``top`` lines."""
     groups: dict[tuple, list] = {}
     lt = lt if lt is not None else lifetimes(trace)
-    for h in holders_by_stack(trace, top=len(trace.stacks) + 1, event_index=event_index, lt=lt):
+    for h in holders_by_stack(trace, top=len(trace.stacks) + 2, event_index=event_index, lt=lt):
         frames = trace.stack_frames(h.stack) if h.stack >= 0 else []
         frame = meaningful_frame(frames)
-        key = (frame.filename, frame.line, frame.name) if frame is not None else None
+        key = (frame.filename, frame.line, frame.name) if frame is not None else h.stack if h.stack < 0 else None
         groups.setdefault(key, []).append((h, frame, frames))
     lines = []
     for members in groups.values():
@@ -372,6 +369,7 @@ def _plain(obj: Any) -> Any:
             "target_source",
             "overshoot_bytes",
             "ended_above",
+            "before_recording",
         ):
             if hasattr(type(obj), name) and isinstance(getattr(type(obj), name), property):
                 out[name] = _plain(getattr(obj, name))

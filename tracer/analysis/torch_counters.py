@@ -23,7 +23,8 @@ from dataclasses import dataclass
 from .. import facts as F
 from ..model import Trace
 from .curves import Curves
-from .extensible import torch_allocated_curve, window_max
+from .extensible import torch_allocated_curve
+from .quantities import window_max
 
 
 @dataclass(frozen=True)

@@ -4,7 +4,8 @@ Every command that reads a run calls :func:`add_input` (the positional RUN, ``--
 :func:`load`: a run directory, a ``.memtrace`` file, or a PyTorch snapshot pickle (``.pickle``/``.pkl``
 or any name with ``--allow-pickle``; the same warning and the same refusal of code in the pickle:
 ``importers.files``). Target arguments are added by :func:`add_target` and resolved per trace by
-``analysis.target.resolve_target``.
+``analysis.target.resolve_target``. The options several commands share (``--rank``, ``-o``/``--output``,
+``--force``) are declared here once: :func:`add_rank`, :func:`add_output`, :func:`add_force`.
 """
 
 from __future__ import annotations
@@ -32,6 +33,25 @@ def add_target(p: argparse.ArgumentParser) -> None:
     g.add_argument("--target", metavar="SIZE", help="the line not to cross, e.g. 88GiB (default: the recorded one)")
     g.add_argument("--util", metavar="FRACTION", help="target as a share of the card, e.g. 0.92 or 92%%")
     p.add_argument("--total", metavar="SIZE", help="the card's memory for --util (default: the card the run stood for)")
+
+
+def add_rank(p: argparse.ArgumentParser, help: str = "only this rank (default: every rank)") -> None:
+    """``--rank N``: which rank a command reads (None: the command's default, which ``help`` states)."""
+    p.add_argument("--rank", type=int, default=None, metavar="N", help=help)
+
+
+def add_force(p: argparse.ArgumentParser, help: str = "replace FILE if it exists (never an input)") -> None:
+    """``--force``: replace an existing output; an input is never an output, even with it (``outputs``)."""
+    p.add_argument("--force", action="store_true", help=help)
+
+
+def add_output(p: argparse.ArgumentParser, help: str, *, metavar: str = "FILE", force: str | None = None) -> None:
+    """``-o/--output`` (``help`` names the default) and its :func:`add_force` (``force``: that flag's help)."""
+    p.add_argument("-o", "--output", metavar=metavar, help=help)
+    if force is not None:
+        add_force(p, force)
+    else:
+        add_force(p)
 
 
 def target_args(args: argparse.Namespace) -> dict:

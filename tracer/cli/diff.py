@@ -24,7 +24,7 @@ ORDER = 40
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    from ._runs import add_input
+    from ._runs import add_input, add_rank
 
     add_input(p, "base", help="the reference run (directory, .memtrace file or snapshot pickle)")
     add_input(p, "new", help="the run to check")
@@ -34,7 +34,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         metavar="LIMIT",
         help="allowed growth: a share of the base value (2%%) or a size (512MiB); default 2%%",
     )
-    p.add_argument("--rank", type=int, default=None, help="compare only this rank (default: every rank)")
+    add_rank(p, "compare only this rank (default: every rank)")
     p.add_argument("--json", action="store_true", help="print the comparison as JSON")
 
 

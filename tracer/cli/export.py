@@ -32,16 +32,13 @@ ACCEPTS = {"perfetto": (".json",), "memory-viz": (".pickle", ".pkl"), "folded": 
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    from ._runs import add_input, add_target
+    from ._runs import add_input, add_output, add_rank, add_target
 
     add_input(p)
     add_target(p)  # perfetto: the target counter and the first crossing
     p.add_argument("-f", "--format", choices=sorted(SUFFIX), default="perfetto", help="output format (perfetto)")
-    p.add_argument("-o", "--output", metavar="FILE", help="output file (default: RUN's name + the format's suffix)")
-    p.add_argument("--force", action="store_true", help="replace FILE if it exists (never an input)")
-    p.add_argument(
-        "--rank", type=int, default=None, help="the rank to export (memory-viz, folded; default: the worst rank)"
-    )
+    add_output(p, "output file (default: RUN's name + the format's suffix)")
+    add_rank(p, "the rank to export (memory-viz, folded; default: the worst rank)")
 
 
 def run(args: argparse.Namespace) -> int:

@@ -17,6 +17,17 @@ recorded). Such a recording never answers "fits".
   memtrace fits RUN --capacity 32GiB
   memtrace fits RUN --capacity 16GiB,24GiB,32GiB --util 0.92
 
+With other flags (analysis.whatif; docs/whatif.md): each allocation is assigned to a site and scaled by
+its rule (activations and workspaces x max-num-batched-tokens, the sampler x max-num-seqs, CUDA graphs x
+the graphs captured), vLLM's KV sizing is redone, and per card the answer is boots / dies in PHASE by N /
+vLLM refuses, each figure with where it came from. More traces of the same model (RUN_B ...) fit each
+site's scaling. The card holds this process alone unless --keep-others.
+
+  memtrace fits RUN --capacity 16GiB,32GiB --what-if max-num-batched-tokens=2048 --what-if max-num-seqs=4
+  memtrace fits RUN --capacity 16GiB --what-if enforce-eager --what-if kv-cache-dtype=fp8
+  memtrace fits RUN --capacity 32GiB --suggest
+  memtrace fits RUN_A RUN_B --capacity 24GiB --what-if max-num-batched-tokens=4096
+
 Exit status: 0 when it fits on every capacity asked, 1 when it dies on one (or the recording ends
 too early to tell), 2 on bad input (a capacity below 1GiB included).
 """
@@ -31,9 +42,12 @@ ORDER = 45
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    from ._runs import add_input
+    from ._runs import add_input, add_rank
 
     add_input(p)
+    p.add_argument(
+        "more_runs", nargs="*", metavar="RUN_B", help="more traces of the same model (--what-if fits on them)"
+    )
     p.add_argument(
         "--capacity",
         required=True,
@@ -52,11 +66,26 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         metavar="SIZE",
         help="non-PyTorch memory on that card (CUDA context, NCCL, libraries); default: as recorded (NVML)",
     )
+    add_rank(p, "only this rank (default: every rank with allocator events, and the worst named)")
     p.add_argument(
-        "--rank",
-        type=int,
+        "--what-if",
+        action="append",
+        default=[],
+        metavar="FLAG[=VALUE]",
+        help="a vLLM flag changed: max-num-batched-tokens=N, max-num-seqs=N, max-model-len=N, enforce-eager, "
+        "kv-cache-dtype=fp8|auto, gpu-memory-utilization=F, extensible-kv-cache=on|off (repeatable)",
+    )
+    p.add_argument("--suggest", action="store_true", help="the changes to the recorded flags that boot on each card")
+    p.add_argument(
+        "--keep-others",
+        action="store_true",
+        help="keep the recording's other processes' memory on the card (default: the card holds this process alone)",
+    )
+    p.add_argument(
+        "--others",
         default=None,
-        help="only this rank (default: every rank with allocator events, and the worst named)",
+        metavar="SIZE",
+        help="memory other processes hold on that card (a shared GPU), with --what-if/--suggest",
     )
     p.add_argument("--json", action="store_true", help="print the predictions as JSON")
 
@@ -72,8 +101,43 @@ def run(args: argparse.Namespace) -> int:
     util = parse_fraction(args.util) if args.util is not None else None
     non_torch = check_non_torch(parse_size(args.non_torch) if args.non_torch is not None else None, capacities)
     run_ = analysed(args)
+    if args.what_if or args.suggest or args.more_runs or args.keep_others or args.others is not None:
+        return _what_if(args, run_, capacities)
     with task("Predicting", total=None):
         ranks = run_.require_events("predict")
         survives = all(r.fits(capacities, util, non_torch).survives for r in ranks)
     render(run_, sys.stdout, "fits", capacities=capacities, util=util, non_torch=non_torch, json_out=args.json)
     return 0 if survives else 1
+
+
+def _what_if(args: argparse.Namespace, run_, capacities: list[int]) -> int:
+    """--what-if / --suggest: exit 0 when the changed flags boot on every card asked."""
+    from ..analysis.whatif import BOOTS, answer
+    from ..errors import UsageError
+    from ..plots.render import render
+    from ..progress import task
+    from ._runs import analysed
+
+    if args.util is not None or args.non_torch is not None:
+        raise UsageError(
+            "--what-if/--suggest take the utilization as --what-if gpu-memory-utilization=F; drop --util/--non-torch"
+        )
+    from ..units import parse_size
+
+    if args.others is not None and args.keep_others:
+        raise UsageError("give --others SIZE or --keep-others, not both")
+    others = parse_size(args.others) if args.others is not None else None
+    if others is not None and any(others >= c for c in capacities):
+        raise UsageError(f"--others {args.others} fills the card; give what other processes hold, less than --capacity")
+    more = []
+    for path in args.more_runs:
+        args.extra_run = path
+        more += analysed(args, "extra_run").require_events("calibrate")
+    with task("Predicting", total=None):
+        answers = [
+            (r, answer(r, args.what_if, capacities, suggest_too=args.suggest, keep_others=args.keep_others, others_bytes=others,
+                       calibration_ranks=tuple(more)))
+            for r in run_.require_events("predict")
+        ]  # fmt: skip
+    render(run_, sys.stdout, "whatif", answers=answers, json_out=args.json)
+    return 0 if all(o.verdict == BOOTS for _, a in answers for o in a.outcomes) else 1

@@ -42,7 +42,7 @@ SUFFIXES = {"svg": (".svg",), "folded": (".folded", ".txt")}
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    from ._runs import add_input
+    from ._runs import add_input, add_output, add_rank
 
     add_input(p)
     p.add_argument("--at", default="peak", metavar="peak|oom|TIME|PHASE", help="the moment to show (default: peak)")
@@ -54,15 +54,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         action="store_true",
         help="leave out the memory outside PyTorch: what CUPTI recorded, the KV cache committed through CUDA VMM",
     )
-    p.add_argument("-o", "--output", metavar="FILE", help="file to write (default: <run>-flame.svg or .folded)")
+    add_output(p, "file to write (default: <run>-flame.svg or .folded)")
     p.add_argument("-f", "--format", choices=sorted(SUFFIX), default=None, help="svg (default) or folded")
-    p.add_argument(
-        "--rank",
-        type=int,
-        default=None,
-        help="the rank to show (default: the run's worst rank: the first to die, else the largest overshoot, else the highest peak)",
+    add_rank(
+        p,
+        "the rank to show (default: the run's worst rank: the first to die, else the largest overshoot, else the highest peak)",
     )
-    p.add_argument("--force", action="store_true", help="replace FILE if it exists (never an input)")
 
 
 def _format(args: argparse.Namespace) -> str:

@@ -34,19 +34,19 @@ def _db(p: argparse.ArgumentParser) -> None:
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    from ._runs import add_input
+    from ._runs import add_input, add_output, add_rank
 
     sub = p.add_subparsers(dest="action", metavar="ACTION", required=True)
     a = sub.add_parser("add", help="record a run as the accepted reference of its key")
     add_input(a)
     _db(a)
     a.add_argument("--label", help="the run's name in the history (default: the run's own name)")
-    a.add_argument("--rank", type=int, default=None, help="only this rank (default: every rank)")
+    add_rank(a)
     c = sub.add_parser("check", help="compare a run with the last accepted run of its key; exit 1 on growth")
     add_input(c)
     _db(c)
     c.add_argument("--fail-over", default="2%", metavar="LIMIT", help="allowed growth: 2%% or 512MiB (default 2%%)")
-    c.add_argument("--rank", type=int, default=None, help="only this rank (default: every rank)")
+    add_rank(c)
     c.add_argument("--add", action="store_true", help="then record the run: accepted if it passed, refused if not")
     c.add_argument("--label", help="the run's name in the history, with --add")
     c.add_argument(
@@ -55,10 +55,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     c.add_argument("--json", action="store_true", help="print the comparison as JSON (as memtrace diff --json)")
     s = sub.add_parser("show", help="list the runs per key and draw their trend (PNG or SVG)")
     _db(s)
-    s.add_argument(
-        "-o", "--output", metavar="FILE", help="the trend figure (default <db name>-trend.png, redrawn each time)"
+    add_output(
+        s, "the trend figure (default <db name>-trend.png, redrawn each time)", force="replace an existing figure"
     )
-    s.add_argument("--force", action="store_true", help="replace an existing figure")
     s.add_argument("--key", help="only this matrix key")
     s.add_argument("--no-plot", action="store_true", help="only the text listing")
     acc = sub.add_parser("accept", help="accept run #N (all its ranks) as the reference of its key")

@@ -21,29 +21,34 @@ ORDER = 60
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    from ._runs import add_output
+
     parser.add_argument("snapshot", metavar="SNAPSHOT.pickle", help="a torch.cuda.memory._dump_snapshot() file")
-    parser.add_argument(
-        "-o", "--output", metavar="OUT", help="output .memtrace file, or folder for several devices (default: here)"
+    add_output(
+        parser,
+        "output .memtrace file, or folder for several devices (default: here)",
+        metavar="OUT",
+        force="replace the output if it exists",
     )
     parser.add_argument("--device", type=int, metavar="N", help="import this device only (default: every device)")
-    parser.add_argument("--force", action="store_true", help="replace the output if it exists")
     parser.add_argument("--allow-pickle", action="store_true", help="accepted for symmetry: import always unpickles")
 
 
 def run(args: argparse.Namespace) -> int:
     from ..errors import UsageError
-    from ..importers.files import traces_from_snapshot_file, warn_pickle
+    from ..importers.files import check_not_a_trace, traces_from_snapshot_file, warn_pickle
     from ..outputs import atomic_write, make_dir, output_dir, output_file
     from ..store import SUFFIX, save_trace
 
     src = args.snapshot
     if args.device is not None and args.device < 0:
         raise UsageError(f"--device {args.device}: devices are 0 or more")
+    check_not_a_trace(src)  # a missing file, or a trace, is one line before anything is unpickled
     several_out = args.output is not None and not str(args.output).lower().endswith(SUFFIX)
     if args.output is None or not several_out:  # check the file name before the long read
         output_file(src, args.output, default_suffix=SUFFIX, suffixes=(SUFFIX,), force=args.force)
-    warn_pickle(src)
     traces = traces_from_snapshot_file(src, device=args.device)
+    warn_pickle(src)
     if len(traces) == 1 and not several_out:
         out = output_file(src, args.output, default_suffix=SUFFIX, suffixes=(SUFFIX,), force=args.force)
         with atomic_write(out) as tmp:

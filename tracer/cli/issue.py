@@ -30,12 +30,16 @@ ORDER = 50
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    from ._runs import add_input, add_target
+    from ._runs import add_input, add_output, add_rank, add_target
 
     add_input(p)
-    p.add_argument("-o", "--output", metavar="DIR", help="output directory (default: RUN's name + '-issue')")
-    p.add_argument("--force", action="store_true", help="replace the files of an existing bundle")
-    p.add_argument("--rank", type=int, default=None, help="the rank to describe (default: every rank)")
+    add_output(
+        p,
+        "output directory (default: RUN's name + '-issue')",
+        metavar="DIR",
+        force="replace the files of an existing bundle",
+    )
+    add_rank(p, "the rank to describe (default: every rank)")
     p.add_argument(
         "--attach-trace", action="store_true", help="also write each trace compressed (.memtrace.xz) for attaching"
     )

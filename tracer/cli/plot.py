@@ -23,16 +23,13 @@ FORMATS = (".png", ".svg", ".pdf")
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    from ._runs import add_input, add_target
+    from ._runs import add_input, add_output, add_rank, add_target
 
     add_input(p)
-    p.add_argument(
-        "-o", "--output", metavar="FILE", help="image to write, .png, .svg or .pdf (default: <run>-timeline.png)"
-    )
+    add_output(p, "image to write, .png, .svg or .pdf (default: <run>-timeline.png)")
     add_target(p)
     p.add_argument("--capacity", metavar="SIZE[,SIZE...]", help="what-if card sizes to draw, e.g. 16GiB,32GiB")
-    p.add_argument("--rank", type=int, default=None, help="draw only this rank (default: every rank)")
-    p.add_argument("--force", action="store_true", help="replace FILE if it exists (never an input)")
+    add_rank(p, "draw only this rank (default: every rank)")
 
 
 def run(args: argparse.Namespace) -> int:

@@ -18,11 +18,11 @@ ORDER = 20
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    from ._runs import add_input, add_target
+    from ._runs import add_input, add_rank, add_target
 
     add_input(parser)
     add_target(parser)
-    parser.add_argument("--rank", type=int, metavar="N", help="only this rank (default: every rank)")
+    add_rank(parser)
     parser.add_argument("--top", type=int, default=10, metavar="N", help="holders to list at the peak (10)")
     parser.add_argument("--json", action="store_true", help="exact integers as JSON instead of text")
     parser.add_argument(

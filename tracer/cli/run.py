@@ -8,8 +8,10 @@ for *every* plugin group, so ``VLLM_PLUGINS=memtrace`` would turn off vLLM's own
 any platform plugin. Unset, vLLM loads every installed plugin, memtrace included. When the user set
 ``VLLM_PLUGINS`` without memtrace, memtrace is appended to it (and a line says so), else vLLM would
 not load it.
-``MEMTRACE`` is appended to ``VLLM_RAY_EXTRA_ENV_VAR_PREFIXES_TO_COPY`` (the user's entries kept), so that
-vLLM's Ray executor copies memtrace's switches to its workers, and this host is named the run's driver
+The run directory is ``--dir``, else ``MEMTRACE_DIR`` as set, else ``memtrace-YYYYmmdd-HHMMSS/`` here.
+vLLM's Ray executor copies only the variables it knows to its workers; the plugin adds memtrace's
+switches to the list it copies (``plugins.ray_env``), and no vLLM variable is changed (vLLM hashes every
+``VLLM_*`` variable into torch.compile's cache key). This host is named the run's driver
 (``MEMTRACE_DRIVER_HOST``: workers elsewhere measure their clock against it).
 
 The command runs in its own process group; SIGINT/SIGTERM/SIGHUP are forwarded to it. The report of
@@ -43,14 +45,18 @@ GRACE_S = 10.0  # after one worker completes start-up, how long to wait for the 
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--dir", metavar="DIR", help="run directory (default: memtrace-YYYYmmdd-HHMMSS/)")
+    from ._runs import add_force
+
+    parser.add_argument(
+        "--dir", metavar="DIR", help="run directory (default: $MEMTRACE_DIR, else memtrace-YYYYmmdd-HHMMSS/)"
+    )
     parser.add_argument(
         "--until",
         choices=("startup", "exit"),
         default="startup",
         help="stop recording at the end of warm-up (default) or when the workers exit",
     )
-    parser.add_argument("--force", action="store_true", help="record into DIR even if it already holds traces")
+    add_force(parser, "record into DIR even if it already holds traces")
     parser.add_argument(
         "--cupti",
         choices=("off", "records", "stacks"),
@@ -188,7 +194,7 @@ def run(args: argparse.Namespace) -> int:
         command = command[1:]
     if not command:
         raise UsageError("give the command to trace after --, e.g. memtrace run -- vllm serve MODEL")
-    run_dir = Path(args.dir or time.strftime("memtrace-%Y%m%d-%H%M%S")).resolve()
+    run_dir = Path(args.dir or os.environ.get("MEMTRACE_DIR") or time.strftime("memtrace-%Y%m%d-%H%M%S")).resolve()
     if startup_state(run_dir)[0] and not args.force:
         raise UsageError(f"{run_dir} already holds traces; choose another --dir or pass --force to add to it")
     if args.cupti in ("records", "stacks"):

@@ -24,12 +24,11 @@ DEFAULT_MAX_EVENTS = 4_000_000
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    from ._runs import add_input, add_target
+    from ._runs import add_input, add_output, add_rank, add_target
 
     add_input(p)
-    p.add_argument("-o", "--output", metavar="FILE", help="page to write (default: <run>-view.html)")
-    p.add_argument("--force", action="store_true", help="replace FILE if it exists")
-    p.add_argument("--rank", type=int, default=None, help="only this rank (default: every rank, one lane each)")
+    add_output(p, "page to write (default: <run>-view.html)", force="replace FILE if it exists")
+    add_rank(p, "only this rank (default: every rank, one lane each)")
     add_target(p)
     p.add_argument("--serve", action="store_true", help="serve the page on 127.0.0.1 and answer its queries")
     p.add_argument("--port", type=int, default=0, help="port for --serve (default: a free one)")

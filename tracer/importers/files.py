@@ -1,9 +1,10 @@
 """Read whatever file or directory a user hands to a command: a run, a trace, or a torch snapshot.
 
-- a directory: a run (``*.memtrace`` files, one per process);
-- a ``.memtrace`` (SQLite) file: one trace;
+- a directory: a run (``*.memtrace`` files, one per process, plain or ``.xz``/``.gz``-compressed);
+- a ``.memtrace`` (SQLite) file, or one compressed (``.memtrace.xz``/``.gz``): one trace;
 - a PyTorch ``_dump_snapshot`` pickle: only when its name ends in ``.pickle``/``.pkl`` or the user
-  passed ``--allow-pickle``. Unpickling can run code, so a one-line warning goes to stderr, and the
+  passed ``--allow-pickle``. Unpickling can run code, so a one-line warning goes to stderr (once the file
+  was read: a file that cannot be read is one error line, nothing before it), and the
   unpickler here only builds plain containers (dict, list, str, numbers...): a pickle that names
   any class or function is refused instead of being run.
 
@@ -50,10 +51,41 @@ def is_pickle_path(path: str | os.PathLike) -> bool:
 
 
 def warn_pickle(path: str | os.PathLike) -> None:
+    """Said once a pickle was read (a file that fails to read is one error line, no warning before it)."""
     print(
-        f"memtrace: warning: reading {path} as a pickle; unpickling can run code, so only read snapshots you trust",
+        f"memtrace: warning: read {path} as a pickle; unpickling can run code, so only read snapshots you trust",
         file=sys.stderr,
     )
+
+
+def check_not_a_trace(path: str | os.PathLike) -> None:
+    """Before ``memtrace import`` unpickles anything: ``path`` is a readable, non-empty file and not a
+    memtrace trace. A trace (plain or compressed) is refused with the command that reads it; a truncated
+    or corrupt one is said to be so (it is never read as a pickle)."""
+    from ..packed import compression, is_trace_name
+    from ..store import SQLITE_MAGIC, load_trace
+
+    path = Path(path)
+    if not path.exists():
+        raise TraceFormatError(f"{path}: no such file; pass the pickle written by torch.cuda.memory._dump_snapshot()")
+    if path.is_dir():
+        raise TraceFormatError(f"{path} is a directory; pass the snapshot pickle file itself")
+    try:
+        with open(path, "rb") as f:
+            head = f.read(16)
+    except OSError as exc:
+        raise TraceFormatError(f"cannot read {path}: {exc.strerror or exc}; check its permissions") from None
+    if not head:
+        raise TraceFormatError(f"{path} is empty; dump the snapshot again with torch.cuda.memory._dump_snapshot()")
+    packed = compression(head) is not None
+    if not (head.startswith(SQLITE_MAGIC[:6]) or packed or (is_trace_name(path.name) and head[:1] != b"\x80")):
+        return  # not a trace: a pickle (protocol 2+ starts with 0x80) or something read_snapshot refuses
+    if head != SQLITE_MAGIC and not packed:
+        raise TraceFormatError(
+            f"{path} is a corrupt or truncated memtrace trace (no SQLite header); record the run again or restore a copy"
+        )
+    load_trace(path)  # a broken trace says what is wrong with it, in one line
+    raise TraceFormatError(f"{path} is a memtrace trace already; read it directly: memtrace report {path}")
 
 
 def read_snapshot(path: str | os.PathLike) -> dict[str, Any]:
@@ -160,6 +192,7 @@ def load_input(
 
     ``each`` wraps a run directory's file list as it is read (a progress bar).
     """
+    from ..packed import compression
     from ..store import SQLITE_MAGIC, load_run
 
     p = Path(path)
@@ -173,8 +206,9 @@ def load_input(
                 head = f.read(16)
         except OSError as exc:
             raise TraceFormatError(f"cannot read {p}: {exc.strerror or exc}; check its permissions") from None
-        if head == SQLITE_MAGIC:  # a trace misnamed .pkl: read it as what it is
+        if head == SQLITE_MAGIC or compression(head):  # a trace misnamed .pkl: read it as what it is
             return load_run(p)
+        traces = traces_from_snapshot_file(p, device=device)
         warn_pickle(p)
-        return Run(path=str(p), traces=traces_from_snapshot_file(p, device=device))
+        return Run(path=str(p), traces=traces)
     return load_run(p)

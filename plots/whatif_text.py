@@ -1,0 +1,148 @@
+"""The text (and JSON) rendering of ``memtrace fits --what-if / --suggest`` (``analysis.whatif.Answer``):
+per card the outcome, vLLM's KV cache and each phase's predicted peak with what moved it; the flags that
+boot, or the floor no flag goes under. Words only: every figure comes from the analysis."""
+
+from __future__ import annotations
+
+from ..analysis.whatif import BOOTS, DIES, GRAPHS, KV, REFUSES, SCALED, Answer, Outcome, Suggestions
+from ..units import format_gib as _gib
+from .text import wrap
+
+WIDTH = 100
+HEADLINE = {BOOTS: "BOOTS", DIES: "DIES", REFUSES: "vLLM REFUSES"}
+
+
+def _flags_line(a: Answer) -> str:
+    f = a.recorded
+    util = f"{f.util:g}" + (" (vLLM's default)" if f.gpu_memory_utilization is None else "")
+    kv = "extensible KV cache" if f.extensible else "profiled KV cache"
+    eager = ", --enforce-eager" if f.enforce_eager else ""
+    return (
+        f"Recorded: vLLM {a.vllm_version or '?'}, --max-num-batched-tokens {f.max_num_batched_tokens} --max-num-seqs "
+        f"{f.max_num_seqs} --max-model-len {f.max_model_len} --kv-cache-dtype {f.kv_cache_dtype}{eager}, {kv}, "
+        f"util {util}, {f.graphs} CUDA graphs per mode"
+    )
+
+
+def _wrapped(indent: str, text: str) -> list[str]:
+    parts = wrap(text, WIDTH - len(indent) - 2)
+    return [(indent if i == 0 else indent + "  ") + p for i, p in enumerate(parts)]
+
+
+def _card(o: Outcome, keep_others: bool) -> str:
+    if o.others_bytes:
+        whose = "the recording's other processes" if keep_others else "other processes (--others)"
+        return f"On a {_gib(o.capacity_bytes)} card with {whose} holding {_gib(o.others_bytes)} of it:"
+    left = (
+        f"; the recording's other processes ({_gib(o.others_left_out_bytes)}) left out, --keep-others to keep them"
+        if o.others_left_out_bytes
+        else ""
+    )
+    return f"On a {_gib(o.capacity_bytes)} card (this process alone{left}):"
+
+
+def _kv(o: Outcome) -> str:
+    k = o.kv
+    if k is None:
+        return "no KV cache recorded"
+    return (
+        f"KV cache {_gib(k.kv_bytes)}, {k.blocks:,} blocks, {k.tokens:,} tokens = {k.concurrency:.2f} requests "
+        f"of max-model-len (vLLM's available {k.available_bytes:,} B)"
+    )
+
+
+def _headline(o: Outcome) -> str:
+    head = HEADLINE[o.verdict]
+    if o.verdict == BOOTS:
+        return f"{head}: {_kv(o)}"
+    if o.verdict == DIES:
+        return f"{head} in {o.phase} by {_gib(o.by_bytes)} ({o.why})"
+    return f"{head} at {o.phase}: {o.why}; {_gib(o.by_bytes)} short"
+
+
+def _moved(p) -> str:
+    parts = []
+    for k, (rec, new) in p.kinds.items():
+        if k == KV:
+            if rec != new:
+                parts.append(f"KV {_gib(rec)} -> {_gib(new)}")
+            continue
+        if abs(rec - new) < 1 << 20:  # under 1 MiB: not worth a word
+            continue
+        site = p.sites.get(k) or []
+        where = f" ({site[0][0]})" if site else ""
+        parts.append(f"{k} {_gib(rec)} -> {_gib(new)}{where}")
+    return "; ".join(parts) or "as recorded"
+
+
+def render_outcome(o: Outcome, keep_others: bool) -> list[str]:
+    """One card: the headline, the KV cache's source, the phase table."""
+    lines = [_card(o, keep_others)]
+    lines += _wrapped("  ", _headline(o))
+    lines += _wrapped("  ", f"pre-KV peak {_gib(o.pre_kv_peak_bytes)} in {o.pre_kv_peak_phase or 'no phase'}")
+    if o.kv is not None:
+        lines += _wrapped("    ", f"KV cache from: {o.kv.how}")
+    lines.append(f"  {'phase':<44} {'recorded':>10} {'predicted':>10}  what moved")
+    for p in o.phases:
+        lines += _wrapped(
+            "  ", f"{p.phase:<44} {_gib(p.recorded_bytes):>10} {_gib(p.predicted_bytes):>10}  {_moved(p)}"
+        )
+    return lines
+
+
+def render_suggestions(s: Suggestions) -> list[str]:
+    lines = [
+        f"Flags that boot on a {_gib(s.capacity_bytes)} card (changes to the flags above, fewest first, "
+        f"then the most KV cache; {s.tried} tried):"
+    ]
+    if s.recorded.verdict == BOOTS:
+        lines.append(f"  these flags already boot: {_kv(s.recorded)}")
+    for i, x in enumerate(s.booting, 1):
+        lines += _wrapped("  ", f"{i}. {' '.join(x.changes)}: {_kv(x.outcome)}")
+    if not s.booting:
+        lines += _wrapped(
+            "  ",
+            f"No flag helps: weights and workspaces alone need {_gib(s.floor_bytes)} (the pre-KV peak with "
+            f"{' '.join(s.floor_flags)}, plus one request's KV cache at max-model-len), the card has "
+            f"{_gib(s.capacity_bytes)}",
+        )
+    return lines
+
+
+def render_answer(a: Answer, run_path: str) -> str:
+    """The text answer."""
+    what = f" -- what if {' '.join(a.changes)}" if a.changes else " -- the recorded flags"
+    lines = [f"memtrace fits: {run_path}{what}", *_wrapped("", _flags_line(a))]
+    if a.calibrated_traces:
+        lines.append(
+            f"Model: {a.calibrated_traces} traces of this model; {a.fitted_lines} (phase, kind) scalings fitted "
+            "where a flag differs between them, the rest by the one-trace rules (an estimate)"
+        )
+    else:
+        lines.append("Model: one trace, a documented rule per kind of site (an estimate)")
+    for k in SCALED:
+        sc = a.scales.get(k)
+        if sc is not None and (sc.factor != 1.0 or k == GRAPHS and a.flags.graphs != a.recorded.graphs):
+            lines += _wrapped("  ", f"{k}: x {sc.factor:.3f}, {sc.rule}")
+    lines += [x for n in a.notes for x in _wrapped("  ", f"note: {n}")]
+    for o in a.outcomes:
+        lines += render_outcome(o, a.keep_others)
+    for s in a.suggestions:
+        lines += render_suggestions(s)
+    return "\n".join(lines) + "\n"
+
+
+def render(run, out, *, answers: list[tuple], json_out: bool = False) -> None:
+    """``answers``: (rank, ``Answer``) per rank with events, as ``analysis.whatif.answer`` built them."""
+    import json
+
+    from ..analysis.whatif import answer_to_dict
+
+    multi = len(answers) > 1
+    if json_out:
+        docs = [{"rank": r.rank, **answer_to_dict(a)} for r, a in answers]
+        json.dump({"run": run.path, "what_if": docs if multi else docs[0]}, out, indent=2)
+        out.write("\n")
+        return
+    for r, a in answers:
+        out.write(render_answer(a, f"{run.path} ({r.label})" if multi else run.path))

@@ -1,0 +1,55 @@
+"""diff across vLLM versions compares like with like (issue 32, defect 1): vLLM 0.34 commits its KV cache
+through CUDA's VMM API, outside PyTorch, so "reserved" there is PyTorch's alone; what the process held is
+its own row, and the categories read at that moment agree with the headline's KV cache."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from memtrace.cli import main
+from vllm034_data import run_dir
+
+STARTUP = Path(__file__).resolve().parents[1] / "data" / "vllm-h200" / "startup"  # vLLM 0.25.1, KV in PyTorch
+
+
+def _json(capsys, *argv) -> dict:
+    main([str(a) for a in argv])
+    return json.loads(capsys.readouterr().out)
+
+
+@pytest.fixture(scope="module")
+def moe_ext() -> Path:
+    return run_dir("moe-ext")
+
+
+def test_diff_calls_reserved_what_the_report_calls_reserved_and_holds_the_vmm_kv_cache_apart(capsys, moe_ext):
+    report = _json(capsys, "report", moe_ext, "--json")["traces"][0]
+    d = _json(capsys, "diff", STARTUP, moe_ext, "--json")["traces"][0]
+    head = {c["label"]: c for c in d["headline"]}
+    assert head["peak reserved"]["new_bytes"] == report["peak"]["reserved_bytes"] == 12_597_592_064
+    assert head["peak held by this process"]["new_bytes"] == report["peak_held"]["bytes"] == 147_482_214_400
+    # PyTorch's own figures fall by ~91% because the KV cache left PyTorch: shown, said so, not gated
+    for label in ("peak reserved", "peak allocated"):
+        assert head[label]["limit_bytes"] is None and "moved outside PyTorch" in head[label]["note"]
+    assert head["peak held by this process"]["limit_bytes"] is not None and head["peak held by this process"]["over"]
+
+
+def test_the_kv_cache_by_category_agrees_with_the_headlines_kv_cache_in_both_runs(capsys, moe_ext):
+    d = _json(capsys, "diff", STARTUP, moe_ext, "--json")["traces"][0]
+    kv = {c["label"]: c for c in d["headline"]}["KV cache"]
+    cat = {c["label"]: c for c in d["categories"]}["kv_cache"]
+    assert (
+        (cat["base_bytes"], cat["new_bytes"])
+        == (kv["base_bytes"], kv["new_bytes"])
+        == (125_653_221_636, 135_543_226_662)
+    )
+
+
+def test_the_text_says_once_that_the_kv_cache_moved_and_never_that_reserved_counts_it(capsys, moe_ext):
+    main(["diff", str(STARTUP), str(moe_ext)])
+    out = capsys.readouterr().out
+    assert out.count("The KV cache moved: allocated through PyTorch's allocator → CUDA's VMM API") == 1
+    assert "reserved counts the KV cache" not in out
+    assert "kv_cache                  117.02 GiB →  126.23 GiB" in out

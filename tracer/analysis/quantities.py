@@ -1,0 +1,259 @@
+"""The memory vocabulary: every quantity a user reads, with its one curve, peak rule, label and meaning.
+
+Each :class:`Quantity` below is the one definition of a figure memtrace shows; outputs take the label (on
+screen), the key (in JSON) and the meaning (a legend, a tooltip) from here, and a name never means two
+things. The peak rules live here too, and nowhere else: :func:`peak` (the first maximum of a curve),
+:func:`window_peak` (the first maximum inside a window, the value in force at its start counting),
+:func:`samples_peak` (a sampled curve's highest sample inside a window), :func:`fullest_at_peak` (the
+state shown "at the peak": the fullest moment of the reserved peak's plateau) and
+:func:`window_fullest` (the fullest moment of a window).
+
+The quantities, all in bytes:
+
+- **PyTorch allocated** (requested): bytes live in tensors, as the program asked for them (the trace
+  entries' sizes). **PyTorch allocated (blocks)**: the allocator's blocks handed out, what
+  ``torch.cuda.memory_allocated()`` counts (requests rounded up to 512 B, and a block the allocator did not
+  split counted whole).
+- **PyTorch reserved**: segments PyTorch's caching allocator holds from CUDA (``memory_reserved()``).
+- **KV cache outside PyTorch (CUDA VMM)**: what vLLM 0.34+ committed through CUDA's virtual memory API.
+- **held by this process**: PyTorch reserved + the KV cache outside PyTorch.
+- **device used by this process** (NVML, sampled): NVML's used memory in CUDA's accounting, other
+  processes' memory taken out when it was sampled.
+- **other processes** (NVML per-process, sampled): never counted as this process's.
+- **non-PyTorch**: device used - reserved - VMM at each sample (CUDA context, NCCL, cuBLAS, raw
+  ``cudaMalloc``); CUPTI, when recorded, splits it by category.
+- **present before recording began**: PyTorch memory that existed at the first recorded event, exact when
+  the allocator's final state was saved and the events add up to it, else a lower bound (said so).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+if TYPE_CHECKING:  # curves.py imports the peak rule from here: no import cycle at run time
+    from .curves import Curve, Curves
+
+
+@dataclass(frozen=True)
+class Quantity:
+    """One memory quantity: its JSON key, its label on screen, and what it means, in one line."""
+
+    key: str
+    label: str
+    meaning: str
+    sampled: bool = False  # NVML samples (a lower bound between samples), not exact events
+
+    def __str__(self) -> str:
+        return self.label
+
+
+ALLOCATED = Quantity(
+    "allocated",
+    "PyTorch allocated",
+    "bytes live in tensors as the program requested them (the allocator's trace entries)",
+)
+ALLOCATED_BLOCKS = Quantity(
+    "allocated_blocks",
+    "PyTorch allocated (blocks)",
+    "the allocator's blocks handed out to tensors, as torch.cuda.memory_allocated() counts them",
+)
+RESERVED = Quantity(
+    "reserved",
+    "PyTorch reserved",
+    "segments PyTorch's caching allocator holds from CUDA (torch.cuda.memory_reserved())",
+)
+VMM = Quantity(
+    "vmm",
+    "KV cache outside PyTorch (CUDA VMM)",
+    "what vLLM 0.34+ committed through CUDA's virtual memory API for its KV cache; PyTorch never sees it",
+)
+HELD = Quantity(
+    "held",
+    "held by this process",
+    "PyTorch reserved + the KV cache committed outside PyTorch (CUDA VMM)",
+)
+DEVICE_USED = Quantity(
+    "device_used",
+    "device used by this process",
+    "NVML's used memory in CUDA's accounting, other processes' memory taken out (sampled)",
+    sampled=True,
+)
+OTHERS = Quantity(
+    "others",
+    "other processes",
+    "memory other processes held on the same device (NVML's per-process list, sampled); never ours",
+    sampled=True,
+)
+NON_TORCH = Quantity(
+    "non_torch",
+    "non-PyTorch",
+    "device used - PyTorch reserved - CUDA VMM: CUDA context, NCCL, cuBLAS, raw cudaMalloc (CUPTI splits it)",
+    sampled=True,
+)
+BEFORE_RECORDING = Quantity(
+    "before_recording",
+    "present before recording began",
+    "PyTorch memory that existed at the first recorded event: exact from the allocator's state, else a lower bound",
+)
+
+#: every quantity, in the order outputs list them
+QUANTITIES = (ALLOCATED, ALLOCATED_BLOCKS, RESERVED, VMM, HELD, DEVICE_USED, OTHERS, NON_TORCH, BEFORE_RECORDING)
+BY_KEY = {q.key: q for q in QUANTITIES}
+
+
+def curve(curves: Curves, q: Quantity) -> Curve:
+    """The one curve of ``q`` among ``curves`` (``curves.all_curves``); KeyError for a quantity without one
+    (the blocks' curve and the memory before recording are built elsewhere: ``curves.block_curve``,
+    :func:`before_recording`)."""
+    return {
+        ALLOCATED: curves.allocated,
+        RESERVED: curves.reserved,
+        VMM: curves.vmm,
+        HELD: curves.held,
+        DEVICE_USED: curves.device_used,
+        OTHERS: curves.others,
+        NON_TORCH: curves.non_torch,
+    }[q]
+
+
+# -- the peak rules: the only place a peak is found -------------------------------------------------------
+
+
+def first_max(values: np.ndarray) -> int:
+    """Index of the first maximum of ``values`` (-1 when empty): every peak below is this rule."""
+    return int(np.argmax(values)) if len(values) else -1
+
+
+@dataclass(frozen=True)
+class Point:
+    """A curve's value at one of its steps: the peak of a curve."""
+
+    index: int  # the curve index (-1: an empty curve)
+    time_us: int
+    bytes: int
+
+
+def peak(c: Curve) -> Point:
+    """The first maximum of ``c`` (bytes 0 at time 0 for an empty curve)."""
+    i = first_max(c.bytes)
+    if i < 0:
+        return Point(-1, 0, 0)
+    return Point(i, int(c.time_us[i]), int(c.bytes[i]))
+
+
+def peak_bytes(c: Curve) -> int:
+    """The highest value of ``c`` (0 when empty)."""
+    return peak(c).bytes
+
+
+def window_peak(c: Curve, start_us: int, end_us: int) -> tuple[int, int]:
+    """(peak bytes, first time of the peak) of ``c`` over [start_us, end_us]; (0, start_us) if empty.
+
+    The value in force at ``start_us`` counts, at time ``start_us`` (before the curve's first step its first
+    value holds: an event curve's first point is the baseline, the state before recording began).
+    """
+    if len(c) == 0:
+        return 0, start_us
+    lo = int(np.searchsorted(c.time_us, start_us, side="right"))
+    hi = int(np.searchsorted(c.time_us, end_us, side="right"))
+    first = int(c.bytes[0]) if start_us < int(c.time_us[0]) else c.at(start_us)
+    if hi <= lo:
+        return first, start_us
+    j = first_max(c.bytes[lo:hi])
+    if int(c.bytes[lo + j]) > first:
+        return int(c.bytes[lo + j]), int(c.time_us[lo + j])
+    return first, start_us
+
+
+def window_max(c: Curve, start_us: int, end_us: int) -> int:
+    """The highest value of ``c`` in force during [start_us, end_us] (:func:`window_peak`'s bytes)."""
+    return window_peak(c, start_us, end_us)[0]
+
+
+def samples_peak(c: Curve, start_us: int, end_us: int) -> int | None:
+    """The highest sample of a sampled curve taken inside [start_us, end_us]; None without one."""
+    if len(c) == 0:
+        return None
+    lo = int(np.searchsorted(c.time_us, start_us, side="left"))
+    hi = int(np.searchsorted(c.time_us, end_us, side="right"))
+    if hi <= lo:
+        return None
+    return int(c.bytes[lo + first_max(c.bytes[lo:hi])])
+
+
+def plateau_end(c: Curve, i: int) -> int:
+    """The first curve index after ``i`` whose value differs from ``c.bytes[i]`` (``len(c)`` if none): the
+    end of the plateau a peak starts."""
+    change = np.flatnonzero(c.bytes[i + 1 :] != c.bytes[i])
+    return i + 1 + int(change[0]) if len(change) else len(c)
+
+
+def fullest_at_peak(allocated: Curve, reserved: Curve) -> int:
+    """The curve index of the state shown "at the peak": within the reserved peak's plateau (from the step
+    that reached it until reserved next changes), the first index with the most bytes allocated. A
+    ``segment_alloc`` reaches the peak one event before the ``alloc`` that needed it, so the reserved peak's
+    own index would miss the very block that caused it. 0 (the baseline) for an empty curve."""
+    if not len(reserved):
+        return 0
+    pi = peak(reserved).index
+    return pi + first_max(allocated.bytes[pi : plateau_end(reserved, pi)])
+
+
+def state_at_peak(curves: Curves) -> int:
+    """The curve index of the state a comparison reads "at the peak" of what the process held
+    (:data:`HELD`): the reserved peak's fullest moment (:func:`fullest_at_peak`) when nothing was committed
+    outside PyTorch, else the allocator's state in force when the held curve first peaked."""
+    if not len(curves.vmm):
+        return fullest_at_peak(curves.allocated, curves.reserved)
+    t = peak(curves.held).time_us
+    return max(int(np.searchsorted(curves.allocated.time_us, t, side="right")) - 1, 0)
+
+
+def window_fullest(allocated: Curve, start_us: int, end_us: int) -> int:
+    """The curve index with the most bytes allocated during [start_us, end_us] (the state in force at
+    ``start_us`` counts)."""
+    lo = max(int(np.searchsorted(allocated.time_us, start_us, side="right")) - 1, 0)
+    hi = max(int(np.searchsorted(allocated.time_us, end_us, side="right")), lo + 1)
+    return lo + first_max(allocated.bytes[lo:hi])
+
+
+def excursion_peak(values: np.ndarray, start: int, stop: int) -> int:
+    """The index of the first maximum of ``values[start:stop]`` (an excursion above a target)."""
+    return start + first_max(values[start:stop])
+
+
+def whole_device_peak(curves: Curves) -> int:
+    """The highest device used with other processes' memory put back (this process's alone when none was
+    sampled): how full the card itself was."""
+    used = curves.device_used
+    if not len(used):
+        return 0
+    return peak_bytes(type(used)(used.time_us, used.bytes + curves.others.at_each(used.time_us, first_before=True)))
+
+
+# -- memory present before recording began --------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class BeforeRecording:
+    """PyTorch memory present before the first recorded event (``curves.Baseline``), and how well it is known."""
+
+    reserved_bytes: int
+    allocated_bytes: int
+    exact: bool  # from the allocator's final state, with events that add up to it; else a lower bound
+
+    @property
+    def bound(self) -> str:
+        """Empty when exact, else "at least " (the words put before the figure)."""
+        return "" if self.exact else "at least "
+
+
+def before_recording(curves: Curves, has_state: bool) -> BeforeRecording:
+    """The memory present before recording began: exact when the trace saved the allocator's state
+    (``has_state``: its final segments) and the events add up to it, else the least figure that keeps the
+    curves non-negative (a lower bound)."""
+    b = curves.baseline
+    return BeforeRecording(b.reserved_bytes, b.allocated_bytes, exact=has_state and b.consistent)
