@@ -19,6 +19,7 @@ from pathlib import Path
 from ..analysis.fingerprint import allocator_settings, command_line, environment
 from ..analysis.hooked import outermost
 from ..analysis.moment import PEAK
+from ..analysis.quantities import ALLOCATED, DEVICE_USED, RESERVED
 from ..analysis.rank import NOTHING
 from ..analysis.titles import timeline_title, what_ran
 from ..units import format_gib
@@ -28,7 +29,6 @@ from .text import frame_text
 #: every file the bundle may write (an existing bundle holding any of them is only replaced with --force)
 FILES = ("issue.md", "timeline.png", "flame.svg", "flame.folded")
 IMAGES = ("timeline.png", "flame.svg", "flame.folded")
-_CURVE = {"reserved": "PyTorch reserved memory", "device_used": "Device-used memory"}
 _HOLDERS = 3  # holders named on the first screen
 _HOOKS = 4  # hooked functions named on the first screen
 
@@ -46,10 +46,10 @@ def _peak_line(run) -> str:
     s = r.summary
     pk = s.peak
     before = " before it died" if r.oom is not None else ""
-    more = f"; allocated {format_gib(pk.allocated_bytes)} at its fullest"
+    more = f"; {ALLOCATED.label} {format_gib(pk.allocated_bytes)} at its fullest"
     if s.peak_device_used is not None:
-        more += f"; device used (NVML) up to {format_gib(s.peak_device_used.bytes)}"
-    return f"- **Peak{before}:** PyTorch reserved {format_gib(pk.reserved_bytes)} at {_at(r, pk.time_us)} {_in(pk.phase_path)}{more}."
+        more += f"; {DEVICE_USED.label} (NVML) up to {format_gib(s.peak_device_used.bytes)}"
+    return f"- **Peak{before}:** {RESERVED.label} {format_gib(pk.reserved_bytes)} at {_at(r, pk.time_us)} {_in(pk.phase_path)}{more}."
 
 
 def _target_line(run) -> str:
@@ -63,7 +63,7 @@ def _target_line(run) -> str:
     if c is None:
         return f"- **Target:** {format_gib(target)} ({src}): never crossed."
     return (
-        f"- **Target:** {format_gib(target)} ({src}). {_CURVE.get(c.curve, c.curve)} first crossed the target "
+        f"- **Target:** {format_gib(target)} ({src}). {verdict_text.label(c.curve).capitalize()} first crossed the target "
         f"({format_gib(target)}) {_in(c.phase_path)} at {_at(r, c.time_us)}; its highest point above it was "
         f"{format_gib(c.max_bytes)} (+{format_gib(c.overshoot_bytes)}) at {_at(r, c.max_us)}."
     )

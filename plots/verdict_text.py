@@ -9,11 +9,16 @@ target says by how much, and a run within its target says how far below it staye
 from __future__ import annotations
 
 from ..analysis.origin import who
+from ..analysis.quantities import BY_KEY, RESERVED
 from ..analysis.rank import CROSSED, DIED, NOTHING, WITHIN
 from ..units import format_gib
 from . import oom_text
 
-_CURVE = {"reserved": "PyTorch reserved memory", "device_used": "device-used memory"}
+
+def label(curve: str) -> str:
+    """The quantity's one label (``analysis.quantities``) for a crossing's curve."""
+    q = BY_KEY.get(curve)
+    return q.label if q is not None else curve
 
 
 def died_sentence(run) -> str:
@@ -51,14 +56,14 @@ def headline(run) -> str:
         c = r.first_crossing
         where = f" in {c.phase_path}" if c.phase_path else " outside any phase"
         return (
-            f"CROSSED the target: {_CURVE.get(c.curve, c.curve)}{of} went over {format_gib(target)} at "
+            f"CROSSED the target: {label(c.curve)}{of} went over {format_gib(target)} at "
             f"{r.seconds(c.time_us):.2f} s{where} and reached {format_gib(c.max_bytes)} "
             f"(+{format_gib(c.overshoot_bytes)})."
         )
     peak = r.summary.peak.reserved_bytes
     if verdict == WITHIN:
         return (
-            f"Within the target: PyTorch reserved memory{of} peaked at {format_gib(peak)}, "
+            f"Within the target: {RESERVED.label}{of} peaked at {format_gib(peak)}, "
             f"{format_gib(target - peak)} below the target ({format_gib(target)})."
         )
-    return f"No target to compare with: PyTorch reserved memory{of} peaked at {format_gib(peak)}."
+    return f"No target to compare with: {RESERVED.label}{of} peaked at {format_gib(peak)}."

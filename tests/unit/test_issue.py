@@ -84,7 +84,7 @@ def test_real_h200_bundle_names_the_gpu_and_the_warm_up_crossing(tmp_path):
     assert main(["issue", str(H200_FULL), "-o", str(tmp_path / "b")]) == 0
     md = (tmp_path / "b" / "issue.md").read_text()
     assert "| GPU | NVIDIA H200 |" in md and "| compute capability | 9.0 |" in md and "| driver | 580.159.04 |" in md
-    assert "Device-used memory first crossed the target (128.62 GiB) in `compile_or_warm_up/kernel_warmup`" in md
+    assert "Device used by this process first crossed the target (128.62 GiB) in `compile_or_warm_up/kernel_warmup`" in md
     assert "vLLM's available KV cache: 121.72 GiB." in md
 
 
@@ -146,4 +146,4 @@ def test_the_summary_leads_with_the_oom_then_the_crossing_every_output_names_fir
     md = (tmp_path / "b" / "issue.md").read_text()
     first = md.split("\n\n")[1]
     assert first.startswith("**DIED: the process ran out of CUDA memory at 7.05 s in compile_or_warm_up/kernel_warmup")
-    assert "Device-used memory first crossed" in md.split("<details", 1)[0]
+    assert "Device used by this process first crossed" in md.split("<details", 1)[0]

@@ -106,7 +106,7 @@ def test_the_seed_bundle_answers_on_its_first_screen(seed_bundle):
     picture = lines.index("![GPU memory during start-up](timeline.png)")
     assert picture < 30 and picture < lines.index("## Environment")
     screen = "\n".join(lines[:picture])
-    assert "**No target to compare with: PyTorch reserved memory peaked at 6.84 GiB.**" in screen
+    assert "**No target to compare with: PyTorch reserved peaked at 6.84 GiB.**" in screen
     assert "PyTorch reserved 6.84 GiB at 10.34 s in `moe_layer_39`" in screen  # the peak, where
     assert "3.75 GiB (56 %) `blackwell_sm12x/moe_dispatch.py:2781 allocate_sm120_dynamic_workspace`" in screen
     # the hooked workspace bytes, nested calls counted once
@@ -134,6 +134,8 @@ def test_the_bundle_attaches_the_trace_compressed_byte_for_byte(seed_bundle, cap
     packed = seed_bundle / (src.name + ".xz")
     assert lzma.decompress(packed.read_bytes()) == src.read_bytes()
     assert packed.stat().st_size < src.stat().st_size / 4
+    assert main(["report", str(packed)]) == 0  # every reader opens it as it is
+    assert "1,581 allocator events" in capsys.readouterr().out
 
 
 def test_the_attached_trace_of_an_imported_snapshot_is_a_memtrace_file_not_a_pickle(tmp_path, capsys):
