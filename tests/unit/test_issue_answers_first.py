@@ -75,7 +75,8 @@ def test_every_output_of_a_run_that_died_says_so_first(tmp_path, capsys):
     assert capsys.readouterr().out.startswith("DIED: the process ran out of CUDA memory at 7.05 s")
     assert main(["flame", str(CAP16), "-o", str(tmp_path / "f.svg")]) == 0
     svg = (tmp_path / "f.svg").read_text()
-    assert DIED_AT + " — " in svg
+    assert ">DIED of CUDA OOM at 7.05 s — Live GPU memory at the reserved peak" in svg
+    assert "died of CUDA OOM in compile_or_warm_up/kernel_warmup" in svg
     assert main(["issue", str(CAP16), "-o", str(tmp_path / "b")]) == 0
     md = (tmp_path / "b" / "issue.md").read_text()
     assert md.startswith(f"## {DIED_AT} — GPU memory during start-up")

@@ -21,15 +21,15 @@ def what_ran(run) -> str:
     return "GPU memory" if imported else "GPU memory during start-up"
 
 
-def died_prefix(rank, multi: bool = False) -> str:
+def died_prefix(rank, multi: bool = False, where: bool = True) -> str:
     """``DIED of CUDA OOM at 7.05 s in compile_or_warm_up/kernel_warmup — `` for a rank that died (its label
     first in a run of several), else "": a title of a run that died says so first."""
     o = rank.oom
     if o is None:
         return ""
     who = f"{rank.label.capitalize()} " if multi else ""
-    where = f" in {o.phase_path}" if o.phase_path else ""
-    return f"{who}DIED of CUDA OOM at {rank.seconds(o.time_us):.2f} s{where} — "
+    phase = f" in {o.phase_path}" if o.phase_path and where else ""
+    return f"{who}DIED of CUDA OOM at {rank.seconds(o.time_us):.2f} s{phase} — "
 
 
 def timeline_title(run, fallback: str = "") -> str:
@@ -82,4 +82,6 @@ def flame_titles(rank, flame, moment, fallback: str = "") -> tuple[str, str]:
     if trace.recording.stacks == "none":
         sub.append("no Python stacks recorded: grouped by phase")
     sub.append(f"times: {rank.origin.sentence}")
-    return died_prefix(rank) + title, " · ".join(s for s in sub if s)
+    if rank.oom is not None and moment.what != "the OOM":  # where it died, in the subtitle (wrapped, never cut)
+        sub.insert(2, f"died of CUDA OOM {'in ' + rank.oom.phase_path if rank.oom.phase_path else 'outside any phase'}")
+    return died_prefix(rank, where=False) + title, " · ".join(s for s in sub if s)
