@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..analysis.diff import KV_CACHE, VIA_VMM
+from ..analysis.diff import KV_CACHE, VIA_VMM, nested_order
 from ..units import GiB, format_bytes
 from ..units import format_gib as _gib
 from . import oom_text
@@ -170,8 +170,12 @@ def _render_hooks(d) -> list[str]:
             mark = "  << over " + d.threshold if c.over else ""
             name = _hook_label(c.label)
             out.append(f"  total {name}: {_gib(c.base)} → {_gib(c.new)} ({_delta(c.delta)}){mark}")
-        for c in d.nested_hooks:
-            out.append(f"    inside: {_hook_label(c.label)}: {_gib(c.base)} → {_gib(c.new)} ({_delta(c.delta or 0)})")
+        depth = dict(nested_order({c.label for c in d.nested_hooks}, d.nested_in))
+        for c in d.nested_hooks:  # each is part of its caller's bytes, never added to its siblings' callers
+            caller = d.nested_in.get(c.label)
+            where = f"inside {_hook_label(caller)}" if caller else "inside"
+            pad = "  " * (1 + depth.get(c.label, 1))
+            out.append(f"{pad}{where}: {_hook_label(c.label)}: {_gib(c.base)} → {_gib(c.new)} ({_delta(c.delta or 0)})")
     return out
 
 

@@ -100,7 +100,7 @@ def render_counters(out, s: Summary) -> None:
     out.heading("torch's own counters")
     if not bad:
         out.item(
-            f"memtrace's reserved and peak figures equal torch's counters at all {len(checks)} readings the "
+            f"memtrace's reserved, allocated (blocks) and peak figures equal torch's counters at all {len(checks)} readings the "
             "plugin took at vLLM's phase edges (nothing was lost; the curves mean what torch means)"
         )
         return
@@ -110,5 +110,6 @@ def render_counters(out, s: Summary) -> None:
             f"{c.phase} {c.edge} at {_seconds(s, c.time_us)}: torch reserved {_bytes(c.torch_reserved_bytes)}, "
             f"memtrace {_bytes(c.memtrace_reserved_bytes)}; peak {_bytes(c.torch_reserved_peak_bytes)} vs "
             f"{_bytes(c.memtrace_reserved_peak_bytes)}; allocated peak - allocated {_bytes(c.torch_transient_bytes)} "
-            f"vs {_bytes(c.memtrace_transient_bytes)}"
+            f"vs {_bytes(c.memtrace_transient_bytes)}; allocated (blocks) {_bytes(c.torch_allocated_bytes)} vs "
+            f"{_bytes(c.memtrace_allocated_bytes)}"
         )

@@ -177,6 +177,8 @@ def _report(run) -> list[str]:
 
 def render_issue(run, drawn: bool = True) -> str:
     """The issue text (GitHub-flavoured Markdown) of ``run``; ``drawn``: the images were written beside it."""
+    from .whatif_text import boot_section
+
     r = run.worst
     out = [f"## {timeline_title(run)}", ""]
     out += answer(run)
@@ -186,6 +188,7 @@ def render_issue(run, drawn: bool = True) -> str:
     else:
         out += ["_No picture: no allocator event was recorded to draw._", ""]
     out += _environment(run)
+    out += boot_section(run)  # fits --suggest on the recorded card (plots.whatif_text)
     if drawn:
         peak_of = f" ({r.label}, the worst rank)" if run.multi else ""
         out += [f"## What held memory at {PEAK}{peak_of}", "", f"![flame graph at {PEAK}](flame.svg)", ""]

@@ -13,6 +13,7 @@ from typing import Any, TextIO
 
 from ..analysis.side_by_side import side_by_side
 from ..analysis.summary import summary_to_dict
+from . import cost_text
 
 
 def run_doc(run) -> dict[str, Any]:
@@ -30,8 +31,17 @@ def run_doc(run) -> dict[str, Any]:
         },
         "side_by_side": dataclasses.asdict(sbs) if sbs is not None else None,
         "missing": [{**dataclasses.asdict(m), "line": m.line} for m in run.missing],
-        "traces": [{**summary_to_dict(r.summary), "verdict": r.verdict} for r in run.ranks],
+        "traces": [
+            {**summary_to_dict(r.summary), "self_cost_line": _cost_line(r.summary), "verdict": r.verdict}
+            for r in run.ranks
+        ],
     }
+
+
+def _cost_line(summary) -> str:
+    """The report's sentence on memtrace's cost (``plots.cost_text``), beside its exact figures."""
+    line = cost_text.headline(summary.self_cost, summary.process.role == "vllm-worker")
+    return f"{line}; {cost_text.sources(summary.self_cost)}" if summary.self_cost.recorded else line
 
 
 def render(run, file: TextIO) -> None:

@@ -18,7 +18,7 @@ def _seconds(s: Summary, t_us: int) -> str:
 def render_non_kv(out, s: Summary) -> None:
     """The non-KV section of a report: ``s.non_kv`` and, for a reconstruction, every term."""
     n = s.non_kv
-    if n is None:
+    if n is None or not s.vllm:  # a program that is not vLLM has no KV cache to keep memory out of
         return
     if n.source == MEMTRACE:
         _kv(out, s)

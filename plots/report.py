@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from typing import TextIO
 
+from ..analysis import quantities
 from ..analysis.origin import who
 from ..analysis.rank import DIED, NOTHING
 from ..units import gib_number, gib_or_dash
@@ -79,4 +80,5 @@ def render(run, file: TextIO, *, width: int = 100, markdown: bool = False) -> No
         render_missing(file, run, markdown)
     if run.multi:
         file.write(f"Times: {run.origin.sentence}\n")
-    render_definitions(file, width, markdown)
+    held = {q for r in run.ranks for q in quantities.present(r.curves)}
+    render_definitions(file, width, markdown, tuple(q for q in quantities.QUANTITIES if q in held))

@@ -13,24 +13,23 @@ from typing import TextIO
 
 from ..analysis.crossing import Excursion
 from ..analysis.flame import hook_short_name
-from ..analysis.quantities import BEFORE_RECORDING
+from ..analysis.quantities import BEFORE_RECORDING, QUANTITIES
 from ..analysis.summary import Summary
 from ..model import Frame
 from ..units import gib_number, gib_or_dash, signed_gib_number
-from . import oom_text
+from . import cost_text, oom_text
 from .extensible_text import render_counters, render_extensible, render_vmm
 from .kv_text import render_non_kv
 from .non_torch_text import render_non_torch
 
-DEFINITIONS = (
-    "allocated = requested bytes live in tensors (trace entries carry requested sizes; torch's "
-    "memory_allocated counts rounded blocks, a few KiB more). reserved = bytes in PyTorch's segments "
-    "(torch's memory_reserved). device used = this process's device memory from NVML: CUDA context, "
-    "NCCL, cuBLAS included; other processes' memory (NVML's per-process list) and the memory the driver "
-    "reserves left out (counted as cudaMemGetInfo and vLLM's target count). non-torch = device used - reserved "
-    "- what vLLM (0.34+) committed through CUDA's VMM API (its KV cache, counted on its own). "
-    "Times are seconds since the run's time origin (the 'times' line: one origin for every rank and output)."
-)
+_TIMES = "Times are seconds since the run's time origin (the 'times' line: one origin for every rank and output)."
+
+
+def definitions(shown=QUANTITIES) -> str:
+    """Each quantity ``shown``'s label and one-line meaning, from the one vocabulary (``analysis.quantities``)."""
+    return " ".join(f"{q.label} = {q.meaning}." for q in shown) + " " + _TIMES
+
+
 _CURVE_NAMES = {"reserved": "reserved", "device_used": "device used", "allocated": "allocated"}
 
 
@@ -182,10 +181,17 @@ def _header(out: _Out, s: Summary) -> None:
         f"recording: {s.n_events:,} allocator events, {s.n_samples:,} NVML samples over {dur:.2f} s "
         f"(source {rec.source}, stacks {rec.stacks}{ended})"
     )
+    _cost(out, s)
     if s.time_origin:
         out.item(f"times: {s.time_origin}")
     if s.path:  # Markdown goes upstream: the file's name only, never a local path
         out.item(f"file: {s.path.rsplit('/', 1)[-1] if out.md else s.path}")
+
+
+def _cost(out: _Out, s: Summary) -> None:
+    vllm = s.process.role == "vllm-worker"
+    line = cost_text.headline(s.self_cost, vllm)
+    out.item(f"{line}; {cost_text.sources(s.self_cost)}" if s.self_cost.recorded else line)
 
 
 def _oom_text(s: Summary) -> str:
@@ -374,14 +380,15 @@ def render_report(summary: Summary, file: TextIO, width: int = 100, markdown: bo
     _notes(out, summary)
 
 
-def render_definitions(file: TextIO, width: int = 100, markdown: bool = False) -> None:
-    """The "Definitions" footer."""
+def render_definitions(file: TextIO, width: int = 100, markdown: bool = False, shown=QUANTITIES) -> None:
+    """The "Definitions" footer: the quantities ``shown`` (``quantities.present``), then how times count."""
     out = _Out(file, width, markdown)
     out.heading("Definitions")
+    text = definitions(shown)
     if markdown:
-        out.line(DEFINITIONS)
+        out.line(text)
         return
-    words, line = DEFINITIONS.split(), "  "
+    words, line = text.split(), "  "
     for w in words:
         if len(line) + len(w) + 1 > width:
             out.line(line.rstrip())

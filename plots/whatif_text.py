@@ -4,12 +4,12 @@ boot, or the floor no flag goes under. Words only: every figure comes from the a
 
 from __future__ import annotations
 
-from ..analysis.whatif import BOOTS, DIES, GRAPHS, KV, REFUSES, SCALED, Answer, Outcome, Suggestions
+from ..analysis.whatif import BOOTS, DIES, GRAPHS, KV, REFUSES, SCALED, UNKNOWN, Answer, Outcome, Suggestions
 from ..units import format_gib as _gib
 from .text import wrap
 
 WIDTH = 100
-HEADLINE = {BOOTS: "BOOTS", DIES: "DIES", REFUSES: "vLLM REFUSES"}
+HEADLINE = {BOOTS: "BOOTS", DIES: "DIES", REFUSES: "vLLM REFUSES", UNKNOWN: "UNKNOWN"}
 
 
 def _flags_line(a: Answer) -> str:
@@ -57,6 +57,8 @@ def _headline(o: Outcome) -> str:
         return f"{head}: {_kv(o)}"
     if o.verdict == DIES:
         return f"{head} in {o.phase} by {_gib(o.by_bytes)} ({o.why})"
+    if o.verdict == UNKNOWN:
+        return f"{head}: {o.why}"
     return f"{head} at {o.phase}: {o.why}; {_gib(o.by_bytes)} short"
 
 
@@ -98,15 +100,26 @@ def render_suggestions(s: Suggestions) -> list[str]:
     if s.recorded.verdict == BOOTS:
         lines.append(f"  these flags already boot: {_kv(s.recorded)}")
     for i, x in enumerate(s.booting, 1):
-        lines += _wrapped("  ", f"{i}. {' '.join(x.changes)}: {_kv(x.outcome)}")
+        lines += _wrapped("  ", f"{i}. {' '.join(x.changes)}: {_gets(x.outcome)}")
     if not s.booting:
-        lines += _wrapped(
-            "  ",
-            f"No flag helps: weights and workspaces alone need {_gib(s.floor_bytes)} (the pre-KV peak with "
-            f"{' '.join(s.floor_flags)}, plus one request's KV cache at max-model-len), the card has "
-            f"{_gib(s.capacity_bytes)}",
-        )
+        lines += _wrapped("  ", no_flag_helps(s))
     return lines
+
+
+def _gets(o: Outcome) -> str:
+    if o.verdict == BOOTS:
+        return _kv(o)
+    return f"gets past all the recording covers (pre-KV peak {_gib(o.pre_kv_peak_bytes)}); after it: unknown"
+
+
+def no_flag_helps(s: Suggestions) -> str:
+    """The honest negative: the floor no flag goes under."""
+    others = s.recorded.others_bytes
+    room = f", {_gib(s.capacity_bytes - others)} of it free of other processes" if others else ""
+    return (
+        f"No flag helps: weights and workspaces alone need {_gib(s.floor_bytes)} (the pre-KV peak with "
+        f"{' '.join(s.floor_flags)}, plus one request's KV cache at max-model-len), the card has {_gib(s.capacity_bytes)}{room}"
+    )
 
 
 def render_answer(a: Answer, run_path: str) -> str:
@@ -146,3 +159,28 @@ def render(run, out, *, answers: list[tuple], json_out: bool = False) -> None:
         return
     for r, a in answers:
         out.write(render_answer(a, f"{run.path} ({r.label})" if multi else run.path))
+
+
+def boot_section(run) -> list[str]:
+    """The issue bundle's "What would make it boot" section (Markdown lines; [] for a run that is not a vLLM
+    start-up or that booted): ``--suggest`` on the card the worst rank was recorded on, as it was (other
+    processes kept), in the words of ``memtrace fits``."""
+    from ..analysis.whatif import answer, recorded_flags
+
+    r = run.worst
+    card = r.recorded_target.capacity_bytes
+    if r.recorded_nothing or recorded_flags(r.trace) is None or not card or (r.oom is None and r.verdict != "crossed"):
+        return []
+    a = answer(r, [], [card], suggest_too=True, keep_others=True)
+    s, o = a.suggestions[0], a.outcomes[0]
+    lines = ["## What would make it boot", ""]
+    lines.append(f"On the recorded card ({_gib(card)}), with the recorded flags: {_headline(o)}.")
+    if a.notes:
+        lines += ["", *(f"_Note: {n}._" for n in a.notes)]
+    lines += ["", f"Changes to the recorded flags that boot there (memtrace fits RUN --capacity {card}B --suggest --keep-others):", ""]  # fmt: skip
+    if s.booting:
+        lines += [f"{i}. `{' '.join(x.changes)}`: {_gets(x.outcome)}" for i, x in enumerate(s.booting, 1)]
+    else:
+        lines.append(f"- {no_flag_helps(s)}")
+    estimate = "fitted" if a.calibrated_traces else "one trace: documented rules per kind of site, an estimate"
+    return [*lines, "", f"_Model: {estimate} (docs/whatif.md)._", ""]

@@ -36,21 +36,6 @@ from .hooks import HookTargetError, Target, original_function
 
 HOOKS_ENV = "MEMTRACE_HOOKS"
 
-_DISPATCH = "flashinfer.fused_moe.cute_dsl.blackwell_sm12x.moe_dispatch"
-_B12X_MOE = "flashinfer.fused_moe.cute_dsl.b12x_moe"
-_B12X_IMPL = "b12x.moe.fused_moe._impl"
-
-#: (target, attributes of ``self`` holding what a method that returns None allocated)
-DEFAULT_TARGETS: tuple[tuple[str, tuple[str, ...]], ...] = (
-    (f"{_DISPATCH}:allocate_sm120_moe_workspace", ()),
-    (f"{_DISPATCH}:allocate_sm120_static_workspace", ()),
-    (f"{_DISPATCH}:allocate_sm120_dynamic_workspace", ()),
-    (f"{_DISPATCH}:_allocate_sm120_w4a16_workspace", ()),
-    (f"{_B12X_MOE}:B12xMoEWrapper._allocate_buffers", ("_static_workspace", "_dynamic_workspace", "_moe_output")),
-    (f"{_B12X_IMPL}:_allocate_core_arena", ()),
-    (f"{_B12X_IMPL}:_alloc_route_workspace", ()),
-)
-
 _MAX_WALK = 10_000  # objects visited while looking for tensors in a result
 _MAX_SEQ_ARG = 16  # a list/tuple argument longer than this is stored as its length
 
@@ -202,14 +187,24 @@ class HookCallRecorder:
     """
 
     def __init__(
-        self, target: Target | str, sink: Callable[[HookCall], int | None], result_attrs: tuple[str, ...] = ()
+        self,
+        target: Target | str,
+        sink: Callable[[HookCall], int | None],
+        result_attrs: tuple[str, ...] = (),
+        cost_source: str = "flashinfer",
     ):
+        self.cost_source = cost_source  # where hooks.py charges this hook's time ("user" for MEMTRACE_HOOKS)
         self.target = Target.parse(target) if isinstance(target, str) else target
         self.key = self.target.path
         self.name = self.target.path
         self.sink = sink
         self.result_attrs = result_attrs
         self._func: Callable | None = None
+
+    @classmethod
+    def for_entry(cls, plugin: Any, entry: Any) -> HookCallRecorder:
+        """The recorder of a ``surface`` workspace entry (``detail``: the attributes to measure)."""
+        return cls(entry.path, plugin.record_hook_call, tuple(entry.detail))
 
     def before(self, target: Target, args: tuple, kwargs: dict) -> Any:
         start_us = time.time_ns() // 1000
@@ -259,16 +254,24 @@ class HookCallRecorder:
 
 
 def install(manager: Any, sink: Callable[[HookCall], int | None], extra: list[str] | None = None) -> list[str]:
-    """Add the default FlashInfer targets plus ``extra`` (e.g. from MEMTRACE_HOOKS) to a HookManager.
+    """Add the table's FlashInfer allocators (:mod:`.surface`, role ``workspace``) plus ``extra`` (e.g.
+    from MEMTRACE_HOOKS) to a HookManager, each call handed to ``sink``. Returns the target paths added."""
+    from . import surface
 
-    Returns the target paths added.
-    """
     added = []
-    for path, attrs in DEFAULT_TARGETS:
-        manager.add(path, HookCallRecorder(path, sink, attrs))
-        added.append(path)
+    for entry in surface.of_role("workspace"):
+        manager.add(entry.path, HookCallRecorder(entry.path, sink, tuple(entry.detail)))
+        added.append(entry.path)
+    return added + install_extra(manager, sink, extra, added)
+
+
+def install_extra(
+    manager: Any, sink: Callable[[HookCall], int | None], extra: list[str] | None, known: list[str]
+) -> list[str]:
+    """Add the ``extra`` targets not in ``known``; returns those added."""
+    added: list[str] = []
     for path in extra or []:
-        if path not in added:
-            manager.add(path, HookCallRecorder(path, sink))
+        if path not in known and path not in added:
+            manager.add(path, HookCallRecorder(path, sink, cost_source="user"))
             added.append(path)
     return added

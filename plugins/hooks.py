@@ -16,7 +16,9 @@ A :class:`HookManager` owns a set of hooks. Each hook names a target and a :clas
   and while a call with the same handler key is already running on this thread (a subclass method
   calling its base, two targets mapped to one phase);
 - **never breaks the program**: an exception in ``before``/``after`` is caught, logged once per hook,
-  passed to ``on_error``, and the original is called as if no hook were there.
+  passed to ``on_error``, and the original is called as if no hook were there;
+- **timed**: the wrapper's own time around the wrapped call (never the call itself) is charged to
+  ``hooks.<handler.cost_source>`` in :mod:`memtrace.capture.selfcost` ("hooks.other" without one).
 
 This module imports nothing heavy (no torch, no vLLM).
 """
@@ -33,6 +35,7 @@ from dataclasses import dataclass, field
 from types import ModuleType
 from typing import Any, Protocol
 
+from ..capture import selfcost
 from .post_import import PostImportFinder
 
 logger = logging.getLogger("memtrace.hooks")
@@ -78,7 +81,8 @@ class Target:
 
 
 class Handler(Protocol):
-    """What runs around a hooked call. ``before`` returns a token handed to ``after``."""
+    """What runs around a hooked call. ``before`` returns a token handed to ``after``. A handler may
+    also name ``cost_source`` ("phases", "flashinfer"...): where its time is charged."""
 
     key: str
 
@@ -341,6 +345,8 @@ def _fault(hook: _Hook) -> None:
 
 def _make_wrapper(original: Callable, hook: _Hook, manager: HookManager) -> Callable:
     handler, key = hook.handler, hook.key
+    source = f"{selfcost.HOOKS}.{getattr(handler, 'cost_source', None) or 'other'}"
+    clock, charge, tally = selfcost.clock, selfcost.charge, selfcost.tally
 
     @functools.wraps(original)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
@@ -348,6 +354,9 @@ def _make_wrapper(original: Callable, hook: _Hook, manager: HookManager) -> Call
         local = _tls
         if local.busy or local.active.get(key):
             return original(*args, **kwargs)
+        t0 = clock()
+        spent = tally()
+        inner0 = spent.inner
         token = _NO_TOKEN
         local.busy += 1
         try:
@@ -359,15 +368,20 @@ def _make_wrapper(original: Callable, hook: _Hook, manager: HookManager) -> Call
         finally:
             local.busy -= 1
         local.active[key] = local.active.get(key, 0) + 1
+        charge(spent, source, t0, inner0)
         try:
             result = original(*args, **kwargs)
         except BaseException as exc:
+            t0, inner0 = clock(), spent.inner
             local.active[key] -= 1
             _after(local, hook, manager, token, None, exc)
             _drop_inner_wrapper_frames(exc.__traceback__)
+            charge(spent, source, t0, inner0, 0)
             raise  # the program's own exception object, unchanged
+        t0, inner0 = clock(), spent.inner
         local.active[key] -= 1
         _after(local, hook, manager, token, result, None)
+        charge(spent, source, t0, inner0, 0)
         return result
 
     setattr(wrapper, SENTINEL, hook.target.path)

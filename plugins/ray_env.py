@@ -47,6 +47,10 @@ class CopyListHook:
     """A hooks.Handler around ``get_env_vars_to_copy``: memtrace's switches join the names it returns."""
 
     key = COPY_LIST_TARGET
+    cost_source = "ray"
+
+    def __init__(self, plugin: Any = None, entry: Any = None):
+        pass  # built from a ``surface`` entry; it keeps nothing
 
     def before(self, target: Any, args: tuple, kwargs: dict) -> Any:
         return True
@@ -60,6 +64,10 @@ class RayClusterHook:
     """A hooks.Handler around ``initialize_ray_cluster``: start the run's collector once Ray is up."""
 
     key = RAY_CLUSTER_TARGET
+    cost_source = "ray"
+
+    def __init__(self, plugin: Any = None, entry: Any = None):
+        pass  # built from a ``surface`` entry; it keeps nothing
 
     def before(self, target: Any, args: tuple, kwargs: dict) -> Any:
         return True

@@ -3,8 +3,9 @@
 vLLM calls :func:`register` in every process it starts (API server, engine core, workers, a model
 registry helper), once per process, in forked children not again. ``register`` is cheap and
 idempotent, imports no torch/CUDA/vLLM module, and only installs hooks (now for modules already
-imported, else by a post-import hook): the version-aware vLLM targets of :mod:`.vllm_targets` and the
-FlashInfer allocators of :mod:`.flashinfer`.
+imported, else by a post-import hook): the version-aware entries of :mod:`.surface` (vLLM's phase
+methods and reads, torch's peak resets, the FlashInfer allocators); each phase's work is its handler in
+:mod:`.vllm_phases`.
 
 Recording starts only where a worker's ``init_device`` returns: the process that owns a device,
 with the device set. The session then records the phase ``init_device`` with its real start time,
@@ -37,24 +38,13 @@ import time
 from typing import Any
 
 from .. import facts as F
-from ..capture.clock import export_driver_host
-from ..capture.clock import now_us as _clock_now_us
-from . import flashinfer, ray_env, vllm_boundaries, vllm_facts, vllm_vmm
-from .hooks import HookManager, Target, call_argument
-from .vllm_targets import (
-    COMPILE_OR_WARM_UP,
-    CUDAGRAPH_PROFILE,
-    DETERMINE_AVAILABLE_MEMORY,
-    INIT_DEVICE,
-    KV_CACHE_EXTEND,
-    KV_CACHE_INIT,
-    KV_CACHE_SIZING,
-    LOAD_MODEL,
-    VllmTarget,
-    is_supported,
-    parse_version,
-    targets_for,
-)
+from .. import plugins as _package
+from ..capture import selfcost
+from ..capture.clock import export_driver_host, now_us
+from . import flashinfer, surface, vllm_boundaries, vllm_facts
+from .hooks import HookManager
+from .vllm_phases import INIT_DEVICE, KV_CACHE_EXTEND
+from .vllm_phases import session as _session
 
 log = logging.getLogger("memtrace")
 
@@ -67,10 +57,6 @@ PLUGIN_NAME = "memtrace"  # the entry point's name in vLLM's vllm.general_plugin
 
 _plugin: Plugin | None = None
 _lock = threading.Lock()
-
-
-def now_us() -> int:
-    return _clock_now_us()
 
 
 def enabled(environ: dict[str, str] | None = None) -> bool:
@@ -96,7 +82,7 @@ def vllm_plugins_with_memtrace(value: str | None) -> str | None:
 def register() -> None:
     """Entry point of the ``vllm.general_plugins`` group. Idempotent; never raises."""
     global _plugin
-    with _lock:
+    with _lock, selfcost.region(selfcost.REGISTRATION):
         if _plugin is not None:
             return
         if not enabled():
@@ -152,11 +138,24 @@ class Plugin:
     def __init__(self) -> None:
         self.pid = os.getpid()
         self.version_text = getattr(sys.modules.get("vllm"), "__version__", None)
-        self.version = parse_version(self.version_text)
+        self.version = surface.parse_version(self.version_text)
         self.until = os.environ.get(UNTIL_ENV, "startup").strip().lower() or "startup"
         self.manager = HookManager(on_error=self._hook_failed, on_missing=self._target_missing)
         self.pending_notes: list[tuple[str, str]] = []
         self.hooked: list[str] = []
+        self.extends_kv_cache = False  # Worker.extend_kv_cache is hooked: start-up ends there (0.34)
+        self.vmm_sizes: dict[int, int] = {}  # VMM handle -> committed bytes, shared by create and release
+        self.vmm_lock = threading.Lock()
+
+    session = staticmethod(_session)
+
+    @staticmethod
+    def argv() -> list[str]:
+        return _argv()
+
+    def record_hook_call(self, call: Any) -> int | None:
+        current = _session()
+        return current.record_hook_call(call) if current is not None else None
 
     # -- installation ----------------------------------------------------------------------------
     def install(self) -> None:
@@ -165,26 +164,21 @@ class Plugin:
         if self.until not in ("startup", "exit"):
             self._note("warning", f"{UNTIL_ENV}={self.until!r} is not 'startup' or 'exit'; using 'startup'")
             self.until = "startup"
-        if self.version is not None and not is_supported(self.version):
-            self._note("warning", f"vLLM {self.version_text} is outside the versions memtrace knows (0.25-0.34)")
-        for target in targets_for(self.version):
-            self.manager.add(target.path, PhaseHook(self, target))
-            self.hooked.append(target.path)
-        for path in PEAK_RESET_TARGETS:
-            self.manager.add(path, PeakResetHook())
-        if self.version is None or self.version >= (0, 34):  # the extensible KV cache's memory
-            self.hooked += vllm_vmm.install(self.manager, _session)
-            self.manager.add(SIZING_READ_TARGET, SizingReadHook())
-            self.manager.add(TRANSIENT_PEAK_TARGET, TransientPeakHook())
-            self.hooked += [SIZING_READ_TARGET, TRANSIENT_PEAK_TARGET]
+        if self.version is not None and not surface.is_supported(self.version):
+            self._note(
+                "warning",
+                f"vLLM {self.version_text} is outside the versions memtrace knows ({surface.range_text('vllm')})",
+            )
         export_driver_host()  # MEMTRACE* reach Ray workers; the run's collector starts with Ray (plugins.ray_env)
-        self.manager.add(ray_env.COPY_LIST_TARGET, ray_env.CopyListHook())
-        self.manager.add(ray_env.RAY_CLUSTER_TARGET, ray_env.RayClusterHook())
-        self.hooked += [ray_env.COPY_LIST_TARGET, ray_env.RAY_CLUSTER_TARGET]
+        for entry in surface.hooks_for(self.version):
+            self.manager.add(entry.path, entry.build(self))
+            if entry.library != "torch":
+                self.hooked.append(entry.path)
+            self.extends_kv_cache |= entry.phase == KV_CACHE_EXTEND
         extra, bad = flashinfer.user_targets()
         for msg in bad:
             self._note("warning", msg)
-        self.hooked += flashinfer.install(self.manager, _record_hook_call, extra)
+        self.hooked += flashinfer.install_extra(self.manager, self.record_hook_call, extra, self.hooked)
         log.info(
             "memtrace: plugin loaded (vLLM %s, %d hook targets, trace until %s) -> %s",
             self.version_text or "?",
@@ -213,7 +207,7 @@ class Plugin:
 
     def _target_missing(self, path: str, why: str) -> None:
         text = f"hook target {path} not found in this version ({why})"
-        level = "info" if path in PEAK_RESET_TARGETS else "warning"  # an older torch: no reset times, no harm
+        level = "info" if path in _OPTIONAL else "warning"  # an older torch: no reset times, no harm
         session = _session()
         if session is not None:
             session.add_note(level, text)
@@ -309,16 +303,6 @@ def _argv() -> list[str]:
     return [str(a) for a in argv] if isinstance(argv, list) else list(sys.argv)
 
 
-def _session() -> Any:
-    mod = sys.modules.get("memtrace.capture.api")
-    return mod.current_session() if mod is not None else None
-
-
-def _record_hook_call(call: Any) -> int | None:
-    session = _session()
-    return session.record_hook_call(call) if session is not None else None
-
-
 def _stop_at_process_end() -> None:
     """MEMTRACE_UNTIL=exit: multiprocessing children skip atexit, so also stop from its finalizers."""
     try:
@@ -335,189 +319,14 @@ def _stop_exit() -> None:
         mod.stop("exit")
 
 
-class PhaseHook:
-    """A hooks.Handler marking one canonical phase around a vLLM method, plus that phase's facts."""
-
-    def __init__(self, plugin: Plugin, target: VllmTarget):
-        self.plugin = plugin
-        self.target = target
-        self.phase = target.phase
-        self.key = target.phase  # one phase at a time: a subclass calling its base is not nested
-        self.kv_bytes_given: Any = None  # --kv-cache-memory-bytes as determine_available_memory began
-
-    def before(self, target: Target, args: tuple, kwargs: dict) -> Any:
-        if self.target.skip_kwarg and call_argument(target, self.target.skip_kwarg, args, kwargs):
-            return None
-        worker = args[0] if args else None
-        if self.phase == INIT_DEVICE:
-            return (None, worker, now_us())
-        session = _session()
-        if session is None:
-            return None
-        if self.phase == KV_CACHE_INIT and len(args) > 1:
-            for key, value in vllm_facts.kv_cache_facts(args[1], worker).items():
-                session.set_fact(key, value)
-        if self.phase == DETERMINE_AVAILABLE_MEMORY:
-            self.kv_bytes_given = vllm_facts.kv_bytes_given(worker)
-        if self.phase == KV_CACHE_SIZING:  # measure_kv_cache_blocks(kv_cache, ...): args[0] is the cache
-            session.set_fact(
-                F.VLLM_KV_SIZING,
-                vllm_facts.sizing_inputs(
-                    worker,
-                    call_argument(target, "init_free_memory", args, kwargs),
-                    call_argument(target, "requested_memory", args, kwargs),
-                ),
-            )
-        index = session.phase_enter(self.phase, source="vllm")
-        vllm_boundaries.record(session, self.phase, "start")
-        return (index, worker, session)
-
-    def after(self, token: Any, result: Any, error: BaseException | None) -> None:
-        if token is None:
-            return
-        index, worker, extra = token
-        if self.phase == INIT_DEVICE:
-            if error is None:
-                self.plugin.start_session(worker, extra)
-            return
-        session = extra
-        vllm_boundaries.record(session, self.phase, "end")
-        session.phase_exit(index)
-        if error is not None:
-            _log_oom(self.phase, error, session)
-            return
-        if self.phase == LOAD_MODEL:
-            weights = getattr(getattr(worker, "model_runner", None), "model_memory_usage", None)
-            if isinstance(weights, (int, float)):
-                session.set_fact(F.VLLM_WEIGHTS_BYTES, int(weights))
-        elif self.phase == DETERMINE_AVAILABLE_MEMORY:
-            if isinstance(result, int):
-                session.set_fact(F.VLLM_AVAILABLE_KV_BYTES, int(result))
-            session.set_fact(F.VLLM_KV_SIZE_SOURCE, vllm_facts.kv_size_source(self.kv_bytes_given, worker))
-            session.set_fact(F.VLLM_PROFILE, vllm_facts.profile_facts(worker))
-            # the target vLLM sizes with (0.34 resolves it again if the extensible KV cache was turned off)
-            for key, value in vllm_facts.target_facts(worker).items():
-                session.set_fact(key, value)
-            session.set_fact(F.UTIL_SOURCE, vllm_facts.util_source(worker, self.plugin.version, _argv()))
-        elif self.phase == KV_CACHE_SIZING:
-            sizing = dict(session.facts.get(F.VLLM_KV_SIZING) or {})
-            if isinstance(result, int):
-                sizing["num_blocks"] = int(result)
-            limit = getattr(worker, "torch_memory_limit", None)  # args[0] is the ExtensibleKVCache here
-            if isinstance(limit, int):
-                sizing["torch_memory_limit_bytes"] = limit
-            sizing["time_us"] = now_us()
-            session.set_fact(F.VLLM_KV_SIZING, sizing)
-        elif self.phase == KV_CACHE_EXTEND:
-            self.plugin.kv_cache_extended(session, worker)
-        elif self.phase == CUDAGRAPH_PROFILE:
-            if isinstance(result, int):
-                session.set_fact(F.VLLM_GRAPH_ESTIMATE_BYTES, int(result))
-        elif self.phase == COMPILE_OR_WARM_UP:
-            if vllm_facts.extensible(worker) and KV_CACHE_EXTEND_PATH in self.plugin.hooked:
-                return  # the KV cache is committed to its final size next (kv_cache_extend): start-up ends there
-            tokens = vllm_facts.kv_cache_facts(None, worker).get(F.VLLM_KV_TOKENS)
-            if tokens is not None and F.VLLM_KV_TOKENS not in session.facts:
-                session.set_fact(F.VLLM_KV_TOKENS, tokens)
-            self.plugin.startup_complete(session)
+#: Hooked paths a trace can do without (torch's peak resets): their absence is an info note, not a warning.
+_OPTIONAL = {e.path for e in surface.TABLE if e.handler is not None and not e.required}
 
 
-KV_CACHE_EXTEND_PATH = "vllm.v1.worker.gpu_worker:Worker.extend_kv_cache"
-#: vLLM 0.34's own free-memory reading; the one taken inside ``measure_kv_cache_blocks`` (after its
-#: ``empty_cache``) is the ``free_memory`` its KV cache is sized from.
-SIZING_READ_TARGET = "vllm.utils.mem_utils:device_memory_info"
+def _charge_import() -> None:
+    """Charge importing this plugin (from the first import of ``memtrace.plugins``) to registration."""
+    spent = selfcost.tally()
+    selfcost.charge(spent, selfcost.REGISTRATION, _package.IMPORT_T0_NS, spent.inner)
 
 
-#: Where torch's peak counters are reset (vLLM resets them before each measurement it takes).
-PEAK_RESET_TARGETS = ("torch.accelerator.memory:reset_peak_memory_stats", "torch.cuda.memory:reset_peak_memory_stats")
-
-
-class PeakResetHook:
-    """Appends the time of each reset of torch's peak counters to ``memtrace.peak_resets_us``."""
-
-    key = "torch.reset_peak_memory_stats"  # one key: torch.accelerator's reset calling torch.cuda's counts once
-
-    def before(self, target: Target, args: tuple, kwargs: dict) -> Any:
-        return _session()
-
-    def after(self, token: Any, result: Any, error: BaseException | None) -> None:
-        if token is not None and error is None:
-            token.set_fact(F.PEAK_RESETS_US, [*(token.facts.get(F.PEAK_RESETS_US) or []), now_us()])
-
-
-#: vLLM 0.34 folds the allocated transient since the last peak reset into the KV cache's reserve here.
-TRANSIENT_PEAK_TARGET = "vllm.v1.worker.extensible_kv_cache:ExtensibleKVCache.record_transient_peak"
-
-
-class TransientPeakHook:
-    """Appends what each ``record_transient_peak`` read to ``vllm.transient_peaks``: torch's allocated and
-    reserved counters (current and peak since the last reset) and the reserve it left on the KV cache."""
-
-    key = "vllm.transient_peak"
-
-    def before(self, target: Target, args: tuple, kwargs: dict) -> Any:
-        session = _session()
-        return None if session is None or not args else (session, args[0])
-
-    def after(self, token: Any, result: Any, error: BaseException | None) -> None:
-        if token is None or error is not None or not hasattr(result, "get"):
-            return
-        session, kv_cache = token
-        item = {"time_us": now_us()}
-        for key, stat in (
-            ("allocated_bytes", "allocated_bytes.all.current"),
-            ("allocated_peak_bytes", "allocated_bytes.all.peak"),
-            ("reserved_bytes", "reserved_bytes.all.current"),
-            ("reserved_peak_bytes", "reserved_bytes.all.peak"),
-        ):
-            value = result.get(stat)
-            if isinstance(value, int):
-                item[key] = value
-        for key, attr in (
-            ("reserved_headroom_bytes", "reserved_headroom_bytes"),
-            ("torch_reserve_growth_bytes", "torch_reserve_growth_bytes"),
-        ):
-            value = getattr(kv_cache, attr, None)
-            if isinstance(value, int):
-                item[key] = value
-        session.set_fact(F.VLLM_TRANSIENT_PEAKS, [*(session.facts.get(F.VLLM_TRANSIENT_PEAKS) or []), item])
-
-
-class SizingReadHook:
-    """Keeps vLLM's first ``device_memory_info`` reading inside ``kv_cache_sizing`` in ``vllm.kv_cache_sizing``."""
-
-    key = "vllm.sizing_read"
-
-    def before(self, target: Target, args: tuple, kwargs: dict) -> Any:
-        session = _session()
-        if session is None or not session.phase_path().endswith(KV_CACHE_SIZING):
-            return None
-        sizing = session.facts.get(F.VLLM_KV_SIZING) or {}
-        return None if "free_memory_bytes" in sizing else session
-
-    def after(self, token: Any, result: Any, error: BaseException | None) -> None:
-        if token is None or error is not None or not isinstance(result, tuple) or len(result) != 2:
-            return
-        free, total = result
-        if isinstance(free, int) and isinstance(total, int):
-            sizing = dict(token.facts.get(F.VLLM_KV_SIZING) or {})
-            sizing.update(free_memory_bytes=free, total_memory_bytes=total, free_read_us=now_us())
-            token.set_fact(F.VLLM_KV_SIZING, sizing)
-
-
-_oom_logged: set[int] = set()  # ids of the OOM errors already logged (each phase it crosses sees it)
-
-
-def _log_oom(phase: str, error: BaseException, session: Any) -> None:
-    """Say once, at the innermost phase it crossed, that a CUDA OOM is vLLM's/PyTorch's error, not memtrace's."""
-    kind = type(error)
-    if kind.__name__ != "OutOfMemoryError" or not kind.__module__.startswith("torch") or id(error) in _oom_logged:
-        return
-    _oom_logged.add(id(error))
-    log.warning(
-        "memtrace: vLLM ran out of GPU memory in %s (torch.OutOfMemoryError, raised by PyTorch's allocator for "
-        "vLLM; the error and its traceback are vLLM's, not memtrace's). memtrace only observed it: the trace "
-        "with the failed request is %s",
-        phase,
-        getattr(session, "path", "?"),
-    )
+_charge_import()

@@ -178,7 +178,9 @@ def sizing_inputs(kv_cache: Any, init_free: Any, requested: Any) -> dict[str, An
     for key, value in (("init_free_memory_bytes", init_free), ("requested_memory_bytes", requested)):
         if isinstance(value, (int, float)) and not isinstance(value, bool):
             out[key] = int(value)
-    module = sys.modules.get("vllm.v1.worker.extensible_kv_cache")
+    from .surface import facts_module
+
+    module = sys.modules.get(facts_module("extensible"))
     for key, attr in (
         ("margin_floor_bytes", "KV_CACHE_MARGIN_FLOOR_BYTES"),
         ("non_torch_reserve_bytes", "KV_CACHE_NON_TORCH_RESERVE_BYTES"),
@@ -273,7 +275,9 @@ def kv_cache_facts(kv_cache_config: Any, worker: Any = None) -> dict[str, Any]:
 
 def _kv_tokens(kv_cache_config: Any, worker: Any) -> int | None:
     try:
-        utils = sys.modules.get("vllm.v1.core.kv_cache_utils")
+        from .surface import facts_module
+
+        utils = sys.modules.get(facts_module("capacity"))
         capacity = getattr(utils, "get_kv_cache_capacity", None)
         if capacity is not None and getattr(worker, "vllm_config", None) is not None:
             return int(capacity(worker.vllm_config, kv_cache_config)[0])

@@ -83,9 +83,15 @@ class VmmHook:
     def __init__(self, op: str, session: Callable[[], Any], sizes: dict[int, int], lock: threading.Lock):
         self.op = op
         self.key = f"vllm.vmm.{op}"
+        self.cost_source = "vmm"
         self._session = session
         self._sizes = sizes
         self._lock = lock
+
+    @classmethod
+    def for_entry(cls, plugin: Any, entry: Any) -> VmmHook:
+        """The hook of a ``surface`` VMM entry (``detail``: its operation); sizes are shared per plugin."""
+        return cls(entry.detail[0], plugin.session, plugin.vmm_sizes, plugin.vmm_lock)
 
     def before(self, target: Target, args: tuple, kwargs: dict) -> Any:
         session = self._session()

@@ -10,7 +10,7 @@ import importlib.util
 import sys
 from pathlib import Path
 
-SRC = Path(__file__).resolve().parent / "data" / "vllm-0.34.0-src" / "vmm_driver.py"
+SRC = Path(__file__).resolve().parent / "data" / "vllm-0.34.0-src" / "vllm" / "utils" / "vmm_driver.py"
 MODULE = "vllm.utils.vmm_driver"
 OOM = 2  # CUDA_ERROR_OUT_OF_MEMORY
 GRANULE = 2 << 20

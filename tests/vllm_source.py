@@ -2,7 +2,7 @@
 
 Read with ``ast``, never imported: a class's own method, or a module-level name (a ``def`` or a name
 imported into the module, as ``gpu_worker`` imports ``kernel_warmup``). Used by the unit test against the
-installed vLLM and by ``tests/gpu/vllm034/check_targets.py`` against a release's unpacked wheel.
+installed vLLM (``memtrace doctor`` does the same for any release: ``memtrace.plugins.doctor``).
 """
 
 from __future__ import annotations

@@ -48,6 +48,16 @@ CAPTURE_PREIMPORT_S = _fact(
     "capture.session",
     "seconds spent importing torch's stack symbolizer before recording",
 )
+SELF_COST = _fact(
+    "memtrace.self_cost",
+    "dict",
+    "capture.session (capture.selfcost, capture.history_cost)",
+    "memtrace's own time on the traced process's threads (perf_counter_ns, exclusive): sources {name: {ns, "
+    "calls}} (registration, start, calibration, hooks.<kind>, phases, writes, drain.<reason>, flush, oom, stop), "
+    "total_ns, threads, memtrace_threads_ns (its own threads, not counted); history: the allocator history's "
+    "calibration (measured, per_alloc_ns at depth, per_frame_ns, ...; or measured false and why) and "
+    "recorded_allocs. A trace without it predates the measurement",
+)
 SIDECAR = _fact("sidecar", "dict", "capture.session", "the NVML sidecar: rate, samples, driver reserve, errors")
 ALLOCATOR_SETTINGS = _fact(
     "allocator_settings",
@@ -127,8 +137,19 @@ IMPORT = _fact(
     "import",
     "dict",
     "importers.torch_snapshot",
-    "how a torch snapshot was imported: device, devices (all with history), "
-    "clock ('recorded' or 'synthetic': no time_us before PyTorch 2.1), stacks ('python' or 'all')",
+    "how a torch snapshot or profiler trace was imported: device, devices (all with history), "
+    "clock ('recorded', 'synthetic': no time_us before PyTorch 2.1, 'none': a state without history), "
+    "stacks ('python', 'all', 'ops': profiler operator names), state ('recorded': the final allocator state "
+    "is known; 'moment': the snapshot is that state alone, no timeline; 'missing': no state although memory "
+    "was held, so figures are lower bounds; 'totals': a profiler trace's own running totals), "
+    "unknown_actions ({action: [entries, bytes]} left out), memory ('device' or 'pinned host' / 'host')",
+)
+SNAPSHOT_FIELDS = _fact(
+    "snapshot_fields",
+    "dict",
+    "importers.torch_snapshot (importers.snapshot_fields)",
+    "the trace entries' compile_context, user_metadata (annotate payloads) and pool_id: "
+    "{values: [[context, metadata, [a, b]]], runs: [[first_event, count, value]]}; torch's defaults elsewhere",
 )
 DIED_IN = _fact("died_in", "str", "examples", "the phase path the example script died in")
 STARTUP_OUTCOME = _fact("startup_outcome", "dict", "examples", "the example's own account of how it ended")

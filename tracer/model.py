@@ -280,6 +280,11 @@ class Recording:
     end_reason: str = ""  # "stop", "startup-complete", "oom", "signal:SIGTERM", "exit"...
 
 
+#: Traces of host memory, not of a device (``Process.role`` -> label): pinned host memory from a torch
+#: snapshot (``importers.pinned_host``), the CPU's memory events of a profiler trace (``importers.kineto``).
+HOST_ROLES = {"pinned-host": "pinned host", "host": "host (CPU)"}
+
+
 #: Fact keys (the ``facts`` document's keys) are listed once, with their types and writers, in
 #: ``memtrace.facts``.
 
@@ -316,7 +321,9 @@ class Trace:
 
     @property
     def label(self) -> str:
-        """A short name for this process in reports: ``rank 0``, ``pid 1234``."""
+        """A short name for this process in reports: ``rank 0``, ``pid 1234``, ``pinned host``, ``host``."""
+        if self.process.role in HOST_ROLES:
+            return HOST_ROLES[self.process.role]
         if self.process.rank is not None:
             return f"rank {self.process.rank}"
         return f"pid {self.process.pid}"

@@ -27,12 +27,13 @@ from .packed import is_trace_name, strip_trace_suffix
 
 def run_name(run_path: str | os.PathLike) -> str:
     """The name outputs are called after: ``runs/startup/`` -> ``startup``, ``x.memtrace`` (or
-    ``x.memtrace.xz``) -> ``x``, ``.`` -> the current directory's name."""
+    ``x.memtrace.xz``) -> ``x``, ``w.rank0.1.pt.trace.json.gz`` -> ``w.rank0.1``, ``.`` -> the current
+    directory's name."""
     p = Path(run_path)
     name = p.resolve().name if p.name in ("", ".", "..") else p.name
     stripped = strip_trace_suffix(name)
     if stripped == name:
-        for suffix in (".pickle", ".pkl"):
+        for suffix in (".pickle", ".pkl", ".pt.trace.json.gz", ".pt.trace.json", ".json.gz", ".json"):
             if name.lower().endswith(suffix):
                 stripped = name[: -len(suffix)]
                 break

@@ -1,5 +1,7 @@
 #!/usr/bin/env bash
 # A CI memory gate for a vLLM start-up, in plain shell (any CI runner with a GPU):
+#   0. `memtrace doctor`: the installed vLLM, FlashInfer and torch still have every path memtrace hooks
+#      (exit 1 before spending a GPU start-up on a trace that would miss phases);
 #   1. record the start-up with memtrace (`memtrace run -- vllm serve ...`), stop vLLM once it serves;
 #   2. check it against the history of accepted runs of the same environment (GPU, driver, CUDA,
 #      torch, vLLM, FlashInfer, model, memory flags) and record it: accepted if nothing grew past
@@ -31,6 +33,12 @@ PORT=${PORT:-8000}
 START_TIMEOUT=${START_TIMEOUT:-1800}
 
 mkdir -p "$ARTIFACTS" || exit 2
+
+if ! memtrace doctor >"$ARTIFACTS/doctor.txt"; then
+  cat "$ARTIFACTS/doctor.txt" >&2
+  echo "memtrace doctor: this vLLM/FlashInfer moved paths memtrace hooks; no gate on a trace that misses them" >&2
+  exit 1
+fi
 
 record() {
   # memtrace run stops recording when start-up completes; vLLM then serves until we stop it

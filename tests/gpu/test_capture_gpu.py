@@ -297,3 +297,26 @@ def test_another_process_memory_is_attributed_to_others():
     out = subprocess.run([sys.executable, script, "--hold-gib", "16"], capture_output=True, text=True, timeout=300)
     print(out.stdout, out.stderr[-2000:])
     assert out.returncode == 0 and "PASS" in out.stdout
+
+
+def test_the_history_calibration_measures_a_cost_and_leaves_the_allocator_as_it_was(tmp_path, torch_cuda):
+    """The self-cost fact's history part on a real GPU: measured and positive, the allocator's reserved
+    bytes the same after start() as before it, and an estimate for the trace's allocations."""
+    from memtrace import facts as F
+    from memtrace.analysis.self_cost import HISTORY, self_cost
+
+    torch = torch_cuda
+    reserved = torch.cuda.memory_reserved()
+    session = memtrace.start(tmp_path / "t.memtrace", sample_hz=0)
+    assert torch.cuda.memory_reserved() == reserved  # the calibration's block was given back
+    with memtrace.phase("work"):
+        _workload(torch)
+    memtrace.stop()
+    trace = load_trace(session.path)
+    history = trace.facts[F.SELF_COST]["history"]
+    assert history["measured"] is True, history
+    assert history["per_alloc_ns"] > 0, history
+    cost = self_cost(trace)
+    assert cost.history_ns > 0
+    assert {"start", "calibration", "phases", HISTORY} <= {s.name for s in cost.sources}
+    print(history, cost.sources)

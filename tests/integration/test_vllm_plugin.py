@@ -127,3 +127,25 @@ def test_cpu_worker_records_no_allocator_events_and_says_why(runs):
     assert len(trace.events) == 0
     assert any("no allocator events" in n.text for n in trace.notes)
     assert not [n for n in trace.notes if n.level == "error"]
+
+
+def test_the_trace_states_what_memtrace_cost_vllms_worker(runs):
+    """memtrace's own time in the worker, by source; the history's cost is not measured on a CPU, never 0."""
+    from memtrace.analysis.self_cost import self_cost
+    from memtrace.plots import cost_text
+
+    trace = _trace(runs)
+    fact = trace.facts[F.SELF_COST]
+    sources = fact["sources"]
+    assert {"registration", "start", "hooks.phases", "phases", "writes"} <= set(sources)
+    assert sources["phases"]["calls"] == 2 * (len(PHASES) - 1)  # every phase but init_device entered and left
+    assert fact["total_ns"] == sum(v["ns"] for v in sources.values()) > 0
+    assert fact["history"] == {"measured": False, "why": fact["history"]["why"]} and "CUDA" in fact["history"]["why"]
+    cost = self_cost(trace)
+    logged = float(
+        re.search(r"init engine \(profile, create kv cache, warmup model\) took ([0-9.]+) s", runs["traced"]["log"])[1]
+    )
+    assert cost.init_engine_us / 1e6 == pytest.approx(logged, abs=0.5)  # the worker's span is vLLM's own figure
+    line = cost_text.headline(cost, vllm=True)
+    assert line.startswith(f"memtrace on vLLM's threads: {cost.total_ns / 1e6:.1f} ms (")
+    assert line.endswith("the allocator history's own cost not measured")

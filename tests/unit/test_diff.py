@@ -412,7 +412,13 @@ def test_flashinfer_release_pair_from_the_real_allocators_per_target_and_in_tota
     assert rc == 0 and "WARNING" not in out
     assert "Versions compared: flashinfer 0.6.13 → 0.7.4" in out
     assert "total B12xMoEWrapper._allocate_buffers: 12.58 GiB → 6.71 GiB (-5.86 GiB)" in out
-    assert "inside: allocate_sm120_static_workspace: 7.08 GiB → 1.22 GiB" in out
+    # nested calls are shown under their caller, so no line is added to its siblings (issue 34: the flat list
+    # of "inside" lines added up to 22.66 GiB under a 12.58 GiB total)
+    assert (
+        "    inside B12xMoEWrapper._allocate_buffers: allocate_sm120_moe_workspace: 11.33 GiB → 5.46 GiB (-5.86 GiB)\n"
+        "      inside allocate_sm120_moe_workspace: allocate_sm120_dynamic_workspace: 4.25 GiB → 4.24 GiB (-2.0 MiB)\n"
+        "      inside allocate_sm120_moe_workspace: allocate_sm120_static_workspace: 7.08 GiB → 1.22 GiB (-5.86 GiB)\n"
+    ) in out
     # the other way round is a release that grew: the gate fails on the peaks and the hooked total
     rc, out, _ = _run(capsys, SEED / "seed-b12x-074", SEED / "seed-b12x-0613", "--fail-over", "2%")
     assert rc == 1

@@ -147,3 +147,59 @@ def test_others_that_fill_the_card_are_one_line_and_exit_2(capsys):
     args = ["fits", str(run_dir("moe-ext")), "--capacity", "16GiB", "--others", "16GiB"]
     assert main(args) == 2
     assert "--others 16GiB fills the card" in capsys.readouterr().err
+
+
+def test_the_issue_bundle_of_a_run_that_died_says_what_would_make_it_boot(tmp_path):
+    from testdata import DATA
+
+    out = tmp_path / "issue"
+    assert main(["issue", str(DATA / "vllm-h200" / "shared-gpu"), "-o", str(out)]) == 0
+    md = " ".join((out / "issue.md").read_text().split())
+    assert "## What would make it boot" in md
+    assert "DIES in determine_available_memory/profile_run" in md
+    assert "No flag helps: weights and workspaces alone need 11.23 GiB" in md
+    assert "11.21 GiB of it free of other processes" in md
+
+
+def test_a_recording_that_ends_at_its_oom_answers_unknown_past_it():
+    from testdata import DATA
+
+    r = analyse(load_run(DATA / "vllm-h200" / "shared-gpu").traces).ranks[0]
+    s = W.sites_of(r)
+    o = W.WhatIf(s, s.flags).on(16 * GiB)
+    assert o.verdict == W.UNKNOWN and "before the KV cache was sized" in o.why
+
+
+def test_fitted_scalings_come_from_the_traces_and_state_their_residual():
+    """Two traces of the same start-up labelled with different max-num-batched-tokens: the fitted line is flat
+    (the same bytes at both), so the what-if keeps every tokens site as recorded, with residual 0."""
+    import copy
+
+    a = _rank("moe-noext")
+    t = copy.deepcopy(a.trace)
+    t.facts["vllm.config"] = {**t.facts["vllm.config"], "max_num_batched_tokens": 4096}
+    b = analyse([t]).ranks[0]
+    cal = W.calibrate([W.sites_of(a), W.sites_of(b)])
+    line = cal.lines[("profile_run", W.TOKENS)]
+    assert abs(line.b) < 1e-6 and line.residual_bytes == 0 and line.points == 2
+    s = W.sites_of(a)
+    w = W.WhatIf(s, W.apply_what_if(s.flags, ["max-num-batched-tokens=2048"]), cal)
+    assert w.scales[W.TOKENS].rule.startswith("fitted over 2 traces")
+    p = next(p for p in w.on(32 * GiB).phases if p.phase == "determine_available_memory/profile_run")
+    assert p.predicted_bytes == p.recorded_bytes
+
+
+@pytest.mark.parametrize(
+    ("base", "held_out"), [("moe-ext", "small-ext"), ("moe-ext", "moe-noext"), ("dense-ext", "dense-noext")]
+)
+def test_a_real_start_up_is_predicted_from_another_within_2_percent_or_256_mib(base, held_out):
+    """fits_check: the held-out run's flags and card (its neighbour kept) predicted from the base run, every
+    phase's peak, vLLM's available KV and its blocks compared with what the held-out run measured."""
+    from memtrace.analysis import fits_check
+
+    c = fits_check.check(W.sites_of(_rank(base)), None, W.sites_of(_rank(held_out)), held_out)
+    bad = [f for f in c.figures if not f.ok]
+    assert not bad, fits_check.markdown_table([c])
+    assert len(c.figures) >= 10 and c.verdict == W.BOOTS
+    if held_out == "small-ext":  # the neighbour's 96 GiB kept: vLLM's own 60704 blocks, to the block
+        assert next(f for f in c.figures if f.name == "KV blocks").error == 0

@@ -16,6 +16,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from memtrace.plugins import flashinfer as fi  # noqa: E402
+from memtrace.plugins import surface  # noqa: E402
 from memtrace.plugins.hooks import HookManager  # noqa: E402
 
 STANDIN = """
@@ -148,7 +149,7 @@ def test_user_targets_come_from_memtrace_hooks():
 
 
 def test_default_targets_cover_the_06_and_07_allocators():
-    paths = [p for p, _ in fi.DEFAULT_TARGETS]
+    paths = [e.path for e in surface.of_role("workspace")]
     dispatch = "flashinfer.fused_moe.cute_dsl.blackwell_sm12x.moe_dispatch"
     for func in (
         "allocate_sm120_dynamic_workspace",

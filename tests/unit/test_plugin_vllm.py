@@ -14,9 +14,13 @@ from types import SimpleNamespace
 
 import pytest
 from memtrace.plugins import vllm as plugin
-from memtrace.plugins import vllm_facts
-from memtrace.plugins.vllm_targets import PHASE_ORDER, TARGETS, VllmTarget, parse_version, targets_for
+from memtrace.plugins import vllm_facts, vllm_phases
+from memtrace.plugins.surface import Entry, parse_version
+from memtrace.plugins.surface import phase_targets as targets_for
+from memtrace.plugins.vllm_phases import PHASE_ORDER
 from vllm_source import target_defined
+
+TARGETS = tuple(targets_for(None))
 
 
 def _fresh(code: str, env: dict[str, str]) -> subprocess.CompletedProcess:
@@ -70,7 +74,7 @@ def test_the_plugin_is_idle_unless_asked_for():
 def test_every_phase_name_is_canonical_and_versions_filter_targets():
     assert {t.phase for t in TARGETS} == set(PHASE_ORDER)
     assert parse_version("0.32.0+cpu") == (0, 32) and parse_version("0.25.1") == (0, 25) and parse_version("x") is None
-    later = VllmTarget("m:f", "load_model", since=(0, 30))
+    later = Entry("m:f", "vllm", "phase", phase="load_model", since=(0, 30))
     assert later.applies_to((0, 33)) and not later.applies_to((0, 25)) and later.applies_to(None)
     v25, v33, v34 = ({t.path for t in targets_for(v)} for v in ((0, 25), (0, 33), (0, 34)))
     assert v33 - v25 == {"vllm.v1.worker.gpu_worker:warmup_kernels"}  # bound by name in gpu_worker from 0.32
@@ -94,7 +98,7 @@ def test_every_target_for_the_installed_vllm_exists_in_its_source():
 
     root = Path(vllm.__file__).resolve().parents[1]
     wanted = targets_for(parse_version(vllm.__version__))
-    assert {t.path for t in wanted} >= {t.path for t in TARGETS if t.since <= (0, 32) and t.until is None}
+    assert {t.path for t in wanted} >= {t.path for t in TARGETS if (t.since or (0, 0)) <= (0, 32) and t.until is None}
     found = {t.path: target_defined(root, t.path) for t in wanted}
     assert all(found.values()), {k: v for k, v in found.items() if not v}
     # and the check can fail: a target removed in 0.34 is looked for in vain in a tree without it
@@ -233,12 +237,12 @@ def test_a_cuda_oom_crossing_phases_is_logged_once_as_vllms_error(caplog):
             pass
 
     inner, outer = (next(t for t in TARGETS if t.phase == p) for p in ("profile_run", "determine_available_memory"))
-    hooks = [plugin.PhaseHook(None, inner), plugin.PhaseHook(None, outer)]
+    hooks = [vllm_phases.PhaseHook(None, inner), vllm_phases.PhaseHook(None, outer)]
     err = torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 60.00 MiB")
     with caplog.at_level(logging.WARNING, logger="memtrace"):
         for hook in hooks:  # innermost first, as the exception leaves them
             hook.after((0, None, FakeSession()), None, err)
-        plugin.PhaseHook(None, TARGETS[0]).after((0, None, FakeSession()), None, ValueError("not an OOM"))
+        vllm_phases.PhaseHook(None, TARGETS[0]).after((0, None, FakeSession()), None, ValueError("not an OOM"))
     lines = [r.getMessage() for r in caplog.records]
     assert len(lines) == 1, lines
     assert "profile_run" in lines[0] and "not memtrace's" in lines[0] and FakeSession.path in lines[0]

@@ -88,3 +88,15 @@ def test_memory_present_before_recording_is_its_own_top_holder_in_report_and_fla
     folded = dict(line.rsplit(" ", 1) for line in (tmp_path / "f.folded").read_text().splitlines())
     assert int(folded["[allocated before recording]"]) == before[0]["bytes"]
     assert sum(int(v) for k, v in folded.items() if k.startswith("[no stack recorded]")) == no_stack[0]["bytes"]
+
+
+def test_a_program_that_is_not_vllm_is_reported_in_its_own_terms(capsys):
+    from memtrace.cli import main
+
+    snapshot = ROOT / "tests" / "data" / "snapshots" / "python-stacks.pickle"  # a training step, not vLLM
+    assert main(["report", str(snapshot)]) == 0
+    out = capsys.readouterr().out
+    assert "vLLM's non-KV memory" not in out and "KV cache" not in out
+    startup = ROOT / "tests" / "data" / "h200" / "startup-full"  # a vLLM-shaped start-up: vLLM's figures recorded
+    assert main(["report", str(startup)]) == 0
+    assert "non-KV" in capsys.readouterr().out

@@ -71,11 +71,12 @@ def test_report_top_holders_at_the_peak_show_the_meaningful_frame(capsys, startu
 def test_report_lists_hook_calls_and_the_definitions(capsys, startup_file):
     out = report(capsys, startup_file)
     assert "allocate_sm120_dynamic_workspace    13.00" in out
-    assert "allocated = requested bytes live in tensors" in out
-    assert (
-        "reserved = bytes in PyTorch's segments" in out
-        and "device used = this process's device memory from NVML" in out
-    )
+    text = " ".join(out.split("Definitions")[-1].split())  # the footer, unwrapped
+    from memtrace.analysis import quantities as Q
+
+    for q in (Q.ALLOCATED, Q.ALLOCATED_BLOCKS, Q.RESERVED, Q.DEVICE_USED, Q.NON_TORCH):  # one vocabulary
+        assert f"{q.label} = {q.meaning}." in text
+    assert Q.VMM.label not in text  # nothing committed outside PyTorch: not defined
 
 
 def test_report_json_holds_exact_integers(capsys, startup_file):

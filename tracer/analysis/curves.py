@@ -140,6 +140,13 @@ def _baseline(trace: Trace, alloc_sums: np.ndarray, reserved_sums: np.ndarray) -
     the curves: at 10M events each cumulative sum costs a tenth of a second)."""
     net_alloc = int(alloc_sums[-1]) if len(alloc_sums) else 0
     net_reserved = int(reserved_sums[-1]) if len(reserved_sums) else 0
+    known = (trace.facts.get(F.IMPORT) or {}).get("baseline") if not trace.segments else None
+    if known:  # a profiler trace's own totals before its first event (importers.kineto)
+        base_alloc, base_reserved = int(known["allocated_bytes"]), int(known.get("reserved_bytes") or 0)
+        ok = base_alloc + min(0, int(alloc_sums.min()) if len(alloc_sums) else 0) >= 0
+        if known.get("reserved_bytes") is not None:  # None: no reserved figure (the CPU's memory)
+            ok = ok and _within(alloc_sums, reserved_sums, base_alloc, base_reserved)
+        return Baseline(base_alloc, base_reserved, consistent=ok)
     if not trace.segments:
         # A history whose oldest events were dropped starts with frees of memory the
         # curve never saw; the least baseline that keeps the curves non-negative is the honest floor.

@@ -136,6 +136,8 @@ class Figures:
     hooks: dict[str, tuple[int, ...]]  # hooked function -> bytes added per outermost call (hook_call_bytes)
     oom: Oom | None  # the OOM the run died of
     nested: dict[str, int] = field(default_factory=dict)  # hooked function called inside another -> bytes added
+    #: nested hooked function -> the hooked function it is called in (empty in history documents before it)
+    nested_in: dict[str, str] = field(default_factory=dict)
     #: fingerprint fields vLLM chose itself in this run (``history_key.left_to_vllm``)
     left_to_vllm: frozenset[str] = frozenset()
     #: how the KV cache was allocated: VIA_TORCH, VIA_VMM (vLLM 0.34+), or "" (none)
@@ -155,7 +157,8 @@ class TraceDiff:
     sites: list[SiteChange]
     hooks: list[HookChange]
     hook_totals: list[Change] = field(default_factory=list)  # bytes per hooked function, then ALL_HOOKS
-    nested_hooks: list[Change] = field(default_factory=list)  # per nested hook target, not gated
+    nested_hooks: list[Change] = field(default_factory=list)  # per nested hook target, not gated (nested_order)
+    nested_in: dict[str, str] = field(default_factory=dict)  # nested hook target -> the hooked function it runs in
     base_only_phases: list[str] = field(default_factory=list)
     new_only_phases: list[str] = field(default_factory=list)
     new_oom: Oom | None = None  # the new run died of OOM (and the base did not)
@@ -261,6 +264,36 @@ def _nested_hook_bytes(trace: Trace) -> dict[str, int]:
     return out
 
 
+def _nested_callers(trace: Trace) -> dict[str, str]:
+    """Each nested hooked function -> the hooked function it is called in (the first call's caller):
+    ``allocate_sm120_static_workspace`` runs inside ``allocate_sm120_moe_workspace``, which runs inside
+    ``B12xMoEWrapper._allocate_buffers``, so their bytes are parts of one another, not a sum."""
+    out: dict[str, str] = {}
+    calls = trace.hook_calls
+    for c in calls:
+        if c.parent is not None and 0 <= c.parent < len(calls):
+            out.setdefault(c.name, calls[c.parent].name)
+    return out
+
+
+def nested_order(names: set[str], nested_in: dict[str, str]) -> list[tuple[str, int]]:
+    """``names`` depth first under their callers (depth 1: called in an outermost hooked call), alphabetical
+    among siblings; a name whose caller is unknown is at depth 1."""
+    children: dict[str | None, list[str]] = {}
+    for n in sorted(names):
+        parent = nested_in.get(n)
+        children.setdefault(parent if parent in names else None, []).append(n)
+    out: list[tuple[str, int]] = []
+
+    def walk(parent: str | None, depth: int) -> None:
+        for n in children.get(parent, []):
+            out.append((n, depth))
+            walk(n, depth + 1)
+
+    walk(None, 1)
+    return out
+
+
 def category_changes(
     base: Trace, new: Trace, base_curves: Curves, new_curves: Curves, cats: tuple = (None, None)
 ) -> list[Change] | None:
@@ -336,6 +369,7 @@ def figures(
         },
         hooks={k: tuple(v) for k, v in _hook_bytes(trace).items()},
         nested=_nested_hook_bytes(trace),
+        nested_in=_nested_callers(trace),
         oom=oom if oom is not None else find_oom(trace),
         left_to_vllm=left_to_vllm(trace),
         kv_via=(VIA_VMM if len(curves.vmm) else VIA_TORCH) if lm.kv_cache_bytes else "",
@@ -398,8 +432,9 @@ def compare(base: Figures, new: Figures, threshold: Threshold, *, label: str = "
         hook_totals=_hook_totals(base, new, threshold),
         nested_hooks=[
             Change(n, base.nested.get(n), new.nested.get(n, 0), None)
-            for n in sorted(set(base.nested) | set(new.nested))
+            for n, _ in nested_order(set(base.nested) | set(new.nested), {**base.nested_in, **new.nested_in})
         ],
+        nested_in={**base.nested_in, **new.nested_in},
         base_only_phases=[k for k in base.phases if k not in new.phases],
         new_only_phases=[k for k in new.phases if k not in base.phases],
         new_oom=new.oom if base.oom is None else None,

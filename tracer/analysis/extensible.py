@@ -37,10 +37,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-import numpy as np
-
 from .. import facts as F
 from ..model import ACTION_CODE, Trace
+from .blocks import block_curve
 from .curves import Curve, Curves, all_curves
 from .quantities import window_max
 
@@ -51,15 +50,9 @@ _FREE_COMPLETED = ACTION_CODE["free_completed"]
 MIN_BLOCK_BYTES = 512
 
 
-def torch_allocated_curve(trace: Trace) -> Curve:
-    """Allocated bytes as torch's own counter counts them (blocks rounded up to 512 B), relative to the
-    start of the recording (its baseline is unknown): only differences of it are meaningful."""
-    ev = trace.events
-    rounded = -(-ev["size"].astype(np.int64) // MIN_BLOCK_BYTES) * MIN_BLOCK_BYTES
-    sign = np.where(ev["action"] == _ALLOC, 1, np.where(ev["action"] == _FREE_COMPLETED, -1, 0))
-    values = np.concatenate(([0], np.cumsum(sign * rounded))).astype(np.int64)
-    times = np.concatenate(([ev["time_us"][0] if len(ev) else 0], np.maximum.accumulate(ev["time_us"])))
-    return Curve(times.astype(np.int64), values)
+def torch_allocated_curve(trace: Trace, curves: Curves | None = None) -> Curve:
+    """Allocated bytes as torch's own counter counts them: its blocks (``blocks.block_curve``)."""
+    return block_curve(trace, curves if curves is not None else all_curves(trace))
 
 
 def measure_kv_cache_bytes(
@@ -147,7 +140,7 @@ def _transient_terms(trace: Trace, curves: Curves, sizing: dict) -> tuple[int | 
     notes: list[str] = []
     if not records or not resets or not len(trace.events):
         return None, None, ["no record_transient_peak or peak-reset times: transient terms not rebuilt"]
-    alloc = torch_allocated_curve(trace)
+    alloc = torch_allocated_curve(trace, curves)
     profiled = (trace.facts.get(F.VLLM_PROFILE) or {}).get("peak_activation_memory_bytes")
     peak = int(profiled) if isinstance(profiled, int) else 0
     growth = 0

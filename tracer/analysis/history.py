@@ -43,6 +43,7 @@ def figures_doc(f: Figures) -> dict:
         "phases": {k: list(v) for k, v in f.phases.items()},
         "hooks": {k: list(v) for k, v in f.hooks.items()},
         "nested": dict(f.nested),
+        "nested_in": dict(f.nested_in),
         "oom": asdict(f.oom) if f.oom is not None else None,
         "left_to_vllm": sorted(f.left_to_vllm),
         "kv_via": f.kv_via,
@@ -59,6 +60,7 @@ def figures_from_doc(doc: dict) -> Figures:
         phases={k: (int(v[0]), int(v[1]), int(v[2])) for k, v in doc["phases"].items()},
         hooks={k: tuple(int(b) for b in v) for k, v in doc["hooks"].items()},
         nested={k: int(v) for k, v in doc.get("nested", {}).items()},  # absent in documents before it
+        nested_in={k: str(v) for k, v in doc.get("nested_in", {}).items()},  # absent in documents before it
         oom=Oom(**doc["oom"]) if doc.get("oom") else None,
         left_to_vllm=frozenset(doc.get("left_to_vllm", ())),  # absent in documents before vLLM 0.34's support
         kv_via=str(doc.get("kv_via", "")),

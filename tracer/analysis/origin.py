@@ -186,7 +186,8 @@ def time_origin(traces: Sequence[Trace], sh: Sequence[Shift]) -> TimeOrigin:
     t0 = starts[first]
     whose = "the recording's start" if len(traces) == 1 else f"{traces[first].label}'s recording start"
     aligned = not any(s.method in ("unmeasured", "unrecorded") for s in sh) or len({s.host for s in sh}) <= 1
-    sentence = f"0 s = {whose} ({_when(t0)})"
+    clockless = all((t.facts.get(F.IMPORT) or {}).get("clock") in ("synthetic", "none") for t in traces)
+    sentence = f"0 s = {whose} ({'no wall-clock time recorded' if clockless else _when(t0)})"
     if len(traces) > 1:
         sentence += f"; {_clock_words(sh)}"
     return TimeOrigin(t0, tuple(sh), aligned, sentence)

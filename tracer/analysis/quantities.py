@@ -104,9 +104,31 @@ QUANTITIES = (ALLOCATED, ALLOCATED_BLOCKS, RESERVED, VMM, HELD, DEVICE_USED, OTH
 BY_KEY = {q.key: q for q in QUANTITIES}
 
 
+def in_vllm_terms(facts: dict) -> bool:
+    """True when vLLM's vocabulary (KV cache, non-KV memory, "vLLM fills") applies to a trace: the vLLM plugin
+    recorded it, or vLLM's own figures were recorded (``vllm.*`` facts, a vLLM-shaped start-up). Any other
+    program is answered in its own terms: PyTorch's quantities only."""
+    from .. import facts as F
+
+    return F.is_vllm(facts) or any(str(k).startswith("vllm.") for k in facts)
+
+
+def present(curves: Curves) -> tuple[Quantity, ...]:
+    """The quantities a trace's ``curves`` hold, in :data:`QUANTITIES`' order: PyTorch's always; the VMM KV
+    cache and held only when something was committed outside PyTorch; NVML's when sampled."""
+    absent = set()
+    if not len(curves.vmm):
+        absent |= {VMM, HELD}
+    if not curves.has_device:
+        absent |= {DEVICE_USED, NON_TORCH}
+    if not len(curves.others):
+        absent.add(OTHERS)
+    return tuple(q for q in QUANTITIES if q not in absent)
+
+
 def curve(curves: Curves, q: Quantity) -> Curve:
     """The one curve of ``q`` among ``curves`` (``curves.all_curves``); KeyError for a quantity without one
-    (the blocks' curve and the memory before recording are built elsewhere: ``curves.block_curve``,
+    (the blocks' curve and the memory before recording are built elsewhere: ``blocks.block_curve``, ``AnalysedRank.allocated_blocks``,
     :func:`before_recording`)."""
     return {
         ALLOCATED: curves.allocated,
@@ -125,6 +147,12 @@ def curve(curves: Curves, q: Quantity) -> Curve:
 def first_max(values: np.ndarray) -> int:
     """Index of the first maximum of ``values`` (-1 when empty): every peak below is this rule."""
     return int(np.argmax(values)) if len(values) else -1
+
+
+def array_max(values: np.ndarray) -> int:
+    """The largest of ``values`` (0 when empty): :func:`first_max`'s value."""
+    i = first_max(values)
+    return int(values[i]) if i >= 0 else 0
 
 
 @dataclass(frozen=True)

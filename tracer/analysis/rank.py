@@ -20,6 +20,7 @@ from functools import cached_property
 import numpy as np
 
 from ..model import Trace
+from .blocks import block_curve
 from .categories import Categorized, CategorySteps, categorize, category_steps
 from .crossing import Crossings, Excursion, crossings
 from .curves import Curve, Curves, all_curves, committed_curve, vmm_reserved_curve
@@ -120,6 +121,12 @@ class AnalysedRank:
     @cached_property
     def curves(self) -> Curves:
         return all_curves(self.trace)
+
+    @cached_property
+    def allocated_blocks(self) -> Curve:
+        """PyTorch allocated counted in blocks, as ``torch.cuda.memory_allocated()`` counts it
+        (``quantities.ALLOCATED_BLOCKS``, ``blocks.block_curve``): replayed on first use only."""
+        return block_curve(self.trace, self.curves)
 
     @cached_property
     def lifetimes(self) -> Lifetimes:

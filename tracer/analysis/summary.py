@@ -32,7 +32,7 @@ from typing import Any
 import numpy as np
 
 from .. import facts as F
-from ..model import Frame, HookCall, Note, Process, Recording, Trace
+from ..model import ACTION_CODE, Frame, HookCall, Note, Process, Recording, Trace
 from .crossing import Crossings, Excursion, crossings
 from .curves import Baseline, Curves, all_curves
 from .extensible import ExtensibleSizing, extensible_sizing
@@ -43,8 +43,9 @@ from .non_torch import NonTorchBreakdown, at_moments
 from .oom import Oom, find_oom
 from .origin import TimeOrigin
 from .phases import PhaseStats, path_at, phase_stats, recording_span
-from .quantities import fullest_at_peak, peak
+from .quantities import fullest_at_peak, in_vllm_terms, peak
 from .reconcile import KvReconciliation, NonKv, non_kv
+from .self_cost import SelfCost, self_cost
 from .target import Target, describe, resolve_target
 from .torch_counters import CounterCheck, counter_checks
 from .vmm import VmmSummary
@@ -165,6 +166,11 @@ class Summary:
     counter_checks: list[CounterCheck] = field(default_factory=list)
     #: PyTorch reserved + VMM committed at its highest (None without VMM records)
     peak_held: PeakPoint | None = None
+    #: recorded by the vLLM plugin: vLLM's terms (KV cache, non-KV memory) apply; else the program is answered
+    #: in its own terms (``quantities.in_vllm_terms``)
+    vllm: bool = False
+    #: what memtrace cost the program (``analysis.self_cost``); ``recorded`` False in an older trace
+    self_cost: SelfCost = field(default_factory=lambda: SelfCost(recorded=False))
 
     @property
     def truncated(self) -> bool:
@@ -210,6 +216,12 @@ def _warnings(trace: Trace, curves: Curves) -> list[str]:
 
 
 _UNSET: Any = object()
+
+
+def memory_events(trace: Trace) -> int:
+    """How many allocator events change memory (``snapshot`` and ``annotate`` markers left out)."""
+    inert = (ACTION_CODE["snapshot"], ACTION_CODE["annotate"])
+    return int(np.isin(trace.events["action"], inert, invert=True).sum())
 
 
 def summarize(
@@ -261,7 +273,7 @@ def summarize(
         env=dict(trace.facts.get(F.ENV) or {}),
         start_us=start_us,
         end_us=end_us,
-        n_events=len(trace.events),
+        n_events=memory_events(trace),
         n_samples=len(trace.samples),
         baseline=curves.baseline,
         peak=peak,
@@ -292,6 +304,8 @@ def summarize(
         extensible=extensible_sizing(trace, curves) if ext is _UNSET else ext,
         counter_checks=counter_checks(trace, curves) if counters is None else counters,
         peak_held=_held_peak(trace, curves),
+        vllm=in_vllm_terms(trace.facts),
+        self_cost=self_cost(trace),
     )
 
 
@@ -369,6 +383,8 @@ def _plain(obj: Any) -> Any:
             "target_source",
             "overshoot_bytes",
             "ended_above",
+            "total_ns",
+            "share_of_init_engine",
             "before_recording",
         ):
             if hasattr(type(obj), name) and isinstance(getattr(type(obj), name), property):

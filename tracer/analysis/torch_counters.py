@@ -8,9 +8,9 @@ memtrace's own curves, built from the allocator's events only:
 - **reserved now** = the reserved curve at the reading;
 - **reserved peak** = the reserved curve's maximum between the last reset before the reading (or the
   start of the recording) and the reading;
-- **allocated peak - allocated now**: the same window on the allocated curve counted as torch counts it
-  (blocks rounded up to 512 B, ``extensible.torch_allocated_curve``); a difference, since the rounded
-  curve's baseline is unknown.
+- **allocated now** = PyTorch allocated counted in blocks, as torch counts it (``quantities.ALLOCATED_BLOCKS``,
+  ``blocks.block_curve``), at the reading;
+- **allocated peak - allocated now**: the same window on that blocks' curve.
 
 Equal figures say the recording lost nothing and the curves mean what torch means; a difference names the
 reading where they part.
@@ -41,11 +41,14 @@ class CounterCheck:
     memtrace_reserved_peak_bytes: int
     torch_transient_bytes: int | None  # allocated peak - allocated now, torch's
     memtrace_transient_bytes: int
+    torch_allocated_bytes: int | None = None  # torch.cuda.memory_allocated()
+    memtrace_allocated_bytes: int | None = None  # quantities.ALLOCATED_BLOCKS at the reading (blocks.block_curve)
 
     @property
     def equal(self) -> bool:
         return (
             self.torch_reserved_bytes == self.memtrace_reserved_bytes
+            and self.torch_allocated_bytes in (None, self.memtrace_allocated_bytes)
             and self.torch_reserved_peak_bytes in (None, self.memtrace_reserved_peak_bytes)
             and self.torch_transient_bytes in (None, self.memtrace_transient_bytes)
         )
@@ -57,7 +60,7 @@ def counter_checks(trace: Trace, curves: Curves) -> list[CounterCheck]:
     if not readings or not len(trace.events):
         return []
     resets = sorted(int(t) for t in trace.facts.get(F.PEAK_RESETS_US) or [])
-    alloc = torch_allocated_curve(trace)
+    alloc = torch_allocated_curve(trace, curves)
     start = int(curves.reserved.time_us[0])
     out = []
     for r in readings:
@@ -78,6 +81,8 @@ def counter_checks(trace: Trace, curves: Curves) -> list[CounterCheck]:
                 memtrace_reserved_peak_bytes=window_max(curves.reserved, since, t),
                 torch_transient_bytes=(peak - now) if isinstance(peak, int) and isinstance(now, int) else None,
                 memtrace_transient_bytes=window_max(alloc, since, t) - alloc.at(t),
+                torch_allocated_bytes=now if isinstance(now, int) else None,
+                memtrace_allocated_bytes=alloc.at(t),
             )
         )
     return out

@@ -43,6 +43,7 @@ from ..errors import UsageError
 from .curves import Curve, committed_curve
 from .extensible import blocks_within, measure_kv_cache_bytes, pages_for
 from .phases import path_at, phase_path
+from .quantities import array_max, first_max
 
 TOKENS, SEQS, GRAPHS, KV, FIXED, UNSTACKED = "tokens", "seqs", "graphs", "kv", "fixed", "no stack"
 SCALED = (TOKENS, SEQS, GRAPHS)
@@ -56,7 +57,7 @@ RULES = {
     "0.34's KV-sizing warm-up: 1,024 rows on the H200 traces, neither flag's value)",
     UNSTACKED: "as recorded: no stack was recorded, so it cannot be scaled",
 }
-BOOTS, DIES, REFUSES = "boots", "dies", "refuses"
+BOOTS, DIES, REFUSES, UNKNOWN = "boots", "dies", "refuses", "unknown"
 #: vLLM's default utilization with / without the extensible KV cache (0.34).
 UTIL_EXTENSIBLE, UTIL_PROFILED = 1.0, 0.92
 _SAMPLER_FILES = ("sampler.py", "sampling.py", "topk_topp_sampler.py", "logits_processor.py", "penalties.py")
@@ -424,13 +425,21 @@ class WhatIf:
                 delta += (factor - 1.0) * s.bytes[k]
         if s.bytes[UNSTACKED].any():
             self.notes.append(
-                f"{int(s.bytes[UNSTACKED].max()):,} B allocated without a recorded stack are kept as recorded "
+                f"{array_max(s.bytes[UNSTACKED]):,} B allocated without a recorded stack are kept as recorded "
                 "(record with MEMTRACE_STACKS=python to scale them)"
             )
         if self.rec.graphs == 0 and flags.graphs > 0:
             self.notes.append("the recording captured no CUDA graphs (enforce-eager): their memory is not predicted")
         #: the predicted curve without any KV cache
         self.no_kv = s.held + delta.astype(np.int64) - s.bytes[KV] - s.vmm_kv
+        oom = s.rank.oom
+        if oom is not None:  # the request that failed counts at its moment (nothing after it is known)
+            j = int(np.searchsorted(s.time, oom.time_us, side="right")) - 1
+            self.no_kv[max(j, 0)] += oom.requested_bytes
+            self.notes.append(
+                f"the recording ends at its CUDA OOM in {oom.phase_path}: the failed {oom.requested_bytes:,} B "
+                "request counts there, unscaled; nothing after it is known"
+            )
         extend = s._phase("kv_cache_extend")
         if extend is not None:  # vLLM allocates nothing else while extending; NVML's samples lag the VMM pages there
             after = s.time >= extend.start_us
@@ -448,7 +457,7 @@ class WhatIf:
 
     def _window_peak(self, curve: np.ndarray, start: int, end: int) -> tuple[int, int]:
         idx = self.sites.window_index(start, end)
-        j = idx[int(np.argmax(curve[idx]))]
+        j = idx[first_max(curve[idx])]
         return int(curve[j]), int(self.sites.time[j])
 
     def curve(self, kv_bytes: int) -> np.ndarray:
@@ -619,11 +628,15 @@ class WhatIf:
             why = f"free memory at start-up ({room - init_used:,} B) is less than util x card ({requested:,} B)"
             return Outcome(**common, verdict=REFUSES, phase="init_device", by_bytes=requested - (room - init_used),
                            why=why, kv=kv, phases=self.phase_peaks(0, others))  # fmt: skip
-        if kv is None:
+        if kv is None or self.sites.trace.facts.get(F.VLLM_KV_BLOCKS) is None:
             phases = self.phase_peaks(0, others)
-            return Outcome(
-                **common, verdict=BOOTS, phase="", by_bytes=0, why="no KV cache recorded", kv=None, phases=phases
+            why = (
+                f"the recording ends at its CUDA OOM in {self.sites.rank.oom.phase_path}, before the KV cache was sized"
+                if self.sites.rank.oom is not None
+                else "the recording ends before the KV cache was sized"
             )
+            why += f": up to there it fits, {room - pre_peak:,} B to spare; what comes after was never recorded"
+            return Outcome(**common, verdict=UNKNOWN, phase="", by_bytes=0, why=why, kv=None, phases=phases)
         phases = self.phase_peaks(kv.kv_bytes, others)
         sizing = "kv_cache_sizing" if self.flags.extensible else "determine_available_memory"
         if kv.available_bytes <= 0 or kv.tokens < self.flags.max_model_len:
@@ -740,11 +753,14 @@ def suggest(sites: Sites, capacity: int, *, keep_others: bool = False, others_by
             f = dataclasses.replace(rec, **change)
             o = WhatIf(sites, f, cal).on(capacity, **card)
             tried += 1
-            if o.verdict == BOOTS:
-                booting.append(Suggestion(f.changes(rec), f, o))
+            if o.verdict == BOOTS or (o.verdict == UNKNOWN and recorded_outcome.verdict != BOOTS):
+                booting.append(Suggestion(f.changes(rec), f, o))  # UNKNOWN: gets past all the recording covers
         if booting:
             break
-    booting.sort(key=lambda s: (len(s.changes), -(s.outcome.kv.tokens if s.outcome.kv else 0)))
+    booting.sort(
+        key=lambda s: (len(s.changes), s.outcome.verdict != BOOTS, -(s.outcome.kv.tokens if s.outcome.kv else 0),
+                       s.outcome.pre_kv_peak_bytes)
+    )  # fmt: skip
     frugal = dataclasses.replace(rec, max_num_batched_tokens=min(256, rec.max_num_batched_tokens),
                                  max_num_seqs=1, enforce_eager=True)  # fmt: skip
     w = WhatIf(sites, frugal, cal)

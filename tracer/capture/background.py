@@ -19,6 +19,8 @@ import threading
 import time
 from collections.abc import Callable
 
+from . import selfcost
+
 log = logging.getLogger("memtrace")
 
 SYNC_ENV = "MEMTRACE_CAPTURE_SYNC"
@@ -68,12 +70,14 @@ class Background:
         self._thread.join()
 
     def _run(self) -> None:
+        selfcost.mark_own_thread()  # its work is memtrace's, off the program's threads
         while True:
             task = self._queue.get()
             try:
                 if task is None:
                     return
-                task()
+                with selfcost.region("background"):
+                    task()
             except Exception as exc:  # a bug here must not kill the traced program or lose the rest
                 log.warning("memtrace: background write failed: %s", exc)
                 try:

@@ -32,6 +32,7 @@ import numpy as np
 
 from ..importers.torch_snapshot import entries_to_events, segments_from_snapshot
 from ..model import ACTION_CODE, Recording, Segment
+from . import selfcost
 
 log = logging.getLogger("memtrace")
 
@@ -232,10 +233,11 @@ class AllocatorHistory:
     def drain(self, reason: str, *, stop: bool = False) -> dict[str, Any] | None:
         """Move the history recorded since the last drain into the trace; returns the snapshot.
 
-        The snapshot and the clear run here; with ``defer`` set (the session's background writer),
-        converting and writing the entries run there, in drain order.
+        The snapshot and the clear run here (charged to ``drain.<reason>`` in :mod:`.selfcost`); with
+        ``defer`` set (the session's background writer), converting and writing the entries run there,
+        in drain order.
         """
-        with self.lock:
+        with selfcost.region(f"{selfcost.DRAIN}.{reason}"), self.lock:
             t0 = time.perf_counter()
             before = self._stats()
             snap = self._snapshot_and_clear(stop=stop)
@@ -301,6 +303,7 @@ class AllocatorHistory:
     def segments(self, snap: dict[str, Any]) -> list[Segment]:
         return segments_from_snapshot(snap.get("segments") or [], self.intern_stack, device=self.device)
 
+    @selfcost.timed(f"{selfcost.DRAIN}.phase")
     def boundary(self, *, top_level: bool) -> None:
         """A phase began or ended: drain if it is worth it."""
         if self._stop.is_set():
@@ -333,6 +336,10 @@ class AllocatorHistory:
             }
         return fact
 
+    def recorded_allocs(self) -> int:
+        """Allocation events converted so far (each one PyTorch recorded with its stack)."""
+        return self._counts["alloc"]
+
     def update_recording(self, rec: Recording) -> None:
         rec.drains = self.drains
         rec.truncated = rec.truncated or self.truncated
@@ -359,12 +366,15 @@ class AllocatorHistory:
         self._thread.start()
 
     def _watch(self) -> None:
+        # the watchdog's polls and drains hold the GIL (a drain also the allocator's lock): charged as
+        # the program's time (selfcost), though this thread is memtrace's
         while not self._stop.wait(WATCH_PERIOD_S):
             try:
-                pending = self._pending()
-                overdue = time.monotonic() - self._last_drain > MAX_UNDRAINED_S
-                if pending > self.max_entries // 2 or (overdue and pending > 0):
-                    self.drain("watchdog")
+                with selfcost.region(f"{selfcost.DRAIN}.watchdog_poll"):
+                    pending = self._pending()
+                    overdue = time.monotonic() - self._last_drain > MAX_UNDRAINED_S
+                    if pending > self.max_entries // 2 or (overdue and pending > 0):
+                        self.drain("watchdog")
             except Exception as exc:  # never let the watchdog kill anything; say why it stopped
                 log.warning("memtrace: drain watchdog stopped: %s", exc)
                 self._note(f"drain watchdog stopped: {exc!r}")

@@ -10,7 +10,6 @@ records phases, facts and notes, after one log line saying why there are no allo
 
 from __future__ import annotations
 
-import functools
 import logging
 import os
 import socket
@@ -22,7 +21,7 @@ from typing import Any
 from .. import facts as F
 from ..model import HookCall, Note, Phase, Process, Recording
 from ..store import TraceWriter
-from . import registry
+from . import registry, selfcost
 from .registry import (  # noqa: F401  (the session's module names, as before the split)
     SAMPLE_HZ_ENV,
     STACKS,
@@ -40,25 +39,6 @@ log = logging.getLogger("memtrace")
 DEFAULT_MAX_ENTRIES = 200_000
 #: The longest wait for the background writer (it converts one drain in well under a second).
 WAIT_WRITTEN_S = 120.0
-
-
-def _on_traced_thread(method):
-    """Add the time a Session method takes on the thread that started the session to what capture
-    cost the traced program (``facts["capture"]["traced_thread_s"]``); nested calls count once."""
-
-    @functools.wraps(method)
-    def timed(self, *args, **kwargs):
-        if threading.get_ident() != self._owner or self._depth:
-            return method(self, *args, **kwargs)
-        self._depth += 1
-        t0 = time.perf_counter()
-        try:
-            return method(self, *args, **kwargs)
-        finally:
-            self._spent_s += time.perf_counter() - t0
-            self._depth -= 1
-
-    return timed
 
 
 class Session:
@@ -80,9 +60,8 @@ class Session:
         cupti: bool | None = None,
     ):
         self.pid = os.getpid()
-        self._owner = threading.get_ident()  # the traced thread (the one that started recording)
-        self._depth = 0
-        self._spent_s = 0.0
+        self._cost_before = selfcost.claimed()  # what earlier sessions of this process spent
+        self._history_cost: dict[str, Any] | None = None  # history_cost.calibrate's figures, or why none
         self.path = Path(path)
         self._lock = threading.RLock()
         self.writer = TraceWriter(self.path)
@@ -114,15 +93,16 @@ class Session:
         self.writer.set_recording(self.recording)
 
     # -- sources -------------------------------------------------------------------------------
-    @_on_traced_thread
+    @selfcost.timed(selfcost.START)
     def start_sources(self) -> None:
         """Start the allocator history, sidecar, OOM observer and handlers. Never raises for a missing GPU."""
-        from . import env, history, signals
+        from . import env, history, history_cost, signals
 
         self.set_fact(F.ENV, env.environment())
         device = history.resolve_device(self._device_arg)
         if isinstance(device, str):  # a reason why there is no GPU
             log.warning("memtrace: %s; recording phases and facts only (no allocator events)", device)
+            self._history_cost = history_cost.not_measured(device)
             self.add_note("warning", f"no allocator events: {device}")
         else:
             self._start_gpu(device)
@@ -168,10 +148,25 @@ class Session:
             else:
                 self.sidecar = started
         self._preimport_symbolizer()
+        self._calibrate()
         self.history.enable()
         oom.attach()
         if self.sidecar is not None:
             self.sidecar.join_started()
+
+    @selfcost.timed(selfcost.CALIBRATION)
+    def _calibrate(self) -> None:
+        """Estimate what PyTorch's history recording costs per allocation (:mod:`.history_cost`)."""
+        from . import history_cost
+
+        h = self.history
+        try:
+            self._history_cost = history_cost.calibrate(
+                h.torch, h.device, lambda: h._record(clear=True), lambda: h._record(clear=True, enabled=None)
+            )
+        except Exception as exc:  # an estimate only: never worth a failed start
+            log.info("memtrace: the allocator history's cost was not calibrated: %s", exc)
+            self._history_cost = history_cost.not_measured(f"calibration failed: {exc!r}")
 
     def _start_cupti(self) -> None:
         """The optional CUPTI source (``capture.cupti``), when asked for; its absence is a note, never an error."""
@@ -271,7 +266,7 @@ class Session:
                 self.writer.append_events(events)
 
     # -- facts, notes, hook calls --------------------------------------------------------------
-    @_on_traced_thread
+    @selfcost.timed(selfcost.WRITES)
     def set_fact(self, key: str, value: Any) -> None:
         """Store a JSON-compatible fact (written to the file at once)."""
         with self._lock:
@@ -279,14 +274,14 @@ class Session:
             if not self._file_closed:
                 self.writer.set_facts(self.facts)
 
-    @_on_traced_thread
+    @selfcost.timed(selfcost.WRITES)
     def add_note(self, level: str, text: str) -> None:
         """Store a note a reader must see ("info", "warning", "error")."""
         with self._lock:
             if not self._file_closed:
                 self.writer.add_note(Note(now_us(), level, text))
 
-    @_on_traced_thread
+    @selfcost.timed(selfcost.WRITES)
     def record_hook_call(self, call: HookCall) -> int:
         """Store one call of a hooked function; returns its index (the ``parent`` of nested calls)."""
         with self._lock:
@@ -294,7 +289,7 @@ class Session:
                 return -1
             return self.writer.add_hook_call(call)
 
-    @_on_traced_thread
+    @selfcost.timed(selfcost.WRITES)
     def record_vmm(self, records) -> None:
         """Store calls of CUDA's virtual-memory API (``model.VMM_DTYPE`` rows: vLLM's extensible KV cache)."""
         with self._lock:
@@ -307,7 +302,7 @@ class Session:
         with self._lock:
             return "/".join(self._phases[i].name for i in self._open)
 
-    @_on_traced_thread
+    @selfcost.timed(selfcost.WRITES)
     def add_phase(self, name: str, start_us: int, end_us: int, source: str = "user") -> int:
         """Record a phase that already ended (e.g. vLLM's ``init_device``: recording starts when it
         returns). It nests under the phase open now, if any. Returns its index, -1 once closed."""
@@ -320,7 +315,7 @@ class Session:
             self._phases.append(ph)
         return index
 
-    @_on_traced_thread
+    @selfcost.timed(selfcost.PHASES)
     def phase_enter(self, name: str, source: str = "user") -> int:
         """Open a phase now; returns the token for :meth:`phase_exit`."""
         if self.closed:
@@ -340,7 +335,7 @@ class Session:
             self._ranges[index] = self.history.enter_range(f"memtrace:{name}")
         return index
 
-    @_on_traced_thread
+    @selfcost.timed(selfcost.PHASES)
     def phase_exit(self, index: int) -> None:
         """Close the phase ``index`` (and any phase still open inside it)."""
         if index < 0 or self.closed:
@@ -381,12 +376,22 @@ class Session:
             if self.history is not None:
                 self.history.update_recording(self.recording)
                 self.facts[F.CAPTURE] = self.history.capture_fact(self._phases)
-                self.facts[F.CAPTURE]["traced_thread_s"] = round(self._spent_s, 4)
                 if isinstance(self.history.allocator_settings, dict):  # torch's own view of its settings
                     self.facts[F.ALLOCATOR_SETTINGS] = self.history.allocator_settings
+            self.facts[F.SELF_COST] = self.self_cost()
             self.writer.set_process(self.process)
             self.writer.set_recording(self.recording)
             self.writer.set_facts(self.facts)
+
+    def self_cost(self) -> dict[str, Any]:
+        """memtrace's own time on this process's threads so far (:mod:`.selfcost`), with the allocator
+        history's calibration and the allocations it recorded (the analysis estimates its cost from them)."""
+        fact = selfcost.totals(since=self._cost_before)
+        history = dict(self._history_cost or history_cost_unknown())
+        if self.history is not None:
+            history["recorded_allocs"] = int(self.history.recorded_allocs())
+        fact["history"] = history
+        return fact
 
     def _later(self, task) -> None:
         """Run ``task`` on the background writer, after the drains handed to it (here without one)."""
@@ -422,9 +427,12 @@ class Session:
             log.warning("memtrace: could not save the allocator state: %s", exc)
             self.add_note("error", f"allocator state not saved: {exc!r}")
 
-    @_on_traced_thread
+    @selfcost.timed(selfcost.FLUSH)
     def flush(self, *, segments: bool = True) -> None:
         """Drain the allocator history and commit everything now (the file is complete on disk)."""
+        self._flush(segments=segments)
+
+    def _flush(self, *, segments: bool = True) -> None:
         if self.closed:
             return
         if self.history is not None:
@@ -447,15 +455,15 @@ class Session:
             "device_free_bytes": int(free),
             "phase": self.phase_path(),
         }
-        with self._lock:
-            if F.OOM in self.facts:
-                self.add_note("error", f"another CUDA OOM: {record}")
-            else:
-                self.facts[F.OOM] = record
-            self.recording.end_reason = "oom"
-        self.flush()  # waits for the background writer: the trace is complete before torch raises
+        with selfcost.region(selfcost.OOM):
+            with self._lock:
+                if F.OOM in self.facts:
+                    self.add_note("error", f"another CUDA OOM: {record}")
+                else:
+                    self.facts[F.OOM] = record
+                self.recording.end_reason = "oom"
+            self._flush()  # waits for the background writer: the trace is complete before torch raises
 
-    @_on_traced_thread
     def close(self, reason: str = "stop") -> Path:
         """Drain, save segments, stop the sidecar and close the file. Idempotent.
 
@@ -463,12 +471,28 @@ class Session:
         here; converting it, saving the allocator state, stopping the sidecar and closing the file run
         on the background writer (:meth:`wait_written`; interpreter exit and SIGTERM wait for it), and
         the start-up-complete fact reaches the file last, with the finished trace. Any other reason
-        returns with the file complete.
+        returns with the file complete. The time taken here, up to the closing of the file, is charged
+        to ``stop`` (:mod:`.selfcost`) in the trace's own cost.
         """
         deferred = self._bg is not None and reason == "startup-complete"
+        with selfcost.region(selfcost.STOP):
+            if not self._stop_recording(reason, deferred):
+                return self.path
+        if deferred:
+            registry.finishing(self)
+            self._bg.submit(self._finish)
+        else:
+            with selfcost.region(selfcost.STOP):
+                self.wait_written()
+            self._finish()
+        registry.deactivate(self)
+        return self.path
+
+    def _stop_recording(self, reason: str, deferred: bool) -> bool:
+        """End the open phases, stop CUPTI and the allocator history (the final snapshot); False if closed."""
         with self._lock:
             if self.closed:
-                return self.path
+                return False
             self.closed = True
             if deferred and F.VLLM_STARTUP_COMPLETE_US in self.facts:
                 # a watcher (memtrace run) takes this fact for "the trace is complete": it reaches the
@@ -492,14 +516,7 @@ class Session:
                 self.add_note("error", f"final allocator state not saved: {exc!r}")
         if snap is not None:
             self._later(lambda: self._save_segments(snap))
-        if deferred:
-            registry.finishing(self)
-            self._bg.submit(self._finish)
-        else:
-            self.wait_written()
-            self._finish()
-        registry.deactivate(self)
-        return self.path
+        return True
 
     def _finish(self) -> None:
         """Stop the sidecar, write the documents and close the file (last of all background work)."""
@@ -512,6 +529,12 @@ class Session:
             self.flush_documents()
             self._file_closed = True
             self.writer.close()
+        selfcost.claim()
         if self._bg is not None:
             self._bg.end()
         registry.finished(self)
+
+
+def history_cost_unknown() -> dict[str, Any]:
+    """The history part of the self-cost fact before the session knows whether there is a GPU."""
+    return {"measured": False, "why": "recording had not started its sources"}

@@ -1,14 +1,19 @@
-"""Convert a PyTorch memory snapshot pickle into memtrace trace files.
+"""Convert a PyTorch memory snapshot pickle, or a torch.profiler trace, into memtrace trace files.
 
-Reads the pickle written by torch.cuda.memory._dump_snapshot() (with the history recorded by
-_record_memory_history) and writes the same events, stacks, segments and record_function phases
-to .memtrace files, which later commands read without unpickling anything. A snapshot of one
-device becomes one file (SNAPSHOT.memtrace); a snapshot with history on several devices becomes a
-run folder (SNAPSHOT/) holding one file per device (cuda0.memtrace, ...), each with rank = the
-device index, unless --device picks one.
+Reads the pickle written by torch.cuda.memory._dump_snapshot() and writes the same events, stacks,
+segments and record_function phases to .memtrace files, which later commands read without
+unpickling anything. A snapshot dumped without _record_memory_history is the allocator's state at
+one moment: it becomes a trace of that moment (no timeline). A torch.profiler trace
+(.pt.trace.json[.gz], profile_memory=True; vLLM's --profiler-config writes one per worker) gives its
+[memory] events, with the profiler's operators as stacks. A file of one device becomes one file
+(FILE.memtrace); one with several devices, or with host memory (pinned host memory of a torch 2.14
+snapshot, the CPU's events of a profiler trace), becomes a run folder (FILE/) holding one file per
+device (cuda0.memtrace, ..., host.memtrace), each CUDA device with rank = its index, unless --device
+picks one.
 
   memtrace import snap.pickle
   memtrace import snap.pickle --device 1 -o cuda1.memtrace
+  memtrace import worker.rank0.1733312000.pt.trace.json.gz
 """
 
 from __future__ import annotations
@@ -23,7 +28,11 @@ ORDER = 60
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     from ._runs import add_output
 
-    parser.add_argument("snapshot", metavar="SNAPSHOT.pickle", help="a torch.cuda.memory._dump_snapshot() file")
+    parser.add_argument(
+        "snapshot",
+        metavar="SNAPSHOT.pickle|TRACE.json",
+        help="a torch.cuda.memory._dump_snapshot() file or a torch.profiler trace (.json, .json.gz)",
+    )
     add_output(
         parser,
         "output .memtrace file, or folder for several devices (default: here)",
@@ -37,18 +46,23 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from ..errors import UsageError
     from ..importers.files import check_not_a_trace, traces_from_snapshot_file, warn_pickle
+    from ..importers.kineto import is_profiler_path, traces_from_kineto_file
     from ..outputs import atomic_write, make_dir, output_dir, output_file
     from ..store import SUFFIX, save_trace
 
     src = args.snapshot
     if args.device is not None and args.device < 0:
         raise UsageError(f"--device {args.device}: devices are 0 or more")
-    check_not_a_trace(src)  # a missing file, or a trace, is one line before anything is unpickled
+    if not is_profiler_path(src):
+        check_not_a_trace(src)  # a missing file, or a trace, is one line before anything is unpickled
     several_out = args.output is not None and not str(args.output).lower().endswith(SUFFIX)
     if args.output is None or not several_out:  # check the file name before the long read
         output_file(src, args.output, default_suffix=SUFFIX, suffixes=(SUFFIX,), force=args.force)
-    traces = traces_from_snapshot_file(src, device=args.device)
-    warn_pickle(src)
+    if is_profiler_path(src):
+        traces = traces_from_kineto_file(src, device=args.device)
+    else:
+        traces = traces_from_snapshot_file(src, device=args.device)
+        warn_pickle(src)
     if len(traces) == 1 and not several_out:
         out = output_file(src, args.output, default_suffix=SUFFIX, suffixes=(SUFFIX,), force=args.force)
         with atomic_write(out) as tmp:
@@ -56,11 +70,8 @@ def run(args: argparse.Namespace) -> int:
         written = [out]
     else:
         if args.output is not None and not several_out:
-            devs = ", ".join(str(t.process.device_index) for t in traces)
-            raise UsageError(
-                f"{src} holds history on devices {devs}: pass --device N for one file, or -o a folder for all"
-            )
-        files = tuple(f"cuda{t.process.device_index}{SUFFIX}" for t in traces)
+            raise UsageError(f"{src} holds {_what(traces)}: pass --device N for one file, or -o a folder for all")
+        files = tuple(f"{_name(t)}{SUFFIX}" for t in traces)
         folder = output_dir(src, args.output, default_suffix="", files=files, force=args.force)
         make_dir(folder)
         written = []
@@ -70,8 +81,29 @@ def run(args: argparse.Namespace) -> int:
             written.append(folder / name)
     for out, t in zip(written, traces, strict=True):
         print(
-            f"memtrace: wrote {out}: cuda:{t.process.device_index}, {len(t.events):,} events, {len(t.stacks):,} "
+            f"memtrace: wrote {out}: {_where(t)}, {len(t.events):,} events, {len(t.stacks):,} "
             f"stacks ({t.recording.stacks}), {len(t.phases)} phases, {len(t.segments)} segments",
             file=sys.stderr,
         )
     return 0
+
+
+def _name(t) -> str:
+    """A trace's file name in the run folder: ``cuda1``, ``pinned-host``, ``host``."""
+    return f"cuda{t.process.device_index}" if t.process.device_index is not None else t.process.role
+
+
+def _where(t) -> str:
+    return f"cuda:{t.process.device_index}" if t.process.device_index is not None else t.label
+
+
+def _what(traces) -> str:
+    """``cuda:0 (allocator state only), cuda:1 (history), pinned host``: what each trace holds."""
+    from .. import facts as F
+
+    parts = []
+    for t in traces:
+        state = (t.facts.get(F.IMPORT) or {}).get("state")
+        kind = {"moment": " (allocator state only)", "totals": " (profiler memory events)"}.get(state, " (history)")
+        parts.append(_where(t) + (kind if t.process.device_index is not None else ""))
+    return ", ".join(parts)

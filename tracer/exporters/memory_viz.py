@@ -6,7 +6,10 @@ The dict has PyTorch's shape, so memory_viz and ``torch.cuda._memory_viz`` read 
   segment_type, segment_pool_id, is_expandable, allocated/active/requested sizes, device, and
   blocks with address, size, requested_size, state, frames);
 - ``device_traces``: one list per device up to the traced one, whose entries are the allocator
-  events (action, addr, size, stream, time_us, frames, compile_context, user_metadata);
+  events (action, addr, size, stream, time_us, frames, compile_context, user_metadata, and pool_id
+  when not the default pool), with the compile_context / user_metadata / pool_id the import kept
+  (``facts["snapshot_fields"]``), torch's defaults ("N/A", "") elsewhere;
+- a pinned host memory trace (``importers.pinned_host``) goes to ``host_segments`` / ``host_traces``;
 - ``external_annotations``: the phases as ``record_function`` ranges
   (``{name: "memtrace:<phase>", stage: START|END, device, time_us}``);
 - ``allocator_settings``: as recorded, when the trace kept them.
@@ -26,6 +29,8 @@ from typing import IO, Any
 import numpy as np
 
 from .. import facts as F
+from ..importers.pinned_host import PINNED_HOST
+from ..importers.snapshot_fields import fields_by_event
 from ..model import ACTION_CODE, ACTIONS, Trace
 from .pickle_stream import (
     APPENDS,
@@ -105,7 +110,10 @@ def _annotations(trace: Trace) -> list[dict[str, Any]]:
     return annotations
 
 
-def _entry(t: int, action: int, addr: int, size: int, stream: int, frames: Any) -> dict[str, Any]:
+def _entry(t: int, action: int, addr: int, size: int, stream: int, frames: Any, fields=None) -> dict[str, Any]:
+    """One trace entry; ``fields`` is the (compile_context, user_metadata, pool_id) the import kept
+    (``importers.snapshot_fields``), None for torch's defaults (``pool_id`` then left out)."""
+    context, metadata, pool = fields if fields is not None else (COMPILE_CONTEXT, USER_METADATA, None)
     entry = {
         "action": ACTIONS[action],
         "addr": addr,
@@ -113,12 +121,23 @@ def _entry(t: int, action: int, addr: int, size: int, stream: int, frames: Any) 
         "stream": stream,
         "time_us": t,
         "frames": frames,
-        "compile_context": COMPILE_CONTEXT,
-        "user_metadata": USER_METADATA,
+        "compile_context": context,
+        "user_metadata": metadata,
     }
+    if pool is not None and tuple(pool) != (0, 0):
+        entry["pool_id"] = tuple(pool)
     if action == _OOM:  # PyTorch keeps the device's free bytes of an OOM in "device_free"
         entry["device_free"] = addr
     return entry
+
+
+def _fields(trace: Trace) -> tuple[np.ndarray, list]:
+    """Per event, the index of its kept fields in the returned list (-1: torch's defaults)."""
+    return fields_by_event(trace.facts.get(F.SNAPSHOT_FIELDS), len(trace.events))
+
+
+def _is_host(trace: Trace) -> bool:
+    return trace.process.role == PINNED_HOST
 
 
 def snapshot_dict(trace: Trace, progress=None) -> dict[str, Any]:
@@ -136,12 +155,18 @@ def snapshot_dict(trace: Trace, progress=None) -> dict[str, Any]:
         ev["time_us"].tolist(), ev["action"].tolist(), ev["addr"].tolist(), ev["size"].tolist(),
         ev["stream"].tolist(), ev["stack"].tolist(), strict=True,
     )  # fmt: skip
-    entries = [_entry(t, a, addr, size, stream, frames_of(stack)) for t, a, addr, size, stream, stack in cols]
+    which, values = _fields(trace)
+    entries = [
+        _entry(t, a, addr, size, stream, frames_of(stack), values[w] if w >= 0 else None)
+        for (t, a, addr, size, stream, stack), w in zip(cols, which.tolist(), strict=True)
+    ]
     if progress is not None:
         progress.advance()
     segments = _segments(trace, frames_of)
     if progress is not None:
         progress.advance()
+    if _is_host(trace):  # pinned host memory goes back where torch 2.14 keeps it
+        return {"segments": [], "device_traces": [], "host_segments": segments, "host_traces": entries}
     return {
         "segments": segments,
         "device_traces": [[] for _ in range(device)] + [entries],
@@ -155,19 +180,21 @@ def snapshot_dict(trace: Trace, progress=None) -> dict[str, Any]:
 CHUNK = 1 << 13
 
 
-def _slow_positions(ev: np.ndarray) -> np.ndarray:
-    """Entries the generic writer writes: the first use of each stack and action, and every OOM."""
+def _slow_positions(ev: np.ndarray, which: np.ndarray) -> np.ndarray:
+    """Entries the generic writer writes: the first use of each stack and action, every OOM, and every
+    entry with fields of its own (``which`` >= 0)."""
     if len(ev) == 0:
         return np.zeros(0, np.int64)
     _, first_stack = np.unique(ev["stack"], return_index=True)
     _, first_action = np.unique(ev["action"], return_index=True)
     ooms = np.flatnonzero(ev["action"] == _OOM)
-    return np.unique(np.concatenate((first_stack, first_action, ooms)).astype(np.int64))
+    own = np.flatnonzero(which >= 0)
+    return np.unique(np.concatenate((first_stack, first_action, ooms, own)).astype(np.int64))
 
 
-def _write_entries(ps: PickleStream, ev: np.ndarray) -> None:
+def _write_entries(ps: PickleStream, ev: np.ndarray, which: np.ndarray, values: list) -> None:
     ps.w(EMPTY_LIST)
-    slow = _slow_positions(ev)
+    slow = _slow_positions(ev, which)
     for lo in range(0, len(ev), CHUNK):
         hi = min(len(ev), lo + CHUNK)
         ps.w(MARK)
@@ -176,8 +203,9 @@ def _write_entries(ps: PickleStream, ev: np.ndarray) -> None:
             if i > cur:
                 ps.raw(entry_records(ps, ev[cur:i], ACTIONS).tobytes())
             e = ev[i]
+            w = int(which[i])
             ps.value(_entry(int(e["time_us"]), int(e["action"]), int(e["addr"]), int(e["size"]), int(e["stream"]),
-                            StackRef(int(e["stack"]))))  # fmt: skip
+                            StackRef(int(e["stack"])), values[w] if w >= 0 else None))  # fmt: skip
             cur = i + 1
         if cur < hi:
             ps.raw(entry_records(ps, ev[cur:hi], ACTIONS).tobytes())
@@ -188,12 +216,24 @@ def write_snapshot(trace: Trace, out: IO[bytes], progress=None) -> None:
     """Stream the snapshot of ``trace`` to ``out`` as a protocol-4 pickle (see ``pickle_stream``)."""
     device = trace.process.device_index or 0
     ps = PickleStream(out, [(f.filename, f.line, f.name) for f in trace.frames], trace.stacks)
+    which, values = _fields(trace)
     ps.w(PROTO4 + EMPTY_DICT + MARK)
+    if _is_host(trace):  # pinned host memory goes back where torch 2.14 keeps it
+        for key in ("segments", "device_traces"):
+            ps.string(key)
+            ps.value([])
+        ps.string("host_segments")
+        ps.value(_segments(trace, StackRef))
+        ps.string("host_traces")
+        _write_entries(ps, trace.events, which, values)
+        ps.w(SETITEMS + STOP)
+        ps.flush()
+        return
     ps.string("segments")
     ps.value(_segments(trace, StackRef))
     ps.string("device_traces")
     ps.w(EMPTY_LIST + MARK + EMPTY_LIST * device)
-    _write_entries(ps, trace.events)
+    _write_entries(ps, trace.events, which, values)
     ps.w(APPENDS)
     if progress is not None:
         progress.advance()

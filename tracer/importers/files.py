@@ -2,6 +2,7 @@
 
 - a directory: a run (``*.memtrace`` files, one per process, plain or ``.xz``/``.gz``-compressed);
 - a ``.memtrace`` (SQLite) file, or one compressed (``.memtrace.xz``/``.gz``): one trace;
+- a torch.profiler / Kineto trace (``.json``, ``.json.gz``) with ``[memory]`` events (``importers.kineto``);
 - a PyTorch ``_dump_snapshot`` pickle: only when its name ends in ``.pickle``/``.pkl`` or the user
   passed ``--allow-pickle``. Unpickling can run code, so a one-line warning goes to stderr (once the file
   was read: a file that cannot be read is one error line, nothing before it), and the
@@ -23,10 +24,9 @@ from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
 from ..errors import TraceFormatError
-from ..model import ACTION_CODE, Run, Trace
+from ..model import Run, Trace
+from .kineto import is_profiler_path
 
 PICKLE_SUFFIXES = (".pickle", ".pkl")
 #: The only globals a snapshot pickle may name: containers the standard library rebuilds harmlessly.
@@ -154,25 +154,18 @@ def gc_paused() -> Iterator[None]:
 
 def _traces_from_snapshot_file(path, device, traces_from_snapshot) -> list[Trace]:
     snapshot = read_snapshot(path)
-    if isinstance(snapshot, list) and all(isinstance(s, dict) and "blocks" in s for s in snapshot[:10]):
-        raise TraceFormatError(
-            f"{path} holds allocator state only (a torch.cuda.memory_snapshot() segment list), no history; "
-            "call torch.cuda.memory._record_memory_history() before the workload and dump with _dump_snapshot()"
-        )
     traces = traces_from_snapshot(snapshot, device=device, source=str(path))
     del snapshot
-    inert = (ACTION_CODE["snapshot"], ACTION_CODE["annotate"])
-    if not any(np.isin(t.events["action"], inert, invert=True).any() for t in traces):
-        raise TraceFormatError(
-            f"{path} holds allocator state but no events (no history was recorded); call "
-            "torch.cuda.memory._record_memory_history() before the workload, then dump the snapshot"
-        )
     for t in traces:
         t.path = str(path)
         for note in t.notes:
             if note.level == "warning":
-                print(f"memtrace: warning: {path} (cuda:{t.process.device_index}): {note.text}", file=sys.stderr)
+                print(f"memtrace: warning: {path} ({_where(t)}): {note.text}", file=sys.stderr)
     return traces
+
+
+def _where(t: Trace) -> str:
+    return f"cuda:{t.process.device_index}" if t.process.device_index is not None else t.label
 
 
 def trace_from_snapshot_file(path: str | os.PathLike, *, device: int | None = None) -> Trace:
@@ -199,7 +192,11 @@ def load_input(
     if not p.exists():
         raise TraceFormatError(f"{p}: no such file or directory; pass a run directory, a .memtrace file or a snapshot")
     if p.is_dir():
-        return load_run(p, each=each)
+        return _said(load_run(p, each=each))
+    if is_profiler_path(p):
+        from .kineto import traces_from_kineto_file
+
+        return Run(path=str(p), traces=traces_from_kineto_file(p, device=device))
     if is_pickle_path(p) or allow_pickle:
         try:
             with open(p, "rb") as f:
@@ -207,8 +204,27 @@ def load_input(
         except OSError as exc:
             raise TraceFormatError(f"cannot read {p}: {exc.strerror or exc}; check its permissions") from None
         if head == SQLITE_MAGIC or compression(head):  # a trace misnamed .pkl: read it as what it is
-            return load_run(p)
+            return _said(load_run(p))
         traces = traces_from_snapshot_file(p, device=device)
         warn_pickle(p)
         return Run(path=str(p), traces=traces)
-    return load_run(p)
+    return _said(load_run(p))
+
+
+#: What every command says on stderr about an imported trace of these kinds (``facts["import"]["state"]``).
+_STATE_WORDS = {
+    "moment": "is the allocator's state at one moment (a snapshot without history): no timeline",
+    "missing": "was imported without its allocator state: every peak and total is a lower bound",
+}
+
+
+def _said(run: Run) -> Run:
+    """``run``, after one stderr line per trace that is one moment or a lower bound (the import's warning
+    notes said it when the snapshot was read; a saved trace says it on every load)."""
+    from .. import facts as F
+
+    for t in run.traces:
+        words = _STATE_WORDS.get((t.facts.get(F.IMPORT) or {}).get("state"))
+        if words:
+            print(f"memtrace: warning: {t.path or run.path} ({_where(t)}) {words}", file=sys.stderr)
+    return run

@@ -19,6 +19,7 @@ from .. import facts as F
 from ..analysis.frames import stacks_kind
 from ..errors import TraceFormatError
 from ..model import ACTION_CODE, Block, Frame, Note, Phase, Process, Recording, Segment, Trace, empty_events
+from .snapshot_fields import count_unknown, entry_fields, unknown_note
 
 #: intern_stack(frames) -> stack id, frames as (filename, line, name) tuples, innermost first.
 StackInterner = Callable[[Sequence[tuple[str, int, str]]], int]
@@ -129,23 +130,41 @@ def has_clock(entries: Sequence[dict[str, Any]]) -> bool:
     return any(e.get("time_us") for e in entries[:1000]) or any(e.get("time_us") for e in entries[-1000:])
 
 
-def entries_to_events(entries: Sequence[dict[str, Any]], intern_stack: StackInterner) -> np.ndarray:
-    """Convert ``device_traces[d]`` entries to an ``EVENT_DTYPE`` array, interning their stacks.
-
-    Unknown actions (from a newer PyTorch) are skipped. For ``oom`` entries the device's free bytes
-    (PyTorch's ``device_free``) are stored in ``addr``. Entries without ``time_us`` get 0 (see
-    :func:`has_clock`). Built for ten million entries: each column is gathered in one C-level pass
-    and stacks go through :func:`_stack_column`.
-    """
+def _known(entries: Sequence[dict[str, Any]]) -> tuple[Sequence[dict[str, Any]], list[int]]:
+    """The entries whose action memtrace knows, and their action codes."""
     codes = ACTION_CODE
     actions = list(map(operator.itemgetter("action"), entries)) if entries else []
     code_list = list(map(codes.get, actions))
-    if None in code_list:
-        keep = [c is not None for c in code_list]
-        kept: Sequence[dict[str, Any]] = [e for e, k in zip(entries, keep, strict=True) if k]
-        code_list = [c for c in code_list if c is not None]
-    else:
-        kept = entries
+    if None not in code_list:
+        return entries, code_list
+    keep = [c is not None for c in code_list]
+    return [e for e, k in zip(entries, keep, strict=True) if k], [c for c in code_list if c is not None]
+
+
+def entries_to_events(entries: Sequence[dict[str, Any]], intern_stack: StackInterner) -> np.ndarray:
+    """Convert ``device_traces[d]`` entries to an ``EVENT_DTYPE`` array, interning their stacks.
+
+    Unknown actions (from a newer PyTorch) are left out (:func:`convert_entries` counts them). For ``oom``
+    entries the device's free bytes (PyTorch's ``device_free``) are stored in ``addr``. Entries without
+    ``time_us`` get 0 (see :func:`has_clock`). Built for ten million entries: each column is gathered in
+    one C-level pass and stacks go through :func:`_stack_column`.
+    """
+    kept, code_list = _known(entries)
+    return _events_of(kept, code_list, intern_stack)
+
+
+def convert_entries(
+    entries: Sequence[dict[str, Any]], intern_stack: StackInterner
+) -> tuple[np.ndarray, dict[str, Any] | None, dict[str, list[int]]]:
+    """The events of ``entries`` (:func:`entries_to_events`), their ``snapshot_fields`` document (None:
+    all torch's defaults) and the unknown actions counted (``{action: [entries, bytes]}``)."""
+    kept, code_list = _known(entries)
+    unknown = count_unknown(entries, ACTION_CODE) if len(kept) < len(entries) else {}
+    return _events_of(kept, code_list, intern_stack), entry_fields(kept), unknown
+
+
+def _events_of(kept: Sequence[dict[str, Any]], code_list: list[int], intern_stack: StackInterner) -> np.ndarray:
+    codes = ACTION_CODE
     n = len(kept)
     events = empty_events(n)
     if n == 0:
@@ -191,7 +210,7 @@ def segments_from_snapshot(
         cursor = addr
         for b in s.get("blocks", []):
             size = int(b.get("size", 0))
-            raw_frames.append(b.get("frames"))
+            raw_frames.append(_block_frames(b))
             seg.blocks.append(
                 Block(
                     address=int(b.get("address", cursor)),
@@ -207,6 +226,14 @@ def segments_from_snapshot(
         for block in seg.blocks:
             block.stack = next(stacks)
     return out
+
+
+def _block_frames(block: dict[str, Any]) -> Any:
+    """A block's frames: ``frames``, or (PyTorch before 2.1) its ``history``'s latest entry's."""
+    frames = block.get("frames")
+    if frames is None and block.get("history"):
+        frames = block["history"][-1].get("frames")
+    return frames
 
 
 def phases_from_annotations(annotations: Sequence[dict[str, Any]], device: int | None = None) -> list[Phase]:
@@ -240,10 +267,26 @@ def phases_from_annotations(annotations: Sequence[dict[str, Any]], device: int |
 
 def devices_with_history(snapshot: dict[str, Any]) -> list[int]:
     """Every device whose history holds an allocator event or whose segments are listed, in order."""
+    return sorted(set(_devices_with_events(snapshot)) | _devices_with_state(snapshot))
+
+
+def _devices_with_events(snapshot: dict[str, Any]) -> list[int]:
+    """The devices whose history holds an event with a memory effect (not only ``snapshot`` markers)."""
+    inert = ("snapshot", "annotate")
     traces = snapshot.get("device_traces") or []
-    found = {d for d, t in enumerate(traces) if any(e.get("action") in ACTION_CODE for e in t or [])}
-    found |= {int(s.get("device", 0) or 0) for s in snapshot.get("segments") or []}
-    return sorted(found)
+    return [d for d, t in enumerate(traces) if any(e.get("action") not in inert for e in t or [])]
+
+
+def _devices_with_state(snapshot: dict[str, Any]) -> set[int]:
+    return {int(s.get("device", 0) or 0) for s in snapshot.get("segments") or []}
+
+
+def describe_devices(snapshot: dict[str, Any]) -> str:
+    """``0 (allocator state only), 1 (history)``: what the snapshot holds for each device."""
+    events = set(_devices_with_events(snapshot))
+    return ", ".join(
+        f"{d} ({'history' if d in events else 'allocator state only'})" for d in devices_with_history(snapshot)
+    )
 
 
 def validate_snapshot(snapshot: Any, source: str) -> None:
@@ -260,41 +303,83 @@ SYNTHETIC_CLOCK_NOTE = (
     "this snapshot records no times (time_us arrived in PyTorch 2.1): its events are placed 1 µs apart "
     "in recorded order, so durations and rates are not real; the order and every byte figure are exact"
 )
+MOMENT_NOTE = (
+    "this snapshot is the allocator's state at one moment (taken without _record_memory_history()): there "
+    "is no timeline; every figure is that moment's (who held which blocks, segment by segment)"
+)
+NO_STATE_NOTE = (
+    "this snapshot lists no segments although its history leaves memory held at its end (converters write "
+    "'segments: []'): memory held before recording began cannot be known, so every peak and total here is a "
+    "lower bound (the least the history implies), not the peak"
+)
+
+
+def _state_missing(events: np.ndarray, segments: list[Segment]) -> bool:
+    """True when the final state is listed empty although the events, from the least memory that keeps
+    them non-negative, leave memory allocated or reserved at the end, or allocate more than is reserved:
+    then the listed state is not the real one, and what was held before recording is unknown."""
+    if segments or not len(events):
+        return False
+    act, size = events["action"], events["size"]
+
+    def least(up: tuple[str, ...], down: tuple[str, ...]) -> np.ndarray:
+        d = np.where(np.isin(act, [ACTION_CODE[a] for a in up]), size, 0)
+        sums = np.cumsum(d - np.where(np.isin(act, [ACTION_CODE[a] for a in down]), size, 0))
+        return sums + max(0, -int(sums.min()))
+
+    held = least(("alloc",), ("free_completed",))
+    reserved = least(("segment_alloc", "segment_map"), ("segment_free", "segment_unmap"))
+    return bool(held[-1] > 0 or reserved[-1] > 0 or (held > reserved).any())
 
 
 def _device_trace(snapshot: dict[str, Any], dev: int, devices: list[int]) -> Trace:
     traces = snapshot.get("device_traces") or []
     entries = (traces[dev] or []) if dev < len(traces) else []
     interner = Interner()
-    events = entries_to_events(entries, interner)
+    events, fields, unknown = convert_entries(entries, interner)
     segments = segments_from_snapshot(snapshot.get("segments", []), interner, device=dev)
+    inert = (ACTION_CODE["snapshot"], ACTION_CODE["annotate"])
+    moment = not np.isin(events["action"], inert, invert=True).any()
     notes: list[Note] = []
-    clock = "recorded"
-    if len(events) and not has_clock(entries):
+    clock = "recorded" if has_clock(entries) else "none"
+    if moment:
+        notes.append(Note(0, "warning", MOMENT_NOTE))
+    elif len(events) and clock == "none":
         events["time_us"] = np.arange(len(events), dtype=np.int64)
         clock = "synthetic"
         notes.append(Note(0, "warning", SYNTHETIC_CLOCK_NOTE))
+    state = "moment" if moment else ("missing" if _state_missing(events, segments) else "recorded")
+    if state == "missing":
+        notes.append(Note(0, "warning", NO_STATE_NOTE))
+    if unknown:
+        notes.append(Note(0, "warning", unknown_note(unknown)))
     if len(devices) > 1:
         others = ", ".join(f"cuda:{d}" for d in devices if d != dev)
         notes.append(Note(0, "info", f"the snapshot holds several devices; this trace is cuda:{dev} (rank {dev}), "
                                      f"the others ({others}) are their own traces"))  # fmt: skip
-    stacks = stacks_kind([Frame(*f) for f in interner.frames])
+    frames = [Frame(*f) for f in interner.frames]
+    stacks = stacks_kind(frames)
+    timed = len(events) and clock != "none"
     trace = Trace(
         process=Process(role="import", rank=dev, device_index=dev),
         recording=Recording(
             source="torch-snapshot",
-            start_us=int(events["time_us"].min()) if len(events) else None,
-            end_us=int(events["time_us"].max()) if len(events) else None,
+            start_us=int(events["time_us"].min()) if timed else None,
+            end_us=int(events["time_us"].max()) if timed else None,
             stacks=stacks,
         ),
         events=events,
-        frames=[Frame(*f) for f in interner.frames],
+        frames=frames,
         stacks=list(interner.stacks),
         segments=segments,
-        phases=[] if clock == "synthetic" else phases_from_annotations(snapshot.get("external_annotations", []), dev),
+        phases=[] if clock != "recorded" else phases_from_annotations(snapshot.get("external_annotations", []), dev),
         notes=notes,
     )
-    trace.facts[F.IMPORT] = {"device": dev, "devices": devices, "clock": clock, "stacks": stacks}
+    trace.facts[F.IMPORT] = {"device": dev, "devices": devices, "clock": clock, "stacks": stacks, "state": state}
+    if unknown:
+        trace.facts[F.IMPORT]["unknown_actions"] = unknown
+    if fields:
+        trace.facts[F.SNAPSHOT_FIELDS] = fields
     settings = snapshot.get("allocator_settings")
     if settings:
         trace.facts[F.ALLOCATOR_SETTINGS] = settings
@@ -304,27 +389,42 @@ def _device_trace(snapshot: dict[str, Any], dev: int, devices: list[int]) -> Tra
 def traces_from_snapshot(
     snapshot: dict[str, Any], *, device: int | None = None, source: str = "snapshot"
 ) -> list[Trace]:
-    """One Trace per device of a whole ``_snapshot()`` dict (events, segments, frames, phases).
+    """One Trace per device of a whole ``_snapshot()`` dict (events, segments, frames, phases), then one
+    for its pinned host memory when it holds any (``importers.pinned_host``).
 
     Every device with history or segments becomes its own trace, ``rank`` = its index (so
-    ``--rank 1`` picks cuda:1); ``device`` keeps that one only. A snapshot without ``time_us``
-    gets an order-preserving synthetic clock and a warning note (:data:`SYNTHETIC_CLOCK_NOTE`).
+    ``--rank 1`` picks cuda:1); ``device`` keeps that one only. A device with segments and no history is
+    a trace of one moment (:data:`MOMENT_NOTE`). A snapshot without ``time_us`` gets an
+    order-preserving synthetic clock and a warning note (:data:`SYNTHETIC_CLOCK_NOTE`).
     """
-    validate_snapshot(snapshot, source)
+    from .pinned_host import host_trace
+
+    snapshot = as_snapshot(snapshot, source)
     devices = devices_with_history(snapshot)
     if device is not None:
         if device not in devices:
-            have = ", ".join(map(str, devices)) or "none"
-            raise TraceFormatError(f"{source} has no history for device {device} (devices with history: {have})")
+            have = describe_devices(snapshot) or "none"
+            raise TraceFormatError(f"{source} holds nothing for device {device} (devices it holds: {have})")
         wanted = [device]
     else:
         wanted = devices
-    if not wanted:
+    host = host_trace(snapshot, interner=Interner()) if device is None else None
+    if not wanted and host is None:
         raise TraceFormatError(
             f"{source} holds no allocator events and no segments; record with "
             "torch.cuda.memory._record_memory_history() before taking the snapshot"
         )
-    return [_device_trace(snapshot, d, devices) for d in wanted]
+    out = [_device_trace(snapshot, d, devices) for d in wanted]
+    return out + ([host] if host is not None else [])
+
+
+def as_snapshot(snapshot: Any, source: str) -> dict[str, Any]:
+    """The ``_snapshot()`` dict of what was unpickled: an old ``torch.cuda.memory_snapshot()`` segment list
+    becomes its ``segments``; anything else that is not a snapshot is refused (:func:`validate_snapshot`)."""
+    if isinstance(snapshot, list) and snapshot and all(isinstance(s, dict) and "blocks" in s for s in snapshot[:10]):
+        return {"segments": snapshot, "device_traces": []}
+    validate_snapshot(snapshot, source)
+    return snapshot
 
 
 def trace_from_snapshot(snapshot: dict[str, Any], *, device: int | None = None, source: str = "snapshot") -> Trace:

@@ -1,0 +1,301 @@
+"""What the plugin does at each vLLM start-up phase: one handler class per phase, plus the read hooks.
+
+Each class is a ``hooks.Handler`` named by an entry of :mod:`.surface` (the table says which vLLM
+function it wraps and in which releases); :class:`PhaseHook` marks the phase around the call and the
+subclasses add that phase's facts (``before_phase`` / ``after_phase``). The canonical phase names live
+here, at the bottom of the plugin, so the table and every handler spell them once.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+from typing import Any
+
+from .. import facts as F
+from ..capture.clock import now_us
+from . import vllm_boundaries, vllm_facts
+from .hooks import Target, call_argument
+
+log = logging.getLogger("memtrace")
+
+#: Canonical phase names: reports and diffs match phases by these.
+INIT_DEVICE = "init_device"
+LOAD_MODEL = "load_model"
+PROFILE_RUN = "profile_run"
+CUDAGRAPH_PROFILE = "cudagraph_profile"
+DETERMINE_AVAILABLE_MEMORY = "determine_available_memory"
+KV_CACHE_INIT = "kv_cache_init"
+COMPILE_OR_WARM_UP = "compile_or_warm_up"
+KERNEL_WARMUP = "kernel_warmup"
+CAPTURE_MODEL = "capture_model"
+WARMUP_KERNELS = "warmup_kernels"
+KV_CACHE_SIZING_WARMUP = "kv_cache_sizing_warmup"
+KV_CACHE_SIZING = "kv_cache_sizing"
+KV_CACHE_EXTEND = "kv_cache_extend"
+
+PHASE_ORDER = (
+    INIT_DEVICE,
+    LOAD_MODEL,
+    DETERMINE_AVAILABLE_MEMORY,
+    PROFILE_RUN,
+    CUDAGRAPH_PROFILE,
+    KV_CACHE_INIT,
+    COMPILE_OR_WARM_UP,
+    KERNEL_WARMUP,
+    WARMUP_KERNELS,
+    KV_CACHE_SIZING_WARMUP,
+    CAPTURE_MODEL,
+    KV_CACHE_SIZING,
+    KV_CACHE_EXTEND,
+)
+
+
+def session() -> Any:
+    """The recording session of this process, or None (memtrace.capture not loaded or not recording)."""
+    mod = sys.modules.get("memtrace.capture.api")
+    return mod.current_session() if mod is not None else None
+
+
+class PhaseHook:
+    """A hooks.Handler marking one canonical phase around a vLLM method; subclasses add its facts.
+
+    ``entry`` is the :class:`.surface.Entry` (its ``phase`` and ``skip_kwarg``); ``plugin`` the per-process
+    ``vllm.Plugin``."""
+
+    def __init__(self, plugin: Any, entry: Any):
+        self.plugin = plugin
+        self.target = entry
+        self.phase = entry.phase
+        self.key = entry.phase  # one phase at a time: a subclass calling its base is not nested
+        self.cost_source = "phases"  # where hooks.py charges this hook's time
+
+    def before(self, target: Target, args: tuple, kwargs: dict) -> Any:
+        if self.target.skip_kwarg and call_argument(target, self.target.skip_kwarg, args, kwargs):
+            return None
+        worker = args[0] if args else None
+        current = session()
+        if current is None:
+            return None
+        self.before_phase(current, worker, target, args, kwargs)
+        index = current.phase_enter(self.phase, source="vllm")
+        vllm_boundaries.record(current, self.phase, "start")
+        return (index, worker, current)
+
+    def after(self, token: Any, result: Any, error: BaseException | None) -> None:
+        if token is None:
+            return
+        index, worker, current = token
+        vllm_boundaries.record(current, self.phase, "end")
+        current.phase_exit(index)
+        if error is not None:
+            _log_oom(self.phase, error, current)
+            return
+        self.after_phase(current, worker, result)
+
+    def before_phase(self, current: Any, worker: Any, target: Target, args: tuple, kwargs: dict) -> None:
+        """Facts to take as the phase begins (none by default)."""
+
+    def after_phase(self, current: Any, worker: Any, result: Any) -> None:
+        """Facts to take when the phase returned normally (none by default)."""
+
+
+class InitDevice(PhaseHook):
+    """``init_device``: recording starts where it returns (the process owns a device now)."""
+
+    def before(self, target: Target, args: tuple, kwargs: dict) -> Any:
+        return (None, args[0] if args else None, now_us())
+
+    def after(self, token: Any, result: Any, error: BaseException | None) -> None:
+        if token is not None and error is None:
+            _, worker, start_us = token
+            self.plugin.start_session(worker, start_us)
+
+
+class LoadModel(PhaseHook):
+    """``load_model``: the weights' bytes as vLLM counted them."""
+
+    def after_phase(self, current: Any, worker: Any, result: Any) -> None:
+        weights = getattr(getattr(worker, "model_runner", None), "model_memory_usage", None)
+        if isinstance(weights, (int, float)):
+            current.set_fact(F.VLLM_WEIGHTS_BYTES, int(weights))
+
+
+class DetermineAvailableMemory(PhaseHook):
+    """``determine_available_memory``: vLLM's available-KV figure, how it was sized, its profile and target."""
+
+    kv_bytes_given: Any = None  # --kv-cache-memory-bytes as the call began
+
+    def before_phase(self, current: Any, worker: Any, target: Target, args: tuple, kwargs: dict) -> None:
+        self.kv_bytes_given = vllm_facts.kv_bytes_given(worker)
+
+    def after_phase(self, current: Any, worker: Any, result: Any) -> None:
+        if isinstance(result, int):
+            current.set_fact(F.VLLM_AVAILABLE_KV_BYTES, int(result))
+        current.set_fact(F.VLLM_KV_SIZE_SOURCE, vllm_facts.kv_size_source(self.kv_bytes_given, worker))
+        current.set_fact(F.VLLM_PROFILE, vllm_facts.profile_facts(worker))
+        # the target vLLM sizes with (0.34 resolves it again if the extensible KV cache was turned off)
+        for key, value in vllm_facts.target_facts(worker).items():
+            current.set_fact(key, value)
+        current.set_fact(F.UTIL_SOURCE, vllm_facts.util_source(worker, self.plugin.version, self.plugin.argv()))
+
+
+class KvCacheInit(PhaseHook):
+    """``kv_cache_init``: the KV cache's configuration (blocks, tokens) as it is allocated."""
+
+    def before_phase(self, current: Any, worker: Any, target: Target, args: tuple, kwargs: dict) -> None:
+        if len(args) > 1:
+            for key, value in vllm_facts.kv_cache_facts(args[1], worker).items():
+                current.set_fact(key, value)
+
+
+class CudagraphProfile(PhaseHook):
+    """``cudagraph_profile``: vLLM's estimate of the CUDA graphs' memory."""
+
+    def after_phase(self, current: Any, worker: Any, result: Any) -> None:
+        if isinstance(result, int):
+            current.set_fact(F.VLLM_GRAPH_ESTIMATE_BYTES, int(result))
+
+
+class KvCacheSizing(PhaseHook):
+    """``kv_cache_sizing`` (0.34, ``measure_kv_cache_blocks(kv_cache, ...)``): the inputs and result of
+    vLLM's post-warm-up sizing."""
+
+    def before_phase(self, current: Any, worker: Any, target: Target, args: tuple, kwargs: dict) -> None:
+        current.set_fact(  # args[0] is the ExtensibleKVCache here
+            F.VLLM_KV_SIZING,
+            vllm_facts.sizing_inputs(
+                worker,
+                call_argument(target, "init_free_memory", args, kwargs),
+                call_argument(target, "requested_memory", args, kwargs),
+            ),
+        )
+
+    def after_phase(self, current: Any, worker: Any, result: Any) -> None:
+        sizing = dict(current.facts.get(F.VLLM_KV_SIZING) or {})
+        if isinstance(result, int):
+            sizing["num_blocks"] = int(result)
+        limit = getattr(worker, "torch_memory_limit", None)
+        if isinstance(limit, int):
+            sizing["torch_memory_limit_bytes"] = limit
+        sizing["time_us"] = now_us()
+        current.set_fact(F.VLLM_KV_SIZING, sizing)
+
+
+class KvCacheExtend(PhaseHook):
+    """``kv_cache_extend`` (0.34): the KV cache reaches its final size; start-up is complete."""
+
+    def after_phase(self, current: Any, worker: Any, result: Any) -> None:
+        self.plugin.kv_cache_extended(current, worker)
+
+
+class CompileOrWarmUp(PhaseHook):
+    """``compile_or_warm_up``: the end of start-up, unless an extensible KV cache is extended next."""
+
+    def after_phase(self, current: Any, worker: Any, result: Any) -> None:
+        if vllm_facts.extensible(worker) and self.plugin.extends_kv_cache:
+            return  # the KV cache is committed to its final size next (kv_cache_extend): start-up ends there
+        tokens = vllm_facts.kv_cache_facts(None, worker).get(F.VLLM_KV_TOKENS)
+        if tokens is not None and F.VLLM_KV_TOKENS not in current.facts:
+            current.set_fact(F.VLLM_KV_TOKENS, tokens)
+        self.plugin.startup_complete(current)
+
+
+class PeakResetHook:
+    """Appends the time of each reset of torch's peak counters to ``memtrace.peak_resets_us``."""
+
+    key = "torch.reset_peak_memory_stats"  # one key: torch.accelerator's reset calling torch.cuda's counts once
+    cost_source = "sizing_reads"
+
+    def __init__(self, plugin: Any = None, entry: Any = None):
+        pass
+
+    def before(self, target: Target, args: tuple, kwargs: dict) -> Any:
+        return session()
+
+    def after(self, token: Any, result: Any, error: BaseException | None) -> None:
+        if token is not None and error is None:
+            token.set_fact(F.PEAK_RESETS_US, [*(token.facts.get(F.PEAK_RESETS_US) or []), now_us()])
+
+
+class TransientPeakHook:
+    """Appends what each ``record_transient_peak`` read to ``vllm.transient_peaks``: torch's allocated and
+    reserved counters (current and peak since the last reset) and the reserve it left on the KV cache."""
+
+    key = "vllm.transient_peak"
+    cost_source = "sizing_reads"
+
+    def __init__(self, plugin: Any = None, entry: Any = None):
+        pass
+
+    def before(self, target: Target, args: tuple, kwargs: dict) -> Any:
+        current = session()
+        return None if current is None or not args else (current, args[0])
+
+    def after(self, token: Any, result: Any, error: BaseException | None) -> None:
+        if token is None or error is not None or not hasattr(result, "get"):
+            return
+        current, kv_cache = token
+        item = {"time_us": now_us()}
+        for key, stat in (
+            ("allocated_bytes", "allocated_bytes.all.current"),
+            ("allocated_peak_bytes", "allocated_bytes.all.peak"),
+            ("reserved_bytes", "reserved_bytes.all.current"),
+            ("reserved_peak_bytes", "reserved_bytes.all.peak"),
+        ):
+            value = result.get(stat)
+            if isinstance(value, int):
+                item[key] = value
+        for key, attr in (
+            ("reserved_headroom_bytes", "reserved_headroom_bytes"),
+            ("torch_reserve_growth_bytes", "torch_reserve_growth_bytes"),
+        ):
+            value = getattr(kv_cache, attr, None)
+            if isinstance(value, int):
+                item[key] = value
+        current.set_fact(F.VLLM_TRANSIENT_PEAKS, [*(current.facts.get(F.VLLM_TRANSIENT_PEAKS) or []), item])
+
+
+class SizingReadHook:
+    """Keeps vLLM's first ``device_memory_info`` reading inside ``kv_cache_sizing`` in ``vllm.kv_cache_sizing``
+    (taken after its ``empty_cache``: the ``free_memory`` the KV cache is sized from)."""
+
+    key = "vllm.sizing_read"
+    cost_source = "sizing_reads"
+
+    def __init__(self, plugin: Any = None, entry: Any = None):
+        pass
+
+    def before(self, target: Target, args: tuple, kwargs: dict) -> Any:
+        current = session()
+        if current is None or not current.phase_path().endswith(KV_CACHE_SIZING):
+            return None
+        sizing = current.facts.get(F.VLLM_KV_SIZING) or {}
+        return None if "free_memory_bytes" in sizing else current
+
+    def after(self, token: Any, result: Any, error: BaseException | None) -> None:
+        if token is None or error is not None or not isinstance(result, tuple) or len(result) != 2:
+            return
+        free, total = result
+        if isinstance(free, int) and isinstance(total, int):
+            sizing = dict(token.facts.get(F.VLLM_KV_SIZING) or {})
+            sizing.update(free_memory_bytes=free, total_memory_bytes=total, free_read_us=now_us())
+            token.set_fact(F.VLLM_KV_SIZING, sizing)
+
+
+_oom_logged: set[int] = set()  # ids of the OOM errors already logged (each phase it crosses sees it)
+
+
+def _log_oom(phase: str, error: BaseException, current: Any) -> None:
+    """Say once, at the innermost phase it crossed, that a CUDA OOM is vLLM's/PyTorch's error, not memtrace's."""
+    kind = type(error)
+    if kind.__name__ != "OutOfMemoryError" or not kind.__module__.startswith("torch") or id(error) in _oom_logged:
+        return
+    _oom_logged.add(id(error))
+    log.warning(
+        "memtrace: vLLM ran out of GPU memory in %s (torch.OutOfMemoryError, raised by PyTorch's allocator for "
+        "vLLM; the error and its traceback are vLLM's, not memtrace's). memtrace only observed it: the trace "
+        "with the failed request is %s",
+        phase,
+        getattr(current, "path", "?"),
+    )

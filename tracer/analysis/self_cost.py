@@ -1,0 +1,117 @@
+"""What memtrace cost the traced program: its own time on the program's threads, by source, and the
+allocator history's estimated cost, against vLLM's "init engine" span.
+
+Reads the fact ``memtrace.self_cost`` (written by ``capture.session``; see ``memtrace.facts``). The
+history's cost is PyTorch's (stacks gathered inside each allocation): it is estimated from the
+calibration taken at start, per allocation at the calibration's stack depth plus per frame beyond it,
+times the allocations this trace holds and their stacks' depths. Without a calibration (no GPU, an old
+trace) it is *not measured*, never 0.
+
+"init engine" is vLLM's own span (its log line "init engine (profile, create kv cache, warmup model)
+took X s" times ``EngineCore._initialize_kv_caches``); in a worker's trace it runs from the start of
+``determine_available_memory`` to the end of start-up (``vllm.startup_complete_us``, else the end of
+the last top-level phase).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from .. import facts as F
+from ..model import ACTION_CODE, Trace
+
+INIT_ENGINE_FIRST_PHASE = "determine_available_memory"
+#: how a source's name groups in the one-line figure (prefix before the first dot)
+HISTORY = "history (PyTorch, estimated)"
+
+
+@dataclass(frozen=True)
+class CostSource:
+    name: str
+    ns: int
+    calls: int
+
+
+@dataclass(frozen=True)
+class SelfCost:
+    """memtrace's cost in one trace. ``recorded`` False: an older trace (nothing else is set)."""
+
+    recorded: bool
+    measured_ns: int = 0  # memtrace's own code, timed
+    history_ns: int | None = None  # PyTorch's history recording, estimated; None: not measured
+    history_why: str = ""  # why not measured
+    sources: list[CostSource] = field(default_factory=list)  # largest first, the history estimate included
+    memtrace_threads_ns: int = 0  # memtrace's own threads (not counted)
+    init_engine_us: int | None = None
+    startup_us: int | None = None  # init_device's start to the end of start-up
+
+    @property
+    def total_ns(self) -> int:
+        return self.measured_ns + (self.history_ns or 0)
+
+    @property
+    def share_of_init_engine(self) -> float | None:
+        if not self.init_engine_us:
+            return None
+        return self.total_ns / (self.init_engine_us * 1000)
+
+
+def history_estimate_ns(trace: Trace, calibration: dict) -> int | None:
+    """PyTorch's cost of recording this trace's allocations, from the calibration (None if not measured)."""
+    if not calibration.get("measured"):
+        return None
+    per_alloc = float(calibration.get("per_alloc_ns", 0.0))
+    per_frame = float(calibration.get("per_frame_ns", 0.0))
+    depth0 = int(calibration.get("depth", 0))
+    allocs = trace.events[trace.events["action"] == ACTION_CODE["alloc"]]
+    if not len(allocs):
+        return 0
+    depths = np.array([len(s) for s in trace.stacks] + [0], dtype=np.int64)  # index -1: no stack
+    extra = np.maximum(depths[allocs["stack"]] - depth0, 0)
+    return int(round(len(allocs) * per_alloc + per_frame * float(extra.sum())))
+
+
+def _init_engine_us(trace: Trace) -> tuple[int | None, int | None]:
+    top = [p for p in trace.phases if p.parent is None]
+    if not top:
+        return None, None
+    end = F.int_fact(trace.facts, F.VLLM_STARTUP_COMPLETE_US)
+    if end is None:
+        ends = [p.end_us for p in top if p.end_us is not None]
+        end = max(ends) if ends else None
+    if end is None:
+        return None, None
+    first = next((p for p in top if p.name == INIT_ENGINE_FIRST_PHASE), None)
+    init_engine = end - first.start_us if first is not None else None
+    return init_engine, end - min(p.start_us for p in top)
+
+
+def self_cost(trace: Trace) -> SelfCost:
+    """memtrace's cost recorded in ``trace`` (``recorded`` False for a trace that predates it)."""
+    fact = trace.facts.get(F.SELF_COST)
+    if not isinstance(fact, dict):
+        return SelfCost(recorded=False)
+    sources = [
+        CostSource(str(name), int(v.get("ns", 0)), int(v.get("calls", 0)))
+        for name, v in (fact.get("sources") or {}).items()
+        if isinstance(v, dict)
+    ]
+    calibration = fact.get("history") or {}
+    history = history_estimate_ns(trace, calibration)
+    if history is not None:
+        sources.append(
+            CostSource(HISTORY, history, int(np.count_nonzero(trace.events["action"] == ACTION_CODE["alloc"])))
+        )
+    init_engine, startup = _init_engine_us(trace)
+    return SelfCost(
+        recorded=True,
+        measured_ns=int(fact.get("total_ns", sum(s.ns for s in sources if s.name != HISTORY))),
+        history_ns=history,
+        history_why="" if history is not None else str(calibration.get("why") or "no calibration in the trace"),
+        sources=sorted(sources, key=lambda s: -s.ns),
+        memtrace_threads_ns=int(fact.get("memtrace_threads_ns", 0)),
+        init_engine_us=init_engine,
+        startup_us=startup,
+    )
