@@ -17,9 +17,13 @@ from importlib import resources
 from typing import Any
 
 from . import verdict_text
+from .format_spec import Format
 from .report import render as render_report
 from .report import worst_line
 from .view_data import PackedRank, pack_rank
+
+#: this module's output format(s) (``plots.format_spec``)
+FORMATS = (Format("view", "-view.html", (".html",), commands=("view",)),)
 
 #: Width in pixels of the coarse overview a page without its events carries.
 OVERVIEW_WIDTH = 1600

@@ -1,6 +1,6 @@
 """FakeTorch: the parts of ``torch.cuda`` that ``memtrace.capture.history`` uses, for CPU tests and benches.
 
-It replays the entries of a ``_snapshot()``-shaped dict (e.g. ``memtrace.exporters.memory_viz.
+It replays the entries of a ``_snapshot()``-shaped dict (e.g. ``memtrace.plots.memory_viz.
 snapshot_dict`` of a synthetic trace) as if the program allocated them: ``allocate(n)`` records the
 next ``n`` entries (a fresh frames list per entry, as torch builds them) and bumps the allocator's
 cumulative counters; ``_snapshot()`` returns the history since the last clear plus the segments.
