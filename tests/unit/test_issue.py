@@ -84,7 +84,9 @@ def test_real_h200_bundle_names_the_gpu_and_the_warm_up_crossing(tmp_path):
     assert main(["issue", str(H200_FULL), "-o", str(tmp_path / "b")]) == 0
     md = (tmp_path / "b" / "issue.md").read_text()
     assert "| GPU | NVIDIA H200 |" in md and "| compute capability | 9.0 |" in md and "| driver | 580.159.04 |" in md
-    assert "Device used by this process first crossed the target (128.62 GiB) in `compile_or_warm_up/kernel_warmup`" in md
+    assert (
+        "Device used by this process first crossed the target (128.62 GiB) in `compile_or_warm_up/kernel_warmup`" in md
+    )
     assert "vLLM's available KV cache: 121.72 GiB." in md
 
 
