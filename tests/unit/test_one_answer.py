@@ -271,3 +271,73 @@ def test_the_issue_bundle_of_the_three_device_snapshot_names_the_rank_that_died_
     assert "Figures of rank 1, the worst of 3 ranks (died)" in screen
     assert "**Peak before it died:** PyTorch reserved 78.42 GiB" in screen and "7.96 GiB" not in screen
     assert "| devices | cuda:0, cuda:1, cuda:2 |" in md
+
+
+# -- one vocabulary (issue 32): every named quantity, the same bytes in every output, over every shipped trace --
+
+
+def _every_shipped_trace() -> list[Path]:
+    from vllm034_data import STEPS, VLLM033, VLLM034
+
+    runs = [p for p in (DATA / "h200").iterdir() if p.is_dir()] + [
+        p for p in (DATA / "vllm-h200").iterdir() if p.is_dir() and any(p.glob("*.memtrace"))
+    ]
+    runs += [VLLM034.run_dir(s) for s in STEPS] + [VLLM033.run_dir("moe")]
+    runs += [DATA / "vllm-cpu-tp2" / "memtrace-run", DATA / "vllm-cpu-tp2" / "ray-two-nodes"]
+    return sorted(runs) + [p for p in sorted((DATA / "snapshots").glob("*.pickle")) if p.name != "state-only.pickle"]
+
+
+@pytest.mark.parametrize("run", _every_shipped_trace(), ids=lambda p: f"{p.parent.name}/{p.name}")
+def test_every_named_quantity_is_the_same_bytes_in_every_output_that_shows_it(run, capsys, tmp):
+    from memtrace.analysis import quantities as Q
+    from memtrace.units import gib_or_dash
+
+    code, out = _cli(capsys, "report", run, "--json")
+    assert code == 0
+    reports = json.loads(out)["traces"]
+    _, text = _cli(capsys, "report", run)
+    text = " ".join(text.split())
+    if not any(r["n_events"] for r in reports):  # recorded nothing: no figure to state, and the view says so
+        assert main(["view", str(run), "-o", str(tmp / f"vocab-{run.name}.html"), "--force"]) == 2
+        assert "recorded no allocator events" in capsys.readouterr().err
+        return
+    perfetto = _perfetto(capsys, run, [], tmp / f"vocab-{run.name}.json")
+    assert main(["view", str(run), "-o", str(tmp / f"vocab-{run.name}.html"), "--force"]) == 0
+    capsys.readouterr()
+    page = (tmp / f"vocab-{run.name}.html").read_text()
+    lanes = {r["label"]: r for r in json.loads(page.split('id="mt-doc">', 1)[1].split("</script>", 1)[0])["ranks"]}
+    code, out = _cli(capsys, "diff", run, run, "--json")
+    diffs = json.loads(out)["traces"] if code in (0, 1) and out.startswith("{") else []
+    for i, r in enumerate(reports):
+        if not r["n_events"]:
+            continue
+        reserved, allocated = r["peak"]["reserved_bytes"], r["peak_allocated"]["bytes"]
+        held = r["peak_held"]["bytes"] if r["peak_held"] else None
+        device = r["peak_device_used"]["bytes"] if r["peak_device_used"] else None
+        label = r["label"] if r["process"]["rank"] is None else f"{r['label']} (pid {r['process']['pid']})"
+        # PyTorch reserved: text, Perfetto, the view's peak and its landmark, diff
+        assert f"reserved {gib_or_dash(reserved)} at" in text
+        assert perfetto[label]["peak"] == reserved
+        lane = lanes[r["label"]]
+        assert lane["peak"]["reserved_bytes"] == reserved
+        assert [m["bytes"] for m in lane["landmarks"] if m["name"] == "peak"] == [reserved]
+        # PyTorch allocated (requested), and memory present before recording began
+        assert f"allocated peak {gib_or_dash(allocated)}" in text
+        assert lane["peak"]["allocated_bytes"] == r["peak"]["allocated_bytes"]
+        assert (lane["baseline"]["allocated"], lane["baseline"]["reserved"]) == (
+            r["baseline"]["allocated_bytes"],
+            r["baseline"]["reserved_bytes"],
+        )
+        before = [h for h in r["holders"] if h["before_recording"]]
+        assert sum(h["bytes"] for h in before) <= r["baseline"]["allocated_bytes"]
+        # held by this process (reserved + the KV cache outside PyTorch): the view and diff say the same bytes
+        if held is not None:
+            assert lane["vmm"] is None or lane["vmm"]["held_peak_bytes"] == held
+        if device is not None:
+            assert f"device used peak {gib_or_dash(device)}" in text
+        if diffs:
+            head = {c["label"]: c["new_bytes"] for c in diffs[i]["headline"]}
+            assert head["peak reserved"] == reserved and head["peak allocated"] == allocated
+            assert head.get(f"peak {Q.HELD.label}") == held  # only when a KV cache sat outside PyTorch
+            if device is not None and diffs[i]["device_level"]:
+                assert head["peak device used"] == device

@@ -220,7 +220,7 @@ def test_report_shows_versions_warnings_notes_and_the_reconciliation(capsys, tmp
     assert "WARNING: the allocator history was truncated (at least 4,096 events lost)" in out
     assert "warning: hook target flashinfer.experimental.b12x not found" in out
     recon = out.split("Reconciliation")[1]
-    assert "(vllm-0.33 formula, device memory from nvml)" in recon
+    assert "(the formula of vLLM 0.32 and later, device memory from nvml)" in recon and "vllm-0.33" not in recon
     assert (
         "non-KV = device memory consumed since init 28.29 GiB + transient peak headroom 14.00 GiB = 42.29 GiB" in recon
     )
