@@ -383,8 +383,12 @@ def render_report(summary: Summary, file: TextIO, width: int = 100, markdown: bo
     if summary.warnings:
         out.item(f"WARNING: {len(summary.warnings)} warning(s) below; figures may be incomplete")
     _phases(out, summary)
-    _peak(out, summary)
-    _target(out, summary)
+    if summary.n_events or summary.oom is not None:
+        _peak(out, summary)
+        _target(out, summary)
+    else:  # the "recorded nothing" verdict: no peak, and no target kept or crossed
+        out.heading("Peak")
+        out.item("none: no allocator events were recorded, so there is no peak and no target was kept or crossed")
     _holders(out, summary)
     render_non_torch(out, summary)
     _hooks(out, summary)
