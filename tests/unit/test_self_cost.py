@@ -23,9 +23,9 @@ from memtrace.analysis.self_cost import HISTORY, history_estimate_ns, self_cost
 from memtrace.analysis.summary import summarize
 from memtrace.capture import history_cost, selfcost
 from memtrace.capture import session as S
-from memtrace.exporters.memory_viz import snapshot_dict
 from memtrace.model import ACTION_CODE
 from memtrace.plots import cost_text
+from memtrace.plots.memory_viz import snapshot_dict
 from memtrace.plots.text import render_report
 from memtrace.plugins.hooks import HookManager, Target
 from memtrace.store import load_trace
