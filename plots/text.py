@@ -383,7 +383,7 @@ def render_report(summary: Summary, file: TextIO, width: int = 100, markdown: bo
     if summary.warnings:
         out.item(f"WARNING: {len(summary.warnings)} warning(s) below; figures may be incomplete")
     _phases(out, summary)
-    if summary.n_events or summary.oom is not None:
+    if summary.n_events or summary.oom is not None or summary.baseline.reserved_bytes:  # (a snapshot's one moment)
         _peak(out, summary)
         _target(out, summary)
     else:  # the "recorded nothing" verdict: no peak, and no target kept or crossed

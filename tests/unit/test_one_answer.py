@@ -23,7 +23,7 @@ DATA = Path(__file__).resolve().parents[1] / "data"
 RUNS = sorted(
     [p for p in (DATA / "h200").iterdir() if p.is_dir()]
     + [p for p in (DATA / "vllm-h200").iterdir() if p.is_dir()]
-    + [p for p in (DATA / "snapshots").glob("*.pickle") if p.name != "state-only.pickle"]
+    + [p for p in (DATA / "snapshots").glob("*.pickle") if "state-only" not in p.name]
 )
 GiB = 1 << 30
 TARGETS = {
@@ -284,7 +284,7 @@ def _every_shipped_trace() -> list[Path]:
     ]
     runs += [VLLM034.run_dir(s) for s in STEPS] + [VLLM033.run_dir("moe")]
     runs += [DATA / "vllm-cpu-tp2" / "memtrace-run", DATA / "vllm-cpu-tp2" / "ray-two-nodes"]
-    return sorted(runs) + [p for p in sorted((DATA / "snapshots").glob("*.pickle")) if p.name != "state-only.pickle"]
+    return sorted(runs) + [p for p in sorted((DATA / "snapshots").glob("*.pickle")) if "state-only" not in p.name]
 
 
 @pytest.mark.parametrize("run", _every_shipped_trace(), ids=lambda p: f"{p.parent.name}/{p.name}")

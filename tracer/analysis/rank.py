@@ -19,6 +19,7 @@ from functools import cached_property
 
 import numpy as np
 
+from .. import facts as F
 from ..model import Trace
 from .blocks import block_curve
 from .categories import Categorized, CategorySteps, categorize, category_steps
@@ -110,7 +111,10 @@ class AnalysedRank:
 
     @property
     def recorded_nothing(self) -> bool:
-        """No allocator events: nothing to judge (a CPU-only worker, or recording never started)."""
+        """No allocator events: nothing to judge (a CPU-only worker, or recording never started). A snapshot of
+        allocator state alone (``facts["import"]["state"] == "moment"``) has its segments to judge."""
+        if (self.trace.facts.get(F.IMPORT) or {}).get("state") == "moment" and self.trace.segments:
+            return False
         return len(self.trace.events) == 0
 
     @cached_property
