@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from ..analysis.origin import who
 from ..analysis.quantities import BY_KEY, RESERVED
-from ..analysis.rank import CROSSED, DIED, NOTHING, WITHIN
+from ..analysis.rank import CROSSED, DIED, NOTHING, UNFINISHED, WITHIN
 from ..units import format_gib
 from . import oom_text
 
@@ -33,6 +33,24 @@ def died_sentence(run) -> str:
     )
 
 
+def unfinished_sentence(run) -> str:
+    """``DID NOT FINISH: the process's start-up ended at 204.62 s (the process exited) in compile_or_warm_up/...,
+    without a CUDA OOM: vLLM raised ValueError: No available memory ... Nothing after it was recorded.``"""
+    r = run.worst
+    u = r.unfinished
+    name = f"{r.label}'s" if run.multi else "the process's"
+    how = "the process exited" if u.end_reason == "exit" else u.end_reason
+    why = (
+        f"vLLM raised {u.error_type}: {u.error_message}"
+        if u.error_type
+        else "vLLM's log says why (this trace predates the plugin keeping the error)"
+    )
+    return (
+        f"DID NOT FINISH: {name} start-up ended at {r.seconds(u.end_us):.2f} s ({how}) in {u.phase_path}, "
+        f"without a CUDA OOM: {why}. Nothing after it was recorded; no KV cache was sized to judge."
+    )
+
+
 def nothing_sentence(run) -> str:
     """``Recorded nothing: ranks 0-1 recorded no allocator events ... no peak, and no target kept or crossed.``"""
     names = who([r.label for r in run.ranks]) if run.multi else "the process"
@@ -49,6 +67,8 @@ def headline(run) -> str:
         return died_sentence(run)
     if verdict == NOTHING:
         return nothing_sentence(run)
+    if verdict == UNFINISHED:
+        return unfinished_sentence(run)
     r = run.worst
     of = f" of {r.label}" if run.multi else ""
     target = r.target.target_bytes
