@@ -168,10 +168,9 @@ def test_h200_state_only_snapshots_equal_torchs_own_counters(name):
     assert curves.allocated.peak_bytes == 136_314_880
 
 
-GPU_214 = Path("/work/wt/_gpu/kineto/pf/torch214/history.pickle")
+GPU_214 = Path(__file__).resolve().parents[1] / "data" / "snapshots" / "h200-torch214" / "history.pickle"
 
 
-@pytest.mark.skipif(not GPU_214.exists(), reason="the H200 recording is not here")
 def test_h200_torch214_pinned_host_history_is_its_own_trace():
     device, host = traces_from_snapshot_file(GPU_214)
     assert device.label == "rank 0" and host.label == "pinned host"
