@@ -36,6 +36,11 @@ def _pct(base: int | None, delta: int | None) -> str:
     return f"({delta / base * 100:+.1f}%)"
 
 
+def _one_frame(f) -> str:
+    short = "/".join(f.filename.split("/")[-2:])
+    return f"{f.name} ({short}:{f.line})"
+
+
 def _frame_label(frames) -> str:
     from ..analysis.live import meaningful_frame
 
@@ -151,6 +156,7 @@ def _render_sites(d) -> list[str]:
         tag = "new " if s.is_new else "gone" if s.vanished else ("grew" if s.delta > 0 else "less")
         out.append(
             f"  {tag} {_delta(s.delta):>12}  {_gib(s.base_bytes):>11} → {_gib(s.new_bytes):>11}  {_frame_label(s.frames)}"
+            + (f"  via {_one_frame(s.apart)}" if s.apart is not None else "")
         )
     return out
 
@@ -286,6 +292,7 @@ def diff_to_json(diffs: list, base_path: str, new_path: str) -> dict[str, Any]:
                         "delta_bytes": s.delta,
                         "new": s.is_new,
                         "vanished": s.vanished,
+                        "apart": [s.apart.filename, s.apart.line, s.apart.name] if s.apart else None,
                     }  # fmt: skip
                     for s in d.sites
                 ],

@@ -58,9 +58,10 @@ def offered_by(command: str) -> dict[str, Format]:
     return {f.flag: f for _, f in FORMATS.values() if command in f.commands}
 
 
-def render(run, out, fmt: str, **options: Any) -> None:
-    """Write ``run`` to ``out`` in ``fmt`` (one of :data:`FORMATS`) with the format's ``options``."""
+def render(run, out, fmt: str, **options: Any) -> Any:
+    """Write ``run`` to ``out`` in ``fmt`` (one of :data:`FORMATS`) with the format's ``options``; returns what
+    the renderer returns (the issue bundle: the names of the files it wrote)."""
     if fmt not in FORMATS:
         raise ValueError(f"unknown format {fmt!r}; one of {', '.join(FORMATS)}")
     mod, spec = FORMATS[fmt]
-    mod.render(run, out, **spec.options, **options)
+    return mod.render(run, out, **spec.options, **options)

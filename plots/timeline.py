@@ -247,7 +247,8 @@ def render_timeline(
                      color="#444444")  # fmt: skip
         what = ranks[0].description
         title = title or ("GPU memory during start-up" + (f": {what}" if what else ""))
-        fig.suptitle(title, x=0.06, ha="left", fontsize=FONT + 3, fontweight="bold")
+        fig.suptitle(_fit_title(title, fig.get_figwidth(), FONT + 3), x=0.06, ha="left", fontsize=FONT + 3,
+                     fontweight="bold")  # fmt: skip
         out = Path(path)
         fig.savefig(out, dpi=DPI, format=out.suffix.lstrip(".").lower() or "png")
         plt.close(fig)
@@ -366,6 +367,20 @@ def _legend(fig, handles: dict, rows: int = LEGEND_ROWS, lift_in: float = 0.0) -
         bbox_to_anchor=(0.5, 0.005 + lift_in / fig.get_figheight()),
     )
     return [label for _, label in items]
+
+
+def _fit_title(title: str, width_in: float, size_pt: float) -> str:
+    """``title`` on at most two lines that fit the figure's width (a run that died says so before what ran:
+    the title grows, and is broken after the verdict, never cut at the edge)."""
+    import textwrap
+
+    chars = max(int(0.9 * width_in * 72 / (0.62 * size_pt)), 40)  # bold sans: about 0.62 em a character
+    if len(title) <= chars:
+        return title
+    head, sep, rest = title.partition(" — ")
+    if sep and len(head) <= chars:
+        return head + " —\n" + textwrap.shorten(rest, chars, placeholder=" …")
+    return "\n".join(textwrap.wrap(title, chars)[:2])
 
 
 def gib(values: np.ndarray) -> np.ndarray:

@@ -15,8 +15,9 @@ from ..analysis.categories import CATEGORIES
 from ..units import GiB, format_gib
 from .downsample import bucket_indices
 from .palette import CATEGORY_COLORS, VMM_KV_COLOR, VMM_KV_EDGE, VMM_KV_LABEL
+from .timeline_breaks import mark_breaks
 from .timeline_data import CuptiSplit, RankTimeline, cupti_split, vmm_band
-from .timeline_scale import TimeScale, identity, ticks
+from .timeline_scale import TimeScale, identity
 
 COLORS = CATEGORY_COLORS
 LABELS = {
@@ -36,7 +37,6 @@ OTHERS = "#B8C4CE"
 TARGET = "#C62828"
 OOM_COLOR = "#4A0000"
 ZOOM_BAND = "#FFD54F"
-BREAK_FILL = "#F2F2F2"
 N_BUCKETS = 2400
 DPI_HINT = 110  # the renderer's dpi, for sizing text before drawing
 LABEL_PT = 11.0  # phase labels, line labels and the crossing's text: readable when GitHub scales the image down
@@ -417,31 +417,3 @@ def draw_zoom(ax, rank: RankTimeline, t0: int, window: tuple[int, int], crossing
     title = "zoom: first crossing" if crossing is not None else "zoom: the OOM" if rank.oom else peak
     ax.set_title(title, fontsize="medium", loc="left")
     ax.set_facecolor("#FFFBEA")
-
-
-def mark_breaks(ax, scale: TimeScale, handles: dict | None) -> None:
-    """Each squeezed stretch of the time axis: a pale band over the curves (drawn through it, compressed),
-    its length written in it, a pair of slashes on the time axis; round ticks in the busy stretches."""
-    import matplotlib.transforms as mtransforms
-
-    width_px = ax.get_window_extent().width
-    ax.set_xticks(ticks(scale, width_px))
-    ax.xaxis.set_major_formatter("{x:g}")
-    if not scale.breaks:
-        return
-    blend = mtransforms.blended_transform_factory(ax.transData, ax.transAxes)
-    for a, b in scale.breaks:
-        art = ax.axvspan(a, b, color=BREAK_FILL, alpha=0.8, lw=0, zorder=2.5)
-        ax.text((float(scale.inverse((scale.forward(a) + scale.forward(b)) / 2))), 0.5, f"{_length(b - a)} flat",
-                transform=blend, rotation=90, ha="center", va="center", fontsize=LABEL_PT - 1.5, color="#555555",
-                zorder=2.6)  # fmt: skip
-        for x in (a, b):
-            off = mtransforms.offset_copy(blend, fig=ax.figure, x=0, y=0, units="points")
-            ax.text(x, 0.0, "/", transform=off, ha="center", va="center", fontsize=LABEL_PT + 2,
-                    fontweight="bold", color="#333333", clip_on=False, zorder=8)  # fmt: skip
-    if handles is not None:
-        handles.setdefault("break", (art, "time axis squeezed: memory flat there"))
-
-
-def _length(seconds: float) -> str:
-    return f"{seconds:.0f} s" if seconds >= 10 else f"{seconds:.1f} s"

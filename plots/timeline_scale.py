@@ -4,9 +4,10 @@ A vLLM start-up spends minutes in ``profile_run`` (compiling) with memory flat, 
 matters (the KV cache, warm-up, CUDA-graph capture) in a few seconds: on a linear axis those seconds are the
 last pixels. :func:`time_scale` finds the *quiet stretches* (longer than :data:`MIN_QUIET_FRAC` of the run,
 holding no phase edge and no landmark, over which no drawn curve moves by more than :data:`FLAT_FRAC` of the
-plot's height) and squeezes each into :data:`BREAK_FRAC` of the axis; the busy rest shares the width
-linearly. Nothing is dropped: the curves are drawn through a break at its own (compressed) scale, and the
-renderer marks each break and states its length.
+plot's height); when the longest :data:`MAX_BREAKS` of them together last half the run or more, each is
+squeezed into :data:`BREAK_FRAC` of the axis and the busy rest shares the width linearly. Nothing is dropped:
+the curves are drawn through a break at its own (compressed) scale, and the renderer marks each break and
+states its length.
 
 Pure arithmetic on microseconds and seconds; ``TimeScale.forward``/``inverse`` feed matplotlib's function
 scale. Without quiet stretches the scale is the identity (the axis as before).
@@ -19,9 +20,12 @@ from dataclasses import dataclass
 import numpy as np
 
 #: A stretch is squeezed only when it lasts at least this share of the run...
-MIN_QUIET_FRAC = 0.04
-#: ...and only when the squeezed stretches together last at least this share of it.
-MIN_TOTAL_QUIET_FRAC = 0.3
+MIN_QUIET_FRAC = 0.1
+#: ...and is one of the longest few: a broken axis, not a chopped one...
+MAX_BREAKS = 2
+#: ...and only when the squeezed stretches together last at least this share of it (half the run flat: a
+#: short start-up, busy throughout, keeps its linear axis).
+MIN_TOTAL_QUIET_FRAC = 0.5
 #: Memory counts as flat while no curve moves by more than this share of the plot's height.
 FLAT_FRAC = 0.01
 #: The share of the axis width each squeezed stretch keeps.
@@ -141,10 +145,11 @@ def quiet_stretches(
 
 
 def time_scale(stretches_us: list[tuple[int, int]], t0_us: int, t_end_us: int) -> TimeScale:
-    """The axis that squeezes ``stretches_us`` (from :func:`quiet_stretches`), or the identity when they
-    are too short together to be worth a break."""
+    """The axis that squeezes the longest :data:`MAX_BREAKS` of ``stretches_us`` (from :func:`quiet_stretches`),
+    or the identity when they are too short together to be worth a break."""
     span = max((t_end_us - t0_us) / 1e6, 1e-6)
-    quiet = [((a - t0_us) / 1e6, (b - t0_us) / 1e6) for a, b in sorted(stretches_us)]
+    longest = sorted(stretches_us, key=lambda ab: (ab[0] - ab[1], ab[0]))[:MAX_BREAKS]
+    quiet = [((a - t0_us) / 1e6, (b - t0_us) / 1e6) for a, b in sorted(longest)]
     total = sum(b - a for a, b in quiet)
     if not quiet or total < MIN_TOTAL_QUIET_FRAC * span:
         return identity(span)

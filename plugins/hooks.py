@@ -152,11 +152,6 @@ def call_argument(target: Target, name: str, args: tuple, kwargs: dict) -> Any:
         return None
 
 
-def in_bookkeeping() -> bool:
-    """True while a handler runs on this thread (hooks called from it go straight through)."""
-    return _tls.busy > 0
-
-
 @dataclass
 class HookManager:
     """Installs hooks and keeps what it needs to undo them.

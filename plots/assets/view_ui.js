@@ -29,6 +29,7 @@
   function header() {
     const r0 = doc.ranks[0];
     app.append(el('h1', {}, doc.title));
+    if (doc.headline) app.append(el('p', { id: 'mt-headline', class: ['died', 'recorded nothing'].includes(doc.verdict) ? 'mt-headline mt-error' : 'mt-headline' }, doc.headline));
     const note = doc.ranks.some((r) => !r.has_events)
       ? (doc.api ? 'Served by memtrace view --serve: zoom and clicks are answered from the trace file.'
         : 'This run is too big for one page: it carries a coarse overview. Run `memtrace view --serve RUN` to zoom to exact steps.')

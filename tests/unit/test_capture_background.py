@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 from capture_fakes import session_with
 from memtrace import facts as F
-from memtrace.capture import history as H
+from memtrace.capture import allocator_history as H
 from memtrace.capture import registry as R
 from memtrace.capture import session as S
 from memtrace.facts import OOM as FACT_OOM

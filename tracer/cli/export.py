@@ -16,6 +16,7 @@ even with --force) and an existing file is only replaced with --force, atomicall
 
   memtrace export RUN --format perfetto
   memtrace export RUN --format memory-viz -o startup.pickle
+  memtrace export RUN -f csv                 # the curves: rank,quantity,time_us,bytes (RUN.curves.csv)
 """
 
 from __future__ import annotations
