@@ -9,6 +9,10 @@ from ..analysis.diff import KV_CACHE, VIA_VMM, nested_order
 from ..units import GiB, format_bytes
 from ..units import format_gib as _gib
 from . import oom_text
+from .format_spec import Format
+
+#: this module's output format(s) (``plots.format_spec``)
+FORMATS = (Format("diff", commands=("diff",)),)
 
 #: Fingerprint differences listed one per line; the rest are named on one line.
 SHOW_MISMATCHES = 8
@@ -30,6 +34,11 @@ def _pct(base: int | None, delta: int | None) -> str:
     if base in (None, 0) or delta is None:
         return ""
     return f"({delta / base * 100:+.1f}%)"
+
+
+def _one_frame(f) -> str:
+    short = "/".join(f.filename.split("/")[-2:])
+    return f"{f.name} ({short}:{f.line})"
 
 
 def _frame_label(frames) -> str:
@@ -147,6 +156,7 @@ def _render_sites(d) -> list[str]:
         tag = "new " if s.is_new else "gone" if s.vanished else ("grew" if s.delta > 0 else "less")
         out.append(
             f"  {tag} {_delta(s.delta):>12}  {_gib(s.base_bytes):>11} → {_gib(s.new_bytes):>11}  {_frame_label(s.frames)}"
+            + (f"  via {_one_frame(s.apart)}" if s.apart is not None else "")
         )
     return out
 
@@ -282,6 +292,7 @@ def diff_to_json(diffs: list, base_path: str, new_path: str) -> dict[str, Any]:
                         "delta_bytes": s.delta,
                         "new": s.is_new,
                         "vanished": s.vanished,
+                        "apart": [s.apart.filename, s.apart.line, s.apart.name] if s.apart else None,
                     }  # fmt: skip
                     for s in d.sites
                 ],

@@ -31,9 +31,14 @@ from pathlib import Path
 from xml.sax.saxutils import escape
 
 from ..analysis.categories import WORKSPACE_FUNCTIONS
-from ..analysis.flame import HOOK_PREFIX, NON_TORCH, VMM_KV, Flame, FlameNode
+from ..analysis.flame import HOOK_PREFIX, NON_TORCH, VMM_KV, Flame, FlameNode, build_tree
+from ..analysis.flame_prefix import shared_prefix, stack_counts, without_prefix
 from ..analysis.moment import PEAK
 from ..units import format_bytes
+from .format_spec import Format
+
+#: this module's output format(s) (``plots.format_spec``)
+FORMATS = (Format("flame", "-flame.svg", (".svg",), commands=("flame",), choice="svg"),)
 
 WIDTH = 1200
 ROW = 18
@@ -56,6 +61,8 @@ CUPTI_CATEGORY_FILL = "rgb(132,201,192)"
 VMM_KV_FILL = "rgb(85,168,104)"  # palette.VMM_KV_COLOR: the KV cache, committed outside PyTorch
 #: The non-PyTorch part is drawn again at its own scale when narrower than this share of the width.
 ZOOM_BELOW = 1 / 3
+#: Everything beside the widest stack is drawn again at its own scale when that stack holds more than this.
+WIDEST_ABOVE = 0.75
 _PATH_RE = re.compile(r"\(([^()]*)\)$")
 
 
@@ -69,6 +76,8 @@ class FlameSvgDrawn:
     depth: int
     top_level: list[tuple[str, int]] = field(default_factory=list)  # root's children, widest first
     non_torch_panel: bool = False  # the non-PyTorch part drawn again below at its own scale
+    shared: tuple[str, ...] = ()  # the frames every stack began with, left out (``analysis.flame_prefix``)
+    rest_panel: bool = False  # what lies beside the widest holder drawn again below at its own scale
 
 
 def _fill(node: FlameNode, depth: int, parent: str | None = None) -> str:
@@ -148,8 +157,11 @@ def _frames(
     stats: list[int],
     top: int,
     parent: str | None = None,
+    follow: tuple[str, ...] | None = None,
 ) -> None:
-    """Draw ``node`` and its children; ``parent`` is None for the root (no bytes in its box)."""
+    """Draw ``node`` and its children; ``parent`` is None for the root (no bytes in its box). With ``follow``
+    (the names of a path below ``node``) only that path is drawn in full: every other child is its box alone
+    (its frames are in the panel below), and ``()`` is ``node``'s box alone."""
     w = node.total_bytes * scale
     if w < MIN_PX:
         return
@@ -162,6 +174,9 @@ def _frames(
     )
     if node.self_bytes and node.children:
         tip += f"\n{format_bytes(node.self_bytes, 2)} allocated in this frame itself"
+    cut = follow == () and bool(node.children)
+    if cut:
+        tip += "\nthe frames below it are drawn in the panel below, at their own scale"
     text = _fit(node.name, node.total_bytes if depth or parent is not None else None, w)
     weight = ' font-weight="bold"' if node.kind == "hook" else ""
     out.append(
@@ -171,8 +186,10 @@ def _frames(
         + "</g>"
     )
     cx = x
-    for child in node.sorted_children():
-        _frames(child, cx, depth + 1, scale, total, out, stats, top, node.name)
+    for child in [] if follow == () else node.sorted_children():
+        on_path = follow is None or child.name == follow[0]
+        _frames(child, cx, depth + 1, scale, total, out, stats, top, node.name,
+                None if follow is None else follow[1:] if on_path else ())  # fmt: skip
         cx += child.total_bytes * scale
 
 
@@ -206,8 +223,33 @@ def _legend(y: int, cupti: bool = False, vmm: bool = False) -> str:
     return "".join(parts)
 
 
+def _shared_note(shared: tuple[str, ...], width: int) -> list[str]:
+    """The line(s) naming the frames every stack shares, which the graph leaves out."""
+    if not shared:
+        return []
+    head = f"Not drawn: the {len(shared)} frames every stack begins with: "
+    return _wrap(head, [short_label(f) for f in shared], " › ", width)
+
+
+def _wrap(head: str, parts: list[str], sep: str, width: int) -> list[str]:
+    n = int((width - 2 * PAD) / CHAR_PX)
+    lines = [head]
+    for i, part in enumerate(parts):
+        piece = part + (sep if i < len(parts) - 1 else "")
+        if len(lines[-1]) + len(piece) > n and lines[-1].strip():
+            lines.append("")
+        lines[-1] += piece
+    return lines
+
+
 def render_flame_svg(
-    flame: Flame, path: str | os.PathLike, *, title: str, subtitle: str = "", width: int = WIDTH
+    flame: Flame,
+    path: str | os.PathLike,
+    *,
+    title: str,
+    subtitle: str = "",
+    width: int = WIDTH,
+    drop_shared: bool = True,
 ) -> FlameSvgDrawn:
     """Write ``flame`` as an SVG flame graph to ``path``.
 
@@ -218,7 +260,11 @@ def render_flame_svg(
         subtitle: what ran and the totals, parts joined by " · " (wrapped at those joins); the
             PyTorch and non-PyTorch parts are added when the flame holds CUPTI's records.
         width: image width in pixels.
+        drop_shared: leave out the frames every stack begins with (``analysis.flame_prefix``: the
+            multiprocessing and vLLM launcher frames), named in a note above the graph.
     """
+    shared = shared_prefix(flame) if drop_shared else ()
+    flame = without_prefix(flame, shared)
     total = flame.total_bytes
     scale = (width - 2 * PAD) / total if total else 0.0
     body: list[str] = []
@@ -233,21 +279,28 @@ def render_flame_svg(
         subtitle = " · ".join(p for p in (subtitle, f"shown: {split}") if p)
     root = dataclasses.replace(flame.root, name=name)
     subs = _subtitle_lines(subtitle, width)
-    legend_y = 44 + 18 * max(len(subs), 1) + 2
+    note = _shared_note(shared, width)
+    note_y = 44 + 18 * max(len(subs), 1)
+    legend_y = note_y + 18 * len(note) + 2
     top = legend_y + 10
+    widest, rest = _beside_widest(flame)
     if total:
-        _frames(root, PAD, 0, scale, total, body, stats, top)
+        _frames(root, PAD, 0, scale, total, body, stats, top, None, widest)
     height = top + max(stats[1], 1) * ROW + 2 * PAD + 18
     part = flame.root.children.get(NON_TORCH)
     zoom = part is not None and part.total_bytes > 0 and part.total_bytes < ZOOM_BELOW * total
+    panels: list[tuple[str, FlameNode]] = []
     if zoom:
-        heading_y = top + max(stats[1], 1) * ROW + PAD + 16
-        body.append(
-            f'<text x="{PAD}" y="{heading_y}" font-weight="bold">The non-PyTorch memory CUPTI saw, at its own scale: '
-            f"{escape(format_bytes(part.total_bytes, 2))} across the full width</text>"
-        )
+        panels.append((f"The non-PyTorch memory CUPTI saw, at its own scale: {format_bytes(part.total_bytes, 2)} "
+                       "across the full width", part))  # fmt: skip
+    if rest is not None:
+        panels.append(rest)
+    for heading, node in panels:
+        heading_y = height - PAD - 2  # the row under the graph drawn last
+        body.append(f'<text x="{PAD}" y="{heading_y}" font-weight="bold">{escape(heading)}</text>')
         panel = [0, 0]
-        _frames(part, PAD, 0, (width - 2 * PAD) / part.total_bytes, total, body, panel, heading_y + 8, "all")
+        parent = "all" if node is part else None  # the CUPTI part keeps its colour; the rest gets a grey root
+        _frames(node, PAD, 0, (width - 2 * PAD) / node.total_bytes, total, body, panel, heading_y + 8, parent)
         stats[0] += panel[0]
         height = heading_y + 8 + panel[1] * ROW + 2 * PAD + 18
     footer_y = height - PAD
@@ -258,6 +311,10 @@ def render_flame_svg(
         f'<rect width="{width}" height="{height}" fill="white"/>',
         f'<text x="{PAD}" y="24" font-size="17" font-weight="bold">{escape(title)}</text>',
         *(f'<text x="{PAD}" y="{44 + 18 * i}" fill="#333">{escape(line)}</text>' for i, line in enumerate(subs)),
+        *(
+            f'<text x="{PAD}" y="{note_y + 18 * i}" fill="#666" font-style="italic">{escape(line)}</text>'
+            for i, line in enumerate(note)
+        ),  # fmt: skip
         _legend(legend_y, cupti, vmm),
         *body,
         f'<text x="{PAD}" y="{footer_y}" fill="#666" font-size="11">Width = bytes live at that moment; '
@@ -268,7 +325,27 @@ def render_flame_svg(
     out = Path(path)
     out.write_text("\n".join(svg) + "\n", encoding="utf-8")
     top_level = [(c.name, c.total_bytes) for c in root.sorted_children()]
-    return FlameSvgDrawn(out, total, stats[0], stats[1], top_level, zoom)
+    return FlameSvgDrawn(out, total, stats[0], stats[1], top_level, zoom, shared, rest is not None)
+
+
+def _beside_widest(flame: Flame) -> tuple[tuple[str, ...] | None, tuple[str, FlameNode] | None]:
+    """(the widest stack, (heading, tree) of everything else) when that one stack holds more than
+    :data:`WIDEST_ABOVE` of the total: the graph then draws it in full and the rest again below, at its own
+    scale, so the other holders are wide and named too; (None, None) otherwise."""
+    total = flame.total_bytes
+    if not flame.stacks or not total:
+        return None, None
+    path, nbytes = max(flame.stacks.items(), key=lambda kv: (kv[1], kv[0]))
+    if nbytes <= WIDEST_ABOVE * total or nbytes == total:
+        return None, None
+    counts = stack_counts(flame)
+    others = {p: b for p, b in flame.stacks.items() if p != path}
+    tree = build_tree(others, {p: counts[p] for p in others})
+    leaf = short_label(path[-1])
+    tree.name = f"all but {leaf} ({format_bytes(nbytes, 2)}): {format_bytes(tree.total_bytes, 2)}"
+    heading = (f"Beside the widest stack, {leaf} ({format_bytes(nbytes, 2)}, {100.0 * nbytes / total:.0f}%): "
+               f"the other {format_bytes(tree.total_bytes, 2)} at their own scale, across the full width")  # fmt: skip
+    return path, (heading, tree)
 
 
 def _split(flame: Flame) -> str:

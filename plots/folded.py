@@ -12,6 +12,10 @@ import os
 from pathlib import Path
 
 from ..analysis.flame import Flame
+from .format_spec import Format
+
+#: this module's output format(s) (``plots.format_spec``)
+FORMATS = (Format("folded", "-flame.folded", (".folded", ".txt"), commands=("flame", "export")),)
 
 
 def folded_lines(flame: Flame) -> list[str]:

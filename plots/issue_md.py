@@ -1,11 +1,14 @@
-"""The upstream-issue bundle of an analysed run: issue.md (environment, summary, the report), the timeline
-and the flame graph at the worst rank's peak, linked beside it.
+"""The upstream-issue bundle of an analysed run: issue.md, the timeline and the flame graph at the worst rank's
+peak beside it, and (on request) the trace itself compressed for attaching.
 
-A renderer over ``analysis.run.AnalysedRun``; it computes nothing. The summary's first sentence is the
-run's verdict: a run that died says so first (which rank, when, where, the failed request), then the
-crossing every output names first (device used when sampled), with the target and where it came from,
-then the peak and the KV figures. Local paths never reach the text: the fingerprint shortens them, and
-the report is rendered without file paths.
+A renderer over ``analysis.run.AnalysedRun``; it computes nothing. issue.md answers first: its first screen
+(about 30 lines, ``answer``) is the run's verdict (``plots.verdict_text.headline``: died / crossed / within
+target / recorded nothing) and a few lines saying where the peak was, the target and the crossing, who held
+the memory, what the hooked workspace allocators returned and the KV figures; then the timeline; then the
+environment table and the command. Long material is folded in ``<details>`` blocks (the allocator settings,
+the whole report with its phase table and hook calls) so that a maintainer reading it on GitHub sees the
+answer without scrolling. A run that recorded nothing draws no picture and links none. Local paths never
+reach the text: the fingerprint shortens them, and the report is rendered without file paths.
 """
 
 from __future__ import annotations
@@ -13,55 +16,97 @@ from __future__ import annotations
 import io
 from pathlib import Path
 
-from ..analysis.fingerprint import command_line, environment
+from ..analysis.fingerprint import allocator_settings, command_line, environment
+from ..analysis.hooked import outermost
 from ..analysis.moment import PEAK
+from ..analysis.quantities import ALLOCATED, DEVICE_USED, RESERVED
+from ..analysis.rank import NOTHING
 from ..analysis.titles import timeline_title, what_ran
 from ..units import format_gib
-from . import oom_text
+from . import verdict_text
+from .format_spec import Format
+from .text import frame_text
 
+#: this module's output format(s) (``plots.format_spec``)
+FORMATS = (Format("issue", "-issue", (), commands=("issue",)),)
+
+#: every file the bundle may write (an existing bundle holding any of them is only replaced with --force)
 FILES = ("issue.md", "timeline.png", "flame.svg", "flame.folded")
-_CURVE = {"reserved": "PyTorch reserved memory", "device_used": "Device-used memory"}
+IMAGES = ("timeline.png", "flame.svg", "flame.folded")
+_HOLDERS = 3  # holders named on the first screen
+_HOOKS = 4  # hooked functions named on the first screen
 
 
 def _at(rank, t_us: int) -> str:
-    return f"{rank.seconds(t_us):.3f} s"
+    return f"{rank.seconds(t_us):.2f} s"
 
 
 def _in(path: str) -> str:
     return f"in `{path}`" if path else "outside any phase"
 
 
-def summary_paragraph(run) -> str:
-    """One paragraph about the worst rank (``AnalysedRun.worst``): the verdict first, then the crossing, the
-    peak, the KV figures."""
+def _peak_line(run) -> str:
     r = run.worst
-    s, lm = r.summary, r.landmarks
-    who = f"{r.label} " if run.multi else ""
-    parts = []
-    if r.oom is not None:
-        o = r.oom
-        dev = f" (cuda:{o.device})" if o.device is not None and run.multi else ""
-        name = r.label.capitalize() + dev if run.multi else "The process"
-        parts.append(
-            f"**{name} died of CUDA OOM** {_in(o.phase_path)} at {_at(r, o.time_us)} "
-            f"({oom_text.details(o, s.process.device_total_bytes)})."
-        )
+    s = r.summary
+    pk = s.peak
+    before = " before it died" if r.oom is not None else ""
+    more = f"; {ALLOCATED.label} {format_gib(pk.allocated_bytes)} at its fullest"
+    if s.peak_device_used is not None:
+        more += f"; {DEVICE_USED.label} (NVML) up to {format_gib(s.peak_device_used.bytes)}"
+    return f"- **Peak{before}:** {RESERVED.label} {format_gib(pk.reserved_bytes)} at {_at(r, pk.time_us)} {_in(pk.phase_path)}{more}."
+
+
+def _target_line(run) -> str:
+    r = run.worst
+    s = r.summary
     target = r.target.target_bytes
+    if target is None:
+        return "- **Target:** none recorded or given (`--util` / `--target` set one)."
+    src = f"from {s.target_source}"
     c = r.first_crossing
-    if target is not None:
-        src = f" The target came from {s.target_source}."
-        if c is not None:
-            parts.append(
-                f"{_CURVE.get(c.curve, c.curve)} {'of ' + who.strip() + ' ' if who else ''}first crossed the target "
-                f"({format_gib(target)}) {_in(c.phase_path)} at {_at(r, c.time_us)}; its highest point above it was "
-                f"{format_gib(c.max_bytes)} (+{format_gib(c.overshoot_bytes)}) at {_at(r, c.max_us)}.{src}"
-            )
-        else:
-            parts.append(f"It stayed under the target ({format_gib(target)}).{src}")
-    parts.append(
-        f"Peak PyTorch reserved memory {'of ' + who.strip() + ' ' if who else ''}{format_gib(s.peak.reserved_bytes)} "
-        f"{_in(s.peak.phase_path)} at {_at(r, s.peak.time_us)}."
+    if c is None:
+        return f"- **Target:** {format_gib(target)} ({src}): never crossed."
+    return (
+        f"- **Target:** {format_gib(target)} ({src}). {verdict_text.label(c.curve).capitalize()} first crossed the target "
+        f"({format_gib(target)}) {_in(c.phase_path)} at {_at(r, c.time_us)}; its highest point above it was "
+        f"{format_gib(c.max_bytes)} (+{format_gib(c.overshoot_bytes)}) at {_at(r, c.max_us)}."
     )
+
+
+def _holders_line(run) -> str | None:
+    s = run.worst.summary
+    if not s.holders:
+        return None
+    named = ", ".join(
+        f"{format_gib(h.bytes)} ({h.share * 100:.0f} %) `{frame_text(h.frame)}` ({h.count:,} blocks)"
+        for h in s.holders[:_HOLDERS]
+    )
+    more = f"; {len(s.holders) - _HOLDERS} more in the report below" if len(s.holders) > _HOLDERS else ""
+    return f"- **Who held it** at the peak: {named}{more}."
+
+
+def _hooks_line(run) -> str | None:
+    from ..analysis.flame import hook_short_name
+
+    s = run.worst.summary
+    top = outermost(s.hook_calls)
+    if top is None:
+        return None
+    each = ", ".join(
+        f"`{hook_short_name(h.name)}` {format_gib(h.returned_bytes)} ({h.calls:,} calls)"
+        for h in s.hook_totals[:_HOOKS]
+    )
+    more = f", {len(s.hook_totals) - _HOOKS} more" if len(s.hook_totals) > _HOOKS else ""
+    return (
+        f"- **Hooked workspace allocators** returned {format_gib(top.returned_bytes)} in {top.calls:,} outermost "
+        f"calls; by function (a nested call counts under each function it ran in): {each}{more}."
+    )
+
+
+def _kv_line(run) -> str | None:
+    r = run.worst
+    lm = r.landmarks
+    parts = []
     if lm.before_kv_bytes is not None:
         parts.append(f"Memory in use before KV sizing: {format_gib(lm.before_kv_bytes)}.")
     e = r.extensible
@@ -75,23 +120,34 @@ def summary_paragraph(run) -> str:
     if lm.post_kv_transient_bytes is not None:
         where = f" in `{lm.post_kv_peak.phase}`" if lm.post_kv_peak and lm.post_kv_peak.phase else ""
         parts.append(f"Transient after the KV cache was allocated: {format_gib(lm.post_kv_transient_bytes)}{where}.")
+    return "- **KV cache:** " + " ".join(parts) if parts else None
+
+
+def answer(run) -> list[str]:
+    """The first screen: the verdict in bold, then what a maintainer asks next (see the module docstring)."""
+    lines = [f"**{verdict_text.headline(run)}**"]
+    if run.verdict == NOTHING:
+        return lines
+    lines.append("")
     if run.multi:
-        parts.append(f"The worst of {len(run.ranks)} ranks ({r.verdict}); the others are in the report below.")
-    return " ".join(parts)
+        r = run.worst
+        lines += [f"Figures of {r.label}, the worst of {len(run.ranks)} ranks ({r.verdict}); every rank is in the report below.", ""]  # fmt: skip
+    lines.append(_peak_line(run))
+    lines.append(_target_line(run))
+    lines += [x for x in (_holders_line(run), _hooks_line(run), _kv_line(run)) if x]
+    return lines
 
 
-def render_issue(run) -> str:
-    """The issue text (GitHub-flavoured Markdown) of ``run``."""
-    from .report import render as render_report
-    from .whatif_text import boot_section
+def _details(summary: str, body: list[str]) -> list[str]:
+    """A folded block GitHub renders (blank lines around the Markdown inside; ``markdown="1"`` lets Python's
+    ``markdown`` md_in_html render it too)."""
+    return ['<details markdown="1">', f"<summary>{summary}</summary>", "", *body, "", "</details>", ""]
 
+
+def _environment(run) -> list[str]:
     r = run.worst
-    title = timeline_title(run)
-    out = [f"## {title}", "", "_Recorded with memtrace; the trace file is available on request._", ""]
-    out += ["**Summary.** " + summary_paragraph(run), ""]
-    out += [f"_Times: {run.origin.sentence}._", ""]
     env = environment(r.trace)
-    out += ["## Environment", ""]
+    out = ["## Environment", ""]
     if env:
         out += ["| | |", "| --- | --- |"]
         out += [f"| {k} | {v.replace('|', '/')} |" for k, v in env]
@@ -100,24 +156,60 @@ def render_issue(run) -> str:
     cmd = command_line(r.trace)
     if cmd:
         out += ["", "Command:", "", "```", cmd, "```"]
-    out += ["", "## Timeline", "", f"![{what_ran(run)}](timeline.png)", ""]
+    out.append("")
+    settings = allocator_settings(r.trace)
+    if settings:
+        rows = ["| setting | value |", "| --- | --- |"]
+        rows += [f"| {k} | {v.replace('|', '/') if v else '(set)'} |" for k, v in sorted(settings.items())]
+        out += _details(f"PyTorch caching allocator settings ({len(settings)})", rows)
+    return out
+
+
+def _report(run) -> list[str]:
+    from .report import render as render_report
+
     buf = io.StringIO()
     render_report(run, buf, markdown=True)
-    out += [buf.getvalue().rstrip(), ""]
+    r = run.worst
+    what = [f"{len(r.phases)} phases"] if r.phases else []
+    what += ["the peak", "the target"] if run.verdict != NOTHING else []
+    what += ["top holders"] if r.summary.holders else []
+    what += [f"{len(r.trace.hook_calls):,} hook calls"] if r.trace.hook_calls else []
+    ranks = f" of {len(run.ranks)} ranks" if run.multi else ""
+    return _details(f"The whole report{ranks}: {', '.join(what + ['definitions'])}", [buf.getvalue().rstrip()])
+
+
+def render_issue(run, drawn: bool = True) -> str:
+    """The issue text (GitHub-flavoured Markdown) of ``run``; ``drawn``: the images were written beside it."""
+    from .whatif_text import boot_section
+
+    r = run.worst
+    out = [f"## {timeline_title(run)}", ""]
+    out += answer(run)
+    out += ["", f"_Times: {run.origin.sentence}. Recorded with memtrace._", ""]
+    if drawn:
+        out += [f"![{what_ran(run)}](timeline.png)", ""]
+    else:
+        out += ["_No picture: no allocator event was recorded to draw._", ""]
+    out += _environment(run)
     out += boot_section(run)  # fits --suggest on the recorded card (plots.whatif_text)
-    peak_of = f" ({r.label}, the worst rank)" if run.multi else ""
-    out += [f"## What held memory at {PEAK}{peak_of}", "", f"![flame graph at {PEAK}](flame.svg)", ""]
-    out += ["Folded stacks for speedscope / flamegraph.pl: `flame.folded`.", ""]
-    return "\n".join(out) + "\n"
+    if drawn:
+        peak_of = f" ({r.label}, the worst rank)" if run.multi else ""
+        out += [f"## What held memory at {PEAK}{peak_of}", "", f"![flame graph at {PEAK}](flame.svg)", ""]
+        out += ["Folded stacks for speedscope / flamegraph.pl: `flame.folded`.", ""]
+    out += _report(run)
+    return "\n".join(out).rstrip() + "\n"
 
 
-def render(run, out: str | Path) -> None:
-    """Write the bundle of ``run`` into the existing directory ``out``, each file atomically."""
+def render(run, out: str | Path) -> list[str]:
+    """Write the bundle of ``run`` into the existing directory ``out``, each file atomically; return the names
+    of the files written (no images for a run that recorded no allocator event)."""
     from ..outputs import atomic_write
     from .render import render as render_as
 
     out = Path(out)
     drawn = run.with_events()
+    written = []
     if drawn:
         with atomic_write(out / "timeline.png") as tmp:
             render_as(run.subset(drawn), tmp, "timeline")
@@ -125,5 +217,7 @@ def render(run, out: str | Path) -> None:
             render_as(run, tmp, "flame")
         with atomic_write(out / "flame.folded") as tmp:
             render_as(run, tmp, "folded")
+        written += list(IMAGES)
     with atomic_write(out / "issue.md") as tmp:
-        tmp.write_text(render_issue(run), encoding="utf-8")
+        tmp.write_text(render_issue(run, drawn=bool(drawn)), encoding="utf-8")
+    return ["issue.md", *written]

@@ -6,7 +6,7 @@
 
 from __future__ import annotations
 
-from ..analysis.reconcile import KV_GIVEN, MEMTRACE, VLLM_RECORDED
+from ..analysis.reconcile import FORMULA_LABEL, KV_GIVEN, MEMTRACE, VLLM_RECORDED
 from ..analysis.summary import Summary
 from ..units import gib_or_dash, signed_gib_number
 
@@ -44,7 +44,8 @@ def render_non_kv(out, s: Summary) -> None:
 
 def _kv(out, s: Summary) -> None:
     k = s.kv
-    out.heading(f"Reconciliation with vLLM's available KV cache ({k.formula} formula, device memory from {k.source})")
+    formula = FORMULA_LABEL.get(k.formula, f"{k.formula} formula")
+    out.heading(f"Reconciliation with vLLM's available KV cache ({formula}, device memory from {k.source})")
     if k.total_consumed_bytes is not None:
         terms = (
             f"device memory consumed since init {gib_or_dash(k.total_consumed_bytes)} + transient peak headroom "
@@ -99,5 +100,9 @@ def _crossing_vs_sizing(out, s: Summary) -> None:
             out.item(
                 f"the target was first crossed after vLLM had sized the KV cache ({when}): its budget left no room for it"
             )
-        else:
-            out.item(f"the target was first crossed while profiling, before the KV cache was sized ({when})")
+        else:  # named by the phase it happened in: loading the weights is not profiling
+            profiling = any(n in c.phase_path for n in ("profile_run", "determine_available_memory"))
+            during = "while profiling" if profiling else f"in {c.phase_path}" if c.phase_path else "outside any phase"
+            out.item(
+                f"the target was first crossed {during}, before the KV cache was sized (at {_seconds(s, c.time_us)})"
+            )

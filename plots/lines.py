@@ -6,8 +6,12 @@ from __future__ import annotations
 from typing import TextIO
 
 from ..units import format_gib
+from .format_spec import Format
 from .timeline import oom_text
 from .timeline_data import prepare_rank
+
+#: this module's output format(s) (``plots.format_spec``)
+FORMATS = (Format("lines", commands=("plot",)),)
 
 
 def render(run, file: TextIO) -> None:

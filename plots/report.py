@@ -12,10 +12,17 @@ from typing import TextIO
 
 from ..analysis import quantities
 from ..analysis.origin import who
-from ..analysis.rank import NOTHING
+from ..analysis.rank import DIED, NOTHING, UNFINISHED
 from ..units import gib_number, gib_or_dash
-from . import oom_text
-from .text import _CURVE_NAMES, _Out, _seconds, render_definitions, render_report
+from . import oom_text, verdict_text
+from .format_spec import Format
+from .text import _CURVE_NAMES, _Out, _seconds, render_definitions, render_report, wrap
+
+#: this module's output format(s) (``plots.format_spec``)
+FORMATS = (
+    Format("text", commands=("report", "run")),
+    Format("markdown", commands=("report",), options={"markdown": True}),
+)
 
 
 def worst_line(run) -> str:
@@ -62,7 +69,11 @@ def render_missing(file: TextIO, run, markdown: bool = False) -> None:
 
 def render(run, file: TextIO, *, width: int = 100, markdown: bool = False) -> None:
     """The report of an analysed run (``analysis.run.AnalysedRun``): every rank, one section each, the ranks
-    side by side, the missing ranks, the worst rank named, the time origin, then the definitions."""
+    side by side, the missing ranks, the worst rank named, the time origin, then the definitions. A run that
+    died or recorded nothing says so in its first line (``plots.verdict_text``)."""
+    if run.verdict in (DIED, NOTHING, UNFINISHED):
+        line = verdict_text.headline(run)
+        file.write(f"**{line}**\n\n" if markdown else "\n".join(wrap(line, width)) + "\n\n")
     for i, r in enumerate(run.ranks):
         if i:
             file.write("\n" + ("---\n" if markdown else "=" * min(width, 100) + "\n"))

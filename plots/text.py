@@ -13,7 +13,7 @@ from typing import TextIO
 
 from ..analysis.crossing import Excursion
 from ..analysis.flame import hook_short_name
-from ..analysis.quantities import BEFORE_RECORDING, QUANTITIES
+from ..analysis.quantities import BEFORE_RECORDING, DEVICE_USED, HELD, OTHERS, QUANTITIES, RESERVED
 from ..analysis.summary import Summary
 from ..model import Frame
 from ..units import gib_number, gib_or_dash, signed_gib_number
@@ -283,6 +283,28 @@ def _crossing_text(s: Summary, c: Excursion) -> str:
     )
 
 
+def _below(out: _Out, s: Summary) -> None:
+    """How far below the target each peak stayed, named from the one vocabulary; on a card other processes
+    shared, how full the card itself was too (their memory is not this process's, and not under its target)."""
+    if s.peak_held is not None:  # the KV cache outside PyTorch counts: "reserved" alone would look empty
+        head = s.target_bytes - s.peak_held.bytes
+        out.item(f"never crossed: the peak {HELD.label} ({HELD.meaning}) stays {gib_or_dash(head)} below it")
+    else:
+        head = s.target_bytes - s.peak.reserved_bytes
+        out.item(f"never crossed: the {RESERVED.label} peak stays {gib_or_dash(head)} below it")
+    if s.peak_device_used is not None:
+        out.item(
+            f"the peak {DEVICE_USED.label} stays {gib_or_dash(s.target_bytes - s.peak_device_used.bytes)} below it"
+        )
+    if s.peak_others is not None and s.whole_device_peak_bytes is not None:
+        room = s.target_bytes - s.whole_device_peak_bytes
+        where = f"{gib_or_dash(room)} below it" if room >= 0 else f"{gib_or_dash(-room)} above it"
+        out.item(
+            f"with {OTHERS.label}' memory (up to {gib_or_dash(s.peak_others.bytes)}) the card itself held up to "
+            f"{gib_or_dash(s.whole_device_peak_bytes)}, {where}"
+        )
+
+
 def _target(out: _Out, s: Summary) -> None:
     if s.target_bytes is None:
         return
@@ -291,10 +313,7 @@ def _target(out: _Out, s: Summary) -> None:
     card = f"; card {gib_or_dash(t.capacity_bytes)} ({t.capacity_source})" if t.capacity_bytes else ""
     out.item(f"from: {s.target_source}{card}")
     if not s.crossings:
-        head = s.target_bytes - s.peak.reserved_bytes
-        out.item(f"never crossed: the reserved peak stays {gib_or_dash(head)} below it")
-        if s.peak_device_used is not None:
-            out.item(f"device used peak stays {gib_or_dash(s.target_bytes - s.peak_device_used.bytes)} below it")
+        _below(out, s)
     for c in s.crossings:
         out.item(_crossing_text(s, c))
 
@@ -364,8 +383,12 @@ def render_report(summary: Summary, file: TextIO, width: int = 100, markdown: bo
     if summary.warnings:
         out.item(f"WARNING: {len(summary.warnings)} warning(s) below; figures may be incomplete")
     _phases(out, summary)
-    _peak(out, summary)
-    _target(out, summary)
+    if summary.n_events or summary.oom is not None or summary.baseline.reserved_bytes:  # (a snapshot's one moment)
+        _peak(out, summary)
+        _target(out, summary)
+    else:  # the "recorded nothing" verdict: no peak, and no target kept or crossed
+        out.heading("Peak")
+        out.item("none: no allocator events were recorded, so there is no peak and no target was kept or crossed")
     _holders(out, summary)
     render_non_torch(out, summary)
     _hooks(out, summary)

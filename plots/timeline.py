@@ -24,11 +24,18 @@ from pathlib import Path
 
 import numpy as np
 
+from ..analysis import quantities
 from ..analysis.categories import CATEGORIES
 from ..units import GiB, format_gib, format_size
+from .format_spec import Format
 from .phase_lane import PhaseLabel
-from .timeline_axes import DPI_HINT, LABEL_PT, draw_lane, draw_main, draw_zoom, zoom_window
-from .timeline_data import RankTimeline
+from .timeline_axes import DPI_HINT, LABEL_PT, draw_main, draw_zoom, zoom_band, zoom_window
+from .timeline_data import RankTimeline, drawn_curves, landmark_times_us, phases_at
+from .timeline_lane import draw_lane, lane_rows, layout_lane
+from .timeline_scale import FLAT_FRAC, MIN_QUIET_FRAC, TimeScale, quiet_stretches, time_scale
+
+#: this module's output format(s) (``plots.format_spec``)
+FORMATS = (Format("timeline", "-timeline.png", (".png", ".svg", ".pdf"), binary=True, commands=("plot",)),)
 
 WIDTH_IN = 12.5
 DPI = DPI_HINT
@@ -77,7 +84,7 @@ class RankDrawn:
     zoom_us: tuple[int, int]
     phase_labels: list[PhaseLabel]
     annotation_corner: str  # where the crossing's text box went: "left", "center", "right", or ""
-    lane_px_per_s: float = 0.0  # the scale the phase labels were laid out with
+    lane_px_per_s: float = 0.0  # the scale the phase labels were laid out with (pixels per drawn second)
     lane_char_px: float = 0.0
     oom: OomDrawn | None = None
     annotation: str = ""  # the whole text of the annotation box
@@ -93,6 +100,9 @@ class TimelineDrawn:
     title: str = ""
     legend: list[str] = field(default_factory=list)  # the legend's entries, in order
     footnote: str = ""  # the line under the figure: the time origin
+    #: the quiet stretches the time axis squeezes, in seconds since t0 (``timeline_scale``); () when unbroken
+    breaks: tuple[tuple[float, float], ...] = ()
+    scale: TimeScale | None = None
 
 
 def _phase_name(path: str) -> str:
@@ -175,9 +185,17 @@ def oom_text(rank: RankTimeline, t0_us: int) -> OomDrawn | None:
     return OomDrawn(o.time_us, sec, o.phase_path, o.requested_bytes, o.free_bytes, f"{head}\n{detail}")
 
 
-def _lane_rows(rank: RankTimeline) -> int:
-    """Rows of the phase lane: one per depth, plus one for labels that fit nowhere else."""
-    return max([p.depth for p in rank.phases], default=-1) + 2
+def axis_scale(ranks: list[RankTimeline], t0: int, t_end: int) -> TimeScale:
+    """The time axis: broken where every rank's memory stayed flat for long (``timeline_scale``)."""
+    curves = [c for r in ranks for c in drawn_curves(r) if len(c)]
+    top = max([quantities.peak_bytes(c) for c in curves] + [r.target_bytes or 0 for r in ranks] + [1])
+    marks = [t for r in ranks for p in r.phases for t in (p.start_us, p.end_us)]
+    marks += [t for r in ranks for t in landmark_times_us(r)]
+    start = min(r.start_us for r in ranks)
+    quiet = quiet_stretches(
+        [(c.time_us, c.bytes) for c in curves], marks, start, t_end, FLAT_FRAC * top, MIN_QUIET_FRAC * (t_end - t0)
+    )
+    return time_scale(quiet, t0, t_end)
 
 
 def render_timeline(
@@ -208,76 +226,106 @@ def render_timeline(
         raise ValueError("render_timeline needs at least one rank")
     t0 = min(r.start_us for r in ranks) if t0_us is None else t0_us
     t_end = max(r.end_us for r in ranks)
+    scale = axis_scale(ranks, t0, t_end)
     with plt.rc_context({"font.size": FONT, "axes.titlesize": FONT + 1, "svg.fonttype": "none"}):
-        fig, gs = _figure(plt, ranks, FOOTNOTE_IN if footnote else 0.0)
+        foot_in = FOOTNOTE_IN if footnote else 0.0
+        fig, gs = _figure(plt, ranks, foot_in, scale, t0)
+        lanes = _lay_out_lanes(fig, gs, ranks, t0, scale)
+        _fit_heights(fig, gs, ranks, lanes, foot_in, scale, t0)
         main_axes: list = []
         handles: dict = {}
-        drawn = [_draw_rank(fig, gs, i, ranks, t0, t_end, capacities, main_axes, handles) for i in range(len(ranks))]
+        drawn = [_draw_rank(fig, gs, i, ranks, t0, t_end, capacities, main_axes, handles, scale, lanes[i])
+                 for i in range(len(ranks))]  # fmt: skip
         main_axes[-1].set_xlabel("seconds since start" + (" (Times, below)" if footnote else ""))
         for ax in main_axes[:-1]:
             ax.tick_params(labelbottom=False)
         if "target" in handles and len({(r.util, r.capacity_bytes) for r in ranks}) > 1:
             handles["target"] = (handles["target"][0], "utilization target (each rank's own)")
-        legend = _legend(fig, handles, _legend_rows(ranks), lift_in=FOOTNOTE_IN if footnote else 0.0)
+        legend = _legend(fig, handles, _legend_rows(ranks, scale, t0), lift_in=FOOTNOTE_IN if footnote else 0.0)
         if footnote:
             fig.text(0.06, 0.06 / fig.get_figheight(), footnote, ha="left", va="bottom", fontsize=FONT - 3,
                      color="#444444")  # fmt: skip
         what = ranks[0].description
         title = title or ("GPU memory during start-up" + (f": {what}" if what else ""))
-        fig.suptitle(title, x=0.06, ha="left", fontsize=FONT + 3, fontweight="bold")
+        fig.suptitle(_fit_title(title, fig.get_figwidth(), FONT + 3), x=0.06, ha="left", fontsize=FONT + 3,
+                     fontweight="bold")  # fmt: skip
         out = Path(path)
         fig.savefig(out, dpi=DPI, format=out.suffix.lstrip(".").lower() or "png")
         plt.close(fig)
-    return TimelineDrawn(out, t0, drawn, title, legend, footnote)
+    return TimelineDrawn(out, t0, drawn, title, legend, footnote, scale.breaks, scale)
 
 
-def _draw_rank(fig, gs, i: int, ranks, t0: int, t_end: int, capacities, main_axes: list, handles: dict) -> RankDrawn:
+def _lane_geometry(fig, gs, scale: TimeScale) -> tuple[float, float]:
+    """(pixels per drawn second, the figure's right edge in drawn seconds) of the lanes (column 0), known
+    from the grid before any axes exist (the width does not depend on the heights)."""
+    _, _, lefts, rights = gs.get_grid_positions(fig)
+    width_px = (rights[0] - lefts[0]) * fig.bbox.width
+    px_per_s = width_px / scale.span_s
+    return px_per_s, (1.0 - lefts[0]) * fig.bbox.width / px_per_s
+
+
+def _lay_out_lanes(fig, gs, ranks, t0: int, scale: TimeScale) -> list[list[PhaseLabel]]:
+    px_per_s, x_max = _lane_geometry(fig, gs, scale)
+    return [layout_lane(r, t0, scale, px_per_s, CHAR_PX, x_max, phases_at(r, landmark_times_us(r))) for r in ranks]
+
+
+def _draw_rank(fig, gs, i: int, ranks, t0: int, t_end: int, capacities, main_axes: list, handles: dict,
+               scale: TimeScale, labels: list[PhaseLabel]) -> RankDrawn:  # fmt: skip
     """Rank ``i``'s phase lane, main plot and zoom, in grid rows 3i+1 and 3i+2; appends its main axes."""
     rank = ranks[i]
     share = main_axes[0] if main_axes else None
     lane_ax = fig.add_subplot(gs[3 * i + 1, 0], sharex=share)
     main_ax = fig.add_subplot(gs[3 * i + 2, 0], sharex=share)
+    if share is None:
+        for ax in (lane_ax, main_ax):
+            ax.set_xscale("function", functions=(scale.forward, scale.inverse))
     main_axes.append(main_ax)
     crossing, oom = crossing_text(rank, t0), oom_text(rank, t0)
     window = zoom_window(rank)
-    px_per_s = lane_ax.get_window_extent().width / max((t_end - t0) / 1e6, 1e-6)
-    char_px = LABEL_PT * DPI / 72 * 0.6  # DejaVu Sans: about 0.55-0.6 em a glyph
-    # overflow labels may run into the right margin, never past the figure's edge
-    x_max = (fig.bbox.width - lane_ax.get_window_extent().x0) / px_per_s
-    labels = draw_lane(lane_ax, rank, t0, px_per_s, char_px, len(ranks) > 1, x_max=x_max)
-    corner = draw_main(main_ax, rank, t0, t_end, crossing, capacities, window, handles, oom)
+    draw_lane(lane_ax, rank, t0, scale, labels, len(ranks) > 1, LABEL_PT)
+    corner = draw_main(main_ax, rank, t0, t_end, crossing, capacities, window, handles, oom, scale)
     draw_zoom(fig.add_subplot(gs[3 * i + 2, 1]), rank, t0, window, crossing)
     lane_ax.set_xlim((0, (t_end - t0) / 1e6))
     annotation = "\n".join(d.text for d in (crossing, oom) if d is not None)
+    px_per_s, _ = _lane_geometry(fig, gs, scale)
     return RankDrawn(rank.label, rank.target_bytes, rank.capacity_bytes, crossing, window, labels, corner,
-                     px_per_s, char_px, oom, annotation)  # fmt: skip
+                     px_per_s, CHAR_PX, oom, annotation)  # fmt: skip
 
 
+CHAR_PX = LABEL_PT * DPI / 72 * 0.6  # DejaVu Sans: about 0.55-0.6 em a glyph
 FOOTNOTE_IN = 0.3  # the time origin's line under the legend
 LEGEND_ROWS = 3  # one more when an OOM or other processes add their entries, one more for CUPTI's, for VMM's
 RANK_GAP_IN = 0.45
 TITLE_IN = 0.55
 
 
-def _legend_rows(ranks: list[RankTimeline]) -> int:
+def _legend_rows(ranks: list[RankTimeline], scale: TimeScale | None = None, t0: int = 0) -> int:
     extra = any(r.oom is not None or r.curves.others.bytes.any() for r in ranks)
     cupti = any(r.cupti is not None for r in ranks)
     vmm = any(r.vmm_kv is not None for r in ranks)
-    return LEGEND_ROWS + (1 if extra else 0) + (1 if cupti else 0) + (1 if vmm else 0)
+    axis = scale is not None and (bool(scale.breaks) or any(zoom_band(r, scale, t0) for r in ranks))
+    return LEGEND_ROWS + (1 if extra else 0) + (1 if cupti else 0) + (1 if vmm else 0) + (1 if axis else 0)
 
 
 def _legend_in(rows: int) -> float:
     return 0.55 + 0.3 * rows  # the x-axis label, then the legend's rows
 
 
-def _figure(plt, ranks: list[RankTimeline], footnote_in: float = 0.0):
-    """The figure and its grid: per rank a spacer, a phase lane over the main plot (left) and the zoom (right)."""
+def _heights(ranks: list[RankTimeline], rows: list[int], footnote_in: float, scale: TimeScale | None = None,
+             t0: int = 0) -> tuple[list[float], float, float]:  # fmt: skip
+    """(grid row heights, legend height, figure height) in inches, for lanes of ``rows`` rows."""
     heights: list[float] = []
-    for i, r in enumerate(ranks):
+    for i, n in enumerate(rows):
         # a spacer row above every rank but the first keeps the zoom's axis label off the next lane
-        heights += [RANK_GAP_IN if i else 0.01, max(_lane_rows(r), 1) * LANE_ROW_IN + 0.08, MAIN_H_IN]
-    legend_in = _legend_in(_legend_rows(ranks)) + footnote_in
-    fig_h = sum(heights) + legend_in + TITLE_IN + 0.45 * len(ranks)
+        heights += [RANK_GAP_IN if i else 0.01, max(n, 1) * LANE_ROW_IN + 0.08, MAIN_H_IN]
+    legend_in = _legend_in(_legend_rows(ranks, scale, t0)) + footnote_in
+    return heights, legend_in, sum(heights) + legend_in + TITLE_IN + 0.45 * len(ranks)
+
+
+def _figure(plt, ranks: list[RankTimeline], footnote_in: float = 0.0, scale: TimeScale | None = None, t0: int = 0):
+    """The figure and its grid: per rank a spacer, a phase lane over the main plot (left) and the zoom (right).
+    The lanes' heights are set by :func:`_fit_heights` once their labels are laid out."""
+    heights, legend_in, fig_h = _heights(ranks, [1] * len(ranks), footnote_in, scale, t0)
     fig = plt.figure(figsize=(WIDTH_IN, fig_h), dpi=DPI)
     gs = fig.add_gridspec(
         3 * len(ranks),
@@ -294,10 +342,20 @@ def _figure(plt, ranks: list[RankTimeline], footnote_in: float = 0.0):
     return fig, gs
 
 
+def _fit_heights(fig, gs, ranks, lanes: list[list[PhaseLabel]], footnote_in: float, scale: TimeScale,
+                 t0: int) -> None:  # fmt: skip
+    """Give each lane the rows its labels need (before any axes exist: the widths stay as laid out)."""
+    heights, legend_in, fig_h = _heights(ranks, [lane_rows(r, lab) for r, lab in zip(ranks, lanes, strict=True)],
+                                         footnote_in, scale, t0)  # fmt: skip
+    fig.set_figheight(fig_h)
+    gs.set_height_ratios(heights)
+    gs.update(top=1 - TITLE_IN / fig_h, bottom=legend_in / fig_h)
+
+
 def _legend(fig, handles: dict, rows: int = LEGEND_ROWS, lift_in: float = 0.0) -> list[str]:
     """One legend for all ranks, below the plots, in a fixed order."""
     order = [*CATEGORIES, "vmm_kv", "non_torch_cupti", "non_torch_unexplained", "non_torch", "others", "reserved"]
-    order += ["device_used", "target", "capacity", "what-if", "oom"]
+    order += ["device_used", "target", "capacity", "what-if", "oom", "zoom", "break"]
     items = [handles[k] for k in order if k in handles]
     fig.legend(
         [h for h, _ in items],
@@ -309,6 +367,20 @@ def _legend(fig, handles: dict, rows: int = LEGEND_ROWS, lift_in: float = 0.0) -
         bbox_to_anchor=(0.5, 0.005 + lift_in / fig.get_figheight()),
     )
     return [label for _, label in items]
+
+
+def _fit_title(title: str, width_in: float, size_pt: float) -> str:
+    """``title`` on at most two lines that fit the figure's width (a run that died says so before what ran:
+    the title grows, and is broken after the verdict, never cut at the edge)."""
+    import textwrap
+
+    chars = max(int(0.9 * width_in * 72 / (0.62 * size_pt)), 40)  # bold sans: about 0.62 em a character
+    if len(title) <= chars:
+        return title
+    head, sep, rest = title.partition(" — ")
+    if sep and len(head) <= chars:
+        return head + " —\n" + textwrap.shorten(rest, chars, placeholder=" …")
+    return "\n".join(textwrap.wrap(title, chars)[:2])
 
 
 def gib(values: np.ndarray) -> np.ndarray:

@@ -15,8 +15,9 @@ from ..analysis.categories import CATEGORIES
 from ..units import GiB, format_gib
 from .downsample import bucket_indices
 from .palette import CATEGORY_COLORS, VMM_KV_COLOR, VMM_KV_EDGE, VMM_KV_LABEL
-from .phase_lane import PhaseBar, PhaseLabel, leader, place_labels
+from .timeline_breaks import mark_breaks
 from .timeline_data import CuptiSplit, RankTimeline, cupti_split, vmm_band
+from .timeline_scale import TimeScale, identity
 
 COLORS = CATEGORY_COLORS
 LABELS = {
@@ -35,8 +36,8 @@ CUPTI_EDGE = "#17645B"
 OTHERS = "#B8C4CE"
 TARGET = "#C62828"
 OOM_COLOR = "#4A0000"
+ZOOM_BAND = "#FFD54F"
 N_BUCKETS = 2400
-LANE_COLORS = ("#DDE3EA", "#C9D3DE")
 DPI_HINT = 110  # the renderer's dpi, for sizing text before drawing
 LABEL_PT = 11.0  # phase labels, line labels and the crossing's text: readable when GitHub scales the image down
 
@@ -69,37 +70,6 @@ def zoom_window(rank: RankTimeline) -> tuple[int, int]:
     lo = max(a - int(1.5 * width), rank.start_us)
     hi = min(b + int(1.5 * width), rank.end_us)
     return lo, max(hi, lo + 1)
-
-
-def draw_lane(
-    ax, rank: RankTimeline, t0: int, px_per_s: float, char_px: float, show_rank: bool, x_max: float = float("inf")
-) -> list[PhaseLabel]:
-    """Phase bars, one row per depth (outermost on top), with labels that do not overlap; labels
-    that fit nowhere in their row go to an overflow row on top, with a leader line to their bar."""
-    rows = max([p.depth for p in rank.phases], default=-1) + 1
-    bars = [PhaseBar(p.path, p.name, p.depth, float(_s(p.start_us, t0)), float(_s(p.end_us, t0))) for p in rank.phases]
-    for i, b in enumerate(sorted(bars, key=lambda b: (b.depth, b.start_s))):
-        y = rows - 1 - b.depth
-        ax.broken_barh([(b.start_s, max(b.end_s - b.start_s, 0))], (y + 0.08, 0.84), color=LANE_COLORS[i % 2])
-    labels = place_labels(bars, px_per_s, char_px, x_min=float(_s(rank.start_us, t0)), x_max=x_max)
-    for lab in labels:
-        if lab.where == "above":
-            y, top_of_bar = rows + 0.55, rows - lab.depth - 0.08
-            # up from the bar to the lane's top edge, then to the label (phase_lane.leader): never crossing
-            x_top, x_label = leader(lab, px_per_s)
-            ax.plot([x_top, x_top, x_label], [top_of_bar, rows, rows + 0.18], color="#777777", lw=0.7)
-            ax.text(lab.x_s, y, lab.text, ha="left", va="center", fontsize=LABEL_PT)
-        else:
-            y = rows - 1 - lab.depth + 0.5
-            ax.text(lab.x_s, y, lab.text, ha="center" if lab.inside else "left", va="center", fontsize=LABEL_PT)
-    overflow = any(lab.where == "above" for lab in labels)
-    ax.set_ylim(0, max(rows, 1) + (1 if overflow else 0))
-    ax.set_yticks([])
-    ax.tick_params(labelbottom=False, bottom=False)
-    for side in ("top", "right", "left", "bottom"):
-        ax.spines[side].set_visible(False)
-    ax.set_ylabel(rank.label if show_rank else "phases", rotation=0, ha="right", va="center", fontsize=LABEL_PT)
-    return labels
 
 
 def _stack(ax, rank: RankTimeline, t0: int, lo: int, hi: int, n_buckets: int, handles: dict | None) -> None:
@@ -249,14 +219,14 @@ def _label_hlines(ax, lines: list[tuple[float, str, str]], ymax: float, height_p
         )
 
 
-def _box_corner(rank: RankTimeline, t0: int, xmax_s: float, box_frac: float) -> tuple[str, float]:
+def _box_corner(rank: RankTimeline, t0: int, scale: TimeScale, box_frac: float) -> tuple[str, float]:
     """Where the crossing's text box goes: the top-left, -centre or -right stretch of ``box_frac`` of
     the width whose data stays lowest; returns the corner and that data's top in GiB."""
     best, best_top = "right", float("inf")
     res, used = rank.curves.reserved, rank.curves.device_used
     w = min(box_frac, 1.0)
     for corner, (a, b) in (("left", (0.0, w)), ("right", (1.0 - w, 1.0)), ("center", (0.5 - w / 2, 0.5 + w / 2))):
-        lo, hi = t0 + int(a * xmax_s * 1e6), t0 + int(b * xmax_s * 1e6)
+        lo, hi = t0 + int(scale.at_fraction(a) * 1e6), t0 + int(scale.at_fraction(b) * 1e6)
         tops = [quantities.window_max(res, lo, hi)] if len(res) else [0]
         if len(used):
             tops.append(quantities.window_max(used, lo, hi))
@@ -266,14 +236,16 @@ def _box_corner(rank: RankTimeline, t0: int, xmax_s: float, box_frac: float) -> 
     return best, best_top
 
 
-def _annotate(ax, rank, t0, xmax_s, text: str, anchor: tuple[float, float], ymax: float, line_tops: list[float]):
+def _annotate(
+    ax, rank, t0, scale: TimeScale, text: str, anchor: tuple[float, float], ymax: float, line_tops: list[float]
+):
     """Put the annotation box in the emptiest top corner, its arrow to ``anchor``; returns (corner, new ymax)."""
     lines = text.split("\n")
     ext = ax.get_window_extent()
     char_px, line_px = LABEL_PT * DPI_HINT / 72 * 0.58, LABEL_PT * DPI_HINT / 72 * 1.3
     box_frac = (max(len(x) for x in lines) * char_px + 20) / max(ext.width, 1.0)
     box_hfrac = (len(lines) * line_px + 16) / max(ext.height, 1.0)
-    corner, data_top = _box_corner(rank, t0, xmax_s, box_frac)
+    corner, data_top = _box_corner(rank, t0, scale, box_frac)
     # the box may hide a stretch of the target/capacity lines (they run the whole width and are
     # labelled in the margin), never data; lines far below the data's top still count
     top = max([data_top, *[y for y in line_tops if y <= data_top * 1.05]])
@@ -313,8 +285,11 @@ def _mark_oom(ax, rank: RankTimeline, t0: int, t_end: int, handles: dict | None)
         handles.setdefault("oom", (line, "out of memory (after it: grey)"))
 
 
-def draw_main(ax, rank, t0, t_end, crossing, capacities, window, handles, oom=None) -> str:
-    """The main plot; returns where the annotation box went ("" when none)."""
+def draw_main(
+    ax, rank, t0, t_end, crossing, capacities, window, handles, oom=None, scale: TimeScale | None = None
+) -> str:
+    """The main plot on the time axis ``scale`` (``timeline_scale``: broken where memory stayed flat; the
+    identity when None); returns where the annotation box went ("" when none)."""
     _stack(ax, rank, t0, rank.start_us, rank.end_us, N_BUCKETS, handles)
     _lines(ax, rank, t0, rank.start_us, rank.end_us, N_BUCKETS, handles)
     hl = _hlines(ax, rank, capacities, handles)
@@ -323,6 +298,7 @@ def draw_main(ax, rank, t0, t_end, crossing, capacities, window, handles, oom=No
         peaks.append(rank.capacity_bytes or 0)
     peaks += [rank.target_bytes or 0, *capacities]
     xmax_s = (t_end - t0) / 1e6
+    scale = scale or identity(xmax_s)
     ax.set_xlim(0, xmax_s)
     for p in rank.phases:
         if p.depth == 0:
@@ -343,18 +319,27 @@ def draw_main(ax, rank, t0, t_end, crossing, capacities, window, handles, oom=No
             if crossing is not None
             else _oom_point(rank, t0)
         )
-        corner, ymax = _annotate(ax, rank, t0, xmax_s, "\n".join(texts), anchor, ymax, [y for y, _, _ in hl])
+        corner, ymax = _annotate(ax, rank, t0, scale, "\n".join(texts), anchor, ymax, [y for y, _, _ in hl])
     ax.set_ylim(0, ymax)
-    _label_vmm(ax, rank, t0)
+    _label_vmm(ax, rank, t0, scale)
     height_px = ax.get_window_extent().height
     _label_hlines(ax, hl, ymax, max(height_px, 1.0))
     lo, hi = window
-    if hi - lo < 0.2 * (t_end - t0):  # mark where the zoom panel looks (a sliver for milliseconds)
-        ax.axvspan(_s(lo, t0), _s(hi, t0), color="#FFD54F", alpha=0.5, lw=0, zorder=0)
+    if zoom_band(rank, scale, t0, window):  # mark where the zoom panel looks (a sliver for milliseconds)
+        band = ax.axvspan(_s(lo, t0), _s(hi, t0), color=ZOOM_BAND, alpha=0.5, lw=0, zorder=0)
+        handles.setdefault("zoom", (band, "where the zoom panel looks"))
+    mark_breaks(ax, scale, handles)
     return corner
 
 
-def _label_vmm(ax, rank: RankTimeline, t0: int) -> None:
+def zoom_band(rank: RankTimeline, scale: TimeScale, t0: int, window: tuple[int, int] | None = None) -> bool:
+    """Whether the main plot marks the zoom panel's window: only while it is narrow there (under a fifth of
+    the drawn width; the broken axis may show a few seconds wide already)."""
+    lo, hi = window or zoom_window(rank)
+    return scale.fraction((hi - t0) / 1e6) - scale.fraction((lo - t0) / 1e6) < 0.2
+
+
+def _label_vmm(ax, rank: RankTimeline, t0: int, scale: TimeScale) -> None:
     """Name the VMM band where it is highest: over minutes of start-up, a commit of a few milliseconds at the
     very end is a few pixels wide, so the label (left of it, half-way up) points at it."""
     kv = rank.vmm_kv
@@ -365,7 +350,7 @@ def _label_vmm(ax, rank: RankTimeline, t0: int) -> None:
     y = float(_g(rank.curves.reserved.at(t_us) + kv.peak_bytes / 2))
     x = float(_s(t_us, t0))
     text = f"KV cache committed through CUDA VMM\n(outside PyTorch): {format_gib(kv.peak_bytes)} at {x:.2f} s"
-    right = x > 0.5 * ax.get_xlim()[1]
+    right = scale.fraction(x) > 0.5
     ax.annotate(
         text,
         (x, y),

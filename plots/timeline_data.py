@@ -21,6 +21,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..analysis import quantities
 from ..analysis.categories import CategorySteps
 from ..analysis.crossing import Crossings, Excursion
 from ..analysis.curves import Curve, Curves
@@ -160,3 +161,26 @@ def vmm_band(rank: RankTimeline, lo: int, hi: int, n_buckets: int) -> VmmBand | 
     else:
         r = np.zeros(len(grid), dtype=np.int64)
     return VmmBand(grid, r, r + kv.at_each(grid))
+
+
+def landmark_times_us(rank: RankTimeline) -> list[int]:
+    """The moments the figure names: the peak of what the process held, the peak of device used, the first
+    crossing of the target (and its excursion's maximum), the OOM."""
+    out = [quantities.peak(c).time_us for c in (rank.curves.held, rank.curves.device_used) if len(c)]
+    c = rank.first_crossing()
+    if c is not None:
+        out += [c.time_us, c.max_us]
+    if rank.oom is not None:
+        out.append(rank.oom.time_us)
+    return out
+
+
+def phases_at(rank: RankTimeline, times_us: list[int]) -> frozenset[str]:
+    """The paths of the phases (every depth) that any of ``times_us`` falls in."""
+    return frozenset(p.path for p in rank.phases for t in times_us if p.start_us <= t <= p.end_us)
+
+
+def drawn_curves(rank: RankTimeline) -> list[Curve]:
+    """The curves the main plot draws: PyTorch allocated, held by this process, device used (when sampled)."""
+    c = rank.curves
+    return [c.allocated, c.held] + ([c.device_used] if c.has_device else [])

@@ -16,10 +16,15 @@ import json
 from importlib import resources
 from typing import Any
 
+from . import verdict_text
+from .format_spec import Format
 from .report import render as render_report
 from .report import worst_line
 from .view_data import PackedRank, pack_rank
 from .whatif_text import boot_section
+
+#: this module's output format(s) (``plots.format_spec``)
+FORMATS = (Format("view", "-view.html", (".html",), commands=("view",)),)
 
 #: Width in pixels of the coarse overview a page without its events carries.
 OVERVIEW_WIDTH = 1600
@@ -41,6 +46,9 @@ def page_document(ranks: list[PackedRank], *, title: str, report_text: str, api:
     """The page's JSON document (every rank's meta and column table; the run's worst rank, missing ranks)."""
     return {
         "title": title,
+        # the run's verdict, said first under the title (a run that died or recorded nothing above all)
+        "headline": verdict_text.headline(run) if run is not None else None,
+        "verdict": run.verdict if run is not None else None,
         "api": api,
         "report": report_text,
         "worst": worst_line(run) if run is not None and run.multi else None,

@@ -6,7 +6,11 @@ from __future__ import annotations
 
 from ..analysis.whatif import BOOTS, DIES, GRAPHS, KV, REFUSES, SCALED, UNKNOWN, Answer, Outcome, Suggestions
 from ..units import format_gib as _gib
+from .format_spec import Format
 from .text import wrap
+
+#: this module's output format(s) (``plots.format_spec``)
+FORMATS = (Format("whatif", commands=("fits",)),)
 
 WIDTH = 100
 HEADLINE = {BOOTS: "BOOTS", DIES: "DIES", REFUSES: "vLLM REFUSES", UNKNOWN: "UNKNOWN"}

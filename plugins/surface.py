@@ -309,9 +309,13 @@ def facts_module(name: str) -> str:
     return {"extensible": _EXT, "capacity": "vllm.v1.core.kv_cache_utils"}[name]
 
 
-def _span(e: Entry) -> str:
-    since = f"{e.since[0]}.{e.since[1]}" if e.since else "any"
-    return f"{since}–{e.until[0]}.{e.until[1] - 1}" if e.until else f"{since}+"
+def span_text(e: Entry) -> str:
+    """The releases of ``e`` as people write them: ``all``, ``0.34+``, ``up to 0.33``, ``0.32-0.33``."""
+    since = f"{e.since[0]}.{e.since[1]}" if e.since else None
+    until = f"{e.until[0]}.{e.until[1] - 1}" if e.until else None
+    if since and until:
+        return f"{since}-{until}"
+    return f"{since}+" if since else (f"up to {until}" if until else "all")
 
 
 def support_markdown() -> str:
@@ -331,7 +335,7 @@ def support_markdown() -> str:
         handler = handler.replace(".for_entry", "")
         role = f"{e.role}: `{e.phase}`" if e.phase else e.role
         lines.append(
-            f"| {e.library} | `{e.path}` | {_span(e)} | {role} | `{handler}` | {'yes' if e.required else 'no'} |"
+            f"| {e.library} | `{e.path}` | {span_text(e)} | {role} | `{handler}` | {'yes' if e.required else 'no'} |"
         )
     lines += ["", "Roles:", ""] + [f"- **{k}**: {v}" for k, v in ROLES.items()]
     return "\n".join(lines) + "\n"

@@ -90,6 +90,7 @@ class PhaseHook:
         current.phase_exit(index)
         if error is not None:
             _log_oom(self.phase, error, current)
+            _record_error(self.phase, error, current)
             return
         self.after_phase(current, worker, result)
 
@@ -284,6 +285,17 @@ class SizingReadHook:
 
 
 _oom_logged: set[int] = set()  # ids of the OOM errors already logged (each phase it crosses sees it)
+
+
+def _record_error(phase: str, error: BaseException, current: Any) -> None:
+    """Keep, at the innermost phase it left, the first error other than CUDA OOM that ended vLLM's start-up
+    (vLLM refusing to start, e.g. "No available memory for the cache blocks"): the run's verdict names it."""
+    if type(error).__name__ == "OutOfMemoryError" or not isinstance(error, Exception):
+        return
+    if F.VLLM_STARTUP_ERROR in getattr(current, "facts", {}):
+        return
+    message = str(error).strip().splitlines()[0][:300] if str(error).strip() else ""
+    current.set_fact(F.VLLM_STARTUP_ERROR, {"phase": phase, "type": type(error).__name__, "message": message})
 
 
 def _log_oom(phase: str, error: BaseException, current: Any) -> None:

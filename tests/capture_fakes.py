@@ -1,6 +1,6 @@
-"""FakeTorch: the parts of ``torch.cuda`` that ``memtrace.capture.history`` uses, for CPU tests and benches.
+"""FakeTorch: the parts of ``torch.cuda`` that ``memtrace.capture.allocator_history`` uses, for CPU tests and benches.
 
-It replays the entries of a ``_snapshot()``-shaped dict (e.g. ``memtrace.exporters.memory_viz.
+It replays the entries of a ``_snapshot()``-shaped dict (e.g. ``memtrace.plots.memory_viz.
 snapshot_dict`` of a synthetic trace) as if the program allocated them: ``allocate(n)`` records the
 next ``n`` entries (a fresh frames list per entry, as torch builds them) and bumps the allocator's
 cumulative counters; ``_snapshot()`` returns the history since the last clear plus the segments.
@@ -13,7 +13,7 @@ import contextlib
 import types
 from pathlib import Path
 
-from memtrace.capture import history as H
+from memtrace.capture import allocator_history as H
 from memtrace.capture.session import Session
 
 _COUNTER = {
@@ -25,7 +25,7 @@ _COUNTER = {
 
 
 class FakeTorch:
-    """The parts of ``torch.cuda`` that history.py uses, replaying recorded entries (FakeTorch)."""
+    """The parts of ``torch.cuda`` that capture/allocator_history.py uses, replaying recorded entries (FakeTorch)."""
 
     def __init__(self, snap: dict, free_stacks: bool | None = None):
         """``free_stacks``: keep the frees' stacks whatever ``context`` asks (None: as torch would)."""

@@ -25,10 +25,6 @@ class UsageError(MemtraceError):
     """An argument is invalid (unknown rank, a moment outside the run, a bad size...)."""
 
 
-class CaptureUnavailable(MemtraceError):
-    """Recording cannot start here (no torch, no GPU). Capture logs it and lets the program run."""
-
-
 class NothingToJudge(MemtraceError):
     """A run recorded no allocator events, so a gate (``diff``, ``fits``, ``history``, the pytest gate) has
     nothing to judge: one line saying what is missing, exit code 1 (a CI job that lost its GPU fails)."""

@@ -172,6 +172,12 @@ VLLM_CONFIG = _fact(
 )
 VLLM_HOOK_TARGETS = _fact("vllm.hook_targets", "list", "plugins.vllm", "the vLLM methods the plugin wrapped")
 VLLM_STARTUP_COMPLETE_US = _fact("vllm.startup_complete_us", "int", "plugins.vllm", "end of warm-up")
+VLLM_STARTUP_ERROR = _fact(
+    "vllm.startup_error",
+    "dict",
+    "plugins.vllm_phases",
+    "the first exception other than CUDA OOM that left a start-up phase: phase, type, message (first 300 characters)",
+)
 VLLM_AVAILABLE_KV_BYTES = _fact(
     "vllm.available_kv_cache_bytes", "int", "plugins.vllm", "Worker.determine_available_memory's return value"
 )

@@ -146,6 +146,21 @@ def add_rows(db: sqlite3.Connection, rows: list[NewRow]) -> list[int]:
     return ids
 
 
+def stored_batch(db: sqlite3.Connection, rows: list[NewRow]) -> int | None:
+    """The batch already holding these very processes (the same key, rank, recording start and figures: the
+    same recording added again), or None."""
+    found = set()
+    for r in rows:
+        hits = db.execute(
+            "SELECT batch FROM runs WHERE key = ? AND rank IS ? AND recorded_us IS ? AND figures_reserved = ?",
+            (r.key, r.rank, r.recorded_us, json.dumps(r.figures_reserved)),
+        ).fetchall()
+        if not hits:
+            return None
+        found.update(b for (b,) in hits)
+    return min(found) if found else None
+
+
 def _row(t: tuple) -> Row:
     return Row(t[0], t[1], t[2], json.loads(t[3]), t[4], t[5], t[6], t[7], t[8], bool(t[9]), json.loads(t[10]),
                json.loads(t[11]) if t[11] is not None else None)  # fmt: skip

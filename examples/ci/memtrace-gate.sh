@@ -7,13 +7,17 @@
 #      torch, vLLM, FlashInfer, model, memory flags) and record it: accepted if nothing grew past
 #      the threshold, refused otherwise;
 #   3. keep the timeline, the flame graph at the peak, the report and the history's trend as artifacts.
-# Exit status: memtrace history check's (0 pass, 1 grew past the threshold or died of OOM, 2 bad input).
+# Exit status: memtrace history check's (0 pass, 1 grew past the threshold, died of OOM or had no accepted
+# run of its environment to be compared with, 2 bad input).
 #
 # Settings (environment variables):
 #   MODEL        the model to serve (default Qwen/Qwen3-30B-A3B)
 #   VLLM_ARGS    extra `vllm serve` flags (default: the seed's --max-num-batched-tokens 8192 --max-num-seqs 8)
 #   HISTORY      the history database, kept between jobs (default memtrace-history.sqlite)
 #   FAIL_OVER    allowed growth: 2% or 512MiB (default 2%)
+#   ALLOW_NEW    1: a run of an environment the history has no accepted run of passes (nothing compared) and
+#                becomes its reference; set it for the first run of a new GPU, driver, vLLM, model... (default 0:
+#                such a run fails, as a gate never passes what it did not compare)
 #   ARTIFACTS    where the artifacts go (default memtrace-artifacts)
 #   PORT         vLLM's port (default 8000); START_TIMEOUT seconds to wait for it (default 1800)
 #   RUN          an already recorded run: skip step 1 and gate this one (how the tests drive this script)
@@ -23,6 +27,7 @@ MODEL=${MODEL:-Qwen/Qwen3-30B-A3B}
 VLLM_ARGS=${VLLM_ARGS:---max-num-batched-tokens 8192 --max-num-seqs 8 --gpu-memory-utilization 0.92}
 HISTORY=${HISTORY:-memtrace-history.sqlite}
 FAIL_OVER=${FAIL_OVER:-2%}
+ALLOW_NEW=${ALLOW_NEW:-0}
 ARTIFACTS=${ARTIFACTS:-memtrace-artifacts}
 PORT=${PORT:-8000}
 START_TIMEOUT=${START_TIMEOUT:-1800}
@@ -69,7 +74,9 @@ memtrace plot "$RUN" -o "$ARTIFACTS/timeline.png" --force
 memtrace flame "$RUN" -o "$ARTIFACTS/flame.svg" --force
 
 # the gate: against the last accepted run of the same environment, then recorded in the history
-memtrace history check "$RUN" --db "$HISTORY" --fail-over "$FAIL_OVER" --add | tee "$ARTIFACTS/history-check.txt"
+new=()
+if [ "$ALLOW_NEW" = 1 ]; then new=(--allow-new); fi
+memtrace history check "$RUN" --db "$HISTORY" --fail-over "$FAIL_OVER" --add "${new[@]}" 2>&1 | tee "$ARTIFACTS/history-check.txt"
 status=${PIPESTATUS[0]}
 memtrace history show --db "$HISTORY" -o "$ARTIFACTS/history-trend.png" --force >"$ARTIFACTS/history.txt"
 exit "$status"

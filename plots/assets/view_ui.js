@@ -20,6 +20,7 @@
   const exact = I.exact;
   const app = document.getElementById('mt-app');
   const GUTTER = 150; /* px right of the plot for the target and capacity labels */
+  const PHASE_ROW = 16, MARK_ROW = 14, MARK_ROWS = 4; /* the strip above the plot: phase rows, then moments' names */
   let syncing = false;
   /* the KV cache committed through CUDA's VMM API (vLLM 0.34+): the timeline's hatched KV green (plots/palette.py) */
   const VMM_FILL = 'rgba(85,168,104,.45)', VMM_EDGE = '#1E6B35';
@@ -28,6 +29,7 @@
   function header() {
     const r0 = doc.ranks[0];
     app.append(el('h1', {}, doc.title));
+    if (doc.headline) app.append(el('p', { id: 'mt-headline', class: ['died', 'recorded nothing'].includes(doc.verdict) ? 'mt-headline mt-error' : 'mt-headline' }, doc.headline));
     const note = doc.ranks.some((r) => !r.has_events)
       ? (doc.api ? 'Served by memtrace view --serve: zoom and clicks are answered from the trace file.'
         : 'This run is too big for one page: it carries a coarse overview. Run `memtrace view --serve RUN` to zoom to exact steps.')
@@ -56,22 +58,25 @@
     return (u) => {
       const m = R.meta, ctx = u.ctx, top = u.bbox.top, h = u.bbox.height, left = u.bbox.left, w = u.bbox.width;
       const dpr = devicePixelRatio || 1, X = (us) => u.valToPos(us / 1e6, 'x', true), Yp = (b) => u.valToPos(b, 'y', true);
-      const drawn = { phases: 0, phase_names: [], target: null, capacity: null, crossing: null, oom: null, peak: null };
+      const drawn = { phases: 0, phase_names: [], target: null, capacity: null, crossing: null, oom: null, peak: null,
+        labels: [], plot: { left: left / dpr, top: top / dpr, width: w / dpr, height: h / dpr } };
       ctx.save();
-      ctx.beginPath(); ctx.rect(left, top, w, h); ctx.clip();
+      /* the phase strip and the landmarks' names sit above the plot (uPlot's top padding), never on a curve */
+      ctx.beginPath(); ctx.rect(left, 0, w, top + h); ctx.clip();
       ctx.font = `${11 * dpr}px sans-serif`; ctx.textBaseline = 'top'; ctx.textAlign = 'left';
+      const band = PHASE_ROW * dpr, strip = top - R.strip * dpr;
       m.phases.forEach((p, k) => {
         const a = Math.max(X(p.start_us), left), b = Math.min(X(p.end_us), left + w);
         if (b <= a) return;
-        const band = 16 * dpr, y = top + p.depth * band;
-        ctx.fillStyle = p.depth === 0 ? (k % 2 ? 'rgba(0,0,0,.05)' : 'rgba(0,0,0,.09)') : 'rgba(31,119,180,.12)';
-        ctx.fillRect(a, y, b - a, band);
+        const y = strip + p.depth * band;
+        ctx.fillStyle = p.depth === 0 ? (k % 2 ? 'rgba(0,0,0,.07)' : 'rgba(0,0,0,.13)') : (k % 2 ? 'rgba(31,119,180,.14)' : 'rgba(31,119,180,.24)');
+        ctx.fillRect(a, y, b - a, band - 1 * dpr);
         ctx.strokeStyle = 'rgba(0,0,0,.25)'; ctx.beginPath(); ctx.moveTo(a, top); ctx.lineTo(a, top + h); ctx.stroke();
         ctx.fillStyle = '#333';
         if (ctx.measureText(p.name).width + 6 * dpr < b - a) ctx.fillText(p.name, a + 3 * dpr, y + 2 * dpr);
         drawn.phases++; drawn.phase_names.push(p.path);
       });
-      const gutter = [];
+      const gutter = [], names = [];
       const hline = (bytes, color, label, dash) => {
         const y = Yp(bytes); if (y < top || y > top + h) return null;
         ctx.strokeStyle = color; ctx.lineWidth = 1.5 * dpr; ctx.setLineDash(dash || []);
@@ -81,14 +86,16 @@
       };
       if (m.target.bytes) drawn.target = hline(m.target.bytes, '#d62728', `target ${gib(m.target.bytes)} (${m.target.source})`, [6 * dpr, 4 * dpr]);
       if (m.target.capacity) drawn.capacity = hline(m.target.capacity, '#555', `capacity ${gib(m.target.capacity)}`);
+      /* a moment: its line across the plot, its name in its own row of the strip between the phases and the
+       * plot (rising from the line into that row), so no name covers a curve or the target and capacity lines */
       const vline = (us, color, label, dash, row) => {
         const x = X(us); if (x < left || x > left + w) return null;
+        const ty = top - (MARK_ROWS - (row || 0)) * MARK_ROW * dpr;
         ctx.strokeStyle = color; ctx.lineWidth = 1.5 * dpr; ctx.setLineDash(dash || []);
-        ctx.beginPath(); ctx.moveTo(x, top); ctx.lineTo(x, top + h); ctx.stroke(); ctx.setLineDash([]);
+        ctx.beginPath(); ctx.moveTo(x, ty); ctx.lineTo(x, top + h); ctx.stroke(); ctx.setLineDash([]);
         const tw = ctx.measureText(label).width, tx = x + 3 * dpr + tw > left + w ? x - 3 * dpr - tw : x + 3 * dpr;
-        const ty = top + h - (16 + 14 * (row || 0)) * dpr;
-        ctx.fillStyle = 'rgba(255,255,255,.8)'; ctx.fillRect(tx - 2 * dpr, ty - 1 * dpr, tw + 4 * dpr, 13 * dpr);
-        ctx.fillStyle = color; ctx.fillText(label, tx, ty);
+        names.push([label, color, tx, ty, tw]); /* written after every line, so no line runs through a name */
+        drawn.labels.push({ label, x: Math.round(tx / dpr), y: Math.round(ty / dpr), w: Math.round(tw / dpr), h: 13 });
         return Math.round(x / dpr);
       };
       const c = m.crossings.length ? m.crossings[0] : null; /* the crossing every output names first */
@@ -96,6 +103,11 @@
       if (m.oom) drawn.oom = vline(m.oom.time_us - m.t0_us, '#000', `OOM (${gib(m.oom.requested_bytes)} asked)`, null, 2);
       drawn.peak = vline(m.peak.state_us - m.t0_us, '#9467bd', `peak ${gib(m.peak.reserved_bytes)} reserved`, [1 * dpr, 3 * dpr], 1);
       if (R.selectedUs != null) vline(R.selectedUs, '#17becf', 'selected', null, 3);
+      for (const [label, color, tx, ty, tw] of names) {
+        ctx.fillStyle = 'rgba(255,255,255,.92)'; ctx.fillRect(tx - 2 * dpr, ty, tw + 4 * dpr, 13 * dpr);
+        ctx.fillStyle = color; ctx.fillText(label, tx, ty + 1 * dpr);
+      }
+      drawn.gutter = gutter.map(([y, , label]) => ({ label, y: Math.round(y / dpr) }));
       ctx.restore();
       ctx.save(); ctx.font = `${11 * dpr}px sans-serif`; ctx.textBaseline = 'middle'; ctx.textAlign = 'left';
       let last = -Infinity;
@@ -122,8 +134,10 @@
       bands.push({ series: [K + 3, K + 1], fill: VMM_FILL, dir: -1 });
     }
     const maxY = Math.max(R.meta.target.capacity || 0, R.meta.peak.reserved_bytes, R.meta.target.bytes || 0, vmm ? vmm.held_peak_bytes : 0) * 1.04;
+    const depth = Math.max(0, ...R.meta.phases.map((p) => p.depth + 1));
+    R.strip = depth * PHASE_ROW + MARK_ROWS * MARK_ROW + 4; /* px above the plot: phases, then moments' names */
     const opts = {
-      width, height: 320, series, legend: { show: false }, padding: [12, GUTTER, 0, 0], bands,
+      width, height: 360 + R.strip, series, legend: { show: false }, padding: [R.strip + 4, GUTTER, 0, 0], bands,
       scales: { x: { time: false, range: (u, lo, hi) => [lo, hi] }, y: { range: () => [0, maxY] } },
       axes: [{ label: 'seconds since start', values: (u, vs, ax, space, incr) => vs.map((v) => v.toFixed(Math.min(6, (String(+incr.toPrecision(6)).split('.')[1] || '').length))) },
         { label: 'GiB', size: 60, incrs: [0.25, 0.5, 1, 2, 4, 8, 10, 16, 20, 32, 40, 64, 80, 128].map((g) => g * GiB),
@@ -292,7 +306,7 @@
 
   async function main() {
     header(); app.append(legend());
-    const width = Math.max(600, Math.min(app.clientWidth || 1200, 1600) - 20);
+    const width = Math.max(600, (app.clientWidth || 1200) - 8); /* the window's width: the hover table goes below */
     for (const [index, meta] of doc.ranks.entries()) {
       const buf = await I.inflate(document.getElementById(`mt-blob-${index}`).textContent);
       const col = I.columns(buf, meta.columns);
@@ -306,7 +320,7 @@
       R.info = info; R.panel = el('div', { class: 'mt-live' }, el('p', { class: 'mt-note' }, 'Click the chart or a landmark to see what was live.'));
       lane.append(marks, el('div', { class: 'mt-row' }, host, info), R.panel, el('h3', {}, 'Phases'), phaseTable(meta));
       app.append(lane);
-      R.u = makeChart(R, host, width - 340);
+      R.u = makeChart(R, host, width);
     }
     app.append(el('h2', {}, 'Report'), el('pre', { class: 'mt-report' }, doc.report));
     if (doc.boot) app.append(el('h2', {}, 'What would make it boot'), el('pre', { class: 'mt-boot' }, doc.boot));

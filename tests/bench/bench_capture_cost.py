@@ -1,6 +1,6 @@
 """What capture costs the traced thread at vLLM's phase boundaries and at the end of start-up (CPU).
 
-No GPU: a FakeTorch stands in for ``torch.cuda`` (the parts ``capture/history.py`` uses) and hands
+No GPU: a FakeTorch stands in for ``torch.cuda`` (the parts ``capture/allocator_history.py`` uses) and hands
 out ``_snapshot()`` dicts shaped like torch's (a fresh frames list per entry, shared frame dicts;
 segments with blocks and their frames), built from the SYNTHETIC start-up of
 ``bench_store_report.build`` (realistic stack depth and count). Everything else is memtrace's real
@@ -35,7 +35,7 @@ sys.path[:0] = [str(Path(__file__).resolve().parent), str(Path(__file__).resolve
 
 from bench_store_report import build  # noqa: E402
 from capture_fakes import FakeTorch, session_with  # noqa: E402
-from memtrace.exporters.memory_viz import snapshot_dict  # noqa: E402
+from memtrace.plots.memory_viz import snapshot_dict  # noqa: E402
 from memtrace.store import load_trace  # noqa: E402
 
 #: (phase, parent index or None, share of the entries allocated inside it)

@@ -22,8 +22,8 @@ spec.loader.exec_module(synthetic)
 from memtrace.analysis.diff import diff_traces  # noqa: E402
 from memtrace.analysis.fits import fits  # noqa: E402
 from memtrace.analysis.run import analyse  # noqa: E402
-from memtrace.exporters.memory_viz import export_memory_viz  # noqa: E402
-from memtrace.exporters.perfetto import export_perfetto  # noqa: E402
+from memtrace.plots.memory_viz import export_memory_viz  # noqa: E402
+from memtrace.plots.perfetto import export_perfetto  # noqa: E402
 from memtrace.units import GiB, parse_threshold  # noqa: E402
 
 

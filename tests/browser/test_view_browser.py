@@ -53,9 +53,9 @@ def browser():
 class Page:
     """A page of `memtrace view` with every JavaScript error collected."""
 
-    def __init__(self, browser, html: Path | str):
+    def __init__(self, browser, html: Path | str, width: int = 1400):
         self.errors: list[str] = []
-        self.page = browser.new_page(viewport={"width": 1400, "height": 1000})
+        self.page = browser.new_page(viewport={"width": width, "height": 1000})
         self.page.on("pageerror", lambda e: self.errors.append(f"pageerror: {e}"))
         self.page.on("console", lambda m: self.errors.append(f"console: {m.text}") if m.type == "error" else None)
         self.page.goto(html if isinstance(html, str) else html.as_uri())
@@ -330,5 +330,28 @@ def test_a_vllm_034_page_draws_the_kv_cache_outside_pytorch_and_reads_it_out_exa
         page.page.mouse.move(page.x_of(160.0), box["y"] + box["h"] / 2)
         page.page.wait_for_function("memtraceView.ranks[0].hover.t_us < 170e6")
         assert page.js("memtraceView.ranks[0].hover.rows")[label] == "0.02 GiB (16,777,216 B)"
+    finally:
+        page.close()
+
+
+@pytest.mark.parametrize("width", [1280, 1400])
+def test_the_chart_uses_the_windows_width_and_its_names_stay_off_the_curves(browser, startup_html, width, tmp_path):
+    """Issue 34: the chart was ~570 px wide in a 1,200-1,400 px window (a 320 px panel beside it), and the phase
+    names and the peak and crossing labels were drawn inside the plot, on the curves and the capacity line."""
+    page = Page(browser, startup_html, width=width)
+    try:
+        drawn = page.rank()["drawn"]
+        plot, box = drawn["plot"], page.chart_box()
+        assert box["w"] > 0.72 * width  # 1280: 996 px of plot (was 644 px beside a 320 px panel)
+        names = {lab["label"] for lab in drawn["labels"]}
+        assert any(n.startswith("peak ") for n in names) and any(n.startswith("crossed ") for n in names)
+        for lab in drawn["labels"]:  # every moment's name above the plot, inside the chart's width
+            assert lab["y"] + lab["h"] <= plot["top"], lab
+            assert plot["left"] <= lab["x"] and lab["x"] + lab["w"] <= plot["left"] + plot["width"] + 1, lab
+        assert {g["label"].split(" ")[0] for g in drawn["gutter"]} == {"target", "capacity"}
+        # the hover table sits under the chart, not beside it
+        info = page.js("(() => { const b = memtraceView.ranks[0].info.getBoundingClientRect(); return b.y; })()")
+        assert info >= box["y"] + box["h"]
+        page.page.screenshot(path=str(tmp_path / f"view-{width}.png"))
     finally:
         page.close()

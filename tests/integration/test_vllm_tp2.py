@@ -14,7 +14,7 @@ import sys
 
 import pytest
 from memtrace import facts as F
-from memtrace.analysis.clock import alignment
+from memtrace.analysis.clock_alignment import alignment
 from memtrace.store import load_run
 from vllm_server import PHASES, VllmServer
 

@@ -15,11 +15,11 @@ import numpy as np
 import pytest
 from capture_fakes import session_with
 from memtrace import facts as F
-from memtrace.capture import history as H
+from memtrace.capture import allocator_history as H
 from memtrace.capture import registry as R
 from memtrace.capture import session as S
-from memtrace.exporters.memory_viz import snapshot_dict
 from memtrace.facts import OOM as FACT_OOM
+from memtrace.plots.memory_viz import snapshot_dict
 from memtrace.store import load_trace, read_fact
 
 FULL = Path(__file__).parents[1] / "data" / "h200" / "startup-full" / "vm-pid457.memtrace"

@@ -1,6 +1,6 @@
 """Allocator-history draining and loss detection, against FakeAllocator (no CUDA here).
 
-FakeAllocator imitates the parts of ``torch.cuda`` that history.py uses: a ring buffer of
+FakeAllocator imitates the parts of ``torch.cuda`` that capture/allocator_history.py uses: a ring buffer of
 ``max_entries`` trace entries (oldest dropped), ``clear_history``, ``_snapshot()`` and the cumulative
 counters of ``memory_stats``. The GPU tests (tests/gpu) run the same code against the real allocator.
 """
@@ -12,7 +12,7 @@ import threading
 import types
 
 import numpy as np
-from memtrace.capture import history as H
+from memtrace.capture import allocator_history as H
 from memtrace.importers.torch_snapshot import Interner, entries_to_events
 from memtrace.model import ACTION_CODE
 

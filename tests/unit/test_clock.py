@@ -1,5 +1,5 @@
 """Clock offsets: the round-trip measurement, the test-only skew knob, the ``clock`` fact, and the alignment
-every multi-rank output will state (``memtrace.analysis.clock``)."""
+every multi-rank output will state (``memtrace.analysis.clock_alignment``)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import subprocess
 import sys
 
 from memtrace import facts as F
-from memtrace.analysis.clock import alignment
+from memtrace.analysis.clock_alignment import alignment
 from memtrace.capture import clock
 from memtrace.model import Phase, Process, Trace
 

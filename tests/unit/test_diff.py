@@ -234,7 +234,7 @@ def _phaseless_snapshot(run: str, out: Path) -> Path:
     """A real H200 trace exported for memory_viz with its phases removed: what an imported snapshot looks like."""
     import pickle
 
-    from memtrace.exporters.memory_viz import snapshot_dict
+    from memtrace.plots.memory_viz import snapshot_dict
     from memtrace.store import load_run
 
     snap = snapshot_dict(load_run(H200 / run).traces[0])

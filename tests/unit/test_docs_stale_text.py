@@ -12,8 +12,9 @@ DOCS = ROOT / "docs"
 
 
 def _newest_vllm_in_the_table() -> str:
-    text = (ROOT / "plugins" / "vllm_targets.py").read_text()
-    return re.search(r"for vLLM 0\.25\.x through (0\.\d+)\.x", text).group(1)
+    from memtrace.plugins.surface import CHECKED
+
+    return ".".join(CHECKED["vllm"][-1].split(".")[:2])
 
 
 def test_the_recording_page_names_the_vllm_range_the_plugins_table_covers():
@@ -47,3 +48,10 @@ def test_memtrace_run_help_no_longer_says_it_appends_to_a_vllm_variable():
     text = sub.choices["run"].format_help()
     assert "is appended to ``VLLM_RAY_EXTRA_ENV_VAR_PREFIXES_TO_COPY``" not in text
     assert "MEMTRACE_DIR" in text and "no vLLM variable is changed" in text
+
+
+def test_the_design_page_states_the_format_version_the_code_writes():
+    from memtrace.model import FORMAT_VERSION
+
+    text = (DOCS / "design.md").read_text()
+    assert f"format `memtrace-trace`, version {FORMAT_VERSION[0]}.{FORMAT_VERSION[1]};" in text

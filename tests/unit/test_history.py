@@ -70,12 +70,44 @@ def test_a_refused_run_is_stored_but_never_becomes_the_reference(db, capsys):
     assert _run(capsys, "check", FULL, "--db", db)[0] == 0  # shrinking never fails
 
 
-def test_a_run_of_another_key_has_no_reference_and_names_the_closest_key(db, capsys):
-    rc, out, _ = _run(capsys, "check", CAP32, "--db", db)
-    assert rc == 0
-    assert "nothing to compare" in out
-    assert "differs in: card_bytes — → 34359738368" in out
-    assert _run(capsys, "check", CAP32, "--db", db, "--strict")[0] == 1
+def test_a_run_of_another_key_is_not_passed_and_names_the_closest_key(db, capsys):
+    # issue 32 defect 5: it said "nothing to compare" on stdout and exited 0 (1 only with --strict)
+    rc, out, err = _run(capsys, "check", CAP32, "--db", db)
+    assert rc == 1 and out == ""
+    assert "nothing compared, not passed (exit 1; --allow-new for a new environment)" in err
+    assert "differs in: card_bytes — → 34359738368" in err
+    rc, out, err = _run(capsys, "check", CAP32, "--db", db, "--json")
+    assert rc == 1 and json.loads(out)["failed"] is True and "nothing compared" in err
+    assert _run(capsys, "check", CAP32, "--db", db, "--allow-new")[0] == 0
+
+
+def test_an_older_trace_lacking_the_kv_sizing_fact_is_checked_against_a_newer_one(tmp_path, capsys):
+    # issue 32 defect 5: startup (recorded before the plugin wrote how vLLM sized the KV cache) and
+    # startup-stacks (same GPU, versions, model, flags) had two keys: "kv_cache_sizing — → profiling"
+    path = tmp_path / "h.sqlite"
+    assert _run(capsys, "add", VLLM, "--db", path)[0] == 0
+    rc, out, err = _run(capsys, "check", VLLM.parent / "startup-stacks", "--db", path)
+    assert rc == 0 and "nothing compared" not in err
+    assert out.startswith(f"memtrace history check: {path} run #1 (startup) → ") and "OK: nothing grew" in out
+
+
+def test_the_same_recording_added_twice_is_one_run(db, capsys):
+    # issue 32 defect 5: a second `add` of the same file stored a second run
+    rc, out, _ = _run(capsys, "add", FULL, "--db", db)
+    assert rc == 0 and "already in" in out and "as run #1 (the same recording)" in out
+    rc, out, _ = _run(capsys, "check", FULL, "--db", db, "--add")
+    assert rc == 0 and "not added again" in out
+    rows = sqlite3.connect(db).execute("SELECT batch, label, accepted FROM runs ORDER BY id").fetchall()
+    assert rows == [(1, "startup-full", 1)]
+
+
+def test_a_refused_first_run_gated_again_with_allow_new_becomes_the_reference(tmp_path, capsys):
+    path = tmp_path / "h.sqlite"
+    assert _run(capsys, "check", FULL, "--db", path, "--add")[0] == 1  # nothing compared: stored as refused
+    assert _run(capsys, "check", FULL, "--db", path, "--add", "--allow-new")[0] == 0
+    rows = sqlite3.connect(path).execute("SELECT batch, accepted FROM runs ORDER BY id").fetchall()
+    assert rows == [(1, 1)]
+    assert _run(capsys, "check", WS1G, "--db", path)[0] == 1  # now compared with it: +1.00 GiB
 
 
 def test_a_new_oom_fails_the_check(tmp_path, capsys):
@@ -180,11 +212,13 @@ def test_the_example_ci_script_gates_recorded_runs_and_keeps_the_artifacts(tmp_p
     script = Path(__file__).resolve().parents[2] / "examples" / "ci" / "memtrace-gate.sh"
     env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
 
-    def gate(run: Path) -> int:
-        return subprocess.run(["bash", str(script)], cwd=tmp_path, env={**env, "RUN": str(run)},
+    def gate(run: Path, **more: str) -> int:
+        return subprocess.run(["bash", str(script)], cwd=tmp_path, env={**env, "RUN": str(run), **more},
                               capture_output=True, text=True, timeout=300).returncode  # fmt: skip
 
-    assert gate(FULL) == 0  # the first run of its key: recorded as the reference
+    assert gate(FULL) == 1  # the first run of its key: nothing compared, not passed
+    assert "nothing compared, not passed" in (tmp_path / "memtrace-artifacts" / "history-check.txt").read_text()
+    assert gate(FULL, ALLOW_NEW="1") == 0  # allowed: the same recording becomes the reference
     assert gate(WS1G) == 1  # +1.00 GiB before KV sizing
     art = tmp_path / "memtrace-artifacts"
     assert {p.name for p in art.iterdir()} >= {"report.txt", "report.md", "timeline.png", "flame.svg",

@@ -14,9 +14,9 @@ import numpy as np
 import pytest
 from memtrace.analysis.curves import all_curves
 from memtrace.cli import main
-from memtrace.exporters.memory_viz import snapshot_dict, write_snapshot
 from memtrace.importers.files import read_snapshot, traces_from_snapshot_file
 from memtrace.importers.torch_snapshot import MOMENT_NOTE, NO_STATE_NOTE, traces_from_snapshot
+from memtrace.plots.memory_viz import snapshot_dict, write_snapshot
 from memtrace.store import load_trace, save_trace
 
 SNAPS = Path(__file__).resolve().parents[1] / "data" / "snapshots"
@@ -151,3 +151,28 @@ def test_pinned_host_memory_is_its_own_trace_never_a_device(tmp_path):
     assert snap["device_traces"] == [] and len(snap["host_traces"]) == len(host.events)
     (back,) = traces_from_snapshot(snap)
     assert back.label == "pinned host" and np.array_equal(back.events, host.events)
+
+
+@pytest.mark.parametrize("name", ["h200-state-only.pickle", "h200-state-only-expandable.pickle"])
+def test_h200_state_only_snapshots_equal_torchs_own_counters(name):
+    """Recorded on the H200 (torch 2.14, tests/gpu/record_profiler_files.py): ``_memtrace_counters`` is
+    torch.cuda.memory_allocated() / memory_reserved() read when the snapshot was taken."""
+    raw = read_snapshot(need(SNAPS / name))
+    counters = raw["_memtrace_counters"]
+    (trace,) = traces_from_snapshot(raw)
+    curves = all_curves(trace)
+    assert trace.facts["import"]["state"] == "moment"
+    assert curves.reserved.peak_bytes == counters["reserved"]
+    blocks = sum(b.size_bytes for s in trace.segments for b in s.blocks if b.state.startswith("active"))
+    assert blocks == counters["allocated"]  # torch counts block sizes; memtrace's allocated is requested bytes
+    assert curves.allocated.peak_bytes == 136_314_880
+
+
+GPU_214 = Path(__file__).resolve().parents[1] / "data" / "snapshots" / "h200-torch214" / "history.pickle"
+
+
+def test_h200_torch214_pinned_host_history_is_its_own_trace():
+    device, host = traces_from_snapshot_file(GPU_214)
+    assert device.label == "rank 0" and host.label == "pinned host"
+    assert all_curves(host).allocated.peak_bytes == 4 << 20  # the script's 4 MiB pinned buffer
+    assert {v[1] for v in device.facts["snapshot_fields"]["values"]} >= {"step=0", "step=1", "step=2"}

@@ -18,10 +18,10 @@ from memtrace.analysis.frames import is_python_frame, meaningful_frame, python_f
 from memtrace.analysis.live import holders_by_stack
 from memtrace.analysis.oom import find_oom
 from memtrace.cli import main
-from memtrace.exporters.memory_viz import snapshot_dict
-from memtrace.exporters.perfetto import export_perfetto
 from memtrace.importers.files import read_snapshot, traces_from_snapshot_file
 from memtrace.importers.torch_snapshot import traces_from_snapshot
+from memtrace.plots.memory_viz import snapshot_dict
+from memtrace.plots.perfetto import export_perfetto
 from memtrace.store import load_run, load_trace
 from testdata import analysed_run
 

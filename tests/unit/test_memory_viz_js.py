@@ -11,8 +11,8 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from memtrace.exporters.memory_viz import export_memory_viz
 from memtrace.importers.files import traces_from_snapshot_file
+from memtrace.plots.memory_viz import export_memory_viz
 
 TESTS = Path(__file__).resolve().parents[1]
 JS = TESTS / "unit" / "js" / "memory_viz_unpickle.js"

@@ -100,3 +100,33 @@ def test_a_program_that_is_not_vllm_is_reported_in_its_own_terms(capsys):
     startup = ROOT / "tests" / "data" / "h200" / "startup-full"  # a vLLM-shaped start-up: vLLM's figures recorded
     assert main(["report", str(startup)]) == 0
     assert "non-KV" in capsys.readouterr().out
+
+
+def _report_text(capsys, run) -> str:
+    from memtrace.cli import main
+
+    assert main(["report", str(run)]) == 0
+    return " ".join(capsys.readouterr().out.split())  # unwrapped
+
+
+def test_a_card_another_process_filled_is_said_to_be_full_not_98_gib_below_the_target(capsys):
+    from vllm034_data import run_dir
+
+    text = _report_text(capsys, run_dir("small-ext"))  # vLLM 0.34 beside a 96 GiB neighbour, target = the card
+    assert "the peak device used by this process stays 98.29 GiB below it" in text
+    assert (
+        "with other processes' memory (up to 96.60 GiB) the card itself held up to 138.11 GiB, 1.69 GiB below it"
+        in text
+    )
+    assert "the reserved peak stays 128.07 GiB below it" not in text  # the KV cache outside PyTorch counts
+    assert "the peak held by this process" in text
+
+
+def test_a_crossing_in_load_model_is_not_called_profiling_and_0_34_names_its_formula(capsys):
+    from vllm034_data import run_dir
+
+    text = _report_text(capsys, ROOT / "tests" / "data" / "vllm-h200" / "shared-gpu")
+    assert "first crossed in load_model, before the KV cache was sized (at 3.56 s)" in text
+    assert "while profiling" not in text
+    text = _report_text(capsys, run_dir("moe-noext"))
+    assert "(the formula of vLLM 0.32 and later, device memory from nvml)" in text and "vllm-0.33" not in text

@@ -23,9 +23,9 @@ from memtrace.analysis.self_cost import HISTORY, history_estimate_ns, self_cost
 from memtrace.analysis.summary import summarize
 from memtrace.capture import history_cost, selfcost
 from memtrace.capture import session as S
-from memtrace.exporters.memory_viz import snapshot_dict
 from memtrace.model import ACTION_CODE
 from memtrace.plots import cost_text
+from memtrace.plots.memory_viz import snapshot_dict
 from memtrace.plots.text import render_report
 from memtrace.plugins.hooks import HookManager, Target
 from memtrace.store import load_trace
@@ -244,3 +244,30 @@ def test_the_calibration_measures_a_cost_per_allocation_and_per_frame(monkeypatc
     assert got["measured"] is True and got["released_segment"] is True and torch.emptied == 1
     assert got["per_frame_ns"] == 100.0
     assert got["per_alloc_ns"] == 2000 + 100 * got["depth"]
+
+
+def test_hooks_applied_when_a_watched_module_is_imported_are_charged_to_patching(fresh, tmp_path, monkeypatch):
+    (tmp_path / "selfcost_late.py").write_text("def work():\n    return 1\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+
+    class Handler:
+        key = "late"
+
+        def before(self, target, args, kwargs):
+            return None
+
+        def after(self, token, result, error):
+            pass
+
+    manager = HookManager()
+    try:
+        manager.add("selfcost_late:work", Handler())
+        assert "patching" not in selfcost.totals()["sources"]  # nothing to patch before the import
+        import selfcost_late
+
+        assert selfcost_late.work() == 1 and manager.patched() == ["selfcost_late:work"]
+    finally:
+        manager.unpatch()
+        sys.modules.pop("selfcost_late", None)
+    patching = selfcost.totals()["sources"]["patching"]
+    assert patching["calls"] == 1 and patching["ns"] > 0

@@ -98,7 +98,7 @@ def _assert_no_overlap(labels, px_per_s, char_px):
     for lab in labels:
         w = len(lab.text) * char_px / px_per_s
         lo = lab.x_s - w / 2 if lab.inside else lab.x_s
-        rows.setdefault("above" if lab.where == "above" else lab.depth, []).append((lo, lo + w))
+        rows.setdefault(("above", lab.row) if lab.where == "above" else lab.depth, []).append((lo, lo + w))
     for spans in rows.values():
         spans.sort()
         for (_, a_hi), (b_lo, _) in zip(spans, spans[1:], strict=False):

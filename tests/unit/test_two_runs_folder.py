@@ -58,3 +58,20 @@ def test_every_reading_command_refuses_two_runs_in_one_folder_in_one_line(folder
 def test_diff_refuses_a_folder_of_two_runs_on_either_side(folder, capsys):
     assert main(["diff", str(DATA / "memtrace-run"), str(folder)]) == 2
     assert "holds two separate runs" in capsys.readouterr().err
+
+
+def test_two_single_process_runs_apart_in_one_folder_are_refused(tmp_path, capsys):
+    # issue 32 defect 10: startup-full and startup-cap16g (no ranks, 27 s apart) were read as one run of two
+    # processes "on one clock"; only a repeated rank or pid was refused
+    h200 = DATA.parent / "h200"
+    folder = tmp_path / "two"
+    folder.mkdir()
+    for name in ("startup-full", "startup-cap16g"):
+        for f in (h200 / name).glob("*.memtrace"):
+            shutil.copy(f, folder / f.name)
+    assert main(["report", str(folder)]) == 2
+    got = capsys.readouterr()
+    assert got.out == "" and got.err.count("\n") == 1
+    assert "holds two separate runs (processes without ranks whose recordings do not overlap)" in got.err
+    assert "vm-pid457.memtrace and, 27 s later, vm-pid552.memtrace" in got.err
+    assert f"mv {folder}/vm-pid552.memtrace {folder}-2/" in got.err

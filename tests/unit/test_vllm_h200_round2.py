@@ -56,8 +56,9 @@ def test_shared_gpu_oom_record_is_exact_and_first_in_the_report(capsys):
     assert o.phase_path == "determine_available_memory/profile_run"
     assert main(["report", str(DATA / "shared-gpu")]) == 0
     out = capsys.readouterr().out.splitlines()
-    assert out[1].lstrip().startswith("DIED: CUDA out of memory")
-    assert "requested 32.00 MiB, device free 5.56 MiB" in " ".join(" ".join(out[1:3]).split())
+    assert out[0].startswith("DIED: the process ran out of CUDA memory at")  # the report's first line
+    assert "requested 32.00 MiB, device free 5.56 MiB" in " ".join(" ".join(out[0:2]).split())
+    assert any(line.lstrip().startswith("DIED: CUDA out of memory") for line in out[3:6])
     assert any("other processes on this GPU held up to 128.60 GiB" in line for line in out)
 
 

@@ -160,7 +160,7 @@ def test_a_flame_before_034_has_no_vmm_root(tmp_path):
 
 
 def _counter(run, name: str) -> list[int]:
-    from memtrace.exporters.perfetto import trace_events
+    from memtrace.plots.perfetto import trace_events
 
     return [e["args"]["bytes"] for e in trace_events(run) if e.get("ph") == "C" and e["name"] == name]
 
@@ -187,7 +187,7 @@ def test_perfetto_has_a_vmm_kv_cache_counter_and_the_address_space_apart(step, t
 
 
 def test_perfetto_before_034_has_no_vmm_counter():
-    from memtrace.exporters.perfetto import trace_events
+    from memtrace.plots.perfetto import trace_events
 
     names = {e["name"] for e in trace_events(_run("old")) if e.get("ph") == "C"}
     assert "reserved" in names

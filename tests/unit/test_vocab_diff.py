@@ -53,3 +53,15 @@ def test_the_text_says_once_that_the_kv_cache_moved_and_never_that_reserved_coun
     assert out.count("The KV cache moved: allocated through PyTorch's allocator → CUDA's VMM API") == 1
     assert "reserved counts the KV cache" not in out
     assert "kv_cache                  117.02 GiB →  126.23 GiB" in out
+
+
+def test_two_stack_rows_under_one_printed_frame_each_show_the_frame_that_tells_them_apart(capsys):
+    main(["diff", str(run_dir("moe-noext")), str(run_dir("moe-ext"))])
+    rows = [line for line in capsys.readouterr().out.split("By allocating stack")[1].splitlines() if "→" in line]
+    shown = [line.split("GiB  ", 2)[-1] for line in rows]  # the printed frame, and its "via" when it has one
+    frames = [s.split("  via ")[0] for s in shown]
+    twice = {f for f in frames if frames.count(f) > 1}
+    assert "_ensure_workspace_size (worker/workspace.py:309)" in twice  # new +512 MiB and gone -512 MiB
+    for f in twice:
+        vias = [s.split("  via ", 1)[1] for s in shown if s.split("  via ")[0] == f]
+        assert len(vias) == frames.count(f) and len(set(vias)) == len(vias)  # each row its own caller

@@ -336,8 +336,3 @@ def category_totals_at_index(
     out = {name: int(delta[codes == code].sum()) for code, name in enumerate(CATEGORIES)}
     out[CATEGORIES[OTHER]] += (curves if curves is not None else all_curves(trace)).baseline.allocated_bytes
     return out
-
-
-def category_totals_at(curves: dict[str, Curve], t_us: int) -> dict[str, int]:
-    """Bytes of each category in force at ``t_us``."""
-    return {name: c.at(t_us) for name, c in curves.items()}

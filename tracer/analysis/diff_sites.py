@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 from ..model import Frame, Trace
 from .curves import Curves
-from .live import Lifetimes, holders_by_stack, lifetimes
+from .live import Lifetimes, holders_by_stack, lifetimes, meaningful_frame
 from .quantities import state_at_peak
 
 #: How many stacks to report in each direction (grew or new, shrank or vanished).
@@ -29,6 +29,9 @@ class SiteChange:
     frames: tuple[Frame, ...]  # innermost first, from the run that has it (new preferred)
     base_bytes: int
     new_bytes: int
+    #: when another listed stack is printed under the same frame: this stack's innermost frame that differs
+    #: from theirs (the caller that tells the two apart); None when the printed frame alone is unique
+    apart: Frame | None = None
 
     @property
     def delta(self) -> int:
@@ -132,4 +135,34 @@ def site_changes(
             changes.append(SiteChange(nf or bf, bb, nb))
     grew = sorted((c for c in changes if c.delta > 0), key=lambda c: -c.delta)[:top]
     shrank = sorted((c for c in changes if c.delta < 0), key=lambda c: c.delta)[:top]
-    return Sites(grew + shrank)
+    return Sites(tell_apart(grew + shrank))
+
+
+def _first_difference(a: tuple[Frame, ...], b: tuple[Frame, ...]) -> int:
+    """The innermost index where the two stacks' (function, file) differ (one past the shorter if none)."""
+    ka, kb = site_key(list(a)), site_key(list(b))
+    for i, (x, y) in enumerate(zip(ka, kb, strict=False)):
+        if x != y:
+            return i
+    return min(len(ka), len(kb))
+
+
+def tell_apart(changes: list[SiteChange]) -> list[SiteChange]:
+    """Each change printed under the same frame as another (``live.meaningful_frame``) gets the frame of its
+    own stack that tells it apart from them (:attr:`SiteChange.apart`): the innermost one where the stacks
+    differ, taken past the last point any of them shares with it."""
+    from dataclasses import replace
+
+    groups: dict[tuple, list[int]] = {}
+    for i, c in enumerate(changes):
+        f = meaningful_frame(list(c.frames))
+        groups.setdefault((f.name, file_name(f.filename), f.line) if f else None, []).append(i)
+    out = list(changes)
+    for members in groups.values():
+        if len(members) < 2:
+            continue
+        for i in members:
+            c = changes[i]
+            k = max(_first_difference(c.frames, changes[j].frames) for j in members if j != i)
+            out[i] = replace(c, apart=c.frames[k] if k < len(c.frames) else None)
+    return out

@@ -105,7 +105,7 @@ def fingerprint(trace: Trace) -> dict[str, str]:
     }
     values.update({flag: config.get(flag) for flag in MEMORY_FLAGS})
     values["gpu_memory_utilization"] = facts.get(F.UTIL)
-    values["kv_cache_sizing"] = facts.get(F.VLLM_KV_SIZE_SOURCE)  # "extensible" from vLLM 0.34 on
+    values["kv_cache_sizing"] = kv_cache_sizing(trace) if kind == "vllm" else None
     card, source = card_capacity(trace)
     device = trace.process.device_total_bytes
     smaller = source == "recorded card" and (not device or card < device)
@@ -114,6 +114,38 @@ def fingerprint(trace: Trace) -> dict[str, str]:
     values["cupti"] = "on" if (isinstance(cupti, dict) and cupti.get("records")) or len(trace.device_allocs) else None
     out.update({k: t for k, v in values.items() if (t := _text(v))})
     return out
+
+
+#: The first vLLM whose KV cache may be sized after warm-up (the extensible KV cache, its default).
+_EXTENSIBLE_SINCE = (0, 34)
+
+
+def _version(text) -> tuple[int, ...] | None:
+    parts = []
+    for p in str(text or "").split("."):
+        digits = "".join(ch for ch in p if ch.isdigit()) if p[:1].isdigit() else ""
+        if not digits:
+            break
+        parts.append(int(digits))
+    return tuple(parts) if len(parts) >= 2 else None
+
+
+def kv_cache_sizing(trace: Trace) -> str | None:
+    """How vLLM sized the KV cache (``facts.VLLM_KV_SIZE_SOURCE``), or its known default for a trace recorded
+    before the plugin wrote that fact: the size given when the command line holds ``--kv-cache-memory-bytes``,
+    else profiling before vLLM 0.34 (the only way those releases size it). None where no default is known
+    (0.34+ without the fact, an unknown version): the key then leaves the field out rather than differ."""
+    recorded = trace.facts.get(F.VLLM_KV_SIZE_SOURCE)
+    if recorded:
+        return str(recorded)
+    env = trace.facts.get(F.ENV) if isinstance(trace.facts.get(F.ENV), dict) else {}
+    argv = [str(a).split("=", 1)[0] for a in env.get("cmdline") or []]
+    if "--kv-cache-memory-bytes" in argv:
+        return F.KV_SIZE_GIVEN_FLAG
+    version = _version(env.get("vllm") or trace.facts.get(F.VLLM_VERSION))
+    if version is not None and version < _EXTENSIBLE_SINCE:
+        return F.KV_SIZED_BY_PROFILING
+    return None
 
 
 def left_to_vllm(trace: Trace) -> frozenset[str]:

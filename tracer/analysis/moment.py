@@ -20,6 +20,7 @@ import math
 import re
 from dataclasses import dataclass
 
+from .. import facts as F
 from ..errors import UsageError
 from ..model import Trace
 from .curves import Curves
@@ -33,6 +34,8 @@ _UNIT_US = {"s": 1_000_000, "ms": 1_000, "us": 1, "µs": 1, None: 1_000_000}
 #: What ``--at peak`` is called in titles and lines: the peak of PyTorch's reserved memory (from vLLM 0.34 the
 #: KV cache is committed outside PyTorch later, so it is not the most the process held).
 PEAK = "the reserved peak"
+#: What ``--at peak`` is called on a snapshot of allocator state alone (``facts["import"]["state"] == "moment"``).
+SNAPSHOT_MOMENT = "the snapshot's one moment (allocator state, no history)"
 
 
 @dataclass(frozen=True)
@@ -96,7 +99,8 @@ def resolve_moment(trace: Trace, curves: Curves, at: str, *, t0_us: int | None =
 
     text = at.strip()
     if text.lower() == "peak":
-        return after_event(fullest_at_peak(curves.allocated, curves.reserved) - 1, PEAK)
+        only = (trace.facts.get(F.IMPORT) or {}).get("state") == "moment"
+        return after_event(fullest_at_peak(curves.allocated, curves.reserved) - 1, SNAPSHOT_MOMENT if only else PEAK)
     if text.lower() == "oom":
         oom = find_oom(trace)
         if oom is None:

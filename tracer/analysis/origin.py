@@ -3,7 +3,7 @@
 Every output of a run (report, issue, plot, view, Perfetto, JSON) counts seconds from the same moment,
 :attr:`TimeOrigin.t0_us`: the earliest moment any rank of the run knows about (``phases.recording_span``),
 on the driver's clock. Before that, :func:`align` puts each trace on the driver's clock: a trace recorded on
-another host is shifted by the offset its capture measured (``analysis.clock``: driver time = trace time +
+another host is shifted by the offset its capture measured (``analysis.clock_alignment``: driver time = trace time +
 offset), its uncertainty kept. A trace on the driver's node (same host, or a Ray worker on the driver's
 node) shares the driver's clock and is not moved. The sentence (:attr:`TimeOrigin.sentence`) states the
 origin and the alignment, e.g. "0 s = rank 0's recording start (2026-12-03 08:21:21.823 UTC); ranks 0-1
@@ -20,7 +20,7 @@ from typing import Any
 
 from .. import facts as F
 from ..model import Trace
-from .clock import RankClock, rank_clock
+from .clock_alignment import RankClock, rank_clock
 from .phases import recording_span
 
 #: Facts holding Unix-epoch microseconds of the trace's own clock at the top level (moved with the trace).

@@ -19,6 +19,7 @@ from functools import cached_property
 
 import numpy as np
 
+from .. import facts as F
 from ..model import Trace
 from .blocks import block_curve
 from .categories import Categorized, CategorySteps, categorize, category_steps
@@ -33,7 +34,7 @@ from .live import Lifetimes, lifetimes
 from .non_torch import has_records, live_curve
 from .oom import Oom, find_oom
 from .origin import TimeOrigin
-from .phases import PhaseStats, phase_stats, recording_span
+from .phases import PhaseStats, phase_path, phase_stats, recording_span
 from .quantities import peak_bytes
 from .reconcile import NonKv, non_kv
 from .summary import Summary, summarize
@@ -46,11 +47,23 @@ from .vmm import summary as vmm_summary
 
 #: The verdicts of a rank and of a run, worst first.
 DIED = "died"
+UNFINISHED = "did not finish"  # a vLLM start-up that ended before it completed, not of CUDA OOM
 CROSSED = "crossed"
 WITHIN = "within target"
 NO_TARGET = "no target"
 NOTHING = "recorded nothing"
-VERDICTS = (DIED, CROSSED, WITHIN, NO_TARGET, NOTHING)
+VERDICTS = (DIED, UNFINISHED, CROSSED, WITHIN, NO_TARGET, NOTHING)
+
+
+@dataclass(frozen=True)
+class Unfinished:
+    """A vLLM start-up that ended before it completed, not of CUDA OOM (:attr:`AnalysedRank.unfinished`)."""
+
+    phase_path: str  # the last phase it entered
+    end_us: int  # when the recording ended
+    end_reason: str  # "exit", "signal:SIGTERM", "exception..."
+    error_type: str | None = None  # the error that left the phase, when the plugin saw it
+    error_message: str | None = None
 
 
 @dataclass(frozen=True)
@@ -110,8 +123,35 @@ class AnalysedRank:
 
     @property
     def recorded_nothing(self) -> bool:
-        """No allocator events: nothing to judge (a CPU-only worker, or recording never started)."""
+        """No allocator events: nothing to judge (a CPU-only worker, or recording never started). A snapshot of
+        allocator state alone (``facts["import"]["state"] == "moment"``) has its segments to judge."""
+        if (self.trace.facts.get(F.IMPORT) or {}).get("state") == "moment" and self.trace.segments:
+            return False
         return len(self.trace.events) == 0
+
+    @cached_property
+    def unfinished(self) -> Unfinished | None:
+        """How a vLLM start-up ended before it completed, other than by CUDA OOM, or None.
+
+        A trace the vLLM plugin marked (phases of source "vllm") whose recording ended at the process's exit,
+        a signal or an exception without the plugin's "start-up complete" fact: vLLM stopped itself (it
+        refused to start: no room for one KV block, a bad flag) or was stopped. The last phase it entered
+        and, when the plugin saw it (``facts.VLLM_STARTUP_ERROR``), the error say where and why."""
+        t = self.trace
+        reason = t.recording.end_reason
+        if not any(p.source == "vllm" for p in t.phases) or F.VLLM_STARTUP_COMPLETE_US in t.facts:
+            return None
+        if reason != "exit" and not reason.startswith(("signal", "exception")):
+            return None
+        last = max(range(len(t.phases)), key=lambda i: (t.phases[i].start_us, i))
+        error = t.facts.get(F.VLLM_STARTUP_ERROR) or {}
+        return Unfinished(
+            phase_path=phase_path(t, last),
+            end_us=t.recording.end_us or self.span[1],
+            end_reason=reason,
+            error_type=error.get("type"),
+            error_message=error.get("message"),
+        )
 
     @cached_property
     def span(self) -> tuple[int, int]:
@@ -262,9 +302,12 @@ class AnalysedRank:
 
     @property
     def verdict(self) -> str:
-        """DIED, CROSSED, WITHIN (the target), NO_TARGET (nothing to compare with) or NOTHING (no events)."""
+        """DIED, UNFINISHED, CROSSED, WITHIN (the target), NO_TARGET (nothing to compare with) or NOTHING (no
+        events)."""
         if self.oom is not None:
             return DIED
+        if self.unfinished is not None:
+            return UNFINISHED
         if self.recorded_nothing:
             return NOTHING
         if self.target.target_bytes is None:

@@ -57,6 +57,9 @@ from .quantities import window_max
 
 FORMULA_025 = "vllm-0.25"
 FORMULA_033 = "vllm-0.33"
+#: what each formula is called on screen: the vLLM releases that use it (``choose_formula``'s rule), so a
+#: 0.34 report does not read as if it came from 0.33
+FORMULA_LABEL = {FORMULA_025: "the formula of vLLM up to 0.31", FORMULA_033: "the formula of vLLM 0.32 and later"}
 
 
 @dataclass(frozen=True)

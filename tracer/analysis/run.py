@@ -142,7 +142,9 @@ def _worst_key(r: AnalysedRank) -> tuple:
 
 
 def separate_runs(path: str, traces: Sequence[Trace]) -> None:
-    """Refuse a folder whose traces belong to more than one run: one rank (or one host and pid) twice.
+    """Refuse a folder whose traces belong to more than one run: one rank (or one host and pid) twice, or
+    processes without ranks whose recordings do not overlap (two single-process start-ups copied into one
+    folder: nothing ties them into one run, and no clock says they were one).
 
     Raises SeparateRuns naming both runs' files (split by recording time) and how to split them.
     """
@@ -154,16 +156,21 @@ def separate_runs(path: str, traces: Sequence[Trace]) -> None:
             twice = (seen[key], t)
             break
         seen[key] = t
-    if twice is None:
+    groups = _by_time(traces) if len(traces) > 1 else []
+    if twice is not None:
+        why = f"{twice[0].label} twice"
+        if len(groups) < 2:  # both at once: split by which of the two each duplicate is
+            groups = [[twice[0]], [twice[1]]]
+    elif len(groups) > 1 and all(t.process.rank is None for t in traces):
+        why = "processes without ranks whose recordings do not overlap"
+    else:
         return
-    groups = _by_time(traces)
-    if len(groups) < 2:  # both at once: split by which of the two each duplicate is
-        groups = [[twice[0]], [twice[1]]]
     a, b = groups[0], groups[1]
     gap = (recording_span(b[0])[0] - max(recording_span(t)[1] for t in a)) / 1e6
     files = [" ".join(_file(t) for t in g) for g in (a, b)]
+    more = f" (and {len(groups) - 2} more)" if len(groups) > 2 else ""
     raise SeparateRuns(
-        f"{path} holds two separate runs ({twice[0].label} twice): {files[0]} and, {gap:,.0f} s later, {files[1]}; "
+        f"{path} holds two separate runs ({why}): {files[0]} and, {gap:,.0f} s later, {files[1]}{more}; "
         f"move one run's files into a folder of its own (mkdir {path}-2 && mv {' '.join(_file(t, path) for t in b)} "
         f"{path}-2/) and read each folder on its own"
     )

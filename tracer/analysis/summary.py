@@ -43,7 +43,7 @@ from .non_torch import NonTorchBreakdown, at_moments
 from .oom import Oom, find_oom
 from .origin import TimeOrigin
 from .phases import PhaseStats, path_at, phase_stats, recording_span
-from .quantities import fullest_at_peak, in_vllm_terms, peak
+from .quantities import fullest_at_peak, in_vllm_terms, peak, whole_device_peak
 from .reconcile import KvReconciliation, NonKv, non_kv
 from .self_cost import SelfCost, self_cost
 from .target import Target, describe, resolve_target
@@ -169,6 +169,9 @@ class Summary:
     #: recorded by the vLLM plugin: vLLM's terms (KV cache, non-KV memory) apply; else the program is answered
     #: in its own terms (``quantities.in_vllm_terms``)
     vllm: bool = False
+    #: device used with other processes' memory put back, at its highest (``quantities.whole_device_peak``);
+    #: None when other processes were not sampled
+    whole_device_peak_bytes: int | None = None
     #: what memtrace cost the program (``analysis.self_cost``); ``recorded`` False in an older trace
     self_cost: SelfCost = field(default_factory=lambda: SelfCost(recorded=False))
 
@@ -305,6 +308,7 @@ def summarize(
         counter_checks=counter_checks(trace, curves) if counters is None else counters,
         peak_held=_held_peak(trace, curves),
         vllm=in_vllm_terms(trace.facts),
+        whole_device_peak_bytes=whole_device_peak(curves) if len(curves.others) and curves.has_device else None,
         self_cost=self_cost(trace),
     )
 

@@ -21,13 +21,26 @@ def what_ran(run) -> str:
     return "GPU memory" if imported else "GPU memory during start-up"
 
 
+def died_prefix(rank, multi: bool = False, where: bool = True) -> str:
+    """``DIED of CUDA OOM at 7.05 s in compile_or_warm_up/kernel_warmup — `` for a rank that died (its label
+    first in a run of several), else "": a title of a run that died says so first."""
+    o = rank.oom
+    if o is None:
+        return ""
+    who = f"{rank.label.capitalize()} " if multi else ""
+    phase = f" in {o.phase_path}" if o.phase_path and where else ""
+    return f"{who}DIED of CUDA OOM at {rank.seconds(o.time_us):.2f} s{phase} — "
+
+
 def timeline_title(run, fallback: str = "") -> str:
-    """``GPU memory during start-up: <describe_run>`` (``GPU memory: ...`` when vLLM recorded nothing)."""
+    """``GPU memory during start-up: <describe_run>`` (``GPU memory: ...`` when vLLM recorded nothing), after
+    :func:`died_prefix` of the first rank to die when the run died."""
     from pathlib import Path
 
     what = describe_run(run.ranks[0].trace, fallback or Path(run.path).name)
     head = what_ran(run)
-    return f"{head}: {what}" if what else head
+    died = died_prefix(run.worst, run.multi) if run.died else ""
+    return died + (f"{head}: {what}" if what else head)
 
 
 def flame_titles(rank, flame, moment, fallback: str = "") -> tuple[str, str]:
@@ -69,4 +82,6 @@ def flame_titles(rank, flame, moment, fallback: str = "") -> tuple[str, str]:
     if trace.recording.stacks == "none":
         sub.append("no Python stacks recorded: grouped by phase")
     sub.append(f"times: {rank.origin.sentence}")
-    return title, " · ".join(s for s in sub if s)
+    if rank.oom is not None and moment.what != "the OOM":  # where it died, in the subtitle (wrapped, never cut)
+        sub.insert(2, f"died of CUDA OOM {'in ' + rank.oom.phase_path if rank.oom.phase_path else 'outside any phase'}")
+    return died_prefix(rank, where=False) + title, " · ".join(s for s in sub if s)

@@ -52,11 +52,6 @@ def now_us() -> int:
     return time.time_ns() // 1000 + _skew_us
 
 
-def skew_us() -> int:
-    """The test-only skew in force in this process (0 outside tests)."""
-    return _skew_us
-
-
 @dataclass(frozen=True)
 class Offset:
     """A measured offset to a reference clock: ``reference ≈ local + offset_us`` within ``uncertainty_us``."""

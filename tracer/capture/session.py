@@ -3,8 +3,8 @@
 The session writes through one ``TraceWriter`` (guarded by one lock: the background writer
 (:mod:`.background`, which converts drains off the traced thread), the watchdog thread, the OOM
 observer and signal handlers write too), keeps the phase stack, facts, notes and hook calls, and
-starts/stops the allocator history (:mod:`.history`), the NVML sidecar (:mod:`.sidecar`), the OOM
-observer (:mod:`.oom`) and the exit/signal handlers (:mod:`.signals`). Without torch or CUDA it still
+starts/stops the allocator history (:mod:`.allocator_history`), the NVML sidecar (:mod:`.sidecar`), the OOM
+observer (:mod:`.oom_observer`) and the exit/signal handlers (:mod:`.signals`). Without torch or CUDA it still
 records phases, facts and notes, after one log line saying why there are no allocator events.
 """
 
@@ -96,10 +96,10 @@ class Session:
     @selfcost.timed(selfcost.START)
     def start_sources(self) -> None:
         """Start the allocator history, sidecar, OOM observer and handlers. Never raises for a missing GPU."""
-        from . import env, history, history_cost, signals
+        from . import allocator_history, env, history_cost, signals
 
         self.set_fact(F.ENV, env.environment())
-        device = history.resolve_device(self._device_arg)
+        device = allocator_history.resolve_device(self._device_arg)
         if isinstance(device, str):  # a reason why there is no GPU
             log.warning("memtrace: %s; recording phases and facts only (no allocator events)", device)
             self._history_cost = history_cost.not_measured(device)
@@ -113,13 +113,13 @@ class Session:
         self.flush_documents()
 
     def _start_gpu(self, device: int) -> None:
-        from . import env, history, oom, sidecar
+        from . import allocator_history, env, oom_observer, sidecar
 
         self.process.device_index = device
         gpu = env.gpu_facts(device)
         self.process.device_total_bytes = gpu.get("total_memory_bytes")
         self.facts[F.ENV].update(gpu)
-        self.history = history.AllocatorHistory(
+        self.history = allocator_history.AllocatorHistory(
             device=device,
             stacks=self.recording.stacks,
             max_entries=self.recording.max_entries or DEFAULT_MAX_ENTRIES,
@@ -150,7 +150,7 @@ class Session:
         self._preimport_symbolizer()
         self._calibrate()
         self.history.enable()
-        oom.attach()
+        oom_observer.attach()
         if self.sidecar is not None:
             self.sidecar.join_started()
 
@@ -392,6 +392,11 @@ class Session:
             history["recorded_allocs"] = int(self.history.recorded_allocs())
         fact["history"] = history
         return fact
+
+    def later(self, task) -> None:
+        """Run ``task`` on the background writer, after what was handed to it before (at once, here,
+        without one): work the traced program need not wait for (facts that take milliseconds to gather)."""
+        self._later(task)
 
     def _later(self, task) -> None:
         """Run ``task`` on the background writer, after the drains handed to it (here without one)."""

@@ -85,11 +85,6 @@ def load(path: str | Path, *, allow_pickle: bool = False, progress: bool = True)
         return load_input(p, allow_pickle=allow_pickle)
 
 
-def load_args(args: argparse.Namespace, dest: str = "run_path") -> Run:
-    """:func:`load` of the path in ``args.<dest>`` with its ``--allow-pickle``."""
-    return load(getattr(args, dest), allow_pickle=getattr(args, "allow_pickle", False))
-
-
 def check_rank(rank: int | None) -> None:
     if rank is not None and rank < 0:
         raise UsageError(f"--rank {rank}: ranks are 0 or more")
@@ -118,11 +113,6 @@ def select(run: Run, rank: int | None) -> list[Trace]:
             raise UsageError(f"{run.path} has no rank {rank}; it holds rank(s) {', '.join(map(str, have))}")
         raise UsageError(f"{run.path} has no rank {rank}; its traces carry no rank (pids {pids}); leave out --rank")
     return chosen
-
-
-def main_trace(run: Run, rank: int | None) -> Trace:
-    """One trace: the given rank's, else the first (rank 0 when ranks are known)."""
-    return select(run, rank)[0]
 
 
 def target_spec(args: argparse.Namespace):

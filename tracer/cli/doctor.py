@@ -96,11 +96,8 @@ def _print(report, show_all: bool) -> None:
         if c.status == "moved":
             status = f"moved to {c.moved_to}"
         flag = "" if c.entry.required or not c.applies else " (optional)"
-        print(f"  {status:<34} {c.entry.path}  [{c.entry.role}, {_span(c.entry)}]{flag if c.status != 'found' else ''}")
+        print(
+            f"  {status:<34} {c.entry.path}  [{c.entry.role}, {surface.span_text(c.entry)}]{flag if c.status != 'found' else ''}"
+        )
     if rest:
         print(f"  ({rest} path(s) the table gives other releases not shown; --all lists them)")
-
-
-def _span(entry) -> str:
-    since = f"{entry.since[0]}.{entry.since[1]}" if entry.since else "any"
-    return f"{since}-{entry.until[0]}.{entry.until[1] - 1}" if entry.until else f"{since}+"

@@ -16,6 +16,7 @@ even with --force) and an existing file is only replaced with --force, atomicall
 
   memtrace export RUN --format perfetto
   memtrace export RUN --format memory-viz -o startup.pickle
+  memtrace export RUN -f csv                 # the curves: rank,quantity,time_us,bytes (RUN.curves.csv)
 """
 
 from __future__ import annotations
@@ -25,18 +26,17 @@ import argparse
 NAME = "export"
 ORDER = 60
 
-#: Default name endings per format (folded matches ``memtrace flame``'s ``<run>-flame.folded``).
-SUFFIX = {"perfetto": ".perfetto.json", "memory-viz": ".memory_viz.pickle", "folded": "-flame.folded"}
-#: Endings each format accepts for -o.
-ACCEPTS = {"perfetto": (".json",), "memory-viz": (".pickle", ".pkl"), "folded": (".folded", ".txt")}
-
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     from ._runs import add_input, add_output, add_rank, add_target
 
     add_input(p)
     add_target(p)  # perfetto: the target counter and the first crossing
-    p.add_argument("-f", "--format", choices=sorted(SUFFIX), default="perfetto", help="output format (perfetto)")
+    from ..plots.render import offered_by
+
+    p.add_argument(
+        "-f", "--format", choices=sorted(offered_by(NAME)), default="perfetto", help="output format (perfetto)"
+    )
     add_output(p, "output file (default: RUN's name + the format's suffix)")
     add_rank(p, "the rank to export (memory-viz, folded; default: the worst rank)")
 
@@ -45,19 +45,18 @@ def run(args: argparse.Namespace) -> int:
     import sys
 
     from ..outputs import atomic_write, output_file
-    from ..plots.render import render
+    from ..plots.render import offered_by, render
     from ..progress import task
     from ._runs import analysed, check_rank
 
     check_rank(args.rank)
-    out = output_file(
-        args.run_path, args.output, default_suffix=SUFFIX[args.format], suffixes=ACCEPTS[args.format], force=args.force
-    )
+    fmt = offered_by(NAME)[args.format]
+    out = output_file(args.run_path, args.output, default_suffix=fmt.suffix, suffixes=fmt.suffixes, force=args.force)
     run_ = analysed(args)
     with task(f"Writing {out}", total=len(run_.ranks)) as t, atomic_write(out) as tmp:
-        if args.format == "folded":
-            render(run_, tmp, "folded", log=sys.stderr)
+        if fmt.name == "folded":  # a flame at one moment: it says which on stderr
+            render(run_, tmp, fmt.name, log=sys.stderr)
         else:
-            render(run_, tmp, args.format, progress=t)
+            render(run_, tmp, fmt.name, progress=t)
     print(f"memtrace: wrote {out}", file=sys.stderr)
     return 0

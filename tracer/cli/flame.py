@@ -37,8 +37,6 @@ import sys
 
 NAME = "flame"
 ORDER = 31
-SUFFIX = {"svg": "-flame.svg", "folded": "-flame.folded"}
-SUFFIXES = {"svg": (".svg",), "folded": (".folded", ".txt")}
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -55,7 +53,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="leave out the memory outside PyTorch: what CUPTI recorded, the KV cache committed through CUDA VMM",
     )
     add_output(p, "file to write (default: <run>-flame.svg or .folded)")
-    p.add_argument("-f", "--format", choices=sorted(SUFFIX), default=None, help="svg (default) or folded")
+    from ..plots.render import offered_by
+
+    p.add_argument("-f", "--format", choices=sorted(offered_by(NAME)), default=None, help="svg (default) or folded")
     add_rank(
         p,
         "the rank to show (default: the run's worst rank: the first to die, else the largest overshoot, else the highest peak)",
@@ -68,20 +68,22 @@ def _format(args: argparse.Namespace) -> str:
     if args.format is not None:
         return args.format
     suffix = Path(args.output).suffix.lower() if args.output else ""
-    return "folded" if suffix in SUFFIXES["folded"] else "svg"
+    from ..plots.render import offered_by
+
+    return "folded" if suffix in offered_by(NAME)["folded"].suffixes else "svg"
 
 
 def run(args: argparse.Namespace) -> int:
     from ..outputs import atomic_write, output_file
-    from ..plots.render import render
+    from ..plots.render import offered_by, render
     from ..progress import task
     from ._runs import analysed, events_only
 
-    fmt = _format(args)
-    out = output_file(args.run_path, args.output, default_suffix=SUFFIX[fmt], suffixes=SUFFIXES[fmt], force=args.force)
+    fmt = offered_by(NAME)[_format(args)]
+    out = output_file(args.run_path, args.output, default_suffix=fmt.suffix, suffixes=fmt.suffixes, force=args.force)
     run_ = events_only(analysed(args), "show")
     options = {"at": args.at, "since": args.since, "added": args.added, "torch_only": args.torch_only}
     with task(f"Drawing {out}", total=None), atomic_write(out) as tmp:
-        render(run_, tmp, "folded" if fmt == "folded" else "flame", **options, log=sys.stderr)
+        render(run_, tmp, fmt.name, **options, log=sys.stderr)
     print(f"memtrace: wrote {out}", file=sys.stderr)
     return 0

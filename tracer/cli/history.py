@@ -11,8 +11,10 @@ matrix key: GPU, driver, CUDA, torch, vLLM, FlashInfer, model and the flags that
   memtrace history accept N              accept run #N after all (a growth that was intended)
 
 check exits 0 when nothing grew past --fail-over, 1 when something did (or the new run died of OOM
-where the reference did not), 2 on bad input; with no accepted run of the key it says which stored
-key is closest and how it differs, and exits 0 (1 with --strict).
+where the reference did not), 2 on bad input. With no accepted run of the key nothing was compared: it
+says so on stderr, with the closest stored key and how it differs, and exits 1, unless --allow-new (the
+first run of a new environment; with --add it then becomes the key's reference). The same recording added
+twice (add, or check --add) is stored once.
 """
 
 from __future__ import annotations
@@ -47,7 +49,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     add_rank(c)
     c.add_argument("--add", action="store_true", help="then record the run: accepted if it passed, refused if not")
     c.add_argument("--label", help="the run's name in the history, with --add")
-    c.add_argument("--strict", action="store_true", help="exit 1 when the history holds no run of this key")
+    c.add_argument(
+        "--allow-new", action="store_true", help="exit 0 when the history holds no run of this key (nothing compared)"
+    )
     c.add_argument("--json", action="store_true", help="print the comparison as JSON (as memtrace diff --json)")
     s = sub.add_parser("show", help="list the runs per key and draw their trend (PNG or SVG)")
     _db(s)
@@ -92,11 +96,18 @@ def _rows(recs: list, args: argparse.Namespace, accepted: bool) -> list:
 
 def _add(args: argparse.Namespace) -> int:
     from ..analysis.history_key import describe
-    from ..history_store import add_rows, connect
+    from ..history_store import accept_batch, add_rows, connect, stored_batch
 
     recs = _recorded(args, "keep as a reference")
+    rows = _rows(recs, args, accepted=True)
     with connect(args.db, create=True) as db:
-        ids = add_rows(db, _rows(recs, args, accepted=True))
+        same = stored_batch(db, rows)
+        if same is not None:  # one recording is one run: accepted now if it was refused before
+            accept_batch(db, same)
+            print(f"{args.run_path} is already in {args.db} as run #{same} (the same recording): not added again; "
+                  "it is the accepted reference of its key")  # fmt: skip
+            return 0
+        ids = add_rows(db, rows)
         batch = db.execute("SELECT batch FROM runs WHERE id = ?", (ids[0],)).fetchone()[0]
     print(f"added run #{batch} ({len(ids)} process(es)) to {args.db} as the reference of key {recs[0].key}:")
     print(f"  {describe(recs[0].fingerprint)}")
@@ -105,7 +116,7 @@ def _add(args: argparse.Namespace) -> int:
 
 def _check(args: argparse.Namespace) -> int:
     from ..analysis.history import Recorded, check, closest, figures_from_doc
-    from ..history_store import add_rows, all_rows, connect, last_accepted
+    from ..history_store import accept_batch, add_rows, all_rows, connect, last_accepted, stored_batch
     from ..plots.diff_text import diff_to_json, render_diff
     from ..units import parse_threshold
 
@@ -123,11 +134,19 @@ def _check(args: argparse.Namespace) -> int:
                             figures_from_doc(row.figures_reserved), device)  # fmt: skip
             diffs.append(check(base, r, threshold, label=f"rank {r.rank}" if r.rank is not None else ""))
             refs.append(row)
-        failed = any(d.failed for d in diffs) or (args.strict and bool(missing))
+        failed = any(d.failed for d in diffs) or (bool(missing) and not args.allow_new)
         near = closest({row.key: row.fingerprint for row in all_rows(db)}, missing[0].fingerprint) if missing else None
+        same = None
         if args.add:
-            add_rows(db, _rows(recs, args, accepted=not failed))
+            rows = _rows(recs, args, accepted=not failed)
+            same = stored_batch(db, rows)
+            if same is None:
+                add_rows(db, rows)
+            elif not failed:  # one recording is one run: passed now, it becomes the reference
+                accept_batch(db, same)
     base_name = f"{args.db} run #{refs[0].batch} ({refs[0].label})" if refs else str(args.db)
+    for r in missing:  # on stderr, whatever the output format
+        _say_missing(r, near, args)
     if args.json:
         doc = diff_to_json(diffs, base_name, str(args.run_path))
         doc.update(failed=failed, without_reference=[r.rank for r in missing])
@@ -136,23 +155,29 @@ def _check(args: argparse.Namespace) -> int:
     else:
         if diffs:
             sys.stdout.write(render_diff(diffs, base_name, str(args.run_path), title="memtrace history check"))
-        for r in missing:
-            _say_missing(r, near, args)
-        if args.add:
+        if args.add and same is not None:
+            now = "" if failed else "; accepted"
+            print(f"already in {args.db} as run #{same} (the same recording): not added again{now}")
+        elif args.add:
             print(f"recorded in {args.db} as {'refused' if failed else 'accepted'}")
     return 1 if failed else 0
 
 
 def _say_missing(rec, near, args: argparse.Namespace) -> None:
+    """No accepted run of the key: nothing was compared, said on stderr (the gate fails unless --allow-new)."""
     from ..analysis.history_key import describe
 
     rank = f" rank {rec.rank}" if rec.rank is not None else ""
-    print(f"no accepted run of key {rec.key}{rank} in {args.db} ({describe(rec.fingerprint)}): nothing to compare")
+    verdict = "allowed by --allow-new" if args.allow_new else "not passed (exit 1; --allow-new for a new environment)"
+    print(
+        f"memtrace: no accepted run of key {rec.key}{rank} in {args.db} ({describe(rec.fingerprint)}): "
+        f"nothing compared, {verdict}",
+        file=sys.stderr,
+    )
     if near is not None:
         key, diff = near
         what = "; ".join(f"{k} {b} → {n}" for k, b, n in diff[:6]) + (" …" if len(diff) > 6 else "")
-        print(f"  the closest stored key {key} differs in: {what}")
-    print("  " + ("exit 1 (--strict)" if args.strict else "pass --strict to fail in this case"))
+        print(f"  the closest stored key {key} differs in: {what}", file=sys.stderr)
 
 
 def _show(args: argparse.Namespace) -> int:

@@ -9,11 +9,16 @@ DIR (default: RUN's name + "-issue") receives:
   timeline.png  GPU memory over time by category, the target line and the first crossing
   flame.svg     what held memory at the reserved peak (and flame.folded for speedscope / flamegraph.pl)
 
-Attach the images to the issue (GitHub uploads them when dropped into the text box). A DIR that
+  *.memtrace.xz with --attach-trace: each trace of the run, compressed (every memtrace command reads it)
+
+issue.md answers first: the verdict (died, crossed, within the target, recorded nothing), the peak, the
+target, who held the memory and the hooked workspace bytes, then the timeline, then the environment; the
+long tables are folded. Attach the images to the issue (GitHub uploads them when dropped into the text
+box). A run that recorded no allocator event gets issue.md alone, says so first, and exits 1. A DIR that
 already holds these files is only replaced with --force.
 
   memtrace issue RUN
-  memtrace issue RUN -o issue/ --force
+  memtrace issue RUN -o issue/ --force --attach-trace
 """
 
 from __future__ import annotations
@@ -35,13 +40,18 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         force="replace the files of an existing bundle",
     )
     add_rank(p, "the rank to describe (default: every rank)")
+    p.add_argument(
+        "--attach-trace", action="store_true", help="also write each trace compressed (.memtrace.xz) for attaching"
+    )
     add_target(p)
 
 
 def run(args: argparse.Namespace) -> int:
     import sys
 
-    from ..outputs import make_dir, output_dir
+    from ..analysis.rank import NOTHING
+    from ..attach import attached_name, write_attachment
+    from ..outputs import atomic_write, make_dir, output_dir
     from ..plots.issue_md import FILES
     from ..plots.render import render
     from ..progress import task
@@ -49,9 +59,23 @@ def run(args: argparse.Namespace) -> int:
 
     out = output_dir(args.run_path, args.output, default_suffix="-issue", files=FILES, force=args.force)
     run_ = analysed(args, top=8)
+    attached = [attached_name(r.trace) for r in run_.ranks] if args.attach_trace else []
+    if attached:  # the same policy for the attachments' names, now that they are known
+        output_dir(args.run_path, out, default_suffix="-issue", files=tuple(attached), force=args.force)
     with task("Writing the issue bundle", total=None):
         run_.worst.summary  # noqa: B018 (the input read and its figures computed before the folder is made)
         make_dir(out)
-        render(run_, out, "issue")
-    print(f"memtrace: wrote {out}/issue.md, timeline.png, flame.svg, flame.folded", file=sys.stderr)
+        written = render(run_, out, "issue")
+        for stale in set(FILES) - set(written):  # --force over an older bundle: no picture it did not draw
+            (out / stale).unlink(missing_ok=True)
+        for r, name in zip(run_.ranks, attached, strict=False):  # [] without --attach-trace
+            with atomic_write(out / name) as tmp:
+                write_attachment(r.trace, tmp)
+    names = [*written, *attached]
+    print(f"memtrace: wrote {out}/{names[0]}" + "".join(f", {n}" for n in names[1:]), file=sys.stderr)
+    if run_.verdict == NOTHING:
+        print(
+            f"memtrace: {out}/issue.md says the run recorded nothing: no picture, no peak; not passed", file=sys.stderr
+        )
+        return 1
     return 0

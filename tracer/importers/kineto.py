@@ -16,7 +16,8 @@ device from them:
   the trace's ``Total Allocated`` after every memory event;
 - the "stack" of an event is the profiler's ranges enclosing it on its thread, innermost first: Python
   functions (``with_stack=True``: ``file.py(12): fn``) as Python frames, operators and
-  ``record_function`` ranges as frames named after them;
+  ``record_function`` ranges as frames named after them, in the pseudo-files ``<op>`` and
+  ``<record_function>`` (so flames and top holders name the operator);
 - times are the profiler's, moved to Unix-epoch microseconds by the trace's ``baseTimeNanoseconds``.
 
 CUDA devices are ranks (``rank`` = the device index, as a torch snapshot's). The CPU's events (host
@@ -161,12 +162,18 @@ def _ranges_by_thread(events: list[Any]) -> dict[Any, tuple[list[float], list[fl
     return out
 
 
+#: The pseudo-file of a frame that is a profiler range, not Python code (``<op>:0 aten::addmm``): a
+#: ``<...>`` file counts as Python (``analysis.frames``), so flames and holders keep the operator.
+_RANGE_FILES = {"cpu_op": "<op>", "user_annotation": "<record_function>", "gpu_user_annotation": "<record_function>"}
+
+
 def _frame(name: str, cat: str) -> tuple[str, int, str]:
     if cat == "python_function":
         m = _PY_FRAME.match(name)
         if m:
             return (m["file"], int(m["line"]), m["name"])
-    return ("", 0, name)
+        return ("<python>", 0, name)  # a built-in ("<built-in method run_backward ...>")
+    return (_RANGE_FILES.get(cat, "<op>"), 0, name)
 
 
 def _stacks(ranges, mem: list[dict[str, Any]]) -> list[tuple[tuple[str, int, str], ...]]:

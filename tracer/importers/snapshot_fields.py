@@ -30,6 +30,20 @@ def _column(entries: Sequence[dict[str, Any]], key: str) -> list[Any]:
     return list(map(operator.methodcaller("get", key), entries))
 
 
+def _distinct(entries: Sequence[dict[str, Any]], key: str) -> set[Any]:
+    """The distinct values of ``entry[key]`` (None for a missing key), at C speed when every entry has it."""
+    try:
+        return set(map(operator.itemgetter(key), entries))
+    except KeyError:
+        pass
+    except TypeError:  # an unhashable value (a list)
+        return set(map(_hashable, _column(entries, key)))
+    try:
+        return set(map(operator.methodcaller("get", key), entries))
+    except TypeError:
+        return set(map(_hashable, _column(entries, key)))
+
+
 def _pool(value: Any) -> tuple[int, int] | None:
     if value is None:
         return None
@@ -43,15 +57,13 @@ def _pool(value: Any) -> tuple[int, int] | None:
 def entry_fields(entries: Sequence[dict[str, Any]]) -> dict[str, Any] | None:
     """The ``snapshot_fields`` document of ``entries`` (the entries that became events, in order), or
     None when every entry has torch's defaults (the common case, checked at C speed)."""
-    n = len(entries)
+    plain = _distinct(entries, "compile_context") <= set(_CONTEXT_DEFAULTS)
+    plain = plain and _distinct(entries, "user_metadata") <= set(_METADATA_DEFAULTS)
+    if plain and all(p is None or _pool(p) == DEFAULT_POOL for p in _distinct(entries, "pool_id")):
+        return None
     contexts = _column(entries, "compile_context")
     metadata = _column(entries, "user_metadata")
     pools = _column(entries, "pool_id")
-    plain_ctx = set(contexts) <= set(_CONTEXT_DEFAULTS) if n else True
-    plain_meta = set(metadata) <= set(_METADATA_DEFAULTS) if n else True
-    plain_pool = all(p is None or _pool(p) == DEFAULT_POOL for p in set(map(_hashable, pools)))
-    if plain_ctx and plain_meta and plain_pool:
-        return None
     values: list[tuple[str, str, tuple[int, int]]] = []
     index: dict[tuple[str, str, tuple[int, int]], int] = {}
     runs: list[list[int]] = []

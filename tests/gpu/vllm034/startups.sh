@@ -10,6 +10,12 @@
 #   dense-noext  the same without the extensible KV cache
 #   small-ext    moe-ext on a "smaller card": a torch process holds HOLD_GIB GiB of the H200 first
 #   cost         ROUNDS rounds of warm moe-ext runs, plugin on (MEMTRACE_DIR) / off, order alternating
+#   grid         the flags grid of issue 28: GRID="name:model:flag,flag;name:model:..." (model moe|dense; flags
+#                separated by commas, e.g. g01:moe:--max-num-batched-tokens,2048), each one traced start-up;
+#                GRID_TAG=x packs every folder into one grid-x.tar.gz (the 8-file limit of $OUT)
+#   small        the same on a smaller card: a holder process leaves SMALL_FREE bytes free (cudaMemGetInfo), or
+#                SMALL_FROM=name: the pre-KV device-used peak of that grid run minus SMALL_MARGIN bytes;
+#                SMALL="name:model:flags;..." as GRID
 # Knobs: STEPS, LIMIT (seconds for the script, 570), ROUNDS (4), FIRST_ROUND (1), HOLD_GIB (96),
 #        SITE (/tmp/site034: the installed stage), PORT (8791).
 # Every start-up is stopped as soon as memtrace's summary (or vLLM's "init engine" line, for cost runs
@@ -30,8 +36,12 @@ INIT_RE='init engine \(profile, create kv cache, warmup model\) took [0-9.]+'
 # shellcheck source=tests/gpu/session_lib.sh
 source tests/gpu/session_lib.sh
 
-pack() {  # each step's folder as a tarball in $OUT (after each step and at exit)
+pack() {  # each step's folder as a tarball in $OUT (after each step and at exit); with GRID_TAG one tarball
   local d
+  if [ -n "${GRID_TAG:-}" ]; then
+    tar czf "$OUT/grid-$GRID_TAG.tar.gz" -C "$W" --exclude='*.csv.raw' $(cd "$W" && ls -d */ 2>/dev/null) 2>/dev/null
+    return 0
+  fi
   for d in "$W"/*/; do d=$(basename "$d"); tar czf "$OUT/$d.tar.gz" -C "$W" "$d" 2>/dev/null; done
   [ -f "$W/cost/rounds.tsv" ] && cp "$W/cost/rounds.tsv" "$OUT/cost-rounds.tsv"
   return 0
@@ -121,6 +131,57 @@ PY
   fi
   stop_session "$H" 5
   cp "$W/small-ext-holder/holder.log" "$W/small-ext/" 2>/dev/null; rm -rf "$W/small-ext-holder"
+fi
+
+# ---- grid (issue 28): GRID / SMALL entries, each a traced start-up --------------------------------------
+grid_runs() {  # grid_runs "name:model:flags;..." [PREFIX]
+  local entry name model flags
+  IFS=';' read -ra ENTRIES <<< "$1"
+  for entry in "${ENTRIES[@]}"; do
+    [ -n "$entry" ] || continue
+    IFS=':' read -r name model flags <<< "$entry"
+    [ "$(left)" -gt "${GRID_MIN_LEFT:-100}" ] || { log "(grid) no time left for $name ($(left)s)"; continue; }
+    IFS=',' read -ra FL <<< "$flags"
+    traced "${2:-}$name" "/tmp/model-$model" "${FL[@]}"
+  done
+}
+pre_kv_peak() {  # the largest device-used peak of a traced run's phases before kv_cache_extend (report --json)
+  python3 - "$W/$1/run" <<'PY'
+import json, subprocess, sys
+doc = json.loads(subprocess.run([sys.executable, "-m", "memtrace", "report", "--json", sys.argv[1]], capture_output=True, text=True).stdout)
+t = doc["traces"][0]
+print(max(p.get("peak_device_used_bytes") or 0 for p in t["phases"] if p["name"] != "kv_cache_extend"))
+PY
+}
+want grid && grid_runs "${GRID:-}"
+if want small && [ "$(left)" -gt 150 ]; then
+  FREE=${SMALL_FREE:-}
+  if [ -z "$FREE" ] && [ -n "${SMALL_FROM:-}" ]; then
+    P=$(pre_kv_peak "$SMALL_FROM"); FREE=$((P - ${SMALL_MARGIN:-268435456}))
+    log "(small) pre-KV device-used peak of $SMALL_FROM: $P B; leaving $FREE B free"
+  fi
+  cat > "$W/leave.py" <<'PY'
+"""Hold all but N bytes of the GPU's free memory until killed (another process on a shared GPU: a smaller card)."""
+import os, sys, time
+import torch
+free, total = torch.cuda.mem_get_info()
+x = torch.empty(free - int(sys.argv[1]), dtype=torch.uint8, device="cuda"); x.fill_(1)
+torch.cuda.synchronize(); free, total = torch.cuda.mem_get_info()
+print(f"holder pid {os.getpid()} holds {x.numel()} B; cudaMemGetInfo free {free} B of {total} B", flush=True)
+while True:
+    time.sleep(1)
+PY
+  mkdir -p "$W/holder"
+  start "$W/holder/holder.log" python3 "$W/leave.py" "$FREE"
+  H=$SID
+  if wait_log "$W/holder/holder.log" "holder pid" "$H" 60; then
+    tee -a "$OUT/progress.log" < "$W/holder/holder.log"
+    grid_runs "${SMALL:-}" small-
+  else
+    log "(small) the holder did not start"; tail -5 "$W/holder/holder.log" | tee -a "$OUT/progress.log"
+  fi
+  stop_session "$H" 5
+  pack
 fi
 
 # ---- cost: warm rounds, plugin on / off ------------------------------------------------------------

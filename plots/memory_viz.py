@@ -29,9 +29,11 @@ from typing import IO, Any
 import numpy as np
 
 from .. import facts as F
+from ..errors import UsageError
 from ..importers.pinned_host import PINNED_HOST
 from ..importers.snapshot_fields import fields_by_event
 from ..model import ACTION_CODE, ACTIONS, Trace
+from .format_spec import Format
 from .pickle_stream import (
     APPENDS,
     COMPILE_CONTEXT,
@@ -46,6 +48,9 @@ from .pickle_stream import (
     StackRef,
     entry_records,
 )
+
+#: this module's output format(s) (``plots.format_spec``)
+FORMATS = (Format("memory-viz", ".memory_viz.pickle", (".pickle", ".pkl"), binary=True, commands=("export",)),)
 
 PICKLE_PROTOCOL = 4
 _OOM = ACTION_CODE["oom"]
@@ -248,7 +253,15 @@ def write_snapshot(trace: Trace, out: IO[bytes], progress=None) -> None:
 
 
 def export_memory_viz(trace: Trace, path: str | os.PathLike, progress=None) -> Path:
-    """Write ``trace`` to ``path`` as a memory_viz-compatible snapshot pickle (protocol 4), streamed."""
+    """Write ``trace`` to ``path`` as a memory_viz-compatible snapshot pickle (protocol 4), streamed.
+
+    A profiler trace's CPU memory (role ``host``) is refused: a snapshot has no place for it other than a
+    device's, and host memory is never written as device memory."""
+    if trace.process.role == "host":
+        raise UsageError(
+            f"{trace.label} is the CPU's memory from a profiler trace; a memory_viz snapshot holds device (and "
+            "pinned host) memory only: export it with -f perfetto or -f folded"
+        )
     out = Path(path)
     with open(out, "wb") as f:
         write_snapshot(trace, f, progress)

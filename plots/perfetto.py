@@ -48,6 +48,10 @@ from ..analysis.flame import hook_short_name
 from ..analysis.landmarks import steady_non_torch
 from ..analysis.summary import reserved_peak
 from ..model import Trace
+from .format_spec import Format
+
+#: this module's output format(s) (``plots.format_spec``)
+FORMATS = (Format("perfetto", ".perfetto.json", (".json",), commands=("export",)),)
 
 PHASES_TID = 1
 HOOKS_TID = 2

@@ -1,0 +1,73 @@
+"""A vLLM start-up that vLLM itself ended (no CUDA OOM) is a verdict of its own: "did not finish".
+
+Real data: vLLM 0.34.0 on the H200 with another process leaving 12.66 GiB free (`tests/data/vllm-h200-034-grid`):
+`small-r2048` got through warm-up, then vLLM's extensible KV cache found 0 blocks and raised ValueError ("No
+available memory for the cache blocks"); the process exited. Before this verdict every output called that
+run "within target". `g08`, the same flags on the whole card, completed.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from memtrace import facts as F
+from memtrace.cli import main
+from memtrace.plugins import vllm_phases
+
+GRID = Path(__file__).resolve().parents[1] / "data" / "vllm-h200-034-grid"
+
+
+def _json(capsys, run: Path) -> dict:
+    assert main(["report", "--json", str(run)]) == 0
+    return json.loads(capsys.readouterr().out)
+
+
+def test_a_startup_vllm_refused_after_warm_up_did_not_finish(capsys):
+    doc = _json(capsys, GRID / "small-r2048")
+    assert doc["verdict"] == "did not finish"
+    assert main(["report", str(GRID / "small-r2048")]) == 0
+    first = capsys.readouterr().out.split("\n\n")[0].replace("\n", " ")
+    assert first.startswith("DID NOT FINISH: the process's start-up ended at 204.62 s (the process exited)")
+    assert "in compile_or_warm_up/kv_cache_sizing, without a CUDA OOM" in first
+
+
+def test_the_same_flags_on_the_whole_card_completed_and_an_oom_is_still_died(capsys):
+    assert _json(capsys, GRID / "g08")["verdict"] == "within target"
+    assert _json(capsys, GRID / "small-d16384")["verdict"] == "died"
+
+
+def test_the_issue_bundle_of_an_unfinished_startup_says_so_first(capsys, tmp_path):
+    main(["issue", str(GRID / "small-r2048"), "-o", str(tmp_path / "b")])
+    capsys.readouterr()
+    text = (tmp_path / "b" / "issue.md").read_text()
+    assert "DID NOT FINISH" in text.split("\n\n")[0] or "DID NOT FINISH" in text[:600]
+    assert "stayed under the target" not in text
+
+
+class _Session:
+    """Stands in for the capture session (only its facts are read or written here): a fake, since the
+    plugin's phase hooks run only inside a real vLLM worker."""
+
+    def __init__(self):
+        self.facts: dict = {}
+
+    def set_fact(self, key, value):
+        self.facts[key] = value
+
+
+def test_the_plugin_keeps_the_first_error_that_left_a_phase_and_not_an_oom():
+    s = _Session()
+
+    class OutOfMemoryError(RuntimeError):
+        pass
+
+    vllm_phases._record_error("kv_cache_sizing", OutOfMemoryError("CUDA out of memory"), s)
+    assert F.VLLM_STARTUP_ERROR not in s.facts
+    vllm_phases._record_error("kv_cache_sizing", ValueError("No available memory for the cache blocks.\nmore"), s)
+    vllm_phases._record_error("compile_or_warm_up", ValueError("outer"), s)
+    assert s.facts[F.VLLM_STARTUP_ERROR] == {
+        "phase": "kv_cache_sizing",
+        "type": "ValueError",
+        "message": "No available memory for the cache blocks.",
+    }
