@@ -422,12 +422,13 @@ class WhatIf:
                 delta += (sc.factor - 1.0) * s.bytes[k]
             else:
                 factor = np.ones(len(s.time))
-                for ph in set(names.tolist()):
+                for ph in sorted(set(names.tolist())):
                     m = names == ph
                     base = int(s.bytes[k][m].max()) if m.any() else 0
                     sc = scale_of(k, ph, self.rec, flags, cal, base)
                     factor[m] = sc.factor
-                    self.scales.setdefault(k, sc)
+                    if k not in self.scales or (sc.rule.startswith("fitted") and base > 0):
+                        self.scales[k] = sc  # shown: a fitted phase's scaling, when there is one
                 delta += (factor - 1.0) * s.bytes[k]
         if s.bytes[UNSTACKED].any():
             self.notes.append(
