@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from .. import facts as F
 from . import whatif as W
 
 #: The bar: 2 % of the measured value, or 256 MiB, whichever is larger.
@@ -65,7 +66,7 @@ def check(base: W.Sites, cal: W.Calibration | None, measured: W.Sites, name: str
             figures.append(Figure(f"peak {p.phase}", q.predicted_bytes - pred.others_bytes, p.recorded_bytes))
     if pred.kv is not None and own.kv is not None:
         figures.append(Figure("vLLM's available KV", pred.kv.available_bytes, own.kv.available_bytes))
-        blocks = measured.trace.facts.get("vllm.kv_cache_blocks")
+        blocks = measured.trace.facts.get(F.VLLM_KV_BLOCKS)
         if isinstance(blocks, int):
             figures.append(Figure("KV blocks", pred.kv.blocks, blocks, bytes_bar=False))
     return Check(name, measured.flags.changes(base.flags), pred.verdict, figures)
