@@ -20,8 +20,8 @@ import pytest
 
 pytest.importorskip("ray", reason="Ray is not installed here; .ci/setup installs it (pip install 'ray==2.60.*')")
 
+from aligned_clocks import alignment  # noqa: E402
 from memtrace import facts as F  # noqa: E402
-from memtrace.analysis.clock_alignment import alignment  # noqa: E402
 from memtrace.cli import run as run_cmd
 from memtrace.gather import elsewhere, read_manifest  # noqa: E402
 from memtrace.store import load_run  # noqa: E402

@@ -1,5 +1,5 @@
-"""Clock offsets: the round-trip measurement, the test-only clock-skew shim, the ``clock`` fact, and the alignment
-every multi-rank output will state (``memtrace.analysis.clock_alignment``)."""
+"""Clock offsets: the round-trip measurement, the test-only clock-skew shim, the ``clock`` fact, and each rank's
+offset to the driver's clock as recorded (``tests/aligned_clocks.py``)."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from aligned_clocks import alignment
 from memtrace import facts as F
-from memtrace.analysis.clock_alignment import alignment
 from memtrace.capture import clock
 from memtrace.model import Phase, Process, Trace
 from ray_cluster import worker_shim
