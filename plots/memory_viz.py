@@ -145,41 +145,6 @@ def _is_host(trace: Trace) -> bool:
     return trace.process.role == PINNED_HOST
 
 
-def snapshot_dict(trace: Trace, progress=None) -> dict[str, Any]:
-    """The ``_snapshot()``-shaped dict of ``trace``, in memory (:func:`export_memory_viz` streams the
-    same thing to a file without building it)."""
-    device = trace.process.device_index or 0
-    stacks = _frame_lists(trace)
-    empty: list[dict[str, Any]] = []
-
-    def frames_of(stack: int) -> list[dict[str, Any]]:
-        return stacks[stack] if 0 <= stack < len(stacks) else empty
-
-    ev = trace.events
-    cols = zip(
-        ev["time_us"].tolist(), ev["action"].tolist(), ev["addr"].tolist(), ev["size"].tolist(),
-        ev["stream"].tolist(), ev["stack"].tolist(), strict=True,
-    )  # fmt: skip
-    which, values = _fields(trace)
-    entries = [
-        _entry(t, a, addr, size, stream, frames_of(stack), values[w] if w >= 0 else None)
-        for (t, a, addr, size, stream, stack), w in zip(cols, which.tolist(), strict=True)
-    ]
-    if progress is not None:
-        progress.advance()
-    segments = _segments(trace, frames_of)
-    if progress is not None:
-        progress.advance()
-    if _is_host(trace):  # pinned host memory goes back where torch 2.14 keeps it
-        return {"segments": [], "device_traces": [], "host_segments": segments, "host_traces": entries}
-    return {
-        "segments": segments,
-        "device_traces": [[] for _ in range(device)] + [entries],
-        "external_annotations": _annotations(trace),
-        "allocator_settings": trace.facts.get(F.ALLOCATOR_SETTINGS, {}),
-    }
-
-
 #: Entries per MARK ... APPENDS group of the streamed file. MemoryViz.js appends a group with
 #: ``arr.push(...items)``, whose argument count JavaScript engines cap (pickle itself uses 1,000).
 CHUNK = 1 << 13

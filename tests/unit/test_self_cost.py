@@ -25,10 +25,10 @@ from memtrace.capture import history_cost, selfcost
 from memtrace.capture import session as S
 from memtrace.model import ACTION_CODE
 from memtrace.plots import cost_text
-from memtrace.plots.memory_viz import snapshot_dict
 from memtrace.plots.text import render_report
 from memtrace.plugins.hooks import HookManager, Target
 from memtrace.store import load_trace
+from references import snapshot_dict
 
 FULL = Path(__file__).parents[1] / "data" / "h200" / "startup-full" / "vm-pid457.memtrace"
 

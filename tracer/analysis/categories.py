@@ -45,7 +45,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..model import ACTION_CODE, Trace
-from .curves import Curve, Curves, all_curves
+from .curves import Curves, all_curves
 from .live import Lifetimes, lifetimes
 from .phases import phase_depth, recording_span
 
@@ -263,32 +263,6 @@ def _signed_sizes(trace: Trace) -> np.ndarray:
     delta[action == _FREE] *= -1
     delta[(action != _ALLOC) & (action != _FREE)] = 0
     return delta
-
-
-def category_curves(
-    trace: Trace, categorized: Categorized | None = None, *, curves: Curves | None = None
-) -> dict[str, Curve]:
-    """Allocated bytes by category, on the time axis of ``allocated_curve`` (stack them in CATEGORIES order).
-
-    At every index the values add up exactly to ``allocated_curve(trace).bytes``; the baseline
-    (memory allocated before the first recorded event) starts in ``other``. Pass ``categorized`` and
-    ``curves`` to share the work.
-    """
-    cat = categorized if categorized is not None else categorize(trace)
-    curves = curves if curves is not None else all_curves(trace)
-    base = curves.baseline.allocated_bytes
-    times = curves.allocated.time_us
-    delta = _signed_sizes(trace)
-    out = {}
-    for code, name in enumerate(CATEGORIES):
-        start = base if code == OTHER else 0
-        values = np.empty(len(delta) + 1, dtype=np.int64)
-        values[0] = start
-        np.cumsum(np.where(cat.codes == code, delta, 0), out=values[1:])
-        if start:
-            values[1:] += start
-        out[name] = Curve(times, values)
-    return out
 
 
 @dataclass(frozen=True)

@@ -445,20 +445,6 @@ def compare(base: Figures, new: Figures, threshold: Threshold, *, label: str = "
     )
 
 
-def diff_traces(base: Trace, new: Trace, threshold: Threshold, *, label: str = "") -> TraceDiff:
-    """Compare ``new`` against ``base`` (the same process of two runs)."""
-    bc, nc = all_curves(base), all_curves(new)
-    device_level = bc.has_device and nc.has_device  # like with like: reserved-only unless both sampled NVML
-    d = compare(
-        figures(base, device_level=device_level, curves=bc),
-        figures(new, device_level=device_level, curves=nc),
-        threshold,
-        label=label or new.label,
-    )
-    sites = site_changes(base, new, bc, nc)
-    return replace(d, categories=category_changes(base, new, bc, nc), sites=sites.changes, sites_missing=sites.missing)
-
-
 def diff_ranks(base, new, threshold: Threshold, *, label: str = "") -> TraceDiff:
     """:func:`diff_traces` of two analysed ranks (``analysis.rank.AnalysedRank``), sharing their figures."""
     bc, nc = base.curves, new.curves

@@ -70,22 +70,3 @@ def check(base: W.Sites, cal: W.Calibration | None, measured: W.Sites, name: str
         if isinstance(blocks, int):
             figures.append(Figure("KV blocks", pred.kv.blocks, blocks, bytes_bar=False))
     return Check(name, measured.flags.changes(base.flags), pred.verdict, figures)
-
-
-def markdown_table(checks: list[Check]) -> list[str]:
-    """One row per held-out run and figure: predicted, measured, error, within the bar."""
-    from ..units import format_gib
-
-    out = ["| run | changes from the base | figure | predicted | measured | error | within 2 % / 256 MiB |"]
-    out.append("| --- | --- | --- | --- | --- | --- | --- |")
-    for c in checks:
-        for f in c.figures:
-            if f.bytes_bar:
-                p, m, e = format_gib(f.predicted), format_gib(f.measured), f"{f.error / (1 << 20):+,.0f} MiB"
-            else:
-                p, m, e = f"{f.predicted:,}", f"{f.measured:,}", f"{f.error:+,}"
-            rel = f" ({f.error / f.measured:+.2%})" if f.measured else ""
-            out.append(
-                f"| {c.name} | {' '.join(c.changes) or '-'} | {f.name} | {p} | {m} | {e}{rel} | {'yes' if f.ok else '**no**'} |"
-            )
-    return out

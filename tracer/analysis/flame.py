@@ -37,10 +37,8 @@ import numpy as np
 from ..model import Frame, HookCall, Trace
 from . import non_torch as _non_torch
 from . import vmm as _vmm
-from .curves import Curve
 from .frames import python_frames
 from .live import Lifetimes, LiveAllocation, lifetimes, live_allocations_at
-from .quantities import fullest_at_peak, window_fullest
 
 #: The top-level frame of the non-PyTorch device memory CUPTI saw (``non_torch.live_allocations``).
 NON_TORCH = "[non-PyTorch, CUPTI]"
@@ -344,17 +342,6 @@ def flame_at(
             paths, counts = {**paths, **more}, {**counts, **more_counts}
     return Flame(int(t_us), event_index, build_tree(paths, counts), paths, since_us, torch_bytes, non_torch_bytes,
                  vmm_bytes)  # fmt: skip
-
-
-def peak_event_index(allocated: Curve, reserved: Curve) -> int:
-    """The event after which "the peak" is shown (``quantities.fullest_at_peak`` - 1); a thin alias kept for
-    callers of the old name."""
-    return fullest_at_peak(allocated, reserved) - 1
-
-
-def window_peak_event_index(allocated: Curve, start_us: int, end_us: int) -> int:
-    """``quantities.window_fullest`` - 1 (an event index); a thin alias kept for callers of the old name."""
-    return window_fullest(allocated, start_us, end_us) - 1
 
 
 def widest_leaves(flame: Flame, top: int = 5) -> list[tuple[tuple[str, ...], int]]:
