@@ -52,14 +52,7 @@ from .pickle_stream import (
 #: this module's output format(s) (``plots.format_spec``)
 FORMATS = (Format("memory-viz", ".memory_viz.pickle", (".pickle", ".pkl"), binary=True, commands=("export",)),)
 
-PICKLE_PROTOCOL = 4
 _OOM = ACTION_CODE["oom"]
-
-
-def _frame_lists(trace: Trace) -> list[list[dict[str, Any]]]:
-    """One frames list per interned stack (shared objects: the pickle stores each once)."""
-    frames = [{"filename": f.filename, "line": f.line, "name": f.name} for f in trace.frames]
-    return [[frames[i] for i in stack] for stack in trace.stacks]
 
 
 def _covering_blocks(seg, frames_of) -> list[dict[str, Any]]:

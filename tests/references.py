@@ -24,7 +24,7 @@ from memtrace.analysis.quantities import fullest_at_peak, window_fullest
 from memtrace.importers.files import traces_from_snapshot_file
 from memtrace.importers.torch_snapshot import traces_from_snapshot
 from memtrace.model import Trace
-from memtrace.plots.memory_viz import _annotations, _entry, _fields, _frame_lists, _is_host, _segments
+from memtrace.plots.memory_viz import _annotations, _entry, _fields, _is_host, _segments
 from memtrace.units import Threshold, format_gib
 
 
@@ -200,3 +200,9 @@ def peak_event_index(allocated: Curve, reserved: Curve) -> int:
 def window_peak_event_index(allocated: Curve, start_us: int, end_us: int) -> int:
     """``quantities.window_fullest`` - 1 (an event index); the event index."""
     return window_fullest(allocated, start_us, end_us) - 1
+
+
+def _frame_lists(trace: Trace) -> list[list[dict[str, Any]]]:
+    """One frames list per interned stack (shared objects: the pickle stores each once)."""
+    frames = [{"filename": f.filename, "line": f.line, "name": f.name} for f in trace.frames]
+    return [[frames[i] for i in stack] for stack in trace.stacks]

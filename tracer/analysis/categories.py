@@ -58,7 +58,6 @@ CATEGORIES: tuple[str, ...] = (
     "activations",
     "other",
 )
-CATEGORY_CODE: dict[str, int] = {name: i for i, name in enumerate(CATEGORIES)}
 WEIGHTS, KV_CACHE, WORKSPACE, CUDAGRAPH, ACTIVATIONS, OTHER = range(len(CATEGORIES))
 
 #: FlashInfer's workspace allocators (0.6.x, 0.7.x; see memtrace.plugins.flashinfer): a stack through
