@@ -120,6 +120,14 @@ def no_flag_helps(s: Suggestions) -> str:
     """The honest negative: the floor no flag goes under."""
     others = s.recorded.others_bytes
     room = f", {_gib(s.capacity_bytes - others)} of it free of other processes" if others else ""
+    f = s.floor_outcome
+    if f is not None and s.floor_bytes <= s.capacity_bytes - others and f.verdict != BOOTS:
+        how = f"dies in {f.phase} by {_gib(f.by_bytes)}" if f.verdict == DIES else f"vLLM refuses in {f.phase}"
+        return (
+            f"No flag tried helps ({s.tried} changes of one or two flags): with {' '.join(s.floor_flags)} the "
+            f"pre-KV peak and one request's KV cache need {_gib(s.floor_bytes)}, under the card's "
+            f"{_gib(s.capacity_bytes - others)}, yet {how}: {f.why}"
+        )
     return (
         f"No flag helps: weights and workspaces alone need {_gib(s.floor_bytes)} (the pre-KV peak with "
         f"{' '.join(s.floor_flags)}, plus one request's KV cache at max-model-len), the card has {_gib(s.capacity_bytes)}{room}"
