@@ -4,6 +4,7 @@ boot, or the floor no flag goes under. Words only: every figure comes from the a
 
 from __future__ import annotations
 
+from .. import facts as F
 from ..analysis.whatif import BOOTS, DIES, GRAPHS, KV, REFUSES, SCALED, UNKNOWN, Answer, Outcome, Suggestions
 from ..units import format_gib as _gib
 from .format_spec import Format
@@ -175,13 +176,16 @@ def render(run, out, *, answers: list[tuple], json_out: bool = False) -> None:
 
 def boot_section(run, *, markdown: bool = True) -> list[str]:
     """The issue bundle's "What would make it boot" section (Markdown lines; [] for a run that is not a vLLM
-    start-up or that booted): ``--suggest`` on the card the worst rank was recorded on, as it was (other
+    start-up or that booted; a start-up vLLM refused after sizing 0 KV blocks did not boot): ``--suggest`` on the card the worst rank was recorded on, as it was (other
     processes kept), in the words of ``memtrace fits``."""
     from ..analysis.whatif import answer, recorded_flags
 
     r = run.worst
     card = r.recorded_target.capacity_bytes
-    if r.recorded_nothing or recorded_flags(r.trace) is None or not card or (r.oom is None and r.verdict != "crossed"):
+    refused = ((r.trace.facts.get(F.VLLM_KV_SIZING) or {}).get("num_blocks")) == 0  # vLLM sized 0 blocks: it refused
+    if r.recorded_nothing or recorded_flags(r.trace) is None or not card:
+        return []
+    if r.oom is None and r.verdict != "crossed" and not refused:
         return []
     a = answer(r, [], [card], suggest_too=True, keep_others=True)
     s, o = a.suggestions[0], a.outcomes[0]

@@ -75,3 +75,17 @@ def test_suggest_names_a_profiled_rescue_on_the_small_card(capsys):
     assert "Model: 3 traces of this model" in out
     assert "DIES in determine_available_memory/profile_run by 0.19 GiB" in out
     assert "2. --max-num-batched-tokens 2048: KV cache 0.47 GiB, 966 blocks, 61,824 tokens" in out
+
+
+def test_the_view_of_a_start_up_vllm_refused_says_what_would_make_it_boot(tmp_path):
+    """small-r2048 booted nowhere (vLLM sized 0 KV blocks), so its view answers the question too."""
+    import json
+
+    out = tmp_path / "view.html"
+    assert main(["view", str(GRID.run_dir("small-r2048")), "-o", str(out)]) == 0
+    doc = json.loads(out.read_text().split('id="mt-doc">', 1)[1].split("</script>", 1)[0])
+    boot = " ".join(doc["boot"].split())
+    assert boot.startswith(
+        "On the recorded card (139.80 GiB), with the recorded flags: vLLM REFUSES at kv_cache_sizing"
+    )
+    assert "0.25 GiB short" in boot and "No flag tried helps" in boot
