@@ -89,3 +89,13 @@ def test_the_view_of_a_start_up_vllm_refused_says_what_would_make_it_boot(tmp_pa
         "On the recorded card (139.80 GiB), with the recorded flags: vLLM REFUSES at kv_cache_sizing"
     )
     assert "0.25 GiB short" in boot and "No flag tried helps" in boot
+
+
+def test_the_table_in_docs_is_the_one_the_checks_give():
+    from pathlib import Path
+
+    from memtrace.analysis import fits_check
+
+    doc = (Path(__file__).resolve().parents[2] / "docs" / "whatif.md").read_text()
+    rows = fits_check.summary_table([check(*case) for case in CASES])
+    assert "\n".join(rows) in doc
