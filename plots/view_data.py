@@ -129,6 +129,7 @@ def rank_meta(a: AnalysedRank, t0_us: int) -> dict[str, Any]:
             "described": s.target_source,
         },
         "peak": doc["peak"],
+        "peak_bound": doc["peak_bound"],
         "crossings": doc["crossings"],
         "oom": None if oom is None else {**oom.__dict__},
         "phases": [
