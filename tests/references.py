@@ -15,17 +15,16 @@ import numpy as np
 from memtrace import facts as F
 from memtrace.analysis.categories import CATEGORIES, OTHER, Categorized, _signed_sizes, categorize
 from memtrace.analysis.curves import Baseline, Curve, Curves, _allocated_deltas, _curve, all_curves, baseline
-from memtrace.analysis.diff import TraceDiff, category_changes, compare, figures
+from memtrace.analysis.diff import TraceDiff, _sides, category_changes, compare, figures
 from memtrace.analysis.diff_sites import site_changes
-from memtrace.analysis.fits_check import Check
 from memtrace.analysis.live import lifetimes
 from memtrace.analysis.pinned import _ALLOC, _FREE, _SEG_ALLOC, _SEG_FREE, _Segments
-from memtrace.analysis.quantities import fullest_at_peak, window_fullest
+from memtrace.analysis.quantities import fullest_at_peak, is_one_moment, window_fullest
 from memtrace.importers.files import traces_from_snapshot_file
 from memtrace.importers.torch_snapshot import traces_from_snapshot
 from memtrace.model import Trace
 from memtrace.plots.memory_viz import _annotations, _entry, _fields, _is_host, _segments
-from memtrace.units import Threshold, format_gib
+from memtrace.units import Threshold
 
 
 def allocated_curve(trace: Trace, base: Baseline | None = None) -> Curve:
@@ -171,24 +170,13 @@ def diff_traces(base: Trace, new: Trace, threshold: Threshold, *, label: str = "
         label=label or new.label,
     )
     sites = site_changes(base, new, bc, nc)
-    return replace(d, categories=category_changes(base, new, bc, nc), sites=sites.changes, sites_missing=sites.missing)
-
-
-def markdown_table(checks: list[Check]) -> list[str]:
-    """One row per held-out run and figure: predicted, measured, error, within the bar."""
-    out = ["| run | changes from the base | figure | predicted | measured | error | within 2 % / 256 MiB |"]
-    out.append("| --- | --- | --- | --- | --- | --- | --- |")
-    for c in checks:
-        for f in c.figures:
-            if f.bytes_bar:
-                p, m, e = format_gib(f.predicted), format_gib(f.measured), f"{f.error / (1 << 20):+,.0f} MiB"
-            else:
-                p, m, e = f"{f.predicted:,}", f"{f.measured:,}", f"{f.error:+,}"
-            rel = f" ({f.error / f.measured:+.2%})" if f.measured else ""
-            out.append(
-                f"| {c.name} | {' '.join(c.changes) or '-'} | {f.name} | {p} | {m} | {e}{rel} | {'yes' if f.ok else '**no**'} |"
-            )
-    return out
+    return replace(
+        d,
+        categories=category_changes(base, new, bc, nc),
+        sites=sites.changes,
+        sites_missing=sites.missing,
+        one_moment=_sides(is_one_moment(base.facts), is_one_moment(new.facts)),
+    )
 
 
 def peak_event_index(allocated: Curve, reserved: Curve) -> int:

@@ -35,7 +35,7 @@ exactly one category, decided by the first rule that applies, in this order:
 Frees carry the category of the allocation they release (paired by address, as in
 ``live.lifetimes``); a free with no recorded allocation releases
 baseline memory and comes out of **other**. So the category curves add up, at every step, to the
-exact ``allocated_curve`` (requested bytes).
+exact ``Curves.allocated`` (requested bytes).
 """
 
 from __future__ import annotations
@@ -268,7 +268,7 @@ def _signed_sizes(trace: Trace) -> np.ndarray:
 class CategorySteps:
     """Allocated bytes by category at any curve index, without building the curves: per category the
     positions of its events and the running sum of their signed sizes (one pass over the events, not
-    one per category). ``at(idx)[k]`` equals ``category_curves(...)[CATEGORIES[k]].bytes[idx]``."""
+    one per category). ``at(idx)[k]`` is category ``CATEGORIES[k]``'s allocated bytes after event ``idx - 1``."""
 
     positions: list[np.ndarray]  # event indices of each category, sorted
     sums: list[np.ndarray]  # 0, then the running sum of those events' signed sizes
@@ -301,7 +301,7 @@ def category_steps(trace: Trace, categorized: Categorized, curves: Curves) -> Ca
 def category_totals_at_index(
     trace: Trace, index: int, categorized: Categorized | None = None, *, curves: Curves | None = None
 ) -> dict[str, int]:
-    """``{name: category_curves(trace)[name].bytes[index]}`` (the state after event ``index - 1``) without
+    """``{name: that category's allocated bytes at index}`` (the state after event ``index - 1``) without
     building the curves: one sum per category over the events before ``index``."""
     cat = categorized or categorize(trace)
     delta = _signed_sizes(trace)[:index]

@@ -6,7 +6,7 @@ path of frames, outermost first (root → leaf). When the trace holds CUPTI reco
 (``non_torch.live_allocations``) contributes its bytes too, under a top-level frame of its own,
 ``[non-PyTorch, CUPTI]``, then its category (``[kernel modules' statics]``), then its Python stack.
 The root holds both, and the invariant is two-fold, to the byte: the PyTorch part (everything outside
-``[non-PyTorch, CUPTI]``, ``Flame.torch_bytes``) equals ``allocated_curve.at`` that moment, and the
+``[non-PyTorch, CUPTI]``, ``Flame.torch_bytes``) equals ``Curves.allocated.at`` that moment, and the
 CUPTI part (``Flame.non_torch_bytes``) equals ``non_torch.breakdown(...).cupti_bytes`` at the same
 microsecond; folded lines made from the tree (``frame;frame;frame bytes``) add up to their sum.
 A trace without CUPTI records gives the PyTorch part alone, exactly as before.
@@ -86,7 +86,7 @@ class Flame:
     root: FlameNode
     stacks: dict[tuple[str, ...], int]  # root→leaf frame labels -> bytes (the folded form)
     since_us: int | None = None  # only allocations made at or after this moment (None: every live one)
-    #: PyTorch's live requested bytes in the tree (``allocated_curve`` at that moment, unless ``since_us``)
+    #: PyTorch's live requested bytes in the tree (``Curves.allocated`` at that moment, unless ``since_us``)
     torch_bytes: int = 0
     #: the non-PyTorch bytes CUPTI saw live, under :data:`NON_TORCH` (``breakdown``'s ``cupti_bytes``);
     #: None when the trace holds no CUPTI records or they were left out

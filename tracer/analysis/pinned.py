@@ -16,7 +16,7 @@ returned for them.
 
 The segment events (tens of thousands) are replayed one by one (:class:`_History`); the block events
 (millions) are placed and counted with numpy in windows of events, with 32-bit indexes, so that 10M events need a
-few hundred MiB beyond the trace. :func:`_pinned_loop`, one event at a time, is the reference.
+few hundred MiB beyond the trace. The event-at-a-time reference is ``pinned_loop`` in tests/references.py.
 """
 
 from __future__ import annotations
@@ -68,7 +68,7 @@ class _Segments:
 def pinned_curve(trace: Trace, curves: Curves | None = None, lt: Lifetimes | None = None) -> Curve:
     """Bytes of segments holding a live block, on the reserved curve's time axis (index i: after event i-1).
 
-    Vectorised (:func:`_pinned_columns`); the event-at-a-time :func:`_pinned_loop` gives the same curve.
+    Vectorised (:func:`_pinned_columns`); the event-at-a-time reference (tests/references.py) gives the same curve.
     """
     curves = curves or all_curves(trace)
     ev = trace.events
@@ -79,7 +79,7 @@ def pinned_curve(trace: Trace, curves: Curves | None = None, lt: Lifetimes | Non
 
 
 class _History:
-    """The segments' lives as :func:`_pinned_loop` sees them, in pieces of one size each.
+    """The segments' lives as the event-at-a-time reference sees them, in pieces of one size each.
 
     Positions are doubled (event i at 2i+1, before recording -1, never 2n+1). A ``segment_alloc`` at
     the start of an active segment gives it a new size and keeps its blocks: a new piece of the same

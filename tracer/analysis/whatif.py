@@ -143,8 +143,25 @@ def recorded_flags(trace) -> Flags | None:
         enforce_eager=bool(cfg.get("enforce_eager")),
         kv_cache_dtype=str(cfg.get("kv_cache_dtype") or "auto"),
         gpu_memory_utilization=float(trace.facts[F.UTIL]) if user and trace.facts.get(F.UTIL) else None,
-        extensible=trace.facts.get(F.VLLM_KV_SIZE_SOURCE) == F.KV_SIZED_EXTENSIBLE,
+        extensible=_extensible(trace),
     )
+
+
+def _extensible(trace) -> bool:
+    """Whether the start-up sized its KV cache the extensible way (0.34's default where it died before sizing)."""
+    source = trace.facts.get(F.VLLM_KV_SIZE_SOURCE)
+    if source is not None:
+        return source == F.KV_SIZED_EXTENSIBLE
+    return _version_at_least(trace, (0, 34))
+
+
+def _version_at_least(trace, least: tuple[int, int]) -> bool:
+    """Whether the recorded vLLM is at least ``least`` (major, minor); False when unknown."""
+    parts = str(trace.facts.get(F.VLLM_VERSION) or "").split(".")[:2]
+    try:
+        return tuple(int("".join(c for c in p if c.isdigit()) or -1) for p in parts) >= least
+    except ValueError:
+        return False
 
 
 def _bool(name: str, value: str) -> bool:
@@ -459,7 +476,11 @@ class WhatIf:
     def kv_at_us(self) -> int:
         """When the new KV cache exists: kv_cache_init (profiled), kv_cache_extend (extensible)."""
         name = "kv_cache_extend" if self.flags.extensible else "kv_cache_init"
-        p = self.sites._phase(name) or self.sites._phase("kv_cache_init")
+        p = self.sites._phase(name)
+        sizing = self.sites.trace.facts.get(F.VLLM_KV_SIZING) or {}
+        if p is None and self.flags.extensible and sizing.get("num_blocks") == 0:
+            return _NEVER  # vLLM sized 0 blocks and refused: no KV cache was ever committed
+        p = p or self.sites._phase("kv_cache_init")
         return p.start_us if p is not None else _NEVER
 
     def _window_peak(self, curve: np.ndarray, start: int, end: int) -> tuple[int, int]:
@@ -724,6 +745,7 @@ class Suggestions:
     floor_bytes: int  # the predicted pre-KV peak with the most frugal flags tried + one request's KV cache
     floor_flags: list[str]
     tried: int
+    floor_outcome: Outcome | None = None  # the most frugal flags on this card (why nothing boots when the floor fits)
 
 
 def candidates(rec: Flags, extensible_known: bool) -> list[dict]:
@@ -746,7 +768,7 @@ def suggest(sites: Sites, capacity: int, *, keep_others: bool = False, others_by
             cal: Calibration | None = None, top: int = 8, base: Flags | None = None) -> Suggestions:  # fmt: skip
     """The changes (one, else two at once) to ``base`` (default: the recorded flags) that boot on ``capacity``."""
     rec = base or sites.flags
-    ext_known = str(sites.trace.facts.get(F.VLLM_VERSION) or "") >= "0.34"
+    ext_known = _version_at_least(sites.trace, (0, 34))
     singles = candidates(rec, ext_known)
     card = dict(keep_others=keep_others, others_bytes=others_bytes)
     recorded_outcome = WhatIf(sites, rec, cal).on(capacity, **card)
@@ -773,7 +795,8 @@ def suggest(sites: Sites, capacity: int, *, keep_others: bool = False, others_by
     w = WhatIf(sites, frugal, cal)
     per, tpb = w.per_block
     one = math.ceil(rec.max_model_len / tpb) * per if per else 0
-    return Suggestions(capacity, recorded_outcome, booting[:top], w.pre_kv[0] + one, frugal.changes(rec), tried)
+    return Suggestions(capacity, recorded_outcome, booting[:top], w.pre_kv[0] + one, frugal.changes(rec), tried,
+                       w.on(capacity, **card))  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -829,6 +852,7 @@ def answer_to_dict(a: Answer) -> dict:
             p["kinds"] = {k: {"recorded_bytes": v[0], "predicted_bytes": v[1]} for k, v in p["kinds"].items()}
             p["sites"] = {k: [{"site": s, "bytes": b} for s, b in v] for k, v in p["sites"].items()}
     for s in d["suggestions"]:
-        for x in [s["recorded"], *(b["outcome"] for b in s["booting"])]:
-            x.pop("phases")
+        for x in [s["recorded"], *(b["outcome"] for b in s["booting"]), s["floor_outcome"]]:
+            if x is not None:
+                x.pop("phases")
     return d
