@@ -20,6 +20,7 @@ from ..units import gib_number, gib_or_dash, signed_gib_number
 from . import cost_text, oom_text
 from .extensible_text import render_counters, render_extensible, render_vmm
 from .kv_text import render_non_kv
+from .metadata_text import render_metadata
 from .non_torch_text import render_non_torch
 
 _TIMES = "Times are seconds since the run's time origin (the 'times' line: one origin for every rank and output)."
@@ -392,6 +393,7 @@ def render_report(summary: Summary, file: TextIO, width: int = 100, markdown: bo
         out.heading("Peak")
         out.item("none: no allocator events were recorded, so there is no peak and no target was kept or crossed")
     _holders(out, summary)
+    render_metadata(out, summary)
     render_non_torch(out, summary)
     _hooks(out, summary)
     render_non_kv(out, summary)

@@ -98,6 +98,8 @@ def _landmarks(a: AnalysedRank) -> list[dict[str, Any]]:
                     "phase": a.oom.phase_path})  # fmt: skip
     for p in s.phases:
         out.append({"name": f"end {p.name}", "event": event_at(times, p.end_us), "time_us": p.end_us})
+    for m in s.user_metadata:  # torch's _set_memory_metadata labels: where each began
+        out.append({"name": f"label {m.value}", "event": event_at(times, m.first_us), "time_us": m.first_us})
     return out
 
 

@@ -48,6 +48,7 @@ from .reconcile import KvReconciliation, NonKv, non_kv
 from .self_cost import SelfCost, self_cost
 from .target import Target, describe, resolve_target
 from .torch_counters import CounterCheck, counter_checks
+from .user_metadata import MetadataSpan, metadata_spans
 from .vmm import VmmSummary
 from .vmm import summary as vmm_summary
 
@@ -176,6 +177,8 @@ class Summary:
     self_cost: SelfCost = field(default_factory=lambda: SelfCost(recorded=False))
     #: how well the peaks are known (``quantities.peak_bound``): "at least" for a snapshot of one moment
     peak_bound: PeakBound = field(default_factory=lambda: PeakBound(False))
+    #: the user's labels on allocator events (``analysis.user_metadata``, torch's ``_set_memory_metadata``)
+    user_metadata: list[MetadataSpan] = field(default_factory=list)
 
     @property
     def truncated(self) -> bool:
@@ -313,6 +316,7 @@ def summarize(
         whole_device_peak_bytes=whole_device_peak(curves) if len(curves.others) and curves.has_device else None,
         self_cost=self_cost(trace),
         peak_bound=peak_bound(trace.facts),
+        user_metadata=metadata_spans(trace),
     )
 
 
