@@ -79,3 +79,17 @@ def test_a_profile_without_memory_events_is_one_line(tmp_path, capsys):
     assert main(["report", str(d)]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "no [memory] events" in err[0] and "profile_memory=True" in err[0]
+
+
+def test_two_profiling_sessions_in_one_folder_are_two_runs_each_file_named_once(vllm_dir, capsys):
+    d, doc = vllm_dir
+    (d / "vm_1660.async_llm.1796386104000000002.pt.trace.json.gz").unlink()
+    (d / "dp0_pp0_tp1_dcp0_ep0_rank1.1796386104000000001.pt.trace.json.gz").unlink()
+    doc["baseTimeNanoseconds"] += 60_000_000_000  # /start_profile again a minute later: the same rank, anew
+    later = "dp0_pp0_tp0_dcp0_ep0_rank0.1796386164000000000.pt.trace.json.gz"
+    with gzip.open(d / later, "wt") as f:
+        json.dump(doc, f)
+    assert main(["report", str(d)]) == 2
+    (line,) = capsys.readouterr().err.strip().splitlines()
+    assert "holds two separate runs (rank 0 twice)" in line
+    assert line.count(later) == 2  # once as the later run, once in the mv command (not once per trace in it)

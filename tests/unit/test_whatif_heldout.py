@@ -40,10 +40,13 @@ def test_the_small_cards_death_is_predicted_in_profile_run_past_torchs_shortfall
     out = " ".join(capsys.readouterr().out.split())
     by = float(re.search(r"DIES in determine_available_memory/profile_run by ([\d.]+) GiB", out).group(1))
     assert by * 1024 >= asked - free  # the whole phase's overshoot covers the first request that failed
-    assert "No flag tried helps" in out and "vLLM refuses in kv_cache_sizing" in out
+    # the extensible cache has no rescue there; the profiled one at a utilization the card allows has
+    rescue = "1. --max-num-batched-tokens 1024 --gpu-memory-utilization 0.0835 --no-enable-extensible-kv-cache"
+    assert f"{rescue}: KV cache 0.38 GiB, 786 blocks" in out
+    assert "2. --max-num-batched-tokens 2048 --gpu-memory-utilization 0.0835 --no-enable-extensible-kv-cache" in out
 
 
-def test_the_hand_picked_rescue_is_predicted_to_be_refused_as_vllm_did():
+def test_the_hand_picked_rescue_is_predicted_to_be_refused_and_suggest_names_one(capsys):
     """small-r2048 (g08's flags on the small card): vLLM read 1,295,581,184 B free after warm-up, sized 0 blocks."""
     s = sites("g08")
     o = W.WhatIf(s, s.flags).on(CARD, others_bytes=CARD - FREE)
@@ -51,6 +54,10 @@ def test_the_hand_picked_rescue_is_predicted_to_be_refused_as_vllm_did():
     vllm_free = sites("small-r2048").trace.facts["vllm.kv_cache_sizing"]["free_memory_bytes"]
     predicted_free = int(re.search(r"free after warm-up ([\d,]+) B", o.kv.how).group(1).replace(",", ""))
     assert abs(predicted_free - vllm_free) <= 0.02 * vllm_free
+    args = ["fits", str(GRID.run_dir("g08")), "--capacity", str(CARD), "--others", str(CARD - FREE), "--suggest"]
+    assert main(args) == 1
+    out = " ".join(capsys.readouterr().out.split())
+    assert "1. --gpu-memory-utilization 0.0835 --no-enable-extensible-kv-cache: KV cache 0.92 GiB, 1,893 blocks" in out
 
 
 def test_suggest_names_a_profiled_rescue_on_the_small_card(capsys):
@@ -86,7 +93,8 @@ def test_the_view_of_a_start_up_vllm_refused_says_what_would_make_it_boot(tmp_pa
     assert boot.startswith(
         "On the recorded card (139.80 GiB), with the recorded flags: vLLM REFUSES at kv_cache_sizing"
     )
-    assert "0.25 GiB short" in boot and "No flag tried helps" in boot
+    assert "0.25 GiB short" in boot
+    assert "1. --gpu-memory-utilization 0.0835 --no-enable-extensible-kv-cache: KV cache 0.92 GiB, 1,893 blocks" in boot
 
 
 def test_the_table_in_docs_is_the_one_the_checks_give():

@@ -608,8 +608,7 @@ class WhatIf:
             src = "vLLM's post-warm-up inputs as recorded, moved to this card and these flags"
         else:  # recorded profiled: vLLM's inputs rebuilt from the curve (an estimate)
             prof = f.get(F.VLLM_PROFILE) or {}
-            init = prof.get("init_snapshot") or {}
-            init_used = int(init.get("total_memory", 0)) - int(init.get("free_memory", 0))
+            init_used = own_init_used(self.sites.trace)
             init_free = capacity - others - init_used
             free = capacity - others - int(self.no_kv[j])
             committed, transient = 0, int((prof.get("peak_activation_memory_bytes") or 0) * tr)
@@ -649,8 +648,7 @@ class WhatIf:
             ph = path_at(self.sites.trace, t)
             why = "before the KV cache is sized: --gpu-memory-utilization cannot help there"
             return Outcome(**common, verdict=DIES, phase=ph, by_bytes=pre_peak - room, why=why, kv=kv, phases=phases)
-        init = (self.sites.trace.facts.get(F.VLLM_PROFILE) or {}).get("init_snapshot") or {}
-        init_used = int(init.get("total_memory", 0)) - int(init.get("free_memory", 0))
+        init_used = own_init_used(self.sites.trace)
         requested = math.ceil(self.flags.util * capacity)
         if not self.flags.extensible and init_used and requested > room - init_used:
             why = f"free memory at start-up ({room - init_used:,} B) is less than util x card ({requested:,} B)"
@@ -681,6 +679,14 @@ class WhatIf:
             return Outcome(**common, verdict=DIES, phase=path_at(self.sites.trace, t), by_bytes=by, why=why, kv=kv,
                            phases=phases)  # fmt: skip
         return Outcome(**common, verdict=BOOTS, phase="", by_bytes=0, why="", kv=kv, phases=phases)
+
+
+def own_init_used(trace) -> int:
+    """What this process used at vLLM's init snapshot (its CUDA context...): the card's used memory then, less
+    what other processes held on the recorded card (0 when vLLM's snapshot was not recorded)."""
+    init = (trace.facts.get(F.VLLM_PROFILE) or {}).get("init_snapshot") or {}
+    used = int(init.get("total_memory", 0)) - int(init.get("free_memory", 0))
+    return max(used - recorded_others(trace), 0) if used > 0 else 0
 
 
 def recorded_others(trace) -> int:
@@ -748,8 +754,11 @@ class Suggestions:
     floor_outcome: Outcome | None = None  # the most frugal flags on this card (why nothing boots when the floor fits)
 
 
-def candidates(rec: Flags, extensible_known: bool) -> list[dict]:
-    """Single changes worth trying, each a dict of Flags fields."""
+def candidates(rec: Flags, extensible_known: bool, shared_util: float | None = None) -> list[dict]:
+    """Single changes worth trying, each a dict of Flags fields. ``shared_util``: on a card other processes
+    share, the largest utilization vLLM's start-up check lets through there, tried (and 4 steps of 0.002 below
+    it, room for the warm-up after the KV cache) with the profiled KV cache: the extensible one keeps a
+    post-warm-up margin no flag makes room for on a nearly full card."""
     out: list[dict] = []
     out += [{"max_num_batched_tokens": v} for v in (1024, 2048, 4096, 8192) if v < rec.max_num_batched_tokens]
     out += [{"max_num_seqs": v} for v in (1, 2, 4, 8, 16, 32, 64, 128) if v < rec.max_num_seqs]
@@ -761,7 +770,22 @@ def candidates(rec: Flags, extensible_known: bool) -> list[dict]:
     out += [{"gpu_memory_utilization": u} for u in (0.8, 0.85, 0.9, 0.95, 0.98) if u != rec.util]
     if extensible_known:
         out.append({"extensible": not rec.extensible})
+    if shared_util is not None and shared_util < rec.util:  # the largest, and below it room for the warm-up
+        profiled = {"extensible": False} if extensible_known else {}
+        for u in sorted({round(shared_util - 0.002 * k, 4) for k in range(5)}, reverse=True):
+            if u > 0:
+                out.append({"gpu_memory_utilization": u, **profiled})
     return out
+
+
+def shared_utilization(sites: Sites, capacity: int, others: int) -> float | None:
+    """The largest utilization (4 decimals, rounded down) whose request fits what is free at vLLM's start-up
+    on a card where other processes hold ``others`` bytes (None: the card is not shared, or unknown)."""
+    init_used = own_init_used(sites.trace)
+    if others <= 0 or not init_used or capacity <= 0:
+        return None
+    u = math.floor((capacity - others - init_used) / capacity * 10_000) / 10_000
+    return u if u > 0 else None
 
 
 def suggest(sites: Sites, capacity: int, *, keep_others: bool = False, others_bytes: int | None = None,
@@ -769,8 +793,9 @@ def suggest(sites: Sites, capacity: int, *, keep_others: bool = False, others_by
     """The changes (one, else two at once) to ``base`` (default: the recorded flags) that boot on ``capacity``."""
     rec = base or sites.flags
     ext_known = _version_at_least(sites.trace, (0, 34))
-    singles = candidates(rec, ext_known)
     card = dict(keep_others=keep_others, others_bytes=others_bytes)
+    others = others_bytes if others_bytes is not None else recorded_others(sites.trace) if keep_others else 0
+    singles = candidates(rec, ext_known, shared_utilization(sites, capacity, others))
     recorded_outcome = WhatIf(sites, rec, cal).on(capacity, **card)
     booting: list[Suggestion] = []
     tried = 0
