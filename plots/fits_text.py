@@ -9,7 +9,7 @@ Every outcome the analysis can give (``analysis.fits.OUTCOMES``) has its own wor
 from __future__ import annotations
 
 from ..analysis.fits import DIED, FITS, NO_KV, NO_KV_CACHE, OOM, REFUSED, UNKNOWN, Fit
-from ..analysis.quantities import ONE_MOMENT, PeakBound
+from ..analysis.quantities import AT_ONE_MOMENT, ONE_MOMENT, PeakBound
 from ..analysis.reconcile import PRE_KV_PEAK
 from ..facts import KV_SIZED_EXTENSIBLE as EXTENSIBLE
 from ..units import format_gib as _gib
@@ -52,6 +52,16 @@ def _oom_facts(r: Fit) -> str:
     return f"the recorded run died of CUDA OOM {oom_text.where(o)}: {oom_text.details(o)}"
 
 
+def _moment_verdict(r: Fit) -> str:
+    """A table row's phrase for an input of one moment: what was held then fits the card or not, at that
+    moment (it has no phases, no KV sizing, no transient)."""
+    if r.outcome == FITS:
+        return f"fits {AT_ONE_MOMENT}, {_gib(r.headroom_bytes)} to spare"
+    if r.outcome == OOM:
+        return f"OOM {AT_ONE_MOMENT}: what was held then is {_gib(r.overshoot_bytes)} more than the card"
+    return _verdict(r)
+
+
 def _verdict(r: Fit) -> str:
     """One short phrase for a table row."""
     if r.outcome == FITS and r.kv_sizing == EXTENSIBLE:
@@ -88,7 +98,12 @@ def _answer(r: Fit, moment: bool = False) -> list[str]:
     """The one-capacity answer: the headline line and its explanation (``moment``: the input is one moment)."""
     head = HEADLINE[r.outcome]
     if r.outcome == FITS and r.stage == NO_KV_CACHE and moment:
-        return [f"{head} at that moment: what was held then fits, {_gib(r.headroom_bytes)} to spare"]
+        return [f"{head} {AT_ONE_MOMENT}: what was held then fits, {_gib(r.headroom_bytes)} to spare"]
+    if r.outcome == OOM and moment:
+        return [
+            f"{head} {AT_ONE_MOMENT}: what was held then, {_gib(r.pre_kv_peak_bytes)}, is "
+            f"{_gib(r.overshoot_bytes)} more than the card"
+        ]
     if r.outcome == FITS and r.stage == NO_KV_CACHE:
         return [f"{head}: its whole recording fits (no KV cache), {_gib(r.headroom_bytes)} to spare at its peak"]
     if r.outcome == FITS and r.kv_sizing == EXTENSIBLE:
@@ -154,6 +169,18 @@ def _answer(r: Fit, moment: bool = False) -> list[str]:
     raise ValueError(f"no words for fits outcome {r.outcome!r}")
 
 
+def _moment_lines(results: list[Fit]) -> list[str]:
+    """The answer for an input of one moment: per card, whether what was held then fits; no utilization,
+    KV cache or phase (the moment has none of them)."""
+    r = results[0]
+    held = f"held {AT_ONE_MOMENT}: {_gib(r.pre_kv_peak_bytes)} (the peak at any other time is not in the input)"
+    if len(results) == 1:
+        return [f"On a {_gib(r.capacity_bytes)} card:", *(_wrapped("  ", x) for x in _answer(r, True)), f"  {held}"]
+    lines = [f"  {'capacity':>10}  outcome"]
+    lines += [f"  {_gib(x.capacity_bytes):>10}  {_moment_verdict(x)}" for x in results]
+    return [*lines, f"  {held}"]
+
+
 def _blocks(r: Fit) -> str:
     tokens = f", {r.kv_tokens:,} tokens" if r.kv_tokens is not None else ""
     return f"{r.kv_blocks:,} blocks{tokens}" if r.kv_blocks is not None else "blocks unknown"
@@ -194,7 +221,9 @@ def render_fits(results: list[Fit], run_path: str, smallest: int | None, bound: 
     if bound is not None and bound.lower_bound:
         lines.append(_wrapped("", f"The input is {bound.why}. {MOMENT_ANSWER if moment else MISSING_ANSWER}"))
     r = results[0]
-    if len(results) == 1:
+    if moment:
+        lines += _moment_lines(results)
+    elif len(results) == 1:
         lines.append(
             f"On a {_gib(r.capacity_bytes)} card at --gpu-memory-utilization {r.util:g} "
             f"(vLLM may fill {_gib(r.target_bytes)}):"
@@ -236,7 +265,9 @@ def render_fits(results: list[Fit], run_path: str, smallest: int | None, bound: 
             )
         )
     if smallest is not None and moment:
-        lines.append(f"Smallest card that moment fits on at that utilization: about {_gib(smallest)} (at least)")
+        lines.append(
+            f"Smallest card that moment fits on: about {_gib(smallest)} (at least: another moment may hold more)"
+        )
     elif smallest is not None:
         lines.append(f"Smallest card this start-up fits on at that utilization: about {_gib(smallest)}")
     elif r.recorded_oom is not None:

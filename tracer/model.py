@@ -321,9 +321,14 @@ class Trace:
 
     @property
     def label(self) -> str:
-        """A short name for this process in reports: ``rank 0``, ``pid 1234``, ``pinned host``, ``host``."""
+        """A short name for this process in reports: ``rank 0``, ``pid 1234``; a host memory trace names its
+        process too (``host (CPU) of rank 0``, ``host (CPU) of pid 1234``, ``pinned host``: a snapshot names
+        no process), so the host traces of several processes never share one label."""
         if self.process.role in HOST_ROLES:
-            return HOST_ROLES[self.process.role]
+            what = HOST_ROLES[self.process.role]
+            if self.process.rank is not None:
+                return f"{what} of rank {self.process.rank}"
+            return f"{what} of pid {self.process.pid}" if self.process.pid else what
         if self.process.rank is not None:
             return f"rank {self.process.rank}"
         return f"pid {self.process.pid}"

@@ -24,6 +24,9 @@ from pathlib import Path
 from .errors import UsageError
 from .packed import is_trace_name, strip_trace_suffix
 
+#: A profiler trace's suffixes, longest first (``importers.kineto`` reads them).
+_PROFILER_SUFFIXES = (".pt.trace.json.gz", ".pt.trace.json.xz", ".pt.trace.json", ".json.gz", ".json.xz", ".json")
+
 
 def run_name(run_path: str | os.PathLike) -> str:
     """The name outputs are called after: ``runs/startup/`` -> ``startup``, ``x.memtrace`` (or
@@ -33,7 +36,7 @@ def run_name(run_path: str | os.PathLike) -> str:
     name = p.resolve().name if p.name in ("", ".", "..") else p.name
     stripped = strip_trace_suffix(name)
     if stripped == name:
-        for suffix in (".pickle", ".pkl", ".pt.trace.json.gz", ".pt.trace.json", ".json.gz", ".json"):
+        for suffix in (".pickle", ".pkl", *_PROFILER_SUFFIXES):
             if name.lower().endswith(suffix):
                 stripped = name[: -len(suffix)]
                 break

@@ -53,7 +53,7 @@ def test_cpu_profile_allocated_equals_the_traces_total_allocated_at_every_memory
     doc = _doc(need(CPU_MLP))
     mem = _memory_events(doc, 0)
     (trace,) = traces_from_kineto_file(CPU_MLP)
-    assert trace.label == "host (CPU)" and trace.process.device_index is None
+    assert trace.label == "host (CPU) of pid 8286" and trace.process.device_index is None
     curves, _ = _check_totals(trace, mem)
     assert curves.allocated.peak_bytes == max(e["args"]["Total Allocated"] for e in mem) == 2_888_200
     assert len(mem) == 88
@@ -82,7 +82,7 @@ def test_report_and_import_of_a_profiler_trace(tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)
     assert main(["import", str(src)]) == 0
     t = load_trace(tmp_path / "cpu-mlp.memtrace")
-    assert t.label == "host (CPU)" and np.array_equal(t.events, traces_from_kineto_file(src)[0].events)
+    assert t.label == "host (CPU) of pid 8286" and np.array_equal(t.events, traces_from_kineto_file(src)[0].events)
     assert src.read_bytes() == before
 
 
@@ -104,7 +104,7 @@ def _cuda_variant():
 def test_every_cuda_device_is_a_rank_and_reserved_follows_total_reserved():
     doc = _cuda_variant()
     traces = traces_from_kineto(doc, source="variant")
-    assert [t.label for t in traces] == ["rank 0", "rank 1", "host (CPU)"]
+    assert [t.label for t in traces] == ["rank 0", "rank 1", "host (CPU) of pid 8286"]
     for t in traces[:2]:
         mem = [e for e in _memory_events(doc, 1) if e["args"]["Device Id"] == t.process.device_index]
         curves, reserved = _check_totals(t, mem)

@@ -9,7 +9,7 @@ import json
 from pathlib import Path
 
 import pytest
-from memtrace.analysis.quantities import ONE_MOMENT, peak_bound
+from memtrace.analysis.quantities import AT_ONE_MOMENT, ONE_MOMENT, peak_bound
 from memtrace.analysis.run import analyse
 from memtrace.cli import main
 from memtrace.importers.files import traces_from_snapshot_file
@@ -67,10 +67,28 @@ def test_fits_says_first_that_its_input_is_one_moment_and_answers_for_it(capsys)
     assert lines[1].startswith("The input is one moment: the allocator's state when the snapshot was taken")
     text = " ".join(" ".join(lines).split())
     assert "fits answers for that moment alone" in text
-    assert "SURVIVES at that moment: what was held then fits, 12.97 GiB to spare" in text
+    assert "SURVIVES at the snapshot's one moment: what was held then fits, 12.97 GiB to spare" in text
     assert "whole recording" not in text and "Smallest card that moment fits on" in text
     assert main(["fits", str(STATE), "--capacity", "8GiB", "--json"]) == 1
     assert json.loads(capsys.readouterr().out)["peak_bound"]["why"] == ONE_MOMENT
+
+
+def test_fits_rows_of_one_moment_speak_of_that_moment_not_of_a_phase(capsys):
+    assert main(["fits", str(need(STATE)), "--capacity", "8GiB,16GiB"]) == 1
+    out = capsys.readouterr().out
+    rows = [line for line in out.splitlines() if line.lstrip().startswith(("8.00 GiB", "16.00 GiB"))]
+    assert rows == [
+        f"    8.00 GiB  OOM {AT_ONE_MOMENT}: what was held then is 3.03 GiB more than the card",
+        f"   16.00 GiB  fits {AT_ONE_MOMENT}, 4.97 GiB to spare",
+    ]
+    assert "phase" not in out.split("fits answers for that moment alone")[1].replace("phases are not in it", "")
+    assert "KV" not in out.split("not in it")[-1] and "--gpu-memory-utilization" not in out
+    assert main(["fits", str(STATE), "--capacity", "8GiB"]) == 1
+    out = capsys.readouterr().out
+    assert f"DIES {AT_ONE_MOMENT}: what was held then, 11.03 GiB, is 3.03 GiB more than the card" in out
+    assert main(["fits", str(STATE), "--capacity", "8GiB", "--json"]) == 1
+    (row,) = json.loads(capsys.readouterr().out)["fits"]
+    assert (row["outcome"], row["phase"], row["overshoot_bytes"]) == ("oom", "", 11_844_714_496 - (8 << 30))
 
 
 def test_fits_of_a_history_has_no_moment_words(capsys):

@@ -51,7 +51,8 @@ def test_a_vllm_profiler_folder_is_one_run_of_its_workers(vllm_dir):
     d, doc = vllm_dir
     run = load_input(d)
     assert [(t.label, t.process.pid) for t in run.traces] == [
-        ("rank 0", 1662), ("rank 1", 1663), ("host (CPU)", 1662), ("host (CPU)", 1663), ("host (CPU)", 8286),
+        ("rank 0", 1662), ("rank 1", 1663), ("host (CPU) of pid 1662", 1662), ("host (CPU) of pid 1663", 1663),
+        ("host (CPU) of pid 8286", 8286),
     ]  # fmt: skip
     totals = [e["args"]["Total Allocated"] for e in doc["traceEvents"]
               if e.get("name") == "[memory]" and e["args"].get("Device Type") == 1]  # fmt: skip

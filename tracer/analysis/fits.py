@@ -312,7 +312,7 @@ def fit(
     # 3. pre-KV: the card-independent part must fit physically
     t = _first_crossing(trace, need, first_us, pre_end, capacity_bytes)
     if t is not None:
-        return result(OOM, path_at(trace, t) or "before the first phase", pre_peak - capacity_bytes, "pre-KV")
+        return result(OOM, path_at(trace, t), pre_peak - capacity_bytes, "pre-KV")  # "": outside any phase
     if oom is not None and (lm.kv_end_us is None or oom.time_us < lm.kv_end_us):  # died before the KV cache
         return _at_oom(rec, capacity_bytes, target, 0, result)
     if lm.sizing_end_us is None and not F.is_vllm(trace.facts):  # a program with no KV cache: all of it fits

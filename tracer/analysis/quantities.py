@@ -299,8 +299,17 @@ ONE_MOMENT = (
     "then, block by block; it cannot show a peak, a transient before or after that moment, phases or when "
     "anything happened"
 )
+#: When a verdict about a trace of one moment holds (fits' answer and table rows): that moment, never a phase.
+AT_ONE_MOMENT = "at the snapshot's one moment"
 #: What a trace imported without its allocator state (``state == "missing"``) cannot answer.
 STATE_MISSING = "imported without the allocator's state: memory present before its history began is not counted"
+
+#: What a torch.profiler trace of the CPU (``facts["import"]`` format "kineto", memory "host") counts: torch's
+#: CPU allocator reports allocations and totals only from the moment the profiler started.
+CPU_PROFILED = (
+    "the CPU's memory as torch.profiler counts it: only what was allocated while it profiled (torch keeps no "
+    "total of the CPU memory held before it started, such as a CPU worker's weights and KV cache)"
+)
 
 
 @dataclass(frozen=True)
@@ -308,7 +317,7 @@ class PeakBound:
     """How well a trace's peaks are known: exact, or a lower bound and why (the words every output uses)."""
 
     lower_bound: bool
-    why: str = ""  # "" when exact: :data:`ONE_MOMENT` or :data:`STATE_MISSING`
+    why: str = ""  # "" when exact: :data:`ONE_MOMENT`, :data:`STATE_MISSING` or :data:`CPU_PROFILED`
 
     @property
     def words(self) -> str:
@@ -318,17 +327,38 @@ class PeakBound:
 
 def peak_bound(facts: dict) -> PeakBound:
     """The :class:`PeakBound` of a trace with these ``facts``: a lower bound for an imported snapshot of one
-    moment (the peak may have been higher at any other time) or one without its allocator state; else exact."""
+    moment (the peak may have been higher at any other time), one without its allocator state, or a profiler
+    trace of the CPU (what was held before the profiler started is not in it); else exact."""
     from .. import facts as F
 
-    state = (facts.get(F.IMPORT) or {}).get("state")
+    imported = facts.get(F.IMPORT) or {}
+    state = imported.get("state")
     if state == "moment":
         return PeakBound(True, ONE_MOMENT)
     if state == "missing":
         return PeakBound(True, STATE_MISSING)
+    if imported.get("format") == "kineto" and imported.get("memory") == "host":
+        return PeakBound(True, CPU_PROFILED)
     return PeakBound(False)
 
 
 def is_one_moment(facts: dict) -> bool:
     """True for an imported snapshot of allocator state alone (no history): :data:`ONE_MOMENT`."""
     return peak_bound(facts).why == ONE_MOMENT
+
+
+# -- which memory a trace holds ---------------------------------------------------------------------------
+
+#: What a trace's memory is, by ``Process.role`` (the device's unless the role says host): the words titles
+#: and headers use, so a profiler trace of the CPU is never called GPU memory.
+MEMORY_OF_ROLE = {"host": "CPU (host) memory", "pinned-host": "pinned host memory"}
+DEVICE_MEMORY = "GPU memory"
+
+
+def memory_of(traces) -> str:
+    """What the memory of ``traces`` is: "GPU memory", "CPU (host) memory", "pinned host memory", or
+    "GPU and CPU (host) memory" (one name per kind, in order) for a run that holds several kinds."""
+    kinds = list(dict.fromkeys(MEMORY_OF_ROLE.get(t.process.role, DEVICE_MEMORY) for t in traces))
+    if len(kinds) == 1:
+        return kinds[0]
+    return " and ".join([k.removesuffix(" memory") for k in kinds[:-1]] + [kinds[-1]])

@@ -12,13 +12,16 @@ from __future__ import annotations
 from .. import facts as F
 from ..units import format_bytes, format_gib
 from .fingerprint import describe_run
+from .quantities import memory_of
 
 
 def what_ran(run) -> str:
     """``GPU memory during start-up`` for a run memtrace recorded, ``GPU memory`` for imported PyTorch
-    snapshots (a training step, an inference loop: nothing says it is a start-up)."""
+    snapshots (a training step, an inference loop: nothing says it is a start-up), ``CPU (host) memory`` for
+    a profiler trace of the CPU (``quantities.memory_of``)."""
     imported = all(isinstance(r.trace.facts.get(F.IMPORT), dict) for r in run.ranks)
-    return "GPU memory" if imported else "GPU memory during start-up"
+    memory = memory_of([r.trace for r in run.ranks])
+    return memory if imported else f"{memory} during start-up"
 
 
 def died_prefix(rank, multi: bool = False, where: bool = True) -> str:
@@ -66,7 +69,7 @@ def flame_titles(rank, flame, moment, fallback: str = "") -> tuple[str, str]:
         title = f"Allocated since {moment.since_what} and still live at {moment.what}: {secs:.3f} s{where}"
     else:
         at = moment.what if moment.what == f"{secs:.3f} s" else f"{moment.what}: {secs:.3f} s"  # --at 179.5: once
-        title = f"Live GPU memory at {at}{where}"
+        title = f"Live {memory_of([trace])} at {at}{where}"
     k = moment.event_index
     reserved = int(curves.reserved.bytes[k + 1]) if k is not None else curves.reserved.at(moment.time_us)
     allocated = int(curves.allocated.bytes[k + 1]) if k is not None else curves.allocated.at(moment.time_us)

@@ -208,17 +208,40 @@ def load_input(
 def _profiler_run(folder: Path) -> Run | None:
     """A folder of torch.profiler traces and no memtrace trace (vLLM's ``torch_profiler_dir``: one
     ``[prefix_]dp0_pp0_tp0_dcp0_ep0_rank<N>.<ns>.pt.trace.json.gz`` per worker, the API server's
-    ``<host>_<pid>.async_llm.<ns>.pt.trace.json.gz``) as one run; None for any other folder. A file
-    without memory events (recorded without ``torch_profiler_with_memory``) is one error line."""
+    ``<host>_<pid>.async_llm.<ns>.pt.trace.json.gz``) as one run; None for any other folder. Files without
+    memory events (vLLM's API server allocates no tensor while profiled) are named in one warning line; when
+    no file has any (recorded without ``torch_profiler_with_memory``), that is one error line. A folder that
+    holds memtrace traces too is read as a run of them, and its profiler files are named as not read."""
     from ..packed import is_trace_name
-    from .kineto import profiler_files, traces_from_kineto_file
+    from .kineto import NoMemoryEvents, profiler_files, traces_from_kineto_file
 
-    if any(is_trace_name(f.name) for f in folder.iterdir()):
-        return None
     files = profiler_files(folder)
+    if any(is_trace_name(f.name) for f in folder.iterdir()):
+        if files:
+            names = ", ".join(f.name for f in files)
+            print(
+                f"memtrace: warning: {folder}: not read: {names} (torch.profiler traces beside memtrace traces are "
+                f"not one run with them; read them on their own: memtrace report {files[0]})",
+                file=sys.stderr,
+            )
+        return None
     if not files:
         return None
-    traces = [t for f in files for t in traces_from_kineto_file(f)]
+    traces, empty = [], []
+    for f in files:
+        try:
+            traces += traces_from_kineto_file(f)
+        except NoMemoryEvents as exc:
+            empty.append((f, exc))
+    if not traces:
+        raise empty[0][1]
+    if empty:
+        names = ", ".join(f.name for f, _ in empty)
+        print(
+            f"memtrace: warning: {folder}: not read: {names} (no [memory] events: nothing was allocated there "
+            "while profiled, or it was profiled without profile_memory)",
+            file=sys.stderr,
+        )
     traces.sort(key=lambda t: (t.process.rank if t.process.rank is not None else 1 << 30, t.process.pid))
     return Run(path=str(folder), traces=traces)
 

