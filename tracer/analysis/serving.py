@@ -145,8 +145,11 @@ def window_doc(ws: WindowSummary) -> dict[str, Any]:
             "reserved_unused": ws.reserved_unused_bytes,
         },
         "growth": [
-            {"site": None if g.frame is None else f"{g.frame.filename}:{g.frame.line} {g.frame.name}",
-             "bytes": g.bytes, "count": g.count}
+            {
+                "site": None if g.frame is None else f"{g.frame.filename}:{g.frame.line} {g.frame.name}",
+                "bytes": g.bytes,
+                "count": g.count,
+            }
             for g in ws.growth
         ],  # fmt: skip
         "oom": ws.oom,

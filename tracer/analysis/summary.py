@@ -46,6 +46,7 @@ from .phases import PhaseStats, path_at, phase_stats, recording_span
 from .quantities import fullest_at_peak, in_vllm_terms, peak, whole_device_peak
 from .reconcile import KvReconciliation, NonKv, non_kv
 from .self_cost import SelfCost, self_cost
+from .serving import WindowSummary, window_summary
 from .target import Target, describe, resolve_target
 from .torch_counters import CounterCheck, counter_checks
 from .vmm import VmmSummary
@@ -174,6 +175,8 @@ class Summary:
     whole_device_peak_bytes: int | None = None
     #: what memtrace cost the program (``analysis.self_cost``); ``recorded`` False in an older trace
     self_cost: SelfCost = field(default_factory=lambda: SelfCost(recorded=False))
+    #: the serving window after start-up (``analysis.serving``); None for a start-up-only trace
+    window: WindowSummary | None = None
 
     @property
     def truncated(self) -> bool:
@@ -310,6 +313,7 @@ def summarize(
         vllm=in_vllm_terms(trace.facts),
         whole_device_peak_bytes=whole_device_peak(curves) if len(curves.others) and curves.has_device else None,
         self_cost=self_cost(trace),
+        window=window_summary(trace),
     )
 
 
@@ -407,4 +411,10 @@ def _plain(obj: Any) -> Any:
 
 def summary_to_dict(summary: Summary) -> dict[str, Any]:
     """A JSON-ready dict of ``summary``: exact integers of bytes and microseconds, nothing rounded."""
-    return _plain(summary)
+    if summary.window is None:
+        return _plain(summary)
+    from dataclasses import replace
+
+    from .serving import window_doc
+
+    return {**_plain(replace(summary, window=None)), "window": _plain(window_doc(summary.window))}

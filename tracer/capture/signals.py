@@ -54,7 +54,7 @@ def _handler(signum: int, frame: Any) -> None:
         try:
             if signum == signal.SIGINT:
                 session.add_note("info", "SIGINT received")
-                if not session.write_window("signal:SIGINT"):
+                if getattr(session, "serving", None) is None or not session.write_window("signal:SIGINT"):
                     session.flush()
             else:
                 session.close(f"signal:{name}")
