@@ -208,6 +208,10 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError(f"{run_dir} already holds traces; choose another --dir or pass --force to add to it")
     if args.cupti in ("records", "stacks"):
         check_cupti_available()
+    if args.until == "serving":  # a bad serving knob is the user's error, said before vLLM starts
+        from ..capture import serving
+
+        serving.knobs()
     env = child_environment(dict(os.environ), run_dir, args.until, command, args.cupti)
     print(f"memtrace: tracing into {run_dir} (until {args.until})", file=sys.stderr)
     if env.get("VLLM_PLUGINS") != os.environ.get("VLLM_PLUGINS"):
