@@ -13,14 +13,35 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
+from memtrace import facts as F
 from memtrace.plugins import vllm as plugin
 from memtrace.plugins import vllm_facts, vllm_phases
-from memtrace.plugins.surface import Entry, parse_version
-from memtrace.plugins.surface import phase_targets as targets_for
-from memtrace.plugins.vllm_phases import PHASE_ORDER
+from memtrace.plugins.surface import Entry, of_role, parse_version
 from vllm_source import target_defined
 
+
+def targets_for(version):
+    """The phase entries of the surface table that exist in vLLM ``version`` (all when it is None)."""
+    return [e for e in of_role("phase") if e.applies_to(version)]
+
+
 TARGETS = tuple(targets_for(None))
+#: Every phase name the plugin records, in start-up order (vllm_phases' constants).
+PHASE_ORDER = (
+    vllm_phases.INIT_DEVICE,
+    vllm_phases.LOAD_MODEL,
+    vllm_phases.DETERMINE_AVAILABLE_MEMORY,
+    vllm_phases.PROFILE_RUN,
+    vllm_phases.CUDAGRAPH_PROFILE,
+    vllm_phases.KV_CACHE_INIT,
+    vllm_phases.COMPILE_OR_WARM_UP,
+    vllm_phases.KERNEL_WARMUP,
+    vllm_phases.WARMUP_KERNELS,
+    vllm_phases.KV_CACHE_SIZING_WARMUP,
+    vllm_phases.CAPTURE_MODEL,
+    vllm_phases.KV_CACHE_SIZING,
+    vllm_phases.KV_CACHE_EXTEND,
+)
 
 
 def _fresh(code: str, env: dict[str, str]) -> subprocess.CompletedProcess:
@@ -32,13 +53,13 @@ def _fresh(code: str, env: dict[str, str]) -> subprocess.CompletedProcess:
 
 REGISTER = """
 import sys, json, os
-from memtrace.plugins.vllm import register, active_plugin
-register(); register()
-p = active_plugin()
+from memtrace.plugins import vllm
+vllm.register(); vllm.register()
+p = vllm._plugin  # the plugin register() installed
 print(json.dumps({
     "heavy": sorted(m for m in ("torch", "vllm", "matplotlib", "flashinfer") if m in sys.modules),
     "enabled": p is not None,
-    "watched": p.manager.watched_modules() if p else [],
+    "watched": sorted(p.manager._hooks) if p else [],  # the modules its post-import hook waits for
     "finders": sum(type(f).__name__ == "PostImportFinder" for f in sys.meta_path),
     "dir": os.environ.get("MEMTRACE_DIR"),
     "cmdline": json.loads(os.environ.get("MEMTRACE_CMDLINE", "null")),
@@ -233,8 +254,14 @@ def test_a_cuda_oom_crossing_phases_is_logged_once_as_vllms_error(caplog):
     class FakeSession:  # a fake: no CUDA here to make a real session run out of memory
         path = "/run/vm-pid7-rank0.memtrace"
 
+        def __init__(self):
+            self.facts = {}
+
         def phase_exit(self, index):
             pass
+
+        def set_fact(self, name, value):
+            self.facts[name] = value
 
     inner, outer = (next(t for t in TARGETS if t.phase == p) for p in ("profile_run", "determine_available_memory"))
     hooks = [vllm_phases.PhaseHook(None, inner), vllm_phases.PhaseHook(None, outer)]
@@ -242,9 +269,12 @@ def test_a_cuda_oom_crossing_phases_is_logged_once_as_vllms_error(caplog):
     with caplog.at_level(logging.WARNING, logger="memtrace"):
         for hook in hooks:  # innermost first, as the exception leaves them
             hook.after((0, None, FakeSession()), None, err)
-        vllm_phases.PhaseHook(None, TARGETS[0]).after((0, None, FakeSession()), None, ValueError("not an OOM"))
+        refused = FakeSession()
+        vllm_phases.PhaseHook(None, TARGETS[0]).after((0, None, refused), None, ValueError("not an OOM"))
     lines = [r.getMessage() for r in caplog.records]
     assert len(lines) == 1, lines
+    # an error other than OOM is not logged as one: it is kept as the start-up's error, for the verdict
+    assert refused.facts[F.VLLM_STARTUP_ERROR]["type"] == "ValueError"
     assert "profile_run" in lines[0] and "not memtrace's" in lines[0] and FakeSession.path in lines[0]
 
 

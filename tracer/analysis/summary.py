@@ -43,12 +43,13 @@ from .non_torch import NonTorchBreakdown, at_moments
 from .oom import Oom, find_oom
 from .origin import TimeOrigin
 from .phases import PhaseStats, path_at, phase_stats, recording_span
-from .quantities import fullest_at_peak, in_vllm_terms, peak, whole_device_peak
+from .quantities import PeakBound, fullest_at_peak, in_vllm_terms, peak, peak_bound, whole_device_peak
 from .reconcile import KvReconciliation, NonKv, non_kv
 from .self_cost import SelfCost, self_cost
 from .serving import WindowSummary, window_summary
 from .target import Target, describe, resolve_target
 from .torch_counters import CounterCheck, counter_checks
+from .user_metadata import MetadataSpan, metadata_spans
 from .vmm import VmmSummary
 from .vmm import summary as vmm_summary
 
@@ -175,6 +176,10 @@ class Summary:
     whole_device_peak_bytes: int | None = None
     #: what memtrace cost the program (``analysis.self_cost``); ``recorded`` False in an older trace
     self_cost: SelfCost = field(default_factory=lambda: SelfCost(recorded=False))
+    #: how well the peaks are known (``quantities.peak_bound``): "at least" for a snapshot of one moment
+    peak_bound: PeakBound = field(default_factory=lambda: PeakBound(False))
+    #: the user's labels on allocator events (``analysis.user_metadata``, torch's ``_set_memory_metadata``)
+    user_metadata: list[MetadataSpan] = field(default_factory=list)
     #: the serving window after start-up (``analysis.serving``); None for a start-up-only trace
     window: WindowSummary | None = None
 
@@ -313,6 +318,8 @@ def summarize(
         vllm=in_vllm_terms(trace.facts),
         whole_device_peak_bytes=whole_device_peak(curves) if len(curves.others) and curves.has_device else None,
         self_cost=self_cost(trace),
+        peak_bound=peak_bound(trace.facts),
+        user_metadata=metadata_spans(trace),
         window=window_summary(trace),
     )
 
