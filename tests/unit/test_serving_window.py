@@ -17,8 +17,8 @@ from memtrace.capture import registry as R
 from memtrace.capture import serving, signals
 from memtrace.capture import session as S
 from memtrace.model import ACTION_CODE, SAMPLE_DTYPE, ServingWindow, Trace
-from memtrace.plots.memory_viz import snapshot_dict
 from memtrace.store import load_trace, save_trace
+from references import snapshot_dict
 
 FULL = Path(__file__).parents[1] / "data" / "h200" / "startup-full" / "vm-pid457.memtrace"
 PHASES = ("load_model", "profile_run", "kv_cache_init", "capture_model")
