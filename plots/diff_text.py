@@ -9,10 +9,10 @@ from ..analysis.diff import KV_CACHE, VIA_VMM, nested_order
 from ..units import GiB, format_bytes
 from ..units import format_gib as _gib
 from . import oom_text
-from .format_spec import Format
+from .formats import of
 
 #: this module's output format(s) (``plots.format_spec``)
-FORMATS = (Format("diff", commands=("diff",)),)
+FORMATS = of(__name__)
 
 #: Fingerprint differences listed one per line; the rest are named on one line.
 SHOW_MISMATCHES = 8

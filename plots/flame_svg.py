@@ -35,10 +35,10 @@ from ..analysis.flame import HOOK_PREFIX, NON_TORCH, VMM_KV, Flame, FlameNode, b
 from ..analysis.flame_prefix import shared_prefix, stack_counts, without_prefix
 from ..analysis.moment import PEAK
 from ..units import format_bytes
-from .format_spec import Format
+from .formats import of
 
 #: this module's output format(s) (``plots.format_spec``)
-FORMATS = (Format("flame", "-flame.svg", (".svg",), commands=("flame",), choice="svg"),)
+FORMATS = of(__name__)
 
 WIDTH = 1200
 ROW = 18

@@ -6,11 +6,11 @@ from __future__ import annotations
 
 from ..analysis.whatif import BOOTS, DIES, GRAPHS, KV, REFUSES, SCALED, UNKNOWN, Answer, Outcome, Suggestions
 from ..units import format_gib as _gib
-from .format_spec import Format
+from .formats import of
 from .text import wrap
 
 #: this module's output format(s) (``plots.format_spec``)
-FORMATS = (Format("whatif", commands=("fits",)),)
+FORMATS = of(__name__)
 
 WIDTH = 100
 HEADLINE = {BOOTS: "BOOTS", DIES: "DIES", REFUSES: "vLLM REFUSES", UNKNOWN: "UNKNOWN"}
