@@ -43,6 +43,7 @@ from typing import IO, Any
 
 import numpy as np
 
+from ..analysis import quantities as Q
 from ..analysis.curves import Curve
 from ..analysis.flame import hook_short_name
 from ..analysis.landmarks import steady_non_torch
@@ -59,9 +60,9 @@ COUNTERS = (
     "allocated",
     "reserved",
     "device used",
-    "non-PyTorch",
-    "non-PyTorch seen by CUPTI",
-    "other processes",
+    Q.NON_TORCH.label,
+    f"{Q.NON_TORCH.label} seen by CUPTI",
+    Q.OTHERS.label,
     "target",
     "KV cache (CUDA VMM)",
     "VMM address space reserved (not memory)",

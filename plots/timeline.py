@@ -156,7 +156,9 @@ def crossing_text(rank: RankTimeline, t0_us: int) -> CrossingDrawn | None:
             f"{format_gib(other.max_bytes)} (+{format_gib(other.overshoot_bytes)})"
         )
     elif c.curve == "device_used":
-        lines.append(f"PyTorch reserved stayed below it (highest {format_gib(rank.crossings.reserved_max_bytes)})")
+        lines.append(
+            f"{quantities.RESERVED.label} stayed below it (highest {format_gib(rank.crossings.reserved_max_bytes)})"
+        )
     return CrossingDrawn(
         curve=c.curve,
         time_us=c.time_us,

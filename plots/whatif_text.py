@@ -4,6 +4,7 @@ boot, or the floor no flag goes under. Words only: every figure comes from the a
 
 from __future__ import annotations
 
+from ..analysis.quantities import OTHERS
 from ..analysis.whatif import BOOTS, DIES, GRAPHS, KV, REFUSES, SCALED, UNKNOWN, Answer, Outcome, Suggestions
 from ..units import format_gib as _gib
 from .formats import of
@@ -35,10 +36,10 @@ def _wrapped(indent: str, text: str) -> list[str]:
 
 def _card(o: Outcome, keep_others: bool) -> str:
     if o.others_bytes:
-        whose = "the recording's other processes" if keep_others else "other processes (--others)"
+        whose = f"the recording's {OTHERS}" if keep_others else f"{OTHERS} (--others)"
         return f"On a {_gib(o.capacity_bytes)} card with {whose} holding {_gib(o.others_bytes)} of it:"
     left = (
-        f"; the recording's other processes ({_gib(o.others_left_out_bytes)}) left out, --keep-others to keep them"
+        f"; the recording's {OTHERS} ({_gib(o.others_left_out_bytes)}) left out, --keep-others to keep them"
         if o.others_left_out_bytes
         else ""
     )
@@ -119,7 +120,7 @@ def _gets(o: Outcome) -> str:
 def no_flag_helps(s: Suggestions) -> str:
     """The honest negative: the floor no flag goes under."""
     others = s.recorded.others_bytes
-    room = f", {_gib(s.capacity_bytes - others)} of it free of other processes" if others else ""
+    room = f", {_gib(s.capacity_bytes - others)} of it free of {OTHERS}" if others else ""
     return (
         f"No flag helps: weights and workspaces alone need {_gib(s.floor_bytes)} (the pre-KV peak with "
         f"{' '.join(s.floor_flags)}, plus one request's KV cache at max-model-len), the card has {_gib(s.capacity_bytes)}{room}"
