@@ -7,10 +7,12 @@ from typing import Any
 
 from ..analysis import quantities as Q
 from ..analysis.diff import KV_CACHE, VIA_VMM, nested_order
+from ..analysis.quantities import ONE_MOMENT
 from ..units import GiB, format_bytes
 from ..units import format_gib as _gib
 from . import oom_text
 from .formats import of
+from .text import wrap
 
 #: this module's output format(s) (``plots.format_spec``)
 FORMATS = of(__name__)
@@ -99,6 +101,8 @@ def _render_one(d, multi: bool) -> list[str]:
         kv = {c.label: c for c in d.headline}.get(KV_CACHE)
         size = f" ({_gib(kv.base)} → {_gib(kv.new)})" if kv is not None and kv.base and kv.new else ""
         out += [f"The KV cache moved: allocated through {d.kv_via[0]} → {d.kv_via[1]}{size}", ""]
+    if d.one_moment:
+        out += [*_moment_lines(d.one_moment), ""]
     if d.environment_unknown:
         out += ["note: a run recorded no environment (GPU, versions, model, flags): comparability not checked", ""]
     out.append(f"Headline — {level}:")
@@ -145,6 +149,19 @@ _NO_STACKS = {
     "new": "the new run recorded no Python stacks",
     "both": "neither run recorded Python stacks",
 }
+
+
+def _moment_lines(sides: str) -> list[str]:
+    """What a diff with an input of one moment (``TraceDiff.one_moment``) compares, before any figure."""
+    which = {"both": "Both inputs are", "base": "The base input is", "new": "The new input is"}[sides]
+    what = (
+        "two states, each run's at the moment its snapshot was taken"
+        if sides == "both"
+        else "that moment's state with the other run's peak"
+    )
+    its = "Their" if sides == "both" else "Its"
+    text = f'{which} {ONE_MOMENT}. {its} "peak" figures below are that moment\'s (the peak was at least that), so this diff compares {what}, not two peaks'
+    return wrap(text, 98)
 
 
 def _render_sites(d) -> list[str]:
@@ -268,6 +285,7 @@ def diff_to_json(diffs: list, base_path: str, new_path: str) -> dict[str, Any]:
                 "comparable": d.comparable,
                 "mismatches": [{"field": k, "base": b, "new": n} for k, b, n in d.mismatches],
                 "environment_unknown": d.environment_unknown,
+                "one_moment": d.one_moment,
                 "new_oom": _oom_json(d.new_oom),
                 "new_empty": d.new_empty,
                 "headline": [change(c) for c in d.headline],

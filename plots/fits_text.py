@@ -9,6 +9,7 @@ Every outcome the analysis can give (``analysis.fits.OUTCOMES``) has its own wor
 from __future__ import annotations
 
 from ..analysis.fits import DIED, FITS, NO_KV, NO_KV_CACHE, OOM, REFUSED, UNKNOWN, Fit
+from ..analysis.quantities import ONE_MOMENT, PeakBound
 from ..analysis.reconcile import PRE_KV_PEAK
 from ..facts import KV_SIZED_EXTENSIBLE as EXTENSIBLE
 from ..units import format_gib as _gib
@@ -21,6 +22,13 @@ FORMATS = of(__name__)
 
 #: The width of the one-capacity answer (the table is as wide as it needs).
 WIDTH = 100
+
+#: What fits can answer for an input of one moment, and for one whose allocator state is missing.
+MOMENT_ANSWER = (
+    "fits answers for that moment alone: whether what was held then fits on the card; a higher peak at any "
+    "other time, the KV cache sizing and the start-up's phases are not in it"
+)
+MISSING_ANSWER = "Its peak is a lower bound, so a card it fits on is the least it needs, not a promise"
 
 #: The first word of the one-capacity answer, per outcome (also what tests compare with --json).
 HEADLINE = {
@@ -76,9 +84,11 @@ def _verdict(r: Fit) -> str:
     raise ValueError(f"no words for fits outcome {r.outcome!r}")
 
 
-def _answer(r: Fit) -> list[str]:
-    """The one-capacity answer: the headline line and its explanation."""
+def _answer(r: Fit, moment: bool = False) -> list[str]:
+    """The one-capacity answer: the headline line and its explanation (``moment``: the input is one moment)."""
     head = HEADLINE[r.outcome]
+    if r.outcome == FITS and r.stage == NO_KV_CACHE and moment:
+        return [f"{head} at that moment: what was held then fits, {_gib(r.headroom_bytes)} to spare"]
     if r.outcome == FITS and r.stage == NO_KV_CACHE:
         return [f"{head}: its whole recording fits (no KV cache), {_gib(r.headroom_bytes)} to spare at its peak"]
     if r.outcome == FITS and r.kv_sizing == EXTENSIBLE:
@@ -175,25 +185,28 @@ def _assumption(r: Fit) -> str:
     )
 
 
-def render_fits(results: list[Fit], run_path: str, smallest: int | None) -> str:
-    """The text answer: one paragraph for one capacity, a table for several."""
+def render_fits(results: list[Fit], run_path: str, smallest: int | None, bound: PeakBound | None = None) -> str:
+    """The text answer: one paragraph for one capacity, a table for several. ``bound``: how well the input's
+    peak is known (``quantities.peak_bound``); one moment is said before the answer, which is for it alone."""
     lines = [f"memtrace fits: {run_path}"]
+    moment = bound is not None and bound.why == ONE_MOMENT
+    least = bound.words if bound is not None else ""
+    if bound is not None and bound.lower_bound:
+        lines.append(_wrapped("", f"The input is {bound.why}. {MOMENT_ANSWER if moment else MISSING_ANSWER}"))
     r = results[0]
     if len(results) == 1:
         lines.append(
             f"On a {_gib(r.capacity_bytes)} card at --gpu-memory-utilization {r.util:g} "
             f"(vLLM may fill {_gib(r.target_bytes)}):"
         )
-        lines += [_wrapped("  ", line) for line in _answer(r)]
+        lines += [_wrapped("  ", line) for line in _answer(r, moment)]
         if r.kv_sizing == EXTENSIBLE:
             fixed = (
                 "card-independent: what the start-up needs before the KV cache, vLLM's reserves after warm-up "
                 "(the transient peak, PyTorch's reserve growth, the margin); the KV cache takes what is left"
             )
         elif r.non_kv_source == PRE_KV_PEAK:
-            fixed = (
-                f"card-independent: peak {_gib(r.pre_kv_peak_bytes)} {_in(r.pre_kv_peak_phase)} (no KV sizing recorded)"
-            )
+            fixed = f"card-independent: peak {least}{_gib(r.pre_kv_peak_bytes)} {_in(r.pre_kv_peak_phase)} (no KV sizing recorded)"
         else:
             fixed = (
                 f"card-independent: vLLM keeps {_gib(r.non_kv_bytes)} out of the KV cache ({r.non_kv_source}); "
@@ -209,7 +222,7 @@ def render_fits(results: list[Fit], run_path: str, smallest: int | None) -> str:
                 f"  {_gib(x.capacity_bytes):>10} {x.util:>5g} {_gib(x.target_bytes):>11} {_gib(x.non_kv_bytes):>10} "
                 f"{kv:>10} {_gib(x.post_kv_peak_bytes):>13}  {_verdict(x)}"
             )
-        lines.append(f"  pre-KV peak (every card): {_gib(r.pre_kv_peak_bytes)} {_in(r.pre_kv_peak_phase)}")
+        lines.append(f"  pre-KV peak (every card): {least}{_gib(r.pre_kv_peak_bytes)} {_in(r.pre_kv_peak_phase)}")
         lines.append(f"  non-KV: what vLLM keeps out of the KV cache ({r.non_kv_source})")
         if r.recorded_oom is not None:
             lines.append(f"  {_oom_facts(r)}")
@@ -222,7 +235,9 @@ def render_fits(results: list[Fit], run_path: str, smallest: int | None) -> str:
                 "above holds this process alone (--keep-others to keep them)",
             )
         )
-    if smallest is not None:
+    if smallest is not None and moment:
+        lines.append(f"Smallest card that moment fits on at that utilization: about {_gib(smallest)} (at least)")
+    elif smallest is not None:
         lines.append(f"Smallest card this start-up fits on at that utilization: about {_gib(smallest)}")
     elif r.recorded_oom is not None:
         lines.append("Smallest card: unknown; the recording ends at its OOM, so no card can be promised from it")
@@ -234,6 +249,7 @@ def render(run, out, *, capacities: list[int], util: float | None = None, non_to
     """``memtrace fits`` of an analysed run: every rank with allocator events, the worst rank named (the
     run's: ``AnalysedRun.worst``), as text or JSON on the stream ``out``. NothingToJudge when no rank
     recorded an event."""
+    import dataclasses
     import json
 
     from ..analysis.fits import fit_to_dict
@@ -248,6 +264,7 @@ def render(run, out, *, capacities: list[int], util: float | None = None, non_to
             "time_origin": run.origin.sentence,
             "ranks": [
                 {"rank": a.rank.rank, "pid": a.rank.trace.process.pid, "verdict": a.rank.verdict,
+                 "peak_bound": dataclasses.asdict(a.rank.summary.peak_bound),
                  "smallest_fitting_capacity_bytes": a.smallest, "fits": [fit_to_dict(r) for r in a.results]}
                 for a in answers
             ],
@@ -260,7 +277,8 @@ def render(run, out, *, capacities: list[int], util: float | None = None, non_to
         out.write("\n")
         return
     for a in answers:
-        out.write(render_fits(a.results, f"{run.path} ({a.rank.label})" if multi else run.path, a.smallest))
+        path = f"{run.path} ({a.rank.label})" if multi else run.path
+        out.write(render_fits(a.results, path, a.smallest, a.rank.summary.peak_bound))
     if multi:
         need = next((a.smallest for a in answers if a.rank is worst), None)
         why = f"{worst.verdict}" + (f"; needs about {_gib(need)}" if need is not None else "")

@@ -53,7 +53,13 @@ def _peak_line(run) -> str:
     more = f"; {ALLOCATED.label} {format_gib(pk.allocated_bytes)} at its fullest"
     if s.peak_device_used is not None:
         more += f"; {DEVICE_USED.label} (NVML) up to {format_gib(s.peak_device_used.bytes)}"
-    return f"- **Peak{before}:** {RESERVED.label} {format_gib(pk.reserved_bytes)} at {_at(r, pk.time_us)} {_in(pk.phase_path)}{more}."
+    if s.peak_bound.lower_bound:
+        more += f" (a lower bound: {s.peak_bound.why})"
+    least = s.peak_bound.words
+    return (
+        f"- **Peak{before}:** {RESERVED.label} {least}{format_gib(pk.reserved_bytes)} at {_at(r, pk.time_us)} "
+        f"{_in(pk.phase_path)}{more}."
+    )
 
 
 def _target_line(run) -> str:

@@ -20,6 +20,7 @@ from ..units import gib_number, gib_or_dash, signed_gib_number
 from . import cost_text, oom_text
 from .extensible_text import render_counters, render_extensible, render_vmm
 from .kv_text import render_non_kv
+from .metadata_text import render_metadata
 from .non_torch_text import render_non_torch
 
 _TIMES = "Times are seconds since the run's time origin (the 'times' line: one origin for every rank and output)."
@@ -242,18 +243,20 @@ def _phases(out: _Out, s: Summary) -> None:
 
 def _peak(out: _Out, s: Summary) -> None:
     out.heading("Peak")
-    pk = s.peak
+    pk, least = s.peak, s.peak_bound.words
     where = f" in {pk.phase_path}" if pk.phase_path else ""
     extra = f"; non-torch {gib_or_dash(pk.non_torch_bytes)}" if pk.non_torch_bytes is not None else ""
     out.item(
-        f"reserved {gib_or_dash(pk.reserved_bytes)} at {_seconds(s, pk.time_us)}{where} "
+        f"reserved {least}{gib_or_dash(pk.reserved_bytes)} at {_seconds(s, pk.time_us)}{where} "
         f"(allocated {gib_or_dash(pk.allocated_bytes)} at its fullest{extra})"
     )
     pa = s.peak_allocated
     out.item(
-        f"allocated peak {gib_or_dash(pa.bytes)} at {_seconds(s, pa.time_us)}"
+        f"allocated peak {least}{gib_or_dash(pa.bytes)} at {_seconds(s, pa.time_us)}"
         + (f" in {pa.phase_path}" if pa.phase_path else "")
     )
+    if s.peak_bound.lower_bound:
+        out.item(f"a lower bound: this trace is {s.peak_bound.why}")
     if s.peak_device_used is not None:
         pd = s.peak_device_used
         out.item(
@@ -390,6 +393,7 @@ def render_report(summary: Summary, file: TextIO, width: int = 100, markdown: bo
         out.heading("Peak")
         out.item("none: no allocator events were recorded, so there is no peak and no target was kept or crossed")
     _holders(out, summary)
+    render_metadata(out, summary)
     render_non_torch(out, summary)
     _hooks(out, summary)
     render_non_kv(out, summary)

@@ -9,7 +9,7 @@ target says by how much, and a run within its target says how far below it staye
 from __future__ import annotations
 
 from ..analysis.origin import who
-from ..analysis.quantities import BY_KEY, RESERVED
+from ..analysis.quantities import BY_KEY, RESERVED, is_one_moment
 from ..analysis.rank import CROSSED, DIED, NOTHING, UNFINISHED, WITHIN
 from ..units import format_gib
 from . import oom_text
@@ -81,9 +81,14 @@ def headline(run) -> str:
             f"(+{format_gib(c.overshoot_bytes)})."
         )
     peak = r.summary.peak.reserved_bytes
+    bound = r.summary.peak_bound
+    peaked = f"peaked at no less than {format_gib(peak)}" if bound.lower_bound else f"peaked at {format_gib(peak)}"
     if verdict == WITHIN:
+        within = (
+            "Within the target at the snapshot's one moment" if is_one_moment(r.trace.facts) else "Within the target"
+        )
         return (
-            f"Within the target: {RESERVED.label}{of} peaked at {format_gib(peak)}, "
+            f"{within}: {RESERVED.label}{of} {peaked}, "
             f"{format_gib(target - peak)} below the target ({format_gib(target)})."
         )
-    return f"No target to compare with: {RESERVED.label}{of} peaked at {format_gib(peak)}."
+    return f"No target to compare with: {RESERVED.label}{of} {peaked}."

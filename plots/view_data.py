@@ -98,6 +98,8 @@ def _landmarks(a: AnalysedRank) -> list[dict[str, Any]]:
                     "phase": a.oom.phase_path})  # fmt: skip
     for p in s.phases:
         out.append({"name": f"end {p.name}", "event": event_at(times, p.end_us), "time_us": p.end_us})
+    for m in s.user_metadata:  # torch's _set_memory_metadata labels: where each began
+        out.append({"name": f"label {m.value}", "event": event_at(times, m.first_us), "time_us": m.first_us})
     return out
 
 
@@ -129,6 +131,7 @@ def rank_meta(a: AnalysedRank, t0_us: int) -> dict[str, Any]:
             "described": s.target_source,
         },
         "peak": doc["peak"],
+        "peak_bound": doc["peak_bound"],
         "crossings": doc["crossings"],
         "oom": None if oom is None else {**oom.__dict__},
         "phases": [

@@ -4,6 +4,7 @@ boot, or the floor no flag goes under. Words only: every figure comes from the a
 
 from __future__ import annotations
 
+from .. import facts as F
 from ..analysis.quantities import OTHERS
 from ..analysis.whatif import BOOTS, DIES, GRAPHS, KV, REFUSES, SCALED, UNKNOWN, Answer, Outcome, Suggestions
 from ..units import format_gib as _gib
@@ -121,6 +122,14 @@ def no_flag_helps(s: Suggestions) -> str:
     """The honest negative: the floor no flag goes under."""
     others = s.recorded.others_bytes
     room = f", {_gib(s.capacity_bytes - others)} of it free of {OTHERS}" if others else ""
+    f = s.floor_outcome
+    if f is not None and s.floor_bytes <= s.capacity_bytes - others and f.verdict != BOOTS:
+        how = f"dies in {f.phase} by {_gib(f.by_bytes)}" if f.verdict == DIES else f"vLLM refuses in {f.phase}"
+        return (
+            f"No flag tried helps ({s.tried} changes of one or two flags): with {' '.join(s.floor_flags)} the "
+            f"pre-KV peak and one request's KV cache need {_gib(s.floor_bytes)}, under the card's "
+            f"{_gib(s.capacity_bytes - others)}, yet {how}: {f.why}"
+        )
     return (
         f"No flag helps: weights and workspaces alone need {_gib(s.floor_bytes)} (the pre-KV peak with "
         f"{' '.join(s.floor_flags)}, plus one request's KV cache at max-model-len), the card has {_gib(s.capacity_bytes)}{room}"
@@ -168,13 +177,16 @@ def render(run, out, *, answers: list[tuple], json_out: bool = False) -> None:
 
 def boot_section(run, *, markdown: bool = True) -> list[str]:
     """The issue bundle's "What would make it boot" section (Markdown lines; [] for a run that is not a vLLM
-    start-up or that booted): ``--suggest`` on the card the worst rank was recorded on, as it was (other
+    start-up or that booted; a start-up vLLM refused after sizing 0 KV blocks did not boot): ``--suggest`` on the card the worst rank was recorded on, as it was (other
     processes kept), in the words of ``memtrace fits``."""
     from ..analysis.whatif import answer, recorded_flags
 
     r = run.worst
     card = r.recorded_target.capacity_bytes
-    if r.recorded_nothing or recorded_flags(r.trace) is None or not card or (r.oom is None and r.verdict != "crossed"):
+    refused = ((r.trace.facts.get(F.VLLM_KV_SIZING) or {}).get("num_blocks")) == 0  # vLLM sized 0 blocks: it refused
+    if r.recorded_nothing or recorded_flags(r.trace) is None or not card:
+        return []
+    if r.oom is None and r.verdict != "crossed" and not refused:
         return []
     a = answer(r, [], [card], suggest_too=True, keep_others=True)
     s, o = a.suggestions[0], a.outcomes[0]

@@ -13,6 +13,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
+from memtrace import facts as F
 from memtrace.plugins import vllm as plugin
 from memtrace.plugins import vllm_facts, vllm_phases
 from memtrace.plugins.surface import Entry, parse_version
@@ -233,8 +234,14 @@ def test_a_cuda_oom_crossing_phases_is_logged_once_as_vllms_error(caplog):
     class FakeSession:  # a fake: no CUDA here to make a real session run out of memory
         path = "/run/vm-pid7-rank0.memtrace"
 
+        def __init__(self):
+            self.facts = {}
+
         def phase_exit(self, index):
             pass
+
+        def set_fact(self, name, value):
+            self.facts[name] = value
 
     inner, outer = (next(t for t in TARGETS if t.phase == p) for p in ("profile_run", "determine_available_memory"))
     hooks = [vllm_phases.PhaseHook(None, inner), vllm_phases.PhaseHook(None, outer)]
@@ -242,9 +249,12 @@ def test_a_cuda_oom_crossing_phases_is_logged_once_as_vllms_error(caplog):
     with caplog.at_level(logging.WARNING, logger="memtrace"):
         for hook in hooks:  # innermost first, as the exception leaves them
             hook.after((0, None, FakeSession()), None, err)
-        vllm_phases.PhaseHook(None, TARGETS[0]).after((0, None, FakeSession()), None, ValueError("not an OOM"))
+        refused = FakeSession()
+        vllm_phases.PhaseHook(None, TARGETS[0]).after((0, None, refused), None, ValueError("not an OOM"))
     lines = [r.getMessage() for r in caplog.records]
     assert len(lines) == 1, lines
+    # an error other than OOM is not logged as one: it is kept as the start-up's error, for the verdict
+    assert refused.facts[F.VLLM_STARTUP_ERROR]["type"] == "ValueError"
     assert "profile_run" in lines[0] and "not memtrace's" in lines[0] and FakeSession.path in lines[0]
 
 

@@ -33,7 +33,7 @@ from .history_key import differences, fingerprint, left_to_vllm
 from .landmarks import landmarks, total_curve
 from .oom import Oom, find_oom
 from .phases import path_at, phase_stats
-from .quantities import state_at_peak, window_peak
+from .quantities import is_one_moment, state_at_peak, window_peak
 
 #: Growth under this never fails a percentage threshold (one large-segment rounding unit).
 MIN_GROWTH_BYTES = 2 * MiB
@@ -170,6 +170,9 @@ class TraceDiff:
     environment_unknown: bool = False  # a run recorded no environment (an imported snapshot): unchecked
     #: "base", "new" or "both": the side(s) recorded without Python stacks, so no stack is compared
     sites_missing: str = ""
+    #: "base", "new" or "both": the side(s) that are one moment (``quantities.ONE_MOMENT``): their "peaks"
+    #: are that moment's state, so the diff compares states, not peaks
+    one_moment: str = ""
 
     @property
     def regressions(self) -> list[Change]:
@@ -456,7 +459,18 @@ def diff_traces(base: Trace, new: Trace, threshold: Threshold, *, label: str = "
         label=label or new.label,
     )
     sites = site_changes(base, new, bc, nc)
-    return replace(d, categories=category_changes(base, new, bc, nc), sites=sites.changes, sites_missing=sites.missing)
+    return replace(
+        d,
+        categories=category_changes(base, new, bc, nc),
+        sites=sites.changes,
+        sites_missing=sites.missing,
+        one_moment=_sides(is_one_moment(base.facts), is_one_moment(new.facts)),
+    )
+
+
+def _sides(base: bool, new: bool) -> str:
+    """ "both", "base", "new" or "" for a property each side has or not."""
+    return "both" if base and new else "base" if base else "new" if new else ""
 
 
 def diff_ranks(base, new, threshold: Threshold, *, label: str = "") -> TraceDiff:
@@ -471,7 +485,8 @@ def diff_ranks(base, new, threshold: Threshold, *, label: str = "") -> TraceDiff
     )
     sites = site_changes(base.trace, new.trace, bc, nc, base_lt=base.lifetimes, new_lt=new.lifetimes)
     cats = category_changes(base.trace, new.trace, bc, nc, (base.categorized, new.categorized))
-    return replace(d, categories=cats, sites=sites.changes, sites_missing=sites.missing)
+    moment = _sides(is_one_moment(base.trace.facts), is_one_moment(new.trace.facts))
+    return replace(d, categories=cats, sites=sites.changes, sites_missing=sites.missing, one_moment=moment)
 
 
 def diff_runs(base, new, threshold: Threshold) -> list[TraceDiff]:

@@ -5,7 +5,10 @@ a calibration (``whatif.calibrate`` over the calibration traces) with the held-o
 as it was (other processes kept), and compared figure by figure with what it measured: the pre-KV peak, each
 phase's peak (the same curve: what the start-up needs, pinned segments + non-PyTorch memory + the VMM KV pages)
 and vLLM's KV cache (its blocks, and the available bytes vLLM's formula gives on the measured run's own inputs).
-A figure passes within 2 % of the measured value or 256 MiB, whichever is larger (issue 28's bar).
+A figure passes within 2 % of the measured value or 256 MiB, whichever is larger (issue 28's bar). A run that
+died (a CUDA OOM ends its recording) measured its peaks only up to the failed request: those are lower bounds,
+and a prediction passes when it reaches them (less the bar). The outcome is compared too: what the model says
+on the held-out run's card (boots / dies in PHASE / vLLM refuses) against what happened there.
 """
 
 from __future__ import annotations
@@ -27,15 +30,21 @@ class Figure:
     predicted: int
     measured: int
     bytes_bar: bool = True  # False for a count (blocks): 2 % only
+    lower_bound: bool = False  # the measured run died before its peak: the measured figure is a lower bound
 
     @property
     def error(self) -> int:
         return self.predicted - self.measured
 
     @property
+    def bar(self) -> int:
+        return int(max(REL * abs(self.measured), ABS if self.bytes_bar else 0))
+
+    @property
     def ok(self) -> bool:
-        bar = max(REL * abs(self.measured), ABS if self.bytes_bar else 0)
-        return abs(self.error) <= bar
+        if self.lower_bound:
+            return self.error >= -self.bar
+        return abs(self.error) <= self.bar
 
 
 @dataclass(frozen=True)
@@ -46,10 +55,51 @@ class Check:
     changes: list[str]
     verdict: str  # the predicted outcome on the held-out run's card
     figures: list[Figure]
+    predicted: str = ""  # the predicted outcome in words: "boots", "dies in PHASE by N GiB", "vLLM refuses"
+    happened: str = ""  # what the held-out run did, in the same words
 
     @property
     def ok(self) -> bool:
-        return all(f.ok for f in self.figures)
+        return self.outcome_ok and all(f.ok for f in self.figures)
+
+    @property
+    def outcome_ok(self) -> bool:
+        return _outcome_key(self.predicted) == _outcome_key(self.happened)
+
+
+def _outcome_key(words: str) -> str:
+    """An outcome without its amount ("dies in determine_available_memory/profile_run")."""
+    return words.split(" by ", 1)[0]
+
+
+def outcome_words(o: W.Outcome) -> str:
+    """A predicted outcome in the table's words."""
+    from ..units import format_gib
+
+    if o.verdict == W.DIES:
+        return f"dies in {o.phase} by {format_gib(o.by_bytes)}"
+    return {W.REFUSES: f"vLLM refuses in {o.phase}", W.BOOTS: "boots"}.get(o.verdict, o.verdict)
+
+
+def happened(sites: W.Sites) -> str:
+    """What the recorded start-up did: died at its CUDA OOM, vLLM sized 0 blocks (it refuses), or booted."""
+    oom = sites.rank.oom
+    if oom is not None:
+        return f"dies in {oom.phase_path}"
+    blocks = measured_blocks(sites.trace)
+    if blocks == 0:
+        sizing = "kv_cache_sizing" if sites.flags.extensible else "determine_available_memory"
+        return f"vLLM refuses in {sizing}"
+    return "boots" if blocks is not None else "unknown"
+
+
+def measured_blocks(trace) -> int | None:
+    """vLLM's KV blocks: its extensible sizing's result (0 when it refused), else the blocks it allocated."""
+    sizing = trace.facts.get(F.VLLM_KV_SIZING) or {}
+    if isinstance(sizing.get("num_blocks"), int):
+        return sizing["num_blocks"]
+    blocks = trace.facts.get(F.VLLM_KV_BLOCKS)
+    return blocks if isinstance(blocks, int) else None
 
 
 def check(base: W.Sites, cal: W.Calibration | None, measured: W.Sites, name: str = "") -> Check:
@@ -58,18 +108,24 @@ def check(base: W.Sites, cal: W.Calibration | None, measured: W.Sites, name: str
     others = W.recorded_others(measured.trace)
     pred = W.WhatIf(base, measured.flags, cal).on(card, others_bytes=others)
     own = W.WhatIf(measured, measured.flags).on(card, keep_others=True)  # vLLM's formula on its own inputs
-    figures = [Figure("pre-KV peak", pred.pre_kv_peak_bytes, own.pre_kv_peak_bytes)]
+    died = measured.rank.oom is not None  # its peaks are lower bounds; its last phase ends at the OOM
+    figures = [Figure("pre-KV peak", pred.pre_kv_peak_bytes, own.pre_kv_peak_bytes, lower_bound=died)]
     by_phase = {p.phase: p for p in pred.phases}
     for p in own.phases:
         q = by_phase.get(p.phase)
         if q is not None:
-            figures.append(Figure(f"peak {p.phase}", q.predicted_bytes - pred.others_bytes, p.recorded_bytes))
+            at = measured.rank.oom.phase_path if died else ""
+            cut = died and (at == p.phase or at.startswith(p.phase + "/"))  # the phase the OOM ended
+            figures.append(Figure(f"peak {p.phase}", q.predicted_bytes - pred.others_bytes, p.recorded_bytes,
+                                  lower_bound=cut))  # fmt: skip
     if pred.kv is not None and own.kv is not None:
         figures.append(Figure("vLLM's available KV", pred.kv.available_bytes, own.kv.available_bytes))
-        blocks = measured.trace.facts.get(F.VLLM_KV_BLOCKS)
-        if isinstance(blocks, int):
+        blocks = measured_blocks(measured.trace)
+        if blocks is not None:
             figures.append(Figure("KV blocks", pred.kv.blocks, blocks, bytes_bar=False))
-    return Check(name, measured.flags.changes(base.flags), pred.verdict, figures)
+    return Check(
+        name, measured.flags.changes(base.flags), pred.verdict, figures, outcome_words(pred), happened(measured)
+    )
 
 
 def markdown_table(checks: list[Check]) -> list[str]:
@@ -79,6 +135,10 @@ def markdown_table(checks: list[Check]) -> list[str]:
     out = ["| run | changes from the base | figure | predicted | measured | error | within 2 % / 256 MiB |"]
     out.append("| --- | --- | --- | --- | --- | --- | --- |")
     for c in checks:
+        out.append(
+            f"| {c.name} | {' '.join(c.changes) or '-'} | outcome | {c.predicted} | {c.happened} | "
+            f"| {'yes' if c.outcome_ok else '**no**'} |"
+        )
         for f in c.figures:
             if f.bytes_bar:
                 p, m, e = format_gib(f.predicted), format_gib(f.measured), f"{f.error / (1 << 20):+,.0f} MiB"
@@ -86,6 +146,36 @@ def markdown_table(checks: list[Check]) -> list[str]:
                 p, m, e = f"{f.predicted:,}", f"{f.measured:,}", f"{f.error:+,}"
             rel = f" ({f.error / f.measured:+.2%})" if f.measured else ""
             out.append(
-                f"| {c.name} | {' '.join(c.changes) or '-'} | {f.name} | {p} | {m} | {e}{rel} | {'yes' if f.ok else '**no**'} |"
+                f"| {c.name} | {' '.join(c.changes) or '-'} | {f.name} | {p} | {'>= ' if f.lower_bound else ''}{m} | "
+                f"{e}{rel} | {'yes' if f.ok else '**no**'} |"
             )
+    return out
+
+
+def summary_table(checks: list[Check]) -> list[str]:
+    """One row per held-out run: the outcome, the pre-KV and profile_run peaks, the KV blocks, the worst figure."""
+    from ..units import format_gib
+
+    def cell(c: Check, name: str) -> str:
+        f = next((f for f in c.figures if f.name == name), None)
+        if f is None:
+            return "-"
+        if not f.bytes_bar:
+            return f"{f.predicted:,} / {f.measured:,} ({f.error:+,})"
+        ge = ">= " if f.lower_bound else ""
+        return f"{format_gib(f.predicted)} / {ge}{format_gib(f.measured)} ({f.error / (1 << 20):+,.0f} MiB)"
+
+    out = [
+        "| held-out run <- from | outcome predicted / happened | pre-KV peak pred / meas | profile_run peak pred / meas "
+        "| KV blocks pred / vLLM | figures within the bar | worst figure |",
+        "| --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    for c in checks:
+        worst = max(c.figures, key=lambda f: abs(f.error) / max(f.bar, 1))
+        mark = "" if c.outcome_ok else " **(wrong)**"
+        out.append(
+            f"| {c.name} | {c.predicted} / {c.happened}{mark} | {cell(c, 'pre-KV peak')} "
+            f"| {cell(c, 'peak determine_available_memory/profile_run')} | {cell(c, 'KV blocks')} "
+            f"| {sum(f.ok for f in c.figures)} of {len(c.figures)} | {worst.name} {worst.error / (1 << 20):+,.0f} MiB |"
+        )
     return out

@@ -24,6 +24,9 @@ The quantities, all in bytes:
   ``cudaMalloc``); CUPTI, when recorded, splits it by category.
 - **present before recording began**: PyTorch memory that existed at the first recorded event, exact when
   the allocator's final state was saved and the events add up to it, else a lower bound (said so).
+
+How well the peaks are known (:func:`peak_bound`): exact from a recorded history; "at least" (a lower bound)
+for an imported snapshot of one moment (:data:`ONE_MOMENT`) or one without its allocator state.
 """
 
 from __future__ import annotations
@@ -285,3 +288,47 @@ def before_recording(curves: Curves, has_state: bool) -> BeforeRecording:
     curves non-negative (a lower bound)."""
     b = curves.baseline
     return BeforeRecording(b.reserved_bytes, b.allocated_bytes, exact=has_state and b.consistent)
+
+
+# -- how well a trace's peak is known ---------------------------------------------------------------------
+
+#: What an allocator-state snapshot (``facts["import"]["state"] == "moment"``) can and cannot answer, in the
+#: words every command's main text uses.
+ONE_MOMENT = (
+    "one moment: the allocator's state when the snapshot was taken (no history), so it answers what was held "
+    "then, block by block; it cannot show a peak, a transient before or after that moment, phases or when "
+    "anything happened"
+)
+#: What a trace imported without its allocator state (``state == "missing"``) cannot answer.
+STATE_MISSING = "imported without the allocator's state: memory present before its history began is not counted"
+
+
+@dataclass(frozen=True)
+class PeakBound:
+    """How well a trace's peaks are known: exact, or a lower bound and why (the words every output uses)."""
+
+    lower_bound: bool
+    why: str = ""  # "" when exact: :data:`ONE_MOMENT` or :data:`STATE_MISSING`
+
+    @property
+    def words(self) -> str:
+        """Empty when exact, else "at least " (the words put before a peak's figure)."""
+        return "at least " if self.lower_bound else ""
+
+
+def peak_bound(facts: dict) -> PeakBound:
+    """The :class:`PeakBound` of a trace with these ``facts``: a lower bound for an imported snapshot of one
+    moment (the peak may have been higher at any other time) or one without its allocator state; else exact."""
+    from .. import facts as F
+
+    state = (facts.get(F.IMPORT) or {}).get("state")
+    if state == "moment":
+        return PeakBound(True, ONE_MOMENT)
+    if state == "missing":
+        return PeakBound(True, STATE_MISSING)
+    return PeakBound(False)
+
+
+def is_one_moment(facts: dict) -> bool:
+    """True for an imported snapshot of allocator state alone (no history): :data:`ONE_MOMENT`."""
+    return peak_bound(facts).why == ONE_MOMENT

@@ -36,7 +36,7 @@ from .non_torch import NonTorchBreakdown, at_moments, has_records, live_curve
 from .oom import Oom, find_oom
 from .origin import TimeOrigin
 from .phases import PhaseStats, path_at, phase_path, phase_stats, recording_span
-from .quantities import fullest_at_peak, in_vllm_terms, peak, whole_device_peak
+from .quantities import PeakBound, fullest_at_peak, in_vllm_terms, peak, peak_bound, whole_device_peak
 from .reconcile import NonKv, non_kv
 from .self_cost import SelfCost, self_cost
 from .summary import (
@@ -53,6 +53,7 @@ from .summary import (
 )
 from .target import Target, resolve_target
 from .torch_counters import CounterCheck, counter_checks
+from .user_metadata import MetadataSpan, metadata_spans
 from .view_paths import Paths, allocation_paths
 from .view_window import RankQueries
 from .vmm import VmmSummary
@@ -322,6 +323,16 @@ class AnalysedRank:
     def vllm(self) -> bool:
         """vLLM's terms (KV cache, non-KV memory) apply (``quantities.in_vllm_terms``)."""
         return in_vllm_terms(self.trace.facts)
+
+    @cached_property
+    def peak_bound(self) -> PeakBound:
+        """How well the peaks are known (``quantities.peak_bound``): "at least" for a snapshot of one moment."""
+        return peak_bound(self.trace.facts)
+
+    @cached_property
+    def user_metadata(self) -> list[MetadataSpan]:
+        """The user's labels on allocator events (``analysis.user_metadata``)."""
+        return metadata_spans(self.trace)
 
     @cached_property
     def self_cost(self) -> SelfCost:

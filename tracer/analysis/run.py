@@ -167,11 +167,11 @@ def separate_runs(path: str, traces: Sequence[Trace]) -> None:
         return
     a, b = groups[0], groups[1]
     gap = (recording_span(b[0])[0] - max(recording_span(t)[1] for t in a)) / 1e6
-    files = [" ".join(_file(t) for t in g) for g in (a, b)]
+    files = [" ".join(dict.fromkeys(_file(t) for t in g)) for g in (a, b)]  # a file may hold several traces
     more = f" (and {len(groups) - 2} more)" if len(groups) > 2 else ""
     raise SeparateRuns(
         f"{path} holds two separate runs ({why}): {files[0]} and, {gap:,.0f} s later, {files[1]}{more}; "
-        f"move one run's files into a folder of its own (mkdir {path}-2 && mv {' '.join(_file(t, path) for t in b)} "
+        f"move one run's files into a folder of its own (mkdir {path}-2 && mv {' '.join(dict.fromkeys(_file(t, path) for t in b))} "
         f"{path}-2/) and read each folder on its own"
     )
 

@@ -41,10 +41,12 @@ from .live import BEFORE_RECORDING, Lifetimes, holders_by_stack, lifetimes, mean
 from .non_torch import NonTorchBreakdown
 from .oom import Oom
 from .phases import PhaseStats, recording_span
+from .quantities import PeakBound
 from .reconcile import KvReconciliation, NonKv
 from .self_cost import SelfCost
 from .target import Target, describe
 from .torch_counters import CounterCheck
+from .user_metadata import MetadataSpan
 from .vmm import VmmSummary
 
 if TYPE_CHECKING:  # rank.py builds the Summary view from its own figures: no import cycle at run time
@@ -173,6 +175,10 @@ class Summary:
     whole_device_peak_bytes: int | None = None
     #: what memtrace cost the program (``analysis.self_cost``); ``recorded`` False in an older trace
     self_cost: SelfCost = field(default_factory=lambda: SelfCost(recorded=False))
+    #: how well the peaks are known (``quantities.peak_bound``): "at least" for a snapshot of one moment
+    peak_bound: PeakBound = field(default_factory=lambda: PeakBound(False))
+    #: the user's labels on allocator events (``analysis.user_metadata``, torch's ``_set_memory_metadata``)
+    user_metadata: list[MetadataSpan] = field(default_factory=list)
 
     @property
     def truncated(self) -> bool:
@@ -264,6 +270,8 @@ def of_rank(rank: AnalysedRank) -> Summary:
         vllm=rank.vllm,
         whole_device_peak_bytes=rank.whole_device_peak_bytes,
         self_cost=rank.self_cost,
+        peak_bound=rank.peak_bound,
+        user_metadata=rank.user_metadata,
     )
 
 

@@ -143,8 +143,25 @@ def recorded_flags(trace) -> Flags | None:
         enforce_eager=bool(cfg.get("enforce_eager")),
         kv_cache_dtype=str(cfg.get("kv_cache_dtype") or "auto"),
         gpu_memory_utilization=float(trace.facts[F.UTIL]) if user and trace.facts.get(F.UTIL) else None,
-        extensible=trace.facts.get(F.VLLM_KV_SIZE_SOURCE) == F.KV_SIZED_EXTENSIBLE,
+        extensible=_extensible(trace),
     )
+
+
+def _extensible(trace) -> bool:
+    """Whether the start-up sized its KV cache the extensible way (0.34's default where it died before sizing)."""
+    source = trace.facts.get(F.VLLM_KV_SIZE_SOURCE)
+    if source is not None:
+        return source == F.KV_SIZED_EXTENSIBLE
+    return _version_at_least(trace, (0, 34))
+
+
+def _version_at_least(trace, least: tuple[int, int]) -> bool:
+    """Whether the recorded vLLM is at least ``least`` (major, minor); False when unknown."""
+    parts = str(trace.facts.get(F.VLLM_VERSION) or "").split(".")[:2]
+    try:
+        return tuple(int("".join(c for c in p if c.isdigit()) or -1) for p in parts) >= least
+    except ValueError:
+        return False
 
 
 def _bool(name: str, value: str) -> bool:
@@ -459,7 +476,11 @@ class WhatIf:
     def kv_at_us(self) -> int:
         """When the new KV cache exists: kv_cache_init (profiled), kv_cache_extend (extensible)."""
         name = "kv_cache_extend" if self.flags.extensible else "kv_cache_init"
-        p = self.sites._phase(name) or self.sites._phase("kv_cache_init")
+        p = self.sites._phase(name)
+        sizing = self.sites.trace.facts.get(F.VLLM_KV_SIZING) or {}
+        if p is None and self.flags.extensible and sizing.get("num_blocks") == 0:
+            return _NEVER  # vLLM sized 0 blocks and refused: no KV cache was ever committed
+        p = p or self.sites._phase("kv_cache_init")
         return p.start_us if p is not None else _NEVER
 
     def _window_peak(self, curve: np.ndarray, start: int, end: int) -> tuple[int, int]:
@@ -587,8 +608,7 @@ class WhatIf:
             src = "vLLM's post-warm-up inputs as recorded, moved to this card and these flags"
         else:  # recorded profiled: vLLM's inputs rebuilt from the curve (an estimate)
             prof = f.get(F.VLLM_PROFILE) or {}
-            init = prof.get("init_snapshot") or {}
-            init_used = int(init.get("total_memory", 0)) - int(init.get("free_memory", 0))
+            init_used = own_init_used(self.sites.trace)
             init_free = capacity - others - init_used
             free = capacity - others - int(self.no_kv[j])
             committed, transient = 0, int((prof.get("peak_activation_memory_bytes") or 0) * tr)
@@ -628,8 +648,7 @@ class WhatIf:
             ph = path_at(self.sites.trace, t)
             why = "before the KV cache is sized: --gpu-memory-utilization cannot help there"
             return Outcome(**common, verdict=DIES, phase=ph, by_bytes=pre_peak - room, why=why, kv=kv, phases=phases)
-        init = (self.sites.trace.facts.get(F.VLLM_PROFILE) or {}).get("init_snapshot") or {}
-        init_used = int(init.get("total_memory", 0)) - int(init.get("free_memory", 0))
+        init_used = own_init_used(self.sites.trace)
         requested = math.ceil(self.flags.util * capacity)
         if not self.flags.extensible and init_used and requested > room - init_used:
             why = f"free memory at start-up ({room - init_used:,} B) is less than util x card ({requested:,} B)"
@@ -660,6 +679,14 @@ class WhatIf:
             return Outcome(**common, verdict=DIES, phase=path_at(self.sites.trace, t), by_bytes=by, why=why, kv=kv,
                            phases=phases)  # fmt: skip
         return Outcome(**common, verdict=BOOTS, phase="", by_bytes=0, why="", kv=kv, phases=phases)
+
+
+def own_init_used(trace) -> int:
+    """What this process used at vLLM's init snapshot (its CUDA context...): the card's used memory then, less
+    what other processes held on the recorded card (0 when vLLM's snapshot was not recorded)."""
+    init = (trace.facts.get(F.VLLM_PROFILE) or {}).get("init_snapshot") or {}
+    used = int(init.get("total_memory", 0)) - int(init.get("free_memory", 0))
+    return max(used - recorded_others(trace), 0) if used > 0 else 0
 
 
 def recorded_others(trace) -> int:
@@ -724,10 +751,14 @@ class Suggestions:
     floor_bytes: int  # the predicted pre-KV peak with the most frugal flags tried + one request's KV cache
     floor_flags: list[str]
     tried: int
+    floor_outcome: Outcome | None = None  # the most frugal flags on this card (why nothing boots when the floor fits)
 
 
-def candidates(rec: Flags, extensible_known: bool) -> list[dict]:
-    """Single changes worth trying, each a dict of Flags fields."""
+def candidates(rec: Flags, extensible_known: bool, shared_util: float | None = None) -> list[dict]:
+    """Single changes worth trying, each a dict of Flags fields. ``shared_util``: on a card other processes
+    share, the largest utilization vLLM's start-up check lets through there, tried (and 4 steps of 0.002 below
+    it, room for the warm-up after the KV cache) with the profiled KV cache: the extensible one keeps a
+    post-warm-up margin no flag makes room for on a nearly full card."""
     out: list[dict] = []
     out += [{"max_num_batched_tokens": v} for v in (1024, 2048, 4096, 8192) if v < rec.max_num_batched_tokens]
     out += [{"max_num_seqs": v} for v in (1, 2, 4, 8, 16, 32, 64, 128) if v < rec.max_num_seqs]
@@ -739,16 +770,32 @@ def candidates(rec: Flags, extensible_known: bool) -> list[dict]:
     out += [{"gpu_memory_utilization": u} for u in (0.8, 0.85, 0.9, 0.95, 0.98) if u != rec.util]
     if extensible_known:
         out.append({"extensible": not rec.extensible})
+    if shared_util is not None and shared_util < rec.util:  # the largest, and below it room for the warm-up
+        profiled = {"extensible": False} if extensible_known else {}
+        for u in sorted({round(shared_util - 0.002 * k, 4) for k in range(5)}, reverse=True):
+            if u > 0:
+                out.append({"gpu_memory_utilization": u, **profiled})
     return out
+
+
+def shared_utilization(sites: Sites, capacity: int, others: int) -> float | None:
+    """The largest utilization (4 decimals, rounded down) whose request fits what is free at vLLM's start-up
+    on a card where other processes hold ``others`` bytes (None: the card is not shared, or unknown)."""
+    init_used = own_init_used(sites.trace)
+    if others <= 0 or not init_used or capacity <= 0:
+        return None
+    u = math.floor((capacity - others - init_used) / capacity * 10_000) / 10_000
+    return u if u > 0 else None
 
 
 def suggest(sites: Sites, capacity: int, *, keep_others: bool = False, others_bytes: int | None = None,
             cal: Calibration | None = None, top: int = 8, base: Flags | None = None) -> Suggestions:  # fmt: skip
     """The changes (one, else two at once) to ``base`` (default: the recorded flags) that boot on ``capacity``."""
     rec = base or sites.flags
-    ext_known = str(sites.trace.facts.get(F.VLLM_VERSION) or "") >= "0.34"
-    singles = candidates(rec, ext_known)
+    ext_known = _version_at_least(sites.trace, (0, 34))
     card = dict(keep_others=keep_others, others_bytes=others_bytes)
+    others = others_bytes if others_bytes is not None else recorded_others(sites.trace) if keep_others else 0
+    singles = candidates(rec, ext_known, shared_utilization(sites, capacity, others))
     recorded_outcome = WhatIf(sites, rec, cal).on(capacity, **card)
     booting: list[Suggestion] = []
     tried = 0
@@ -773,7 +820,8 @@ def suggest(sites: Sites, capacity: int, *, keep_others: bool = False, others_by
     w = WhatIf(sites, frugal, cal)
     per, tpb = w.per_block
     one = math.ceil(rec.max_model_len / tpb) * per if per else 0
-    return Suggestions(capacity, recorded_outcome, booting[:top], w.pre_kv[0] + one, frugal.changes(rec), tried)
+    return Suggestions(capacity, recorded_outcome, booting[:top], w.pre_kv[0] + one, frugal.changes(rec), tried,
+                       w.on(capacity, **card))  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -829,6 +877,7 @@ def answer_to_dict(a: Answer) -> dict:
             p["kinds"] = {k: {"recorded_bytes": v[0], "predicted_bytes": v[1]} for k, v in p["kinds"].items()}
             p["sites"] = {k: [{"site": s, "bytes": b} for s, b in v] for k, v in p["sites"].items()}
     for s in d["suggestions"]:
-        for x in [s["recorded"], *(b["outcome"] for b in s["booting"])]:
-            x.pop("phases")
+        for x in [s["recorded"], *(b["outcome"] for b in s["booting"]), s["floor_outcome"]]:
+            if x is not None:
+                x.pop("phases")
     return d

@@ -192,7 +192,7 @@ def load_input(
     if not p.exists():
         raise TraceFormatError(f"{p}: no such file or directory; pass a run directory, a .memtrace file or a snapshot")
     if p.is_dir():
-        return _said(load_run(p, each=each))
+        return _said(_profiler_run(p) or load_run(p, each=each))
     if is_profiler_path(p):
         from .kineto import traces_from_kineto_file
 
@@ -209,6 +209,24 @@ def load_input(
         warn_pickle(p)
         return Run(path=str(p), traces=traces)
     return _said(load_run(p))
+
+
+def _profiler_run(folder: Path) -> Run | None:
+    """A folder of torch.profiler traces and no memtrace trace (vLLM's ``torch_profiler_dir``: one
+    ``[prefix_]dp0_pp0_tp0_dcp0_ep0_rank<N>.<ns>.pt.trace.json.gz`` per worker, the API server's
+    ``<host>_<pid>.async_llm.<ns>.pt.trace.json.gz``) as one run; None for any other folder. A file
+    without memory events (recorded without ``torch_profiler_with_memory``) is one error line."""
+    from ..packed import is_trace_name
+    from .kineto import profiler_files, traces_from_kineto_file
+
+    if any(is_trace_name(f.name) for f in folder.iterdir()):
+        return None
+    files = profiler_files(folder)
+    if not files:
+        return None
+    traces = [t for f in files for t in traces_from_kineto_file(f)]
+    traces.sort(key=lambda t: (t.process.rank if t.process.rank is not None else 1 << 30, t.process.pid))
+    return Run(path=str(folder), traces=traces)
 
 
 #: What every command says on stderr about an imported trace of these kinds (``facts["import"]["state"]``).

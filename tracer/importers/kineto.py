@@ -43,6 +43,8 @@ from ..model import ACTION_CODE, Frame, Note, Phase, Process, Recording, Trace, 
 from .torch_snapshot import PHASE_PREFIXES, Interner
 
 SUFFIXES = (".json", ".json.gz")
+#: What ``torch.profiler.tensorboard_trace_handler`` names its files (vLLM's profiler uses it, gzip by default).
+PROFILER_NAMES = (".pt.trace.json", ".pt.trace.json.gz")
 #: c10::DeviceType codes in ``Device Type``.
 CPU, CUDA = 0, 1
 #: Range categories whose names become frames of the memory events inside them.
@@ -82,12 +84,32 @@ def read_trace_json(path: str | os.PathLike) -> Any:
         ) from None
 
 
+#: vLLM's worker trace names (``get_worker_rank_suffix``: ``[prefix_]dp0_pp0_tp0_dcp0_ep0_rank3.<ns>...``)
+_RANK_IN_NAME = re.compile(r"(?:^|[._])rank(\d+)\.\d+\.pt\.trace\.json(?:\.gz)?$", re.IGNORECASE)
+
+
+def rank_in_name(path: str | os.PathLike) -> int | None:
+    """The global rank vLLM wrote into a worker's trace name (``..._rank3.<ns>.pt.trace.json.gz``), else None."""
+    m = _RANK_IN_NAME.search(Path(path).name)
+    return int(m.group(1)) if m else None
+
+
 def traces_from_kineto_file(path: str | os.PathLike, *, device: int | None = None) -> list[Trace]:
-    """One trace per device of the profiler trace at ``path`` (``device``: that CUDA device only)."""
+    """One trace per device of the profiler trace at ``path`` (``device``: that CUDA device only). A file
+    vLLM named after its worker's rank gives that rank to its CUDA trace (each worker may see its GPU as
+    cuda:0)."""
     traces = traces_from_kineto(read_trace_json(path), source=str(path), device=device)
+    rank = rank_in_name(path)
     for t in traces:
         t.path = str(path)
+        if rank is not None and t.process.rank is not None:
+            t.process.rank = rank
     return traces
+
+
+def profiler_files(folder: str | os.PathLike) -> list[Path]:
+    """The torch.profiler traces directly in ``folder`` (what vLLM's ``torch_profiler_dir`` holds), by name."""
+    return sorted(f for f in Path(folder).iterdir() if f.is_file() and f.name.lower().endswith(PROFILER_NAMES))
 
 
 def _refuse_unless_kineto(doc: Any, source: str) -> list[dict[str, Any]]:
@@ -120,7 +142,8 @@ def traces_from_kineto(doc: Any, *, source: str = "trace", device: int | None = 
     by_device = _memory_events(events)
     if not by_device:
         raise TraceFormatError(
-            f"{source} holds no [memory] events; profile with torch.profiler.profile(profile_memory=True)"
+            f"{source} holds no [memory] events; profile with torch.profiler.profile(profile_memory=True) "
+            '(vLLM: --profiler-config \'{"profiler": "torch", "torch_profiler_with_memory": true, ...}\')'
         )
     cuda = sorted(d for t, d in by_device if t == CUDA)
     wanted = [(CUDA, d) for d in cuda]
@@ -137,13 +160,21 @@ def traces_from_kineto(doc: Any, *, source: str = "trace", device: int | None = 
     window = _window(events, base_us)
     phases = _phases(events, base_us)
     out = []
+    host_name = str(doc.get("host_name") or "") if isinstance(doc, dict) else ""
     for key in wanted:
         t = _device_trace(key, by_device[key], ranges, base_us, window, phases, cuda)
+        t.process.hostname, t.process.pid = host_name, _pid(by_device[key])
         if others:
             names = ", ".join(f"device type {k[0]} id {k[1]} ({len(by_device[k]):,} events)" for k in others)
             t.notes.append(Note(0, "warning", f"memory events of other devices were not read: {names}"))
         out.append(t)
     return out
+
+
+def _pid(mem: list[dict[str, Any]]) -> int:
+    """The process id the profiler gave its memory events (0 when none is an integer)."""
+    pid = mem[0].get("pid")
+    return pid if isinstance(pid, int) and not isinstance(pid, bool) else 0
 
 
 def _ranges_by_thread(events: list[Any]) -> dict[Any, tuple[list[float], list[float], list[str], list[str]]]:

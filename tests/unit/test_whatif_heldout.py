@@ -1,0 +1,109 @@
+"""Issue 28's held-out table: each shipped vLLM 0.34.0 start-up predicted from OTHER runs (fits_check), and the
+small card's real death and refusal predicted, with a rescue named (docs/whatif.md).
+
+Every measured figure is the held-out run's own (its trace, vLLM's facts and log); the bound each prediction
+must meet is the issue's (2 % or 256 MiB), except the listed warm-up sub-phase misses, held to 400 MiB.
+"""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+from memtrace.analysis import whatif as W
+from memtrace.cli import main
+from whatif_heldout_cases import CASES, GRID, MISS_BOUND_BYTES, MISSES, check, sites
+
+CARD = 150_109_880_320  # the H200 (cudaMemGetInfo's total)
+FREE = 13_592_821_760  # what the holder left free on the small card (holder.log)
+
+
+@pytest.mark.parametrize("case", CASES, ids=[f"{c[0]}<-{'+'.join((c[1], *c[2]))}" for c in CASES])
+def test_a_held_out_start_up_is_predicted_within_the_stated_bound(case):
+    from memtrace.analysis import fits_check
+
+    c = check(*case)
+    table = "\n".join(fits_check.markdown_table([c]))
+    assert c.outcome_ok, table
+    for f in c.figures:
+        if (case[0], f.name) in MISSES and case[2]:
+            assert abs(f.error) <= MISS_BOUND_BYTES, table
+        else:
+            assert f.ok, f"{f.name}\n{table}"
+    assert any(f.name == "KV blocks" for f in c.figures) or c.happened.startswith("dies"), table
+
+
+def test_the_small_cards_death_is_predicted_in_profile_run_past_torchs_shortfall(capsys):
+    """small-d16384 asked for 160.00 MiB with 143.56 MiB free: at least 16.44 MiB short, in profile_run."""
+    log = GRID.vllm_log("small-d16384")
+    asked, free = (float(x) for x in re.search(r"Tried to allocate ([\d.]+) MiB.*?([\d.]+) MiB is free", log).groups())
+    args = ["fits", str(GRID.run_dir("g07")), "--capacity", str(CARD), "--others", str(CARD - FREE)]
+    assert main([*args, "--what-if", "enforce-eager", "--suggest"]) == 1
+    out = " ".join(capsys.readouterr().out.split())
+    by = float(re.search(r"DIES in determine_available_memory/profile_run by ([\d.]+) GiB", out).group(1))
+    assert by * 1024 >= asked - free  # the whole phase's overshoot covers the first request that failed
+    # the extensible cache has no rescue there; the profiled one at a utilization the card allows has
+    rescue = "1. --max-num-batched-tokens 1024 --gpu-memory-utilization 0.0835 --no-enable-extensible-kv-cache"
+    assert f"{rescue}: KV cache 0.38 GiB, 786 blocks" in out
+    assert "2. --max-num-batched-tokens 2048 --gpu-memory-utilization 0.0835 --no-enable-extensible-kv-cache" in out
+
+
+def test_the_hand_picked_rescue_is_predicted_to_be_refused_and_suggest_names_one(capsys):
+    """small-r2048 (g08's flags on the small card): vLLM read 1,295,581,184 B free after warm-up, sized 0 blocks."""
+    s = sites("g08")
+    o = W.WhatIf(s, s.flags).on(CARD, others_bytes=CARD - FREE)
+    assert o.verdict == W.REFUSES and o.phase == "kv_cache_sizing" and o.kv.blocks == 0
+    vllm_free = sites("small-r2048").trace.facts["vllm.kv_cache_sizing"]["free_memory_bytes"]
+    predicted_free = int(re.search(r"free after warm-up ([\d,]+) B", o.kv.how).group(1).replace(",", ""))
+    assert abs(predicted_free - vllm_free) <= 0.02 * vllm_free
+    args = ["fits", str(GRID.run_dir("g08")), "--capacity", str(CARD), "--others", str(CARD - FREE), "--suggest"]
+    assert main(args) == 1
+    out = " ".join(capsys.readouterr().out.split())
+    assert "1. --gpu-memory-utilization 0.0835 --no-enable-extensible-kv-cache: KV cache 0.92 GiB, 1,893 blocks" in out
+
+
+def test_suggest_names_a_profiled_rescue_on_the_small_card(capsys):
+    """Calibrated from moe-noext, g07, g08: small-d16384's flags, profiled at a utilization the card allows,
+    die in profile_run; fewer batched tokens boot with a KV cache of about two requests."""
+    from vllm034_data import run_dir
+
+    args = ["fits", str(run_dir("moe-noext")), str(GRID.run_dir("g07")), str(GRID.run_dir("g08"))]
+    args += ["--capacity", str(CARD), "--others", str(CARD - FREE), "--what-if", "max-num-batched-tokens=16384"]
+    args += [
+        "--what-if",
+        "max-num-seqs=256",
+        "--what-if",
+        "enforce-eager",
+        "--what-if",
+        "gpu-memory-utilization=0.0835",
+    ]
+    assert main([*args, "--suggest"]) == 1
+    out = " ".join(capsys.readouterr().out.split())
+    assert "Model: 3 traces of this model" in out
+    assert "DIES in determine_available_memory/profile_run by 0.19 GiB" in out
+    assert "2. --max-num-batched-tokens 2048: KV cache 0.47 GiB, 966 blocks, 61,824 tokens" in out
+
+
+def test_the_view_of_a_start_up_vllm_refused_says_what_would_make_it_boot(tmp_path):
+    """small-r2048 booted nowhere (vLLM sized 0 KV blocks), so its view answers the question too."""
+    import json
+
+    out = tmp_path / "view.html"
+    assert main(["view", str(GRID.run_dir("small-r2048")), "-o", str(out)]) == 0
+    doc = json.loads(out.read_text().split('id="mt-doc">', 1)[1].split("</script>", 1)[0])
+    boot = " ".join(doc["boot"].split())
+    assert boot.startswith(
+        "On the recorded card (139.80 GiB), with the recorded flags: vLLM REFUSES at kv_cache_sizing"
+    )
+    assert "0.25 GiB short" in boot
+    assert "1. --gpu-memory-utilization 0.0835 --no-enable-extensible-kv-cache: KV cache 0.92 GiB, 1,893 blocks" in boot
+
+
+def test_the_table_in_docs_is_the_one_the_checks_give():
+    from pathlib import Path
+
+    from memtrace.analysis import fits_check
+
+    doc = (Path(__file__).resolve().parents[2] / "docs" / "whatif.md").read_text()
+    rows = fits_check.summary_table([check(*case) for case in CASES])
+    assert "\n".join(rows) in doc
