@@ -52,11 +52,3 @@ def _first_per_segment(positions: np.ndarray, seg_of: np.ndarray) -> np.ndarray:
     segs = seg_of[positions]
     _, first = np.unique(segs, return_index=True)
     return positions[first]
-
-
-def thin_step(
-    time_us: np.ndarray, values: np.ndarray, t_lo: int, t_hi: int, n_buckets: int
-) -> tuple[np.ndarray, np.ndarray]:
-    """(times, values) of a step curve thinned to ``n_buckets`` over [t_lo, t_hi], peaks kept."""
-    keep = bucket_indices(time_us, values, t_lo, t_hi, n_buckets)
-    return time_us[keep], values[keep]

@@ -17,7 +17,7 @@ The dict has PyTorch's shape, so memory_viz and ``torch.cuda._memory_viz`` read 
 It is written as a pickle with protocol 4: memory_viz rejects protocol 5 (pytorch#183842). The file
 is streamed (``pickle_stream``): ten million entries never exist as Python objects. NVML
 samples, hook calls and facts have no place in this format and are left out. memtrace reads the
-file back with ``memtrace import`` (``importers.torch_snapshot.trace_from_snapshot``).
+file back with ``memtrace import`` (``importers.torch_snapshot.traces_from_snapshot``).
 """
 
 from __future__ import annotations
@@ -52,14 +52,7 @@ from .pickle_stream import (
 #: this module's output format(s) (``plots.format_spec``)
 FORMATS = of(__name__)
 
-PICKLE_PROTOCOL = 4
 _OOM = ACTION_CODE["oom"]
-
-
-def _frame_lists(trace: Trace) -> list[list[dict[str, Any]]]:
-    """One frames list per interned stack (shared objects: the pickle stores each once)."""
-    frames = [{"filename": f.filename, "line": f.line, "name": f.name} for f in trace.frames]
-    return [[frames[i] for i in stack] for stack in trace.stacks]
 
 
 def _covering_blocks(seg, frames_of) -> list[dict[str, Any]]:
@@ -143,41 +136,6 @@ def _fields(trace: Trace) -> tuple[np.ndarray, list]:
 
 def _is_host(trace: Trace) -> bool:
     return trace.process.role == PINNED_HOST
-
-
-def snapshot_dict(trace: Trace, progress=None) -> dict[str, Any]:
-    """The ``_snapshot()``-shaped dict of ``trace``, in memory (:func:`export_memory_viz` streams the
-    same thing to a file without building it)."""
-    device = trace.process.device_index or 0
-    stacks = _frame_lists(trace)
-    empty: list[dict[str, Any]] = []
-
-    def frames_of(stack: int) -> list[dict[str, Any]]:
-        return stacks[stack] if 0 <= stack < len(stacks) else empty
-
-    ev = trace.events
-    cols = zip(
-        ev["time_us"].tolist(), ev["action"].tolist(), ev["addr"].tolist(), ev["size"].tolist(),
-        ev["stream"].tolist(), ev["stack"].tolist(), strict=True,
-    )  # fmt: skip
-    which, values = _fields(trace)
-    entries = [
-        _entry(t, a, addr, size, stream, frames_of(stack), values[w] if w >= 0 else None)
-        for (t, a, addr, size, stream, stack), w in zip(cols, which.tolist(), strict=True)
-    ]
-    if progress is not None:
-        progress.advance()
-    segments = _segments(trace, frames_of)
-    if progress is not None:
-        progress.advance()
-    if _is_host(trace):  # pinned host memory goes back where torch 2.14 keeps it
-        return {"segments": [], "device_traces": [], "host_segments": segments, "host_traces": entries}
-    return {
-        "segments": segments,
-        "device_traces": [[] for _ in range(device)] + [entries],
-        "external_annotations": _annotations(trace),
-        "allocator_settings": trace.facts.get(F.ALLOCATOR_SETTINGS, {}),
-    }
 
 
 #: Entries per MARK ... APPENDS group of the streamed file. MemoryViz.js appends a group with

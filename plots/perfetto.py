@@ -116,12 +116,6 @@ def _records(run, progress=None) -> Iterator[str]:
             progress.advance()
 
 
-def trace_events(run, progress=None) -> Iterator[dict[str, Any]]:
-    """Every trace event of an analysed run as dicts (what :func:`write_perfetto` writes), metadata first."""
-    for text in _records(run, progress):
-        yield from json.loads(f"[{text}]")
-
-
 def _dumps(ev: dict[str, Any]) -> str:
     return json.dumps(ev, separators=(",", ":"))
 

@@ -56,12 +56,6 @@ TICK_GAP_PX = 3.0
 MAX_OVERFLOW_ROWS = 6
 
 
-def leader(label: PhaseLabel, px_per_s: float) -> tuple[float, float]:
-    """(x at the bar, x at the label's row) of an overflow label's tick, in seconds: one vertical line at
-    the bar's middle."""
-    return label.anchor_s, label.anchor_s
-
-
 def _width_s(text: str, px_per_s: float, char_px: float, pad_px: float) -> float:
     return (len(text) * char_px + pad_px) / px_per_s
 

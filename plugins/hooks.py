@@ -182,11 +182,6 @@ class HookManager:
             else:
                 self._ensure_finder()
 
-    def patched(self) -> list[str]:
-        """The target paths patched so far (each once)."""
-        with self._lock:
-            return sorted({path for path, _ in self._done})
-
     def unpatch(self) -> None:
         """Restore every binding this manager replaced and stop watching imports."""
         with self._lock:
@@ -203,10 +198,6 @@ class HookManager:
                 except ValueError:
                     pass
                 self._finder = None
-
-    def watched_modules(self) -> list[str]:
-        with self._lock:
-            return sorted(self._hooks)
 
     # -- patching ------------------------------------------------------------------------------
     def _ensure_finder(self) -> None:

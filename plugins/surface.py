@@ -285,11 +285,6 @@ def of_role(role: str, library: str | None = None) -> list[Entry]:
     return [e for e in TABLE if e.role == role and (library is None or e.library == library)]
 
 
-def phase_targets(version: Version | None = None) -> list[Entry]:
-    """The phase entries that exist in vLLM ``version`` (all of them when it is unknown)."""
-    return [e for e in of_role("phase") if e.applies_to(version)]
-
-
 def hooks_for(vllm_version: Version | None) -> list[Entry]:
     """The entries the plugin hooks, in order: vLLM's that exist in ``vllm_version`` (all when unknown),
     torch's, and every FlashInfer allocator (FlashInfer's version is not known when vLLM loads the plugin,

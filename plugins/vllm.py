@@ -96,19 +96,6 @@ def register() -> None:
             log.warning("memtrace: the vLLM plugin failed to load; vLLM runs untraced", exc_info=True)
 
 
-def unregister() -> None:
-    """Undo every patch (tests, or a program that wants vLLM back as it was)."""
-    global _plugin
-    with _lock:
-        if _plugin is not None:
-            _plugin.manager.unpatch()
-            _plugin = None
-
-
-def active_plugin() -> Plugin | None:
-    return _plugin
-
-
 def _setup_logging() -> None:
     """memtrace's lines show up in vLLM's output: a stderr handler when nobody configured one."""
     logger = logging.getLogger("memtrace")

@@ -34,22 +34,6 @@ KV_CACHE_SIZING_WARMUP = "kv_cache_sizing_warmup"
 KV_CACHE_SIZING = "kv_cache_sizing"
 KV_CACHE_EXTEND = "kv_cache_extend"
 
-PHASE_ORDER = (
-    INIT_DEVICE,
-    LOAD_MODEL,
-    DETERMINE_AVAILABLE_MEMORY,
-    PROFILE_RUN,
-    CUDAGRAPH_PROFILE,
-    KV_CACHE_INIT,
-    COMPILE_OR_WARM_UP,
-    KERNEL_WARMUP,
-    WARMUP_KERNELS,
-    KV_CACHE_SIZING_WARMUP,
-    CAPTURE_MODEL,
-    KV_CACHE_SIZING,
-    KV_CACHE_EXTEND,
-)
-
 
 def session() -> Any:
     """The recording session of this process, or None (memtrace.capture not loaded or not recording)."""

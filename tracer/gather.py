@@ -30,7 +30,6 @@ from typing import Any
 MANIFEST = "nodes.json"
 FORMAT = "memtrace-nodes"
 VERSION = 1
-STATUSES = ("here", "on-node", "gathered", "failed")
 
 
 @dataclass

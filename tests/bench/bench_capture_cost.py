@@ -35,8 +35,8 @@ sys.path[:0] = [str(Path(__file__).resolve().parent), str(Path(__file__).resolve
 
 from bench_store_report import build  # noqa: E402
 from capture_fakes import FakeTorch, session_with  # noqa: E402
-from memtrace.plots.memory_viz import snapshot_dict  # noqa: E402
 from memtrace.store import load_trace  # noqa: E402
+from references import snapshot_dict  # noqa: E402
 
 #: (phase, parent index or None, share of the entries allocated inside it)
 PHASES = [

@@ -29,7 +29,7 @@ def _synthetic():
 
 def main(n_events: int = 1_000_000) -> None:
     from memtrace.analysis.curves import all_curves
-    from memtrace.analysis.flame import flame_at, peak_event_index
+    from memtrace.analysis.flame import flame_at
     from memtrace.analysis.run import analyse
     from memtrace.cli import main as cli
     from memtrace.plots.flame_svg import render_flame_svg
@@ -37,6 +37,7 @@ def main(n_events: int = 1_000_000) -> None:
     from memtrace.plots.timeline import render_timeline
     from memtrace.plots.timeline_data import prepare_rank
     from memtrace.store import save_trace
+    from references import peak_event_index
 
     trace = _synthetic().synthetic_large(n_events)
     print(f"trace: {len(trace.events):,} events, {len(trace.samples):,} NVML samples (SYNTHETIC)")

@@ -11,15 +11,14 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from memtrace.analysis import fits_check  # noqa: E402
-from whatif_heldout_cases import CASES, check  # noqa: E402
+from whatif_heldout_cases import CASES, check, markdown_table, summary_table  # noqa: E402
 
 
 def main() -> int:
     checks = [check(*case) for case in CASES]
-    print("\n".join(fits_check.summary_table(checks)))
+    print("\n".join(summary_table(checks)))
     if "--full" in sys.argv[1:]:
-        print("\n" + "\n".join(fits_check.markdown_table(checks)))
+        print("\n" + "\n".join(markdown_table(checks)))
     figures = [f for c in checks for f in c.figures]
     missed = [f for f in figures if not f.ok]
     outcomes = sum(c.outcome_ok for c in checks)

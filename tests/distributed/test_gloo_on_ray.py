@@ -2,8 +2,8 @@
 through Ray, and its deliberately skewed clock is measured and aligned.
 
 The cluster is Ray's own multi-node test cluster on this machine: two nodes, each with its own Ray
-temporary folder (its own "disk"); node 1's raylet, hence every worker it starts, runs with
-``MEMTRACE_TEST_CLOCK_SKEW_US=5000000``: a host whose clock is 5 s ahead. Nothing of memtrace is in the
+temporary folder (its own "disk"); node 1's raylet, hence every worker it starts, runs with memtrace's clock
+5 s ahead (the test-only ``tests/worker_shim/mt_test_clock_skew.py``): a host whose clock is off. Nothing of memtrace is in the
 nodes' environment: only what the driver carries reaches the actors.
 """
 
@@ -20,12 +20,12 @@ import pytest
 
 pytest.importorskip("ray", reason="Ray is not installed here; .ci/setup installs it (pip install 'ray==2.60.*')")
 
+from aligned_clocks import alignment  # noqa: E402
 from memtrace import facts as F  # noqa: E402
-from memtrace.analysis.clock_alignment import alignment  # noqa: E402
 from memtrace.cli import run as run_cmd
 from memtrace.gather import elsewhere, read_manifest  # noqa: E402
 from memtrace.store import load_run  # noqa: E402
-from ray_cluster import ray_cluster  # noqa: E402
+from ray_cluster import ray_cluster, worker_shim  # noqa: E402
 
 pytestmark = pytest.mark.ray
 
@@ -58,7 +58,7 @@ def _run_program(cluster: dict, run_dir: Path, *extra: str) -> dict:
 def runs():
     nodes = [
         {"num_cpus": 1, "resources": {"node0": 1}},
-        {"num_cpus": 1, "resources": {"node1": 1}, "env_vars": {"MEMTRACE_TEST_CLOCK_SKEW_US": str(SKEW_US)}},
+        {"num_cpus": 1, "resources": {"node1": 1}, "env_vars": worker_shim(clock_skew_us=SKEW_US)},
     ]
     with ray_cluster(nodes) as cluster:
         carried = _run_program(cluster, cluster["root"] / "run")

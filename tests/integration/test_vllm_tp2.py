@@ -13,8 +13,8 @@ import re
 import sys
 
 import pytest
+from aligned_clocks import alignment
 from memtrace import facts as F
-from memtrace.analysis.clock_alignment import alignment
 from memtrace.store import load_run
 from vllm_server import PHASES, VllmServer
 

@@ -19,8 +19,8 @@ from memtrace.capture import allocator_history as H
 from memtrace.capture import registry as R
 from memtrace.capture import session as S
 from memtrace.facts import OOM as FACT_OOM
-from memtrace.plots.memory_viz import snapshot_dict
 from memtrace.store import load_trace, read_fact
+from references import snapshot_dict
 
 FULL = Path(__file__).parents[1] / "data" / "h200" / "startup-full" / "vm-pid457.memtrace"
 PHASES = ("load_model", "profile_run", "kv_cache_init", "capture_model")

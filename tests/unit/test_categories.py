@@ -20,12 +20,11 @@ from memtrace.analysis.categories import (
     WEIGHTS,
     WORKSPACE,
     categorize,
-    category_curves,
     classify,
     phase_categories,
 )
-from memtrace.analysis.curves import allocated_curve
 from memtrace.model import ACTION_CODE, HookCall, Phase, Trace, empty_events
+from references import allocated_curve, category_curves
 from testdata import real_traces as _real_traces
 
 TESTS = Path(__file__).resolve().parents[1]
@@ -197,9 +196,10 @@ def test_real_vllm_kv_cache_and_weights_categories_match_vllms_own_figures():
 def test_category_steps_read_the_category_curves_at_any_index_without_building_them():
     """The view's zoom reads categories at a few thousand indices (analysis.categories.CategorySteps)."""
     import numpy as np
-    from memtrace.analysis.categories import CATEGORIES, category_curves, category_steps
+    from memtrace.analysis.categories import CATEGORIES, category_steps
     from memtrace.analysis.run import analyse
     from memtrace.store import load_run
+    from references import category_curves
 
     rank = analyse(load_run(Path(__file__).resolve().parents[1] / "data" / "vllm-h200" / "startup").traces).ranks[0]
     steps = category_steps(rank.trace, rank.categorized, rank.curves)

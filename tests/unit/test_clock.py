@@ -1,16 +1,21 @@
-"""Clock offsets: the round-trip measurement, the test-only skew knob, the ``clock`` fact, and the alignment
-every multi-rank output will state (``memtrace.analysis.clock_alignment``)."""
+"""Clock offsets: the round-trip measurement, the test-only clock-skew shim, the ``clock`` fact, and each rank's
+offset to the driver's clock as recorded (``tests/aligned_clocks.py``)."""
 
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
+from pathlib import Path
 
+from aligned_clocks import alignment
 from memtrace import facts as F
-from memtrace.analysis.clock_alignment import alignment
 from memtrace.capture import clock
 from memtrace.model import Phase, Process, Trace
+from ray_cluster import worker_shim
+
+ROOT = Path(__file__).resolve().parents[2]
 
 
 class World:
@@ -47,30 +52,46 @@ def test_a_symmetric_round_trip_measures_the_skew_exactly():
     assert (got.offset_us, got.uncertainty_us, got.rtt_us) == (1_234_567, 500, 1_000)
 
 
-def test_the_test_skew_knob_shifts_memtraces_clock_and_the_times_a_session_stamps(tmp_path):
-    code = (
-        "import json, time, memtrace\n"
-        "from memtrace.capture import clock\n"
-        "true = time.time_ns() // 1000\n"
-        "with memtrace.trace(str(__import__('sys').argv[1]), sidecar=False, handle_signals=False) as s:\n"
-        "    with memtrace.phase('p'):\n"
-        "        pass\n"
-        "t = memtrace.load(s.path).traces[0]\n"
-        "print(json.dumps({'skew': clock.now_us() - time.time_ns() // 1000, 'start': t.phases[0].start_us - true,"
-        " 'clock': t.facts['clock']}))\n"
-    )
+SKEWED = (
+    "import json, sys, time, memtrace\n"
+    "from memtrace.capture import clock\n"
+    "true = time.time_ns() // 1000\n"
+    "with memtrace.trace(sys.argv[1], sidecar=False, handle_signals=False) as s:\n"
+    "    with memtrace.phase('p'):\n"
+    "        pass\n"
+    "t = memtrace.load(s.path).traces[0]\n"
+    "print(json.dumps({'skew': clock.now_us() - time.time_ns() // 1000, 'start': t.phases[0].start_us - true,"
+    " 'clock': t.facts['clock'], 'offset': clock.measure_offset(lambda: time.time_ns() // 1000).offset_us}))\n"
+)
+
+
+def _run_skewed(tmp_path, env: dict[str, str]) -> dict:
     out = subprocess.run(
-        [sys.executable, "-c", code, str(tmp_path / "run")],
-        env={**_env(), clock.TEST_SKEW_ENV: "123000000"},
+        [sys.executable, "-c", SKEWED, str(tmp_path / "run")],
+        env={**_env(), **env},
         capture_output=True,
         text=True,
         timeout=120,
     )
     assert out.returncode == 0, out.stderr[-2000:]
-    got = json.loads(out.stdout.strip().splitlines()[-1])
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def test_the_test_shim_skews_memtraces_clock_and_the_times_a_session_stamps(tmp_path):
+    got = _run_skewed(tmp_path, worker_shim(clock_skew_us=123_000_000))
     assert 122_990_000 < got["skew"] <= 123_000_000
     assert 123_000_000 <= got["start"] < 123_000_000 + 30_000_000  # the phase is stamped on the skewed clock
     assert got["clock"]["method"] == "same-host" and got["clock"]["offset_us"] == 0
+    # measure_offset's own default clock is the skewed one too: an unskewed remote is 123 s behind
+    assert -123_000_000 <= got["offset"] < -122_990_000
+
+
+def test_the_shipped_package_has_no_clock_knob(tmp_path):
+    got = _run_skewed(tmp_path, {"MEMTRACE_TEST_CLOCK_SKEW_US": "123000000"})  # the package's former knob
+    assert abs(got["skew"]) < 10_000 and 0 <= got["start"] < 30_000_000
+    sources = [p for folder in ("tracer", "plugins", "plots") for p in (ROOT / folder).rglob("*.py")]
+    assert len(sources) > 50
+    assert [str(p) for p in sources if re.search(r"MEMTRACE_TEST|MT_TEST_", p.read_text())] == []
 
 
 def _env() -> dict[str, str]:

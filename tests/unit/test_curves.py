@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import numpy as np
-from memtrace.analysis.curves import all_curves, allocated_curve, baseline, reserved_curve
+from memtrace.analysis.curves import all_curves, baseline, reserved_curve
 from memtrace.analysis.live import live_allocations_at
-from memtrace.importers.torch_snapshot import trace_from_snapshot
 from memtrace.model import SAMPLE_DTYPE
+from references import allocated_curve, trace_from_snapshot
 
 MiB = 1 << 20
 SEG = 0x7F0000000000

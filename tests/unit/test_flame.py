@@ -14,20 +14,14 @@ import numpy as np
 import pytest
 import synthetic_startup
 from memtrace.analysis.curves import all_curves
-from memtrace.analysis.flame import (
-    BEFORE_RECORDING,
-    HOOK_PREFIX,
-    flame_at,
-    frame_label,
-    peak_event_index,
-    window_peak_event_index,
-)
+from memtrace.analysis.flame import BEFORE_RECORDING, HOOK_PREFIX, flame_at, frame_label
 from memtrace.analysis.live import holders_by_stack
 from memtrace.cli import main
 from memtrace.model import ACTION_CODE, Frame, Trace, empty_events
 from memtrace.plots.flame_svg import render_flame_svg
 from memtrace.plots.folded import folded_lines, render_folded
 from memtrace.store import save_trace
+from references import peak_event_index, window_peak_event_index
 from testdata import real_traces as _real_traces
 
 TESTS = Path(__file__).resolve().parents[1]
@@ -305,8 +299,8 @@ def test_real_vllm_peak_flame_without_stacks_groups_by_phase_and_matches_vllms_o
 
 def test_real_flashinfer_hook_frames_hold_exactly_the_bytes_the_hooked_calls_returned():
     """Real FlashInfer 0.6.13 allocators on the H200, hooked: each top-level call returned 94,974,860 B."""
-    from memtrace.analysis.categories import category_curves
     from memtrace.store import load_run
+    from references import category_curves
 
     run = TESTS / "data" / "vllm-h200" / "flashinfer-probe"
     if not run.is_dir():

@@ -12,12 +12,13 @@ from pathlib import Path
 import pytest
 from memtrace.analysis import non_torch
 from memtrace.analysis.curves import all_curves
-from memtrace.analysis.flame import NO_STACK, NON_TORCH, PHASE_PREFIX, flame_at, peak_event_index
+from memtrace.analysis.flame import NO_STACK, NON_TORCH, PHASE_PREFIX, flame_at
 from memtrace.cli import main
 from memtrace.model import empty_device_allocs
 from memtrace.plots.flame_svg import render_flame_svg
 from memtrace.plots.folded import folded_lines, render_folded
 from memtrace.store import load_trace
+from references import peak_event_index
 
 DATA = Path(__file__).parents[1] / "data" / "vllm-h200"
 RUN = DATA / "startup-cupti"

@@ -8,12 +8,12 @@ import sqlite3
 from pathlib import Path
 
 import pytest
-from memtrace.analysis.diff import diff_traces
 from memtrace.analysis.history import figures_doc, figures_from_doc, record
 from memtrace.cli import main
 from memtrace.history_store import VERSION
 from memtrace.store import load_run
 from memtrace.units import parse_threshold
+from references import diff_traces
 
 DATA = Path(__file__).resolve().parents[1] / "data"
 FULL, WS1G = DATA / "h200" / "startup-full", DATA / "h200" / "startup-ws1g"

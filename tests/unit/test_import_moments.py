@@ -16,8 +16,9 @@ from memtrace.analysis.curves import all_curves
 from memtrace.cli import main
 from memtrace.importers.files import read_snapshot, traces_from_snapshot_file
 from memtrace.importers.torch_snapshot import MOMENT_NOTE, NO_STATE_NOTE, traces_from_snapshot
-from memtrace.plots.memory_viz import snapshot_dict, write_snapshot
+from memtrace.plots.memory_viz import write_snapshot
 from memtrace.store import load_trace, save_trace
+from references import snapshot_dict
 
 SNAPS = Path(__file__).resolve().parents[1] / "data" / "snapshots"
 STATE = SNAPS / "state-only.pickle"

@@ -20,9 +20,9 @@ from memtrace.analysis.oom import find_oom
 from memtrace.cli import main
 from memtrace.importers.files import read_snapshot, traces_from_snapshot_file
 from memtrace.importers.torch_snapshot import traces_from_snapshot
-from memtrace.plots.memory_viz import snapshot_dict
 from memtrace.plots.perfetto import export_perfetto
 from memtrace.store import load_run, load_trace
+from references import snapshot_dict
 from testdata import analysed_run
 
 SNAPS = Path(__file__).resolve().parents[1] / "data" / "snapshots"

@@ -12,6 +12,7 @@ import pytest
 from memtrace.analysis import pinned as P
 from memtrace.analysis.curves import all_curves
 from memtrace.model import ACTION_CODE, Trace, empty_events
+from references import pinned_loop
 
 MiB, GiB = 1 << 20, 1 << 30
 # the random histories of test_pinned_columns (test modules are not on the path)
@@ -32,7 +33,7 @@ def history(rows: list[tuple[str, int, int]]) -> Trace:
 def pinned(tr: Trace) -> np.ndarray:
     curves = all_curves(tr)
     out = P.pinned_curve(tr, curves).bytes
-    assert np.array_equal(out, P._pinned_loop(tr, curves).bytes)
+    assert np.array_equal(out, pinned_loop(tr, curves).bytes)
     return out
 
 

@@ -16,12 +16,32 @@ import pytest
 from memtrace import facts as F
 from memtrace.plugins import vllm as plugin
 from memtrace.plugins import vllm_facts, vllm_phases
-from memtrace.plugins.surface import Entry, parse_version
-from memtrace.plugins.surface import phase_targets as targets_for
-from memtrace.plugins.vllm_phases import PHASE_ORDER
+from memtrace.plugins.surface import Entry, of_role, parse_version
 from vllm_source import target_defined
 
+
+def targets_for(version):
+    """The phase entries of the surface table that exist in vLLM ``version`` (all when it is None)."""
+    return [e for e in of_role("phase") if e.applies_to(version)]
+
+
 TARGETS = tuple(targets_for(None))
+#: Every phase name the plugin records, in start-up order (vllm_phases' constants).
+PHASE_ORDER = (
+    vllm_phases.INIT_DEVICE,
+    vllm_phases.LOAD_MODEL,
+    vllm_phases.DETERMINE_AVAILABLE_MEMORY,
+    vllm_phases.PROFILE_RUN,
+    vllm_phases.CUDAGRAPH_PROFILE,
+    vllm_phases.KV_CACHE_INIT,
+    vllm_phases.COMPILE_OR_WARM_UP,
+    vllm_phases.KERNEL_WARMUP,
+    vllm_phases.WARMUP_KERNELS,
+    vllm_phases.KV_CACHE_SIZING_WARMUP,
+    vllm_phases.CAPTURE_MODEL,
+    vllm_phases.KV_CACHE_SIZING,
+    vllm_phases.KV_CACHE_EXTEND,
+)
 
 
 def _fresh(code: str, env: dict[str, str]) -> subprocess.CompletedProcess:
@@ -33,13 +53,13 @@ def _fresh(code: str, env: dict[str, str]) -> subprocess.CompletedProcess:
 
 REGISTER = """
 import sys, json, os
-from memtrace.plugins.vllm import register, active_plugin
-register(); register()
-p = active_plugin()
+from memtrace.plugins import vllm
+vllm.register(); vllm.register()
+p = vllm._plugin  # the plugin register() installed
 print(json.dumps({
     "heavy": sorted(m for m in ("torch", "vllm", "matplotlib", "flashinfer") if m in sys.modules),
     "enabled": p is not None,
-    "watched": p.manager.watched_modules() if p else [],
+    "watched": sorted(p.manager._hooks) if p else [],  # the modules its post-import hook waits for
     "finders": sum(type(f).__name__ == "PostImportFinder" for f in sys.meta_path),
     "dir": os.environ.get("MEMTRACE_DIR"),
     "cmdline": json.loads(os.environ.get("MEMTRACE_CMDLINE", "null")),

@@ -7,8 +7,8 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from aligned_clocks import alignment
 from memtrace import facts as F
-from memtrace.analysis.clock_alignment import alignment
 from memtrace.cli import main
 from memtrace.gather import elsewhere, read_manifest
 from memtrace.store import load_run

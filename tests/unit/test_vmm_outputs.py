@@ -159,9 +159,19 @@ def test_a_flame_before_034_has_no_vmm_root(tmp_path):
 # --- Perfetto ------------------------------------------------------------------------------------------------
 
 
-def _counter(run, name: str) -> list[int]:
-    from memtrace.plots.perfetto import trace_events
+def trace_events(run) -> list[dict]:
+    """The trace events ``write_perfetto`` writes for ``run``, read back."""
+    import io
+    import json
 
+    from memtrace.plots.perfetto import write_perfetto
+
+    out = io.StringIO()
+    write_perfetto(run, out)
+    return json.loads(out.getvalue())["traceEvents"]
+
+
+def _counter(run, name: str) -> list[int]:
     return [e["args"]["bytes"] for e in trace_events(run) if e.get("ph") == "C" and e["name"] == name]
 
 
@@ -187,8 +197,6 @@ def test_perfetto_has_a_vmm_kv_cache_counter_and_the_address_space_apart(step, t
 
 
 def test_perfetto_before_034_has_no_vmm_counter():
-    from memtrace.plots.perfetto import trace_events
-
     names = {e["name"] for e in trace_events(_run("old")) if e.get("ph") == "C"}
     assert "reserved" in names
     assert not any("VMM" in n for n in names)

@@ -12,7 +12,7 @@ import re
 import pytest
 from memtrace.analysis import whatif as W
 from memtrace.cli import main
-from whatif_heldout_cases import CASES, GRID, MISS_BOUND_BYTES, MISSES, check, sites
+from whatif_heldout_cases import CASES, GRID, MISS_BOUND_BYTES, MISSES, check, markdown_table, sites, summary_table
 
 CARD = 150_109_880_320  # the H200 (cudaMemGetInfo's total)
 FREE = 13_592_821_760  # what the holder left free on the small card (holder.log)
@@ -20,10 +20,8 @@ FREE = 13_592_821_760  # what the holder left free on the small card (holder.log
 
 @pytest.mark.parametrize("case", CASES, ids=[f"{c[0]}<-{'+'.join((c[1], *c[2]))}" for c in CASES])
 def test_a_held_out_start_up_is_predicted_within_the_stated_bound(case):
-    from memtrace.analysis import fits_check
-
     c = check(*case)
-    table = "\n".join(fits_check.markdown_table([c]))
+    table = "\n".join(markdown_table([c]))
     assert c.outcome_ok, table
     for f in c.figures:
         if (case[0], f.name) in MISSES and case[2]:
@@ -102,8 +100,6 @@ def test_the_view_of_a_start_up_vllm_refused_says_what_would_make_it_boot(tmp_pa
 def test_the_table_in_docs_is_the_one_the_checks_give():
     from pathlib import Path
 
-    from memtrace.analysis import fits_check
-
     doc = (Path(__file__).resolve().parents[2] / "docs" / "whatif.md").read_text()
-    rows = fits_check.summary_table([check(*case) for case in CASES])
+    rows = summary_table([check(*case) for case in CASES])
     assert "\n".join(rows) in doc

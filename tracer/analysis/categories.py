@@ -35,7 +35,7 @@ exactly one category, decided by the first rule that applies, in this order:
 Frees carry the category of the allocation they release (paired by address, as in
 ``live.lifetimes``); a free with no recorded allocation releases
 baseline memory and comes out of **other**. So the category curves add up, at every step, to the
-exact ``allocated_curve`` (requested bytes).
+exact ``Curves.allocated`` (requested bytes).
 """
 
 from __future__ import annotations
@@ -45,7 +45,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..model import ACTION_CODE, Trace
-from .curves import Curve, Curves, all_curves
+from .curves import Curves, all_curves
 from .live import Lifetimes, lifetimes
 from .phases import phase_depth, recording_span
 
@@ -58,7 +58,6 @@ CATEGORIES: tuple[str, ...] = (
     "activations",
     "other",
 )
-CATEGORY_CODE: dict[str, int] = {name: i for i, name in enumerate(CATEGORIES)}
 WEIGHTS, KV_CACHE, WORKSPACE, CUDAGRAPH, ACTIVATIONS, OTHER = range(len(CATEGORIES))
 
 #: FlashInfer's workspace allocators (0.6.x, 0.7.x; see memtrace.plugins.flashinfer): a stack through
@@ -265,37 +264,11 @@ def _signed_sizes(trace: Trace) -> np.ndarray:
     return delta
 
 
-def category_curves(
-    trace: Trace, categorized: Categorized | None = None, *, curves: Curves | None = None
-) -> dict[str, Curve]:
-    """Allocated bytes by category, on the time axis of ``allocated_curve`` (stack them in CATEGORIES order).
-
-    At every index the values add up exactly to ``allocated_curve(trace).bytes``; the baseline
-    (memory allocated before the first recorded event) starts in ``other``. Pass ``categorized`` and
-    ``curves`` to share the work.
-    """
-    cat = categorized if categorized is not None else categorize(trace)
-    curves = curves if curves is not None else all_curves(trace)
-    base = curves.baseline.allocated_bytes
-    times = curves.allocated.time_us
-    delta = _signed_sizes(trace)
-    out = {}
-    for code, name in enumerate(CATEGORIES):
-        start = base if code == OTHER else 0
-        values = np.empty(len(delta) + 1, dtype=np.int64)
-        values[0] = start
-        np.cumsum(np.where(cat.codes == code, delta, 0), out=values[1:])
-        if start:
-            values[1:] += start
-        out[name] = Curve(times, values)
-    return out
-
-
 @dataclass(frozen=True)
 class CategorySteps:
     """Allocated bytes by category at any curve index, without building the curves: per category the
     positions of its events and the running sum of their signed sizes (one pass over the events, not
-    one per category). ``at(idx)[k]`` equals ``category_curves(...)[CATEGORIES[k]].bytes[idx]``."""
+    one per category). ``at(idx)[k]`` is category ``CATEGORIES[k]``'s allocated bytes after event ``idx - 1``."""
 
     positions: list[np.ndarray]  # event indices of each category, sorted
     sums: list[np.ndarray]  # 0, then the running sum of those events' signed sizes
@@ -328,7 +301,7 @@ def category_steps(trace: Trace, categorized: Categorized, curves: Curves) -> Ca
 def category_totals_at_index(
     trace: Trace, index: int, categorized: Categorized | None = None, *, curves: Curves | None = None
 ) -> dict[str, int]:
-    """``{name: category_curves(trace)[name].bytes[index]}`` (the state after event ``index - 1``) without
+    """``{name: that category's allocated bytes at index}`` (the state after event ``index - 1``) without
     building the curves: one sum per category over the events before ``index``."""
     cat = categorized or categorize(trace)
     delta = _signed_sizes(trace)[:index]

@@ -190,12 +190,6 @@ def _curve(trace: Trace, sums: np.ndarray, start: int, times: np.ndarray | None 
     return Curve(_curve_times(trace) if times is None else times, values)
 
 
-def allocated_curve(trace: Trace, base: Baseline | None = None) -> Curve:
-    """Bytes live in tensors (requested sizes), after every event."""
-    sums = np.cumsum(_allocated_deltas(trace))
-    return _curve(trace, sums, (base or baseline(trace)).allocated_bytes)
-
-
 def reserved_curve(trace: Trace, base: Baseline | None = None) -> Curve:
     """Bytes PyTorch holds in segments, after every event."""
     sums = np.cumsum(_reserved_deltas(trace))

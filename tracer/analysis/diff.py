@@ -12,7 +12,7 @@ percentage threshold: it is allocator rounding, not a regression. A new run that
 (``analysis.oom.find_oom``) where the base did not fails too.
 
 The gated figures of one trace are a :class:`Figures` (what ``history`` stores); :func:`compare`
-is the one comparator, used by :func:`diff_traces` and by ``history check``. Everything else
+is the one comparator, used by :func:`diff_ranks` and by ``history check``. Everything else
 (categories, sites) explains the change. Two runs whose environment fingerprints differ
 (``analysis.history_key``) are compared anyway, with the differences listed in ``mismatches``.
 Pure functions over Traces; rendering is ``plots.diff_text``'s job.
@@ -396,7 +396,7 @@ def _hook_totals(base: Figures, new: Figures, threshold: Threshold) -> list[Chan
 def compare(base: Figures, new: Figures, threshold: Threshold, *, label: str = "") -> TraceDiff:
     """The gate over two :class:`Figures` (the one comparator: diff and history check call it).
 
-    Categories and sites need the traces: :func:`diff_traces` adds them.
+    Categories and sites need the traces: :func:`diff_ranks` adds them.
     """
     headline = []
     moved = VIA_VMM in (base.kv_via, new.kv_via) and base.kv_via != new.kv_via and base.kv_via and new.kv_via
@@ -448,33 +448,13 @@ def compare(base: Figures, new: Figures, threshold: Threshold, *, label: str = "
     )
 
 
-def diff_traces(base: Trace, new: Trace, threshold: Threshold, *, label: str = "") -> TraceDiff:
-    """Compare ``new`` against ``base`` (the same process of two runs)."""
-    bc, nc = all_curves(base), all_curves(new)
-    device_level = bc.has_device and nc.has_device  # like with like: reserved-only unless both sampled NVML
-    d = compare(
-        figures(base, device_level=device_level, curves=bc),
-        figures(new, device_level=device_level, curves=nc),
-        threshold,
-        label=label or new.label,
-    )
-    sites = site_changes(base, new, bc, nc)
-    return replace(
-        d,
-        categories=category_changes(base, new, bc, nc),
-        sites=sites.changes,
-        sites_missing=sites.missing,
-        one_moment=_sides(is_one_moment(base.facts), is_one_moment(new.facts)),
-    )
-
-
 def _sides(base: bool, new: bool) -> str:
     """ "both", "base", "new" or "" for a property each side has or not."""
     return "both" if base and new else "base" if base else "new" if new else ""
 
 
 def diff_ranks(base, new, threshold: Threshold, *, label: str = "") -> TraceDiff:
-    """:func:`diff_traces` of two analysed ranks (``analysis.rank.AnalysedRank``), sharing their figures."""
+    """Compare two analysed ranks (``analysis.rank.AnalysedRank``, the same process of two runs), sharing their figures."""
     bc, nc = base.curves, new.curves
     device_level = bc.has_device and nc.has_device
     d = compare(

@@ -6,7 +6,7 @@ path of frames, outermost first (root → leaf). When the trace holds CUPTI reco
 (``non_torch.live_allocations``) contributes its bytes too, under a top-level frame of its own,
 ``[non-PyTorch, CUPTI]``, then its category (``[kernel modules' statics]``), then its Python stack.
 The root holds both, and the invariant is two-fold, to the byte: the PyTorch part (everything outside
-``[non-PyTorch, CUPTI]``, ``Flame.torch_bytes``) equals ``allocated_curve.at`` that moment, and the
+``[non-PyTorch, CUPTI]``, ``Flame.torch_bytes``) equals ``Curves.allocated.at`` that moment, and the
 CUPTI part (``Flame.non_torch_bytes``) equals ``non_torch.breakdown(...).cupti_bytes`` at the same
 microsecond; folded lines made from the tree (``frame;frame;frame bytes``) add up to their sum.
 A trace without CUPTI records gives the PyTorch part alone, exactly as before.
@@ -37,10 +37,8 @@ import numpy as np
 from ..model import Frame, HookCall, Trace
 from . import non_torch as _non_torch
 from . import vmm as _vmm
-from .curves import Curve
 from .frames import python_frames
 from .live import Lifetimes, LiveAllocation, lifetimes, live_allocations_at
-from .quantities import fullest_at_peak, window_fullest
 
 #: The top-level frame of the non-PyTorch device memory CUPTI saw (``non_torch.live_allocations``).
 NON_TORCH = "[non-PyTorch, CUPTI]"
@@ -88,7 +86,7 @@ class Flame:
     root: FlameNode
     stacks: dict[tuple[str, ...], int]  # root→leaf frame labels -> bytes (the folded form)
     since_us: int | None = None  # only allocations made at or after this moment (None: every live one)
-    #: PyTorch's live requested bytes in the tree (``allocated_curve`` at that moment, unless ``since_us``)
+    #: PyTorch's live requested bytes in the tree (``Curves.allocated`` at that moment, unless ``since_us``)
     torch_bytes: int = 0
     #: the non-PyTorch bytes CUPTI saw live, under :data:`NON_TORCH` (``breakdown``'s ``cupti_bytes``);
     #: None when the trace holds no CUPTI records or they were left out
@@ -344,17 +342,6 @@ def flame_at(
             paths, counts = {**paths, **more}, {**counts, **more_counts}
     return Flame(int(t_us), event_index, build_tree(paths, counts), paths, since_us, torch_bytes, non_torch_bytes,
                  vmm_bytes)  # fmt: skip
-
-
-def peak_event_index(allocated: Curve, reserved: Curve) -> int:
-    """The event after which "the peak" is shown (``quantities.fullest_at_peak`` - 1); a thin alias kept for
-    callers of the old name."""
-    return fullest_at_peak(allocated, reserved) - 1
-
-
-def window_peak_event_index(allocated: Curve, start_us: int, end_us: int) -> int:
-    """``quantities.window_fullest`` - 1 (an event index); a thin alias kept for callers of the old name."""
-    return window_fullest(allocated, start_us, end_us) - 1
 
 
 def widest_leaves(flame: Flame, top: int = 5) -> list[tuple[tuple[str, ...], int]]:

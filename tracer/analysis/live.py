@@ -2,8 +2,8 @@
 
 "Live" means allocated and not yet ``free_completed`` (a block between ``free_requested`` and
 ``free_completed`` still waits on another stream and still occupies memory), the same rule as
-``curves.allocated_curve``, so at any moment ``sum(size_bytes of live_allocations_at(t))`` equals
-``allocated_curve(trace).at(t)`` when the recording is consistent.
+``Curves.allocated``, so at any moment ``sum(size_bytes of live_allocations_at(t))`` equals
+``all_curves(trace).allocated.at(t)`` when the recording is consistent.
 
 Allocations come from three places:
 

@@ -16,7 +16,7 @@ returned for them.
 
 The segment events (tens of thousands) are replayed one by one (:class:`_History`); the block events
 (millions) are placed and counted with numpy in windows of events, with 32-bit indexes, so that 10M events need a
-few hundred MiB beyond the trace. :func:`_pinned_loop`, one event at a time, is the reference.
+few hundred MiB beyond the trace. The event-at-a-time reference is ``pinned_loop`` in tests/references.py.
 """
 
 from __future__ import annotations
@@ -68,7 +68,7 @@ class _Segments:
 def pinned_curve(trace: Trace, curves: Curves | None = None, lt: Lifetimes | None = None) -> Curve:
     """Bytes of segments holding a live block, on the reserved curve's time axis (index i: after event i-1).
 
-    Vectorised (:func:`_pinned_columns`); the event-at-a-time :func:`_pinned_loop` gives the same curve.
+    Vectorised (:func:`_pinned_columns`); the event-at-a-time reference (tests/references.py) gives the same curve.
     """
     curves = curves or all_curves(trace)
     ev = trace.events
@@ -79,7 +79,7 @@ def pinned_curve(trace: Trace, curves: Curves | None = None, lt: Lifetimes | Non
 
 
 class _History:
-    """The segments' lives as :func:`_pinned_loop` sees them, in pieces of one size each.
+    """The segments' lives as the event-at-a-time reference sees them, in pieces of one size each.
 
     Positions are doubled (event i at 2i+1, before recording -1, never 2n+1). A ``segment_alloc`` at
     the start of an active segment gives it a new size and keeps its blocks: a new piece of the same
@@ -266,56 +266,3 @@ def _live_counts(
         run_min = np.minimum.accumulate(s[sub] - off) + off
         s[sub] -= np.minimum(run_min, 0).astype(wide)
     return s, g, starts
-
-
-def _pinned_loop(trace: Trace, curves: Curves) -> Curve:
-    """The reference: one event at a time (the tests hold :func:`pinned_curve` to it)."""
-    ev = trace.events
-    actions = ev["action"].tolist()
-    addrs = ev["addr"].tolist()
-    sizes = ev["size"].tolist()
-    segs = _Segments()
-    # segments from before recording: in the final snapshot without a recorded segment_alloc, or freed
-    # during recording without one
-    allocated_here = {a for a, act in zip(addrs, actions, strict=True) if act == _SEG_ALLOC}
-    for s in trace.segments:
-        if s.address not in allocated_here:
-            segs.add(s.address, s.total_bytes)
-    seen: set[int] = set()
-    for a, act, size in zip(addrs, actions, sizes, strict=True):
-        if act == _SEG_ALLOC:
-            seen.add(a)
-        elif act == _SEG_FREE and a not in seen and a not in segs.size:
-            segs.add(a, size)
-    # blocks live before recording
-    lt = lifetimes(trace)
-    for addr in lt.addr[lt.alloc_pos < 0].tolist():
-        s = segs.find(addr)
-        if s is not None:
-            segs.live[s] += 1
-    pinned = sum(segs.size[s] for s, n in segs.live.items() if n > 0)
-    out = np.empty(len(ev) + 1, dtype=np.int64)
-    out[0] = pinned
-    for i, (a, act, size) in enumerate(zip(addrs, actions, sizes, strict=True)):
-        if act == _ALLOC:
-            s = segs.find(a)
-            if s is not None:
-                segs.live[s] += 1
-                if segs.live[s] == 1:
-                    pinned += segs.size[s]
-        elif act == _FREE:
-            s = segs.find(a)
-            if s is not None and segs.live[s] > 0:
-                segs.live[s] -= 1
-                if segs.live[s] == 0:
-                    pinned -= segs.size[s]
-        elif act == _SEG_ALLOC:
-            segs.add(a, size)
-        elif act == _SEG_FREE:
-            s = segs.find(a)
-            if s is not None and segs.live.get(s, 0) > 0:
-                pinned -= segs.size[s]
-            if s is not None:
-                segs.remove(s)
-        out[i + 1] = pinned
-    return Curve(curves.reserved.time_us, np.minimum(out, curves.reserved.bytes))

@@ -66,7 +66,6 @@ CROSSED = "crossed"
 WITHIN = "within target"
 NO_TARGET = "no target"
 NOTHING = "recorded nothing"
-VERDICTS = (DIED, UNFINISHED, CROSSED, WITHIN, NO_TARGET, NOTHING)
 
 
 @dataclass(frozen=True)

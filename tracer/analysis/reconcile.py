@@ -102,13 +102,6 @@ class KvReconciliation:
             return None
         return self.available_kv_bytes - self.vllm_available_kv_bytes
 
-    @property
-    def relative_difference(self) -> float | None:
-        """|difference| / vLLM's figure."""
-        if not self.vllm_available_kv_bytes:
-            return None
-        return abs(self.difference_bytes) / abs(self.vllm_available_kv_bytes)
-
 
 def _phase(trace: Trace, name: str) -> Phase | None:
     for p in trace.phases:

@@ -12,11 +12,6 @@ different hosts read different clocks, so each session records, in the fact ``cl
   round-trip time kept; offset = driver − (t0 + t1) / 2, uncertainty = RTT / 2. A time ``t`` of this
   trace is ``t + offset_us`` on the driver's clock.
 - ``unmeasured``: another host and no way to measure: the offset is unknown (null).
-
-``MEMTRACE_TEST_CLOCK_SKEW_US`` is a knob for tests only: it adds that many microseconds to
-:func:`now_us` in the process that reads it, standing for a host whose clock is off. It shifts what
-memtrace stamps on the Python side (phases, notes, facts, the session's start and end), not PyTorch's
-allocator clock nor the NVML sidecar's.
 """
 
 from __future__ import annotations
@@ -30,26 +25,13 @@ from typing import Any
 
 #: The host that started the run (exported by ``memtrace run`` and the vLLM plugin, carried to workers).
 DRIVER_HOST_ENV = "MEMTRACE_DRIVER_HOST"
-#: Tests only: microseconds added to this process's clock (a stand-in for a host whose clock is off).
-TEST_SKEW_ENV = "MEMTRACE_TEST_CLOCK_SKEW_US"
 #: Round trips :func:`measure_offset` makes by default (each ~0.5-2 ms through a Ray actor on one machine).
 ROUNDS = 8
 
 
-def _read_skew() -> int:
-    text = os.environ.get(TEST_SKEW_ENV, "").strip()
-    try:
-        return int(text) if text else 0
-    except ValueError:
-        return 0
-
-
-_skew_us = _read_skew()
-
-
 def now_us() -> int:
-    """Unix-epoch microseconds on this host (plus the test-only skew), the clock of every memtrace time."""
-    return time.time_ns() // 1000 + _skew_us
+    """Unix-epoch microseconds on this host, the clock of every memtrace time."""
+    return time.time_ns() // 1000
 
 
 @dataclass(frozen=True)

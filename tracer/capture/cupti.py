@@ -153,7 +153,6 @@ class CuptiSource:
         self.pid = os.getpid()  # a forked child's CUDA calls are not this process's
         self.records = 0
         self.with_stack = 0
-        self.dropped_stacks = 0
         self.offset_ns = 0
         self.stacks_on = False
         self.started_us: int | None = None  # Unix µs when memtrace began enabling the records

@@ -168,12 +168,6 @@ def _where(t: Trace) -> str:
     return f"cuda:{t.process.device_index}" if t.process.device_index is not None else t.label
 
 
-def trace_from_snapshot_file(path: str | os.PathLike, *, device: int | None = None) -> Trace:
-    """One device's trace of a snapshot pickle (``device``, else the one with the most events)."""
-    traces = traces_from_snapshot_file(path, device=device)
-    return max(traces, key=lambda t: len(t.events))
-
-
 def load_input(
     path: str | os.PathLike,
     *,

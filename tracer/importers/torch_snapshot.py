@@ -425,9 +425,3 @@ def as_snapshot(snapshot: Any, source: str) -> dict[str, Any]:
         return {"segments": snapshot, "device_traces": []}
     validate_snapshot(snapshot, source)
     return snapshot
-
-
-def trace_from_snapshot(snapshot: dict[str, Any], *, device: int | None = None, source: str = "snapshot") -> Trace:
-    """One device's Trace (``device``, else the one with the most events): for single-device snapshots."""
-    traces = traces_from_snapshot(snapshot, device=device, source=source)
-    return max(traces, key=lambda t: len(t.events)) if device is None else traces[0]

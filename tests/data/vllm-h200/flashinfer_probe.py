@@ -23,7 +23,7 @@ import flashinfer  # noqa: E402
 from flashinfer.fused_moe.cute_dsl import blackwell_sm12x  # noqa: E402
 from flashinfer.fused_moe.cute_dsl.blackwell_sm12x import moe_dispatch as M  # noqa: E402
 
-print("flashinfer", flashinfer.__version__, "patched:", manager.patched())
+print("flashinfer", flashinfer.__version__, "patched:", sorted({path for path, _ in manager._done}))
 dev = torch.device("cuda")
 keep = []
 with api.phase("dynamic_direct"):

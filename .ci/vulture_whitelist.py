@@ -1,0 +1,78 @@
+"""Names vulture (60 %) reports in tracer/, plugins/ and plots/ that are used where it cannot see.
+
+Made with ``vulture tracer plugins plots --min-confidence 60 --make-whitelist`` and read entry by entry:
+each line says who uses the name. Anything dead was deleted, and anything only tests called moved to
+tests/ (issue 33), so it is not listed here. A new finding means new dead code, or a new entry with its
+reason. .ci/run runs ``vulture tracer plugins plots .ci/vulture_whitelist.py --min-confidence 60``.
+"""
+
+# ruff: noqa: B018, F821
+# fmt: off
+
+# -- called by a framework, by name -----------------------------------------------------------------------
+pytest_addoption  # plugins/pytest_plugin.py: pytest hook (entry point pytest11 = memtrace)
+pytest_configure  # pytest hook
+pytest_runtest_setup  # pytest hook
+_.pytest_runtest_call  # pytest hook, on the plugin's hookwrapper classes (two of them)
+pytest_runtest_teardown  # pytest hook
+pytest_runtest_makereport  # pytest hook
+memtrace_budget  # pytest fixture users request by name (docs/gating.md)
+_.invalidate_caches  # plugins/post_import.py: importlib's MetaPathFinder protocol (importlib.invalidate_caches)
+__getattr__  # tracer/__init__.py: PEP 562 module __getattr__ (lazy public API)
+__dir__  # tracer/__init__.py: PEP 562 module __dir__
+daemon_threads  # tracer/cli/_serve.py: socketserver.ThreadingMixIn option
+_.do_GET  # tracer/cli/_serve.py: http.server.BaseHTTPRequestHandler dispatches GET to it
+_.log_message  # tracer/cli/_serve.py: BaseHTTPRequestHandler override (no request log on stderr)
+_._negative_number_matcher  # tracer/cli/__init__.py: argparse reads it (negative numbers as values)
+_.extra_run  # tracer/cli/fits.py: set on the Namespace, read back by name (analysed(args, "extra_run"))
+_.completed  # tracer/progress.py: a task's progress, read by the progress line (and test_progress)
+
+# -- public API whose callers live outside the package ---------------------------------------------------
+runtime_env  # tracer/capture/ray_gather.py: a Ray program's actors' runtime_env (docs/recording.md,
+             # tests/distributed/gloo_program.py)
+widest_leaves  # tracer/analysis/flame.py: examples/render_figures.py
+_.unpatch  # plugins/hooks.py: every hook is undoable (STYLE rule 4); the tests undo each patch with it
+
+# -- fact keys: the registry (tracer/facts.py) lists each key with its writer -----------------------------
+MEMORY_FRACTION  # written by examples/record_startup.py
+DIED_IN  # written by examples/record_startup.py
+STARTUP_OUTCOME  # written by examples/record_startup.py
+TORCH_COUNTERS  # written by examples/record_startup.py
+VLLM_NON_TORCH_AT_INIT_BYTES  # "vllm.non_torch_at_init_bytes" in recorded traces (test_fits, test_real_traces)
+
+# -- closed lists of values a docstring names as the list -----------------------------------------------
+OUTCOMES  # tracer/analysis/fits.py: every outcome plots/fits_text.py words
+ENV_FIELDS  # tracer/analysis/history_key.py: the fingerprint's environment fields (diff.py, its docstring)
+
+# -- fields of records the package returns: read by JSON (dataclasses.asdict) or by tests -----------------
+frames_drawn  # plots/flame_svg.FlameSvgDrawn: what the renderer drew, for callers and tests
+non_torch_panel  # FlameSvgDrawn (test_flame_cupti)
+rest_panel  # FlameSvgDrawn (test_flame_shared)
+zoom_us  # plots/timeline.RankDrawn: what was drawn (test_timeline)
+phase_labels  # RankDrawn (test_timeline)
+annotation_corner  # RankDrawn (test_timeline)
+lane_px_per_s  # RankDrawn (test_timeline, test_timeline_axis)
+lane_char_px  # RankDrawn (test_timeline)
+binary  # plots/format_spec.Format: each format says whether it is binary (issue 33's format metadata)
+post_kv_peak_phase  # tracer/analysis/fits.Fit: in fits' JSON (fit_to_dict: dataclasses.asdict)
+recorded_capacity_bytes  # Fit: in fits' JSON
+after_kv  # tracer/analysis/whatif.PhasePeak: in the what-if JSON (answer_to_dict: dataclasses.asdict)
+peak_reserved_us  # tracer/analysis/phases.PhaseStats (test_phases)
+reserved_peak_bytes  # VmmSummary (test_vmm_outputs)
+sampled  # tracer/analysis/quantities.Quantity: the vocabulary's "sampled, not exact" flag
+bound  # tracer/analysis/quantities.BeforeRecording: NOT used — BeforeRecording and before_recording() have
+       # no caller (left to the vocabulary's owner, whose branch is editing quantities.py; issue 33 report)
+
+# -- record fields filled but read by nothing yet (vulture is right about these): each is a figure a record
+# carries; dropping one means editing its constructor in modules other branches are changing today. Listed
+# in issue 33's report as candidates to drop or to show.
+free_after_warmup_bytes  # tracer/analysis/fits_extensible.ExtensibleFit: the free memory after warm-up
+available_memtrace_bytes  # tracer/analysis/extensible.ExtensibleSizing: vLLM's formula on memtrace's terms
+before_kv_reserved_bytes  # tracer/analysis/landmarks.Landmarks: the reserved part of before_kv_bytes
+kv_phase  # Landmarks: the KV-allocation phase's path
+functions  # tracer/analysis/hooked.Outermost: distinct hooked functions called
+memtrace_threads_ns  # tracer/analysis/self_cost.SelfCost: memtrace's own threads (facts["self_cost"])
+startup_us  # SelfCost: init_device's start to the end of start-up
+committed_bytes  # tracer/analysis/vmm.VmmSummary: everything committed through CUDA VMM at the end
+added_us  # tracer/history_store.Row: the history store's column (when a run was added)
+_.allocated_blocks  # tracer/analysis/rank.AnalysedRank: quantities.ALLOCATED_BLOCKS' curve (extensible.py builds its own)
