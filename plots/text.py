@@ -376,7 +376,7 @@ def render_report(summary: Summary, file: TextIO, width: int = 100, markdown: bo
     """Write the report of one trace to ``file``.
 
     Args:
-        summary: ``memtrace.analysis.summary.summarize(trace, ...)``.
+        summary: ``AnalysedRank.summary`` (``analysis.rank``).
         file: a text stream.
         width: the text width tables are cut to (text mode).
         markdown: GitHub-flavoured markdown instead of plain text (for an upstream issue).

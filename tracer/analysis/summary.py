@@ -2,8 +2,8 @@
 
 ``AnalysedRank`` (``analysis.rank``) is the only holder of figures; a :class:`Summary` is a view of one,
 built by :func:`of_rank` from its cached properties only (nothing is computed here twice), and is what
-``memtrace report`` prints and its JSON holds. ``summarize(trace)`` is a thin alias for one trace on its
-own. Plain data: bytes and microseconds as integers, frames resolved so a renderer never needs the Trace.
+``memtrace report`` prints and its JSON holds (tests build one trace's alone with ``tests/references.summarize``).
+Plain data: bytes and microseconds as integers, frames resolved so a renderer never needs the Trace.
 
 Definitions:
 
@@ -40,7 +40,7 @@ from .extensible import ExtensibleSizing
 from .live import BEFORE_RECORDING, Lifetimes, holders_by_stack, lifetimes, meaningful_frame
 from .non_torch import NonTorchBreakdown
 from .oom import Oom
-from .phases import PhaseStats, recording_span
+from .phases import PhaseStats
 from .quantities import PeakBound
 from .reconcile import KvReconciliation, NonKv
 from .self_cost import SelfCost
@@ -273,27 +273,6 @@ def of_rank(rank: AnalysedRank) -> Summary:
         peak_bound=rank.peak_bound,
         user_metadata=rank.user_metadata,
     )
-
-
-def summarize(trace: Trace, target: Target | None = None, *, top: int = 10, curves: Curves | None = None) -> Summary:
-    """The Summary of one trace on its own (its own time origin): a thin alias for
-    ``AnalysedRank(trace, ...).summary``, which is what every output reads.
-
-    Args:
-        trace: the trace.
-        target: ``analysis.target.resolve_target(trace, ...)`` (a ``Target``, never bare bytes); None: the
-            recorded one.
-        top: how many holders at the peak to keep.
-        curves: the trace's ``all_curves``, when already built.
-    """
-    from .origin import TimeOrigin
-    from .rank import AnalysedRank, TargetSpec
-
-    if target is not None and not isinstance(target, Target):
-        raise TypeError("summarize takes a resolved Target (analysis.target.resolve_target), not bytes")
-    origin = TimeOrigin(recording_span(trace)[0], (), True, "")
-    rank = AnalysedRank(trace, TargetSpec(), origin, top=top, target=target, curves=curves)
-    return rank.summary
 
 
 def holders_by_site(trace: Trace, event_index: int, top: int = 10, *, lt: Lifetimes | None = None) -> list[HolderLine]:
