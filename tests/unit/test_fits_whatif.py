@@ -16,8 +16,8 @@ from memtrace.analysis.run import analyse
 from memtrace.cli import main
 from memtrace.errors import UsageError
 from memtrace.store import load_run
-from references import markdown_table
 from vllm034_data import logged, run_dir
+from whatif_heldout_cases import markdown_table
 
 GiB = 1 << 30
 
