@@ -16,7 +16,7 @@ KV_BYTES_PER_TOKEN = 8 * 2 * 4 * 128 * 1  # layers x (K, V) x KV heads x head_di
 
 
 def _figures(mode: str):
-    t = load_trace(next((HERE / f"cost-round4-{mode}").glob("*.memtrace")))
+    t = load_trace(next((HERE / f"cost-round4-{mode}").glob("*.memtrace.xz")))
     c = all_curves(t)
     steady = steady_non_torch(c)
     return t, landmarks(t, c), int(steady.bytes[0]), int(steady.bytes.max())

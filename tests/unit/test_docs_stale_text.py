@@ -35,7 +35,7 @@ def test_no_page_claims_no_cost_without_saying_on_which_vllm():
 def test_the_start_up_counts_are_the_shipped_folders():
     versions = (DOCS / "vllm-versions.md").read_text()
     vllm_startups = ["startup", "startup-stacks", "startup-cupti", "shared-gpu", "cost-round4-cupti", "cost-round4-on"]
-    assert all(any((ROOT / "tests/data/vllm-h200" / d).glob("*.memtrace")) for d in vllm_startups)
+    assert all(any((ROOT / "tests/data/vllm-h200" / d).glob("*.memtrace*")) for d in vllm_startups)
     assert f"H200, {len(vllm_startups)} start-ups" in versions
     measured = (DOCS / "measured.md").read_text()
     n = len(list((ROOT / "tests/data/h200").glob("startup-*")))

@@ -26,7 +26,7 @@ def _command_lines() -> list[tuple[str, str]]:
     out = []
     for page in PAGES:
         for block in _blocks(page.read_text(encoding="utf-8")):
-            for raw in block.splitlines():
+            for raw in re.sub(r"\\\n\s*", " ", block).splitlines():  # join shell line continuations
                 for part in raw.split("&&"):
                     part = part.split("  #", 1)[0].strip().removeprefix("$ ")
                     part = re.sub(r"^(\S+=\S+\s+)+", "", part)  # MEMTRACE=1 ... prefixes

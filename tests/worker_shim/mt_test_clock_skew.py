@@ -10,7 +10,6 @@ NVML sidecar's, nor anything else in the process that reads ``time``.
 """
 
 import os
-import sys
 
 ENV = "MT_TEST_CLOCK_SKEW_US"
 TARGET = "memtrace.capture.clock"
@@ -39,22 +38,9 @@ def skew_us(environ=os.environ) -> int:
 
 
 if skew_us():
-    import importlib.abc
-    import importlib.util
+    from mt_test_after_import import after_import
 
-    class _SkewClock(importlib.abc.MetaPathFinder):
-        def find_spec(self, name, path, target=None):
-            if name != TARGET:
-                return None
-            sys.meta_path.remove(self)
-            spec = importlib.util.find_spec(name)
-            run = spec.loader.exec_module
+    def _skew(module):
+        module.time = SkewedTime(module.time, skew_us())
 
-            def exec_module(module):
-                run(module)
-                module.time = SkewedTime(module.time, skew_us())
-
-            spec.loader.exec_module = exec_module
-            return spec
-
-    sys.meta_path.insert(0, _SkewClock())
+    after_import(TARGET, _skew)

@@ -11,25 +11,11 @@ worker slot. Nothing else of vLLM is changed; memtrace never loads this file.
 """
 
 import os
-import sys
 
 if os.environ.get("MT_TEST_RAY_CPU_SHIM") == "1":
-    import importlib.abc
-    import importlib.util
+    from mt_test_after_import import after_import
 
-    class _PatchCpuPlatform(importlib.abc.MetaPathFinder):
-        def find_spec(self, name, path, target=None):
-            if name != "vllm.platforms.cpu":
-                return None
-            sys.meta_path.remove(self)
-            spec = importlib.util.find_spec(name)
-            run = spec.loader.exec_module
+    def _ray_device(module):
+        module.CpuPlatform.ray_device_key = "GPU"
 
-            def exec_module(module):
-                run(module)
-                module.CpuPlatform.ray_device_key = "GPU"
-
-            spec.loader.exec_module = exec_module
-            return spec
-
-    sys.meta_path.insert(0, _PatchCpuPlatform())
+    after_import("vllm.platforms.cpu", _ray_device)
