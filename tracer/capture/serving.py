@@ -106,8 +106,6 @@ class Ring:
         self.chunks: deque[np.ndarray] = deque()
         self.count = 0
         self.dropped = 0
-        self.first_dropped_us: int | None = None
-        self.last_dropped_us: int | None = None
 
     def push(self, records: np.ndarray) -> None:
         if len(records):
@@ -137,9 +135,6 @@ class Ring:
             self.chunks.popleft()
         self.count -= n
         self.dropped += n
-        if self.first_dropped_us is None:
-            self.first_dropped_us = int(gone["time_us"][0])
-        self.last_dropped_us = int(gone["time_us"][-1])
         if self.on_drop is not None:
             self.on_drop(gone)
 
