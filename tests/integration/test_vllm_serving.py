@@ -76,7 +76,12 @@ def test_the_step_ring_keeps_the_last_n_steps_and_counts_the_dropped(served):
     w = served["snapshot"].window
     assert w.steps_kept == len(w.steps) == STEPS
     assert w.steps_dropped >= 3 * MAX_TOKENS - STEPS  # three completions of MAX_TOKENS steps each, at least
-    assert all(s["requests"] >= 1 and s["tokens"] >= 1 for s in w.steps)
+    # a step schedules tokens, or (vLLM 0.32 measured: the last step of a request) schedules nothing and
+    # reports the finished request
+    assert all(
+        (s["requests"] >= 1 and s["tokens"] >= 1) or (s["requests"] == 0 and s["finished"] >= 1) for s in w.steps
+    ), w.steps
+    assert any(s["requests"] >= 1 for s in w.steps)
     assert w.gap_us > 0 and w.start_us == w.steps[0]["time_us"]
     assert w.bounds["max_steps"] == STEPS and w.bounds["ring_bytes_max"] > 0
     assert w.start_state == {}  # no allocator on a CPU worker: said so, not zero
