@@ -50,7 +50,7 @@ from .pickle_stream import (
 )
 
 #: this module's output format(s) (``plots.format_spec``)
-FORMATS = (Format("memory-viz", ".memory_viz.pickle", (".pickle", ".pkl"), binary=True, commands=("export",)),)
+FORMATS = (Format("memory-viz", ".memory_viz.pickle", (".pickle", ".pkl"), commands=("export",)),)
 
 _OOM = ACTION_CODE["oom"]
 

@@ -35,7 +35,7 @@ from .timeline_lane import draw_lane, lane_rows, layout_lane
 from .timeline_scale import FLAT_FRAC, MIN_QUIET_FRAC, TimeScale, quiet_stretches, time_scale
 
 #: this module's output format(s) (``plots.format_spec``)
-FORMATS = (Format("timeline", "-timeline.png", (".png", ".svg", ".pdf"), binary=True, commands=("plot",)),)
+FORMATS = (Format("timeline", "-timeline.png", (".png", ".svg", ".pdf"), commands=("plot",)),)
 
 WIDTH_IN = 12.5
 DPI = DPI_HINT
