@@ -14,11 +14,11 @@ from ..analysis.reconcile import PRE_KV_PEAK
 from ..facts import KV_SIZED_EXTENSIBLE as EXTENSIBLE
 from ..units import format_gib as _gib
 from . import oom_text
-from .format_spec import Format
+from .formats import of
 from .text import wrap
 
 #: this module's output format(s) (``plots.format_spec``)
-FORMATS = (Format("fits", commands=("fits",)),)
+FORMATS = of(__name__)
 
 #: The width of the one-capacity answer (the table is as wide as it needs).
 WIDTH = 100

@@ -30,15 +30,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from xml.sax.saxutils import escape
 
+from ..analysis import quantities as Q
 from ..analysis.categories import WORKSPACE_FUNCTIONS
 from ..analysis.flame import HOOK_PREFIX, NON_TORCH, VMM_KV, Flame, FlameNode, build_tree
 from ..analysis.flame_prefix import shared_prefix, stack_counts, without_prefix
 from ..analysis.moment import PEAK
 from ..units import format_bytes
-from .format_spec import Format
+from .formats import of
 
 #: this module's output format(s) (``plots.format_spec``)
-FORMATS = (Format("flame", "-flame.svg", (".svg",), commands=("flame",), choice="svg"),)
+FORMATS = of(__name__)
 
 WIDTH = 1200
 ROW = 18
@@ -212,9 +213,9 @@ def _legend(y: int, cupti: bool = False, vmm: bool = False) -> str:
         ("[no stack] / [before recording]", MARKER_FILL),
     ]
     if cupti:
-        items.append(("non-PyTorch (CUPTI)", CUPTI_FILL))
+        items.append((f"{Q.NON_TORCH.label} (CUPTI)", CUPTI_FILL))
     if vmm:
-        items.append(("KV cache outside PyTorch (CUDA VMM)", VMM_KV_FILL))
+        items.append((Q.VMM.label, VMM_KV_FILL))
     parts, x = [], PAD
     for name, fill in items:
         parts.append(f'<rect x="{x}" y="{y - 11}" width="12" height="12" fill="{fill}" rx="2"/>')
@@ -291,7 +292,7 @@ def render_flame_svg(
     zoom = part is not None and part.total_bytes > 0 and part.total_bytes < ZOOM_BELOW * total
     panels: list[tuple[str, FlameNode]] = []
     if zoom:
-        panels.append((f"The non-PyTorch memory CUPTI saw, at its own scale: {format_bytes(part.total_bytes, 2)} "
+        panels.append((f"The {Q.NON_TORCH.label} memory CUPTI saw, at its own scale: {format_bytes(part.total_bytes, 2)} "
                        "across the full width", part))  # fmt: skip
     if rest is not None:
         panels.append(rest)
@@ -352,9 +353,9 @@ def _split(flame: Flame) -> str:
     """``PyTorch 11.06 GiB + non-PyTorch (CUPTI) 65 MiB + KV cache outside PyTorch (CUDA VMM) 126.23 GiB``."""
     parts = [f"PyTorch {format_bytes(flame.torch_bytes, 2)}"]
     if flame.non_torch_bytes is not None:
-        parts.append(f"non-PyTorch (CUPTI) {format_bytes(flame.non_torch_bytes, 2)}")
+        parts.append(f"{Q.NON_TORCH.label} (CUPTI) {format_bytes(flame.non_torch_bytes, 2)}")
     if flame.vmm_bytes is not None:
-        parts.append(f"KV cache outside PyTorch (CUDA VMM) {format_bytes(flame.vmm_bytes, 2)}")
+        parts.append(f"{Q.VMM.label} {format_bytes(flame.vmm_bytes, 2)}")
     return " + ".join(parts)
 
 
@@ -365,7 +366,7 @@ def say_flame(rank, moment, flame: Flame, log) -> None:
     held = f"added since {moment.since_what} and live" if moment.since_us is not None else "live"
     split = ""
     if flame.non_torch_bytes is not None:
-        split = (f" (PyTorch {format_bytes(flame.torch_bytes, 2)} + non-PyTorch {format_bytes(flame.non_torch_bytes, 2)}"
+        split = (f" (PyTorch {format_bytes(flame.torch_bytes, 2)} + {Q.NON_TORCH.label} {format_bytes(flame.non_torch_bytes, 2)}"
                  " CUPTI saw)")  # fmt: skip
     if flame.vmm_bytes is not None:
         split = split[:-1] if split else f" (PyTorch {format_bytes(flame.torch_bytes, 2)}"

@@ -12,10 +12,10 @@ import os
 from pathlib import Path
 
 from ..analysis.flame import Flame
-from .format_spec import Format
+from .formats import of
 
 #: this module's output format(s) (``plots.format_spec``)
-FORMATS = (Format("folded", "-flame.folded", (".folded", ".txt"), commands=("flame", "export")),)
+FORMATS = of(__name__)
 
 
 def folded_lines(flame: Flame) -> list[str]:

@@ -24,11 +24,11 @@ from ..analysis.rank import NOTHING
 from ..analysis.titles import timeline_title, what_ran
 from ..units import format_gib
 from . import verdict_text
-from .format_spec import Format
+from .formats import of
 from .text import frame_text
 
 #: this module's output format(s) (``plots.format_spec``)
-FORMATS = (Format("issue", "-issue", (), commands=("issue",)),)
+FORMATS = of(__name__)
 
 #: every file the bundle may write (an existing bundle holding any of them is only replaced with --force)
 FILES = ("issue.md", "timeline.png", "flame.svg", "flame.folded")

@@ -267,7 +267,7 @@ def _peak(out: _Out, s: Summary) -> None:
     if s.peak_others is not None and s.peak_others.bytes > 0:
         po = s.peak_others
         out.item(
-            f"other processes on this GPU held up to {gib_or_dash(po.bytes)} (at {_seconds(s, po.time_us)}; NVML's "
+            f"{OTHERS.label} on this GPU held up to {gib_or_dash(po.bytes)} (at {_seconds(s, po.time_us)}; NVML's "
             "per-process list): not this process's memory, left out of device used and non-torch"
         )
 
@@ -376,7 +376,7 @@ def render_report(summary: Summary, file: TextIO, width: int = 100, markdown: bo
     """Write the report of one trace to ``file``.
 
     Args:
-        summary: ``memtrace.analysis.summary.summarize(trace, ...)``.
+        summary: ``AnalysedRank.summary`` (``analysis.rank``).
         file: a text stream.
         width: the text width tables are cut to (text mode).
         markdown: GitHub-flavoured markdown instead of plain text (for an upstream issue).

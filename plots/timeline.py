@@ -27,7 +27,7 @@ import numpy as np
 from ..analysis import quantities
 from ..analysis.categories import CATEGORIES
 from ..units import GiB, format_gib, format_size
-from .format_spec import Format
+from .formats import of
 from .phase_lane import PhaseLabel
 from .timeline_axes import DPI_HINT, LABEL_PT, draw_main, draw_zoom, zoom_band, zoom_window
 from .timeline_data import RankTimeline, drawn_curves, landmark_times_us, phases_at
@@ -35,7 +35,7 @@ from .timeline_lane import draw_lane, lane_rows, layout_lane
 from .timeline_scale import FLAT_FRAC, MIN_QUIET_FRAC, TimeScale, quiet_stretches, time_scale
 
 #: this module's output format(s) (``plots.format_spec``)
-FORMATS = (Format("timeline", "-timeline.png", (".png", ".svg", ".pdf"), commands=("plot",)),)
+FORMATS = of(__name__)
 
 WIDTH_IN = 12.5
 DPI = DPI_HINT
@@ -156,7 +156,9 @@ def crossing_text(rank: RankTimeline, t0_us: int) -> CrossingDrawn | None:
             f"{format_gib(other.max_bytes)} (+{format_gib(other.overshoot_bytes)})"
         )
     elif c.curve == "device_used":
-        lines.append(f"PyTorch reserved stayed below it (highest {format_gib(rank.crossings.reserved_max_bytes)})")
+        lines.append(
+            f"{quantities.RESERVED.label} stayed below it (highest {format_gib(rank.crossings.reserved_max_bytes)})"
+        )
     return CrossingDrawn(
         curve=c.curve,
         time_us=c.time_us,

@@ -109,7 +109,7 @@ def _lines(ax, rank: RankTimeline, t0: int, lo: int, hi: int, n_buckets: int, ha
     t = np.append(_s(res.time_us[keep], t0), _s(hi, t0))
     (line,) = ax.step(t, np.append(_g(res.bytes[keep]), _g(res.bytes[keep][-1])), where="post", color="black", lw=1.0)
     if handles is not None:
-        handles.setdefault("reserved", (line, "PyTorch reserved"))
+        handles.setdefault("reserved", (line, quantities.RESERVED.label))
     if not rank.curves.has_device:
         return
     used, nt = rank.curves.device_used, rank.curves.non_torch
@@ -119,10 +119,11 @@ def _lines(ax, rank: RankTimeline, t0: int, lo: int, hi: int, n_buckets: int, ha
     ts, u, r = _s(used.time_us[keep], t0), _g(used.bytes[keep]), _g(used.bytes[keep] - nt.bytes[keep])
     if rank.cupti is None:
         band = ax.fill_between(ts, r, u, step="post", **NON_TORCH_STYLE)
-        key, label = "non_torch", "non-PyTorch (NVML used - reserved" + (" - VMM)" if len(rank.curves.vmm) else ")")
+        nt_label = quantities.NON_TORCH.label
+        key, label = "non_torch", f"{nt_label} (NVML used - reserved" + (" - VMM)" if len(rank.curves.vmm) else ")")
     else:  # a run mixing ranks with and without CUPTI names both bands
         band = _cupti_bands(ax, cupti_split(rank, keep, lo, hi, n_buckets), t0, handles)
-        key, label = "non_torch_unexplained", "non-PyTorch unexplained (NVML used - reserved - CUPTI)"
+        key, label = "non_torch_unexplained", f"{quantities.NON_TORCH.label} unexplained (NVML used - reserved - CUPTI)"
     (dline,) = ax.step(ts, u, where="post", color="#B03030", lw=1.0, ls=(0, (4, 1.5)))
     if handles is not None:
         handles.setdefault(key, (band, label))
@@ -132,7 +133,7 @@ def _lines(ax, rank: RankTimeline, t0: int, lo: int, hi: int, n_buckets: int, ha
         top = _g(used.bytes[keep] + others_at(rank, used.time_us[keep]))
         art = ax.fill_between(ts, u, top, step="post", color=OTHERS, alpha=0.5, lw=0, hatch="..", edgecolor="#7A8A99")
         if handles is not None:
-            handles.setdefault("others", (art, "other processes on the GPU (NVML)"))
+            handles.setdefault("others", (art, f"{quantities.OTHERS.label} on the GPU (NVML)"))
 
 
 def _cupti_bands(ax, split: CuptiSplit, t0: int, handles: dict | None):
@@ -143,7 +144,7 @@ def _cupti_bands(ax, split: CuptiSplit, t0: int, handles: dict | None):
     ax.step(t, c, where="post", color=CUPTI_EDGE, lw=0.7, zorder=1.5)
     band = ax.fill_between(t, c, u, step="post", gid="non_torch_unexplained", **NON_TORCH_STYLE)
     if handles is not None:
-        handles.setdefault("non_torch_cupti", (art, "non-PyTorch seen by CUPTI (exact)"))
+        handles.setdefault("non_torch_cupti", (art, f"{quantities.NON_TORCH.label} seen by CUPTI (exact)"))
     return band
 
 

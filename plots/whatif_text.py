@@ -5,13 +5,14 @@ boot, or the floor no flag goes under. Words only: every figure comes from the a
 from __future__ import annotations
 
 from .. import facts as F
+from ..analysis.quantities import OTHERS
 from ..analysis.whatif import BOOTS, DIES, GRAPHS, KV, REFUSES, SCALED, UNKNOWN, Answer, Outcome, Suggestions
 from ..units import format_gib as _gib
-from .format_spec import Format
+from .formats import of
 from .text import wrap
 
 #: this module's output format(s) (``plots.format_spec``)
-FORMATS = (Format("whatif", commands=("fits",)),)
+FORMATS = of(__name__)
 
 WIDTH = 100
 HEADLINE = {BOOTS: "BOOTS", DIES: "DIES", REFUSES: "vLLM REFUSES", UNKNOWN: "UNKNOWN"}
@@ -36,10 +37,10 @@ def _wrapped(indent: str, text: str) -> list[str]:
 
 def _card(o: Outcome, keep_others: bool) -> str:
     if o.others_bytes:
-        whose = "the recording's other processes" if keep_others else "other processes (--others)"
+        whose = f"the recording's {OTHERS}" if keep_others else f"{OTHERS} (--others)"
         return f"On a {_gib(o.capacity_bytes)} card with {whose} holding {_gib(o.others_bytes)} of it:"
     left = (
-        f"; the recording's other processes ({_gib(o.others_left_out_bytes)}) left out, --keep-others to keep them"
+        f"; the recording's {OTHERS} ({_gib(o.others_left_out_bytes)}) left out, --keep-others to keep them"
         if o.others_left_out_bytes
         else ""
     )
@@ -120,7 +121,7 @@ def _gets(o: Outcome) -> str:
 def no_flag_helps(s: Suggestions) -> str:
     """The honest negative: the floor no flag goes under."""
     others = s.recorded.others_bytes
-    room = f", {_gib(s.capacity_bytes - others)} of it free of other processes" if others else ""
+    room = f", {_gib(s.capacity_bytes - others)} of it free of {OTHERS}" if others else ""
     f = s.floor_outcome
     if f is not None and s.floor_bytes <= s.capacity_bytes - others and f.verdict != BOOTS:
         how = f"dies in {f.phase} by {_gib(f.by_bytes)}" if f.verdict == DIES else f"vLLM refuses in {f.phase}"

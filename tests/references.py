@@ -197,3 +197,26 @@ def _frame_lists(trace: Trace) -> list[list[dict[str, Any]]]:
     """One frames list per interned stack (shared objects: the pickle stores each once)."""
     frames = [{"filename": f.filename, "line": f.line, "name": f.name} for f in trace.frames]
     return [[frames[i] for i in stack] for stack in trace.stacks]
+
+
+def summarize(trace: Trace, target=None, *, top: int = 10, curves: Curves | None = None):
+    """TEST-ONLY: the Summary of one trace on its own (its own time origin), as
+    ``AnalysedRank(trace, ...).summary``, which is what every output reads.
+
+    Args:
+        trace: the trace.
+        target: ``analysis.target.resolve_target(trace, ...)`` (a ``Target``, never bare bytes); None: the
+            recorded one.
+        top: how many holders at the peak to keep.
+        curves: the trace's ``all_curves``, when already built.
+    """
+    from memtrace.analysis.origin import TimeOrigin
+    from memtrace.analysis.phases import recording_span
+    from memtrace.analysis.rank import AnalysedRank, TargetSpec
+    from memtrace.analysis.target import Target
+
+    if target is not None and not isinstance(target, Target):
+        raise TypeError("summarize takes a resolved Target (analysis.target.resolve_target), not bytes")
+    origin = TimeOrigin(recording_span(trace)[0], (), True, "")
+    rank = AnalysedRank(trace, TargetSpec(), origin, top=top, target=target, curves=curves)
+    return rank.summary

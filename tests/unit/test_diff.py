@@ -368,8 +368,8 @@ def test_real_public_snapshots_without_phases_are_gated_on_their_peaks(capsys):
 
 def test_diff_peaks_are_report_peaks_on_every_real_trace():
     from memtrace.analysis.diff import PEAK_ALLOCATED, PEAK_DEVICE, PEAK_RESERVED, figures
-    from memtrace.analysis.summary import summarize
     from memtrace.store import load_trace
+    from references import summarize
     from testdata import real_traces
 
     paths = real_traces()

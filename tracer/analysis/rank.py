@@ -26,20 +26,34 @@ from .categories import Categorized, CategorySteps, categorize, category_steps
 from .crossing import Crossings, Excursion, crossings
 from .curves import Curve, Curves, all_curves, committed_curve, vmm_reserved_curve
 from .extensible import ExtensibleSizing, extensible_sizing
+from .fingerprint import allocator_settings
 from .fits import Fit, fits, recorded, smallest_fitting
 from .fits_extensible import as_fit, is_extensible
 from .fits_extensible import smallest as smallest_extensible
-from .landmarks import Landmarks, landmarks
+from .landmarks import Landmarks, landmarks, steady_non_torch_at
 from .live import Lifetimes, lifetimes
-from .non_torch import has_records, live_curve
+from .non_torch import NonTorchBreakdown, at_moments, has_records, live_curve
 from .oom import Oom, find_oom
 from .origin import TimeOrigin
-from .phases import PhaseStats, phase_path, phase_stats, recording_span
-from .quantities import peak_bytes
+from .phases import PhaseStats, path_at, phase_path, phase_stats, recording_span
+from .quantities import PeakBound, fullest_at_peak, in_vllm_terms, peak, peak_bound, whole_device_peak
 from .reconcile import NonKv, non_kv
-from .summary import Summary, summarize
+from .self_cost import SelfCost, self_cost
+from .summary import (
+    HolderLine,
+    HookTotal,
+    Peak,
+    PeakPoint,
+    Summary,
+    holders_by_site,
+    hook_totals,
+    memory_events,
+    of_rank,
+    warnings_of,
+)
 from .target import Target, resolve_target
 from .torch_counters import CounterCheck, counter_checks
+from .user_metadata import MetadataSpan, metadata_spans
 from .view_paths import Paths, allocation_paths
 from .view_window import RankQueries
 from .vmm import VmmSummary
@@ -95,14 +109,27 @@ class RankFits:
 class AnalysedRank:
     """One trace of an analysed run and its figures (see the module docstring)."""
 
-    def __init__(self, trace: Trace, spec: TargetSpec, origin: TimeOrigin, *, top: int = 10) -> None:
+    def __init__(
+        self,
+        trace: Trace,
+        spec: TargetSpec,
+        origin: TimeOrigin,
+        *,
+        top: int = 10,
+        target: Target | None = None,
+        curves: Curves | None = None,
+    ) -> None:
+        """``target``: one already resolved (else resolved from ``spec`` now); ``curves``: the trace's
+        ``all_curves`` when already built (``summary.summarize``)."""
         self.trace = trace
         self.spec = spec
         self.origin = origin
         self.top = top
         # resolved at once: a target the trace cannot give (--util without a capacity) is a usage error now
-        self.target: Target = resolve_target(trace, **spec.as_kwargs())
+        self.target: Target = target or resolve_target(trace, **spec.as_kwargs())
         self._fits: dict[tuple, RankFits] = {}
+        if curves is not None:
+            self.__dict__["curves"] = curves  # the cached property, already computed
 
     def __repr__(self) -> str:
         return f"AnalysedRank({self.label}, {len(self.trace.events):,} events)"
@@ -203,21 +230,113 @@ class AnalysedRank:
 
     @cached_property
     def summary(self) -> Summary:
-        return summarize(
-            self.trace,
-            self.target,
-            top=self.top,
-            curves=self.curves,
-            lt=self.lifetimes,
-            oom=self.oom,
-            found=self.crossings,
-            origin=self.origin,
-            phases=self.phases,
-            nk=self.non_kv,
-            vmm=self.vmm,
-            ext=self.extensible,
-            counters=self.counter_checks,
+        """What ``memtrace report`` prints and its JSON holds: a view of this rank's figures (``summary.of_rank``)."""
+        return of_rank(self)
+
+    # -- the figures a report shows (the Summary view reads them; every output reads them from here) ------
+
+    @cached_property
+    def peak(self) -> Peak:
+        """The reserved peak and the fullest moment of its plateau (``quantities.peak``,
+        ``quantities.fullest_at_peak``; see ``summary.Peak``): "the peak" of every output."""
+        t, c = self.trace, self.curves
+        top = peak(c.reserved)
+        k = fullest_at_peak(c.allocated, c.reserved)
+        return Peak(
+            top.time_us,
+            top.bytes,
+            int(c.allocated.bytes[k]),
+            path_at(t, top.time_us),
+            k - 1,
+            steady_non_torch_at(c, top.time_us),
+            int(c.allocated.time_us[k]),
         )
+
+    def _peak_point(self, c: Curve, name: str) -> PeakPoint:
+        top = peak(c)
+        return PeakPoint(name, top.time_us, top.bytes, path_at(self.trace, top.time_us))
+
+    @cached_property
+    def peak_allocated(self) -> PeakPoint:
+        """PyTorch allocated (requested) at its highest."""
+        return self._peak_point(self.curves.allocated, "allocated")
+
+    @cached_property
+    def peak_device_used(self) -> PeakPoint | None:
+        """NVML device used by this process at its highest (None when not sampled)."""
+        return self._peak_point(self.curves.device_used, "device_used") if self.curves.has_device else None
+
+    @cached_property
+    def peak_others(self) -> PeakPoint | None:
+        """Other processes' memory on the device at its highest (None when not sampled): never ours."""
+        return self._peak_point(self.curves.others, "others") if len(self.curves.others) else None
+
+    @cached_property
+    def peak_held(self) -> PeakPoint | None:
+        """PyTorch reserved + the KV cache committed outside PyTorch at its highest (None without VMM records)."""
+        return self._peak_point(self.curves.held, "held") if len(self.curves.vmm) else None
+
+    @cached_property
+    def whole_device_peak_bytes(self) -> int | None:
+        """Device used with other processes' memory put back, at its highest (None when others were not sampled)."""
+        c = self.curves
+        return whole_device_peak(c) if len(c.others) and c.has_device else None
+
+    @cached_property
+    def crossing_list(self) -> list[Excursion]:
+        """The crossings found (first, then the other curve's), [] without a target or a crossing."""
+        found = self.crossings
+        return [e for e in (found.first, found.second) if e is not None] if found is not None else []
+
+    @cached_property
+    def holders(self) -> list[HolderLine]:
+        """Live bytes at the peak by printed site, the ``top`` largest (``summary.holders_by_site``)."""
+        return holders_by_site(self.trace, self.peak.event_index, self.top, lt=self.lifetimes)
+
+    @cached_property
+    def non_torch_moments(self) -> list[NonTorchBreakdown]:
+        """Non-PyTorch memory by category at the first crossing and the peak (CUPTI; [] without records)."""
+        first = self.crossing_list[0].time_us if self.crossing_list else None
+        at = self.peak_device_used.time_us if self.peak_device_used is not None else self.peak.time_us
+        return at_moments(self.trace, crossing_us=first, peak_us=at, curves=self.curves)
+
+    @cached_property
+    def n_events(self) -> int:
+        """Allocator events that change memory (``summary.memory_events``)."""
+        return memory_events(self.trace)
+
+    @cached_property
+    def hook_totals(self) -> list[HookTotal]:
+        return hook_totals(self.trace)
+
+    @cached_property
+    def warnings(self) -> list[str]:
+        return warnings_of(self.trace, self.curves)
+
+    @cached_property
+    def allocator(self) -> dict[str, str]:
+        """The allocator settings in force (``fingerprint.allocator_settings``)."""
+        return allocator_settings(self.trace)
+
+    @cached_property
+    def vllm(self) -> bool:
+        """vLLM's terms (KV cache, non-KV memory) apply (``quantities.in_vllm_terms``)."""
+        return in_vllm_terms(self.trace.facts)
+
+    @cached_property
+    def peak_bound(self) -> PeakBound:
+        """How well the peaks are known (``quantities.peak_bound``): "at least" for a snapshot of one moment."""
+        return peak_bound(self.trace.facts)
+
+    @cached_property
+    def user_metadata(self) -> list[MetadataSpan]:
+        """The user's labels on allocator events (``analysis.user_metadata``)."""
+        return metadata_spans(self.trace)
+
+    @cached_property
+    def self_cost(self) -> SelfCost:
+        """What memtrace cost the program (``analysis.self_cost``)."""
+        return self_cost(self.trace)
 
     @cached_property
     def vmm(self) -> VmmSummary | None:
@@ -297,7 +416,7 @@ class AnalysedRank:
 
     @property
     def peak_reserved_bytes(self) -> int:
-        return peak_bytes(self.curves.reserved) if not self.recorded_nothing else 0
+        return self.peak.reserved_bytes if not self.recorded_nothing else 0
 
     @property
     def verdict(self) -> str:
