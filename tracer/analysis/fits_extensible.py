@@ -173,7 +173,7 @@ def fit_extensible(
         range_bytes // sizing.bytes_per_block if range_bytes is not None else int(s.get("capacity_blocks") or 0)
     )
     blocks = blocks_within(available, strides, granule, capacity_blocks) if strides and granule else 0
-    tokens_per_block = _tokens_per_block(trace, sizing)
+    tokens_per_block = F.kv_tokens_per_block(trace.facts)
     sized = dict(
         available_bytes=available,
         kv_blocks=blocks,
@@ -200,16 +200,9 @@ def fit_extensible(
     )
 
 
-def _tokens_per_block(trace: Trace, sizing) -> int | None:
-    tokens, blocks = trace.facts.get(F.VLLM_KV_TOKENS), trace.facts.get(F.VLLM_KV_BLOCKS)
-    if isinstance(tokens, int) and isinstance(blocks, int) and blocks > 0:
-        return round(tokens / blocks)
-    return None
-
-
 def _one_request_bytes(trace: Trace, sizing) -> int | None:
     """KV bytes one request of max_model_len tokens needs: blocks of the recorded tokens per block."""
-    per_block = _tokens_per_block(trace, sizing)
+    per_block = F.kv_tokens_per_block(trace.facts)
     max_len = (trace.facts.get(F.VLLM_CONFIG) or {}).get("max_model_len")
     if not per_block or not isinstance(max_len, int):
         return None
