@@ -130,7 +130,7 @@ def _cut(text: str, n: int) -> str:
     return text[: n - 1] + "…"
 
 
-def _fit(label: str, nbytes: int | None, width_px: float) -> str:
+def fit_label(label: str, nbytes: int | None, width_px: float) -> str:
     """The longest label that fits ``width_px``, bytes kept as long as they fit: "label · size", then
     "func:line · size", then "func:li… · size" (8 characters of the name at least), then "func:line"
     alone, cut if need be; "" if not 3 characters fit."""
@@ -178,7 +178,7 @@ def _frames(
     cut = follow == () and bool(node.children)
     if cut:
         tip += "\nthe frames below it are drawn in the panel below, at their own scale"
-    text = _fit(node.name, node.total_bytes if depth or parent is not None else None, w)
+    text = fit_label(node.name, node.total_bytes if depth or parent is not None else None, w)
     weight = ' font-weight="bold"' if node.kind == "hook" else ""
     out.append(
         f'<g><title>{escape(tip)}</title><rect x="{x:.2f}" y="{y}" width="{w:.2f}" height="{ROW - 1}" '

@@ -62,8 +62,6 @@ class ExtensibleFit:
     kv_blocks: int | None
     kv_tokens: int | None
     kv_bytes: int | None  # the pages the extension commits
-    free_after_warmup_bytes: int | None
-    kept_for_transients_bytes: int | None
     notes: list[str] = field(default_factory=list)
 
     @property
@@ -134,8 +132,6 @@ def fit_extensible(
             kv_blocks=None,
             kv_tokens=None,
             kv_bytes=None,
-            free_after_warmup_bytes=None,
-            kept_for_transients_bytes=None,
             notes=notes,
         )
     # 2. the address range
@@ -147,8 +143,6 @@ def fit_extensible(
         kv_blocks=None,
         kv_tokens=None,
         kv_bytes=None,
-        free_after_warmup_bytes=None,
-        kept_for_transients_bytes=None,
     )
     if range_bytes is not None and (range_bytes <= 0 or (one is not None and range_bytes < one)):
         return ExtensibleFit(
@@ -165,10 +159,9 @@ def fit_extensible(
     s = facts.get(F.VLLM_KV_SIZING) or {}
     strides = [int(x) for x in s.get("segment_strides") or []]
     granule = int(s.get("granularity_bytes") or 0)
-    free = int(s["free_memory_bytes"]) - lacks
     available, *_ = measure_kv_cache_bytes(
         init_free=int(s["init_free_memory_bytes"]) - lacks,
-        free=free,
+        free=int(s["free_memory_bytes"]) - lacks,
         committed=int(s["committed_bytes"]),
         requested=requested,
         transient_peak=int(s["transient_peak_bytes"]),
@@ -186,8 +179,6 @@ def fit_extensible(
         kv_blocks=blocks,
         kv_tokens=blocks * tokens_per_block if tokens_per_block else None,
         kv_bytes=pages_for(blocks, strides, granule) if strides and granule else None,
-        free_after_warmup_bytes=free,
-        kept_for_transients_bytes=sizing.kept_for_transients_bytes,
     )
     if blocks <= 1 or (one is not None and (blocks - 1) * sizing.bytes_per_block < one):
         t = sizing.time_us
