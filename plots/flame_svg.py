@@ -15,7 +15,7 @@ the subtitle state both parts (PyTorch + non-PyTorch), and when that part is too
 at its own scale. A flame without it renders exactly as before.
 
 When the flame holds the KV cache vLLM (0.34+) committed through CUDA's VMM API (``Flame.vmm_bytes``), its
-``[KV cache outside PyTorch, CUDA VMM]`` frame is the timeline's KV-cache green, the frames below it (the
+``[KV cache outside PyTorch (CUDA VMM)]`` frame is the timeline's KV-cache green, the frames below it (the
 Python stack that committed each chunk) coloured as any, and the root, the subtitle and the legend name it.
 """
 
@@ -130,7 +130,7 @@ def _cut(text: str, n: int) -> str:
     return text[: n - 1] + "…"
 
 
-def _fit(label: str, nbytes: int | None, width_px: float) -> str:
+def fit_label(label: str, nbytes: int | None, width_px: float) -> str:
     """The longest label that fits ``width_px``, bytes kept as long as they fit: "label · size", then
     "func:line · size", then "func:li… · size" (8 characters of the name at least), then "func:line"
     alone, cut if need be; "" if not 3 characters fit."""
@@ -178,7 +178,7 @@ def _frames(
     cut = follow == () and bool(node.children)
     if cut:
         tip += "\nthe frames below it are drawn in the panel below, at their own scale"
-    text = _fit(node.name, node.total_bytes if depth or parent is not None else None, w)
+    text = fit_label(node.name, node.total_bytes if depth or parent is not None else None, w)
     weight = ' font-weight="bold"' if node.kind == "hook" else ""
     out.append(
         f'<g><title>{escape(tip)}</title><rect x="{x:.2f}" y="{y}" width="{w:.2f}" height="{ROW - 1}" '

@@ -18,7 +18,7 @@ TABLE: dict[str, tuple[Format, ...]] = {
     ),
     "json_doc": (Format("json", commands=("report",)),),
     "lines": (Format("lines", commands=("plot",)),),
-    "timeline": (Format("timeline", "-timeline.png", (".png", ".svg", ".pdf"), binary=True, commands=("plot",)),),
+    "timeline": (Format("timeline", "-timeline.png", (".png", ".svg", ".pdf"), commands=("plot",)),),
     "flame_svg": (Format("flame", "-flame.svg", (".svg",), commands=("flame",), choice="svg"),),
     "folded": (Format("folded", "-flame.folded", (".folded", ".txt"), commands=("flame", "export")),),
     "view_html": (Format("view", "-view.html", (".html",), commands=("view",)),),
@@ -27,7 +27,7 @@ TABLE: dict[str, tuple[Format, ...]] = {
     "whatif_text": (Format("whatif", commands=("fits",)),),
     "diff_text": (Format("diff", commands=("diff",)),),
     "perfetto": (Format("perfetto", ".perfetto.json", (".json",), commands=("export",)),),
-    "memory_viz": (Format("memory-viz", ".memory_viz.pickle", (".pickle", ".pkl"), binary=True, commands=("export",)),),
+    "memory_viz": (Format("memory-viz", ".memory_viz.pickle", (".pickle", ".pkl"), commands=("export",)),),
     "csv_curves": (Format("csv", ".curves.csv", (".csv",), commands=("export",)),),
 }
 

@@ -4,7 +4,7 @@
 output goes: a text stream for the text formats, a path for files and bundles. Each format is one module
 of ``memtrace.plots`` (the one folder for every format memtrace writes, for people or for other tools:
 text, JSON, PNG/SVG, HTML, Perfetto, memory_viz, folded stacks, CSV) with a ``FORMATS`` tuple of its
-metadata (``plots.format_spec.Format``: name, suffixes, binary or text, the commands offering it) and a
+metadata (``plots.format_spec.Format``: name, suffixes, the commands offering it) and a
 ``render(run, out, **options) -> None`` that computes nothing itself. ``plots.formats.TABLE`` holds that
 metadata for every module; :data:`FORMATS` and the CLI's ``-f`` choices and suffixes (:func:`offered_by`)
 derive from it without importing a renderer, and :func:`render` imports only the one it uses. Adding a

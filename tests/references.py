@@ -18,13 +18,16 @@ from memtrace.analysis.curves import Baseline, Curve, Curves, _allocated_deltas,
 from memtrace.analysis.diff import TraceDiff, _sides, category_changes, compare, figures
 from memtrace.analysis.diff_sites import site_changes
 from memtrace.analysis.live import lifetimes
-from memtrace.analysis.pinned import _ALLOC, _FREE, _SEG_ALLOC, _SEG_FREE, _Segments
+from memtrace.analysis.pinned import _Segments
 from memtrace.analysis.quantities import fullest_at_peak, is_one_moment, window_fullest
 from memtrace.importers.files import traces_from_snapshot_file
 from memtrace.importers.torch_snapshot import traces_from_snapshot
-from memtrace.model import Trace
+from memtrace.model import ACTION_CODE, Trace
 from memtrace.plots.memory_viz import _annotations, _entry, _fields, _is_host, _segments
 from memtrace.units import Threshold
+
+_ALLOC, _FREE = ACTION_CODE["alloc"], ACTION_CODE["free_completed"]
+_SEG_ALLOC, _SEG_FREE = ACTION_CODE["segment_alloc"], ACTION_CODE["segment_free"]
 
 
 def allocated_curve(trace: Trace, base: Baseline | None = None) -> Curve:

@@ -66,6 +66,7 @@ from typing import Any
 import numpy as np
 
 from .errors import TraceFormatError
+from .facts import with_committed_kv_cache
 from .model import (
     DEVICE_ALLOC_DTYPE,
     EVENT_DTYPE,
@@ -574,7 +575,7 @@ def _read(db: sqlite3.Connection, path: Path) -> Trace:
     trace = Trace(
         process=_from_dict(Process, doc("process")),
         recording=_from_dict(Recording, doc("recording")),
-        facts=doc("facts"),
+        facts=with_committed_kv_cache(doc("facts")),  # an older plugin's extensible KV facts, as they mean now
         path=str(path),
     )
     trace.frames = [

@@ -166,14 +166,14 @@ def test_the_first_crossing_landmark_says_what_the_report_says(startup):
     assert f"crossed it at {(c['time_us'] - t0) / 1e6:.2f} s in kv_cache_init" in _main("report", str(STARTUP))
     # the selection is the last event at or before the crossing's microsecond
     import numpy as np
-    from memtrace.cli._runs import load
+    from memtrace import load
 
     times = np.maximum.accumulate(load(STARTUP).traces[0].events["time_us"])
     assert startup.js("memtraceView.selected.event") == int(np.searchsorted(times, c["time_us"], "right")) - 1
 
 
 def test_wheel_and_drag_zoom_reach_exact_steps(startup):
-    from memtrace.cli._runs import load
+    from memtrace import load
 
     trace = load(STARTUP).traces[0]
     times = sorted(int(t) for t in trace.events["time_us"])
@@ -263,7 +263,7 @@ def test_two_ranks_get_one_lane_each_on_a_shared_time_axis(browser, tmp_path):
 
 
 def test_served_page_of_a_run_too_big_for_one_page_zooms_and_clicks_through_the_server(browser):
-    from memtrace.cli._runs import load
+    from memtrace import load
     from memtrace.cli._serve import start
 
     trace = load(STARTUP).traces[0]
@@ -289,8 +289,8 @@ def test_served_page_of_a_run_too_big_for_one_page_zooms_and_clicks_through_the_
 
 def test_icicle_paths_in_the_page_are_the_flame_graphs_with_flashinfer_hook_frames(browser, tmp_path):
     """The real FlashInfer 0.6.13 probe: hooked workspace allocations get their [hook] frame in the page too."""
+    from memtrace import load
     from memtrace.analysis.flame import flame_at
-    from memtrace.cli._runs import load
 
     run = DATA / "vllm-h200" / "flashinfer-probe"
     out = tmp_path / "probe.html"

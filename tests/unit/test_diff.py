@@ -202,11 +202,11 @@ def test_real_workspace_extra_names_the_workspace_site(real_diff):
 @NEEDS_PAIR
 def test_stacks_are_keyed_as_site_key_says_frame_by_frame():
     """The diff keys each stack through a per-frame memo; it must give :func:`site_key`'s answer for every stack."""
-    from memtrace.analysis.diff_sites import _SiteKeys, site_key
+    from memtrace.analysis.diff_sites import SiteKeys, site_key
     from memtrace.store import load_run
 
     trace = load_run(REAL_PAIR[1]).traces[0]
-    keys = _SiteKeys(trace)
+    keys = SiteKeys(trace)
     assert len(trace.stacks) > 100
     assert [keys(s) for s in range(-1, len(trace.stacks))] == [
         site_key(trace.stack_frames(s)) for s in range(-1, len(trace.stacks))

@@ -15,7 +15,8 @@
 #                GRID_TAG=x packs every folder into one grid-x.tar.gz (the 8-file limit of $OUT)
 #   small        the same on a smaller card: a holder process leaves SMALL_FREE bytes free (cudaMemGetInfo), or
 #                SMALL_FROM=name: the pre-KV device-used peak of that grid run minus SMALL_MARGIN bytes;
-#                SMALL="name:model:flags;..." as GRID
+#                SMALL="name:model:flags;..." as GRID; run before grid (after it with SMALL_FROM), the holder
+#                stopped before the grid's whole-card runs
 #   serving      issue 30: `vllm serve` (moe, extensible KV) under `memtrace run --until serving` beside a holder that
 #                leaves SMALL_FREE bytes free (default 24 GiB), a bounded burst from serving_client.py (127.0.0.1)
 #                until the engine dies (or SERVE_BURST_S); then SIGUSR2 if it still lives, SIGTERM; packs the run
@@ -158,8 +159,7 @@ t = doc["traces"][0]
 print(max(p.get("peak_device_used_bytes") or 0 for p in t["phases"] if p["name"] != "kv_cache_extend"))
 PY
 }
-want grid && grid_runs "${GRID:-}"
-if want small && [ "$(left)" -gt 150 ]; then
+small_runs() {  # SMALL's start-ups beside a holder that leaves SMALL_FREE bytes free (or SMALL_FROM's peak)
   FREE=${SMALL_FREE:-}
   if [ -z "$FREE" ] && [ -n "${SMALL_FROM:-}" ]; then
     P=$(pre_kv_peak "$SMALL_FROM"); FREE=$((P - ${SMALL_MARGIN:-268435456}))
@@ -187,6 +187,13 @@ PY
   fi
   stop_session "$H" 5
   pack
+}
+if [ -n "${SMALL_FROM:-}" ]; then  # the small card is sized from a grid run's peak: the grid runs first
+  want grid && grid_runs "${GRID:-}"
+  want small && [ "$(left)" -gt 150 ] && small_runs
+else  # else the small card's runs first: a rescue to boot is worth more than another grid point
+  want small && [ "$(left)" -gt 150 ] && small_runs
+  want grid && grid_runs "${GRID:-}"
 fi
 
 # ---- cost: warm rounds, plugin on / off ------------------------------------------------------------
