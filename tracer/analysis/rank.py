@@ -21,7 +21,6 @@ import numpy as np
 
 from .. import facts as F
 from ..model import Trace
-from .blocks import block_curve
 from .categories import Categorized, CategorySteps, categorize, category_steps
 from .crossing import Crossings, Excursion, crossings
 from .curves import Curve, Curves, all_curves, committed_curve, vmm_reserved_curve
@@ -36,7 +35,16 @@ from .non_torch import NonTorchBreakdown, at_moments, has_records, live_curve
 from .oom import Oom, find_oom
 from .origin import TimeOrigin
 from .phases import PhaseStats, path_at, phase_path, phase_stats, recording_span
-from .quantities import PeakBound, fullest_at_peak, in_vllm_terms, peak, peak_bound, whole_device_peak
+from .quantities import (
+    BeforeRecording,
+    PeakBound,
+    before_recording,
+    fullest_at_peak,
+    in_vllm_terms,
+    peak,
+    peak_bound,
+    whole_device_peak,
+)
 from .reconcile import NonKv, non_kv
 from .self_cost import SelfCost, self_cost
 from .summary import (
@@ -189,12 +197,6 @@ class AnalysedRank:
         return all_curves(self.trace)
 
     @cached_property
-    def allocated_blocks(self) -> Curve:
-        """PyTorch allocated counted in blocks, as ``torch.cuda.memory_allocated()`` counts it
-        (``quantities.ALLOCATED_BLOCKS``, ``blocks.block_curve``): replayed on first use only."""
-        return block_curve(self.trace, self.curves)
-
-    @cached_property
     def lifetimes(self) -> Lifetimes:
         return lifetimes(self.trace, self.event_times)
 
@@ -327,6 +329,12 @@ class AnalysedRank:
     def peak_bound(self) -> PeakBound:
         """How well the peaks are known (``quantities.peak_bound``): "at least" for a snapshot of one moment."""
         return peak_bound(self.trace.facts)
+
+    @cached_property
+    def before_recording(self) -> BeforeRecording | None:
+        """PyTorch memory present before the recording began (``quantities.before_recording``): exact from the
+        allocator's state, else a lower bound; None for a snapshot of one moment."""
+        return before_recording(self.trace, self.curves)
 
     @cached_property
     def user_metadata(self) -> list[MetadataSpan]:
