@@ -15,7 +15,7 @@ the subtitle state both parts (PyTorch + non-PyTorch), and when that part is too
 at its own scale. A flame without it renders exactly as before.
 
 When the flame holds the KV cache vLLM (0.34+) committed through CUDA's VMM API (``Flame.vmm_bytes``), its
-``[KV cache outside PyTorch, CUDA VMM]`` frame is the timeline's KV-cache green, the frames below it (the
+``[KV cache outside PyTorch (CUDA VMM)]`` frame is the timeline's KV-cache green, the frames below it (the
 Python stack that committed each chunk) coloured as any, and the root, the subtitle and the legend name it.
 """
 

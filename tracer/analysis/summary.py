@@ -35,7 +35,7 @@ import numpy as np
 from .. import facts as F
 from ..model import ACTION_CODE, Frame, HookCall, Note, Process, Recording, Trace
 from .crossing import Excursion
-from .curves import Baseline, Curves
+from .curves import Baseline, Curves, state_missing
 from .extensible import ExtensibleSizing
 from .live import BEFORE_RECORDING, Lifetimes, holders_by_stack, lifetimes, meaningful_frame
 from .non_torch import NonTorchBreakdown
@@ -217,7 +217,7 @@ def warnings_of(trace: Trace, curves: Curves) -> list[str]:
             f"the allocator history was truncated{lost}: curves before the loss are reconstructed, "
             "not recorded; raise max_entries or drain more often"
         )
-    if not curves.baseline.consistent:
+    if not curves.baseline.consistent and not state_missing(trace):  # else its own note says more
         out.append(
             "the recorded events do not add up to the final allocator state: some events are missing; "
             "figures before the gap may be off"
