@@ -100,9 +100,10 @@ def test_without_the_allocator_state_the_memory_before_is_a_lower_bound_and_said
     b = t["before_recording"]
     assert (b["exact"], b["how"]) == (False, Q.NO_STATE)
     assert 0 < b["allocated_bytes"] < allocated  # the least the events need: below what was really there
-    assert b["reserved_bytes"] == 0  # no segment event in this history: nothing to bound reserved by
+    # no segment event in this history: reserved is known from below only, at least what the tensors held
+    assert b["reserved_bytes"] == b["allocated_bytes"]
     text = report_text(capsys, bare)
-    assert f"{Q.BEFORE_RECORDING.label}: {Q.RESERVED.label} at least 0.00 GiB, {Q.ALLOCATED.label} at least " in text
+    assert f"{Q.BEFORE_RECORDING.label}: {Q.RESERVED.label} at least " in text
     assert f"({Q.NO_STATE})" in text
 
 

@@ -306,7 +306,13 @@ def before_recording(trace: Trace, curves: Curves) -> BeforeRecording | None:
     state = bool(trace.segments) or bool((trace.facts.get(F.IMPORT) or {}).get("baseline"))
     exact = state and b.consistent
     how = FROM_STATE if exact else NOT_ADDING_UP if state else NO_STATE
-    return BeforeRecording(b.reserved_bytes, b.allocated_bytes, exact=exact, how=how)
+    # the curves' values before the first event: the baseline, reserved raised to allocated where the state is
+    # missing (the live tensors sit in segments; ``curves.all_curves``)
+    first = [
+        int(c.bytes[0]) if len(c) else base
+        for c, base in ((curves.reserved, b.reserved_bytes), (curves.allocated, b.allocated_bytes))
+    ]
+    return BeforeRecording(*first, exact=exact, how=how)
 
 
 # -- how well a trace's peak is known ---------------------------------------------------------------------
