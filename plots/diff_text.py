@@ -129,7 +129,7 @@ def _render_one(d, multi: bool) -> list[str]:
             out.append(
                 f"  {kind}{label}: {_gib(c.base)} → {_gib(c.new)} ({_delta(c.delta)}, allowed {_delta(c.limit)})"
             )
-    out += _render_phases(d)
+    out += _render_phases(d, level)
     if d.categories:
         rows = [c for c in d.categories if c.delta]
         out.append("")
@@ -234,8 +234,9 @@ def _per_call(sizes: tuple[int, ...]) -> str:
     return f"{_size(min(sizes))}..{_size(max(sizes))}"
 
 
-def _render_phases(d) -> list[str]:
-    out = ["", "Per phase (peak):"]
+def _render_phases(d, level: str) -> list[str]:
+    """The per-phase table; ``level``: what its peaks add up (the headline's words: the same curve)."""
+    out = ["", f"Per phase (peak of {level}):"]
     if not d.phases and not d.base_only_phases and not d.new_only_phases:
         return out + ["  neither run recorded phases: the global peaks above are what is gated"]
     width = max([len("  " * p.depth + p.path.rsplit("/", 1)[-1]) for p in d.phases] + [5])

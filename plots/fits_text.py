@@ -8,7 +8,7 @@ Every outcome the analysis can give (``analysis.fits.OUTCOMES``) has its own wor
 
 from __future__ import annotations
 
-from ..analysis.fits import DIED, FITS, NO_KV, NO_KV_CACHE, OOM, REFUSED, UNKNOWN, Fit
+from ..analysis.fits import DIED, FITS, MIN_CAPACITY, NO_KV, NO_KV_CACHE, OOM, REFUSED, SEARCH_STEP, UNKNOWN, Fit
 from ..analysis.quantities import NON_TORCH, ONE_MOMENT, PeakBound
 from ..analysis.reconcile import PRE_KV_PEAK
 from ..facts import KV_SIZED_EXTENSIBLE as EXTENSIBLE
@@ -265,7 +265,9 @@ def render_fits(
         )
     what = "that moment" if moment else ("this start-up" if vllm else "this program")
     at_util = " at that utilization" if vllm else ""
-    if smallest is not None:
+    if smallest is not None and smallest - MIN_CAPACITY <= SEARCH_STEP:  # it fits on the least card tried
+        lines.append(f"Smallest card {what} fits on: {_gib(MIN_CAPACITY)} or less (fits tries no smaller card)")
+    elif smallest is not None:
         lines.append(
             f"Smallest card {what} fits on{at_util}: about {_gib(smallest)}" + (" (at least)" if moment else "")
         )

@@ -186,7 +186,7 @@ def _report(run) -> list[str]:
     buf = io.StringIO()
     render_report(run, buf, markdown=True)
     r = run.worst
-    what = [f"{len(r.phases)} phases"] if r.phases else []
+    what = [f"{len(r.phases)} phase" + ("s" if len(r.phases) != 1 else "")] if r.phases else []
     what += ["the peak", "the target"] if run.verdict != NOTHING else []
     what += ["top holders"] if r.summary.holders else []
     what += [f"{len(r.trace.hook_calls):,} hook calls"] if r.trace.hook_calls else []

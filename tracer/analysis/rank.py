@@ -3,13 +3,16 @@
 An :class:`AnalysedRank` is built by ``analysis.run.analyse`` (never by a renderer) from one trace (already
 on the driver's clock), the run's target specification and the run's time origin. Each figure is a
 ``functools.cached_property``: computed on first use, kept on the object, shared by every renderer that
-asks; nothing is cached anywhere else, and the trace is never modified.
+asks; nothing is cached anywhere else, and the trace is never modified. This module builds and keeps the
+per-rank analyses; the figures read at the curves' highest (the peak, each quantity's peak point, the
+crossings, the holders at the peak) are ``analysis.rank_peaks.PeakFigures``, and the verdict's rules are
+``analysis.verdict``.
 
 Per rank: the ``target`` (``analysis.target.Target``, with its source: never flattened to bytes), the
 ``curves``, the allocations' ``lifetimes``, their ``categories`` (codes and curves), the ``oom``, the
-``crossings`` (read up to the OOM), the ``summary`` (what ``memtrace report`` prints), the KV-sizing
-``landmarks``, the ``non_kv`` model, CUPTI's ``cupti`` curve, the KV cache committed outside PyTorch
-(``vmm``, ``vmm_kv``, vLLM 0.34's ``extensible`` sizing), torch's ``counter_checks``, and the ``verdict``.
+``summary`` (what ``memtrace report`` prints), the KV-sizing ``landmarks``, the ``non_kv`` model, CUPTI's
+``cupti`` curve, the KV cache committed outside PyTorch (``vmm``, ``vmm_kv``, vLLM 0.34's ``extensible``
+sizing), torch's ``counter_checks``, the capacity what-if (``fits``) and the ``verdict``.
 """
 
 from __future__ import annotations
@@ -19,72 +22,40 @@ from functools import cached_property
 
 import numpy as np
 
-from .. import facts as F
 from ..model import Trace
 from .categories import Categorized, CategorySteps, categorize, category_steps
-from .crossing import Crossings, Excursion, crossings
 from .curves import Curve, Curves, all_curves, committed_curve, vmm_reserved_curve
 from .extensible import ExtensibleSizing, extensible_sizing
 from .fingerprint import allocator_settings
 from .fits import Fit, fits, recorded, smallest_fitting
 from .fits_extensible import as_fit, is_extensible
 from .fits_extensible import smallest as smallest_extensible
-from .landmarks import Landmarks, landmarks, steady_non_torch_at
+from .landmarks import Landmarks, landmarks
 from .live import Lifetimes, lifetimes
-from .non_torch import NonTorchBreakdown, at_moments, has_records, live_curve
+from .non_torch import has_records, live_curve
 from .oom import Oom, find_oom
 from .origin import TimeOrigin
-from .phases import PhaseStats, path_at, phase_path, phase_stats, recording_span
-from .quantities import (
-    BeforeRecording,
-    PeakBound,
-    before_recording,
-    fullest_at_peak,
-    in_vllm_terms,
-    peak,
-    peak_bound,
-    whole_device_peak,
-)
+from .phases import PhaseStats, phase_stats, recording_span
+from .quantities import BeforeRecording, PeakBound, before_recording, in_vllm_terms, peak_bound
+from .rank_peaks import PeakFigures
 from .reconcile import NonKv, non_kv
 from .self_cost import SelfCost, self_cost
-from .summary import (
-    HolderLine,
-    HookTotal,
-    Peak,
-    PeakPoint,
-    Summary,
-    holders_by_site,
-    hook_totals,
-    memory_events,
-    of_rank,
-    warnings_of,
-)
+from .serving import WindowSummary, window_summary
+from .summary import HookTotal, Summary, hook_totals, memory_events, of_rank, warnings_of
 from .target import Target, resolve_target
 from .torch_counters import CounterCheck, counter_checks
 from .user_metadata import MetadataSpan, metadata_spans
+from .verdict import CROSSED as CROSSED  # the verdicts, re-exported: callers import them from here too
+from .verdict import DIED as DIED
+from .verdict import NO_TARGET as NO_TARGET
+from .verdict import NOTHING as NOTHING
+from .verdict import UNFINISHED as UNFINISHED
+from .verdict import WITHIN as WITHIN
+from .verdict import Unfinished, recorded_nothing, unfinished, verdict
 from .view_paths import Paths, allocation_paths
 from .view_window import RankQueries
 from .vmm import VmmSummary
 from .vmm import summary as vmm_summary
-
-#: The verdicts of a rank and of a run, worst first.
-DIED = "died"
-UNFINISHED = "did not finish"  # a vLLM start-up that ended before it completed, not of CUDA OOM
-CROSSED = "crossed"
-WITHIN = "within target"
-NO_TARGET = "no target"
-NOTHING = "recorded nothing"
-
-
-@dataclass(frozen=True)
-class Unfinished:
-    """A vLLM start-up that ended before it completed, not of CUDA OOM (:attr:`AnalysedRank.unfinished`)."""
-
-    phase_path: str  # the last phase it entered
-    end_us: int  # when the recording ended
-    end_reason: str  # "exit", "signal:SIGTERM", "exception..."
-    error_type: str | None = None  # the error that left the phase, when the plugin saw it
-    error_message: str | None = None
 
 
 @dataclass(frozen=True)
@@ -114,8 +85,9 @@ class RankFits:
         return all(r.survives for r in self.results)
 
 
-class AnalysedRank:
-    """One trace of an analysed run and its figures (see the module docstring)."""
+class AnalysedRank(PeakFigures):
+    """One trace of an analysed run and its figures (see the module docstring; the peak figures are
+    ``rank_peaks.PeakFigures``)."""
 
     def __init__(
         self,
@@ -157,35 +129,13 @@ class AnalysedRank:
 
     @property
     def recorded_nothing(self) -> bool:
-        """No allocator events: nothing to judge (a CPU-only worker, or recording never started). A snapshot of
-        allocator state alone (``facts["import"]["state"] == "moment"``) has its segments to judge."""
-        if (self.trace.facts.get(F.IMPORT) or {}).get("state") == "moment" and self.trace.segments:
-            return False
-        return len(self.trace.events) == 0
+        """No allocator events to judge (``verdict.recorded_nothing``)."""
+        return recorded_nothing(self.trace)
 
     @cached_property
     def unfinished(self) -> Unfinished | None:
-        """How a vLLM start-up ended before it completed, other than by CUDA OOM, or None.
-
-        A trace the vLLM plugin marked (phases of source "vllm") whose recording ended at the process's exit,
-        a signal or an exception without the plugin's "start-up complete" fact: vLLM stopped itself (it
-        refused to start: no room for one KV block, a bad flag) or was stopped. The last phase it entered
-        and, when the plugin saw it (``facts.VLLM_STARTUP_ERROR``), the error say where and why."""
-        t = self.trace
-        reason = t.recording.end_reason
-        if not any(p.source == "vllm" for p in t.phases) or F.VLLM_STARTUP_COMPLETE_US in t.facts:
-            return None
-        if reason != "exit" and not reason.startswith(("signal", "exception")):
-            return None
-        last = max(range(len(t.phases)), key=lambda i: (t.phases[i].start_us, i))
-        error = t.facts.get(F.VLLM_STARTUP_ERROR) or {}
-        return Unfinished(
-            phase_path=phase_path(t, last),
-            end_us=t.recording.end_us or self.span[1],
-            end_reason=reason,
-            error_type=error.get("type"),
-            error_message=error.get("message"),
-        )
+        """How a vLLM start-up ended before it completed, other than by CUDA OOM (``verdict.unfinished``)."""
+        return unfinished(self.trace, self.span[1])
 
     @cached_property
     def span(self) -> tuple[int, int]:
@@ -220,87 +170,9 @@ class AnalysedRank:
         return find_oom(self.trace)
 
     @cached_property
-    def crossings(self) -> Crossings | None:
-        """Both curves' first excursions over the target, read up to the OOM (None without a target)."""
-        oom_us = self.oom.time_us if self.oom is not None else None
-        return crossings(self.trace, self.curves, self.target.target_bytes, oom_us=oom_us)
-
-    @property
-    def first_crossing(self) -> Excursion | None:
-        """The crossing every output names first (device used when sampled and crossed, else reserved)."""
-        return self.crossings.first if self.crossings is not None else None
-
-    @cached_property
     def summary(self) -> Summary:
         """What ``memtrace report`` prints and its JSON holds: a view of this rank's figures (``summary.of_rank``)."""
         return of_rank(self)
-
-    # -- the figures a report shows (the Summary view reads them; every output reads them from here) ------
-
-    @cached_property
-    def peak(self) -> Peak:
-        """The reserved peak and the fullest moment of its plateau (``quantities.peak``,
-        ``quantities.fullest_at_peak``; see ``summary.Peak``): "the peak" of every output."""
-        t, c = self.trace, self.curves
-        top = peak(c.reserved)
-        k = fullest_at_peak(c.allocated, c.reserved)
-        return Peak(
-            top.time_us,
-            top.bytes,
-            int(c.allocated.bytes[k]),
-            path_at(t, top.time_us),
-            k - 1,
-            steady_non_torch_at(c, top.time_us),
-            int(c.allocated.time_us[k]),
-        )
-
-    def _peak_point(self, c: Curve, name: str) -> PeakPoint:
-        top = peak(c)
-        return PeakPoint(name, top.time_us, top.bytes, path_at(self.trace, top.time_us))
-
-    @cached_property
-    def peak_allocated(self) -> PeakPoint:
-        """PyTorch allocated (requested) at its highest."""
-        return self._peak_point(self.curves.allocated, "allocated")
-
-    @cached_property
-    def peak_device_used(self) -> PeakPoint | None:
-        """NVML device used by this process at its highest (None when not sampled)."""
-        return self._peak_point(self.curves.device_used, "device_used") if self.curves.has_device else None
-
-    @cached_property
-    def peak_others(self) -> PeakPoint | None:
-        """Other processes' memory on the device at its highest (None when not sampled): never ours."""
-        return self._peak_point(self.curves.others, "others") if len(self.curves.others) else None
-
-    @cached_property
-    def peak_held(self) -> PeakPoint | None:
-        """PyTorch reserved + the KV cache committed outside PyTorch at its highest (None without VMM records)."""
-        return self._peak_point(self.curves.held, "held") if len(self.curves.vmm) else None
-
-    @cached_property
-    def whole_device_peak_bytes(self) -> int | None:
-        """Device used with other processes' memory put back, at its highest (None when others were not sampled)."""
-        c = self.curves
-        return whole_device_peak(c) if len(c.others) and c.has_device else None
-
-    @cached_property
-    def crossing_list(self) -> list[Excursion]:
-        """The crossings found (first, then the other curve's), [] without a target or a crossing."""
-        found = self.crossings
-        return [e for e in (found.first, found.second) if e is not None] if found is not None else []
-
-    @cached_property
-    def holders(self) -> list[HolderLine]:
-        """Live bytes at the peak by printed site, the ``top`` largest (``summary.holders_by_site``)."""
-        return holders_by_site(self.trace, self.peak.event_index, self.top, lt=self.lifetimes)
-
-    @cached_property
-    def non_torch_moments(self) -> list[NonTorchBreakdown]:
-        """Non-PyTorch memory by category at the first crossing and the peak (CUPTI; [] without records)."""
-        first = self.crossing_list[0].time_us if self.crossing_list else None
-        at = self.peak_device_used.time_us if self.peak_device_used is not None else self.peak.time_us
-        return at_moments(self.trace, crossing_us=first, peak_us=at, curves=self.curves)
 
     @cached_property
     def n_events(self) -> int:
@@ -345,6 +217,11 @@ class AnalysedRank:
     def self_cost(self) -> SelfCost:
         """What memtrace cost the program (``analysis.self_cost``)."""
         return self_cost(self.trace)
+
+    @cached_property
+    def window(self) -> WindowSummary | None:
+        """The serving window after start-up (``analysis.serving``); None for a start-up-only trace."""
+        return window_summary(self.trace)
 
     @cached_property
     def vmm(self) -> VmmSummary | None:
@@ -417,29 +294,16 @@ class AnalysedRank:
         return self._fits[key]
 
     @property
-    def overshoot_bytes(self) -> int | None:
-        """The largest overshoot of the target by any crossing (None when it never crossed)."""
-        found = self.crossings
-        over = [e.overshoot_bytes for e in (found.device_used, found.reserved) if e is not None] if found else []
-        return max(over) if over else None
-
-    @property
-    def peak_reserved_bytes(self) -> int:
-        return self.peak.reserved_bytes if not self.recorded_nothing else 0
-
-    @property
     def verdict(self) -> str:
         """DIED, UNFINISHED, CROSSED, WITHIN (the target), NO_TARGET (nothing to compare with) or NOTHING (no
-        events)."""
-        if self.oom is not None:
-            return DIED
-        if self.unfinished is not None:
-            return UNFINISHED
-        if self.recorded_nothing:
-            return NOTHING
-        if self.target.target_bytes is None:
-            return NO_TARGET
-        return CROSSED if self.first_crossing is not None else WITHIN
+        events): ``verdict.verdict``."""
+        return verdict(
+            died=self.oom is not None,
+            stopped=self.unfinished is not None,
+            nothing=self.recorded_nothing,
+            has_target=self.target.target_bytes is not None,
+            crossed=self.first_crossing is not None,
+        )
 
     def seconds(self, t_us: int) -> float:
         """``t_us`` in seconds since the run's origin."""

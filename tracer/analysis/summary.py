@@ -44,6 +44,7 @@ from .phases import PhaseStats
 from .quantities import BeforeRecording, PeakBound
 from .reconcile import KvReconciliation, NonKv
 from .self_cost import SelfCost
+from .serving import WindowSummary
 from .target import Target, describe
 from .torch_counters import CounterCheck
 from .user_metadata import MetadataSpan
@@ -182,6 +183,8 @@ class Summary:
     #: PyTorch memory present before recording began, exact or a lower bound (``quantities.before_recording``);
     #: None for a snapshot of one moment
     before_recording: BeforeRecording | None = None
+    #: the serving window after start-up (``analysis.serving``); None for a start-up-only trace
+    window: WindowSummary | None = None
 
     @property
     def truncated(self) -> bool:
@@ -276,6 +279,7 @@ def of_rank(rank: AnalysedRank) -> Summary:
         peak_bound=rank.peak_bound,
         user_metadata=rank.user_metadata,
         before_recording=rank.before_recording,
+        window=rank.window,
     )
 
 
@@ -340,4 +344,10 @@ def _plain(obj: Any) -> Any:
 
 def summary_to_dict(summary: Summary) -> dict[str, Any]:
     """A JSON-ready dict of ``summary``: exact integers of bytes and microseconds, nothing rounded."""
-    return _plain(summary)
+    if summary.window is None:
+        return _plain(summary)
+    from dataclasses import replace
+
+    from .serving import window_doc
+
+    return {**_plain(replace(summary, window=None)), "window": _plain(window_doc(summary.window))}
