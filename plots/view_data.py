@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import zlib
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import numpy as np
@@ -165,7 +165,7 @@ def _before_recording(s) -> dict[str, Any] | None:
     b = s.before_recording
     if b is None or not b.nonzero:
         return None
-    return {**summary_to_dict(b), "line": before_recording_text(b)}
+    return {**asdict(b), "line": before_recording_text(b)}
 
 
 def _vmm(a: AnalysedRank) -> dict[str, Any] | None:
