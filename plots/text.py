@@ -22,6 +22,7 @@ from .extensible_text import render_counters, render_extensible, render_vmm
 from .kv_text import render_non_kv
 from .metadata_text import render_metadata
 from .non_torch_text import render_non_torch
+from .serving_text import render_window
 
 _TIMES = "Times are seconds since the run's time origin (the 'times' line: one origin for every rank and output)."
 
@@ -400,6 +401,7 @@ def render_report(summary: Summary, file: TextIO, width: int = 100, markdown: bo
     render_vmm(out, summary)
     render_extensible(out, summary)
     render_counters(out, summary)
+    render_window(out, summary.window, summary.t0_us)
     _notes(out, summary)
 
 

@@ -42,6 +42,14 @@ ENV = _fact(
 )
 MEMTRACE_VERSION = _fact("memtrace", "str", "capture.env", "the memtrace version that recorded the trace")
 CAPTURE = _fact("capture", "dict", "capture.session", "how the allocator history was drained (drains, clock skew)")
+SERVING = _fact(
+    "serving",
+    "dict",
+    "capture.serving_session",
+    "MEMTRACE_UNTIL=serving: started_us (start-up written, rings begin), bounds (the rings' limits and "
+    "ring_bytes_max, the most bytes they may hold), on_cpu (no allocator: the window holds scheduler steps "
+    "and notes only); the window itself is the trace's ServingWindow (format 1.4)",
+)
 CAPTURE_PREIMPORT_S = _fact(
     "capture_preimport_s",
     "float",

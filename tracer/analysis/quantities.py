@@ -22,6 +22,7 @@ The quantities, all in bytes:
 - **other processes** (NVML per-process, sampled): never counted as this process's.
 - **non-PyTorch**: device used - reserved - VMM at each sample (CUDA context, NCCL, cuBLAS, raw
   ``cudaMalloc``); CUPTI, when recorded, splits it by category.
+- **PyTorch reserved, unallocated**: reserved - allocated (fragmentation), at a serving window's end.
 - **present before recording began**: PyTorch memory that existed at the first recorded event, exact when
   the allocator's final state was saved and the events add up to it, else a lower bound (said so).
 
@@ -100,6 +101,12 @@ BEFORE_RECORDING = Quantity(
     "before_recording",
     "present before recording began",
     "PyTorch memory that existed at the first recorded event: exact from the allocator's state, else a lower bound",
+)
+RESERVED_UNUSED = Quantity(
+    "reserved_unused",
+    "PyTorch reserved, unallocated",
+    "PyTorch reserved minus PyTorch allocated: cached free blocks and the unused tails of split blocks "
+    "(fragmentation), shown for a serving window's end",
 )
 
 #: every quantity, in the order outputs list them

@@ -39,6 +39,7 @@ from .quantities import PeakBound, in_vllm_terms, peak_bound
 from .rank_peaks import PeakFigures
 from .reconcile import NonKv, non_kv
 from .self_cost import SelfCost, self_cost
+from .serving import WindowSummary, window_summary
 from .summary import HookTotal, Summary, hook_totals, memory_events, of_rank, warnings_of
 from .target import Target, resolve_target
 from .torch_counters import CounterCheck, counter_checks
@@ -218,6 +219,11 @@ class AnalysedRank(PeakFigures):
     def self_cost(self) -> SelfCost:
         """What memtrace cost the program (``analysis.self_cost``)."""
         return self_cost(self.trace)
+
+    @cached_property
+    def window(self) -> WindowSummary | None:
+        """The serving window after start-up (``analysis.serving``); None for a start-up-only trace."""
+        return window_summary(self.trace)
 
     @cached_property
     def vmm(self) -> VmmSummary | None:

@@ -44,6 +44,7 @@ from .phases import PhaseStats
 from .quantities import PeakBound
 from .reconcile import KvReconciliation, NonKv
 from .self_cost import SelfCost
+from .serving import WindowSummary
 from .target import Target, describe
 from .torch_counters import CounterCheck
 from .user_metadata import MetadataSpan
@@ -179,6 +180,8 @@ class Summary:
     peak_bound: PeakBound = field(default_factory=lambda: PeakBound(False))
     #: the user's labels on allocator events (``analysis.user_metadata``, torch's ``_set_memory_metadata``)
     user_metadata: list[MetadataSpan] = field(default_factory=list)
+    #: the serving window after start-up (``analysis.serving``); None for a start-up-only trace
+    window: WindowSummary | None = None
 
     @property
     def truncated(self) -> bool:
@@ -272,6 +275,7 @@ def of_rank(rank: AnalysedRank) -> Summary:
         self_cost=rank.self_cost,
         peak_bound=rank.peak_bound,
         user_metadata=rank.user_metadata,
+        window=rank.window,
     )
 
 
@@ -336,4 +340,10 @@ def _plain(obj: Any) -> Any:
 
 def summary_to_dict(summary: Summary) -> dict[str, Any]:
     """A JSON-ready dict of ``summary``: exact integers of bytes and microseconds, nothing rounded."""
-    return _plain(summary)
+    if summary.window is None:
+        return _plain(summary)
+    from dataclasses import replace
+
+    from .serving import window_doc
+
+    return {**_plain(replace(summary, window=None)), "window": _plain(window_doc(summary.window))}
