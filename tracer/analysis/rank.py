@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import cached_property
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -27,9 +28,6 @@ from .categories import Categorized, CategorySteps, categorize, category_steps
 from .curves import Curve, Curves, all_curves, committed_curve, vmm_reserved_curve
 from .extensible import ExtensibleSizing, extensible_sizing
 from .fingerprint import allocator_settings
-from .fits import Fit, fits, recorded, smallest_fitting
-from .fits_extensible import as_fit, is_extensible
-from .fits_extensible import smallest as smallest_extensible
 from .landmarks import Landmarks, landmarks
 from .live import Lifetimes, lifetimes
 from .non_torch import has_records, live_curve
@@ -56,6 +54,9 @@ from .view_paths import Paths, allocation_paths
 from .view_window import RankQueries
 from .vmm import VmmSummary
 from .vmm import summary as vmm_summary
+
+if TYPE_CHECKING:
+    from .fits import Fit
 
 
 @dataclass(frozen=True)
@@ -284,6 +285,11 @@ class AnalysedRank(PeakFigures):
         """The capacity what-if (``analysis.fits``), computed once per question."""
         key = (tuple(capacities), util, non_torch_bytes)
         if key not in self._fits:
+            # the what-if engine is imported when asked (report, plot and view never ask: ~30 ms of imports)
+            from .fits import fits, recorded, smallest_fitting
+            from .fits_extensible import as_fit, is_extensible
+            from .fits_extensible import smallest as smallest_extensible
+
             rec = recorded(self.trace, non_torch_bytes, rank=self)
             if is_extensible(self.trace) and self.extensible is not None:  # vLLM 0.34: sized after warm-up
                 found = [as_fit(self, c, util, rec) for c in capacities]
