@@ -296,7 +296,7 @@ def render(run, out, *, capacities: list[int], util: float | None = None, non_to
             "time_origin": run.origin.sentence,
             "ranks": [
                 {"rank": a.rank.rank, "pid": a.rank.trace.process.pid, "verdict": a.rank.verdict,
-                 "peak_bound": dataclasses.asdict(a.rank.summary.peak_bound),
+                 "peak_bound": dataclasses.asdict(a.rank.peak_bound),
                  "smallest_fitting_capacity_bytes": a.smallest, "fits": [fit_to_dict(r) for r in a.results]}
                 for a in answers
             ],
@@ -310,7 +310,7 @@ def render(run, out, *, capacities: list[int], util: float | None = None, non_to
         return
     for a in answers:
         path = f"{run.path} ({a.rank.label})" if multi else run.path
-        out.write(render_fits(a.results, path, a.smallest, a.rank.summary.peak_bound, vllm=a.rank.vllm))
+        out.write(render_fits(a.results, path, a.smallest, a.rank.peak_bound, vllm=a.rank.vllm))
     if multi:
         need = next((a.smallest for a in answers if a.rank is worst), None)
         why = f"{worst.verdict}" + (f"; needs about {_gib(need)}" if need is not None else "")

@@ -82,16 +82,22 @@ def identity(span_s: float) -> TimeScale:
 
 def _bin_ranges(t_us: np.ndarray, b: np.ndarray, edges: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Per bin, the lowest and highest value the step curve (t_us, b) takes inside it (the value in force
-    at the bin's start included)."""
+    at the bin's start included); ``t_us`` non-decreasing."""
     n = len(edges) - 1
     start = np.clip(np.searchsorted(t_us, edges[:-1], side="right") - 1, 0, None)
     lo = b[start].astype(np.float64)
     hi = lo.copy()
-    if len(t_us):
-        k = np.clip(np.searchsorted(edges, t_us, side="right") - 1, 0, n - 1)
-        inside = (t_us >= edges[0]) & (t_us <= edges[-1])
-        np.minimum.at(lo, k[inside], b[inside])
-        np.maximum.at(hi, k[inside], b[inside])
+    if not len(t_us):
+        return lo, hi
+    # in time order (as every curve's times are): each bin's values are one run, reduced at once
+    i0, i1 = np.searchsorted(t_us, edges[0], side="left"), np.searchsorted(t_us, edges[-1], side="right")
+    if i1 <= i0:
+        return lo, hi
+    k = np.clip(np.searchsorted(edges, t_us[i0:i1], side="right") - 1, 0, n - 1)
+    starts = np.flatnonzero(np.concatenate(([True], k[1:] != k[:-1])))
+    bins, values = k[starts], b[i0:i1]
+    lo[bins] = np.minimum(lo[bins], np.minimum.reduceat(values, starts))
+    hi[bins] = np.maximum(hi[bins], np.maximum.reduceat(values, starts))
     return lo, hi
 
 

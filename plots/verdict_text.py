@@ -80,8 +80,8 @@ def headline(run) -> str:
             f"{r.seconds(c.time_us):.2f} s{where} and reached {format_gib(c.max_bytes)} "
             f"(+{format_gib(c.overshoot_bytes)})."
         )
-    peak = r.summary.peak.reserved_bytes
-    bound = r.summary.peak_bound
+    peak = r.peak.reserved_bytes
+    bound = r.peak_bound
     peaked = f"peaked at no less than {format_gib(peak)}" if bound.lower_bound else f"peaked at {format_gib(peak)}"
     if verdict == WITHIN:
         within = (
