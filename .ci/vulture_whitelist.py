@@ -65,7 +65,3 @@ available_memtrace_bytes  # tracer/analysis/extensible.ExtensibleSizing: in repo
 memtrace_threads_ns  # tracer/analysis/self_cost.SelfCost: in report --json (traces[].self_cost), memtrace's
                      # own threads' time, left out of the cost
 startup_us  # SelfCost: in report --json (traces[].self_cost), the start-up's span beside init_engine_us
-sampled  # tracer/analysis/quantities.Quantity: the vocabulary's "sampled, not exact" flag
-bound  # tracer/analysis/quantities.BeforeRecording: NOT used — BeforeRecording and before_recording() have
-       # no caller (left to the vocabulary's owner, whose branch is editing quantities.py; issue 33 report)
-_.allocated_blocks  # tracer/analysis/rank.AnalysedRank: quantities.ALLOCATED_BLOCKS' curve (extensible.py builds its own)

@@ -19,13 +19,13 @@ from pathlib import Path
 from ..analysis.fingerprint import allocator_settings, command_line, environment
 from ..analysis.hooked import outermost
 from ..analysis.moment import PEAK
-from ..analysis.quantities import ALLOCATED, DEVICE_USED, RESERVED
+from ..analysis.quantities import ALLOCATED, BEFORE_RECORDING, DEVICE_USED, RESERVED
 from ..analysis.rank import NOTHING
 from ..analysis.titles import timeline_title, what_ran
 from ..units import format_gib
 from . import verdict_text
 from .formats import of
-from .text import frame_text
+from .text import before_recording_figures, frame_text
 
 #: this module's output format(s) (``plots.format_spec``)
 FORMATS = of(__name__)
@@ -140,8 +140,17 @@ def answer(run) -> list[str]:
         lines += [f"Figures of {r.label}, the worst of {len(run.ranks)} ranks ({r.verdict}); every rank is in the report below.", ""]  # fmt: skip
     lines.append(_peak_line(run))
     lines.append(_target_line(run))
-    lines += [x for x in (_holders_line(run), _hooks_line(run), _kv_line(run)) if x]
+    lines += [x for x in (_holders_line(run), _before_line(run), _hooks_line(run), _kv_line(run)) if x]
     return lines
+
+
+def _before_line(run) -> str | None:
+    """The memory present before the worst rank's recording began, when there was any (a trace that begins
+    mid-run: a wrapped history, a snapshot's last entries, allocations before the plugin started recording)."""
+    b = run.worst.before_recording
+    if b is None or not b.nonzero:
+        return None
+    return f"- **{BEFORE_RECORDING.label.capitalize()}:** {before_recording_figures(b)}."
 
 
 def _details(summary: str, body: list[str]) -> list[str]:

@@ -13,7 +13,7 @@ from typing import TextIO
 
 from ..analysis.crossing import Excursion
 from ..analysis.flame import hook_short_name
-from ..analysis.quantities import BEFORE_RECORDING, DEVICE_USED, HELD, OTHERS, QUANTITIES, RESERVED
+from ..analysis.quantities import ALLOCATED, BEFORE_RECORDING, DEVICE_USED, HELD, OTHERS, QUANTITIES, RESERVED
 from ..analysis.summary import Summary
 from ..model import Frame
 from ..units import gib_number, gib_or_dash, signed_gib_number
@@ -41,6 +41,20 @@ def holder_text(h) -> str:
     if h.before_recording:
         return f"({BEFORE_RECORDING.label})"
     return frame_text(h.frame)
+
+
+def before_recording_figures(b) -> str:
+    """The figures of the memory present before recording began (``quantities.BeforeRecording``), in the words
+    every output uses: "at least" before a lower bound's figures, then how they are known."""
+    return (
+        f"{RESERVED.label} {b.bound}{gib_or_dash(b.reserved_bytes)}, "
+        f"{ALLOCATED.label} {b.bound}{gib_or_dash(b.allocated_bytes)} ({b.how})"
+    )
+
+
+def before_recording_text(b) -> str:
+    """:func:`before_recording_figures` after ``quantities.BEFORE_RECORDING``'s label: the report's line."""
+    return f"{BEFORE_RECORDING.label}: {before_recording_figures(b)}"
 
 
 def frame_text(frame: Frame | None) -> str:
@@ -183,6 +197,8 @@ def _header(out: _Out, s: Summary) -> None:
         f"recording: {s.n_events:,} allocator events, {s.n_samples:,} NVML samples over {dur:.2f} s "
         f"(source {rec.source}, stacks {rec.stacks}{ended})"
     )
+    if s.before_recording is not None and s.before_recording.nonzero:
+        out.item(before_recording_text(s.before_recording))
     _cost(out, s)
     if s.time_origin:
         out.item(f"times: {s.time_origin}")

@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import zlib
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import numpy as np
@@ -47,6 +47,7 @@ from ..analysis.rank import AnalysedRank
 from ..analysis.summary import summary_to_dict
 from ..model import ACTIONS
 from .palette import CATEGORY_COLORS, VMM_KV_LABEL
+from .text import before_recording_text
 
 #: Columns of the binary blob, in order: (name, numpy dtype).
 EVENT_COLUMNS = (
@@ -123,6 +124,7 @@ def rank_meta(a: AnalysedRank, t0_us: int) -> dict[str, Any]:
         "start_us": start - t0_us,
         "end_us": (end if oom is None else min(end, oom.time_us)) - t0_us,  # nothing drawn after an OOM
         "baseline": {"allocated": s.baseline.allocated_bytes, "reserved": s.baseline.reserved_bytes},
+        "before_recording": _before_recording(s),
         "target": {
             "bytes": a.target.target_bytes,
             "capacity": a.target.capacity_bytes,
@@ -155,6 +157,15 @@ def rank_meta(a: AnalysedRank, t0_us: int) -> dict[str, Any]:
         "actions": list(ACTIONS),
         "vmm": _vmm(a),
     }
+
+
+def _before_recording(s) -> dict[str, Any] | None:
+    """The memory present before recording began (``Summary.before_recording``) and the report's line on it;
+    None when there was none to state (or the trace is a snapshot of one moment)."""
+    b = s.before_recording
+    if b is None or not b.nonzero:
+        return None
+    return {**asdict(b), "line": before_recording_text(b)}
 
 
 def _vmm(a: AnalysedRank) -> dict[str, Any] | None:

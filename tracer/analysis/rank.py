@@ -24,7 +24,6 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from ..model import Trace
-from .blocks import block_curve
 from .categories import Categorized, CategorySteps, categorize, category_steps
 from .curves import Curve, Curves, all_curves, committed_curve, vmm_reserved_curve
 from .extensible import ExtensibleSizing, extensible_sizing
@@ -35,7 +34,7 @@ from .non_torch import has_records, live_curve
 from .oom import Oom, find_oom
 from .origin import TimeOrigin
 from .phases import PhaseStats, phase_stats, recording_span
-from .quantities import PeakBound, in_vllm_terms, peak_bound
+from .quantities import BeforeRecording, PeakBound, before_recording, in_vllm_terms, peak_bound
 from .rank_peaks import PeakFigures
 from .reconcile import NonKv, non_kv
 from .self_cost import SelfCost, self_cost
@@ -149,12 +148,6 @@ class AnalysedRank(PeakFigures):
         return all_curves(self.trace)
 
     @cached_property
-    def allocated_blocks(self) -> Curve:
-        """PyTorch allocated counted in blocks, as ``torch.cuda.memory_allocated()`` counts it
-        (``quantities.ALLOCATED_BLOCKS``, ``blocks.block_curve``): replayed on first use only."""
-        return block_curve(self.trace, self.curves)
-
-    @cached_property
     def lifetimes(self) -> Lifetimes:
         return lifetimes(self.trace, self.event_times)
 
@@ -209,6 +202,12 @@ class AnalysedRank(PeakFigures):
     def peak_bound(self) -> PeakBound:
         """How well the peaks are known (``quantities.peak_bound``): "at least" for a snapshot of one moment."""
         return peak_bound(self.trace.facts)
+
+    @cached_property
+    def before_recording(self) -> BeforeRecording | None:
+        """PyTorch memory present before the recording began (``quantities.before_recording``): exact from the
+        allocator's state, else a lower bound; None for a snapshot of one moment."""
+        return before_recording(self.trace, self.curves)
 
     @cached_property
     def user_metadata(self) -> list[MetadataSpan]:

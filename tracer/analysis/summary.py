@@ -41,7 +41,7 @@ from .live import BEFORE_RECORDING, Lifetimes, holders_by_stack, lifetimes, mean
 from .non_torch import NonTorchBreakdown
 from .oom import Oom
 from .phases import PhaseStats
-from .quantities import PeakBound
+from .quantities import BeforeRecording, PeakBound
 from .reconcile import KvReconciliation, NonKv
 from .self_cost import SelfCost
 from .serving import WindowSummary
@@ -180,6 +180,9 @@ class Summary:
     peak_bound: PeakBound = field(default_factory=lambda: PeakBound(False))
     #: the user's labels on allocator events (``analysis.user_metadata``, torch's ``_set_memory_metadata``)
     user_metadata: list[MetadataSpan] = field(default_factory=list)
+    #: PyTorch memory present before recording began, exact or a lower bound (``quantities.before_recording``);
+    #: None for a snapshot of one moment
+    before_recording: BeforeRecording | None = None
     #: the serving window after start-up (``analysis.serving``); None for a start-up-only trace
     window: WindowSummary | None = None
 
@@ -275,6 +278,7 @@ def of_rank(rank: AnalysedRank) -> Summary:
         self_cost=rank.self_cost,
         peak_bound=rank.peak_bound,
         user_metadata=rank.user_metadata,
+        before_recording=rank.before_recording,
         window=rank.window,
     )
 
