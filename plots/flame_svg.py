@@ -32,7 +32,7 @@ from xml.sax.saxutils import escape
 
 from ..analysis import quantities as Q
 from ..analysis.categories import WORKSPACE_FUNCTIONS
-from ..analysis.flame import HOOK_PREFIX, NON_TORCH, VMM_KV, Flame, FlameNode, build_tree
+from ..analysis.flame import BEFORE_RECORDING, HOOK_PREFIX, NON_TORCH, VMM_KV, Flame, FlameNode, build_tree
 from ..analysis.flame_prefix import shared_prefix, stack_counts, without_prefix
 from ..analysis.moment import PEAK
 from ..units import format_bytes
@@ -210,7 +210,7 @@ def _legend(y: int, cupti: bool = False, vmm: bool = False) -> str:
     items = [(name, _rgb((lo + hi) / 2, 0.6, 0.66)) for name, _, (lo, hi) in PALETTE]
     items += [
         ("FlashInfer workspace allocator / [hook] call", HOOK_FILL),
-        ("[no stack] / [before recording]", MARKER_FILL),
+        (f"[no stack] / {BEFORE_RECORDING}", MARKER_FILL),  # the markers as drawn (no stack: short)
     ]
     if cupti:
         items.append((f"{Q.NON_TORCH.label} (CUPTI)", CUPTI_FILL))

@@ -59,3 +59,25 @@ def test_the_report_and_the_flame_give_memory_before_recording_the_same_name_and
     assert main(["flame", str(run), "-f", "folded", "-o", str(out)]) == 0
     folded = dict(line.rsplit(" ", 1) for line in out.read_text().splitlines())
     assert int(folded["[present before recording began]"]) == 33_923_632
+
+
+def test_the_headline_of_a_0_34_run_names_what_the_process_held_as_the_report_does(capsys):
+    """The view's and the issue bundle's first sentence said "PyTorch reserved peaked at 11.73 GiB, 128.07 GiB
+    below the target" for moe-ext, whose KV cache (126 GiB, outside PyTorch) filled the card, and 99.04 GiB below
+    for small-ext beside a 96.6 GiB neighbour; the report's Target section says held, and the card's own fill."""
+    from memtrace.analysis.run import analyse
+    from memtrace.plots.verdict_text import headline
+    from memtrace.store import load_run
+    from vllm034_data import run_dir
+
+    moe, small = (analyse(load_run(run_dir(s)).traces) for s in ("moe-ext", "small-ext"))
+    assert headline(moe) == (
+        "Within the target: held by this process peaked at 137.35 GiB, 2.45 GiB below the target (139.80 GiB)."
+    )
+    assert headline(small).endswith(
+        "99.04 GiB below the target (139.80 GiB); with other processes' memory the card held up to 138.11 GiB, "
+        "1.69 GiB below it."
+    )
+    main(["report", str(run_dir("small-ext"))])
+    report = capsys.readouterr().out
+    assert "stays 99.04 GiB below it" in report and "held up to 138.11 GiB, 1.69 GiB" in report
