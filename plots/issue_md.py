@@ -25,6 +25,7 @@ from ..analysis.titles import timeline_title, what_ran
 from ..units import format_gib
 from . import verdict_text
 from .formats import of
+from .serving_text import window_lines
 from .text import before_recording_figures, frame_text
 
 #: this module's output format(s) (``plots.format_spec``)
@@ -141,6 +142,9 @@ def answer(run) -> list[str]:
     lines.append(_peak_line(run))
     lines.append(_target_line(run))
     lines += [x for x in (_holders_line(run), _before_line(run), _hooks_line(run), _kv_line(run)) if x]
+    for line in window_lines(run.worst.window, run.origin.t0_us):
+        head, _, rest = line.partition(": ")
+        lines.append(f"- **{head}:** {rest}")
     return lines
 
 
@@ -210,10 +214,18 @@ def render_issue(run, drawn: bool = True) -> str:
     out += boot_section(run)  # fits --suggest on the recorded card (plots.whatif_text)
     if drawn:
         peak_of = f" ({r.label}, the worst rank)" if run.multi else ""
-        out += [f"## What held memory at {PEAK}{peak_of}", "", f"![flame graph at {PEAK}](flame.svg)", ""]
+        moment = "the OOM, in the serving window" if flame_at(run) == "oom" else PEAK
+        out += [f"## What held memory at {moment}{peak_of}", "", f"![flame graph at {moment}](flame.svg)", ""]
         out += ["Folded stacks for speedscope / flamegraph.pl: `flame.folded`.", ""]
     out += _report(run)
     return "\n".join(out).rstrip() + "\n"
+
+
+def flame_at(run) -> str:
+    """The moment the bundle's flame graph shows: the OOM when the worst rank died in its serving window (what
+    filled the GPU before it), else the peak."""
+    ws = run.worst.window
+    return "oom" if ws is not None and ws.oom is not None and run.worst.serving is not None else "peak"
 
 
 def render(run, out: str | Path) -> list[str]:
@@ -229,9 +241,9 @@ def render(run, out: str | Path) -> list[str]:
         with atomic_write(out / "timeline.png") as tmp:
             render_as(run.subset(drawn), tmp, "timeline")
         with atomic_write(out / "flame.svg") as tmp:
-            render_as(run, tmp, "flame")
+            render_as(run, tmp, "flame", at=flame_at(run))
         with atomic_write(out / "flame.folded") as tmp:
-            render_as(run, tmp, "folded")
+            render_as(run, tmp, "folded", at=flame_at(run))
         written += list(IMAGES)
     with atomic_write(out / "issue.md") as tmp:
         tmp.write_text(render_issue(run, drawn=bool(drawn)), encoding="utf-8")

@@ -79,3 +79,54 @@ def render_window(out, ws: WindowSummary | None, t0_us: int) -> None:
             for st in ws.steps_before_end
         ]  # fmt: skip
         out.table(["scheduler step at", "requests", "tokens", "ms", "error"], rows, "rrrrl")
+
+
+#: How many growth sites the short statement of a window names.
+SITES_SHOWN = 3
+
+
+def window_lines(ws: WindowSummary | None, t0_us: int) -> list[str]:
+    """The window said in a few sentences, for the issue bundle's first screen and the view's page: what was
+    kept and the gap, the failed allocation of an OOM in the window, PyTorch's state at its end (with
+    :data:`quantities.RESERVED_UNUSED`), where it grew by stack, the last scheduler step. [] without one."""
+    if ws is None:
+        return []
+    w = ws.window
+    rel = lambda t: "-" if t is None else f"{(t - t0_us) / 1e6:.2f} s"  # noqa: E731
+    span = "-" if w.start_us is None or w.end_us is None else _s(w.end_us - w.start_us)
+    gap = (
+        f"after a GAP of {_s(w.gap_us)} that was not recorded ({w.events_dropped:,} allocator events, "
+        f"{w.samples_dropped:,} NVML samples, {w.steps_dropped:,} scheduler steps dropped from the ring)"
+        if w.gap_us
+        else "right after start-up (nothing dropped)"
+    )
+    lines = [f"Serving window: {span} kept, {rel(w.start_us)} to {rel(w.end_us)}, {gap}; last written on {w.reason}."]
+    if ws.oom is not None:
+        o = ws.oom
+        lines.append(
+            f"Failed allocation: {o.get('requested_bytes'):,} bytes ({gib_or_dash(o.get('requested_bytes'))}) at "
+            f"{rel(o.get('time_us'))} in {o.get('phase') or 'serving'}, {gib_or_dash(o.get('device_free_bytes'))} "
+            f"free of {gib_or_dash(o.get('device_total_bytes'))}."
+        )
+    if ws.end_allocated_bytes is not None:
+        lines.append(
+            f"At the window's end: {Q.ALLOCATED} {gib_or_dash(ws.end_allocated_bytes)}, {Q.RESERVED} "
+            f"{gib_or_dash(ws.end_reserved_bytes)}, {Q.RESERVED_UNUSED} {gib_or_dash(ws.reserved_unused_bytes)} "
+            f"(at its start: {Q.ALLOCATED} {gib_or_dash(ws.start_allocated_bytes)}, {Q.RESERVED} "
+            f"{gib_or_dash(ws.start_reserved_bytes)})."
+        )
+    else:
+        lines.append("No allocator on this device: the window holds scheduler steps and notes only.")
+    if ws.growth:
+        from .text import frame_text
+
+        sites = "; ".join(f"{frame_text(g.frame)} +{_mib(g.bytes)} ({g.count})" for g in ws.growth[:SITES_SHOWN])
+        lines.append(f"Allocated in the window and live at its end, by stack (blocks): {sites}.")
+    if ws.steps_before_end:
+        st = ws.steps_before_end[-1]
+        err = f", error {st['error']}" if st.get("error") else ""
+        lines.append(
+            f"Last scheduler step at {rel(st.get('time_us'))}: {st.get('requests', '-')} requests, "
+            f"{st.get('tokens', '-')} tokens{err}."
+        )
+    return lines

@@ -314,6 +314,10 @@
       MT.ranks.push(R);
       const lane = el('section', { class: 'mt-lane' }, el('h2', {}, meta.label));
       if (meta.before_recording) lane.append(el('p', { class: 'mt-note mt-before' }, meta.before_recording.line));
+      if (meta.serving && meta.serving.length) {
+        lane.append(el('div', { class: 'mt-serving' }, el('h3', {}, 'Serving window (after start-up; the chart below is start-up only: memtrace plot and flame --at oom draw the window)'),
+          el('ul', {}, ...meta.serving.map((line) => el('li', {}, line)))));
+      }
       const marks = el('div', { class: 'mt-landmarks' });
       for (const lm of meta.landmarks) marks.append(el('button', { 'data-landmark': lm.name, onclick: () => { R.landmark = lm; reveal(R, (lm.time_us - meta.t0_us) / 1e6); select(R, lm.event); } }, lm.name));
       marks.append(el('button', { onclick: () => zoomAll(meta.start_us / 1e6, meta.end_us / 1e6) }, 'reset zoom'));

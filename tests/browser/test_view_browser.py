@@ -355,3 +355,24 @@ def test_the_chart_uses_the_windows_width_and_its_names_stay_off_the_curves(brow
         page.page.screenshot(path=str(tmp_path / f"view-{width}.png"))
     finally:
         page.close()
+
+
+def test_a_serving_trace_states_its_window_above_the_startup_chart(browser, tmp_path):
+    from serving_fakes import write_fake_serving
+
+    with pytest.MonkeyPatch.context() as mp:
+        trace = write_fake_serving(tmp_path / "fake.memtrace", mp)
+    out = tmp_path / "serving.html"
+    _main("view", trace.path, "-o", str(out))
+    page = Page(browser, out)
+    items = page.js("[...document.querySelectorAll('.mt-serving li')].map(e => e.textContent)")
+    assert (
+        items[1]
+        == "Failed allocation: 3,221,225,472 bytes (3.00 GiB) at 3609.85 s in serving, 1.00 GiB free of 80.00 GiB."
+    )
+    assert (
+        page.rank()["view"]["x1"]
+        <= (trace.window.startup_end_us - page.js("memtraceView.ranks[0].meta.t0_us")) / 1e6 + 1e-6
+    )
+    page.page.screenshot(path=str(tmp_path / "serving.png"))
+    page.close()

@@ -62,3 +62,31 @@ def test_flame_at_a_time_in_the_gap_is_one_clear_error(fake, tmp_path, capsys):
 def test_flame_at_a_time_in_the_window_reads_the_window(fake, tmp_path, capsys):
     assert main(["flame", fake.path, "--at", "3609.7", "-f", "folded", "-o", str(tmp_path / "w.folded")]) == 0
     assert "128.21 GiB live at 3609.700 s" in capsys.readouterr().err
+
+
+def test_the_issue_bundle_states_the_window_first_and_draws_the_flame_at_the_oom(fake, tmp_path):
+    from memtrace.analysis import quantities as Q
+
+    out = tmp_path / "bundle"
+    assert main(["issue", fake.path, "-o", str(out)]) == 0
+    md = (out / "issue.md").read_text()
+    first_screen = "\n".join(md.splitlines()[:30])
+    assert "- **Failed allocation:** 3,221,225,472 bytes (3.00 GiB) at 3609.85 s in serving" in first_screen
+    assert "after a GAP of 3600.12 s that was not recorded (1,962 allocator events" in first_screen
+    assert f"{Q.RESERVED_UNUSED.label} 126.00 GiB" in first_screen
+    assert "examples/record_startup.py:114 forward +96.0 MiB (3)" in first_screen  # the window's growth by stack
+    assert "## What held memory at the OOM, in the serving window" in md
+    total = sum(int(line.rsplit(" ", 1)[1]) for line in (out / "flame.folded").read_text().splitlines())
+    assert total == sum(s.requested_bytes for s in fake.window.segments)
+
+
+def test_the_view_states_the_window_and_draws_startup_alone_never_the_gap(fake):
+    from memtrace.plots.serving_text import window_lines
+    from memtrace.plots.view_data import rank_meta
+
+    rank = analyse([fake]).ranks[0]
+    t0 = rank.origin.t0_us
+    meta = rank_meta(rank, t0)
+    assert meta["serving"] == window_lines(rank.window, t0) and len(meta["serving"]) == 5
+    assert meta["end_us"] == fake.window.startup_end_us - t0  # the chart stops where start-up ended
+    assert "OOM" not in [lm["name"] for lm in meta["landmarks"]]  # the OOM lies in the window, off the chart
