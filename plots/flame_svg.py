@@ -389,10 +389,10 @@ def render(run, out: str | os.PathLike, *, at: str = "peak", since: str | None =
     (``analysis.moment``), titled by ``analysis.titles.flame_titles``."""
     from pathlib import Path
 
-    from ..analysis.moment import flame_for
+    from ..analysis.moment import flame_for, rank_at
     from ..analysis.titles import flame_titles
 
-    rank = run.worst
+    rank = rank_at(run.worst, at)
     moment, flame = flame_for(rank, at, since=since, added=added, non_torch=not torch_only)
     title, subtitle = flame_titles(rank, flame, moment, fallback=Path(run.path).name)
     render_flame_svg(flame, out, title=title, subtitle=subtitle)

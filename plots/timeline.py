@@ -197,7 +197,8 @@ def axis_scale(ranks: list[RankTimeline], t0: int, t_end: int) -> TimeScale:
     quiet = quiet_stretches(
         [(c.time_us, c.bytes) for c in curves], marks, start, t_end, FLAT_FRAC * top, MIN_QUIET_FRAC * (t_end - t0)
     )
-    return time_scale(quiet, t0, t_end)
+    gaps = [r.gap_us for r in ranks if r.gap_us is not None]
+    return time_scale(quiet, t0, t_end, gaps)
 
 
 def render_timeline(
@@ -248,7 +249,8 @@ def render_timeline(
             fig.text(0.06, 0.06 / fig.get_figheight(), footnote, ha="left", va="bottom", fontsize=FONT - 3,
                      color="#444444")  # fmt: skip
         what = ranks[0].description
-        title = title or ("GPU memory during start-up" + (f": {what}" if what else ""))
+        head = "GPU memory during start-up" + (" and serving" if any(r.serving for r in ranks) else "")
+        title = title or (head + (f": {what}" if what else ""))
         fig.suptitle(_fit_title(title, fig.get_figwidth(), FONT + 3), x=0.06, ha="left", fontsize=FONT + 3,
                      fontweight="bold")  # fmt: skip
         out = Path(path)
@@ -283,10 +285,12 @@ def _draw_rank(fig, gs, i: int, ranks, t0: int, t_end: int, capacities, main_axe
             ax.set_xscale("function", functions=(scale.forward, scale.inverse))
     main_axes.append(main_ax)
     crossing, oom = crossing_text(rank, t0), oom_text(rank, t0)
-    window = zoom_window(rank)
+    zoomed = rank.oom_rank if rank.serving is not None and (rank.serving.oom or crossing is None) else rank
+    zoomed = rank.serving if zoomed is rank and rank.serving is not None and crossing is None else zoomed
+    window = zoom_window(zoomed)
     draw_lane(lane_ax, rank, t0, scale, labels, len(ranks) > 1, LABEL_PT)
     corner = draw_main(main_ax, rank, t0, t_end, crossing, capacities, window, handles, oom, scale)
-    draw_zoom(fig.add_subplot(gs[3 * i + 2, 1]), rank, t0, window, crossing)
+    draw_zoom(fig.add_subplot(gs[3 * i + 2, 1]), zoomed, t0, window, crossing if zoomed is rank else None)
     lane_ax.set_xlim((0, (t_end - t0) / 1e6))
     annotation = "\n".join(d.text for d in (crossing, oom) if d is not None)
     px_per_s, _ = _lane_geometry(fig, gs, scale)
@@ -357,7 +361,7 @@ def _fit_heights(fig, gs, ranks, lanes: list[list[PhaseLabel]], footnote_in: flo
 def _legend(fig, handles: dict, rows: int = LEGEND_ROWS, lift_in: float = 0.0) -> list[str]:
     """One legend for all ranks, below the plots, in a fixed order."""
     order = [*CATEGORIES, "vmm_kv", "non_torch_cupti", "non_torch_unexplained", "non_torch", "others", "reserved"]
-    order += ["device_used", "target", "capacity", "what-if", "oom", "zoom", "break"]
+    order += ["device_used", "target", "capacity", "what-if", "oom", "zoom", "break", "gap"]
     items = [handles[k] for k in order if k in handles]
     fig.legend(
         [h for h, _ in items],

@@ -291,10 +291,16 @@ def draw_main(
 ) -> str:
     """The main plot on the time axis ``scale`` (``timeline_scale``: broken where memory stayed flat; the
     identity when None); returns where the annotation box went ("" when none)."""
-    _stack(ax, rank, t0, rank.start_us, rank.end_us, N_BUCKETS, handles)
-    _lines(ax, rank, t0, rank.start_us, rank.end_us, N_BUCKETS, handles)
+    _stack(ax, rank, t0, rank.start_us, rank.drawn_end_us, N_BUCKETS, handles)
+    _lines(ax, rank, t0, rank.start_us, rank.drawn_end_us, N_BUCKETS, handles)
+    win = rank.serving
+    if win is not None:  # after the gap: the serving window, on the same axes
+        _stack(ax, win, t0, win.start_us, win.end_us, N_BUCKETS, handles)
+        _lines(ax, win, t0, win.start_us, win.end_us, N_BUCKETS, handles)
     hl = _hlines(ax, rank, capacities, handles)
     peaks = [rank.curves.held.peak_bytes, whole_device_peak(rank)]
+    if win is not None:
+        peaks += [win.curves.held.peak_bytes, whole_device_peak(win)]
     if not _capacity_off_scale(rank, capacities):
         peaks.append(rank.capacity_bytes or 0)
     peaks += [rank.target_bytes or 0, *capacities]
@@ -311,14 +317,14 @@ def draw_main(
         ax.axvline(crossing.time_s, color=TARGET, lw=1.0, alpha=0.7, ls="-.")
         ax.plot([_s(crossing.max_us, t0)], [_g(crossing.max_bytes)], marker="v", color=TARGET, ms=8, zorder=5)
     if oom is not None:
-        _mark_oom(ax, rank, t0, rank.end_us, handles)
+        _mark_oom(ax, rank.oom_rank, t0, rank.end_us, handles)
     texts = [d.text for d in (crossing, oom) if d is not None]
     corner = ""
     if texts:
         anchor = (
             (float(_s(crossing.max_us, t0)), float(_g(crossing.max_bytes)))
             if crossing is not None
-            else _oom_point(rank, t0)
+            else _oom_point(rank.oom_rank, t0)
         )
         corner, ymax = _annotate(ax, rank, t0, scale, "\n".join(texts), anchor, ymax, [y for y, _, _ in hl])
     ax.set_ylim(0, ymax)
@@ -329,8 +335,16 @@ def draw_main(
     if zoom_band(rank, scale, t0, window):  # mark where the zoom panel looks (a sliver for milliseconds)
         band = ax.axvspan(_s(lo, t0), _s(hi, t0), color=ZOOM_BAND, alpha=0.5, lw=0, zorder=0)
         handles.setdefault("zoom", (band, "where the zoom panel looks"))
-    mark_breaks(ax, scale, handles)
+    mark_breaks(ax, scale, handles, gap_text(rank))
     return corner
+
+
+def gap_text(rank: RankTimeline) -> str:
+    """What the gap before a serving window says: that it is not recorded, and what the ring dropped."""
+    if rank.gap_us is None:
+        return ""
+    ev, samples, steps = rank.gap_dropped
+    return f"not recorded; dropped:\n{ev:,} events, {samples:,} samples, {steps:,} steps"
 
 
 def zoom_band(rank: RankTimeline, scale: TimeScale, t0: int, window: tuple[int, int] | None = None) -> bool:

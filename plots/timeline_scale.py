@@ -30,6 +30,8 @@ MIN_TOTAL_QUIET_FRAC = 0.5
 FLAT_FRAC = 0.01
 #: The share of the axis width each squeezed stretch keeps.
 BREAK_FRAC = 0.035
+#: With a gap in the record, the least share of the busy width each busy stretch is drawn with.
+MIN_BUSY_FRAC = 0.3
 #: Bins over the run the search works in (a stretch starts and ends on their edges).
 N_BINS = 1000
 
@@ -45,6 +47,8 @@ class TimeScale:
     knots_s: tuple[float, ...] = (0.0, 1.0)
     knots_drawn: tuple[float, ...] = (0.0, 1.0)
     breaks: tuple[tuple[float, float], ...] = ()
+    #: the breaks that are gaps in the record (a serving window's dropped time), not flat memory
+    gaps: tuple[tuple[float, float], ...] = ()
 
     def forward(self, s):
         return _interp(np.asarray(s, dtype=np.float64), self.knots_s, self.knots_drawn)
@@ -150,23 +154,33 @@ def quiet_stretches(
     return out
 
 
-def time_scale(stretches_us: list[tuple[int, int]], t0_us: int, t_end_us: int) -> TimeScale:
+def time_scale(
+    stretches_us: list[tuple[int, int]], t0_us: int, t_end_us: int, gaps_us: list[tuple[int, int]] = ()
+) -> TimeScale:
     """The axis that squeezes the longest :data:`MAX_BREAKS` of ``stretches_us`` (from :func:`quiet_stretches`),
-    or the identity when they are too short together to be worth a break."""
+    or the identity when they are too short together to be worth a break. ``gaps_us`` (time nothing was kept
+    for: a serving window's gap) are squeezed always, and quiet stretches overlapping them are not."""
     span = max((t_end_us - t0_us) / 1e6, 1e-6)
-    longest = sorted(stretches_us, key=lambda ab: (ab[0] - ab[1], ab[0]))[:MAX_BREAKS]
-    quiet = [((a - t0_us) / 1e6, (b - t0_us) / 1e6) for a, b in sorted(longest)]
+    free = [(a, b) for a, b in stretches_us if not any(a < gb and ga < b for ga, gb in gaps_us)]
+    longest = sorted(free, key=lambda ab: (ab[0] - ab[1], ab[0]))[:MAX_BREAKS]
+    quiet = [((a - t0_us) / 1e6, (b - t0_us) / 1e6) for a, b in sorted([*longest, *gaps_us])]
+    gaps = tuple(((a - t0_us) / 1e6, (b - t0_us) / 1e6) for a, b in sorted(gaps_us))
     total = sum(b - a for a, b in quiet)
-    if not quiet or total < MIN_TOTAL_QUIET_FRAC * span:
+    if not quiet or (not gaps and total < MIN_TOTAL_QUIET_FRAC * span):
         return identity(span)
     squeezed = BREAK_FRAC * span
     busy = span - total
     room = span - squeezed * len(quiet)
     if room <= 0 or busy <= 0:
         return identity(span)
-    k = room / busy  # drawn seconds per second of busy time
+    edges = [0.0, *[x for ab in quiet for x in ab], span]
+    lengths = [b - a for a, b in zip(edges[::2], edges[1::2], strict=True)]
+    # with a gap, each busy stretch is drawn at least MIN_BUSY_FRAC of the busy width: a serving window of
+    # a second after a start-up of minutes stays legible
+    widths = [max(n, MIN_BUSY_FRAC * busy) if gaps and n > 0 else n for n in lengths]
+    k_of = [room * w / sum(widths) / n if n > 0 else 0.0 for n, w in zip(lengths, widths, strict=True)]
     knots_s, knots_d, d, prev = [0.0], [0.0], 0.0, 0.0
-    for a, b in quiet:
+    for (a, b), k in zip(quiet, k_of, strict=False):
         d += (a - prev) * k
         knots_s.append(a)
         knots_d.append(d)
@@ -175,8 +189,8 @@ def time_scale(stretches_us: list[tuple[int, int]], t0_us: int, t_end_us: int) -
         knots_d.append(d)
         prev = b
     knots_s.append(span)
-    knots_d.append(d + (span - prev) * k)
-    return TimeScale(span, tuple(knots_s), tuple(knots_d), tuple(quiet))
+    knots_d.append(d + (span - prev) * k_of[-1])
+    return TimeScale(span, tuple(knots_s), tuple(knots_d), tuple(quiet), gaps)
 
 
 def ticks(scale: TimeScale, width_px: float, min_gap_px: float = 55.0) -> list[float]:

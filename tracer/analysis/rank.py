@@ -38,7 +38,7 @@ from .quantities import BeforeRecording, PeakBound, before_recording, in_vllm_te
 from .rank_peaks import PeakFigures
 from .reconcile import NonKv, non_kv
 from .self_cost import SelfCost, self_cost
-from .serving import WindowSummary, window_summary
+from .serving import WindowSummary, window_summary, window_trace
 from .summary import HookTotal, Summary, hook_totals, memory_events, of_rank, warnings_of
 from .target import Target, resolve_target
 from .torch_counters import CounterCheck, counter_checks
@@ -223,6 +223,14 @@ class AnalysedRank(PeakFigures):
     def window(self) -> WindowSummary | None:
         """The serving window after start-up (``analysis.serving``); None for a start-up-only trace."""
         return window_summary(self.trace)
+
+    @cached_property
+    def serving(self) -> AnalysedRank | None:
+        """The serving window analysed as a rank of its own (``serving.window_trace``: its curves, its OOM,
+        its flame graphs), on the run's time origin and this rank's target; None without allocator events in
+        a window."""
+        t = window_trace(self.trace)
+        return None if t is None else AnalysedRank(t, self.spec, self.origin, top=self.top, target=self.target)
 
     @cached_property
     def vmm(self) -> VmmSummary | None:

@@ -6,17 +6,22 @@ kept events; the allocator state saved with the last write says it for the end, 
 window's growth by allocation site (allocations made in the window and still live at its end), the
 reserved-but-unallocated memory at its end (:data:`quantities.RESERVED_UNUSED`), the failed request of an
 OOM inside the window and the scheduler steps around its end. Plain data; no peak of its own.
+
+:func:`window_trace` is the window as a trace of its own (its events, samples and allocator state, one phase
+``serving``), so that the curves, the OOM and ``flame --at oom`` read it with the machinery of a start-up:
+the memory present before the window began is the allocator state at the write less the window's events
+(``curves.baseline``), exact, the gap's dropped events included.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
 
 from .. import facts as F
-from ..model import ACTION_CODE, Frame, ServingWindow, Trace
+from ..model import ACTION_CODE, Frame, Phase, ServingWindow, Trace
 from .frames import meaningful_frame
 
 _ALLOC, _FREE = ACTION_CODE["alloc"], ACTION_CODE["free_completed"]
@@ -24,6 +29,8 @@ _SEG_UP = (ACTION_CODE["segment_alloc"], ACTION_CODE["segment_map"])
 _SEG_DOWN = (ACTION_CODE["segment_free"], ACTION_CODE["segment_unmap"])
 #: How many scheduler steps before the window's end the outputs show.
 STEPS_SHOWN = 5
+#: The one phase of a window's trace (the OOM's phase in serving, ``capture.session.on_oom``).
+SERVING_PHASE = "serving"
 
 
 @dataclass
@@ -88,6 +95,31 @@ def window_summary(trace: Trace, top: int = 10) -> WindowSummary | None:
         growth=growth_by_site(trace, w, top),
         oom=dict(oom) if in_window else None,
         steps_before_end=list(w.steps[-STEPS_SHOWN:]),
+    )
+
+
+def window_trace(trace: Trace) -> Trace | None:
+    """The serving window as a trace of its own; None without a window or with no allocator events in it.
+
+    Its events, NVML samples and final allocator state are the window's; its one phase, ``serving``, spans
+    the window; the process, the interned stacks, the facts (the OOM, vLLM's figures), the KV cache's VMM
+    calls (committed at start-up, held while serving) and the notes of the window's time are the trace's."""
+    w = trace.window
+    if w is None or not len(w.events) or w.start_us is None or w.end_us is None:
+        return None
+    return Trace(
+        process=trace.process,
+        recording=replace(trace.recording, start_us=w.start_us, end_us=w.end_us, end_reason=w.reason),
+        events=w.events,
+        frames=trace.frames,
+        stacks=trace.stacks,
+        segments=w.segments,
+        phases=[Phase(SERVING_PHASE, w.start_us, w.end_us, source="memtrace")],
+        samples=w.samples,
+        vmm=trace.vmm,
+        facts=trace.facts,
+        notes=[n for n in trace.notes if n.time_us >= w.start_us],
+        path=trace.path,
     )
 
 

@@ -15,10 +15,14 @@ from .fingerprint import describe_run
 
 
 def what_ran(run) -> str:
-    """``GPU memory during start-up`` for a run memtrace recorded, ``GPU memory`` for imported PyTorch
+    """``GPU memory during start-up`` for a run memtrace recorded (``... and serving`` with a serving window),
+    ``GPU memory`` for imported PyTorch
     snapshots (a training step, an inference loop: nothing says it is a start-up)."""
     imported = all(isinstance(r.trace.facts.get(F.IMPORT), dict) for r in run.ranks)
-    return "GPU memory" if imported else "GPU memory during start-up"
+    if imported:
+        return "GPU memory"
+    serving = any(r.trace.window is not None for r in run.ranks)
+    return "GPU memory during start-up and serving" if serving else "GPU memory during start-up"
 
 
 def died_prefix(rank, multi: bool = False, where: bool = True) -> str:
