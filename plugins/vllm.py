@@ -43,6 +43,7 @@ from .. import facts as F
 from .. import plugins as _package
 from ..capture import selfcost
 from ..capture.clock import export_driver_host, now_us
+from ..plugins import UNTIL_CHOICES  # re-exported: plugins.vllm.UNTIL_CHOICES stays a name
 from . import flashinfer, surface, vllm_boundaries, vllm_facts
 from .hooks import HookManager
 from .vllm_phases import INIT_DEVICE, KV_CACHE_EXTEND
@@ -57,9 +58,6 @@ DIR_ENV = "MEMTRACE_DIR"
 SWITCH_ENV = "MEMTRACE"
 PLUGIN_NAME = "memtrace"  # the entry point's name in vLLM's vllm.general_plugins group
 
-#: When the trace ends: at the end of start-up, at exit, or start-up then a bounded serving window
-#: (``docs/serving.md``).
-UNTIL_CHOICES = ("startup", "exit", "serving")
 
 _plugin: Plugin | None = None
 _lock = threading.Lock()

@@ -3,6 +3,7 @@
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 from memtrace.plots import formats, render
 
@@ -37,3 +38,18 @@ def test_the_table_agrees_with_every_renderer_module_and_names_each_format_once(
 def test_flame_and_export_offer_their_formats_from_the_table():
     assert sorted(render.offered_by("flame")) == ["folded", "svg"]
     assert sorted(render.offered_by("export")) == ["csv", "folded", "memory-viz", "perfetto"]
+
+
+def test_a_report_of_a_memtrace_file_imports_neither_the_plugin_nor_the_profiler_reader(tmp_path):
+    """``run``'s --until choices imported the whole vLLM plugin (27 ms) into every command's parser, and every
+    file load imported the Kineto reader (7 ms) to test a suffix; a report of a .memtrace file needs neither."""
+    trace = Path(__file__).resolve().parents[1] / "data" / "h200" / "startup-cap16g"
+    probe = (
+        "import contextlib, io, json, sys; from memtrace.cli import main\n"
+        f"with contextlib.redirect_stdout(io.StringIO()): main(['report', {str(trace)!r}])\n"
+        "mods = ('memtrace.plugins.vllm', 'memtrace.plugins.hooks', 'memtrace.importers.kineto',\n"
+        "        'memtrace.analysis.whatif', 'memtrace.analysis.fits')\n"
+        "print(json.dumps([m for m in mods if m in sys.modules]))"
+    )
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True, cwd=tmp_path)
+    assert json.loads(out.stdout.strip().splitlines()[-1]) == []

@@ -75,7 +75,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _until_choices() -> tuple[str, ...]:
-    from ..plugins.vllm import UNTIL_CHOICES
+    from ..plugins import UNTIL_CHOICES  # the package alone: the plugin is not imported by the parser
 
     return UNTIL_CHOICES
 

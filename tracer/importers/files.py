@@ -26,9 +26,11 @@ from typing import Any
 
 from ..errors import TraceFormatError
 from ..model import Run, Trace
-from .kineto import is_profiler_path
 
 PICKLE_SUFFIXES = (".pickle", ".pkl")
+#: A torch.profiler (Kineto) trace's suffixes (``importers.kineto`` reads it; named here, where a file's kind
+#: is decided, so that loading a .memtrace file imports no profiler reader)
+PROFILER_SUFFIXES = (".json", ".json.gz")
 #: The only globals a snapshot pickle may name: containers the standard library rebuilds harmlessly.
 _SAFE_GLOBALS = {
     ("builtins", "set"),
@@ -48,6 +50,10 @@ class _SnapshotUnpickler(pickle.Unpickler):
 
 def is_pickle_path(path: str | os.PathLike) -> bool:
     return str(path).lower().endswith(PICKLE_SUFFIXES)
+
+
+def is_profiler_path(path: str | os.PathLike) -> bool:
+    return str(path).lower().endswith(PROFILER_SUFFIXES)
 
 
 def warn_pickle(path: str | os.PathLike) -> None:
@@ -211,10 +217,11 @@ def _profiler_run(folder: Path) -> Run | None:
     ``<host>_<pid>.async_llm.<ns>.pt.trace.json.gz``) as one run; None for any other folder. A file
     without memory events (recorded without ``torch_profiler_with_memory``) is one error line."""
     from ..packed import is_trace_name
-    from .kineto import profiler_files, traces_from_kineto_file
 
     if any(is_trace_name(f.name) for f in folder.iterdir()):
-        return None
+        return None  # a memtrace run: the profiler reader is not imported
+    from .kineto import profiler_files, traces_from_kineto_file
+
     files = profiler_files(folder)
     if not files:
         return None

@@ -40,9 +40,9 @@ import numpy as np
 from .. import facts as F
 from ..errors import TraceFormatError
 from ..model import ACTION_CODE, Frame, Note, Phase, Process, Recording, Trace, empty_events
+from .files import is_profiler_path as is_profiler_path  # re-exported (cli.import_)
 from .torch_snapshot import PHASE_PREFIXES, Interner
 
-SUFFIXES = (".json", ".json.gz")
 #: What ``torch.profiler.tensorboard_trace_handler`` names its files (vLLM's profiler uses it, gzip by default).
 PROFILER_NAMES = (".pt.trace.json", ".pt.trace.json.gz")
 #: c10::DeviceType codes in ``Device Type``.
@@ -58,10 +58,6 @@ PROFILER_NOTE = (
     "trace's 'Total Reserved' (segments and their addresses are not in the trace); what was held before the "
     "profiler started is the first memory event's totals"
 )
-
-
-def is_profiler_path(path: str | os.PathLike) -> bool:
-    return str(path).lower().endswith(SUFFIXES)
 
 
 def read_trace_json(path: str | os.PathLike) -> Any:
