@@ -133,8 +133,9 @@ def _kv_line(run) -> str | None:
 def answer(run) -> list[str]:
     """The first screen: the verdict in bold, then what a maintainer asks next (see the module docstring)."""
     lines = [f"**{verdict_text.headline(run)}**"]
-    if run.verdict == NOTHING:
-        return lines
+    if run.verdict == NOTHING:  # a CPU worker's serving window still holds its scheduler steps
+        window = _window_lines(run)
+        return lines + ([""] + window if window else [])
     lines.append("")
     if run.multi:
         r = run.worst
@@ -142,10 +143,16 @@ def answer(run) -> list[str]:
     lines.append(_peak_line(run))
     lines.append(_target_line(run))
     lines += [x for x in (_holders_line(run), _before_line(run), _hooks_line(run), _kv_line(run)) if x]
+    return lines + _window_lines(run)
+
+
+def _window_lines(run) -> list[str]:
+    """The worst rank's serving window (``serving_text.window_lines``) as the first screen's bullets."""
+    out = []
     for line in window_lines(run.worst.window, run.origin.t0_us):
         head, _, rest = line.partition(": ")
-        lines.append(f"- **{head}:** {rest}")
-    return lines
+        out.append(f"- **{head}:** {rest}")
+    return out
 
 
 def _before_line(run) -> str | None:

@@ -103,3 +103,14 @@ def test_the_report_has_a_serving_window_section(served, capsys):
     text = capsys.readouterr().out
     assert "Serving window" in text and f"kept 0 allocator events, 0 NVML samples, {STEPS} scheduler steps" in text
     assert "GAP of" in text
+
+
+def test_the_issue_bundle_states_the_window_of_a_cpu_worker(served, tmp_path):
+    from memtrace.cli import main
+
+    assert main(["issue", str(served["dir"]), "-o", str(tmp_path / "bundle")]) == 1  # recorded nothing: no peak
+    md = (tmp_path / "bundle" / "issue.md").read_text()
+    first_screen = "\n".join(md.splitlines()[:12])
+    assert "- **Serving window:** " in first_screen and "after a GAP of" in first_screen
+    assert "- **No allocator on this device:** the window holds scheduler steps and notes only." in first_screen
+    assert "- **Last scheduler step at " in first_screen
