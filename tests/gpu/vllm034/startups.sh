@@ -22,6 +22,8 @@
 #                until the engine dies (or SERVE_BURST_S); then SIGUSR2 if it still lives, SIGTERM; packs the run
 #   serving-cost issue 30: ROUNDS (>= 3) alternating rounds, plugin in serving mode on / off, the same fixed-rate
 #                benchmark (serving_client.py bench: BENCH_REQUESTS at BENCH_RATE/s); serving-cost.json in $OUT
+#                (a warm moe start-up takes ~85 s of wall time: 3 rounds need two calls, ROUNDS=2, then
+#                FIRST_ROUND=3 ROUNDS=1 on the same warm machine, whose serving-cost.json then holds every round)
 # Knobs: STEPS, LIMIT (seconds for the script, 570), ROUNDS (4), FIRST_ROUND (1), HOLD_GIB (96),
 #        SITE (/tmp/site034: the installed stage), PORT (8791).
 # Every start-up is stopped as soon as memtrace's summary (or vLLM's "init engine" line, for cost runs
@@ -284,7 +286,7 @@ PY
 fi
 if want serving-cost; then
   d=$W/serving-cost; mkdir -p "$d"
-  for ((p = 1; p <= ${ROUNDS:-3}; p++)); do
+  for ((p = FIRST_ROUND; p < FIRST_ROUND + ROUNDS; p++)); do  # as cost: a later call goes on (rounds kept in $W)
     if ((p % 2)); then order=(on off); else order=(off on); fi
     for mode in "${order[@]}"; do
       [ "$(left)" -lt 150 ] && { log "(serving-cost) out of time before round $p $mode"; break 2; }
