@@ -44,35 +44,24 @@ VLLM_NON_TORCH_AT_INIT_BYTES  # "vllm.non_torch_at_init_bytes" in recorded trace
 OUTCOMES  # tracer/analysis/fits.py: every outcome plots/fits_text.py words
 ENV_FIELDS  # tracer/analysis/history_key.py: the fingerprint's environment fields (diff.py, its docstring)
 
-# -- fields of records the package returns: read by JSON (dataclasses.asdict) or by tests -----------------
-frames_drawn  # plots/flame_svg.FlameSvgDrawn: what the renderer drew, for callers and tests
-non_torch_panel  # FlameSvgDrawn (test_flame_cupti)
-rest_panel  # FlameSvgDrawn (test_flame_shared)
-zoom_us  # plots/timeline.RankDrawn: what was drawn (test_timeline)
+# -- fields of records the package returns, read where vulture cannot see: in JSON (dataclasses.asdict, or
+# summary_to_dict's dataclasses.fields walk) or by the caller of a renderer that returns what it drew ----------
+frames_drawn  # plots/flame_svg.FlameSvgDrawn: render's return value, what it drew (tests/bench/bench_plots)
+non_torch_panel  # FlameSvgDrawn: whether the non-PyTorch panel was drawn (test_flame_cupti)
+rest_panel  # FlameSvgDrawn: whether the other-processes panel was drawn (test_flame_shared)
+zoom_us  # plots/timeline.RankDrawn: render's return value, what it drew (test_timeline)
 phase_labels  # RankDrawn (test_timeline)
 annotation_corner  # RankDrawn (test_timeline)
 lane_px_per_s  # RankDrawn (test_timeline, test_timeline_axis)
 lane_char_px  # RankDrawn (test_timeline)
-binary  # plots/format_spec.Format: each format says whether it is binary (issue 33's format metadata)
 post_kv_peak_phase  # tracer/analysis/fits.Fit: in fits' JSON (fit_to_dict: dataclasses.asdict)
 recorded_capacity_bytes  # Fit: in fits' JSON
 after_kv  # tracer/analysis/whatif.PhasePeak: in the what-if JSON (answer_to_dict: dataclasses.asdict)
-peak_reserved_us  # tracer/analysis/phases.PhaseStats (test_phases)
-reserved_peak_bytes  # VmmSummary (test_vmm_outputs)
-sampled  # tracer/analysis/quantities.Quantity: the vocabulary's "sampled, not exact" flag
-bound  # tracer/analysis/quantities.BeforeRecording: NOT used — BeforeRecording and before_recording() have
-       # no caller (left to the vocabulary's owner, whose branch is editing quantities.py; issue 33 report)
-
-# -- record fields filled but read by nothing yet (vulture is right about these): each is a figure a record
-# carries; dropping one means editing its constructor in modules other branches are changing today. Listed
-# in issue 33's report as candidates to drop or to show.
-free_after_warmup_bytes  # tracer/analysis/fits_extensible.ExtensibleFit: the free memory after warm-up
-available_memtrace_bytes  # tracer/analysis/extensible.ExtensibleSizing: vLLM's formula on memtrace's terms
-before_kv_reserved_bytes  # tracer/analysis/landmarks.Landmarks: the reserved part of before_kv_bytes
-kv_phase  # Landmarks: the KV-allocation phase's path
-functions  # tracer/analysis/hooked.Outermost: distinct hooked functions called
-memtrace_threads_ns  # tracer/analysis/self_cost.SelfCost: memtrace's own threads (facts["self_cost"])
-startup_us  # SelfCost: init_device's start to the end of start-up
-committed_bytes  # tracer/analysis/vmm.VmmSummary: everything committed through CUDA VMM at the end
-added_us  # tracer/history_store.Row: the history store's column (when a run was added)
-_.allocated_blocks  # tracer/analysis/rank.AnalysedRank: quantities.ALLOCATED_BLOCKS' curve (extensible.py builds its own)
+peak_reserved_us  # tracer/analysis/phases.PhaseStats: in report --json (traces[].phases[])
+reserved_peak_bytes  # tracer/analysis/vmm.VmmSummary: in report --json (traces[].vmm)
+committed_bytes  # VmmSummary: in report --json (traces[].vmm), everything committed through CUDA VMM at the end
+available_memtrace_bytes  # tracer/analysis/extensible.ExtensibleSizing: in report --json (traces[].extensible),
+                          # vLLM's formula on memtrace's terms beside available_bytes (vLLM's inputs)
+memtrace_threads_ns  # tracer/analysis/self_cost.SelfCost: in report --json (traces[].self_cost), memtrace's
+                     # own threads' time, left out of the cost
+startup_us  # SelfCost: in report --json (traces[].self_cost), the start-up's span beside init_engine_us

@@ -14,10 +14,10 @@ import os
 import numpy as np
 
 from ..analysis import quantities as Q
-from .format_spec import Format
+from .formats import of
 
 #: this module's output format(s) (``plots.format_spec``)
-FORMATS = (Format("csv", ".curves.csv", (".csv",), commands=("export",)),)
+FORMATS = of(__name__)
 
 #: the quantities written, in this order
 WRITTEN = (Q.ALLOCATED, Q.RESERVED, Q.VMM, Q.HELD, Q.DEVICE_USED, Q.OTHERS, Q.NON_TORCH)

@@ -5,16 +5,17 @@ from __future__ import annotations
 
 from typing import Any
 
+from ..analysis import quantities as Q
 from ..analysis.diff import KV_CACHE, VIA_VMM, nested_order
 from ..analysis.quantities import ONE_MOMENT
 from ..units import GiB, format_bytes
 from ..units import format_gib as _gib
 from . import oom_text
-from .format_spec import Format
+from .formats import of
 from .text import wrap
 
 #: this module's output format(s) (``plots.format_spec``)
-FORMATS = (Format("diff", commands=("diff",)),)
+FORMATS = of(__name__)
 
 #: Fingerprint differences listed one per line; the rest are named on one line.
 SHOW_MISMATCHES = 8
@@ -78,9 +79,10 @@ def _render_one(d, multi: bool) -> list[str]:
     out = [""]
     if multi:
         out.append(f"== {d.label} ==")
-    level = "PyTorch reserved + non-PyTorch memory" if d.device_level else "PyTorch reserved only (no NVML in both)"
+    res = Q.RESERVED.label
+    level = f"{res} + {Q.NON_TORCH.label} memory" if d.device_level else f"{res} only (no NVML in both)"
     if VIA_VMM in d.kv_via:
-        level = level.replace("PyTorch reserved", "PyTorch reserved + the KV cache outside PyTorch (CUDA VMM)", 1)
+        level = level.replace(res, f"{res} + the {Q.VMM.label}", 1)
     if d.setup_changes:
         out.append("WARNING: the two runs are not comparable; they differ in:")
         out += [f"  {name}: {_field(name, b)} → {_field(name, n)}" for name, b, n in d.setup_changes[:SHOW_MISMATCHES]]
@@ -127,7 +129,7 @@ def _render_one(d, multi: bool) -> list[str]:
             out.append(
                 f"  {kind}{label}: {_gib(c.base)} → {_gib(c.new)} ({_delta(c.delta)}, allowed {_delta(c.limit)})"
             )
-    out += _render_phases(d)
+    out += _render_phases(d, level)
     if d.categories:
         rows = [c for c in d.categories if c.delta]
         out.append("")
@@ -232,8 +234,9 @@ def _per_call(sizes: tuple[int, ...]) -> str:
     return f"{_size(min(sizes))}..{_size(max(sizes))}"
 
 
-def _render_phases(d) -> list[str]:
-    out = ["", "Per phase (peak):"]
+def _render_phases(d, level: str) -> list[str]:
+    """The per-phase table; ``level``: what its peaks add up (the headline's words: the same curve)."""
+    out = ["", f"Per phase (peak of {level}):"]
     if not d.phases and not d.base_only_phases and not d.new_only_phases:
         return out + ["  neither run recorded phases: the global peaks above are what is gated"]
     width = max([len("  " * p.depth + p.path.rsplit("/", 1)[-1]) for p in d.phases] + [5])

@@ -13,6 +13,7 @@
 
 from __future__ import annotations
 
+from ..analysis import quantities as Q
 from ..analysis.summary import Summary
 from ..units import gib_or_dash
 
@@ -29,7 +30,7 @@ def render_vmm(out, s: Summary) -> None:
     v = s.vmm
     if v is None:
         return
-    out.heading("KV cache outside PyTorch (CUDA VMM)")
+    out.heading(Q.VMM.label)
     if s.extensible is not None:
         out.item(
             "with the extensible KV cache, vLLM's profiled available-KV figure only sizes the cache's address "

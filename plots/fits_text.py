@@ -8,17 +8,17 @@ Every outcome the analysis can give (``analysis.fits.OUTCOMES``) has its own wor
 
 from __future__ import annotations
 
-from ..analysis.fits import DIED, FITS, NO_KV, NO_KV_CACHE, OOM, REFUSED, UNKNOWN, Fit
-from ..analysis.quantities import AT_ONE_MOMENT, ONE_MOMENT, PeakBound
+from ..analysis.fits import DIED, FITS, MIN_CAPACITY, NO_KV, NO_KV_CACHE, OOM, REFUSED, SEARCH_STEP, UNKNOWN, Fit
+from ..analysis.quantities import AT_ONE_MOMENT, NON_TORCH, ONE_MOMENT, PeakBound
 from ..analysis.reconcile import PRE_KV_PEAK
 from ..facts import KV_SIZED_EXTENSIBLE as EXTENSIBLE
 from ..units import format_gib as _gib
 from . import oom_text
-from .format_spec import Format
+from .formats import of
 from .text import wrap
 
 #: this module's output format(s) (``plots.format_spec``)
-FORMATS = (Format("fits", commands=("fits",)),)
+FORMATS = of(__name__)
 
 #: The width of the one-capacity answer (the table is as wide as it needs).
 WIDTH = 100
@@ -42,7 +42,10 @@ HEADLINE = {
 
 
 def _in(phase: str) -> str:
-    """``in profile_run``, or ``outside any phase`` for a run that recorded none there."""
+    """``in profile_run``, or ``outside any phase`` for a run that recorded none there (a place that says
+    itself, such as "before the first phase", as it is)."""
+    if phase.startswith("before "):
+        return phase
     return f"in {phase}" if phase else "outside any phase"
 
 
@@ -59,11 +62,13 @@ def _moment_verdict(r: Fit) -> str:
         return f"fits {AT_ONE_MOMENT}, {_gib(r.headroom_bytes)} to spare"
     if r.outcome == OOM:
         return f"OOM {AT_ONE_MOMENT}: what was held then is {_gib(r.overshoot_bytes)} more than the card"
-    return _verdict(r)
+    return _verdict(r, False)
 
 
-def _verdict(r: Fit) -> str:
-    """One short phrase for a table row."""
+def _verdict(r: Fit, vllm: bool = True) -> str:
+    """One short phrase for a table row (``vllm``: False for a program that is not vLLM: no KV sizing)."""
+    if r.outcome == OOM and not vllm:
+        return f"OOM {_in(r.phase)} (needs {_gib(r.overshoot_bytes)} more)"
     if r.outcome == FITS and r.kv_sizing == EXTENSIBLE:
         return f"fits: {_blocks(r)}"
     if r.outcome == FITS:
@@ -169,18 +174,6 @@ def _answer(r: Fit, moment: bool = False) -> list[str]:
     raise ValueError(f"no words for fits outcome {r.outcome!r}")
 
 
-def _moment_lines(results: list[Fit]) -> list[str]:
-    """The answer for an input of one moment: per card, whether what was held then fits; no utilization,
-    KV cache or phase (the moment has none of them)."""
-    r = results[0]
-    held = f"held {AT_ONE_MOMENT}: {_gib(r.pre_kv_peak_bytes)} (the peak at any other time is not in the input)"
-    if len(results) == 1:
-        return [f"On a {_gib(r.capacity_bytes)} card:", *(_wrapped("  ", x) for x in _answer(r, True)), f"  {held}"]
-    lines = [f"  {'capacity':>10}  outcome"]
-    lines += [f"  {_gib(x.capacity_bytes):>10}  {_moment_verdict(x)}" for x in results]
-    return [*lines, f"  {held}"]
-
-
 def _blocks(r: Fit) -> str:
     tokens = f", {r.kv_tokens:,} tokens" if r.kv_tokens is not None else ""
     return f"{r.kv_blocks:,} blocks{tokens}" if r.kv_blocks is not None else "blocks unknown"
@@ -212,17 +205,41 @@ def _assumption(r: Fit) -> str:
     )
 
 
-def render_fits(results: list[Fit], run_path: str, smallest: int | None, bound: PeakBound | None = None) -> str:
+#: What a program that is not vLLM needs on any card (``fits.need_curve``), in its own terms.
+PROGRAM_NEEDS = f"the segments PyTorch cannot release, plus {NON_TORCH.label} memory"
+
+
+def _program(results: list[Fit], least: str, moment: bool) -> list[str]:
+    """The answer for a program that is not vLLM: no utilization, no KV cache, no "vLLM fills"; what it
+    needs at most, and each card's outcome."""
+    r = results[0]
+    bound = least or "at most "  # "at least" for a lower bound, else the most it needs
+    needs = f"it needs {bound}{_gib(r.pre_kv_peak_bytes)} {_in(r.pre_kv_peak_phase)} ({PROGRAM_NEEDS})"
+    if moment:  # no phase: it held that much at its one moment (the peak at any other time is not in it)
+        needs = f"it held {_gib(r.pre_kv_peak_bytes)} {AT_ONE_MOMENT} ({PROGRAM_NEEDS}); any other moment is not in it"
+    verdict = _moment_verdict if moment else lambda x: _verdict(x, False)
+    if len(results) == 1:
+        return [f"On a {_gib(r.capacity_bytes)} card:", *(_wrapped("  ", x) for x in _answer(r, moment)),
+                _wrapped("  ", needs)]  # fmt: skip
+    rows = [f"  {'capacity':>10}  outcome"] + [f"  {_gib(x.capacity_bytes):>10}  {verdict(x)}" for x in results]
+    return [*rows, _wrapped("  ", needs[0].upper() + needs[1:])]
+
+
+def render_fits(
+    results: list[Fit], run_path: str, smallest: int | None, bound: PeakBound | None = None, *, vllm: bool = True
+) -> str:
     """The text answer: one paragraph for one capacity, a table for several. ``bound``: how well the input's
-    peak is known (``quantities.peak_bound``); one moment is said before the answer, which is for it alone."""
+    peak is known (``quantities.peak_bound``); one moment is said before the answer, which is for it alone.
+    ``vllm``: the trace is a vLLM start-up (``AnalysedRank.vllm``); a program that is not is answered in its own
+    terms (no utilization, no KV cache)."""
     lines = [f"memtrace fits: {run_path}"]
     moment = bound is not None and bound.why == ONE_MOMENT
     least = bound.words if bound is not None else ""
     if bound is not None and bound.lower_bound:
         lines.append(_wrapped("", f"The input is {bound.why}. {MOMENT_ANSWER if moment else MISSING_ANSWER}"))
     r = results[0]
-    if moment:
-        lines += _moment_lines(results)
+    if not vllm:
+        lines += _program(results, least, moment)
     elif len(results) == 1:
         lines.append(
             f"On a {_gib(r.capacity_bytes)} card at --gpu-memory-utilization {r.util:g} "
@@ -264,12 +281,14 @@ def render_fits(results: list[Fit], run_path: str, smallest: int | None, bound: 
                 "above holds this process alone (--keep-others to keep them)",
             )
         )
-    if smallest is not None and moment:
-        lines.append(
-            f"Smallest card that moment fits on: about {_gib(smallest)} (at least: another moment may hold more)"
-        )
+    what = "that moment" if moment else ("this start-up" if vllm else "this program")
+    at_util = " at that utilization" if vllm else ""
+    if smallest is not None and smallest - MIN_CAPACITY <= SEARCH_STEP:  # it fits on the least card tried
+        lines.append(f"Smallest card {what} fits on: {_gib(MIN_CAPACITY)} or less (fits tries no smaller card)")
     elif smallest is not None:
-        lines.append(f"Smallest card this start-up fits on at that utilization: about {_gib(smallest)}")
+        lines.append(
+            f"Smallest card {what} fits on{at_util}: about {_gib(smallest)}" + (" (at least)" if moment else "")
+        )
     elif r.recorded_oom is not None:
         lines.append("Smallest card: unknown; the recording ends at its OOM, so no card can be promised from it")
     return "\n".join(lines) + "\n"
@@ -295,7 +314,7 @@ def render(run, out, *, capacities: list[int], util: float | None = None, non_to
             "time_origin": run.origin.sentence,
             "ranks": [
                 {"rank": a.rank.rank, "pid": a.rank.trace.process.pid, "verdict": a.rank.verdict,
-                 "peak_bound": dataclasses.asdict(a.rank.summary.peak_bound),
+                 "peak_bound": dataclasses.asdict(a.rank.peak_bound),
                  "smallest_fitting_capacity_bytes": a.smallest, "fits": [fit_to_dict(r) for r in a.results]}
                 for a in answers
             ],
@@ -309,7 +328,7 @@ def render(run, out, *, capacities: list[int], util: float | None = None, non_to
         return
     for a in answers:
         path = f"{run.path} ({a.rank.label})" if multi else run.path
-        out.write(render_fits(a.results, path, a.smallest, a.rank.summary.peak_bound))
+        out.write(render_fits(a.results, path, a.smallest, a.rank.peak_bound, vllm=a.rank.vllm))
     if multi:
         need = next((a.smallest for a in answers if a.rank is worst), None)
         why = f"{worst.verdict}" + (f"; needs about {_gib(need)}" if need is not None else "")

@@ -15,7 +15,7 @@ the subtitle state both parts (PyTorch + non-PyTorch), and when that part is too
 at its own scale. A flame without it renders exactly as before.
 
 When the flame holds the KV cache vLLM (0.34+) committed through CUDA's VMM API (``Flame.vmm_bytes``), its
-``[KV cache outside PyTorch, CUDA VMM]`` frame is the timeline's KV-cache green, the frames below it (the
+``[KV cache outside PyTorch (CUDA VMM)]`` frame is the timeline's KV-cache green, the frames below it (the
 Python stack that committed each chunk) coloured as any, and the root, the subtitle and the legend name it.
 """
 
@@ -30,15 +30,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from xml.sax.saxutils import escape
 
+from ..analysis import quantities as Q
 from ..analysis.categories import WORKSPACE_FUNCTIONS
-from ..analysis.flame import HOOK_PREFIX, NON_TORCH, VMM_KV, Flame, FlameNode, build_tree
+from ..analysis.flame import BEFORE_RECORDING, HOOK_PREFIX, NON_TORCH, VMM_KV, Flame, FlameNode, build_tree
 from ..analysis.flame_prefix import shared_prefix, stack_counts, without_prefix
 from ..analysis.moment import PEAK
 from ..units import format_bytes
-from .format_spec import Format
+from .formats import of
 
 #: this module's output format(s) (``plots.format_spec``)
-FORMATS = (Format("flame", "-flame.svg", (".svg",), commands=("flame",), choice="svg"),)
+FORMATS = of(__name__)
 
 WIDTH = 1200
 ROW = 18
@@ -129,7 +130,7 @@ def _cut(text: str, n: int) -> str:
     return text[: n - 1] + "…"
 
 
-def _fit(label: str, nbytes: int | None, width_px: float) -> str:
+def fit_label(label: str, nbytes: int | None, width_px: float) -> str:
     """The longest label that fits ``width_px``, bytes kept as long as they fit: "label · size", then
     "func:line · size", then "func:li… · size" (8 characters of the name at least), then "func:line"
     alone, cut if need be; "" if not 3 characters fit."""
@@ -177,7 +178,7 @@ def _frames(
     cut = follow == () and bool(node.children)
     if cut:
         tip += "\nthe frames below it are drawn in the panel below, at their own scale"
-    text = _fit(node.name, node.total_bytes if depth or parent is not None else None, w)
+    text = fit_label(node.name, node.total_bytes if depth or parent is not None else None, w)
     weight = ' font-weight="bold"' if node.kind == "hook" else ""
     out.append(
         f'<g><title>{escape(tip)}</title><rect x="{x:.2f}" y="{y}" width="{w:.2f}" height="{ROW - 1}" '
@@ -209,12 +210,12 @@ def _legend(y: int, cupti: bool = False, vmm: bool = False) -> str:
     items = [(name, _rgb((lo + hi) / 2, 0.6, 0.66)) for name, _, (lo, hi) in PALETTE]
     items += [
         ("FlashInfer workspace allocator / [hook] call", HOOK_FILL),
-        ("[no stack] / [before recording]", MARKER_FILL),
+        (f"[no stack] / {BEFORE_RECORDING}", MARKER_FILL),  # the markers as drawn (no stack: short)
     ]
     if cupti:
-        items.append(("non-PyTorch (CUPTI)", CUPTI_FILL))
+        items.append((f"{Q.NON_TORCH.label} (CUPTI)", CUPTI_FILL))
     if vmm:
-        items.append(("KV cache outside PyTorch (CUDA VMM)", VMM_KV_FILL))
+        items.append((Q.VMM.label, VMM_KV_FILL))
     parts, x = [], PAD
     for name, fill in items:
         parts.append(f'<rect x="{x}" y="{y - 11}" width="12" height="12" fill="{fill}" rx="2"/>')
@@ -291,7 +292,7 @@ def render_flame_svg(
     zoom = part is not None and part.total_bytes > 0 and part.total_bytes < ZOOM_BELOW * total
     panels: list[tuple[str, FlameNode]] = []
     if zoom:
-        panels.append((f"The non-PyTorch memory CUPTI saw, at its own scale: {format_bytes(part.total_bytes, 2)} "
+        panels.append((f"The {Q.NON_TORCH.label} memory CUPTI saw, at its own scale: {format_bytes(part.total_bytes, 2)} "
                        "across the full width", part))  # fmt: skip
     if rest is not None:
         panels.append(rest)
@@ -352,9 +353,9 @@ def _split(flame: Flame) -> str:
     """``PyTorch 11.06 GiB + non-PyTorch (CUPTI) 65 MiB + KV cache outside PyTorch (CUDA VMM) 126.23 GiB``."""
     parts = [f"PyTorch {format_bytes(flame.torch_bytes, 2)}"]
     if flame.non_torch_bytes is not None:
-        parts.append(f"non-PyTorch (CUPTI) {format_bytes(flame.non_torch_bytes, 2)}")
+        parts.append(f"{Q.NON_TORCH.label} (CUPTI) {format_bytes(flame.non_torch_bytes, 2)}")
     if flame.vmm_bytes is not None:
-        parts.append(f"KV cache outside PyTorch (CUDA VMM) {format_bytes(flame.vmm_bytes, 2)}")
+        parts.append(f"{Q.VMM.label} {format_bytes(flame.vmm_bytes, 2)}")
     return " + ".join(parts)
 
 
@@ -365,7 +366,7 @@ def say_flame(rank, moment, flame: Flame, log) -> None:
     held = f"added since {moment.since_what} and live" if moment.since_us is not None else "live"
     split = ""
     if flame.non_torch_bytes is not None:
-        split = (f" (PyTorch {format_bytes(flame.torch_bytes, 2)} + non-PyTorch {format_bytes(flame.non_torch_bytes, 2)}"
+        split = (f" (PyTorch {format_bytes(flame.torch_bytes, 2)} + {Q.NON_TORCH.label} {format_bytes(flame.non_torch_bytes, 2)}"
                  " CUPTI saw)")  # fmt: skip
     if flame.vmm_bytes is not None:
         split = split[:-1] if split else f" (PyTorch {format_bytes(flame.torch_bytes, 2)}"
@@ -388,10 +389,10 @@ def render(run, out: str | os.PathLike, *, at: str = "peak", since: str | None =
     (``analysis.moment``), titled by ``analysis.titles.flame_titles``."""
     from pathlib import Path
 
-    from ..analysis.moment import flame_for
+    from ..analysis.moment import flame_for, rank_at
     from ..analysis.titles import flame_titles
 
-    rank = run.worst
+    rank = rank_at(run.worst, at)
     moment, flame = flame_for(rank, at, since=since, added=added, non_torch=not torch_only)
     title, subtitle = flame_titles(rank, flame, moment, fallback=Path(run.path).name)
     render_flame_svg(flame, out, title=title, subtitle=subtitle)

@@ -12,10 +12,10 @@ import os
 from pathlib import Path
 
 from ..analysis.flame import Flame
-from .format_spec import Format
+from .formats import of
 
 #: this module's output format(s) (``plots.format_spec``)
-FORMATS = (Format("folded", "-flame.folded", (".folded", ".txt"), commands=("flame", "export")),)
+FORMATS = of(__name__)
 
 
 def folded_lines(flame: Flame) -> list[str]:
@@ -35,10 +35,10 @@ def render_folded(flame: Flame, path: str | os.PathLike) -> Path:
 def render(run, out: str | os.PathLike, *, at: str = "peak", since: str | None = None, added: bool = False,
            torch_only: bool = False, log=None) -> None:  # fmt: skip
     """The folded stacks of the run's worst rank (``AnalysedRun.worst``; ``--rank`` leaves one) at ``at``."""
-    from ..analysis.moment import flame_for
+    from ..analysis.moment import flame_for, rank_at
     from .flame_svg import say_flame
 
-    rank = run.worst
+    rank = rank_at(run.worst, at)
     moment, flame = flame_for(rank, at, since=since, added=added, non_torch=not torch_only)
     render_folded(flame, out)
     say_flame(rank, moment, flame, log)

@@ -1,4 +1,4 @@
-"""What each output format says about itself: its name, file endings, binary or text, the commands offering it.
+"""What each output format says about itself: its name, file endings, the commands offering it, its options.
 
 Every format module (one per format, all in ``memtrace.plots``: the one folder for everything memtrace
 writes) declares ``FORMATS = (Format(...), ...)`` beside its ``render(run, out, **options)``;
@@ -19,7 +19,6 @@ class Format:
     name: str
     suffix: str | None = None
     suffixes: tuple[str, ...] = ()
-    binary: bool = False
     commands: tuple[str, ...] = ()
     options: dict[str, Any] = field(default_factory=dict)
     choice: str | None = None

@@ -19,16 +19,17 @@ from pathlib import Path
 from ..analysis.fingerprint import allocator_settings, command_line, environment
 from ..analysis.hooked import outermost
 from ..analysis.moment import PEAK
-from ..analysis.quantities import ALLOCATED, DEVICE_USED, RESERVED
+from ..analysis.quantities import ALLOCATED, BEFORE_RECORDING, DEVICE_USED, RESERVED
 from ..analysis.rank import NOTHING
 from ..analysis.titles import timeline_title, what_ran
 from ..units import format_gib
 from . import verdict_text
-from .format_spec import Format
-from .text import frame_text
+from .formats import of
+from .serving_text import window_lines
+from .text import before_recording_figures, frame_text
 
 #: this module's output format(s) (``plots.format_spec``)
-FORMATS = (Format("issue", "-issue", (), commands=("issue",)),)
+FORMATS = of(__name__)
 
 #: every file the bundle may write (an existing bundle holding any of them is only replaced with --force)
 FILES = ("issue.md", "timeline.png", "flame.svg", "flame.folded")
@@ -132,16 +133,35 @@ def _kv_line(run) -> str | None:
 def answer(run) -> list[str]:
     """The first screen: the verdict in bold, then what a maintainer asks next (see the module docstring)."""
     lines = [f"**{verdict_text.headline(run)}**"]
-    if run.verdict == NOTHING:
-        return lines
+    if run.verdict == NOTHING:  # a CPU worker's serving window still holds its scheduler steps
+        window = _window_lines(run)
+        return lines + ([""] + window if window else [])
     lines.append("")
     if run.multi:
         r = run.worst
         lines += [f"Figures of {r.label}, the worst of {len(run.ranks)} ranks ({r.verdict}); every rank is in the report below.", ""]  # fmt: skip
     lines.append(_peak_line(run))
     lines.append(_target_line(run))
-    lines += [x for x in (_holders_line(run), _hooks_line(run), _kv_line(run)) if x]
-    return lines
+    lines += [x for x in (_holders_line(run), _before_line(run), _hooks_line(run), _kv_line(run)) if x]
+    return lines + _window_lines(run)
+
+
+def _window_lines(run) -> list[str]:
+    """The worst rank's serving window (``serving_text.window_lines``) as the first screen's bullets."""
+    out = []
+    for line in window_lines(run.worst.window, run.origin.t0_us):
+        head, _, rest = line.partition(": ")
+        out.append(f"- **{head}:** {rest}")
+    return out
+
+
+def _before_line(run) -> str | None:
+    """The memory present before the worst rank's recording began, when there was any (a trace that begins
+    mid-run: a wrapped history, a snapshot's last entries, allocations before the plugin started recording)."""
+    b = run.worst.before_recording
+    if b is None or not b.nonzero:
+        return None
+    return f"- **{BEFORE_RECORDING.label.capitalize()}:** {before_recording_figures(b)}."
 
 
 def _details(summary: str, body: list[str]) -> list[str]:
@@ -177,7 +197,7 @@ def _report(run) -> list[str]:
     buf = io.StringIO()
     render_report(run, buf, markdown=True)
     r = run.worst
-    what = [f"{len(r.phases)} phases"] if r.phases else []
+    what = [f"{len(r.phases)} phase" + ("s" if len(r.phases) != 1 else "")] if r.phases else []
     what += ["the peak", "the target"] if run.verdict != NOTHING else []
     what += ["top holders"] if r.summary.holders else []
     what += [f"{len(r.trace.hook_calls):,} hook calls"] if r.trace.hook_calls else []
@@ -201,10 +221,18 @@ def render_issue(run, drawn: bool = True) -> str:
     out += boot_section(run)  # fits --suggest on the recorded card (plots.whatif_text)
     if drawn:
         peak_of = f" ({r.label}, the worst rank)" if run.multi else ""
-        out += [f"## What held memory at {PEAK}{peak_of}", "", f"![flame graph at {PEAK}](flame.svg)", ""]
+        moment = "the OOM, in the serving window" if flame_at(run) == "oom" else PEAK
+        out += [f"## What held memory at {moment}{peak_of}", "", f"![flame graph at {moment}](flame.svg)", ""]
         out += ["Folded stacks for speedscope / flamegraph.pl: `flame.folded`.", ""]
     out += _report(run)
     return "\n".join(out).rstrip() + "\n"
+
+
+def flame_at(run) -> str:
+    """The moment the bundle's flame graph shows: the OOM when the worst rank died in its serving window (what
+    filled the GPU before it), else the peak."""
+    ws = run.worst.window
+    return "oom" if ws is not None and ws.oom is not None and run.worst.serving is not None else "peak"
 
 
 def render(run, out: str | Path) -> list[str]:
@@ -220,9 +248,9 @@ def render(run, out: str | Path) -> list[str]:
         with atomic_write(out / "timeline.png") as tmp:
             render_as(run.subset(drawn), tmp, "timeline")
         with atomic_write(out / "flame.svg") as tmp:
-            render_as(run, tmp, "flame")
+            render_as(run, tmp, "flame", at=flame_at(run))
         with atomic_write(out / "flame.folded") as tmp:
-            render_as(run, tmp, "folded")
+            render_as(run, tmp, "folded", at=flame_at(run))
         written += list(IMAGES)
     with atomic_write(out / "issue.md") as tmp:
         tmp.write_text(render_issue(run, drawn=bool(drawn)), encoding="utf-8")

@@ -14,10 +14,10 @@ from typing import Any, TextIO
 from ..analysis.side_by_side import side_by_side
 from ..analysis.summary import summary_to_dict
 from . import cost_text
-from .format_spec import Format
+from .formats import of
 
 #: this module's output format(s) (``plots.format_spec``)
-FORMATS = (Format("json", commands=("report",)),)
+FORMATS = of(__name__)
 
 
 def run_doc(run) -> dict[str, Any]:

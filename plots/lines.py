@@ -6,12 +6,12 @@ from __future__ import annotations
 from typing import TextIO
 
 from ..units import format_gib
-from .format_spec import Format
+from .formats import of
 from .timeline import oom_text
 from .timeline_data import prepare_rank
 
 #: this module's output format(s) (``plots.format_spec``)
-FORMATS = (Format("lines", commands=("plot",)),)
+FORMATS = of(__name__)
 
 
 def render(run, file: TextIO) -> None:

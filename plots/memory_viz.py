@@ -33,7 +33,7 @@ from ..errors import UsageError
 from ..importers.pinned_host import PINNED_HOST
 from ..importers.snapshot_fields import fields_by_event
 from ..model import ACTION_CODE, ACTIONS, Trace
-from .format_spec import Format
+from .formats import of
 from .pickle_stream import (
     APPENDS,
     COMPILE_CONTEXT,
@@ -50,7 +50,7 @@ from .pickle_stream import (
 )
 
 #: this module's output format(s) (``plots.format_spec``)
-FORMATS = (Format("memory-viz", ".memory_viz.pickle", (".pickle", ".pkl"), binary=True, commands=("export",)),)
+FORMATS = of(__name__)
 
 _OOM = ACTION_CODE["oom"]
 

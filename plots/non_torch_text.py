@@ -6,6 +6,7 @@ Printed only when the trace holds CUPTI records (the optional source ``MEMTRACE_
 
 from __future__ import annotations
 
+from ..analysis import quantities as Q
 from ..analysis.non_torch import MODULES, OTHER, UNEXPLAINED, NonTorchBreakdown
 from ..analysis.summary import Summary
 from ..units import format_gib, gib_number
@@ -55,12 +56,12 @@ def render_non_torch(out, s: Summary) -> None:
     for b in s.non_torch:
         when = f"at the {b.moment} ({(b.time_us - s.t0_us) / 1e6:.2f} s, {b.phase_path or 'no phase'})"
         if previous is not None and _same(previous, b):
-            out.item(f"{when}: the same non-PyTorch figures as at the {previous.moment}")
+            out.item(f"{when}: the same {Q.NON_TORCH.label} figures as at the {previous.moment}")
             continue
         previous = b
         if b.nvml_non_torch_bytes is not None:
             out.item(
-                f"{when}: NVML non-PyTorch {format_gib(b.nvml_non_torch_bytes)} = CUPTI {format_gib(b.cupti_bytes)}"
+                f"{when}: NVML {Q.NON_TORCH.label} {format_gib(b.nvml_non_torch_bytes)} = CUPTI {format_gib(b.cupti_bytes)}"
                 f" + unexplained {format_gib(b.unexplained_bytes)}; PyTorch's own segments recognised"
                 f" {format_gib(b.torch_bytes)} (in reserved, not counted here)"
             )

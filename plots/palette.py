@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from ..analysis.quantities import VMM
+
 #: Allocated memory by category (``analysis.categories.CATEGORIES``), as both the timeline and the view draw it.
 CATEGORY_COLORS = {
     "weights": "#4C72B0",
@@ -16,4 +18,4 @@ CATEGORY_COLORS = {
 #: (the same category, allocated another way), wherever it is drawn.
 VMM_KV_COLOR = "#55A868"
 VMM_KV_EDGE = "#1E6B35"
-VMM_KV_LABEL = "KV cache (CUDA VMM, outside PyTorch)"
+VMM_KV_LABEL = VMM.label  # its one name (analysis.quantities)

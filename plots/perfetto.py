@@ -21,7 +21,7 @@ The file follows the Trace Event Format (``{"traceEvents": [...]}``):
   properly nested), hooked calls on the "hook calls" thread (tid 2) with their bytes and arguments,
   and the OOM, when there was one (``analysis.oom.find_oom``: a live record or an imported ``oom``
   entry), on the "events" thread (tid 3), with instants for the reserved peak and the first crossing
-  of the target (``analysis.summary.reserved_peak``, ``analysis.crossing``): the figures ``report`` states.
+  of the target (``AnalysedRank.peak``, ``analysis.crossing``): the figures ``report`` states.
 
 The file is streamed: counter points are formatted in chunks straight to the output, so a trace of
 ten million events never holds its JSON in memory.
@@ -43,15 +43,15 @@ from typing import IO, Any
 
 import numpy as np
 
+from ..analysis import quantities as Q
 from ..analysis.curves import Curve
 from ..analysis.flame import hook_short_name
 from ..analysis.landmarks import steady_non_torch
-from ..analysis.summary import reserved_peak
 from ..model import Trace
-from .format_spec import Format
+from .formats import of
 
 #: this module's output format(s) (``plots.format_spec``)
-FORMATS = (Format("perfetto", ".perfetto.json", (".json",), commands=("export",)),)
+FORMATS = of(__name__)
 
 PHASES_TID = 1
 HOOKS_TID = 2
@@ -60,9 +60,9 @@ COUNTERS = (
     "allocated",
     "reserved",
     "device used",
-    "non-PyTorch",
-    "non-PyTorch seen by CUPTI",
-    "other processes",
+    Q.NON_TORCH.label,
+    f"{Q.NON_TORCH.label} seen by CUPTI",
+    Q.OTHERS.label,
     "target",
     "KV cache (CUDA VMM)",
     "VMM address space reserved (not memory)",
@@ -172,7 +172,7 @@ def _landmarks(rank, pid: int, t0: int) -> Iterator[dict[str, Any]]:
     """Instant events for the figures ``report`` states: the reserved peak and the first crossing."""
     if rank.recorded_nothing:
         return
-    peak = reserved_peak(rank.trace, rank.curves)
+    peak = rank.peak
     yield {"name": "peak reserved", "cat": "landmark", "ph": "i", "s": "p", "ts": peak.time_us - t0, "pid": pid,
            "tid": EVENTS_TID, "args": {"reserved_bytes": peak.reserved_bytes, "allocated_bytes": peak.allocated_bytes,
                                         "phase": peak.phase_path}}  # fmt: skip

@@ -4,53 +4,31 @@
 output goes: a text stream for the text formats, a path for files and bundles. Each format is one module
 of ``memtrace.plots`` (the one folder for every format memtrace writes, for people or for other tools:
 text, JSON, PNG/SVG, HTML, Perfetto, memory_viz, folded stacks, CSV) with a ``FORMATS`` tuple of its
-metadata (``plots.format_spec.Format``: name, suffixes, binary or text, the commands offering it) and a
-``render(run, out, **options) -> None`` that computes nothing itself. :data:`MODULES` lists them, imported
-directly; :data:`FORMATS` and the CLI's ``-f`` choices and suffixes (:func:`offered_by`) derive from it.
-Adding a format is one module plus its line here.
+metadata (``plots.format_spec.Format``: name, suffixes, the commands offering it) and a
+``render(run, out, **options) -> None`` that computes nothing itself. ``plots.formats.TABLE`` holds that
+metadata for every module; :data:`FORMATS` and the CLI's ``-f`` choices and suffixes (:func:`offered_by`)
+derive from it without importing a renderer, and :func:`render` imports only the one it uses. Adding a
+format is one module plus its line in ``plots.formats``.
 """
 
 from __future__ import annotations
 
+import importlib
 from typing import Any
 
-from . import (
-    csv_curves,
-    diff_text,
-    fits_text,
-    flame_svg,
-    folded,
-    issue_md,
-    json_doc,
-    lines,
-    memory_viz,
-    perfetto,
-    report,
-    timeline,
-    view_html,
-    whatif_text,
-)
 from .format_spec import Format
+from .formats import TABLE
 
-MODULES = (
-    report,
-    json_doc,
-    lines,
-    timeline,
-    flame_svg,
-    folded,
-    view_html,
-    issue_md,
-    fits_text,
-    whatif_text,
-    diff_text,
-    perfetto,
-    memory_viz,
-    csv_curves,
-)
+#: the format modules of ``memtrace.plots``, by name (``plots.formats.TABLE``); imported when one renders
+MODULES = tuple(TABLE)
 
-#: format name -> (its module, its metadata)
-FORMATS: dict[str, tuple[Any, Format]] = {f.name: (mod, f) for mod in MODULES for f in mod.FORMATS}
+#: format name -> (its module's name, its metadata)
+FORMATS: dict[str, tuple[str, Format]] = {f.name: (mod, f) for mod, found in TABLE.items() for f in found}
+
+
+def module(name: str) -> Any:
+    """The renderer module of format ``name``, imported now (only the one used is ever imported)."""
+    return importlib.import_module(f".{FORMATS[name][0]}", __package__)
 
 
 def offered_by(command: str) -> dict[str, Format]:
@@ -63,5 +41,5 @@ def render(run, out, fmt: str, **options: Any) -> Any:
     the renderer returns (the issue bundle: the names of the files it wrote)."""
     if fmt not in FORMATS:
         raise ValueError(f"unknown format {fmt!r}; one of {', '.join(FORMATS)}")
-    mod, spec = FORMATS[fmt]
-    return mod.render(run, out, **spec.options, **options)
+    spec = FORMATS[fmt][1]
+    return module(fmt).render(run, out, **spec.options, **options)

@@ -15,14 +15,11 @@ from ..analysis.origin import who
 from ..analysis.rank import DIED, NOTHING, UNFINISHED
 from ..units import gib_number, gib_or_dash
 from . import oom_text, verdict_text
-from .format_spec import Format
+from .formats import of
 from .text import _CURVE_NAMES, _Out, _seconds, render_definitions, render_report, wrap
 
 #: this module's output format(s) (``plots.format_spec``)
-FORMATS = (
-    Format("text", commands=("report", "run")),
-    Format("markdown", commands=("report",), options={"markdown": True}),
-)
+FORMATS = of(__name__)
 
 
 def worst_line(run) -> str:

@@ -13,7 +13,7 @@ from typing import TextIO
 
 from ..analysis.crossing import Excursion
 from ..analysis.flame import hook_short_name
-from ..analysis.quantities import BEFORE_RECORDING, DEVICE_USED, HELD, OTHERS, QUANTITIES, RESERVED
+from ..analysis.quantities import ALLOCATED, BEFORE_RECORDING, DEVICE_USED, HELD, OTHERS, QUANTITIES, RESERVED
 from ..analysis.summary import Summary
 from ..model import Frame
 from ..units import gib_number, gib_or_dash, signed_gib_number
@@ -22,6 +22,7 @@ from .extensible_text import render_counters, render_extensible, render_vmm
 from .kv_text import render_non_kv
 from .metadata_text import render_metadata
 from .non_torch_text import render_non_torch
+from .serving_text import render_window
 
 _TIMES = "Times are seconds since the run's time origin (the 'times' line: one origin for every rank and output)."
 
@@ -40,6 +41,20 @@ def holder_text(h) -> str:
     if h.before_recording:
         return f"({BEFORE_RECORDING.label})"
     return frame_text(h.frame)
+
+
+def before_recording_figures(b) -> str:
+    """The figures of the memory present before recording began (``quantities.BeforeRecording``), in the words
+    every output uses: "at least" before a lower bound's figures, then how they are known."""
+    return (
+        f"{RESERVED.label} {b.bound}{gib_or_dash(b.reserved_bytes)}, "
+        f"{ALLOCATED.label} {b.bound}{gib_or_dash(b.allocated_bytes)} ({b.how})"
+    )
+
+
+def before_recording_text(b) -> str:
+    """:func:`before_recording_figures` after ``quantities.BEFORE_RECORDING``'s label: the report's line."""
+    return f"{BEFORE_RECORDING.label}: {before_recording_figures(b)}"
 
 
 def frame_text(frame: Frame | None) -> str:
@@ -182,6 +197,8 @@ def _header(out: _Out, s: Summary) -> None:
         f"recording: {s.n_events:,} allocator events, {s.n_samples:,} NVML samples over {dur:.2f} s "
         f"(source {rec.source}, stacks {rec.stacks}{ended})"
     )
+    if s.before_recording is not None and s.before_recording.nonzero:
+        out.item(before_recording_text(s.before_recording))
     _cost(out, s)
     if s.time_origin:
         out.item(f"times: {s.time_origin}")
@@ -267,7 +284,7 @@ def _peak(out: _Out, s: Summary) -> None:
     if s.peak_others is not None and s.peak_others.bytes > 0:
         po = s.peak_others
         out.item(
-            f"other processes on this GPU held up to {gib_or_dash(po.bytes)} (at {_seconds(s, po.time_us)}; NVML's "
+            f"{OTHERS.label} on this GPU held up to {gib_or_dash(po.bytes)} (at {_seconds(s, po.time_us)}; NVML's "
             "per-process list): not this process's memory, left out of device used and non-torch"
         )
 
@@ -376,7 +393,7 @@ def render_report(summary: Summary, file: TextIO, width: int = 100, markdown: bo
     """Write the report of one trace to ``file``.
 
     Args:
-        summary: ``memtrace.analysis.summary.summarize(trace, ...)``.
+        summary: ``AnalysedRank.summary`` (``analysis.rank``).
         file: a text stream.
         width: the text width tables are cut to (text mode).
         markdown: GitHub-flavoured markdown instead of plain text (for an upstream issue).
@@ -400,6 +417,7 @@ def render_report(summary: Summary, file: TextIO, width: int = 100, markdown: bo
     render_vmm(out, summary)
     render_extensible(out, summary)
     render_counters(out, summary)
+    render_window(out, summary.window, summary.t0_us)
     _notes(out, summary)
 
 

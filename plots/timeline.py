@@ -27,7 +27,7 @@ import numpy as np
 from ..analysis import quantities
 from ..analysis.categories import CATEGORIES
 from ..units import GiB, format_gib, format_size
-from .format_spec import Format
+from .formats import of
 from .phase_lane import PhaseLabel
 from .timeline_axes import DPI_HINT, LABEL_PT, draw_main, draw_zoom, zoom_band, zoom_window
 from .timeline_data import RankTimeline, drawn_curves, landmark_times_us, phases_at
@@ -35,7 +35,7 @@ from .timeline_lane import draw_lane, lane_rows, layout_lane
 from .timeline_scale import FLAT_FRAC, MIN_QUIET_FRAC, TimeScale, quiet_stretches, time_scale
 
 #: this module's output format(s) (``plots.format_spec``)
-FORMATS = (Format("timeline", "-timeline.png", (".png", ".svg", ".pdf"), binary=True, commands=("plot",)),)
+FORMATS = of(__name__)
 
 WIDTH_IN = 12.5
 DPI = DPI_HINT
@@ -156,7 +156,9 @@ def crossing_text(rank: RankTimeline, t0_us: int) -> CrossingDrawn | None:
             f"{format_gib(other.max_bytes)} (+{format_gib(other.overshoot_bytes)})"
         )
     elif c.curve == "device_used":
-        lines.append(f"PyTorch reserved stayed below it (highest {format_gib(rank.crossings.reserved_max_bytes)})")
+        lines.append(
+            f"{quantities.RESERVED.label} stayed below it (highest {format_gib(rank.crossings.reserved_max_bytes)})"
+        )
     return CrossingDrawn(
         curve=c.curve,
         time_us=c.time_us,
@@ -195,7 +197,8 @@ def axis_scale(ranks: list[RankTimeline], t0: int, t_end: int) -> TimeScale:
     quiet = quiet_stretches(
         [(c.time_us, c.bytes) for c in curves], marks, start, t_end, FLAT_FRAC * top, MIN_QUIET_FRAC * (t_end - t0)
     )
-    return time_scale(quiet, t0, t_end)
+    gaps = [r.gap_us for r in ranks if r.gap_us is not None]
+    return time_scale(quiet, t0, t_end, gaps)
 
 
 def render_timeline(
@@ -246,7 +249,8 @@ def render_timeline(
             fig.text(0.06, 0.06 / fig.get_figheight(), footnote, ha="left", va="bottom", fontsize=FONT - 3,
                      color="#444444")  # fmt: skip
         what = ranks[0].description
-        title = title or ("GPU memory during start-up" + (f": {what}" if what else ""))
+        head = "GPU memory during start-up" + (" and serving" if any(r.serving for r in ranks) else "")
+        title = title or (head + (f": {what}" if what else ""))
         fig.suptitle(_fit_title(title, fig.get_figwidth(), FONT + 3), x=0.06, ha="left", fontsize=FONT + 3,
                      fontweight="bold")  # fmt: skip
         out = Path(path)
@@ -281,10 +285,12 @@ def _draw_rank(fig, gs, i: int, ranks, t0: int, t_end: int, capacities, main_axe
             ax.set_xscale("function", functions=(scale.forward, scale.inverse))
     main_axes.append(main_ax)
     crossing, oom = crossing_text(rank, t0), oom_text(rank, t0)
-    window = zoom_window(rank)
+    zoomed = rank.oom_rank if rank.serving is not None and (rank.serving.oom or crossing is None) else rank
+    zoomed = rank.serving if zoomed is rank and rank.serving is not None and crossing is None else zoomed
+    window = zoom_window(zoomed)
     draw_lane(lane_ax, rank, t0, scale, labels, len(ranks) > 1, LABEL_PT)
     corner = draw_main(main_ax, rank, t0, t_end, crossing, capacities, window, handles, oom, scale)
-    draw_zoom(fig.add_subplot(gs[3 * i + 2, 1]), rank, t0, window, crossing)
+    draw_zoom(fig.add_subplot(gs[3 * i + 2, 1]), zoomed, t0, window, crossing if zoomed is rank else None)
     lane_ax.set_xlim((0, (t_end - t0) / 1e6))
     annotation = "\n".join(d.text for d in (crossing, oom) if d is not None)
     px_per_s, _ = _lane_geometry(fig, gs, scale)
@@ -355,7 +361,7 @@ def _fit_heights(fig, gs, ranks, lanes: list[list[PhaseLabel]], footnote_in: flo
 def _legend(fig, handles: dict, rows: int = LEGEND_ROWS, lift_in: float = 0.0) -> list[str]:
     """One legend for all ranks, below the plots, in a fixed order."""
     order = [*CATEGORIES, "vmm_kv", "non_torch_cupti", "non_torch_unexplained", "non_torch", "others", "reserved"]
-    order += ["device_used", "target", "capacity", "what-if", "oom", "zoom", "break"]
+    order += ["device_used", "target", "capacity", "what-if", "oom", "zoom", "break", "gap"]
     items = [handles[k] for k in order if k in handles]
     fig.legend(
         [h for h, _ in items],

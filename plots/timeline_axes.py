@@ -109,7 +109,7 @@ def _lines(ax, rank: RankTimeline, t0: int, lo: int, hi: int, n_buckets: int, ha
     t = np.append(_s(res.time_us[keep], t0), _s(hi, t0))
     (line,) = ax.step(t, np.append(_g(res.bytes[keep]), _g(res.bytes[keep][-1])), where="post", color="black", lw=1.0)
     if handles is not None:
-        handles.setdefault("reserved", (line, "PyTorch reserved"))
+        handles.setdefault("reserved", (line, quantities.RESERVED.label))
     if not rank.curves.has_device:
         return
     used, nt = rank.curves.device_used, rank.curves.non_torch
@@ -119,10 +119,11 @@ def _lines(ax, rank: RankTimeline, t0: int, lo: int, hi: int, n_buckets: int, ha
     ts, u, r = _s(used.time_us[keep], t0), _g(used.bytes[keep]), _g(used.bytes[keep] - nt.bytes[keep])
     if rank.cupti is None:
         band = ax.fill_between(ts, r, u, step="post", **NON_TORCH_STYLE)
-        key, label = "non_torch", "non-PyTorch (NVML used - reserved" + (" - VMM)" if len(rank.curves.vmm) else ")")
+        nt_label = quantities.NON_TORCH.label
+        key, label = "non_torch", f"{nt_label} (NVML used - reserved" + (" - VMM)" if len(rank.curves.vmm) else ")")
     else:  # a run mixing ranks with and without CUPTI names both bands
         band = _cupti_bands(ax, cupti_split(rank, keep, lo, hi, n_buckets), t0, handles)
-        key, label = "non_torch_unexplained", "non-PyTorch unexplained (NVML used - reserved - CUPTI)"
+        key, label = "non_torch_unexplained", f"{quantities.NON_TORCH.label} unexplained (NVML used - reserved - CUPTI)"
     (dline,) = ax.step(ts, u, where="post", color="#B03030", lw=1.0, ls=(0, (4, 1.5)))
     if handles is not None:
         handles.setdefault(key, (band, label))
@@ -132,7 +133,7 @@ def _lines(ax, rank: RankTimeline, t0: int, lo: int, hi: int, n_buckets: int, ha
         top = _g(used.bytes[keep] + others_at(rank, used.time_us[keep]))
         art = ax.fill_between(ts, u, top, step="post", color=OTHERS, alpha=0.5, lw=0, hatch="..", edgecolor="#7A8A99")
         if handles is not None:
-            handles.setdefault("others", (art, "other processes on the GPU (NVML)"))
+            handles.setdefault("others", (art, f"{quantities.OTHERS.label} on the GPU (NVML)"))
 
 
 def _cupti_bands(ax, split: CuptiSplit, t0: int, handles: dict | None):
@@ -143,7 +144,7 @@ def _cupti_bands(ax, split: CuptiSplit, t0: int, handles: dict | None):
     ax.step(t, c, where="post", color=CUPTI_EDGE, lw=0.7, zorder=1.5)
     band = ax.fill_between(t, c, u, step="post", gid="non_torch_unexplained", **NON_TORCH_STYLE)
     if handles is not None:
-        handles.setdefault("non_torch_cupti", (art, "non-PyTorch seen by CUPTI (exact)"))
+        handles.setdefault("non_torch_cupti", (art, f"{quantities.NON_TORCH.label} seen by CUPTI (exact)"))
     return band
 
 
@@ -290,10 +291,16 @@ def draw_main(
 ) -> str:
     """The main plot on the time axis ``scale`` (``timeline_scale``: broken where memory stayed flat; the
     identity when None); returns where the annotation box went ("" when none)."""
-    _stack(ax, rank, t0, rank.start_us, rank.end_us, N_BUCKETS, handles)
-    _lines(ax, rank, t0, rank.start_us, rank.end_us, N_BUCKETS, handles)
+    _stack(ax, rank, t0, rank.start_us, rank.drawn_end_us, N_BUCKETS, handles)
+    _lines(ax, rank, t0, rank.start_us, rank.drawn_end_us, N_BUCKETS, handles)
+    win = rank.serving
+    if win is not None:  # after the gap: the serving window, on the same axes
+        _stack(ax, win, t0, win.start_us, win.end_us, N_BUCKETS, handles)
+        _lines(ax, win, t0, win.start_us, win.end_us, N_BUCKETS, handles)
     hl = _hlines(ax, rank, capacities, handles)
     peaks = [rank.curves.held.peak_bytes, whole_device_peak(rank)]
+    if win is not None:
+        peaks += [win.curves.held.peak_bytes, whole_device_peak(win)]
     if not _capacity_off_scale(rank, capacities):
         peaks.append(rank.capacity_bytes or 0)
     peaks += [rank.target_bytes or 0, *capacities]
@@ -310,14 +317,14 @@ def draw_main(
         ax.axvline(crossing.time_s, color=TARGET, lw=1.0, alpha=0.7, ls="-.")
         ax.plot([_s(crossing.max_us, t0)], [_g(crossing.max_bytes)], marker="v", color=TARGET, ms=8, zorder=5)
     if oom is not None:
-        _mark_oom(ax, rank, t0, rank.end_us, handles)
+        _mark_oom(ax, rank.oom_rank, t0, rank.end_us, handles)
     texts = [d.text for d in (crossing, oom) if d is not None]
     corner = ""
     if texts:
         anchor = (
             (float(_s(crossing.max_us, t0)), float(_g(crossing.max_bytes)))
             if crossing is not None
-            else _oom_point(rank, t0)
+            else _oom_point(rank.oom_rank, t0)
         )
         corner, ymax = _annotate(ax, rank, t0, scale, "\n".join(texts), anchor, ymax, [y for y, _, _ in hl])
     ax.set_ylim(0, ymax)
@@ -328,8 +335,16 @@ def draw_main(
     if zoom_band(rank, scale, t0, window):  # mark where the zoom panel looks (a sliver for milliseconds)
         band = ax.axvspan(_s(lo, t0), _s(hi, t0), color=ZOOM_BAND, alpha=0.5, lw=0, zorder=0)
         handles.setdefault("zoom", (band, "where the zoom panel looks"))
-    mark_breaks(ax, scale, handles)
+    mark_breaks(ax, scale, handles, gap_text(rank))
     return corner
+
+
+def gap_text(rank: RankTimeline) -> str:
+    """What the gap before a serving window says: that it is not recorded, and what the ring dropped."""
+    if rank.gap_us is None:
+        return ""
+    ev, samples, steps = rank.gap_dropped
+    return f"not recorded; dropped:\n{ev:,} events, {samples:,} samples, {steps:,} steps"
 
 
 def zoom_band(rank: RankTimeline, scale: TimeScale, t0: int, window: tuple[int, int] | None = None) -> bool:

@@ -11,6 +11,7 @@ where every figure is computed once), so ``timeline.render_timeline`` never touc
 - the non-PyTorch bytes CUPTI saw live (``analysis.non_torch.live_curve``), when the trace holds CUPTI
   records: the timeline splits its non-PyTorch band with it (:func:`cupti_split`: where each part
   runs, in bytes, once the renderer has picked the NVML samples it draws);
+- the serving window (``AnalysedRank.serving``), prepared the same way, and the gap before it;
 - the KV cache vLLM (0.34+) committed through CUDA's VMM API, outside PyTorch (``AnalysedRank.vmm_kv``):
   a band stacked on PyTorch reserved (:func:`vmm_band`), the KV cache's category allocated another way.
 """
@@ -52,6 +53,22 @@ class RankTimeline:
     cupti: Curve | None = None
     #: the KV cache committed through CUDA's VMM API (``AnalysedRank.vmm_kv``); None when nothing was
     vmm_kv: Curve | None = None
+    #: the serving window after start-up (``AnalysedRank.serving``), drawn after the gap; None without one
+    serving: RankTimeline | None = None
+    #: the gap between start-up's end and the window's first kept record (microseconds), and what the ring
+    #: dropped in it (allocator events, NVML samples, scheduler steps); None without a gap
+    gap_us: tuple[int, int] | None = None
+    gap_dropped: tuple[int, int, int] = (0, 0, 0)
+
+    @property
+    def drawn_end_us(self) -> int:
+        """Where this rank's own curves stop: start-up's end when a serving window follows, else the end."""
+        return self.gap_us[0] if self.gap_us is not None else self.end_us
+
+    @property
+    def oom_rank(self) -> RankTimeline:
+        """The part that holds the OOM: the serving window when it died there, else this rank."""
+        return self.serving if self.serving is not None and self.serving.oom is not None else self
 
     @property
     def target_bytes(self) -> int | None:
@@ -75,6 +92,12 @@ def prepare_rank(rank: AnalysedRank) -> RankTimeline:
     """What the timeline draws of one analysed rank (``analysis.rank.AnalysedRank``): its figures, read
     from the rank (computed there once), never recomputed here."""
     start, end = rank.span
+    serving, gap, dropped = None, None, (0, 0, 0)
+    if rank.serving is not None:
+        serving, w = prepare_rank(rank.serving), rank.trace.window
+        gap = (w.startup_end_us, w.start_us) if w.gap_us else None
+        dropped = (w.events_dropped, w.samples_dropped, w.steps_dropped)
+        end = max(end, serving.end_us)
     return RankTimeline(
         label=rank.label,
         curves=rank.curves,
@@ -89,6 +112,9 @@ def prepare_rank(rank: AnalysedRank) -> RankTimeline:
         description=describe_run(rank.trace),
         cupti=rank.cupti,
         vmm_kv=rank.vmm_kv if rank.vmm_kv.bytes.any() else None,
+        serving=serving,
+        gap_us=gap,
+        gap_dropped=dropped,
     )
 
 
@@ -172,6 +198,8 @@ def landmark_times_us(rank: RankTimeline) -> list[int]:
         out += [c.time_us, c.max_us]
     if rank.oom is not None:
         out.append(rank.oom.time_us)
+    if rank.serving is not None:
+        out += landmark_times_us(rank.serving)
     return out
 
 
@@ -183,4 +211,5 @@ def phases_at(rank: RankTimeline, times_us: list[int]) -> frozenset[str]:
 def drawn_curves(rank: RankTimeline) -> list[Curve]:
     """The curves the main plot draws: PyTorch allocated, held by this process, device used (when sampled)."""
     c = rank.curves
-    return [c.allocated, c.held] + ([c.device_used] if c.has_device else [])
+    own = [c.allocated, c.held] + ([c.device_used] if c.has_device else [])
+    return own + (drawn_curves(rank.serving) if rank.serving is not None else [])

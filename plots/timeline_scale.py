@@ -30,6 +30,8 @@ MIN_TOTAL_QUIET_FRAC = 0.5
 FLAT_FRAC = 0.01
 #: The share of the axis width each squeezed stretch keeps.
 BREAK_FRAC = 0.035
+#: With a gap in the record, the least share of the busy width each busy stretch is drawn with.
+MIN_BUSY_FRAC = 0.3
 #: Bins over the run the search works in (a stretch starts and ends on their edges).
 N_BINS = 1000
 
@@ -45,6 +47,8 @@ class TimeScale:
     knots_s: tuple[float, ...] = (0.0, 1.0)
     knots_drawn: tuple[float, ...] = (0.0, 1.0)
     breaks: tuple[tuple[float, float], ...] = ()
+    #: the breaks that are gaps in the record (a serving window's dropped time), not flat memory
+    gaps: tuple[tuple[float, float], ...] = ()
 
     def forward(self, s):
         return _interp(np.asarray(s, dtype=np.float64), self.knots_s, self.knots_drawn)
@@ -78,16 +82,22 @@ def identity(span_s: float) -> TimeScale:
 
 def _bin_ranges(t_us: np.ndarray, b: np.ndarray, edges: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Per bin, the lowest and highest value the step curve (t_us, b) takes inside it (the value in force
-    at the bin's start included)."""
+    at the bin's start included); ``t_us`` non-decreasing."""
     n = len(edges) - 1
     start = np.clip(np.searchsorted(t_us, edges[:-1], side="right") - 1, 0, None)
     lo = b[start].astype(np.float64)
     hi = lo.copy()
-    if len(t_us):
-        k = np.clip(np.searchsorted(edges, t_us, side="right") - 1, 0, n - 1)
-        inside = (t_us >= edges[0]) & (t_us <= edges[-1])
-        np.minimum.at(lo, k[inside], b[inside])
-        np.maximum.at(hi, k[inside], b[inside])
+    if not len(t_us):
+        return lo, hi
+    # in time order (as every curve's times are): each bin's values are one run, reduced at once
+    i0, i1 = np.searchsorted(t_us, edges[0], side="left"), np.searchsorted(t_us, edges[-1], side="right")
+    if i1 <= i0:
+        return lo, hi
+    k = np.clip(np.searchsorted(edges, t_us[i0:i1], side="right") - 1, 0, n - 1)
+    starts = np.flatnonzero(np.concatenate(([True], k[1:] != k[:-1])))
+    bins, values = k[starts], b[i0:i1]
+    lo[bins] = np.minimum(lo[bins], np.minimum.reduceat(values, starts))
+    hi[bins] = np.maximum(hi[bins], np.maximum.reduceat(values, starts))
     return lo, hi
 
 
@@ -144,23 +154,33 @@ def quiet_stretches(
     return out
 
 
-def time_scale(stretches_us: list[tuple[int, int]], t0_us: int, t_end_us: int) -> TimeScale:
+def time_scale(
+    stretches_us: list[tuple[int, int]], t0_us: int, t_end_us: int, gaps_us: list[tuple[int, int]] = ()
+) -> TimeScale:
     """The axis that squeezes the longest :data:`MAX_BREAKS` of ``stretches_us`` (from :func:`quiet_stretches`),
-    or the identity when they are too short together to be worth a break."""
+    or the identity when they are too short together to be worth a break. ``gaps_us`` (time nothing was kept
+    for: a serving window's gap) are squeezed always, and quiet stretches overlapping them are not."""
     span = max((t_end_us - t0_us) / 1e6, 1e-6)
-    longest = sorted(stretches_us, key=lambda ab: (ab[0] - ab[1], ab[0]))[:MAX_BREAKS]
-    quiet = [((a - t0_us) / 1e6, (b - t0_us) / 1e6) for a, b in sorted(longest)]
+    free = [(a, b) for a, b in stretches_us if not any(a < gb and ga < b for ga, gb in gaps_us)]
+    longest = sorted(free, key=lambda ab: (ab[0] - ab[1], ab[0]))[:MAX_BREAKS]
+    quiet = [((a - t0_us) / 1e6, (b - t0_us) / 1e6) for a, b in sorted([*longest, *gaps_us])]
+    gaps = tuple(((a - t0_us) / 1e6, (b - t0_us) / 1e6) for a, b in sorted(gaps_us))
     total = sum(b - a for a, b in quiet)
-    if not quiet or total < MIN_TOTAL_QUIET_FRAC * span:
+    if not quiet or (not gaps and total < MIN_TOTAL_QUIET_FRAC * span):
         return identity(span)
     squeezed = BREAK_FRAC * span
     busy = span - total
     room = span - squeezed * len(quiet)
     if room <= 0 or busy <= 0:
         return identity(span)
-    k = room / busy  # drawn seconds per second of busy time
+    edges = [0.0, *[x for ab in quiet for x in ab], span]
+    lengths = [b - a for a, b in zip(edges[::2], edges[1::2], strict=True)]
+    # with a gap, each busy stretch is drawn at least MIN_BUSY_FRAC of the busy width: a serving window of
+    # a second after a start-up of minutes stays legible
+    widths = [max(n, MIN_BUSY_FRAC * busy) if gaps and n > 0 else n for n in lengths]
+    k_of = [room * w / sum(widths) / n if n > 0 else 0.0 for n, w in zip(lengths, widths, strict=True)]
     knots_s, knots_d, d, prev = [0.0], [0.0], 0.0, 0.0
-    for a, b in quiet:
+    for (a, b), k in zip(quiet, k_of, strict=False):
         d += (a - prev) * k
         knots_s.append(a)
         knots_d.append(d)
@@ -169,8 +189,8 @@ def time_scale(stretches_us: list[tuple[int, int]], t0_us: int, t_end_us: int) -
         knots_d.append(d)
         prev = b
     knots_s.append(span)
-    knots_d.append(d + (span - prev) * k)
-    return TimeScale(span, tuple(knots_s), tuple(knots_d), tuple(quiet))
+    knots_d.append(d + (span - prev) * k_of[-1])
+    return TimeScale(span, tuple(knots_s), tuple(knots_d), tuple(quiet), gaps)
 
 
 def ticks(scale: TimeScale, width_px: float, min_gap_px: float = 55.0) -> list[float]:

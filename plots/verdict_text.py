@@ -9,7 +9,7 @@ target says by how much, and a run within its target says how far below it staye
 from __future__ import annotations
 
 from ..analysis.origin import who
-from ..analysis.quantities import BY_KEY, RESERVED, is_one_moment
+from ..analysis.quantities import BY_KEY, HELD, OTHERS, RESERVED, is_one_moment
 from ..analysis.rank import CROSSED, DIED, NOTHING, UNFINISHED, WITHIN
 from ..units import format_gib
 from . import oom_text
@@ -80,15 +80,20 @@ def headline(run) -> str:
             f"{r.seconds(c.time_us):.2f} s{where} and reached {format_gib(c.max_bytes)} "
             f"(+{format_gib(c.overshoot_bytes)})."
         )
-    peak = r.summary.peak.reserved_bytes
-    bound = r.summary.peak_bound
+    # what this process held: with vLLM 0.34's KV cache outside PyTorch, PyTorch reserved alone reads ~128 GiB
+    # "below the target" of a card the process had filled (the report's Target section says held, too)
+    q, peak = (HELD, r.peak_held.bytes) if r.peak_held is not None else (RESERVED, r.peak.reserved_bytes)
+    bound = r.peak_bound
     peaked = f"peaked at no less than {format_gib(peak)}" if bound.lower_bound else f"peaked at {format_gib(peak)}"
     if verdict == WITHIN:
         within = (
             "Within the target at the snapshot's one moment" if is_one_moment(r.trace.facts) else "Within the target"
         )
-        return (
-            f"{within}: {RESERVED.label}{of} {peaked}, "
-            f"{format_gib(target - peak)} below the target ({format_gib(target)})."
-        )
-    return f"No target to compare with: {RESERVED.label}{of} {peaked}."
+        card = r.whole_device_peak_bytes
+        shared = ""
+        if card is not None and r.peak_others is not None and r.peak_others.bytes > 0:  # a neighbour filled it
+            shared = f"; with {OTHERS.label}' memory the card held up to {format_gib(card)}"
+            shared += f", {format_gib(target - card)} below it" if card <= target else ", over it"
+        below = f"{format_gib(target - peak)} below the target ({format_gib(target)})"
+        return f"{within}: {q.label}{of} {peaked}, {below}{shared}."
+    return f"No target to compare with: {q.label}{of} {peaked}."

@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import zlib
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import numpy as np
@@ -47,6 +47,8 @@ from ..analysis.rank import AnalysedRank
 from ..analysis.summary import summary_to_dict
 from ..model import ACTIONS
 from .palette import CATEGORY_COLORS, VMM_KV_LABEL
+from .serving_text import window_lines
+from .text import before_recording_text
 
 #: Columns of the binary blob, in order: (name, numpy dtype).
 EVENT_COLUMNS = (
@@ -93,7 +95,7 @@ def _landmarks(a: AnalysedRank) -> list[dict[str, Any]]:
         out.append({"name": label, "event": event_at(times, c.time_us), "time_us": c.time_us, "curve": c.curve,
                     "bytes": c.at_cross_bytes, "phase": c.phase_path, "max_bytes": c.max_bytes,
                     "max_phase": c.max_phase_path})  # fmt: skip
-    if a.oom is not None:
+    if a.oom is not None and a.oom.time_us <= _drawn_end(a, a.oom.time_us):  # not one in the serving window
         out.append({"name": "OOM", "event": event_at(times, a.oom.time_us), "time_us": a.oom.time_us,
                     "phase": a.oom.phase_path})  # fmt: skip
     for p in s.phases:
@@ -121,8 +123,9 @@ def rank_meta(a: AnalysedRank, t0_us: int) -> dict[str, Any]:
         "n_events": len(t.events),
         "t_first_us": int(a.curves.allocated.time_us[0]) - t0_us,
         "start_us": start - t0_us,
-        "end_us": (end if oom is None else min(end, oom.time_us)) - t0_us,  # nothing drawn after an OOM
+        "end_us": _drawn_end(a, end) - t0_us,
         "baseline": {"allocated": s.baseline.allocated_bytes, "reserved": s.baseline.reserved_bytes},
+        "before_recording": _before_recording(s),
         "target": {
             "bytes": a.target.target_bytes,
             "capacity": a.target.capacity_bytes,
@@ -154,7 +157,27 @@ def rank_meta(a: AnalysedRank, t0_us: int) -> dict[str, Any]:
         "category_colors": [CATEGORY_COLORS[c] for c in CATEGORIES],
         "actions": list(ACTIONS),
         "vmm": _vmm(a),
+        # the serving window, stated (``serving_text.window_lines``); the chart is start-up's alone
+        "serving": window_lines(a.window, t0_us),
     }
+
+
+def _drawn_end(a: AnalysedRank, end: int) -> int:
+    """Where the chart ends: at an OOM (nothing drawn after it), and at start-up's end when a serving window
+    follows (the page draws start-up's events only; the gap is never drawn as a flat line)."""
+    w = a.trace.window
+    if w is not None and w.startup_end_us is not None:
+        return min(end, w.startup_end_us)
+    return end if a.oom is None else min(end, a.oom.time_us)
+
+
+def _before_recording(s) -> dict[str, Any] | None:
+    """The memory present before recording began (``Summary.before_recording``) and the report's line on it;
+    None when there was none to state (or the trace is a snapshot of one moment)."""
+    b = s.before_recording
+    if b is None or not b.nonzero:
+        return None
+    return {**asdict(b), "line": before_recording_text(b)}
 
 
 def _vmm(a: AnalysedRank) -> dict[str, Any] | None:

@@ -17,14 +17,14 @@ from importlib import resources
 from typing import Any
 
 from . import verdict_text
-from .format_spec import Format
+from .formats import of
 from .report import render as render_report
 from .report import worst_line
 from .view_data import PackedRank, pack_rank
 from .whatif_text import boot_section
 
 #: this module's output format(s) (``plots.format_spec``)
-FORMATS = (Format("view", "-view.html", (".html",), commands=("view",)),)
+FORMATS = of(__name__)
 
 #: Width in pixels of the coarse overview a page without its events carries.
 OVERVIEW_WIDTH = 1600

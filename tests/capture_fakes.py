@@ -16,6 +16,7 @@ from pathlib import Path
 from memtrace.capture import allocator_history as H
 from memtrace.capture.session import Session
 
+#: trace action -> the torch.cuda.memory_stats() counter that counts it (torch's names, spelled as torch does)
 _COUNTER = {
     "alloc": "allocation.all.allocated",
     "free_completed": "allocation.all.freed",
@@ -36,7 +37,7 @@ class FakeTorch:
         self.segments = snap["segments"]
         self.pos = 0
         self.history: list[dict] = []
-        self.stats = dict.fromkeys(H._COUNTERS, 0)
+        self.stats = dict.fromkeys(_COUNTER.values(), 0)
 
     def allocate(self, n: int) -> None:
         keep_free = self.context == "all" if self.free_stacks is None else self.free_stacks

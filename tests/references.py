@@ -18,13 +18,16 @@ from memtrace.analysis.curves import Baseline, Curve, Curves, _allocated_deltas,
 from memtrace.analysis.diff import TraceDiff, _sides, category_changes, compare, figures
 from memtrace.analysis.diff_sites import site_changes
 from memtrace.analysis.live import lifetimes
-from memtrace.analysis.pinned import _ALLOC, _FREE, _SEG_ALLOC, _SEG_FREE, _Segments
+from memtrace.analysis.pinned import _Segments
 from memtrace.analysis.quantities import fullest_at_peak, is_one_moment, window_fullest
 from memtrace.importers.files import traces_from_snapshot_file
 from memtrace.importers.torch_snapshot import traces_from_snapshot
-from memtrace.model import Trace
+from memtrace.model import ACTION_CODE, Trace
 from memtrace.plots.memory_viz import _annotations, _entry, _fields, _is_host, _segments
 from memtrace.units import Threshold
+
+_ALLOC, _FREE = ACTION_CODE["alloc"], ACTION_CODE["free_completed"]
+_SEG_ALLOC, _SEG_FREE = ACTION_CODE["segment_alloc"], ACTION_CODE["segment_free"]
 
 
 def allocated_curve(trace: Trace, base: Baseline | None = None) -> Curve:
@@ -194,3 +197,26 @@ def _frame_lists(trace: Trace) -> list[list[dict[str, Any]]]:
     """One frames list per interned stack (shared objects: the pickle stores each once)."""
     frames = [{"filename": f.filename, "line": f.line, "name": f.name} for f in trace.frames]
     return [[frames[i] for i in stack] for stack in trace.stacks]
+
+
+def summarize(trace: Trace, target=None, *, top: int = 10, curves: Curves | None = None):
+    """TEST-ONLY: the Summary of one trace on its own (its own time origin), as
+    ``AnalysedRank(trace, ...).summary``, which is what every output reads.
+
+    Args:
+        trace: the trace.
+        target: ``analysis.target.resolve_target(trace, ...)`` (a ``Target``, never bare bytes); None: the
+            recorded one.
+        top: how many holders at the peak to keep.
+        curves: the trace's ``all_curves``, when already built.
+    """
+    from memtrace.analysis.origin import TimeOrigin
+    from memtrace.analysis.phases import recording_span
+    from memtrace.analysis.rank import AnalysedRank, TargetSpec
+    from memtrace.analysis.target import Target
+
+    if target is not None and not isinstance(target, Target):
+        raise TypeError("summarize takes a resolved Target (analysis.target.resolve_target), not bytes")
+    origin = TimeOrigin(recording_span(trace)[0], (), True, "")
+    rank = AnalysedRank(trace, TargetSpec(), origin, top=top, target=target, curves=curves)
+    return rank.summary

@@ -9,7 +9,10 @@ two runs that differ in flags, predicting a third. Each held-out run is predicte
 
 from __future__ import annotations
 
+import subprocess
+import tempfile
 from functools import cache
+from pathlib import Path
 
 from memtrace.analysis import fits_check as FC
 from memtrace.analysis import whatif as W
@@ -114,3 +117,93 @@ def summary_table(checks: list[FC.Check]) -> list[str]:
             f"| {sum(f.ok for f in c.figures)} of {len(c.figures)} | {worst.name} {worst.error / (1 << 20):+,.0f} MiB |"
         )
     return out
+
+
+# -- the next lease's start-ups (docs/whatif.md, "What the next lease records"): parsed by the script's own
+# grid_runs, predicted now, so the lease that records them compares with what was written down before -----
+
+ROOT = Path(__file__).resolve().parents[1]
+SCRIPT = ROOT / "tests" / "gpu" / "vllm034" / "startups.sh"
+CARD_BYTES = 150_109_880_320  # the H200's total (cudaMemGetInfo)
+#: the bases each new start-up is predicted from: one trace, and calibrations (the base first)
+SMALL_BASES = (("g08", ()), ("g07", ()), ("moe-noext", ("g07", "g08")))
+GRID_BASES = (("moe-ext", ()), ("g07", ("g08",)), ("g03", ("g07", "g08")))
+
+
+def _script_part(start: str, end: str) -> str:
+    text = SCRIPT.read_text()
+    i = text.index(start)
+    return text[i : text.index(end, i)]
+
+
+def recipe_runs(commands: str) -> list[tuple[str, str, list[str], int | None]]:
+    """(folder, model, flags, SMALL_FREE or None) of every start-up ``commands`` (the docs' block) has
+    ``tests/gpu/vllm034/startups.sh`` record, in its order: the script's own ``grid_runs`` and small/grid order
+    run in bash with ``traced`` printing what it would start."""
+    stub = "\n".join(
+        [
+            "left() { echo 9999; }",
+            "log() { :; }",
+            'want() { [[ ",$STEPS," == *",$1,"* ]]; }',
+            'traced() { printf \'%s\\t%s\\t%s\' "$1" "${2#/tmp/model-}" "${SMALL_FREE_NOW:-}"; shift 2; '
+            "printf '\\t%s' \"$@\"; printf '\\n'; }",
+            'small_runs() { SMALL_FREE_NOW=${SMALL_FREE:-?}; grid_runs "${SMALL:-}" small-; SMALL_FREE_NOW=; }',
+            _script_part("grid_runs() {", "\npre_kv_peak()"),
+            _script_part('if [ -n "${SMALL_FROM:-}" ]; then', "\n# ---- cost"),
+        ]
+    )
+    with tempfile.TemporaryDirectory() as d:
+        stub_path = Path(d) / "startups-parse.sh"
+        stub_path.write_text(stub)
+        script = commands.replace("bash tests/gpu/vllm034/startups.sh", f"bash {stub_path}")
+        out = subprocess.run(["bash", "-c", script], capture_output=True, text=True, check=True).stdout
+    runs = []
+    for line in out.splitlines():
+        name, model, free, *flags = line.split("\t")
+        runs.append((name, model, flags, int(free) if free else None))
+    return runs
+
+
+def common_flags() -> list[str]:
+    """The flags every start-up of the script gets first (its ``COMMON`` array)."""
+    part = _script_part("COMMON=(", "\nNEXT_PORT=")
+    out = subprocess.run(["bash", "-c", part + '\nprintf "%s\\n" "${COMMON[@]}"'], capture_output=True, text=True)
+    return out.stdout.split()
+
+
+def cli_flags(base: W.Flags, argv: list[str]) -> W.Flags:
+    """``base`` with vLLM command-line flags applied (the what-if's words for them; a flag the model does not
+    know raises UsageError)."""
+    items, i = [], 0
+    while i < len(argv):
+        name = argv[i].removeprefix("--")
+        takes_value = i + 1 < len(argv) and not argv[i + 1].startswith("--")
+        items.append(f"{name}={argv[i + 1]}" if takes_value else name)
+        i += 2 if takes_value else 1
+    return W.apply_what_if(base, items)
+
+
+def script_flags() -> W.Flags:
+    """The memory flags every start-up of the script runs with (its ``COMMON``, vLLM's defaults otherwise), as
+    the what-if reads them: moe-ext's recorded flags with COMMON's applied."""
+    common, keep = common_flags(), ("--max-model-len", "--max-num-batched-tokens", "--max-num-seqs", "--kv-cache-dtype")
+    return cli_flags(sites("moe-ext").flags, [x for j, a in enumerate(common) if a in keep for x in (a, common[j + 1])])
+
+
+def recipe_predictions(commands: str) -> list[str]:
+    """One Markdown row per start-up of ``commands``: its folder, card and flags, and the outcome predicted now
+    from each base (small card: SMALL_BASES, whole card: GRID_BASES), with vLLM's KV figures where it boots."""
+    base = script_flags()
+    rows = []
+    for name, _model, argv, free in recipe_runs(commands):
+        flags = cli_flags(base, argv)
+        others = CARD_BYTES - free if free else 0
+        cells = []
+        for b, more in SMALL_BASES if free else GRID_BASES:
+            cal = W.calibrate([sites(b), *(sites(m) for m in more)]) if more else None
+            o = W.WhatIf(sites(b), flags, cal).on(CARD_BYTES, others_bytes=others)
+            kv = f": {o.kv.blocks:,} blocks, {o.kv.available_bytes:,} B" if o.verdict == W.BOOTS else ""
+            cells.append(f"{FC.outcome_words(o)}{kv}")
+        card = f"{free:,} B free" if free else "whole H200"
+        rows.append(f"| `{name}` | {card} | {' '.join(flags.changes(base)) or '-'} | " + " | ".join(cells) + " |")
+    return rows

@@ -42,6 +42,14 @@ ENV = _fact(
 )
 MEMTRACE_VERSION = _fact("memtrace", "str", "capture.env", "the memtrace version that recorded the trace")
 CAPTURE = _fact("capture", "dict", "capture.session", "how the allocator history was drained (drains, clock skew)")
+SERVING = _fact(
+    "serving",
+    "dict",
+    "capture.serving_session",
+    "MEMTRACE_UNTIL=serving: started_us (start-up written, rings begin), bounds (the rings' limits and "
+    "ring_bytes_max, the most bytes they may hold), on_cpu (no allocator: the window holds scheduler steps "
+    "and notes only); the window itself is the trace's ServingWindow (format 1.4)",
+)
 CAPTURE_PREIMPORT_S = _fact(
     "capture_preimport_s",
     "float",
@@ -181,9 +189,27 @@ VLLM_STARTUP_ERROR = _fact(
 VLLM_AVAILABLE_KV_BYTES = _fact(
     "vllm.available_kv_cache_bytes", "int", "plugins.vllm", "Worker.determine_available_memory's return value"
 )
-VLLM_KV_TOKENS = _fact("vllm.kv_cache_tokens", "int", "plugins.vllm", "GPU KV cache size in tokens")
-VLLM_KV_BYTES = _fact("vllm.kv_cache_bytes", "int", "plugins.vllm_facts", "bytes of the KV cache tensors")
-VLLM_KV_BLOCKS = _fact("vllm.kv_cache_blocks", "int", "plugins.vllm_facts", "number of KV cache blocks")
+VLLM_KV_TOKENS = _fact(
+    "vllm.kv_cache_tokens",
+    "int",
+    "plugins.vllm",
+    "GPU KV cache size in tokens, of the blocks vllm.kv_cache_blocks counts (0 when vLLM refused)",
+)
+VLLM_KV_BYTES = _fact(
+    "vllm.kv_cache_bytes",
+    "int",
+    "plugins.vllm_facts",
+    "bytes of the KV cache: its tensors (profiled sizing), or what the extensible KV cache committed through "
+    "CUDA VMM (vLLM 0.34+: at kv_cache_extend, or at kv_cache_sizing when vLLM sized 0 blocks)",
+)
+VLLM_KV_BLOCKS = _fact(
+    "vllm.kv_cache_blocks",
+    "int",
+    "plugins.vllm_facts",
+    "KV cache blocks vLLM sized: allocated at kv_cache_init (profiled sizing); for the extensible KV cache "
+    "(vLLM 0.34+) the blocks committed, its post-warm-up sizing's result (0 when vLLM refused to start), never "
+    "the address range's capacity (vllm.kv_cache_sizing's capacity_blocks); absent before the cache was sized",
+)
 VLLM_WEIGHTS_BYTES = _fact("vllm.weights_memory_bytes", "int", "plugins.vllm", "model_runner.model_memory_usage")
 VLLM_PROFILE = _fact("vllm.profile", "dict", "plugins.vllm_facts", "the worker's memory-profiling attributes")
 VLLM_GRAPH_ESTIMATE_BYTES = _fact(
@@ -255,3 +281,45 @@ def int_fact(facts: dict, key: str) -> int | None:
     """``facts[key]`` as an int when it is a number (not a bool), else None."""
     v = facts.get(key)
     return int(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else None
+
+
+def kv_tokens_per_block(facts: dict) -> int | None:
+    """Tokens a KV cache block holds: vLLM's tokens over its blocks when both were recorded and not 0, else the
+    configured ``block_size`` (``vllm.config``), else None."""
+    tokens, blocks = int_fact(facts, VLLM_KV_TOKENS), int_fact(facts, VLLM_KV_BLOCKS)
+    if tokens and blocks:
+        return round(tokens / blocks)
+    size = (facts.get(VLLM_CONFIG) or {}).get("block_size")
+    return size if isinstance(size, int) and not isinstance(size, bool) and size > 0 else None
+
+
+def with_committed_kv_cache(facts: dict) -> dict:
+    """``facts`` with an extensible KV cache's blocks, tokens and bytes as :data:`VLLM_KV_BLOCKS` means them.
+
+    Traces recorded before 2026-12-04 kept what ``kv_cache_init`` saw for an extensible KV cache (vLLM 0.34):
+    its address range's capacity (264,297 blocks on the H200's ``small-r2048``), overwritten only when vLLM
+    extended the cache. Where it never did (vLLM sized 0 blocks and refused to start, or the recording ended
+    first), the sizing's own result (``vllm.kv_cache_sizing``'s ``num_blocks``) replaces them, or, with no
+    result, they are dropped (:func:`sized_kv_facts`, what the plugin writes now: its facts come out unchanged)."""
+    if facts.get(VLLM_KV_SIZE_SOURCE) != KV_SIZED_EXTENSIBLE or VLLM_EXTENSIBLE_KV in facts:
+        return facts
+    sizing = facts.get(VLLM_KV_SIZING) or {}
+    blocks = sizing.get("num_blocks")
+    if facts.get(VLLM_KV_BLOCKS) == blocks:
+        return facts
+    out = {k: v for k, v in facts.items() if k not in (VLLM_KV_BLOCKS, VLLM_KV_TOKENS, VLLM_KV_BYTES)}
+    if isinstance(blocks, int) and not isinstance(blocks, bool):
+        out.update(sized_kv_facts(blocks, sizing.get("committed_bytes")))
+    return out
+
+
+def sized_kv_facts(blocks: int, committed_bytes: object) -> dict:
+    """The KV facts of an extensible KV cache at its sizing (vLLM 0.34's ``measure_kv_cache_blocks`` returned
+    ``blocks``): the blocks; when 0 (vLLM refuses to start) also 0 tokens and the bytes committed then (the
+    granules warm-up used). Otherwise tokens and bytes wait for ``kv_cache_extend``, which commits them."""
+    out: dict = {VLLM_KV_BLOCKS: blocks}
+    if blocks == 0:
+        out[VLLM_KV_TOKENS] = 0
+        if isinstance(committed_bytes, int) and not isinstance(committed_bytes, bool):
+            out[VLLM_KV_BYTES] = committed_bytes
+    return out

@@ -38,7 +38,7 @@ CREATE TABLE runs (
     source TEXT NOT NULL,            -- the path added, as given
     rank INTEGER,                    -- the process's rank; NULL for a single process without one
     recorded_us INTEGER,             -- when the recording started (Unix-epoch microseconds)
-    added_us INTEGER NOT NULL,
+    added_us INTEGER NOT NULL,       -- when it was added (Unix-epoch microseconds): for readers of the file
     accepted INTEGER NOT NULL,       -- 1: a reference for `history check`
     figures_reserved TEXT NOT NULL,  -- JSON of analysis.diff.Figures, PyTorch reserved only
     figures_device TEXT              -- JSON of the same with non-PyTorch memory (NULL without NVML)
@@ -59,7 +59,6 @@ class Row:
     source: str
     rank: int | None
     recorded_us: int | None
-    added_us: int
     accepted: bool
     figures_reserved: dict
     figures_device: dict | None
@@ -162,11 +161,11 @@ def stored_batch(db: sqlite3.Connection, rows: list[NewRow]) -> int | None:
 
 
 def _row(t: tuple) -> Row:
-    return Row(t[0], t[1], t[2], json.loads(t[3]), t[4], t[5], t[6], t[7], t[8], bool(t[9]), json.loads(t[10]),
-               json.loads(t[11]) if t[11] is not None else None)  # fmt: skip
+    return Row(t[0], t[1], t[2], json.loads(t[3]), t[4], t[5], t[6], t[7], bool(t[8]), json.loads(t[9]),
+               json.loads(t[10]) if t[10] is not None else None)  # fmt: skip
 
 
-_COLUMNS = "id, batch, key, fingerprint, label, source, rank, recorded_us, added_us, accepted, figures_reserved, figures_device"
+_COLUMNS = "id, batch, key, fingerprint, label, source, rank, recorded_us, accepted, figures_reserved, figures_device"
 
 
 def last_accepted(db: sqlite3.Connection, key: str, rank: int | None) -> Row | None:

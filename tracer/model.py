@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 
 #: On-disk format version written by this memtrace: (major, minor). Readers refuse a newer major.
-FORMAT_VERSION = (1, 3)
+FORMAT_VERSION = (1, 4)
 
 #: Allocator actions, in the order of their integer codes in ``EVENT_DTYPE["action"]``.
 #: The names are PyTorch's own (``c10/core/CachingDeviceAllocator.h`` TraceEntry::Action).
@@ -280,6 +280,48 @@ class Recording:
     end_reason: str = ""  # "stop", "startup-complete", "oom", "signal:SIGTERM", "exit"...
 
 
+@dataclass
+class ServingWindow:
+    """The serving window of ``MEMTRACE_UNTIL=serving`` (format 1.4; an older file loads with none).
+
+    The trace's start-up part ends at ``startup_end_us``; the window covers ``start_us`` to ``end_us``
+    (the last write). Between them lies the gap (``gap_us``): time in which memtrace kept records only in
+    its bounded ring and dropped them (``*_dropped`` say how many), never a period of constant memory.
+    ``start_state`` is PyTorch's allocator state at ``start_us``: ``allocated_bytes`` and ``reserved_bytes``
+    with ``exact`` (True: torch's counters at the start of serving, carried forward over every dropped
+    event; False: a lower bound) or {} when there is no allocator (a CPU worker). ``steps`` are vLLM's
+    scheduler steps kept in the window (``time_us``, ``duration_us``, ``requests``, ``tokens``, ``error``),
+    ``bounds`` the ring's limits and the bytes they allow. ``events``/``samples`` are the window's own
+    allocator events (``EVENT_DTYPE``) and NVML samples (``SAMPLE_DTYPE``); ``segments`` the allocator
+    state at the write (the start-up part keeps its own in ``Trace.segments``).
+    """
+
+    startup_end_us: int | None = None
+    start_us: int | None = None
+    end_us: int | None = None
+    reason: str = ""  # what wrote it last: "oom", "signal:SIGUSR2", "signal:SIGTERM", "exit", ...
+    writes: int = 0
+    events_kept: int = 0
+    events_dropped: int = 0
+    samples_kept: int = 0
+    samples_dropped: int = 0
+    steps_kept: int = 0
+    steps_dropped: int = 0
+    bounds: dict[str, Any] = field(default_factory=dict)
+    start_state: dict[str, Any] = field(default_factory=dict)
+    steps: list[dict[str, Any]] = field(default_factory=list)
+    events: np.ndarray = field(default_factory=lambda: empty_events())
+    samples: np.ndarray = field(default_factory=lambda: empty_samples())
+    segments: list[Segment] = field(default_factory=list)
+
+    @property
+    def gap_us(self) -> int | None:
+        """Microseconds between the end of start-up and the window's first record (None: unknown)."""
+        if self.startup_end_us is None or self.start_us is None:
+            return None
+        return max(0, self.start_us - self.startup_end_us)
+
+
 #: Traces of host memory, not of a device (``Process.role`` -> label): pinned host memory from a torch
 #: snapshot (``importers.pinned_host``), the CPU's memory events of a profiler trace (``importers.kineto``).
 HOST_ROLES = {"pinned-host": "pinned host", "host": "host (CPU)"}
@@ -308,6 +350,8 @@ class Trace:
     #: vLLM's calls of CUDA's virtual-memory API (``VMM_DTYPE``): its extensible KV cache; empty before 0.34.
     vmm: np.ndarray = field(default_factory=empty_vmm)
     hook_calls: list[HookCall] = field(default_factory=list)
+    #: The serving window after start-up (``MEMTRACE_UNTIL=serving``); None for a start-up-only trace.
+    window: ServingWindow | None = None
     facts: dict[str, Any] = field(default_factory=dict)
     notes: list[Note] = field(default_factory=list)
     #: Where the trace was read from (set by the store; not saved).

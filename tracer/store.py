@@ -36,7 +36,13 @@ Layout of a trace file (format ``memtrace-trace``, version ``FORMAT_VERSION``):
   which back its extensible KV cache (vLLM 0.34+) outside PyTorch's allocator, ``VMM_DTYPE`` (time_us i8,
   op i1, caller i1, error i4, bytes i8, handle i8, address i8, stack i4, packed). An older file, or a
   trace of a vLLM that makes no such call, loads with none.
-- ``segments`` and ``blocks``: the allocator state at the last snapshot.
+- ``window`` (a ``meta`` document), ``window_event_chunks``, ``window_sample_chunks``, ``window_segments``,
+  ``window_blocks`` (since 1.4): the serving window of ``MEMTRACE_UNTIL=serving`` (``model.ServingWindow``:
+  the gap after start-up, the counts dropped from the ring, the window's start state, the scheduler steps),
+  its allocator events and NVML samples (same dtypes as above) and the allocator state at its last write.
+  Each write replaces the previous window; the start-up part (every table above) is never touched by it.
+  An older file, or a start-up-only trace, loads with ``Trace.window`` None.
+- ``segments`` and ``blocks``: the allocator state at the last snapshot (of start-up, in a serving trace).
 - ``phases``, ``hook_calls``, ``notes``: one row each.
 
 Readers refuse a file whose major version is newer than theirs and fill defaults for fields a
@@ -60,6 +66,7 @@ from typing import Any
 import numpy as np
 
 from .errors import TraceFormatError
+from .facts import with_committed_kv_cache
 from .model import (
     DEVICE_ALLOC_DTYPE,
     EVENT_DTYPE,
@@ -76,6 +83,7 @@ from .model import (
     Recording,
     Run,
     Segment,
+    ServingWindow,
     Trace,
     empty_device_allocs,
     empty_events,
@@ -105,6 +113,12 @@ CREATE TABLE IF NOT EXISTS vmm_chunks(seq INTEGER PRIMARY KEY, count INTEGER NOT
 CREATE TABLE IF NOT EXISTS segments(id INTEGER PRIMARY KEY, address INTEGER, total_bytes INTEGER,
     stream INTEGER, segment_type TEXT, pool_id TEXT, is_expandable INTEGER);
 CREATE TABLE IF NOT EXISTS blocks(segment INTEGER, address INTEGER, size_bytes INTEGER,
+    requested_bytes INTEGER, state TEXT, stack INTEGER);
+CREATE TABLE IF NOT EXISTS window_event_chunks(seq INTEGER PRIMARY KEY, count INTEGER NOT NULL, data BLOB NOT NULL);
+CREATE TABLE IF NOT EXISTS window_sample_chunks(seq INTEGER PRIMARY KEY, count INTEGER NOT NULL, data BLOB NOT NULL);
+CREATE TABLE IF NOT EXISTS window_segments(id INTEGER PRIMARY KEY, address INTEGER, total_bytes INTEGER,
+    stream INTEGER, segment_type TEXT, pool_id TEXT, is_expandable INTEGER);
+CREATE TABLE IF NOT EXISTS window_blocks(segment INTEGER, address INTEGER, size_bytes INTEGER,
     requested_bytes INTEGER, state TEXT, stack INTEGER);
 CREATE TABLE IF NOT EXISTS phases(id INTEGER PRIMARY KEY, name TEXT, start_us INTEGER, end_us INTEGER,
     parent INTEGER, source TEXT);
@@ -262,17 +276,41 @@ class TraceWriter:
     def set_segments(self, segments: list[Segment]) -> None:
         """Replace the stored allocator state (the last snapshot wins)."""
         with self._db:
-            self._db.execute("DELETE FROM segments")
-            self._db.execute("DELETE FROM blocks")
-            for i, s in enumerate(segments):
-                self._db.execute(
-                    "INSERT INTO segments VALUES (?,?,?,?,?,?,?)",
-                    (i, s.address, s.total_bytes, s.stream, s.segment_type, s.pool_id, int(s.is_expandable)),
-                )
-                self._db.executemany(
-                    "INSERT INTO blocks VALUES (?,?,?,?,?,?)",
-                    [(i, b.address, b.size_bytes, b.requested_bytes, b.state, b.stack) for b in s.blocks],
-                )
+            self._put_segments("", segments)
+
+    def _put_segments(self, prefix: str, segments: list[Segment]) -> None:
+        self._db.execute(f"DELETE FROM {prefix}segments")
+        self._db.execute(f"DELETE FROM {prefix}blocks")
+        for i, s in enumerate(segments):
+            self._db.execute(
+                f"INSERT INTO {prefix}segments VALUES (?,?,?,?,?,?,?)",
+                (i, s.address, s.total_bytes, s.stream, s.segment_type, s.pool_id, int(s.is_expandable)),
+            )
+            self._db.executemany(
+                f"INSERT INTO {prefix}blocks VALUES (?,?,?,?,?,?)",
+                [(i, b.address, b.size_bytes, b.requested_bytes, b.state, b.stack) for b in s.blocks],
+            )
+
+    def set_window(self, window: ServingWindow) -> None:
+        """Replace the serving window (its document, events, samples and end state) in one transaction."""
+        doc = {
+            f.name: getattr(window, f.name)
+            for f in dataclasses.fields(window)
+            if f.name not in ("events", "samples", "segments")
+        }
+        with self._db:
+            self._put_meta("window", _json(doc))
+            for table, records, dtype in (
+                ("window_event_chunks", window.events, EVENT_DTYPE),
+                ("window_sample_chunks", window.samples, SAMPLE_DTYPE),
+            ):
+                self._db.execute(f"DELETE FROM {table}")
+                if len(records):
+                    data = np.ascontiguousarray(records, dtype=dtype)
+                    self._db.execute(
+                        f"INSERT INTO {table}(seq, count, data) VALUES (0,?,?)", (len(data), data.tobytes())
+                    )
+            self._put_segments("window_", window.segments)
 
     def add_phase(self, phase: Phase) -> int:
         """Store a phase and return its id (pass it as ``parent`` of nested phases)."""
@@ -385,6 +423,8 @@ def save_trace(trace: Trace, path: str | os.PathLike, *, overwrite: bool = False
         for start in range(0, len(trace.vmm), chunk):
             w.append_vmm(trace.vmm[start : start + chunk])
         w.set_segments(trace.segments)
+        if trace.window is not None:
+            w.set_window(trace.window)
         for p in trace.phases:
             w.add_phase(p)
         for c in trace.hook_calls:
@@ -535,7 +575,7 @@ def _read(db: sqlite3.Connection, path: Path) -> Trace:
     trace = Trace(
         process=_from_dict(Process, doc("process")),
         recording=_from_dict(Recording, doc("recording")),
-        facts=doc("facts"),
+        facts=with_committed_kv_cache(doc("facts")),  # an older plugin's extensible KV facts, as they mean now
         path=str(path),
     )
     trace.frames = [
@@ -560,18 +600,9 @@ def _read(db: sqlite3.Connection, path: Path) -> Trace:
         else empty_device_allocs()
     )
     trace.vmm = _chunks(db, "vmm_chunks", VMM_DTYPE, empty_vmm) if "vmm_chunks" in tables else empty_vmm()
-    segs: dict[int, Segment] = {}
-    for sid, addr, total, stream, stype, pool, expandable in rows(
-        "segments",
-        "SELECT id, address, total_bytes, stream, segment_type, pool_id, is_expandable FROM segments ORDER BY id",
-    ):
-        segs[sid] = Segment(addr, total, stream, stype, pool, bool(expandable))
-    for seg, addr, size, req, state, stack in rows(
-        "blocks", "SELECT segment, address, size_bytes, requested_bytes, state, stack FROM blocks"
-    ):
-        if seg in segs:
-            segs[seg].blocks.append(Block(addr, size, req, state, stack if stack is not None else -1))
-    trace.segments = list(segs.values())
+    trace.segments = _segments(rows, "")
+    if "window" in meta:
+        trace.window = _window(db, json.loads(meta["window"]), rows, tables)
     trace.phases = [
         Phase(n, s, e, p, src or "user")
         for n, s, e, p, src in rows("phases", "SELECT name, start_us, end_us, parent, source FROM phases ORDER BY id")
@@ -589,6 +620,34 @@ def _read(db: sqlite3.Connection, path: Path) -> Trace:
     if any(fid >= n_frames for s in trace.stacks for fid in s):
         raise TraceFormatError(f"{path} is corrupt: a stack names a frame that is not stored")
     return trace
+
+
+def _segments(rows: Callable, prefix: str) -> list[Segment]:
+    """The allocator state stored in ``<prefix>segments`` and ``<prefix>blocks``."""
+    segs: dict[int, Segment] = {}
+    for sid, addr, total, stream, stype, pool, expandable in rows(
+        f"{prefix}segments",
+        "SELECT id, address, total_bytes, stream, segment_type, pool_id, is_expandable"
+        f" FROM {prefix}segments ORDER BY id",
+    ):
+        segs[sid] = Segment(addr, total, stream, stype, pool, bool(expandable))
+    for seg, addr, size, req, state, stack in rows(
+        f"{prefix}blocks", f"SELECT segment, address, size_bytes, requested_bytes, state, stack FROM {prefix}blocks"
+    ):
+        if seg in segs:
+            segs[seg].blocks.append(Block(addr, size, req, state, stack if stack is not None else -1))
+    return list(segs.values())
+
+
+def _window(db: sqlite3.Connection, doc: dict[str, Any], rows: Callable, tables: set[str]) -> ServingWindow:
+    """The serving window (format 1.4): its document, events, samples and end state."""
+    window = _from_dict(ServingWindow, doc)
+    if "window_event_chunks" in tables:
+        window.events = _chunks(db, "window_event_chunks", EVENT_DTYPE, empty_events)
+    if "window_sample_chunks" in tables:
+        window.samples = _chunks(db, "window_sample_chunks", SAMPLE_DTYPE, empty_samples)
+    window.segments = _segments(rows, "window_")
+    return window
 
 
 def trace_files(run_dir: str | os.PathLike) -> list[Path]:

@@ -24,7 +24,7 @@
   let syncing = false;
   /* the KV cache committed through CUDA's VMM API (vLLM 0.34+): the timeline's hatched KV green (plots/palette.py) */
   const VMM_FILL = 'rgba(85,168,104,.45)', VMM_EDGE = '#1E6B35';
-  const vmmLabel = () => (doc.ranks.find((r) => r.vmm) || {}).vmm?.label || 'KV cache (CUDA VMM, outside PyTorch)';
+  const vmmLabel = () => (doc.ranks.find((r) => r.vmm) || {}).vmm?.label || 'KV cache outside PyTorch (CUDA VMM)';
 
   function header() {
     const r0 = doc.ranks[0];
@@ -313,6 +313,11 @@
       const R = { index, meta, col, L: meta.has_events ? I.buildLocal(meta, col) : null, drawn: null, view: null };
       MT.ranks.push(R);
       const lane = el('section', { class: 'mt-lane' }, el('h2', {}, meta.label));
+      if (meta.before_recording) lane.append(el('p', { class: 'mt-note mt-before' }, meta.before_recording.line));
+      if (meta.serving && meta.serving.length) {
+        lane.append(el('div', { class: 'mt-serving' }, el('h3', {}, 'Serving window (after start-up; the chart below is start-up only: memtrace plot and flame --at oom draw the window)'),
+          el('ul', {}, ...meta.serving.map((line) => el('li', {}, line)))));
+      }
       const marks = el('div', { class: 'mt-landmarks' });
       for (const lm of meta.landmarks) marks.append(el('button', { 'data-landmark': lm.name, onclick: () => { R.landmark = lm; reveal(R, (lm.time_us - meta.t0_us) / 1e6); select(R, lm.event); } }, lm.name));
       marks.append(el('button', { onclick: () => zoomAll(meta.start_us / 1e6, meta.end_us / 1e6) }, 'reset zoom'));

@@ -166,14 +166,14 @@ def test_the_first_crossing_landmark_says_what_the_report_says(startup):
     assert f"crossed it at {(c['time_us'] - t0) / 1e6:.2f} s in kv_cache_init" in _main("report", str(STARTUP))
     # the selection is the last event at or before the crossing's microsecond
     import numpy as np
-    from memtrace.cli._runs import load
+    from memtrace import load
 
     times = np.maximum.accumulate(load(STARTUP).traces[0].events["time_us"])
     assert startup.js("memtraceView.selected.event") == int(np.searchsorted(times, c["time_us"], "right")) - 1
 
 
 def test_wheel_and_drag_zoom_reach_exact_steps(startup):
-    from memtrace.cli._runs import load
+    from memtrace import load
 
     trace = load(STARTUP).traces[0]
     times = sorted(int(t) for t in trace.events["time_us"])
@@ -263,7 +263,7 @@ def test_two_ranks_get_one_lane_each_on_a_shared_time_axis(browser, tmp_path):
 
 
 def test_served_page_of_a_run_too_big_for_one_page_zooms_and_clicks_through_the_server(browser):
-    from memtrace.cli._runs import load
+    from memtrace import load
     from memtrace.cli._serve import start
 
     trace = load(STARTUP).traces[0]
@@ -289,8 +289,8 @@ def test_served_page_of_a_run_too_big_for_one_page_zooms_and_clicks_through_the_
 
 def test_icicle_paths_in_the_page_are_the_flame_graphs_with_flashinfer_hook_frames(browser, tmp_path):
     """The real FlashInfer 0.6.13 probe: hooked workspace allocations get their [hook] frame in the page too."""
+    from memtrace import load
     from memtrace.analysis.flame import flame_at
-    from memtrace.cli._runs import load
 
     run = DATA / "vllm-h200" / "flashinfer-probe"
     out = tmp_path / "probe.html"
@@ -355,3 +355,24 @@ def test_the_chart_uses_the_windows_width_and_its_names_stay_off_the_curves(brow
         page.page.screenshot(path=str(tmp_path / f"view-{width}.png"))
     finally:
         page.close()
+
+
+def test_a_serving_trace_states_its_window_above_the_startup_chart(browser, tmp_path):
+    from serving_fakes import write_fake_serving
+
+    with pytest.MonkeyPatch.context() as mp:
+        trace = write_fake_serving(tmp_path / "fake.memtrace", mp)
+    out = tmp_path / "serving.html"
+    _main("view", trace.path, "-o", str(out))
+    page = Page(browser, out)
+    items = page.js("[...document.querySelectorAll('.mt-serving li')].map(e => e.textContent)")
+    assert (
+        items[1]
+        == "Failed allocation: 3,221,225,472 bytes (3.00 GiB) at 3609.85 s in serving, 1.00 GiB free of 80.00 GiB."
+    )
+    assert (
+        page.rank()["view"]["x1"]
+        <= (trace.window.startup_end_us - page.js("memtraceView.ranks[0].meta.t0_us")) / 1e6 + 1e-6
+    )
+    page.page.screenshot(path=str(tmp_path / "serving.png"))
+    page.close()

@@ -80,8 +80,9 @@ def main() -> int:
     ray.init(address=args.address, logging_level="warning")
     os.environ["MEMTRACE_DIR"] = os.path.abspath(args.run_dir)
     env: dict = {}
+    collector = None
     if not args.no_carry:
-        ray_gather.start_collector()
+        collector = ray_gather.start_collector()
         env = ray_gather.runtime_env()
     init_method = f"tcp://127.0.0.1:{_free_port()}"
     actors = [Rank.options(resources={f"node{r}": 0.01}, runtime_env=env).remote() for r in range(args.world)]
@@ -89,7 +90,7 @@ def main() -> int:
     if (
         args.drop_collector and not args.no_carry
     ):  # the driver's side goes away before the workers hand their traces over
-        ray.kill(ray_gather._collector)
+        ray.kill(collector)
     results = ray.get([a.finish.remote() for a in actors], timeout=300)
     print(json.dumps({"driver_node_id": ray.get_runtime_context().get_node_id(), "ranks": results}), flush=True)
     ray.shutdown()

@@ -138,7 +138,7 @@ def record(torch, memtrace, cudart, d: str):
 def check(trace) -> list[str]:
     from memtrace.analysis import non_torch
     from memtrace.analysis.phases import path_at
-    from memtrace.analysis.summary import summarize
+    from memtrace.analysis.run import analyse
 
     recs = trace.device_allocs
     figures["records"] = len(recs)
@@ -189,7 +189,7 @@ def check(trace) -> list[str]:
             seen.append({"bytes": int(recs["bytes"][i]), "kind": kind, "ops": [f.op for f in frames if f.op],
                          "category": non_torch.classify(frames, "torch_ops", kind)})  # fmt: skip
         figures["torch_ops_records"] = seen
-    summary = summarize(trace)
+    summary = analyse([trace]).ranks[0].summary
     figures["breakdown"] = [_plain(b) for b in summary.non_torch]
     peak = next((b for b in summary.non_torch if b.moment == "peak"), None)
     if peak is None:

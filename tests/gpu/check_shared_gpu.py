@@ -50,7 +50,7 @@ def _record_and_check(hold: int, child_pid: int) -> int:
     import torch
     import torch._inductor  # noqa: F401  (vLLM imports it; memtrace.start() would, for the stack symbolizer)
     from memtrace.analysis.curves import all_curves
-    from memtrace.analysis.summary import summarize
+    from memtrace.analysis.run import analyse
     from memtrace.store import load_trace
 
     torch.cuda.init()
@@ -71,7 +71,7 @@ def _record_and_check(hold: int, child_pid: int) -> int:
         trace = load_trace(session.path)
     curves = all_curves(trace)
     side = trace.facts.get("sidecar") or {}
-    summary = summarize(trace)
+    summary = analyse([trace]).ranks[0].summary
     figures = {
         "start_s": round(start_s, 3),
         "child_pid": child_pid,

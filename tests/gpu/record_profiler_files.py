@@ -140,7 +140,9 @@ def state_only() -> None:
 
 def main() -> None:
     t0 = time.time()
-    note(f"torch {torch.__version__}, CUDA {torch.version.cuda}, {torch.cuda.get_device_name(0)}, python {sys.version.split()[0]}")
+    note(
+        f"torch {torch.__version__}, CUDA {torch.version.cuda}, {torch.cuda.get_device_name(0)}, python {sys.version.split()[0]}"
+    )
     kineto_with_history()
     state_only()
     note(f"done in {time.time() - t0:.1f} s")

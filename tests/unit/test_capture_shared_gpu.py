@@ -17,9 +17,9 @@ import numpy as np
 import pytest
 from memtrace.analysis import fits as fits_mod
 from memtrace.analysis.curves import all_curves
-from memtrace.analysis.summary import summarize
 from memtrace.model import FORMAT_VERSION, OTHERS_DTYPE
 from memtrace.store import load_trace, save_trace
+from references import summarize
 
 FULL = Path(__file__).parents[1] / "data" / "h200" / "startup-full" / "vm-pid457.memtrace"
 OTHER = 128 << 30  # what the other process held in the H200 run of issue 11

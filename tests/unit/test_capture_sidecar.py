@@ -117,15 +117,14 @@ def test_sidecar_writes_samples_on_the_unix_clock_and_stops_on_request(tmp_path,
 
 
 def test_compression_keeps_every_step_and_the_sample_before_it():
-    w = sidecar._Writer(":memory:")
+    series = sidecar.StepSeries()
     values = [5, 5, 5, 7, 7, 7, 7, 5]
     for i, v in enumerate(values):
-        w.add(1000 + i, v)
-    w.hand_off(final=True)
-    _, buf = w.queue.get_nowait()
-    w.buf = buf
-    pairs = list(zip(w.buf[0::2], w.buf[1::2], strict=True))
+        series.add(1000 + i, v)
+    buf = series.take(final=True)
+    pairs = list(zip(buf[0::2], buf[1::2], strict=True))
     assert pairs == [(1000, 5), (1002, 5), (1003, 7), (1006, 7), (1007, 5)]
+    assert series.kept == 5 and series.take(final=True) is None
 
 
 def test_sidecar_flushes_and_exits_when_its_parent_is_killed(tmp_path, fake_nvml):

@@ -6,9 +6,9 @@ from pathlib import Path
 
 from memtrace.analysis import non_torch
 from memtrace.analysis.phases import path_at
-from memtrace.analysis.summary import summarize
 from memtrace.model import MEMORY_OPS
 from memtrace.store import load_trace
+from references import summarize
 
 TRACE = Path(__file__).parents[1] / "data" / "vllm-h200" / "check-cupti" / "check-cupti.memtrace"
 MiB = 1 << 20

@@ -202,11 +202,11 @@ def test_real_workspace_extra_names_the_workspace_site(real_diff):
 @NEEDS_PAIR
 def test_stacks_are_keyed_as_site_key_says_frame_by_frame():
     """The diff keys each stack through a per-frame memo; it must give :func:`site_key`'s answer for every stack."""
-    from memtrace.analysis.diff_sites import _SiteKeys, site_key
+    from memtrace.analysis.diff_sites import SiteKeys, site_key
     from memtrace.store import load_run
 
     trace = load_run(REAL_PAIR[1]).traces[0]
-    keys = _SiteKeys(trace)
+    keys = SiteKeys(trace)
     assert len(trace.stacks) > 100
     assert [keys(s) for s in range(-1, len(trace.stacks))] == [
         site_key(trace.stack_frames(s)) for s in range(-1, len(trace.stacks))
@@ -368,8 +368,8 @@ def test_real_public_snapshots_without_phases_are_gated_on_their_peaks(capsys):
 
 def test_diff_peaks_are_report_peaks_on_every_real_trace():
     from memtrace.analysis.diff import PEAK_ALLOCATED, PEAK_DEVICE, PEAK_RESERVED, figures
-    from memtrace.analysis.summary import summarize
     from memtrace.store import load_trace
+    from references import summarize
     from testdata import real_traces
 
     paths = real_traces()

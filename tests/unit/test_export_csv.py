@@ -7,11 +7,11 @@ import csv
 from pathlib import Path
 
 import numpy as np
+from memtrace import load
 from memtrace.analysis import quantities as Q
 from memtrace.analysis.rank import TargetSpec
 from memtrace.analysis.run import analyse
 from memtrace.cli import main
-from memtrace.cli._runs import load
 
 RUN = Path(__file__).resolve().parents[1] / "data" / "vllm-h200" / "startup-stacks"
 
@@ -22,7 +22,7 @@ def test_csv_rows_replay_every_curve_to_the_byte_and_sit_on_the_runs_origin(tmp_
     assert capsys.readouterr().err.strip().endswith(f"wrote {out}")
     rows = list(csv.reader(out.open()))
     assert rows[0] == ["rank", "quantity", "time_us", "bytes"]
-    run = analyse(load(RUN, progress=False).traces, TargetSpec())
+    run = analyse(load(RUN).traces, TargetSpec())
     rank = run.ranks[0]
     t0 = run.origin.t0_us
     for q in (Q.ALLOCATED, Q.RESERVED, Q.DEVICE_USED, Q.NON_TORCH):

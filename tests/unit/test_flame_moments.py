@@ -20,7 +20,7 @@ from memtrace.analysis.live import lifetimes
 from memtrace.analysis.moment import parse_time_us, resolve_moment, with_since
 from memtrace.cli import main
 from memtrace.errors import UsageError
-from memtrace.plots.flame_svg import _fit, short_label
+from memtrace.plots.flame_svg import fit_label, short_label
 from memtrace.plots.folded import folded_lines
 from memtrace.store import load_run
 
@@ -122,11 +122,11 @@ def test_sibling_frames_of_one_function_show_their_lines_without_hovering(cap16,
 def test_box_labels_keep_bytes_and_the_line_as_they_shrink():
     label = "startup (examples/record_startup.py:290)"
     assert short_label(label) == "startup:290"
-    assert _fit(label, 1610612736, 1000) == f"{label} · 1.50 GiB"
-    assert _fit(label, 1610612736, 160) == "startup:290 · 1.50 GiB"
-    assert _fit(label, 1610612736, 100) == "startup:290"
-    assert _fit(label, 1610612736, 60) == "st…:290"
-    assert _fit(label, 1610612736, 20) == ""
+    assert fit_label(label, 1610612736, 1000) == f"{label} · 1.50 GiB"
+    assert fit_label(label, 1610612736, 160) == "startup:290 · 1.50 GiB"
+    assert fit_label(label, 1610612736, 100) == "startup:290"
+    assert fit_label(label, 1610612736, 60) == "st…:290"
+    assert fit_label(label, 1610612736, 20) == ""
     assert short_label("[hook] allocate_sm120_dynamic_workspace") == "allocate_sm120_dynamic_workspace"
 
 

@@ -137,14 +137,16 @@ def test_python_stacks_on_windows_paths_stay_python():
     assert all(is_python_frame(f) for f in trace.frames)
 
 
-def test_allocated_above_reserved_is_not_consistent():
+def test_without_segments_the_history_is_not_consistent_and_reserved_is_bounded_by_allocated():
     snap = read_snapshot(need(PY))
     (trace,) = traces_from_snapshot(snap)
     assert all_curves(trace).baseline.consistent
     snap["segments"] = []  # derived: the same real history dumped without its segments
     (bare,) = traces_from_snapshot(snap)
     curves = all_curves(bare)
-    assert (curves.allocated.bytes > curves.reserved.bytes).any()
+    # the history holds no segment events: reserved is known from below, by the tensors it must hold
+    # (issue 32 defect 8: it read 0 B under 5.70 GiB allocated)
+    assert (curves.reserved.bytes == curves.allocated.bytes).all()
     assert not curves.baseline.consistent
 
 

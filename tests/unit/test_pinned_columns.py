@@ -52,5 +52,9 @@ def test_vectorised_pinned_equals_the_loop(seed, consistent):
     assert np.array_equal(P.pinned_curve(tr, curves).bytes, pinned_loop(tr, curves).bytes)
 
 
-def test_consistent_histories_take_the_vectorised_path():
-    assert all(P._pinned_columns(random_trace(s, 300, True)) is not None for s in range(10))
+def test_consistent_histories_are_computed_not_answered_with_reserved():
+    """Only a history with expandable segments falls back to the reserved curve; every other is computed."""
+    for seed in range(10):
+        tr = random_trace(seed, 300, True)
+        curves = all_curves(tr)
+        assert P.pinned_curve(tr, curves) is not curves.reserved

@@ -163,7 +163,7 @@ def _runs_with_events() -> list[Path]:
 )
 def test_plot_and_report_state_the_same_target_crossing_and_oom(run, given):
     """One answer everywhere: the figures the timeline annotates are the report's, to the byte."""
-    from memtrace.analysis.summary import summarize
+    from references import summarize
 
     trace = _trace(run)
     target = resolve_target(trace, **given)

@@ -217,6 +217,38 @@ def test_a_034_startup_is_phased_sized_and_ends_after_the_kv_cache_is_extended(m
     assert not [n.text for n in trace.notes if "not found" in n.text]
 
 
+def test_a_refused_extensible_kv_cache_records_the_zero_blocks_vllm_sized_not_its_address_range(monkeypatch, tmp_path):
+    """vLLM 0.34 sized 0 blocks after warm-up (it then refuses to start): the KV facts are that sizing's, not the
+    4,000 blocks of the address range kv_cache_init reserved (what the plugin recorded before)."""
+    monkeypatch.setenv("MEMTRACE_DIR", str(tmp_path / "run"))
+    Worker, _ = fake_034(monkeypatch, tmp_path)
+    gw = sys.modules["vllm.v1.worker.gpu_worker"]
+    gw.measure_kv_cache_blocks = lambda kv_cache, vllm_config, device, *, init_free_memory, requested_memory: 0
+    p = plugin.Plugin()
+    p.version, p.version_text = (0, 34), "0.34.0"
+    p.install()
+    try:
+        w = Worker()
+        w.init_device()
+        w.determine_available_memory()
+        w.initialize_from_config(SimpleNamespace(num_blocks=4000, kv_cache_tensors=[]))
+        assert w.compile_or_warm_up_model() == 0  # EngineCore raises "No available memory for the cache blocks"
+        live = dict(api.current_session().facts)  # never extended: start-up did not complete, still recording
+    finally:
+        p.manager.unpatch()
+        if api.current_session() is not None:
+            memtrace.stop()
+        wait_finishing()
+    f = load_run(tmp_path / "run").traces[0].facts
+    kv = (F.VLLM_KV_BLOCKS, F.VLLM_KV_TOKENS, F.VLLM_KV_BYTES)
+    assert [f[k] for k in kv] == [live[k] for k in kv]  # as the plugin wrote them (no reading of older traces)
+    assert f[F.VLLM_KV_SIZE_SOURCE] == "extensible"
+    assert f[F.VLLM_KV_SIZING]["num_blocks"] == 0 and f[F.VLLM_KV_SIZING]["capacity_blocks"] == 4000
+    assert f[F.VLLM_KV_BLOCKS] == 0 and f[F.VLLM_KV_TOKENS] == 0
+    assert f[F.VLLM_KV_BYTES] == 8 * 50 * GRANULE  # the granules warm-up committed (200 blocks), all there is
+    assert F.VLLM_EXTENSIBLE_KV not in f
+
+
 def test_without_the_extensible_kv_cache_startup_ends_after_warm_up(monkeypatch, tmp_path):
     monkeypatch.setenv("MEMTRACE_DIR", str(tmp_path / "run"))
     Worker, _ = fake_034(monkeypatch, tmp_path)

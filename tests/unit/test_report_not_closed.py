@@ -4,9 +4,9 @@ the H200 cost runs of 2026-12-03) says so in the report instead of saying nothin
 import dataclasses
 import io
 
-from memtrace.analysis.summary import summarize
 from memtrace.plots.text import render_report
 from memtrace.store import load_trace
+from references import summarize
 
 from tests.testdata import DATA
 

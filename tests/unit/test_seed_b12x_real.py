@@ -9,9 +9,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from memtrace.analysis.summary import summarize
 from memtrace.cli import main
 from memtrace.store import load_run
+from references import summarize
 
 RUN = Path(__file__).resolve().parents[1] / "data" / "h200" / "seed-b12x-0613"
 SEED_DIFF_BYTES = round(11.47 * 2**30)  # the seed: b12x leaves 11.47 GiB less for the KV cache than marlin

@@ -20,7 +20,6 @@ import pytest
 from capture_fakes import session_with
 from memtrace import facts as F
 from memtrace.analysis.self_cost import HISTORY, history_estimate_ns, self_cost
-from memtrace.analysis.summary import summarize
 from memtrace.capture import history_cost, selfcost
 from memtrace.capture import session as S
 from memtrace.model import ACTION_CODE
@@ -28,7 +27,7 @@ from memtrace.plots import cost_text
 from memtrace.plots.text import render_report
 from memtrace.plugins.hooks import HookManager, Target
 from memtrace.store import load_trace
-from references import snapshot_dict
+from references import snapshot_dict, summarize
 
 FULL = Path(__file__).parents[1] / "data" / "h200" / "startup-full" / "vm-pid457.memtrace"
 

@@ -9,7 +9,6 @@ import numpy as np
 import pytest
 from memtrace.analysis.curves import all_curves
 from memtrace.analysis.live import live_allocations_at
-from memtrace.analysis.summary import summarize
 from memtrace.model import (
     ACTION_CODE,
     SAMPLE_DTYPE,
@@ -22,6 +21,7 @@ from memtrace.model import (
     empty_events,
 )
 from memtrace.store import load_run
+from references import summarize
 
 MiB = 1 << 20
 GiB = 1 << 30

@@ -14,6 +14,7 @@ from pathlib import Path
 from memtrace import facts as F
 from memtrace.cli import main
 from memtrace.plugins import vllm_phases
+from memtrace.plugins.surface import of_role
 
 GRID = Path(__file__).resolve().parents[1] / "data" / "vllm-h200-034-grid"
 
@@ -46,14 +47,23 @@ def test_the_issue_bundle_of_an_unfinished_startup_says_so_first(capsys, tmp_pat
 
 
 class _Session:
-    """Stands in for the capture session (only its facts are read or written here): a fake, since the
-    plugin's phase hooks run only inside a real vLLM worker."""
+    """Stands in for the capture session (its facts and the phase it closes): a fake, since the plugin's
+    phase hooks run only inside a real vLLM worker."""
 
     def __init__(self):
         self.facts: dict = {}
 
     def set_fact(self, key, value):
         self.facts[key] = value
+
+    def phase_exit(self, index):
+        pass
+
+
+def _left(phase: str, error: BaseException, s: _Session) -> None:
+    """``error`` leaves the vLLM method behind ``phase``: the plugin's phase hook sees it go by."""
+    entry = next(e for e in of_role("phase") if e.phase == phase)
+    vllm_phases.PhaseHook(None, entry).after((0, None, s), None, error)
 
 
 def test_the_plugin_keeps_the_first_error_that_left_a_phase_and_not_an_oom():
@@ -62,10 +72,10 @@ def test_the_plugin_keeps_the_first_error_that_left_a_phase_and_not_an_oom():
     class OutOfMemoryError(RuntimeError):
         pass
 
-    vllm_phases._record_error("kv_cache_sizing", OutOfMemoryError("CUDA out of memory"), s)
+    _left("kv_cache_sizing", OutOfMemoryError("CUDA out of memory"), s)
     assert F.VLLM_STARTUP_ERROR not in s.facts
-    vllm_phases._record_error("kv_cache_sizing", ValueError("No available memory for the cache blocks.\nmore"), s)
-    vllm_phases._record_error("compile_or_warm_up", ValueError("outer"), s)
+    _left("kv_cache_sizing", ValueError("No available memory for the cache blocks.\nmore"), s)
+    _left("compile_or_warm_up", ValueError("outer"), s)
     assert s.facts[F.VLLM_STARTUP_ERROR] == {
         "phase": "kv_cache_sizing",
         "type": "ValueError",

@@ -19,9 +19,9 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from memtrace import load
 from memtrace.analysis.view_window import RankQueries
 from memtrace.cli import main
-from memtrace.cli._runs import load
 from memtrace.cli._serve import start
 from memtrace.plots.view_data import pack_rank
 from testdata import DATA, TESTS, analysed_rank, analysed_run, real_traces

@@ -16,9 +16,9 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from memtrace import load
 from memtrace.analysis import non_torch
 from memtrace.analysis.curves import all_curves
-from memtrace.cli._runs import load
 from memtrace.plots.view_data import CUPTI_COLUMNS, DEVICE_COLUMNS, pack_rank
 from testdata import DATA, analysed_rank, analysed_run
 

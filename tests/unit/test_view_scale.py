@@ -8,8 +8,8 @@ import gzip
 from pathlib import Path
 
 import numpy as np
+from memtrace import load
 from memtrace.analysis.view_window import RankQueries
-from memtrace.cli._runs import load
 from memtrace.plots import view_data
 from memtrace.plots.view_data import pack_rank
 from testdata import analysed_rank

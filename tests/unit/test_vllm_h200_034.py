@@ -210,7 +210,7 @@ def test_a_flame_graph_at_a_time_names_that_time_once_and_holds_the_kv_cache_out
     text = svg.read_text()
     assert "Live GPU memory at 179.500 s<" in text or "Live GPU memory at 179.500 s " in text
     assert "179.500 s: 179.500 s" not in text
-    assert "[KV cache outside PyTorch, CUDA VMM] · 126.23 GiB" in text
+    assert "[KV cache outside PyTorch (CUDA VMM)] · 126.23 GiB" in text
 
 
 def test_the_default_flame_is_pytorchs_reserved_peak_and_says_where_the_process_held_the_most(tmp_path, capsys):

@@ -16,10 +16,10 @@ from pathlib import Path
 from memtrace.analysis.curves import all_curves
 from memtrace.analysis.fits import fit
 from memtrace.analysis.oom import find_oom
-from memtrace.analysis.summary import summarize
 from memtrace.cli import main
 from memtrace.facts import VLLM_PLUGINS
 from memtrace.store import load_run
+from references import summarize
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "vllm-h200"
 GiB = 1 << 30

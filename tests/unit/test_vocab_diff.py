@@ -65,3 +65,13 @@ def test_two_stack_rows_under_one_printed_frame_each_show_the_frame_that_tells_t
     for f in twice:
         vias = [s.split("  via ", 1)[1] for s in shown if s.split("  via ")[0] == f]
         assert len(vias) == frames.count(f) and len(set(vias)) == len(vias)  # each row its own caller
+
+
+def test_the_per_phase_table_names_the_curve_its_peaks_are_read_from(capsys, moe_ext):
+    """It said "Per phase (peak):" above 0.25.1's kv_cache_init 128.92 GiB beside 0.34's 11.76 GiB, naming no
+    quantity; its peaks are the headline's curve (reserved + the VMM KV cache + non-PyTorch), said so."""
+    main(["diff", str(STARTUP), str(moe_ext)])
+    out = capsys.readouterr().out
+    level = "PyTorch reserved + the KV cache outside PyTorch (CUDA VMM) + non-PyTorch memory"
+    assert f"Headline — {level}:" in out and f"Per phase (peak of {level}):" in out
+    assert "  kv_cache_extend: only in the new run" in out

@@ -153,6 +153,8 @@ def _baseline(trace: Trace, alloc_sums: np.ndarray, reserved_sums: np.ndarray) -
         need_alloc = max(0, -int(alloc_sums.min())) if len(alloc_sums) else 0
         need_reserved = max(0, -int(reserved_sums.min())) if len(reserved_sums) else 0
         ok = need_alloc == 0 and need_reserved == 0
+        if state_missing(trace):  # reserved is known from below only (see all_curves): not compared
+            return Baseline(need_alloc, need_reserved, consistent=ok)
         return Baseline(need_alloc, need_reserved, consistent=ok and _within(alloc_sums, reserved_sums, 0, 0))
     final_reserved = sum(s.total_bytes for s in trace.segments)
     final_alloc = sum(b.requested_bytes for s in trace.segments for b in s.blocks if b.state.startswith("active"))
@@ -161,6 +163,12 @@ def _baseline(trace: Trace, alloc_sums: np.ndarray, reserved_sums: np.ndarray) -
     ok = base_alloc >= 0 and base_reserved >= 0 and base_alloc <= base_reserved
     ok = ok and _within(alloc_sums, reserved_sums, base_alloc, base_reserved)
     return Baseline(max(base_alloc, 0), max(base_reserved, 0), consistent=ok)
+
+
+def state_missing(trace: Trace) -> bool:
+    """True for a trace imported without the allocator's state it needed (``facts["import"]["state"] ==
+    "missing"``: a history with ``segments: []``): memory before recording began is unknown."""
+    return (trace.facts.get(F.IMPORT) or {}).get("state") == "missing"
 
 
 def _within(alloc_sums: np.ndarray, reserved_sums: np.ndarray, base_alloc: int, base_reserved: int) -> bool:
@@ -329,6 +337,10 @@ def all_curves(trace: Trace) -> Curves:
     for values, start in ((alloc, base.allocated_bytes), (res, base.reserved_bytes)):
         if start:
             values += start
+    if state_missing(trace):
+        # without the allocator's state, reserved is known only from below: the live tensors sit in segments,
+        # so reserved is at least allocated (a history of alloc/free alone would otherwise read 0 B reserved)
+        np.maximum(res, alloc, out=res)
     times = _curve_times(trace)
     reserved = Curve(times, res)
     vmm = committed_curve(trace)

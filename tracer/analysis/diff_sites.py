@@ -68,9 +68,10 @@ def site_key(frames: list[Frame]) -> tuple[tuple[str, str], ...]:
     return tuple((f.name, file_name(f.filename)) for f in frames)
 
 
-class _SiteKeys:
+class SiteKeys:
     """:func:`site_key` of a trace's interned stacks, each frame's (function, file) derived once: a start-up's
-    few thousand stacks share a few hundred frames and files."""
+    few thousand stacks share a few hundred frames and files. ``SiteKeys(trace)(stack)`` is
+    ``site_key(trace.stack_frames(stack))`` (stack -1, no stack: the empty key)."""
 
     def __init__(self, trace: Trace) -> None:
         self._trace = trace
@@ -97,7 +98,7 @@ def sites_at_peak(trace: Trace, peak_index: int, lt: Lifetimes | None = None) ->
         return {}
     lt = lt if lt is not None else lifetimes(trace)
     out: dict[tuple, tuple[int, int]] = {}  # key -> (bytes, the stack that shows it)
-    keys = _SiteKeys(trace)
+    keys = SiteKeys(trace)
     for h in holders_by_stack(trace, top=1 << 30, event_index=peak_index, lt=lt):
         key = keys(h.stack)
         prev = out.get(key, (0, h.stack))

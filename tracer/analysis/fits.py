@@ -85,6 +85,8 @@ NO_KV_CACHE = "no KV cache"  # the stage of a program that sizes none (not vLLM)
 
 #: The smallest capacity :func:`check_capacity` accepts: no GPU vLLM runs on has less.
 MIN_CAPACITY = 1 << 30
+#: The precision of :func:`smallest_fitting`'s search (a smallest card within it of MIN_CAPACITY is the floor)
+SEARCH_STEP = 64 << 20
 
 #: Where the assumed non-PyTorch memory came from.
 NT_ARGUMENT = "--non-torch"
@@ -413,7 +415,7 @@ def smallest_fitting(
     hi = hi or max(rec.lm.peak.bytes * 4, lo)
     if not fit(trace, hi, util, rec=rec).survives:
         return None
-    step = 64 << 20
+    step = SEARCH_STEP
     while hi - lo > step:
         mid = (lo + hi) // 2
         if fit(trace, mid, util, rec=rec).survives:

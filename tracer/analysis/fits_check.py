@@ -94,12 +94,8 @@ def happened(sites: W.Sites) -> str:
 
 
 def measured_blocks(trace) -> int | None:
-    """vLLM's KV blocks: its extensible sizing's result (0 when it refused), else the blocks it allocated."""
-    sizing = trace.facts.get(F.VLLM_KV_SIZING) or {}
-    if isinstance(sizing.get("num_blocks"), int):
-        return sizing["num_blocks"]
-    blocks = trace.facts.get(F.VLLM_KV_BLOCKS)
-    return blocks if isinstance(blocks, int) else None
+    """vLLM's KV blocks (``facts.VLLM_KV_BLOCKS``: 0 when it refused), None before they were sized."""
+    return F.int_fact(trace.facts, F.VLLM_KV_BLOCKS)
 
 
 def check(base: W.Sites, cal: W.Calibration | None, measured: W.Sites, name: str = "") -> Check:

@@ -62,8 +62,6 @@ class ExtensibleFit:
     kv_blocks: int | None
     kv_tokens: int | None
     kv_bytes: int | None  # the pages the extension commits
-    free_after_warmup_bytes: int | None
-    kept_for_transients_bytes: int | None
     notes: list[str] = field(default_factory=list)
 
     @property
@@ -134,8 +132,6 @@ def fit_extensible(
             kv_blocks=None,
             kv_tokens=None,
             kv_bytes=None,
-            free_after_warmup_bytes=None,
-            kept_for_transients_bytes=None,
             notes=notes,
         )
     # 2. the address range
@@ -147,8 +143,6 @@ def fit_extensible(
         kv_blocks=None,
         kv_tokens=None,
         kv_bytes=None,
-        free_after_warmup_bytes=None,
-        kept_for_transients_bytes=None,
     )
     if range_bytes is not None and (range_bytes <= 0 or (one is not None and range_bytes < one)):
         return ExtensibleFit(
@@ -165,10 +159,9 @@ def fit_extensible(
     s = facts.get(F.VLLM_KV_SIZING) or {}
     strides = [int(x) for x in s.get("segment_strides") or []]
     granule = int(s.get("granularity_bytes") or 0)
-    free = int(s["free_memory_bytes"]) - lacks
     available, *_ = measure_kv_cache_bytes(
         init_free=int(s["init_free_memory_bytes"]) - lacks,
-        free=free,
+        free=int(s["free_memory_bytes"]) - lacks,
         committed=int(s["committed_bytes"]),
         requested=requested,
         transient_peak=int(s["transient_peak_bytes"]),
@@ -180,14 +173,12 @@ def fit_extensible(
         range_bytes // sizing.bytes_per_block if range_bytes is not None else int(s.get("capacity_blocks") or 0)
     )
     blocks = blocks_within(available, strides, granule, capacity_blocks) if strides and granule else 0
-    tokens_per_block = _tokens_per_block(trace, sizing)
+    tokens_per_block = F.kv_tokens_per_block(trace.facts)
     sized = dict(
         available_bytes=available,
         kv_blocks=blocks,
         kv_tokens=blocks * tokens_per_block if tokens_per_block else None,
         kv_bytes=pages_for(blocks, strides, granule) if strides and granule else None,
-        free_after_warmup_bytes=free,
-        kept_for_transients_bytes=sizing.kept_for_transients_bytes,
     )
     if blocks <= 1 or (one is not None and (blocks - 1) * sizing.bytes_per_block < one):
         t = sizing.time_us
@@ -209,16 +200,9 @@ def fit_extensible(
     )
 
 
-def _tokens_per_block(trace: Trace, sizing) -> int | None:
-    tokens, blocks = trace.facts.get(F.VLLM_KV_TOKENS), trace.facts.get(F.VLLM_KV_BLOCKS)
-    if isinstance(tokens, int) and isinstance(blocks, int) and blocks > 0:
-        return round(tokens / blocks)
-    return None
-
-
 def _one_request_bytes(trace: Trace, sizing) -> int | None:
     """KV bytes one request of max_model_len tokens needs: blocks of the recorded tokens per block."""
-    per_block = _tokens_per_block(trace, sizing)
+    per_block = F.kv_tokens_per_block(trace.facts)
     max_len = (trace.facts.get(F.VLLM_CONFIG) or {}).get("max_model_len")
     if not per_block or not isinstance(max_len, int):
         return None

@@ -12,7 +12,7 @@ microsecond; folded lines made from the tree (``frame;frame;frame bytes``) add u
 A trace without CUPTI records gives the PyTorch part alone, exactly as before.
 
 The KV cache vLLM (0.34+) commits through CUDA's VMM API, outside PyTorch (``vmm.live_kv_chunks``), gets a
-top-level frame of its own, ``[KV cache outside PyTorch, CUDA VMM]``, each chunk's bytes under the Python
+top-level frame of its own, ``[KV cache outside PyTorch (CUDA VMM)]``, each chunk's bytes under the Python
 stack that committed it (``[no stack recorded]`` and the phase when none was taken); that part
 (``Flame.vmm_bytes``) equals ``committed_curve(trace, kv_cache_only=True).at`` that microsecond. It is asked
 for with ``non_torch`` (memory outside PyTorch's allocator), and absent before vLLM 0.34.
@@ -25,7 +25,7 @@ else as the leaf. memtrace's own wrapper frames (``memtrace/plugins/hooks.py``, 
 vLLM's phase methods) are dropped from every stack: they are the tracer, not the program.
 Allocations without a recorded stack sit under ``[no stack recorded]``, then the phase they were
 made in (``[phase] kv_cache_init``); blocks allocated before recording began under
-``[allocated before recording]``. CUPTI's records follow the same rules below their category.
+``[present before recording began]``. CUPTI's records follow the same rules below their category.
 """
 
 from __future__ import annotations
@@ -39,13 +39,15 @@ from . import non_torch as _non_torch
 from . import vmm as _vmm
 from .frames import python_frames
 from .live import Lifetimes, LiveAllocation, lifetimes, live_allocations_at
+from .quantities import BEFORE_RECORDING as BEFORE
+from .quantities import VMM
 
 #: The top-level frame of the non-PyTorch device memory CUPTI saw (``non_torch.live_allocations``).
 NON_TORCH = "[non-PyTorch, CUPTI]"
 #: The top-level frame of the KV cache committed through CUDA's VMM API (``vmm.live_kv_chunks``).
-VMM_KV = "[KV cache outside PyTorch, CUDA VMM]"
+VMM_KV = f"[{VMM.label}]"  # the vocabulary's names (analysis.quantities), framed
 NO_STACK = "[no stack recorded]"
-BEFORE_RECORDING = "[allocated before recording]"
+BEFORE_RECORDING = f"[{BEFORE.label}]"
 HOOK_PREFIX = "[hook] "
 PHASE_PREFIX = "[phase] "
 #: Files of memtrace's own hook wrappers: replaced by the ``[hook]`` frame.

@@ -4,7 +4,7 @@ In a vLLM worker every Python stack begins with the same launcher frames (``<mod
 ``spawn_main``/``_bootstrap``/``run``, vLLM's ``run_engine_core``, ``EngineCore.__init__`` ...): eight or
 more rows of one full-width box each, above the rows that tell the holders apart. :func:`shared_prefix` finds
 them (the longest common prefix of the Python part of every stack: what follows the bracketed pseudo-frames
-such as ``[KV cache outside PyTorch, CUDA VMM]``; stacks without Python frames take no part), and
+such as ``[KV cache outside PyTorch (CUDA VMM)]``; stacks without Python frames take no part), and
 :func:`without_prefix` gives the flame with those frames taken out of every stack that holds them, its bytes
 and counts unchanged. The SVG flame graph draws that and names the frames it left out; the folded export keeps
 every frame (it is an input for flamegraph.pl and speedscope, which have their own zoom and focus).

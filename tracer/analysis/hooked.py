@@ -21,8 +21,6 @@ class Outermost:
 
     calls: int
     returned_bytes: int  # distinct storages they returned, summed (nested calls' bytes included once)
-    allocated_delta_bytes: int  # PyTorch allocated after minus before, summed
-    functions: int  # distinct hooked functions called, nested ones included
 
 
 def outermost(calls: Sequence[HookCall]) -> Outermost | None:
@@ -33,6 +31,4 @@ def outermost(calls: Sequence[HookCall]) -> Outermost | None:
     return Outermost(
         calls=len(top),
         returned_bytes=sum(c.returned_bytes or 0 for c in top),
-        allocated_delta_bytes=sum(c.allocated_delta_bytes or 0 for c in top),
-        functions=len({c.name for c in calls}),
     )

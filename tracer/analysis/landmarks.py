@@ -27,7 +27,7 @@ import numpy as np
 from .. import facts as F
 from ..model import Trace
 from .curves import Curve, Curves, all_curves, committed_curve
-from .phases import path_at, phase_path, recording_span
+from .phases import path_at, recording_span
 from .quantities import window_peak
 
 #: Phase names marking vLLM's KV sizing (the profiling step that ends with the KV figure).
@@ -112,10 +112,8 @@ class Landmarks:
     device_level: bool  # True when non-PyTorch memory (NVML) is included
     sizing_end_us: int | None  # when vLLM measured what is left for the KV cache
     before_kv_bytes: int | None  # reserved + non-torch at that moment
-    before_kv_reserved_bytes: int | None
     before_kv_non_torch_bytes: int | None
     pre_kv_peak: Moment | None  # highest total memory before the KV cache was allocated
-    kv_phase: str | None  # path of the KV-allocation phase
     kv_start_us: int | None
     kv_end_us: int | None
     kv_cache_bytes: int | None  # allocated inside the KV-allocation phase
@@ -185,11 +183,10 @@ def landmarks(trace: Trace, curves: Curves | None = None, *, include_non_torch: 
     if sizing_end is None:
         sizing_end = kv_start
 
-    before = before_r = before_nt = None
+    before = before_nt = None
     if sizing_end is not None:
         before = total.at(sizing_end)
-        before_r = curves.reserved.at(sizing_end)
-        before_nt = before - before_r
+        before_nt = before - curves.reserved.at(sizing_end)
     pre_end = kv_start if kv_start is not None else sizing_end
     pre_peak = _moment(trace, total, first_us, pre_end) if pre_end is not None else None
 
@@ -212,10 +209,8 @@ def landmarks(trace: Trace, curves: Curves | None = None, *, include_non_torch: 
         device_level=include_non_torch,
         sizing_end_us=sizing_end,
         before_kv_bytes=before,
-        before_kv_reserved_bytes=before_r,
         before_kv_non_torch_bytes=before_nt,
         pre_kv_peak=pre_peak,
-        kv_phase=phase_path(trace, kv) if kv is not None else None,
         kv_start_us=kv_start,
         kv_end_us=kv_end,
         kv_cache_bytes=kv_bytes,

@@ -177,7 +177,7 @@ def holders_by_stack(
     """Live bytes at a moment grouped by allocating stack, largest first (at most ``top``).
 
     Blocks without a recorded stack are the holder -1, except those present before recording began: they
-    are their own holder, :data:`BEFORE_RECORDING` (-2), as the flame graph's ``[allocated before recording]``.
+    are their own holder, :data:`BEFORE_RECORDING` (-2), as the flame graph's ``[present before recording began]``.
     """
     lt = lt or lifetimes(trace)
     m = _mask(lt, t_us, event_index)

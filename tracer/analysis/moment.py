@@ -146,6 +146,32 @@ def with_since(
     return Moment(moment.time_us, moment.event_index, moment.what, moment.phase_path, since_us, what)
 
 
+def rank_at(rank, at: str):
+    """The analysed rank whose events hold the moment ``--at`` names: the serving window's
+    (``AnalysedRank.serving``) for an OOM inside it, for ``serving`` or for a time inside it; else ``rank``.
+    UsageError for a time in the gap between start-up and the window (its events were dropped)."""
+    win = rank.serving
+    if win is None:
+        return rank
+    text = at.strip().lower()
+    w, t0 = rank.trace.window, rank.origin.t0_us
+    if text == "oom":
+        oom = find_oom(rank.trace)
+        return win if oom is not None and oom.time_us >= w.start_us else rank
+    if text == "serving":
+        return win
+    us = parse_time_us(text)
+    if us is None:
+        return rank
+    if w.startup_end_us is not None and w.startup_end_us < t0 + us < w.start_us:
+        raise UsageError(
+            f"--at {at}: the gap between start-up ({(w.startup_end_us - t0) / 1e6:.3f} s) and the serving window "
+            f"({(w.start_us - t0) / 1e6:.3f} s to {(w.end_us - t0) / 1e6:.3f} s): its events were dropped from the "
+            "ring; give a time in either"
+        )
+    return win if t0 + us >= w.start_us else rank
+
+
 def flame_for(rank, at: str = "peak", *, since: str | None = None, added: bool = False, non_torch: bool = True):
     """(moment, flame) of an analysed rank (``analysis.rank.AnalysedRank``) at ``--at`` with ``--since`` /
     ``--added``, times counted from the run's origin; the rank's lifetimes shared."""

@@ -22,6 +22,7 @@ The quantities, all in bytes:
 - **other processes** (NVML per-process, sampled): never counted as this process's.
 - **non-PyTorch**: device used - reserved - VMM at each sample (CUDA context, NCCL, cuBLAS, raw
   ``cudaMalloc``); CUPTI, when recorded, splits it by category.
+- **PyTorch reserved, unallocated**: reserved - allocated (fragmentation), at a serving window's end.
 - **present before recording began**: PyTorch memory that existed at the first recorded event, exact when
   the allocator's final state was saved and the events add up to it, else a lower bound (said so).
 
@@ -37,6 +38,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 if TYPE_CHECKING:  # curves.py imports the peak rule from here: no import cycle at run time
+    from ..model import Trace
     from .curves import Curve, Curves
 
 
@@ -47,7 +49,6 @@ class Quantity:
     key: str
     label: str
     meaning: str
-    sampled: bool = False  # NVML samples (a lower bound between samples), not exact events
 
     def __str__(self) -> str:
         return self.label
@@ -82,24 +83,27 @@ DEVICE_USED = Quantity(
     "device_used",
     "device used by this process",
     "NVML's used memory in CUDA's accounting, other processes' memory taken out (sampled)",
-    sampled=True,
 )
 OTHERS = Quantity(
     "others",
     "other processes",
     "memory other processes held on the same device (NVML's per-process list, sampled); never ours",
-    sampled=True,
 )
 NON_TORCH = Quantity(
     "non_torch",
     "non-PyTorch",
     "device used - PyTorch reserved - CUDA VMM: CUDA context, NCCL, cuBLAS, raw cudaMalloc (CUPTI splits it)",
-    sampled=True,
 )
 BEFORE_RECORDING = Quantity(
     "before_recording",
     "present before recording began",
     "PyTorch memory that existed at the first recorded event: exact from the allocator's state, else a lower bound",
+)
+RESERVED_UNUSED = Quantity(
+    "reserved_unused",
+    "PyTorch reserved, unallocated",
+    "PyTorch reserved minus PyTorch allocated: cached free blocks and the unused tails of split blocks "
+    "(fragmentation), shown for a serving window's end",
 )
 
 #: every quantity, in the order outputs list them
@@ -131,8 +135,8 @@ def present(curves: Curves) -> tuple[Quantity, ...]:
 
 def curve(curves: Curves, q: Quantity) -> Curve:
     """The one curve of ``q`` among ``curves`` (``curves.all_curves``); KeyError for a quantity without one
-    (the blocks' curve and the memory before recording are built elsewhere: ``blocks.block_curve``, ``AnalysedRank.allocated_blocks``,
-    :func:`before_recording`)."""
+    (the blocks' curve and the memory before recording are built elsewhere: ``blocks.block_curve``, which
+    ``extensible.torch_allocated_curve`` gives, and :func:`before_recording`)."""
     return {
         ALLOCATED: curves.allocated,
         RESERVED: curves.reserved,
@@ -268,6 +272,14 @@ def whole_device_peak(curves: Curves) -> int:
 # -- memory present before recording began --------------------------------------------------------------
 
 
+#: how the memory present before recording began is known, in the words every output uses
+FROM_STATE = "the allocator's final state less the recorded events"
+#: why it is a lower bound: no allocator state was saved (a live trace cut short, a converter's snapshot)
+NO_STATE = "no allocator state was saved: the least the recorded events need"
+#: why it is a lower bound: the state was saved but the events do not add up to it (events were lost)
+NOT_ADDING_UP = "the recorded events do not add up to the allocator's final state"
+
+
 @dataclass(frozen=True)
 class BeforeRecording:
     """PyTorch memory present before the first recorded event (``curves.Baseline``), and how well it is known."""
@@ -275,19 +287,39 @@ class BeforeRecording:
     reserved_bytes: int
     allocated_bytes: int
     exact: bool  # from the allocator's final state, with events that add up to it; else a lower bound
+    how: str  # FROM_STATE when exact, else why it is a lower bound (NO_STATE, NOT_ADDING_UP)
 
     @property
     def bound(self) -> str:
         """Empty when exact, else "at least " (the words put before the figure)."""
         return "" if self.exact else "at least "
 
+    @property
+    def nonzero(self) -> bool:
+        """Whether anything was present (an exact 0 B, or a lower bound of 0 B, says nothing worth a line)."""
+        return bool(self.reserved_bytes or self.allocated_bytes)
 
-def before_recording(curves: Curves, has_state: bool) -> BeforeRecording:
-    """The memory present before recording began: exact when the trace saved the allocator's state
-    (``has_state``: its final segments) and the events add up to it, else the least figure that keeps the
-    curves non-negative (a lower bound)."""
+
+def before_recording(trace: Trace, curves: Curves) -> BeforeRecording | None:
+    """The memory present before ``trace``'s recording began: exact when the trace saved the allocator's state
+    (its final segments, or an imported profiler trace's own totals before its first event) and the events add
+    up to it, else the least figure that keeps the curves non-negative (a lower bound, and why). None for an
+    imported snapshot of one moment (:data:`ONE_MOMENT`): it recorded nothing, so nothing came before."""
+    from .. import facts as F
+
+    if is_one_moment(trace.facts):
+        return None
     b = curves.baseline
-    return BeforeRecording(b.reserved_bytes, b.allocated_bytes, exact=has_state and b.consistent)
+    state = bool(trace.segments) or bool((trace.facts.get(F.IMPORT) or {}).get("baseline"))
+    exact = state and b.consistent
+    how = FROM_STATE if exact else NOT_ADDING_UP if state else NO_STATE
+    # the curves' values before the first event: the baseline, reserved raised to allocated where the state is
+    # missing (the live tensors sit in segments; ``curves.all_curves``)
+    first = [
+        int(c.bytes[0]) if len(c) else base
+        for c, base in ((curves.reserved, b.reserved_bytes), (curves.allocated, b.allocated_bytes))
+    ]
+    return BeforeRecording(*first, exact=exact, how=how)
 
 
 # -- how well a trace's peak is known ---------------------------------------------------------------------

@@ -3,66 +3,60 @@
 An :class:`AnalysedRank` is built by ``analysis.run.analyse`` (never by a renderer) from one trace (already
 on the driver's clock), the run's target specification and the run's time origin. Each figure is a
 ``functools.cached_property``: computed on first use, kept on the object, shared by every renderer that
-asks; nothing is cached anywhere else, and the trace is never modified.
+asks; nothing is cached anywhere else, and the trace is never modified. This module builds and keeps the
+per-rank analyses; the figures read at the curves' highest (the peak, each quantity's peak point, the
+crossings, the holders at the peak) are ``analysis.rank_peaks.PeakFigures``, and the verdict's rules are
+``analysis.verdict``.
 
 Per rank: the ``target`` (``analysis.target.Target``, with its source: never flattened to bytes), the
 ``curves``, the allocations' ``lifetimes``, their ``categories`` (codes and curves), the ``oom``, the
-``crossings`` (read up to the OOM), the ``summary`` (what ``memtrace report`` prints), the KV-sizing
-``landmarks``, the ``non_kv`` model, CUPTI's ``cupti`` curve, the KV cache committed outside PyTorch
-(``vmm``, ``vmm_kv``, vLLM 0.34's ``extensible`` sizing), torch's ``counter_checks``, and the ``verdict``.
+``summary`` (what ``memtrace report`` prints), the KV-sizing ``landmarks``, the ``non_kv`` model, CUPTI's
+``cupti`` curve, the KV cache committed outside PyTorch (``vmm``, ``vmm_kv``, vLLM 0.34's ``extensible``
+sizing), torch's ``counter_checks``, the capacity what-if (``fits``) and the ``verdict``.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import cached_property
+from typing import TYPE_CHECKING
 
 import numpy as np
 
-from .. import facts as F
 from ..model import Trace
-from .blocks import block_curve
 from .categories import Categorized, CategorySteps, categorize, category_steps
-from .crossing import Crossings, Excursion, crossings
 from .curves import Curve, Curves, all_curves, committed_curve, vmm_reserved_curve
 from .extensible import ExtensibleSizing, extensible_sizing
-from .fits import Fit, fits, recorded, smallest_fitting
-from .fits_extensible import as_fit, is_extensible
-from .fits_extensible import smallest as smallest_extensible
+from .fingerprint import allocator_settings
 from .landmarks import Landmarks, landmarks
 from .live import Lifetimes, lifetimes
 from .non_torch import has_records, live_curve
 from .oom import Oom, find_oom
 from .origin import TimeOrigin
-from .phases import PhaseStats, phase_path, phase_stats, recording_span
-from .quantities import peak_bytes
+from .phases import PhaseStats, phase_stats, recording_span
+from .quantities import BeforeRecording, PeakBound, before_recording, in_vllm_terms, peak_bound
+from .rank_peaks import PeakFigures
 from .reconcile import NonKv, non_kv
-from .summary import Summary, summarize
+from .self_cost import SelfCost, self_cost
+from .serving import WindowSummary, window_summary, window_trace
+from .summary import HookTotal, Summary, hook_totals, memory_events, of_rank, warnings_of
 from .target import Target, resolve_target
 from .torch_counters import CounterCheck, counter_checks
+from .user_metadata import MetadataSpan, metadata_spans
+from .verdict import CROSSED as CROSSED  # the verdicts, re-exported: callers import them from here too
+from .verdict import DIED as DIED
+from .verdict import NO_TARGET as NO_TARGET
+from .verdict import NOTHING as NOTHING
+from .verdict import UNFINISHED as UNFINISHED
+from .verdict import WITHIN as WITHIN
+from .verdict import Unfinished, recorded_nothing, unfinished, verdict
 from .view_paths import Paths, allocation_paths
 from .view_window import RankQueries
 from .vmm import VmmSummary
 from .vmm import summary as vmm_summary
 
-#: The verdicts of a rank and of a run, worst first.
-DIED = "died"
-UNFINISHED = "did not finish"  # a vLLM start-up that ended before it completed, not of CUDA OOM
-CROSSED = "crossed"
-WITHIN = "within target"
-NO_TARGET = "no target"
-NOTHING = "recorded nothing"
-
-
-@dataclass(frozen=True)
-class Unfinished:
-    """A vLLM start-up that ended before it completed, not of CUDA OOM (:attr:`AnalysedRank.unfinished`)."""
-
-    phase_path: str  # the last phase it entered
-    end_us: int  # when the recording ended
-    end_reason: str  # "exit", "signal:SIGTERM", "exception..."
-    error_type: str | None = None  # the error that left the phase, when the plugin saw it
-    error_message: str | None = None
+if TYPE_CHECKING:
+    from .fits import Fit
 
 
 @dataclass(frozen=True)
@@ -92,17 +86,31 @@ class RankFits:
         return all(r.survives for r in self.results)
 
 
-class AnalysedRank:
-    """One trace of an analysed run and its figures (see the module docstring)."""
+class AnalysedRank(PeakFigures):
+    """One trace of an analysed run and its figures (see the module docstring; the peak figures are
+    ``rank_peaks.PeakFigures``)."""
 
-    def __init__(self, trace: Trace, spec: TargetSpec, origin: TimeOrigin, *, top: int = 10) -> None:
+    def __init__(
+        self,
+        trace: Trace,
+        spec: TargetSpec,
+        origin: TimeOrigin,
+        *,
+        top: int = 10,
+        target: Target | None = None,
+        curves: Curves | None = None,
+    ) -> None:
+        """``target``: one already resolved (else resolved from ``spec`` now); ``curves``: the trace's
+        ``all_curves`` when already built (``summary.summarize``)."""
         self.trace = trace
         self.spec = spec
         self.origin = origin
         self.top = top
         # resolved at once: a target the trace cannot give (--util without a capacity) is a usage error now
-        self.target: Target = resolve_target(trace, **spec.as_kwargs())
+        self.target: Target = target or resolve_target(trace, **spec.as_kwargs())
         self._fits: dict[tuple, RankFits] = {}
+        if curves is not None:
+            self.__dict__["curves"] = curves  # the cached property, already computed
 
     def __repr__(self) -> str:
         return f"AnalysedRank({self.label}, {len(self.trace.events):,} events)"
@@ -122,35 +130,13 @@ class AnalysedRank:
 
     @property
     def recorded_nothing(self) -> bool:
-        """No allocator events: nothing to judge (a CPU-only worker, or recording never started). A snapshot of
-        allocator state alone (``facts["import"]["state"] == "moment"``) has its segments to judge."""
-        if (self.trace.facts.get(F.IMPORT) or {}).get("state") == "moment" and self.trace.segments:
-            return False
-        return len(self.trace.events) == 0
+        """No allocator events to judge (``verdict.recorded_nothing``)."""
+        return recorded_nothing(self.trace)
 
     @cached_property
     def unfinished(self) -> Unfinished | None:
-        """How a vLLM start-up ended before it completed, other than by CUDA OOM, or None.
-
-        A trace the vLLM plugin marked (phases of source "vllm") whose recording ended at the process's exit,
-        a signal or an exception without the plugin's "start-up complete" fact: vLLM stopped itself (it
-        refused to start: no room for one KV block, a bad flag) or was stopped. The last phase it entered
-        and, when the plugin saw it (``facts.VLLM_STARTUP_ERROR``), the error say where and why."""
-        t = self.trace
-        reason = t.recording.end_reason
-        if not any(p.source == "vllm" for p in t.phases) or F.VLLM_STARTUP_COMPLETE_US in t.facts:
-            return None
-        if reason != "exit" and not reason.startswith(("signal", "exception")):
-            return None
-        last = max(range(len(t.phases)), key=lambda i: (t.phases[i].start_us, i))
-        error = t.facts.get(F.VLLM_STARTUP_ERROR) or {}
-        return Unfinished(
-            phase_path=phase_path(t, last),
-            end_us=t.recording.end_us or self.span[1],
-            end_reason=reason,
-            error_type=error.get("type"),
-            error_message=error.get("message"),
-        )
+        """How a vLLM start-up ended before it completed, other than by CUDA OOM (``verdict.unfinished``)."""
+        return unfinished(self.trace, self.span[1])
 
     @cached_property
     def span(self) -> tuple[int, int]:
@@ -160,12 +146,6 @@ class AnalysedRank:
     @cached_property
     def curves(self) -> Curves:
         return all_curves(self.trace)
-
-    @cached_property
-    def allocated_blocks(self) -> Curve:
-        """PyTorch allocated counted in blocks, as ``torch.cuda.memory_allocated()`` counts it
-        (``quantities.ALLOCATED_BLOCKS``, ``blocks.block_curve``): replayed on first use only."""
-        return block_curve(self.trace, self.curves)
 
     @cached_property
     def lifetimes(self) -> Lifetimes:
@@ -191,33 +171,66 @@ class AnalysedRank:
         return find_oom(self.trace)
 
     @cached_property
-    def crossings(self) -> Crossings | None:
-        """Both curves' first excursions over the target, read up to the OOM (None without a target)."""
-        oom_us = self.oom.time_us if self.oom is not None else None
-        return crossings(self.trace, self.curves, self.target.target_bytes, oom_us=oom_us)
-
-    @property
-    def first_crossing(self) -> Excursion | None:
-        """The crossing every output names first (device used when sampled and crossed, else reserved)."""
-        return self.crossings.first if self.crossings is not None else None
+    def summary(self) -> Summary:
+        """What ``memtrace report`` prints and its JSON holds: a view of this rank's figures (``summary.of_rank``)."""
+        return of_rank(self)
 
     @cached_property
-    def summary(self) -> Summary:
-        return summarize(
-            self.trace,
-            self.target,
-            top=self.top,
-            curves=self.curves,
-            lt=self.lifetimes,
-            oom=self.oom,
-            found=self.crossings,
-            origin=self.origin,
-            phases=self.phases,
-            nk=self.non_kv,
-            vmm=self.vmm,
-            ext=self.extensible,
-            counters=self.counter_checks,
-        )
+    def n_events(self) -> int:
+        """Allocator events that change memory (``summary.memory_events``)."""
+        return memory_events(self.trace)
+
+    @cached_property
+    def hook_totals(self) -> list[HookTotal]:
+        return hook_totals(self.trace)
+
+    @cached_property
+    def warnings(self) -> list[str]:
+        return warnings_of(self.trace, self.curves)
+
+    @cached_property
+    def allocator(self) -> dict[str, str]:
+        """The allocator settings in force (``fingerprint.allocator_settings``)."""
+        return allocator_settings(self.trace)
+
+    @cached_property
+    def vllm(self) -> bool:
+        """vLLM's terms (KV cache, non-KV memory) apply (``quantities.in_vllm_terms``)."""
+        return in_vllm_terms(self.trace.facts)
+
+    @cached_property
+    def peak_bound(self) -> PeakBound:
+        """How well the peaks are known (``quantities.peak_bound``): "at least" for a snapshot of one moment."""
+        return peak_bound(self.trace.facts)
+
+    @cached_property
+    def before_recording(self) -> BeforeRecording | None:
+        """PyTorch memory present before the recording began (``quantities.before_recording``): exact from the
+        allocator's state, else a lower bound; None for a snapshot of one moment."""
+        return before_recording(self.trace, self.curves)
+
+    @cached_property
+    def user_metadata(self) -> list[MetadataSpan]:
+        """The user's labels on allocator events (``analysis.user_metadata``)."""
+        return metadata_spans(self.trace)
+
+    @cached_property
+    def self_cost(self) -> SelfCost:
+        """What memtrace cost the program (``analysis.self_cost``)."""
+        return self_cost(self.trace)
+
+    @cached_property
+    def window(self) -> WindowSummary | None:
+        """The serving window after start-up (``analysis.serving``); None for a start-up-only trace."""
+        return window_summary(self.trace)
+
+    @cached_property
+    def serving(self) -> AnalysedRank | None:
+        """The serving window analysed as a rank of its own (``serving.window_trace``: its curves, its OOM,
+        its flame graphs), on the run's time origin and this rank's target; None without allocator events in
+        a window."""
+        t = window_trace(self.trace)
+        return None if t is None else AnalysedRank(t, self.spec, self.origin, top=self.top, target=self.target)
 
     @cached_property
     def vmm(self) -> VmmSummary | None:
@@ -257,8 +270,9 @@ class AnalysedRank:
 
     @cached_property
     def non_kv(self) -> NonKv | None:
-        """vLLM's non-KV memory, the one model (``reconcile.non_kv``): what the report and ``fits`` show."""
-        return non_kv(self.trace, self.curves)
+        """vLLM's non-KV memory, the one model (``reconcile.non_kv``): what the report and ``fits`` show. None
+        when the rank recorded nothing (a CPU worker's vLLM figures are not GPU memory: no figure from nothing)."""
+        return None if self.recorded_nothing else non_kv(self.trace, self.curves)
 
     @cached_property
     def event_times(self) -> np.ndarray:
@@ -279,6 +293,11 @@ class AnalysedRank:
         """The capacity what-if (``analysis.fits``), computed once per question."""
         key = (tuple(capacities), util, non_torch_bytes)
         if key not in self._fits:
+            # the what-if engine is imported when asked (report, plot and view never ask: ~30 ms of imports)
+            from .fits import fits, recorded, smallest_fitting
+            from .fits_extensible import as_fit, is_extensible
+            from .fits_extensible import smallest as smallest_extensible
+
             rec = recorded(self.trace, non_torch_bytes, rank=self)
             if is_extensible(self.trace) and self.extensible is not None:  # vLLM 0.34: sized after warm-up
                 found = [as_fit(self, c, util, rec) for c in capacities]
@@ -289,29 +308,16 @@ class AnalysedRank:
         return self._fits[key]
 
     @property
-    def overshoot_bytes(self) -> int | None:
-        """The largest overshoot of the target by any crossing (None when it never crossed)."""
-        found = self.crossings
-        over = [e.overshoot_bytes for e in (found.device_used, found.reserved) if e is not None] if found else []
-        return max(over) if over else None
-
-    @property
-    def peak_reserved_bytes(self) -> int:
-        return peak_bytes(self.curves.reserved) if not self.recorded_nothing else 0
-
-    @property
     def verdict(self) -> str:
         """DIED, UNFINISHED, CROSSED, WITHIN (the target), NO_TARGET (nothing to compare with) or NOTHING (no
-        events)."""
-        if self.oom is not None:
-            return DIED
-        if self.unfinished is not None:
-            return UNFINISHED
-        if self.recorded_nothing:
-            return NOTHING
-        if self.target.target_bytes is None:
-            return NO_TARGET
-        return CROSSED if self.first_crossing is not None else WITHIN
+        events): ``verdict.verdict``."""
+        return verdict(
+            died=self.oom is not None,
+            stopped=self.unfinished is not None,
+            nothing=self.recorded_nothing,
+            has_target=self.target.target_bytes is not None,
+            crossed=self.first_crossing is not None,
+        )
 
     def seconds(self, t_us: int) -> float:
         """``t_us`` in seconds since the run's origin."""

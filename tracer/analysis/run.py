@@ -25,7 +25,8 @@ from ..errors import NothingToJudge, SeparateRuns
 from ..model import Trace
 from .origin import TimeOrigin, shifted, shifts, time_origin, who
 from .phases import recording_span
-from .rank import NOTHING, AnalysedRank, TargetSpec
+from .rank import AnalysedRank, TargetSpec
+from .verdict import NOTHING
 
 
 @dataclass(frozen=True)

@@ -1,8 +1,9 @@
 """The summary of one trace: its peak, when it crossed the target, per-phase figures, who held the peak.
 
-``summarize(trace, target_bytes)`` is what ``memtrace report`` prints and what other tools (the
-plugin's end-of-start-up line, ``memtrace run``) reuse. Plain data in, plain data out: bytes and
-microseconds as integers, frames resolved so a renderer never needs the Trace.
+``AnalysedRank`` (``analysis.rank``) is the only holder of figures; a :class:`Summary` is a view of one,
+built by :func:`of_rank` from its cached properties only (nothing is computed here twice), and is what
+``memtrace report`` prints and its JSON holds (tests build one trace's alone with ``tests/references.summarize``).
+Plain data: bytes and microseconds as integers, frames resolved so a renderer never needs the Trace.
 
 Definitions:
 
@@ -27,30 +28,30 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from .. import facts as F
 from ..model import ACTION_CODE, Frame, HookCall, Note, Process, Recording, Trace
-from .crossing import Crossings, Excursion, crossings
-from .curves import Baseline, Curves, all_curves
-from .extensible import ExtensibleSizing, extensible_sizing
-from .fingerprint import allocator_settings
-from .landmarks import steady_non_torch_at
+from .crossing import Excursion
+from .curves import Baseline, Curves, state_missing
+from .extensible import ExtensibleSizing
 from .live import BEFORE_RECORDING, Lifetimes, holders_by_stack, lifetimes, meaningful_frame
-from .non_torch import NonTorchBreakdown, at_moments
-from .oom import Oom, find_oom
-from .origin import TimeOrigin
-from .phases import PhaseStats, path_at, phase_stats, recording_span
-from .quantities import PeakBound, fullest_at_peak, in_vllm_terms, peak, peak_bound, whole_device_peak
-from .reconcile import KvReconciliation, NonKv, non_kv
-from .self_cost import SelfCost, self_cost
-from .target import Target, describe, resolve_target
-from .torch_counters import CounterCheck, counter_checks
-from .user_metadata import MetadataSpan, metadata_spans
+from .non_torch import NonTorchBreakdown
+from .oom import Oom
+from .phases import PhaseStats
+from .quantities import BeforeRecording, PeakBound
+from .reconcile import KvReconciliation, NonKv
+from .self_cost import SelfCost
+from .serving import WindowSummary
+from .target import Target, describe
+from .torch_counters import CounterCheck
+from .user_metadata import MetadataSpan
 from .vmm import VmmSummary
-from .vmm import summary as vmm_summary
+
+if TYPE_CHECKING:  # rank.py builds the Summary view from its own figures: no import cycle at run time
+    from .rank import AnalysedRank
 
 
 @dataclass(frozen=True)
@@ -179,6 +180,11 @@ class Summary:
     peak_bound: PeakBound = field(default_factory=lambda: PeakBound(False))
     #: the user's labels on allocator events (``analysis.user_metadata``, torch's ``_set_memory_metadata``)
     user_metadata: list[MetadataSpan] = field(default_factory=list)
+    #: PyTorch memory present before recording began, exact or a lower bound (``quantities.before_recording``);
+    #: None for a snapshot of one moment
+    before_recording: BeforeRecording | None = None
+    #: the serving window after start-up (``analysis.serving``); None for a start-up-only trace
+    window: WindowSummary | None = None
 
     @property
     def truncated(self) -> bool:
@@ -203,7 +209,9 @@ class Summary:
         return self.oom is not None
 
 
-def _warnings(trace: Trace, curves: Curves) -> list[str]:
+def warnings_of(trace: Trace, curves: Curves) -> list[str]:
+    """What a reader must know before trusting the figures: a truncated history, events that do not add
+    up, a phase that never ended."""
     out = []
     rec = trace.recording
     if rec.truncated:
@@ -212,7 +220,7 @@ def _warnings(trace: Trace, curves: Curves) -> list[str]:
             f"the allocator history was truncated{lost}: curves before the loss are reconstructed, "
             "not recorded; raise max_entries or drain more often"
         )
-    if not curves.baseline.consistent:
+    if not curves.baseline.consistent and not state_missing(trace):  # else its own note says more
         out.append(
             "the recorded events do not add up to the final allocator state: some events are missing; "
             "figures before the gap may be off"
@@ -223,133 +231,55 @@ def _warnings(trace: Trace, curves: Curves) -> list[str]:
     return out
 
 
-_UNSET: Any = object()
-
-
 def memory_events(trace: Trace) -> int:
     """How many allocator events change memory (``snapshot`` and ``annotate`` markers left out)."""
     inert = (ACTION_CODE["snapshot"], ACTION_CODE["annotate"])
     return int(np.isin(trace.events["action"], inert, invert=True).sum())
 
 
-def summarize(
-    trace: Trace,
-    target: Target | None = None,
-    *,
-    top: int = 10,
-    curves: Curves | None = None,
-    lt: Lifetimes | None = None,
-    oom: Oom | None = _UNSET,
-    found: Crossings | None = _UNSET,
-    origin: TimeOrigin | None = None,
-    phases: list[PhaseStats] | None = None,
-    nk: NonKv | None = _UNSET,
-    vmm: VmmSummary | None = _UNSET,
-    ext: ExtensibleSizing | None = _UNSET,
-    counters: list[CounterCheck] | None = None,
-) -> Summary:
-    """Summarize one trace (see the module docstring for the definitions). Outputs read it from
-    ``analysis.rank.AnalysedRank.summary``, which passes every figure it already holds.
-
-    Args:
-        trace: the trace.
-        target: ``analysis.target.resolve_target(trace, ...)`` (a ``Target``, never bare bytes); None: the
-            recorded one.
-        top: how many holders at the peak to keep.
-        curves, lt, oom, found, phases, nk: precomputed ``all_curves``, ``lifetimes``, ``find_oom``,
-            ``crossings``, ``phase_stats`` and ``reconcile.non_kv``.
-        origin: the run's time origin (default: this trace's own start).
-    """
-    if target is not None and not isinstance(target, Target):
-        raise TypeError("summarize takes a resolved Target (analysis.target.resolve_target), not bytes")
-    curves = curves or all_curves(trace)
-    target = target or resolve_target(trace)
-    start_us, end_us = recording_span(trace)
-    oom = find_oom(trace) if oom is _UNSET else oom
-    if found is _UNSET:
-        found = crossings(trace, curves, target.target_bytes, oom_us=oom.time_us if oom is not None else None)
-    peak = reserved_peak(trace, curves)
-    alloc = curves.allocated
-    peak_alloc = _peak_point(trace, alloc, "allocated")
-    peak_dev = _peak_point(trace, curves.device_used, "device_used") if curves.has_device else None
-    peak_others = _peak_point(trace, curves.others, "others") if len(curves.others) else None
-    crossing_list = [e for e in (found.first, found.second) if e is not None] if found is not None else []
+def of_rank(rank: AnalysedRank) -> Summary:
+    """The Summary view of ``rank``: every field read from one of its cached properties (nothing computed here)."""
+    t = rank.trace
     return Summary(
-        label=trace.label,
-        process=trace.process,
-        recording=trace.recording,
-        env=dict(trace.facts.get(F.ENV) or {}),
-        start_us=start_us,
-        end_us=end_us,
-        n_events=memory_events(trace),
-        n_samples=len(trace.samples),
-        baseline=curves.baseline,
-        peak=peak,
-        peak_allocated=peak_alloc,
-        peak_device_used=peak_dev,
-        peak_others=peak_others,
-        allocator=allocator_settings(trace),
-        target=target,
-        crossings=crossing_list,
-        phases=phases if phases is not None else phase_stats(trace, curves),
-        holders=holders_by_site(trace, peak.event_index, top, lt=lt),
-        hook_calls=list(trace.hook_calls),
-        hook_totals=hook_totals(trace),
-        notes=list(trace.notes),
-        warnings=_warnings(trace, curves),
-        non_kv=non_kv(trace, curves) if nk is _UNSET else nk,
-        oom=oom,
-        path=trace.path,
-        non_torch=at_moments(
-            trace,
-            crossing_us=crossing_list[0].time_us if crossing_list else None,
-            peak_us=peak_dev.time_us if peak_dev is not None else peak.time_us,
-            curves=curves,
-        ),
-        t0_us=origin.t0_us if origin is not None else start_us,
-        time_origin=origin.sentence if origin is not None else "",
-        vmm=vmm_summary(trace) if vmm is _UNSET else vmm,
-        extensible=extensible_sizing(trace, curves) if ext is _UNSET else ext,
-        counter_checks=counter_checks(trace, curves) if counters is None else counters,
-        peak_held=_held_peak(trace, curves),
-        vllm=in_vllm_terms(trace.facts),
-        whole_device_peak_bytes=whole_device_peak(curves) if len(curves.others) and curves.has_device else None,
-        self_cost=self_cost(trace),
-        peak_bound=peak_bound(trace.facts),
-        user_metadata=metadata_spans(trace),
-    )
-
-
-def _peak_point(trace: Trace, c, name: str) -> PeakPoint:
-    """The peak of one curve (``quantities.peak``) with the phase in force then."""
-    top = peak(c)
-    return PeakPoint(name, top.time_us, top.bytes, path_at(trace, top.time_us))
-
-
-def _held_peak(trace: Trace, curves: Curves) -> PeakPoint | None:
-    """Reserved + VMM committed at its highest (vLLM 0.34's extensible KV cache); None without VMM records."""
-    if not len(curves.vmm):
-        return None
-    top = peak(curves.held)
-    return PeakPoint("held", top.time_us, top.bytes, path_at(trace, top.time_us))
-
-
-def reserved_peak(trace: Trace, curves: Curves) -> Peak:
-    """The reserved peak and the fullest moment of its plateau (see :class:`Peak`)."""
-    res, alloc = curves.reserved, curves.allocated
-    top = peak(res)
-    t_peak = top.time_us
-    # Reserved holds its peak until the next segment is freed; the block a new segment was made for is
-    # handed out by the next event. The state shown at the peak is the fullest moment of that plateau.
-    k = fullest_at_peak(alloc, res)
-    return Peak(
-        t_peak,
-        top.bytes,
-        int(alloc.bytes[k]),
-        path_at(trace, t_peak),
-        k - 1,
-        steady_non_torch_at(curves, t_peak),
-        int(alloc.time_us[k]),
+        label=t.label,
+        process=t.process,
+        recording=t.recording,
+        env=dict(t.facts.get(F.ENV) or {}),
+        start_us=rank.span[0],
+        end_us=rank.span[1],
+        n_events=rank.n_events,
+        n_samples=len(t.samples),
+        baseline=rank.curves.baseline,
+        peak=rank.peak,
+        peak_allocated=rank.peak_allocated,
+        peak_device_used=rank.peak_device_used,
+        peak_others=rank.peak_others,
+        allocator=rank.allocator,
+        target=rank.target,
+        crossings=rank.crossing_list,
+        phases=rank.phases,
+        holders=rank.holders,
+        hook_calls=list(t.hook_calls),
+        hook_totals=rank.hook_totals,
+        notes=list(t.notes),
+        warnings=rank.warnings,
+        non_kv=rank.non_kv,
+        oom=rank.oom,
+        path=t.path,
+        non_torch=rank.non_torch_moments,
+        t0_us=rank.origin.t0_us,
+        time_origin=rank.origin.sentence,
+        vmm=rank.vmm,
+        extensible=rank.extensible,
+        counter_checks=rank.counter_checks,
+        peak_held=rank.peak_held,
+        vllm=rank.vllm,
+        whole_device_peak_bytes=rank.whole_device_peak_bytes,
+        self_cost=rank.self_cost,
+        peak_bound=rank.peak_bound,
+        user_metadata=rank.user_metadata,
+        before_recording=rank.before_recording,
+        window=rank.window,
     )
 
 
@@ -414,4 +344,10 @@ def _plain(obj: Any) -> Any:
 
 def summary_to_dict(summary: Summary) -> dict[str, Any]:
     """A JSON-ready dict of ``summary``: exact integers of bytes and microseconds, nothing rounded."""
-    return _plain(summary)
+    if summary.window is None:
+        return _plain(summary)
+    from dataclasses import replace
+
+    from .serving import window_doc
+
+    return {**_plain(replace(summary, window=None)), "window": _plain(window_doc(summary.window))}

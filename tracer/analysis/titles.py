@@ -16,12 +16,15 @@ from .quantities import memory_of
 
 
 def what_ran(run) -> str:
-    """``GPU memory during start-up`` for a run memtrace recorded, ``GPU memory`` for imported PyTorch
-    snapshots (a training step, an inference loop: nothing says it is a start-up), ``CPU (host) memory`` for
-    a profiler trace of the CPU (``quantities.memory_of``)."""
+    """``GPU memory during start-up`` for a run memtrace recorded (``... and serving`` with a serving window),
+    ``GPU memory`` for imported PyTorch snapshots (a training step, an inference loop: nothing says it is a
+    start-up), ``CPU (host) memory`` for a profiler trace of the CPU (``quantities.memory_of``)."""
     imported = all(isinstance(r.trace.facts.get(F.IMPORT), dict) for r in run.ranks)
     memory = memory_of([r.trace for r in run.ranks])
-    return memory if imported else f"{memory} during start-up"
+    if imported:
+        return memory
+    serving = any(r.trace.window is not None for r in run.ranks)
+    return f"{memory} during start-up and serving" if serving else f"{memory} during start-up"
 
 
 def died_prefix(rank, multi: bool = False, where: bool = True) -> str:

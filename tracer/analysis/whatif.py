@@ -477,8 +477,7 @@ class WhatIf:
         """When the new KV cache exists: kv_cache_init (profiled), kv_cache_extend (extensible)."""
         name = "kv_cache_extend" if self.flags.extensible else "kv_cache_init"
         p = self.sites._phase(name)
-        sizing = self.sites.trace.facts.get(F.VLLM_KV_SIZING) or {}
-        if p is None and self.flags.extensible and sizing.get("num_blocks") == 0:
+        if p is None and self.flags.extensible and self.sites.trace.facts.get(F.VLLM_KV_BLOCKS) == 0:
             return _NEVER  # vLLM sized 0 blocks and refused: no KV cache was ever committed
         p = p or self.sites._phase("kv_cache_init")
         return p.start_us if p is not None else _NEVER
@@ -531,11 +530,10 @@ class WhatIf:
     def per_block(self) -> tuple[int, int]:
         """(bytes per KV block, tokens per block) on the new flags."""
         f = self.sites.trace.facts
-        blocks, tokens = f.get(F.VLLM_KV_BLOCKS), f.get(F.VLLM_KV_TOKENS)
+        blocks = f.get(F.VLLM_KV_BLOCKS)
         sizing = f.get(F.VLLM_KV_SIZING) or {}
-        cfg = f.get(F.VLLM_CONFIG) or {}
         per = sizing.get("bytes_per_block") or (f.get(F.VLLM_KV_BYTES) // blocks if blocks else None)
-        tpb = round(tokens / blocks) if blocks and tokens else int(cfg.get("block_size") or 16)
+        tpb = F.kv_tokens_per_block(f) or 16
         ratio = _DTYPE_BYTES.get(self.flags.kv_cache_dtype, 2) / _DTYPE_BYTES.get(self.rec.kv_cache_dtype, 2)
         return int((per or 0) * ratio), tpb
 

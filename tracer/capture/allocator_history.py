@@ -145,6 +145,8 @@ class AllocatorHistory:
         self._base: dict[str, int] | None = None
         self._last_stats: dict[str, int] | None = None
         self._last_drain = time.monotonic()
+        #: The watchdog drains anything pending after this long (serving mode shortens it: capture.serving).
+        self.max_undrained_s = MAX_UNDRAINED_S
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._other_devices_warned = False
@@ -192,6 +194,17 @@ class AllocatorHistory:
             }
         stats = torch.cuda.memory_stats(self.device)
         return {k: int(stats.get(k, 0)) for k in _COUNTERS}
+
+    def current_bytes(self) -> dict[str, int] | None:
+        """PyTorch's requested (the trace entries' sizes) and reserved bytes now; None when unreadable."""
+        try:
+            raw = self.torch._C._cuda_memoryStats(self.device)
+            return {
+                "allocated_bytes": int(raw["requested_bytes"]["all"]["current"]),
+                "reserved_bytes": int(raw["reserved_bytes"]["all"]["current"]),
+            }
+        except Exception:  # noqa: BLE001 - the window's start state is then a lower bound, said so
+            return None
 
     def reserved_bytes(self) -> int | None:
         """PyTorch's reserved bytes on the device now (None when it cannot be read)."""
@@ -372,7 +385,7 @@ class AllocatorHistory:
             try:
                 with selfcost.region(f"{selfcost.DRAIN}.watchdog_poll"):
                     pending = self._pending()
-                    overdue = time.monotonic() - self._last_drain > MAX_UNDRAINED_S
+                    overdue = time.monotonic() - self._last_drain > self.max_undrained_s
                     if pending > self.max_entries // 2 or (overdue and pending > 0):
                         self.drain("watchdog")
             except Exception as exc:  # never let the watchdog kill anything; say why it stopped

@@ -80,13 +80,13 @@ class Collector:
 
     def register(self, entry: dict[str, Any]) -> None:
         placed = gather.Placed(**entry)
-        _check_name(placed.file)
+        check_trace_name(placed.file)
         self.manifest.traces[placed.file] = placed
         gather.write_manifest(self.run_dir, self.manifest)
 
     def put(self, name: str, offset: int, data: bytes) -> int:
         """Append ``data`` (at ``offset``) to the copy of ``name`` being received."""
-        _check_name(name)
+        check_trace_name(name)
         if offset == 0 or name not in self._parts:
             self._drop(name)
             part = open(self.run_dir / (name + ".part"), "wb")  # noqa: SIM115 - closed in done/_drop
@@ -128,8 +128,9 @@ class Collector:
             (self.run_dir / (name + ".part")).unlink(missing_ok=True)
 
 
-def _check_name(name: str) -> None:
-    """A trace's file name, nothing else: the collector never writes outside the run directory."""
+def check_trace_name(name: str) -> None:
+    """Raise ValueError unless ``name`` is a trace's file name and nothing else (no folder, no ``..``, the
+    trace suffix): the collector checks every name a worker sends, so it never writes outside the run directory."""
     if Path(name).name != name or not name.endswith(SUFFIX) or name.startswith("."):
         raise ValueError(f"{name!r} is not a trace file name")
 

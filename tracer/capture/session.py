@@ -87,6 +87,7 @@ class Session:
         self.cupti = None  # capture.cupti.CuptiSource when that optional source records
         self._cupti_flushed = 0.0
         self._bg = None  # background.Background: converts and writes drains off the traced thread
+        self.serving = None  # serving.ServingRecorder once start-up is written (MEMTRACE_UNTIL=serving)
         self.closed = False  # recording stopped (phases, drains): set when close() begins
         self._file_closed = False  # the trace file is complete and closed
         self.writer.set_process(self.process)
@@ -261,6 +262,9 @@ class Session:
         return self._intern_stack(frames)
 
     def _on_batch(self, events) -> None:
+        if self.serving is not None:  # after start-up, in serving mode: the bounded ring, not the file
+            self.serving.add_events(events)
+            return
         with self._lock:
             if not self._file_closed:
                 self.writer.append_events(events)
@@ -422,7 +426,26 @@ class Session:
         finally:
             self._lock._acquire_restore(state)
 
+    def enter_serving(self) -> None:
+        """Start-up is complete and ``MEMTRACE_UNTIL=serving``: write it, then record into bounded rings."""
+        from . import serving_session
+
+        serving_session.enter(self)
+
+    def write_window(self, reason: str) -> bool:
+        """Write the serving window now and go on recording (SIGUSR2, SIGINT); False when not serving."""
+        from . import serving_session
+
+        return serving_session.write(self, reason)
+
+    def record_step(self, step: dict[str, Any]) -> None:
+        """One vLLM scheduler step of the serving window (kept in its bounded ring; nothing outside serving)."""
+        if self.serving is not None:
+            self.serving.add_step(step)
+
     def _save_segments(self, snap: dict[str, Any]) -> None:
+        if self.serving is not None:  # the start-up part keeps its own end state; the window has its own
+            return
         try:
             segments = self.history.segments(snap)
             with self._lock:
@@ -458,7 +481,7 @@ class Session:
             "requested_bytes": int(requested),
             "device_total_bytes": int(total),
             "device_free_bytes": int(free),
-            "phase": self.phase_path(),
+            "phase": self.phase_path() or ("serving" if self.serving is not None else ""),
         }
         with selfcost.region(selfcost.OOM):
             with self._lock:
@@ -467,6 +490,10 @@ class Session:
                 else:
                     self.facts[F.OOM] = record
                 self.recording.end_reason = "oom"
+            if self.serving is not None:
+                self.set_fact(F.OOM, self.facts[F.OOM])
+                self.write_window("oom")  # the window with the failed request, before torch raises
+                return
             self._flush()  # waits for the background writer: the trace is complete before torch raises
 
     def close(self, reason: str = "stop") -> Path:
@@ -519,7 +546,12 @@ class Session:
             except Exception as exc:  # a bug must not lose the rest of the trace
                 log.warning("memtrace: could not save the final allocator state: %s", exc)
                 self.add_note("error", f"final allocator state not saved: {exc!r}")
-        if snap is not None:
+        if self.serving is not None:
+            from . import serving_session
+
+            self.serving.stop()
+            self._later(lambda: serving_session.put(self, reason, snap))
+        elif snap is not None:
             self._later(lambda: self._save_segments(snap))
         return True
 

@@ -189,10 +189,13 @@ def _open_device(pynvml: Any, uuid: str | None, pci: str | None, index: int) -> 
     raise LookupError("; ".join(errors))
 
 
-class _Series:
+class StepSeries:
     """Compresses one sample series without losing a step: a sample is kept when its value differs
     from the previous one, together with the last sample of the run before it, plus one heartbeat
-    every ``HEARTBEAT_US``. Buffers are flat ``array('q')`` of (time_us, value) pairs."""
+    every ``HEARTBEAT_US``. Buffers are flat ``array('q')`` of (time_us, value) pairs.
+
+    ``add(t, v)`` offers a sample; ``take(final)`` returns the pairs kept since the last take (None when
+    none), ``final`` keeping the last sample too (the series ends there)."""
 
     def __init__(self) -> None:
         self.buf = array("q")
@@ -233,8 +236,8 @@ class _Writer:
 
     def __init__(self, db: str):
         self.db_path = db
-        self.used = _Series()
-        self.others = _Series()
+        self.used = StepSeries()
+        self.others = StepSeries()
         self.queue: queue.Queue = queue.Queue()
         self.thread: threading.Thread | None = None
 

@@ -6,6 +6,13 @@
 - SIGINT: the trace is flushed (the program may catch KeyboardInterrupt and carry on), then the
   previous handler runs (by default it raises KeyboardInterrupt).
 
+- SIGUSR2 (serving mode only, :func:`install_snapshot`): the serving window is written and the process
+  goes on serving. A handler installed before memtrace's is called after it; with the default disposition
+  (which would terminate the process) or SIG_IGN nothing else happens: asking for serving mode is asking
+  for SIGUSR2 to mean "write the window".
+- In serving mode SIGINT writes the window (instead of a flush) and SIGTERM and exit close the trace
+  with it (:mod:`.serving_session`).
+
 Handlers can only be installed from the main thread; elsewhere only ``atexit`` is installed.
 SIGKILL cannot be caught: everything flushed before it (every drain, phase, fact) and the NVML
 sidecar's samples stay readable.
@@ -47,7 +54,8 @@ def _handler(signum: int, frame: Any) -> None:
         try:
             if signum == signal.SIGINT:
                 session.add_note("info", "SIGINT received")
-                session.flush()
+                if getattr(session, "serving", None) is None or not session.write_window("signal:SIGINT"):
+                    session.flush()
             else:
                 session.close(f"signal:{name}")
         except Exception as exc:
@@ -80,4 +88,31 @@ def install() -> bool:
         _previous[sig] = signal.getsignal(sig)
         signal.signal(sig, _handler)
     _installed = True
+    return True
+
+
+def _snapshot(signum: int, frame: Any) -> None:
+    """SIGUSR2 in serving mode: write the window, then call the handler that was there before, if any."""
+    from .registry import active_session
+
+    session = active_session()
+    if session is not None:
+        try:
+            session.write_window("signal:SIGUSR2")
+        except Exception as exc:  # never let a snapshot stop the server
+            log.warning("memtrace: could not write the serving window on SIGUSR2: %s", exc)
+    previous = _previous.get(signal.SIGUSR2)
+    if callable(previous):
+        previous(signum, frame)
+
+
+def install_snapshot() -> bool:
+    """Install the SIGUSR2 handler once (serving mode); False off the main thread (then no snapshot on demand)."""
+    if signal.SIGUSR2 in _previous:
+        return True
+    if threading.current_thread() is not threading.main_thread():
+        log.info("memtrace: not on the main thread: no serving snapshot on SIGUSR2 (written at exit/SIGTERM/OOM)")
+        return False
+    _previous[signal.SIGUSR2] = signal.getsignal(signal.SIGUSR2)
+    signal.signal(signal.SIGUSR2, _snapshot)
     return True

@@ -8,7 +8,7 @@
               (one rank: --rank, default the run's worst rank, as every output names it)
   folded      folded stacks of what was live at the peak, for speedscope / flamegraph.pl (the worst rank; with
               CUPTI records, the non-PyTorch allocations under "[non-PyTorch, CUPTI]" too; from vLLM
-              0.34, the KV cache committed through CUDA VMM under "[KV cache outside PyTorch, CUDA VMM]")
+              0.34, the KV cache committed through CUDA VMM under "[KV cache outside PyTorch (CUDA VMM)]")
 
 The output defaults to RUN's name plus .perfetto.json, .memory_viz.pickle or -flame.folded, here;
 the name must end in the format's suffix, its folder must exist, an input is never overwritten (not

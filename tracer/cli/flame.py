@@ -16,7 +16,7 @@ When the trace holds CUPTI records (recorded with MEMTRACE_CUPTI=1), the non-PyT
 CUPTI saw live at that moment is drawn too, under its own frame "[non-PyTorch, CUPTI]", then its
 category ("[kernel modules' statics]") and its Python stack; --torch-only leaves it out (to compare
 with a run recorded without CUPTI). From vLLM 0.34 the KV cache committed through CUDA's VMM API,
-outside PyTorch, has a frame of its own too, "[KV cache outside PyTorch, CUDA VMM]", then the Python
+outside PyTorch, has a frame of its own too, "[KV cache outside PyTorch (CUDA VMM)]", then the Python
 stack that committed it (--torch-only leaves it out as well).
 
 -f/--format svg (default) or folded: "frame;frame bytes" lines for speedscope or flamegraph.pl,

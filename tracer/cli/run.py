@@ -1,6 +1,6 @@
 """Run a command (vllm serve ...) with memtrace's vLLM plugin on; print the summary when start-up ends.
 
-    memtrace run [--dir DIR] [--until startup|exit] -- vllm serve MODEL ...
+    memtrace run [--dir DIR] [--until startup|exit|serving] -- vllm serve MODEL ...
 
 vLLM is left as it was. The plugin is turned on by memtrace's own switch (``MEMTRACE=1``,
 ``MEMTRACE_DIR``, ``MEMTRACE_UNTIL``), not by ``VLLM_PLUGINS``: that variable is vLLM's allow-list
@@ -18,7 +18,9 @@ The command runs in its own process group; SIGINT/SIGTERM/SIGHUP are forwarded t
 every traced worker is printed as soon as start-up completes (vLLM is then serving and keeps
 running) or, if it never does, when the command dies (an OOM trace is complete by then). The exit
 code is the command's. With --until exit the workers record until they exit; the summary at
-start-up shows what was recorded so far. Trace files are read only through ``memtrace.store``.
+start-up shows what was recorded so far. With --until serving start-up is written as by default, then
+the workers keep a bounded serving window, written on a CUDA OOM, SIGUSR2, SIGTERM/SIGINT and at exit
+(``docs/serving.md``). Trace files are read only through ``memtrace.store``.
 Traces of Ray workers on other nodes arrive through Ray (``memtrace.capture.ray_gather``); a rank the
 run's manifest lists but whose file is not in the run directory counts as not done, and if it never
 arrives the summary says on which node it lies and how to fetch it.
@@ -52,9 +54,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--until",
-        choices=("startup", "exit"),
+        choices=_until_choices(),
         default="startup",
-        help="stop recording at the end of warm-up (default) or when the workers exit",
+        help="stop recording at the end of warm-up (default), when the workers exit, or keep a bounded "
+        "serving window after start-up (serving: docs/serving.md)",
     )
     add_force(parser, "record into DIR even if it already holds traces")
     parser.add_argument(
@@ -69,6 +72,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--width", type=int, default=100, help="text width of the summary (100)")
     parser.add_argument("command", nargs=argparse.REMAINDER, metavar="-- COMMAND", help="the command to trace")
+
+
+def _until_choices() -> tuple[str, ...]:
+    from ..plugins import UNTIL_CHOICES  # the package alone: the plugin is not imported by the parser
+
+    return UNTIL_CHOICES
 
 
 def child_environment(
@@ -199,6 +208,10 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError(f"{run_dir} already holds traces; choose another --dir or pass --force to add to it")
     if args.cupti in ("records", "stacks"):
         check_cupti_available()
+    if args.until == "serving":  # a bad serving knob is the user's error, said before vLLM starts
+        from ..capture import serving
+
+        serving.knobs()
     env = child_environment(dict(os.environ), run_dir, args.until, command, args.cupti)
     print(f"memtrace: tracing into {run_dir} (until {args.until})", file=sys.stderr)
     if env.get("VLLM_PLUGINS") != os.environ.get("VLLM_PLUGINS"):

@@ -26,9 +26,14 @@ from typing import Any
 
 from ..errors import TraceFormatError
 from ..model import Run, Trace
-from .kineto import is_profiler_path
 
 PICKLE_SUFFIXES = (".pickle", ".pkl")
+#: A torch.profiler (Kineto) trace's suffixes (``importers.kineto`` reads it; named here, where a file's kind
+#: is decided, so that loading a .memtrace file imports no profiler reader)
+PROFILER_SUFFIXES = (".json", ".json.gz", ".json.xz")
+#: What ``torch.profiler.tensorboard_trace_handler`` names its files (vLLM's profiler uses it, gzip by default),
+#: and the same recompressed with xz (half the size of gzip on these files).
+PROFILER_NAMES = (".pt.trace.json", ".pt.trace.json.gz", ".pt.trace.json.xz")
 #: The only globals a snapshot pickle may name: containers the standard library rebuilds harmlessly.
 _SAFE_GLOBALS = {
     ("builtins", "set"),
@@ -48,6 +53,15 @@ class _SnapshotUnpickler(pickle.Unpickler):
 
 def is_pickle_path(path: str | os.PathLike) -> bool:
     return str(path).lower().endswith(PICKLE_SUFFIXES)
+
+
+def is_profiler_path(path: str | os.PathLike) -> bool:
+    return str(path).lower().endswith(PROFILER_SUFFIXES)
+
+
+def profiler_files(folder: str | os.PathLike) -> list[Path]:
+    """The torch.profiler traces directly in ``folder`` (what vLLM's ``torch_profiler_dir`` holds), by name."""
+    return sorted(f for f in Path(folder).iterdir() if f.is_file() and f.name.lower().endswith(PROFILER_NAMES))
 
 
 def warn_pickle(path: str | os.PathLike) -> None:
@@ -213,10 +227,9 @@ def _profiler_run(folder: Path) -> Run | None:
     no file has any (recorded without ``torch_profiler_with_memory``), that is one error line. A folder that
     holds memtrace traces too is read as a run of them, and its profiler files are named as not read."""
     from ..packed import is_trace_name
-    from .kineto import NoMemoryEvents, profiler_files, traces_from_kineto_file
 
     files = profiler_files(folder)
-    if any(is_trace_name(f.name) for f in folder.iterdir()):
+    if any(is_trace_name(f.name) for f in folder.iterdir()):  # a memtrace run: the profiler reader is not imported
         if files:
             names = ", ".join(f.name for f in files)
             print(
@@ -227,6 +240,8 @@ def _profiler_run(folder: Path) -> Run | None:
         return None
     if not files:
         return None
+    from .kineto import NoMemoryEvents, traces_from_kineto_file
+
     traces, empty = [], []
     for f in files:
         try:

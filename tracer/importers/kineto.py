@@ -41,12 +41,10 @@ import numpy as np
 from .. import facts as F
 from ..errors import TraceFormatError
 from ..model import ACTION_CODE, Frame, Note, Phase, Process, Recording, Trace, empty_events
+from .files import is_profiler_path as is_profiler_path  # re-exported (cli.import_)
+from .files import profiler_files as profiler_files  # re-exported
 from .torch_snapshot import PHASE_PREFIXES, Interner
 
-SUFFIXES = (".json", ".json.gz", ".json.xz")
-#: What ``torch.profiler.tensorboard_trace_handler`` names its files (vLLM's profiler uses it, gzip by default),
-#: and the same recompressed with xz (half the size of gzip on these files).
-PROFILER_NAMES = (".pt.trace.json", ".pt.trace.json.gz", ".pt.trace.json.xz")
 #: c10::DeviceType codes in ``Device Type``.
 CPU, CUDA = 0, 1
 #: Range categories whose names become frames of the memory events inside them.
@@ -68,10 +66,6 @@ HOST_NOTE = (
     "what was allocated while the profiler ran (its totals start at 0 and the frees of older blocks are not "
     "reported), so what the process held before the profiler started is not in this trace"
 )
-
-
-def is_profiler_path(path: str | os.PathLike) -> bool:
-    return str(path).lower().endswith(SUFFIXES)
 
 
 def read_trace_json(path: str | os.PathLike) -> Any:
@@ -121,11 +115,6 @@ def traces_from_kineto_file(path: str | os.PathLike, *, device: int | None = Non
         if rank is not None and (t.process.rank is not None or on_cpu_only):
             t.process.rank = rank
     return traces
-
-
-def profiler_files(folder: str | os.PathLike) -> list[Path]:
-    """The torch.profiler traces directly in ``folder`` (what vLLM's ``torch_profiler_dir`` holds), by name."""
-    return sorted(f for f in Path(folder).iterdir() if f.is_file() and f.name.lower().endswith(PROFILER_NAMES))
 
 
 def _refuse_unless_kineto(doc: Any, source: str) -> list[dict[str, Any]]:

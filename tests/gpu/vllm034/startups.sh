@@ -15,7 +15,15 @@
 #                GRID_TAG=x packs every folder into one grid-x.tar.gz (the 8-file limit of $OUT)
 #   small        the same on a smaller card: a holder process leaves SMALL_FREE bytes free (cudaMemGetInfo), or
 #                SMALL_FROM=name: the pre-KV device-used peak of that grid run minus SMALL_MARGIN bytes;
-#                SMALL="name:model:flags;..." as GRID
+#                SMALL="name:model:flags;..." as GRID; run before grid (after it with SMALL_FROM), the holder
+#                stopped before the grid's whole-card runs
+#   serving      issue 30: `vllm serve` (moe, extensible KV) under `memtrace run --until serving` beside a holder that
+#                leaves SMALL_FREE bytes free (default 24 GiB), a bounded burst from serving_client.py (127.0.0.1)
+#                until the engine dies (or SERVE_BURST_S); then SIGUSR2 if it still lives, SIGTERM; packs the run
+#   serving-cost issue 30: ROUNDS (>= 3) alternating rounds, plugin in serving mode on / off, the same fixed-rate
+#                benchmark (serving_client.py bench: BENCH_REQUESTS at BENCH_RATE/s); serving-cost.json in $OUT
+#                (a warm moe start-up takes ~85 s of wall time: 3 rounds need two calls, ROUNDS=2, then
+#                FIRST_ROUND=3 ROUNDS=1 on the same warm machine, whose serving-cost.json then holds every round)
 # Knobs: STEPS, LIMIT (seconds for the script, 570), ROUNDS (4), FIRST_ROUND (1), HOLD_GIB (96),
 #        SITE (/tmp/site034: the installed stage), PORT (8791).
 # Every start-up is stopped as soon as memtrace's summary (or vLLM's "init engine" line, for cost runs
@@ -153,8 +161,7 @@ t = doc["traces"][0]
 print(max(p.get("peak_device_used_bytes") or 0 for p in t["phases"] if p["name"] != "kv_cache_extend"))
 PY
 }
-want grid && grid_runs "${GRID:-}"
-if want small && [ "$(left)" -gt 150 ]; then
+small_runs() {  # SMALL's start-ups beside a holder that leaves SMALL_FREE bytes free (or SMALL_FROM's peak)
   FREE=${SMALL_FREE:-}
   if [ -z "$FREE" ] && [ -n "${SMALL_FROM:-}" ]; then
     P=$(pre_kv_peak "$SMALL_FROM"); FREE=$((P - ${SMALL_MARGIN:-268435456}))
@@ -182,6 +189,13 @@ PY
   fi
   stop_session "$H" 5
   pack
+}
+if [ -n "${SMALL_FROM:-}" ]; then  # the small card is sized from a grid run's peak: the grid runs first
+  want grid && grid_runs "${GRID:-}"
+  want small && [ "$(left)" -gt 150 ] && small_runs
+else  # else the small card's runs first: a rescue to boot is worth more than another grid point
+  want small && [ "$(left)" -gt 150 ] && small_runs
+  want grid && grid_runs "${GRID:-}"
 fi
 
 # ---- cost: warm rounds, plugin on / off ------------------------------------------------------------
@@ -215,4 +229,85 @@ if want cost; then
   done
   { command -v column > /dev/null && column -t "$W/cost/rounds.tsv" || cat "$W/cost/rounds.tsv"; } | tee -a "$OUT/progress.log"  # the H200 image has no column
   cut -f1,2,5 "$W/cost/runs.tsv" | tee -a "$OUT/progress.log"
+fi
+
+# ---- serving (issue 30): a real serving OOM, and what serving mode costs ----------------------------------
+serve_start() {  # serve_start DIR on|off [FLAGS...] -> SID; waits for "Application startup complete"
+  local d=$1 mode=$2; shift 2; next_port
+  if [ "$mode" = on ]; then
+    start "$d/vllm.log" env PYTHONFAULTHANDLER=1 MEMTRACE_STACKS=python python3 -m memtrace run --dir "$d/run" --until serving -- \
+      python3 -m vllm.entrypoints.openai.api_server --model /tmp/model-moe --port "$NEXT_PORT" "${COMMON[@]}" "$@"
+  else
+    start "$d/vllm.log" python3 -m vllm.entrypoints.openai.api_server --model /tmp/model-moe --port "$NEXT_PORT" "${COMMON[@]}" "$@"
+  fi
+  SERVE_SID=$SID
+  wait_log "$d/vllm.log" "Application startup complete" "$SERVE_SID" $(( $(left) - 30 ))
+}
+if want serving && [ "$(left)" -gt 200 ]; then
+  d=$W/serving; rm -rf "$d"; mkdir -p "$d"
+  cat > "$W/leave.py" <<'PY'
+"""Hold all but N bytes of the GPU's free memory until killed (another process on a shared GPU: a smaller card)."""
+import os, sys, time
+import torch
+free, total = torch.cuda.mem_get_info()
+x = torch.empty(free - int(sys.argv[1]), dtype=torch.uint8, device="cuda"); x.fill_(1)
+torch.cuda.synchronize(); free, total = torch.cuda.mem_get_info()
+print(f"holder pid {os.getpid()} holds {x.numel()} B; cudaMemGetInfo free {free} B of {total} B", flush=True)
+while True:
+    time.sleep(1)
+PY
+  start "$d/holder.log" python3 "$W/leave.py" "${SMALL_FREE:-25769803776}"; H=$SID
+  if wait_log "$d/holder.log" "holder pid" "$H" 60; then
+    tee -a "$OUT/progress.log" < "$d/holder.log"
+    start /dev/null nvidia-smi --query-gpu=timestamp,memory.used,memory.total --format=csv,noheader,nounits -lms 100 -f "$d/nvidia-smi.csv"; smi=$SID
+    if serve_start "$d" on ${SERVE_FLAGS:-}; then
+      log "(serving) ready; burst ($(left)s left)"
+      timeout $(( $(left) - 40 )) python3 "$HERE/serving_client.py" burst --port "$NEXT_PORT" --api-key memtrace-secret-key \
+        --concurrency "${BURST_CONCURRENCY:-64}" --prompt-tokens "${BURST_PROMPT:-16384}" --max-tokens "${BURST_MAX_TOKENS:-512}" \
+        --max-s "${SERVE_BURST_S:-120}" --out "$d/burst.json" > /dev/null 2>&1
+      log "(serving) burst: $(tr -d '\n' < "$d/burst.json" 2>/dev/null | cut -c1-300)"
+      for f in "$d"/run/*-pid*.memtrace; do  # only the worker (its pid names its trace): SIGUSR2 kills the others
+        wp=$(basename "$f" | sed -E 's/.*-pid([0-9]+).*/\1/'); kill -0 "$wp" 2>/dev/null && kill -USR2 "$wp" && log "(serving) SIGUSR2 -> worker $wp"
+      done
+      sleep 5
+    else
+      log "(serving) the server did not start"
+    fi
+    stop_session "$SERVE_SID" 20; stop_session "$smi" 2
+    grep -E "memtrace|OutOfMemory|CUDA out of memory|Error" "$d/vllm.log" | cut -c1-400 | head -40 | tee -a "$OUT/progress.log"
+    timeout 90 python3 -m memtrace report "$d/run" > "$d/report.txt" 2>&1; log "(serving) report exit $?"
+    sed -n '/Serving window/,/Warnings/p' "$d/report.txt" | tee -a "$OUT/progress.log"
+    for f in "$d"/run/*.memtrace; do [ -f "$f" ] && xz -k -T0 "$f"; done
+  else
+    log "(serving) the holder did not start"
+  fi
+  stop_session "$H" 5
+  pack
+fi
+if want serving-cost; then
+  d=$W/serving-cost; mkdir -p "$d"
+  for ((p = FIRST_ROUND; p < FIRST_ROUND + ROUNDS; p++)); do  # as cost: a later call goes on (rounds kept in $W)
+    if ((p % 2)); then order=(on off); else order=(off on); fi
+    for mode in "${order[@]}"; do
+      [ "$(left)" -lt 150 ] && { log "(serving-cost) out of time before round $p $mode"; break 2; }
+      r=$d/round$p-$mode; mkdir -p "$r"
+      if serve_start "$r" "$mode"; then
+        python3 "$HERE/serving_client.py" bench --port "$NEXT_PORT" --api-key memtrace-secret-key --requests "${BENCH_REQUESTS:-200}" \
+          --rate "${BENCH_RATE:-8}" --prompt-tokens 512 --max-tokens 128 --seed 0 --out "$r/bench.json" > /dev/null 2>&1
+        log "(serving-cost) round $p $mode: $(python3 -c "import json,sys; d=json.load(open(sys.argv[1])); print(d['output_tokens_per_s'], d['latency_p50_s'], d['latency_p99_s'], d['completed'])" "$r/bench.json" 2>&1)"
+      fi
+      stop_session "$SERVE_SID" 20
+    done
+  done
+  python3 - "$d" > "$OUT/serving-cost.json" <<'PY'
+import glob, json, os, statistics, sys
+rows = [{"round": os.path.basename(os.path.dirname(f)), **json.load(open(f))} for f in sorted(glob.glob(sys.argv[1] + "/round*/bench.json"))]
+def agg(mode, key):
+    xs = [r[key] for r in rows if r["round"].endswith("-" + mode) and r.get(key) is not None]
+    return {"values": xs, "median": statistics.median(xs) if xs else None, "spread": (max(xs) - min(xs)) if xs else None}
+keys = ("output_tokens_per_s", "latency_p50_s", "latency_p99_s")
+print(json.dumps({"rounds": rows, "on": {k: agg("on", k) for k in keys}, "off": {k: agg("off", k) for k in keys}}, indent=1))
+PY
+  cat "$OUT/serving-cost.json" | python3 -c "import json,sys; d=json.load(sys.stdin); print({m: {k: v['median'] for k, v in d[m].items()} for m in ('on','off')})" | tee -a "$OUT/progress.log"
+  pack
 fi

@@ -1,0 +1,132 @@
+"""The serving-window section of ``memtrace report`` (``analysis.serving.WindowSummary``).
+
+What filled the GPU before the window was written: the gap after start-up, what the rings kept and
+dropped (and their bound), PyTorch's state at the window's start and end, the growth by allocation site,
+the reserved-but-unallocated bytes, the failed request of an OOM and the scheduler steps before the end.
+"""
+
+from __future__ import annotations
+
+from ..analysis import quantities as Q
+from ..analysis.serving import WindowSummary
+from ..units import gib_or_dash
+
+
+def _s(us: int | None) -> str:
+    return "-" if us is None else f"{us / 1e6:.2f} s"
+
+
+def _mib(b: int | None) -> str:
+    return "-" if b is None else f"{b / (1 << 20):.1f} MiB"
+
+
+def render_window(out, ws: WindowSummary | None, t0_us: int) -> None:
+    """Write the section (nothing for a trace without a serving window)."""
+    if ws is None:
+        return
+    w = ws.window
+    out.heading("Serving window")
+    rel = lambda t: "-" if t is None else f"{(t - t0_us) / 1e6:.2f} s"  # noqa: E731
+    out.item(
+        f"start-up ended at {rel(w.startup_end_us)}; the window covers {rel(w.start_us)} to {rel(w.end_us)} "
+        f"(last written on {w.reason or '?'}, write {w.writes})"
+    )
+    if w.gap_us:
+        out.item(
+            f"GAP of {_s(w.gap_us)} after start-up: recorded, then dropped from the ring ({w.events_dropped} "
+            f"allocator events, {w.samples_dropped} NVML samples, {w.steps_dropped} scheduler steps); "
+            "memory in the gap is unknown, not constant"
+        )
+    else:
+        out.item("no gap: the window starts where start-up ended (nothing was dropped from the ring)")
+    b = w.bounds or {}
+    out.item(
+        f"kept {w.events_kept} allocator events, {w.samples_kept} NVML samples, {w.steps_kept} scheduler steps; "
+        f"ring bound {b.get('max_events')} events / {b.get('max_age_s')} s / {b.get('max_steps')} steps, "
+        f"at most {_mib(b.get('ring_bytes_max'))} held by memtrace"
+    )
+    if ws.start_allocated_bytes is None:
+        out.item("no allocator on this device: the window holds scheduler steps and notes only")
+    else:
+        exact = "exact" if ws.start_exact else "a lower bound"
+        out.item(
+            f"at the window's start ({exact}): {Q.ALLOCATED} {gib_or_dash(ws.start_allocated_bytes)}, "
+            f"{Q.RESERVED} {gib_or_dash(ws.start_reserved_bytes)}; at its end: {Q.ALLOCATED} "
+            f"{gib_or_dash(ws.end_allocated_bytes)}, {Q.RESERVED} {gib_or_dash(ws.end_reserved_bytes)}, "
+            f"{Q.RESERVED_UNUSED} {gib_or_dash(ws.reserved_unused_bytes)}"
+        )
+    if ws.oom is not None:
+        o = ws.oom
+        out.item(
+            f"DIED: CUDA out of memory at {rel(o.get('time_us'))} while serving: the failed request was "
+            f"{o.get('requested_bytes')} bytes ({gib_or_dash(o.get('requested_bytes'))}), "
+            f"{gib_or_dash(o.get('device_free_bytes'))} free of {gib_or_dash(o.get('device_total_bytes'))}"
+        )
+    if ws.growth:
+        from .text import frame_text
+
+        out.line()
+        out.table(
+            ["allocated in the window, live at its end", "GiB", "blocks"],
+            [[frame_text(g.frame), f"{g.bytes / (1 << 30):.3f}", str(g.count)] for g in ws.growth],
+            "lrr",
+        )
+    if ws.steps_before_end:
+        out.line()
+        rows = [
+            [rel(st.get("time_us")), str(st.get("requests", "-")), str(st.get("tokens", "-")),
+             f"{st.get('duration_us', 0) / 1e3:.1f}", st.get("error", "")]
+            for st in ws.steps_before_end
+        ]  # fmt: skip
+        out.table(["scheduler step at", "requests", "tokens", "ms", "error"], rows, "rrrrl")
+
+
+#: How many growth sites the short statement of a window names.
+SITES_SHOWN = 3
+
+
+def window_lines(ws: WindowSummary | None, t0_us: int) -> list[str]:
+    """The window said in a few sentences, for the issue bundle's first screen and the view's page: what was
+    kept and the gap, the failed allocation of an OOM in the window, PyTorch's state at its end (with
+    :data:`quantities.RESERVED_UNUSED`), where it grew by stack, the last scheduler step. [] without one."""
+    if ws is None:
+        return []
+    w = ws.window
+    rel = lambda t: "-" if t is None else f"{(t - t0_us) / 1e6:.2f} s"  # noqa: E731
+    span = "-" if w.start_us is None or w.end_us is None else _s(w.end_us - w.start_us)
+    gap = (
+        f"after a GAP of {_s(w.gap_us)} that was not recorded ({w.events_dropped:,} allocator events, "
+        f"{w.samples_dropped:,} NVML samples, {w.steps_dropped:,} scheduler steps dropped from the ring)"
+        if w.gap_us
+        else "right after start-up (nothing dropped)"
+    )
+    lines = [f"Serving window: {span} kept, {rel(w.start_us)} to {rel(w.end_us)}, {gap}; last written on {w.reason}."]
+    if ws.oom is not None:
+        o = ws.oom
+        lines.append(
+            f"Failed allocation: {o.get('requested_bytes'):,} bytes ({gib_or_dash(o.get('requested_bytes'))}) at "
+            f"{rel(o.get('time_us'))} in {o.get('phase') or 'serving'}, {gib_or_dash(o.get('device_free_bytes'))} "
+            f"free of {gib_or_dash(o.get('device_total_bytes'))}."
+        )
+    if ws.end_allocated_bytes is not None:
+        lines.append(
+            f"At the window's end: {Q.ALLOCATED} {gib_or_dash(ws.end_allocated_bytes)}, {Q.RESERVED} "
+            f"{gib_or_dash(ws.end_reserved_bytes)}, {Q.RESERVED_UNUSED} {gib_or_dash(ws.reserved_unused_bytes)} "
+            f"(at its start: {Q.ALLOCATED} {gib_or_dash(ws.start_allocated_bytes)}, {Q.RESERVED} "
+            f"{gib_or_dash(ws.start_reserved_bytes)})."
+        )
+    else:
+        lines.append("No allocator on this device: the window holds scheduler steps and notes only.")
+    if ws.growth:
+        from .text import frame_text
+
+        sites = "; ".join(f"{frame_text(g.frame)} +{_mib(g.bytes)} ({g.count})" for g in ws.growth[:SITES_SHOWN])
+        lines.append(f"Allocated in the window and live at its end, by stack (blocks): {sites}.")
+    if ws.steps_before_end:
+        st = ws.steps_before_end[-1]
+        err = f", error {st['error']}" if st.get("error") else ""
+        lines.append(
+            f"Last scheduler step at {rel(st.get('time_us'))}: {st.get('requests', '-')} requests, "
+            f"{st.get('tokens', '-')} tokens{err}."
+        )
+    return lines

@@ -1,0 +1,92 @@
+"""The serving window in the outputs: the plot draws start-up, the gap as a gap, then the window with the OOM;
+``flame --at oom`` shows what was live in the window at the OOM. On the fake serving trace (``serving_fakes``:
+an H200 start-up's history replayed, an OOM an hour into serving)."""
+
+from __future__ import annotations
+
+import pytest
+from memtrace.analysis.run import analyse
+from memtrace.cli import main
+from serving_fakes import GAP_S, REQUESTED_BYTES, write_fake_serving
+
+
+@pytest.fixture(scope="module")
+def fake(tmp_path_factory):
+    path = tmp_path_factory.mktemp("fake-serving") / "fake.memtrace"
+    with pytest.MonkeyPatch.context() as mp:
+        return write_fake_serving(path, mp)
+
+
+def test_the_window_analysed_alone_starts_from_the_exact_state_the_ring_carried(fake):
+    rank = analyse([fake]).ranks[0]
+    win = rank.serving
+    assert win.trace.recording.start_us == fake.window.start_us
+    assert int(win.curves.allocated.bytes[0]) == fake.window.start_state["allocated_bytes"]
+    assert int(win.curves.reserved.bytes[0]) == fake.window.start_state["reserved_bytes"]
+    assert int(win.curves.allocated.bytes[-1]) == rank.window.end_allocated_bytes
+    assert win.oom.requested_bytes == REQUESTED_BYTES and win.oom.phase_path == "serving"
+
+
+def test_the_plot_breaks_the_axis_at_the_gap_and_draws_the_window_after_it(fake, tmp_path):
+    from memtrace.plots.timeline import render_timeline
+    from memtrace.plots.timeline_data import prepare_rank
+
+    rank = analyse([fake]).ranks[0]
+    w = fake.window
+    t0 = rank.span[0]
+    drawn = render_timeline([prepare_rank(rank)], tmp_path / "serving.png", t0_us=t0)
+    assert drawn.scale.gaps == (((w.startup_end_us - t0) / 1e6, (w.start_us - t0) / 1e6),)
+    assert drawn.scale.gaps[0] in drawn.breaks and w.gap_us > (GAP_S - 1) * 1_000_000
+    # the window (0.3 s after an hour) is drawn at least a fifth of the axis wide, not a sliver
+    assert drawn.scale.fraction((w.end_us - t0) / 1e6) - drawn.scale.fraction((w.start_us - t0) / 1e6) > 0.2
+    assert drawn.ranks[0].oom.time_us == fake.facts["oom"]["time_us"]
+    assert "gap: not recorded (dropped from the serving ring)" in drawn.legend
+    assert drawn.title.startswith("GPU memory during start-up and serving")
+
+
+def test_flame_at_oom_adds_up_to_what_the_window_held_at_the_oom(fake, tmp_path, capsys):
+    out = tmp_path / "oom.folded"
+    assert main(["flame", fake.path, "--at", "oom", "-o", str(out)]) == 0
+    total = sum(int(line.rsplit(" ", 1)[1]) for line in out.read_text().splitlines())
+    assert total == sum(s.requested_bytes for s in fake.window.segments)  # the allocator's own state at the OOM
+    assert "2.88 GiB live at the OOM (3609.846 s)" in capsys.readouterr().err
+
+
+def test_flame_at_a_time_in_the_gap_is_one_clear_error(fake, tmp_path, capsys):
+    assert main(["flame", fake.path, "--at", "1000s", "-o", str(tmp_path / "gap.svg")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("memtrace: error: --at 1000s: the gap between start-up (9.427 s) and the serving window")
+    assert len(err.splitlines()) == 1 and not (tmp_path / "gap.svg").exists()
+
+
+def test_flame_at_a_time_in_the_window_reads_the_window(fake, tmp_path, capsys):
+    assert main(["flame", fake.path, "--at", "3609.7", "-f", "folded", "-o", str(tmp_path / "w.folded")]) == 0
+    assert "128.21 GiB live at 3609.700 s" in capsys.readouterr().err
+
+
+def test_the_issue_bundle_states_the_window_first_and_draws_the_flame_at_the_oom(fake, tmp_path):
+    from memtrace.analysis import quantities as Q
+
+    out = tmp_path / "bundle"
+    assert main(["issue", fake.path, "-o", str(out)]) == 0
+    md = (out / "issue.md").read_text()
+    first_screen = "\n".join(md.splitlines()[:30])
+    assert "- **Failed allocation:** 3,221,225,472 bytes (3.00 GiB) at 3609.85 s in serving" in first_screen
+    assert "after a GAP of 3600.12 s that was not recorded (1,962 allocator events" in first_screen
+    assert f"{Q.RESERVED_UNUSED.label} 126.00 GiB" in first_screen
+    assert "examples/record_startup.py:114 forward +96.0 MiB (3)" in first_screen  # the window's growth by stack
+    assert "## What held memory at the OOM, in the serving window" in md
+    total = sum(int(line.rsplit(" ", 1)[1]) for line in (out / "flame.folded").read_text().splitlines())
+    assert total == sum(s.requested_bytes for s in fake.window.segments)
+
+
+def test_the_view_states_the_window_and_draws_startup_alone_never_the_gap(fake):
+    from memtrace.plots.serving_text import window_lines
+    from memtrace.plots.view_data import rank_meta
+
+    rank = analyse([fake]).ranks[0]
+    t0 = rank.origin.t0_us
+    meta = rank_meta(rank, t0)
+    assert meta["serving"] == window_lines(rank.window, t0) and len(meta["serving"]) == 5
+    assert meta["end_us"] == fake.window.startup_end_us - t0  # the chart stops where start-up ended
+    assert "OOM" not in [lm["name"] for lm in meta["landmarks"]]  # the OOM lies in the window, off the chart

@@ -1,0 +1,161 @@
+"""The serving flight recorder on this CPU machine: the rings' bounds, the window's start state, its writes
+(OOM, SIGUSR2, close) and its format, with a fake allocator history replaying a real H200 start-up
+(FakeTorch: a serving OOM's history is only a GPU's to produce)."""
+
+from __future__ import annotations
+
+import os
+import signal
+from pathlib import Path
+
+import numpy as np
+import pytest
+from capture_fakes import session_with
+from memtrace import facts as F
+from memtrace.analysis.serving import window_summary
+from memtrace.capture import registry as R
+from memtrace.capture import serving, signals
+from memtrace.capture import session as S
+from memtrace.model import ACTION_CODE, SAMPLE_DTYPE, ServingWindow, Trace
+from memtrace.store import load_trace, save_trace
+from references import snapshot_dict
+
+FULL = Path(__file__).parents[1] / "data" / "h200" / "startup-full" / "vm-pid457.memtrace"
+PHASES = ("load_model", "profile_run", "kv_cache_init", "capture_model")
+
+
+def _replay(s, fake_history, n_phases):
+    share = len(fake_history.all_entries) // len(PHASES)
+    for name in PHASES[:n_phases]:
+        token = s.phase_enter(name, source="vllm")
+        fake_history.allocate(share)
+        s.phase_exit(token)
+
+
+STARTUP_PHASES = 2  # load_model and profile_run are start-up; the rest of the entries are "serving"
+
+
+@pytest.fixture(scope="module")
+def snap():
+    return snapshot_dict(load_trace(FULL))
+
+
+def _state(entries) -> tuple[int, int]:
+    a = sum(e["size"] for e in entries if e["action"] == "alloc") - sum(
+        e["size"] for e in entries if e["action"] == "free_completed"
+    )
+    r = sum(e["size"] for e in entries if e["action"] in ("segment_alloc", "segment_map")) - sum(
+        e["size"] for e in entries if e["action"] in ("segment_free", "segment_unmap")
+    )
+    return a, r
+
+
+def _serving_session(snap, path, monkeypatch, ring_events: int):
+    monkeypatch.setenv(serving.EVENTS_ENV, str(ring_events))
+    monkeypatch.setenv(serving.SAMPLE_HZ_ENV, "0")
+    monkeypatch.setenv(serving.SECONDS_ENV, "0")  # the replayed entries carry the H200 run's times
+    monkeypatch.setattr(signals, "install_snapshot", lambda: True)
+    s, fake_history = session_with(snap, path)
+    _replay(s, fake_history, STARTUP_PHASES)
+    startup = fake_history.all_entries[: fake_history.pos]
+    a, r = _state(startup)
+    s.history.current_bytes = lambda: {"allocated_bytes": a, "reserved_bytes": r}
+    s.enter_serving()
+    return s, fake_history, len(startup)
+
+
+def test_a_serving_oom_writes_the_startup_then_a_bounded_window_with_the_failed_request(snap, tmp_path, monkeypatch):
+    path = tmp_path / "serve.memtrace"
+    s, fake_history, n_startup = _serving_session(snap, path, monkeypatch, ring_events=1000)
+    rest = len(fake_history.all_entries) - n_startup
+    fake_history.allocate(rest)
+    s.record_step({"time_us": S.now_us(), "duration_us": 5, "requests": 7, "tokens": 900})
+    s.on_oom(0, 3 << 30, 80 << 30, 1 << 30)
+    t = load_trace(path)
+    w = t.window
+    assert len(t.events) == n_startup  # the start-up part as at the end of warm-up, untouched by the window
+    assert w.reason == "oom" and w.writes == 1
+    assert w.events_kept == len(w.events) == 1000
+    assert w.events_dropped == rest - 1000
+    assert w.start_us == int(w.events["time_us"][0]) and w.gap_us is not None
+    assert t.facts[F.OOM]["requested_bytes"] == 3 << 30 and t.facts[F.OOM]["phase"] == "serving"
+    assert w.steps == [{"time_us": w.steps[0]["time_us"], "duration_us": 5, "requests": 7, "tokens": 900}]
+    # the window's start state: start-up's end carried over every dropped event, exactly
+    a, r = _state(fake_history.all_entries[: n_startup + w.events_dropped])
+    assert w.start_state["allocated_bytes"] == a and w.start_state["reserved_bytes"] == r
+    assert w.start_state["exact"] is True
+    ws = window_summary(t)
+    assert ws.oom["requested_bytes"] == 3 << 30
+    assert sum(seg.requested_bytes for seg in w.segments) == ws.end_allocated_bytes
+    assert ws.start_allocated_bytes == a
+    assert w.bounds["max_age_s"] is None
+    assert w.bounds["ring_bytes_max"] == 1000 * 37 + 0 + serving.DEFAULTS[serving.STEPS_ENV] * serving.STEP_BYTES
+    s.close("exit")
+    S.wait_finishing()
+    assert load_trace(path).window.writes == 2  # the exit write replaced the OOM's, in the same file
+
+
+def test_the_ring_keeps_the_last_n_events_and_counts_the_rest():
+    ring = serving.Ring(np.dtype([("time_us", "<i8"), ("size", "<i8")]), max_count=5, max_age_us=None)
+    for start in range(0, 12, 3):
+        chunk = np.zeros(3, dtype=ring.dtype)
+        chunk["time_us"] = np.arange(start, start + 3)
+        ring.push(chunk)
+    assert ring.count == 5 and ring.dropped == 7
+    assert ring.records()["time_us"].tolist() == [7, 8, 9, 10, 11]
+
+
+def test_the_ring_drops_records_older_than_its_age_bound():
+    ring = serving.Ring(SAMPLE_DTYPE, max_count=1000, max_age_us=10)
+    rows = np.zeros(30, dtype=SAMPLE_DTYPE)
+    rows["time_us"] = np.arange(30)
+    ring.push(rows)
+    assert ring.records()["time_us"].tolist() == list(range(19, 30)) and ring.dropped == 19
+
+
+def test_sigusr2_writes_the_window_and_the_process_goes_on(snap, tmp_path, monkeypatch):
+    path = tmp_path / "usr2.memtrace"
+    s, fake_history, _ = _serving_session(snap, path, monkeypatch, ring_events=50)
+    monkeypatch.setattr(signals, "_previous", {})
+    monkeypatch.setattr(R, "_active", s)  # the process's session, as memtrace.start registers it
+    seen = []
+    old = signal.signal(signal.SIGUSR2, lambda n, f: seen.append(n))  # the program's own handler
+    try:
+        signals._previous[signal.SIGUSR2] = signal.getsignal(signal.SIGUSR2)
+        signal.signal(signal.SIGUSR2, signals._snapshot)  # what install_snapshot installs
+        fake_history.allocate(200)
+        os.kill(os.getpid(), signal.SIGUSR2)
+        w = load_trace(path).window
+        assert w.reason == "signal:SIGUSR2" and w.events_kept == 50 and w.events_dropped == 150
+        assert seen == [signal.SIGUSR2]  # the handler installed before memtrace's was called
+        fake_history.allocate(10)  # still recording
+        assert s.write_window("again") and load_trace(path).window.writes == 2
+    finally:
+        signal.signal(signal.SIGUSR2, old)
+        s.close("stop")
+        S.wait_finishing()
+
+
+def test_a_window_round_trips_through_the_store_and_an_old_trace_has_none(tmp_path):
+    ev = np.zeros(2, dtype=load_trace(FULL).events.dtype)
+    ev["action"] = [ACTION_CODE["alloc"], ACTION_CODE["alloc"]]
+    ev["size"] = [10, 20]
+    ev["stack"] = -1
+    w = ServingWindow(startup_end_us=5, start_us=9, end_us=20, reason="exit", writes=1, events_kept=2,
+                      events_dropped=4, start_state={"allocated_bytes": 1, "reserved_bytes": 2, "exact": True},
+                      steps=[{"time_us": 10, "tokens": 3}], events=ev)  # fmt: skip
+    save_trace(Trace(window=w), tmp_path / "w.memtrace")
+    back = load_trace(tmp_path / "w.memtrace").window
+    assert back.gap_us == 4 and back.events_dropped == 4 and back.steps == [{"time_us": 10, "tokens": 3}]
+    assert np.array_equal(back.events, ev)
+    assert load_trace(FULL).window is None
+    assert window_summary(load_trace(tmp_path / "w.memtrace")).end_allocated_bytes == 31
+
+
+def test_bad_serving_knobs_are_one_clear_error():
+    from memtrace.errors import UsageError
+
+    with pytest.raises(UsageError, match="MEMTRACE_SERVING_EVENTS='0' must be at least 1"):
+        serving.knobs({serving.EVENTS_ENV: "0"})
+    with pytest.raises(UsageError, match="is not a number"):
+        serving.knobs({serving.SECONDS_ENV: "ten"})

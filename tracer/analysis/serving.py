@@ -1,0 +1,189 @@
+"""The serving window of a trace (``MEMTRACE_UNTIL=serving``): what filled the GPU before it was written.
+
+:func:`window_summary` reads ``Trace.window`` (``model.ServingWindow``): the gap after start-up, what the
+rings kept and dropped, PyTorch's state at the window's start and at its end (the start state plus the
+kept events; the allocator state saved with the last write says it for the end, when there is one), the
+window's growth by allocation site (allocations made in the window and still live at its end), the
+reserved-but-unallocated memory at its end (:data:`quantities.RESERVED_UNUSED`), the failed request of an
+OOM inside the window and the scheduler steps around its end. Plain data; no peak of its own.
+
+:func:`window_trace` is the window as a trace of its own (its events, samples and allocator state, one phase
+``serving``), so that the curves, the OOM and ``flame --at oom`` read it with the machinery of a start-up:
+the memory present before the window began is the allocator state at the write less the window's events
+(``curves.baseline``), exact, the gap's dropped events included.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import numpy as np
+
+from .. import facts as F
+from ..model import ACTION_CODE, Frame, Phase, ServingWindow, Trace
+from .frames import meaningful_frame
+
+_ALLOC, _FREE = ACTION_CODE["alloc"], ACTION_CODE["free_completed"]
+_SEG_UP = (ACTION_CODE["segment_alloc"], ACTION_CODE["segment_map"])
+_SEG_DOWN = (ACTION_CODE["segment_free"], ACTION_CODE["segment_unmap"])
+#: How many scheduler steps before the window's end the outputs show.
+STEPS_SHOWN = 5
+#: The one phase of a window's trace (the OOM's phase in serving, ``capture.session.on_oom``).
+SERVING_PHASE = "serving"
+
+
+@dataclass
+class SiteGrowth:
+    """Bytes allocated at one site during the window and still live at its end."""
+
+    frame: Frame | None
+    bytes: int
+    count: int
+
+
+@dataclass
+class WindowSummary:
+    """What ``report`` and ``issue`` say about a serving window (bytes and Unix-epoch microseconds)."""
+
+    window: ServingWindow
+    start_allocated_bytes: int | None
+    start_reserved_bytes: int | None
+    start_exact: bool
+    end_allocated_bytes: int | None
+    end_reserved_bytes: int | None
+    growth: list[SiteGrowth] = field(default_factory=list)
+    oom: dict[str, Any] | None = None
+    steps_before_end: list[dict[str, Any]] = field(default_factory=list)
+
+    @property
+    def gap_us(self) -> int | None:
+        return self.window.gap_us
+
+    @property
+    def reserved_unused_bytes(self) -> int | None:
+        """PyTorch reserved - PyTorch allocated at the window's end (:data:`quantities.RESERVED_UNUSED`)."""
+        if self.end_allocated_bytes is None or self.end_reserved_bytes is None:
+            return None
+        return self.end_reserved_bytes - self.end_allocated_bytes
+
+
+def window_summary(trace: Trace, top: int = 10) -> WindowSummary | None:
+    """The serving window's summary; None for a trace without one (a start-up-only trace)."""
+    w = trace.window
+    if w is None:
+        return None
+    state = w.start_state or {}
+    a0, r0 = state.get("allocated_bytes"), state.get("reserved_bytes")
+    ev = w.events
+    a1 = r1 = None
+    if a0 is not None and r0 is not None:
+        a1 = int(a0) + _sum(ev, (_ALLOC,)) - _sum(ev, (_FREE,))
+        r1 = int(r0) + _sum(ev, _SEG_UP) - _sum(ev, _SEG_DOWN)
+    if w.segments:  # the allocator's own state at the last write: exact whatever the ring dropped
+        r1 = sum(s.total_bytes for s in w.segments)
+        a1 = sum(s.requested_bytes for s in w.segments)
+    oom = trace.facts.get(F.OOM)
+    in_window = isinstance(oom, dict) and w.start_us is not None and int(oom.get("time_us", 0)) >= (w.start_us or 0)
+    return WindowSummary(
+        window=w,
+        start_allocated_bytes=None if a0 is None else int(a0),
+        start_reserved_bytes=None if r0 is None else int(r0),
+        start_exact=bool(state.get("exact")),
+        end_allocated_bytes=a1,
+        end_reserved_bytes=r1,
+        growth=growth_by_site(trace, w, top),
+        oom=dict(oom) if in_window else None,
+        steps_before_end=list(w.steps[-STEPS_SHOWN:]),
+    )
+
+
+def window_trace(trace: Trace) -> Trace | None:
+    """The serving window as a trace of its own; None without a window or with no allocator events in it.
+
+    Its events, NVML samples and final allocator state are the window's; its one phase, ``serving``, spans
+    the window; the process, the interned stacks, the facts (the OOM, vLLM's figures), the KV cache's VMM
+    calls (committed at start-up, held while serving) and the notes of the window's time are the trace's."""
+    w = trace.window
+    if w is None or not len(w.events) or w.start_us is None or w.end_us is None:
+        return None
+    return Trace(
+        process=trace.process,
+        recording=replace(trace.recording, start_us=w.start_us, end_us=w.end_us, end_reason=w.reason),
+        events=w.events,
+        frames=trace.frames,
+        stacks=trace.stacks,
+        segments=w.segments,
+        phases=[Phase(SERVING_PHASE, w.start_us, w.end_us, source="memtrace")],
+        samples=w.samples,
+        vmm=trace.vmm,
+        facts=trace.facts,
+        notes=[n for n in trace.notes if n.time_us >= w.start_us],
+        path=trace.path,
+    )
+
+
+def _sum(events: np.ndarray, codes: tuple[int, ...]) -> int:
+    return int(events["size"][np.isin(events["action"], codes)].sum()) if len(events) else 0
+
+
+def growth_by_site(trace: Trace, w: ServingWindow, top: int = 10) -> list[SiteGrowth]:
+    """Allocations made in the window and not freed by its end, summed by their first meaningful frame."""
+    ev = w.events
+    if not len(ev):
+        return []
+    live: dict[int, tuple[int, int]] = {}  # addr -> (size, stack)
+    for action, addr, size, stack in zip(
+        ev["action"].tolist(), ev["addr"].tolist(), ev["size"].tolist(), ev["stack"].tolist(), strict=True
+    ):
+        if action == _ALLOC:
+            live[addr] = (size, stack)
+        elif action == _FREE:
+            live.pop(addr, None)
+    by: dict[Frame | None, list[int]] = {}
+    frame_of: dict[int, Frame | None] = {}
+    for size, stack in live.values():
+        if stack not in frame_of:
+            frame_of[stack] = meaningful_frame(trace.stack_frames(stack)) if 0 <= stack < len(trace.stacks) else None
+        entry = by.setdefault(frame_of[stack], [0, 0])
+        entry[0] += size
+        entry[1] += 1
+    rows = [SiteGrowth(frame, b, n) for frame, (b, n) in by.items()]
+    rows.sort(key=lambda r: -r.bytes)
+    return rows[:top]
+
+
+def window_doc(ws: WindowSummary) -> dict[str, Any]:
+    """The window in ``report --json`` (bytes and microseconds)."""
+    w = ws.window
+    return {
+        "startup_end_us": w.startup_end_us,
+        "start_us": w.start_us,
+        "end_us": w.end_us,
+        "gap_us": w.gap_us,
+        "reason": w.reason,
+        "writes": w.writes,
+        "events_kept": w.events_kept,
+        "events_dropped": w.events_dropped,
+        "samples_kept": w.samples_kept,
+        "samples_dropped": w.samples_dropped,
+        "steps_kept": w.steps_kept,
+        "steps_dropped": w.steps_dropped,
+        "bounds": w.bounds,
+        "start": {"allocated": ws.start_allocated_bytes, "reserved": ws.start_reserved_bytes, "exact": ws.start_exact},
+        "end": {
+            "allocated": ws.end_allocated_bytes,
+            "reserved": ws.end_reserved_bytes,
+            "reserved_unused": ws.reserved_unused_bytes,
+        },
+        "growth": [
+            {
+                "site": None if g.frame is None else f"{g.frame.filename}:{g.frame.line} {g.frame.name}",
+                "bytes": g.bytes,
+                "count": g.count,
+            }
+            for g in ws.growth
+        ],  # fmt: skip
+        "oom": ws.oom,
+        "steps_before_end": ws.steps_before_end,
+    }

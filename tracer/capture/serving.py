@@ -1,0 +1,260 @@
+"""The serving flight recorder (``MEMTRACE_UNTIL=serving``): bounded rings kept after start-up.
+
+Once vLLM's start-up is written (as ``MEMTRACE_UNTIL=startup`` writes it), the session hands every later
+drain of PyTorch's allocator history to :class:`ServingRecorder` instead of the file: events go into a
+ring bounded by count (``MEMTRACE_SERVING_EVENTS``) and age (``MEMTRACE_SERVING_SECONDS``), NVML samples
+(taken here at ``MEMTRACE_SERVING_SAMPLE_HZ``, the start-up sidecar stopped) and vLLM's scheduler steps
+(``MEMTRACE_SERVING_STEPS``) into rings of their own. :meth:`ServingRecorder.window` turns the rings into
+the trace's :class:`~memtrace.model.ServingWindow`, with what was dropped counted and PyTorch's state at
+the window's first kept event carried forward from the counters read when serving began. The bytes the
+rings may hold are computed from the knobs (:func:`bounds`) and stated in the trace.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from ..errors import UsageError
+from ..model import ACTION_CODE, EVENT_DTYPE, SAMPLE_DTYPE, ServingWindow, empty_events, empty_samples
+
+log = logging.getLogger("memtrace")
+
+EVENTS_ENV = "MEMTRACE_SERVING_EVENTS"
+SECONDS_ENV = "MEMTRACE_SERVING_SECONDS"
+SAMPLE_HZ_ENV = "MEMTRACE_SERVING_SAMPLE_HZ"
+STEPS_ENV = "MEMTRACE_SERVING_STEPS"
+DRAIN_S_ENV = "MEMTRACE_SERVING_DRAIN_S"
+
+#: Defaults: the last 1,000,000 allocator events and at most 10 minutes of them, NVML at 10 Hz, the last
+#: 10,000 scheduler steps, a drain of PyTorch's history into the ring every 5 s (or sooner, once half of
+#: its own ring is pending: the watchdog's rule).
+DEFAULTS: dict[str, float] = {
+    EVENTS_ENV: 1_000_000,
+    SECONDS_ENV: 600.0,
+    SAMPLE_HZ_ENV: 10.0,
+    STEPS_ENV: 10_000,
+    DRAIN_S_ENV: 5.0,
+}
+#: What one kept step costs at most (a small dict of ints: measured with sys.getsizeof, rounded up).
+STEP_BYTES = 640
+_DELTAS = {  # action -> (allocated sign, reserved sign)
+    ACTION_CODE["alloc"]: (1, 0),
+    ACTION_CODE["free_completed"]: (-1, 0),
+    ACTION_CODE["segment_alloc"]: (0, 1),
+    ACTION_CODE["segment_free"]: (0, -1),
+    ACTION_CODE["segment_map"]: (0, 1),
+    ACTION_CODE["segment_unmap"]: (0, -1),
+}
+
+
+def knobs(environ: dict[str, str] | None = None) -> dict[str, float]:
+    """The serving knobs from the environment (defaults for unset ones); UsageError for a bad value."""
+    environ = os.environ if environ is None else environ
+    out: dict[str, float] = {}
+    for name, default in DEFAULTS.items():
+        text = environ.get(name, "").strip()
+        if not text:
+            out[name] = default
+            continue
+        try:
+            value = float(text)
+        except ValueError:
+            raise UsageError(f"{name}={text!r} is not a number") from None
+        if value < 0 or (name == EVENTS_ENV and value < 1):
+            raise UsageError(f"{name}={text!r} must be {'at least 1' if name == EVENTS_ENV else '0 or more'}")
+        out[name] = value
+    return out
+
+
+def bounds(k: dict[str, float], torch_entries: int | None) -> dict[str, Any]:
+    """The rings' limits and the most bytes they may hold (events and samples are packed numpy records;
+    PyTorch's own history ring of ``torch_entries`` is PyTorch's memory, stated beside it)."""
+    events = int(k[EVENTS_ENV])
+    samples = int(k[SAMPLE_HZ_ENV] * k[SECONDS_ENV]) if k[SECONDS_ENV] else int(k[SAMPLE_HZ_ENV] * 3600)
+    steps = int(k[STEPS_ENV])
+    ring_bytes = events * EVENT_DTYPE.itemsize + samples * SAMPLE_DTYPE.itemsize + steps * STEP_BYTES
+    return {
+        "max_events": events,
+        "max_age_s": k[SECONDS_ENV] or None,
+        "sample_hz": k[SAMPLE_HZ_ENV],
+        "max_samples": samples,
+        "max_steps": steps,
+        "drain_s": k[DRAIN_S_ENV],
+        "event_bytes": EVENT_DTYPE.itemsize,
+        "ring_bytes_max": ring_bytes,
+        "torch_history_entries": torch_entries,
+    }
+
+
+class Ring:
+    """Packed records (numpy chunks) kept by count and by age; the records pushed out are counted and
+    handed to ``on_drop`` (the state carried forward over them)."""
+
+    def __init__(self, dtype: np.dtype, max_count: int, max_age_us: int | None, on_drop: Callable | None = None):
+        self.dtype = dtype
+        self.max_count = int(max_count)
+        self.max_age_us = max_age_us
+        self.on_drop = on_drop
+        self.chunks: deque[np.ndarray] = deque()
+        self.count = 0
+        self.dropped = 0
+
+    def push(self, records: np.ndarray) -> None:
+        if len(records):
+            self.chunks.append(np.ascontiguousarray(records, dtype=self.dtype))
+            self.count += len(records)
+        self.trim()
+
+    def trim(self, now_us: int | None = None) -> None:
+        """Drop the oldest records past the count, and those older than ``max_age_us`` before the newest
+        record (or before ``now_us``)."""
+        while self.count > self.max_count:
+            self._drop_front(self.count - self.max_count)
+        if self.max_age_us and self.chunks:
+            newest = int(self.chunks[-1]["time_us"][-1]) if now_us is None else now_us
+            limit = newest - self.max_age_us
+            while self.chunks and int(self.chunks[0]["time_us"][0]) < limit:
+                front = self.chunks[0]
+                self._drop_front(int(np.searchsorted(front["time_us"], limit, side="left")) or len(front))
+
+    def _drop_front(self, n: int) -> None:
+        front = self.chunks[0]
+        n = min(n, len(front))
+        gone, rest = front[:n], front[n:]
+        if rest.size:
+            self.chunks[0] = rest
+        else:
+            self.chunks.popleft()
+        self.count -= n
+        self.dropped += n
+        if self.on_drop is not None:
+            self.on_drop(gone)
+
+    def records(self) -> np.ndarray:
+        if not self.chunks:
+            return np.zeros(0, dtype=self.dtype)
+        return np.concatenate(list(self.chunks))
+
+
+class ServingRecorder:
+    """The rings of one session after start-up, and what they make of a serving window."""
+
+    def __init__(self, k: dict[str, float], *, startup_end_us: int, start_state: dict[str, Any], torch_entries=None):
+        self.knobs = k
+        self.startup_end_us = int(startup_end_us)
+        self.begun_us = self.startup_end_us
+        age = int(k[SECONDS_ENV] * 1e6) if k[SECONDS_ENV] else None
+        self.bounds = bounds(k, torch_entries)
+        self.lock = threading.Lock()
+        self.events = Ring(EVENT_DTYPE, self.bounds["max_events"], age, self._carry)
+        self.samples = Ring(SAMPLE_DTYPE, self.bounds["max_samples"], age)
+        self.steps: deque[dict[str, Any]] = deque()
+        self.steps_dropped = 0
+        self.state = dict(start_state)  # PyTorch's state at the first kept event (carried forward)
+        self.writes = 0
+        self._sampler: threading.Thread | None = None
+        self._stop = threading.Event()
+
+    # -- feeding -------------------------------------------------------------------------------
+    def add_events(self, events: np.ndarray) -> None:
+        with self.lock:
+            self.events.push(events)
+
+    def add_samples(self, samples: np.ndarray) -> None:
+        with self.lock:
+            self.samples.push(samples)
+
+    def add_step(self, step: dict[str, Any]) -> None:
+        """One vLLM scheduler step (``time_us``, ``duration_us``, ``requests``, ``tokens``...)."""
+        with self.lock:
+            self.steps.append(step)
+            limit, age = self.bounds["max_steps"], self.bounds["max_age_s"]
+            while len(self.steps) > limit or (
+                age and self.steps and step["time_us"] - self.steps[0]["time_us"] > age * 1e6
+            ):
+                self.steps.popleft()
+                self.steps_dropped += 1
+
+    def _carry(self, gone: np.ndarray) -> None:
+        """Events leave the ring: the window's start state moves past them."""
+        if "allocated_bytes" not in self.state:
+            return
+        for code, (a, r) in _DELTAS.items():
+            size = int(gone["size"][gone["action"] == code].sum())
+            self.state["allocated_bytes"] += a * size
+            self.state["reserved_bytes"] += r * size
+
+    # -- NVML ----------------------------------------------------------------------------------
+    def start_sampler(self, uuid: str | None, add_note: Callable[[str, str], None]) -> None:
+        """Sample NVML's used memory of the device at the serving rate on a thread (no CUDA context)."""
+        hz = self.knobs[SAMPLE_HZ_ENV]
+        if hz <= 0:
+            return
+        try:
+            import pynvml
+
+            pynvml.nvmlInit()
+            handle = pynvml.nvmlDeviceGetHandleByUUID(uuid) if uuid else pynvml.nvmlDeviceGetHandleByIndex(0)
+        except Exception as exc:  # noqa: BLE001 - no NVML (a CPU worker, no driver): said once
+            add_note("warning", f"no NVML samples in the serving window: {exc}")
+            return
+        self._sampler = threading.Thread(target=self._sample, args=(pynvml, handle, hz), name="memtrace-serving-nvml")
+        self._sampler.daemon = True
+        self._sampler.start()
+
+    def _sample(self, pynvml: Any, handle: Any, hz: float) -> None:
+        period = 1.0 / hz
+        while not self._stop.wait(period):
+            try:
+                used = int(pynvml.nvmlDeviceGetMemoryInfo(handle).used)
+            except Exception as exc:  # noqa: BLE001 - stop sampling, say why in the log
+                log.warning("memtrace: serving NVML sampler stopped: %s", exc)
+                return
+            row = np.zeros(1, dtype=SAMPLE_DTYPE)
+            row["time_us"], row["used_bytes"] = time.time_ns() // 1000, used
+            self.add_samples(row)
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    # -- the window ----------------------------------------------------------------------------
+    def window(self, *, now_us: int, reason: str, segments: list) -> ServingWindow:
+        """The serving window as it stands: the rings' records, what they dropped, the start state."""
+        with self.lock:
+            self.events.trim(now_us)
+            self.samples.trim(now_us)
+            self.writes += 1
+            events = self.events.records() if self.events.count else empty_events()
+            samples = self.samples.records() if self.samples.count else empty_samples()
+            steps = list(self.steps)
+            starts = [int(a["time_us"][0]) for a in (events, samples) if len(a)]
+            starts += [int(steps[0]["time_us"])] if steps else []
+            dropped = self.events.dropped or self.samples.dropped or self.steps_dropped
+            start = min(starts) if starts else (now_us if dropped else self.begun_us)
+            return ServingWindow(
+                startup_end_us=self.startup_end_us,
+                start_us=start if dropped else min(start, self.begun_us),
+                end_us=int(now_us),
+                reason=reason,
+                writes=self.writes,
+                events_kept=int(len(events)),
+                events_dropped=self.events.dropped,
+                samples_kept=int(len(samples)),
+                samples_dropped=self.samples.dropped,
+                steps_kept=len(steps),
+                steps_dropped=self.steps_dropped,
+                bounds=dict(self.bounds),
+                start_state=dict(self.state),
+                steps=steps,
+                events=events,
+                samples=samples,
+                segments=list(segments),
+            )
