@@ -160,13 +160,19 @@ def make_driver_vmm(monkeypatch):
     return make_driver(load_vmm_driver(monkeypatch), capacity=80 << 30)
 
 
+def installed_034_plugin() -> plugin.Plugin:
+    """The plugin as vLLM 0.34.0 loads it, its hooks installed (uninstall it in a finally)."""
+    p = plugin.Plugin()
+    p.version, p.version_text = (0, 34), "0.34.0"
+    p.install()
+    return p
+
+
 def test_a_034_startup_is_phased_sized_and_ends_after_the_kv_cache_is_extended(monkeypatch, tmp_path):
     monkeypatch.setenv("MEMTRACE_DIR", str(tmp_path / "run"))
     monkeypatch.setenv("MEMTRACE_CMDLINE", '["vllm", "serve", "m"]')
     Worker, fake = fake_034(monkeypatch, tmp_path)
-    p = plugin.Plugin()
-    p.version, p.version_text = (0, 34), "0.34.0"
-    p.install()
+    p = installed_034_plugin()
     try:
         w = Worker()
         w.init_device()
@@ -224,9 +230,7 @@ def test_a_refused_extensible_kv_cache_records_the_zero_blocks_vllm_sized_not_it
     Worker, _ = fake_034(monkeypatch, tmp_path)
     gw = sys.modules["vllm.v1.worker.gpu_worker"]
     gw.measure_kv_cache_blocks = lambda kv_cache, vllm_config, device, *, init_free_memory, requested_memory: 0
-    p = plugin.Plugin()
-    p.version, p.version_text = (0, 34), "0.34.0"
-    p.install()
+    p = installed_034_plugin()
     try:
         w = Worker()
         w.init_device()
@@ -252,9 +256,7 @@ def test_a_refused_extensible_kv_cache_records_the_zero_blocks_vllm_sized_not_it
 def test_without_the_extensible_kv_cache_startup_ends_after_warm_up(monkeypatch, tmp_path):
     monkeypatch.setenv("MEMTRACE_DIR", str(tmp_path / "run"))
     Worker, _ = fake_034(monkeypatch, tmp_path)
-    p = plugin.Plugin()
-    p.version, p.version_text = (0, 34), "0.34.0"
-    p.install()
+    p = installed_034_plugin()
     try:
         w = Worker()
         w.cache_config.enable_extensible_kv_cache = False

@@ -117,6 +117,20 @@ want moe-092 && [ "$(left)" -gt 120 ] && traced moe-092 /tmp/model-moe --gpu-mem
 want dense-ext && [ "$(left)" -gt 150 ] && traced dense-ext /tmp/model-dense
 want dense-noext && [ "$(left)" -gt 120 ] && traced dense-noext /tmp/model-dense --no-enable-extensible-kv-cache
 
+# the holder: another process that leaves only N bytes of the GPU free (a smaller card), until killed
+write_holder() {
+  cat > "$W/leave.py" <<'PY'
+"""Hold all but N bytes of the GPU's free memory until killed (another process on a shared GPU: a smaller card)."""
+import os, sys, time
+import torch
+free, total = torch.cuda.mem_get_info()
+x = torch.empty(free - int(sys.argv[1]), dtype=torch.uint8, device="cuda"); x.fill_(1)
+torch.cuda.synchronize(); free, total = torch.cuda.mem_get_info()
+print(f"holder pid {os.getpid()} holds {x.numel()} B; cudaMemGetInfo free {free} B of {total} B", flush=True)
+while True:
+    time.sleep(1)
+PY
+}
 if want small-ext && [ "$(left)" -gt 150 ]; then
   mkdir -p "$W/small-ext-holder"
   cat > "$W/holder.py" <<'PY'
@@ -167,17 +181,7 @@ small_runs() {  # SMALL's start-ups beside a holder that leaves SMALL_FREE bytes
     P=$(pre_kv_peak "$SMALL_FROM"); FREE=$((P - ${SMALL_MARGIN:-268435456}))
     log "(small) pre-KV device-used peak of $SMALL_FROM: $P B; leaving $FREE B free"
   fi
-  cat > "$W/leave.py" <<'PY'
-"""Hold all but N bytes of the GPU's free memory until killed (another process on a shared GPU: a smaller card)."""
-import os, sys, time
-import torch
-free, total = torch.cuda.mem_get_info()
-x = torch.empty(free - int(sys.argv[1]), dtype=torch.uint8, device="cuda"); x.fill_(1)
-torch.cuda.synchronize(); free, total = torch.cuda.mem_get_info()
-print(f"holder pid {os.getpid()} holds {x.numel()} B; cudaMemGetInfo free {free} B of {total} B", flush=True)
-while True:
-    time.sleep(1)
-PY
+  write_holder
   mkdir -p "$W/holder"
   start "$W/holder/holder.log" python3 "$W/leave.py" "$FREE"
   H=$SID
@@ -245,17 +249,7 @@ serve_start() {  # serve_start DIR on|off [FLAGS...] -> SID; waits for "Applicat
 }
 if want serving && [ "$(left)" -gt 200 ]; then
   d=$W/serving; rm -rf "$d"; mkdir -p "$d"
-  cat > "$W/leave.py" <<'PY'
-"""Hold all but N bytes of the GPU's free memory until killed (another process on a shared GPU: a smaller card)."""
-import os, sys, time
-import torch
-free, total = torch.cuda.mem_get_info()
-x = torch.empty(free - int(sys.argv[1]), dtype=torch.uint8, device="cuda"); x.fill_(1)
-torch.cuda.synchronize(); free, total = torch.cuda.mem_get_info()
-print(f"holder pid {os.getpid()} holds {x.numel()} B; cudaMemGetInfo free {free} B of {total} B", flush=True)
-while True:
-    time.sleep(1)
-PY
+  write_holder
   start "$d/holder.log" python3 "$W/leave.py" "${SMALL_FREE:-25769803776}"; H=$SID
   if wait_log "$d/holder.log" "holder pid" "$H" 60; then
     tee -a "$OUT/progress.log" < "$d/holder.log"
