@@ -29,7 +29,7 @@ def test_fits_on_a_training_snapshot_says_no_vllm_words(capsys):
     assert main(["fits", str(TRAINING), "--capacity", "24GiB,16GiB"]) == 1
     out = capsys.readouterr().out
     assert "vLLM fills" not in out and "non-KV" not in out and "before KV sizing" not in out
-    assert "16.00 GiB  OOM before the first phase (needs 3.97 GiB more)" in out
+    assert "16.00 GiB  OOM outside any phase (needs 3.97 GiB more)" in out  # nothing invents "before the first phase"
     assert main(["fits", str(TRAINING), "--capacity", "24GiB", "--json"]) == 0
     (answer,) = json.loads(capsys.readouterr().out)["fits"]
     assert answer["capacity_bytes"] - answer["headroom_bytes"] == answer["pre_kv_peak_bytes"] == 21_443_379_200
