@@ -29,8 +29,8 @@ API_SERVER = TP1 / "vm_15005.async_llm.1796418706581720240.pt.trace.json.xz"
 
 
 def need(path: Path) -> Path:
-    if not path.exists():
-        pytest.skip(f"{path} is not shipped")
+    """The recorded file, which ships with the repo: missing is a failure, never a skip."""
+    assert path.exists(), f"{path} is not in the checkout (tests/data/vllm-cpu-profiler ships it)"
     return path
 
 
