@@ -6,7 +6,8 @@
 Prompts are token ids (the server may run with ``--skip-tokenizer-init``), fixed by ``--seed``; every request asks
 for ``--max-tokens`` tokens with ``ignore_eos`` so output lengths are fixed. ``burst`` keeps ``--concurrency``
 requests in flight, prompts growing to ``--prompt-tokens``, until the server stops answering (the engine died)
-or ``--max-s`` passed; ``bench`` sends ``--requests`` at a constant ``--rate`` per second and writes output
+or ``--max-s`` passed; ``--prompt-logprobs N`` asks for the logprobs of every prompt token (fp32 logits of the whole
+prefill chunk, which vLLM's memory profiling does not size: a real way for serving to outgrow start-up); ``bench`` sends ``--requests`` at a constant ``--rate`` per second and writes output
 throughput (tokens/s) and p50/p99 latency (s). Both write one JSON document. No dependency beyond Python.
 """
 
@@ -34,6 +35,9 @@ def _request(args, prompt: list[int]) -> tuple[bool, float, int, str]:
         "temperature": 0,
         "ignore_eos": True,
     }
+    if args.prompt_logprobs is not None:  # logits of every prompt token: vLLM's profile_run never sizes this
+        body["prompt_logprobs"] = args.prompt_logprobs
+        body["return_tokens_as_token_ids"] = True  # the server may have no tokenizer
     headers = {"Content-Type": "application/json"}
     if args.api_key:
         headers["Authorization"] = f"Bearer {args.api_key}"
@@ -160,6 +164,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--max-s", type=float, default=120.0)
     p.add_argument("--requests", type=int, default=200)
     p.add_argument("--rate", type=float, default=8.0)
+    p.add_argument("--prompt-logprobs", type=int, default=None, help="ask each request's prompt logprobs (top N)")
     p.add_argument("--out", default="")
     args = p.parse_args(argv)
     args.model = _model(args)

@@ -17,9 +17,13 @@
 #                SMALL_FROM=name: the pre-KV device-used peak of that grid run minus SMALL_MARGIN bytes;
 #                SMALL="name:model:flags;..." as GRID; run before grid (after it with SMALL_FROM), the holder
 #                stopped before the grid's whole-card runs
+#   annotations  issue 29: tests/gpu/record_annotations.py under the stage's torch (annotate entries, user metadata)
+#   profiler     issue 29: vLLM's own --profiler-config (torch, memory on) around one completion (moe, eager)
 #   serving      issue 30: `vllm serve` (moe, extensible KV) under `memtrace run --until serving` beside a holder that
 #                leaves SMALL_FREE bytes free (default 24 GiB), a bounded burst from serving_client.py (127.0.0.1)
-#                until the engine dies (or SERVE_BURST_S); then SIGUSR2 if it still lives, SIGTERM; packs the run
+#                until the engine dies (or SERVE_BURST_S); then SIGUSR2 if it still lives, SIGTERM; packs the run.
+#                NEIGHBOUR_LEAVE=N: once vLLM is up, another process takes all but N bytes of what is free
+#                (a job that starts later on a shared GPU); BURST_ARGS: more serving_client.py burst flags
 #   serving-cost issue 30: ROUNDS (>= 3) alternating rounds, plugin in serving mode on / off, the same fixed-rate
 #                benchmark (serving_client.py bench: BENCH_REQUESTS at BENCH_RATE/s); serving-cost.json in $OUT
 #                (a warm moe start-up takes ~85 s of wall time: 3 rounds need two calls, ROUNDS=2, then
@@ -235,6 +239,37 @@ if want cost; then
   cut -f1,2,5 "$W/cost/runs.tsv" | tee -a "$OUT/progress.log"
 fi
 
+# ---- issue 29: the files users already have, recorded here ------------------------------------------------
+if want annotations; then  # torch 2.14's user annotations and pinned host history (the stage's torch)
+  mkdir -p "$W/annotations"
+  timeout 120 python3 tests/gpu/record_annotations.py "$W/annotations" > "$W/annotations/out.txt" 2>&1; log "(annotations) exit $?"
+  tee -a "$OUT/progress.log" < "$W/annotations/out.txt" | tail -8
+  pack
+fi
+if want profiler && [ "$(left)" -gt 200 ]; then  # vLLM's own torch profiler, memory on, around one completion
+  d=$W/profiler; rm -rf "$d"; mkdir -p "$d/profiles"; next_port
+  PCFG="{\"profiler\": \"torch\", \"torch_profiler_dir\": \"$d/profiles\", \"torch_profiler_with_memory\": true}"
+  start "$d/vllm.log" python3 -m vllm.entrypoints.openai.api_server --model /tmp/model-moe --port "$NEXT_PORT" "${COMMON[@]}" \
+    --enforce-eager --profiler-config "$PCFG"
+  P=$SID
+  if wait_log "$d/vllm.log" "Application startup complete" "$P" $(( $(left) - 60 )); then
+    post() { python3 -c "import sys, urllib.request as u; r = u.Request(sys.argv[1], data=b'', method='POST', headers={'Authorization': 'Bearer memtrace-secret-key'}); print(u.urlopen(r, timeout=300).status)" "http://127.0.0.1:$NEXT_PORT$1" 2>&1 | tail -1; }
+    log "(profiler) start_profile: $(post /start_profile)"
+    python3 "$HERE/serving_client.py" bench --port "$NEXT_PORT" --api-key memtrace-secret-key --requests 1 --rate 1 \
+      --prompt-tokens 64 --max-tokens 2 --out "$d/completion.json" > /dev/null 2>&1
+    log "(profiler) completion: $(tr -d '\n ' < "$d/completion.json" | cut -c1-200)"
+    log "(profiler) stop_profile: $(post /stop_profile)"
+    for _ in $(seq 60); do ls "$d"/profiles/*rank0*.pt.trace.json.gz > /dev/null 2>&1 && break; sleep 1; done; sleep 5
+  else
+    log "(profiler) the server did not start"; tail -20 "$d/vllm.log" | tee -a "$OUT/progress.log"
+  fi
+  stop_session "$P" 20
+  ls -la "$d/profiles" | tee -a "$OUT/progress.log"
+  timeout 120 python3 -m memtrace report "$d/profiles" > "$d/report.txt" 2>&1; log "(profiler) report exit $?"
+  head -40 "$d/report.txt" | tee -a "$OUT/progress.log"
+  pack
+fi
+
 # ---- serving (issue 30): a real serving OOM, and what serving mode costs ----------------------------------
 serve_start() {  # serve_start DIR on|off [FLAGS...] -> SID; waits for "Application startup complete"
   local d=$1 mode=$2; shift 2; next_port
@@ -255,10 +290,14 @@ if want serving && [ "$(left)" -gt 200 ]; then
     tee -a "$OUT/progress.log" < "$d/holder.log"
     start /dev/null nvidia-smi --query-gpu=timestamp,memory.used,memory.total --format=csv,noheader,nounits -lms 100 -f "$d/nvidia-smi.csv"; smi=$SID
     if serve_start "$d" on ${SERVE_FLAGS:-}; then
+      if [ -n "${NEIGHBOUR_LEAVE:-}" ]; then  # another process starts on the GPU after vLLM (vLLM's own warning names it)
+        start "$d/neighbour.log" python3 "$W/leave.py" "$NEIGHBOUR_LEAVE"; NB=$SID
+        wait_log "$d/neighbour.log" "holder pid" "$NB" 60 && { log "(serving) neighbour after start-up:"; tee -a "$OUT/progress.log" < "$d/neighbour.log"; }
+      fi
       log "(serving) ready; burst ($(left)s left)"
       timeout $(( $(left) - 40 )) python3 "$HERE/serving_client.py" burst --port "$NEXT_PORT" --api-key memtrace-secret-key \
         --concurrency "${BURST_CONCURRENCY:-64}" --prompt-tokens "${BURST_PROMPT:-16384}" --max-tokens "${BURST_MAX_TOKENS:-512}" \
-        --max-s "${SERVE_BURST_S:-120}" --out "$d/burst.json" > /dev/null 2>&1
+        --max-s "${SERVE_BURST_S:-120}" ${BURST_ARGS:-} --out "$d/burst.json" > /dev/null 2>&1
       log "(serving) burst: $(tr -d '\n' < "$d/burst.json" 2>/dev/null | cut -c1-300)"
       for f in "$d"/run/*-pid*.memtrace; do  # only the worker (its pid names its trace): SIGUSR2 kills the others
         wp=$(basename "$f" | sed -E 's/.*-pid([0-9]+).*/\1/'); kill -0 "$wp" 2>/dev/null && kill -USR2 "$wp" && log "(serving) SIGUSR2 -> worker $wp"
@@ -267,7 +306,7 @@ if want serving && [ "$(left)" -gt 200 ]; then
     else
       log "(serving) the server did not start"
     fi
-    stop_session "$SERVE_SID" 20; stop_session "$smi" 2
+    stop_session "$SERVE_SID" 20; stop_session "$smi" 2; [ -n "${NB:-}" ] && stop_session "$NB" 5
     grep -E "memtrace|OutOfMemory|CUDA out of memory|Error" "$d/vllm.log" | cut -c1-400 | head -40 | tee -a "$OUT/progress.log"
     timeout 90 python3 -m memtrace report "$d/run" > "$d/report.txt" 2>&1; log "(serving) report exit $?"
     sed -n '/Serving window/,/Warnings/p' "$d/report.txt" | tee -a "$OUT/progress.log"
