@@ -274,7 +274,7 @@ fi
 serve_start() {  # serve_start DIR on|off [FLAGS...] -> SID; waits for "Application startup complete"
   local d=$1 mode=$2; shift 2; next_port
   if [ "$mode" = on ]; then
-    start "$d/vllm.log" env PYTHONFAULTHANDLER=1 MEMTRACE_STACKS=python python3 -m memtrace run --dir "$d/run" --until serving -- \
+    start "$d/vllm.log" env PYTHONFAULTHANDLER=1 MEMTRACE_STACKS="${SERVE_STACKS:-python}" python3 -m memtrace run --dir "$d/run" --until serving -- \
       python3 -m vllm.entrypoints.openai.api_server --model /tmp/model-moe --port "$NEXT_PORT" "${COMMON[@]}" "$@"
   else
     start "$d/vllm.log" python3 -m vllm.entrypoints.openai.api_server --model /tmp/model-moe --port "$NEXT_PORT" "${COMMON[@]}" "$@"
@@ -324,7 +324,7 @@ if want serving-cost; then
     for mode in "${order[@]}"; do
       [ "$(left)" -lt 150 ] && { log "(serving-cost) out of time before round $p $mode"; break 2; }
       r=$d/round$p-$mode; mkdir -p "$r"
-      if serve_start "$r" "$mode"; then
+      if serve_start "$r" "$mode" ${SERVE_FLAGS:-}; then
         python3 "$HERE/serving_client.py" bench --port "$NEXT_PORT" --api-key memtrace-secret-key --requests "${BENCH_REQUESTS:-200}" \
           --rate "${BENCH_RATE:-8}" --prompt-tokens 512 --max-tokens 128 --seed 0 --out "$r/bench.json" > /dev/null 2>&1
         log "(serving-cost) round $p $mode: $(python3 -c "import json,sys; d=json.load(open(sys.argv[1])); print(d['output_tokens_per_s'], d['latency_p50_s'], d['latency_p99_s'], d['completed'])" "$r/bench.json" 2>&1)"
