@@ -1,8 +1,8 @@
 """The text and markdown renderer of a Summary: what ``memtrace report`` prints.
 
 Reads analysis results only (``memtrace.analysis.summary.Summary``). Sizes print in GiB with two
-decimals and times in seconds since the start of the recording; the exact integers are in
-``memtrace report --json``.
+decimals (a figure too small for them in its own unit: ``memtrace.units``) and times in seconds since the
+start of the recording; the exact integers are in ``memtrace report --json``.
 """
 
 from __future__ import annotations

