@@ -55,3 +55,30 @@ def test_a_cpu_workers_kib_peaks_read_in_kib_in_every_text_output_and_json_keeps
     assert "- **Who held it** at the peak: 4.23 KiB (51 %) `<op>:0 aten::empty` (1 blocks)" in md
     capsys.readouterr()
     assert "allocated peak at least 9.24 KiB at 0.05 s" in _flat(_view_doc(tmp_path, TP1)["report"])
+
+
+def test_cpu_ranks_are_compared_by_allocated_and_a_tie_peaked_equally_never_0_00_higher(capsys, tmp_path):
+    text = _out(capsys, "report", str(need(TP2)))
+    section = text.split("Ranks side by side", 1)[1]
+    flat = _flat(section)
+    assert "process peak allocated GiB at verdict phase" in flat
+    assert "host (CPU) of rank 0 8.24 KiB 0.06 s no target -" in flat
+    assert "host (CPU) of rank 1 8.24 KiB 0.06 s no target -" in flat
+    assert "host (CPU) of rank 0 and host (CPU) of rank 1 peaked equally (8.24 KiB)" in flat
+    assert "higher than the next" not in flat and "0.00 GiB" not in section
+    assert "Worst: host (CPU) of rank 0 (highest allocated peak, 8.24 KiB)" in flat
+    sbs = json.loads(_out(capsys, "report", "--json", str(TP2)))["side_by_side"]
+    assert sbs["quantity"] == "allocated"
+    assert [(r["label"], r["peak_bytes"]) for r in sbs["rows"]] == [
+        ("host (CPU) of rank 0", 8_436),
+        ("host (CPU) of rank 1", 8_436),
+    ]
+    assert sbs["top_ranks"] == ["host (CPU) of rank 0", "host (CPU) of rank 1"] and sbs["top_excess_bytes"] == 0
+    # the verdict's sentence (the issue's first line, the view's headline) names the same quantity
+    assert main(["issue", str(TP2), "-o", str(tmp_path / "issue")]) == 0
+    md = (tmp_path / "issue" / "issue.md").read_text()
+    first = "No target to compare with: PyTorch allocated of host (CPU) of rank 0 peaked at no less than 8.24 KiB."
+    assert f"**{first}**" in md
+    capsys.readouterr()
+    headline = _view_doc(tmp_path, TP1)["headline"]
+    assert headline == "No target to compare with: PyTorch allocated peaked at no less than 9.24 KiB."

@@ -387,6 +387,19 @@ MEMORY_OF_ROLE = {"host": "CPU (host) memory", "pinned-host": "pinned host memor
 DEVICE_MEMORY = "GPU memory"
 
 
+def holds_reserved(process) -> bool:
+    """Whether a trace of ``process`` (``model.Process``) has PyTorch reserved memory: every trace but the CPU's
+    from torch.profiler (role "host": torch's CPU allocator caches no segments, its 'Total Reserved' stays 0),
+    which holds PyTorch allocated alone, counted from the profiler's start (:data:`CPU_PROFILED`)."""
+    return process.role != "host"
+
+
+def ranked_by(process) -> Quantity:
+    """The quantity a trace's peak is compared by, across ranks and in the run's verdict: :data:`RESERVED`, what
+    the caching allocator held; :data:`ALLOCATED` for a trace without reserved memory (:func:`holds_reserved`)."""
+    return RESERVED if holds_reserved(process) else ALLOCATED
+
+
 def memory_of(traces) -> str:
     """What the memory of ``traces`` is: "GPU memory", "CPU (host) memory", "pinned host memory", or
     "GPU and CPU (host) memory" (one name per kind, in order) for a run that holds several kinds."""
