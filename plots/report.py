@@ -84,5 +84,6 @@ def render(run, file: TextIO, *, width: int = 100, markdown: bool = False) -> No
         render_missing(file, run, markdown)
     if run.multi:
         file.write(f"Times: {run.origin.sentence}\n")
-    held = {q for r in run.ranks for q in quantities.present(r.curves)}
-    render_definitions(file, width, markdown, tuple(q for q in quantities.QUANTITIES if q in held))
+    held = {q for r in run.ranks for q in quantities.present(r.curves, r.trace.process)}
+    shown = tuple(q for q in quantities.QUANTITIES if q in held)
+    render_definitions(file, width, markdown, shown, quantities.memory_meanings([t.process for t in run.traces]))

@@ -10,6 +10,7 @@ import json
 import re
 from pathlib import Path
 
+from memtrace.analysis.quantities import CPU_PROFILED
 from memtrace.cli import main
 
 DATA = Path(__file__).resolve().parents[1] / "data"
@@ -82,3 +83,24 @@ def test_cpu_ranks_are_compared_by_allocated_and_a_tie_peaked_equally_never_0_00
     capsys.readouterr()
     headline = _view_doc(tmp_path, TP1)["headline"]
     assert headline == "No target to compare with: PyTorch allocated peaked at no less than 9.24 KiB."
+
+
+def test_the_definitions_of_a_cpu_trace_define_allocated_and_the_cpus_memory_never_cuda(capsys, tmp_path):
+    for path in (need(TP1), need(TP2), need(MLP)):
+        text = _out(capsys, "report", str(path))
+        definitions = _flat(text.split("\nDefinitions\n-----------\n", 1)[1])
+        assert definitions.startswith("PyTorch allocated = bytes live in tensors as the program requested them")
+        assert f"CPU (host) memory = {CPU_PROFILED}." in definitions
+        for word in ("CUDA", "cuda", "PyTorch reserved", "blocks", "present before recording began", "GPU"):
+            assert word not in definitions, (path.name, word)
+        # nor does the report speak of reserved memory it does not hold ("reserved at least 0.00 GiB", a phase's
+        # "reserved GiB" columns of 0.00)
+        assert "reserved at least" not in text and "reserved GiB" not in text and "0.00 GiB" not in text
+    assert "Top holders at the allocated peak (0.05 s), by allocating site" in _out(capsys, "report", str(TP1))
+    phases = _flat(_out(capsys, "report", str(MLP)).split("\nPhases\n", 1)[1].split("\nPeak\n", 1)[0])
+    assert "seconds allocated GiB NVML phase start end end peak Δ peak" in phases
+    assert "backward 0.05 0.08 2.50 MiB 2.75 MiB +2.22 MiB -" in phases
+    assert main(["issue", str(TP2), "-o", str(tmp_path / "issue")]) == 0
+    md = (tmp_path / "issue" / "issue.md").read_text()
+    assert "- **Peak:** PyTorch allocated at least 8.24 KiB at 0.06 s outside any phase (a lower bound: " in md
+    assert "0.00 GiB" not in md
