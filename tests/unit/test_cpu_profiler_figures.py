@@ -34,6 +34,11 @@ def _flat(text: str) -> str:
     return " ".join(text.split())
 
 
+def _issue_md(tmp_path: Path, run: Path) -> str:
+    assert main(["issue", str(run), "-o", str(tmp_path / "issue"), "--force"]) == 0
+    return (tmp_path / "issue" / "issue.md").read_text()
+
+
 def _view_doc(tmp_path: Path, run: Path) -> dict:
     assert main(["view", str(run), "-o", str(tmp_path / "v.html"), "--force"]) == 0
     return json.loads(re.search(r'id="mt-doc">(.*?)</script>', (tmp_path / "v.html").read_text(), re.S)[1])
@@ -51,8 +56,7 @@ def test_a_cpu_workers_kib_peaks_read_in_kib_in_every_text_output_and_json_keeps
     assert "allocated peak at least 2.75 MiB at 0.07 s in backward" in mlp
     diff = _flat(_out(capsys, "diff", str(TP1), str(need(TP2)), "--rank", "0"))
     assert "peak allocated 9.24 KiB → 8.24 KiB -1.0 KiB (-10.8%)" in diff
-    assert main(["issue", str(TP2), "-o", str(tmp_path / "issue")]) == 0
-    md = (tmp_path / "issue" / "issue.md").read_text()
+    md = _issue_md(tmp_path, TP2)
     assert "- **Who held it** at the peak: 4.23 KiB (51 %) `<op>:0 aten::empty` (1 blocks)" in md
     capsys.readouterr()
     assert "allocated peak at least 9.24 KiB at 0.05 s" in _flat(_view_doc(tmp_path, TP1)["report"])
@@ -76,8 +80,7 @@ def test_cpu_ranks_are_compared_by_allocated_and_a_tie_peaked_equally_never_0_00
     ]
     assert sbs["top_ranks"] == ["host (CPU) of rank 0", "host (CPU) of rank 1"] and sbs["top_excess_bytes"] == 0
     # the verdict's sentence (the issue's first line, the view's headline) names the same quantity
-    assert main(["issue", str(TP2), "-o", str(tmp_path / "issue")]) == 0
-    md = (tmp_path / "issue" / "issue.md").read_text()
+    md = _issue_md(tmp_path, TP2)
     first = "No target to compare with: PyTorch allocated of host (CPU) of rank 0 peaked at no less than 8.24 KiB."
     assert f"**{first}**" in md
     capsys.readouterr()
@@ -100,7 +103,6 @@ def test_the_definitions_of_a_cpu_trace_define_allocated_and_the_cpus_memory_nev
     phases = _flat(_out(capsys, "report", str(MLP)).split("\nPhases\n", 1)[1].split("\nPeak\n", 1)[0])
     assert "seconds allocated GiB NVML phase start end end peak Δ peak" in phases
     assert "backward 0.05 0.08 2.50 MiB 2.75 MiB +2.22 MiB -" in phases
-    assert main(["issue", str(TP2), "-o", str(tmp_path / "issue")]) == 0
-    md = (tmp_path / "issue" / "issue.md").read_text()
+    md = _issue_md(tmp_path, TP2)
     assert "- **Peak:** PyTorch allocated at least 8.24 KiB at 0.06 s outside any phase (a lower bound: " in md
     assert "0.00 GiB" not in md
