@@ -19,7 +19,7 @@ from pathlib import Path
 from ..analysis.fingerprint import allocator_settings, command_line, environment
 from ..analysis.hooked import outermost
 from ..analysis.moment import PEAK
-from ..analysis.quantities import ALLOCATED, BEFORE_RECORDING, DEVICE_USED, RESERVED
+from ..analysis.quantities import ALLOCATED, BEFORE_RECORDING, DEVICE_USED, RESERVED, holds_reserved
 from ..analysis.rank import NOTHING
 from ..analysis.titles import timeline_title, what_ran
 from ..units import format_gib
@@ -51,16 +51,18 @@ def _peak_line(run) -> str:
     s = r.summary
     pk = s.peak
     before = " before it died" if r.oom is not None else ""
-    more = f"; {ALLOCATED.label} {format_gib(pk.allocated_bytes)} at its fullest"
+    if holds_reserved(s.process):
+        head = f"{RESERVED.label} {s.peak_bound.words}{format_gib(pk.reserved_bytes)} at {_at(r, pk.time_us)}"
+        more = f" {_in(pk.phase_path)}; {ALLOCATED.label} {format_gib(pk.allocated_bytes)} at its fullest"
+    else:  # the CPU's trace holds allocated alone
+        pa = s.peak_allocated
+        head = f"{ALLOCATED.label} {s.peak_bound.words}{format_gib(pa.bytes)} at {_at(r, pa.time_us)}"
+        more = f" {_in(pa.phase_path)}"
     if s.peak_device_used is not None:
         more += f"; {DEVICE_USED.label} (NVML) up to {format_gib(s.peak_device_used.bytes)}"
     if s.peak_bound.lower_bound:
         more += f" (a lower bound: {s.peak_bound.why})"
-    least = s.peak_bound.words
-    return (
-        f"- **Peak{before}:** {RESERVED.label} {least}{format_gib(pk.reserved_bytes)} at {_at(r, pk.time_us)} "
-        f"{_in(pk.phase_path)}{more}."
-    )
+    return f"- **Peak{before}:** {head}{more}."
 
 
 def _target_line(run) -> str:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from ..analysis.reconcile import FORMULA_LABEL, KV_GIVEN, MEMTRACE, VLLM_RECORDED
 from ..analysis.summary import Summary
-from ..units import gib_or_dash, signed_gib_number
+from ..units import gib_or_dash, signed_gib
 
 
 def _seconds(s: Summary, t_us: int) -> str:
@@ -70,7 +70,7 @@ def _kv(out, s: Summary) -> None:
     if k.vllm_available_kv_bytes is not None:
         out.item(
             f"vLLM reported {gib_or_dash(k.vllm_available_kv_bytes)}; memtrace's reconstruction differs by "
-            f"{signed_gib_number(k.difference_bytes)} GiB"
+            f"{signed_gib(k.difference_bytes)}"
         )
     if k.init_gap_bytes:
         out.item(

@@ -39,7 +39,7 @@ def _where(b: NonTorchBreakdown, name: str) -> str:
         )
     libs = ""
     if name == OTHER and cat.libraries:
-        libs = ", ".join(f"{lib} {gib_number(n)} GiB" for lib, n in cat.libraries[:4]) + "; largest "
+        libs = ", ".join(f"{lib} {format_gib(n)}" for lib, n in cat.libraries[:4]) + "; largest "
     return libs + "; ".join(
         f"{frame_text(a.frame)} ({a.bytes:,} B in {a.phase_path or 'no phase'}{f', op {a.op}' if a.op else ''})"
         for a in cat.largest[:2]

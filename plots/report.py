@@ -34,7 +34,7 @@ def worst_line(run) -> str:
         c = max(s.crossings, key=lambda c: c.overshoot_bytes)
         why = f"{_CURVE_NAMES.get(c.curve, c.curve)} goes {gib_or_dash(c.overshoot_bytes)} over its target"
     else:
-        why = f"highest reserved peak, {gib_or_dash(s.peak.reserved_bytes)}"
+        why = f"highest {_CURVE_NAMES[run.ranked_by.key]} peak, {gib_or_dash(w.ranked_peak.bytes)}"
     return f"Worst: {w.label} ({why})"
 
 
@@ -46,16 +46,16 @@ def _side_by_side(out: _Out, run) -> None:
         return
     out.heading("Ranks side by side")
     rows = [
-        [r.label, gib_number(r.peak_reserved_bytes), _seconds(run.worst.summary, r.time_us), r.verdict,
-         r.phase_path or "-"]
+        [r.label, gib_number(r.peak_bytes), _seconds(run.worst.summary, r.time_us), r.verdict, r.phase_path or "-"]
         for r in sbs.rows
-    ]  # fmt: skip
-    out.table(["process", "peak reserved GiB", "at", "verdict", "phase"], rows, "lrrll")
-    nxt = sbs.rows[1]
-    out.item(
-        f"{sbs.top} peaked {gib_or_dash(sbs.top_excess_bytes)} higher than the next ({nxt.label}); "
-        f"{sbs.first} peaked first, at {_seconds(run.worst.summary, sbs.first_us)}"
-    )
+    ]
+    out.table(["process", f"peak {_CURVE_NAMES[sbs.quantity]} GiB", "at", "verdict", "phase"], rows, "lrrll")
+    if len(sbs.top_ranks) > 1:  # a tie: nobody peaked higher
+        names = ", ".join(sbs.top_ranks[:-1]) + " and " + sbs.top_ranks[-1]
+        lead = f"{names} peaked equally ({gib_or_dash(sbs.rows[0].peak_bytes)})"
+    else:
+        lead = f"{sbs.top} peaked {gib_or_dash(sbs.top_excess_bytes)} higher than the next ({sbs.rows[1].label})"
+    out.item(f"{lead}; {sbs.first} peaked first, at {_seconds(run.worst.summary, sbs.first_us)}")
 
 
 def render_missing(file: TextIO, run, markdown: bool = False) -> None:
@@ -84,5 +84,6 @@ def render(run, file: TextIO, *, width: int = 100, markdown: bool = False) -> No
         render_missing(file, run, markdown)
     if run.multi:
         file.write(f"Times: {run.origin.sentence}\n")
-    held = {q for r in run.ranks for q in quantities.present(r.curves)}
-    render_definitions(file, width, markdown, tuple(q for q in quantities.QUANTITIES if q in held))
+    held = {q for r in run.ranks for q in quantities.present(r.curves, r.trace.process)}
+    shown = tuple(q for q in quantities.QUANTITIES if q in held)
+    render_definitions(file, width, markdown, shown, quantities.memory_meanings([t.process for t in run.traces]))

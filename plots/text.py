@@ -1,8 +1,8 @@
 """The text and markdown renderer of a Summary: what ``memtrace report`` prints.
 
 Reads analysis results only (``memtrace.analysis.summary.Summary``). Sizes print in GiB with two
-decimals and times in seconds since the start of the recording; the exact integers are in
-``memtrace report --json``.
+decimals (a figure too small for them in its own unit: ``memtrace.units``) and times in seconds since the
+start of the recording; the exact integers are in ``memtrace report --json``.
 """
 
 from __future__ import annotations
@@ -13,7 +13,16 @@ from typing import TextIO
 
 from ..analysis.crossing import Excursion
 from ..analysis.flame import hook_short_name
-from ..analysis.quantities import ALLOCATED, BEFORE_RECORDING, DEVICE_USED, HELD, OTHERS, QUANTITIES, RESERVED
+from ..analysis.quantities import (
+    ALLOCATED,
+    BEFORE_RECORDING,
+    DEVICE_USED,
+    HELD,
+    OTHERS,
+    QUANTITIES,
+    RESERVED,
+    holds_reserved,
+)
 from ..analysis.summary import Summary
 from ..model import Frame
 from ..units import gib_number, gib_or_dash, signed_gib_number
@@ -27,9 +36,10 @@ from .serving_text import render_window
 _TIMES = "Times are seconds since the run's time origin (the 'times' line: one origin for every rank and output)."
 
 
-def definitions(shown=QUANTITIES) -> str:
-    """Each quantity ``shown``'s label and one-line meaning, from the one vocabulary (``analysis.quantities``)."""
-    return " ".join(f"{q.label} = {q.meaning}." for q in shown) + " " + _TIMES
+def definitions(shown=QUANTITIES, memories=()) -> str:
+    """Each quantity ``shown``'s label and one-line meaning, then each kind of memory in ``memories`` ((name,
+    meaning) pairs: ``quantities.memory_meanings``), from the one vocabulary (``analysis.quantities``)."""
+    return " ".join([*(f"{q.label} = {q.meaning}." for q in shown), *(f"{n} = {m}." for n, m in memories), _TIMES])
 
 
 _CURVE_NAMES = {"reserved": "reserved", "device_used": "device used", "allocated": "allocated"}
@@ -227,6 +237,7 @@ def _phases(out: _Out, s: Summary) -> None:
     out.heading("Phases")
     name_w = 30
     full = out.md
+    reserved = holds_reserved(s.process)  # the CPU's trace has allocated alone: no reserved columns
     rows = []
     for p in s.phases:
         if out.md:  # GitHub strips leading spaces in a cell: a visible marker nests the phase
@@ -249,10 +260,11 @@ def _phases(out: _Out, s: Summary) -> None:
         if full:
             alloc.insert(0, gib_number(p.start_allocated_bytes))
             res.insert(0, gib_number(p.start_reserved_bytes))
-        rows.append([name, *times, *alloc, *res, gib_number(p.peak_device_used_bytes)])
+        rows.append([name, *times, *alloc, *(res if reserved else []), gib_number(p.peak_device_used_bytes)])
     cols = ["start", "end", "peak", "Δ"] if full else ["end", "peak", "Δ"]
-    header = ["phase", "start", "end", *cols, *cols, "peak"]
-    groups = [("", 1), ("seconds", 2), ("allocated GiB", len(cols)), ("reserved GiB", len(cols)), ("NVML", 1)]
+    header = ["phase", "start", "end", *cols, *(cols if reserved else []), "peak"]
+    groups = [("", 1), ("seconds", 2), ("allocated GiB", len(cols))]
+    groups += [("reserved GiB", len(cols)), ("NVML", 1)] if reserved else [("NVML", 1)]
     out.table(header, rows, "l" + "r" * (len(header) - 1), groups)
     if not out.md:
         out.line("  (start = end - Δ; NVML peak is device used, '-' where not sampled)")
@@ -263,10 +275,11 @@ def _peak(out: _Out, s: Summary) -> None:
     pk, least = s.peak, s.peak_bound.words
     where = f" in {pk.phase_path}" if pk.phase_path else ""
     extra = f"; non-torch {gib_or_dash(pk.non_torch_bytes)}" if pk.non_torch_bytes is not None else ""
-    out.item(
-        f"reserved {least}{gib_or_dash(pk.reserved_bytes)} at {_seconds(s, pk.time_us)}{where} "
-        f"(allocated {gib_or_dash(pk.allocated_bytes)} at its fullest{extra})"
-    )
+    if holds_reserved(s.process):  # the CPU's trace has allocated alone: its line below is the peak
+        out.item(
+            f"reserved {least}{gib_or_dash(pk.reserved_bytes)} at {_seconds(s, pk.time_us)}{where} "
+            f"(allocated {gib_or_dash(pk.allocated_bytes)} at its fullest{extra})"
+        )
     pa = s.peak_allocated
     out.item(
         f"allocated peak {least}{gib_or_dash(pa.bytes)} at {_seconds(s, pa.time_us)}"
@@ -341,7 +354,11 @@ def _target(out: _Out, s: Summary) -> None:
 def _holders(out: _Out, s: Summary) -> None:
     if not s.holders:
         return
-    out.heading(f"Top holders at the reserved peak ({_seconds(s, s.peak.time_us)}), by allocating site")
+    if holds_reserved(s.process):
+        at = f"the reserved peak ({_seconds(s, s.peak.time_us)})"
+    else:  # the reserved curve of the CPU's trace stays 0: the state shown is allocated's peak
+        at = f"the allocated peak ({_seconds(s, s.peak.state_us)})"
+    out.heading(f"Top holders at {at}, by allocating site")
     rows = [
         [gib_number(h.bytes), f"{h.share * 100:.1f}%", f"{h.count:,}", f"{h.stacks:,}", holder_text(h)]
         for h in s.holders
@@ -421,11 +438,12 @@ def render_report(summary: Summary, file: TextIO, width: int = 100, markdown: bo
     _notes(out, summary)
 
 
-def render_definitions(file: TextIO, width: int = 100, markdown: bool = False, shown=QUANTITIES) -> None:
-    """The "Definitions" footer: the quantities ``shown`` (``quantities.present``), then how times count."""
+def render_definitions(file: TextIO, width: int = 100, markdown: bool = False, shown=QUANTITIES, memories=()) -> None:
+    """The "Definitions" footer: the quantities ``shown`` (``quantities.present``), the kinds of memory that need
+    saying (``quantities.memory_meanings``), then how times count."""
     out = _Out(file, width, markdown)
     out.heading("Definitions")
-    text = definitions(shown)
+    text = definitions(shown, memories)
     if markdown:
         out.line(text)
         return

@@ -9,7 +9,7 @@ target says by how much, and a run within its target says how far below it staye
 from __future__ import annotations
 
 from ..analysis.origin import who
-from ..analysis.quantities import BY_KEY, HELD, OTHERS, RESERVED, is_one_moment
+from ..analysis.quantities import BY_KEY, HELD, OTHERS, is_one_moment, ranked_by
 from ..analysis.rank import CROSSED, DIED, NOTHING, UNFINISHED, WITHIN
 from ..units import format_gib
 from . import oom_text
@@ -81,8 +81,12 @@ def headline(run) -> str:
             f"(+{format_gib(c.overshoot_bytes)})."
         )
     # what this process held: with vLLM 0.34's KV cache outside PyTorch, PyTorch reserved alone reads ~128 GiB
-    # "below the target" of a card the process had filled (the report's Target section says held, too)
-    q, peak = (HELD, r.peak_held.bytes) if r.peak_held is not None else (RESERVED, r.peak.reserved_bytes)
+    # "below the target" of a card the process had filled (the report's Target section says held, too); else
+    # the quantity its peak is compared by (PyTorch allocated for the CPU's trace, which reserves nothing)
+    if r.peak_held is not None:
+        q, peak = HELD, r.peak_held.bytes
+    else:
+        q, peak = ranked_by(r.trace.process), r.ranked_peak.bytes
     bound = r.peak_bound
     peaked = f"peaked at no less than {format_gib(peak)}" if bound.lower_bound else f"peaked at {format_gib(peak)}"
     if verdict == WITHIN:

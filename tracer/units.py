@@ -4,6 +4,13 @@ Parsing happens at the edge (CLI arguments); everything inside memtrace stays in
 Binary units (KiB, MiB, GiB, TiB) are powers of 1024; decimal units (KB, MB, GB, TB) are powers of
 1000, as on a GPU's box ("96 GB"). A bare number is bytes. A percentage is a fraction of something
 the caller knows (a device's capacity, a baseline run's peak), so it is parsed separately.
+
+Printing: reports, tables and headlines compare figures in GiB (``format_gib``, ``gib_number``,
+``signed_gib_number``: "12.34 GiB", "12.34", "+0.12"). A figure too small for those decimals of GiB, one that
+is not zero yet would print as zero ("0.00 GiB": under 0.005 GiB at two decimals), prints in the largest binary
+unit that keeps it >= 1, with the same decimals and its unit even in a column headed GiB: "9.24 KiB",
+"+1.02 MiB", "4 B" (a CPU profiler trace's KiB-sized peaks). Everything GiB can show, zero included, stays GiB.
+The exact integers are in ``--json``.
 """
 
 from __future__ import annotations
@@ -111,16 +118,25 @@ def parse_sizes(text: str) -> list[int]:
     return [parse_size(p) for p in parts]
 
 
+def _gib(n_bytes: int | float, digits: int = 2, sign: str = "", unit: str = " GiB") -> str:
+    """``n_bytes`` in GiB with ``digits`` decimals (``sign`` "+": always signed) and ``unit`` after it; a figure
+    too small for those decimals, in its own unit (see the module docstring)."""
+    text = f"{n_bytes / GiB:{sign}.{digits}f}"
+    if n_bytes and not float(text):  # not zero, yet it would read zero
+        return ("+" if sign and n_bytes > 0 else "") + format_bytes(n_bytes, digits)
+    return text + unit
+
+
 def format_gib(n_bytes: int | float | None, digits: int = 2) -> str:
-    """ "12.34 GiB" (always GiB, for columns and plot labels that must compare at a glance); "—" for None."""
-    if n_bytes is None:
-        return "—"
-    return f"{n_bytes / GiB:.{digits}f} GiB"
+    """ "12.34 GiB" (GiB, for columns and plot labels that must compare at a glance; "9.24 KiB" for a figure too
+    small for ``digits`` decimals of GiB); "—" for None."""
+    return "—" if n_bytes is None else _gib(n_bytes, digits)
 
 
 def gib_number(n_bytes: int | None) -> str:
-    """ "12.34" (GiB, for table columns headed "GiB"); "-" for None."""
-    return "-" if n_bytes is None else f"{n_bytes / GiB:.2f}"
+    """ "12.34" (GiB, for table columns headed "GiB"; "9.24 KiB", with its unit, for a figure too small for
+    two decimals of GiB); "-" for None."""
+    return "-" if n_bytes is None else _gib(n_bytes, unit="")
 
 
 def gib_or_dash(n_bytes: int | None) -> str:
@@ -129,8 +145,13 @@ def gib_or_dash(n_bytes: int | None) -> str:
 
 
 def signed_gib_number(n_bytes: int) -> str:
-    """ "+0.12" (GiB, for delta columns)."""
-    return f"{n_bytes / GiB:+.2f}"
+    """ "+0.12" (GiB, for delta columns headed "GiB"; "+9.24 KiB" for a figure too small for two decimals)."""
+    return _gib(n_bytes, sign="+", unit="")
+
+
+def signed_gib(n_bytes: int) -> str:
+    """ "+0.12 GiB": a change in prose (:func:`signed_gib_number` with its unit)."""
+    return _gib(n_bytes, sign="+")
 
 
 def format_size(n_bytes: int | float | None) -> str:

@@ -118,7 +118,7 @@ def test_snapshot_with_no_events_is_one_moment_and_one_with_nothing_is_refused(c
     p.write_bytes(pickle.dumps({"segments": [seg], "device_traces": [[]]}))
     assert main(["report", str(p)]) == 0
     out, err = capsys.readouterr()
-    assert "one moment" in err and "reserved at least 0.00 GiB" in out
+    assert "one moment" in err and "reserved at least 2.00 MiB" in out  # its 2 MiB segment, no longer "0.00 GiB"
     p2 = tmp_path / "nothing.pickle"
     p2.write_bytes(pickle.dumps({"segments": [], "device_traces": []}))
     fails_cleanly(capsys, ["report", str(p2)], p2, "no allocator events", "_record_memory_history")

@@ -75,7 +75,7 @@ def test_report_states_the_breakdown_in_bytes():
     render_report(summarize(load_trace(TRACE)), buf)
     text = " ".join(buf.getvalue().split())
     assert "other libraries 67,240,960 0.06 3" in text
-    assert "kernel modules' statics 1,121,252 0.00 1,483" in text
+    assert "kernel modules' statics 1,121,252 1.07 MiB 1,483" in text  # too small for 0.01 GiB: its own unit
     assert "unexplained 739,893,276 0.69" in text
     assert "722,272,256 B present when recording began" in text and "5,038,108 B grew while recording" in text
     assert "12,582,912 B CUPTI's own" in text

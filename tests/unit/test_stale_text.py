@@ -24,7 +24,7 @@ def test_the_vllm_h200_readme_states_the_reconciliation_the_report_computes(caps
     assert stated[:2] == [k["available_kv_bytes"], k["vllm_available_kv_bytes"]]
     assert stated[2] == k["difference_bytes"] == k["available_kv_bytes"] - k["vllm_available_kv_bytes"]
     assert k["init_gap_bytes"] in stated and k["torch_peak_increase_bytes"] in stated
-    assert "the report prints +0.00\nGiB" in para or "the report prints +0.00 GiB" in para
+    assert "the report prints +1.02\nMiB" in para or "the report prints +1.02 MiB" in para
 
 
 def test_no_file_cites_a_design_document_the_repository_does_not_hold():

@@ -4,7 +4,18 @@ from __future__ import annotations
 
 import pytest
 from memtrace.errors import UsageError
-from memtrace.units import format_bytes, format_gib, parse_fraction, parse_size, parse_sizes, parse_threshold
+from memtrace.units import (
+    GiB,
+    format_bytes,
+    format_gib,
+    gib_number,
+    gib_or_dash,
+    parse_fraction,
+    parse_size,
+    parse_sizes,
+    parse_threshold,
+    signed_gib_number,
+)
 
 
 @pytest.mark.parametrize(
@@ -51,3 +62,16 @@ def test_formatting_picks_gib_for_plots_and_the_largest_unit_for_prose():
     assert format_bytes(512 * 1024**2) == "512.0 MiB"
     assert format_bytes(-3 * 1024**3) == "-3.0 GiB"
     assert format_bytes(12) == "12 B"
+
+
+def test_a_figure_too_small_for_the_gib_decimals_reads_in_its_own_unit_and_the_rest_stays_gib():
+    # the CPU profiler's peaks (tests/data/vllm-cpu-profiler: 9,460 B) once read "0.00 GiB"
+    assert format_gib(9_460) == gib_or_dash(9_460) == "9.24 KiB" and gib_number(9_460) == "9.24 KiB"
+    assert signed_gib_number(9_460) == "+9.24 KiB" and signed_gib_number(-1_024) == "-1.00 KiB"
+    assert format_gib(4) == "4 B" and format_gib(1_068_928) == "1.02 MiB"
+    assert format_gib(9_460, 1) == "9.2 KiB"  # the decimals asked for, in the smaller unit
+    # what two decimals of GiB can show stays GiB, as in every GPU report: 0.01 GiB and up, and zero itself
+    assert format_gib(GiB // 100) == "0.01 GiB" and gib_number(GiB // 100) == "0.01"
+    assert format_gib(0.005 * GiB) == "0.01 GiB" and signed_gib_number(GiB // 100) == "+0.01"
+    assert format_gib(0) == "0.00 GiB" and gib_number(0) == "0.00" and signed_gib_number(0) == "+0.00"
+    assert format_gib(91.8 * GiB, 1) == "91.8 GiB" and format_gib(None) == "—" and gib_or_dash(None) == "-"

@@ -120,10 +120,13 @@ def in_vllm_terms(facts: dict) -> bool:
     return F.is_vllm(facts) or any(str(k).startswith("vllm.") for k in facts)
 
 
-def present(curves: Curves) -> tuple[Quantity, ...]:
-    """The quantities a trace's ``curves`` hold, in :data:`QUANTITIES`' order: PyTorch's always; the VMM KV
+def present(curves: Curves, process) -> tuple[Quantity, ...]:
+    """The quantities a trace's ``curves`` hold, in :data:`QUANTITIES`' order: PyTorch's always, but for the
+    CPU's trace of ``process`` (``model.Process``; :func:`holds_reserved`) PyTorch allocated alone; the VMM KV
     cache and held only when something was committed outside PyTorch; NVML's when sampled."""
     absent = set()
+    if not holds_reserved(process):  # no segments, no blocks, nothing known from before the profiler started
+        absent |= {ALLOCATED_BLOCKS, RESERVED, BEFORE_RECORDING}
     if not len(curves.vmm):
         absent |= {VMM, HELD}
     if not curves.has_device:
@@ -385,6 +388,28 @@ def is_one_moment(facts: dict) -> bool:
 #: and headers use, so a profiler trace of the CPU is never called GPU memory.
 MEMORY_OF_ROLE = {"host": "CPU (host) memory", "pinned-host": "pinned host memory"}
 DEVICE_MEMORY = "GPU memory"
+
+
+def holds_reserved(process) -> bool:
+    """Whether a trace of ``process`` (``model.Process``) has PyTorch reserved memory: every trace but the CPU's
+    from torch.profiler (role "host": torch's CPU allocator caches no segments, its 'Total Reserved' stays 0),
+    which holds PyTorch allocated alone, counted from the profiler's start (:data:`CPU_PROFILED`)."""
+    return process.role != "host"
+
+
+def ranked_by(process) -> Quantity:
+    """The quantity a trace's peak is compared by, across ranks and in the run's verdict: :data:`RESERVED`, what
+    the caching allocator held; :data:`ALLOCATED` for a trace without reserved memory (:func:`holds_reserved`)."""
+    return RESERVED if holds_reserved(process) else ALLOCATED
+
+
+def memory_meanings(processes) -> tuple[tuple[str, str], ...]:
+    """(name, meaning) of each kind of memory among ``processes`` whose figures count something other than the
+    GPU's memory every quantity's meaning speaks of: the CPU's, as torch.profiler counts it (:data:`CPU_PROFILED`).
+    Empty for GPU memory alone."""
+    if all(holds_reserved(p) for p in processes):
+        return ()
+    return ((MEMORY_OF_ROLE["host"], CPU_PROFILED),)
 
 
 def memory_of(traces) -> str:

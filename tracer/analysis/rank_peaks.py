@@ -16,7 +16,7 @@ from .curves import Curve
 from .landmarks import steady_non_torch_at
 from .non_torch import NonTorchBreakdown, at_moments
 from .phases import path_at
-from .quantities import fullest_at_peak, peak, whole_device_peak
+from .quantities import ALLOCATED, RESERVED, fullest_at_peak, peak, ranked_by, whole_device_peak
 from .summary import HolderLine, Peak, PeakPoint, holders_by_site
 
 
@@ -70,9 +70,14 @@ class PeakFigures:
         c = self.curves
         return whole_device_peak(c) if len(c.others) and c.has_device else None
 
-    @property
-    def peak_reserved_bytes(self) -> int:
-        return self.peak.reserved_bytes if not self.recorded_nothing else 0
+    @cached_property
+    def ranked_peak(self) -> PeakPoint:
+        """This rank's peak of the quantity ranks are compared by (``quantities.ranked_by``): the reserved peak
+        (:attr:`peak`), or PyTorch allocated's for the CPU's trace; 0 B when it recorded nothing."""
+        if ranked_by(self.trace.process) is ALLOCATED:
+            return self.peak_allocated
+        p = self.peak
+        return PeakPoint(RESERVED.key, p.time_us, p.reserved_bytes if not self.recorded_nothing else 0, p.phase_path)
 
     # -- the target crossed ------------------------------------------------------------------------------
 

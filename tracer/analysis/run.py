@@ -6,8 +6,9 @@ origin for all ranks, and wraps each trace in an ``analysis.rank.AnalysedRank`` 
 lazily, once). For the run it answers:
 
 - **worst rank** (:attr:`AnalysedRun.worst`): a rank that died (the first to die), else the largest
-  overshoot of its target, else the highest reserved peak; a rank that recorded nothing is never worse
-  than one that recorded something. Every output names this one.
+  overshoot of its target, else the highest peak of the quantity the run's ranks are compared by
+  (:attr:`AnalysedRun.ranked_by`: reserved, or allocated for the CPU's traces); a rank that recorded nothing
+  is never worse than one that recorded something. Every output names this one.
 - **verdict** (:attr:`AnalysedRun.verdict`): the worst rank's (died, crossed, within target, no target),
   or "recorded nothing" when no rank recorded an allocator event: a gate never passes such a run
   (:meth:`AnalysedRun.require_events`).
@@ -25,6 +26,7 @@ from ..errors import NothingToJudge, SeparateRuns
 from ..model import Trace
 from .origin import TimeOrigin, shifted, shifts, time_origin, who
 from .phases import recording_span
+from .quantities import ALLOCATED, RESERVED, Quantity, ranked_by
 from .rank import AnalysedRank, TargetSpec
 from .verdict import NOTHING
 
@@ -84,7 +86,15 @@ class AnalysedRun:
     def worst(self) -> AnalysedRank:
         """The rank every output names as the worst (see the module docstring); a run of one rank computes
         nothing to say so."""
-        return self.ranks[0] if len(self.ranks) == 1 else min(self.ranks, key=_worst_key)
+        return self.ranks[0] if len(self.ranks) == 1 else min(self.ranks, key=lambda r: _worst_key(r, self.ranked_by))
+
+    @cached_property
+    def ranked_by(self) -> Quantity:
+        """The quantity the run's ranks are compared by (``quantities.ranked_by``): PyTorch reserved when a rank
+        with events holds it, else PyTorch allocated (every trace the CPU's). A rank of the other kind (the
+        CPU's trace beside GPU workers) is not compared with them."""
+        kinds = {ranked_by(r.trace.process) for r in self.with_events()}
+        return ALLOCATED if kinds == {ALLOCATED} else RESERVED
 
     @property
     def verdict(self) -> str:
@@ -131,7 +141,7 @@ def nothing_line(run: AnalysedRun, what: str) -> str:
     )
 
 
-def _worst_key(r: AnalysedRank) -> tuple:
+def _worst_key(r: AnalysedRank, q: Quantity) -> tuple:
     if r.oom is not None:
         return (0, r.oom.time_us, 0)
     if r.recorded_nothing:
@@ -139,7 +149,9 @@ def _worst_key(r: AnalysedRank) -> tuple:
     over = r.overshoot_bytes
     if over is not None:
         return (1, -over, 0)
-    return (2, -r.peak_reserved_bytes, 0)
+    if ranked_by(r.trace.process) is not q:  # another kind of memory: after every rank compared by q
+        return (2, 1, 0)
+    return (2, -r.ranked_peak.bytes, 0)
 
 
 def separate_runs(path: str, traces: Sequence[Trace]) -> None:
