@@ -44,6 +44,20 @@ def test_the_plot_breaks_the_axis_at_the_gap_and_draws_the_window_after_it(fake,
     assert drawn.title.startswith("GPU memory during start-up and serving")
 
 
+def test_the_plots_phase_lane_has_a_serving_bar_over_the_window_named_in_its_row(fake, tmp_path):
+    from memtrace.plots.timeline import render_timeline
+    from memtrace.plots.timeline_data import prepare_rank
+
+    rank = analyse([fake]).ranks[0]
+    drawn = render_timeline([prepare_rank(rank)], tmp_path / "serving.png", t0_us=rank.span[0])
+    labels = {lab.path: lab for lab in drawn.ranks[0].phase_labels}
+    assert set(labels) == {"load_model", "profile_run", "serving"}
+    serving = labels["serving"]
+    assert serving.where == "inside" and serving.depth == 0  # named inside its bar
+    bar = prepare_rank(rank).lane_phases[-1]
+    assert (bar.start_us, bar.end_us) == (fake.window.start_us, fake.window.end_us)  # the window, not the gap
+
+
 def test_flame_at_oom_adds_up_to_what_the_window_held_at_the_oom(fake, tmp_path, capsys):
     out = tmp_path / "oom.folded"
     assert main(["flame", fake.path, "--at", "oom", "-o", str(out)]) == 0
