@@ -390,6 +390,18 @@ def _page_groups(page: Page) -> dict[tuple[str, ...], int]:
     return {tuple(p): int(b) for p, b in groups}
 
 
+def _click_in_the_window(page: Page, trace, k: int = 2500) -> int:
+    """Zoom to 80 µs around the window's event ``k`` (single allocator events: one microsecond is ~14 px), click
+    0.4 µs after it; its time in page microseconds."""
+    t = int(trace.window.events["time_us"][k]) - page.js("memtraceView.ranks[0].meta.t0_us")
+    page.zoom((t - 40) / 1e6, (t + 40) / 1e6)
+    assert page.rank()["view"]["exact"] is True
+    box = page.chart_box()
+    page.page.mouse.click(page.x_of((t + 0.4) / 1e6), box["y"] + box["h"] / 2)
+    page.page.wait_for_function("memtraceView.selected")
+    return t
+
+
 def test_a_serving_trace_draws_its_window_after_a_labelled_gap_with_the_oom_and_a_serving_bar(serving, serving_trace):
     w, t0 = serving_trace.window, serving.js("memtraceView.ranks[0].meta.t0_us")
     items = serving.js("[...document.querySelectorAll('.mt-serving li')].map(e => e.textContent)")
@@ -433,13 +445,7 @@ def test_the_gap_is_drawn_as_a_gap_never_as_a_line_across_it(serving, serving_tr
 def test_zooming_into_the_window_reaches_single_events_and_a_click_lists_what_flame_at_that_time_lists(
     serving, serving_trace, tmp_path
 ):
-    t0 = serving.js("memtraceView.ranks[0].meta.t0_us")
-    t = int(serving_trace.window.events["time_us"][2500]) - t0  # a moment inside the window
-    serving.zoom((t - 40) / 1e6, (t + 40) / 1e6)
-    assert serving.rank()["view"]["exact"] is True  # one microsecond is ~14 px: single allocator events
-    box = serving.chart_box()
-    serving.page.mouse.click(serving.x_of((t + 0.4) / 1e6), box["y"] + box["h"] / 2)
-    serving.page.wait_for_function("memtraceView.selected")
+    t = _click_in_the_window(serving, serving_trace)
     sel = serving.js("memtraceView.selected")
     assert sel["part"] == "serving" and sel["t_us"] == t
     folded = _folded(serving_trace.path, f"{t}us", tmp_path)  # the window analysed as its own trace, as flame does
@@ -485,13 +491,7 @@ def test_a_served_page_of_a_serving_run_asks_the_server_for_the_window(browser, 
     try:
         page = Page(browser, server.url)
         assert page.js("memtraceView.ranks[0].W.L") is None  # no events on the page: the server answers
-        t0 = page.js("memtraceView.ranks[0].meta.t0_us")
-        t = int(serving_trace.window.events["time_us"][2500]) - t0
-        page.zoom((t - 40) / 1e6, (t + 40) / 1e6)
-        assert page.rank()["view"]["exact"] is True
-        box = page.chart_box()
-        page.page.mouse.click(page.x_of((t + 0.4) / 1e6), box["y"] + box["h"] / 2)
-        page.page.wait_for_function("memtraceView.selected")
+        t = _click_in_the_window(page, serving_trace)
         folded = _folded(serving_trace.path, f"{t}us", tmp_path)
         assert page.js("memtraceView.selected.part") == "serving"
         assert page.js("memtraceView.selected.live_bytes") == sum(folded.values())
