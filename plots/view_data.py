@@ -310,7 +310,7 @@ def pack_window(a: AnalysedRank, t0_us: int, *, with_events: bool = True) -> Pac
     return p
 
 
-def time_axis(ranks: list[PackedRank]) -> dict[str, list[int]] | None:
+def time_axis(ranks: list[PackedRank]) -> dict[str, list] | None:
     """The page's time axis when a serving window follows start-up: each gap squeezed as ``memtrace plot``
     squeezes it (``timeline_scale.time_scale``; no flat stretch is broken, the page zooms instead), as knots
     in page microseconds and drawn microseconds (piecewise linear between them), with the gaps; None (a linear
