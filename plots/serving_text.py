@@ -81,6 +81,12 @@ def render_window(out, ws: WindowSummary | None, t0_us: int) -> None:
         out.table(["scheduler step at", "requests", "tokens", "ms", "error"], rows, "rrrrl")
 
 
+def gap_words(events: int, samples: int, steps: int) -> str:
+    """What the gap's hatched band says under its length, in the plot and the view: that it was not recorded,
+    and what the ring dropped of it (allocator events, NVML samples, scheduler steps)."""
+    return f"not recorded; dropped:\n{events:,} events, {samples:,} samples, {steps:,} steps"
+
+
 #: How many growth sites the short statement of a window names.
 SITES_SHOWN = 3
 

@@ -341,10 +341,9 @@ def draw_main(
 
 def gap_text(rank: RankTimeline) -> str:
     """What the gap before a serving window says: that it is not recorded, and what the ring dropped."""
-    if rank.gap_us is None:
-        return ""
-    ev, samples, steps = rank.gap_dropped
-    return f"not recorded; dropped:\n{ev:,} events, {samples:,} samples, {steps:,} steps"
+    from .serving_text import gap_words
+
+    return "" if rank.gap_us is None else gap_words(*rank.gap_dropped)
 
 
 def zoom_band(rank: RankTimeline, scale: TimeScale, t0: int, window: tuple[int, int] | None = None) -> bool:

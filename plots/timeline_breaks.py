@@ -32,12 +32,12 @@ def mark_breaks(ax, scale: TimeScale, handles: dict | None, gap_text: str = "") 
         mid = float(scale.inverse((scale.forward(a) + scale.forward(b)) / 2))
         if is_gap:
             gap = ax.axvspan(a, b, facecolor="white", edgecolor=GAP_EDGE, hatch="xx", lw=0, zorder=4.4)
-            text = f"GAP {_length(b - a)}" + (f"\n{gap_text}" if gap_text else "")
+            text = f"GAP {length_text(b - a)}" + (f"\n{gap_text}" if gap_text else "")
             ax.text(mid, 0.5, text, transform=blend, rotation=90, ha="center", va="center", fontsize=LABEL_PT - 2.5,
                     color="#333333", zorder=4.5, bbox={"facecolor": "white", "edgecolor": "none", "pad": 1.0})  # fmt: skip
             continue
         art = ax.axvspan(a, b, color=BREAK_FILL, alpha=0.8, lw=0, zorder=2.5)
-        ax.text(mid, 0.5, f"{_length(b - a)} flat",
+        ax.text(mid, 0.5, f"{length_text(b - a)} flat",
                 transform=blend, rotation=90, ha="center", va="center", fontsize=LABEL_PT - 1.5, color="#555555",
                 zorder=2.6)  # fmt: skip
         for x in (a, b):
@@ -50,7 +50,8 @@ def mark_breaks(ax, scale: TimeScale, handles: dict | None, gap_text: str = "") 
         handles.setdefault("gap", (gap, "gap: not recorded (dropped from the serving ring)"))
 
 
-def _length(seconds: float) -> str:
+def length_text(seconds: float) -> str:
+    """A squeezed stretch's length as its band says it (the plot's and the view's gap too)."""
     if seconds >= 5400:
         return f"{seconds / 3600:.1f} h"
     return f"{seconds:.0f} s" if seconds >= 10 else f"{seconds:.1f} s"

@@ -66,6 +66,11 @@ class RankTimeline:
         return self.gap_us[0] if self.gap_us is not None else self.end_us
 
     @property
+    def lane_phases(self) -> list[PhaseStats]:
+        """The phase lane's bars: start-up's phases, then the serving window's one (``serving``), when drawn."""
+        return self.phases + (self.serving.phases if self.serving is not None else [])
+
+    @property
     def oom_rank(self) -> RankTimeline:
         """The part that holds the OOM: the serving window when it died there, else this rank."""
         return self.serving if self.serving is not None and self.serving.oom is not None else self
@@ -205,7 +210,7 @@ def landmark_times_us(rank: RankTimeline) -> list[int]:
 
 def phases_at(rank: RankTimeline, times_us: list[int]) -> frozenset[str]:
     """The paths of the phases (every depth) that any of ``times_us`` falls in."""
-    return frozenset(p.path for p in rank.phases for t in times_us if p.start_us <= t <= p.end_us)
+    return frozenset(p.path for p in rank.lane_phases for t in times_us if p.start_us <= t <= p.end_us)
 
 
 def drawn_curves(rank: RankTimeline) -> list[Curve]:

@@ -31,7 +31,7 @@ def layout_lane(
     per drawn second, ``x_max`` the figure's right edge in drawn seconds. ``must_label``: the paths of the
     phases a landmark (the peak, the crossing, the OOM) falls in, whose names are placed first."""
     bars = [PhaseBar(p.path, p.name, p.depth, _drawn(scale, p.start_us, t0), _drawn(scale, p.end_us, t0))
-            for p in rank.phases]  # fmt: skip
+            for p in rank.lane_phases]  # fmt: skip
     x_min = _drawn(scale, rank.start_us, t0)
     return place_labels(bars, px_per_s, char_px, x_min=x_min, x_max=x_max, first=must_label)
 
@@ -43,7 +43,7 @@ def overflow_rows(labels: list[PhaseLabel]) -> int:
 
 def lane_rows(rank: RankTimeline, labels: list[PhaseLabel]) -> int:
     """Rows of the phase lane: one per depth, then the overflow rows."""
-    return max([p.depth for p in rank.phases], default=-1) + 1 + overflow_rows(labels)
+    return max([p.depth for p in rank.lane_phases], default=-1) + 1 + overflow_rows(labels)
 
 
 def draw_lane(
@@ -52,8 +52,8 @@ def draw_lane(
 ) -> None:  # fmt: skip
     """Phase bars, one row per depth (outermost on top), and the names ``layout_lane`` placed: in their row,
     or in the overflow rows on top, joined to their bar by a vertical tick."""
-    rows = max([p.depth for p in rank.phases], default=-1) + 1
-    for i, p in enumerate(sorted(rank.phases, key=lambda p: (p.depth, p.start_us))):
+    rows = max([p.depth for p in rank.lane_phases], default=-1) + 1
+    for i, p in enumerate(sorted(rank.lane_phases, key=lambda p: (p.depth, p.start_us))):
         y = rows - 1 - p.depth
         a, b = (p.start_us - t0) / 1e6, (p.end_us - t0) / 1e6
         ax.broken_barh([(a, max(b - a, 0))], (y + 0.08, 0.84), color=LANE_COLORS[i % 2])

@@ -159,8 +159,10 @@ def time_scale(
 ) -> TimeScale:
     """The axis that squeezes the longest :data:`MAX_BREAKS` of ``stretches_us`` (from :func:`quiet_stretches`),
     or the identity when they are too short together to be worth a break. ``gaps_us`` (time nothing was kept
-    for: a serving window's gap) are squeezed always, and quiet stretches overlapping them are not."""
+    for: a serving window's gap) are squeezed always, and quiet stretches overlapping them are not; the gaps of
+    several ranks that overlap are squeezed where they overlap (the time none of them recorded)."""
     span = max((t_end_us - t0_us) / 1e6, 1e-6)
+    gaps_us = shared_gaps(gaps_us)
     free = [(a, b) for a, b in stretches_us if not any(a < gb and ga < b for ga, gb in gaps_us)]
     longest = sorted(free, key=lambda ab: (ab[0] - ab[1], ab[0]))[:MAX_BREAKS]
     quiet = [((a - t0_us) / 1e6, (b - t0_us) / 1e6) for a, b in sorted([*longest, *gaps_us])]
@@ -191,6 +193,17 @@ def time_scale(
     knots_s.append(span)
     knots_d.append(d + (span - prev) * k_of[-1])
     return TimeScale(span, tuple(knots_s), tuple(knots_d), tuple(quiet), gaps)
+
+
+def shared_gaps(gaps_us) -> list[tuple[int, int]]:
+    """``gaps_us`` in time order, those that overlap (one per rank of a served run) reduced to their overlap."""
+    out: list[tuple[int, int]] = []
+    for a, b in sorted(gaps_us):
+        if out and a < out[-1][1]:
+            out[-1] = (a, min(b, out[-1][1]))
+        else:
+            out.append((a, b))
+    return out
 
 
 def ticks(scale: TimeScale, width_px: float, min_gap_px: float = 55.0) -> list[float]:

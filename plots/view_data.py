@@ -28,6 +28,11 @@ out at the cursor; ``meta["vmm"]`` holds its figures (``AnalysedRank.vmm``), Non
 From these the page computes the curves and, at any event, the exact live set: an allocation at event
 ``i`` is live after event ``e`` when ``i <= e < i + life[i]``. Only packing happens here: every figure
 comes from the analysis modules.
+
+A rank whose trace holds a serving window (``MEMTRACE_UNTIL=serving``) is two parts: start-up, packed as
+above and ending where start-up ended, and the window analysed as a trace of its own (``AnalysedRank.serving``),
+packed the same way (:func:`pack_window`) with the gap between them; :func:`time_axis` squeezes the gap on the
+page's time axis as ``memtrace plot`` does.
 """
 
 from __future__ import annotations
@@ -47,8 +52,10 @@ from ..analysis.rank import AnalysedRank
 from ..analysis.summary import summary_to_dict
 from ..model import ACTIONS
 from .palette import CATEGORY_COLORS, VMM_KV_LABEL
-from .serving_text import window_lines
+from .serving_text import gap_words, window_lines
 from .text import before_recording_text
+from .timeline_breaks import length_text
+from .timeline_scale import time_scale
 
 #: Columns of the binary blob, in order: (name, numpy dtype).
 EVENT_COLUMNS = (
@@ -77,6 +84,9 @@ class PackedRank:
     meta: dict[str, Any]
     blob: bytes
     columns: list[dict[str, Any]] = field(default_factory=list)
+    #: the serving window after start-up, packed as a rank of its own (``AnalysedRank.serving``), its
+    #: ``meta["gap"]`` saying what lies between; None without one
+    window: PackedRank | None = None
 
 
 def event_at(times: np.ndarray, t_us: int) -> int:
@@ -157,14 +167,14 @@ def rank_meta(a: AnalysedRank, t0_us: int) -> dict[str, Any]:
         "category_colors": [CATEGORY_COLORS[c] for c in CATEGORIES],
         "actions": list(ACTIONS),
         "vmm": _vmm(a),
-        # the serving window, stated (``serving_text.window_lines``); the chart is start-up's alone
+        # the serving window, stated (``serving_text.window_lines``); drawn from ``PackedRank.window``
         "serving": window_lines(a.window, t0_us),
     }
 
 
 def _drawn_end(a: AnalysedRank, end: int) -> int:
-    """Where the chart ends: at an OOM (nothing drawn after it), and at start-up's end when a serving window
-    follows (the page draws start-up's events only; the gap is never drawn as a flat line)."""
+    """Where this part of the chart ends: at an OOM (nothing drawn after it), and at start-up's end when a
+    serving window follows (drawn after the gap from the window's own part, ``pack_window``)."""
     w = a.trace.window
     if w is not None and w.startup_end_us is not None:
         return min(end, w.startup_end_us)
@@ -271,4 +281,48 @@ def pack_rank(a: AnalysedRank, t0_us: int, *, with_events: bool = True) -> Packe
         del arr
     parts.append(z.flush())
     meta["has_events"] = with_events
-    return PackedRank(meta, b"".join(parts), columns)
+    window = pack_window(a, t0_us, with_events=with_events)
+    return PackedRank(meta, b"".join(parts), columns, window)
+
+
+def pack_window(a: AnalysedRank, t0_us: int, *, with_events: bool = True) -> PackedRank | None:
+    """The serving window of ``a``: the rank ``AnalysedRank.serving`` (the window analysed as a trace of its
+    own) packed as any rank, its landmarks named as the window's (the OOM keeps its name), and ``meta["gap"]``:
+    the time between start-up's end and the window's first kept record (page microseconds), what the ring
+    dropped of it and the words its band says. None without a window holding allocator events."""
+    win, w = a.serving, a.trace.window
+    if win is None:
+        return None
+    p = pack_rank(win, t0_us, with_events=with_events)
+    for lm in p.meta["landmarks"]:
+        if lm["name"] != "OOM" and not lm["name"].startswith("end "):
+            lm["name"] = f"serving {lm['name']}"
+    start = w.startup_end_us if w.startup_end_us is not None else w.start_us
+    dropped = (w.events_dropped, w.samples_dropped, w.steps_dropped)
+    p.meta["gap"] = {
+        "start_us": start - t0_us,
+        "end_us": w.start_us - t0_us,
+        "events_dropped": dropped[0],
+        "samples_dropped": dropped[1],
+        "steps_dropped": dropped[2],
+        "label": [f"GAP {length_text((w.start_us - start) / 1e6)}", *gap_words(*dropped).splitlines()],
+    }
+    return p
+
+
+def time_axis(ranks: list[PackedRank]) -> dict[str, list] | None:
+    """The page's time axis when a serving window follows start-up: each gap squeezed as ``memtrace plot``
+    squeezes it (``timeline_scale.time_scale``; no flat stretch is broken, the page zooms instead), as knots
+    in page microseconds and drawn microseconds (piecewise linear between them), with the gaps; None (a linear
+    axis) without a gap."""
+    gaps = [(g["start_us"], g["end_us"]) for r in ranks if r.window for g in [r.window.meta["gap"]]]
+    gaps = [(a, b) for a, b in gaps if b > a]
+    if not gaps:
+        return None
+    end = max((r.window or r).meta["end_us"] for r in ranks)
+    scale = time_scale([], 0, end, gaps)
+    return {
+        "knots_us": [round(k * 1e6) for k in scale.knots_s],
+        "drawn_us": [round(k * 1e6) for k in scale.knots_drawn],
+        "gaps_us": [[round(a * 1e6), round(b * 1e6)] for a, b in scale.gaps],
+    }

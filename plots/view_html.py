@@ -1,6 +1,7 @@
 """Write ``memtrace view``'s page: one self-contained HTML file (CSS, JavaScript and data inline).
 
-The page's code is ``assets/view.js`` (the model: decoding, curves, live sets), ``assets/view_ui.js``
+The page's code is ``assets/view.js`` (the model: decoding, curves, live sets), ``assets/view_gap.js`` (a
+serving window's gap: the broken axis's ticks, the hatched band, a click there), ``assets/view_ui.js``
 (charts, tables) and ``assets/view.css``; the charts are drawn by the vendored uPlot
 (``assets/VENDORED.md``). Data comes from ``view_data.pack_rank``: a JSON document per rank and its
 gzip'd columns in base64. Nothing is fetched from the network; a page written with ``api=True``
@@ -20,7 +21,7 @@ from . import verdict_text
 from .formats import of
 from .report import render as render_report
 from .report import worst_line
-from .view_data import PackedRank, pack_rank
+from .view_data import PackedRank, pack_rank, time_axis
 from .whatif_text import boot_section
 
 #: this module's output format(s) (``plots.format_spec``)
@@ -29,7 +30,7 @@ FORMATS = of(__name__)
 #: Width in pixels of the coarse overview a page without its events carries.
 OVERVIEW_WIDTH = 1600
 
-_ASSETS = ("uPlot.min.css", "view.css", "uPlot.iife.min.js", "view.js", "view_ui.js")
+_ASSETS = ("uPlot.min.css", "view.css", "uPlot.iife.min.js", "view.js", "view_gap.js", "view_ui.js")
 
 
 def asset(name: str) -> str:
@@ -53,8 +54,28 @@ def page_document(ranks: list[PackedRank], *, title: str, report_text: str, api:
         "report": report_text,
         "worst": worst_line(run) if run is not None and run.multi else None,
         "missing": [m.line for m in run.missing] if run is not None else [],
-        "ranks": [{**r.meta, "columns": r.columns} for r in ranks],
+        "ranks": [_rank_doc(r) for r in ranks],
+        "x_scale": time_axis(ranks),  # the serving gap squeezed; None: a linear time axis
     }
+
+
+def _rank_doc(r: PackedRank) -> dict[str, Any]:
+    """One rank's part of the page's document, with its serving window's (``PackedRank.window``) when it has one."""
+    doc = {**r.meta, "columns": r.columns}
+    if r.window is not None:
+        doc["window"] = {**r.window.meta, "columns": r.window.columns}
+    return doc
+
+
+def _blobs(ranks: list[PackedRank]) -> str:
+    """The gzip'd columns in base64, one script element each: ``mt-blob-<rank>`` (start-up, or the whole run)
+    and ``mt-blob-<rank>-serving`` (its serving window)."""
+    parts = [(f"{i}", r) for i, r in enumerate(ranks)]
+    parts += [(f"{i}-serving", r.window) for i, r in enumerate(ranks) if r.window is not None]
+    return "\n".join(
+        f'<script type="application/octet-stream" id="mt-blob-{key}">{base64.b64encode(p.blob).decode("ascii")}</script>'
+        for key, p in parts
+    )
 
 
 def render_html(ranks: list[PackedRank], run, *, title: str, api: bool = False) -> str:
@@ -63,10 +84,7 @@ def render_html(ranks: list[PackedRank], run, *, title: str, api: bool = False) 
     render_report(run, buf)  # as `memtrace report` prints it
     doc = page_document(ranks, title=title, report_text=buf.getvalue(), api=api, run=run)
     doc["boot"] = "\n".join(boot_section(run, markdown=False)[2:])  # fits --suggest: the issue bundle's words
-    blobs = "\n".join(
-        f'<script type="application/octet-stream" id="mt-blob-{i}">{base64.b64encode(r.blob).decode("ascii")}</script>'
-        for i, r in enumerate(ranks)
-    )
+    blobs = _blobs(ranks)
     doc_json = json.dumps(doc, separators=(",", ":")).replace("<", "\\u003c")  # no "</script>" or "<!--" inside
     css = "\n".join(asset(n) for n in _ASSETS if n.endswith(".css"))
     js = "\n".join(_script_safe(asset(n)) for n in _ASSETS if n.endswith(".js"))
@@ -92,12 +110,16 @@ def build_page(run, *, title: str | None = None, max_events: int, api: bool) -> 
     from ..analysis.titles import timeline_title
 
     t0 = run.origin.t0_us
-    with_events = sum(len(r.event_times) for r in run.ranks) <= max_events
+    parts = [a for r in run.ranks for a in (r, r.serving) if a is not None]  # a serving window's events count too
+    with_events = sum(len(a.event_times) for a in parts) <= max_events
     packed = []
     for r in run.ranks:
         p = pack_rank(r, t0, with_events=with_events)
         if not with_events:
-            p.meta["overview"] = r.queries.window(p.meta["start_us"] / 1e6, p.meta["end_us"] / 1e6, OVERVIEW_WIDTH)
+            for part, a in ((p, r), (p.window, r.serving)):
+                if part is not None:
+                    m = part.meta
+                    m["overview"] = a.queries.window(m["start_us"] / 1e6, m["end_us"] / 1e6, OVERVIEW_WIDTH)
         packed.append(p)
     return render_html(packed, run, title=title or timeline_title(run), api=api)
 

@@ -192,6 +192,53 @@
     return { event: e, t_us: e >= 0 ? L.t[e] : m.t_first_us, total, count, groups, around };
   }
 
+  /* ---------- a serving window after start-up: the broken time axis and the parts of a rank ---------- */
+  /* doc.x_scale (plots/view_data.py time_axis): the knots of the piecewise-linear map from page microseconds
+   * to drawn ones, each gap squeezed as memtrace plot squeezes it; none: a linear axis */
+  const XS = doc.x_scale;
+  function interp(x, xs, ys) { /* between the knots; the end segments extended */
+    const i = Math.max(0, Math.min(xs.length - 2, upper(xs, x) - 1));
+    return xs[i + 1] === xs[i] ? ys[i] : ys[i] + ((x - xs[i]) * (ys[i + 1] - ys[i])) / (xs[i + 1] - xs[i]);
+  }
+  MT.fwd = XS ? (s) => interp(s * 1e6, XS.knots_us, XS.drawn_us) / 1e6 : (s) => s;
+  MT.bwd = XS ? (d) => interp(d * 1e6, XS.drawn_us, XS.knots_us) / 1e6 : (d) => d;
+  /* the part of rank R that recorded tus: start-up (R), its serving window (R.W), or null in the gap between
+   * them (dropped from the ring: not recorded) */
+  function partAt(R, tus) {
+    if (!R.W) return R;
+    const g = R.W.meta.gap;
+    return tus <= g.start_us ? R : tus >= g.end_us ? R.W : null;
+  }
+  /* one part's chart data between x0 and x1 (the model above; the server's; the overview) */
+  const partQuery = (P) => (P.part === 'serving' ? '&part=serving' : '');
+  function partWindow(P, x0, x1, W) {
+    return (P.L ? Promise.resolve(windowLocal(P, x0, x1, W))
+      : doc.api && !isOverview(P, x0, x1) ? api(`/api/window?rank=${P.index}${partQuery(P)}&x0=${x0}&x1=${x1}&w=${W}`)
+        : Promise.resolve(P.meta.overview)).then((w) => (P.col.vmm_t ? { ...w, data: withVmm(P, w.data) } : w));
+  }
+  /* a rank's chart data: start-up's, then its serving window's, each with the pixels its drawn width gets,
+   * joined by one point of nulls in the gap: no curve is drawn across it */
+  function rankWindow(R, x0, x1, W) {
+    if (!R.W) return partWindow(R, x0, x1, W);
+    const g = R.W.meta.gap, a = g.start_us / 1e6, b = g.end_us / 1e6, span = MT.fwd(x1) - MT.fwd(x0);
+    const px = (lo, hi) => Math.max(10, Math.round((W * (MT.fwd(hi) - MT.fwd(lo))) / span));
+    const parts = [];
+    if (x0 < a) parts.push(partWindow(R, x0, Math.min(x1, a), px(x0, Math.min(x1, a))));
+    if (x1 > b) parts.push(partWindow(R.W, Math.max(x0, b), x1, px(Math.max(x0, b), x1)));
+    return Promise.all(parts).then((ws) => {
+      const n = Math.max(R.meta.categories.length + 3, ...ws.map((w) => w.data.length));
+      const data = Array.from({ length: n }, () => []), mid = (Math.max(x0, a) + Math.min(x1, b)) / 2;
+      const gapPoint = () => { data[0].push(mid); for (let k = 1; k < n; k++) data[k].push(null); };
+      ws.forEach((w, i) => {
+        if (i) gapPoint();
+        const len = w.data[0].length;
+        for (let k = 0; k < n; k++) { const c = w.data[k]; for (let j = 0; j < len; j++) data[k].push(c ? c[j] : null); }
+      });
+      if (!ws.length) data.forEach((c, k) => c.push(k ? null : x0, k ? null : x1)); /* all in the gap */
+      return { data, exact: ws.every((w) => w.exact), events: ws.reduce((t, w) => t + w.events, 0) };
+    });
+  }
+
   /* ---------- remote answers (memtrace view --serve) ---------- */
   async function api(path) {
     const r = await fetch(path);
@@ -203,14 +250,13 @@
     const X = R.meta.overview && R.meta.overview.data[0];
     return !!X && (Math.abs(x0 - X[0]) < 1e-9 && Math.abs(x1 - X[X.length - 1]) < 1e-9);
   };
-  MT.window = (R, x0, x1, W) => (R.L ? Promise.resolve(windowLocal(R, x0, x1, W))
-    : doc.api && !isOverview(R, x0, x1) ? api(`/api/window?rank=${R.index}&x0=${x0}&x1=${x1}&w=${W}`)
-      : Promise.resolve(R.meta.overview)).then((w) => (R.col.vmm_t ? { ...w, data: withVmm(R, w.data) } : w));
-  MT.live = (R, e) => (R.L ? Promise.resolve(liveLocal(R, e))
-    : doc.api ? api(`/api/live?rank=${R.index}&event=${e}`) : Promise.reject(new Error('this page carries an overview only: run `memtrace view --serve RUN` to see what was live')));
-  MT.eventAt = (R, tus) => (R.L ? Promise.resolve(upper(R.L.t, tus) - 1)
-    : doc.api ? api(`/api/event?rank=${R.index}&t_us=${tus}`).then((d) => d.event) : Promise.resolve(null));
+  MT.window = rankWindow;
+  /* what was live after event e of part P (start-up or a serving window), and the last event at or before tus */
+  MT.live = (P, e) => (P.L ? Promise.resolve(liveLocal(P, e))
+    : doc.api ? api(`/api/live?rank=${P.index}${partQuery(P)}&event=${e}`) : Promise.reject(new Error('this page carries an overview only: run `memtrace view --serve RUN` to see what was live')));
+  MT.eventAt = (P, tus) => (P.L ? Promise.resolve(upper(P.L.t, tus) - 1)
+    : doc.api ? api(`/api/event?rank=${P.index}${partQuery(P)}&t_us=${tus}`).then((d) => d.event) : Promise.resolve(null));
 
-  MT._internals = { buildLocal, windowLocal, liveLocal, stateAt, deviceAt, cuptiAt, vmmAt, withVmm, phaseAt, upper, inflate, columns, exact };
+  MT._internals = { buildLocal, windowLocal, liveLocal, stateAt, deviceAt, cuptiAt, vmmAt, withVmm, phaseAt, partAt, upper, inflate, columns, exact };
   window.__mtDoc = doc;
 })();

@@ -2,7 +2,7 @@
  * State the tests read is kept in window.memtraceView (ranks[r].drawn, ranks[r].view, selected). */
 (function () {
   'use strict';
-  const MT = window.memtraceView, doc = window.__mtDoc, I = MT._internals;
+  const MT = window.memtraceView, doc = window.__mtDoc, I = MT._internals, GAP = MT._gap;
   const GiB = 1073741824;
   /* the timeline's own colours (plots/palette.py), carried by the page's data */
   const CAT_COLORS = (doc.ranks[0] && doc.ranks[0].category_colors) || ['#4C72B0', '#55A868', '#D63CBE', '#8172B2', '#F0A030', '#B0B0B0'];
@@ -65,7 +65,7 @@
       ctx.beginPath(); ctx.rect(left, 0, w, top + h); ctx.clip();
       ctx.font = `${11 * dpr}px sans-serif`; ctx.textBaseline = 'top'; ctx.textAlign = 'left';
       const band = PHASE_ROW * dpr, strip = top - R.strip * dpr;
-      m.phases.forEach((p, k) => {
+      [...m.phases, ...(R.W ? R.W.meta.phases : [])].forEach((p, k) => { /* start-up's, then the window's */
         const a = Math.max(X(p.start_us), left), b = Math.min(X(p.end_us), left + w);
         if (b <= a) return;
         const y = strip + p.depth * band;
@@ -86,6 +86,7 @@
       };
       if (m.target.bytes) drawn.target = hline(m.target.bytes, '#d62728', `target ${gib(m.target.bytes)} (${m.target.source})`, [6 * dpr, 4 * dpr]);
       if (m.target.capacity) drawn.capacity = hline(m.target.capacity, '#555', `capacity ${gib(m.target.capacity)}`);
+      drawn.gap = R.W ? GAP.band(R, u, ctx, X, dpr) : null; /* over the curves and lines: nothing known there */
       /* a moment: its line across the plot, its name in its own row of the strip between the phases and the
        * plot (rising from the line into that row), so no name covers a curve or the target and capacity lines */
       const vline = (us, color, label, dash, row) => {
@@ -126,20 +127,22 @@
     const stepped = uPlot.paths.stepped({ align: 1 });
     for (let k = K - 1; k >= 0; k--) series.push({ label: R.meta.categories[k], stroke: CAT_COLORS[k], fill: CAT_COLORS[k] + 'cc', width: 0.5, paths: stepped, points: { show: false } });
     series.push({ label: 'reserved', stroke: '#222', width: 1.5, paths: stepped, points: { show: false } });
-    series.push({ label: 'device used', stroke: '#8c564b', width: 1.5, paths: stepped, points: { show: false }, spanGaps: true });
+    series.push({ label: 'device used', stroke: '#8c564b', width: 1.5, paths: stepped, points: { show: false } });
     const bands = [{ series: [K + 2, K + 1], fill: 'rgba(140,86,75,.25)', dir: 1 }];
     const vmm = R.meta.vmm; /* reserved + the VMM KV cache: series K + 3, the band between it and reserved */
     if (vmm) {
       series.push({ label: vmm.label, stroke: VMM_EDGE, width: 1, paths: stepped, points: { show: false } });
       bands.push({ series: [K + 3, K + 1], fill: VMM_FILL, dir: -1 });
     }
-    const maxY = Math.max(R.meta.target.capacity || 0, R.meta.peak.reserved_bytes, R.meta.target.bytes || 0, vmm ? vmm.held_peak_bytes : 0) * 1.04;
-    const depth = Math.max(0, ...R.meta.phases.map((p) => p.depth + 1));
+    const parts = R.W ? [R.meta, R.W.meta] : [R.meta]; /* start-up, then its serving window */
+    const maxY = Math.max(R.meta.target.capacity || 0, R.meta.target.bytes || 0, ...parts.map((m) => Math.max(m.peak.reserved_bytes, m.vmm ? m.vmm.held_peak_bytes : 0))) * 1.04;
+    const depth = Math.max(0, ...parts.flatMap((m) => m.phases.map((p) => p.depth + 1)));
     R.strip = depth * PHASE_ROW + MARK_ROWS * MARK_ROW + 4; /* px above the plot: phases, then moments' names */
     const opts = {
       width, height: 360 + R.strip, series, legend: { show: false }, padding: [R.strip + 4, GUTTER, 0, 0], bands,
-      scales: { x: { time: false, range: (u, lo, hi) => [lo, hi] }, y: { range: () => [0, maxY] } },
-      axes: [{ label: 'seconds since start', values: (u, vs, ax, space, incr) => vs.map((v) => v.toFixed(Math.min(6, (String(+incr.toPrecision(6)).split('.')[1] || '').length))) },
+      scales: { x: { time: false, range: (u, lo, hi) => [lo, hi], ...(doc.x_scale ? { distr: 100, fwd: MT.fwd, bwd: MT.bwd } : {}) }, y: { range: () => [0, maxY] } },
+      axes: [doc.x_scale ? { label: 'seconds since start', splits: (u, ax, lo, hi) => GAP.ticks(u, lo, hi), filter: (u, vs) => vs /* uPlot would keep powers of 10 on a custom scale */, values: GAP.tickValues }
+        : { label: 'seconds since start', values: (u, vs, ax, space, incr) => vs.map((v) => v.toFixed(Math.min(6, (String(+incr.toPrecision(6)).split('.')[1] || '').length))) },
         { label: 'GiB', size: 60, incrs: [0.25, 0.5, 1, 2, 4, 8, 10, 16, 20, 32, 40, 64, 80, 128].map((g) => g * GiB),
           values: (u, vs) => vs.map((v) => +(v / GiB).toFixed(2)) }],
       cursor: { sync: { key: 'mt' }, drag: { x: true, y: false }, points: { show: false } },
@@ -157,19 +160,21 @@
   function hover(R, u) {
     const i = u.cursor.idx, box = R.info;
     if (i == null || u.cursor.left < 0) return;
-    const x = u.posToVal(u.cursor.left, 'x'), tus = x * 1e6, m = R.meta;
-    const rows = [['time', (tus / 1e6).toFixed(6) + ' s'], ['phase', I.phaseAt(m, tus)]];
-    if (R.L) {
-      const e = I.upper(R.L.t, tus) - 1, s = I.stateAt(R, e), d = I.deviceAt(R, tus);
-      rows.push(['event', e < 0 ? 'before the first' : `#${e} (${m.actions[R.col.act[e]]} ${Math.round(R.col.size[e]).toLocaleString('en-US')} B)`]);
+    const x = u.posToVal(u.cursor.left, 'x'), tus = x * 1e6, P = I.partAt(R, tus), m = (P || R).meta;
+    const rows = [['time', (tus / 1e6).toFixed(6) + ' s']];
+    if (!P) rows.push(...GAP.hoverRows()); /* in the gap: nothing kept */
+    else rows.push(['phase', I.phaseAt(m, tus)]);
+    if (P && P.L) {
+      const e = I.upper(P.L.t, tus) - 1, s = I.stateAt(P, e), d = I.deviceAt(P, tus);
+      rows.push(['event', e < 0 ? 'before the first' : `#${e} (${m.actions[P.col.act[e]]} ${Math.round(P.col.size[e]).toLocaleString('en-US')} B)`]);
       rows.push(['allocated', exact(s.alloc)], ['reserved', exact(s.res)], ['device used', exact(d.used)], ['non-PyTorch', exact(d.nontorch)]);
-      rows.push(...cuptiRows(R, tus), ...vmmRows(R, tus));
+      rows.push(...cuptiRows(P, tus), ...vmmRows(P, tus));
       m.categories.forEach((c, k) => { if (s.cats[k]) rows.push([c, exact(s.cats[k])]); });
-    } else {
+    } else if (P) {
       const K = m.categories.length, v = (j) => u.data[j][i];
       rows.push(['allocated', exact(v(1))], ['reserved', exact(v(K + 1))], ['device used', exact(v(K + 2))],
-        ['non-PyTorch', exact(I.deviceAt(R, tus).nontorch)]);
-      rows.push(...cuptiRows(R, tus), ...vmmRows(R, tus));
+        ['non-PyTorch', exact(I.deviceAt(P, tus).nontorch)]);
+      rows.push(...cuptiRows(P, tus), ...vmmRows(P, tus));
     }
     box.replaceChildren(el('table', {}, ...rows.map(([k, v]) => el('tr', {}, el('th', {}, k), el('td', {}, v)))));
     R.hover = { t_us: tus, rows: Object.fromEntries(rows) };
@@ -202,28 +207,30 @@
     u.over.addEventListener('mouseup', (e) => {
       if (!down || Math.abs(e.clientX - down[0]) > 3) { down = null; return; }
       down = null;
-      const x = u.posToVal(e.clientX - u.over.getBoundingClientRect().left, 'x');
-      MT.eventAt(R, x * 1e6).then((ev) => select(R, ev)).catch(report);
+      const x = u.posToVal(e.clientX - u.over.getBoundingClientRect().left, 'x'), P = I.partAt(R, x * 1e6);
+      if (!P) return selectGap(R, x * 1e6);
+      MT.eventAt(P, x * 1e6).then((ev) => select(P, ev)).catch(report);
     });
-    u.over.addEventListener('dblclick', () => zoomAll(R.meta.start_us / 1e6, R.meta.end_us / 1e6));
+    u.over.addEventListener('dblclick', () => zoomAll(R.meta.start_us / 1e6, endOf(R.meta) / 1e6));
     u.over.addEventListener('wheel', (e) => {
       e.preventDefault();
-      const { min, max } = u.scales.x, x = u.posToVal(e.clientX - u.over.getBoundingClientRect().left, 'x');
-      const f = e.deltaY < 0 ? 0.6 : 1 / 0.6;
-      zoomAll(x - (x - min) * f, x + (max - x) * f);
+      const { min, max } = u.scales.x, x = MT.fwd(u.posToVal(e.clientX - u.over.getBoundingClientRect().left, 'x'));
+      const f = e.deltaY < 0 ? 0.6 : 1 / 0.6, a = MT.fwd(min), b = MT.fwd(max); /* around the cursor, as drawn */
+      zoomAll(MT.bwd(x - (x - a) * f), MT.bwd(x + (b - x) * f));
     }, { passive: false });
   }
 
+  const endOf = (m) => (m.window ? m.window.end_us : m.end_us); /* a rank's last drawn moment: its window's end */
   function zoomAll(x0, x1) {
-    const lo = Math.min(...doc.ranks.map((r) => r.start_us)) / 1e6, hi = Math.max(...doc.ranks.map((r) => r.end_us)) / 1e6;
+    const lo = Math.min(...doc.ranks.map((r) => r.start_us)) / 1e6, hi = Math.max(...doc.ranks.map(endOf)) / 1e6;
     x0 = Math.max(x0, lo); x1 = Math.min(x1, hi);
     if (!(x1 > x0)) x1 = x0 + 1e-6;
     MT.ranks.forEach((r) => r.u.setScale('x', { min: x0, max: x1 }));
   }
   MT.zoom = zoomAll;
   function reveal(R, x) { /* bring a moment into view, keeping the zoom */
-    const { min, max } = R.u.scales.x;
-    if (x < min || x > max) zoomAll(x - (max - min) / 2, x + (max - min) / 2);
+    const { min, max } = R.u.scales.x, half = (MT.fwd(max) - MT.fwd(min)) / 2;
+    if (x < min || x > max) zoomAll(MT.bwd(MT.fwd(x) - half), MT.bwd(MT.fwd(x) + half));
   }
 
   function onZoom(R, x0, x1) {
@@ -241,16 +248,22 @@
   function report(err) { MT.errors.push(String(err && err.stack || err)); const p = el('p', { class: 'mt-error' }, String(err.message || err)); app.prepend(p); }
 
   /* ---------- the moment clicked: live total, icicle, holders, events around ---------- */
-  function select(R, e) {
+  /* P: a rank's start-up (the rank itself) or its serving window (R.W, analysed as a trace of its own) */
+  function select(P, e) {
     if (e == null) return;
-    const t1 = performance.now();
-    return MT.live(R, e).then((live) => {
+    const R = P.rank, t1 = performance.now();
+    return MT.live(P, e).then((live) => {
       R.selectedUs = live.t_us; R.u.redraw(false);
-      renderLive(R, live, R.landmark); R.landmark = null;
-      MT.selected = { rank: R.index, event: e, t_us: live.t_us, live_bytes: live.total, count: live.count, ms: performance.now() - t1 };
+      renderLive(P, live, R.landmark); R.landmark = null;
+      MT.selected = { rank: R.index, part: P.part, event: e, t_us: live.t_us, live_bytes: live.total, count: live.count, ms: performance.now() - t1 };
     }).catch(report);
   }
-  MT.select = (rank, e) => select(MT.ranks[rank], e);
+  MT.select = (rank, e, part) => select(part === 'serving' ? MT.ranks[rank].W : MT.ranks[rank], e);
+  function selectGap(R, tus) {
+    R.selectedUs = tus; R.u.redraw(false); R.landmark = null;
+    R.panel.replaceChildren(...GAP.panel(R, tus, el));
+    MT.selected = { rank: R.index, part: 'gap', event: null, t_us: tus, live_bytes: null, count: null };
+  }
 
   const CURVES = { device_used: 'NVML device used', reserved: 'PyTorch reserved' };
   /* what a landmark marks, in the report's words: the crossing's curve and value, the OOM's phase */
@@ -262,10 +275,10 @@
     return el('p', { class: 'mt-landmark-line', 'data-landmark': lm.name }, `${lm.name}: ${what} at ${((lm.time_us - m.t0_us) / 1e6).toFixed(3)} s${where}${top} (the live allocations below are PyTorch's alone)`);
   }
 
-  function renderLive(R, live, lm) {
-    const m = R.meta, p = R.panel;
-    const head = el('h3', {}, `${m.label}: live after event #${live.event} at ${(live.t_us / 1e6).toFixed(6)} s (${I.phaseAt(m, live.t_us)})`);
-    const total = el('p', { class: 'mt-live-total' }, 'live: ', el('b', { 'data-bytes': String(live.total), id: `mt-live-${R.index}` }, exact(live.total)), ` in ${live.count.toLocaleString('en-US')} allocations`);
+  function renderLive(P, live, lm) {
+    const m = P.meta, p = P.rank.panel, what = P.part === 'serving' ? 'serving window event' : 'event';
+    const head = el('h3', {}, `${m.label}: live after ${what} #${live.event} at ${(live.t_us / 1e6).toFixed(6)} s (${I.phaseAt(m, live.t_us)})`);
+    const total = el('p', { class: 'mt-live-total' }, 'live: ', el('b', { 'data-bytes': String(live.total), id: `mt-live-${P.index}` }, exact(live.total)), ` in ${live.count.toLocaleString('en-US')} allocations`);
     const holders = el('table', { class: 'mt-table' }, el('tr', {}, el('th', {}, 'held by'), el('th', {}, 'bytes'), el('th', {}, 'allocations'), el('th', {}, 'share')));
     for (const g of live.groups.slice(0, 15)) holders.append(el('tr', {}, el('td', {}, g.title), el('td', { class: 'num', title: `${g.bytes} B` }, gib(g.bytes)), el('td', { class: 'num' }, g.count), el('td', { class: 'num' }, live.total ? (100 * g.bytes / live.total).toFixed(1) + ' %' : '')));
     const ev = el('table', { class: 'mt-table mt-events' }, el('tr', {}, ...['#', 'time (s)', 'action', 'bytes', 'category', 'where'].map((h) => el('th', {}, h))));
@@ -308,19 +321,26 @@
     header(); app.append(legend());
     const width = Math.max(600, (app.clientWidth || 1200) - 8); /* the window's width: the hover table goes below */
     for (const [index, meta] of doc.ranks.entries()) {
-      const buf = await I.inflate(document.getElementById(`mt-blob-${index}`).textContent);
-      const col = I.columns(buf, meta.columns);
-      const R = { index, meta, col, L: meta.has_events ? I.buildLocal(meta, col) : null, drawn: null, view: null };
+      const part = async (m, key, name) => {
+        const col = I.columns(await I.inflate(document.getElementById(`mt-blob-${key}`).textContent), m.columns);
+        return { index, part: name, meta: m, col, L: m.has_events ? I.buildLocal(m, col) : null };
+      };
+      const R = { ...(await part(meta, index, 'startup')), drawn: null, view: null };
+      R.rank = R;
+      if (meta.window) R.W = { ...(await part(meta.window, `${index}-serving`, 'serving')), rank: R };
       MT.ranks.push(R);
       const lane = el('section', { class: 'mt-lane' }, el('h2', {}, meta.label));
       if (meta.before_recording) lane.append(el('p', { class: 'mt-note mt-before' }, meta.before_recording.line));
       if (meta.serving && meta.serving.length) {
-        lane.append(el('div', { class: 'mt-serving' }, el('h3', {}, 'Serving window (after start-up; the chart below is start-up only: memtrace plot and flame --at oom draw the window)'),
+        lane.append(el('div', { class: 'mt-serving' }, el('h3', {}, meta.window ? 'Serving window (after start-up; on the chart below after the hatched gap, which was not recorded)'
+          : 'Serving window (after start-up; it kept no allocator event, so the chart below shows start-up alone)'),
           el('ul', {}, ...meta.serving.map((line) => el('li', {}, line)))));
       }
       const marks = el('div', { class: 'mt-landmarks' });
-      for (const lm of meta.landmarks) marks.append(el('button', { 'data-landmark': lm.name, onclick: () => { R.landmark = lm; reveal(R, (lm.time_us - meta.t0_us) / 1e6); select(R, lm.event); } }, lm.name));
-      marks.append(el('button', { onclick: () => zoomAll(meta.start_us / 1e6, meta.end_us / 1e6) }, 'reset zoom'));
+      for (const P of R.W ? [R, R.W] : [R]) { /* start-up's landmarks, then the serving window's */
+        for (const lm of P.meta.landmarks) marks.append(el('button', { 'data-landmark': lm.name, onclick: () => { R.landmark = lm; reveal(R, (lm.time_us - meta.t0_us) / 1e6); select(P, lm.event); } }, lm.name));
+      }
+      marks.append(el('button', { onclick: () => zoomAll(meta.start_us / 1e6, endOf(meta) / 1e6) }, 'reset zoom'));
       const host = el('div', { class: 'mt-chart' }), info = el('div', { class: 'mt-info' });
       R.info = info; R.panel = el('div', { class: 'mt-live' }, el('p', { class: 'mt-note' }, 'Click the chart or a landmark to see what was live.'));
       lane.append(marks, el('div', { class: 'mt-row' }, host, info), R.panel, el('h3', {}, 'Phases'), phaseTable(meta));
@@ -329,8 +349,7 @@
     }
     app.append(el('h2', {}, 'Report'), el('pre', { class: 'mt-report' }, doc.report));
     if (doc.boot) app.append(el('h2', {}, 'What would make it boot'), el('pre', { class: 'mt-boot' }, doc.boot));
-    const lo = Math.min(...doc.ranks.map((r) => r.start_us)) / 1e6, hi = Math.max(...doc.ranks.map((r) => r.end_us)) / 1e6;
-    zoomAll(lo, hi);
+    zoomAll(-Infinity, Infinity);
     await new Promise((res) => { const wait = () => (MT.ranks.every((r) => r.view) ? res() : setTimeout(wait, 5)); wait(); });
     MT.ready = true;
   }

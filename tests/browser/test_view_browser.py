@@ -357,22 +357,161 @@ def test_the_chart_uses_the_windows_width_and_its_names_stay_off_the_curves(brow
         page.close()
 
 
-def test_a_serving_trace_states_its_window_above_the_startup_chart(browser, tmp_path):
+@pytest.fixture(scope="module")
+def serving_trace(tmp_path_factory):
+    """The fake serving run (``serving_fakes``: a real H200 start-up's history replayed, an OOM an hour in)."""
     from serving_fakes import write_fake_serving
 
     with pytest.MonkeyPatch.context() as mp:
-        trace = write_fake_serving(tmp_path / "fake.memtrace", mp)
+        return write_fake_serving(tmp_path_factory.mktemp("serving") / "fake.memtrace", mp)
+
+
+@pytest.fixture
+def serving(browser, serving_trace, tmp_path):
     out = tmp_path / "serving.html"
-    _main("view", trace.path, "-o", str(out))
+    _main("view", serving_trace.path, "-o", str(out))
     page = Page(browser, out)
-    items = page.js("[...document.querySelectorAll('.mt-serving li')].map(e => e.textContent)")
+    yield page
+    page.close()
+
+
+def _folded(run: str, at: str, tmp_path: Path) -> dict[tuple[str, ...], int]:
+    """`memtrace flame RUN --at AT -f folded`, read back: {frames: bytes}."""
+    out = tmp_path / "at.folded"
+    _main("flame", run, "--at", at, "-f", "folded", "-o", str(out), "--force")
+    lines = (line.rsplit(" ", 1) for line in out.read_text().splitlines())
+    return {tuple(path.split(";")): int(b) for path, b in lines}
+
+
+def _page_groups(page: Page) -> dict[tuple[str, ...], int]:
+    """What the page lists as live at its selection (the serving window's part): {frames: bytes}."""
+    e = page.js("memtraceView.selected.event")
+    groups = page.js(f"memtraceView.live(memtraceView.ranks[0].W, {e}).then(l => l.groups.map(g => [g.path, g.bytes]))")
+    return {tuple(p): int(b) for p, b in groups}
+
+
+def _click_in_the_window(page: Page, trace, k: int = 2500) -> int:
+    """Zoom to 80 µs around the window's event ``k`` (single allocator events: one microsecond is ~14 px), click
+    0.4 µs after it; its time in page microseconds."""
+    t = int(trace.window.events["time_us"][k]) - page.js("memtraceView.ranks[0].meta.t0_us")
+    page.zoom((t - 40) / 1e6, (t + 40) / 1e6)
+    assert page.rank()["view"]["exact"] is True
+    box = page.chart_box()
+    page.page.mouse.click(page.x_of((t + 0.4) / 1e6), box["y"] + box["h"] / 2)
+    page.page.wait_for_function("memtraceView.selected")
+    return t
+
+
+def test_a_serving_trace_draws_its_window_after_a_labelled_gap_with_the_oom_and_a_serving_bar(serving, serving_trace):
+    w, t0 = serving_trace.window, serving.js("memtraceView.ranks[0].meta.t0_us")
+    items = serving.js("[...document.querySelectorAll('.mt-serving li')].map(e => e.textContent)")
     assert (
         items[1]
         == "Failed allocation: 3,221,225,472 bytes (3.00 GiB) at 3609.85 s in serving, 1.00 GiB free of 80.00 GiB."
     )
-    assert (
-        page.rank()["view"]["x1"]
-        <= (trace.window.startup_end_us - page.js("memtraceView.ranks[0].meta.t0_us")) / 1e6 + 1e-6
+    view, drawn = serving.rank()["view"], serving.rank()["drawn"]
+    assert view["x1"] == pytest.approx((w.end_us - t0) / 1e6, abs=1e-6)  # the chart runs to the window's end
+    assert drawn["phase_names"] == ["load_model", "profile_run", "serving"]
+    gap, plot = drawn["gap"], drawn["plot"]
+    assert gap["label"] == "GAP 3600 s\nnot recorded; dropped:\n1,962 events, 0 samples, 0 steps"
+    # the hour is squeezed, as the plot squeezes it: start-up, the gap, then the window, each its own width
+    assert plot["left"] + 0.6 * plot["width"] < gap["x0"] < gap["x1"] < plot["left"] + 0.8 * plot["width"]
+    assert gap["x1"] < drawn["oom"] <= plot["left"] + plot["width"] + 1  # the OOM in the window, marked
+    assert serving.js("memtraceView.ranks[0].u.axes[0]._values").count("3609.6") == 1  # ticks on each side
+
+
+def test_the_gap_is_drawn_as_a_gap_never_as_a_line_across_it(serving, serving_trace):
+    """Every series is null at the one point the chart has inside the gap (no curve joins start-up's last value
+    to the window's first), and the plot's pixels over the gap are the band's: white and its grey hatching."""
+    t0 = serving.js("memtraceView.ranks[0].meta.t0_us")
+    a, b = (serving_trace.window.startup_end_us - t0) / 1e6, (serving_trace.window.start_us - t0) / 1e6
+    data = serving.js("memtraceView.ranks[0].u.data")
+    inside = [i for i, x in enumerate(data[0]) if a < x < b]
+    assert len(inside) == 1 and all(col[inside[0]] is None for col in data[1:])
+    assert data[0][inside[0] - 1] <= a and data[0][inside[0] + 1] >= b
+    gap, plot = serving.rank()["drawn"]["gap"], serving.rank()["drawn"]["plot"]
+    pixels = serving.js(f"""(() => {{
+        const c = memtraceView.ranks[0].u.ctx, d = devicePixelRatio, out = [];
+        for (const f of [0.03, 0.08, 0.92, 0.97]) {{  /* above and below the words written in the band */
+            const y = Math.round(({plot["top"]} + f * {plot["height"]}) * d);
+            const px = c.getImageData(Math.round(({gap["x0"]} + 3) * d), y, Math.round(({gap["x1"]} - {gap["x0"]} - 6) * d), 1).data;
+            for (let i = 0; i < px.length; i += 4) out.push([px[i], px[i + 1], px[i + 2]]);
+        }}
+        return out; }})()""")
+    assert pixels and all(max(p) - min(p) <= 6 and min(p) >= 150 for p in pixels)  # greys from white to hatching
+    assert sum(p == [255, 255, 255] for p in pixels) > 0.3 * len(pixels)  # hatched, not a filled area
+
+
+def test_zooming_into_the_window_reaches_single_events_and_a_click_lists_what_flame_at_that_time_lists(
+    serving, serving_trace, tmp_path
+):
+    t = _click_in_the_window(serving, serving_trace)
+    sel = serving.js("memtraceView.selected")
+    assert sel["part"] == "serving" and sel["t_us"] == t
+    folded = _folded(serving_trace.path, f"{t}us", tmp_path)  # the window analysed as its own trace, as flame does
+    assert _page_groups(serving) == folded
+    assert sel["live_bytes"] == sum(folded.values())
+    assert serving.page.inner_text("#mt-live-0").endswith(f"({sum(folded.values()):,} B)")
+    assert "live after serving window event #" in serving.page.inner_text(".mt-live h3")
+    assert serving.page.locator(".mt-icicle .mt-node").count() > 3
+
+
+def test_the_oom_landmark_shows_what_flame_at_oom_shows(serving, serving_trace, tmp_path):
+    serving.page.click("button[data-landmark=OOM]")
+    serving.page.wait_for_function("memtraceView.selected")
+    folded = _folded(serving_trace.path, "oom", tmp_path)
+    assert serving.js("memtraceView.selected.part") == "serving"
+    assert _page_groups(serving) == folded
+    held = sum(s.requested_bytes for s in serving_trace.window.segments)  # the allocator's own state at the OOM
+    assert serving.js("memtraceView.selected.live_bytes") == held
+
+
+def test_a_click_in_the_gap_says_it_was_not_recorded(serving, serving_trace):
+    gap, box = serving.rank()["drawn"]["gap"], serving.chart_box()
+    x = box["x"] + (gap["x0"] + gap["x1"]) / 2 - serving.rank()["drawn"]["plot"]["left"]
+    serving.page.mouse.move(x, box["y"] + box["h"] / 2)
+    serving.page.wait_for_function("memtraceView.ranks[0].hover")
+    assert serving.js("memtraceView.ranks[0].hover.rows")["memory"] == "not recorded (dropped from the serving ring)"
+    serving.page.mouse.click(x, box["y"] + box["h"] / 2)
+    serving.page.wait_for_function("memtraceView.selected")
+    sel = serving.js("memtraceView.selected")
+    assert sel["part"] == "gap" and sel["live_bytes"] is None
+    assert serving.page.inner_text(".mt-live h3").endswith("lies in the gap after start-up: not recorded")
+    assert serving.page.inner_text("#mt-gap-0").startswith(
+        "Between start-up's end (9.427 s) and the serving window's first kept record (3609.548 s) the ring dropped "
+        "1,962 allocator events, 0 NVML samples and 0 scheduler steps"
     )
-    page.page.screenshot(path=str(tmp_path / "serving.png"))
-    page.close()
+    assert serving.page.locator(".mt-icicle").count() == 0  # nothing listed as live
+
+
+def test_a_served_page_of_a_serving_run_asks_the_server_for_the_window(browser, serving_trace, tmp_path):
+    from memtrace.cli._serve import start
+
+    server = start(analysed_run([serving_trace]), title="served", max_events=1_000)
+    try:
+        page = Page(browser, server.url)
+        assert page.js("memtraceView.ranks[0].W.L") is None  # no events on the page: the server answers
+        t = _click_in_the_window(page, serving_trace)
+        folded = _folded(serving_trace.path, f"{t}us", tmp_path)
+        assert page.js("memtraceView.selected.part") == "serving"
+        assert page.js("memtraceView.selected.live_bytes") == sum(folded.values())
+        page.close()
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def test_screenshots_of_a_serving_page(serving, serving_trace, tmp_path):
+    """The whole run (start-up, the gap, the window with its OOM), then the window zoomed and clicked."""
+    keep = os.environ.get("MEMTRACE_VIEW_SCREENSHOT_DIR")
+    shots = [tmp_path / "serving.png", tmp_path / "serving-window.png"]
+    serving.page.screenshot(path=str(shots[0]))
+    t0, w = serving.js("memtraceView.ranks[0].meta.t0_us"), serving_trace.window
+    serving.zoom((w.start_us - t0) / 1e6, (w.end_us - t0) / 1e6)
+    serving.page.click("button[data-landmark='serving peak']")
+    serving.page.wait_for_function("memtraceView.selected")
+    serving.page.screenshot(path=str(shots[1]), full_page=True)
+    for shot in shots:
+        assert shot.stat().st_size > 50_000  # a drawn page, not a blank one
+        if keep:
+            shutil.copy(shot, Path(keep) / shot.name)

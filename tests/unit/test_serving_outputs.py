@@ -44,6 +44,20 @@ def test_the_plot_breaks_the_axis_at_the_gap_and_draws_the_window_after_it(fake,
     assert drawn.title.startswith("GPU memory during start-up and serving")
 
 
+def test_the_plots_phase_lane_has_a_serving_bar_over_the_window_named_in_its_row(fake, tmp_path):
+    from memtrace.plots.timeline import render_timeline
+    from memtrace.plots.timeline_data import prepare_rank
+
+    rank = analyse([fake]).ranks[0]
+    drawn = render_timeline([prepare_rank(rank)], tmp_path / "serving.png", t0_us=rank.span[0])
+    labels = {lab.path: lab for lab in drawn.ranks[0].phase_labels}
+    assert set(labels) == {"load_model", "profile_run", "serving"}
+    serving = labels["serving"]
+    assert serving.where == "inside" and serving.depth == 0  # named inside its bar
+    bar = prepare_rank(rank).lane_phases[-1]
+    assert (bar.start_us, bar.end_us) == (fake.window.start_us, fake.window.end_us)  # the window, not the gap
+
+
 def test_flame_at_oom_adds_up_to_what_the_window_held_at_the_oom(fake, tmp_path, capsys):
     out = tmp_path / "oom.folded"
     assert main(["flame", fake.path, "--at", "oom", "-o", str(out)]) == 0
@@ -80,13 +94,34 @@ def test_the_issue_bundle_states_the_window_first_and_draws_the_flame_at_the_oom
     assert total == sum(s.requested_bytes for s in fake.window.segments)
 
 
-def test_the_view_states_the_window_and_draws_startup_alone_never_the_gap(fake):
+def test_the_view_packs_the_window_as_its_own_part_after_a_gap_squeezed_as_the_plot_squeezes_it(fake, tmp_path):
     from memtrace.plots.serving_text import window_lines
-    from memtrace.plots.view_data import rank_meta
+    from memtrace.plots.timeline import render_timeline
+    from memtrace.plots.timeline_data import prepare_rank
+    from memtrace.plots.view_data import pack_rank, time_axis
 
     rank = analyse([fake]).ranks[0]
-    t0 = rank.origin.t0_us
-    meta = rank_meta(rank, t0)
+    t0, w = rank.origin.t0_us, fake.window
+    packed = pack_rank(rank, t0)
+    meta, win = packed.meta, packed.window.meta
     assert meta["serving"] == window_lines(rank.window, t0) and len(meta["serving"]) == 5
-    assert meta["end_us"] == fake.window.startup_end_us - t0  # the chart stops where start-up ended
-    assert "OOM" not in [lm["name"] for lm in meta["landmarks"]]  # the OOM lies in the window, off the chart
+    assert meta["end_us"] == w.startup_end_us - t0  # start-up's part stops where start-up ended...
+    assert (win["start_us"], win["end_us"]) == (w.start_us - t0, w.end_us - t0)  # ...the window's is its own
+    assert win["n_events"] == len(w.events) and win["baseline"]["allocated"] == w.start_state["allocated_bytes"]
+    assert win["gap"] == {
+        "start_us": w.startup_end_us - t0,
+        "end_us": w.start_us - t0,
+        "events_dropped": 1962,
+        "samples_dropped": 0,
+        "steps_dropped": 0,
+        "label": ["GAP 3600 s", "not recorded; dropped:", "1,962 events, 0 samples, 0 steps"],
+    }
+    assert [p["name"] for p in win["phases"]] == ["serving"]
+    assert "OOM" not in [lm["name"] for lm in meta["landmarks"]]  # the OOM is the window's landmark
+    assert [lm["name"] for lm in win["landmarks"]] == ["serving peak", "OOM", "end serving"]
+    # the page squeezes the gap as the plot does (which breaks no flat stretch here): the same knots
+    axis = time_axis([packed])
+    scale = render_timeline([prepare_rank(rank)], tmp_path / "t.png", t0_us=t0).scale
+    assert axis["gaps_us"] == [[w.startup_end_us - t0, w.start_us - t0]]
+    assert axis["knots_us"] == [round(k * 1e6) for k in scale.knots_s]
+    assert axis["drawn_us"] == [round(k * 1e6) for k in scale.knots_drawn]

@@ -99,6 +99,16 @@ def test_without_a_long_flat_stretch_the_axis_is_not_broken():
     assert quiet == [] and time_scale(quiet, 0, 10_000_000) == identity(10.0)
 
 
+def test_the_overlapping_gaps_of_two_served_ranks_are_squeezed_where_neither_recorded():
+    """Two ranks' start-ups end 0.2 s apart and their windows begin 0.3 s apart: one gap, squeezed where the
+    two overlap, and an axis that runs forward (squeezing each gap on its own folded the axis back)."""
+    import numpy as np
+
+    scale = time_scale([], 0, 3_620_000_000, [(9_400_000, 3_609_500_000), (9_600_000, 3_609_200_000)])
+    assert scale.gaps == ((9.6, 3609.2),)
+    assert np.all(np.diff(scale.knots_s) > 0) and np.all(np.diff(scale.knots_drawn) > 0)
+
+
 def test_render_of_the_analysed_run_breaks_the_axis_the_same_way(tmp_path):
     run = analyse(load_run(DATA / "vllm-h200" / "startup-stacks").traces)
     render(run, tmp_path / "a.png")

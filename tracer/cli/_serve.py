@@ -2,8 +2,8 @@
 
 For a run too big for one page: the page carries a coarse overview, and every zoom (``/api/window``)
 and click (``/api/event``, ``/api/live``) is answered here by the analysed run's queries
-(``analysis.view_window.RankQueries``, ``AnalysedRank.queries``), so zooming in always reaches exact
-steps. The server binds the loopback interface on a free port (or ``port``), prints its address, and
+(``analysis.view_window.RankQueries``, ``AnalysedRank.queries``; with ``part=serving``, those of the rank's
+serving window, ``AnalysedRank.serving``), so zooming in always reaches exact steps. The server binds the loopback interface on a free port (or ``port``), prints its address, and
 stops on Ctrl-C.
 """
 
@@ -28,6 +28,7 @@ class ViewServer(ThreadingHTTPServer):
 
     def __init__(self, run, *, title: str | None = None, port: int = 0, max_events: int) -> None:
         self.queries = [r.queries for r in run.ranks]
+        self.serving = [None if r.serving is None else r.serving.queries for r in run.ranks]
         self.title = title
         self.page = build_page(run, title=title, max_events=max_events, api=True).encode("utf-8")
         try:
@@ -53,6 +54,10 @@ class ViewServer(ThreadingHTTPServer):
         if not 0 <= r < len(self.queries):
             raise ValueError(f"no rank index {r}")
         q = self.queries[r]
+        if query.get("part") == ["serving"]:
+            q = self.serving[r]
+            if q is None:
+                raise ValueError(f"rank index {r} has no serving window")
         if path == "/api/window":
             return q.window(arg("x0"), arg("x1"), arg("w", lambda s: int(float(s))))
         if path == "/api/event":
