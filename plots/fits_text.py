@@ -34,7 +34,7 @@ MISSING_ANSWER = "Its peak is a lower bound, so a card it fits on is the least i
 HEADLINE = {
     FITS: "SURVIVES",
     OOM: "DIES",
-    NO_KV: "DIES",
+    NO_KV: "vLLM REFUSES",
     REFUSED: "REFUSED",
     DIED: "DIES",
     UNKNOWN: "UNKNOWN",
@@ -83,7 +83,8 @@ def _verdict(r: Fit, vllm: bool = True) -> str:
             f"({_gib(r.overshoot_bytes)} short)"
         )
     if r.outcome == NO_KV:
-        return f"vLLM refuses: no memory for the KV cache ({_gib(r.overshoot_bytes)} short)"
+        least = "at least " if r.recorded_oom is not None else ""  # vLLM's figure on the part recorded
+        return f"vLLM refuses: no memory for the KV cache ({least}{_gib(r.overshoot_bytes)} short)"
     if r.outcome == OOM and r.stage == "pre-KV":
         return f"OOM {_in(r.phase)} (before KV sizing; needs {_gib(r.overshoot_bytes)} more)"
     if r.outcome == OOM:
@@ -139,6 +140,13 @@ def _answer(r: Fit, moment: bool = False) -> list[str]:
         return [
             f"{head} {_in(r.phase)}: after warm-up too little is free for the KV cache to hold one request of "
             "max_model_len tokens (vLLM refuses); lower --max-model-len or use a larger card"
+        ]
+    if r.outcome == NO_KV and r.recorded_oom is not None:  # vLLM's formula on the part recorded: a lower bound
+        return [
+            f"{head} at KV sizing: vLLM keeps at least {_gib(r.non_kv_bytes)} out of the KV cache, at least "
+            f'{_gib(r.overshoot_bytes)} more than it may fill ("No available memory for the cache blocks")',
+            f"{_oom_facts(r)}; what the rest of that phase needed (never recorded) only adds to vLLM's figure, so "
+            "vLLM refuses here whatever it was (if that rest does not fit on this card, the start-up dies there first)",
         ]
     if r.outcome == NO_KV:
         return [

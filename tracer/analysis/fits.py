@@ -36,6 +36,9 @@ failed request; nothing after it is known. So, for such a recording:
   card's; after it: capacity − ceil(util × capacity) ≤ the recorded card's capacity − target, the
   room vLLM leaves beside the KV cache), the answer is DIED: it dies where the recording died, with
   the recorded phase, request and free memory. So the recorded card itself always answers DIED;
+- else, when vLLM's own KV sizing already refuses on the asked card (``ceil(util x capacity) <= non_kv``,
+  vLLM's formula on the part recorded: the profiling peak only grows past the OOM, and the weights are in it),
+  the answer is NO_KV: vLLM refuses at KV sizing whatever the unrecorded rest of profiling needed;
 - else the answer is UNKNOWN ("beyond the recording"): that request would fit on the asked card, but
   what the start-up needed after it was never recorded. A recording that ended in an OOM never
   answers FITS, and :func:`smallest_fitting` finds no card for it.
@@ -67,7 +70,7 @@ from .oom import Oom, find_oom
 from .phases import path_at, recording_span
 from .pinned import pinned_curve
 from .quantities import window_peak
-from .reconcile import KV_GIVEN
+from .reconcile import KV_GIVEN, MEMTRACE
 from .reconcile import non_kv as non_kv_model
 from .target import resolve_target
 
@@ -316,7 +319,10 @@ def fit(
     if t is not None:
         return result(OOM, path_at(trace, t), pre_peak - capacity_bytes, "pre-KV")  # "": outside any phase
     if oom is not None and (lm.kv_end_us is None or oom.time_us < lm.kv_end_us):  # died before the KV cache
-        return _at_oom(rec, capacity_bytes, target, 0, result)
+        at = _at_oom(rec, capacity_bytes, target, 0, result)
+        if at.outcome == UNKNOWN and kv_new <= 0 and rec.non_kv_source == MEMTRACE:  # refused whatever came next
+            return result(NO_KV, "KV sizing (after determine_available_memory)", -kv_new, "KV sizing")
+        return at
     if lm.sizing_end_us is None and not F.is_vllm(trace.facts):  # a program with no KV cache: all of it fits
         return result(FITS, "", 0, NO_KV_CACHE, headroom=capacity_bytes - pre_peak)
     # 4. KV sizing
