@@ -44,7 +44,7 @@ failed request; nothing after it is known. So, for such a recording:
   answers FITS, and :func:`smallest_fitting` finds no card for it.
 
 A vLLM recording that ended (without an OOM) before the KV cache was sized answers UNKNOWN past the
-part it covers, too. A program that is not vLLM and sizes no KV cache fits when its whole recorded
+part it covers, too (``analysis.boot``, which owns ``fits``' answer, then asks the what-if model). A program that is not vLLM and sizes no KV cache fits when its whole recorded
 curve does (steps 3 and 5 do not apply).
 
 Pure functions over a Trace; figures are bytes.
@@ -135,6 +135,11 @@ class Fit:
     kv_tokens: int | None = None
     #: memory other processes held on the recorded card, not put on this one (the card holds this process alone)
     others_left_out_bytes: int = 0
+    #: where the answer goes past the recording (``analysis.boot``): where the recording ends and the model that
+    #: carries it on ("" when the recording covers the answer), and where this card's figures come from
+    prediction: str = ""
+    prediction_how: str = ""
+    missing: str = ""  # UNKNOWN: exactly what the trace lacks for an answer ("" when said by the recorded OOM)
 
     @property
     def survives(self) -> bool:
@@ -418,13 +423,17 @@ def smallest_fitting(
     rec = rec or recorded(trace, non_torch_bytes)
     if rec.oom is not None:
         return None
-    hi = hi or max(rec.lm.peak.bytes * 4, lo)
-    if not fit(trace, hi, util, rec=rec).survives:
+    return smallest_card(lambda c: fit(trace, c, util, rec=rec).survives, lo, hi or max(rec.lm.peak.bytes * 4, lo))
+
+
+def smallest_card(survives, lo: int, hi: int) -> int | None:
+    """The smallest capacity in (``lo``, ``hi``] (to :data:`SEARCH_STEP`) where ``survives(capacity)`` holds, by
+    bisection (an answer that survives on a card survives on every larger one); None when it fails at ``hi``."""
+    if not survives(hi):
         return None
-    step = SEARCH_STEP
-    while hi - lo > step:
+    while hi - lo > SEARCH_STEP:
         mid = (lo + hi) // 2
-        if fit(trace, mid, util, rec=rec).survives:
+        if survives(mid):
             hi = mid
         else:
             lo = mid
