@@ -139,3 +139,19 @@ def test_shared_gpu_at_a_utilization_that_covers_its_weights_stays_unknown_past_
     assert "nothing after it was recorded" in out or "never recorded" in out
     s = W.sites_of(_rank(SHARED))
     assert W.WhatIf(s, W.apply_what_if(s.flags, ["gpu-memory-utilization=0.92"])).on(H200).verdict == W.UNKNOWN
+
+
+def test_small_d16384_is_not_refused_at_init_device_it_passed_there_on_its_crowded_card(capsys):
+    """vLLM 0.34 with its extensible KV cache (util 1.0) does not refuse at init_device when less than util x card
+    is free: small-d16384 passed init_device with 12.66 GiB of the H200 free, loaded its weights and died of a CUDA
+    OOM in profile_run. Alone on any card the failed request fits, and nothing after it was recorded: unknown,
+    as the what-if model answers too."""
+    d = GRID.run_dir("small-d16384")
+    rank = _rank(d)
+    assert {"init_device", "load_model", "profile_run"} <= {p.name for p in rank.trace.phases}
+    rc, doc, out = _fits(capsys, d, "--capacity", f"16GiB,{H200}")
+    assert rc == 1 and [f["outcome"] for f in doc["fits"]] == ["unknown", "unknown"]
+    assert {f["recorded_oom"]["phase_path"] for f in doc["fits"]} == {"determine_available_memory/profile_run"}
+    assert "refuses at init_device" not in out
+    s = W.sites_of(rank)
+    assert {W.WhatIf(s, s.flags).on(c).verdict for c in (16 * GiB, H200)} == {W.UNKNOWN}

@@ -20,7 +20,8 @@ Model (vLLM's own sizing, applied to a recorded start-up):
    when the KV cache cannot hold one request of ``max_model_len`` tokens (bytes per token as
    recorded).
    Before all that, vLLM itself (not a plain PyTorch program) refuses at ``init_device`` when the
-   free memory then (capacity − memory in use at the end of init_device) is below util × capacity.
+   free memory then (capacity − memory in use at the end of init_device) is below util × capacity
+   (not with vLLM 0.34's extensible KV cache, whose start-up passes with less free).
 5. After the KV cache exists, the recorded curve moves by the change in KV bytes
    (``shift = KV(capacity) − KV(recorded)``); the run dies in the first phase (warm-up, CUDA-graph
    capture) where the shifted curve goes over the physical capacity.
@@ -73,6 +74,7 @@ from .quantities import window_peak
 from .reconcile import KV_GIVEN, MEMTRACE
 from .reconcile import non_kv as non_kv_model
 from .target import resolve_target
+from .whatif import extensible_kv_cache
 
 #: vLLM's default --gpu-memory-utilization, used when the trace did not record one.
 DEFAULT_UTIL = 0.9
@@ -313,9 +315,10 @@ def fit(
                    post_phase, outcome, phase, overshoot, headroom, stage, rec.non_torch_bytes, rec.non_torch_source,
                    rec.non_kv_source, oom, rec.capacity_bytes, **rec.non_torch_split)  # fmt: skip
 
-    # vLLM's request_memory check in init_device
+    # vLLM's request_memory check in init_device (not with 0.34's extensible KV cache: util 1.0 of the card is never
+    # free at start-up, and the H200's start-ups passed it beside a 127 GiB neighbour)
     init_end = _init_device_end(trace)
-    if init_end is not None and init_end <= end_us and F.is_vllm(trace.facts):
+    if init_end is not None and init_end <= end_us and F.is_vllm(trace.facts) and not extensible_kv_cache(trace):
         free_at_init = capacity_bytes - need.at(init_end)
         if free_at_init < target:
             return result(REFUSED, "init_device", target - free_at_init, "init")

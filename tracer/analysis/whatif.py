@@ -144,11 +144,11 @@ def recorded_flags(trace) -> Flags | None:
         enforce_eager=bool(cfg.get("enforce_eager")),
         kv_cache_dtype=str(cfg.get("kv_cache_dtype") or "auto"),
         gpu_memory_utilization=float(trace.facts[F.UTIL]) if user and trace.facts.get(F.UTIL) else None,
-        extensible=_extensible(trace),
+        extensible=extensible_kv_cache(trace),
     )
 
 
-def _extensible(trace) -> bool:
+def extensible_kv_cache(trace) -> bool:
     """Whether the start-up sized its KV cache the extensible way (0.34's default where it died before sizing)."""
     source = trace.facts.get(F.VLLM_KV_SIZE_SOURCE)
     if source is not None:
