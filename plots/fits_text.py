@@ -29,12 +29,14 @@ MOMENT_ANSWER = (
     "other time, the KV cache sizing and the start-up's phases are not in it"
 )
 MISSING_ANSWER = "Its peak is a lower bound, so a card it fits on is the least it needs, not a promise"
+#: UNKNOWN of a recording that ends (not at an OOM) before the KV cache, where ``Fit.missing`` says nothing more.
+ENDS_BEFORE_KV = "the recording ends before the KV cache was sized; record a run that gets further"
 
 #: The first word of the one-capacity answer, per outcome (also what tests compare with --json).
 HEADLINE = {
     FITS: "SURVIVES",
     OOM: "DIES",
-    NO_KV: "DIES",
+    NO_KV: "vLLM REFUSES",
     REFUSED: "REFUSED",
     DIED: "DIES",
     UNKNOWN: "UNKNOWN",
@@ -66,7 +68,12 @@ def _moment_verdict(r: Fit) -> str:
 
 
 def _verdict(r: Fit, vllm: bool = True) -> str:
-    """One short phrase for a table row (``vllm``: False for a program that is not vLLM: no KV sizing)."""
+    """One short phrase for a table row (``vllm``: False for a program that is not vLLM: no KV sizing); a
+    prediction past the recording (``Fit.prediction``) says so."""
+    return _outcome_phrase(r, vllm) + (" (predicted)" if r.prediction else "")
+
+
+def _outcome_phrase(r: Fit, vllm: bool) -> str:
     if r.outcome == OOM and not vllm:
         return f"OOM {_in(r.phase)} (needs {_gib(r.overshoot_bytes)} more)"
     if r.outcome == FITS and r.kv_sizing == EXTENSIBLE:
@@ -83,7 +90,8 @@ def _verdict(r: Fit, vllm: bool = True) -> str:
             f"({_gib(r.overshoot_bytes)} short)"
         )
     if r.outcome == NO_KV:
-        return f"vLLM refuses: no memory for the KV cache ({_gib(r.overshoot_bytes)} short)"
+        least = "at least " if r.recorded_oom is not None else ""  # vLLM's figure on the part recorded
+        return f"vLLM refuses: no memory for the KV cache ({least}{_gib(r.overshoot_bytes)} short)"
     if r.outcome == OOM and r.stage == "pre-KV":
         return f"OOM {_in(r.phase)} (before KV sizing; needs {_gib(r.overshoot_bytes)} more)"
     if r.outcome == OOM:
@@ -95,13 +103,15 @@ def _verdict(r: Fit, vllm: bool = True) -> str:
     if r.outcome == UNKNOWN and r.recorded_oom is not None:
         return f"unknown: fits up to the recorded OOM {_in(r.phase)}; nothing after it was recorded"
     if r.outcome == UNKNOWN:
-        return "unknown: the recording ends before the KV cache (record a run that gets further)"
+        return f"unknown: {r.missing or ENDS_BEFORE_KV}"
     raise ValueError(f"no words for fits outcome {r.outcome!r}")
 
 
 def _answer(r: Fit, moment: bool = False) -> list[str]:
     """The one-capacity answer: the headline line and its explanation (``moment``: the input is one moment)."""
     head = HEADLINE[r.outcome]
+    if r.prediction and r.outcome != FITS:  # the what-if model's words follow (``Fit.prediction_how``)
+        return [f"{head} {_in(r.phase)} ({_gib(r.overshoot_bytes)} {'over the card' if r.outcome == OOM else 'short'})"]
     if r.outcome == FITS and r.stage == NO_KV_CACHE and moment:
         return [f"{head} {AT_ONE_MOMENT}: what was held then fits, {_gib(r.headroom_bytes)} to spare"]
     if r.outcome == OOM and moment:
@@ -140,6 +150,13 @@ def _answer(r: Fit, moment: bool = False) -> list[str]:
             f"{head} {_in(r.phase)}: after warm-up too little is free for the KV cache to hold one request of "
             "max_model_len tokens (vLLM refuses); lower --max-model-len or use a larger card"
         ]
+    if r.outcome == NO_KV and r.recorded_oom is not None:  # vLLM's formula on the part recorded: a lower bound
+        return [
+            f"{head} at KV sizing: vLLM keeps at least {_gib(r.non_kv_bytes)} out of the KV cache, at least "
+            f'{_gib(r.overshoot_bytes)} more than it may fill ("No available memory for the cache blocks")',
+            f"{_oom_facts(r)}; what the rest of that phase needed (never recorded) only adds to vLLM's figure, so "
+            "vLLM refuses here whatever it was (if that rest does not fit on this card, the start-up dies there first)",
+        ]
     if r.outcome == NO_KV:
         return [
             f"{head} at KV sizing: vLLM counts {_gib(r.non_kv_bytes)} that is not KV cache, "
@@ -170,7 +187,7 @@ def _answer(r: Fit, moment: bool = False) -> list[str]:
             "needed after it was never recorded; record a run with this card and utilization to know",
         ]
     if r.outcome == UNKNOWN:
-        return [f"{head}: the recording ends before the KV cache was sized; record a run that gets further"]
+        return [f"{head}: {r.missing or ENDS_BEFORE_KV}"]
     raise ValueError(f"no words for fits outcome {r.outcome!r}")
 
 
@@ -226,7 +243,13 @@ def _program(results: list[Fit], least: str, moment: bool) -> list[str]:
 
 
 def render_fits(
-    results: list[Fit], run_path: str, smallest: int | None, bound: PeakBound | None = None, *, vllm: bool = True
+    results: list[Fit],
+    run_path: str,
+    smallest: int | None,
+    bound: PeakBound | None = None,
+    *,
+    vllm: bool = True,
+    smallest_prediction: str = "",
 ) -> str:
     """The text answer: one paragraph for one capacity, a table for several. ``bound``: how well the input's
     peak is known (``quantities.peak_bound``); one moment is said before the answer, which is for it alone.
@@ -246,6 +269,8 @@ def render_fits(
             f"(vLLM may fill {_gib(r.target_bytes)}):"
         )
         lines += [_wrapped("  ", line) for line in _answer(r, moment)]
+        if r.prediction:
+            lines.append(_wrapped("  ", f"Predicted past the recording: {r.prediction}: {r.prediction_how}"))
         if r.kv_sizing == EXTENSIBLE:
             fixed = (
                 "card-independent: what the start-up needs before the KV cache, vLLM's reserves after warm-up "
@@ -269,6 +294,10 @@ def render_fits(
                 f"{kv:>10} {_gib(x.post_kv_peak_bytes):>13}  {_verdict(x)}"
             )
         lines.append(f"  pre-KV peak (every card): {least}{_gib(r.pre_kv_peak_bytes)} {_in(r.pre_kv_peak_phase)}")
+        predicted = next((x for x in results if x.prediction), None)
+        if predicted is not None:
+            lines.append(_wrapped("  ", f"(predicted) past the recording: {predicted.prediction}; one card with "
+                                        "--capacity for where its figures come from"))  # fmt: skip
         lines.append(f"  non-KV: what vLLM keeps out of the KV cache ({r.non_kv_source})")
         if r.recorded_oom is not None:
             lines.append(f"  {_oom_facts(r)}")
@@ -289,6 +318,11 @@ def render_fits(
         lines.append(
             f"Smallest card {what} fits on{at_util}: about {_gib(smallest)}" + (" (at least)" if moment else "")
         )
+        if smallest_prediction:
+            said = smallest_prediction in {x.prediction for x in results}
+            lines.append(
+                _wrapped("  ", f"(predicted past the recording{', as above' if said else ': ' + smallest_prediction})")
+            )
     elif r.recorded_oom is not None:
         lines.append("Smallest card: unknown; the recording ends at its OOM, so no card can be promised from it")
     return "\n".join(lines) + "\n"
@@ -315,7 +349,8 @@ def render(run, out, *, capacities: list[int], util: float | None = None, non_to
             "ranks": [
                 {"rank": a.rank.rank, "pid": a.rank.trace.process.pid, "verdict": a.rank.verdict,
                  "peak_bound": dataclasses.asdict(a.rank.peak_bound),
-                 "smallest_fitting_capacity_bytes": a.smallest, "fits": [fit_to_dict(r) for r in a.results]}
+                 "smallest_fitting_capacity_bytes": a.smallest, "smallest_fitting_prediction": a.smallest_prediction,
+                 "fits": [fit_to_dict(r) for r in a.results]}
                 for a in answers
             ],
         }  # fmt: skip
@@ -328,7 +363,10 @@ def render(run, out, *, capacities: list[int], util: float | None = None, non_to
         return
     for a in answers:
         path = f"{run.path} ({a.rank.label})" if multi else run.path
-        out.write(render_fits(a.results, path, a.smallest, a.rank.peak_bound, vllm=a.rank.vllm))
+        out.write(
+            render_fits(a.results, path, a.smallest, a.rank.peak_bound, vllm=a.rank.vllm,
+                        smallest_prediction=a.smallest_prediction)
+        )  # fmt: skip
     if multi:
         need = next((a.smallest for a in answers if a.rank is worst), None)
         why = f"{worst.verdict}" + (f"; needs about {_gib(need)}" if need is not None else "")

@@ -4,7 +4,6 @@ boot, or the floor no flag goes under. Words only: every figure comes from the a
 
 from __future__ import annotations
 
-from .. import facts as F
 from ..analysis.quantities import OTHERS
 from ..analysis.whatif import BOOTS, DIES, GRAPHS, KV, REFUSES, SCALED, UNKNOWN, Answer, Outcome, Suggestions
 from ..units import format_gib as _gib
@@ -220,19 +219,15 @@ def render(run, out, *, answers: list[tuple], json_out: bool = False) -> None:
 
 
 def boot_section(run, *, markdown: bool = True) -> list[str]:
-    """The issue bundle's "What would make it boot" section (Markdown lines; [] for a run that is not a vLLM
-    start-up or that booted; a start-up vLLM refused after sizing 0 KV blocks did not boot): ``--suggest`` on the card the worst rank was recorded on, as it was (other
-    processes kept), in the words of ``memtrace fits``."""
-    from ..analysis.whatif import answer, recorded_flags
+    """The issue bundle's "What would make it boot" section (Markdown lines; [] where ``analysis.boot``'s
+    ``recorded_card_answer`` has none): ``--suggest`` on the card the worst rank was recorded on, as it was
+    (other processes kept), in the words of ``memtrace fits``."""
+    from ..analysis.boot import recorded_card_answer
 
-    r = run.worst
-    card = r.recorded_target.capacity_bytes
-    refused = r.trace.facts.get(F.VLLM_KV_BLOCKS) == 0  # vLLM sized 0 blocks: it refused
-    if r.recorded_nothing or recorded_flags(r.trace) is None or not card:
+    a = recorded_card_answer(run)
+    if a is None:
         return []
-    if r.oom is None and r.verdict != "crossed" and not refused:
-        return []
-    a = answer(r, [], [card], suggest_too=True, keep_others=True)
+    card = a.outcomes[0].capacity_bytes
     s, o = a.suggestions[0], a.outcomes[0]
     lines = ["## What would make it boot", ""]
     lines.append(f"On the recorded card ({_gib(card)}), with the recorded flags: {_headline(o)}.")

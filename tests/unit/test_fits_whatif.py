@@ -162,13 +162,15 @@ def test_the_issue_bundle_of_a_run_that_died_says_what_would_make_it_boot(tmp_pa
     assert "11.21 GiB of it free of other processes" in md
 
 
-def test_a_recording_that_ends_at_its_oom_answers_unknown_past_it():
+def test_a_recording_that_ends_at_its_oom_answers_unknown_past_it_where_vllms_sizing_does_not_decide():
     from testdata import DATA
 
     r = analyse(load_run(DATA / "vllm-h200" / "shared-gpu").traces).ranks[0]
     s = W.sites_of(r)
-    o = W.WhatIf(s, s.flags).on(16 * GiB)
+    o = W.WhatIf(s, W.apply_what_if(s.flags, ["gpu-memory-utilization=0.92"])).on(16 * GiB)
     assert o.verdict == W.UNKNOWN and "before the KV cache was sized" in o.why
+    # at its recorded 0.07 vLLM may fill less than the weights it loaded: its KV sizing refuses whatever came next
+    assert W.WhatIf(s, s.flags).on(16 * GiB).verdict == W.REFUSES
 
 
 def test_fitted_scalings_come_from_the_traces_and_state_their_residual():

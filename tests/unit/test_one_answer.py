@@ -128,7 +128,9 @@ def test_fits_on_the_runs_own_card_uses_the_reports_target(run, capsys):
     if t["source"] in ("recorded", "recorded util x card") and t["util"] is not None:
         assert fit["target_bytes"] == t["target_bytes"]
     if r["oom"] is not None:  # a run that died never fits on its own card; alone on it (neighbours left out)
-        assert code == 1 and fit["outcome"] == ("unknown" if fit["others_left_out_bytes"] else "died")
+        # unknown past the OOM, unless vLLM's own KV sizing refuses whatever came next (shared-gpu's util 0.07)
+        alone = ("unknown", "no-kv-memory") if fit["others_left_out_bytes"] else ("died",)
+        assert code == 1 and fit["outcome"] in alone
 
 
 @pytest.mark.parametrize("way", ["recorded", "util"])

@@ -20,7 +20,8 @@ Model (vLLM's own sizing, applied to a recorded start-up):
    when the KV cache cannot hold one request of ``max_model_len`` tokens (bytes per token as
    recorded).
    Before all that, vLLM itself (not a plain PyTorch program) refuses at ``init_device`` when the
-   free memory then (capacity − memory in use at the end of init_device) is below util × capacity.
+   free memory then (capacity − memory in use at the end of init_device) is below util × capacity
+   (not with vLLM 0.34's extensible KV cache, whose start-up passes with less free).
 5. After the KV cache exists, the recorded curve moves by the change in KV bytes
    (``shift = KV(capacity) − KV(recorded)``); the run dies in the first phase (warm-up, CUDA-graph
    capture) where the shifted curve goes over the physical capacity.
@@ -36,12 +37,15 @@ failed request; nothing after it is known. So, for such a recording:
   card's; after it: capacity − ceil(util × capacity) ≤ the recorded card's capacity − target, the
   room vLLM leaves beside the KV cache), the answer is DIED: it dies where the recording died, with
   the recorded phase, request and free memory. So the recorded card itself always answers DIED;
+- else, when vLLM's own KV sizing already refuses on the asked card (``ceil(util x capacity) <= non_kv``,
+  vLLM's formula on the part recorded: the profiling peak only grows past the OOM, and the weights are in it),
+  the answer is NO_KV: vLLM refuses at KV sizing whatever the unrecorded rest of profiling needed;
 - else the answer is UNKNOWN ("beyond the recording"): that request would fit on the asked card, but
   what the start-up needed after it was never recorded. A recording that ended in an OOM never
   answers FITS, and :func:`smallest_fitting` finds no card for it.
 
 A vLLM recording that ended (without an OOM) before the KV cache was sized answers UNKNOWN past the
-part it covers, too. A program that is not vLLM and sizes no KV cache fits when its whole recorded
+part it covers, too (``analysis.boot``, which owns ``fits``' answer, then asks the what-if model). A program that is not vLLM and sizes no KV cache fits when its whole recorded
 curve does (steps 3 and 5 do not apply).
 
 Pure functions over a Trace; figures are bytes.
@@ -67,9 +71,10 @@ from .oom import Oom, find_oom
 from .phases import path_at, recording_span
 from .pinned import pinned_curve
 from .quantities import window_peak
-from .reconcile import KV_GIVEN
+from .reconcile import KV_GIVEN, MEMTRACE
 from .reconcile import non_kv as non_kv_model
 from .target import resolve_target
+from .whatif import extensible_kv_cache
 
 #: vLLM's default --gpu-memory-utilization, used when the trace did not record one.
 DEFAULT_UTIL = 0.9
@@ -132,6 +137,11 @@ class Fit:
     kv_tokens: int | None = None
     #: memory other processes held on the recorded card, not put on this one (the card holds this process alone)
     others_left_out_bytes: int = 0
+    #: where the answer goes past the recording (``analysis.boot``): where the recording ends and the model that
+    #: carries it on ("" when the recording covers the answer), and where this card's figures come from
+    prediction: str = ""
+    prediction_how: str = ""
+    missing: str = ""  # UNKNOWN: exactly what the trace lacks for an answer ("" when said by the recorded OOM)
 
     @property
     def survives(self) -> bool:
@@ -305,9 +315,10 @@ def fit(
                    post_phase, outcome, phase, overshoot, headroom, stage, rec.non_torch_bytes, rec.non_torch_source,
                    rec.non_kv_source, oom, rec.capacity_bytes, **rec.non_torch_split)  # fmt: skip
 
-    # vLLM's request_memory check in init_device
+    # vLLM's request_memory check in init_device (not with 0.34's extensible KV cache: util 1.0 of the card is never
+    # free at start-up, and the H200's start-ups passed it beside a 127 GiB neighbour)
     init_end = _init_device_end(trace)
-    if init_end is not None and init_end <= end_us and F.is_vllm(trace.facts):
+    if init_end is not None and init_end <= end_us and F.is_vllm(trace.facts) and not extensible_kv_cache(trace):
         free_at_init = capacity_bytes - need.at(init_end)
         if free_at_init < target:
             return result(REFUSED, "init_device", target - free_at_init, "init")
@@ -316,7 +327,10 @@ def fit(
     if t is not None:
         return result(OOM, path_at(trace, t), pre_peak - capacity_bytes, "pre-KV")  # "": outside any phase
     if oom is not None and (lm.kv_end_us is None or oom.time_us < lm.kv_end_us):  # died before the KV cache
-        return _at_oom(rec, capacity_bytes, target, 0, result)
+        at = _at_oom(rec, capacity_bytes, target, 0, result)
+        if at.outcome == UNKNOWN and kv_new <= 0 and rec.non_kv_source == MEMTRACE:  # refused whatever came next
+            return result(NO_KV, "KV sizing (after determine_available_memory)", -kv_new, "KV sizing")
+        return at
     if lm.sizing_end_us is None and not F.is_vllm(trace.facts):  # a program with no KV cache: all of it fits
         return result(FITS, "", 0, NO_KV_CACHE, headroom=capacity_bytes - pre_peak)
     # 4. KV sizing
@@ -412,13 +426,17 @@ def smallest_fitting(
     rec = rec or recorded(trace, non_torch_bytes)
     if rec.oom is not None:
         return None
-    hi = hi or max(rec.lm.peak.bytes * 4, lo)
-    if not fit(trace, hi, util, rec=rec).survives:
+    return smallest_card(lambda c: fit(trace, c, util, rec=rec).survives, lo, hi or max(rec.lm.peak.bytes * 4, lo))
+
+
+def smallest_card(survives, lo: int, hi: int) -> int | None:
+    """The smallest capacity in (``lo``, ``hi``] (to :data:`SEARCH_STEP`) where ``survives(capacity)`` holds, by
+    bisection (an answer that survives on a card survives on every larger one); None when it fails at ``hi``."""
+    if not survives(hi):
         return None
-    step = SEARCH_STEP
-    while hi - lo > step:
+    while hi - lo > SEARCH_STEP:
         mid = (lo + hi) // 2
-        if fit(trace, mid, util, rec=rec).survives:
+        if survives(mid):
             hi = mid
         else:
             lo = mid

@@ -32,7 +32,7 @@ from .. import facts as F
 from ..model import Trace
 from .curves import Curves, all_curves, committed_curve
 from .extensible import blocks_within, extensible_sizing, measure_kv_cache_bytes, pages_for
-from .fits import FITS, MIN_CAPACITY, NO_KV, OOM, UNKNOWN, Fit, Recorded, need_curve
+from .fits import FITS, MIN_CAPACITY, NO_KV, OOM, UNKNOWN, Fit, Recorded, need_curve, smallest_card
 from .landmarks import landmarks
 from .phases import path_at
 from .quantities import first_max
@@ -245,18 +245,5 @@ def as_fit(rank, capacity_bytes: int, util: float | None, rec: Recorded) -> Fit:
 
 def smallest(rank, util: float | None, rec: Recorded, lo: int = MIN_CAPACITY) -> int | None:
     """The smallest capacity (to 64 MiB) on which :func:`as_fit` survives, or None up to 4x the peak."""
-
-    def survives(capacity: int) -> bool:
-        return as_fit(rank, capacity, util, rec).survives
-
     hi = max(rec.lm.peak.bytes * 4, rec.capacity_bytes or 0, lo)
-    if not survives(hi):
-        return None
-    step = 64 << 20
-    while hi - lo > step:
-        mid = (lo + hi) // 2
-        if survives(mid):
-            hi = mid
-        else:
-            lo = mid
-    return hi
+    return smallest_card(lambda c: as_fit(rank, c, util, rec).survives, lo, hi)

@@ -74,12 +74,13 @@ class TargetSpec:
 
 @dataclass(frozen=True)
 class RankFits:
-    """The capacity what-if of one analysed rank: one ``fits.Fit`` per capacity asked, and the smallest card
-    it fits on (``fits.smallest_fitting``)."""
+    """The capacity what-if of one analysed rank (``analysis.boot.rank_fits``): one ``fits.Fit`` per capacity asked,
+    the smallest card it fits on, and, when that card's answer goes past the recording, where it comes from."""
 
     rank: AnalysedRank
     results: list[Fit]
     smallest: int | None
+    smallest_prediction: str = ""
 
     @property
     def survives(self) -> bool:
@@ -290,21 +291,14 @@ class AnalysedRank(PeakFigures):
         return RankQueries(self, self.origin.t0_us)
 
     def fits(self, capacities: list[int], util: float | None = None, non_torch_bytes: int | None = None) -> RankFits:
-        """The capacity what-if (``analysis.fits``), computed once per question."""
+        """The capacity what-if (``analysis.boot``: the capacity model, the what-if model past the recording),
+        computed once per question."""
         key = (tuple(capacities), util, non_torch_bytes)
         if key not in self._fits:
             # the what-if engine is imported when asked (report, plot and view never ask: ~30 ms of imports)
-            from .fits import fits, recorded, smallest_fitting
-            from .fits_extensible import as_fit, is_extensible
-            from .fits_extensible import smallest as smallest_extensible
+            from .boot import rank_fits
 
-            rec = recorded(self.trace, non_torch_bytes, rank=self)
-            if is_extensible(self.trace) and self.extensible is not None:  # vLLM 0.34: sized after warm-up
-                found = [as_fit(self, c, util, rec) for c in capacities]
-                self._fits[key] = RankFits(self, found, smallest_extensible(self, util, rec))
-            else:
-                found = fits(self.trace, list(capacities), util, rec=rec)
-                self._fits[key] = RankFits(self, found, smallest_fitting(self.trace, util, rec=rec))
+            self._fits[key] = RankFits(self, *rank_fits(self, list(capacities), util, non_torch_bytes))
         return self._fits[key]
 
     @property

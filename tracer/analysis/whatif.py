@@ -44,6 +44,7 @@ from .curves import Curve, committed_curve
 from .extensible import blocks_within, measure_kv_cache_bytes, pages_for
 from .phases import path_at, phase_path
 from .quantities import array_max, first_max
+from .reconcile import MEMTRACE as NON_KV_MEMTRACE
 
 TOKENS, SEQS, GRAPHS, KV, FIXED, UNSTACKED = "tokens", "seqs", "graphs", "kv", "fixed", "no stack"
 SCALED = (TOKENS, SEQS, GRAPHS)
@@ -143,11 +144,11 @@ def recorded_flags(trace) -> Flags | None:
         enforce_eager=bool(cfg.get("enforce_eager")),
         kv_cache_dtype=str(cfg.get("kv_cache_dtype") or "auto"),
         gpu_memory_utilization=float(trace.facts[F.UTIL]) if user and trace.facts.get(F.UTIL) else None,
-        extensible=_extensible(trace),
+        extensible=extensible_kv_cache(trace),
     )
 
 
-def _extensible(trace) -> bool:
+def extensible_kv_cache(trace) -> bool:
     """Whether the start-up sized its KV cache the extensible way (0.34's default where it died before sizing)."""
     source = trace.facts.get(F.VLLM_KV_SIZE_SOURCE)
     if source is not None:
@@ -654,6 +655,10 @@ class WhatIf:
                            why=why, kv=kv, phases=self.phase_peaks(0, others))  # fmt: skip
         if kv is None or self.sites.trace.facts.get(F.VLLM_KV_BLOCKS) is None:
             phases = self.phase_peaks(0, others)
+            refused = self._refused_short_of_the_kv_cache(requested)
+            if refused is not None:
+                phase, by, why = refused
+                return Outcome(**common, verdict=REFUSES, phase=phase, by_bytes=by, why=why, kv=None, phases=phases)
             why = (
                 f"the recording ends at its CUDA OOM in {self.sites.rank.oom.phase_path}, before the KV cache was sized"
                 if self.sites.rank.oom is not None
@@ -677,6 +682,24 @@ class WhatIf:
             return Outcome(**common, verdict=DIES, phase=path_at(self.sites.trace, t), by_bytes=by, why=why, kv=kv,
                            phases=phases)  # fmt: skip
         return Outcome(**common, verdict=BOOTS, phase="", by_bytes=0, why="", kv=kv, phases=phases)
+
+    def _refused_short_of_the_kv_cache(self, requested: int) -> tuple[str, int, str] | None:
+        """Where the recording ends before vLLM sized the KV cache: (phase, short, why) when vLLM's own sizing
+        refuses already (what it keeps out of the KV cache, vLLM's formula on the part recorded, is at least
+        ``requested``: the profiling peak only grows past the end of the recording), else None."""
+        nk = self.sites.rank.non_kv
+        if nk is None or nk.source != NON_KV_MEMTRACE:
+            return None
+        withheld, how = self._withheld()
+        if withheld < requested:
+            return None
+        phase = "kv_cache_init" if self.flags.extensible else "determine_available_memory"
+        why = (
+            f"vLLM keeps at least {withheld:,} B out of the KV cache ({how}), not less than ceil({self.flags.util:g} x "
+            f'card) = {requested:,} B ("No available memory for the cache blocks"); the recording ends before the '
+            "KV cache was sized, and what it did not reach only adds to that figure"
+        )
+        return phase, withheld - requested, why
 
 
 def own_init_used(trace) -> int:

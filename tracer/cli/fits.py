@@ -11,8 +11,11 @@ for the cache blocks), or in warm-up / CUDA-graph capture (the post-KV transient
 
 A recording that ended in a CUDA OOM covers the start-up only up to that failed request: on its own
 card (or one with no more room) the answer is that it dies there (the phase, the request, the free
-memory); on a larger card, "unknown" when the request would fit (what came after it was never
-recorded). Such a recording never answers "fits".
+memory); on a larger card, "vLLM refuses" when util x card is below what vLLM already keeps out of the
+KV cache, else "unknown" when the request would fit (what came after it was never recorded). Such a
+recording never answers "fits". Where a vLLM recording ends before the part that decides (vLLM refused
+to extend its KV cache on a card another process shared), the what-if model with the recorded flags
+carries it on: the answer says it is a prediction and where its figures come from (docs/whatif.md).
 
   memtrace fits RUN --capacity 32GiB
   memtrace fits RUN --capacity 16GiB,24GiB,32GiB --util 0.92
