@@ -155,11 +155,16 @@ def signed_gib(n_bytes: int) -> str:
 
 
 def format_size(n_bytes: int | float | None) -> str:
-    """GiB as everywhere, but "27.56 MiB" rather than "0.03 GiB" for what is under 1 GiB (torch's own
-    wording in its OOM message); "—" for None."""
+    """A size as torch's OOM message writes it (c10's ``format_size``): two decimals of the largest unit the
+    size is *more* than, so "27.56 MiB" rather than "0.03 GiB", and exactly 1 GiB reads "1024.00 MiB" as torch
+    prints it; "—" for None."""
     if n_bytes is None:
         return "—"
-    return format_gib(n_bytes) if abs(n_bytes) >= GiB else format_bytes(n_bytes, 2)
+    sign, n = ("-" if n_bytes < 0 else ""), abs(float(n_bytes))
+    for unit, scale in (("GiB", GiB), ("MiB", MiB), ("KiB", KiB)):
+        if n > scale:
+            return f"{sign}{n / scale:.2f} {unit}"
+    return f"{sign}{int(n)} B"
 
 
 def format_bytes(n_bytes: int | float, digits: int = 1) -> str:
