@@ -5,7 +5,19 @@ boot, or the floor no flag goes under. Words only: every figure comes from the a
 from __future__ import annotations
 
 from ..analysis.quantities import OTHERS
-from ..analysis.whatif import BOOTS, DIES, GRAPHS, KV, REFUSES, SCALED, UNKNOWN, Answer, Outcome, Suggestions
+from ..analysis.whatif import (
+    BOOTS,
+    DIES,
+    GRAPHS,
+    GRAPHS_KEPT,
+    KV,
+    REFUSES,
+    SCALED,
+    UNKNOWN,
+    Answer,
+    Outcome,
+    Suggestions,
+)
 from ..units import format_gib as _gib
 from .formats import of
 from .text import wrap
@@ -190,7 +202,7 @@ def render_answer(a: Answer, run_path: str) -> str:
         lines.append("Model: one trace, a documented rule per kind of site (an estimate)")
     for k in SCALED:
         sc = a.scales.get(k)
-        if sc is not None and (sc.factor != 1.0 or k == GRAPHS and a.flags.graphs != a.recorded.graphs):
+        if sc is not None and (sc.factor != 1.0 or k in (GRAPHS, GRAPHS_KEPT) and a.flags.graphs != a.recorded.graphs):
             lines += _wrapped("  ", f"{k}: x {sc.factor:.3f}, {sc.rule}")
     lines += [x for n in a.notes for x in _wrapped("  ", f"note: {n}")]
     if len(a.outcomes) > 1:

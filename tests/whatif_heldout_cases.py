@@ -37,17 +37,36 @@ CASES = (
     ("g07", "g03", ("g08",)),
     ("small-d16384", "g07", ("g08",)),
     ("small-r2048", "g03", ("g07",)),
+    # the second lease (2026-12-05): the rescue --suggest named, a second rescue, the death, two eager grid points
+    ("small-rescue-u0835", "g08", ()),
+    ("small-rescue-u0835", "small-r2048", ()),
+    ("small-rescue-p2048", "g07", ()),
+    ("small-rescue-p2048", "g08", ()),
+    ("small-rescue-p2048", "moe-noext", ("g07", "g08")),
+    ("small-die-p16384", "g07", ()),
+    ("small-die-p16384", "small-d16384", ()),
+    ("g8192-s64-eager", "moe-ext", ()),
+    ("g8192-s64-eager", "g07", ("g08",)),
+    ("g4096-s8-eager", "moe-ext", ()),
+    ("g4096-s8-eager", "g07", ("g08",)),
+    ("g4096-s8-eager", "g08", ("g8192-s64-eager",)),
+    ("g08", "g4096-s8-eager", ("g8192-s64-eager",)),
 )
-#: The figures the model misses the issue's bar on (2 % or 256 MiB), and the bound they stay within: the
-#: warm-up sub-phases' peaks when calibrated from two runs that differ in tokens, seqs and graphs at once.
-MISS_BOUND_BYTES = 400 << 20
+#: The figures the model misses the issue's bar on (2 % or 256 MiB; KV blocks 2 %), and the bound each stays within
+#: (bytes, or a fraction for KV blocks): (held-out run, base run, figure) -> bound.
+#: - g07's capture_model (51 graphs up to 512 tokens) from runs that captured 5 graphs up to 16: what capture
+#:   allocates and frees grows faster than the graph count (-339 MiB).
+#: - small-rescue-p2048's KV cache is 0.33 GiB: 2 % of it is 7 MiB; the available bytes are within 14-22 MiB.
 MISSES = {
-    ("g03", "peak compile_or_warm_up/warmup_kernels"),
-    ("g03", "peak compile_or_warm_up/capture_model"),
-    ("moe-ext", "peak compile_or_warm_up/warmup_kernels"),
-    ("moe-ext", "peak compile_or_warm_up/capture_model"),
-    ("g07", "peak compile_or_warm_up/warmup_kernels"),
+    ("g07", "moe-ext", "peak compile_or_warm_up/capture_model"): 400 << 20,
+    ("g07", "g03", "peak compile_or_warm_up/capture_model"): 400 << 20,
+    ("small-rescue-p2048", "g07", "KV blocks"): 0.03,
+    ("small-rescue-p2048", "g08", "KV blocks"): 0.07,
 }
+#: Outcomes the model gets wrong, with what it said: small-rescue-p2048 (256 seqs) from g08 (8 seqs) alone: at 256
+#: requests the sampler takes FlashInfer's top-k/top-p kernels (three 148 MiB buffers) where at 8 it took Triton's
+#: (one 4.6 MiB buffer), which one trace cannot know; calibrated with a 256-seq run it boots, as it did.
+WRONG_OUTCOMES = {("small-rescue-p2048", "g08"): "dies in compile_or_warm_up by 0.01 GiB"}
 
 
 @cache
