@@ -29,7 +29,7 @@ README_RUN = ROOT / "tests" / "data" / "vllm-h200" / "startup-stacks"
 
 def default_run() -> Path:
     """The run the README's figures are drawn from (:data:`README_RUN`)."""
-    if not any(README_RUN.glob("*.memtrace")):
+    if not any(README_RUN.glob("*.memtrace*")):  # shipped xz-compressed (*.memtrace.xz): memtrace reads it so
         raise SystemExit(f"{README_RUN}: the README's source trace is missing; pass a run directory")
     return README_RUN
 

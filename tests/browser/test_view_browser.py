@@ -17,7 +17,7 @@ import sqlite3
 from pathlib import Path
 
 import pytest
-from testdata import DATA, analysed_run
+from testdata import DATA, analysed_run, unpacked
 
 pytestmark = pytest.mark.browser
 playwright_api = pytest.importorskip("playwright.sync_api", reason="Playwright is installed by .ci/setup")
@@ -25,7 +25,7 @@ CHROMIUM = os.environ.get("MEMTRACE_CHROMIUM", "/usr/bin/chromium")
 if not Path(CHROMIUM).exists():
     pytest.skip(f"no Chromium at {CHROMIUM} (.ci/setup installs Debian's chromium)", allow_module_level=True)
 
-STARTUP = DATA / "vllm-h200" / "startup"
+STARTUP = unpacked(DATA / "vllm-h200" / "startup")
 OOM_RUN = DATA / "h200" / "startup-cap16g"
 
 

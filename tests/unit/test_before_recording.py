@@ -19,14 +19,14 @@ import pytest
 from memtrace.analysis import quantities as Q
 from memtrace.cli import main
 from memtrace.importers.files import read_snapshot
-from testdata import DATA
+from testdata import DATA, unpacked
 
 SNAPS = DATA / "snapshots"
 MULTI = SNAPS / "multi-device-oom.pickle"
 WHOLE = SNAPS / "stacks-all.pickle"
 PY = SNAPS / "python-stacks.pickle"
 MOMENT = SNAPS / "state-only.pickle"
-STARTUP = DATA / "vllm-h200" / "startup"
+STARTUP = unpacked(DATA / "vllm-h200" / "startup")
 
 
 def need(path: Path) -> Path:

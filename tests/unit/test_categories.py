@@ -25,6 +25,7 @@ from memtrace.analysis.categories import (
 )
 from memtrace.model import ACTION_CODE, HookCall, Phase, Trace, empty_events
 from references import allocated_curve, category_curves
+from testdata import data_name, unpacked
 from testdata import real_traces as _real_traces
 
 TESTS = Path(__file__).resolve().parents[1]
@@ -120,7 +121,7 @@ def test_an_empty_trace_has_flat_zero_category_curves():
     assert all(c.bytes.tolist() == [0] for c in curves.values())
 
 
-@pytest.mark.parametrize("path", _real_traces(), ids=lambda p: str(p.relative_to(TESTS / "data")))
+@pytest.mark.parametrize("path", _real_traces(), ids=data_name)
 def test_real_trace_categories_add_up_and_weights_come_from_load_model(path):
     from memtrace.store import load_trace
 
@@ -183,7 +184,7 @@ def test_real_h200_graph_pool_blocks_are_cudagraph_pool():
 def test_real_vllm_kv_cache_and_weights_categories_match_vllms_own_figures():
     from memtrace.store import load_run
 
-    run = TESTS / "data" / "vllm-h200" / "startup"
+    run = unpacked(TESTS / "data" / "vllm-h200" / "startup")
     if not run.is_dir():
         pytest.skip("no real vLLM trace under tests/data/vllm-h200")
     trace = load_run(run).traces[0]
@@ -201,7 +202,7 @@ def test_category_steps_read_the_category_curves_at_any_index_without_building_t
     from memtrace.store import load_run
     from references import category_curves
 
-    rank = analyse(load_run(Path(__file__).resolve().parents[1] / "data" / "vllm-h200" / "startup").traces).ranks[0]
+    rank = analyse(load_run(unpacked(TESTS / "data" / "vllm-h200" / "startup")).traces).ranks[0]
     steps = category_steps(rank.trace, rank.categorized, rank.curves)
     idx = np.r_[0, np.random.default_rng(0).integers(0, len(rank.trace.events) + 1, 500), len(rank.trace.events)]
     curves = category_curves(rank.trace, rank.categorized, curves=rank.curves)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import gzip
 import lzma
+import os
 import shutil
 import tempfile
 from pathlib import Path
@@ -15,14 +16,29 @@ import numpy as np
 import pytest
 from memtrace.cli import main
 from memtrace.store import load_run, load_trace
+from testdata import PACKED, real_traces, unpacked
 
 DATA = Path(__file__).resolve().parents[1] / "data"
 MOE_EXT = DATA / "vllm-h200-034" / "moe-ext"
-PLAIN = DATA / "vllm-h200" / "startup-stacks"
+PLAIN = unpacked(DATA / "vllm-h200" / "startup-stacks")  # shipped xz-compressed too: its plain SQLite copy
 
 
 def _leftovers() -> set[str]:
     return {n for n in Path(tempfile.gettempdir()).iterdir() if n.name.startswith(".") and n.suffix == ".memtrace"}
+
+
+def test_the_start_ups_shipped_plain_before_are_read_as_writable_plain_copies_outside_the_repository():
+    listed = set(real_traces())
+    for folder in PACKED:
+        shipped = DATA / folder
+        packed = sorted(p.name for p in shipped.glob("*.memtrace.xz"))
+        assert packed and not list(shipped.glob("*.memtrace")), folder  # only the xz is in the repository
+        run = unpacked(shipped)
+        assert not run.resolve().is_relative_to(DATA) and unpacked(shipped) == run  # unpacked once, elsewhere
+        plain = sorted(run.glob("*.memtrace"))
+        assert [p.name + ".xz" for p in plain] == packed and set(plain) <= listed
+        for p in plain:
+            assert p.read_bytes()[:16] == b"SQLite format 3\x00" and os.access(p, os.W_OK)
 
 
 def test_the_shipped_034_folder_of_xz_traces_reports_directly(capsys):

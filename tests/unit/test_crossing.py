@@ -14,6 +14,7 @@ from memtrace.analysis.oom import find_oom
 from memtrace.analysis.phases import recording_span
 from memtrace.analysis.target import resolve_target
 from memtrace.store import load_run
+from testdata import unpacked
 
 DATA = Path(__file__).resolve().parents[1] / "data"
 GiB = 1024**3
@@ -26,7 +27,7 @@ def _load(run: Path):
 
 @pytest.fixture(scope="module")
 def vllm():
-    return _load(DATA / "vllm-h200" / "startup")
+    return _load(unpacked(DATA / "vllm-h200" / "startup"))
 
 
 def test_vllm_at_88_gib_names_device_used_and_keeps_the_exact_reserved_crossing(vllm):

@@ -7,8 +7,9 @@ from memtrace.analysis import non_torch
 from memtrace.model import MEMORY_OPS
 from memtrace.store import load_trace
 from references import summarize
+from testdata import unpacked
 
-TRACE = Path(__file__).parents[1] / "data" / "vllm-h200" / "startup-cupti" / "vm-pid1909-rank0.memtrace"
+TRACE = unpacked(Path(__file__).parents[1] / "data" / "vllm-h200" / "startup-cupti" / "vm-pid1909-rank0.memtrace")
 
 
 def test_records_stacks_and_pytorchs_segments():

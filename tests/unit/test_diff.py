@@ -12,6 +12,7 @@ from memtrace.cli import main
 from memtrace.store import save_trace
 from memtrace.units import parse_threshold
 from references import diff_traces
+from testdata import unpacked
 
 TESTS = Path(__file__).resolve().parents[1]
 GiB, MiB = g.GiB, g.MiB
@@ -227,7 +228,7 @@ def test_real_pair_cli_exit_codes(capsys):
 # -- issue 13 item 3: a gate that cannot be fooled ------------------------------------------------------------
 
 H200 = TESTS / "data" / "h200"
-VLLM_RUN = TESTS / "data" / "vllm-h200" / "startup"
+VLLM_RUN = unpacked(TESTS / "data" / "vllm-h200" / "startup")
 
 
 def _phaseless_snapshot(run: str, out: Path) -> Path:
@@ -466,10 +467,10 @@ def test_a_base_recorded_without_stacks_is_said_so_instead_of_everything_new(cap
     # the real vLLM start-up on the H200 recorded without stacks, against the same start-up with stacks: the KV
     # cache is not "new +117.02 GiB"
     vllm = TESTS / "data" / "vllm-h200"
-    rc, out, _ = _run(capsys, vllm / "startup", vllm / "startup-stacks")
+    rc, out, _ = _run(capsys, unpacked(vllm / "startup"), unpacked(vllm / "startup-stacks"))
     rows = _sites_section(out)
     assert rows == ["  not compared: the base run recorded no Python stacks (MEMTRACE_STACKS=python records them)"]
     assert "+117.02 GiB" not in out
-    rc, out, _ = _run(capsys, vllm / "startup", vllm / "startup-stacks", "--json")
+    rc, out, _ = _run(capsys, unpacked(vllm / "startup"), unpacked(vllm / "startup-stacks"), "--json")
     (d,) = json.loads(out)["traces"]
     assert d["sites"] == [] and d["sites_without_stacks"] == "base"

@@ -17,7 +17,7 @@ from memtrace.plots.memory_viz import export_memory_viz
 from memtrace.plots.perfetto import export_perfetto
 from memtrace.store import load_trace, save_trace
 from references import snapshot_dict, trace_from_snapshot
-from testdata import analysed_run
+from testdata import analysed_run, unpacked
 
 TESTS = Path(__file__).resolve().parents[1]
 GiB = g.GiB
@@ -26,7 +26,7 @@ H200 = TESTS / "data" / "h200"
 
 def _real_traces() -> list[Path]:
     """The full-card run, one that died of OOM and a real vLLM 0.25.1 start-up, when they are there."""
-    dirs = [H200 / "startup-full", H200 / "startup-cap16g", TESTS / "data" / "vllm-h200" / "startup"]
+    dirs = [H200 / "startup-full", H200 / "startup-cap16g", unpacked(TESTS / "data" / "vllm-h200" / "startup")]
     return [p for d in dirs for p in sorted(d.glob("*.memtrace"))]
 
 
@@ -229,7 +229,7 @@ def test_perfetto_non_pytorch_is_the_steady_curve_not_the_raw_spikes(tmp_path, r
     from memtrace.analysis.landmarks import steady_non_torch
     from memtrace.store import load_run
 
-    path = TESTS / "data" / run
+    path = unpacked(TESTS / "data" / run)
     if not path.exists():
         pytest.skip(f"{run} is not shipped")
     traces = load_run(path).traces

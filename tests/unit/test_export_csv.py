@@ -12,8 +12,9 @@ from memtrace.analysis import quantities as Q
 from memtrace.analysis.rank import TargetSpec
 from memtrace.analysis.run import analyse
 from memtrace.cli import main
+from testdata import unpacked
 
-RUN = Path(__file__).resolve().parents[1] / "data" / "vllm-h200" / "startup-stacks"
+RUN = unpacked(Path(__file__).resolve().parents[1] / "data" / "vllm-h200" / "startup-stacks")
 
 
 def test_csv_rows_replay_every_curve_to_the_byte_and_sit_on_the_runs_origin(tmp_path, capsys):

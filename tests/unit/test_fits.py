@@ -11,6 +11,7 @@ import synthetic_gates as g
 from memtrace.analysis.fits import DIED, FITS, NO_KV, OOM, REFUSED, UNKNOWN, fit, fits
 from memtrace.cli import main
 from memtrace.store import save_trace
+from testdata import unpacked
 
 TESTS = Path(__file__).resolve().parents[1]
 GiB, MiB = g.GiB, g.MiB
@@ -233,7 +234,7 @@ def test_pinned_curve_drops_cached_segments_that_the_allocator_could_release():
     assert curves.reserved.peak_bytes - pinned.peak_bytes == 512 * MiB  # pinned peaks in kernel_warmup
 
 
-VLLM_RUN = TESTS / "data" / "vllm-h200" / "startup"
+VLLM_RUN = unpacked(TESTS / "data" / "vllm-h200" / "startup")
 
 
 @pytest.mark.skipif(not VLLM_RUN.is_dir(), reason="no real vLLM start-up under tests/data/vllm-h200 yet")

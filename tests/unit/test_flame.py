@@ -22,6 +22,7 @@ from memtrace.plots.flame_svg import render_flame_svg
 from memtrace.plots.folded import folded_lines, render_folded
 from memtrace.store import save_trace
 from references import peak_event_index, window_peak_event_index
+from testdata import data_name, unpacked
 from testdata import real_traces as _real_traces
 
 TESTS = Path(__file__).resolve().parents[1]
@@ -190,7 +191,7 @@ def test_flame_cli_on_a_trace_without_events_is_exit_2(tmp_path, capsys):
     assert "no allocator events" in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("path", _real_traces(), ids=lambda p: str(p.relative_to(TESTS / "data")))
+@pytest.mark.parametrize("path", _real_traces(), ids=data_name)
 def test_real_trace_folded_at_the_peak_sums_to_the_live_bytes(path, tmp_path):
     from memtrace.store import load_trace
 
@@ -279,7 +280,7 @@ def test_real_h200_oom_peak_flame_holds_what_torch_counted_when_the_card_died(ru
     assert any(p[-1].startswith("allocate_sm120_dynamic_workspace") for p in flame.stacks)
 
 
-VLLM_RUN = TESTS / "data" / "vllm-h200" / "startup"
+VLLM_RUN = unpacked(TESTS / "data" / "vllm-h200" / "startup")
 
 
 def test_real_vllm_peak_flame_without_stacks_groups_by_phase_and_matches_vllms_own_kv_and_weights():

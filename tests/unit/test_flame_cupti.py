@@ -19,9 +19,10 @@ from memtrace.plots.flame_svg import render_flame_svg
 from memtrace.plots.folded import folded_lines, render_folded
 from memtrace.store import load_trace
 from references import peak_event_index
+from testdata import unpacked
 
 DATA = Path(__file__).parents[1] / "data" / "vllm-h200"
-RUN = DATA / "startup-cupti"
+RUN = unpacked(DATA / "startup-cupti")
 SVG = "{http://www.w3.org/2000/svg}"
 OTHER, STATICS = f"[{non_torch.OTHER}]", f"[{non_torch.MODULES}]"
 CALL_947 = "call (u3/cu3svbzqvt7ri5nuodhjv3gvdgpsuamhai3ep62kw5cs3ozoovof.py:947)"
@@ -155,6 +156,6 @@ def test_cli_draws_cuptis_part_by_default_and_leaves_it_out_with_torch_only(tmp_
     lines, plain = both.read_text().splitlines(), torch_only.read_text().splitlines()
     assert _folded_sum(lines, non_pytorch=True) == 68_362_212
     assert [x for x in lines if not x.startswith(NON_TORCH)] == plain and NON_TORCH not in torch_only.read_text()
-    assert main(["flame", str(DATA / "startup"), "-o", str(tmp_path / "a.folded")]) == 0
-    assert main(["flame", str(DATA / "startup"), "--torch-only", "-o", str(tmp_path / "b.folded")]) == 0
+    assert main(["flame", str(unpacked(DATA / "startup")), "-o", str(tmp_path / "a.folded")]) == 0
+    assert main(["flame", str(unpacked(DATA / "startup")), "--torch-only", "-o", str(tmp_path / "b.folded")]) == 0
     assert (tmp_path / "a.folded").read_bytes() == (tmp_path / "b.folded").read_bytes()

@@ -23,9 +23,10 @@ from memtrace.errors import UsageError
 from memtrace.plots.flame_svg import fit_label, short_label
 from memtrace.plots.folded import folded_lines
 from memtrace.store import load_run
+from testdata import unpacked
 
 DATA = Path(__file__).resolve().parents[1] / "data"
-CAP16, VLLM = DATA / "h200" / "startup-cap16g", DATA / "vllm-h200" / "startup"
+CAP16, VLLM = DATA / "h200" / "startup-cap16g", unpacked(DATA / "vllm-h200" / "startup")
 
 
 @pytest.fixture(scope="module")

@@ -17,8 +17,9 @@ from memtrace.analysis.run import analyse
 from memtrace.plots.flame_svg import render_flame_svg
 from memtrace.plots.folded import folded_lines
 from memtrace.store import load_run
+from testdata import unpacked
 
-RUN = Path(__file__).resolve().parents[1] / "data" / "vllm-h200" / "startup-stacks"
+RUN = unpacked(Path(__file__).resolve().parents[1] / "data" / "vllm-h200" / "startup-stacks")
 LAUNCHER = ("<module> (<string>:1)", "spawn_main (multiprocessing/spawn.py:122)", "_main (multiprocessing/spawn.py:135)",
             "_bootstrap (multiprocessing/process.py:314)", "run (multiprocessing/process.py:108)",
             "run_engine_core (vllm/v1/engine/core.py:1200)", "sync_wrapper (vllm/tracing/otel.py:178)",

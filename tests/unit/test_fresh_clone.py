@@ -15,6 +15,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from testdata import DATA, unpacked
 
 ROOT = Path(__file__).resolve().parents[2]
 BIN = str(Path(sys.executable).parent)
@@ -55,10 +56,11 @@ def test_the_main_job_runs_as_written_in_a_clone_named_memtrace_and_leaves_its_r
     steps = [s.strip() for s in _block((clone / "README.md").read_text(), "**Main job**").split("&&")]
     steps = [s for s in steps if not s.startswith(("python3 -m venv", ".venv/bin/pip"))]  # this venv stands for them
     assert any("memtrace flame tests/data/vllm-h200/startup-stacks" in s for s in steps)
-    before = sorted(os.listdir(clone))
+    before = sorted(os.listdir(clone)), _git("status", "--porcelain", "--ignored", cwd=clone)
     for step in steps:
         _sh(step.replace(".venv/bin/", BIN + "/"), clone)
-    assert sorted(os.listdir(clone)) == before
+    # nothing written in the root nor beside the shipped trace (tests/data/vllm-h200/startup-stacks is xz-compressed)
+    assert (sorted(os.listdir(clone)), _git("status", "--porcelain", "--ignored", cwd=clone)) == before
     svg = Path("/tmp/memtrace-demo/flame.svg").read_text(encoding="utf-8")
     assert "no stack recorded" not in svg and "_allocate_kv_cache_tensors" in svg  # a flame with stacks
 
@@ -67,7 +69,8 @@ def test_the_quick_starts_reading_lines_run_as_written_on_a_recorded_run(clone, 
     lines = _block((clone / "README.md").read_text(), "## Quick start").splitlines()
     commands = [ln.split("#", 1)[0].strip() for ln in lines]
     assert commands[0] == "memtrace run -- vllm serve MODEL"  # needs a GPU and a model: its flags are parsed below
-    shutil.copytree(clone / "tests" / "data" / "vllm-h200" / "startup-stacks", tmp_path / "memtrace-20261202-173538")
+    # a recorded run as `memtrace run` leaves it: the plain SQLite bytes of the clone's (and this checkout's) xz trace
+    shutil.copytree(unpacked(DATA / "vllm-h200" / "startup-stacks"), tmp_path / "memtrace-20261202-173538")
     report = _sh(commands[1], tmp_path).stdout
     assert "crossed it at 134.29 s in kv_cache_init" in report
     _sh(commands[2], tmp_path)

@@ -14,11 +14,12 @@ from memtrace.history_store import VERSION
 from memtrace.store import load_run
 from memtrace.units import parse_threshold
 from references import diff_traces
+from testdata import unpacked
 
 DATA = Path(__file__).resolve().parents[1] / "data"
 FULL, WS1G = DATA / "h200" / "startup-full", DATA / "h200" / "startup-ws1g"
 CAP32, CAP6 = DATA / "h200" / "startup-cap32g", DATA / "h200" / "startup-cap6g"
-VLLM = DATA / "vllm-h200" / "startup"
+VLLM = unpacked(DATA / "vllm-h200" / "startup")
 GiB = 1 << 30
 
 
@@ -86,7 +87,7 @@ def test_an_older_trace_lacking_the_kv_sizing_fact_is_checked_against_a_newer_on
     # startup-stacks (same GPU, versions, model, flags) had two keys: "kv_cache_sizing — → profiling"
     path = tmp_path / "h.sqlite"
     assert _run(capsys, "add", VLLM, "--db", path)[0] == 0
-    rc, out, err = _run(capsys, "check", VLLM.parent / "startup-stacks", "--db", path)
+    rc, out, err = _run(capsys, "check", unpacked(DATA / "vllm-h200" / "startup-stacks"), "--db", path)
     assert rc == 0 and "nothing compared" not in err
     assert out.startswith(f"memtrace history check: {path} run #1 (startup) → ") and "OK: nothing grew" in out
 
@@ -253,7 +254,7 @@ def test_a_command_line_that_lost_a_flags_name_claims_nothing_was_left_to_vllm()
     from memtrace.analysis.history_key import flags_readable, left_to_vllm
     from memtrace.model import Trace
 
-    shipped = load_run(Path(__file__).resolve().parents[1] / "data" / "vllm-h200" / "startup").traces[0]
+    shipped = load_run(VLLM).traces[0]
     assert not flags_readable(shipped.facts["env"]["cmdline"])  # '--skip-tokenizer-init', '<redacted>', '127.0.0.1'
 
     def left(cmdline, util_source=None):

@@ -10,6 +10,7 @@ import pytest
 import synthetic_gates as g
 from memtrace.cli import main
 from memtrace.store import save_trace
+from testdata import unpacked
 
 TESTS = Path(__file__).resolve().parents[1]
 GiB = g.GiB
@@ -90,7 +91,7 @@ def test_real_h200_bundle_names_the_gpu_and_the_warm_up_crossing(tmp_path):
     assert "vLLM's available KV cache: 121.72 GiB." in md
 
 
-VLLM_RUN = TESTS / "data" / "vllm-h200" / "startup"
+VLLM_RUN = unpacked(TESTS / "data" / "vllm-h200" / "startup")
 
 
 def test_real_vllm_bundle_holds_no_local_paths_and_a_title_from_facts(tmp_path):

@@ -18,13 +18,17 @@ from pathlib import Path
 import pytest
 from memtrace.cli import main
 from memtrace.units import format_gib
+from testdata import unpacked
 
 DATA = Path(__file__).resolve().parents[1] / "data"
-RUNS = sorted(
-    [p for p in (DATA / "h200").iterdir() if p.is_dir()]
-    + [p for p in (DATA / "vllm-h200").iterdir() if p.is_dir()]
-    + [p for p in (DATA / "snapshots").glob("*.pickle") if "state-only" not in p.name]
-)
+RUNS = [
+    unpacked(p)
+    for p in sorted(
+        [p for p in (DATA / "h200").iterdir() if p.is_dir()]
+        + [p for p in (DATA / "vllm-h200").iterdir() if p.is_dir()]
+        + [p for p in (DATA / "snapshots").glob("*.pickle") if "state-only" not in p.name]
+    )
+]
 GiB = 1 << 30
 TARGETS = {
     "recorded": [],
@@ -282,7 +286,7 @@ def _every_shipped_trace() -> list[Path]:
     from vllm034_data import STEPS, VLLM033, VLLM034
 
     runs = [p for p in (DATA / "h200").iterdir() if p.is_dir()] + [
-        p for p in (DATA / "vllm-h200").iterdir() if p.is_dir() and any(p.glob("*.memtrace"))
+        unpacked(p) for p in (DATA / "vllm-h200").iterdir() if p.is_dir() and any(unpacked(p).glob("*.memtrace"))
     ]
     runs += [VLLM034.run_dir(s) for s in STEPS] + [VLLM033.run_dir("moe")]
     runs += [DATA / "vllm-cpu-tp2" / "memtrace-run", DATA / "vllm-cpu-tp2" / "ray-two-nodes"]

@@ -20,10 +20,10 @@ from memtrace.cli import main
 from memtrace.plots.timeline import crossing_text, oom_text, render_timeline
 from memtrace.plots.timeline_data import prepare_rank
 from memtrace.store import load_run
-from testdata import analysed_rank
+from testdata import analysed_rank, unpacked
 
 DATA = Path(__file__).resolve().parents[1] / "data"
-H200, VLLM = DATA / "h200", DATA / "vllm-h200" / "startup"
+H200, VLLM = DATA / "h200", unpacked(DATA / "vllm-h200" / "startup")
 GiB = 1024**3
 OUTCOMES = json.loads((H200 / "outcomes.json").read_text())
 

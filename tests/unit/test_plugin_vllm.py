@@ -17,6 +17,7 @@ from memtrace import facts as F
 from memtrace.plugins import vllm as plugin
 from memtrace.plugins import vllm_facts, vllm_phases
 from memtrace.plugins.surface import Entry, of_role, parse_version
+from testdata import unpacked
 from vllm_source import target_defined
 
 
@@ -154,7 +155,8 @@ def test_kv_cache_facts_from_a_kv_cache_config():
 
 # -- the real start-up recorded on an H200 with vLLM 0.25.1 + FlashInfer 0.6.13 (tests/data/vllm-h200) --
 
-REAL = Path(__file__).resolve().parents[1] / "data" / "vllm-h200" / "startup"
+REAL = Path(__file__).resolve().parents[1] / "data" / "vllm-h200" / "startup"  # vLLM's log
+REAL_RUN = unpacked(REAL)  # the trace, shipped xz-compressed: the plain SQLite file the plugin wrote
 REAL_PHASES = [
     ("init_device", None),
     ("load_model", None),
@@ -171,7 +173,7 @@ REAL_PHASES = [
 def _real():
     from memtrace.store import load_run
 
-    (trace,) = load_run(REAL).traces
+    (trace,) = load_run(REAL_RUN).traces
     return trace
 
 
@@ -207,7 +209,7 @@ def test_real_h200_startup_facts_are_vllms_own_figures():
 def test_real_h200_startup_keeps_no_secret():
     cmdline = _real().facts["env"]["cmdline"]
     assert cmdline[cmdline.index("--api-key") + 1] == "<redacted>"
-    assert b"memtrace-secret-key" not in (REAL / "vm-pid1568-rank0.memtrace").read_bytes()
+    assert b"memtrace-secret-key" not in (REAL_RUN / "vm-pid1568-rank0.memtrace").read_bytes()
     assert "memtrace-secret-key" in (REAL / "vllm.log").read_text()  # vLLM itself logs it (non-default args)
 
 

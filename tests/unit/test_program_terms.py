@@ -11,6 +11,7 @@ from memtrace.analysis import quantities as Q
 from memtrace.analysis.flame import BEFORE_RECORDING, VMM_KV
 from memtrace.cli import main
 from memtrace.plots.palette import VMM_KV_LABEL
+from testdata import unpacked
 
 DATA = Path(__file__).resolve().parents[1] / "data"
 TRAINING = DATA / "snapshots" / "torch20-no-time.pickle"  # a training step's history, no vLLM in it
@@ -51,7 +52,7 @@ def test_a_quantity_is_framed_in_the_flame_and_named_in_the_legend_by_its_one_la
 
 
 def test_the_report_and_the_flame_give_memory_before_recording_the_same_name_and_bytes(tmp_path, capsys):
-    run = DATA / "vllm-h200" / "startup"  # 0.25.1: 26 blocks (33,923,632 B) present before recording began
+    run = unpacked(DATA / "vllm-h200" / "startup")  # 0.25.1: 26 blocks (33,923,632 B) present before recording began
     assert main(["report", str(run)]) == 0
     report = capsys.readouterr().out
     assert "    0.03    0.0%      26       1  (present before recording began)" in report

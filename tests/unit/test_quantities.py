@@ -8,6 +8,7 @@ from pathlib import Path
 import numpy as np
 from memtrace.analysis import quantities as Q
 from memtrace.analysis.curves import Curve
+from testdata import unpacked
 
 ROOT = Path(__file__).resolve().parents[2]
 #: a peak found by hand: an argmax, or the maximum of a curve's bytes
@@ -74,7 +75,7 @@ def test_memory_present_before_recording_is_its_own_top_holder_in_report_and_fla
 
     from memtrace.cli import main
 
-    run = ROOT / "tests" / "data" / "vllm-h200" / "startup"  # vLLM 0.25.1: 26 blocks older than the recording
+    run = unpacked(ROOT / "tests" / "data" / "vllm-h200" / "startup")  # vLLM 0.25.1: 26 blocks older than the recording
     assert main(["report", str(run), "--json"]) == 0
     holders = json.loads(capsys.readouterr().out)["traces"][0]["holders"]
     before = [h for h in holders if h["before_recording"]]

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 from memtrace.analysis.reconcile import FORMULA_025, FORMULA_033, choose_formula, reconcile_kv
 from memtrace.model import ACTION_CODE, Phase, Trace, empty_events, empty_samples
+from testdata import unpacked
 
 REAL = Path(__file__).resolve().parents[1] / "data" / "vllm-h200"
 GiB = 1 << 30
@@ -120,7 +121,7 @@ def test_a_trace_without_samples_or_phases_is_not_reconciled():
 def _real_trace():
     from memtrace.store import load_run
 
-    return load_run(REAL / "startup").traces[0]
+    return load_run(unpacked(REAL / "startup")).traces[0]
 
 
 def test_real_h200_trace_matches_vllms_available_kv_within_one_percent():
@@ -176,7 +177,7 @@ def test_a_given_kv_size_is_not_reconstructed_and_fits_keeps_it_on_every_card():
     from memtrace.analysis.reconcile import KV_GIVEN, non_kv, reconcile_kv
     from memtrace.store import load_run
 
-    trace = load_run(Path(__file__).resolve().parents[1] / "data" / "vllm-h200" / "startup-stacks").traces[0]
+    trace = load_run(unpacked(REAL / "startup-stacks")).traces[0]
     given = trace.facts[F.VLLM_AVAILABLE_KV_BYTES]
     assert reconcile_kv(trace) is not None
     trace.facts[F.VLLM_KV_SIZE_SOURCE] = "--kv-cache-memory-bytes"

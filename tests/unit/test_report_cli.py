@@ -16,6 +16,7 @@ from memtrace.cli import main
 from memtrace.plots.text import render_report
 from memtrace.store import load_trace, save_trace
 from references import summarize
+from testdata import unpacked
 
 TESTS = Path(__file__).resolve().parents[1]
 GiB = 1 << 30
@@ -255,7 +256,7 @@ def test_report_falls_back_to_vllms_own_figure_without_vllm_phases(capsys, tmp_p
 # -- issue 10: the OOM, the refusals, one line per site, text that never breaks a figure ------------
 
 H200 = TESTS / "data" / "h200"
-VLLM = TESTS / "data" / "vllm-h200" / "startup"
+VLLM = unpacked(TESTS / "data" / "vllm-h200" / "startup")
 
 
 def refused(capsys, *argv) -> str:

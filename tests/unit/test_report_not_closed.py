@@ -8,7 +8,7 @@ from memtrace.plots.text import render_report
 from memtrace.store import load_trace
 from references import summarize
 
-from tests.testdata import DATA
+from tests.testdata import DATA, unpacked
 
 
 def _recording_line(trace) -> str:
@@ -18,7 +18,7 @@ def _recording_line(trace) -> str:
 
 
 def test_a_trace_memtrace_did_not_close_says_so():
-    closed = load_trace(DATA / "vllm-h200" / "startup-cupti" / "vm-pid1909-rank0.memtrace")
+    closed = load_trace(unpacked(DATA / "vllm-h200" / "startup-cupti" / "vm-pid1909-rank0.memtrace"))
     assert closed.recording.source == "memtrace" and closed.recording.end_reason == "startup-complete"
     assert "ended: startup-complete" in _recording_line(closed)
     killed = dataclasses.replace(closed, recording=dataclasses.replace(closed.recording, end_reason=""))

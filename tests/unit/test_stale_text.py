@@ -7,6 +7,7 @@ import re
 from pathlib import Path
 
 from memtrace.cli import main
+from testdata import unpacked
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -18,7 +19,7 @@ def _bytes(text: str) -> list[int]:
 def test_the_vllm_h200_readme_states_the_reconciliation_the_report_computes(capsys):
     readme = (ROOT / "tests" / "data" / "vllm-h200" / "README.md").read_text()
     para = readme.split("**Reconciliation**", 1)[1].split("\n\n", 1)[0]
-    assert main(["report", str(ROOT / "tests" / "data" / "vllm-h200" / "startup"), "--json"]) == 0
+    assert main(["report", str(unpacked(ROOT / "tests" / "data" / "vllm-h200" / "startup")), "--json"]) == 0
     k = json.loads(capsys.readouterr().out)["traces"][0]["non_kv"]["reconstruction"]
     stated = _bytes(para)
     assert stated[:2] == [k["available_kv_bytes"], k["vllm_available_kv_bytes"]]

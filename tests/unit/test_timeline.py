@@ -24,7 +24,7 @@ from memtrace.plots.phase_lane import PhaseBar, place_labels
 from memtrace.plots.timeline import render_timeline
 from memtrace.plots.timeline_data import prepare_rank
 from memtrace.store import save_trace
-from testdata import analysed_rank
+from testdata import analysed_rank, data_name, unpacked
 from testdata import real_traces as _real_traces
 
 TESTS = Path(__file__).resolve().parents[1]
@@ -191,7 +191,7 @@ def test_plot_cli_on_a_run_without_events_is_exit_2(tmp_path, capsys):
     assert not (tmp_path / "e.png").exists()
 
 
-@pytest.mark.parametrize("path", _real_traces(), ids=lambda p: str(p.relative_to(TESTS / "data")))
+@pytest.mark.parametrize("path", _real_traces(), ids=data_name)
 def test_real_trace_crossing_annotation_is_the_shared_definition(path, tmp_path):
     from memtrace.analysis.crossing import crossings
     from memtrace.analysis.curves import all_curves
@@ -296,7 +296,7 @@ def test_the_phase_strip_shows_recorded_names_and_leader_lines_never_cross(run, 
     """Issue 21: labels were made-up short forms ("kwarmup", "warm-up") and overflow leaders crossed."""
     from memtrace.store import load_run
 
-    trace = load_run(Path(__file__).resolve().parents[1] / "data" / run).traces[0]
+    trace = load_run(unpacked(TESTS / "data" / run)).traces[0]
     drawn = render_timeline([prepare_rank(analysed_rank(trace))], tmp_path / "t.png").ranks[0]
     names = {p.name for p in trace.phases}
     for lab in drawn.phase_labels:

@@ -16,6 +16,7 @@ from memtrace.plots.timeline import render
 from memtrace.plots.timeline_data import landmark_times_us, phases_at, prepare_rank
 from memtrace.plots.timeline_scale import identity, quiet_stretches, time_scale
 from memtrace.store import load_run
+from testdata import unpacked
 from vllm034_data import run_dir
 
 DATA = Path(__file__).resolve().parents[1] / "data"
@@ -30,7 +31,7 @@ def _drawn(path: Path, tmp_path: Path):
 
 
 def test_the_busy_last_seconds_of_the_0251_start_up_get_a_quarter_of_the_axis(tmp_path):
-    ranks, drawn = _drawn(DATA / "vllm-h200" / "startup-stacks", tmp_path)
+    ranks, drawn = _drawn(unpacked(DATA / "vllm-h200" / "startup-stacks"), tmp_path)
     s = drawn.scale
     kv_init = next(p for p in ranks[0].phases if p.name == "kv_cache_init")
     start = (kv_init.start_us - drawn.t0_us) / 1e6
@@ -110,9 +111,9 @@ def test_the_overlapping_gaps_of_two_served_ranks_are_squeezed_where_neither_rec
 
 
 def test_render_of_the_analysed_run_breaks_the_axis_the_same_way(tmp_path):
-    run = analyse(load_run(DATA / "vllm-h200" / "startup-stacks").traces)
+    run = analyse(load_run(unpacked(DATA / "vllm-h200" / "startup-stacks")).traces)
     render(run, tmp_path / "a.png")
-    _, drawn = _drawn(DATA / "vllm-h200" / "startup-stacks", tmp_path)
+    _, drawn = _drawn(unpacked(DATA / "vllm-h200" / "startup-stacks"), tmp_path)
     assert (tmp_path / "a.png").stat().st_size > 50_000 and drawn.breaks
 
 

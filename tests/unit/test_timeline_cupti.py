@@ -17,10 +17,10 @@ from memtrace.plots.timeline import render_timeline
 from memtrace.plots.timeline_axes import N_BUCKETS, zoom_window
 from memtrace.plots.timeline_data import cupti_split, prepare_rank
 from memtrace.store import load_trace
-from testdata import DATA, analysed_rank
+from testdata import DATA, analysed_rank, unpacked
 
-CUPTI_TRACE = DATA / "vllm-h200" / "startup-cupti" / "vm-pid1909-rank0.memtrace"
-PLAIN_TRACE = DATA / "vllm-h200" / "startup" / "vm-pid1568-rank0.memtrace"
+CUPTI_TRACE = unpacked(DATA / "vllm-h200" / "startup-cupti" / "vm-pid1909-rank0.memtrace")
+PLAIN_TRACE = unpacked(DATA / "vllm-h200" / "startup" / "vm-pid1568-rank0.memtrace")
 SEEN = "non-PyTorch seen by CUPTI (exact)"
 UNEXPLAINED = "non-PyTorch unexplained (NVML used - reserved - CUPTI)"
 BAND = "non-PyTorch (NVML used - reserved)"

@@ -24,9 +24,9 @@ from memtrace.analysis.view_window import RankQueries
 from memtrace.cli import main
 from memtrace.cli._serve import start
 from memtrace.plots.view_data import pack_rank
-from testdata import DATA, TESTS, analysed_rank, analysed_run, real_traces
+from testdata import DATA, TESTS, analysed_rank, analysed_run, real_traces, unpacked
 
-STARTUP = DATA / "vllm-h200" / "startup"
+STARTUP = unpacked(DATA / "vllm-h200" / "startup")
 
 
 def _analysis(run: Path = STARTUP):
@@ -228,7 +228,7 @@ def test_the_first_crossing_landmark_states_the_reports_curve_value_and_phases(t
     # issue 21: on the real vLLM start-up the page's "first crossing" read out what was live (113.48 GiB of PyTorch
     # allocations, kv_cache_init) where the report says NVML device used crossed at 128.92 GiB and went highest in
     # compile_or_warm_up/kernel_warmup; the landmark now carries the report's figures, and the page states them
-    run = DATA / "vllm-h200" / "startup"
+    run = STARTUP
     assert main(["report", str(run), "--json"]) == 0
     first = json.loads(capsys.readouterr().out)["traces"][0]["crossings"][0]
     rank = _page_doc(run, tmp_path, capsys)["ranks"][0]

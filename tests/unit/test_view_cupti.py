@@ -20,10 +20,10 @@ from memtrace import load
 from memtrace.analysis import non_torch
 from memtrace.analysis.curves import all_curves
 from memtrace.plots.view_data import CUPTI_COLUMNS, DEVICE_COLUMNS, pack_rank
-from testdata import DATA, analysed_rank, analysed_run
+from testdata import DATA, analysed_rank, analysed_run, unpacked
 
-CUPTI_RUN = DATA / "vllm-h200" / "startup-cupti"
-PLAIN_RUN = DATA / "vllm-h200" / "startup"
+CUPTI_RUN = unpacked(DATA / "vllm-h200" / "startup-cupti")
+PLAIN_RUN = unpacked(DATA / "vllm-h200" / "startup")
 FIRST_CROSSING_US = 1_796_241_685_347_888  # Unix µs; 132.288 s after the recording started
 SEEN_AT_CROSSING = 68_362_212  # non-PyTorch bytes CUPTI saw live then (65.20 MiB), as `memtrace report`
 CHROMIUM = os.environ.get("MEMTRACE_CHROMIUM", "/usr/bin/chromium")

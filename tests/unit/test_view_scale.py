@@ -12,9 +12,9 @@ from memtrace import load
 from memtrace.analysis.view_window import RankQueries
 from memtrace.plots import view_data
 from memtrace.plots.view_data import pack_rank
-from testdata import analysed_rank
+from testdata import analysed_rank, unpacked
 
-STARTUP = Path(__file__).resolve().parents[1] / "data" / "vllm-h200" / "startup"
+STARTUP = unpacked(Path(__file__).resolve().parents[1] / "data" / "vllm-h200" / "startup")
 
 
 def _columns(packed) -> dict[str, bytes]:

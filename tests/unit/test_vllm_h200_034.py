@@ -175,9 +175,9 @@ def test_diff_of_the_0251_start_up_against_0340_names_what_the_new_versions_move
     """The release gate across vLLM versions: vLLM 0.25.1 (tests/data/vllm-h200/startup, --gpu-memory-utilization
     0.92 set) against 0.34.0 (moe-ext, the same model and flags, utilization left to vLLM)."""
     from memtrace.cli import main
-    from testdata import DATA
+    from testdata import DATA, unpacked
 
-    code = main(["diff", str(DATA / "vllm-h200" / "startup"), str(run_dir("moe-ext"))])
+    code = main(["diff", str(unpacked(DATA / "vllm-h200" / "startup")), str(run_dir("moe-ext"))])
     out = capsys.readouterr().out
     assert code == 1  # the KV cache grew 9.21 GiB with the whole card as target: over 2%
     assert "vllm 0.25.1 → 0.34.0" in out

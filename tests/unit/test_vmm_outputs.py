@@ -18,10 +18,11 @@ from memtrace.plots.palette import VMM_KV_LABEL
 from memtrace.plots.timeline import render_timeline
 from memtrace.plots.timeline_data import prepare_rank, vmm_band
 from memtrace.store import load_run
+from testdata import unpacked
 from vllm034_data import run_dir
 
 TESTS = Path(__file__).resolve().parents[1]
-OLD = TESTS / "data" / "vllm-h200" / "startup"  # vLLM 0.25.1: no VMM
+OLD = unpacked(TESTS / "data" / "vllm-h200" / "startup")  # vLLM 0.25.1: no VMM
 MOE_KV_BYTES = 135_543_128_064  # what the plugin recorded vLLM committing (tests/data/vllm-h200-034/README.md)
 EXT = ("moe-ext", "dense-ext", "small-ext")
 

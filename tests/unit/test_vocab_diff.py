@@ -9,9 +9,10 @@ from pathlib import Path
 
 import pytest
 from memtrace.cli import main
+from testdata import unpacked
 from vllm034_data import run_dir
 
-STARTUP = Path(__file__).resolve().parents[1] / "data" / "vllm-h200" / "startup"  # vLLM 0.25.1, KV in PyTorch
+STARTUP = unpacked(Path(__file__).resolve().parents[1] / "data" / "vllm-h200" / "startup")  # vLLM 0.25.1, KV in PyTorch
 
 
 def _json(capsys, *argv) -> dict:
