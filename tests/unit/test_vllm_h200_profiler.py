@@ -1,0 +1,77 @@
+"""vLLM 0.34.0's own torch profiler on the H200, recorded for real (tests/data/snapshots/vllm-h200-profiler):
+``vllm serve`` (8-layer Qwen3-MoE, dummy weights, eager) with ``--profiler-config '{"profiler": "torch",
+"torch_profiler_dir": DIR, "torch_profiler_with_memory": true}'``, ``/start_profile``, one completion (64 prompt
+tokens, 2 out), ``/stop_profile``. The GPU worker's trace (rank 0) holds 564 CUDA memory events and 4 of the CPU;
+11.03 GiB were allocated before the profiler started. Every figure is the trace's own: its 'Total Allocated' and
+'Total Reserved' after each memory event."""
+
+from __future__ import annotations
+
+import json
+import lzma
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+from memtrace.analysis.curves import all_curves
+from memtrace.importers.files import load_input
+
+DATA = Path(__file__).resolve().parents[1] / "data"
+FOLDER = DATA / "snapshots" / "vllm-h200-profiler"
+WORKER = FOLDER / "dp0_pp0_tp0_dcp0_ep0_rank0.1796492118355142002.pt.trace.json.xz"
+#: vLLM 0.32's API server trace of tests/data/vllm-cpu-profiler (no memory events), the same name and format as
+#: 0.34's (that folder's README): the H200's was not shipped, being this same case
+API_SERVER = DATA / "vllm-cpu-profiler" / "tp1" / "vm_15005.async_llm.1796418706581720240.pt.trace.json.xz"
+BEFORE_ALLOCATED, BEFORE_RESERVED = 11_842_613_248, 11_880_366_080
+
+
+def need(path: Path) -> Path:
+    assert path.exists(), f"{path} is not in the checkout (tests/data/snapshots ships it)"
+    return path
+
+
+@pytest.fixture(scope="module")
+def memory():
+    """The CUDA [memory] events of the worker's trace, in the profiler's order."""
+    with lzma.open(need(WORKER), "rt") as f:
+        doc = json.load(f)
+    mem = [e for e in doc["traceEvents"] if e.get("name") == "[memory]" and e["args"]["Device Type"] == 1]
+    return sorted(mem, key=lambda e: (e["ts"], e["args"].get("Ev Idx", 0)))
+
+
+@pytest.fixture(scope="module")
+def rank0():
+    gpu, host = load_input(need(FOLDER)).traces
+    assert (host.label, host.process.device_index) == ("host (CPU) of pid 5769", None)
+    return gpu
+
+
+@pytest.fixture
+def with_api_server(tmp_path):
+    """The folder as vLLM writes it: the worker's trace beside an API server's without memory events."""
+    d = tmp_path / "profiles"
+    d.mkdir()
+    shutil.copy(WORKER, d)
+    shutil.copy(need(API_SERVER), d)
+    return d
+
+
+def test_curves_equal_the_traces_totals_after_every_memory_event(rank0, memory):
+    assert (rank0.label, rank0.process.device_index, rank0.process.pid) == ("rank 0", 0, 5769)
+    assert len(memory) == 564
+    curves = all_curves(rank0)
+    at = np.flatnonzero(np.isin(rank0.events["action"], (0, 2))) + 1  # the curves' index after each alloc / free
+    assert np.array_equal(curves.allocated.bytes[at], [e["args"]["Total Allocated"] for e in memory])
+    assert np.array_equal(curves.reserved.bytes[at], [e["args"]["Total Reserved"] for e in memory])
+    assert (curves.allocated.peak_bytes, curves.reserved.peak_bytes) == (11_845_180_416, 11_882_463_232)
+
+
+def test_each_allocation_is_named_by_the_operator_that_made_it(rank0):
+    """The profiler's ranges around a memory event are its stack: every allocation lies inside an operator (its
+    innermost frame); most frees come after the operator returned, inside vLLM's Python functions."""
+    ev = rank0.events
+    allocs = [rank0.stack_frames(int(s)) for s in ev["stack"][ev["action"] == 0]]
+    assert len(allocs) == 282 and all(frames[0].filename == "<op>" for frames in allocs)
+    assert {f[0].name for f in allocs} >= {"aten::empty", "aten::mm", "aten::empty_strided"}
+    assert {"execute_model", "forward"} <= {f.name for f in rank0.frames}  # vLLM's Python frames around them
