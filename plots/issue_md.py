@@ -26,7 +26,7 @@ from ..units import format_gib
 from . import verdict_text
 from .formats import of
 from .serving_text import window_lines
-from .text import before_recording_figures, frame_text
+from .text import before_recording_figures, holder_text
 
 #: this module's output format(s) (``plots.format_spec``)
 FORMATS = of(__name__)
@@ -87,7 +87,8 @@ def _holders_line(run) -> str | None:
     if not s.holders:
         return None
     named = ", ".join(
-        f"{format_gib(h.bytes)} ({h.share * 100:.0f} %) `{frame_text(h.frame)}` ({h.count:,} blocks)"
+        f"{format_gib(h.bytes)} ({h.share * 100:.0f} %) `{holder_text(h)}`"
+        + (f" ({h.count:,} blocks)" if h.count else "")
         for h in s.holders[:_HOLDERS]
     )
     more = f"; {len(s.holders) - _HOLDERS} more in the report below" if len(s.holders) > _HOLDERS else ""

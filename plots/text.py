@@ -360,9 +360,10 @@ def _holders(out: _Out, s: Summary) -> None:
         at = f"the allocated peak ({_seconds(s, s.peak.state_us)})"
     out.heading(f"Top holders at {at}, by allocating site")
     rows = [
-        [gib_number(h.bytes), f"{h.share * 100:.1f}%", f"{h.count:,}", f"{h.stacks:,}", holder_text(h)]
+        [gib_number(h.bytes), f"{h.share * 100:.1f}%", f"{h.count:,}" if h.count else "-", f"{h.stacks:,}",
+         holder_text(h)]
         for h in s.holders
-    ]
+    ]  # fmt: skip
     out.table(["GiB", "share", "blocks", "stacks", "where (innermost frame outside torch)"], rows, "rrrrl")
 
 

@@ -14,7 +14,10 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from memtrace.analysis import quantities as Q
 from memtrace.analysis.curves import all_curves
+from memtrace.analysis.flame import BEFORE_RECORDING
+from memtrace.cli import main
 from memtrace.importers.files import load_input
 
 DATA = Path(__file__).resolve().parents[1] / "data"
@@ -75,3 +78,35 @@ def test_each_allocation_is_named_by_the_operator_that_made_it(rank0):
     assert len(allocs) == 282 and all(frames[0].filename == "<op>" for frames in allocs)
     assert {f[0].name for f in allocs} >= {"aten::empty", "aten::mm", "aten::empty_strided"}
     assert {"execute_model", "forward"} <= {f.name for f in rank0.frames}  # vLLM's Python frames around them
+
+
+def test_memory_held_before_profiling_is_the_first_events_totals_said_as_such(rank0, memory, capsys):
+    first = memory[0]["args"]
+    assert BEFORE_ALLOCATED == first["Total Allocated"] - first["Bytes"]
+    assert BEFORE_RESERVED == first["Total Reserved"]
+    b = Q.before_recording(rank0, all_curves(rank0))
+    assert (b.allocated_bytes, b.reserved_bytes, b.exact, b.how) == (BEFORE_ALLOCATED, BEFORE_RESERVED, True,
+                                                                     Q.FROM_TOTALS)  # fmt: skip
+    assert main(["report", "--json", str(FOLDER)]) == 0
+    doc = json.loads(capsys.readouterr().out)["traces"][0]["before_recording"]
+    assert (doc["allocated_bytes"], doc["reserved_bytes"], doc["how"]) == (BEFORE_ALLOCATED, BEFORE_RESERVED,
+                                                                           Q.FROM_TOTALS)  # fmt: skip
+
+
+def test_top_holders_at_the_peak_start_with_what_was_held_before_profiling(capsys):
+    assert main(["report", str(FOLDER)]) == 0
+    out = capsys.readouterr().out
+    holders = out.split("Top holders at the reserved peak (0.17 s), by allocating site")[1].split("\n\n")[0]
+    first = holders.splitlines()[3].split()
+    assert first[:3] == ["11.03", "100.0%", "-"] and " ".join(first[4:]) == f"({Q.BEFORE_RECORDING.label})"
+    assert "1.57 MiB" in holders and "aten::empty" in holders  # what the profiled step allocated, after it
+
+
+def test_the_flame_graph_holds_every_byte_allocated_at_the_peak(rank0, tmp_path):
+    assert main(["flame", str(FOLDER), "-f", "folded", "-o", str(tmp_path / "f.folded")]) == 0
+    rows = [ln.rsplit(" ", 1) for ln in (tmp_path / "f.folded").read_text().splitlines()]
+    curves = all_curves(rank0)
+    fullest = curves.allocated.bytes[Q.fullest_at_peak(curves.allocated, curves.reserved)]
+    assert sum(int(n) for _, n in rows) == fullest == 11_845_180_416
+    before = sum(int(n) for path, n in rows if path.startswith(BEFORE_RECORDING))
+    assert before == BEFORE_ALLOCATED  # no block from before profiling was freed while it ran
