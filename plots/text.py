@@ -219,7 +219,8 @@ def _header(out: _Out, s: Summary) -> None:
 def _cost(out: _Out, s: Summary) -> None:
     vllm = s.process.role == "vllm-worker"
     line = cost_text.headline(s.self_cost, vllm)
-    out.item(f"{line}; {cost_text.sources(s.self_cost)}" if s.self_cost.recorded else line)
+    if line:
+        out.item(f"{line}; {cost_text.sources(s.self_cost)}" if s.self_cost.recorded else line)
 
 
 def _oom_text(s: Summary) -> str:

@@ -93,6 +93,18 @@ def test_memory_held_before_profiling_is_the_first_events_totals_said_as_such(ra
                                                                            Q.FROM_TOTALS)  # fmt: skip
 
 
+def test_the_report_warns_once_and_claims_nothing_about_memtraces_own_cost(with_api_server, capsys):
+    assert main(["report", str(with_api_server)]) == 0
+    captured = capsys.readouterr()
+    (warning,) = captured.err.strip().splitlines()
+    assert warning.startswith(f"memtrace: warning: {with_api_server}: not read: {API_SERVER.name} (no [memory]")
+    assert "not read" not in captured.out
+    assert "memtrace on the program's threads" not in captured.out and "predates" not in captured.out
+    assert main(["report", "--json", str(with_api_server)]) == 0
+    traces = json.loads(capsys.readouterr().out)["traces"]
+    assert [t["self_cost_line"] for t in traces] == [None, None]  # memtrace never ran in vLLM's processes
+
+
 def test_top_holders_at_the_peak_start_with_what_was_held_before_profiling(capsys):
     assert main(["report", str(FOLDER)]) == 0
     out = capsys.readouterr().out
