@@ -110,3 +110,15 @@ def need_one(folder: Path) -> str:
     if not files:
         pytest.skip(f"{folder} holds no .memtrace file")
     return files[0].name
+
+
+CPU_MLP = DATA / "snapshots" / "cpu-mlp.pt.trace.json.gz"
+
+
+@pytest.mark.parametrize("path", [TP1, TP2, CPU_MLP], ids=["tp1", "tp2", "cpu-mlp"])
+def test_fits_on_a_cpu_profile_is_one_line_saying_it_holds_no_gpu_memory(path, capsys):
+    assert main(["fits", str(need(path)), "--capacity", "16GiB"]) == 2
+    captured = capsys.readouterr()
+    (line,) = [ln for ln in captured.err.strip().splitlines() if "not read:" not in ln]
+    assert line.startswith(f"memtrace: error: {path}: host (CPU) of ") and "CPU (host) memory only" in line
+    assert "Traceback" not in captured.err and captured.out == ""

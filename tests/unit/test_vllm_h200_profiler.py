@@ -122,3 +122,13 @@ def test_the_flame_graph_holds_every_byte_allocated_at_the_peak(rank0, tmp_path)
     assert sum(int(n) for _, n in rows) == fullest == 11_845_180_416
     before = sum(int(n) for path, n in rows if path.startswith(BEFORE_RECORDING))
     assert before == BEFORE_ALLOCATED  # no block from before profiling was freed while it ran
+
+
+def test_fits_counts_the_memory_held_before_profiling(capsys):
+    assert main(["fits", str(FOLDER), "--capacity", "16GiB,8GiB"]) == 1
+    captured = capsys.readouterr()
+    assert "8.00 GiB  OOM outside any phase" in captured.out and "16.00 GiB  fits" in captured.out
+    assert "host (CPU)" not in captured.out  # the CPU's trace is no card's memory
+    assert (
+        captured.err.strip() == "memtrace: not predicted: host (CPU) of pid 5769 (not a GPU's memory: no card holds it)"
+    )

@@ -394,6 +394,12 @@ MEMORY_OF_ROLE = {"host": "CPU (host) memory", "pinned-host": "pinned host memor
 DEVICE_MEMORY = "GPU memory"
 
 
+def on_a_card(process) -> bool:
+    """Whether a trace of ``process`` (``model.Process``) is a GPU's memory, what a card holds (``fits``): not the
+    CPU's from torch.profiler nor pinned host memory (:data:`MEMORY_OF_ROLE`)."""
+    return process.role not in MEMORY_OF_ROLE
+
+
 def holds_reserved(process) -> bool:
     """Whether a trace of ``process`` (``model.Process``) has PyTorch reserved memory: every trace but the CPU's
     from torch.profiler (role "host": torch's CPU allocator caches no segments, its 'Total Reserved' stays 0),
