@@ -122,3 +122,31 @@ def test_fits_on_a_cpu_profile_is_one_line_saying_it_holds_no_gpu_memory(path, c
     (line,) = [ln for ln in captured.err.strip().splitlines() if "not read:" not in ln]
     assert line.startswith(f"memtrace: error: {path}: host (CPU) of ") and "CPU (host) memory only" in line
     assert "Traceback" not in captured.err and captured.out == ""
+
+
+def test_diff_of_two_cpu_profiles_gates_allocated_the_quantity_they_hold(capsys):
+    """tp1's worker peaked at 9,460 B, tp2's rank 0 at 8,436 B: +12.1%, which a 1% gate must fail."""
+    assert main(["diff", str(need(TP2)), str(TP1), "--rank", "0", "--fail-over", "1%"]) == 1
+    out = capsys.readouterr().out
+    assert "Headline — PyTorch allocated (CPU (host) memory: nothing reserved, no NVML):" in out
+    assert "peak reserved" not in out and "reserved only" not in out  # nothing reserved, so nothing compared
+    assert "peak allocated: 8.24 KiB → 9.24 KiB (+1.0 KiB, allowed +84 B)" in out
+
+
+def test_a_phase_of_a_cpu_profile_that_grew_fails_the_gate(tmp_path, capsys):
+    """cpu-mlp's first forward with each of its allocations 1 MiB larger (derived in memory)."""
+    from memtrace.analysis.live import lifetimes
+    from memtrace.store import save_trace
+
+    (trace,) = load_input(need(CPU_MLP)).traces
+    forward = trace.phases[0]
+    lt = lifetimes(trace)
+    inside = (lt.alloc_pos >= 0) & (lt.alloc_us >= forward.start_us) & (lt.alloc_us <= forward.end_us)
+    grown = trace.events.copy()
+    for pos in (lt.alloc_pos[inside], lt.free_pos[inside][lt.free_pos[inside] < len(grown)]):
+        grown["size"][pos] += 1 << 20
+    trace.events = grown
+    save_trace(trace, tmp_path / "grown.memtrace")
+    assert main(["diff", str(CPU_MLP), str(tmp_path / "grown.memtrace"), "--fail-over", "5%"]) == 1
+    over = capsys.readouterr().out.split("Over the threshold (5%):")[1].split("\n\n")[0]
+    assert "  phase forward: " in over  # the phase's own peak, of allocated memory
