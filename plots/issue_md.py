@@ -18,7 +18,7 @@ from pathlib import Path
 
 from ..analysis.fingerprint import allocator_settings, command_line, environment
 from ..analysis.hooked import outermost
-from ..analysis.moment import PEAK
+from ..analysis.moment import peak_words
 from ..analysis.quantities import ALLOCATED, BEFORE_RECORDING, DEVICE_USED, RESERVED, holds_reserved
 from ..analysis.rank import NOTHING
 from ..analysis.titles import timeline_title, what_ran
@@ -224,7 +224,7 @@ def render_issue(run, drawn: bool = True) -> str:
     out += boot_section(run)  # fits --suggest on the recorded card (plots.whatif_text)
     if drawn:
         peak_of = f" ({r.label}, the worst rank)" if run.multi else ""
-        moment = "the OOM, in the serving window" if flame_at(run) == "oom" else PEAK
+        moment = "the OOM, in the serving window" if flame_at(run) == "oom" else peak_words(r.trace.process)
         out += [f"## What held memory at {moment}{peak_of}", "", f"![flame graph at {moment}](flame.svg)", ""]
         out += ["Folded stacks for speedscope / flamegraph.pl: `flame.folded`.", ""]
     out += _report(run)

@@ -76,7 +76,8 @@ def test_plot_and_flame_titles_name_the_cpu_memory(tmp_path):
     assert timeline_title(run) == "CPU (host) memory: tp1"
     assert main(["flame", str(TP1), "-o", str(tmp_path / "f.svg")]) == 0
     svg = (tmp_path / "f.svg").read_text()
-    assert "Live CPU (host) memory at the reserved peak: 0.045 s" in svg and "GPU" not in svg
+    assert "Live CPU (host) memory at the allocated peak: 0.045 s" in svg and "GPU" not in svg
+    assert "reserved" not in svg  # the CPU's trace holds no reserved memory: its peak is allocated's
 
 
 def test_each_worker_of_a_tensor_parallel_profile_is_labelled_by_its_own_rank(capsys):
@@ -150,3 +151,14 @@ def test_a_phase_of_a_cpu_profile_that_grew_fails_the_gate(tmp_path, capsys):
     assert main(["diff", str(CPU_MLP), str(tmp_path / "grown.memtrace"), "--fail-over", "5%"]) == 1
     over = capsys.readouterr().out.split("Over the threshold (5%):")[1].split("\n\n")[0]
     assert "  phase forward: " in over  # the phase's own peak, of allocated memory
+
+
+def _issue(tmp_path) -> str:
+    assert main(["issue", str(need(TP1)), "-o", str(tmp_path / "b")]) == 0
+    return (tmp_path / "b" / "issue.md").read_text()
+
+
+def test_the_issue_bundle_of_a_cpu_profile_shows_its_flame_at_the_allocated_peak(tmp_path):
+    md = _issue(tmp_path)
+    assert "## What held memory at the allocated peak" in md and "![flame graph at the allocated peak](flame.svg)" in md
+    assert "reserved peak" not in md
