@@ -215,7 +215,7 @@ def render_issue(run, drawn: bool = True) -> str:
     r = run.worst
     out = [f"## {timeline_title(run)}", ""]
     out += answer(run)
-    out += ["", f"_Times: {run.origin.sentence}. Recorded with memtrace._", ""]
+    out += ["", f"_Times: {run.origin.sentence}. {_made_by(run)}._", ""]
     if drawn:
         out += [f"![{what_ran(run)}](timeline.png)", ""]
     else:
@@ -229,6 +229,15 @@ def render_issue(run, drawn: bool = True) -> str:
         out += ["Folded stacks for speedscope / flamegraph.pl: `flame.folded`.", ""]
     out += _report(run)
     return "\n".join(out).rstrip() + "\n"
+
+
+def _made_by(run) -> str:
+    """Who recorded the run: memtrace, or (an imported torch snapshot or profiler trace) not memtrace, which read it."""
+    from .. import facts as F
+
+    if any(F.IMPORT in t.facts for t in run.traces):
+        return "Read by memtrace; recorded by PyTorch (see Environment), not by memtrace"
+    return "Recorded with memtrace"
 
 
 def flame_at(run) -> str:

@@ -162,3 +162,11 @@ def test_the_issue_bundle_of_a_cpu_profile_shows_its_flame_at_the_allocated_peak
     md = _issue(tmp_path)
     assert "## What held memory at the allocated peak" in md and "![flame graph at the allocated peak](flame.svg)" in md
     assert "reserved peak" not in md
+
+
+def test_the_issue_bundle_of_a_cpu_profile_names_torch_profiler_as_its_recorder(tmp_path):
+    md = _issue(tmp_path)
+    env = md.split("## Environment")[1].split("\n## ")[0]
+    assert "| recorded by | torch.profiler with profile_memory=True" in env and "_dump_snapshot" not in env
+    assert "| vLLM (the trace's header) | 0.32.0 |" in env  # vLLM's profiler writes its version into the trace
+    assert "Recorded with memtrace" not in md

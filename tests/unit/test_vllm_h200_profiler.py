@@ -19,6 +19,7 @@ from memtrace.analysis.curves import all_curves
 from memtrace.analysis.flame import BEFORE_RECORDING
 from memtrace.cli import main
 from memtrace.importers.files import load_input
+from memtrace.units import GiB
 
 DATA = Path(__file__).resolve().parents[1] / "data"
 FOLDER = DATA / "snapshots" / "vllm-h200-profiler"
@@ -132,3 +133,15 @@ def test_fits_counts_the_memory_held_before_profiling(capsys):
     assert (
         captured.err.strip() == "memtrace: not predicted: host (CPU) of pid 5769 (not a GPU's memory: no card holds it)"
     )
+
+
+def test_the_issue_bundle_names_torch_profiler_and_the_traces_own_environment(tmp_path):
+    assert main(["issue", str(FOLDER), "-o", str(tmp_path / "b")]) == 0
+    md = (tmp_path / "b" / "issue.md").read_text()
+    env = md.split("## Environment")[1].split("\n## ")[0]
+    assert "| recorded by | torch.profiler with profile_memory=True" in env and "_dump_snapshot" not in env
+    assert "| GPU (the trace's header) | NVIDIA H200 (139.80 GiB) |" in env
+    assert "| vLLM (the trace's header) | 0.34.0 |" in env
+    assert "Recorded with memtrace" not in md
+    assert f"`({Q.BEFORE_RECORDING.label})`" in md.split("**Who held it**")[1].split("\n")[0]
+    assert 11 * GiB < BEFORE_ALLOCATED < 12 * GiB
