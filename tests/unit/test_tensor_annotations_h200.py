@@ -90,6 +90,17 @@ def test_the_flame_graph_names_each_annotated_block_by_its_note(tmp_path):
     assert sum(int(ln.rsplit(" ", 1)[1]) for ln in lines) == 48 << 20  # the peak's fullest moment, every byte
 
 
+def test_the_report_shows_its_holders_at_the_moment_the_flame_graph_shows(tmp_path, capsys):
+    """The reserved peak (52 MiB) is reached at 0.11 s; the state both show is its plateau's fullest moment, 0.24 s
+    (48 MiB live), one moment in both outputs."""
+    assert main(["report", str(PICKLE)]) == 0
+    out = capsys.readouterr().out
+    assert "reserved 0.05 GiB at 0.11 s in step_0" in out
+    assert "Top holders at the reserved peak (0.24 s), by allocating site" in out
+    assert main(["flame", str(PICKLE), "-o", str(tmp_path / "f.svg")]) == 0
+    assert "Live GPU memory at the reserved peak: 0.243 s, in step_1" in (tmp_path / "f.svg").read_text()
+
+
 def test_import_and_the_memory_viz_round_trip_keep_every_event_field_and_peak(tmp_path, capsys):
     assert main(["import", str(PICKLE), "-o", str(tmp_path / "a.memtrace")]) == 0
     stored = load_trace(tmp_path / "a.memtrace")
