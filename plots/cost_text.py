@@ -2,7 +2,7 @@
 
 "memtrace on vLLM's threads: X ms (Y % of init engine)", then the sources, largest first; the allocator
 history's share is PyTorch's own, estimated (or said to be not measured); an older trace says the cost
-was not recorded. Shared by ``memtrace report`` (text and Markdown) and its JSON.
+was not recorded; a file memtrace did not record (an imported snapshot or profiler trace) has no line. Shared by ``memtrace report`` (text and Markdown) and its JSON.
 """
 
 from __future__ import annotations
@@ -17,7 +17,10 @@ def _ms(ns: int) -> str:
 
 
 def headline(cost: SelfCost, vllm: bool) -> str:
-    """The figure: total, and its share of vLLM's init engine when the trace has that span."""
+    """The figure: total, and its share of vLLM's init engine when the trace has that span; "" for a file
+    memtrace did not record (memtrace never ran in that program, so it cost nothing there)."""
+    if not cost.by_memtrace:
+        return ""
     who = "vLLM's threads" if vllm else "the program's threads"
     if not cost.recorded:
         return f"memtrace on {who}: not recorded (this trace predates memtrace's self-timing)"

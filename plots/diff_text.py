@@ -81,6 +81,8 @@ def _render_one(d, multi: bool) -> list[str]:
         out.append(f"== {d.label} ==")
     res = Q.RESERVED.label
     level = f"{res} + {Q.NON_TORCH.label} memory" if d.device_level else f"{res} only (no NVML in both)"
+    if d.ranked == Q.ALLOCATED.key:  # the CPU's traces: nothing reserved, no NVML
+        level = f"{Q.ALLOCATED.label} ({Q.MEMORY_OF_ROLE['host']}: nothing reserved, no NVML)"
     if VIA_VMM in d.kv_via:
         level = level.replace(res, f"{res} + the {Q.VMM.label}", 1)
     if d.setup_changes:

@@ -18,7 +18,7 @@ from pathlib import Path
 
 from ..analysis.fingerprint import allocator_settings, command_line, environment
 from ..analysis.hooked import outermost
-from ..analysis.moment import PEAK
+from ..analysis.moment import peak_words
 from ..analysis.quantities import ALLOCATED, BEFORE_RECORDING, DEVICE_USED, RESERVED, holds_reserved
 from ..analysis.rank import NOTHING
 from ..analysis.titles import timeline_title, what_ran
@@ -26,7 +26,7 @@ from ..units import format_gib
 from . import verdict_text
 from .formats import of
 from .serving_text import window_lines
-from .text import before_recording_figures, frame_text
+from .text import before_recording_figures, holder_text
 
 #: this module's output format(s) (``plots.format_spec``)
 FORMATS = of(__name__)
@@ -87,7 +87,8 @@ def _holders_line(run) -> str | None:
     if not s.holders:
         return None
     named = ", ".join(
-        f"{format_gib(h.bytes)} ({h.share * 100:.0f} %) `{frame_text(h.frame)}` ({h.count:,} blocks)"
+        f"{format_gib(h.bytes)} ({h.share * 100:.0f} %) `{holder_text(h)}`"
+        + (f" ({h.count:,} blocks)" if h.count else "")
         for h in s.holders[:_HOLDERS]
     )
     more = f"; {len(s.holders) - _HOLDERS} more in the report below" if len(s.holders) > _HOLDERS else ""
@@ -214,7 +215,7 @@ def render_issue(run, drawn: bool = True) -> str:
     r = run.worst
     out = [f"## {timeline_title(run)}", ""]
     out += answer(run)
-    out += ["", f"_Times: {run.origin.sentence}. Recorded with memtrace._", ""]
+    out += ["", f"_Times: {run.origin.sentence}. {_made_by(run)}._", ""]
     if drawn:
         out += [f"![{what_ran(run)}](timeline.png)", ""]
     else:
@@ -223,11 +224,20 @@ def render_issue(run, drawn: bool = True) -> str:
     out += boot_section(run)  # fits --suggest on the recorded card (plots.whatif_text)
     if drawn:
         peak_of = f" ({r.label}, the worst rank)" if run.multi else ""
-        moment = "the OOM, in the serving window" if flame_at(run) == "oom" else PEAK
+        moment = "the OOM, in the serving window" if flame_at(run) == "oom" else peak_words(r.trace.process)
         out += [f"## What held memory at {moment}{peak_of}", "", f"![flame graph at {moment}](flame.svg)", ""]
         out += ["Folded stacks for speedscope / flamegraph.pl: `flame.folded`.", ""]
     out += _report(run)
     return "\n".join(out).rstrip() + "\n"
+
+
+def _made_by(run) -> str:
+    """Who recorded the run: memtrace, or (an imported torch snapshot or profiler trace) not memtrace, which read it."""
+    from .. import facts as F
+
+    if any(F.IMPORT in t.facts for t in run.traces):
+        return "Read by memtrace; recorded by PyTorch (see Environment), not by memtrace"
+    return "Recorded with memtrace"
 
 
 def flame_at(run) -> str:

@@ -42,9 +42,12 @@ def run_doc(run) -> dict[str, Any]:
     }
 
 
-def _cost_line(summary) -> str:
-    """The report's sentence on memtrace's cost (``plots.cost_text``), beside its exact figures."""
+def _cost_line(summary) -> str | None:
+    """The report's sentence on memtrace's cost (``plots.cost_text``), beside its exact figures; None for a
+    file memtrace did not record."""
     line = cost_text.headline(summary.self_cost, summary.process.role == "vllm-worker")
+    if not line:
+        return None
     return f"{line}; {cost_text.sources(summary.self_cost)}" if summary.self_cost.recorded else line
 
 

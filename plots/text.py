@@ -13,6 +13,7 @@ from typing import TextIO
 
 from ..analysis.crossing import Excursion
 from ..analysis.flame import hook_short_name
+from ..analysis.moment import peak_words
 from ..analysis.quantities import (
     ALLOCATED,
     BEFORE_RECORDING,
@@ -219,7 +220,8 @@ def _header(out: _Out, s: Summary) -> None:
 def _cost(out: _Out, s: Summary) -> None:
     vllm = s.process.role == "vllm-worker"
     line = cost_text.headline(s.self_cost, vllm)
-    out.item(f"{line}; {cost_text.sources(s.self_cost)}" if s.self_cost.recorded else line)
+    if line:
+        out.item(f"{line}; {cost_text.sources(s.self_cost)}" if s.self_cost.recorded else line)
 
 
 def _oom_text(s: Summary) -> str:
@@ -354,15 +356,15 @@ def _target(out: _Out, s: Summary) -> None:
 def _holders(out: _Out, s: Summary) -> None:
     if not s.holders:
         return
-    if holds_reserved(s.process):
-        at = f"the reserved peak ({_seconds(s, s.peak.time_us)})"
-    else:  # the reserved curve of the CPU's trace stays 0: the state shown is allocated's peak
-        at = f"the allocated peak ({_seconds(s, s.peak.state_us)})"
+    # the state shown is the fullest moment of the reserved peak's plateau (``quantities.fullest_at_peak``), the
+    # moment the flame graph shows too; the CPU's reserved curve stays 0, so there it is allocated's peak
+    at = f"{peak_words(s.process)} ({_seconds(s, s.peak.state_us)})"
     out.heading(f"Top holders at {at}, by allocating site")
     rows = [
-        [gib_number(h.bytes), f"{h.share * 100:.1f}%", f"{h.count:,}", f"{h.stacks:,}", holder_text(h)]
+        [gib_number(h.bytes), f"{h.share * 100:.1f}%", f"{h.count:,}" if h.count else "-", f"{h.stacks:,}",
+         holder_text(h)]
         for h in s.holders
-    ]
+    ]  # fmt: skip
     out.table(["GiB", "share", "blocks", "stacks", "where (innermost frame outside torch)"], rows, "rrrrl")
 
 

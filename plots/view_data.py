@@ -48,6 +48,7 @@ from ..analysis.categories import CATEGORIES
 from ..analysis.flame import frame_label
 from ..analysis.landmarks import steady_non_torch_values
 from ..analysis.live import meaningful_frame
+from ..analysis.quantities import RESERVED, ranked_by
 from ..analysis.rank import AnalysedRank
 from ..analysis.summary import summary_to_dict
 from ..model import ACTIONS
@@ -98,8 +99,7 @@ def _landmarks(a: AnalysedRank) -> list[dict[str, Any]]:
     """The page's landmark buttons: the peak, the crossings (the one every output names first called "first
     crossing", as the report orders them), the OOM, the end of each phase; each with the figure it marks."""
     s, times = a.summary, a.event_times
-    out = [{"name": "peak", "event": s.peak.event_index, "time_us": s.peak.state_us, "curve": "reserved",
-            "bytes": s.peak.reserved_bytes}]  # fmt: skip
+    out = [{"name": "peak", "event": s.peak.event_index, "time_us": s.peak.state_us, **_peak_mark(a)}]
     for k, c in enumerate(s.crossings):
         label = f"{'first crossing' if k == 0 else 'crossing'} ({c.curve.replace('_', ' ')})"
         out.append({"name": label, "event": event_at(times, c.time_us), "time_us": c.time_us, "curve": c.curve,
@@ -113,6 +113,13 @@ def _landmarks(a: AnalysedRank) -> list[dict[str, Any]]:
     for m in s.user_metadata:  # torch's _set_memory_metadata labels: where each began
         out.append({"name": f"label {m.value}", "event": event_at(times, m.first_us), "time_us": m.first_us})
     return out
+
+
+def _peak_mark(a: AnalysedRank) -> dict[str, Any]:
+    """The peak's curve and figure as the page marks it: the quantity the rank is ranked by
+    (``quantities.ranked_by``): reserved, or allocated for the CPU's trace (its reserved curve stays 0)."""
+    q = ranked_by(a.trace.process)
+    return {"curve": q.key, "bytes": a.summary.peak.reserved_bytes if q is RESERVED else a.summary.peak.allocated_bytes}
 
 
 def rank_meta(a: AnalysedRank, t0_us: int) -> dict[str, Any]:
@@ -144,6 +151,7 @@ def rank_meta(a: AnalysedRank, t0_us: int) -> dict[str, Any]:
             "described": s.target_source,
         },
         "peak": doc["peak"],
+        "peak_mark": _peak_mark(a),
         "peak_bound": doc["peak_bound"],
         "crossings": doc["crossings"],
         "oom": None if oom is None else {**oom.__dict__},

@@ -1,11 +1,11 @@
 """Write ``memtrace view``'s page: one self-contained HTML file (CSS, JavaScript and data inline).
 
-The page's code is ``assets/view.js`` (the model: decoding, curves, live sets), ``assets/view_gap.js`` (a
-serving window's gap: the broken axis's ticks, the hatched band, a click there), ``assets/view_ui.js``
-(charts, tables) and ``assets/view.css``; the charts are drawn by the vendored uPlot
-(``assets/VENDORED.md``). Data comes from ``view_data.pack_rank``: a JSON document per rank and its
-gzip'd columns in base64. Nothing is fetched from the network; a page written with ``api=True``
-(``memtrace view --serve``) asks the server it came from for zoomed windows and live sets.
+The page's code is ``assets/view_units.js`` (sizes: the one rule of ``units``, ported), ``assets/view.js``
+(the model: decoding, curves, live sets), ``assets/view_gap.js`` (a serving window's gap: the broken axis's
+ticks, the hatched band, a click there), ``assets/view_ui.js`` (charts, tables) and ``assets/view.css``; the
+charts are drawn by the vendored uPlot (``assets/VENDORED.md``). Data comes from ``view_data.pack_rank``: a
+JSON document per rank and its gzip'd columns in base64. Nothing is fetched from the network; a page written
+with ``api=True`` (``memtrace view --serve``) asks the server it came from for zoomed windows and live sets.
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ FORMATS = of(__name__)
 #: Width in pixels of the coarse overview a page without its events carries.
 OVERVIEW_WIDTH = 1600
 
-_ASSETS = ("uPlot.min.css", "view.css", "uPlot.iife.min.js", "view.js", "view_gap.js", "view_ui.js")
+_ASSETS = ("uPlot.min.css", "view.css", "uPlot.iife.min.js", "view_units.js", "view.js", "view_gap.js", "view_ui.js")
 
 
 def asset(name: str) -> str:

@@ -220,3 +220,22 @@ def summarize(trace: Trace, target=None, *, top: int = 10, curves: Curves | None
     origin = TimeOrigin(recording_span(trace)[0], (), True, "")
     rank = AnalysedRank(trace, TargetSpec(), origin, top=top, target=target, curves=curves)
     return rank.summary
+
+
+def snapshot_replay(raw: dict, device: int) -> tuple[int, int]:
+    """(allocated, reserved) peaks of a raw snapshot by hand, no memtrace code: the final state from the segments,
+    walked back through the history, then forward (tests/data/snapshots/README.md's independent replay)."""
+    segs = [s for s in raw.get("segments", []) if s.get("device", 0) == device]
+    reserved = sum(s["total_size"] for s in segs)
+    held = sum(b.get("requested_size", b["size"]) for s in segs for b in s["blocks"] if b["state"].startswith("active"))
+    history = raw["device_traces"][device] if device < len(raw["device_traces"]) else []
+    up_a, down_a = {"alloc"}, {"free_completed"}
+    up_r, down_r = {"segment_alloc", "segment_map"}, {"segment_free", "segment_unmap"}
+    da = [e.get("size", 0) * ((e["action"] in up_a) - (e["action"] in down_a)) for e in history]
+    dr = [e.get("size", 0) * ((e["action"] in up_r) - (e["action"] in down_r)) for e in history]
+    a = peak_a = held - sum(da)
+    r = peak_r = reserved - sum(dr)
+    for x, y in zip(da, dr, strict=True):
+        a, r = a + x, r + y
+        peak_a, peak_r = max(peak_a, a), max(peak_r, r)
+    return peak_a, peak_r

@@ -150,7 +150,8 @@ IMPORT = _fact(
     "stacks ('python', 'all', 'ops': profiler operator names), state ('recorded': the final allocator state "
     "is known; 'moment': the snapshot is that state alone, no timeline; 'missing': no state although memory "
     "was held, so figures are lower bounds; 'totals': a profiler trace's own running totals), "
-    "unknown_actions ({action: [entries, bytes]} left out), memory ('device' or 'pinned host' / 'host')",
+    "unknown_actions ({action: [entries, bytes]} left out), memory ('device' or 'pinned host' / 'host'), "
+    "header (a profiler trace's own: gpus [{name, total_bytes}], cuda_runtime, vllm; importers.kineto)",
 )
 SNAPSHOT_FIELDS = _fact(
     "snapshot_fields",

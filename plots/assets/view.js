@@ -7,7 +7,6 @@
   window.addEventListener('error', (e) => MT.errors.push(String(e.message || e)));
   window.addEventListener('unhandledrejection', (e) => MT.errors.push(String(e.reason)));
   const doc = JSON.parse(document.getElementById('mt-doc').textContent);
-  const GiB = 1073741824;
   const ALLOC = 0, FREE = 2, SEG_UP = [3, 5], SEG_DOWN = [4, 6];
   const CAT_COLORS = ['#4e79a7', '#59a14f', '#e15759', '#b07aa1', '#f28e2b', '#bab0ac'];
   const el = (tag, attrs, ...kids) => {
@@ -18,8 +17,8 @@
     for (const c of kids) e.append(c instanceof Node ? c : document.createTextNode(String(c)));
     return e;
   };
-  const gib = (b) => (b / GiB).toFixed(2) + ' GiB';
-  const exact = (b) => (b == null ? '—' : gib(b) + ' (' + Math.round(b).toLocaleString('en-US') + ' B)');
+  const U = window.memtraceUnits; /* view_units.js: the reports' one unit rule */
+  const exact = (b) => (b == null ? '—' : U.formatGib(b) + ' (' + Math.round(b).toLocaleString('en-US') + ' B)');
   const secs = (us) => (us / 1e6).toFixed(6) + ' s';
   function upper(arr, v, lo, hi) { /* first index with arr[i] > v */
     lo = lo || 0; hi = hi == null ? arr.length : hi;

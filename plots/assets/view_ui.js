@@ -3,7 +3,6 @@
 (function () {
   'use strict';
   const MT = window.memtraceView, doc = window.__mtDoc, I = MT._internals, GAP = MT._gap;
-  const GiB = 1073741824;
   /* the timeline's own colours (plots/palette.py), carried by the page's data */
   const CAT_COLORS = (doc.ranks[0] && doc.ranks[0].category_colors) || ['#4C72B0', '#55A868', '#D63CBE', '#8172B2', '#F0A030', '#B0B0B0'];
   const el = (tag, attrs, ...kids) => {
@@ -14,8 +13,8 @@
     for (const c of kids) if (c != null) e.append(c instanceof Node ? c : document.createTextNode(String(c)));
     return e;
   };
-  const gib = (b) => (b == null ? '—' : (b / GiB).toFixed(2) + ' GiB');
-  const mib = (b) => (Math.abs(b) >= GiB ? gib(b) : (b / 1048576).toFixed(2) + ' MiB'); /* small figures in MiB */
+  const gib = window.memtraceUnits.formatGib; /* view_units.js: the reports' one unit rule */
+  const mib = window.memtraceUnits.formatSize; /* GiB, or "27.56 MiB" under 1 GiB (units.format_size) */
   const bytes = (b) => Math.round(b).toLocaleString('en-US') + ' B';
   const exact = I.exact;
   const app = document.getElementById('mt-app');
@@ -102,7 +101,7 @@
       const c = m.crossings.length ? m.crossings[0] : null; /* the crossing every output names first */
       if (c) drawn.crossing = vline(c.time_us - m.t0_us, '#d62728', `crossed +${gib(c.overshoot_bytes)}`, [2 * dpr, 2 * dpr]);
       if (m.oom) drawn.oom = vline(m.oom.time_us - m.t0_us, '#000', `OOM (${gib(m.oom.requested_bytes)} asked)`, null, 2);
-      drawn.peak = vline(m.peak.state_us - m.t0_us, '#9467bd', `peak ${m.peak_bound.lower_bound ? 'at least ' : ''}${gib(m.peak.reserved_bytes)} reserved`, [1 * dpr, 3 * dpr], 1);
+      drawn.peak = vline(m.peak.state_us - m.t0_us, '#9467bd', `peak ${m.peak_bound.lower_bound ? 'at least ' : ''}${gib(m.peak_mark.bytes)} ${m.peak_mark.curve}`, [1 * dpr, 3 * dpr], 1);
       if (R.selectedUs != null) vline(R.selectedUs, '#17becf', 'selected', null, 3);
       for (const [label, color, tx, ty, tw] of names) {
         ctx.fillStyle = 'rgba(255,255,255,.92)'; ctx.fillRect(tx - 2 * dpr, ty, tw + 4 * dpr, 13 * dpr);
@@ -135,7 +134,8 @@
       bands.push({ series: [K + 3, K + 1], fill: VMM_FILL, dir: -1 });
     }
     const parts = R.W ? [R.meta, R.W.meta] : [R.meta]; /* start-up, then its serving window */
-    const maxY = Math.max(R.meta.target.capacity || 0, R.meta.target.bytes || 0, ...parts.map((m) => Math.max(m.peak.reserved_bytes, m.vmm ? m.vmm.held_peak_bytes : 0))) * 1.04;
+    const maxY = Math.max(R.meta.target.capacity || 0, R.meta.target.bytes || 0, ...parts.map((m) => Math.max(m.peak.reserved_bytes, m.peak.allocated_bytes, m.vmm ? m.vmm.held_peak_bytes : 0))) * 1.04;
+    const [unit, scale] = window.memtraceUnits.axisUnit(maxY); /* GiB, or KiB for a CPU profiler trace */
     const depth = Math.max(0, ...parts.flatMap((m) => m.phases.map((p) => p.depth + 1)));
     R.strip = depth * PHASE_ROW + MARK_ROWS * MARK_ROW + 4; /* px above the plot: phases, then moments' names */
     const opts = {
@@ -143,8 +143,8 @@
       scales: { x: { time: false, range: (u, lo, hi) => [lo, hi], ...(doc.x_scale ? { distr: 100, fwd: MT.fwd, bwd: MT.bwd } : {}) }, y: { range: () => [0, maxY] } },
       axes: [doc.x_scale ? { label: 'seconds since start', splits: (u, ax, lo, hi) => GAP.ticks(u, lo, hi), filter: (u, vs) => vs /* uPlot would keep powers of 10 on a custom scale */, values: GAP.tickValues }
         : { label: 'seconds since start', values: (u, vs, ax, space, incr) => vs.map((v) => v.toFixed(Math.min(6, (String(+incr.toPrecision(6)).split('.')[1] || '').length))) },
-        { label: 'GiB', size: 60, incrs: [0.25, 0.5, 1, 2, 4, 8, 10, 16, 20, 32, 40, 64, 80, 128].map((g) => g * GiB),
-          values: (u, vs) => vs.map((v) => +(v / GiB).toFixed(2)) }],
+        { label: unit, size: 60, incrs: [0.25, 0.5, 1, 2, 4, 8, 10, 16, 20, 32, 40, 64, 80, 128, 256, 512].map((g) => g * scale),
+          values: (u, vs) => vs.map((v) => +(v / scale).toFixed(2)) }],
       cursor: { sync: { key: 'mt' }, drag: { x: true, y: false }, points: { show: false } },
       hooks: {
         draw: [overlay(R)],
@@ -265,7 +265,7 @@
     MT.selected = { rank: R.index, part: 'gap', event: null, t_us: tus, live_bytes: null, count: null };
   }
 
-  const CURVES = { device_used: 'NVML device used', reserved: 'PyTorch reserved' };
+  const CURVES = { device_used: 'NVML device used', reserved: 'PyTorch reserved', allocated: 'PyTorch allocated' };
   /* what a landmark marks, in the report's words: the crossing's curve and value, the OOM's phase */
   function landmarkLine(m, lm) {
     if (!lm || lm.bytes == null && lm.phase == null) return null;

@@ -515,3 +515,21 @@ def test_screenshots_of_a_serving_page(serving, serving_trace, tmp_path):
         assert shot.stat().st_size > 50_000  # a drawn page, not a blank one
         if keep:
             shutil.copy(shot, Path(keep) / shot.name)
+
+
+def test_a_cpu_profile_page_prints_sizes_as_the_report_does(browser, tmp_path):
+    """vLLM's CPU worker profiled (tests/data/vllm-cpu-profiler/tp1): a 9,460 B peak of allocated memory reads
+    "9.24 KiB" on the page as in the report (``plots/assets/view_units.js``), never "0.00 GiB", and the axis
+    counts KiB."""
+    out = tmp_path / "tp1.html"
+    _main("view", str(DATA / "vllm-cpu-profiler" / "tp1"), "-o", str(out))
+    page = Page(browser, out)
+    labels = page.js("memtraceView.ranks[0].u.axes.map((a) => a.label)")
+    assert labels[1] == "KiB"
+    page.page.click("button[data-landmark=peak]")
+    page.page.wait_for_function("memtraceView.selected")
+    assert page.js("memtraceView.selected.live_bytes") == 9_460
+    assert page.page.inner_text("#mt-live-0") == "9.24 KiB (9,460 B)"
+    body = page.page.inner_text("body")
+    assert "0.00 GiB" not in body.split("Report")[0]
+    page.close()

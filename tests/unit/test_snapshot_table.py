@@ -14,6 +14,7 @@ from memtrace.analysis.curves import all_curves
 from memtrace.importers.files import read_snapshot, traces_from_snapshot_file
 from memtrace.importers.torch_snapshot import traces_from_snapshot
 from memtrace.plots.memory_viz import write_snapshot
+from references import snapshot_replay as replay
 
 SNAPS = Path(__file__).resolve().parents[1] / "data" / "snapshots"
 
@@ -27,24 +28,6 @@ TABLE = {
     ("state-only.pickle", 0): (11_840_159_744, 11_844_714_496),
     ("torch20-no-time.pickle", 0): (20_802_383_104, 22_519_218_176),
 }
-
-
-def replay(raw: dict, device: int) -> tuple[int, int]:
-    """Peaks by hand: the final state from the segments, walked back through the history, then forward."""
-    segs = [s for s in raw.get("segments", []) if s.get("device", 0) == device]
-    reserved = sum(s["total_size"] for s in segs)
-    held = sum(b.get("requested_size", b["size"]) for s in segs for b in s["blocks"] if b["state"].startswith("active"))
-    history = raw["device_traces"][device] if device < len(raw["device_traces"]) else []
-    up_a, down_a = {"alloc"}, {"free_completed"}
-    up_r, down_r = {"segment_alloc", "segment_map"}, {"segment_free", "segment_unmap"}
-    da = [e.get("size", 0) * ((e["action"] in up_a) - (e["action"] in down_a)) for e in history]
-    dr = [e.get("size", 0) * ((e["action"] in up_r) - (e["action"] in down_r)) for e in history]
-    a = peak_a = held - sum(da)
-    r = peak_r = reserved - sum(dr)
-    for x, y in zip(da, dr, strict=True):
-        a, r = a + x, r + y
-        peak_a, peak_r = max(peak_a, a), max(peak_r, r)
-    return peak_a, peak_r
 
 
 @pytest.mark.parametrize("name", sorted({n for n, _ in TABLE}))

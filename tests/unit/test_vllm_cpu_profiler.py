@@ -76,7 +76,8 @@ def test_plot_and_flame_titles_name_the_cpu_memory(tmp_path):
     assert timeline_title(run) == "CPU (host) memory: tp1"
     assert main(["flame", str(TP1), "-o", str(tmp_path / "f.svg")]) == 0
     svg = (tmp_path / "f.svg").read_text()
-    assert "Live CPU (host) memory at the reserved peak: 0.045 s" in svg and "GPU" not in svg
+    assert "Live CPU (host) memory at the allocated peak: 0.045 s" in svg and "GPU" not in svg
+    assert "reserved" not in svg  # the CPU's trace holds no reserved memory: its peak is allocated's
 
 
 def test_each_worker_of_a_tensor_parallel_profile_is_labelled_by_its_own_rank(capsys):
@@ -110,3 +111,62 @@ def need_one(folder: Path) -> str:
     if not files:
         pytest.skip(f"{folder} holds no .memtrace file")
     return files[0].name
+
+
+CPU_MLP = DATA / "snapshots" / "cpu-mlp.pt.trace.json.gz"
+
+
+@pytest.mark.parametrize("path", [TP1, TP2, CPU_MLP], ids=["tp1", "tp2", "cpu-mlp"])
+def test_fits_on_a_cpu_profile_is_one_line_saying_it_holds_no_gpu_memory(path, capsys):
+    assert main(["fits", str(need(path)), "--capacity", "16GiB"]) == 2
+    captured = capsys.readouterr()
+    (line,) = [ln for ln in captured.err.strip().splitlines() if "not read:" not in ln]
+    assert line.startswith(f"memtrace: error: {path}: host (CPU) of ") and "CPU (host) memory only" in line
+    assert "Traceback" not in captured.err and captured.out == ""
+
+
+def test_diff_of_two_cpu_profiles_gates_allocated_the_quantity_they_hold(capsys):
+    """tp1's worker peaked at 9,460 B, tp2's rank 0 at 8,436 B: +12.1%, which a 1% gate must fail."""
+    assert main(["diff", str(need(TP2)), str(TP1), "--rank", "0", "--fail-over", "1%"]) == 1
+    out = capsys.readouterr().out
+    assert "Headline — PyTorch allocated (CPU (host) memory: nothing reserved, no NVML):" in out
+    assert "peak reserved" not in out and "reserved only" not in out  # nothing reserved, so nothing compared
+    assert "peak allocated: 8.24 KiB → 9.24 KiB (+1.0 KiB, allowed +84 B)" in out
+
+
+def test_a_phase_of_a_cpu_profile_that_grew_fails_the_gate(tmp_path, capsys):
+    """cpu-mlp's first forward with each of its allocations 1 MiB larger (derived in memory)."""
+    from memtrace.analysis.live import lifetimes
+    from memtrace.store import save_trace
+
+    (trace,) = load_input(need(CPU_MLP)).traces
+    forward = trace.phases[0]
+    lt = lifetimes(trace)
+    inside = (lt.alloc_pos >= 0) & (lt.alloc_us >= forward.start_us) & (lt.alloc_us <= forward.end_us)
+    grown = trace.events.copy()
+    for pos in (lt.alloc_pos[inside], lt.free_pos[inside][lt.free_pos[inside] < len(grown)]):
+        grown["size"][pos] += 1 << 20
+    trace.events = grown
+    save_trace(trace, tmp_path / "grown.memtrace")
+    assert main(["diff", str(CPU_MLP), str(tmp_path / "grown.memtrace"), "--fail-over", "5%"]) == 1
+    over = capsys.readouterr().out.split("Over the threshold (5%):")[1].split("\n\n")[0]
+    assert "  phase forward: " in over  # the phase's own peak, of allocated memory
+
+
+def _issue(tmp_path) -> str:
+    assert main(["issue", str(need(TP1)), "-o", str(tmp_path / "b")]) == 0
+    return (tmp_path / "b" / "issue.md").read_text()
+
+
+def test_the_issue_bundle_of_a_cpu_profile_shows_its_flame_at_the_allocated_peak(tmp_path):
+    md = _issue(tmp_path)
+    assert "## What held memory at the allocated peak" in md and "![flame graph at the allocated peak](flame.svg)" in md
+    assert "reserved peak" not in md
+
+
+def test_the_issue_bundle_of_a_cpu_profile_names_torch_profiler_as_its_recorder(tmp_path):
+    md = _issue(tmp_path)
+    env = md.split("## Environment")[1].split("\n## ")[0]
+    assert "| recorded by | torch.profiler with profile_memory=True" in env and "_dump_snapshot" not in env
+    assert "| vLLM (the trace's header) | 0.32.0 |" in env  # vLLM's profiler writes its version into the trace
+    assert "Recorded with memtrace" not in md

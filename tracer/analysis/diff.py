@@ -8,7 +8,10 @@ each hooked function (FlashInfer's workspace allocators) and by all of them toge
 peaks make the gate work on every kind of trace: an imported snapshot without phases fails when its
 peak grew. Phase peaks are gated one by one, so a regression inside ``profile_run`` fails even when
 the global peak (often in warm-up) did not move. Growth below ``MIN_GROWTH_BYTES`` never fails a
-percentage threshold: it is allocator rounding, not a regression. A new run that died of OOM
+percentage threshold: it is allocator rounding, not a regression. A trace holds the quantity it is ranked by
+(``quantities.ranked_by``): the CPU's from torch.profiler holds PyTorch allocated alone, so its phases and
+its emptiness are judged on allocated, no reserved figure is shown or gated, and no rounding floor applies
+(its allocator has no segments). A new run that died of OOM
 (``analysis.oom.find_oom``) where the base did not fails too.
 
 The gated figures of one trace are a :class:`Figures` (what ``history`` stores); :func:`compare`
@@ -142,6 +145,8 @@ class Figures:
     left_to_vllm: frozenset[str] = frozenset()
     #: how the KV cache was allocated: VIA_TORCH, VIA_VMM (vLLM 0.34+), or "" (none)
     kv_via: str = ""
+    #: the key of the quantity the trace is ranked by (``quantities.ranked_by``): its phase peaks are that curve's
+    ranked: str = Q.RESERVED.key
 
 
 @dataclass
@@ -170,6 +175,8 @@ class TraceDiff:
     environment_unknown: bool = False  # a run recorded no environment (an imported snapshot): unchecked
     #: "base", "new" or "both": the side(s) recorded without Python stacks, so no stack is compared
     sites_missing: str = ""
+    #: the key of the quantity both runs are judged by (``Figures.ranked``): "allocated" for the CPU's traces
+    ranked: str = Q.RESERVED.key
     #: "base", "new" or "both": the side(s) that are one moment (``quantities.ONE_MOMENT``): their "peaks"
     #: are that moment's state, so the diff compares states, not peaks
     one_moment: str = ""
@@ -183,7 +190,7 @@ class TraceDiff:
     def new_empty(self) -> bool:
         """The new run recorded no PyTorch memory where the base did (it crashed first, or recorded
         nothing): there is nothing to compare, and a gate must not call that a pass."""
-        peak = {c.label: c for c in self.headline}.get(PEAK_RESERVED)
+        peak = {c.label: c for c in self.headline}.get(_ranked_peak(self.ranked))
         return peak is not None and bool(peak.base) and not peak.new
 
     @property
@@ -215,17 +222,29 @@ class TraceDiff:
         return not self.setup_changes
 
 
-def _limit(threshold: Threshold, base: int | None) -> int | None:
+def _limit(threshold: Threshold, base: int | None, floor: int = MIN_GROWTH_BYTES) -> int | None:
     if base is None:
         return None
     if threshold.fraction is not None:
-        return max(threshold.of(abs(base)), MIN_GROWTH_BYTES)
+        return max(threshold.of(abs(base)), floor)
     return threshold.of(abs(base))
 
 
+def _floor(base: Figures, new: Figures) -> int:
+    """The growth a percentage threshold never fails below: one segment's rounding, none for the CPU's traces."""
+    return MIN_GROWTH_BYTES if Q.RESERVED.key in (base.ranked, new.ranked) else 0
+
+
+def _ranked_peak(ranked: str) -> str:
+    """The headline peak of the quantity a trace is ranked by (``Figures.ranked``)."""
+    return PEAK_ALLOCATED if ranked == Q.ALLOCATED.key else PEAK_RESERVED
+
+
 def _phase_peaks(trace: Trace, curves: Curves, device_level: bool) -> dict[str, tuple[int, int, int, str]]:
-    """path (with #n for repeats) -> (peak, peak above start, depth, path of the peak's phase)."""
-    curve = total_curve(curves, include_non_torch=device_level)
+    """path (with #n for repeats) -> (peak, peak above start, depth, path of the peak's phase), of what the process
+    held (the allocated curve for a trace without reserved memory: ``quantities.holds_reserved``)."""
+    held = None if Q.holds_reserved(trace.process) else curves.allocated
+    curve = total_curve(curves, include_non_torch=device_level, base=held)
     seen: Counter[str] = Counter()
     out: dict[str, tuple[int, int, int, str]] = {}
     for st in phase_stats(trace, curves):
@@ -354,6 +373,9 @@ def figures(
     # reserved + the KV cache committed outside PyTorch (vLLM 0.34+), so a release that moves the KV cache
     # out of PyTorch's allocator does not look like one that freed it
     peaks = [(PEAK_HELD, curves.held), (PEAK_RESERVED, curves.reserved), (PEAK_ALLOCATED, curves.allocated)]
+    ranked = Q.ranked_by(trace.process)
+    if ranked is Q.ALLOCATED:  # nothing reserved (the CPU's trace): no reserved figure is shown or gated
+        peaks = peaks[2:]
     if device_level:
         peaks.append((PEAK_DEVICE, curves.device_used))
     for name, curve in peaks:  # the same moments as ``memtrace report``'s peaks
@@ -376,6 +398,7 @@ def figures(
         oom=oom if oom is not None else find_oom(trace),
         left_to_vllm=left_to_vllm(trace),
         kv_via=(VIA_VMM if len(curves.vmm) else VIA_TORCH) if lm.kv_cache_bytes else "",
+        ranked=ranked.key,
     )
 
 
@@ -399,6 +422,7 @@ def compare(base: Figures, new: Figures, threshold: Threshold, *, label: str = "
     Categories and sites need the traces: :func:`diff_ranks` adds them.
     """
     headline = []
+    floor = _floor(base, new)
     moved = VIA_VMM in (base.kv_via, new.kv_via) and base.kv_via != new.kv_via and base.kv_via and new.kv_via
     vmm = VIA_VMM in (base.kv_via, new.kv_via)
     for name in HEADLINE:
@@ -408,14 +432,14 @@ def compare(base: Figures, new: Figures, threshold: Threshold, *, label: str = "
         if name == PEAK_HELD:  # a figure stored before "held" was one: reserved, without a KV cache outside
             b = base.headline.get(PEAK_RESERVED) if b is None and base.kv_via != VIA_VMM else b
         note = MOVED_NOTE if moved and name in TORCH_ONLY else ""
-        limit = _limit(threshold, b) if name in GATED and not note else None
+        limit = _limit(threshold, b, floor) if name in GATED and not note else None
         headline.append(Change(name, b, n, limit, new.where.get(name, ""), note))
     phases = []
     for key, (peak, inside, depth) in new.phases.items():
         if key in base.phases:
             b_peak, b_inside, _ = base.phases[key]
             phases.append(
-                PhaseChange(key, depth, Change(key, b_peak, peak, _limit(threshold, b_peak)), b_inside, inside)
+                PhaseChange(key, depth, Change(key, b_peak, peak, _limit(threshold, b_peak, floor)), b_inside, inside)
             )
     names = sorted(set(base.hooks) | set(new.hooks))
     return TraceDiff(
@@ -445,6 +469,7 @@ def compare(base: Figures, new: Figures, threshold: Threshold, *, label: str = "
         left_to_vllm=new.left_to_vllm,
         kv_via=(base.kv_via, new.kv_via),
         environment_unknown=len(base.fingerprint) <= 1 or len(new.fingerprint) <= 1,  # "kind" alone
+        ranked=Q.ALLOCATED.key if Q.ALLOCATED.key in (base.ranked, new.ranked) else Q.RESERVED.key,
     )
 
 

@@ -106,15 +106,30 @@ def environment(trace: Trace) -> list[tuple[str, str]]:
     return [(k, str(v)) for k, v in rows if v not in (None, "")]
 
 
+#: What recorded an imported file, by ``facts["import"]["format"]`` (a torch snapshot when none is named).
+RECORDED_BY = {
+    "kineto": "torch.profiler with profile_memory=True (a Kineto trace; vLLM's --profiler-config writes one per process)",
+}
+SNAPSHOT_RECORDED_BY = "torch.cuda.memory._dump_snapshot (a PyTorch snapshot; no versions recorded)"
+
+
 def _imported(trace: Trace) -> list[tuple[str, Any]]:
-    """What an imported PyTorch snapshot says about where it came from (it records no versions)."""
+    """What an imported file says about where it came from: what recorded it, and what a profiler trace's own
+    header names (its GPU, the CUDA runtime, vLLM's version); a torch snapshot records no versions."""
+    from ..units import format_gib
+
     imp = trace.facts.get(F.IMPORT)
     if not isinstance(imp, dict):
         return []
     devices = imp.get("devices") or []
     settings = allocator_settings(trace)
+    header = imp.get("header") or {}
+    gpus = ", ".join(f"{g['name']} ({format_gib(g['total_bytes'])})" for g in header.get("gpus", []))
     return [
-        ("recorded by", "torch.cuda.memory._dump_snapshot (a PyTorch snapshot; no versions recorded)"),
+        ("recorded by", RECORDED_BY.get(str(imp.get("format")), SNAPSHOT_RECORDED_BY)),
+        ("GPU (the trace's header)", gpus or None),
+        ("CUDA runtime (the trace's header)", header.get("cuda_runtime")),
+        ("vLLM (the trace's header)", header.get("vllm") if not vllm_version(trace) else None),
         ("devices", ", ".join(f"cuda:{d}" for d in devices) if devices else None),
         ("Python stacks", imp.get("stacks")),
         ("allocator settings", ", ".join(f"{k}:{v}" if v else k for k, v in sorted(settings.items())) or None),

@@ -26,6 +26,8 @@ vLLM's phase methods) are dropped from every stack: they are the tracer, not the
 Allocations without a recorded stack sit under ``[no stack recorded]``, then the phase they were
 made in (``[phase] kv_cache_init``); blocks allocated before recording began under
 ``[present before recording began]``. CUPTI's records follow the same rules below their category.
+A block the user annotated (torch 2.14's ``_annotate_tensor``: ``user_metadata.tensor_notes``) gets its note
+as a leaf of its own, ``[note] result of step 1``, above the frames that allocated it.
 """
 
 from __future__ import annotations
@@ -41,6 +43,7 @@ from .frames import python_frames
 from .live import Lifetimes, LiveAllocation, lifetimes, live_allocations_at
 from .quantities import BEFORE_RECORDING as BEFORE
 from .quantities import VMM
+from .user_metadata import notes_by_block, tensor_notes
 
 #: The top-level frame of the non-PyTorch device memory CUPTI saw (``non_torch.live_allocations``).
 NON_TORCH = "[non-PyTorch, CUPTI]"
@@ -50,6 +53,8 @@ NO_STACK = "[no stack recorded]"
 BEFORE_RECORDING = f"[{BEFORE.label}]"
 HOOK_PREFIX = "[hook] "
 PHASE_PREFIX = "[phase] "
+#: The leaf of a block the user annotated (``user_metadata.tensor_notes``).
+NOTE_PREFIX = "[note] "
 #: Files of memtrace's own hook wrappers: replaced by the ``[hook]`` frame.
 _WRAPPER_FILES = ("memtrace/plugins/hooks.py", "plugins/hooks.py")
 _CUT_AFTER = ("site-packages/", "dist-packages/")
@@ -166,12 +171,16 @@ def _insert_hooks(labels: list[str], frames: list[Frame], hooks: list[HookCall])
 
 
 def stack_paths(
-    trace: Trace, live: list[LiveAllocation], paths_of: FramePaths | None = None
+    trace: Trace,
+    live: list[LiveAllocation],
+    paths_of: FramePaths | None = None,
+    notes: dict[tuple[int, int | None], str] | None = None,
 ) -> tuple[dict[tuple[str, ...], int], dict[tuple[str, ...], int]]:
     """(bytes, allocation count) per root→leaf frame path (hook frames inserted) of ``live``.
 
     ``paths_of``: a :class:`FramePaths` of ``trace`` kept by a caller that asks again and again (the view's
-    interner)."""
+    interner). ``notes``: the user's notes by block (``user_metadata.notes_by_block``), each a leaf
+    :data:`NOTE_PREFIX` above its block's frames."""
     paths_of = paths_of or FramePaths(trace)
     rows = [paths_of.path(a.stack, a.alloc_us) for a in live]
     # no Python stack: the phase it was allocated in still says a lot (stacks="none" traces)
@@ -185,6 +194,9 @@ def stack_paths(
         if bare:
             head = [BEFORE_RECORDING] if a.alloc_us is None else [NO_STACK, phase_of[i]]
             path = [*head, *path]
+        note = notes.get((a.addr, a.alloc_us)) if notes else None
+        if note:
+            path = [*path, NOTE_PREFIX + note]
         keyed.append((tuple(path), a.size_bytes))
     return _tally(keyed)
 
@@ -328,7 +340,7 @@ def flame_at(
     if t_us is None:
         ev = trace.events
         t_us = int(ev["time_us"][event_index]) if event_index is not None and 0 <= event_index < len(ev) else 0
-    paths, counts = stack_paths(trace, live)
+    paths, counts = stack_paths(trace, live, notes=notes_by_block(tensor_notes(trace, lt)))
     torch_bytes = sum(paths.values())
     non_torch_bytes = None
     if non_torch and _non_torch.has_records(trace):

@@ -47,6 +47,7 @@ def figures_doc(f: Figures) -> dict:
         "oom": asdict(f.oom) if f.oom is not None else None,
         "left_to_vllm": sorted(f.left_to_vllm),
         "kv_via": f.kv_via,
+        "ranked": f.ranked,
     }
 
 
@@ -64,6 +65,7 @@ def figures_from_doc(doc: dict) -> Figures:
         oom=Oom(**doc["oom"]) if doc.get("oom") else None,
         left_to_vllm=frozenset(doc.get("left_to_vllm", ())),  # absent in documents before vLLM 0.34's support
         kv_via=str(doc.get("kv_via", "")),
+        ranked=str(doc.get("ranked", "reserved")),  # absent in documents before the CPU's traces were ranked
     )
 
 

@@ -16,6 +16,9 @@ Allocations come from three places:
 3. Blocks active in the final snapshot (``trace.segments``) whose address is not held by a
    recorded allocation still live at the end were allocated before recording and never freed: they
    live throughout, with the snapshot block's stack and requested size.
+4. A profiler trace names no block held before it started, only its total (``importers.kineto``'s
+   baseline): what of that total no recorded free released (2.) is one block without address or
+   stack, live throughout (:data:`UNNAMED_ADDR`), so what was held before profiling is at every peak.
 
 Moments are either a time (everything with time <= t has happened, as in ``Curve.at``) or an event
 index (the state right after that event), which matters when several events share a microsecond,
@@ -36,6 +39,8 @@ _BEFORE = np.iinfo(np.int64).min
 #: the holder of the blocks present before recording began, without a stack (``holders_by_stack``)
 BEFORE_RECORDING = -2
 _NEVER = np.iinfo(np.int64).max
+#: the address of the one block that stands for a profiler trace's unnamed memory from before it started (4.)
+UNNAMED_ADDR = -1
 
 
 @dataclass(frozen=True)
@@ -54,7 +59,7 @@ class Holder:
 
     stack: int
     bytes: int
-    count: int
+    count: int  # blocks; the unnamed rest of a profiler trace's memory from before it started is none
     share: float  # of all live bytes at that moment
 
 
@@ -114,11 +119,14 @@ def _lifetimes(trace: Trace, times: np.ndarray | None = None) -> Lifetimes:
         for b in s.blocks
         if b.state.startswith("active") and b.address not in live_at_end
     ]
+    ev_a, ev_o = idx[a], idx[o]
+    unnamed = _unnamed_before(trace, int(ev["size"][ev_o].sum()))
+    if unnamed:
+        base.append((UNNAMED_ADDR, unnamed, -1))
     b_addr = np.array([x[0] for x in base], dtype=np.int64)
     b_size = np.array([x[1] for x in base], dtype=np.int64)
     b_stack = np.array([x[2] for x in base], dtype=np.int32)
     nb = len(base)
-    ev_a, ev_o = idx[a], idx[o]
     out_addr = np.concatenate((addr[a], addr[o], b_addr))
     del idx, addr, is_alloc, same_next, prev_alloc, a, ended
     return Lifetimes(
@@ -130,6 +138,17 @@ def _lifetimes(trace: Trace, times: np.ndarray | None = None) -> Lifetimes:
         free_us=np.concatenate((a_free_us, times[ev_o], np.full(nb, _NEVER, np.int64))).astype(np.int64, copy=False),
         free_pos=np.concatenate((a_free_pos, ev_o, np.full(nb, n, np.int64))).astype(np.int64, copy=False),
     )
+
+
+def _unnamed_before(trace: Trace, freed_bytes: int) -> int:
+    """The bytes of a profiler trace's total from before it started that no recorded free released (4.); 0 for
+    any other trace (its blocks from before recording are named by the final snapshot or by their frees)."""
+    from .. import facts as F
+
+    known = (trace.facts.get(F.IMPORT) or {}).get("baseline") if not trace.segments else None
+    if not known:
+        return 0
+    return max(int(known.get("allocated_bytes") or 0) - freed_bytes, 0)
 
 
 def _mask(lt: Lifetimes, t_us: int | None, event_index: int | None) -> np.ndarray:
@@ -186,12 +205,12 @@ def holders_by_stack(
     if len(stacks) == 0:
         return []
     sizes = np.bincount(stacks, weights=lt.size[m]).astype(np.int64)
-    counts = np.bincount(stacks)
+    counts = np.bincount(stacks, weights=lt.addr[m] != UNNAMED_ADDR).astype(np.int64)  # the unnamed rest: no block
     total = int(lt.size[m].sum())
     order = np.argsort(-sizes, kind="stable")
     out = []
     for s in order[:top]:
-        if counts[s] == 0:
+        if sizes[s] == 0 and counts[s] == 0:
             break
         out.append(Holder(int(s) - 2, int(sizes[s]), int(counts[s]), float(sizes[s] / total) if total else 0.0))
     return out

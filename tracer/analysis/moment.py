@@ -26,7 +26,7 @@ from ..model import Trace
 from .curves import Curves
 from .oom import find_oom
 from .phases import PhaseStats, path_at, phase_path, phase_stats, recording_span
-from .quantities import fullest_at_peak, window_fullest
+from .quantities import fullest_at_peak, holds_reserved, window_fullest
 
 _TIME = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:e[+-]?[0-9]+)?)\s*(s|ms|us|µs)?\s*$", re.IGNORECASE)
 _UNIT_US = {"s": 1_000_000, "ms": 1_000, "us": 1, "µs": 1, None: 1_000_000}
@@ -34,6 +34,9 @@ _UNIT_US = {"s": 1_000_000, "ms": 1_000, "us": 1, "µs": 1, None: 1_000_000}
 #: What ``--at peak`` is called in titles and lines: the peak of PyTorch's reserved memory (from vLLM 0.34 the
 #: KV cache is committed outside PyTorch later, so it is not the most the process held).
 PEAK = "the reserved peak"
+#: What ``--at peak`` is called on a trace without reserved memory (the CPU's from torch.profiler): its reserved
+#: curve stays 0, so the state shown is allocated's peak (``quantities.fullest_at_peak`` over the whole trace).
+ALLOCATED_PEAK = "the allocated peak"
 #: What ``--at peak`` is called on a snapshot of allocator state alone (``facts["import"]["state"] == "moment"``).
 SNAPSHOT_MOMENT = "the snapshot's one moment (allocator state, no history)"
 
@@ -48,6 +51,12 @@ class Moment:
     phase_path: str  # the innermost phase in force ("" outside any)
     since_us: int | None = None  # only allocations made at or after this moment count
     since_what: str = ""  # "profile_run's start", "12.000 s"
+
+
+def peak_words(process) -> str:
+    """What ``--at peak`` is called for a trace of ``process`` (``model.Process``): :data:`PEAK`, or
+    :data:`ALLOCATED_PEAK` for a trace without reserved memory (``quantities.holds_reserved``)."""
+    return PEAK if holds_reserved(process) else ALLOCATED_PEAK
 
 
 def parse_time_us(text: str) -> int | None:
@@ -100,7 +109,8 @@ def resolve_moment(trace: Trace, curves: Curves, at: str, *, t0_us: int | None =
     text = at.strip()
     if text.lower() == "peak":
         only = (trace.facts.get(F.IMPORT) or {}).get("state") == "moment"
-        return after_event(fullest_at_peak(curves.allocated, curves.reserved) - 1, SNAPSHOT_MOMENT if only else PEAK)
+        what = SNAPSHOT_MOMENT if only else peak_words(trace.process)
+        return after_event(fullest_at_peak(curves.allocated, curves.reserved) - 1, what)
     if text.lower() == "oom":
         oom = find_oom(trace)
         if oom is None:

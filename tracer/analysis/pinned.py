@@ -12,7 +12,8 @@ Segments are tracked through ``segment_alloc``/``segment_free``; blocks through 
 ``free_completed``, placed in the segment whose address range holds them. Blocks and segments from
 before recording come from the final snapshot and from frees without a recorded allocation.
 Expandable segments (``segment_map``/``segment_unmap``) are not modelled: the reserved curve is
-returned for them.
+returned for them, and for a trace that names no segment its blocks could be placed in (a torch.profiler
+trace, whose segments are made up from its 'Total Reserved'; a history without segment events or state).
 
 The segment events (tens of thousands) are replayed one by one (:class:`_History`); the block events
 (millions) are placed and counted with numpy in windows of events, with 32-bit indexes, so that 10M events need a
@@ -72,10 +73,21 @@ def pinned_curve(trace: Trace, curves: Curves | None = None, lt: Lifetimes | Non
     """
     curves = curves or all_curves(trace)
     ev = trace.events
-    if len(ev) == 0 or np.isin(ev["action"], _EXPANDABLE).any():
+    if len(ev) == 0 or np.isin(ev["action"], _EXPANDABLE).any() or not _places_blocks(trace):
         return curves.reserved
     out = _pinned_columns(trace, lt if lt is not None else lifetimes(trace))
     return Curve(curves.reserved.time_us, np.minimum(out, curves.reserved.bytes, out=out))
+
+
+def _places_blocks(trace: Trace) -> bool:
+    """Whether ``trace`` names segments that its blocks' addresses can be placed in: recorded segment events
+    or a final state, and not the made-up segments of a profiler trace (``facts["import"]["state"]``
+    "totals": only its running totals are known)."""
+    from .. import facts as F
+
+    if (trace.facts.get(F.IMPORT) or {}).get("state") == "totals":
+        return False
+    return bool(trace.segments) or bool(np.isin(trace.events["action"], (_SEG_ALLOC, _SEG_FREE)).any())
 
 
 class _History:

@@ -277,6 +277,9 @@ def whole_device_peak(curves: Curves) -> int:
 
 #: how the memory present before recording began is known, in the words every output uses
 FROM_STATE = "the allocator's final state less the recorded events"
+#: how it is known for a torch.profiler trace (``importers.kineto``): its own running totals, which the first
+#: memory event carries with the bytes of that event
+FROM_TOTALS = "the profiler's own totals at its first memory event, less that event's bytes"
 #: why it is a lower bound: no allocator state was saved (a live trace cut short, a converter's snapshot)
 NO_STATE = "no allocator state was saved: the least the recorded events need"
 #: why it is a lower bound: the state was saved but the events do not add up to it (events were lost)
@@ -290,7 +293,7 @@ class BeforeRecording:
     reserved_bytes: int
     allocated_bytes: int
     exact: bool  # from the allocator's final state, with events that add up to it; else a lower bound
-    how: str  # FROM_STATE when exact, else why it is a lower bound (NO_STATE, NOT_ADDING_UP)
+    how: str  # FROM_STATE or FROM_TOTALS when exact, else why it is a lower bound (NO_STATE, NOT_ADDING_UP)
 
     @property
     def bound(self) -> str:
@@ -313,9 +316,10 @@ def before_recording(trace: Trace, curves: Curves) -> BeforeRecording | None:
     if is_one_moment(trace.facts):
         return None
     b = curves.baseline
-    state = bool(trace.segments) or bool((trace.facts.get(F.IMPORT) or {}).get("baseline"))
+    totals = not trace.segments and bool((trace.facts.get(F.IMPORT) or {}).get("baseline"))
+    state = bool(trace.segments) or totals
     exact = state and b.consistent
-    how = FROM_STATE if exact else NOT_ADDING_UP if state else NO_STATE
+    how = (FROM_TOTALS if totals else FROM_STATE) if exact else NOT_ADDING_UP if state else NO_STATE
     # the curves' values before the first event: the baseline, reserved raised to allocated where the state is
     # missing (the live tensors sit in segments; ``curves.all_curves``)
     first = [
@@ -388,6 +392,12 @@ def is_one_moment(facts: dict) -> bool:
 #: and headers use, so a profiler trace of the CPU is never called GPU memory.
 MEMORY_OF_ROLE = {"host": "CPU (host) memory", "pinned-host": "pinned host memory"}
 DEVICE_MEMORY = "GPU memory"
+
+
+def on_a_card(process) -> bool:
+    """Whether a trace of ``process`` (``model.Process``) is a GPU's memory, what a card holds (``fits``): not the
+    CPU's from torch.profiler nor pinned host memory (:data:`MEMORY_OF_ROLE`)."""
+    return process.role not in MEMORY_OF_ROLE
 
 
 def holds_reserved(process) -> bool:

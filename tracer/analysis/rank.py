@@ -42,7 +42,7 @@ from .serving import WindowSummary, window_summary, window_trace
 from .summary import HookTotal, Summary, hook_totals, memory_events, of_rank, warnings_of
 from .target import Target, resolve_target
 from .torch_counters import CounterCheck, counter_checks
-from .user_metadata import MetadataSpan, metadata_spans
+from .user_metadata import MetadataSpan, TensorNote, metadata_spans, tensor_notes
 from .verdict import CROSSED as CROSSED  # the verdicts, re-exported: callers import them from here too
 from .verdict import DIED as DIED
 from .verdict import NO_TARGET as NO_TARGET
@@ -214,6 +214,11 @@ class AnalysedRank(PeakFigures):
     def user_metadata(self) -> list[MetadataSpan]:
         """The user's labels on allocator events (``analysis.user_metadata``)."""
         return metadata_spans(self.trace)
+
+    @cached_property
+    def tensor_notes(self) -> list[TensorNote]:
+        """The user's notes on live tensors (torch 2.14's ``_annotate_tensor``; ``analysis.user_metadata``)."""
+        return tensor_notes(self.trace, self.lifetimes)
 
     @cached_property
     def self_cost(self) -> SelfCost:

@@ -22,11 +22,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import cached_property
 
-from ..errors import NothingToJudge, SeparateRuns
+from ..errors import NothingToJudge, SeparateRuns, UsageError
 from ..model import Trace
 from .origin import TimeOrigin, shifted, shifts, time_origin, who
 from .phases import recording_span
-from .quantities import ALLOCATED, RESERVED, Quantity, ranked_by
+from .quantities import ALLOCATED, MEMORY_OF_ROLE, RESERVED, Quantity, on_a_card, ranked_by
 from .rank import AnalysedRank, TargetSpec
 from .verdict import NOTHING
 
@@ -130,6 +130,19 @@ class AnalysedRun:
         if not kept:
             raise NothingToJudge(nothing_line(self, what))
         return kept
+
+    def on_cards(self, what: str) -> AnalysedRun:
+        """The run with only its ranks of a GPU's memory (``quantities.on_a_card``: what a card holds); a
+        UsageError (one line, exit 2) when it has none: a card is a GPU's, so the CPU's memory cannot ``what``."""
+        kept = [r for r in self.ranks if on_a_card(r.trace.process)]
+        if kept:
+            return self if len(kept) == len(self.ranks) else self.subset(kept)
+        names = who([r.label for r in self.ranks])
+        kinds = " and ".join(dict.fromkeys(MEMORY_OF_ROLE[r.trace.process.role] for r in self.ranks))
+        raise UsageError(
+            f"{self.path}: {names} hold{'s' if len(self.ranks) == 1 else ''} {kinds} only, not a GPU's, so there "
+            f"is nothing to {what} on a GPU card; record a GPU worker (memtrace run, or vLLM's profiler on a GPU)"
+        )
 
 
 def nothing_line(run: AnalysedRun, what: str) -> str:

@@ -36,9 +36,11 @@ class CostSource:
 
 @dataclass(frozen=True)
 class SelfCost:
-    """memtrace's cost in one trace. ``recorded`` False: an older trace (nothing else is set)."""
+    """memtrace's cost in one trace. ``recorded`` False: an older trace, or (``by_memtrace`` False) a file
+    memtrace did not record, whose program never ran memtrace (nothing else is set)."""
 
     recorded: bool
+    by_memtrace: bool = True  # False: an imported file (a torch snapshot, a profiler trace)
     measured_ns: int = 0  # memtrace's own code, timed
     history_ns: int | None = None  # PyTorch's history recording, estimated; None: not measured
     history_why: str = ""  # why not measured
@@ -89,7 +91,10 @@ def _init_engine_us(trace: Trace) -> tuple[int | None, int | None]:
 
 
 def self_cost(trace: Trace) -> SelfCost:
-    """memtrace's cost recorded in ``trace`` (``recorded`` False for a trace that predates it)."""
+    """memtrace's cost recorded in ``trace`` (``recorded`` False for a trace that predates it, and for a file
+    memtrace did not record: ``by_memtrace`` False)."""
+    if F.IMPORT in trace.facts:
+        return SelfCost(recorded=False, by_memtrace=False)
     fact = trace.facts.get(F.SELF_COST)
     if not isinstance(fact, dict):
         return SelfCost(recorded=False)

@@ -47,7 +47,7 @@ from .self_cost import SelfCost
 from .serving import WindowSummary
 from .target import Target, describe
 from .torch_counters import CounterCheck
-from .user_metadata import MetadataSpan
+from .user_metadata import MetadataSpan, TensorNote
 from .vmm import VmmSummary
 
 if TYPE_CHECKING:  # rank.py builds the Summary view from its own figures: no import cycle at run time
@@ -180,6 +180,8 @@ class Summary:
     peak_bound: PeakBound = field(default_factory=lambda: PeakBound(False))
     #: the user's labels on allocator events (``analysis.user_metadata``, torch's ``_set_memory_metadata``)
     user_metadata: list[MetadataSpan] = field(default_factory=list)
+    #: the user's notes on live tensors (``analysis.user_metadata.tensor_notes``, torch's ``_annotate_tensor``)
+    tensor_notes: list[TensorNote] = field(default_factory=list)
     #: PyTorch memory present before recording began, exact or a lower bound (``quantities.before_recording``);
     #: None for a snapshot of one moment
     before_recording: BeforeRecording | None = None
@@ -278,6 +280,7 @@ def of_rank(rank: AnalysedRank) -> Summary:
         self_cost=rank.self_cost,
         peak_bound=rank.peak_bound,
         user_metadata=rank.user_metadata,
+        tensor_notes=rank.tensor_notes,
         before_recording=rank.before_recording,
         window=rank.window,
     )

@@ -12,7 +12,7 @@ from __future__ import annotations
 from .. import facts as F
 from ..units import format_bytes, format_gib
 from .fingerprint import describe_run
-from .quantities import memory_of
+from .quantities import holds_reserved, memory_of
 
 
 def what_ran(run) -> str:
@@ -78,7 +78,7 @@ def flame_titles(rank, flame, moment, fallback: str = "") -> tuple[str, str]:
     allocated = int(curves.allocated.bytes[k + 1]) if k is not None else curves.allocated.at(moment.time_us)
     shown = f"{format_bytes(flame.torch_bytes, 2)} shown of " if moment.since_us is not None else ""
     sub = [describe_run(trace, fallback), trace.label, f"{shown}{format_gib(allocated)} allocated",
-           f"reserved {format_gib(reserved)}"]  # fmt: skip
+           f"reserved {format_gib(reserved)}" if holds_reserved(trace.process) else ""]  # fmt: skip
     if rank.target.target_bytes is not None:
         sub.append(f"target {format_gib(rank.target.target_bytes)}")
     if moment.what == "the OOM" and rank.oom is not None:

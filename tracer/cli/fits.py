@@ -103,7 +103,7 @@ def run(args: argparse.Namespace) -> int:
     capacities = [check_capacity(c) for c in parse_sizes(args.capacity)]
     util = parse_fraction(args.util) if args.util is not None else None
     non_torch = check_non_torch(parse_size(args.non_torch) if args.non_torch is not None else None, capacities)
-    run_ = analysed(args)
+    run_ = _on_cards(analysed(args))
     if args.what_if or args.suggest or args.more_runs or args.keep_others or args.others is not None:
         return _what_if(args, run_, capacities)
     with task("Predicting", total=None):
@@ -111,6 +111,15 @@ def run(args: argparse.Namespace) -> int:
         survives = all(r.fits(capacities, util, non_torch).survives for r in ranks)
     render(run_, sys.stdout, "fits", capacities=capacities, util=util, non_torch=non_torch, json_out=args.json)
     return 0 if survives else 1
+
+
+def _on_cards(run_):
+    """The run's ranks of a GPU's memory (a card holds no CPU memory); the others named on stderr, not predicted."""
+    kept = run_.on_cards("predict")
+    left = [r.label for r in run_.ranks if r not in kept.ranks]
+    if left:
+        print(f"memtrace: not predicted: {', '.join(left)} (not a GPU's memory: no card holds it)", file=sys.stderr)
+    return kept
 
 
 def _what_if(args: argparse.Namespace, run_, capacities: list[int]) -> int:

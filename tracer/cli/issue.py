@@ -7,7 +7,8 @@ DIR (default: RUN's name + "-issue") receives:
                 the peak, the crossing of the --gpu-memory-utilization target, the top holders at
                 the peak and the FlashInfer workspace calls, with the images linked
   timeline.png  GPU memory over time by category, the target line and the first crossing
-  flame.svg     what held memory at the reserved peak (and flame.folded for speedscope / flamegraph.pl)
+  flame.svg     what held memory at the peak (reserved; allocated for the CPU's traces) and flame.folded
+                for speedscope / flamegraph.pl
 
   *.memtrace.xz with --attach-trace: each trace of the run, compressed (every memtrace command reads it)
 

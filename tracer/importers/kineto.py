@@ -164,15 +164,34 @@ def traces_from_kineto(doc: Any, *, source: str = "trace", device: int | None = 
     ranges = _ranges_by_thread(events)
     window = _window(events, base_us)
     phases = _phases(events, base_us)
+    header = _header(doc)
     out = []
     host_name = str(doc.get("host_name") or "") if isinstance(doc, dict) else ""
     for key in wanted:
         t = _device_trace(key, by_device[key], ranges, base_us, window, phases, cuda)
         t.process.hostname, t.process.pid = host_name, _pid(by_device[key])
+        t.facts[F.IMPORT]["header"] = header
         if others:
             names = ", ".join(f"device type {k[0]} id {k[1]} ({len(by_device[k]):,} events)" for k in others)
             t.notes.append(Note(0, "warning", f"memory events of other devices were not read: {names}"))
         out.append(t)
+    return out
+
+
+def _header(doc: Any) -> dict[str, Any]:
+    """What the trace's own header says of where it was recorded: the GPUs (``deviceProperties``: name and
+    bytes), the CUDA runtime ("13.0" from 13000) and the vLLM version vLLM's profiler adds; known keys only."""
+    if not isinstance(doc, dict):
+        return {}
+    out: dict[str, Any] = {}
+    gpus = [d for d in doc.get("deviceProperties") or [] if isinstance(d, dict) and d.get("name")]
+    if gpus:
+        out["gpus"] = [{"name": str(d["name"]), "total_bytes": int(d.get("totalGlobalMem") or 0)} for d in gpus]
+    runtime = doc.get("cuda_runtime_version")
+    if isinstance(runtime, int) and runtime > 0:
+        out["cuda_runtime"] = f"{runtime // 1000}.{runtime % 1000 // 10}"
+    if doc.get("vllm_version"):
+        out["vllm"] = str(doc["vllm_version"])
     return out
 
 
