@@ -2,14 +2,16 @@
 
 What filled the GPU before the window was written: the gap after start-up, what the rings kept and
 dropped (and their bound), PyTorch's state at the window's start and end, the growth by allocation site,
-the reserved-but-unallocated bytes, the failed request of an OOM and the scheduler steps before the end.
+the reserved-but-unallocated bytes, the OOM (worded by :mod:`.oom_text`, with its bytes so that they can be
+checked against torch's own message) and the scheduler steps before the end.
 """
 
 from __future__ import annotations
 
 from ..analysis import quantities as Q
 from ..analysis.serving import WindowSummary
-from ..units import gib_or_dash
+from ..units import gib_number, gib_or_dash
+from . import oom_text
 
 
 def _s(us: int | None) -> str:
@@ -56,19 +58,14 @@ def render_window(out, ws: WindowSummary | None, t0_us: int) -> None:
             f"{Q.RESERVED_UNUSED} {gib_or_dash(ws.reserved_unused_bytes)}"
         )
     if ws.oom is not None:
-        o = ws.oom
-        out.item(
-            f"DIED: CUDA out of memory at {rel(o.get('time_us'))} while serving: the failed request was "
-            f"{o.get('requested_bytes')} bytes ({gib_or_dash(o.get('requested_bytes'))}), "
-            f"{gib_or_dash(o.get('device_free_bytes'))} free of {gib_or_dash(o.get('device_total_bytes'))}"
-        )
+        out.item(f"DIED: CUDA out of memory at {rel(ws.oom.time_us)} {oom_words(ws)}")
     if ws.growth:
         from .text import frame_text
 
         out.line()
         out.table(
             ["allocated in the window, live at its end", "GiB", "blocks"],
-            [[frame_text(g.frame), f"{g.bytes / (1 << 30):.3f}", str(g.count)] for g in ws.growth],
+            [[frame_text(g.frame), gib_number(g.bytes), str(g.count)] for g in ws.growth],
             "lrr",
         )
     if ws.steps_before_end:
@@ -91,6 +88,11 @@ def gap_words(events: int, samples: int, steps: int) -> str:
 SITES_SHOWN = 3
 
 
+def oom_words(ws: WindowSummary) -> str:
+    """``in serving: requested 22.00 MiB (23,068,672 B), device free ...``: the window's OOM (:mod:`.oom_text`)."""
+    return f"{oom_text.where(ws.oom)}: {oom_text.details(ws.oom, ws.device_total_bytes, exact=True)}"
+
+
 def window_lines(ws: WindowSummary | None, t0_us: int) -> list[str]:
     """The window said in a few sentences, for the issue bundle's first screen and the view's page: what was
     kept and the gap, the failed allocation of an OOM in the window, PyTorch's state at its end (with
@@ -108,12 +110,7 @@ def window_lines(ws: WindowSummary | None, t0_us: int) -> list[str]:
     )
     lines = [f"Serving window: {span} kept, {rel(w.start_us)} to {rel(w.end_us)}, {gap}; last written on {w.reason}."]
     if ws.oom is not None:
-        o = ws.oom
-        lines.append(
-            f"Failed allocation: {o.get('requested_bytes'):,} bytes ({gib_or_dash(o.get('requested_bytes'))}) at "
-            f"{rel(o.get('time_us'))} in {o.get('phase') or 'serving'}, {gib_or_dash(o.get('device_free_bytes'))} "
-            f"free of {gib_or_dash(o.get('device_total_bytes'))}."
-        )
+        lines.append(f"Failed allocation at {rel(ws.oom.time_us)} {oom_words(ws)}.")
     if ws.end_allocated_bytes is not None:
         lines.append(
             f"At the window's end: {Q.ALLOCATED} {gib_or_dash(ws.end_allocated_bytes)}, {Q.RESERVED} "

@@ -51,6 +51,7 @@ from ..analysis.live import meaningful_frame
 from ..analysis.rank import AnalysedRank
 from ..analysis.summary import summary_to_dict
 from ..model import ACTIONS
+from . import oom_text
 from .palette import CATEGORY_COLORS, VMM_KV_LABEL
 from .serving_text import gap_words, window_lines
 from .text import before_recording_text
@@ -146,7 +147,8 @@ def rank_meta(a: AnalysedRank, t0_us: int) -> dict[str, Any]:
         "peak": doc["peak"],
         "peak_bound": doc["peak_bound"],
         "crossings": doc["crossings"],
-        "oom": None if oom is None else {**oom.__dict__},
+        # the marker's words (``oom_text``: "requested 22.00 MiB", as torch's message says it)
+        "oom": None if oom is None else {**oom.__dict__, "label": f"OOM ({oom_text.requested(oom)})"},
         "phases": [
             {
                 "name": p.name,

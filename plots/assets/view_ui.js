@@ -101,7 +101,7 @@
       };
       const c = m.crossings.length ? m.crossings[0] : null; /* the crossing every output names first */
       if (c) drawn.crossing = vline(c.time_us - m.t0_us, '#d62728', `crossed +${gib(c.overshoot_bytes)}`, [2 * dpr, 2 * dpr]);
-      if (m.oom) drawn.oom = vline(m.oom.time_us - m.t0_us, '#000', `OOM (${gib(m.oom.requested_bytes)} asked)`, null, 2);
+      if (m.oom) drawn.oom = vline(m.oom.time_us - m.t0_us, '#000', m.oom.label, null, 2);
       drawn.peak = vline(m.peak.state_us - m.t0_us, '#9467bd', `peak ${m.peak_bound.lower_bound ? 'at least ' : ''}${gib(m.peak.reserved_bytes)} reserved`, [1 * dpr, 3 * dpr], 1);
       if (R.selectedUs != null) vline(R.selectedUs, '#17becf', 'selected', null, 3);
       for (const [label, color, tx, ty, tw] of names) {

@@ -85,7 +85,9 @@ def test_the_issue_bundle_states_the_window_first_and_draws_the_flame_at_the_oom
     assert main(["issue", fake.path, "-o", str(out)]) == 0
     md = (out / "issue.md").read_text()
     first_screen = "\n".join(md.splitlines()[:30])
-    assert "- **Failed allocation:** 3,221,225,472 bytes (3.00 GiB) at 3609.85 s in serving" in first_screen
+    assert (
+        "- **Failed allocation at 3609.85 s in serving:** requested 3.00 GiB (3,221,225,472 B), device free 1.00 GiB"
+    ) in first_screen
     assert "after a GAP of 3600.12 s that was not recorded (1,962 allocator events" in first_screen
     assert f"{Q.RESERVED_UNUSED.label} 126.00 GiB" in first_screen
     assert "examples/record_startup.py:114 forward +96.0 MiB (3)" in first_screen  # the window's growth by stack

@@ -85,7 +85,7 @@ def test_a_serving_oom_writes_the_startup_then_a_bounded_window_with_the_failed_
     assert w.start_state["allocated_bytes"] == a and w.start_state["reserved_bytes"] == r
     assert w.start_state["exact"] is True
     ws = window_summary(t)
-    assert ws.oom["requested_bytes"] == 3 << 30
+    assert ws.oom.requested_bytes == 3 << 30
     assert sum(seg.requested_bytes for seg in w.segments) == ws.end_allocated_bytes
     assert ws.start_allocated_bytes == a
     assert w.bounds["max_age_s"] is None

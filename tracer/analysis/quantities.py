@@ -23,6 +23,7 @@ The quantities, all in bytes:
 - **non-PyTorch**: device used - reserved - VMM at each sample (CUDA context, NCCL, cuBLAS, raw
   ``cudaMalloc``); CUPTI, when recorded, splits it by category.
 - **PyTorch reserved, unallocated**: reserved - allocated (fragmentation), at a serving window's end.
+- **device free**: what CUDA reported free on the whole device, as torch's OOM message says it.
 - **present before recording began**: PyTorch memory that existed at the first recorded event, exact when
   the allocator's final state was saved and the events add up to it, else a lower bound (said so).
 
@@ -105,9 +106,28 @@ RESERVED_UNUSED = Quantity(
     "PyTorch reserved minus PyTorch allocated: cached free blocks and the unused tails of split blocks "
     "(fragmentation), shown for a serving window's end",
 )
+DEVICE_FREE = Quantity(
+    "device_free",
+    "device free",
+    "what CUDA reported free on the whole device (cudaMemGetInfo), as torch's OOM message says it ('of which ... is free')",
+)
 
 #: every quantity, in the order outputs list them
-QUANTITIES = (ALLOCATED, ALLOCATED_BLOCKS, RESERVED, VMM, HELD, DEVICE_USED, OTHERS, NON_TORCH, BEFORE_RECORDING)
+QUANTITIES = (
+    ALLOCATED,
+    ALLOCATED_BLOCKS,
+    RESERVED,
+    VMM,
+    HELD,
+    DEVICE_USED,
+    OTHERS,
+    NON_TORCH,
+    BEFORE_RECORDING,
+    RESERVED_UNUSED,
+    DEVICE_FREE,
+)
+#: the quantities only a serving window's outputs state (its end, what held the device at its OOM)
+WINDOW_QUANTITIES = (RESERVED_UNUSED, DEVICE_FREE)
 BY_KEY = {q.key: q for q in QUANTITIES}
 
 
@@ -120,11 +140,13 @@ def in_vllm_terms(facts: dict) -> bool:
     return F.is_vllm(facts) or any(str(k).startswith("vllm.") for k in facts)
 
 
-def present(curves: Curves, process) -> tuple[Quantity, ...]:
+def present(curves: Curves, process, *, oom: bool = False, window: bool = False) -> tuple[Quantity, ...]:
     """The quantities a trace's ``curves`` hold, in :data:`QUANTITIES`' order: PyTorch's always, but for the
     CPU's trace of ``process`` (``model.Process``; :func:`holds_reserved`) PyTorch allocated alone; the VMM KV
-    cache and held only when something was committed outside PyTorch; NVML's when sampled."""
-    absent = set()
+    cache and held only when something was committed outside PyTorch; NVML's when sampled; the serving window's
+    own (:data:`WINDOW_QUANTITIES`) for a trace with a ``window``, and the device's free memory for one that
+    died of an ``oom``."""
+    absent = set() if window else set(WINDOW_QUANTITIES) - ({DEVICE_FREE} if oom else set())
     if not holds_reserved(process):  # no segments, no blocks, nothing known from before the profiler started
         absent |= {ALLOCATED_BLOCKS, RESERVED, BEFORE_RECORDING}
     if not len(curves.vmm):

@@ -4,8 +4,9 @@
 rings kept and dropped, PyTorch's state at the window's start and at its end (the start state plus the
 kept events; the allocator state saved with the last write says it for the end, when there is one), the
 window's growth by allocation site (allocations made in the window and still live at its end), the
-reserved-but-unallocated memory at its end (:data:`quantities.RESERVED_UNUSED`), the failed request of an
-OOM inside the window and the scheduler steps around its end. Plain data; no peak of its own.
+reserved-but-unallocated memory at its end (:data:`quantities.RESERVED_UNUSED`), the OOM inside the window
+(the one ``analysis.oom.Oom`` every output words through ``plots.oom_text``) and the scheduler steps around
+its end. Plain data; no peak of its own.
 
 :func:`window_trace` is the window as a trace of its own (its events, samples and allocator state, one phase
 ``serving``), so that the curves, the OOM and ``flame --at oom`` read it with the machinery of a start-up:
@@ -20,9 +21,9 @@ from typing import Any
 
 import numpy as np
 
-from .. import facts as F
 from ..model import ACTION_CODE, Frame, Phase, ServingWindow, Trace
 from .frames import meaningful_frame
+from .oom import Oom, find_oom
 
 _ALLOC, _FREE = ACTION_CODE["alloc"], ACTION_CODE["free_completed"]
 _SEG_UP = (ACTION_CODE["segment_alloc"], ACTION_CODE["segment_map"])
@@ -53,8 +54,11 @@ class WindowSummary:
     end_allocated_bytes: int | None
     end_reserved_bytes: int | None
     growth: list[SiteGrowth] = field(default_factory=list)
-    oom: dict[str, Any] | None = None
+    #: the OOM the process died of inside the window (``analysis.oom.find_oom``); None when it did not
+    oom: Oom | None = None
     steps_before_end: list[dict[str, Any]] = field(default_factory=list)
+    #: the physical device's memory (an OOM's allocator limit is named when below it: ``Oom.limit_bytes``)
+    device_total_bytes: int | None = None
 
     @property
     def gap_us(self) -> int | None:
@@ -83,8 +87,8 @@ def window_summary(trace: Trace, top: int = 10) -> WindowSummary | None:
     if w.segments:  # the allocator's own state at the last write: exact whatever the ring dropped
         r1 = sum(s.total_bytes for s in w.segments)
         a1 = sum(s.requested_bytes for s in w.segments)
-    oom = trace.facts.get(F.OOM)
-    in_window = isinstance(oom, dict) and w.start_us is not None and int(oom.get("time_us", 0)) >= (w.start_us or 0)
+    oom = find_oom(trace)
+    in_window = oom is not None and w.start_us is not None and oom.time_us >= w.start_us
     return WindowSummary(
         window=w,
         start_allocated_bytes=None if a0 is None else int(a0),
@@ -93,8 +97,9 @@ def window_summary(trace: Trace, top: int = 10) -> WindowSummary | None:
         end_allocated_bytes=a1,
         end_reserved_bytes=r1,
         growth=growth_by_site(trace, w, top),
-        oom=dict(oom) if in_window else None,
+        oom=oom if in_window else None,
         steps_before_end=list(w.steps[-STEPS_SHOWN:]),
+        device_total_bytes=trace.process.device_total_bytes,
     )
 
 
