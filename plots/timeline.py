@@ -355,7 +355,7 @@ def _fit_heights(fig, gs, ranks, lanes: list[list[PhaseLabel]], footnote_in: flo
 def _legend(fig, handles: dict, rows: int = LEGEND_ROWS, lift_in: float = 0.0) -> list[str]:
     """One legend for all ranks, below the plots, in a fixed order."""
     order = [*CATEGORIES, "vmm_kv", "non_torch_cupti", "non_torch_unexplained", "non_torch", "others", "reserved"]
-    order += ["device_used", "target", "capacity", "what-if", "oom", "zoom", "break", "gap"]
+    order += ["device_used", "device_used_all", "target", "capacity", "what-if", "oom", "zoom", "break", "gap"]
     items = [handles[k] for k in order if k in handles]
     fig.legend(
         [h for h, _ in items],

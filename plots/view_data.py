@@ -284,7 +284,18 @@ def pack_rank(a: AnalysedRank, t0_us: int, *, with_events: bool = True) -> Packe
     parts.append(z.flush())
     meta["has_events"] = with_events
     window = pack_window(a, t0_us, with_events=with_events)
+    meta["serving_heading"] = serving_heading(window)
     return PackedRank(meta, b"".join(parts), columns, window)
+
+
+def serving_heading(window: PackedRank | None) -> str:
+    """The heading over the serving window's lines on the page: where the chart draws the window."""
+    if window is None:
+        return "Serving window (after start-up; it kept no allocator event, so the chart below shows start-up alone)"
+    gap = window.meta["gap"]
+    if gap["end_us"] > gap["start_us"]:
+        return "Serving window (after start-up; on the chart below after the hatched gap, which was not recorded)"
+    return "Serving window (after start-up; on the chart below from where start-up ended, under the serving bar)"
 
 
 def pack_window(a: AnalysedRank, t0_us: int, *, with_events: bool = True) -> PackedRank | None:

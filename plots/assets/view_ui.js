@@ -332,8 +332,7 @@
       const lane = el('section', { class: 'mt-lane' }, el('h2', {}, meta.label));
       if (meta.before_recording) lane.append(el('p', { class: 'mt-note mt-before' }, meta.before_recording.line));
       if (meta.serving && meta.serving.length) {
-        lane.append(el('div', { class: 'mt-serving' }, el('h3', {}, meta.window ? 'Serving window (after start-up; on the chart below after the hatched gap, which was not recorded)'
-          : 'Serving window (after start-up; it kept no allocator event, so the chart below shows start-up alone)'),
+        lane.append(el('div', { class: 'mt-serving' }, el('h3', {}, meta.serving_heading),
           el('ul', {}, ...meta.serving.map((line) => el('li', {}, line)))));
       }
       const marks = el('div', { class: 'mt-landmarks' });

@@ -89,7 +89,7 @@ def test_the_issue_bundle_states_the_window_first_and_draws_the_flame_at_the_oom
         "- **Failed allocation at 3609.85 s in serving:** requested 3.00 GiB (3,221,225,472 B), device free 1.00 GiB"
     ) in first_screen
     assert "after a GAP of 3600.12 s that was not recorded (1,962 allocator events" in first_screen
-    assert f"{Q.RESERVED_UNUSED.label} 126.00 GiB" in first_screen
+    assert f"{Q.RESERVED_UNUSED.label} 125.41 GiB" in first_screen  # less the private pools' 604.00 MiB cached
     assert "examples/record_startup.py:114 forward +96.0 MiB (3)" in first_screen  # the window's growth by stack
     assert "## What held memory at the OOM, in the serving window" in md
     total = sum(int(line.rsplit(" ", 1)[1]) for line in (out / "flame.folded").read_text().splitlines())

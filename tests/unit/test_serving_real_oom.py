@@ -88,3 +88,109 @@ def test_the_issue_bundle_and_the_view_word_the_failed_allocation_as_torch_does(
     ) in first_screen
     packed = pack_rank(rank, rank.origin.t0_us)
     assert packed.window.meta["oom"]["label"] == "OOM (requested 22.00 MiB)"
+
+
+GiB = 1 << 30
+
+
+def _gib(text: str) -> float:
+    value, unit = text.split()
+    return float(value) * {"GiB": 1, "MiB": 1 / 1024, "KiB": 1 / 1024**2}[unit]
+
+
+def test_what_held_pytorchs_memory_at_the_oom_is_torchs_own_figures_to_the_rounding(rank):
+    from memtrace.units import format_size
+
+    a = rank.window.device.end.allocator
+    assert format_size(a.torch_allocated_bytes) == torch_says("allocated") == "11.17 GiB"
+    assert format_size(a.private_cached_bytes) == torch_says("private pools") == "2.00 MiB"
+    assert format_size(a.reserved_unused_bytes) == torch_says("reserved unallocated") == "29.76 MiB"
+    assert a.reserved_unused_bytes == 31_202_304 == rank.window.reserved_unused_bytes  # the default pool's free blocks
+    assert a.reserved_bytes == a.blocks_bytes + a.private_cached_bytes + a.reserved_unused_bytes == 12_029_263_872
+
+
+def test_the_device_at_the_oom_is_torchs_free_figure_and_another_process_took_the_headroom(rank):
+    from memtrace.analysis.serving_held import DERIVED
+    from memtrace.units import format_size
+
+    d = rank.window.device
+    assert d.at_oom and d.end.time_us == rank.oom.time_us
+    assert d.end.free_bytes == 20_905_984 and format_size(d.end.free_bytes) == torch_says("free")
+    assert d.end.vmm_bytes == d.startup_end.vmm_bytes == 11_190_403_072  # the KV cache, committed at start-up
+    # other processes: the holder when start-up ended (torch names it at the OOM with the same figure)...
+    assert format_size(d.startup_end.others_bytes) == torch_says("holder") == "115.88 GiB"
+    # ...and the neighbour after it; a 1.4 window did not sample them: derived, within torch's rounding + 10 MiB
+    assert d.derived == DERIVED
+    others_then = _gib(torch_says("holder")) + _gib(torch_says("neighbour"))
+    assert abs(d.end.others_bytes / GiB - others_then) < 0.015
+    assert abs(d.change(lambda h: h.others_bytes) / GiB - _gib(torch_says("neighbour"))) < 0.015
+    assert abs(d.end.this_process_bytes / GiB - _gib(torch_says("this process"))) < 0.015
+    # what was free when start-up ended went to the other processes, not to this one
+    assert d.startup_end.free_bytes == 1_811_480_576
+    assert d.change(lambda h: h.others_bytes) > 10 * d.change(lambda h: h.this_process_bytes) > 0
+    assert d.within_limit is True  # 11.20 GiB reserved + 22.00 MiB < 12.25 GiB allowed: the device ran out
+
+
+def test_the_report_states_what_held_the_device_at_the_oom_and_since_start_up(run_dir, capsys):
+    section = " ".join(_window_section(_report(run_dir, capsys)).split())
+    for row in (
+        "PyTorch allocated (blocks) 11.17 GiB 11.03 GiB +146.25 MiB",
+        "PyTorch private pools, cached 2.00 MiB 2.00 MiB 0 B",
+        "PyTorch reserved, unallocated 29.76 MiB 34.00 MiB -4.25 MiB",
+        "KV cache outside PyTorch (CUDA VMM) 10.42 GiB 10.42 GiB 0 B",
+        "other processes 117.41 GiB† 115.88 GiB +1.53 GiB†",
+        "device free 19.94 MiB 1.69 GiB -1.67 GiB",
+    ):
+        assert row in section
+    assert "other processes +1.53 GiB†, this process +142.00 MiB†, of the 1.69 GiB that was free" in section
+    assert "within 12.25 GiB: the device ran out, not the limit" in section
+    assert "† Derived: this window sampled the whole device only (trace format 1.4)" in section
+
+
+def test_a_1_4_windows_nvml_samples_are_the_whole_device_never_this_processs(rank, tmp_path):
+    from memtrace.plots.timeline import render_timeline
+    from memtrace.plots.timeline_data import prepare_rank
+
+    assert not rank.serving.curves.has_device  # before: 140 GiB of "device used by this process"
+    whole = rank.window.device_used_all
+    assert int(whole.bytes[-1]) == rank.trace.process.device_total_bytes - 20_905_984  # the device full at the OOM
+    drawn = render_timeline([prepare_rank(rank)], tmp_path / "t.png", t0_us=rank.origin.t0_us)
+    assert "device used, all processes (NVML; not told apart)" in drawn.legend
+
+
+def test_a_window_that_sampled_other_processes_tells_them_apart_from_non_pytorch(rank):
+    """CONSTRUCTED from the real trace: its window as the 1.5 sampler records it, with other processes' memory at
+    each NVML sample (the holder's, as start-up's sidecar read it, then the neighbour's 1.52 GiB on top from when
+    the device's used memory jumped at 17.84 s)."""
+    import dataclasses
+
+    import numpy as np
+    from memtrace.model import OTHERS_DTYPE
+
+    t = rank.trace
+    w = t.window
+    holder, neighbour = int(t.others["others_bytes"][-1]), 1_632_632_832
+    series = np.zeros(len(w.samples), dtype=OTHERS_DTYPE)
+    series["time_us"] = w.samples["time_us"]
+    series["others_bytes"] = holder + np.where(w.samples["time_us"] >= t.recording.start_us + 17_844_619, neighbour, 0)
+    told = dataclasses.replace(t, window=dataclasses.replace(w, others=series))
+    r = analyse([told]).ranks[0]
+    d = r.window.device
+    assert d.derived == "" and r.window.device_used_all is None
+    assert d.end.others_bytes == holder + neighbour and d.change(lambda h: h.others_bytes) == neighbour
+    a = d.end.allocator
+    assert d.end.non_torch_bytes == d.end.used_all_bytes - a.reserved_bytes - d.end.vmm_bytes - holder - neighbour
+    # the window's curves: this process's device used, the others taken out, as start-up's
+    used = r.serving.curves.device_used
+    assert int(used.bytes[-1]) == int(w.samples["used_bytes"][-1]) - 644_939_776 - holder - neighbour
+
+
+def test_the_view_states_what_held_the_device_and_names_no_gap_where_there_was_none(rank):
+    from memtrace.plots.view_data import pack_rank
+
+    meta = pack_rank(rank, rank.origin.t0_us).meta
+    held = next(line for line in meta["serving"] if line.startswith("Held at the OOM: "))
+    assert "device used by this process 22.37 GiB†" in held and "other processes 117.41 GiB†" in held
+    assert "PyTorch reserved, unallocated 29.76 MiB" in held and "device free 19.94 MiB" in held
+    assert rank.trace.window.gap_us == 0
+    assert meta["serving_heading"].endswith("on the chart below from where start-up ended, under the serving bar)")

@@ -22,7 +22,12 @@ The quantities, all in bytes:
 - **other processes** (NVML per-process, sampled): never counted as this process's.
 - **non-PyTorch**: device used - reserved - VMM at each sample (CUDA context, NCCL, cuBLAS, raw
   ``cudaMalloc``); CUPTI, when recorded, splits it by category.
-- **PyTorch reserved, unallocated**: reserved - allocated (fragmentation), at a serving window's end.
+- **PyTorch reserved, unallocated**: reserved - allocated (blocks) - the private pools' cached blocks
+  (fragmentation), at a serving window's end: torch's OOM message's "reserved by PyTorch but unallocated".
+- **PyTorch private pools, cached**: free blocks cached in private pools (CUDA graphs), which torch's OOM
+  message counts as "allocated in private pools".
+- **device used, all processes**: the whole device's used memory (this process and every other), at a serving
+  window's end and in a window that sampled NVML without telling other processes apart (format 1.4).
 - **device free**: what CUDA reported free on the whole device, as torch's OOM message says it.
 - **present before recording began**: PyTorch memory that existed at the first recorded event, exact when
   the allocator's final state was saved and the events add up to it, else a lower bound (said so).
@@ -103,8 +108,19 @@ BEFORE_RECORDING = Quantity(
 RESERVED_UNUSED = Quantity(
     "reserved_unused",
     "PyTorch reserved, unallocated",
-    "PyTorch reserved minus PyTorch allocated: cached free blocks and the unused tails of split blocks "
-    "(fragmentation), shown for a serving window's end",
+    "PyTorch reserved minus PyTorch allocated (blocks) minus the private pools' cached blocks: free blocks and "
+    "unused tails of split blocks (fragmentation), torch's OOM message's 'reserved by PyTorch but unallocated'",
+)
+PRIVATE_POOL_CACHED = Quantity(
+    "private_pool_cached",
+    "PyTorch private pools, cached",
+    "free blocks cached in PyTorch's private pools (CUDA graphs), which torch's OOM message counts as "
+    "'allocated in private pools' and within 'allocated by PyTorch'",
+)
+DEVICE_USED_ALL = Quantity(
+    "device_used_all",
+    "device used, all processes",
+    "the whole device's used memory in CUDA's accounting (total - free): this process and every other",
 )
 DEVICE_FREE = Quantity(
     "device_free",
@@ -124,10 +140,12 @@ QUANTITIES = (
     NON_TORCH,
     BEFORE_RECORDING,
     RESERVED_UNUSED,
+    PRIVATE_POOL_CACHED,
+    DEVICE_USED_ALL,
     DEVICE_FREE,
 )
 #: the quantities only a serving window's outputs state (its end, what held the device at its OOM)
-WINDOW_QUANTITIES = (RESERVED_UNUSED, DEVICE_FREE)
+WINDOW_QUANTITIES = (RESERVED_UNUSED, PRIVATE_POOL_CACHED, DEVICE_USED_ALL, DEVICE_FREE)
 BY_KEY = {q.key: q for q in QUANTITIES}
 
 
