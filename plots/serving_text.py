@@ -72,14 +72,21 @@ def render_window(out, ws: WindowSummary | None, t0_us: int) -> None:
             [[frame_text(g.frame), gib_number(g.bytes), str(g.count)] for g in ws.growth],
             "lrr",
         )
-    if ws.steps_before_end:
+    if ws.steps_before_end or ws.steps_in_progress:
         out.line()
         rows = [
             [rel(st.get("time_us")), str(st.get("requests", "-")), str(st.get("tokens", "-")),
              f"{st.get('duration_us', 0) / 1e3:.1f}", st.get("error", "")]
             for st in ws.steps_before_end
         ]  # fmt: skip
+        rows += [
+            [rel(st.get("time_us")), str(st.get("requests", "-")), str(st.get("tokens", "-")), "-", "in progress"]
+            for st in ws.steps_in_progress or []
+        ]  # fmt: skip
         out.table(["scheduler step at", "requests", "tokens", "ms", "error"], rows, "rrrrl")
+    said = step_words(ws, rel)
+    if said:
+        out.item(said)
 
 
 def _size(n: int | None) -> str:
@@ -156,6 +163,36 @@ def device_sentences(ws: WindowSummary, rel) -> list[tuple[str, str]]:
     return out
 
 
+def _step(st: dict, rel) -> str:
+    return f"{rel(st.get('time_us'))} with {st.get('requests', '-')} requests / {st.get('tokens', '-')} tokens"
+
+
+def step_words(ws: WindowSummary, rel) -> str | None:
+    """The scheduler step in progress at the write: the one the OOM happened in, or why it is not known (a format
+    1.4 window records a step when it ends, so the failing one is not in its list)."""
+    if ws.oom is None:
+        running = ws.steps_in_progress or []
+        return (
+            f"a scheduler step was in progress at the write: it began at {_step(running[-1], rel)}" if running else None
+        )
+    if ws.steps_in_progress is None:
+        last = ws.steps_before_end[-1] if ws.steps_before_end else None
+        ended = "" if last is None else int(last.get("time_us", 0)) + int(last.get("duration_us", 0))
+        tail = (
+            ""
+            if last is None
+            else f"; the last one listed ended at {rel(ended)}, {(ws.oom.time_us - ended) / 1e3:.1f} ms before the OOM"
+        )
+        return (
+            "the scheduler step the OOM happened in is not in the list: this window (trace format 1.4) records a "
+            "step when it ends" + tail
+        )
+    st = ws.step_at_oom
+    if st is None:
+        return "no scheduler step was in progress at the OOM: it happened outside Worker.execute_model"
+    return f"the OOM happened during the scheduler step that began at {_step(st, rel)}"
+
+
 def gap_words(events: int, samples: int, steps: int) -> str:
     """What the gap's hatched band says under its length, in the plot and the view: that it was not recorded,
     and what the ring dropped of it (allocator events, NVML samples, scheduler steps)."""
@@ -223,4 +260,7 @@ def window_lines(ws: WindowSummary | None, t0_us: int) -> list[str]:
             f"Last scheduler step at {rel(st.get('time_us'))}: {st.get('requests', '-')} requests, "
             f"{st.get('tokens', '-')} tokens{err}."
         )
+    said = step_words(ws, rel)
+    if said:
+        lines.append(f"Step at {'the OOM' if ws.oom is not None else 'the write'}: {said}.")
     return lines

@@ -291,6 +291,8 @@ class ServingWindow:
     with ``exact`` (True: torch's counters at the start of serving, carried forward over every dropped
     event; False: a lower bound) or {} when there is no allocator (a CPU worker). ``steps`` are vLLM's
     scheduler steps kept in the window (``time_us``, ``duration_us``, ``requests``, ``tokens``, ``error``),
+    ``steps_in_progress`` (format 1.5; None in a 1.4 window, which did not track them) the steps begun and not
+    ended when the window was written: an OOM's write happens inside the step that failed.
     ``bounds`` the ring's limits and the bytes they allow. ``events``/``samples`` are the window's own
     allocator events (``EVENT_DTYPE``) and NVML samples (``SAMPLE_DTYPE``: the whole device's used memory, every
     process included, as start-up's); ``others`` (format 1.5; a 1.4 window loads with none) the memory of the
@@ -314,6 +316,7 @@ class ServingWindow:
     bounds: dict[str, Any] = field(default_factory=dict)
     start_state: dict[str, Any] = field(default_factory=dict)
     steps: list[dict[str, Any]] = field(default_factory=list)
+    steps_in_progress: list[dict[str, Any]] | None = None
     events: np.ndarray = field(default_factory=lambda: empty_events())
     samples: np.ndarray = field(default_factory=lambda: empty_samples())
     others: np.ndarray = field(default_factory=lambda: empty_others())

@@ -194,3 +194,15 @@ def test_the_view_states_what_held_the_device_and_names_no_gap_where_there_was_n
     assert "PyTorch reserved, unallocated 29.76 MiB" in held and "device free 19.94 MiB" in held
     assert rank.trace.window.gap_us == 0
     assert meta["serving_heading"].endswith("on the chart below from where start-up ended, under the serving bar)")
+
+
+def test_the_step_the_oom_happened_in_is_said_to_be_missing_from_a_1_4_windows_list(rank, run_dir, capsys):
+    # vLLM's dump of the step that failed: 5489 tokens scheduled; the window lists steps that ended, not it
+    failed_tokens = int(SERVING.logged("oom", r"total_num_scheduled_tokens=(\d+)"))
+    assert failed_tokens == 5489 and all(s.get("tokens") != failed_tokens for s in rank.trace.window.steps)
+    assert rank.window.steps_in_progress is None and rank.window.step_at_oom is None
+    section = " ".join(_window_section(_report(run_dir, capsys)).split())
+    assert (
+        "the scheduler step the OOM happened in is not in the list: this window (trace format 1.4) records a step "
+        "when it ends; the last one listed ended at 28.94 s, 14.7 ms before the OOM"
+    ) in section

@@ -234,3 +234,47 @@ def test_a_format_1_4_window_loads_with_no_other_processes_series():
 
     w = load_trace(next(Recorded("vllm-h200-034-serving").run_dir("oom").glob("*.memtrace"))).window
     assert len(w.samples) == 149 and len(w.others) == 0 and w.others_how == {}
+
+
+def test_an_oom_inside_a_scheduler_step_writes_the_window_with_that_step_in_progress(tmp_path, monkeypatch):
+    from serving_fakes import STEP_AT_OOM, write_fake_serving
+
+    w = write_fake_serving(tmp_path / "fake.memtrace", monkeypatch).window
+    assert w.steps_in_progress == [{"time_us": w.steps_in_progress[0]["time_us"], **STEP_AT_OOM}]
+    assert all(s["tokens"] != STEP_AT_OOM["tokens"] for s in w.steps)  # begun, never ended: not in the ended list
+    ws = window_summary(load_trace(tmp_path / "fake.memtrace"))
+    assert ws.step_at_oom == w.steps_in_progress[0]
+
+
+class FakeSession:
+    """A fake serving session (the step hook's only partner): what it is handed, in order."""
+
+    def __init__(self):
+        self.serving, self.calls = object(), []
+
+    def begin_step(self, step):
+        self.calls.append(("begin", step))
+        return 7
+
+    def record_step(self, step, token=None):
+        self.calls.append(("end", step, token))
+
+
+def test_the_step_hook_hands_a_step_over_when_it_begins_and_again_when_it_ends(monkeypatch):
+    from memtrace.plugins import vllm_steps
+
+    fake = FakeSession()
+    monkeypatch.setattr(vllm_steps, "session", lambda: fake)
+    times = iter([1_000, 1_250])
+    monkeypatch.setattr(vllm_steps, "now_us", lambda: next(times))
+
+    class Output:  # vLLM's SchedulerOutput, the fields the hook reads
+        num_scheduled_tokens = {"a": 592, "b": 1}
+        total_num_scheduled_tokens = 593
+
+    hook = vllm_steps.StepHook()
+    token = hook.before(None, (object(), Output()), {})
+    assert fake.calls == [("begin", {"time_us": 1_000, "requests": 2, "max_request_tokens": 592, "tokens": 593})]
+    hook.after(token, None, MemoryError())
+    step = {"time_us": 1_000, "duration_us": 250, "requests": 2, "max_request_tokens": 592, "tokens": 593}
+    assert fake.calls[1] == ("end", {**step, "error": "MemoryError"}, 7)

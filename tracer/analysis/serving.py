@@ -7,7 +7,8 @@ window's growth by allocation site (allocations made in the window and still liv
 allocator's state at its end as torch's OOM message counts it (``serving_held.AllocatorState``: the
 reserved-but-unallocated memory, :data:`quantities.RESERVED_UNUSED`), what held the device at its end and how
 each holder changed since start-up ended (``serving_held.device_at_end``), the OOM inside the window (the one
-``analysis.oom.Oom`` every output words through ``plots.oom_text``) and the scheduler steps around its end.
+``analysis.oom.Oom`` every output words through ``plots.oom_text``), the scheduler steps before its end and the
+one in progress at its write (an OOM's: the step that failed; not tracked in a format 1.4 window).
 Plain data; no peak of its own.
 
 The window's NVML samples are the whole device's used memory (every process), as start-up's are. With the other
@@ -75,6 +76,17 @@ class WindowSummary:
     #: the whole device's used memory over the window when it was not told apart into this process's and
     #: other processes' (:func:`device_used_all_curve`); None when it was, or was not sampled
     device_used_all: Curve | None = None
+    #: the scheduler steps in progress when the window was written (``ServingWindow.steps_in_progress``); None
+    #: when the window did not track them (format 1.4: a step was recorded when it ended)
+    steps_in_progress: list[dict[str, Any]] | None = None
+
+    @property
+    def step_at_oom(self) -> dict[str, Any] | None:
+        """The scheduler step the OOM happened in: the last one in progress at the write that began by the OOM."""
+        if self.oom is None or not self.steps_in_progress:
+            return None
+        begun = [s for s in self.steps_in_progress if int(s.get("time_us", 0)) <= self.oom.time_us]
+        return max(begun, key=lambda s: int(s["time_us"]), default=None)
 
     @property
     def gap_us(self) -> int | None:
@@ -117,6 +129,7 @@ def window_summary(trace: Trace, top: int = 10) -> WindowSummary | None:
         end_state=allocator_state(w.segments),
         device=device_at_end(trace, oom if in_window else None),
         device_used_all=device_used_all_curve(trace),
+        steps_in_progress=None if w.steps_in_progress is None else list(w.steps_in_progress),
     )
 
 
@@ -229,4 +242,6 @@ def window_doc(ws: WindowSummary) -> dict[str, Any]:
         ],  # fmt: skip
         "oom": ws.oom,
         "steps_before_end": ws.steps_before_end,
+        "steps_in_progress": ws.steps_in_progress,
+        "step_at_oom": ws.step_at_oom,
     }

@@ -172,6 +172,8 @@ class ServingRecorder:
         self._others: Any = None  # processes.Others of the sampler: how other processes were told apart
         self.steps: deque[dict[str, Any]] = deque()
         self.steps_dropped = 0
+        self.running: dict[int, dict[str, Any]] = {}  # steps begun and not ended, by begin_step's token
+        self._tokens = 0
         self.state = dict(start_state)  # PyTorch's state at the first kept event (carried forward)
         self.writes = 0
         self._sampler: threading.Thread | None = None
@@ -189,9 +191,20 @@ class ServingRecorder:
             if others is not None:
                 self.others.push(others)
 
-    def add_step(self, step: dict[str, Any]) -> None:
-        """One vLLM scheduler step (``time_us``, ``duration_us``, ``requests``, ``tokens``...)."""
+    def begin_step(self, step: dict[str, Any]) -> int:
+        """A vLLM scheduler step begins (``time_us``, ``requests``, ``tokens``...): in progress until
+        :meth:`add_step` is given the token returned here, so that a window written meanwhile (an OOM's, inside
+        the step that failed) names it."""
         with self.lock:
+            self._tokens += 1
+            self.running[self._tokens] = step
+            return self._tokens
+
+    def add_step(self, step: dict[str, Any], token: int | None = None) -> None:
+        """One vLLM scheduler step ended (``time_us``, ``duration_us``, ``requests``, ``tokens``...); ``token``:
+        :meth:`begin_step`'s, no longer in progress."""
+        with self.lock:
+            self.running.pop(token, None)
             self.steps.append(step)
             limit, age = self.bounds["max_steps"], self.bounds["max_age_s"]
             while len(self.steps) > limit or (
@@ -277,6 +290,7 @@ class ServingRecorder:
             samples = self.samples.records() if self.samples.count else empty_samples()
             others = self.others.records() if self.others.count else empty_others()
             steps = list(self.steps)
+            running = [dict(s) for s in self.running.values()]
             starts = [int(a["time_us"][0]) for a in (events, samples) if len(a)]
             starts += [int(steps[0]["time_us"])] if steps else []
             dropped = self.events.dropped or self.samples.dropped or self.steps_dropped
@@ -296,6 +310,7 @@ class ServingRecorder:
                 bounds=dict(self.bounds),
                 start_state=dict(self.state),
                 steps=steps,
+                steps_in_progress=running,
                 events=events,
                 samples=samples,
                 others=others,
