@@ -36,6 +36,7 @@ from ..analysis.flame import BEFORE_RECORDING, HOOK_PREFIX, NON_TORCH, VMM_KV, F
 from ..analysis.flame_prefix import shared_prefix, stack_counts, without_prefix
 from ..analysis.moment import PEAK
 from ..units import format_bytes
+from . import oom_text
 from .formats import of
 
 #: this module's output format(s) (``plots.format_spec``)
@@ -394,6 +395,7 @@ def render(run, out: str | os.PathLike, *, at: str = "peak", since: str | None =
 
     rank = rank_at(run.worst, at)
     moment, flame = flame_for(rank, at, since=since, added=added, non_torch=not torch_only)
-    title, subtitle = flame_titles(rank, flame, moment, fallback=Path(run.path).name)
+    words = oom_text.details(rank.oom, rank.trace.process.device_total_bytes) if rank.oom is not None else ""
+    title, subtitle = flame_titles(rank, flame, moment, fallback=Path(run.path).name, oom_words=words)
     render_flame_svg(flame, out, title=title, subtitle=subtitle)
     say_flame(rank, moment, flame, log)

@@ -206,3 +206,11 @@ def test_the_step_the_oom_happened_in_is_said_to_be_missing_from_a_1_4_windows_l
         "the scheduler step the OOM happened in is not in the list: this window (trace format 1.4) records a step "
         "when it ends; the last one listed ended at 28.94 s, 14.7 ms before the OOM"
     ) in section
+
+
+def test_the_flame_graph_at_the_oom_words_the_failed_request_as_torch_does(run_dir, tmp_path, capsys):
+    out = tmp_path / "oom.svg"
+    assert main(["flame", str(run_dir), "--at", "oom", "-o", str(out)]) == 0
+    svg = out.read_text()
+    assert "requested 22.00 MiB, device free 19.94 MiB, allocator limit 12.25 GiB" in svg
+    assert "0.02 GiB free" not in svg
