@@ -214,3 +214,16 @@ def test_the_flame_graph_at_the_oom_words_the_failed_request_as_torch_does(run_d
     svg = out.read_text()
     assert "requested 22.00 MiB, device free 19.94 MiB, allocator limit 12.25 GiB" in svg
     assert "0.02 GiB free" not in svg
+
+
+def test_the_flame_graphs_legend_stays_inside_its_width_with_the_vmm_kv_cache_named(run_dir, tmp_path):
+    from memtrace.plots.flame_svg import CHAR_PX, PAD
+
+    out = tmp_path / "oom.svg"
+    assert main(["flame", str(run_dir), "--at", "oom", "-o", str(out)]) == 0
+    svg = out.read_text()
+    width = int(re.search(r'<svg [^>]*width="(\d+)"', svg).group(1))
+    items = re.findall(r'rx="2"/><text x="(\d+)" y="(\d+)">([^<]+)</text>', svg)
+    assert "KV cache outside PyTorch (CUDA VMM)" in [name for _, _, name in items]  # before: cut at the edge
+    assert all(int(x) + len(name) * CHAR_PX <= width - PAD for x, _, name in items)
+    assert len({y for _, y, _ in items}) == 2  # wrapped onto a second row
