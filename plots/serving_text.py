@@ -146,7 +146,7 @@ def device_sentences(ws: WindowSummary, rel) -> list[tuple[str, str]]:
     if others is not None and this is not None and start.free_bytes is not None and end.free_bytes is not None:
         out.append((
             f"Since start-up ended ({rel(start.time_us)})",
-            f"{Q.OTHERS} {signed_size(others)}{_mark(d, Q.OTHERS)}, this process {signed_size(this)}"
+            f"{Q.OTHERS} {signed_size(others)}{_mark(d, Q.OTHERS)}, {Q.DEVICE_USED} {signed_size(this)}"
             f"{_mark(d, Q.DEVICE_USED)}, of the {format_size(start.free_bytes)} that was free; "
             f"{format_size(end.free_bytes)} was left at {_at(d)}",
         ))  # fmt: skip

@@ -142,7 +142,9 @@ def test_the_report_states_what_held_the_device_at_the_oom_and_since_start_up(ru
         "device free 19.94 MiB 1.69 GiB -1.67 GiB",
     ):
         assert row in section
-    assert "other processes +1.53 GiB†, this process +142.00 MiB†, of the 1.69 GiB that was free" in section
+    assert (
+        "other processes +1.53 GiB†, device used by this process +142.00 MiB†, of the 1.69 GiB that was free" in section
+    )
     assert "within 12.25 GiB: the device ran out, not the limit" in section
     assert "† Derived: this window sampled the whole device only (trace format 1.4)" in section
 
