@@ -51,11 +51,13 @@ def _flame(run, at: str, added: bool, svg: Path, folded: Path | None) -> None:
     from memtrace.analysis.titles import flame_titles
     from memtrace.plots.flame_svg import render_flame_svg
     from memtrace.plots.folded import render_folded
+    from memtrace.plots.oom_text import details
     from memtrace.units import format_gib
 
     rank = run.worst
     moment, flame = flame_for(rank, at, added=added, non_torch=False)
-    title, subtitle = flame_titles(rank, flame, moment, fallback=Path(run.path).name)
+    words = details(rank.oom, rank.trace.process.device_total_bytes) if rank.oom is not None else ""
+    title, subtitle = flame_titles(rank, flame, moment, fallback=Path(run.path).name, oom_words=words)
     render_flame_svg(flame, svg, title=title, subtitle=subtitle)
     if folded is not None:
         render_folded(flame, folded)

@@ -36,6 +36,7 @@ from ..analysis.flame import BEFORE_RECORDING, HOOK_PREFIX, NON_TORCH, VMM_KV, F
 from ..analysis.flame_prefix import shared_prefix, stack_counts, without_prefix
 from ..analysis.moment import PEAK
 from ..units import format_bytes
+from . import oom_text
 from .formats import of
 
 #: this module's output format(s) (``plots.format_spec``)
@@ -206,7 +207,8 @@ def _subtitle_lines(subtitle: str, width: int) -> list[str]:
     return lines
 
 
-def _legend(y: int, cupti: bool = False, vmm: bool = False) -> str:
+def _legend(y: int, cupti: bool = False, vmm: bool = False, width: int = 0) -> tuple[str, int]:
+    """The legend from ``y`` on, in rows that fit ``width`` (one row when 0); returns it and its rows."""
     items = [(name, _rgb((lo + hi) / 2, 0.6, 0.66)) for name, _, (lo, hi) in PALETTE]
     items += [
         ("FlashInfer workspace allocator / [hook] call", HOOK_FILL),
@@ -216,12 +218,15 @@ def _legend(y: int, cupti: bool = False, vmm: bool = False) -> str:
         items.append((f"{Q.NON_TORCH.label} (CUPTI)", CUPTI_FILL))
     if vmm:
         items.append((Q.VMM.label, VMM_KV_FILL))
-    parts, x = [], PAD
+    parts, x, rows = [], PAD, 1
     for name, fill in items:
+        step = 28 + int(len(name) * CHAR_PX)
+        if width and x > PAD and x + step - 12 > width - PAD:  # the next row, rather than past the edge
+            x, y, rows = PAD, y + 18, rows + 1
         parts.append(f'<rect x="{x}" y="{y - 11}" width="12" height="12" fill="{fill}" rx="2"/>')
         parts.append(f'<text x="{x + 16}" y="{y}">{escape(name)}</text>')
-        x += 28 + int(len(name) * CHAR_PX)
-    return "".join(parts)
+        x += step
+    return "".join(parts), rows
 
 
 def _shared_note(shared: tuple[str, ...], width: int) -> list[str]:
@@ -283,7 +288,8 @@ def render_flame_svg(
     note = _shared_note(shared, width)
     note_y = 44 + 18 * max(len(subs), 1)
     legend_y = note_y + 18 * len(note) + 2
-    top = legend_y + 10
+    legend, legend_rows = _legend(legend_y, cupti, vmm, width)
+    top = legend_y + 10 + 18 * (legend_rows - 1)
     widest, rest = _beside_widest(flame)
     if total:
         _frames(root, PAD, 0, scale, total, body, stats, top, None, widest)
@@ -316,7 +322,7 @@ def render_flame_svg(
             f'<text x="{PAD}" y="{note_y + 18 * i}" fill="#666" font-style="italic">{escape(line)}</text>'
             for i, line in enumerate(note)
         ),  # fmt: skip
-        _legend(legend_y, cupti, vmm),
+        legend,
         *body,
         f'<text x="{PAD}" y="{footer_y}" fill="#666" font-size="11">Width = bytes live at that moment; '
         "root at the top, callers above callees; name:line · bytes in each box, the full frame and "
@@ -394,6 +400,7 @@ def render(run, out: str | os.PathLike, *, at: str = "peak", since: str | None =
 
     rank = rank_at(run.worst, at)
     moment, flame = flame_for(rank, at, since=since, added=added, non_torch=not torch_only)
-    title, subtitle = flame_titles(rank, flame, moment, fallback=Path(run.path).name)
+    words = oom_text.details(rank.oom, rank.trace.process.device_total_bytes) if rank.oom is not None else ""
+    title, subtitle = flame_titles(rank, flame, moment, fallback=Path(run.path).name, oom_words=words)
     render_flame_svg(flame, out, title=title, subtitle=subtitle)
     say_flame(rank, moment, flame, log)

@@ -84,6 +84,10 @@ def render(run, file: TextIO, *, width: int = 100, markdown: bool = False) -> No
         render_missing(file, run, markdown)
     if run.multi:
         file.write(f"Times: {run.origin.sentence}\n")
-    held = {q for r in run.ranks for q in quantities.present(r.curves, r.trace.process)}
+    held = {
+        q
+        for r in run.ranks
+        for q in quantities.present(r.curves, r.trace.process, oom=r.oom is not None, window=r.window is not None)
+    }
     shown = tuple(q for q in quantities.QUANTITIES if q in held)
     render_definitions(file, width, markdown, shown, quantities.memory_meanings([t.process for t in run.traces]))

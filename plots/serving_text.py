@@ -1,15 +1,19 @@
 """The serving-window section of ``memtrace report`` (``analysis.serving.WindowSummary``).
 
 What filled the GPU before the window was written: the gap after start-up, what the rings kept and
-dropped (and their bound), PyTorch's state at the window's start and end, the growth by allocation site,
-the reserved-but-unallocated bytes, the failed request of an OOM and the scheduler steps before the end.
+dropped (and their bound), PyTorch's state at the window's start and end, the OOM (worded by :mod:`.oom_text`,
+with its bytes so that they can be checked against torch's own message), what held the device at it and how
+each holder changed since start-up ended (``analysis.serving_held``: this process's parts, other processes, the
+device's free memory, in torch's units), the growth by allocation site and the scheduler steps before the end.
 """
 
 from __future__ import annotations
 
 from ..analysis import quantities as Q
 from ..analysis.serving import WindowSummary
-from ..units import gib_or_dash
+from ..analysis.serving_held import DeviceAtEnd, Holders
+from ..units import format_size, gib_number, gib_or_dash, signed_size
+from . import oom_text
 
 
 def _s(us: int | None) -> str:
@@ -53,32 +57,140 @@ def render_window(out, ws: WindowSummary | None, t0_us: int) -> None:
             f"at the window's start ({exact}): {Q.ALLOCATED} {gib_or_dash(ws.start_allocated_bytes)}, "
             f"{Q.RESERVED} {gib_or_dash(ws.start_reserved_bytes)}; at its end: {Q.ALLOCATED} "
             f"{gib_or_dash(ws.end_allocated_bytes)}, {Q.RESERVED} {gib_or_dash(ws.end_reserved_bytes)}, "
-            f"{Q.RESERVED_UNUSED} {gib_or_dash(ws.reserved_unused_bytes)}"
+            f"{Q.RESERVED_UNUSED} {_size(ws.reserved_unused_bytes)}"
         )
     if ws.oom is not None:
-        o = ws.oom
-        out.item(
-            f"DIED: CUDA out of memory at {rel(o.get('time_us'))} while serving: the failed request was "
-            f"{o.get('requested_bytes')} bytes ({gib_or_dash(o.get('requested_bytes'))}), "
-            f"{gib_or_dash(o.get('device_free_bytes'))} free of {gib_or_dash(o.get('device_total_bytes'))}"
-        )
+        out.item(f"DIED: CUDA out of memory at {rel(ws.oom.time_us)} {oom_words(ws)}")
+    if ws.device is not None:
+        render_device(out, ws, rel)
     if ws.growth:
         from .text import frame_text
 
         out.line()
         out.table(
             ["allocated in the window, live at its end", "GiB", "blocks"],
-            [[frame_text(g.frame), f"{g.bytes / (1 << 30):.3f}", str(g.count)] for g in ws.growth],
+            [[frame_text(g.frame), gib_number(g.bytes), str(g.count)] for g in ws.growth],
             "lrr",
         )
-    if ws.steps_before_end:
+    if ws.steps_before_end or ws.steps_in_progress:
         out.line()
         rows = [
             [rel(st.get("time_us")), str(st.get("requests", "-")), str(st.get("tokens", "-")),
              f"{st.get('duration_us', 0) / 1e3:.1f}", st.get("error", "")]
             for st in ws.steps_before_end
         ]  # fmt: skip
+        rows += [
+            [rel(st.get("time_us")), str(st.get("requests", "-")), str(st.get("tokens", "-")), "-", "in progress"]
+            for st in ws.steps_in_progress or []
+        ]  # fmt: skip
         out.table(["scheduler step at", "requests", "tokens", "ms", "error"], rows, "rrrrl")
+    said = step_words(ws, rel)
+    if said:
+        out.item(said)
+
+
+def _size(n: int | None) -> str:
+    return "-" if n is None else format_size(n)
+
+
+#: The rows of what held the device: (quantity, its bytes in a ``Holders``); this process's parts first.
+HOLDER_ROWS = (
+    (Q.ALLOCATED_BLOCKS, lambda h: h.allocator and h.allocator.blocks_bytes),
+    (Q.PRIVATE_POOL_CACHED, lambda h: h.allocator and h.allocator.private_cached_bytes),
+    (Q.RESERVED_UNUSED, lambda h: h.allocator and h.allocator.reserved_unused_bytes),
+    (Q.VMM, lambda h: h.vmm_bytes),
+    (Q.NON_TORCH, lambda h: h.non_torch_bytes),
+    (Q.DEVICE_USED, lambda h: h.this_process_bytes),
+    (Q.OTHERS, lambda h: h.others_bytes),
+    (Q.DEVICE_FREE, lambda h: h.free_bytes),
+)
+#: the rows a window that did not sample other processes knows only by ``serving_held.DERIVED``
+_DERIVED_ROWS = (Q.NON_TORCH, Q.DEVICE_USED, Q.OTHERS)
+
+
+def _at(d: DeviceAtEnd) -> str:
+    return "the OOM" if d.at_oom else "the window's end"
+
+
+def _mark(d: DeviceAtEnd, q) -> str:
+    """The mark (†) after a figure known only by ``serving_held.DERIVED``."""
+    return "†" if d.derived and q in _DERIVED_ROWS else ""
+
+
+def render_device(out, ws: WindowSummary, rel) -> None:
+    """The table of what held the device at the window's end (its OOM) and at start-up's end, with the change."""
+    d = ws.device
+    rows = []
+    for q, of in HOLDER_ROWS:
+        change = d.change(of)
+        change_text = "-" if change is None else signed_size(change) + _mark(d, q)
+        rows.append([q.label, _size(of(d.end)) + _mark(d, q), _size(of(d.startup_end)), change_text])
+    out.line()
+    out.item(
+        f"what held the device ({gib_or_dash(ws.device_total_bytes)}) at {_at(d)} ({rel(d.end.time_us)}) and when "
+        f"start-up ended ({rel(d.startup_end.time_us)}):"
+    )
+    out.table(["", f"at {_at(d)}", "start-up's end", "change"], rows, "lrrr")
+    for head, text in device_sentences(ws, rel):
+        out.item(f"{head}: {text}")
+
+
+def device_sentences(ws: WindowSummary, rel) -> list[tuple[str, str]]:
+    """What the holders' changes say, as (head, text): who took the memory that was free when start-up ended,
+    whether the request was within the allocator's limit, and how other processes' memory is known when it was
+    not sampled (``serving_held.DERIVED``)."""
+    d = ws.device
+    end, start = d.end, d.startup_end
+    out = []
+    others, this = d.change(lambda h: h.others_bytes), d.change(Holders.this_process_bytes.fget)
+    if others is not None and this is not None and start.free_bytes is not None and end.free_bytes is not None:
+        out.append((
+            f"Since start-up ended ({rel(start.time_us)})",
+            f"{Q.OTHERS} {signed_size(others)}{_mark(d, Q.OTHERS)}, {Q.DEVICE_USED} {signed_size(this)}"
+            f"{_mark(d, Q.DEVICE_USED)}, of the {format_size(start.free_bytes)} that was free; "
+            f"{format_size(end.free_bytes)} was left at {_at(d)}",
+        ))  # fmt: skip
+    if d.within_limit is not None and end.allocator is not None:
+        within = "were within" if d.within_limit else "were over"
+        out.append((
+            "Within the allocator limit" if d.within_limit else "Over the allocator limit",
+            f"{Q.RESERVED} {format_size(end.allocator.reserved_bytes)} and the request "
+            f"{format_size(ws.oom.requested_bytes)} {within} {format_size(ws.oom.limit_bytes(ws.device_total_bytes))}: "
+            + ("the device ran out, not the limit" if d.within_limit else "the limit refused it"),
+        ))  # fmt: skip
+    if d.derived:
+        out.append(("† Derived", d.derived))
+    return out
+
+
+def _step(st: dict, rel) -> str:
+    return f"{rel(st.get('time_us'))} with {st.get('requests', '-')} requests / {st.get('tokens', '-')} tokens"
+
+
+def step_words(ws: WindowSummary, rel) -> str | None:
+    """The scheduler step in progress at the write: the one the OOM happened in, or why it is not known (a format
+    1.4 window records a step when it ends, so the failing one is not in its list)."""
+    if ws.oom is None:
+        running = ws.steps_in_progress or []
+        return (
+            f"a scheduler step was in progress at the write: it began at {_step(running[-1], rel)}" if running else None
+        )
+    if ws.steps_in_progress is None:
+        last = ws.steps_before_end[-1] if ws.steps_before_end else None
+        ended = "" if last is None else int(last.get("time_us", 0)) + int(last.get("duration_us", 0))
+        tail = (
+            ""
+            if last is None
+            else f"; the last one listed ended at {rel(ended)}, {(ws.oom.time_us - ended) / 1e3:.1f} ms before the OOM"
+        )
+        return (
+            "the scheduler step the OOM happened in is not in the list: this window (trace format 1.4) records a "
+            "step when it ends" + tail
+        )
+    st = ws.step_at_oom
+    if st is None:
+        return "no scheduler step was in progress at the OOM: it happened outside Worker.execute_model"
+    return f"the OOM happened during the scheduler step that began at {_step(st, rel)}"
 
 
 def gap_words(events: int, samples: int, steps: int) -> str:
@@ -89,6 +201,22 @@ def gap_words(events: int, samples: int, steps: int) -> str:
 
 #: How many growth sites the short statement of a window names.
 SITES_SHOWN = 3
+
+
+def oom_words(ws: WindowSummary) -> str:
+    """``in serving: requested 22.00 MiB (23,068,672 B), device free ...``: the window's OOM (:mod:`.oom_text`)."""
+    return f"{oom_text.where(ws.oom)}: {oom_text.details(ws.oom, ws.device_total_bytes, exact=True)}"
+
+
+def held_lines(ws: WindowSummary, rel) -> list[str]:
+    """What held the device at the window's end in one sentence (:data:`HOLDER_ROWS`' figures), then what the
+    changes since start-up's end say (:func:`device_sentences`), a sentence each."""
+    d = ws.device
+    said = lambda rows: [f"{q} {_size(of(d.end))}{_mark(d, q)}" for q, of in rows if of(d.end) is not None]  # noqa: E731
+    this, (mine, *rest) = said(HOLDER_ROWS[:5]), HOLDER_ROWS[5:]
+    head = said([mine]) or ["this process"]
+    held = f"Held at {_at(d)}: " + ", ".join([f"{head[0]} ({', '.join(this)})", *said(rest)]) + "."
+    return [held] + [f"{h}: {text}." for h, text in device_sentences(ws, rel)]
 
 
 def window_lines(ws: WindowSummary | None, t0_us: int) -> list[str]:
@@ -108,16 +236,13 @@ def window_lines(ws: WindowSummary | None, t0_us: int) -> list[str]:
     )
     lines = [f"Serving window: {span} kept, {rel(w.start_us)} to {rel(w.end_us)}, {gap}; last written on {w.reason}."]
     if ws.oom is not None:
-        o = ws.oom
-        lines.append(
-            f"Failed allocation: {o.get('requested_bytes'):,} bytes ({gib_or_dash(o.get('requested_bytes'))}) at "
-            f"{rel(o.get('time_us'))} in {o.get('phase') or 'serving'}, {gib_or_dash(o.get('device_free_bytes'))} "
-            f"free of {gib_or_dash(o.get('device_total_bytes'))}."
-        )
-    if ws.end_allocated_bytes is not None:
+        lines.append(f"Failed allocation at {rel(ws.oom.time_us)} {oom_words(ws)}.")
+    if ws.device is not None:
+        lines += held_lines(ws, rel)
+    elif ws.end_allocated_bytes is not None:
         lines.append(
             f"At the window's end: {Q.ALLOCATED} {gib_or_dash(ws.end_allocated_bytes)}, {Q.RESERVED} "
-            f"{gib_or_dash(ws.end_reserved_bytes)}, {Q.RESERVED_UNUSED} {gib_or_dash(ws.reserved_unused_bytes)} "
+            f"{gib_or_dash(ws.end_reserved_bytes)}, {Q.RESERVED_UNUSED} {_size(ws.reserved_unused_bytes)} "
             f"(at its start: {Q.ALLOCATED} {gib_or_dash(ws.start_allocated_bytes)}, {Q.RESERVED} "
             f"{gib_or_dash(ws.start_reserved_bytes)})."
         )
@@ -135,4 +260,7 @@ def window_lines(ws: WindowSummary | None, t0_us: int) -> list[str]:
             f"Last scheduler step at {rel(st.get('time_us'))}: {st.get('requests', '-')} requests, "
             f"{st.get('tokens', '-')} tokens{err}."
         )
+    said = step_words(ws, rel)
+    if said:
+        lines.append(f"Step at {'the OOM' if ws.oom is not None else 'the write'}: {said}.")
     return lines

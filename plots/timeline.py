@@ -26,7 +26,8 @@ import numpy as np
 
 from ..analysis import quantities
 from ..analysis.categories import CATEGORIES
-from ..units import GiB, format_gib, format_size
+from ..units import GiB, format_gib
+from . import oom_text as oom_words
 from .formats import of
 from .phase_lane import PhaseLabel
 from .timeline_axes import DPI_HINT, LABEL_PT, draw_main, draw_zoom, zoom_band, zoom_window
@@ -125,11 +126,6 @@ def _in_phase(path: str) -> str:
     return f"in {_phase_name(path)}" if path else "outside any phase"
 
 
-def _size(n: int) -> str:
-    """GiB as everywhere on the figure, but "27.56 MiB" rather than "0.03 GiB" for what is small."""
-    return format_size(n)
-
-
 _UNTIL = {"dropped": "", "end": ", until the end of the recording", "oom": ", until the OOM"}
 
 
@@ -181,9 +177,7 @@ def oom_text(rank: RankTimeline, t0_us: int) -> OomDrawn | None:
         return None
     sec = (o.time_us - t0_us) / 1e6
     head = f"OUT OF MEMORY at {sec:.3f} s {_in_phase(o.phase_path)}"
-    free = f"{_size(o.free_bytes)} free on the device" if o.free_bytes is not None else "free memory not recorded"
-    limit = o.limit_bytes(rank.device_total_bytes)
-    detail = f"asked {_size(o.requested_bytes)}; " + (f"limit {format_gib(limit)}, {free}" if limit else free)
+    detail = oom_words.details(o, rank.device_total_bytes)
     return OomDrawn(o.time_us, sec, o.phase_path, o.requested_bytes, o.free_bytes, f"{head}\n{detail}")
 
 
@@ -361,7 +355,7 @@ def _fit_heights(fig, gs, ranks, lanes: list[list[PhaseLabel]], footnote_in: flo
 def _legend(fig, handles: dict, rows: int = LEGEND_ROWS, lift_in: float = 0.0) -> list[str]:
     """One legend for all ranks, below the plots, in a fixed order."""
     order = [*CATEGORIES, "vmm_kv", "non_torch_cupti", "non_torch_unexplained", "non_torch", "others", "reserved"]
-    order += ["device_used", "target", "capacity", "what-if", "oom", "zoom", "break", "gap"]
+    order += ["device_used", "device_used_all", "target", "capacity", "what-if", "oom", "zoom", "break", "gap"]
     items = [handles[k] for k in order if k in handles]
     fig.legend(
         [h for h, _ in items],

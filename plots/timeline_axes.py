@@ -34,6 +34,7 @@ NON_TORCH_STYLE = {"color": NON_TORCH, "alpha": 0.55, "lw": 0, "hatch": "///", "
 CUPTI = "#2A9D8F"  # the non-PyTorch memory CUPTI saw, exactly
 CUPTI_EDGE = "#17645B"
 OTHERS = "#B8C4CE"
+OTHERS_EDGE = "#5A6B7B"  # the whole device's used memory, where other processes were not told apart
 TARGET = "#C62828"
 OOM_COLOR = "#4A0000"
 ZOOM_BAND = "#FFD54F"
@@ -110,6 +111,7 @@ def _lines(ax, rank: RankTimeline, t0: int, lo: int, hi: int, n_buckets: int, ha
     (line,) = ax.step(t, np.append(_g(res.bytes[keep]), _g(res.bytes[keep][-1])), where="post", color="black", lw=1.0)
     if handles is not None:
         handles.setdefault("reserved", (line, quantities.RESERVED.label))
+    _device_used_all(ax, rank, t0, lo, hi, n_buckets, handles)
     if not rank.curves.has_device:
         return
     used, nt = rank.curves.device_used, rank.curves.non_torch
@@ -134,6 +136,20 @@ def _lines(ax, rank: RankTimeline, t0: int, lo: int, hi: int, n_buckets: int, ha
         art = ax.fill_between(ts, u, top, step="post", color=OTHERS, alpha=0.5, lw=0, hatch="..", edgecolor="#7A8A99")
         if handles is not None:
             handles.setdefault("others", (art, f"{quantities.OTHERS.label} on the GPU (NVML)"))
+
+
+def _device_used_all(ax, rank: RankTimeline, t0: int, lo: int, hi: int, n_buckets: int, handles: dict | None) -> None:
+    """The whole device's used memory, where it was not told apart into this process's and others' (a line)."""
+    c = rank.device_used_all
+    if c is None:
+        return
+    keep = bucket_indices(c.time_us, c.bytes, lo, hi, n_buckets)
+    if not len(keep):
+        return
+    (line,) = ax.step(_s(c.time_us[keep], t0), _g(c.bytes[keep]), where="post", color=OTHERS_EDGE, lw=1.2, ls="-.")
+    if handles is not None:
+        label = f"{quantities.DEVICE_USED_ALL.label} (NVML; not told apart)"
+        handles.setdefault("device_used_all", (line, label))
 
 
 def _cupti_bands(ax, split: CuptiSplit, t0: int, handles: dict | None):
@@ -271,6 +287,8 @@ def _oom_point(rank: RankTimeline, t0: int) -> tuple[float, float]:
     """Where the OOM marker goes: at the OOM's moment, on device used (when sampled) or reserved."""
     t = rank.oom.time_us
     curve = rank.curves.device_used if rank.curves.has_device else rank.curves.reserved
+    if rank.device_used_all is not None:  # this process's device used unknown: the whole device's
+        curve = rank.device_used_all
     return float(_s(t, t0)), float(_g(max(curve.at(t), rank.curves.reserved.at(t))))
 
 
@@ -405,6 +423,8 @@ def draw_zoom(ax, rank: RankTimeline, t0: int, window: tuple[int, int], crossing
     values = [quantities.window_max(res, lo, hi)]
     if rank.curves.has_device:
         values.append(quantities.window_max(rank.curves.device_used, lo, hi))
+    if rank.device_used_all is not None:
+        values.append(quantities.window_max(rank.device_used_all, lo, hi))
     if rank.target_bytes is not None:
         ax.axhline(_g(rank.target_bytes), color=TARGET, lw=1.4)
         values.append(rank.target_bytes)

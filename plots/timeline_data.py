@@ -11,14 +11,15 @@ where every figure is computed once), so ``timeline.render_timeline`` never touc
 - the non-PyTorch bytes CUPTI saw live (``analysis.non_torch.live_curve``), when the trace holds CUPTI
   records: the timeline splits its non-PyTorch band with it (:func:`cupti_split`: where each part
   runs, in bytes, once the renderer has picked the NVML samples it draws);
-- the serving window (``AnalysedRank.serving``), prepared the same way, and the gap before it;
+- the serving window (``AnalysedRank.serving``), prepared the same way, and the gap before it; NVML's samples of a
+  window that did not tell other processes apart are the whole device's (``WindowSummary.device_used_all``);
 - the KV cache vLLM (0.34+) committed through CUDA's VMM API, outside PyTorch (``AnalysedRank.vmm_kv``):
   a band stacked on PyTorch reserved (:func:`vmm_band`), the KV cache's category allocated another way.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -59,6 +60,9 @@ class RankTimeline:
     #: dropped in it (allocator events, NVML samples, scheduler steps); None without a gap
     gap_us: tuple[int, int] | None = None
     gap_dropped: tuple[int, int, int] = (0, 0, 0)
+    #: the whole device's used memory, every process, where NVML's samples were not told apart into this
+    #: process's and other processes' (a serving window of format 1.4: ``WindowSummary.device_used_all``)
+    device_used_all: Curve | None = None
 
     @property
     def drawn_end_us(self) -> int:
@@ -100,6 +104,7 @@ def prepare_rank(rank: AnalysedRank) -> RankTimeline:
     serving, gap, dropped = None, None, (0, 0, 0)
     if rank.serving is not None:
         serving, w = prepare_rank(rank.serving), rank.trace.window
+        serving = replace(serving, device_used_all=rank.window.device_used_all)
         gap = (w.startup_end_us, w.start_us) if w.gap_us else None
         dropped = (w.events_dropped, w.samples_dropped, w.steps_dropped)
         end = max(end, serving.end_us)
@@ -214,7 +219,9 @@ def phases_at(rank: RankTimeline, times_us: list[int]) -> frozenset[str]:
 
 
 def drawn_curves(rank: RankTimeline) -> list[Curve]:
-    """The curves the main plot draws: PyTorch allocated, held by this process, device used (when sampled)."""
+    """The curves the main plot draws: PyTorch allocated, held by this process, device used (when sampled; the
+    whole device's where it was not told apart)."""
     c = rank.curves
     own = [c.allocated, c.held] + ([c.device_used] if c.has_device else [])
+    own += [rank.device_used_all] if rank.device_used_all is not None else []
     return own + (drawn_curves(rank.serving) if rank.serving is not None else [])

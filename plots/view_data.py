@@ -52,6 +52,7 @@ from ..analysis.quantities import RESERVED, ranked_by
 from ..analysis.rank import AnalysedRank
 from ..analysis.summary import summary_to_dict
 from ..model import ACTIONS
+from . import oom_text
 from .palette import CATEGORY_COLORS, VMM_KV_LABEL
 from .serving_text import gap_words, window_lines
 from .text import before_recording_text
@@ -154,7 +155,8 @@ def rank_meta(a: AnalysedRank, t0_us: int) -> dict[str, Any]:
         "peak_mark": _peak_mark(a),
         "peak_bound": doc["peak_bound"],
         "crossings": doc["crossings"],
-        "oom": None if oom is None else {**oom.__dict__},
+        # the marker's words (``oom_text``: "requested 22.00 MiB", as torch's message says it)
+        "oom": None if oom is None else {**oom.__dict__, "label": f"OOM ({oom_text.requested(oom)})"},
         "phases": [
             {
                 "name": p.name,
@@ -290,7 +292,18 @@ def pack_rank(a: AnalysedRank, t0_us: int, *, with_events: bool = True) -> Packe
     parts.append(z.flush())
     meta["has_events"] = with_events
     window = pack_window(a, t0_us, with_events=with_events)
+    meta["serving_heading"] = serving_heading(window)
     return PackedRank(meta, b"".join(parts), columns, window)
+
+
+def serving_heading(window: PackedRank | None) -> str:
+    """The heading over the serving window's lines on the page: where the chart draws the window."""
+    if window is None:
+        return "Serving window (after start-up; it kept no allocator event, so the chart below shows start-up alone)"
+    gap = window.meta["gap"]
+    if gap["end_us"] > gap["start_us"]:
+        return "Serving window (after start-up; on the chart below after the hatched gap, which was not recorded)"
+    return "Serving window (after start-up; on the chart below from where start-up ended, under the serving bar)"
 
 
 def pack_window(a: AnalysedRank, t0_us: int, *, with_events: bool = True) -> PackedRank | None:

@@ -4,7 +4,9 @@
 :mod:`.surface`, installed only in serving mode) and hands each step to the session's ring: when it began,
 how long it took, how many requests and tokens vLLM scheduled (read from the ``SchedulerOutput`` it was
 given: ``num_scheduled_tokens``, ``total_num_scheduled_tokens``; nothing is called on it), and the error
-that left it (a CUDA OOM). The call, its arguments and its result pass through untouched.
+that left it (a CUDA OOM). The step is handed over when it begins too (in progress until it ends), so that a
+window written during it (the OOM observer's, inside the step that failed) names it. The call, its arguments
+and its result pass through untouched.
 """
 
 from __future__ import annotations
@@ -47,13 +49,14 @@ class StepHook:
             return None
         # (self, scheduler_output): positional in every listed vLLM; inspect.signature per step would cost more
         output = args[1] if len(args) > 1 else kwargs.get("scheduler_output")
-        return (current, now_us(), step_facts(output))
+        start_us, facts = now_us(), step_facts(output)
+        return (current, start_us, facts, current.begin_step({"time_us": start_us, **facts}))
 
     def after(self, token: Any, result: Any, error: BaseException | None) -> None:
         if token is None:
             return
-        current, start_us, step = token
+        current, start_us, step, began = token
         step = {"time_us": start_us, "duration_us": now_us() - start_us, **step}
         if error is not None:
             step["error"] = type(error).__name__
-        current.record_step(step)
+        current.record_step(step, began)

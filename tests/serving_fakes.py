@@ -26,6 +26,8 @@ REQUESTED_BYTES = 3 << 30
 FREE_BYTES = 1 << 30
 TOTAL_BYTES = 80 << 30
 STEP = {"duration_us": 5_000, "requests": 7, "tokens": 900}
+#: the scheduler step in progress when the OOM happens (begun, never ended: the OOM is raised inside it)
+STEP_AT_OOM = {"requests": 8, "tokens": 5489}
 
 
 class ReplayClock:
@@ -76,6 +78,7 @@ def write_fake_serving(path: Path, monkeypatch, ring_events: int = 5000) -> Trac
     s.enter_serving()
     fake.allocate(len(entries) - n_startup)
     s.record_step({"time_us": clock(), **STEP})
+    s.begin_step({"time_us": clock(), **STEP_AT_OOM})
     s.on_oom(0, REQUESTED_BYTES, TOTAL_BYTES, FREE_BYTES)
     s.close("exit")
     S.wait_finishing()

@@ -48,7 +48,7 @@ SERVING = _fact(
     "capture.serving_session",
     "MEMTRACE_UNTIL=serving: started_us (start-up written, rings begin), bounds (the rings' limits and "
     "ring_bytes_max, the most bytes they may hold), on_cpu (no allocator: the window holds scheduler steps "
-    "and notes only); the window itself is the trace's ServingWindow (format 1.4)",
+    "and notes only); the window itself is the trace's ServingWindow (format 1.4, its others 1.5)",
 )
 CAPTURE_PREIMPORT_S = _fact(
     "capture_preimport_s",

@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 
 #: On-disk format version written by this memtrace: (major, minor). Readers refuse a newer major.
-FORMAT_VERSION = (1, 4)
+FORMAT_VERSION = (1, 5)
 
 #: Allocator actions, in the order of their integer codes in ``EVENT_DTYPE["action"]``.
 #: The names are PyTorch's own (``c10/core/CachingDeviceAllocator.h`` TraceEntry::Action).
@@ -282,7 +282,7 @@ class Recording:
 
 @dataclass
 class ServingWindow:
-    """The serving window of ``MEMTRACE_UNTIL=serving`` (format 1.4; an older file loads with none).
+    """The serving window of ``MEMTRACE_UNTIL=serving`` (format 1.4, 1.5 its others; an older file loads with none).
 
     The trace's start-up part ends at ``startup_end_us``; the window covers ``start_us`` to ``end_us``
     (the last write). Between them lies the gap (``gap_us``): time in which memtrace kept records only in
@@ -291,9 +291,15 @@ class ServingWindow:
     with ``exact`` (True: torch's counters at the start of serving, carried forward over every dropped
     event; False: a lower bound) or {} when there is no allocator (a CPU worker). ``steps`` are vLLM's
     scheduler steps kept in the window (``time_us``, ``duration_us``, ``requests``, ``tokens``, ``error``),
+    ``steps_in_progress`` (format 1.5; None in a 1.4 window, which did not track them) the steps begun and not
+    ended when the window was written: an OOM's write happens inside the step that failed.
     ``bounds`` the ring's limits and the bytes they allow. ``events``/``samples`` are the window's own
-    allocator events (``EVENT_DTYPE``) and NVML samples (``SAMPLE_DTYPE``); ``segments`` the allocator
-    state at the write (the start-up part keeps its own in ``Trace.segments``).
+    allocator events (``EVENT_DTYPE``) and NVML samples (``SAMPLE_DTYPE``: the whole device's used memory, every
+    process included, as start-up's); ``others`` (format 1.5; a 1.4 window loads with none) the memory of the
+    other processes on the device at those samples (``OTHERS_DTYPE``, NVML's per-process list, as the start-up
+    sidecar samples it; none when the traced process was not told apart), with ``others_how`` saying how
+    (``capture.processes.Others.stats``); ``segments`` the allocator state at the write (the start-up part keeps
+    its own in ``Trace.segments``).
     """
 
     startup_end_us: int | None = None
@@ -310,8 +316,11 @@ class ServingWindow:
     bounds: dict[str, Any] = field(default_factory=dict)
     start_state: dict[str, Any] = field(default_factory=dict)
     steps: list[dict[str, Any]] = field(default_factory=list)
+    steps_in_progress: list[dict[str, Any]] | None = None
     events: np.ndarray = field(default_factory=lambda: empty_events())
     samples: np.ndarray = field(default_factory=lambda: empty_samples())
+    others: np.ndarray = field(default_factory=lambda: empty_others())
+    others_how: dict[str, Any] = field(default_factory=dict)
     segments: list[Segment] = field(default_factory=list)
 
     @property

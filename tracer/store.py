@@ -6,7 +6,7 @@ open to any SQLite tool. It is never pickle.
 
 Layout of a trace file (format ``memtrace-trace``, version ``FORMAT_VERSION``):
 
-- ``meta(key, value)``: ``format``, ``version`` ("1.3"), ``writer`` and the JSON documents
+- ``meta(key, value)``: ``format``, ``version`` ("1.5"), ``writer`` and the JSON documents
   ``process``, ``recording``, ``facts``. Every fact key, with its type and writer, is listed in
   ``memtrace.facts`` (the one part of the file the version number does not spell out).
 - ``frames(id, filename, line, name)`` and ``stacks(id, frames)`` (frame ids, innermost first,
@@ -41,7 +41,10 @@ Layout of a trace file (format ``memtrace-trace``, version ``FORMAT_VERSION``):
   the gap after start-up, the counts dropped from the ring, the window's start state, the scheduler steps),
   its allocator events and NVML samples (same dtypes as above) and the allocator state at its last write.
   Each write replaces the previous window; the start-up part (every table above) is never touched by it.
-  An older file, or a start-up-only trace, loads with ``Trace.window`` None.
+  An older file, or a start-up-only trace, loads with ``Trace.window`` None. ``window_other_chunks`` (since
+  1.5): other processes' memory at the window's NVML samples (``OTHERS_DTYPE``, as ``other_chunks``; how it was
+  attributed is the window document's ``others_how``). A 1.4 window has no such table and loads with none: its
+  ``window_sample_chunks`` are the whole device's used memory, never told apart into this process's and others'.
 - ``segments`` and ``blocks``: the allocator state at the last snapshot (of start-up, in a serving trace).
 - ``phases``, ``hook_calls``, ``notes``: one row each.
 
@@ -116,6 +119,7 @@ CREATE TABLE IF NOT EXISTS blocks(segment INTEGER, address INTEGER, size_bytes I
     requested_bytes INTEGER, state TEXT, stack INTEGER);
 CREATE TABLE IF NOT EXISTS window_event_chunks(seq INTEGER PRIMARY KEY, count INTEGER NOT NULL, data BLOB NOT NULL);
 CREATE TABLE IF NOT EXISTS window_sample_chunks(seq INTEGER PRIMARY KEY, count INTEGER NOT NULL, data BLOB NOT NULL);
+CREATE TABLE IF NOT EXISTS window_other_chunks(seq INTEGER PRIMARY KEY, count INTEGER NOT NULL, data BLOB NOT NULL);
 CREATE TABLE IF NOT EXISTS window_segments(id INTEGER PRIMARY KEY, address INTEGER, total_bytes INTEGER,
     stream INTEGER, segment_type TEXT, pool_id TEXT, is_expandable INTEGER);
 CREATE TABLE IF NOT EXISTS window_blocks(segment INTEGER, address INTEGER, size_bytes INTEGER,
@@ -296,13 +300,14 @@ class TraceWriter:
         doc = {
             f.name: getattr(window, f.name)
             for f in dataclasses.fields(window)
-            if f.name not in ("events", "samples", "segments")
+            if f.name not in ("events", "samples", "others", "segments")
         }
         with self._db:
             self._put_meta("window", _json(doc))
             for table, records, dtype in (
                 ("window_event_chunks", window.events, EVENT_DTYPE),
                 ("window_sample_chunks", window.samples, SAMPLE_DTYPE),
+                ("window_other_chunks", window.others, OTHERS_DTYPE),
             ):
                 self._db.execute(f"DELETE FROM {table}")
                 if len(records):
@@ -640,12 +645,15 @@ def _segments(rows: Callable, prefix: str) -> list[Segment]:
 
 
 def _window(db: sqlite3.Connection, doc: dict[str, Any], rows: Callable, tables: set[str]) -> ServingWindow:
-    """The serving window (format 1.4): its document, events, samples and end state."""
+    """The serving window (format 1.4; its others series since 1.5): its document, events, samples, other
+    processes' samples and end state."""
     window = _from_dict(ServingWindow, doc)
     if "window_event_chunks" in tables:
         window.events = _chunks(db, "window_event_chunks", EVENT_DTYPE, empty_events)
     if "window_sample_chunks" in tables:
         window.samples = _chunks(db, "window_sample_chunks", SAMPLE_DTYPE, empty_samples)
+    if "window_other_chunks" in tables:  # since 1.5
+        window.others = _chunks(db, "window_other_chunks", OTHERS_DTYPE, empty_others)
     window.segments = _segments(rows, "window_")
     return window
 

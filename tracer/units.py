@@ -167,6 +167,11 @@ def format_size(n_bytes: int | float | None) -> str:
     return f"{sign}{int(n)} B"
 
 
+def signed_size(n_bytes: int) -> str:
+    """ "+1.53 GiB", "-4.25 MiB", "0 B": a change as :func:`format_size` words a size."""
+    return ("+" if n_bytes > 0 else "") + format_size(n_bytes)
+
+
 def format_bytes(n_bytes: int | float, digits: int = 1) -> str:
     """A human size in the largest binary unit that keeps the number >= 1: "512.0 MiB", "3.2 GiB"."""
     sign = "-" if n_bytes < 0 else ""

@@ -100,7 +100,7 @@
       };
       const c = m.crossings.length ? m.crossings[0] : null; /* the crossing every output names first */
       if (c) drawn.crossing = vline(c.time_us - m.t0_us, '#d62728', `crossed +${gib(c.overshoot_bytes)}`, [2 * dpr, 2 * dpr]);
-      if (m.oom) drawn.oom = vline(m.oom.time_us - m.t0_us, '#000', `OOM (${gib(m.oom.requested_bytes)} asked)`, null, 2);
+      if (m.oom) drawn.oom = vline(m.oom.time_us - m.t0_us, '#000', m.oom.label, null, 2);
       drawn.peak = vline(m.peak.state_us - m.t0_us, '#9467bd', `peak ${m.peak_bound.lower_bound ? 'at least ' : ''}${gib(m.peak_mark.bytes)} ${m.peak_mark.curve}`, [1 * dpr, 3 * dpr], 1);
       if (R.selectedUs != null) vline(R.selectedUs, '#17becf', 'selected', null, 3);
       for (const [label, color, tx, ty, tw] of names) {
@@ -332,8 +332,7 @@
       const lane = el('section', { class: 'mt-lane' }, el('h2', {}, meta.label));
       if (meta.before_recording) lane.append(el('p', { class: 'mt-note mt-before' }, meta.before_recording.line));
       if (meta.serving && meta.serving.length) {
-        lane.append(el('div', { class: 'mt-serving' }, el('h3', {}, meta.window ? 'Serving window (after start-up; on the chart below after the hatched gap, which was not recorded)'
-          : 'Serving window (after start-up; it kept no allocator event, so the chart below shows start-up alone)'),
+        lane.append(el('div', { class: 'mt-serving' }, el('h3', {}, meta.serving_heading),
           el('ul', {}, ...meta.serving.map((line) => el('li', {}, line)))));
       }
       const marks = el('div', { class: 'mt-landmarks' });

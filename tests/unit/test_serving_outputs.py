@@ -85,10 +85,16 @@ def test_the_issue_bundle_states_the_window_first_and_draws_the_flame_at_the_oom
     assert main(["issue", fake.path, "-o", str(out)]) == 0
     md = (out / "issue.md").read_text()
     first_screen = "\n".join(md.splitlines()[:30])
-    assert "- **Failed allocation:** 3,221,225,472 bytes (3.00 GiB) at 3609.85 s in serving" in first_screen
+    assert (
+        "- **Failed allocation at 3609.85 s in serving:** requested 3.00 GiB (3,221,225,472 B), device free 1.00 GiB"
+    ) in first_screen
     assert "after a GAP of 3600.12 s that was not recorded (1,962 allocator events" in first_screen
-    assert f"{Q.RESERVED_UNUSED.label} 126.00 GiB" in first_screen
+    assert f"{Q.RESERVED_UNUSED.label} 125.41 GiB" in first_screen  # less the private pools' 604.00 MiB cached
     assert "examples/record_startup.py:114 forward +96.0 MiB (3)" in first_screen  # the window's growth by stack
+    assert (
+        "- **Step at the OOM:** the OOM happened during the scheduler step that began at 3609.85 s with 8 requests "
+        "/ 5489 tokens."
+    ) in first_screen
     assert "## What held memory at the OOM, in the serving window" in md
     total = sum(int(line.rsplit(" ", 1)[1]) for line in (out / "flame.folded").read_text().splitlines())
     assert total == sum(s.requested_bytes for s in fake.window.segments)
@@ -104,7 +110,7 @@ def test_the_view_packs_the_window_as_its_own_part_after_a_gap_squeezed_as_the_p
     t0, w = rank.origin.t0_us, fake.window
     packed = pack_rank(rank, t0)
     meta, win = packed.meta, packed.window.meta
-    assert meta["serving"] == window_lines(rank.window, t0) and len(meta["serving"]) == 5
+    assert meta["serving"] == window_lines(rank.window, t0) and len(meta["serving"]) == 6
     assert meta["end_us"] == w.startup_end_us - t0  # start-up's part stops where start-up ended...
     assert (win["start_us"], win["end_us"]) == (w.start_us - t0, w.end_us - t0)  # ...the window's is its own
     assert win["n_events"] == len(w.events) and win["baseline"]["allocated"] == w.start_state["allocated_bytes"]

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import os
 import signal
+import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -85,7 +87,7 @@ def test_a_serving_oom_writes_the_startup_then_a_bounded_window_with_the_failed_
     assert w.start_state["allocated_bytes"] == a and w.start_state["reserved_bytes"] == r
     assert w.start_state["exact"] is True
     ws = window_summary(t)
-    assert ws.oom["requested_bytes"] == 3 << 30
+    assert ws.oom.requested_bytes == 3 << 30
     assert sum(seg.requested_bytes for seg in w.segments) == ws.end_allocated_bytes
     assert ws.start_allocated_bytes == a
     assert w.bounds["max_age_s"] is None
@@ -159,3 +161,120 @@ def test_bad_serving_knobs_are_one_clear_error():
         serving.knobs({serving.EVENTS_ENV: "0"})
     with pytest.raises(UsageError, match="is not a number"):
         serving.knobs({serving.SECONDS_ENV: "ten"})
+
+
+class FakeNVML:
+    """A fake NVML (this CPU machine has none): the device's used memory is this process's 2 GiB + 615 MiB the
+    driver keeps + another process's, which NVML's per-process list names (pid 4242) with this process."""
+
+    OTHER_BYTES = 5 << 30
+    RESERVE = 615 << 20
+    TOTAL = 80 << 30
+
+    class NVMLError(Exception):
+        pass
+
+    def __init__(self):
+        self.others_bytes = self.OTHER_BYTES
+
+    def nvmlInit(self):
+        pass
+
+    def nvmlDeviceGetHandleByIndex(self, i):
+        return "handle"
+
+    def nvmlDeviceGetMemoryInfo(self, h):
+        class Mem:
+            total = self.TOTAL + self.RESERVE
+            used = (2 << 30) + self.RESERVE + self.others_bytes
+
+        return Mem()
+
+    def nvmlDeviceGetComputeRunningProcesses(self, h):
+        class Proc:
+            def __init__(self, pid, used):
+                self.pid, self.usedGpuMemory = pid, used
+
+        return [Proc(os.getpid(), 2 << 30), Proc(4242, self.others_bytes)]
+
+
+def test_the_serving_sampler_records_other_processes_beside_the_device_used(tmp_path, monkeypatch):
+    nvml = FakeNVML()
+    monkeypatch.setitem(sys.modules, "pynvml", nvml)
+    k = {**serving.DEFAULTS, serving.SAMPLE_HZ_ENV: 200.0}
+    rec = serving.ServingRecorder(k, startup_end_us=S.now_us(), start_state={})
+    notes = []
+    rec.start_sampler(None, lambda *a: notes.append(a), cuda_total_bytes=FakeNVML.TOTAL, held_bytes=2 << 30)
+    try:
+        time.sleep(0.15)
+        nvml.others_bytes = 6 << 30  # the other process grows while serving
+        time.sleep(0.15)
+    finally:
+        rec.stop()
+        rec._sampler.join()
+    w = rec.window(now_us=S.now_us(), reason="exit", segments=[])
+    assert notes == [] and len(w.samples) > 10 and len(w.others) == len(w.samples)
+    assert np.array_equal(w.others["time_us"], w.samples["time_us"])  # read with each sample
+    assert set(w.others["others_bytes"].tolist()) == {5 << 30, 6 << 30}
+    assert w.others_how["others_method"] == "per-process" and w.others_how["traced_pids"][0] == os.getpid()
+    # what the ring may hold counts the other processes' series too
+    assert w.bounds["ring_bytes_max"] == serving.bounds(k, None)["ring_bytes_max"]
+    assert (
+        serving.bounds(k, None)["ring_bytes_max"]
+        - serving.bounds({**k, serving.SAMPLE_HZ_ENV: 0}, None)["ring_bytes_max"]
+        == w.bounds["max_samples"] * 32
+    )
+    save_trace(Trace(window=w), tmp_path / "w.memtrace")
+    back = load_trace(tmp_path / "w.memtrace").window
+    assert np.array_equal(back.others, w.others) and back.others_how == w.others_how
+
+
+def test_a_format_1_4_window_loads_with_no_other_processes_series():
+    from vllm034_data import Recorded
+
+    w = load_trace(next(Recorded("vllm-h200-034-serving").run_dir("oom").glob("*.memtrace"))).window
+    assert len(w.samples) == 149 and len(w.others) == 0 and w.others_how == {}
+
+
+def test_an_oom_inside_a_scheduler_step_writes_the_window_with_that_step_in_progress(tmp_path, monkeypatch):
+    from serving_fakes import STEP_AT_OOM, write_fake_serving
+
+    w = write_fake_serving(tmp_path / "fake.memtrace", monkeypatch).window
+    assert w.steps_in_progress == [{"time_us": w.steps_in_progress[0]["time_us"], **STEP_AT_OOM}]
+    assert all(s["tokens"] != STEP_AT_OOM["tokens"] for s in w.steps)  # begun, never ended: not in the ended list
+    ws = window_summary(load_trace(tmp_path / "fake.memtrace"))
+    assert ws.step_at_oom == w.steps_in_progress[0]
+
+
+class FakeSession:
+    """A fake serving session (the step hook's only partner): what it is handed, in order."""
+
+    def __init__(self):
+        self.serving, self.calls = object(), []
+
+    def begin_step(self, step):
+        self.calls.append(("begin", step))
+        return 7
+
+    def record_step(self, step, token=None):
+        self.calls.append(("end", step, token))
+
+
+def test_the_step_hook_hands_a_step_over_when_it_begins_and_again_when_it_ends(monkeypatch):
+    from memtrace.plugins import vllm_steps
+
+    fake = FakeSession()
+    monkeypatch.setattr(vllm_steps, "session", lambda: fake)
+    times = iter([1_000, 1_250])
+    monkeypatch.setattr(vllm_steps, "now_us", lambda: next(times))
+
+    class Output:  # vLLM's SchedulerOutput, the fields the hook reads
+        num_scheduled_tokens = {"a": 592, "b": 1}
+        total_num_scheduled_tokens = 593
+
+    hook = vllm_steps.StepHook()
+    token = hook.before(None, (object(), Output()), {})
+    assert fake.calls == [("begin", {"time_us": 1_000, "requests": 2, "max_request_tokens": 592, "tokens": 593})]
+    hook.after(token, None, MemoryError())
+    step = {"time_us": 1_000, "duration_us": 250, "requests": 2, "max_request_tokens": 592, "tokens": 593}
+    assert fake.calls[1] == ("end", {**step, "error": "MemoryError"}, 7)

@@ -22,7 +22,13 @@ The quantities, all in bytes:
 - **other processes** (NVML per-process, sampled): never counted as this process's.
 - **non-PyTorch**: device used - reserved - VMM at each sample (CUDA context, NCCL, cuBLAS, raw
   ``cudaMalloc``); CUPTI, when recorded, splits it by category.
-- **PyTorch reserved, unallocated**: reserved - allocated (fragmentation), at a serving window's end.
+- **PyTorch reserved, unallocated**: reserved - allocated (blocks) - the private pools' cached blocks
+  (fragmentation), at a serving window's end: torch's OOM message's "reserved by PyTorch but unallocated".
+- **PyTorch private pools, cached**: free blocks cached in private pools (CUDA graphs), which torch's OOM
+  message counts as "allocated in private pools".
+- **device used, all processes**: the whole device's used memory (this process and every other), at a serving
+  window's end and in a window that sampled NVML without telling other processes apart (format 1.4).
+- **device free**: what CUDA reported free on the whole device, as torch's OOM message says it.
 - **present before recording began**: PyTorch memory that existed at the first recorded event, exact when
   the allocator's final state was saved and the events add up to it, else a lower bound (said so).
 
@@ -102,12 +108,44 @@ BEFORE_RECORDING = Quantity(
 RESERVED_UNUSED = Quantity(
     "reserved_unused",
     "PyTorch reserved, unallocated",
-    "PyTorch reserved minus PyTorch allocated: cached free blocks and the unused tails of split blocks "
-    "(fragmentation), shown for a serving window's end",
+    "PyTorch reserved minus PyTorch allocated (blocks) minus the private pools' cached blocks: free blocks and "
+    "unused tails of split blocks (fragmentation), torch's OOM message's 'reserved by PyTorch but unallocated'",
+)
+PRIVATE_POOL_CACHED = Quantity(
+    "private_pool_cached",
+    "PyTorch private pools, cached",
+    "free blocks cached in PyTorch's private pools (CUDA graphs), which torch's OOM message counts as "
+    "'allocated in private pools' and within 'allocated by PyTorch'",
+)
+DEVICE_USED_ALL = Quantity(
+    "device_used_all",
+    "device used, all processes",
+    "the whole device's used memory in CUDA's accounting (total - free): this process and every other",
+)
+DEVICE_FREE = Quantity(
+    "device_free",
+    "device free",
+    "what CUDA reported free on the whole device (cudaMemGetInfo), as torch's OOM message says it ('of which ... is free')",
 )
 
 #: every quantity, in the order outputs list them
-QUANTITIES = (ALLOCATED, ALLOCATED_BLOCKS, RESERVED, VMM, HELD, DEVICE_USED, OTHERS, NON_TORCH, BEFORE_RECORDING)
+QUANTITIES = (
+    ALLOCATED,
+    ALLOCATED_BLOCKS,
+    RESERVED,
+    VMM,
+    HELD,
+    DEVICE_USED,
+    OTHERS,
+    NON_TORCH,
+    BEFORE_RECORDING,
+    RESERVED_UNUSED,
+    PRIVATE_POOL_CACHED,
+    DEVICE_USED_ALL,
+    DEVICE_FREE,
+)
+#: the quantities only a serving window's outputs state (its end, what held the device at its OOM)
+WINDOW_QUANTITIES = (RESERVED_UNUSED, PRIVATE_POOL_CACHED, DEVICE_USED_ALL, DEVICE_FREE)
 BY_KEY = {q.key: q for q in QUANTITIES}
 
 
@@ -120,11 +158,13 @@ def in_vllm_terms(facts: dict) -> bool:
     return F.is_vllm(facts) or any(str(k).startswith("vllm.") for k in facts)
 
 
-def present(curves: Curves, process) -> tuple[Quantity, ...]:
+def present(curves: Curves, process, *, oom: bool = False, window: bool = False) -> tuple[Quantity, ...]:
     """The quantities a trace's ``curves`` hold, in :data:`QUANTITIES`' order: PyTorch's always, but for the
     CPU's trace of ``process`` (``model.Process``; :func:`holds_reserved`) PyTorch allocated alone; the VMM KV
-    cache and held only when something was committed outside PyTorch; NVML's when sampled."""
-    absent = set()
+    cache and held only when something was committed outside PyTorch; NVML's when sampled; the serving window's
+    own (:data:`WINDOW_QUANTITIES`) for a trace with a ``window``, and the device's free memory for one that
+    died of an ``oom``."""
+    absent = set() if window else set(WINDOW_QUANTITIES) - ({DEVICE_FREE} if oom else set())
     if not holds_reserved(process):  # no segments, no blocks, nothing known from before the profiler started
         absent |= {ALLOCATED_BLOCKS, RESERVED, BEFORE_RECORDING}
     if not len(curves.vmm):

@@ -4,8 +4,17 @@
 rings kept and dropped, PyTorch's state at the window's start and at its end (the start state plus the
 kept events; the allocator state saved with the last write says it for the end, when there is one), the
 window's growth by allocation site (allocations made in the window and still live at its end), the
-reserved-but-unallocated memory at its end (:data:`quantities.RESERVED_UNUSED`), the failed request of an
-OOM inside the window and the scheduler steps around its end. Plain data; no peak of its own.
+allocator's state at its end as torch's OOM message counts it (``serving_held.AllocatorState``: the
+reserved-but-unallocated memory, :data:`quantities.RESERVED_UNUSED`), what held the device at its end and how
+each holder changed since start-up ended (``serving_held.device_at_end``), the OOM inside the window (the one
+``analysis.oom.Oom`` every output words through ``plots.oom_text``), the scheduler steps before its end and the
+one in progress at its write (an OOM's: the step that failed; not tracked in a format 1.4 window).
+Plain data; no peak of its own.
+
+The window's NVML samples are the whole device's used memory (every process), as start-up's are. With the other
+processes' series recorded beside them (format 1.5) the window's curves take it out, as start-up's do; a window
+without it (format 1.4, or the worker not told apart) keeps them out of this process's curves altogether and
+states them as the whole device's (:data:`quantities.DEVICE_USED_ALL`, :func:`device_used_all_curve`).
 
 :func:`window_trace` is the window as a trace of its own (its events, samples and allocator state, one phase
 ``serving``), so that the curves, the OOM and ``flame --at oom`` read it with the machinery of a start-up:
@@ -20,9 +29,11 @@ from typing import Any
 
 import numpy as np
 
-from .. import facts as F
-from ..model import ACTION_CODE, Frame, Phase, ServingWindow, Trace
+from ..model import ACTION_CODE, Frame, Phase, ServingWindow, Trace, empty_samples
+from .curves import Curve, driver_reserved_bytes
 from .frames import meaningful_frame
+from .oom import Oom, find_oom
+from .serving_held import AllocatorState, DeviceAtEnd, allocator_state, device_at_end
 
 _ALLOC, _FREE = ACTION_CODE["alloc"], ACTION_CODE["free_completed"]
 _SEG_UP = (ACTION_CODE["segment_alloc"], ACTION_CODE["segment_map"])
@@ -53,8 +64,29 @@ class WindowSummary:
     end_allocated_bytes: int | None
     end_reserved_bytes: int | None
     growth: list[SiteGrowth] = field(default_factory=list)
-    oom: dict[str, Any] | None = None
+    #: the OOM the process died of inside the window (``analysis.oom.find_oom``); None when it did not
+    oom: Oom | None = None
     steps_before_end: list[dict[str, Any]] = field(default_factory=list)
+    #: the physical device's memory (an OOM's allocator limit is named when below it: ``Oom.limit_bytes``)
+    device_total_bytes: int | None = None
+    #: the allocator's state at the window's end, as torch's OOM message counts it (None: not saved)
+    end_state: AllocatorState | None = None
+    #: what held the device at the window's end (the OOM) and at start-up's end (``serving_held``)
+    device: DeviceAtEnd | None = None
+    #: the whole device's used memory over the window when it was not told apart into this process's and
+    #: other processes' (:func:`device_used_all_curve`); None when it was, or was not sampled
+    device_used_all: Curve | None = None
+    #: the scheduler steps in progress when the window was written (``ServingWindow.steps_in_progress``); None
+    #: when the window did not track them (format 1.4: a step was recorded when it ended)
+    steps_in_progress: list[dict[str, Any]] | None = None
+
+    @property
+    def step_at_oom(self) -> dict[str, Any] | None:
+        """The scheduler step the OOM happened in: the last one in progress at the write that began by the OOM."""
+        if self.oom is None or not self.steps_in_progress:
+            return None
+        begun = [s for s in self.steps_in_progress if int(s.get("time_us", 0)) <= self.oom.time_us]
+        return max(begun, key=lambda s: int(s["time_us"]), default=None)
 
     @property
     def gap_us(self) -> int | None:
@@ -62,10 +94,8 @@ class WindowSummary:
 
     @property
     def reserved_unused_bytes(self) -> int | None:
-        """PyTorch reserved - PyTorch allocated at the window's end (:data:`quantities.RESERVED_UNUSED`)."""
-        if self.end_allocated_bytes is None or self.end_reserved_bytes is None:
-            return None
-        return self.end_reserved_bytes - self.end_allocated_bytes
+        """:data:`quantities.RESERVED_UNUSED` at the window's end (None without the allocator's state)."""
+        return None if self.end_state is None else self.end_state.reserved_unused_bytes
 
 
 def window_summary(trace: Trace, top: int = 10) -> WindowSummary | None:
@@ -83,8 +113,8 @@ def window_summary(trace: Trace, top: int = 10) -> WindowSummary | None:
     if w.segments:  # the allocator's own state at the last write: exact whatever the ring dropped
         r1 = sum(s.total_bytes for s in w.segments)
         a1 = sum(s.requested_bytes for s in w.segments)
-    oom = trace.facts.get(F.OOM)
-    in_window = isinstance(oom, dict) and w.start_us is not None and int(oom.get("time_us", 0)) >= (w.start_us or 0)
+    oom = find_oom(trace)
+    in_window = oom is not None and w.start_us is not None and oom.time_us >= w.start_us
     return WindowSummary(
         window=w,
         start_allocated_bytes=None if a0 is None else int(a0),
@@ -93,17 +123,40 @@ def window_summary(trace: Trace, top: int = 10) -> WindowSummary | None:
         end_allocated_bytes=a1,
         end_reserved_bytes=r1,
         growth=growth_by_site(trace, w, top),
-        oom=dict(oom) if in_window else None,
+        oom=oom if in_window else None,
         steps_before_end=list(w.steps[-STEPS_SHOWN:]),
+        device_total_bytes=trace.process.device_total_bytes,
+        end_state=allocator_state(w.segments),
+        device=device_at_end(trace, oom if in_window else None),
+        device_used_all=device_used_all_curve(trace),
+        steps_in_progress=None if w.steps_in_progress is None else list(w.steps_in_progress),
     )
+
+
+def told_apart(w: ServingWindow) -> bool:
+    """Whether the window's NVML samples were told apart into this process's and other processes' memory (the
+    other processes' series recorded beside them, format 1.5)."""
+    return bool(len(w.others))
+
+
+def device_used_all_curve(trace: Trace) -> Curve | None:
+    """The whole device's used memory over the window (:data:`quantities.DEVICE_USED_ALL`, in CUDA's accounting)
+    when its samples were not told apart (:func:`told_apart`); None when they were, or none was taken."""
+    w = trace.window
+    if w is None or not len(w.samples) or told_apart(w):
+        return None
+    s = w.samples
+    return Curve(s["time_us"].astype(np.int64), s["used_bytes"].astype(np.int64) - driver_reserved_bytes(trace))
 
 
 def window_trace(trace: Trace) -> Trace | None:
     """The serving window as a trace of its own; None without a window or with no allocator events in it.
 
-    Its events, NVML samples and final allocator state are the window's; its one phase, ``serving``, spans
-    the window; the process, the interned stacks, the facts (the OOM, vLLM's figures), the KV cache's VMM
-    calls (committed at start-up, held while serving) and the notes of the window's time are the trace's."""
+    Its events, NVML samples (with the other processes' series: this process's device used, as start-up's; none
+    when they were not told apart, :func:`told_apart`: they are the whole device's, never this process's) and
+    final allocator state are the window's; its one phase, ``serving``, spans the window; the process, the
+    interned stacks, the facts (the OOM, vLLM's figures), the KV cache's VMM calls (committed at start-up, held
+    while serving) and the notes of the window's time are the trace's."""
     w = trace.window
     if w is None or not len(w.events) or w.start_us is None or w.end_us is None:
         return None
@@ -115,7 +168,8 @@ def window_trace(trace: Trace) -> Trace | None:
         stacks=trace.stacks,
         segments=w.segments,
         phases=[Phase(SERVING_PHASE, w.start_us, w.end_us, source="memtrace")],
-        samples=w.samples,
+        samples=w.samples if told_apart(w) else empty_samples(),
+        others=w.others,
         vmm=trace.vmm,
         facts=trace.facts,
         notes=[n for n in trace.notes if n.time_us >= w.start_us],
@@ -175,7 +229,9 @@ def window_doc(ws: WindowSummary) -> dict[str, Any]:
             "allocated": ws.end_allocated_bytes,
             "reserved": ws.end_reserved_bytes,
             "reserved_unused": ws.reserved_unused_bytes,
+            "allocator": ws.end_state,
         },
+        "device": ws.device,
         "growth": [
             {
                 "site": None if g.frame is None else f"{g.frame.filename}:{g.frame.line} {g.frame.name}",
@@ -186,4 +242,6 @@ def window_doc(ws: WindowSummary) -> dict[str, Any]:
         ],  # fmt: skip
         "oom": ws.oom,
         "steps_before_end": ws.steps_before_end,
+        "steps_in_progress": ws.steps_in_progress,
+        "step_at_oom": ws.step_at_oom,
     }

@@ -49,7 +49,7 @@ def timeline_title(run, fallback: str = "") -> str:
     return died + (f"{head}: {what}" if what else head)
 
 
-def flame_titles(rank, flame, moment, fallback: str = "") -> tuple[str, str]:
+def flame_titles(rank, flame, moment, fallback: str = "", oom_words: str = "") -> tuple[str, str]:
     """(title, subtitle) of a flame graph of ``rank`` (``analysis.rank.AnalysedRank``): the moment and window
     shown, then what ran and the totals, the target (with its source) and the OOM the rank holds.
 
@@ -58,6 +58,8 @@ def flame_titles(rank, flame, moment, fallback: str = "") -> tuple[str, str]:
         flame: ``analysis.flame.flame_at(...)``.
         moment: ``analysis.moment.Moment`` the flame shows.
         fallback: what to call the run when it recorded nothing to describe it by.
+        oom_words: the rank's OOM in the renderer's words (``plots.oom_text.details``: the failed request, the
+            device's free memory, the allocator's limit), shown when the moment is the OOM.
     """
     trace, curves = rank.trace, rank.curves
     secs = rank.seconds(moment.time_us)
@@ -81,10 +83,8 @@ def flame_titles(rank, flame, moment, fallback: str = "") -> tuple[str, str]:
            f"reserved {format_gib(reserved)}" if holds_reserved(trace.process) else ""]  # fmt: skip
     if rank.target.target_bytes is not None:
         sub.append(f"target {format_gib(rank.target.target_bytes)}")
-    if moment.what == "the OOM" and rank.oom is not None:
-        oom = rank.oom
-        free = f", {format_gib(oom.free_bytes)} free on the device" if oom.free_bytes is not None else ""
-        sub.append(f"the failed request: {format_bytes(oom.requested_bytes, 2)}{free}")
+    if moment.what == "the OOM" and rank.oom is not None and oom_words:
+        sub.append(oom_words)
     if trace.recording.stacks == "none":
         sub.append("no Python stacks recorded: grouped by phase")
     sub.append(f"times: {rank.origin.sentence}")

@@ -3,7 +3,8 @@
 Once vLLM's start-up is written (as ``MEMTRACE_UNTIL=startup`` writes it), the session hands every later
 drain of PyTorch's allocator history to :class:`ServingRecorder` instead of the file: events go into a
 ring bounded by count (``MEMTRACE_SERVING_EVENTS``) and age (``MEMTRACE_SERVING_SECONDS``), NVML samples
-(taken here at ``MEMTRACE_SERVING_SAMPLE_HZ``, the start-up sidecar stopped) and vLLM's scheduler steps
+(taken here at ``MEMTRACE_SERVING_SAMPLE_HZ``, the start-up sidecar stopped: the whole device's used memory and,
+from NVML's per-process list, the other processes' memory, as the sidecar samples them) and vLLM's scheduler steps
 (``MEMTRACE_SERVING_STEPS``) into rings of their own. :meth:`ServingRecorder.window` turns the rings into
 the trace's :class:`~memtrace.model.ServingWindow`, with what was dropped counted and PyTorch's state at
 the window's first kept event carried forward from the counters read when serving began. The bytes the
@@ -23,7 +24,16 @@ from typing import Any
 import numpy as np
 
 from ..errors import UsageError
-from ..model import ACTION_CODE, EVENT_DTYPE, SAMPLE_DTYPE, ServingWindow, empty_events, empty_samples
+from ..model import (
+    ACTION_CODE,
+    EVENT_DTYPE,
+    OTHERS_DTYPE,
+    SAMPLE_DTYPE,
+    ServingWindow,
+    empty_events,
+    empty_others,
+    empty_samples,
+)
 
 log = logging.getLogger("memtrace")
 
@@ -75,12 +85,14 @@ def knobs(environ: dict[str, str] | None = None) -> dict[str, float]:
 
 
 def bounds(k: dict[str, float], torch_entries: int | None) -> dict[str, Any]:
-    """The rings' limits and the most bytes they may hold (events and samples are packed numpy records;
-    PyTorch's own history ring of ``torch_entries`` is PyTorch's memory, stated beside it)."""
+    """The rings' limits and the most bytes they may hold (events and samples are packed numpy records, each NVML
+    sample with its other processes' one; PyTorch's own history ring of ``torch_entries`` is PyTorch's memory,
+    stated beside it)."""
     events = int(k[EVENTS_ENV])
     samples = int(k[SAMPLE_HZ_ENV] * k[SECONDS_ENV]) if k[SECONDS_ENV] else int(k[SAMPLE_HZ_ENV] * 3600)
     steps = int(k[STEPS_ENV])
-    ring_bytes = events * EVENT_DTYPE.itemsize + samples * SAMPLE_DTYPE.itemsize + steps * STEP_BYTES
+    sample_bytes = SAMPLE_DTYPE.itemsize + OTHERS_DTYPE.itemsize
+    ring_bytes = events * EVENT_DTYPE.itemsize + samples * sample_bytes + steps * STEP_BYTES
     return {
         "max_events": events,
         "max_age_s": k[SECONDS_ENV] or None,
@@ -156,8 +168,12 @@ class ServingRecorder:
         self.lock = threading.Lock()
         self.events = Ring(EVENT_DTYPE, self.bounds["max_events"], age, self._carry)
         self.samples = Ring(SAMPLE_DTYPE, self.bounds["max_samples"], age)
+        self.others = Ring(OTHERS_DTYPE, self.bounds["max_samples"], age)
+        self._others: Any = None  # processes.Others of the sampler: how other processes were told apart
         self.steps: deque[dict[str, Any]] = deque()
         self.steps_dropped = 0
+        self.running: dict[int, dict[str, Any]] = {}  # steps begun and not ended, by begin_step's token
+        self._tokens = 0
         self.state = dict(start_state)  # PyTorch's state at the first kept event (carried forward)
         self.writes = 0
         self._sampler: threading.Thread | None = None
@@ -168,13 +184,27 @@ class ServingRecorder:
         with self.lock:
             self.events.push(events)
 
-    def add_samples(self, samples: np.ndarray) -> None:
+    def add_samples(self, samples: np.ndarray, others: np.ndarray | None = None) -> None:
+        """NVML samples of the whole device's used memory, and the other processes' memory read with them."""
         with self.lock:
             self.samples.push(samples)
+            if others is not None:
+                self.others.push(others)
 
-    def add_step(self, step: dict[str, Any]) -> None:
-        """One vLLM scheduler step (``time_us``, ``duration_us``, ``requests``, ``tokens``...)."""
+    def begin_step(self, step: dict[str, Any]) -> int:
+        """A vLLM scheduler step begins (``time_us``, ``requests``, ``tokens``...): in progress until
+        :meth:`add_step` is given the token returned here, so that a window written meanwhile (an OOM's, inside
+        the step that failed) names it."""
         with self.lock:
+            self._tokens += 1
+            self.running[self._tokens] = step
+            return self._tokens
+
+    def add_step(self, step: dict[str, Any], token: int | None = None) -> None:
+        """One vLLM scheduler step ended (``time_us``, ``duration_us``, ``requests``, ``tokens``...); ``token``:
+        :meth:`begin_step`'s, no longer in progress."""
+        with self.lock:
+            self.running.pop(token, None)
             self.steps.append(step)
             limit, age = self.bounds["max_steps"], self.bounds["max_age_s"]
             while len(self.steps) > limit or (
@@ -193,24 +223,41 @@ class ServingRecorder:
             self.state["reserved_bytes"] += r * size
 
     # -- NVML ----------------------------------------------------------------------------------
-    def start_sampler(self, uuid: str | None, add_note: Callable[[str, str], None]) -> None:
-        """Sample NVML's used memory of the device at the serving rate on a thread (no CUDA context)."""
+    def start_sampler(
+        self,
+        uuid: str | None,
+        add_note: Callable[[str, str], None],
+        *,
+        cuda_total_bytes: int | None = None,
+        held_bytes: int | None = None,
+    ) -> None:
+        """Sample NVML's used memory of the device, and the other processes' memory on it (``processes.Others``:
+        this process told apart by its pid, or by ``held_bytes``, what it holds, inside a container), at the
+        serving rate on a thread (no CUDA context). ``cuda_total_bytes`` (CUDA's total) gives the driver's
+        reserve NVML counts as used."""
         hz = self.knobs[SAMPLE_HZ_ENV]
         if hz <= 0:
             return
         try:
             import pynvml
 
+            from .processes import Others
+
             pynvml.nvmlInit()
             handle = pynvml.nvmlDeviceGetHandleByUUID(uuid) if uuid else pynvml.nvmlDeviceGetHandleByIndex(0)
+            total = int(pynvml.nvmlDeviceGetMemoryInfo(handle).total)
         except Exception as exc:  # noqa: BLE001 - no NVML (a CPU worker, no driver): said once
             add_note("warning", f"no NVML samples in the serving window: {exc}")
             return
-        self._sampler = threading.Thread(target=self._sample, args=(pynvml, handle, hz), name="memtrace-serving-nvml")
+        reserve = max(total - cuda_total_bytes, 0) if cuda_total_bytes else 0
+        others = self._others = Others(pynvml, handle, os.getpid(), reserve, held_bytes)
+        self._sampler = threading.Thread(
+            target=self._sample, args=(pynvml, handle, hz, others), name="memtrace-serving-nvml"
+        )
         self._sampler.daemon = True
         self._sampler.start()
 
-    def _sample(self, pynvml: Any, handle: Any, hz: float) -> None:
+    def _sample(self, pynvml: Any, handle: Any, hz: float, others: Any) -> None:
         period = 1.0 / hz
         while not self._stop.wait(period):
             try:
@@ -218,9 +265,15 @@ class ServingRecorder:
             except Exception as exc:  # noqa: BLE001 - stop sampling, say why in the log
                 log.warning("memtrace: serving NVML sampler stopped: %s", exc)
                 return
+            now = time.time_ns() // 1000
             row = np.zeros(1, dtype=SAMPLE_DTYPE)
-            row["time_us"], row["used_bytes"] = time.time_ns() // 1000, used
-            self.add_samples(row)
+            row["time_us"], row["used_bytes"] = now, used
+            value = others.sample(used)  # NVML's per-process list (~49 µs on the H200); None: not told apart
+            other = None
+            if value is not None:
+                other = np.zeros(1, dtype=OTHERS_DTYPE)
+                other["time_us"], other["others_bytes"] = now, value
+            self.add_samples(row, other)
 
     def stop(self) -> None:
         self._stop.set()
@@ -231,10 +284,13 @@ class ServingRecorder:
         with self.lock:
             self.events.trim(now_us)
             self.samples.trim(now_us)
+            self.others.trim(now_us)
             self.writes += 1
             events = self.events.records() if self.events.count else empty_events()
             samples = self.samples.records() if self.samples.count else empty_samples()
+            others = self.others.records() if self.others.count else empty_others()
             steps = list(self.steps)
+            running = [dict(s) for s in self.running.values()]
             starts = [int(a["time_us"][0]) for a in (events, samples) if len(a)]
             starts += [int(steps[0]["time_us"])] if steps else []
             dropped = self.events.dropped or self.samples.dropped or self.steps_dropped
@@ -254,7 +310,10 @@ class ServingRecorder:
                 bounds=dict(self.bounds),
                 start_state=dict(self.state),
                 steps=steps,
+                steps_in_progress=running,
                 events=events,
                 samples=samples,
+                others=others,
+                others_how=self._others.stats() if self._others is not None else {},
                 segments=list(segments),
             )

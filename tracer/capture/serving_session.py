@@ -2,8 +2,8 @@
 
 :func:`enter` runs where vLLM's start-up is complete (``MEMTRACE_UNTIL=serving``): the start-up part is
 flushed to the file as at the end of warm-up, PyTorch's counters give the window's start state, the
-start-up NVML sidecar is stopped (its samples are start-up's), a serving NVML sampler and the SIGUSR2
-handler start, and from then on drains go into :class:`.serving.ServingRecorder`. :func:`write` drains
+start-up NVML sidecar is stopped (its samples are start-up's), a serving NVML sampler (the device's used memory
+and the other processes' on it, as the sidecar samples them) and the SIGUSR2 handler start, and from then on drains go into :class:`.serving.ServingRecorder`. :func:`write` drains
 PyTorch's history into the ring and writes the window (its events, samples, steps and the allocator state
 from the same snapshot) into the trace, replacing any earlier write: on a CUDA OOM (after the OOM fact),
 on SIGUSR2, SIGTERM/SIGINT and at exit.
@@ -44,7 +44,13 @@ def enter(session: Any) -> None:
         history.max_undrained_s = k[serving.DRAIN_S_ENV] or history.max_undrained_s
         _stop_sidecar(session)
         uuid = (session.facts.get(F.ENV) or {}).get("gpu_uuid")
-        recorder.start_sampler(uuid, session.add_note)
+        # what this process holds, for telling it apart by memory inside a container: PyTorch's segments and the
+        # KV cache vLLM 0.34+ committed outside PyTorch
+        kv = (session.facts.get(F.VLLM_EXTENSIBLE_KV) or {}).get("physical_bytes") or 0
+        held = int(state.get("reserved_bytes", 0)) + int(kv)
+        recorder.start_sampler(
+            uuid, session.add_note, cuda_total_bytes=session.process.device_total_bytes, held_bytes=held
+        )
     else:
         session.add_note("info", "serving window without allocator events (no CUDA device): scheduler steps only")
     from . import signals

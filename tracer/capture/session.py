@@ -438,10 +438,16 @@ class Session:
 
         return serving_session.write(self, reason)
 
-    def record_step(self, step: dict[str, Any]) -> None:
-        """One vLLM scheduler step of the serving window (kept in its bounded ring; nothing outside serving)."""
+    def begin_step(self, step: dict[str, Any]) -> int | None:
+        """A vLLM scheduler step begins (in progress until :meth:`record_step` gets the token returned here; None
+        outside serving)."""
+        return self.serving.begin_step(step) if self.serving is not None else None
+
+    def record_step(self, step: dict[str, Any], token: int | None = None) -> None:
+        """One vLLM scheduler step of the serving window, ended (kept in its bounded ring; nothing outside
+        serving); ``token``: :meth:`begin_step`'s."""
         if self.serving is not None:
-            self.serving.add_step(step)
+            self.serving.add_step(step, token)
 
     def _save_segments(self, snap: dict[str, Any]) -> None:
         if self.serving is not None:  # the start-up part keeps its own end state; the window has its own
