@@ -65,3 +65,9 @@ available_memtrace_bytes  # tracer/analysis/extensible.ExtensibleSizing: in repo
 memtrace_threads_ns  # tracer/analysis/self_cost.SelfCost: in report --json (traces[].self_cost), memtrace's
                      # own threads' time, left out of the cost
 startup_us  # SelfCost: in report --json (traces[].self_cost), the start-up's span beside init_engine_us
+used_all_bytes  # tracer/analysis/serving_held.Holders: in report --json (traces[].serving.device), the whole
+                # device's used memory the other rows are read from (test_serving_real_oom)
+alloc_stack  # tracer/analysis/user_metadata.TensorNote: in report --json (traces[].tensor_notes[]), the
+             # annotated block's allocating stack id (alloc_frame is the frame a report prints)
+others_how  # tracer/model.ServingWindow: written in the window document (store.py), how other processes'
+            # memory was told apart (test_serving_window round-trips it)

