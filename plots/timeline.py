@@ -22,11 +22,9 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import numpy as np
-
 from ..analysis import quantities
 from ..analysis.categories import CATEGORIES
-from ..units import GiB, format_gib
+from ..units import format_gib
 from . import oom_text as oom_words
 from .formats import of
 from .phase_lane import PhaseLabel
@@ -89,6 +87,8 @@ class RankDrawn:
     lane_char_px: float = 0.0
     oom: OomDrawn | None = None
     annotation: str = ""  # the whole text of the annotation box
+    y_unit: str = "GiB"  # the main plot's and the zoom's y unit (``RankTimeline.unit``)
+    zoom_title: str = ""  # what the zoom panel looks at ("zoom: peak allocated" for a CPU profiler trace)
 
 
 @dataclass(frozen=True)
@@ -284,12 +284,12 @@ def _draw_rank(fig, gs, i: int, ranks, t0: int, t_end: int, capacities, main_axe
     window = zoom_window(zoomed)
     draw_lane(lane_ax, rank, t0, scale, labels, len(ranks) > 1, LABEL_PT)
     corner = draw_main(main_ax, rank, t0, t_end, crossing, capacities, window, handles, oom, scale)
-    draw_zoom(fig.add_subplot(gs[3 * i + 2, 1]), zoomed, t0, window, crossing if zoomed is rank else None)
+    zoom_title = draw_zoom(fig.add_subplot(gs[3 * i + 2, 1]), zoomed, t0, window, crossing if zoomed is rank else None)
     lane_ax.set_xlim((0, (t_end - t0) / 1e6))
     annotation = "\n".join(d.text for d in (crossing, oom) if d is not None)
     px_per_s, _ = _lane_geometry(fig, gs, scale)
     return RankDrawn(rank.label, rank.target_bytes, rank.capacity_bytes, crossing, window, labels, corner,
-                     px_per_s, CHAR_PX, oom, annotation)  # fmt: skip
+                     px_per_s, CHAR_PX, oom, annotation, rank.unit[0], zoom_title)  # fmt: skip
 
 
 CHAR_PX = LABEL_PT * DPI / 72 * 0.6  # DejaVu Sans: about 0.55-0.6 em a glyph
@@ -383,20 +383,16 @@ def _fit_title(title: str, width_in: float, size_pt: float) -> str:
     return "\n".join(textwrap.wrap(title, chars)[:2])
 
 
-def gib(values: np.ndarray) -> np.ndarray:
-    """Bytes to GiB as floats (for drawing only)."""
-    return np.asarray(values, dtype=np.float64) / GiB
-
-
 def render(
     run, out: str | os.PathLike, *, capacities: list[int] | tuple[int, ...] = (), title: str | None = None
-) -> None:
+) -> TimelineDrawn:
     """The timeline of an analysed run (``analysis.run.AnalysedRun``): every rank on the run's one time
-    origin, stated under the figure; the title from what the run recorded (``analysis.titles``)."""
+    origin, stated under the figure; the title from what the run recorded (``analysis.titles``). Returns what
+    it drew."""
     from ..analysis.titles import timeline_title
     from .timeline_data import prepare_rank
 
-    render_timeline(
+    return render_timeline(
         [prepare_rank(r) for r in run.ranks],
         out,
         capacities=capacities,

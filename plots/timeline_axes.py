@@ -1,7 +1,8 @@
 """The three axes of one timeline row: the phase lane, the main plot and the zoom panel.
 
 Called by ``timeline.render_timeline`` with matplotlib already imported; these functions only
-draw onto the axes they are given. Bytes become GiB and microseconds seconds here, nowhere else.
+draw onto the axes they are given. Bytes become the rank's y unit (``RankTimeline.unit``: GiB for a start-up,
+KiB for a CPU profiler trace) and microseconds seconds here, nowhere else.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ import numpy as np
 
 from ..analysis import quantities
 from ..analysis.categories import CATEGORIES
-from ..units import GiB, format_gib
+from ..units import format_gib, format_size
 from .downsample import bucket_indices
 from .palette import CATEGORY_COLORS, VMM_KV_COLOR, VMM_KV_EDGE, VMM_KV_LABEL
 from .timeline_breaks import mark_breaks
@@ -47,21 +48,22 @@ def _s(t_us: np.ndarray | int, t0: int) -> Any:
     return (np.asarray(t_us, dtype=np.float64) - t0) / 1e6
 
 
-def _g(b: np.ndarray | int) -> Any:
-    return np.asarray(b, dtype=np.float64) / GiB
+def _g(b: np.ndarray | int, unit: tuple[str, int]) -> Any:
+    """Bytes as floats of the y axis's ``unit`` (``RankTimeline.unit``)."""
+    return np.asarray(b, dtype=np.float64) / unit[1]
 
 
 def zoom_window(rank: RankTimeline) -> tuple[int, int]:
     """[lo, hi] microseconds around the first crossing (its start, when it lasts long), or around the
-    moment the reserved peak was reached when nothing crossed."""
+    moment the peak (``RankTimeline.peak_curve``'s) was reached when nothing crossed."""
     run = max(rank.end_us - rank.start_us, 1)
     c = rank.first_crossing()
     if c is not None:
         a, b = c.time_us, c.time_us + min(max(c.duration_us, 1), run // 10)
     elif rank.oom is not None:  # nothing crossed, but it died: look at the moment it died
         a = b = rank.oom.time_us
-    else:  # what the process held: PyTorch reserved, plus what vLLM 0.34+ committed through CUDA's VMM API
-        res = rank.curves.held
+    else:  # what the process held (PyTorch reserved + VMM), or allocated alone in a CPU profiler trace
+        res = rank.peak_curve
         top = quantities.peak(res)
         a = top.time_us if len(res) else rank.start_us
         end = quantities.plateau_end(res, top.index) if len(res) else 0
@@ -83,7 +85,7 @@ def _stack(ax, rank: RankTimeline, t0: int, lo: int, hi: int, n_buckets: int, ha
         vals = np.maximum(at_keep[k], 0)
         if not vals.any():
             continue
-        top = base + np.append(_g(vals), _g(vals[-1]))
+        top = base + np.append(_g(vals, rank.unit), _g(vals[-1], rank.unit))
         art = ax.fill_between(t, base, top, step="post", color=COLORS[name], lw=0, alpha=0.9)
         if handles is not None:
             handles.setdefault(name, (art, LABELS[name]))
@@ -96,7 +98,7 @@ def _vmm(ax, rank: RankTimeline, t0: int, lo: int, hi: int, n_buckets: int, hand
     band = vmm_band(rank, lo, hi, n_buckets)
     if band is None:
         return
-    t, r, top = _s(band.time_us, t0), _g(band.reserved_bytes), _g(band.top_bytes)
+    t, r, top = _s(band.time_us, t0), _g(band.reserved_bytes, rank.unit), _g(band.top_bytes, rank.unit)
     art = ax.fill_between(t, r, top, step="post", gid="vmm_kv", **VMM_KV_STYLE)
     ax.step(t, top, where="post", color=VMM_KV_EDGE, lw=0.9, zorder=1.5)
     if handles is not None:
@@ -105,12 +107,8 @@ def _vmm(ax, rank: RankTimeline, t0: int, lo: int, hi: int, n_buckets: int, hand
 
 def _lines(ax, rank: RankTimeline, t0: int, lo: int, hi: int, n_buckets: int, handles: dict | None) -> None:
     _vmm(ax, rank, t0, lo, hi, n_buckets, handles)
-    res = rank.curves.reserved
-    keep = bucket_indices(res.time_us, res.bytes, lo, hi, n_buckets)
-    t = np.append(_s(res.time_us[keep], t0), _s(hi, t0))
-    (line,) = ax.step(t, np.append(_g(res.bytes[keep]), _g(res.bytes[keep][-1])), where="post", color="black", lw=1.0)
-    if handles is not None:
-        handles.setdefault("reserved", (line, quantities.RESERVED.label))
+    if rank.holds_reserved:  # a CPU profiler trace has none (its 'Total Reserved' stays 0): no line at zero
+        _reserved(ax, rank, t0, lo, hi, n_buckets, handles)
     _device_used_all(ax, rank, t0, lo, hi, n_buckets, handles)
     if not rank.curves.has_device:
         return
@@ -118,13 +116,14 @@ def _lines(ax, rank: RankTimeline, t0: int, lo: int, hi: int, n_buckets: int, ha
     keep = bucket_indices(used.time_us, used.bytes, lo, hi, n_buckets)
     if not len(keep):
         return
-    ts, u, r = _s(used.time_us[keep], t0), _g(used.bytes[keep]), _g(used.bytes[keep] - nt.bytes[keep])
+    u, r = _g(used.bytes[keep], rank.unit), _g(used.bytes[keep] - nt.bytes[keep], rank.unit)
+    ts = _s(used.time_us[keep], t0)
     if rank.cupti is None:
         band = ax.fill_between(ts, r, u, step="post", **NON_TORCH_STYLE)
         nt_label = quantities.NON_TORCH.label
         key, label = "non_torch", f"{nt_label} (NVML used - reserved" + (" - VMM)" if len(rank.curves.vmm) else ")")
     else:  # a run mixing ranks with and without CUPTI names both bands
-        band = _cupti_bands(ax, cupti_split(rank, keep, lo, hi, n_buckets), t0, handles)
+        band = _cupti_bands(ax, cupti_split(rank, keep, lo, hi, n_buckets), t0, rank.unit, handles)
         key, label = "non_torch_unexplained", f"{quantities.NON_TORCH.label} unexplained (NVML used - reserved - CUPTI)"
     (dline,) = ax.step(ts, u, where="post", color="#B03030", lw=1.0, ls=(0, (4, 1.5)))
     if handles is not None:
@@ -132,10 +131,21 @@ def _lines(ax, rank: RankTimeline, t0: int, lo: int, hi: int, n_buckets: int, ha
         shared = rank.curves.others.bytes.any()
         handles.setdefault("device_used", (dline, "NVML device used" + (" (this process)" if shared else "")))
     if rank.curves.others.bytes.any():
-        top = _g(used.bytes[keep] + others_at(rank, used.time_us[keep]))
+        top = _g(used.bytes[keep] + others_at(rank, used.time_us[keep]), rank.unit)
         art = ax.fill_between(ts, u, top, step="post", color=OTHERS, alpha=0.5, lw=0, hatch="..", edgecolor="#7A8A99")
         if handles is not None:
             handles.setdefault("others", (art, f"{quantities.OTHERS.label} on the GPU (NVML)"))
+
+
+def _reserved(ax, rank: RankTimeline, t0: int, lo: int, hi: int, n_buckets: int, handles: dict | None) -> None:
+    """PyTorch reserved: a black step line."""
+    res = rank.curves.reserved
+    keep = bucket_indices(res.time_us, res.bytes, lo, hi, n_buckets)
+    t = np.append(_s(res.time_us[keep], t0), _s(hi, t0))
+    y = _g(np.append(res.bytes[keep], res.bytes[keep][-1]), rank.unit)
+    (line,) = ax.step(t, y, where="post", color="black", lw=1.0)
+    if handles is not None:
+        handles.setdefault("reserved", (line, quantities.RESERVED.label))
 
 
 def _device_used_all(ax, rank: RankTimeline, t0: int, lo: int, hi: int, n_buckets: int, handles: dict | None) -> None:
@@ -146,16 +156,18 @@ def _device_used_all(ax, rank: RankTimeline, t0: int, lo: int, hi: int, n_bucket
     keep = bucket_indices(c.time_us, c.bytes, lo, hi, n_buckets)
     if not len(keep):
         return
-    (line,) = ax.step(_s(c.time_us[keep], t0), _g(c.bytes[keep]), where="post", color=OTHERS_EDGE, lw=1.2, ls="-.")
+    t, y = _s(c.time_us[keep], t0), _g(c.bytes[keep], rank.unit)
+    (line,) = ax.step(t, y, where="post", color=OTHERS_EDGE, lw=1.2, ls="-.")
     if handles is not None:
         label = f"{quantities.DEVICE_USED_ALL.label} (NVML; not told apart)"
         handles.setdefault("device_used_all", (line, label))
 
 
-def _cupti_bands(ax, split: CuptiSplit, t0: int, handles: dict | None):
+def _cupti_bands(ax, split: CuptiSplit, t0: int, unit: tuple[str, int], handles: dict | None):
     """What CUPTI saw on top of reserved (solid, its top edged so a thin band still shows), the rest up
     to device used hatched as the band without CUPTI; returns the hatched band's artist."""
-    t, r, c, u = _s(split.time_us, t0), _g(split.reserved_bytes), _g(split.cupti_top_bytes), _g(split.used_bytes)
+    t, r = _s(split.time_us, t0), _g(split.reserved_bytes, unit)
+    c, u = _g(split.cupti_top_bytes, unit), _g(split.used_bytes, unit)
     art = ax.fill_between(t, r, c, step="post", color=CUPTI, alpha=0.85, lw=0, gid="non_torch_cupti")
     ax.step(t, c, where="post", color=CUPTI_EDGE, lw=0.7, zorder=1.5)
     band = ax.fill_between(t, c, u, step="post", gid="non_torch_unexplained", **NON_TORCH_STYLE)
@@ -178,32 +190,33 @@ def whole_device_peak(rank: RankTimeline) -> int:
 
 
 def _hlines(ax, rank: RankTimeline, capacities, handles: dict) -> list[tuple[float, str, str]]:
-    """Target, capacity and what-if lines; returns (y GiB, short label, colour) for the margin labels."""
+    """Target, capacity and what-if lines; returns (y in the rank's unit, short label, colour) for the margin
+    labels."""
     lines = []
     if rank.target_bytes is not None:
         legend = "utilization target"
         if rank.util and rank.capacity_bytes and abs(rank.util * rank.capacity_bytes - rank.target_bytes) < 2**20:
             legend += f" ({rank.util:g} x {format_gib(rank.capacity_bytes)})"  # only when it is the recorded one
-        art = ax.axhline(_g(rank.target_bytes), color=TARGET, lw=1.4)
+        art = ax.axhline(_g(rank.target_bytes, rank.unit), color=TARGET, lw=1.4)
         handles.setdefault("target", (art, legend))
-        lines.append((float(_g(rank.target_bytes)), f"target {format_gib(rank.target_bytes)}", TARGET))
+        lines.append((float(_g(rank.target_bytes, rank.unit)), f"target {format_gib(rank.target_bytes)}", TARGET))
     if rank.capacity_bytes and not _capacity_off_scale(rank, capacities):
-        art = ax.axhline(_g(rank.capacity_bytes), color="black", lw=1.2, ls="--")
+        art = ax.axhline(_g(rank.capacity_bytes, rank.unit), color="black", lw=1.2, ls="--")
         handles.setdefault("capacity", (art, "card capacity"))
-        lines.append((float(_g(rank.capacity_bytes)), f"card {format_gib(rank.capacity_bytes)}", "black"))
+        lines.append((float(_g(rank.capacity_bytes, rank.unit)), f"card {format_gib(rank.capacity_bytes)}", "black"))
     elif rank.capacity_bytes:  # far above everything: say it in the legend, keep the scale for the data
         (art,) = ax.plot([], [], color="black", lw=1.2, ls="--")
         handles.setdefault("capacity", (art, f"card capacity {format_gib(rank.capacity_bytes, 1)} (off the scale)"))
     for cap in capacities:
-        art = ax.axhline(_g(cap), color="#555555", lw=1.0, ls=":")
+        art = ax.axhline(_g(cap, rank.unit), color="#555555", lw=1.0, ls=":")
         handles.setdefault("what-if", (art, "what-if card size"))
-        lines.append((float(_g(cap)), f"what-if {format_gib(cap, 0)}", "#555555"))
+        lines.append((float(_g(cap, rank.unit)), f"what-if {format_gib(cap, 0)}", "#555555"))
     return lines
 
 
 def _capacity_off_scale(rank: RankTimeline, capacities) -> bool:
     """True when the card is so much larger than what the run used that drawing it would squash the data."""
-    used = [rank.curves.reserved.peak_bytes, whole_device_peak(rank), rank.target_bytes or 0, *capacities]
+    used = [rank.peak_curve.peak_bytes, whole_device_peak(rank), rank.target_bytes or 0, *capacities]
     return bool(rank.capacity_bytes) and rank.capacity_bytes > 1.6 * max(used)
 
 
@@ -238,16 +251,16 @@ def _label_hlines(ax, lines: list[tuple[float, str, str]], ymax: float, height_p
 
 def _box_corner(rank: RankTimeline, t0: int, scale: TimeScale, box_frac: float) -> tuple[str, float]:
     """Where the crossing's text box goes: the top-left, -centre or -right stretch of ``box_frac`` of
-    the width whose data stays lowest; returns the corner and that data's top in GiB."""
+    the width whose data stays lowest; returns the corner and that data's top in the rank's unit."""
     best, best_top = "right", float("inf")
-    res, used = rank.curves.reserved, rank.curves.device_used
+    res, used = rank.peak_curve, rank.curves.device_used
     w = min(box_frac, 1.0)
     for corner, (a, b) in (("left", (0.0, w)), ("right", (1.0 - w, 1.0)), ("center", (0.5 - w / 2, 0.5 + w / 2))):
         lo, hi = t0 + int(scale.at_fraction(a) * 1e6), t0 + int(scale.at_fraction(b) * 1e6)
         tops = [quantities.window_max(res, lo, hi)] if len(res) else [0]
         if len(used):
             tops.append(quantities.window_max(used, lo, hi))
-        top = float(_g(max(tops)))
+        top = float(_g(max(tops), rank.unit))
         if top < best_top - 1e-9:
             best, best_top = corner, top
     return best, best_top
@@ -289,7 +302,7 @@ def _oom_point(rank: RankTimeline, t0: int) -> tuple[float, float]:
     curve = rank.curves.device_used if rank.curves.has_device else rank.curves.reserved
     if rank.device_used_all is not None:  # this process's device used unknown: the whole device's
         curve = rank.device_used_all
-    return float(_s(t, t0)), float(_g(max(curve.at(t), rank.curves.reserved.at(t))))
+    return float(_s(t, t0)), float(_g(max(curve.at(t), rank.peak_curve.at(t)), rank.unit))
 
 
 def _mark_oom(ax, rank: RankTimeline, t0: int, t_end: int, handles: dict | None) -> None:
@@ -316,9 +329,9 @@ def draw_main(
         _stack(ax, win, t0, win.start_us, win.end_us, N_BUCKETS, handles)
         _lines(ax, win, t0, win.start_us, win.end_us, N_BUCKETS, handles)
     hl = _hlines(ax, rank, capacities, handles)
-    peaks = [rank.curves.held.peak_bytes, whole_device_peak(rank)]
+    peaks = [rank.peak_curve.peak_bytes, rank.curves.allocated.peak_bytes, whole_device_peak(rank)]
     if win is not None:
-        peaks += [win.curves.held.peak_bytes, whole_device_peak(win)]
+        peaks += [win.peak_curve.peak_bytes, win.curves.allocated.peak_bytes, whole_device_peak(win)]
     if not _capacity_off_scale(rank, capacities):
         peaks.append(rank.capacity_bytes or 0)
     peaks += [rank.target_bytes or 0, *capacities]
@@ -328,19 +341,21 @@ def draw_main(
     for p in rank.phases:
         if p.depth == 0:
             ax.axvline(_s(p.start_us, t0), color="#999999", lw=0.6, alpha=0.6, zorder=0)
-    ax.set_ylabel("GiB")
+    ax.set_ylabel(rank.unit[0])
     ax.grid(axis="y", alpha=0.3)
-    ymax = float(_g(max(peaks))) * 1.08 or 1.0
+    ymax = float(_g(max(peaks), rank.unit)) * 1.08 or 1.0
     if crossing is not None:
         ax.axvline(crossing.time_s, color=TARGET, lw=1.0, alpha=0.7, ls="-.")
-        ax.plot([_s(crossing.max_us, t0)], [_g(crossing.max_bytes)], marker="v", color=TARGET, ms=8, zorder=5)
+        ax.plot(
+            [_s(crossing.max_us, t0)], [_g(crossing.max_bytes, rank.unit)], marker="v", color=TARGET, ms=8, zorder=5
+        )
     if oom is not None:
         _mark_oom(ax, rank.oom_rank, t0, rank.end_us, handles)
     texts = [d.text for d in (crossing, oom) if d is not None]
     corner = ""
     if texts:
         anchor = (
-            (float(_s(crossing.max_us, t0)), float(_g(crossing.max_bytes)))
+            (float(_s(crossing.max_us, t0)), float(_g(crossing.max_bytes, rank.unit)))
             if crossing is not None
             else _oom_point(rank.oom_rank, t0)
         )
@@ -379,7 +394,7 @@ def _label_vmm(ax, rank: RankTimeline, t0: int, scale: TimeScale) -> None:
         return
     i = kv.peak_index
     t_us = int(kv.time_us[i])
-    y = float(_g(rank.curves.reserved.at(t_us) + kv.peak_bytes / 2))
+    y = float(_g(rank.curves.reserved.at(t_us) + kv.peak_bytes / 2, rank.unit))
     x = float(_s(t_us, t0))
     text = f"KV cache committed through CUDA VMM\n(outside PyTorch): {format_gib(kv.peak_bytes)} at {x:.2f} s"
     right = scale.fraction(x) > 0.5
@@ -398,12 +413,13 @@ def _label_vmm(ax, rank: RankTimeline, t0: int, scale: TimeScale) -> None:
     )
 
 
-def draw_zoom(ax, rank: RankTimeline, t0: int, window: tuple[int, int], crossing) -> None:
-    """The window around the crossing (or the peak), x in milliseconds (or seconds) from its start."""
+def draw_zoom(ax, rank: RankTimeline, t0: int, window: tuple[int, int], crossing) -> str:
+    """The window around the crossing (or the peak), x in milliseconds (or seconds) from its start; returns its
+    title."""
     from matplotlib.ticker import MaxNLocator
 
     lo, hi = window
-    res = rank.curves.held  # PyTorch reserved, plus what was committed through CUDA's VMM API (0.34+)
+    res = rank.peak_curve  # PyTorch reserved + VMM (0.34+); allocated alone in a CPU profiler trace
     if crossing is not None:
         origin = crossing.time_us
     elif rank.oom is not None:
@@ -426,28 +442,32 @@ def draw_zoom(ax, rank: RankTimeline, t0: int, window: tuple[int, int], crossing
     if rank.device_used_all is not None:
         values.append(quantities.window_max(rank.device_used_all, lo, hi))
     if rank.target_bytes is not None:
-        ax.axhline(_g(rank.target_bytes), color=TARGET, lw=1.4)
+        ax.axhline(_g(rank.target_bytes, rank.unit), color=TARGET, lw=1.4)
         values.append(rank.target_bytes)
-    top = float(_g(max(values)))
+    top = float(_g(max(values), rank.unit))
     # the y range follows the peak moment itself (not the padding around it), so a jump just before
     # it (the KV cache being allocated) does not squash the crossing into a few pixels
     focus = [rank.curves.allocated.at(crossing.max_us if crossing is not None else origin)]
     if rank.target_bytes is not None:
         focus.append(rank.target_bytes)
-    bottom = float(_g(min(focus)))
+    bottom = float(_g(min(focus), rank.unit))
     span = max(top - bottom, 0.5)
-    ax.set_ylim(max(bottom - 0.6 * span, 0), top + 0.25 * span)
+    if rank.unit[0] == "GiB":
+        ax.set_ylim(max(bottom - 0.6 * span, 0), top + 0.25 * span)
+    else:  # a few MiB or KiB in all (a CPU profiler trace): from zero, as the main plot
+        ax.set_ylim(0, top * 1.25 or 1.0)
     ax.yaxis.tick_right()
     ax.grid(alpha=0.3)
     if crossing is not None:
         ax.axvline(crossing.time_s, color=TARGET, lw=1.0, alpha=0.7, ls="-.")
-        ax.plot([_s(crossing.max_us, t0)], [_g(crossing.max_bytes)], marker="v", color=TARGET, ms=8)
+        ax.plot([_s(crossing.max_us, t0)], [_g(crossing.max_bytes, rank.unit)], marker="v", color=TARGET, ms=8)
         ax.text(0.02, 0.97, format_gib(crossing.max_bytes), transform=ax.transAxes, va="top", color=TARGET)
     elif rank.oom is None:
-        ax.text(0.02, 0.97, f"peak {format_gib(res.peak_bytes)}", transform=ax.transAxes, va="top")
+        ax.text(0.02, 0.97, f"peak {format_size(res.peak_bytes)}", transform=ax.transAxes, va="top")
     if rank.oom is not None and lo <= rank.oom.time_us <= hi:
         _mark_oom(ax, rank, t0, hi, None)
-    peak = "zoom: peak held (PyTorch + VMM)" if rank.vmm_kv is not None else "zoom: peak reserved"
+    peak = f"zoom: peak {rank.peak_name}"
     title = "zoom: first crossing" if crossing is not None else "zoom: the OOM" if rank.oom else peak
     ax.set_title(title, fontsize="medium", loc="left")
     ax.set_facecolor("#FFFBEA")
+    return title

@@ -54,4 +54,6 @@ def length_text(seconds: float) -> str:
     """A squeezed stretch's length as its band says it (the plot's and the view's gap too)."""
     if seconds >= 5400:
         return f"{seconds / 3600:.1f} h"
+    if seconds < 0.1:  # a CPU profiler trace squeezes milliseconds: never "0.0 s"
+        return f"{seconds * 1e3:.1f} ms" if seconds < 0.01 else f"{seconds * 1e3:.0f} ms"
     return f"{seconds:.0f} s" if seconds >= 10 else f"{seconds:.1f} s"

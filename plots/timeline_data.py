@@ -32,6 +32,7 @@ from ..analysis.oom import Oom
 from ..analysis.phases import PhaseStats
 from ..analysis.rank import AnalysedRank
 from ..analysis.target import Target
+from ..units import GiB, axis_unit
 from .downsample import bucket_indices
 
 
@@ -63,6 +64,25 @@ class RankTimeline:
     #: the whole device's used memory, every process, where NVML's samples were not told apart into this
     #: process's and other processes' (a serving window of format 1.4: ``WindowSummary.device_used_all``)
     device_used_all: Curve | None = None
+    #: whether the trace has PyTorch reserved memory (``quantities.holds_reserved``): not a torch.profiler trace
+    #: of the CPU, whose curves are PyTorch allocated alone (its 'Total Reserved' stays 0)
+    holds_reserved: bool = True
+    #: the y axis's unit, (name, bytes) (``units.axis_unit`` of the highest figure drawn): GiB for a start-up,
+    #: KiB for a CPU profiler trace's KiB-sized curves
+    unit: tuple[str, int] = ("GiB", GiB)
+
+    @property
+    def peak_curve(self) -> Curve:
+        """The curve whose peak the zoom panel looks at and names: what the process held (PyTorch reserved, plus
+        what was committed through CUDA's VMM API), or PyTorch allocated in a trace without reserved memory."""
+        return self.curves.held if self.holds_reserved else self.curves.allocated
+
+    @property
+    def peak_name(self) -> str:
+        """The name the zoom panel gives :attr:`peak_curve`'s peak."""
+        if not self.holds_reserved:
+            return "allocated"
+        return "held (PyTorch + VMM)" if self.vmm_kv is not None else "reserved"
 
     @property
     def drawn_end_us(self) -> int:
@@ -102,12 +122,18 @@ def prepare_rank(rank: AnalysedRank) -> RankTimeline:
     from the rank (computed there once), never recomputed here."""
     start, end = rank.span
     serving, gap, dropped = None, None, (0, 0, 0)
+    tops = [_top(rank.curves), rank.target.target_bytes or 0]
     if rank.serving is not None:
         serving, w = prepare_rank(rank.serving), rank.trace.window
         serving = replace(serving, device_used_all=rank.window.device_used_all)
         gap = (w.startup_end_us, w.start_us) if w.gap_us else None
         dropped = (w.events_dropped, w.samples_dropped, w.steps_dropped)
         end = max(end, serving.end_us)
+        used_all = rank.window.device_used_all
+        tops += [_top(rank.serving.curves), used_all.peak_bytes if used_all is not None else 0]
+    unit = axis_unit(max(tops))
+    if serving is not None:  # drawn on the same axes as start-up: one unit
+        serving = replace(serving, unit=unit)
     return RankTimeline(
         label=rank.label,
         curves=rank.curves,
@@ -125,7 +151,14 @@ def prepare_rank(rank: AnalysedRank) -> RankTimeline:
         serving=serving,
         gap_us=gap,
         gap_dropped=dropped,
+        holds_reserved=quantities.holds_reserved(rank.trace.process),
+        unit=unit,
     )
+
+
+def _top(curves: Curves) -> int:
+    """The highest figure among ``curves`` that a timeline draws: allocated, held, the whole device."""
+    return max(curves.allocated.peak_bytes, curves.held.peak_bytes, quantities.whole_device_peak(curves))
 
 
 @dataclass(frozen=True)

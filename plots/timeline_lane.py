@@ -76,5 +76,10 @@ def draw_lane(
     ax.tick_params(labelbottom=False, bottom=False)
     for side in ("top", "right", "left", "bottom"):
         ax.spines[side].set_visible(False)
-    ax.set_ylabel(rank.label if show_rank else "phases", rotation=0, ha="right", va="center", fontsize=label_pt)
+    label = rank.label if show_rank else "phases"
+    margin_px = ax.get_position().x0 * ax.figure.bbox.width
+    if len(label) * label_pt * ax.figure.dpi / 72 * 0.6 > margin_px:  # "host (CPU) of rank 0": above the lane
+        ax.set_title(label, loc="left", fontsize=label_pt, pad=2)
+        label = "phases"
+    ax.set_ylabel(label, rotation=0, ha="right", va="center", fontsize=label_pt)
     ax.yaxis.set_label_coords(-0.005, rows / 2 / (max(rows, 1) + overflow_rows(labels)))  # beside the bars

@@ -48,7 +48,7 @@ from ..analysis.categories import CATEGORIES
 from ..analysis.flame import frame_label
 from ..analysis.landmarks import steady_non_torch_values
 from ..analysis.live import meaningful_frame
-from ..analysis.quantities import RESERVED, ranked_by
+from ..analysis.quantities import RESERVED, holds_reserved, ranked_by
 from ..analysis.rank import AnalysedRank
 from ..analysis.summary import summary_to_dict
 from ..model import ACTIONS
@@ -153,6 +153,10 @@ def rank_meta(a: AnalysedRank, t0_us: int) -> dict[str, Any]:
         },
         "peak": doc["peak"],
         "peak_mark": _peak_mark(a),
+        # what the chart, its legend, hover and phase table show: no reserved line or columns for a CPU profiler
+        # trace (its 'Total Reserved' stays 0), no NVML rows for a trace without NVML samples
+        "holds_reserved": holds_reserved(t.process),
+        "has_device": a.curves.has_device,
         "peak_bound": doc["peak_bound"],
         "crossings": doc["crossings"],
         # the marker's words (``oom_text``: "requested 22.00 MiB", as torch's message says it)

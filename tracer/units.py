@@ -167,6 +167,20 @@ def format_size(n_bytes: int | float | None) -> str:
     return f"{sign}{int(n)} B"
 
 
+def axis_unit(top_bytes: int | float) -> tuple[str, int]:
+    """(name, bytes) of the unit a plot's y axis reads in, for data reaching ``top_bytes``: the largest unit it is
+    more than, as :func:`format_size` words a size, so a CPU profiler trace's KiB-sized curves are drawn in KiB
+    (never a flat line at "0.00 GiB") and a start-up of many GiB stays in GiB; GiB for nothing at all.
+    ``plots/assets/view_units.js``'s ``axisUnit`` is its port."""
+    n = abs(float(top_bytes))
+    if not n:  # nothing drawn: the start-up's unit
+        return "GiB", GiB
+    for unit, scale in (("GiB", GiB), ("MiB", MiB), ("KiB", KiB)):
+        if n > scale:
+            return unit, scale
+    return "B", 1
+
+
 def signed_size(n_bytes: int) -> str:
     """ "+1.53 GiB", "-4.25 MiB", "0 B": a change as :func:`format_size` words a size."""
     return ("+" if n_bytes > 0 else "") + format_size(n_bytes)

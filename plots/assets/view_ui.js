@@ -44,11 +44,15 @@
     const d = el('div', { class: 'mt-legend' });
     doc.ranks[0].categories.forEach((c, k) => d.append(el('span', {}, el('i', { style: `background:${CAT_COLORS[k]}` }), c.replace('_', ' '))));
     if (doc.ranks.some((r) => r.vmm)) d.append(el('span', { 'data-legend': 'vmm_kv' }, el('i', { style: `background:${VMM_FILL};border-top:1px solid ${VMM_EDGE}` }), vmmLabel()));
-    d.append(el('span', {}, el('i', { style: 'background:#222;height:2px' }), 'reserved'));
-    d.append(el('span', {}, el('i', { style: 'background:#8c564b;height:2px' }), 'device used (NVML)'));
-    d.append(el('span', {}, el('i', { style: 'background:rgba(140,86,75,.25)' }), 'non-PyTorch'));
-    d.append(el('span', {}, el('i', { style: 'background:#d62728;height:2px' }), 'target'));
-    d.append(el('span', {}, el('i', { style: 'background:#555;height:2px' }), 'capacity'));
+    /* only what some rank draws: a CPU profiler trace has no reserved, a trace without NVML no device used */
+    const any = (f) => doc.ranks.some(f);
+    if (any((r) => r.holds_reserved)) d.append(el('span', { 'data-legend': 'reserved' }, el('i', { style: 'background:#222;height:2px' }), 'reserved'));
+    if (any((r) => r.has_device)) {
+      d.append(el('span', { 'data-legend': 'device_used' }, el('i', { style: 'background:#8c564b;height:2px' }), 'device used (NVML)'));
+      d.append(el('span', { 'data-legend': 'non_torch' }, el('i', { style: 'background:rgba(140,86,75,.25)' }), 'non-PyTorch'));
+    }
+    if (any((r) => r.target.bytes != null)) d.append(el('span', { 'data-legend': 'target' }, el('i', { style: 'background:#d62728;height:2px' }), 'target'));
+    if (any((r) => r.target.capacity)) d.append(el('span', { 'data-legend': 'capacity' }, el('i', { style: 'background:#555;height:2px' }), 'capacity'));
     return d;
   }
 
@@ -125,7 +129,7 @@
     const series = [{ label: 'time', value: (u, v) => (v == null ? '' : v.toFixed(6) + ' s') }];
     const stepped = uPlot.paths.stepped({ align: 1 });
     for (let k = K - 1; k >= 0; k--) series.push({ label: R.meta.categories[k], stroke: CAT_COLORS[k], fill: CAT_COLORS[k] + 'cc', width: 0.5, paths: stepped, points: { show: false } });
-    series.push({ label: 'reserved', stroke: '#222', width: 1.5, paths: stepped, points: { show: false } });
+    series.push({ label: 'reserved', stroke: '#222', width: 1.5, paths: stepped, points: { show: false }, show: R.meta.holds_reserved });
     series.push({ label: 'device used', stroke: '#8c564b', width: 1.5, paths: stepped, points: { show: false } });
     const bands = [{ series: [K + 2, K + 1], fill: 'rgba(140,86,75,.25)', dir: 1 }];
     const vmm = R.meta.vmm; /* reserved + the VMM KV cache: series K + 3, the band between it and reserved */
@@ -167,17 +171,24 @@
     if (P && P.L) {
       const e = I.upper(P.L.t, tus) - 1, s = I.stateAt(P, e), d = I.deviceAt(P, tus);
       rows.push(['event', e < 0 ? 'before the first' : `#${e} (${m.actions[P.col.act[e]]} ${Math.round(P.col.size[e]).toLocaleString('en-US')} B)`]);
-      rows.push(['allocated', exact(s.alloc)], ['reserved', exact(s.res)], ['device used', exact(d.used)], ['non-PyTorch', exact(d.nontorch)]);
+      rows.push(...curveRows(m, s.alloc, s.res, d.used, d.nontorch));
       rows.push(...cuptiRows(P, tus), ...vmmRows(P, tus));
       m.categories.forEach((c, k) => { if (s.cats[k]) rows.push([c, exact(s.cats[k])]); });
     } else if (P) {
       const K = m.categories.length, v = (j) => u.data[j][i];
-      rows.push(['allocated', exact(v(1))], ['reserved', exact(v(K + 1))], ['device used', exact(v(K + 2))],
-        ['non-PyTorch', exact(I.deviceAt(P, tus).nontorch)]);
+      rows.push(...curveRows(m, v(1), v(K + 1), v(K + 2), I.deviceAt(P, tus).nontorch));
       rows.push(...cuptiRows(P, tus), ...vmmRows(P, tus));
     }
     box.replaceChildren(el('table', {}, ...rows.map(([k, v]) => el('tr', {}, el('th', {}, k), el('td', {}, v)))));
     R.hover = { t_us: tus, rows: Object.fromEntries(rows) };
+  }
+
+  /* the curves' rows of the hover table: reserved only where the trace has it, NVML's only where sampled */
+  function curveRows(m, alloc, res, used, nontorch) {
+    const rows = [['allocated', exact(alloc)]];
+    if (m.holds_reserved) rows.push(['reserved', exact(res)]);
+    if (m.has_device) rows.push(['device used', exact(used)], ['non-PyTorch', exact(nontorch)]);
+    return rows;
   }
 
   /* with CUPTI records: of NVML's non-PyTorch figure (the "non-PyTorch" row, as the report's), the
@@ -308,11 +319,15 @@
 
   /* ---------- tables: phases, and the report as `memtrace report` prints it ---------- */
   function phaseTable(m) {
-    const t = el('table', { class: 'mt-table' }, el('tr', {}, ...['phase', 'start (s)', 'end (s)', 'reserved at start', 'peak reserved', 'Δ reserved', 'peak allocated', 'peak device used'].map((h) => el('th', {}, h))));
+    if (!m.phase_table.length) return el('p', { class: 'mt-note mt-no-phases' }, 'No phases recorded.');
+    /* the columns the trace has: no reserved ones for a CPU profiler trace, no device used without NVML */
+    const cols = [...(m.holds_reserved ? [['reserved at start', 'start_reserved_bytes'], ['peak reserved', 'peak_reserved_bytes'], ['Δ reserved', 'delta_reserved_bytes']] : []),
+      ['peak allocated', 'peak_allocated_bytes'], ...(m.has_device ? [['peak device used', 'peak_device_used_bytes']] : [])];
+    const t = el('table', { class: 'mt-table' }, el('tr', {}, ...['phase', 'start (s)', 'end (s)', ...cols.map(([h]) => h)].map((h) => el('th', {}, h))));
     for (const p of m.phase_table) {
       t.append(el('tr', {}, el('td', { style: `padding-left:${0.4 + p.depth * 1.2}em` }, p.name),
         el('td', { class: 'num' }, ((p.start_us - m.t0_us) / 1e6).toFixed(3)), el('td', { class: 'num' }, ((p.end_us - m.t0_us) / 1e6).toFixed(3)),
-        ...[p.start_reserved_bytes, p.peak_reserved_bytes, p.delta_reserved_bytes, p.peak_allocated_bytes, p.peak_device_used_bytes].map((b) => el('td', { class: 'num', title: b == null ? '' : `${b} B` }, gib(b)))));
+        ...cols.map(([, k]) => p[k]).map((b) => el('td', { class: 'num', title: b == null ? '' : `${b} B` }, gib(b)))));
     }
     return t;
   }

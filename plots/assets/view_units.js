@@ -31,12 +31,18 @@
     formatGib: (b, digits = 2) => (b == null ? '—' : gib(b, digits)), /* units.format_gib */
     gibNumber: (b) => (b == null ? '-' : gib(b, 2, false, '')), /* units.gib_number */
     signedGib: (b) => gib(b, 2, true), /* units.signed_gib */
-    formatSize: (b) => (b == null ? '—' : Math.abs(b) >= GiB ? gib(b) : formatBytes(b, 2)), /* units.format_size */
-    /* the unit of a chart's size axis up to maxBytes: GiB, unless the top would read 0.00 GiB (a CPU profiler
-     * trace's KiB): then the unit the same rule prints the top in */
+    /* units.format_size: torch's c10 rule, two decimals of the largest unit the size is *more* than ("1024.00 MiB") */
+    formatSize(b) {
+      if (b == null) return '—';
+      const sign = b < 0 ? '-' : '', n = Math.abs(b);
+      for (const [unit, scale] of SCALES.slice(1)) if (n > scale) return `${sign}${fixed(n / scale, 2)} ${unit}`;
+      return `${sign}${Math.trunc(n)} B`;
+    },
+    /* units.axis_unit: the unit of a chart's size axis up to maxBytes, the largest it is more than (GiB for a
+     * start-up, KiB for a CPU profiler trace's curves); GiB for an empty chart */
     axisUnit(maxBytes) {
-      if (!maxBytes || parseFloat(fixed(maxBytes / GiB, 2))) return ['GiB', GiB];
-      for (const [unit, scale] of SCALES) if (maxBytes >= scale) return [unit, scale];
+      if (!maxBytes) return ['GiB', GiB];
+      for (const [unit, scale] of SCALES.slice(1)) if (Math.abs(maxBytes) > scale) return [unit, scale];
       return ['B', 1];
     },
   };

@@ -106,3 +106,28 @@ def test_the_definitions_of_a_cpu_trace_define_allocated_and_the_cpus_memory_nev
     md = _issue_md(tmp_path, TP2)
     assert "- **Peak:** PyTorch allocated at least 8.24 KiB at 0.06 s outside any phase (a lower bound: " in md
     assert "0.00 GiB" not in md
+
+
+def _drawn(path: Path, tmp_path: Path):
+    from memtrace.analysis.run import analyse
+    from memtrace.importers.files import load_input
+    from memtrace.plots.timeline import render
+
+    return render(analyse(load_input(path).traces), tmp_path / "t.png")
+
+
+def test_the_timeline_of_a_cpu_trace_draws_allocated_in_kib_with_no_reserved_line_and_zooms_on_its_peak(tmp_path):
+    # the PNG timeline reads the CPU's KiB in KiB (a GiB axis drew every curve as a flat line at 0), draws no
+    # reserved line (torch's CPU 'Total Reserved' stays 0) and its zoom looks at the allocated peak, 8,436 B
+    drawn = _drawn(need(TP2), tmp_path)
+    assert [r.y_unit for r in drawn.ranks] == ["KiB", "KiB"]
+    assert [r.zoom_title for r in drawn.ranks] == ["zoom: peak allocated"] * 2
+    assert "PyTorch reserved" not in drawn.legend and "NVML device used" not in drawn.legend
+    lo, hi = drawn.ranks[0].zoom_us
+    assert hi - lo < 10_000  # milliseconds around the peak (0.058 s), not the whole trace
+    mlp = _drawn(need(MLP), tmp_path)
+    assert [r.y_unit for r in mlp.ranks] == ["MiB"] and "activations" in mlp.legend  # its 2.75 MiB peak
+    # a GPU start-up of many GiB keeps its GiB axis and its reserved line
+    gpu = _drawn(need(DATA / "snapshots" / "vllm-h200-profiler"), tmp_path)
+    assert gpu.ranks[0].y_unit == "GiB" and gpu.ranks[0].zoom_title == "zoom: peak reserved"
+    assert gpu.ranks[1].y_unit == "B" and "PyTorch reserved" in gpu.legend  # its host lane peaked at 4 B

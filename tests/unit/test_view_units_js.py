@@ -22,6 +22,7 @@ PYTHON = {
     "signedGib": units.signed_gib,
     "formatSize": units.format_size,
     "formatBytes": units.format_bytes,
+    "axisUnit": lambda b: list(units.axis_unit(b)),  # the chart's y unit, as the PNG timeline's
 }
 
 
