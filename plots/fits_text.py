@@ -9,7 +9,7 @@ Every outcome the analysis can give (``analysis.fits.OUTCOMES``) has its own wor
 from __future__ import annotations
 
 from ..analysis.fits import DIED, FITS, MIN_CAPACITY, NO_KV, NO_KV_CACHE, OOM, REFUSED, SEARCH_STEP, UNKNOWN, Fit
-from ..analysis.quantities import AT_ONE_MOMENT, NON_TORCH, ONE_MOMENT, PeakBound
+from ..analysis.quantities import AT_ONE_MOMENT, NON_TORCH, ONE_MOMENT, PROFILED_WINDOW, PeakBound, is_profiled_window
 from ..analysis.reconcile import PRE_KV_PEAK
 from ..facts import KV_SIZED_EXTENSIBLE as EXTENSIBLE
 from ..units import format_gib as _gib
@@ -29,6 +29,11 @@ MOMENT_ANSWER = (
     "other time, the KV cache sizing and the start-up's phases are not in it"
 )
 MISSING_ANSWER = "Its peak is a lower bound, so a card it fits on is the least it needs, not a promise"
+#: What fits can answer for a torch.profiler trace (``quantities.PROFILED_WINDOW``).
+WINDOW_ANSWER = (
+    "fits answers for that window alone: whether what was held in it fits on the card. That is no verdict on the "
+    "program: it may need more outside the window (its start-up), and vLLM sizes a KV cache by the card"
+)
 #: UNKNOWN of a recording that ends (not at an OOM) before the KV cache, where ``Fit.missing`` says nothing more.
 ENDS_BEFORE_KV = "the recording ends before the KV cache was sized; record a run that gets further"
 
@@ -107,9 +112,14 @@ def _outcome_phrase(r: Fit, vllm: bool) -> str:
     raise ValueError(f"no words for fits outcome {r.outcome!r}")
 
 
-def _answer(r: Fit, moment: bool = False) -> list[str]:
-    """The one-capacity answer: the headline line and its explanation (``moment``: the input is one moment)."""
+def _answer(r: Fit, moment: bool = False, window: bool = False) -> list[str]:
+    """The one-capacity answer: the headline line and its explanation (``moment``: the input is one moment;
+    ``window``: a profiled window, ``quantities.PROFILED_WINDOW``)."""
     head = HEADLINE[r.outcome]
+    if r.outcome == FITS and r.stage == NO_KV_CACHE and window:
+        return [
+            f"{head} in the profiled window: what was held in it fits, {_gib(r.headroom_bytes)} to spare at its peak"
+        ]
     if r.prediction and r.outcome != FITS:  # the what-if model's words follow (``Fit.prediction_how``)
         return [f"{head} {_in(r.phase)} ({_gib(r.overshoot_bytes)} {'over the card' if r.outcome == OOM else 'short'})"]
     if r.outcome == FITS and r.stage == NO_KV_CACHE and moment:
@@ -226,17 +236,19 @@ def _assumption(r: Fit) -> str:
 PROGRAM_NEEDS = f"the segments PyTorch cannot release, plus {NON_TORCH.label} memory"
 
 
-def _program(results: list[Fit], least: str, moment: bool) -> list[str]:
-    """The answer for a program that is not vLLM: no utilization, no KV cache, no "vLLM fills"; what it
-    needs at most, and each card's outcome."""
+def _program(results: list[Fit], least: str, moment: bool, window: bool = False) -> list[str]:
+    """The answer for a program that is not vLLM (or not known to be: a profiled window): no utilization, no KV
+    cache sizing, no "vLLM fills"; what it needs at most (at least, for a window), and each card's outcome."""
     r = results[0]
     bound = least or "at most "  # "at least" for a lower bound, else the most it needs
     needs = f"it needs {bound}{_gib(r.pre_kv_peak_bytes)} {_in(r.pre_kv_peak_phase)} ({PROGRAM_NEEDS})"
+    if window:
+        needs = f"it held {_gib(r.pre_kv_peak_bytes)} at the window's peak ({PROGRAM_NEEDS}); outside it is not known"
     if moment:  # no phase: it held that much at its one moment (the peak at any other time is not in it)
         needs = f"it held {_gib(r.pre_kv_peak_bytes)} {AT_ONE_MOMENT} ({PROGRAM_NEEDS}); any other moment is not in it"
     verdict = _moment_verdict if moment else lambda x: _verdict(x, False)
     if len(results) == 1:
-        return [f"On a {_gib(r.capacity_bytes)} card:", *(_wrapped("  ", x) for x in _answer(r, moment)),
+        return [f"On a {_gib(r.capacity_bytes)} card:", *(_wrapped("  ", x) for x in _answer(r, moment, window)),
                 _wrapped("  ", needs)]  # fmt: skip
     rows = [f"  {'capacity':>10}  outcome"] + [f"  {_gib(x.capacity_bytes):>10}  {verdict(x)}" for x in results]
     return [*rows, _wrapped("  ", needs[0].upper() + needs[1:])]
@@ -250,19 +262,23 @@ def render_fits(
     *,
     vllm: bool = True,
     smallest_prediction: str = "",
+    window: bool = False,
 ) -> str:
     """The text answer: one paragraph for one capacity, a table for several. ``bound``: how well the input's
     peak is known (``quantities.peak_bound``); one moment is said before the answer, which is for it alone.
     ``vllm``: the trace is a vLLM start-up (``AnalysedRank.vllm``); a program that is not is answered in its own
-    terms (no utilization, no KV cache)."""
+    terms (no utilization, no KV cache). ``window``: the input is a torch.profiler trace
+    (``quantities.PROFILED_WINDOW``), answered for that window alone."""
     lines = [f"memtrace fits: {run_path}"]
     moment = bound is not None and bound.why == ONE_MOMENT
     least = bound.words if bound is not None else ""
-    if bound is not None and bound.lower_bound:
+    if window:
+        lines.append(_wrapped("", f"The input is {PROFILED_WINDOW}. {WINDOW_ANSWER}"))
+    elif bound is not None and bound.lower_bound:
         lines.append(_wrapped("", f"The input is {bound.why}. {MOMENT_ANSWER if moment else MISSING_ANSWER}"))
     r = results[0]
     if not vllm:
-        lines += _program(results, least, moment)
+        lines += _program(results, least, moment, window)
     elif len(results) == 1:
         lines.append(
             f"On a {_gib(r.capacity_bytes)} card at --gpu-memory-utilization {r.util:g} "
@@ -310,7 +326,7 @@ def render_fits(
                 "above holds this process alone (--keep-others to keep them)",
             )
         )
-    what = "that moment" if moment else ("this start-up" if vllm else "this program")
+    what = "that moment" if moment else "that window" if window else ("this start-up" if vllm else "this program")
     at_util = " at that utilization" if vllm else ""
     if smallest is not None and smallest - MIN_CAPACITY <= SEARCH_STEP:  # it fits on the least card tried
         lines.append(f"Smallest card {what} fits on: {_gib(MIN_CAPACITY)} or less (fits tries no smaller card)")
@@ -349,6 +365,7 @@ def render(run, out, *, capacities: list[int], util: float | None = None, non_to
             "ranks": [
                 {"rank": a.rank.rank, "pid": a.rank.trace.process.pid, "verdict": a.rank.verdict,
                  "peak_bound": dataclasses.asdict(a.rank.peak_bound),
+                 "profiled_window": is_profiled_window(a.rank.trace.facts),
                  "smallest_fitting_capacity_bytes": a.smallest, "smallest_fitting_prediction": a.smallest_prediction,
                  "fits": [fit_to_dict(r) for r in a.results]}
                 for a in answers
@@ -365,7 +382,8 @@ def render(run, out, *, capacities: list[int], util: float | None = None, non_to
         path = f"{run.path} ({a.rank.label})" if multi else run.path
         out.write(
             render_fits(a.results, path, a.smallest, a.rank.peak_bound, vllm=a.rank.vllm,
-                        smallest_prediction=a.smallest_prediction)
+                        smallest_prediction=a.smallest_prediction,
+                        window=is_profiled_window(a.rank.trace.facts))
         )  # fmt: skip
     if multi:
         need = next((a.smallest for a in answers if a.rank is worst), None)

@@ -318,7 +318,7 @@ def test_new_run_dying_of_oom_names_phase_request_and_free_memory(capsys):
     # startup-cap6g died in profile_run asking for 1 GiB (outcomes.json); the OOM comes from analysis.oom
     rc, out, _ = _run(capsys, H200 / "startup-cap32g", H200 / "startup-cap6g", "--fail-over", "100GiB")
     assert rc == 1
-    assert "the new run died of CUDA OOM in profile_run: requested 1.00 GiB, device free 134.06 GiB" in out
+    assert "the new run died of CUDA OOM in profile_run: requested 1024.00 MiB, device free 134.06 GiB" in out
     rc, out, _ = _run(capsys, H200 / "startup-cap16g", H200 / "startup-cap6g", "--fail-over", "100GiB")
     assert rc == 0  # the base died too: not a new failure
 

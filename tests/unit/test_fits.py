@@ -286,7 +286,7 @@ def test_a_run_that_died_of_oom_on_its_card_says_it_dies_there(name, capsys):
     rc, out, _ = _run_fits(capsys, run, "--capacity", card)
     assert rc == 1  # it said "SURVIVES … 0.93 GiB to spare", exit 0, for cap16g
     assert f"DIES in {outcome['phase']}, where the recording died:" in out
-    requested, requested_bytes = ("1.00 GiB", GiB) if name == "startup-cap16g" else ("512.00 MiB", GiB // 2)
+    requested, requested_bytes = ("1024.00 MiB", GiB) if name == "startup-cap16g" else ("512.00 MiB", GiB // 2)
     assert f"died of CUDA OOM in {outcome['phase']}: requested {requested}, device free" in out
     assert "SURVIVES" not in out and "Smallest card: unknown" in out
     rc, out, _ = _run_fits(capsys, run, "--capacity", card, "--json")
@@ -328,7 +328,7 @@ def test_text_and_json_render_the_same_answer(capsys):
             if r["phase"]:
                 assert r["phase"] in out
     _, out, _ = _run_fits(capsys, str(H200 / "startup-cap6g"), "--capacity", "32GiB")
-    assert "UNKNOWN: the recorded run died of CUDA OOM in profile_run: requested 1.00 GiB" in out
+    assert "UNKNOWN: the recorded run died of CUDA OOM in profile_run: requested 1024.00 MiB" in out
 
 
 @NEEDS_H200

@@ -126,7 +126,7 @@ def test_a_new_oom_fails_the_check(tmp_path, capsys):
     con.commit()
     rc, out, _ = _run(capsys, "check", CAP6, "--db", path)
     assert rc == 1
-    assert "the new run died of CUDA OOM in profile_run: requested 1.00 GiB" in out
+    assert "the new run died of CUDA OOM in profile_run: requested 1024.00 MiB" in out
     assert rec(load_run(CAP6).traces[0]).reserved.oom.requested_bytes == GiB
 
 

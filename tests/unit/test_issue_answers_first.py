@@ -70,7 +70,7 @@ def test_every_output_of_a_run_that_died_says_so_first(tmp_path, capsys):
     doc = json.loads(re.search(r'<script type="application/json" id="mt-doc">(.*?)</script>', page).group(1))
     assert doc["title"].startswith(DIED_AT) and doc["verdict"] == "died"
     assert doc["headline"].startswith("DIED: the process ran out of CUDA memory at 7.05 s")
-    assert "requested 1.00 GiB" in doc["headline"]
+    assert "requested 1024.00 MiB" in doc["headline"]
     assert main(["report", str(CAP16)]) == 0
     assert capsys.readouterr().out.startswith("DIED: the process ran out of CUDA memory at 7.05 s")
     assert main(["flame", str(CAP16), "-o", str(tmp_path / "f.svg")]) == 0

@@ -135,6 +135,21 @@ def test_fits_counts_the_memory_held_before_profiling(capsys):
     )
 
 
+
+def test_fits_answers_for_the_profiled_window_alone_never_for_the_program(capsys):
+    # the window began mid-serving: its 11.07 GiB held (weights and a KV cache sized for the H200) says nothing
+    # of the start-up's peak, so fits never calls it "this program" nor "its whole recording (no KV cache)"
+    assert main(["fits", str(FOLDER), "--capacity", "16GiB"]) == 0
+    text = " ".join(capsys.readouterr().out.split())
+    assert f"The input is {Q.PROFILED_WINDOW}." in text
+    assert "SURVIVES in the profiled window: what was held in it fits, 4.93 GiB to spare at its peak" in text
+    assert "it held 11.07 GiB at the window's peak" in text
+    assert "Smallest card that window fits on: about 11.10 GiB" in text
+    assert "this program" not in text and "no KV cache" not in text
+    assert main(["fits", str(FOLDER), "--capacity", "16GiB", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["profiled_window"] is True
+
+
 def test_the_issue_bundle_names_torch_profiler_and_the_traces_own_environment(tmp_path):
     assert main(["issue", str(FOLDER), "-o", str(tmp_path / "b")]) == 0
     md = (tmp_path / "b" / "issue.md").read_text()

@@ -426,6 +426,22 @@ def is_one_moment(facts: dict) -> bool:
     return peak_bound(facts).why == ONE_MOMENT
 
 
+#: What a torch.profiler trace (vLLM's ``--profiler-config`` or torch.profiler's own) holds: the window it profiled,
+#: begun mid-run. fits answers for that window alone.
+PROFILED_WINDOW = (
+    "a torch.profiler trace: the window it profiled alone, begun mid-run (memory held before it counted as held "
+    "from its start); the start-up, the KV cache sizing and every moment outside the window are not in it, and a "
+    "KV cache held in it was sized for the card it ran on"
+)
+
+
+def is_profiled_window(facts: dict) -> bool:
+    """True for a trace imported from a torch.profiler (Kineto) trace: :data:`PROFILED_WINDOW`."""
+    from .. import facts as F
+
+    return (facts.get(F.IMPORT) or {}).get("format") == "kineto"
+
+
 # -- which memory a trace holds ---------------------------------------------------------------------------
 
 #: What a trace's memory is, by ``Process.role`` (the device's unless the role says host): the words titles
