@@ -54,6 +54,8 @@ phase_labels  # RankDrawn (test_timeline)
 annotation_corner  # RankDrawn (test_timeline)
 lane_px_per_s  # RankDrawn (test_timeline, test_timeline_axis)
 lane_char_px  # RankDrawn (test_timeline)
+y_unit  # RankDrawn: the y axis's unit it drew in (test_cpu_profiler_figures: KiB for a CPU trace)
+zoom_title  # RankDrawn: what the zoom panel looked at (test_cpu_profiler_figures)
 post_kv_peak_phase  # tracer/analysis/fits.Fit: in fits' JSON (fit_to_dict: dataclasses.asdict)
 recorded_capacity_bytes  # Fit: in fits' JSON
 after_kv  # tracer/analysis/whatif.PhasePeak: in the what-if JSON (answer_to_dict: dataclasses.asdict)
