@@ -238,7 +238,7 @@ PROGRAM_NEEDS = f"the segments PyTorch cannot release, plus {NON_TORCH.label} me
 
 def _program(results: list[Fit], least: str, moment: bool, window: bool = False) -> list[str]:
     """The answer for a program that is not vLLM (or not known to be: a profiled window): no utilization, no KV
-    cache sizing, no "vLLM fills"; what it needs at most (at least, for a window), and each card's outcome."""
+    cache sizing, no "vLLM fills"; what it needs at most (for a window: what it held there), and each card's outcome."""
     r = results[0]
     bound = least or "at most "  # "at least" for a lower bound, else the most it needs
     needs = f"it needs {bound}{_gib(r.pre_kv_peak_bytes)} {_in(r.pre_kv_peak_phase)} ({PROGRAM_NEEDS})"
