@@ -155,7 +155,7 @@ def device_sentences(ws: WindowSummary, rel) -> list[tuple[str, str]]:
         out.append((
             "Within the allocator limit" if d.within_limit else "Over the allocator limit",
             f"{Q.RESERVED} {format_size(end.allocator.reserved_bytes)} and the request "
-            f"{format_size(ws.oom.requested_bytes)} {within} {format_size(ws.oom.limit_bytes(ws.device_total_bytes))}: "
+            f"{format_size(ws.oom.requested_bytes)} {within} {format_size(d.limit_bytes)}: "
             + ("the device ran out, not the limit" if d.within_limit else "the limit refused it"),
         ))  # fmt: skip
     if d.derived:
@@ -176,13 +176,13 @@ def step_words(ws: WindowSummary, rel) -> str | None:
             f"a scheduler step was in progress at the write: it began at {_step(running[-1], rel)}" if running else None
         )
     if ws.steps_in_progress is None:
-        last = ws.steps_before_end[-1] if ws.steps_before_end else None
-        ended = "" if last is None else int(last.get("time_us", 0)) + int(last.get("duration_us", 0))
-        tail = (
-            ""
-            if last is None
-            else f"; the last one listed ended at {rel(ended)}, {(ws.oom.time_us - ended) / 1e3:.1f} ms before the OOM"
-        )
+        tail = ""
+        if ws.steps_before_end:
+            last = ws.steps_before_end[-1]
+            ended = int(last.get("time_us", 0)) + int(last.get("duration_us", 0))
+            tail = (
+                f"; the last one listed ended at {rel(ended)}, {(ws.oom.time_us - ended) / 1e3:.1f} ms before the OOM"
+            )
         return (
             "the scheduler step the OOM happened in is not in the list: this window (trace format 1.4) records a "
             "step when it ends" + tail

@@ -161,10 +161,16 @@ def format_size(n_bytes: int | float | None) -> str:
     if n_bytes is None:
         return "—"
     sign, n = ("-" if n_bytes < 0 else ""), abs(float(n_bytes))
+    unit, scale = _size_unit(n)
+    return f"{sign}{int(n)} B" if scale == 1 else f"{sign}{n / scale:.2f} {unit}"
+
+
+def _size_unit(n: float) -> tuple[str, int]:
+    """(name, bytes) of the largest unit ``n`` (>= 0) is *more* than, as c10's ``format_size`` picks it; B below."""
     for unit, scale in (("GiB", GiB), ("MiB", MiB), ("KiB", KiB)):
         if n > scale:
-            return f"{sign}{n / scale:.2f} {unit}"
-    return f"{sign}{int(n)} B"
+            return unit, scale
+    return "B", 1
 
 
 def axis_unit(top_bytes: int | float) -> tuple[str, int]:
@@ -173,12 +179,7 @@ def axis_unit(top_bytes: int | float) -> tuple[str, int]:
     (never a flat line at "0.00 GiB") and a start-up of many GiB stays in GiB; GiB for nothing at all.
     ``plots/assets/view_units.js``'s ``axisUnit`` is its port."""
     n = abs(float(top_bytes))
-    if not n:  # nothing drawn: the start-up's unit
-        return "GiB", GiB
-    for unit, scale in (("GiB", GiB), ("MiB", MiB), ("KiB", KiB)):
-        if n > scale:
-            return unit, scale
-    return "B", 1
+    return _size_unit(n) if n else ("GiB", GiB)  # nothing drawn: the start-up's unit
 
 
 def signed_size(n_bytes: int) -> str:

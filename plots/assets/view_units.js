@@ -26,6 +26,11 @@
     if (b && !parseFloat(text)) return (signed && b > 0 ? '+' : '') + formatBytes(b, digits);
     return text + unit;
   }
+  /* units._size_unit: the largest unit n (>= 0) is *more* than, as c10's format_size picks it; B below */
+  function sizeUnit(n) {
+    for (const [unit, scale] of SCALES.slice(1)) if (n > scale) return [unit, scale];
+    return ['B', 1];
+  }
   const U = {
     formatBytes,
     formatGib: (b, digits = 2) => (b == null ? '—' : gib(b, digits)), /* units.format_gib */
@@ -34,17 +39,12 @@
     /* units.format_size: torch's c10 rule, two decimals of the largest unit the size is *more* than ("1024.00 MiB") */
     formatSize(b) {
       if (b == null) return '—';
-      const sign = b < 0 ? '-' : '', n = Math.abs(b);
-      for (const [unit, scale] of SCALES.slice(1)) if (n > scale) return `${sign}${fixed(n / scale, 2)} ${unit}`;
-      return `${sign}${Math.trunc(n)} B`;
+      const sign = b < 0 ? '-' : '', n = Math.abs(b), [unit, scale] = sizeUnit(n);
+      return scale === 1 ? `${sign}${Math.trunc(n)} B` : `${sign}${fixed(n / scale, 2)} ${unit}`;
     },
     /* units.axis_unit: the unit of a chart's size axis up to maxBytes, the largest it is more than (GiB for a
      * start-up, KiB for a CPU profiler trace's curves); GiB for an empty chart */
-    axisUnit(maxBytes) {
-      if (!maxBytes) return ['GiB', GiB];
-      for (const [unit, scale] of SCALES.slice(1)) if (Math.abs(maxBytes) > scale) return [unit, scale];
-      return ['B', 1];
-    },
+    axisUnit: (maxBytes) => (maxBytes ? sizeUnit(Math.abs(maxBytes)) : ['GiB', GiB]),
   };
   if (typeof module !== 'undefined' && module.exports) module.exports = U;
   else root.memtraceUnits = U;

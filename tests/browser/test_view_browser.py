@@ -546,9 +546,10 @@ def test_a_cpu_profiler_page_shows_only_what_such_a_trace_holds(browser, tmp_pat
     page = Page(browser, out)
     legend = page.js("[...document.querySelectorAll('.mt-legend span')].map(e => e.textContent)")
     assert "other" in legend and not {"reserved", "device used (NVML)", "non-PyTorch", "target"} & set(legend)
-    assert page.js("[...document.querySelectorAll('.mt-no-phases')].map(e => e.textContent)") == [
-        "No phases recorded."
-    ] * 2
+    assert (
+        page.js("[...document.querySelectorAll('.mt-no-phases')].map(e => e.textContent)")
+        == ["No phases recorded."] * 2
+    )
     assert page.js("memtraceView.ranks[0].u.axes[1].label") == "KiB"
     box = page.chart_box()
     page.page.mouse.move(page.x_of(0.058), box["y"] + box["h"] / 2)

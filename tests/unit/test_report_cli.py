@@ -285,7 +285,9 @@ def test_a_run_that_died_says_so_in_its_first_lines(capsys):
     lines = report(capsys, H200 / "startup-cap16g").splitlines()
     # issue 32 defect 4: the report's first line says the run died (it said "memtrace report: pid 552, ...")
     assert lines[0].startswith("DIED: the process ran out of CUDA memory at 7.05 s in compile_or_warm_up/kernel_warmup")
-    assert lines[4] == ("  DIED: CUDA out of memory at 7.05 s in compile_or_warm_up/kernel_warmup: requested 1024.00 MiB,")
+    assert lines[4] == (
+        "  DIED: CUDA out of memory at 7.05 s in compile_or_warm_up/kernel_warmup: requested 1024.00 MiB,"
+    )
     assert lines[5] == "    device free 124.73 GiB, allocator limit 15.33 GiB. Nothing after it was recorded."
     out = "\n".join(lines)
     assert "stayed above until the OOM" in out and "until the recording ended" not in out

@@ -135,7 +135,6 @@ def test_fits_counts_the_memory_held_before_profiling(capsys):
     )
 
 
-
 def test_fits_answers_for_the_profiled_window_alone_never_for_the_program(capsys):
     # the window began mid-serving: its 11.07 GiB held (weights and a KV cache sized for the H200) says nothing
     # of the start-up's peak, so fits never calls it "this program" nor "its whole recording (no KV cache)"

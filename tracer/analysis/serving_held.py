@@ -102,6 +102,8 @@ class DeviceAtEnd:
     #: the failed request fitted the allocator's limit (PyTorch reserved + the request <= the limit): the device
     #: ran out, not the limit (False: the limit refused it); None without an OOM with a limit below the device
     within_limit: bool | None = None
+    #: the allocator's limit the failed request met, when below the device (``Oom.limit_bytes``); else None
+    limit_bytes: int | None = None
 
     def change(self, of) -> int | None:
         """``of(holders)`` at the end minus at start-up's end (None when either is unknown)."""
@@ -134,8 +136,9 @@ def _holders(
 
 
 def device_at_end(trace: Trace, oom: Oom | None) -> DeviceAtEnd | None:
-    """What held the device at ``trace``'s serving window's end (its ``oom``, when the process died in the window)
-    and at start-up's end; None without a window, or without the allocator's state at both moments."""
+    """What held the device at ``trace``'s serving window's end (``oom``: the OOM the process died of in the window,
+    None when it did not die there) and at start-up's end; None without a window, or without the allocator's state
+    at both moments."""
     w = trace.window
     if w is None or w.startup_end_us is None or w.end_us is None or not w.segments or not trace.segments:
         return None
@@ -150,7 +153,7 @@ def device_at_end(trace: Trace, oom: Oom | None) -> DeviceAtEnd | None:
         None if used0 is None else used0 - reserve,
         _last(o["time_us"], o["others_bytes"], t0),
     )
-    at_oom = oom is not None and oom.time_us >= (w.start_us or t0)
+    at_oom = oom is not None
     t1 = oom.time_us if at_oom else w.end_us
     if at_oom and oom.free_bytes is not None and total:
         used1 = total - oom.free_bytes  # what torch's message says: "of which ... is free"
@@ -166,4 +169,4 @@ def device_at_end(trace: Trace, oom: Oom | None) -> DeviceAtEnd | None:
     limit = oom.limit_bytes(total) if at_oom and total else None  # a limit below the device, known to be one
     if limit is not None and end.allocator is not None:
         within = end.allocator.reserved_bytes + oom.requested_bytes <= limit
-    return DeviceAtEnd(end, start, at_oom, DERIVED if derived else "", within)
+    return DeviceAtEnd(end, start, at_oom, DERIVED if derived else "", within, limit)
