@@ -16,6 +16,7 @@ was recorded on, as it was (other processes kept).
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 from functools import cached_property
 
@@ -50,6 +51,7 @@ def rank_fits(rank, capacities: list[int], util: float | None = None, non_torch_
         smallest = smallest_fitting(rank.trace, util, rec=rec)
     past = PastTheRecording(rank, util, non_torch_bytes)
 
+    @functools.cache  # the search asks again for cards it or --capacity already answered
     def answer_on(c: int) -> Fit:
         f = model(c)
         return past.answer(f) if f.outcome == UNKNOWN else f

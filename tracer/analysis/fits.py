@@ -74,7 +74,7 @@ from .quantities import window_peak
 from .reconcile import KV_GIVEN, MEMTRACE
 from .reconcile import non_kv as non_kv_model
 from .target import resolve_target
-from .whatif import extensible_kv_cache
+from .whatif import extensible_kv_cache, recorded_others
 
 #: vLLM's default --gpu-memory-utilization, used when the trace did not record one.
 DEFAULT_UTIL = 0.9
@@ -405,8 +405,6 @@ def fits(
     rec: Recorded | None = None,
 ) -> list[Fit]:
     """:func:`fit` for several capacities, sharing the work (``rec``: :func:`recorded`, if at hand)."""
-    from .whatif import recorded_others
-
     rec = rec or recorded(trace, non_torch_bytes)
     left_out = recorded_others(trace)
     return [dataclasses.replace(fit(trace, c, util, rec=rec), others_left_out_bytes=left_out) for c in capacities]

@@ -526,7 +526,8 @@ class WhatIf:
         s, out = self.sites, []
         pred = self.curve(kv_bytes) + others
         for i, p in enumerate(s.trace.phases):
-            if any(part in self.skipped for part in phase_path(s.trace, i).split("/")):
+            path = phase_path(s.trace, i)
+            if any(part in self.skipped for part in path.split("/")):
                 continue  # vLLM does not run it under these flags
             end = p.end_us if p.end_us is not None else int(s.time[-1])
             peak, t = self._window_peak(pred, p.start_us, end)
@@ -541,7 +542,7 @@ class WhatIf:
             if kvb or t >= self.kv_at_us:
                 kinds[KV] = (kvb, kv_bytes if t >= self.kv_at_us else 0)
             sites = {k: s.top_sites(k, t) for k in kinds if k != KV}
-            out.append(PhasePeak(phase_path(s.trace, i), rec_peak, peak, t, t >= self.kv_at_us, kinds, sites))
+            out.append(PhasePeak(path, rec_peak, peak, t, t >= self.kv_at_us, kinds, sites))
         return out
 
     @cached_property
@@ -580,8 +581,9 @@ class WhatIf:
             return self._kv_extensible(capacity, others, left_out, per, tpb, one)
         return self._kv_profiled(capacity, others, per, tpb, one)
 
+    @cached_property
     def _withheld(self) -> tuple[int, str]:
-        """vLLM's non-KV figure (``reconcile.non_kv``) on the new flags, and its words."""
+        """vLLM's non-KV figure (``reconcile.non_kv``) on the new flags, and its words (the same on every card)."""
         nk = self.sites.rank.non_kv
         moved = self._moved_peak("profile_run") or self._moved_peak("determine_available_memory")
         base = nk.bytes if nk is not None else 0
@@ -605,7 +607,7 @@ class WhatIf:
 
     def _kv_profiled(self, capacity, others, per, tpb, one) -> KvSizing:
         requested = math.ceil(self.flags.util * capacity)
-        withheld, how = self._withheld()
+        withheld, how = self._withheld
         available = requested - withheld
         blocks = max(available // per, 0)
         tokens = blocks * tpb
@@ -616,7 +618,7 @@ class WhatIf:
         f = self.sites.trace.facts
         s = f.get(F.VLLM_KV_SIZING) or {}
         requested = math.ceil(self.flags.util * capacity)
-        withheld, _ = self._withheld()
+        withheld, _ = self._withheld
         s_time = int(s.get("time_us") or self.sites.time[-1])
         j = int(np.searchsorted(self.sites.time, s_time, side="right")) - 1
         moved_at_sizing = int(self.no_kv[j] - (self.sites.held[j] - self.sites.bytes[KV][j] - self.sites.vmm_kv[j]))
@@ -724,7 +726,7 @@ class WhatIf:
         nk = self.sites.rank.non_kv
         if nk is None or nk.source != NON_KV_MEMTRACE:
             return None
-        withheld, how = self._withheld()
+        withheld, how = self._withheld
         if withheld < requested:
             return None
         phase = "kv_cache_init" if self.flags.extensible else "determine_available_memory"
