@@ -3,11 +3,13 @@
 "memtrace on vLLM's threads: X ms (Y % of init engine)", then the sources, largest first; the allocator
 history's share is PyTorch's own, estimated (or said to be not measured); an older trace says the cost
 was not recorded; a file memtrace did not record (an imported snapshot or profiler trace) has no line. Shared by ``memtrace report`` (text and Markdown) and its JSON.
+:func:`serving` says the same of a serving window (``analysis.self_cost.ServingCost``): against the time since
+serving began, with memtrace's own threads beside it.
 """
 
 from __future__ import annotations
 
-from ..analysis.self_cost import SelfCost
+from ..analysis.self_cost import CostSource, SelfCost, ServingCost
 
 TOP_SOURCES = 6
 
@@ -32,11 +34,30 @@ def headline(cost: SelfCost, vllm: bool) -> str:
 
 def sources(cost: SelfCost, top: int = TOP_SOURCES) -> str:
     """The sources, largest first (the rest summed)."""
-    shown = [f"{s.name} {_ms(s.ns)} ({s.calls:,})" for s in cost.sources[:top]]
-    rest = cost.sources[top:]
-    if rest:
-        shown.append(f"{len(rest)} more {_ms(sum(s.ns for s in rest))}")
-    text = "by source (calls): " + ", ".join(shown) if shown else "by source: none"
+    text = _sources(cost.sources, top)
     if cost.history_ns is None:
         text += f"; allocator history not measured: {cost.history_why}"
     return text
+
+
+def _sources(sources: list[CostSource], top: int) -> str:
+    shown = [f"{s.name} {_ms(s.ns)} ({s.calls:,})" for s in sources[:top]]
+    rest = sources[top:]
+    if rest:
+        shown.append(f"{len(rest)} more {_ms(sum(s.ns for s in rest))}")
+    return "by source (calls): " + ", ".join(shown) if shown else "by source: none"
+
+
+def serving(cost: ServingCost, vllm: bool = True, top: int = TOP_SOURCES) -> str:
+    """memtrace's cost while serving, against the time since serving began, then its sources."""
+    who = "vLLM's threads" if vllm else "the program's threads"
+    span = f"{cost.span_us / 1e6:.2f} s"
+    if cost.share is None:
+        return f"memtrace while serving: {_ms(cost.total_ns)} on {who}; {_sources(cost.sources, top)}"
+    own = f"; {_ms(cost.memtrace_threads_ns)} more on memtrace's own threads, which hold the GIL while they run"
+    own += f" ({cost.share_with_own_threads * 100:.2f} % with them)" if cost.memtrace_threads_ns else ""
+    history = "" if cost.history_ns is not None else " (PyTorch's recording not measured)"
+    return (
+        f"memtrace while serving: {_ms(cost.total_ns)} on {who} in the {span} since serving began "
+        f"({cost.share * 100:.2f} %){history}{own}; {_sources(cost.sources, top)}"
+    )

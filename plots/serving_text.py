@@ -13,7 +13,7 @@ from ..analysis import quantities as Q
 from ..analysis.serving import WindowSummary
 from ..analysis.serving_held import DeviceAtEnd, Holders
 from ..units import format_size, gib_number, gib_or_dash, signed_size
-from . import oom_text
+from . import cost_text, oom_text
 
 
 def _s(us: int | None) -> str:
@@ -43,12 +43,12 @@ def render_window(out, ws: WindowSummary | None, t0_us: int) -> None:
         )
     else:
         out.item("no gap: the window starts where start-up ended (nothing was dropped from the ring)")
-    b = w.bounds or {}
     out.item(
         f"kept {w.events_kept} allocator events, {w.samples_kept} NVML samples, {w.steps_kept} scheduler steps; "
-        f"ring bound {b.get('max_events')} events / {b.get('max_age_s')} s / {b.get('max_steps')} steps, "
-        f"at most {_mib(b.get('ring_bytes_max'))} held by memtrace"
+        + bound_words(w.bounds or {})
     )
+    if ws.cost is not None:
+        out.item(cost_text.serving(ws.cost))
     if ws.start_allocated_bytes is None:
         out.item("no allocator on this device: the window holds scheduler steps and notes only")
     else:
@@ -87,6 +87,20 @@ def render_window(out, ws: WindowSummary | None, t0_us: int) -> None:
     said = step_words(ws, rel)
     if said:
         out.item(said)
+
+
+def bound_words(b: dict) -> str:
+    """The rings' bounds and the memory they may hold: PyTorch's own ring (held, ``capture.serving.held``) or
+    memtrace's."""
+    limits = f"{b.get('max_events')} events / {b.get('max_age_s')} s / {b.get('max_steps')} steps"
+    if b.get("events_in") == "torch":
+        torch_bytes = b.get("torch_ring_bytes_max")
+        held = f", about {_mib(torch_bytes)} of host memory" if torch_bytes else ""
+        return (
+            f"ring bound {limits}; the events held in PyTorch's own history ring (not converted while serving{held}), "
+            f"the rest at most {_mib(b.get('ring_bytes_max'))} held by memtrace"
+        )
+    return f"ring bound {limits}, at most {_mib(b.get('ring_bytes_max'))} held by memtrace"
 
 
 def _size(n: int | None) -> str:

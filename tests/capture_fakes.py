@@ -37,20 +37,28 @@ class FakeTorch:
         self.segments = snap["segments"]
         self.pos = 0
         self.history: list[dict] = []
+        self.max_entries: int | None = None  # torch's ring: the newest entries overwrite the oldest past it
+        self.skip: set[str] = set()  # the actions torch is told not to record (skip_actions)
         self.stats = dict.fromkeys(_COUNTER.values(), 0)
 
     def allocate(self, n: int) -> None:
         keep_free = self.context == "all" if self.free_stacks is None else self.free_stacks
         for e in self.all_entries[self.pos : self.pos + n]:
-            stack = keep_free or e["action"] in ("alloc", "segment_alloc")
-            self.history.append({**e, "frames": list(e["frames"]) if stack else []})  # one list per entry
             key = _COUNTER.get(e["action"])
             if key:
                 self.stats[key] += 1
+            if e["action"] in self.skip:
+                continue
+            stack = keep_free or e["action"] in ("alloc", "segment_alloc")
+            self.history.append({**e, "frames": list(e["frames"]) if stack else []})  # one list per entry
+        if self.max_entries is not None and len(self.history) > self.max_entries:
+            del self.history[: len(self.history) - self.max_entries]
         self.pos += n
 
-    def record(self, enabled="all", context="all", clear_history=False, **kw) -> None:
+    def record(self, enabled="all", context="all", clear_history=False, max_entries=None, skip_actions=(), **kw):
         self.context = context
+        self.max_entries = max_entries
+        self.skip = set(skip_actions)
         if clear_history:
             self.history = []
 

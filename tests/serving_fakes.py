@@ -52,7 +52,18 @@ def _state(entries) -> tuple[int, int]:
     return a, r
 
 
-def write_fake_serving(path: Path, monkeypatch, ring_events: int = 5000) -> Trace:
+def replayed_bytes(fake):
+    """torch's counters as FakeTorch has replayed so far (``AllocatorHistory.current_bytes``): the window's start
+    state, and the bytes at a held ring's read."""
+
+    def current() -> dict[str, int]:
+        a, r = _state(fake.all_entries[: fake.pos])
+        return {"allocated_bytes": a, "reserved_bytes": r}
+
+    return current
+
+
+def write_fake_serving(path: Path, monkeypatch, ring_events: int = 3000) -> Trace:
     """Record the fake serving OOM into ``path`` (closed at exit after the OOM's write) and load it."""
     snap = snapshot_dict(load_trace(FULL))
     entries = [dict(e) for e in snap["device_traces"][0]]
@@ -73,8 +84,7 @@ def write_fake_serving(path: Path, monkeypatch, ring_events: int = 5000) -> Trac
         token = s.phase_enter(name, source="vllm")
         fake.allocate(share)
         s.phase_exit(token)
-    a, r = _state(entries[:n_startup])
-    s.history.current_bytes = lambda: {"allocated_bytes": a, "reserved_bytes": r}
+    s.history.current_bytes = replayed_bytes(fake)
     s.enter_serving()
     fake.allocate(len(entries) - n_startup)
     s.record_step({"time_us": clock(), **STEP})

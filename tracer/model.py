@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 
 #: On-disk format version written by this memtrace: (major, minor). Readers refuse a newer major.
-FORMAT_VERSION = (1, 5)
+FORMAT_VERSION = (1, 6)
 
 #: Allocator actions, in the order of their integer codes in ``EVENT_DTYPE["action"]``.
 #: The names are PyTorch's own (``c10/core/CachingDeviceAllocator.h`` TraceEntry::Action).
@@ -299,7 +299,10 @@ class ServingWindow:
     other processes on the device at those samples (``OTHERS_DTYPE``, NVML's per-process list, as the start-up
     sidecar samples it; none when the traced process was not told apart), with ``others_how`` saying how
     (``capture.processes.Others.stats``); ``segments`` the allocator state at the write (the start-up part keeps
-    its own in ``Trace.segments``).
+    its own in ``Trace.segments``). ``cost`` (format 1.6; {} before) is memtrace's own cost from the start of
+    serving to the write (``capture.serving_session.cost_since``: ``since_us``, ``until_us``, the self-cost
+    ``sources`` on the program's threads, ``memtrace_threads_ns``, ``allocs`` the allocator counted meanwhile);
+    ``analysis.self_cost.serving_cost`` adds PyTorch's estimated recording time to it.
     """
 
     startup_end_us: int | None = None
@@ -322,6 +325,7 @@ class ServingWindow:
     others: np.ndarray = field(default_factory=lambda: empty_others())
     others_how: dict[str, Any] = field(default_factory=dict)
     segments: list[Segment] = field(default_factory=list)
+    cost: dict[str, Any] = field(default_factory=dict)
 
     @property
     def gap_us(self) -> int | None:

@@ -6,7 +6,7 @@ open to any SQLite tool. It is never pickle.
 
 Layout of a trace file (format ``memtrace-trace``, version ``FORMAT_VERSION``):
 
-- ``meta(key, value)``: ``format``, ``version`` ("1.5"), ``writer`` and the JSON documents
+- ``meta(key, value)``: ``format``, ``version`` ("1.6"), ``writer`` and the JSON documents
   ``process``, ``recording``, ``facts``. Every fact key, with its type and writer, is listed in
   ``memtrace.facts`` (the one part of the file the version number does not spell out).
 - ``frames(id, filename, line, name)`` and ``stacks(id, frames)`` (frame ids, innermost first,
@@ -45,6 +45,7 @@ Layout of a trace file (format ``memtrace-trace``, version ``FORMAT_VERSION``):
   1.5): other processes' memory at the window's NVML samples (``OTHERS_DTYPE``, as ``other_chunks``; how it was
   attributed is the window document's ``others_how``). A 1.4 window has no such table and loads with none: its
   ``window_sample_chunks`` are the whole device's used memory, never told apart into this process's and others'.
+  Since 1.6 the window document carries ``cost``, memtrace's own cost while serving; an older one loads with {}.
 - ``segments`` and ``blocks``: the allocator state at the last snapshot (of start-up, in a serving trace).
 - ``phases``, ``hook_calls``, ``notes``: one row each.
 

@@ -217,6 +217,52 @@ def test_forced_oom_leaves_a_complete_trace(tmp_path, torch_cuda, capacity_gib):
     assert reserved_curve(on_disk).peak_bytes >= (capacity_gib - 2) * GiB
 
 
+@pytest.mark.parametrize("drain_s", ["0", "5"], ids=["torch-ring", "memtrace-ring"])
+def test_a_serving_window_on_a_real_allocator_counts_what_its_ring_dropped_exactly(
+    tmp_path, torch_cuda, monkeypatch, drain_s
+):
+    torch = torch_cuda
+    monkeypatch.setenv("MEMTRACE_SERVING_EVENTS", "3000")
+    monkeypatch.setenv("MEMTRACE_SERVING_DRAIN_S", drain_s)
+    monkeypatch.setenv("MEMTRACE_SERVING_SAMPLE_HZ", "0")
+    session = memtrace.start(tmp_path, sidecar=False)
+    try:
+        keep = [torch.empty(1 << 20, dtype=torch.uint8, device="cuda") for _ in range(10)]
+        session.enter_serving()
+        assert session.history.held is (drain_s == "0")
+        s0 = torch.cuda.memory_stats()
+        rng = np.random.default_rng(1)
+        for i in range(2500):  # ~5,000 to 7,500 entries: the 3,000-entry ring overwrites the oldest
+            x = torch.empty(int(rng.integers(512, 8 << 20)), dtype=torch.uint8, device="cuda")
+            keep.append(x) if i % 7 == 0 else None
+            if i % 500 == 499:
+                del keep[10:]
+                torch.cuda.empty_cache()  # segments released while serving
+        del x
+        s1 = torch.cuda.memory_stats()
+        assert session.write_window("test")
+        w = load_trace(session.path).window
+    finally:
+        memtrace.stop()
+    d = {k: s1[k] - s0[k] for k in s0 if k.endswith(".all.allocated") or k.endswith(".all.freed")}
+    counted = sum(d[k] for k in ("allocation.all.allocated", "allocation.all.freed", "segment.all.allocated",
+                                 "segment.all.freed"))  # fmt: skip
+    kinds = [ACTION_CODE[a] for a in ("alloc", "free_completed", "segment_alloc", "segment_free")]
+    kept = int(np.isin(w.events["action"], kinds).sum())
+    assert w.events_kept == len(w.events) == 3000
+    if drain_s == "0":  # torch's ring: free_requested not recorded; the counters count what it overwrote
+        assert np.count_nonzero(w.events["action"] == ACTION_CODE["free_requested"]) == 0
+        assert w.events_dropped == counted - kept
+    else:  # memtrace's ring drops whole events, free_requested included
+        assert w.events_dropped == counted + d["allocation.all.freed"] - 3000
+    # the start state plus the kept events is torch's own state at the write, to the byte
+    a = w.start_state["allocated_bytes"]
+    a += int(w.events["size"][w.events["action"] == ACTION_CODE["alloc"]].sum())
+    a -= int(w.events["size"][w.events["action"] == ACTION_CODE["free_completed"]].sum())
+    assert w.start_state["exact"] and a == s1["requested_bytes.all.current"]
+    assert w.cost["allocs"] == d["allocation.all.allocated"]
+
+
 CHILD = textwrap.dedent(
     """
     import sys, time, torch, memtrace

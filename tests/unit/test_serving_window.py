@@ -1,6 +1,7 @@
 """The serving flight recorder on this CPU machine: the rings' bounds, the window's start state, its writes
 (OOM, SIGUSR2, close) and its format, with a fake allocator history replaying a real H200 start-up
-(FakeTorch: a serving OOM's history is only a GPU's to produce)."""
+(FakeTorch: a serving OOM's history is only a GPU's to produce). Both ways of keeping the events: PyTorch's own
+ring held (the default, ``MEMTRACE_SERVING_DRAIN_S=0``) and drains into memtrace's compact ring (``=5``)."""
 
 from __future__ import annotations
 
@@ -21,6 +22,7 @@ from memtrace.capture import session as S
 from memtrace.model import ACTION_CODE, SAMPLE_DTYPE, ServingWindow, Trace
 from memtrace.store import load_trace, save_trace
 from references import snapshot_dict
+from serving_fakes import replayed_bytes
 
 FULL = Path(__file__).parents[1] / "data" / "h200" / "startup-full" / "vm-pid457.memtrace"
 PHASES = ("load_model", "profile_run", "kv_cache_init", "capture_model")
@@ -52,49 +54,85 @@ def _state(entries) -> tuple[int, int]:
     return a, r
 
 
-def _serving_session(snap, path, monkeypatch, ring_events: int):
+def _serving_session(snap, path, monkeypatch, ring_events: int, drain_s: str = "0"):
     monkeypatch.setenv(serving.EVENTS_ENV, str(ring_events))
+    monkeypatch.setenv(serving.DRAIN_S_ENV, drain_s)
     monkeypatch.setenv(serving.SAMPLE_HZ_ENV, "0")
     monkeypatch.setenv(serving.SECONDS_ENV, "0")  # the replayed entries carry the H200 run's times
     monkeypatch.setattr(signals, "install_snapshot", lambda: True)
     s, fake_history = session_with(snap, path)
     _replay(s, fake_history, STARTUP_PHASES)
     startup = fake_history.all_entries[: fake_history.pos]
-    a, r = _state(startup)
-    s.history.current_bytes = lambda: {"allocated_bytes": a, "reserved_bytes": r}
+    s.history.current_bytes = replayed_bytes(fake_history)
     s.enter_serving()
     return s, fake_history, len(startup)
 
 
-def test_a_serving_oom_writes_the_startup_then_a_bounded_window_with_the_failed_request(snap, tmp_path, monkeypatch):
+def _recorded(entries, held: bool) -> list[dict]:
+    """The entries a ring receives: a held one is told to skip ``free_requested`` (torch's ``skip_actions``)."""
+    return [e for e in entries if not (held and e["action"] == "free_requested")]
+
+
+@pytest.mark.parametrize("held", [True, False], ids=["torch-ring", "memtrace-ring"])
+def test_a_serving_oom_writes_the_startup_then_a_bounded_window_with_the_failed_request(
+    snap, tmp_path, monkeypatch, held
+):
     path = tmp_path / "serve.memtrace"
-    s, fake_history, n_startup = _serving_session(snap, path, monkeypatch, ring_events=1000)
-    rest = len(fake_history.all_entries) - n_startup
-    fake_history.allocate(rest)
+    s, fake_history, n_startup = _serving_session(snap, path, monkeypatch, 1000, "0" if held else "5")
+    assert s.history.held is held
+    serving_entries = fake_history.all_entries[n_startup:]
+    drains = s.history.drains
+    fake_history.allocate(len(serving_entries))
+    s.history.boundary(top_level=True)  # a phase boundary while serving
+    assert (s.history.drains == drains) is held  # held: nothing drained (nor converted) until the write
     s.record_step({"time_us": S.now_us(), "duration_us": 5, "requests": 7, "tokens": 900})
     s.on_oom(0, 3 << 30, 80 << 30, 1 << 30)
     t = load_trace(path)
     w = t.window
     assert len(t.events) == n_startup  # the start-up part as at the end of warm-up, untouched by the window
     assert w.reason == "oom" and w.writes == 1
+    recorded = _recorded(serving_entries, held)
     assert w.events_kept == len(w.events) == 1000
-    assert w.events_dropped == rest - 1000
+    assert w.events_dropped == len(recorded) - 1000  # exact: every overwritten kind is one the counters count
+    assert w.events["time_us"].tolist() == [e["time_us"] for e in recorded[-1000:]]
     assert w.start_us == int(w.events["time_us"][0]) and w.gap_us is not None
     assert t.facts[F.OOM]["requested_bytes"] == 3 << 30 and t.facts[F.OOM]["phase"] == "serving"
     assert w.steps == [{"time_us": w.steps[0]["time_us"], "duration_us": 5, "requests": 7, "tokens": 900}]
-    # the window's start state: start-up's end carried over every dropped event, exactly
-    a, r = _state(fake_history.all_entries[: n_startup + w.events_dropped])
+    # the window's start state, exactly: PyTorch's state just before its first kept event
+    a, r = _state(fake_history.all_entries[:n_startup] + recorded[: w.events_dropped])
     assert w.start_state["allocated_bytes"] == a and w.start_state["reserved_bytes"] == r
     assert w.start_state["exact"] is True
     ws = window_summary(t)
     assert ws.oom.requested_bytes == 3 << 30
     assert sum(seg.requested_bytes for seg in w.segments) == ws.end_allocated_bytes
     assert ws.start_allocated_bytes == a
-    assert w.bounds["max_age_s"] is None
-    assert w.bounds["ring_bytes_max"] == 1000 * 37 + 0 + serving.DEFAULTS[serving.STEPS_ENV] * serving.STEP_BYTES
+    assert w.bounds["max_age_s"] is None and w.bounds["events_in"] == ("torch" if held else "memtrace")
+    steps_bytes = serving.DEFAULTS[serving.STEPS_ENV] * serving.STEP_BYTES
+    assert w.bounds["ring_bytes_max"] == (0 if held else 1000 * 37) + steps_bytes
+    assert w.bounds["torch_history_entries"] == (1000 if held else 200_000)
+    # memtrace's own cost while serving, stated by the window: its span, sources and the allocations made
+    assert w.cost["since_us"] == w.startup_end_us and w.cost["until_us"] >= w.cost["since_us"]
+    assert w.cost["allocs"] == sum(e["action"] == "alloc" for e in serving_entries)
+    assert ("drain.window" in w.cost["sources"]) and ("registration" not in w.cost["sources"])
+    assert "drain.window" not in t.facts[F.SELF_COST]["sources"]  # start-up's cost stays start-up's
+    assert ws.cost.span_us == w.cost["until_us"] - w.cost["since_us"] and ws.cost.allocs == w.cost["allocs"]
     s.close("exit")
     S.wait_finishing()
     assert load_trace(path).window.writes == 2  # the exit write replaced the OOM's, in the same file
+
+
+def test_a_held_ring_that_never_filled_drops_nothing_and_its_window_has_no_gap(snap, tmp_path, monkeypatch):
+    path = tmp_path / "short.memtrace"
+    s, fake_history, n_startup = _serving_session(snap, path, monkeypatch, 100_000)
+    fake_history.allocate(300)  # a free requested during start-up completes here: counters and ring differ by it
+    assert s.write_window("signal:SIGUSR2")
+    w = load_trace(path).window
+    assert w.events_dropped == 0 and w.gap_us == 0  # no gap, whatever the counters say of that pending free
+    assert w.events_kept == len(_recorded(fake_history.all_entries[n_startup : n_startup + 300], True))
+    a, r = _state(fake_history.all_entries[:n_startup])
+    assert (w.start_state["allocated_bytes"], w.start_state["reserved_bytes"]) == (a, r)
+    s.close("stop")
+    S.wait_finishing()
 
 
 def test_the_ring_keeps_the_last_n_events_and_counts_the_rest():
@@ -128,7 +166,8 @@ def test_sigusr2_writes_the_window_and_the_process_goes_on(snap, tmp_path, monke
         fake_history.allocate(200)
         os.kill(os.getpid(), signal.SIGUSR2)
         w = load_trace(path).window
-        assert w.reason == "signal:SIGUSR2" and w.events_kept == 50 and w.events_dropped == 150
+        recorded = _recorded(fake_history.all_entries[fake_history.pos - 200 : fake_history.pos], True)
+        assert w.reason == "signal:SIGUSR2" and w.events_kept == 50 and w.events_dropped == len(recorded) - 50
         assert seen == [signal.SIGUSR2]  # the handler installed before memtrace's was called
         fake_history.allocate(10)  # still recording
         assert s.write_window("again") and load_trace(path).window.writes == 2

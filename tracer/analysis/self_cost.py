@@ -62,17 +62,82 @@ class SelfCost:
 
 def history_estimate_ns(trace: Trace, calibration: dict) -> int | None:
     """PyTorch's cost of recording this trace's allocations, from the calibration (None if not measured)."""
+    return _history_ns(trace.events, trace.stacks, calibration)
+
+
+def _history_ns(events: np.ndarray, stacks: list, calibration: dict, allocs: int | None = None) -> int | None:
+    """PyTorch's cost of recording allocations, from the calibration (None if not measured): per allocation at
+    the calibration's depth, plus per frame beyond it. ``allocs``: how many there were, when more than the alloc
+    events given (a ring that dropped some): their frames beyond the depth are taken as the kept ones' mean."""
     if not calibration.get("measured"):
         return None
     per_alloc = float(calibration.get("per_alloc_ns", 0.0))
     per_frame = float(calibration.get("per_frame_ns", 0.0))
     depth0 = int(calibration.get("depth", 0))
-    allocs = trace.events[trace.events["action"] == ACTION_CODE["alloc"]]
-    if not len(allocs):
+    kept = events[events["action"] == ACTION_CODE["alloc"]]
+    n = len(kept) if allocs is None else int(allocs)
+    if not n:
         return 0
-    depths = np.array([len(s) for s in trace.stacks] + [0], dtype=np.int64)  # index -1: no stack
-    extra = np.maximum(depths[allocs["stack"]] - depth0, 0)
-    return int(round(len(allocs) * per_alloc + per_frame * float(extra.sum())))
+    extra = 0.0
+    if len(kept):
+        depths = np.array([len(s) for s in stacks] + [0], dtype=np.int64)  # index -1: no stack
+        extra = float(np.maximum(depths[kept["stack"]] - depth0, 0).mean())
+    return int(round(n * (per_alloc + per_frame * extra)))
+
+
+@dataclass(frozen=True)
+class ServingCost:
+    """memtrace's cost while serving, from serving's start to the window's last write (``ServingWindow.cost``,
+    format 1.6): its code on the program's threads (timed, by source), PyTorch's recording of the allocations
+    made meanwhile (estimated from start-up's calibration; None: not measured) and memtrace's own threads (the
+    NVML sampler, the background writer's conversions), which take the GIL from vLLM's threads while they run."""
+
+    span_us: int
+    measured_ns: int
+    sources: list[CostSource]  # largest first, the history estimate included
+    history_ns: int | None
+    allocs: int | None
+    memtrace_threads_ns: int
+
+    @property
+    def total_ns(self) -> int:
+        return self.measured_ns + (self.history_ns or 0)
+
+    @property
+    def share(self) -> float | None:
+        """Of the span, what memtrace and PyTorch's recording took on the program's threads."""
+        return self.total_ns / (self.span_us * 1000) if self.span_us > 0 else None
+
+    @property
+    def share_with_own_threads(self) -> float | None:
+        """The same with memtrace's own threads' time added (the most a GIL-bound engine can lose to them)."""
+        return (self.total_ns + self.memtrace_threads_ns) / (self.span_us * 1000) if self.span_us > 0 else None
+
+
+def serving_cost(trace: Trace) -> ServingCost | None:
+    """memtrace's cost in the trace's serving window; None without a window, or one written before format 1.6."""
+    w = trace.window
+    cost = w.cost if w is not None else None
+    if not cost or "since_us" not in cost or "until_us" not in cost:
+        return None
+    sources = [
+        CostSource(str(name), int(v.get("ns", 0)), int(v.get("calls", 0)))
+        for name, v in (cost.get("sources") or {}).items()
+        if isinstance(v, dict)
+    ]
+    allocs = cost.get("allocs")
+    calibration = (trace.facts.get(F.SELF_COST) or {}).get("history") or {}
+    history = None if allocs is None else _history_ns(w.events, trace.stacks, calibration, int(allocs))
+    if history is not None:
+        sources.append(CostSource(HISTORY, history, int(allocs)))
+    return ServingCost(
+        span_us=int(cost["until_us"]) - int(cost["since_us"]),
+        measured_ns=int(cost.get("total_ns", 0)),
+        sources=sorted(sources, key=lambda s: -s.ns),
+        history_ns=history,
+        allocs=None if allocs is None else int(allocs),
+        memtrace_threads_ns=int(cost.get("memtrace_threads_ns", 0)),
+    )
 
 
 def _init_engine_us(trace: Trace) -> tuple[int | None, int | None]:

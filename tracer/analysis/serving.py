@@ -24,7 +24,7 @@ the memory present before the window began is the allocator state at the write l
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
 import numpy as np
@@ -33,6 +33,7 @@ from ..model import ACTION_CODE, Frame, Phase, ServingWindow, Trace, empty_sampl
 from .curves import Curve, driver_reserved_bytes
 from .frames import meaningful_frame
 from .oom import Oom, find_oom
+from .self_cost import ServingCost, serving_cost
 from .serving_held import AllocatorState, DeviceAtEnd, allocator_state, device_at_end
 
 _ALLOC, _FREE = ACTION_CODE["alloc"], ACTION_CODE["free_completed"]
@@ -79,6 +80,9 @@ class WindowSummary:
     #: the scheduler steps in progress when the window was written (``ServingWindow.steps_in_progress``); None
     #: when the window did not track them (format 1.4: a step was recorded when it ended)
     steps_in_progress: list[dict[str, Any]] | None = None
+    #: memtrace's own cost from serving's start to the window's write (``self_cost.ServingCost``); None: a window
+    #: written before format 1.6
+    cost: ServingCost | None = None
 
     @property
     def step_at_oom(self) -> dict[str, Any] | None:
@@ -130,6 +134,7 @@ def window_summary(trace: Trace, top: int = 10) -> WindowSummary | None:
         device=device_at_end(trace, oom if in_window else None),
         device_used_all=device_used_all_curve(trace),
         steps_in_progress=None if w.steps_in_progress is None else list(w.steps_in_progress),
+        cost=serving_cost(trace),
     )
 
 
@@ -244,4 +249,12 @@ def window_doc(ws: WindowSummary) -> dict[str, Any]:
         "steps_before_end": ws.steps_before_end,
         "steps_in_progress": ws.steps_in_progress,
         "step_at_oom": ws.step_at_oom,
+        "cost": None
+        if ws.cost is None
+        else {
+            **{f.name: getattr(ws.cost, f.name) for f in fields(ws.cost)},
+            "total_ns": ws.cost.total_ns,
+            "share": ws.cost.share,
+            "share_with_own_threads": ws.cost.share_with_own_threads,
+        },
     }

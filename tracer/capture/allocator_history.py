@@ -16,6 +16,14 @@ Loss is never silent: a batch of exactly ``max_entries`` entries means the ring 
 the allocator's own counters (``allocation.all.allocated``, ``segment.all.allocated`` ...) read
 before each snapshot must not exceed what was recorded. Either sets ``recording.truncated`` with
 ``lost_events_min`` and a note.
+
+Serving mode's flight recorder (:meth:`AllocatorHistory.hold`) turns this around: PyTorch's ring *is* the
+ring. The watchdog and the boundary drains stop, ``max_entries`` becomes the serving window's event bound, and
+nothing is converted while vLLM serves; a drain then only reads the ring (no clear) and hands all of it, with
+PyTorch's bytes read just before, to ``on_ring``. Entries the ring overwrote are the window's dropped ones, not a
+loss: the allocations, completed frees and segment changes among them are counted exactly from the allocator's
+counters (``free_requested`` entries are not recorded while held, where torch can skip them: a third of the
+entries, which no curve reads).
 """
 
 from __future__ import annotations
@@ -68,6 +76,29 @@ def resolve_device(device: Any) -> int | str:
         return dev.index if dev.index is not None else int(torch.cuda.current_device())
     except Exception as exc:  # a broken driver must not crash the traced program
         return f"CUDA is unusable ({exc})"
+
+
+def entries_between(then: dict[str, int] | None, now: dict[str, int] | None) -> int:
+    """The history entries the allocator's counters say were recorded between two readings (an allocation 1, a
+    free 2: requested and completed, a segment's allocation or release 1); 0 when either is unreadable."""
+    if then is None or now is None:
+        return 0
+    d = {k: now[k] - then[k] for k in _COUNTERS}
+    return max(
+        d["allocation.all.allocated"]
+        + 2 * d["allocation.all.freed"]
+        + d["segment.all.allocated"]
+        + d["segment.all.freed"],
+        0,
+    )
+
+
+def counted_between(then: dict[str, int] | None, now: dict[str, int] | None) -> int | None:
+    """The allocations, completed frees and segment allocations and releases the allocator counted between two
+    readings (exact: one history entry each); None when either is unreadable."""
+    if then is None or now is None:
+        return None
+    return sum(now[k] - then[k] for k in _COUNTERS)
 
 
 class DrainTiming:
@@ -153,6 +184,11 @@ class AllocatorHistory:
         self.timing = DrainTiming()
         #: Runs a drain's conversion elsewhere (the session's background writer); None: on the drainer.
         self.defer: Callable[[Callable[[], None]], None] | None = None
+        #: Serving mode's flight recorder (:meth:`hold`): the ring's whole content goes to ``on_ring`` at each
+        #: drain (its events; how many of the counted kinds it overwrote since holding began, None: counters
+        #: unreadable; PyTorch's bytes at the snapshot).
+        self.on_ring: Callable[[np.ndarray, int | None, dict[str, int] | None], None] | None = None
+        self._held_base: dict[str, int] | None = None
         params = inspect.signature(torch.cuda.memory._record_memory_history).parameters
         self._supports = set(params)
 
@@ -169,6 +205,8 @@ class AllocatorHistory:
                 kwargs["max_entries"] = self.max_entries
             if "global_record_annotations" in self._supports:  # phases from any thread
                 kwargs["global_record_annotations"] = True
+            if self.held and "skip_actions" in self._supports:  # the flight recorder: no curve reads them
+                kwargs["skip_actions"] = ["free_requested"]
         if clear and "clear_history" in self._supports:
             kwargs["clear_history"] = True
         self.torch.cuda.memory._record_memory_history(**kwargs)
@@ -178,6 +216,24 @@ class AllocatorHistory:
         self._record(clear=True)
         self._base = self._stats()
         self._last_stats = self._base
+
+    def hold(self, max_entries: int, on_ring: Callable[[np.ndarray, int | None, dict[str, int] | None], None]) -> None:
+        """From now on PyTorch's own ring of ``max_entries`` is the flight recorder (serving mode): the watchdog
+        stops, boundaries no longer drain, and a drain reads the ring without clearing it and hands its whole
+        content to ``on_ring``. Call right after a drain: the ring then holds only what followed it."""
+        self._stop.set()  # the watchdog's loop and boundary() end; stop() still drains and stops recording
+        if self._thread is not None and self._thread is not threading.current_thread():
+            self._thread.join(timeout=5.0)
+            self._thread = None
+        with self.lock:
+            self._held_base = dict(self._last_stats) if self._last_stats is not None else self._stats()
+            self.max_entries = int(max_entries)
+            self.on_ring = on_ring
+            self._record(clear=False)  # the new bound; what was recorded since the drain stays
+
+    @property
+    def held(self) -> bool:
+        return self.on_ring is not None
 
     def _stats(self) -> dict[str, int] | None:
         torch = self.torch
@@ -194,6 +250,14 @@ class AllocatorHistory:
             }
         stats = torch.cuda.memory_stats(self.device)
         return {k: int(stats.get(k, 0)) for k in _COUNTERS}
+
+    def allocations(self) -> int | None:
+        """The allocations the allocator has counted so far on this device (None: unreadable)."""
+        try:
+            stats = self._stats()
+        except Exception:  # noqa: BLE001 - a cost figure only
+            return None
+        return None if stats is None else int(stats["allocation.all.allocated"])
 
     def current_bytes(self) -> dict[str, int] | None:
         """PyTorch's requested (the trace entries' sizes) and reserved bytes now; None when unreadable."""
@@ -218,19 +282,11 @@ class AllocatorHistory:
 
     def _pending(self) -> int:
         """Estimated entries recorded since the last drain (alloc 1, free 2, segment 1)."""
-        now = self._stats()
-        last = self._last_stats
-        if now is None or last is None:
-            return 0
-        d = {k: now[k] - last[k] for k in _COUNTERS}
-        return (
-            d["allocation.all.allocated"]
-            + 2 * d["allocation.all.freed"]
-            + d["segment.all.allocated"]
-            + d["segment.all.freed"]
-        )
+        return entries_between(self._last_stats, self._stats())
 
     def _snapshot_and_clear(self, *, stop: bool) -> dict[str, Any]:
+        if self.held and not stop:  # the flight recorder's ring is read, never cleared
+            return self.torch.cuda.memory._snapshot()
         old = sys.getswitchinterval()
         sys.setswitchinterval(30.0)  # no other Python thread runs between snapshot and clear
         try:
@@ -253,19 +309,31 @@ class AllocatorHistory:
         with selfcost.region(f"{selfcost.DRAIN}.{reason}"), self.lock:
             t0 = time.perf_counter()
             before = self._stats()
+            current = self.current_bytes() if self.held else None
             snap = self._snapshot_and_clear(stop=stop)
             snapshot_s = time.perf_counter() - t0
             self._last_stats = before
             self._last_drain = time.monotonic()
             self.drains += 1
             if self.defer is None:
-                self._convert(snap, before, reason, snapshot_s)
+                self._convert(snap, before, reason, snapshot_s, current)
         if self.defer is not None:
-            self.defer(lambda: self._convert(snap, before, reason, snapshot_s))
+            self.defer(lambda: self._convert(snap, before, reason, snapshot_s, current))
         return snap
 
-    def _convert(self, snap: dict[str, Any], before: dict[str, int] | None, reason: str, snapshot_s: float) -> None:
-        """Turn a drained snapshot's entries into events and hand them to the session (in drain order)."""
+    def _convert(
+        self,
+        snap: dict[str, Any],
+        before: dict[str, int] | None,
+        reason: str,
+        snapshot_s: float,
+        current: dict[str, int] | None = None,
+    ) -> None:
+        """Turn a drained snapshot's entries into events and hand them to the session (in drain order); held
+        (:meth:`hold`): the ring's whole content to ``on_ring``."""
+        if self.held:
+            self._convert_ring(snap, before, reason, snapshot_s, current)
+            return
         t1 = time.perf_counter()
         traces = snap.get("device_traces") or []
         entries = traces[self.device] if self.device < len(traces) else []
@@ -286,6 +354,26 @@ class AllocatorHistory:
         self.annotations.extend(
             a for a in snap.get("external_annotations") or [] if str(a.get("name", "")).startswith("memtrace:")
         )
+        if self.allocator_settings is None:
+            self.allocator_settings = snap.get("allocator_settings")
+
+    def _convert_ring(
+        self,
+        snap: dict[str, Any],
+        before: dict[str, int] | None,
+        reason: str,
+        snapshot_s: float,
+        current: dict[str, int] | None,
+    ) -> None:
+        """The held ring as it stands: all its entries, and how many the counters say were recorded into it."""
+        t1 = time.perf_counter()
+        traces = snap.get("device_traces") or []
+        entries = traces[self.device] if self.device < len(traces) else []
+        events = entries_to_events(entries, self.intern_stack)
+        self.timing.add(reason, len(events), snapshot_s, time.perf_counter() - t1)
+        counted = sum(int(np.count_nonzero(events["action"] == ACTION_CODE[a])) for a in _COUNTERS.values())
+        recorded = counted_between(self._held_base, before)
+        self.on_ring(events, None if recorded is None else max(recorded - counted, 0), current)
         if self.allocator_settings is None:
             self.allocator_settings = snap.get("allocator_settings")
 

@@ -126,13 +126,14 @@ def timed(source: str):
     return wrap
 
 
-def totals(since: dict[str, Any] | None = None) -> dict[str, Any]:
+def totals(since: dict[str, Any] | None = None, *, registration: bool = True) -> dict[str, Any]:
     """The process's figures so far: ``sources`` ({source: {"ns", "calls"}}) on the program's threads,
     ``total_ns``, ``threads`` (names of the program's threads that spent any), and ``memtrace_threads_ns``
     (time charged on memtrace's own threads, not counted in ``total_ns``).
 
     ``since``: an earlier ``totals()`` (a session's start) to subtract, registration excepted (the
-    plugin registers once per process, before any session).
+    plugin registers once per process, before any session) unless ``registration`` is False (a span inside a
+    session: serving).
     """
     with _tallies_lock:
         tallies = list(_tallies)
@@ -151,7 +152,7 @@ def totals(since: dict[str, Any] | None = None) -> dict[str, Any]:
             acc["ns"] += value
             acc["calls"] += calls.get(source, 0)
     for source, before in (since or {}).get("sources", {}).items():
-        if source != REGISTRATION and source in sources:
+        if (source != REGISTRATION or not registration) and source in sources:
             sources[source] = {k: sources[source][k] - before[k] for k in ("ns", "calls")}
             if not any(sources[source].values()):
                 del sources[source]

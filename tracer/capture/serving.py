@@ -1,14 +1,17 @@
 """The serving flight recorder (``MEMTRACE_UNTIL=serving``): bounded rings kept after start-up.
 
-Once vLLM's start-up is written (as ``MEMTRACE_UNTIL=startup`` writes it), the session hands every later
-drain of PyTorch's allocator history to :class:`ServingRecorder` instead of the file: events go into a
-ring bounded by count (``MEMTRACE_SERVING_EVENTS``) and age (``MEMTRACE_SERVING_SECONDS``), NVML samples
-(taken here at ``MEMTRACE_SERVING_SAMPLE_HZ``, the start-up sidecar stopped: the whole device's used memory and,
-from NVML's per-process list, the other processes' memory, as the sidecar samples them) and vLLM's scheduler steps
-(``MEMTRACE_SERVING_STEPS``) into rings of their own. :meth:`ServingRecorder.window` turns the rings into
-the trace's :class:`~memtrace.model.ServingWindow`, with what was dropped counted and PyTorch's state at
-the window's first kept event carried forward from the counters read when serving began. The bytes the
-rings may hold are computed from the knobs (:func:`bounds`) and stated in the trace.
+Once vLLM's start-up is written (as ``MEMTRACE_UNTIL=startup`` writes it), the allocator's events are kept in a
+ring bounded by count (``MEMTRACE_SERVING_EVENTS``) and age (``MEMTRACE_SERVING_SECONDS``). By default
+(``MEMTRACE_SERVING_DRAIN_S=0``) that ring is PyTorch's own history (``AllocatorHistory.hold``): nothing is
+drained or converted while vLLM serves, and a write reads the whole ring (:meth:`ServingRecorder.hold_events`);
+with ``MEMTRACE_SERVING_DRAIN_S=N`` PyTorch's history is drained every N s into memtrace's compact ring here (37 B
+an event instead of PyTorch's entry with its stack, at the price of converting every event while serving).
+NVML samples (taken here at ``MEMTRACE_SERVING_SAMPLE_HZ``, the start-up sidecar stopped: the whole device's used
+memory and, from NVML's per-process list, the other processes' memory, as the sidecar samples them) and vLLM's
+scheduler steps (``MEMTRACE_SERVING_STEPS``) go into rings of their own. :meth:`ServingRecorder.window` turns the
+rings into the trace's :class:`~memtrace.model.ServingWindow`, with what was dropped counted, PyTorch's state at
+the window's first kept event, and memtrace's own cost since serving began (``ServingWindow.cost``). The bytes
+the rings may hold are computed from the knobs (:func:`bounds`) and stated in the trace.
 """
 
 from __future__ import annotations
@@ -43,16 +46,21 @@ SAMPLE_HZ_ENV = "MEMTRACE_SERVING_SAMPLE_HZ"
 STEPS_ENV = "MEMTRACE_SERVING_STEPS"
 DRAIN_S_ENV = "MEMTRACE_SERVING_DRAIN_S"
 
-#: Defaults: the last 1,000,000 allocator events and at most 10 minutes of them, NVML at 10 Hz, the last
-#: 10,000 scheduler steps, a drain of PyTorch's history into the ring every 5 s (or sooner, once half of
-#: its own ring is pending: the watchdog's rule).
+#: Defaults: the last 1,000,000 allocator events and at most 10 minutes of them, held in PyTorch's own ring
+#: (no drains while serving: ``DRAIN_S_ENV`` 0), NVML at 10 Hz, the last 10,000 scheduler steps.
 DEFAULTS: dict[str, float] = {
     EVENTS_ENV: 1_000_000,
     SECONDS_ENV: 600.0,
     SAMPLE_HZ_ENV: 10.0,
     STEPS_ENV: 10_000,
-    DRAIN_S_ENV: 5.0,
+    DRAIN_S_ENV: 0.0,
 }
+#: Host memory one entry of PyTorch's history ring takes, by memtrace's stacks setting (``MEMTRACE_STACKS``),
+#: measured on the H200 with torch 2.14 (``tests/gpu/serving_ring_cost.py``); what the bound states for a
+#: held ring.
+TORCH_ENTRY_BYTES = {"python": 0, "all": 0, "none": 0}
+#: The self-cost source of the serving NVML sampler (its own thread: ``selfcost.mark_own_thread``).
+SAMPLER = "serving.nvml"
 #: What one kept step costs at most (a small dict of ints: measured with sys.getsizeof, rounded up).
 STEP_BYTES = 640
 _DELTAS = {  # action -> (allocated sign, reserved sign)
@@ -84,26 +92,37 @@ def knobs(environ: dict[str, str] | None = None) -> dict[str, float]:
     return out
 
 
-def bounds(k: dict[str, float], torch_entries: int | None) -> dict[str, Any]:
+def held(k: dict[str, float]) -> bool:
+    """Whether the allocator's events stay in PyTorch's own ring while serving (no drains: the default)."""
+    return not k[DRAIN_S_ENV]
+
+
+def bounds(k: dict[str, float], torch_entries: int | None, stacks: str = "python") -> dict[str, Any]:
     """The rings' limits and the most bytes they may hold (events and samples are packed numpy records, each NVML
-    sample with its other processes' one; PyTorch's own history ring of ``torch_entries`` is PyTorch's memory,
-    stated beside it)."""
+    sample with its other processes' one). Held (:func:`held`), the events are PyTorch's ring of ``max_events``
+    entries, in PyTorch's memory (``torch_ring_bytes_max``, from :data:`TORCH_ENTRY_BYTES`); else memtrace's
+    ring holds them, and PyTorch's own ring of ``torch_entries`` is stated beside it."""
     events = int(k[EVENTS_ENV])
     samples = int(k[SAMPLE_HZ_ENV] * k[SECONDS_ENV]) if k[SECONDS_ENV] else int(k[SAMPLE_HZ_ENV] * 3600)
     steps = int(k[STEPS_ENV])
     sample_bytes = SAMPLE_DTYPE.itemsize + OTHERS_DTYPE.itemsize
-    ring_bytes = events * EVENT_DTYPE.itemsize + samples * sample_bytes + steps * STEP_BYTES
-    return {
+    in_torch = held(k)
+    ring_bytes = (0 if in_torch else events * EVENT_DTYPE.itemsize) + samples * sample_bytes + steps * STEP_BYTES
+    out = {
         "max_events": events,
         "max_age_s": k[SECONDS_ENV] or None,
         "sample_hz": k[SAMPLE_HZ_ENV],
         "max_samples": samples,
         "max_steps": steps,
         "drain_s": k[DRAIN_S_ENV],
+        "events_in": "torch" if in_torch else "memtrace",
         "event_bytes": EVENT_DTYPE.itemsize,
         "ring_bytes_max": ring_bytes,
-        "torch_history_entries": torch_entries,
+        "torch_history_entries": events if in_torch else torch_entries,
     }
+    if in_torch and TORCH_ENTRY_BYTES.get(stacks):
+        out["torch_ring_bytes_max"] = events * TORCH_ENTRY_BYTES[stacks]
+    return out
 
 
 class Ring:
@@ -159,12 +178,28 @@ class Ring:
 class ServingRecorder:
     """The rings of one session after start-up, and what they make of a serving window."""
 
-    def __init__(self, k: dict[str, float], *, startup_end_us: int, start_state: dict[str, Any], torch_entries=None):
+    def __init__(
+        self,
+        k: dict[str, float],
+        *,
+        startup_end_us: int,
+        start_state: dict[str, Any],
+        torch_entries=None,
+        stacks: str = "python",
+    ):
         self.knobs = k
         self.startup_end_us = int(startup_end_us)
         self.begun_us = self.startup_end_us
         age = int(k[SECONDS_ENV] * 1e6) if k[SECONDS_ENV] else None
-        self.bounds = bounds(k, torch_entries)
+        self.max_age_us = age
+        self.bounds = bounds(k, torch_entries, stacks)
+        #: PyTorch's held ring as the last drain read it (:meth:`hold_events`): its events, how many it overwrote
+        #: (None: not counted), PyTorch's bytes at that read
+        self.held: tuple[np.ndarray, int | None, dict[str, int] | None] | None = None
+        #: memtrace's own cost at serving's start (``selfcost.totals``) and what turns allocations into PyTorch's
+        #: estimated recording time (``capture.history_cost``), set by ``serving_session.enter``
+        self.cost_base: dict[str, Any] | None = None
+        self.cost_of: Callable[[dict[str, Any] | None], dict[str, Any]] | None = None
         self.lock = threading.Lock()
         self.events = Ring(EVENT_DTYPE, self.bounds["max_events"], age, self._carry)
         self.samples = Ring(SAMPLE_DTYPE, self.bounds["max_samples"], age)
@@ -183,6 +218,13 @@ class ServingRecorder:
     def add_events(self, events: np.ndarray) -> None:
         with self.lock:
             self.events.push(events)
+
+    def hold_events(self, events: np.ndarray, overwritten: int | None, current: dict[str, int] | None) -> None:
+        """PyTorch's held ring, read whole at a drain: its ``events``, how many allocations, completed frees and
+        segment changes it ``overwritten`` since serving began (the allocator's counters less those kept; None:
+        unreadable), PyTorch's ``current`` bytes just before it was read (None: unreadable)."""
+        with self.lock:
+            self.held = (events, overwritten, current)
 
     def add_samples(self, samples: np.ndarray, others: np.ndarray | None = None) -> None:
         """NVML samples of the whole device's used memory, and the other processes' memory read with them."""
@@ -258,22 +300,32 @@ class ServingRecorder:
         self._sampler.start()
 
     def _sample(self, pynvml: Any, handle: Any, hz: float, others: Any) -> None:
+        from . import selfcost
+
+        selfcost.mark_own_thread()
         period = 1.0 / hz
         while not self._stop.wait(period):
-            try:
-                used = int(pynvml.nvmlDeviceGetMemoryInfo(handle).used)
-            except Exception as exc:  # noqa: BLE001 - stop sampling, say why in the log
-                log.warning("memtrace: serving NVML sampler stopped: %s", exc)
-                return
-            now = time.time_ns() // 1000
-            row = np.zeros(1, dtype=SAMPLE_DTYPE)
-            row["time_us"], row["used_bytes"] = now, used
-            value = others.sample(used)  # NVML's per-process list (~49 µs on the H200); None: not told apart
-            other = None
-            if value is not None:
-                other = np.zeros(1, dtype=OTHERS_DTYPE)
-                other["time_us"], other["others_bytes"] = now, value
-            self.add_samples(row, other)
+            with selfcost.region(SAMPLER):
+                if not self._sample_once(pynvml, handle, others):
+                    return
+
+    def _sample_once(self, pynvml: Any, handle: Any, others: Any) -> bool:
+        """One NVML sample into the rings; False when NVML stopped answering (said in the log)."""
+        try:
+            used = int(pynvml.nvmlDeviceGetMemoryInfo(handle).used)
+        except Exception as exc:  # noqa: BLE001 - stop sampling, say why in the log
+            log.warning("memtrace: serving NVML sampler stopped: %s", exc)
+            return False
+        now = time.time_ns() // 1000
+        row = np.zeros(1, dtype=SAMPLE_DTYPE)
+        row["time_us"], row["used_bytes"] = now, used
+        value = others.sample(used)  # NVML's per-process list (~49 µs on the H200); None: not told apart
+        other = None
+        if value is not None:
+            other = np.zeros(1, dtype=OTHERS_DTYPE)
+            other["time_us"], other["others_bytes"] = now, value
+        self.add_samples(row, other)
+        return True
 
     def stop(self) -> None:
         self._stop.set()
@@ -286,14 +338,18 @@ class ServingRecorder:
             self.samples.trim(now_us)
             self.others.trim(now_us)
             self.writes += 1
-            events = self.events.records() if self.events.count else empty_events()
+            if self.held is not None:
+                events, events_dropped, state = self._held_window(now_us)
+            else:
+                events = self.events.records() if self.events.count else empty_events()
+                events_dropped, state = self.events.dropped, dict(self.state)
             samples = self.samples.records() if self.samples.count else empty_samples()
             others = self.others.records() if self.others.count else empty_others()
             steps = list(self.steps)
             running = [dict(s) for s in self.running.values()]
             starts = [int(a["time_us"][0]) for a in (events, samples) if len(a)]
             starts += [int(steps[0]["time_us"])] if steps else []
-            dropped = self.events.dropped or self.samples.dropped or self.steps_dropped
+            dropped = events_dropped or self.samples.dropped or self.steps_dropped
             start = min(starts) if starts else (now_us if dropped else self.begun_us)
             return ServingWindow(
                 startup_end_us=self.startup_end_us,
@@ -302,13 +358,13 @@ class ServingRecorder:
                 reason=reason,
                 writes=self.writes,
                 events_kept=int(len(events)),
-                events_dropped=self.events.dropped,
+                events_dropped=events_dropped,
                 samples_kept=int(len(samples)),
                 samples_dropped=self.samples.dropped,
                 steps_kept=len(steps),
                 steps_dropped=self.steps_dropped,
                 bounds=dict(self.bounds),
-                start_state=dict(self.state),
+                start_state=state,
                 steps=steps,
                 steps_in_progress=running,
                 events=events,
@@ -316,4 +372,31 @@ class ServingRecorder:
                 others=others,
                 others_how=self._others.stats() if self._others is not None else {},
                 segments=list(segments),
+                cost=self.cost_of(self.cost_base) if self.cost_of is not None else {},
             )
+
+    def _held_window(self, now_us: int) -> tuple[np.ndarray, int, dict[str, Any]]:
+        """The held ring's events within the age bound, how many were dropped (overwritten by PyTorch's ring: the
+        counted kinds, at least one once it is full; or older than the bound) and PyTorch's state at the first
+        kept one: its bytes at the read less the kept events' changes (exact: nothing is carried over the dropped
+        ones)."""
+        events, overwritten, current = self.held
+        kept = events
+        if self.max_age_us and len(events):
+            kept = events[events["time_us"] >= int(now_us) - self.max_age_us]
+        dropped = 0
+        if len(events) >= self.bounds["max_events"]:  # full: the oldest were overwritten
+            dropped = max(overwritten or 0, 1)
+        dropped += len(events) - len(kept)
+        if current is None:
+            return (
+                kept,
+                dropped,
+                {"allocated_bytes": 0, "reserved_bytes": 0, "exact": False, "source": "counters unreadable"},
+            )
+        state = {"allocated_bytes": int(current["allocated_bytes"]), "reserved_bytes": int(current["reserved_bytes"])}
+        for code, (a, r) in _DELTAS.items():
+            size = int(kept["size"][kept["action"] == code].sum())
+            state["allocated_bytes"] -= a * size
+            state["reserved_bytes"] -= r * size
+        return kept, dropped, {**state, "exact": True, "source": "torch's counters at the write less the kept events"}

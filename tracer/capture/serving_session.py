@@ -3,10 +3,13 @@
 :func:`enter` runs where vLLM's start-up is complete (``MEMTRACE_UNTIL=serving``): the start-up part is
 flushed to the file as at the end of warm-up, PyTorch's counters give the window's start state, the
 start-up NVML sidecar is stopped (its samples are start-up's), a serving NVML sampler (the device's used memory
-and the other processes' on it, as the sidecar samples them) and the SIGUSR2 handler start, and from then on drains go into :class:`.serving.ServingRecorder`. :func:`write` drains
-PyTorch's history into the ring and writes the window (its events, samples, steps and the allocator state
-from the same snapshot) into the trace, replacing any earlier write: on a CUDA OOM (after the OOM fact),
-on SIGUSR2, SIGTERM/SIGINT and at exit.
+and the other processes' on it, as the sidecar samples them) and the SIGUSR2 handler start. From then on
+PyTorch's own history ring holds the allocator's events (``AllocatorHistory.hold``; or, with
+``MEMTRACE_SERVING_DRAIN_S`` > 0, drains go into :class:`.serving.ServingRecorder`'s ring). :func:`write` reads
+PyTorch's history (the held ring whole; else what is new, into the ring) and writes the window (its events,
+samples, steps, the allocator state from the same snapshot and memtrace's own cost since serving began:
+:func:`cost_since`) into the trace, replacing any earlier write: on a CUDA OOM (after the OOM fact), on SIGUSR2,
+SIGTERM/SIGINT and at exit.
 """
 
 from __future__ import annotations
@@ -35,13 +38,20 @@ def enter(session: Any) -> None:
             else {"allocated_bytes": 0, "reserved_bytes": 0, "exact": False, "source": "counters unreadable"}
         )
     entries = session.recording.max_entries if history is not None else None
-    recorder = serving.ServingRecorder(k, startup_end_us=now_us(), start_state=state, torch_entries=entries)
+    recorder = serving.ServingRecorder(
+        k, startup_end_us=now_us(), start_state=state, torch_entries=entries, stacks=session.recording.stacks
+    )
+    recorder.cost_base = selfcost.totals()
+    recorder.cost_of = cost_since(recorder.startup_end_us, history)
     with session._lock:
         session.serving = recorder
     fact = {"started_us": recorder.startup_end_us, "bounds": recorder.bounds, "on_cpu": history is None}
     session.set_fact(F.SERVING, fact)
     if history is not None:
-        history.max_undrained_s = k[serving.DRAIN_S_ENV] or history.max_undrained_s
+        if serving.held(k):  # PyTorch's ring is the flight recorder: nothing drained while serving
+            history.hold(recorder.bounds["max_events"], recorder.hold_events)
+        else:
+            history.max_undrained_s = k[serving.DRAIN_S_ENV]
         _stop_sidecar(session)
         uuid = (session.facts.get(F.ENV) or {}).get("gpu_uuid")
         # what this process holds, for telling it apart by memory inside a container: PyTorch's segments and the
@@ -62,6 +72,23 @@ def enter(session: Any) -> None:
         recorder.bounds["max_age_s"],
         recorder.bounds["ring_bytes_max"] / (1 << 20),
     )
+
+
+def cost_since(since_us: int, history: Any):
+    """What memtrace spent from ``since_us`` (serving's start) to a write, for ``ServingWindow.cost``: the
+    self-cost totals since the base given (``selfcost.totals``, registration included only if it happened
+    since), the span, and the allocations the allocator counted meanwhile (what PyTorch's recording cost is
+    estimated from, ``analysis.self_cost.serving_cost``; absent without an allocator)."""
+    allocs0 = history.allocations() if history is not None else None
+
+    def cost(base: dict[str, Any] | None) -> dict[str, Any]:
+        out = {"since_us": int(since_us), "until_us": now_us(), **selfcost.totals(base, registration=False)}
+        now = history.allocations() if history is not None else None
+        if now is not None and allocs0 is not None:
+            out["allocs"] = now - allocs0
+        return out
+
+    return cost
 
 
 def _stop_sidecar(session: Any) -> None:

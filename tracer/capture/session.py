@@ -382,7 +382,8 @@ class Session:
                 self.facts[F.CAPTURE] = self.history.capture_fact(self._phases)
                 if isinstance(self.history.allocator_settings, dict):  # torch's own view of its settings
                     self.facts[F.ALLOCATOR_SETTINGS] = self.history.allocator_settings
-            self.facts[F.SELF_COST] = self.self_cost()
+            if self.serving is None or F.SELF_COST not in self.facts:  # start-up's, kept as it ended in serving
+                self.facts[F.SELF_COST] = self.self_cost()  # (the window states its own: ServingWindow.cost)
             self.writer.set_process(self.process)
             self.writer.set_recording(self.recording)
             self.writer.set_facts(self.facts)

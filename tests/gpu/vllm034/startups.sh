@@ -28,6 +28,11 @@
 #                benchmark (serving_client.py bench: BENCH_REQUESTS at BENCH_RATE/s); serving-cost.json in $OUT
 #                (a warm moe start-up takes ~85 s of wall time: 3 rounds need two calls, ROUNDS=2, then
 #                FIRST_ROUND=3 ROUNDS=1 on the same warm machine, whose serving-cost.json then holds every round)
+#   serving-ab   issue 30, in one call: every configuration of AB ("name:stacks:drain_s;..."; stacks "off": no
+#                plugin) served at once, each its own `vllm serve` at --gpu-memory-utilization AB_UTIL (0.2), started
+#                together; then AB_ROUNDS (3) rounds of the same bench (BENCH_REQUESTS at BENCH_RATE/s) against each
+#                in turn (the order rotated each round), the others idle; then SIGUSR2 to each traced worker (its
+#                window, with memtrace's own cost while serving) before SIGTERM. serving-ab.json in $OUT
 # Knobs: STEPS, LIMIT (seconds for the script, 570), ROUNDS (4), FIRST_ROUND (1), HOLD_GIB (96),
 #        SITE (/tmp/site034: the installed stage), PORT (8791).
 # Every start-up is stopped as soon as memtrace's summary (or vLLM's "init engine" line, for cost runs
@@ -237,6 +242,74 @@ if want cost; then
   done
   { command -v column > /dev/null && column -t "$W/cost/rounds.tsv" || cat "$W/cost/rounds.tsv"; } | tee -a "$OUT/progress.log"  # the H200 image has no column
   cut -f1,2,5 "$W/cost/runs.tsv" | tee -a "$OUT/progress.log"
+fi
+
+# ---- serving-ab (issue 30): the cost of serving mode, every configuration served at once ----------------------
+if want serving-ab; then
+  d=$W/ab; rm -rf "$d"; mkdir -p "$d"
+  IFS=';' read -ra CFG <<< "${AB:-off:off:0;py-held:python:0;none-held:none:0;py-drain:python:5}"
+  declare -A PORTS=() SIDS=()
+  for c in "${CFG[@]}"; do
+    IFS=':' read -r name stacks drain <<< "$c"; r=$d/$name; mkdir -p "$r"; next_port; PORTS[$name]=$NEXT_PORT
+    if [ "$stacks" = off ]; then
+      start "$r/vllm.log" python3 -m vllm.entrypoints.openai.api_server --model /tmp/model-moe --port "$NEXT_PORT" \
+        "${COMMON[@]}" --gpu-memory-utilization "${AB_UTIL:-0.2}" ${SERVE_FLAGS:-}
+    else
+      start "$r/vllm.log" env PYTHONFAULTHANDLER=1 MEMTRACE_STACKS="$stacks" MEMTRACE_SERVING_DRAIN_S="$drain" \
+        python3 -m memtrace run --dir "$r/run" --until serving -- python3 -m vllm.entrypoints.openai.api_server \
+        --model /tmp/model-moe --port "$NEXT_PORT" "${COMMON[@]}" --gpu-memory-utilization "${AB_UTIL:-0.2}" ${SERVE_FLAGS:-}
+    fi
+    SIDS[$name]=$SID
+  done
+  ready=()
+  for c in "${CFG[@]}"; do
+    name=${c%%:*}
+    if wait_log "$d/$name/vllm.log" "Application startup complete" "${SIDS[$name]}" $(( $(left) - 200 )); then
+      ready+=("$name"); log "(ab) $name ready: $(vllm_facts "$d/$name/vllm.log")"
+    else
+      log "(ab) $name did not start"; grep -E "Error|error" "$d/$name/vllm.log" | tail -5 | cut -c1-300 | tee -a "$OUT/progress.log"
+    fi
+  done
+  n=${#ready[@]}
+  for ((p = 0; p < ${AB_ROUNDS:-3}; p++)); do
+    for ((i = 0; i < n; i++)); do
+      name=${ready[$(( (i + p) % n ))]}
+      [ "$(left)" -lt 90 ] && { log "(ab) out of time before round $p $name"; break 2; }
+      python3 "$HERE/serving_client.py" bench --port "${PORTS[$name]}" --api-key memtrace-secret-key \
+        --requests "${BENCH_REQUESTS:-96}" --rate "${BENCH_RATE:-8}" --prompt-tokens 512 --max-tokens 128 --seed 0 \
+        --out "$d/$name/bench$p.json" > /dev/null 2>&1
+      log "(ab) round $p $name: $(python3 -c "import json,sys; d=json.load(open(sys.argv[1])); print(d['output_tokens_per_s'], d['latency_p50_s'], d['latency_p99_s'], d['completed'])" "$d/$name/bench$p.json" 2>&1)"
+    done
+  done
+  for name in "${ready[@]}"; do  # each traced worker writes its window (and memtrace's cost while serving)
+    for f in "$d/$name"/run/*-pid*.memtrace; do
+      [ -f "$f" ] || continue
+      wp=$(basename "$f" | sed -E 's/.*-pid([0-9]+).*/\1/'); kill -USR2 "$wp" 2>/dev/null && log "(ab) SIGUSR2 -> $name worker $wp"
+      wait_log "$d/$name/vllm.log" "serving window written \(signal:SIGUSR2\)" "${SIDS[$name]}" 60 \
+        && grep -oE "serving window written \(signal:SIGUSR2\).*" "$d/$name/vllm.log" | tail -1 | cut -c1-200 | tee -a "$OUT/progress.log"
+    done
+  done
+  for c in "${CFG[@]}"; do stop_session "${SIDS[${c%%:*}]}" 20; done
+  python3 - "$d" "${AB:-off:off:0;py-held:python:0;none-held:none:0;py-drain:python:5}" > "$OUT/serving-ab.json" <<'PY'
+import glob, json, os, statistics, sys
+d, cfg = sys.argv[1], [c.split(":") for c in sys.argv[2].split(";")]
+out = {"configs": [], "rounds": {}}
+for name, stacks, drain in cfg:
+    rows = [json.load(open(f)) for f in sorted(glob.glob(f"{d}/{name}/bench*.json"))]
+    out["rounds"][name] = rows
+    tps = [r["output_tokens_per_s"] for r in rows if r.get("output_tokens_per_s")]
+    out["configs"].append({"name": name, "stacks": stacks, "drain_s": drain, "rounds": len(rows),
+                           "output_tokens_per_s": tps, "median": statistics.median(tps) if tps else None,
+                           "p50_s": [r["latency_p50_s"] for r in rows], "p99_s": [r["latency_p99_s"] for r in rows]})
+print(json.dumps(out, indent=1))
+PY
+  python3 -c "import json,sys; d=json.load(open(sys.argv[1])); [print(c['name'], c['median'], c['output_tokens_per_s']) for c in d['configs']]" "$OUT/serving-ab.json" | tee -a "$OUT/progress.log"
+  for c in "${CFG[@]}"; do  # the traces compressed, one tarball per configuration (logs, benches, trace)
+    name=${c%%:*}
+    for f in "$d/$name"/run/*.memtrace; do [ -f "$f" ] && xz -T0 -6 "$f"; done
+    tar czf "$OUT/ab-$name.tar.gz" -C "$d" "$name"
+  done
+  rm -rf "$d"
 fi
 
 # ---- issue 29: the files users already have, recorded here ------------------------------------------------
