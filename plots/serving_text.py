@@ -236,7 +236,8 @@ def held_lines(ws: WindowSummary, rel) -> list[str]:
 def window_lines(ws: WindowSummary | None, t0_us: int) -> list[str]:
     """The window said in a few sentences, for the issue bundle's first screen and the view's page: what was
     kept and the gap, the failed allocation of an OOM in the window, PyTorch's state at its end (with
-    :data:`quantities.RESERVED_UNUSED`), where it grew by stack, the last scheduler step. [] without one."""
+    :data:`quantities.RESERVED_UNUSED`), where it grew by stack, the last scheduler step, what memtrace cost while
+    serving. [] without one."""
     if ws is None:
         return []
     w = ws.window
@@ -277,4 +278,6 @@ def window_lines(ws: WindowSummary | None, t0_us: int) -> list[str]:
     said = step_words(ws, rel)
     if said:
         lines.append(f"Step at {'the OOM' if ws.oom is not None else 'the write'}: {said}.")
+    if ws.cost is not None:
+        lines.append(cost_text.serving(ws.cost, top=3) + ".")
     return lines

@@ -263,6 +263,37 @@ def test_a_serving_window_on_a_real_allocator_counts_what_its_ring_dropped_exact
     assert w.cost["allocs"] == d["allocation.all.allocated"]
 
 
+def test_a_serving_oom_writes_the_held_ring_before_torch_raises(tmp_path, torch_cuda, monkeypatch):
+    torch = torch_cuda
+    total = torch.cuda.get_device_properties(0).total_memory
+    monkeypatch.setenv("MEMTRACE_SERVING_EVENTS", "500")
+    monkeypatch.setenv("MEMTRACE_SERVING_SAMPLE_HZ", "0")
+    session = memtrace.start(tmp_path, sidecar=False)
+    held = []
+    try:
+        session.enter_serving()
+        torch.cuda.set_per_process_memory_fraction(16 * GiB / total)
+        for _ in range(400):  # serving's churn: more than the 500-entry ring keeps
+            x = torch.empty(1 << 20, dtype=torch.uint8, device="cuda")
+            del x
+        with pytest.raises(torch.OutOfMemoryError):
+            while True:
+                held.append(torch.empty(GiB, dtype=torch.uint8, device="cuda"))
+        on_disk = load_trace(session.path)  # what the observer wrote before the error propagated
+        stats = torch.cuda.memory_stats()
+    finally:
+        del held
+        memtrace.stop()
+    w = on_disk.window
+    assert w.reason == "oom" and on_disk.facts["oom"]["requested_bytes"] == GiB
+    assert on_disk.facts["oom"]["phase"] == "serving"
+    assert w.events_kept == 500 and w.events_dropped > 0 and w.gap_us is not None
+    # the kept events end with the fills: the last one allocated is the last 1 GiB block that fit
+    allocs = w.events[w.events["action"] == ACTION_CODE["alloc"]]
+    assert int(allocs["size"][-1]) == GiB
+    assert sum(s.requested_bytes for s in w.segments) == stats["requested_bytes.all.current"]
+
+
 CHILD = textwrap.dedent(
     """
     import sys, time, torch, memtrace

@@ -110,7 +110,7 @@ def test_the_view_packs_the_window_as_its_own_part_after_a_gap_squeezed_as_the_p
     t0, w = rank.origin.t0_us, fake.window
     packed = pack_rank(rank, t0)
     meta, win = packed.meta, packed.window.meta
-    assert meta["serving"] == window_lines(rank.window, t0) and len(meta["serving"]) == 6
+    assert meta["serving"] == window_lines(rank.window, t0) and len(meta["serving"]) == 7
     assert meta["end_us"] == w.startup_end_us - t0  # start-up's part stops where start-up ended...
     assert (win["start_us"], win["end_us"]) == (w.start_us - t0, w.end_us - t0)  # ...the window's is its own
     assert win["n_events"] == len(w.events) and win["baseline"]["allocated"] == w.start_state["allocated_bytes"]
