@@ -90,15 +90,14 @@ def render_window(out, ws: WindowSummary | None, t0_us: int) -> None:
 
 
 def bound_words(b: dict) -> str:
-    """The rings' bounds and the memory they may hold: PyTorch's own ring (held, ``capture.serving.held``) or
-    memtrace's."""
+    """The rings' bounds and the memory they may hold: the events in PyTorch's own ring (held,
+    ``capture.serving.held``: PyTorch's memory, bounded by its entries) or in memtrace's."""
     limits = f"{b.get('max_events')} events / {b.get('max_age_s')} s / {b.get('max_steps')} steps"
     if b.get("events_in") == "torch":
-        torch_bytes = b.get("torch_ring_bytes_max")
-        held = f", about {_mib(torch_bytes)} of host memory" if torch_bytes else ""
         return (
-            f"ring bound {limits}; the events held in PyTorch's own history ring (not converted while serving{held}), "
-            f"the rest at most {_mib(b.get('ring_bytes_max'))} held by memtrace"
+            f"ring bound {limits}; the events held in PyTorch's own history ring (at most {b.get('max_events')} "
+            f"entries of PyTorch's memory, converted only when written), the rest at most "
+            f"{_mib(b.get('ring_bytes_max'))} held by memtrace"
         )
     return f"ring bound {limits}, at most {_mib(b.get('ring_bytes_max'))} held by memtrace"
 

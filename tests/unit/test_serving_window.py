@@ -193,6 +193,14 @@ def test_a_window_round_trips_through_the_store_and_an_old_trace_has_none(tmp_pa
     assert window_summary(load_trace(tmp_path / "w.memtrace")).end_allocated_bytes == 31
 
 
+def test_the_event_bound_defaults_to_start_ups_own_ring_when_held_and_to_a_million_when_drained():
+    held, drained = serving.knobs({}), serving.knobs({serving.DRAIN_S_ENV: "5"})
+    assert serving.held(held) and held[serving.EVENTS_ENV] == 200_000
+    assert not serving.held(drained) and drained[serving.EVENTS_ENV] == serving.DRAINED_EVENTS == 1_000_000
+    assert serving.knobs({serving.DRAIN_S_ENV: "5", serving.EVENTS_ENV: "7"})[serving.EVENTS_ENV] == 7
+    assert serving.bounds(held, 200_000)["ring_bytes_max"] == 6000 * 32 + 10_000 * serving.STEP_BYTES  # no events
+
+
 def test_bad_serving_knobs_are_one_clear_error():
     from memtrace.errors import UsageError
 

@@ -46,19 +46,18 @@ SAMPLE_HZ_ENV = "MEMTRACE_SERVING_SAMPLE_HZ"
 STEPS_ENV = "MEMTRACE_SERVING_STEPS"
 DRAIN_S_ENV = "MEMTRACE_SERVING_DRAIN_S"
 
-#: Defaults: the last 1,000,000 allocator events and at most 10 minutes of them, held in PyTorch's own ring
-#: (no drains while serving: ``DRAIN_S_ENV`` 0), NVML at 10 Hz, the last 10,000 scheduler steps.
+#: Defaults: the last 200,000 allocator events held in PyTorch's own ring (no drains while serving:
+#: ``DRAIN_S_ENV`` 0; as many entries as start-up's own ring, so PyTorch holds no more memory for serving than it
+#: held during start-up), at most 10 minutes of them, NVML at 10 Hz, the last 10,000 scheduler steps.
 DEFAULTS: dict[str, float] = {
-    EVENTS_ENV: 1_000_000,
+    EVENTS_ENV: 200_000,
     SECONDS_ENV: 600.0,
     SAMPLE_HZ_ENV: 10.0,
     STEPS_ENV: 10_000,
     DRAIN_S_ENV: 0.0,
 }
-#: Host memory one entry of PyTorch's history ring takes, by memtrace's stacks setting (``MEMTRACE_STACKS``),
-#: measured on the H200 with torch 2.14 (``tests/gpu/serving_ring_cost.py``); what the bound states for a
-#: held ring.
-TORCH_ENTRY_BYTES = {"python": 0, "all": 0, "none": 0}
+#: The events kept by default when drains fill memtrace's compact ring instead (37 B an event: 37 MB).
+DRAINED_EVENTS = 1_000_000
 #: The self-cost source of the serving NVML sampler (its own thread: ``selfcost.mark_own_thread``).
 SAMPLER = "serving.nvml"
 #: What one kept step costs at most (a small dict of ints: measured with sys.getsizeof, rounded up).
@@ -89,6 +88,8 @@ def knobs(environ: dict[str, str] | None = None) -> dict[str, float]:
         if value < 0 or (name == EVENTS_ENV and value < 1):
             raise UsageError(f"{name}={text!r} must be {'at least 1' if name == EVENTS_ENV else '0 or more'}")
         out[name] = value
+    if out[DRAIN_S_ENV] and not environ.get(EVENTS_ENV, "").strip():
+        out[EVENTS_ENV] = DRAINED_EVENTS
     return out
 
 
@@ -97,10 +98,10 @@ def held(k: dict[str, float]) -> bool:
     return not k[DRAIN_S_ENV]
 
 
-def bounds(k: dict[str, float], torch_entries: int | None, stacks: str = "python") -> dict[str, Any]:
+def bounds(k: dict[str, float], torch_entries: int | None) -> dict[str, Any]:
     """The rings' limits and the most bytes they may hold (events and samples are packed numpy records, each NVML
     sample with its other processes' one). Held (:func:`held`), the events are PyTorch's ring of ``max_events``
-    entries, in PyTorch's memory (``torch_ring_bytes_max``, from :data:`TORCH_ENTRY_BYTES`); else memtrace's
+    entries, in PyTorch's memory (its bytes per entry are PyTorch's, not measured by memtrace); else memtrace's
     ring holds them, and PyTorch's own ring of ``torch_entries`` is stated beside it."""
     events = int(k[EVENTS_ENV])
     samples = int(k[SAMPLE_HZ_ENV] * k[SECONDS_ENV]) if k[SECONDS_ENV] else int(k[SAMPLE_HZ_ENV] * 3600)
@@ -108,7 +109,7 @@ def bounds(k: dict[str, float], torch_entries: int | None, stacks: str = "python
     sample_bytes = SAMPLE_DTYPE.itemsize + OTHERS_DTYPE.itemsize
     in_torch = held(k)
     ring_bytes = (0 if in_torch else events * EVENT_DTYPE.itemsize) + samples * sample_bytes + steps * STEP_BYTES
-    out = {
+    return {
         "max_events": events,
         "max_age_s": k[SECONDS_ENV] or None,
         "sample_hz": k[SAMPLE_HZ_ENV],
@@ -120,9 +121,6 @@ def bounds(k: dict[str, float], torch_entries: int | None, stacks: str = "python
         "ring_bytes_max": ring_bytes,
         "torch_history_entries": events if in_torch else torch_entries,
     }
-    if in_torch and TORCH_ENTRY_BYTES.get(stacks):
-        out["torch_ring_bytes_max"] = events * TORCH_ENTRY_BYTES[stacks]
-    return out
 
 
 class Ring:
@@ -185,14 +183,13 @@ class ServingRecorder:
         startup_end_us: int,
         start_state: dict[str, Any],
         torch_entries=None,
-        stacks: str = "python",
     ):
         self.knobs = k
         self.startup_end_us = int(startup_end_us)
         self.begun_us = self.startup_end_us
         age = int(k[SECONDS_ENV] * 1e6) if k[SECONDS_ENV] else None
         self.max_age_us = age
-        self.bounds = bounds(k, torch_entries, stacks)
+        self.bounds = bounds(k, torch_entries)
         #: PyTorch's held ring as the last drain read it (:meth:`hold_events`): its events, how many it overwrote
         #: (None: not counted), PyTorch's bytes at that read
         self.held: tuple[np.ndarray, int | None, dict[str, int] | None] | None = None

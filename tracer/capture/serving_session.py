@@ -38,9 +38,7 @@ def enter(session: Any) -> None:
             else {"allocated_bytes": 0, "reserved_bytes": 0, "exact": False, "source": "counters unreadable"}
         )
     entries = session.recording.max_entries if history is not None else None
-    recorder = serving.ServingRecorder(
-        k, startup_end_us=now_us(), start_state=state, torch_entries=entries, stacks=session.recording.stacks
-    )
+    recorder = serving.ServingRecorder(k, startup_end_us=now_us(), start_state=state, torch_entries=entries)
     recorder.cost_base = selfcost.totals()
     recorder.cost_of = cost_since(recorder.startup_end_us, history)
     with session._lock:
