@@ -64,7 +64,7 @@ def main(argv: list[str]) -> int:
     drains = [
         d for d in (trace.facts.get(F.CAPTURE) or {}).get("drains", {}).get("first", []) if d["events"] >= BIG_DRAIN
     ]
-    print(trace.path.name)
+    print(Path(trace.path).name)
     print(
         f"  decode step (median of {int(decode.sum())} of {len(w.steps)} steps): {step_us / 1e3:.2f} ms, "
         f"{events:.0f} allocator events ({held_events:.0f} without free_requested), {allocs:.0f} allocations"
