@@ -56,7 +56,8 @@ def serving(cost: ServingCost, vllm: bool = True, top: int = TOP_SOURCES) -> str
         return f"memtrace while serving: {_ms(cost.total_ns)} on {who}; {_sources(cost.sources, top)}"
     own = f"; {_ms(cost.memtrace_threads_ns)} more on memtrace's own threads, which hold the GIL while they run"
     own += f" ({cost.share_with_own_threads * 100:.2f} % with them)" if cost.memtrace_threads_ns else ""
-    history = "" if cost.history_ns is not None else " (PyTorch's recording not measured)"
+    # no allocations counted: no allocator (a CPU worker), nothing of PyTorch's to price
+    history = " (PyTorch's recording not measured)" if cost.history_ns is None and cost.allocs is not None else ""
     return (
         f"memtrace while serving: {_ms(cost.total_ns)} on {who} in the {span} since serving began "
         f"({cost.share * 100:.2f} %){history}{own}; {_sources(cost.sources, top)}"
