@@ -51,14 +51,15 @@ def _sources(sources: list[CostSource], top: int) -> str:
 def serving(cost: ServingCost, vllm: bool = True, top: int = TOP_SOURCES) -> str:
     """memtrace's cost while serving, against the time since serving began, then its sources."""
     who = "vLLM's threads" if vllm else "the program's threads"
-    span = f"{cost.span_us / 1e6:.2f} s"
-    if cost.share is None:
-        return f"memtrace while serving: {_ms(cost.total_ns)} on {who}; {_sources(cost.sources, top)}"
-    own = f"; {_ms(cost.memtrace_threads_ns)} more on memtrace's own threads, which hold the GIL while they run"
-    own += f" ({cost.share_with_own_threads * 100:.2f} % with them)" if cost.memtrace_threads_ns else ""
     # no allocations counted: no allocator (a CPU worker), nothing of PyTorch's to price
-    history = " (PyTorch's recording not measured)" if cost.history_ns is None and cost.allocs is not None else ""
-    return (
-        f"memtrace while serving: {_ms(cost.total_ns)} on {who} in the {span} since serving began "
-        f"({cost.share * 100:.2f} %){history}{own}; {_sources(cost.sources, top)}"
+    unpriced = cost.history_ns is None and cost.allocs is not None
+    said = [f"{cost.share * 100:.2f} %"] if cost.share is not None else []
+    said += ["PyTorch's recording not measured"] if unpriced else []
+    text = (
+        f"memtrace while serving: {_ms(cost.total_ns)} on {who} in the {cost.span_us / 1e6:.2f} s since serving began"
     )
+    text += f" ({'; '.join(said)})" if said else ""
+    if cost.memtrace_threads_ns:
+        text += f", and {_ms(cost.memtrace_threads_ns)} on memtrace's own threads, which hold the GIL while they run"
+        text += f" ({cost.share_with_own_threads * 100:.2f} % with them)" if cost.share is not None else ""
+    return f"{text}; {_sources(cost.sources, top)}"

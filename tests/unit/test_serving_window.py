@@ -325,3 +325,32 @@ def test_the_step_hook_hands_a_step_over_when_it_begins_and_again_when_it_ends(m
     hook.after(token, None, MemoryError())
     step = {"time_us": 1_000, "duration_us": 250, "requests": 2, "max_request_tokens": 592, "tokens": 593}
     assert fake.calls[1] == ("end", {**step, "error": "MemoryError"}, 7)
+
+
+def test_the_window_states_memtraces_cost_while_serving_with_pytorchs_recording_priced_at_its_depth():
+    from memtrace.analysis.self_cost import serving_cost
+    from memtrace.plots import cost_text
+
+    ev = np.zeros(3, dtype=load_trace(FULL).events.dtype)
+    ev["action"] = [ACTION_CODE["alloc"], ACTION_CODE["free_completed"], ACTION_CODE["alloc"]]
+    ev["stack"] = [0, -1, 1]  # stacks of 30 and 50 frames: 40 on average, 14 beyond the calibration's depth
+    frames = [("f.py", 1, "f")]
+    cost = {"since_us": 0, "until_us": 2_000_000, "allocs": 1000, "total_ns": 4_000_000,
+            "memtrace_threads_ns": 16_000_000, "sources": {"drain.window": {"ns": 4_000_000, "calls": 1}}}  # fmt: skip
+    calibration = {"measured": True, "per_alloc_ns": 1000.0, "per_frame_ns": 10.0, "depth": 26}
+    t = Trace(
+        window=ServingWindow(start_us=0, end_us=2_000_000, events=ev, cost=cost),
+        stacks=[frames * 30, frames * 50],
+        facts={F.SELF_COST: {"history": calibration}},
+    )
+    c = serving_cost(t)
+    assert c.history_ns == 1000 * (1000 + 10 * 14)  # every counted allocation, the kept ones' mean depth
+    assert c.total_ns == 4_000_000 + 1_140_000 and c.share == pytest.approx(5_140_000 / 2e9)
+    assert c.share_with_own_threads == pytest.approx(21_140_000 / 2e9)
+    assert [s.name for s in c.sources] == ["drain.window", "history (PyTorch, estimated)"]  # largest first
+    assert cost_text.serving(c) == (
+        "memtrace while serving: 5.1 ms on vLLM's threads in the 2.00 s since serving began (0.26 %), and 16.0 ms "
+        "on memtrace's own threads, which hold the GIL while they run (1.06 % with them); by source (calls): "
+        "drain.window 4.0 ms (1), history (PyTorch, estimated) 1.1 ms (1,000)"
+    )
+    assert serving_cost(Trace(window=ServingWindow())) is None  # a window before format 1.6 states none
