@@ -131,3 +131,17 @@ def test_the_view_packs_the_window_as_its_own_part_after_a_gap_squeezed_as_the_p
     assert axis["gaps_us"] == [[w.startup_end_us - t0, w.start_us - t0]]
     assert axis["knots_us"] == [round(k * 1e6) for k in scale.knots_s]
     assert axis["drawn_us"] == [round(k * 1e6) for k in scale.knots_drawn]
+
+
+def test_report_states_memtraces_cost_while_serving_in_text_and_json(fake, capsys):
+    import json
+
+    assert main(["report", fake.path]) == 0
+    text = capsys.readouterr().out
+    assert "memtrace while serving: " in text and "since serving began" in text
+    assert "the events held in PyTorch's own history ring (at most 3000 entries" in text
+    assert main(["report", "--json", fake.path]) == 0
+    w = json.loads(capsys.readouterr().out)["traces"][0]["window"]
+    assert w["cost"]["allocs"] == fake.window.cost["allocs"] and w["bounds"]["events_in"] == "torch"
+    assert w["cost"]["span_us"] == fake.window.cost["until_us"] - fake.window.cost["since_us"]
+    assert w["cost"]["total_ns"] == fake.window.cost["total_ns"]  # no calibration here: nothing of PyTorch's added
