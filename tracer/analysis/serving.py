@@ -114,9 +114,9 @@ def window_summary(trace: Trace, top: int = 10) -> WindowSummary | None:
     if a0 is not None and r0 is not None:
         a1 = int(a0) + _sum(ev, (_ALLOC,)) - _sum(ev, (_FREE,))
         r1 = int(r0) + _sum(ev, _SEG_UP) - _sum(ev, _SEG_DOWN)
-    if w.segments:  # the allocator's own state at the last write: exact whatever the ring dropped
-        r1 = sum(s.total_bytes for s in w.segments)
-        a1 = sum(s.requested_bytes for s in w.segments)
+    end_state = allocator_state(w.segments)
+    if end_state is not None:  # the allocator's own state at the last write: exact whatever the ring dropped
+        r1, a1 = end_state.reserved_bytes, end_state.allocated_bytes
     oom = find_oom(trace)
     in_window = oom is not None and w.start_us is not None and oom.time_us >= w.start_us
     return WindowSummary(
@@ -130,8 +130,8 @@ def window_summary(trace: Trace, top: int = 10) -> WindowSummary | None:
         oom=oom if in_window else None,
         steps_before_end=list(w.steps[-STEPS_SHOWN:]),
         device_total_bytes=trace.process.device_total_bytes,
-        end_state=allocator_state(w.segments),
-        device=device_at_end(trace, oom if in_window else None),
+        end_state=end_state,
+        device=device_at_end(trace, oom if in_window else None, end_state),
         device_used_all=device_used_all_curve(trace),
         steps_in_progress=None if w.steps_in_progress is None else list(w.steps_in_progress),
         cost=serving_cost(trace),

@@ -117,12 +117,18 @@ def _last(times: np.ndarray, values: np.ndarray, t_us: int) -> int | None:
 
 
 def _holders(
-    trace: Trace, t_us: int, segments, used_all: int | None, others: int | None, non_torch=None, free=None
+    trace: Trace,
+    t_us: int,
+    state: AllocatorState | None,
+    vmm: int,
+    used_all: int | None,
+    others: int | None,
+    non_torch=None,
+    free=None,
 ) -> Holders:
-    """The holders at ``t_us``: non-PyTorch from the device's used memory when others are known, else
-    ``non_torch`` given (and others derived from it); ``free`` when known, else the device's total less used."""
-    state = allocator_state(segments)
-    vmm = committed_curve(trace).at(t_us) if len(trace.vmm) else 0
+    """The holders at ``t_us`` (``state`` the allocator's then, ``vmm`` the KV cache committed outside it):
+    non-PyTorch from the device's used memory when others are known, else ``non_torch`` given (and others derived
+    from it); ``free`` when known, else the device's total less used."""
     total = trace.process.device_total_bytes
     if free is None and used_all is not None and total:
         free = total - used_all
@@ -135,21 +141,24 @@ def _holders(
     return Holders(t_us, state, vmm, used_all, others, non_torch if others is not None else None, free)
 
 
-def device_at_end(trace: Trace, oom: Oom | None) -> DeviceAtEnd | None:
+def device_at_end(trace: Trace, oom: Oom | None, end_state: AllocatorState | None = None) -> DeviceAtEnd | None:
     """What held the device at ``trace``'s serving window's end (``oom``: the OOM the process died of in the window,
-    None when it did not die there) and at start-up's end; None without a window, or without the allocator's state
-    at both moments."""
+    None when it did not die there; ``end_state``: the window's allocator state, when the caller has it) and at
+    start-up's end; None without a window, or without the allocator's state at both moments."""
     w = trace.window
     if w is None or w.startup_end_us is None or w.end_us is None or not w.segments or not trace.segments:
         return None
     reserve, total = driver_reserved_bytes(trace), trace.process.device_total_bytes
     s, o = trace.samples, trace.others
     t0 = w.startup_end_us
+    committed = committed_curve(trace) if len(trace.vmm) else None
+    vmm = lambda t: committed.at(t) if committed is not None else 0  # noqa: E731
     used0 = _last(s["time_us"], s["used_bytes"], t0)
     start = _holders(
         trace,
         t0,
-        trace.segments,
+        allocator_state(trace.segments),
+        vmm(t0),
         None if used0 is None else used0 - reserve,
         _last(o["time_us"], o["others_bytes"], t0),
     )
@@ -164,7 +173,8 @@ def device_at_end(trace: Trace, oom: Oom | None) -> DeviceAtEnd | None:
     others1 = _last(wo["time_us"], wo["others_bytes"], t1) if len(wo) else None
     derived = others1 is None and start.non_torch_bytes is not None
     free1 = oom.free_bytes if at_oom else None
-    end = _holders(trace, t1, w.segments, used1, others1, start.non_torch_bytes if derived else None, free1)
+    state1 = end_state if end_state is not None else allocator_state(w.segments)
+    end = _holders(trace, t1, state1, vmm(t1), used1, others1, start.non_torch_bytes if derived else None, free1)
     within = None
     limit = oom.limit_bytes(total) if at_oom and total else None  # a limit below the device, known to be one
     if limit is not None and end.allocator is not None:
