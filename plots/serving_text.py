@@ -206,10 +206,16 @@ def step_words(ws: WindowSummary, rel) -> str | None:
     return f"the OOM happened during the scheduler step that began at {_step(st, rel)}"
 
 
-def gap_words(events: int, samples: int, steps: int) -> str:
-    """What the gap's hatched band says under its length, in the plot and the view: that it was not recorded,
-    and what the ring dropped of it (allocator events, NVML samples, scheduler steps)."""
-    return f"not recorded; dropped:\n{events:,} events, {samples:,} samples, {steps:,} steps"
+def gap_label(seconds: float, dropped: tuple[int, int, int] | None) -> list[str]:
+    """What the gap's hatched band says, a line each, in the plot and the view: "GAP" and its length, that it was
+    not recorded and what the ring dropped of it (allocator events, NVML samples, scheduler steps; None: unsaid)."""
+    from .timeline_breaks import length_text
+
+    lines = [f"GAP {length_text(seconds)}"]
+    if dropped is not None:
+        events, samples, steps = dropped
+        lines += ["not recorded; dropped:", f"{events:,} events, {samples:,} samples, {steps:,} steps"]
+    return lines
 
 
 #: How many growth sites the short statement of a window names.

@@ -368,15 +368,8 @@ def draw_main(
     if zoom_band(rank, scale, t0, window):  # mark where the zoom panel looks (a sliver for milliseconds)
         band = ax.axvspan(_s(lo, t0), _s(hi, t0), color=ZOOM_BAND, alpha=0.5, lw=0, zorder=0)
         handles.setdefault("zoom", (band, "where the zoom panel looks"))
-    mark_breaks(ax, scale, handles, gap_text(rank))
+    mark_breaks(ax, scale, handles, None if rank.gap_us is None else rank.gap_dropped)
     return corner
-
-
-def gap_text(rank: RankTimeline) -> str:
-    """What the gap before a serving window says: that it is not recorded, and what the ring dropped."""
-    from .serving_text import gap_words
-
-    return "" if rank.gap_us is None else gap_words(*rank.gap_dropped)
 
 
 def zoom_band(rank: RankTimeline, scale: TimeScale, t0: int, window: tuple[int, int] | None = None) -> bool:

@@ -13,12 +13,15 @@ GAP_EDGE = "#BBBBBB"
 LABEL_PT = 11.0  # as timeline_axes.LABEL_PT
 
 
-def mark_breaks(ax, scale: TimeScale, handles: dict | None, gap_text: str = "") -> None:
+def mark_breaks(ax, scale: TimeScale, handles: dict | None, gap_dropped: tuple[int, int, int] | None = None) -> None:
     """Each squeezed stretch of the time axis: a pale band over the curves (drawn through it, compressed),
     its length written in it, a pair of slashes on the time axis; round ticks in the busy stretches. A gap in
     the record (``scale.gaps``: a serving window's dropped time) is an opaque hatched band hiding the curves,
-    "GAP", its length and ``gap_text`` written in it: memory there is unknown, never drawn flat."""
+    with ``serving_text.gap_label`` written in it (its length and what the ring dropped, ``gap_dropped``): memory
+    there is unknown, never drawn flat."""
     import matplotlib.transforms as mtransforms
+
+    from .serving_text import gap_label
 
     width_px = ax.get_window_extent().width
     ax.set_xticks(ticks(scale, width_px))
@@ -32,7 +35,7 @@ def mark_breaks(ax, scale: TimeScale, handles: dict | None, gap_text: str = "") 
         mid = float(scale.inverse((scale.forward(a) + scale.forward(b)) / 2))
         if is_gap:
             gap = ax.axvspan(a, b, facecolor="white", edgecolor=GAP_EDGE, hatch="xx", lw=0, zorder=4.4)
-            text = f"GAP {length_text(b - a)}" + (f"\n{gap_text}" if gap_text else "")
+            text = "\n".join(gap_label(b - a, gap_dropped))
             ax.text(mid, 0.5, text, transform=blend, rotation=90, ha="center", va="center", fontsize=LABEL_PT - 2.5,
                     color="#333333", zorder=4.5, bbox={"facecolor": "white", "edgecolor": "none", "pad": 1.0})  # fmt: skip
             continue

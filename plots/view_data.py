@@ -54,9 +54,9 @@ from ..analysis.summary import summary_to_dict
 from ..model import ACTIONS
 from . import oom_text
 from .palette import CATEGORY_COLORS, VMM_KV_LABEL
-from .serving_text import gap_words, window_lines
+from .serving_text import gap_label, window_lines
 from .text import before_recording_text
-from .timeline_breaks import length_text
+from .timeline_breaks import GAP_EDGE
 from .timeline_scale import time_scale
 
 #: Columns of the binary blob, in order: (name, numpy dtype).
@@ -330,7 +330,8 @@ def pack_window(a: AnalysedRank, t0_us: int, *, with_events: bool = True) -> Pac
         "events_dropped": dropped[0],
         "samples_dropped": dropped[1],
         "steps_dropped": dropped[2],
-        "label": [f"GAP {length_text((w.start_us - start) / 1e6)}", *gap_words(*dropped).splitlines()],
+        "label": gap_label((w.start_us - start) / 1e6, dropped),
+        "edge": GAP_EDGE,
     }
     return p
 

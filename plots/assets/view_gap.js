@@ -6,7 +6,6 @@
 (function () {
   'use strict';
   const MT = window.memtraceView, doc = window.__mtDoc;
-  const EDGE = '#BBBBBB'; /* plots/timeline_breaks.py GAP_EDGE */
   const n = (v) => Number(v).toLocaleString('en-US');
   const secs = (us) => (us / 1e6).toFixed(3) + ' s';
 
@@ -39,10 +38,10 @@
   const tickValues = (u, vs) => vs.map((v) => (v == null ? '' : v.toFixed(decimals.get(v) ?? 3)));
 
   /* the band over the gap, across the plot's height: opaque (nothing of either side shows through), hatched,
-   * its words (plots/serving_text.py gap_words) written across it as memtrace plot writes them */
+   * its words (plots/serving_text.py gap_label) written across it as memtrace plot writes them */
   let hatch = null;
   function band(R, u, ctx, X, dpr) {
-    const g = R.W.meta.gap, top = u.bbox.top, h = u.bbox.height, left = u.bbox.left, w = u.bbox.width;
+    const g = R.W.meta.gap, EDGE = g.edge /* plots/timeline_breaks.py GAP_EDGE */, top = u.bbox.top, h = u.bbox.height, left = u.bbox.left, w = u.bbox.width;
     const a = Math.max(X(g.start_us), left), b = Math.min(X(g.end_us), left + w);
     if (!(b > a)) return null;
     if (!hatch) {

@@ -415,7 +415,7 @@ def test_a_serving_trace_draws_its_window_after_a_labelled_gap_with_the_oom_and_
     assert view["x1"] == pytest.approx((w.end_us - t0) / 1e6, abs=1e-6)  # the chart runs to the window's end
     assert drawn["phase_names"] == ["load_model", "profile_run", "serving"]
     gap, plot = drawn["gap"], drawn["plot"]
-    assert gap["label"] == "GAP 3600 s\nnot recorded; dropped:\n1,962 events, 0 samples, 0 steps"
+    assert gap["label"] == "GAP 3600 s\nnot recorded; dropped:\n1,630 events, 0 samples, 0 steps"
     # the hour is squeezed, as the plot squeezes it: start-up, the gap, then the window, each its own width
     assert plot["left"] + 0.6 * plot["width"] < gap["x0"] < gap["x1"] < plot["left"] + 0.8 * plot["width"]
     assert gap["x1"] < drawn["oom"] <= plot["left"] + plot["width"] + 1  # the OOM in the window, marked
@@ -480,8 +480,8 @@ def test_a_click_in_the_gap_says_it_was_not_recorded(serving, serving_trace):
     assert sel["part"] == "gap" and sel["live_bytes"] is None
     assert serving.page.inner_text(".mt-live h3").endswith("lies in the gap after start-up: not recorded")
     assert serving.page.inner_text("#mt-gap-0").startswith(
-        "Between start-up's end (9.427 s) and the serving window's first kept record (3609.548 s) the ring dropped "
-        "1,962 allocator events, 0 NVML samples and 0 scheduler steps"
+        "Between start-up's end (9.427 s) and the serving window's first kept record (3609.553 s) the ring dropped "
+        "1,630 allocator events, 0 NVML samples and 0 scheduler steps"
     )
     assert serving.page.locator(".mt-icicle").count() == 0  # nothing listed as live
 

@@ -121,6 +121,7 @@ def test_the_view_packs_the_window_as_its_own_part_after_a_gap_squeezed_as_the_p
         "samples_dropped": 0,
         "steps_dropped": 0,
         "label": ["GAP 3600 s", "not recorded; dropped:", "1,630 events, 0 samples, 0 steps"],
+        "edge": "#BBBBBB",
     }
     assert [p["name"] for p in win["phases"]] == ["serving"]
     assert "OOM" not in [lm["name"] for lm in meta["landmarks"]]  # the OOM is the window's landmark
