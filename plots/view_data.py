@@ -48,7 +48,7 @@ from ..analysis.categories import CATEGORIES
 from ..analysis.flame import frame_label
 from ..analysis.landmarks import steady_non_torch_values
 from ..analysis.live import meaningful_frame
-from ..analysis.quantities import RESERVED, holds_reserved, ranked_by
+from ..analysis.quantities import holds_reserved
 from ..analysis.rank import AnalysedRank
 from ..analysis.summary import summary_to_dict
 from ..model import ACTIONS
@@ -117,10 +117,10 @@ def _landmarks(a: AnalysedRank) -> list[dict[str, Any]]:
 
 
 def _peak_mark(a: AnalysedRank) -> dict[str, Any]:
-    """The peak's curve and figure as the page marks it: the quantity the rank is ranked by
-    (``quantities.ranked_by``): reserved, or allocated for the CPU's trace (its reserved curve stays 0)."""
-    q = ranked_by(a.trace.process)
-    return {"curve": q.key, "bytes": a.summary.peak.reserved_bytes if q is RESERVED else a.summary.peak.allocated_bytes}
+    """The peak's curve and figure as the page marks it: the rank's ``ranked_peak`` (reserved, or allocated for
+    the CPU's trace, whose reserved curve stays 0)."""
+    peak = a.ranked_peak
+    return {"curve": peak.curve, "bytes": peak.bytes}
 
 
 def rank_meta(a: AnalysedRank, t0_us: int) -> dict[str, Any]:

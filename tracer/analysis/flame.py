@@ -43,7 +43,7 @@ from .frames import python_frames
 from .live import Lifetimes, LiveAllocation, lifetimes, live_allocations_at
 from .quantities import BEFORE_RECORDING as BEFORE
 from .quantities import VMM
-from .user_metadata import notes_by_block, tensor_notes
+from .user_metadata import TensorNote, notes_by_block, tensor_notes
 
 #: The top-level frame of the non-PyTorch device memory CUPTI saw (``non_torch.live_allocations``).
 NON_TORCH = "[non-PyTorch, CUPTI]"
@@ -317,6 +317,7 @@ def flame_at(
     since_us: int | None = None,
     non_torch: bool = False,
     lt: Lifetimes | None = None,
+    notes: list[TensorNote] | None = None,
 ) -> Flame:
     """The live allocations at ``t_us`` (or right after event ``event_index``) as a flame tree.
 
@@ -332,6 +333,7 @@ def flame_at(
             KV cache committed through CUDA's VMM API then (under :data:`VMM_KV`). The
             default, PyTorch's allocations alone, is what the viewer's live set and ``diff`` compare.
         lt: ``live.lifetimes(trace)``, when already computed (``AnalysedRank.lifetimes``).
+        notes: ``user_metadata.tensor_notes(trace, lt)``, when already computed (``AnalysedRank.tensor_notes``).
     """
     lt = lt if lt is not None else lifetimes(trace)
     live = live_allocations_at(trace, t_us, event_index=event_index, lt=lt)
@@ -340,7 +342,8 @@ def flame_at(
     if t_us is None:
         ev = trace.events
         t_us = int(ev["time_us"][event_index]) if event_index is not None and 0 <= event_index < len(ev) else 0
-    paths, counts = stack_paths(trace, live, notes=notes_by_block(tensor_notes(trace, lt)))
+    notes = notes if notes is not None else tensor_notes(trace, lt)
+    paths, counts = stack_paths(trace, live, notes=notes_by_block(notes))
     torch_bytes = sum(paths.values())
     non_torch_bytes = None
     if non_torch and _non_torch.has_records(trace):

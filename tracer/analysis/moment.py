@@ -184,7 +184,7 @@ def rank_at(rank, at: str):
 
 def flame_for(rank, at: str = "peak", *, since: str | None = None, added: bool = False, non_torch: bool = True):
     """(moment, flame) of an analysed rank (``analysis.rank.AnalysedRank``) at ``--at`` with ``--since`` /
-    ``--added``, times counted from the run's origin; the rank's lifetimes shared."""
+    ``--added``, times counted from the run's origin; the rank's lifetimes and tensor notes shared."""
     from .flame import flame_at
 
     t0 = rank.origin.t0_us
@@ -197,5 +197,6 @@ def flame_for(rank, at: str = "peak", *, since: str | None = None, added: bool =
         since_us=moment.since_us,
         non_torch=non_torch,
         lt=rank.lifetimes,
+        notes=rank.tensor_notes,
     )
     return moment, flame
