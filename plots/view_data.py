@@ -296,7 +296,8 @@ def pack_rank(a: AnalysedRank, t0_us: int, *, with_events: bool = True) -> Packe
     parts.append(z.flush())
     meta["has_events"] = with_events
     window = pack_window(a, t0_us, with_events=with_events)
-    meta["serving_heading"] = serving_heading(window)
+    if meta.get("serving"):  # the page heads the window's lines with it; a start-up-only rank has none
+        meta["serving_heading"] = serving_heading(window)
     return PackedRank(meta, b"".join(parts), columns, window)
 
 

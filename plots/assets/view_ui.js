@@ -14,7 +14,7 @@
     return e;
   };
   const gib = window.memtraceUnits.formatGib; /* view_units.js: the reports' one unit rule */
-  const mib = window.memtraceUnits.formatSize; /* GiB, or "27.56 MiB" under 1 GiB (units.format_size) */
+  const formatSize = window.memtraceUnits.formatSize; /* torch's units: "27.56 MiB", "1.50 GiB" (units.format_size) */
   const bytes = (b) => Math.round(b).toLocaleString('en-US') + ' B';
   const exact = I.exact;
   const app = document.getElementById('mt-app');
@@ -196,11 +196,11 @@
   function cuptiRows(R, tus) {
     const c = I.cuptiAt(R, tus);
     if (c == null) return [];
-    const rows = [['non-PyTorch seen by CUPTI', `${mib(c.seen)} (${bytes(c.seen)}, exact)`]];
+    const rows = [['non-PyTorch seen by CUPTI', `${formatSize(c.seen)} (${bytes(c.seen)}, exact)`]];
     if (c.nvml == null) rows.push(['non-PyTorch unexplained', '— (no NVML samples)']);
     else {
       const rest = c.nvml - c.seen;
-      rows.push(['non-PyTorch unexplained', rest >= 0 ? `${mib(rest)} (${bytes(rest)})`
+      rows.push(['non-PyTorch unexplained', rest >= 0 ? `${formatSize(rest)} (${bytes(rest)})`
         : `0 B (clipped at 0: CUPTI saw ${bytes(-rest)} more than NVML's non-PyTorch)`]);
     }
     return rows;

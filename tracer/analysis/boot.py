@@ -21,7 +21,20 @@ import math
 from functools import cached_property
 
 from .. import facts as F
-from .fits import FITS, MIN_CAPACITY, NO_KV, OOM, REFUSED, UNKNOWN, Fit, fits, recorded, smallest_card, smallest_fitting
+from .fits import (
+    FITS,
+    MIN_CAPACITY,
+    NO_KV,
+    OOM,
+    REFUSED,
+    UNKNOWN,
+    Fit,
+    fits,
+    recorded,
+    search_ceiling,
+    smallest_card,
+    smallest_fitting,
+)
 from .fits_extensible import as_fit, is_extensible
 from .fits_extensible import smallest as smallest_extensible
 from .phases import path_at
@@ -59,8 +72,7 @@ def rank_fits(rank, capacities: list[int], util: float | None = None, non_torch_
     results = [answer_on(c) for c in capacities]
     if smallest is not None or rec.oom is not None or past.missing:  # a recording cut by its OOM promises none
         return results, smallest, ""
-    hi = max(rec.lm.peak.bytes * 4, rec.capacity_bytes or 0, MIN_CAPACITY)
-    smallest = smallest_card(lambda c: answer_on(c).survives, MIN_CAPACITY, hi)
+    smallest = smallest_card(lambda c: answer_on(c).survives, MIN_CAPACITY, search_ceiling(rec))
     return results, smallest, answer_on(smallest).prediction if smallest is not None else ""
 
 
@@ -111,13 +123,16 @@ class PastTheRecording:
             others = recorded_others(t)
             beside = f", other processes holding {others:,} B" if others else ""
             return f"it ends where vLLM refused on its card (0 KV blocks{at}{beside}), before the KV cache was extended"
-        where = path_at(t, self.rank.span[1])
-        return f"it ends {'in ' + where if where else 'outside any phase'}, before the KV cache was allocated"
+        return f"it ends {self._last_phase()}, before the KV cache was allocated"
+
+    def _last_phase(self) -> str:
+        """Where the recording's last moment lies: "in <phase path>", or "outside any phase"."""
+        where = path_at(self.trace, self.rank.span[1])
+        return f"in {where}" if where else "outside any phase"
 
     def _ends_before_sizing(self) -> str:
-        where = path_at(self.trace, self.rank.span[1])
         return (
-            f"the recording ends {'in ' + where if where else 'outside any phase'}, before vLLM sized the KV cache: "
+            f"the recording ends {self._last_phase()}, before vLLM sized the KV cache: "
             "vLLM's sizing inputs were never recorded, so neither the capacity model nor the what-if model can "
             "size it; record a run that gets further"
         )

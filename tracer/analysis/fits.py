@@ -419,12 +419,18 @@ def smallest_fitting(
     hi: int | None = None,
     rec: Recorded | None = None,
 ) -> int | None:
-    """The smallest capacity (to 64 MiB) on which the start-up survives, or None above ``hi`` (and
-    always None for a recording that ended in an OOM: it never answers FITS)."""
+    """The smallest capacity (to 64 MiB) on which the start-up survives, or None above ``hi`` (default
+    :func:`search_ceiling`; always None for a recording that ended in an OOM: it never answers FITS)."""
     rec = rec or recorded(trace, non_torch_bytes)
     if rec.oom is not None:
         return None
-    return smallest_card(lambda c: fit(trace, c, util, rec=rec).survives, lo, hi or max(rec.lm.peak.bytes * 4, lo))
+    return smallest_card(lambda c: fit(trace, c, util, rec=rec).survives, lo, hi or search_ceiling(rec, lo))
+
+
+def search_ceiling(rec: Recorded, lo: int = MIN_CAPACITY) -> int:
+    """The largest card a smallest-card search tries: four times the recorded peak, or the recorded card when
+    larger (at least ``lo``)."""
+    return max(rec.lm.peak.bytes * 4, rec.capacity_bytes or 0, lo)
 
 
 def smallest_card(survives, lo: int, hi: int) -> int | None:

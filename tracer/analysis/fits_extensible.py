@@ -32,7 +32,18 @@ from .. import facts as F
 from ..model import Trace
 from .curves import Curves, all_curves, committed_curve
 from .extensible import blocks_within, extensible_sizing, measure_kv_cache_bytes, pages_for
-from .fits import FITS, MIN_CAPACITY, NO_KV, OOM, UNKNOWN, Fit, Recorded, need_curve, smallest_card
+from .fits import (
+    FITS,
+    MIN_CAPACITY,
+    NO_KV,
+    OOM,
+    UNKNOWN,
+    Fit,
+    Recorded,
+    need_curve,
+    search_ceiling,
+    smallest_card,
+)
 from .landmarks import landmarks
 from .phases import path_at
 from .quantities import first_max
@@ -244,6 +255,5 @@ def as_fit(rank, capacity_bytes: int, util: float | None, rec: Recorded) -> Fit:
 
 
 def smallest(rank, util: float | None, rec: Recorded, lo: int = MIN_CAPACITY) -> int | None:
-    """The smallest capacity (to 64 MiB) on which :func:`as_fit` survives, or None up to 4x the peak."""
-    hi = max(rec.lm.peak.bytes * 4, rec.capacity_bytes or 0, lo)
-    return smallest_card(lambda c: as_fit(rank, c, util, rec).survives, lo, hi)
+    """The smallest capacity (to 64 MiB) on which :func:`as_fit` survives, or None up to ``fits.search_ceiling``."""
+    return smallest_card(lambda c: as_fit(rank, c, util, rec).survives, lo, search_ceiling(rec, lo))
