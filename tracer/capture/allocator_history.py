@@ -78,21 +78,6 @@ def resolve_device(device: Any) -> int | str:
         return f"CUDA is unusable ({exc})"
 
 
-def entries_between(then: dict[str, int] | None, now: dict[str, int] | None) -> int:
-    """The history entries the allocator's counters say were recorded between two readings (an allocation 1, a
-    free 2: requested and completed, a segment's allocation or release 1); 0 when either is unreadable."""
-    if then is None or now is None:
-        return 0
-    d = {k: now[k] - then[k] for k in _COUNTERS}
-    return max(
-        d["allocation.all.allocated"]
-        + 2 * d["allocation.all.freed"]
-        + d["segment.all.allocated"]
-        + d["segment.all.freed"],
-        0,
-    )
-
-
 def counted_between(then: dict[str, int] | None, now: dict[str, int] | None) -> int | None:
     """The allocations, completed frees and segment allocations and releases the allocator counted between two
     readings (exact: one history entry each); None when either is unreadable."""
@@ -281,8 +266,10 @@ class AllocatorHistory:
             return None
 
     def _pending(self) -> int:
-        """Estimated entries recorded since the last drain (alloc 1, free 2, segment 1)."""
-        return entries_between(self._last_stats, self._stats())
+        """Estimated entries recorded since the last drain (alloc 1, free 2: requested and completed, segment 1)."""
+        last, now = self._last_stats, self._stats()
+        counted = counted_between(last, now)
+        return 0 if counted is None else counted + now["allocation.all.freed"] - last["allocation.all.freed"]
 
     def _snapshot_and_clear(self, *, stop: bool) -> dict[str, Any]:
         if self.held and not stop:  # the flight recorder's ring is read, never cleared
@@ -365,7 +352,8 @@ class AllocatorHistory:
         snapshot_s: float,
         current: dict[str, int] | None,
     ) -> None:
-        """The held ring as it stands: all its entries, and how many the counters say were recorded into it."""
+        """The held ring as it stands: all its entries, and how many of the counted kinds it overwrote since holding
+        began (the allocator's counters at ``before`` less those kept)."""
         t1 = time.perf_counter()
         traces = snap.get("device_traces") or []
         entries = traces[self.device] if self.device < len(traces) else []

@@ -193,10 +193,9 @@ class ServingRecorder:
         #: PyTorch's held ring as the last drain read it (:meth:`hold_events`): its events, how many it overwrote
         #: (None: not counted), PyTorch's bytes at that read
         self.held: tuple[np.ndarray, int | None, dict[str, int] | None] | None = None
-        #: memtrace's own cost at serving's start (``selfcost.totals``) and what turns allocations into PyTorch's
-        #: estimated recording time (``capture.history_cost``), set by ``serving_session.enter``
-        self.cost_base: dict[str, Any] | None = None
-        self.cost_of: Callable[[dict[str, Any] | None], dict[str, Any]] | None = None
+        #: memtrace's own cost from serving's start to a given write time (``serving_session.cost_since``), for
+        #: ``ServingWindow.cost``; None: not stated (set by ``serving_session.enter``)
+        self.cost_of: Callable[[int], dict[str, Any]] | None = None
         self.lock = threading.Lock()
         self.events = Ring(EVENT_DTYPE, self.bounds["max_events"], age, self._carry)
         self.samples = Ring(SAMPLE_DTYPE, self.bounds["max_samples"], age)
@@ -369,7 +368,7 @@ class ServingRecorder:
                 others=others,
                 others_how=self._others.stats() if self._others is not None else {},
                 segments=list(segments),
-                cost=self.cost_of(self.cost_base) if self.cost_of is not None else {},
+                cost=self.cost_of(int(now_us)) if self.cost_of is not None else {},
             )
 
     def _held_window(self, now_us: int) -> tuple[np.ndarray, int, dict[str, Any]]:

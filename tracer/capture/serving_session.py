@@ -39,7 +39,6 @@ def enter(session: Any) -> None:
         )
     entries = session.recording.max_entries if history is not None else None
     recorder = serving.ServingRecorder(k, startup_end_us=now_us(), start_state=state, torch_entries=entries)
-    recorder.cost_base = selfcost.totals()
     recorder.cost_of = cost_since(recorder.startup_end_us, history)
     with session._lock:
         session.serving = recorder
@@ -73,14 +72,15 @@ def enter(session: Any) -> None:
 
 
 def cost_since(since_us: int, history: Any):
-    """What memtrace spent from ``since_us`` (serving's start) to a write, for ``ServingWindow.cost``: the
-    self-cost totals since the base given (``selfcost.totals``, registration included only if it happened
-    since), the span, and the allocations the allocator counted meanwhile (what PyTorch's recording cost is
-    estimated from, ``analysis.self_cost.serving_cost``; absent without an allocator)."""
+    """From now (``since_us``: serving's start), what memtrace spends up to a write at ``until_us``, for
+    ``ServingWindow.cost``: the self-cost totals since now (``selfcost.totals``, registration included only if it
+    happened since), the span, and the allocations the allocator counted meanwhile (what PyTorch's recording cost
+    is estimated from, ``analysis.self_cost.serving_cost``; absent without an allocator)."""
+    base = selfcost.totals()
     allocs0 = history.allocations() if history is not None else None
 
-    def cost(base: dict[str, Any] | None) -> dict[str, Any]:
-        out = {"since_us": int(since_us), "until_us": now_us(), **selfcost.totals(base, registration=False)}
+    def cost(until_us: int) -> dict[str, Any]:
+        out = {"since_us": int(since_us), "until_us": int(until_us), **selfcost.totals(base, registration=False)}
         now = history.allocations() if history is not None else None
         if now is not None and allocs0 is not None:
             out["allocs"] = now - allocs0
