@@ -553,16 +553,23 @@ def read_fact(path: str | os.PathLike, key: str) -> Any:
     None when the fact is not there yet, or the file is being created or cannot be read right now:
     the caller looks again later. Never raises for the file's state.
     """
+    facts = read_document(path, "facts")
+    return facts.get(key) if isinstance(facts, dict) else None
+
+
+def read_document(path: str | os.PathLike, key: str) -> Any:
+    """One JSON document of a plain trace file's ``meta`` (``process``, ``recording``, ``facts``, ``window``),
+    read without disturbing its writers; None when it is not there yet or cannot be read right now (the caller
+    looks again later). Never raises for the file's state."""
     try:
         db = sqlite3.connect(_read_only_uri(Path(path)), uri=True, timeout=1.0)
         try:
-            row = db.execute("SELECT value FROM meta WHERE key='facts'").fetchone()
+            row = db.execute("SELECT value FROM meta WHERE key=?", (key,)).fetchone()
         finally:
             db.close()
-        facts = json.loads(row[0]) if row else {}
+        return json.loads(row[0]) if row else None
     except (sqlite3.Error, ValueError, OSError):
         return None
-    return facts.get(key) if isinstance(facts, dict) else None
 
 
 def _read(db: sqlite3.Connection, path: Path) -> Trace:
