@@ -31,6 +31,8 @@ def run(args: argparse.Namespace) -> int:
 
     if not args.timeout > 0:
         raise UsageError(f"--timeout {args.timeout:g}: give the seconds to wait, more than 0")
+    if not Path("/proc/self/status").exists():
+        raise UsageError("memtrace window reads /proc to check a worker before signalling it: run it on the Linux host")
     run_dir = Path(args.run_path)
     if not run_dir.is_dir():
         raise UsageError(f"{run_dir} is not a run directory: give the --dir of `memtrace run --until serving`")
