@@ -21,7 +21,7 @@
 #   profiler     issue 29: vLLM's own --profiler-config (torch, memory on) around one completion (moe, eager)
 #   serving      issue 30: `vllm serve` (moe, extensible KV) under `memtrace run --until serving` beside a holder that
 #                leaves SMALL_FREE bytes free (default 24 GiB), a bounded burst from serving_client.py (127.0.0.1)
-#                until the engine dies (or SERVE_BURST_S); then SIGUSR2 if it still lives, SIGTERM; packs the run.
+#                until the engine dies (or SERVE_BURST_S); then `memtrace window` if it still lives, SIGTERM; packs the run.
 #                NEIGHBOUR_LEAVE=N: once vLLM is up, another process takes all but N bytes of what is free
 #                (a job that starts later on a shared GPU); BURST_ARGS: more serving_client.py burst flags
 #   serving-cost issue 30: ROUNDS (>= 3) alternating rounds, plugin in serving mode on / off, the same fixed-rate
@@ -31,8 +31,8 @@
 #   serving-ab   issue 30, in one call: every configuration of AB ("name:stacks:drain_s;..."; stacks "off": no
 #                plugin) served at once, each its own `vllm serve` at --gpu-memory-utilization AB_UTIL (0.2), started
 #                together; then AB_ROUNDS (3) rounds of the same bench (BENCH_REQUESTS at BENCH_RATE/s) against each
-#                in turn (the order rotated each round), the others idle; then SIGUSR2 to each traced worker (its
-#                window, with memtrace's own cost while serving) before SIGTERM. serving-ab.json in $OUT
+#                in turn (the order rotated each round), the others idle; then `memtrace window` (each traced worker
+#                writes its window, with memtrace's own cost while serving) before SIGTERM. serving-ab.json in $OUT
 # Knobs: STEPS, LIMIT (seconds for the script, 570), ROUNDS (4), FIRST_ROUND (1), HOLD_GIB (96),
 #        SITE (/tmp/site034: the installed stage), PORT (8791).
 # Every start-up is stopped as soon as memtrace's summary (or vLLM's "init engine" line, for cost runs
@@ -282,12 +282,8 @@ if want serving-ab; then
     done
   done
   for name in "${ready[@]}"; do  # each traced worker writes its window (and memtrace's cost while serving)
-    for f in "$d/$name"/run/*-pid*.memtrace; do
-      [ -f "$f" ] || continue
-      wp=$(basename "$f" | sed -E 's/.*-pid([0-9]+).*/\1/'); kill -USR2 "$wp" 2>/dev/null && log "(ab) SIGUSR2 -> $name worker $wp"
-      wait_log "$d/$name/vllm.log" "serving window written \(signal:SIGUSR2\)" "${SIDS[$name]}" 60 \
-        && grep -oE "serving window written \(signal:SIGUSR2\).*" "$d/$name/vllm.log" | tail -1 | cut -c1-200 | tee -a "$OUT/progress.log"
-    done
+    [ -d "$d/$name/run" ] || continue
+    timeout 90 python3 -m memtrace window "$d/$name/run" --timeout 60 2>&1 | tee -a "$OUT/progress.log"
   done
   for c in "${CFG[@]}"; do stop_session "${SIDS[${c%%:*}]}" 20; done
   python3 - "$d" "${AB:-off:off:0;py-held:python:0;none-held:none:0;py-drain:python:5}" > "$OUT/serving-ab.json" <<'PY'
@@ -372,10 +368,7 @@ if want serving && [ "$(left)" -gt 200 ]; then
         --concurrency "${BURST_CONCURRENCY:-64}" --prompt-tokens "${BURST_PROMPT:-16384}" --max-tokens "${BURST_MAX_TOKENS:-512}" \
         --max-s "${SERVE_BURST_S:-120}" ${BURST_ARGS:-} --out "$d/burst.json" > /dev/null 2>&1
       log "(serving) burst: $(tr -d '\n' < "$d/burst.json" 2>/dev/null | cut -c1-300)"
-      for f in "$d"/run/*-pid*.memtrace; do  # only the worker (its pid names its trace): SIGUSR2 kills the others
-        wp=$(basename "$f" | sed -E 's/.*-pid([0-9]+).*/\1/'); kill -0 "$wp" 2>/dev/null && kill -USR2 "$wp" && log "(serving) SIGUSR2 -> worker $wp"
-      done
-      sleep 5
+      timeout 90 python3 -m memtrace window "$d/run" --timeout 60 2>&1 | tee -a "$OUT/progress.log"  # if it still lives
     else
       log "(serving) the server did not start"
     fi
