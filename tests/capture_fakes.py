@@ -49,7 +49,7 @@ class FakeTorch:
                 self.stats[key] += 1
             if e["action"] in self.skip:
                 continue
-            stack = keep_free or e["action"] in ("alloc", "segment_alloc")
+            stack = self.context is not None and (keep_free or e["action"] in ("alloc", "segment_alloc"))
             self.history.append({**e, "frames": list(e["frames"]) if stack else []})  # one list per entry
         if self.max_entries is not None and len(self.history) > self.max_entries:
             del self.history[: len(self.history) - self.max_entries]

@@ -203,3 +203,23 @@ def test_memtrace_dir_picks_the_run_directory_when_dir_is_not_given(tmp_path):
     assert done.stdout.strip() == want
     assert f"memtrace: tracing into {want}" in done.stderr
     assert not [p.name for p in tmp_path.iterdir() if p.name.startswith("memtrace-")]
+
+
+@pytest.mark.parametrize(
+    "knob, said",
+    [
+        ("MEMTRACE_SERVING_EVENTS=0", "MEMTRACE_SERVING_EVENTS='0' must be at least 1"),
+        ("MEMTRACE_SERVING_STACKS=some", "MEMTRACE_SERVING_STACKS='some': give one of none, python, all"),
+    ],
+)
+def test_a_bad_serving_knob_is_one_line_and_exit_2_before_the_command_starts(tmp_path, capsys, monkeypatch, knob, said):
+    from memtrace.cli import main
+
+    name, value = knob.split("=")
+    monkeypatch.setenv(name, value)
+    marker = tmp_path / "started"
+    code = main(["run", "--dir", str(tmp_path / "run"), "--until", "serving", "--", sys.executable, "-c",
+                 f"open({str(marker)!r}, 'w')"])  # fmt: skip
+    err = capsys.readouterr().err
+    assert code == 2 and said in err and len(err.strip().splitlines()) == 1
+    assert not marker.exists()

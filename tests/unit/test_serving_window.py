@@ -354,3 +354,28 @@ def test_the_window_states_memtraces_cost_while_serving_with_pytorchs_recording_
         "drain.window 4.0 ms (1), history (PyTorch, estimated) 1.1 ms (1,000)"
     )
     assert serving_cost(Trace(window=ServingWindow())) is None  # a window before format 1.6 states none
+
+
+def test_serving_can_keep_no_stacks_while_start_up_keeps_its_own(snap, tmp_path, monkeypatch):
+    monkeypatch.setenv(serving.STACKS_ENV, "none")  # PyTorch's cheapest recording, for serving only
+    s, fake_history, n_startup = _serving_session(snap, tmp_path / "nostacks.memtrace", monkeypatch, 100_000)
+    fake_history.allocate(400)
+    assert s.write_window("signal:SIGUSR2")
+    t = load_trace(s.path)
+    allocs = t.window.events[t.window.events["action"] == ACTION_CODE["alloc"]]
+    assert len(allocs) and (allocs["stack"] == -1).all()  # the window's allocations: no stack recorded
+    assert (t.events["stack"][t.events["action"] == ACTION_CODE["alloc"]] >= 0).all()  # start-up's kept theirs
+    assert t.window.bounds["stacks"] == "none" and t.recording.stacks == "python"
+    s.close("stop")
+    S.wait_finishing()
+
+
+def test_a_bad_serving_stacks_value_is_one_clear_error(tmp_path, capsys):
+    from memtrace.errors import UsageError
+
+    with pytest.raises(UsageError, match="MEMTRACE_SERVING_STACKS='some': give one of none, python, all"):
+        serving.serving_stacks("python", {serving.STACKS_ENV: "some"})
+    assert (
+        serving.serving_stacks("python", {}) == "python"
+        and serving.serving_stacks("python", {serving.STACKS_ENV: "none"}) == "none"
+    )

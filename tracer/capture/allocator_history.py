@@ -216,6 +216,14 @@ class AllocatorHistory:
             self.on_ring = on_ring
             self._record(clear=False)  # the new bound; what was recorded since the drain stays
 
+    def set_stacks(self, stacks: str) -> None:
+        """Keep ``stacks`` ("none", "python", "all") from now on (serving mode's own setting); what was recorded
+        stays."""
+        with self.lock:
+            if stacks != self.stacks:
+                self.stacks = stacks
+                self._record(clear=False)
+
     @property
     def held(self) -> bool:
         return self.on_ring is not None

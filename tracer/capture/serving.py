@@ -11,7 +11,8 @@ memory and, from NVML's per-process list, the other processes' memory, as the si
 scheduler steps (``MEMTRACE_SERVING_STEPS``) go into rings of their own. :meth:`ServingRecorder.window` turns the
 rings into the trace's :class:`~memtrace.model.ServingWindow`, with what was dropped counted, PyTorch's state at
 the window's first kept event, and memtrace's own cost since serving began (``ServingWindow.cost``). The bytes
-the rings may hold are computed from the knobs (:func:`bounds`) and stated in the trace.
+the rings may hold are computed from the knobs (:func:`bounds`) and stated in the trace, with the allocation stacks
+kept while serving (``MEMTRACE_SERVING_STACKS``, :func:`serving_stacks`: "none" is PyTorch's cheapest recording).
 """
 
 from __future__ import annotations
@@ -45,6 +46,9 @@ SECONDS_ENV = "MEMTRACE_SERVING_SECONDS"
 SAMPLE_HZ_ENV = "MEMTRACE_SERVING_SAMPLE_HZ"
 STEPS_ENV = "MEMTRACE_SERVING_STEPS"
 DRAIN_S_ENV = "MEMTRACE_SERVING_DRAIN_S"
+#: The allocation stacks kept while serving ("none", "python", "all"); unset: as start-up's (``MEMTRACE_STACKS``).
+STACKS_ENV = "MEMTRACE_SERVING_STACKS"
+STACKS = ("none", "python", "all")
 
 #: Defaults: the last 200,000 allocator events held in PyTorch's own ring (no drains while serving:
 #: ``DRAIN_S_ENV`` 0; as many entries as start-up's own ring, so PyTorch holds no more memory for serving than it
@@ -93,12 +97,24 @@ def knobs(environ: dict[str, str] | None = None) -> dict[str, float]:
     return out
 
 
+def serving_stacks(startup: str, environ: dict[str, str] | None = None) -> str:
+    """The stacks kept while serving: ``MEMTRACE_SERVING_STACKS``, or start-up's (``startup``) when unset;
+    UsageError for a bad value."""
+    environ = os.environ if environ is None else environ
+    text = environ.get(STACKS_ENV, "").strip()
+    if not text:
+        return startup
+    if text not in STACKS:
+        raise UsageError(f"{STACKS_ENV}={text!r}: give one of {', '.join(STACKS)}")
+    return text
+
+
 def held(k: dict[str, float]) -> bool:
     """Whether the allocator's events stay in PyTorch's own ring while serving (no drains: the default)."""
     return not k[DRAIN_S_ENV]
 
 
-def bounds(k: dict[str, float], torch_entries: int | None) -> dict[str, Any]:
+def bounds(k: dict[str, float], torch_entries: int | None, stacks: str = "python") -> dict[str, Any]:
     """The rings' limits and the most bytes they may hold (events and samples are packed numpy records, each NVML
     sample with its other processes' one). Held (:func:`held`), the events are PyTorch's ring of ``max_events``
     entries, in PyTorch's memory (its bytes per entry are PyTorch's, not measured by memtrace); else memtrace's
@@ -120,6 +136,7 @@ def bounds(k: dict[str, float], torch_entries: int | None) -> dict[str, Any]:
         "event_bytes": EVENT_DTYPE.itemsize,
         "ring_bytes_max": ring_bytes,
         "torch_history_entries": events if in_torch else torch_entries,
+        "stacks": stacks,
     }
 
 
@@ -183,13 +200,14 @@ class ServingRecorder:
         startup_end_us: int,
         start_state: dict[str, Any],
         torch_entries=None,
+        stacks: str = "python",
     ):
         self.knobs = k
         self.startup_end_us = int(startup_end_us)
         self.begun_us = self.startup_end_us
         age = int(k[SECONDS_ENV] * 1e6) if k[SECONDS_ENV] else None
         self.max_age_us = age
-        self.bounds = bounds(k, torch_entries)
+        self.bounds = bounds(k, torch_entries, stacks)
         #: PyTorch's held ring as the last drain read it (:meth:`hold_events`): its events, how many it overwrote
         #: (None: not counted), PyTorch's bytes at that read
         self.held: tuple[np.ndarray, int | None, dict[str, int] | None] | None = None

@@ -38,13 +38,17 @@ def enter(session: Any) -> None:
             else {"allocated_bytes": 0, "reserved_bytes": 0, "exact": False, "source": "counters unreadable"}
         )
     entries = session.recording.max_entries if history is not None else None
-    recorder = serving.ServingRecorder(k, startup_end_us=now_us(), start_state=state, torch_entries=entries)
+    stacks = serving.serving_stacks(session.recording.stacks)
+    recorder = serving.ServingRecorder(
+        k, startup_end_us=now_us(), start_state=state, torch_entries=entries, stacks=stacks
+    )
     recorder.cost_of = cost_since(recorder.startup_end_us, history)
     with session._lock:
         session.serving = recorder
     fact = {"started_us": recorder.startup_end_us, "bounds": recorder.bounds, "on_cpu": history is None}
     session.set_fact(F.SERVING, fact)
     if history is not None:
+        history.set_stacks(stacks)
         if serving.held(k):  # PyTorch's ring is the flight recorder: nothing drained while serving
             history.hold(recorder.bounds["max_events"], recorder.hold_events)
         else:

@@ -212,6 +212,7 @@ def run(args: argparse.Namespace) -> int:
         from ..capture import serving
 
         serving.knobs()
+        serving.serving_stacks("python")
     env = child_environment(dict(os.environ), run_dir, args.until, command, args.cupti)
     print(f"memtrace: tracing into {run_dir} (until {args.until})", file=sys.stderr)
     if env.get("VLLM_PLUGINS") != os.environ.get("VLLM_PLUGINS"):
