@@ -28,8 +28,8 @@
 #                benchmark (serving_client.py bench: BENCH_REQUESTS at BENCH_RATE/s); serving-cost.json in $OUT
 #                (a warm moe start-up takes ~85 s of wall time: 3 rounds need two calls, ROUNDS=2, then
 #                FIRST_ROUND=3 ROUNDS=1 on the same warm machine, whose serving-cost.json then holds every round)
-#   serving-ab   issue 30, in one call: every configuration of AB ("name:stacks:drain_s;..."; stacks "off": no
-#                plugin) served at once, each its own `vllm serve` at --gpu-memory-utilization AB_UTIL (0.2), started
+#   serving-ab   issue 30, in one call: every configuration of AB ("name:stacks:drain_s;..."; stacks: those kept
+#                while serving, MEMTRACE_SERVING_STACKS, start-up's python; "off": no plugin) served at once, each its own `vllm serve` at --gpu-memory-utilization AB_UTIL (0.2), started
 #                together; then AB_ROUNDS (3) rounds of the same bench (BENCH_REQUESTS at BENCH_RATE/s) against each
 #                in turn (the order rotated each round), the others idle; then `memtrace window` (each traced worker
 #                writes its window, with memtrace's own cost while serving) before SIGTERM. serving-ab.json in $OUT
@@ -255,7 +255,7 @@ if want serving-ab; then
       start "$r/vllm.log" python3 -m vllm.entrypoints.openai.api_server --model /tmp/model-moe --port "$NEXT_PORT" \
         "${COMMON[@]}" --gpu-memory-utilization "${AB_UTIL:-0.2}" ${SERVE_FLAGS:-}
     else
-      start "$r/vllm.log" env PYTHONFAULTHANDLER=1 MEMTRACE_STACKS="$stacks" MEMTRACE_SERVING_DRAIN_S="$drain" \
+      start "$r/vllm.log" env PYTHONFAULTHANDLER=1 MEMTRACE_STACKS=python MEMTRACE_SERVING_STACKS="$stacks" MEMTRACE_SERVING_DRAIN_S="$drain" \
         python3 -m memtrace run --dir "$r/run" --until serving -- python3 -m vllm.entrypoints.openai.api_server \
         --model /tmp/model-moe --port "$NEXT_PORT" "${COMMON[@]}" --gpu-memory-utilization "${AB_UTIL:-0.2}" ${SERVE_FLAGS:-}
     fi
