@@ -184,11 +184,6 @@ def others_at(rank: RankTimeline, t_us: np.ndarray) -> np.ndarray:
     return o.bytes[np.clip(np.searchsorted(o.time_us, t_us, side="right") - 1, 0, None)]
 
 
-def whole_device_peak(rank: RankTimeline) -> int:
-    """The highest device used, other processes included (this process's alone when none was sampled)."""
-    return quantities.whole_device_peak(rank.curves)
-
-
 def _hlines(ax, rank: RankTimeline, capacities, handles: dict) -> list[tuple[float, str, str]]:
     """Target, capacity and what-if lines; returns (y in the rank's unit, short label, colour) for the margin
     labels."""
@@ -216,8 +211,7 @@ def _hlines(ax, rank: RankTimeline, capacities, handles: dict) -> list[tuple[flo
 
 def _capacity_off_scale(rank: RankTimeline, capacities) -> bool:
     """True when the card is so much larger than what the run used that drawing it would squash the data."""
-    used = [rank.peak_curve.peak_bytes, whole_device_peak(rank), rank.target_bytes or 0, *capacities]
-    return bool(rank.capacity_bytes) and rank.capacity_bytes > 1.6 * max(used)
+    return bool(rank.capacity_bytes) and rank.capacity_bytes > 1.6 * max([rank.top_bytes, *capacities])
 
 
 def _label_hlines(ax, lines: list[tuple[float, str, str]], ymax: float, height_px: float) -> None:
@@ -329,12 +323,9 @@ def draw_main(
         _stack(ax, win, t0, win.start_us, win.end_us, N_BUCKETS, handles)
         _lines(ax, win, t0, win.start_us, win.end_us, N_BUCKETS, handles)
     hl = _hlines(ax, rank, capacities, handles)
-    peaks = [rank.peak_curve.peak_bytes, rank.curves.allocated.peak_bytes, whole_device_peak(rank)]
-    if win is not None:
-        peaks += [win.peak_curve.peak_bytes, win.curves.allocated.peak_bytes, whole_device_peak(win)]
+    peaks = [rank.top_bytes, *capacities]  # the data's top (the window's and the target included): timeline_data
     if not _capacity_off_scale(rank, capacities):
         peaks.append(rank.capacity_bytes or 0)
-    peaks += [rank.target_bytes or 0, *capacities]
     xmax_s = (t_end - t0) / 1e6
     scale = scale or identity(xmax_s)
     ax.set_xlim(0, xmax_s)

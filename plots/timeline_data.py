@@ -70,6 +70,9 @@ class RankTimeline:
     #: the y axis's unit, (name, bytes) (``units.axis_unit`` of the highest figure drawn): GiB for a start-up,
     #: KiB for a CPU profiler trace's KiB-sized curves
     unit: tuple[str, int] = ("GiB", GiB)
+    #: the highest figure drawn from the data (curves, the window's, the whole device, the target): what ``unit`` is
+    #: chosen from, and the least the y axis reaches (``timeline_axes.draw_main`` adds the capacity lines)
+    top_bytes: int = 0
 
     @property
     def peak_curve(self) -> Curve:
@@ -131,7 +134,8 @@ def prepare_rank(rank: AnalysedRank) -> RankTimeline:
         end = max(end, serving.end_us)
         used_all = rank.window.device_used_all
         tops += [_top(rank.serving.curves), used_all.peak_bytes if used_all is not None else 0]
-    unit = axis_unit(max(tops))
+    top = max(tops)
+    unit = axis_unit(top)
     if serving is not None:  # drawn on the same axes as start-up: one unit
         serving = replace(serving, unit=unit)
     return RankTimeline(
@@ -153,6 +157,7 @@ def prepare_rank(rank: AnalysedRank) -> RankTimeline:
         gap_dropped=dropped,
         holds_reserved=quantities.holds_reserved(rank.trace.process),
         unit=unit,
+        top_bytes=top,
     )
 
 
