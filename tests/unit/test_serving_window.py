@@ -379,3 +379,14 @@ def test_a_bad_serving_stacks_value_is_one_clear_error(tmp_path, capsys):
         serving.serving_stacks("python", {}) == "python"
         and serving.serving_stacks("python", {serving.STACKS_ENV: "none"}) == "none"
     )
+
+
+def test_serving_with_other_stacks_than_start_ups_calibration_leaves_pytorchs_recording_unpriced():
+    from memtrace.analysis.self_cost import serving_cost
+
+    cost = {"since_us": 0, "until_us": 1_000_000, "allocs": 1000, "total_ns": 1_000_000, "sources": {}}
+    calibration = {"measured": True, "per_alloc_ns": 1000.0, "per_frame_ns": 10.0, "depth": 26}
+    for stacks, priced in (("python", True), ("none", False)):  # the calibration was taken with python stacks
+        t = Trace(window=ServingWindow(start_us=0, end_us=1, cost=cost, bounds={"stacks": stacks}),
+                  facts={F.SELF_COST: {"history": calibration}})  # fmt: skip
+        assert (serving_cost(t).history_ns is not None) is priced

@@ -89,7 +89,8 @@ def _history_ns(events: np.ndarray, stacks: list, calibration: dict, allocs: int
 class ServingCost:
     """memtrace's cost while serving, from serving's start to the window's last write (``ServingWindow.cost``,
     format 1.6): its code on the program's threads (timed, by source), PyTorch's recording of the allocations
-    made meanwhile (estimated from start-up's calibration; None: not measured) and memtrace's own threads (the
+    made meanwhile (estimated from start-up's calibration; None: not measured, or serving kept other stacks than
+    the calibration priced: ``MEMTRACE_SERVING_STACKS``) and memtrace's own threads (the
     NVML sampler, the background writer's conversions), which take the GIL from vLLM's threads while they run."""
 
     span_us: int
@@ -127,6 +128,9 @@ def serving_cost(trace: Trace) -> ServingCost | None:
     ]
     allocs = cost.get("allocs")
     calibration = (trace.facts.get(F.SELF_COST) or {}).get("history") or {}
+    serving_stacks = (w.bounds or {}).get("stacks", trace.recording.stacks)
+    if serving_stacks != trace.recording.stacks:  # start-up's calibration priced other stacks than serving kept
+        calibration = {}
     history = None if allocs is None else _history_ns(w.events, trace.stacks, calibration, int(allocs))
     if history is not None:
         sources.append(CostSource(HISTORY, history, int(allocs)))

@@ -30,7 +30,7 @@
 #                FIRST_ROUND=3 ROUNDS=1 on the same warm machine, whose serving-cost.json then holds every round)
 #   serving-ab   issue 30, in one call: every configuration of AB ("name:stacks:drain_s;..."; stacks: those kept
 #                while serving, MEMTRACE_SERVING_STACKS, start-up's python; "off": no plugin) served at once, each its own `vllm serve` at --gpu-memory-utilization AB_UTIL (0.2), started
-#                together; then AB_ROUNDS (3) rounds of the same bench (BENCH_REQUESTS at BENCH_RATE/s) against each
+#                one after another; then AB_ROUNDS (3) rounds of the same bench (BENCH_REQUESTS at BENCH_RATE/s) against each
 #                in turn (the order rotated each round), the others idle; then `memtrace window` (each traced worker
 #                writes its window, with memtrace's own cost while serving) before SIGTERM. serving-ab.json in $OUT
 # Knobs: STEPS, LIMIT (seconds for the script, 570), ROUNDS (4), FIRST_ROUND (1), HOLD_GIB (96),
@@ -260,6 +260,8 @@ if want serving-ab; then
         --model /tmp/model-moe --port "$NEXT_PORT" "${COMMON[@]}" --gpu-memory-utilization "${AB_UTIL:-0.2}" ${SERVE_FLAGS:-}
     fi
     SIDS[$name]=$SID
+    # one at a time: vLLM's profiling counts the device's memory consumed since its init, another server's too
+    wait_log "$r/vllm.log" "Application startup complete" "$SID" $(( $(left) - 200 ))
   done
   ready=()
   for c in "${CFG[@]}"; do
