@@ -28,6 +28,7 @@ entries, which no curve reads).
 
 from __future__ import annotations
 
+import functools
 import inspect
 import logging
 import sys
@@ -304,34 +305,32 @@ class AllocatorHistory:
         with selfcost.region(f"{selfcost.DRAIN}.{reason}"), self.lock:
             t0 = time.perf_counter()
             before = self._stats()
-            current = self.current_bytes() if self.held else None
+            held, current = self.held, self.current_bytes() if self.held else None
             snap = self._snapshot_and_clear(stop=stop)
             snapshot_s = time.perf_counter() - t0
             self._last_stats = before
             self._last_drain = time.monotonic()
             self.drains += 1
+            if held:  # the ring's whole content, with PyTorch's bytes read just before it
+                convert = functools.partial(self._convert_ring, snap, before, reason, snapshot_s, current)
+            else:
+                convert = functools.partial(self._convert, snap, before, reason, snapshot_s)
             if self.defer is None:
-                self._convert(snap, before, reason, snapshot_s, current)
+                convert()
         if self.defer is not None:
-            self.defer(lambda: self._convert(snap, before, reason, snapshot_s, current))
+            self.defer(convert)
         return snap
 
-    def _convert(
-        self,
-        snap: dict[str, Any],
-        before: dict[str, int] | None,
-        reason: str,
-        snapshot_s: float,
-        current: dict[str, int] | None = None,
-    ) -> None:
-        """Turn a drained snapshot's entries into events and hand them to the session (in drain order); held
-        (:meth:`hold`): the ring's whole content to ``on_ring``."""
-        if self.held:
-            self._convert_ring(snap, before, reason, snapshot_s, current)
-            return
+    def _entries(self, snap: dict[str, Any]) -> list:
+        """This device's history entries in a snapshot."""
+        traces = snap.get("device_traces") or []
+        return traces[self.device] if self.device < len(traces) else []
+
+    def _convert(self, snap: dict[str, Any], before: dict[str, int] | None, reason: str, snapshot_s: float) -> None:
+        """Turn a drained snapshot's entries into events and hand them to the session (in drain order)."""
         t1 = time.perf_counter()
         traces = snap.get("device_traces") or []
-        entries = traces[self.device] if self.device < len(traces) else []
+        entries = self._entries(snap)
         others = sum(len(t or []) for i, t in enumerate(traces) if i != self.device)
         if others and not self._other_devices_warned:
             self._other_devices_warned = True
@@ -363,9 +362,7 @@ class AllocatorHistory:
         """The held ring as it stands: all its entries, and how many of the counted kinds it overwrote since holding
         began (the allocator's counters at ``before`` less those kept)."""
         t1 = time.perf_counter()
-        traces = snap.get("device_traces") or []
-        entries = traces[self.device] if self.device < len(traces) else []
-        events = entries_to_events(entries, self.intern_stack)
+        events = entries_to_events(self._entries(snap), self.intern_stack)
         self.timing.add(reason, len(events), snapshot_s, time.perf_counter() - t1)
         counted = sum(int(np.count_nonzero(events["action"] == ACTION_CODE[a])) for a in _COUNTERS.values())
         recorded = counted_between(self._held_base, before)
