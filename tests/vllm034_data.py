@@ -36,6 +36,24 @@ class Recorded:
         assert m, f"{self.data.name}/{step}: vLLM's log has no line matching {pattern!r}"
         return m.group(1)
 
+    def torch_says(self, step: str, what: str, more: dict[str, str] | None = None) -> str:
+        """A figure of torch's OutOfMemoryError in the step's vLLM log, as torch printed it ("22.00 MiB"):
+        ``what`` a key of :data:`TORCH_OOM` or of ``more`` (patterns of the step's own, e.g. a process id's)."""
+        return self.logged(step, {**TORCH_OOM, **(more or {})}[what])
+
+
+#: A size as torch's OutOfMemoryError prints it, and the message's figures by name (``Recorded.torch_says``).
+TORCH_SIZE = r"([\d.]+ [KMG]iB)"
+TORCH_OOM = {
+    "requested": rf"OutOfMemoryError: CUDA out of memory\. Tried to allocate {TORCH_SIZE}",
+    "free": rf"OutOfMemoryError: .* of which {TORCH_SIZE} is free",
+    "allowed": rf"OutOfMemoryError: .* {TORCH_SIZE} allowed;",
+    "allocated": rf"OutOfMemoryError: .* Of the allocated memory {TORCH_SIZE} is allocated by PyTorch",
+    "private pools": rf"OutOfMemoryError: .* with {TORCH_SIZE} allocated in private pools",
+    "reserved unallocated": rf"OutOfMemoryError: .* and {TORCH_SIZE} is reserved by PyTorch but unallocated",
+    "this process": rf"OutOfMemoryError: .* this process has {TORCH_SIZE} memory in use",
+}
+
 
 VLLM034 = Recorded("vllm-h200-034")
 VLLM033 = Recorded("vllm-h200-033")

@@ -20,15 +20,7 @@ def run_dir():
 
 
 def torch_says(what: str) -> str:
-    size = r"([\d.]+ [KMG]iB)"
-    patterns = {
-        "requested": rf"OutOfMemoryError: CUDA out of memory\. Tried to allocate {size}",
-        "free": rf"OutOfMemoryError: .* of which {size} is free",
-        "allowed": rf"OutOfMemoryError: .* {size} allowed;",
-        "reserved unallocated": rf"OutOfMemoryError: .* and {size} is reserved by PyTorch but unallocated",
-        "private pools": rf"OutOfMemoryError: .* with {size} allocated in private pools",
-    }
-    return HELD.logged("oom-held", patterns[what])
+    return HELD.torch_says("oom-held", what)
 
 
 def test_the_held_rings_window_names_torchs_failed_request_to_the_byte(run_dir, capsys):

@@ -11,7 +11,7 @@ import pytest
 from memtrace.analysis.run import analyse
 from memtrace.cli import main
 from memtrace.store import load_run
-from vllm034_data import Recorded
+from vllm034_data import TORCH_SIZE, Recorded
 
 SERVING = Recorded("vllm-h200-034-serving")
 MiB = 1 << 20
@@ -29,19 +29,14 @@ def rank(run_dir):
 
 def torch_says(what: str) -> str:
     """A figure of torch's OutOfMemoryError in vLLM's log, as torch printed it ("22.00 MiB")."""
-    size = r"([\d.]+ [KMG]iB)"
-    patterns = {
-        "requested": rf"OutOfMemoryError: CUDA out of memory\. Tried to allocate {size}",
-        "free": rf"OutOfMemoryError: .* of which {size} is free",
-        "allowed": rf"OutOfMemoryError: .* {size} allowed;",
-        "allocated": rf"OutOfMemoryError: .* Of the allocated memory {size} is allocated by PyTorch",
-        "private pools": rf"OutOfMemoryError: .* with {size} allocated in private pools",
-        "reserved unallocated": rf"OutOfMemoryError: .* and {size} is reserved by PyTorch but unallocated",
-        "this process": rf"OutOfMemoryError: .* this process has {size} memory in use",
-        "holder": rf"OutOfMemoryError: .* Process 6185 has {size} memory in use",
-        "neighbour": rf"OutOfMemoryError: .* Process 6770 has {size} memory in use",
-    }
-    return SERVING.logged("oom", patterns[what])
+    return SERVING.torch_says(
+        "oom",
+        what,
+        {  # the two other processes on the card, by the pids torch named
+            "holder": rf"OutOfMemoryError: .* Process 6185 has {TORCH_SIZE} memory in use",
+            "neighbour": rf"OutOfMemoryError: .* Process 6770 has {TORCH_SIZE} memory in use",
+        },
+    )
 
 
 def _report(run_dir, capsys) -> str:
