@@ -30,7 +30,7 @@ _.completed  # tracer/progress.py: a task's progress, read by the progress line 
 # -- public API whose callers live outside the package ---------------------------------------------------
 runtime_env  # tracer/capture/ray_gather.py: a Ray program's actors' runtime_env (docs/recording.md,
              # tests/distributed/gloo_program.py)
-widest_leaves  # tracer/analysis/flame.py: examples/render_figures.py
+widest_leaves  # tracer/analysis/holders/flame.py: examples/render_figures.py
 _.unpatch  # plugins/hooks.py: every hook is undoable (STYLE rule 4); the tests undo each patch with it
 
 # -- fact keys: the registry (tracer/facts.py) lists each key with its writer -----------------------------
@@ -41,8 +41,8 @@ TORCH_COUNTERS  # written by examples/record_startup.py
 VLLM_NON_TORCH_AT_INIT_BYTES  # "vllm.non_torch_at_init_bytes" in recorded traces (test_fits, test_real_traces)
 
 # -- closed lists of values a docstring names as the list -----------------------------------------------
-OUTCOMES  # tracer/analysis/fits.py: every outcome plots/fits_text.py words
-ENV_FIELDS  # tracer/analysis/history_key.py: the fingerprint's environment fields (diff.py, its docstring)
+OUTCOMES  # tracer/analysis/capacity/fits.py: every outcome plots/fits_text.py words
+ENV_FIELDS  # tracer/analysis/gate/history_key.py: the fingerprint's environment fields (diff.py, its docstring)
 
 # -- fields of records the package returns, read where vulture cannot see: in JSON (dataclasses.asdict, or
 # summary_to_dict's dataclasses.fields walk) or by the caller of a renderer that returns what it drew ----------

@@ -35,7 +35,7 @@ def default_run() -> Path:
 
 
 def _analysed(path: Path):
-    from memtrace.analysis.run import analyse
+    from memtrace.analysis.analysed.run import analyse
     from memtrace.store import load_run
 
     run = analyse(load_run(path).traces, path=str(path))
@@ -46,9 +46,9 @@ def _analysed(path: Path):
 
 
 def _flame(run, at: str, added: bool, svg: Path, folded: Path | None) -> None:
-    from memtrace.analysis.flame import widest_leaves
-    from memtrace.analysis.moment import flame_for
-    from memtrace.analysis.titles import flame_titles
+    from memtrace.analysis.analysed.titles import flame_titles
+    from memtrace.analysis.holders.flame import widest_leaves
+    from memtrace.analysis.holders.moment import flame_for
     from memtrace.plots.flame_svg import render_flame_svg
     from memtrace.plots.folded import render_folded
     from memtrace.plots.oom_text import details
@@ -80,7 +80,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--force", action="store_true", help="replace figures that exist")
     args = p.parse_args(argv)
 
-    from memtrace.analysis.titles import timeline_title
+    from memtrace.analysis.analysed.titles import timeline_title
     from memtrace.plots.timeline import render_timeline
     from memtrace.plots.timeline_data import prepare_rank
 

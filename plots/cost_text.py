@@ -9,7 +9,7 @@ serving began, with memtrace's own threads beside it.
 
 from __future__ import annotations
 
-from ..analysis.self_cost import CostSource, SelfCost, ServingCost
+from memtrace.analysis.analysed.self_cost import CostSource, SelfCost, ServingCost
 
 TOP_SOURCES = 6
 

@@ -12,9 +12,8 @@ import csv
 import os
 
 import numpy as np
-
-from ..analysis import quantities as Q
-from .formats import of
+from memtrace.analysis.memory import quantities as Q
+from memtrace.plots.formats import of
 
 #: this module's output format(s) (``plots.format_spec``)
 FORMATS = of(__name__)

@@ -5,14 +5,14 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..analysis import quantities as Q
-from ..analysis.diff import KV_CACHE, VIA_VMM, nested_order
-from ..analysis.quantities import ONE_MOMENT
-from ..units import GiB, format_bytes
-from ..units import format_gib as _gib
-from . import oom_text
-from .formats import of
-from .text import wrap
+from memtrace.analysis.gate.diff import KV_CACHE, VIA_VMM, nested_order
+from memtrace.analysis.memory import quantities as Q
+from memtrace.analysis.memory.quantities import ONE_MOMENT
+from memtrace.plots import oom_text
+from memtrace.plots.formats import of
+from memtrace.plots.text import wrap
+from memtrace.units import GiB, format_bytes
+from memtrace.units import format_gib as _gib
 
 #: this module's output format(s) (``plots.format_spec``)
 FORMATS = of(__name__)
@@ -45,7 +45,7 @@ def _one_frame(f) -> str:
 
 
 def _frame_label(frames) -> str:
-    from ..analysis.live import meaningful_frame
+    from memtrace.analysis.holders.live import meaningful_frame
 
     f = meaningful_frame(list(frames))
     if f is None:
@@ -183,7 +183,7 @@ def _render_sites(d) -> list[str]:
 
 
 def _render_hooks(d) -> list[str]:
-    from ..analysis.flame import hook_short_name
+    from memtrace.analysis.holders.flame import hook_short_name
 
     out: list[str] = []
     hooks = [h for h in d.hooks if h.base_bytes_per_call != h.new_bytes_per_call]
@@ -211,8 +211,8 @@ def _render_hooks(d) -> list[str]:
 
 
 def _hook_label(name: str) -> str:
-    from ..analysis.diff import ALL_HOOKS
-    from ..analysis.flame import hook_short_name
+    from memtrace.analysis.gate.diff import ALL_HOOKS
+    from memtrace.analysis.holders.flame import hook_short_name
 
     return name if name == ALL_HOOKS else hook_short_name(name)
 

@@ -13,9 +13,9 @@
 
 from __future__ import annotations
 
-from ..analysis import quantities as Q
-from ..analysis.summary import Summary
-from ..units import gib_or_dash
+from memtrace.analysis.analysed.summary import Summary
+from memtrace.analysis.memory import quantities as Q
+from memtrace.units import gib_or_dash
 
 
 def _seconds(s: Summary, t_us: int) -> str:

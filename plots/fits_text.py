@@ -8,14 +8,32 @@ Every outcome the analysis can give (``analysis.fits.OUTCOMES``) has its own wor
 
 from __future__ import annotations
 
-from ..analysis.fits import DIED, FITS, MIN_CAPACITY, NO_KV, NO_KV_CACHE, OOM, REFUSED, SEARCH_STEP, UNKNOWN, Fit
-from ..analysis.quantities import AT_ONE_MOMENT, NON_TORCH, ONE_MOMENT, PROFILED_WINDOW, PeakBound, is_profiled_window
-from ..analysis.reconcile import PRE_KV_PEAK
-from ..facts import KV_SIZED_EXTENSIBLE as EXTENSIBLE
-from ..units import format_gib as _gib
-from . import oom_text
-from .formats import of
-from .text import wrap
+from memtrace.analysis.capacity.fits import (
+    DIED,
+    FITS,
+    MIN_CAPACITY,
+    NO_KV,
+    NO_KV_CACHE,
+    OOM,
+    REFUSED,
+    SEARCH_STEP,
+    UNKNOWN,
+    Fit,
+)
+from memtrace.analysis.capacity.reconcile import PRE_KV_PEAK
+from memtrace.analysis.memory.quantities import (
+    AT_ONE_MOMENT,
+    NON_TORCH,
+    ONE_MOMENT,
+    PROFILED_WINDOW,
+    PeakBound,
+    is_profiled_window,
+)
+from memtrace.facts import KV_SIZED_EXTENSIBLE as EXTENSIBLE
+from memtrace.plots import oom_text
+from memtrace.plots.formats import of
+from memtrace.plots.text import wrap
+from memtrace.units import format_gib as _gib
 
 #: this module's output format(s) (``plots.format_spec``)
 FORMATS = of(__name__)
@@ -352,7 +370,7 @@ def render(run, out, *, capacities: list[int], util: float | None = None, non_to
     import dataclasses
     import json
 
-    from ..analysis.fits import fit_to_dict
+    from memtrace.analysis.capacity.fits import fit_to_dict
 
     answers = [r.fits(capacities, util, non_torch) for r in run.require_events("predict")]
     multi = len(answers) > 1

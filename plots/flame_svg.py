@@ -30,14 +30,22 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from xml.sax.saxutils import escape
 
-from ..analysis import quantities as Q
-from ..analysis.categories import WORKSPACE_FUNCTIONS
-from ..analysis.flame import BEFORE_RECORDING, HOOK_PREFIX, NON_TORCH, VMM_KV, Flame, FlameNode, build_tree
-from ..analysis.flame_prefix import shared_prefix, stack_counts, without_prefix
-from ..analysis.moment import PEAK
-from ..units import format_bytes
-from . import oom_text
-from .formats import of
+from memtrace.analysis.holders.flame import (
+    BEFORE_RECORDING,
+    HOOK_PREFIX,
+    NON_TORCH,
+    VMM_KV,
+    Flame,
+    FlameNode,
+    build_tree,
+)
+from memtrace.analysis.holders.flame_prefix import shared_prefix, stack_counts, without_prefix
+from memtrace.analysis.holders.moment import PEAK
+from memtrace.analysis.memory import quantities as Q
+from memtrace.analysis.memory.categories import WORKSPACE_FUNCTIONS
+from memtrace.plots import oom_text
+from memtrace.plots.formats import of
+from memtrace.units import format_bytes
 
 #: this module's output format(s) (``plots.format_spec``)
 FORMATS = of(__name__)
@@ -260,7 +268,7 @@ def render_flame_svg(
     """Write ``flame`` as an SVG flame graph to ``path``.
 
     Args:
-        flame: the tree (``memtrace.analysis.flame.flame_at``).
+        flame: the tree (``memtrace.analysis.holders.flame.flame_at``).
         path: the output file.
         title: first line, e.g. "Live GPU memory at the peak: 18.000 s, profile_run".
         subtitle: what ran and the totals, parts joined by " · " (wrapped at those joins); the
@@ -395,8 +403,8 @@ def render(run, out: str | os.PathLike, *, at: str = "peak", since: str | None =
     (``analysis.moment``), titled by ``analysis.titles.flame_titles``."""
     from pathlib import Path
 
-    from ..analysis.moment import flame_for, rank_at
-    from ..analysis.titles import flame_titles
+    from memtrace.analysis.analysed.titles import flame_titles
+    from memtrace.analysis.holders.moment import flame_for, rank_at
 
     rank = rank_at(run.worst, at)
     moment, flame = flame_for(rank, at, since=since, added=added, non_torch=not torch_only)

@@ -1,6 +1,6 @@
 """Folded stacks (``frame;frame;frame bytes``): the input format of flamegraph.pl and speedscope.
 
-One line per distinct root→leaf path of a :class:`memtrace.analysis.flame.Flame`, frames joined
+One line per distinct root→leaf path of a :class:`memtrace.analysis.holders.flame.Flame`, frames joined
 by ``;`` from the root to the leaf, then a space and the live bytes (an integer). The lines add up
 to the flame's total: the bytes live at that moment, exactly. Lines are sorted by bytes (largest
 first), then by path, so the output is deterministic.
@@ -11,8 +11,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from ..analysis.flame import Flame
-from .formats import of
+from memtrace.analysis.holders.flame import Flame
+from memtrace.plots.formats import of
 
 #: this module's output format(s) (``plots.format_spec``)
 FORMATS = of(__name__)
@@ -35,8 +35,8 @@ def render_folded(flame: Flame, path: str | os.PathLike) -> Path:
 def render(run, out: str | os.PathLike, *, at: str = "peak", since: str | None = None, added: bool = False,
            torch_only: bool = False, log=None) -> None:  # fmt: skip
     """The folded stacks of the run's worst rank (``AnalysedRun.worst``; ``--rank`` leaves one) at ``at``."""
-    from ..analysis.moment import flame_for, rank_at
-    from .flame_svg import say_flame
+    from memtrace.analysis.holders.moment import flame_for, rank_at
+    from memtrace.plots.flame_svg import say_flame
 
     rank = rank_at(run.worst, at)
     moment, flame = flame_for(rank, at, since=since, added=added, non_torch=not torch_only)

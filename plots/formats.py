@@ -8,7 +8,7 @@ none of them).
 
 from __future__ import annotations
 
-from .format_spec import Format
+from memtrace.plots.format_spec import Format
 
 #: module of ``memtrace.plots`` -> the formats it renders
 TABLE: dict[str, tuple[Format, ...]] = {

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ..units import GiB, format_gib
+from memtrace.units import GiB, format_gib
 
 WIDTH_IN = 13.0
 PANEL_IN = 3.4

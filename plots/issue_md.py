@@ -16,17 +16,17 @@ from __future__ import annotations
 import io
 from pathlib import Path
 
-from ..analysis.fingerprint import allocator_settings, command_line, environment
-from ..analysis.hooked import outermost
-from ..analysis.moment import peak_words
-from ..analysis.quantities import ALLOCATED, BEFORE_RECORDING, DEVICE_USED, RESERVED, holds_reserved
-from ..analysis.rank import NOTHING
-from ..analysis.titles import timeline_title, what_ran
-from ..units import format_gib
-from . import verdict_text
-from .formats import of
-from .serving_text import window_lines
-from .text import before_recording_figures, holder_text
+from memtrace.analysis.analysed.fingerprint import allocator_settings, command_line, environment
+from memtrace.analysis.analysed.rank import NOTHING
+from memtrace.analysis.analysed.titles import timeline_title, what_ran
+from memtrace.analysis.holders.moment import peak_words
+from memtrace.analysis.memory.hooked import outermost
+from memtrace.analysis.memory.quantities import ALLOCATED, BEFORE_RECORDING, DEVICE_USED, RESERVED, holds_reserved
+from memtrace.plots import verdict_text
+from memtrace.plots.formats import of
+from memtrace.plots.serving_text import window_lines
+from memtrace.plots.text import before_recording_figures, holder_text
+from memtrace.units import format_gib
 
 #: this module's output format(s) (``plots.format_spec``)
 FORMATS = of(__name__)
@@ -96,7 +96,7 @@ def _holders_line(run) -> str | None:
 
 
 def _hooks_line(run) -> str | None:
-    from ..analysis.flame import hook_short_name
+    from memtrace.analysis.holders.flame import hook_short_name
 
     s = run.worst.summary
     top = outermost(s.hook_calls)
@@ -195,7 +195,7 @@ def _environment(run) -> list[str]:
 
 
 def _report(run) -> list[str]:
-    from .report import render as render_report
+    from memtrace.plots.report import render as render_report
 
     buf = io.StringIO()
     render_report(run, buf, markdown=True)
@@ -210,7 +210,7 @@ def _report(run) -> list[str]:
 
 def render_issue(run, drawn: bool = True) -> str:
     """The issue text (GitHub-flavoured Markdown) of ``run``; ``drawn``: the images were written beside it."""
-    from .whatif_text import boot_section
+    from memtrace.plots.whatif_text import boot_section
 
     r = run.worst
     out = [f"## {timeline_title(run)}", ""]
@@ -233,7 +233,7 @@ def render_issue(run, drawn: bool = True) -> str:
 
 def _made_by(run) -> str:
     """Who recorded the run: memtrace, or (an imported torch snapshot or profiler trace) not memtrace, which read it."""
-    from .. import facts as F
+    from memtrace import facts as F
 
     if any(F.IMPORT in t.facts for t in run.traces):
         return "Read by memtrace; recorded by PyTorch (see Environment), not by memtrace"
@@ -250,8 +250,8 @@ def flame_at(run) -> str:
 def render(run, out: str | Path) -> list[str]:
     """Write the bundle of ``run`` into the existing directory ``out``, each file atomically; return the names
     of the files written (no images for a run that recorded no allocator event)."""
-    from ..outputs import atomic_write
-    from .render import render as render_as
+    from memtrace.outputs import atomic_write
+    from memtrace.plots.render import render as render_as
 
     out = Path(out)
     drawn = run.with_events()

@@ -11,10 +11,10 @@ import dataclasses
 import json
 from typing import Any, TextIO
 
-from ..analysis.side_by_side import side_by_side
-from ..analysis.summary import summary_to_dict
-from . import cost_text
-from .formats import of
+from memtrace.analysis.analysed.side_by_side import side_by_side
+from memtrace.analysis.analysed.summary import summary_to_dict
+from memtrace.plots import cost_text
+from memtrace.plots.formats import of
 
 #: this module's output format(s) (``plots.format_spec``)
 FORMATS = of(__name__)

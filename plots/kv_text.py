@@ -6,9 +6,9 @@
 
 from __future__ import annotations
 
-from ..analysis.reconcile import FORMULA_LABEL, KV_GIVEN, MEMTRACE, VLLM_RECORDED
-from ..analysis.summary import Summary
-from ..units import gib_or_dash, signed_gib
+from memtrace.analysis.analysed.summary import Summary
+from memtrace.analysis.capacity.reconcile import FORMULA_LABEL, KV_GIVEN, MEMTRACE, VLLM_RECORDED
+from memtrace.units import gib_or_dash, signed_gib
 
 
 def _seconds(s: Summary, t_us: int) -> str:

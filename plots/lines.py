@@ -5,10 +5,10 @@ from __future__ import annotations
 
 from typing import TextIO
 
-from ..units import format_gib
-from .formats import of
-from .timeline import oom_text
-from .timeline_data import prepare_rank
+from memtrace.plots.formats import of
+from memtrace.plots.timeline import oom_text
+from memtrace.plots.timeline_data import prepare_rank
+from memtrace.units import format_gib
 
 #: this module's output format(s) (``plots.format_spec``)
 FORMATS = of(__name__)

@@ -27,14 +27,13 @@ from pathlib import Path
 from typing import IO, Any
 
 import numpy as np
-
-from .. import facts as F
-from ..errors import UsageError
-from ..importers.pinned_host import PINNED_HOST
-from ..importers.snapshot_fields import fields_by_event
-from ..model import ACTION_CODE, ACTIONS, Trace
-from .formats import of
-from .pickle_stream import (
+from memtrace import facts as F
+from memtrace.errors import UsageError
+from memtrace.importers.pinned_host import PINNED_HOST
+from memtrace.importers.snapshot_fields import fields_by_event
+from memtrace.model import ACTION_CODE, ACTIONS, Trace
+from memtrace.plots.formats import of
+from memtrace.plots.pickle_stream import (
     APPENDS,
     COMPILE_CONTEXT,
     EMPTY_DICT,

@@ -6,14 +6,14 @@ Printed only when the trace holds CUPTI records (the optional source ``MEMTRACE_
 
 from __future__ import annotations
 
-from ..analysis import quantities as Q
-from ..analysis.non_torch import MODULES, OTHER, UNEXPLAINED, NonTorchBreakdown
-from ..analysis.summary import Summary
-from ..units import format_gib, gib_number
+from memtrace.analysis.analysed.summary import Summary
+from memtrace.analysis.memory import quantities as Q
+from memtrace.analysis.memory.non_torch import MODULES, OTHER, UNEXPLAINED, NonTorchBreakdown
+from memtrace.units import format_gib, gib_number
 
 
 def _where(b: NonTorchBreakdown, name: str) -> str:
-    from .text import frame_text
+    from memtrace.plots.text import frame_text
 
     cat = b.category(name)
     if cat is None or name == UNEXPLAINED:

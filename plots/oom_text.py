@@ -9,9 +9,9 @@ fraction, "12.25 GiB allowed" in torch's message).
 
 from __future__ import annotations
 
-from ..analysis import quantities as Q
-from ..analysis.oom import Oom
-from ..units import format_size
+from memtrace.analysis.memory import quantities as Q
+from memtrace.analysis.memory.oom import Oom
+from memtrace.units import format_size
 
 
 def where(o: Oom) -> str:

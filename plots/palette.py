@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from ..analysis.quantities import VMM
+from memtrace.analysis.memory.quantities import VMM
 
 #: Allocated memory by category (``analysis.categories.CATEGORIES``), as both the timeline and the view draw it.
 CATEGORY_COLORS = {

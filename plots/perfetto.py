@@ -42,13 +42,12 @@ from pathlib import Path
 from typing import IO, Any
 
 import numpy as np
-
-from ..analysis import quantities as Q
-from ..analysis.curves import Curve
-from ..analysis.flame import hook_short_name
-from ..analysis.landmarks import steady_non_torch
-from ..model import Trace
-from .formats import of
+from memtrace.analysis.analysed.landmarks import steady_non_torch
+from memtrace.analysis.holders.flame import hook_short_name
+from memtrace.analysis.memory import quantities as Q
+from memtrace.analysis.memory.curves import Curve
+from memtrace.model import Trace
+from memtrace.plots.formats import of
 
 #: this module's output format(s) (``plots.format_spec``)
 FORMATS = of(__name__)

@@ -16,8 +16,8 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-from .format_spec import Format
-from .formats import TABLE
+from memtrace.plots.format_spec import Format
+from memtrace.plots.formats import TABLE
 
 #: the format modules of ``memtrace.plots``, by name (``plots.formats.TABLE``); imported when one renders
 MODULES = tuple(TABLE)

@@ -10,13 +10,13 @@ from __future__ import annotations
 
 from typing import TextIO
 
-from ..analysis import quantities
-from ..analysis.origin import who
-from ..analysis.rank import DIED, NOTHING, UNFINISHED
-from ..units import gib_number, gib_or_dash
-from . import oom_text, verdict_text
-from .formats import of
-from .text import _CURVE_NAMES, _Out, _seconds, render_definitions, render_report, wrap
+from memtrace.analysis.analysed.origin import who
+from memtrace.analysis.analysed.rank import DIED, NOTHING, UNFINISHED
+from memtrace.analysis.memory import quantities
+from memtrace.plots import oom_text, verdict_text
+from memtrace.plots.formats import of
+from memtrace.plots.text import _CURVE_NAMES, _Out, _seconds, render_definitions, render_report, wrap
+from memtrace.units import gib_number, gib_or_dash
 
 #: this module's output format(s) (``plots.format_spec``)
 FORMATS = of(__name__)
@@ -39,7 +39,7 @@ def worst_line(run) -> str:
 
 
 def _side_by_side(out: _Out, run) -> None:
-    from ..analysis.side_by_side import side_by_side
+    from memtrace.analysis.analysed.side_by_side import side_by_side
 
     sbs = side_by_side(run)
     if sbs is None:

@@ -9,11 +9,11 @@ device's free memory, in torch's units), the growth by allocation site and the s
 
 from __future__ import annotations
 
-from ..analysis import quantities as Q
-from ..analysis.serving import WindowSummary
-from ..analysis.serving_held import DeviceAtEnd, Holders
-from ..units import format_size, gib_number, gib_or_dash, signed_size
-from . import cost_text, oom_text
+from memtrace.analysis.memory import quantities as Q
+from memtrace.analysis.serving.serving import WindowSummary
+from memtrace.analysis.serving.serving_held import DeviceAtEnd, Holders
+from memtrace.plots import cost_text, oom_text
+from memtrace.units import format_size, gib_number, gib_or_dash, signed_size
 
 
 def _s(us: int | None) -> str:
@@ -64,7 +64,7 @@ def render_window(out, ws: WindowSummary | None, t0_us: int) -> None:
     if ws.device is not None:
         render_device(out, ws, rel)
     if ws.growth:
-        from .text import frame_text
+        from memtrace.plots.text import frame_text
 
         out.line()
         out.table(
@@ -209,7 +209,7 @@ def step_words(ws: WindowSummary, rel) -> str | None:
 def gap_label(seconds: float, dropped: tuple[int, int, int] | None) -> list[str]:
     """What the gap's hatched band says, a line each, in the plot and the view: "GAP" and its length, that it was
     not recorded and what the ring dropped of it (allocator events, NVML samples, scheduler steps; None: unsaid)."""
-    from .timeline_breaks import length_text
+    from memtrace.plots.timeline_breaks import length_text
 
     lines = [f"GAP {length_text(seconds)}"]
     if dropped is not None:
@@ -269,7 +269,7 @@ def window_lines(ws: WindowSummary | None, t0_us: int) -> list[str]:
     else:
         lines.append("No allocator on this device: the window holds scheduler steps and notes only.")
     if ws.growth:
-        from .text import frame_text
+        from memtrace.plots.text import frame_text
 
         sites = "; ".join(f"{frame_text(g.frame)} +{_mib(g.bytes)} ({g.count})" for g in ws.growth[:SITES_SHOWN])
         lines.append(f"Allocated in the window and live at its end, by stack (blocks): {sites}.")

@@ -1,6 +1,6 @@
 """The text and markdown renderer of a Summary: what ``memtrace report`` prints.
 
-Reads analysis results only (``memtrace.analysis.summary.Summary``). Sizes print in GiB with two
+Reads analysis results only (``memtrace.analysis.analysed.summary.Summary``). Sizes print in GiB with two
 decimals (a figure too small for them in its own unit: ``memtrace.units``) and times in seconds since the
 start of the recording; the exact integers are in ``memtrace report --json``.
 """
@@ -11,10 +11,11 @@ import re
 import textwrap
 from typing import TextIO
 
-from ..analysis.crossing import Excursion
-from ..analysis.flame import hook_short_name
-from ..analysis.moment import peak_words
-from ..analysis.quantities import (
+from memtrace.analysis.analysed.summary import Summary
+from memtrace.analysis.holders.flame import hook_short_name
+from memtrace.analysis.holders.moment import peak_words
+from memtrace.analysis.memory.crossing import Excursion
+from memtrace.analysis.memory.quantities import (
     ALLOCATED,
     BEFORE_RECORDING,
     DEVICE_USED,
@@ -24,15 +25,14 @@ from ..analysis.quantities import (
     RESERVED,
     holds_reserved,
 )
-from ..analysis.summary import Summary
-from ..model import Frame
-from ..units import gib_number, gib_or_dash, signed_gib_number
-from . import cost_text, oom_text
-from .extensible_text import render_counters, render_extensible, render_vmm
-from .kv_text import render_non_kv
-from .metadata_text import render_metadata
-from .non_torch_text import render_non_torch
-from .serving_text import render_window
+from memtrace.model import Frame
+from memtrace.plots import cost_text, oom_text
+from memtrace.plots.extensible_text import render_counters, render_extensible, render_vmm
+from memtrace.plots.kv_text import render_non_kv
+from memtrace.plots.metadata_text import render_metadata
+from memtrace.plots.non_torch_text import render_non_torch
+from memtrace.plots.serving_text import render_window
+from memtrace.units import gib_number, gib_or_dash, signed_gib_number
 
 _TIMES = "Times are seconds since the run's time origin (the 'times' line: one origin for every rank and output)."
 

@@ -22,16 +22,16 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..analysis import quantities
-from ..analysis.categories import CATEGORIES
-from ..units import format_gib
-from . import oom_text as oom_words
-from .formats import of
-from .phase_lane import PhaseLabel
-from .timeline_axes import DPI_HINT, LABEL_PT, draw_main, draw_zoom, zoom_band, zoom_window
-from .timeline_data import RankTimeline, drawn_curves, landmark_times_us, phases_at
-from .timeline_lane import draw_lane, lane_rows, layout_lane
-from .timeline_scale import FLAT_FRAC, MIN_QUIET_FRAC, TimeScale, quiet_stretches, time_scale
+from memtrace.analysis.memory import quantities
+from memtrace.analysis.memory.categories import CATEGORIES
+from memtrace.plots import oom_text as oom_words
+from memtrace.plots.formats import of
+from memtrace.plots.phase_lane import PhaseLabel
+from memtrace.plots.timeline_axes import DPI_HINT, LABEL_PT, draw_main, draw_zoom, zoom_band, zoom_window
+from memtrace.plots.timeline_data import RankTimeline, drawn_curves, landmark_times_us, phases_at
+from memtrace.plots.timeline_lane import draw_lane, lane_rows, layout_lane
+from memtrace.plots.timeline_scale import FLAT_FRAC, MIN_QUIET_FRAC, TimeScale, quiet_stretches, time_scale
+from memtrace.units import format_gib
 
 #: this module's output format(s) (``plots.format_spec``)
 FORMATS = of(__name__)
@@ -389,8 +389,8 @@ def render(
     """The timeline of an analysed run (``analysis.run.AnalysedRun``): every rank on the run's one time
     origin, stated under the figure; the title from what the run recorded (``analysis.titles``). Returns what
     it drew."""
-    from ..analysis.titles import timeline_title
-    from .timeline_data import prepare_rank
+    from memtrace.analysis.analysed.titles import timeline_title
+    from memtrace.plots.timeline_data import prepare_rank
 
     return render_timeline(
         [prepare_rank(r) for r in run.ranks],

@@ -10,15 +10,14 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
-
-from ..analysis import quantities
-from ..analysis.categories import CATEGORIES
-from ..units import format_gib, format_size
-from .downsample import bucket_indices
-from .palette import CATEGORY_COLORS, VMM_KV_COLOR, VMM_KV_EDGE, VMM_KV_LABEL
-from .timeline_breaks import mark_breaks
-from .timeline_data import CuptiSplit, RankTimeline, cupti_split, vmm_band
-from .timeline_scale import TimeScale, identity
+from memtrace.analysis.memory import quantities
+from memtrace.analysis.memory.categories import CATEGORIES
+from memtrace.plots.downsample import bucket_indices
+from memtrace.plots.palette import CATEGORY_COLORS, VMM_KV_COLOR, VMM_KV_EDGE, VMM_KV_LABEL
+from memtrace.plots.timeline_breaks import mark_breaks
+from memtrace.plots.timeline_data import CuptiSplit, RankTimeline, cupti_split, vmm_band
+from memtrace.plots.timeline_scale import TimeScale, identity
+from memtrace.units import format_gib, format_size
 
 COLORS = CATEGORY_COLORS
 LABELS = {

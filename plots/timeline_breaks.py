@@ -6,7 +6,7 @@ Called by ``timeline_axes.draw_main`` with matplotlib already imported.
 
 from __future__ import annotations
 
-from .timeline_scale import TimeScale, ticks
+from memtrace.plots.timeline_scale import TimeScale, ticks
 
 BREAK_FILL = "#F2F2F2"
 GAP_EDGE = "#BBBBBB"
@@ -20,8 +20,7 @@ def mark_breaks(ax, scale: TimeScale, handles: dict | None, gap_dropped: tuple[i
     with ``serving_text.gap_label`` written in it (its length and what the ring dropped, ``gap_dropped``): memory
     there is unknown, never drawn flat."""
     import matplotlib.transforms as mtransforms
-
-    from .serving_text import gap_label
+    from memtrace.plots.serving_text import gap_label
 
     width_px = ax.get_window_extent().width
     ax.set_xticks(ticks(scale, width_px))

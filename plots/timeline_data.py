@@ -22,18 +22,17 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 import numpy as np
-
-from ..analysis import quantities
-from ..analysis.categories import CategorySteps
-from ..analysis.crossing import Crossings, Excursion
-from ..analysis.curves import Curve, Curves
-from ..analysis.fingerprint import describe_run
-from ..analysis.oom import Oom
-from ..analysis.phases import PhaseStats
-from ..analysis.rank import AnalysedRank
-from ..analysis.target import Target
-from ..units import GiB, axis_unit
-from .downsample import bucket_indices
+from memtrace.analysis.analysed.fingerprint import describe_run
+from memtrace.analysis.analysed.rank import AnalysedRank
+from memtrace.analysis.memory import quantities
+from memtrace.analysis.memory.categories import CategorySteps
+from memtrace.analysis.memory.crossing import Crossings, Excursion
+from memtrace.analysis.memory.curves import Curve, Curves
+from memtrace.analysis.memory.oom import Oom
+from memtrace.analysis.memory.phases import PhaseStats
+from memtrace.analysis.memory.target import Target
+from memtrace.plots.downsample import bucket_indices
+from memtrace.units import GiB, axis_unit
 
 
 @dataclass(frozen=True)

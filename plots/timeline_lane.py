@@ -7,9 +7,9 @@ widths, the very pixels the names must fit), then drawn back at seconds since t0
 
 from __future__ import annotations
 
-from .phase_lane import TICK_GAP_PX, PhaseBar, PhaseLabel, place_labels
-from .timeline_data import RankTimeline
-from .timeline_scale import TimeScale
+from memtrace.plots.phase_lane import TICK_GAP_PX, PhaseBar, PhaseLabel, place_labels
+from memtrace.plots.timeline_data import RankTimeline
+from memtrace.plots.timeline_scale import TimeScale
 
 LANE_COLORS = ("#DDE3EA", "#C9D3DE")
 

@@ -8,11 +8,11 @@ target says by how much, and a run within its target says how far below it staye
 
 from __future__ import annotations
 
-from ..analysis.origin import who
-from ..analysis.quantities import BY_KEY, HELD, OTHERS, is_one_moment, ranked_by
-from ..analysis.rank import CROSSED, DIED, NOTHING, UNFINISHED, WITHIN
-from ..units import format_gib
-from . import oom_text
+from memtrace.analysis.analysed.origin import who
+from memtrace.analysis.analysed.rank import CROSSED, DIED, NOTHING, UNFINISHED, WITHIN
+from memtrace.analysis.memory.quantities import BY_KEY, HELD, OTHERS, is_one_moment, ranked_by
+from memtrace.plots import oom_text
+from memtrace.units import format_gib
 
 
 def label(curve: str) -> str:

@@ -43,21 +43,20 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import numpy as np
-
-from ..analysis.categories import CATEGORIES
-from ..analysis.flame import frame_label
-from ..analysis.landmarks import steady_non_torch_values
-from ..analysis.live import meaningful_frame
-from ..analysis.quantities import holds_reserved
-from ..analysis.rank import AnalysedRank
-from ..analysis.summary import summary_to_dict
-from ..model import ACTIONS
-from . import oom_text
-from .palette import CATEGORY_COLORS, VMM_KV_LABEL
-from .serving_text import gap_label, window_lines
-from .text import before_recording_text
-from .timeline_breaks import GAP_EDGE
-from .timeline_scale import time_scale
+from memtrace.analysis.analysed.landmarks import steady_non_torch_values
+from memtrace.analysis.analysed.rank import AnalysedRank
+from memtrace.analysis.analysed.summary import summary_to_dict
+from memtrace.analysis.holders.flame import frame_label
+from memtrace.analysis.holders.live import meaningful_frame
+from memtrace.analysis.memory.categories import CATEGORIES
+from memtrace.analysis.memory.quantities import holds_reserved
+from memtrace.model import ACTIONS
+from memtrace.plots import oom_text
+from memtrace.plots.palette import CATEGORY_COLORS, VMM_KV_LABEL
+from memtrace.plots.serving_text import gap_label, window_lines
+from memtrace.plots.text import before_recording_text
+from memtrace.plots.timeline_breaks import GAP_EDGE
+from memtrace.plots.timeline_scale import time_scale
 
 #: Columns of the binary blob, in order: (name, numpy dtype).
 EVENT_COLUMNS = (

@@ -17,12 +17,12 @@ import json
 from importlib import resources
 from typing import Any
 
-from . import verdict_text
-from .formats import of
-from .report import render as render_report
-from .report import worst_line
-from .view_data import PackedRank, pack_rank, time_axis
-from .whatif_text import boot_section
+from memtrace.plots import verdict_text
+from memtrace.plots.formats import of
+from memtrace.plots.report import render as render_report
+from memtrace.plots.report import worst_line
+from memtrace.plots.view_data import PackedRank, pack_rank, time_axis
+from memtrace.plots.whatif_text import boot_section
 
 #: this module's output format(s) (``plots.format_spec``)
 FORMATS = of(__name__)
@@ -107,7 +107,7 @@ def build_page(run, *, title: str | None = None, max_events: int, api: bool) -> 
     """The page of an analysed run (``analysis.run.AnalysedRun``): with every event when the run holds at most
     ``max_events``, else a coarse overview per rank (``api``: the page asks its server for the rest). The
     title names what ran (``analysis.titles.timeline_title``), as the timeline's does."""
-    from ..analysis.titles import timeline_title
+    from memtrace.analysis.analysed.titles import timeline_title
 
     t0 = run.origin.t0_us
     parts = [a for r in run.ranks for a in (r, r.serving) if a is not None]  # a serving window's events count too

@@ -4,8 +4,7 @@ boot, or the floor no flag goes under. Words only: every figure comes from the a
 
 from __future__ import annotations
 
-from ..analysis.quantities import OTHERS
-from ..analysis.whatif import (
+from memtrace.analysis.capacity.whatif import (
     BOOTS,
     DIES,
     GRAPHS,
@@ -18,9 +17,10 @@ from ..analysis.whatif import (
     Outcome,
     Suggestions,
 )
-from ..units import format_gib as _gib
-from .formats import of
-from .text import wrap
+from memtrace.analysis.memory.quantities import OTHERS
+from memtrace.plots.formats import of
+from memtrace.plots.text import wrap
+from memtrace.units import format_gib as _gib
 
 #: this module's output format(s) (``plots.format_spec``)
 FORMATS = of(__name__)
@@ -218,7 +218,7 @@ def render(run, out, *, answers: list[tuple], json_out: bool = False) -> None:
     """``answers``: (rank, ``Answer``) per rank with events, as ``analysis.whatif.answer`` built them."""
     import json
 
-    from ..analysis.whatif import answer_to_dict
+    from memtrace.analysis.capacity.whatif import answer_to_dict
 
     multi = len(answers) > 1
     if json_out:
@@ -234,7 +234,7 @@ def boot_section(run, *, markdown: bool = True) -> list[str]:
     """The issue bundle's "What would make it boot" section (Markdown lines; [] where ``analysis.boot``'s
     ``recorded_card_answer`` has none): ``--suggest`` on the card the worst rank was recorded on, as it was
     (other processes kept), in the words of ``memtrace fits``."""
-    from ..analysis.boot import recorded_card_answer
+    from memtrace.analysis.capacity.boot import recorded_card_answer
 
     a = recorded_card_answer(run)
     if a is None:

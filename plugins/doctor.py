@@ -17,8 +17,8 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from . import surface
-from .surface import Entry, parse_version
+from memtrace.plugins import surface
+from memtrace.plugins.surface import Entry, parse_version
 
 #: Distribution names (normalized) -> library of the table.
 _LIBRARY = {d.replace("_", "-").lower(): lib for lib, dists in surface.DISTRIBUTIONS.items() for d in dists}

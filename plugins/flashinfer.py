@@ -31,8 +31,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..model import HookCall
-from .hooks import HookTargetError, Target, original_function
+from memtrace.model import HookCall
+from memtrace.plugins.hooks import HookTargetError, Target, original_function
 
 HOOKS_ENV = "MEMTRACE_HOOKS"
 
@@ -256,7 +256,7 @@ class HookCallRecorder:
 def install(manager: Any, sink: Callable[[HookCall], int | None], extra: list[str] | None = None) -> list[str]:
     """Add the table's FlashInfer allocators (:mod:`.surface`, role ``workspace``) plus ``extra`` (e.g.
     from MEMTRACE_HOOKS) to a HookManager, each call handed to ``sink``. Returns the target paths added."""
-    from . import surface
+    from memtrace.plugins import surface
 
     added = []
     for entry in surface.of_role("workspace"):

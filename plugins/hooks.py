@@ -35,8 +35,8 @@ from dataclasses import dataclass, field
 from types import ModuleType
 from typing import Any, Protocol
 
-from ..capture import selfcost
-from .post_import import PostImportFinder
+from memtrace.capture import selfcost
+from memtrace.plugins.post_import import PostImportFinder
 
 logger = logging.getLogger("memtrace.hooks")
 

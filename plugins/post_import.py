@@ -18,7 +18,7 @@ from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from .hooks import HookManager
+    from memtrace.plugins.hooks import HookManager
 
 logger = logging.getLogger("memtrace.hooks")
 

@@ -78,7 +78,7 @@ def pytest_configure(config: pytest.Config) -> None:
 
 
 def _curves() -> tuple[str, ...]:
-    return ("reserved", "allocated", "device")  # memtrace.analysis.budget.CURVES, without importing numpy
+    return ("reserved", "allocated", "device")  # memtrace.analysis.gate.budget.CURVES, without importing numpy
 
 
 def parse_budget(
@@ -202,7 +202,7 @@ def _record(config: pytest.Config, nodeid: str, phase_name: str) -> Iterator[dic
 
 
 def _enforce(budget: Budget, path: Path, what: str) -> None:
-    from memtrace.analysis.budget import check_budget
+    from memtrace.analysis.gate.budget import check_budget
     from memtrace.errors import NothingToJudge
     from memtrace.store import load_trace
 
@@ -224,7 +224,7 @@ def failure_message(result: Any, what: str, budget_text: str, path: Path | str |
     """The readable failure of an over-budget test: budget, measured peak, phase, top holders, the
     peaks and the OOM as ``memtrace report`` gives them."""
 
-    from ..units import format_gib as gib
+    from memtrace.units import format_gib as gib
 
     source = f", {result.budget_source}" if getattr(result, "budget_source", "") not in ("", "--target") else ""
     lines = [
@@ -236,7 +236,7 @@ def failure_message(result: Any, what: str, budget_text: str, path: Path | str |
 
 
 def _details(result: Any, path: Path | str | None) -> list[str]:
-    from ..units import format_gib as gib
+    from memtrace.units import format_gib as gib
 
     lines = []
     if result.peaks:
@@ -258,8 +258,8 @@ def _details(result: Any, path: Path | str | None) -> list[str]:
 
 def oom_report(path: Path | str) -> str | None:
     """For a test that raised: what memtrace saw if the trace recorded a CUDA OOM, else None."""
-    from memtrace.analysis.budget import check_budget
-    from memtrace.analysis.oom import find_oom
+    from memtrace.analysis.gate.budget import check_budget
+    from memtrace.analysis.memory.oom import find_oom
     from memtrace.store import load_trace
 
     trace = load_trace(path)

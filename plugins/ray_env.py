@@ -75,7 +75,7 @@ class RayClusterHook:
     def after(self, token: Any, result: Any, error: BaseException | None) -> None:
         if error is not None:
             return
-        from ..capture import ray_gather
+        from memtrace.capture import ray_gather
 
         try:
             ray_gather.start_collector()

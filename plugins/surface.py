@@ -60,11 +60,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from . import ray_env
-from . import vllm_phases as P
-from .flashinfer import HookCallRecorder
-from .vllm_steps import StepHook
-from .vllm_vmm import VmmHook
+from memtrace.plugins import ray_env
+from memtrace.plugins import vllm_phases as P
+from memtrace.plugins.flashinfer import HookCallRecorder
+from memtrace.plugins.vllm_steps import StepHook
+from memtrace.plugins.vllm_vmm import VmmHook
 
 Version = tuple[int, int]
 

@@ -39,15 +39,20 @@ import threading
 import time
 from typing import Any
 
-from .. import facts as F
-from .. import plugins as _package
-from ..capture import selfcost
-from ..capture.clock import export_driver_host, now_us
-from ..plugins import UNTIL_CHOICES  # re-exported: plugins.vllm.UNTIL_CHOICES stays a name
-from . import flashinfer, surface, vllm_boundaries, vllm_facts
-from .hooks import HookManager
-from .vllm_phases import INIT_DEVICE, KV_CACHE_EXTEND
-from .vllm_phases import session as _session
+from memtrace import facts as F
+from memtrace import plugins as _package
+from memtrace.capture import selfcost
+from memtrace.capture.clock import export_driver_host, now_us
+from memtrace.plugins import (
+    UNTIL_CHOICES,  # re-exported: plugins.vllm.UNTIL_CHOICES stays a name
+    flashinfer,
+    surface,
+    vllm_boundaries,
+    vllm_facts,
+)
+from memtrace.plugins.hooks import HookManager
+from memtrace.plugins.vllm_phases import INIT_DEVICE, KV_CACHE_EXTEND
+from memtrace.plugins.vllm_phases import session as _session
 
 log = logging.getLogger("memtrace")
 
@@ -117,7 +122,7 @@ def _export_run_settings() -> str:
     if not os.environ.get(DIR_ENV):
         os.environ[DIR_ENV] = os.path.abspath(time.strftime("memtrace-%Y%m%d-%H%M%S"))
     if CMDLINE_ENV not in os.environ:
-        from ..capture.env import redact_argv
+        from memtrace.capture.env import redact_argv
 
         os.environ[CMDLINE_ENV] = json.dumps(redact_argv([sys.executable, *sys.argv]))
     return os.environ[DIR_ENV]
@@ -212,8 +217,8 @@ class Plugin:
     # -- session -----------------------------------------------------------------------------------
     def start_session(self, worker: Any, start_us: int) -> Any:
         """Start recording in the process that owns ``worker``'s device (after init_device)."""
-        from ..capture import api
-        from ..errors import MemtraceError
+        from memtrace.capture import api
+        from memtrace.errors import MemtraceError
 
         session = api.current_session()
         if session is None:
@@ -279,7 +284,7 @@ class Plugin:
         self.startup_complete(session)
 
     def startup_complete(self, session: Any) -> None:
-        from ..capture import api
+        from memtrace.capture import api
 
         session.set_fact(F.VLLM_STARTUP_COMPLETE_US, now_us())
         if self.until == "startup":

@@ -7,7 +7,7 @@ vLLM measures (init snapshot = end of ``init_device``; "after profiling" = end o
 nothing (no allocation, no ``empty_cache``, no peak reset). They are kept as
 ``facts["memtrace.phase_memory"]``: a list of ``{phase, edge, time_us, free_bytes, total_bytes,
 reserved_bytes, allocated_bytes, reserved_peak_bytes, allocated_peak_bytes}`` (the peaks are torch's own,
-since the last reset: ``facts["memtrace.peak_resets_us"]``); ``memtrace.analysis.reconcile`` uses them when a trace has no NVML
+since the last reset: ``facts["memtrace.peak_resets_us"]``); ``memtrace.analysis.capacity.reconcile`` uses them when a trace has no NVML
 samples, and reports both when it has.
 """
 
@@ -17,7 +17,7 @@ import sys
 import time
 from typing import Any
 
-from .. import facts as F
+from memtrace import facts as F
 
 
 def read(device: int) -> dict[str, int] | None:

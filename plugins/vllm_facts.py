@@ -21,7 +21,7 @@ import math
 import sys
 from typing import Any
 
-from .. import facts as F
+from memtrace import facts as F
 
 _SCALARS = (bool, int, float, str)
 
@@ -178,7 +178,7 @@ def sizing_inputs(kv_cache: Any, init_free: Any, requested: Any) -> dict[str, An
     for key, value in (("init_free_memory_bytes", init_free), ("requested_memory_bytes", requested)):
         if isinstance(value, (int, float)) and not isinstance(value, bool):
             out[key] = int(value)
-    from .surface import facts_module
+    from memtrace.plugins.surface import facts_module
 
     module = sys.modules.get(facts_module("extensible"))
     for key, attr in (
@@ -275,7 +275,7 @@ def kv_cache_facts(kv_cache_config: Any, worker: Any = None) -> dict[str, Any]:
 
 def _kv_tokens(kv_cache_config: Any, worker: Any) -> int | None:
     try:
-        from .surface import facts_module
+        from memtrace.plugins.surface import facts_module
 
         utils = sys.modules.get(facts_module("capacity"))
         capacity = getattr(utils, "get_kv_cache_capacity", None)

@@ -12,10 +12,10 @@ import logging
 import sys
 from typing import Any
 
-from .. import facts as F
-from ..capture.clock import now_us
-from . import vllm_boundaries, vllm_facts
-from .hooks import Target, call_argument
+from memtrace import facts as F
+from memtrace.capture.clock import now_us
+from memtrace.plugins import vllm_boundaries, vllm_facts
+from memtrace.plugins.hooks import Target, call_argument
 
 log = logging.getLogger("memtrace")
 

@@ -13,9 +13,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..capture.clock import now_us
-from .hooks import Target
-from .vllm_phases import session
+from memtrace.capture.clock import now_us
+from memtrace.plugins.hooks import Target
+from memtrace.plugins.vllm_phases import session
 
 
 def step_facts(scheduler_output: Any) -> dict[str, Any]:

@@ -31,11 +31,11 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-from ..capture import pystack
-from ..capture.clock import now_us as _now_us
-from ..model import VMM_CALLERS, VMM_OPS, empty_vmm
-from . import hooks
-from .hooks import HookManager, Target, call_argument
+from memtrace.capture import pystack
+from memtrace.capture.clock import now_us as _now_us
+from memtrace.model import VMM_CALLERS, VMM_OPS, empty_vmm
+from memtrace.plugins import hooks
+from memtrace.plugins.hooks import HookManager, Target, call_argument
 
 _VMM = "vllm.utils.vmm_driver"
 

@@ -13,13 +13,13 @@ from typing import Any
 
 import numpy as np
 from memtrace import facts as F
-from memtrace.analysis.categories import CATEGORIES, OTHER, Categorized, _signed_sizes, categorize
-from memtrace.analysis.curves import Baseline, Curve, Curves, _allocated_deltas, _curve, all_curves, baseline
-from memtrace.analysis.diff import TraceDiff, _sides, category_changes, compare, figures
-from memtrace.analysis.diff_sites import site_changes
-from memtrace.analysis.live import lifetimes
-from memtrace.analysis.pinned import _Segments
-from memtrace.analysis.quantities import fullest_at_peak, is_one_moment, window_fullest
+from memtrace.analysis.gate.diff import TraceDiff, _sides, category_changes, compare, figures
+from memtrace.analysis.gate.diff_sites import site_changes
+from memtrace.analysis.holders.live import lifetimes
+from memtrace.analysis.memory.categories import CATEGORIES, OTHER, Categorized, _signed_sizes, categorize
+from memtrace.analysis.memory.curves import Baseline, Curve, Curves, _allocated_deltas, _curve, all_curves, baseline
+from memtrace.analysis.memory.pinned import _Segments
+from memtrace.analysis.memory.quantities import fullest_at_peak, is_one_moment, window_fullest
 from memtrace.importers.files import traces_from_snapshot_file
 from memtrace.importers.torch_snapshot import traces_from_snapshot
 from memtrace.model import ACTION_CODE, Trace
@@ -210,10 +210,10 @@ def summarize(trace: Trace, target=None, *, top: int = 10, curves: Curves | None
         top: how many holders at the peak to keep.
         curves: the trace's ``all_curves``, when already built.
     """
-    from memtrace.analysis.origin import TimeOrigin
-    from memtrace.analysis.phases import recording_span
-    from memtrace.analysis.rank import AnalysedRank, TargetSpec
-    from memtrace.analysis.target import Target
+    from memtrace.analysis.analysed.origin import TimeOrigin
+    from memtrace.analysis.analysed.rank import AnalysedRank, TargetSpec
+    from memtrace.analysis.memory.phases import recording_span
+    from memtrace.analysis.memory.target import Target
 
     if target is not None and not isinstance(target, Target):
         raise TypeError("summarize takes a resolved Target (analysis.target.resolve_target), not bytes")

@@ -81,15 +81,15 @@ def real_traces() -> list[Path]:
 def analysed_rank(trace, **spec):
     """The analysed rank of one trace (``analysis.run.analyse`` of a one-trace run) under a target
     specification (``target_bytes``, ``util``, ``total_bytes``): what every output renders."""
-    from memtrace.analysis.rank import TargetSpec
-    from memtrace.analysis.run import analyse
+    from memtrace.analysis.analysed.rank import TargetSpec
+    from memtrace.analysis.analysed.run import analyse
 
     return analyse([trace], TargetSpec(**spec), path=trace.path).ranks[0]
 
 
 def analysed_run(traces, **spec):
     """The analysed run of ``traces`` (one run) under a target specification."""
-    from memtrace.analysis.rank import TargetSpec
-    from memtrace.analysis.run import analyse
+    from memtrace.analysis.analysed.rank import TargetSpec
+    from memtrace.analysis.analysed.run import analyse
 
     return analyse(list(traces), TargetSpec(**spec), path=traces[0].path if traces else "")

@@ -14,9 +14,9 @@ import tempfile
 from functools import cache
 from pathlib import Path
 
-from memtrace.analysis import fits_check as FC
-from memtrace.analysis import whatif as W
-from memtrace.analysis.run import analyse
+from memtrace.analysis.analysed.run import analyse
+from memtrace.analysis.capacity import fits_check as FC
+from memtrace.analysis.capacity import whatif as W
 from memtrace.store import load_run
 from memtrace.units import format_gib
 from vllm034_data import VLLM034, Recorded
@@ -85,7 +85,7 @@ def check(held_out: str, base: str, more: tuple[str, ...]) -> FC.Check:
 
 
 # -- the held-out tables (tests/bench/whatif_heldout.py prints them for docs/whatif.md); moved out of
-# memtrace.analysis.fits_check, which nothing in the package called (issue 33) -----------------------------
+# memtrace.analysis.capacity.fits_check, which nothing in the package called (issue 33) -----------------------------
 
 
 def markdown_table(checks: list[FC.Check]) -> list[str]:

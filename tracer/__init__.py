@@ -15,8 +15,8 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # what type checkers and editors see; at run time these load on first use (__getattr__)
-    from .capture.api import current_session, phase, start, stop, trace
-    from .store import load_run as load
+    from memtrace.capture.api import current_session, phase, start, stop, trace
+    from memtrace.store import load_run as load
 
 __version__ = "0.1.0"
 

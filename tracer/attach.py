@@ -13,7 +13,7 @@ import shutil
 import tempfile
 from pathlib import Path
 
-from .model import Trace
+from memtrace.model import Trace
 
 _COMPRESSED = (".memtrace.xz", ".memtrace.gz")
 
@@ -34,7 +34,7 @@ def _compress(src: Path, dst: Path) -> None:
 
 def write_attachment(trace: Trace, dst: Path) -> None:
     """Write ``trace`` compressed to ``dst`` (see the module docstring)."""
-    from .store import save_trace
+    from memtrace.store import save_trace
 
     src = Path(trace.path) if trace.path else None
     if src is not None and src.name.endswith(_COMPRESSED) and src.is_file():

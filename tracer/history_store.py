@@ -21,7 +21,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from .errors import TraceFormatError, UsageError
+from memtrace.errors import TraceFormatError, UsageError
 
 FORMAT = "memtrace-history"
 VERSION = 1

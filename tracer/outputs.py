@@ -21,8 +21,8 @@ import os
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 
-from .errors import UsageError
-from .packed import is_trace_name, strip_trace_suffix
+from memtrace.errors import UsageError
+from memtrace.packed import is_trace_name, strip_trace_suffix
 
 #: A profiler trace's suffixes, longest first (``importers.kineto`` reads them).
 _PROFILER_SUFFIXES = (".pt.trace.json.gz", ".pt.trace.json.xz", ".pt.trace.json", ".json.gz", ".json.xz", ".json")

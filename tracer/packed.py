@@ -19,7 +19,7 @@ import zlib
 from collections.abc import Iterator
 from pathlib import Path
 
-from .errors import TraceFormatError
+from memtrace.errors import TraceFormatError
 
 SUFFIX = ".memtrace"
 #: A trace's name, plain or compressed.

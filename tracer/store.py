@@ -68,10 +68,9 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-
-from .errors import TraceFormatError
-from .facts import with_committed_kv_cache
-from .model import (
+from memtrace.errors import TraceFormatError
+from memtrace.facts import with_committed_kv_cache
+from memtrace.model import (
     DEVICE_ALLOC_DTYPE,
     EVENT_DTYPE,
     FORMAT_VERSION,
@@ -95,7 +94,7 @@ from .model import (
     empty_samples,
     empty_vmm,
 )
-from .packed import SUFFIX, compression, is_trace_name, strip_trace_suffix, unpacked
+from memtrace.packed import SUFFIX, compression, is_trace_name, strip_trace_suffix, unpacked
 
 FORMAT_NAME = "memtrace-trace"
 #: The distribution's name on PyPI ("memtrace" there is an unrelated Valgrind tool).

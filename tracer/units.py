@@ -18,7 +18,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from .errors import UsageError
+from memtrace.errors import UsageError
 
 KiB = 1024
 MiB = 1024**2

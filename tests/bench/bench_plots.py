@@ -28,9 +28,9 @@ def _synthetic():
 
 
 def main(n_events: int = 1_000_000) -> None:
-    from memtrace.analysis.curves import all_curves
-    from memtrace.analysis.flame import flame_at
-    from memtrace.analysis.run import analyse
+    from memtrace.analysis.analysed.run import analyse
+    from memtrace.analysis.holders.flame import flame_at
+    from memtrace.analysis.memory.curves import all_curves
     from memtrace.cli import main as cli
     from memtrace.plots.flame_svg import render_flame_svg
     from memtrace.plots.folded import render_folded

@@ -147,7 +147,7 @@ def bench_serve(browser, n: int, tmp: Path) -> None:
     save_trace(build(n), path)
     trace = load_trace(path)
     t = time.perf_counter()
-    from memtrace.analysis.run import analyse
+    from memtrace.analysis.analysed.run import analyse
 
     server = start(analyse([trace]), title="bench", max_events=4_000_000)
     print(f"serve      {len(trace.events):,} events analysed and served in {time.perf_counter() - t:.1f} s")

@@ -3,7 +3,7 @@
     python tests/bench/vllm_cost.py figure RUN_DIR             # one run's self-reported cost (tsv fields)
     python tests/bench/vllm_cost.py analyse runs.tsv [...]     # the pairs, analysed
 
-``figure`` prints what the trace in RUN_DIR says memtrace cost (``memtrace.analysis.self_cost``), as
+``figure`` prints what the trace in RUN_DIR says memtrace cost (``memtrace.analysis.analysed.self_cost``), as
 tab-separated fields ``self_ms self_pct history_ms self_sources`` (``-`` when not recorded):
 ``tests/gpu/vllm034/startups.sh``'s ``cost`` step writes them into its ``runs.tsv`` beside vLLM's own
 "init engine" figure.
@@ -37,7 +37,7 @@ BOOTSTRAP = 10_000
 
 def figure(run_dir: str) -> str:
     """The tsv fields of one traced run's self-reported cost."""
-    from memtrace.analysis.self_cost import self_cost
+    from memtrace.analysis.analysed.self_cost import self_cost
     from memtrace.plots import cost_text
     from memtrace.store import load_run
 

@@ -290,7 +290,7 @@ def test_served_page_of_a_run_too_big_for_one_page_zooms_and_clicks_through_the_
 def test_icicle_paths_in_the_page_are_the_flame_graphs_with_flashinfer_hook_frames(browser, tmp_path):
     """The real FlashInfer 0.6.13 probe: hooked workspace allocations get their [hook] frame in the page too."""
     from memtrace import load
-    from memtrace.analysis.flame import flame_at
+    from memtrace.analysis.holders.flame import flame_at
 
     run = DATA / "vllm-h200" / "flashinfer-probe"
     out = tmp_path / "probe.html"

@@ -136,9 +136,9 @@ def record(torch, memtrace, cudart, d: str):
 
 
 def check(trace) -> list[str]:
-    from memtrace.analysis import non_torch
-    from memtrace.analysis.phases import path_at
-    from memtrace.analysis.run import analyse
+    from memtrace.analysis.analysed.run import analyse
+    from memtrace.analysis.memory import non_torch
+    from memtrace.analysis.memory.phases import path_at
 
     recs = trace.device_allocs
     figures["records"] = len(recs)

@@ -49,8 +49,8 @@ def _record_and_check(hold: int, child_pid: int) -> int:
     import memtrace
     import torch
     import torch._inductor  # noqa: F401  (vLLM imports it; memtrace.start() would, for the stack symbolizer)
-    from memtrace.analysis.curves import all_curves
-    from memtrace.analysis.run import analyse
+    from memtrace.analysis.analysed.run import analyse
+    from memtrace.analysis.memory.curves import all_curves
     from memtrace.store import load_trace
 
     torch.cuda.init()

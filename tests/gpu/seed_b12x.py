@@ -199,8 +199,8 @@ def _build_layers(args, model: MoeModel, torch, memtrace) -> tuple[str, list]:
 
 
 def _report(path: Path, args, model: MoeModel, how: str, allocated: int, reserved: int, version: str) -> None:
-    from memtrace.analysis.diff import figures
-    from memtrace.analysis.flame import hook_short_name
+    from memtrace.analysis.gate.diff import figures
+    from memtrace.analysis.holders.flame import hook_short_name
     from memtrace.store import load_trace
 
     trace = load_trace(path)

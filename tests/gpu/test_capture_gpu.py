@@ -13,7 +13,7 @@ import time
 import memtrace
 import numpy as np
 import pytest
-from memtrace.analysis.curves import non_torch_curve, reserved_curve
+from memtrace.analysis.memory.curves import non_torch_curve, reserved_curve
 from memtrace.model import ACTION_CODE
 from memtrace.store import load_run, load_trace
 
@@ -380,7 +380,7 @@ def test_the_history_calibration_measures_a_cost_and_leaves_the_allocator_as_it_
     """The self-cost fact's history part on a real GPU: measured and positive, the allocator's reserved
     bytes the same after start() as before it, and an estimate for the trace's allocations."""
     from memtrace import facts as F
-    from memtrace.analysis.self_cost import HISTORY, self_cost
+    from memtrace.analysis.analysed.self_cost import HISTORY, self_cost
 
     torch = torch_cuda
     reserved = torch.cuda.memory_reserved()

@@ -131,7 +131,7 @@ def test_cpu_worker_records_no_allocator_events_and_says_why(runs):
 
 def test_the_trace_states_what_memtrace_cost_vllms_worker(runs):
     """memtrace's own time in the worker, by source; the history's cost is not measured on a CPU, never 0."""
-    from memtrace.analysis.self_cost import self_cost
+    from memtrace.analysis.analysed.self_cost import self_cost
     from memtrace.plots import cost_text
 
     trace = _trace(runs)

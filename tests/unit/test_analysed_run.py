@@ -6,8 +6,8 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from memtrace.analysis.rank import TargetSpec
-from memtrace.analysis.run import analyse
+from memtrace.analysis.analysed.rank import TargetSpec
+from memtrace.analysis.analysed.run import analyse
 from memtrace.store import load_trace
 
 TRACE = next((Path(__file__).resolve().parents[1] / "data" / "h200" / "startup-cap16g").glob("*.memtrace"))

@@ -16,7 +16,7 @@ import pickle
 from pathlib import Path
 
 import pytest
-from memtrace.analysis import quantities as Q
+from memtrace.analysis.memory import quantities as Q
 from memtrace.cli import main
 from memtrace.importers.files import read_snapshot
 from testdata import DATA, unpacked

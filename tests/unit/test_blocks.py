@@ -7,8 +7,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from memtrace import facts as F
-from memtrace.analysis.blocks import block_curve, block_sizes, round_size
-from memtrace.analysis.curves import all_curves
+from memtrace.analysis.memory.blocks import block_curve, block_sizes, round_size
+from memtrace.analysis.memory.curves import all_curves
 from memtrace.model import ACTION_CODE
 from memtrace.store import load_run
 from vllm034_data import STEPS, VLLM033, run_dir

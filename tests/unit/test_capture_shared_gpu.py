@@ -15,8 +15,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from memtrace.analysis import fits as fits_mod
-from memtrace.analysis.curves import all_curves
+from memtrace.analysis.capacity import fits as fits_mod
+from memtrace.analysis.memory.curves import all_curves
 from memtrace.model import FORMAT_VERSION, OTHERS_DTYPE
 from memtrace.store import load_trace, save_trace
 from references import summarize

@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import synthetic_startup
-from memtrace.analysis.categories import (
+from memtrace.analysis.memory.categories import (
     ACTIVATIONS,
     CATEGORIES,
     CUDAGRAPH,
@@ -197,8 +197,8 @@ def test_real_vllm_kv_cache_and_weights_categories_match_vllms_own_figures():
 def test_category_steps_read_the_category_curves_at_any_index_without_building_them():
     """The view's zoom reads categories at a few thousand indices (analysis.categories.CategorySteps)."""
     import numpy as np
-    from memtrace.analysis.categories import CATEGORIES, category_steps
-    from memtrace.analysis.run import analyse
+    from memtrace.analysis.analysed.run import analyse
+    from memtrace.analysis.memory.categories import CATEGORIES, category_steps
     from memtrace.store import load_run
     from references import category_curves
 

@@ -48,7 +48,7 @@ def test_a_report_of_a_memtrace_file_imports_neither_the_plugin_nor_the_profiler
         "import contextlib, io, json, sys; from memtrace.cli import main\n"
         f"with contextlib.redirect_stdout(io.StringIO()): main(['report', {str(trace)!r}])\n"
         "mods = ('memtrace.plugins.vllm', 'memtrace.plugins.hooks', 'memtrace.importers.kineto',\n"
-        "        'memtrace.analysis.whatif', 'memtrace.analysis.fits')\n"
+        "        'memtrace.analysis.capacity.whatif', 'memtrace.analysis.capacity.fits')\n"
         "print(json.dumps([m for m in mods if m in sys.modules]))"
     )
     out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True, cwd=tmp_path)

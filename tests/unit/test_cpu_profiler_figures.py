@@ -10,7 +10,7 @@ import json
 import re
 from pathlib import Path
 
-from memtrace.analysis.quantities import CPU_PROFILED
+from memtrace.analysis.memory.quantities import CPU_PROFILED
 from memtrace.cli import main
 
 DATA = Path(__file__).resolve().parents[1] / "data"
@@ -109,7 +109,7 @@ def test_the_definitions_of_a_cpu_trace_define_allocated_and_the_cpus_memory_nev
 
 
 def _drawn(path: Path, tmp_path: Path):
-    from memtrace.analysis.run import analyse
+    from memtrace.analysis.analysed.run import analyse
     from memtrace.importers.files import load_input
     from memtrace.plots.timeline import render
 

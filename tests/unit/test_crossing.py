@@ -8,11 +8,11 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from memtrace.analysis.crossing import crossings, excursion
-from memtrace.analysis.curves import Curve, all_curves
-from memtrace.analysis.oom import find_oom
-from memtrace.analysis.phases import recording_span
-from memtrace.analysis.target import resolve_target
+from memtrace.analysis.memory.crossing import crossings, excursion
+from memtrace.analysis.memory.curves import Curve, all_curves
+from memtrace.analysis.memory.oom import find_oom
+from memtrace.analysis.memory.phases import recording_span
+from memtrace.analysis.memory.target import resolve_target
 from memtrace.store import load_run
 from testdata import unpacked
 

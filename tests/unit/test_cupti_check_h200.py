@@ -4,8 +4,8 @@ Python stack and phase, PyTorch's segment is recognised, and CUPTI's own device 
 
 from pathlib import Path
 
-from memtrace.analysis import non_torch
-from memtrace.analysis.phases import path_at
+from memtrace.analysis.memory import non_torch
+from memtrace.analysis.memory.phases import path_at
 from memtrace.model import MEMORY_OPS
 from memtrace.store import load_trace
 from references import summarize

@@ -6,8 +6,8 @@ by exactly that: the reason the source stays off by default."""
 import csv
 from pathlib import Path
 
-from memtrace.analysis.curves import all_curves
-from memtrace.analysis.landmarks import landmarks, steady_non_torch
+from memtrace.analysis.analysed.landmarks import landmarks, steady_non_torch
+from memtrace.analysis.memory.curves import all_curves
 from memtrace.store import load_trace
 
 HERE = Path(__file__).parents[1] / "data" / "vllm-h200"
@@ -33,7 +33,7 @@ def test_cuptis_own_buffers_shrink_vllms_kv_cache_by_exactly_their_size():
 
 
 def test_the_analysis_names_cuptis_own_bytes_from_the_cupti_run_alone():
-    from memtrace.analysis import non_torch
+    from memtrace.analysis.memory import non_torch
 
     cupti = _figures("cupti")[0]
     assert non_torch.cupti_own_bytes(cupti) == CUPTI_BYTES  # what the run without CUPTI shows is missing

@@ -16,7 +16,7 @@ from types import SimpleNamespace
 import memtrace
 import numpy as np
 import pytest
-from memtrace.analysis.phases import path_at
+from memtrace.analysis.memory.phases import path_at
 from memtrace.capture import cupti as source_mod
 from memtrace.model import MEMORY_KINDS, MEMORY_OPS
 from memtrace.store import load_trace
@@ -352,7 +352,7 @@ def test_a_torch_operator_is_named_in_its_frame_and_names_the_allocation(fake, t
     import functools
 
     import torch
-    from memtrace.analysis import non_torch
+    from memtrace.analysis.memory import non_torch
 
     monkeypatch.setenv(source_mod.STACKS_ENV, "1")
 

@@ -3,7 +3,7 @@
 
 from pathlib import Path
 
-from memtrace.analysis import non_torch
+from memtrace.analysis.memory import non_torch
 from memtrace.model import MEMORY_OPS
 from memtrace.store import load_trace
 from references import summarize
@@ -85,7 +85,7 @@ def test_report_states_the_breakdown_in_bytes():
 
 
 def test_fits_splits_its_assumed_non_pytorch_memory_by_cuptis_records():
-    from memtrace.analysis import fits
+    from memtrace.analysis.capacity import fits
 
     r = fits.fit(load_trace(TRACE), 80 * 2**30)
     assert r.non_torch_source == fits.NT_AT_SIZING

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import numpy as np
-from memtrace.analysis.curves import all_curves, baseline, reserved_curve
-from memtrace.analysis.live import live_allocations_at
+from memtrace.analysis.holders.live import live_allocations_at
+from memtrace.analysis.memory.curves import all_curves, baseline, reserved_curve
 from memtrace.model import SAMPLE_DTYPE
 from references import allocated_curve, trace_from_snapshot
 
@@ -158,7 +158,7 @@ def test_live_bytes_equal_the_allocated_curve_after_every_event():
 
 
 def test_held_is_reserved_plus_what_cuda_vmm_committed():
-    from memtrace.analysis.curves import Curve, sum_curves
+    from memtrace.analysis.memory.curves import Curve, sum_curves
 
     reserved = Curve(np.array([1, 3, 3, 5]), np.array([1, 2, 4, 0]))
     vmm = Curve(np.array([2, 3]), np.array([10, 20]))

@@ -203,7 +203,7 @@ def test_real_workspace_extra_names_the_workspace_site(real_diff):
 @NEEDS_PAIR
 def test_stacks_are_keyed_as_site_key_says_frame_by_frame():
     """The diff keys each stack through a per-frame memo; it must give :func:`site_key`'s answer for every stack."""
-    from memtrace.analysis.diff_sites import SiteKeys, site_key
+    from memtrace.analysis.gate.diff_sites import SiteKeys, site_key
     from memtrace.store import load_run
 
     trace = load_run(REAL_PAIR[1]).traces[0]
@@ -267,7 +267,7 @@ def test_phaseless_snapshot_pair_fails_on_global_peak_growth(snapshots, capsys):
 def test_phaseless_snapshot_global_peaks_match_the_recorded_run():
     import tempfile
 
-    from memtrace.analysis.diff import PEAK_ALLOCATED, PEAK_RESERVED, figures
+    from memtrace.analysis.gate.diff import PEAK_ALLOCATED, PEAK_RESERVED, figures
     from memtrace.store import load_run
     from references import trace_from_snapshot_file
 
@@ -324,7 +324,7 @@ def test_new_run_dying_of_oom_names_phase_request_and_free_memory(capsys):
 
 
 def test_hooked_bytes_are_what_each_call_added():
-    from memtrace.analysis.diff import hook_call_bytes
+    from memtrace.analysis.gate.diff import hook_call_bytes
 
     # the real 0.6.13 dynamic allocator on the H200: 94,974,860 B returned, 95,110,144 B allocated (512 B blocks)
     assert hook_call_bytes(94_974_860, 95_110_144) == 94_974_860
@@ -368,7 +368,7 @@ def test_real_public_snapshots_without_phases_are_gated_on_their_peaks(capsys):
 
 
 def test_diff_peaks_are_report_peaks_on_every_real_trace():
-    from memtrace.analysis.diff import PEAK_ALLOCATED, PEAK_DEVICE, PEAK_RESERVED, figures
+    from memtrace.analysis.gate.diff import PEAK_ALLOCATED, PEAK_DEVICE, PEAK_RESERVED, figures
     from memtrace.store import load_trace
     from references import summarize
     from testdata import real_traces

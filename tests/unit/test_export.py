@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import synthetic_gates as g
-from memtrace.analysis.curves import all_curves
+from memtrace.analysis.memory.curves import all_curves
 from memtrace.cli import main
 from memtrace.plots.memory_viz import export_memory_viz
 from memtrace.plots.perfetto import export_perfetto
@@ -226,7 +226,7 @@ def test_export_reads_a_snapshot_pickle(tmp_path, monkeypatch):
 
 @pytest.mark.parametrize("run", ["vllm-h200/startup", "h200/startup-cap16g"])
 def test_perfetto_non_pytorch_is_the_steady_curve_not_the_raw_spikes(tmp_path, run):
-    from memtrace.analysis.landmarks import steady_non_torch
+    from memtrace.analysis.analysed.landmarks import steady_non_torch
     from memtrace.store import load_run
 
     path = unpacked(TESTS / "data" / run)

@@ -8,9 +8,9 @@ from pathlib import Path
 
 import numpy as np
 from memtrace import load
-from memtrace.analysis import quantities as Q
-from memtrace.analysis.rank import TargetSpec
-from memtrace.analysis.run import analyse
+from memtrace.analysis.analysed.rank import TargetSpec
+from memtrace.analysis.analysed.run import analyse
+from memtrace.analysis.memory import quantities as Q
 from memtrace.cli import main
 from testdata import unpacked
 

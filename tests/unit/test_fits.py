@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 import synthetic_gates as g
-from memtrace.analysis.fits import DIED, FITS, NO_KV, OOM, REFUSED, UNKNOWN, fit, fits
+from memtrace.analysis.capacity.fits import DIED, FITS, NO_KV, OOM, REFUSED, UNKNOWN, fit, fits
 from memtrace.cli import main
 from memtrace.store import save_trace
 from testdata import unpacked
@@ -28,7 +28,7 @@ def synthetic():
 
 
 def test_card_independent_memory_is_the_one_non_kv_figure(synthetic):
-    from memtrace.analysis.reconcile import MEMTRACE, non_kv
+    from memtrace.analysis.capacity.reconcile import MEMTRACE, non_kv
 
     r = fit(synthetic, 48 * GiB)
     # vLLM's formula on the curves (what report shows), not the SYNTHETIC builder's own simpler sizing,
@@ -40,7 +40,7 @@ def test_card_independent_memory_is_the_one_non_kv_figure(synthetic):
 
 
 def test_the_recorded_card_fits_with_the_reconstructed_kv_cache(synthetic):
-    from memtrace.analysis.reconcile import reconcile_kv
+    from memtrace.analysis.capacity.reconcile import reconcile_kv
 
     r = fit(synthetic, 48 * GiB)
     assert r.outcome == FITS
@@ -163,8 +163,8 @@ def test_the_recorded_non_torch_memory_is_in_cudas_accounting_like_the_mimics_li
     # NVML's "used" includes memory the driver reserves and CUDA never reports (NVML total - CUDA total).
     # Left in, it made the full card's non-PyTorch memory look 0.60 GiB larger than the mimicked cards'
     # (set_per_process_memory_fraction was sized from cudaMemGetInfo) and fits predicted death on 32 GiB.
-    from memtrace.analysis.curves import driver_reserved_bytes
-    from memtrace.analysis.landmarks import landmarks
+    from memtrace.analysis.analysed.landmarks import landmarks
+    from memtrace.analysis.memory.curves import driver_reserved_bytes
     from memtrace.store import load_run
 
     full = load_run(H200 / "startup-full").traces[0]
@@ -181,8 +181,8 @@ def test_the_recorded_non_torch_memory_is_in_cudas_accounting_like_the_mimics_li
 def test_shifted_full_card_curve_matches_the_32gib_runs_own_warm_up_peak():
     # the model's core assumption, checked on real data: after the KV cache, the small card's curve is
     # the full card's moved by the difference in KV bytes (to within the KV cache's block rounding)
-    from memtrace.analysis.curves import all_curves
-    from memtrace.analysis.phases import phase_stats
+    from memtrace.analysis.memory.curves import all_curves
+    from memtrace.analysis.memory.phases import phase_stats
     from memtrace.store import load_run
 
     full, small = (load_run(H200 / n).traces[0] for n in ("startup-full", "startup-cap32g"))
@@ -217,8 +217,8 @@ def test_vllm_refuses_a_kv_cache_too_small_for_one_max_model_len_request():
 
 
 def test_pinned_curve_drops_cached_segments_that_the_allocator_could_release():
-    from memtrace.analysis.curves import all_curves
-    from memtrace.analysis.pinned import pinned_curve
+    from memtrace.analysis.memory.curves import all_curves
+    from memtrace.analysis.memory.pinned import pinned_curve
 
     trace = g.vllm_like_startup()
     curves = all_curves(trace)
@@ -300,7 +300,7 @@ def test_a_run_that_died_of_oom_on_its_card_says_it_dies_there(name, capsys):
 @NEEDS_H200
 @pytest.mark.parametrize("name", OOM_RUNS + ("startup-cap6g",))
 def test_a_recording_that_ended_in_oom_never_fits_any_card(name):
-    from memtrace.analysis.fits import smallest_fitting
+    from memtrace.analysis.capacity.fits import smallest_fitting
     from memtrace.store import load_run
 
     trace = load_run(H200 / name).traces[0]

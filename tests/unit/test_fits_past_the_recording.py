@@ -20,9 +20,9 @@ import json
 import math
 
 import pytest
-from memtrace.analysis import whatif as W
-from memtrace.analysis.fits import SEARCH_STEP
-from memtrace.analysis.run import analyse
+from memtrace.analysis.analysed.run import analyse
+from memtrace.analysis.capacity import whatif as W
+from memtrace.analysis.capacity.fits import SEARCH_STEP
 from memtrace.cli import main
 from memtrace.store import load_run
 from testdata import DATA

@@ -11,8 +11,8 @@ from __future__ import annotations
 import json
 
 import pytest
-from memtrace.analysis import whatif as W
-from memtrace.analysis.run import analyse
+from memtrace.analysis.analysed.run import analyse
+from memtrace.analysis.capacity import whatif as W
 from memtrace.cli import main
 from memtrace.errors import UsageError
 from memtrace.store import load_run
@@ -198,7 +198,7 @@ def test_fitted_scalings_come_from_the_traces_and_state_their_residual():
 def test_a_real_start_up_is_predicted_from_another_within_2_percent_or_256_mib(base, held_out):
     """fits_check: the held-out run's flags and card (its neighbour kept) predicted from the base run, every
     phase's peak, vLLM's available KV and its blocks compared with what the held-out run measured."""
-    from memtrace.analysis import fits_check
+    from memtrace.analysis.capacity import fits_check
 
     c = fits_check.check(W.sites_of(_rank(base)), None, W.sites_of(_rank(held_out)), held_out)
     bad = [f for f in c.figures if not f.ok]

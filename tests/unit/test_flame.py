@@ -13,9 +13,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 import synthetic_startup
-from memtrace.analysis.curves import all_curves
-from memtrace.analysis.flame import BEFORE_RECORDING, HOOK_PREFIX, flame_at, frame_label
-from memtrace.analysis.live import holders_by_stack
+from memtrace.analysis.holders.flame import BEFORE_RECORDING, HOOK_PREFIX, flame_at, frame_label
+from memtrace.analysis.holders.live import holders_by_stack
+from memtrace.analysis.memory.curves import all_curves
 from memtrace.cli import main
 from memtrace.model import ACTION_CODE, Frame, Trace, empty_events
 from memtrace.plots.flame_svg import render_flame_svg

@@ -10,9 +10,9 @@ import xml.etree.ElementTree as ET
 from pathlib import Path
 
 import pytest
-from memtrace.analysis import non_torch
-from memtrace.analysis.curves import all_curves
-from memtrace.analysis.flame import NO_STACK, NON_TORCH, PHASE_PREFIX, flame_at
+from memtrace.analysis.holders.flame import NO_STACK, NON_TORCH, PHASE_PREFIX, flame_at
+from memtrace.analysis.memory import non_torch
+from memtrace.analysis.memory.curves import all_curves
 from memtrace.cli import main
 from memtrace.model import empty_device_allocs
 from memtrace.plots.flame_svg import render_flame_svg

@@ -14,10 +14,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 from memtrace import facts as F
-from memtrace.analysis.curves import all_curves
-from memtrace.analysis.flame import flame_at
-from memtrace.analysis.live import lifetimes
-from memtrace.analysis.moment import parse_time_us, resolve_moment, with_since
+from memtrace.analysis.holders.flame import flame_at
+from memtrace.analysis.holders.live import lifetimes
+from memtrace.analysis.holders.moment import parse_time_us, resolve_moment, with_since
+from memtrace.analysis.memory.curves import all_curves
 from memtrace.cli import main
 from memtrace.errors import UsageError
 from memtrace.plots.flame_svg import fit_label, short_label

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import memtrace.capture.api
 import memtrace.plots
-from memtrace.analysis.frames import meaningful_frame
+from memtrace.analysis.holders.frames import meaningful_frame
 from memtrace.model import Frame
 
 
@@ -43,7 +43,7 @@ def test_torch_and_memtrace_installed_anywhere_are_plumbing():
 
 def test_classifying_frames_imports_no_torch():
     code = (
-        "import sys; from memtrace.analysis.frames import meaningful_frame; from memtrace.model import Frame; "
+        "import sys; from memtrace.analysis.holders.frames import meaningful_frame; from memtrace.model import Frame; "
         "meaningful_frame([Frame('/x/site-packages/torch/a.py', 1, 'a'), Frame('/y/b.py', 2, 'b')]); "
         "print('torch' in sys.modules)"
     )

@@ -8,7 +8,7 @@ import sqlite3
 from pathlib import Path
 
 import pytest
-from memtrace.analysis.history import figures_doc, figures_from_doc, record
+from memtrace.analysis.gate.history import figures_doc, figures_from_doc, record
 from memtrace.cli import main
 from memtrace.history_store import VERSION
 from memtrace.store import load_run
@@ -114,7 +114,7 @@ def test_a_refused_first_run_gated_again_with_allow_new_becomes_the_reference(tm
 def test_a_new_oom_fails_the_check(tmp_path, capsys):
     # cap6g is its own key (a 6 GiB card); store cap6g's key with a run that did not die: the same trace
     # with its OOM dropped, then check the real one
-    from memtrace.analysis.history import record as rec
+    from memtrace.analysis.gate.history import record as rec
 
     path = tmp_path / "h.sqlite"
     assert _run(capsys, "add", CAP6, "--db", path)[0] == 0
@@ -241,7 +241,7 @@ def test_the_example_ci_script_gates_recorded_runs_and_keeps_the_artifacts(tmp_p
     ],
 )
 def test_program_name_is_what_ran(cmdline, program):
-    from memtrace.analysis.history_key import program_name
+    from memtrace.analysis.gate.history_key import program_name
 
     assert program_name({"cmdline": cmdline}) == program
 
@@ -251,7 +251,7 @@ def test_a_command_line_that_lost_a_flags_name_claims_nothing_was_left_to_vllm()
     ``--skip-tokenizer-init``; a flag missing from such a line proves nothing, so none is "left to vLLM"
     (a diff would otherwise call the user's own setting a change the new versions made)."""
     from memtrace import facts as F
-    from memtrace.analysis.history_key import flags_readable, left_to_vllm
+    from memtrace.analysis.gate.history_key import flags_readable, left_to_vllm
     from memtrace.model import Trace
 
     shipped = load_run(VLLM).traces[0]

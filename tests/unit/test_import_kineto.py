@@ -10,7 +10,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from memtrace.analysis.curves import all_curves
+from memtrace.analysis.memory.curves import all_curves
 from memtrace.cli import main
 from memtrace.errors import TraceFormatError
 from memtrace.importers.kineto import traces_from_kineto, traces_from_kineto_file

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from memtrace.analysis.curves import all_curves
+from memtrace.analysis.memory.curves import all_curves
 from memtrace.cli import main
 from memtrace.importers.files import read_snapshot, traces_from_snapshot_file
 from memtrace.importers.torch_snapshot import MOMENT_NOTE, NO_STATE_NOTE, traces_from_snapshot

@@ -13,10 +13,10 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from memtrace.analysis.curves import all_curves
-from memtrace.analysis.frames import is_python_frame, meaningful_frame, python_frames
-from memtrace.analysis.live import holders_by_stack
-from memtrace.analysis.oom import find_oom
+from memtrace.analysis.holders.frames import is_python_frame, meaningful_frame, python_frames
+from memtrace.analysis.holders.live import holders_by_stack
+from memtrace.analysis.memory.curves import all_curves
+from memtrace.analysis.memory.oom import find_oom
 from memtrace.cli import main
 from memtrace.importers.files import read_snapshot, traces_from_snapshot_file
 from memtrace.importers.torch_snapshot import traces_from_snapshot

@@ -84,8 +84,8 @@ def test_every_output_of_a_run_that_died_says_so_first(tmp_path, capsys):
 
 
 def test_the_timeline_title_of_a_run_that_died_says_so_first():
-    from memtrace.analysis.run import analyse
-    from memtrace.analysis.titles import timeline_title
+    from memtrace.analysis.analysed.run import analyse
+    from memtrace.analysis.analysed.titles import timeline_title
     from memtrace.store import load_run
 
     run = analyse(load_run(CAP16).traces, path=str(CAP16))

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import pytest
 from memtrace import facts as F
-from memtrace.analysis import fits_check as FC
+from memtrace.analysis.capacity import fits_check as FC
 from memtrace.store import load_run
 from vllm034_data import VLLM034
 from whatif_heldout_cases import GRID

@@ -14,10 +14,10 @@ import io
 
 import numpy as np
 import pytest
-from memtrace.analysis import non_torch as nt
-from memtrace.analysis.curves import all_curves
-from memtrace.analysis.landmarks import steady_non_torch_at
-from memtrace.analysis.summary import summary_to_dict
+from memtrace.analysis.analysed.landmarks import steady_non_torch_at
+from memtrace.analysis.analysed.summary import summary_to_dict
+from memtrace.analysis.memory import non_torch as nt
+from memtrace.analysis.memory.curves import all_curves
 from memtrace.model import ACTION_CODE, FORMAT_VERSION, MEMORY_KINDS, MEMORY_OPS, Frame, Segment, empty_device_allocs
 from memtrace.plots.text import render_report
 from memtrace.store import load_trace, save_trace

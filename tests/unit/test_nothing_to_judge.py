@@ -63,7 +63,7 @@ def test_history_keeps_no_empty_run_as_a_reference_and_checks_none(empty, tmp_pa
 
 
 def test_the_pytest_gate_fails_a_recording_that_saw_no_gpu_memory(empty):
-    from memtrace.analysis.budget import check_budget
+    from memtrace.analysis.gate.budget import check_budget
 
     with pytest.raises(NothingToJudge, match="recorded no allocator events"):
         check_budget(load_trace(empty), 30 << 30)

@@ -167,8 +167,8 @@ def two_runs(tmp_path_factory) -> Path:
     apart and without ranks, they are two runs, refused: issue 32 defect 10.)"""
     import dataclasses
 
-    from memtrace.analysis.origin import shifted
-    from memtrace.analysis.phases import recording_span
+    from memtrace.analysis.analysed.origin import shifted
+    from memtrace.analysis.memory.phases import recording_span
     from memtrace.store import load_run, save_trace
 
     folder = tmp_path_factory.mktemp("two-h200") / "run"
@@ -295,7 +295,7 @@ def _every_shipped_trace() -> list[Path]:
 
 @pytest.mark.parametrize("run", _every_shipped_trace(), ids=lambda p: f"{p.parent.name}/{p.name}")
 def test_every_named_quantity_is_the_same_bytes_in_every_output_that_shows_it(run, capsys, tmp):
-    from memtrace.analysis import quantities as Q
+    from memtrace.analysis.memory import quantities as Q
     from memtrace.units import gib_or_dash
 
     code, out = _cli(capsys, "report", run, "--json")

@@ -9,8 +9,8 @@ import json
 from pathlib import Path
 
 import pytest
-from memtrace.analysis.quantities import AT_ONE_MOMENT, ONE_MOMENT, peak_bound
-from memtrace.analysis.run import analyse
+from memtrace.analysis.analysed.run import analyse
+from memtrace.analysis.memory.quantities import AT_ONE_MOMENT, ONE_MOMENT, peak_bound
 from memtrace.cli import main
 from memtrace.importers.files import traces_from_snapshot_file
 from memtrace.plots.issue_md import answer

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from memtrace.analysis.phases import phase_at, phase_path, phase_stats
+from memtrace.analysis.memory.phases import phase_at, phase_path, phase_stats
 from memtrace.model import ACTION_CODE, Phase, Trace, empty_events
 
 MiB = 1 << 20

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from memtrace.analysis import pinned as P
-from memtrace.analysis.curves import all_curves
+from memtrace.analysis.memory import pinned as P
+from memtrace.analysis.memory.curves import all_curves
 from memtrace.model import ACTION_CODE, Block, Segment, Trace, empty_events
 from references import pinned_loop
 

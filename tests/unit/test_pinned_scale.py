@@ -9,8 +9,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from memtrace.analysis import pinned as P
-from memtrace.analysis.curves import all_curves
+from memtrace.analysis.memory import pinned as P
+from memtrace.analysis.memory.curves import all_curves
 from memtrace.model import ACTION_CODE, Trace, empty_events
 from references import pinned_loop
 

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 from memtrace import facts as F
-from memtrace.analysis.target import resolve_target
+from memtrace.analysis.memory.target import resolve_target
 from memtrace.cli import main
 from memtrace.plots.timeline import crossing_text, oom_text, render_timeline
 from memtrace.plots.timeline_data import prepare_rank

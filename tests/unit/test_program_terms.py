@@ -7,8 +7,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from memtrace.analysis import quantities as Q
-from memtrace.analysis.flame import BEFORE_RECORDING, VMM_KV
+from memtrace.analysis.holders.flame import BEFORE_RECORDING, VMM_KV
+from memtrace.analysis.memory import quantities as Q
 from memtrace.cli import main
 from memtrace.plots.palette import VMM_KV_LABEL
 from testdata import unpacked
@@ -66,7 +66,7 @@ def test_the_headline_of_a_0_34_run_names_what_the_process_held_as_the_report_do
     """The view's and the issue bundle's first sentence said "PyTorch reserved peaked at 11.73 GiB, 128.07 GiB
     below the target" for moe-ext, whose KV cache (126 GiB, outside PyTorch) filled the card, and 99.04 GiB below
     for small-ext beside a 96.6 GiB neighbour; the report's Target section says held, and the card's own fill."""
-    from memtrace.analysis.run import analyse
+    from memtrace.analysis.analysed.run import analyse
     from memtrace.plots.verdict_text import headline
     from memtrace.store import load_run
     from vllm034_data import run_dir

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 import synthetic_gates as g
-from memtrace.analysis.budget import check_budget
+from memtrace.analysis.gate.budget import check_budget
 from memtrace.errors import UsageError
 from memtrace.plugins.pytest_plugin import cuda_unavailable_reason, failure_message, parse_budget
 from memtrace.store import load_trace
@@ -103,7 +103,7 @@ def test_util_budget_parses():
 
 
 def test_util_budget_is_the_target_report_resolves_and_the_peaks_are_reports():
-    from memtrace.analysis.target import resolve_target
+    from memtrace.analysis.memory.target import resolve_target
     from references import summarize
 
     trace = load_trace(next((H200 / "startup-cap32g").glob("*.memtrace")))

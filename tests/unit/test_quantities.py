@@ -6,8 +6,8 @@ import re
 from pathlib import Path
 
 import numpy as np
-from memtrace.analysis import quantities as Q
-from memtrace.analysis.curves import Curve
+from memtrace.analysis.memory import quantities as Q
+from memtrace.analysis.memory.curves import Curve
 from testdata import unpacked
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -61,7 +61,7 @@ def test_the_state_at_the_peak_is_the_fullest_moment_of_the_reserved_plateau():
 
 
 def test_the_whole_device_peak_puts_other_processes_back():
-    from memtrace.analysis.curves import Baseline, Curves
+    from memtrace.analysis.memory.curves import Baseline, Curves
 
     used = _curve([5, 7, 6], [0, 10, 20])
     others = _curve([90, 100], [5, 15])

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from memtrace.analysis.curves import reserved_curve
+from memtrace.analysis.memory.curves import reserved_curve
 from memtrace.model import ACTION_CODE
 from memtrace.store import load_run
 
@@ -124,7 +124,7 @@ def _trace_ids() -> list:
 
 @pytest.mark.parametrize("path", _trace_ids())
 def test_report_and_fits_agree_on_the_oom_the_target_and_the_non_kv_figure(path, capsys):
-    from memtrace.analysis.oom import find_oom
+    from memtrace.analysis.memory.oom import find_oom
     from memtrace.cli import main
     from memtrace.store import load_trace
 

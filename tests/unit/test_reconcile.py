@@ -10,7 +10,7 @@ import re
 from pathlib import Path
 
 import pytest
-from memtrace.analysis.reconcile import FORMULA_025, FORMULA_033, choose_formula, reconcile_kv
+from memtrace.analysis.capacity.reconcile import FORMULA_025, FORMULA_033, choose_formula, reconcile_kv
 from memtrace.model import ACTION_CODE, Phase, Trace, empty_events, empty_samples
 from testdata import unpacked
 
@@ -153,7 +153,7 @@ def test_real_h200_trace_matches_vllms_available_kv_within_one_percent():
 
 
 def test_non_kv_is_one_figure_with_the_reconstruction_first_then_vllms_then_the_pre_kv_peak():
-    from memtrace.analysis.reconcile import MEMTRACE, PRE_KV_PEAK, VLLM_RECORDED, non_kv
+    from memtrace.analysis.capacity.reconcile import MEMTRACE, PRE_KV_PEAK, VLLM_RECORDED, non_kv
     from memtrace.store import load_run
 
     trace = _real_trace()
@@ -173,8 +173,8 @@ def test_a_given_kv_size_is_not_reconstructed_and_fits_keeps_it_on_every_card():
     # --kv-cache-memory-bytes / VLLM_ENABLE_STARTUP_PLAN: vLLM runs profile_run but no formula (vLLM 0.32's
     # determine_available_memory); the KV cache has the given size on any card
     from memtrace import facts as F
-    from memtrace.analysis.fits import fit
-    from memtrace.analysis.reconcile import KV_GIVEN, non_kv, reconcile_kv
+    from memtrace.analysis.capacity.fits import fit
+    from memtrace.analysis.capacity.reconcile import KV_GIVEN, non_kv, reconcile_kv
     from memtrace.store import load_run
 
     trace = load_run(unpacked(REAL / "startup-stacks")).traces[0]
@@ -193,8 +193,8 @@ def test_every_sizing_mode_the_plugin_records_is_known_by_name_and_in_words():
     apart: two are a size handed to vLLM, and each has words for "vLLM's default with ...". An earlier
     table had words for "given", a value the plugin never writes."""
     from memtrace import facts as F
-    from memtrace.analysis.reconcile import kv_size_given
-    from memtrace.analysis.target import KV_SIZING_WORDS
+    from memtrace.analysis.capacity.reconcile import kv_size_given
+    from memtrace.analysis.memory.target import KV_SIZING_WORDS
     from memtrace.model import Trace
 
     modes = (F.KV_SIZED_BY_PROFILING, F.KV_SIZED_EXTENSIBLE, F.KV_SIZE_GIVEN_FLAG, F.KV_SIZE_GIVEN_PLAN)

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import memtrace.plots
 import pytest
-from memtrace.analysis import quantities as Q
+from memtrace.analysis.memory import quantities as Q
 
 PLOTS = Path(memtrace.plots.__file__).parent
 RENDERERS = [p for p in sorted(PLOTS.glob("*.py")) if p.name not in ("__init__.py", "format_spec.py", "formats.py")]

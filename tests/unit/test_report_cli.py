@@ -73,7 +73,7 @@ def test_report_lists_hook_calls_and_the_definitions(capsys, startup_file):
     out = report(capsys, startup_file)
     assert "allocate_sm120_dynamic_workspace    13.00" in out
     text = " ".join(out.split("Definitions")[-1].split())  # the footer, unwrapped
-    from memtrace.analysis import quantities as Q
+    from memtrace.analysis.memory import quantities as Q
 
     for q in (Q.ALLOCATED, Q.ALLOCATED_BLOCKS, Q.RESERVED, Q.DEVICE_USED, Q.NON_TORCH):  # one vocabulary
         assert f"{q.label} = {q.meaning}." in text

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 from capture_fakes import session_with
 from memtrace import facts as F
-from memtrace.analysis.self_cost import HISTORY, history_estimate_ns, self_cost
+from memtrace.analysis.analysed.self_cost import HISTORY, history_estimate_ns, self_cost
 from memtrace.capture import history_cost, selfcost
 from memtrace.capture import session as S
 from memtrace.model import ACTION_CODE

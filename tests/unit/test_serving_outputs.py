@@ -5,7 +5,7 @@ an H200 start-up's history replayed, an OOM an hour into serving)."""
 from __future__ import annotations
 
 import pytest
-from memtrace.analysis.run import analyse
+from memtrace.analysis.analysed.run import analyse
 from memtrace.cli import main
 from serving_fakes import GAP_S, REQUESTED_BYTES, write_fake_serving
 
@@ -79,7 +79,7 @@ def test_flame_at_a_time_in_the_window_reads_the_window(fake, tmp_path, capsys):
 
 
 def test_the_issue_bundle_states_the_window_first_and_draws_the_flame_at_the_oom(fake, tmp_path):
-    from memtrace.analysis import quantities as Q
+    from memtrace.analysis.memory import quantities as Q
 
     out = tmp_path / "bundle"
     assert main(["issue", fake.path, "-o", str(out)]) == 0

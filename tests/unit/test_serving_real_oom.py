@@ -8,7 +8,7 @@ from __future__ import annotations
 import re
 
 import pytest
-from memtrace.analysis.run import analyse
+from memtrace.analysis.analysed.run import analyse
 from memtrace.cli import main
 from memtrace.store import load_run
 from vllm034_data import TORCH_SIZE, Recorded
@@ -105,7 +105,7 @@ def test_what_held_pytorchs_memory_at_the_oom_is_torchs_own_figures_to_the_round
 
 
 def test_the_device_at_the_oom_is_torchs_free_figure_and_another_process_took_the_headroom(rank):
-    from memtrace.analysis.serving_held import DERIVED
+    from memtrace.analysis.serving.serving_held import DERIVED
     from memtrace.units import format_size
 
     d = rank.window.device

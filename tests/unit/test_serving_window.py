@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 from capture_fakes import session_with
 from memtrace import facts as F
-from memtrace.analysis.serving import window_summary
+from memtrace.analysis.serving.serving import window_summary
 from memtrace.capture import registry as R
 from memtrace.capture import serving, signals
 from memtrace.capture import session as S
@@ -328,7 +328,7 @@ def test_the_step_hook_hands_a_step_over_when_it_begins_and_again_when_it_ends(m
 
 
 def test_the_window_states_memtraces_cost_while_serving_with_pytorchs_recording_priced_at_its_depth():
-    from memtrace.analysis.self_cost import serving_cost
+    from memtrace.analysis.analysed.self_cost import serving_cost
     from memtrace.plots import cost_text
 
     ev = np.zeros(3, dtype=load_trace(FULL).events.dtype)
@@ -382,7 +382,7 @@ def test_a_bad_serving_stacks_value_is_one_clear_error(tmp_path, capsys):
 
 
 def test_serving_with_other_stacks_than_start_ups_calibration_leaves_pytorchs_recording_unpriced():
-    from memtrace.analysis.self_cost import serving_cost
+    from memtrace.analysis.analysed.self_cost import serving_cost
 
     cost = {"since_us": 0, "until_us": 1_000_000, "allocs": 1000, "total_ns": 1_000_000, "sources": {}}
     calibration = {"measured": True, "per_alloc_ns": 1000.0, "per_frame_ns": 10.0, "depth": 26}

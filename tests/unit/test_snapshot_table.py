@@ -10,7 +10,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from memtrace.analysis.curves import all_curves
+from memtrace.analysis.memory.curves import all_curves
 from memtrace.importers.files import read_snapshot, traces_from_snapshot_file
 from memtrace.importers.torch_snapshot import traces_from_snapshot
 from memtrace.plots.memory_viz import write_snapshot

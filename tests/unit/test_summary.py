@@ -7,8 +7,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from memtrace.analysis.curves import all_curves
-from memtrace.analysis.live import live_allocations_at
+from memtrace.analysis.holders.live import live_allocations_at
+from memtrace.analysis.memory.curves import all_curves
 from memtrace.model import (
     ACTION_CODE,
     SAMPLE_DTYPE,
@@ -82,7 +82,7 @@ def test_allocated_and_device_used_peaks_are_reported_beside_it():
 
 
 def test_target_comes_from_the_one_resolver_and_the_summary_carries_it():
-    from memtrace.analysis.target import RECORDED_UTIL, resolve_target
+    from memtrace.analysis.memory.target import RECORDED_UTIL, resolve_target
 
     with pytest.raises(TypeError):  # a bare int is no target: where it came from would be lost
         summarize(startup(), 123)
@@ -123,7 +123,7 @@ def test_holders_at_the_peak_are_grouped_by_stack_with_the_meaningful_frame():
 
 
 def test_holders_skip_torch_frames_for_the_workspace_at_the_allocated_peak():
-    from memtrace.analysis.live import holders_by_stack, meaningful_frame
+    from memtrace.analysis.holders.live import holders_by_stack, meaningful_frame
 
     tr = startup()
     top = holders_by_stack(tr, 215)
@@ -145,7 +145,7 @@ def test_truncation_notes_and_open_phases_surface_as_warnings():
 
 
 def test_non_kv_is_the_one_model_with_vllms_recorded_figure_as_its_fallback():
-    from memtrace.analysis.reconcile import VLLM_RECORDED
+    from memtrace.analysis.capacity.reconcile import VLLM_RECORDED
 
     # no init_device phase and no target fact: memtrace cannot reconstruct; vLLM's figure stands
     s = summarize(startup(), _target(4 * GiB))
@@ -254,6 +254,6 @@ def test_crossing_is_read_up_to_the_oom_only():
 
 def _target(nbytes: int):
     """An explicit target (``--target``) of the synthetic start-up, resolved by the one resolver."""
-    from memtrace.analysis.target import resolve_target
+    from memtrace.analysis.memory.target import resolve_target
 
     return resolve_target(startup(), target_bytes=nbytes)

@@ -10,7 +10,7 @@ from collections import Counter
 from pathlib import Path
 
 import numpy as np
-from memtrace.analysis.curves import all_curves
+from memtrace.analysis.memory.curves import all_curves
 from memtrace.cli import main
 from memtrace.importers.files import read_snapshot, traces_from_snapshot_file
 from memtrace.importers.torch_snapshot import traces_from_snapshot
@@ -59,7 +59,7 @@ def test_the_pickle_holds_what_torch_printed_on_the_h200():
 
 def test_each_note_names_the_block_live_at_its_address_as_a_plain_walk_finds_it():
     (trace,) = traces_from_snapshot_file(PICKLE)
-    from memtrace.analysis.user_metadata import tensor_notes
+    from memtrace.analysis.memory.user_metadata import tensor_notes
 
     notes, _ = _walk()
     got = tensor_notes(trace)
@@ -116,7 +116,7 @@ def test_import_and_the_memory_viz_round_trip_keep_every_event_field_and_peak(tm
     (back,) = traces_from_snapshot(back_raw)
     assert np.array_equal(back.events, stored.events)
     assert back.facts["snapshot_fields"] == stored.facts["snapshot_fields"]
-    from memtrace.analysis.user_metadata import tensor_notes
+    from memtrace.analysis.memory.user_metadata import tensor_notes
 
     assert [n.text for n in tensor_notes(back)] == [n.text for n in tensor_notes(stored)] == NOTES
     a, b = all_curves(stored), all_curves(back)

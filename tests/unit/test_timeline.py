@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 import synthetic_startup
 from memtrace import facts as F
-from memtrace.analysis.phases import phase_stats
+from memtrace.analysis.memory.phases import phase_stats
 from memtrace.cli import main
 from memtrace.model import Trace
 from memtrace.plots.downsample import bucket_indices
@@ -193,10 +193,10 @@ def test_plot_cli_on_a_run_without_events_is_exit_2(tmp_path, capsys):
 
 @pytest.mark.parametrize("path", _real_traces(), ids=data_name)
 def test_real_trace_crossing_annotation_is_the_shared_definition(path, tmp_path):
-    from memtrace.analysis.crossing import crossings
-    from memtrace.analysis.curves import all_curves
-    from memtrace.analysis.oom import find_oom
-    from memtrace.analysis.target import resolve_target
+    from memtrace.analysis.memory.crossing import crossings
+    from memtrace.analysis.memory.curves import all_curves
+    from memtrace.analysis.memory.oom import find_oom
+    from memtrace.analysis.memory.target import resolve_target
     from memtrace.store import load_trace
 
     trace = load_trace(path)

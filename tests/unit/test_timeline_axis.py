@@ -10,7 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from memtrace.analysis.run import analyse
+from memtrace.analysis.analysed.run import analyse
 from memtrace.plots.phase_lane import PhaseBar, place_labels
 from memtrace.plots.timeline import render
 from memtrace.plots.timeline_data import landmark_times_us, phases_at, prepare_rank

@@ -10,8 +10,8 @@ import dataclasses
 
 import numpy as np
 import pytest
-from memtrace.analysis import non_torch as nt
-from memtrace.analysis.curves import Curve
+from memtrace.analysis.memory import non_torch as nt
+from memtrace.analysis.memory.curves import Curve
 from memtrace.plots.downsample import bucket_indices
 from memtrace.plots.timeline import render_timeline
 from memtrace.plots.timeline_axes import N_BUCKETS, zoom_window

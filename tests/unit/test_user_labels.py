@@ -9,8 +9,8 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
-from memtrace.analysis.run import analyse
-from memtrace.analysis.user_metadata import metadata_spans
+from memtrace.analysis.analysed.run import analyse
+from memtrace.analysis.memory.user_metadata import metadata_spans
 from memtrace.cli import main
 from memtrace.importers.files import read_snapshot, traces_from_snapshot_file
 from memtrace.plots.view_data import rank_meta

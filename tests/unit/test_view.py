@@ -20,7 +20,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from memtrace import load
-from memtrace.analysis.view_window import RankQueries
+from memtrace.analysis.holders.view_window import RankQueries
 from memtrace.cli import main
 from memtrace.cli._serve import start
 from memtrace.plots.view_data import pack_rank
@@ -186,7 +186,7 @@ def test_the_page_carries_the_report_as_memtrace_report_prints_it(tmp_path):
 @pytest.mark.parametrize("path", real_traces(), ids=lambda p: p.parent.name)
 def test_live_set_groups_are_the_flame_graphs_paths_at_the_peak(path):
     """Hook frames ([hook] ...), stacks and the phase of stack-less allocations, as `memtrace flame` draws them."""
-    from memtrace.analysis.flame import flame_at
+    from memtrace.analysis.holders.flame import flame_at
 
     a = _analysis(path)
     q = RankQueries(a, a.origin.t0_us)
@@ -257,7 +257,7 @@ def test_the_pages_title_names_what_ran_as_the_timelines_does_not_the_folder(tmp
 
 def test_the_page_draws_categories_in_the_timelines_colours(tmp_path, capsys):
     # issue 21: the page had a palette of its own
-    from memtrace.analysis.categories import CATEGORIES
+    from memtrace.analysis.memory.categories import CATEGORIES
     from memtrace.plots.timeline_axes import COLORS
 
     rank = _page_doc(STARTUP, tmp_path, capsys)["ranks"][0]

@@ -17,8 +17,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 from memtrace import load
-from memtrace.analysis import non_torch
-from memtrace.analysis.curves import all_curves
+from memtrace.analysis.memory import non_torch
+from memtrace.analysis.memory.curves import all_curves
 from memtrace.plots.view_data import CUPTI_COLUMNS, DEVICE_COLUMNS, pack_rank
 from testdata import DATA, analysed_rank, analysed_run, unpacked
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import numpy as np
 from memtrace import load
-from memtrace.analysis.view_window import RankQueries
+from memtrace.analysis.holders.view_window import RankQueries
 from memtrace.plots import view_data
 from memtrace.plots.view_data import pack_rank
 from testdata import analysed_rank, unpacked

@@ -14,10 +14,10 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from memtrace.analysis.curves import all_curves
-from memtrace.analysis.quantities import CPU_PROFILED
-from memtrace.analysis.run import analyse
-from memtrace.analysis.titles import timeline_title
+from memtrace.analysis.analysed.run import analyse
+from memtrace.analysis.analysed.titles import timeline_title
+from memtrace.analysis.memory.curves import all_curves
+from memtrace.analysis.memory.quantities import CPU_PROFILED
 from memtrace.cli import main
 from memtrace.importers.files import load_input
 
@@ -136,7 +136,7 @@ def test_diff_of_two_cpu_profiles_gates_allocated_the_quantity_they_hold(capsys)
 
 def test_a_phase_of_a_cpu_profile_that_grew_fails_the_gate(tmp_path, capsys):
     """cpu-mlp's first forward with each of its allocations 1 MiB larger (derived in memory)."""
-    from memtrace.analysis.live import lifetimes
+    from memtrace.analysis.holders.live import lifetimes
     from memtrace.store import save_trace
 
     (trace,) = load_input(need(CPU_MLP)).traces

@@ -13,9 +13,9 @@ import re
 
 import pytest
 from memtrace import facts as F
-from memtrace.analysis import torch_counters, vmm
-from memtrace.analysis.curves import all_curves
-from memtrace.analysis.reconcile import FORMULA_033, reconcile_kv
+from memtrace.analysis.capacity.reconcile import FORMULA_033, reconcile_kv
+from memtrace.analysis.memory import torch_counters, vmm
+from memtrace.analysis.memory.curves import all_curves
 from memtrace.store import load_run
 from vllm034_data import VLLM033
 

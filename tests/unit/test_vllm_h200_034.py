@@ -14,11 +14,11 @@ import re
 
 import pytest
 from memtrace import facts as F
-from memtrace.analysis import torch_counters, vmm
-from memtrace.analysis.curves import all_curves
-from memtrace.analysis.extensible import extensible_sizing
-from memtrace.analysis.fits_extensible import fit_extensible
-from memtrace.analysis.reconcile import reconcile_kv
+from memtrace.analysis.capacity.extensible import extensible_sizing
+from memtrace.analysis.capacity.fits_extensible import fit_extensible
+from memtrace.analysis.capacity.reconcile import reconcile_kv
+from memtrace.analysis.memory import torch_counters, vmm
+from memtrace.analysis.memory.curves import all_curves
 from memtrace.store import load_run
 from vllm034_data import logged, run_dir
 

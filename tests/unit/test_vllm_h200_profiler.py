@@ -14,9 +14,9 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from memtrace.analysis import quantities as Q
-from memtrace.analysis.curves import all_curves
-from memtrace.analysis.flame import BEFORE_RECORDING
+from memtrace.analysis.holders.flame import BEFORE_RECORDING
+from memtrace.analysis.memory import quantities as Q
+from memtrace.analysis.memory.curves import all_curves
 from memtrace.cli import main
 from memtrace.importers.files import load_input
 from memtrace.units import GiB

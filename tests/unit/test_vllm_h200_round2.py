@@ -13,9 +13,9 @@ import re
 import statistics
 from pathlib import Path
 
-from memtrace.analysis.curves import all_curves
-from memtrace.analysis.fits import fit
-from memtrace.analysis.oom import find_oom
+from memtrace.analysis.capacity.fits import fit
+from memtrace.analysis.memory.curves import all_curves
+from memtrace.analysis.memory.oom import find_oom
 from memtrace.cli import main
 from memtrace.facts import VLLM_PLUGINS
 from memtrace.store import load_run

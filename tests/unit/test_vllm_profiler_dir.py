@@ -13,7 +13,7 @@ import shutil
 from pathlib import Path
 
 import pytest
-from memtrace.analysis.curves import all_curves
+from memtrace.analysis.memory.curves import all_curves
 from memtrace.cli import main
 from memtrace.importers.files import load_input
 from memtrace.importers.kineto import rank_in_name

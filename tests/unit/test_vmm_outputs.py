@@ -12,8 +12,8 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from memtrace.analysis.rank import TargetSpec
-from memtrace.analysis.run import analyse
+from memtrace.analysis.analysed.rank import TargetSpec
+from memtrace.analysis.analysed.run import analyse
 from memtrace.plots.palette import VMM_KV_LABEL
 from memtrace.plots.timeline import render_timeline
 from memtrace.plots.timeline_data import prepare_rank, vmm_band
@@ -101,7 +101,7 @@ def _at_end(run) -> str:
 
 
 def test_the_folded_stacks_at_the_end_of_moe_ext_hold_the_vmm_kv_cache_under_its_own_root(tmp_path):
-    from memtrace.analysis.flame import VMM_KV
+    from memtrace.analysis.holders.flame import VMM_KV
     from memtrace.plots.render import render
 
     run = _run("moe-ext")
@@ -119,8 +119,8 @@ def test_the_folded_stacks_at_the_end_of_moe_ext_hold_the_vmm_kv_cache_under_its
 
 @pytest.mark.parametrize("step", EXT)
 def test_the_flame_at_the_end_splits_pytorch_and_the_vmm_kv_cache(step):
-    from memtrace.analysis.flame import VMM_KV
-    from memtrace.analysis.moment import flame_for
+    from memtrace.analysis.holders.flame import VMM_KV
+    from memtrace.analysis.holders.moment import flame_for
 
     run = _run(step)
     rank = run.ranks[0]
@@ -134,7 +134,7 @@ def test_the_flame_at_the_end_splits_pytorch_and_the_vmm_kv_cache(step):
 
 
 def test_the_flame_svg_names_the_vmm_kv_cache(tmp_path):
-    from memtrace.analysis.flame import VMM_KV
+    from memtrace.analysis.holders.flame import VMM_KV
     from memtrace.plots.render import render
 
     run = _run("moe-ext")
@@ -146,8 +146,8 @@ def test_the_flame_svg_names_the_vmm_kv_cache(tmp_path):
 
 
 def test_a_flame_before_034_has_no_vmm_root(tmp_path):
-    from memtrace.analysis.flame import VMM_KV
-    from memtrace.analysis.moment import flame_for
+    from memtrace.analysis.holders.flame import VMM_KV
+    from memtrace.analysis.holders.moment import flame_for
     from memtrace.plots.render import render
 
     run = _run("old")

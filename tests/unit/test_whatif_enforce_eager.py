@@ -14,7 +14,7 @@ import dataclasses
 
 import numpy as np
 import pytest
-from memtrace.analysis import whatif as W
+from memtrace.analysis.capacity import whatif as W
 from whatif_heldout_cases import sites
 
 BASES = [("moe-ext", ()), ("g03", ()), ("g07", ()), ("g03", ("g07",)), ("g07", ("g03",))]

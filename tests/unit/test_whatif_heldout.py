@@ -10,7 +10,7 @@ from __future__ import annotations
 import re
 
 import pytest
-from memtrace.analysis import whatif as W
+from memtrace.analysis.capacity import whatif as W
 from memtrace.cli import main
 from whatif_heldout_cases import CASES, GRID, MISSES, WRONG_OUTCOMES, check, markdown_table, sites, summary_table
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from memtrace.analysis import whatif as W
+from memtrace.analysis.capacity import whatif as W
 from whatif_heldout_cases import (
     CARD_BYTES,
     GRID,

@@ -38,10 +38,9 @@ from collections.abc import Callable
 from typing import Any
 
 import numpy as np
-
-from ..importers.torch_snapshot import entries_to_events, segments_from_snapshot
-from ..model import ACTION_CODE, Recording, Segment
-from . import selfcost
+from memtrace.capture import selfcost
+from memtrace.importers.torch_snapshot import entries_to_events, segments_from_snapshot
+from memtrace.model import ACTION_CODE, Recording, Segment
 
 log = logging.getLogger("memtrace")
 

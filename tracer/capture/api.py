@@ -68,7 +68,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, TypeVar
 
-from .session import DEFAULT_MAX_ENTRIES, Session, active_session, begin_session
+from memtrace.capture.session import DEFAULT_MAX_ENTRIES, Session, active_session, begin_session
 
 __all__ = ["DEFAULT_MAX_ENTRIES", "Session", "current_session", "phase", "start", "stop", "trace"]
 

@@ -17,8 +17,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from .. import facts as F
-from ..store import SUFFIX, read_document, read_fact
+from memtrace import facts as F
+from memtrace.store import SUFFIX, read_document, read_fact
 
 #: Slack for the process's start time (``/proc/stat``'s boot time is whole seconds).
 START_SLACK_S = 1.0

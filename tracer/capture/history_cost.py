@@ -6,7 +6,7 @@ small allocation and free, ``n`` times, with the history off and on (memtrace's 
 "alloc", the session's stacks), at the caller's stack depth and ``EXTRA_DEPTH`` frames deeper, in
 alternating rounds; the medians give a cost per allocation at depth ``depth`` and a cost per extra
 frame. The analysis multiplies them by the allocations the trace recorded and their stacks' depths
-(:mod:`memtrace.analysis.self_cost`).
+(:mod:`memtrace.analysis.analysed.self_cost`).
 
 The calibration allocates one small block: if that made PyTorch reserve a segment, the segment is
 released again (``empty_cache``) so that the trace starts from the allocator state vLLM left.

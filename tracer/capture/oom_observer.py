@@ -19,7 +19,7 @@ _attached = False
 
 
 def _observer(device: int, requested: int, total: int, free: int) -> None:
-    from .registry import active_session
+    from memtrace.capture.registry import active_session
 
     session = active_session()
     if session is None:

@@ -13,7 +13,7 @@ import sys
 from collections.abc import Collection
 from typing import Any
 
-from ..model import op_frame_name
+from memtrace.model import op_frame_name
 
 #: Innermost frames kept per stack.
 MAX_FRAMES = 96

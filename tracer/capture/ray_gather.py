@@ -34,10 +34,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .. import facts as F
-from .. import gather
-from ..store import SUFFIX
-from . import clock
+from memtrace import facts as F
+from memtrace import gather
+from memtrace.capture import clock
+from memtrace.store import SUFFIX
 
 log = logging.getLogger("memtrace")
 
@@ -147,9 +147,8 @@ def start_collector(run_dir: str | os.PathLike | None = None) -> Any:
     if _collector is not None:
         return _collector
     import ray
+    from memtrace.capture.registry import run_dir as resolve_run_dir
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
-
-    from .registry import run_dir as resolve_run_dir
 
     path = resolve_run_dir(run_dir).resolve()
     os.environ["MEMTRACE_DIR"] = str(path)

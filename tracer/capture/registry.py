@@ -15,13 +15,13 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from .. import facts as F
-from ..errors import MemtraceError, UsageError
-from ..store import SUFFIX
-from . import clock
+from memtrace import facts as F
+from memtrace.capture import clock
+from memtrace.errors import MemtraceError, UsageError
+from memtrace.store import SUFFIX
 
 if TYPE_CHECKING:
-    from .session import Session
+    from memtrace.capture.session import Session
 
 log = logging.getLogger("memtrace")
 
@@ -85,8 +85,8 @@ def begin_session(path_or_dir: str | os.PathLike | None, **kwargs: Any) -> Sessi
         if stacks not in STACKS:
             raise UsageError(f"stacks={stacks!r} is not one of {', '.join(STACKS)}")
         path = trace_path(path_or_dir, kwargs.get("rank"))
-        from . import ray_gather
-        from .session import Session
+        from memtrace.capture import ray_gather
+        from memtrace.capture.session import Session
 
         link = ray_gather.link_for(path)
         if link is not None:

@@ -26,9 +26,8 @@ from collections.abc import Callable
 from typing import Any
 
 import numpy as np
-
-from ..errors import UsageError
-from ..model import (
+from memtrace.errors import UsageError
+from memtrace.model import (
     ACTION_CODE,
     EVENT_DTYPE,
     OTHERS_DTYPE,
@@ -296,8 +295,7 @@ class ServingRecorder:
             return
         try:
             import pynvml
-
-            from .processes import Others
+            from memtrace.capture.processes import Others
 
             pynvml.nvmlInit()
             handle = pynvml.nvmlDeviceGetHandleByUUID(uuid) if uuid else pynvml.nvmlDeviceGetHandleByIndex(0)
@@ -314,7 +312,7 @@ class ServingRecorder:
         self._sampler.start()
 
     def _sample(self, pynvml: Any, handle: Any, hz: float, others: Any) -> None:
-        from . import selfcost
+        from memtrace.capture import selfcost
 
         selfcost.mark_own_thread()
         period = 1.0 / hz

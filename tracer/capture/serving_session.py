@@ -17,9 +17,9 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from .. import facts as F
-from . import selfcost, serving
-from .registry import now_us
+from memtrace import facts as F
+from memtrace.capture import selfcost, serving
+from memtrace.capture.registry import now_us
 
 log = logging.getLogger("memtrace")
 
@@ -64,7 +64,7 @@ def enter(session: Any) -> None:
         )
     else:
         session.add_note("info", "serving window without allocator events (no CUDA device): scheduler steps only")
-    from . import signals
+    from memtrace.capture import signals
 
     signals.install_snapshot()
     log.info(

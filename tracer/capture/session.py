@@ -18,11 +18,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from .. import facts as F
-from ..model import HookCall, Note, Phase, Process, Recording
-from ..store import TraceWriter
-from . import registry, selfcost
-from .registry import (  # noqa: F401  (the session's module names, as before the split)
+from memtrace import facts as F
+from memtrace.capture import registry, selfcost
+from memtrace.capture.registry import (  # noqa: F401  (the session's module names, as before the split)
     SAMPLE_HZ_ENV,
     STACKS,
     active_session,
@@ -32,6 +30,8 @@ from .registry import (  # noqa: F401  (the session's module names, as before th
     trace_path,
     wait_finishing,
 )
+from memtrace.model import HookCall, Note, Phase, Process, Recording
+from memtrace.store import TraceWriter
 
 log = logging.getLogger("memtrace")
 
@@ -97,7 +97,7 @@ class Session:
     @selfcost.timed(selfcost.START)
     def start_sources(self) -> None:
         """Start the allocator history, sidecar, OOM observer and handlers. Never raises for a missing GPU."""
-        from . import allocator_history, env, history_cost, signals
+        from memtrace.capture import allocator_history, env, history_cost, signals
 
         self.set_fact(F.ENV, env.environment())
         device = allocator_history.resolve_device(self._device_arg)
@@ -114,7 +114,7 @@ class Session:
         self.flush_documents()
 
     def _start_gpu(self, device: int) -> None:
-        from . import allocator_history, env, oom_observer, sidecar
+        from memtrace.capture import allocator_history, env, oom_observer, sidecar
 
         self.process.device_index = device
         gpu = env.gpu_facts(device)
@@ -158,7 +158,7 @@ class Session:
     @selfcost.timed(selfcost.CALIBRATION)
     def _calibrate(self) -> None:
         """Estimate what PyTorch's history recording costs per allocation (:mod:`.history_cost`)."""
-        from . import history_cost
+        from memtrace.capture import history_cost
 
         h = self.history
         try:
@@ -171,7 +171,7 @@ class Session:
 
     def _start_cupti(self) -> None:
         """The optional CUPTI source (``capture.cupti``), when asked for; its absence is a note, never an error."""
-        from . import cupti
+        from memtrace.capture import cupti
 
         if not cupti.wanted(self._cupti_arg):
             return
@@ -227,7 +227,7 @@ class Session:
     def attach_history(self, history: Any) -> None:
         """Record ``history`` (an AllocatorHistory); its drains are converted on the background writer
         unless ``MEMTRACE_CAPTURE_SYNC=1``. (Separate so a benchmark can attach a FakeTorch history.)"""
-        from . import background
+        from memtrace.capture import background
 
         self.history = history
         if not background.synchronous():
@@ -429,13 +429,13 @@ class Session:
 
     def enter_serving(self) -> None:
         """Start-up is complete and ``MEMTRACE_UNTIL=serving``: write it, then record into bounded rings."""
-        from . import serving_session
+        from memtrace.capture import serving_session
 
         serving_session.enter(self)
 
     def write_window(self, reason: str) -> bool:
         """Write the serving window now and go on recording (SIGUSR2, SIGINT); False when not serving."""
-        from . import serving_session
+        from memtrace.capture import serving_session
 
         return serving_session.write(self, reason)
 
@@ -554,7 +554,7 @@ class Session:
                 log.warning("memtrace: could not save the final allocator state: %s", exc)
                 self.add_note("error", f"final allocator state not saved: {exc!r}")
         if self.serving is not None:
-            from . import serving_session
+            from memtrace.capture import serving_session
 
             self.serving.stop()
             self._later(lambda: serving_session.put(self, reason, snap))

@@ -37,8 +37,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from ..model import Note
-from .processes import Others
+from memtrace.capture.processes import Others
+from memtrace.model import Note
 
 log = logging.getLogger("memtrace")
 
@@ -268,7 +268,7 @@ class _Writer:
             self.thread.join()
 
     def _run(self) -> None:
-        from ..store import SampleAppender
+        from memtrace.store import SampleAppender
 
         out = SampleAppender(self.db_path)
         try:

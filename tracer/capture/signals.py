@@ -34,7 +34,7 @@ _previous: dict[int, Any] = {}
 
 
 def _on_exit() -> None:
-    from .registry import active_session, wait_finishing
+    from memtrace.capture.registry import active_session, wait_finishing
 
     session = active_session()
     if session is not None:
@@ -46,7 +46,7 @@ def _on_exit() -> None:
 
 
 def _handler(signum: int, frame: Any) -> None:
-    from .registry import active_session
+    from memtrace.capture.registry import active_session
 
     session = active_session()
     name = signal.Signals(signum).name
@@ -61,7 +61,7 @@ def _handler(signum: int, frame: Any) -> None:
         except Exception as exc:
             log.warning("memtrace: could not write the trace on %s: %s", name, exc)
     if signum != signal.SIGINT:
-        from .registry import wait_finishing
+        from memtrace.capture.registry import wait_finishing
 
         wait_finishing()
     previous = _previous.get(signum, signal.SIG_DFL)
@@ -93,7 +93,7 @@ def install() -> bool:
 
 def _snapshot(signum: int, frame: Any) -> None:
     """SIGUSR2 in serving mode: write the window, then call the handler that was there before, if any."""
-    from .registry import active_session
+    from memtrace.capture.registry import active_session
 
     session = active_session()
     if session is not None:

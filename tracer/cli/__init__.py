@@ -12,7 +12,7 @@ import importlib
 import pkgutil
 import sys
 
-from ..errors import MemtraceError
+from memtrace.errors import MemtraceError
 
 
 def _commands() -> list:
@@ -27,7 +27,7 @@ def _commands() -> list:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from .. import __version__
+    from memtrace import __version__
 
     parser = argparse.ArgumentParser(
         prog="memtrace",

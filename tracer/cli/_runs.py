@@ -13,9 +13,9 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from ..errors import UsageError
-from ..model import Run, Trace
-from ..progress import task, track
+from memtrace.errors import UsageError
+from memtrace.model import Run, Trace
+from memtrace.progress import task, track
 
 
 def add_input(p: argparse.ArgumentParser, dest: str = "run_path", help: str | None = None) -> None:
@@ -56,7 +56,7 @@ def add_output(p: argparse.ArgumentParser, help: str, *, metavar: str = "FILE", 
 
 def target_args(args: argparse.Namespace) -> dict:
     """Keyword arguments for ``resolve_target`` from :func:`add_target`'s flags (parsed, validated)."""
-    from ..units import parse_fraction, parse_size
+    from memtrace.units import parse_fraction, parse_size
 
     return {
         "target_bytes": parse_size(args.target) if getattr(args, "target", None) is not None else None,
@@ -68,8 +68,8 @@ def target_args(args: argparse.Namespace) -> dict:
 def load(path: str | Path, *, allow_pickle: bool = False, progress: bool = True) -> Run:
     """A Run from ``path`` (see the module docstring), with a progress bar over a run's files (none when
     ``progress`` is False: the caller shows one for several loads at once)."""
-    from ..importers.files import load_input
-    from ..store import trace_files
+    from memtrace.importers.files import load_input
+    from memtrace.store import trace_files
 
     p = Path(path)
     if not progress:
@@ -117,15 +117,15 @@ def select(run: Run, rank: int | None) -> list[Trace]:
 
 def target_spec(args: argparse.Namespace):
     """The ``analysis.rank.TargetSpec`` of :func:`add_target`'s flags (parsed, validated)."""
-    from ..analysis.rank import TargetSpec
+    from memtrace.analysis.analysed.rank import TargetSpec
 
     return TargetSpec(**target_args(args))
 
 
 def missing_ranks(path: str | Path) -> list:
     """The run's traces that ``nodes.json`` lists and its directory lacks (``analysis.run.MissingRank``)."""
-    from ..analysis.run import MissingRank
-    from ..gather import elsewhere
+    from memtrace.analysis.analysed.run import MissingRank
+    from memtrace.gather import elsewhere
 
     p = Path(path)
     if not p.is_dir():
@@ -138,7 +138,7 @@ def analysed(
 ):
     """load -> select ``--rank`` -> ``analysis.run.analyse`` with the command's target flags: the analysed run
     every command renders."""
-    from ..analysis.run import analyse
+    from memtrace.analysis.analysed.run import analyse
 
     path = getattr(args, dest)
     run = load(path, allow_pickle=getattr(args, "allow_pickle", False), progress=progress)
@@ -181,7 +181,7 @@ def events_only(run, what: str):
     origin; UsageError when none did (there is nothing to draw or show)."""
     import sys
 
-    from ..analysis.run import nothing_line
+    from memtrace.analysis.analysed.run import nothing_line
 
     kept = run.with_events()
     if not kept:

@@ -15,8 +15,8 @@ import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import parse_qs, urlsplit
 
-from ..errors import UsageError
-from ..plots.view_html import build_page
+from memtrace.errors import UsageError
+from memtrace.plots.view_html import build_page
 
 HOST = "127.0.0.1"
 

@@ -24,7 +24,7 @@ ORDER = 40
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    from ._runs import add_input, add_rank
+    from memtrace.cli._runs import add_input, add_rank
 
     add_input(p, "base", help="the reference run (directory, .memtrace file or snapshot pickle)")
     add_input(p, "new", help="the run to check")
@@ -39,10 +39,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..analysis.diff import RANK_NEEDS
-    from ..plots.render import render
-    from ..units import parse_threshold
-    from ._runs import analysed_together
+    from memtrace.analysis.gate.diff import RANK_NEEDS
+    from memtrace.cli._runs import analysed_together
+    from memtrace.plots.render import render
+    from memtrace.units import parse_threshold
 
     threshold = parse_threshold(args.fail_over)
     base, new = analysed_together(args, ("base", "new"), RANK_NEEDS)

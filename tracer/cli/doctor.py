@@ -37,8 +37,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from pathlib import Path
 
-    from ..errors import UsageError
-    from ..plugins import doctor, surface
+    from memtrace.errors import UsageError
+    from memtrace.plugins import doctor, surface
 
     if args.markdown:
         sys.stdout.write(surface.support_markdown())
@@ -72,7 +72,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _print(report, show_all: bool) -> None:
-    from ..plugins import surface
+    from memtrace.plugins import surface
 
     source = report.source
     span = surface.range_text(source.library)

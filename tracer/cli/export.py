@@ -28,11 +28,11 @@ ORDER = 60
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    from ._runs import add_input, add_output, add_rank, add_target
+    from memtrace.cli._runs import add_input, add_output, add_rank, add_target
 
     add_input(p)
     add_target(p)  # perfetto: the target counter and the first crossing
-    from ..plots.render import offered_by
+    from memtrace.plots.render import offered_by
 
     p.add_argument(
         "-f", "--format", choices=sorted(offered_by(NAME)), default="perfetto", help="output format (perfetto)"
@@ -44,10 +44,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     import sys
 
-    from ..outputs import atomic_write, output_file
-    from ..plots.render import offered_by, render
-    from ..progress import task
-    from ._runs import analysed, check_rank
+    from memtrace.cli._runs import analysed, check_rank
+    from memtrace.outputs import atomic_write, output_file
+    from memtrace.plots.render import offered_by, render
+    from memtrace.progress import task
 
     check_rank(args.rank)
     fmt = offered_by(NAME)[args.format]

@@ -45,7 +45,7 @@ ORDER = 45
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    from ._runs import add_input, add_rank
+    from memtrace.cli._runs import add_input, add_rank
 
     add_input(p)
     p.add_argument(
@@ -94,11 +94,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..analysis.fits import check_capacity, check_non_torch
-    from ..plots.render import render
-    from ..progress import task
-    from ..units import parse_fraction, parse_size, parse_sizes
-    from ._runs import analysed
+    from memtrace.analysis.capacity.fits import check_capacity, check_non_torch
+    from memtrace.cli._runs import analysed
+    from memtrace.plots.render import render
+    from memtrace.progress import task
+    from memtrace.units import parse_fraction, parse_size, parse_sizes
 
     capacities = [check_capacity(c) for c in parse_sizes(args.capacity)]
     util = parse_fraction(args.util) if args.util is not None else None
@@ -124,17 +124,17 @@ def _on_cards(run_):
 
 def _what_if(args: argparse.Namespace, run_, capacities: list[int]) -> int:
     """--what-if / --suggest: exit 0 when the changed flags boot on every card asked."""
-    from ..analysis.whatif import BOOTS, answer
-    from ..errors import UsageError
-    from ..plots.render import render
-    from ..progress import task
-    from ._runs import analysed
+    from memtrace.analysis.capacity.whatif import BOOTS, answer
+    from memtrace.cli._runs import analysed
+    from memtrace.errors import UsageError
+    from memtrace.plots.render import render
+    from memtrace.progress import task
 
     if args.util is not None or args.non_torch is not None:
         raise UsageError(
             "--what-if/--suggest take the utilization as --what-if gpu-memory-utilization=F; drop --util/--non-torch"
         )
-    from ..units import parse_size
+    from memtrace.units import parse_size
 
     if args.others is not None and args.keep_others:
         raise UsageError("give --others SIZE or --keep-others, not both")

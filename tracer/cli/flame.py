@@ -40,7 +40,7 @@ ORDER = 31
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    from ._runs import add_input, add_output, add_rank
+    from memtrace.cli._runs import add_input, add_output, add_rank
 
     add_input(p)
     p.add_argument("--at", default="peak", metavar="peak|oom|TIME|PHASE", help="the moment to show (default: peak)")
@@ -53,7 +53,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="leave out the memory outside PyTorch: what CUPTI recorded, the KV cache committed through CUDA VMM",
     )
     add_output(p, "file to write (default: <run>-flame.svg or .folded)")
-    from ..plots.render import offered_by
+    from memtrace.plots.render import offered_by
 
     p.add_argument("-f", "--format", choices=sorted(offered_by(NAME)), default=None, help="svg (default) or folded")
     add_rank(
@@ -68,16 +68,16 @@ def _format(args: argparse.Namespace) -> str:
     if args.format is not None:
         return args.format
     suffix = Path(args.output).suffix.lower() if args.output else ""
-    from ..plots.render import offered_by
+    from memtrace.plots.render import offered_by
 
     return "folded" if suffix in offered_by(NAME)["folded"].suffixes else "svg"
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..outputs import atomic_write, output_file
-    from ..plots.render import offered_by, render
-    from ..progress import task
-    from ._runs import analysed, events_only
+    from memtrace.cli._runs import analysed, events_only
+    from memtrace.outputs import atomic_write, output_file
+    from memtrace.plots.render import offered_by, render
+    from memtrace.progress import task
 
     fmt = offered_by(NAME)[_format(args)]
     out = output_file(args.run_path, args.output, default_suffix=fmt.suffix, suffixes=fmt.suffixes, force=args.force)

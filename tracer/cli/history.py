@@ -28,13 +28,13 @@ ORDER = 45
 
 
 def _db(p: argparse.ArgumentParser) -> None:
-    from ..history_store import DEFAULT_DB
+    from memtrace.history_store import DEFAULT_DB
 
     p.add_argument("--db", default=DEFAULT_DB, metavar="FILE", help=f"the history file (default {DEFAULT_DB})")
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    from ._runs import add_input, add_output, add_rank
+    from memtrace.cli._runs import add_input, add_output, add_rank
 
     sub = p.add_subparsers(dest="action", metavar="ACTION", required=True)
     a = sub.add_parser("add", help="record a run as the accepted reference of its key")
@@ -66,16 +66,16 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def _recorded(args: argparse.Namespace, what: str) -> list:
-    from ..analysis.history import record_run
-    from ._runs import analysed
+    from memtrace.analysis.gate.history import record_run
+    from memtrace.cli._runs import analysed
 
     return record_run(analysed(args), what)
 
 
 def _rows(recs: list, args: argparse.Namespace, accepted: bool) -> list:
-    from ..analysis.history import figures_doc
-    from ..history_store import NewRow
-    from ..outputs import run_name
+    from memtrace.analysis.gate.history import figures_doc
+    from memtrace.history_store import NewRow
+    from memtrace.outputs import run_name
 
     label = args.label or run_name(args.run_path)
     return [
@@ -95,8 +95,8 @@ def _rows(recs: list, args: argparse.Namespace, accepted: bool) -> list:
 
 
 def _add(args: argparse.Namespace) -> int:
-    from ..analysis.history_key import describe
-    from ..history_store import accept_batch, add_rows, connect, stored_batch
+    from memtrace.analysis.gate.history_key import describe
+    from memtrace.history_store import accept_batch, add_rows, connect, stored_batch
 
     recs = _recorded(args, "keep as a reference")
     rows = _rows(recs, args, accepted=True)
@@ -115,10 +115,10 @@ def _add(args: argparse.Namespace) -> int:
 
 
 def _check(args: argparse.Namespace) -> int:
-    from ..analysis.history import Recorded, check, closest, figures_from_doc
-    from ..history_store import accept_batch, add_rows, all_rows, connect, last_accepted, stored_batch
-    from ..plots.diff_text import diff_to_json, render_diff
-    from ..units import parse_threshold
+    from memtrace.analysis.gate.history import Recorded, check, closest, figures_from_doc
+    from memtrace.history_store import accept_batch, add_rows, all_rows, connect, last_accepted, stored_batch
+    from memtrace.plots.diff_text import diff_to_json, render_diff
+    from memtrace.units import parse_threshold
 
     threshold = parse_threshold(args.fail_over)
     recs = _recorded(args, "check")
@@ -165,7 +165,7 @@ def _check(args: argparse.Namespace) -> int:
 
 def _say_missing(rec, near, args: argparse.Namespace) -> None:
     """No accepted run of the key: nothing was compared, said on stderr (the gate fails unless --allow-new)."""
-    from ..analysis.history_key import describe
+    from memtrace.analysis.gate.history_key import describe
 
     rank = f" rank {rec.rank}" if rec.rank is not None else ""
     verdict = "allowed by --allow-new" if args.allow_new else "not passed (exit 1; --allow-new for a new environment)"
@@ -183,11 +183,11 @@ def _say_missing(rec, near, args: argparse.Namespace) -> None:
 def _show(args: argparse.Namespace) -> int:
     from pathlib import Path
 
-    from ..analysis.history import trends
-    from ..errors import UsageError
-    from ..history_store import all_rows, connect
-    from ..outputs import atomic_write, output_file
-    from ..plots.history_png import history_table, render_history
+    from memtrace.analysis.gate.history import trends
+    from memtrace.errors import UsageError
+    from memtrace.history_store import all_rows, connect
+    from memtrace.outputs import atomic_write, output_file
+    from memtrace.plots.history_png import history_table, render_history
 
     out = None
     if not args.no_plot:  # the default figure is the history's own picture: redrawn each time, as the db grows
@@ -208,8 +208,8 @@ def _show(args: argparse.Namespace) -> int:
 
 
 def _accept(args: argparse.Namespace) -> int:
-    from ..errors import UsageError
-    from ..history_store import accept_batch, connect
+    from memtrace.errors import UsageError
+    from memtrace.history_store import accept_batch, connect
 
     with connect(args.db, create=False) as db:
         n = accept_batch(db, args.batch)

@@ -26,7 +26,7 @@ ORDER = 60
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    from ._runs import add_output
+    from memtrace.cli._runs import add_output
 
     parser.add_argument(
         "snapshot",
@@ -44,11 +44,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..errors import UsageError
-    from ..importers.files import check_not_a_trace, traces_from_snapshot_file, warn_pickle
-    from ..importers.kineto import is_profiler_path, traces_from_kineto_file
-    from ..outputs import atomic_write, make_dir, output_dir, output_file
-    from ..store import SUFFIX, save_trace
+    from memtrace.errors import UsageError
+    from memtrace.importers.files import check_not_a_trace, traces_from_snapshot_file, warn_pickle
+    from memtrace.importers.kineto import is_profiler_path, traces_from_kineto_file
+    from memtrace.outputs import atomic_write, make_dir, output_dir, output_file
+    from memtrace.store import SUFFIX, save_trace
 
     src = args.snapshot
     if args.device is not None and args.device < 0:
@@ -99,7 +99,7 @@ def _where(t) -> str:
 
 def _what(traces) -> str:
     """``cuda:0 (allocator state only), cuda:1 (history), pinned host``: what each trace holds."""
-    from .. import facts as F
+    from memtrace import facts as F
 
     parts = []
     for t in traces:

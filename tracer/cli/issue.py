@@ -31,7 +31,7 @@ ORDER = 50
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    from ._runs import add_input, add_output, add_rank, add_target
+    from memtrace.cli._runs import add_input, add_output, add_rank, add_target
 
     add_input(p)
     add_output(
@@ -50,13 +50,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     import sys
 
-    from ..analysis.rank import NOTHING
-    from ..attach import attached_name, write_attachment
-    from ..outputs import atomic_write, make_dir, output_dir
-    from ..plots.issue_md import FILES
-    from ..plots.render import render
-    from ..progress import task
-    from ._runs import analysed
+    from memtrace.analysis.analysed.rank import NOTHING
+    from memtrace.attach import attached_name, write_attachment
+    from memtrace.cli._runs import analysed
+    from memtrace.outputs import atomic_write, make_dir, output_dir
+    from memtrace.plots.issue_md import FILES
+    from memtrace.plots.render import render
+    from memtrace.progress import task
 
     out = output_dir(args.run_path, args.output, default_suffix="-issue", files=FILES, force=args.force)
     run_ = analysed(args, top=8)

@@ -23,7 +23,7 @@ FORMATS = (".png", ".svg", ".pdf")
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    from ._runs import add_input, add_output, add_rank, add_target
+    from memtrace.cli._runs import add_input, add_output, add_rank, add_target
 
     add_input(p)
     add_output(p, "image to write, .png, .svg or .pdf (default: <run>-timeline.png)")
@@ -33,11 +33,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..outputs import atomic_write, output_file
-    from ..plots.render import render
-    from ..progress import task
-    from ..units import parse_sizes
-    from ._runs import analysed, events_only
+    from memtrace.cli._runs import analysed, events_only
+    from memtrace.outputs import atomic_write, output_file
+    from memtrace.plots.render import render
+    from memtrace.progress import task
+    from memtrace.units import parse_sizes
 
     capacities = parse_sizes(args.capacity) if args.capacity else []
     out = output_file(args.run_path, args.output, default_suffix="-timeline.png", suffixes=FORMATS, force=args.force)

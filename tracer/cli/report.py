@@ -18,7 +18,7 @@ ORDER = 20
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    from ._runs import add_input, add_rank, add_target
+    from memtrace.cli._runs import add_input, add_rank, add_target
 
     add_input(parser)
     add_target(parser)
@@ -32,9 +32,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..errors import UsageError
-    from ..plots.render import render
-    from ._runs import analysed
+    from memtrace.cli._runs import analysed
+    from memtrace.errors import UsageError
+    from memtrace.plots.render import render
 
     if args.json and args.markdown:
         raise UsageError("--json and --markdown are two output formats: give one")

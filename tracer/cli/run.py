@@ -37,7 +37,7 @@ import sys
 import time
 from pathlib import Path
 
-from .. import facts as F
+from memtrace import facts as F
 
 NAME = "run"
 ORDER = 10
@@ -47,7 +47,7 @@ GRACE_S = 10.0  # after one worker completes start-up, how long to wait for the 
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    from ._runs import add_force
+    from memtrace.cli._runs import add_force
 
     parser.add_argument(
         "--dir", metavar="DIR", help="run directory (default: $MEMTRACE_DIR, else memtrace-YYYYmmdd-HHMMSS/)"
@@ -75,7 +75,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _until_choices() -> tuple[str, ...]:
-    from ..plugins import UNTIL_CHOICES  # the package alone: the plugin is not imported by the parser
+    from memtrace.plugins import UNTIL_CHOICES  # the package alone: the plugin is not imported by the parser
 
     return UNTIL_CHOICES
 
@@ -86,9 +86,9 @@ def child_environment(
     """The command's environment: memtrace's switch and run settings, the redacted argv, the CUPTI
     source's switches when ``cupti`` is given ("off", "records", "stacks"), and ``VLLM_PLUGINS``
     untouched unless it was set without memtrace."""
-    from ..capture.clock import export_driver_host
-    from ..capture.env import redact_argv
-    from ..plugins.vllm import vllm_plugins_with_memtrace
+    from memtrace.capture.clock import export_driver_host
+    from memtrace.capture.env import redact_argv
+    from memtrace.plugins.vllm import vllm_plugins_with_memtrace
 
     env = dict(environ)
     plugins = vllm_plugins_with_memtrace(env.get("VLLM_PLUGINS"))
@@ -100,7 +100,7 @@ def child_environment(
     env["MEMTRACE_CMDLINE"] = json.dumps(redact_argv(command))
     export_driver_host(env)
     if cupti is not None:
-        from ..capture.cupti import ENV, STACKS_ENV
+        from memtrace.capture.cupti import ENV, STACKS_ENV
 
         env[ENV] = "0" if cupti == "off" else "1"
         env[STACKS_ENV] = "1" if cupti == "stacks" else "0"
@@ -111,8 +111,8 @@ def check_cupti_available() -> None:
     """UsageError when ``--cupti`` was asked for and NVIDIA's ``cupti-python`` is not importable here."""
     import importlib.util
 
-    from ..errors import UsageError
-    from ..store import DISTRIBUTION
+    from memtrace.errors import UsageError
+    from memtrace.store import DISTRIBUTION
 
     if importlib.util.find_spec("cupti") is None:
         raise UsageError(f"--cupti needs NVIDIA's cupti-python in this environment: pip install {DISTRIBUTION}[cupti]")
@@ -126,9 +126,9 @@ def exit_code(returncode: int) -> int:
 def startup_state(run_dir: Path) -> tuple[int, int]:
     """(traces, of which completed start-up), read through the store without disturbing the writers.
     Traces the run's manifest places on other nodes count as not completed until their file arrives."""
-    from ..errors import MemtraceError
-    from ..gather import elsewhere
-    from ..store import read_fact, trace_files
+    from memtrace.errors import MemtraceError
+    from memtrace.gather import elsewhere
+    from memtrace.store import read_fact, trace_files
 
     try:
         files = trace_files(run_dir)
@@ -140,7 +140,7 @@ def startup_state(run_dir: Path) -> tuple[int, int]:
 
 def _say_elsewhere(run_dir: Path) -> None:
     """One line per trace that stayed on another node: which rank, where, and how to fetch it."""
-    from ..gather import elsewhere
+    from memtrace.gather import elsewhere
 
     for placed in elsewhere(run_dir):
         who = f"rank {placed.rank}" if placed.rank is not None else f"pid {placed.pid}"
@@ -172,10 +172,10 @@ def _forward_signals(child: subprocess.Popen) -> dict[int, object]:
 
 def _summary(run_dir: Path, width: int) -> None:
     """The report of every trace in the run, as ``memtrace report`` prints it."""
-    from ..analysis.run import analyse
-    from ..errors import MemtraceError
-    from ..plots.render import render
-    from ._runs import load, missing_ranks
+    from memtrace.analysis.analysed.run import analyse
+    from memtrace.cli._runs import load, missing_ranks
+    from memtrace.errors import MemtraceError
+    from memtrace.plots.render import render
 
     try:
         run_ = analyse(load(run_dir).traces, path=str(run_dir), missing=missing_ranks(run_dir))
@@ -196,7 +196,7 @@ def _summary(run_dir: Path, width: int) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..errors import MemtraceError, UsageError
+    from memtrace.errors import MemtraceError, UsageError
 
     command = list(args.command)
     if command and command[0] == "--":
@@ -209,7 +209,7 @@ def run(args: argparse.Namespace) -> int:
     if args.cupti in ("records", "stacks"):
         check_cupti_available()
     if args.until == "serving":  # a bad serving knob is the user's error, said before vLLM starts
-        from ..capture import serving
+        from memtrace.capture import serving
 
         serving.knobs()
         serving.serving_stacks("python")

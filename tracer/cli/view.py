@@ -24,7 +24,7 @@ DEFAULT_MAX_EVENTS = 4_000_000
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    from ._runs import add_input, add_output, add_rank, add_target
+    from memtrace.cli._runs import add_input, add_output, add_rank, add_target
 
     add_input(p)
     add_output(p, "page to write (default: <run>-view.html)", force="replace FILE if it exists")
@@ -42,11 +42,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..errors import UsageError
-    from ..outputs import atomic_write, output_file
-    from ..plots.render import render
-    from ..progress import task
-    from ._runs import analysed, events_only
+    from memtrace.cli._runs import analysed, events_only
+    from memtrace.errors import UsageError
+    from memtrace.outputs import atomic_write, output_file
+    from memtrace.plots.render import render
+    from memtrace.progress import task
 
     if not 0 <= args.port <= 65535:
         raise UsageError(f"--port {args.port}: give a port from 1 to 65535, or 0 for a free one")
@@ -59,7 +59,7 @@ def run(args: argparse.Namespace) -> int:
         )
     run_ = events_only(analysed(args), "view")
     if args.serve:
-        from ._serve import serve
+        from memtrace.cli._serve import serve
 
         return serve(run_, port=args.port, max_events=args.max_events)
     with task(f"Writing {out}", total=None), atomic_write(out) as tmp:

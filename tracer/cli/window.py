@@ -25,9 +25,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from pathlib import Path
 
-    from ..capture.ask_window import ask
-    from ..errors import UsageError
-    from ..store import trace_files
+    from memtrace.capture.ask_window import ask
+    from memtrace.errors import UsageError
+    from memtrace.store import trace_files
 
     if not args.timeout > 0:
         raise UsageError(f"--timeout {args.timeout:g}: give the seconds to wait, more than 0")

@@ -24,8 +24,8 @@ from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
-from ..errors import TraceFormatError
-from ..model import Run, Trace
+from memtrace.errors import TraceFormatError
+from memtrace.model import Run, Trace
 
 PICKLE_SUFFIXES = (".pickle", ".pkl")
 #: A torch.profiler (Kineto) trace's suffixes (``importers.kineto`` reads it; named here, where a file's kind
@@ -76,8 +76,8 @@ def check_not_a_trace(path: str | os.PathLike) -> None:
     """Before ``memtrace import`` unpickles anything: ``path`` is a readable, non-empty file and not a
     memtrace trace. A trace (plain or compressed) is refused with the command that reads it; a truncated
     or corrupt one is said to be so (it is never read as a pickle)."""
-    from ..packed import compression, is_trace_name
-    from ..store import SQLITE_MAGIC, load_trace
+    from memtrace.packed import compression, is_trace_name
+    from memtrace.store import SQLITE_MAGIC, load_trace
 
     path = Path(path)
     if not path.exists():
@@ -143,7 +143,7 @@ def read_snapshot(path: str | os.PathLike) -> dict[str, Any]:
 
 def traces_from_snapshot_file(path: str | os.PathLike, *, device: int | None = None) -> list[Trace]:
     """Read a snapshot pickle and convert it, one trace per device (``importers.torch_snapshot``)."""
-    from .torch_snapshot import traces_from_snapshot
+    from memtrace.importers.torch_snapshot import traces_from_snapshot
 
     with gc_paused():
         return _traces_from_snapshot_file(path, device, traces_from_snapshot)
@@ -193,8 +193,8 @@ def load_input(
 
     ``each`` wraps a run directory's file list as it is read (a progress bar).
     """
-    from ..packed import compression
-    from ..store import SQLITE_MAGIC, load_run
+    from memtrace.packed import compression
+    from memtrace.store import SQLITE_MAGIC, load_run
 
     p = Path(path)
     if not p.exists():
@@ -202,7 +202,7 @@ def load_input(
     if p.is_dir():
         return _said(_profiler_run(p) or load_run(p, each=each))
     if is_profiler_path(p):
-        from .kineto import traces_from_kineto_file
+        from memtrace.importers.kineto import traces_from_kineto_file
 
         return Run(path=str(p), traces=traces_from_kineto_file(p, device=device))
     if is_pickle_path(p) or allow_pickle:
@@ -226,7 +226,7 @@ def _profiler_run(folder: Path) -> Run | None:
     memory events (vLLM's API server allocates no tensor while profiled) are named in one warning line; when
     no file has any (recorded without ``torch_profiler_with_memory``), that is one error line. A folder that
     holds memtrace traces too is read as a run of them, and its profiler files are named as not read."""
-    from ..packed import is_trace_name
+    from memtrace.packed import is_trace_name
 
     files = profiler_files(folder)
     if any(is_trace_name(f.name) for f in folder.iterdir()):  # a memtrace run: the profiler reader is not imported
@@ -240,7 +240,7 @@ def _profiler_run(folder: Path) -> Run | None:
         return None
     if not files:
         return None
-    from .kineto import NoMemoryEvents, traces_from_kineto_file
+    from memtrace.importers.kineto import NoMemoryEvents, traces_from_kineto_file
 
     traces, empty = [], []
     for f in files:
@@ -271,7 +271,7 @@ _STATE_WORDS = {
 def _said(run: Run) -> Run:
     """``run``, after one stderr line per trace that is one moment or a lower bound (the import's warning
     notes said it when the snapshot was read; a saved trace says it on every load)."""
-    from .. import facts as F
+    from memtrace import facts as F
 
     for t in run.traces:
         words = _STATE_WORDS.get((t.facts.get(F.IMPORT) or {}).get("state"))

@@ -13,10 +13,9 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
-
-from .. import facts as F
-from ..model import ACTION_CODE, Frame, Note, Process, Recording, Trace
-from .snapshot_fields import unknown_note
+from memtrace import facts as F
+from memtrace.importers.snapshot_fields import unknown_note
+from memtrace.model import ACTION_CODE, Frame, Note, Process, Recording, Trace
 
 #: ``Process.role`` of the pinned host memory trace (``Trace.label`` reads it).
 PINNED_HOST = "pinned-host"
@@ -32,7 +31,7 @@ def _host_entries(snapshot: dict[str, Any]) -> list[dict[str, Any]]:
 
 def host_trace(snapshot: dict[str, Any], interner) -> Trace | None:
     """The pinned host memory trace of ``snapshot``, or None when it holds no host segments nor history."""
-    from .torch_snapshot import convert_entries, segments_from_snapshot
+    from memtrace.importers.torch_snapshot import convert_entries, segments_from_snapshot
 
     entries = _host_entries(snapshot)
     raw_segments = snapshot.get("host_segments") or []

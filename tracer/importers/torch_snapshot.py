@@ -14,12 +14,11 @@ from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 import numpy as np
-
-from .. import facts as F
-from ..analysis.frames import stacks_kind
-from ..errors import TraceFormatError
-from ..model import ACTION_CODE, Block, Frame, Note, Phase, Process, Recording, Segment, Trace, empty_events
-from .snapshot_fields import count_unknown, entry_fields, unknown_note
+from memtrace import facts as F
+from memtrace.analysis.holders.frames import stacks_kind
+from memtrace.errors import TraceFormatError
+from memtrace.importers.snapshot_fields import count_unknown, entry_fields, unknown_note
+from memtrace.model import ACTION_CODE, Block, Frame, Note, Phase, Process, Recording, Segment, Trace, empty_events
 
 #: intern_stack(frames) -> stack id, frames as (filename, line, name) tuples, innermost first.
 StackInterner = Callable[[Sequence[tuple[str, int, str]]], int]
@@ -397,7 +396,7 @@ def traces_from_snapshot(
     a trace of one moment (:data:`MOMENT_NOTE`). A snapshot without ``time_us`` gets an
     order-preserving synthetic clock and a warning note (:data:`SYNTHETIC_CLOCK_NOTE`).
     """
-    from .pinned_host import host_trace
+    from memtrace.importers.pinned_host import host_trace
 
     snapshot = as_snapshot(snapshot, source)
     devices = devices_with_history(snapshot)

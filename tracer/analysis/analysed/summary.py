@@ -1,0 +1,355 @@
+"""The summary of one trace: its peak, when it crossed the target, per-phase figures, who held the peak.
+
+``AnalysedRank`` (``analysis.rank``) is the only holder of figures; a :class:`Summary` is a view of one,
+built by :func:`of_rank` from its cached properties only (nothing is computed here twice), and is what
+``memtrace report`` prints and its JSON holds (tests build one trace's alone with ``tests/references.summarize``).
+Plain data: bytes and microseconds as integers, frames resolved so a renderer never needs the Trace.
+
+Definitions:
+
+- **peak**: the global maximum of the reserved curve (the first time it is reached), with the
+  allocated bytes at that same instant and the innermost phase in force. The peaks of the
+  allocated curve and of NVML device-used are reported beside it.
+- **crossing**: ``analysis.crossing`` (the one definition report and plot share): the first time a
+  curve goes above the target, device used first when sampled, then the exact reserved one. Its
+  *excursion* lasts until the curve drops back to or below the target, the OOM or the end;
+  ``max_bytes`` is the excursion's maximum, ``overshoot_bytes`` = maximum - target. The summary holds
+  ``crossing.Excursion`` itself: one class for a crossing everywhere.
+- **target**: ``analysis.target.resolve_target`` (the one resolver); the Summary carries the
+  ``Target`` (bytes, card, where it came from).
+- **OOM**: ``analysis.oom.find_oom`` (recorded live or imported); nothing after it is claimed.
+- **top holders**: live bytes at the peak grouped by the frame a report prints for them (the
+  innermost meaningful frame), so one line per printed site; ``stacks`` counts the distinct
+  allocating stacks behind a line.
+- **non-KV memory**: ``analysis.reconcile.non_kv`` (the one model, also what ``fits`` uses).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+from memtrace import facts as F
+from memtrace.analysis.analysed.self_cost import SelfCost
+from memtrace.analysis.capacity.extensible import ExtensibleSizing
+from memtrace.analysis.capacity.reconcile import KvReconciliation, NonKv
+from memtrace.analysis.holders.live import BEFORE_RECORDING, Lifetimes, holders_by_stack, lifetimes, meaningful_frame
+from memtrace.analysis.memory.crossing import Excursion
+from memtrace.analysis.memory.curves import Baseline, Curves, state_missing
+from memtrace.analysis.memory.non_torch import NonTorchBreakdown
+from memtrace.analysis.memory.oom import Oom
+from memtrace.analysis.memory.phases import PhaseStats
+from memtrace.analysis.memory.quantities import BeforeRecording, PeakBound
+from memtrace.analysis.memory.target import Target, describe
+from memtrace.analysis.memory.torch_counters import CounterCheck
+from memtrace.analysis.memory.user_metadata import MetadataSpan, TensorNote
+from memtrace.analysis.memory.vmm import VmmSummary
+from memtrace.analysis.serving.serving import WindowSummary
+from memtrace.model import ACTION_CODE, Frame, HookCall, Note, Process, Recording, Trace
+
+if TYPE_CHECKING:  # rank.py builds the Summary view from its own figures: no import cycle at run time
+    from memtrace.analysis.analysed.rank import AnalysedRank
+
+
+@dataclass(frozen=True)
+class Peak:
+    """The global peak of reserved memory (first reached at ``time_us``) and what it held.
+
+    Reserved stays at its peak until a segment is released, and the tensor a new segment was made
+    for is handed out by the *next* event; so ``allocated_bytes`` and the holders are taken at the
+    fullest moment (most allocated bytes, first reached) while reserved stays at the peak:
+    right after event ``event_index``, at ``state_us``.
+    """
+
+    time_us: int
+    reserved_bytes: int
+    allocated_bytes: int
+    phase_path: str
+    event_index: int  # the state shown: right after this event (-1: the baseline itself)
+    non_torch_bytes: int | None = None  # NVML used - reserved at the last steady sample at or before it
+    state_us: int = 0  # when the state shown was reached (see below)
+
+
+@dataclass(frozen=True)
+class PeakPoint:
+    """The maximum of one curve."""
+
+    curve: str  # "allocated", "device_used"
+    time_us: int
+    bytes: int
+    phase_path: str
+
+
+@dataclass(frozen=True)
+class HolderLine:
+    """Live bytes at the peak held by one printed site (the innermost meaningful frame)."""
+
+    stack: int  # the largest of the allocating stacks behind this line
+    frame: Frame | None  # the innermost user-meaningful frame: what is printed
+    frames: list[Frame]  # the largest stack's frames
+    bytes: int
+    count: int  # live blocks
+    share: float
+    stacks: int = 1  # distinct allocating stacks grouped under this frame
+
+    @property
+    def before_recording(self) -> bool:
+        """The blocks present before recording began (no stack: ``live.BEFORE_RECORDING``)."""
+        return self.stack == BEFORE_RECORDING
+
+
+@dataclass(frozen=True)
+class HookTotal:
+    """Every call of one hooked function added up (nested calls count under their own function)."""
+
+    name: str
+    calls: int
+    returned_bytes: int  # distinct storages returned, summed over the calls
+    allocated_delta_bytes: int  # PyTorch allocated after minus before, summed
+    errors: int
+
+
+def hook_totals(trace: Trace) -> list[HookTotal]:
+    """Per hooked function: calls, bytes returned and allocated, errors; largest first."""
+    acc: dict[str, list[int]] = {}
+    for c in trace.hook_calls:
+        a = acc.setdefault(c.name, [0, 0, 0, 0])
+        a[0] += 1
+        a[1] += c.returned_bytes or 0
+        a[2] += c.allocated_delta_bytes or 0
+        a[3] += 1 if c.error else 0
+    rows = [HookTotal(name, *v) for name, v in acc.items()]
+    return sorted(rows, key=lambda h: (-h.returned_bytes, h.name))
+
+
+@dataclass
+class Summary:
+    """Everything ``memtrace report`` shows for one trace."""
+
+    label: str
+    process: Process
+    recording: Recording
+    env: dict[str, Any]
+    start_us: int
+    end_us: int
+    n_events: int
+    n_samples: int
+    baseline: Baseline
+    peak: Peak
+    peak_allocated: PeakPoint
+    peak_device_used: PeakPoint | None
+    peak_others: PeakPoint | None  # other processes' memory on the device (NVML per-process), never counted as ours
+    target: Target
+    crossings: list[Excursion]
+    phases: list[PhaseStats]
+    holders: list[HolderLine]
+    hook_calls: list[HookCall]
+    hook_totals: list[HookTotal]
+    notes: list[Note]
+    warnings: list[str] = field(default_factory=list)
+    non_kv: NonKv | None = None  # the one non-KV figure (analysis.reconcile.non_kv), fits shows it too
+    oom: Oom | None = None  # the OOM the run died of (analysis.oom.find_oom)
+    allocator: dict[str, str] = field(default_factory=dict)  # allocator settings in force (fingerprint)
+    path: str = ""
+    #: non-PyTorch memory by category at the first crossing and the peak, from CUPTI's records
+    #: (``analysis.non_torch``); [] when the trace has none
+    non_torch: list[NonTorchBreakdown] = field(default_factory=list)
+    #: the run's time origin (``analysis.origin.TimeOrigin``): every time printed counts from ``t0_us``
+    t0_us: int = 0
+    time_origin: str = ""
+    #: vLLM 0.34+: the KV cache committed through CUDA's VMM API, outside PyTorch (``analysis.vmm``), its
+    #: post-warm-up sizing term by term (``analysis.extensible``); None before 0.34 / without one
+    vmm: VmmSummary | None = None
+    extensible: ExtensibleSizing | None = None
+    #: memtrace's curves beside torch's own counters at vLLM's phase edges (``analysis.torch_counters``)
+    counter_checks: list[CounterCheck] = field(default_factory=list)
+    #: PyTorch reserved + VMM committed at its highest (None without VMM records)
+    peak_held: PeakPoint | None = None
+    #: recorded by the vLLM plugin: vLLM's terms (KV cache, non-KV memory) apply; else the program is answered
+    #: in its own terms (``quantities.in_vllm_terms``)
+    vllm: bool = False
+    #: device used with other processes' memory put back, at its highest (``quantities.whole_device_peak``);
+    #: None when other processes were not sampled
+    whole_device_peak_bytes: int | None = None
+    #: what memtrace cost the program (``analysis.self_cost``); ``recorded`` False in an older trace
+    self_cost: SelfCost = field(default_factory=lambda: SelfCost(recorded=False))
+    #: how well the peaks are known (``quantities.peak_bound``): "at least" for a snapshot of one moment
+    peak_bound: PeakBound = field(default_factory=lambda: PeakBound(False))
+    #: the user's labels on allocator events (``analysis.user_metadata``, torch's ``_set_memory_metadata``)
+    user_metadata: list[MetadataSpan] = field(default_factory=list)
+    #: the user's notes on live tensors (``analysis.user_metadata.tensor_notes``, torch's ``_annotate_tensor``)
+    tensor_notes: list[TensorNote] = field(default_factory=list)
+    #: PyTorch memory present before recording began, exact or a lower bound (``quantities.before_recording``);
+    #: None for a snapshot of one moment
+    before_recording: BeforeRecording | None = None
+    #: the serving window after start-up (``analysis.serving``); None for a start-up-only trace
+    window: WindowSummary | None = None
+
+    @property
+    def truncated(self) -> bool:
+        return self.recording.truncated
+
+    @property
+    def target_bytes(self) -> int | None:
+        return self.target.target_bytes
+
+    @property
+    def target_source(self) -> str:
+        """Where the target came from, in words (``analysis.target.describe``)."""
+        return describe(self.target)
+
+    @property
+    def kv(self) -> KvReconciliation | None:
+        """vLLM's formula on memtrace's curves, term by term (None when the trace cannot support it)."""
+        return self.non_kv.reconstruction if self.non_kv is not None else None
+
+    @property
+    def died(self) -> bool:
+        return self.oom is not None
+
+
+def warnings_of(trace: Trace, curves: Curves) -> list[str]:
+    """What a reader must know before trusting the figures: a truncated history, events that do not add
+    up, a phase that never ended."""
+    out = []
+    rec = trace.recording
+    if rec.truncated:
+        lost = f" (at least {rec.lost_events_min:,} events lost)" if rec.lost_events_min else ""
+        out.append(
+            f"the allocator history was truncated{lost}: curves before the loss are reconstructed, "
+            "not recorded; raise max_entries or drain more often"
+        )
+    if not curves.baseline.consistent and not state_missing(trace):  # else its own note says more
+        out.append(
+            "the recorded events do not add up to the final allocator state: some events are missing; "
+            "figures before the gap may be off"
+        )
+    for p in trace.phases:
+        if p.end_us is None:
+            out.append(f"phase '{p.name}' never ended: the process stopped inside it")
+    return out
+
+
+def memory_events(trace: Trace) -> int:
+    """How many allocator events change memory (``snapshot`` and ``annotate`` markers left out)."""
+    inert = (ACTION_CODE["snapshot"], ACTION_CODE["annotate"])
+    return int(np.isin(trace.events["action"], inert, invert=True).sum())
+
+
+def of_rank(rank: AnalysedRank) -> Summary:
+    """The Summary view of ``rank``: every field read from one of its cached properties (nothing computed here)."""
+    t = rank.trace
+    return Summary(
+        label=t.label,
+        process=t.process,
+        recording=t.recording,
+        env=dict(t.facts.get(F.ENV) or {}),
+        start_us=rank.span[0],
+        end_us=rank.span[1],
+        n_events=rank.n_events,
+        n_samples=len(t.samples),
+        baseline=rank.curves.baseline,
+        peak=rank.peak,
+        peak_allocated=rank.peak_allocated,
+        peak_device_used=rank.peak_device_used,
+        peak_others=rank.peak_others,
+        allocator=rank.allocator,
+        target=rank.target,
+        crossings=rank.crossing_list,
+        phases=rank.phases,
+        holders=rank.holders,
+        hook_calls=list(t.hook_calls),
+        hook_totals=rank.hook_totals,
+        notes=list(t.notes),
+        warnings=rank.warnings,
+        non_kv=rank.non_kv,
+        oom=rank.oom,
+        path=t.path,
+        non_torch=rank.non_torch_moments,
+        t0_us=rank.origin.t0_us,
+        time_origin=rank.origin.sentence,
+        vmm=rank.vmm,
+        extensible=rank.extensible,
+        counter_checks=rank.counter_checks,
+        peak_held=rank.peak_held,
+        vllm=rank.vllm,
+        whole_device_peak_bytes=rank.whole_device_peak_bytes,
+        self_cost=rank.self_cost,
+        peak_bound=rank.peak_bound,
+        user_metadata=rank.user_metadata,
+        tensor_notes=rank.tensor_notes,
+        before_recording=rank.before_recording,
+        window=rank.window,
+    )
+
+
+def holders_by_site(trace: Trace, event_index: int, top: int = 10, *, lt: Lifetimes | None = None) -> list[HolderLine]:
+    """Live bytes right after ``event_index`` grouped by the frame printed for them (the innermost
+    meaningful frame: file, line, function), largest first, at most ``top`` lines."""
+    groups: dict[tuple, list] = {}
+    lt = lt if lt is not None else lifetimes(trace)
+    for h in holders_by_stack(trace, top=len(trace.stacks) + 2, event_index=event_index, lt=lt):
+        frames = trace.stack_frames(h.stack) if h.stack >= 0 else []
+        frame = meaningful_frame(frames)
+        key = (frame.filename, frame.line, frame.name) if frame is not None else h.stack if h.stack < 0 else None
+        groups.setdefault(key, []).append((h, frame, frames))
+    lines = []
+    for members in groups.values():
+        h, frame, frames = members[0]  # holders come largest first
+        lines.append(
+            HolderLine(
+                stack=h.stack,
+                frame=frame,
+                frames=frames,
+                bytes=sum(m[0].bytes for m in members),
+                count=sum(m[0].count for m in members),
+                share=sum(m[0].share for m in members),
+                stacks=len(members),
+            )
+        )
+    lines.sort(key=lambda x: -x.bytes)
+    return lines[:top]
+
+
+def _plain(obj: Any) -> Any:
+    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        out = {f.name: _plain(getattr(obj, f.name)) for f in dataclasses.fields(obj)}
+        for name in (
+            "delta_reserved_bytes",
+            "delta_allocated_bytes",
+            "difference_bytes",
+            "withheld_bytes",
+            "truncated",
+            "target_bytes",
+            "target_source",
+            "overshoot_bytes",
+            "ended_above",
+            "total_ns",
+            "share_of_init_engine",
+            "before_recording",
+        ):
+            if hasattr(type(obj), name) and isinstance(getattr(type(obj), name), property):
+                out[name] = _plain(getattr(obj, name))
+        return out
+    if isinstance(obj, dict):
+        return {str(k): _plain(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_plain(v) for v in obj]
+    if isinstance(obj, np.integer):
+        return int(obj)
+    if isinstance(obj, np.floating):
+        return float(obj)
+    return obj
+
+
+def summary_to_dict(summary: Summary) -> dict[str, Any]:
+    """A JSON-ready dict of ``summary``: exact integers of bytes and microseconds, nothing rounded."""
+    if summary.window is None:
+        return _plain(summary)
+    from dataclasses import replace
+
+    from memtrace.analysis.serving.serving import window_doc
+
+    return {**_plain(replace(summary, window=None)), "window": _plain(window_doc(summary.window))}

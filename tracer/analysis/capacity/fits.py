@@ -1,0 +1,446 @@
+"""The capacity what-if: would this start-up survive on a card of another size, and where would it die?
+
+Model (vLLM's own sizing, applied to a recorded start-up):
+
+1. What does not depend on the card stays as recorded: weights, workspaces, the activations of
+   ``profile_run`` (sized by ``max_num_batched_tokens``), CUDA context and other non-PyTorch memory.
+   So the whole curve *before* the KV cache is allocated is the same on any card.
+2. vLLM sizes the KV cache as ``ceil(util × capacity) − non_kv`` where ``non_kv`` is what vLLM keeps
+   out of the KV cache: ``analysis.reconcile.non_kv``, the one figure ``report`` shows too. When the
+   size was given (``--kv-cache-memory-bytes``, a start-up plan) the KV cache has that size on any card.
+3. The run dies (OOM) in the first phase where the pre-KV curve goes over the *physical* capacity:
+   ``util`` cannot help there, it only bounds what is allocated after profiling. The curve compared
+   is what the start-up *needs*: the pinned segments (``analysis.pinned``: the caching allocator
+   releases free cached segments before it fails) plus non-PyTorch memory, as recorded (steady NVML
+   samples) or as given (``non_torch_bytes``: a different card has a different CUDA context). With
+   CUPTI records the assumed figure is split (``non_torch.breakdown`` at the moment it was taken):
+   what CUPTI saw allocated, what was present when recording began (the CUDA context), CUPTI's own
+   device memory (not there without CUPTI), what grew unseen.
+4. ``KV ≤ 0``: vLLM refuses to start ("No available memory for the cache blocks"); so it does
+   when the KV cache cannot hold one request of ``max_model_len`` tokens (bytes per token as
+   recorded).
+   Before all that, vLLM itself (not a plain PyTorch program) refuses at ``init_device`` when the
+   free memory then (capacity − memory in use at the end of init_device) is below util × capacity
+   (not with vLLM 0.34's extensible KV cache, whose start-up passes with less free).
+5. After the KV cache exists, the recorded curve moves by the change in KV bytes
+   (``shift = KV(capacity) − KV(recorded)``); the run dies in the first phase (warm-up, CUDA-graph
+   capture) where the shifted curve goes over the physical capacity.
+
+A recording that ended in an OOM (``analysis.oom.find_oom``) covers the start-up only up to that
+failed request; nothing after it is known. So, for such a recording:
+
+- the curve is read only up to the OOM; a death the model finds before it (steps 3-5) is answered
+  as usual (OOM, NO_KV, REFUSED);
+- else, at the OOM moment, the failed request is added to what the start-up needs there (shifted as
+  in 5 when the KV cache existed). When that goes over the asked card, or when the asked card has no
+  more room at that moment than the recorded one had (before the KV cache: capacity ≤ the recorded
+  card's; after it: capacity − ceil(util × capacity) ≤ the recorded card's capacity − target, the
+  room vLLM leaves beside the KV cache), the answer is DIED: it dies where the recording died, with
+  the recorded phase, request and free memory. So the recorded card itself always answers DIED;
+- else, when vLLM's own KV sizing already refuses on the asked card (``ceil(util x capacity) <= non_kv``,
+  vLLM's formula on the part recorded: the profiling peak only grows past the OOM, and the weights are in it),
+  the answer is NO_KV: vLLM refuses at KV sizing whatever the unrecorded rest of profiling needed;
+- else the answer is UNKNOWN ("beyond the recording"): that request would fit on the asked card, but
+  what the start-up needed after it was never recorded. A recording that ended in an OOM never
+  answers FITS, and :func:`smallest_fitting` finds no card for it.
+
+A vLLM recording that ended (without an OOM) before the KV cache was sized answers UNKNOWN past the
+part it covers, too (``analysis.boot``, which owns ``fits``' answer, then asks the what-if model). A program that is not vLLM and sizes no KV cache fits when its whole recorded
+curve does (steps 3 and 5 do not apply).
+
+Pure functions over a Trace; figures are bytes.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+from memtrace import facts as F
+from memtrace.analysis.analysed.landmarks import Landmarks, landmarks, steady_non_torch_at, total_curve
+from memtrace.analysis.capacity.reconcile import KV_GIVEN, MEMTRACE
+from memtrace.analysis.capacity.reconcile import non_kv as non_kv_model
+from memtrace.analysis.capacity.whatif import extensible_kv_cache, recorded_others
+from memtrace.analysis.holders.live import Lifetimes
+from memtrace.analysis.memory import non_torch
+from memtrace.analysis.memory.curves import Curve, Curves, all_curves
+from memtrace.analysis.memory.oom import Oom, find_oom
+from memtrace.analysis.memory.phases import path_at, recording_span
+from memtrace.analysis.memory.pinned import pinned_curve
+from memtrace.analysis.memory.quantities import window_peak
+from memtrace.analysis.memory.target import resolve_target
+from memtrace.errors import UsageError
+from memtrace.model import Trace
+
+#: vLLM's default --gpu-memory-utilization, used when the trace did not record one.
+DEFAULT_UTIL = 0.9
+
+FITS = "fits"
+OOM = "oom"
+NO_KV = "no-kv-memory"
+UNKNOWN = "unknown"  # the recording ends (the run died) before the part that decides
+REFUSED = "refused-at-init"  # vLLM: free memory at init_device is less than util × capacity
+DIED = "died"  # the recording died of OOM, and this card has no more room there: it dies there too
+OUTCOMES = (FITS, OOM, NO_KV, REFUSED, DIED, UNKNOWN)
+NO_KV_CACHE = "no KV cache"  # the stage of a program that sizes none (not vLLM): its whole curve fits
+
+#: The smallest capacity :func:`check_capacity` accepts: no GPU vLLM runs on has less.
+MIN_CAPACITY = 1 << 30
+#: The precision of :func:`smallest_fitting`'s search (a smallest card within it of MIN_CAPACITY is the floor)
+SEARCH_STEP = 64 << 20
+
+#: Where the assumed non-PyTorch memory came from.
+NT_ARGUMENT = "--non-torch"
+NT_AT_SIZING = "NVML at KV sizing"
+NT_LAST_STEADY = "NVML, last steady sample"
+NT_NONE = "none (no NVML samples)"
+
+
+@dataclass(frozen=True)
+class Fit:
+    """The prediction for one capacity."""
+
+    capacity_bytes: int
+    util: float
+    target_bytes: int  # ceil(util × capacity): what vLLM may fill
+    non_kv_bytes: int  # what vLLM counts as not KV cache (card-independent)
+    kv_cache_bytes: int  # what vLLM would allocate for the KV cache (≤ 0: it refuses)
+    pre_kv_peak_bytes: int
+    pre_kv_peak_phase: str
+    post_kv_peak_bytes: int | None  # None when the run would not get that far or the trace lacks it
+    post_kv_peak_phase: str
+    outcome: str  # FITS, OOM, NO_KV, REFUSED or UNKNOWN
+    phase: str  # where it dies ("" when it fits)
+    overshoot_bytes: int  # by how much it goes over the capacity (OOM), or the missing KV bytes (NO_KV)
+    headroom_bytes: int  # the smallest gap under the capacity (FITS; UNKNOWN: at the recorded OOM)
+    stage: str  # "init", "pre-KV", "KV sizing", "post-KV", "recorded OOM", "beyond the recording", ""
+    non_torch_bytes: int | None = None  # the non-PyTorch memory assumed (see non_torch_source)
+    non_torch_source: str = NT_NONE
+    non_kv_source: str = ""  # reconcile.non_kv's source
+    recorded_oom: Oom | None = None  # the OOM the recording ended in, when it did
+    recorded_capacity_bytes: int | None = None  # the card the recording stood for
+    #: the assumed non-PyTorch memory split by CUPTI's records (``non_torch.breakdown`` at the moment it
+    #: was taken): what CUPTI saw, what was present when recording began, what grew unseen; None
+    #: without CUPTI records or with ``--non-torch``
+    non_torch_cupti_bytes: int | None = None
+    non_torch_at_start_bytes: int | None = None
+    non_torch_grew_unseen_bytes: int | None = None
+    non_torch_cupti_own_bytes: int | None = None  # of the unexplained rest: CUPTI's own device memory
+    #: how vLLM sizes the KV cache on this card: "profiling" (``util x capacity - non_kv``) or "extensible"
+    #: (vLLM 0.34's default: measured after warm-up, ``analysis.fits_extensible``)
+    kv_sizing: str = F.KV_SIZED_BY_PROFILING
+    kv_blocks: int | None = None  # extensible: the blocks vLLM would commit, and their tokens
+    kv_tokens: int | None = None
+    #: memory other processes held on the recorded card, not put on this one (the card holds this process alone)
+    others_left_out_bytes: int = 0
+    #: where the answer goes past the recording (``analysis.boot``): where the recording ends and the model that
+    #: carries it on ("" when the recording covers the answer), and where this card's figures come from
+    prediction: str = ""
+    prediction_how: str = ""
+    missing: str = ""  # UNKNOWN: exactly what the trace lacks for an answer ("" when said by the recorded OOM)
+
+    @property
+    def survives(self) -> bool:
+        return self.outcome == FITS
+
+
+def fit_to_dict(r: Fit) -> dict[str, Any]:
+    """A JSON-ready dict of ``r`` (exact integers; the recorded OOM nested), with ``survives``."""
+    return {**dataclasses.asdict(r), "survives": r.survives}
+
+
+def check_capacity(capacity_bytes: int) -> int:
+    """``capacity_bytes`` when it is a card's memory; UsageError for 0, 1 MiB and the like."""
+    if capacity_bytes < MIN_CAPACITY:
+        raise UsageError(
+            f"--capacity {capacity_bytes:,} B is not a GPU's memory; give the card's memory, at least 1GiB "
+            "(e.g. 24GiB, 80GB)"
+        )
+    return capacity_bytes
+
+
+def check_non_torch(non_torch_bytes: int | None, capacities: list[int]) -> int | None:
+    """``non_torch_bytes`` (``--non-torch``) when it leaves room on every card asked about; UsageError when
+    it fills one (a CUDA context, NCCL and libraries never take the whole card)."""
+    if non_torch_bytes is None:
+        return None
+    from memtrace.units import format_gib
+
+    full = [c for c in capacities if non_torch_bytes >= c]
+    if full:
+        raise UsageError(
+            f"--non-torch {format_gib(non_torch_bytes)} is not less than the {format_gib(min(full))} card; "
+            "give the non-PyTorch memory (CUDA context, NCCL, libraries) on that card, e.g. 0.6GiB"
+        )
+    return non_torch_bytes
+
+
+def _first_crossing(trace: Trace, curve: Curve, start_us: int, end_us: int, limit: int, shift: int = 0) -> int | None:
+    """First time in [start_us, end_us] where curve + shift > limit; None when it never does."""
+    if len(curve) == 0:
+        return None
+    if curve.at(start_us) + shift > limit:
+        return start_us
+    lo = int(np.searchsorted(curve.time_us, start_us, side="right"))
+    hi = int(np.searchsorted(curve.time_us, end_us, side="right"))
+    over = np.flatnonzero(curve.bytes[lo:hi] + shift > limit)
+    return int(curve.time_us[lo + over[0]]) if len(over) else None
+
+
+def _recorded_kv(lm: Landmarks) -> int | None:
+    """The KV bytes the recorded run sized for (vLLM's figure), else the bytes it allocated."""
+    if lm.vllm_available_kv_bytes is not None:
+        return lm.vllm_available_kv_bytes
+    return lm.kv_cache_bytes
+
+
+def need_curve(
+    trace: Trace, curves: Curves, lm: Landmarks, non_torch_bytes: int | None = None, lt: Lifetimes | None = None
+) -> Curve:
+    """What the start-up needs on the card at each moment: the pinned segments (``pinned``: what the
+    allocator cannot release) plus non-PyTorch memory, as recorded (steady NVML samples) or, when
+    ``non_torch_bytes`` is given, that constant (another card's CUDA context, say)."""
+    base = pinned_curve(trace, curves, lt)
+    if non_torch_bytes is not None:
+        return Curve(base.time_us, base.bytes + int(non_torch_bytes))
+    return total_curve(curves, include_non_torch=lm.device_level, base=base)
+
+
+@dataclass(frozen=True)
+class Recorded:
+    """What every capacity's prediction shares: the curves, landmarks, what the start-up needs, the
+    non-KV figure, the recorded OOM and card, and the non-PyTorch memory assumed."""
+
+    curves: Curves
+    lm: Landmarks
+    need: Curve
+    non_kv_bytes: int
+    non_kv_source: str
+    oom: Oom | None
+    capacity_bytes: int | None
+    target_bytes: int | None
+    non_torch_bytes: int | None
+    non_torch_source: str
+    #: ``Fit``'s ``non_torch_*`` split fields by name (empty: nothing to split)
+    non_torch_split: dict[str, int | None] = dataclasses.field(default_factory=dict)
+    span: tuple[int, int] = (0, 0)  # the recording's first and last microsecond (``phases.recording_span``)
+
+
+def recorded(trace: Trace, non_torch_bytes: int | None = None, *, curves: Curves | None = None, rank=None) -> Recorded:
+    """Compute once what :func:`fit` needs for any capacity (``rank``: the trace's ``AnalysedRank``, whose
+    curves, landmarks, non-KV model, OOM and recorded target are taken as they are)."""
+    if rank is not None:
+        curves, lm, nk, oom, target = rank.curves, rank.landmarks, rank.non_kv, rank.oom, rank.recorded_target
+        span = rank.span
+    else:
+        span = recording_span(trace)
+        curves = curves or all_curves(trace)
+        lm = landmarks(trace, curves)
+        nk = non_kv_model(trace, curves)
+        oom = find_oom(trace)
+        target = resolve_target(trace)
+    nt_at = None
+    if non_torch_bytes is not None:
+        nt, nt_source = int(non_torch_bytes), NT_ARGUMENT
+    elif not lm.device_level:
+        nt, nt_source = None, NT_NONE
+    elif lm.before_kv_non_torch_bytes is not None:
+        nt, nt_source, nt_at = lm.before_kv_non_torch_bytes, NT_AT_SIZING, lm.sizing_end_us
+    else:  # no KV sizing recorded (died before it): the last steady figure the recording holds
+        nt_at = oom.time_us if oom is not None else span[1]
+        nt, nt_source = steady_non_torch_at(curves, nt_at), NT_LAST_STEADY
+    split: dict[str, int | None] = {}
+    b = non_torch.breakdown(trace, nt_at, "assumed", curves=curves) if nt_at is not None else None
+    if b is not None and b.nvml_non_torch_bytes == nt:  # the same figure, split by CUPTI's records
+        split = {
+            "non_torch_cupti_bytes": b.cupti_bytes,
+            "non_torch_at_start_bytes": b.at_start_bytes,
+            "non_torch_grew_unseen_bytes": b.grew_unseen_bytes,
+            "non_torch_cupti_own_bytes": b.cupti_own_bytes,
+        }
+    return Recorded(
+        curves=curves,
+        lm=lm,
+        need=need_curve(trace, curves, lm, non_torch_bytes, rank.lifetimes if rank is not None else None),
+        non_kv_bytes=nk.bytes if nk is not None else 0,
+        non_kv_source=nk.source if nk is not None else "",
+        oom=oom,
+        capacity_bytes=target.capacity_bytes,
+        target_bytes=target.target_bytes,
+        non_torch_bytes=nt,
+        non_torch_source=nt_source,
+        non_torch_split=split,
+        span=span,
+    )
+
+
+def fit(
+    trace: Trace,
+    capacity_bytes: int,
+    util: float | None = None,
+    *,
+    non_torch_bytes: int | None = None,
+    rec: Recorded | None = None,
+) -> Fit:
+    """Predict whether the start-up recorded in ``trace`` survives on a card of ``capacity_bytes``.
+
+    Args:
+        trace: a recorded start-up (any card size; a larger card shows more of the curve).
+        capacity_bytes: physical memory of the card asked about.
+        util: --gpu-memory-utilization on that card; default: the recorded one, else 0.9.
+        non_torch_bytes: non-PyTorch memory on that card (CUDA context, NCCL, libraries), held
+            constant; default: as recorded (NVML).
+        rec: :func:`recorded` for this trace and ``non_torch_bytes``, to share work between capacities.
+    """
+    rec = rec or recorded(trace, non_torch_bytes)
+    lm, need, oom = rec.lm, rec.need, rec.oom
+    if util is None:
+        util = lm.gpu_memory_utilization or DEFAULT_UTIL
+    first_us, last_us = rec.span
+    end_us = min(oom.time_us, last_us) if oom is not None else last_us  # nothing is known after an OOM
+    target = math.ceil(capacity_bytes * util)
+    kv_new = target - rec.non_kv_bytes
+    if rec.non_kv_source == KV_GIVEN and _recorded_kv(lm) is not None:
+        kv_new = _recorded_kv(lm)  # --kv-cache-memory-bytes: the same KV cache on any card
+    pre_end = lm.kv_start_us if lm.kv_start_us is not None else (lm.sizing_end_us or last_us)
+    pre_end = min(pre_end, end_us)
+    pre_peak, pre_t = window_peak(need, first_us, pre_end)
+
+    def result(outcome, phase, overshoot, stage, post=None, post_phase="", headroom=0):
+        return Fit(capacity_bytes, util, target, rec.non_kv_bytes, kv_new, pre_peak, path_at(trace, pre_t), post,
+                   post_phase, outcome, phase, overshoot, headroom, stage, rec.non_torch_bytes, rec.non_torch_source,
+                   rec.non_kv_source, oom, rec.capacity_bytes, **rec.non_torch_split)  # fmt: skip
+
+    # vLLM's request_memory check in init_device (not with 0.34's extensible KV cache: util 1.0 of the card is never
+    # free at start-up, and the H200's start-ups passed it beside a 127 GiB neighbour)
+    init_end = _init_device_end(trace)
+    if init_end is not None and init_end <= end_us and F.is_vllm(trace.facts) and not extensible_kv_cache(trace):
+        free_at_init = capacity_bytes - need.at(init_end)
+        if free_at_init < target:
+            return result(REFUSED, "init_device", target - free_at_init, "init")
+    # 3. pre-KV: the card-independent part must fit physically
+    t = _first_crossing(trace, need, first_us, pre_end, capacity_bytes)
+    if t is not None:
+        return result(OOM, path_at(trace, t), pre_peak - capacity_bytes, "pre-KV")  # "": outside any phase
+    if oom is not None and (lm.kv_end_us is None or oom.time_us < lm.kv_end_us):  # died before the KV cache
+        at = _at_oom(rec, capacity_bytes, target, 0, result)
+        if at.outcome == UNKNOWN and kv_new <= 0 and rec.non_kv_source == MEMTRACE:  # refused whatever came next
+            return result(NO_KV, "KV sizing (after determine_available_memory)", -kv_new, "KV sizing")
+        return at
+    if lm.sizing_end_us is None and not F.is_vllm(trace.facts):  # a program with no KV cache: all of it fits
+        return result(FITS, "", 0, NO_KV_CACHE, headroom=capacity_bytes - pre_peak)
+    # 4. KV sizing
+    if kv_new <= 0:
+        return result(NO_KV, "KV sizing (after determine_available_memory)", -kv_new, "KV sizing")
+    kv_rec = _recorded_kv(lm)
+    one_request = _one_request_bytes(trace, kv_rec)
+    if one_request is not None and kv_new < one_request:  # vLLM: "To serve at least one request..."
+        return result(NO_KV, "KV sizing (one max_model_len request does not fit)", one_request - kv_new, "KV sizing")
+    if lm.kv_end_us is None or kv_rec is None:  # the recording ends before the KV cache was allocated
+        if lm.sizing_end_us is None:
+            return result(UNKNOWN, "", 0, "beyond the recording", headroom=capacity_bytes - pre_peak)
+        return result(FITS, "", 0, "", headroom=capacity_bytes - pre_peak)
+    return _post_kv(trace, rec, capacity_bytes, target, kv_new - kv_rec, end_us, pre_peak, result)
+
+
+def _post_kv(trace: Trace, rec: Recorded, capacity: int, target: int, shift: int, end_us: int, pre_peak: int, result):
+    """Step 5: the recorded curve after the KV cache, moved by ``shift`` (the change in KV bytes)."""
+    lm, need = rec.lm, rec.need
+    post_raw, post_t = window_peak(need, lm.kv_end_us, end_us)
+    post_bytes, post_phase = post_raw + shift, path_at(trace, post_t)
+    t = _first_crossing(trace, need, lm.kv_start_us or lm.kv_end_us, end_us, capacity, shift)
+    if t is not None:
+        over = post_bytes - capacity
+        return result(OOM, path_at(trace, t) or "after the KV cache", over, "post-KV", post_bytes, post_phase)
+    if rec.oom is not None:
+        return _at_oom(rec, capacity, target, shift, result, post_bytes, post_phase)
+    return result(FITS, "", 0, "", post_bytes, post_phase, capacity - max(pre_peak, post_bytes))
+
+
+def _at_oom(rec: Recorded, capacity: int, target: int, shift: int, result, post=None, post_phase="") -> Fit:
+    """DIED or UNKNOWN at the recorded OOM (see the module docstring)."""
+    oom = rec.oom
+    needed = rec.need.at(oom.time_us) + shift + oom.requested_bytes
+    # the room the recording had: its card less what other processes held then (the asked card holds this
+    # process alone)
+    others = rec.curves.others.at(oom.time_us) if len(rec.curves.others) else 0
+    if shift == 0 and (rec.lm.kv_end_us is None or oom.time_us < rec.lm.kv_end_us):
+        no_roomier = rec.capacity_bytes is not None and capacity <= rec.capacity_bytes - others
+    else:
+        no_roomier = (
+            rec.capacity_bytes is not None
+            and rec.target_bytes is not None
+            and capacity - target <= rec.capacity_bytes - others - rec.target_bytes
+        )
+    if needed > capacity or no_roomier:
+        return result(DIED, oom.phase_path, max(needed - capacity, 0), "recorded OOM", post, post_phase)
+    return result(UNKNOWN, oom.phase_path, 0, "beyond the recording", post, post_phase, capacity - needed)
+
+
+def _one_request_bytes(trace: Trace, kv_rec: int | None) -> int | None:
+    """KV bytes one request of max_model_len tokens needs (vLLM refuses to start below it), from the
+    recorded KV bytes per token; None when the trace lacks the figures (not a vLLM trace)."""
+    tokens = trace.facts.get(F.VLLM_KV_TOKENS)
+    max_len = (trace.facts.get(F.VLLM_CONFIG) or {}).get("max_model_len")
+    if not kv_rec or not isinstance(tokens, int) or tokens <= 0 or not isinstance(max_len, int):
+        return None
+    return math.ceil(kv_rec / tokens * max_len)
+
+
+def _init_device_end(trace: Trace) -> int | None:
+    ends = [p.end_us for p in trace.phases if p.name == "init_device" and p.end_us is not None]
+    return min(ends) if ends else None
+
+
+def fits(
+    trace: Trace,
+    capacities: list[int],
+    util: float | None = None,
+    *,
+    non_torch_bytes: int | None = None,
+    rec: Recorded | None = None,
+) -> list[Fit]:
+    """:func:`fit` for several capacities, sharing the work (``rec``: :func:`recorded`, if at hand)."""
+    rec = rec or recorded(trace, non_torch_bytes)
+    left_out = recorded_others(trace)
+    return [dataclasses.replace(fit(trace, c, util, rec=rec), others_left_out_bytes=left_out) for c in capacities]
+
+
+def smallest_fitting(
+    trace: Trace,
+    util: float | None = None,
+    *,
+    non_torch_bytes: int | None = None,
+    lo: int = MIN_CAPACITY,
+    hi: int | None = None,
+    rec: Recorded | None = None,
+) -> int | None:
+    """The smallest capacity (to 64 MiB) on which the start-up survives, or None above ``hi`` (default
+    :func:`search_ceiling`; always None for a recording that ended in an OOM: it never answers FITS)."""
+    rec = rec or recorded(trace, non_torch_bytes)
+    if rec.oom is not None:
+        return None
+    return smallest_card(lambda c: fit(trace, c, util, rec=rec).survives, lo, hi or search_ceiling(rec, lo))
+
+
+def search_ceiling(rec: Recorded, lo: int = MIN_CAPACITY) -> int:
+    """The largest card a smallest-card search tries: four times the recorded peak, or the recorded card when
+    larger (at least ``lo``)."""
+    return max(rec.lm.peak.bytes * 4, rec.capacity_bytes or 0, lo)
+
+
+def smallest_card(survives, lo: int, hi: int) -> int | None:
+    """The smallest capacity in (``lo``, ``hi``] (to :data:`SEARCH_STEP`) where ``survives(capacity)`` holds, by
+    bisection (an answer that survives on a card survives on every larger one); None when it fails at ``hi``."""
+    if not survives(hi):
+        return None
+    while hi - lo > SEARCH_STEP:
+        mid = (lo + hi) // 2
+        if survives(mid):
+            hi = mid
+        else:
+            lo = mid
+    return hi

@@ -1,0 +1,300 @@
+"""vLLM's non-KV memory, the one model: memtrace's reconstruction of vLLM's KV-cache sizing (pure).
+
+**Authoritative.** :func:`reconcile_kv` (vLLM's own formula on memtrace's curves) is THE figure of
+vLLM's non-KV memory; :func:`non_kv` wraps it with its fallbacks, and ``report`` and ``fits`` both
+show what :func:`non_kv` returns ("what vLLM keeps out of the KV cache" = target - available KV =
+non-KV + the CUDA-graph estimate). The simpler estimates are its parts, used only when the trace
+cannot support the reconstruction, in this order: vLLM's own recorded figure
+(``landmarks.Landmarks.non_kv_bytes`` = target - ``facts["vllm.available_kv_cache_bytes"]``), then the
+pre-KV peak of device-level memory (``landmarks.Landmarks.pre_kv_peak``: a program that is not vLLM).
+
+vLLM sizes the KV cache as ``available = requested - non_kv - graph_estimate`` where ``requested``
+is ``ceil(total x gpu_memory_utilization)`` (the trace's ``target_bytes``) and ``non_kv`` is measured
+around ``profile_run``. This module recomputes ``non_kv`` from memtrace's exact allocator curves and
+NVML samples, with vLLM's formula for the version that produced the trace, so a reader can see each
+term and check vLLM's figure (``facts["vllm.available_kv_cache_bytes"]``) against it.
+
+**vLLM 0.25.x** (``gpu_worker.determine_available_memory``; the CUDA-graph profile runs *inside*
+``memory_profiling``)::
+
+    non_kv = non_torch_increase + torch_peak_increase + weights_memory
+    non_torch_increase  = non-torch(after profiling) - non-torch(init snapshot)
+    torch_peak_increase = peak allocated during profile_run - allocated when profile_run starts
+    weights_memory      = allocated after load_model - allocated before it
+
+**vLLM 0.32/0.33** (the graph profile runs *after* ``memory_profiling``)::
+
+    non_kv = total_consumed + transient_peak_headroom
+    total_consumed          = device used(after profiling) - device used(init snapshot)
+    transient_peak_headroom = peak allocated during profile_run - allocated after profiling
+
+Device memory comes from one of two sources (``source``): ``"nvml"``, the sidecar's samples (non-torch
+= NVML device used - PyTorch reserved, the non-torch curve), or ``"boundaries"``, the plugin's own
+``cudaMemGetInfo`` + reserved readings at phase edges (``facts["memtrace.phase_memory"]``, the same
+calls vLLM's MemorySnapshot makes); the default is NVML when the trace has samples. "init snapshot" is the end
+of ``init_device`` (vLLM measures a moment before it; what the runner allocates in between is torch
+memory, which the 0.25 formula does not count). Device memory that appeared between vLLM's own init
+snapshot (``facts["vllm.profile"]["init_snapshot"]``) and the end of ``init_device``, before memtrace's
+curves begin, is measured by the plugin's reading there and added as its own term (``init_gap_bytes``):
+vLLM counts it, so the reconstruction does too; "after profiling" is the end of
+``determine_available_memory`` (0.25) or the start of ``cudagraph_profile`` (0.33), after vLLM's
+``empty_cache``. The graph estimate is vLLM's own extrapolation (the return value of
+``profile_cudagraph_memory``, recorded as a fact): memtrace reports it, it does not re-derive it.
+Which formula applies is read from vLLM's worker attributes recorded in ``facts["vllm.profile"]``
+(``non_torch_memory`` exists in 0.25, ``total_consumed`` from 0.32), else from ``vllm.version``.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+from memtrace import facts as F
+from memtrace.analysis.memory.curves import Curve, Curves, all_curves
+from memtrace.analysis.memory.quantities import window_max
+from memtrace.model import Phase, Trace
+
+FORMULA_025 = "vllm-0.25"
+FORMULA_033 = "vllm-0.33"
+#: what each formula is called on screen: the vLLM releases that use it (``choose_formula``'s rule), so a
+#: 0.34 report does not read as if it came from 0.33
+FORMULA_LABEL = {FORMULA_025: "the formula of vLLM up to 0.31", FORMULA_033: "the formula of vLLM 0.32 and later"}
+
+
+@dataclass(frozen=True)
+class KvReconciliation:
+    """Every term of memtrace's reconstruction, in bytes, and vLLM's own figure beside it."""
+
+    formula: str
+    source: str  # "nvml" or "boundaries"
+    target_bytes: int
+    weights_bytes: int
+    peak_allocated_bytes: int  # peak allocated during profile_run
+    non_kv_bytes: int
+    graph_estimate_bytes: int  # vLLM's estimate, as applied (0 when disabled)
+    available_kv_bytes: int
+    vllm_available_kv_bytes: int | None
+    torch_peak_increase_bytes: int | None = None  # 0.25
+    non_torch_increase_bytes: int | None = None  # 0.25
+    total_consumed_bytes: int | None = None  # 0.33
+    transient_peak_headroom_bytes: int | None = None  # 0.33
+    init_us: int = 0
+    after_us: int = 0
+    #: device memory (non-torch for 0.25, used for 0.33) that appeared between vLLM's own init snapshot
+    #: (inside init_device, before the model runner is built) and the end of init_device, where
+    #: memtrace's curves start, from the plugin's cudaMemGetInfo reading there: vLLM counts it, so it
+    #: is a term of ``non_kv_bytes`` (None, counted as 0, when the trace lacks either reading).
+    init_gap_bytes: int | None = None
+    first_sample_delay_us: int = 0  # NVML's first sample came this long after init_device ended
+    graph_estimate_disabled_bytes: int | None = None  # recorded but not applied (env switch)
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def withheld_bytes(self) -> int:
+        """What vLLM keeps out of the KV cache: target - available KV = non-KV + CUDA-graph estimate."""
+        return self.target_bytes - self.available_kv_bytes
+
+    @property
+    def difference_bytes(self) -> int | None:
+        """memtrace's available KV minus vLLM's."""
+        if self.vllm_available_kv_bytes is None:
+            return None
+        return self.available_kv_bytes - self.vllm_available_kv_bytes
+
+
+def _phase(trace: Trace, name: str) -> Phase | None:
+    for p in trace.phases:
+        if p.name == name:
+            return p
+    return None
+
+
+def choose_formula(facts: dict[str, Any]) -> str:
+    """FORMULA_025 or FORMULA_033 for the vLLM that wrote these facts."""
+    profile = facts.get(F.VLLM_PROFILE) or {}
+    if "non_torch_memory_bytes" in profile:
+        return FORMULA_025
+    if "total_consumed_bytes" in profile:
+        return FORMULA_033
+    m = re.match(r"(\d+)\.(\d+)", str(facts.get(F.VLLM_VERSION) or ""))
+    if m and (int(m.group(1)), int(m.group(2))) < (0, 32):
+        return FORMULA_025
+    return FORMULA_033
+
+
+def _graph_estimate(trace: Trace) -> tuple[int, int | None, list[str]]:
+    """(estimate applied, estimate recorded but switched off, notes)."""
+    estimate = trace.facts.get(F.VLLM_GRAPH_ESTIMATE_BYTES)
+    if not isinstance(estimate, int):
+        return 0, None, ["no CUDA-graph estimate recorded (eager, or no cudagraph_profile phase): counted as none"]
+    environ = (trace.facts.get(F.ENV) or {}).get("environ") or {}
+    if str(environ.get("VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS", "1")).strip() == "0":
+        return 0, estimate, ["CUDA-graph estimate not applied (VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS=0)"]
+    return estimate, None, []
+
+
+_window_max = window_max
+
+
+def _sampled_at(curve: Curve, t_us: int) -> int | None:
+    """The curve's value at ``t_us``, or None when it has no sample at or before it."""
+    if len(curve) == 0 or int(curve.time_us[0]) > t_us:
+        return None
+    return curve.at(t_us)
+
+
+def _reading(trace: Trace, phase: str, edge: str) -> dict[str, int] | None:
+    for r in trace.facts.get(F.PHASE_MEMORY) or []:
+        if r.get("phase") == phase and r.get("edge") == edge:
+            return r
+    return None
+
+
+class _Device:
+    """Device used / non-torch bytes at the two instants, from NVML curves or boundary readings."""
+
+    def __init__(self, trace: Trace, curves: Curves, source: str, init_us: int, after_us: int, after_key):
+        self.ok = True
+        if source == "nvml":
+            self.used = [_sampled_at(curves.device_used, t) for t in (init_us, after_us)]
+            self.non_torch = [_sampled_at(curves.non_torch, t) for t in (init_us, after_us)]
+        else:
+            readings = [_reading(trace, "init_device", "end"), _reading(trace, *after_key)]
+            self.used = [r["total_bytes"] - r["free_bytes"] if r else None for r in readings]
+            self.non_torch = [r["total_bytes"] - r["free_bytes"] - r["reserved_bytes"] if r else None for r in readings]
+        self.ok = None not in self.used and None not in self.non_torch
+
+
+def _init_gap(trace: Trace, formula: str) -> int | None:
+    """Device memory vLLM's init snapshot did not hold yet when init_device ended (cudaMemGetInfo terms:
+    from the plugin's reading at the end of init_device; NVML's "used" counts the driver's reserved
+    memory too, ~615 MiB on an H200, so it is not comparable with vLLM's snapshot)."""
+    snap = (trace.facts.get(F.VLLM_PROFILE) or {}).get("init_snapshot") or {}
+    reading = _reading(trace, "init_device", "end")
+    if reading is None:
+        return None
+    used = reading["total_bytes"] - reading["free_bytes"]
+    if formula == FORMULA_025 and isinstance(snap.get("non_torch_memory"), int):
+        return int(used - reading["reserved_bytes"] - snap["non_torch_memory"])
+    if formula == FORMULA_033 and isinstance(snap.get("cuda_memory"), int):
+        return int(used - snap["cuda_memory"])
+    return None
+
+
+def reconcile_kv(
+    trace: Trace, curves: Curves | None = None, formula: str | None = None, source: str | None = None
+) -> KvReconciliation | None:
+    """memtrace's available-KV figure for a vLLM start-up trace; None when the trace lacks what it
+    needs (a target; the init_device, load_model, profile_run and determine_available_memory phases;
+    allocator events; NVML samples or boundary readings, per ``source``)."""
+    if kv_size_given(trace):  # vLLM ran no formula: the size was handed to it
+        return None
+    target = trace.facts.get(F.TARGET_BYTES)
+    load, prof, dam = (_phase(trace, n) for n in ("load_model", "profile_run", "determine_available_memory"))
+    init = _phase(trace, "init_device")
+    if not isinstance(target, int) or None in (load, prof, dam, init) or len(trace.events) == 0:
+        return None
+    if None in (load.end_us, prof.end_us, dam.end_us, init.end_us):
+        return None
+    curves = curves or all_curves(trace)
+    source = source or ("nvml" if curves.has_device else "boundaries")
+    formula = formula or choose_formula(trace.facts)
+    graph = _phase(trace, "cudagraph_profile")
+    if formula == FORMULA_025 or graph is None or graph.start_us < prof.end_us:
+        after_us, after_key = dam.end_us, ("determine_available_memory", "end")
+    else:
+        after_us, after_key = graph.start_us, ("cudagraph_profile", "start")
+    init_us, notes = init.end_us, []
+    if source == "nvml" and curves.has_device and int(curves.device_used.time_us[0]) > init_us:
+        init_us = int(curves.device_used.time_us[0])
+    device = _Device(trace, curves, source, init_us, after_us, after_key)
+    if not device.ok:
+        return None
+
+    alloc = curves.allocated
+    weights = alloc.at(load.end_us) - alloc.at(load.start_us)
+    peak = _window_max(alloc, prof.start_us, prof.end_us)
+    estimate, disabled, more = _graph_estimate(trace)
+    notes += more
+    vllm_kv = trace.facts.get(F.VLLM_AVAILABLE_KV_BYTES)
+    gap = _init_gap(trace, formula)
+    common = dict(
+        formula=formula,
+        source=source,
+        target_bytes=int(target),
+        weights_bytes=int(weights),
+        peak_allocated_bytes=int(peak),
+        graph_estimate_bytes=int(estimate),
+        vllm_available_kv_bytes=int(vllm_kv) if isinstance(vllm_kv, int) else None,
+        init_us=int(init_us),
+        after_us=int(after_us),
+        init_gap_bytes=gap,
+        first_sample_delay_us=int(init_us - init.end_us),
+        graph_estimate_disabled_bytes=disabled,
+        notes=notes,
+    )
+    if formula == FORMULA_025:
+        torch_peak_increase = peak - alloc.at(prof.start_us)
+        non_torch_increase = device.non_torch[1] - device.non_torch[0]
+        non_kv = non_torch_increase + torch_peak_increase + weights + (gap or 0)
+        return KvReconciliation(
+            **common,
+            non_kv_bytes=int(non_kv),
+            available_kv_bytes=int(target - non_kv - estimate),
+            torch_peak_increase_bytes=int(torch_peak_increase),
+            non_torch_increase_bytes=int(non_torch_increase),
+        )
+    total_consumed = device.used[1] - device.used[0]
+    headroom = peak - alloc.at(after_us)
+    non_kv = total_consumed + headroom + (gap or 0)
+    return KvReconciliation(
+        **common,
+        non_kv_bytes=int(non_kv),
+        available_kv_bytes=int(target - non_kv - estimate),
+        total_consumed_bytes=int(total_consumed),
+        transient_peak_headroom_bytes=int(headroom),
+    )
+
+
+def kv_size_given(trace: Trace) -> bool:
+    """vLLM was handed the KV cache's size (``--kv-cache-memory-bytes``, or a persisted start-up plan
+    under ``VLLM_ENABLE_STARTUP_PLAN=1``): it still runs ``profile_run`` but sizes nothing, so its
+    formula does not apply and the KV cache has that size on any card. (vLLM 0.34's extensible KV cache
+    is sized by a formula: after warm-up, ``analysis.extensible``; its profiled figure sizes the
+    address range with the 0.33 formula.)"""
+    source = trace.facts.get(F.VLLM_KV_SIZE_SOURCE)
+    return source in (F.KV_SIZE_GIVEN_FLAG, F.KV_SIZE_GIVEN_PLAN)
+
+
+#: Where :func:`non_kv`'s figure came from, in the words outputs print.
+MEMTRACE = "vLLM's formula on memtrace's curves"
+KV_GIVEN = "the KV cache's size was given to vLLM (no formula): target - that size"
+VLLM_RECORDED = "vLLM's own recorded figure"
+PRE_KV_PEAK = "the peak before any KV cache (no KV sizing recorded)"
+
+
+@dataclass(frozen=True)
+class NonKv:
+    """What vLLM keeps out of the KV cache (target - available KV), the one figure every output shows."""
+
+    bytes: int
+    source: str  # MEMTRACE, VLLM_RECORDED, KV_GIVEN or PRE_KV_PEAK
+    reconstruction: KvReconciliation | None  # the terms, when source is MEMTRACE
+
+
+def non_kv(trace: Trace, curves: Curves | None = None) -> NonKv | None:
+    """The authoritative non-KV figure (see the module docstring): :func:`reconcile_kv`'s
+    ``withheld_bytes``, else vLLM's recorded target - available KV, else the pre-KV peak of device-level
+    memory (None for a trace with no memory at all)."""
+    from memtrace.analysis.analysed.landmarks import landmarks
+
+    curves = curves or all_curves(trace)
+    k = reconcile_kv(trace, curves)
+    if k is not None:
+        return NonKv(k.withheld_bytes, MEMTRACE, k)
+    lm = landmarks(trace, curves)
+    if lm.non_kv_bytes is not None:
+        return NonKv(lm.non_kv_bytes, KV_GIVEN if kv_size_given(trace) else VLLM_RECORDED, None)
+    moment = lm.pre_kv_peak or lm.peak
+    return NonKv(moment.bytes, PRE_KV_PEAK, None) if moment is not None else None

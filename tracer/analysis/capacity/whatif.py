@@ -1,0 +1,949 @@
+"""Will it boot with other flags? vLLM start-up memory predicted for changed flags, from a recorded start-up.
+
+Every allocation PyTorch made after ``load_model`` is assigned to a **site** (its Python stack, or the phase
+it was made in) and the site to a **kind** with a scaling rule (:data:`RULES`):
+
+- ``tokens``: activations and workspaces of the dummy forward passes (``profile_run``, kernel warm-up, the
+  MoE / FlashInfer workspaces), x ``max-num-batched-tokens``;
+- ``seqs``: the sampler and the logits (``sampler.py``, ``sampling.py``, ``logits_processor.py``...),
+  x ``max-num-seqs`` (one row of the vocabulary per request);
+- ``graphs``: what ``capture_model`` and ``cudagraph_profile`` allocate, x the number of CUDA graphs vLLM
+  captures (its default capture sizes from ``max-num-seqs``; none with ``enforce-eager``: vLLM's own
+  linear extrapolation);
+- ``kv``: the KV cache (PyTorch tensors of ``initialize_kv_cache``, or pages committed through CUDA VMM by
+  0.34's extensible KV cache), sized again by vLLM's formula on the other card and flags;
+- everything else (weights and what ``init_device`` / ``load_model`` made, non-PyTorch memory, the
+  allocator's rounding) is kept as recorded; allocations without a stack cannot be scaled (said so).
+
+With one trace the rules are the documented ones above (an **estimate**). With two or more traces of the
+same model (:func:`calibrate`), each (phase, kind)'s peak bytes are fitted to ``a + b x`` of its flag by
+least squares and the residual is stated.
+
+The predicted curve is the recorded one (what the start-up needs: ``fits.need_curve``) with each kind's live
+bytes scaled (``pred(t) = need(t) + sum_k (s_k - 1) B_k(t)``), the recorded KV cache taken out and the new one
+put in where vLLM allocates it. vLLM's KV sizing is redone on that curve: profiled (``ceil(util x card) -
+non_kv - graph estimate``, the non-KV figure of ``reconcile.non_kv`` moved by the change of the profiling peak)
+or extensible (``extensible.measure_kv_cache_bytes`` with the free memory, transient peak and reserve growth
+moved). The card is the card alone unless ``others_bytes`` is given (memory of other processes is said).
+
+Pure functions over a Trace; bytes and microseconds.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass, field
+from functools import cached_property
+
+import numpy as np
+from memtrace import facts as F
+from memtrace.analysis.capacity.extensible import blocks_within, measure_kv_cache_bytes, pages_for
+from memtrace.analysis.capacity.reconcile import MEMTRACE as NON_KV_MEMTRACE
+from memtrace.analysis.memory.curves import Curve, committed_curve
+from memtrace.analysis.memory.phases import path_at, phase_path
+from memtrace.analysis.memory.quantities import array_max, first_max
+from memtrace.errors import UsageError
+
+TOKENS, SEQS, GRAPHS, KV, FIXED, UNSTACKED = "tokens", "seqs", "graphs", "kv", "fixed", "no stack"
+GRAPHS_KEPT = "graphs kept"
+SCALED = (TOKENS, SEQS, GRAPHS, GRAPHS_KEPT)
+#: The one-trace rule of each kind, in words.
+RULES = {
+    TOKENS: "x max-num-batched-tokens (activations and workspaces of the dummy forward passes)",
+    SEQS: "x max-num-seqs (sampler and logits: one vocabulary row per request)",
+    GRAPHS: "x the number of CUDA graphs captured (vLLM's capture sizes; 0 with enforce-eager): what capture "
+    "allocates and frees",
+    GRAPHS_KEPT: "as recorded, 0 with enforce-eager: what the captured graphs keep after capture (their memory pool, "
+    "which the graphs share: 33.6 MB after 5 graphs, 35.7 MB after 51 on the H200 traces, not their count)",
+    KV: "sized again by vLLM's formula",
+    FIXED: "as recorded (weights, init_device, load_model, non-PyTorch memory, allocator rounding, the logits of "
+    "0.34's KV-sizing warm-up: 1,024 rows on the H200 traces, neither flag's value)",
+    UNSTACKED: "as recorded: no stack was recorded, so it cannot be scaled",
+}
+BOOTS, DIES, REFUSES, UNKNOWN = "boots", "dies", "refuses", "unknown"
+#: vLLM's default utilization with / without the extensible KV cache (0.34).
+UTIL_EXTENSIBLE, UTIL_PROFILED = 1.0, 0.92
+_SAMPLER_FILES = ("sampler.py", "sampling.py", "topk_topp_sampler.py", "logits_processor.py", "penalties.py")
+_KV_FUNCS = ("_allocate_kv_cache_buffer", "allocate_kv_cache", "_allocate_kv_cache_tensors")
+_DTYPE_BYTES = {"fp8": 1, "fp8_e4m3": 1, "fp8_e5m2": 1, "auto": 2, "bfloat16": 2, "float16": 2, "half": 2}
+_BEFORE = np.iinfo(np.int64).min
+_NEVER = np.iinfo(np.int64).max
+
+
+@dataclass(frozen=True)
+class Flags:
+    """The vLLM flags that move start-up memory. ``gpu_memory_utilization`` None: vLLM's default for the mode."""
+
+    max_num_batched_tokens: int
+    max_num_seqs: int
+    max_model_len: int
+    enforce_eager: bool
+    kv_cache_dtype: str
+    gpu_memory_utilization: float | None
+    extensible: bool
+
+    @property
+    def util(self) -> float:
+        if self.gpu_memory_utilization is not None:
+            return self.gpu_memory_utilization
+        return UTIL_EXTENSIBLE if self.extensible else UTIL_PROFILED
+
+    @property
+    def graphs(self) -> int:
+        """How many CUDA graphs vLLM captures per mode (its default capture sizes; 0 with enforce-eager)."""
+        if self.enforce_eager:
+            return 0
+        top = min(self.max_num_seqs * 2, 512, self.max_num_batched_tokens)
+        sizes = (
+            [s for s in (1, 2, 4) if s <= top] + list(range(8, min(top + 1, 256), 8)) + list(range(256, top + 1, 16))
+        )
+        return len(sizes)
+
+    def changes(self, base: Flags) -> list[str]:
+        """The command-line changes from ``base``, as a user types them."""
+        out = []
+        for f in dataclasses.fields(self):
+            new, old = getattr(self, f.name), getattr(base, f.name)
+            if new == old:
+                continue
+            flag = "--" + f.name.replace("_", "-")
+            if f.name == "extensible":
+                out.append("--enable-extensible-kv-cache" if new else "--no-enable-extensible-kv-cache")
+            elif f.name == "enforce_eager":
+                out.append("--enforce-eager" if new else "(no --enforce-eager)")
+            elif new is None:
+                out.append(f"(no {flag})")
+            else:
+                out.append(f"{flag} {new:g}" if isinstance(new, float) else f"{flag} {new}")
+        return out
+
+
+_FLAG_KEYS = {
+    "max-num-batched-tokens": "max_num_batched_tokens",
+    "max-num-seqs": "max_num_seqs",
+    "max-model-len": "max_model_len",
+    "enforce-eager": "enforce_eager",
+    "kv-cache-dtype": "kv_cache_dtype",
+    "gpu-memory-utilization": "gpu_memory_utilization",
+    "enable-extensible-kv-cache": "extensible",
+    "extensible-kv-cache": "extensible",
+}
+FLAG_NAMES = tuple(_FLAG_KEYS)
+
+
+def recorded_flags(trace) -> Flags | None:
+    """The flags the recorded start-up ran with (None: not a vLLM trace with its config)."""
+    cfg = trace.facts.get(F.VLLM_CONFIG) or {}
+    need = ("max_num_batched_tokens", "max_num_seqs", "max_model_len")
+    if not all(isinstance(cfg.get(k), int) for k in need):
+        return None
+    source = trace.facts.get(F.UTIL_SOURCE)  # older traces lack it: their figure is vLLM's resolved one, kept
+    user = source == F.UTIL_BY_USER or (source is None and not trace.facts.get(F.VLLM_KV_SIZE_SOURCE))
+    return Flags(
+        max_num_batched_tokens=cfg["max_num_batched_tokens"],
+        max_num_seqs=cfg["max_num_seqs"],
+        max_model_len=cfg["max_model_len"],
+        enforce_eager=bool(cfg.get("enforce_eager")),
+        kv_cache_dtype=str(cfg.get("kv_cache_dtype") or "auto"),
+        gpu_memory_utilization=float(trace.facts[F.UTIL]) if user and trace.facts.get(F.UTIL) else None,
+        extensible=extensible_kv_cache(trace),
+    )
+
+
+def extensible_kv_cache(trace) -> bool:
+    """Whether the start-up sized its KV cache the extensible way (0.34's default where it died before sizing)."""
+    source = trace.facts.get(F.VLLM_KV_SIZE_SOURCE)
+    if source is not None:
+        return source == F.KV_SIZED_EXTENSIBLE
+    return _version_at_least(trace, (0, 34))
+
+
+def _version_at_least(trace, least: tuple[int, int]) -> bool:
+    """Whether the recorded vLLM is at least ``least`` (major, minor); False when unknown."""
+    parts = str(trace.facts.get(F.VLLM_VERSION) or "").split(".")[:2]
+    try:
+        return tuple(int("".join(c for c in p if c.isdigit()) or -1) for p in parts) >= least
+    except ValueError:
+        return False
+
+
+def _bool(name: str, value: str) -> bool:
+    v = value.strip().lower()
+    if v in ("", "1", "on", "true", "yes"):
+        return True
+    if v in ("0", "off", "false", "no"):
+        return False
+    raise UsageError(f"--what-if {name}={value}: give on or off")
+
+
+def apply_what_if(base: Flags, items: list[str]) -> Flags:
+    """``base`` with each ``--what-if NAME=VALUE`` (or ``enforce-eager``, ``no-enforce-eager``) applied."""
+    changes: dict = {}
+    for item in items:
+        name, _, value = item.partition("=")
+        name = name.strip().lstrip("-")
+        negate = name.startswith("no-") and name[3:] in _FLAG_KEYS
+        key = _FLAG_KEYS.get(name[3:] if negate else name)
+        if key is None:
+            raise UsageError(f"--what-if {item}: unknown flag; use one of {', '.join(FLAG_NAMES)} (NAME=VALUE)")
+        if key in ("enforce_eager", "extensible"):
+            changes[key] = (not _bool(name, value)) if negate else _bool(name, value)
+        elif key == "kv_cache_dtype":
+            if value not in _DTYPE_BYTES:
+                raise UsageError(f"--what-if {item}: kv-cache-dtype is one of {', '.join(_DTYPE_BYTES)}")
+            changes[key] = value
+        elif key == "gpu_memory_utilization":
+            from memtrace.units import parse_fraction
+
+            changes[key] = parse_fraction(value)
+        else:
+            try:
+                n = int(value.replace(",", "").replace("_", ""))
+            except ValueError:
+                raise UsageError(f"--what-if {item}: give a whole number, e.g. {name}=2048") from None
+            if n < 1:
+                raise UsageError(f"--what-if {item}: must be at least 1")
+            changes[key] = n
+    return dataclasses.replace(base, **changes)
+
+
+def flag_value(flags: Flags, kind: str) -> float:
+    """The flag value a kind scales with."""
+    kept = 1 if flags.graphs else 0
+    return {TOKENS: flags.max_num_batched_tokens, SEQS: flags.max_num_seqs, GRAPHS: flags.graphs, GRAPHS_KEPT: kept}[
+        kind
+    ]
+
+
+@dataclass(frozen=True)
+class Line:
+    """A fitted ``a + b x`` of one (phase, kind) over several traces, and its root-mean-square residual."""
+
+    a: float
+    b: float
+    residual_bytes: int
+    points: int
+
+    def at(self, x: float) -> float:
+        return self.a + self.b * x
+
+
+@dataclass(frozen=True)
+class Calibration:
+    """Per (phase name, kind) fits over several traces of one model (:func:`calibrate`)."""
+
+    lines: dict[tuple[str, str], Line]
+    traces: int
+
+
+# ---------------------------------------------------------------------------------------------------------
+# The recorded start-up, taken apart by site
+
+
+class Sites:
+    """One recorded start-up, its allocations assigned to kinds, on the need curve's time grid."""
+
+    def __init__(self, rank, need: Curve):
+        self.rank, self.trace = rank, rank.trace
+        self.flags = recorded_flags(self.trace)
+        t = self.trace
+        self.time = need.time_us.astype(np.int64)
+        self.need = need.bytes.astype(np.int64)
+        lt = rank.lifetimes
+        kinds = self._kinds(lt)
+        self.kind_of = kinds
+        self.bytes: dict[str, np.ndarray] = {}
+        for k in (TOKENS, SEQS, GRAPHS, GRAPHS_KEPT, KV, UNSTACKED):
+            m = kinds == k
+            self.bytes[k] = _live_at(lt.alloc_us[m], lt.free_us[m], lt.size[m], self.time)
+        vmm = committed_curve(t, kv_cache_only=True)
+        extend = self._phase("kv_cache_extend")
+        self.vmm_kv = np.zeros_like(self.time)
+        if len(vmm) and extend is not None:
+            warm = vmm.at(extend.start_us - 1)
+            self.vmm_kv = np.where(self.time >= extend.start_us, np.maximum(vmm.at_each(self.time) - warm, 0), 0)
+        self.held = self.need + self.vmm_kv  # the recorded curve: what the start-up needs, VMM KV pages included
+
+    def _phase(self, name: str):
+        return next((p for p in self.trace.phases if p.name == name), None)
+
+    def windows(self, *names: str) -> list[tuple[int, int]]:
+        return [(p.start_us, p.end_us or _NEVER) for p in self.trace.phases if p.name in names]
+
+    def _kinds(self, lt) -> np.ndarray:
+        t = self.trace
+        load = self._phase("load_model")
+        load_end = (load.end_us or _NEVER) if load is not None else _BEFORE
+        graph_w = self.windows("capture_model", "cudagraph_profile")
+        kv_w = self.windows("kv_cache_init")
+        sizing_w = self.windows("kv_cache_sizing_warmup")
+        by_stack: dict[int, str] = {}
+
+        def of_stack(s: int) -> str:
+            if s not in by_stack:
+                frames = t.stack_frames(s)
+                if any(f.name in _KV_FUNCS for f in frames):
+                    by_stack[s] = KV
+                elif any(f.filename.rsplit("/", 1)[-1] in _SAMPLER_FILES or f.name == "compute_logits" for f in frames):
+                    by_stack[s] = SEQS
+                else:
+                    by_stack[s] = TOKENS
+            return by_stack[s]
+
+        out = np.empty(len(lt.size), dtype=object)
+        for i in range(len(lt.size)):
+            a = int(lt.alloc_us[i])
+            s = int(lt.stack[i])
+            if a == _BEFORE or a < load_end:
+                # the weights and the rest of start-up's first phases stay as recorded, but for the sampler's
+                # buffers made while loading (penalties.py: max-num-seqs rows of the vocabulary)
+                out[i] = SEQS if a != _BEFORE and s >= 0 and of_stack(s) == SEQS else FIXED
+                continue
+            k = of_stack(s) if s >= 0 else UNSTACKED
+            in_kv = any(lo <= a <= hi for lo, hi in kv_w)
+            if in_kv and k != KV and lt.size[i] >= 1 << 20 and any(lt.free_us[i] > hi for lo, hi in kv_w):
+                k = KV  # what initialize_kv_cache made and kept: the KV cache, with or without a stack
+            in_graph = any(lo <= a <= hi for lo, hi in graph_w)
+            if k == KV and not any(lo <= a <= hi for lo, hi in kv_w):
+                k = GRAPHS if in_graph else FIXED  # the minimal KV cache of the graph profile
+            elif k == TOKENS and in_graph:
+                k = GRAPHS
+            if k == GRAPHS and all(lt.free_us[i] > hi for lo, hi in graph_w if lo <= a <= hi):
+                k = GRAPHS_KEPT  # still held when its capture ended: the graphs' pool
+            elif k == SEQS and any(lo <= a <= hi for lo, hi in sizing_w):
+                k = FIXED  # the sizing warm-up's logits: 1,024 rows on the H200 traces, neither flag's value
+            out[i] = k
+        return out
+
+    def top_sites(self, kind: str, t_us: int, n: int = 3) -> list[tuple[str, int]]:
+        """The largest sites (innermost meaningful frame) of ``kind`` live at ``t_us``."""
+        from memtrace.analysis.holders.frames import meaningful_frame
+
+        lt = self.rank.lifetimes
+        m = (self.kind_of == kind) & (lt.alloc_us <= t_us) & (lt.free_us > t_us)
+        tally: dict[str, int] = {}
+        for s, z in zip(lt.stack[m], lt.size[m], strict=True):
+            f = meaningful_frame(self.trace.stack_frames(int(s))) if s >= 0 else None
+            name = f"{f.filename.rsplit('/', 1)[-1]}:{f.line} {f.name}" if f is not None else "(no stack)"
+            tally[name] = tally.get(name, 0) + int(z)
+        return sorted(tally.items(), key=lambda x: -x[1])[:n]
+
+    def window_index(self, start_us: int, end_us: int) -> np.ndarray:
+        lo = max(int(np.searchsorted(self.time, start_us, side="right")) - 1, 0)
+        hi = int(np.searchsorted(self.time, end_us, side="right"))
+        return np.arange(lo, max(hi, lo + 1))
+
+
+def _live_at(alloc_us, free_us, size, times: np.ndarray) -> np.ndarray:
+    """Bytes live at each of ``times`` of the allocations given (alive on [alloc, free))."""
+    if not len(size):
+        return np.zeros(len(times), np.int64)
+    a = np.sort(alloc_us.astype(np.int64))
+    order = np.argsort(alloc_us, kind="stable")
+    ca = np.concatenate(([0], np.cumsum(size[order].astype(np.int64))))
+    fo = np.argsort(free_us, kind="stable")
+    f = free_us[fo].astype(np.int64)
+    cf = np.concatenate(([0], np.cumsum(size[fo].astype(np.int64))))
+    return ca[np.searchsorted(a, times, side="right")] - cf[np.searchsorted(f, times, side="right")]
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Scaling
+
+
+@dataclass(frozen=True)
+class Scale:
+    """How one kind moves in one phase: the factor and where it came from."""
+
+    kind: str
+    factor: float
+    rule: str
+
+
+def scale_of(kind: str, phase: str, rec: Flags, new: Flags, cal: Calibration | None, base_bytes: int) -> Scale:
+    """The factor of ``kind`` in ``phase`` (fitted when calibrated, else the one-trace rule)."""
+    x_new, x_rec = flag_value(new, kind), flag_value(rec, kind)
+    if kind in (GRAPHS, GRAPHS_KEPT) and x_new == 0 and x_rec:
+        return Scale(kind, 0.0, "no CUDA graphs are captured with enforce-eager")
+    line = cal.lines.get((phase, kind)) if cal is not None else None
+    if line is not None and base_bytes > 0:
+        f = max(line.at(x_new), 0.0) / base_bytes
+        return Scale(kind, f, f"fitted over {line.points} traces: {line.a:,.0f} B + {line.b:,.0f} B x {x_new:g} "
+                              f"(residual {line.residual_bytes:,} B)")  # fmt: skip
+    if x_new == x_rec:
+        return Scale(kind, 1.0, "unchanged")
+    if x_rec == 0:
+        return Scale(kind, 1.0, "cannot scale: the recording captured no CUDA graphs (kept as recorded)")
+    return Scale(kind, x_new / x_rec, f"{RULES[kind]}: x {x_new:g}/{x_rec:g} (estimate, one trace)")
+
+
+def _phase_names(sites: Sites) -> np.ndarray:
+    """The top-level-or-innermost phase name at each grid time (for per-phase calibration)."""
+    from memtrace.analysis.memory.phases import phase_at
+
+    return np.array([(p.name if (p := phase_at(sites.trace, int(t))) is not None else "") for t in sites.time])
+
+
+# ---------------------------------------------------------------------------------------------------------
+# The prediction
+
+
+@dataclass(frozen=True)
+class PhasePeak:
+    """A phase's recorded and predicted peak, and what moved it (kind -> (recorded, predicted) bytes)."""
+
+    phase: str
+    recorded_bytes: int
+    predicted_bytes: int
+    time_us: int
+    after_kv: bool
+    kinds: dict[str, tuple[int, int]]
+    sites: dict[str, list[tuple[str, int]]] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class KvSizing:
+    """vLLM's KV cache on one card: its available figure, blocks, tokens, and where it came from."""
+
+    available_bytes: int
+    blocks: int
+    tokens: int
+    kv_bytes: int
+    concurrency: float  # tokens / max_model_len
+    how: str
+    one_request_bytes: int
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """The answer for one card: boots, dies in a phase by N bytes, or vLLM refuses."""
+
+    capacity_bytes: int
+    others_bytes: int  # other processes' memory kept on the card (0 unless --keep-others)
+    others_left_out_bytes: int  # the recording's other processes' memory, not put on this card
+    verdict: str  # BOOTS, DIES, REFUSES
+    phase: str
+    by_bytes: int  # DIES: over the card; REFUSES: short
+    why: str
+    kv: KvSizing | None
+    phases: list[PhasePeak]
+    pre_kv_peak_bytes: int
+    pre_kv_peak_phase: str
+
+
+class WhatIf:
+    """The recorded start-up under ``flags``: the card-independent curve, and :meth:`on` for each card."""
+
+    def __init__(self, sites: Sites, flags: Flags, cal: Calibration | None = None):
+        self.sites, self.flags, self.cal = sites, flags, cal
+        self.rec = sites.flags
+        self.notes: list[str] = []
+        s = sites
+        names = _phase_names(s) if cal is not None else None
+        self.scales: dict[str, Scale] = {}
+        delta = np.zeros_like(s.held, dtype=np.float64)
+        for k in SCALED:
+            if cal is None:
+                sc = scale_of(k, "", self.rec, flags, None, 0)
+                self.scales[k] = sc
+                delta += (sc.factor - 1.0) * s.bytes[k]
+            else:
+                factor = np.ones(len(s.time))
+                for ph in sorted(set(names.tolist())):
+                    m = names == ph
+                    base = int(s.bytes[k][m].max()) if m.any() else 0
+                    sc = scale_of(k, ph, self.rec, flags, cal, base)
+                    factor[m] = sc.factor
+                    if k not in self.scales or (sc.rule.startswith("fitted") and base > 0):
+                        self.scales[k] = sc  # shown: a fitted phase's scaling, when there is one
+                delta += (factor - 1.0) * s.bytes[k]
+        if s.bytes[UNSTACKED].any():
+            self.notes.append(
+                f"{array_max(s.bytes[UNSTACKED]):,} B allocated without a recorded stack are kept as recorded "
+                "(record with MEMTRACE_STACKS=python to scale them)"
+            )
+        if self.rec.graphs == 0 and flags.graphs > 0:
+            self.notes.append("the recording captured no CUDA graphs (enforce-eager): their memory is not predicted")
+        #: the predicted curve without any KV cache
+        self.no_kv = s.held + delta.astype(np.int64) - s.bytes[KV] - s.vmm_kv
+        oom = s.rank.oom
+        if oom is not None:  # the request that failed counts at its moment (nothing after it is known)
+            j = int(np.searchsorted(s.time, oom.time_us, side="right")) - 1
+            self.no_kv[max(j, 0)] += oom.requested_bytes
+            self.notes.append(
+                f"the recording ends at its CUDA OOM in {oom.phase_path}: the failed {oom.requested_bytes:,} B "
+                "request counts there, unscaled; nothing after it is known"
+            )
+        extend = s._phase("kv_cache_extend")
+        if extend is not None:  # vLLM allocates nothing else while extending; NVML's samples lag the VMM pages there
+            after = s.time >= extend.start_us
+            before = np.flatnonzero(~after)
+            if len(before):
+                self.no_kv[after] = self.no_kv[before[-1]]
+        #: the recorded phases vLLM does not run under ``flags`` (their names), flattened out of the curve
+        self.skipped = skipped_phases(self.rec, flags)
+        for name in self.skipped:
+            self._flatten(name)
+        if self.skipped:
+            self.notes.append(
+                f"without the extensible KV cache vLLM does not run {', '.join(self.skipped)}: what the recording "
+                "allocated there is left out"
+            )
+
+    def _flatten(self, name: str) -> None:
+        """Nothing allocated in the phases called ``name``: the curve holds its value from just before each."""
+        for p in self.sites.trace.phases:
+            if p.name != name:
+                continue
+            end = p.end_us if p.end_us is not None else int(self.sites.time[-1])
+            inside = (self.sites.time >= p.start_us) & (self.sites.time <= end)
+            before = np.flatnonzero(self.sites.time < p.start_us)
+            if inside.any() and len(before):
+                self.no_kv[inside] = self.no_kv[before[-1]]
+
+    # -- the phases --------------------------------------------------------------------------------------
+    @cached_property
+    def kv_at_us(self) -> int:
+        """When the new KV cache exists: kv_cache_init (profiled), kv_cache_extend (extensible)."""
+        name = "kv_cache_extend" if self.flags.extensible else "kv_cache_init"
+        p = self.sites._phase(name)
+        if p is None and self.flags.extensible and self.sites.trace.facts.get(F.VLLM_KV_BLOCKS) == 0:
+            return _NEVER  # vLLM sized 0 blocks and refused: no KV cache was ever committed
+        p = p or self.sites._phase("kv_cache_init")
+        return p.start_us if p is not None else _NEVER
+
+    def _window_peak(self, curve: np.ndarray, start: int, end: int) -> tuple[int, int]:
+        idx = self.sites.window_index(start, end)
+        j = idx[first_max(curve[idx])]
+        return int(curve[j]), int(self.sites.time[j])
+
+    def curve(self, kv_bytes: int) -> np.ndarray:
+        return self.no_kv + np.where(self.sites.time >= self.kv_at_us, kv_bytes, 0)
+
+    def phase_peaks(self, kv_bytes: int, others: int = 0) -> list[PhasePeak]:
+        s, out = self.sites, []
+        pred = self.curve(kv_bytes) + others
+        for i, p in enumerate(s.trace.phases):
+            path = phase_path(s.trace, i)
+            if any(part in self.skipped for part in path.split("/")):
+                continue  # vLLM does not run it under these flags
+            end = p.end_us if p.end_us is not None else int(s.time[-1])
+            peak, t = self._window_peak(pred, p.start_us, end)
+            rec_peak, _ = self._window_peak(s.held, p.start_us, end)
+            j = int(np.searchsorted(s.time, t, side="right")) - 1
+            kinds = {}
+            for k in SCALED:
+                rb = int(s.bytes[k][j])
+                if rb:
+                    kinds[k] = (rb, int(round(rb * self.scales[k].factor)))
+            kvb = int(s.bytes[KV][j] + s.vmm_kv[j])
+            if kvb or t >= self.kv_at_us:
+                kinds[KV] = (kvb, kv_bytes if t >= self.kv_at_us else 0)
+            sites = {k: s.top_sites(k, t) for k in kinds if k != KV}
+            out.append(PhasePeak(path, rec_peak, peak, t, t >= self.kv_at_us, kinds, sites))
+        return out
+
+    @cached_property
+    def pre_kv(self) -> tuple[int, int]:
+        """The predicted peak before the KV cache exists, and when."""
+        first = int(self.sites.time[0])
+        return self._window_peak(self.no_kv, first, min(self.kv_at_us - 1, int(self.sites.time[-1])))
+
+    # -- the KV cache ------------------------------------------------------------------------------------
+    def _moved_peak(self, name: str) -> int:
+        """How much the predicted peak of phase ``name`` moved from the recorded one (0 if absent)."""
+        p = self.sites._phase(name)
+        if p is None:
+            return 0
+        end = p.end_us or int(self.sites.time[-1])
+        rec_nokv = self.sites.held - self.sites.bytes[KV] - self.sites.vmm_kv
+        return self._window_peak(self.no_kv, p.start_us, end)[0] - self._window_peak(rec_nokv, p.start_us, end)[0]
+
+    @cached_property
+    def per_block(self) -> tuple[int, int]:
+        """(bytes per KV block, tokens per block) on the new flags."""
+        f = self.sites.trace.facts
+        blocks = f.get(F.VLLM_KV_BLOCKS)
+        sizing = f.get(F.VLLM_KV_SIZING) or {}
+        per = sizing.get("bytes_per_block") or (f.get(F.VLLM_KV_BYTES) // blocks if blocks else None)
+        tpb = F.kv_tokens_per_block(f) or 16
+        ratio = _DTYPE_BYTES.get(self.flags.kv_cache_dtype, 2) / _DTYPE_BYTES.get(self.rec.kv_cache_dtype, 2)
+        return int((per or 0) * ratio), tpb
+
+    def kv_on(self, capacity: int, others: int, left_out: int) -> KvSizing | None:
+        per, tpb = self.per_block
+        if not per:
+            return None
+        one = math.ceil(self.flags.max_model_len / tpb) * per
+        if self.flags.extensible:
+            return self._kv_extensible(capacity, others, left_out, per, tpb, one)
+        return self._kv_profiled(capacity, others, per, tpb, one)
+
+    @cached_property
+    def _withheld(self) -> tuple[int, str]:
+        """vLLM's non-KV figure (``reconcile.non_kv``) on the new flags, and its words (the same on every card)."""
+        nk = self.sites.rank.non_kv
+        moved = self._moved_peak("profile_run") or self._moved_peak("determine_available_memory")
+        base = nk.bytes if nk is not None else 0
+        cg = int((self.sites.trace.facts.get(F.VLLM_PROFILE) or {}).get("cudagraph_memory_estimate_bytes") or 0)
+        kept = 0
+        if self.rec.extensible:  # vLLM measured no graph estimate: the captured graphs' memory stands for it
+            cap = self.sites._phase("capture_model")
+            if cap:
+                idx = self.sites.window_index(cap.start_us, cap.end_us or _NEVER)
+                b = self.sites.bytes
+                j = idx[first_max(b[GRAPHS][idx] + b[GRAPHS_KEPT][idx])]
+                cg, kept = int(b[GRAPHS][j]), int(b[GRAPHS_KEPT][j])
+            base += cg + kept
+        move = int(cg * (self.scales[GRAPHS].factor - 1.0) + kept * (self.scales[GRAPHS_KEPT].factor - 1.0))
+        new = base + moved + move
+        how = (
+            f"non-KV {new:,} B = recorded {base:,} B ({nk.source if nk else 'none'}) + the profiling peak's move "
+            f"{moved:,} B + the CUDA-graph estimate's move {move:,} B"
+        )
+        return new, how
+
+    def _kv_profiled(self, capacity, others, per, tpb, one) -> KvSizing:
+        requested = math.ceil(self.flags.util * capacity)
+        withheld, how = self._withheld
+        available = requested - withheld
+        blocks = max(available // per, 0)
+        tokens = blocks * tpb
+        how = f"ceil({self.flags.util:g} x {capacity:,} B) - {how}"
+        return KvSizing(available, blocks, tokens, blocks * per, tokens / self.flags.max_model_len, how, one)
+
+    def _kv_extensible(self, capacity, others, left_out, per, tpb, one) -> KvSizing:
+        f = self.sites.trace.facts
+        s = f.get(F.VLLM_KV_SIZING) or {}
+        requested = math.ceil(self.flags.util * capacity)
+        withheld, _ = self._withheld
+        s_time = int(s.get("time_us") or self.sites.time[-1])
+        j = int(np.searchsorted(self.sites.time, s_time, side="right")) - 1
+        moved_at_sizing = int(self.no_kv[j] - (self.sites.held[j] - self.sites.bytes[KV][j] - self.sites.vmm_kv[j]))
+        warm = self.sites._phase("compile_or_warm_up")
+        tr = 1.0
+        if warm is not None:
+            idx = self.sites.window_index(warm.start_us, s_time)
+            rec_nokv = self.sites.held - self.sites.bytes[KV] - self.sites.vmm_kv
+            r0, p0 = rec_nokv[idx[0]], self.no_kv[idx[0]]
+            rmax, pmax = rec_nokv[idx].max() - r0, self.no_kv[idx].max() - p0
+            tr = pmax / rmax if rmax > 0 else 1.0
+        if s.get("free_memory_bytes"):  # recorded in this mode: vLLM's inputs, moved
+            total = int(s.get("total_memory_bytes") or self.sites.trace.process.device_total_bytes)
+            lacks = total - left_out - (capacity - others)
+            init_free = int(s["init_free_memory_bytes"]) - lacks
+            free = int(s["free_memory_bytes"]) - lacks - moved_at_sizing
+            committed = int(s["committed_bytes"])
+            transient, growth = int(s["transient_peak_bytes"] * tr), int(s["torch_reserve_growth_bytes"] * tr)
+            floor, frac = int(s.get("margin_floor_bytes") or 1 << 30), float(s.get("margin_fraction") or 0.75)
+            strides = [int(x * per / max(int(s["bytes_per_block"]), 1)) for x in s.get("segment_strides") or []]
+            granule = int(s.get("granularity_bytes") or 2 << 20)
+            src = "vLLM's post-warm-up inputs as recorded, moved to this card and these flags"
+        else:  # recorded profiled: vLLM's inputs rebuilt from the curve (an estimate)
+            prof = f.get(F.VLLM_PROFILE) or {}
+            init_used = own_init_used(self.sites.trace)
+            init_free = capacity - others - init_used
+            free = capacity - others - int(self.no_kv[j])
+            committed, transient = 0, int((prof.get("peak_activation_memory_bytes") or 0) * tr)
+            growth, floor, frac = transient, 1 << 30, 0.75
+            strides, granule = [per], 2 << 20
+            src = "vLLM 0.34's post-warm-up formula on the predicted curve (estimate: the recording was profiled)"
+        available, *_ = measure_kv_cache_bytes(
+            init_free=init_free, free=free, committed=committed, requested=requested, transient_peak=transient,
+            torch_reserve_growth=growth, margin_floor=floor, margin_fraction=frac,
+        )  # fmt: skip
+        range_blocks = max((requested - withheld) // per, 0)
+        blocks = blocks_within(available, strides, granule, range_blocks) if strides else 0
+        tokens = blocks * tpb
+        how = (
+            f"{src}: free after warm-up {free:,} B, transient peak {transient:,} B, reserve growth {growth:,} B, "
+            f"requested ceil({self.flags.util:g} x {capacity:,} B)"
+        )
+        kv_bytes = pages_for(blocks, strides, granule) if strides else 0
+        return KvSizing(available, blocks, tokens, kv_bytes, tokens / self.flags.max_model_len, how, one)
+
+    # -- one card ----------------------------------------------------------------------------------------
+    def on(self, capacity: int, *, keep_others: bool = False, others_bytes: int | None = None) -> Outcome:
+        """The answer on a card of ``capacity`` holding this process alone, or with the recording's other
+        processes (``keep_others``), or with ``others_bytes`` held by other processes (``--others``)."""
+        rec_others = recorded_others(self.sites.trace)
+        others = others_bytes if others_bytes is not None else rec_others if keep_others else 0
+        left_out = 0 if keep_others else rec_others
+        room = capacity - others
+        pre_peak, pre_t = self.pre_kv
+        kv = self.kv_on(capacity, others, rec_others)
+        common = dict(capacity_bytes=capacity, others_bytes=others, others_left_out_bytes=left_out,
+                      pre_kv_peak_bytes=pre_peak, pre_kv_peak_phase=path_at(self.sites.trace, pre_t))  # fmt: skip
+        if pre_peak > room:
+            over = np.flatnonzero(self.no_kv[self.sites.time < self.kv_at_us] > room)
+            t = int(self.sites.time[over[0]]) if len(over) else pre_t
+            phases = self.phase_peaks(0, others)
+            ph = path_at(self.sites.trace, t)
+            why = "before the KV cache is sized: --gpu-memory-utilization cannot help there"
+            return Outcome(**common, verdict=DIES, phase=ph, by_bytes=pre_peak - room, why=why, kv=kv, phases=phases)
+        init_used = own_init_used(self.sites.trace)
+        requested = math.ceil(self.flags.util * capacity)
+        if not self.flags.extensible and init_used and requested > room - init_used:
+            why = f"free memory at start-up ({room - init_used:,} B) is less than util x card ({requested:,} B)"
+            return Outcome(**common, verdict=REFUSES, phase="init_device", by_bytes=requested - (room - init_used),
+                           why=why, kv=kv, phases=self.phase_peaks(0, others))  # fmt: skip
+        if kv is None or self.sites.trace.facts.get(F.VLLM_KV_BLOCKS) is None:
+            phases = self.phase_peaks(0, others)
+            refused = self._refused_short_of_the_kv_cache(requested)
+            if refused is not None:
+                phase, by, why = refused
+                return Outcome(**common, verdict=REFUSES, phase=phase, by_bytes=by, why=why, kv=None, phases=phases)
+            why = (
+                f"the recording ends at its CUDA OOM in {self.sites.rank.oom.phase_path}, before the KV cache was sized"
+                if self.sites.rank.oom is not None
+                else "the recording ends before the KV cache was sized"
+            )
+            why += f": up to there it fits, {room - pre_peak:,} B to spare; what comes after was never recorded"
+            return Outcome(**common, verdict=UNKNOWN, phase="", by_bytes=0, why=why, kv=None, phases=phases)
+        phases = self.phase_peaks(kv.kv_bytes, others)
+        sizing = "kv_cache_sizing" if self.flags.extensible else "determine_available_memory"
+        if kv.available_bytes <= 0 or kv.tokens < self.flags.max_model_len:
+            short = max(kv.one_request_bytes - max(kv.available_bytes, 0), 0)
+            why = 'no memory left for one request of max-model-len tokens ("No available memory for the cache blocks")'
+            return Outcome(**common, verdict=REFUSES, phase=sizing, by_bytes=short, why=why, kv=kv, phases=phases)
+        post = self.curve(kv.kv_bytes) + others
+        after = self.sites.time >= self.kv_at_us
+        over = np.flatnonzero(after & (post > capacity))
+        if len(over):
+            t = int(self.sites.time[over[0]])
+            by = int(post[after].max()) - capacity
+            why = f"after the KV cache ({kv.kv_bytes:,} B) was allocated"
+            return Outcome(**common, verdict=DIES, phase=path_at(self.sites.trace, t), by_bytes=by, why=why, kv=kv,
+                           phases=phases)  # fmt: skip
+        return Outcome(**common, verdict=BOOTS, phase="", by_bytes=0, why="", kv=kv, phases=phases)
+
+    def _refused_short_of_the_kv_cache(self, requested: int) -> tuple[str, int, str] | None:
+        """Where the recording ends before vLLM sized the KV cache: (phase, short, why) when vLLM's own sizing
+        refuses already (what it keeps out of the KV cache, vLLM's formula on the part recorded, is at least
+        ``requested``: the profiling peak only grows past the end of the recording), else None."""
+        nk = self.sites.rank.non_kv
+        if nk is None or nk.source != NON_KV_MEMTRACE:
+            return None
+        withheld, how = self._withheld
+        if withheld < requested:
+            return None
+        phase = "kv_cache_init" if self.flags.extensible else "determine_available_memory"
+        why = (
+            f"vLLM keeps at least {withheld:,} B out of the KV cache ({how}), not less than ceil({self.flags.util:g} x "
+            f'card) = {requested:,} B ("No available memory for the cache blocks"); the recording ends before the '
+            "KV cache was sized, and what it did not reach only adds to that figure"
+        )
+        return phase, withheld - requested, why
+
+
+def skipped_phases(rec: Flags, new: Flags) -> tuple[str, ...]:
+    """The phases of a start-up recorded with ``rec`` that vLLM 0.34 does not run with ``new``
+    (``gpu_worker.compile_or_warm_up_model``): the KV-sizing warm-up, the sizing and the extension run only with
+    the extensible KV cache; ``warmup_kernels`` with it or with JIT warm-up, which enforce-eager turns off."""
+    if not rec.extensible or new.extensible:
+        return ()
+    out = ("kv_cache_sizing_warmup", "kv_cache_sizing", "kv_cache_extend")
+    return (*out, "warmup_kernels") if new.enforce_eager else out
+
+
+def own_init_used(trace) -> int:
+    """What this process used at vLLM's init snapshot (its CUDA context...): the card's used memory then, less
+    what other processes held on the recorded card (0 when vLLM's snapshot was not recorded)."""
+    init = (trace.facts.get(F.VLLM_PROFILE) or {}).get("init_snapshot") or {}
+    used = int(init.get("total_memory", 0)) - int(init.get("free_memory", 0))
+    return max(used - recorded_others(trace), 0) if used > 0 else 0
+
+
+def recorded_others(trace) -> int:
+    """The most memory other processes held on the recorded card (NVML's per-process list; 0 unsampled)."""
+    o = trace.others
+    return int(o["others_bytes"].max()) if len(o) else 0
+
+
+def sites_of(rank) -> Sites:
+    """The analysed rank's start-up taken apart by site (needs a vLLM trace with its config)."""
+    from memtrace.analysis.capacity.fits import need_curve
+
+    if recorded_flags(rank.trace) is None:
+        raise UsageError(f"{rank.label}: --what-if / --suggest need a vLLM start-up (its config was not recorded)")
+    return Sites(rank, need_curve(rank.trace, rank.curves, rank.landmarks, None, rank.lifetimes))
+
+
+def calibrate(all_sites: list[Sites]) -> Calibration | None:
+    """Fit each (phase name, kind)'s peak bytes to ``a + b x`` of its flag over traces of one model (None with one)."""
+    if len(all_sites) < 2:
+        return None
+    points: dict[tuple[str, str], list[tuple[float, float]]] = {}
+    for s in all_sites:
+        names = _phase_names(s)
+        for ph in set(names.tolist()):
+            m = names == ph
+            for k in SCALED:
+                points.setdefault((ph, k), []).append((flag_value(s.flags, k), float(s.bytes[k][m].max())))
+    lines = {}
+    for key, pts in points.items():
+        x = np.array([p[0] for p in pts])
+        y = np.array([p[1] for p in pts])
+        if len(set(x.tolist())) < 2:
+            continue
+        b, a = np.polyfit(x, y, 1)
+        res = int(round(float(np.sqrt(np.mean((a + b * x - y) ** 2)))))
+        lines[key] = Line(float(a), float(b), res, len(pts))
+    return Calibration(lines, len(all_sites))
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Which flags would boot
+
+
+@dataclass(frozen=True)
+class Suggestion:
+    """One set of changes to the recorded flags, and what it gives on the card."""
+
+    changes: list[str]
+    flags: Flags
+    outcome: Outcome
+
+
+@dataclass(frozen=True)
+class Suggestions:
+    """What ``--suggest`` answers on one card: the changes that boot (fewest first, then the most KV cache),
+    or the floor no flag goes under."""
+
+    capacity_bytes: int
+    recorded: Outcome
+    booting: list[Suggestion]
+    floor_bytes: int  # the predicted pre-KV peak with the most frugal flags tried + one request's KV cache
+    floor_flags: list[str]
+    tried: int
+    floor_outcome: Outcome | None = None  # the most frugal flags on this card (why nothing boots when the floor fits)
+
+
+def candidates(rec: Flags, extensible_known: bool, shared_util: float | None = None) -> list[dict]:
+    """Single changes worth trying, each a dict of Flags fields. ``shared_util``: on a card other processes
+    share, the largest utilization vLLM's start-up check lets through there, tried (and 4 steps of 0.002 below
+    it, room for the warm-up after the KV cache) with the profiled KV cache: the extensible one keeps a
+    post-warm-up margin no flag makes room for on a nearly full card."""
+    out: list[dict] = []
+    out += [{"max_num_batched_tokens": v} for v in (1024, 2048, 4096, 8192) if v < rec.max_num_batched_tokens]
+    out += [{"max_num_seqs": v} for v in (1, 2, 4, 8, 16, 32, 64, 128) if v < rec.max_num_seqs]
+    if not rec.enforce_eager:
+        out.append({"enforce_eager": True})
+    out += [{"max_model_len": rec.max_model_len // d} for d in (2, 4, 8, 16) if rec.max_model_len // d >= 1024]
+    if _DTYPE_BYTES.get(rec.kv_cache_dtype, 2) > 1:
+        out.append({"kv_cache_dtype": "fp8"})
+    out += [{"gpu_memory_utilization": u} for u in (0.8, 0.85, 0.9, 0.95, 0.98) if u != rec.util]
+    if extensible_known:
+        out.append({"extensible": not rec.extensible})
+    if shared_util is not None and shared_util < rec.util:  # the largest, and below it room for the warm-up
+        profiled = {"extensible": False} if extensible_known else {}
+        for u in sorted({round(shared_util - 0.002 * k, 4) for k in range(5)}, reverse=True):
+            if u > 0:
+                out.append({"gpu_memory_utilization": u, **profiled})
+    return out
+
+
+def shared_utilization(sites: Sites, capacity: int, others: int) -> float | None:
+    """The largest utilization (4 decimals, rounded down) whose request fits what is free at vLLM's start-up
+    on a card where other processes hold ``others`` bytes (None: the card is not shared, or unknown)."""
+    init_used = own_init_used(sites.trace)
+    if others <= 0 or not init_used or capacity <= 0:
+        return None
+    u = math.floor((capacity - others - init_used) / capacity * 10_000) / 10_000
+    return u if u > 0 else None
+
+
+def suggest(sites: Sites, capacity: int, *, keep_others: bool = False, others_bytes: int | None = None,
+            cal: Calibration | None = None, top: int = 8, base: Flags | None = None) -> Suggestions:  # fmt: skip
+    """The changes (one, else two at once) to ``base`` (default: the recorded flags) that boot on ``capacity``."""
+    rec = base or sites.flags
+    ext_known = _version_at_least(sites.trace, (0, 34))
+    card = dict(keep_others=keep_others, others_bytes=others_bytes)
+    others = others_bytes if others_bytes is not None else recorded_others(sites.trace) if keep_others else 0
+    singles = candidates(rec, ext_known, shared_utilization(sites, capacity, others))
+    recorded_outcome = WhatIf(sites, rec, cal).on(capacity, **card)
+    booting: list[Suggestion] = []
+    tried = 0
+    for size in (1, 2):
+        sets = [c for c in singles] if size == 1 else [
+            {**a, **b} for i, a in enumerate(singles) for b in singles[i + 1:] if not set(a) & set(b)
+        ]  # fmt: skip
+        for change in sets:
+            f = dataclasses.replace(rec, **change)
+            o = WhatIf(sites, f, cal).on(capacity, **card)
+            tried += 1
+            if o.verdict == BOOTS or (o.verdict == UNKNOWN and recorded_outcome.verdict != BOOTS):
+                booting.append(Suggestion(f.changes(rec), f, o))  # UNKNOWN: gets past all the recording covers
+        if booting:
+            break
+    booting.sort(
+        key=lambda s: (len(s.changes), s.outcome.verdict != BOOTS, -(s.outcome.kv.tokens if s.outcome.kv else 0),
+                       s.outcome.pre_kv_peak_bytes)
+    )  # fmt: skip
+    frugal = dataclasses.replace(rec, max_num_batched_tokens=min(256, rec.max_num_batched_tokens),
+                                 max_num_seqs=1, enforce_eager=True)  # fmt: skip
+    w = WhatIf(sites, frugal, cal)
+    per, tpb = w.per_block
+    one = math.ceil(rec.max_model_len / tpb) * per if per else 0
+    return Suggestions(capacity, recorded_outcome, booting[:top], w.pre_kv[0] + one, frugal.changes(rec), tried,
+                       w.on(capacity, **card))  # fmt: skip
+
+
+@dataclass(frozen=True)
+class Answer:
+    """``memtrace fits --what-if / --suggest`` for one rank: every figure the outputs show."""
+
+    recorded: Flags
+    flags: Flags
+    changes: list[str]
+    scales: dict[str, Scale]
+    calibrated_traces: int  # 0: one trace, the documented rules (an estimate)
+    fitted_lines: int  # (phase, kind) pairs fitted over the traces (the rest: the one-trace rules)
+    notes: list[str]
+    outcomes: list[Outcome]
+    suggestions: list[Suggestions]
+    keep_others: bool
+    vllm_version: str
+
+
+def answer(rank, what_if: list[str], capacities: list[int], *, suggest_too: bool = False, keep_others: bool = False,
+           others_bytes: int | None = None, calibration_ranks: tuple = ()) -> Answer:  # fmt: skip
+    """The what-if of ``rank`` under ``what_if`` on each card (``calibration_ranks``: more traces of the same
+    model, to fit each site's scaling), and with ``suggest_too`` the flags that boot on each card."""
+    sites = sites_of(rank)
+    cal = calibrate([sites, *(sites_of(r) for r in calibration_ranks)]) if calibration_ranks else None
+    flags = apply_what_if(sites.flags, what_if)
+    w = WhatIf(sites, flags, cal)
+    card = dict(keep_others=keep_others, others_bytes=others_bytes)
+    outcomes = [w.on(c, **card) for c in capacities]
+    found = [suggest(sites, c, **card, cal=cal, base=flags) for c in capacities] if suggest_too else []
+    return Answer(
+        recorded=sites.flags,
+        flags=flags,
+        changes=flags.changes(sites.flags),
+        scales=w.scales,
+        calibrated_traces=cal.traces if cal is not None else 0,
+        fitted_lines=len(cal.lines) if cal is not None else 0,
+        notes=w.notes,
+        outcomes=outcomes,
+        suggestions=found,
+        keep_others=keep_others,
+        vllm_version=str(rank.trace.facts.get(F.VLLM_VERSION) or ""),
+    )
+
+
+def answer_to_dict(a: Answer) -> dict:
+    """A JSON-ready dict of ``a`` (exact integers)."""
+    d = dataclasses.asdict(a)
+    d["recorded"]["util"], d["flags"]["util"] = a.recorded.util, a.flags.util
+    d["recorded"]["graphs"], d["flags"]["graphs"] = a.recorded.graphs, a.flags.graphs
+    for o in d["outcomes"]:
+        for p in o["phases"]:
+            p["kinds"] = {k: {"recorded_bytes": v[0], "predicted_bytes": v[1]} for k, v in p["kinds"].items()}
+            p["sites"] = {k: [{"site": s, "bytes": b} for s, b in v] for k, v in p["sites"].items()}
+    for s in d["suggestions"]:
+        for x in [s["recorded"], *(b["outcome"] for b in s["booting"]), s["floor_outcome"]]:
+            if x is not None:
+                x.pop("phases")
+    return d

@@ -1,0 +1,1 @@
+"""Comparing runs: diff, the CI history and the pytest budget check."""

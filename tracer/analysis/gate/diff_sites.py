@@ -1,0 +1,169 @@
+"""What grew by allocating stack between two runs: live bytes at each run's peak, stack by stack.
+
+Two releases of a library move its lines, so a stack is matched by its frames' function and file, never by
+line: ``allocate_sm120_dynamic_workspace`` in ``blackwell_sm12x/moe_dispatch.py`` is the same frame at line
+2781 or 2790. A file is named by its path inside the installed package (after ``site-packages/``), else by
+its last two parts, so two machines' install folders match too. Stacks live at one peak and not the other
+are listed as new or vanished (``SiteChange.is_new`` / ``vanished``). A run recorded without Python stacks
+(``MEMTRACE_STACKS=none``, or a snapshot without frames) has nothing to match: the comparison is not made,
+and :attr:`Sites.missing` says which side lacks them, instead of calling everything "new".
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from memtrace.analysis.holders.live import Lifetimes, holders_by_stack, lifetimes, meaningful_frame
+from memtrace.analysis.memory.curves import Curves
+from memtrace.analysis.memory.quantities import state_at_peak
+from memtrace.model import Frame, Trace
+
+#: How many stacks to report in each direction (grew or new, shrank or vanished).
+TOP_SITES = 8
+
+
+@dataclass(frozen=True)
+class SiteChange:
+    """Live bytes of one allocating stack (matched by function and file) at each run's peak."""
+
+    frames: tuple[Frame, ...]  # innermost first, from the run that has it (new preferred)
+    base_bytes: int
+    new_bytes: int
+    #: when another listed stack is printed under the same frame: this stack's innermost frame that differs
+    #: from theirs (the caller that tells the two apart); None when the printed frame alone is unique
+    apart: Frame | None = None
+
+    @property
+    def delta(self) -> int:
+        return self.new_bytes - self.base_bytes
+
+    @property
+    def is_new(self) -> bool:
+        return self.base_bytes == 0 and self.new_bytes > 0
+
+    @property
+    def vanished(self) -> bool:
+        return self.new_bytes == 0 and self.base_bytes > 0
+
+
+@dataclass(frozen=True)
+class Sites:
+    """The stacks that changed (grew or new first, then shrank or vanished), or why none are compared."""
+
+    changes: list[SiteChange]
+    missing: str = ""  # "base", "new" or "both": the side(s) recorded without Python stacks
+
+
+def file_name(filename: str) -> str:
+    """A frame's file without the install folder: the path after ``site-packages/``, else its last two parts."""
+    fn = filename.replace("\\", "/")
+    for marker in ("site-packages/", "dist-packages/"):
+        if marker in fn:
+            return fn.split(marker, 1)[1]
+    return "/".join(fn.split("/")[-2:])
+
+
+def site_key(frames: list[Frame]) -> tuple[tuple[str, str], ...]:
+    """A stack as (function, file) pairs, innermost first: no line numbers."""
+    return tuple((f.name, file_name(f.filename)) for f in frames)
+
+
+class SiteKeys:
+    """:func:`site_key` of a trace's interned stacks, each frame's (function, file) derived once: a start-up's
+    few thousand stacks share a few hundred frames and files. ``SiteKeys(trace)(stack)`` is
+    ``site_key(trace.stack_frames(stack))`` (stack -1, no stack: the empty key)."""
+
+    def __init__(self, trace: Trace) -> None:
+        self._trace = trace
+        self._frames: dict[int, tuple[str, str]] = {}
+        self._files: dict[str, str] = {}
+
+    def _frame(self, i: int) -> tuple[str, str]:
+        key = self._frames.get(i)
+        if key is None:
+            f = self._trace.frames[i]
+            name = self._files.get(f.filename)
+            if name is None:
+                name = self._files[f.filename] = file_name(f.filename)
+            key = self._frames[i] = (f.name, name)
+        return key
+
+    def __call__(self, stack: int) -> tuple[tuple[str, str], ...]:
+        return tuple(self._frame(i) for i in self._trace.stacks[stack]) if stack >= 0 else ()
+
+
+def sites_at_peak(trace: Trace, peak_index: int, lt: Lifetimes | None = None) -> dict[tuple, tuple[int, tuple]] | None:
+    """Live bytes by :func:`site_key` right after event ``peak_index``; None when no live block has a stack."""
+    if len(trace.events) == 0 and not trace.segments:
+        return {}
+    lt = lt if lt is not None else lifetimes(trace)
+    out: dict[tuple, tuple[int, int]] = {}  # key -> (bytes, the stack that shows it)
+    keys = SiteKeys(trace)
+    for h in holders_by_stack(trace, top=1 << 30, event_index=peak_index, lt=lt):
+        key = keys(h.stack)
+        prev = out.get(key, (0, h.stack))
+        out[key] = (prev[0] + h.bytes, h.stack)
+    if out and all(not key for key in out):
+        return None  # no live block has a stack
+    return {key: (b, tuple(trace.stack_frames(stack))) for key, (b, stack) in out.items()}
+
+
+def _peak_index(curves: Curves) -> int:
+    """The event after which the state "at the peak" is read (``quantities.state_at_peak``)."""
+    return state_at_peak(curves) - 1
+
+
+def site_changes(
+    base: Trace,
+    new: Trace,
+    base_curves: Curves,
+    new_curves: Curves,
+    top: int = TOP_SITES,
+    *,
+    base_lt: Lifetimes | None = None,
+    new_lt: Lifetimes | None = None,
+) -> Sites:
+    """Stacks new at the new run's peak or that grew most, then those that vanished or shrank most."""
+    b = sites_at_peak(base, _peak_index(base_curves), base_lt)
+    n = sites_at_peak(new, _peak_index(new_curves), new_lt)
+    if b is None or n is None:
+        return Sites([], "both" if b is None and n is None else "base" if b is None else "new")
+    changes = []
+    for key in dict.fromkeys([*n, *b]):
+        bb, bf = b.get(key, (0, ()))
+        nb, nf = n.get(key, (0, ()))
+        if nb != bb:
+            changes.append(SiteChange(nf or bf, bb, nb))
+    grew = sorted((c for c in changes if c.delta > 0), key=lambda c: -c.delta)[:top]
+    shrank = sorted((c for c in changes if c.delta < 0), key=lambda c: c.delta)[:top]
+    return Sites(tell_apart(grew + shrank))
+
+
+def _first_difference(a: tuple[Frame, ...], b: tuple[Frame, ...]) -> int:
+    """The innermost index where the two stacks' (function, file) differ (one past the shorter if none)."""
+    ka, kb = site_key(list(a)), site_key(list(b))
+    for i, (x, y) in enumerate(zip(ka, kb, strict=False)):
+        if x != y:
+            return i
+    return min(len(ka), len(kb))
+
+
+def tell_apart(changes: list[SiteChange]) -> list[SiteChange]:
+    """Each change printed under the same frame as another (``live.meaningful_frame``) gets the frame of its
+    own stack that tells it apart from them (:attr:`SiteChange.apart`): the innermost one where the stacks
+    differ, taken past the last point any of them shares with it."""
+    from dataclasses import replace
+
+    groups: dict[tuple, list[int]] = {}
+    for i, c in enumerate(changes):
+        f = meaningful_frame(list(c.frames))
+        groups.setdefault((f.name, file_name(f.filename), f.line) if f else None, []).append(i)
+    out = list(changes)
+    for members in groups.values():
+        if len(members) < 2:
+            continue
+        for i in members:
+            c = changes[i]
+            k = max(_first_difference(c.frames, changes[j].frames) for j in members if j != i)
+            out[i] = replace(c, apart=c.frames[k] if k < len(c.frames) else None)
+    return out

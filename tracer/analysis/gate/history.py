@@ -1,0 +1,174 @@
+"""A history of runs for CI: what ``history add`` stores, what ``check`` compares, what ``show`` draws.
+
+A run's processes are filed under their matrix key (``history_key``), each with its gated figures
+(``diff.figures``) at reserved level and, when it sampled NVML, at device level. ``check`` compares a
+new run with the last accepted run of the same key and rank through ``diff.compare`` (the one
+comparator: the same threshold syntax, the same figures, the same verdict as ``memtrace diff``).
+The level is the finest both runs have. :func:`trends` turns the stored rows into one series per key
+and figure for ``plots.history_png``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+from memtrace.analysis.gate.diff import (
+    ALL_HOOKS,
+    AVAILABLE_KV,
+    BEFORE_KV,
+    PEAK_DEVICE,
+    PEAK_RESERVED,
+    Figures,
+    TraceDiff,
+    compare,
+    figures,
+)
+from memtrace.analysis.gate.history_key import describe, differences, fingerprint, matrix_key
+from memtrace.analysis.memory.curves import Curves, all_curves
+from memtrace.analysis.memory.oom import Oom
+from memtrace.model import Trace
+from memtrace.units import Threshold
+
+#: The figures ``show`` draws, in the order of the legend.
+TREND_FIGURES = (PEAK_RESERVED, PEAK_DEVICE, BEFORE_KV, AVAILABLE_KV, ALL_HOOKS)
+
+
+def figures_doc(f: Figures) -> dict:
+    """A JSON-compatible document of ``f`` (bytes as integers)."""
+    return {
+        "device_level": f.device_level,
+        "fingerprint": f.fingerprint,
+        "headline": f.headline,
+        "where": f.where,
+        "phases": {k: list(v) for k, v in f.phases.items()},
+        "hooks": {k: list(v) for k, v in f.hooks.items()},
+        "nested": dict(f.nested),
+        "nested_in": dict(f.nested_in),
+        "oom": asdict(f.oom) if f.oom is not None else None,
+        "left_to_vllm": sorted(f.left_to_vllm),
+        "kv_via": f.kv_via,
+        "ranked": f.ranked,
+    }
+
+
+def figures_from_doc(doc: dict) -> Figures:
+    """The :class:`Figures` a document of :func:`figures_doc` holds."""
+    return Figures(
+        device_level=bool(doc["device_level"]),
+        fingerprint=dict(doc["fingerprint"]),
+        headline={k: int(v) for k, v in doc["headline"].items()},
+        where=dict(doc.get("where", {})),
+        phases={k: (int(v[0]), int(v[1]), int(v[2])) for k, v in doc["phases"].items()},
+        hooks={k: tuple(int(b) for b in v) for k, v in doc["hooks"].items()},
+        nested={k: int(v) for k, v in doc.get("nested", {}).items()},  # absent in documents before it
+        nested_in={k: str(v) for k, v in doc.get("nested_in", {}).items()},  # absent in documents before it
+        oom=Oom(**doc["oom"]) if doc.get("oom") else None,
+        left_to_vllm=frozenset(doc.get("left_to_vllm", ())),  # absent in documents before vLLM 0.34's support
+        kv_via=str(doc.get("kv_via", "")),
+        ranked=str(doc.get("ranked", "reserved")),  # absent in documents before the CPU's traces were ranked
+    )
+
+
+@dataclass(frozen=True)
+class Recorded:
+    """What history keeps of one process of a run."""
+
+    key: str
+    fingerprint: dict[str, str]
+    rank: int | None
+    recorded_us: int | None
+    reserved: Figures
+    device: Figures | None  # None without NVML samples
+
+
+def record(trace: Trace, *, curves: Curves | None = None, oom: Oom | None = None) -> Recorded:
+    """The figures of ``trace`` at both levels, and its matrix key (``curves``, ``oom``: an analysed rank's)."""
+    curves = curves or all_curves(trace)
+    fp = fingerprint(trace)
+    return Recorded(
+        key=matrix_key(fp),
+        fingerprint=fp,
+        rank=trace.process.rank,
+        recorded_us=trace.recording.start_us,
+        reserved=figures(trace, device_level=False, curves=curves, oom=oom),
+        device=figures(trace, device_level=True, curves=curves, oom=oom) if curves.has_device else None,
+    )
+
+
+def record_run(run, what: str) -> list[Recorded]:
+    """:func:`record` of every rank of an analysed run. NothingToJudge (exit 1) when a rank recorded no
+    allocator events: an empty run is never a reference, and never passes a check."""
+    from memtrace.analysis.analysed.run import nothing_line
+    from memtrace.errors import NothingToJudge
+
+    empty = [r for r in run.ranks if r.recorded_nothing and r.oom is None]
+    if empty:
+        raise NothingToJudge(nothing_line(run.subset(empty), what))
+    return [record(r.trace, curves=r.curves, oom=r.oom) for r in run.ranks]
+
+
+def check(base: Recorded, new: Recorded, threshold: Threshold, *, label: str = "") -> TraceDiff:
+    """``new`` against the stored ``base`` with ``diff.compare``, at device level when both have it."""
+    if base.device is not None and new.device is not None:
+        return compare(base.device, new.device, threshold, label=label)
+    return compare(base.reserved, new.reserved, threshold, label=label)
+
+
+def closest(keys: dict[str, dict[str, str]], fp: dict[str, str]) -> tuple[str, list[tuple[str, str, str]]] | None:
+    """The stored key whose fingerprint differs from ``fp`` in the fewest fields, and those fields."""
+    if not keys:
+        return None
+    best = min(keys, key=lambda k: len(differences(keys[k], fp)))
+    return best, differences(keys[best], fp)
+
+
+@dataclass(frozen=True)
+class Point:
+    """One stored run on a trend: its order in the history, its label, whether it is a reference."""
+
+    batch: int
+    label: str
+    accepted: bool
+    bytes: int
+
+
+@dataclass(frozen=True)
+class Trend:
+    """The series of one matrix key (and rank): each trend figure over the stored runs, oldest first."""
+
+    key: str
+    title: str  # history_key.describe of the fingerprint
+    rank: int | None
+    series: dict[str, list[Point]]  # TREND_FIGURES label -> points (runs that have the figure)
+
+
+def _trend_value(doc: dict, name: str) -> int | None:
+    if name == ALL_HOOKS:
+        hooks = doc.get("hooks") or {}
+        return sum(sum(v) for v in hooks.values()) if hooks else None
+    v = doc["headline"].get(name)
+    return int(v) if v is not None else None
+
+
+def trends(rows: list) -> list[Trend]:
+    """One :class:`Trend` per (key, rank) of ``rows`` (``history_store.Row``, oldest first).
+
+    A key's figures are taken at device level when every stored run of it has them, else reserved.
+    """
+    groups: dict[tuple[str, int | None], list] = {}
+    for r in rows:
+        groups.setdefault((r.key, r.rank), []).append(r)
+    out = []
+    for (key, rank), rs in groups.items():
+        device = all(r.figures_device is not None for r in rs)
+        series: dict[str, list[Point]] = {}
+        for name in TREND_FIGURES:
+            pts = []
+            for r in rs:
+                v = _trend_value(r.figures_device if device else r.figures_reserved, name)
+                if v is not None:
+                    pts.append(Point(r.batch, r.label, r.accepted, v))
+            if pts:
+                series[name] = pts
+        out.append(Trend(key, describe(rs[-1].fingerprint), rank, series))
+    return out

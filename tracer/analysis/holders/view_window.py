@@ -1,0 +1,134 @@
+"""The view's two queries, answered from an analysed rank, for runs too big for one page: a zoomed window
+of the timeline (exact steps when it holds few events, a min/max envelope per pixel otherwise) and the
+live set after one event. ``memtrace view --serve`` (``cli._serve``) answers the page with them;
+``plots.view_html`` uses the window for the coarse overview.
+
+The answers have the shape the page's own code (``assets/view.js``) computes for a page that carries
+its events: ``{"data": [x, stacked categories top first..., reserved, device used], "exact", "events"}``
+and ``{"event", "t_us", "total", "count", "groups", "around"}``. Every value comes from the analysis
+(an ``analysis.rank.AnalysedRank``'s curves, categories, lifetimes, icicle paths); this module only
+selects and groups.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+from memtrace.analysis.holders.flame import frame_label
+from memtrace.analysis.holders.live import meaningful_frame
+from memtrace.analysis.memory.categories import CATEGORIES
+from memtrace.model import ACTIONS
+
+_ALLOC = ACTIONS.index("alloc")
+
+
+class RankQueries:
+    """Precomputed arrays of one rank (curve index i = the state after event i - 1), in page time."""
+
+    def __init__(self, a, t0_us: int) -> None:
+        """``a``: an ``analysis.rank.AnalysedRank``; ``t0_us``: the run's origin (the page's time 0)."""
+        self.a, self.t0 = a, t0_us
+        self.t = a.event_times - t0_us
+        # read at the window's few thousand indices: no per-category curve of every event is built
+        self.cats = a.category_steps
+        self.alloc = a.curves.allocated.bytes
+        self.res = a.curves.reserved.bytes
+        self.dev_t = a.curves.device_used.time_us - t0_us
+        self.dev = a.curves.device_used.bytes
+        self.curve_t0 = int(a.curves.allocated.time_us[0]) - t0_us
+
+    def event_at(self, t_us: float) -> int:
+        return int(np.searchsorted(self.t, t_us, side="right")) - 1
+
+    def window(self, x0: float, x1: float, width: int) -> dict[str, Any]:
+        """The chart's data between ``x0`` and ``x1`` seconds for a chart ``width`` pixels wide."""
+        width = max(int(width), 10)
+        t0, t1 = x0 * 1e6, x1 * 1e6
+        i0, i1 = self.event_at(t0), int(np.searchsorted(self.t, t1, side="right"))
+        count = i1 - i0 - 1
+        if count <= 4 * width:
+            idx = np.arange(i0 + 1, i1)
+            ex, ci = np.concatenate(([t0], self.t[idx])), np.concatenate(([i0 + 1], idx + 1))
+            res = self.res[ci]
+        else:
+            ex, ci, res = self._envelope(i0 + 1, i1, t0, t1, width)
+        j0 = max(int(np.searchsorted(self.dev_t, t0, side="right")) - 1, 0)
+        j1 = int(np.searchsorted(self.dev_t, t1, side="right"))
+        step = max(1, -(-(j1 - j0) // (4 * width)))
+        dx = np.maximum(self.dev_t[j0:j1:step], t0)
+        x = np.union1d(ex, dx)
+        e_at = np.searchsorted(ex, x, side="right") - 1
+        d_at = np.searchsorted(dx, x, side="right") - 1
+        dev = [None if k < 0 else int(self.dev[j0 + k * step]) for k in d_at.tolist()]
+        cols = [(x / 1e6).tolist()]
+        stacked = np.cumsum(self.cats.at(ci), axis=0)[::-1]  # top (all categories) first, as drawn
+        cols += [stacked[k][e_at].tolist() for k in range(len(CATEGORIES))]
+        cols += [res[e_at].tolist(), dev]
+        cols = [c + [c[-1]] for c in cols]
+        cols[0][-1] = x1
+        return {"data": cols, "exact": bool(count <= 4 * width), "events": int(count)}
+
+    def _envelope(self, lo: int, hi: int, t0: float, t1: float, width: int) -> tuple:
+        """Per pixel column of events ``lo..hi-1``: the fullest and the emptiest moment (allocated), and
+        reserved's max and min. Times are sorted, so each column is one slice: O(n), no sort, and the
+        columns are read through views (no event-length copies: 10M events are 80 MB a column)."""
+        vals, rv, t = self.alloc[lo + 1 : hi + 1], self.res[lo + 1 : hi + 1], self.t[lo:hi]
+        bw = (t1 - t0) / width
+        edges = np.searchsorted(t, t0 + bw * np.arange(width), side="left")
+        starts = np.unique(np.clip(edges, 0, hi - lo - 1))
+        counts = np.diff(np.r_[starts, hi - lo])
+
+        def first_where(target: np.ndarray) -> np.ndarray:
+            hit = np.flatnonzero(vals == np.repeat(target, counts))
+            return lo + hit[np.searchsorted(hit, starts)]
+
+        top = first_where(np.maximum.reduceat(vals, starts))
+        low = first_where(np.minimum.reduceat(vals, starts))
+        b = np.floor((t[starts] - t0) / bw)
+        ex = np.concatenate(([t0], np.stack((t0 + b * bw, t0 + (b + 0.5) * bw), 1).ravel()))
+        ci = np.concatenate(([lo], np.stack((top + 1, low + 1), 1).ravel()))
+        rmax, rmin = np.maximum.reduceat(rv, starts), np.minimum.reduceat(rv, starts)
+        res = np.concatenate(([self.res[lo]], np.stack((rmax, rmin), 1).ravel()))
+        return ex, ci, res
+
+    def live(self, e: int, *, top: int = 200) -> dict[str, Any]:
+        """The allocations live right after event ``e``, grouped by icicle path (``view_paths``)."""
+        a, lt = self.a, self.a.lifetimes
+        tr = a.trace
+        m = np.flatnonzero((lt.alloc_pos <= e) & (lt.free_pos > e))
+        paths = a.icicle_paths
+        ids = paths.ids[m]
+        nbytes = np.bincount(ids, weights=lt.size[m], minlength=len(paths.paths)).astype(np.int64)
+        counts = np.bincount(ids, minlength=len(paths.paths))
+        order = [int(p) for p in np.argsort(-nbytes, kind="stable")[:top] if counts[p]]
+        out = [
+            {
+                "path": [paths.labels[x] for x in paths.paths[p]],
+                "title": paths.titles[p],
+                "bytes": int(nbytes[p]),
+                "count": int(counts[p]),
+            }
+            for p in order
+        ]
+        ev, cats = tr.events, a.categorized.codes
+        lo, hi = max(0, e - 12), min(len(ev), e + 13)
+        around = [
+            {
+                "index": i,
+                "t_us": float(self.t[i]),
+                "action": ACTIONS[int(ev["action"][i])],
+                "size": int(ev["size"][i]),
+                "category": CATEGORIES[int(cats[i])] if cats[i] >= 0 else "",
+                "where": self._title(int(ev["stack"][i])) if ev["stack"][i] >= 0 else "",
+            }
+            for i in range(lo, hi)
+        ]
+        t_us = float(self.t[e]) if e >= 0 else float(self.curve_t0)
+        total = int(lt.size[m].sum())
+        return {"event": e, "t_us": t_us, "total": total, "count": len(m), "groups": out, "around": around}
+
+    def _title(self, st: int) -> str:
+        frames = self.a.trace.stack_frames(st)
+        f = meaningful_frame(frames)
+        return frame_label(f) if f is not None else ""

@@ -1,0 +1,1 @@
+"""The serving window: what filled the GPU while vLLM served, and what held it at the end."""
