@@ -13,6 +13,7 @@ from typing import TextIO
 
 from memtrace.analysis.analysed.summary import Summary
 from memtrace.analysis.holders.flame import hook_short_name
+from memtrace.analysis.holders.frames import is_native_frame, native_name
 from memtrace.analysis.holders.moment import peak_words
 from memtrace.analysis.memory.crossing import Excursion
 from memtrace.analysis.memory.quantities import (
@@ -72,6 +73,8 @@ def frame_text(frame: Frame | None) -> str:
     """``pkg/module.py:123 function``: the path after site-packages (or its last two parts)."""
     if frame is None:
         return "(no stack recorded)"
+    if is_native_frame(frame):  # a stack with no Python frame (an autograd engine thread)
+        return f"{native_name(frame.name)} (C++; no Python frame)"
     fn = frame.filename.replace("\\", "/")
     for marker in ("site-packages/", "dist-packages/"):
         if marker in fn:

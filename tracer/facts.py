@@ -40,6 +40,15 @@ ENV = _fact(
     "gpu_name, compute_capability, driver, cuda, torch, vllm, flashinfer, "
     "hostname, cmdline (secrets redacted), allocator settings and other fingerprint fields",
 )
+INSTALL_PATHS = _fact(
+    "install_paths",
+    "dict",
+    "capture.session (capture.env.install_paths)",
+    "where the recording process imported its libraries: {torch, vllm, flashinfer: the package's folder} "
+    "from module.__file__ of those already imported when facts were written (none imported for this). "
+    "Analysis tells a frame's library by them (analysis.holders.frames.library_dirs); a trace without them "
+    "has its folders inferred from its frames",
+)
 MEMTRACE_VERSION = _fact("memtrace", "str", "capture.env", "the memtrace version that recorded the trace")
 CAPTURE = _fact("capture", "dict", "capture.session", "how the allocator history was drained (drains, clock skew)")
 SERVING = _fact(

@@ -49,3 +49,83 @@ def test_classifying_frames_imports_no_torch():
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "False"
+
+
+# -- where the recording process had its libraries (issue 41, item 2) ----------------------------------------
+DATA = Path(__file__).resolve().parents[1] / "data"
+
+
+def _trace(filenames, facts=None):
+    from memtrace.model import Trace
+
+    return Trace(frames=[Frame(fn, 10, f"f{i}") for i, fn in enumerate(filenames)], facts=facts or {})
+
+
+def test_recorded_install_paths_make_any_file_in_torchs_folder_torchs():
+    from memtrace import facts as F
+    from memtrace.analysis.holders.frames import DIRS_RECORDED, library_dirs
+
+    files = ["/opt/x/torch/not_a_file_of_any_torch.py", "/opt/x/app/model.py"]
+    t = _trace(files, {F.INSTALL_PATHS: {"torch": "/opt/x/torch", "vllm": "/opt/x/vllm"}})
+    dirs = library_dirs(t)
+    assert dirs.source == DIRS_RECORDED
+    assert dirs.library(files[0]) == "torch" and dirs.library(files[1]) is None
+    assert meaningful_frame(t.frames, dirs).filename == "/opt/x/app/model.py"
+    assert meaningful_frame(t.frames, library_dirs(_trace(files))).filename == files[0]  # not recorded: not torch's
+
+
+def test_torch_outside_site_packages_is_inferred_from_files_of_torchs_own_layout():
+    from memtrace.analysis.holders.frames import DIRS_INFERRED, NO_DIRS, infer_library_dirs
+
+    if importlib.util.find_spec("torch") is None:
+        return
+    dirs = infer_library_dirs(["/tmp/site034/torch/utils/_device.py", "/work/torch/app.py", "/srv/torch/x/y.py"])
+    assert dirs.source == DIRS_INFERRED and dirs.dirs == {"torch": ("/tmp/site034/torch/",)}
+    assert infer_library_dirs(["/work/torch/app.py", "/srv/torch/nothing/here.py"]) is NO_DIRS
+    # without the trace's folders a frame is judged by itself: a file of torch's layout is torch's
+    assert (
+        _pick("/tmp/site034/torch/utils/_device.py", "/tmp/site034/vllm/worker/x.py") == "/tmp/site034/vllm/worker/x.py"
+    )
+
+
+def test_vllm_034_traces_top_holders_name_vllms_frames_not_torchs():
+    from memtrace.analysis.holders.frames import library_dirs
+    from memtrace.store import load_run
+
+    from tests.testdata import analysed_rank, unpacked_dir
+
+    for name in ("moe-ext", "moe-noext", "dense-ext", "dense-noext", "small-ext"):
+        (t,) = load_run(unpacked_dir(f"vllm-h200-034/{name}")).traces
+        assert library_dirs(t).dirs["torch"] == ("/tmp/site034/torch/",), name
+        lines = analysed_rank(t).holders
+        named = [h.frame.filename for h in lines if h.frame is not None]
+        assert named and not any("/torch/" in fn for fn in named), (name, named)
+        assert named[0].startswith("/tmp/site034/vllm/"), (name, named[0])
+
+
+def test_capture_records_the_folders_of_libraries_already_imported_and_imports_none():
+    code = (
+        "import sys; from memtrace.capture import env; before = set(sys.modules); p = env.install_paths(); "
+        "assert set(sys.modules) == before; import json; print(json.dumps(p))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "{}"  # neither torch nor vLLM imported: nothing said, nothing imported
+    if importlib.util.find_spec("torch") is None:
+        return
+    code = "import torch; from memtrace.capture import env; print(env.install_paths()['torch'])"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == str(Path(importlib.util.find_spec("torch").origin).parent)
+
+
+def test_a_stack_without_python_frames_names_its_autograd_node_short():
+    """mryab/efficient-dl-systems' snapshot (stacks="all"): the backward allocations of the autograd thread."""
+    from memtrace.importers.files import traces_from_snapshot_file
+    from memtrace.plots.text import frame_text
+
+    from tests.testdata import analysed_rank
+
+    (t,) = traces_from_snapshot_file(DATA / "snapshots" / "autograd-cpp-frames.pickle")
+    texts = [frame_text(h.frame) for h in analysed_rank(t).holders]
+    assert "NllLossBackward0::apply (C++; no Python frame)" in texts
+    assert "LogSoftmaxBackward0::apply (C++; no Python frame)" in texts
+    assert sum(".py:" in x for x in texts) == 4

@@ -143,6 +143,17 @@ def environment() -> dict[str, Any]:
     return facts
 
 
+def install_paths() -> dict[str, str]:
+    """Where torch, vLLM and FlashInfer were imported from, for those already imported (``facts.INSTALL_PATHS``):
+    the folder of each package's ``__file__``. Imports nothing."""
+    out = {}
+    for name in ("torch", "vllm", "flashinfer"):
+        path = getattr(sys.modules.get(name), "__file__", None)
+        if isinstance(path, str) and path:
+            out[name] = os.path.dirname(os.path.abspath(path))
+    return out
+
+
 def gpu_facts(device: int) -> dict[str, Any]:
     """Name, compute capability, total memory and identifiers of a CUDA device, from torch."""
     import torch

@@ -374,6 +374,8 @@ class Session:
 
     # -- writing -------------------------------------------------------------------------------
     def flush_documents(self) -> None:
+        from memtrace.capture import env
+
         with self._lock:
             if self._file_closed:
                 return
@@ -382,6 +384,7 @@ class Session:
                 self.facts[F.CAPTURE] = self.history.capture_fact(self._phases)
                 if isinstance(self.history.allocator_settings, dict):  # torch's own view of its settings
                     self.facts[F.ALLOCATOR_SETTINGS] = self.history.allocator_settings
+            self.facts[F.INSTALL_PATHS] = env.install_paths()  # what is imported by now (no import)
             if self.serving is None or F.SELF_COST not in self.facts:  # start-up's, kept as it ended in serving
                 self.facts[F.SELF_COST] = self.self_cost()  # (the window states its own: ServingWindow.cost)
             self.writer.set_process(self.process)

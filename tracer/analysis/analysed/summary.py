@@ -35,6 +35,7 @@ from memtrace import facts as F
 from memtrace.analysis.analysed.self_cost import SelfCost
 from memtrace.analysis.capacity.extensible import ExtensibleSizing
 from memtrace.analysis.capacity.reconcile import KvReconciliation, NonKv
+from memtrace.analysis.holders.frames import library_dirs
 from memtrace.analysis.holders.live import BEFORE_RECORDING, Lifetimes, holders_by_stack, lifetimes, meaningful_frame
 from memtrace.analysis.memory.crossing import Excursion
 from memtrace.analysis.memory.curves import Baseline, Curves, state_missing
@@ -290,9 +291,10 @@ def holders_by_site(trace: Trace, event_index: int, top: int = 10, *, lt: Lifeti
     meaningful frame: file, line, function), largest first, at most ``top`` lines."""
     groups: dict[tuple, list] = {}
     lt = lt if lt is not None else lifetimes(trace)
+    dirs = library_dirs(trace)
     for h in holders_by_stack(trace, top=len(trace.stacks) + 2, event_index=event_index, lt=lt):
         frames = trace.stack_frames(h.stack) if h.stack >= 0 else []
-        frame = meaningful_frame(frames)
+        frame = meaningful_frame(frames, dirs)
         key = (frame.filename, frame.line, frame.name) if frame is not None else h.stack if h.stack < 0 else None
         groups.setdefault(key, []).append((h, frame, frames))
     lines = []

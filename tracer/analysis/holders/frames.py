@@ -19,9 +19,12 @@ from __future__ import annotations
 import functools
 import importlib.util
 import os
+import weakref
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 
-from memtrace.model import Frame
+from memtrace import facts as F
+from memtrace.model import Frame, Trace
 
 #: File endings of native (C, C++, CUDA) frames and of shared objects.
 _NATIVE_SUFFIXES = (".c", ".h", ".cc", ".cpp", ".cxx", ".hpp", ".hh", ".cu", ".cuh", ".so", ".S", ".s")
@@ -89,9 +92,114 @@ def _local_package_dirs() -> tuple[str, ...]:
     return tuple(dirs)
 
 
-def _is_package_plumbing(fn: str) -> bool:
-    """A frame of torch or memtrace: in their folders installed here, or (a trace recorded elsewhere)
-    right below an install folder (``.../site-packages/torch/...``)."""
+#: The libraries whose install folders the recording process states (``facts.INSTALL_PATHS``).
+LIBRARIES = ("torch", "vllm", "flashinfer")
+#: How a trace's library folders were found: the recording process said where it imported them; the frames
+#: of files that exist in the library's own layout here showed it; or neither (path patterns only).
+DIRS_RECORDED = "recorded"
+DIRS_INFERRED = "inferred from the frames"
+DIRS_PATTERNS = "path patterns"
+
+
+@dataclass(frozen=True)
+class LibraryDirs:
+    """Where the recording process had torch, vLLM and FlashInfer installed: library -> folders, each
+    ending in ``/`` (``/tmp/site034/torch/``), and how that is known (``DIRS_*``)."""
+
+    dirs: dict[str, tuple[str, ...]] = field(default_factory=dict)
+    source: str = DIRS_PATTERNS
+
+    def library(self, filename: str) -> str | None:
+        """The library whose folder holds ``filename``; None when none does."""
+        fn = filename.replace("\\", "/")
+        for name, dirs in self.dirs.items():
+            if fn.startswith(dirs):
+                return name
+        return None
+
+    def torch_dirs(self) -> tuple[str, ...]:
+        return self.dirs.get("torch", ())
+
+
+#: No folder known: frames are judged by path patterns alone.
+NO_DIRS = LibraryDirs()
+_CACHE: dict[int, tuple[weakref.ref, LibraryDirs]] = {}
+
+
+def library_dirs(trace: Trace) -> LibraryDirs:
+    """Where ``trace``'s process had its libraries: as it recorded them (``facts.INSTALL_PATHS``), else, for
+    a trace written before memtrace recorded them, the folders of frames that are certainly the library's
+    (:func:`infer_library_dirs`). Computed once a trace."""
+    hit = _CACHE.get(id(trace))
+    if hit is not None and hit[0]() is trace:
+        return hit[1]
+    recorded = trace.facts.get(F.INSTALL_PATHS)
+    if isinstance(recorded, dict) and recorded:
+        dirs = {k: (_folder(v),) for k, v in recorded.items() if k in LIBRARIES and isinstance(v, str) and v}
+        out = LibraryDirs(dirs, DIRS_RECORDED)
+    else:
+        out = infer_library_dirs(f.filename for f in trace.frames)
+    _CACHE[id(trace)] = (weakref.ref(trace), out)
+    return out
+
+
+def _folder(path: str) -> str:
+    return path.replace("\\", "/").rstrip("/") + "/"
+
+
+@functools.cache
+def _local_layout(name: str) -> str | None:
+    """The folder of library ``name`` installed here (found without importing it), or None."""
+    try:
+        spec = importlib.util.find_spec(name)
+    except (ImportError, ValueError):
+        return None
+    locations = list(spec.submodule_search_locations or []) if spec else []
+    return _folder(os.path.realpath(locations[0])) if locations else None
+
+
+@functools.cache
+def _in_layout(name: str, rest: str) -> bool:
+    """True when ``rest`` (``utils/_device.py``) is a file of library ``name`` as installed here."""
+    here = _local_layout(name)
+    return here is not None and "/" in rest and os.path.isfile(here + rest)
+
+
+def _certain_root(name: str, fn: str) -> str | None:
+    """The folder ``.../<name>/`` of frame file ``fn`` when a file at the same place below it exists in the
+    library's own layout here (two levels at least: ``utils/_device.py``, never a lone ``app.py``)."""
+    seg = f"/{name}/"
+    at = fn.rfind(seg)
+    while at >= 0:
+        if _in_layout(name, fn[at + len(seg) :]):
+            return fn[: at + len(seg)]
+        at = fn.rfind(seg, 0, at)
+    return None
+
+
+def infer_library_dirs(filenames) -> LibraryDirs:
+    """The library folders a trace's frames show: a frame file ``<root>/torch/utils/_device.py`` whose
+    ``utils/_device.py`` exists in torch's layout here makes ``<root>/torch/`` torch's; every frame below it is
+    then torch's too. Nothing is found for a library not installed here."""
+    found: dict[str, set[str]] = {}
+    for fn in {f.replace("\\", "/") for f in filenames}:
+        if not fn.endswith(".py"):
+            continue
+        for name in LIBRARIES:
+            if f"/{name}/" in fn:
+                root = _certain_root(name, fn)
+                if root is not None:
+                    found.setdefault(name, set()).add(root)
+    if not found:
+        return NO_DIRS
+    return LibraryDirs({k: tuple(sorted(v)) for k, v in found.items()}, DIRS_INFERRED)
+
+
+def _is_package_plumbing(fn: str, torch_dirs: tuple[str, ...]) -> bool:
+    """A frame of torch or memtrace: in the folder the recording process had torch in, in their folders
+    installed here, or right below an install folder (``.../site-packages/torch/...``)."""
+    if torch_dirs and fn.startswith(torch_dirs):
+        return True
     for d in _INSTALL_DIRS:
         at = fn.rfind(d)
         if at >= 0 and fn[at + len(d) :].split("/", 1)[0] in _PLUMBING_PACKAGES:
@@ -99,24 +207,45 @@ def _is_package_plumbing(fn: str) -> bool:
     return fn.startswith(_local_package_dirs())
 
 
-def _is_plumbing(f: Frame) -> bool:
+def _is_plumbing(f: Frame, torch_dirs: tuple[str, ...]) -> bool:
     fn = f.filename.replace("\\", "/")
-    if any(p in fn for p in _PLUMBING_FILES) or _is_package_plumbing(fn):
+    if any(p in fn for p in _PLUMBING_FILES) or _is_package_plumbing(fn, torch_dirs):
         return True
     return "/lib/python3" in fn and not any(d in fn for d in _INSTALL_DIRS)
 
 
-def meaningful_frame(frames: Sequence[Frame]) -> Frame | None:
-    """The innermost frame worth showing: the innermost Python frame outside torch, memtrace and the
-    standard library; else the innermost Python frame; else a native frame past the unwinder and the
-    allocator (:func:`_native_frame`); None for an empty stack."""
+def meaningful_frame(frames: Sequence[Frame], dirs: LibraryDirs | None = None) -> Frame | None:
+    """The innermost frame worth showing: the innermost Python frame outside torch (its folder as ``dirs``
+    says, :func:`library_dirs`; without ``dirs``, as the frame's own path shows: :func:`_certain_root`),
+    memtrace and the standard library; else the innermost Python frame; else a native frame past the
+    unwinder and the allocator (:func:`_native_frame`); None for an empty stack."""
     py = [f for f in frames if is_python_frame(f)]
+    torch_dirs = dirs.torch_dirs() if dirs is not None else ()
     for f in py:
-        if not _is_plumbing(f):
-            return f
+        if _is_plumbing(f, torch_dirs):
+            continue
+        if dirs is None and "/torch/" in f.filename and _certain_root("torch", f.filename.replace("\\", "/")):
+            continue
+        return f
     if py:
         return py[0]
     return _native_frame(frames)
+
+
+def native_name(name: str) -> str:
+    """A native frame's function without its arguments and outer namespaces, for a narrow column:
+    ``torch::autograd::generated::NllLossBackward0::apply(std::vector<...>&&)`` -> ``NllLossBackward0::apply``."""
+    depth, cut = 0, len(name)
+    for i, ch in enumerate(name):  # the argument list: the first '(' outside template brackets
+        if ch == "<":
+            depth += 1
+        elif ch == ">":
+            depth -= 1
+        elif ch == "(" and depth == 0 and i > 0:
+            cut = i
+            break
+    parts = name[:cut].split("::")
+    return "::".join(parts[-2:]) or name
 
 
 #: Native frames that are the recording machinery or the allocator itself, never the reason.

@@ -215,8 +215,8 @@ def holders_by_stack(
     return out
 
 
-def meaningful_frame(frames: list[Frame]) -> Frame | None:
-    """The innermost Python frame worth showing (see ``analysis.frames.meaningful_frame``)."""
+def meaningful_frame(frames: list[Frame], dirs=None) -> Frame | None:
+    """The innermost Python frame worth showing (see ``analysis.holders.frames.meaningful_frame``)."""
     from memtrace.analysis.holders.frames import meaningful_frame as pick
 
-    return pick(frames)
+    return pick(frames, dirs)
