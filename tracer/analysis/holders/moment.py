@@ -119,7 +119,7 @@ def resolve_moment(trace: Trace, curves: Curves, at: str, *, t0_us: int | None =
     us = parse_time_us(text)
     if us is not None:
         t = _at_time(trace, us, "--at", at, t0_us)
-        return Moment(t, None, f"{us / 1e6:.3f} s", path_at(trace, t))
+        return Moment(t, None, f"{seconds_text(us)} s", path_at(trace, t))
     best = find_phase(trace, curves, text, "--at")
     k = window_fullest(curves.allocated, best.start_us, best.end_us) - 1
     m = after_event(k, f"the fullest moment of {best.path}")
@@ -200,3 +200,31 @@ def flame_for(rank, at: str = "peak", *, since: str | None = None, added: bool =
         notes=rank.tensor_notes,
     )
     return moment, flame
+
+
+def seconds_showing(rank, time_us: int, since_us: int | None, shown) -> str:
+    """``time_us`` in seconds from the run's origin, in the fewest decimals (ms, then down to µs) at which
+    ``--at`` shows the bytes flame ``shown`` (``holders.flame.Flame``) shows live in PyTorch and committed
+    through CUDA VMM: ms rounding can land before the change that made a moment (h200/startup-cap16g's peak at
+    7.050455 s: ``--at 7.050`` shows 0.25 GiB less). Six decimals when none does (several changes in one µs)."""
+    from memtrace.analysis.holders.flame import flame_at
+
+    t0, (start, end) = rank.origin.t0_us, recording_span(rank.trace)
+    secs = (time_us - t0) / 1e6
+    for digits in (3, 4, 5):
+        text = f"{secs:.{digits}f}"
+        t = t0 + (parse_time_us(text) or 0)
+        if not start <= t <= end:
+            continue
+        f = flame_at(rank.trace, t, since_us=since_us, non_torch=shown.vmm_bytes is not None, lt=rank.lifetimes,
+                     notes=rank.tensor_notes)  # fmt: skip
+        if (f.torch_bytes, f.vmm_bytes) == (shown.torch_bytes, shown.vmm_bytes):
+            return text
+    return f"{secs:.6f}"
+
+
+def seconds_text(us: int) -> str:
+    """A time the user gave (``--at 7.0505``), in seconds as precise as given: 3 decimals at least, 6 at most."""
+    text = f"{us / 1e6:.6f}".rstrip("0")
+    whole, _, frac = text.partition(".")
+    return f"{whole}.{frac.ljust(3, '0')}"
