@@ -238,7 +238,8 @@ def _per_call(sizes: tuple[int, ...]) -> str:
 
 def _render_phases(d, level: str) -> list[str]:
     """The per-phase table; ``level``: what its peaks add up (the headline's words: the same curve)."""
-    out = ["", f"Per phase (peak of {level}):"]
+    less = ", less the KV cache: it moved, and the runs make it in other phases" if d.phases_less_kv else ""
+    out = ["", f"Per phase (peak of {level}{less}):"]
     if not d.phases and not d.base_only_phases and not d.new_only_phases:
         return out + ["  neither run recorded phases: the global peaks above are what is gated"]
     width = max([len("  " * p.depth + p.path.rsplit("/", 1)[-1]) for p in d.phases] + [5])

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 from memtrace.cli import main
-from testdata import unpacked
+from testdata import unpacked, unpacked_dir
 from vllm034_data import run_dir
 
 STARTUP = unpacked(Path(__file__).resolve().parents[1] / "data" / "vllm-h200" / "startup")  # vLLM 0.25.1, KV in PyTorch
@@ -74,5 +74,33 @@ def test_the_per_phase_table_names_the_curve_its_peaks_are_read_from(capsys, moe
     main(["diff", str(STARTUP), str(moe_ext)])
     out = capsys.readouterr().out
     level = "PyTorch reserved + the KV cache outside PyTorch (CUDA VMM) + non-PyTorch memory"
-    assert f"Headline — {level}:" in out and f"Per phase (peak of {level}):" in out
+    assert f"Headline — {level}:" in out
+    assert f"Per phase (peak of {level}, less the KV cache: it moved, and the runs make it in other phases):" in out
     assert "  kv_cache_extend: only in the new run" in out
+
+
+def test_a_kv_cache_moved_into_pytorch_is_said_so_and_its_phases_compare_held_less_the_kv_cache(capsys, moe_ext):
+    """issue 41, item 4: moe-ext (CUDA VMM, committed after warm-up) -> moe-noext (PyTorch, in kv_cache_init)."""
+    d = _json(capsys, "diff", moe_ext, run_dir("moe-noext"), "--json")["traces"][0]
+    head = {c["label"]: c for c in d["headline"]}
+    for label in ("peak reserved", "peak allocated"):
+        assert (
+            head[label]["limit_bytes"] is None and head[label]["note"] == "not gated: the KV cache moved into PyTorch"
+        )
+    assert head["post-KV transient"]["limit_bytes"] is None  # 0 by construction where warm-up came first
+    phases = {p["path"]: p for p in d["phases"]}
+    kv_init = phases["kv_cache_init"]
+    # both less their KV cache: 11.75 GiB -> 11.76 GiB, not 11.75 -> 128.94 GiB
+    assert abs(kv_init["new_bytes"] - kv_init["base_bytes"]) < 16 * 2**20, kv_init
+    assert not any(p["over"] for p in d["phases"])
+    main(["diff", str(moe_ext), str(run_dir("moe-noext"))])
+    out = capsys.readouterr().out
+    assert "moved outside PyTorch" not in out and out.count("(not gated: the KV cache moved into PyTorch)") == 2
+    assert ", less the KV cache: it moved, and the runs make it in other phases):" in out
+
+
+def test_the_samplers_buffers_made_while_loading_the_model_are_not_weights(capsys, moe_ext):
+    """issue 41, item 4: penalties.py's buffers (sized by max_num_seqs) grew weights 10.46 -> 10.61 GiB."""
+    d = _json(capsys, "diff", moe_ext, unpacked_dir("vllm-h200-034-grid/g07"), "--json")["traces"][0]
+    weights = {c["label"]: c for c in d["categories"]}["weights"]
+    assert abs(weights["new_bytes"] - weights["base_bytes"]) < 8 * 2**20, weights

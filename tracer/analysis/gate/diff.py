@@ -26,16 +26,17 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass, field, replace
 
+import numpy as np
 from memtrace.analysis.analysed.landmarks import landmarks, total_curve
 from memtrace.analysis.capacity.extensible import extensible_sizing
 from memtrace.analysis.gate.diff_sites import SiteChange, site_changes
 from memtrace.analysis.gate.history_key import differences, fingerprint, left_to_vllm
 from memtrace.analysis.memory import quantities as Q
-from memtrace.analysis.memory.curves import Curves, all_curves, committed_curve
+from memtrace.analysis.memory.curves import Curve, Curves, all_curves, committed_curve
 from memtrace.analysis.memory.oom import Oom, find_oom
 from memtrace.analysis.memory.phases import path_at, phase_stats
 from memtrace.analysis.memory.quantities import is_one_moment, state_at_peak, window_peak
-from memtrace.model import Trace
+from memtrace.model import ACTION_CODE, Trace
 from memtrace.units import MiB, Threshold
 
 #: Growth under this never fails a percentage threshold (one large-segment rounding unit).
@@ -58,9 +59,15 @@ PEAK_DEVICE = "peak device used"
 PEAK_HELD = f"peak {Q.HELD.label}"
 HEADLINE = (AVAILABLE_KV, BEFORE_KV, KV_CACHE, POST_KV, PEAK_HELD, PEAK_RESERVED, PEAK_ALLOCATED, PEAK_DEVICE)
 GATED = frozenset({BEFORE_KV, POST_KV, PEAK_HELD, PEAK_RESERVED, PEAK_ALLOCATED, PEAK_DEVICE})
-#: PyTorch's own figures: not like with like when the KV cache moved outside PyTorch between the runs
+#: PyTorch's own figures: not like with like when the KV cache moved between PyTorch and CUDA VMM
 TORCH_ONLY = frozenset({PEAK_RESERVED, PEAK_ALLOCATED})
-MOVED_NOTE = "not gated: the KV cache moved outside PyTorch"
+MOVED_OUT_NOTE = "not gated: the KV cache moved outside PyTorch"
+MOVED_IN_NOTE = "not gated: the KV cache moved into PyTorch"
+#: vLLM 0.34's extensible KV cache is made after warm-up: its post-KV transient is 0 by construction
+MOVED_WARMUP_NOTE = "not gated: the KV cache moved, and one run warmed up before making it"
+#: Allocator events that create / release a segment's memory (a KV cache tensor of its own segment).
+_SEG_UP = (ACTION_CODE["segment_alloc"], ACTION_CODE["segment_map"])
+_SEG_DOWN = (ACTION_CODE["segment_free"], ACTION_CODE["segment_unmap"])
 #: The label of all hooked calls' bytes together.
 ALL_HOOKS = "all hooked calls"
 #: What :func:`diff_ranks` reads of each analysed rank (``AnalysedRank`` properties): ``memtrace diff``
@@ -77,7 +84,7 @@ class Change:
     new: int | None
     limit: int | None = None  # allowed growth in bytes; None: the figure is not gated
     phase: str = ""  # where the new value happened (peaks)
-    note: str = ""  # why a figure is shown but not gated (MOVED_NOTE)
+    note: str = ""  # why a figure is shown but not gated (MOVED_OUT_NOTE, MOVED_IN_NOTE)
 
     @property
     def delta(self) -> int | None:
@@ -147,6 +154,10 @@ class Figures:
     kv_via: str = ""
     #: the key of the quantity the trace is ranked by (``quantities.ranked_by``): its phase peaks are that curve's
     ranked: str = Q.RESERVED.key
+    #: ``phases`` less the KV cache at every moment (its tensors, or what CUDA VMM committed for it): what is
+    #: compared when the KV cache moved between PyTorch and CUDA VMM, as the two runs make it in other phases
+    #: (vLLM 0.34's extensible cache after warm-up, PyTorch's in kv_cache_init). Empty without a KV cache
+    phases_less_kv: dict[str, tuple[int, int, int]] = field(default_factory=dict)
 
 
 @dataclass
@@ -180,6 +191,8 @@ class TraceDiff:
     #: "base", "new" or "both": the side(s) that are one moment (``quantities.ONE_MOMENT``): their "peaks"
     #: are that moment's state, so the diff compares states, not peaks
     one_moment: str = ""
+    #: the phases compare what each run held less its KV cache (``Figures.phases_less_kv``): the KV cache moved
+    phases_less_kv: bool = False
 
     @property
     def regressions(self) -> list[Change]:
@@ -240,11 +253,17 @@ def _ranked_peak(ranked: str) -> str:
     return PEAK_ALLOCATED if ranked == Q.ALLOCATED.key else PEAK_RESERVED
 
 
-def _phase_peaks(trace: Trace, curves: Curves, device_level: bool) -> dict[str, tuple[int, int, int, str]]:
+def _phase_peaks(
+    trace: Trace, curves: Curves, device_level: bool, less: Curve | None = None
+) -> dict[str, tuple[int, int, int, str]]:
     """path (with #n for repeats) -> (peak, peak above start, depth, path of the peak's phase), of what the process
-    held (the allocated curve for a trace without reserved memory: ``quantities.holds_reserved``)."""
+    held (the allocated curve for a trace without reserved memory: ``quantities.holds_reserved``), less the
+    curve ``less`` when given."""
     held = None if Q.holds_reserved(trace.process) else curves.allocated
     curve = total_curve(curves, include_non_torch=device_level, base=held)
+    if less is not None and len(less):
+        t = np.union1d(curve.time_us, less.time_us)
+        curve = Curve(t, curve.at_each(t) - less.at_each(t))
     seen: Counter[str] = Counter()
     out: dict[str, tuple[int, int, int, str]] = {}
     for st in phase_stats(trace, curves):
@@ -344,8 +363,40 @@ def category_changes(
     return [Change(k, bd.get(k, 0), nd.get(k, 0)) for k in names]
 
 
+def kv_cache_curve(trace: Trace, curves: Curves, via: str, categorized=None) -> Curve:
+    """The KV cache's bytes over time: what CUDA VMM committed for it (``via`` VIA_VMM), else its tensors (the
+    allocations ``memory.categories`` calls kv_cache). Empty without one."""
+    if via == VIA_VMM:
+        return committed_curve(trace, kv_cache_only=True)
+    if via != VIA_TORCH:
+        return Curve(np.zeros(0, np.int64), np.zeros(0, np.int64))
+    from memtrace.analysis.memory.categories import KV_CACHE as KV_CODE
+    from memtrace.analysis.memory.categories import categorize
+
+    codes = (categorized if categorized is not None else categorize(trace)).codes
+    ev = trace.events
+    pos = np.flatnonzero(codes == KV_CODE)
+    action, addr, times = ev["action"], ev["addr"], ev["time_us"].astype(np.int64)
+    freed = action[pos] == ACTION_CODE["free_completed"]
+    signed = ev["size"][pos].astype(np.int64)
+    signed[freed] *= -1
+    # a tensor of its own segment counts from the segment's creation to its release: reserved holds it then
+    at = times[pos]
+    before, after = np.clip(pos - 1, 0, None), np.clip(pos + 1, 0, len(ev) - 1)
+    made = ~freed & np.isin(action[before], _SEG_UP) & (addr[before] == addr[pos])
+    gone = freed & np.isin(action[after], _SEG_DOWN) & (addr[after] == addr[pos])
+    at = np.where(made, times[before], np.where(gone, times[after], at))
+    order = np.argsort(at, kind="stable")
+    return Curve(at[order], np.cumsum(signed[order]))
+
+
 def figures(
-    trace: Trace, *, device_level: bool | None = None, curves: Curves | None = None, oom: Oom | None = None
+    trace: Trace,
+    *,
+    device_level: bool | None = None,
+    curves: Curves | None = None,
+    oom: Oom | None = None,
+    categorized=None,
 ) -> Figures:
     """The gated figures of ``trace``.
 
@@ -354,6 +405,7 @@ def figures(
         device_level: add steady non-PyTorch memory (NVML) to phase peaks and to the memory before
             KV sizing; default: when the trace has NVML samples. Compare like with like.
         curves: its precomputed ``all_curves``.
+        categorized: its precomputed ``categories.categorize`` (the KV cache's tensors).
     """
     curves = curves or all_curves(trace)
     if device_level is None:
@@ -383,6 +435,10 @@ def figures(
             top = Q.peak(curve)
             head[name] = top.bytes
             where[name] = path_at(trace, top.time_us)
+    kv_via = (VIA_VMM if len(curves.vmm) else VIA_TORCH) if lm.kv_cache_bytes else ""
+    less_kv = (
+        _phase_peaks(trace, curves, device_level, kv_cache_curve(trace, curves, kv_via, categorized)) if kv_via else {}
+    )
     return Figures(
         device_level=device_level,
         fingerprint=fingerprint(trace),
@@ -397,8 +453,9 @@ def figures(
         nested_in=_nested_callers(trace),
         oom=oom if oom is not None else find_oom(trace),
         left_to_vllm=left_to_vllm(trace),
-        kv_via=(VIA_VMM if len(curves.vmm) else VIA_TORCH) if lm.kv_cache_bytes else "",
+        kv_via=kv_via,
         ranked=ranked.key,
+        phases_less_kv={k: (peak, inside, depth) for k, (peak, inside, depth, _) in less_kv.items()},
     )
 
 
@@ -431,13 +488,19 @@ def compare(base: Figures, new: Figures, threshold: Threshold, *, label: str = "
             continue  # held is reserved itself when neither run committed memory outside PyTorch
         if name == PEAK_HELD:  # a figure stored before "held" was one: reserved, without a KV cache outside
             b = base.headline.get(PEAK_RESERVED) if b is None and base.kv_via != VIA_VMM else b
-        note = MOVED_NOTE if moved and name in TORCH_ONLY else ""
+        note = ""
+        if moved and name in TORCH_ONLY:
+            note = MOVED_IN_NOTE if new.kv_via == VIA_TORCH else MOVED_OUT_NOTE
+        elif moved and name == POST_KV:
+            note = MOVED_WARMUP_NOTE
         limit = _limit(threshold, b, floor) if name in GATED and not note else None
         headline.append(Change(name, b, n, limit, new.where.get(name, ""), note))
     phases = []
-    for key, (peak, inside, depth) in new.phases.items():
-        if key in base.phases:
-            b_peak, b_inside, _ = base.phases[key]
+    less_kv = bool(moved and base.phases_less_kv and new.phases_less_kv)  # like with like: both less the KV cache
+    base_phases, new_phases = (base.phases_less_kv, new.phases_less_kv) if less_kv else (base.phases, new.phases)
+    for key, (peak, inside, depth) in new_phases.items():
+        if key in base_phases:
+            b_peak, b_inside, _ = base_phases[key]
             phases.append(
                 PhaseChange(key, depth, Change(key, b_peak, peak, _limit(threshold, b_peak, floor)), b_inside, inside)
             )
@@ -470,6 +533,7 @@ def compare(base: Figures, new: Figures, threshold: Threshold, *, label: str = "
         kv_via=(base.kv_via, new.kv_via),
         environment_unknown=len(base.fingerprint) <= 1 or len(new.fingerprint) <= 1,  # "kind" alone
         ranked=Q.ALLOCATED.key if Q.ALLOCATED.key in (base.ranked, new.ranked) else Q.RESERVED.key,
+        phases_less_kv=less_kv,
     )
 
 
@@ -483,8 +547,8 @@ def diff_ranks(base, new, threshold: Threshold, *, label: str = "") -> TraceDiff
     bc, nc = base.curves, new.curves
     device_level = bc.has_device and nc.has_device
     d = compare(
-        figures(base.trace, device_level=device_level, curves=bc, oom=base.oom),
-        figures(new.trace, device_level=device_level, curves=nc, oom=new.oom),
+        figures(base.trace, device_level=device_level, curves=bc, oom=base.oom, categorized=base.categorized),
+        figures(new.trace, device_level=device_level, curves=nc, oom=new.oom, categorized=new.categorized),
         threshold,
         label=label or new.label,
     )

@@ -48,6 +48,7 @@ def figures_doc(f: Figures) -> dict:
         "left_to_vllm": sorted(f.left_to_vllm),
         "kv_via": f.kv_via,
         "ranked": f.ranked,
+        "phases_less_kv": {k: list(v) for k, v in f.phases_less_kv.items()},
     }
 
 
@@ -66,6 +67,9 @@ def figures_from_doc(doc: dict) -> Figures:
         left_to_vllm=frozenset(doc.get("left_to_vllm", ())),  # absent in documents before vLLM 0.34's support
         kv_via=str(doc.get("kv_via", "")),
         ranked=str(doc.get("ranked", "reserved")),  # absent in documents before the CPU's traces were ranked
+        phases_less_kv={  # absent in documents before issue 41: phases then compare as they are
+            k: (int(v[0]), int(v[1]), int(v[2])) for k, v in doc.get("phases_less_kv", {}).items()
+        },
     )
 
 

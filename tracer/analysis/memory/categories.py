@@ -18,7 +18,8 @@ exactly one category, decided by the first rule that applies, in this order:
 3. By the phase it was allocated in, walking from the innermost phase outwards, the first phase
    whose name is known decides:
 
-   - ``load_model`` → **weights**;
+   - ``load_model`` → **weights**, except what vLLM's sampler allocates there (a stack through a
+     ``sample/`` folder of vLLM: ``penalties.py``'s buffers, sized by ``max_num_seqs``), → **other**;
    - a KV-cache phase (``kv_cache_init``, ``initialize_kv_cache``, ``allocate_kv_cache``,
      ``initialize_from_config``...) → **kv_cache**, unless the allocation is inside a profiling
      phase (a name containing "profil"): a KV cache made to profile is freed again and counts as
@@ -198,6 +199,22 @@ def workspace_stacks(trace: Trace) -> np.ndarray:
     return out
 
 
+def sampler_stacks(trace: Trace) -> np.ndarray:
+    """For each interned stack, whether it passes through vLLM's sampler (a file in a ``sample/`` folder of
+    vLLM: ``v1/sample/``, ``v1/worker/gpu/sample/``): state the sampler keeps, never the model's weights."""
+    hits = {i for i, f in enumerate(trace.frames) if _is_sampler_file(f.filename.replace("\\", "/"))}
+    out = np.zeros(len(trace.stacks), dtype=bool)
+    if hits:
+        for k, stack in enumerate(trace.stacks):
+            out[k] = any(fid in hits for fid in stack)
+    return out
+
+
+def _is_sampler_file(path: str) -> bool:
+    at = path.rfind("/vllm/")
+    return at >= 0 and "/sample/" in path[at:] and path.endswith(".py")
+
+
 def classify(trace: Trace, times_us: np.ndarray, addrs: np.ndarray, stacks: np.ndarray | None = None) -> np.ndarray:
     """Category codes (int8, indices into CATEGORIES) of allocations made at ``times_us`` at ``addrs``
     (with interned ``stacks``, -1 for none, when known).
@@ -217,9 +234,13 @@ def classify(trace: Trace, times_us: np.ndarray, addrs: np.ndarray, stacks: np.n
     starts, ends = _hook_windows(trace)
     codes[_in_windows(times, starts, ends)] = WORKSPACE
     if stacks is not None and len(trace.stacks):
-        ws = np.append(workspace_stacks(trace), False)  # index -1 (no stack) -> False
         st = np.asarray(stacks, dtype=np.int64)
-        codes[ws[np.where((st >= 0) & (st < len(trace.stacks)), st, -1)]] = WORKSPACE
+        st = np.where((st >= 0) & (st < len(trace.stacks)), st, -1)
+        if (codes == WEIGHTS).any():
+            sampler = np.append(sampler_stacks(trace), False)  # index -1 (no stack) -> False
+            codes[(codes == WEIGHTS) & sampler[st]] = OTHER
+        ws = np.append(workspace_stacks(trace), False)
+        codes[ws[st]] = WORKSPACE
     return codes
 
 
