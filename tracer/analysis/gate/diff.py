@@ -261,9 +261,10 @@ def _phase_peaks(
     curve ``less`` when given."""
     held = None if Q.holds_reserved(trace.process) else curves.allocated
     curve = total_curve(curves, include_non_torch=device_level, base=held)
-    if less is not None and len(less):
-        t = np.union1d(curve.time_us, less.time_us)
-        curve = Curve(t, curve.at_each(t) - less.at_each(t))
+    if less is not None and len(less):  # its few steps inserted (after a curve's own at equal times): O(events)
+        at = np.searchsorted(curve.time_us, less.time_us, side="right")
+        times = np.insert(curve.time_us, at, less.time_us)
+        curve = Curve(times, np.insert(curve.bytes, at, curve.at_each(less.time_us)) - less.at_each(times))
     seen: Counter[str] = Counter()
     out: dict[str, tuple[int, int, int, str]] = {}
     for st in phase_stats(trace, curves):
@@ -397,6 +398,7 @@ def figures(
     curves: Curves | None = None,
     oom: Oom | None = None,
     categorized=None,
+    less_kv: bool = True,
 ) -> Figures:
     """The gated figures of ``trace``.
 
@@ -406,6 +408,7 @@ def figures(
             KV sizing; default: when the trace has NVML samples. Compare like with like.
         curves: its precomputed ``all_curves``.
         categorized: its precomputed ``categories.categorize`` (the KV cache's tensors).
+        less_kv: also the phase peaks less the KV cache (``Figures.phases_less_kv``; what history keeps).
     """
     curves = curves or all_curves(trace)
     if device_level is None:
@@ -436,9 +439,8 @@ def figures(
             head[name] = top.bytes
             where[name] = path_at(trace, top.time_us)
     kv_via = (VIA_VMM if len(curves.vmm) else VIA_TORCH) if lm.kv_cache_bytes else ""
-    less_kv = (
-        _phase_peaks(trace, curves, device_level, kv_cache_curve(trace, curves, kv_via, categorized)) if kv_via else {}
-    )
+    less = kv_cache_curve(trace, curves, kv_via, categorized) if kv_via and less_kv else None
+    phases_less_kv = _phase_peaks(trace, curves, device_level, less) if less is not None else {}
     return Figures(
         device_level=device_level,
         fingerprint=fingerprint(trace),
@@ -455,7 +457,7 @@ def figures(
         left_to_vllm=left_to_vllm(trace),
         kv_via=kv_via,
         ranked=ranked.key,
-        phases_less_kv={k: (peak, inside, depth) for k, (peak, inside, depth, _) in less_kv.items()},
+        phases_less_kv={k: (peak, inside, depth) for k, (peak, inside, depth, _) in phases_less_kv.items()},
     )
 
 
@@ -546,12 +548,15 @@ def diff_ranks(base, new, threshold: Threshold, *, label: str = "") -> TraceDiff
     """Compare two analysed ranks (``analysis.rank.AnalysedRank``, the same process of two runs), sharing their figures."""
     bc, nc = base.curves, new.curves
     device_level = bc.has_device and nc.has_device
-    d = compare(
-        figures(base.trace, device_level=device_level, curves=bc, oom=base.oom, categorized=base.categorized),
-        figures(new.trace, device_level=device_level, curves=nc, oom=new.oom, categorized=new.categorized),
-        threshold,
-        label=label or new.label,
-    )
+
+    def figures_of(rank, less_kv: bool) -> Figures:
+        return figures(rank.trace, device_level=device_level, curves=rank.curves, oom=rank.oom,
+                       categorized=rank.categorized, less_kv=less_kv)  # fmt: skip
+
+    fb, fn = figures_of(base, False), figures_of(new, False)
+    if fb.kv_via and fn.kv_via and fb.kv_via != fn.kv_via:  # the KV cache moved: its phases compare less it
+        fb, fn = figures_of(base, True), figures_of(new, True)
+    d = compare(fb, fn, threshold, label=label or new.label)
     sites = site_changes(base.trace, new.trace, bc, nc, base_lt=base.lifetimes, new_lt=new.lifetimes)
     cats = category_changes(base.trace, new.trace, bc, nc, (base.categorized, new.categorized))
     moment = _sides(is_one_moment(base.trace.facts), is_one_moment(new.trace.facts))

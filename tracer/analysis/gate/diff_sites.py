@@ -75,21 +75,21 @@ class SiteKeys:
 
     def __init__(self, trace: Trace) -> None:
         self._trace = trace
-        self._frames: dict[int, tuple[str, str]] = {}
-        self._files: dict[str, str] = {}
-
-    def _frame(self, i: int) -> tuple[str, str]:
-        key = self._frames.get(i)
-        if key is None:
-            f = self._trace.frames[i]
-            name = self._files.get(f.filename)
-            if name is None:
-                name = self._files[f.filename] = file_name(f.filename)
-            key = self._frames[i] = (f.name, name)
-        return key
+        self._keys: list[tuple[str, str]] | None = None
 
     def __call__(self, stack: int) -> tuple[tuple[str, str], ...]:
-        return tuple(self._frame(i) for i in self._trace.stacks[stack]) if stack >= 0 else ()
+        if stack < 0:
+            return ()
+        if self._keys is None:  # every frame's (function, file) once, each file's name once
+            files: dict[str, str] = {}
+            self._keys = [
+                (
+                    f.name,
+                    files[f.filename] if f.filename in files else files.setdefault(f.filename, file_name(f.filename)),
+                )
+                for f in self._trace.frames
+            ]
+        return tuple(map(self._keys.__getitem__, self._trace.stacks[stack]))
 
 
 def sites_at_peak(trace: Trace, peak_index: int, lt: Lifetimes | None = None) -> dict[tuple, tuple[int, tuple]] | None:

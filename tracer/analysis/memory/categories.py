@@ -274,9 +274,10 @@ def _categorize(trace: Trace, lt: Lifetimes) -> Categorized:
     return Categorized(codes=codes)
 
 
-def _signed_sizes(trace: Trace) -> np.ndarray:
-    """+size for each alloc, -size for each free_completed, 0 for other events (int64)."""
-    ev = trace.events
+def _signed_sizes(trace: Trace, end: int | None = None) -> np.ndarray:
+    """+size for each alloc, -size for each free_completed, 0 for other events (int64), of the events before
+    ``end`` (all by default)."""
+    ev = trace.events[:end]
     action = ev["action"]
     delta = ev["size"].astype(np.int64)
     delta[action == _FREE] *= -1
@@ -324,8 +325,8 @@ def category_totals_at_index(
     """``{name: that category's allocated bytes at index}`` (the state after event ``index - 1``) without
     building the curves: one sum per category over the events before ``index``."""
     cat = categorized or categorize(trace)
-    delta = _signed_sizes(trace)[:index]
-    codes = cat.codes[:index]
-    out = {name: int(delta[codes == code].sum()) for code, name in enumerate(CATEGORIES)}
+    delta = _signed_sizes(trace, index)
+    sums = np.bincount(cat.codes[:index].astype(np.intp) + 1, weights=delta, minlength=len(CATEGORIES) + 1)
+    out = {name: int(sums[code + 1]) for code, name in enumerate(CATEGORIES)}  # one pass, not one per category
     out[CATEGORIES[OTHER]] += (curves if curves is not None else all_curves(trace)).baseline.allocated_bytes
     return out
