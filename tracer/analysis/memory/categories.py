@@ -202,12 +202,11 @@ def workspace_stacks(trace: Trace) -> np.ndarray:
 def sampler_stacks(trace: Trace) -> np.ndarray:
     """For each interned stack, whether it passes through vLLM's sampler (a file in a ``sample/`` folder of
     vLLM: ``v1/sample/``, ``v1/worker/gpu/sample/``): state the sampler keeps, never the model's weights."""
-    hits = {i for i, f in enumerate(trace.frames) if _is_sampler_file(f.filename.replace("\\", "/"))}
-    out = np.zeros(len(trace.stacks), dtype=bool)
-    if hits:
-        for k, stack in enumerate(trace.stacks):
-            out[k] = any(fid in hits for fid in stack)
-    return out
+    files = {fn for fn in {f.filename for f in trace.frames} if _is_sampler_file(fn.replace("\\", "/"))}
+    hits = {i for i, f in enumerate(trace.frames) if f.filename in files} if files else set()
+    if not hits:
+        return np.zeros(len(trace.stacks), dtype=bool)
+    return np.fromiter((not hits.isdisjoint(stack) for stack in trace.stacks), dtype=bool, count=len(trace.stacks))
 
 
 def _is_sampler_file(path: str) -> bool:
