@@ -19,6 +19,7 @@ from pathlib import Path
 from memtrace.analysis.analysed.fingerprint import allocator_settings, command_line, environment
 from memtrace.analysis.analysed.rank import NOTHING
 from memtrace.analysis.analysed.titles import timeline_title, what_ran
+from memtrace.analysis.holders.live import knows_holders
 from memtrace.analysis.holders.moment import peak_words
 from memtrace.analysis.memory.hooked import outermost
 from memtrace.analysis.memory.quantities import ALLOCATED, BEFORE_RECORDING, DEVICE_USED, RESERVED, holds_reserved
@@ -222,7 +223,9 @@ def render_issue(run, drawn: bool = True) -> str:
         out += ["_No picture: no allocator event was recorded to draw._", ""]
     out += _environment(run)
     out += boot_section(run)  # fits --suggest on the recorded card (plots.whatif_text)
-    if drawn:
+    if drawn and not knows_holders(r.trace):  # sizes without addresses: nothing to draw a flame graph of
+        out += [f"_No flame graph: {r.trace.label}'s file cannot tell who held what (sizes without addresses)._", ""]
+    elif drawn:
         peak_of = f" ({r.label}, the worst rank)" if run.multi else ""
         moment = "the OOM, in the serving window" if flame_at(run) == "oom" else peak_words(r.trace.process)
         out += [f"## What held memory at {moment}{peak_of}", "", f"![flame graph at {moment}](flame.svg)", ""]
@@ -259,11 +262,13 @@ def render(run, out: str | Path) -> list[str]:
     if drawn:
         with atomic_write(out / "timeline.png") as tmp:
             render_as(run.subset(drawn), tmp, "timeline")
+        written.append("timeline.png")
+    if drawn and knows_holders(run.worst.trace):
         with atomic_write(out / "flame.svg") as tmp:
             render_as(run, tmp, "flame", at=flame_at(run))
         with atomic_write(out / "flame.folded") as tmp:
             render_as(run, tmp, "folded", at=flame_at(run))
-        written += list(IMAGES)
+        written += [f for f in IMAGES if f != "timeline.png"]
     with atomic_write(out / "issue.md") as tmp:
         tmp.write_text(render_issue(run, drawn=bool(drawn)), encoding="utf-8")
     return ["issue.md", *written]

@@ -60,6 +60,17 @@ PROFILER_NOTE = (
 )
 
 
+#: What a device's trace without ``Addr`` (torch.profiler before PyTorch 1.10: ``Bytes`` alone) cannot tell.
+SIZES_ONLY_NOTE = (
+    "this trace cannot tell who held what: its memory events carry each allocation's size ('Bytes') without its "
+    "address (torch.profiler before PyTorch 1.10), so no free can be paired with the allocation it releases; "
+    "memtrace shows PyTorch allocated over time (the running sum of the sizes, counted from the profiler's start) "
+    "and no holders, flame graph or reserved memory"
+)
+#: ``Process.role`` of such a trace (``analysis.memory.quantities.holds_reserved``: no reserved memory).
+ROLE_SIZES_ONLY = "import-sizes"
+
+
 HOST_NOTE = (
     "the CPU's memory events: host memory, never counted as device memory; torch's CPU allocator reports only "
     "what was allocated while the profiler ran (its totals start at 0 and the frees of older blocks are not "
@@ -297,6 +308,7 @@ def _device_trace(key, mem, ranges, base_us, window, phases, cuda) -> Trace:
     segments: list[tuple[int, int]] = []  # made-up (address, bytes), newest last
     next_addr = _FAKE_SEGMENT_BASE
     first = mem[0]["args"]
+    sizes_only = not any("Addr" in e["args"] for e in mem)  # who held what is not in it
     reserved = int(first.get("Total Reserved", 0) or 0)
     base_alloc = int(first.get("Total Allocated", 0) or 0) - int(first.get("Bytes", 0) or 0)
     for e, stack in zip(mem, stacks, strict=True):
@@ -325,11 +337,10 @@ def _device_trace(key, mem, ranges, base_us, window, phases, cuda) -> Trace:
         events["size"], events["stack"] = cols[:, 3], cols[:, 4]
     frames = [Frame(*f) for f in interner.frames]
     host = dtype == CPU
+    role = "host" if host else ROLE_SIZES_ONLY if sizes_only else "import"
     start, end = window if window else (int(events["time_us"][0]), int(events["time_us"][-1]))
     trace = Trace(
-        process=Process(
-            role="host" if host else "import", rank=None if host else dev, device_index=None if host else dev
-        ),  # fmt: skip
+        process=Process(role=role, rank=None if host else dev, device_index=None if host else dev),
         recording=Recording(source="torch-profiler", start_us=start, end_us=end, stacks="ops" if frames else "none"),
         events=events,
         frames=frames,
@@ -337,7 +348,7 @@ def _device_trace(key, mem, ranges, base_us, window, phases, cuda) -> Trace:
         phases=list(phases),
         notes=[Note(0, "info", PROFILER_NOTE)],
     )
-    first_reserved = int(first.get("Total Reserved", 0) or 0)
+    first_reserved = int(first.get("Total Reserved", 0) or 0) if "Total Reserved" in first else None
     trace.facts[F.IMPORT] = {
         "format": "kineto",
         "device": None if host else dev,
@@ -347,7 +358,10 @@ def _device_trace(key, mem, ranges, base_us, window, phases, cuda) -> Trace:
         "state": "totals",
         "memory": "host" if host else "device",
         "baseline": {"allocated_bytes": max(base_alloc, 0), "reserved_bytes": None if host else first_reserved},
+        "addresses": not sizes_only,
     }
+    if sizes_only:
+        trace.notes.append(Note(0, "warning", SIZES_ONLY_NOTE))
     if host:
         trace.notes.append(Note(0, "info", HOST_NOTE))
     return trace

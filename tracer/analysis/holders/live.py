@@ -30,6 +30,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
+from memtrace import facts as F
 from memtrace.model import ACTION_CODE, Frame, Trace
 
 _ALLOC = ACTION_CODE["alloc"]
@@ -184,6 +185,13 @@ def live_allocations_at(
     ]
 
 
+def knows_holders(trace: Trace) -> bool:
+    """False for a trace whose allocations carry no address (a torch.profiler trace of PyTorch before 1.10,
+    ``facts["import"]["addresses"]``): no free can be paired with its allocation, so what was live, and whose,
+    is not in it; its allocated curve (the running sum of the sizes) still is."""
+    return (trace.facts.get(F.IMPORT) or {}).get("addresses") is not False
+
+
 def holders_by_stack(
     trace: Trace,
     t_us: int | None = None,
@@ -196,7 +204,10 @@ def holders_by_stack(
 
     Blocks without a recorded stack are the holder -1, except those present before recording began: they
     are their own holder, :data:`BEFORE_RECORDING` (-2), as the flame graph's ``[present before recording began]``.
+    None ([]) for a trace that cannot tell who held what (:func:`knows_holders`).
     """
+    if not knows_holders(trace):
+        return []
     lt = lt or lifetimes(trace)
     m = _mask(lt, t_us, event_index)
     stacks = lt.stack[m].astype(np.int64)

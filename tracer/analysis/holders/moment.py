@@ -186,7 +186,11 @@ def flame_for(rank, at: str = "peak", *, since: str | None = None, added: bool =
     """(moment, flame) of an analysed rank (``analysis.rank.AnalysedRank``) at ``--at`` with ``--since`` /
     ``--added``, times counted from the run's origin; the rank's lifetimes and tensor notes shared."""
     from memtrace.analysis.holders.flame import flame_at
+    from memtrace.analysis.holders.live import knows_holders
+    from memtrace.importers.kineto import SIZES_ONLY_NOTE
 
+    if not knows_holders(rank.trace):
+        raise UsageError(f"{rank.trace.label}: {SIZES_ONLY_NOTE}; plot or report show what it holds")
     t0 = rank.origin.t0_us
     moment = with_since(rank.trace, rank.curves, resolve_moment(rank.trace, rank.curves, at, t0_us=t0), since, added,
                         t0_us=t0)  # fmt: skip

@@ -459,8 +459,10 @@ def on_a_card(process) -> bool:
 def holds_reserved(process) -> bool:
     """Whether a trace of ``process`` (``model.Process``) has PyTorch reserved memory: every trace but the CPU's
     from torch.profiler (role "host": torch's CPU allocator caches no segments, its 'Total Reserved' stays 0),
-    which holds PyTorch allocated alone, counted from the profiler's start (:data:`CPU_PROFILED`)."""
-    return process.role != "host"
+    which holds PyTorch allocated alone, counted from the profiler's start (:data:`CPU_PROFILED`), and a device's
+    from a torch.profiler before PyTorch 1.10 (role "import-sizes", ``importers.kineto.ROLE_SIZES_ONLY``: sizes
+    alone, no totals)."""
+    return process.role not in ("host", "import-sizes")
 
 
 def ranked_by(process) -> Quantity:
@@ -473,7 +475,7 @@ def memory_meanings(processes) -> tuple[tuple[str, str], ...]:
     """(name, meaning) of each kind of memory among ``processes`` whose figures count something other than the
     GPU's memory every quantity's meaning speaks of: the CPU's, as torch.profiler counts it (:data:`CPU_PROFILED`).
     Empty for GPU memory alone."""
-    if all(holds_reserved(p) for p in processes):
+    if not any(p.role == "host" for p in processes):
         return ()
     return ((MEMORY_OF_ROLE["host"], CPU_PROFILED),)
 
