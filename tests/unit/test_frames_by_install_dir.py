@@ -129,3 +129,18 @@ def test_a_stack_without_python_frames_names_its_autograd_node_short():
     assert "NllLossBackward0::apply (C++; no Python frame)" in texts
     assert "LogSoftmaxBackward0::apply (C++; no Python frame)" in texts
     assert sum(".py:" in x for x in texts) == 4
+
+
+def test_a_recorded_trace_states_where_its_process_imported_torch_and_the_analysis_uses_it(tmp_path):
+    """A real recording (no GPU here: facts and phases only), torch imported by the recorded process."""
+    code = f"import sys, torch, memtrace\nwith memtrace.trace({str(tmp_path)!r}) as s:\n    pass\nprint(s.path)\n"
+    path = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()[-1]
+    from memtrace import facts as F
+    from memtrace.analysis.holders.frames import DIRS_RECORDED, library_dirs
+    from memtrace.store import load_trace
+
+    t = load_trace(path)
+    torch_dir = str(Path(importlib.util.find_spec("torch").origin).parent)
+    assert t.facts[F.INSTALL_PATHS] == {"torch": torch_dir}
+    dirs = library_dirs(t)
+    assert dirs.source == DIRS_RECORDED and dirs.library(torch_dir + "/nn/modules/module.py") == "torch"
