@@ -144,3 +144,11 @@ def test_a_recorded_trace_states_where_its_process_imported_torch_and_the_analys
     assert t.facts[F.INSTALL_PATHS] == {"torch": torch_dir}
     dirs = library_dirs(t)
     assert dirs.source == DIRS_RECORDED and dirs.library(torch_dir + "/nn/modules/module.py") == "torch"
+
+
+def test_without_the_traces_folders_a_stacks_own_torch_frames_show_torchs_folder():
+    if importlib.util.find_spec("torch") is None:
+        return
+    stack = ["/s/torch/_tensor.py", "/s/torch/nn/modules/module.py", "/s/vllm/worker/x.py"]
+    assert _pick(*stack) == "/s/vllm/worker/x.py"  # _tensor.py: torch's, as module.py shows /s/torch/ is torch
+    assert _pick("/work/torch/_tensor.py", "/work/app.py") == "/work/torch/_tensor.py"  # nothing shows it is torch

@@ -216,17 +216,19 @@ def _is_plumbing(f: Frame, torch_dirs: tuple[str, ...]) -> bool:
 
 def meaningful_frame(frames: Sequence[Frame], dirs: LibraryDirs | None = None) -> Frame | None:
     """The innermost frame worth showing: the innermost Python frame outside torch (its folder as ``dirs``
-    says, :func:`library_dirs`; without ``dirs``, as the frame's own path shows: :func:`_certain_root`),
+    says, :func:`library_dirs`; without ``dirs``, as the stack's own frames show: :func:`_certain_root`),
     memtrace and the standard library; else the innermost Python frame; else a native frame past the
     unwinder and the allocator (:func:`_native_frame`); None for an empty stack."""
     py = [f for f in frames if is_python_frame(f)]
-    torch_dirs = dirs.torch_dirs() if dirs is not None else ()
+    if dirs is not None:
+        torch_dirs = dirs.torch_dirs()
+    else:  # the folders this stack's own frames show (infer_library_dirs of one stack)
+        torch_dirs = tuple(
+            {r for f in py if "/torch/" in f.filename and (r := _certain_root("torch", f.filename.replace("\\", "/")))}
+        )
     for f in py:
-        if _is_plumbing(f, torch_dirs):
-            continue
-        if dirs is None and "/torch/" in f.filename and _certain_root("torch", f.filename.replace("\\", "/")):
-            continue
-        return f
+        if not _is_plumbing(f, torch_dirs):
+            return f
     if py:
         return py[0]
     return _native_frame(frames)
