@@ -13,7 +13,7 @@ from typing import TextIO
 
 from memtrace.analysis.analysed.summary import Summary
 from memtrace.analysis.holders.flame import hook_short_name
-from memtrace.analysis.holders.frames import is_native_frame, native_name
+from memtrace.analysis.holders.frames import DIRS_RECORDED, is_native_frame, native_name
 from memtrace.analysis.holders.moment import peak_words
 from memtrace.analysis.memory.crossing import Excursion
 from memtrace.analysis.memory.quantities import (
@@ -369,6 +369,10 @@ def _holders(out: _Out, s: Summary) -> None:
         for h in s.holders
     ]  # fmt: skip
     out.table(["GiB", "share", "blocks", "stacks", "where (innermost frame outside torch)"], rows, "rrrrl")
+    dirs = s.frame_folders
+    if dirs is not None and dirs.source != DIRS_RECORDED:  # a trace from before memtrace recorded the folders
+        known = f"torch's folder {', '.join(dirs.torch_dirs())}" if dirs.torch_dirs() else "torch's frames"
+        out.item(f"{known} told apart by {dirs.source}: the trace does not say where its process imported torch")
 
 
 def _hooks(out: _Out, s: Summary, limit: int = 20) -> None:

@@ -35,7 +35,7 @@ from memtrace import facts as F
 from memtrace.analysis.analysed.self_cost import SelfCost
 from memtrace.analysis.capacity.extensible import ExtensibleSizing
 from memtrace.analysis.capacity.reconcile import KvReconciliation, NonKv
-from memtrace.analysis.holders.frames import library_dirs
+from memtrace.analysis.holders.frames import LibraryDirs, library_dirs
 from memtrace.analysis.holders.live import BEFORE_RECORDING, Lifetimes, holders_by_stack, lifetimes, meaningful_frame
 from memtrace.analysis.memory.crossing import Excursion
 from memtrace.analysis.memory.curves import Baseline, Curves, state_missing
@@ -187,6 +187,8 @@ class Summary:
     before_recording: BeforeRecording | None = None
     #: the serving window after start-up (``analysis.serving``); None for a start-up-only trace
     window: WindowSummary | None = None
+    #: where the recording process had torch (``holders.frames.library_dirs``): how frames were told apart
+    frame_folders: LibraryDirs | None = None
 
     @property
     def truncated(self) -> bool:
@@ -261,6 +263,7 @@ def of_rank(rank: AnalysedRank) -> Summary:
         crossings=rank.crossing_list,
         phases=rank.phases,
         holders=rank.holders,
+        frame_folders=library_dirs(t),
         hook_calls=list(t.hook_calls),
         hook_totals=rank.hook_totals,
         notes=list(t.notes),

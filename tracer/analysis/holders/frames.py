@@ -97,8 +97,8 @@ LIBRARIES = ("torch", "vllm", "flashinfer")
 #: How a trace's library folders were found: the recording process said where it imported them; the frames
 #: of files that exist in the library's own layout here showed it; or neither (path patterns only).
 DIRS_RECORDED = "recorded"
-DIRS_INFERRED = "inferred from the frames"
-DIRS_PATTERNS = "path patterns"
+DIRS_INFERRED = "the files of its own layout among the frames"
+DIRS_PATTERNS = "path patterns (site-packages/torch/)"
 
 
 @dataclass(frozen=True)
