@@ -469,16 +469,19 @@ def _check_sqlite(head: bytes, path: Path) -> None:
 
 def _chunks(db: sqlite3.Connection, table: str, dtype: np.dtype, empty) -> np.ndarray:
     """The chunks of ``table`` in one array, filled chunk by chunk: peak memory is the array plus one
-    chunk (fetching every blob first, then concatenating, held the data twice: 0.8 GB at 10M events)."""
+    chunk (fetching every blob first, then concatenating, held the data twice: 0.8 GB at 10M events). The
+    chunks are copied as bytes: assigning records of the packed dtype took 4x the CPU (1.1 s against 0.26 s for
+    10M events)."""
     total = db.execute(f"SELECT COALESCE(SUM(count), 0) FROM {table}").fetchone()[0]
     if not total:
         return empty()
     out = np.empty(int(total), dtype=dtype)
+    raw, size = out.view(np.uint8), dtype.itemsize
     pos = 0
     for count, data in db.execute(f"SELECT count, data FROM {table} ORDER BY seq"):
-        if len(data) != count * dtype.itemsize or pos + count > total:
+        if len(data) != count * size or pos + count > total:
             raise TraceFormatError(f"corrupt {table}: a chunk holds {len(data)} bytes for {count} records")
-        out[pos : pos + count] = np.frombuffer(data, dtype=dtype)
+        raw[pos * size : (pos + count) * size] = np.frombuffer(data, dtype=np.uint8)
         pos += count
     return out[:pos]
 
@@ -594,9 +597,7 @@ def _read(db: sqlite3.Connection, path: Path) -> Trace:
         Frame(f or "", int(ln or 0), n or "")
         for f, ln, n in rows("frames", "SELECT filename, line, name FROM frames ORDER BY id")
     ]
-    trace.stacks = [
-        tuple(int(x) for x in s.split()) for (s,) in rows("stacks", "SELECT frames FROM stacks ORDER BY id")
-    ]
+    trace.stacks = [tuple(map(int, s.split())) for (s,) in rows("stacks", "SELECT frames FROM stacks ORDER BY id")]
     trace.events = (
         _chunks(db, "event_chunks", EVENT_DTYPE, empty_events) if "event_chunks" in tables else empty_events()
     )
@@ -629,7 +630,7 @@ def _read(db: sqlite3.Connection, path: Path) -> Trace:
     ]
     trace.notes = [Note(t, lv, tx) for t, lv, tx in rows("notes", "SELECT time_us, level, text FROM notes ORDER BY id")]
     n_frames = len(trace.frames)
-    if any(fid >= n_frames for s in trace.stacks for fid in s):
+    if max(map(max, filter(None, trace.stacks)), default=-1) >= n_frames:
         raise TraceFormatError(f"{path} is corrupt: a stack names a frame that is not stored")
     return trace
 

@@ -172,9 +172,12 @@ def state_missing(trace: Trace) -> bool:
 
 def _within(alloc_sums: np.ndarray, reserved_sums: np.ndarray, base_alloc: int, base_reserved: int) -> bool:
     """True when allocated never exceeds reserved after any event (tensors live inside segments)."""
-    if not len(alloc_sums):
-        return True
-    return bool(np.all(alloc_sums - reserved_sums <= base_reserved - base_alloc))
+    room, step = base_reserved - base_alloc, 1 << 20
+    # a million events at a time: one difference of every event was a fresh 80 MB at 10M events
+    return all(
+        bool(np.all(alloc_sums[i : i + step] - reserved_sums[i : i + step] <= room))
+        for i in range(0, len(alloc_sums), step)
+    )
 
 
 def _curve_times(trace: Trace) -> np.ndarray:
