@@ -92,8 +92,16 @@ def _moment_verdict(r: Fit) -> str:
 
 def _verdict(r: Fit, vllm: bool = True) -> str:
     """One short phrase for a table row (``vllm``: False for a program that is not vLLM: no KV sizing); a
-    prediction past the recording (``Fit.prediction``) says so."""
-    return _outcome_phrase(r, vllm) + (" (predicted)" if r.prediction else "")
+    prediction past the recording (``Fit.prediction``) says so, and a card that does not boot how much it lacks."""
+    return _outcome_phrase(r, vllm) + (" (predicted)" if r.prediction else "") + short_by(r)
+
+
+def short_by(r) -> str:
+    """How much larger a card must be to boot (a ``Fit`` or a what-if ``Outcome``: ``short_bytes``): "" where it
+    boots or no larger card is known to."""
+    if not r.short_bytes:
+        return ""
+    return f"; {_gib(r.short_bytes)} short: boots on a {_gib(r.capacity_bytes + r.short_bytes)} card"
 
 
 def _outcome_phrase(r: Fit, vllm: bool) -> str:
@@ -104,17 +112,17 @@ def _outcome_phrase(r: Fit, vllm: bool) -> str:
     if r.outcome == FITS:
         return f"fits, {_gib(r.headroom_bytes)} to spare"
     if r.outcome == REFUSED:
-        return f"vLLM refuses at init_device: free memory {_gib(r.overshoot_bytes)} short of util × capacity"
+        return f"vLLM refuses at init_device: free memory {_gib(r.overshoot_bytes)} below util × capacity"
     if r.outcome == NO_KV and r.kv_sizing == EXTENSIBLE:
         return f"vLLM refuses {_in(r.phase)}: no room for one max_model_len request"
     if r.outcome == NO_KV and "max_model_len" in r.phase:
         return (
             f"vLLM refuses: KV cache {_gib(r.kv_cache_bytes)} < one max_model_len request "
-            f"({_gib(r.overshoot_bytes)} short)"
+            f"({_gib(r.overshoot_bytes)} missing)"
         )
     if r.outcome == NO_KV:
         least = "at least " if r.recorded_oom is not None else ""  # vLLM's figure on the part recorded
-        return f"vLLM refuses: no memory for the KV cache ({least}{_gib(r.overshoot_bytes)} short)"
+        return f"vLLM refuses: no memory for the KV cache ({least}{_gib(r.overshoot_bytes)} missing)"
     if r.outcome == OOM and r.stage == "pre-KV":
         return f"OOM {_in(r.phase)} (before KV sizing; needs {_gib(r.overshoot_bytes)} more)"
     if r.outcome == OOM:
@@ -139,7 +147,9 @@ def _answer(r: Fit, moment: bool = False, window: bool = False) -> list[str]:
             f"{head} in the profiled window: what was held in it fits, {_gib(r.headroom_bytes)} to spare at its peak"
         ]
     if r.prediction and r.outcome != FITS:  # the what-if model's words follow (``Fit.prediction_how``)
-        return [f"{head} {_in(r.phase)} ({_gib(r.overshoot_bytes)} {'over the card' if r.outcome == OOM else 'short'})"]
+        return [
+            f"{head} {_in(r.phase)} ({_gib(r.overshoot_bytes)} {'over the card' if r.outcome == OOM else 'missing'})"
+        ]
     if r.outcome == FITS and r.stage == NO_KV_CACHE and moment:
         return [f"{head} {AT_ONE_MOMENT}: what was held then fits, {_gib(r.headroom_bytes)} to spare"]
     if r.outcome == OOM and moment:
@@ -165,7 +175,7 @@ def _answer(r: Fit, moment: bool = False, window: bool = False) -> list[str]:
     if r.outcome == NO_KV and "max_model_len" in r.phase:
         return [
             f"{head} at KV sizing: the {_gib(r.kv_cache_bytes)} KV cache cannot hold one request of max_model_len "
-            f"tokens ({_gib(r.overshoot_bytes)} short); lower --max-model-len or raise --gpu-memory-utilization"
+            f"tokens ({_gib(r.overshoot_bytes)} missing); lower --max-model-len or raise --gpu-memory-utilization"
         ]
     if r.outcome == NO_KV and r.kv_sizing == EXTENSIBLE and r.phase == "kv_cache_init":
         return [
@@ -303,6 +313,8 @@ def render_fits(
             f"(vLLM may fill {_gib(r.target_bytes)}):"
         )
         lines += [_wrapped("  ", line) for line in _answer(r, moment)]
+        if r.short_bytes:
+            lines.append(_wrapped("  ", short_by(r)[2:].capitalize()))
         if r.prediction:
             lines.append(_wrapped("  ", f"Predicted past the recording: {r.prediction}: {r.prediction_how}"))
         if r.kv_sizing == EXTENSIBLE:

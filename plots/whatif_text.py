@@ -18,6 +18,7 @@ from memtrace.analysis.capacity.whatif import (
     Suggestions,
 )
 from memtrace.analysis.memory.quantities import OTHERS
+from memtrace.plots.fits_text import short_by
 from memtrace.plots.formats import of
 from memtrace.plots.text import wrap
 from memtrace.units import format_gib as _gib
@@ -73,10 +74,10 @@ def _headline(o: Outcome) -> str:
     if o.verdict == BOOTS:
         return f"{head}: {_kv(o)}"
     if o.verdict == DIES:
-        return f"{head} in {o.phase} by {_gib(o.by_bytes)} ({o.why})"
+        return f"{head} in {o.phase} by {_gib(o.by_bytes)} ({o.why}){short_by(o)}"
     if o.verdict == UNKNOWN:
         return f"{head}: {o.why}"
-    return f"{head} at {o.phase}: {o.why}; {_gib(o.by_bytes)} short"
+    return f"{head} at {o.phase}: {o.why}{short_by(o)}"
 
 
 def _moved(p) -> str:
@@ -152,9 +153,9 @@ def _verdict(o: Outcome) -> str:
     if o.verdict == BOOTS:
         return f"boots, KV cache {_kv_short(o)}"
     if o.verdict == DIES:
-        return f"dies in {o.phase} by {_gib(o.by_bytes)}"
+        return f"dies in {o.phase} by {_gib(o.by_bytes)}{short_by(o)}"
     if o.verdict == REFUSES:
-        return f"vLLM refuses at {o.phase}, {_gib(o.by_bytes)} short"
+        return f"vLLM refuses at {o.phase}{short_by(o)}"
     return f"unknown: {o.why.split(':', 1)[0]}"
 
 

@@ -300,16 +300,17 @@ def test_a_run_that_died_of_oom_on_its_card_says_it_dies_there(name, capsys):
 @NEEDS_H200
 @pytest.mark.parametrize("name", OOM_RUNS + ("startup-cap6g",))
 def test_a_recording_that_ended_in_oom_never_fits_any_card(name):
-    from memtrace.analysis.capacity.fits import smallest_fitting
+    from memtrace.analysis.analysed.run import analyse
     from memtrace.store import load_run
 
-    trace = load_run(H200 / name).traces[0]
+    rank = analyse(load_run(H200 / name).traces).ranks[0]
+    trace = rank.trace
     card = trace.facts["capacity_bytes"]
     rows = fits(trace, [card, card + GiB, 2 * card, 8 * card])
     assert rows[0].outcome == DIED  # the recorded card: as recorded
     assert all(r.outcome in (DIED, UNKNOWN) for r in rows), [r.outcome for r in rows]
     assert rows[-1].outcome == UNKNOWN and rows[-1].stage == "beyond the recording"
-    assert smallest_fitting(trace) is None
+    assert rank.boot().smallest is None
 
 
 @NEEDS_H200

@@ -62,8 +62,58 @@ RULES = {
     UNSTACKED: "as recorded: no stack was recorded, so it cannot be scaled",
 }
 BOOTS, DIES, REFUSES, UNKNOWN = "boots", "dies", "refuses", "unknown"
-#: vLLM's default utilization with / without the extensible KV cache (0.34).
-UTIL_EXTENSIBLE, UTIL_PROFILED = 1.0, 0.92
+#: vLLM's default --gpu-memory-utilization by release (since (major, minor): with the extensible KV cache, without),
+#: newest first: 0.34 resolves it with the sizing mode (``resolved_gpu_memory_utilization``), before it was 0.9.
+VLLM_DEFAULT_UTIL = (((0, 34), 1.0, 0.92), ((0, 0), 0.9, 0.9))
+
+
+#: The smallest card ``fits`` accepts (no GPU vLLM runs on has less), and the precision of the smallest-card search
+#: (a smallest card within it of MIN_CAPACITY is the floor).
+MIN_CAPACITY, SEARCH_STEP = 1 << 30, 64 << 20
+
+
+def smallest_card(survives, lo: int, hi: int) -> int | None:
+    """The smallest capacity in (``lo``, ``hi``] (to :data:`SEARCH_STEP`) where ``survives(capacity)`` holds, by
+    bisection (an answer that survives on a card survives on every larger one); None when it fails at ``hi``."""
+    if not survives(hi):
+        return None
+    while hi - lo > SEARCH_STEP:
+        mid = (lo + hi) // 2
+        if survives(mid):
+            hi = mid
+        else:
+            lo = mid
+    return hi
+
+
+def default_util(version: tuple[int, int], extensible: bool) -> float:
+    """vLLM's default utilization for a release (``version``: (major, minor)) and sizing mode."""
+    return next(ext if extensible else prof for since, ext, prof in VLLM_DEFAULT_UTIL if version >= since)
+
+
+def one_request_bytes(max_model_len: int, bytes_per_block: float, tokens_per_block: int) -> int:
+    """KV bytes one request of ``max_model_len`` tokens needs: whole blocks (vLLM refuses to start below it)."""
+    return math.ceil(math.ceil(max_model_len / tokens_per_block) * bytes_per_block)
+
+
+def kv_block(facts: dict) -> tuple[int, int | None]:
+    """(bytes per KV block, tokens per block) as recorded (0 / None where not recorded)."""
+    blocks, kv = facts.get(F.VLLM_KV_BLOCKS), facts.get(F.VLLM_KV_BYTES)
+    per = (facts.get(F.VLLM_KV_SIZING) or {}).get("bytes_per_block") or (kv // blocks if blocks and kv else 0)
+    return int(per), F.kv_tokens_per_block(facts)
+
+
+def recorded_one_request(facts: dict, kv_bytes: int | None = None) -> int | None:
+    """:func:`one_request_bytes` at the recorded ``max_model_len`` and blocks (without blocks: ``kv_bytes`` over
+    the recorded tokens, one token a block); None when the trace lacks the figures (not a vLLM trace)."""
+    max_len = (facts.get(F.VLLM_CONFIG) or {}).get("max_model_len")
+    per, tpb = kv_block(facts)
+    tokens = facts.get(F.VLLM_KV_TOKENS)
+    if not (per and tpb) and kv_bytes and isinstance(tokens, int) and tokens > 0:
+        per, tpb = kv_bytes / tokens, 1
+    return one_request_bytes(max_len, per, tpb) if isinstance(max_len, int) and per and tpb else None
+
+
 _SAMPLER_FILES = ("sampler.py", "sampling.py", "topk_topp_sampler.py", "logits_processor.py", "penalties.py")
 _KV_FUNCS = ("_allocate_kv_cache_buffer", "allocate_kv_cache", "_allocate_kv_cache_tensors")
 _DTYPE_BYTES = {"fp8": 1, "fp8_e4m3": 1, "fp8_e5m2": 1, "auto": 2, "bfloat16": 2, "float16": 2, "half": 2}
@@ -82,12 +132,13 @@ class Flags:
     kv_cache_dtype: str
     gpu_memory_utilization: float | None
     extensible: bool
+    vllm: tuple[int, int] = (0, 34)  # the recorded release (major, minor): its default utilization
 
     @property
     def util(self) -> float:
         if self.gpu_memory_utilization is not None:
             return self.gpu_memory_utilization
-        return UTIL_EXTENSIBLE if self.extensible else UTIL_PROFILED
+        return default_util(self.vllm, self.extensible)
 
     @property
     def graphs(self) -> int:
@@ -148,6 +199,7 @@ def recorded_flags(trace) -> Flags | None:
         kv_cache_dtype=str(cfg.get("kv_cache_dtype") or "auto"),
         gpu_memory_utilization=float(trace.facts[F.UTIL]) if user and trace.facts.get(F.UTIL) else None,
         extensible=extensible_kv_cache(trace),
+        vllm=vllm_version(trace) or (0, 34),
     )
 
 
@@ -159,13 +211,20 @@ def extensible_kv_cache(trace) -> bool:
     return _version_at_least(trace, (0, 34))
 
 
-def _version_at_least(trace, least: tuple[int, int]) -> bool:
-    """Whether the recorded vLLM is at least ``least`` (major, minor); False when unknown."""
+def vllm_version(trace) -> tuple[int, int] | None:
+    """The recorded vLLM's (major, minor); None when unknown."""
     parts = str(trace.facts.get(F.VLLM_VERSION) or "").split(".")[:2]
     try:
-        return tuple(int("".join(c for c in p if c.isdigit()) or -1) for p in parts) >= least
+        v = tuple(int("".join(c for c in p if c.isdigit()) or -1) for p in parts)
     except ValueError:
-        return False
+        return None
+    return v if len(v) == 2 and min(v) >= 0 else None
+
+
+def _version_at_least(trace, least: tuple[int, int]) -> bool:
+    """Whether the recorded vLLM is at least ``least`` (major, minor); False when unknown."""
+    v = vllm_version(trace)
+    return v is not None and v >= least
 
 
 def _bool(name: str, value: str) -> bool:
@@ -430,6 +489,9 @@ class Outcome:
     phases: list[PhasePeak]
     pre_kv_peak_bytes: int
     pre_kv_peak_phase: str
+    #: how much larger a card must be to boot with these flags (the smallest such card less this one, to
+    #: ``fits.SEARCH_STEP``); 0 when it boots; None where no card up to the search's ceiling does
+    short_bytes: int | None = None
 
 
 class WhatIf:
@@ -563,19 +625,15 @@ class WhatIf:
     @cached_property
     def per_block(self) -> tuple[int, int]:
         """(bytes per KV block, tokens per block) on the new flags."""
-        f = self.sites.trace.facts
-        blocks = f.get(F.VLLM_KV_BLOCKS)
-        sizing = f.get(F.VLLM_KV_SIZING) or {}
-        per = sizing.get("bytes_per_block") or (f.get(F.VLLM_KV_BYTES) // blocks if blocks else None)
-        tpb = F.kv_tokens_per_block(f) or 16
+        per, tpb = kv_block(self.sites.trace.facts)
         ratio = _DTYPE_BYTES.get(self.flags.kv_cache_dtype, 2) / _DTYPE_BYTES.get(self.rec.kv_cache_dtype, 2)
-        return int((per or 0) * ratio), tpb
+        return int(per * ratio), tpb or 16
 
     def kv_on(self, capacity: int, others: int, left_out: int) -> KvSizing | None:
         per, tpb = self.per_block
         if not per:
             return None
-        one = math.ceil(self.flags.max_model_len / tpb) * per
+        one = one_request_bytes(self.flags.max_model_len, per, tpb)
         if self.flags.extensible:
             return self._kv_extensible(capacity, others, left_out, per, tpb, one)
         return self._kv_profiled(capacity, others, per, tpb, one)
@@ -703,7 +761,8 @@ class WhatIf:
             return Outcome(**common, verdict=UNKNOWN, phase="", by_bytes=0, why=why, kv=None, phases=phases)
         phases = self.phase_peaks(kv.kv_bytes, others)
         sizing = "kv_cache_sizing" if self.flags.extensible else "determine_available_memory"
-        if kv.available_bytes <= 0 or kv.tokens < self.flags.max_model_len:
+        usable = kv.blocks - (1 if self.flags.extensible else 0)  # vLLM's null block holds no tokens
+        if kv.available_bytes <= 0 or usable * self.per_block[1] < self.flags.max_model_len:
             short = max(kv.one_request_bytes - max(kv.available_bytes, 0), 0)
             why = 'no memory left for one request of max-model-len tokens ("No available memory for the cache blocks")'
             return Outcome(**common, verdict=REFUSES, phase=sizing, by_bytes=short, why=why, kv=kv, phases=phases)
@@ -717,6 +776,15 @@ class WhatIf:
             return Outcome(**common, verdict=DIES, phase=path_at(self.sites.trace, t), by_bytes=by, why=why, kv=kv,
                            phases=phases)  # fmt: skip
         return Outcome(**common, verdict=BOOTS, phase="", by_bytes=0, why="", kv=kv, phases=phases)
+
+    def short(self, capacity: int, **card) -> Outcome:
+        """:meth:`on`, with how much larger a card must be to boot (``Outcome.short_bytes``)."""
+        o = self.on(capacity, **card)
+        if o.verdict == BOOTS:
+            return dataclasses.replace(o, short_bytes=0)
+        top = max(capacity, 4 * (o.pre_kv_peak_bytes + o.others_bytes)) + SEARCH_STEP
+        least = smallest_card(lambda c: self.on(c, **card).verdict == BOOTS, capacity, top)
+        return dataclasses.replace(o, short_bytes=least - capacity if least is not None else None)
 
     def _refused_short_of_the_kv_cache(self, requested: int) -> tuple[str, int, str] | None:
         """Where the recording ends before vLLM sized the KV cache: (phase, short, why) when vLLM's own sizing
@@ -855,14 +923,16 @@ def shared_utilization(sites: Sites, capacity: int, others: int) -> float | None
 
 
 def suggest(sites: Sites, capacity: int, *, keep_others: bool = False, others_bytes: int | None = None,
-            cal: Calibration | None = None, top: int = 8, base: Flags | None = None) -> Suggestions:  # fmt: skip
-    """The changes (one, else two at once) to ``base`` (default: the recorded flags) that boot on ``capacity``."""
+            cal: Calibration | None = None, top: int = 8, base: Flags | None = None,
+            recorded: Outcome | None = None) -> Suggestions:  # fmt: skip
+    """The changes (one, else two at once) to ``base`` (default: the recorded flags) that boot on ``capacity``
+    (``recorded``: ``base``'s outcome there, when already answered)."""
     rec = base or sites.flags
     ext_known = _version_at_least(sites.trace, (0, 34))
     card = dict(keep_others=keep_others, others_bytes=others_bytes)
     others = others_bytes if others_bytes is not None else recorded_others(sites.trace) if keep_others else 0
     singles = candidates(rec, ext_known, shared_utilization(sites, capacity, others))
-    recorded_outcome = WhatIf(sites, rec, cal).on(capacity, **card)
+    recorded_outcome = recorded or WhatIf(sites, rec, cal).on(capacity, **card)
     booting: list[Suggestion] = []
     tried = 0
     for size in (1, 2):
@@ -881,13 +951,22 @@ def suggest(sites: Sites, capacity: int, *, keep_others: bool = False, others_by
         key=lambda s: (len(s.changes), s.outcome.verdict != BOOTS, -(s.outcome.kv.tokens if s.outcome.kv else 0),
                        s.outcome.pre_kv_peak_bytes)
     )  # fmt: skip
-    frugal = dataclasses.replace(rec, max_num_batched_tokens=min(256, rec.max_num_batched_tokens),
-                                 max_num_seqs=1, enforce_eager=True)  # fmt: skip
+    frugal = _frugal(rec, singles)
     w = WhatIf(sites, frugal, cal)
     per, tpb = w.per_block
-    one = math.ceil(rec.max_model_len / tpb) * per if per else 0
+    one = one_request_bytes(frugal.max_model_len, per, tpb) if per else 0
     return Suggestions(capacity, recorded_outcome, booting[:top], w.pre_kv[0] + one, frugal.changes(rec), tried,
                        w.on(capacity, **card))  # fmt: skip
+
+
+def _frugal(rec: Flags, singles: list[dict]) -> Flags:
+    """The most frugal flags tried: the fewest batched tokens and sequences, no CUDA graphs, the shortest
+    max-model-len and the smallest KV dtype among the changes tried (``rec``'s own where none is smaller)."""
+    lens = [rec.max_model_len, *(c["max_model_len"] for c in singles if "max_model_len" in c)]
+    dtypes = [rec.kv_cache_dtype, *(c["kv_cache_dtype"] for c in singles if "kv_cache_dtype" in c)]
+    return dataclasses.replace(rec, max_num_batched_tokens=min(256, rec.max_num_batched_tokens), max_num_seqs=1,
+                               enforce_eager=True, max_model_len=min(lens),
+                               kv_cache_dtype=min(dtypes, key=lambda d: _DTYPE_BYTES.get(d, 2)))  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -905,32 +984,6 @@ class Answer:
     suggestions: list[Suggestions]
     keep_others: bool
     vllm_version: str
-
-
-def answer(rank, what_if: list[str], capacities: list[int], *, suggest_too: bool = False, keep_others: bool = False,
-           others_bytes: int | None = None, calibration_ranks: tuple = ()) -> Answer:  # fmt: skip
-    """The what-if of ``rank`` under ``what_if`` on each card (``calibration_ranks``: more traces of the same
-    model, to fit each site's scaling), and with ``suggest_too`` the flags that boot on each card."""
-    sites = sites_of(rank)
-    cal = calibrate([sites, *(sites_of(r) for r in calibration_ranks)]) if calibration_ranks else None
-    flags = apply_what_if(sites.flags, what_if)
-    w = WhatIf(sites, flags, cal)
-    card = dict(keep_others=keep_others, others_bytes=others_bytes)
-    outcomes = [w.on(c, **card) for c in capacities]
-    found = [suggest(sites, c, **card, cal=cal, base=flags) for c in capacities] if suggest_too else []
-    return Answer(
-        recorded=sites.flags,
-        flags=flags,
-        changes=flags.changes(sites.flags),
-        scales=w.scales,
-        calibrated_traces=cal.traces if cal is not None else 0,
-        fitted_lines=len(cal.lines) if cal is not None else 0,
-        notes=w.notes,
-        outcomes=outcomes,
-        suggestions=found,
-        keep_others=keep_others,
-        vllm_version=str(rank.trace.facts.get(F.VLLM_VERSION) or ""),
-    )
 
 
 def answer_to_dict(a: Answer) -> dict:
