@@ -28,6 +28,12 @@ FORMATS = of(__name__)
 
 WIDTH = 100
 HEADLINE = {BOOTS: "BOOTS", DIES: "DIES", REFUSES: "vLLM REFUSES", UNKNOWN: "UNKNOWN"}
+#: The phase table's columns, in words.
+PHASE_COLUMNS = (
+    "recorded: report's device-used peak of the phase (NVML, '-' where not sampled); needed: what the start-up "
+    "needed there as recorded (the segments PyTorch could not release, non-PyTorch memory, the KV cache); "
+    "predicted: the same on this card with these flags"
+)
 
 
 def _flags_line(a: Answer) -> str:
@@ -102,10 +108,12 @@ def render_outcome(o: Outcome, keep_others: bool) -> list[str]:
     lines += _wrapped("  ", f"pre-KV peak {_gib(o.pre_kv_peak_bytes)} in {o.pre_kv_peak_phase or 'no phase'}")
     if o.kv is not None:
         lines += _wrapped("    ", f"KV cache from: {o.kv.how}")
-    lines.append(f"  {'phase':<44} {'recorded':>10} {'predicted':>10}  what moved")
+    lines += _wrapped("  ", PHASE_COLUMNS)
+    lines.append(f"  {'phase':<44} {'recorded':>11} {'needed':>11} {'predicted':>11}  what moved")
     for p in o.phases:
+        rec = _gib(p.recorded_bytes) if p.recorded_bytes is not None else "-"
         lines += _wrapped(
-            "  ", f"{p.phase:<44} {_gib(p.recorded_bytes):>10} {_gib(p.predicted_bytes):>10}  {_moved(p)}"
+            "  ", f"{p.phase:<44} {rec:>11} {_gib(p.needed_bytes):>11} {_gib(p.predicted_bytes):>11}  {_moved(p)}"
         )
     return lines
 

@@ -76,7 +76,7 @@ def test_fewer_batched_tokens_shrink_profile_runs_workspaces_and_name_them():
     assert w.scales[W.TOKENS].factor == 0.25 and "estimate, one trace" in w.scales[W.TOKENS].rule
     p = next(p for p in w.on(16 * GiB).phases if p.phase == "determine_available_memory/profile_run")
     rec, new = p.kinds[W.TOKENS]
-    assert new == round(rec * 0.25) and p.predicted_bytes == p.recorded_bytes - (rec - new)
+    assert new == round(rec * 0.25) and p.predicted_bytes == p.needed_bytes - (rec - new)
     assert any("_ensure_workspace_size" in site for site, _ in p.sites[W.TOKENS])
 
 
@@ -191,7 +191,7 @@ def test_fitted_scalings_come_from_the_traces_and_state_their_residual():
     w = W.WhatIf(s, W.apply_what_if(s.flags, ["max-num-batched-tokens=2048"]), cal)
     assert w.scales[W.TOKENS].rule.startswith("fitted over 2 traces")
     p = next(p for p in w.on(32 * GiB).phases if p.phase == "determine_available_memory/profile_run")
-    assert p.predicted_bytes == p.recorded_bytes
+    assert p.predicted_bytes == p.needed_bytes
 
 
 @pytest.mark.parametrize(

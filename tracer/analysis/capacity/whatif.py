@@ -450,11 +450,15 @@ def _phase_names(sites: Sites) -> np.ndarray:
 
 @dataclass(frozen=True)
 class PhasePeak:
-    """A phase's recorded and predicted peak, and what moved it (kind -> (recorded, predicted) bytes)."""
+    """A phase's recorded and predicted peak, and what moved it (kind -> (recorded, predicted) bytes; the KV
+    cache: the most the phase recorded, and what it holds on this card)."""
 
     phase: str
-    recorded_bytes: int
-    predicted_bytes: int
+    recorded_bytes: int | None  # report's peak of the phase: device used (NVML, ``phases.phase_stats``); None unsampled
+    needed_bytes: (
+        int  # what the start-up needed in the phase as recorded (the model's curve: pinned + non-PyTorch + KV)
+    )
+    predicted_bytes: int  # the same on this card with these flags
     time_us: int
     after_kv: bool
     kinds: dict[str, tuple[int, int]]
@@ -592,18 +596,19 @@ class WhatIf:
                 continue  # vLLM does not run it under these flags
             end = p.end_us if p.end_us is not None else int(s.time[-1])
             peak, t = self._window_peak(pred, p.start_us, end)
-            rec_peak, _ = self._window_peak(s.held, p.start_us, end)
             j = int(np.searchsorted(s.time, t, side="right")) - 1
             kinds = {}
             for k in SCALED:
                 rb = int(s.bytes[k][j])
                 if rb:
                     kinds[k] = (rb, int(round(rb * self.scales[k].factor)))
-            kvb = int(s.bytes[KV][j] + s.vmm_kv[j])
+            idx = s.window_index(p.start_us, end)
+            kvb = int((s.bytes[KV][idx] + s.vmm_kv[idx]).max())  # the most KV cache the phase recorded
             if kvb or t >= self.kv_at_us:
                 kinds[KV] = (kvb, kv_bytes if t >= self.kv_at_us else 0)
             sites = {k: s.top_sites(k, t) for k in kinds if k != KV}
-            out.append(PhasePeak(path, rec_peak, peak, t, t >= self.kv_at_us, kinds, sites))
+            out.append(PhasePeak(path, s.rank.phases[i].peak_device_used_bytes, self._window_peak(s.held, p.start_us, end)[0],
+                                 peak, t, t >= self.kv_at_us, kinds, sites))  # fmt: skip
         return out
 
     @cached_property
