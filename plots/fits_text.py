@@ -18,9 +18,12 @@ from memtrace.analysis.capacity.fits import (
     REFUSED,
     SEARCH_STEP,
     UNKNOWN,
+    VERDICT,
     Fit,
 )
 from memtrace.analysis.capacity.reconcile import PRE_KV_PEAK
+from memtrace.analysis.capacity.whatif import BOOTS, DIES, REFUSES
+from memtrace.analysis.capacity.whatif import UNKNOWN as STOPS
 from memtrace.analysis.memory.quantities import (
     AT_ONE_MOMENT,
     NON_TORCH,
@@ -55,15 +58,15 @@ WINDOW_ANSWER = (
 #: UNKNOWN of a recording that ends (not at an OOM) before the KV cache, where ``Fit.missing`` says nothing more.
 ENDS_BEFORE_KV = "the recording ends before the KV cache was sized; record a run that gets further"
 
-#: The first word of the one-capacity answer, per outcome (also what tests compare with --json).
-HEADLINE = {
-    FITS: "SURVIVES",
-    OOM: "DIES",
-    NO_KV: "vLLM REFUSES",
-    REFUSED: "REFUSED",
-    DIED: "DIES",
-    UNKNOWN: "UNKNOWN",
-}
+#: The first word of an answer, per verdict (``fits.VERDICT``: also what tests compare with --json): the words of
+#: every output that says whether it boots (``whatif_text``, the issue bundle, the view).
+HEADLINE = {BOOTS: "BOOTS", DIES: "DIES", REFUSES: "vLLM REFUSES", STOPS: "UNKNOWN"}
+
+
+def headline(r: Fit, vllm: bool = True) -> str:
+    """The first word of ``r``'s answer; a program that is not vLLM FITS (it has no start-up to boot)."""
+    head = HEADLINE[VERDICT[r.outcome]]
+    return "FITS" if head == HEADLINE[BOOTS] and not vllm else head
 
 
 def _in(phase: str) -> str:
@@ -116,10 +119,7 @@ def _outcome_phrase(r: Fit, vllm: bool) -> str:
     if r.outcome == NO_KV and r.kv_sizing == EXTENSIBLE:
         return f"vLLM refuses {_in(r.phase)}: no room for one max_model_len request"
     if r.outcome == NO_KV and "max_model_len" in r.phase:
-        return (
-            f"vLLM refuses: KV cache {_gib(r.kv_cache_bytes)} < one max_model_len request "
-            f"({_gib(r.overshoot_bytes)} missing)"
-        )
+        return f"vLLM refuses: its KV cache would be short of one max_model_len request ({_gib(r.overshoot_bytes)} missing)"
     if r.outcome == NO_KV:
         least = "at least " if r.recorded_oom is not None else ""  # vLLM's figure on the part recorded
         return f"vLLM refuses: no memory for the KV cache ({least}{_gib(r.overshoot_bytes)} missing)"
@@ -138,10 +138,10 @@ def _outcome_phrase(r: Fit, vllm: bool) -> str:
     raise ValueError(f"no words for fits outcome {r.outcome!r}")
 
 
-def _answer(r: Fit, moment: bool = False, window: bool = False) -> list[str]:
+def _answer(r: Fit, moment: bool = False, window: bool = False, vllm: bool = True) -> list[str]:
     """The one-capacity answer: the headline line and its explanation (``moment``: the input is one moment;
-    ``window``: a profiled window, ``quantities.PROFILED_WINDOW``)."""
-    head = HEADLINE[r.outcome]
+    ``window``: a profiled window, ``quantities.PROFILED_WINDOW``; ``vllm``: False for a program that is not)."""
+    head = headline(r, vllm)
     if r.outcome == FITS and r.stage == NO_KV_CACHE and window:
         return [
             f"{head} in the profiled window: what was held in it fits, {_gib(r.headroom_bytes)} to spare at its peak"
@@ -174,7 +174,7 @@ def _answer(r: Fit, moment: bool = False, window: bool = False) -> list[str]:
         ]
     if r.outcome == NO_KV and "max_model_len" in r.phase:
         return [
-            f"{head} at KV sizing: the {_gib(r.kv_cache_bytes)} KV cache cannot hold one request of max_model_len "
+            f"{head} at KV sizing: the KV cache vLLM may size cannot hold one request of max_model_len "
             f"tokens ({_gib(r.overshoot_bytes)} missing); lower --max-model-len or raise --gpu-memory-utilization"
         ]
     if r.outcome == NO_KV and r.kv_sizing == EXTENSIBLE and r.phase == "kv_cache_init":
@@ -276,7 +276,7 @@ def _program(results: list[Fit], least: str, moment: bool, window: bool = False)
         needs = f"it held {_gib(r.pre_kv_peak_bytes)} {AT_ONE_MOMENT} ({PROGRAM_NEEDS}); any other moment is not in it"
     verdict = _moment_verdict if moment else lambda x: _verdict(x, False)
     if len(results) == 1:
-        return [f"On a {_gib(r.capacity_bytes)} card:", *(_wrapped("  ", x) for x in _answer(r, moment, window)),
+        return [f"On a {_gib(r.capacity_bytes)} card:", *(_wrapped("  ", x) for x in _answer(r, moment, window, vllm=False)),
                 _wrapped("  ", needs)]  # fmt: skip
     rows = [f"  {'capacity':>10}  outcome"] + [f"  {_gib(x.capacity_bytes):>10}  {verdict(x)}" for x in results]
     return [*rows, _wrapped("  ", needs[0].upper() + needs[1:])]

@@ -18,7 +18,7 @@ from memtrace.analysis.capacity.whatif import (
     Suggestions,
 )
 from memtrace.analysis.memory.quantities import OTHERS
-from memtrace.plots.fits_text import short_by
+from memtrace.plots.fits_text import HEADLINE, short_by
 from memtrace.plots.formats import of
 from memtrace.plots.text import wrap
 from memtrace.units import format_gib as _gib
@@ -27,7 +27,6 @@ from memtrace.units import format_gib as _gib
 FORMATS = of(__name__)
 
 WIDTH = 100
-HEADLINE = {BOOTS: "BOOTS", DIES: "DIES", REFUSES: "vLLM REFUSES", UNKNOWN: "UNKNOWN"}
 #: The phase table's columns, in words.
 PHASE_COLUMNS = (
     "recorded: report's device-used peak of the phase (NVML, '-' where not sampled); needed: what the start-up "

@@ -59,7 +59,7 @@ def test_the_what_if_card_leaves_the_neighbour_out_and_says_how_much():
 def test_fits_without_what_if_leaves_the_neighbour_out_too(capsys):
     assert main(["fits", str(run_dir("small-ext")), "--capacity", "48GiB"]) == 0
     out = " ".join(capsys.readouterr().out.split())
-    assert "SURVIVES" in out and "70,528 blocks" in out
+    assert "BOOTS" in out and "70,528 blocks" in out
     assert "Other processes held 96.60 GiB on the recorded card: left out" in out
 
 

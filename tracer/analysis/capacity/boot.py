@@ -32,6 +32,7 @@ from memtrace.analysis.capacity.fits import (
     OOM,
     REFUSED,
     UNKNOWN,
+    VERDICT,
     Fit,
     fits,
     recorded,
@@ -42,7 +43,6 @@ from memtrace.analysis.capacity.fits_extensible import as_fit, is_extensible, pr
 from memtrace.analysis.capacity.whatif import (
     BOOTS,
     DIES,
-    REFUSES,
     Answer,
     Outcome,
     WhatIf,
@@ -58,8 +58,6 @@ from memtrace.analysis.memory.phases import path_at
 
 #: The model that answers past the recording, as every output names it (``{flags}``: the flags it is given).
 WHAT_IF_MODEL = "the what-if model with {flags} (docs/whatif.md) carries it on from its recorded phases"
-#: The one verdict vocabulary of the outputs: the capacity model's outcome in the what-if's words.
-VERDICT = {FITS: BOOTS, OOM: DIES, DIED: DIES, NO_KV: REFUSES, REFUSED: REFUSES, UNKNOWN: STOPS}
 
 
 class Boot:
@@ -88,9 +86,7 @@ class Boot:
     @cached_property
     def smallest(self) -> int | None:
         """The smallest card (to ``fits.SEARCH_STEP``) it boots on; None above ``fits.search_ceiling``, and for a
-        recording cut by its OOM (it promises none)."""
-        if self.rec.oom is not None:
-            return None
+        start-up its recording's OOM cut (it boots on no card: the capacity model promises none)."""
         return smallest_card(lambda c: self._answer(c).survives, MIN_CAPACITY, search_ceiling(self.rec))
 
     def fit(self, card: int) -> Fit:

@@ -64,7 +64,10 @@ from memtrace.analysis.analysed.landmarks import Landmarks, landmarks, steady_no
 from memtrace.analysis.capacity.reconcile import KV_GIVEN, MEMTRACE
 from memtrace.analysis.capacity.reconcile import non_kv as non_kv_model
 from memtrace.analysis.capacity.whatif import (
+    BOOTS,
+    DIES,
     MIN_CAPACITY,
+    REFUSES,
     SEARCH_STEP,  # noqa: F401 (fits' figure, re-exported)
     default_util,
     extensible_kv_cache,
@@ -73,6 +76,7 @@ from memtrace.analysis.capacity.whatif import (
     smallest_card,  # noqa: F401 (re-exported)
     vllm_version,
 )
+from memtrace.analysis.capacity.whatif import UNKNOWN as STOPS
 from memtrace.analysis.holders.live import Lifetimes
 from memtrace.analysis.memory import non_torch
 from memtrace.analysis.memory.curves import Curve, Curves, all_curves
@@ -91,6 +95,8 @@ UNKNOWN = "unknown"  # the recording ends (the run died) before the part that de
 REFUSED = "refused-at-init"  # vLLM: free memory at init_device is less than util × capacity
 DIED = "died"  # the recording died of OOM, and this card has no more room there: it dies there too
 OUTCOMES = (FITS, OOM, NO_KV, REFUSED, DIED, UNKNOWN)
+#: The one verdict every output gives (``whatif``'s words): each outcome's, the outcome saying why.
+VERDICT = {FITS: BOOTS, OOM: DIES, DIED: DIES, NO_KV: REFUSES, REFUSED: REFUSES, UNKNOWN: STOPS}
 NO_KV_CACHE = "no KV cache"  # the stage of a program that sizes none (not vLLM): its whole curve fits
 
 
@@ -109,7 +115,7 @@ class Fit:
     util: float
     target_bytes: int  # ceil(util × capacity): what vLLM may fill
     non_kv_bytes: int  # what vLLM counts as not KV cache (card-independent)
-    kv_cache_bytes: int  # what vLLM would allocate for the KV cache (≤ 0: it refuses)
+    kv_cache_bytes: int  # what vLLM would allocate for the KV cache (0 where it never gets there: it refuses or dies)
     pre_kv_peak_bytes: int
     pre_kv_peak_phase: str
     post_kv_peak_bytes: int | None  # None when the run would not get that far or the trace lacks it
@@ -153,8 +159,8 @@ class Fit:
 
 
 def fit_to_dict(r: Fit) -> dict[str, Any]:
-    """A JSON-ready dict of ``r`` (exact integers; the recorded OOM nested), with ``survives``."""
-    return {**dataclasses.asdict(r), "survives": r.survives}
+    """A JSON-ready dict of ``r`` (exact integers; the recorded OOM nested), with ``survives`` and the verdict."""
+    return {**dataclasses.asdict(r), "verdict": VERDICT[r.outcome], "survives": r.survives}
 
 
 def check_capacity(capacity_bytes: int) -> int:
@@ -315,7 +321,8 @@ def fit(
     pre_peak, pre_t = window_peak(need, first_us, pre_end)
 
     def result(outcome, phase, overshoot, stage, post=None, post_phase="", headroom=0):
-        return Fit(capacity_bytes, util, target, rec.non_kv_bytes, kv_new, pre_peak, path_at(trace, pre_t), post,
+        kv = 0 if outcome in (NO_KV, REFUSED) or stage == "pre-KV" else kv_new  # never sized: no KV cache
+        return Fit(capacity_bytes, util, target, rec.non_kv_bytes, kv, pre_peak, path_at(trace, pre_t), post,
                    post_phase, outcome, phase, overshoot, headroom, stage, rec.non_torch_bytes, rec.non_torch_source,
                    rec.non_kv_source, oom, rec.capacity_bytes, **rec.non_torch_split)  # fmt: skip
 
