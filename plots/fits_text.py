@@ -167,6 +167,11 @@ def _answer(r: Fit, moment: bool = False, window: bool = False, vllm: bool = Tru
         ]
     if r.outcome == FITS:
         return [f"{head}: KV cache {_gib(r.kv_cache_bytes)}, {_gib(r.headroom_bytes)} to spare at the tightest moment"]
+    return _refused_or_dies(r, head)
+
+
+def _refused_or_dies(r: Fit, head: str) -> list[str]:
+    """:func:`_answer` of a vLLM start-up that does not boot on the card (or of which that is unknown)."""
     if r.outcome == REFUSED:
         return [
             f"{head} at init_device: vLLM needs {_gib(r.target_bytes)} free at start-up and would find "
@@ -282,6 +287,53 @@ def _program(results: list[Fit], least: str, moment: bool, window: bool = False)
     return [*rows, _wrapped("  ", needs[0].upper() + needs[1:])]
 
 
+def _one_card(r: Fit, moment: bool, least: str) -> list[str]:
+    """The answer of a vLLM start-up on one card: the verdict, how much it lacks, what does not depend on the card."""
+    lines = [f"On a {_gib(r.capacity_bytes)} card at --gpu-memory-utilization {r.util:g} (vLLM may fill "
+             f"{_gib(r.target_bytes)}):", *(_wrapped("  ", line) for line in _answer(r, moment))]  # fmt: skip
+    if r.short_bytes:
+        lines.append(_wrapped("  ", short_by(r)[2:].capitalize()))
+    if r.prediction:
+        lines.append(_wrapped("  ", f"Predicted past the recording: {r.prediction}: {r.prediction_how}"))
+    if r.kv_sizing == EXTENSIBLE:
+        fixed = (
+            "card-independent: what the start-up needs before the KV cache, vLLM's reserves after warm-up "
+            "(the transient peak, PyTorch's reserve growth, the margin); the KV cache takes what is left"
+        )
+    elif r.non_kv_source == PRE_KV_PEAK:
+        fixed = f"card-independent: peak {least}{_gib(r.pre_kv_peak_bytes)} {_in(r.pre_kv_peak_phase)} (no KV sizing recorded)"
+    else:
+        fixed = (
+            f"card-independent: vLLM keeps {_gib(r.non_kv_bytes)} out of the KV cache ({r.non_kv_source}); "
+            f"pre-KV peak {_gib(r.pre_kv_peak_bytes)} {_in(r.pre_kv_peak_phase)}"
+        )
+    lines.append(_wrapped("  ", fixed))
+    return lines
+
+
+def _table(results: list[Fit], least: str) -> list[str]:
+    """The answers of a vLLM start-up on several cards, a row each."""
+    r = results[0]
+    lines = [
+        f"  {'capacity':>10} {'util':>5} {'vLLM fills':>11} {'non-KV':>10} {'KV cache':>10} {'post-KV peak':>13}  outcome"
+    ]
+    for x in results:
+        kv = _gib(x.kv_cache_bytes) if x.kv_cache_bytes > 0 else "none"
+        lines.append(
+            f"  {_gib(x.capacity_bytes):>10} {x.util:>5g} {_gib(x.target_bytes):>11} {_gib(x.non_kv_bytes):>10} "
+            f"{kv:>10} {_gib(x.post_kv_peak_bytes):>13}  {_verdict(x)}"
+        )
+    lines.append(f"  pre-KV peak (every card): {least}{_gib(r.pre_kv_peak_bytes)} {_in(r.pre_kv_peak_phase)}")
+    predicted = next((x for x in results if x.prediction), None)
+    if predicted is not None:
+        lines.append(_wrapped("  ", f"(predicted) past the recording: {predicted.prediction}; one card with "
+                                    "--capacity for where its figures come from"))  # fmt: skip
+    lines.append(f"  non-KV: what vLLM keeps out of the KV cache ({r.non_kv_source})")
+    if r.recorded_oom is not None:
+        lines.append(f"  {_oom_facts(r)}")
+    return lines
+
+
 def render_fits(
     results: list[Fit],
     run_path: str,
@@ -308,45 +360,9 @@ def render_fits(
     if not vllm:
         lines += _program(results, least, moment, window)
     elif len(results) == 1:
-        lines.append(
-            f"On a {_gib(r.capacity_bytes)} card at --gpu-memory-utilization {r.util:g} "
-            f"(vLLM may fill {_gib(r.target_bytes)}):"
-        )
-        lines += [_wrapped("  ", line) for line in _answer(r, moment)]
-        if r.short_bytes:
-            lines.append(_wrapped("  ", short_by(r)[2:].capitalize()))
-        if r.prediction:
-            lines.append(_wrapped("  ", f"Predicted past the recording: {r.prediction}: {r.prediction_how}"))
-        if r.kv_sizing == EXTENSIBLE:
-            fixed = (
-                "card-independent: what the start-up needs before the KV cache, vLLM's reserves after warm-up "
-                "(the transient peak, PyTorch's reserve growth, the margin); the KV cache takes what is left"
-            )
-        elif r.non_kv_source == PRE_KV_PEAK:
-            fixed = f"card-independent: peak {least}{_gib(r.pre_kv_peak_bytes)} {_in(r.pre_kv_peak_phase)} (no KV sizing recorded)"
-        else:
-            fixed = (
-                f"card-independent: vLLM keeps {_gib(r.non_kv_bytes)} out of the KV cache ({r.non_kv_source}); "
-                f"pre-KV peak {_gib(r.pre_kv_peak_bytes)} {_in(r.pre_kv_peak_phase)}"
-            )
-        lines.append(_wrapped("  ", fixed))
+        lines += _one_card(r, moment, least)
     else:
-        head = f"  {'capacity':>10} {'util':>5} {'vLLM fills':>11} {'non-KV':>10} {'KV cache':>10} {'post-KV peak':>13}  outcome"
-        lines.append(head)
-        for x in results:
-            kv = _gib(x.kv_cache_bytes) if x.kv_cache_bytes > 0 else "none"
-            lines.append(
-                f"  {_gib(x.capacity_bytes):>10} {x.util:>5g} {_gib(x.target_bytes):>11} {_gib(x.non_kv_bytes):>10} "
-                f"{kv:>10} {_gib(x.post_kv_peak_bytes):>13}  {_verdict(x)}"
-            )
-        lines.append(f"  pre-KV peak (every card): {least}{_gib(r.pre_kv_peak_bytes)} {_in(r.pre_kv_peak_phase)}")
-        predicted = next((x for x in results if x.prediction), None)
-        if predicted is not None:
-            lines.append(_wrapped("  ", f"(predicted) past the recording: {predicted.prediction}; one card with "
-                                        "--capacity for where its figures come from"))  # fmt: skip
-        lines.append(f"  non-KV: what vLLM keeps out of the KV cache ({r.non_kv_source})")
-        if r.recorded_oom is not None:
-            lines.append(f"  {_oom_facts(r)}")
+        lines += _table(results, least)
     lines.append(_wrapped("", _assumption(r)))
     if r.others_left_out_bytes:
         lines.append(

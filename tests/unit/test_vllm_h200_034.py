@@ -116,7 +116,7 @@ def test_fits_predicts_the_smaller_cards_kv_cache_to_the_block_from_the_full_car
     assert f.survives
     assert f.kv_blocks == int(logged("small-ext", r"Extended KV cache to (\d+) blocks")) == 60704
     assert f.kv_tokens == int(logged("small-ext", r"GPU KV cache size: ([\d,]+) tokens").replace(",", ""))
-    assert f.kv_bytes == vmm.summary(small).kv_cache_bytes
+    assert f.kv_cache_bytes == vmm.summary(small).kv_cache_bytes
 
 
 def test_a_card_too_small_for_the_weights_dies_before_the_kv_cache_exists():

@@ -39,7 +39,7 @@ from memtrace.analysis.capacity.fits import (
     search_ceiling,
     smallest_card,
 )
-from memtrace.analysis.capacity.fits_extensible import as_fit, is_extensible, prepare
+from memtrace.analysis.capacity.fits_extensible import fit_extensible, is_extensible, prepare
 from memtrace.analysis.capacity.whatif import (
     BOOTS,
     DIES,
@@ -74,7 +74,7 @@ class Boot:
 
     def _model(self, card: int) -> Fit:
         if self.prep is not None:
-            return as_fit(self.rank, card, self.util, self.rec, self.prep)
+            return fit_extensible(self.rank.trace, card, self.util, prep=self.prep, rec=self.rec)
         return fits(self.rank.trace, [card], self.util, rec=self.rec)[0]
 
     def _answer(self, card: int) -> Fit:

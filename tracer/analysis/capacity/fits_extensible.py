@@ -26,7 +26,7 @@ the KV cache after warm-up (``facts["vllm.kv_cache_size_source"] == "extensible"
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 from memtrace import facts as F
@@ -38,40 +38,13 @@ from memtrace.analysis.capacity.extensible import (
     measure_kv_cache_bytes,
     pages_for,
 )
-from memtrace.analysis.capacity.fits import FITS, NO_KV, OOM, UNKNOWN, Fit, Recorded, need_curve
+from memtrace.analysis.capacity.fits import FITS, NO_KV, OOM, UNKNOWN, Fit, Recorded, need_curve, recorded
 from memtrace.analysis.capacity.reconcile import non_kv as non_kv_model
 from memtrace.analysis.capacity.whatif import default_util, recorded_one_request, recorded_others, vllm_version
 from memtrace.analysis.memory.curves import Curves, all_curves, committed_curve
 from memtrace.analysis.memory.phases import path_at
 from memtrace.analysis.memory.quantities import first_max
 from memtrace.model import Trace
-
-NO_KV_AFTER_WARMUP = "no-kv-memory-after-warm-up"
-
-
-@dataclass(frozen=True)
-class ExtensibleFit:
-    """The prediction for one card (bytes; blocks and tokens as vLLM counts them)."""
-
-    capacity_bytes: int
-    others_bytes: int  # held on the card by other processes
-    util: float
-    requested_bytes: int
-    outcome: str  # FITS, OOM, NO_KV (at kv_cache_init), NO_KV_AFTER_WARMUP, UNKNOWN
-    phase: str  # where it dies ("" when it fits)
-    time_us: int | None  # when (the recorded moment of the first crossing)
-    pre_kv_peak_bytes: int  # the most the start-up needs before the KV cache is extended (others included)
-    pre_kv_peak_phase: str
-    range_bytes: int | None = None  # the address range's budget: requested - non_kv
-    available_bytes: int | None = None  # vLLM's post-warm-up figure on this card
-    kv_blocks: int | None = None  # the blocks, tokens and pages vLLM commits (None where it refuses)
-    kv_tokens: int | None = None
-    kv_bytes: int | None = None
-    notes: list[str] = field(default_factory=list)
-
-    @property
-    def survives(self) -> bool:
-        return self.outcome == FITS
 
 
 def is_extensible(trace: Trace) -> bool:
@@ -123,33 +96,36 @@ def prepare(trace: Trace, curves: Curves | None = None, non_torch_bytes: int | N
 
 
 def fit_extensible(trace: Trace, capacity_bytes: int, util: float | None = None, *, others_bytes: int = 0,
-                   non_torch_bytes: int | None = None, curves: Curves | None = None,
-                   prep: Prepared | None = None) -> ExtensibleFit | None:  # fmt: skip
+                   non_torch_bytes: int | None = None, curves: Curves | None = None, prep: Prepared | None = None,
+                   rec: Recorded | None = None) -> Fit | None:  # fmt: skip
     """The prediction for a card of ``capacity_bytes`` (CUDA's total) of which other processes hold
-    ``others_bytes``; None for a trace whose KV cache was not sized after warm-up (``prep``: :func:`prepare`)."""
+    ``others_bytes``; None for a trace whose KV cache was not sized after warm-up (``prep``: :func:`prepare`,
+    ``rec``: ``fits.recorded``, to share the work between cards)."""
     prep = prep or prepare(trace, curves, non_torch_bytes)
     if prep is None:
         return None
-    facts = trace.facts
+    rec, facts = rec or recorded(trace, non_torch_bytes, curves=curves), trace.facts
     if util is None:
-        user = facts.get(F.UTIL_SOURCE) == "user"
-        util = (
-            float(facts.get(F.UTIL))
-            if user and facts.get(F.UTIL)
-            else default_util(vllm_version(trace) or (0, 34), True)
-        )
-    requested = math.ceil(capacity_bytes * util)
-    head = dict(capacity_bytes=capacity_bytes, others_bytes=others_bytes, util=util, requested_bytes=requested,
-                pre_kv_peak_bytes=prep.peak_bytes + others_bytes, pre_kv_peak_phase=prep.peak_phase)  # fmt: skip
+        user = facts.get(F.UTIL_SOURCE) == "user" and facts.get(F.UTIL)
+        util = float(facts[F.UTIL]) if user else default_util(vllm_version(trace) or (0, 34), True)
+    requested, pre = math.ceil(capacity_bytes * util), prep.peak_bytes + others_bytes
+
+    def result(outcome, phase="", over=0, stage="KV sizing", blocks=None, kv=0):
+        tpb = F.kv_tokens_per_block(facts)
+        return Fit(capacity_bytes, util, requested, rec.non_kv_bytes, kv, pre, prep.peak_phase, None, "", outcome,
+                   phase, max(over, 0), capacity_bytes - pre if outcome == FITS else 0, stage, rec.non_torch_bytes,
+                   rec.non_torch_source, rec.non_kv_source, None, rec.capacity_bytes, **rec.non_torch_split,
+                   kv_sizing=F.KV_SIZED_EXTENSIBLE, kv_blocks=blocks, kv_tokens=blocks * tpb if blocks and tpb else None,
+                   others_left_out_bytes=recorded_others(trace))  # fmt: skip
+
     # 1. before the KV cache is extended
     over = np.flatnonzero(prep.need + others_bytes > capacity_bytes)
     if len(over):
-        t = int(prep.time_us[over[0]])
-        return ExtensibleFit(**head, outcome=OOM, phase=path_at(trace, t), time_us=t)
+        return result(OOM, path_at(trace, int(prep.time_us[over[0]])), pre - capacity_bytes, "pre-KV")
     # 2. the address range
     one, rng = prep.one_request, requested - prep.non_kv_bytes if prep.non_kv_bytes is not None else None
     if rng is not None and (rng <= 0 or (one is not None and rng < one)):
-        return ExtensibleFit(**head, outcome=NO_KV, phase="kv_cache_init", time_us=prep.init_us, range_bytes=rng)
+        return result(NO_KV, "kv_cache_init", -rng)
     # 3. the size, by vLLM's formula on this card: the bytes this card has less of, free (the recorded card's other
     # processes are not on it, unless given back as ``others_bytes``)
     lacks = prep.recorded_total - recorded_others(trace) - capacity_bytes + others_bytes
@@ -162,47 +138,9 @@ def fit_extensible(trace: Trace, capacity_bytes: int, util: float | None = None,
         margin_floor=int(s.get("margin_floor_bytes") or 1 << 30), margin_fraction=float(s.get("margin_fraction") or 0.75),
     )  # fmt: skip
     bpb = prep.sizing.bytes_per_block
-    blocks = blocks_within(available, strides, granule, rng // bpb if rng is not None else int(s.get("capacity_blocks") or 0)) if strides and granule else 0  # fmt: skip
+    most = rng // bpb if rng is not None else int(s.get("capacity_blocks") or 0)
+    blocks = blocks_within(available, strides, granule, most) if strides and granule else 0
     if blocks <= 1 or (one is not None and (blocks - 1) * bpb < one):  # the null block holds no request
-        t = prep.sizing.time_us
-        return ExtensibleFit(**head, outcome=NO_KV_AFTER_WARMUP, phase=path_at(trace, t), time_us=t, range_bytes=rng,
-                             available_bytes=available)  # fmt: skip
-    tpb = F.kv_tokens_per_block(facts)
-    notes = [] if prep.extended else ["the recording ends before the KV cache was extended"]
-    return ExtensibleFit(**head, outcome=FITS if prep.extended else UNKNOWN, phase="", time_us=None, range_bytes=rng,
-                         available_bytes=available, kv_blocks=blocks, kv_tokens=blocks * tpb if tpb else None,
-                         kv_bytes=pages_for(blocks, strides, granule), notes=notes)  # fmt: skip
-
-
-def as_fit(rank, capacity_bytes: int, util: float | None, rec: Recorded, prep: Prepared) -> Fit:
-    """:func:`fit_extensible` as a ``fits.Fit``: the same outcomes, words and JSON as the
-    profiling model, with the blocks and tokens vLLM would commit after warm-up."""
-    e = fit_extensible(rank.trace, capacity_bytes, util, prep=prep)
-    outcome = NO_KV if e.outcome == NO_KV_AFTER_WARMUP else e.outcome
-    over = {OOM: e.pre_kv_peak_bytes - capacity_bytes, NO_KV: -(e.range_bytes or 0) if e.outcome == NO_KV else 0}
-    stage = {OOM: "pre-KV", NO_KV: "KV sizing"}.get(outcome, "")
-    return Fit(
-        capacity_bytes=capacity_bytes,
-        util=e.util,
-        target_bytes=e.requested_bytes,
-        non_kv_bytes=rec.non_kv_bytes,
-        kv_cache_bytes=e.kv_bytes or 0,
-        pre_kv_peak_bytes=e.pre_kv_peak_bytes,
-        pre_kv_peak_phase=e.pre_kv_peak_phase,
-        post_kv_peak_bytes=None,
-        post_kv_peak_phase="",
-        outcome=outcome,
-        phase=e.phase,
-        overshoot_bytes=max(over.get(outcome, 0), 0),
-        headroom_bytes=capacity_bytes - e.pre_kv_peak_bytes if outcome == FITS else 0,
-        stage=stage,
-        non_torch_bytes=rec.non_torch_bytes,
-        non_torch_source=rec.non_torch_source,
-        non_kv_source=rec.non_kv_source,
-        recorded_capacity_bytes=rec.capacity_bytes,
-        kv_sizing=F.KV_SIZED_EXTENSIBLE,
-        kv_blocks=e.kv_blocks,
-        kv_tokens=e.kv_tokens,
-        others_left_out_bytes=recorded_others(rank.trace),
-        **rec.non_torch_split,
-    )
+        return result(NO_KV, path_at(trace, prep.sizing.time_us))
+    kv = pages_for(blocks, strides, granule)
+    return result(FITS if prep.extended else UNKNOWN, stage="", blocks=blocks, kv=kv)
