@@ -10,6 +10,7 @@ from memtrace.analysis.capacity.whatif import (
     GRAPHS,
     GRAPHS_KEPT,
     KV,
+    PRIOR,
     REFUSES,
     SCALED,
     UNKNOWN,
@@ -86,6 +87,8 @@ def _headline(o: Outcome) -> str:
 
 
 def _moved(p) -> str:
+    if p.source == PRIOR:
+        return "from a prior (the model's config): never recorded"
     parts = []
     for k, (rec, new) in p.kinds.items():
         if k == KV:

@@ -62,6 +62,8 @@ RULES = {
     UNSTACKED: "as recorded: no stack was recorded, so it cannot be scaled",
 }
 BOOTS, DIES, REFUSES, UNKNOWN = "boots", "dies", "refuses", "unknown"
+#: Where a phase's predicted figure comes from (``PhasePeak.source``).
+RECORDED, SCALED_FROM_RECORDING, PRIOR = "recorded", "scaled", "prior"
 #: vLLM's default --gpu-memory-utilization by release (since (major, minor): with the extensible KV cache, without),
 #: newest first: 0.34 resolves it with the sizing mode (``resolved_gpu_memory_utilization``), before it was 0.9.
 VLLM_DEFAULT_UTIL = (((0, 34), 1.0, 0.92), ((0, 0), 0.9, 0.9))
@@ -463,6 +465,10 @@ class PhasePeak:
     after_kv: bool
     kinds: dict[str, tuple[int, int]]
     sites: dict[str, list[tuple[str, int]]] = field(default_factory=dict)
+    #: where the predicted figure comes from: RECORDED (nothing in it moved), SCALED (the recording, kinds moved
+    #: by their rules or fits) or PRIOR (a phase the recording never reached, e.g. cut by its OOM: from the
+    #: model's config, issue 43; no prior is built yet, so such a phase is not in the table)
+    source: str = "recorded"
 
 
 @dataclass(frozen=True)
@@ -607,8 +613,10 @@ class WhatIf:
             if kvb or t >= self.kv_at_us:
                 kinds[KV] = (kvb, kv_bytes if t >= self.kv_at_us else 0)
             sites = {k: s.top_sites(k, t) for k in kinds if k != KV}
+            moved = any(rec != new for rec, new in kinds.values())
             out.append(PhasePeak(path, s.rank.phases[i].peak_device_used_bytes, self._window_peak(s.held, p.start_us, end)[0],
-                                 peak, t, t >= self.kv_at_us, kinds, sites))  # fmt: skip
+                                 peak, t, t >= self.kv_at_us, kinds, sites,
+                                 SCALED_FROM_RECORDING if moved else RECORDED))  # fmt: skip
         return out
 
     @cached_property
