@@ -40,7 +40,13 @@ from memtrace.analysis.capacity.extensible import (
 )
 from memtrace.analysis.capacity.fits import FITS, NO_KV, OOM, UNKNOWN, Fit, Recorded, need_curve, recorded
 from memtrace.analysis.capacity.reconcile import non_kv as non_kv_model
-from memtrace.analysis.capacity.whatif import default_util, recorded_one_request, recorded_others, vllm_version
+from memtrace.analysis.capacity.whatif import (
+    default_util,
+    extensible_inputs,
+    recorded_one_request,
+    recorded_others,
+    vllm_version,
+)
 from memtrace.analysis.memory.curves import Curves, all_curves, committed_curve
 from memtrace.analysis.memory.phases import path_at
 from memtrace.analysis.memory.quantities import first_max
@@ -131,12 +137,7 @@ def fit_extensible(trace: Trace, capacity_bytes: int, util: float | None = None,
     lacks = prep.recorded_total - recorded_others(trace) - capacity_bytes + others_bytes
     s = facts.get(F.VLLM_KV_SIZING) or {}
     strides, granule = [int(x) for x in s.get("segment_strides") or []], int(s.get("granularity_bytes") or 0)
-    available, *_ = measure_kv_cache_bytes(
-        init_free=int(s["init_free_memory_bytes"]) - lacks, free=int(s["free_memory_bytes"]) - lacks,
-        committed=int(s["committed_bytes"]), requested=requested, transient_peak=int(s["transient_peak_bytes"]),
-        torch_reserve_growth=int(s["torch_reserve_growth_bytes"]),
-        margin_floor=int(s.get("margin_floor_bytes") or 1 << 30), margin_fraction=float(s.get("margin_fraction") or 0.75),
-    )  # fmt: skip
+    available, *_ = measure_kv_cache_bytes(requested=requested, **extensible_inputs(s, lacks))
     bpb = prep.sizing.bytes_per_block
     most = rng // bpb if rng is not None else int(s.get("capacity_blocks") or 0)
     blocks = blocks_within(available, strides, granule, most) if strides and granule else 0

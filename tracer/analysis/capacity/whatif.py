@@ -98,6 +98,17 @@ def one_request_bytes(max_model_len: int, bytes_per_block: float, tokens_per_blo
     return math.ceil(math.ceil(max_model_len / tokens_per_block) * bytes_per_block)
 
 
+def extensible_inputs(s: dict, lacks: int, moved: int = 0, tr: float = 1.0) -> dict:
+    """vLLM's post-warm-up sizing inputs as recorded (``s``: ``facts.VLLM_KV_SIZING``) on a card with ``lacks``
+    bytes less free, the free memory after warm-up less ``moved`` more, the transients x ``tr``: the keyword
+    arguments of ``extensible.measure_kv_cache_bytes`` but ``requested``."""
+    return dict(init_free=int(s["init_free_memory_bytes"]) - lacks, free=int(s["free_memory_bytes"]) - lacks - moved,
+                committed=int(s["committed_bytes"]), transient_peak=int(s["transient_peak_bytes"] * tr),
+                torch_reserve_growth=int(s["torch_reserve_growth_bytes"] * tr),
+                margin_floor=int(s.get("margin_floor_bytes") or 1 << 30),
+                margin_fraction=float(s.get("margin_fraction") or 0.75))  # fmt: skip
+
+
 def kv_block(facts: dict) -> tuple[int, int | None]:
     """(bytes per KV block, tokens per block) as recorded (0 / None where not recorded)."""
     blocks, kv = facts.get(F.VLLM_KV_BLOCKS), facts.get(F.VLLM_KV_BYTES)
@@ -702,34 +713,24 @@ class WhatIf:
             tr = pmax / rmax if rmax > 0 else 1.0
         if s.get("free_memory_bytes"):  # recorded in this mode: vLLM's inputs, moved
             total = int(s.get("total_memory_bytes") or self.sites.trace.process.device_total_bytes)
-            lacks = total - left_out - (capacity - others)
-            init_free = int(s["init_free_memory_bytes"]) - lacks
-            free = int(s["free_memory_bytes"]) - lacks - moved_at_sizing
-            committed = int(s["committed_bytes"])
-            transient, growth = int(s["transient_peak_bytes"] * tr), int(s["torch_reserve_growth_bytes"] * tr)
-            floor, frac = int(s.get("margin_floor_bytes") or 1 << 30), float(s.get("margin_fraction") or 0.75)
+            inputs = extensible_inputs(s, total - left_out - (capacity - others), moved_at_sizing, tr)
             strides = [int(x * per / max(int(s["bytes_per_block"]), 1)) for x in s.get("segment_strides") or []]
             granule = int(s.get("granularity_bytes") or 2 << 20)
             src = "vLLM's post-warm-up inputs as recorded, moved to this card and these flags"
         else:  # recorded profiled: vLLM's inputs rebuilt from the curve (an estimate)
-            prof = f.get(F.VLLM_PROFILE) or {}
-            init_used = own_init_used(self.sites.trace)
-            init_free = capacity - others - init_used
-            free = capacity - others - int(self.no_kv[j])
-            committed, transient = 0, int((prof.get("peak_activation_memory_bytes") or 0) * tr)
-            growth, floor, frac = transient, 1 << 30, 0.75
+            transient = int(((f.get(F.VLLM_PROFILE) or {}).get("peak_activation_memory_bytes") or 0) * tr)
+            inputs = dict(init_free=capacity - others - own_init_used(self.sites.trace),
+                          free=capacity - others - int(self.no_kv[j]), committed=0, transient_peak=transient,
+                          torch_reserve_growth=transient, margin_floor=1 << 30, margin_fraction=0.75)  # fmt: skip
             strides, granule = [per], 2 << 20
             src = "vLLM 0.34's post-warm-up formula on the predicted curve (estimate: the recording was profiled)"
-        available, *_ = measure_kv_cache_bytes(
-            init_free=init_free, free=free, committed=committed, requested=requested, transient_peak=transient,
-            torch_reserve_growth=growth, margin_floor=floor, margin_fraction=frac,
-        )  # fmt: skip
+        available, *_ = measure_kv_cache_bytes(requested=requested, **inputs)
         range_blocks = max((requested - withheld) // per, 0)
         blocks = blocks_within(available, strides, granule, range_blocks) if strides else 0
         tokens = blocks * tpb
         how = (
-            f"{src}: free after warm-up {free:,} B, transient peak {transient:,} B, reserve growth {growth:,} B, "
-            f"requested ceil({self.flags.util:g} x {capacity:,} B)"
+            f"{src}: free after warm-up {inputs['free']:,} B, transient peak {inputs['transient_peak']:,} B, reserve "
+            f"growth {inputs['torch_reserve_growth']:,} B, requested ceil({self.flags.util:g} x {capacity:,} B)"
         )
         kv_bytes = pages_for(blocks, strides, granule) if strides else 0
         return KvSizing(available, blocks, tokens, kv_bytes, tokens / self.flags.max_model_len, how, one)
