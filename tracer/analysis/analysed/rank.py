@@ -110,7 +110,7 @@ class AnalysedRank(PeakFigures):
         self.top = top
         # resolved at once: a target the trace cannot give (--util without a capacity) is a usage error now
         self.target: Target = target or resolve_target(trace, **spec.as_kwargs())
-        self._fits: dict[tuple, Any] = {}  # (util, non_torch_bytes) -> capacity.boot.Boot
+        self._fits: dict[tuple, Any] = {}  # RankFits per question, capacity.boot.Boot per (util, non_torch_bytes)
         if curves is not None:
             self.__dict__["curves"] = curves  # the cached property, already computed
 
@@ -299,9 +299,12 @@ class AnalysedRank(PeakFigures):
     def fits(self, capacities: list[int], util: float | None = None, non_torch_bytes: int | None = None) -> RankFits:
         """The capacity what-if (``analysis.boot``: the capacity model, the what-if model past the recording),
         computed once per question."""
-        from memtrace.analysis.capacity.boot import rank_fits
+        key = ("fits", tuple(capacities), util, non_torch_bytes)
+        if key not in self._fits:
+            from memtrace.analysis.capacity.boot import rank_fits
 
-        return RankFits(self, *rank_fits(self, list(capacities), util, non_torch_bytes))
+            self._fits[key] = RankFits(self, *rank_fits(self, list(capacities), util, non_torch_bytes))
+        return self._fits[key]
 
     def boot(self, util: float | None = None, non_torch_bytes: int | None = None):
         """Will it boot with the recorded flags (``analysis.capacity.boot.Boot``), one per question, each card
