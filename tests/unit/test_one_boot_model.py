@@ -123,3 +123,13 @@ def test_case_4_the_phase_tables_recorded_peaks_are_the_reports_and_the_kv_shows
     rc, text = _cli(capsys, "fits", run_dir("dense-ext"), "--capacity", "24GiB", "--suggest")
     assert f"kv_cache_extend {report['kv_cache_extend'] / GiB:.2f} GiB" in text
     assert f"KV {kv_boots[0] / GiB:.2f} GiB -> {boots.kv.kv_bytes / GiB:.2f} GiB" in text
+
+
+def test_case_1_another_utilization_is_one_answer_too(dense):
+    """``fits --util 0.95`` and ``fits --what-if gpu-memory-utilization=0.95`` (what --suggest takes) agree, at the
+    flip too."""
+    b = dense.boot(0.95)
+    cards = [int(b.smallest * 0.99), b.smallest, int(b.smallest * 1.01), 24 * GiB]
+    said = answer(dense, ["gpu-memory-utilization=0.95"], cards).outcomes
+    assert [o.verdict for o in said] == [W.REFUSES, W.BOOTS, W.BOOTS, W.BOOTS]
+    assert [o.verdict == W.BOOTS for o in said] == [b.fit(c).survives for c in cards]

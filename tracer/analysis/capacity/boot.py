@@ -232,15 +232,17 @@ def answer(rank, what_if: list[str], capacities: list[int], *, suggest_too: bool
            others_bytes: int | None = None, calibration_ranks: tuple = ()) -> Answer:  # fmt: skip
     """The what-if of ``rank`` under ``what_if`` on each card (``calibration_ranks``: more traces of the same
     model, to fit each site's scaling), and with ``suggest_too`` the flags that boot on each card. The recorded
-    flags on a card this process holds alone answer as plain ``fits`` (:meth:`Boot.outcome`)."""
+    flags (another utilization included) on a card this process holds alone answer as plain ``fits`` (with
+    ``--util``) does (:meth:`Boot.outcome`)."""
     sites = sites_of(rank)
     cal = calibrate([sites, *(sites_of(r) for r in calibration_ranks)]) if calibration_ranks else None
     flags = apply_what_if(sites.flags, what_if)
     w = WhatIf(sites, flags, cal)
     card = dict(keep_others=keep_others, others_bytes=others_bytes)
     others = others_bytes if others_bytes is not None else recorded_others(rank.trace) if keep_others else 0
-    plain = flags == sites.flags and cal is None and not others
-    b = rank.boot() if plain else None
+    util = flags.gpu_memory_utilization if flags.gpu_memory_utilization != sites.flags.gpu_memory_utilization else None
+    plain = dataclasses.replace(flags, gpu_memory_utilization=sites.flags.gpu_memory_utilization) == sites.flags
+    b = rank.boot(util) if plain and cal is None and not others else None  # plain fits (--util: the utilization)
 
     def on(c: int) -> Outcome:
         return b.outcome(c, w) if b is not None else w.short(c, **card)
