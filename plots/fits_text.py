@@ -18,9 +18,12 @@ from memtrace.analysis.capacity.fits import (
     REFUSED,
     SEARCH_STEP,
     UNKNOWN,
+    VERDICT,
     Fit,
 )
 from memtrace.analysis.capacity.reconcile import PRE_KV_PEAK
+from memtrace.analysis.capacity.whatif import BOOTS, DIES, REFUSES
+from memtrace.analysis.capacity.whatif import UNKNOWN as STOPS
 from memtrace.analysis.memory.quantities import (
     AT_ONE_MOMENT,
     NON_TORCH,
@@ -55,15 +58,15 @@ WINDOW_ANSWER = (
 #: UNKNOWN of a recording that ends (not at an OOM) before the KV cache, where ``Fit.missing`` says nothing more.
 ENDS_BEFORE_KV = "the recording ends before the KV cache was sized; record a run that gets further"
 
-#: The first word of the one-capacity answer, per outcome (also what tests compare with --json).
-HEADLINE = {
-    FITS: "SURVIVES",
-    OOM: "DIES",
-    NO_KV: "vLLM REFUSES",
-    REFUSED: "REFUSED",
-    DIED: "DIES",
-    UNKNOWN: "UNKNOWN",
-}
+#: The first word of an answer, per verdict (``fits.VERDICT``: also what tests compare with --json): the words of
+#: every output that says whether it boots (``whatif_text``, the issue bundle, the view).
+HEADLINE = {BOOTS: "BOOTS", DIES: "DIES", REFUSES: "vLLM REFUSES", STOPS: "UNKNOWN"}
+
+
+def headline(r: Fit, vllm: bool = True) -> str:
+    """The first word of ``r``'s answer; a program that is not vLLM FITS (it has no start-up to boot)."""
+    head = HEADLINE[VERDICT[r.outcome]]
+    return "FITS" if head == HEADLINE[BOOTS] and not vllm else head
 
 
 def _in(phase: str) -> str:
@@ -92,8 +95,16 @@ def _moment_verdict(r: Fit) -> str:
 
 def _verdict(r: Fit, vllm: bool = True) -> str:
     """One short phrase for a table row (``vllm``: False for a program that is not vLLM: no KV sizing); a
-    prediction past the recording (``Fit.prediction``) says so."""
-    return _outcome_phrase(r, vllm) + (" (predicted)" if r.prediction else "")
+    prediction past the recording (``Fit.prediction``) says so, and a card that does not boot how much it lacks."""
+    return _outcome_phrase(r, vllm) + (" (predicted)" if r.prediction else "") + short_by(r)
+
+
+def short_by(r) -> str:
+    """How much larger a card must be to boot (a ``Fit`` or a what-if ``Outcome``: ``short_bytes``): "" where it
+    boots or no larger card is known to."""
+    if not r.short_bytes:
+        return ""
+    return f"; {_gib(r.short_bytes)} short: boots on a {_gib(r.capacity_bytes + r.short_bytes)} card"
 
 
 def _outcome_phrase(r: Fit, vllm: bool) -> str:
@@ -104,17 +115,14 @@ def _outcome_phrase(r: Fit, vllm: bool) -> str:
     if r.outcome == FITS:
         return f"fits, {_gib(r.headroom_bytes)} to spare"
     if r.outcome == REFUSED:
-        return f"vLLM refuses at init_device: free memory {_gib(r.overshoot_bytes)} short of util × capacity"
+        return f"vLLM refuses at init_device: free memory {_gib(r.overshoot_bytes)} below util × capacity"
     if r.outcome == NO_KV and r.kv_sizing == EXTENSIBLE:
         return f"vLLM refuses {_in(r.phase)}: no room for one max_model_len request"
     if r.outcome == NO_KV and "max_model_len" in r.phase:
-        return (
-            f"vLLM refuses: KV cache {_gib(r.kv_cache_bytes)} < one max_model_len request "
-            f"({_gib(r.overshoot_bytes)} short)"
-        )
+        return f"vLLM refuses: its KV cache would be short of one max_model_len request ({_gib(r.overshoot_bytes)} missing)"
     if r.outcome == NO_KV:
         least = "at least " if r.recorded_oom is not None else ""  # vLLM's figure on the part recorded
-        return f"vLLM refuses: no memory for the KV cache ({least}{_gib(r.overshoot_bytes)} short)"
+        return f"vLLM refuses: no memory for the KV cache ({least}{_gib(r.overshoot_bytes)} missing)"
     if r.outcome == OOM and r.stage == "pre-KV":
         return f"OOM {_in(r.phase)} (before KV sizing; needs {_gib(r.overshoot_bytes)} more)"
     if r.outcome == OOM:
@@ -130,16 +138,18 @@ def _outcome_phrase(r: Fit, vllm: bool) -> str:
     raise ValueError(f"no words for fits outcome {r.outcome!r}")
 
 
-def _answer(r: Fit, moment: bool = False, window: bool = False) -> list[str]:
+def _answer(r: Fit, moment: bool = False, window: bool = False, vllm: bool = True) -> list[str]:
     """The one-capacity answer: the headline line and its explanation (``moment``: the input is one moment;
-    ``window``: a profiled window, ``quantities.PROFILED_WINDOW``)."""
-    head = HEADLINE[r.outcome]
+    ``window``: a profiled window, ``quantities.PROFILED_WINDOW``; ``vllm``: False for a program that is not)."""
+    head = headline(r, vllm)
     if r.outcome == FITS and r.stage == NO_KV_CACHE and window:
         return [
             f"{head} in the profiled window: what was held in it fits, {_gib(r.headroom_bytes)} to spare at its peak"
         ]
     if r.prediction and r.outcome != FITS:  # the what-if model's words follow (``Fit.prediction_how``)
-        return [f"{head} {_in(r.phase)} ({_gib(r.overshoot_bytes)} {'over the card' if r.outcome == OOM else 'short'})"]
+        return [
+            f"{head} {_in(r.phase)} ({_gib(r.overshoot_bytes)} {'over the card' if r.outcome == OOM else 'missing'})"
+        ]
     if r.outcome == FITS and r.stage == NO_KV_CACHE and moment:
         return [f"{head} {AT_ONE_MOMENT}: what was held then fits, {_gib(r.headroom_bytes)} to spare"]
     if r.outcome == OOM and moment:
@@ -157,6 +167,11 @@ def _answer(r: Fit, moment: bool = False, window: bool = False) -> list[str]:
         ]
     if r.outcome == FITS:
         return [f"{head}: KV cache {_gib(r.kv_cache_bytes)}, {_gib(r.headroom_bytes)} to spare at the tightest moment"]
+    return _refused_or_dies(r, head)
+
+
+def _refused_or_dies(r: Fit, head: str) -> list[str]:
+    """:func:`_answer` of a vLLM start-up that does not boot on the card (or of which that is unknown)."""
     if r.outcome == REFUSED:
         return [
             f"{head} at init_device: vLLM needs {_gib(r.target_bytes)} free at start-up and would find "
@@ -164,8 +179,8 @@ def _answer(r: Fit, moment: bool = False, window: bool = False) -> list[str]:
         ]
     if r.outcome == NO_KV and "max_model_len" in r.phase:
         return [
-            f"{head} at KV sizing: the {_gib(r.kv_cache_bytes)} KV cache cannot hold one request of max_model_len "
-            f"tokens ({_gib(r.overshoot_bytes)} short); lower --max-model-len or raise --gpu-memory-utilization"
+            f"{head} at KV sizing: the KV cache vLLM may size cannot hold one request of max_model_len "
+            f"tokens ({_gib(r.overshoot_bytes)} missing); lower --max-model-len or raise --gpu-memory-utilization"
         ]
     if r.outcome == NO_KV and r.kv_sizing == EXTENSIBLE and r.phase == "kv_cache_init":
         return [
@@ -266,10 +281,61 @@ def _program(results: list[Fit], least: str, moment: bool, window: bool = False)
         needs = f"it held {_gib(r.pre_kv_peak_bytes)} {AT_ONE_MOMENT} ({PROGRAM_NEEDS}); any other moment is not in it"
     verdict = _moment_verdict if moment else lambda x: _verdict(x, False)
     if len(results) == 1:
-        return [f"On a {_gib(r.capacity_bytes)} card:", *(_wrapped("  ", x) for x in _answer(r, moment, window)),
+        return [f"On a {_gib(r.capacity_bytes)} card:", *(_wrapped("  ", x) for x in _answer(r, moment, window, vllm=False)),
                 _wrapped("  ", needs)]  # fmt: skip
     rows = [f"  {'capacity':>10}  outcome"] + [f"  {_gib(x.capacity_bytes):>10}  {verdict(x)}" for x in results]
     return [*rows, _wrapped("  ", needs[0].upper() + needs[1:])]
+
+
+def _one_card(r: Fit, moment: bool, least: str) -> list[str]:
+    """The answer of a vLLM start-up on one card: the verdict, how much it lacks, what does not depend on the card."""
+    lines = [f"On a {_gib(r.capacity_bytes)} card at --gpu-memory-utilization {r.util:g} (vLLM may fill "
+             f"{_gib(r.target_bytes)}):", *(_wrapped("  ", line) for line in _answer(r, moment))]  # fmt: skip
+    if r.short_bytes:
+        lines.append(
+            _wrapped(
+                "  ", f"Short by {_gib(r.short_bytes)}: it boots on a {_gib(r.capacity_bytes + r.short_bytes)} card"
+            )
+        )
+    if r.prediction:
+        lines.append(_wrapped("  ", f"Predicted past the recording: {r.prediction}: {r.prediction_how}"))
+    if r.kv_sizing == EXTENSIBLE:
+        fixed = (
+            "card-independent: what the start-up needs before the KV cache, vLLM's reserves after warm-up "
+            "(the transient peak, PyTorch's reserve growth, the margin); the KV cache takes what is left"
+        )
+    elif r.non_kv_source == PRE_KV_PEAK:
+        fixed = f"card-independent: peak {least}{_gib(r.pre_kv_peak_bytes)} {_in(r.pre_kv_peak_phase)} (no KV sizing recorded)"
+    else:
+        fixed = (
+            f"card-independent: vLLM keeps {_gib(r.non_kv_bytes)} out of the KV cache ({r.non_kv_source}); "
+            f"pre-KV peak {_gib(r.pre_kv_peak_bytes)} {_in(r.pre_kv_peak_phase)}"
+        )
+    lines.append(_wrapped("  ", fixed))
+    return lines
+
+
+def _table(results: list[Fit], least: str) -> list[str]:
+    """The answers of a vLLM start-up on several cards, a row each."""
+    r = results[0]
+    lines = [
+        f"  {'capacity':>10} {'util':>5} {'vLLM fills':>11} {'non-KV':>10} {'KV cache':>10} {'post-KV peak':>13}  outcome"
+    ]
+    for x in results:
+        kv = _gib(x.kv_cache_bytes) if x.kv_cache_bytes > 0 else "none"
+        lines.append(
+            f"  {_gib(x.capacity_bytes):>10} {x.util:>5g} {_gib(x.target_bytes):>11} {_gib(x.non_kv_bytes):>10} "
+            f"{kv:>10} {_gib(x.post_kv_peak_bytes):>13}  {_verdict(x)}"
+        )
+    lines.append(f"  pre-KV peak (every card): {least}{_gib(r.pre_kv_peak_bytes)} {_in(r.pre_kv_peak_phase)}")
+    predicted = next((x for x in results if x.prediction), None)
+    if predicted is not None:
+        lines.append(_wrapped("  ", f"(predicted) past the recording: {predicted.prediction}; one card with "
+                                    "--capacity for where its figures come from"))  # fmt: skip
+    lines.append(f"  non-KV: what vLLM keeps out of the KV cache ({r.non_kv_source})")
+    if r.recorded_oom is not None:
+        lines.append(f"  {_oom_facts(r)}")
+    return lines
 
 
 def render_fits(
@@ -298,43 +364,9 @@ def render_fits(
     if not vllm:
         lines += _program(results, least, moment, window)
     elif len(results) == 1:
-        lines.append(
-            f"On a {_gib(r.capacity_bytes)} card at --gpu-memory-utilization {r.util:g} "
-            f"(vLLM may fill {_gib(r.target_bytes)}):"
-        )
-        lines += [_wrapped("  ", line) for line in _answer(r, moment)]
-        if r.prediction:
-            lines.append(_wrapped("  ", f"Predicted past the recording: {r.prediction}: {r.prediction_how}"))
-        if r.kv_sizing == EXTENSIBLE:
-            fixed = (
-                "card-independent: what the start-up needs before the KV cache, vLLM's reserves after warm-up "
-                "(the transient peak, PyTorch's reserve growth, the margin); the KV cache takes what is left"
-            )
-        elif r.non_kv_source == PRE_KV_PEAK:
-            fixed = f"card-independent: peak {least}{_gib(r.pre_kv_peak_bytes)} {_in(r.pre_kv_peak_phase)} (no KV sizing recorded)"
-        else:
-            fixed = (
-                f"card-independent: vLLM keeps {_gib(r.non_kv_bytes)} out of the KV cache ({r.non_kv_source}); "
-                f"pre-KV peak {_gib(r.pre_kv_peak_bytes)} {_in(r.pre_kv_peak_phase)}"
-            )
-        lines.append(_wrapped("  ", fixed))
+        lines += _one_card(r, moment, least)
     else:
-        head = f"  {'capacity':>10} {'util':>5} {'vLLM fills':>11} {'non-KV':>10} {'KV cache':>10} {'post-KV peak':>13}  outcome"
-        lines.append(head)
-        for x in results:
-            kv = _gib(x.kv_cache_bytes) if x.kv_cache_bytes > 0 else "none"
-            lines.append(
-                f"  {_gib(x.capacity_bytes):>10} {x.util:>5g} {_gib(x.target_bytes):>11} {_gib(x.non_kv_bytes):>10} "
-                f"{kv:>10} {_gib(x.post_kv_peak_bytes):>13}  {_verdict(x)}"
-            )
-        lines.append(f"  pre-KV peak (every card): {least}{_gib(r.pre_kv_peak_bytes)} {_in(r.pre_kv_peak_phase)}")
-        predicted = next((x for x in results if x.prediction), None)
-        if predicted is not None:
-            lines.append(_wrapped("  ", f"(predicted) past the recording: {predicted.prediction}; one card with "
-                                        "--capacity for where its figures come from"))  # fmt: skip
-        lines.append(f"  non-KV: what vLLM keeps out of the KV cache ({r.non_kv_source})")
-        if r.recorded_oom is not None:
-            lines.append(f"  {_oom_facts(r)}")
+        lines += _table(results, least)
     lines.append(_wrapped("", _assumption(r)))
     if r.others_left_out_bytes:
         lines.append(

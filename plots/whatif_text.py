@@ -10,6 +10,7 @@ from memtrace.analysis.capacity.whatif import (
     GRAPHS,
     GRAPHS_KEPT,
     KV,
+    PRIOR,
     REFUSES,
     SCALED,
     UNKNOWN,
@@ -18,6 +19,7 @@ from memtrace.analysis.capacity.whatif import (
     Suggestions,
 )
 from memtrace.analysis.memory.quantities import OTHERS
+from memtrace.plots.fits_text import HEADLINE, short_by
 from memtrace.plots.formats import of
 from memtrace.plots.text import wrap
 from memtrace.units import format_gib as _gib
@@ -26,7 +28,12 @@ from memtrace.units import format_gib as _gib
 FORMATS = of(__name__)
 
 WIDTH = 100
-HEADLINE = {BOOTS: "BOOTS", DIES: "DIES", REFUSES: "vLLM REFUSES", UNKNOWN: "UNKNOWN"}
+#: The phase table's columns, in words.
+PHASE_COLUMNS = (
+    "recorded: report's device-used peak of the phase (NVML, '-' where not sampled); needed: what the start-up "
+    "needed there as recorded (the segments PyTorch could not release, non-PyTorch memory, the KV cache); "
+    "predicted: the same on this card with these flags"
+)
 
 
 def _flags_line(a: Answer) -> str:
@@ -73,13 +80,15 @@ def _headline(o: Outcome) -> str:
     if o.verdict == BOOTS:
         return f"{head}: {_kv(o)}"
     if o.verdict == DIES:
-        return f"{head} in {o.phase} by {_gib(o.by_bytes)} ({o.why})"
+        return f"{head} in {o.phase} by {_gib(o.by_bytes)} ({o.why}){short_by(o)}"
     if o.verdict == UNKNOWN:
         return f"{head}: {o.why}"
-    return f"{head} at {o.phase}: {o.why}; {_gib(o.by_bytes)} short"
+    return f"{head} at {o.phase}: {o.why}{short_by(o)}"
 
 
 def _moved(p) -> str:
+    if p.source == PRIOR:
+        return "from a prior (the model's config): never recorded"
     parts = []
     for k, (rec, new) in p.kinds.items():
         if k == KV:
@@ -101,10 +110,12 @@ def render_outcome(o: Outcome, keep_others: bool) -> list[str]:
     lines += _wrapped("  ", f"pre-KV peak {_gib(o.pre_kv_peak_bytes)} in {o.pre_kv_peak_phase or 'no phase'}")
     if o.kv is not None:
         lines += _wrapped("    ", f"KV cache from: {o.kv.how}")
-    lines.append(f"  {'phase':<44} {'recorded':>10} {'predicted':>10}  what moved")
+    lines += _wrapped("  ", PHASE_COLUMNS)
+    lines.append(f"  {'phase':<44} {'recorded':>11} {'needed':>11} {'predicted':>11}  what moved")
     for p in o.phases:
+        rec = _gib(p.recorded_bytes) if p.recorded_bytes is not None else "-"
         lines += _wrapped(
-            "  ", f"{p.phase:<44} {_gib(p.recorded_bytes):>10} {_gib(p.predicted_bytes):>10}  {_moved(p)}"
+            "  ", f"{p.phase:<44} {rec:>11} {_gib(p.needed_bytes):>11} {_gib(p.predicted_bytes):>11}  {_moved(p)}"
         )
     return lines
 
@@ -152,9 +163,9 @@ def _verdict(o: Outcome) -> str:
     if o.verdict == BOOTS:
         return f"boots, KV cache {_kv_short(o)}"
     if o.verdict == DIES:
-        return f"dies in {o.phase} by {_gib(o.by_bytes)}"
+        return f"dies in {o.phase} by {_gib(o.by_bytes)}{short_by(o)}"
     if o.verdict == REFUSES:
-        return f"vLLM refuses at {o.phase}, {_gib(o.by_bytes)} short"
+        return f"vLLM refuses at {o.phase}{short_by(o)}"
     return f"unknown: {o.why.split(':', 1)[0]}"
 
 

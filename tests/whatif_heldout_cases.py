@@ -1,5 +1,5 @@
 """Issue 28's held-out predictions: every shipped vLLM 0.34.0 start-up of the 8-layer Qwen3-MoE predicted from
-OTHER runs, with ``analysis.fits_check`` (shared by tests/unit/test_whatif_heldout.py and
+OTHER runs, with ``fits_check`` (tests/fits_check.py) (shared by tests/unit/test_whatif_heldout.py and
 tests/bench/whatif_heldout.py, which prints the table of docs/whatif.md).
 
 Two ways: the one-trace rules (a base run alone, its flags moved to the held-out run's), and a calibration from
@@ -14,8 +14,8 @@ import tempfile
 from functools import cache
 from pathlib import Path
 
+import fits_check as FC
 from memtrace.analysis.analysed.run import analyse
-from memtrace.analysis.capacity import fits_check as FC
 from memtrace.analysis.capacity import whatif as W
 from memtrace.store import load_run
 from memtrace.units import format_gib

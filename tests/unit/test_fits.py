@@ -198,7 +198,7 @@ def test_shifted_full_card_curve_matches_the_32gib_runs_own_warm_up_peak():
 def test_cli_non_torch_option_describes_another_cards_context(capsys):
     run = str(H200 / "startup-full")
     assert main(["fits", run, "--capacity", "32GiB"]) == 0
-    assert "SURVIVES" in capsys.readouterr().out
+    assert "BOOTS" in capsys.readouterr().out
     # a card whose CUDA context and libraries hold 1.3 GiB instead of the H200's 0.68 GiB dies in warm-up
     assert main(["fits", run, "--capacity", "32GiB", "--non-torch", "1.3GiB"]) == 1
     assert "DIES in compile_or_warm_up/kernel_warmup, after the KV cache" in capsys.readouterr().out
@@ -288,7 +288,7 @@ def test_a_run_that_died_of_oom_on_its_card_says_it_dies_there(name, capsys):
     assert f"DIES in {outcome['phase']}, where the recording died:" in out
     requested, requested_bytes = ("1024.00 MiB", GiB) if name == "startup-cap16g" else ("512.00 MiB", GiB // 2)
     assert f"died of CUDA OOM in {outcome['phase']}: requested {requested}, device free" in out
-    assert "SURVIVES" not in out and "Smallest card: unknown" in out
+    assert "BOOTS" not in out and "Smallest card: unknown" in out
     rc, out, _ = _run_fits(capsys, run, "--capacity", card, "--json")
     doc = json.loads(out)
     assert rc == 1 and doc["smallest_fitting_capacity_bytes"] is None
@@ -300,16 +300,17 @@ def test_a_run_that_died_of_oom_on_its_card_says_it_dies_there(name, capsys):
 @NEEDS_H200
 @pytest.mark.parametrize("name", OOM_RUNS + ("startup-cap6g",))
 def test_a_recording_that_ended_in_oom_never_fits_any_card(name):
-    from memtrace.analysis.capacity.fits import smallest_fitting
+    from memtrace.analysis.analysed.run import analyse
     from memtrace.store import load_run
 
-    trace = load_run(H200 / name).traces[0]
+    rank = analyse(load_run(H200 / name).traces).ranks[0]
+    trace = rank.trace
     card = trace.facts["capacity_bytes"]
     rows = fits(trace, [card, card + GiB, 2 * card, 8 * card])
     assert rows[0].outcome == DIED  # the recorded card: as recorded
     assert all(r.outcome in (DIED, UNKNOWN) for r in rows), [r.outcome for r in rows]
     assert rows[-1].outcome == UNKNOWN and rows[-1].stage == "beyond the recording"
-    assert smallest_fitting(trace) is None
+    assert rank.boot().smallest is None
 
 
 @NEEDS_H200
@@ -323,7 +324,8 @@ def test_text_and_json_render_the_same_answer(capsys):
             _, out, _ = _run_fits(capsys, str(H200 / name), "--capacity", card)
             _, js, _ = _run_fits(capsys, str(H200 / name), "--capacity", card, "--json")
             (r,) = json.loads(js)["fits"]
-            assert f"  {HEADLINE[r['outcome']]}" in out, (name, card, out)
+            words = {HEADLINE[r["verdict"]], "FITS" if r["verdict"] == "boots" else ""} - {""}  # FITS: not vLLM
+            assert any(f"  {w}" in out for w in words), (name, card, out)
             assert "DIES in ," not in out and "—" not in out
             if r["phase"]:
                 assert r["phase"] in out
@@ -357,7 +359,7 @@ def test_a_program_with_no_kv_cache_fits_when_its_whole_curve_does(capsys):
     # a real FlashInfer probe on the H200 (not vLLM): it said "unknown: the recording ends before the KV
     # cache", and would have refused "no memory for the KV cache" on a card below its peak / util
     rc, out, _ = _run_fits(capsys, str(PROBE), "--capacity", "2GiB")
-    assert rc == 0 and "SURVIVES: its whole recording fits (no KV cache)" in out
+    assert rc == 0 and "FITS: its whole recording fits (no KV cache)" in out
     assert "it needs at most 0.32 GiB in moe_workspace_dynamic" in out and "vLLM" not in out  # its own terms
     assert "Smallest card this program fits on: 1.00 GiB or less" in out  # was "about 1.03 GiB": the floor
     assert "assumed: 0.04 GiB (NVML, last steady sample)" in out  # it has NVML samples

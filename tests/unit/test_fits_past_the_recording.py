@@ -66,7 +66,7 @@ def test_small_r2048_on_16_gib_boots_as_the_what_if_of_no_change_predicts(capsys
     # a prediction, said so, with where its figures come from
     assert "0 KV blocks" in fit["prediction"] and "what-if model with the recorded flags" in fit["prediction"]
     assert fit["prediction_how"] == f"the KV cache from {o.kv.how}"
-    assert "UNKNOWN" not in out and "SURVIVES: vLLM sizes the KV cache after warm-up to 3.17 GiB (6,496 blocks" in out
+    assert "UNKNOWN" not in out and "BOOTS: vLLM sizes the KV cache after warm-up to 3.17 GiB (6,496 blocks" in out
     assert "Predicted past the recording: it ends where vLLM refused on its card (0 KV blocks at" in out
 
 

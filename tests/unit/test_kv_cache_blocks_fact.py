@@ -9,9 +9,9 @@ Every figure is compared with vLLM's own log line.
 
 from __future__ import annotations
 
+import fits_check as FC
 import pytest
 from memtrace import facts as F
-from memtrace.analysis.capacity import fits_check as FC
 from memtrace.store import load_run
 from vllm034_data import VLLM034
 from whatif_heldout_cases import GRID

@@ -67,7 +67,7 @@ def test_fits_says_first_that_its_input_is_one_moment_and_answers_for_it(capsys)
     assert lines[1].startswith("The input is one moment: the allocator's state when the snapshot was taken")
     text = " ".join(" ".join(lines).split())
     assert "fits answers for that moment alone" in text
-    assert "SURVIVES at the snapshot's one moment: what was held then fits, 12.97 GiB to spare" in text
+    assert "FITS at the snapshot's one moment: what was held then fits, 12.97 GiB to spare" in text
     assert "whole recording" not in text and "Smallest card that moment fits on" in text
     assert main(["fits", str(STATE), "--capacity", "8GiB", "--json"]) == 1
     assert json.loads(capsys.readouterr().out)["peak_bound"]["why"] == ONE_MOMENT

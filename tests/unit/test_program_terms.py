@@ -24,7 +24,7 @@ def test_fits_on_a_training_snapshot_says_no_vllm_words(capsys):
     assert main(["fits", str(TRAINING), "--capacity", "24GiB"]) == 0
     out = capsys.readouterr().out
     assert "vLLM" not in out and "utilization" not in out and "KV sizing" not in out
-    assert "On a 24.00 GiB card:\n  SURVIVES" in out and "4.03 GiB to spare" in out
+    assert "On a 24.00 GiB card:\n  FITS" in out and "4.03 GiB to spare" in out
     assert "it needs at most 19.97 GiB" in out and "peak 19.97" not in out
     assert "Smallest card this program fits on: about 19.98 GiB" in out
     assert main(["fits", str(TRAINING), "--capacity", "24GiB,16GiB"]) == 1

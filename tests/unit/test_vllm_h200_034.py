@@ -116,7 +116,7 @@ def test_fits_predicts_the_smaller_cards_kv_cache_to_the_block_from_the_full_car
     assert f.survives
     assert f.kv_blocks == int(logged("small-ext", r"Extended KV cache to (\d+) blocks")) == 60704
     assert f.kv_tokens == int(logged("small-ext", r"GPU KV cache size: ([\d,]+) tokens").replace(",", ""))
-    assert f.kv_bytes == vmm.summary(small).kv_cache_bytes
+    assert f.kv_cache_bytes == vmm.summary(small).kv_cache_bytes
 
 
 def test_a_card_too_small_for_the_weights_dies_before_the_kv_cache_exists():
@@ -168,7 +168,7 @@ def test_fits_uses_vllms_post_warm_up_sizing_for_an_extensible_start_up(capsys):
     assert (small["outcome"], small["stage"], small["kv_blocks"]) == ("oom", "pre-KV", None)
     assert main(["fits", str(run_dir("moe-ext")), "--capacity", f"{total}"]) == 0
     text = " ".join(capsys.readouterr().out.split())
-    assert "SURVIVES: vLLM sizes the KV cache after warm-up to 126.23 GiB (258,528 blocks, 16,545,792 tokens)" in text
+    assert "BOOTS: vLLM sizes the KV cache after warm-up to 126.23 GiB (258,528 blocks, 16,545,792 tokens)" in text
 
 
 def test_diff_of_the_0251_start_up_against_0340_names_what_the_new_versions_moved(capsys):

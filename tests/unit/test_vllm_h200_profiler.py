@@ -141,7 +141,7 @@ def test_fits_answers_for_the_profiled_window_alone_never_for_the_program(capsys
     assert main(["fits", str(FOLDER), "--capacity", "16GiB"]) == 0
     text = " ".join(capsys.readouterr().out.split())
     assert f"The input is {Q.PROFILED_WINDOW}." in text
-    assert "SURVIVES in the profiled window: what was held in it fits, 4.93 GiB to spare at its peak" in text
+    assert "FITS in the profiled window: what was held in it fits, 4.93 GiB to spare at its peak" in text
     assert "it held 11.07 GiB at the window's peak" in text
     assert "Smallest card that window fits on: about 11.10 GiB" in text
     assert "this program" not in text and "no KV cache" not in text

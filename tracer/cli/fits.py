@@ -124,7 +124,8 @@ def _on_cards(run_):
 
 def _what_if(args: argparse.Namespace, run_, capacities: list[int]) -> int:
     """--what-if / --suggest: exit 0 when the changed flags boot on every card asked."""
-    from memtrace.analysis.capacity.whatif import BOOTS, answer
+    from memtrace.analysis.capacity.boot import answer
+    from memtrace.analysis.capacity.whatif import BOOTS
     from memtrace.cli._runs import analysed
     from memtrace.errors import UsageError
     from memtrace.plots.render import render

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import cached_property
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from memtrace.analysis.analysed.fingerprint import allocator_settings
@@ -110,7 +110,7 @@ class AnalysedRank(PeakFigures):
         self.top = top
         # resolved at once: a target the trace cannot give (--util without a capacity) is a usage error now
         self.target: Target = target or resolve_target(trace, **spec.as_kwargs())
-        self._fits: dict[tuple, RankFits] = {}
+        self._fits: dict[tuple, Any] = {}  # RankFits per question, capacity.boot.Boot per (util, non_torch_bytes)
         if curves is not None:
             self.__dict__["curves"] = curves  # the cached property, already computed
 
@@ -299,12 +299,22 @@ class AnalysedRank(PeakFigures):
     def fits(self, capacities: list[int], util: float | None = None, non_torch_bytes: int | None = None) -> RankFits:
         """The capacity what-if (``analysis.boot``: the capacity model, the what-if model past the recording),
         computed once per question."""
-        key = (tuple(capacities), util, non_torch_bytes)
+        key = ("fits", tuple(capacities), util, non_torch_bytes)
         if key not in self._fits:
-            # the what-if engine is imported when asked (report, plot and view never ask: ~30 ms of imports)
             from memtrace.analysis.capacity.boot import rank_fits
 
             self._fits[key] = RankFits(self, *rank_fits(self, list(capacities), util, non_torch_bytes))
+        return self._fits[key]
+
+    def boot(self, util: float | None = None, non_torch_bytes: int | None = None):
+        """Will it boot with the recorded flags (``analysis.capacity.boot.Boot``), one per question, each card
+        answered once."""
+        key = (util, non_torch_bytes)
+        if key not in self._fits:
+            # the what-if engine is imported when asked (report, plot and view never ask: ~30 ms of imports)
+            from memtrace.analysis.capacity.boot import Boot
+
+            self._fits[key] = Boot(self, util, non_torch_bytes)
         return self._fits[key]
 
     @property

@@ -1,13 +1,17 @@
-"""Will it boot on that card: the one answer ``memtrace fits``, the issue bundle and the view give (issue 28).
+"""Will it boot on that card: the one answer ``memtrace fits`` (plain, ``--what-if``, ``--suggest``, ``--json``), the
+issue bundle and the view give (issues 28, 40).
 
-``fits`` asks the capacity model first (:mod:`.fits`; :mod:`.fits_extensible` for vLLM 0.34's extensible KV
-cache): the recorded curve on another card. Where that model stops at the end of the recording (UNKNOWN: the
-part that decides was never recorded, such as a KV cache vLLM refused to extend on a card another process
-shared), the what-if model with the recorded flags (:mod:`.whatif`, a what-if of no change) carries the
-start-up on from its recorded phases; its answer replaces "unknown", said to be a prediction, with where its
-figures come from (``Fit.prediction``, ``Fit.prediction_how``). Where the what-if model cannot carry it either,
-the answer stays UNKNOWN and ``Fit.missing`` says exactly what the trace lacks. The smallest card is searched
-on the same answer, so the table, the JSON, the smallest card and the exit status never disagree.
+:class:`Boot` answers for one rank with the recorded flags, card by card, once: the capacity model first
+(:mod:`.fits`; :mod:`.fits_extensible` for vLLM 0.34's extensible KV cache), the recorded curve on another card.
+Where that model stops at the end of the recording (UNKNOWN: the part that decides was never recorded, such as a
+KV cache vLLM refused to extend on a card another process shared), the what-if model with the recorded flags
+(:mod:`.whatif`, a what-if of no change) carries the start-up on from its recorded phases; its answer replaces
+"unknown", said to be a prediction, with where its figures come from (``Fit.prediction``, ``Fit.prediction_how``).
+Where the what-if model cannot carry it either, the answer stays UNKNOWN and ``Fit.missing`` says exactly what the
+trace lacks. The smallest card is searched on the same answer, and "short by N" (``Fit.short_bytes``) is that
+card less the one asked: the growth that boots. The what-if of no change on a card this process holds alone *is*
+this answer (:func:`answer` takes its verdict from :meth:`Boot.fit`), so the table, the JSON, ``--suggest``'s
+recorded-flags line, the smallest card, the exit status, the issue bundle and the view never disagree.
 
 The issue bundle and the view ask :func:`recorded_card_answer`: ``fits --suggest`` on the card the worst rank
 was recorded on, as it was (other processes kept).
@@ -16,27 +20,26 @@ was recorded on, as it was (other processes kept).
 from __future__ import annotations
 
 import dataclasses
-import functools
 import math
 from functools import cached_property
 
 from memtrace import facts as F
 from memtrace.analysis.capacity.fits import (
+    DIED,
     FITS,
     MIN_CAPACITY,
     NO_KV,
     OOM,
     REFUSED,
     UNKNOWN,
+    VERDICT,
     Fit,
     fits,
     recorded,
     search_ceiling,
     smallest_card,
-    smallest_fitting,
 )
-from memtrace.analysis.capacity.fits_extensible import as_fit, is_extensible
-from memtrace.analysis.capacity.fits_extensible import smallest as smallest_extensible
+from memtrace.analysis.capacity.fits_extensible import fit_extensible, is_extensible, prepare
 from memtrace.analysis.capacity.whatif import (
     BOOTS,
     DIES,
@@ -44,46 +47,91 @@ from memtrace.analysis.capacity.whatif import (
     Outcome,
     WhatIf,
     apply_what_if,
+    calibrate,
     recorded_flags,
     recorded_others,
     sites_of,
+    suggest,
 )
 from memtrace.analysis.capacity.whatif import UNKNOWN as STOPS
-from memtrace.analysis.capacity.whatif import answer as what_if_answer
 from memtrace.analysis.memory.phases import path_at
 
 #: The model that answers past the recording, as every output names it (``{flags}``: the flags it is given).
 WHAT_IF_MODEL = "the what-if model with {flags} (docs/whatif.md) carries it on from its recorded phases"
 
 
+class Boot:
+    """Will one rank boot with the recorded flags on a card it holds alone: :meth:`fit` per card (computed once),
+    :attr:`smallest` card, and "short by" (``Fit.short_bytes``)."""
+
+    def __init__(self, rank, util: float | None = None, non_torch_bytes: int | None = None):
+        self.rank, self.util = rank, util
+        self.rec = recorded(rank.trace, non_torch_bytes, rank=rank)
+        ext = is_extensible(rank.trace) and rank.extensible is not None  # vLLM 0.34: sized after warm-up
+        self.prep = prepare(rank.trace, rank.curves, self.rec.non_torch_bytes) if ext else None
+        self.past = PastTheRecording(rank, util, non_torch_bytes)
+        self._fits: dict[int, Fit] = {}
+
+    def _model(self, card: int) -> Fit:
+        if self.prep is not None:
+            return fit_extensible(self.rank.trace, card, self.util, prep=self.prep, rec=self.rec)
+        return fits(self.rank.trace, [card], self.util, rec=self.rec)[0]
+
+    def _answer(self, card: int) -> Fit:
+        if card not in self._fits:
+            f = self._model(card)
+            self._fits[card] = self.past.answer(f) if f.outcome == UNKNOWN else f
+        return self._fits[card]
+
+    @cached_property
+    def smallest(self) -> int | None:
+        """The smallest card (to ``fits.SEARCH_STEP``) it boots on; None above ``fits.search_ceiling``, and for a
+        start-up its recording's OOM cut (it boots on no card: the capacity model promises none)."""
+        return smallest_card(lambda c: self._answer(c).survives, MIN_CAPACITY, search_ceiling(self.rec))
+
+    def fit(self, card: int) -> Fit:
+        """The answer on ``card``, with how much larger a card must be to boot."""
+        f = self._answer(card)
+        short = 0 if f.survives else (max(self.smallest - card, 0) if self.smallest is not None else None)
+        return dataclasses.replace(f, short_bytes=short)
+
+    @property
+    def smallest_prediction(self) -> str:
+        """Where the smallest card's answer goes past the recording ("" when it does not, or there is none)."""
+        return self._answer(self.smallest).prediction if self.smallest is not None else ""
+
+    def outcome(self, card: int, w: WhatIf) -> Outcome:
+        """The what-if of no change (``w``) on ``card`` held alone, its verdict this answer's: the what-if's own
+        figures where it agrees, else the capacity model's verdict, phase and KV cache (the phase table with it)."""
+        f, o = self.fit(card), w.on(card)
+        verdict = VERDICT[f.outcome]
+        if verdict != o.verdict:
+            kv = o.kv if verdict == BOOTS else None
+            o = dataclasses.replace(o, verdict=verdict, why=_why(f), kv=kv,
+                                    phases=w.phase_peaks(f.kv_cache_bytes if kv else 0))  # fmt: skip
+        if verdict != BOOTS:  # where and by how much: the capacity model's, as plain fits says it
+            o = dataclasses.replace(o, phase=f.phase, by_bytes=f.overshoot_bytes)
+        return dataclasses.replace(o, short_bytes=f.short_bytes)
+
+
+def _why(f: Fit) -> str:
+    """The capacity model's answer in the what-if's words (where the two models disagree, the one said)."""
+    if f.outcome == REFUSED:
+        return "free memory at start-up is less than util x card"
+    if f.outcome == NO_KV:
+        return 'no memory left for one request of max-model-len tokens ("No available memory for the cache blocks")'
+    if f.outcome == DIED:
+        return "where the recording died: this card leaves no more room there"
+    if f.outcome == OOM:
+        return "before the KV cache is sized" if f.stage == "pre-KV" else "after the KV cache was allocated"
+    return f.missing or f.prediction_how
+
+
 def rank_fits(rank, capacities: list[int], util: float | None = None, non_torch_bytes: int | None = None):
     """``fits`` of one analysed rank: one ``Fit`` per capacity, the smallest card it fits on (None: none up to 4x
     its peak, or a recording cut by its OOM), and where that card's answer goes past the recording ("" when not)."""
-    rec = recorded(rank.trace, non_torch_bytes, rank=rank)
-    if is_extensible(rank.trace) and rank.extensible is not None:  # vLLM 0.34: sized after warm-up
-
-        def model(c: int) -> Fit:
-            return as_fit(rank, c, util, rec)
-
-        smallest = smallest_extensible(rank, util, rec)
-    else:
-
-        def model(c: int) -> Fit:
-            return fits(rank.trace, [c], util, rec=rec)[0]
-
-        smallest = smallest_fitting(rank.trace, util, rec=rec)
-    past = PastTheRecording(rank, util, non_torch_bytes)
-
-    @functools.cache  # the search asks again for cards it or --capacity already answered
-    def answer_on(c: int) -> Fit:
-        f = model(c)
-        return past.answer(f) if f.outcome == UNKNOWN else f
-
-    results = [answer_on(c) for c in capacities]
-    if smallest is not None or rec.oom is not None or past.missing:  # a recording cut by its OOM promises none
-        return results, smallest, ""
-    smallest = smallest_card(lambda c: answer_on(c).survives, MIN_CAPACITY, search_ceiling(rec))
-    return results, smallest, answer_on(smallest).prediction if smallest is not None else ""
+    b = rank.boot(util, non_torch_bytes)
+    return [b.fit(c) for c in capacities], b.smallest, b.smallest_prediction
 
 
 class PastTheRecording:
@@ -153,17 +201,17 @@ def as_predicted(f: Fit, o: Outcome, w: WhatIf, prediction: str) -> Fit:
     recording covers as the capacity model measured it (the pre-KV peak), what lies past it (the KV cache, the
     outcome) as the what-if model predicted it; ``prediction``: where the recording ends and which model carries
     it on, ``prediction_how`` (from ``o``): where this card's figures come from."""
-    cap, kv = o.capacity_bytes, o.kv
+    cap, kv = o.capacity_bytes, o.kv if o.verdict == BOOTS else None
     post = [p.predicted_bytes for p in o.phases if p.after_kv]
     common = dict(
         util=w.flags.util,
         target_bytes=math.ceil(w.flags.util * cap),
         kv_sizing=F.KV_SIZED_EXTENSIBLE if w.flags.extensible else F.KV_SIZED_BY_PROFILING,
-        kv_cache_bytes=kv.kv_bytes if kv is not None else f.kv_cache_bytes,
+        kv_cache_bytes=kv.kv_bytes if kv is not None else 0,
         kv_blocks=kv.blocks if kv is not None else None,
         kv_tokens=kv.tokens if kv is not None else None,
         prediction=prediction,
-        prediction_how=f"the KV cache from {kv.how}" if o.verdict == BOOTS and kv is not None else o.why,
+        prediction_how=f"the KV cache from {kv.how}" if kv is not None else o.why,
         missing="",
     )
     if o.verdict == BOOTS:
@@ -180,6 +228,43 @@ def as_predicted(f: Fit, o: Outcome, w: WhatIf, prediction: str) -> Fit:
                                headroom_bytes=0, stage=stage)  # fmt: skip
 
 
+def answer(rank, what_if: list[str], capacities: list[int], *, suggest_too: bool = False, keep_others: bool = False,
+           others_bytes: int | None = None, calibration_ranks: tuple = ()) -> Answer:  # fmt: skip
+    """The what-if of ``rank`` under ``what_if`` on each card (``calibration_ranks``: more traces of the same
+    model, to fit each site's scaling), and with ``suggest_too`` the flags that boot on each card. The recorded
+    flags (another utilization included) on a card this process holds alone answer as plain ``fits`` (with
+    ``--util``) does (:meth:`Boot.outcome`)."""
+    sites = sites_of(rank)
+    cal = calibrate([sites, *(sites_of(r) for r in calibration_ranks)]) if calibration_ranks else None
+    flags = apply_what_if(sites.flags, what_if)
+    w = WhatIf(sites, flags, cal)
+    card = dict(keep_others=keep_others, others_bytes=others_bytes)
+    others = others_bytes if others_bytes is not None else recorded_others(rank.trace) if keep_others else 0
+    util = flags.gpu_memory_utilization if flags.gpu_memory_utilization != sites.flags.gpu_memory_utilization else None
+    plain = dataclasses.replace(flags, gpu_memory_utilization=sites.flags.gpu_memory_utilization) == sites.flags
+    b = rank.boot(util) if plain and cal is None and not others else None  # plain fits (--util: the utilization)
+
+    def on(c: int) -> Outcome:
+        return b.outcome(c, w) if b is not None else w.short(c, **card)
+
+    outcomes = [on(c) for c in capacities]
+    pairs = zip(capacities, outcomes, strict=True) if suggest_too else ()
+    found = [suggest(sites, c, **card, cal=cal, base=flags, recorded=o) for c, o in pairs]
+    return Answer(
+        recorded=sites.flags,
+        flags=flags,
+        changes=flags.changes(sites.flags),
+        scales=w.scales,
+        calibrated_traces=cal.traces if cal is not None else 0,
+        fitted_lines=len(cal.lines) if cal is not None else 0,
+        notes=w.notes,
+        outcomes=outcomes,
+        suggestions=found,
+        keep_others=keep_others,
+        vllm_version=str(rank.trace.facts.get(F.VLLM_VERSION) or ""),
+    )
+
+
 def recorded_card_answer(run) -> Answer | None:
     """``fits --suggest`` on the card the worst rank was recorded on, as it was (other processes kept): the issue
     bundle's and the view's "What would make it boot". None for a run that is not a vLLM start-up with its config
@@ -191,4 +276,4 @@ def recorded_card_answer(run) -> Answer | None:
     refused = r.trace.facts.get(F.VLLM_KV_BLOCKS) == 0  # vLLM sized 0 blocks: it refused
     if r.oom is None and r.verdict != "crossed" and not refused:
         return None
-    return what_if_answer(r, [], [card], suggest_too=True, keep_others=True)
+    return answer(r, [], [card], suggest_too=True, keep_others=True)

@@ -185,6 +185,25 @@ def _free_memory(trace: Trace, curves: Curves, t_us: int, total: int | None) -> 
     return total - held - others, "CUDA total - non-PyTorch (NVML) - PyTorch reserved - VMM committed - others"
 
 
+def _terms(trace: Trace, curves: Curves, sizing: dict, t: int, total: int | None, vllm: dict) -> tuple[tuple, list]:
+    """Each input of the sizing as vLLM had it and as memtrace's curves give it at ``t``, and notes."""
+    # memtrace's own figures at the moment vLLM read free memory
+    free_mt, free_how = _free_memory(trace, curves, t, total)
+    committed = curves.vmm.at(t) if len(curves.vmm) else None
+    peak, growth, notes = _transient_terms(trace, curves, sizing)
+    terms = (
+        Term("init_free", vllm["init_free_memory"], None, "vLLM's init snapshot, taken before recording starts"),
+        Term("free", vllm["free_memory"], free_mt, free_how),
+        Term("committed", vllm["committed"], committed, "KV pages committed through the VMM API (exact)"),
+        Term("requested", vllm["requested_memory"], trace.facts.get(F.TARGET_BYTES), "the target: ceil(total x util)"),
+        Term("transient_peak", vllm["transient_peak"], peak,
+             "allocated peak since the last reset - allocated (torch's rounding)"),
+        Term("torch_reserve_growth", vllm["torch_reserve_growth"], growth,
+             "reserved peak in a sizing step - reserved at its start - kept"),
+    )  # fmt: skip
+    return terms, notes
+
+
 def extensible_sizing(trace: Trace, curves: Curves | None = None) -> ExtensibleSizing | None:
     """The sizing of an extensible KV cache, term by term; None for a trace without one."""
     sizing = trace.facts.get(F.VLLM_KV_SIZING)
@@ -201,29 +220,8 @@ def extensible_sizing(trace: Trace, curves: Curves | None = None) -> ExtensibleS
     vllm = {k: _int(sizing, k + "_bytes") for k in ("init_free_memory", "free_memory", "committed", "requested_memory")}
     vllm["transient_peak"] = _int(sizing, "transient_peak_bytes")
     vllm["torch_reserve_growth"] = _int(sizing, "torch_reserve_growth_bytes")
-    # memtrace's own figures at the moment vLLM read free memory
-    free_mt, free_how = _free_memory(trace, curves, t, total)
-    committed = curves.vmm.at(t) if len(curves.vmm) else None
-    peak, growth, more = _transient_terms(trace, curves, sizing)
+    terms, more = _terms(trace, curves, sizing, t, total, vllm)
     notes += more
-    terms = (
-        Term("init_free", vllm["init_free_memory"], None, "vLLM's init snapshot, taken before recording starts"),
-        Term("free", vllm["free_memory"], free_mt, free_how),
-        Term("committed", vllm["committed"], committed, "KV pages committed through the VMM API (exact)"),
-        Term("requested", vllm["requested_memory"], trace.facts.get(F.TARGET_BYTES), "the target: ceil(total x util)"),
-        Term(
-            "transient_peak",
-            vllm["transient_peak"],
-            peak,
-            "allocated peak since the last reset - allocated (torch's rounding)",
-        ),
-        Term(
-            "torch_reserve_growth",
-            vllm["torch_reserve_growth"],
-            growth,
-            "reserved peak in a sizing step - reserved at its start - kept",
-        ),
-    )
     if any(v is None for k, v in vllm.items() if k != "init_free_memory") or vllm["init_free_memory"] is None:
         notes.append("vLLM's sizing inputs are incomplete in this trace")
         return None

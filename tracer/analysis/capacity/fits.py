@@ -42,7 +42,7 @@ failed request; nothing after it is known. So, for such a recording:
   the answer is NO_KV: vLLM refuses at KV sizing whatever the unrecorded rest of profiling needed;
 - else the answer is UNKNOWN ("beyond the recording"): that request would fit on the asked card, but
   what the start-up needed after it was never recorded. A recording that ended in an OOM never
-  answers FITS, and :func:`smallest_fitting` finds no card for it.
+  answers FITS, and ``boot.Boot.smallest`` finds no card for it.
 
 A vLLM recording that ended (without an OOM) before the KV cache was sized answers UNKNOWN past the
 part it covers, too (``analysis.boot``, which owns ``fits``' answer, then asks the what-if model). A program that is not vLLM and sizes no KV cache fits when its whole recorded
@@ -63,7 +63,20 @@ from memtrace import facts as F
 from memtrace.analysis.analysed.landmarks import Landmarks, landmarks, steady_non_torch_at, total_curve
 from memtrace.analysis.capacity.reconcile import KV_GIVEN, MEMTRACE
 from memtrace.analysis.capacity.reconcile import non_kv as non_kv_model
-from memtrace.analysis.capacity.whatif import extensible_kv_cache, recorded_others
+from memtrace.analysis.capacity.whatif import (
+    BOOTS,
+    DIES,
+    MIN_CAPACITY,
+    REFUSES,
+    SEARCH_STEP,  # noqa: F401 (fits' figure, re-exported)
+    default_util,
+    extensible_kv_cache,
+    recorded_one_request,
+    recorded_others,
+    smallest_card,  # noqa: F401 (re-exported)
+    vllm_version,
+)
+from memtrace.analysis.capacity.whatif import UNKNOWN as STOPS
 from memtrace.analysis.holders.live import Lifetimes
 from memtrace.analysis.memory import non_torch
 from memtrace.analysis.memory.curves import Curve, Curves, all_curves
@@ -75,9 +88,6 @@ from memtrace.analysis.memory.target import resolve_target
 from memtrace.errors import UsageError
 from memtrace.model import Trace
 
-#: vLLM's default --gpu-memory-utilization, used when the trace did not record one.
-DEFAULT_UTIL = 0.9
-
 FITS = "fits"
 OOM = "oom"
 NO_KV = "no-kv-memory"
@@ -85,12 +95,10 @@ UNKNOWN = "unknown"  # the recording ends (the run died) before the part that de
 REFUSED = "refused-at-init"  # vLLM: free memory at init_device is less than util × capacity
 DIED = "died"  # the recording died of OOM, and this card has no more room there: it dies there too
 OUTCOMES = (FITS, OOM, NO_KV, REFUSED, DIED, UNKNOWN)
+#: The one verdict every output gives (``whatif``'s words): each outcome's, the outcome saying why.
+VERDICT = {FITS: BOOTS, OOM: DIES, DIED: DIES, NO_KV: REFUSES, REFUSED: REFUSES, UNKNOWN: STOPS}
 NO_KV_CACHE = "no KV cache"  # the stage of a program that sizes none (not vLLM): its whole curve fits
 
-#: The smallest capacity :func:`check_capacity` accepts: no GPU vLLM runs on has less.
-MIN_CAPACITY = 1 << 30
-#: The precision of :func:`smallest_fitting`'s search (a smallest card within it of MIN_CAPACITY is the floor)
-SEARCH_STEP = 64 << 20
 
 #: Where the assumed non-PyTorch memory came from.
 NT_ARGUMENT = "--non-torch"
@@ -107,7 +115,7 @@ class Fit:
     util: float
     target_bytes: int  # ceil(util × capacity): what vLLM may fill
     non_kv_bytes: int  # what vLLM counts as not KV cache (card-independent)
-    kv_cache_bytes: int  # what vLLM would allocate for the KV cache (≤ 0: it refuses)
+    kv_cache_bytes: int  # what vLLM would allocate for the KV cache (0 where it never gets there: it refuses or dies)
     pre_kv_peak_bytes: int
     pre_kv_peak_phase: str
     post_kv_peak_bytes: int | None  # None when the run would not get that far or the trace lacks it
@@ -141,6 +149,9 @@ class Fit:
     prediction: str = ""
     prediction_how: str = ""
     missing: str = ""  # UNKNOWN: exactly what the trace lacks for an answer ("" when said by the recorded OOM)
+    #: how much larger a card must be to boot (``analysis.boot``: the smallest card less this one, to the search's
+    #: step; 0 when it boots here; None where no card up to the search's ceiling is known to boot)
+    short_bytes: int | None = None
 
     @property
     def survives(self) -> bool:
@@ -148,8 +159,8 @@ class Fit:
 
 
 def fit_to_dict(r: Fit) -> dict[str, Any]:
-    """A JSON-ready dict of ``r`` (exact integers; the recorded OOM nested), with ``survives``."""
-    return {**dataclasses.asdict(r), "survives": r.survives}
+    """A JSON-ready dict of ``r`` (exact integers; the recorded OOM nested), with ``survives`` and the verdict."""
+    return {**dataclasses.asdict(r), "verdict": VERDICT[r.outcome], "survives": r.survives}
 
 
 def check_capacity(capacity_bytes: int) -> int:
@@ -298,7 +309,7 @@ def fit(
     rec = rec or recorded(trace, non_torch_bytes)
     lm, need, oom = rec.lm, rec.need, rec.oom
     if util is None:
-        util = lm.gpu_memory_utilization or DEFAULT_UTIL
+        util = lm.gpu_memory_utilization or default_util(vllm_version(trace) or (0, 0), extensible_kv_cache(trace))
     first_us, last_us = rec.span
     end_us = min(oom.time_us, last_us) if oom is not None else last_us  # nothing is known after an OOM
     target = math.ceil(capacity_bytes * util)
@@ -310,7 +321,8 @@ def fit(
     pre_peak, pre_t = window_peak(need, first_us, pre_end)
 
     def result(outcome, phase, overshoot, stage, post=None, post_phase="", headroom=0):
-        return Fit(capacity_bytes, util, target, rec.non_kv_bytes, kv_new, pre_peak, path_at(trace, pre_t), post,
+        kv = 0 if outcome in (NO_KV, REFUSED) or stage == "pre-KV" else kv_new  # never sized: no KV cache
+        return Fit(capacity_bytes, util, target, rec.non_kv_bytes, kv, pre_peak, path_at(trace, pre_t), post,
                    post_phase, outcome, phase, overshoot, headroom, stage, rec.non_torch_bytes, rec.non_torch_source,
                    rec.non_kv_source, oom, rec.capacity_bytes, **rec.non_torch_split)  # fmt: skip
 
@@ -336,7 +348,7 @@ def fit(
     if kv_new <= 0:
         return result(NO_KV, "KV sizing (after determine_available_memory)", -kv_new, "KV sizing")
     kv_rec = _recorded_kv(lm)
-    one_request = _one_request_bytes(trace, kv_rec)
+    one_request = recorded_one_request(trace.facts, kv_rec)
     if one_request is not None and kv_new < one_request:  # vLLM: "To serve at least one request..."
         return result(NO_KV, "KV sizing (one max_model_len request does not fit)", one_request - kv_new, "KV sizing")
     if lm.kv_end_us is None or kv_rec is None:  # the recording ends before the KV cache was allocated
@@ -380,16 +392,6 @@ def _at_oom(rec: Recorded, capacity: int, target: int, shift: int, result, post=
     return result(UNKNOWN, oom.phase_path, 0, "beyond the recording", post, post_phase, capacity - needed)
 
 
-def _one_request_bytes(trace: Trace, kv_rec: int | None) -> int | None:
-    """KV bytes one request of max_model_len tokens needs (vLLM refuses to start below it), from the
-    recorded KV bytes per token; None when the trace lacks the figures (not a vLLM trace)."""
-    tokens = trace.facts.get(F.VLLM_KV_TOKENS)
-    max_len = (trace.facts.get(F.VLLM_CONFIG) or {}).get("max_model_len")
-    if not kv_rec or not isinstance(tokens, int) or tokens <= 0 or not isinstance(max_len, int):
-        return None
-    return math.ceil(kv_rec / tokens * max_len)
-
-
 def _init_device_end(trace: Trace) -> int | None:
     ends = [p.end_us for p in trace.phases if p.name == "init_device" and p.end_us is not None]
     return min(ends) if ends else None
@@ -409,38 +411,7 @@ def fits(
     return [dataclasses.replace(fit(trace, c, util, rec=rec), others_left_out_bytes=left_out) for c in capacities]
 
 
-def smallest_fitting(
-    trace: Trace,
-    util: float | None = None,
-    *,
-    non_torch_bytes: int | None = None,
-    lo: int = MIN_CAPACITY,
-    hi: int | None = None,
-    rec: Recorded | None = None,
-) -> int | None:
-    """The smallest capacity (to 64 MiB) on which the start-up survives, or None above ``hi`` (default
-    :func:`search_ceiling`; always None for a recording that ended in an OOM: it never answers FITS)."""
-    rec = rec or recorded(trace, non_torch_bytes)
-    if rec.oom is not None:
-        return None
-    return smallest_card(lambda c: fit(trace, c, util, rec=rec).survives, lo, hi or search_ceiling(rec, lo))
-
-
 def search_ceiling(rec: Recorded, lo: int = MIN_CAPACITY) -> int:
     """The largest card a smallest-card search tries: four times the recorded peak, or the recorded card when
     larger (at least ``lo``)."""
     return max(rec.lm.peak.bytes * 4, rec.capacity_bytes or 0, lo)
-
-
-def smallest_card(survives, lo: int, hi: int) -> int | None:
-    """The smallest capacity in (``lo``, ``hi``] (to :data:`SEARCH_STEP`) where ``survives(capacity)`` holds, by
-    bisection (an answer that survives on a card survives on every larger one); None when it fails at ``hi``."""
-    if not survives(hi):
-        return None
-    while hi - lo > SEARCH_STEP:
-        mid = (lo + hi) // 2
-        if survives(mid):
-            hi = mid
-        else:
-            lo = mid
-    return hi

@@ -26,58 +26,31 @@ the KV cache after warm-up (``facts["vllm.kv_cache_size_source"] == "extensible"
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
+import numpy as np
 from memtrace import facts as F
 from memtrace.analysis.analysed.landmarks import landmarks
-from memtrace.analysis.capacity.extensible import blocks_within, extensible_sizing, measure_kv_cache_bytes, pages_for
-from memtrace.analysis.capacity.fits import (
-    FITS,
-    MIN_CAPACITY,
-    NO_KV,
-    OOM,
-    UNKNOWN,
-    Fit,
-    Recorded,
-    need_curve,
-    search_ceiling,
-    smallest_card,
+from memtrace.analysis.capacity.extensible import (
+    ExtensibleSizing,
+    blocks_within,
+    extensible_sizing,
+    measure_kv_cache_bytes,
+    pages_for,
 )
+from memtrace.analysis.capacity.fits import FITS, NO_KV, OOM, UNKNOWN, Fit, Recorded, need_curve, recorded
 from memtrace.analysis.capacity.reconcile import non_kv as non_kv_model
-from memtrace.analysis.capacity.whatif import recorded_others
+from memtrace.analysis.capacity.whatif import (
+    default_util,
+    extensible_inputs,
+    recorded_one_request,
+    recorded_others,
+    vllm_version,
+)
 from memtrace.analysis.memory.curves import Curves, all_curves, committed_curve
 from memtrace.analysis.memory.phases import path_at
 from memtrace.analysis.memory.quantities import first_max
 from memtrace.model import Trace
-
-#: vLLM 0.34's default utilization with the extensible KV cache.
-EXTENSIBLE_DEFAULT_UTIL = 1.0
-NO_KV_AFTER_WARMUP = "no-kv-memory-after-warm-up"
-
-
-@dataclass(frozen=True)
-class ExtensibleFit:
-    """The prediction for one card (bytes; blocks and tokens as vLLM counts them)."""
-
-    capacity_bytes: int
-    others_bytes: int  # held on the card by other processes
-    util: float
-    requested_bytes: int
-    outcome: str  # FITS, OOM, NO_KV (at kv_cache_init), NO_KV_AFTER_WARMUP, UNKNOWN
-    phase: str  # where it dies ("" when it fits)
-    time_us: int | None  # when (the recorded moment of the first crossing)
-    pre_kv_peak_bytes: int  # the most the start-up needs before the KV cache is extended (others included)
-    pre_kv_peak_phase: str
-    range_bytes: int | None  # the address range's budget: requested - non_kv
-    available_bytes: int | None  # vLLM's post-warm-up figure on this card
-    kv_blocks: int | None
-    kv_tokens: int | None
-    kv_bytes: int | None  # the pages the extension commits
-    notes: list[str] = field(default_factory=list)
-
-    @property
-    def survives(self) -> bool:
-        return self.outcome == FITS
 
 
 def is_extensible(trace: Trace) -> bool:
@@ -85,175 +58,90 @@ def is_extensible(trace: Trace) -> bool:
     return trace.facts.get(F.VLLM_KV_SIZE_SOURCE) == F.KV_SIZED_EXTENSIBLE
 
 
-def fit_extensible(
-    trace: Trace,
-    capacity_bytes: int,
-    util: float | None = None,
-    *,
-    others_bytes: int = 0,
-    non_torch_bytes: int | None = None,
-    curves: Curves | None = None,
-) -> ExtensibleFit | None:
-    """The prediction for a card of ``capacity_bytes`` (CUDA's total) of which other processes hold
-    ``others_bytes``; None for a trace whose KV cache was not sized after warm-up."""
+@dataclass(frozen=True)
+class Prepared:
+    """What :func:`fit_extensible` needs on any card, computed once (step 1's need, step 2's non-KV figure)."""
+
+    sizing: ExtensibleSizing
+    recorded_total: int
+    time_us: np.ndarray  # the need before the KV cache is extended: its times and bytes (the null blocks in)
+    need: np.ndarray
+    peak_bytes: int
+    peak_phase: str
+    extended: bool
+    init_us: int | None
+    non_kv_bytes: int | None
+    one_request: int | None
+
+
+def prepare(trace: Trace, curves: Curves | None = None, non_torch_bytes: int | None = None) -> Prepared | None:
+    """The card-independent part of :func:`fit_extensible`; None for a trace whose KV cache was not sized after
+    warm-up."""
     sizing = extensible_sizing(trace, curves)
     if not is_extensible(trace) or sizing is None:
         return None
     curves = curves or all_curves(trace)
-    facts = trace.facts
-    notes: list[str] = []
-    if util is None:
-        user = facts.get(F.UTIL_SOURCE) == "user"
-        util = float(facts.get(F.UTIL)) if user and facts.get(F.UTIL) else EXTENSIBLE_DEFAULT_UTIL
-    recorded_total = sizing.term("free").vllm_bytes and (
-        (facts.get(F.VLLM_KV_SIZING) or {}).get("total_memory_bytes") or trace.process.device_total_bytes
+    total = sizing.term("free").vllm_bytes and (
+        (trace.facts.get(F.VLLM_KV_SIZING) or {}).get("total_memory_bytes") or trace.process.device_total_bytes
     )
-    if not recorded_total:
+    if not total:
         return None
-    # bytes this card has less of, free: the recorded card's other processes are not on it (unless given back
-    # as ``others_bytes``, ``--keep-others``)
-    left_out = recorded_others(trace)
-    lacks = int(recorded_total) - left_out - capacity_bytes + others_bytes
-    requested = math.ceil(capacity_bytes * util)
-    # 1. before the KV cache is extended
     extend = next((p for p in trace.phases if p.name == "kv_cache_extend"), None)
     init = next((p for p in trace.phases if p.name == "kv_cache_init" and p.end_us), None)
     end = extend.start_us if extend is not None else sizing.time_us
-    lm = landmarks(trace, curves)
-    need = need_curve(trace, curves, lm, non_torch_bytes)
+    need = need_curve(trace, curves, landmarks(trace, curves), non_torch_bytes)
     floor = committed_curve(trace, kv_cache_only=True).at(init.end_us) if init is not None else 0
     window = need.window(need.time_us[0] if len(need) else 0, end)
-    after_init = window.time_us >= (init.end_us if init is not None else end)
-    need_b = window.bytes + others_bytes + (after_init * floor)
+    need_b = window.bytes + (window.time_us >= (init.end_us if init is not None else end)) * floor
     i = max(first_max(need_b), 0)
     peak, peak_t = (int(need_b[i]), int(window.time_us[i])) if len(need_b) else (0, end)
-    common = dict(capacity_bytes=capacity_bytes, others_bytes=others_bytes, util=util, requested_bytes=requested)
-    pre = dict(pre_kv_peak_bytes=peak, pre_kv_peak_phase=path_at(trace, peak_t))
-    over = [j for j, b in enumerate(need_b) if b > capacity_bytes]
-    if over:
-        t = int(window.time_us[over[0]])
-        return ExtensibleFit(
-            **common,
-            outcome=OOM,
-            phase=path_at(trace, t),
-            time_us=t,
-            **pre,
-            range_bytes=None,
-            available_bytes=None,
-            kv_blocks=None,
-            kv_tokens=None,
-            kv_bytes=None,
-            notes=notes,
-        )
-    # 2. the address range
     nk = non_kv_model(trace, curves)
-    range_bytes = requested - nk.bytes if nk is not None else None
-    one = _one_request_bytes(trace, sizing)
-    empty = dict(
-        available_bytes=None,
-        kv_blocks=None,
-        kv_tokens=None,
-        kv_bytes=None,
-    )
-    if range_bytes is not None and (range_bytes <= 0 or (one is not None and range_bytes < one)):
-        return ExtensibleFit(
-            **common,
-            outcome=NO_KV,
-            phase="kv_cache_init",
-            time_us=init.start_us if init else None,
-            **pre,
-            range_bytes=range_bytes,
-            **empty,
-            notes=notes,
-        )
-    # 3. the size, by vLLM's formula on this card
-    s = facts.get(F.VLLM_KV_SIZING) or {}
-    strides = [int(x) for x in s.get("segment_strides") or []]
-    granule = int(s.get("granularity_bytes") or 0)
-    available, *_ = measure_kv_cache_bytes(
-        init_free=int(s["init_free_memory_bytes"]) - lacks,
-        free=int(s["free_memory_bytes"]) - lacks,
-        committed=int(s["committed_bytes"]),
-        requested=requested,
-        transient_peak=int(s["transient_peak_bytes"]),
-        torch_reserve_growth=int(s["torch_reserve_growth_bytes"]),
-        margin_floor=int(s.get("margin_floor_bytes") or 1 << 30),
-        margin_fraction=float(s.get("margin_fraction") or 0.75),
-    )
-    capacity_blocks = (
-        range_bytes // sizing.bytes_per_block if range_bytes is not None else int(s.get("capacity_blocks") or 0)
-    )
-    blocks = blocks_within(available, strides, granule, capacity_blocks) if strides and granule else 0
-    tokens_per_block = F.kv_tokens_per_block(trace.facts)
-    sized = dict(
-        available_bytes=available,
-        kv_blocks=blocks,
-        kv_tokens=blocks * tokens_per_block if tokens_per_block else None,
-        kv_bytes=pages_for(blocks, strides, granule) if strides and granule else None,
-    )
-    if blocks <= 1 or (one is not None and (blocks - 1) * sizing.bytes_per_block < one):
-        t = sizing.time_us
-        return ExtensibleFit(
-            **common,
-            outcome=NO_KV_AFTER_WARMUP,
-            phase=path_at(trace, t),
-            time_us=t,
-            **pre,
-            range_bytes=range_bytes,
-            **sized,
-            notes=notes,
-        )
-    outcome = FITS if extend is not None else UNKNOWN
-    if extend is None:
-        notes.append("the recording ends before the KV cache was extended")
-    return ExtensibleFit(
-        **common, outcome=outcome, phase="", time_us=None, **pre, range_bytes=range_bytes, **sized, notes=notes
-    )
+    return Prepared(sizing, int(total), window.time_us, need_b.astype(np.int64), peak, path_at(trace, peak_t),
+                    extend is not None, init.start_us if init else None, nk.bytes if nk is not None else None,
+                    recorded_one_request(trace.facts))  # fmt: skip
 
 
-def _one_request_bytes(trace: Trace, sizing) -> int | None:
-    """KV bytes one request of max_model_len tokens needs: blocks of the recorded tokens per block."""
-    per_block = F.kv_tokens_per_block(trace.facts)
-    max_len = (trace.facts.get(F.VLLM_CONFIG) or {}).get("max_model_len")
-    if not per_block or not isinstance(max_len, int):
+def fit_extensible(trace: Trace, capacity_bytes: int, util: float | None = None, *, others_bytes: int = 0,
+                   non_torch_bytes: int | None = None, curves: Curves | None = None, prep: Prepared | None = None,
+                   rec: Recorded | None = None) -> Fit | None:  # fmt: skip
+    """The prediction for a card of ``capacity_bytes`` (CUDA's total) of which other processes hold
+    ``others_bytes``; None for a trace whose KV cache was not sized after warm-up (``prep``: :func:`prepare`,
+    ``rec``: ``fits.recorded``, to share the work between cards)."""
+    prep = prep or prepare(trace, curves, non_torch_bytes)
+    if prep is None:
         return None
-    return math.ceil(max_len / per_block) * sizing.bytes_per_block
+    rec, facts = rec or recorded(trace, non_torch_bytes, curves=curves), trace.facts
+    if util is None:
+        user = facts.get(F.UTIL_SOURCE) == "user" and facts.get(F.UTIL)
+        util = float(facts[F.UTIL]) if user else default_util(vllm_version(trace) or (0, 34), True)
+    requested, pre = math.ceil(capacity_bytes * util), prep.peak_bytes + others_bytes
 
+    def result(outcome, phase="", over=0, stage="KV sizing", blocks=None, kv=0):
+        tpb = F.kv_tokens_per_block(facts)
+        return Fit(capacity_bytes, util, requested, rec.non_kv_bytes, kv, pre, prep.peak_phase, None, "", outcome,
+                   phase, max(over, 0), capacity_bytes - pre if outcome == FITS else 0, stage, rec.non_torch_bytes,
+                   rec.non_torch_source, rec.non_kv_source, None, rec.capacity_bytes, **rec.non_torch_split,
+                   kv_sizing=F.KV_SIZED_EXTENSIBLE, kv_blocks=blocks, kv_tokens=blocks * tpb if blocks and tpb else None,
+                   others_left_out_bytes=recorded_others(trace))  # fmt: skip
 
-def as_fit(rank, capacity_bytes: int, util: float | None, rec: Recorded) -> Fit:
-    """:func:`fit_extensible` as a ``fits.Fit``: the same outcomes, words and JSON as the
-    profiling model, with the blocks and tokens vLLM would commit after warm-up."""
-    e = fit_extensible(rank.trace, capacity_bytes, util, non_torch_bytes=rec.non_torch_bytes, curves=rank.curves)
-    outcome = NO_KV if e.outcome == NO_KV_AFTER_WARMUP else e.outcome
-    over = {OOM: e.pre_kv_peak_bytes - capacity_bytes, NO_KV: -(e.range_bytes or 0) if e.outcome == NO_KV else 0}
-    stage = {OOM: "pre-KV", NO_KV: "KV sizing"}.get(outcome, "")
-    return Fit(
-        capacity_bytes=capacity_bytes,
-        util=e.util,
-        target_bytes=e.requested_bytes,
-        non_kv_bytes=rec.non_kv_bytes,
-        kv_cache_bytes=e.kv_bytes or 0,
-        pre_kv_peak_bytes=e.pre_kv_peak_bytes,
-        pre_kv_peak_phase=e.pre_kv_peak_phase,
-        post_kv_peak_bytes=None,
-        post_kv_peak_phase="",
-        outcome=outcome,
-        phase=e.phase,
-        overshoot_bytes=max(over.get(outcome, 0), 0),
-        headroom_bytes=capacity_bytes - e.pre_kv_peak_bytes if outcome == FITS else 0,
-        stage=stage,
-        non_torch_bytes=rec.non_torch_bytes,
-        non_torch_source=rec.non_torch_source,
-        non_kv_source=rec.non_kv_source,
-        recorded_capacity_bytes=rec.capacity_bytes,
-        kv_sizing=F.KV_SIZED_EXTENSIBLE,
-        kv_blocks=e.kv_blocks,
-        kv_tokens=e.kv_tokens,
-        others_left_out_bytes=recorded_others(rank.trace),
-        **rec.non_torch_split,
-    )
-
-
-def smallest(rank, util: float | None, rec: Recorded, lo: int = MIN_CAPACITY) -> int | None:
-    """The smallest capacity (to 64 MiB) on which :func:`as_fit` survives, or None up to ``fits.search_ceiling``."""
-    return smallest_card(lambda c: as_fit(rank, c, util, rec).survives, lo, search_ceiling(rec, lo))
+    # 1. before the KV cache is extended
+    over = np.flatnonzero(prep.need + others_bytes > capacity_bytes)
+    if len(over):
+        return result(OOM, path_at(trace, int(prep.time_us[over[0]])), pre - capacity_bytes, "pre-KV")
+    # 2. the address range
+    one, rng = prep.one_request, requested - prep.non_kv_bytes if prep.non_kv_bytes is not None else None
+    if rng is not None and (rng <= 0 or (one is not None and rng < one)):
+        return result(NO_KV, "kv_cache_init", -rng)
+    # 3. the size, by vLLM's formula on this card: the bytes this card has less of, free (the recorded card's other
+    # processes are not on it, unless given back as ``others_bytes``)
+    lacks = prep.recorded_total - recorded_others(trace) - capacity_bytes + others_bytes
+    s = facts.get(F.VLLM_KV_SIZING) or {}
+    strides, granule = [int(x) for x in s.get("segment_strides") or []], int(s.get("granularity_bytes") or 0)
+    available, *_ = measure_kv_cache_bytes(requested=requested, **extensible_inputs(s, lacks))
+    bpb = prep.sizing.bytes_per_block
+    most = rng // bpb if rng is not None else int(s.get("capacity_blocks") or 0)
+    blocks = blocks_within(available, strides, granule, most) if strides and granule else 0
+    if blocks <= 1 or (one is not None and (blocks - 1) * bpb < one):  # the null block holds no request
+        return result(NO_KV, path_at(trace, prep.sizing.time_us))
+    kv = pages_for(blocks, strides, granule)
+    return result(FITS if prep.extended else UNKNOWN, stage="", blocks=blocks, kv=kv)

@@ -62,8 +62,71 @@ RULES = {
     UNSTACKED: "as recorded: no stack was recorded, so it cannot be scaled",
 }
 BOOTS, DIES, REFUSES, UNKNOWN = "boots", "dies", "refuses", "unknown"
-#: vLLM's default utilization with / without the extensible KV cache (0.34).
-UTIL_EXTENSIBLE, UTIL_PROFILED = 1.0, 0.92
+#: Where a phase's predicted figure comes from (``PhasePeak.source``).
+RECORDED, SCALED_FROM_RECORDING, PRIOR = "recorded", "scaled", "prior"
+#: vLLM's default --gpu-memory-utilization by release (since (major, minor): with the extensible KV cache, without),
+#: newest first: 0.34 resolves it with the sizing mode (``resolved_gpu_memory_utilization``), before it was 0.9.
+VLLM_DEFAULT_UTIL = (((0, 34), 1.0, 0.92), ((0, 0), 0.9, 0.9))
+
+
+#: The smallest card ``fits`` accepts (no GPU vLLM runs on has less), and the precision of the smallest-card search
+#: (a smallest card within it of MIN_CAPACITY is the floor).
+MIN_CAPACITY, SEARCH_STEP = 1 << 30, 64 << 20
+
+
+def smallest_card(survives, lo: int, hi: int) -> int | None:
+    """The smallest capacity in (``lo``, ``hi``] (to :data:`SEARCH_STEP`) where ``survives(capacity)`` holds, by
+    bisection (an answer that survives on a card survives on every larger one); None when it fails at ``hi``."""
+    if not survives(hi):
+        return None
+    while hi - lo > SEARCH_STEP:
+        mid = (lo + hi) // 2
+        if survives(mid):
+            hi = mid
+        else:
+            lo = mid
+    return hi
+
+
+def default_util(version: tuple[int, int], extensible: bool) -> float:
+    """vLLM's default utilization for a release (``version``: (major, minor)) and sizing mode."""
+    return next(ext if extensible else prof for since, ext, prof in VLLM_DEFAULT_UTIL if version >= since)
+
+
+def one_request_bytes(max_model_len: int, bytes_per_block: float, tokens_per_block: int) -> int:
+    """KV bytes one request of ``max_model_len`` tokens needs: whole blocks (vLLM refuses to start below it)."""
+    return math.ceil(math.ceil(max_model_len / tokens_per_block) * bytes_per_block)
+
+
+def extensible_inputs(s: dict, lacks: int, moved: int = 0, tr: float = 1.0) -> dict:
+    """vLLM's post-warm-up sizing inputs as recorded (``s``: ``facts.VLLM_KV_SIZING``) on a card with ``lacks``
+    bytes less free, the free memory after warm-up less ``moved`` more, the transients x ``tr``: the keyword
+    arguments of ``extensible.measure_kv_cache_bytes`` but ``requested``."""
+    return dict(init_free=int(s["init_free_memory_bytes"]) - lacks, free=int(s["free_memory_bytes"]) - lacks - moved,
+                committed=int(s["committed_bytes"]), transient_peak=int(s["transient_peak_bytes"] * tr),
+                torch_reserve_growth=int(s["torch_reserve_growth_bytes"] * tr),
+                margin_floor=int(s.get("margin_floor_bytes") or 1 << 30),
+                margin_fraction=float(s.get("margin_fraction") or 0.75))  # fmt: skip
+
+
+def kv_block(facts: dict) -> tuple[int, int | None]:
+    """(bytes per KV block, tokens per block) as recorded (0 / None where not recorded)."""
+    blocks, kv = facts.get(F.VLLM_KV_BLOCKS), facts.get(F.VLLM_KV_BYTES)
+    per = (facts.get(F.VLLM_KV_SIZING) or {}).get("bytes_per_block") or (kv // blocks if blocks and kv else 0)
+    return int(per), F.kv_tokens_per_block(facts)
+
+
+def recorded_one_request(facts: dict, kv_bytes: int | None = None) -> int | None:
+    """:func:`one_request_bytes` at the recorded ``max_model_len`` and blocks (without blocks: ``kv_bytes`` over
+    the recorded tokens, one token a block); None when the trace lacks the figures (not a vLLM trace)."""
+    max_len = (facts.get(F.VLLM_CONFIG) or {}).get("max_model_len")
+    per, tpb = kv_block(facts)
+    tokens = facts.get(F.VLLM_KV_TOKENS)
+    if not (per and tpb) and kv_bytes and isinstance(tokens, int) and tokens > 0:
+        per, tpb = kv_bytes / tokens, 1
+    return one_request_bytes(max_len, per, tpb) if isinstance(max_len, int) and per and tpb else None
+
+
 _SAMPLER_FILES = ("sampler.py", "sampling.py", "topk_topp_sampler.py", "logits_processor.py", "penalties.py")
 _KV_FUNCS = ("_allocate_kv_cache_buffer", "allocate_kv_cache", "_allocate_kv_cache_tensors")
 _DTYPE_BYTES = {"fp8": 1, "fp8_e4m3": 1, "fp8_e5m2": 1, "auto": 2, "bfloat16": 2, "float16": 2, "half": 2}
@@ -82,12 +145,13 @@ class Flags:
     kv_cache_dtype: str
     gpu_memory_utilization: float | None
     extensible: bool
+    vllm: tuple[int, int] = (0, 34)  # the recorded release (major, minor): its default utilization
 
     @property
     def util(self) -> float:
         if self.gpu_memory_utilization is not None:
             return self.gpu_memory_utilization
-        return UTIL_EXTENSIBLE if self.extensible else UTIL_PROFILED
+        return default_util(self.vllm, self.extensible)
 
     @property
     def graphs(self) -> int:
@@ -148,6 +212,7 @@ def recorded_flags(trace) -> Flags | None:
         kv_cache_dtype=str(cfg.get("kv_cache_dtype") or "auto"),
         gpu_memory_utilization=float(trace.facts[F.UTIL]) if user and trace.facts.get(F.UTIL) else None,
         extensible=extensible_kv_cache(trace),
+        vllm=vllm_version(trace) or (0, 34),
     )
 
 
@@ -159,13 +224,20 @@ def extensible_kv_cache(trace) -> bool:
     return _version_at_least(trace, (0, 34))
 
 
-def _version_at_least(trace, least: tuple[int, int]) -> bool:
-    """Whether the recorded vLLM is at least ``least`` (major, minor); False when unknown."""
+def vllm_version(trace) -> tuple[int, int] | None:
+    """The recorded vLLM's (major, minor); None when unknown."""
     parts = str(trace.facts.get(F.VLLM_VERSION) or "").split(".")[:2]
     try:
-        return tuple(int("".join(c for c in p if c.isdigit()) or -1) for p in parts) >= least
+        v = tuple(int("".join(c for c in p if c.isdigit()) or -1) for p in parts)
     except ValueError:
-        return False
+        return None
+    return v if len(v) == 2 and min(v) >= 0 else None
+
+
+def _version_at_least(trace, least: tuple[int, int]) -> bool:
+    """Whether the recorded vLLM is at least ``least`` (major, minor); False when unknown."""
+    v = vllm_version(trace)
+    return v is not None and v >= least
 
 
 def _bool(name: str, value: str) -> bool:
@@ -391,15 +463,23 @@ def _phase_names(sites: Sites) -> np.ndarray:
 
 @dataclass(frozen=True)
 class PhasePeak:
-    """A phase's recorded and predicted peak, and what moved it (kind -> (recorded, predicted) bytes)."""
+    """A phase's recorded and predicted peak, and what moved it (kind -> (recorded, predicted) bytes; the KV
+    cache: the most the phase recorded, and what it holds on this card)."""
 
     phase: str
-    recorded_bytes: int
-    predicted_bytes: int
+    recorded_bytes: int | None  # report's peak of the phase: device used (NVML, ``phases.phase_stats``); None unsampled
+    needed_bytes: (
+        int  # what the start-up needed in the phase as recorded (the model's curve: pinned + non-PyTorch + KV)
+    )
+    predicted_bytes: int  # the same on this card with these flags
     time_us: int
     after_kv: bool
     kinds: dict[str, tuple[int, int]]
     sites: dict[str, list[tuple[str, int]]] = field(default_factory=dict)
+    #: where the predicted figure comes from: RECORDED (nothing in it moved), SCALED (the recording, kinds moved
+    #: by their rules or fits) or PRIOR (a phase the recording never reached, e.g. cut by its OOM: from the
+    #: model's config, issue 43; no prior is built yet, so such a phase is not in the table)
+    source: str = "recorded"
 
 
 @dataclass(frozen=True)
@@ -430,6 +510,9 @@ class Outcome:
     phases: list[PhasePeak]
     pre_kv_peak_bytes: int
     pre_kv_peak_phase: str
+    #: how much larger a card must be to boot with these flags (the smallest such card less this one, to
+    #: ``fits.SEARCH_STEP``); 0 when it boots; None where no card up to the search's ceiling does
+    short_bytes: int | None = None
 
 
 class WhatIf:
@@ -530,18 +613,21 @@ class WhatIf:
                 continue  # vLLM does not run it under these flags
             end = p.end_us if p.end_us is not None else int(s.time[-1])
             peak, t = self._window_peak(pred, p.start_us, end)
-            rec_peak, _ = self._window_peak(s.held, p.start_us, end)
             j = int(np.searchsorted(s.time, t, side="right")) - 1
             kinds = {}
             for k in SCALED:
                 rb = int(s.bytes[k][j])
                 if rb:
                     kinds[k] = (rb, int(round(rb * self.scales[k].factor)))
-            kvb = int(s.bytes[KV][j] + s.vmm_kv[j])
+            idx = s.window_index(p.start_us, end)
+            kvb = int((s.bytes[KV][idx] + s.vmm_kv[idx]).max())  # the most KV cache the phase recorded
             if kvb or t >= self.kv_at_us:
                 kinds[KV] = (kvb, kv_bytes if t >= self.kv_at_us else 0)
             sites = {k: s.top_sites(k, t) for k in kinds if k != KV}
-            out.append(PhasePeak(path, rec_peak, peak, t, t >= self.kv_at_us, kinds, sites))
+            moved = any(rec != new for rec, new in kinds.values())
+            out.append(PhasePeak(path, s.rank.phases[i].peak_device_used_bytes, self._window_peak(s.held, p.start_us, end)[0],
+                                 peak, t, t >= self.kv_at_us, kinds, sites,
+                                 SCALED_FROM_RECORDING if moved else RECORDED))  # fmt: skip
         return out
 
     @cached_property
@@ -563,19 +649,15 @@ class WhatIf:
     @cached_property
     def per_block(self) -> tuple[int, int]:
         """(bytes per KV block, tokens per block) on the new flags."""
-        f = self.sites.trace.facts
-        blocks = f.get(F.VLLM_KV_BLOCKS)
-        sizing = f.get(F.VLLM_KV_SIZING) or {}
-        per = sizing.get("bytes_per_block") or (f.get(F.VLLM_KV_BYTES) // blocks if blocks else None)
-        tpb = F.kv_tokens_per_block(f) or 16
+        per, tpb = kv_block(self.sites.trace.facts)
         ratio = _DTYPE_BYTES.get(self.flags.kv_cache_dtype, 2) / _DTYPE_BYTES.get(self.rec.kv_cache_dtype, 2)
-        return int((per or 0) * ratio), tpb
+        return int(per * ratio), tpb or 16
 
     def kv_on(self, capacity: int, others: int, left_out: int) -> KvSizing | None:
         per, tpb = self.per_block
         if not per:
             return None
-        one = math.ceil(self.flags.max_model_len / tpb) * per
+        one = one_request_bytes(self.flags.max_model_len, per, tpb)
         if self.flags.extensible:
             return self._kv_extensible(capacity, others, left_out, per, tpb, one)
         return self._kv_profiled(capacity, others, per, tpb, one)
@@ -631,34 +713,24 @@ class WhatIf:
             tr = pmax / rmax if rmax > 0 else 1.0
         if s.get("free_memory_bytes"):  # recorded in this mode: vLLM's inputs, moved
             total = int(s.get("total_memory_bytes") or self.sites.trace.process.device_total_bytes)
-            lacks = total - left_out - (capacity - others)
-            init_free = int(s["init_free_memory_bytes"]) - lacks
-            free = int(s["free_memory_bytes"]) - lacks - moved_at_sizing
-            committed = int(s["committed_bytes"])
-            transient, growth = int(s["transient_peak_bytes"] * tr), int(s["torch_reserve_growth_bytes"] * tr)
-            floor, frac = int(s.get("margin_floor_bytes") or 1 << 30), float(s.get("margin_fraction") or 0.75)
+            inputs = extensible_inputs(s, total - left_out - (capacity - others), moved_at_sizing, tr)
             strides = [int(x * per / max(int(s["bytes_per_block"]), 1)) for x in s.get("segment_strides") or []]
             granule = int(s.get("granularity_bytes") or 2 << 20)
             src = "vLLM's post-warm-up inputs as recorded, moved to this card and these flags"
         else:  # recorded profiled: vLLM's inputs rebuilt from the curve (an estimate)
-            prof = f.get(F.VLLM_PROFILE) or {}
-            init_used = own_init_used(self.sites.trace)
-            init_free = capacity - others - init_used
-            free = capacity - others - int(self.no_kv[j])
-            committed, transient = 0, int((prof.get("peak_activation_memory_bytes") or 0) * tr)
-            growth, floor, frac = transient, 1 << 30, 0.75
+            transient = int(((f.get(F.VLLM_PROFILE) or {}).get("peak_activation_memory_bytes") or 0) * tr)
+            inputs = dict(init_free=capacity - others - own_init_used(self.sites.trace),
+                          free=capacity - others - int(self.no_kv[j]), committed=0, transient_peak=transient,
+                          torch_reserve_growth=transient, margin_floor=1 << 30, margin_fraction=0.75)  # fmt: skip
             strides, granule = [per], 2 << 20
             src = "vLLM 0.34's post-warm-up formula on the predicted curve (estimate: the recording was profiled)"
-        available, *_ = measure_kv_cache_bytes(
-            init_free=init_free, free=free, committed=committed, requested=requested, transient_peak=transient,
-            torch_reserve_growth=growth, margin_floor=floor, margin_fraction=frac,
-        )  # fmt: skip
+        available, *_ = measure_kv_cache_bytes(requested=requested, **inputs)
         range_blocks = max((requested - withheld) // per, 0)
         blocks = blocks_within(available, strides, granule, range_blocks) if strides else 0
         tokens = blocks * tpb
         how = (
-            f"{src}: free after warm-up {free:,} B, transient peak {transient:,} B, reserve growth {growth:,} B, "
-            f"requested ceil({self.flags.util:g} x {capacity:,} B)"
+            f"{src}: free after warm-up {inputs['free']:,} B, transient peak {inputs['transient_peak']:,} B, reserve "
+            f"growth {inputs['torch_reserve_growth']:,} B, requested ceil({self.flags.util:g} x {capacity:,} B)"
         )
         kv_bytes = pages_for(blocks, strides, granule) if strides else 0
         return KvSizing(available, blocks, tokens, kv_bytes, tokens / self.flags.max_model_len, how, one)
@@ -703,7 +775,8 @@ class WhatIf:
             return Outcome(**common, verdict=UNKNOWN, phase="", by_bytes=0, why=why, kv=None, phases=phases)
         phases = self.phase_peaks(kv.kv_bytes, others)
         sizing = "kv_cache_sizing" if self.flags.extensible else "determine_available_memory"
-        if kv.available_bytes <= 0 or kv.tokens < self.flags.max_model_len:
+        usable = kv.blocks - (1 if self.flags.extensible else 0)  # vLLM's null block holds no tokens
+        if kv.available_bytes <= 0 or usable * self.per_block[1] < self.flags.max_model_len:
             short = max(kv.one_request_bytes - max(kv.available_bytes, 0), 0)
             why = 'no memory left for one request of max-model-len tokens ("No available memory for the cache blocks")'
             return Outcome(**common, verdict=REFUSES, phase=sizing, by_bytes=short, why=why, kv=kv, phases=phases)
@@ -717,6 +790,15 @@ class WhatIf:
             return Outcome(**common, verdict=DIES, phase=path_at(self.sites.trace, t), by_bytes=by, why=why, kv=kv,
                            phases=phases)  # fmt: skip
         return Outcome(**common, verdict=BOOTS, phase="", by_bytes=0, why="", kv=kv, phases=phases)
+
+    def short(self, capacity: int, **card) -> Outcome:
+        """:meth:`on`, with how much larger a card must be to boot (``Outcome.short_bytes``)."""
+        o = self.on(capacity, **card)
+        if o.verdict == BOOTS:
+            return dataclasses.replace(o, short_bytes=0)
+        top = max(capacity, 4 * (o.pre_kv_peak_bytes + o.others_bytes)) + SEARCH_STEP
+        least = smallest_card(lambda c: self.on(c, **card).verdict == BOOTS, capacity, top)
+        return dataclasses.replace(o, short_bytes=least - capacity if least is not None else None)
 
     def _refused_short_of_the_kv_cache(self, requested: int) -> tuple[str, int, str] | None:
         """Where the recording ends before vLLM sized the KV cache: (phase, short, why) when vLLM's own sizing
@@ -855,14 +937,16 @@ def shared_utilization(sites: Sites, capacity: int, others: int) -> float | None
 
 
 def suggest(sites: Sites, capacity: int, *, keep_others: bool = False, others_bytes: int | None = None,
-            cal: Calibration | None = None, top: int = 8, base: Flags | None = None) -> Suggestions:  # fmt: skip
-    """The changes (one, else two at once) to ``base`` (default: the recorded flags) that boot on ``capacity``."""
+            cal: Calibration | None = None, top: int = 8, base: Flags | None = None,
+            recorded: Outcome | None = None) -> Suggestions:  # fmt: skip
+    """The changes (one, else two at once) to ``base`` (default: the recorded flags) that boot on ``capacity``
+    (``recorded``: ``base``'s outcome there, when already answered)."""
     rec = base or sites.flags
     ext_known = _version_at_least(sites.trace, (0, 34))
     card = dict(keep_others=keep_others, others_bytes=others_bytes)
     others = others_bytes if others_bytes is not None else recorded_others(sites.trace) if keep_others else 0
     singles = candidates(rec, ext_known, shared_utilization(sites, capacity, others))
-    recorded_outcome = WhatIf(sites, rec, cal).on(capacity, **card)
+    recorded_outcome = recorded or WhatIf(sites, rec, cal).on(capacity, **card)
     booting: list[Suggestion] = []
     tried = 0
     for size in (1, 2):
@@ -881,13 +965,22 @@ def suggest(sites: Sites, capacity: int, *, keep_others: bool = False, others_by
         key=lambda s: (len(s.changes), s.outcome.verdict != BOOTS, -(s.outcome.kv.tokens if s.outcome.kv else 0),
                        s.outcome.pre_kv_peak_bytes)
     )  # fmt: skip
-    frugal = dataclasses.replace(rec, max_num_batched_tokens=min(256, rec.max_num_batched_tokens),
-                                 max_num_seqs=1, enforce_eager=True)  # fmt: skip
+    frugal = _frugal(rec, singles)
     w = WhatIf(sites, frugal, cal)
     per, tpb = w.per_block
-    one = math.ceil(rec.max_model_len / tpb) * per if per else 0
+    one = one_request_bytes(frugal.max_model_len, per, tpb) if per else 0
     return Suggestions(capacity, recorded_outcome, booting[:top], w.pre_kv[0] + one, frugal.changes(rec), tried,
                        w.on(capacity, **card))  # fmt: skip
+
+
+def _frugal(rec: Flags, singles: list[dict]) -> Flags:
+    """The most frugal flags tried: the fewest batched tokens and sequences, no CUDA graphs, the shortest
+    max-model-len and the smallest KV dtype among the changes tried (``rec``'s own where none is smaller)."""
+    lens = [rec.max_model_len, *(c["max_model_len"] for c in singles if "max_model_len" in c)]
+    dtypes = [rec.kv_cache_dtype, *(c["kv_cache_dtype"] for c in singles if "kv_cache_dtype" in c)]
+    return dataclasses.replace(rec, max_num_batched_tokens=min(256, rec.max_num_batched_tokens), max_num_seqs=1,
+                               enforce_eager=True, max_model_len=min(lens),
+                               kv_cache_dtype=min(dtypes, key=lambda d: _DTYPE_BYTES.get(d, 2)))  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -905,32 +998,6 @@ class Answer:
     suggestions: list[Suggestions]
     keep_others: bool
     vllm_version: str
-
-
-def answer(rank, what_if: list[str], capacities: list[int], *, suggest_too: bool = False, keep_others: bool = False,
-           others_bytes: int | None = None, calibration_ranks: tuple = ()) -> Answer:  # fmt: skip
-    """The what-if of ``rank`` under ``what_if`` on each card (``calibration_ranks``: more traces of the same
-    model, to fit each site's scaling), and with ``suggest_too`` the flags that boot on each card."""
-    sites = sites_of(rank)
-    cal = calibrate([sites, *(sites_of(r) for r in calibration_ranks)]) if calibration_ranks else None
-    flags = apply_what_if(sites.flags, what_if)
-    w = WhatIf(sites, flags, cal)
-    card = dict(keep_others=keep_others, others_bytes=others_bytes)
-    outcomes = [w.on(c, **card) for c in capacities]
-    found = [suggest(sites, c, **card, cal=cal, base=flags) for c in capacities] if suggest_too else []
-    return Answer(
-        recorded=sites.flags,
-        flags=flags,
-        changes=flags.changes(sites.flags),
-        scales=w.scales,
-        calibrated_traces=cal.traces if cal is not None else 0,
-        fitted_lines=len(cal.lines) if cal is not None else 0,
-        notes=w.notes,
-        outcomes=outcomes,
-        suggestions=found,
-        keep_others=keep_others,
-        vllm_version=str(rank.trace.facts.get(F.VLLM_VERSION) or ""),
-    )
 
 
 def answer_to_dict(a: Answer) -> dict:

@@ -112,7 +112,7 @@ def check(base: W.Sites, cal: W.Calibration | None, measured: W.Sites, name: str
         if q is not None:
             at = measured.rank.oom.phase_path if died else ""
             cut = died and (at == p.phase or at.startswith(p.phase + "/"))  # the phase the OOM ended
-            figures.append(Figure(f"peak {p.phase}", q.predicted_bytes - pred.others_bytes, p.recorded_bytes,
+            figures.append(Figure(f"peak {p.phase}", q.predicted_bytes - pred.others_bytes, p.needed_bytes,
                                   lower_bound=cut))  # fmt: skip
     if pred.kv is not None and own.kv is not None:
         figures.append(Figure("vLLM's available KV", pred.kv.available_bytes, own.kv.available_bytes))

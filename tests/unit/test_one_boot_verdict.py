@@ -1,0 +1,125 @@
+"""One verdict of booting over every shipped vLLM start-up and a sweep of cards (issue 40).
+
+For each start-up recorded on a real GPU (tests/data/vllm-h200*, vllm-h100*, and tests/data/h200's vLLM-shaped
+start-ups, which answer as plain fits alone: no vLLM config to ask the what-if) and every card from 8 GiB to the recorded one in steps of 0.25 GiB, the answer is computed once
+(``AnalysedRank.boot``) and every output is read from it: plain ``fits`` (``Fit``), ``--json`` (``fit_to_dict``),
+the what-if of no change that ``--suggest``'s recorded-flags line prints (``boot.answer``, on the cards around the
+flip, the recorded card and every 4 GiB), and the issue bundle's and the view's "What would make it boot"
+(``recorded_card_answer``). A few CLI runs check the printed words say the same. The smallest card is where the
+verdict flips; "short by N" at a card C boots at C + N and not below (to the search's step).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from memtrace.analysis.analysed.run import analyse
+from memtrace.analysis.capacity.boot import VERDICT, answer, recorded_card_answer
+from memtrace.analysis.capacity.fits import FITS, MIN_CAPACITY, NO_KV, REFUSED, SEARCH_STEP, fit_to_dict
+from memtrace.analysis.capacity.whatif import BOOTS, recorded_flags, recorded_others
+from memtrace.cli import main
+from memtrace.plots.fits_text import HEADLINE
+from memtrace.store import load_run
+from testdata import DATA
+
+GiB = 1 << 30
+STEP = GiB // 4
+
+
+def _runs() -> list[Path]:
+    dirs = [p for d in ("h200", *(x.name for x in DATA.glob("vllm-h[12]00*"))) for p in (DATA / d).iterdir()]
+    return sorted(p for p in dirs if p.is_dir() and any(p.glob("*.memtrace*")))
+
+
+RUNS = _runs()
+
+
+def _rank(path: Path):
+    run = analyse(load_run(path).traces)
+    return run, (None if run.worst.recorded_nothing else run.worst)
+
+
+def test_the_sweep_covers_every_shipped_vllm_start_up():
+    names = {f"{p.parent.name}/{p.name}" for p in RUNS}
+    assert {"vllm-h200-034/dense-ext", "vllm-h200-034/moe-ext", "vllm-h200-034-grid/small-r2048",
+            "vllm-h100-034-serving/oom-held", "h200/startup-full"} <= names  # fmt: skip
+    assert len(RUNS) >= 30
+
+
+@pytest.mark.parametrize("path", RUNS, ids=lambda p: f"{p.parent.name}/{p.name}")
+def test_every_output_gives_one_verdict_on_every_card(path):
+    run, r = _rank(path)
+    if r is None:
+        pytest.skip("no events recorded")
+    card = r.recorded_target.capacity_bytes or r.trace.process.device_total_bytes
+    b = r.boot()
+    cards = range(8 * GiB, card + 1, STEP)
+    fits = {c: b.fit(c) for c in cards}
+    for c, f in fits.items():
+        d = fit_to_dict(f)  # --json: one thing said
+        assert d["survives"] == (d["outcome"] == FITS)
+        if d["outcome"] in (NO_KV, REFUSED):
+            assert d["kv_cache_bytes"] == 0 and d["kv_blocks"] is None and d["kv_tokens"] is None
+        assert (f.short_bytes == 0) == f.survives
+        if f.short_bytes:  # the growth that boots, and no less
+            assert b.fit(c + f.short_bytes).survives and not b.fit(c + f.short_bytes - SEARCH_STEP).survives
+    s = b.smallest
+    if s is not None:
+        # the verdict flips once, there (to the search's step)
+        assert all(f.survives for c, f in fits.items() if c >= s)
+        assert not any(f.survives for c, f in fits.items() if c <= s - SEARCH_STEP)
+        assert b.fit(int(s * 1.01)).survives
+        assert s - MIN_CAPACITY <= SEARCH_STEP or not b.fit(int(s * 0.99)).survives
+    else:
+        assert not any(f.survives for f in fits.values()) and all(f.short_bytes is None for f in fits.values())
+    if recorded_flags(r.trace) is None:
+        return  # no what-if without vLLM's config: plain fits is all there is
+    near = [int(s * 1.01), int(s * 0.99)] if s is not None and s > MIN_CAPACITY + SEARCH_STEP else []
+    asked = sorted({*cards[::16], card, *near})
+    said = answer(r, [], asked).outcomes  # --suggest's recorded-flags line and --what-if of no change
+    assert [o.verdict for o in said] == [VERDICT[b.fit(c).outcome] for c in asked]
+    assert [o.short_bytes for o in said] == [b.fit(c).short_bytes for c in asked]
+    bundle = recorded_card_answer(run)  # the issue bundle's and the view's
+    if bundle is not None:
+        kept = answer(r, [], [card], keep_others=True).outcomes[0]
+        assert bundle.outcomes[0].verdict == kept.verdict
+        if not recorded_others(r.trace):
+            assert kept.verdict == VERDICT[b.fit(card).outcome]
+
+
+@pytest.mark.parametrize("cards", ["17GiB,20.1GiB,20.25GiB", "12GiB,13.75GiB,14GiB"])
+def test_fits_text_json_and_suggest_print_the_same_verdict(capsys, cards):
+    run = DATA / "vllm-h200-034" / ("dense-ext" if cards.startswith("17") else "moe-ext")
+    rc_json = main(["fits", str(run), "--capacity", cards, "--json"])
+    doc = json.loads(capsys.readouterr().out)
+    rc_text = main(["fits", str(run), "--capacity", cards])
+    text = capsys.readouterr().out
+    rc_suggest = main(["fits", str(run), "--capacity", cards, "--suggest", "--json"])
+    what_if = json.loads(capsys.readouterr().out)["what_if"]
+    assert rc_json == rc_text == rc_suggest
+    for f, o in zip(doc["fits"], what_if["outcomes"], strict=True):
+        assert VERDICT[f["outcome"]] == o["verdict"] and f["short_bytes"] == o["short_bytes"]
+        row = next(
+            line for line in text.splitlines() if line.strip().startswith(f"{f['capacity_bytes'] / GiB:.2f} GiB")
+        )
+        assert ("fits:" in row) == (o["verdict"] == BOOTS)
+    assert [s["recorded"]["verdict"] for s in what_if["suggestions"]] == [o["verdict"] for o in what_if["outcomes"]]
+
+
+@pytest.mark.parametrize("step", ["small-die-p16384", "small-rescue-p2048"])
+def test_the_issue_bundle_and_the_view_say_the_verdict_fits_gives_on_the_recorded_card(capsys, tmp_path, step):
+    """One died of a CUDA OOM on its card, one crossed its target beside a neighbour: the bundle's and the view's
+    headline is the verdict ``fits --suggest --keep-others`` gives on that card."""
+    run = DATA / "vllm-h200-034-grid" / step
+    card = analyse(load_run(run).traces).worst.recorded_target.capacity_bytes
+    main(["fits", str(run), "--capacity", f"{card}B", "--suggest", "--keep-others", "--json"])
+    head = HEADLINE[json.loads(capsys.readouterr().out)["what_if"]["outcomes"][0]["verdict"]]
+    assert main(["issue", str(run), "-o", str(tmp_path / "issue")]) == 0
+    md = " ".join((tmp_path / "issue" / "issue.md").read_text().split())
+    assert f"with the recorded flags: {head}" in md
+    assert main(["view", str(run), "-o", str(tmp_path / "view.html")]) == 0
+    page = (tmp_path / "view.html").read_text()
+    view = json.loads(page.split('id="mt-doc">', 1)[1].split("</script>", 1)[0])
+    assert f"with the recorded flags: {head}" in " ".join(view["boot"].split())
