@@ -47,11 +47,13 @@ _UNITS = {
 _SIZE_RE = re.compile(r"^\s*([+-]?\d+(?:\.\d*)?|[+-]?\.\d+)\s*([a-zA-Z]*)\s*$")
 
 
-def parse_size(text: str | int) -> int:
+def parse_size(text: str | int, *, at_least: str = "") -> int:
     """Bytes from "32GiB", "96 GB", "512MiB", "1.5g" or a plain integer; raises UsageError otherwise.
 
     Args:
         text: the size as typed. Units are case-insensitive; a bare number is bytes.
+        at_least: the least size the caller takes, as its refusal words it ("1GiB, a card's memory"); a
+            negative size is then refused with it (else with "zero or more bytes").
     Returns:
         The size in bytes, rounded to the nearest integer. Negative sizes are refused.
     """
@@ -66,7 +68,9 @@ def parse_size(text: str | int) -> int:
             )
         value = round(float(m.group(1)) * _UNITS[unit])
     if value < 0:
-        raise UsageError(f"size {text!r} is negative; give a size of zero or more bytes")
+        raise UsageError(
+            f"size {text!r} is negative; give {f'at least {at_least}' if at_least else 'zero or more bytes'}"
+        )
     return int(value)
 
 
@@ -107,15 +111,21 @@ def parse_threshold(text: str) -> Threshold:
         if pct < 0:
             raise UsageError(f"percentage {text!r} is negative; give 0% or more")
         return Threshold(fraction=pct / 100)
+    m = _SIZE_RE.match(raw)
+    if not m or m.group(2).lower() not in _UNITS:
+        raise UsageError(f"cannot read limit {text!r}: write a percentage (2%) or a size (512MiB)")
     return Threshold(bytes=parse_size(raw))
 
 
-def parse_sizes(text: str) -> list[int]:
-    """Bytes from a comma-separated list: "16GiB,32GiB"."""
-    parts = [p for p in str(text).split(",") if p.strip()]
-    if not parts:
+def parse_sizes(text: str, *, at_least: str = "") -> list[int]:
+    """Bytes from a comma-separated list: "16GiB,32GiB" (``at_least``: as :func:`parse_size`'s). An empty item
+    ("16GiB,,32GiB", "16GiB,") is refused: a typo is never read as one card fewer."""
+    parts = str(text).split(",")
+    if not str(text).strip():
         raise UsageError(f"cannot read sizes {text!r}: write e.g. 16GiB,32GiB")
-    return [parse_size(p) for p in parts]
+    if any(not p.strip() for p in parts):
+        raise UsageError(f"cannot read sizes {text!r}: an empty size in the list; write e.g. 16GiB,32GiB")
+    return [parse_size(p, at_least=at_least) for p in parts]
 
 
 def _gib(n_bytes: int | float, digits: int = 2, sign: str = "", unit: str = " GiB") -> str:

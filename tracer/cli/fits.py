@@ -100,7 +100,7 @@ def run(args: argparse.Namespace) -> int:
     from memtrace.progress import task
     from memtrace.units import parse_fraction, parse_size, parse_sizes
 
-    capacities = [check_capacity(c) for c in parse_sizes(args.capacity)]
+    capacities = [check_capacity(c) for c in parse_sizes(args.capacity, at_least="1GiB, a card's memory")]
     util = parse_fraction(args.util) if args.util is not None else None
     non_torch = check_non_torch(parse_size(args.non_torch) if args.non_torch is not None else None, capacities)
     run_ = _on_cards(analysed(args))
