@@ -194,7 +194,7 @@ def _header(out: _Out, s: Summary) -> None:
     if versions:
         out.item("versions: " + ", ".join(versions))
     if s.allocator:
-        shown = ", ".join(f"{k}:{v}" if v else k for k, v in sorted(s.allocator.items()))
+        shown = ", ".join(f"{k}:{v}" if v else f"{k} unset" for k, v in sorted(s.allocator.items()))
         out.item(f"allocator settings: {shown}")
     dur = (s.end_us - s.start_us) / 1e6
     rec = s.recording

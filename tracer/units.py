@@ -205,3 +205,17 @@ def format_bytes(n_bytes: int | float, digits: int = 1) -> str:
         if n >= scale:
             return f"{sign}{n / scale:.{digits}f} {unit}"
     return f"{sign}{int(n)} B"
+
+
+def count_of(n: int | None, noun: str, plural: str = "") -> str:
+    """A count and its noun, as prose words it: "1 block", "13,587 blocks", "0 requests"; "- requests" for an
+    unknown count. ``plural`` when it is not ``noun`` + "s" ("process", "processes")."""
+    many = plural or f"{noun}s"
+    if n is None or not isinstance(n, int | float):
+        return f"- {many}"
+    return f"{n:,} {noun if n == 1 else many}"
+
+
+def thousands(n: int | float | None) -> str:
+    """A count with thousands separators ("260,474"); "-" for an unknown one."""
+    return "-" if n is None or not isinstance(n, int | float) else f"{n:,}"

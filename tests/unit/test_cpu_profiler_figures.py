@@ -57,7 +57,7 @@ def test_a_cpu_workers_kib_peaks_read_in_kib_in_every_text_output_and_json_keeps
     diff = _flat(_out(capsys, "diff", str(TP1), str(need(TP2)), "--rank", "0"))
     assert "peak allocated 9.24 KiB → 8.24 KiB -1.0 KiB (-10.8%)" in diff
     md = _issue_md(tmp_path, TP2)
-    assert "- **Who held it** at the peak: 4.23 KiB (51 %) `<op>:0 aten::empty` (1 blocks)" in md
+    assert "- **Who held it** at the peak: 4.23 KiB (51 %) `<op>:0 aten::empty` (1 block)" in md
     capsys.readouterr()
     assert "allocated peak at least 9.24 KiB at 0.05 s" in _flat(_view_doc(tmp_path, TP1)["report"])
 
