@@ -75,8 +75,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         action="append",
         default=[],
         metavar="FLAG[=VALUE]",
-        help="a vLLM flag changed: max-num-batched-tokens=N, max-num-seqs=N, max-model-len=N, enforce-eager, "
-        "kv-cache-dtype=fp8|auto, gpu-memory-utilization=F, extensible-kv-cache=on|off (repeatable)",
+        help="a vLLM flag changed: max-num-batched-tokens=N, max-num-seqs=N, max-model-len=N, enforce-eager (or "
+        "no-enforce-eager), kv-cache-dtype=fp8|auto|bfloat16|float16, gpu-memory-utilization=F, "
+        "extensible-kv-cache=on|off (repeatable)",
     )
     p.add_argument("--suggest", action="store_true", help="the changes to the recorded flags that boot on each card")
     p.add_argument(
