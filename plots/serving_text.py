@@ -13,7 +13,7 @@ from memtrace.analysis.memory import quantities as Q
 from memtrace.analysis.serving.serving import WindowSummary
 from memtrace.analysis.serving.serving_held import DeviceAtEnd, Holders
 from memtrace.plots import cost_text, oom_text
-from memtrace.units import count_of, format_size, gib_number, gib_or_dash, signed_size, thousands
+from memtrace.units import count_of, format_size, gib_or_dash, signed_size, size_column, thousands
 
 
 def _s(us: int | None) -> str:
@@ -67,9 +67,10 @@ def render_window(out, ws: WindowSummary | None, t0_us: int) -> None:
         from memtrace.plots.text import frame_text
 
         out.line()
+        col = size_column(g.bytes for g in ws.growth)
         out.table(
-            ["allocated in the window, live at its end", "GiB", "blocks"],
-            [[frame_text(g.frame), gib_number(g.bytes), str(g.count)] for g in ws.growth],
+            ["allocated in the window, live at its end", col.unit, "blocks"],
+            [[frame_text(g.frame), col.cell(g.bytes), f"{g.count:,}"] for g in ws.growth],
             "lrr",
         )
     if ws.steps_before_end or ws.steps_in_progress:

@@ -16,6 +16,7 @@ The exact integers are in ``--json``.
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 from memtrace.errors import UsageError
@@ -219,3 +220,33 @@ def count_of(n: int | None, noun: str, plural: str = "") -> str:
 def thousands(n: int | float | None) -> str:
     """A count with thousands separators ("260,474"); "-" for an unknown one."""
     return "-" if n is None or not isinstance(n, int | float) else f"{n:,}"
+
+
+@dataclass(frozen=True)
+class SizeColumn:
+    """The one unit of a table's size columns, named in their header: GiB wherever GiB can show the largest figure
+    (every GPU start-up), else the largest unit that figure is more than (a CPU profiler trace's KiB). Each cell
+    has two decimals of that unit; a figure too small for them reads "<0.01" ("+<0.01", "-<0.01" signed), never a
+    size in another unit under the header, never zero when it is not."""
+
+    unit: str
+    scale: int
+
+    def cell(self, n_bytes: int | None, signed: bool = False) -> str:
+        """``n_bytes`` in the column's unit ("12.34", "+0.50", "<0.01"); "-" for None."""
+        if n_bytes is None:
+            return "-"
+        if self.scale == 1:
+            return f"{n_bytes:{'+' if signed else ''},}"
+        text = f"{n_bytes / self.scale:{'+' if signed else ''}.2f}"
+        if n_bytes and not float(text):
+            return ("-" if n_bytes < 0 else "+" if signed else "") + "<0.01"
+        return text
+
+
+def size_column(values: Iterable[int | None]) -> SizeColumn:
+    """The :class:`SizeColumn` of a table whose size cells are ``values`` (None: an empty cell)."""
+    top = max((abs(v) for v in values if v is not None), default=0)
+    if top == 0 or float(f"{top / GiB:.2f}"):
+        return SizeColumn("GiB", GiB)
+    return SizeColumn(*axis_unit(top))
