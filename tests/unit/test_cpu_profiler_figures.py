@@ -67,9 +67,9 @@ def test_cpu_ranks_are_compared_by_allocated_and_a_tie_peaked_equally_never_0_00
     text = _out(capsys, "report", str(need(TP2)))
     section = text.split("Ranks side by side", 1)[1]
     flat = _flat(section)
-    assert "process peak allocated GiB at verdict phase" in flat
-    assert "host (CPU) of rank 0 8.24 KiB 0.06 s no target -" in flat
-    assert "host (CPU) of rank 1 8.24 KiB 0.06 s no target -" in flat
+    assert "process peak allocated KiB at verdict phase" in flat  # the unit of its figures (issue 41)
+    assert "host (CPU) of rank 0 8.24 0.06 s no target -" in flat
+    assert "host (CPU) of rank 1 8.24 0.06 s no target -" in flat
     assert "host (CPU) of rank 0 and host (CPU) of rank 1 peaked equally (8.24 KiB)" in flat
     assert "higher than the next" not in flat and "0.00 GiB" not in section
     assert "Worst: host (CPU) of rank 0 (highest allocated peak, 8.24 KiB)" in flat
