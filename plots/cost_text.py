@@ -41,7 +41,10 @@ def sources(cost: SelfCost, top: int = TOP_SOURCES) -> str:
 
 
 def _sources(sources: list[CostSource], top: int) -> str:
-    shown = [f"{s.name} {_ms(s.ns)} ({s.calls:,})" for s in sources[:top]]
+    shown = [
+        f"{s.name} {_ms(s.ns)} ({s.calls:,}{'' if s.calls else ': the ends of calls begun earlier'})"
+        for s in sources[:top]
+    ]
     rest = sources[top:]
     if rest:
         shown.append(f"{len(rest)} more {_ms(sum(s.ns for s in rest))}")

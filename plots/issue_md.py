@@ -27,7 +27,7 @@ from memtrace.plots import verdict_text
 from memtrace.plots.formats import of
 from memtrace.plots.serving_text import window_lines
 from memtrace.plots.text import before_recording_figures, holder_text
-from memtrace.units import format_gib
+from memtrace.units import count_of, format_gib
 
 #: this module's output format(s) (``plots.format_spec``)
 FORMATS = of(__name__)
@@ -89,7 +89,7 @@ def _holders_line(run) -> str | None:
         return None
     named = ", ".join(
         f"{format_gib(h.bytes)} ({h.share * 100:.0f} %) `{holder_text(h)}`"
-        + (f" ({h.count:,} blocks)" if h.count else "")
+        + (f" ({count_of(h.count, 'block')})" if h.count else "")
         for h in s.holders[:_HOLDERS]
     )
     more = f"; {len(s.holders) - _HOLDERS} more in the report below" if len(s.holders) > _HOLDERS else ""
@@ -123,7 +123,7 @@ def _kv_line(run) -> str | None:
     e = r.extensible
     if e is not None and r.vmm is not None:
         parts.append(
-            f"KV cache: {format_gib(r.vmm.kv_cache_bytes)} ({e.num_blocks:,} blocks) committed through CUDA's VMM "
+            f"KV cache: {format_gib(r.vmm.kv_cache_bytes)} ({count_of(e.num_blocks, 'block')}) committed through CUDA's VMM "
             "API after warm-up, outside PyTorch's allocator (vLLM's extensible KV cache)."
         )
     elif lm.vllm_available_kv_bytes is not None:

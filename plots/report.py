@@ -16,7 +16,7 @@ from memtrace.analysis.memory import quantities
 from memtrace.plots import oom_text, verdict_text
 from memtrace.plots.formats import of
 from memtrace.plots.text import _CURVE_NAMES, _Out, _seconds, render_definitions, render_report, wrap
-from memtrace.units import gib_number, gib_or_dash
+from memtrace.units import gib_or_dash, size_column
 
 #: this module's output format(s) (``plots.format_spec``)
 FORMATS = of(__name__)
@@ -45,11 +45,12 @@ def _side_by_side(out: _Out, run) -> None:
     if sbs is None:
         return
     out.heading("Ranks side by side")
+    col = size_column(r.peak_bytes for r in sbs.rows)
     rows = [
-        [r.label, gib_number(r.peak_bytes), _seconds(run.worst.summary, r.time_us), r.verdict, r.phase_path or "-"]
+        [r.label, col.cell(r.peak_bytes), _seconds(run.worst.summary, r.time_us), r.verdict, r.phase_path or "-"]
         for r in sbs.rows
     ]
-    out.table(["process", f"peak {_CURVE_NAMES[sbs.quantity]} GiB", "at", "verdict", "phase"], rows, "lrrll")
+    out.table(["process", f"peak {_CURVE_NAMES[sbs.quantity]} {col.unit}", "at", "verdict", "phase"], rows, "lrrll")
     if len(sbs.top_ranks) > 1:  # a tie: nobody peaked higher
         names = ", ".join(sbs.top_ranks[:-1]) + " and " + sbs.top_ranks[-1]
         lead = f"{names} peaked equally ({gib_or_dash(sbs.rows[0].peak_bytes)})"

@@ -13,7 +13,7 @@ from memtrace.analysis.memory import quantities as Q
 from memtrace.analysis.serving.serving import WindowSummary
 from memtrace.analysis.serving.serving_held import DeviceAtEnd, Holders
 from memtrace.plots import cost_text, oom_text
-from memtrace.units import format_size, gib_number, gib_or_dash, signed_size
+from memtrace.units import count_of, format_size, gib_or_dash, signed_size, size_column, thousands
 
 
 def _s(us: int | None) -> str:
@@ -37,15 +37,15 @@ def render_window(out, ws: WindowSummary | None, t0_us: int) -> None:
     )
     if w.gap_us:
         out.item(
-            f"GAP of {_s(w.gap_us)} after start-up: recorded, then dropped from the ring ({w.events_dropped} "
-            f"allocator events, {w.samples_dropped} NVML samples, {w.steps_dropped} scheduler steps); "
+            f"GAP of {_s(w.gap_us)} after start-up: recorded, then dropped from the ring ({count_of(w.events_dropped, 'allocator event')}, "
+            f"{count_of(w.samples_dropped, 'NVML sample')}, {count_of(w.steps_dropped, 'scheduler step')}); "
             "memory in the gap is unknown, not constant"
         )
     else:
         out.item("no gap: the window starts where start-up ended (nothing was dropped from the ring)")
     out.item(
-        f"kept {w.events_kept} allocator events, {w.samples_kept} NVML samples, {w.steps_kept} scheduler steps; "
-        + bound_words(w.bounds or {})
+        f"kept {count_of(w.events_kept, 'allocator event')}, {count_of(w.samples_kept, 'NVML sample')}, "
+        f"{count_of(w.steps_kept, 'scheduler step')}; " + bound_words(w.bounds or {})
     )
     if ws.cost is not None:
         out.item(cost_text.serving(ws.cost))
@@ -67,9 +67,10 @@ def render_window(out, ws: WindowSummary | None, t0_us: int) -> None:
         from memtrace.plots.text import frame_text
 
         out.line()
+        col = size_column(g.bytes for g in ws.growth)
         out.table(
-            ["allocated in the window, live at its end", "GiB", "blocks"],
-            [[frame_text(g.frame), gib_number(g.bytes), str(g.count)] for g in ws.growth],
+            ["allocated in the window, live at its end", col.unit, "blocks"],
+            [[frame_text(g.frame), col.cell(g.bytes), f"{g.count:,}"] for g in ws.growth],
             "lrr",
         )
     if ws.steps_before_end or ws.steps_in_progress:
@@ -92,10 +93,10 @@ def render_window(out, ws: WindowSummary | None, t0_us: int) -> None:
 def bound_words(b: dict) -> str:
     """The rings' bounds and the memory they may hold: the events in PyTorch's own ring (held,
     ``capture.serving.held``: PyTorch's memory, bounded by its entries) or in memtrace's."""
-    limits = f"{b.get('max_events')} events / {b.get('max_age_s')} s / {b.get('max_steps')} steps"
+    limits = f"{thousands(b.get('max_events'))} events / {b.get('max_age_s')} s / {thousands(b.get('max_steps'))} steps"
     if b.get("events_in") == "torch":
         return (
-            f"ring bound {limits}; the events held in PyTorch's own history ring (at most {b.get('max_events')} "
+            f"ring bound {limits}; the events held in PyTorch's own history ring (at most {thousands(b.get('max_events'))} "
             f"entries of PyTorch's memory, converted only when written), the rest at most "
             f"{_mib(b.get('ring_bytes_max'))} held by memtrace"
         )
@@ -177,7 +178,7 @@ def device_sentences(ws: WindowSummary, rel) -> list[tuple[str, str]]:
 
 
 def _step(st: dict, rel) -> str:
-    return f"{rel(st.get('time_us'))} with {st.get('requests', '-')} requests / {st.get('tokens', '-')} tokens"
+    return f"{rel(st.get('time_us'))} with {count_of(st.get('requests'), 'request')} / {count_of(st.get('tokens'), 'token')}"
 
 
 def step_words(ws: WindowSummary, rel) -> str | None:
@@ -277,8 +278,8 @@ def window_lines(ws: WindowSummary | None, t0_us: int) -> list[str]:
         st = ws.steps_before_end[-1]
         err = f", error {st['error']}" if st.get("error") else ""
         lines.append(
-            f"Last scheduler step at {rel(st.get('time_us'))}: {st.get('requests', '-')} requests, "
-            f"{st.get('tokens', '-')} tokens{err}."
+            f"Last scheduler step at {rel(st.get('time_us'))}: {count_of(st.get('requests'), 'request')}, "
+            f"{count_of(st.get('tokens'), 'token')}{err}."
         )
     said = step_words(ws, rel)
     if said:

@@ -33,7 +33,7 @@ from memtrace.plots.kv_text import render_non_kv
 from memtrace.plots.metadata_text import render_metadata
 from memtrace.plots.non_torch_text import render_non_torch
 from memtrace.plots.serving_text import render_window
-from memtrace.units import gib_number, gib_or_dash, signed_gib_number
+from memtrace.units import gib_number, gib_or_dash, signed_gib_number, size_column
 
 _TIMES = "Times are seconds since the run's time origin (the 'times' line: one origin for every rank and output)."
 
@@ -197,7 +197,7 @@ def _header(out: _Out, s: Summary) -> None:
     if versions:
         out.item("versions: " + ", ".join(versions))
     if s.allocator:
-        shown = ", ".join(f"{k}:{v}" if v else k for k, v in sorted(s.allocator.items()))
+        shown = ", ".join(f"{k}:{v}" if v else f"{k} unset" for k, v in sorted(s.allocator.items()))
         out.item(f"allocator settings: {shown}")
     dur = (s.end_us - s.start_us) / 1e6
     rec = s.recording
@@ -243,6 +243,7 @@ def _phases(out: _Out, s: Summary) -> None:
     name_w = 30
     full = out.md
     reserved = holds_reserved(s.process)  # the CPU's trace has allocated alone: no reserved columns
+    col = size_column(b for p in s.phases for b in _phase_sizes(p))  # one unit, the header's, in every cell
     rows = []
     for p in s.phases:
         if out.md:  # GitHub strips leading spaces in a cell: a visible marker nests the phase
@@ -253,26 +254,33 @@ def _phases(out: _Out, s: Summary) -> None:
         name = name if out.md else _cut(name, name_w)
         times = [f"{(p.start_us - s.t0_us) / 1e6:.2f}", f"{(p.end_us - s.t0_us) / 1e6:.2f}"]
         alloc = [
-            gib_number(p.end_allocated_bytes),
-            gib_number(p.peak_allocated_bytes),
-            signed_gib_number(p.delta_allocated_bytes),
+            col.cell(p.end_allocated_bytes),
+            col.cell(p.peak_allocated_bytes),
+            col.cell(p.delta_allocated_bytes, signed=True),
         ]
         res = [
-            gib_number(p.end_reserved_bytes),
-            gib_number(p.peak_reserved_bytes),
-            signed_gib_number(p.delta_reserved_bytes),
+            col.cell(p.end_reserved_bytes),
+            col.cell(p.peak_reserved_bytes),
+            col.cell(p.delta_reserved_bytes, signed=True),
         ]
         if full:
-            alloc.insert(0, gib_number(p.start_allocated_bytes))
-            res.insert(0, gib_number(p.start_reserved_bytes))
-        rows.append([name, *times, *alloc, *(res if reserved else []), gib_number(p.peak_device_used_bytes)])
+            alloc.insert(0, col.cell(p.start_allocated_bytes))
+            res.insert(0, col.cell(p.start_reserved_bytes))
+        rows.append([name, *times, *alloc, *(res if reserved else []), col.cell(p.peak_device_used_bytes)])
     cols = ["start", "end", "peak", "Δ"] if full else ["end", "peak", "Δ"]
     header = ["phase", "start", "end", *cols, *(cols if reserved else []), "peak"]
-    groups = [("", 1), ("seconds", 2), ("allocated GiB", len(cols))]
-    groups += [("reserved GiB", len(cols)), ("NVML", 1)] if reserved else [("NVML", 1)]
+    groups = [("", 1), ("seconds", 2), (f"allocated {col.unit}", len(cols))]
+    groups += [(f"reserved {col.unit}", len(cols)), ("NVML", 1)] if reserved else [("NVML", 1)]
     out.table(header, rows, "l" + "r" * (len(header) - 1), groups)
     if not out.md:
         out.line("  (start = end - Δ; NVML peak is device used, '-' where not sampled)")
+
+
+def _phase_sizes(p) -> tuple:
+    """A phase row's sizes (the phases table picks its unit from them all)."""
+    return (p.start_allocated_bytes, p.end_allocated_bytes, p.peak_allocated_bytes, p.delta_allocated_bytes,
+            p.start_reserved_bytes, p.end_reserved_bytes, p.peak_reserved_bytes, p.delta_reserved_bytes,
+            p.peak_device_used_bytes)  # fmt: skip
 
 
 def _peak(out: _Out, s: Summary) -> None:
@@ -363,12 +371,13 @@ def _holders(out: _Out, s: Summary) -> None:
     # moment the flame graph shows too; the CPU's reserved curve stays 0, so there it is allocated's peak
     at = f"{peak_words(s.process)} ({_seconds(s, s.peak.state_us)})"
     out.heading(f"Top holders at {at}, by allocating site")
+    col = size_column(h.bytes for h in s.holders)
     rows = [
-        [gib_number(h.bytes), f"{h.share * 100:.1f}%", f"{h.count:,}" if h.count else "-", f"{h.stacks:,}",
+        [col.cell(h.bytes), f"{h.share * 100:.1f}%", f"{h.count:,}" if h.count else "-", f"{h.stacks:,}",
          holder_text(h)]
         for h in s.holders
     ]  # fmt: skip
-    out.table(["GiB", "share", "blocks", "stacks", "where (innermost frame outside torch)"], rows, "rrrrl")
+    out.table([col.unit, "share", "blocks", "stacks", "where (innermost frame outside torch)"], rows, "rrrrl")
     dirs = s.frame_folders
     if dirs is not None and dirs.source != DIRS_RECORDED:  # a trace from before memtrace recorded the folders
         known = f"torch's folder {', '.join(dirs.torch_dirs())}" if dirs.torch_dirs() else "torch's frames"

@@ -233,7 +233,7 @@ def render_timeline(
         handles: dict = {}
         drawn = [_draw_rank(fig, gs, i, ranks, t0, t_end, capacities, main_axes, handles, scale, lanes[i])
                  for i in range(len(ranks))]  # fmt: skip
-        main_axes[-1].set_xlabel("seconds since start" + (" (Times, below)" if footnote else ""))
+        main_axes[-1].set_xlabel("seconds since start" + (" (the start: 'Times' under the figure)" if footnote else ""))
         for ax in main_axes[:-1]:
             ax.tick_params(labelbottom=False)
         if "target" in handles and len({(r.util, r.capacity_bytes) for r in ranks}) > 1:

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import tempfile
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 
@@ -82,8 +83,19 @@ def _check_parent(out: Path) -> None:
         raise UsageError(f"cannot write {out}: folder {parent} does not exist; create it first")
     if not parent.is_dir():
         raise UsageError(f"cannot write {out}: {parent} is not a folder")
-    if not os.access(parent, os.W_OK | os.X_OK):
-        raise UsageError(f"cannot write {out}: folder {parent} is not writable; choose another with -o")
+    _check_writable(parent, f"cannot write {out}: folder {parent}")
+
+
+def _check_writable(folder: Path, what: str) -> None:
+    """UsageError unless a file can be created in ``folder``: tried with a nameless temporary file, since
+    ``os.access`` answers yes to root for /proc and /sys, where nothing can be created."""
+    if not os.access(folder, os.W_OK | os.X_OK):
+        raise UsageError(f"{what} is not writable; choose another with -o")
+    try:
+        with tempfile.TemporaryFile(dir=folder):
+            pass
+    except OSError:
+        raise UsageError(f"{what} is not writable; choose another with -o") from None
 
 
 def output_file(
@@ -140,8 +152,7 @@ def output_dir(
     if clash and not force:
         raise UsageError(f"{out} already holds {', '.join(clash)}; choose another directory with -o or pass --force")
     if out.exists():
-        if not os.access(out, os.W_OK | os.X_OK):
-            raise UsageError(f"cannot write into {out}: it is not writable; choose another with -o")
+        _check_writable(out, f"cannot write into {out}: it")
     else:
         _check_parent(out)
     return out

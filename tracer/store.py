@@ -681,6 +681,44 @@ def trace_files(run_dir: str | os.PathLike) -> list[Path]:
     return sorted(run_dir / n for n in kept)
 
 
+def runs_below(folder: Path, depth: int = 2) -> list[Path]:
+    """The run folders (holding trace files) inside ``folder``, down to ``depth`` levels, sorted; unlistable and
+    hidden folders are passed over."""
+    found: list[Path] = []
+    try:
+        subs = sorted(p for p in folder.iterdir() if p.is_dir() and not p.name.startswith("."))
+    except OSError:
+        return found
+    for sub in subs:
+        try:
+            has = bool(trace_files(sub))
+        except TraceFormatError:
+            continue
+        if has:
+            found.append(sub)
+        elif depth > 1:
+            found += runs_below(sub, depth - 1)
+    return found
+
+
+def _no_traces_line(path: Path) -> str:
+    """Why ``path``, a folder, is no run: the runs in its subfolders when it holds some (pass one of them),
+    else how a run is recorded."""
+    below = runs_below(path)
+    if below:
+        names = [str(p.relative_to(path)) for p in below]
+        shown = ", ".join(names[:5]) + (f" and {len(names) - 5} more" if len(names) > 5 else "")
+        n = len(below)
+        return (
+            f"{path} holds no {SUFFIX} files itself but {n} run{'s' if n > 1 else ''} in subfolders ({shown}); "
+            f"pass one, e.g. {below[0]}"
+        )
+    return (
+        f"{path} holds no {SUFFIX} files (nor .memtrace.xz/.gz); was the run recorded with memtrace "
+        "(memtrace run, or MEMTRACE=1)?"
+    )
+
+
 def load_run(path: str | os.PathLike, each: Callable[[list[Path]], Iterable[Path]] | None = None) -> Run:
     """Read a run: a directory of ``*.memtrace`` files, or one file. Traces are ordered by rank, then pid.
 
@@ -692,9 +730,7 @@ def load_run(path: str | os.PathLike, each: Callable[[list[Path]], Iterable[Path
     if path.is_dir():
         files = trace_files(path)
         if not files:
-            raise TraceFormatError(
-                f"{path} holds no {SUFFIX} files (nor .memtrace.xz/.gz); was the run recorded with memtrace (memtrace run, or MEMTRACE=1)?"
-            )
+            raise TraceFormatError(_no_traces_line(path))
         traces = [load_trace(f) for f in (each(files) if each else files)]
     else:
         traces = [load_trace(path)]

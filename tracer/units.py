@@ -16,6 +16,7 @@ The exact integers are in ``--json``.
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 from memtrace.errors import UsageError
@@ -47,11 +48,13 @@ _UNITS = {
 _SIZE_RE = re.compile(r"^\s*([+-]?\d+(?:\.\d*)?|[+-]?\.\d+)\s*([a-zA-Z]*)\s*$")
 
 
-def parse_size(text: str | int) -> int:
+def parse_size(text: str | int, *, at_least: str = "") -> int:
     """Bytes from "32GiB", "96 GB", "512MiB", "1.5g" or a plain integer; raises UsageError otherwise.
 
     Args:
         text: the size as typed. Units are case-insensitive; a bare number is bytes.
+        at_least: the least size the caller takes, as its refusal words it ("1GiB, a card's memory"); a
+            negative size is then refused with it (else with "zero or more bytes").
     Returns:
         The size in bytes, rounded to the nearest integer. Negative sizes are refused.
     """
@@ -66,7 +69,9 @@ def parse_size(text: str | int) -> int:
             )
         value = round(float(m.group(1)) * _UNITS[unit])
     if value < 0:
-        raise UsageError(f"size {text!r} is negative; give a size of zero or more bytes")
+        raise UsageError(
+            f"size {text!r} is negative; give {f'at least {at_least}' if at_least else 'zero or more bytes'}"
+        )
     return int(value)
 
 
@@ -107,15 +112,21 @@ def parse_threshold(text: str) -> Threshold:
         if pct < 0:
             raise UsageError(f"percentage {text!r} is negative; give 0% or more")
         return Threshold(fraction=pct / 100)
+    m = _SIZE_RE.match(raw)
+    if not m or m.group(2).lower() not in _UNITS:
+        raise UsageError(f"cannot read limit {text!r}: write a percentage (2%) or a size (512MiB)")
     return Threshold(bytes=parse_size(raw))
 
 
-def parse_sizes(text: str) -> list[int]:
-    """Bytes from a comma-separated list: "16GiB,32GiB"."""
-    parts = [p for p in str(text).split(",") if p.strip()]
-    if not parts:
+def parse_sizes(text: str, *, at_least: str = "") -> list[int]:
+    """Bytes from a comma-separated list: "16GiB,32GiB" (``at_least``: as :func:`parse_size`'s). An empty item
+    ("16GiB,,32GiB", "16GiB,") is refused: a typo is never read as one card fewer."""
+    parts = str(text).split(",")
+    if not str(text).strip():
         raise UsageError(f"cannot read sizes {text!r}: write e.g. 16GiB,32GiB")
-    return [parse_size(p) for p in parts]
+    if any(not p.strip() for p in parts):
+        raise UsageError(f"cannot read sizes {text!r}: an empty size in the list; write e.g. 16GiB,32GiB")
+    return [parse_size(p, at_least=at_least) for p in parts]
 
 
 def _gib(n_bytes: int | float, digits: int = 2, sign: str = "", unit: str = " GiB") -> str:
@@ -195,3 +206,47 @@ def format_bytes(n_bytes: int | float, digits: int = 1) -> str:
         if n >= scale:
             return f"{sign}{n / scale:.{digits}f} {unit}"
     return f"{sign}{int(n)} B"
+
+
+def count_of(n: int | None, noun: str, plural: str = "") -> str:
+    """A count and its noun, as prose words it: "1 block", "13,587 blocks", "0 requests"; "- requests" for an
+    unknown count. ``plural`` when it is not ``noun`` + "s" ("process", "processes")."""
+    many = plural or f"{noun}s"
+    if n is None or not isinstance(n, int | float):
+        return f"- {many}"
+    return f"{n:,} {noun if n == 1 else many}"
+
+
+def thousands(n: int | float | None) -> str:
+    """A count with thousands separators ("260,474"); "-" for an unknown one."""
+    return "-" if n is None or not isinstance(n, int | float) else f"{n:,}"
+
+
+@dataclass(frozen=True)
+class SizeColumn:
+    """The one unit of a table's size columns, named in their header: GiB wherever GiB can show the largest figure
+    (every GPU start-up), else the largest unit that figure is more than (a CPU profiler trace's KiB). Each cell
+    has two decimals of that unit; a figure too small for them reads "<0.01" ("+<0.01", "-<0.01" signed), never a
+    size in another unit under the header, never zero when it is not."""
+
+    unit: str
+    scale: int
+
+    def cell(self, n_bytes: int | None, signed: bool = False) -> str:
+        """``n_bytes`` in the column's unit ("12.34", "+0.50", "<0.01"); "-" for None."""
+        if n_bytes is None:
+            return "-"
+        if self.scale == 1:
+            return f"{n_bytes:{'+' if signed else ''},}"
+        text = f"{n_bytes / self.scale:{'+' if signed else ''}.2f}"
+        if n_bytes and not float(text):
+            return ("-" if n_bytes < 0 else "+" if signed else "") + "<0.01"
+        return text
+
+
+def size_column(values: Iterable[int | None]) -> SizeColumn:
+    """The :class:`SizeColumn` of a table whose size cells are ``values`` (None: an empty cell)."""
+    top = max((abs(v) for v in values if v is not None), default=0)
+    if top == 0 or float(f"{top / GiB:.2f}"):
+        return SizeColumn("GiB", GiB)
+    return SizeColumn(*axis_unit(top))

@@ -1,4 +1,4 @@
-"""Print issue 28's held-out table (docs/whatif.md): each shipped 0.34 start-up predicted from other runs.
+"""Print issue 28's held-out table (docs/whatif-checked.md): each shipped 0.34 start-up predicted from other runs.
 
 .venv/bin/python tests/bench/whatif_heldout.py            # the summary table, a one-line summary
 .venv/bin/python tests/bench/whatif_heldout.py --full     # and every figure of every prediction

@@ -167,3 +167,65 @@ def test_a_bad_argument_is_one_line_and_exit_2(argv, tmp_path, capsys, monkeypat
     monkeypatch.chdir(tmp_path)
     _fails_cleanly(capsys, [a.format(run=REAL) for a in argv], [REAL])
     assert not os.listdir(tmp_path)
+
+
+# Issue 41: the inputs a new user found answered in two lines, with a traceback, or not refused at all.
+
+
+def _one_line_exit_2(capsys, argv: list[str], watched: list[Path], word: str) -> str:
+    """As :func:`_fails_cleanly`, but no other line either (no warning first) and argparse's own errors too."""
+    before = [_sha(p) for p in watched]
+    try:
+        code = main(argv)
+    except SystemExit as exc:  # argparse exits from parse_args
+        code = exc.code
+    err = capsys.readouterr().err
+    assert code == 2, (argv, err)
+    assert err.count("\n") == 1 and err.startswith("memtrace: error: "), (argv, err)
+    assert word in err, (argv, err)
+    assert [_sha(p) for p in watched] == before
+    return err
+
+
+@pytest.mark.parametrize(
+    ("out", "word"),
+    [
+        ("/proc/x.memtrace", "cannot write /proc/x.memtrace: folder /proc is not writable"),
+        ("/sys/x.memtrace", "cannot write /sys/x.memtrace: folder /sys is not writable"),
+        ("/proc/run", "cannot write /proc/run: folder /proc is not writable"),  # a folder for several devices
+        ("{snap}", "is the input"),  # before unpickling, so no pickle warning comes first
+    ],
+)
+def test_import_refuses_an_unusable_output_in_one_line_before_reading(out, word, tmp_path, capsys):
+    snap = tmp_path / "snap.pickle"
+    shutil.copy(DATA / "snapshots" / "python-stacks.pickle", snap)
+    _one_line_exit_2(capsys, ["import", str(snap), "-o", out.format(snap=snap)], [snap], word)
+    assert [p.name for p in tmp_path.iterdir()] == ["snap.pickle"]
+
+
+@pytest.mark.parametrize(
+    ("argv", "word"),
+    [
+        (["fits", "{run}", "--capacity", "24GiB,,32GiB"], "'24GiB,,32GiB': an empty size in the list"),
+        (["fits", "{run}", "--capacity", "16GiB,"], "an empty size in the list"),
+        (["plot", "{run}", "--capacity", ",16GiB"], "an empty size in the list"),
+        (["fits", "{run}", "--capacity", "-5GiB"], "give at least 1GiB, a card's memory"),
+        (["view", "{run}", "--max-events", "0"], "--max-events 0: give how many events a page may carry, 1 or more"),
+        (["diff", "{run}", "{run}", "--fail-over", "200x"], "cannot read limit '200x': write a percentage (2%)"),
+        (["history", "accept", "abc"], "history accept: argument N: invalid int value: 'abc'"),
+        (["flame", "{run}", "--added", "--since", "5"], "flame: argument --since: not allowed with argument --added"),
+        (["report", "{run}", "--no-such-flag"], "unrecognized arguments: --no-such-flag"),
+        (["export", "{empty}", "-f", "folded"], "recorded no allocator events, so there is nothing to show"),
+        (
+            ["report", "{tp2}"],
+            "holds no .memtrace files itself but 3 runs in subfolders (memtrace-env, memtrace-run, ray-two-nodes)",
+        ),
+    ],
+    ids=lambda a: " ".join(a[:1] + a[2:]) if isinstance(a, list) else None,
+)
+def test_issue_41_inputs_are_refused_in_one_line_with_exit_2(argv, word, tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    paths = {"run": REAL, "empty": DATA / "vllm-cpu-tp2" / "memtrace-run", "tp2": DATA / "vllm-cpu-tp2"}
+    argv = [a.format(**paths) for a in argv]
+    _one_line_exit_2(capsys, argv, [REAL, paths["empty"]], word)
+    assert not os.listdir(tmp_path)  # export -f folded wrote no 0-byte file

@@ -119,3 +119,67 @@ def test_a_phase_that_already_ended_is_added_with_its_own_times(tmp_path):
     assert [(p.name, p.start_us, p.end_us, p.source) for p in phases[:1]] == [("init_device", 1_000, 2_000, "vllm")]
     inner = next(p for p in phases if p.name == "inner")
     assert phases[inner.parent].name == "load_model"
+
+
+_RECORD = """
+import sys
+import memtrace
+with memtrace.trace(sys.argv[1]):
+    with memtrace.phase("step"):
+        sys.stdin.readline()  # the parent says when to stop
+"""
+
+
+def _record(folder, *, wait: bool = False):
+    import subprocess
+    import sys
+
+    p = subprocess.Popen(
+        [sys.executable, "-c", _RECORD, str(folder)],
+        stdin=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "MEMTRACE_SAMPLE_HZ": "0"},
+    )
+    if not wait:
+        return p
+    _, err = p.communicate("\n", timeout=120)
+    return p.returncode, err
+
+
+def test_a_script_run_twice_into_one_folder_is_refused_the_second_time(tmp_path):
+    """Issue 41 item 7: the second run never lands beside the first (report would refuse the folder)."""
+    folder = tmp_path / "mine"
+    code, err = _record(folder, wait=True)
+    assert code == 0, err
+    first = sorted(p.name for p in folder.iterdir())
+    code, err = _record(folder, wait=True)
+    assert code == 1
+    assert f"UsageError: {folder} already holds a finished run ({first[0]}); a folder holds one run" in err
+    assert sorted(p.name for p in folder.iterdir()) == first  # nothing added, nothing touched
+
+
+def test_processes_recording_at_once_share_one_folder(tmp_path):
+    """The other ranks of the same run (torchrun: every rank calls trace() on one folder) are welcome."""
+    folder = tmp_path / "mine"
+    first = _record(folder)
+    import time
+
+    for _ in range(600):  # until the first process's trace file exists
+        if folder.is_dir() and any(folder.glob("*.memtrace")):
+            break
+        time.sleep(0.1)
+    code, err = _record(folder, wait=True)
+    _, err_first = first.communicate("\n", timeout=120)
+    assert code == 0 and first.returncode == 0, (err, err_first)
+    assert len(list(folder.glob("*.memtrace"))) == 2
+
+
+def test_a_rank_recorded_twice_into_one_folder_is_refused(tmp_path):
+    with memtrace.trace(tmp_path, rank=0):
+        pass
+    with pytest.raises(UsageError, match=r"already holds rank 0's trace \(.*-rank0\.memtrace\)"):
+        memtrace.start(tmp_path, rank=0)
+    with memtrace.trace(tmp_path, rank=1):  # another rank of the same run
+        pass
+    assert sorted(p.name.rsplit("-", 1)[1] for p in tmp_path.glob("*.memtrace")) == ["rank0.memtrace", "rank1.memtrace"]

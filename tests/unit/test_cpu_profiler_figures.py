@@ -48,8 +48,9 @@ def test_a_cpu_workers_kib_peaks_read_in_kib_in_every_text_output_and_json_keeps
     # the README's figures: tp1's worker peaked at 9,460 B, tp2's workers at 8,436 B each, the MLP at 2,888,200 B
     report = _flat(_out(capsys, "report", str(need(TP1))))
     assert "allocated peak at least 9.24 KiB at 0.05 s" in report
-    assert "5.01 KiB 54.2% 7 1 <python>:0 <built-in function _empty_strided_cpu>" in report  # a holder's row
-    assert "4 B 0.0% 1 1 <op>:0 aten::sub" in report
+    assert "KiB share blocks stacks where" in report  # the holders' column in the unit its figures have
+    assert "5.01 54.2% 7 1 <python>:0 <built-in function _empty_strided_cpu>" in report  # a holder's row
+    assert "<0.01 0.0% 1 1 <op>:0 aten::sub" in report  # 4 B: under the column's 0.01 KiB
     (doc,) = json.loads(_out(capsys, "report", "--json", str(TP1)))["traces"]
     assert doc["peak_allocated"]["bytes"] == 9_460  # exact integers of bytes, as before
     mlp = _flat(_out(capsys, "report", str(need(MLP))))
@@ -57,7 +58,7 @@ def test_a_cpu_workers_kib_peaks_read_in_kib_in_every_text_output_and_json_keeps
     diff = _flat(_out(capsys, "diff", str(TP1), str(need(TP2)), "--rank", "0"))
     assert "peak allocated 9.24 KiB → 8.24 KiB -1.0 KiB (-10.8%)" in diff
     md = _issue_md(tmp_path, TP2)
-    assert "- **Who held it** at the peak: 4.23 KiB (51 %) `<op>:0 aten::empty` (1 blocks)" in md
+    assert "- **Who held it** at the peak: 4.23 KiB (51 %) `<op>:0 aten::empty` (1 block)" in md
     capsys.readouterr()
     assert "allocated peak at least 9.24 KiB at 0.05 s" in _flat(_view_doc(tmp_path, TP1)["report"])
 
@@ -66,9 +67,9 @@ def test_cpu_ranks_are_compared_by_allocated_and_a_tie_peaked_equally_never_0_00
     text = _out(capsys, "report", str(need(TP2)))
     section = text.split("Ranks side by side", 1)[1]
     flat = _flat(section)
-    assert "process peak allocated GiB at verdict phase" in flat
-    assert "host (CPU) of rank 0 8.24 KiB 0.06 s no target -" in flat
-    assert "host (CPU) of rank 1 8.24 KiB 0.06 s no target -" in flat
+    assert "process peak allocated KiB at verdict phase" in flat  # the unit of its figures (issue 41)
+    assert "host (CPU) of rank 0 8.24 0.06 s no target -" in flat
+    assert "host (CPU) of rank 1 8.24 0.06 s no target -" in flat
     assert "host (CPU) of rank 0 and host (CPU) of rank 1 peaked equally (8.24 KiB)" in flat
     assert "higher than the next" not in flat and "0.00 GiB" not in section
     assert "Worst: host (CPU) of rank 0 (highest allocated peak, 8.24 KiB)" in flat
@@ -101,8 +102,8 @@ def test_the_definitions_of_a_cpu_trace_define_allocated_and_the_cpus_memory_nev
         assert "reserved at least" not in text and "reserved GiB" not in text and "0.00 GiB" not in text
     assert "Top holders at the allocated peak (0.05 s), by allocating site" in _out(capsys, "report", str(TP1))
     phases = _flat(_out(capsys, "report", str(MLP)).split("\nPhases\n", 1)[1].split("\nPeak\n", 1)[0])
-    assert "seconds allocated GiB NVML phase start end end peak Δ peak" in phases
-    assert "backward 0.05 0.08 2.50 MiB 2.75 MiB +2.22 MiB -" in phases
+    assert "seconds allocated MiB NVML phase start end end peak Δ peak" in phases  # the unit of its figures
+    assert "backward 0.05 0.08 2.50 2.75 +2.22 -" in phases
     md = _issue_md(tmp_path, TP2)
     assert "- **Peak:** PyTorch allocated at least 8.24 KiB at 0.06 s outside any phase (a lower bound: " in md
     assert "0.00 GiB" not in md

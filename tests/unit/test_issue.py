@@ -131,7 +131,7 @@ def test_plot_of_dot_inside_a_run_is_named_after_the_run(tmp_path, monkeypatch, 
 
 @pytest.mark.parametrize(
     "given, source",
-    [([], "recorded (util 0.92)"), (["--util", "0.5"], "--util 0.5 x the card")],
+    [([], "the recorded --gpu-memory-utilization 0.92"), (["--util", "0.5"], "--util 0.5 x the card")],
     ids=["recorded", "util"],
 )
 def test_the_bundle_says_where_the_target_came_from_as_the_report_does(given, source, tmp_path, capsys):

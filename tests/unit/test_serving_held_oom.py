@@ -37,7 +37,7 @@ def test_the_held_rings_window_names_torchs_failed_request_to_the_byte(run_dir, 
     ) in text
     assert f"PyTorch reserved, unallocated {torch_says('reserved unallocated')}" in text  # 30.35 MiB
     assert f"PyTorch private pools, cached {torch_says('private pools')}" in text  # 2.00 MiB
-    assert "the events held in PyTorch's own history ring (at most 200000 entries" in text
+    assert "the events held in PyTorch's own history ring (at most 200,000 entries" in text
     assert "memtrace while serving: " in text and "drain.window" in text
 
 

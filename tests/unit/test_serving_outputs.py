@@ -93,7 +93,7 @@ def test_the_issue_bundle_states_the_window_first_and_draws_the_flame_at_the_oom
     assert "examples/record_startup.py:114 forward +96.0 MiB (3)" in first_screen  # the window's growth by stack
     assert (
         "- **Step at the OOM:** the OOM happened during the scheduler step that began at 3609.85 s with 8 requests "
-        "/ 5489 tokens."
+        "/ 5,489 tokens."
     ) in first_screen
     assert "## What held memory at the OOM, in the serving window" in md
     total = sum(int(line.rsplit(" ", 1)[1]) for line in (out / "flame.folded").read_text().splitlines())
@@ -140,7 +140,7 @@ def test_report_states_memtraces_cost_while_serving_in_text_and_json(fake, capsy
     assert main(["report", fake.path]) == 0
     text = capsys.readouterr().out
     assert "memtrace while serving: " in text and "since serving began" in text
-    assert "the events held in PyTorch's own history ring (at most 3000 entries" in text
+    assert "the events held in PyTorch's own history ring (at most 3,000 entries" in text
     assert main(["report", "--json", fake.path]) == 0
     w = json.loads(capsys.readouterr().out)["traces"][0]["window"]
     assert w["cost"]["allocs"] == fake.window.cost["allocs"] and w["bounds"]["events_in"] == "torch"

@@ -64,11 +64,13 @@ def test_the_windows_oom_is_the_one_the_headline_names(rank):
     assert rank.window.oom.requested_bytes == 22 * MiB
 
 
-def test_the_growth_table_reads_a_figure_too_small_for_gib_in_its_own_unit(run_dir, capsys):
+def test_the_growth_table_reads_every_figure_in_its_headers_unit_and_a_tiny_one_never_as_zero(run_dir, capsys):
+    """Issue 41: "68 B" stood in the GiB column; a figure too small for two decimals of GiB reads "<0.01"."""
     section = _window_section(_report(run_dir, capsys))
     table = section.split("allocated in the window, live at its end", 1)[1].split("\n\n", 1)[0]
-    assert "0.000" not in table and " 0.00 " not in table
-    assert re.search(r"torch/_ops\.py:1350 __call__ +68 B +1", table)
+    assert table.split("\n", 1)[0].split()[-2:] == ["GiB", "blocks"]
+    assert "0.000" not in table and " 0.00 " not in table and " B " not in table and "KiB" not in table
+    assert re.search(r"torch/_ops\.py:1350 __call__ +<0\.01 +1", table)
     assert re.search(r"kernels/vllm_c\.py:42 rms_norm +0\.07 +3", table)
 
 

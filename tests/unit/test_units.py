@@ -75,3 +75,17 @@ def test_a_figure_too_small_for_the_gib_decimals_reads_in_its_own_unit_and_the_r
     assert format_gib(0.005 * GiB) == "0.01 GiB" and signed_gib_number(GiB // 100) == "+0.01"
     assert format_gib(0) == "0.00 GiB" and gib_number(0) == "0.00" and signed_gib_number(0) == "+0.00"
     assert format_gib(91.8 * GiB, 1) == "91.8 GiB" and format_gib(None) == "—" and gib_or_dash(None) == "-"
+
+
+def test_a_size_column_reads_in_its_headers_unit_and_a_tiny_figure_never_as_zero_nor_in_another_unit():
+    """Issue 41: "+96.29 KiB" and "68 B" stood in GiB columns (moe-ext's kv_cache_init row, a serving window's
+    holders); a CPU profiler trace's columns of KiB were headed GiB."""
+    from memtrace.units import size_column
+
+    gpu = size_column([10 * GiB, 98_600, -68, None])
+    assert gpu.unit == "GiB" and gpu.cell(10 * GiB) == "10.00" and gpu.cell(None) == "-"
+    assert gpu.cell(98_600, signed=True) == "+<0.01" and gpu.cell(-68, signed=True) == "-<0.01"
+    assert gpu.cell(68) == "<0.01" and gpu.cell(0, signed=True) == "+0.00"
+    cpu = size_column([4_332, 4_106, 4])
+    assert cpu.unit == "KiB" and [cpu.cell(b) for b in (4_332, 4_106, 4)] == ["4.23", "4.01", "<0.01"]
+    assert size_column([]).unit == "GiB" and size_column([3 * 1024**2]).unit == "MiB"

@@ -95,7 +95,9 @@ def test_the_report_exits_0_and_says_vllms_default_and_the_counters(capsys):
     assert main(["report", str(VLLM033.run_dir("moe"))]) == 0
     out = " ".join(capsys.readouterr().out.split())
     assert "vllm 0.33.0, flashinfer 0.7.2.post1" in out
-    assert "from: recorded (util 0.92, vLLM's default with the KV cache sized by profiling)" in out
+    assert (
+        "from: the recorded --gpu-memory-utilization 0.92, vLLM's default with the KV cache sized by profiling" in out
+    )
     assert "vLLM reported 117.18 GiB; memtrace's reconstruction differs by +1.84 KiB" in out  # 1,884 B
     assert "equal torch's counters at all 19 readings" in out
     assert "KV cache outside PyTorch" not in out

@@ -131,7 +131,10 @@ def test_the_report_shows_the_kv_cache_outside_pytorch_the_sizing_term_by_term_a
 
     assert main(["report", str(run_dir("moe-ext"))]) == 0
     out = " ".join(capsys.readouterr().out.split())
-    assert "from: recorded (util 1, vLLM's default with the extensible KV cache, sized after warm-up)" in out
+    assert (
+        "from: the recorded --gpu-memory-utilization 1, vLLM's default with the extensible KV cache, sized after warm-up"
+        in out
+    )
     assert "vLLM committed 126.23 GiB (135,543,128,064 B) of KV cache pages through CUDA's virtual-memory API" in out
     assert "address space reserved for the cache's range: 128.45 GiB (not memory" in out
     assert "blocks: vLLM 258,528; vLLM's formula on vLLM's inputs 258,528; on memtrace's 258,528 (the same)" in out
@@ -144,7 +147,9 @@ def test_the_report_says_vllms_default_without_the_extensible_cache_and_has_no_v
 
     assert main(["report", str(run_dir("moe-noext"))]) == 0
     out = " ".join(capsys.readouterr().out.split())
-    assert "from: recorded (util 0.92, vLLM's default with the KV cache sized by profiling)" in out
+    assert (
+        "from: the recorded --gpu-memory-utilization 0.92, vLLM's default with the KV cache sized by profiling" in out
+    )
     assert "KV cache outside PyTorch" not in out and "sizing after warm-up" not in out
     assert "equal torch's counters at all 19 readings" in out
 

@@ -1,4 +1,4 @@
-"""The leases' H200 start-ups (docs/whatif.md, "What is still to record"): the call still to run and the second
+"""The leases' H200 start-ups (docs/whatif-checked.md, "What is still to record"): the call still to run and the second
 lease's call as it ran parse with tests/gpu/vllm034/startups.sh's own ``grid_runs`` into the start-ups the text
 names (the second lease's all shipped, 10 with the first lease's; the next call's none yet, 14 with it), every flag
 is one the what-if model reads, the rescue is what ``--suggest`` names, and the table of predictions is what the
@@ -21,7 +21,7 @@ from whatif_heldout_cases import (
     sites,
 )
 
-DOC = (Path(__file__).resolve().parents[2] / "docs" / "whatif.md").read_text()
+DOC = (Path(__file__).resolve().parents[2] / "docs" / "whatif-checked.md").read_text()
 SECTION = DOC.split("## What is still to record", 1)[1]
 NEXT, RAN = re.findall(r"```\n(.*?)```", SECTION, re.S)
 COMMANDS = [RAN, NEXT]  # the second lease's call, then the one still to run

@@ -26,10 +26,21 @@ def _commands() -> list:
     return sorted(mods, key=lambda m: (getattr(m, "ORDER", 100), m.NAME))
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse, with its errors in memtrace's one line (argparse prints the usage first: two lines or more).
+    Subcommands' parsers are of this class too (argparse makes them of their parent's class)."""
+
+    def error(self, message: str):
+        sub = self.prog.removeprefix("memtrace").strip()
+        where = f"{sub}: " if sub else ""
+        help_cmd = f"{self.prog} --help"
+        self.exit(2, f"memtrace: error: {where}{message} (see {help_cmd})\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
     from memtrace import __version__
 
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="memtrace",
         description="An exact timeline of GPU memory during vLLM start-up: what filled the GPU, when, and who asked.",
     )

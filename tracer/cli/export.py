@@ -44,7 +44,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     import sys
 
-    from memtrace.cli._runs import analysed, check_rank
+    from memtrace.cli._runs import analysed, check_rank, events_only
     from memtrace.outputs import atomic_write, output_file
     from memtrace.plots.render import offered_by, render
     from memtrace.progress import task
@@ -53,6 +53,8 @@ def run(args: argparse.Namespace) -> int:
     fmt = offered_by(NAME)[args.format]
     out = output_file(args.run_path, args.output, default_suffix=fmt.suffix, suffixes=fmt.suffixes, force=args.force)
     run_ = analysed(args)
+    if fmt.name == "folded":  # a flame of what was live: nothing to show without allocator events, as flame
+        run_ = events_only(run_, "show")
     with task(f"Writing {out}", total=len(run_.ranks)) as t, atomic_write(out) as tmp:
         if fmt.name == "folded":  # a flame at one moment: it says which on stderr
             render(run_, tmp, fmt.name, log=sys.stderr)

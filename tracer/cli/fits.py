@@ -75,8 +75,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         action="append",
         default=[],
         metavar="FLAG[=VALUE]",
-        help="a vLLM flag changed: max-num-batched-tokens=N, max-num-seqs=N, max-model-len=N, enforce-eager, "
-        "kv-cache-dtype=fp8|auto, gpu-memory-utilization=F, extensible-kv-cache=on|off (repeatable)",
+        help="a vLLM flag changed: max-num-batched-tokens=N, max-num-seqs=N, max-model-len=N, enforce-eager (or "
+        "no-enforce-eager), kv-cache-dtype=fp8|auto|bfloat16|float16, gpu-memory-utilization=F, "
+        "extensible-kv-cache=on|off (repeatable)",
     )
     p.add_argument("--suggest", action="store_true", help="the changes to the recorded flags that boot on each card")
     p.add_argument(
@@ -100,7 +101,7 @@ def run(args: argparse.Namespace) -> int:
     from memtrace.progress import task
     from memtrace.units import parse_fraction, parse_size, parse_sizes
 
-    capacities = [check_capacity(c) for c in parse_sizes(args.capacity)]
+    capacities = [check_capacity(c) for c in parse_sizes(args.capacity, at_least="1GiB, a card's memory")]
     util = parse_fraction(args.util) if args.util is not None else None
     non_torch = check_non_torch(parse_size(args.non_torch) if args.non_torch is not None else None, capacities)
     run_ = _on_cards(analysed(args))

@@ -97,6 +97,7 @@ def _rows(recs: list, args: argparse.Namespace, accepted: bool) -> list:
 def _add(args: argparse.Namespace) -> int:
     from memtrace.analysis.gate.history_key import describe
     from memtrace.history_store import accept_batch, add_rows, connect, stored_batch
+    from memtrace.units import count_of
 
     recs = _recorded(args, "keep as a reference")
     rows = _rows(recs, args, accepted=True)
@@ -109,7 +110,9 @@ def _add(args: argparse.Namespace) -> int:
             return 0
         ids = add_rows(db, rows)
         batch = db.execute("SELECT batch FROM runs WHERE id = ?", (ids[0],)).fetchone()[0]
-    print(f"added run #{batch} ({len(ids)} process(es)) to {args.db} as the reference of key {recs[0].key}:")
+    print(
+        f"added run #{batch} ({count_of(len(ids), 'process', 'processes')}) to {args.db} as the reference of key {recs[0].key}:"
+    )
     print(f"  {describe(recs[0].fingerprint)}")
     return 0
 
@@ -210,12 +213,13 @@ def _show(args: argparse.Namespace) -> int:
 def _accept(args: argparse.Namespace) -> int:
     from memtrace.errors import UsageError
     from memtrace.history_store import accept_batch, connect
+    from memtrace.units import count_of
 
     with connect(args.db, create=False) as db:
         n = accept_batch(db, args.batch)
     if not n:
         raise UsageError(f"{args.db} holds no run #{args.batch}; 'memtrace history show --db {args.db}' lists them")
-    print(f"run #{args.batch} ({n} process(es)) is now the accepted reference of its key")
+    print(f"run #{args.batch} ({count_of(n, 'process', 'processes')}) is now the accepted reference of its key")
     return 0
 
 

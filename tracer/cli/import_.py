@@ -56,8 +56,11 @@ def run(args: argparse.Namespace) -> int:
     if not is_profiler_path(src):
         check_not_a_trace(src)  # a missing file, or a trace, is one line before anything is unpickled
     several_out = args.output is not None and not str(args.output).lower().endswith(SUFFIX)
-    if args.output is None or not several_out:  # check the file name before the long read
+    # check the output before the long read (and before unpickling warns): an input, an unwritable place
+    if args.output is None or not several_out:
         output_file(src, args.output, default_suffix=SUFFIX, suffixes=(SUFFIX,), force=args.force)
+    else:
+        output_dir(src, args.output, default_suffix="", files=(), force=args.force)
     if is_profiler_path(src):
         traces = traces_from_kineto_file(src, device=args.device)
     else:

@@ -50,8 +50,8 @@ def run(args: argparse.Namespace) -> int:
 
     if not 0 <= args.port <= 65535:
         raise UsageError(f"--port {args.port}: give a port from 1 to 65535, or 0 for a free one")
-    if args.max_events < 0:
-        raise UsageError(f"--max-events {args.max_events}: give how many events a page may carry, 0 or more")
+    if args.max_events < 1:
+        raise UsageError(f"--max-events {args.max_events}: give how many events a page may carry, 1 or more")
     out = None
     if not args.serve:
         out = output_file(

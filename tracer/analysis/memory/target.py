@@ -117,9 +117,9 @@ def describe(target: Target) -> str:
         return f"--util {target.util:g} x {'--total' if target.source == UTIL_TOTAL else 'the card'}"
     if target.source == RECORDED:
         return (
-            "recorded (vLLM's requested memory)"
+            "vLLM's requested memory, as recorded"
             if target.util is None
-            else f"recorded (util {target.util:g}{_chosen(target)})"
+            else f"the recorded --gpu-memory-utilization {target.util:g}{_chosen(target)}"
         )
     if target.source == RECORDED_UTIL:
         return f"recorded util {target.util:g} x the card{_chosen(target, ', ')}"
