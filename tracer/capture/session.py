@@ -127,7 +127,8 @@ class Session:
 
         selfcost.mark_own_thread()
         try:
-            installed = env.installed_facts()
+            with selfcost.region(selfcost.START):  # memtrace's own thread: stated apart (memtrace_threads_ns)
+                installed = env.installed_facts()
         except Exception as exc:  # noqa: BLE001 - a fact less, never a failed recording
             log.info("memtrace: installed versions not read: %s", exc)
             return
@@ -184,8 +185,9 @@ class Session:
         self._calibrate()
         self.history.enable()
         oom_observer.attach()
-        if self.sidecar is not None:
-            self.sidecar.join_started()
+        if self.sidecar is not None:  # its own source: the wait for NVML's first samples, apart from the rest
+            with selfcost.region(selfcost.START_SIDECAR_WAIT):
+                self.sidecar.join_started()
 
     @selfcost.timed(selfcost.CALIBRATION)
     def _calibrate(self) -> None:
