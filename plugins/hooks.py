@@ -266,26 +266,16 @@ class HookManager:
         of them, one dict lookup per module and name, never a walk of a namespace (walking every namespace
         once per function took 50-90 ms a pass over a vLLM process's ~6,000 modules on a 2-core machine).
         A binding under another name (``from lib import work as other``) is not found: it keeps calling
-        the original.
-
-        Which modules are looked at: right after ``just_imported`` executed (the post-import hook), a
-        function defined in it, or in a module first imported while it ran, can only be held by a module
-        imported while it ran (the importers waiting above it have not run a line since): ``sys.modules``
-        keeps insertion order, so those are the entries after it. Any other function (defined in a module
-        imported earlier, or patched by :meth:`add` in a module imported already) is looked for everywhere.
+        the original. Which modules are looked at: :func:`_candidates`.
         """
         pending, self._pending = self._pending, []
         if not pending:
             return
-        modules = list(sys.modules.items())
-        if just_imported is not None:
-            tail = _modules_after(modules, just_imported)
-            ran = {name for name, _ in tail}
-            ran.add(just_imported.__name__)
-            if all(_defined_in(original, ran) for original, _, _ in pending):
-                modules = tail
+        modules = _candidates([original for original, _, _ in pending], just_imported)
+        if modules is None:
+            modules = list(sys.modules.values())
         checks = [(name, original, wrapper) for original, wrapper, names in pending for name in names]
-        for _, mod in modules:
+        for mod in modules:
             if not isinstance(mod, ModuleType):
                 continue
             namespace = vars(mod)  # a module's dict: a lookup runs no module __getattr__ (lazy modules)
@@ -322,20 +312,64 @@ class HookManager:
                 logger.debug("memtrace: on_error failed", exc_info=True)
 
 
-def _modules_after(modules: list[tuple[str, Any]], module: ModuleType) -> list[tuple[str, Any]]:
-    """The entries of ``modules`` (``sys.modules``'s items, in insertion order) after ``module``'s own."""
-    name = module.__name__
-    for i in range(len(modules) - 1, -1, -1):
-        if modules[i][0] == name:
-            return modules[i + 1 :]
-    return modules  # not there (removed meanwhile): every module
+def _candidates(functions: list[Any], just_imported: ModuleType | None) -> list[Any] | None:
+    """The modules that can hold ``functions`` by name, without looking at the others; None: every module.
+
+    A function defined in module D (its globals are D's, or those of the function it decorates) can only have been bound by a module whose code ran
+    after D was first imported: one imported after D (``sys.modules`` keeps insertion order: the entries after
+    D's), or one that was running then, inserted before D: on this thread's import chain at that moment. Such a
+    module either runs still (its top-level code is on the stack now) or finished since, and then it was
+    imported after the deepest module of that chain that runs still. So, read from the end of ``sys.modules``:
+    everything back to the first module that runs now (or ``just_imported``, whose post-import hook this is)
+    found before every D, plus the modules running now. None (look everywhere) when a function's home is not
+    known, or no such module comes before them (a function of a module imported before the chain that runs
+    now: torch's, at the plugin's registration). Imports running on other threads meanwhile are not seen.
+    """
+    homes = set()
+    for func in functions:
+        home = sys.modules.get(getattr(func, "__module__", None) or "")
+        if home is None or getattr(_innermost(func), "__globals__", None) is not vars(home):
+            return None  # made elsewhere, or a borrowed __module__: its home is not known
+        homes.add(home.__name__)
+    running = _running_modules()
+    stops = running | {just_imported.__name__} if just_imported is not None else running
+    found: dict[str, Any] = {}
+    try:
+        for name in reversed(sys.modules):
+            found[name] = sys.modules[name]
+            homes.discard(name)
+            if not homes and name in stops:
+                break
+        else:
+            return None
+    except (RuntimeError, KeyError):  # another thread imported meanwhile: look everywhere
+        return None
+    for name in running:
+        if name in sys.modules:
+            found[name] = sys.modules[name]
+    return list(found.values())
 
 
-def _defined_in(func: Any, names: set[str]) -> bool:
-    """Whether ``func`` was defined in one of the modules ``names``: its ``__module__`` is one of them and
-    that module's namespace is its globals (not a function a factory elsewhere made)."""
-    home = sys.modules.get(getattr(func, "__module__", None) or "")
-    return home is not None and home.__name__ in names and getattr(func, "__globals__", None) is vars(home)
+def _innermost(func: Any) -> Any:
+    """The function a decorated one wraps (``__wrapped__``, as ``functools.wraps`` sets it): it was defined
+    where the decorated one's ``__module__`` says, and the decorated one made after it."""
+    for _ in range(32):
+        inner = getattr(func, "__wrapped__", None)
+        if inner is None:
+            return func
+        func = inner
+    return func
+
+
+def _running_modules() -> set[str]:
+    """The modules whose top-level code runs on this thread now (being imported, or ``__main__``)."""
+    names = set()
+    frame = sys._getframe(1)
+    while frame is not None:
+        if frame.f_code.co_name == "<module>":
+            names.add(frame.f_globals.get("__name__"))
+        frame = frame.f_back
+    return names
 
 
 def _initializing(module: ModuleType) -> bool:

@@ -121,28 +121,72 @@ def test_an_importer_that_bound_the_name_before_the_patch_is_rebound(pkg):
 
 def test_a_function_defined_in_the_module_just_imported_is_looked_for_only_in_what_that_import_ran(pkg):
     """circ imports late while it runs, and late binds circ's step: late comes after circ in sys.modules,
-    and is rebound; the pass looks at those modules only."""
+    and is rebound; the pass looks at those two, and at the modules whose import runs now (this test's none
+    but ``__main__``-like runners), not at the thousands before them."""
     handler = Counting()
     manager = HookManager()
     manager.add(f"{pkg}.circ:step", handler)
-    seen: list[int] = []
-    real = hooks._modules_after
+    seen: list[list[str]] = []
+    real = hooks._candidates
 
-    def spy(modules, module):
-        tail = real(modules, module)
-        seen.append(len(tail))
-        return tail
+    def spy(functions, just_imported):
+        found = real(functions, just_imported)
+        seen.append(None if found is None else [m.__name__ for m in found])
+        return found
 
-    hooks._modules_after = spy
+    hooks._candidates = spy
     try:
         circ, late = _imp(pkg, "circ", "late")
     finally:
-        hooks._modules_after = real
+        hooks._candidates = real
     assert late.step is circ.step and getattr(circ.step, SENTINEL) == f"{pkg}.circ:step"
     assert late.call(3) == 6 and handler.calls == 1
-    assert seen == [1]  # the one module imported while circ ran: late
+    assert len(seen) == 1 and seen[0][:2] == [f"{pkg}.late", f"{pkg}.circ"]
+    assert len(seen[0]) < len(sys.modules) / 10
     manager.unpatch()
     assert not hasattr(late.step, SENTINEL)
+
+
+def test_a_function_a_running_import_bound_before_the_patched_module_ran_is_rebound(tmp_path, monkeypatch):
+    """The vLLM worker's case: ``outer`` (still running) imports ``lib`` (which defines ``work``) and binds
+    it, then ``done`` binds it and finishes, then ``outer`` imports ``owner``, whose hook patches ``work``:
+    ``outer`` (running) and ``done`` (finished, imported after ``outer``) are rebound, and nothing before
+    ``outer`` is looked at."""
+    name = f"chainpkg_{uuid.uuid4().hex[:8]}"
+    root = tmp_path / name
+    root.mkdir()
+    (root / "__init__.py").write_text("")
+    (root / "lib.py").write_text("def work(x):\n    return x + 1\n")
+    (root / "done.py").write_text("from .lib import work\n")
+    (root / "owner.py").write_text("from .lib import work\n")
+    (root / "outer.py").write_text(
+        "from .lib import work\nfrom . import done\nfrom . import owner\nAFTER = (work, done.work, owner.work)\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    handler = Counting()
+    manager = HookManager()
+    manager.add(f"{name}.owner:work", handler)
+    seen: list = []
+    real = hooks._candidates
+
+    def spy(functions, just_imported):
+        found = real(functions, just_imported)
+        seen.append(None if found is None else {m.__name__ for m in found})
+        return found
+
+    hooks._candidates = spy
+    try:
+        outer = importlib.import_module(f"{name}.outer")
+    finally:
+        hooks._candidates = real
+        for mod in [m for m in sys.modules if m == name or m.startswith(name + ".")]:
+            del sys.modules[mod]
+    work, done_work, owner_work = outer.AFTER
+    assert getattr(owner_work, SENTINEL) == f"{name}.owner:work"
+    assert work is owner_work and done_work is owner_work and outer.work is owner_work
+    assert seen[0] is not None and {f"{name}.outer", f"{name}.done", f"{name}.lib"} <= seen[0]
+    assert len(seen[0]) < len(sys.modules) / 10
+    manager.unpatch()
 
 
 def test_a_batch_rebinds_every_function_in_one_pass_when_it_ends(pkg):
