@@ -26,8 +26,11 @@ def headline(cost: SelfCost, vllm: bool) -> str:
     who = "vLLM's threads" if vllm else "the program's threads"
     if not cost.recorded:
         return f"memtrace on {who}: not recorded (this trace predates memtrace's self-timing)"
-    share = cost.share_of_init_engine
-    of = f" ({share * 100:.2f} % of init engine, {cost.init_engine_us / 1e6:.2f} s)" if share is not None else ""
+    share, whole = cost.share_of_init_engine, cost.share_of_process_startup
+    said = [f"{share * 100:.2f} % of init engine, {cost.init_engine_us / 1e6:.2f} s"] if share is not None else []
+    if whole is not None:
+        said.append(f"{whole * 100:.2f} % of the process's start-up, {cost.process_startup_us / 1e6:.2f} s")
+    of = f" ({'; '.join(said)})" if said else ""
     history = "" if cost.history_ns is not None else "; the allocator history's own cost not measured"
     return f"memtrace on {who}: {_ms(cost.total_ns)}{of}{history}"
 

@@ -168,17 +168,18 @@ class Plugin:
                 f"vLLM {self.version_text} is outside the versions memtrace knows ({surface.range_text('vllm')})",
             )
         export_driver_host()  # MEMTRACE* reach Ray workers; the run's collector starts with Ray (plugins.ray_env)
-        for entry in surface.hooks_for(self.version):
-            if entry.role == "serving-step" and self.until != "serving":
-                continue  # start-up and exit traces pay nothing per step
-            self.manager.add(entry.path, entry.build(self))
-            if entry.library != "torch":
-                self.hooked.append(entry.path)
-            self.extends_kv_cache |= entry.phase == KV_CACHE_EXTEND
-        extra, bad = flashinfer.user_targets()
-        for msg in bad:
-            self._note("warning", msg)
-        self.hooked += flashinfer.install_extra(self.manager, self.record_hook_call, extra, self.hooked)
+        with self.manager.batch():  # one pass over sys.modules for the functions of modules imported already
+            for entry in surface.hooks_for(self.version):
+                if entry.role == "serving-step" and self.until != "serving":
+                    continue  # start-up and exit traces pay nothing per step
+                self.manager.add(entry.path, entry.build(self))
+                if entry.library != "torch":
+                    self.hooked.append(entry.path)
+                self.extends_kv_cache |= entry.phase == KV_CACHE_EXTEND
+            extra, bad = flashinfer.user_targets()
+            for msg in bad:
+                self._note("warning", msg)
+            self.hooked += flashinfer.install_extra(self.manager, self.record_hook_call, extra, self.hooked)
         log.info(
             "memtrace: plugin loaded (vLLM %s, %d hook targets, trace until %s) -> %s",
             self.version_text or "?",

@@ -190,6 +190,9 @@ VLLM_CONFIG = _fact(
 )
 VLLM_HOOK_TARGETS = _fact("vllm.hook_targets", "list", "plugins.vllm", "the vLLM methods the plugin wrapped")
 VLLM_STARTUP_COMPLETE_US = _fact("vllm.startup_complete_us", "int", "plugins.vllm", "end of warm-up")
+PROCESS_START_US = _fact(
+    "process.start_us", "int", "capture.env", "when the traced process started (the kernel's record, ±10 ms)"
+)
 VLLM_STARTUP_ERROR = _fact(
     "vllm.startup_error",
     "dict",

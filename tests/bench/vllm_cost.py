@@ -14,7 +14,7 @@ with ``roundN-off``), leaves out rounds named with ``--skip`` (the cold first ro
 medians with and without, the per-pair ratios (median, geometric mean, range, how many on-runs were
 slower), a bootstrap 95 % interval of the geometric mean ratio (10,000 resamples of the pairs, seed 0),
 the Wilcoxon signed-rank test of the differences (exact two-sided p for up to 20 pairs), the median
-difference in ms, and the self-reported cost (median, as a share of the median init engine) next to the
+difference in ms with its bootstrap 95 % interval (the same resamples), and the self-reported cost (median, as a share of the median init engine) next to the
 pairs' interval: whether the two agree within the pairs' uncertainty.
 
 Pure Python + numpy; runs wherever the tsv files are (no GPU, no vLLM).
@@ -126,6 +126,8 @@ def analyse(found: list[tuple[str, float, float, float | None]]) -> list[str]:
     boot = np.exp(np.log(ratio)[idx].mean(axis=1))
     lo, hi = (float(x) for x in np.percentile(boot, [2.5, 97.5]))
     diff_ms = (on - off) * 1000
+    boot_diff = np.median(diff_ms[idx], axis=1)
+    dlo, dhi = (float(x) for x in np.percentile(boot_diff, [2.5, 97.5]))
     lines = [
         f"pairs: {len(found)} ({', '.join(p[0] for p in found)})",
         f"init engine median: {np.median(on):.2f} s with the plugin, {np.median(off):.2f} s without "
@@ -133,7 +135,8 @@ def analyse(found: list[tuple[str, float, float, float | None]]) -> list[str]:
         f"per-pair ratio on/off: median {np.median(ratio):.3f}, geometric mean {geo:.3f}, "
         f"95 % bootstrap interval {lo:.3f}-{hi:.3f}, range {ratio.min():.3f}-{ratio.max():.3f}; "
         f"on slower in {int((ratio > 1).sum())} of {len(ratio)}",
-        f"median difference on-off: {np.median(diff_ms):+.0f} ms; Wilcoxon signed-rank p = {wilcoxon_p(list(diff_ms)):.3f}",
+        f"median difference on-off: {np.median(diff_ms):+.0f} ms, 95 % bootstrap interval {dlo:+.0f} to {dhi:+.0f} ms; "
+        f"Wilcoxon signed-rank p = {wilcoxon_p(list(diff_ms)):.3f}",
     ]
     selfs = [p[3] for p in found if p[3] is not None]
     if selfs:
@@ -144,6 +147,11 @@ def analyse(found: list[tuple[str, float, float, float | None]]) -> list[str]:
             f"self-reported: median {med_self:.1f} ms ({share * 100:.2f} % of the median init engine with the "
             f"plugin), range {min(selfs):.1f}-{max(selfs):.1f} ms over {len(selfs)} runs; the pairs' interval "
             f"{(lo - 1) * 100:+.1f} % to {(hi - 1) * 100:+.1f} % {'contains' if agree else 'does not contain'} it"
+        )
+        inside = dlo <= med_self <= dhi
+        lines.append(
+            f"self-reported median {med_self:.1f} ms beside the pairs' median difference {np.median(diff_ms):+.0f} ms "
+            f"({dlo:+.0f} to {dhi:+.0f} ms): {'inside' if inside else 'outside'} the interval"
         )
     else:
         lines.append("self-reported: not in these files (runs recorded before memtrace timed itself)")

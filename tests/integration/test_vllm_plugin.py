@@ -146,6 +146,12 @@ def test_the_trace_states_what_memtrace_cost_vllms_worker(runs):
         re.search(r"init engine \(profile, create kv cache, warmup model\) took ([0-9.]+) s", runs["traced"]["log"])[1]
     )
     assert cost.init_engine_us / 1e6 == pytest.approx(logged, abs=0.5)  # the worker's span is vLLM's own figure
+    # the worker's whole start-up, from its process's start: longer than init engine, and stated beside it
+    assert cost.process_startup_us is not None and cost.process_startup_us > cost.init_engine_us
+    env = trace.facts[F.ENV]
+    assert env["platform"] and "vllm_requires" in env  # gathered on memtrace's own thread, in the trace
     line = cost_text.headline(cost, vllm=True)
     assert line.startswith(f"memtrace on vLLM's threads: {cost.total_ns / 1e6:.1f} ms (")
+    assert f"% of the process's start-up, {cost.process_startup_us / 1e6:.2f} s)" in line
+    print(line, cost_text.sources(cost), sep="\n")  # the figure, for the record (pytest -s)
     assert line.endswith("the allocator history's own cost not measured")

@@ -183,3 +183,27 @@ def test_a_rank_recorded_twice_into_one_folder_is_refused(tmp_path):
     with memtrace.trace(tmp_path, rank=1):  # another rank of the same run
         pass
     assert sorted(p.name.rsplit("-", 1)[1] for p in tmp_path.glob("*.memtrace")) == ["rank0.memtrace", "rank1.memtrace"]
+
+
+def test_the_installed_versions_come_from_memtraces_own_thread_and_reach_the_trace(tmp_path):
+    """What takes reading installed metadata is gathered off the program's thread; a vLLM (or anyone)
+    setting facts["env"] meanwhile keeps its keys, and the trace holds both, with the process's start."""
+    import threading
+    import time
+
+    from memtrace import facts as F
+    from memtrace.capture import env as capture_env
+
+    before = time.time_ns() // 1000
+    with memtrace.trace(tmp_path) as session:
+        thread = session._env_thread
+        assert thread is not None and thread is not threading.current_thread()
+        session.set_fact(F.ENV, {**session.facts[F.ENV], "cmdline": ["vllm", "serve", "m"]})  # as the plugin does
+        thread.join(30)
+    trace = load_trace(session.path)
+    env = trace.facts["env"]
+    installed = capture_env.installed_facts()
+    assert env["platform"] == installed["platform"] and env["vllm_requires"] == installed["vllm_requires"]
+    assert env["cmdline"] == ["vllm", "serve", "m"]
+    assert 0 < trace.facts[F.PROCESS_START_US] < before  # this test process started before the session
+    assert trace.facts[F.SELF_COST]["memtrace_threads_ns"] > 0  # the gathering, on memtrace's own thread

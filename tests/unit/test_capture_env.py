@@ -77,3 +77,22 @@ def test_the_environment_records_what_vllm_asks_of_torch_and_flashinfer_beside_w
 
     monkeypatch.setattr(importlib.metadata, "requires", not_installed)
     assert environment()["vllm_requires"] == {}
+
+
+def test_a_process_start_time_is_the_kernels_within_its_clock_tick():
+    import subprocess
+    import time
+
+    from memtrace.capture.env import process_start_us
+
+    before = time.time_ns() // 1000
+    child = subprocess.Popen(["sleep", "5"])
+    try:
+        after = time.time_ns() // 1000
+        started = process_start_us(child.pid)
+        assert started is not None
+        assert before - 20_000 <= started <= after + 20_000  # one clock tick (10 ms) and the rounding
+    finally:
+        child.kill()
+        child.wait()
+    assert process_start_us(2**22 + 1) is None  # no such process

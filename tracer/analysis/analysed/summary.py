@@ -333,6 +333,7 @@ def _plain(obj: Any) -> Any:
             "ended_above",
             "total_ns",
             "share_of_init_engine",
+            "share_of_process_startup",
             "before_recording",
         ):
             if hasattr(type(obj), name) and isinstance(getattr(type(obj), name), property):
