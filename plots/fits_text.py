@@ -265,7 +265,7 @@ def _assumption(r: Fit) -> str:
     )
 
 
-#: What a program that is not vLLM needs on any card (``fits.need_curve``), in its own terms.
+#: What a program that is not vLLM needs on any card (``whatif.need_curve``), in its own terms.
 PROGRAM_NEEDS = f"the segments PyTorch cannot release, plus {NON_TORCH.label} memory"
 
 

@@ -60,7 +60,7 @@ from typing import Any
 
 import numpy as np
 from memtrace import facts as F
-from memtrace.analysis.analysed.landmarks import Landmarks, landmarks, steady_non_torch_at, total_curve
+from memtrace.analysis.analysed.landmarks import Landmarks, landmarks, steady_non_torch_at
 from memtrace.analysis.capacity.reconcile import KV_GIVEN, MEMTRACE
 from memtrace.analysis.capacity.reconcile import non_kv as non_kv_model
 from memtrace.analysis.capacity.whatif import (
@@ -71,18 +71,17 @@ from memtrace.analysis.capacity.whatif import (
     SEARCH_STEP,  # noqa: F401 (fits' figure, re-exported)
     default_util,
     extensible_kv_cache,
+    need_curve,
     recorded_one_request,
     recorded_others,
     smallest_card,  # noqa: F401 (re-exported)
     vllm_version,
 )
 from memtrace.analysis.capacity.whatif import UNKNOWN as STOPS
-from memtrace.analysis.holders.live import Lifetimes
 from memtrace.analysis.memory import non_torch
 from memtrace.analysis.memory.curves import Curve, Curves, all_curves
 from memtrace.analysis.memory.oom import Oom, find_oom
 from memtrace.analysis.memory.phases import path_at, recording_span
-from memtrace.analysis.memory.pinned import pinned_curve
 from memtrace.analysis.memory.quantities import window_peak
 from memtrace.analysis.memory.target import resolve_target
 from memtrace.errors import UsageError
@@ -206,18 +205,6 @@ def _recorded_kv(lm: Landmarks) -> int | None:
     if lm.vllm_available_kv_bytes is not None:
         return lm.vllm_available_kv_bytes
     return lm.kv_cache_bytes
-
-
-def need_curve(
-    trace: Trace, curves: Curves, lm: Landmarks, non_torch_bytes: int | None = None, lt: Lifetimes | None = None
-) -> Curve:
-    """What the start-up needs on the card at each moment: the pinned segments (``pinned``: what the
-    allocator cannot release) plus non-PyTorch memory, as recorded (steady NVML samples) or, when
-    ``non_torch_bytes`` is given, that constant (another card's CUDA context, say)."""
-    base = pinned_curve(trace, curves, lt)
-    if non_torch_bytes is not None:
-        return Curve(base.time_us, base.bytes + int(non_torch_bytes))
-    return total_curve(curves, include_non_torch=lm.device_level, base=base)
 
 
 @dataclass(frozen=True)

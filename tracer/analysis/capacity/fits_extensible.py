@@ -4,7 +4,7 @@ and otherwise how many KV blocks and tokens would it get?
 The profiling model of :mod:`.fits` (KV = ``ceil(util x capacity) - non_kv``) does not hold when vLLM sizes
 the KV cache after warm-up (``facts["vllm.kv_cache_size_source"] == "extensible"``). Here:
 
-1. **Before the KV cache is extended** the start-up needs, at each moment, what :func:`.fits.need_curve`
+1. **Before the KV cache is extended** the start-up needs, at each moment, what :func:`.whatif.need_curve`
    says (PyTorch's pinned segments + non-PyTorch memory) plus the KV pages committed when the cache was
    created (``kv_cache_init``: the null block(s); vLLM commits at least those on any card). The blocks
    warm-up commits beyond them are bounded by what is free (``committable_blocks``), so they shrink with
@@ -38,11 +38,12 @@ from memtrace.analysis.capacity.extensible import (
     measure_kv_cache_bytes,
     pages_for,
 )
-from memtrace.analysis.capacity.fits import FITS, NO_KV, OOM, UNKNOWN, Fit, Recorded, need_curve, recorded
+from memtrace.analysis.capacity.fits import FITS, NO_KV, OOM, UNKNOWN, Fit, Recorded, recorded
 from memtrace.analysis.capacity.reconcile import non_kv as non_kv_model
 from memtrace.analysis.capacity.whatif import (
     default_util,
     extensible_inputs,
+    need_curve,
     recorded_one_request,
     recorded_others,
     vllm_version,

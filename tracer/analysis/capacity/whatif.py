@@ -19,7 +19,7 @@ With one trace the rules are the documented ones above (an **estimate**). With t
 same model (:func:`calibrate`), each (phase, kind)'s peak bytes are fitted to ``a + b x`` of its flag by
 least squares and the residual is stated.
 
-The predicted curve is the recorded one (what the start-up needs: ``fits.need_curve``) with each kind's live
+The predicted curve is the recorded one (what the start-up needs: :func:`need_curve`) with each kind's live
 bytes scaled (``pred(t) = need(t) + sum_k (s_k - 1) B_k(t)``), the recorded KV cache taken out and the new one
 put in where vLLM allocates it. vLLM's KV sizing is redone on that curve: profiled (``ceil(util x card) -
 non_kv - graph estimate``, the non-KV figure of ``reconcile.non_kv`` moved by the change of the profiling peak)
@@ -38,12 +38,16 @@ from functools import cached_property
 
 import numpy as np
 from memtrace import facts as F
+from memtrace.analysis.analysed.landmarks import Landmarks, total_curve
 from memtrace.analysis.capacity.extensible import blocks_within, measure_kv_cache_bytes, pages_for
 from memtrace.analysis.capacity.reconcile import MEMTRACE as NON_KV_MEMTRACE
-from memtrace.analysis.memory.curves import Curve, committed_curve
+from memtrace.analysis.holders.live import Lifetimes
+from memtrace.analysis.memory.curves import Curve, Curves, committed_curve
 from memtrace.analysis.memory.phases import path_at, phase_path
+from memtrace.analysis.memory.pinned import pinned_curve
 from memtrace.analysis.memory.quantities import array_max, first_max
 from memtrace.errors import UsageError
+from memtrace.model import Trace
 
 TOKENS, SEQS, GRAPHS, KV, FIXED, UNSTACKED = "tokens", "seqs", "graphs", "kv", "fixed", "no stack"
 GRAPHS_KEPT = "graphs kept"
@@ -107,6 +111,18 @@ def extensible_inputs(s: dict, lacks: int, moved: int = 0, tr: float = 1.0) -> d
                 torch_reserve_growth=int(s["torch_reserve_growth_bytes"] * tr),
                 margin_floor=int(s.get("margin_floor_bytes") or 1 << 30),
                 margin_fraction=float(s.get("margin_fraction") or 0.75))  # fmt: skip
+
+
+def need_curve(
+    trace: Trace, curves: Curves, lm: Landmarks, non_torch_bytes: int | None = None, lt: Lifetimes | None = None
+) -> Curve:
+    """What the start-up needs on the card at each moment: the pinned segments (``pinned``: what the
+    allocator cannot release) plus non-PyTorch memory, as recorded (steady NVML samples) or, when
+    ``non_torch_bytes`` is given, that constant (another card's CUDA context, say)."""
+    base = pinned_curve(trace, curves, lt)
+    if non_torch_bytes is not None:
+        return Curve(base.time_us, base.bytes + int(non_torch_bytes))
+    return total_curve(curves, include_non_torch=lm.device_level, base=base)
 
 
 def kv_block(facts: dict) -> tuple[int, int | None]:
@@ -845,8 +861,6 @@ def recorded_others(trace) -> int:
 
 def sites_of(rank) -> Sites:
     """The analysed rank's start-up taken apart by site (needs a vLLM trace with its config)."""
-    from memtrace.analysis.capacity.fits import need_curve
-
     if recorded_flags(rank.trace) is None:
         raise UsageError(f"{rank.label}: --what-if / --suggest need a vLLM start-up (its config was not recorded)")
     return Sites(rank, need_curve(rank.trace, rank.curves, rank.landmarks, None, rank.lifetimes))
