@@ -32,7 +32,7 @@ def test_every_public_name_resolves_and_type_checkers_import_the_same_objects():
         if isinstance(node, ast.If) and getattr(node.test, "id", "") == "TYPE_CHECKING":
             for imp in node.body:
                 for alias in imp.names:
-                    checked[alias.asname or alias.name] = f"memtrace.{imp.module}:{alias.name}"
+                    checked[alias.asname or alias.name] = f"{imp.module}:{alias.name}"
     assert set(checked) == PUBLIC == set(memtrace.__all__) - {"__version__"}
     for name, where in checked.items():
         module, attr = where.split(":")
