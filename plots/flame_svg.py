@@ -401,8 +401,8 @@ def say_flame(rank, moment, flame: Flame, log) -> None:
         then = flame_at(rank.trace, t, non_torch=True, lt=rank.lifetimes, notes=rank.tensor_notes)
         secs = seconds_showing(rank, t, None, then)
         reserved, vmm = rank.curves.reserved.at(t), rank.curves.vmm.at(t)
-        log.write(f"memtrace: the most {rank.label} held was {format_bytes(held_curve.peak_bytes, 2)} (PyTorch reserved "
-                  f"{format_bytes(reserved, 2)} + KV cache {format_bytes(vmm, 2)} committed through CUDA VMM) at {secs} s; "
+        log.write(f"memtrace: the most {rank.label} held was {format_bytes(held_curve.peak_bytes, 2)} ({Q.RESERVED.label} "
+                  f"{format_bytes(reserved, 2)} + {Q.VMM.label} {format_bytes(vmm, 2)}) at {secs} s; "
                   f"--at {secs} shows the {format_bytes(then.total_bytes, 2)} live then\n")  # fmt: skip
 
 

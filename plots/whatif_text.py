@@ -18,7 +18,7 @@ from memtrace.analysis.capacity.whatif import (
     Outcome,
     Suggestions,
 )
-from memtrace.analysis.memory.quantities import OTHERS
+from memtrace.analysis.memory.quantities import NON_TORCH, OTHERS
 from memtrace.plots.fits_text import HEADLINE, short_by
 from memtrace.plots.formats import of
 from memtrace.plots.text import wrap
@@ -31,7 +31,7 @@ WIDTH = 100
 #: The phase table's columns, in words.
 PHASE_COLUMNS = (
     "recorded: report's device-used peak of the phase (NVML, '-' where not sampled); needed: what the start-up "
-    "needed there as recorded (the segments PyTorch could not release, non-PyTorch memory, the KV cache); "
+    f"needed there as recorded (the segments PyTorch could not release, {NON_TORCH.label} memory, the KV cache); "
     "predicted: the same on this card with these flags"
 )
 

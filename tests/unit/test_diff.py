@@ -125,7 +125,7 @@ def test_json_output_carries_the_regressions(synthetic_runs, capsys):
     "argv, message",
     [
         (["missing-dir", "missing-dir"], "no such file or directory"),
-        (["{base}", "{base}", "--fail-over", "lots"], "cannot read size 'lots'"),
+        (["{base}", "{base}", "--fail-over", "lots"], "cannot read limit 'lots': write a percentage (2%) or a size"),
         (["{base}", "{not_a_trace}"], "is not a memtrace trace"),
         # both runs are loaded at once; the base's error is the one said, as when they loaded one by one
         (["{not_a_trace}", "missing-dir"], "junk.memtrace is not a memtrace trace"),
