@@ -1,29 +1,20 @@
-"""The ``memtrace`` command line: one module per subcommand, discovered in this package.
+"""The ``memtrace`` command line: one module per subcommand, listed in :data:`COMMANDS` in ``--help``'s order.
 
-A command module defines ``NAME`` (the verb), ``ORDER`` (its place in ``--help``), a docstring (its
-help text), ``add_arguments(parser)`` and ``run(args) -> int``. It must be cheap to import: heavy
-imports (matplotlib, torch) go inside ``run``. Nothing outside ``memtrace.cli`` imports it.
+A command module defines ``NAME`` (the verb), a docstring (its help text), ``add_arguments(parser)`` and
+``run(args) -> int``. It must be cheap to import: heavy imports (matplotlib, torch) go inside ``run``. Nothing
+outside ``memtrace.cli`` imports it. Adding a command is one module plus its place in :data:`COMMANDS`.
 """
 
 from __future__ import annotations
 
 import argparse
-import importlib
-import pkgutil
 import sys
 
+from memtrace.cli import diff, doctor, export, fits, flame, history, import_, issue, plot, report, run, view, window
 from memtrace.errors import MemtraceError
 
-
-def _commands() -> list:
-    mods = []
-    for info in pkgutil.iter_modules(__path__):
-        if info.name.startswith("_"):
-            continue
-        mod = importlib.import_module(f"{__name__}.{info.name}")
-        if hasattr(mod, "NAME") and hasattr(mod, "run"):
-            mods.append(mod)
-    return sorted(mods, key=lambda m: (getattr(m, "ORDER", 100), m.NAME))
+#: every command, in the order ``memtrace --help`` lists them
+COMMANDS = (run, window, report, plot, flame, view, diff, fits, history, issue, export, import_, doctor)
 
 
 class _Parser(argparse.ArgumentParser):
@@ -46,7 +37,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"memtrace {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
-    for mod in _commands():
+    for mod in COMMANDS:
         doc = (mod.__doc__ or "").strip()
         p = sub.add_parser(
             mod.NAME,

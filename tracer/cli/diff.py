@@ -20,7 +20,6 @@ import argparse
 import sys
 
 NAME = "diff"
-ORDER = 40
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:

@@ -17,7 +17,6 @@ import argparse
 import sys
 
 NAME = "doctor"
-ORDER = 70
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:

@@ -24,7 +24,6 @@ from __future__ import annotations
 import argparse
 
 NAME = "export"
-ORDER = 60
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:

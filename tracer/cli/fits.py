@@ -41,7 +41,6 @@ import argparse
 import sys
 
 NAME = "fits"
-ORDER = 45
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:

@@ -36,7 +36,6 @@ import argparse
 import sys
 
 NAME = "flame"
-ORDER = 31
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:

@@ -24,7 +24,6 @@ import json
 import sys
 
 NAME = "history"
-ORDER = 45
 
 
 def _db(p: argparse.ArgumentParser) -> None:

@@ -22,7 +22,6 @@ import argparse
 import sys
 
 NAME = "import"
-ORDER = 60
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

@@ -27,7 +27,6 @@ from __future__ import annotations
 import argparse
 
 NAME = "issue"
-ORDER = 50
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:

@@ -18,7 +18,6 @@ import argparse
 import sys
 
 NAME = "plot"
-ORDER = 30
 FORMATS = (".png", ".svg", ".pdf")
 
 

@@ -14,7 +14,6 @@ import argparse
 import sys
 
 NAME = "report"
-ORDER = 20
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

@@ -40,7 +40,6 @@ from pathlib import Path
 from memtrace import facts as F
 
 NAME = "run"
-ORDER = 10
 
 POLL_S = 0.5
 GRACE_S = 10.0  # after one worker completes start-up, how long to wait for the others

@@ -19,7 +19,6 @@ import argparse
 import sys
 
 NAME = "view"
-ORDER = 35
 DEFAULT_MAX_EVENTS = 4_000_000
 
 

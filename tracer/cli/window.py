@@ -14,7 +14,6 @@ import argparse
 import sys
 
 NAME = "window"
-ORDER = 15
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
