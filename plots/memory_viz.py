@@ -17,7 +17,7 @@ The dict has PyTorch's shape, so memory_viz and ``torch.cuda._memory_viz`` read 
 It is written as a pickle with protocol 4: memory_viz rejects protocol 5 (pytorch#183842). The file
 is streamed (``pickle_stream``): ten million entries never exist as Python objects. NVML
 samples, hook calls and facts have no place in this format and are left out. memtrace reads the
-file back with ``memtrace import`` (``importers.torch_snapshot.traces_from_snapshot``).
+file back with ``memtrace import`` (``importers.snapshot.traces_from_snapshot``).
 """
 
 from __future__ import annotations

@@ -21,7 +21,7 @@ from memtrace.analysis.memory.curves import Baseline, Curve, Curves, _allocated_
 from memtrace.analysis.memory.pinned import _Segments
 from memtrace.analysis.memory.quantities import fullest_at_peak, is_one_moment, window_fullest
 from memtrace.importers.files import traces_from_snapshot_file
-from memtrace.importers.torch_snapshot import traces_from_snapshot
+from memtrace.importers.snapshot import traces_from_snapshot
 from memtrace.model import ACTION_CODE, Trace
 from memtrace.plots.memory_viz import _annotations, _entry, _fields, _is_host, _segments
 from memtrace.units import Threshold

@@ -15,7 +15,8 @@ import pytest
 from memtrace.analysis.memory.curves import all_curves
 from memtrace.cli import main
 from memtrace.importers.files import read_snapshot, traces_from_snapshot_file
-from memtrace.importers.torch_snapshot import MOMENT_NOTE, NO_STATE_NOTE, traces_from_snapshot
+from memtrace.importers.snapshot import traces_from_snapshot
+from memtrace.importers.torch_snapshot import MOMENT_NOTE, NO_STATE_NOTE
 from memtrace.plots.memory_viz import write_snapshot
 from memtrace.store import load_trace, save_trace
 from references import snapshot_dict

@@ -19,7 +19,7 @@ from memtrace.analysis.memory.curves import all_curves
 from memtrace.analysis.memory.oom import find_oom
 from memtrace.cli import main
 from memtrace.importers.files import read_snapshot, traces_from_snapshot_file
-from memtrace.importers.torch_snapshot import traces_from_snapshot
+from memtrace.importers.snapshot import traces_from_snapshot
 from memtrace.plots.perfetto import export_perfetto
 from memtrace.store import load_run, load_trace
 from references import snapshot_dict

@@ -68,7 +68,7 @@ def test_the_synthetic_snapshot_shares_objects_as_torch_does(synthetic):
 
 def test_memtrace_imports_the_synthetic_snapshot_exactly(synthetic):
     from memtrace.analysis.memory.curves import all_curves
-    from memtrace.importers.torch_snapshot import traces_from_snapshot
+    from memtrace.importers.snapshot import traces_from_snapshot
 
     (trace,) = traces_from_snapshot(synthetic)
     curves = all_curves(trace)

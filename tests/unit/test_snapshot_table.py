@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 from memtrace.analysis.memory.curves import all_curves
 from memtrace.importers.files import read_snapshot, traces_from_snapshot_file
-from memtrace.importers.torch_snapshot import traces_from_snapshot
+from memtrace.importers.snapshot import traces_from_snapshot
 from memtrace.plots.memory_viz import write_snapshot
 from references import snapshot_replay as replay
 

@@ -13,7 +13,7 @@ import numpy as np
 from memtrace.analysis.memory.curves import all_curves
 from memtrace.cli import main
 from memtrace.importers.files import read_snapshot, traces_from_snapshot_file
-from memtrace.importers.torch_snapshot import traces_from_snapshot
+from memtrace.importers.snapshot import traces_from_snapshot
 from memtrace.store import load_trace
 from references import snapshot_replay
 

@@ -44,8 +44,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from memtrace.errors import UsageError
-    from memtrace.importers.files import check_not_a_trace, traces_from_snapshot_file, warn_pickle
-    from memtrace.importers.kineto import is_profiler_path, traces_from_kineto_file
+    from memtrace.importers.files import check_not_a_trace, is_profiler_path, traces_from_snapshot_file, warn_pickle
+    from memtrace.importers.kineto import traces_from_kineto_file
     from memtrace.outputs import atomic_write, make_dir, output_dir, output_file
     from memtrace.store import SUFFIX, save_trace
 

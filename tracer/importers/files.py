@@ -143,7 +143,7 @@ def read_snapshot(path: str | os.PathLike) -> dict[str, Any]:
 
 def traces_from_snapshot_file(path: str | os.PathLike, *, device: int | None = None) -> list[Trace]:
     """Read a snapshot pickle and convert it, one trace per device (``importers.torch_snapshot``)."""
-    from memtrace.importers.torch_snapshot import traces_from_snapshot
+    from memtrace.importers.snapshot import traces_from_snapshot
 
     with gc_paused():
         return _traces_from_snapshot_file(path, device, traces_from_snapshot)

@@ -39,8 +39,6 @@ from typing import Any
 import numpy as np
 from memtrace import facts as F
 from memtrace.errors import TraceFormatError
-from memtrace.importers.files import is_profiler_path as is_profiler_path  # re-exported (cli.import_)
-from memtrace.importers.files import profiler_files as profiler_files  # re-exported
 from memtrace.importers.torch_snapshot import PHASE_PREFIXES, Interner
 from memtrace.model import ACTION_CODE, Frame, Note, Phase, Process, Recording, Trace, empty_events
 
