@@ -12,12 +12,12 @@ import os
 import socket
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from memtrace import facts as F
 from memtrace.capture import clock
-from memtrace.errors import MemtraceError, UsageError
+from memtrace.errors import UsageError
 from memtrace.store import SUFFIX
 
 if TYPE_CHECKING:
@@ -66,8 +66,9 @@ def trace_path(path_or_dir: str | os.PathLike | None, rank: int | None) -> Path:
     return run_dir(path_or_dir) / (name + SUFFIX)
 
 
-def begin_session(path_or_dir: str | os.PathLike | None, **kwargs: Any) -> Session:
-    """Create, start and register the process's session (UsageError if one is recording)."""
+def claim(path_or_dir: str | os.PathLike | None, make: Callable[[Path], Session], **kwargs: Any) -> Session:
+    """Check the session's settings, make it with ``make(trace path)`` and register it as the process's, all under
+    the registry's lock (UsageError if one is recording). The caller (``session.begin_session``) starts it."""
     global _active
     with _active_lock:
         current = active_session()
@@ -84,38 +85,9 @@ def begin_session(path_or_dir: str | os.PathLike | None, **kwargs: Any) -> Sessi
         stacks = kwargs.get("stacks", "python")
         if stacks not in STACKS:
             raise UsageError(f"stacks={stacks!r} is not one of {', '.join(STACKS)}")
-        path = trace_path(path_or_dir, kwargs.get("rank"))
-        from memtrace.capture import ray_gather
-        from memtrace.capture.session import Session
-
-        link = ray_gather.link_for(path)
-        if link is not None:
-            path = link.path
-
-        try:
-            session = Session(path, **kwargs)
-        except OSError as exc:
-            raise MemtraceError(
-                f"cannot write the trace {path}: {exc.strerror or exc}; choose another MEMTRACE_DIR"
-            ) from None
+        session = make(trace_path(path_or_dir, kwargs.get("rank")), **kwargs)
         _active = session
-    _tie(session, link)
-    session.start_sources()
     return session
-
-
-def _tie(session: Session, link: Any) -> None:
-    """The session's clock fact, and for a Ray worker its collector: registered, handed the file at the end."""
-    if link is None:
-        session.set_fact(F.CLOCK, clock.local_fact())
-        return
-    for key, value in link.facts().items():
-        session.set_fact(key, value)
-    try:
-        link.register(session.process)
-    except Exception as exc:  # noqa: BLE001 - the trace is recorded all the same
-        log.warning("memtrace: could not register this trace with the run's collector: %s", exc)
-    session.on_file_closed = link.hand_over
 
 
 def deactivate(session: Session) -> None:

@@ -19,17 +19,17 @@ from pathlib import Path
 from typing import Any
 
 from memtrace import facts as F
-from memtrace.capture import registry, selfcost
+from memtrace.capture import clock, ray_gather, registry, selfcost
 from memtrace.capture.registry import (  # noqa: F401  (the session's module names, as before the split)
     SAMPLE_HZ_ENV,
     STACKS,
     active_session,
-    begin_session,
     now_us,
     run_dir,
     trace_path,
     wait_finishing,
 )
+from memtrace.errors import MemtraceError
 from memtrace.model import HookCall, Note, Phase, Process, Recording
 from memtrace.store import TraceWriter
 
@@ -622,3 +622,39 @@ class Session:
 def history_cost_unknown() -> dict[str, Any]:
     """The history part of the self-cost fact before the session knows whether there is a GPU."""
     return {"measured": False, "why": "recording had not started its sources"}
+
+
+def begin_session(path_or_dir: str | os.PathLike | None, **kwargs: Any) -> Session:
+    """Create, register and start the process's session (UsageError if one is recording)."""
+    link = None
+
+    def make(path: Path, **settings: Any) -> Session:
+        nonlocal link
+        link = ray_gather.link_for(path)
+        if link is not None:
+            path = link.path
+        try:
+            return Session(path, **settings)
+        except OSError as exc:
+            raise MemtraceError(
+                f"cannot write the trace {path}: {exc.strerror or exc}; choose another MEMTRACE_DIR"
+            ) from None
+
+    session = registry.claim(path_or_dir, make, **kwargs)
+    _tie(session, link)
+    session.start_sources()
+    return session
+
+
+def _tie(session: Session, link: Any) -> None:
+    """The session's clock fact, and for a Ray worker its collector: registered, handed the file at the end."""
+    if link is None:
+        session.set_fact(F.CLOCK, clock.local_fact())
+        return
+    for key, value in link.facts().items():
+        session.set_fact(key, value)
+    try:
+        link.register(session.process)
+    except Exception as exc:  # noqa: BLE001 - the trace is recorded all the same
+        log.warning("memtrace: could not register this trace with the run's collector: %s", exc)
+    session.on_file_closed = link.hand_over
