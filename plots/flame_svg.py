@@ -40,7 +40,6 @@ from memtrace.analysis.holders.flame import (
     build_tree,
 )
 from memtrace.analysis.holders.flame_prefix import shared_prefix, stack_counts, without_prefix
-from memtrace.analysis.holders.moment import PEAK
 from memtrace.analysis.memory import quantities as Q
 from memtrace.analysis.memory.categories import WORKSPACE_FUNCTIONS
 from memtrace.plots import oom_text
@@ -388,13 +387,6 @@ def say_flame(rank, moment, flame: Flame, log) -> None:
     secs = f"{rank.seconds(moment.time_us):.3f} s"
     when = moment.what if moment.what == secs else f"{moment.what} ({secs})"  # --at 179.5: said once
     log.write(f"memtrace: {rank.label}: {format_bytes(flame.total_bytes, 2)}{split} {held} at {when}\n")
-    if moment.what != PEAK or not len(rank.curves.vmm):  # no KV cache outside PyTorch: the reserved peak is it
-        return
-    held_curve = rank.curves.held
-    if held_curve.peak_bytes > rank.curves.reserved.peak_bytes:
-        t = int(held_curve.time_us[held_curve.peak_index])
-        log.write(f"memtrace: the most {rank.label} held was {format_bytes(held_curve.peak_bytes, 2)}, with the KV cache "
-                  f"committed through CUDA VMM, at {rank.seconds(t):.3f} s: --at {rank.seconds(t):.3f} shows it\n")  # fmt: skip
 
 
 def render(run, out: str | os.PathLike, *, at: str = "peak", since: str | None = None, added: bool = False,

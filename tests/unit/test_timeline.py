@@ -65,7 +65,7 @@ def test_crossing_is_annotated_at_its_time_phase_peak_and_overshoot(drawn):
         "NVML device used crossed the 44.16 GiB target",
         "at 18.000 s in determine_available_memory/profile_run: 45.35 GiB",
         "highest 45.35 GiB (+1.19 GiB) at 18.000 s",
-        "above it for 35 ms",
+        "above it for 35 ms (the first of 2 excursions)",
         f"PyTorch reserved crossed at 18.000 s, highest 44.52 GiB (+{(reserved - target) / GiB:.2f} GiB)",
     ]
 

@@ -53,7 +53,8 @@ from memtrace.analysis.memory.torch_counters import CounterCheck, counter_checks
 from memtrace.analysis.memory.user_metadata import MetadataSpan, TensorNote, metadata_spans, tensor_notes
 from memtrace.analysis.memory.vmm import VmmSummary
 from memtrace.analysis.memory.vmm import summary as vmm_summary
-from memtrace.analysis.serving.serving import WindowSummary, window_summary, window_trace
+from memtrace.analysis.serving.serving import WindowSummary, joined, window_summary, window_trace
+from memtrace.analysis.serving.serving_held import Room, room
 from memtrace.model import Trace
 
 if TYPE_CHECKING:
@@ -104,7 +105,10 @@ class AnalysedRank(PeakFigures):
     ) -> None:
         """``target``: one already resolved (else resolved from ``spec`` now); ``curves``: the trace's
         ``all_curves`` when already built (``summary.summarize``)."""
-        self.trace = trace
+        #: the trace as recorded: start-up, with its serving window apart (``Trace.window``)
+        self.startup = trace
+        #: the run in time (``serving.joined``): start-up then its serving window, one timeline every figure covers
+        self.trace = joined(trace)
         self.spec = spec
         self.origin = origin
         self.top = top
@@ -224,19 +228,28 @@ class AnalysedRank(PeakFigures):
     @cached_property
     def self_cost(self) -> SelfCost:
         """What memtrace cost the program (``analysis.self_cost``)."""
-        return self_cost(self.trace)
+        return self_cost(self.startup)
 
     @cached_property
     def window(self) -> WindowSummary | None:
         """The serving window after start-up (``analysis.serving``); None for a start-up-only trace."""
-        return window_summary(self.trace)
+        return window_summary(self.startup)
+
+    @cached_property
+    def room(self) -> Room | None:
+        """What would have left room for the request a serving OOM failed where the device ran out
+        (``serving_held.room``, at the recorded utilization): the serving question; None otherwise."""
+        ws = self.window
+        if ws is None:
+            return None
+        return room(ws.device, ws.oom, self.recorded_target.util, self.trace.process.device_total_bytes)
 
     @cached_property
     def serving(self) -> AnalysedRank | None:
         """The serving window analysed as a rank of its own (``serving.window_trace``: its curves, its OOM,
         its flame graphs), on the run's time origin and this rank's target; None without allocator events in
         a window."""
-        t = window_trace(self.trace)
+        t = window_trace(self.startup)
         return None if t is None else AnalysedRank(t, self.spec, self.origin, top=self.top, target=self.target)
 
     @cached_property
