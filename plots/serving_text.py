@@ -315,14 +315,13 @@ def room_section(rank) -> list[str]:
                      f"{', '.join(grew)}.")  # fmt: skip
     if r.util_for_request is not None:
         util = f"`--gpu-memory-utilization {r.util_for_request:g}` (recorded {r.util:g})"
-        kept = round((r.util - r.util_for_request) * rank.trace.process.device_total_bytes)
         more = ""
         if r.util_for_others is not None:
             more = (f"; `--gpu-memory-utilization {r.util_for_others:g}` leaves room for the growth of "
                     f"{Q.OTHERS.label} ({signed_size(r.others_growth_bytes)}) as well")  # fmt: skip
         lines.append(
             "- **What would have left room:** vLLM sized this process's KV cache at start-up, to the utilization of "
-            f"the device as it was then, and keeps it while serving; {util} keeps about {format_size(kept)} more out of it, "
+            f"the device as it was then, and keeps it while serving; {util} keeps about {format_size(r.kept_bytes)} more out of it, "
             f"room for this request{more}."
         )
     if d.derived:

@@ -520,7 +520,8 @@ def _zoom_device_full(ax, rank: RankTimeline, t0: int, lo: int, hi: int, full: i
             fontsize=LABEL_PT - 2, color=OTHERS_EDGE)  # fmt: skip
     ax.axvline(xo, color=OOM_COLOR, lw=1.6, zorder=5)
     ax.grid(alpha=0.3)
-    title = "zoom: the OOM, MiB from the card"
+    ax.yaxis.set_major_formatter(lambda v, _: "card" if v == 0 else f"{v:+g}")  # MiB from the card's total
+    title = "zoom: the OOM, in MiB"
     ax.set_title(title, fontsize="medium", loc="left")
     ax.set_facecolor("#FFFBEA")
     return title

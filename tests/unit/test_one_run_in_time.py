@@ -105,7 +105,7 @@ def test_the_plot_gives_the_window_its_width_its_categories_and_a_zoom_where_the
     scale = drawn.scale
     assert scale.fraction(w1 / 1e6) - scale.fraction(w0 / 1e6) > 0.4  # was ~5 % of the width
     # the zoom: the device's last MiBs, where the 22 MiB request is seen not to fit (was ±2 ms on 0-170 GiB)
-    assert drawn.ranks[0].zoom_title == "zoom: the OOM, MiB from the card"
+    assert drawn.ranks[0].zoom_title == "zoom: the OOM, in MiB"
 
 
 def test_the_view_draws_the_neighbours_band_and_one_part():

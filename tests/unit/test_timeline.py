@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 import synthetic_startup
 from memtrace import facts as F
+from memtrace.analysis.memory.curves import all_curves
 from memtrace.analysis.memory.phases import phase_stats
 from memtrace.cli import main
 from memtrace.model import Trace
@@ -89,7 +90,7 @@ def test_the_png_is_issue_sized(drawn):
 
 def test_every_phase_gets_a_label_and_no_two_labels_of_a_row_overlap(drawn, startup):
     labels = drawn.ranks[0].phase_labels
-    assert {lab.path for lab in labels} == {p.path for p in phase_stats(startup)}
+    assert {lab.path for lab in labels} == {p.path for p in phase_stats(startup, all_curves(startup))}
     _assert_no_overlap(labels, drawn.ranks[0].lane_px_per_s, drawn.ranks[0].lane_char_px)
 
 

@@ -196,6 +196,8 @@ class Room:
     #: request), and the one leaving room for the other processes' growth as well; None without ``util``
     util_for_request: float | None
     util_for_others: float | None
+    #: what ``util_for_request`` keeps out of the KV cache beside the recorded utilization (None without it)
+    kept_bytes: int | None = None
 
 
 def room(ws_device: DeviceAtEnd | None, oom: Oom | None, util: float | None, total: int | None) -> Room | None:
@@ -212,12 +214,14 @@ def room(ws_device: DeviceAtEnd | None, oom: Oom | None, util: float | None, tot
     def lower(by: int) -> float | None:
         return math.floor((util - by / total) * 100) / 100 if util and total else None
 
+    for_request = lower(short)
     return Room(
         short_bytes=short,
         others_growth_bytes=others,
         own_growth_bytes=d.change(lambda h: h.this_process_bytes),
         startup_free_bytes=d.startup_end.free_bytes,
         util=util,
-        util_for_request=lower(short),
+        util_for_request=for_request,
         util_for_others=lower(short + others) if others is not None and others > 0 else None,
+        kept_bytes=None if for_request is None else round((util - for_request) * total),
     )
