@@ -102,13 +102,15 @@ class AnalysedRank(PeakFigures):
         top: int = 10,
         target: Target | None = None,
         curves: Curves | None = None,
+        join: bool = True,
     ) -> None:
         """``target``: one already resolved (else resolved from ``spec`` now); ``curves``: the trace's
-        ``all_curves`` when already built (``summary.summarize``)."""
+        ``all_curves`` when already built (``summary.summarize``); ``join``: False keeps the serving window apart
+        (:attr:`boot_rank`)."""
         #: the trace as recorded: start-up, with its serving window apart (``Trace.window``)
         self.startup = trace
         #: the run in time (``serving.joined``): start-up then its serving window, one timeline every figure covers
-        self.trace = joined(trace)
+        self.trace = joined(trace) if join else trace
         self.spec = spec
         self.origin = origin
         self.top = top
@@ -236,6 +238,15 @@ class AnalysedRank(PeakFigures):
         return window_summary(self.startup)
 
     @cached_property
+    def boot_rank(self) -> AnalysedRank:
+        """Start-up alone (this rank when no serving window was joined to it): what "would it boot" is asked of
+        (``analysis.capacity``: ``fits``, ``--suggest``, the what-if), whose model reads a start-up's phases and its
+        end; the serving window is the serving question (:attr:`room`)."""
+        if self.trace is self.startup:
+            return self
+        return AnalysedRank(self.startup, self.spec, self.origin, top=self.top, target=self.target, join=False)
+
+    @cached_property
     def room(self) -> Room | None:
         """What would have left room for the request a serving OOM failed where the device ran out
         (``serving_held.room``, at the recorded utilization): the serving question; None otherwise."""
@@ -317,7 +328,7 @@ class AnalysedRank(PeakFigures):
             # the what-if engine is imported when asked (report, plot and view never ask: ~30 ms of imports)
             from memtrace.analysis.capacity.boot import rank_fits
 
-            self._fits[key] = RankFits(self, *rank_fits(self, list(capacities), util, non_torch_bytes))
+            self._fits[key] = RankFits(self, *rank_fits(self.boot_rank, list(capacities), util, non_torch_bytes))
         return self._fits[key]
 
     @property
