@@ -40,7 +40,7 @@ from memtrace.analysis.holders.flame import (
     build_tree,
 )
 from memtrace.analysis.holders.flame_prefix import shared_prefix, stack_counts, without_prefix
-from memtrace.analysis.holders.moment import PEAK, parse_time_us, seconds_showing
+from memtrace.analysis.holders.moment import parse_time_us, seconds_showing
 from memtrace.analysis.memory import quantities as Q
 from memtrace.analysis.memory.categories import WORKSPACE_FUNCTIONS
 from memtrace.plots import oom_text
@@ -391,19 +391,6 @@ def say_flame(rank, moment, flame: Flame, log) -> None:
         secs = seconds_showing(rank, moment.time_us, moment.since_us, flame)
         when = f"{moment.what} ({secs} s)"
     log.write(f"memtrace: {rank.label}: {format_bytes(flame.total_bytes, 2)}{split} {held} at {when}\n")
-    if moment.what != PEAK or not len(rank.curves.vmm):  # no KV cache outside PyTorch: the reserved peak is it
-        return
-    held_curve = rank.curves.held
-    if held_curve.peak_bytes > rank.curves.reserved.peak_bytes:
-        from memtrace.analysis.holders.flame import flame_at
-
-        t = int(held_curve.time_us[held_curve.peak_index])
-        then = flame_at(rank.trace, t, non_torch=True, lt=rank.lifetimes, notes=rank.tensor_notes)
-        secs = seconds_showing(rank, t, None, then)
-        reserved, vmm = rank.curves.reserved.at(t), rank.curves.vmm.at(t)
-        log.write(f"memtrace: the most {rank.label} held was {format_bytes(held_curve.peak_bytes, 2)} ({Q.RESERVED.label} "
-                  f"{format_bytes(reserved, 2)} + {Q.VMM.label} {format_bytes(vmm, 2)}) at {secs} s; "
-                  f"--at {secs} shows the {format_bytes(then.total_bytes, 2)} live then\n")  # fmt: skip
 
 
 def render(run, out: str | os.PathLike, *, at: str = "peak", since: str | None = None, added: bool = False,

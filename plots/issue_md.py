@@ -20,12 +20,12 @@ from memtrace.analysis.analysed.fingerprint import allocator_settings, command_l
 from memtrace.analysis.analysed.rank import NOTHING
 from memtrace.analysis.analysed.titles import timeline_title, what_ran
 from memtrace.analysis.holders.live import knows_holders
-from memtrace.analysis.holders.moment import peak_words
+from memtrace.analysis.holders.moment import headline_words
 from memtrace.analysis.memory.hooked import outermost
-from memtrace.analysis.memory.quantities import ALLOCATED, BEFORE_RECORDING, DEVICE_USED, RESERVED, holds_reserved
+from memtrace.analysis.memory.quantities import ALLOCATED, BEFORE_RECORDING, DEVICE_USED, HELD, RESERVED, holds_reserved
 from memtrace.plots import verdict_text
 from memtrace.plots.formats import of
-from memtrace.plots.serving_text import window_lines
+from memtrace.plots.serving_text import room_section, window_lines
 from memtrace.plots.text import before_recording_figures, holder_text
 from memtrace.units import count_of, format_gib
 
@@ -52,7 +52,11 @@ def _peak_line(run) -> str:
     s = r.summary
     pk = s.peak
     before = " before it died" if r.oom is not None else ""
-    if holds_reserved(s.process):
+    h = s.headline
+    if h is not None and h.quantity == HELD.key:  # the run's headline (``AnalysedRank.headline``) leads
+        head = f"{HELD.label} {format_gib(h.point.bytes)} at {_at(r, h.point.time_us)}"
+        more = f" {_in(h.point.phase_path)}; {RESERVED.label} {format_gib(pk.reserved_bytes)} at {_at(r, pk.time_us)}"
+    elif holds_reserved(s.process):
         head = f"{RESERVED.label} {s.peak_bound.words}{format_gib(pk.reserved_bytes)} at {_at(r, pk.time_us)}"
         more = f" {_in(pk.phase_path)}; {ALLOCATED.label} {format_gib(pk.allocated_bytes)} at its fullest"
     else:  # the CPU's trace holds allocated alone
@@ -222,12 +226,13 @@ def render_issue(run, drawn: bool = True) -> str:
     else:
         out += ["_No picture: no allocator event was recorded to draw._", ""]
     out += _environment(run)
-    out += boot_section(run)  # fits --suggest on the recorded card (plots.whatif_text)
+    # a serving OOM where the device ran out answers the serving question; else fits --suggest on the recorded card
+    out += room_section(r) or boot_section(run)
     if drawn and not knows_holders(r.trace):  # sizes without addresses: nothing to draw a flame graph of
         out += [f"_No flame graph: {r.trace.label}'s file cannot tell who held what (sizes without addresses)._", ""]
     elif drawn:
         peak_of = f" ({r.label}, the worst rank)" if run.multi else ""
-        moment = "the OOM, in the serving window" if flame_at(run) == "oom" else peak_words(r.trace.process)
+        moment = "the OOM, in the serving window" if flame_at(run) == "oom" else headline_words(r)
         out += [f"## What held memory at {moment}{peak_of}", "", f"![flame graph at {moment}](flame.svg)", ""]
         out += ["Folded stacks for speedscope / flamegraph.pl: `flame.folded`.", ""]
     out += _report(run)
@@ -247,7 +252,7 @@ def flame_at(run) -> str:
     """The moment the bundle's flame graph shows: the OOM when the worst rank died in its serving window (what
     filled the GPU before it), else the peak."""
     ws = run.worst.window
-    return "oom" if ws is not None and ws.oom is not None and run.worst.serving is not None else "peak"
+    return "oom" if ws is not None and ws.oom is not None else "peak"
 
 
 def render(run, out: str | Path) -> list[str]:

@@ -53,7 +53,7 @@ class PhaseLabel:
 #: Room between an overflow label's tick and its text.
 TICK_GAP_PX = 3.0
 #: At most this many overflow rows above the lane.
-MAX_OVERFLOW_ROWS = 6
+MAX_OVERFLOW_ROWS = 3
 
 
 def _width_s(text: str, px_per_s: float, char_px: float, pad_px: float) -> float:

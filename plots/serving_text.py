@@ -287,3 +287,44 @@ def window_lines(ws: WindowSummary | None, t0_us: int) -> list[str]:
     if ws.cost is not None:
         lines.append(cost_text.serving(ws.cost, top=3) + ".")
     return lines
+
+
+def room_section(rank) -> list[str]:
+    """The issue bundle's answer to a serving OOM where the device ran out (``AnalysedRank.room``), in place of
+    start-up's "would it boot": what took the room since start-up ended, how little was missing, and which
+    utilization would have left it. [] when the rank did not die so."""
+    r, ws = rank.room, rank.window
+    if r is None or ws is None or ws.device is None:
+        return []
+    d = ws.device
+    rel = lambda t: f"{rank.seconds(t):.2f} s"  # noqa: E731
+    mark = "†" if d.derived else ""
+    lines = ["## What would have left room (serving)", ""]
+    lines.append(
+        f"- **The device ran out** at {rel(ws.oom.time_us)}: the request of {format_size(ws.oom.requested_bytes)} "
+        f"needed {format_size(r.short_bytes)} more than the {format_size(ws.oom.free_bytes)} free; any holder with "
+        f"{format_size(r.short_bytes)} less would have left room."
+    )
+    grew = []
+    if r.others_growth_bytes is not None:
+        grew.append(f"{Q.OTHERS.label} {signed_size(r.others_growth_bytes)}{mark}")
+    if r.own_growth_bytes is not None:
+        grew.append(f"{Q.DEVICE_USED.label} {signed_size(r.own_growth_bytes)}{mark}")
+    if grew:
+        free0 = f" ({format_size(r.startup_free_bytes)} was free then)" if r.startup_free_bytes is not None else ""
+        lines.append(f"- **What took the room** since start-up ended ({rel(d.startup_end.time_us)}){free0}: "
+                     f"{', '.join(grew)}.")  # fmt: skip
+    if r.util_for_request is not None:
+        util = f"`--gpu-memory-utilization {r.util_for_request:g}` (recorded {r.util:g})"
+        more = ""
+        if r.util_for_others is not None:
+            more = (f"; `--gpu-memory-utilization {r.util_for_others:g}` leaves room for the growth of "
+                    f"{Q.OTHERS.label} ({signed_size(r.others_growth_bytes)}) as well")  # fmt: skip
+        lines.append(
+            "- **What would have left room:** vLLM sized this process's KV cache at start-up, to the utilization of "
+            f"the device as it was then, and keeps it while serving; {util} keeps about {format_size(r.kept_bytes)} more out of it, "
+            f"room for this request{more}."
+        )
+    if d.derived:
+        lines.append(f"- **† Derived:** {d.derived}.")
+    return [*lines, ""]

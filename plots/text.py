@@ -207,8 +207,13 @@ def _header(out: _Out, s: Summary) -> None:
             ", not closed: still recording, or the process was killed before memtrace closed the trace"
             " (what was drained before is in it)"
         )
+    w = s.window.window if s.window is not None else None
+    parts = ""
+    if w is not None and w.end_us is not None and s.end_us >= w.end_us:  # one run in time (``serving.joined``)
+        gap = f"after a gap of {w.gap_us / 1e6:.2f} s, not recorded" if w.gap_us else "with no gap"
+        parts = f": start-up, then the serving window {gap}"
     out.item(
-        f"recording: {s.n_events:,} allocator events, {s.n_samples:,} NVML samples over {dur:.2f} s "
+        f"recording: {s.n_events:,} allocator events, {s.n_samples:,} NVML samples over {dur:.2f} s{parts} "
         f"(source {rec.source}, stacks {rec.stacks}{ended})"
     )
     if s.before_recording is not None and s.before_recording.nonzero:
@@ -288,6 +293,14 @@ def _peak(out: _Out, s: Summary) -> None:
     pk, least = s.peak, s.peak_bound.words
     where = f" in {pk.phase_path}" if pk.phase_path else ""
     extra = f"; non-torch {gib_or_dash(pk.non_torch_bytes)}" if pk.non_torch_bytes is not None else ""
+    h = s.headline
+    if h is not None and h.quantity == HELD.key:  # the run's headline (``AnalysedRank.headline``) leads
+        hp = h.point
+        out.item(
+            f"{HELD.label} {least}{gib_or_dash(hp.bytes)} at {_seconds(s, hp.time_us)}"
+            + (f" in {hp.phase_path}" if hp.phase_path else "")
+            + f" ({HELD.meaning}): the peak"
+        )
     if holds_reserved(s.process):  # the CPU's trace has allocated alone: its line below is the peak
         out.item(
             f"reserved {least}{gib_or_dash(pk.reserved_bytes)} at {_seconds(s, pk.time_us)}{where} "
@@ -309,9 +322,18 @@ def _peak(out: _Out, s: Summary) -> None:
         )
     if s.peak_others is not None and s.peak_others.bytes > 0:
         po = s.peak_others
+        how = "NVML's per-process list"
+        d = s.window.device if s.window is not None else None
+        if (
+            d is not None
+            and d.derived
+            and s.window.window.start_us is not None
+            and po.time_us >= s.window.window.start_us
+        ):
+            how = "in the serving window derived: the device's used memory less this process's†"
         out.item(
-            f"{OTHERS.label} on this GPU held up to {gib_or_dash(po.bytes)} (at {_seconds(s, po.time_us)}; NVML's "
-            "per-process list): not this process's memory, left out of device used and non-torch"
+            f"{OTHERS.label} on this GPU held up to {gib_or_dash(po.bytes)} (at {_seconds(s, po.time_us)}; {how}): "
+            "not this process's memory, left out of device used and non-torch"
         )
 
 
@@ -320,12 +342,15 @@ def _crossing_text(s: Summary, c: Excursion) -> str:
     if c.until == "oom":
         stay = f"until the OOM ({c.duration_us / 1e6:.3f} s)"
     else:
-        stay = "until the recording ended" if c.ended_above else f"for {c.duration_us / 1e6:.3f} s"
-    more = f"; {c.excursions} excursions above in all" if c.excursions > 1 else ""
+        stay = "until the recording ended" if c.until == "end" else f"for {c.duration_us / 1e6:.3f} s"
+    more = ""
+    if c.excursions > 1:  # the highest is of all of them; where the reading stopped, the last one's state
+        end = "the OOM" if c.until == "oom" or s.oom is not None else "the recording's end"
+        more = f"; {c.excursions} excursions above in all, {'above' if c.ended_above else 'below'} it at {end}"
     return (
         f"{_CURVE_NAMES.get(c.curve, c.curve)} crossed it at {_seconds(s, c.time_us)}{where}, "
-        f"reached {gib_or_dash(c.max_bytes)} (+{gib_or_dash(c.overshoot_bytes)} over) at {_seconds(s, c.max_us)}, "
-        f"stayed above {stay}{more}"
+        f"stayed above {stay}{more}; highest {gib_or_dash(c.max_bytes)} (+{gib_or_dash(c.overshoot_bytes)} over) "
+        f"at {_seconds(s, c.max_us)}" + (f" in {c.max_phase_path}" if c.max_phase_path else "")
     )
 
 

@@ -7,7 +7,7 @@ One row per process (rank), on one time axis (seconds since the earliest start).
 - the main plot: PyTorch allocated memory stacked by category (``analysis.categories``), the
   reserved line, NVML device-used as a line, the non-PyTorch band between them (when the trace holds
   CUPTI records: what CUPTI saw, exactly, on top of reserved, then the unexplained rest), the
-  utilization target and the physical capacity (plus optional what-if capacities) as horizontal lines, and
+  utilization target and the physical capacity (plus the card sizes asked with --capacity) as horizontal lines, and
   the first crossing of the target marked and annotated (time, phase, peak, overshoot, duration);
 - a zoom panel on the right around that crossing (or the peak), so a crossing that lasts
   milliseconds in a run of minutes is still visible.
@@ -19,7 +19,7 @@ plot in seconds without losing the peak. matplotlib (Agg) is imported inside the
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from memtrace.analysis.memory import quantities
@@ -89,6 +89,10 @@ class RankDrawn:
     annotation: str = ""  # the whole text of the annotation box
     y_unit: str = "GiB"  # the main plot's and the zoom's y unit (``RankTimeline.unit``)
     zoom_title: str = ""  # what the zoom panel looks at ("zoom: peak allocated" for a CPU profiler trace)
+    y_top: float = 0.0  # the main plot's y axis's top, in ``y_unit``
+    panels: int = 2  # the main plot and the zoom; 1 for a snapshot of one moment (no zoom)
+    lane_label: str = ""  # the phase lane's label ("phases"; "" on a trace without phases)
+    x_label: str = ""  # the main plot's x label ("" above the last rank)
 
 
 @dataclass(frozen=True)
@@ -143,7 +147,8 @@ def crossing_text(rank: RankTimeline, t0_us: int) -> CrossingDrawn | None:
         f"{c.name} crossed the {format_gib(c.target_bytes)} target",
         f"at {sec:.3f} s {_in_phase(c.phase_path)}: {format_gib(c.at_cross_bytes)}",
         f"highest {format_gib(c.max_bytes)} (+{format_gib(c.overshoot_bytes)}) at {(c.max_us - t0_us) / 1e6:.3f} s",
-        f"above it for {duration_text(c.duration_us)}{_UNTIL[c.until]}",
+        f"above it for {duration_text(c.duration_us)}{_UNTIL[c.until]}"
+        + (f" (the first of {c.excursions} excursions)" if c.excursions > 1 else ""),
     ]
     other = rank.crossings.second if rank.crossings is not None else None
     if other is not None:
@@ -191,6 +196,10 @@ def axis_scale(ranks: list[RankTimeline], t0: int, t_end: int) -> TimeScale:
     quiet = quiet_stretches(
         [(c.time_us, c.bytes) for c in curves], marks, start, t_end, FLAT_FRAC * top, MIN_QUIET_FRAC * (t_end - t0)
     )
+    # a serving window keeps its own width: its growth is small beside start-up's, so at start-up's scale every
+    # second of it would read as flat and be squeezed into a sliver
+    windows = [r.window_us for r in ranks if r.window_us is not None]
+    quiet = [(a, b) for a, b in quiet if not any(a < w1 and b > w0 for w0, w1 in windows)]
     gaps = [r.gap_us for r in ranks if r.gap_us is not None]
     return time_scale(quiet, t0, t_end, gaps)
 
@@ -209,7 +218,7 @@ def render_timeline(
     Args:
         ranks: prepared ranks (``timeline_data.prepare_rank``), drawn top to bottom.
         path: the output file.
-        capacities: what-if card sizes in bytes, drawn as dotted lines.
+        capacities: card sizes asked (--capacity) in bytes, drawn as dotted lines: their sizes only (whether each boots is ``memtrace fits``'s answer).
         title: the figure's title (default: what the first rank's trace recorded it ran, with what, on what).
         t0_us: the run's time origin (``analysis.origin.TimeOrigin.t0_us``; default: the earliest start).
         footnote: a line under the figure (the time origin's sentence).
@@ -233,7 +242,11 @@ def render_timeline(
         handles: dict = {}
         drawn = [_draw_rank(fig, gs, i, ranks, t0, t_end, capacities, main_axes, handles, scale, lanes[i])
                  for i in range(len(ranks))]  # fmt: skip
-        main_axes[-1].set_xlabel("seconds since start" + (" (the start: 'Times' under the figure)" if footnote else ""))
+        if all(r.one_moment for r in ranks):  # a snapshot of one moment: no time to put on an axis
+            main_axes[-1].set_xlabel(ONE_MOMENT_AXIS)
+        else:
+            main_axes[-1].set_xlabel("seconds since start" + (" (the start: 'Times' under the figure)" if footnote else ""))
+        drawn[-1] = replace(drawn[-1], x_label=main_axes[-1].get_xlabel())
         for ax in main_axes[:-1]:
             ax.tick_params(labelbottom=False)
         if "target" in handles and len({(r.util, r.capacity_bytes) for r in ranks}) > 1:
@@ -243,7 +256,7 @@ def render_timeline(
             fig.text(0.06, 0.06 / fig.get_figheight(), footnote, ha="left", va="bottom", fontsize=FONT - 3,
                      color="#444444")  # fmt: skip
         what = ranks[0].description
-        head = "GPU memory during start-up" + (" and serving" if any(r.serving for r in ranks) else "")
+        head = "GPU memory during start-up" + (" and serving" if any(r.serves for r in ranks) else "")
         title = title or (head + (f": {what}" if what else ""))
         fig.suptitle(_fit_title(title, fig.get_figwidth(), FONT + 3), x=0.06, ha="left", fontsize=FONT + 3,
                      fontweight="bold")  # fmt: skip
@@ -284,14 +297,25 @@ def _draw_rank(fig, gs, i: int, ranks, t0: int, t_end: int, capacities, main_axe
     window = zoom_window(zoomed)
     draw_lane(lane_ax, rank, t0, scale, labels, len(ranks) > 1, LABEL_PT)
     corner = draw_main(main_ax, rank, t0, t_end, crossing, capacities, window, handles, oom, scale)
-    zoom_title = draw_zoom(fig.add_subplot(gs[3 * i + 2, 1]), zoomed, t0, window, crossing if zoomed is rank else None)
+    zoom_title = ""
+    if rank.one_moment:  # one moment: no time axis to read, nothing to zoom into
+        main_ax.set_xticks([])
+        main_ax.text(0.5, 0.5, ONE_MOMENT_TEXT, transform=main_ax.transAxes, ha="center", va="center",
+                     fontsize=LABEL_PT, bbox={"boxstyle": "round,pad=0.4", "fc": "white", "ec": "#777777"})  # fmt: skip
+    else:
+        zoom_ax = fig.add_subplot(gs[3 * i + 2, 1])
+        zoom_title = draw_zoom(zoom_ax, zoomed, t0, window, crossing if zoomed is rank else None)
     lane_ax.set_xlim((0, (t_end - t0) / 1e6))
     annotation = "\n".join(d.text for d in (crossing, oom) if d is not None)
     px_per_s, _ = _lane_geometry(fig, gs, scale)
     return RankDrawn(rank.label, rank.target_bytes, rank.capacity_bytes, crossing, window, labels, corner,
-                     px_per_s, CHAR_PX, oom, annotation, rank.unit[0], zoom_title)  # fmt: skip
+                     px_per_s, CHAR_PX, oom, annotation, rank.unit[0], zoom_title, float(main_ax.get_ylim()[1]),
+                     2 if zoom_title else 1, lane_ax.get_ylabel())  # fmt: skip
 
 
+#: A snapshot of one moment (``quantities.is_one_moment``) drawn without a time axis: its x label, and its words.
+ONE_MOMENT_AXIS = "one moment: an allocator snapshot holds no history, so there is no time axis"
+ONE_MOMENT_TEXT = "one moment (allocator state, no history)"
 CHAR_PX = LABEL_PT * DPI / 72 * 0.6  # DejaVu Sans: about 0.55-0.6 em a glyph
 FOOTNOTE_IN = 0.3  # the time origin's line under the legend
 LEGEND_ROWS = 3  # one more when an OOM or other processes add their entries, one more for CUPTI's, for VMM's

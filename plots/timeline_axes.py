@@ -7,6 +7,7 @@ KiB for a CPU profiler trace) and microseconds seconds here, nowhere else.
 
 from __future__ import annotations
 
+import textwrap
 from typing import Any
 
 import numpy as np
@@ -133,7 +134,10 @@ def _lines(ax, rank: RankTimeline, t0: int, lo: int, hi: int, n_buckets: int, ha
         top = _g(used.bytes[keep] + others_at(rank, used.time_us[keep]), rank.unit)
         art = ax.fill_between(ts, u, top, step="post", color=OTHERS, alpha=0.5, lw=0, hatch="..", edgecolor="#7A8A99")
         if handles is not None:
-            handles.setdefault("others", (art, f"{quantities.OTHERS.label} on the GPU (NVML)"))
+            label = f"{quantities.OTHERS.label} on the GPU (NVML)"
+            if rank.others_off_scale:  # this process keeps its own scale: the card's fill runs above it
+                label = f"{quantities.OTHERS.label} on the GPU (NVML), above the scale"
+            handles.setdefault("others", (art, label))
 
 
 def _reserved(ax, rank: RankTimeline, t0: int, lo: int, hi: int, n_buckets: int, handles: dict | None) -> None:
@@ -201,10 +205,10 @@ def _hlines(ax, rank: RankTimeline, capacities, handles: dict) -> list[tuple[flo
     elif rank.capacity_bytes:  # far above everything: say it in the legend, keep the scale for the data
         (art,) = ax.plot([], [], color="black", lw=1.2, ls="--")
         handles.setdefault("capacity", (art, f"card capacity {format_gib(rank.capacity_bytes, 1)} (off the scale)"))
-    for cap in capacities:
+    for cap in capacities:  # only the cards' sizes: whether each boots is ``memtrace fits``'s answer, not this curve's
         art = ax.axhline(_g(cap, rank.unit), color="#555555", lw=1.0, ls=":")
-        handles.setdefault("what-if", (art, "what-if card size"))
-        lines.append((float(_g(cap, rank.unit)), f"what-if {format_gib(cap, 0)}", "#555555"))
+        handles.setdefault("what-if", (art, "--capacity card (fits says if it boots)"))
+        lines.append((float(_g(cap, rank.unit)), f"card {format_gib(cap, 0)}", "#555555"))
     return lines
 
 
@@ -263,16 +267,23 @@ def _annotate(
     ax, rank, t0, scale: TimeScale, text: str, anchor: tuple[float, float], ymax: float, line_tops: list[float]
 ):
     """Put the annotation box in the emptiest top corner, its arrow to ``anchor``; returns (corner, new ymax)."""
-    lines = text.split("\n")
     ext = ax.get_window_extent()
     char_px, line_px = LABEL_PT * DPI_HINT / 72 * 0.58, LABEL_PT * DPI_HINT / 72 * 1.3
-    box_frac = (max(len(x) for x in lines) * char_px + 20) / max(ext.width, 1.0)
-    box_hfrac = (len(lines) * line_px + 16) / max(ext.height, 1.0)
-    corner, data_top = _box_corner(rank, t0, scale, box_frac)
-    # the box may hide a stretch of the target/capacity lines (they run the whole width and are
-    # labelled in the margin), never data; lines far below the data's top still count
-    top = max([data_top, *[y for y in line_tops if y <= data_top * 1.05]])
-    ymax = max(ymax, top / max(1.0 - box_hfrac - 0.05, 0.3))
+    best = None
+    # the text as written, then wrapped narrower: a narrow box may fit over a low stretch (start-up before its KV
+    # cache) where a wide one would push the y axis far above the card to clear the data
+    for width in (None, 44, 34):
+        lines = text.split("\n") if width is None else [w for x in text.split("\n") for w in textwrap.wrap(x, width)]
+        box_frac = (max(len(x) for x in lines) * char_px + 20) / max(ext.width, 1.0)
+        box_hfrac = (len(lines) * line_px + 16) / max(ext.height, 1.0)
+        corner, data_top = _box_corner(rank, t0, scale, box_frac)
+        # the box may hide a stretch of the target/capacity lines (they run the whole width and are
+        # labelled in the margin), never data; lines far below the data's top still count
+        top = max([data_top, *[y for y in line_tops if y <= data_top * 1.05]])
+        need = max(ymax, top / max(1.0 - box_hfrac - 0.05, 0.3))
+        if best is None or need < best[0] * 0.98:
+            best = (need, corner, "\n".join(lines))
+    ymax, corner, text = best
     ax.annotate(
         text,
         anchor,
@@ -289,9 +300,24 @@ def _annotate(
     return corner, ymax
 
 
+def device_full(rank: RankTimeline) -> int | None:
+    """The whole device's used memory at an OOM where the device itself ran out (CUDA's total less the free bytes
+    torch's OOM observer was given, fewer than it asked for), on a device other processes shared; else None."""
+    o, total = rank.oom, rank.device_total_bytes
+    if o is None or o.free_bytes is None or not total or o.free_bytes >= o.requested_bytes:
+        return None
+    return total - o.free_bytes if rank.curves.others.bytes.any() else None
+
+
 def _oom_point(rank: RankTimeline, t0: int) -> tuple[float, float]:
-    """Where the OOM marker goes: at the OOM's moment, on device used (when sampled) or reserved."""
+    """Where the OOM marker goes: at the OOM's moment, on device used (when sampled) or reserved; on the whole
+    device's used memory where a shared device ran out (:func:`device_full`)."""
     t = rank.oom.time_us
+    full = device_full(rank)
+    if full is not None:  # on a card far above this process's own scale: at the scale's top
+        return float(_s(t, t0)), float(
+            _g(min(full, rank.top_bytes * 1.05) if rank.others_off_scale else full, rank.unit)
+        )
     curve = rank.curves.device_used if rank.curves.has_device else rank.curves.reserved
     if rank.device_used_all is not None:  # this process's device used unknown: the whole device's
         curve = rank.device_used_all
@@ -409,8 +435,11 @@ def draw_zoom(ax, rank: RankTimeline, t0: int, window: tuple[int, int], crossing
         origin = rank.oom.time_us
     else:
         origin = int(res.time_us[max(res.peak_index, 0)])
-    _stack(ax, rank, t0, lo, hi, 600, None)
-    _lines(ax, rank, t0, lo, hi, 600, None)
+    full = device_full(rank) if crossing is None else None
+    full = full if full is not None and lo <= rank.oom.time_us <= hi else None
+    if full is None:
+        _stack(ax, rank, t0, lo, hi, 600, None)
+        _lines(ax, rank, t0, lo, hi, 600, None)
     in_s = hi - lo > 5_000_000
     unit = 1e6 if in_s else 1e3
     rel = MaxNLocator(4, steps=[1, 2, 5, 10]).tick_values((lo - origin) / unit, (hi - origin) / unit)
@@ -427,6 +456,8 @@ def draw_zoom(ax, rank: RankTimeline, t0: int, window: tuple[int, int], crossing
     if rank.target_bytes is not None:
         ax.axhline(_g(rank.target_bytes, rank.unit), color=TARGET, lw=1.4)
         values.append(rank.target_bytes)
+    if full is not None:  # the device ran out: its last MiBs, the request on top
+        return _zoom_device_full(ax, rank, t0, lo, hi, full)
     top = float(_g(max(values), rank.unit))
     # the y range follows the peak moment itself (not the padding around it), so a jump just before
     # it (the KV cache being allocated) does not squash the crossing into a few pixels
@@ -451,6 +482,46 @@ def draw_zoom(ax, rank: RankTimeline, t0: int, window: tuple[int, int], crossing
         _mark_oom(ax, rank, t0, hi, None)
     peak = f"zoom: peak {rank.peak_name}"
     title = "zoom: first crossing" if crossing is not None else "zoom: the OOM" if rank.oom else peak
+    ax.set_title(title, fontsize="medium", loc="left")
+    ax.set_facecolor("#FFFBEA")
+    return title
+
+
+def _zoom_device_full(ax, rank: RankTimeline, t0: int, lo: int, hi: int, full: int) -> str:
+    """The zoom panel of an OOM where a shared device ran out (:func:`device_full`): the y axis spans the device's
+    last MiBs (MiB from the card's total), so the failed request (a few MiB beside a card of a hundred GiB) is seen
+    not to fit: the whole device's used memory (the top of the other processes' band), the card, the free bytes and
+    the request drawn from the used memory up."""
+    from matplotlib.patches import Rectangle
+
+    o, total = rank.oom, rank.device_total_bytes
+    req, mib = o.requested_bytes, 2**20
+    pad = max(req, o.free_bytes, 4 * mib)
+    bottom = -6 * pad / mib
+    ax.set_ylim(bottom, 2.5 * pad / mib)
+    ax.yaxis.tick_right()
+    used, others = rank.curves.device_used, rank.curves.others
+    t = np.union1d(used.time_us[(used.time_us >= lo) & (used.time_us <= hi)], [lo, o.time_us, hi]).astype(np.int64)
+    whole = used.at_each(t, first_before=True) + others.at_each(t, first_before=True)
+    whole[t >= o.time_us] = full  # exact at the OOM (CUDA's free bytes), as the report says it
+    x, y = _s(t, t0), (whole - total) / mib
+    ax.fill_between(x, bottom, y, step="post", color=OTHERS, alpha=0.5, lw=0, hatch="..", edgecolor="#7A8A99")
+    ax.step(x, y, where="post", color=OTHERS_EDGE, lw=1.2)
+    ax.axhline(0, color="black", lw=1.2, ls="--")
+    xo, width = float(_s(o.time_us, t0)), (hi - lo) / 1e6 / 12
+    y0 = (full - total) / mib
+    ax.add_patch(Rectangle((xo, y0), width, req / mib, facecolor="#FFCDD2", edgecolor=OOM_COLOR, hatch="//", lw=1.0,
+                           zorder=6))  # fmt: skip
+    ax.annotate(f"requested {format_size(req)}", (xo + width / 2, y0 + req / mib), xytext=(0, 4),
+                textcoords="offset points", ha="center", va="bottom", fontsize=LABEL_PT - 1.5, color=OOM_COLOR)  # fmt: skip
+    ax.annotate(f"free {format_size(o.free_bytes)}", (xo, y0 + o.free_bytes / 2 / mib), xytext=(-6, 0),
+                textcoords="offset points", ha="right", va="center", fontsize=LABEL_PT - 1.5)  # fmt: skip
+    ax.text(0.02, 0.03, "whole device used\n(all processes)", transform=ax.transAxes, va="bottom",
+            fontsize=LABEL_PT - 2, color=OTHERS_EDGE)  # fmt: skip
+    ax.axvline(xo, color=OOM_COLOR, lw=1.6, zorder=5)
+    ax.grid(alpha=0.3)
+    ax.yaxis.set_major_formatter(lambda v, _: "card" if v == 0 else f"{v:+g}")  # MiB from the card's total
+    title = "zoom: the OOM, in MiB"
     ax.set_title(title, fontsize="medium", loc="left")
     ax.set_facecolor("#FFFBEA")
     return title

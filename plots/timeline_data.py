@@ -54,8 +54,11 @@ class RankTimeline:
     cupti: Curve | None = None
     #: the KV cache committed through CUDA's VMM API (``AnalysedRank.vmm_kv``); None when nothing was
     vmm_kv: Curve | None = None
-    #: the serving window after start-up (``AnalysedRank.serving``), drawn after the gap; None without one
+    #: the serving window after start-up (``AnalysedRank.serving``), drawn after the gap, for a window that could
+    #: not be joined to start-up (``serving.joined``: its ring dropped events); None without one, or joined
     serving: RankTimeline | None = None
+    #: the serving window's span (microseconds) where it is part of this rank's own curves (``serving.joined``)
+    window_us: tuple[int, int] | None = None
     #: the gap between start-up's end and the window's first kept record (microseconds), and what the ring
     #: dropped in it (allocator events, NVML samples, scheduler steps); None without a gap
     gap_us: tuple[int, int] | None = None
@@ -72,6 +75,11 @@ class RankTimeline:
     #: the highest figure drawn from the data (curves, the window's, the whole device, the target): what ``unit`` is
     #: chosen from, and the least the y axis reaches (``timeline_axes.draw_main`` adds the capacity lines)
     top_bytes: int = 0
+    #: a snapshot of one moment (``quantities.is_one_moment``): no time axis, no zoom panel, said so on the image
+    one_moment: bool = False
+    #: other processes filled the device far above what this process used (a shared card): the y axis keeps this
+    #: process's own scale and their band runs above it (``top_bytes`` leaves the whole device out)
+    others_off_scale: bool = False
 
     @property
     def peak_curve(self) -> Curve:
@@ -89,7 +97,7 @@ class RankTimeline:
     @property
     def drawn_end_us(self) -> int:
         """Where this rank's own curves stop: start-up's end when a serving window follows, else the end."""
-        return self.gap_us[0] if self.gap_us is not None else self.end_us
+        return self.gap_us[0] if self.gap_us is not None and self.serving is not None else self.end_us
 
     @property
     def lane_phases(self) -> list[PhaseStats]:
@@ -100,6 +108,11 @@ class RankTimeline:
     def oom_rank(self) -> RankTimeline:
         """The part that holds the OOM: the serving window when it died there, else this rank."""
         return self.serving if self.serving is not None and self.serving.oom is not None else self
+
+    @property
+    def serves(self) -> bool:
+        """Whether a serving window follows start-up on this rank's timeline (joined or drawn apart)."""
+        return self.serving is not None or self.window_us is not None
 
     @property
     def target_bytes(self) -> int | None:
@@ -123,17 +136,26 @@ def prepare_rank(rank: AnalysedRank) -> RankTimeline:
     """What the timeline draws of one analysed rank (``analysis.rank.AnalysedRank``): its figures, read
     from the rank (computed there once), never recomputed here."""
     start, end = rank.span
-    serving, gap, dropped = None, None, (0, 0, 0)
+    serving, gap, dropped, window, used_all = None, None, (0, 0, 0), None, None
     tops = [_top(rank.curves), rank.target.target_bytes or 0]
-    if rank.serving is not None:
-        serving, w = prepare_rank(rank.serving), rank.trace.window
+    w = rank.startup.window
+    if rank.trace is not rank.startup and w is not None:  # one run in time: the window is in the rank's curves
+        window = (w.start_us, w.end_us)
+        gap = (w.startup_end_us, w.start_us) if w.gap_us else None
+        dropped = (w.events_dropped, w.samples_dropped, w.steps_dropped)
+        used_all = rank.window.device_used_all  # a 1.4 window's samples as NVML read them: the whole device
+    elif rank.serving is not None:
+        serving = prepare_rank(rank.serving)
         serving = replace(serving, device_used_all=rank.window.device_used_all)
         gap = (w.startup_end_us, w.start_us) if w.gap_us else None
         dropped = (w.events_dropped, w.samples_dropped, w.steps_dropped)
         end = max(end, serving.end_us)
         used_all = rank.window.device_used_all
         tops += [_top(rank.serving.curves), used_all.peak_bytes if used_all is not None else 0]
-    top = max(tops)
+    whole = quantities.whole_device_peak(rank.curves) if rank.curves.others.bytes.any() else 0
+    own = max(tops)
+    off_scale = whole > OFF_SCALE * own  # a neighbour filled the card: this process keeps its own scale
+    top = own if off_scale else max(own, whole)
     unit = axis_unit(top)
     if serving is not None:  # drawn on the same axes as start-up: one unit
         serving = replace(serving, unit=unit)
@@ -148,21 +170,31 @@ def prepare_rank(rank: AnalysedRank) -> RankTimeline:
         crossings=rank.crossings,
         oom=rank.oom,
         device_total_bytes=rank.trace.process.device_total_bytes,
+        device_used_all=used_all,
         description=describe_run(rank.trace),
         cupti=rank.cupti,
         vmm_kv=rank.vmm_kv if rank.vmm_kv.bytes.any() else None,
         serving=serving,
+        window_us=window,
         gap_us=gap,
         gap_dropped=dropped,
         holds_reserved=quantities.holds_reserved(rank.trace.process),
         unit=unit,
         top_bytes=top,
+        one_moment=quantities.is_one_moment(rank.trace.facts),
+        others_off_scale=off_scale,
     )
 
 
+#: Other processes' memory runs above the y axis when the whole device's peak is more than this many times this
+#: process's own top (its curves and its target): drawn to the card, this process's crossing would be a sliver.
+OFF_SCALE = 1.6
+
+
 def _top(curves: Curves) -> int:
-    """The highest figure among ``curves`` that a timeline draws: allocated, held, the whole device."""
-    return max(curves.allocated.peak_bytes, curves.held.peak_bytes, quantities.whole_device_peak(curves))
+    """The highest figure among ``curves`` of this process that a timeline draws: allocated, held, device used."""
+    used = curves.device_used.peak_bytes if curves.has_device else 0
+    return max(curves.allocated.peak_bytes, curves.held.peak_bytes, used)
 
 
 @dataclass(frozen=True)

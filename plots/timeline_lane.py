@@ -76,7 +76,7 @@ def draw_lane(
     ax.tick_params(labelbottom=False, bottom=False)
     for side in ("top", "right", "left", "bottom"):
         ax.spines[side].set_visible(False)
-    label = rank.label if show_rank else "phases"
+    label = rank.label if show_rank else "phases" if rank.lane_phases else ""  # no phases: no empty label
     margin_px = ax.get_position().x0 * ax.figure.bbox.width
     if len(label) * label_pt * ax.figure.dpi / 72 * 0.6 > margin_px:  # "host (CPU) of rank 0": above the lane
         ax.set_title(label, loc="left", fontsize=label_pt, pad=2)

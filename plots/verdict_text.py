@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from memtrace.analysis.analysed.origin import who
 from memtrace.analysis.analysed.rank import CROSSED, DIED, NOTHING, UNFINISHED, WITHIN
-from memtrace.analysis.memory.quantities import BY_KEY, HELD, OTHERS, is_one_moment, ranked_by
+from memtrace.analysis.memory.quantities import BY_KEY, OTHERS, is_one_moment
 from memtrace.plots import oom_text
 from memtrace.units import format_gib
 
@@ -80,13 +80,9 @@ def headline(run) -> str:
             f"{r.seconds(c.time_us):.2f} s{where} and reached {format_gib(c.max_bytes)} "
             f"(+{format_gib(c.overshoot_bytes)})."
         )
-    # what this process held: with vLLM 0.34's KV cache outside PyTorch, PyTorch reserved alone reads ~128 GiB
-    # "below the target" of a card the process had filled (the report's Target section says held, too); else
-    # the quantity its peak is compared by (PyTorch allocated for the CPU's trace, which reserves nothing)
-    if r.peak_held is not None:
-        q, peak = HELD, r.peak_held.bytes
-    else:
-        q, peak = ranked_by(r.trace.process), r.ranked_peak.bytes
+    # the run's headline quantity and its peak, decided once (``AnalysedRank.headline``): what this process held
+    # with vLLM 0.34's KV cache outside PyTorch, else the quantity its peak is compared by
+    q, peak = BY_KEY[r.headline.quantity], r.headline.point.bytes
     bound = r.peak_bound
     peaked = f"peaked at no less than {format_gib(peak)}" if bound.lower_bound else f"peaked at {format_gib(peak)}"
     if verdict == WITHIN:

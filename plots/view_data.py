@@ -49,7 +49,7 @@ from memtrace.analysis.analysed.summary import summary_to_dict
 from memtrace.analysis.holders.flame import frame_label
 from memtrace.analysis.holders.live import meaningful_frame
 from memtrace.analysis.memory.categories import CATEGORIES
-from memtrace.analysis.memory.quantities import holds_reserved
+from memtrace.analysis.memory.quantities import OTHERS, holds_reserved
 from memtrace.model import ACTIONS
 from memtrace.plots import oom_text
 from memtrace.plots.palette import CATEGORY_COLORS, VMM_KV_LABEL
@@ -74,6 +74,9 @@ DEVICE_COLUMNS = (("dev_t", "<f8"), ("dev_used", "<f8"), ("dev_nontorch", "<f8")
 CUPTI_COLUMNS = (("cupti_t", "<f8"), ("cupti_bytes", "<f8"))
 #: Only in the blob of a trace whose KV cache was committed through CUDA's VMM API: ``AnalysedRank.vmm_kv``.
 VMM_COLUMNS = (("vmm_t", "<f8"), ("vmm_kv", "<f8"))
+#: Only in the blob of a trace that sampled other processes on its device: ``Curves.others`` (the view's band over
+#: device used: a neighbour's growth, the serving OOM's cause on a shared card).
+OTHERS_COLUMNS = (("oth_t", "<f8"), ("oth_bytes", "<f8"))
 _EXACT = 1 << 53
 
 
@@ -99,7 +102,9 @@ def _landmarks(a: AnalysedRank) -> list[dict[str, Any]]:
     """The page's landmark buttons: the peak, the crossings (the one every output names first called "first
     crossing", as the report orders them), the OOM, the end of each phase; each with the figure it marks."""
     s, times = a.summary, a.event_times
-    out = [{"name": "peak", "event": s.peak.event_index, "time_us": s.peak.state_us, **_peak_mark(a)}]
+    h = a.headline  # the run's peak, decided once: the peak held on an extensible-KV run
+    at = h.event_index if h.event_index is not None else event_at(times, h.point.time_us)
+    out = [{"name": "peak", "event": at, **_peak_mark(a)}]
     for k, c in enumerate(s.crossings):
         label = f"{'first crossing' if k == 0 else 'crossing'} ({c.curve.replace('_', ' ')})"
         out.append({"name": label, "event": event_at(times, c.time_us), "time_us": c.time_us, "curve": c.curve,
@@ -116,10 +121,11 @@ def _landmarks(a: AnalysedRank) -> list[dict[str, Any]]:
 
 
 def _peak_mark(a: AnalysedRank) -> dict[str, Any]:
-    """The peak's curve and figure as the page marks it: the rank's ``ranked_peak`` (reserved, or allocated for
-    the CPU's trace, whose reserved curve stays 0)."""
-    peak = a.ranked_peak
-    return {"curve": peak.curve, "bytes": peak.bytes}
+    """The peak's curve, figure and moment as the page marks it: the rank's headline (``AnalysedRank.headline``:
+    held on an extensible-KV run, else reserved at its fullest, or allocated for the CPU's trace)."""
+    h, pk = a.headline, a.peak
+    t = pk.state_us if h.event_index is not None and h.quantity != "allocated" else h.point.time_us
+    return {"curve": h.point.curve, "bytes": h.point.bytes, "time_us": t}
 
 
 def rank_meta(a: AnalysedRank, t0_us: int) -> dict[str, Any]:
@@ -180,6 +186,7 @@ def rank_meta(a: AnalysedRank, t0_us: int) -> dict[str, Any]:
         "category_colors": [CATEGORY_COLORS[c] for c in CATEGORIES],
         "actions": list(ACTIONS),
         "vmm": _vmm(a),
+        "others": {"label": f"{OTHERS.label} (NVML)", "peak_bytes": a.peak_others.bytes} if has_others(a) else None,
         # the serving window, stated (``serving_text.window_lines``); drawn from ``PackedRank.window``
         "serving": window_lines(a.window, t0_us),
     }
@@ -189,7 +196,7 @@ def _drawn_end(a: AnalysedRank, end: int) -> int:
     """Where this part of the chart ends: at an OOM (nothing drawn after it), and at start-up's end when a
     serving window follows (drawn after the gap from the window's own part, ``pack_window``)."""
     w = a.trace.window
-    if w is not None and w.startup_end_us is not None:
+    if w is not None and w.startup_end_us is not None and a.trace is a.startup:  # the window drawn apart
         return min(end, w.startup_end_us)
     return end if a.oom is None else min(end, a.oom.time_us)
 
@@ -216,6 +223,11 @@ def _vmm(a: AnalysedRank) -> dict[str, Any] | None:
         "held_peak_bytes": a.curves.held.peak_bytes,
         "label": VMM_KV_LABEL,
     }
+
+
+def has_others(a: AnalysedRank) -> bool:
+    """Whether other processes held memory on the rank's device while it was sampled (the view draws their band)."""
+    return a.curves.has_device and bool(a.curves.others.bytes.any())
 
 
 def has_vmm_kv(a: AnalysedRank) -> bool:
@@ -251,11 +263,14 @@ def _columns(a: AnalysedRank, t0_us: int, *, with_events: bool = True) -> Iterat
         "cupti_bytes": lambda: a.cupti.bytes,
         "vmm_t": lambda: a.vmm_kv.time_us - t0_us,
         "vmm_kv": lambda: a.vmm_kv.bytes,
+        "oth_t": lambda: a.curves.others.time_us - t0_us,
+        "oth_bytes": lambda: a.curves.others.bytes,
     }
     cupti = CUPTI_COLUMNS if a.cupti is not None else ()
     vmm = VMM_COLUMNS if has_vmm_kv(a) else ()
-    for name, dt_ in (*EVENT_COLUMNS, *PRE_COLUMNS, *DEVICE_COLUMNS, *cupti, *vmm):
-        if with_events or name.startswith(("dev_", "cupti_", "vmm_")):
+    others = OTHERS_COLUMNS if has_others(a) else ()
+    for name, dt_ in (*EVENT_COLUMNS, *PRE_COLUMNS, *DEVICE_COLUMNS, *cupti, *vmm, *others):
+        if with_events or name.startswith(("dev_", "cupti_", "vmm_", "oth_")):
             yield name, np.ascontiguousarray(build[name](), dtype=dt_)
 
 
@@ -296,12 +311,15 @@ def pack_rank(a: AnalysedRank, t0_us: int, *, with_events: bool = True) -> Packe
     meta["has_events"] = with_events
     window = pack_window(a, t0_us, with_events=with_events)
     if meta.get("serving"):  # the page heads the window's lines with it; a start-up-only rank has none
-        meta["serving_heading"] = serving_heading(window)
+        meta["serving_heading"] = serving_heading(window, joined=a.trace is not a.startup)
     return PackedRank(meta, b"".join(parts), columns, window)
 
 
-def serving_heading(window: PackedRank | None) -> str:
-    """The heading over the serving window's lines on the page: where the chart draws the window."""
+def serving_heading(window: PackedRank | None, *, joined: bool = False) -> str:
+    """The heading over the serving window's lines on the page: where the chart draws the window (``joined``: in
+    the rank's own timeline, ``serving.joined``)."""
+    if joined:
+        return "Serving window (after start-up; on the chart below under the serving bar, one timeline with start-up)"
     if window is None:
         return "Serving window (after start-up; it kept no allocator event, so the chart below shows start-up alone)"
     gap = window.meta["gap"]
@@ -316,7 +334,7 @@ def pack_window(a: AnalysedRank, t0_us: int, *, with_events: bool = True) -> Pac
     the time between start-up's end and the window's first kept record (page microseconds), what the ring
     dropped of it and the words its band says. None without a window holding allocator events."""
     win, w = a.serving, a.trace.window
-    if win is None:
+    if win is None or a.trace is not a.startup:  # joined in time (``serving.joined``): the rank's own part holds it
         return None
     p = pack_rank(win, t0_us, with_events=with_events)
     for lm in p.meta["landmarks"]:

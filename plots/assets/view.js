@@ -85,6 +85,20 @@
     const i = upper(c.vmm_t, tus) - 1;
     return i < 0 ? 0 : c.vmm_kv[i];
   }
+  /* with the oth_* columns (other processes on the device, NVML's per-process list): their bytes in force at tus
+   * (their first figure before it was first read); null without them */
+  function othersAt(R, tus) {
+    const c = R.col;
+    if (!c.oth_t || !c.oth_t.length) return null;
+    return c.oth_bytes[Math.max(upper(c.oth_t, tus) - 1, 0)];
+  }
+  /* a window's data with one more series after the others: device used + other processes in force (the top of
+   * the band of the other processes' memory: the whole device); unchanged without the oth_* columns */
+  function withOthers(R, data) {
+    if (!R.col.oth_t) return data;
+    const DEV = R.meta.categories.length + 2;
+    return [...data, data[0].map((x, i) => (data[DEV][i] == null ? null : data[DEV][i] + othersAt(R, x * 1e6)))];
+  }
   /* a window's data with one more series: reserved + the VMM KV cache in force (the band's top), every step
    * of the VMM curve inside the window inserted as a point carrying the other series' values; unchanged
    * without the vmm_* columns. data = [X, categories..., reserved, device used] */
@@ -213,7 +227,8 @@
   function partWindow(P, x0, x1, W) {
     return (P.L ? Promise.resolve(windowLocal(P, x0, x1, W))
       : doc.api && !isOverview(P, x0, x1) ? api(`/api/window?rank=${P.index}${partQuery(P)}&x0=${x0}&x1=${x1}&w=${W}`)
-        : Promise.resolve(P.meta.overview)).then((w) => (P.col.vmm_t ? { ...w, data: withVmm(P, w.data) } : w));
+        : Promise.resolve(P.meta.overview)).then((w) => (P.col.vmm_t ? { ...w, data: withVmm(P, w.data) } : w))
+      .then((w) => (P.col.oth_t ? { ...w, data: withOthers(P, w.data) } : w));
   }
   /* a rank's chart data: start-up's, then its serving window's, each with the pixels its drawn width gets,
    * joined by one point of nulls in the gap: no curve is drawn across it */
@@ -256,6 +271,6 @@
   MT.eventAt = (P, tus) => (P.L ? Promise.resolve(upper(P.L.t, tus) - 1)
     : doc.api ? api(`/api/event?rank=${P.index}${partQuery(P)}&t_us=${tus}`).then((d) => d.event) : Promise.resolve(null));
 
-  MT._internals = { buildLocal, windowLocal, liveLocal, stateAt, deviceAt, cuptiAt, vmmAt, withVmm, phaseAt, partAt, upper, inflate, columns, exact };
+  MT._internals = { buildLocal, windowLocal, liveLocal, stateAt, deviceAt, cuptiAt, vmmAt, withVmm, othersAt, withOthers, phaseAt, partAt, upper, inflate, columns, exact };
   window.__mtDoc = doc;
 })();

@@ -51,6 +51,8 @@
       d.append(el('span', { 'data-legend': 'device_used' }, el('i', { style: 'background:#8c564b;height:2px' }), 'device used (NVML)'));
       d.append(el('span', { 'data-legend': 'non_torch' }, el('i', { style: 'background:rgba(140,86,75,.25)' }), 'non-PyTorch'));
     }
+    const others = doc.ranks.find((r) => r.others); /* other processes on the device: the band over device used */
+    if (others) d.append(el('span', { 'data-legend': 'others' }, el('i', { style: 'background:rgba(184,196,206,.45);border-top:1px solid #5A6B7B' }), others.others.label));
     if (any((r) => r.target.bytes != null)) d.append(el('span', { 'data-legend': 'target' }, el('i', { style: 'background:#d62728;height:2px' }), 'target'));
     if (any((r) => r.target.capacity)) d.append(el('span', { 'data-legend': 'capacity' }, el('i', { style: 'background:#555;height:2px' }), 'capacity'));
     return d;
@@ -105,7 +107,7 @@
       const c = m.crossings.length ? m.crossings[0] : null; /* the crossing every output names first */
       if (c) drawn.crossing = vline(c.time_us - m.t0_us, '#d62728', `crossed +${gib(c.overshoot_bytes)}`, [2 * dpr, 2 * dpr]);
       if (m.oom) drawn.oom = vline(m.oom.time_us - m.t0_us, '#000', m.oom.label, null, 2);
-      drawn.peak = vline(m.peak.state_us - m.t0_us, '#9467bd', `peak ${m.peak_bound.lower_bound ? 'at least ' : ''}${gib(m.peak_mark.bytes)} ${m.peak_mark.curve}`, [1 * dpr, 3 * dpr], 1);
+      drawn.peak = vline(m.peak_mark.time_us - m.t0_us, '#9467bd', `peak ${m.peak_bound.lower_bound ? 'at least ' : ''}${gib(m.peak_mark.bytes)} ${m.peak_mark.curve}`, [1 * dpr, 3 * dpr], 1);
       if (R.selectedUs != null) vline(R.selectedUs, '#17becf', 'selected', null, 3);
       for (const [label, color, tx, ty, tw] of names) {
         ctx.fillStyle = 'rgba(255,255,255,.92)'; ctx.fillRect(tx - 2 * dpr, ty, tw + 4 * dpr, 13 * dpr);
@@ -136,6 +138,10 @@
     if (vmm) {
       series.push({ label: vmm.label, stroke: VMM_EDGE, width: 1, paths: stepped, points: { show: false } });
       bands.push({ series: [K + 3, K + 1], fill: VMM_FILL, dir: -1 });
+    }
+    if (R.meta.others) { /* device used + other processes (the whole device): the band over device used */
+      series.push({ label: R.meta.others.label, stroke: '#5A6B7B', width: 1, paths: stepped, points: { show: false } });
+      bands.push({ series: [series.length - 1, K + 2], fill: 'rgba(184,196,206,.45)', dir: -1 });
     }
     const parts = R.W ? [R.meta, R.W.meta] : [R.meta]; /* start-up, then its serving window */
     const maxY = Math.max(R.meta.target.capacity || 0, R.meta.target.bytes || 0, ...parts.map((m) => Math.max(m.peak.reserved_bytes, m.peak.allocated_bytes, m.vmm ? m.vmm.held_peak_bytes : 0))) * 1.04;

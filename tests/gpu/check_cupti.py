@@ -30,6 +30,8 @@ import tempfile
 import time
 import traceback
 
+from memtrace.analysis.memory.curves import all_curves
+
 MiB = 1 << 20
 TORCH_BYTES = 256 * MiB
 RAW_BYTES = 512 * MiB
@@ -176,7 +178,7 @@ def check(trace) -> list[str]:
     fact = trace.facts.get("cupti") or {}
     if not fact.get("on") or not isinstance(fact.get("started_us"), int):
         failures.append(f"facts['cupti'] lacks on/started_us: {fact}")
-    figures["cupti_own_bytes"] = non_torch.cupti_own_bytes(trace)
+    figures["cupti_own_bytes"] = non_torch.cupti_own_bytes(trace, all_curves(trace))
     ops_phase = next((p for p in trace.phases if p.name == "torch_ops"), None)
     if ops_phase is not None:  # what the operators' libraries allocated themselves (reported, not checked)
         seen = []
@@ -200,7 +202,7 @@ def check(trace) -> list[str]:
         if peak.cupti_bytes >= TORCH_BYTES + RAW_BYTES:
             failures.append("PyTorch's segment is counted as non-PyTorch too")
     if raw:
-        held = non_torch.breakdown(trace, int(recs["time_us"][raw[-1]]), "raw held")
+        held = non_torch.breakdown(trace, int(recs["time_us"][raw[-1]]), "raw held", curves=all_curves(trace))
         figures["breakdown_raw_held"] = _plain(held)
         if held.cupti_bytes < RAW_BYTES or held.cupti_bytes >= RAW_BYTES + TORCH_BYTES:
             failures.append(f"non-PyTorch bytes while the raw cudaMalloc is held: {held.cupti_bytes}")

@@ -5,6 +5,7 @@ Python stack and phase, PyTorch's segment is recognised, and CUPTI's own device 
 from pathlib import Path
 
 from memtrace.analysis.memory import non_torch
+from memtrace.analysis.memory.curves import all_curves
 from memtrace.analysis.memory.phases import path_at
 from memtrace.model import MEMORY_OPS
 from memtrace.store import load_trace
@@ -32,7 +33,7 @@ def test_cuptis_own_memory_is_named_from_the_moment_it_was_enabled():
     t = load_trace(TRACE)
     fact = t.facts["cupti"]
     assert fact["on"] and isinstance(fact["started_us"], int)
-    assert non_torch.cupti_own_bytes(t) == 12_582_912  # three 4 MiB steps inside activity_enable
+    assert non_torch.cupti_own_bytes(t, all_curves(t)) == 12_582_912  # three 4 MiB steps inside activity_enable
     peak = next(b for b in summarize(t).non_torch if b.moment == "peak")
     assert peak.cupti_bytes == 512 * MiB + 64 * MiB  # the raw cudaMalloc and CuPy's pool
     assert (peak.at_start_bytes, peak.cupti_own_bytes, peak.grew_unseen_bytes) == (552_402_944, 12_582_912, 0)
@@ -45,7 +46,7 @@ def test_the_first_matmul_is_cublas_named_by_its_operator():
     (test_cupti_vllm_h200.py), recorded before operators were named."""
     t = load_trace(TRACE)
     ops = next(p for p in t.phases if p.name == "torch_ops")
-    b = non_torch.breakdown(t, ops.end_us, "after the operators")
+    b = non_torch.breakdown(t, ops.end_us, "after the operators", curves=all_curves(t))
     cublas = b.category(non_torch.CUBLAS)
     assert (cublas.bytes, cublas.count) == (67_240_960, 3)
     assert sorted(a.bytes for a in cublas.largest) == [1024, 131_072, 64 * MiB]

@@ -36,9 +36,11 @@ def test_the_analysis_names_cuptis_own_bytes_from_the_cupti_run_alone():
     from memtrace.analysis.memory import non_torch
 
     cupti = _figures("cupti")[0]
-    assert non_torch.cupti_own_bytes(cupti) == CUPTI_BYTES  # what the run without CUPTI shows is missing
+    assert (
+        non_torch.cupti_own_bytes(cupti, all_curves(cupti)) == CUPTI_BYTES
+    )  # what the run without CUPTI shows is missing
     on = _figures("on")[0]
-    assert non_torch.cupti_own_bytes(on) is None  # no CUPTI records: nothing to name
+    assert non_torch.cupti_own_bytes(on, all_curves(on)) is None  # no CUPTI records: nothing to name
 
 
 def test_vllms_own_log_says_the_same_in_tokens():

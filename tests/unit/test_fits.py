@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 import synthetic_gates as g
 from memtrace.analysis.capacity.fits import DIED, FITS, NO_KV, OOM, REFUSED, UNKNOWN, fit, fits
+from memtrace.analysis.memory.curves import all_curves
 from memtrace.cli import main
 from memtrace.store import save_trace
 from testdata import unpacked
@@ -170,7 +171,7 @@ def test_the_recorded_non_torch_memory_is_in_cudas_accounting_like_the_mimics_li
     full = load_run(H200 / "startup-full").traces[0]
     mimic = load_run(H200 / "startup-cap32g").traces[0]
     assert driver_reserved_bytes(full) == 150_754_820_096 - 150_109_880_320  # 644,939,776 B on the H200
-    recorded = landmarks(full).before_kv_non_torch_bytes
+    recorded = landmarks(full, all_curves(full)).before_kv_non_torch_bytes
     assert abs(recorded - mimic.facts["vllm.non_torch_at_init_bytes"]) < 16 * MiB
     # each GiB more card adds only (1 - 0.92) GiB of headroom after the KV cache
     assert fit(full, 28 * GiB, util=0.92).outcome == OOM

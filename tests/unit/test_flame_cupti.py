@@ -46,7 +46,7 @@ def _folded_sum(lines: list[str], non_pytorch: bool) -> int:
 
 def test_the_peak_holds_pytorchs_allocated_bytes_and_the_non_pytorch_bytes_cupti_saw(trace, peak):
     k, allocated, flame = peak
-    b = non_torch.breakdown(trace, flame.time_us, "peak")
+    b = non_torch.breakdown(trace, flame.time_us, "peak", curves=all_curves(trace))
     assert b.cupti_bytes == 68_362_212
     assert flame.torch_bytes == allocated == 137_870_244_340
     assert flame.non_torch_bytes == b.cupti_bytes
@@ -97,7 +97,7 @@ def test_live_allocations_are_the_breakdowns_and_the_live_curves_at_every_moment
     curve, allocated = non_torch.live_curve(trace), all_curves(trace).allocated
     for t in [int(x) for x in curve.time_us[:: max(len(curve) // 12, 1)]] + [int(curve.time_us[-1])]:
         live = non_torch.live_allocations(trace, t)
-        b = non_torch.breakdown(trace, t, "t")
+        b = non_torch.breakdown(trace, t, "t", curves=all_curves(trace))
         assert sum(a.bytes for a in live) == b.cupti_bytes == curve.at(t)
         flame = flame_at(trace, t, non_torch=True)
         assert (flame.non_torch_bytes, flame.torch_bytes) == (b.cupti_bytes, allocated.at(t))

@@ -80,7 +80,7 @@ def with_records(real):
 
 def test_the_breakdown_at_the_peak_to_the_byte(real):
     t, peak, expected, seg_bytes = with_records(real)
-    b = nt.breakdown(t, peak, "peak")
+    b = nt.breakdown(t, peak, "peak", curves=all_curves(t))
     got = {c.name: c.bytes for c in b.categories if c.name != nt.UNEXPLAINED}
     assert got == expected
     assert b.torch_bytes == seg_bytes  # recognised, not counted as non-PyTorch
@@ -136,7 +136,7 @@ def test_summary_report_and_file_format_carry_the_breakdown(real, tmp_path):
 
 def test_without_records_nothing_changes_and_old_files_load_empty(real):
     s = summarize(real)
-    assert s.non_torch == [] and nt.breakdown(real, 0, "peak") is None
+    assert s.non_torch == [] and nt.breakdown(real, 0, "peak", curves=all_curves(real)) is None
     out = io.StringIO()
     render_report(s, out)
     assert "CUPTI" not in out.getvalue()

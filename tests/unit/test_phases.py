@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from memtrace.analysis.memory.curves import all_curves
 from memtrace.analysis.memory.phases import phase_at, phase_path, phase_stats
 from memtrace.model import ACTION_CODE, Phase, Trace, empty_events
 
@@ -50,7 +51,7 @@ def test_phase_at_returns_the_innermost_phase_or_none():
 
 
 def test_phase_stats_start_end_peak_and_delta():
-    stats = {s.path: s for s in phase_stats(startup())}
+    stats = {s.path: s for s in phase_stats(*_with_curves(startup()))}
     load = stats["load_model"]
     assert (load.start_reserved_bytes, load.end_reserved_bytes, load.delta_reserved_bytes) == (0, 100 * MiB, 100 * MiB)
     assert (load.end_allocated_bytes, load.peak_allocated_bytes) == (80 * MiB, 80 * MiB)
@@ -63,11 +64,15 @@ def test_phase_stats_start_end_peak_and_delta():
 
 
 def test_a_phase_that_never_ended_runs_to_the_end_of_the_recording():
-    cap = phase_stats(startup())[4]
+    cap = phase_stats(*_with_curves(startup()))[4]
     assert (cap.ended, cap.end_us, cap.end_reserved_bytes) == (False, 300, 110 * MiB)
 
 
 def test_peak_equal_to_the_value_at_the_start_is_dated_at_the_start():
-    stats = phase_stats(startup())
+    stats = phase_stats(*_with_curves(startup()))
     assert (stats[0].peak_reserved_bytes, stats[0].peak_reserved_us) == (100 * MiB, 100)
     assert (stats[3].peak_reserved_bytes, stats[3].peak_reserved_us) == (110 * MiB, 300)
+
+
+def _with_curves(trace):
+    return trace, all_curves(trace)

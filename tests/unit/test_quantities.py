@@ -19,7 +19,9 @@ def test_no_module_outside_quantities_finds_a_peak_itself():
     found = []
     for folder in ("tracer", "plots", "plugins"):
         for path in sorted((ROOT / folder).rglob("*.py")):
-            if path.name == "quantities.py" and path.parent.name == "memory":
+            if path.name == "quantities.py" and path.parent.name == "memory":  # analysis/memory/quantities.py
+                continue
+            if path.name == "downsample.py":  # each pixel bucket's extremes for drawing, not a peak anyone reads
                 continue
             for n, line in enumerate(path.read_text().splitlines(), 1):
                 if _PEAK_RULE.search(line.split("#", 1)[0]):

@@ -63,7 +63,9 @@ def test_every_phase_a_peak_or_crossing_falls_in_is_named_in_full_on_the_034_tim
         assert names[path.rsplit("/", 1)[-1]] == path.rsplit("/", 1)[-1]
     for name in ("kv_cache_extend", "kv_cache_sizing_warmup", "capture_model"):
         assert names[name] == name
-    assert len(names) == len(ranks[0].phases)  # and every other phase has a label too
+    # at most three overflow rows above the lane (issue 41 item 8: six stacked high); a phase no landmark falls in
+    # may stay unnamed when its row and those three are full
+    assert max(lab.row for lab in drawn.ranks[0].phase_labels if lab.where == "above") < 3
 
 
 def test_overflow_names_sit_at_their_bar_and_no_tick_runs_through_a_name(tmp_path):

@@ -11,7 +11,7 @@ import dataclasses
 import numpy as np
 import pytest
 from memtrace.analysis.memory import non_torch as nt
-from memtrace.analysis.memory.curves import Curve
+from memtrace.analysis.memory.curves import Curve, all_curves
 from memtrace.plots.downsample import bucket_indices
 from memtrace.plots.timeline import render_timeline
 from memtrace.plots.timeline_axes import N_BUCKETS, zoom_window
@@ -56,7 +56,7 @@ def test_rank_carries_the_analysis_live_curve(trace, rank):
 @pytest.mark.parametrize("panel", ["main", "zoom"])
 def test_cupti_part_at_the_first_crossing_is_the_breakdowns_bytes(trace, rank, panel):
     c = rank.first_crossing()
-    b = nt.breakdown(trace, c.time_us, "first crossing")
+    b = nt.breakdown(trace, c.time_us, "first crossing", curves=all_curves(trace))
     assert b.cupti_bytes == 68_362_212  # 65.20 MiB of 0.75 GiB non-PyTorch
     lo, hi = (rank.start_us, rank.end_us) if panel == "main" else zoom_window(rank)
     split = _drawn_split(rank, lo, hi, N_BUCKETS if panel == "main" else 600)

@@ -69,7 +69,7 @@ def test_cupti_columns_are_live_curve_to_the_byte(cupti_run):
     at = FIRST_CROSSING_US - t0
     assert _step_at(col["cupti_t"], col["cupti_bytes"], at) == SEEN_AT_CROSSING
     assert _step_at(col["cupti_t"], col["cupti_bytes"], col["cupti_t"][0] - 1) == 0
-    bd = non_torch.breakdown(trace, FIRST_CROSSING_US, "first crossing")
+    bd = non_torch.breakdown(trace, FIRST_CROSSING_US, "first crossing", curves=all_curves(trace))
     assert bd.cupti_bytes == SEEN_AT_CROSSING
     # the page's non-PyTorch column is the report's figure (steady NVML), not NVML's raw sample there, a
     # lag spike of 16,513,826,816 B (the KV cache already in NVML's figure, not yet in reserved)
@@ -149,7 +149,7 @@ def test_readout_at_the_first_crossing_shows_what_cupti_saw(browser, tmp_path):
     rows = hover["rows"]
     assert rows["non-PyTorch seen by CUPTI"] == "65.20 MiB (68,362,212 B, exact)"
     trace = load(CUPTI_RUN).traces[0]
-    bd = non_torch.breakdown(trace, FIRST_CROSSING_US, "first crossing")
+    bd = non_torch.breakdown(trace, FIRST_CROSSING_US, "first crossing", curves=all_curves(trace))
     assert "808,255,488 B" in rows["non-PyTorch"] and bd.nvml_non_torch_bytes == 808_255_488  # as the report
     assert rows["non-PyTorch unexplained"] == "705.62 MiB (739,893,276 B)" and bd.unexplained_bytes == 739_893_276
     # clicking there selects the moment; the readout still says the same

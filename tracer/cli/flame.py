@@ -4,11 +4,11 @@ The widest frames are the code that allocated the memory live at that moment; Fl
 workspace allocators appear as frames of their own ("[hook] allocate_sm120_dynamic_workspace").
 Every box says its function, line and bytes, without hovering.
 
---at picks the moment: "peak" (the peak of PyTorch's reserved memory, with the allocation that caused
-it), "oom" (right before the failed allocation), a time since the start (7.05, 7.05s, 7050ms, 7050000us),
-or a phase (its name or path: the moment of its highest allocated memory). From vLLM 0.34 the KV cache is
-committed after warm-up, outside PyTorch, so the process holds the most later than the reserved peak:
-the command then says when, and --at that time shows it.
+--at picks the moment: "peak" (the run's peak, as report states it: from vLLM 0.34, what the process
+held, PyTorch reserved + the KV cache committed outside PyTorch; else the peak of PyTorch's reserved
+memory, with the allocation that caused it), "oom" (right before the failed allocation), a time since the
+start (7.05, 7.05s, 7050ms, 7050000us), or a phase (its name or path: the moment of its highest allocated
+memory).
 --added keeps only what the phase of that moment allocated and still held then (profile_run's
 activations, capture's CUDA-graph pools); --since PHASE|TIME keeps what was allocated from then on.
 

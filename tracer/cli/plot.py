@@ -27,7 +27,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     add_input(p)
     add_output(p, "image to write, .png, .svg or .pdf (default: <run>-timeline.png)")
     add_target(p)
-    p.add_argument("--capacity", metavar="SIZE[,SIZE...]", help="what-if card sizes to draw, e.g. 16GiB,32GiB")
+    p.add_argument(
+        "--capacity",
+        metavar="SIZE[,SIZE...]",
+        help="card sizes to draw as lines, e.g. 16GiB,32GiB (whether each boots is memtrace fits's answer)",
+    )
     add_rank(p, "draw only this rank (default: every rank)")
 
 

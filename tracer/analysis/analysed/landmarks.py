@@ -24,7 +24,7 @@ from dataclasses import dataclass
 
 import numpy as np
 from memtrace import facts as F
-from memtrace.analysis.memory.curves import Curve, Curves, all_curves, committed_curve
+from memtrace.analysis.memory.curves import Curve, Curves, committed_curve
 from memtrace.analysis.memory.phases import path_at, recording_span
 from memtrace.analysis.memory.quantities import window_peak
 from memtrace.model import Trace
@@ -156,15 +156,14 @@ def _moment(trace: Trace, curve: Curve, start_us: int, end_us: int) -> Moment | 
     return Moment(t, value, path_at(trace, t))
 
 
-def landmarks(trace: Trace, curves: Curves | None = None, *, include_non_torch: bool = True) -> Landmarks:
+def landmarks(trace: Trace, curves: Curves, *, include_non_torch: bool = True) -> Landmarks:
     """Find the KV-sizing landmarks of ``trace``.
 
     Args:
         trace: the trace.
-        curves: its precomputed curves, to share work.
+        curves: the run's curves (``AnalysedRank.curves``): no figure is made from curves of its own.
         include_non_torch: add NVML's non-PyTorch memory to reserved (when the trace has samples).
     """
-    curves = curves or all_curves(trace)
     include_non_torch = include_non_torch and len(curves.non_torch) > 0
     total = total_curve(curves, include_non_torch=include_non_torch)
     first_us, last_us = recording_span(trace)

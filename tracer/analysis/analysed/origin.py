@@ -130,7 +130,31 @@ def shifted(trace: Trace, by_us: int) -> Trace:
         ],
         notes=[dataclasses.replace(n, time_us=n.time_us + by_us) for n in trace.notes],
         facts=_shift_facts(trace.facts, by_us, top=True),
+        window=_shifted_window(trace.window, by_us, moved),
     )
+
+
+def _shifted_window(w, by_us: int, moved):
+    """The serving window's records and edges moved by ``by_us`` too (None without a window): ``serving.joined``
+    puts them on the rank's one timeline."""
+    if w is None:
+        return None
+    at = lambda t: None if t is None else t + by_us  # noqa: E731
+    return dataclasses.replace(
+        w,
+        startup_end_us=at(w.startup_end_us),
+        start_us=at(w.start_us),
+        end_us=at(w.end_us),
+        events=moved(w.events),
+        samples=moved(w.samples),
+        others=moved(w.others),
+        steps=[_step_at(st, at) for st in w.steps],
+        steps_in_progress=None if w.steps_in_progress is None else [_step_at(st, at) for st in w.steps_in_progress],
+    )
+
+
+def _step_at(step: dict, at) -> dict:
+    return {**step, "time_us": at(step["time_us"])} if step.get("time_us") is not None else step
 
 
 def who(labels: Sequence[str]) -> str:

@@ -53,7 +53,8 @@ from memtrace.analysis.memory.torch_counters import CounterCheck, counter_checks
 from memtrace.analysis.memory.user_metadata import MetadataSpan, TensorNote, metadata_spans, tensor_notes
 from memtrace.analysis.memory.vmm import VmmSummary
 from memtrace.analysis.memory.vmm import summary as vmm_summary
-from memtrace.analysis.serving.serving import WindowSummary, window_summary, window_trace
+from memtrace.analysis.serving.serving import WindowSummary, joined, window_summary, window_trace
+from memtrace.analysis.serving.serving_held import Room, room
 from memtrace.model import Trace
 
 if TYPE_CHECKING:
@@ -101,10 +102,15 @@ class AnalysedRank(PeakFigures):
         top: int = 10,
         target: Target | None = None,
         curves: Curves | None = None,
+        join: bool = True,
     ) -> None:
         """``target``: one already resolved (else resolved from ``spec`` now); ``curves``: the trace's
-        ``all_curves`` when already built (``summary.summarize``)."""
-        self.trace = trace
+        ``all_curves`` when already built (``summary.summarize``); ``join``: False keeps the serving window apart
+        (:attr:`boot_rank`)."""
+        #: the trace as recorded: start-up, with its serving window apart (``Trace.window``)
+        self.startup = trace
+        #: the run in time (``serving.joined``): start-up then its serving window, one timeline every figure covers
+        self.trace = joined(trace) if join else trace
         self.spec = spec
         self.origin = origin
         self.top = top
@@ -224,19 +230,37 @@ class AnalysedRank(PeakFigures):
     @cached_property
     def self_cost(self) -> SelfCost:
         """What memtrace cost the program (``analysis.self_cost``)."""
-        return self_cost(self.trace)
+        return self_cost(self.startup)
 
     @cached_property
     def window(self) -> WindowSummary | None:
         """The serving window after start-up (``analysis.serving``); None for a start-up-only trace."""
-        return window_summary(self.trace)
+        return window_summary(self.startup)
+
+    @cached_property
+    def boot_rank(self) -> AnalysedRank:
+        """Start-up alone (this rank when no serving window was joined to it): what "would it boot" is asked of
+        (``analysis.capacity``: ``fits``, ``--suggest``, the what-if), whose model reads a start-up's phases and its
+        end; the serving window is the serving question (:attr:`room`)."""
+        if self.trace is self.startup:
+            return self
+        return AnalysedRank(self.startup, self.spec, self.origin, top=self.top, target=self.target, join=False)
+
+    @cached_property
+    def room(self) -> Room | None:
+        """What would have left room for the request a serving OOM failed where the device ran out
+        (``serving_held.room``, at the recorded utilization): the serving question; None otherwise."""
+        ws = self.window
+        if ws is None:
+            return None
+        return room(ws.device, ws.oom, self.recorded_target.util, self.trace.process.device_total_bytes)
 
     @cached_property
     def serving(self) -> AnalysedRank | None:
         """The serving window analysed as a rank of its own (``serving.window_trace``: its curves, its OOM,
         its flame graphs), on the run's time origin and this rank's target; None without allocator events in
         a window."""
-        t = window_trace(self.trace)
+        t = window_trace(self.startup)
         return None if t is None else AnalysedRank(t, self.spec, self.origin, top=self.top, target=self.target)
 
     @cached_property
@@ -303,7 +327,7 @@ class AnalysedRank(PeakFigures):
         if key not in self._fits:
             from memtrace.analysis.capacity.boot import rank_fits
 
-            self._fits[key] = RankFits(self, *rank_fits(self, list(capacities), util, non_torch_bytes))
+            self._fits[key] = RankFits(self, *rank_fits(self.boot_rank, list(capacities), util, non_torch_bytes))
         return self._fits[key]
 
     def boot(self, util: float | None = None, non_torch_bytes: int | None = None):

@@ -12,12 +12,20 @@ from __future__ import annotations
 from functools import cached_property
 
 from memtrace.analysis.analysed.landmarks import steady_non_torch_at
-from memtrace.analysis.analysed.summary import HolderLine, Peak, PeakPoint, holders_by_site
+from memtrace.analysis.analysed.summary import Headline, HolderLine, Peak, PeakPoint, holders_by_site
 from memtrace.analysis.memory.crossing import Crossings, Excursion, crossings
 from memtrace.analysis.memory.curves import Curve
 from memtrace.analysis.memory.non_torch import NonTorchBreakdown, at_moments
 from memtrace.analysis.memory.phases import path_at
-from memtrace.analysis.memory.quantities import ALLOCATED, RESERVED, fullest_at_peak, peak, ranked_by, whole_device_peak
+from memtrace.analysis.memory.quantities import (
+    ALLOCATED,
+    HELD,
+    RESERVED,
+    fullest_at_peak,
+    peak,
+    ranked_by,
+    whole_device_peak,
+)
 
 
 class PeakFigures:
@@ -78,6 +86,18 @@ class PeakFigures:
             return self.peak_allocated
         p = self.peak
         return PeakPoint(RESERVED.key, p.time_us, p.reserved_bytes if not self.recorded_nothing else 0, p.phase_path)
+
+    @cached_property
+    def headline(self) -> Headline:
+        """The quantity every output leads with and its peak, decided here once: :attr:`peak_held` where vLLM
+        committed its KV cache outside PyTorch (the most the process held), else :attr:`ranked_peak` (PyTorch
+        reserved at its fullest moment, or PyTorch allocated for the CPU's trace). The report's Peak section, the
+        verdict, ``flame``'s default moment, the view's mark and the issue bundle's flame all read it."""
+        if self.peak_held is not None:
+            return Headline(HELD.key, self.peak_held, None)
+        if ranked_by(self.trace.process) is ALLOCATED:
+            return Headline(ALLOCATED.key, self.peak_allocated, self.curves.allocated.peak_index - 1)
+        return Headline(RESERVED.key, self.ranked_peak, self.peak.event_index)
 
     # -- the target crossed ------------------------------------------------------------------------------
 

@@ -84,6 +84,18 @@ class PeakPoint:
 
 
 @dataclass(frozen=True)
+class Headline:
+    """The run's headline: the quantity every output leads with and the moment of its peak, decided once
+    (``rank_peaks.PeakFigures.headline``): what this process held (PyTorch reserved + the KV cache committed
+    outside it) on a run with VMM records, else PyTorch reserved, else PyTorch allocated (the CPU's trace)."""
+
+    quantity: str  # quantities.Quantity.key: "held", "reserved", "allocated"
+    point: PeakPoint
+    #: the state shown there (holders, flame): right after this event; None: every event at ``point.time_us``
+    event_index: int | None
+
+
+@dataclass(frozen=True)
 class HolderLine:
     """Live bytes at the peak held by one printed site (the innermost meaningful frame)."""
 
@@ -168,6 +180,8 @@ class Summary:
     counter_checks: list[CounterCheck] = field(default_factory=list)
     #: PyTorch reserved + VMM committed at its highest (None without VMM records)
     peak_held: PeakPoint | None = None
+    #: the quantity every output leads with and its peak (``rank_peaks.PeakFigures.headline``)
+    headline: Headline | None = None
     #: recorded by the vLLM plugin: vLLM's terms (KV cache, non-KV memory) apply; else the program is answered
     #: in its own terms (``quantities.in_vllm_terms``)
     vllm: bool = False
@@ -252,7 +266,8 @@ def of_rank(rank: AnalysedRank) -> Summary:
         start_us=rank.span[0],
         end_us=rank.span[1],
         n_events=rank.n_events,
-        n_samples=len(t.samples),
+        # NVML's samples as recorded: start-up's and the serving window's (not the OOM's own reading ``joined`` adds)
+        n_samples=len(rank.startup.samples) + (len(rank.startup.window.samples) if rank.startup.window else 0),
         baseline=rank.curves.baseline,
         peak=rank.peak,
         peak_allocated=rank.peak_allocated,
@@ -278,6 +293,7 @@ def of_rank(rank: AnalysedRank) -> Summary:
         extensible=rank.extensible,
         counter_checks=rank.counter_checks,
         peak_held=rank.peak_held,
+        headline=rank.headline,
         vllm=rank.vllm,
         whole_device_peak_bytes=rank.whole_device_peak_bytes,
         self_cost=rank.self_cost,
@@ -330,7 +346,6 @@ def _plain(obj: Any) -> Any:
             "target_bytes",
             "target_source",
             "overshoot_bytes",
-            "ended_above",
             "total_ns",
             "share_of_init_engine",
             "share_of_process_startup",

@@ -861,6 +861,7 @@ def recorded_others(trace) -> int:
 
 def sites_of(rank) -> Sites:
     """The analysed rank's start-up taken apart by site (needs a vLLM trace with its config)."""
+    rank = rank.boot_rank  # start-up alone: a serving window joined to it (``serving.joined``) is not start-up's
     if recorded_flags(rank.trace) is None:
         raise UsageError(f"{rank.label}: --what-if / --suggest need a vLLM start-up (its config was not recorded)")
     return Sites(rank, need_curve(rank.trace, rank.curves, rank.landmarks, None, rank.lifetimes))

@@ -2,7 +2,9 @@
 
 ``--at`` picks the moment:
 
-- ``peak``: the peak of reserved memory, at its fullest (``quantities.fullest_at_peak``);
+- ``peak``: the run's peak (``AnalysedRank.headline``, through :func:`flame_for`): what the process held on a run
+  with vLLM 0.34's KV cache outside PyTorch, else the peak of reserved memory, at its fullest
+  (``quantities.fullest_at_peak``);
 - ``oom``: right before the failed allocation the run died of (``analysis.oom.find_oom``);
 - a time since the start of the recording: ``7.05``, ``7.05s``, ``7050ms``, ``7050000us`` (or ``µs``);
 - a phase, by name or path: the fullest moment (most bytes allocated) of that phase; a name that
@@ -34,6 +36,9 @@ _UNIT_US = {"s": 1_000_000, "ms": 1_000, "us": 1, "µs": 1, None: 1_000_000}
 #: What ``--at peak`` is called in titles and lines: the peak of PyTorch's reserved memory (from vLLM 0.34 the
 #: KV cache is committed outside PyTorch later, so it is not the most the process held).
 PEAK = "the reserved peak"
+#: What ``--at peak`` is called where the run's headline is what the process held (``AnalysedRank.headline``: vLLM
+#: 0.34's KV cache committed outside PyTorch counts): the moment that held the most.
+HELD_PEAK = "the peak held (PyTorch reserved + the KV cache outside it)"
 #: What ``--at peak`` is called on a trace without reserved memory (the CPU's from torch.profiler): its reserved
 #: curve stays 0, so the state shown is allocated's peak (``quantities.fullest_at_peak`` over the whole trace).
 ALLOCATED_PEAK = "the allocated peak"
@@ -57,6 +62,12 @@ def peak_words(process) -> str:
     """What ``--at peak`` is called for a trace of ``process`` (``model.Process``): :data:`PEAK`, or
     :data:`ALLOCATED_PEAK` for a trace without reserved memory (``quantities.holds_reserved``)."""
     return PEAK if holds_reserved(process) else ALLOCATED_PEAK
+
+
+def headline_words(rank) -> str:
+    """What ``--at peak`` is called for an analysed rank: :data:`HELD_PEAK` where its headline is the peak held
+    (``AnalysedRank.headline``), else :func:`peak_words`."""
+    return HELD_PEAK if rank.headline.event_index is None else peak_words(rank.trace.process)
 
 
 def parse_time_us(text: str) -> int | None:
@@ -161,7 +172,7 @@ def rank_at(rank, at: str):
     (``AnalysedRank.serving``) for an OOM inside it, for ``serving`` or for a time inside it; else ``rank``.
     UsageError for a time in the gap between start-up and the window (its events were dropped)."""
     win = rank.serving
-    if win is None:
+    if win is None or rank.trace is not rank.startup:  # the run joined in time (``serving.joined``) holds it all
         return rank
     text = at.strip().lower()
     w, t0 = rank.trace.window, rank.origin.t0_us
@@ -192,8 +203,12 @@ def flame_for(rank, at: str = "peak", *, since: str | None = None, added: bool =
     if not knows_holders(rank.trace):
         raise UsageError(f"{rank.trace.label}: {SIZES_ONLY_NOTE}; plot or report show what it holds")
     t0 = rank.origin.t0_us
-    moment = with_since(rank.trace, rank.curves, resolve_moment(rank.trace, rank.curves, at, t0_us=t0), since, added,
-                        t0_us=t0)  # fmt: skip
+    h = rank.headline
+    if at.strip().lower() == "peak" and h.event_index is None:  # the peak held: read where the run decided it
+        at_moment = Moment(h.point.time_us, None, headline_words(rank), h.point.phase_path)
+    else:
+        at_moment = resolve_moment(rank.trace, rank.curves, at, t0_us=t0)
+    moment = with_since(rank.trace, rank.curves, at_moment, since, added, t0_us=t0)
     flame = flame_at(
         rank.trace,
         moment.time_us if moment.event_index is None else None,

@@ -45,7 +45,7 @@ from dataclasses import dataclass
 
 import numpy as np
 from memtrace.analysis.holders.live import Lifetimes, lifetimes
-from memtrace.analysis.memory.curves import Curves, all_curves
+from memtrace.analysis.memory.curves import Curves
 from memtrace.analysis.memory.phases import phase_depth, recording_span
 from memtrace.model import ACTION_CODE, Trace
 
@@ -319,7 +319,7 @@ def category_steps(trace: Trace, categorized: Categorized, curves: Curves) -> Ca
 
 
 def category_totals_at_index(
-    trace: Trace, index: int, categorized: Categorized | None = None, *, curves: Curves | None = None
+    trace: Trace, index: int, categorized: Categorized | None = None, *, curves: Curves
 ) -> dict[str, int]:
     """``{name: that category's allocated bytes at index}`` (the state after event ``index - 1``) without
     building the curves: one sum per category over the events before ``index``."""
@@ -327,5 +327,5 @@ def category_totals_at_index(
     delta = _signed_sizes(trace, index)
     sums = np.bincount(cat.codes[:index].astype(np.intp) + 1, weights=delta, minlength=len(CATEGORIES) + 1)
     out = {name: int(sums[code + 1]) for code, name in enumerate(CATEGORIES)}  # one pass, not one per category
-    out[CATEGORIES[OTHER]] += (curves if curves is not None else all_curves(trace)).baseline.allocated_bytes
+    out[CATEGORIES[OTHER]] += curves.baseline.allocated_bytes
     return out

@@ -4,9 +4,12 @@ Definitions (bytes and Unix-epoch microseconds):
 
 - An **excursion** of a curve is a stretch where it is strictly above the target. The *first*
   excursion starts at ``time_us`` (the first step above the target) with the value ``at_cross_bytes``;
-  its **maximum** (``max_bytes``, first reached at ``max_us``) and its **duration** are taken over that
-  excursion only, until the curve drops back to or below the target, the recording ends, or the run
-  died of OOM (``until``: "dropped", "end" or "oom").
+  its **duration** is taken over that excursion, until the curve drops back to or below the target, the
+  recording ends, or the run died of OOM (``until``: "dropped", "end" or "oom"). The **highest** point
+  (``max_bytes``, first reached at ``max_us``) is the highest of *all* the excursions (``excursions``
+  counts them): a curve that crossed, dropped back and went higher later is said at its highest.
+  ``ended_above``: the curve was above the target where the reading stopped (the recording's end or the
+  OOM), in whichever excursion.
 - **Nothing after an OOM is claimed**: when the trace recorded an OOM (``analysis.oom.find_oom``),
   the curves are read up to the OOM's moment only. An excursion still above the target then lasts
   "until the OOM"; one that would start after it does not exist.
@@ -43,12 +46,13 @@ class Excursion:
     time_us: int  # the first moment above the target
     phase_path: str  # the innermost phase in force then ("" outside any phase)
     at_cross_bytes: int  # the curve's value at time_us
-    max_bytes: int  # the excursion's maximum
-    max_us: int  # when that maximum was first reached
+    max_bytes: int  # the highest of all the excursions
+    max_us: int  # when that highest was first reached
     max_phase_path: str
-    duration_us: int  # until it dropped back, the recording ended, or the OOM
+    duration_us: int  # the first excursion's: until it dropped back, the recording ended, or the OOM
     until: str  # "dropped", "end" or "oom"
     excursions: int  # separate excursions above the target (up to the end or the OOM)
+    ended_above: bool = False  # above the target where the reading stopped (the end or the OOM)
 
     @property
     def overshoot_bytes(self) -> int:
@@ -58,11 +62,6 @@ class Excursion:
     @property
     def name(self) -> str:
         return CURVE_NAMES[self.curve]
-
-    @property
-    def ended_above(self) -> bool:
-        """Still above the target when the recording ended or the run died."""
-        return self.until != "dropped"
 
 
 @dataclass(frozen=True)
@@ -109,7 +108,7 @@ def excursion(
     i = first_max(above)
     back = np.flatnonzero(~above[i:])
     j = i + int(back[0]) if len(back) else n
-    k = excursion_peak(values, i, j)
+    k = excursion_peak(values, i, n)  # above the target by construction: values[i] already is
     t = int(times[i])
     if j < n:
         stop, until = int(times[j]), "dropped"
@@ -130,6 +129,7 @@ def excursion(
         duration_us=stop - t,
         until=until,
         excursions=rises,
+        ended_above=bool(above[-1]),
     )
 
 

@@ -43,7 +43,7 @@ import numpy as np
 from memtrace import facts as F
 from memtrace.analysis.analysed.landmarks import steady_non_torch, steady_non_torch_at
 from memtrace.analysis.holders.frames import meaningful_frame, python_frames
-from memtrace.analysis.memory.curves import Curve, Curves, all_curves
+from memtrace.analysis.memory.curves import Curve, Curves
 from memtrace.analysis.memory.phases import path_at
 from memtrace.model import ACTION_CODE, DEVICE_MEMORY_KINDS, MEMORY_KINDS, MEMORY_OPS, Frame, Trace
 
@@ -262,10 +262,9 @@ def _live(trace: Trace, time_us: int) -> tuple[list[Allocation], int]:
     return out, torch_bytes
 
 
-def breakdown(
-    trace: Trace, time_us: int, moment: str, *, curves: Curves | None = None, largest: int = 3
-) -> NonTorchBreakdown | None:
-    """Non-PyTorch memory at ``time_us``; None when the trace holds no CUPTI records."""
+def breakdown(trace: Trace, time_us: int, moment: str, *, curves: Curves, largest: int = 3) -> NonTorchBreakdown | None:
+    """Non-PyTorch memory at ``time_us`` (``curves``: the run's, ``AnalysedRank.curves``); None when the trace holds
+    no CUPTI records."""
     if not has_records(trace):
         return None
     allocations, torch_bytes = _live(trace, time_us)
@@ -275,7 +274,6 @@ def breakdown(
     cats = [_category(name, allocs, largest) for name, allocs in groups.items()]
     cats.sort(key=lambda c: (-c.bytes, c.name))
     cupti_bytes = sum(c.bytes for c in cats)
-    curves = curves or all_curves(trace)
     nvml = steady_non_torch_at(curves, time_us)
     unexplained = nvml - cupti_bytes if nvml is not None else None
     at_start = grew = own = None
@@ -299,10 +297,9 @@ def _cupti_start(trace: Trace, curves: Curves) -> int:
     return max(int(started), first) if isinstance(started, int) else first
 
 
-def cupti_own_bytes(trace: Trace, curves: Curves | None = None) -> int | None:
+def cupti_own_bytes(trace: Trace, curves: Curves) -> int | None:
     """CUPTI's own device memory: NVML's non-PyTorch growth in the :data:`CUPTI_SETTLE_US` after CUPTI
     was enabled, less what CUPTI recorded in that window (never below 0); None without records or NVML."""
-    curves = curves or all_curves(trace)
     steady = steady_non_torch(curves)
     if not has_records(trace) or not len(steady):
         return None
@@ -360,12 +357,11 @@ def _category(name: str, allocs: list[Allocation], largest: int) -> CategoryByte
 
 
 def at_moments(
-    trace: Trace, *, crossing_us: int | None, peak_us: int | None, curves: Curves | None = None
+    trace: Trace, *, crossing_us: int | None, peak_us: int | None, curves: Curves
 ) -> list[NonTorchBreakdown]:
     """The breakdown at the first crossing and at the peak (each when given); [] without CUPTI records."""
     if not has_records(trace):
         return []
-    curves = curves or all_curves(trace)
     out = []
     for moment, t in (("first crossing", crossing_us), ("peak", peak_us)):
         if t is not None:

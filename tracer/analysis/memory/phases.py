@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from memtrace.analysis.memory.curves import Curve, Curves, all_curves
+from memtrace.analysis.memory.curves import Curve, Curves
 from memtrace.analysis.memory.quantities import samples_peak, window_peak
 from memtrace.model import Phase, Trace
 
@@ -132,9 +132,8 @@ def value_at(curve: Curve, t_us: int) -> int:
     return curve.at(t_us)
 
 
-def phase_stats(trace: Trace, curves: Curves | None = None) -> list[PhaseStats]:
-    """Statistics of every phase, in the order of ``trace.phases``."""
-    curves = curves or all_curves(trace)
+def phase_stats(trace: Trace, curves: Curves) -> list[PhaseStats]:
+    """Statistics of every phase, in the order of ``trace.phases`` (``curves``: the run's, ``AnalysedRank.curves``)."""
     _, end_of_trace = recording_span(trace)
     out = []
     for i, p in enumerate(trace.phases):

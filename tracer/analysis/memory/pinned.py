@@ -26,7 +26,7 @@ import bisect
 
 import numpy as np
 from memtrace.analysis.holders.live import Lifetimes, lifetimes
-from memtrace.analysis.memory.curves import Curve, Curves, all_curves
+from memtrace.analysis.memory.curves import Curve, Curves
 from memtrace.model import ACTION_CODE, Trace
 
 _ALLOC = ACTION_CODE["alloc"]
@@ -65,12 +65,11 @@ class _Segments:
         return start if addr < start + self.size[start] else None
 
 
-def pinned_curve(trace: Trace, curves: Curves | None = None, lt: Lifetimes | None = None) -> Curve:
+def pinned_curve(trace: Trace, curves: Curves, lt: Lifetimes | None = None) -> Curve:
     """Bytes of segments holding a live block, on the reserved curve's time axis (index i: after event i-1).
 
     Vectorised (:func:`_pinned_columns`); the event-at-a-time reference (tests/references.py) gives the same curve.
     """
-    curves = curves or all_curves(trace)
     ev = trace.events
     if len(ev) == 0 or np.isin(ev["action"], _EXPANDABLE).any() or not _places_blocks(trace):
         return curves.reserved

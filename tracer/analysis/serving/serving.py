@@ -30,7 +30,7 @@ from typing import Any
 import numpy as np
 from memtrace.analysis.analysed.self_cost import ServingCost, serving_cost
 from memtrace.analysis.holders.frames import meaningful_frame
-from memtrace.analysis.memory.curves import Curve, driver_reserved_bytes
+from memtrace.analysis.memory.curves import Curve, all_curves, driver_reserved_bytes
 from memtrace.analysis.memory.oom import Oom, find_oom
 from memtrace.analysis.serving.serving_held import AllocatorState, DeviceAtEnd, allocator_state, device_at_end
 from memtrace.model import ACTION_CODE, Frame, Phase, ServingWindow, Trace, empty_samples
@@ -257,3 +257,63 @@ def window_doc(ws: WindowSummary) -> dict[str, Any]:
             "share_with_own_threads": ws.cost.share_with_own_threads,
         },
     }
+
+
+def joined(trace: Trace) -> Trace:
+    """The run in time: start-up and its serving window as one trace (``trace`` itself without a window, or when the
+    two cannot be joined exactly).
+
+    Its events are start-up's then the window's; its allocator state the window's (the later one); its phases
+    start-up's then ``serving`` (the window's span); its recording ends where the window ends. The gap between them
+    is no memory (``Curve`` steps hold until the next record: what the gap held is unknown, and every output says it
+    as ``ServingWindow.gap_us``). NVML's samples are start-up's then the window's; a window that did not tell other
+    processes apart (format 1.4) gets their series derived as ``serving_held`` derives it at the OOM (this process's
+    non-PyTorch memory as at start-up's end, other processes the rest: ``serving_held.DERIVED``), so that other
+    processes' and this process's device-used figures are one answer over the whole run. An OOM in the window adds
+    the device's used memory torch's OOM observer was given (CUDA's total less its free bytes, exact then) as one
+    more sample.
+
+    Not joined (``trace`` returned): a window whose ring dropped events (its start state is not start-up's end plus
+    nothing) or without the allocator state its events need."""
+    w = trace.window
+    if w is None or w.start_us is None or w.end_us is None or not (len(w.events) or len(w.samples)):
+        return trace
+    if w.events_dropped or (trace.segments and not w.segments):
+        return trace
+    reserve = driver_reserved_bytes(trace)
+    samples = np.concatenate([trace.samples, w.samples]).astype(trace.samples.dtype)
+    oom = find_oom(trace)
+    total = trace.process.device_total_bytes
+    if oom is not None and oom.time_us >= w.start_us and oom.free_bytes is not None and total:
+        at_oom = np.array([(oom.time_us, total - oom.free_bytes + reserve)], dtype=samples.dtype)
+        samples = np.sort(np.concatenate([samples, at_oom]), order="time_us", kind="stable")
+    out = replace(
+        trace,
+        recording=replace(trace.recording, end_us=w.end_us, end_reason=w.reason or trace.recording.end_reason),
+        events=np.concatenate([trace.events, w.events]).astype(trace.events.dtype),
+        segments=w.segments or trace.segments,
+        phases=[*trace.phases, Phase(SERVING_PHASE, w.start_us, w.end_us, source="memtrace")],
+        samples=samples,
+    )
+    if told_apart(w) or not len(trace.others):
+        others = np.concatenate([trace.others, w.others]).astype(trace.others.dtype)
+        return replace(out, others=others)
+    return replace(out, others=_derived_others(trace, out, w))
+
+
+def _derived_others(startup: Trace, run: Trace, w: ServingWindow) -> np.ndarray:
+    """Other processes' memory over the run when the window sampled the whole device only: start-up's series, then
+    at each of the window's samples the device's used memory less this process's (PyTorch reserved + the KV cache
+    committed outside it + its non-PyTorch memory at start-up's end: ``serving_held.DERIVED``)."""
+    at_end = device_at_end(startup, None)
+    non_torch = at_end.startup_end.non_torch_bytes if at_end is not None else None
+    o = startup.others
+    s = run.samples[run.samples["time_us"] >= w.start_us]
+    if non_torch is None or not len(s):
+        return o
+    c = all_curves(replace(run, others=o))
+    t = s["time_us"].astype(np.int64)
+    mine = c.reserved.at_each(t) + c.vmm.at_each(t) + non_torch
+    derived = np.empty(len(s), dtype=o.dtype)
+    derived["time_us"], derived["others_bytes"] = t, s["used_bytes"] - driver_reserved_bytes(startup) - mine
+    return np.concatenate([o, derived])

@@ -21,6 +21,7 @@ taken as at start-up's end and other processes' memory is the rest (:data:`DERIV
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -179,3 +180,48 @@ def device_at_end(trace: Trace, oom: Oom | None, end_state: AllocatorState | Non
     if limit is not None and end.allocator is not None:
         within = end.allocator.reserved_bytes + oom.requested_bytes <= limit
     return DeviceAtEnd(end, start, at_oom, DERIVED if derived else "", within, limit)
+
+
+@dataclass(frozen=True)
+class Room:
+    """What would have left room for the request a serving OOM failed, where the device itself ran out (:func:`room`):
+    the serving question, not start-up's "would it boot"."""
+
+    short_bytes: int  # the request less the device's free bytes: what any holder would have had to hold less
+    others_growth_bytes: int | None  # other processes since start-up ended (derived in a format 1.4 window)
+    own_growth_bytes: int | None  # this process since start-up ended
+    startup_free_bytes: int | None  # the device's free memory when start-up ended (vLLM had sized its KV cache)
+    util: float | None  # the recorded --gpu-memory-utilization
+    #: the highest utilization, in hundredths, whose target is at least ``short_bytes`` lower (room for this
+    #: request), and the one leaving room for the other processes' growth as well; None without ``util``
+    util_for_request: float | None
+    util_for_others: float | None
+    #: what ``util_for_request`` keeps out of the KV cache beside the recorded utilization (None without it)
+    kept_bytes: int | None = None
+
+
+def room(ws_device: DeviceAtEnd | None, oom: Oom | None, util: float | None, total: int | None) -> Room | None:
+    """What would have left room for ``oom``'s request (None unless the device ran out at it: fewer bytes free than
+    asked for). vLLM sizes its KV cache to ``util`` x the device's memory (``total``) at start-up; a utilization
+    lower by a fraction ``d`` keeps ``d`` x ``total`` out of it, rounded here down to hundredths as the flag is
+    usually given."""
+    d = ws_device
+    if d is None or oom is None or not d.at_oom or oom.free_bytes is None or oom.free_bytes >= oom.requested_bytes:
+        return None
+    short = oom.requested_bytes - oom.free_bytes
+    others = d.change(lambda h: h.others_bytes)
+
+    def lower(by: int) -> float | None:
+        return math.floor((util - by / total) * 100) / 100 if util and total else None
+
+    for_request = lower(short)
+    return Room(
+        short_bytes=short,
+        others_growth_bytes=others,
+        own_growth_bytes=d.change(lambda h: h.this_process_bytes),
+        startup_free_bytes=d.startup_end.free_bytes,
+        util=util,
+        util_for_request=for_request,
+        util_for_others=lower(short + others) if others is not None and others > 0 else None,
+        kept_bytes=None if for_request is None else round((util - for_request) * total),
+    )
