@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from memtrace.analysis.gate.diff import KV_CACHE, VIA_VMM, nested_order
+from memtrace.analysis.gate.diff import KV_CACHE, VIA_VMM, compared, nested_order
 from memtrace.analysis.memory import quantities as Q
 from memtrace.analysis.memory.quantities import ONE_MOMENT
 from memtrace.plots import oom_text
@@ -342,7 +342,7 @@ def render(run, out, *, base, threshold, json_out: bool = False) -> None:
     comparison is ``analysis.diff.diff_runs`` (NothingToJudge when either side recorded nothing)."""
     import json
 
-    diffs = run.compared_with(base, threshold)
+    diffs = compared(base, run, threshold)
     if json_out:
         json.dump(diff_to_json(diffs, base.path, run.path), out, indent=2)
         out.write("\n")

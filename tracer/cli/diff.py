@@ -38,13 +38,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from memtrace.analysis.gate.diff import RANK_NEEDS
+    from memtrace.analysis.gate.diff import RANK_NEEDS, compared
     from memtrace.cli._runs import analysed_together
     from memtrace.plots.render import render
     from memtrace.units import parse_threshold
 
     threshold = parse_threshold(args.fail_over)
     base, new = analysed_together(args, ("base", "new"), RANK_NEEDS)
-    failed = any(d.failed for d in new.compared_with(base, threshold))
+    failed = any(d.failed for d in compared(base, new, threshold))
     render(new, sys.stdout, "diff", base=base, threshold=threshold, json_out=args.json)
     return 1 if failed else 0

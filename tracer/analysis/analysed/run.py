@@ -21,6 +21,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import cached_property
+from typing import Any
 
 from memtrace.analysis.analysed.origin import TimeOrigin, shifted, shifts, time_origin, who
 from memtrace.analysis.analysed.rank import AnalysedRank, TargetSpec
@@ -69,7 +70,8 @@ class AnalysedRun:
         self.ranks = ranks
         self.origin = origin
         self.missing = list(missing)
-        self._diffs: dict[tuple, list] = {}
+        #: answers of the layers above to questions about this run (``gate.diff.compared``), each computed once
+        self.memo: dict[tuple, Any] = {}
 
     def __repr__(self) -> str:
         return f"AnalysedRun({self.path!r}, {len(self.ranks)} rank(s), {self.verdict})"
@@ -106,15 +108,6 @@ class AnalysedRun:
     @property
     def died(self) -> bool:
         return any(r.oom is not None for r in self.ranks)
-
-    def compared_with(self, base: AnalysedRun, threshold) -> list:
-        """This run against ``base``, rank by rank (``analysis.diff.diff_runs``), computed once per question."""
-        from memtrace.analysis.gate.diff import diff_runs
-
-        key = (id(base), threshold)
-        if key not in self._diffs:
-            self._diffs[key] = diff_runs(base, self, threshold)
-        return self._diffs[key]
 
     def subset(self, ranks: list[AnalysedRank]) -> AnalysedRun:
         """The same run (origin, missing ranks) showing only ``ranks``."""

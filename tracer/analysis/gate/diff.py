@@ -23,6 +23,11 @@ Pure functions over Traces; rendering is ``plots.diff_text``'s job.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from memtrace.analysis.analysed.run import AnalysedRun
+
 from collections import Counter
 from dataclasses import dataclass, field, replace
 
@@ -590,3 +595,12 @@ def _threshold_text(threshold: Threshold) -> str:
     from memtrace.units import format_bytes
 
     return format_bytes(threshold.bytes or 0)
+
+
+def compared(base: AnalysedRun, new: AnalysedRun, threshold) -> list:
+    """``new`` against ``base``, rank by rank (:func:`diff_runs`), computed once per question and kept on ``new``
+    (the gate's exit code and the renderer ask the same question)."""
+    key = ("diff", id(base), threshold)
+    if key not in new.memo:
+        new.memo[key] = diff_runs(base, new, threshold)
+    return new.memo[key]
