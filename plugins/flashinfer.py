@@ -253,18 +253,6 @@ class HookCallRecorder:
         return self._func
 
 
-def install(manager: Any, sink: Callable[[HookCall], int | None], extra: list[str] | None = None) -> list[str]:
-    """Add the table's FlashInfer allocators (:mod:`.surface`, role ``workspace``) plus ``extra`` (e.g.
-    from MEMTRACE_HOOKS) to a HookManager, each call handed to ``sink``. Returns the target paths added."""
-    from memtrace.plugins import surface
-
-    added = []
-    for entry in surface.of_role("workspace"):
-        manager.add(entry.path, HookCallRecorder(entry.path, sink, tuple(entry.detail)))
-        added.append(entry.path)
-    return added + install_extra(manager, sink, extra, added)
-
-
 def install_extra(
     manager: Any, sink: Callable[[HookCall], int | None], extra: list[str] | None, known: list[str]
 ) -> list[str]:

@@ -60,9 +60,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from memtrace.plugins import ray_env
+from memtrace.plugins import ray_env, vllm_facts
 from memtrace.plugins import vllm_phases as P
-from memtrace.plugins.flashinfer import HookCallRecorder
+from memtrace.plugins.flashinfer import HookCallRecorder, install_extra
 from memtrace.plugins.vllm_steps import StepHook
 from memtrace.plugins.vllm_vmm import VmmHook
 
@@ -170,7 +170,7 @@ _V1_RUNNER = "vllm.v1.worker.gpu_model_runner"
 _V2_RUNNER = "vllm.v1.worker.gpu.model_runner"
 _CPU_RUNNER = "vllm.v1.worker.cpu_model_runner"
 _VMM = "vllm.utils.vmm_driver"
-_EXT = "vllm.v1.worker.extensible_kv_cache"
+_EXT = vllm_facts.EXTENSIBLE_MODULE
 _DISPATCH = "flashinfer.fused_moe.cute_dsl.blackwell_sm12x.moe_dispatch"
 _B12X_MOE = "flashinfer.fused_moe.cute_dsl.b12x_moe"
 _B12X_IMPL = "b12x.moe.fused_moe._impl"
@@ -277,7 +277,7 @@ TABLE: tuple[Entry, ...] = (
         f"{_B12X_IMPL}:_alloc_route_workspace", (0, 7), source="flashinfer.experimental.b12x.moe.fused_moe._impl"
     ),
     # read for facts (vllm_facts): vLLM's own KV-capacity formula, the extensible cache's margins
-    _fact("vllm.v1.core.kv_cache_utils:get_kv_cache_capacity"),
+    _fact(f"{vllm_facts.CAPACITY_MODULE}:get_kv_cache_capacity"),
     _fact(f"{_EXT}:KV_CACHE_MARGIN_FLOOR_BYTES", _V034),
     _fact(f"{_EXT}:KV_CACHE_NON_TORCH_RESERVE_BYTES", _V034),
     _fact(f"{_EXT}:KV_CACHE_WARMUP_RESERVE_FRACTION", _V034),
@@ -301,11 +301,6 @@ def hooks_for(vllm_version: Version | None) -> list[Entry]:
             continue
         out.append(e)
     return out
-
-
-def facts_module(name: str) -> str:
-    """The module of the fact entries named ``name`` (``"extensible"``, ``"capacity"``): where vllm_facts reads."""
-    return {"extensible": _EXT, "capacity": "vllm.v1.core.kv_cache_utils"}[name]
 
 
 def span_text(e: Entry) -> str:
@@ -338,3 +333,13 @@ def support_markdown() -> str:
         )
     lines += ["", "Roles:", ""] + [f"- **{k}**: {v}" for k, v in ROLES.items()]
     return "\n".join(lines) + "\n"
+
+
+def install_workspace_hooks(manager: Any, sink: Any, extra: list[str] | None = None) -> list[str]:
+    """Add the table's FlashInfer allocators (role ``workspace``) plus ``extra`` (e.g. from MEMTRACE_HOOKS) to a
+    HookManager, each call handed to ``sink``. Returns the target paths added."""
+    added = []
+    for entry in of_role("workspace"):
+        manager.add(entry.path, HookCallRecorder(entry.path, sink, tuple(entry.detail)))
+        added.append(entry.path)
+    return added + install_extra(manager, sink, extra, added)

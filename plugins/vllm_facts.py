@@ -23,6 +23,9 @@ from typing import Any
 
 from memtrace import facts as F
 
+#: The vLLM modules whose constants and functions the facts are read from (``surface`` lists each entry read)
+EXTENSIBLE_MODULE = "vllm.v1.worker.extensible_kv_cache"
+CAPACITY_MODULE = "vllm.v1.core.kv_cache_utils"
 _SCALARS = (bool, int, float, str)
 
 
@@ -178,9 +181,7 @@ def sizing_inputs(kv_cache: Any, init_free: Any, requested: Any) -> dict[str, An
     for key, value in (("init_free_memory_bytes", init_free), ("requested_memory_bytes", requested)):
         if isinstance(value, (int, float)) and not isinstance(value, bool):
             out[key] = int(value)
-    from memtrace.plugins.surface import facts_module
-
-    module = sys.modules.get(facts_module("extensible"))
+    module = sys.modules.get(EXTENSIBLE_MODULE)
     for key, attr in (
         ("margin_floor_bytes", "KV_CACHE_MARGIN_FLOOR_BYTES"),
         ("non_torch_reserve_bytes", "KV_CACHE_NON_TORCH_RESERVE_BYTES"),
@@ -275,9 +276,7 @@ def kv_cache_facts(kv_cache_config: Any, worker: Any = None) -> dict[str, Any]:
 
 def _kv_tokens(kv_cache_config: Any, worker: Any) -> int | None:
     try:
-        from memtrace.plugins.surface import facts_module
-
-        utils = sys.modules.get(facts_module("capacity"))
+        utils = sys.modules.get(CAPACITY_MODULE)
         capacity = getattr(utils, "get_kv_cache_capacity", None)
         if capacity is not None and getattr(worker, "vllm_config", None) is not None:
             return int(capacity(worker.vllm_config, kv_cache_config)[0])

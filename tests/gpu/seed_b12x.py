@@ -238,12 +238,12 @@ def main(argv: list[str] | None = None) -> int:
 
     import memtrace
     import torch
-    from memtrace.plugins import flashinfer as fi
+    from memtrace.plugins import surface
     from memtrace.plugins.hooks import HookManager
 
     model = SEED_MODEL
     with memtrace.trace(args.out, role="seed-b12x") as session:
-        fi.install(HookManager(), session.record_hook_call)  # before FlashInfer is imported
+        surface.install_workspace_hooks(HookManager(), session.record_hook_call)  # before FlashInfer is imported
         import flashinfer
         from flashinfer.fused_moe.cute_dsl import b12x_moe
 

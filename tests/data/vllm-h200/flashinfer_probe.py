@@ -10,7 +10,7 @@ import sys
 
 import torch
 from memtrace.capture import api
-from memtrace.plugins import flashinfer as fi
+from memtrace.plugins import surface
 from memtrace.plugins.hooks import HookManager
 
 ARGS = dict(state_E=128, weight_E=128, routed_rows=65536, k=2048, n=768, num_topk=8)
@@ -18,7 +18,7 @@ EXPECTED_DYNAMIC_BYTES = 94_974_860  # sum of the 0.6.13 tensor list (shared not
 
 session = api.start(sys.argv[1], role="flashinfer-probe")
 manager = HookManager()
-fi.install(manager, session.record_hook_call)
+surface.install_workspace_hooks(manager, session.record_hook_call)
 import flashinfer  # noqa: E402
 from flashinfer.fused_moe.cute_dsl import blackwell_sm12x  # noqa: E402
 from flashinfer.fused_moe.cute_dsl.blackwell_sm12x import moe_dispatch as M  # noqa: E402
