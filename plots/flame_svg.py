@@ -256,6 +256,28 @@ def _wrap(head: str, parts: list[str], sep: str, width: int) -> list[str]:
     return lines
 
 
+def _panels(flame: Flame, rest, body: list[str], stats: list[int], height: int, width: int, total: int):
+    """The panels drawn under the graph at their own scale (CUPTI's non-PyTorch part when it is too thin to read,
+    and what the widest box hides beside it); returns the image's new height and whether the CUPTI part was zoomed."""
+    part = flame.root.children.get(NON_TORCH)
+    zoom = part is not None and part.total_bytes > 0 and part.total_bytes < ZOOM_BELOW * total
+    panels: list[tuple[str, FlameNode]] = []
+    if zoom:
+        panels.append((f"The {Q.NON_TORCH.label} memory CUPTI saw, at its own scale: {format_bytes(part.total_bytes, 2)} "
+                       "across the full width", part))  # fmt: skip
+    if rest is not None:
+        panels.append(rest)
+    for heading, node in panels:
+        heading_y = height - PAD - 2  # the row under the graph drawn last
+        body.append(f'<text x="{PAD}" y="{heading_y}" font-weight="bold">{escape(heading)}</text>')
+        panel = [0, 0]
+        parent = "all" if node is part else None  # the CUPTI part keeps its colour; the rest gets a grey root
+        _frames(node, PAD, 0, (width - 2 * PAD) / node.total_bytes, total, body, panel, heading_y + 8, parent)
+        stats[0] += panel[0]
+        height = heading_y + 8 + panel[1] * ROW + 2 * PAD + 18
+    return height, zoom
+
+
 def render_flame_svg(
     flame: Flame,
     path: str | os.PathLike,
@@ -302,22 +324,7 @@ def render_flame_svg(
     if total:
         _frames(root, PAD, 0, scale, total, body, stats, top, None, widest)
     height = top + max(stats[1], 1) * ROW + 2 * PAD + 18
-    part = flame.root.children.get(NON_TORCH)
-    zoom = part is not None and part.total_bytes > 0 and part.total_bytes < ZOOM_BELOW * total
-    panels: list[tuple[str, FlameNode]] = []
-    if zoom:
-        panels.append((f"The {Q.NON_TORCH.label} memory CUPTI saw, at its own scale: {format_bytes(part.total_bytes, 2)} "
-                       "across the full width", part))  # fmt: skip
-    if rest is not None:
-        panels.append(rest)
-    for heading, node in panels:
-        heading_y = height - PAD - 2  # the row under the graph drawn last
-        body.append(f'<text x="{PAD}" y="{heading_y}" font-weight="bold">{escape(heading)}</text>')
-        panel = [0, 0]
-        parent = "all" if node is part else None  # the CUPTI part keeps its colour; the rest gets a grey root
-        _frames(node, PAD, 0, (width - 2 * PAD) / node.total_bytes, total, body, panel, heading_y + 8, parent)
-        stats[0] += panel[0]
-        height = heading_y + 8 + panel[1] * ROW + 2 * PAD + 18
+    height, zoom = _panels(flame, rest, body, stats, height, width, total)
     footer_y = height - PAD
     svg = [
         '<?xml version="1.0" encoding="UTF-8"?>',

@@ -5,6 +5,7 @@ live tensors (``torch.cuda.memory._annotate_tensor``), one row per note with the
 
 from __future__ import annotations
 
+from memtrace.plots.frame_words import frame_text
 from memtrace.units import format_bytes, gib_number
 
 
@@ -31,8 +32,6 @@ def _labels(out, s) -> None:
 def _notes(out, s) -> None:
     if not s.tensor_notes:
         return
-    from memtrace.plots.text import frame_text
-
     out.heading("Tensor annotations (torch.cuda.memory._annotate_tensor)")
     rows = [[n.text, f"{(n.time_us - s.t0_us) / 1e6:.2f}", format_bytes(n.size_bytes, 2), *_block(n, s, frame_text)]
             for n in s.tensor_notes]  # fmt: skip

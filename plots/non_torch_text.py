@@ -9,12 +9,11 @@ from __future__ import annotations
 from memtrace.analysis.analysed.summary import Summary
 from memtrace.analysis.memory import quantities as Q
 from memtrace.analysis.memory.non_torch import MODULES, OTHER, UNEXPLAINED, NonTorchBreakdown
+from memtrace.plots.frame_words import frame_text
 from memtrace.units import format_gib, gib_number
 
 
 def _where(b: NonTorchBreakdown, name: str) -> str:
-    from memtrace.plots.text import frame_text
-
     cat = b.category(name)
     if cat is None or name == UNEXPLAINED:
         if b.at_start_bytes is None or b.grew_unseen_bytes is None:

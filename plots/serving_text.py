@@ -13,6 +13,7 @@ from memtrace.analysis.memory import quantities as Q
 from memtrace.analysis.serving.serving import WindowSummary
 from memtrace.analysis.serving.serving_held import DeviceAtEnd, Holders
 from memtrace.plots import cost_text, oom_text
+from memtrace.plots.frame_words import frame_text
 from memtrace.units import count_of, format_size, gib_or_dash, signed_size, size_column, thousands
 
 
@@ -64,8 +65,6 @@ def render_window(out, ws: WindowSummary | None, t0_us: int) -> None:
     if ws.device is not None:
         render_device(out, ws, rel)
     if ws.growth:
-        from memtrace.plots.text import frame_text
-
         out.line()
         col = size_column(g.bytes for g in ws.growth)
         out.table(
@@ -207,18 +206,6 @@ def step_words(ws: WindowSummary, rel) -> str | None:
     return f"the OOM happened during the scheduler step that began at {_step(st, rel)}"
 
 
-def gap_label(seconds: float, dropped: tuple[int, int, int] | None) -> list[str]:
-    """What the gap's hatched band says, a line each, in the plot and the view: "GAP" and its length, that it was
-    not recorded and what the ring dropped of it (allocator events, NVML samples, scheduler steps; None: unsaid)."""
-    from memtrace.plots.timeline_breaks import length_text
-
-    lines = [f"GAP {length_text(seconds)}"]
-    if dropped is not None:
-        events, samples, steps = dropped
-        lines += ["not recorded; dropped:", f"{events:,} events, {samples:,} samples, {steps:,} steps"]
-    return lines
-
-
 #: How many growth sites the short statement of a window names.
 SITES_SHOWN = 3
 
@@ -270,8 +257,6 @@ def window_lines(ws: WindowSummary | None, t0_us: int) -> list[str]:
     else:
         lines.append("No allocator on this device: the window holds scheduler steps and notes only.")
     if ws.growth:
-        from memtrace.plots.text import frame_text
-
         sites = "; ".join(f"{frame_text(g.frame)} +{_mib(g.bytes)} ({g.count})" for g in ws.growth[:SITES_SHOWN])
         lines.append(f"Allocated in the window and live at its end, by stack (blocks): {sites}.")
     if ws.steps_before_end:

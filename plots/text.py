@@ -13,7 +13,7 @@ from typing import TextIO
 
 from memtrace.analysis.analysed.summary import Summary
 from memtrace.analysis.holders.flame import hook_short_name
-from memtrace.analysis.holders.frames import DIRS_RECORDED, is_native_frame, native_name
+from memtrace.analysis.holders.frames import DIRS_RECORDED
 from memtrace.analysis.holders.moment import peak_words
 from memtrace.analysis.memory.crossing import Excursion
 from memtrace.analysis.memory.quantities import (
@@ -26,9 +26,9 @@ from memtrace.analysis.memory.quantities import (
     RESERVED,
     holds_reserved,
 )
-from memtrace.model import Frame
 from memtrace.plots import cost_text, oom_text
 from memtrace.plots.extensible_text import render_counters, render_extensible, render_vmm
+from memtrace.plots.frame_words import frame_text
 from memtrace.plots.kv_text import render_non_kv
 from memtrace.plots.metadata_text import render_metadata
 from memtrace.plots.non_torch_text import render_non_torch
@@ -67,22 +67,6 @@ def before_recording_figures(b) -> str:
 def before_recording_text(b) -> str:
     """:func:`before_recording_figures` after ``quantities.BEFORE_RECORDING``'s label: the report's line."""
     return f"{BEFORE_RECORDING.label}: {before_recording_figures(b)}"
-
-
-def frame_text(frame: Frame | None) -> str:
-    """``pkg/module.py:123 function``: the path after site-packages (or its last two parts)."""
-    if frame is None:
-        return "(no stack recorded)"
-    if is_native_frame(frame):  # a stack with no Python frame (an autograd engine thread)
-        return f"{native_name(frame.name)} (C++; no Python frame)"
-    fn = frame.filename.replace("\\", "/")
-    for marker in ("site-packages/", "dist-packages/"):
-        if marker in fn:
-            fn = fn.split(marker, 1)[1]
-            break
-    else:
-        fn = "/".join(fn.split("/")[-2:])
-    return f"{fn}:{frame.line} {frame.name}"
 
 
 #: A number and its unit ("11.39 GiB", "+0.36 GiB", "7.05 s", "54.6 %"): never broken across lines.

@@ -17,10 +17,9 @@ def mark_breaks(ax, scale: TimeScale, handles: dict | None, gap_dropped: tuple[i
     """Each squeezed stretch of the time axis: a pale band over the curves (drawn through it, compressed),
     its length written in it, a pair of slashes on the time axis; round ticks in the busy stretches. A gap in
     the record (``scale.gaps``: a serving window's dropped time) is an opaque hatched band hiding the curves,
-    with ``serving_text.gap_label`` written in it (its length and what the ring dropped, ``gap_dropped``): memory
+    with ``gap_label`` written in it (its length and what the ring dropped, ``gap_dropped``): memory
     there is unknown, never drawn flat."""
     import matplotlib.transforms as mtransforms
-    from memtrace.plots.serving_text import gap_label
 
     width_px = ax.get_window_extent().width
     ax.set_xticks(ticks(scale, width_px))
@@ -59,3 +58,13 @@ def length_text(seconds: float) -> str:
     if seconds < 0.1:  # a CPU profiler trace squeezes milliseconds: never "0.0 s"
         return f"{seconds * 1e3:.1f} ms" if seconds < 0.01 else f"{seconds * 1e3:.0f} ms"
     return f"{seconds:.0f} s" if seconds >= 10 else f"{seconds:.1f} s"
+
+
+def gap_label(seconds: float, dropped: tuple[int, int, int] | None) -> list[str]:
+    """What the gap's hatched band says, a line each, in the plot and the view: "GAP" and its length, that it was
+    not recorded and what the ring dropped of it (allocator events, NVML samples, scheduler steps; None: unsaid)."""
+    lines = [f"GAP {length_text(seconds)}"]
+    if dropped is not None:
+        events, samples, steps = dropped
+        lines += ["not recorded; dropped:", f"{events:,} events, {samples:,} samples, {steps:,} steps"]
+    return lines

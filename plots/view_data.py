@@ -53,9 +53,9 @@ from memtrace.analysis.memory.quantities import OTHERS, holds_reserved
 from memtrace.model import ACTIONS
 from memtrace.plots import oom_text
 from memtrace.plots.palette import CATEGORY_COLORS, VMM_KV_LABEL
-from memtrace.plots.serving_text import gap_label, window_lines
+from memtrace.plots.serving_text import window_lines
 from memtrace.plots.text import before_recording_text
-from memtrace.plots.timeline_breaks import GAP_EDGE
+from memtrace.plots.timeline_breaks import GAP_EDGE, gap_label
 from memtrace.plots.timeline_scale import time_scale
 
 #: Columns of the binary blob, in order: (name, numpy dtype).

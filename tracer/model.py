@@ -12,6 +12,7 @@ is a tuple of frame ids (innermost frame first, as PyTorch records them), a fram
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -397,3 +398,32 @@ class Run:
 
     path: str
     traces: list[Trace] = field(default_factory=list)
+
+
+#: File endings of native (C, C++, CUDA) frames and of shared objects.
+_NATIVE_SUFFIXES = (".c", ".h", ".cc", ".cpp", ".cxx", ".hpp", ".hh", ".cu", ".cuh", ".so", ".S", ".s")
+
+
+def is_python_frame(f: Frame) -> bool:
+    """True for a frame of Python code: a ``.py`` file or a pseudo-file such as ``<string>``."""
+    fn = f.filename
+    if not fn or fn == "??":
+        return False
+    if fn.endswith((".py", ".pyw")) or (fn.startswith("<") and fn.endswith(">")):
+        return True
+    if fn.endswith(_NATIVE_SUFFIXES) or "::" in f.name:
+        return False
+    base = fn.rsplit("/", 1)[-1].rsplit("\\", 1)[-1]
+    return f.line > 0 and "." not in base  # an extension-less script (a console entry point)
+
+
+def is_native_frame(f: Frame) -> bool:
+    """True for a frame of native code (what only ``stacks="all"`` records)."""
+    return not is_python_frame(f)
+
+
+def stacks_kind(frames: Sequence[Frame]) -> str:
+    """``"all"`` when any frame is native, ``"python"`` when there are frames, else ``"none"``."""
+    if not frames:
+        return "none"
+    return "all" if any(is_native_frame(f) for f in frames) else "python"

@@ -120,11 +120,12 @@ def test_capture_records_the_folders_of_libraries_already_imported_and_imports_n
 def test_a_stack_without_python_frames_names_its_autograd_node_short():
     """mryab/efficient-dl-systems' snapshot (stacks="all"): the backward allocations of the autograd thread."""
     from memtrace.importers.files import traces_from_snapshot_file
-    from memtrace.plots.text import frame_text
 
     from tests.testdata import analysed_rank
 
     (t,) = traces_from_snapshot_file(DATA / "snapshots" / "autograd-cpp-frames.pickle")
+    from memtrace.plots.frame_words import frame_text
+
     texts = [frame_text(h.frame) for h in analysed_rank(t).holders]
     assert "NllLossBackward0::apply (C++; no Python frame)" in texts
     assert "LogSoftmaxBackward0::apply (C++; no Python frame)" in texts

@@ -13,13 +13,14 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from memtrace.analysis.holders.frames import is_python_frame, meaningful_frame, python_frames
+from memtrace.analysis.holders.frames import meaningful_frame, python_frames
 from memtrace.analysis.holders.live import holders_by_stack
 from memtrace.analysis.memory.curves import all_curves
 from memtrace.analysis.memory.oom import find_oom
 from memtrace.cli import main
 from memtrace.importers.files import read_snapshot, traces_from_snapshot_file
 from memtrace.importers.snapshot import traces_from_snapshot
+from memtrace.model import is_python_frame
 from memtrace.plots.perfetto import export_perfetto
 from memtrace.store import load_run, load_trace
 from references import snapshot_dict

@@ -15,10 +15,21 @@ from typing import Any
 
 import numpy as np
 from memtrace import facts as F
-from memtrace.analysis.holders.frames import stacks_kind
 from memtrace.errors import TraceFormatError
 from memtrace.importers.snapshot_fields import count_unknown, entry_fields, unknown_note
-from memtrace.model import ACTION_CODE, Block, Frame, Note, Phase, Process, Recording, Segment, Trace, empty_events
+from memtrace.model import (
+    ACTION_CODE,
+    Block,
+    Frame,
+    Note,
+    Phase,
+    Process,
+    Recording,
+    Segment,
+    Trace,
+    empty_events,
+    stacks_kind,
+)
 
 #: intern_stack(frames) -> stack id, frames as (filename, line, name) tuples, innermost first.
 StackInterner = Callable[[Sequence[tuple[str, int, str]]], int]

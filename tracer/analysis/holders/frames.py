@@ -24,41 +24,14 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from memtrace import facts as F
-from memtrace.model import Frame, Trace
+from memtrace.model import Frame, Trace, is_python_frame
 
-#: File endings of native (C, C++, CUDA) frames and of shared objects.
-_NATIVE_SUFFIXES = (".c", ".h", ".cc", ".cpp", ".cxx", ".hpp", ".hh", ".cu", ".cuh", ".so", ".S", ".s")
 #: Packages whose frames say nothing about *why* memory was asked for: torch and memtrace itself.
 _PLUMBING_PACKAGES = ("torch", "memtrace")
 #: The standard library's frames that only pass a call on.
 _PLUMBING_FILES = ("<frozen", "/contextlib.py", "/functools.py")
 #: Folders a package is installed into, on any machine that recorded a trace.
 _INSTALL_DIRS = ("/site-packages/", "/dist-packages/")
-
-
-def is_python_frame(f: Frame) -> bool:
-    """True for a frame of Python code: a ``.py`` file or a pseudo-file such as ``<string>``."""
-    fn = f.filename
-    if not fn or fn == "??":
-        return False
-    if fn.endswith((".py", ".pyw")) or (fn.startswith("<") and fn.endswith(">")):
-        return True
-    if fn.endswith(_NATIVE_SUFFIXES) or "::" in f.name:
-        return False
-    base = fn.rsplit("/", 1)[-1].rsplit("\\", 1)[-1]
-    return f.line > 0 and "." not in base  # an extension-less script (a console entry point)
-
-
-def is_native_frame(f: Frame) -> bool:
-    """True for a frame of native code (what only ``stacks="all"`` records)."""
-    return not is_python_frame(f)
-
-
-def stacks_kind(frames: Sequence[Frame]) -> str:
-    """``"all"`` when any frame is native, ``"python"`` when there are frames, else ``"none"``."""
-    if not frames:
-        return "none"
-    return "all" if any(is_native_frame(f) for f in frames) else "python"
 
 
 def python_frames(frames: Sequence[Frame]) -> list[Frame]:
