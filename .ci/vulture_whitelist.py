@@ -76,3 +76,5 @@ alloc_stack  # tracer/analysis/user_metadata.TensorNote: in report --json (trace
              # annotated block's allocating stack id (alloc_frame is the frame a report prints)
 others_how  # tracer/model.ServingWindow: written in the window document (store.py), how other processes'
             # memory was told apart (test_serving_window round-trips it)
+install_workspace_hooks  # plugins/surface.py: the table's FlashInfer allocators hooked by the GPU scripts that record
+                         # FlashInfer alone (tests/gpu/seed_b12x.py, tests/data/vllm-h200/flashinfer_probe.py)
