@@ -8,6 +8,7 @@ Every outcome the analysis can give (``analysis.fits.OUTCOMES``) has its own wor
 
 from __future__ import annotations
 
+from memtrace import vllm_phase_names as PN
 from memtrace.analysis.capacity.fits import (
     DIED,
     FITS,
@@ -182,7 +183,7 @@ def _refused_or_dies(r: Fit, head: str) -> list[str]:
             f"{head} at KV sizing: the KV cache vLLM may size cannot hold one request of max_model_len "
             f"tokens ({_gib(r.overshoot_bytes)} missing); lower --max-model-len or raise --gpu-memory-utilization"
         ]
-    if r.outcome == NO_KV and r.kv_sizing == EXTENSIBLE and r.phase == "kv_cache_init":
+    if r.outcome == NO_KV and r.kv_sizing == EXTENSIBLE and r.phase == PN.KV_CACHE_INIT:
         return [
             f"{head} at kv_cache_init: the KV cache's address range (vLLM may fill {_gib(r.target_bytes)} - "
             f"non-KV {_gib(r.non_kv_bytes)}) cannot hold one request of max_model_len tokens (vLLM refuses); "

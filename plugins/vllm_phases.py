@@ -3,7 +3,8 @@
 Each class is a ``hooks.Handler`` named by an entry of :mod:`.surface` (the table says which vLLM
 function it wraps and in which releases); :class:`PhaseHook` marks the phase around the call and the
 subclasses add that phase's facts (``before_phase`` / ``after_phase``). The canonical phase names live
-here, at the bottom of the plugin, so the table and every handler spell them once.
+in :mod:`memtrace.vllm_phase_names`, below every layer, so the table, every handler and the analysis
+spell them once.
 """
 
 from __future__ import annotations
@@ -13,26 +14,12 @@ import sys
 from typing import Any
 
 from memtrace import facts as F
+from memtrace import vllm_phase_names as PN
 from memtrace.capture.clock import now_us
 from memtrace.plugins import vllm_boundaries, vllm_facts
 from memtrace.plugins.hooks import Target, call_argument
 
 log = logging.getLogger("memtrace")
-
-#: Canonical phase names: reports and diffs match phases by these.
-INIT_DEVICE = "init_device"
-LOAD_MODEL = "load_model"
-PROFILE_RUN = "profile_run"
-CUDAGRAPH_PROFILE = "cudagraph_profile"
-DETERMINE_AVAILABLE_MEMORY = "determine_available_memory"
-KV_CACHE_INIT = "kv_cache_init"
-COMPILE_OR_WARM_UP = "compile_or_warm_up"
-KERNEL_WARMUP = "kernel_warmup"
-CAPTURE_MODEL = "capture_model"
-WARMUP_KERNELS = "warmup_kernels"
-KV_CACHE_SIZING_WARMUP = "kv_cache_sizing_warmup"
-KV_CACHE_SIZING = "kv_cache_sizing"
-KV_CACHE_EXTEND = "kv_cache_extend"
 
 
 def session() -> Any:
@@ -257,7 +244,7 @@ class SizingReadHook:
 
     def before(self, target: Target, args: tuple, kwargs: dict) -> Any:
         current = session()
-        if current is None or not current.phase_path().endswith(KV_CACHE_SIZING):
+        if current is None or not current.phase_path().endswith(PN.KV_CACHE_SIZING):
             return None
         sizing = current.facts.get(F.VLLM_KV_SIZING) or {}
         return None if "free_memory_bytes" in sizing else current

@@ -183,7 +183,7 @@ class Builder:
 
 def synthetic_startup() -> Trace:
     """A 60 s SYNTHETIC vLLM-shaped start-up on a 48 GiB card at 0.92 (target 44.16 GiB), with the
-    vLLM plugin's canonical phase names (``memtrace.plugins.vllm_phases``).
+    canonical vLLM phase names (``memtrace.vllm_phase_names``).
 
     Known figures: 24 GiB of weights (96 x 256 MiB) in load_model; a 4 GiB FlashInfer workspace
     (hook call at 13.0 s); a 14 GiB activation live for 30 ms from 18.0 s in profile_run, whose

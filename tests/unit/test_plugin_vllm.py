@@ -14,6 +14,7 @@ from types import SimpleNamespace
 
 import pytest
 from memtrace import facts as F
+from memtrace import vllm_phase_names as PN
 from memtrace.plugins import vllm as plugin
 from memtrace.plugins import vllm_facts, vllm_phases
 from memtrace.plugins.surface import Entry, of_role, parse_version
@@ -27,21 +28,21 @@ def targets_for(version):
 
 
 TARGETS = tuple(targets_for(None))
-#: Every phase name the plugin records, in start-up order (vllm_phases' constants).
+#: Every phase name the plugin records, in start-up order (memtrace.vllm_phase_names' constants).
 PHASE_ORDER = (
-    vllm_phases.INIT_DEVICE,
-    vllm_phases.LOAD_MODEL,
-    vllm_phases.DETERMINE_AVAILABLE_MEMORY,
-    vllm_phases.PROFILE_RUN,
-    vllm_phases.CUDAGRAPH_PROFILE,
-    vllm_phases.KV_CACHE_INIT,
-    vllm_phases.COMPILE_OR_WARM_UP,
-    vllm_phases.KERNEL_WARMUP,
-    vllm_phases.WARMUP_KERNELS,
-    vllm_phases.KV_CACHE_SIZING_WARMUP,
-    vllm_phases.CAPTURE_MODEL,
-    vllm_phases.KV_CACHE_SIZING,
-    vllm_phases.KV_CACHE_EXTEND,
+    PN.INIT_DEVICE,
+    PN.LOAD_MODEL,
+    PN.DETERMINE_AVAILABLE_MEMORY,
+    PN.PROFILE_RUN,
+    PN.CUDAGRAPH_PROFILE,
+    PN.KV_CACHE_INIT,
+    PN.COMPILE_OR_WARM_UP,
+    PN.KERNEL_WARMUP,
+    PN.WARMUP_KERNELS,
+    PN.KV_CACHE_SIZING_WARMUP,
+    PN.CAPTURE_MODEL,
+    PN.KV_CACHE_SIZING,
+    PN.KV_CACHE_EXTEND,
 )
 
 

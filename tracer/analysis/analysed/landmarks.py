@@ -24,15 +24,16 @@ from dataclasses import dataclass
 
 import numpy as np
 from memtrace import facts as F
+from memtrace import vllm_phase_names as PN
 from memtrace.analysis.memory.curves import Curve, Curves, committed_curve
 from memtrace.analysis.memory.phases import path_at, recording_span
 from memtrace.analysis.memory.quantities import window_peak
 from memtrace.model import Trace
 
 #: Phase names marking vLLM's KV sizing (the profiling step that ends with the KV figure).
-SIZING_NAMES = ("determine_available_memory",)
+SIZING_NAMES = (PN.DETERMINE_AVAILABLE_MEMORY,)
 #: Phase names marking the KV cache allocation, preferred first.
-KV_INIT_NAMES = ("initialize_kv_cache", "kv_cache_init", "allocate_kv_cache", "initialize_from_config")
+KV_INIT_NAMES = ("initialize_kv_cache", PN.KV_CACHE_INIT, "allocate_kv_cache", "initialize_from_config")
 
 
 #: NVML samples within this many microseconds of a change of the reserved curve are not used to
@@ -195,7 +196,7 @@ def landmarks(trace: Trace, curves: Curves, *, include_non_torch: bool = True) -
         post_peak = _moment(trace, total, kv_end, last_us)
     if len(curves.vmm):  # vLLM 0.34's extensible KV cache: its pages, committed by the end of kv_cache_extend,
         # and what comes after the KV cache is whole counts from there
-        extend = next((p for p in trace.phases if p.name == "kv_cache_extend" and p.end_us), None)
+        extend = next((p for p in trace.phases if p.name == PN.KV_CACHE_EXTEND and p.end_us), None)
         until = extend.end_us if extend is not None else (kv_end or last_us)
         kv_bytes = (kv_bytes or 0) + committed_curve(trace, kv_cache_only=True).at(until)
         if extend is not None:

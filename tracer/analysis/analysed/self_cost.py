@@ -19,9 +19,10 @@ from dataclasses import dataclass, field
 
 import numpy as np
 from memtrace import facts as F
+from memtrace import vllm_phase_names as PN
 from memtrace.model import ACTION_CODE, Trace
 
-INIT_ENGINE_FIRST_PHASE = "determine_available_memory"
+INIT_ENGINE_FIRST_PHASE = PN.DETERMINE_AVAILABLE_MEMORY
 #: how a source's name groups in the one-line figure (prefix before the first dot)
 HISTORY = "history (PyTorch, estimated)"
 

@@ -24,6 +24,7 @@ import math
 from functools import cached_property
 
 from memtrace import facts as F
+from memtrace import vllm_phase_names as PN
 from memtrace.analysis.capacity.fits import (
     DIED,
     FITS,
@@ -223,7 +224,7 @@ def as_predicted(f: Fit, o: Outcome, w: WhatIf, prediction: str) -> Fit:
         return dataclasses.replace(f, **common, outcome=OOM, phase=o.phase, overshoot_bytes=o.by_bytes, headroom_bytes=0,
                                    stage="pre-KV" if pre else "post-KV",
                                    post_kv_peak_bytes=None if pre else cap + o.by_bytes)  # fmt: skip
-    outcome, stage = (REFUSED, "init") if o.phase == "init_device" else (NO_KV, "KV sizing")
+    outcome, stage = (REFUSED, "init") if o.phase == PN.INIT_DEVICE else (NO_KV, "KV sizing")
     return dataclasses.replace(f, **common, outcome=outcome, phase=o.phase, overshoot_bytes=o.by_bytes,
                                headroom_bytes=0, stage=stage)  # fmt: skip
 

@@ -38,6 +38,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from memtrace import facts as F
+from memtrace import vllm_phase_names as PN
 from memtrace.analysis.memory.blocks import block_curve
 from memtrace.analysis.memory.curves import Curve, Curves, all_curves
 from memtrace.analysis.memory.quantities import window_max
@@ -151,7 +152,7 @@ def _transient_terms(trace: Trace, curves: Curves, sizing: dict) -> tuple[int | 
             continue
         start = before[-1]
         peak = max(peak, window_max(alloc, start, t) - alloc.at(t))
-    sizing_phase = next((p for p in trace.phases if p.name == "kv_cache_sizing_warmup" and p.end_us), None)
+    sizing_phase = next((p for p in trace.phases if p.name == PN.KV_CACHE_SIZING_WARMUP and p.end_us), None)
     if sizing_phase is not None:
         for reset in (x for x in resets if sizing_phase.start_us <= x <= sizing_phase.end_us):
             close = next((int(r["time_us"]) for r in records if int(r["time_us"]) > reset), None)
@@ -176,7 +177,7 @@ def _free_memory(trace: Trace, curves: Curves, t_us: int, total: int | None) -> 
     the H200).
     """
     for r in trace.facts.get(F.PHASE_MEMORY) or []:
-        if r.get("phase") == "kv_cache_sizing" and r.get("edge") == "end" and isinstance(r.get("free_bytes"), int):
+        if r.get("phase") == PN.KV_CACHE_SIZING and r.get("edge") == "end" and isinstance(r.get("free_bytes"), int):
             return int(r["free_bytes"]), "cudaMemGetInfo read by the plugin at the end of kv_cache_sizing"
     if not total or not curves.has_device:
         return None, "not measured (no NVML samples)"
@@ -256,7 +257,7 @@ def extensible_sizing(trace: Trace, curves: Curves | None = None) -> ExtensibleS
         if strides and granule:
             mt_blocks = blocks_within(mt_available, strides, granule, capacity)
     pages = pages_for(n_vllm, strides, granule) if strides and granule else n_vllm * per_block
-    extend = next((p for p in trace.phases if p.name == "kv_cache_extend" and p.end_us), None)
+    extend = next((p for p in trace.phases if p.name == PN.KV_CACHE_EXTEND and p.end_us), None)
     final = None
     if extend is not None and len(trace.vmm):
         from memtrace.analysis.memory.curves import committed_curve

@@ -60,6 +60,7 @@ from typing import Any
 
 import numpy as np
 from memtrace import facts as F
+from memtrace import vllm_phase_names as PN
 from memtrace.analysis.analysed.landmarks import Landmarks, landmarks, steady_non_torch_at
 from memtrace.analysis.capacity.reconcile import KV_GIVEN, MEMTRACE
 from memtrace.analysis.capacity.reconcile import non_kv as non_kv_model
@@ -319,7 +320,7 @@ def fit(
     if init_end is not None and init_end <= end_us and F.is_vllm(trace.facts) and not extensible_kv_cache(trace):
         free_at_init = capacity_bytes - need.at(init_end)
         if free_at_init < target:
-            return result(REFUSED, "init_device", target - free_at_init, "init")
+            return result(REFUSED, PN.INIT_DEVICE, target - free_at_init, "init")
     # 3. pre-KV: the card-independent part must fit physically
     t = _first_crossing(trace, need, first_us, pre_end, capacity_bytes)
     if t is not None:
@@ -380,7 +381,7 @@ def _at_oom(rec: Recorded, capacity: int, target: int, shift: int, result, post=
 
 
 def _init_device_end(trace: Trace) -> int | None:
-    ends = [p.end_us for p in trace.phases if p.name == "init_device" and p.end_us is not None]
+    ends = [p.end_us for p in trace.phases if p.name == PN.INIT_DEVICE and p.end_us is not None]
     return min(ends) if ends else None
 
 

@@ -30,6 +30,7 @@ from dataclasses import dataclass
 
 import numpy as np
 from memtrace import facts as F
+from memtrace import vllm_phase_names as PN
 from memtrace.analysis.analysed.landmarks import landmarks
 from memtrace.analysis.capacity.extensible import (
     ExtensibleSizing,
@@ -87,8 +88,8 @@ def prepare(trace: Trace, curves: Curves | None = None, non_torch_bytes: int | N
     )
     if not total:
         return None
-    extend = next((p for p in trace.phases if p.name == "kv_cache_extend"), None)
-    init = next((p for p in trace.phases if p.name == "kv_cache_init" and p.end_us), None)
+    extend = next((p for p in trace.phases if p.name == PN.KV_CACHE_EXTEND), None)
+    init = next((p for p in trace.phases if p.name == PN.KV_CACHE_INIT and p.end_us), None)
     end = extend.start_us if extend is not None else sizing.time_us
     need = need_curve(trace, curves, landmarks(trace, curves), non_torch_bytes)
     floor = committed_curve(trace, kv_cache_only=True).at(init.end_us) if init is not None else 0
@@ -132,7 +133,7 @@ def fit_extensible(trace: Trace, capacity_bytes: int, util: float | None = None,
     # 2. the address range
     one, rng = prep.one_request, requested - prep.non_kv_bytes if prep.non_kv_bytes is not None else None
     if rng is not None and (rng <= 0 or (one is not None and rng < one)):
-        return result(NO_KV, "kv_cache_init", -rng)
+        return result(NO_KV, PN.KV_CACHE_INIT, -rng)
     # 3. the size, by vLLM's formula on this card: the bytes this card has less of, free (the recorded card's other
     # processes are not on it, unless given back as ``others_bytes``)
     lacks = prep.recorded_total - recorded_others(trace) - capacity_bytes + others_bytes

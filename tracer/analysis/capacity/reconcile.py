@@ -51,6 +51,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from memtrace import facts as F
+from memtrace import vllm_phase_names as PN
 from memtrace.analysis.memory.curves import Curve, Curves, all_curves
 from memtrace.analysis.memory.quantities import window_max
 from memtrace.model import Phase, Trace
@@ -160,7 +161,7 @@ class _Device:
             self.used = [_sampled_at(curves.device_used, t) for t in (init_us, after_us)]
             self.non_torch = [_sampled_at(curves.non_torch, t) for t in (init_us, after_us)]
         else:
-            readings = [_reading(trace, "init_device", "end"), _reading(trace, *after_key)]
+            readings = [_reading(trace, PN.INIT_DEVICE, "end"), _reading(trace, *after_key)]
             self.used = [r["total_bytes"] - r["free_bytes"] if r else None for r in readings]
             self.non_torch = [r["total_bytes"] - r["free_bytes"] - r["reserved_bytes"] if r else None for r in readings]
         self.ok = None not in self.used and None not in self.non_torch
@@ -171,7 +172,7 @@ def _init_gap(trace: Trace, formula: str) -> int | None:
     from the plugin's reading at the end of init_device; NVML's "used" counts the driver's reserved
     memory too, ~615 MiB on an H200, so it is not comparable with vLLM's snapshot)."""
     snap = (trace.facts.get(F.VLLM_PROFILE) or {}).get("init_snapshot") or {}
-    reading = _reading(trace, "init_device", "end")
+    reading = _reading(trace, PN.INIT_DEVICE, "end")
     if reading is None:
         return None
     used = reading["total_bytes"] - reading["free_bytes"]
@@ -191,8 +192,8 @@ def reconcile_kv(
     if kv_size_given(trace):  # vLLM ran no formula: the size was handed to it
         return None
     target = trace.facts.get(F.TARGET_BYTES)
-    load, prof, dam = (_phase(trace, n) for n in ("load_model", "profile_run", "determine_available_memory"))
-    init = _phase(trace, "init_device")
+    load, prof, dam = (_phase(trace, n) for n in (PN.LOAD_MODEL, PN.PROFILE_RUN, PN.DETERMINE_AVAILABLE_MEMORY))
+    init = _phase(trace, PN.INIT_DEVICE)
     if not isinstance(target, int) or None in (load, prof, dam, init) or len(trace.events) == 0:
         return None
     if None in (load.end_us, prof.end_us, dam.end_us, init.end_us):
@@ -200,11 +201,11 @@ def reconcile_kv(
     curves = curves or all_curves(trace)
     source = source or ("nvml" if curves.has_device else "boundaries")
     formula = formula or choose_formula(trace.facts)
-    graph = _phase(trace, "cudagraph_profile")
+    graph = _phase(trace, PN.CUDAGRAPH_PROFILE)
     if formula == FORMULA_025 or graph is None or graph.start_us < prof.end_us:
-        after_us, after_key = dam.end_us, ("determine_available_memory", "end")
+        after_us, after_key = dam.end_us, (PN.DETERMINE_AVAILABLE_MEMORY, "end")
     else:
-        after_us, after_key = graph.start_us, ("cudagraph_profile", "start")
+        after_us, after_key = graph.start_us, (PN.CUDAGRAPH_PROFILE, "start")
     init_us, notes = init.end_us, []
     if source == "nvml" and curves.has_device and int(curves.device_used.time_us[0]) > init_us:
         init_us = int(curves.device_used.time_us[0])

@@ -38,6 +38,7 @@ from functools import cached_property
 
 import numpy as np
 from memtrace import facts as F
+from memtrace import vllm_phase_names as PN
 from memtrace.analysis.analysed.landmarks import Landmarks, total_curve
 from memtrace.analysis.capacity.extensible import blocks_within, measure_kv_cache_bytes, pages_for
 from memtrace.analysis.capacity.reconcile import MEMTRACE as NON_KV_MEMTRACE
@@ -346,7 +347,7 @@ class Sites:
             m = kinds == k
             self.bytes[k] = _live_at(lt.alloc_us[m], lt.free_us[m], lt.size[m], self.time)
         vmm = committed_curve(t, kv_cache_only=True)
-        extend = self._phase("kv_cache_extend")
+        extend = self._phase(PN.KV_CACHE_EXTEND)
         self.vmm_kv = np.zeros_like(self.time)
         if len(vmm) and extend is not None:
             warm = vmm.at(extend.start_us - 1)
@@ -361,11 +362,11 @@ class Sites:
 
     def _kinds(self, lt) -> np.ndarray:
         t = self.trace
-        load = self._phase("load_model")
+        load = self._phase(PN.LOAD_MODEL)
         load_end = (load.end_us or _NEVER) if load is not None else _BEFORE
-        graph_w = self.windows("capture_model", "cudagraph_profile")
-        kv_w = self.windows("kv_cache_init")
-        sizing_w = self.windows("kv_cache_sizing_warmup")
+        graph_w = self.windows(PN.CAPTURE_MODEL, PN.CUDAGRAPH_PROFILE)
+        kv_w = self.windows(PN.KV_CACHE_INIT)
+        sizing_w = self.windows(PN.KV_CACHE_SIZING_WARMUP)
         by_stack: dict[int, str] = {}
 
         def of_stack(s: int) -> str:
@@ -574,7 +575,7 @@ class WhatIf:
                 f"the recording ends at its CUDA OOM in {oom.phase_path}: the failed {oom.requested_bytes:,} B "
                 "request counts there, unscaled; nothing after it is known"
             )
-        extend = s._phase("kv_cache_extend")
+        extend = s._phase(PN.KV_CACHE_EXTEND)
         if extend is not None:  # vLLM allocates nothing else while extending; NVML's samples lag the VMM pages there
             after = s.time >= extend.start_us
             before = np.flatnonzero(~after)
@@ -605,11 +606,11 @@ class WhatIf:
     @cached_property
     def kv_at_us(self) -> int:
         """When the new KV cache exists: kv_cache_init (profiled), kv_cache_extend (extensible)."""
-        name = "kv_cache_extend" if self.flags.extensible else "kv_cache_init"
+        name = PN.KV_CACHE_EXTEND if self.flags.extensible else PN.KV_CACHE_INIT
         p = self.sites._phase(name)
         if p is None and self.flags.extensible and self.sites.trace.facts.get(F.VLLM_KV_BLOCKS) == 0:
             return _NEVER  # vLLM sized 0 blocks and refused: no KV cache was ever committed
-        p = p or self.sites._phase("kv_cache_init")
+        p = p or self.sites._phase(PN.KV_CACHE_INIT)
         return p.start_us if p is not None else _NEVER
 
     def _window_peak(self, curve: np.ndarray, start: int, end: int) -> tuple[int, int]:
@@ -682,12 +683,12 @@ class WhatIf:
     def _withheld(self) -> tuple[int, str]:
         """vLLM's non-KV figure (``reconcile.non_kv``) on the new flags, and its words (the same on every card)."""
         nk = self.sites.rank.non_kv
-        moved = self._moved_peak("profile_run") or self._moved_peak("determine_available_memory")
+        moved = self._moved_peak(PN.PROFILE_RUN) or self._moved_peak(PN.DETERMINE_AVAILABLE_MEMORY)
         base = nk.bytes if nk is not None else 0
         cg = int((self.sites.trace.facts.get(F.VLLM_PROFILE) or {}).get("cudagraph_memory_estimate_bytes") or 0)
         kept = 0
         if self.rec.extensible:  # vLLM measured no graph estimate: the captured graphs' memory stands for it
-            cap = self.sites._phase("capture_model")
+            cap = self.sites._phase(PN.CAPTURE_MODEL)
             if cap:
                 idx = self.sites.window_index(cap.start_us, cap.end_us or _NEVER)
                 b = self.sites.bytes
@@ -719,7 +720,7 @@ class WhatIf:
         s_time = int(s.get("time_us") or self.sites.time[-1])
         j = int(np.searchsorted(self.sites.time, s_time, side="right")) - 1
         moved_at_sizing = int(self.no_kv[j] - (self.sites.held[j] - self.sites.bytes[KV][j] - self.sites.vmm_kv[j]))
-        warm = self.sites._phase("compile_or_warm_up")
+        warm = self.sites._phase(PN.COMPILE_OR_WARM_UP)
         tr = 1.0
         if warm is not None:
             idx = self.sites.window_index(warm.start_us, s_time)
@@ -774,7 +775,7 @@ class WhatIf:
         requested = math.ceil(self.flags.util * capacity)
         if not self.flags.extensible and init_used and requested > room - init_used:
             why = f"free memory at start-up ({room - init_used:,} B) is less than util x card ({requested:,} B)"
-            return Outcome(**common, verdict=REFUSES, phase="init_device", by_bytes=requested - (room - init_used),
+            return Outcome(**common, verdict=REFUSES, phase=PN.INIT_DEVICE, by_bytes=requested - (room - init_used),
                            why=why, kv=kv, phases=self.phase_peaks(0, others))  # fmt: skip
         if kv is None or self.sites.trace.facts.get(F.VLLM_KV_BLOCKS) is None:
             phases = self.phase_peaks(0, others)
@@ -790,7 +791,7 @@ class WhatIf:
             why += f": up to there it fits, {room - pre_peak:,} B to spare; what comes after was never recorded"
             return Outcome(**common, verdict=UNKNOWN, phase="", by_bytes=0, why=why, kv=None, phases=phases)
         phases = self.phase_peaks(kv.kv_bytes, others)
-        sizing = "kv_cache_sizing" if self.flags.extensible else "determine_available_memory"
+        sizing = PN.KV_CACHE_SIZING if self.flags.extensible else PN.DETERMINE_AVAILABLE_MEMORY
         usable = kv.blocks - (1 if self.flags.extensible else 0)  # vLLM's null block holds no tokens
         if kv.available_bytes <= 0 or usable * self.per_block[1] < self.flags.max_model_len:
             short = max(kv.one_request_bytes - max(kv.available_bytes, 0), 0)
@@ -826,7 +827,7 @@ class WhatIf:
         withheld, how = self._withheld
         if withheld < requested:
             return None
-        phase = "kv_cache_init" if self.flags.extensible else "determine_available_memory"
+        phase = PN.KV_CACHE_INIT if self.flags.extensible else PN.DETERMINE_AVAILABLE_MEMORY
         why = (
             f"vLLM keeps at least {withheld:,} B out of the KV cache ({how}), not less than ceil({self.flags.util:g} x "
             f'card) = {requested:,} B ("No available memory for the cache blocks"); the recording ends before the '
@@ -841,8 +842,8 @@ def skipped_phases(rec: Flags, new: Flags) -> tuple[str, ...]:
     the extensible KV cache; ``warmup_kernels`` with it or with JIT warm-up, which enforce-eager turns off."""
     if not rec.extensible or new.extensible:
         return ()
-    out = ("kv_cache_sizing_warmup", "kv_cache_sizing", "kv_cache_extend")
-    return (*out, "warmup_kernels") if new.enforce_eager else out
+    out = (PN.KV_CACHE_SIZING_WARMUP, PN.KV_CACHE_SIZING, PN.KV_CACHE_EXTEND)
+    return (*out, PN.WARMUP_KERNELS) if new.enforce_eager else out
 
 
 def own_init_used(trace) -> int:

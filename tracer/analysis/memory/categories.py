@@ -44,6 +44,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
+from memtrace import vllm_phase_names as PN
 from memtrace.analysis.holders.live import Lifetimes, lifetimes
 from memtrace.analysis.memory.curves import Curves
 from memtrace.analysis.memory.phases import phase_depth, recording_span
@@ -79,15 +80,15 @@ _SEG_ALLOC = (ACTION_CODE["segment_alloc"], ACTION_CODE["segment_map"])
 _DEFAULT_POOL = "0,0"
 
 # Phase-name rules (lower-cased, matched as substrings in this order; first hit wins).
-_GRAPH_PHASES = ("capture_model", "cudagraph_profile", "profile_cudagraph", "cudagraph_capture", "capture_graph")
-_KV_PHASES = ("kv_cache_init", "initialize_kv_cache", "allocate_kv_cache", "init_kv_cache", "initialize_from_config")
-_WEIGHT_PHASES = ("load_model", "load_weights")
-_OTHER_PHASES = ("init_device",)
+_GRAPH_PHASES = (PN.CAPTURE_MODEL, PN.CUDAGRAPH_PROFILE, "profile_cudagraph", "cudagraph_capture", "capture_graph")
+_KV_PHASES = (PN.KV_CACHE_INIT, "initialize_kv_cache", "allocate_kv_cache", "init_kv_cache", "initialize_from_config")
+_WEIGHT_PHASES = (PN.LOAD_MODEL, "load_weights")
+_OTHER_PHASES = (PN.INIT_DEVICE,)
 _ACTIVATION_PHASES = (
-    "profile_run",
+    PN.PROFILE_RUN,
     "dummy_run",
     "dummy_sampler",
-    "determine_available_memory",
+    PN.DETERMINE_AVAILABLE_MEMORY,
     "warm",  # compile_or_warm_up_model, kernel_warmup, warmup_kernels
     "forward",
     "execute_model",

@@ -41,6 +41,7 @@ from dataclasses import dataclass
 
 import numpy as np
 from memtrace import facts as F
+from memtrace import vllm_phase_names as PN
 from memtrace.analysis.analysed.landmarks import steady_non_torch, steady_non_torch_at
 from memtrace.analysis.holders.frames import meaningful_frame, python_frames
 from memtrace.analysis.memory.curves import Curve, Curves
@@ -68,7 +69,7 @@ _STATIC_KINDS = frozenset({"device_static", "managed_static"})
 _COMPILED_PATHS = ("torchinductor", "torch_compile_cache", "/inductor/")
 _SEG_UP = (ACTION_CODE["segment_alloc"], ACTION_CODE["segment_map"])
 _MATMUL = {"linear", "matmul", "mm", "bmm", "addmm", "baddbmm", "_scaled_mm", "einsum", "cublas"}
-_GRAPH_PHASES = ("capture_model", "cuda_graph", "cudagraph")
+_GRAPH_PHASES = (PN.CAPTURE_MODEL, "cuda_graph", "cudagraph")
 
 
 @dataclass(frozen=True)
