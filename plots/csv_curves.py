@@ -13,10 +13,6 @@ import os
 
 import numpy as np
 from memtrace.analysis.memory import quantities as Q
-from memtrace.plots.formats import of
-
-#: this module's output format(s) (``plots.format_spec``)
-FORMATS = of(__name__)
 
 #: the quantities written, in this order
 WRITTEN = (Q.ALLOCATED, Q.RESERVED, Q.VMM, Q.HELD, Q.DEVICE_USED, Q.OTHERS, Q.NON_TORCH)

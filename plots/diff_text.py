@@ -9,13 +9,9 @@ from memtrace.analysis.gate.diff import KV_CACHE, VIA_VMM, compared, nested_orde
 from memtrace.analysis.memory import quantities as Q
 from memtrace.analysis.memory.quantities import ONE_MOMENT
 from memtrace.plots import oom_text
-from memtrace.plots.formats import of
 from memtrace.plots.text import wrap
 from memtrace.units import GiB, format_bytes
 from memtrace.units import format_gib as _gib
-
-#: this module's output format(s) (``plots.format_spec``)
-FORMATS = of(__name__)
 
 #: Fingerprint differences listed one per line; the rest are named on one line.
 SHOW_MISMATCHES = 8

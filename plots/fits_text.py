@@ -35,12 +35,8 @@ from memtrace.analysis.memory.quantities import (
 )
 from memtrace.facts import KV_SIZED_EXTENSIBLE as EXTENSIBLE
 from memtrace.plots import oom_text
-from memtrace.plots.formats import of
 from memtrace.plots.text import wrap
 from memtrace.units import format_gib as _gib
-
-#: this module's output format(s) (``plots.format_spec``)
-FORMATS = of(__name__)
 
 #: The width of the one-capacity answer (the table is as wide as it needs).
 WIDTH = 100

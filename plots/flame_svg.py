@@ -44,11 +44,7 @@ from memtrace.analysis.holders.moment import parse_time_us, seconds_showing
 from memtrace.analysis.memory import quantities as Q
 from memtrace.analysis.memory.categories import WORKSPACE_FUNCTIONS
 from memtrace.plots import oom_text
-from memtrace.plots.formats import of
 from memtrace.units import format_bytes
-
-#: this module's output format(s) (``plots.format_spec``)
-FORMATS = of(__name__)
 
 WIDTH = 1200
 ROW = 18

@@ -12,10 +12,6 @@ import os
 from pathlib import Path
 
 from memtrace.analysis.holders.flame import Flame
-from memtrace.plots.formats import of
-
-#: this module's output format(s) (``plots.format_spec``)
-FORMATS = of(__name__)
 
 
 def folded_lines(flame: Flame) -> list[str]:

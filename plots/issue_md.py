@@ -24,13 +24,9 @@ from memtrace.analysis.holders.moment import headline_words
 from memtrace.analysis.memory.hooked import outermost
 from memtrace.analysis.memory.quantities import ALLOCATED, BEFORE_RECORDING, DEVICE_USED, HELD, RESERVED, holds_reserved
 from memtrace.plots import verdict_text
-from memtrace.plots.formats import of
 from memtrace.plots.serving_text import room_section, window_lines
 from memtrace.plots.text import before_recording_figures, holder_text
 from memtrace.units import count_of, format_gib
-
-#: this module's output format(s) (``plots.format_spec``)
-FORMATS = of(__name__)
 
 #: every file the bundle may write (an existing bundle holding any of them is only replaced with --force)
 FILES = ("issue.md", "timeline.png", "flame.svg", "flame.folded")

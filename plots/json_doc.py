@@ -14,10 +14,6 @@ from typing import Any, TextIO
 from memtrace.analysis.analysed.side_by_side import side_by_side
 from memtrace.analysis.analysed.summary import summary_to_dict
 from memtrace.plots import cost_text
-from memtrace.plots.formats import of
-
-#: this module's output format(s) (``plots.format_spec``)
-FORMATS = of(__name__)
 
 
 def run_doc(run) -> dict[str, Any]:

@@ -5,13 +5,9 @@ from __future__ import annotations
 
 from typing import TextIO
 
-from memtrace.plots.formats import of
 from memtrace.plots.timeline import oom_text
 from memtrace.plots.timeline_data import prepare_rank
 from memtrace.units import format_gib
-
-#: this module's output format(s) (``plots.format_spec``)
-FORMATS = of(__name__)
 
 
 def render(run, file: TextIO) -> None:

@@ -32,7 +32,6 @@ from memtrace.errors import UsageError
 from memtrace.importers.pinned_host import PINNED_HOST
 from memtrace.importers.snapshot_fields import fields_by_event
 from memtrace.model import ACTION_CODE, ACTIONS, Trace
-from memtrace.plots.formats import of
 from memtrace.plots.pickle_stream import (
     APPENDS,
     COMPILE_CONTEXT,
@@ -47,9 +46,6 @@ from memtrace.plots.pickle_stream import (
     StackRef,
     entry_records,
 )
-
-#: this module's output format(s) (``plots.format_spec``)
-FORMATS = of(__name__)
 
 _OOM = ACTION_CODE["oom"]
 

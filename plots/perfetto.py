@@ -47,10 +47,6 @@ from memtrace.analysis.holders.flame import hook_short_name
 from memtrace.analysis.memory import quantities as Q
 from memtrace.analysis.memory.curves import Curve
 from memtrace.model import Trace
-from memtrace.plots.formats import of
-
-#: this module's output format(s) (``plots.format_spec``)
-FORMATS = of(__name__)
 
 PHASES_TID = 1
 HOOKS_TID = 2

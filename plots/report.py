@@ -14,12 +14,8 @@ from memtrace.analysis.analysed.origin import who
 from memtrace.analysis.analysed.rank import DIED, NOTHING, UNFINISHED
 from memtrace.analysis.memory import quantities
 from memtrace.plots import oom_text, verdict_text
-from memtrace.plots.formats import of
 from memtrace.plots.text import _CURVE_NAMES, _Out, _seconds, render_definitions, render_report, wrap
 from memtrace.units import gib_or_dash, size_column
-
-#: this module's output format(s) (``plots.format_spec``)
-FORMATS = of(__name__)
 
 
 def worst_line(run) -> str:

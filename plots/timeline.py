@@ -25,16 +25,12 @@ from pathlib import Path
 from memtrace.analysis.memory import quantities
 from memtrace.analysis.memory.categories import CATEGORIES
 from memtrace.plots import oom_text as oom_words
-from memtrace.plots.formats import of
 from memtrace.plots.phase_lane import PhaseLabel
 from memtrace.plots.timeline_axes import DPI_HINT, LABEL_PT, draw_main, draw_zoom, zoom_band, zoom_window
 from memtrace.plots.timeline_data import RankTimeline, drawn_curves, landmark_times_us, phases_at
 from memtrace.plots.timeline_lane import draw_lane, lane_rows, layout_lane
 from memtrace.plots.timeline_scale import FLAT_FRAC, MIN_QUIET_FRAC, TimeScale, quiet_stretches, time_scale
 from memtrace.units import format_gib
-
-#: this module's output format(s) (``plots.format_spec``)
-FORMATS = of(__name__)
 
 WIDTH_IN = 12.5
 DPI = DPI_HINT

@@ -18,14 +18,10 @@ from importlib import resources
 from typing import Any
 
 from memtrace.plots import verdict_text
-from memtrace.plots.formats import of
 from memtrace.plots.report import render as render_report
 from memtrace.plots.report import worst_line
 from memtrace.plots.view_data import PackedRank, pack_rank, time_axis
 from memtrace.plots.whatif_text import boot_section
-
-#: this module's output format(s) (``plots.format_spec``)
-FORMATS = of(__name__)
 
 #: Width in pixels of the coarse overview a page without its events carries.
 OVERVIEW_WIDTH = 1600

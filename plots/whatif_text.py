@@ -20,12 +20,8 @@ from memtrace.analysis.capacity.whatif import (
 )
 from memtrace.analysis.memory.quantities import NON_TORCH, OTHERS
 from memtrace.plots.fits_text import HEADLINE, short_by
-from memtrace.plots.formats import of
 from memtrace.plots.text import wrap
 from memtrace.units import format_gib as _gib
-
-#: this module's output format(s) (``plots.format_spec``)
-FORMATS = of(__name__)
 
 WIDTH = 100
 #: The phase table's columns, in words.

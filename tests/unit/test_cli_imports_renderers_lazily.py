@@ -7,7 +7,7 @@ from pathlib import Path
 
 from memtrace.plots import formats, render
 
-RENDERERS = [f"memtrace.plots.{m}" for m in formats.TABLE]
+RENDERERS = sorted({f.load().__name__ for f in formats.FORMATS})  # imported here, in this process only
 
 
 def _loaded(code: str) -> list[str]:
@@ -29,10 +29,13 @@ def test_building_the_parser_of_every_command_imports_no_renderer():
     assert _loaded(code) == []
 
 
-def test_the_table_agrees_with_every_renderer_module_and_names_each_format_once():
-    for name, (mod, spec) in render.FORMATS.items():
-        assert spec in render.module(name).FORMATS and spec.name == name and mod in formats.TABLE
-    assert len(render.FORMATS) == sum(len(v) for v in formats.TABLE.values()) == 15
+def test_every_format_is_named_once_and_loads_a_module_that_renders():
+    names = [f.name for f in formats.FORMATS]
+    assert len(names) == len(set(names)) == len(render.FORMATS) == 15
+    for f in formats.FORMATS:
+        module = f.load()
+        assert module.__name__.startswith("memtrace.plots.") and callable(module.render), f.name
+    assert {f.name for f in formats.FORMATS if f.binary} == {"timeline", "memory-viz"}
 
 
 def test_flame_and_export_offer_their_formats_from_the_table():

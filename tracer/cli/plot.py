@@ -18,7 +18,6 @@ import argparse
 import sys
 
 NAME = "plot"
-FORMATS = (".png", ".svg", ".pdf")
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -38,12 +37,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from memtrace.cli._runs import analysed, events_only
     from memtrace.outputs import atomic_write, output_file
-    from memtrace.plots.render import render
+    from memtrace.plots.render import FORMATS, render
     from memtrace.progress import task
     from memtrace.units import parse_sizes
 
     capacities = parse_sizes(args.capacity) if args.capacity else []
-    out = output_file(args.run_path, args.output, default_suffix="-timeline.png", suffixes=FORMATS, force=args.force)
+    image = FORMATS["timeline"]
+    out = output_file(args.run_path, args.output, default_suffix=image.suffix, suffixes=image.suffixes, force=args.force)
     run_ = events_only(analysed(args), "draw")
     with task(f"Drawing {out}", total=None), atomic_write(out) as tmp:
         render(run_, tmp, "timeline", capacities=capacities)
