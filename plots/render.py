@@ -29,4 +29,6 @@ def render(run, out, fmt: str, **options: Any) -> Any:
     if fmt not in FORMATS:
         raise ValueError(f"unknown format {fmt!r}; one of {', '.join(FORMATS)}")
     spec = FORMATS[fmt]
+    if spec.binary and hasattr(out, "write"):  # an image or a pickle is never written into a text stream
+        raise ValueError(f"{fmt} is written as bytes into a file, not into a stream")
     return spec.load().render(run, out, **spec.options, **options)
