@@ -62,7 +62,7 @@ import numpy as np
 from memtrace import facts as F
 from memtrace import vllm_phase_names as PN
 from memtrace.analysis.analysed.landmarks import Landmarks, landmarks, steady_non_torch_at
-from memtrace.analysis.capacity.reconcile import KV_GIVEN, MEMTRACE
+from memtrace.analysis.capacity.reconcile import KV_GIVEN, MEMTRACE, profiled_kv_bytes
 from memtrace.analysis.capacity.reconcile import non_kv as non_kv_model
 from memtrace.analysis.capacity.whatif import (
     BOOTS,
@@ -301,7 +301,7 @@ def fit(
     first_us, last_us = rec.span
     end_us = min(oom.time_us, last_us) if oom is not None else last_us  # nothing is known after an OOM
     target = math.ceil(capacity_bytes * util)
-    kv_new = target - rec.non_kv_bytes
+    kv_new = profiled_kv_bytes(util, capacity_bytes, rec.non_kv_bytes)
     if rec.non_kv_source == KV_GIVEN and _recorded_kv(lm) is not None:
         kv_new = _recorded_kv(lm)  # --kv-cache-memory-bytes: the same KV cache on any card
     pre_end = lm.kv_start_us if lm.kv_start_us is not None else (lm.sizing_end_us or last_us)

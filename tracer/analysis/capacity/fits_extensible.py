@@ -41,6 +41,7 @@ from memtrace.analysis.capacity.extensible import (
 )
 from memtrace.analysis.capacity.fits import FITS, NO_KV, OOM, UNKNOWN, Fit, Recorded, recorded
 from memtrace.analysis.capacity.reconcile import non_kv as non_kv_model
+from memtrace.analysis.capacity.reconcile import profiled_kv_bytes
 from memtrace.analysis.capacity.whatif import (
     default_util,
     extensible_inputs,
@@ -131,7 +132,8 @@ def fit_extensible(trace: Trace, capacity_bytes: int, util: float | None = None,
     if len(over):
         return result(OOM, path_at(trace, int(prep.time_us[over[0]])), pre - capacity_bytes, "pre-KV")
     # 2. the address range
-    one, rng = prep.one_request, requested - prep.non_kv_bytes if prep.non_kv_bytes is not None else None
+    one = prep.one_request
+    rng = profiled_kv_bytes(util, capacity_bytes, prep.non_kv_bytes) if prep.non_kv_bytes is not None else None
     if rng is not None and (rng <= 0 or (one is not None and rng < one)):
         return result(NO_KV, PN.KV_CACHE_INIT, -rng)
     # 3. the size, by vLLM's formula on this card: the bytes this card has less of, free (the recorded card's other

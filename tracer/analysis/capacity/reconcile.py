@@ -46,6 +46,7 @@ Which formula applies is read from vLLM's worker attributes recorded in ``facts[
 
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass, field
 from typing import Any
@@ -238,24 +239,26 @@ def reconcile_kv(
     if formula == FORMULA_025:
         torch_peak_increase = peak - alloc.at(prof.start_us)
         non_torch_increase = device.non_torch[1] - device.non_torch[0]
-        non_kv = non_torch_increase + torch_peak_increase + weights + (gap or 0)
-        return KvReconciliation(
-            **common,
-            non_kv_bytes=int(non_kv),
-            available_kv_bytes=int(target - non_kv - estimate),
-            torch_peak_increase_bytes=int(torch_peak_increase),
-            non_torch_increase_bytes=int(non_torch_increase),
+        non_kv = non_torch_increase + torch_peak_increase + weights
+        terms = dict(
+            torch_peak_increase_bytes=int(torch_peak_increase), non_torch_increase_bytes=int(non_torch_increase)
         )
-    total_consumed = device.used[1] - device.used[0]
-    headroom = peak - alloc.at(after_us)
-    non_kv = total_consumed + headroom + (gap or 0)
-    return KvReconciliation(
-        **common,
-        non_kv_bytes=int(non_kv),
-        available_kv_bytes=int(target - non_kv - estimate),
-        total_consumed_bytes=int(total_consumed),
-        transient_peak_headroom_bytes=int(headroom),
-    )
+    else:
+        total_consumed = device.used[1] - device.used[0]
+        headroom = peak - alloc.at(after_us)
+        non_kv = total_consumed + headroom
+        terms = dict(total_consumed_bytes=int(total_consumed), transient_peak_headroom_bytes=int(headroom))
+    non_kv += gap or 0
+    # the recorded target is vLLM's ceil(util x card): the profiled formula, less the CUDA-graph estimate
+    available = int(target - non_kv - estimate)
+    return KvReconciliation(**common, **terms, non_kv_bytes=int(non_kv), available_kv_bytes=available)
+
+
+def profiled_kv_bytes(util: float, capacity: int, non_kv: int) -> int:
+    """vLLM's profiled KV sizing on a card of ``capacity``: ``ceil(util x capacity) - non_kv``, ``non_kv`` being
+    what it keeps out of the KV cache (:func:`non_kv`'s figure, the CUDA-graph estimate included). The one
+    formula ``fits`` and the what-if size with."""
+    return math.ceil(util * capacity) - non_kv
 
 
 def kv_size_given(trace: Trace) -> bool:

@@ -42,6 +42,7 @@ from memtrace import vllm_phase_names as PN
 from memtrace.analysis.analysed.landmarks import Landmarks, total_curve
 from memtrace.analysis.capacity.extensible import blocks_within, measure_kv_cache_bytes, pages_for
 from memtrace.analysis.capacity.reconcile import MEMTRACE as NON_KV_MEMTRACE
+from memtrace.analysis.capacity.reconcile import profiled_kv_bytes
 from memtrace.analysis.holders.live import Lifetimes
 from memtrace.analysis.memory.curves import Curve, Curves, committed_curve
 from memtrace.analysis.memory.phases import path_at, phase_path
@@ -353,6 +354,7 @@ class Sites:
             warm = vmm.at(extend.start_us - 1)
             self.vmm_kv = np.where(self.time >= extend.start_us, np.maximum(vmm.at_each(self.time) - warm, 0), 0)
         self.held = self.need + self.vmm_kv  # the recorded curve: what the start-up needs, VMM KV pages included
+        self.no_kv = self.need - self.bytes[KV]  # the recorded curve without any KV cache (torch's nor VMM's)
 
     def _phase(self, name: str):
         return next((p for p in self.trace.phases if p.name == name), None)
@@ -566,7 +568,7 @@ class WhatIf:
         if self.rec.graphs == 0 and flags.graphs > 0:
             self.notes.append("the recording captured no CUDA graphs (enforce-eager): their memory is not predicted")
         #: the predicted curve without any KV cache
-        self.no_kv = s.held + delta.astype(np.int64) - s.bytes[KV] - s.vmm_kv
+        self.no_kv = s.no_kv + delta.astype(np.int64)
         oom = s.rank.oom
         if oom is not None:  # the request that failed counts at its moment (nothing after it is known)
             j = int(np.searchsorted(s.time, oom.time_us, side="right")) - 1
@@ -577,10 +579,7 @@ class WhatIf:
             )
         extend = s._phase(PN.KV_CACHE_EXTEND)
         if extend is not None:  # vLLM allocates nothing else while extending; NVML's samples lag the VMM pages there
-            after = s.time >= extend.start_us
-            before = np.flatnonzero(~after)
-            if len(before):
-                self.no_kv[after] = self.no_kv[before[-1]]
+            self._hold(extend.start_us, _NEVER)
         #: the recorded phases vLLM does not run under ``flags`` (their names), flattened out of the curve
         self.skipped = skipped_phases(self.rec, flags)
         for name in self.skipped:
@@ -594,13 +593,15 @@ class WhatIf:
     def _flatten(self, name: str) -> None:
         """Nothing allocated in the phases called ``name``: the curve holds its value from just before each."""
         for p in self.sites.trace.phases:
-            if p.name != name:
-                continue
-            end = p.end_us if p.end_us is not None else int(self.sites.time[-1])
-            inside = (self.sites.time >= p.start_us) & (self.sites.time <= end)
-            before = np.flatnonzero(self.sites.time < p.start_us)
-            if inside.any() and len(before):
-                self.no_kv[inside] = self.no_kv[before[-1]]
+            if p.name == name:
+                self._hold(p.start_us, p.end_us if p.end_us is not None else int(self.sites.time[-1]))
+
+    def _hold(self, start_us: int, end_us: int) -> None:
+        """The curve in [``start_us``, ``end_us``] holds its value from just before ``start_us``."""
+        inside = (self.sites.time >= start_us) & (self.sites.time <= end_us)
+        before = np.flatnonzero(self.sites.time < start_us)
+        if inside.any() and len(before):
+            self.no_kv[inside] = self.no_kv[before[-1]]
 
     # -- the phases --------------------------------------------------------------------------------------
     @cached_property
@@ -660,8 +661,9 @@ class WhatIf:
         if p is None:
             return 0
         end = p.end_us or int(self.sites.time[-1])
-        rec_nokv = self.sites.held - self.sites.bytes[KV] - self.sites.vmm_kv
-        return self._window_peak(self.no_kv, p.start_us, end)[0] - self._window_peak(rec_nokv, p.start_us, end)[0]
+        return (
+            self._window_peak(self.no_kv, p.start_us, end)[0] - self._window_peak(self.sites.no_kv, p.start_us, end)[0]
+        )
 
     @cached_property
     def per_block(self) -> tuple[int, int]:
@@ -704,9 +706,8 @@ class WhatIf:
         return new, how
 
     def _kv_profiled(self, capacity, others, per, tpb, one) -> KvSizing:
-        requested = math.ceil(self.flags.util * capacity)
         withheld, how = self._withheld
-        available = requested - withheld
+        available = profiled_kv_bytes(self.flags.util, capacity, withheld)
         blocks = max(available // per, 0)
         tokens = blocks * tpb
         how = f"ceil({self.flags.util:g} x {capacity:,} B) - {how}"
@@ -719,14 +720,13 @@ class WhatIf:
         withheld, _ = self._withheld
         s_time = int(s.get("time_us") or self.sites.time[-1])
         j = int(np.searchsorted(self.sites.time, s_time, side="right")) - 1
-        moved_at_sizing = int(self.no_kv[j] - (self.sites.held[j] - self.sites.bytes[KV][j] - self.sites.vmm_kv[j]))
+        moved_at_sizing = int(self.no_kv[j] - self.sites.no_kv[j])
         warm = self.sites._phase(PN.COMPILE_OR_WARM_UP)
         tr = 1.0
         if warm is not None:
             idx = self.sites.window_index(warm.start_us, s_time)
-            rec_nokv = self.sites.held - self.sites.bytes[KV] - self.sites.vmm_kv
-            r0, p0 = rec_nokv[idx[0]], self.no_kv[idx[0]]
-            rmax, pmax = rec_nokv[idx].max() - r0, self.no_kv[idx].max() - p0
+            r0, p0 = self.sites.no_kv[idx[0]], self.no_kv[idx[0]]
+            rmax, pmax = self.sites.no_kv[idx].max() - r0, self.no_kv[idx].max() - p0
             tr = pmax / rmax if rmax > 0 else 1.0
         if s.get("free_memory_bytes"):  # recorded in this mode: vLLM's inputs, moved
             total = int(s.get("total_memory_bytes") or self.sites.trace.process.device_total_bytes)
@@ -742,7 +742,7 @@ class WhatIf:
             strides, granule = [per], 2 << 20
             src = "vLLM 0.34's post-warm-up formula on the predicted curve (estimate: the recording was profiled)"
         available, *_ = measure_kv_cache_bytes(requested=requested, **inputs)
-        range_blocks = max((requested - withheld) // per, 0)
+        range_blocks = max(profiled_kv_bytes(self.flags.util, capacity, withheld) // per, 0)
         blocks = blocks_within(available, strides, granule, range_blocks) if strides else 0
         tokens = blocks * tpb
         how = (

@@ -144,18 +144,13 @@ def _hook_position(frames: list[Frame], hook: HookCall) -> int:
     wrapper; else at the leaf end."""
     func = hook_short_name(hook.name).rsplit(".", 1)[-1]
     named = [i for i, f in enumerate(frames) if f.name == func]
-    if named:
-        pos = named[-1]
-        while pos > 0 and _is_wrapper(frames[pos - 1]):
-            pos -= 1
-        return pos
-    wrappers = [i for i, f in enumerate(frames) if _is_wrapper(f)]
-    if wrappers:
-        pos = wrappers[-1]
-        while pos > 0 and _is_wrapper(frames[pos - 1]):
-            pos -= 1
-        return pos
-    return len(frames)
+    at = named or [i for i, f in enumerate(frames) if _is_wrapper(f)]
+    if not at:
+        return len(frames)
+    pos = at[-1]
+    while pos > 0 and _is_wrapper(frames[pos - 1]):
+        pos -= 1
+    return pos
 
 
 def _insert_hooks(labels: list[str], frames: list[Frame], hooks: list[HookCall]) -> list[str]:
