@@ -165,7 +165,7 @@ def infer_library_dirs(filenames) -> LibraryDirs:
                     found.setdefault(name, set()).add(root)
     if not found:
         return NO_DIRS
-    return LibraryDirs({k: tuple(sorted(v)) for k, v in found.items()}, DIRS_INFERRED)
+    return LibraryDirs({k: tuple(sorted(found[k])) for k in LIBRARIES if k in found}, DIRS_INFERRED)  # one order
 
 
 def _is_package_plumbing(fn: str, torch_dirs: tuple[str, ...]) -> bool:
