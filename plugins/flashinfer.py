@@ -28,11 +28,12 @@ import sys
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from memtrace.model import HookCall
 from memtrace.plugins.hooks import HookTargetError, Target, original_function
+
+if TYPE_CHECKING:  # memtrace.model (its dataclasses) is imported at the first call, not at registration
+    from memtrace.model import HookCall
 
 HOOKS_ENV = "MEMTRACE_HOOKS"
 
@@ -161,13 +162,15 @@ def allocator_counters(device: Any = None) -> tuple[int, int] | None:
 # -- the handler --------------------------------------------------------------------------------
 
 
-@dataclass
-class _Open:
-    call: HookCall
-    counters: tuple[int, int] | None
-    device: Any
-    self_obj: Any = None
-    children: list[_Open] = field(default_factory=list)
+class _Open:  # a plain class: a dataclass costs ~0.5 ms when the plugin registers
+    __slots__ = ("call", "counters", "device", "self_obj", "children")
+
+    def __init__(self, call: HookCall, counters: tuple[int, int] | None, device: Any, self_obj: Any = None) -> None:
+        self.call = call
+        self.counters = counters
+        self.device = device
+        self.self_obj = self_obj
+        self.children: list[_Open] = []
 
 
 class _Calls(threading.local):
@@ -212,6 +215,8 @@ class HookCallRecorder:
         argd = bound_args(func, args, kwargs) if func is not None else {k: summarize_arg(v) for k, v in kwargs.items()}
         device = _device_of(argd)
         self_obj = args[0] if (self.result_attrs and args) else None
+        from memtrace.model import HookCall
+
         entry = _Open(HookCall(self.name, start_us, start_us, argd), allocator_counters(device), device, self_obj)
         _calls.open.append(entry)
         return entry

@@ -26,6 +26,7 @@ call goes through unchanged.
 
 from __future__ import annotations
 
+import functools
 import re
 import threading
 from collections.abc import Callable
@@ -33,7 +34,6 @@ from typing import Any
 
 from memtrace.capture import pystack
 from memtrace.capture.clock import now_us as _now_us
-from memtrace.model import VMM_CALLERS, VMM_OPS, empty_vmm
 from memtrace.plugins import hooks
 from memtrace.plugins.hooks import HookManager, Target, call_argument
 
@@ -48,8 +48,16 @@ TARGETS: tuple[tuple[str, str], ...] = (
     (f"{_VMM}:VmmDriver.free_reserved", "free_reserved"),
 )
 
-_OP = {name: code for code, name in enumerate(VMM_OPS)}
-_CALLER = {name: code for code, name in enumerate(VMM_CALLERS)}
+
+@functools.cache
+def _codes() -> tuple[dict[str, int], dict[str, int]]:
+    """``model.VMM_OPS`` and ``model.VMM_CALLERS`` by name: memtrace.model (its dataclasses, ~10 ms) is imported
+    at the first recorded call, not when the plugin registers."""
+    from memtrace.model import VMM_CALLERS, VMM_OPS
+
+    return {n: c for c, n in enumerate(VMM_OPS)}, {n: c for c, n in enumerate(VMM_CALLERS)}
+
+
 #: ``VmmDriver._check``'s message: ``GPU driver error {code}: {text}``.
 _ERROR_RE = re.compile(r"GPU driver error (\d+)")
 _HERE = (pystack.own_file(__file__), pystack.own_file(hooks.__file__))  # the recorder's own frames
@@ -65,12 +73,13 @@ def error_code(exc: BaseException | None) -> int:
 
 def caller_of(frames: tuple[tuple[str, int, str], ...]) -> int:
     """Who made a virtual-memory call, from its stack (innermost first): a ``VMM_CALLERS`` code."""
+    caller = _codes()[1]
     for filename, _line, name in frames:
         if name in ("vmm_unavailable_reason", "_set_access_fails_within_reservation"):
-            return _CALLER["probe"]
+            return caller["probe"]
         if filename.endswith("extensible_tensor.py"):
-            return _CALLER["kv_cache"]
-    return _CALLER["other"]
+            return caller["kv_cache"]
+    return caller["other"]
 
 
 class VmmHook:
@@ -113,9 +122,11 @@ class VmmHook:
         if token is None:
             return
         session, values, frames = token
+        from memtrace.model import empty_vmm
+
         rec = empty_vmm(1)
         rec["time_us"] = _now_us()
-        rec["op"] = _OP[self.op]
+        rec["op"] = _codes()[0][self.op]
         rec["error"] = error_code(error)
         rec["caller"] = caller_of(frames)
         first = values[0]
@@ -150,7 +161,7 @@ def install(manager: HookManager, session: Callable[[], Any]) -> list[str]:
     """Hook vLLM's VmmDriver (now, or when ``vllm.utils.vmm_driver`` is imported); returns the targets."""
     sizes: dict[int, int] = {}
     lock = threading.Lock()
-    handlers = {op: VmmHook(op, session, sizes, lock) for op in VMM_OPS}
+    handlers = {op: VmmHook(op, session, sizes, lock) for _path, op in TARGETS}
     for path, op in TARGETS:
         manager.add(path, handlers[op])
     return [path for path, _ in TARGETS]

@@ -15,10 +15,10 @@ import numpy as np
 import pytest
 from capture_fakes import session_with
 from memtrace import facts as F
-from memtrace.capture import allocator_history as H
 from memtrace.capture import registry as R
 from memtrace.capture import session as S
 from memtrace.facts import OOM as FACT_OOM
+from memtrace.importers import torch_snapshot as TS  # the conversion allocator_history looks up at each drain
 from memtrace.store import load_trace, read_fact
 from references import snapshot_dict
 
@@ -64,13 +64,13 @@ def test_background_and_synchronous_capture_write_the_same_trace(snap, tmp_path,
 
 
 def _slow_conversion(monkeypatch, seconds=0.3):
-    real = H.entries_to_events
+    real = TS.entries_to_events
 
     def slow(entries, intern):
         time.sleep(seconds)
         return real(entries, intern)
 
-    monkeypatch.setattr(H, "entries_to_events", slow)
+    monkeypatch.setattr(TS, "entries_to_events", slow)
 
 
 def test_startup_complete_returns_at_once_and_exit_waits_for_the_file(snap, tmp_path, monkeypatch):
@@ -109,7 +109,7 @@ def test_the_oom_path_writes_everything_before_it_returns(snap, tmp_path, monkey
 
 def test_a_failing_conversion_is_a_note_and_later_drains_are_kept(snap, tmp_path, monkeypatch):
     monkeypatch.setenv("MEMTRACE_CAPTURE_SYNC", "")
-    real, calls = H.entries_to_events, []
+    real, calls = TS.entries_to_events, []
 
     def fails_once(entries, intern):
         calls.append(len(entries))
@@ -117,7 +117,7 @@ def test_a_failing_conversion_is_a_note_and_later_drains_are_kept(snap, tmp_path
             raise RuntimeError("conversion bug")
         return real(entries, intern)
 
-    monkeypatch.setattr(H, "entries_to_events", fails_once)
+    monkeypatch.setattr(TS, "entries_to_events", fails_once)
     path = tmp_path / "t.memtrace"
     s, fake = session_with(snap, path)
     _replay(s, fake)

@@ -39,7 +39,6 @@ from typing import Any
 
 import numpy as np
 from memtrace.capture import selfcost
-from memtrace.importers.torch_snapshot import entries_to_events, segments_from_snapshot
 from memtrace.model import ACTION_CODE, Recording, Segment
 
 log = logging.getLogger("memtrace")
@@ -336,6 +335,9 @@ class AllocatorHistory:
             self._note(f"{others} allocator events on other devices than cuda:{self.device} were not kept")
         if len(entries) >= self.max_entries:
             self._lost(1, f"the allocator history wrapped before a drain ({len(entries)} = max_entries entries)")
+        # imported at the first conversion (on the writer when deferred): a worker without a GPU never pays for it
+        from memtrace.importers.torch_snapshot import entries_to_events
+
         events = entries_to_events(entries, self.intern_stack)
         self.on_batch(events)
         self.timing.add(reason, len(events), snapshot_s, time.perf_counter() - t1)
@@ -361,6 +363,8 @@ class AllocatorHistory:
         """The held ring as it stands: all its entries, and how many of the counted kinds it overwrote since holding
         began (the allocator's counters at ``before`` less those kept)."""
         t1 = time.perf_counter()
+        from memtrace.importers.torch_snapshot import entries_to_events
+
         events = entries_to_events(self._entries(snap), self.intern_stack)
         self.timing.add(reason, len(events), snapshot_s, time.perf_counter() - t1)
         counted = sum(int(np.count_nonzero(events["action"] == ACTION_CODE[a])) for a in _COUNTERS.values())
@@ -394,6 +398,8 @@ class AllocatorHistory:
         self.add_note(level, text)
 
     def segments(self, snap: dict[str, Any]) -> list[Segment]:
+        from memtrace.importers.torch_snapshot import segments_from_snapshot
+
         return segments_from_snapshot(snap.get("segments") or [], self.intern_stack, device=self.device)
 
     @selfcost.timed(f"{selfcost.DRAIN}.phase")

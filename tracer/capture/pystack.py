@@ -13,8 +13,6 @@ import sys
 from collections.abc import Collection
 from typing import Any
 
-from memtrace.model import op_frame_name
-
 #: Innermost frames kept per stack.
 MAX_FRAMES = 96
 _OPS_FILE = os.path.join("torch", "_ops.py")
@@ -43,6 +41,10 @@ def python_frames(skip: int = 1, exclude: Collection[str] = ()) -> tuple[tuple[s
 
 def _op_name(frame: Any, name: str) -> str:
     """``name`` with the operator ``self`` of an ``OpOverload``/``OpOverloadPacket.__call__`` frame."""
+    from memtrace.model import (
+        op_frame_name,
+    )  # here, not at import: the vLLM plugin imports this module when it registers
+
     try:
         op = frame.f_locals.get("self")
         qualified = getattr(op, "_name", None) or getattr(op, "_qualified_op_name", None)
