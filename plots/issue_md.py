@@ -255,20 +255,20 @@ def render(run, out: str | Path) -> list[str]:
     """Write the bundle of ``run`` into the existing directory ``out``, each file atomically; return the names
     of the files written (no images for a run that recorded no allocator event)."""
     from memtrace.outputs import atomic_write
-    from memtrace.plots.render import render as render_as
+    from memtrace.plots import flame_svg, folded, timeline
 
     out = Path(out)
     drawn = run.with_events()
     written = []
     if drawn:
         with atomic_write(out / "timeline.png") as tmp:
-            render_as(run.subset(drawn), tmp, "timeline")
+            timeline.render(run.subset(drawn), tmp)
         written.append("timeline.png")
     if drawn and knows_holders(run.worst.trace):
         with atomic_write(out / "flame.svg") as tmp:
-            render_as(run, tmp, "flame", at=flame_at(run))
+            flame_svg.render(run, tmp, at=flame_at(run))
         with atomic_write(out / "flame.folded") as tmp:
-            render_as(run, tmp, "folded", at=flame_at(run))
+            folded.render(run, tmp, at=flame_at(run))
         written += [f for f in IMAGES if f != "timeline.png"]
     with atomic_write(out / "issue.md") as tmp:
         tmp.write_text(render_issue(run, drawn=bool(drawn)), encoding="utf-8")
