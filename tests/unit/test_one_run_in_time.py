@@ -215,3 +215,11 @@ def test_capacity_lines_are_card_sizes_not_what_ifs_of_the_recorded_curve(tmp_pa
     drawn = _drawn(_run(DATA / "h200" / "startup-full"), tmp_path, capacities=[16 * GiB, 32 * GiB])
     assert "--capacity card (fits says if it boots)" in drawn.legend
     assert not any("what-if" in x for x in drawn.legend)
+
+
+def test_the_what_if_of_a_serving_run_asks_start_up_alone_as_plain_fits_does():
+    """``fits --what-if`` / ``--suggest`` answer through ``rank.boot``: on a rank with its serving window joined, that
+    is start-up's answer, the same object plain ``fits`` reads (it read the joined trace: two answers)."""
+    rank = _run(H200_OOM).ranks[0]
+    assert rank.trace is not rank.startup  # the window is joined
+    assert rank.boot() is rank.boot_rank.boot() and rank.boot().rank is rank.boot_rank

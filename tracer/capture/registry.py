@@ -66,7 +66,7 @@ def trace_path(path_or_dir: str | os.PathLike | None, rank: int | None) -> Path:
     return run_dir(path_or_dir) / (name + SUFFIX)
 
 
-def claim(path_or_dir: str | os.PathLike | None, make: Callable[[Path], Session], **kwargs: Any) -> Session:
+def claim(path_or_dir: str | os.PathLike | None, make: Callable[..., Session], **kwargs: Any) -> Session:
     """Check the session's settings, make it with ``make(trace path)`` and register it as the process's, all under
     the registry's lock (UsageError if one is recording). The caller (``session.begin_session``) starts it."""
     global _active

@@ -236,7 +236,8 @@ one_run() {  # one_run NAME on|off [MODEL_DIR] -> SECS (init engine s), WALL (s 
   stop_session "$sid" 15
   SECS=$(grep -oE "$INIT_RE" "$d/$name.log" | head -1 | grep -oE '[0-9.]+$')
   figure=$(printf -- '-\t-\t-\t-')
-  [ "$mode" = on ] && figure=$(python3 tests/bench/vllm_cost.py figure "$d/$name-trace" 2>> "$OUT/progress.log")
+  [ "$mode" = on ] && { figure=$(python3 tests/bench/vllm_cost.py figure "$d/$name-trace" 2>> "$OUT/progress.log") \
+    || figure=$(printf -- '-\t-\t-\t-'); }  # a failed figure keeps the row's columns
   printf '%s\t%s\t%s\t%s\t%s\t%s\n' "$name" "$mode" "${SECS:--}" "$WALL" "$figure" "$(vllm_facts "$d/$name.log")" >> "$d/runs.tsv"
   log "(cost) $name ($mode): init engine ${SECS:-not reached (rc $rc)} s; ready after ${WALL}s; memtrace: $(echo "$figure" | cut -f1,2,4)"
 }

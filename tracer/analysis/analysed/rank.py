@@ -333,6 +333,8 @@ class AnalysedRank(PeakFigures):
     def boot(self, util: float | None = None, non_torch_bytes: int | None = None):
         """Will it boot with the recorded flags (``analysis.capacity.boot.Boot``), one per question, each card
         answered once."""
+        if self.boot_rank is not self:  # start-up alone answers, as for fits (a joined serving window is not start-up)
+            return self.boot_rank.boot(util, non_torch_bytes)
         key = (util, non_torch_bytes)
         if key not in self._fits:
             # the what-if engine is imported when asked (report, plot and view never ask: ~30 ms of imports)

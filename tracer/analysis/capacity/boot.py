@@ -93,7 +93,10 @@ class Boot:
     def fit(self, card: int) -> Fit:
         """The answer on ``card``, with how much larger a card must be to boot."""
         f = self._answer(card)
-        short = 0 if f.survives else (max(self.smallest - card, 0) if self.smallest is not None else None)
+        # None where no larger card is known to boot it (none found, or the answers are not monotone above it)
+        short = (
+            0 if f.survives else (self.smallest - card if self.smallest is not None and self.smallest > card else None)
+        )
         return dataclasses.replace(f, short_bytes=short)
 
     @property
