@@ -19,6 +19,9 @@
 #                SMALL_FROM=name: the pre-KV device-used peak of that grid run minus SMALL_MARGIN bytes;
 #                SMALL="name:model:flags;..." as GRID; run before grid (after it with SMALL_FROM), the holder
 #                stopped before the grid's whole-card runs
+#   cut          issue 43: CUT="model:frac:cand|cand;..." (models: moe, dense, tests/gpu/vllm034/models/<name>.json):
+#                a holder leaves load_model's peak + frac x (profile_run's - load_model's) of the grid run a-<model>
+#                free, then each cand (flags, commas; "default") is a traced start-up cut-<model>-<i> beside it
 #   annotations  issue 29: tests/gpu/record_annotations.py under the stage's torch (annotate entries, user metadata)
 #   profiler     issue 29: vLLM's own --profiler-config (torch, memory on) around one completion (moe, eager)
 #   serving      issue 30: `vllm serve` (moe, extensible KV) under `memtrace run --until serving` beside a holder that
@@ -89,6 +92,9 @@ log "ready; compile cache: $(du -sh /tmp/vcache034 2>/dev/null | cut -f1 || echo
 mkdir -p /tmp/model-moe /tmp/model-dense
 cp tests/data/vllm-h200/model-config.json /tmp/model-moe/config.json
 cp "$HERE/dense-config.json" /tmp/model-dense/config.json
+for f in "$HERE"/models/*.json; do  # more architectures (issue 43): /tmp/model-<name>, a config and dummy weights
+  m=$(basename "$f" .json); mkdir -p "/tmp/model-$m"; cp "$f" "/tmp/model-$m/config.json"
+done
 COMMON=(--load-format dummy --skip-tokenizer-init --host 127.0.0.1 --kv-cache-dtype fp8 --max-model-len 32768
         --max-num-batched-tokens 8192 --max-num-seqs 8 --api-key memtrace-secret-key)
 NEXT_PORT=$PORT
@@ -212,6 +218,47 @@ if [ -n "${SMALL_FROM:-}" ]; then  # the small card is sized from a grid run's p
 else  # else the small card's runs first: a rescue to boot is worth more than another grid point
   want small && [ "$(left)" -gt 150 ] && small_runs
   want grid && grid_runs "${GRID:-}"
+fi
+
+# ---- cut (issue 43): a card where the default flags die in profile_run, then the rescues tried on it --------
+# CUT="model:frac:cand|cand;..." after the grid ran a-<model> on the whole card: a holder leaves
+# load_model's device-used peak + frac x (profile_run's peak - load_model's) free; each cand (flags separated by
+# commas, "default" for none) is one traced start-up cut-<model>-<i> beside it.
+phase_peaks() {  # "L P": load_model's and profile_run's device-used peaks of a traced run (report --json)
+  python3 - "$W/$1/run" <<'PY'
+import json, subprocess, sys
+doc = json.loads(subprocess.run([sys.executable, "-m", "memtrace", "report", "--json", sys.argv[1]], capture_output=True, text=True).stdout)
+ph = {p["name"]: p.get("peak_device_used_bytes") or 0 for p in doc["traces"][0]["phases"]}
+print(ph.get("load_model", 0), max(ph.get("profile_run", 0), ph.get("determine_available_memory", 0)))
+PY
+}
+if want cut; then
+  write_holder
+  IFS=';' read -ra CUTS <<< "${CUT:-}"
+  for entry in "${CUTS[@]}"; do
+    IFS=':' read -r model frac cands <<< "$entry"
+    [ "$(left)" -gt 150 ] || { log "(cut) no time left for $model ($(left)s)"; continue; }
+    read -r L P <<< "$(phase_peaks "a-$model")"
+    [ "${L:-0}" -gt 0 ] && [ "${P:-0}" -gt "$L" ] || { log "(cut) $model: no whole-card run to size the card from (L=$L P=$P)"; continue; }
+    FREE=$(python3 -c "print(int($L + $frac * ($P - $L)))")
+    log "(cut) $model: load_model peak $L B, profile_run peak $P B; leaving $FREE B free"
+    mkdir -p "$W/holder-$model"
+    start "$W/holder-$model/holder.log" python3 "$W/leave.py" "$FREE"; H=$SID
+    if wait_log "$W/holder-$model/holder.log" "holder pid" "$H" 60; then
+      tee -a "$OUT/progress.log" < "$W/holder-$model/holder.log"
+      IFS='|' read -ra CANDS <<< "$cands"; i=0
+      for c in "${CANDS[@]}"; do
+        [ "$(left)" -gt 100 ] || { log "(cut) no time left for $model $c"; break; }
+        [ "$c" = default ] && FL=() || IFS=',' read -ra FL <<< "$c"
+        traced "cut-$model-$i" "/tmp/model-$model" "${FL[@]}"
+        cp "$W/holder-$model/holder.log" "$W/cut-$model-$i/" 2>/dev/null; i=$((i + 1))
+      done
+    else
+      log "(cut) the holder did not start"; tail -5 "$W/holder-$model/holder.log" | tee -a "$OUT/progress.log"
+    fi
+    stop_session "$H" 5; rm -rf "$W/holder-$model"
+  done
+  pack
 fi
 
 # ---- cost: warm rounds, plugin on / off ------------------------------------------------------------
