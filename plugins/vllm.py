@@ -254,6 +254,7 @@ class Plugin:
             session.set_fact(key, value)
         session.set_fact(F.UTIL_SOURCE, vllm_facts.util_source(worker, self.version, _argv()))
         session.set_fact(F.VLLM_CONFIG, vllm_facts.config_facts(worker))
+        session.set_fact(F.VLLM_MODEL_SHAPE, vllm_facts.model_shape_facts(worker))
         session.set_fact(F.VLLM_VERSION, self.version_text)
         session.set_fact(F.VLLM_HOOK_TARGETS, list(self.hooked))
         environ = dict(os.environ)  # reading every entry point takes ~10 ms: off vLLM's thread when it can be

