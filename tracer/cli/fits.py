@@ -90,6 +90,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         metavar="SIZE",
         help="memory other processes hold on that card (a shared GPU), with --what-if/--suggest",
     )
+    p.add_argument(
+        "--config",
+        default=None,
+        metavar="CONFIG_JSON",
+        help="the model's config.json: its shape carries a recording cut by its OOM past its end (recordings "
+        "since memtrace records the shape need none)",
+    )
     p.add_argument("--json", action="store_true", help="print the predictions as JSON")
 
 
@@ -104,6 +111,8 @@ def run(args: argparse.Namespace) -> int:
     util = parse_fraction(args.util) if args.util is not None else None
     non_torch = check_non_torch(parse_size(args.non_torch) if args.non_torch is not None else None, capacities)
     run_ = _on_cards(analysed(args))
+    if args.config is not None:
+        _give_shape(run_, args.config)
     if args.what_if or args.suggest or args.more_runs or args.keep_others or args.others is not None:
         return _what_if(args, run_, capacities)
     with task("Predicting", total=None):
@@ -111,6 +120,17 @@ def run(args: argparse.Namespace) -> int:
         survives = all(r.fits(capacities, util, non_torch).survives for r in ranks)
     render(run_, sys.stdout, "fits", capacities=capacities, util=util, non_torch=non_torch, json_out=args.json)
     return 0 if survives else 1
+
+
+def _give_shape(run_, path: str) -> None:
+    """The model's shape from ``path`` (a Hugging Face config.json) for the ranks that did not record theirs."""
+    from memtrace import facts as F
+    from memtrace.analysis.capacity.priors import read_config
+
+    shape = read_config(path)
+    for r in run_.ranks:
+        if not isinstance(r.trace.facts.get(F.VLLM_MODEL_SHAPE), dict):
+            r.trace.facts[F.VLLM_MODEL_SHAPE] = shape
 
 
 def _on_cards(run_):

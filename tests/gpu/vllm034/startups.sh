@@ -232,6 +232,27 @@ ph = {p["name"]: p.get("peak_device_used_bytes") or 0 for p in doc["traces"][0][
 print(ph.get("load_model", 0), max(ph.get("profile_run", 0), ph.get("determine_available_memory", 0)))
 PY
 }
+suggested() {  # suggested RUN N: the flags of `memtrace fits RUN --suggest`'s Nth booting change on the recorded card
+  timeout 120 python3 -m memtrace fits "$1" --capacity "$(nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits | head -1)MiB" \
+    --keep-others --suggest --json > "$1/../suggest.json" 2> "$1/../suggest.err"
+  python3 - "$1/../suggest.json" "$2" <<'PY'
+import json, sys
+doc = json.load(open(sys.argv[1])); n = int(sys.argv[2])
+def found(x):
+    if isinstance(x, dict):
+        if isinstance(x.get("booting"), list):
+            yield from x["booting"]
+        for v in x.values():
+            yield from found(v)
+    elif isinstance(x, list):
+        for v in x:
+            yield from found(v)
+b = list(found(doc))
+if len(b) < n:
+    sys.exit(1)
+print(" ".join(b[n - 1]["changes"]))
+PY
+}
 if want cut; then
   write_holder
   IFS=';' read -ra CUTS <<< "${CUT:-}"
@@ -249,7 +270,12 @@ if want cut; then
       IFS='|' read -ra CANDS <<< "$cands"; i=0
       for c in "${CANDS[@]}"; do
         [ "$(left)" -gt 100 ] || { log "(cut) no time left for $model $c"; break; }
-        [ "$c" = default ] && FL=() || IFS=',' read -ra FL <<< "$c"
+        if [ "$c" = default ]; then FL=()
+        elif [[ "$c" == suggest* ]]; then  # what `fits --suggest` names from the first (cut) run alone: suggest, suggest2
+          n=${c#suggest}; n=${n:-1}
+          S=$(suggested "$W/cut-$model-0/run" "$n") || { log "(cut) $model: fits --suggest gave no suggestion $n"; continue; }
+          log "(cut) $model: suggestion $n from the cut trace: $S"; read -ra FL <<< "$S"
+        else IFS=',' read -ra FL <<< "$c"; fi
         traced "cut-$model-$i" "/tmp/model-$model" "${FL[@]}"
         cp "$W/holder-$model/holder.log" "$W/cut-$model-$i/" 2>/dev/null; i=$((i + 1))
       done

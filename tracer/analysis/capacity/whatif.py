@@ -40,6 +40,7 @@ import numpy as np
 from memtrace import facts as F
 from memtrace import vllm_phase_names as PN
 from memtrace.analysis.analysed.landmarks import Landmarks, total_curve
+from memtrace.analysis.capacity import priors as P
 from memtrace.analysis.capacity.extensible import blocks_within, measure_kv_cache_bytes, pages_for
 from memtrace.analysis.capacity.reconcile import MEMTRACE as NON_KV_MEMTRACE
 from memtrace.analysis.capacity.reconcile import profiled_kv_bytes
@@ -501,6 +502,19 @@ class PhasePeak:
     source: str = "recorded"
 
 
+def model_shape(trace) -> dict | None:
+    """The model's shape as recorded (``facts.VLLM_MODEL_SHAPE``; ``fits --config`` gives it to older recordings)."""
+    shape = trace.facts.get(F.VLLM_MODEL_SHAPE)
+    return shape if isinstance(shape, dict) and shape.get("hidden_size") else None
+
+
+def shape_per_block(shape: dict, kv_cache_dtype: str, block_size: int) -> int:
+    """Bytes of one KV block of every full-attention layer: K and V, KV heads x head size x the cache dtype's bytes."""
+    heads = int(shape.get("num_key_value_heads") or shape.get("num_attention_heads") or 0)
+    head = int(shape.get("head_dim") or 0) or int(shape.get("hidden_size", 0)) // max(int(shape.get("num_attention_heads") or 1), 1)
+    return 2 * heads * head * _DTYPE_BYTES.get(kv_cache_dtype, 2) * block_size * int(shape.get("num_hidden_layers") or 0)
+
+
 @dataclass(frozen=True)
 class KvSizing:
     """vLLM's KV cache on one card: its available figure, blocks, tokens, and where it came from."""
@@ -532,13 +546,19 @@ class Outcome:
     #: how much larger a card must be to boot with these flags (the smallest such card less this one, to
     #: ``fits.SEARCH_STEP``); 0 when it boots; None where no card up to the search's ceiling does
     short_bytes: int | None = None
+    #: past the recording's end the start-up was carried on from priors (issue 43): each component that came from
+    #: a prior and its spread, in words ("" when every figure is recorded or scaled); the spreads' sum in bytes
+    carried: str = ""
+    spread_bytes: int = 0
 
 
 class WhatIf:
     """The recorded start-up under ``flags``: the card-independent curve, and :meth:`on` for each card."""
 
-    def __init__(self, sites: Sites, flags: Flags, cal: Calibration | None = None):
+    def __init__(self, sites: Sites, flags: Flags, cal: Calibration | None = None, library: P.Library | None = None):
         self.sites, self.flags, self.cal = sites, flags, cal
+        #: the priors that carry the start-up past the recording's end (None: the shipped library, when asked)
+        self.library = library
         self.rec = sites.flags
         self.notes: list[str] = []
         s = sites
@@ -670,6 +690,10 @@ class WhatIf:
         """(bytes per KV block, tokens per block) on the new flags."""
         per, tpb = kv_block(self.sites.trace.facts)
         ratio = _DTYPE_BYTES.get(self.flags.kv_cache_dtype, 2) / _DTYPE_BYTES.get(self.rec.kv_cache_dtype, 2)
+        shape = model_shape(self.sites.trace)
+        if not per and shape is not None:  # a recording cut before KV sizing: vLLM's arithmetic on the model's shape
+            tpb = tpb or 16
+            return shape_per_block(shape, self.flags.kv_cache_dtype, tpb), tpb
         return int(per * ratio), tpb or 16
 
     def kv_on(self, capacity: int, others: int, left_out: int) -> KvSizing | None:
@@ -783,6 +807,9 @@ class WhatIf:
             if refused is not None:
                 phase, by, why = refused
                 return Outcome(**common, verdict=REFUSES, phase=phase, by_bytes=by, why=why, kv=None, phases=phases)
+            carried = self._carried(capacity, others, common)
+            if carried is not None:
+                return carried
             why = (
                 f"the recording ends at its CUDA OOM in {self.sites.rank.oom.phase_path}, before the KV cache was sized"
                 if self.sites.rank.oom is not None
@@ -805,6 +832,71 @@ class WhatIf:
             by = int(post[after].max()) - capacity
             why = f"after the KV cache ({kv.kv_bytes:,} B) was allocated"
             return Outcome(**common, verdict=DIES, phase=path_at(self.sites.trace, t), by_bytes=by, why=why, kv=kv,
+                           phases=phases)  # fmt: skip
+        return Outcome(**common, verdict=BOOTS, phase="", by_bytes=0, why="", kv=kv, phases=phases)
+
+    # -- past the recording (issue 43) -------------------------------------------------------------------
+    @cached_property
+    def carried(self) -> P.Carried | None:
+        """The start-up carried on from the recording's profile_run with priors (None: no model shape, or the
+        recording ends before profile_run began)."""
+        shape = model_shape(self.sites.trace)
+        s = self.sites
+        p = s._phase(PN.PROFILE_RUN) or s._phase(PN.DETERMINE_AVAILABLE_MEMORY)
+        if shape is None or p is None:
+            return None
+        library = self.library or P.load_library()
+        j = max(int(np.searchsorted(s.time, p.start_us, side="right")) - 1, 0)
+        context = init_used(s)
+        f = self.scales[SEQS].factor
+        sampler = int(round(int(s.bytes[SEQS][j]) * f))
+        start = int(self.no_kv[j]) - (int(s.bytes[SEQS][j]) - sampler)
+        given = {P.CONTEXT: P.Figure(P.CONTEXT, context, P.RECORDED),
+                 P.WEIGHTS: P.Figure(P.WEIGHTS, start - context - sampler, P.RECORDED),
+                 P.SAMPLER: P.Figure(P.SAMPLER, sampler, P.SCALED if f != 1.0 else P.RECORDED)}  # fmt: skip
+        reached = self.pre_kv[0] - start  # what profile_run reached (the failed request with it), scaled
+        prior = P.Carried(shape, self.flags, library, given)
+        if reached >= prior[P.ACTIVATIONS]:  # the recording already went further than the prior: it stands
+            src = P.SCALED if self.scales[TOKENS].factor != 1.0 else P.RECORDED
+            given[P.ACTIVATIONS] = P.Figure(P.ACTIVATIONS, reached, src)
+            return P.Carried(shape, self.flags, library, given)
+        return prior
+
+    def _carried(self, capacity: int, others: int, common: dict) -> Outcome | None:
+        """The answer on ``capacity`` with the start-up carried past the recording's end (None where it cannot be)."""
+        c = self.carried
+        per, tpb = self.per_block
+        if c is None or c.missing or not per:
+            return None
+        room = capacity - others
+        t_end = int(self.sites.time[-1])
+        recorded = self.phase_peaks(0, others)
+        names = {x.phase for x in recorded}
+        phases = recorded + [PhasePeak(name, None, 0, b + others, t_end, False, {}, {}, src)
+                             for name, b, src in c.phase_peaks() if name not in names]  # fmt: skip
+        priors = [f for f in c.figures.values() if f.source == P.PRIOR and f.bytes]
+        spread = sum(f.spread_bytes for f in priors)
+        words = ", ".join(f"{f.component} {f.bytes:,} B ±{f.spread_bytes:,}" for f in priors)
+        carried = f"carried past the recording's end from priors (vLLM {c.library.vllm}): {words}"
+        common = {**common, "pre_kv_peak_bytes": c.pre_kv_peak, "carried": carried, "spread_bytes": spread}
+        if c.pre_kv_peak > room:
+            phase = next((name for name, b, _ in c.phase_peaks() if b > room), PN.PROFILE_RUN)
+            why = "before the KV cache is sized: --gpu-memory-utilization cannot help there"
+            return Outcome(**common, verdict=DIES, phase=phase, by_bytes=c.pre_kv_peak - room, why=why, kv=None,
+                           phases=phases)  # fmt: skip
+        k = c.kv(capacity, others, per, tpb)
+        one = one_request_bytes(self.flags.max_model_len, per, tpb)
+        kv = KvSizing(k.available_bytes, k.blocks, k.tokens, k.kv_bytes, k.tokens / self.flags.max_model_len, k.how, one)
+        usable = kv.blocks - (1 if self.flags.extensible else 0)
+        sizing = PN.KV_CACHE_SIZING if self.flags.extensible else PN.DETERMINE_AVAILABLE_MEMORY
+        if kv.available_bytes <= 0 or usable * tpb < self.flags.max_model_len:
+            why = 'no memory left for one request of max-model-len tokens ("No available memory for the cache blocks")'
+            return Outcome(**common, verdict=REFUSES, phase=sizing, by_bytes=max(one - max(kv.available_bytes, 0), 0),
+                           why=why, kv=kv, phases=phases)  # fmt: skip
+        post = c.warmup_peak + kv.kv_bytes if not self.flags.extensible else c.after_warmup + kv.kv_bytes
+        if post > room:
+            why = f"after the KV cache ({kv.kv_bytes:,} B) was allocated"
+            return Outcome(**common, verdict=DIES, phase=PN.COMPILE_OR_WARM_UP, by_bytes=post - room, why=why, kv=kv,
                            phases=phases)  # fmt: skip
         return Outcome(**common, verdict=BOOTS, phase="", by_bytes=0, why="", kv=kv, phases=phases)
 
@@ -852,6 +944,16 @@ def own_init_used(trace) -> int:
     init = (trace.facts.get(F.VLLM_PROFILE) or {}).get("init_snapshot") or {}
     used = int(init.get("total_memory", 0)) - int(init.get("free_memory", 0))
     return max(used - recorded_others(trace), 0) if used > 0 else 0
+
+
+def init_used(sites: Sites) -> int:
+    """:func:`own_init_used`, else (vLLM's init snapshot not recorded: a recording cut before profiling) what the
+    start-up needed when init_device ended (its CUDA context)."""
+    used = own_init_used(sites.trace)
+    p = sites._phase(PN.INIT_DEVICE)
+    if used or p is None or p.end_us is None:
+        return used
+    return int(sites.need[max(int(np.searchsorted(sites.time, p.end_us, side="right")) - 1, 0)])
 
 
 def recorded_others(trace) -> int:
@@ -945,10 +1047,10 @@ def candidates(rec: Flags, extensible_known: bool, shared_util: float | None = N
 def shared_utilization(sites: Sites, capacity: int, others: int) -> float | None:
     """The largest utilization (4 decimals, rounded down) whose request fits what is free at vLLM's start-up
     on a card where other processes hold ``others`` bytes (None: the card is not shared, or unknown)."""
-    init_used = own_init_used(sites.trace)
-    if others <= 0 or not init_used or capacity <= 0:
+    used = init_used(sites)
+    if others <= 0 or not used or capacity <= 0:
         return None
-    u = math.floor((capacity - others - init_used) / capacity * 10_000) / 10_000
+    u = math.floor((capacity - others - used) / capacity * 10_000) / 10_000
     return u if u > 0 else None
 
 

@@ -1,0 +1,74 @@
+"""Refit the library of priors (issue 43) from real vLLM start-ups: one command, one file.
+
+    python tests/bench/fit_priors.py                 # the shipped library: prints each prior, writes nothing
+    python tests/bench/fit_priors.py --write         # ... and writes tracer/analysis/capacity/priors-vllm-0.34.json
+
+Each start-up is a recorded whole start-up (it reached vLLM's KV sizing) and the config.json of its model: the
+shape comes from the trace's facts (``vllm.model_shape``, recorded since issue 43) or from that config. The list of
+start-ups is LIBRARY below: the shipped vLLM 0.34 traces recorded on the H200 with dummy weights.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from memtrace import facts as F
+from memtrace.analysis.analysed.run import analyse
+from memtrace.analysis.capacity import priors as P
+from memtrace.analysis.capacity.observe import observe
+from memtrace.analysis.capacity.whatif import sites_of
+from memtrace.store import load_run
+
+ROOT = Path(__file__).resolve().parents[2]
+DATA = ROOT / "tests" / "data"
+MOE = DATA / "vllm-h200" / "model-config.json"
+DENSE = ROOT / "tests" / "gpu" / "vllm034" / "dense-config.json"
+MODELS = ROOT / "tests" / "gpu" / "vllm034" / "models"
+#: (trace folder, architecture, config.json of the model when the trace does not record its shape)
+LIBRARY = [
+    *((DATA / "vllm-h200-034" / n, "Qwen3MoeForCausalLM", MOE) for n in ("moe-ext", "moe-noext")),
+    *((DATA / "vllm-h200-034" / n, "LlamaForCausalLM", DENSE) for n in ("dense-ext", "dense-noext")),
+    *((DATA / "vllm-h200-034-grid" / n, "Qwen3MoeForCausalLM", MOE)
+      for n in ("g03", "g07", "g08", "g4096-s8-eager", "g8192-s64-eager", "small-r2048", "small-rescue-p2048",
+                "small-rescue-u0835")),
+    *((DATA / "vllm-h200-034-archs" / n, a, MODELS / f"{m}.json")
+      for n, a, m in (("a-gemma3", "Gemma3ForCausalLM", "gemma3"), ("a-mistral", "MistralForCausalLM", "mistral"),
+                      ("a-q35moe", "Qwen3_5MoeForCausalLM", "q35moe"))),
+]  # fmt: skip
+
+
+def observations(entries=LIBRARY) -> list[P.Observed]:
+    out = []
+    for folder, arch, config in entries:
+        if not folder.exists():
+            print(f"  (no {folder.relative_to(ROOT)}: left out)", file=sys.stderr)
+            continue
+        traces = load_run(str(folder)).traces
+        rank = analyse(traces, path=str(folder)).worst
+        shape = rank.trace.facts.get(F.VLLM_MODEL_SHAPE) or json.loads(Path(config).read_text())
+        out.append(observe(sites_of(rank), shape, arch, folder.name))
+    return out
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--write", action="store_true", help=f"write {P.LIBRARY_FILE.relative_to(ROOT)}")
+    args = ap.parse_args(argv)
+    lib = P.fit(observations(), "0.34")
+    for o in lib.observed:
+        print(o.label, o.architecture, {k: f"{v / 2**20:.1f}M" for k, v in o.values.items()})
+    for k, p in lib.priors.items():
+        print(
+            f"{k:16s} {p.coefficient:14.6g} spread {p.spread:7.1%}  {p.starts} start-ups, {', '.join(p.architectures)}"
+        )
+    if args.write:
+        P.LIBRARY_FILE.write_text(lib.to_json())
+        print(f"wrote {P.LIBRARY_FILE}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

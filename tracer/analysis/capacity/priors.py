@@ -1,0 +1,354 @@
+"""Priors: what a vLLM start-up needs where nothing was recorded, from the model's shape and flags (issue 43).
+
+A start-up is a few **components**, each a number of bytes (:data:`COMPONENTS`): the CUDA context, the weights,
+the dummy forward pass's activations and workspaces, the sampler's logits, what the profiling leaves held, the
+warm-up's transient, the CUDA graphs' pool, and vLLM 0.34's own sizing inputs (its transient peak and the
+allocator's reserve growth). A recorded start-up measures each (:func:`observe`). Each component is the product of
+a **feature** of the model and flags (e.g. max-num-batched-tokens x (hidden + MLP width) x 2 B: one token's
+activations) and a coefficient; :func:`fit` takes the median coefficient over a library of real start-ups of
+several architectures, and says its spread: the largest relative error of that median on any start-up of the
+library, the coefficient refitted without that start-up's architecture (leave one architecture out). The shipped
+library (``priors-vllm-0.34.json`` beside this module) is refitted by ``tests/bench/fit_priors.py``.
+
+:class:`Carried` puts a start-up together from components, each a :class:`Figure` that says where it comes from
+(recorded, scaled from the recording, or the prior with its spread), and sizes the KV cache with vLLM's own
+formulas (:mod:`.extensible`, :mod:`.reconcile`). Pure functions; bytes.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import statistics
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from memtrace.analysis.capacity.extensible import measure_kv_cache_bytes
+from memtrace.analysis.capacity.reconcile import profiled_kv_bytes
+from memtrace.errors import UsageError
+
+RECORDED, SCALED, PRIOR = "recorded", "scaled", "prior"
+#: the format of a priors file (``Library.to_json``)
+FORMAT = 1
+LIBRARY_FILE = Path(__file__).with_name("priors-vllm-0.34.json")
+
+CONTEXT, WEIGHTS = "context", "weights"
+ACTIVATIONS, SAMPLER, KEPT, WARMUP, GRAPH_POOL = "activations", "sampler", "kept", "warmup", "graph_pool"
+SAMPLER_RUN = "sampler_run"
+TRANSIENT, RESERVE_GROWTH, SLACK = "transient", "reserve_growth", "sizing_slack"
+PROFILED_SLACK = "profiled_slack"
+#: component -> what it is, and its feature in words
+COMPONENTS = {
+    CONTEXT: ("this process's memory at vLLM's init snapshot (CUDA context, cuBLAS)", "1 (a constant of the card)"),
+    WEIGHTS: ("the weights and what load_model leaves held", "the weights' bytes"),
+    ACTIVATIONS: ("profile_run's activations and workspaces above the weights", "batched tokens x act_width x 2 B"),
+    SAMPLER: ("the sampler's buffers, made while loading (penalties)", "max-num-seqs x vocabulary x 4 B"),
+    SAMPLER_RUN: ("profile_run's dummy sampler run: logits, probabilities, sorting", "max-num-seqs x vocabulary x 4 B"),
+    KEPT: ("what profiling leaves held (MoE workspaces)", "batched tokens x experts-per-token x hidden x 2 B"),
+    WARMUP: ("the warm-up's transient above what is kept", "batched tokens x act_width x 2 B"),
+    GRAPH_POOL: ("the CUDA graphs' memory pool (0 with enforce-eager)", "1 (a constant) with CUDA graphs"),
+    TRANSIENT: ("vLLM 0.34's transient peak, withheld from the KV cache",
+                "max(activations - kept, warm-up, sampler run)"),
+    RESERVE_GROWTH: ("the allocator's reserve growth over warm-up, withheld too", "max(activations, kept + warm-up)"),
+    SLACK: ("vLLM 0.34's non-KV figure less what the start-up needs after warm-up", "1 (a constant)"),
+    PROFILED_SLACK: ("vLLM's profiled non-KV figure less profile_run's peak (graph estimate, non-PyTorch growth)",
+                     "1 (a constant)"),
+}  # fmt: skip
+#: components fitted per feature (the rest: recorded or computed, never a prior)
+FITTED = (
+    ACTIVATIONS,
+    SAMPLER,
+    SAMPLER_RUN,
+    KEPT,
+    WARMUP,
+    GRAPH_POOL,
+    TRANSIENT,
+    RESERVE_GROWTH,
+    SLACK,
+    PROFILED_SLACK,
+    CONTEXT,
+)
+
+
+def _v(shape, name: str, default=0):
+    """A shape field by its Hugging Face name (``shape`` a dict of the config, or an object with the attribute)."""
+    value = shape.get(name) if isinstance(shape, dict) else getattr(shape, name, None)
+    return default if value is None else value
+
+
+def act_width(shape) -> int:
+    """One token's activations at profile_run's peak, in elements: the residual stream and its neighbours (4 x
+    hidden) and the MLP's intermediates — gate and up, and the activation's output, for a dense MLP (3 x
+    intermediate); for a MoE, each routed copy's (experts-per-token x (3 x the expert's intermediate + hidden):
+    fused_moe's three caches) and the shared expert's."""
+    topk = int(_v(shape, "num_experts_per_tok"))
+    hidden = int(_v(shape, "hidden_size"))
+    if topk:
+        moe = int(_v(shape, "moe_intermediate_size") or _v(shape, "intermediate_size"))
+        return 4 * hidden + topk * (3 * moe + hidden) + 3 * int(_v(shape, "shared_expert_intermediate_size"))
+    return 4 * hidden + 3 * int(_v(shape, "intermediate_size"))
+
+
+def features(shape, flags, values: dict[str, int] | None = None) -> dict[str, float]:
+    """Each fitted component's feature for ``shape`` under ``flags`` (a ``whatif.Flags``). vLLM's transient and
+    reserve growth are features of other components (``values``: their bytes, recorded or predicted)."""
+    tokens = float(flags.max_num_batched_tokens)
+    out = {ACTIVATIONS: tokens * act_width(shape) * 2, WARMUP: tokens * act_width(shape) * 2,
+           KEPT: tokens * int(_v(shape, "num_experts_per_tok")) * int(_v(shape, "hidden_size")) * 2,
+           SAMPLER: float(flags.max_num_seqs) * int(_v(shape, "vocab_size")) * 4,
+           SAMPLER_RUN: float(flags.max_num_seqs) * int(_v(shape, "vocab_size")) * 4,
+           GRAPH_POOL: 0.0 if flags.enforce_eager else 1.0}  # fmt: skip
+    out[SLACK] = out[PROFILED_SLACK] = out[CONTEXT] = 1.0
+    if values is not None:
+        a, k, w = (values.get(x, 0) for x in (ACTIVATIONS, KEPT, WARMUP))
+        out[TRANSIENT] = float(
+            max(a - k, w, values.get(SAMPLER_RUN, 0))
+        )  # vLLM measures the transient above what stays held
+        out[RESERVE_GROWTH] = float(max(a, k + w))
+    return out
+
+
+#: the denominator's floor of a prior's relative error: a component smaller than this is judged on this size
+SPREAD_FLOOR = 64 << 20
+
+
+@dataclass(frozen=True)
+class Observed:
+    """One recorded whole start-up's components (bytes) and features."""
+
+    label: str
+    architecture: str
+    values: dict[str, int]
+    features: dict[str, float]
+
+
+@dataclass(frozen=True)
+class Prior:
+    """One component's coefficient (bytes per unit of its feature) over the library, and its spread."""
+
+    component: str
+    coefficient: float
+    spread: float  # the largest relative error of the leave-one-architecture-out coefficient on a start-up
+    starts: int
+    architectures: list[str]
+
+    def bytes_for(self, feature: float) -> int:
+        return int(round(self.coefficient * feature))
+
+
+@dataclass(frozen=True)
+class Library:
+    """The priors of one vLLM release, and the start-ups they were fitted on."""
+
+    vllm: str
+    priors: dict[str, Prior]
+    observed: list[Observed] = field(default_factory=list)
+
+    def without(self, architecture: str) -> Library:
+        """The library refitted without ``architecture``'s start-ups (leave one architecture out)."""
+        return fit([o for o in self.observed if o.architecture != architecture], self.vllm)
+
+    @property
+    def architectures(self) -> list[str]:
+        return sorted({o.architecture for o in self.observed})
+
+    def to_json(self) -> str:
+        doc = {"format": FORMAT, "vllm": self.vllm, "priors": {k: asdict(p) for k, p in self.priors.items()},
+               "observed": [asdict(o) for o in self.observed]}  # fmt: skip
+        return json.dumps(doc, indent=1, sort_keys=True) + "\n"
+
+    @classmethod
+    def from_json(cls, text: str, where: str = "priors") -> Library:
+        try:
+            doc = json.loads(text)
+        except ValueError as e:
+            raise UsageError(f"{where}: not a priors file ({e})") from None
+        if not isinstance(doc, dict) or doc.get("format") != FORMAT:
+            raise UsageError(f"{where}: priors format {doc.get('format') if isinstance(doc, dict) else '?'}, "
+                             f"this memtrace reads {FORMAT}: refit with tests/bench/fit_priors.py")  # fmt: skip
+        priors = {k: Prior(**p) for k, p in doc["priors"].items()}
+        return cls(doc["vllm"], priors, [Observed(**o) for o in doc.get("observed", [])])
+
+
+def load_library(path: Path | None = None) -> Library:
+    """The shipped priors (or ``path``'s)."""
+    p = Path(path) if path is not None else LIBRARY_FILE
+    try:
+        text = p.read_text()
+    except OSError as e:
+        raise UsageError(f"cannot read the priors {p}: {e.strerror}") from None
+    return Library.from_json(text, str(p))
+
+
+def read_config(path: str) -> dict:
+    """A Hugging Face config.json as a shape (its ``text_config`` for a multimodal model), with where it came from."""
+    try:
+        with open(path, encoding="utf-8") as fh:
+            doc = json.load(fh)
+    except OSError as e:
+        raise UsageError(f"cannot read the model config {path}: {e.strerror}") from None
+    except ValueError as e:
+        raise UsageError(f"{path}: not a JSON config.json ({e})") from None
+    if not isinstance(doc, dict):
+        raise UsageError(f"{path}: not a model config (a JSON object with hidden_size, num_hidden_layers, ...)")
+    text = doc.get("text_config") if isinstance(doc.get("text_config"), dict) else doc
+    if not text.get("hidden_size") or not text.get("num_hidden_layers"):
+        raise UsageError(f"{path}: no hidden_size / num_hidden_layers: not a language model's config.json")
+    return {**text, "architectures": doc.get("architectures") or text.get("architectures"), "source": f"config {path}"}
+
+
+def _coefficient(obs: list[Observed], k: str) -> float | None:
+    ratios = [o.values[k] / o.features[k] for o in obs if k in o.values and o.features.get(k)]
+    return float(statistics.median(ratios)) if ratios else None
+
+
+def fit(observed: list[Observed], vllm: str) -> Library:
+    """Each component's median coefficient over ``observed`` and its leave-one-architecture-out spread."""
+    priors = {}
+    for k in FITTED:
+        c = _coefficient(observed, k)
+        if c is None:
+            continue
+        worst = 0.0
+        for o in observed:
+            if k not in o.values or not o.features.get(k):
+                continue
+            rest = [x for x in observed if x.architecture != o.architecture]
+            c_out = _coefficient(rest, k)
+            if c_out is None:
+                continue
+            real = o.values[k]
+            worst = max(worst, abs(c_out * o.features[k] - real) / max(abs(real), SPREAD_FLOOR))
+        archs = sorted({o.architecture for o in observed if k in o.values})
+        n = sum(1 for o in observed if k in o.values)
+        priors[k] = Prior(k, c, round(worst, 4), n, archs)
+    return Library(vllm, priors, list(observed))
+
+
+@dataclass(frozen=True)
+class Figure:
+    """One component's bytes on a start-up, and where they come from (RECORDED, SCALED, PRIOR with its spread)."""
+
+    component: str
+    bytes: int
+    source: str
+    spread_bytes: int = 0
+
+    def words(self) -> str:
+        if self.source == PRIOR:
+            return f"prior, ±{self.spread_bytes / 2**30:.2f} GiB"
+        return self.source
+
+
+@dataclass(frozen=True)
+class CarriedKv:
+    """vLLM's KV cache sized on the carried start-up."""
+
+    available_bytes: int
+    blocks: int
+    tokens: int
+    kv_bytes: int
+    how: str
+
+
+class Carried:
+    """A start-up put together from components: those given (recorded or scaled), the rest from ``library``."""
+
+    def __init__(self, shape, flags, library: Library, given: dict[str, Figure]):
+        self.shape, self.flags, self.library = shape, flags, library
+        self.figures: dict[str, Figure] = dict(given)
+        self.missing: list[str] = []
+        feats = features(shape, flags)
+        for k in FITTED:
+            if k in (TRANSIENT, RESERVE_GROWTH):  # features of the others: after them
+                continue
+            if k in self.figures:
+                continue
+            p = library.priors.get(k)
+            if p is None:
+                self.missing.append(k)
+                continue
+            b = max(p.bytes_for(feats[k]), 0) if k not in (SLACK, PROFILED_SLACK) else p.bytes_for(feats[k])
+            self.figures[k] = Figure(k, b, PRIOR, int(math.ceil(max(abs(b), SPREAD_FLOOR) * p.spread)))
+        feats = features(shape, flags, {k: f.bytes for k, f in self.figures.items()})
+        for k in (TRANSIENT, RESERVE_GROWTH):
+            p = library.priors.get(k)
+            if k not in self.figures and p is not None:
+                b = max(p.bytes_for(feats[k]), 0)
+                self.figures[k] = Figure(k, b, PRIOR, int(math.ceil(max(b, SPREAD_FLOOR) * p.spread)))
+        if WEIGHTS not in self.figures:
+            self.missing.append(WEIGHTS)
+
+    def __getitem__(self, k: str) -> int:
+        f = self.figures.get(k)
+        return f.bytes if f is not None else 0
+
+    # -- the phases: what the start-up needs (no KV cache), in vLLM 0.34's order
+    @property
+    def base(self) -> int:
+        """After load_model: the context, the weights and the sampler's buffers (made while loading)."""
+        return self[CONTEXT] + self[WEIGHTS] + self[SAMPLER]
+
+    @property
+    def profile_peak(self) -> int:
+        """The forward pass's activations, or the sampler's run beside what the forward leaves held, the larger."""
+        return self.base + max(self[ACTIVATIONS], self[KEPT] + self[SAMPLER_RUN])
+
+    @property
+    def after_profile(self) -> int:
+        return self.base + self[KEPT]
+
+    @property
+    def warmup_peak(self) -> int:
+        return self.after_profile + self[WARMUP]
+
+    @property
+    def after_warmup(self) -> int:
+        """What stays held once warm-up and capture are done (the KV cache apart)."""
+        return self.after_profile + self[GRAPH_POOL]
+
+    def phase_peaks(self) -> list[tuple[str, int, str]]:
+        """(phase, needed bytes without the KV cache, where its figure comes from), in vLLM's order."""
+        src = {k: f.source for k, f in self.figures.items()}
+
+        def worst(*ks: str) -> str:
+            order = (PRIOR, SCALED, RECORDED)
+            return next((s for s in order if any(src.get(k) == s for k in ks)), RECORDED)
+
+        return [
+            ("load_model", self.base, worst(CONTEXT, WEIGHTS, SAMPLER)),
+            ("determine_available_memory/profile_run", self.profile_peak, worst(ACTIVATIONS, KEPT, SAMPLER_RUN)),
+            ("compile_or_warm_up", self.warmup_peak, worst(KEPT, WARMUP)),
+            ("compile_or_warm_up/capture_model", self.after_warmup, worst(GRAPH_POOL)),
+        ]
+
+    @property
+    def pre_kv_peak(self) -> int:
+        """The most needed before the KV cache exists (with the extensible cache: everything before its extension)."""
+        peaks = [self.base, self.profile_peak]
+        if self.flags.extensible:
+            peaks += [self.warmup_peak, self.after_warmup]
+        return max(peaks)
+
+    def kv(self, capacity: int, others: int, per_block: int, tokens_per_block: int) -> CarriedKv:
+        """vLLM's KV cache on ``capacity`` (``others`` held by other processes): 0.34's post-warm-up formula with
+        the extensible cache, else the profiled one (``ceil(util x card) - non-KV``)."""
+        requested = math.ceil(self.flags.util * capacity)
+        if self.flags.extensible:
+            init_free = capacity - others - self[CONTEXT]
+            non_kv_used = self.after_warmup - self[CONTEXT] + self[SLACK]
+            free = init_free - non_kv_used
+            available, *_ = measure_kv_cache_bytes(
+                init_free=init_free, free=free, committed=0, requested=requested,
+                transient_peak=self[TRANSIENT], torch_reserve_growth=self[RESERVE_GROWTH],
+                margin_floor=1 << 30, margin_fraction=0.75,
+            )  # fmt: skip
+            how = (f"vLLM 0.34's post-warm-up formula: free after warm-up {free:,} B, transient peak "
+                   f"{self[TRANSIENT]:,} B, reserve growth {self[RESERVE_GROWTH]:,} B, requested ceil("
+                   f"{self.flags.util:g} x {capacity:,} B)")  # fmt: skip
+        else:
+            non_kv = self.profile_peak + self[PROFILED_SLACK]
+            available = profiled_kv_bytes(self.flags.util, capacity, non_kv)
+            how = f"ceil({self.flags.util:g} x {capacity:,} B) - non-KV {non_kv:,} B"
+        blocks = max(available // per_block, 0) if per_block else 0
+        return CarriedKv(available, blocks, blocks * tokens_per_block, blocks * per_block, how)
