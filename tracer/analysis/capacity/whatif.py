@@ -868,37 +868,8 @@ class WhatIf:
         per, tpb = self.per_block
         if c is None or c.missing or not per:
             return None
-        room = capacity - others
-        t_end = int(self.sites.time[-1])
-        recorded = self.phase_peaks(0, others)
-        names = {x.phase for x in recorded}
-        phases = recorded + [PhasePeak(name, None, 0, b + others, t_end, False, {}, {}, src)
-                             for name, b, src in c.phase_peaks() if name not in names]  # fmt: skip
-        priors = [f for f in c.figures.values() if f.source == P.PRIOR and f.bytes]
-        spread = sum(f.spread_bytes for f in priors)
-        words = ", ".join(f"{f.component} {f.bytes:,} B ±{f.spread_bytes:,}" for f in priors)
-        carried = f"carried past the recording's end from priors (vLLM {c.library.vllm}): {words}"
-        common = {**common, "pre_kv_peak_bytes": c.pre_kv_peak, "carried": carried, "spread_bytes": spread}
-        if c.pre_kv_peak > room:
-            phase = next((name for name, b, _ in c.phase_peaks() if b > room), PN.PROFILE_RUN)
-            why = "before the KV cache is sized: --gpu-memory-utilization cannot help there"
-            return Outcome(**common, verdict=DIES, phase=phase, by_bytes=c.pre_kv_peak - room, why=why, kv=None,
-                           phases=phases)  # fmt: skip
-        k = c.kv(capacity, others, per, tpb)
-        one = one_request_bytes(self.flags.max_model_len, per, tpb)
-        kv = KvSizing(k.available_bytes, k.blocks, k.tokens, k.kv_bytes, k.tokens / self.flags.max_model_len, k.how, one)
-        usable = kv.blocks - (1 if self.flags.extensible else 0)
-        sizing = PN.KV_CACHE_SIZING if self.flags.extensible else PN.DETERMINE_AVAILABLE_MEMORY
-        if kv.available_bytes <= 0 or usable * tpb < self.flags.max_model_len:
-            why = 'no memory left for one request of max-model-len tokens ("No available memory for the cache blocks")'
-            return Outcome(**common, verdict=REFUSES, phase=sizing, by_bytes=max(one - max(kv.available_bytes, 0), 0),
-                           why=why, kv=kv, phases=phases)  # fmt: skip
-        post = c.warmup_peak + kv.kv_bytes if not self.flags.extensible else c.after_warmup + kv.kv_bytes
-        if post > room:
-            why = f"after the KV cache ({kv.kv_bytes:,} B) was allocated"
-            return Outcome(**common, verdict=DIES, phase=PN.COMPILE_OR_WARM_UP, by_bytes=post - room, why=why, kv=kv,
-                           phases=phases)  # fmt: skip
-        return Outcome(**common, verdict=BOOTS, phase="", by_bytes=0, why="", kv=kv, phases=phases)
+        return carried_outcome(c, capacity, others, per, tpb, self.phase_peaks(0, others), int(self.sites.time[-1]),
+                               common)  # fmt: skip
 
     def short(self, capacity: int, **card) -> Outcome:
         """:meth:`on`, with how much larger a card must be to boot (``Outcome.short_bytes``)."""
@@ -926,6 +897,42 @@ class WhatIf:
             "KV cache was sized, and what it did not reach only adds to that figure"
         )
         return phase, withheld - requested, why
+
+
+def carried_outcome(c: P.Carried, capacity: int, others: int, per: int, tpb: int, recorded: list[PhasePeak] = (),
+                    t_end: int = 0, common: dict | None = None) -> Outcome:  # fmt: skip
+    """The answer on ``capacity`` (``others`` held by other processes) of a start-up put together from components
+    (``c``): past a recording's end (``recorded``: its phases as predicted, up to ``t_end``), or with nothing recorded."""
+    flags, room = c.flags, capacity - others
+    names = {x.phase for x in recorded}
+    phases = list(recorded) + [PhasePeak(name, None, 0, b + others, t_end, False, {}, {}, src)
+                               for name, b, src in c.phase_peaks() if name not in names]  # fmt: skip
+    priors = [f for f in c.figures.values() if f.source == P.PRIOR and f.bytes]
+    words = ", ".join(f"{f.component} {f.bytes:,} B ±{f.spread_bytes:,}" for f in priors)
+    common = {**(common or dict(capacity_bytes=capacity, others_bytes=others, others_left_out_bytes=0,
+                                pre_kv_peak_phase=PN.PROFILE_RUN)),
+              "pre_kv_peak_bytes": c.pre_kv_peak, "spread_bytes": sum(f.spread_bytes for f in priors),
+              "carried": f"from priors (vLLM {c.library.vllm}): {words}" if priors else ""}  # fmt: skip
+    if c.pre_kv_peak > room:
+        phase = next((name for name, b, _ in c.phase_peaks() if b > room), PN.PROFILE_RUN)
+        why = "before the KV cache is sized: --gpu-memory-utilization cannot help there"
+        return Outcome(**common, verdict=DIES, phase=phase, by_bytes=c.pre_kv_peak - room, why=why, kv=None,
+                       phases=phases)  # fmt: skip
+    k = c.kv(capacity, others, per, tpb)
+    one = one_request_bytes(flags.max_model_len, per, tpb)
+    kv = KvSizing(k.available_bytes, k.blocks, k.tokens, k.kv_bytes, k.tokens / flags.max_model_len, k.how, one)
+    usable = kv.blocks - (1 if flags.extensible else 0)  # vLLM's null block holds no tokens
+    if kv.available_bytes <= 0 or usable * tpb < flags.max_model_len:
+        why = 'no memory left for one request of max-model-len tokens ("No available memory for the cache blocks")'
+        sizing = PN.KV_CACHE_SIZING if flags.extensible else PN.DETERMINE_AVAILABLE_MEMORY
+        return Outcome(**common, verdict=REFUSES, phase=sizing, by_bytes=max(one - max(kv.available_bytes, 0), 0),
+                       why=why, kv=kv, phases=phases)  # fmt: skip
+    post = (c.after_warmup if flags.extensible else c.warmup_peak + c[P.GRAPH_POOL]) + kv.kv_bytes
+    if post > room:
+        why = f"after the KV cache ({kv.kv_bytes:,} B) was allocated"
+        return Outcome(**common, verdict=DIES, phase=PN.COMPILE_OR_WARM_UP, by_bytes=post - room, why=why, kv=kv,
+                       phases=phases)  # fmt: skip
+    return Outcome(**common, verdict=BOOTS, phase="", by_bytes=0, why="", kv=kv, phases=phases)
 
 
 def skipped_phases(rec: Flags, new: Flags) -> tuple[str, ...]:
