@@ -106,6 +106,8 @@ def render_outcome(o: Outcome, keep_others: bool) -> list[str]:
     lines += _wrapped("  ", f"pre-KV peak {_gib(o.pre_kv_peak_bytes)} in {o.pre_kv_peak_phase or 'no phase'}")
     if o.kv is not None:
         lines += _wrapped("    ", f"KV cache from: {o.kv.how}")
+    if o.carried:
+        lines += _wrapped("  ", f"{o.carried}; together ±{_gib(o.spread_bytes)}")
     lines += _wrapped("  ", PHASE_COLUMNS)
     lines.append(f"  {'phase':<44} {'recorded':>11} {'needed':>11} {'predicted':>11}  what moved")
     for p in o.phases:
@@ -119,7 +121,7 @@ def render_outcome(o: Outcome, keep_others: bool) -> list[str]:
 def render_suggestions(s: Suggestions) -> list[str]:
     lines = [
         f"Flags that boot on a {_gib(s.capacity_bytes)} card (changes to the flags above, fewest first, "
-        f"then the most KV cache; {s.tried} tried):"
+        f"then clear of the priors' spread, then the most KV cache; {s.tried} tried):"
     ]
     if s.recorded.verdict == BOOTS:
         lines.append(f"  these flags already boot: {_kv(s.recorded)}")
@@ -131,6 +133,8 @@ def render_suggestions(s: Suggestions) -> list[str]:
 
 
 def _gets(o: Outcome) -> str:
+    if o.verdict == BOOTS and o.carried:
+        return f"{_kv(o)}; past the recording from priors, ±{_gib(o.spread_bytes)}"
     if o.verdict == BOOTS:
         return _kv(o)
     return f"gets past all the recording covers (pre-KV peak {_gib(o.pre_kv_peak_bytes)}); after it: unknown"
@@ -235,6 +239,44 @@ def render(run, out, *, answers: list[tuple], json_out: bool = False) -> None:
         return
     for r, a in answers:
         out.write(render_answer(a, f"{run.path} ({r.label})" if multi else run.path))
+
+
+def render_before_run(out, config: str, flags, weights, outcome: Outcome, booting: list, library,
+                      json_out: bool = False) -> None:  # fmt: skip
+    """``memtrace fits --config``: the answer with nothing recorded (``analysis.capacity.before_run``)."""
+    import dataclasses
+    import json
+
+    if json_out:
+        doc = {"config": config, "flags": dataclasses.asdict(flags), "weights": dataclasses.asdict(weights),
+               "priors": {"vllm": library.vllm, "architectures": library.architectures},
+               "outcome": dataclasses.asdict(outcome),
+               "suggestions": [{"changes": b.changes, "outcome": dataclasses.asdict(b.outcome)} for b in booting]}  # fmt: skip
+        json.dump(doc, out, indent=2)
+        out.write("\n")
+        return
+    f = flags
+    lines = [f"memtrace fits --config {config} -- before any run (nothing recorded: every figure but the weights "
+             f"is a prior fitted on {len(library.observed)} real vLLM {library.vllm} start-ups of "
+             f"{', '.join(library.architectures)})"]  # fmt: skip
+    lines += _wrapped("", f"Flags: vLLM {library.vllm}'s defaults for `vllm serve` on this card and --what-if: "
+                          f"--max-num-batched-tokens {f.max_num_batched_tokens} --max-num-seqs {f.max_num_seqs} "
+                          f"--max-model-len {f.max_model_len} --kv-cache-dtype {f.kv_cache_dtype}"
+                          f"{', --enforce-eager' if f.enforce_eager else ''}, "
+                          f"{'extensible' if f.extensible else 'profiled'} KV cache, util {f.util:g}")  # fmt: skip
+    lines += _wrapped("", f"Weights: {_gib(weights.bytes)} from {weights.source}")
+    lines += render_outcome(outcome, False)
+    if booting or outcome.verdict != BOOTS:
+        lines.append(f"Flags that boot on a {_gib(outcome.capacity_bytes)} card (fewest changes first, then clear of "
+                     "the priors' spread, then the most KV cache):")  # fmt: skip
+        lines += [
+            x
+            for i, b in enumerate(booting, 1)
+            for x in _wrapped("  ", f"{i}. {' '.join(b.changes)}: {_gets(b.outcome)}")
+        ]
+        if not booting:
+            lines.append("  none of the changes of one or two flags tried")
+    out.write("\n".join(lines) + "\n")
 
 
 def boot_section(run, *, markdown: bool = True) -> list[str]:

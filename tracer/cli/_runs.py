@@ -18,9 +18,10 @@ from memtrace.model import Run, Trace
 from memtrace.progress import task, track
 
 
-def add_input(p: argparse.ArgumentParser, dest: str = "run_path", help: str | None = None) -> None:
-    """The positional RUN and ``--allow-pickle``."""
-    p.add_argument(dest, metavar="RUN", help=help or "run directory, .memtrace file or snapshot pickle (.pickle/.pkl)")
+def add_input(p: argparse.ArgumentParser, dest: str = "run_path", help: str | None = None, optional: bool = False) -> None:
+    """The positional RUN (``optional``: may be left out) and ``--allow-pickle``."""
+    p.add_argument(dest, metavar="RUN", nargs="?" if optional else None,
+                   help=help or "run directory, .memtrace file or snapshot pickle (.pickle/.pkl)")  # fmt: skip
     if not any("--allow-pickle" in a.option_strings for a in p._actions):
         p.add_argument(
             "--allow-pickle", action="store_true", help="read a snapshot pickle whatever its name (unpickling warns)"

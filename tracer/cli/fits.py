@@ -46,7 +46,8 @@ NAME = "fits"
 def add_arguments(p: argparse.ArgumentParser) -> None:
     from memtrace.cli._runs import add_input, add_rank
 
-    add_input(p)
+    add_input(p, help="run directory, .memtrace file or snapshot pickle (none with --config: before any run)",
+              optional=True)  # fmt: skip
     p.add_argument(
         "more_runs", nargs="*", metavar="RUN_B", help="more traces of the same model (--what-if fits on them)"
     )
@@ -94,8 +95,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--config",
         default=None,
         metavar="CONFIG_JSON",
-        help="the model's config.json: its shape carries a recording cut by its OOM past its end (recordings "
-        "since memtrace records the shape need none)",
+        help="the model's config.json: alone, the answer before any run (weights from the safetensors beside it, "
+        "else from the config; the rest from priors over real start-ups); with RUN, its shape carries a recording "
+        "cut by its OOM past its end (recordings since memtrace records the shape need none)",
     )
     p.add_argument("--json", action="store_true", help="print the predictions as JSON")
 
@@ -110,6 +112,8 @@ def run(args: argparse.Namespace) -> int:
     capacities = [check_capacity(c) for c in parse_sizes(args.capacity, at_least="1GiB, a card's memory")]
     util = parse_fraction(args.util) if args.util is not None else None
     non_torch = check_non_torch(parse_size(args.non_torch) if args.non_torch is not None else None, capacities)
+    if args.run_path is None:
+        return _before_run(args, capacities)
     run_ = _on_cards(analysed(args))
     if args.config is not None:
         _give_shape(run_, args.config)
@@ -120,6 +124,34 @@ def run(args: argparse.Namespace) -> int:
         survives = all(r.fits(capacities, util, non_torch).survives for r in ranks)
     render(run_, sys.stdout, "fits", capacities=capacities, util=util, non_torch=non_torch, json_out=args.json)
     return 0 if survives else 1
+
+
+def _before_run(args: argparse.Namespace, capacities: list[int]) -> int:
+    """--config without RUN: the start-up from the model's config and the priors, per card; exit 0 if it boots."""
+    from memtrace.analysis.capacity import before_run as B
+    from memtrace.analysis.capacity.priors import load_library, read_config
+    from memtrace.analysis.capacity.whatif import BOOTS
+    from memtrace.errors import UsageError
+    from memtrace.plots.whatif_text import render_before_run
+    from memtrace.units import parse_size
+
+    if args.config is None:
+        raise UsageError("give a RUN to predict from, or --config config.json to predict before any run")
+    if args.more_runs or args.keep_others or args.util is not None or args.non_torch is not None:
+        raise UsageError("before any run, give the flags as --what-if (gpu-memory-utilization=F too) and other "
+                         "processes' memory as --others SIZE")  # fmt: skip
+    shape = read_config(args.config)
+    library = load_library()
+    others = parse_size(args.others) if args.others is not None else 0
+    weights = B.weights_of(shape, args.config)
+    boots = True
+    for capacity in capacities:
+        flags = B.config_flags(shape, capacity, args.what_if)
+        o = B.predict(shape, flags, capacity, weights, library, others)
+        found = B.suggest(shape, flags, capacity, weights, library, others) if args.suggest else []
+        render_before_run(sys.stdout, args.config, flags, weights, o, found, library, json_out=args.json)
+        boots = boots and o.verdict == BOOTS
+    return 0 if boots else 1
 
 
 def _give_shape(run_, path: str) -> None:

@@ -330,6 +330,13 @@ class Carried:
             peaks += [self.warmup_peak, self.after_warmup]
         return max(peaks)
 
+    @property
+    def sizing_components(self) -> tuple[str, ...]:
+        """The components vLLM's KV sizing reads in this mode (their priors' spreads are the KV cache's)."""
+        if self.flags.extensible:
+            return (CONTEXT, WEIGHTS, SAMPLER, KEPT, GRAPH_POOL, SLACK, TRANSIENT, RESERVE_GROWTH)
+        return (WEIGHTS, SAMPLER, ACTIVATIONS, KEPT, SAMPLER_RUN, PROFILED_SLACK)
+
     def kv(self, capacity: int, others: int, per_block: int, tokens_per_block: int) -> CarriedKv:
         """vLLM's KV cache on ``capacity`` (``others`` held by other processes): 0.34's post-warm-up formula with
         the extensible cache, else the profiled one (``ceil(util x card) - non-KV``)."""

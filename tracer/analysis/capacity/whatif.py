@@ -511,8 +511,12 @@ def model_shape(trace) -> dict | None:
 def shape_per_block(shape: dict, kv_cache_dtype: str, block_size: int) -> int:
     """Bytes of one KV block of every full-attention layer: K and V, KV heads x head size x the cache dtype's bytes."""
     heads = int(shape.get("num_key_value_heads") or shape.get("num_attention_heads") or 0)
-    head = int(shape.get("head_dim") or 0) or int(shape.get("hidden_size", 0)) // max(int(shape.get("num_attention_heads") or 1), 1)
-    return 2 * heads * head * _DTYPE_BYTES.get(kv_cache_dtype, 2) * block_size * int(shape.get("num_hidden_layers") or 0)
+    head = int(shape.get("head_dim") or 0) or int(shape.get("hidden_size", 0)) // max(
+        int(shape.get("num_attention_heads") or 1), 1
+    )
+    return (
+        2 * heads * head * _DTYPE_BYTES.get(kv_cache_dtype, 2) * block_size * int(shape.get("num_hidden_layers") or 0)
+    )
 
 
 @dataclass(frozen=True)
@@ -547,7 +551,8 @@ class Outcome:
     #: ``fits.SEARCH_STEP``); 0 when it boots; None where no card up to the search's ceiling does
     short_bytes: int | None = None
     #: past the recording's end the start-up was carried on from priors (issue 43): each component that came from
-    #: a prior and its spread, in words ("" when every figure is recorded or scaled); the spreads' sum in bytes
+    #: a prior and its spread, in words ("" when every figure is recorded or scaled); the sum of the spreads of
+    #: those vLLM's KV sizing reads, in bytes (how far the KV cache may be off)
     carried: str = ""
     spread_bytes: int = 0
 
@@ -816,6 +821,8 @@ class WhatIf:
                 else "the recording ends before the KV cache was sized"
             )
             why += f": up to there it fits, {room - pre_peak:,} B to spare; what comes after was never recorded"
+            if model_shape(self.sites.trace) is None:
+                why += " (the model's shape was not recorded: --config config.json carries it on from priors)"
             return Outcome(**common, verdict=UNKNOWN, phase="", by_bytes=0, why=why, kv=None, phases=phases)
         phases = self.phase_peaks(kv.kv_bytes, others)
         sizing = PN.KV_CACHE_SIZING if self.flags.extensible else PN.DETERMINE_AVAILABLE_MEMORY
@@ -909,9 +916,10 @@ def carried_outcome(c: P.Carried, capacity: int, others: int, per: int, tpb: int
                                for name, b, src in c.phase_peaks() if name not in names]  # fmt: skip
     priors = [f for f in c.figures.values() if f.source == P.PRIOR and f.bytes]
     words = ", ".join(f"{f.component} {f.bytes:,} B ±{f.spread_bytes:,}" for f in priors)
+    spread = sum(f.spread_bytes for f in priors if f.component in c.sizing_components)  # the KV cache's
     common = {**(common or dict(capacity_bytes=capacity, others_bytes=others, others_left_out_bytes=0,
                                 pre_kv_peak_phase=PN.PROFILE_RUN)),
-              "pre_kv_peak_bytes": c.pre_kv_peak, "spread_bytes": sum(f.spread_bytes for f in priors),
+              "pre_kv_peak_bytes": c.pre_kv_peak, "spread_bytes": spread,
               "carried": f"from priors (vLLM {c.library.vllm}): {words}" if priors else ""}  # fmt: skip
     if c.pre_kv_peak > room:
         phase = next((name for name, b, _ in c.phase_peaks() if b > room), PN.PROFILE_RUN)
@@ -1087,8 +1095,8 @@ def suggest(sites: Sites, capacity: int, *, keep_others: bool = False, others_by
         if booting:
             break
     booting.sort(
-        key=lambda s: (len(s.changes), s.outcome.verdict != BOOTS, -(s.outcome.kv.tokens if s.outcome.kv else 0),
-                       s.outcome.pre_kv_peak_bytes)
+        key=lambda s: (len(s.changes), s.outcome.verdict != BOOTS, not clear_of_spread(s.outcome),
+                       -(s.outcome.kv.tokens if s.outcome.kv else 0), s.outcome.pre_kv_peak_bytes)
     )  # fmt: skip
     frugal = _frugal(rec, singles)
     w = WhatIf(sites, frugal, cal)
@@ -1096,6 +1104,12 @@ def suggest(sites: Sites, capacity: int, *, keep_others: bool = False, others_by
     one = one_request_bytes(frugal.max_model_len, per, tpb) if per else 0
     return Suggestions(capacity, recorded_outcome, booting[:top], w.pre_kv[0] + one, frugal.changes(rec), tried,
                        w.on(capacity, **card))  # fmt: skip
+
+
+def clear_of_spread(o: Outcome) -> bool:
+    """It boots with more KV cache than one request needs by more than the priors' spread (``Outcome.spread_bytes``;
+    0 where nothing came from a prior): it boots even where every prior errs the wrong way."""
+    return o.kv is not None and o.kv.available_bytes - o.kv.one_request_bytes > o.spread_bytes
 
 
 def _frugal(rec: Flags, singles: list[dict]) -> Flags:

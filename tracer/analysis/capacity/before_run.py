@@ -1,0 +1,101 @@
+"""Will it boot, before any run: the start-up put together from the model's config and the priors (issue 43).
+
+``memtrace fits --config config.json --capacity 16GiB [--what-if ...] [--suggest]``: the weights from the
+checkpoint's safetensors headers when the config's folder holds them (exact), else from the config's shape (said
+so); the CUDA context, activations, sampler, warm-up, graphs and vLLM's sizing inputs from the priors
+(:mod:`.priors`); the KV cache by vLLM's own formula (:func:`.whatif.carried_outcome`). The flags are vLLM 0.34's
+defaults for ``vllm serve`` on that card (:func:`serve_defaults`), changed by ``--what-if``. A recording of the
+same model replaces the priors: ``memtrace fits RUN``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from pathlib import Path
+
+from memtrace.analysis.capacity import priors as P
+from memtrace.analysis.capacity.whatif import (
+    BOOTS,
+    Flags,
+    Outcome,
+    Suggestion,
+    apply_what_if,
+    candidates,
+    carried_outcome,
+    clear_of_spread,
+    shape_per_block,
+)
+
+GiB = 1 << 30
+#: vLLM 0.34's defaults for ``vllm serve`` (``EngineArgs.get_batch_defaults``, OPENAI_API_SERVER) by the card's
+#: memory: (at least bytes, max-num-batched-tokens, max-num-seqs), largest first (an A100 or GB10 of >= 70 GiB
+#: takes the last row; not told apart here)
+SERVE_DEFAULTS = ((160 * GiB, 16384, 1024), (70 * GiB, 8192, 1024), (0, 2048, 256))
+#: the block size the predictions count one request's blocks in (vLLM's bytes per token do not depend on it)
+BLOCK_TOKENS = 16
+
+
+def serve_defaults(capacity: int) -> tuple[int, int]:
+    """(max-num-batched-tokens, max-num-seqs) vLLM 0.34's ``vllm serve`` takes on a card of ``capacity`` bytes."""
+    return next((t, s) for least, t, s in SERVE_DEFAULTS if capacity >= least)
+
+
+def config_flags(shape: dict, capacity: int, what_if: list[str]) -> Flags:
+    """vLLM 0.34's default flags for this model on this card, changed by ``what_if``."""
+    tokens, seqs = serve_defaults(capacity)
+    max_len = int(shape.get("max_position_embeddings") or 0) or 8192
+    base = Flags(max_num_batched_tokens=tokens, max_num_seqs=seqs, max_model_len=max_len, enforce_eager=False,
+                 kv_cache_dtype="auto", gpu_memory_utilization=None, extensible=True)  # fmt: skip
+    return apply_what_if(base, what_if)
+
+
+@dataclass(frozen=True)
+class Weights:
+    """The weights' bytes and where they come from (the checkpoint's headers, or the config's shape)."""
+
+    bytes: int
+    source: str
+
+
+def weights_of(shape: dict, config_path: str) -> Weights:
+    """The checkpoint's safetensors headers beside ``config_path`` when there are any, else the config's shape."""
+    from memtrace.analysis.capacity import shape as S
+
+    folder = Path(config_path).parent
+    if any(folder.glob("*.safetensors")):
+        return Weights(S.weights_from_safetensors(folder), f"the safetensors headers in {folder}")
+    return Weights(
+        S.weights_bytes(S.ModelShape.from_config(config_path)), "the config's shape (no checkpoint beside it)"
+    )
+
+
+def predict(shape: dict, flags: Flags, capacity: int, weights: Weights, library: P.Library, others: int = 0) -> Outcome:
+    """The answer on ``capacity`` with nothing recorded: every figure but the weights from the priors."""
+    given = {P.WEIGHTS: P.Figure(P.WEIGHTS, weights.bytes, weights.source)}
+    c = P.Carried(shape, flags, library, given)
+    per = shape_per_block(shape, flags.kv_cache_dtype, BLOCK_TOKENS)
+    return carried_outcome(c, capacity, others, per, BLOCK_TOKENS)
+
+
+def suggest(shape: dict, flags: Flags, capacity: int, weights: Weights, library: P.Library, others: int = 0,
+            top: int = 8) -> list[Suggestion]:  # fmt: skip
+    """The single changes (else pairs) to ``flags`` that boot with nothing recorded: booting ones first, the most
+    margin against the priors' spread first, then the most KV cache."""
+    singles = candidates(flags, True)
+    found: list[Suggestion] = []
+    for size in (1, 2):
+        sets = singles if size == 1 else [
+            {**a, **b} for i, a in enumerate(singles) for b in singles[i + 1:] if not set(a) & set(b)
+        ]  # fmt: skip
+        for change in sets:
+            f = dataclasses.replace(flags, **change)
+            o = predict(shape, f, capacity, weights, library, others)
+            if o.verdict == BOOTS:
+                found.append(Suggestion(f.changes(flags), f, o))
+        if found:
+            break
+    found.sort(
+        key=lambda s: (len(s.changes), not clear_of_spread(s.outcome), -(s.outcome.kv.tokens if s.outcome.kv else 0))
+    )
+    return found[:top]
