@@ -56,7 +56,17 @@ def observations(entries=LIBRARY) -> list[P.Observed]:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--write", action="store_true", help=f"write {P.LIBRARY_FILE.relative_to(ROOT)}")
+    ap.add_argument("--leave-out", metavar="ARCH", help="refit the shipped library's observations without ARCH "
+                    "(fast: no trace is read) and write it to --out (leave one architecture out)")  # fmt: skip
+    ap.add_argument("--out", metavar="PATH", help="with --leave-out: where to write the refitted priors")
     args = ap.parse_args(argv)
+    if args.leave_out:
+        if not args.out:
+            ap.error("--leave-out needs --out PATH")
+        lib = P.load_library().without(args.leave_out)
+        Path(args.out).write_text(lib.to_json())
+        print(f"wrote {args.out}: {len(lib.observed)} start-ups of {', '.join(lib.architectures)}")
+        return 0
     lib = P.fit(observations(), "0.34")
     for o in lib.observed:
         print(o.label, o.architecture, {k: f"{v / 2**20:.1f}M" for k, v in o.values.items()})

@@ -99,6 +99,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "else from the config; the rest from priors over real start-ups); with RUN, its shape carries a recording "
         "cut by its OOM past its end (recordings since memtrace records the shape need none)",
     )
+    p.add_argument(
+        "--priors",
+        default=None,
+        metavar="PRIORS_JSON",
+        help="the priors that carry a start-up past its recording (default: the shipped ones, fitted on real vLLM "
+        "0.34 start-ups; refit with tests/bench/fit_priors.py)",
+    )
     p.add_argument("--json", action="store_true", help="print the predictions as JSON")
 
 
@@ -117,7 +124,7 @@ def run(args: argparse.Namespace) -> int:
     run_ = _on_cards(analysed(args))
     if args.config is not None:
         _give_shape(run_, args.config)
-    if args.what_if or args.suggest or args.more_runs or args.keep_others or args.others is not None:
+    if args.what_if or args.suggest or args.more_runs or args.keep_others or args.others is not None or args.priors:
         return _what_if(args, run_, capacities)
     with task("Predicting", total=None):
         ranks = run_.require_events("predict")
@@ -141,7 +148,7 @@ def _before_run(args: argparse.Namespace, capacities: list[int]) -> int:
         raise UsageError("before any run, give the flags as --what-if (gpu-memory-utilization=F too) and other "
                          "processes' memory as --others SIZE")  # fmt: skip
     shape = read_config(args.config)
-    library = load_library()
+    library = load_library(args.priors)
     others = parse_size(args.others) if args.others is not None else 0
     weights = B.weights_of(shape, args.config)
     boots = True
@@ -194,6 +201,9 @@ def _what_if(args: argparse.Namespace, run_, capacities: list[int]) -> int:
     others = parse_size(args.others) if args.others is not None else None
     if others is not None and any(others >= c for c in capacities):
         raise UsageError(f"--others {args.others} fills the card; give what other processes hold, less than --capacity")
+    from memtrace.analysis.capacity.priors import load_library
+
+    library = load_library(args.priors) if args.priors is not None else None
     more = []
     for path in args.more_runs:
         args.extra_run = path
@@ -201,7 +211,7 @@ def _what_if(args: argparse.Namespace, run_, capacities: list[int]) -> int:
     with task("Predicting", total=None):
         answers = [
             (r, answer(r, args.what_if, capacities, suggest_too=args.suggest, keep_others=args.keep_others, others_bytes=others,
-                       calibration_ranks=tuple(more)))
+                       calibration_ranks=tuple(more), library=library))
             for r in run_.require_events("predict")
         ]  # fmt: skip
     render(run_, sys.stdout, "whatif", answers=answers, json_out=args.json)

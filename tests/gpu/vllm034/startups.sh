@@ -19,9 +19,12 @@
 #                SMALL_FROM=name: the pre-KV device-used peak of that grid run minus SMALL_MARGIN bytes;
 #                SMALL="name:model:flags;..." as GRID; run before grid (after it with SMALL_FROM), the holder
 #                stopped before the grid's whole-card runs
-#   cut          issue 43: CUT="model:frac:cand|cand;..." (models: moe, dense, tests/gpu/vllm034/models/<name>.json):
-#                a holder leaves load_model's peak + frac x (profile_run's - load_model's) of the grid run a-<model>
-#                free, then each cand (flags, commas; "default") is a traced start-up cut-<model>-<i> beside it
+#   cut          issue 43: CUT="model:free:cand|cand[:ARCH[:RUN]];..." (models: moe, dense, tests/gpu/vllm034/models/
+#                <name>.json): a holder leaves free bytes (free: a number), or load_model's peak + free x (profile_run's
+#                - load_model's) of the grid run a-<model> (free: a fraction such as 0.4); each cand (flags, commas;
+#                "default"; "suggest"/"suggest2": what `fits --suggest` names from the first cand's cut trace, or RUN,
+#                with the priors refitted without ARCH and CONFIG for a RUN that lacks its shape) is a traced start-up
+#                cut-<model>-<i> beside the holder; entries "model:free:cands:ARCH:RUN:CONFIG"
 #   annotations  issue 29: tests/gpu/record_annotations.py under the stage's torch (annotate entries, user metadata)
 #   profiler     issue 29: vLLM's own --profiler-config (torch, memory on) around one completion (moe, eager)
 #   serving      issue 30: `vllm serve` (moe, extensible KV) under `memtrace run --until serving` beside a holder that
@@ -232,10 +235,12 @@ ph = {p["name"]: p.get("peak_device_used_bytes") or 0 for p in doc["traces"][0][
 print(ph.get("load_model", 0), max(ph.get("profile_run", 0), ph.get("determine_available_memory", 0)))
 PY
 }
-suggested() {  # suggested RUN N: the flags of `memtrace fits RUN --suggest`'s Nth booting change on the recorded card
-  timeout 120 python3 -m memtrace fits "$1" --capacity "$(nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits | head -1)MiB" \
-    --keep-others --suggest --json > "$1/../suggest.json" 2> "$1/../suggest.err"
-  python3 - "$1/../suggest.json" "$2" <<'PY'
+suggested() {  # suggested RUN N OUTDIR [PRIORS [CONFIG]]: the flags of `memtrace fits RUN --suggest`'s Nth booting change on
+  # the recorded card (its total: the trace's), with PRIORS (a priors file; default the shipped ones)
+  local pri=(); [ -n "${4:-}" ] && pri=(--priors "$4"); [ -n "${5:-}" ] && pri+=(--config "$5")
+  timeout 120 python3 -m memtrace fits "$1" --capacity "$CARD_TOTAL"B --keep-others --suggest --json "${pri[@]}" \
+    > "$3/suggest.json" 2> "$3/suggest.err"
+  python3 - "$3/suggest.json" "$2" <<'PY'
 import json, sys
 doc = json.load(open(sys.argv[1])); n = int(sys.argv[2])
 def found(x):
@@ -255,14 +260,23 @@ PY
 }
 if want cut; then
   write_holder
+  CARD_TOTAL=$(python3 -c "import torch; print(torch.cuda.mem_get_info()[1])")
   IFS=';' read -ra CUTS <<< "${CUT:-}"
   for entry in "${CUTS[@]}"; do
-    IFS=':' read -r model frac cands <<< "$entry"
+    IFS=':' read -r model frac cands leave from config <<< "$entry"
     [ "$(left)" -gt 150 ] || { log "(cut) no time left for $model ($(left)s)"; continue; }
-    read -r L P <<< "$(phase_peaks "a-$model")"
-    [ "${L:-0}" -gt 0 ] && [ "${P:-0}" -gt "$L" ] || { log "(cut) $model: no whole-card run to size the card from (L=$L P=$P)"; continue; }
-    FREE=$(python3 -c "print(int($L + $frac * ($P - $L)))")
-    log "(cut) $model: load_model peak $L B, profile_run peak $P B; leaving $FREE B free"
+    PRIORS=""
+    if [ -n "${leave:-}" ]; then  # leave one architecture out: the priors refitted without the model's own
+      PRIORS=$W/priors-no-$model.json; python3 tests/bench/fit_priors.py --leave-out "$leave" --out "$PRIORS" | tee -a "$OUT/progress.log"
+    fi
+    if [[ "$frac" == *.* ]]; then
+      read -r L P <<< "$(phase_peaks "a-$model")"
+      [ "${L:-0}" -gt 0 ] && [ "${P:-0}" -gt "$L" ] || { log "(cut) $model: no whole-card run to size the card from (L=$L P=$P)"; continue; }
+      FREE=$(python3 -c "print(int($L + $frac * ($P - $L)))")
+      log "(cut) $model: load_model peak $L B, profile_run peak $P B; leaving $FREE B free"
+    else
+      FREE=$frac; log "(cut) $model: leaving $FREE B free"
+    fi
     mkdir -p "$W/holder-$model"
     start "$W/holder-$model/holder.log" python3 "$W/leave.py" "$FREE"; H=$SID
     if wait_log "$W/holder-$model/holder.log" "holder pid" "$H" 60; then
@@ -273,10 +287,11 @@ if want cut; then
         if [ "$c" = default ]; then FL=()
         elif [[ "$c" == suggest* ]]; then  # what `fits --suggest` names from the first (cut) run alone: suggest, suggest2
           n=${c#suggest}; n=${n:-1}
-          S=$(suggested "$W/cut-$model-0/run" "$n") || { log "(cut) $model: fits --suggest gave no suggestion $n"; continue; }
+          S=$(suggested "${from:-$W/cut-$model-0/run}" "$n" "$W" "$PRIORS" "${config:-}") || { log "(cut) $model: fits --suggest gave no suggestion $n: $(tail -2 "$W/suggest.err")"; continue; }
           log "(cut) $model: suggestion $n from the cut trace: $S"; read -ra FL <<< "$S"
         else IFS=',' read -ra FL <<< "$c"; fi
         traced "cut-$model-$i" "/tmp/model-$model" "${FL[@]}"
+        [[ "$c" == suggest* ]] && cp "$W/suggest.json" "$W/cut-$model-$i/suggest.json" 2>/dev/null
         cp "$W/holder-$model/holder.log" "$W/cut-$model-$i/" 2>/dev/null; i=$((i + 1))
       done
     else

@@ -233,7 +233,7 @@ def as_predicted(f: Fit, o: Outcome, w: WhatIf, prediction: str) -> Fit:
 
 
 def answer(rank, what_if: list[str], capacities: list[int], *, suggest_too: bool = False, keep_others: bool = False,
-           others_bytes: int | None = None, calibration_ranks: tuple = ()) -> Answer:  # fmt: skip
+           others_bytes: int | None = None, calibration_ranks: tuple = (), library=None) -> Answer:  # fmt: skip
     """The what-if of ``rank`` under ``what_if`` on each card (``calibration_ranks``: more traces of the same
     model, to fit each site's scaling), and with ``suggest_too`` the flags that boot on each card. The recorded
     flags (another utilization included) on a card this process holds alone answer as plain ``fits`` (with
@@ -241,7 +241,7 @@ def answer(rank, what_if: list[str], capacities: list[int], *, suggest_too: bool
     sites = sites_of(rank)
     cal = calibrate([sites, *(sites_of(r) for r in calibration_ranks)]) if calibration_ranks else None
     flags = apply_what_if(sites.flags, what_if)
-    w = WhatIf(sites, flags, cal)
+    w = WhatIf(sites, flags, cal, library)
     card = dict(keep_others=keep_others, others_bytes=others_bytes)
     others = others_bytes if others_bytes is not None else recorded_others(rank.trace) if keep_others else 0
     util = flags.gpu_memory_utilization if flags.gpu_memory_utilization != sites.flags.gpu_memory_utilization else None
@@ -253,7 +253,7 @@ def answer(rank, what_if: list[str], capacities: list[int], *, suggest_too: bool
 
     outcomes = [on(c) for c in capacities]
     pairs = zip(capacities, outcomes, strict=True) if suggest_too else ()
-    found = [suggest(sites, c, **card, cal=cal, base=flags, recorded=o) for c, o in pairs]
+    found = [suggest(sites, c, **card, cal=cal, base=flags, recorded=o, library=library) for c, o in pairs]
     return Answer(
         recorded=sites.flags,
         flags=flags,

@@ -823,6 +823,9 @@ class WhatIf:
             why += f": up to there it fits, {room - pre_peak:,} B to spare; what comes after was never recorded"
             if model_shape(self.sites.trace) is None:
                 why += " (the model's shape was not recorded: --config config.json carries it on from priors)"
+            elif self.carried is not None and self.carried.missing:
+                why += f" (the priors have no {', '.join(self.carried.missing)} for this kind of model: refit them " \
+                       "with a start-up of one like it)"
             return Outcome(**common, verdict=UNKNOWN, phase="", by_bytes=0, why=why, kv=None, phases=phases)
         phases = self.phase_peaks(kv.kv_bytes, others)
         sizing = PN.KV_CACHE_SIZING if self.flags.extensible else PN.DETERMINE_AVAILABLE_MEMORY
@@ -1071,7 +1074,7 @@ def shared_utilization(sites: Sites, capacity: int, others: int) -> float | None
 
 def suggest(sites: Sites, capacity: int, *, keep_others: bool = False, others_bytes: int | None = None,
             cal: Calibration | None = None, top: int = 8, base: Flags | None = None,
-            recorded: Outcome | None = None) -> Suggestions:  # fmt: skip
+            recorded: Outcome | None = None, library: P.Library | None = None) -> Suggestions:  # fmt: skip
     """The changes (one, else two at once) to ``base`` (default: the recorded flags) that boot on ``capacity``
     (``recorded``: ``base``'s outcome there, when already answered)."""
     rec = base or sites.flags
@@ -1079,7 +1082,7 @@ def suggest(sites: Sites, capacity: int, *, keep_others: bool = False, others_by
     card = dict(keep_others=keep_others, others_bytes=others_bytes)
     others = others_bytes if others_bytes is not None else recorded_others(sites.trace) if keep_others else 0
     singles = candidates(rec, ext_known, shared_utilization(sites, capacity, others))
-    recorded_outcome = recorded or WhatIf(sites, rec, cal).on(capacity, **card)
+    recorded_outcome = recorded or WhatIf(sites, rec, cal, library).on(capacity, **card)
     booting: list[Suggestion] = []
     tried = 0
     for size in (1, 2):
@@ -1088,7 +1091,7 @@ def suggest(sites: Sites, capacity: int, *, keep_others: bool = False, others_by
         ]  # fmt: skip
         for change in sets:
             f = dataclasses.replace(rec, **change)
-            o = WhatIf(sites, f, cal).on(capacity, **card)
+            o = WhatIf(sites, f, cal, library).on(capacity, **card)
             tried += 1
             if o.verdict == BOOTS or (o.verdict == UNKNOWN and recorded_outcome.verdict != BOOTS):
                 booting.append(Suggestion(f.changes(rec), f, o))  # UNKNOWN: gets past all the recording covers
@@ -1099,7 +1102,7 @@ def suggest(sites: Sites, capacity: int, *, keep_others: bool = False, others_by
                        -(s.outcome.kv.tokens if s.outcome.kv else 0), s.outcome.pre_kv_peak_bytes)
     )  # fmt: skip
     frugal = _frugal(rec, singles)
-    w = WhatIf(sites, frugal, cal)
+    w = WhatIf(sites, frugal, cal, library)
     per, tpb = w.per_block
     one = one_request_bytes(frugal.max_model_len, per, tpb) if per else 0
     return Suggestions(capacity, recorded_outcome, booting[:top], w.pre_kv[0] + one, frugal.changes(rec), tried,
