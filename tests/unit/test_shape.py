@@ -16,18 +16,20 @@ from memtrace import facts as F
 from memtrace.analysis.capacity import shape as S
 from memtrace.errors import UsageError
 from memtrace.store import load_run
-from vllm034_data import VLLM033, VLLM034
+from vllm034_data import VLLM033, VLLM034, Recorded
 from whatif_heldout_cases import GRID
 
 ROOT = Path(__file__).resolve().parents[2]
 MOE = ROOT / "tests/data/vllm-h200/model-config.json"  # Qwen3-MoE, 8 layers (the shipped traces' model-moe)
 DENSE = ROOT / "tests/gpu/vllm034/dense-config.json"  # Llama-shaped, 32 x 4096 (model-dense)
 MODELS = ROOT / "tests/gpu/vllm034/models"
-CONFIG_OF = {"/tmp/model-moe": MOE, "/tmp/model-dense": DENSE}
-#: Every shipped vLLM 0.34 start-up (and the 0.33 one, block 16) with the KV cache vLLM sized
+CONFIG_OF = {"/tmp/model-moe": MOE, "/tmp/model": MOE, "/tmp/model-dense": DENSE}  # /tmp/model: vLLM 0.25.1's
+#: Every shipped start-up with the KV cache vLLM sized: vLLM 0.34 (H200, and the serving OOMs on H200 and H100),
+#: 0.33 and 0.25.1 (block 16)
 SIZED = [(VLLM034, s) for s in ("moe-ext", "moe-noext", "dense-ext", "dense-noext", "small-ext")] + [
     (GRID, s) for s in ("g03", "g07", "g08", "g4096-s8-eager", "g8192-s64-eager", "small-rescue-p2048", "small-rescue-u0835")
-] + [(VLLM033, "moe")]  # fmt: skip
+] + [(VLLM033, "moe"), (Recorded("vllm-h200"), "startup"), (Recorded("vllm-h200"), "startup-cupti"),
+      (Recorded("vllm-h200-034-serving"), "oom"), (Recorded("vllm-h100-034-serving"), "oom-held")]  # fmt: skip
 
 
 def _traced(src, step) -> tuple[dict, S.ModelShape]:
@@ -181,9 +183,9 @@ def test_groups_bytes_per_block_and_blocks_per_request_are_vllms_own(model, layo
     assert utils.get_max_concurrency_for_kv_cache_config(stand_in, config) == 10_000 / plan.blocks_per_request
     want = {"gemma3": (64, 6, 2, 512 + 5 * 273), "mistral": (64, 1, 16, 321), "q35moe": (1088, 4, 2, 31 + 9),
             "moe": (64, 1, 8, 512)}  # fmt: skip
-    assert (plan.block_size, len(groups), plan.bytes_per_block // plan.page_bytes, plan.blocks_per_request) == want[
-        model
-    ]
+    layers_per_group = plan.bytes_per_block // plan.page_bytes
+    assert (plan.block_size, len(groups), layers_per_group, plan.blocks_per_request) == want[model]
+    assert S.kv_plan(dataclasses.replace(shape, block_size=plan.block_size)) == plan  # a trace's block: the same
 
 
 def test_weights_count_every_parameter_of_the_real_transformers_models(tmp_path):

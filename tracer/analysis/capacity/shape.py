@@ -224,7 +224,9 @@ def _mamba_page(shape: ModelShape) -> int:
 
 
 def kv_plan(shape: ModelShape, kv_cache_dtype: str | None = None, block_size: int | None = None) -> KVPlan:
-    """Groups and bytes per block as vLLM 0.34 plans them (flags default to the shape's).
+    """Groups and bytes per block as vLLM 0.34 plans them (flags default to the shape's; ``block_size`` is the
+    one vLLM picked for the attention backend, 64 on the H200 traces; a hybrid's trace records the raised one,
+    which gives the same plan).
 
     - A layer's page: ``block_size x kv_heads/TP x 2 x head_dim x dtype`` (``AttentionSpec.page_size_bytes``).
     - Hybrids with linear attention: the block grows to ``block x cdiv(state, block x per-token)`` tokens so
