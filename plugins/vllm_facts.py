@@ -122,6 +122,8 @@ _SHAPE_FIELDS = (
     "linear_key_head_dim",
     "linear_value_head_dim",
     "linear_conv_kernel_dim",
+    "max_position_embeddings",  # the rotary cache's rows: part of the weights vLLM reports (capacity/shape.py)
+    "partial_rotary_factor",
 )
 
 
