@@ -24,7 +24,7 @@ from memtrace.analysis.capacity.whatif import (
     candidates,
     carried_outcome,
     clear_of_spread,
-    shape_per_block,
+    kv_geometry,
 )
 
 GiB = 1 << 30
@@ -74,8 +74,7 @@ def predict(shape: dict, flags: Flags, capacity: int, weights: Weights, library:
     """The answer on ``capacity`` with nothing recorded: every figure but the weights from the priors."""
     given = {P.WEIGHTS: P.Figure(P.WEIGHTS, weights.bytes, weights.source)}
     c = P.Carried(shape, flags, library, given)
-    per = shape_per_block(shape, flags.kv_cache_dtype, BLOCK_TOKENS)
-    return carried_outcome(c, capacity, others, per, BLOCK_TOKENS)
+    return carried_outcome(c, capacity, others, kv_geometry(shape, flags, BLOCK_TOKENS))
 
 
 def suggest(shape: dict, flags: Flags, capacity: int, weights: Weights, library: P.Library, others: int = 0,

@@ -508,15 +508,16 @@ def model_shape(trace) -> dict | None:
     return shape if isinstance(shape, dict) and shape.get("hidden_size") else None
 
 
-def shape_per_block(shape: dict, kv_cache_dtype: str, block_size: int) -> int:
-    """Bytes of one KV block of every full-attention layer: K and V, KV heads x head size x the cache dtype's bytes."""
-    heads = int(shape.get("num_key_value_heads") or shape.get("num_attention_heads") or 0)
-    head = int(shape.get("head_dim") or 0) or int(shape.get("hidden_size", 0)) // max(
-        int(shape.get("num_attention_heads") or 1), 1
-    )
-    return (
-        2 * heads * head * _DTYPE_BYTES.get(kv_cache_dtype, 2) * block_size * int(shape.get("num_hidden_layers") or 0)
-    )
+def kv_geometry(shape: dict, flags: Flags, block_size: int, dtype: str | None = None) -> tuple[int, int, int]:
+    """(bytes per KV block, tokens per block, blocks one request of max-model-len takes): vLLM 0.34's arithmetic on
+    the model's shape (``shape.kv_plan``: groups, sliding windows, a hybrid's raised block)."""
+    from memtrace.analysis.capacity.shape import ModelShape, kv_plan
+
+    cfg = {"kv_cache_dtype": flags.kv_cache_dtype, "block_size": block_size, "max_model_len": flags.max_model_len,
+           "max_num_batched_tokens": flags.max_num_batched_tokens,
+           "dtype": dtype or shape.get("dtype") or shape.get("torch_dtype") or "bfloat16"}  # fmt: skip
+    plan = kv_plan(ModelShape.from_facts({F.VLLM_MODEL_SHAPE: shape, F.VLLM_CONFIG: cfg}))
+    return plan.bytes_per_block, plan.block_size, int(plan.blocks_per_request or 0)
 
 
 @dataclass(frozen=True)
@@ -697,8 +698,8 @@ class WhatIf:
         ratio = _DTYPE_BYTES.get(self.flags.kv_cache_dtype, 2) / _DTYPE_BYTES.get(self.rec.kv_cache_dtype, 2)
         shape = model_shape(self.sites.trace)
         if not per and shape is not None:  # a recording cut before KV sizing: vLLM's arithmetic on the model's shape
-            tpb = tpb or 16
-            return shape_per_block(shape, self.flags.kv_cache_dtype, tpb), tpb
+            dtype = (self.sites.trace.facts.get(F.VLLM_CONFIG) or {}).get("dtype")
+            return kv_geometry(shape, self.flags, tpb or 16, dtype)[:2]
         return int(per * ratio), tpb or 16
 
     def kv_on(self, capacity: int, others: int, left_out: int) -> KvSizing | None:
@@ -878,8 +879,10 @@ class WhatIf:
         per, tpb = self.per_block
         if c is None or c.missing or not per:
             return None
-        return carried_outcome(c, capacity, others, per, tpb, self.phase_peaks(0, others), int(self.sites.time[-1]),
-                               common)  # fmt: skip
+        dtype = (self.sites.trace.facts.get(F.VLLM_CONFIG) or {}).get("dtype")
+        per, tpb, blocks = kv_geometry(model_shape(self.sites.trace), self.flags, tpb, dtype)
+        return carried_outcome(c, capacity, others, (per, tpb, blocks), self.phase_peaks(0, others),
+                               int(self.sites.time[-1]), common)  # fmt: skip
 
     def short(self, capacity: int, **card) -> Outcome:
         """:meth:`on`, with how much larger a card must be to boot (``Outcome.short_bytes``)."""
@@ -909,11 +912,13 @@ class WhatIf:
         return phase, withheld - requested, why
 
 
-def carried_outcome(c: P.Carried, capacity: int, others: int, per: int, tpb: int, recorded: list[PhasePeak] = (),
-                    t_end: int = 0, common: dict | None = None) -> Outcome:  # fmt: skip
+def carried_outcome(c: P.Carried, capacity: int, others: int, geometry: tuple[int, int, int],
+                    recorded: list[PhasePeak] = (), t_end: int = 0, common: dict | None = None) -> Outcome:  # fmt: skip
     """The answer on ``capacity`` (``others`` held by other processes) of a start-up put together from components
-    (``c``): past a recording's end (``recorded``: its phases as predicted, up to ``t_end``), or with nothing recorded."""
+    (``c``): past a recording's end (``recorded``: its phases as predicted, up to ``t_end``), or with nothing recorded.
+    ``geometry``: :func:`kv_geometry`."""
     flags, room = c.flags, capacity - others
+    per, tpb, per_request = geometry
     names = {x.phase for x in recorded}
     phases = list(recorded) + [PhasePeak(name, None, 0, b + others, t_end, False, {}, {}, src)
                                for name, b, src in c.phase_peaks() if name not in names]  # fmt: skip
@@ -930,10 +935,11 @@ def carried_outcome(c: P.Carried, capacity: int, others: int, per: int, tpb: int
         return Outcome(**common, verdict=DIES, phase=phase, by_bytes=c.pre_kv_peak - room, why=why, kv=None,
                        phases=phases)  # fmt: skip
     k = c.kv(capacity, others, per, tpb)
-    one = one_request_bytes(flags.max_model_len, per, tpb)
-    kv = KvSizing(k.available_bytes, k.blocks, k.tokens, k.kv_bytes, k.tokens / flags.max_model_len, k.how, one)
+    one = per_request * per
+    tokens = int(k.blocks / per_request * flags.max_model_len)  # vLLM's get_kv_cache_capacity
+    kv = KvSizing(k.available_bytes, k.blocks, tokens, k.kv_bytes, tokens / flags.max_model_len, k.how, one)
     usable = kv.blocks - (1 if flags.extensible else 0)  # vLLM's null block holds no tokens
-    if kv.available_bytes <= 0 or usable * tpb < flags.max_model_len:
+    if kv.available_bytes <= 0 or usable < per_request:
         why = 'no memory left for one request of max-model-len tokens ("No available memory for the cache blocks")'
         sizing = PN.KV_CACHE_SIZING if flags.extensible else PN.DETERMINE_AVAILABLE_MEMORY
         return Outcome(**common, verdict=REFUSES, phase=sizing, by_bytes=max(one - max(kv.available_bytes, 0), 0),
