@@ -107,7 +107,7 @@ def render_outcome(o: Outcome, keep_others: bool) -> list[str]:
     if o.kv is not None:
         lines += _wrapped("    ", f"KV cache from: {o.kv.how}")
     if o.carried:
-        lines += _wrapped("  ", f"{o.carried}; together ±{_gib(o.spread_bytes)}")
+        lines += _wrapped("  ", f"{o.carried}; the KV cache {_spread(o)}")
     lines += _wrapped("  ", PHASE_COLUMNS)
     lines.append(f"  {'phase':<44} {'recorded':>11} {'needed':>11} {'predicted':>11}  what moved")
     for p in o.phases:
@@ -134,10 +134,17 @@ def render_suggestions(s: Suggestions) -> list[str]:
 
 def _gets(o: Outcome) -> str:
     if o.verdict == BOOTS and o.carried:
-        return f"{_kv(o)}; past the recording from priors, ±{_gib(o.spread_bytes)}"
+        return f"{_kv(o)}; past the recording from priors, {_spread(o)}"
     if o.verdict == BOOTS:
         return _kv(o)
     return f"gets past all the recording covers (pre-KV peak {_gib(o.pre_kv_peak_bytes)}); after it: unknown"
+
+
+def _spread(o: Outcome) -> str:
+    """The priors' spread on the KV cache, in words."""
+    if o.spread_bytes is None:
+        return "spread not measured (priors of one architecture)"
+    return f"±{_gib(o.spread_bytes)}"
 
 
 def no_flag_helps(s: Suggestions) -> str:

@@ -72,7 +72,8 @@ def main(argv=None) -> int:
         print(o.label, o.architecture, {k: f"{v / 2**20:.1f}M" for k, v in o.values.items()})
     for k, p in lib.priors.items():
         print(
-            f"{k:16s} {p.coefficient:14.6g} spread {p.spread:7.1%}  {p.starts} start-ups, {', '.join(p.architectures)}"
+            f"{k:16s} {p.coefficient:14.6g} spread {f'{p.spread:7.1%}' if p.spread is not None else 'unmeasured'}  "
+            f"{p.starts} start-ups, {', '.join(p.architectures)}"
         )
     if args.write:
         P.LIBRARY_FILE.write_text(lib.to_json())

@@ -64,6 +64,10 @@ def check(case: dict, lib: P.Library, in_sample: bool) -> dict:
             "pre_kv_error": (o.pre_kv_peak_bytes - pre) / pre if pre else None}  # fmt: skip
 
 
+def _gib(x: int | None) -> str:
+    return f"{x / GiB:.2f} GiB" if x is not None else "? (one architecture)"
+
+
 def _pct(x: float | None) -> str:
     return f"{x:+.1%}" if x is not None else "-"
 
@@ -84,7 +88,7 @@ def main(argv=None) -> int:
     for r in rows:
         right = (r["verdict"] == BOOTS) == r["boots"]
         print(f"| {r['case']} | {r['library'] or 'nothing'} | {r['vllm']} | {r['kv_real'] / GiB:.2f} GiB | "
-              f"{r['verdict']}{'' if right else ' (wrong)'} | {r['kv'] / GiB:.2f} ± {r['spread'] / GiB:.2f} GiB | "
+              f"{r['verdict']}{'' if right else ' (wrong)'} | {r['kv'] / GiB:.2f} ± {_gib(r['spread'])} | "
               f"{_pct(r['kv_error'])} | {r['pre_kv'] / GiB:.2f} GiB | "
               f"{r['pre_kv_real'] / GiB if r['pre_kv_real'] else 0:.2f} GiB | {_pct(r['pre_kv_error'])} |")  # fmt: skip
     right = sum((r["verdict"] == BOOTS) == r["boots"] for r in rows)

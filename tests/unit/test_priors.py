@@ -101,7 +101,10 @@ def test_the_small_cards_cut_recording_is_carried_past_its_oom_from_priors(capsy
     doc = json.loads(capsys.readouterr().out)["what_if"]
     o = doc["outcomes"][0]
     assert rc == 0 and o["verdict"] == W.BOOTS, o["why"]
-    assert o["carried"].startswith("from priors (vLLM 0.34)") and o["spread_bytes"] > 0
+    assert o["carried"].startswith("from priors (vLLM 0.34)")
+    # a prior with one architecture behind it has no measured spread, and the KV cache's spread then is unknown
+    assert (o["spread_bytes"] is None) == ("spread not measured" in o["carried"])
+    assert o["spread_bytes"] is None or o["spread_bytes"] > 0
     assert abs(o["kv"]["available_bytes"] - _rescue_log_available()) < 0.15 * 2**30
     assert any(p["source"] == W.PRIOR for p in o["phases"])
 
@@ -126,4 +129,4 @@ def test_suggest_on_the_cut_recording_names_changes_that_boot_the_whole_start_up
         assert b["changes"] != ["--max-num-seqs 1"] and not all(c.startswith("--max-num-seqs") for c in b["changes"])
     main(["fits", d, "--capacity", f"{CARD}B", "--keep-others", "--config", MOE_CONFIG, "--suggest"])
     out = capsys.readouterr().out
-    assert "after it: unknown" not in out and "past the recording from priors, ±" in out
+    assert "after it: unknown" not in out and "past the recording from priors, " in out

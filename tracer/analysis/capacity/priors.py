@@ -128,7 +128,9 @@ class Prior:
 
     component: str
     coefficient: float
-    spread: float  # the largest relative error of the leave-one-architecture-out coefficient on a start-up
+    #: the largest relative error of the leave-one-architecture-out coefficient on a start-up; None where the
+    #: library holds one architecture (nothing to leave out: the spread is not measured)
+    spread: float | None
     starts: int
     architectures: list[str]
 
@@ -203,26 +205,28 @@ def _coefficient(obs: list[Observed], k: str) -> float | None:
 
 
 def fit(observed: list[Observed], vllm: str) -> Library:
-    """Each component's median coefficient over ``observed`` and its leave-one-architecture-out spread."""
+    """Each component's median coefficient over ``observed`` and its leave-one-architecture-out spread (None where
+    no start-up's error could be measured without its architecture: one architecture has the component)."""
     priors = {}
     for k in FITTED:
         c = _coefficient(observed, k)
         if c is None:
             continue
-        worst = 0.0
+        errors = []
         for o in observed:
             if k not in o.values or not o.features.get(k):
                 continue
-            rest = [x for x in observed if x.architecture != o.architecture]
-            c_out = _coefficient(rest, k)
-            if c_out is None:
-                continue
-            real = o.values[k]
-            worst = max(worst, abs(c_out * o.features[k] - real) / max(abs(real), SPREAD_FLOOR))
-        archs = sorted({o.architecture for o in observed if k in o.values})
-        n = sum(1 for o in observed if k in o.values)
-        priors[k] = Prior(k, c, round(worst, 4), n, archs)
+            c_out = _coefficient([x for x in observed if x.architecture != o.architecture], k)
+            if c_out is not None:
+                errors.append(abs(c_out * o.features[k] - o.values[k]) / max(abs(o.values[k]), SPREAD_FLOOR))
+        archs = sorted({o.architecture for o in observed if k in o.values and o.features.get(k)})
+        n = sum(1 for o in observed if k in o.values and o.features.get(k))
+        priors[k] = Prior(k, c, round(max(errors), 4) if errors else None, n, archs)
     return Library(vllm, priors, list(observed))
+
+
+def _spread_bytes(b: int, p: Prior) -> int | None:
+    return int(math.ceil(max(abs(b), SPREAD_FLOOR) * p.spread)) if p.spread is not None else None
 
 
 @dataclass(frozen=True)
@@ -232,12 +236,7 @@ class Figure:
     component: str
     bytes: int
     source: str
-    spread_bytes: int = 0
-
-    def words(self) -> str:
-        if self.source == PRIOR:
-            return f"prior, ±{self.spread_bytes / 2**30:.2f} GiB"
-        return self.source
+    spread_bytes: int | None = 0  # None: a prior of one architecture (its spread not measured)
 
 
 @dataclass(frozen=True)
@@ -269,13 +268,13 @@ class Carried:
                 self.missing.append(k)
                 continue
             b = max(p.bytes_for(feats[k]), 0) if k not in (SLACK, PROFILED_SLACK) else p.bytes_for(feats[k])
-            self.figures[k] = Figure(k, b, PRIOR, int(math.ceil(max(abs(b), SPREAD_FLOOR) * p.spread)))
+            self.figures[k] = Figure(k, b, PRIOR, _spread_bytes(b, p))
         feats = features(shape, flags, {k: f.bytes for k, f in self.figures.items()})
         for k in (TRANSIENT, RESERVE_GROWTH):
             p = library.priors.get(k)
             if k not in self.figures and p is not None:
                 b = max(p.bytes_for(feats[k]), 0)
-                self.figures[k] = Figure(k, b, PRIOR, int(math.ceil(max(b, SPREAD_FLOOR) * p.spread)))
+                self.figures[k] = Figure(k, b, PRIOR, _spread_bytes(b, p))
         if WEIGHTS not in self.figures:
             self.missing.append(WEIGHTS)
 

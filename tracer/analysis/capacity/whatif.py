@@ -555,7 +555,7 @@ class Outcome:
     #: a prior and its spread, in words ("" when every figure is recorded or scaled); the sum of the spreads of
     #: those vLLM's KV sizing reads, in bytes (how far the KV cache may be off)
     carried: str = ""
-    spread_bytes: int = 0
+    spread_bytes: int | None = 0
 
 
 class WhatIf:
@@ -923,8 +923,10 @@ def carried_outcome(c: P.Carried, capacity: int, others: int, geometry: tuple[in
     phases = list(recorded) + [PhasePeak(name, None, 0, b + others, t_end, False, {}, {}, src)
                                for name, b, src in c.phase_peaks() if name not in names]  # fmt: skip
     priors = [f for f in c.figures.values() if f.source == P.PRIOR and f.bytes]
-    words = ", ".join(f"{f.component} {f.bytes:,} B ±{f.spread_bytes:,}" for f in priors)
-    spread = sum(f.spread_bytes for f in priors if f.component in c.sizing_components)  # the KV cache's
+    words = ", ".join(f"{f.component} {f.bytes:,} B " + (f"±{f.spread_bytes:,}" if f.spread_bytes is not None else
+                      "(one architecture: spread not measured)") for f in priors)  # fmt: skip
+    spreads = [f.spread_bytes for f in priors if f.component in c.sizing_components]
+    spread = None if None in spreads else sum(spreads)  # the KV cache's
     common = {**(common or dict(capacity_bytes=capacity, others_bytes=others, others_left_out_bytes=0,
                                 pre_kv_peak_phase=PN.PROFILE_RUN)),
               "pre_kv_peak_bytes": c.pre_kv_peak, "spread_bytes": spread,
@@ -1118,7 +1120,9 @@ def suggest(sites: Sites, capacity: int, *, keep_others: bool = False, others_by
 def clear_of_spread(o: Outcome) -> bool:
     """It boots with more KV cache than one request needs by more than the priors' spread (``Outcome.spread_bytes``;
     0 where nothing came from a prior): it boots even where every prior errs the wrong way."""
-    return o.kv is not None and o.kv.available_bytes - o.kv.one_request_bytes > o.spread_bytes
+    return o.kv is not None and o.kv.available_bytes - o.kv.one_request_bytes > (o.spread_bytes or 0) and (
+        o.spread_bytes is not None
+    )
 
 
 def _frugal(rec: Flags, singles: list[dict]) -> Flags:
