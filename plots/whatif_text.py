@@ -99,8 +99,9 @@ def _moved(p) -> str:
     return "; ".join(parts) or "as recorded"
 
 
-def render_outcome(o: Outcome, keep_others: bool) -> list[str]:
-    """One card: the headline, the KV cache's source, the phase table."""
+def render_outcome(o: Outcome, keep_others: bool, recorded: bool = True) -> list[str]:
+    """One card: the headline, the KV cache's source, the phase table (``recorded`` False: nothing was recorded,
+    each phase's predicted peak and where it comes from)."""
     lines = [_card(o, keep_others)]
     lines += _wrapped("  ", _headline(o))
     lines += _wrapped("  ", f"pre-KV peak {_gib(o.pre_kv_peak_bytes)} in {o.pre_kv_peak_phase or 'no phase'}")
@@ -108,6 +109,10 @@ def render_outcome(o: Outcome, keep_others: bool) -> list[str]:
         lines += _wrapped("    ", f"KV cache from: {o.kv.how}")
     if o.carried:
         lines += _wrapped("  ", f"{o.carried}; the KV cache {_spread(o)}")
+    if not recorded:
+        lines.append(f"  {'phase':<44} {'predicted':>11}  from")
+        lines += [f"  {p.phase:<44} {_gib(p.predicted_bytes):>11}  {p.source}" for p in o.phases]
+        return lines
     lines += _wrapped("  ", PHASE_COLUMNS)
     lines.append(f"  {'phase':<44} {'recorded':>11} {'needed':>11} {'predicted':>11}  what moved")
     for p in o.phases:
@@ -134,7 +139,7 @@ def render_suggestions(s: Suggestions) -> list[str]:
 
 def _gets(o: Outcome) -> str:
     if o.verdict == BOOTS and o.carried:
-        return f"{_kv(o)}; past the recording from priors, {_spread(o)}"
+        return f"{_kv(o)}; from priors, {_spread(o)}"
     if o.verdict == BOOTS:
         return _kv(o)
     return f"gets past all the recording covers (pre-KV peak {_gib(o.pre_kv_peak_bytes)}); after it: unknown"
@@ -272,7 +277,7 @@ def render_before_run(out, config: str, flags, weights, outcome: Outcome, bootin
                           f"{', --enforce-eager' if f.enforce_eager else ''}, "
                           f"{'extensible' if f.extensible else 'profiled'} KV cache, util {f.util:g}")  # fmt: skip
     lines += _wrapped("", f"Weights: {_gib(weights.bytes)} from {weights.source}")
-    lines += render_outcome(outcome, False)
+    lines += render_outcome(outcome, False, recorded=False)
     if booting or outcome.verdict != BOOTS:
         lines.append(f"Flags that boot on a {_gib(outcome.capacity_bytes)} card (fewest changes first, then clear of "
                      "the priors' spread, then the most KV cache):")  # fmt: skip
@@ -282,7 +287,7 @@ def render_before_run(out, config: str, flags, weights, outcome: Outcome, bootin
             for x in _wrapped("  ", f"{i}. {' '.join(b.changes)}: {_gets(b.outcome)}")
         ]
         if not booting:
-            lines.append("  none of the changes of one or two flags tried")
+            lines.append("  none of the changes of up to three flags tried")
     out.write("\n".join(lines) + "\n")
 
 

@@ -129,4 +129,50 @@ def test_suggest_on_the_cut_recording_names_changes_that_boot_the_whole_start_up
         assert b["changes"] != ["--max-num-seqs 1"] and not all(c.startswith("--max-num-seqs") for c in b["changes"])
     main(["fits", d, "--capacity", f"{CARD}B", "--keep-others", "--config", MOE_CONFIG, "--suggest"])
     out = capsys.readouterr().out
-    assert "after it: unknown" not in out and "past the recording from priors, " in out
+    assert "after it: unknown" not in out and "from priors, " in out
+
+
+MODELS = ROOT / "tests" / "gpu" / "vllm034" / "models"
+
+
+def test_before_any_run_a_config_alone_answers_with_every_prior_named(capsys):
+    """memtrace fits --config: vLLM 0.34's serve defaults on the card, weights from the config's shape (no checkpoint
+    beside it), the rest from the priors, each said so."""
+    rc = main(["fits", "--config", str(MODELS / "gemma3.json"), "--capacity", "16GiB"])
+    out = capsys.readouterr().out
+    assert rc == 0, out
+    flat = " ".join(out.split())
+    assert "before any run" in flat and "--max-num-batched-tokens 2048 --max-num-seqs 256" in flat  # a < 70 GiB card
+    assert "Weights: 3.48 GiB from the config's shape (no checkpoint beside it" in flat
+    assert "BOOTS: KV cache" in flat and "from priors (vLLM 0.34): activations" in flat
+    assert "compile_or_warm_up/capture_model 4.48 GiB prior" in flat
+
+
+def test_before_any_run_a_card_too_small_for_the_defaults_gets_the_changes_that_boot(capsys):
+    """The seed's kind of model (Qwen3.5-MoE: hybrid linear attention, a 248k vocabulary, 14.46 GiB of weights) on
+    a 17 GiB card: vLLM's defaults leave no KV cache for one request of its 262,144 tokens; --suggest names
+    changes that boot it. On 16 GiB no change of up to three flags does (the weights, the CUDA context and
+    vLLM's 1 GiB margin leave no room), and it says so."""
+    rc = main(["fits", "--config", str(MODELS / "q35moe.json"), "--capacity", "17GiB", "--suggest", "--json"])
+    doc = json.loads(capsys.readouterr().out)
+    assert rc == 1 and doc["outcome"]["verdict"] == W.REFUSES
+    assert doc["suggestions"] and all(s["outcome"]["verdict"] == W.BOOTS for s in doc["suggestions"])
+    assert main(["fits", "--config", str(MODELS / "q35moe.json"), "--capacity", "16GiB", "--suggest"]) == 1
+    assert "none of the changes of up to three flags tried" in capsys.readouterr().out
+
+
+def test_before_any_run_a_checkpoints_safetensors_give_the_weights(tmp_path, capsys):
+    torch = pytest.importorskip("torch")
+    st = pytest.importorskip("safetensors.torch")
+    cfg = json.loads((MODELS / "mistral.json").read_text())
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    st.save_file({"w": torch.zeros(1024, 1024, dtype=torch.bfloat16)}, str(tmp_path / "model.safetensors"))
+    rc = main(["fits", "--config", str(tmp_path / "config.json"), "--capacity", "16GiB", "--json"])
+    doc = json.loads(capsys.readouterr().out)
+    assert rc == 0 and doc["weights"] == {"bytes": 2 * 1024 * 1024, "source": f"the safetensors headers in {tmp_path}"}
+
+
+def test_fits_without_a_run_or_a_config_is_one_line_exit_2(capsys):
+    assert main(["fits", "--capacity", "16GiB"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "--config config.json to predict before any run" in err[0]

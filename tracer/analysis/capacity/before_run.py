@@ -79,21 +79,22 @@ def predict(shape: dict, flags: Flags, capacity: int, weights: Weights, library:
 
 def suggest(shape: dict, flags: Flags, capacity: int, weights: Weights, library: P.Library, others: int = 0,
             top: int = 8) -> list[Suggestion]:  # fmt: skip
-    """The single changes (else pairs) to ``flags`` that boot with nothing recorded: booting ones first, the most
-    margin against the priors' spread first, then the most KV cache."""
+    """The single changes (else pairs, else three at once) to ``flags`` that boot with nothing recorded: fewest
+    changes first, then clear of the priors' spread, then the most KV cache."""
     singles = candidates(flags, True)
     found: list[Suggestion] = []
-    for size in (1, 2):
-        sets = singles if size == 1 else [
-            {**a, **b} for i, a in enumerate(singles) for b in singles[i + 1:] if not set(a) & set(b)
-        ]  # fmt: skip
-        for change in sets:
+    sets = [[c] for c in singles]
+    for _size in (1, 2, 3):  # nothing recorded to scale: each answer is cheap, so three changes at once too
+        for parts in sets:
+            change = {k: v for p in parts for k, v in p.items()}
             f = dataclasses.replace(flags, **change)
             o = predict(shape, f, capacity, weights, library, others)
             if o.verdict == BOOTS:
                 found.append(Suggestion(f.changes(flags), f, o))
         if found:
             break
+        sets = [[*p, c] for p in sets for c in singles[singles.index(p[-1]) + 1:]
+                if not any(set(c) & set(x) for x in p)]  # fmt: skip
     found.sort(
         key=lambda s: (len(s.changes), not clear_of_spread(s.outcome), -(s.outcome.kv.tokens if s.outcome.kv else 0))
     )

@@ -825,8 +825,10 @@ class WhatIf:
             if model_shape(self.sites.trace) is None:
                 why += " (the model's shape was not recorded: --config config.json carries it on from priors)"
             elif self.carried is not None and self.carried.missing:
-                why += f" (the priors have no {', '.join(self.carried.missing)} for this kind of model: refit them " \
-                       "with a start-up of one like it)"
+                why += (
+                    f" (the priors have no {', '.join(self.carried.missing)} for this kind of model: refit them "
+                    "with a start-up of one like it)"
+                )
             return Outcome(**common, verdict=UNKNOWN, phase="", by_bytes=0, why=why, kv=None, phases=phases)
         phases = self.phase_peaks(kv.kv_bytes, others)
         sizing = PN.KV_CACHE_SIZING if self.flags.extensible else PN.DETERMINE_AVAILABLE_MEMORY
@@ -1120,8 +1122,10 @@ def suggest(sites: Sites, capacity: int, *, keep_others: bool = False, others_by
 def clear_of_spread(o: Outcome) -> bool:
     """It boots with more KV cache than one request needs by more than the priors' spread (``Outcome.spread_bytes``;
     0 where nothing came from a prior): it boots even where every prior errs the wrong way."""
-    return o.kv is not None and o.kv.available_bytes - o.kv.one_request_bytes > (o.spread_bytes or 0) and (
-        o.spread_bytes is not None
+    return (
+        o.kv is not None
+        and o.kv.available_bytes - o.kv.one_request_bytes > (o.spread_bytes or 0)
+        and (o.spread_bytes is not None)
     )
 
 
