@@ -228,7 +228,8 @@ def render_issue(run, drawn: bool = True) -> str:
         out += [f"_No flame graph: {r.trace.label}'s file cannot tell who held what (sizes without addresses)._", ""]
     elif drawn:
         peak_of = f" ({r.label}, the worst rank)" if run.multi else ""
-        moment = "the OOM, in the serving window" if flame_at(run) == "oom" else headline_words(r)
+        peak = headline_words(r.headline, r.trace.process)
+        moment = "the OOM, in the serving window" if flame_at(run) == "oom" else peak
         out += [f"## What held memory at {moment}{peak_of}", "", f"![flame graph at {moment}](flame.svg)", ""]
         out += ["Folded stacks for speedscope / flamegraph.pl: `flame.folded`.", ""]
     out += _report(run)

@@ -14,7 +14,7 @@ from typing import TextIO
 from memtrace.analysis.analysed.summary import Summary
 from memtrace.analysis.holders.flame import hook_short_name
 from memtrace.analysis.holders.frames import DIRS_RECORDED
-from memtrace.analysis.holders.moment import peak_words
+from memtrace.analysis.holders.moment import headline_words
 from memtrace.analysis.memory.crossing import Excursion
 from memtrace.analysis.memory.quantities import (
     ALLOCATED,
@@ -376,9 +376,11 @@ def _target(out: _Out, s: Summary) -> None:
 def _holders(out: _Out, s: Summary) -> None:
     if not s.holders:
         return
-    # the state shown is the fullest moment of the reserved peak's plateau (``quantities.fullest_at_peak``), the
-    # moment the flame graph shows too; the CPU's reserved curve stays 0, so there it is allocated's peak
-    at = f"{peak_words(s.process)} ({_seconds(s, s.peak.state_us)})"
+    # the state shown is the run's headline peak (``AnalysedRank.headline``), the moment the flame graph shows too
+    h = s.headline
+    at = f"{headline_words(h, s.process)} ({_seconds(s, h.state_us)})"
+    if h.quantity == HELD.key:  # PyTorch's blocks and the KV cache's chunks outside it: the state flame shows
+        at = f"the peak held ({_seconds(s, h.state_us)}): PyTorch's and the KV cache outside it"
     out.heading(f"Top holders at {at}, by allocating site")
     col = size_column(h.bytes for h in s.holders)
     rows = [

@@ -123,9 +123,8 @@ def _landmarks(a: AnalysedRank) -> list[dict[str, Any]]:
 def _peak_mark(a: AnalysedRank) -> dict[str, Any]:
     """The peak's curve, figure and moment as the page marks it: the rank's headline (``AnalysedRank.headline``:
     held on an extensible-KV run, else reserved at its fullest, or allocated for the CPU's trace)."""
-    h, pk = a.headline, a.peak
-    t = pk.state_us if h.event_index is not None and h.quantity != "allocated" else h.point.time_us
-    return {"curve": h.point.curve, "bytes": h.point.bytes, "time_us": t}
+    h = a.headline
+    return {"curve": h.point.curve, "bytes": h.point.bytes, "time_us": h.state_us}
 
 
 def rank_meta(a: AnalysedRank, t0_us: int) -> dict[str, Any]:
@@ -196,7 +195,7 @@ def _drawn_end(a: AnalysedRank, end: int) -> int:
     """Where this part of the chart ends: at an OOM (nothing drawn after it), and at start-up's end when a
     serving window follows (drawn after the gap from the window's own part, ``pack_window``)."""
     w = a.trace.window
-    if w is not None and w.startup_end_us is not None and a.trace is a.startup:  # the window drawn apart
+    if w is not None and w.startup_end_us is not None and not a.joined:  # the window drawn apart
         return min(end, w.startup_end_us)
     return end if a.oom is None else min(end, a.oom.time_us)
 
@@ -311,7 +310,7 @@ def pack_rank(a: AnalysedRank, t0_us: int, *, with_events: bool = True) -> Packe
     meta["has_events"] = with_events
     window = pack_window(a, t0_us, with_events=with_events)
     if meta.get("serving"):  # the page heads the window's lines with it; a start-up-only rank has none
-        meta["serving_heading"] = serving_heading(window, joined=a.trace is not a.startup)
+        meta["serving_heading"] = serving_heading(window, joined=a.joined)
     return PackedRank(meta, b"".join(parts), columns, window)
 
 
@@ -334,7 +333,7 @@ def pack_window(a: AnalysedRank, t0_us: int, *, with_events: bool = True) -> Pac
     the time between start-up's end and the window's first kept record (page microseconds), what the ring
     dropped of it and the words its band says. None without a window holding allocator events."""
     win, w = a.serving, a.trace.window
-    if win is None or a.trace is not a.startup:  # joined in time (``serving.joined``): the rank's own part holds it
+    if win is None:  # joined in time (``AnalysedRank.joined``): the rank's own part holds it
         return None
     p = pack_rank(win, t0_us, with_events=with_events)
     for lm in p.meta["landmarks"]:

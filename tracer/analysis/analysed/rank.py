@@ -111,6 +111,9 @@ class AnalysedRank(PeakFigures):
         self.startup = trace
         #: the run in time (``serving.joined``): start-up then its serving window, one timeline every figure covers
         self.trace = joined(trace) if join else trace
+        #: the serving window is in :attr:`trace`'s timeline (``serving.joined``), decided here once: every output
+        #: reads it (then :attr:`serving` is None: no window drawn, counted or queried apart)
+        self.joined = self.trace is not trace
         self.spec = spec
         self.origin = origin
         self.top = top
@@ -242,7 +245,7 @@ class AnalysedRank(PeakFigures):
         """Start-up alone (this rank when no serving window was joined to it): what "would it boot" is asked of
         (``analysis.capacity``: ``fits``, ``--suggest``, the what-if), whose model reads a start-up's phases and its
         end; the serving window is the serving question (:attr:`room`)."""
-        if self.trace is self.startup:
+        if not self.joined:
             return self
         return AnalysedRank(self.startup, self.spec, self.origin, top=self.top, target=self.target, join=False)
 
@@ -258,8 +261,11 @@ class AnalysedRank(PeakFigures):
     @cached_property
     def serving(self) -> AnalysedRank | None:
         """The serving window analysed as a rank of its own (``serving.window_trace``: its curves, its OOM,
-        its flame graphs), on the run's time origin and this rank's target; None without allocator events in
-        a window."""
+        its flame graphs), on the run's time origin and this rank's target, drawn and queried apart after
+        start-up; None when the window is :attr:`joined` into this rank's timeline (the rank holds it) or holds
+        no allocator events."""
+        if self.joined:
+            return None
         t = window_trace(self.startup)
         return None if t is None else AnalysedRank(t, self.spec, self.origin, top=self.top, target=self.target)
 

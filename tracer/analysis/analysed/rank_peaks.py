@@ -26,6 +26,7 @@ from memtrace.analysis.memory.quantities import (
     ranked_by,
     whole_device_peak,
 )
+from memtrace.analysis.memory.vmm import live_kv_chunks
 
 
 class PeakFigures:
@@ -94,10 +95,11 @@ class PeakFigures:
         reserved at its fullest moment, or PyTorch allocated for the CPU's trace). The report's Peak section, the
         verdict, ``flame``'s default moment, the view's mark and the issue bundle's flame all read it."""
         if self.peak_held is not None:
-            return Headline(HELD.key, self.peak_held, None)
+            return Headline(HELD.key, self.peak_held, None, self.peak_held.time_us)
         if ranked_by(self.trace.process) is ALLOCATED:
-            return Headline(ALLOCATED.key, self.peak_allocated, self.curves.allocated.peak_index - 1)
-        return Headline(RESERVED.key, self.ranked_peak, self.peak.event_index)
+            pa = self.peak_allocated
+            return Headline(ALLOCATED.key, pa, self.curves.allocated.peak_index - 1, pa.time_us)
+        return Headline(RESERVED.key, self.ranked_peak, self.peak.event_index, self.peak.state_us)
 
     # -- the target crossed ------------------------------------------------------------------------------
 
@@ -129,8 +131,16 @@ class PeakFigures:
 
     @cached_property
     def holders(self) -> list[HolderLine]:
-        """Live bytes at the peak by printed site, the ``top`` largest (``summary.holders_by_site``)."""
-        return holders_by_site(self.trace, self.peak.event_index, self.top, lt=self.lifetimes)
+        """Live bytes at the run's :attr:`headline` peak by printed site, the ``top`` largest
+        (``summary.holders_by_site``, with the KV cache committed outside PyTorch at the peak held): the state its
+        flame shows, what every output names "at the peak"."""
+        h = self.headline
+        if h.event_index is not None:
+            return holders_by_site(self.trace, h.event_index, self.top, lt=self.lifetimes)
+        t = h.point.time_us  # the peak held: the KV cache committed outside PyTorch then holds its part too
+        return holders_by_site(
+            self.trace, None, self.top, lt=self.lifetimes, t_us=t, chunks=live_kv_chunks(self.trace, t)
+        )
 
     @cached_property
     def non_torch_moments(self) -> list[NonTorchBreakdown]:

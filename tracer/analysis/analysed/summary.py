@@ -18,7 +18,8 @@ Definitions:
 - **target**: ``analysis.target.resolve_target`` (the one resolver); the Summary carries the
   ``Target`` (bytes, card, where it came from).
 - **OOM**: ``analysis.oom.find_oom`` (recorded live or imported); nothing after it is claimed.
-- **top holders**: live bytes at the peak grouped by the frame a report prints for them (the
+- **top holders**: live bytes at the run's headline peak (``Headline``: the peak held on a run with vLLM 0.34's
+  KV cache outside PyTorch, else reserved's fullest moment) grouped by the frame a report prints for them (the
   innermost meaningful frame), so one line per printed site; ``stacks`` counts the distinct
   allocating stacks behind a line.
 - **non-KV memory**: ``analysis.reconcile.non_kv`` (the one model, also what ``fits`` uses).
@@ -27,6 +28,7 @@ Definitions:
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -36,7 +38,14 @@ from memtrace.analysis.analysed.self_cost import SelfCost
 from memtrace.analysis.capacity.extensible import ExtensibleSizing
 from memtrace.analysis.capacity.reconcile import KvReconciliation, NonKv
 from memtrace.analysis.holders.frames import LibraryDirs, library_dirs
-from memtrace.analysis.holders.live import BEFORE_RECORDING, Lifetimes, holders_by_stack, lifetimes, meaningful_frame
+from memtrace.analysis.holders.live import (
+    BEFORE_RECORDING,
+    Holder,
+    Lifetimes,
+    holders_by_stack,
+    lifetimes,
+    meaningful_frame,
+)
 from memtrace.analysis.memory.crossing import Excursion
 from memtrace.analysis.memory.curves import Baseline, Curves, state_missing
 from memtrace.analysis.memory.non_torch import NonTorchBreakdown
@@ -46,7 +55,7 @@ from memtrace.analysis.memory.quantities import BeforeRecording, PeakBound
 from memtrace.analysis.memory.target import Target, describe
 from memtrace.analysis.memory.torch_counters import CounterCheck
 from memtrace.analysis.memory.user_metadata import MetadataSpan, TensorNote
-from memtrace.analysis.memory.vmm import VmmSummary
+from memtrace.analysis.memory.vmm import Chunk, VmmSummary
 from memtrace.analysis.serving.serving import WindowSummary
 from memtrace.model import ACTION_CODE, Frame, HookCall, Note, Process, Recording, Trace
 
@@ -93,6 +102,8 @@ class Headline:
     point: PeakPoint
     #: the state shown there (holders, flame): right after this event; None: every event at ``point.time_us``
     event_index: int | None
+    #: when that state was reached: reserved's fullest moment on its plateau (``Peak.state_us``), else ``point``'s
+    state_us: int
 
 
 @dataclass(frozen=True)
@@ -305,13 +316,29 @@ def of_rank(rank: AnalysedRank) -> Summary:
     )
 
 
-def holders_by_site(trace: Trace, event_index: int, top: int = 10, *, lt: Lifetimes | None = None) -> list[HolderLine]:
-    """Live bytes right after ``event_index`` grouped by the frame printed for them (the innermost
-    meaningful frame: file, line, function), largest first, at most ``top`` lines."""
+def holders_by_site(
+    trace: Trace,
+    event_index: int | None,
+    top: int = 10,
+    *,
+    lt: Lifetimes | None = None,
+    t_us: int | None = None,
+    chunks: Sequence[Chunk] = (),
+) -> list[HolderLine]:
+    """Live bytes right after ``event_index`` (None: at ``t_us``, every event then done) grouped by the frame
+    printed for them (the innermost meaningful frame: file, line, function), largest first, at most ``top`` lines;
+    with ``chunks``, the KV cache committed outside PyTorch then (``vmm.live_kv_chunks``) held by the frames that
+    committed it, shares of both together (what the flame graph shows there)."""
     groups: dict[tuple, list] = {}
     lt = lt if lt is not None else lifetimes(trace)
     dirs = library_dirs(trace)
-    for h in holders_by_stack(trace, top=len(trace.stacks) + 2, event_index=event_index, lt=lt):
+    held = holders_by_stack(trace, t_us, top=len(trace.stacks) + 2, event_index=event_index, lt=lt)
+    torch_bytes, vmm_bytes = sum(h.bytes for h in held), sum(c.bytes for c in chunks)
+    scale = torch_bytes / (torch_bytes + vmm_bytes) if vmm_bytes else 1.0
+    total = torch_bytes + vmm_bytes
+    items = [Holder(h.stack, h.bytes, h.count, h.share * scale) for h in held]
+    items += [Holder(c.stack, c.bytes, 1, c.bytes / total) for c in chunks]
+    for h in sorted(items, key=lambda h: -h.bytes) if chunks else items:
         frames = trace.stack_frames(h.stack) if h.stack >= 0 else []
         frame = meaningful_frame(frames, dirs)
         key = (frame.filename, frame.line, frame.name) if frame is not None else h.stack if h.stack < 0 else None

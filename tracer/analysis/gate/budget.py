@@ -78,6 +78,7 @@ def check_budget(
     """
     from memtrace.analysis.analysed.rank import TargetSpec
     from memtrace.analysis.analysed.run import analyse
+    from memtrace.analysis.analysed.summary import holders_by_site
 
     if curve not in CURVES:
         raise UsageError(f"unknown curve {curve!r} for a memory budget; use one of {', '.join(CURVES)}")
@@ -100,8 +101,10 @@ def check_budget(
         d = s.peak_device_used
         peaks["device"] = (d.bytes, d.time_us, d.phase_path)
     peak, peak_us, phase = peaks[curve]
-    if curve == "reserved":  # report's holders, at report's moment
-        holders = [BudgetHolder(h.bytes, h.count, h.frame) for h in s.holders]
+    if curve == "reserved":  # the reserved peak's holders: report's, where the run's headline is that peak
+        at = rank.peak.event_index
+        lines = rank.holders if rank.headline.event_index == at else holders_by_site(trace, at, top, lt=rank.lifetimes)
+        holders = [BudgetHolder(h.bytes, h.count, h.frame) for h in lines]
     else:
         lt = rank.lifetimes
         if curve == "allocated":  # curve index i is the state after event i - 1
