@@ -444,8 +444,6 @@ def figures(
             head[name] = top.bytes
             where[name] = path_at(trace, top.time_us)
     kv_via = (VIA_VMM if len(curves.vmm) else VIA_TORCH) if lm.kv_cache_bytes else ""
-    less = kv_cache_curve(trace, curves, kv_via, categorized) if kv_via and less_kv else None
-    phases_less_kv = _phase_peaks(trace, curves, device_level, less) if less is not None else {}
     return Figures(
         device_level=device_level,
         fingerprint=fingerprint(trace),
@@ -462,8 +460,22 @@ def figures(
         left_to_vllm=left_to_vllm(trace),
         kv_via=kv_via,
         ranked=ranked.key,
-        phases_less_kv={k: (peak, inside, depth) for k, (peak, inside, depth, _) in phases_less_kv.items()},
+        phases_less_kv=phase_peaks_less_kv(trace, curves, device_level, kv_via, categorized) if less_kv else {},
     )
+
+
+def phase_peaks_less_kv(
+    trace: Trace, curves: Curves, device_level: bool, kv_via: str, categorized=None
+) -> dict[str, tuple[int, int, int]]:
+    """``Figures.phases_less_kv``: each phase's peak less the KV cache held through ``kv_via`` ({} without one);
+    ``categorized``: the trace's ``categories.categorize``, when the run already holds it."""
+    if not kv_via:
+        return {}
+    less = kv_cache_curve(trace, curves, kv_via, categorized)
+    return {
+        k: (peak, inside, depth)
+        for k, (peak, inside, depth, _) in _phase_peaks(trace, curves, device_level, less).items()
+    }
 
 
 def _hook_totals(base: Figures, new: Figures, threshold: Threshold) -> list[Change]:
@@ -554,13 +566,16 @@ def diff_ranks(base, new, threshold: Threshold, *, label: str = "") -> TraceDiff
     bc, nc = base.curves, new.curves
     device_level = bc.has_device and nc.has_device
 
-    def figures_of(rank, less_kv: bool) -> Figures:
-        return figures(rank.trace, device_level=device_level, curves=rank.curves, oom=rank.oom,
-                       categorized=rank.categorized, less_kv=less_kv)  # fmt: skip
+    def figures_of(rank) -> Figures:
+        return figures(rank.trace, device_level=device_level, curves=rank.curves, oom=rank.oom, less_kv=False)
 
-    fb, fn = figures_of(base, False), figures_of(new, False)
-    if fb.kv_via and fn.kv_via and fb.kv_via != fn.kv_via:  # the KV cache moved: its phases compare less it
-        fb, fn = figures_of(base, True), figures_of(new, True)
+    def less_kv(rank, f: Figures) -> Figures:
+        return replace(f, phases_less_kv=phase_peaks_less_kv(rank.trace, rank.curves, f.device_level, f.kv_via,
+                                                             rank.categorized))  # fmt: skip
+
+    fb, fn = figures_of(base), figures_of(new)
+    if fb.kv_via and fn.kv_via and fb.kv_via != fn.kv_via:  # the KV cache moved: its phases compare less it, added
+        fb, fn = less_kv(base, fb), less_kv(new, fn)
     d = compare(fb, fn, threshold, label=label or new.label)
     sites = site_changes(base.trace, new.trace, bc, nc, base_lt=base.lifetimes, new_lt=new.lifetimes)
     cats = category_changes(base.trace, new.trace, bc, nc, (base.categorized, new.categorized))
