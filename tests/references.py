@@ -200,8 +200,7 @@ def _frame_lists(trace: Trace) -> list[list[dict[str, Any]]]:
 
 
 def summarize(trace: Trace, target=None, *, top: int = 10, curves: Curves | None = None):
-    """TEST-ONLY: the Summary of one trace on its own (its own time origin), as
-    ``AnalysedRank(trace, ...).summary``, which is what every output reads.
+    """TEST-ONLY: one trace analysed on its own (its own time origin): the ``AnalysedRank`` every output reads.
 
     Args:
         trace: the trace.
@@ -219,7 +218,7 @@ def summarize(trace: Trace, target=None, *, top: int = 10, curves: Curves | None
         raise TypeError("summarize takes a resolved Target (analysis.target.resolve_target), not bytes")
     origin = TimeOrigin(recording_span(trace)[0], (), True, "")
     rank = AnalysedRank(trace, TargetSpec(), origin, top=top, target=target, curves=curves)
-    return rank.summary
+    return rank
 
 
 def snapshot_replay(raw: dict, device: int) -> tuple[int, int]:

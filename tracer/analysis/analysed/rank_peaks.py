@@ -3,8 +3,8 @@ and what held memory at the peak.
 
 :class:`PeakFigures` is the part of ``analysis.rank.AnalysedRank`` that reads the curves at their highest (every
 rule from ``analysis.quantities``, the one home of the peak); the rest of ``AnalysedRank`` builds and keeps the
-per-rank analyses these read (``trace``, ``curves``, ``target``, ``oom``, ``lifetimes``, ``top``,
-``recorded_nothing``). Each figure is a ``functools.cached_property``: computed once, on the rank.
+per-rank analyses these read (``trace``, ``curves``, ``target``, ``oom``, ``lifetimes``, ``frame_folders``,
+``top``, ``recorded_nothing``). Each figure is a ``functools.cached_property``: computed once, on the rank.
 """
 
 from __future__ import annotations
@@ -35,7 +35,8 @@ class PeakFigures:
     @cached_property
     def peak(self) -> Peak:
         """The reserved peak and the fullest moment of its plateau (``quantities.peak``,
-        ``quantities.fullest_at_peak``; see ``summary.Peak``): "the peak" of every output."""
+        ``quantities.fullest_at_peak``; see ``summary.Peak``): "the peak" of every output unless the process held
+        more outside PyTorch (:attr:`headline` decides)."""
         t, c = self.trace, self.curves
         top = peak(c.reserved)
         k = fullest_at_peak(c.allocated, c.reserved)
@@ -135,12 +136,11 @@ class PeakFigures:
         (``summary.holders_by_site``, with the KV cache committed outside PyTorch at the peak held): the state its
         flame shows, what every output names "at the peak"."""
         h = self.headline
+        at = {"lt": self.lifetimes, "dirs": self.frame_folders}
         if h.event_index is not None:
-            return holders_by_site(self.trace, h.event_index, self.top, lt=self.lifetimes)
+            return holders_by_site(self.trace, h.event_index, self.top, **at)
         t = h.point.time_us  # the peak held: the KV cache committed outside PyTorch then holds its part too
-        return holders_by_site(
-            self.trace, None, self.top, lt=self.lifetimes, t_us=t, chunks=live_kv_chunks(self.trace, t)
-        )
+        return holders_by_site(self.trace, None, self.top, t_us=t, chunks=live_kv_chunks(self.trace, t), **at)
 
     @cached_property
     def non_torch_moments(self) -> list[NonTorchBreakdown]:
