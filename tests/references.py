@@ -172,10 +172,11 @@ def diff_traces(base: Trace, new: Trace, threshold: Threshold, *, label: str = "
         threshold,
         label=label or new.label,
     )
-    sites = site_changes(base, new, bc, nc)
+    b, n = summarize(base, curves=bc), summarize(new, curves=nc)  # each on its own, read at its headline peak
+    sites = site_changes(b, n)
     return replace(
         d,
-        categories=category_changes(base, new, bc, nc),
+        categories=category_changes(b, n),
         sites=sites.changes,
         sites_missing=sites.missing,
         one_moment=_sides(is_one_moment(base.facts), is_one_moment(new.facts)),

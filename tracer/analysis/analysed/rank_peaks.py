@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from functools import cached_property
 
+import numpy as np
 from memtrace.analysis.analysed.landmarks import steady_non_torch_at
 from memtrace.analysis.analysed.summary import Headline, HolderLine, Peak, PeakPoint, holders_by_site
 from memtrace.analysis.memory.crossing import Crossings, Excursion, crossings
@@ -101,6 +102,16 @@ class PeakFigures:
             pa = self.peak_allocated
             return Headline(ALLOCATED.key, pa, self.curves.allocated.peak_index - 1, pa.time_us)
         return Headline(RESERVED.key, self.ranked_peak, self.peak.event_index, self.peak.state_us)
+
+    @cached_property
+    def headline_event(self) -> int:
+        """The event right after which the state at the :attr:`headline` peak is read (-1: the baseline): its own
+        event, or on the peak held the last event at or before its microsecond. What ``diff`` compares "at the
+        peak" (its sites and categories), as the holders and the flame graph show it."""
+        h = self.headline
+        if h.event_index is not None:
+            return h.event_index
+        return int(np.searchsorted(self.event_times, h.point.time_us, side="right")) - 1
 
     # -- the target crossed ------------------------------------------------------------------------------
 
