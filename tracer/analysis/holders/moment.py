@@ -2,9 +2,9 @@
 
 ``--at`` picks the moment:
 
-- ``peak``: the run's peak (``AnalysedRank.headline``, through :func:`flame_for`): what the process held on a run
+- ``peak``: the run's peak (``AnalysedRank.headline``, :func:`peak_moment`): what the process held on a run
   with vLLM 0.34's KV cache outside PyTorch, else the peak of reserved memory, at its fullest
-  (``quantities.fullest_at_peak``);
+  (``quantities.fullest_at_peak``), or allocated's for the CPU's trace;
 - ``oom``: right before the failed allocation the run died of (``analysis.oom.find_oom``);
 - a time since the start of the recording: ``7.05``, ``7.05s``, ``7050ms``, ``7050000us`` (or ``µs``);
 - a phase, by name or path: the fullest moment (most bytes allocated) of that phase; a name that
@@ -26,7 +26,7 @@ from memtrace import facts as F
 from memtrace.analysis.memory.curves import Curves
 from memtrace.analysis.memory.oom import find_oom
 from memtrace.analysis.memory.phases import PhaseStats, path_at, phase_path, phase_stats, recording_span
-from memtrace.analysis.memory.quantities import fullest_at_peak, holds_reserved, window_fullest
+from memtrace.analysis.memory.quantities import holds_reserved, window_fullest
 from memtrace.errors import UsageError
 from memtrace.model import Trace
 
@@ -107,9 +107,22 @@ def _at_time(trace: Trace, us: int, flag: str, text: str, t0_us: int | None = No
     return t
 
 
+def peak_moment(rank) -> Moment:
+    """What ``--at peak`` shows of an analysed rank: its headline peak (``AnalysedRank.headline``), read where the
+    rank decided it: right after its event, or (the peak held) every event at its microsecond."""
+    h, trace = rank.headline, rank.trace
+    only = (trace.facts.get(F.IMPORT) or {}).get("state") == "moment"
+    what = SNAPSHOT_MOMENT if only else headline_words(h, trace.process)
+    if h.event_index is None:
+        return Moment(h.point.time_us, None, what, h.point.phase_path)
+    k = h.event_index
+    t = int(trace.events["time_us"][k]) if k >= 0 else recording_span(trace)[0]
+    return Moment(t, k, what, path_at(trace, t))
+
+
 def resolve_moment(trace: Trace, curves: Curves, at: str, *, t0_us: int | None = None) -> Moment:
-    """Read ``--at`` (see the module docstring) for ``trace``; a time counts from ``t0_us`` (the run's
-    origin, ``analysis.origin``; default: the trace's own start)."""
+    """Read ``--at`` other than ``peak`` (:func:`peak_moment`; see the module docstring) for ``trace``; a time
+    counts from ``t0_us`` (the run's origin, ``analysis.origin``; default: the trace's own start)."""
     start, _ = recording_span(trace)
     ev_time = trace.events["time_us"]
 
@@ -118,10 +131,6 @@ def resolve_moment(trace: Trace, curves: Curves, at: str, *, t0_us: int | None =
         return Moment(t, k, what, path_at(trace, t))
 
     text = at.strip()
-    if text.lower() == "peak":
-        only = (trace.facts.get(F.IMPORT) or {}).get("state") == "moment"
-        what = SNAPSHOT_MOMENT if only else peak_words(trace.process)
-        return after_event(fullest_at_peak(curves.allocated, curves.reserved) - 1, what)
     if text.lower() == "oom":
         oom = find_oom(trace)
         if oom is None:
@@ -204,9 +213,8 @@ def flame_for(rank, at: str = "peak", *, since: str | None = None, added: bool =
     if not knows_holders(rank.trace):
         raise UsageError(f"{rank.trace.label}: {SIZES_ONLY_NOTE}; plot or report show what it holds")
     t0 = rank.origin.t0_us
-    h = rank.headline
-    if at.strip().lower() == "peak" and h.event_index is None:  # the peak held: read where the run decided it
-        at_moment = Moment(h.point.time_us, None, headline_words(h, rank.trace.process), h.point.phase_path)
+    if at.strip().lower() == "peak":  # the run's headline peak, read where the rank decided it
+        at_moment = peak_moment(rank)
     else:
         at_moment = resolve_moment(rank.trace, rank.curves, at, t0_us=t0)
     moment = with_since(rank.trace, rank.curves, at_moment, since, added, t0_us=t0)
