@@ -104,7 +104,11 @@ def check_budget(
     peak, peak_us, phase = peaks[curve]
     if curve == "reserved":  # the reserved peak's holders: report's, where the run's headline is that peak
         at = rank.peak.event_index
-        lines = rank.holders if rank.headline.event_index == at else holders_by_site(trace, at, top, lt=rank.lifetimes)
+        lines = (
+            rank.holders
+            if rank.headline.event_index == at
+            else holders_by_site(trace, at, top, lt=rank.lifetimes, dirs=rank.frame_folders)
+        )
         holders = [BudgetHolder(h.bytes, h.count, h.frame) for h in lines]
     else:
         lt = rank.lifetimes
