@@ -1,11 +1,11 @@
 """The report's sections on memory vLLM (0.34+) manages outside PyTorch, and on torch's own counters.
 
-- "KV cache outside PyTorch (CUDA VMM)": ``Summary.vmm`` (``analysis.vmm``): what the KV cache committed
+- "KV cache outside PyTorch (CUDA VMM)": ``AnalysedRank.vmm`` (``analysis.vmm``): what the KV cache committed
   through CUDA's virtual-memory API, the calls, what failed; the address space reserved, apart (not memory).
-- "vLLM's KV cache sizing after warm-up": ``Summary.extensible`` (``analysis.extensible``), vLLM 0.34's
+- "vLLM's KV cache sizing after warm-up": ``AnalysedRank.extensible`` (``analysis.extensible``), vLLM 0.34's
   formula term by term, each input as vLLM had it and as memtrace measured it, the blocks both give, and
   what the extension committed.
-- "torch's own counters": ``Summary.counter_checks`` (``analysis.torch_counters``), in one line when they
+- "torch's own counters": ``AnalysedRank.counter_checks`` (``analysis.torch_counters``), in one line when they
   all agree, else the readings that do not.
 
 ``out`` is ``plots.text``'s writer (``heading``/``item``/``table``); reads analysis results only.
@@ -13,20 +13,24 @@
 
 from __future__ import annotations
 
-from memtrace.analysis.analysed.summary import Summary
+from typing import TYPE_CHECKING
+
 from memtrace.analysis.memory import quantities as Q
 from memtrace.units import gib_or_dash
 
+if TYPE_CHECKING:
+    from memtrace.analysis.analysed.rank import AnalysedRank
 
-def _seconds(s: Summary, t_us: int) -> str:
-    return f"{(t_us - s.t0_us) / 1e6:.2f} s"
+
+def _seconds(s: AnalysedRank, t_us: int) -> str:
+    return f"{(t_us - s.origin.t0_us) / 1e6:.2f} s"
 
 
 def _bytes(n: int | None) -> str:
     return "-" if n is None else f"{n:,} B"
 
 
-def render_vmm(out, s: Summary) -> None:
+def render_vmm(out, s: AnalysedRank) -> None:
     v = s.vmm
     if v is None:
         return
@@ -59,7 +63,7 @@ def render_vmm(out, s: Summary) -> None:
         )
 
 
-def render_extensible(out, s: Summary) -> None:
+def render_extensible(out, s: AnalysedRank) -> None:
     e = s.extensible
     if e is None:
         return
@@ -93,7 +97,7 @@ def render_extensible(out, s: Summary) -> None:
         out.item(f"note: {note}")
 
 
-def render_counters(out, s: Summary) -> None:
+def render_counters(out, s: AnalysedRank) -> None:
     checks = s.counter_checks
     if not checks:
         return

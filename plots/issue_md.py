@@ -23,6 +23,7 @@ from memtrace.analysis.holders.live import knows_holders
 from memtrace.analysis.holders.moment import headline_words
 from memtrace.analysis.memory.hooked import outermost
 from memtrace.analysis.memory.quantities import ALLOCATED, BEFORE_RECORDING, DEVICE_USED, HELD, RESERVED, holds_reserved
+from memtrace.analysis.memory.target import describe
 from memtrace.plots import verdict_text
 from memtrace.plots.serving_text import room_section, window_lines
 from memtrace.plots.text import before_recording_figures, holder_text
@@ -45,34 +46,32 @@ def _in(path: str) -> str:
 
 def _peak_line(run) -> str:
     r = run.worst
-    s = r.summary
-    pk = s.peak
+    pk = r.peak
     before = " before it died" if r.oom is not None else ""
-    h = s.headline
-    if h is not None and h.quantity == HELD.key:  # the run's headline (``AnalysedRank.headline``) leads
+    h = r.headline
+    if h.quantity == HELD.key:  # the run's headline (``AnalysedRank.headline``) leads
         head = f"{HELD.label} {format_gib(h.point.bytes)} at {_at(r, h.point.time_us)}"
         more = f" {_in(h.point.phase_path)}; {RESERVED.label} {format_gib(pk.reserved_bytes)} at {_at(r, pk.time_us)}"
-    elif holds_reserved(s.process):
-        head = f"{RESERVED.label} {s.peak_bound.words}{format_gib(pk.reserved_bytes)} at {_at(r, pk.time_us)}"
+    elif holds_reserved(r.trace.process):
+        head = f"{RESERVED.label} {r.peak_bound.words}{format_gib(pk.reserved_bytes)} at {_at(r, pk.time_us)}"
         more = f" {_in(pk.phase_path)}; {ALLOCATED.label} {format_gib(pk.allocated_bytes)} at its fullest"
     else:  # the CPU's trace holds allocated alone
-        pa = s.peak_allocated
-        head = f"{ALLOCATED.label} {s.peak_bound.words}{format_gib(pa.bytes)} at {_at(r, pa.time_us)}"
+        pa = r.peak_allocated
+        head = f"{ALLOCATED.label} {r.peak_bound.words}{format_gib(pa.bytes)} at {_at(r, pa.time_us)}"
         more = f" {_in(pa.phase_path)}"
-    if s.peak_device_used is not None:
-        more += f"; {DEVICE_USED.label} (NVML) up to {format_gib(s.peak_device_used.bytes)}"
-    if s.peak_bound.lower_bound:
-        more += f" (a lower bound: {s.peak_bound.why})"
+    if r.peak_device_used is not None:
+        more += f"; {DEVICE_USED.label} (NVML) up to {format_gib(r.peak_device_used.bytes)}"
+    if r.peak_bound.lower_bound:
+        more += f" (a lower bound: {r.peak_bound.why})"
     return f"- **Peak{before}:** {head}{more}."
 
 
 def _target_line(run) -> str:
     r = run.worst
-    s = r.summary
     target = r.target.target_bytes
     if target is None:
         return "- **Target:** none recorded or given (`--util` / `--target` set one)."
-    src = f"from {s.target_source}"
+    src = f"from {describe(r.target)}"
     c = r.first_crossing
     if c is None:
         return f"- **Target:** {format_gib(target)} ({src}): never crossed."
@@ -84,30 +83,30 @@ def _target_line(run) -> str:
 
 
 def _holders_line(run) -> str | None:
-    s = run.worst.summary
-    if not s.holders:
+    r = run.worst
+    if not r.holders:
         return None
     named = ", ".join(
         f"{format_gib(h.bytes)} ({h.share * 100:.0f} %) `{holder_text(h)}`"
         + (f" ({count_of(h.count, 'block')})" if h.count else "")
-        for h in s.holders[:_HOLDERS]
+        for h in r.holders[:_HOLDERS]
     )
-    more = f"; {len(s.holders) - _HOLDERS} more in the report below" if len(s.holders) > _HOLDERS else ""
+    more = f"; {len(r.holders) - _HOLDERS} more in the report below" if len(r.holders) > _HOLDERS else ""
     return f"- **Who held it** at the peak: {named}{more}."
 
 
 def _hooks_line(run) -> str | None:
     from memtrace.analysis.holders.flame import hook_short_name
 
-    s = run.worst.summary
-    top = outermost(s.hook_calls)
+    r = run.worst
+    top = outermost(r.trace.hook_calls)
     if top is None:
         return None
     each = ", ".join(
         f"`{hook_short_name(h.name)}` {format_gib(h.returned_bytes)} ({h.calls:,} calls)"
-        for h in s.hook_totals[:_HOOKS]
+        for h in r.hook_totals[:_HOOKS]
     )
-    more = f", {len(s.hook_totals) - _HOOKS} more" if len(s.hook_totals) > _HOOKS else ""
+    more = f", {len(r.hook_totals) - _HOOKS} more" if len(r.hook_totals) > _HOOKS else ""
     return (
         f"- **Hooked workspace allocators** returned {format_gib(top.returned_bytes)} in {top.calls:,} outermost "
         f"calls; by function (a nested call counts under each function it ran in): {each}{more}."
@@ -203,7 +202,7 @@ def _report(run) -> list[str]:
     r = run.worst
     what = [f"{len(r.phases)} phase" + ("s" if len(r.phases) != 1 else "")] if r.phases else []
     what += ["the peak", "the target"] if run.verdict != NOTHING else []
-    what += ["top holders"] if r.summary.holders else []
+    what += ["top holders"] if r.holders else []
     what += [f"{len(r.trace.hook_calls):,} hook calls"] if r.trace.hook_calls else []
     ranks = f" of {len(run.ranks)} ranks" if run.multi else ""
     return _details(f"The whole report{ranks}: {', '.join(what + ['definitions'])}", [buf.getvalue().rstrip()])
@@ -228,7 +227,8 @@ def render_issue(run, drawn: bool = True) -> str:
         out += [f"_No flame graph: {r.trace.label}'s file cannot tell who held what (sizes without addresses)._", ""]
     elif drawn:
         peak_of = f" ({r.label}, the worst rank)" if run.multi else ""
-        moment = "the OOM, in the serving window" if flame_at(run) == "oom" else headline_words(r)
+        peak = headline_words(r.headline, r.trace.process)
+        moment = "the OOM, in the serving window" if flame_at(run) == "oom" else peak
         out += [f"## What held memory at {moment}{peak_of}", "", f"![flame graph at {moment}](flame.svg)", ""]
         out += ["Folded stacks for speedscope / flamegraph.pl: `flame.folded`.", ""]
     out += _report(run)

@@ -2,7 +2,7 @@
 
 One more renderer of ``analysis.run.AnalysedRun``: the run's verdict, its worst rank, its time origin (the
 sentence every output states, and each rank's shift onto the driver's clock), the ranks side by side,
-the missing ranks, then each rank's summary (``analysis.summary.summary_to_dict``) with its verdict.
+the missing ranks, then each rank's JSON shape (``analysis.analysed.summary.summary_doc``) with its verdict.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import json
 from typing import Any, TextIO
 
 from memtrace.analysis.analysed.side_by_side import side_by_side
-from memtrace.analysis.analysed.summary import summary_to_dict
+from memtrace.analysis.analysed.summary import summary_doc
 from memtrace.plots import cost_text
 
 
@@ -31,20 +31,17 @@ def run_doc(run) -> dict[str, Any]:
         },
         "side_by_side": dataclasses.asdict(sbs) if sbs is not None else None,
         "missing": [{**dataclasses.asdict(m), "line": m.line} for m in run.missing],
-        "traces": [
-            {**summary_to_dict(r.summary), "self_cost_line": _cost_line(r.summary), "verdict": r.verdict}
-            for r in run.ranks
-        ],
+        "traces": [{**summary_doc(r), "self_cost_line": _cost_line(r), "verdict": r.verdict} for r in run.ranks],
     }
 
 
-def _cost_line(summary) -> str | None:
+def _cost_line(rank) -> str | None:
     """The report's sentence on memtrace's cost (``plots.cost_text``), beside its exact figures; None for a
     file memtrace did not record."""
-    line = cost_text.headline(summary.self_cost, summary.process.role == "vllm-worker")
+    line = cost_text.headline(rank.self_cost, rank.trace.process.role == "vllm-worker")
     if not line:
         return None
-    return f"{line}; {cost_text.sources(summary.self_cost)}" if summary.self_cost.recorded else line
+    return f"{line}; {cost_text.sources(rank.self_cost)}" if rank.self_cost.recorded else line
 
 
 def render(run, file: TextIO) -> None:

@@ -6,17 +6,21 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from memtrace import vllm_phase_names as PN
-from memtrace.analysis.analysed.summary import Summary
 from memtrace.analysis.capacity.reconcile import FORMULA_LABEL, KV_GIVEN, MEMTRACE, VLLM_RECORDED
 from memtrace.units import gib_or_dash, signed_gib
 
+if TYPE_CHECKING:
+    from memtrace.analysis.analysed.rank import AnalysedRank
 
-def _seconds(s: Summary, t_us: int) -> str:
-    return f"{(t_us - s.t0_us) / 1e6:.2f} s"
+
+def _seconds(s: AnalysedRank, t_us: int) -> str:
+    return f"{(t_us - s.origin.t0_us) / 1e6:.2f} s"
 
 
-def render_non_kv(out, s: Summary) -> None:
+def render_non_kv(out, s: AnalysedRank) -> None:
     """The non-KV section of a report: ``s.non_kv`` and, for a reconstruction, every term."""
     n = s.non_kv
     if n is None or not s.vllm:  # a program that is not vLLM has no KV cache to keep memory out of
@@ -38,13 +42,13 @@ def render_non_kv(out, s: Summary) -> None:
         else:
             out.item(
                 f"{gib_or_dash(n.bytes)}: the peak before the KV cache (reserved + non-torch); no KV sizing was "
-                "recorded" + (" (the run died first)" if s.died else "")
+                "recorded" + (" (the run died first)" if (s.oom is not None) else "")
             )
     _crossing_vs_sizing(out, s)
 
 
-def _kv(out, s: Summary) -> None:
-    k = s.kv
+def _kv(out, s: AnalysedRank) -> None:
+    k = s.non_kv.reconstruction  # render_non_kv reads it only where non_kv is memtrace's reconstruction
     formula = FORMULA_LABEL.get(k.formula, f"{k.formula} formula")
     out.heading(f"Reconciliation with vLLM's available KV cache ({formula}, device memory from {k.source})")
     if k.total_consumed_bytes is not None:
@@ -92,10 +96,10 @@ def _kv(out, s: Summary) -> None:
             out.item(n)
 
 
-def _crossing_vs_sizing(out, s: Summary) -> None:
-    k = s.kv
-    if k is not None and s.crossings:
-        c = min(s.crossings, key=lambda c: c.time_us)
+def _crossing_vs_sizing(out, s: AnalysedRank) -> None:
+    k = s.non_kv.reconstruction
+    if k is not None and s.crossing_list:
+        c = min(s.crossing_list, key=lambda c: c.time_us)
         when = f"at {_seconds(s, c.time_us)}" + (f" in {c.phase_path}" if c.phase_path else "")
         if c.time_us >= k.after_us:
             out.item(

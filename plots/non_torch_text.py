@@ -6,11 +6,15 @@ Printed only when the trace holds CUPTI records (the optional source ``MEMTRACE_
 
 from __future__ import annotations
 
-from memtrace.analysis.analysed.summary import Summary
+from typing import TYPE_CHECKING
+
 from memtrace.analysis.memory import quantities as Q
 from memtrace.analysis.memory.non_torch import MODULES, OTHER, UNEXPLAINED, NonTorchBreakdown
 from memtrace.plots.frame_words import frame_text
 from memtrace.units import format_gib, gib_number
+
+if TYPE_CHECKING:
+    from memtrace.analysis.analysed.rank import AnalysedRank
 
 
 def _where(b: NonTorchBreakdown, name: str) -> str:
@@ -45,15 +49,15 @@ def _where(b: NonTorchBreakdown, name: str) -> str:
     )
 
 
-def render_non_torch(out, s: Summary) -> None:
+def render_non_torch(out, s: AnalysedRank) -> None:
     """One table per moment (first crossing, peak): category, bytes, GiB, allocations, then where each
     category's bytes come from; a moment with the same figures as the one before says so in one line."""
-    if not s.non_torch:
+    if not s.non_torch_moments:
         return
     out.heading("Non-PyTorch memory by category (CUPTI: every device allocation outside PyTorch's allocator)")
     previous: NonTorchBreakdown | None = None
-    for b in s.non_torch:
-        when = f"at the {b.moment} ({(b.time_us - s.t0_us) / 1e6:.2f} s, {b.phase_path or 'no phase'})"
+    for b in s.non_torch_moments:
+        when = f"at the {b.moment} ({(b.time_us - s.origin.t0_us) / 1e6:.2f} s, {b.phase_path or 'no phase'})"
         if previous is not None and _same(previous, b):
             out.item(f"{when}: the same {Q.NON_TORCH.label} figures as at the {previous.moment}")
             continue

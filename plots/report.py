@@ -1,6 +1,6 @@
 """The report of an analysed run (``analysis.run.AnalysedRun``): what ``memtrace report`` prints.
 
-Every rank's section (``plots.text.render_report`` of its summary), then for a run of several ranks the
+Every rank's section (``plots.text.render_report`` of its analysed rank), then for a run of several ranks the
 ranks side by side (``analysis.side_by_side``) and the worst rank (``AnalysedRun.worst``), the ranks
 ``nodes.json`` lists that are missing from the run directory, the time origin every time counts from,
 and the definitions.
@@ -21,13 +21,12 @@ from memtrace.units import gib_or_dash, size_column
 def worst_line(run) -> str:
     """Why the run's worst rank (``analysis.run.AnalysedRun.worst``) is the worst, in one line."""
     w = run.worst
-    s = w.summary
     if run.verdict == NOTHING:
         return f"Nothing to judge: {who([r.label for r in run.ranks])} recorded no allocator events"
     if w.oom is not None:
-        why = f"died of CUDA OOM at {_seconds(s, w.oom.time_us)} {oom_text.where(w.oom)}"
+        why = f"died of CUDA OOM at {_seconds(w, w.oom.time_us)} {oom_text.where(w.oom)}"
     elif w.first_crossing is not None:
-        c = max(s.crossings, key=lambda c: c.overshoot_bytes)
+        c = max(w.crossing_list, key=lambda c: c.overshoot_bytes)
         why = f"{_CURVE_NAMES.get(c.curve, c.curve)} goes {gib_or_dash(c.overshoot_bytes)} over its target"
     else:
         why = f"highest {_CURVE_NAMES[run.ranked_by.key]} peak, {gib_or_dash(w.ranked_peak.bytes)}"
@@ -43,7 +42,7 @@ def _side_by_side(out: _Out, run) -> None:
     out.heading("Ranks side by side")
     col = size_column(r.peak_bytes for r in sbs.rows)
     rows = [
-        [r.label, col.cell(r.peak_bytes), _seconds(run.worst.summary, r.time_us), r.verdict, r.phase_path or "-"]
+        [r.label, col.cell(r.peak_bytes), _seconds(run.worst, r.time_us), r.verdict, r.phase_path or "-"]
         for r in sbs.rows
     ]
     out.table(["process", f"peak {_CURVE_NAMES[sbs.quantity]} {col.unit}", "at", "verdict", "phase"], rows, "lrrll")
@@ -52,7 +51,7 @@ def _side_by_side(out: _Out, run) -> None:
         lead = f"{names} peaked equally ({gib_or_dash(sbs.rows[0].peak_bytes)})"
     else:
         lead = f"{sbs.top} peaked {gib_or_dash(sbs.top_excess_bytes)} higher than the next ({sbs.rows[1].label})"
-    out.item(f"{lead}; {sbs.first} peaked first, at {_seconds(run.worst.summary, sbs.first_us)}")
+    out.item(f"{lead}; {sbs.first} peaked first, at {_seconds(run.worst, sbs.first_us)}")
 
 
 def render_missing(file: TextIO, run, markdown: bool = False) -> None:
@@ -71,7 +70,7 @@ def render(run, file: TextIO, *, width: int = 100, markdown: bool = False) -> No
     for i, r in enumerate(run.ranks):
         if i:
             file.write("\n" + ("---\n" if markdown else "=" * min(width, 100) + "\n"))
-        render_report(r.summary, file, width, markdown)
+        render_report(r, file, width, markdown)
     out = _Out(file, width, markdown)
     if run.multi:
         _side_by_side(out, run)

@@ -1,6 +1,6 @@
-"""The text and markdown renderer of a Summary: what ``memtrace report`` prints.
+"""The text and markdown renderer of one analysed rank: what ``memtrace report`` prints.
 
-Reads analysis results only (``memtrace.analysis.analysed.summary.Summary``). Sizes print in GiB with two
+Reads analysis results only (``memtrace.analysis.analysed.rank.AnalysedRank``'s figures). Sizes print in GiB with two
 decimals (a figure too small for them in its own unit: ``memtrace.units``) and times in seconds since the
 start of the recording; the exact integers are in ``memtrace report --json``.
 """
@@ -9,12 +9,12 @@ from __future__ import annotations
 
 import re
 import textwrap
-from typing import TextIO
+from typing import TYPE_CHECKING, TextIO
 
-from memtrace.analysis.analysed.summary import Summary
+from memtrace import facts as F
 from memtrace.analysis.holders.flame import hook_short_name
 from memtrace.analysis.holders.frames import DIRS_RECORDED
-from memtrace.analysis.holders.moment import peak_words
+from memtrace.analysis.holders.moment import headline_words
 from memtrace.analysis.memory.crossing import Excursion
 from memtrace.analysis.memory.quantities import (
     ALLOCATED,
@@ -26,6 +26,7 @@ from memtrace.analysis.memory.quantities import (
     RESERVED,
     holds_reserved,
 )
+from memtrace.analysis.memory.target import describe
 from memtrace.plots import cost_text, oom_text
 from memtrace.plots.extensible_text import render_counters, render_extensible, render_vmm
 from memtrace.plots.frame_words import frame_text
@@ -34,6 +35,9 @@ from memtrace.plots.metadata_text import render_metadata
 from memtrace.plots.non_torch_text import render_non_torch
 from memtrace.plots.serving_text import render_window
 from memtrace.units import gib_number, gib_or_dash, signed_gib_number, size_column
+
+if TYPE_CHECKING:
+    from memtrace.analysis.analysed.rank import AnalysedRank
 
 _TIMES = "Times are seconds since the run's time origin (the 'times' line: one origin for every rank and output)."
 
@@ -149,12 +153,12 @@ class _Out:
             self.line(("  " + "  ".join(cells)).rstrip())
 
 
-def _seconds(s: Summary, t_us: int) -> str:
-    return f"{(t_us - s.t0_us) / 1e6:.2f} s"
+def _seconds(s: AnalysedRank, t_us: int) -> str:
+    return f"{(t_us - s.origin.t0_us) / 1e6:.2f} s"
 
 
-def _header(out: _Out, s: Summary) -> None:
-    p = s.process
+def _header(out: _Out, s: AnalysedRank) -> None:
+    p = s.trace.process
     imported = p.role == "import" and not p.pid
     who = ["torch snapshot"] if imported else [s.label]
     if p.rank is not None:
@@ -169,7 +173,7 @@ def _header(out: _Out, s: Summary) -> None:
         out.line(_cut(f"memtrace report: {', '.join(who)}", out.width))
     if s.oom is not None:  # the first thing to know about a run
         out.item(("**" if out.md else "") + _oom_text(s) + ("**" if out.md else ""))
-    env = s.env
+    env = s.trace.facts.get(F.ENV) or {}
     dev = [str(env["gpu_name"])] if env.get("gpu_name") else []
     if env.get("compute_capability"):
         dev.append(f"sm {env['compute_capability']}")
@@ -183,8 +187,8 @@ def _header(out: _Out, s: Summary) -> None:
     if s.allocator:
         shown = ", ".join(f"{k}:{v}" if v else f"{k} unset" for k, v in sorted(s.allocator.items()))
         out.item(f"allocator settings: {shown}")
-    dur = (s.end_us - s.start_us) / 1e6
-    rec = s.recording
+    dur = (s.span[1] - s.span[0]) / 1e6
+    rec = s.trace.recording
     ended = f", ended: {rec.end_reason}" if rec.end_reason else ""
     if not rec.end_reason and rec.source == "memtrace":
         ended = (
@@ -193,7 +197,7 @@ def _header(out: _Out, s: Summary) -> None:
         )
     w = s.window.window if s.window is not None else None
     parts = ""
-    if w is not None and w.end_us is not None and s.end_us >= w.end_us:  # one run in time (``serving.joined``)
+    if w is not None and w.end_us is not None and s.span[1] >= w.end_us:  # one run in time (``serving.joined``)
         gap = f"after a gap of {w.gap_us / 1e6:.2f} s, not recorded" if w.gap_us else "with no gap"
         parts = f": start-up, then the serving window {gap}"
     out.item(
@@ -203,35 +207,35 @@ def _header(out: _Out, s: Summary) -> None:
     if s.before_recording is not None and s.before_recording.nonzero:
         out.item(before_recording_text(s.before_recording))
     _cost(out, s)
-    if s.time_origin:
-        out.item(f"times: {s.time_origin}")
-    if s.path:  # Markdown goes upstream: the file's name only, never a local path
-        out.item(f"file: {s.path.rsplit('/', 1)[-1] if out.md else s.path}")
+    if s.origin.sentence:
+        out.item(f"times: {s.origin.sentence}")
+    if s.trace.path:  # Markdown goes upstream: the file's name only, never a local path
+        out.item(f"file: {s.trace.path.rsplit('/', 1)[-1] if out.md else s.trace.path}")
 
 
-def _cost(out: _Out, s: Summary) -> None:
-    vllm = s.process.role == "vllm-worker"
+def _cost(out: _Out, s: AnalysedRank) -> None:
+    vllm = s.trace.process.role == "vllm-worker"
     line = cost_text.headline(s.self_cost, vllm)
     if line:
         out.item(f"{line}; {cost_text.sources(s.self_cost)}" if s.self_cost.recorded else line)
 
 
-def _oom_text(s: Summary) -> str:
+def _oom_text(s: AnalysedRank) -> str:
     """The OOM the run died of, in one sentence: when, where, the failed request, the free memory."""
     o = s.oom
     return (
         f"DIED: CUDA out of memory at {_seconds(s, o.time_us)} {oom_text.where(o)}: "
-        f"{oom_text.details(o, s.process.device_total_bytes)}. Nothing after it was recorded."
+        f"{oom_text.details(o, s.trace.process.device_total_bytes)}. Nothing after it was recorded."
     )
 
 
-def _phases(out: _Out, s: Summary) -> None:
+def _phases(out: _Out, s: AnalysedRank) -> None:
     if not s.phases:
         return
     out.heading("Phases")
     name_w = 30
     full = out.md
-    reserved = holds_reserved(s.process)  # the CPU's trace has allocated alone: no reserved columns
+    reserved = holds_reserved(s.trace.process)  # the CPU's trace has allocated alone: no reserved columns
     col = size_column(b for p in s.phases for b in _phase_sizes(p))  # one unit, the header's, in every cell
     rows = []
     for p in s.phases:
@@ -241,7 +245,7 @@ def _phases(out: _Out, s: Summary) -> None:
             indent = "  " * p.depth
         name = indent + p.name + ("" if p.ended else " (open)")
         name = name if out.md else _cut(name, name_w)
-        times = [f"{(p.start_us - s.t0_us) / 1e6:.2f}", f"{(p.end_us - s.t0_us) / 1e6:.2f}"]
+        times = [f"{(p.start_us - s.origin.t0_us) / 1e6:.2f}", f"{(p.end_us - s.origin.t0_us) / 1e6:.2f}"]
         alloc = [
             col.cell(p.end_allocated_bytes),
             col.cell(p.peak_allocated_bytes),
@@ -272,7 +276,7 @@ def _phase_sizes(p) -> tuple:
             p.peak_device_used_bytes)  # fmt: skip
 
 
-def _peak(out: _Out, s: Summary) -> None:
+def _peak(out: _Out, s: AnalysedRank) -> None:
     out.heading("Peak")
     pk, least = s.peak, s.peak_bound.words
     where = f" in {pk.phase_path}" if pk.phase_path else ""
@@ -285,7 +289,7 @@ def _peak(out: _Out, s: Summary) -> None:
             + (f" in {hp.phase_path}" if hp.phase_path else "")
             + f" ({HELD.meaning}): the peak"
         )
-    if holds_reserved(s.process):  # the CPU's trace has allocated alone: its line below is the peak
+    if holds_reserved(s.trace.process):  # the CPU's trace has allocated alone: its line below is the peak
         out.item(
             f"reserved {least}{gib_or_dash(pk.reserved_bytes)} at {_seconds(s, pk.time_us)}{where} "
             f"(allocated {gib_or_dash(pk.allocated_bytes)} at its fullest{extra})"
@@ -321,7 +325,7 @@ def _peak(out: _Out, s: Summary) -> None:
         )
 
 
-def _crossing_text(s: Summary, c: Excursion) -> str:
+def _crossing_text(s: AnalysedRank, c: Excursion) -> str:
     where = f" in {c.phase_path}" if c.phase_path else ""
     if c.until == "oom":
         stay = f"until the OOM ({c.duration_us / 1e6:.3f} s)"
@@ -338,21 +342,21 @@ def _crossing_text(s: Summary, c: Excursion) -> str:
     )
 
 
-def _below(out: _Out, s: Summary) -> None:
+def _below(out: _Out, s: AnalysedRank) -> None:
     """How far below the target each peak stayed, named from the one vocabulary; on a card other processes
     shared, how full the card itself was too (their memory is not this process's, and not under its target)."""
     if s.peak_held is not None:  # the KV cache outside PyTorch counts: "reserved" alone would look empty
-        head = s.target_bytes - s.peak_held.bytes
+        head = s.target.target_bytes - s.peak_held.bytes
         out.item(f"never crossed: the peak {HELD.label} ({HELD.meaning}) stays {gib_or_dash(head)} below it")
     else:
-        head = s.target_bytes - s.peak.reserved_bytes
+        head = s.target.target_bytes - s.peak.reserved_bytes
         out.item(f"never crossed: the {RESERVED.label} peak stays {gib_or_dash(head)} below it")
     if s.peak_device_used is not None:
         out.item(
-            f"the peak {DEVICE_USED.label} stays {gib_or_dash(s.target_bytes - s.peak_device_used.bytes)} below it"
+            f"the peak {DEVICE_USED.label} stays {gib_or_dash(s.target.target_bytes - s.peak_device_used.bytes)} below it"
         )
     if s.peak_others is not None and s.whole_device_peak_bytes is not None:
-        room = s.target_bytes - s.whole_device_peak_bytes
+        room = s.target.target_bytes - s.whole_device_peak_bytes
         where = f"{gib_or_dash(room)} below it" if room >= 0 else f"{gib_or_dash(-room)} above it"
         out.item(
             f"with {OTHERS.label}' memory (up to {gib_or_dash(s.peak_others.bytes)}) the card itself held up to "
@@ -360,25 +364,27 @@ def _below(out: _Out, s: Summary) -> None:
         )
 
 
-def _target(out: _Out, s: Summary) -> None:
-    if s.target_bytes is None:
+def _target(out: _Out, s: AnalysedRank) -> None:
+    if s.target.target_bytes is None:
         return
-    out.heading(f"Target {gib_or_dash(s.target_bytes)}")
+    out.heading(f"Target {gib_or_dash(s.target.target_bytes)}")
     t = s.target
     card = f"; card {gib_or_dash(t.capacity_bytes)} ({t.capacity_source})" if t.capacity_bytes else ""
-    out.item(f"from: {s.target_source}{card}")
-    if not s.crossings:
+    out.item(f"from: {describe(s.target)}{card}")
+    if not s.crossing_list:
         _below(out, s)
-    for c in s.crossings:
+    for c in s.crossing_list:
         out.item(_crossing_text(s, c))
 
 
-def _holders(out: _Out, s: Summary) -> None:
+def _holders(out: _Out, s: AnalysedRank) -> None:
     if not s.holders:
         return
-    # the state shown is the fullest moment of the reserved peak's plateau (``quantities.fullest_at_peak``), the
-    # moment the flame graph shows too; the CPU's reserved curve stays 0, so there it is allocated's peak
-    at = f"{peak_words(s.process)} ({_seconds(s, s.peak.state_us)})"
+    # the state shown is the run's headline peak (``AnalysedRank.headline``), the moment the flame graph shows too
+    h = s.headline
+    at = f"{headline_words(h, s.trace.process)} ({_seconds(s, h.state_us)})"
+    if h.quantity == HELD.key:  # PyTorch's blocks and the KV cache's chunks outside it: the state flame shows
+        at = f"the peak held ({_seconds(s, h.state_us)}): PyTorch's and the KV cache outside it"
     out.heading(f"Top holders at {at}, by allocating site")
     col = size_column(h.bytes for h in s.holders)
     rows = [
@@ -393,11 +399,11 @@ def _holders(out: _Out, s: Summary) -> None:
         out.item(f"{known} told apart by {dirs.source}: the trace does not say where its process imported torch")
 
 
-def _hooks(out: _Out, s: Summary, limit: int = 20) -> None:
-    if not s.hook_calls:
+def _hooks(out: _Out, s: AnalysedRank, limit: int = 20) -> None:
+    if not s.trace.hook_calls:
         return
     out.heading("Hook calls (FlashInfer workspace allocators and MEMTRACE_HOOKS)")
-    if len(s.hook_calls) > 1:
+    if len(s.trace.hook_calls) > 1:
         totals = [
             [_cut(hook_short_name(h.name), 40), f"{h.calls:,}", gib_number(h.returned_bytes), signed_gib_number(h.allocated_delta_bytes),
              f"{h.errors:,}" if h.errors else ""]
@@ -406,11 +412,11 @@ def _hooks(out: _Out, s: Summary, limit: int = 20) -> None:
         out.table(["by function", "calls", "returned GiB", "Δ alloc GiB", "errors"], totals, "lrrrr")
         out.line("")
     rows = []
-    for c in s.hook_calls[:limit]:
+    for c in s.trace.hook_calls[:limit]:
         rows.append(
             [
                 _cut(hook_short_name(c.name), 40),
-                f"{(c.start_us - s.t0_us) / 1e6:.2f}",
+                f"{(c.start_us - s.origin.t0_us) / 1e6:.2f}",
                 f"{(c.end_us - c.start_us) / 1e3:.1f}",
                 gib_number(c.returned_bytes),
                 "-" if c.allocated_delta_bytes is None else signed_gib_number(c.allocated_delta_bytes),
@@ -419,50 +425,50 @@ def _hooks(out: _Out, s: Summary, limit: int = 20) -> None:
             ]
         )
     out.table(["function", "start s", "ms", "returned GiB", "Δ alloc GiB", "Δ res GiB", "error"], rows, "lrrrrrl")
-    if len(s.hook_calls) > limit:
-        out.item(f"... and {len(s.hook_calls) - limit:,} more calls (see --json)")
+    if len(s.trace.hook_calls) > limit:
+        out.item(f"... and {len(s.trace.hook_calls) - limit:,} more calls (see --json)")
 
 
-def _notes(out: _Out, s: Summary) -> None:
-    if not (s.warnings or s.notes):
+def _notes(out: _Out, s: AnalysedRank) -> None:
+    if not (s.warnings or s.trace.notes):
         return
     out.heading("Warnings and notes")
     for w in s.warnings:
         out.item(f"WARNING: {w}")
-    for n in s.notes:
+    for n in s.trace.notes:
         out.item(f"{n.level}: {n.text}")
 
 
-def render_report(summary: Summary, file: TextIO, width: int = 100, markdown: bool = False) -> None:
+def render_report(rank: AnalysedRank, file: TextIO, width: int = 100, markdown: bool = False) -> None:
     """Write the report of one trace to ``file``.
 
     Args:
-        summary: ``AnalysedRank.summary`` (``analysis.rank``).
+        rank: one rank of an analysed run (``analysis.analysed.rank.AnalysedRank``): every figure is read there.
         file: a text stream.
         width: the text width tables are cut to (text mode).
         markdown: GitHub-flavoured markdown instead of plain text (for an upstream issue).
     """
     out = _Out(file, width, markdown)
-    _header(out, summary)
-    if summary.warnings:
-        out.item(f"WARNING: {len(summary.warnings)} warning(s) below; figures may be incomplete")
-    _phases(out, summary)
-    if summary.n_events or summary.oom is not None or summary.baseline.reserved_bytes:  # (a snapshot's one moment)
-        _peak(out, summary)
-        _target(out, summary)
+    _header(out, rank)
+    if rank.warnings:
+        out.item(f"WARNING: {len(rank.warnings)} warning(s) below; figures may be incomplete")
+    _phases(out, rank)
+    if rank.n_events or rank.oom is not None or rank.curves.baseline.reserved_bytes:  # (a snapshot's one moment)
+        _peak(out, rank)
+        _target(out, rank)
     else:  # the "recorded nothing" verdict: no peak, and no target kept or crossed
         out.heading("Peak")
         out.item("none: no allocator events were recorded, so there is no peak and no target was kept or crossed")
-    _holders(out, summary)
-    render_metadata(out, summary)
-    render_non_torch(out, summary)
-    _hooks(out, summary)
-    render_non_kv(out, summary)
-    render_vmm(out, summary)
-    render_extensible(out, summary)
-    render_counters(out, summary)
-    render_window(out, summary.window, summary.t0_us)
-    _notes(out, summary)
+    _holders(out, rank)
+    render_metadata(out, rank)
+    render_non_torch(out, rank)
+    _hooks(out, rank)
+    render_non_kv(out, rank)
+    render_vmm(out, rank)
+    render_extensible(out, rank)
+    render_counters(out, rank)
+    render_window(out, rank.window, rank.origin.t0_us)
+    _notes(out, rank)
 
 
 def render_definitions(file: TextIO, width: int = 100, markdown: bool = False, shown=QUANTITIES, memories=()) -> None:

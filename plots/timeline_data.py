@@ -139,7 +139,7 @@ def prepare_rank(rank: AnalysedRank) -> RankTimeline:
     serving, gap, dropped, window, used_all = None, None, (0, 0, 0), None, None
     tops = [_top(rank.curves), rank.target.target_bytes or 0]
     w = rank.startup.window
-    if rank.trace is not rank.startup and w is not None:  # one run in time: the window is in the rank's curves
+    if rank.joined:  # one run in time: the window is in the rank's curves
         window = (w.start_us, w.end_us)
         gap = (w.startup_end_us, w.start_us) if w.gap_us else None
         dropped = (w.events_dropped, w.samples_dropped, w.steps_dropped)

@@ -1,6 +1,6 @@
 """Pack one run's analysis results into the compact form ``memtrace view``'s page reads (no HTML here).
 
-Per rank (an ``analysis.rank.AnalysedRank``) the page gets a small JSON document (its summary, target,
+Per rank (an ``analysis.rank.AnalysedRank``) the page gets a small JSON document (its figures, target,
 OOM, phases, landmarks, time origin, the interned icicle paths of ``analysis.view_paths``) and one binary blob of little-endian columns, gzip'd
 (the page inflates it with the browser's ``DecompressionStream``). Event columns, one entry per
 allocator event in trace order:
@@ -45,11 +45,12 @@ from typing import Any
 import numpy as np
 from memtrace.analysis.analysed.landmarks import steady_non_torch_values
 from memtrace.analysis.analysed.rank import AnalysedRank
-from memtrace.analysis.analysed.summary import summary_to_dict
+from memtrace.analysis.analysed.summary import summary_doc
 from memtrace.analysis.holders.flame import frame_label
 from memtrace.analysis.holders.live import meaningful_frame
 from memtrace.analysis.memory.categories import CATEGORIES
 from memtrace.analysis.memory.quantities import OTHERS, holds_reserved
+from memtrace.analysis.memory.target import describe
 from memtrace.model import ACTIONS
 from memtrace.plots import oom_text
 from memtrace.plots.palette import CATEGORY_COLORS, VMM_KV_LABEL
@@ -101,11 +102,11 @@ def event_at(times: np.ndarray, t_us: int) -> int:
 def _landmarks(a: AnalysedRank) -> list[dict[str, Any]]:
     """The page's landmark buttons: the peak, the crossings (the one every output names first called "first
     crossing", as the report orders them), the OOM, the end of each phase; each with the figure it marks."""
-    s, times = a.summary, a.event_times
+    times = a.event_times
     h = a.headline  # the run's peak, decided once: the peak held on an extensible-KV run
     at = h.event_index if h.event_index is not None else event_at(times, h.point.time_us)
     out = [{"name": "peak", "event": at, **_peak_mark(a)}]
-    for k, c in enumerate(s.crossings):
+    for k, c in enumerate(a.crossing_list):
         label = f"{'first crossing' if k == 0 else 'crossing'} ({c.curve.replace('_', ' ')})"
         out.append({"name": label, "event": event_at(times, c.time_us), "time_us": c.time_us, "curve": c.curve,
                     "bytes": c.at_cross_bytes, "phase": c.phase_path, "max_bytes": c.max_bytes,
@@ -113,9 +114,9 @@ def _landmarks(a: AnalysedRank) -> list[dict[str, Any]]:
     if a.oom is not None and a.oom.time_us <= _drawn_end(a, a.oom.time_us):  # not one in the serving window
         out.append({"name": "OOM", "event": event_at(times, a.oom.time_us), "time_us": a.oom.time_us,
                     "phase": a.oom.phase_path})  # fmt: skip
-    for p in s.phases:
+    for p in a.phases:
         out.append({"name": f"end {p.name}", "event": event_at(times, p.end_us), "time_us": p.end_us})
-    for m in s.user_metadata:  # torch's _set_memory_metadata labels: where each began
+    for m in a.user_metadata:  # torch's _set_memory_metadata labels: where each began
         out.append({"name": f"label {m.value}", "event": event_at(times, m.first_us), "time_us": m.first_us})
     return out
 
@@ -123,20 +124,19 @@ def _landmarks(a: AnalysedRank) -> list[dict[str, Any]]:
 def _peak_mark(a: AnalysedRank) -> dict[str, Any]:
     """The peak's curve, figure and moment as the page marks it: the rank's headline (``AnalysedRank.headline``:
     held on an extensible-KV run, else reserved at its fullest, or allocated for the CPU's trace)."""
-    h, pk = a.headline, a.peak
-    t = pk.state_us if h.event_index is not None and h.quantity != "allocated" else h.point.time_us
-    return {"curve": h.point.curve, "bytes": h.point.bytes, "time_us": t}
+    h = a.headline
+    return {"curve": h.point.curve, "bytes": h.point.bytes, "time_us": h.state_us}
 
 
 def rank_meta(a: AnalysedRank, t0_us: int) -> dict[str, Any]:
     """The JSON part of one rank (figures exact, in bytes and microseconds)."""
-    t, s, oom = a.trace, a.summary, a.oom
+    t, oom = a.trace, a.oom
     start, end = a.span
     titles = []
     for st in range(len(t.stacks)):
         f = meaningful_frame(t.stack_frames(st))
         titles.append(frame_label(f) if f is not None else "")
-    doc = summary_to_dict(s)
+    doc = summary_doc(a)
     paths = a.icicle_paths
     return {
         "label": t.label,
@@ -147,14 +147,14 @@ def rank_meta(a: AnalysedRank, t0_us: int) -> dict[str, Any]:
         "t_first_us": int(a.curves.allocated.time_us[0]) - t0_us,
         "start_us": start - t0_us,
         "end_us": _drawn_end(a, end) - t0_us,
-        "baseline": {"allocated": s.baseline.allocated_bytes, "reserved": s.baseline.reserved_bytes},
-        "before_recording": _before_recording(s),
+        "baseline": {"allocated": a.curves.baseline.allocated_bytes, "reserved": a.curves.baseline.reserved_bytes},
+        "before_recording": _before_recording(a),
         "target": {
             "bytes": a.target.target_bytes,
             "capacity": a.target.capacity_bytes,
             "util": a.target.util,
             "source": a.target.source,
-            "described": s.target_source,
+            "described": describe(a.target),
         },
         "peak": doc["peak"],
         "peak_mark": _peak_mark(a),
@@ -174,7 +174,7 @@ def rank_meta(a: AnalysedRank, t0_us: int) -> dict[str, Any]:
                 "start_us": p.start_us - t0_us,
                 "end_us": p.end_us - t0_us,
             }
-            for p in s.phases
+            for p in a.phases
         ],
         "phase_table": doc["phases"],
         "landmarks": _landmarks(a),
@@ -196,13 +196,13 @@ def _drawn_end(a: AnalysedRank, end: int) -> int:
     """Where this part of the chart ends: at an OOM (nothing drawn after it), and at start-up's end when a
     serving window follows (drawn after the gap from the window's own part, ``pack_window``)."""
     w = a.trace.window
-    if w is not None and w.startup_end_us is not None and a.trace is a.startup:  # the window drawn apart
+    if w is not None and w.startup_end_us is not None and not a.joined:  # the window drawn apart
         return min(end, w.startup_end_us)
     return end if a.oom is None else min(end, a.oom.time_us)
 
 
 def _before_recording(s) -> dict[str, Any] | None:
-    """The memory present before recording began (``Summary.before_recording``) and the report's line on it;
+    """The memory present before recording began (``AnalysedRank.before_recording``) and the report's line on it;
     None when there was none to state (or the trace is a snapshot of one moment)."""
     b = s.before_recording
     if b is None or not b.nonzero:
@@ -311,7 +311,7 @@ def pack_rank(a: AnalysedRank, t0_us: int, *, with_events: bool = True) -> Packe
     meta["has_events"] = with_events
     window = pack_window(a, t0_us, with_events=with_events)
     if meta.get("serving"):  # the page heads the window's lines with it; a start-up-only rank has none
-        meta["serving_heading"] = serving_heading(window, joined=a.trace is not a.startup)
+        meta["serving_heading"] = serving_heading(window, joined=a.joined)
     return PackedRank(meta, b"".join(parts), columns, window)
 
 
@@ -334,7 +334,7 @@ def pack_window(a: AnalysedRank, t0_us: int, *, with_events: bool = True) -> Pac
     the time between start-up's end and the window's first kept record (page microseconds), what the ring
     dropped of it and the words its band says. None without a window holding allocator events."""
     win, w = a.serving, a.trace.window
-    if win is None or a.trace is not a.startup:  # joined in time (``serving.joined``): the rank's own part holds it
+    if win is None:  # joined in time (``AnalysedRank.joined``): the rank's own part holds it
         return None
     p = pack_rank(win, t0_us, with_events=with_events)
     for lm in p.meta["landmarks"]:

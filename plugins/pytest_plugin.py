@@ -22,7 +22,7 @@ named after the test; user phases (``memtrace.phase``) nest in it. ``curve`` is 
 default: PyTorch's segments), "allocated" or "device" (NVML, the whole card). Over budget, the test
 fails with the budget, the measured peak, the phase of the peak, every curve's peak and the OOM as
 ``memtrace report`` gives them (``analysis.budget`` resolves the budget through
-``analysis.target.resolve_target`` and takes its figures from ``analysis.summary``), the top
+``analysis.target.resolve_target`` and takes its figures from ``analysis.analysed.rank.AnalysedRank``), the top
 holders and the trace's path. A budgeted test that raised after a CUDA OOM gets a "memtrace"
 section in its report: where it died, what it asked for, what was free. Without torch or a CUDA GPU the test is *skipped* with
 the reason, never passed silently. ``--memtrace-dir DIR`` keeps the traces there (default: a

@@ -172,10 +172,11 @@ def diff_traces(base: Trace, new: Trace, threshold: Threshold, *, label: str = "
         threshold,
         label=label or new.label,
     )
-    sites = site_changes(base, new, bc, nc)
+    b, n = summarize(base, curves=bc), summarize(new, curves=nc)  # each on its own, read at its headline peak
+    sites = site_changes(b, n)
     return replace(
         d,
-        categories=category_changes(base, new, bc, nc),
+        categories=category_changes(b, n),
         sites=sites.changes,
         sites_missing=sites.missing,
         one_moment=_sides(is_one_moment(base.facts), is_one_moment(new.facts)),
@@ -200,8 +201,7 @@ def _frame_lists(trace: Trace) -> list[list[dict[str, Any]]]:
 
 
 def summarize(trace: Trace, target=None, *, top: int = 10, curves: Curves | None = None):
-    """TEST-ONLY: the Summary of one trace on its own (its own time origin), as
-    ``AnalysedRank(trace, ...).summary``, which is what every output reads.
+    """TEST-ONLY: one trace analysed on its own (its own time origin): the ``AnalysedRank`` every output reads.
 
     Args:
         trace: the trace.
@@ -219,7 +219,7 @@ def summarize(trace: Trace, target=None, *, top: int = 10, curves: Curves | None
         raise TypeError("summarize takes a resolved Target (analysis.target.resolve_target), not bytes")
     origin = TimeOrigin(recording_span(trace)[0], (), True, "")
     rank = AnalysedRank(trace, TargetSpec(), origin, top=top, target=target, curves=curves)
-    return rank.summary
+    return rank
 
 
 def snapshot_replay(raw: dict, device: int) -> tuple[int, int]:

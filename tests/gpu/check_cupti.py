@@ -191,9 +191,9 @@ def check(trace) -> list[str]:
             seen.append({"bytes": int(recs["bytes"][i]), "kind": kind, "ops": [f.op for f in frames if f.op],
                          "category": non_torch.classify(frames, "torch_ops", kind)})  # fmt: skip
         figures["torch_ops_records"] = seen
-    summary = analyse([trace]).ranks[0].summary
-    figures["breakdown"] = [_plain(b) for b in summary.non_torch]
-    peak = next((b for b in summary.non_torch if b.moment == "peak"), None)
+    summary = analyse([trace]).ranks[0]
+    figures["breakdown"] = [_plain(b) for b in summary.non_torch_moments]
+    peak = next((b for b in summary.non_torch_moments if b.moment == "peak"), None)
     if peak is None:
         failures.append("the report has no non-PyTorch breakdown")
     else:

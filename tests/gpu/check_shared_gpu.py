@@ -71,7 +71,7 @@ def _record_and_check(hold: int, child_pid: int) -> int:
         trace = load_trace(session.path)
     curves = all_curves(trace)
     side = trace.facts.get("sidecar") or {}
-    summary = analyse([trace]).ranks[0].summary
+    summary = analyse([trace]).ranks[0]
     figures = {
         "start_s": round(start_s, 3),
         "child_pid": child_pid,

@@ -56,12 +56,12 @@ def test_non_pytorch_memory_stays_at_the_real_figure(real):
 
 
 def test_the_device_used_crossing_is_where_it_really_was_not_in_init_device(real):
-    crossing = {c.curve: c for c in summarize(_shared(real)).crossings}["device_used"]
-    real_crossing = {c.curve: c for c in summarize(real).crossings}["device_used"]
+    crossing = {c.curve: c for c in summarize(_shared(real)).crossing_list}["device_used"]
+    real_crossing = {c.curve: c for c in summarize(real).crossing_list}["device_used"]
     assert crossing.phase_path == real_crossing.phase_path == "compile_or_warm_up/kernel_warmup"
     assert (crossing.time_us, crossing.max_bytes) == (real_crossing.time_us, real_crossing.max_bytes)
     # the test can fail: without the other-processes series the device-wide figure crosses at once
-    unattributed = {c.curve: c for c in summarize(_shared(real, series=False)).crossings}["device_used"]
+    unattributed = {c.curve: c for c in summarize(_shared(real, series=False)).crossing_list}["device_used"]
     assert unattributed.phase_path == "init_device"
 
 

@@ -34,7 +34,7 @@ def test_cuptis_own_memory_is_named_from_the_moment_it_was_enabled():
     fact = t.facts["cupti"]
     assert fact["on"] and isinstance(fact["started_us"], int)
     assert non_torch.cupti_own_bytes(t, all_curves(t)) == 12_582_912  # three 4 MiB steps inside activity_enable
-    peak = next(b for b in summarize(t).non_torch if b.moment == "peak")
+    peak = next(b for b in summarize(t).non_torch_moments if b.moment == "peak")
     assert peak.cupti_bytes == 512 * MiB + 64 * MiB  # the raw cudaMalloc and CuPy's pool
     assert (peak.at_start_bytes, peak.cupti_own_bytes, peak.grew_unseen_bytes) == (552_402_944, 12_582_912, 0)
     assert peak.at_start_bytes + peak.cupti_own_bytes + peak.grew_unseen_bytes == peak.unexplained_bytes

@@ -24,7 +24,7 @@ def test_records_stacks_and_pytorchs_segments():
 
 
 def test_breakdown_at_the_first_crossing_adds_up_to_nvml():
-    first = next(b for b in summarize(load_trace(TRACE)).non_torch if b.moment == "first crossing")
+    first = next(b for b in summarize(load_trace(TRACE)).non_torch_moments if b.moment == "first crossing")
     assert first.phase_path == "kv_cache_init"
     assert first.cupti_bytes == 68_362_212  # CUPTI saw 0.06 GiB of non-PyTorch device memory
     assert first.nvml_non_torch_bytes == 808_255_488
@@ -42,7 +42,7 @@ def test_breakdown_at_the_first_crossing_adds_up_to_nvml():
 
 
 def test_categories_name_the_compiled_graph_and_the_kernel_modules():
-    first = next(b for b in summarize(load_trace(TRACE)).non_torch if b.moment == "first crossing")
+    first = next(b for b in summarize(load_trace(TRACE)).non_torch_moments if b.moment == "first crossing")
     other = first.category(non_torch.OTHER)
     # three raw cudaMallocs (64 MiB + 128 KiB + 1 KiB) inside one torch op called from Inductor's code
     assert (other.bytes, other.count, other.libraries) == (67_240_960, 3, ((non_torch.COMPILED, 67_240_960),))
@@ -62,7 +62,7 @@ def test_categories_name_the_compiled_graph_and_the_kernel_modules():
 def test_live_curve_is_the_non_pytorch_bytes_cupti_saw():
     t = load_trace(TRACE)
     curve = non_torch.live_curve(t)
-    first = next(b for b in summarize(t).non_torch if b.moment == "first crossing")
+    first = next(b for b in summarize(t).non_torch_moments if b.moment == "first crossing")
     assert curve.at(first.time_us) == first.cupti_bytes
     assert int(curve.bytes.max()) == 68_364_089
 
@@ -113,7 +113,7 @@ def test_perfetto_export_carries_the_exact_non_pytorch_counter(tmp_path):
     events = json.loads(out.read_text())["traceEvents"]
     cupti = [e for e in events if e.get("name") == "non-PyTorch seen by CUPTI"]
     t0 = json.loads(out.read_text())["otherData"]["t0_us"]
-    first = next(b for b in summarize(load_trace(TRACE)).non_torch if b.moment == "first crossing")
+    first = next(b for b in summarize(load_trace(TRACE)).non_torch_moments if b.moment == "first crossing")
     before = [e["args"]["bytes"] for e in cupti if e["ts"] + t0 <= first.time_us]
     assert before[-1] == first.cupti_bytes == 68_362_212
     assert max(e["args"]["bytes"] for e in cupti) == 68_364_089

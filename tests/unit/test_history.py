@@ -137,6 +137,22 @@ def test_figures_survive_the_database_exactly():
     assert r.rank == 0 and r.fingerprint["vllm"] == "0.25.1" and r.fingerprint["max_num_seqs"] == "8"
 
 
+def test_recording_a_run_reads_the_categories_the_run_already_made(monkeypatch):
+    """history keeps the phase peaks less the KV cache, whose tensors the analysed run already categorized: it reads
+    them there (it categorized the trace again, once per level: twice more), with the same figures."""
+    from memtrace.analysis.analysed.run import analyse
+    from memtrace.analysis.gate.history import record_run
+    from memtrace.analysis.memory import categories
+
+    run = analyse(load_run(VLLM).traces)
+    rank = run.ranks[0]
+    expected = record(rank.trace, curves=rank.curves, oom=rank.oom)  # categorizes the trace itself
+    assert rank.categorized is not None
+    monkeypatch.setattr(categories, "categorize", lambda *a, **k: pytest.fail("categorized again"))
+    (got,) = record_run(run, "add")
+    assert got.reserved.phases_less_kv and got.reserved == expected.reserved and got.device == expected.device
+
+
 def test_show_lists_each_key_and_draws_the_trend(db, tmp_path, capsys, monkeypatch):
     _run(capsys, "check", WS1G, "--db", db, "--add")
     _run(capsys, "add", VLLM, "--db", db)

@@ -15,7 +15,7 @@ import io
 import numpy as np
 import pytest
 from memtrace.analysis.analysed.landmarks import steady_non_torch_at
-from memtrace.analysis.analysed.summary import summary_to_dict
+from memtrace.analysis.analysed.summary import summary_doc
 from memtrace.analysis.memory import non_torch as nt
 from memtrace.analysis.memory.curves import all_curves
 from memtrace.model import ACTION_CODE, FORMAT_VERSION, MEMORY_KINDS, MEMORY_OPS, Frame, Segment, empty_device_allocs
@@ -118,10 +118,10 @@ def test_summary_report_and_file_format_carry_the_breakdown(real, tmp_path):
     back = load_trace(save_trace(t, tmp_path / "cupti.memtrace"))
     assert np.array_equal(back.device_allocs, t.device_allocs) and FORMAT_VERSION >= (1, 2)
     s = summarize(back)
-    assert [b.moment for b in s.non_torch] == ["first crossing", "peak"]
-    first = s.non_torch[0]
-    assert first.time_us == s.crossings[0].time_us and first.category(nt.GRAPHS) is None  # before capture
-    assert s.non_torch[1].cupti_bytes == sum(expected.values())
+    assert [b.moment for b in s.non_torch_moments] == ["first crossing", "peak"]
+    first = s.non_torch_moments[0]
+    assert first.time_us == s.crossing_list[0].time_us and first.category(nt.GRAPHS) is None  # before capture
+    assert s.non_torch_moments[1].cupti_bytes == sum(expected.values())
     out = io.StringIO()
     render_report(s, out, width=140)
     text = out.getvalue()
@@ -130,13 +130,13 @@ def test_summary_report_and_file_format_carry_the_breakdown(real, tmp_path):
         assert name in text, name
     assert "vllm/distributed/device_communicators/pynccl.py:90 __init__" in text
     assert "unexplained is negative" in text  # at the first crossing: the records here outweigh NVML's figure
-    plain = summary_to_dict(s)["non_torch"][1]  # report --json
+    plain = summary_doc(s)["non_torch"][1]  # report --json
     assert plain["cupti_bytes"] == sum(expected.values()) and plain["categories"][0]["name"] == nt.NCCL
 
 
 def test_without_records_nothing_changes_and_old_files_load_empty(real):
     s = summarize(real)
-    assert s.non_torch == [] and nt.breakdown(real, 0, "peak", curves=all_curves(real)) is None
+    assert s.non_torch_moments == [] and nt.breakdown(real, 0, "peak", curves=all_curves(real)) is None
     out = io.StringIO()
     render_report(s, out)
     assert "CUPTI" not in out.getvalue()

@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pytest
 from memtrace.analysis.analysed.run import analyse
+from memtrace.analysis.analysed.summary import summary_doc
 from memtrace.analysis.holders.moment import flame_for
 from memtrace.cli import main
 from memtrace.importers.files import traces_from_snapshot_file
@@ -46,7 +47,9 @@ def _run(path: Path):
 def test_every_quantity_covers_start_up_and_the_serving_window(path):
     r = _run(path).ranks[0]
     w, d = r.startup.window, r.window.device
-    assert r.span[1] >= w.end_us and r.summary.end_us == r.span[1]  # the recording's extent: to the window's end
+    assert (
+        r.span[1] >= w.end_us and summary_doc(r)["end_us"] == r.span[1]
+    )  # the recording's extent: to the window's end
     assert r.n_events == len(r.startup.events) + len(w.events)
     # other processes: the report's peak is the serving section's figure at the OOM, the highest of the run
     assert r.peak_others.bytes == d.end.others_bytes and r.peak_others.bytes > d.startup_end.others_bytes
@@ -152,6 +155,41 @@ def test_the_headline_is_the_peak_held_in_the_report_the_view_and_the_issues_fla
     assert "## What held memory at the peak held" in render_issue(run)
 
 
+def test_the_top_holders_are_the_headline_peaks_with_the_kv_cache_outside_pytorch(tmp_path, capsys):
+    """Every output that names holders "at the peak" reads the run's headline: on moe-ext the peak held at 179.24 s,
+    where vLLM's KV cache (126.23 GiB committed outside PyTorch) held most (was: reserved's peak at 168.97 s, 11.35
+    GiB of PyTorch's blocks, the KV cache nowhere)."""
+    from memtrace.plots.issue_md import render_issue
+
+    run = _run(MOE_EXT)
+    r = run.ranks[0]
+    moment, flame = flame_for(r, "peak")
+    top = r.holders[0]
+    assert top.bytes == flame.vmm_bytes == 135_543_128_064 and top.frame.name == "_map_chunk_at"
+    assert sum(h.bytes for h in r.holders) <= flame.total_bytes and sum(h.share for h in r.holders) <= 1
+    assert main(["report", str(MOE_EXT)]) == 0
+    text = capsys.readouterr().out
+    assert "Top holders at the peak held (179.24 s): PyTorch's and the KV cache outside it, by allocating site" in text
+    assert main(["report", str(MOE_EXT), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["traces"][0]["holders"][0]["bytes"] == 135_543_128_064
+    who = render_issue(run).split("**Who held it** at the peak: ", 1)[1].split("\n", 1)[0]
+    assert who.startswith("126.23 GiB (92 %) `utils/extensible_tensor.py:119 _map_chunk_at`")
+
+
+def test_a_joined_run_is_decided_once_and_keeps_no_window_apart():
+    """With the serving window joined into the run's timeline nothing holds the window a second time: no window rank,
+    so the view counts each of the run's 265,580 events once against --max-events (it counted the window's 260,474
+    twice and gave an overview without events) and the server builds no queries nobody asks."""
+    from memtrace.plots.view_html import build_page
+
+    run = _run(H200_OOM)
+    r = run.ranks[0]
+    assert r.serving is None  # was the window again, as a rank of its own
+    page = build_page(run, max_events=len(r.trace.events), api=False)
+    assert '"overview"' not in page
+    assert r.joined and not r.boot_rank.joined and r.boot_rank.serving is not None  # start-up alone: the window apart
+
+
 # -- case 7: a crossing's highest is the highest of all its excursions ------------------------------------------
 
 
@@ -221,5 +259,5 @@ def test_the_what_if_of_a_serving_run_asks_start_up_alone_as_plain_fits_does():
     """``fits --what-if`` / ``--suggest`` answer through ``rank.boot``: on a rank with its serving window joined, that
     is start-up's answer, the same object plain ``fits`` reads (it read the joined trace: two answers)."""
     rank = _run(H200_OOM).ranks[0]
-    assert rank.trace is not rank.startup  # the window is joined
+    assert rank.joined  # the window is joined
     assert rank.boot() is rank.boot_rank.boot() and rank.boot().rank is rank.boot_rank

@@ -172,10 +172,10 @@ def test_plot_and_report_state_the_same_target_crossing_and_oom(run, given):
     s = summarize(trace, target)
     assert rank.target_bytes == s.target.target_bytes and rank.capacity_bytes == s.target.capacity_bytes
     assert (oom.time_us if oom else None) == (s.oom.time_us if s.oom else None)
-    if not s.crossings:
+    if not s.crossing_list:
         assert c is None
         return
-    first = s.crossings[0]
+    first = s.crossing_list[0]
     assert (c.curve, c.time_us, c.phase_path, c.max_bytes, c.max_us, c.overshoot_bytes, c.duration_us) == (
         first.curve,
         first.time_us,

@@ -91,9 +91,9 @@ def test_report_json_holds_exact_integers(capsys, startup_file):
     s = summarize(load_trace(startup_file))
     assert t["peak"]["reserved_bytes"] == s.peak.reserved_bytes == 47_802_482_688
     assert t["peak"]["time_us"] == 1_780_000_018_000_000
-    assert t["target_bytes"] == s.target_bytes
+    assert t["target_bytes"] == s.target.target_bytes
     res = next(c for c in t["crossings"] if c["curve"] == "reserved")
-    assert res["overshoot_bytes"] == s.peak.reserved_bytes - s.target_bytes
+    assert res["overshoot_bytes"] == s.peak.reserved_bytes - s.target.target_bytes
     assert t["phases"][3]["path"] == "determine_available_memory/profile_run"
     assert t["phases"][3]["delta_reserved_bytes"] == s.phases[3].delta_reserved_bytes
 

@@ -151,7 +151,8 @@ def test_a_1_4_windows_nvml_samples_are_the_whole_device_never_this_processs(ran
     from memtrace.plots.timeline import render_timeline
     from memtrace.plots.timeline_data import prepare_rank
 
-    assert not rank.serving.curves.has_device  # before: 140 GiB of "device used by this process"
+    # the window analysed alone (start-up's rank keeps it apart); before: 140 GiB of "device used by this process"
+    assert not rank.boot_rank.serving.curves.has_device
     whole = rank.window.device_used_all
     assert int(whole.bytes[-1]) == rank.trace.process.device_total_bytes - 20_905_984  # the device full at the OOM
     drawn = render_timeline([prepare_rank(rank)], tmp_path / "t.png", t0_us=rank.origin.t0_us)
@@ -181,7 +182,7 @@ def test_a_window_that_sampled_other_processes_tells_them_apart_from_non_pytorch
     a = d.end.allocator
     assert d.end.non_torch_bytes == d.end.used_all_bytes - a.reserved_bytes - d.end.vmm_bytes - holder - neighbour
     # the window's curves: this process's device used, the others taken out, as start-up's
-    used = r.serving.curves.device_used
+    used = r.boot_rank.serving.curves.device_used  # the window analysed alone
     assert int(used.bytes[-1]) == int(w.samples["used_bytes"][-1]) - 644_939_776 - holder - neighbour
 
 

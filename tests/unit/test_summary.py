@@ -82,12 +82,12 @@ def test_allocated_and_device_used_peaks_are_reported_beside_it():
 
 
 def test_target_comes_from_the_one_resolver_and_the_summary_carries_it():
-    from memtrace.analysis.memory.target import RECORDED_UTIL, resolve_target
+    from memtrace.analysis.memory.target import RECORDED_UTIL, describe, resolve_target
 
     with pytest.raises(TypeError):  # a bare int is no target: where it came from would be lost
         summarize(startup(), 123)
     s = summarize(startup())
-    assert (s.target_bytes, s.target.source, s.target_source) == (
+    assert (s.target.target_bytes, s.target.source, describe(s.target)) == (
         4 * GiB,
         RECORDED_UTIL,
         "recorded util 0.5 x the card",
@@ -98,7 +98,7 @@ def test_target_comes_from_the_one_resolver_and_the_summary_carries_it():
 
 def test_crossing_of_the_target_by_reserved_and_by_device_used():
     s = summarize(startup(), _target(4 * GiB))
-    dev, res = s.crossings  # device used first: what the card sees; the exact reserved one beside it
+    dev, res = s.crossing_list  # device used first: what the card sees; the exact reserved one beside it
     assert (res.curve, res.time_us, res.phase_path) == ("reserved", 200, "determine_available_memory/profile_run")
     assert (res.max_bytes, res.overshoot_bytes, res.duration_us, res.ended_above) == (5 * GiB, GiB, 30, False)
     assert (dev.curve, dev.time_us, dev.max_bytes, dev.overshoot_bytes, dev.duration_us) == (
@@ -111,7 +111,7 @@ def test_crossing_of_the_target_by_reserved_and_by_device_used():
 
 
 def test_no_crossing_when_the_curve_stays_at_or_below_the_target():
-    assert summarize(startup(), _target(6 * GiB)).crossings == []
+    assert summarize(startup(), _target(6 * GiB)).crossing_list == []
 
 
 def test_holders_at_the_peak_are_grouped_by_stack_with_the_meaningful_frame():
@@ -138,10 +138,10 @@ def test_truncation_notes_and_open_phases_surface_as_warnings():
     tr.notes.append(Note(100, "warning", "hook target flashinfer.x not found"))
     tr.phases.append(Phase("capture_model", 315, None))
     s = summarize(tr)
-    assert s.truncated
+    assert s.trace.recording.truncated
     assert any("truncated" in w and "1,234" in w for w in s.warnings)
     assert any("capture_model" in w and "never ended" in w for w in s.warnings)
-    assert s.notes[0].text == "hook target flashinfer.x not found"
+    assert s.trace.notes[0].text == "hook target flashinfer.x not found"
 
 
 def test_non_kv_is_the_one_model_with_vllms_recorded_figure_as_its_fallback():
@@ -149,7 +149,7 @@ def test_non_kv_is_the_one_model_with_vllms_recorded_figure_as_its_fallback():
 
     # no init_device phase and no target fact: memtrace cannot reconstruct; vLLM's figure stands
     s = summarize(startup(), _target(4 * GiB))
-    assert s.non_kv is not None and s.kv is None
+    assert s.non_kv is not None and s.non_kv.reconstruction is None
     tr = startup()
     tr.facts["target_bytes"] = 4 * GiB
     s = summarize(tr)
@@ -158,7 +158,7 @@ def test_non_kv_is_the_one_model_with_vllms_recorded_figure_as_its_fallback():
 
 def test_an_empty_trace_summarizes_without_error():
     s = summarize(Trace())
-    assert (s.peak.reserved_bytes, s.peak_allocated.bytes, s.crossings, s.holders) == (0, 0, [], [])
+    assert (s.peak.reserved_bytes, s.peak_allocated.bytes, s.crossing_list, s.holders) == (0, 0, [], [])
 
 
 # -- real traces recorded on an H200 (tests/data/h200, see its README) ------------------------------
@@ -188,16 +188,18 @@ def test_real_peak_is_attributed_to_the_phase_where_torch_saw_it(name):
     first = next(c for c in counters if c["max_memory_reserved"] == top)  # phase ends come innermost first
     assert s.peak.phase_path.split("/")[-1] == first["phase"]
     phase = next(p for p in trace.phases if p.name == first["phase"])
-    assert phase.start_us <= s.peak.time_us <= (phase.end_us or s.end_us) <= first["time_us"]
+    assert phase.start_us <= s.peak.time_us <= (phase.end_us or s.span[1]) <= first["time_us"]
 
 
 def test_real_peak_of_the_full_card_is_in_capture_model_and_crosses_in_kernel_warmup():
     s = summarize(real("startup-full")[0])
     assert s.peak.phase_path == "compile_or_warm_up/capture_model"
     assert s.peak.reserved_bytes == 140_286_885_888
-    res = next(c for c in s.crossings if c.curve == "reserved")
+    res = next(c for c in s.crossing_list if c.curve == "reserved")
     assert res.phase_path == "compile_or_warm_up/kernel_warmup"
-    assert res.max_bytes == s.peak.reserved_bytes and res.overshoot_bytes == s.peak.reserved_bytes - s.target_bytes
+    assert (
+        res.max_bytes == s.peak.reserved_bytes and res.overshoot_bytes == s.peak.reserved_bytes - s.target.target_bytes
+    )
 
 
 @pytest.mark.parametrize("name", RUNS)
@@ -219,20 +221,24 @@ def test_real_peak_allocated_is_the_requested_bytes_live_at_that_moment(name):
 def test_real_holders_at_the_peak_add_up_to_the_allocated_bytes_there(name):
     s = summarize(real(name)[0], top=1 << 20)
     assert sum(h.bytes for h in s.holders) == s.peak.allocated_bytes
-    assert s.baseline.consistent and not s.warnings
+    assert s.curves.baseline.consistent and not s.warnings
 
 
 def test_real_oom_runs_carry_the_oom_and_the_phase_it_died_in():
     s = summarize(real("startup-cap16g")[0])
-    assert s.died and s.oom.phase_path == "compile_or_warm_up/kernel_warmup" and s.oom.requested_bytes == 1 << 30
+    assert (
+        (s.oom is not None)
+        and s.oom.phase_path == "compile_or_warm_up/kernel_warmup"
+        and s.oom.requested_bytes == 1 << 30
+    )
     assert (s.oom.free_bytes, s.oom.total_bytes) == (133_925_306_368, 16_461_791_232)
     assert s.phases[-1].path == "compile_or_warm_up/kernel_warmup"
 
 
 def test_real_kv_reconstruction_matches_vllms_figure():
     s = summarize(real("startup-full")[0])
-    assert s.kv.vllm_available_kv_bytes == 130_693_424_743
-    assert s.kv.available_kv_bytes == s.kv.vllm_available_kv_bytes
+    assert s.non_kv.reconstruction.vllm_available_kv_bytes == 130_693_424_743
+    assert s.non_kv.reconstruction.available_kv_bytes == s.non_kv.reconstruction.vllm_available_kv_bytes
 
 
 def test_holders_are_one_line_per_printed_site_with_the_count_of_stacks():
@@ -247,8 +253,8 @@ def test_holders_are_one_line_per_printed_site_with_the_count_of_stacks():
 
 def test_crossing_is_read_up_to_the_oom_only():
     s = summarize(real("startup-cap6g")[0])
-    assert s.died and s.crossings
-    for c in s.crossings:  # "over the target for 4.80 s (until the end)" although the OOM was at 0.68 s
+    assert (s.oom is not None) and s.crossing_list
+    for c in s.crossing_list:  # "over the target for 4.80 s (until the end)" although the OOM was at 0.68 s
         assert c.time_us + c.duration_us == s.oom.time_us if c.ended_above else c.time_us < s.oom.time_us
 
 

@@ -80,11 +80,11 @@ def test_packed_events_rebuild_the_curves_and_the_live_set_at_the_peak_to_the_by
     sign = np.where(col["act"] == 0, 1, np.where(col["act"] == 2, -1, 0))
     allocated = packed.meta["baseline"]["allocated"] + np.cumsum(sign * col["size"].astype(np.int64))
     assert np.array_equal(allocated, a.curves.allocated.bytes[1:])
-    e = a.summary.peak.event_index
+    e = a.peak.event_index
     i = np.arange(n)
     live = (col["act"] == 0) & (i <= e) & (i + col["life"] > e)
     total = int(col["size"][live].astype(np.int64).sum()) + int(col["pre_size"][col["pre_end"] > e].sum())
-    assert total == a.summary.peak.allocated_bytes == 137_882_827_252
+    assert total == a.peak.allocated_bytes == 137_882_827_252
     assert packed.meta["peak"]["allocated_bytes"] == total
 
 
@@ -103,12 +103,12 @@ def test_window_is_exact_when_zoomed_in_and_an_envelope_when_not():
     q = RankQueries(a, a.origin.t0_us)
     whole = q.window(0, q.t[-1] / 1e6, 800)
     assert not whole["exact"] and whole["events"] == len(a.event_times)
-    at = a.summary.peak.state_us - q.t0
+    at = a.peak.state_us - q.t0
     near = q.window((at - 40) / 1e6, (at + 40) / 1e6, 800)
     assert near["exact"]
     x, top = near["data"][0], near["data"][1]  # the top of the stack is all allocated memory
     k = max(j for j, t in enumerate(x) if t * 1e6 <= at + 0.4)
-    assert top[k] == a.summary.peak.allocated_bytes
+    assert top[k] == a.peak.allocated_bytes
     assert max(whole["data"][1]) == a.curves.allocated.peak_bytes  # the envelope keeps the maximum
 
 
@@ -119,10 +119,10 @@ def test_server_listens_on_loopback_and_answers_the_page_queries():
         assert server.server_address[0] == "127.0.0.1"
         get = lambda path: urllib.request.urlopen(server.url + path, timeout=10).read()  # noqa: E731
         assert b'"api":true' in get("")
-        e = json.loads(get(f"api/event?rank=0&t_us={a.summary.peak.state_us - server.queries[0].t0}"))["event"]
-        assert e == a.summary.peak.event_index
+        e = json.loads(get(f"api/event?rank=0&t_us={a.peak.state_us - server.queries[0].t0}"))["event"]
+        assert e == a.peak.event_index
         live = json.loads(get(f"api/live?rank=0&event={e}"))
-        assert live["total"] == a.summary.peak.allocated_bytes
+        assert live["total"] == a.peak.allocated_bytes
         assert sum(g["bytes"] for g in live["groups"]) == live["total"]
         for bad, code in (("api/live?rank=0&event=99999999", 400), ("api/live?rank=7&event=1", 400), ("nope", 404)):
             with pytest.raises(urllib.error.HTTPError) as err:
@@ -190,10 +190,10 @@ def test_live_set_groups_are_the_flame_graphs_paths_at_the_peak(path):
 
     a = _analysis(path)
     q = RankQueries(a, a.origin.t0_us)
-    e = a.summary.peak.event_index
+    e = a.peak.event_index
     live = q.live(e, top=10_000)
     assert {tuple(g["path"]): g["bytes"] for g in live["groups"]} == flame_at(a.trace, event_index=e).stacks
-    assert live["total"] == a.summary.peak.allocated_bytes
+    assert live["total"] == a.peak.allocated_bytes
 
 
 def test_a_bad_run_is_one_line_and_writes_nothing(tmp_path, capsys):

@@ -67,7 +67,7 @@ def test_shared_gpu_crossing_is_in_load_model_and_fits_does_not_blame_non_torch(
     t = _trace("shared-gpu")
     s = summarize(t)
     # util 0.07 of 139.80 GiB = 9.79 GiB, below the 10.49 GiB of weights: crossed while loading them
-    assert s.crossings[0].phase_path == "load_model"
+    assert s.crossing_list[0].phase_path == "load_model"
     f = fit(t, t.process.device_total_bytes)
     # the card alone (the other process's 128.60 GiB left out): the failed 32 MiB request would fit there, but
     # the 9.79 GiB vLLM may fill is less than the weights: vLLM's KV sizing refuses whatever came after the OOM

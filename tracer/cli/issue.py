@@ -50,6 +50,7 @@ def run(args: argparse.Namespace) -> int:
     import sys
 
     from memtrace.analysis.analysed.rank import NOTHING
+    from memtrace.analysis.analysed.summary import summary_doc
     from memtrace.attach import attached_name, write_attachment
     from memtrace.cli._runs import analysed
     from memtrace.outputs import atomic_write, make_dir, output_dir
@@ -63,7 +64,7 @@ def run(args: argparse.Namespace) -> int:
     if attached:  # the same policy for the attachments' names, now that they are known
         output_dir(args.run_path, out, default_suffix="-issue", files=tuple(attached), force=args.force)
     with task("Writing the issue bundle", total=None):
-        run_.worst.summary  # noqa: B018 (the input read and its figures computed before the folder is made)
+        summary_doc(run_.worst)  # the input read and its figures computed before the folder is made
         make_dir(out)
         written = render(run_, out, "issue")
         for stale in set(FILES) - set(written):  # --force over an older bundle: no picture it did not draw

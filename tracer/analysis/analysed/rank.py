@@ -9,8 +9,7 @@ crossings, the holders at the peak) are ``analysis.rank_peaks.PeakFigures``, and
 ``analysis.verdict``.
 
 Per rank: the ``target`` (``analysis.target.Target``, with its source: never flattened to bytes), the
-``curves``, the allocations' ``lifetimes``, their ``categories`` (codes and curves), the ``oom``, the
-``summary`` (what ``memtrace report`` prints), the KV-sizing ``landmarks``, the ``non_kv`` model, CUPTI's
+``curves``, the allocations' ``lifetimes``, their ``categories`` (codes and curves), the ``oom``, the KV-sizing ``landmarks``, the ``non_kv`` model, CUPTI's
 ``cupti`` curve, the KV cache committed outside PyTorch (``vmm``, ``vmm_kv``, vLLM 0.34's ``extensible``
 sizing), torch's ``counter_checks``, the capacity what-if (``fits``) and the ``verdict``.
 """
@@ -27,7 +26,7 @@ from memtrace.analysis.analysed.landmarks import Landmarks, landmarks
 from memtrace.analysis.analysed.origin import TimeOrigin
 from memtrace.analysis.analysed.rank_peaks import PeakFigures
 from memtrace.analysis.analysed.self_cost import SelfCost, self_cost
-from memtrace.analysis.analysed.summary import HookTotal, Summary, hook_totals, memory_events, of_rank, warnings_of
+from memtrace.analysis.analysed.summary import HookTotal, hook_totals, memory_events, warnings_of
 from memtrace.analysis.analysed.verdict import (
     CROSSED as CROSSED,  # the verdicts, re-exported: callers import them from here too
 )
@@ -39,6 +38,7 @@ from memtrace.analysis.analysed.verdict import WITHIN as WITHIN
 from memtrace.analysis.analysed.verdict import Unfinished, recorded_nothing, unfinished, verdict
 from memtrace.analysis.capacity.extensible import ExtensibleSizing, extensible_sizing
 from memtrace.analysis.capacity.reconcile import NonKv, non_kv
+from memtrace.analysis.holders.frames import LibraryDirs, library_dirs
 from memtrace.analysis.holders.live import Lifetimes, lifetimes
 from memtrace.analysis.holders.view_paths import Paths, allocation_paths
 from memtrace.analysis.holders.view_window import RankQueries
@@ -105,12 +105,15 @@ class AnalysedRank(PeakFigures):
         join: bool = True,
     ) -> None:
         """``target``: one already resolved (else resolved from ``spec`` now); ``curves``: the trace's
-        ``all_curves`` when already built (``summary.summarize``); ``join``: False keeps the serving window apart
+        ``all_curves`` when already built; ``join``: False keeps the serving window apart
         (:attr:`boot_rank`)."""
         #: the trace as recorded: start-up, with its serving window apart (``Trace.window``)
         self.startup = trace
         #: the run in time (``serving.joined``): start-up then its serving window, one timeline every figure covers
         self.trace = joined(trace) if join else trace
+        #: the serving window is in :attr:`trace`'s timeline (``serving.joined``), decided here once: every output
+        #: reads it (then :attr:`serving` is None: no window drawn, counted or queried apart)
+        self.joined = self.trace is not trace
         self.spec = spec
         self.origin = origin
         self.top = top
@@ -179,14 +182,22 @@ class AnalysedRank(PeakFigures):
         return find_oom(self.trace)
 
     @cached_property
-    def summary(self) -> Summary:
-        """What ``memtrace report`` prints and its JSON holds: a view of this rank's figures (``summary.of_rank``)."""
-        return of_rank(self)
-
-    @cached_property
     def n_events(self) -> int:
         """Allocator events that change memory (``summary.memory_events``)."""
         return memory_events(self.trace)
+
+    @cached_property
+    def n_samples(self) -> int:
+        """NVML's samples as recorded: start-up's and its serving window's (not the OOM's own reading ``joined``
+        adds)."""
+        w = self.startup.window
+        return len(self.startup.samples) + (len(w.samples) if w is not None else 0)
+
+    @cached_property
+    def frame_folders(self) -> LibraryDirs:
+        """Where the recording process had torch, vLLM and FlashInfer (``frames.library_dirs``): how frames are told
+        apart, by the holders and every output that names a frame."""
+        return library_dirs(self.trace)
 
     @cached_property
     def hook_totals(self) -> list[HookTotal]:
@@ -242,7 +253,7 @@ class AnalysedRank(PeakFigures):
         """Start-up alone (this rank when no serving window was joined to it): what "would it boot" is asked of
         (``analysis.capacity``: ``fits``, ``--suggest``, the what-if), whose model reads a start-up's phases and its
         end; the serving window is the serving question (:attr:`room`)."""
-        if self.trace is self.startup:
+        if not self.joined:
             return self
         return AnalysedRank(self.startup, self.spec, self.origin, top=self.top, target=self.target, join=False)
 
@@ -258,8 +269,11 @@ class AnalysedRank(PeakFigures):
     @cached_property
     def serving(self) -> AnalysedRank | None:
         """The serving window analysed as a rank of its own (``serving.window_trace``: its curves, its OOM,
-        its flame graphs), on the run's time origin and this rank's target; None without allocator events in
-        a window."""
+        its flame graphs), on the run's time origin and this rank's target, drawn and queried apart after
+        start-up; None when the window is :attr:`joined` into this rank's timeline (the rank holds it) or holds
+        no allocator events."""
+        if self.joined:
+            return None
         t = window_trace(self.startup)
         return None if t is None else AnalysedRank(t, self.spec, self.origin, top=self.top, target=self.target)
 

@@ -3,14 +3,15 @@ and what held memory at the peak.
 
 :class:`PeakFigures` is the part of ``analysis.rank.AnalysedRank`` that reads the curves at their highest (every
 rule from ``analysis.quantities``, the one home of the peak); the rest of ``AnalysedRank`` builds and keeps the
-per-rank analyses these read (``trace``, ``curves``, ``target``, ``oom``, ``lifetimes``, ``top``,
-``recorded_nothing``). Each figure is a ``functools.cached_property``: computed once, on the rank.
+per-rank analyses these read (``trace``, ``curves``, ``target``, ``oom``, ``lifetimes``, ``frame_folders``,
+``top``, ``recorded_nothing``). Each figure is a ``functools.cached_property``: computed once, on the rank.
 """
 
 from __future__ import annotations
 
 from functools import cached_property
 
+import numpy as np
 from memtrace.analysis.analysed.landmarks import steady_non_torch_at
 from memtrace.analysis.analysed.summary import Headline, HolderLine, Peak, PeakPoint, holders_by_site
 from memtrace.analysis.memory.crossing import Crossings, Excursion, crossings
@@ -26,6 +27,7 @@ from memtrace.analysis.memory.quantities import (
     ranked_by,
     whole_device_peak,
 )
+from memtrace.analysis.memory.vmm import live_kv_chunks
 
 
 class PeakFigures:
@@ -34,7 +36,8 @@ class PeakFigures:
     @cached_property
     def peak(self) -> Peak:
         """The reserved peak and the fullest moment of its plateau (``quantities.peak``,
-        ``quantities.fullest_at_peak``; see ``summary.Peak``): "the peak" of every output."""
+        ``quantities.fullest_at_peak``; see ``summary.Peak``): "the peak" of every output unless the process held
+        more outside PyTorch (:attr:`headline` decides)."""
         t, c = self.trace, self.curves
         top = peak(c.reserved)
         k = fullest_at_peak(c.allocated, c.reserved)
@@ -94,10 +97,21 @@ class PeakFigures:
         reserved at its fullest moment, or PyTorch allocated for the CPU's trace). The report's Peak section, the
         verdict, ``flame``'s default moment, the view's mark and the issue bundle's flame all read it."""
         if self.peak_held is not None:
-            return Headline(HELD.key, self.peak_held, None)
+            return Headline(HELD.key, self.peak_held, None, self.peak_held.time_us)
         if ranked_by(self.trace.process) is ALLOCATED:
-            return Headline(ALLOCATED.key, self.peak_allocated, self.curves.allocated.peak_index - 1)
-        return Headline(RESERVED.key, self.ranked_peak, self.peak.event_index)
+            pa = self.peak_allocated
+            return Headline(ALLOCATED.key, pa, self.curves.allocated.peak_index - 1, pa.time_us)
+        return Headline(RESERVED.key, self.ranked_peak, self.peak.event_index, self.peak.state_us)
+
+    @cached_property
+    def headline_event(self) -> int:
+        """The event right after which the state at the :attr:`headline` peak is read (-1: the baseline): its own
+        event, or on the peak held the last event at or before its microsecond. What ``diff`` compares "at the
+        peak" (its sites and categories), as the holders and the flame graph show it."""
+        h = self.headline
+        if h.event_index is not None:
+            return h.event_index
+        return int(np.searchsorted(self.event_times, h.point.time_us, side="right")) - 1
 
     # -- the target crossed ------------------------------------------------------------------------------
 
@@ -129,8 +143,15 @@ class PeakFigures:
 
     @cached_property
     def holders(self) -> list[HolderLine]:
-        """Live bytes at the peak by printed site, the ``top`` largest (``summary.holders_by_site``)."""
-        return holders_by_site(self.trace, self.peak.event_index, self.top, lt=self.lifetimes)
+        """Live bytes at the run's :attr:`headline` peak by printed site, the ``top`` largest
+        (``summary.holders_by_site``, with the KV cache committed outside PyTorch at the peak held): the state its
+        flame shows, what every output names "at the peak"."""
+        h = self.headline
+        at = {"lt": self.lifetimes, "dirs": self.frame_folders}
+        if h.event_index is not None:
+            return holders_by_site(self.trace, h.event_index, self.top, **at)
+        t = h.point.time_us  # the peak held: the KV cache committed outside PyTorch then holds its part too
+        return holders_by_site(self.trace, None, self.top, t_us=t, chunks=live_kv_chunks(self.trace, t), **at)
 
     @cached_property
     def non_torch_moments(self) -> list[NonTorchBreakdown]:

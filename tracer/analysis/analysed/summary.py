@@ -1,9 +1,10 @@
-"""The summary of one trace: its peak, when it crossed the target, per-phase figures, who held the peak.
+"""The figures' shapes of one analysed rank, and its JSON: the peak, the headline, the top holders, the hooks' totals.
 
-``AnalysedRank`` (``analysis.rank``) is the only holder of figures; a :class:`Summary` is a view of one,
-built by :func:`of_rank` from its cached properties only (nothing is computed here twice), and is what
-``memtrace report`` prints and its JSON holds (tests build one trace's alone with ``tests/references.summarize``).
-Plain data: bytes and microseconds as integers, frames resolved so a renderer never needs the Trace.
+``AnalysedRank`` (``analysis.rank``) is the only holder of figures, and what every renderer reads; this module
+defines the plain data its peak figures are (:class:`Peak`, :class:`PeakPoint`, :class:`Headline`,
+:class:`HolderLine`, :class:`HookTotal`), the functions the rank computes some of them with, and
+:func:`summary_doc`: the JSON shape of a rank (what ``memtrace report --json`` holds for it), every key read from
+one of its cached properties. Bytes and microseconds as integers.
 
 Definitions:
 
@@ -13,12 +14,13 @@ Definitions:
 - **crossing**: ``analysis.crossing`` (the one definition report and plot share): the first time a
   curve goes above the target, device used first when sampled, then the exact reserved one. Its
   *excursion* lasts until the curve drops back to or below the target, the OOM or the end;
-  ``max_bytes`` is the excursion's maximum, ``overshoot_bytes`` = maximum - target. The summary holds
-  ``crossing.Excursion`` itself: one class for a crossing everywhere.
-- **target**: ``analysis.target.resolve_target`` (the one resolver); the Summary carries the
-  ``Target`` (bytes, card, where it came from).
+  ``max_bytes`` is the excursion's maximum, ``overshoot_bytes`` = maximum - target: a
+  ``crossing.Excursion``, one class for a crossing everywhere.
+- **target**: ``analysis.target.resolve_target`` (the one resolver): a ``Target`` (bytes, card, where it came
+  from).
 - **OOM**: ``analysis.oom.find_oom`` (recorded live or imported); nothing after it is claimed.
-- **top holders**: live bytes at the peak grouped by the frame a report prints for them (the
+- **top holders**: live bytes at the run's headline peak (``Headline``: the peak held on a run with vLLM 0.34's
+  KV cache outside PyTorch, else reserved's fullest moment) grouped by the frame a report prints for them (the
   innermost meaningful frame), so one line per printed site; ``stacks`` counts the distinct
   allocating stacks behind a line.
 - **non-KV memory**: ``analysis.reconcile.non_kv`` (the one model, also what ``fits`` uses).
@@ -27,30 +29,27 @@ Definitions:
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass, field
+from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from memtrace import facts as F
-from memtrace.analysis.analysed.self_cost import SelfCost
-from memtrace.analysis.capacity.extensible import ExtensibleSizing
-from memtrace.analysis.capacity.reconcile import KvReconciliation, NonKv
 from memtrace.analysis.holders.frames import LibraryDirs, library_dirs
-from memtrace.analysis.holders.live import BEFORE_RECORDING, Lifetimes, holders_by_stack, lifetimes, meaningful_frame
-from memtrace.analysis.memory.crossing import Excursion
-from memtrace.analysis.memory.curves import Baseline, Curves, state_missing
-from memtrace.analysis.memory.non_torch import NonTorchBreakdown
-from memtrace.analysis.memory.oom import Oom
-from memtrace.analysis.memory.phases import PhaseStats
-from memtrace.analysis.memory.quantities import BeforeRecording, PeakBound
-from memtrace.analysis.memory.target import Target, describe
-from memtrace.analysis.memory.torch_counters import CounterCheck
-from memtrace.analysis.memory.user_metadata import MetadataSpan, TensorNote
-from memtrace.analysis.memory.vmm import VmmSummary
-from memtrace.analysis.serving.serving import WindowSummary
-from memtrace.model import ACTION_CODE, Frame, HookCall, Note, Process, Recording, Trace
+from memtrace.analysis.holders.live import (
+    BEFORE_RECORDING,
+    Holder,
+    Lifetimes,
+    holders_by_stack,
+    lifetimes,
+    meaningful_frame,
+)
+from memtrace.analysis.memory.curves import Curves, state_missing
+from memtrace.analysis.memory.target import describe
+from memtrace.analysis.memory.vmm import Chunk
+from memtrace.model import ACTION_CODE, Frame, Trace
 
-if TYPE_CHECKING:  # rank.py builds the Summary view from its own figures: no import cycle at run time
+if TYPE_CHECKING:  # the rank reads this module's shapes; summary_doc reads the rank: no import cycle at run time
     from memtrace.analysis.analysed.rank import AnalysedRank
 
 
@@ -93,6 +92,8 @@ class Headline:
     point: PeakPoint
     #: the state shown there (holders, flame): right after this event; None: every event at ``point.time_us``
     event_index: int | None
+    #: when that state was reached: reserved's fullest moment on its plateau (``Peak.state_us``), else ``point``'s
+    state_us: int
 
 
 @dataclass(frozen=True)
@@ -137,96 +138,6 @@ def hook_totals(trace: Trace) -> list[HookTotal]:
     return sorted(rows, key=lambda h: (-h.returned_bytes, h.name))
 
 
-@dataclass
-class Summary:
-    """Everything ``memtrace report`` shows for one trace."""
-
-    label: str
-    process: Process
-    recording: Recording
-    env: dict[str, Any]
-    start_us: int
-    end_us: int
-    n_events: int
-    n_samples: int
-    baseline: Baseline
-    peak: Peak
-    peak_allocated: PeakPoint
-    peak_device_used: PeakPoint | None
-    peak_others: PeakPoint | None  # other processes' memory on the device (NVML per-process), never counted as ours
-    target: Target
-    crossings: list[Excursion]
-    phases: list[PhaseStats]
-    holders: list[HolderLine]
-    hook_calls: list[HookCall]
-    hook_totals: list[HookTotal]
-    notes: list[Note]
-    warnings: list[str] = field(default_factory=list)
-    non_kv: NonKv | None = None  # the one non-KV figure (analysis.reconcile.non_kv), fits shows it too
-    oom: Oom | None = None  # the OOM the run died of (analysis.oom.find_oom)
-    allocator: dict[str, str] = field(default_factory=dict)  # allocator settings in force (fingerprint)
-    path: str = ""
-    #: non-PyTorch memory by category at the first crossing and the peak, from CUPTI's records
-    #: (``analysis.non_torch``); [] when the trace has none
-    non_torch: list[NonTorchBreakdown] = field(default_factory=list)
-    #: the run's time origin (``analysis.origin.TimeOrigin``): every time printed counts from ``t0_us``
-    t0_us: int = 0
-    time_origin: str = ""
-    #: vLLM 0.34+: the KV cache committed through CUDA's VMM API, outside PyTorch (``analysis.vmm``), its
-    #: post-warm-up sizing term by term (``analysis.extensible``); None before 0.34 / without one
-    vmm: VmmSummary | None = None
-    extensible: ExtensibleSizing | None = None
-    #: memtrace's curves beside torch's own counters at vLLM's phase edges (``analysis.torch_counters``)
-    counter_checks: list[CounterCheck] = field(default_factory=list)
-    #: PyTorch reserved + VMM committed at its highest (None without VMM records)
-    peak_held: PeakPoint | None = None
-    #: the quantity every output leads with and its peak (``rank_peaks.PeakFigures.headline``)
-    headline: Headline | None = None
-    #: recorded by the vLLM plugin: vLLM's terms (KV cache, non-KV memory) apply; else the program is answered
-    #: in its own terms (``quantities.in_vllm_terms``)
-    vllm: bool = False
-    #: device used with other processes' memory put back, at its highest (``quantities.whole_device_peak``);
-    #: None when other processes were not sampled
-    whole_device_peak_bytes: int | None = None
-    #: what memtrace cost the program (``analysis.self_cost``); ``recorded`` False in an older trace
-    self_cost: SelfCost = field(default_factory=lambda: SelfCost(recorded=False))
-    #: how well the peaks are known (``quantities.peak_bound``): "at least" for a snapshot of one moment
-    peak_bound: PeakBound = field(default_factory=lambda: PeakBound(False))
-    #: the user's labels on allocator events (``analysis.user_metadata``, torch's ``_set_memory_metadata``)
-    user_metadata: list[MetadataSpan] = field(default_factory=list)
-    #: the user's notes on live tensors (``analysis.user_metadata.tensor_notes``, torch's ``_annotate_tensor``)
-    tensor_notes: list[TensorNote] = field(default_factory=list)
-    #: PyTorch memory present before recording began, exact or a lower bound (``quantities.before_recording``);
-    #: None for a snapshot of one moment
-    before_recording: BeforeRecording | None = None
-    #: the serving window after start-up (``analysis.serving``); None for a start-up-only trace
-    window: WindowSummary | None = None
-    #: where the recording process had torch (``holders.frames.library_dirs``): how frames were told apart
-    frame_folders: LibraryDirs | None = None
-
-    @property
-    def truncated(self) -> bool:
-        return self.recording.truncated
-
-    @property
-    def target_bytes(self) -> int | None:
-        return self.target.target_bytes
-
-    @property
-    def target_source(self) -> str:
-        """Where the target came from, in words (``analysis.target.describe``)."""
-        return describe(self.target)
-
-    @property
-    def kv(self) -> KvReconciliation | None:
-        """vLLM's formula on memtrace's curves, term by term (None when the trace cannot support it)."""
-        return self.non_kv.reconstruction if self.non_kv is not None else None
-
-    @property
-    def died(self) -> bool:
-        return self.oom is not None
-
-
 def warnings_of(trace: Trace, curves: Curves) -> list[str]:
     """What a reader must know before trusting the figures: a truncated history, events that do not add
     up, a phase that never ended."""
@@ -255,63 +166,31 @@ def memory_events(trace: Trace) -> int:
     return int(np.isin(trace.events["action"], inert, invert=True).sum())
 
 
-def of_rank(rank: AnalysedRank) -> Summary:
-    """The Summary view of ``rank``: every field read from one of its cached properties (nothing computed here)."""
-    t = rank.trace
-    return Summary(
-        label=t.label,
-        process=t.process,
-        recording=t.recording,
-        env=dict(t.facts.get(F.ENV) or {}),
-        start_us=rank.span[0],
-        end_us=rank.span[1],
-        n_events=rank.n_events,
-        # NVML's samples as recorded: start-up's and the serving window's (not the OOM's own reading ``joined`` adds)
-        n_samples=len(rank.startup.samples) + (len(rank.startup.window.samples) if rank.startup.window else 0),
-        baseline=rank.curves.baseline,
-        peak=rank.peak,
-        peak_allocated=rank.peak_allocated,
-        peak_device_used=rank.peak_device_used,
-        peak_others=rank.peak_others,
-        allocator=rank.allocator,
-        target=rank.target,
-        crossings=rank.crossing_list,
-        phases=rank.phases,
-        holders=rank.holders,
-        frame_folders=library_dirs(t),
-        hook_calls=list(t.hook_calls),
-        hook_totals=rank.hook_totals,
-        notes=list(t.notes),
-        warnings=rank.warnings,
-        non_kv=rank.non_kv,
-        oom=rank.oom,
-        path=t.path,
-        non_torch=rank.non_torch_moments,
-        t0_us=rank.origin.t0_us,
-        time_origin=rank.origin.sentence,
-        vmm=rank.vmm,
-        extensible=rank.extensible,
-        counter_checks=rank.counter_checks,
-        peak_held=rank.peak_held,
-        headline=rank.headline,
-        vllm=rank.vllm,
-        whole_device_peak_bytes=rank.whole_device_peak_bytes,
-        self_cost=rank.self_cost,
-        peak_bound=rank.peak_bound,
-        user_metadata=rank.user_metadata,
-        tensor_notes=rank.tensor_notes,
-        before_recording=rank.before_recording,
-        window=rank.window,
-    )
-
-
-def holders_by_site(trace: Trace, event_index: int, top: int = 10, *, lt: Lifetimes | None = None) -> list[HolderLine]:
-    """Live bytes right after ``event_index`` grouped by the frame printed for them (the innermost
-    meaningful frame: file, line, function), largest first, at most ``top`` lines."""
+def holders_by_site(
+    trace: Trace,
+    event_index: int | None,
+    top: int = 10,
+    *,
+    lt: Lifetimes | None = None,
+    t_us: int | None = None,
+    chunks: Sequence[Chunk] = (),
+    dirs: LibraryDirs | None = None,
+) -> list[HolderLine]:
+    """Live bytes right after ``event_index`` (None: at ``t_us``, every event then done) grouped by the frame
+    printed for them (the innermost meaningful frame: file, line, function), largest first, at most ``top`` lines;
+    with ``chunks``, the KV cache committed outside PyTorch then (``vmm.live_kv_chunks``) held by the frames that
+    committed it, shares of both together (what the flame graph shows there). ``lt``, ``dirs``: the trace's
+    ``live.lifetimes`` and ``frames.library_dirs``, when the rank holds them."""
     groups: dict[tuple, list] = {}
     lt = lt if lt is not None else lifetimes(trace)
-    dirs = library_dirs(trace)
-    for h in holders_by_stack(trace, top=len(trace.stacks) + 2, event_index=event_index, lt=lt):
+    dirs = dirs if dirs is not None else library_dirs(trace)
+    held = holders_by_stack(trace, t_us, top=len(trace.stacks) + 2, event_index=event_index, lt=lt)
+    torch_bytes, vmm_bytes = sum(h.bytes for h in held), sum(c.bytes for c in chunks)
+    scale = torch_bytes / (torch_bytes + vmm_bytes) if vmm_bytes else 1.0
+    total = torch_bytes + vmm_bytes
+    items = [Holder(h.stack, h.bytes, h.count, h.share * scale) for h in held]
+    items += [Holder(c.stack, c.bytes, 1, c.bytes / total) for c in chunks]
+    for h in sorted(items, key=lambda h: -h.bytes) if chunks else items:
         frames = trace.stack_frames(h.stack) if h.stack >= 0 else []
         frame = meaningful_frame(frames, dirs)
         key = (frame.filename, frame.line, frame.name) if frame is not None else h.stack if h.stack < 0 else None
@@ -365,12 +244,57 @@ def _plain(obj: Any) -> Any:
     return obj
 
 
-def summary_to_dict(summary: Summary) -> dict[str, Any]:
-    """A JSON-ready dict of ``summary``: exact integers of bytes and microseconds, nothing rounded."""
-    if summary.window is None:
-        return _plain(summary)
-    from dataclasses import replace
-
+def summary_doc(rank: AnalysedRank) -> dict[str, Any]:
+    """The JSON shape of one analysed rank (``report --json``'s trace, the view's figures): every key read from one
+    of the rank's figures (nothing computed here), exact integers of bytes and microseconds, nothing rounded."""
     from memtrace.analysis.serving.serving import window_doc
 
-    return {**_plain(replace(summary, window=None)), "window": _plain(window_doc(summary.window))}
+    t, target = rank.trace, rank.target
+    doc = {
+        "label": rank.label,
+        "process": t.process,
+        "recording": t.recording,
+        "env": dict(t.facts.get(F.ENV) or {}),
+        "start_us": rank.span[0],
+        "end_us": rank.span[1],
+        "n_events": rank.n_events,
+        "n_samples": rank.n_samples,
+        "baseline": rank.curves.baseline,
+        "peak": rank.peak,
+        "peak_allocated": rank.peak_allocated,
+        "peak_device_used": rank.peak_device_used,
+        "peak_others": rank.peak_others,
+        "target": target,
+        "crossings": rank.crossing_list,
+        "phases": rank.phases,
+        "holders": rank.holders,
+        "hook_calls": t.hook_calls,
+        "hook_totals": rank.hook_totals,
+        "notes": t.notes,
+        "warnings": rank.warnings,
+        "non_kv": rank.non_kv,
+        "oom": rank.oom,
+        "allocator": rank.allocator,
+        "path": t.path,
+        "non_torch": rank.non_torch_moments,
+        "t0_us": rank.origin.t0_us,
+        "time_origin": rank.origin.sentence,
+        "vmm": rank.vmm,
+        "extensible": rank.extensible,
+        "counter_checks": rank.counter_checks,
+        "peak_held": rank.peak_held,
+        "headline": rank.headline,
+        "vllm": rank.vllm,
+        "whole_device_peak_bytes": rank.whole_device_peak_bytes,
+        "self_cost": rank.self_cost,
+        "peak_bound": rank.peak_bound,
+        "user_metadata": rank.user_metadata,
+        "tensor_notes": rank.tensor_notes,
+        "before_recording": rank.before_recording,
+        "window": None if rank.window is None else window_doc(rank.window),
+        "frame_folders": rank.frame_folders,
+        "truncated": t.recording.truncated,
+        "target_bytes": target.target_bytes,
+        "target_source": describe(target),
+    }
+    return {k: _plain(v) for k, v in doc.items()}

@@ -78,6 +78,7 @@ def check_budget(
     """
     from memtrace.analysis.analysed.rank import TargetSpec
     from memtrace.analysis.analysed.run import analyse
+    from memtrace.analysis.analysed.summary import holders_by_site
 
     if curve not in CURVES:
         raise UsageError(f"unknown curve {curve!r} for a memory budget; use one of {', '.join(CURVES)}")
@@ -93,15 +94,22 @@ def check_budget(
     budget, source = rank.target.target_bytes, describe(rank.target)
     if rank.recorded_nothing:  # died before its first allocation: nothing to show but the OOM
         return BudgetCheck(budget, curve, 0, rank.span[0], "", [], source, {}, rank.oom)
-    s = rank.summary
-    peaks = {"reserved": (s.peak.reserved_bytes, s.peak.time_us, s.peak.phase_path)}
-    peaks["allocated"] = (s.peak_allocated.bytes, s.peak_allocated.time_us, s.peak_allocated.phase_path)
-    if s.peak_device_used is not None:
-        d = s.peak_device_used
-        peaks["device"] = (d.bytes, d.time_us, d.phase_path)
+    pr, pa, pd = rank.peak, rank.peak_allocated, rank.peak_device_used
+    peaks = {
+        "reserved": (pr.reserved_bytes, pr.time_us, pr.phase_path),
+        "allocated": (pa.bytes, pa.time_us, pa.phase_path),
+    }
+    if pd is not None:
+        peaks["device"] = (pd.bytes, pd.time_us, pd.phase_path)
     peak, peak_us, phase = peaks[curve]
-    if curve == "reserved":  # report's holders, at report's moment
-        holders = [BudgetHolder(h.bytes, h.count, h.frame) for h in s.holders]
+    if curve == "reserved":  # the reserved peak's holders: report's, where the run's headline is that peak
+        at = rank.peak.event_index
+        lines = (
+            rank.holders
+            if rank.headline.event_index == at
+            else holders_by_site(trace, at, top, lt=rank.lifetimes, dirs=rank.frame_folders)
+        )
+        holders = [BudgetHolder(h.bytes, h.count, h.frame) for h in lines]
     else:
         lt = rank.lifetimes
         if curve == "allocated":  # curve index i is the state after event i - 1

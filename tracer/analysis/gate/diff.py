@@ -40,7 +40,7 @@ from memtrace.analysis.memory import quantities as Q
 from memtrace.analysis.memory.curves import Curve, Curves, all_curves, committed_curve
 from memtrace.analysis.memory.oom import Oom, find_oom
 from memtrace.analysis.memory.phases import path_at, phase_stats
-from memtrace.analysis.memory.quantities import is_one_moment, state_at_peak, window_peak
+from memtrace.analysis.memory.quantities import is_one_moment, window_peak
 from memtrace.model import ACTION_CODE, Trace
 from memtrace.units import MiB, Threshold
 
@@ -341,10 +341,10 @@ def nested_order(names: set[str], nested_in: dict[str, str]) -> list[tuple[str, 
     return out
 
 
-def category_changes(
-    base: Trace, new: Trace, base_curves: Curves, new_curves: Curves, cats: tuple = (None, None)
-) -> list[Change] | None:
-    """Allocated bytes per category (weights, KV cache, workspaces...) at each run's reserved peak.
+def category_changes(base, new) -> list[Change] | None:
+    """Allocated bytes per category (weights, KV cache, workspaces...) of two analysed ranks (``AnalysedRank``) at
+    their headline peak (``headline_event``: the moment their sites are compared at), with the KV cache committed
+    outside PyTorch then.
 
     None when ``memtrace.analysis.memory.categories`` is not available.
     """
@@ -353,18 +353,17 @@ def category_changes(
     except ImportError:
         return None
 
-    def at_peak(trace: Trace, curves: Curves, cat) -> dict[str, int]:
+    def at_peak(rank) -> dict[str, int]:
+        curves = rank.curves
         if len(curves.reserved) == 0:
             return {}
-        # the same moment as the sites: the state at the peak of what the process held (quantities.state_at_peak)
-        i = state_at_peak(curves)
-        totals = category_totals_at_index(trace, i, cat, curves=curves)
+        totals = category_totals_at_index(rank.trace, rank.headline_event + 1, rank.categorized, curves=curves)
         if len(curves.vmm):  # the KV cache committed outside PyTorch is the KV cache still
-            t = Q.peak(curves.held).time_us
-            totals["kv_cache"] = totals.get("kv_cache", 0) + committed_curve(trace, kv_cache_only=True).at(t)
+            t = rank.headline.point.time_us
+            totals["kv_cache"] = totals.get("kv_cache", 0) + rank.vmm_kv.at(t)
         return totals
 
-    bd, nd = at_peak(base, base_curves, cats[0]), at_peak(new, new_curves, cats[1])
+    bd, nd = at_peak(base), at_peak(new)
     names = [k for k in dict.fromkeys([*bd, *nd])]
     return [Change(k, bd.get(k, 0), nd.get(k, 0)) for k in names]
 
@@ -444,8 +443,6 @@ def figures(
             head[name] = top.bytes
             where[name] = path_at(trace, top.time_us)
     kv_via = (VIA_VMM if len(curves.vmm) else VIA_TORCH) if lm.kv_cache_bytes else ""
-    less = kv_cache_curve(trace, curves, kv_via, categorized) if kv_via and less_kv else None
-    phases_less_kv = _phase_peaks(trace, curves, device_level, less) if less is not None else {}
     return Figures(
         device_level=device_level,
         fingerprint=fingerprint(trace),
@@ -462,8 +459,22 @@ def figures(
         left_to_vllm=left_to_vllm(trace),
         kv_via=kv_via,
         ranked=ranked.key,
-        phases_less_kv={k: (peak, inside, depth) for k, (peak, inside, depth, _) in phases_less_kv.items()},
+        phases_less_kv=phase_peaks_less_kv(trace, curves, device_level, kv_via, categorized) if less_kv else {},
     )
+
+
+def phase_peaks_less_kv(
+    trace: Trace, curves: Curves, device_level: bool, kv_via: str, categorized=None
+) -> dict[str, tuple[int, int, int]]:
+    """``Figures.phases_less_kv``: each phase's peak less the KV cache held through ``kv_via`` ({} without one);
+    ``categorized``: the trace's ``categories.categorize``, when the run already holds it."""
+    if not kv_via:
+        return {}
+    less = kv_cache_curve(trace, curves, kv_via, categorized)
+    return {
+        k: (peak, inside, depth)
+        for k, (peak, inside, depth, _) in _phase_peaks(trace, curves, device_level, less).items()
+    }
 
 
 def _hook_totals(base: Figures, new: Figures, threshold: Threshold) -> list[Change]:
@@ -554,16 +565,19 @@ def diff_ranks(base, new, threshold: Threshold, *, label: str = "") -> TraceDiff
     bc, nc = base.curves, new.curves
     device_level = bc.has_device and nc.has_device
 
-    def figures_of(rank, less_kv: bool) -> Figures:
-        return figures(rank.trace, device_level=device_level, curves=rank.curves, oom=rank.oom,
-                       categorized=rank.categorized, less_kv=less_kv)  # fmt: skip
+    def figures_of(rank) -> Figures:
+        return figures(rank.trace, device_level=device_level, curves=rank.curves, oom=rank.oom, less_kv=False)
 
-    fb, fn = figures_of(base, False), figures_of(new, False)
-    if fb.kv_via and fn.kv_via and fb.kv_via != fn.kv_via:  # the KV cache moved: its phases compare less it
-        fb, fn = figures_of(base, True), figures_of(new, True)
+    def less_kv(rank, f: Figures) -> Figures:
+        return replace(f, phases_less_kv=phase_peaks_less_kv(rank.trace, rank.curves, f.device_level, f.kv_via,
+                                                             rank.categorized))  # fmt: skip
+
+    fb, fn = figures_of(base), figures_of(new)
+    if fb.kv_via and fn.kv_via and fb.kv_via != fn.kv_via:  # the KV cache moved: its phases compare less it, added
+        fb, fn = less_kv(base, fb), less_kv(new, fn)
     d = compare(fb, fn, threshold, label=label or new.label)
-    sites = site_changes(base.trace, new.trace, bc, nc, base_lt=base.lifetimes, new_lt=new.lifetimes)
-    cats = category_changes(base.trace, new.trace, bc, nc, (base.categorized, new.categorized))
+    sites = site_changes(base, new)
+    cats = category_changes(base, new)
     moment = _sides(is_one_moment(base.trace.facts), is_one_moment(new.trace.facts))
     return replace(d, categories=cats, sites=sites.changes, sites_missing=sites.missing, one_moment=moment)
 

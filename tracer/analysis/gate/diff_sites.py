@@ -14,8 +14,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from memtrace.analysis.holders.live import Lifetimes, holders_by_stack, lifetimes, meaningful_frame
-from memtrace.analysis.memory.curves import Curves
-from memtrace.analysis.memory.quantities import state_at_peak
 from memtrace.model import Frame, Trace
 
 #: How many stacks to report in each direction (grew or new, shrank or vanished).
@@ -108,24 +106,11 @@ def sites_at_peak(trace: Trace, peak_index: int, lt: Lifetimes | None = None) ->
     return {key: (b, tuple(trace.stack_frames(stack))) for key, (b, stack) in out.items()}
 
 
-def _peak_index(curves: Curves) -> int:
-    """The event after which the state "at the peak" is read (``quantities.state_at_peak``)."""
-    return state_at_peak(curves) - 1
-
-
-def site_changes(
-    base: Trace,
-    new: Trace,
-    base_curves: Curves,
-    new_curves: Curves,
-    top: int = TOP_SITES,
-    *,
-    base_lt: Lifetimes | None = None,
-    new_lt: Lifetimes | None = None,
-) -> Sites:
-    """Stacks new at the new run's peak or that grew most, then those that vanished or shrank most."""
-    b = sites_at_peak(base, _peak_index(base_curves), base_lt)
-    n = sites_at_peak(new, _peak_index(new_curves), new_lt)
+def site_changes(base, new, top: int = TOP_SITES) -> Sites:
+    """Stacks new at the new run's peak or that grew most, then those that vanished or shrank most: two analysed
+    ranks (``AnalysedRank``) read at their headline peak (``headline_event``), with their lifetimes."""
+    b = sites_at_peak(base.trace, base.headline_event, base.lifetimes)
+    n = sites_at_peak(new.trace, new.headline_event, new.lifetimes)
     if b is None or n is None:
         return Sites([], "both" if b is None and n is None else "base" if b is None else "new")
     changes = []

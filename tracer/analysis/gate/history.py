@@ -11,6 +11,7 @@ and figure for ``plots.history_png``.
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
+from typing import TYPE_CHECKING
 
 from memtrace.analysis.gate.diff import (
     ALL_HOOKS,
@@ -28,6 +29,9 @@ from memtrace.analysis.memory.curves import Curves, all_curves
 from memtrace.analysis.memory.oom import Oom
 from memtrace.model import Trace
 from memtrace.units import Threshold
+
+if TYPE_CHECKING:
+    from memtrace.analysis.memory.categories import Categorized
 
 #: The figures ``show`` draws, in the order of the legend.
 TREND_FIGURES = (PEAK_RESERVED, PEAK_DEVICE, BEFORE_KV, AVAILABLE_KV, ALL_HOOKS)
@@ -85,17 +89,21 @@ class Recorded:
     device: Figures | None  # None without NVML samples
 
 
-def record(trace: Trace, *, curves: Curves | None = None, oom: Oom | None = None) -> Recorded:
-    """The figures of ``trace`` at both levels, and its matrix key (``curves``, ``oom``: an analysed rank's)."""
+def record(
+    trace: Trace, *, curves: Curves | None = None, oom: Oom | None = None, categorized: Categorized | None = None
+) -> Recorded:
+    """The figures of ``trace`` at both levels, and its matrix key (``curves``, ``oom``, ``categorized``: an analysed
+    rank's, so nothing the run computed is computed again)."""
     curves = curves or all_curves(trace)
     fp = fingerprint(trace)
+    kw = {"curves": curves, "oom": oom, "categorized": categorized}
     return Recorded(
         key=matrix_key(fp),
         fingerprint=fp,
         rank=trace.process.rank,
         recorded_us=trace.recording.start_us,
-        reserved=figures(trace, device_level=False, curves=curves, oom=oom),
-        device=figures(trace, device_level=True, curves=curves, oom=oom) if curves.has_device else None,
+        reserved=figures(trace, device_level=False, **kw),
+        device=figures(trace, device_level=True, **kw) if curves.has_device else None,
     )
 
 
@@ -108,7 +116,7 @@ def record_run(run, what: str) -> list[Recorded]:
     empty = [r for r in run.ranks if r.recorded_nothing and r.oom is None]
     if empty:
         raise NothingToJudge(nothing_line(run.subset(empty), what))
-    return [record(r.trace, curves=r.curves, oom=r.oom) for r in run.ranks]
+    return [record(r.trace, curves=r.curves, oom=r.oom, categorized=r.categorized) for r in run.ranks]
 
 
 def check(base: Recorded, new: Recorded, threshold: Threshold, *, label: str = "") -> TraceDiff:

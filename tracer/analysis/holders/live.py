@@ -159,6 +159,15 @@ def _mask(lt: Lifetimes, t_us: int | None, event_index: int | None) -> np.ndarra
     return (lt.alloc_us <= t_us) & (lt.free_us > t_us)
 
 
+def live_bytes_at(lt: Lifetimes, t_us: int, since_us: int | None = None) -> int:
+    """Bytes live at ``t_us`` (the sizes :func:`live_allocations_at` lists), only those allocated at or after
+    ``since_us`` when given (blocks from before recording never count then)."""
+    m = _mask(lt, t_us, None)
+    if since_us is not None:
+        m &= lt.alloc_us >= since_us
+    return int(lt.size[m].sum())
+
+
 def live_allocations_at(
     trace: Trace, t_us: int | None = None, *, event_index: int | None = None, lt: Lifetimes | None = None
 ) -> list[LiveAllocation]:

@@ -2,9 +2,9 @@
 
 ``--at`` picks the moment:
 
-- ``peak``: the run's peak (``AnalysedRank.headline``, through :func:`flame_for`): what the process held on a run
+- ``peak``: the run's peak (``AnalysedRank.headline``, :func:`peak_moment`): what the process held on a run
   with vLLM 0.34's KV cache outside PyTorch, else the peak of reserved memory, at its fullest
-  (``quantities.fullest_at_peak``);
+  (``quantities.fullest_at_peak``), or allocated's for the CPU's trace;
 - ``oom``: right before the failed allocation the run died of (``analysis.oom.find_oom``);
 - a time since the start of the recording: ``7.05``, ``7.05s``, ``7050ms``, ``7050000us`` (or ``µs``);
 - a phase, by name or path: the fullest moment (most bytes allocated) of that phase; a name that
@@ -26,7 +26,7 @@ from memtrace import facts as F
 from memtrace.analysis.memory.curves import Curves
 from memtrace.analysis.memory.oom import find_oom
 from memtrace.analysis.memory.phases import PhaseStats, path_at, phase_path, phase_stats, recording_span
-from memtrace.analysis.memory.quantities import fullest_at_peak, holds_reserved, window_fullest
+from memtrace.analysis.memory.quantities import holds_reserved, window_fullest
 from memtrace.errors import UsageError
 from memtrace.model import Trace
 
@@ -64,10 +64,10 @@ def peak_words(process) -> str:
     return PEAK if holds_reserved(process) else ALLOCATED_PEAK
 
 
-def headline_words(rank) -> str:
-    """What ``--at peak`` is called for an analysed rank: :data:`HELD_PEAK` where its headline is the peak held
-    (``AnalysedRank.headline``), else :func:`peak_words`."""
-    return HELD_PEAK if rank.headline.event_index is None else peak_words(rank.trace.process)
+def headline_words(headline, process) -> str:
+    """What ``--at peak`` is called for a rank's ``headline`` (``AnalysedRank.headline``) on a trace of ``process``:
+    :data:`HELD_PEAK` where it is the peak held, else :func:`peak_words`."""
+    return HELD_PEAK if headline.event_index is None else peak_words(process)
 
 
 def parse_time_us(text: str) -> int | None:
@@ -107,9 +107,22 @@ def _at_time(trace: Trace, us: int, flag: str, text: str, t0_us: int | None = No
     return t
 
 
+def peak_moment(rank) -> Moment:
+    """What ``--at peak`` shows of an analysed rank: its headline peak (``AnalysedRank.headline``), read where the
+    rank decided it: right after its event, or (the peak held) every event at its microsecond."""
+    h, trace = rank.headline, rank.trace
+    only = (trace.facts.get(F.IMPORT) or {}).get("state") == "moment"
+    what = SNAPSHOT_MOMENT if only else headline_words(h, trace.process)
+    if h.event_index is None:
+        return Moment(h.point.time_us, None, what, h.point.phase_path)
+    k = h.event_index
+    t = int(trace.events["time_us"][k]) if k >= 0 else recording_span(trace)[0]
+    return Moment(t, k, what, path_at(trace, t))
+
+
 def resolve_moment(trace: Trace, curves: Curves, at: str, *, t0_us: int | None = None) -> Moment:
-    """Read ``--at`` (see the module docstring) for ``trace``; a time counts from ``t0_us`` (the run's
-    origin, ``analysis.origin``; default: the trace's own start)."""
+    """Read ``--at`` other than ``peak`` (:func:`peak_moment`; see the module docstring) for ``trace``; a time
+    counts from ``t0_us`` (the run's origin, ``analysis.origin``; default: the trace's own start)."""
     start, _ = recording_span(trace)
     ev_time = trace.events["time_us"]
 
@@ -118,10 +131,6 @@ def resolve_moment(trace: Trace, curves: Curves, at: str, *, t0_us: int | None =
         return Moment(t, k, what, path_at(trace, t))
 
     text = at.strip()
-    if text.lower() == "peak":
-        only = (trace.facts.get(F.IMPORT) or {}).get("state") == "moment"
-        what = SNAPSHOT_MOMENT if only else peak_words(trace.process)
-        return after_event(fullest_at_peak(curves.allocated, curves.reserved) - 1, what)
     if text.lower() == "oom":
         oom = find_oom(trace)
         if oom is None:
@@ -169,10 +178,11 @@ def with_since(
 
 def rank_at(rank, at: str):
     """The analysed rank whose events hold the moment ``--at`` names: the serving window's
-    (``AnalysedRank.serving``) for an OOM inside it, for ``serving`` or for a time inside it; else ``rank``.
-    UsageError for a time in the gap between start-up and the window (its events were dropped)."""
+    (``AnalysedRank.serving``, None when the rank holds it joined in time) for an OOM inside it, for ``serving``
+    or for a time inside it; else ``rank``. UsageError for a time in the gap between start-up and the window (its
+    events were dropped)."""
     win = rank.serving
-    if win is None or rank.trace is not rank.startup:  # the run joined in time (``serving.joined``) holds it all
+    if win is None:
         return rank
     text = at.strip().lower()
     w, t0 = rank.trace.window, rank.origin.t0_us
@@ -203,9 +213,8 @@ def flame_for(rank, at: str = "peak", *, since: str | None = None, added: bool =
     if not knows_holders(rank.trace):
         raise UsageError(f"{rank.trace.label}: {SIZES_ONLY_NOTE}; plot or report show what it holds")
     t0 = rank.origin.t0_us
-    h = rank.headline
-    if at.strip().lower() == "peak" and h.event_index is None:  # the peak held: read where the run decided it
-        at_moment = Moment(h.point.time_us, None, headline_words(rank), h.point.phase_path)
+    if at.strip().lower() == "peak":  # the run's headline peak, read where the rank decided it
+        at_moment = peak_moment(rank)
     else:
         at_moment = resolve_moment(rank.trace, rank.curves, at, t0_us=t0)
     moment = with_since(rank.trace, rank.curves, at_moment, since, added, t0_us=t0)
@@ -225,21 +234,30 @@ def seconds_showing(rank, time_us: int, since_us: int | None, shown) -> str:
     """``time_us`` in seconds from the run's origin, in the fewest decimals (ms, then down to µs) at which
     ``--at`` shows the bytes flame ``shown`` (``holders.flame.Flame``) shows live in PyTorch and committed
     through CUDA VMM: ms rounding can land before the change that made a moment (h200/startup-cap16g's peak at
-    7.050455 s: ``--at 7.050`` shows 0.25 GiB less). Six decimals when none does (several changes in one µs)."""
-    from memtrace.analysis.holders.flame import flame_at
-
+    7.050455 s: ``--at 7.050`` shows 0.25 GiB less). Six decimals when none does (several changes in one µs).
+    Each candidate's bytes are read from the rank's lifetimes and VMM records (:func:`_bytes_shown`), no flame built."""
     t0, (start, end) = rank.origin.t0_us, recording_span(rank.trace)
-    secs = (time_us - t0) / 1e6
+    secs, shows = (time_us - t0) / 1e6, (shown.torch_bytes, shown.vmm_bytes)
     for digits in (3, 4, 5):
         text = f"{secs:.{digits}f}"
         t = t0 + (parse_time_us(text) or 0)
-        if not start <= t <= end:
-            continue
-        f = flame_at(rank.trace, t, since_us=since_us, non_torch=shown.vmm_bytes is not None, lt=rank.lifetimes,
-                     notes=rank.tensor_notes)  # fmt: skip
-        if (f.torch_bytes, f.vmm_bytes) == (shown.torch_bytes, shown.vmm_bytes):
+        if start <= t <= end and _bytes_shown(rank, t, since_us, shown.vmm_bytes is not None) == shows:
             return text
     return f"{secs:.6f}"
+
+
+def _bytes_shown(rank, t_us: int, since_us: int | None, vmm: bool) -> tuple[int, int | None]:
+    """(PyTorch's live bytes, the KV cache's committed outside PyTorch or None) at ``t_us``, made at or after
+    ``since_us``: ``flame_at``'s ``torch_bytes`` and ``vmm_bytes`` there (blocks from before recording never count
+    from a moment on)."""
+    from memtrace.analysis.holders.live import live_bytes_at
+    from memtrace.analysis.memory.vmm import has_vmm, live_kv_chunks
+
+    torch_bytes = live_bytes_at(rank.lifetimes, t_us, since_us)
+    if not (vmm and has_vmm(rank.trace)):
+        return torch_bytes, None
+    chunks = [c.bytes for c in live_kv_chunks(rank.trace, t_us) if since_us is None or c.time_us >= since_us]
+    return torch_bytes, sum(chunks) if chunks else None
 
 
 def seconds_text(us: int) -> str:

@@ -280,16 +280,6 @@ def fullest_at_peak(allocated: Curve, reserved: Curve) -> int:
     return pi + first_max(allocated.bytes[pi : plateau_end(reserved, pi)])
 
 
-def state_at_peak(curves: Curves) -> int:
-    """The curve index of the state a comparison reads "at the peak" of what the process held
-    (:data:`HELD`): the reserved peak's fullest moment (:func:`fullest_at_peak`) when nothing was committed
-    outside PyTorch, else the allocator's state in force when the held curve first peaked."""
-    if not len(curves.vmm):
-        return fullest_at_peak(curves.allocated, curves.reserved)
-    t = peak(curves.held).time_us
-    return max(int(np.searchsorted(curves.allocated.time_us, t, side="right")) - 1, 0)
-
-
 def window_fullest(allocated: Curve, start_us: int, end_us: int) -> int:
     """The curve index with the most bytes allocated during [start_us, end_us] (the state in force at
     ``start_us`` counts)."""
