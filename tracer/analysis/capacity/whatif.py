@@ -824,11 +824,6 @@ class WhatIf:
             why += f": up to there it fits, {room - pre_peak:,} B to spare; what comes after was never recorded"
             if model_shape(self.sites.trace) is None:
                 why += " (the model's shape was not recorded: --config config.json carries it on from priors)"
-            elif self.carried is not None and self.carried.missing:
-                why += (
-                    f" (the priors have no {', '.join(self.carried.missing)} for this kind of model: refit them "
-                    "with a start-up of one like it)"
-                )
             return Outcome(**common, verdict=UNKNOWN, phase="", by_bytes=0, why=why, kv=None, phases=phases)
         phases = self.phase_peaks(kv.kv_bytes, others)
         sizing = PN.KV_CACHE_SIZING if self.flags.extensible else PN.DETERMINE_AVAILABLE_MEMORY
@@ -879,7 +874,7 @@ class WhatIf:
         """The answer on ``capacity`` with the start-up carried past the recording's end (None where it cannot be)."""
         c = self.carried
         per, tpb = self.per_block
-        if c is None or c.missing or not per:
+        if c is None or P.WEIGHTS in c.missing or not per:
             return None
         dtype = (self.sites.trace.facts.get(F.VLLM_CONFIG) or {}).get("dtype")
         per, tpb, blocks = kv_geometry(model_shape(self.sites.trace), self.flags, tpb, dtype)
@@ -928,7 +923,9 @@ def carried_outcome(c: P.Carried, capacity: int, others: int, geometry: tuple[in
     words = ", ".join(f"{f.component} {f.bytes:,} B " + (f"±{f.spread_bytes:,}" if f.spread_bytes is not None else
                       "(one architecture: spread not measured)") for f in priors)  # fmt: skip
     spreads = [f.spread_bytes for f in priors if f.component in c.sizing_components]
-    spread = None if None in spreads else sum(spreads)  # the KV cache's
+    spread = None if None in spreads or c.missing else sum(spreads)  # the KV cache's
+    if c.missing:
+        words += f"; no prior for {', '.join(c.missing)} (no start-up of this kind in the library): counted 0 B"
     common = {**(common or dict(capacity_bytes=capacity, others_bytes=others, others_left_out_bytes=0,
                                 pre_kv_peak_phase=PN.PROFILE_RUN)),
               "pre_kv_peak_bytes": c.pre_kv_peak, "spread_bytes": spread,
