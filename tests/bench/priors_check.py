@@ -64,8 +64,8 @@ def check(case: dict, lib: P.Library, in_sample: bool) -> dict:
             "pre_kv_error": (o.pre_kv_peak_bytes - pre) / pre if pre else None}  # fmt: skip
 
 
-def _gib(x: int | None) -> str:
-    return f"{x / GiB:.2f} GiB" if x is not None else "? (one architecture)"
+def _gib(x: int | None, none: str = "? (unmeasured)") -> str:
+    return f"{x / GiB:.2f} GiB" if x is not None else none
 
 
 def _pct(x: float | None) -> str:
@@ -90,7 +90,7 @@ def main(argv=None) -> int:
         print(f"| {r['case']} | {r['library'] or 'nothing'} | {r['vllm']} | {r['kv_real'] / GiB:.2f} GiB | "
               f"{r['verdict']}{'' if right else ' (wrong)'} | {r['kv'] / GiB:.2f} ± {_gib(r['spread'])} | "
               f"{_pct(r['kv_error'])} | {r['pre_kv'] / GiB:.2f} GiB | "
-              f"{r['pre_kv_real'] / GiB if r['pre_kv_real'] else 0:.2f} GiB | {_pct(r['pre_kv_error'])} |")  # fmt: skip
+              f"{_gib(r['pre_kv_real'], '-')} | {_pct(r['pre_kv_error'])} |")  # fmt: skip
     right = sum((r["verdict"] == BOOTS) == r["boots"] for r in rows)
     print(f"\nverdict right in {right} of {len(rows)}")
     return 0
