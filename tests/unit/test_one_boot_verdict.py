@@ -15,9 +15,10 @@ import json
 from pathlib import Path
 
 import pytest
+from memtrace import facts as F
 from memtrace.analysis.analysed.run import analyse
 from memtrace.analysis.capacity.boot import VERDICT, answer, recorded_card_answer
-from memtrace.analysis.capacity.fits import FITS, MIN_CAPACITY, NO_KV, REFUSED, SEARCH_STEP, fit_to_dict
+from memtrace.analysis.capacity.fits import FITS, MIN_CAPACITY, NO_KV, REFUSED, SEARCH_STEP, fit, fit_to_dict
 from memtrace.analysis.capacity.whatif import BOOTS, recorded_flags, recorded_others
 from memtrace.cli import main
 from memtrace.plots.fits_text import HEADLINE
@@ -123,3 +124,19 @@ def test_the_issue_bundle_and_the_view_say_the_verdict_fits_gives_on_the_recorde
     page = (tmp_path / "view.html").read_text()
     view = json.loads(page.split('id="mt-doc">', 1)[1].split("</script>", 1)[0])
     assert f"with the recorded flags: {head}" in " ".join(view["boot"].split())
+
+
+@pytest.mark.parametrize("run_dir", ["vllm-h200-033/moe", "vllm-h200-034/dense-ext"])
+def test_vllms_default_utilization_is_one_figure_when_the_trace_does_not_say_it(run_dir):
+    """A start-up whose utilization and vLLM release were not recorded: plain fits, the what-if of no change and the
+    flags it shows use one default (``whatif.recorded_util``: 0.34's for the sizing mode), not 0.9 in one and 0.92
+    or 1.0 in the others."""
+    traces = load_run(DATA / run_dir).traces
+    for t in traces:
+        for key in (F.UTIL, F.UTIL_SOURCE, F.VLLM_VERSION):
+            t.facts.pop(key, None)
+    r = analyse(traces).worst
+    card = r.recorded_target.capacity_bytes or r.trace.process.device_total_bytes
+    util = recorded_flags(r.trace).util
+    assert util == (1.0 if "ext" in run_dir else 0.92)
+    assert r.boot().fit(card).util == util == fit(r.trace, card).util == answer(r, [], [card]).flags.util

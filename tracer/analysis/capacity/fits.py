@@ -70,13 +70,12 @@ from memtrace.analysis.capacity.whatif import (
     MIN_CAPACITY,
     REFUSES,
     SEARCH_STEP,  # noqa: F401 (fits' figure, re-exported)
-    default_util,
     extensible_kv_cache,
     need_curve,
     recorded_one_request,
     recorded_others,
+    recorded_util,
     smallest_card,  # noqa: F401 (re-exported)
-    vllm_version,
 )
 from memtrace.analysis.capacity.whatif import UNKNOWN as STOPS
 from memtrace.analysis.memory import non_torch
@@ -289,7 +288,7 @@ def fit(
     Args:
         trace: a recorded start-up (any card size; a larger card shows more of the curve).
         capacity_bytes: physical memory of the card asked about.
-        util: --gpu-memory-utilization on that card; default: the recorded one, else 0.9.
+        util: --gpu-memory-utilization on that card; default: the recorded one (``whatif.recorded_util``).
         non_torch_bytes: non-PyTorch memory on that card (CUDA context, NCCL, libraries), held
             constant; default: as recorded (NVML).
         rec: :func:`recorded` for this trace and ``non_torch_bytes``, to share work between capacities.
@@ -297,7 +296,7 @@ def fit(
     rec = rec or recorded(trace, non_torch_bytes)
     lm, need, oom = rec.lm, rec.need, rec.oom
     if util is None:
-        util = lm.gpu_memory_utilization or default_util(vllm_version(trace) or (0, 0), extensible_kv_cache(trace))
+        util = recorded_util(trace)
     first_us, last_us = rec.span
     end_us = min(oom.time_us, last_us) if oom is not None else last_us  # nothing is known after an OOM
     target = math.ceil(capacity_bytes * util)

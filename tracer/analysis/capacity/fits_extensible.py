@@ -43,12 +43,11 @@ from memtrace.analysis.capacity.fits import FITS, NO_KV, OOM, UNKNOWN, Fit, Reco
 from memtrace.analysis.capacity.reconcile import non_kv as non_kv_model
 from memtrace.analysis.capacity.reconcile import profiled_kv_bytes
 from memtrace.analysis.capacity.whatif import (
-    default_util,
     extensible_inputs,
     need_curve,
     recorded_one_request,
     recorded_others,
-    vllm_version,
+    recorded_util,
 )
 from memtrace.analysis.memory.curves import Curves, all_curves, committed_curve
 from memtrace.analysis.memory.phases import path_at
@@ -114,9 +113,7 @@ def fit_extensible(trace: Trace, capacity_bytes: int, util: float | None = None,
     if prep is None:
         return None
     rec, facts = rec or recorded(trace, non_torch_bytes, curves=curves), trace.facts
-    if util is None:
-        user = facts.get(F.UTIL_SOURCE) == "user" and facts.get(F.UTIL)
-        util = float(facts[F.UTIL]) if user else default_util(vllm_version(trace) or (0, 34), True)
+    util = recorded_util(trace) if util is None else util
     requested, pre = math.ceil(capacity_bytes * util), prep.peak_bytes + others_bytes
 
     def result(outcome, phase="", over=0, stage="KV sizing", blocks=None, kv=0):

@@ -220,18 +220,31 @@ def recorded_flags(trace) -> Flags | None:
     need = ("max_num_batched_tokens", "max_num_seqs", "max_model_len")
     if not all(isinstance(cfg.get(k), int) for k in need):
         return None
-    source = trace.facts.get(F.UTIL_SOURCE)  # older traces lack it: their figure is vLLM's resolved one, kept
-    user = source == F.UTIL_BY_USER or (source is None and not trace.facts.get(F.VLLM_KV_SIZE_SOURCE))
     return Flags(
         max_num_batched_tokens=cfg["max_num_batched_tokens"],
         max_num_seqs=cfg["max_num_seqs"],
         max_model_len=cfg["max_model_len"],
         enforce_eager=bool(cfg.get("enforce_eager")),
         kv_cache_dtype=str(cfg.get("kv_cache_dtype") or "auto"),
-        gpu_memory_utilization=float(trace.facts[F.UTIL]) if user and trace.facts.get(F.UTIL) else None,
+        gpu_memory_utilization=user_util(trace),
         extensible=extensible_kv_cache(trace),
         vllm=vllm_version(trace) or (0, 34),
     )
+
+
+def user_util(trace) -> float | None:
+    """The --gpu-memory-utilization the user gave the recorded start-up (None: vLLM chose it, so another sizing mode
+    moves it); older traces lack ``facts.UTIL_SOURCE``: their figure is vLLM's resolved one, kept."""
+    source = trace.facts.get(F.UTIL_SOURCE)
+    user = source == F.UTIL_BY_USER or (source is None and not trace.facts.get(F.VLLM_KV_SIZE_SOURCE))
+    return float(trace.facts[F.UTIL]) if user and trace.facts.get(F.UTIL) else None
+
+
+def recorded_util(trace) -> float:
+    """The utilization the recorded start-up ran with: the user's, else vLLM's default for the recorded release
+    (unknown: 0.34) and sizing mode (``Flags.util`` of :func:`recorded_flags`, the one figure every model uses)."""
+    user = user_util(trace)
+    return user if user is not None else default_util(vllm_version(trace) or (0, 34), extensible_kv_cache(trace))
 
 
 def extensible_kv_cache(trace) -> bool:
