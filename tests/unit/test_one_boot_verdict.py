@@ -14,12 +14,15 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import numpy as np
 import pytest
 from memtrace import facts as F
 from memtrace.analysis.analysed.run import analyse
+from memtrace.analysis.capacity import whatif as W
 from memtrace.analysis.capacity.boot import VERDICT, answer, recorded_card_answer
 from memtrace.analysis.capacity.fits import FITS, MIN_CAPACITY, NO_KV, REFUSED, SEARCH_STEP, fit, fit_to_dict
 from memtrace.analysis.capacity.whatif import BOOTS, recorded_flags, recorded_others
+from memtrace.analysis.memory.categories import sampler_stacks
 from memtrace.cli import main
 from memtrace.plots.fits_text import HEADLINE
 from memtrace.store import load_run
@@ -77,6 +80,7 @@ def test_every_output_gives_one_verdict_on_every_card(path):
         assert not any(f.survives for f in fits.values()) and all(f.short_bytes is None for f in fits.values())
     if recorded_flags(r.trace) is None:
         return  # no what-if without vLLM's config: plain fits is all there is
+    assert b.fit(card).util == recorded_flags(r.trace).util  # one utilization (vLLM 0.25's 0.92 was 0.9 in one)
     near = [int(s * 1.01), int(s * 0.99)] if s is not None and s > MIN_CAPACITY + SEARCH_STEP else []
     asked = sorted({*cards[::16], card, *near})
     said = answer(r, [], asked).outcomes  # --suggest's recorded-flags line and --what-if of no change
@@ -140,3 +144,15 @@ def test_vllms_default_utilization_is_one_figure_when_the_trace_does_not_say_it(
     util = recorded_flags(r.trace).util
     assert util == (1.0 if "ext" in run_dir else 0.92)
     assert r.boot().fit(card).util == util == fit(r.trace, card).util == answer(r, [], [card]).flags.util
+
+
+@pytest.mark.parametrize("run_dir", ["vllm-h200-033/moe", "vllm-h200-034/dense-ext"])
+def test_the_what_if_scales_every_allocation_the_categories_call_the_samplers_by_max_num_seqs(run_dir):
+    """One definition of the sampler's files (``categories.sampler_stacks``): what the what-if scales by
+    max-num-seqs. Before, its own list of file names missed ``logprob.py``, ``gumbel.py``... (48 MB of dense-ext's
+    sampler scaled by max-num-batched-tokens)."""
+    r = analyse(load_run(DATA / run_dir).traces).worst
+    kinds, lt = W.sites_of(r).kind_of, r.lifetimes
+    sampler = (lt.stack >= 0) & sampler_stacks(r.trace)[np.maximum(lt.stack, 0)]
+    assert sampler.sum() > 100
+    assert set(kinds[sampler]) <= {W.SEQS, W.FIXED}  # FIXED: made before recording, or the sizing warm-up's logits

@@ -5,8 +5,8 @@ it was made in) and the site to a **kind** with a scaling rule (:data:`RULES`):
 
 - ``tokens``: activations and workspaces of the dummy forward passes (``profile_run``, kernel warm-up, the
   MoE / FlashInfer workspaces), x ``max-num-batched-tokens``;
-- ``seqs``: the sampler and the logits (``sampler.py``, ``sampling.py``, ``logits_processor.py``...),
-  x ``max-num-seqs`` (one row of the vocabulary per request);
+- ``seqs``: the sampler (a stack through vLLM's ``sample/`` folders: ``categories.sampler_stacks``) and the
+  logits (``compute_logits``), x ``max-num-seqs`` (one row of the vocabulary per request);
 - ``graphs``: what ``capture_model`` and ``cudagraph_profile`` allocate, x the number of CUDA graphs vLLM
   captures (its default capture sizes from ``max-num-seqs``; none with ``enforce-eager``: vLLM's own
   linear extrapolation);
@@ -44,6 +44,7 @@ from memtrace.analysis.capacity.extensible import blocks_within, measure_kv_cach
 from memtrace.analysis.capacity.reconcile import MEMTRACE as NON_KV_MEMTRACE
 from memtrace.analysis.capacity.reconcile import profiled_kv_bytes
 from memtrace.analysis.holders.live import Lifetimes
+from memtrace.analysis.memory.categories import sampler_stacks
 from memtrace.analysis.memory.curves import Curve, Curves, committed_curve
 from memtrace.analysis.memory.phases import path_at, phase_path
 from memtrace.analysis.memory.pinned import pinned_curve
@@ -71,8 +72,9 @@ BOOTS, DIES, REFUSES, UNKNOWN = "boots", "dies", "refuses", "unknown"
 #: Where a phase's predicted figure comes from (``PhasePeak.source``).
 RECORDED, SCALED_FROM_RECORDING, PRIOR = "recorded", "scaled", "prior"
 #: vLLM's default --gpu-memory-utilization by release (since (major, minor): with the extensible KV cache, without),
-#: newest first: 0.34 resolves it with the sizing mode (``resolved_gpu_memory_utilization``), before it was 0.9.
-VLLM_DEFAULT_UTIL = (((0, 34), 1.0, 0.92), ((0, 0), 0.9, 0.9))
+#: newest first: 0.34 resolves it with the sizing mode (``resolved_gpu_memory_utilization``); 0.33 resolved 0.92
+#: (tests/data/vllm-h200-033/moe, source ``vllm-default``); before, 0.9.
+VLLM_DEFAULT_UTIL = (((0, 34), 1.0, 0.92), ((0, 33), 0.92, 0.92), ((0, 0), 0.9, 0.9))
 
 
 #: The smallest card ``fits`` accepts (no GPU vLLM runs on has less), and the precision of the smallest-card search
@@ -145,7 +147,6 @@ def recorded_one_request(facts: dict, kv_bytes: int | None = None) -> int | None
     return one_request_bytes(max_len, per, tpb) if isinstance(max_len, int) and per and tpb else None
 
 
-_SAMPLER_FILES = ("sampler.py", "sampling.py", "topk_topp_sampler.py", "logits_processor.py", "penalties.py")
 _KV_FUNCS = ("_allocate_kv_cache_buffer", "allocate_kv_cache", "_allocate_kv_cache_tensors")
 _DTYPE_BYTES = {"fp8": 1, "fp8_e4m3": 1, "fp8_e5m2": 1, "auto": 2, "bfloat16": 2, "float16": 2, "half": 2}
 _BEFORE = np.iinfo(np.int64).min
@@ -233,11 +234,10 @@ def recorded_flags(trace) -> Flags | None:
 
 
 def user_util(trace) -> float | None:
-    """The --gpu-memory-utilization the user gave the recorded start-up (None: vLLM chose it, so another sizing mode
-    moves it); older traces lack ``facts.UTIL_SOURCE``: their figure is vLLM's resolved one, kept."""
-    source = trace.facts.get(F.UTIL_SOURCE)
-    user = source == F.UTIL_BY_USER or (source is None and not trace.facts.get(F.VLLM_KV_SIZE_SOURCE))
-    return float(trace.facts[F.UTIL]) if user and trace.facts.get(F.UTIL) else None
+    """The recorded --gpu-memory-utilization unless vLLM chose it by default (None: another sizing mode moves it,
+    :func:`default_util`); a trace that does not say who chose it (``facts.UTIL_SOURCE``) keeps vLLM's resolved figure."""
+    u = trace.facts.get(F.UTIL)
+    return float(u) if u and trace.facts.get(F.UTIL_SOURCE) != F.UTIL_VLLM_DEFAULT else None
 
 
 def recorded_util(trace) -> float:
@@ -383,13 +383,14 @@ class Sites:
         kv_w = self.windows(PN.KV_CACHE_INIT)
         sizing_w = self.windows(PN.KV_CACHE_SIZING_WARMUP)
         by_stack: dict[int, str] = {}
+        sampler = sampler_stacks(t)  # the sampler's files: ``categories``' one definition
 
         def of_stack(s: int) -> str:
             if s not in by_stack:
                 frames = t.stack_frames(s)
                 if any(f.name in _KV_FUNCS for f in frames):
                     by_stack[s] = KV
-                elif any(f.filename.rsplit("/", 1)[-1] in _SAMPLER_FILES or f.name == "compute_logits" for f in frames):
+                elif sampler[s] or any(f.name == "compute_logits" for f in frames):  # the sampler and the logits
                     by_stack[s] = SEQS
                 else:
                     by_stack[s] = TOKENS
