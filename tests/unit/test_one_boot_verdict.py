@@ -156,3 +156,48 @@ def test_the_what_if_scales_every_allocation_the_categories_call_the_samplers_by
     sampler = (lt.stack >= 0) & sampler_stacks(r.trace)[np.maximum(lt.stack, 0)]
     assert sampler.sum() > 100
     assert set(kinds[sampler]) <= {W.SEQS, W.FIXED}  # FIXED: made before recording, or the sizing warm-up's logits
+
+
+@pytest.mark.parametrize("step", ["small-r2048", "small-rescue-p2048"])
+def test_a_shared_card_answers_through_the_one_boot_model(step):
+    """``fits --keep-others`` / ``--others`` and the issue bundle of a run beside other processes: ``Boot`` with the
+    others on the card answers, so --suggest's line, the bundle and the smallest-card search say one verdict, and
+    "short by N" boots at C + N and not below."""
+    run, r = _rank(DATA / "vllm-h200-034-grid" / step)
+    others = recorded_others(r.trace)
+    card = r.recorded_target.capacity_bytes
+    assert others > 100 * GiB
+    b = r.boot(others_bytes=others)
+    cards = [card - 2 * GiB, card, card + GiB // 2, card + 2 * GiB]
+    said = answer(r, [], cards, keep_others=True).outcomes
+    assert [o.verdict for o in said] == [VERDICT[b.fit(c).outcome] for c in cards]
+    assert [o.short_bytes for o in said] == [b.fit(c).short_bytes for c in cards]
+    assert [o.others_bytes for o in said] == [others] * len(cards)
+    s = b.smallest
+    assert s is not None and b.fit(s).survives and not b.fit(s - SEARCH_STEP).survives
+    for c in cards:
+        f = b.fit(c)
+        assert f.prediction.startswith("the card is shared")
+        if f.short_bytes:
+            assert c + f.short_bytes == s
+    bundle = recorded_card_answer(run).outcomes[0]
+    assert (bundle.verdict, bundle.short_bytes) == (VERDICT[b.fit(card).outcome], b.fit(card).short_bytes)
+    given = answer(r, [], [card], others_bytes=others).outcomes[0]  # --others SIZE: the same card
+    assert (given.verdict, given.short_bytes) == (bundle.verdict, bundle.short_bytes)
+
+
+def test_where_the_two_models_disagree_the_answer_shows_the_capacity_models_kv_cache_blocks_and_bytes_both():
+    """``Boot.outcome`` where the what-if's own verdict differs (forced here by a what-if at another utilization whose one request cannot
+    fit, on a card the capacity model boots on): the KV cache shown, its blocks, tokens and bytes, and the phase
+    table's KV column are the capacity model's, not the what-if's blocks beside the capacity model's bytes."""
+    r = analyse(load_run(DATA / "vllm-h200-034" / "dense-ext").traces).worst
+    card = 40 * GiB
+    f = r.boot().fit(card)
+    assert f.survives and f.kv_blocks
+    s = W.sites_of(r)
+    disagreeing = W.WhatIf(s, W.apply_what_if(s.flags, ["max-model-len=100000000", "gpu-memory-utilization=0.6"]))
+    assert disagreeing.on(card).verdict != BOOTS
+    o = r.boot().outcome(card, disagreeing)
+    assert o.verdict == BOOTS
+    assert (o.kv.kv_bytes, o.kv.blocks, o.kv.tokens) == (f.kv_cache_bytes, f.kv_blocks, f.kv_tokens)
+    assert {p.kinds[W.KV][1] for p in o.phases if p.after_kv} == {f.kv_cache_bytes}

@@ -32,23 +32,24 @@ from memtrace.analysis.capacity.fits import (
     NO_KV,
     OOM,
     REFUSED,
+    SEARCH_STEP,
     UNKNOWN,
     VERDICT,
     Fit,
     fits,
     recorded,
-    search_ceiling,
-    smallest_card,
 )
 from memtrace.analysis.capacity.fits_extensible import fit_extensible, is_extensible, prepare
 from memtrace.analysis.capacity.whatif import (
     BOOTS,
     DIES,
     Answer,
+    KvSizing,
     Outcome,
     WhatIf,
     apply_what_if,
     calibrate,
+    one_request_bytes,
     recorded_flags,
     recorded_others,
     sites_of,
@@ -61,61 +62,99 @@ from memtrace.analysis.memory.phases import path_at
 WHAT_IF_MODEL = "the what-if model with {flags} (docs/whatif.md) carries it on from its recorded phases"
 
 
-class Boot:
-    """Will one rank boot with the recorded flags on a card it holds alone: :meth:`fit` per card (computed once),
-    :attr:`smallest` card, and "short by" (``Fit.short_bytes``)."""
+def smallest_card(survives, lo: int, hi: int) -> int | None:
+    """The smallest capacity in (``lo``, ``hi``] (to ``SEARCH_STEP``) where ``survives(capacity)`` holds, by
+    bisection (an answer that survives on a card survives on every larger one); None when it fails at ``hi``."""
+    if not survives(hi):
+        return None
+    while hi - lo > SEARCH_STEP:
+        mid = (lo + hi) // 2
+        if survives(mid):
+            hi = mid
+        else:
+            lo = mid
+    return hi
 
-    def __init__(self, rank, util: float | None = None, non_torch_bytes: int | None = None):
-        self.rank, self.util = rank, util
+
+def search_ceiling(rank, others_bytes: int = 0) -> int:
+    """The largest card the one smallest-card search tries: four times the recorded peak, or the recorded card when
+    larger (at least ``MIN_CAPACITY``), plus what other processes hold on it."""
+    return max(rank.landmarks.peak.bytes * 4, rank.recorded_target.capacity_bytes or 0, MIN_CAPACITY) + others_bytes
+
+
+def short_of(boots: bool, card: int, smallest: int | None) -> int | None:
+    """How much larger than ``card`` a card must be to boot: 0 where it boots; None where no larger card is known to
+    boot it (none found, or the answers are not monotone above it)."""
+    return 0 if boots else (smallest - card if smallest is not None and smallest > card else None)
+
+
+class Boot:
+    """Will one rank boot with the recorded flags on a card it holds alone, or beside other processes holding
+    ``others_bytes`` (a shared card: the what-if of no change answers, said to be a prediction): :meth:`fit` per card
+    (computed once), :attr:`smallest` card, and "short by" (``Fit.short_bytes``)."""
+
+    def __init__(self, rank, util: float | None = None, non_torch_bytes: int | None = None, others_bytes: int = 0):
+        self.rank, self.util, self.others = rank, util, others_bytes
         self.rec = recorded(rank.trace, non_torch_bytes, rank=rank)
         ext = is_extensible(rank.trace) and rank.extensible is not None  # vLLM 0.34: sized after warm-up
-        self.prep = prepare(rank.trace, rank.curves, self.rec.non_torch_bytes) if ext else None
+        self.prep = prepare(rank, self.rec) if ext else None
         self.past = PastTheRecording(rank, util, non_torch_bytes)
         self._fits: dict[int, Fit] = {}
 
     def _model(self, card: int) -> Fit:
         if self.prep is not None:
-            return fit_extensible(self.rank.trace, card, self.util, prep=self.prep, rec=self.rec)
+            return fit_extensible(self.rank, card, self.util, prep=self.prep, rec=self.rec)
         return fits(self.rank.trace, [card], self.util, rec=self.rec)[0]
 
     def _answer(self, card: int) -> Fit:
         if card not in self._fits:
             f = self._model(card)
-            self._fits[card] = self.past.answer(f) if f.outcome == UNKNOWN else f
+            if self.others:
+                f = self.past.shared(f, self.others)
+            elif f.outcome == UNKNOWN:
+                f = self.past.answer(f)
+            self._fits[card] = f
         return self._fits[card]
 
     @cached_property
     def smallest(self) -> int | None:
-        """The smallest card (to ``fits.SEARCH_STEP``) it boots on; None above ``fits.search_ceiling``, and for a
-        start-up its recording's OOM cut (it boots on no card: the capacity model promises none)."""
-        return smallest_card(lambda c: self._answer(c).survives, MIN_CAPACITY, search_ceiling(self.rec))
+        """The smallest card (to ``SEARCH_STEP``) it boots on; None above :func:`search_ceiling`, and for a start-up
+        its recording's OOM cut (it boots on no card: the capacity model promises none)."""
+        return smallest_card(lambda c: self._answer(c).survives, MIN_CAPACITY, search_ceiling(self.rank, self.others))
 
     def fit(self, card: int) -> Fit:
         """The answer on ``card``, with how much larger a card must be to boot."""
         f = self._answer(card)
-        # None where no larger card is known to boot it (none found, or the answers are not monotone above it)
-        short = (
-            0 if f.survives else (self.smallest - card if self.smallest is not None and self.smallest > card else None)
-        )
-        return dataclasses.replace(f, short_bytes=short)
+        return dataclasses.replace(f, short_bytes=short_of(f.survives, card, self.smallest))
 
     @property
     def smallest_prediction(self) -> str:
         """Where the smallest card's answer goes past the recording ("" when it does not, or there is none)."""
         return self._answer(self.smallest).prediction if self.smallest is not None else ""
 
-    def outcome(self, card: int, w: WhatIf) -> Outcome:
-        """The what-if of no change (``w``) on ``card`` held alone, its verdict this answer's: the what-if's own
-        figures where it agrees, else the capacity model's verdict, phase and KV cache (the phase table with it)."""
-        f, o = self.fit(card), w.on(card)
+    def outcome(self, card: int, w: WhatIf, **shared) -> Outcome:
+        """The what-if of no change (``w``; ``shared``: its card's other processes) on ``card``, its verdict this
+        answer's: the what-if's own figures where it agrees, else the capacity model's verdict, phase and KV cache,
+        blocks and bytes both (the phase table with it)."""
+        f, o = self.fit(card), w.on(card, **shared)
         verdict = VERDICT[f.outcome]
         if verdict != o.verdict:
-            kv = o.kv if verdict == BOOTS else None
+            kv = _kv_sizing(f, w) if verdict == BOOTS else None
             o = dataclasses.replace(o, verdict=verdict, why=_why(f), kv=kv,
-                                    phases=w.phase_peaks(f.kv_cache_bytes if kv else 0))  # fmt: skip
+                                    phases=w.phase_peaks(kv.kv_bytes if kv else 0, o.others_bytes))  # fmt: skip
         if verdict != BOOTS:  # where and by how much: the capacity model's, as plain fits says it
             o = dataclasses.replace(o, phase=f.phase, by_bytes=f.overshoot_bytes)
         return dataclasses.replace(o, short_bytes=f.short_bytes)
+
+
+def _kv_sizing(f: Fit, w: WhatIf) -> KvSizing:
+    """The capacity model's KV cache on a card it boots on, in the what-if's shape (its blocks, tokens and bytes)."""
+    per, tpb = w.per_block
+    blocks = f.kv_blocks if f.kv_blocks is not None else (f.kv_cache_bytes // per if per else 0)
+    tokens = f.kv_tokens if f.kv_tokens is not None else blocks * tpb
+    how = f"the capacity model ({f.kv_sizing}; docs/fits.md)"
+    return KvSizing(f.kv_cache_bytes, blocks, tokens, f.kv_cache_bytes, tokens / w.flags.max_model_len, how,
+                    one_request_bytes(w.flags.max_model_len, per, tpb) if per else 0)  # fmt: skip
 
 
 def _why(f: Fit) -> str:
@@ -163,6 +202,16 @@ class PastTheRecording:
         s = sites_of(self.rank)
         items = [f"gpu-memory-utilization={self.util}"] if self.util is not None else []
         return WhatIf(s, apply_what_if(s.flags, items))
+
+    def shared(self, f: Fit, others: int) -> Fit:
+        """``f`` (the capacity model, the card held alone) answered by the what-if of no change on the same card
+        beside other processes holding ``others`` bytes (the capacity model keeps the card to this process)."""
+        o = self.what_if.on(f.capacity_bytes, others_bytes=others, table=False)
+        beside = f"the card is shared: other processes hold {others:,} B of it; {self.model}"
+        if o.verdict == STOPS:
+            return dataclasses.replace(f, outcome=UNKNOWN, phase="", stage="beyond the recording", kv_cache_bytes=0,
+                                       kv_blocks=None, kv_tokens=None, prediction=beside, missing=o.why)  # fmt: skip
+        return dataclasses.replace(as_predicted(f, o, self.what_if, beside), others_left_out_bytes=0)
 
     def answer(self, f: Fit) -> Fit:
         """``f`` (the capacity model's UNKNOWN) answered by the what-if of no change where it can, else with what
@@ -246,10 +295,11 @@ def answer(rank, what_if: list[str], capacities: list[int], *, suggest_too: bool
     others = others_bytes if others_bytes is not None else recorded_others(rank.trace) if keep_others else 0
     util = flags.gpu_memory_utilization if flags.gpu_memory_utilization != sites.flags.gpu_memory_utilization else None
     plain = dataclasses.replace(flags, gpu_memory_utilization=sites.flags.gpu_memory_utilization) == sites.flags
-    b = rank.boot(util) if plain and cal is None and not others else None  # plain fits (--util: the utilization)
+    b = rank.boot(util, others_bytes=others) if plain and cal is None else None  # plain fits (--util: the utilization)
+    search = _searched(w, rank, card, others) if b is None else None
 
     def on(c: int) -> Outcome:
-        return b.outcome(c, w) if b is not None else w.short(c, **card)
+        return b.outcome(c, w, **card) if b is not None else search(c)
 
     outcomes = [on(c) for c in capacities]
     pairs = zip(capacities, outcomes, strict=True) if suggest_too else ()
@@ -267,6 +317,21 @@ def answer(rank, what_if: list[str], capacities: list[int], *, suggest_too: bool
         keep_others=keep_others,
         vllm_version=str(rank.trace.facts.get(F.VLLM_VERSION) or ""),
     )
+
+
+def _searched(w: WhatIf, rank, card: dict, others: int):
+    """``w.on`` per card with "short by" from the one smallest-card search on ``w``'s verdict alone (no phase
+    table), searched once, when a card asked does not boot."""
+    least: list[int | None] = []
+
+    def on(c: int) -> Outcome:
+        o = w.on(c, **card)
+        if o.verdict != BOOTS and not least:
+            boots = lambda x: w.on(x, **card, table=False).verdict == BOOTS  # noqa: E731
+            least.append(smallest_card(boots, MIN_CAPACITY, search_ceiling(rank, others)))
+        return dataclasses.replace(o, short_bytes=short_of(o.verdict == BOOTS, c, least[0] if least else None))
+
+    return on
 
 
 def recorded_card_answer(run) -> Answer | None:

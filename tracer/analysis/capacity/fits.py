@@ -75,7 +75,6 @@ from memtrace.analysis.capacity.whatif import (
     recorded_one_request,
     recorded_others,
     recorded_util,
-    smallest_card,  # noqa: F401 (re-exported)
 )
 from memtrace.analysis.capacity.whatif import UNKNOWN as STOPS
 from memtrace.analysis.memory import non_torch
@@ -396,9 +395,3 @@ def fits(
     rec = rec or recorded(trace, non_torch_bytes)
     left_out = recorded_others(trace)
     return [dataclasses.replace(fit(trace, c, util, rec=rec), others_left_out_bytes=left_out) for c in capacities]
-
-
-def search_ceiling(rec: Recorded, lo: int = MIN_CAPACITY) -> int:
-    """The largest card a smallest-card search tries: four times the recorded peak, or the recorded card when
-    larger (at least ``lo``)."""
-    return max(rec.lm.peak.bytes * 4, rec.capacity_bytes or 0, lo)

@@ -78,22 +78,8 @@ VLLM_DEFAULT_UTIL = (((0, 34), 1.0, 0.92), ((0, 33), 0.92, 0.92), ((0, 0), 0.9, 
 
 
 #: The smallest card ``fits`` accepts (no GPU vLLM runs on has less), and the precision of the smallest-card search
-#: (a smallest card within it of MIN_CAPACITY is the floor).
+#: (``boot.smallest_card``; a smallest card within it of MIN_CAPACITY is the floor).
 MIN_CAPACITY, SEARCH_STEP = 1 << 30, 64 << 20
-
-
-def smallest_card(survives, lo: int, hi: int) -> int | None:
-    """The smallest capacity in (``lo``, ``hi``] (to :data:`SEARCH_STEP`) where ``survives(capacity)`` holds, by
-    bisection (an answer that survives on a card survives on every larger one); None when it fails at ``hi``."""
-    if not survives(hi):
-        return None
-    while hi - lo > SEARCH_STEP:
-        mid = (lo + hi) // 2
-        if survives(mid):
-            hi = mid
-        else:
-            lo = mid
-    return hi
 
 
 def default_util(version: tuple[int, int], extensible: bool) -> float:
@@ -543,8 +529,8 @@ class Outcome:
     phases: list[PhasePeak]
     pre_kv_peak_bytes: int
     pre_kv_peak_phase: str
-    #: how much larger a card must be to boot with these flags (the smallest such card less this one, to
-    #: ``fits.SEARCH_STEP``); 0 when it boots; None where no card up to the search's ceiling does
+    #: how much larger a card must be to boot with these flags (``boot``: the smallest such card less this one, to
+    #: ``SEARCH_STEP``); 0 when it boots; None where no card up to the search's ceiling does
     short_bytes: int | None = None
 
 
@@ -767,9 +753,12 @@ class WhatIf:
         return KvSizing(available, blocks, tokens, kv_bytes, tokens / self.flags.max_model_len, how, one)
 
     # -- one card ----------------------------------------------------------------------------------------
-    def on(self, capacity: int, *, keep_others: bool = False, others_bytes: int | None = None) -> Outcome:
+    def on(self, capacity: int, *, keep_others: bool = False, others_bytes: int | None = None,
+           table: bool = True) -> Outcome:  # fmt: skip
         """The answer on a card of ``capacity`` holding this process alone, or with the recording's other
-        processes (``keep_others``), or with ``others_bytes`` held by other processes (``--others``)."""
+        processes (``keep_others``), or with ``others_bytes`` held by other processes (``--others``); ``table``:
+        False while searching cards (the verdict alone, no per-phase table)."""
+        peaks = self.phase_peaks if table else lambda kv_bytes, others=0: []
         rec_others = recorded_others(self.sites.trace)
         others = others_bytes if others_bytes is not None else rec_others if keep_others else 0
         left_out = 0 if keep_others else rec_others
@@ -781,7 +770,7 @@ class WhatIf:
         if pre_peak > room:
             over = np.flatnonzero(self.no_kv[self.sites.time < self.kv_at_us] > room)
             t = int(self.sites.time[over[0]]) if len(over) else pre_t
-            phases = self.phase_peaks(0, others)
+            phases = peaks(0, others)
             ph = path_at(self.sites.trace, t)
             why = "before the KV cache is sized: --gpu-memory-utilization cannot help there"
             return Outcome(**common, verdict=DIES, phase=ph, by_bytes=pre_peak - room, why=why, kv=kv, phases=phases)
@@ -790,9 +779,9 @@ class WhatIf:
         if not self.flags.extensible and init_used and requested > room - init_used:
             why = f"free memory at start-up ({room - init_used:,} B) is less than util x card ({requested:,} B)"
             return Outcome(**common, verdict=REFUSES, phase=PN.INIT_DEVICE, by_bytes=requested - (room - init_used),
-                           why=why, kv=kv, phases=self.phase_peaks(0, others))  # fmt: skip
+                           why=why, kv=kv, phases=peaks(0, others))  # fmt: skip
         if kv is None or self.sites.trace.facts.get(F.VLLM_KV_BLOCKS) is None:
-            phases = self.phase_peaks(0, others)
+            phases = peaks(0, others)
             refused = self._refused_short_of_the_kv_cache(requested)
             if refused is not None:
                 phase, by, why = refused
@@ -804,7 +793,7 @@ class WhatIf:
             )
             why += f": up to there it fits, {room - pre_peak:,} B to spare; what comes after was never recorded"
             return Outcome(**common, verdict=UNKNOWN, phase="", by_bytes=0, why=why, kv=None, phases=phases)
-        phases = self.phase_peaks(kv.kv_bytes, others)
+        phases = peaks(kv.kv_bytes, others)
         sizing = PN.KV_CACHE_SIZING if self.flags.extensible else PN.DETERMINE_AVAILABLE_MEMORY
         usable = kv.blocks - (1 if self.flags.extensible else 0)  # vLLM's null block holds no tokens
         if kv.available_bytes <= 0 or usable * self.per_block[1] < self.flags.max_model_len:
@@ -821,15 +810,6 @@ class WhatIf:
             return Outcome(**common, verdict=DIES, phase=path_at(self.sites.trace, t), by_bytes=by, why=why, kv=kv,
                            phases=phases)  # fmt: skip
         return Outcome(**common, verdict=BOOTS, phase="", by_bytes=0, why="", kv=kv, phases=phases)
-
-    def short(self, capacity: int, **card) -> Outcome:
-        """:meth:`on`, with how much larger a card must be to boot (``Outcome.short_bytes``)."""
-        o = self.on(capacity, **card)
-        if o.verdict == BOOTS:
-            return dataclasses.replace(o, short_bytes=0)
-        top = max(capacity, 4 * (o.pre_kv_peak_bytes + o.others_bytes)) + SEARCH_STEP
-        least = smallest_card(lambda c: self.on(c, **card).verdict == BOOTS, capacity, top)
-        return dataclasses.replace(o, short_bytes=least - capacity if least is not None else None)
 
     def _refused_short_of_the_kv_cache(self, requested: int) -> tuple[str, int, str] | None:
         """Where the recording ends before vLLM sized the KV cache: (phase, short, why) when vLLM's own sizing
@@ -976,7 +956,7 @@ def suggest(sites: Sites, capacity: int, *, keep_others: bool = False, others_by
     card = dict(keep_others=keep_others, others_bytes=others_bytes)
     others = others_bytes if others_bytes is not None else recorded_others(sites.trace) if keep_others else 0
     singles = candidates(rec, ext_known, shared_utilization(sites, capacity, others))
-    recorded_outcome = recorded or WhatIf(sites, rec, cal).on(capacity, **card)
+    recorded_outcome = recorded or WhatIf(sites, rec, cal).on(capacity, **card, table=False)
     booting: list[Suggestion] = []
     tried = 0
     for size in (1, 2):
@@ -985,7 +965,7 @@ def suggest(sites: Sites, capacity: int, *, keep_others: bool = False, others_by
         ]  # fmt: skip
         for change in sets:
             f = dataclasses.replace(rec, **change)
-            o = WhatIf(sites, f, cal).on(capacity, **card)
+            o = WhatIf(sites, f, cal).on(capacity, **card, table=False)
             tried += 1
             if o.verdict == BOOTS or (o.verdict == UNKNOWN and recorded_outcome.verdict != BOOTS):
                 booting.append(Suggestion(f.changes(rec), f, o))  # UNKNOWN: gets past all the recording covers
@@ -1000,7 +980,7 @@ def suggest(sites: Sites, capacity: int, *, keep_others: bool = False, others_by
     per, tpb = w.per_block
     one = one_request_bytes(frugal.max_model_len, per, tpb) if per else 0
     return Suggestions(capacity, recorded_outcome, booting[:top], w.pre_kv[0] + one, frugal.changes(rec), tried,
-                       w.on(capacity, **card))  # fmt: skip
+                       w.on(capacity, **card, table=False))  # fmt: skip
 
 
 def _frugal(rec: Flags, singles: list[dict]) -> Flags:
