@@ -40,6 +40,9 @@ from memtrace.units import format_gib as _gib
 
 #: The width of the one-capacity answer (the table is as wide as it needs).
 WIDTH = 100
+#: The ``fits --json`` document's format and version: 2 says each card's answer in one vocabulary (``verdict``; why:
+#: ``stage`` and ``phase``), without version 1's unversioned ``outcome`` beside it.
+JSON_FORMAT, JSON_VERSION = "memtrace-fits", 2
 
 #: What fits can answer for an input of one moment, and for one whose allocator state is missing.
 MOMENT_ANSWER = (
@@ -406,6 +409,8 @@ def render(run, out, *, capacities: list[int], util: float | None = None, non_to
     worst = run.worst
     if json_out:
         doc = {
+            "format": JSON_FORMAT,
+            "version": JSON_VERSION,
             "run": run.path,
             "worst": worst.label if multi else None,
             "time_origin": run.origin.sentence,

@@ -294,7 +294,7 @@ def test_a_run_that_died_of_oom_on_its_card_says_it_dies_there(name, capsys):
     doc = json.loads(out)
     assert rc == 1 and doc["smallest_fitting_capacity_bytes"] is None
     (r,) = doc["fits"]
-    assert (r["outcome"], r["phase"], r["survives"]) == (DIED, outcome["phase"], False)
+    assert (r["verdict"], r["stage"], r["phase"], r["survives"]) == ("dies", "recorded OOM", outcome["phase"], False)
     assert r["recorded_oom"]["requested_bytes"] == requested_bytes
 
 

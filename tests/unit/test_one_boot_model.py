@@ -49,8 +49,8 @@ def test_case_1_plain_fits_suggest_and_json_refuse_the_dense_model_on_20_1_gib_a
     assert "vLLM REFUSES at compile_or_warm_up/kv_cache_sizing" in suggest and "BOOTS" not in suggest
     assert "these flags already boot" not in suggest
     # the JSON says one thing: refused, so no KV cache, no blocks, no tokens
-    assert (fit["outcome"], fit["survives"], fit["kv_cache_bytes"], fit["kv_blocks"], fit["kv_tokens"]) == (
-        "no-kv-memory",
+    assert (fit["verdict"], fit["survives"], fit["kv_cache_bytes"], fit["kv_blocks"], fit["kv_tokens"]) == (
+        "refuses",
         False,
         0,
         None,

@@ -62,9 +62,9 @@ def test_every_output_gives_one_verdict_on_every_card(path):
     cards = range(8 * GiB, card + 1, STEP)
     fits = {c: b.fit(c) for c in cards}
     for c, f in fits.items():
-        d = fit_to_dict(f)  # --json: one thing said
-        assert d["survives"] == (d["outcome"] == FITS)
-        if d["outcome"] in (NO_KV, REFUSED):
+        d = fit_to_dict(f)  # --json: one thing said, in one vocabulary
+        assert "outcome" not in d and d["survives"] == (d["verdict"] == BOOTS) == (f.outcome == FITS)
+        if f.outcome in (NO_KV, REFUSED):
             assert d["kv_cache_bytes"] == 0 and d["kv_blocks"] is None and d["kv_tokens"] is None
         assert (f.short_bytes == 0) == f.survives
         if f.short_bytes:  # the growth that boots, and no less
@@ -99,13 +99,14 @@ def test_fits_text_json_and_suggest_print_the_same_verdict(capsys, cards):
     run = DATA / "vllm-h200-034" / ("dense-ext" if cards.startswith("17") else "moe-ext")
     rc_json = main(["fits", str(run), "--capacity", cards, "--json"])
     doc = json.loads(capsys.readouterr().out)
+    assert (doc["format"], doc["version"]) == ("memtrace-fits", 2)
     rc_text = main(["fits", str(run), "--capacity", cards])
     text = capsys.readouterr().out
     rc_suggest = main(["fits", str(run), "--capacity", cards, "--suggest", "--json"])
     what_if = json.loads(capsys.readouterr().out)["what_if"]
     assert rc_json == rc_text == rc_suggest
     for f, o in zip(doc["fits"], what_if["outcomes"], strict=True):
-        assert VERDICT[f["outcome"]] == o["verdict"] and f["short_bytes"] == o["short_bytes"]
+        assert f["verdict"] == o["verdict"] and f["short_bytes"] == o["short_bytes"] and "outcome" not in f
         row = next(
             line for line in text.splitlines() if line.strip().startswith(f"{f['capacity_bytes'] / GiB:.2f} GiB")
         )

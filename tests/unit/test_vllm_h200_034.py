@@ -175,7 +175,7 @@ def test_fits_uses_vllms_post_warm_up_sizing_for_an_extensible_start_up(capsys):
     assert on_card["kv_blocks"] == 258528 and on_card["kv_tokens"] == 16545792
     assert on_card["kv_cache_bytes"] == vmm.summary(full).kv_cache_bytes
     small = got[12 * GiB]
-    assert (small["outcome"], small["stage"], small["kv_blocks"]) == ("oom", "pre-KV", None)
+    assert (small["verdict"], small["stage"], small["kv_blocks"]) == ("dies", "pre-KV", None)
     assert main(["fits", str(run_dir("moe-ext")), "--capacity", f"{total}"]) == 0
     text = " ".join(capsys.readouterr().out.split())
     assert "BOOTS: vLLM sizes the KV cache after warm-up to 126.23 GiB (258,528 blocks, 16,545,792 tokens)" in text

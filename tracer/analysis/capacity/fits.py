@@ -157,8 +157,11 @@ class Fit:
 
 
 def fit_to_dict(r: Fit) -> dict[str, Any]:
-    """A JSON-ready dict of ``r`` (exact integers; the recorded OOM nested), with ``survives`` and the verdict."""
-    return {**dataclasses.asdict(r), "verdict": VERDICT[r.outcome], "survives": r.survives}
+    """A JSON-ready dict of ``r`` (exact integers; the recorded OOM nested) in one vocabulary: the verdict (why:
+    ``stage``, ``phase``) and ``survives``, not the capacity model's own outcome beside it."""
+    d = dataclasses.asdict(r)
+    del d["outcome"]
+    return {**d, "verdict": VERDICT[r.outcome], "survives": r.survives}
 
 
 def check_capacity(capacity_bytes: int) -> int:
