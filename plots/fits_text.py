@@ -292,11 +292,7 @@ def _one_card(r: Fit, moment: bool, least: str) -> list[str]:
     lines = [f"On a {_gib(r.capacity_bytes)} card at --gpu-memory-utilization {r.util:g} (vLLM may fill "
              f"{_gib(r.target_bytes)}):", *(_wrapped("  ", line) for line in _answer(r, moment))]  # fmt: skip
     if r.short_bytes:
-        lines.append(
-            _wrapped(
-                "  ", f"Short by {_gib(r.short_bytes)}: it boots on a {_gib(r.capacity_bytes + r.short_bytes)} card"
-            )
-        )
+        lines.append(_wrapped("  ", short_by(r).removeprefix("; ")))
     if r.prediction:
         lines.append(_wrapped("  ", f"Predicted past the recording: {r.prediction}: {r.prediction_how}"))
     if r.kv_sizing == EXTENSIBLE:

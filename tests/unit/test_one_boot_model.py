@@ -102,7 +102,7 @@ def test_case_3_short_by_n_is_the_card_growth_that_boots(capsys, step, cards, de
     smallest = re.search(r"boots on a ([\d.]+) GiB card", out).group(1)
     rc_plain, plain = _cli(capsys, "fits", run_dir(step), "--capacity", f"{cards[0]}GiB")
     assert f"Smallest card this start-up fits on at that utilization: about {smallest} GiB" in plain
-    assert f"Short by {shorts[0] / GiB:.2f} GiB: it boots on a {smallest} GiB card" in plain
+    assert f"{shorts[0] / GiB:.2f} GiB short: boots on a {smallest} GiB card" in plain  # --suggest's words
     for card, short in zip(cards, shorts, strict=True):
         assert f"{card:.2f} GiB: vLLM refuses" in out or f"{card:.2f} GiB: dies" in out
         assert f"{short / GiB:.2f} GiB short: boots on a {smallest} GiB card" in out

@@ -202,3 +202,18 @@ def test_where_the_two_models_disagree_the_answer_shows_the_capacity_models_kv_c
     assert o.verdict == BOOTS
     assert (o.kv.kv_bytes, o.kv.blocks, o.kv.tokens) == (f.kv_cache_bytes, f.kv_blocks, f.kv_tokens)
     assert {p.kinds[W.KV][1] for p in o.phases if p.after_kv} == {f.kv_cache_bytes}
+
+
+def test_where_the_device_ran_out_is_one_definition_the_plot_and_the_serving_answer_read():
+    """``Oom.device_ran_out`` (fewer bytes free than asked): the serving answer (``AnalysedRank.room``) and the plot's
+    whole-device OOM marker (``timeline_axes.device_full``) read it, not each their own comparison."""
+    from memtrace.plots.timeline_axes import device_full
+    from memtrace.plots.timeline_data import prepare_rank
+
+    for step, ran_out in (("vllm-h200-034-serving/oom", True), ("h200/startup-cap16g", False)):
+        run = analyse(load_run(DATA / step).traces)
+        r = run.worst
+        assert r.oom is not None and r.oom.device_ran_out is ran_out
+        assert (r.room is not None) is ran_out
+        shared = bool(prepare_rank(r).curves.others.bytes.any())  # the plot marks the whole device where shared
+        assert (device_full(prepare_rank(r)) is not None) is (ran_out and shared)
