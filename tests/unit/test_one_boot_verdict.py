@@ -217,3 +217,20 @@ def test_where_the_device_ran_out_is_one_definition_the_plot_and_the_serving_ans
         assert (r.room is not None) is ran_out
         shared = bool(prepare_rank(r).curves.others.bytes.any())  # the plot marks the whole device where shared
         assert (device_full(prepare_rank(r)) is not None) is (ran_out and shared)
+
+
+def test_searching_cards_and_trying_flags_asks_the_verdict_alone_not_the_phase_table(monkeypatch):
+    """The per-phase table is built once per card asked (what the text shows), not on every bisection step of the
+    smallest-card search nor for every flag --suggest tries."""
+    r = analyse(load_run(DATA / "vllm-h200-034" / "dense-ext").traces).worst
+    built = []
+    table = W.WhatIf.phase_peaks
+
+    def counted(self, *args, **kwargs):
+        built.append(args)
+        return table(self, *args, **kwargs)
+
+    monkeypatch.setattr(W.WhatIf, "phase_peaks", counted)
+    a = answer(r, ["max-num-batched-tokens=4096"], [16 * GiB, 17 * GiB], suggest_too=True)
+    assert [o.short_bytes is not None and o.short_bytes > 0 for o in a.outcomes] == [True, True]
+    assert len(built) == 2
