@@ -76,7 +76,7 @@ class TargetSpec:
 
 @dataclass(frozen=True)
 class RankFits:
-    """The capacity what-if of one analysed rank (``analysis.boot.rank_fits``): one ``fits.Fit`` per capacity asked,
+    """The capacity what-if of one analysed rank (``AnalysedRank.fits``): one ``fits.Fit`` per capacity asked,
     the smallest card it fits on, and, when that card's answer goes past the recording, where it comes from."""
 
     rank: AnalysedRank
@@ -325,9 +325,8 @@ class AnalysedRank(PeakFigures):
         computed once per question."""
         key = ("fits", tuple(capacities), util, non_torch_bytes)
         if key not in self._fits:
-            from memtrace.analysis.capacity.boot import rank_fits
-
-            self._fits[key] = RankFits(self, *rank_fits(self.boot_rank, list(capacities), util, non_torch_bytes))
+            b = self.boot(util, non_torch_bytes)
+            self._fits[key] = RankFits(self, [b.fit(c) for c in capacities], b.smallest, b.smallest_prediction)
         return self._fits[key]
 
     def boot(self, util: float | None = None, non_torch_bytes: int | None = None, others_bytes: int = 0):

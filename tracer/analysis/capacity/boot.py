@@ -8,8 +8,11 @@ KV cache vLLM refused to extend on a card another process shared), the what-if m
 (:mod:`.whatif`, a what-if of no change) carries the start-up on from its recorded phases; its answer replaces
 "unknown", said to be a prediction, with where its figures come from (``Fit.prediction``, ``Fit.prediction_how``).
 Where the what-if model cannot carry it either, the answer stays UNKNOWN and ``Fit.missing`` says exactly what the
-trace lacks. The smallest card is searched on the same answer, and "short by N" (``Fit.short_bytes``) is that
-card less the one asked: the growth that boots. The what-if of no change on a card this process holds alone *is*
+trace lacks. On a card other processes share (``fits --keep-others`` / ``--others``, the issue bundle of a run
+beside a neighbour) the capacity model keeps the card to this process, so the what-if of no change beside them
+answers, said to be a prediction. The smallest card is searched once (:func:`smallest_card`, up to
+:func:`search_ceiling`) on the same answer, and "short by N" (``Fit.short_bytes``) is that card less the one asked:
+the growth that boots; other flags are searched the same way on the what-if's verdict alone. The what-if of no change on a card this process holds alone *is*
 this answer (:func:`answer` takes its verdict from :meth:`Boot.fit`), so the table, the JSON, ``--suggest``'s
 recorded-flags line, the smallest card, the exit status, the issue bundle and the view never disagree.
 
@@ -168,13 +171,6 @@ def _why(f: Fit) -> str:
     if f.outcome == OOM:
         return "before the KV cache is sized" if f.stage == "pre-KV" else "after the KV cache was allocated"
     return f.missing or f.prediction_how
-
-
-def rank_fits(rank, capacities: list[int], util: float | None = None, non_torch_bytes: int | None = None):
-    """``fits`` of one analysed rank: one ``Fit`` per capacity, the smallest card it fits on (None: none up to 4x
-    its peak, or a recording cut by its OOM), and where that card's answer goes past the recording ("" when not)."""
-    b = rank.boot(util, non_torch_bytes)
-    return [b.fit(c) for c in capacities], b.smallest, b.smallest_prediction
 
 
 class PastTheRecording:

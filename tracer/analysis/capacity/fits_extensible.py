@@ -31,11 +31,16 @@ from dataclasses import dataclass
 import numpy as np
 from memtrace import facts as F
 from memtrace import vllm_phase_names as PN
-from memtrace.analysis.capacity.extensible import ExtensibleSizing, blocks_within, measure_kv_cache_bytes, pages_for
+from memtrace.analysis.capacity.extensible import (
+    ExtensibleSizing,
+    blocks_within,
+    extensible_inputs,
+    measure_kv_cache_bytes,
+    pages_for,
+)
 from memtrace.analysis.capacity.fits import FITS, NO_KV, OOM, UNKNOWN, Fit, Recorded, recorded
 from memtrace.analysis.capacity.reconcile import profiled_kv_bytes
 from memtrace.analysis.capacity.whatif import (
-    extensible_inputs,
     recorded_one_request,
     recorded_others,
     recorded_util,

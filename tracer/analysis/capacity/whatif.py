@@ -40,7 +40,7 @@ import numpy as np
 from memtrace import facts as F
 from memtrace import vllm_phase_names as PN
 from memtrace.analysis.analysed.landmarks import Landmarks, total_curve
-from memtrace.analysis.capacity.extensible import blocks_within, measure_kv_cache_bytes, pages_for
+from memtrace.analysis.capacity.extensible import blocks_within, extensible_inputs, measure_kv_cache_bytes, pages_for
 from memtrace.analysis.capacity.reconcile import MEMTRACE as NON_KV_MEMTRACE
 from memtrace.analysis.capacity.reconcile import profiled_kv_bytes
 from memtrace.analysis.holders.live import Lifetimes
@@ -90,17 +90,6 @@ def default_util(version: tuple[int, int], extensible: bool) -> float:
 def one_request_bytes(max_model_len: int, bytes_per_block: float, tokens_per_block: int) -> int:
     """KV bytes one request of ``max_model_len`` tokens needs: whole blocks (vLLM refuses to start below it)."""
     return math.ceil(math.ceil(max_model_len / tokens_per_block) * bytes_per_block)
-
-
-def extensible_inputs(s: dict, lacks: int, moved: int = 0, tr: float = 1.0) -> dict:
-    """vLLM's post-warm-up sizing inputs as recorded (``s``: ``facts.VLLM_KV_SIZING``) on a card with ``lacks``
-    bytes less free, the free memory after warm-up less ``moved`` more, the transients x ``tr``: the keyword
-    arguments of ``extensible.measure_kv_cache_bytes`` but ``requested``."""
-    return dict(init_free=int(s["init_free_memory_bytes"]) - lacks, free=int(s["free_memory_bytes"]) - lacks - moved,
-                committed=int(s["committed_bytes"]), transient_peak=int(s["transient_peak_bytes"] * tr),
-                torch_reserve_growth=int(s["torch_reserve_growth_bytes"] * tr),
-                margin_floor=int(s.get("margin_floor_bytes") or 1 << 30),
-                margin_fraction=float(s.get("margin_fraction") or 0.75))  # fmt: skip
 
 
 def need_curve(
