@@ -112,11 +112,7 @@ class Boot:
     def _answer(self, card: int) -> Fit:
         if card not in self._fits:
             f = self._model(card)
-            if self.others:
-                f = self.past.shared(f, self.others)
-            elif f.outcome == UNKNOWN:
-                f = self.past.answer(f)
-            self._fits[card] = f
+            self._fits[card] = self.past.answer(f, self.others) if self.others or f.outcome == UNKNOWN else f
         return self._fits[card]
 
     @cached_property
@@ -199,22 +195,21 @@ class PastTheRecording:
         items = [f"gpu-memory-utilization={self.util}"] if self.util is not None else []
         return WhatIf(s, apply_what_if(s.flags, items))
 
-    def shared(self, f: Fit, others: int) -> Fit:
-        """``f`` (the capacity model, the card held alone) answered by the what-if of no change on the same card
-        beside other processes holding ``others`` bytes (the capacity model keeps the card to this process)."""
-        o = self.what_if.on(f.capacity_bytes, others_bytes=others, table=False)
-        beside = f"the card is shared: other processes hold {others:,} B of it; {self.model}"
-        if o.verdict == STOPS:
-            return dataclasses.replace(f, outcome=UNKNOWN, phase="", stage="beyond the recording", kv_cache_bytes=0,
-                                       kv_blocks=None, kv_tokens=None, prediction=beside, missing=o.why)  # fmt: skip
-        return dataclasses.replace(as_predicted(f, o, self.what_if, beside), others_left_out_bytes=0)
-
-    def answer(self, f: Fit) -> Fit:
-        """``f`` (the capacity model's UNKNOWN) answered by the what-if of no change where it can, else with what
-        is missing (said by the recorded OOM, when the recording ended in one)."""
-        o = self.what_if.on(f.capacity_bytes) if not self.missing else None
+    def answer(self, f: Fit, others: int = 0) -> Fit:
+        """``f`` (the capacity model, the card held alone) answered by the what-if of no change: where ``f`` is
+        UNKNOWN, past the recording; on a card other processes share (``others`` bytes), always (the capacity model
+        keeps the card to this process). Where it cannot, ``f`` with what is missing (said by the recorded OOM, when
+        the recording ended in one; UNKNOWN on a shared card)."""
+        o = self.what_if.on(f.capacity_bytes, others_bytes=others) if not self.missing else None
+        where = f"the card is shared: other processes hold {others:,} B of it" if others else self.ends()
         if o is not None and o.verdict != STOPS:
-            return as_predicted(f, o, self.what_if, f"{self.ends()}; {self.model}")
+            left_out = 0 if others else f.others_left_out_bytes
+            return dataclasses.replace(as_predicted(f, o, self.what_if, f"{where}; {self.model}"),
+                                       others_left_out_bytes=left_out)  # fmt: skip
+        if others:
+            return dataclasses.replace(f, outcome=UNKNOWN, phase="", stage="beyond the recording", kv_cache_bytes=0,
+                                       kv_blocks=None, kv_tokens=None, prediction=f"{where}; {self.model}",
+                                       missing=o.why if o is not None else self.missing)  # fmt: skip
         if self.rank.oom is not None:
             return f
         return dataclasses.replace(f, missing=self.missing or self._ends_before_sizing())
