@@ -39,7 +39,7 @@ from memtrace.analysis.capacity.fits import (
     UNKNOWN,
     VERDICT,
     Fit,
-    fits,
+    fit,
     recorded,
 )
 from memtrace.analysis.capacity.fits_extensible import fit_extensible, is_extensible, prepare
@@ -107,7 +107,7 @@ class Boot:
     def _model(self, card: int) -> Fit:
         if self.prep is not None:
             return fit_extensible(self.rank, card, self.util, prep=self.prep, rec=self.rec)
-        return fits(self.rank.trace, [card], self.util, rec=self.rec)[0]
+        return fit(self.rank.trace, card, self.util, rec=self.rec)
 
     def _answer(self, card: int) -> Fit:
         if card not in self._fits:

@@ -227,6 +227,7 @@ class Recorded:
     #: ``Fit``'s ``non_torch_*`` split fields by name (empty: nothing to split)
     non_torch_split: dict[str, int | None] = dataclasses.field(default_factory=dict)
     span: tuple[int, int] = (0, 0)  # the recording's first and last microsecond (``phases.recording_span``)
+    others_bytes: int = 0  # the most other processes held on the recorded card (``whatif.recorded_others``)
 
 
 def recorded(trace: Trace, non_torch_bytes: int | None = None, *, curves: Curves | None = None, rank=None) -> Recorded:
@@ -274,6 +275,7 @@ def recorded(trace: Trace, non_torch_bytes: int | None = None, *, curves: Curves
         non_torch_source=nt_source,
         non_torch_split=split,
         span=span,
+        others_bytes=recorded_others(trace),
     )
 
 
@@ -313,7 +315,8 @@ def fit(
         kv = 0 if outcome in (NO_KV, REFUSED) or stage == "pre-KV" else kv_new  # never sized: no KV cache
         return Fit(capacity_bytes, util, target, rec.non_kv_bytes, kv, pre_peak, path_at(trace, pre_t), post,
                    post_phase, outcome, phase, overshoot, headroom, stage, rec.non_torch_bytes, rec.non_torch_source,
-                   rec.non_kv_source, oom, rec.capacity_bytes, **rec.non_torch_split)  # fmt: skip
+                   rec.non_kv_source, oom, rec.capacity_bytes, **rec.non_torch_split,
+                   others_left_out_bytes=rec.others_bytes)  # fmt: skip
 
     # vLLM's request_memory check in init_device (not with 0.34's extensible KV cache: util 1.0 of the card is never
     # free at start-up, and the H200's start-ups passed it beside a 127 GiB neighbour)
@@ -384,17 +387,3 @@ def _at_oom(rec: Recorded, capacity: int, target: int, shift: int, result, post=
 def _init_device_end(trace: Trace) -> int | None:
     ends = [p.end_us for p in trace.phases if p.name == PN.INIT_DEVICE and p.end_us is not None]
     return min(ends) if ends else None
-
-
-def fits(
-    trace: Trace,
-    capacities: list[int],
-    util: float | None = None,
-    *,
-    non_torch_bytes: int | None = None,
-    rec: Recorded | None = None,
-) -> list[Fit]:
-    """:func:`fit` for several capacities, sharing the work (``rec``: :func:`recorded`, if at hand)."""
-    rec = rec or recorded(trace, non_torch_bytes)
-    left_out = recorded_others(trace)
-    return [dataclasses.replace(fit(trace, c, util, rec=rec), others_left_out_bytes=left_out) for c in capacities]

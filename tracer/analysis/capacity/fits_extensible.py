@@ -42,7 +42,6 @@ from memtrace.analysis.capacity.fits import FITS, NO_KV, OOM, UNKNOWN, Fit, Reco
 from memtrace.analysis.capacity.reconcile import profiled_kv_bytes
 from memtrace.analysis.capacity.whatif import (
     recorded_one_request,
-    recorded_others,
     recorded_util,
 )
 from memtrace.analysis.memory.curves import committed_curve
@@ -116,7 +115,7 @@ def fit_extensible(rank, capacity_bytes: int, util: float | None = None, *, othe
                    phase, max(over, 0), capacity_bytes - pre if outcome == FITS else 0, stage, rec.non_torch_bytes,
                    rec.non_torch_source, rec.non_kv_source, None, rec.capacity_bytes, **rec.non_torch_split,
                    kv_sizing=F.KV_SIZED_EXTENSIBLE, kv_blocks=blocks, kv_tokens=blocks * tpb if blocks and tpb else None,
-                   others_left_out_bytes=recorded_others(trace))  # fmt: skip
+                   others_left_out_bytes=rec.others_bytes)  # fmt: skip
 
     # 1. before the KV cache is extended
     over = np.flatnonzero(prep.need + others_bytes > capacity_bytes)
@@ -129,7 +128,7 @@ def fit_extensible(rank, capacity_bytes: int, util: float | None = None, *, othe
         return result(NO_KV, PN.KV_CACHE_INIT, -rng)
     # 3. the size, by vLLM's formula on this card: the bytes this card has less of, free (the recorded card's other
     # processes are not on it, unless given back as ``others_bytes``)
-    lacks = prep.recorded_total - recorded_others(trace) - capacity_bytes + others_bytes
+    lacks = prep.recorded_total - rec.others_bytes - capacity_bytes + others_bytes
     s = facts.get(F.VLLM_KV_SIZING) or {}
     strides, granule = [int(x) for x in s.get("segment_strides") or []], int(s.get("granularity_bytes") or 0)
     available, *_ = measure_kv_cache_bytes(requested=requested, **extensible_inputs(s, lacks))
