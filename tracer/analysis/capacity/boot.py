@@ -12,9 +12,10 @@ trace lacks. On a card other processes share (``fits --keep-others`` / ``--other
 beside a neighbour) the capacity model keeps the card to this process, so the what-if of no change beside them
 answers, said to be a prediction. The smallest card is searched once (:func:`smallest_card`, up to
 :func:`search_ceiling`) on the same answer, and "short by N" (``Fit.short_bytes``) is that card less the one asked:
-the growth that boots; other flags are searched the same way on the what-if's verdict alone. The what-if of no change on a card this process holds alone *is*
-this answer (:func:`answer` takes its verdict from :meth:`Boot.fit`), so the table, the JSON, ``--suggest``'s
-recorded-flags line, the smallest card, the exit status, the issue bundle and the view never disagree.
+the growth that boots; other flags are searched the same way, on the what-if's verdict alone. The what-if of no
+change on a card this process holds alone or shares *is* this answer (:func:`answer` takes its verdict from
+:meth:`Boot.fit`), so the table, the JSON, ``--suggest``'s recorded-flags line, the smallest card, the exit status,
+the issue bundle and the view never disagree.
 
 The issue bundle and the view ask :func:`recorded_card_answer`: ``fits --suggest`` on the card the worst rank
 was recorded on, as it was (other processes kept).
@@ -151,7 +152,7 @@ def _kv_sizing(f: Fit, w: WhatIf) -> KvSizing:
     per, tpb = w.per_block
     blocks = f.kv_blocks if f.kv_blocks is not None else (f.kv_cache_bytes // per if per else 0)
     tokens = f.kv_tokens if f.kv_tokens is not None else blocks * tpb
-    how = f"the capacity model ({f.kv_sizing}; docs/fits.md)"
+    how = f"the capacity model ({f.kv_sizing} KV sizing; docs/whatif.md)"
     return KvSizing(f.kv_cache_bytes, blocks, tokens, f.kv_cache_bytes, tokens / w.flags.max_model_len, how,
                     one_request_bytes(w.flags.max_model_len, per, tpb) if per else 0)  # fmt: skip
 
@@ -315,10 +316,12 @@ def _searched(w: WhatIf, rank, card: dict, others: int):
     table), searched once, when a card asked does not boot."""
     least: list[int | None] = []
 
+    def boots(c: int) -> bool:
+        return w.on(c, **card, table=False).verdict == BOOTS
+
     def on(c: int) -> Outcome:
         o = w.on(c, **card)
         if o.verdict != BOOTS and not least:
-            boots = lambda x: w.on(x, **card, table=False).verdict == BOOTS  # noqa: E731
             least.append(smallest_card(boots, MIN_CAPACITY, search_ceiling(rank, others)))
         return dataclasses.replace(o, short_bytes=short_of(o.verdict == BOOTS, c, least[0] if least else None))
 
