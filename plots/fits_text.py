@@ -108,12 +108,16 @@ def short_by(r) -> str:
 
 
 def _outcome_phrase(r: Fit, vllm: bool) -> str:
+    """A table row's phrase: a vLLM start-up's in its verdict's word (:data:`HEADLINE`: boots, dies, vLLM refuses,
+    unknown), a program's that is not vLLM in its own (fits, OOM)."""
     if r.outcome == OOM and not vllm:
         return f"OOM {_in(r.phase)} (needs {_gib(r.overshoot_bytes)} more)"
-    if r.outcome == FITS and r.kv_sizing == EXTENSIBLE:
-        return f"fits: {_blocks(r)}"
-    if r.outcome == FITS:
+    if r.outcome == FITS and not vllm:
         return f"fits, {_gib(r.headroom_bytes)} to spare"
+    if r.outcome == FITS and r.kv_sizing == EXTENSIBLE:
+        return f"boots: {_blocks(r)}"
+    if r.outcome == FITS:
+        return f"boots, {_gib(r.headroom_bytes)} to spare"
     if r.outcome == REFUSED:
         return f"vLLM refuses at init_device: free memory {_gib(r.overshoot_bytes)} below util × capacity"
     if r.outcome == NO_KV and r.kv_sizing == EXTENSIBLE:
@@ -124,9 +128,9 @@ def _outcome_phrase(r: Fit, vllm: bool) -> str:
         least = "at least " if r.recorded_oom is not None else ""  # vLLM's figure on the part recorded
         return f"vLLM refuses: no memory for the KV cache ({least}{_gib(r.overshoot_bytes)} missing)"
     if r.outcome == OOM and r.stage == "pre-KV":
-        return f"OOM {_in(r.phase)} (before KV sizing; needs {_gib(r.overshoot_bytes)} more)"
+        return f"dies {_in(r.phase)} (before KV sizing; needs {_gib(r.overshoot_bytes)} more)"
     if r.outcome == OOM:
-        return f"OOM {_in(r.phase)} (after the KV cache; {_gib(r.overshoot_bytes)} over)"
+        return f"dies {_in(r.phase)} (after the KV cache; {_gib(r.overshoot_bytes)} over)"
     if r.outcome == DIED and r.overshoot_bytes > 0:
         return f"dies {_in(r.phase)}, as recorded (the failed request is {_gib(r.overshoot_bytes)} over)"
     if r.outcome == DIED:

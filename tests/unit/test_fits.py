@@ -87,8 +87,8 @@ def test_cli_table_and_exit_status(synthetic, tmp_path, capsys):
     rc = main(["fits", str(path), "--capacity", "24GiB,32GiB"])
     out = capsys.readouterr().out
     assert rc == 1
-    assert "OOM in determine_available_memory/profile_run (before KV sizing; needs 4.90 GiB more)" in out
-    assert "fits, " in out
+    assert "dies in determine_available_memory/profile_run (before KV sizing; needs 4.90 GiB more)" in out
+    assert "boots, " in out  # a vLLM start-up in its verdict's word
     rc = main(["fits", str(path), "--capacity", "32GiB", "--json"])
     doc = json.loads(capsys.readouterr().out)
     assert rc == 0 and doc["fits"][0]["survives"] is True

@@ -90,7 +90,7 @@ def test_small_r2048_on_several_cards_refuses_below_its_smallest_card_and_boots_
     s = W.sites_of(_rank(r2048))
     w = W.WhatIf(s, s.flags)
     assert w.on(smallest).verdict == W.BOOTS and w.on(smallest - SEARCH_STEP).verdict == W.REFUSES
-    assert "16.00 GiB 1 16.00 GiB 10.75 GiB 3.17 GiB — fits: 6,496 blocks, 415,744 tokens (predicted)" in out
+    assert "16.00 GiB 1 16.00 GiB 10.75 GiB 3.17 GiB — boots: 6,496 blocks, 415,744 tokens (predicted)" in out
     assert doc["smallest_fitting_prediction"] == doc["fits"][2]["prediction"]  # said to be predicted, as above
     assert "Smallest card this start-up fits on at that utilization: about 13.10 GiB (predicted past the" in out
 

@@ -110,7 +110,7 @@ def test_fits_text_json_and_suggest_print_the_same_verdict(capsys, cards):
         row = next(
             line for line in text.splitlines() if line.strip().startswith(f"{f['capacity_bytes'] / GiB:.2f} GiB")
         )
-        assert ("fits:" in row) == (o["verdict"] == BOOTS)
+        assert ("boots:" in row) == (o["verdict"] == BOOTS)
     assert [s["recorded"]["verdict"] for s in what_if["suggestions"]] == [o["verdict"] for o in what_if["outcomes"]]
 
 
