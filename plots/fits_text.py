@@ -40,6 +40,9 @@ from memtrace.units import format_gib as _gib
 
 #: The width of the one-capacity answer (the table is as wide as it needs).
 WIDTH = 100
+#: The ``fits --json`` document's format and version: 2 says each card's answer in one vocabulary (``verdict``; why:
+#: ``stage`` and ``phase``), without version 1's unversioned ``outcome`` beside it.
+JSON_FORMAT, JSON_VERSION = "memtrace-fits", 2
 
 #: What fits can answer for an input of one moment, and for one whose allocator state is missing.
 MOMENT_ANSWER = (
@@ -105,12 +108,16 @@ def short_by(r) -> str:
 
 
 def _outcome_phrase(r: Fit, vllm: bool) -> str:
+    """A table row's phrase: a vLLM start-up's in its verdict's word (:data:`HEADLINE`: boots, dies, vLLM refuses,
+    unknown), a program's that is not vLLM in its own (fits, OOM)."""
     if r.outcome == OOM and not vllm:
         return f"OOM {_in(r.phase)} (needs {_gib(r.overshoot_bytes)} more)"
-    if r.outcome == FITS and r.kv_sizing == EXTENSIBLE:
-        return f"fits: {_blocks(r)}"
-    if r.outcome == FITS:
+    if r.outcome == FITS and not vllm:
         return f"fits, {_gib(r.headroom_bytes)} to spare"
+    if r.outcome == FITS and r.kv_sizing == EXTENSIBLE:
+        return f"boots: {_blocks(r)}"
+    if r.outcome == FITS:
+        return f"boots, {_gib(r.headroom_bytes)} to spare"
     if r.outcome == REFUSED:
         return f"vLLM refuses at init_device: free memory {_gib(r.overshoot_bytes)} below util × capacity"
     if r.outcome == NO_KV and r.kv_sizing == EXTENSIBLE:
@@ -121,9 +128,9 @@ def _outcome_phrase(r: Fit, vllm: bool) -> str:
         least = "at least " if r.recorded_oom is not None else ""  # vLLM's figure on the part recorded
         return f"vLLM refuses: no memory for the KV cache ({least}{_gib(r.overshoot_bytes)} missing)"
     if r.outcome == OOM and r.stage == "pre-KV":
-        return f"OOM {_in(r.phase)} (before KV sizing; needs {_gib(r.overshoot_bytes)} more)"
+        return f"dies {_in(r.phase)} (before KV sizing; needs {_gib(r.overshoot_bytes)} more)"
     if r.outcome == OOM:
-        return f"OOM {_in(r.phase)} (after the KV cache; {_gib(r.overshoot_bytes)} over)"
+        return f"dies {_in(r.phase)} (after the KV cache; {_gib(r.overshoot_bytes)} over)"
     if r.outcome == DIED and r.overshoot_bytes > 0:
         return f"dies {_in(r.phase)}, as recorded (the failed request is {_gib(r.overshoot_bytes)} over)"
     if r.outcome == DIED:
@@ -289,11 +296,7 @@ def _one_card(r: Fit, moment: bool, least: str) -> list[str]:
     lines = [f"On a {_gib(r.capacity_bytes)} card at --gpu-memory-utilization {r.util:g} (vLLM may fill "
              f"{_gib(r.target_bytes)}):", *(_wrapped("  ", line) for line in _answer(r, moment))]  # fmt: skip
     if r.short_bytes:
-        lines.append(
-            _wrapped(
-                "  ", f"Short by {_gib(r.short_bytes)}: it boots on a {_gib(r.capacity_bytes + r.short_bytes)} card"
-            )
-        )
+        lines.append(_wrapped("  ", short_by(r).removeprefix("; ")))
     if r.prediction:
         lines.append(_wrapped("  ", f"Predicted past the recording: {r.prediction}: {r.prediction_how}"))
     if r.kv_sizing == EXTENSIBLE:
@@ -406,6 +409,8 @@ def render(run, out, *, capacities: list[int], util: float | None = None, non_to
     worst = run.worst
     if json_out:
         doc = {
+            "format": JSON_FORMAT,
+            "version": JSON_VERSION,
             "run": run.path,
             "worst": worst.label if multi else None,
             "time_origin": run.origin.sentence,

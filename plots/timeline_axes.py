@@ -304,7 +304,7 @@ def device_full(rank: RankTimeline) -> int | None:
     """The whole device's used memory at an OOM where the device itself ran out (CUDA's total less the free bytes
     torch's OOM observer was given, fewer than it asked for), on a device other processes shared; else None."""
     o, total = rank.oom, rank.device_total_bytes
-    if o is None or o.free_bytes is None or not total or o.free_bytes >= o.requested_bytes:
+    if o is None or not total or not o.device_ran_out:
         return None
     return total - o.free_bytes if rank.curves.others.bytes.any() else None
 

@@ -20,7 +20,7 @@ sys.modules["synthetic_startup"] = synthetic
 spec.loader.exec_module(synthetic)
 
 from memtrace.analysis.analysed.run import analyse  # noqa: E402
-from memtrace.analysis.capacity.fits import fits  # noqa: E402
+from memtrace.analysis.capacity.fits import fit  # noqa: E402
 from memtrace.plots.memory_viz import export_memory_viz  # noqa: E402
 from memtrace.plots.perfetto import export_perfetto  # noqa: E402
 from memtrace.units import GiB, parse_threshold  # noqa: E402
@@ -39,7 +39,7 @@ def main() -> None:
     print(f"SYNTHETIC trace: {len(trace.events):,} events, {len(trace.samples):,} NVML samples")
     with tempfile.TemporaryDirectory() as d:
         timed("diff (self vs self)", lambda: diff_traces(trace, trace, parse_threshold("2%")))
-        timed("fits (3 capacities)", lambda: fits(trace, [16 * GiB, 32 * GiB, 48 * GiB]))
+        timed("fits (3 capacities)", lambda: [fit(trace, c) for c in (16 * GiB, 32 * GiB, 48 * GiB)])
         timed("export perfetto", lambda: export_perfetto(analyse([trace]), Path(d) / "t.json"))
         timed("export memory-viz", lambda: export_memory_viz(trace, Path(d) / "t.pickle"))
         for name in ("t.json", "t.pickle"):

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 import synthetic_gates as g
-from memtrace.analysis.capacity.fits import DIED, FITS, NO_KV, OOM, REFUSED, UNKNOWN, fit, fits
+from memtrace.analysis.capacity.fits import DIED, FITS, NO_KV, OOM, REFUSED, UNKNOWN, fit
 from memtrace.analysis.memory.curves import all_curves
 from memtrace.cli import main
 from memtrace.store import save_trace
@@ -78,7 +78,7 @@ def test_post_kv_transient_kills_warm_up_when_util_leaves_too_little_headroom():
 
 
 def test_several_capacities_give_one_row_each(synthetic):
-    rows = fits(synthetic, [16 * GiB, 24 * GiB, 30 * GiB, 32 * GiB, 48 * GiB])
+    rows = [fit(synthetic, c) for c in (16 * GiB, 24 * GiB, 30 * GiB, 32 * GiB, 48 * GiB)]
     assert [r.outcome for r in rows] == [OOM, OOM, NO_KV, FITS, FITS]
 
 
@@ -87,8 +87,8 @@ def test_cli_table_and_exit_status(synthetic, tmp_path, capsys):
     rc = main(["fits", str(path), "--capacity", "24GiB,32GiB"])
     out = capsys.readouterr().out
     assert rc == 1
-    assert "OOM in determine_available_memory/profile_run (before KV sizing; needs 4.90 GiB more)" in out
-    assert "fits, " in out
+    assert "dies in determine_available_memory/profile_run (before KV sizing; needs 4.90 GiB more)" in out
+    assert "boots, " in out  # a vLLM start-up in its verdict's word
     rc = main(["fits", str(path), "--capacity", "32GiB", "--json"])
     doc = json.loads(capsys.readouterr().out)
     assert rc == 0 and doc["fits"][0]["survives"] is True
@@ -294,7 +294,7 @@ def test_a_run_that_died_of_oom_on_its_card_says_it_dies_there(name, capsys):
     doc = json.loads(out)
     assert rc == 1 and doc["smallest_fitting_capacity_bytes"] is None
     (r,) = doc["fits"]
-    assert (r["outcome"], r["phase"], r["survives"]) == (DIED, outcome["phase"], False)
+    assert (r["verdict"], r["stage"], r["phase"], r["survives"]) == ("dies", "recorded OOM", outcome["phase"], False)
     assert r["recorded_oom"]["requested_bytes"] == requested_bytes
 
 
@@ -307,7 +307,7 @@ def test_a_recording_that_ended_in_oom_never_fits_any_card(name):
     rank = analyse(load_run(H200 / name).traces).ranks[0]
     trace = rank.trace
     card = trace.facts["capacity_bytes"]
-    rows = fits(trace, [card, card + GiB, 2 * card, 8 * card])
+    rows = [fit(trace, c) for c in (card, card + GiB, 2 * card, 8 * card)]
     assert rows[0].outcome == DIED  # the recorded card: as recorded
     assert all(r.outcome in (DIED, UNKNOWN) for r in rows), [r.outcome for r in rows]
     assert rows[-1].outcome == UNKNOWN and rows[-1].stage == "beyond the recording"

@@ -56,7 +56,7 @@ def test_small_r2048_on_16_gib_boots_as_the_what_if_of_no_change_predicts(capsys
     s = W.sites_of(_rank(r2048))
     o = W.WhatIf(s, s.flags).on(16 * GiB)
     assert o.verdict == W.BOOTS
-    assert rc == 0 and fit["outcome"] == "fits" and fit["survives"]
+    assert rc == 0 and fit["verdict"] == "boots" and fit["survives"]
     assert (fit["kv_blocks"], fit["kv_tokens"], fit["kv_cache_bytes"]) == (6496, 415_744, 3_405_774_848)
     assert (fit["kv_blocks"], fit["kv_cache_bytes"]) == (o.kv.blocks, o.kv.kv_bytes)
     # what the recording covers as the capacity model measured it (the null block committed at kv_cache_init
@@ -73,7 +73,7 @@ def test_small_r2048_on_16_gib_boots_as_the_what_if_of_no_change_predicts(capsys
 def test_small_r2048_alone_on_the_whole_h200_is_predicted_to_get_g08s_260064_blocks(capsys, r2048):
     rc, doc, out = _fits(capsys, r2048, "--capacity", str(H200))
     (fit,) = doc["fits"]
-    assert rc == 0 and fit["outcome"] == "fits" and fit["prediction"]
+    assert rc == 0 and fit["verdict"] == "boots" and fit["prediction"]
     blocks = int(GRID.logged("g08", r"Extended KV cache to (\d+) blocks"))
     tokens = int(GRID.logged("g08", r"GPU KV cache size: ([\d,]+) tokens").replace(",", ""))
     assert (fit["kv_blocks"], fit["kv_tokens"]) == (blocks, tokens) == (260_064, 16_644_096)
@@ -82,15 +82,15 @@ def test_small_r2048_alone_on_the_whole_h200_is_predicted_to_get_g08s_260064_blo
 
 def test_small_r2048_on_several_cards_refuses_below_its_smallest_card_and_boots_above(capsys, r2048):
     rc, doc, out = _fits(capsys, r2048, "--capacity", "12GiB,13GiB,16GiB")
-    outcomes = [(f["outcome"], bool(f["prediction"])) for f in doc["fits"]]
-    assert rc == 1 and outcomes == [("no-kv-memory", False), ("no-kv-memory", False), ("fits", True)]
+    outcomes = [(f["verdict"], bool(f["prediction"])) for f in doc["fits"]]
+    assert rc == 1 and outcomes == [("refuses", False), ("refuses", False), ("boots", True)]
     smallest = doc["smallest_fitting_capacity_bytes"]
     assert smallest is not None and 13 * GiB < smallest < 16 * GiB
     # the smallest card is where the same answer turns, to fits' 64 MiB
     s = W.sites_of(_rank(r2048))
     w = W.WhatIf(s, s.flags)
     assert w.on(smallest).verdict == W.BOOTS and w.on(smallest - SEARCH_STEP).verdict == W.REFUSES
-    assert "16.00 GiB 1 16.00 GiB 10.75 GiB 3.17 GiB — fits: 6,496 blocks, 415,744 tokens (predicted)" in out
+    assert "16.00 GiB 1 16.00 GiB 10.75 GiB 3.17 GiB — boots: 6,496 blocks, 415,744 tokens (predicted)" in out
     assert doc["smallest_fitting_prediction"] == doc["fits"][2]["prediction"]  # said to be predicted, as above
     assert "Smallest card this start-up fits on at that utilization: about 13.10 GiB (predicted past the" in out
 
@@ -118,7 +118,7 @@ def test_shared_gpu_alone_on_its_card_at_util_0_07_is_refused_by_vllms_kv_sizing
     weights = _rank(SHARED).trace.facts["vllm.weights_memory_bytes"]  # vLLM's own figure
     assert (target, weights) == (10_507_691_623, 11_259_703_296) and weights > target
     assert rc == 1 and not fit["survives"]
-    assert (fit["outcome"], fit["stage"], fit["target_bytes"]) == ("no-kv-memory", "KV sizing", target)
+    assert (fit["verdict"], fit["stage"], fit["target_bytes"]) == ("refuses", "KV sizing", target)
     assert fit["non_kv_bytes"] >= weights and fit["overshoot_bytes"] == fit["non_kv_bytes"] - target == 753_039_901
     assert fit["recorded_oom"]["phase_path"] == "determine_available_memory/profile_run"  # still said
     assert "vLLM REFUSES at KV sizing: vLLM keeps at least 10.49 GiB out of the KV cache" in out
@@ -135,7 +135,7 @@ def test_shared_gpu_what_if_of_no_change_is_refused_too():
 def test_shared_gpu_at_a_utilization_that_covers_its_weights_stays_unknown_past_its_oom(capsys):
     rc, doc, out = _fits(capsys, SHARED, "--capacity", str(H200), "--util", "0.92")
     (fit,) = doc["fits"]
-    assert rc == 1 and fit["outcome"] == "unknown" and fit["prediction"] == ""
+    assert rc == 1 and fit["verdict"] == "unknown" and fit["prediction"] == ""
     assert "never recorded" in out
     s = W.sites_of(_rank(SHARED))
     assert W.WhatIf(s, W.apply_what_if(s.flags, ["gpu-memory-utilization=0.92"])).on(H200).verdict == W.UNKNOWN
@@ -150,7 +150,7 @@ def test_small_d16384_is_not_refused_at_init_device_it_passed_there_on_its_crowd
     rank = _rank(d)
     assert {"init_device", "load_model", "profile_run"} <= {p.name for p in rank.trace.phases}
     rc, doc, out = _fits(capsys, d, "--capacity", f"16GiB,{H200}")
-    assert rc == 1 and [f["outcome"] for f in doc["fits"]] == ["unknown", "unknown"]
+    assert rc == 1 and [f["verdict"] for f in doc["fits"]] == ["unknown", "unknown"]
     assert {f["recorded_oom"]["phase_path"] for f in doc["fits"]} == {"determine_available_memory/profile_run"}
     assert "refuses at init_device" not in out
     s = W.sites_of(rank)

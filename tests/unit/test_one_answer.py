@@ -133,8 +133,9 @@ def test_fits_on_the_runs_own_card_uses_the_reports_target(run, capsys):
         assert fit["target_bytes"] == t["target_bytes"]
     if r["oom"] is not None:  # a run that died never fits on its own card; alone on it (neighbours left out)
         # unknown past the OOM, unless vLLM's own KV sizing refuses whatever came next (shared-gpu's util 0.07)
-        alone = ("unknown", "no-kv-memory") if fit["others_left_out_bytes"] else ("died",)
-        assert code == 1 and fit["outcome"] in alone
+        past = (("unknown", "beyond the recording"), ("refuses", "KV sizing"))
+        alone = past if fit["others_left_out_bytes"] else (("dies", "recorded OOM"),)
+        assert code == 1 and (fit["verdict"], fit["stage"]) in alone
 
 
 @pytest.mark.parametrize("way", ["recorded", "util"])

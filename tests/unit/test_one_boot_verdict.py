@@ -14,11 +14,15 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import numpy as np
 import pytest
+from memtrace import facts as F
 from memtrace.analysis.analysed.run import analyse
+from memtrace.analysis.capacity import whatif as W
 from memtrace.analysis.capacity.boot import VERDICT, answer, recorded_card_answer
-from memtrace.analysis.capacity.fits import FITS, MIN_CAPACITY, NO_KV, REFUSED, SEARCH_STEP, fit_to_dict
+from memtrace.analysis.capacity.fits import FITS, MIN_CAPACITY, NO_KV, REFUSED, SEARCH_STEP, fit, fit_to_dict
 from memtrace.analysis.capacity.whatif import BOOTS, recorded_flags, recorded_others
+from memtrace.analysis.memory.categories import sampler_stacks
 from memtrace.cli import main
 from memtrace.plots.fits_text import HEADLINE
 from memtrace.store import load_run
@@ -58,9 +62,9 @@ def test_every_output_gives_one_verdict_on_every_card(path):
     cards = range(8 * GiB, card + 1, STEP)
     fits = {c: b.fit(c) for c in cards}
     for c, f in fits.items():
-        d = fit_to_dict(f)  # --json: one thing said
-        assert d["survives"] == (d["outcome"] == FITS)
-        if d["outcome"] in (NO_KV, REFUSED):
+        d = fit_to_dict(f)  # --json: one thing said, in one vocabulary
+        assert "outcome" not in d and d["survives"] == (d["verdict"] == BOOTS) == (f.outcome == FITS)
+        if f.outcome in (NO_KV, REFUSED):
             assert d["kv_cache_bytes"] == 0 and d["kv_blocks"] is None and d["kv_tokens"] is None
         assert (f.short_bytes == 0) == f.survives
         if f.short_bytes:  # the growth that boots, and no less
@@ -76,6 +80,7 @@ def test_every_output_gives_one_verdict_on_every_card(path):
         assert not any(f.survives for f in fits.values()) and all(f.short_bytes is None for f in fits.values())
     if recorded_flags(r.trace) is None:
         return  # no what-if without vLLM's config: plain fits is all there is
+    assert b.fit(card).util == recorded_flags(r.trace).util  # one utilization (vLLM 0.25's 0.92 was 0.9 in one)
     near = [int(s * 1.01), int(s * 0.99)] if s is not None and s > MIN_CAPACITY + SEARCH_STEP else []
     asked = sorted({*cards[::16], card, *near})
     said = answer(r, [], asked).outcomes  # --suggest's recorded-flags line and --what-if of no change
@@ -94,17 +99,18 @@ def test_fits_text_json_and_suggest_print_the_same_verdict(capsys, cards):
     run = DATA / "vllm-h200-034" / ("dense-ext" if cards.startswith("17") else "moe-ext")
     rc_json = main(["fits", str(run), "--capacity", cards, "--json"])
     doc = json.loads(capsys.readouterr().out)
+    assert (doc["format"], doc["version"]) == ("memtrace-fits", 2)
     rc_text = main(["fits", str(run), "--capacity", cards])
     text = capsys.readouterr().out
     rc_suggest = main(["fits", str(run), "--capacity", cards, "--suggest", "--json"])
     what_if = json.loads(capsys.readouterr().out)["what_if"]
     assert rc_json == rc_text == rc_suggest
     for f, o in zip(doc["fits"], what_if["outcomes"], strict=True):
-        assert VERDICT[f["outcome"]] == o["verdict"] and f["short_bytes"] == o["short_bytes"]
+        assert f["verdict"] == o["verdict"] and f["short_bytes"] == o["short_bytes"] and "outcome" not in f
         row = next(
             line for line in text.splitlines() if line.strip().startswith(f"{f['capacity_bytes'] / GiB:.2f} GiB")
         )
-        assert ("fits:" in row) == (o["verdict"] == BOOTS)
+        assert ("boots:" in row) == (o["verdict"] == BOOTS)
     assert [s["recorded"]["verdict"] for s in what_if["suggestions"]] == [o["verdict"] for o in what_if["outcomes"]]
 
 
@@ -123,3 +129,108 @@ def test_the_issue_bundle_and_the_view_say_the_verdict_fits_gives_on_the_recorde
     page = (tmp_path / "view.html").read_text()
     view = json.loads(page.split('id="mt-doc">', 1)[1].split("</script>", 1)[0])
     assert f"with the recorded flags: {head}" in " ".join(view["boot"].split())
+
+
+@pytest.mark.parametrize("run_dir", ["vllm-h200-033/moe", "vllm-h200-034/dense-ext"])
+def test_vllms_default_utilization_is_one_figure_when_the_trace_does_not_say_it(run_dir):
+    """A start-up whose utilization and vLLM release were not recorded: plain fits, the what-if of no change and the
+    flags it shows use one default (``whatif.recorded_util``: 0.34's for the sizing mode), not 0.9 in one and 0.92
+    or 1.0 in the others."""
+    traces = load_run(DATA / run_dir).traces
+    for t in traces:
+        for key in (F.UTIL, F.UTIL_SOURCE, F.VLLM_VERSION):
+            t.facts.pop(key, None)
+    r = analyse(traces).worst
+    card = r.recorded_target.capacity_bytes or r.trace.process.device_total_bytes
+    util = recorded_flags(r.trace).util
+    assert util == (1.0 if "ext" in run_dir else 0.92)
+    assert r.boot().fit(card).util == util == fit(r.trace, card).util == answer(r, [], [card]).flags.util
+
+
+@pytest.mark.parametrize("run_dir", ["vllm-h200-033/moe", "vllm-h200-034/dense-ext"])
+def test_the_what_if_scales_every_allocation_the_categories_call_the_samplers_by_max_num_seqs(run_dir):
+    """One definition of the sampler's files (``categories.sampler_stacks``): what the what-if scales by
+    max-num-seqs. Before, its own list of file names missed ``logprob.py``, ``gumbel.py``... (48 MB of dense-ext's
+    sampler scaled by max-num-batched-tokens)."""
+    r = analyse(load_run(DATA / run_dir).traces).worst
+    kinds, lt = W.sites_of(r).kind_of, r.lifetimes
+    sampler = (lt.stack >= 0) & sampler_stacks(r.trace)[np.maximum(lt.stack, 0)]
+    assert sampler.sum() > 100
+    assert set(kinds[sampler]) <= {W.SEQS, W.FIXED}  # FIXED: made before recording, or the sizing warm-up's logits
+
+
+@pytest.mark.parametrize("step", ["small-r2048", "small-rescue-p2048"])
+def test_a_shared_card_answers_through_the_one_boot_model(step):
+    """``fits --keep-others`` / ``--others`` and the issue bundle of a run beside other processes: ``Boot`` with the
+    others on the card answers, so --suggest's line, the bundle and the smallest-card search say one verdict, and
+    "short by N" boots at C + N and not below."""
+    run, r = _rank(DATA / "vllm-h200-034-grid" / step)
+    others = recorded_others(r.trace)
+    card = r.recorded_target.capacity_bytes
+    assert others > 100 * GiB
+    b = r.boot(others_bytes=others)
+    cards = [card - 2 * GiB, card, card + GiB // 2, card + 2 * GiB]
+    said = answer(r, [], cards, keep_others=True).outcomes
+    assert [o.verdict for o in said] == [VERDICT[b.fit(c).outcome] for c in cards]
+    assert [o.short_bytes for o in said] == [b.fit(c).short_bytes for c in cards]
+    assert [o.others_bytes for o in said] == [others] * len(cards)
+    s = b.smallest
+    assert s is not None and b.fit(s).survives and not b.fit(s - SEARCH_STEP).survives
+    for c in cards:
+        f = b.fit(c)
+        assert f.prediction.startswith("the card is shared")
+        if f.short_bytes:
+            assert c + f.short_bytes == s
+    bundle = recorded_card_answer(run).outcomes[0]
+    assert (bundle.verdict, bundle.short_bytes) == (VERDICT[b.fit(card).outcome], b.fit(card).short_bytes)
+    given = answer(r, [], [card], others_bytes=others).outcomes[0]  # --others SIZE: the same card
+    assert (given.verdict, given.short_bytes) == (bundle.verdict, bundle.short_bytes)
+
+
+def test_where_the_two_models_disagree_the_answer_shows_the_capacity_models_kv_cache_blocks_and_bytes_both():
+    """``Boot.outcome`` where the what-if's own verdict differs (forced here by a what-if at another utilization whose one request cannot
+    fit, on a card the capacity model boots on): the KV cache shown, its blocks, tokens and bytes, and the phase
+    table's KV column are the capacity model's, not the what-if's blocks beside the capacity model's bytes."""
+    r = analyse(load_run(DATA / "vllm-h200-034" / "dense-ext").traces).worst
+    card = 40 * GiB
+    f = r.boot().fit(card)
+    assert f.survives and f.kv_blocks
+    s = W.sites_of(r)
+    disagreeing = W.WhatIf(s, W.apply_what_if(s.flags, ["max-model-len=100000000", "gpu-memory-utilization=0.6"]))
+    assert disagreeing.on(card).verdict != BOOTS
+    o = r.boot().outcome(card, disagreeing)
+    assert o.verdict == BOOTS
+    assert (o.kv.kv_bytes, o.kv.blocks, o.kv.tokens) == (f.kv_cache_bytes, f.kv_blocks, f.kv_tokens)
+    assert {p.kinds[W.KV][1] for p in o.phases if p.after_kv} == {f.kv_cache_bytes}
+
+
+def test_where_the_device_ran_out_is_one_definition_the_plot_and_the_serving_answer_read():
+    """``Oom.device_ran_out`` (fewer bytes free than asked): the serving answer (``AnalysedRank.room``) and the plot's
+    whole-device OOM marker (``timeline_axes.device_full``) read it, not each their own comparison."""
+    from memtrace.plots.timeline_axes import device_full
+    from memtrace.plots.timeline_data import prepare_rank
+
+    for step, ran_out in (("vllm-h200-034-serving/oom", True), ("h200/startup-cap16g", False)):
+        run = analyse(load_run(DATA / step).traces)
+        r = run.worst
+        assert r.oom is not None and r.oom.device_ran_out is ran_out
+        assert (r.room is not None) is ran_out
+        shared = bool(prepare_rank(r).curves.others.bytes.any())  # the plot marks the whole device where shared
+        assert (device_full(prepare_rank(r)) is not None) is (ran_out and shared)
+
+
+def test_searching_cards_and_trying_flags_asks_the_verdict_alone_not_the_phase_table(monkeypatch):
+    """The per-phase table is built once per card asked (what the text shows), not on every bisection step of the
+    smallest-card search nor for every flag --suggest tries."""
+    r = analyse(load_run(DATA / "vllm-h200-034" / "dense-ext").traces).worst
+    built = []
+    table = W.WhatIf.phase_peaks
+
+    def counted(self, *args, **kwargs):
+        built.append(args)
+        return table(self, *args, **kwargs)
+
+    monkeypatch.setattr(W.WhatIf, "phase_peaks", counted)
+    a = answer(r, ["max-num-batched-tokens=4096"], [16 * GiB, 17 * GiB], suggest_too=True)
+    assert [o.short_bytes is not None and o.short_bytes > 0 for o in a.outcomes] == [True, True]
+    assert len(built) == 2

@@ -88,7 +88,7 @@ def test_fits_rows_of_one_moment_speak_of_that_moment_not_of_a_phase(capsys):
     assert f"DIES {AT_ONE_MOMENT}: what was held then, 11.03 GiB, is 3.03 GiB more than the card" in out
     assert main(["fits", str(STATE), "--capacity", "8GiB", "--json"]) == 1
     (row,) = json.loads(capsys.readouterr().out)["fits"]
-    assert (row["outcome"], row["phase"], row["overshoot_bytes"]) == ("oom", "", 11_844_714_496 - (8 << 30))
+    assert (row["verdict"], row["phase"], row["overshoot_bytes"]) == ("dies", "", 11_844_714_496 - (8 << 30))
 
 
 def test_fits_of_a_history_has_no_moment_words(capsys):

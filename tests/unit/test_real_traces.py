@@ -149,8 +149,9 @@ def test_report_and_fits_agree_on_the_oom_the_target_and_the_non_kv_figure(path,
         # run died of their memory nothing recorded says what would have come after the OOM, unless vLLM's own KV
         # sizing refuses whatever it was (shared-gpu: util 0.07 of the card is less than its weights)
         assert not fit["survives"]
-        assert fit["outcome"] == "died" or (
-            fit["outcome"] in ("unknown", "no-kv-memory") and fit.get("others_left_out_bytes")
+        assert (fit["verdict"], fit["stage"]) == ("dies", "recorded OOM") or (
+            (fit["verdict"], fit["stage"]) in (("unknown", "beyond the recording"), ("refuses", "KV sizing"))
+            and fit.get("others_left_out_bytes")
         )
     # the non-KV figure: one model (reconcile.non_kv) behind both
     if rep["non_kv"] is not None:

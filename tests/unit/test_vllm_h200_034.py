@@ -14,6 +14,7 @@ import re
 
 import pytest
 from memtrace import facts as F
+from memtrace.analysis.analysed.run import analyse
 from memtrace.analysis.capacity.extensible import extensible_sizing
 from memtrace.analysis.capacity.fits_extensible import fit_extensible
 from memtrace.analysis.capacity.reconcile import reconcile_kv
@@ -29,6 +30,10 @@ NOEXT = ("moe-noext", "dense-noext")
 
 def _trace(step: str):
     return load_run(run_dir(step)).traces[0]
+
+
+def _rank(trace):
+    return analyse([trace]).worst
 
 
 def _gib(text: str) -> float:
@@ -112,7 +117,7 @@ def test_fits_predicts_the_smaller_cards_kv_cache_to_the_block_from_the_full_car
     full, small = _trace("moe-ext"), _trace("small-ext")
     others = all_curves(small).others.peak_bytes  # NVML: the holder's 96 GiB and its CUDA context
     assert others >= 96 * GiB
-    f = fit_extensible(full, full.process.device_total_bytes, others_bytes=others)
+    f = fit_extensible(_rank(full), full.process.device_total_bytes, others_bytes=others)
     assert f.survives
     assert f.kv_blocks == int(logged("small-ext", r"Extended KV cache to (\d+) blocks")) == 60704
     assert f.kv_tokens == int(logged("small-ext", r"GPU KV cache size: ([\d,]+) tokens").replace(",", ""))
@@ -121,7 +126,7 @@ def test_fits_predicts_the_smaller_cards_kv_cache_to_the_block_from_the_full_car
 
 def test_a_card_too_small_for_the_weights_dies_before_the_kv_cache_exists():
     full = _trace("moe-ext")
-    f = fit_extensible(full, 10 * GiB)
+    f = fit_extensible(_rank(full), 10 * GiB)
     assert not f.survives and f.kv_blocks is None
     assert f.phase.startswith("load_model")
 
@@ -170,7 +175,7 @@ def test_fits_uses_vllms_post_warm_up_sizing_for_an_extensible_start_up(capsys):
     assert on_card["kv_blocks"] == 258528 and on_card["kv_tokens"] == 16545792
     assert on_card["kv_cache_bytes"] == vmm.summary(full).kv_cache_bytes
     small = got[12 * GiB]
-    assert (small["outcome"], small["stage"], small["kv_blocks"]) == ("oom", "pre-KV", None)
+    assert (small["verdict"], small["stage"], small["kv_blocks"]) == ("dies", "pre-KV", None)
     assert main(["fits", str(run_dir("moe-ext")), "--capacity", f"{total}"]) == 0
     text = " ".join(capsys.readouterr().out.split())
     assert "BOOTS: vLLM sizes the KV cache after warm-up to 126.23 GiB (258,528 blocks, 16,545,792 tokens)" in text

@@ -100,7 +100,7 @@ def test_the_view_of_a_start_up_vllm_refused_says_what_would_make_it_boot(tmp_pa
         "On the recorded card (139.80 GiB), with the recorded flags: vLLM REFUSES at kv_cache_sizing"
     )
     # "short" is the card growth that boots beside its neighbour (issue 40), not one request's KV cache
-    assert "; 0.46 GiB short: boots on a 140.26 GiB card." in boot
+    assert "; 0.43 GiB short: boots on a 140.23 GiB card." in boot
     assert "1. --gpu-memory-utilization 0.0835 --no-enable-extensible-kv-cache: KV cache 0.92 GiB, 1,893 blocks" in boot
 
 

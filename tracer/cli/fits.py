@@ -61,7 +61,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--util",
         default=None,
         metavar="FRACTION",
-        help="--gpu-memory-utilization on that card (default: the recorded one, else 0.9)",
+        help="--gpu-memory-utilization on that card (default: the recorded one, else vLLM's default for its release)",
     )
     p.add_argument(
         "--non-torch",

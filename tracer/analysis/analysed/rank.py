@@ -76,7 +76,7 @@ class TargetSpec:
 
 @dataclass(frozen=True)
 class RankFits:
-    """The capacity what-if of one analysed rank (``analysis.boot.rank_fits``): one ``fits.Fit`` per capacity asked,
+    """The capacity what-if of one analysed rank (``AnalysedRank.fits``): one ``fits.Fit`` per capacity asked,
     the smallest card it fits on, and, when that card's answer goes past the recording, where it comes from."""
 
     rank: AnalysedRank
@@ -339,22 +339,21 @@ class AnalysedRank(PeakFigures):
         computed once per question."""
         key = ("fits", tuple(capacities), util, non_torch_bytes)
         if key not in self._fits:
-            from memtrace.analysis.capacity.boot import rank_fits
-
-            self._fits[key] = RankFits(self, *rank_fits(self.boot_rank, list(capacities), util, non_torch_bytes))
+            b = self.boot(util, non_torch_bytes)
+            self._fits[key] = RankFits(self, [b.fit(c) for c in capacities], b.smallest, b.smallest_prediction)
         return self._fits[key]
 
-    def boot(self, util: float | None = None, non_torch_bytes: int | None = None):
-        """Will it boot with the recorded flags (``analysis.capacity.boot.Boot``), one per question, each card
-        answered once."""
+    def boot(self, util: float | None = None, non_torch_bytes: int | None = None, others_bytes: int = 0):
+        """Will it boot with the recorded flags (``analysis.capacity.boot.Boot``; ``others_bytes``: held by other
+        processes on the card), one per question, each card answered once."""
         if self.boot_rank is not self:  # start-up alone answers, as for fits (a joined serving window is not start-up)
-            return self.boot_rank.boot(util, non_torch_bytes)
-        key = (util, non_torch_bytes)
+            return self.boot_rank.boot(util, non_torch_bytes, others_bytes)
+        key = (util, non_torch_bytes, others_bytes)
         if key not in self._fits:
             # the what-if engine is imported when asked (report, plot and view never ask: ~30 ms of imports)
             from memtrace.analysis.capacity.boot import Boot
 
-            self._fits[key] = Boot(self, util, non_torch_bytes)
+            self._fits[key] = Boot(self, util, non_torch_bytes, others_bytes)
         return self._fits[key]
 
     @property

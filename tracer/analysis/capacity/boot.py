@@ -8,10 +8,14 @@ KV cache vLLM refused to extend on a card another process shared), the what-if m
 (:mod:`.whatif`, a what-if of no change) carries the start-up on from its recorded phases; its answer replaces
 "unknown", said to be a prediction, with where its figures come from (``Fit.prediction``, ``Fit.prediction_how``).
 Where the what-if model cannot carry it either, the answer stays UNKNOWN and ``Fit.missing`` says exactly what the
-trace lacks. The smallest card is searched on the same answer, and "short by N" (``Fit.short_bytes``) is that
-card less the one asked: the growth that boots. The what-if of no change on a card this process holds alone *is*
-this answer (:func:`answer` takes its verdict from :meth:`Boot.fit`), so the table, the JSON, ``--suggest``'s
-recorded-flags line, the smallest card, the exit status, the issue bundle and the view never disagree.
+trace lacks. On a card other processes share (``fits --keep-others`` / ``--others``, the issue bundle of a run
+beside a neighbour) the capacity model keeps the card to this process, so the what-if of no change beside them
+answers, said to be a prediction. The smallest card is searched once (:func:`smallest_card`, up to
+:func:`search_ceiling`) on the same answer, and "short by N" (``Fit.short_bytes``) is that card less the one asked:
+the growth that boots; other flags are searched the same way, on the what-if's verdict alone. The what-if of no
+change on a card this process holds alone or shares *is* this answer (:func:`answer` takes its verdict from
+:meth:`Boot.fit`), so the table, the JSON, ``--suggest``'s recorded-flags line, the smallest card, the exit status,
+the issue bundle and the view never disagree.
 
 The issue bundle and the view ask :func:`recorded_card_answer`: ``fits --suggest`` on the card the worst rank
 was recorded on, as it was (other processes kept).
@@ -32,23 +36,24 @@ from memtrace.analysis.capacity.fits import (
     NO_KV,
     OOM,
     REFUSED,
+    SEARCH_STEP,
     UNKNOWN,
     VERDICT,
     Fit,
-    fits,
+    fit,
     recorded,
-    search_ceiling,
-    smallest_card,
 )
 from memtrace.analysis.capacity.fits_extensible import fit_extensible, is_extensible, prepare
 from memtrace.analysis.capacity.whatif import (
     BOOTS,
     DIES,
     Answer,
+    KvSizing,
     Outcome,
     WhatIf,
     apply_what_if,
     calibrate,
+    one_request_bytes,
     recorded_flags,
     recorded_others,
     sites_of,
@@ -61,61 +66,95 @@ from memtrace.analysis.memory.phases import path_at
 WHAT_IF_MODEL = "the what-if model with {flags} (docs/whatif.md) carries it on from its recorded phases"
 
 
-class Boot:
-    """Will one rank boot with the recorded flags on a card it holds alone: :meth:`fit` per card (computed once),
-    :attr:`smallest` card, and "short by" (``Fit.short_bytes``)."""
+def smallest_card(survives, lo: int, hi: int) -> int | None:
+    """The smallest capacity in (``lo``, ``hi``] (to ``SEARCH_STEP``) where ``survives(capacity)`` holds, by
+    bisection (an answer that survives on a card survives on every larger one); None when it fails at ``hi``."""
+    if not survives(hi):
+        return None
+    while hi - lo > SEARCH_STEP:
+        mid = (lo + hi) // 2
+        if survives(mid):
+            hi = mid
+        else:
+            lo = mid
+    return hi
 
-    def __init__(self, rank, util: float | None = None, non_torch_bytes: int | None = None):
-        self.rank, self.util = rank, util
+
+def search_ceiling(rank, others_bytes: int = 0) -> int:
+    """The largest card the one smallest-card search tries: four times the recorded peak, or the recorded card when
+    larger (at least ``MIN_CAPACITY``), plus what other processes hold on it."""
+    return max(rank.landmarks.peak.bytes * 4, rank.recorded_target.capacity_bytes or 0, MIN_CAPACITY) + others_bytes
+
+
+def short_of(boots: bool, card: int, smallest: int | None) -> int | None:
+    """How much larger than ``card`` a card must be to boot: 0 where it boots; None where no larger card is known to
+    boot it (none found, or the answers are not monotone above it)."""
+    return 0 if boots else (smallest - card if smallest is not None and smallest > card else None)
+
+
+class Boot:
+    """Will one rank boot with the recorded flags on a card it holds alone, or beside other processes holding
+    ``others_bytes`` (a shared card: the what-if of no change answers, said to be a prediction): :meth:`fit` per card
+    (computed once), :attr:`smallest` card, and "short by" (``Fit.short_bytes``)."""
+
+    def __init__(self, rank, util: float | None = None, non_torch_bytes: int | None = None, others_bytes: int = 0):
+        self.rank, self.util, self.others = rank, util, others_bytes
         self.rec = recorded(rank.trace, non_torch_bytes, rank=rank)
         ext = is_extensible(rank.trace) and rank.extensible is not None  # vLLM 0.34: sized after warm-up
-        self.prep = prepare(rank.trace, rank.curves, self.rec.non_torch_bytes) if ext else None
+        self.prep = prepare(rank, self.rec) if ext else None
         self.past = PastTheRecording(rank, util, non_torch_bytes)
         self._fits: dict[int, Fit] = {}
 
     def _model(self, card: int) -> Fit:
         if self.prep is not None:
-            return fit_extensible(self.rank.trace, card, self.util, prep=self.prep, rec=self.rec)
-        return fits(self.rank.trace, [card], self.util, rec=self.rec)[0]
+            return fit_extensible(self.rank, card, self.util, prep=self.prep, rec=self.rec)
+        return fit(self.rank.trace, card, self.util, rec=self.rec)
 
     def _answer(self, card: int) -> Fit:
         if card not in self._fits:
             f = self._model(card)
-            self._fits[card] = self.past.answer(f) if f.outcome == UNKNOWN else f
+            self._fits[card] = self.past.answer(f, self.others) if self.others or f.outcome == UNKNOWN else f
         return self._fits[card]
 
     @cached_property
     def smallest(self) -> int | None:
-        """The smallest card (to ``fits.SEARCH_STEP``) it boots on; None above ``fits.search_ceiling``, and for a
-        start-up its recording's OOM cut (it boots on no card: the capacity model promises none)."""
-        return smallest_card(lambda c: self._answer(c).survives, MIN_CAPACITY, search_ceiling(self.rec))
+        """The smallest card (to ``SEARCH_STEP``) it boots on; None above :func:`search_ceiling`, and for a start-up
+        its recording's OOM cut (it boots on no card: the capacity model promises none)."""
+        return smallest_card(lambda c: self._answer(c).survives, MIN_CAPACITY, search_ceiling(self.rank, self.others))
 
     def fit(self, card: int) -> Fit:
         """The answer on ``card``, with how much larger a card must be to boot."""
         f = self._answer(card)
-        # None where no larger card is known to boot it (none found, or the answers are not monotone above it)
-        short = (
-            0 if f.survives else (self.smallest - card if self.smallest is not None and self.smallest > card else None)
-        )
-        return dataclasses.replace(f, short_bytes=short)
+        return dataclasses.replace(f, short_bytes=short_of(f.survives, card, self.smallest))
 
     @property
     def smallest_prediction(self) -> str:
         """Where the smallest card's answer goes past the recording ("" when it does not, or there is none)."""
         return self._answer(self.smallest).prediction if self.smallest is not None else ""
 
-    def outcome(self, card: int, w: WhatIf) -> Outcome:
-        """The what-if of no change (``w``) on ``card`` held alone, its verdict this answer's: the what-if's own
-        figures where it agrees, else the capacity model's verdict, phase and KV cache (the phase table with it)."""
-        f, o = self.fit(card), w.on(card)
+    def outcome(self, card: int, w: WhatIf, **shared) -> Outcome:
+        """The what-if of no change (``w``; ``shared``: its card's other processes) on ``card``, its verdict this
+        answer's: the what-if's own figures where it agrees, else the capacity model's verdict, phase and KV cache,
+        blocks and bytes both (the phase table with it)."""
+        f, o = self.fit(card), w.on(card, **shared)
         verdict = VERDICT[f.outcome]
         if verdict != o.verdict:
-            kv = o.kv if verdict == BOOTS else None
+            kv = _kv_sizing(f, w) if verdict == BOOTS else None
             o = dataclasses.replace(o, verdict=verdict, why=_why(f), kv=kv,
-                                    phases=w.phase_peaks(f.kv_cache_bytes if kv else 0))  # fmt: skip
+                                    phases=w.phase_peaks(kv.kv_bytes if kv else 0, o.others_bytes))  # fmt: skip
         if verdict != BOOTS:  # where and by how much: the capacity model's, as plain fits says it
             o = dataclasses.replace(o, phase=f.phase, by_bytes=f.overshoot_bytes)
         return dataclasses.replace(o, short_bytes=f.short_bytes)
+
+
+def _kv_sizing(f: Fit, w: WhatIf) -> KvSizing:
+    """The capacity model's KV cache on a card it boots on, in the what-if's shape (its blocks, tokens and bytes)."""
+    per, tpb = w.per_block
+    blocks = f.kv_blocks if f.kv_blocks is not None else (f.kv_cache_bytes // per if per else 0)
+    tokens = f.kv_tokens if f.kv_tokens is not None else blocks * tpb
+    how = f"the capacity model ({f.kv_sizing} KV sizing; docs/whatif.md)"
+    return KvSizing(f.kv_cache_bytes, blocks, tokens, f.kv_cache_bytes, tokens / w.flags.max_model_len, how,
+                    one_request_bytes(w.flags.max_model_len, per, tpb) if per else 0)  # fmt: skip
 
 
 def _why(f: Fit) -> str:
@@ -129,13 +168,6 @@ def _why(f: Fit) -> str:
     if f.outcome == OOM:
         return "before the KV cache is sized" if f.stage == "pre-KV" else "after the KV cache was allocated"
     return f.missing or f.prediction_how
-
-
-def rank_fits(rank, capacities: list[int], util: float | None = None, non_torch_bytes: int | None = None):
-    """``fits`` of one analysed rank: one ``Fit`` per capacity, the smallest card it fits on (None: none up to 4x
-    its peak, or a recording cut by its OOM), and where that card's answer goes past the recording ("" when not)."""
-    b = rank.boot(util, non_torch_bytes)
-    return [b.fit(c) for c in capacities], b.smallest, b.smallest_prediction
 
 
 class PastTheRecording:
@@ -164,12 +196,21 @@ class PastTheRecording:
         items = [f"gpu-memory-utilization={self.util}"] if self.util is not None else []
         return WhatIf(s, apply_what_if(s.flags, items))
 
-    def answer(self, f: Fit) -> Fit:
-        """``f`` (the capacity model's UNKNOWN) answered by the what-if of no change where it can, else with what
-        is missing (said by the recorded OOM, when the recording ended in one)."""
-        o = self.what_if.on(f.capacity_bytes) if not self.missing else None
+    def answer(self, f: Fit, others: int = 0) -> Fit:
+        """``f`` (the capacity model, the card held alone) answered by the what-if of no change: where ``f`` is
+        UNKNOWN, past the recording; on a card other processes share (``others`` bytes), always (the capacity model
+        keeps the card to this process). Where it cannot, ``f`` with what is missing (said by the recorded OOM, when
+        the recording ended in one; UNKNOWN on a shared card)."""
+        o = self.what_if.on(f.capacity_bytes, others_bytes=others) if not self.missing else None
+        where = f"the card is shared: other processes hold {others:,} B of it" if others else self.ends()
         if o is not None and o.verdict != STOPS:
-            return as_predicted(f, o, self.what_if, f"{self.ends()}; {self.model}")
+            left_out = 0 if others else f.others_left_out_bytes
+            return dataclasses.replace(as_predicted(f, o, self.what_if, f"{where}; {self.model}"),
+                                       others_left_out_bytes=left_out)  # fmt: skip
+        if others:
+            return dataclasses.replace(f, outcome=UNKNOWN, phase="", stage="beyond the recording", kv_cache_bytes=0,
+                                       kv_blocks=None, kv_tokens=None, prediction=f"{where}; {self.model}",
+                                       missing=o.why if o is not None else self.missing)  # fmt: skip
         if self.rank.oom is not None:
             return f
         return dataclasses.replace(f, missing=self.missing or self._ends_before_sizing())
@@ -246,10 +287,11 @@ def answer(rank, what_if: list[str], capacities: list[int], *, suggest_too: bool
     others = others_bytes if others_bytes is not None else recorded_others(rank.trace) if keep_others else 0
     util = flags.gpu_memory_utilization if flags.gpu_memory_utilization != sites.flags.gpu_memory_utilization else None
     plain = dataclasses.replace(flags, gpu_memory_utilization=sites.flags.gpu_memory_utilization) == sites.flags
-    b = rank.boot(util) if plain and cal is None and not others else None  # plain fits (--util: the utilization)
+    b = rank.boot(util, others_bytes=others) if plain and cal is None else None  # plain fits (--util: the utilization)
+    search = _searched(w, rank, card, others) if b is None else None
 
     def on(c: int) -> Outcome:
-        return b.outcome(c, w) if b is not None else w.short(c, **card)
+        return b.outcome(c, w, **card) if b is not None else search(c)
 
     outcomes = [on(c) for c in capacities]
     pairs = zip(capacities, outcomes, strict=True) if suggest_too else ()
@@ -267,6 +309,23 @@ def answer(rank, what_if: list[str], capacities: list[int], *, suggest_too: bool
         keep_others=keep_others,
         vllm_version=str(rank.trace.facts.get(F.VLLM_VERSION) or ""),
     )
+
+
+def _searched(w: WhatIf, rank, card: dict, others: int):
+    """``w.on`` per card with "short by" from the one smallest-card search on ``w``'s verdict alone (no phase
+    table), searched once, when a card asked does not boot."""
+    least: list[int | None] = []
+
+    def boots(c: int) -> bool:
+        return w.on(c, **card, table=False).verdict == BOOTS
+
+    def on(c: int) -> Outcome:
+        o = w.on(c, **card)
+        if o.verdict != BOOTS and not least:
+            least.append(smallest_card(boots, MIN_CAPACITY, search_ceiling(rank, others)))
+        return dataclasses.replace(o, short_bytes=short_of(o.verdict == BOOTS, c, least[0] if least else None))
+
+    return on
 
 
 def recorded_card_answer(run) -> Answer | None:

@@ -76,6 +76,17 @@ def measure_kv_cache_bytes(
     return max(available, 0), non_kv_used, headroom, margin
 
 
+def extensible_inputs(s: dict, lacks: int = 0, moved: int = 0, tr: float = 1.0) -> dict:
+    """vLLM's post-warm-up sizing inputs as recorded (``s``: ``facts.VLLM_KV_SIZING``) on a card with ``lacks``
+    bytes less free, the free memory after warm-up less ``moved`` more, the transients x ``tr``: the keyword
+    arguments of :func:`measure_kv_cache_bytes` but ``requested``."""
+    return dict(init_free=int(s["init_free_memory_bytes"]) - lacks, free=int(s["free_memory_bytes"]) - lacks - moved,
+                committed=int(s["committed_bytes"]), transient_peak=int(s["transient_peak_bytes"] * tr),
+                torch_reserve_growth=int(s["torch_reserve_growth_bytes"] * tr),
+                margin_floor=int(s.get("margin_floor_bytes") or 1 << 30),
+                margin_fraction=float(s.get("margin_fraction") or 0.75))  # fmt: skip
+
+
 def pages_for(num_blocks: int, strides: list[int], granule: int) -> int:
     """Bytes a commit of ``num_blocks`` maps: each segment's blocks rounded up to whole granules."""
     return sum(-(-num_blocks * s // granule) * granule for s in strides)
@@ -226,18 +237,8 @@ def extensible_sizing(trace: Trace, curves: Curves | None = None) -> ExtensibleS
     if any(v is None for k, v in vllm.items() if k != "init_free_memory") or vllm["init_free_memory"] is None:
         notes.append("vLLM's sizing inputs are incomplete in this trace")
         return None
-    floor = _int(sizing, "margin_floor_bytes") or 1 << 30
-    fraction = float(sizing.get("margin_fraction") or 0.75)
-    args = dict(margin_floor=floor, margin_fraction=fraction)
-    available, _, _, margin = measure_kv_cache_bytes(
-        init_free=vllm["init_free_memory"],
-        free=vllm["free_memory"],
-        committed=vllm["committed"],
-        requested=vllm["requested_memory"],
-        transient_peak=vllm["transient_peak"],
-        torch_reserve_growth=vllm["torch_reserve_growth"],
-        **args,
-    )
+    inputs = extensible_inputs(sizing)  # vLLM's own, as recorded
+    available, _, _, margin = measure_kv_cache_bytes(requested=vllm["requested_memory"], **inputs)
     n_vllm = int(sizing["num_blocks"])
     n_inputs = (
         blocks_within(available, strides, granule, capacity) if strides and granule else available // max(per_block, 1)
@@ -245,15 +246,8 @@ def extensible_sizing(trace: Trace, curves: Curves | None = None) -> ExtensibleS
     mt_available = mt_blocks = None
     mt = {t_.name: t_.memtrace_bytes for t_ in terms}
     if all(mt[k] is not None for k in ("free", "committed", "requested", "transient_peak", "torch_reserve_growth")):
-        mt_available, *_ = measure_kv_cache_bytes(
-            init_free=vllm["init_free_memory"],
-            free=mt["free"],
-            committed=mt["committed"],
-            requested=int(mt["requested"]),
-            transient_peak=mt["transient_peak"],
-            torch_reserve_growth=mt["torch_reserve_growth"],
-            **args,
-        )
+        mine = {k: int(mt[k]) for k in ("free", "committed", "transient_peak", "torch_reserve_growth")}
+        mt_available, *_ = measure_kv_cache_bytes(**{**inputs, **mine}, requested=int(mt["requested"]))
         if strides and granule:
             mt_blocks = blocks_within(mt_available, strides, granule, capacity)
     pages = pages_for(n_vllm, strides, granule) if strides and granule else n_vllm * per_block

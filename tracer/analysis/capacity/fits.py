@@ -70,13 +70,11 @@ from memtrace.analysis.capacity.whatif import (
     MIN_CAPACITY,
     REFUSES,
     SEARCH_STEP,  # noqa: F401 (fits' figure, re-exported)
-    default_util,
     extensible_kv_cache,
     need_curve,
     recorded_one_request,
     recorded_others,
-    smallest_card,  # noqa: F401 (re-exported)
-    vllm_version,
+    recorded_util,
 )
 from memtrace.analysis.capacity.whatif import UNKNOWN as STOPS
 from memtrace.analysis.memory import non_torch
@@ -159,8 +157,11 @@ class Fit:
 
 
 def fit_to_dict(r: Fit) -> dict[str, Any]:
-    """A JSON-ready dict of ``r`` (exact integers; the recorded OOM nested), with ``survives`` and the verdict."""
-    return {**dataclasses.asdict(r), "verdict": VERDICT[r.outcome], "survives": r.survives}
+    """A JSON-ready dict of ``r`` (exact integers; the recorded OOM nested) in one vocabulary: the verdict (why:
+    ``stage``, ``phase``) and ``survives``, not the capacity model's own outcome beside it."""
+    d = dataclasses.asdict(r)
+    del d["outcome"]
+    return {**d, "verdict": VERDICT[r.outcome], "survives": r.survives}
 
 
 def check_capacity(capacity_bytes: int) -> int:
@@ -226,6 +227,7 @@ class Recorded:
     #: ``Fit``'s ``non_torch_*`` split fields by name (empty: nothing to split)
     non_torch_split: dict[str, int | None] = dataclasses.field(default_factory=dict)
     span: tuple[int, int] = (0, 0)  # the recording's first and last microsecond (``phases.recording_span``)
+    others_bytes: int = 0  # the most other processes held on the recorded card (``whatif.recorded_others``)
 
 
 def recorded(trace: Trace, non_torch_bytes: int | None = None, *, curves: Curves | None = None, rank=None) -> Recorded:
@@ -273,6 +275,7 @@ def recorded(trace: Trace, non_torch_bytes: int | None = None, *, curves: Curves
         non_torch_source=nt_source,
         non_torch_split=split,
         span=span,
+        others_bytes=recorded_others(trace),
     )
 
 
@@ -289,7 +292,7 @@ def fit(
     Args:
         trace: a recorded start-up (any card size; a larger card shows more of the curve).
         capacity_bytes: physical memory of the card asked about.
-        util: --gpu-memory-utilization on that card; default: the recorded one, else 0.9.
+        util: --gpu-memory-utilization on that card; default: the recorded one (``whatif.recorded_util``).
         non_torch_bytes: non-PyTorch memory on that card (CUDA context, NCCL, libraries), held
             constant; default: as recorded (NVML).
         rec: :func:`recorded` for this trace and ``non_torch_bytes``, to share work between capacities.
@@ -297,7 +300,7 @@ def fit(
     rec = rec or recorded(trace, non_torch_bytes)
     lm, need, oom = rec.lm, rec.need, rec.oom
     if util is None:
-        util = lm.gpu_memory_utilization or default_util(vllm_version(trace) or (0, 0), extensible_kv_cache(trace))
+        util = recorded_util(trace)
     first_us, last_us = rec.span
     end_us = min(oom.time_us, last_us) if oom is not None else last_us  # nothing is known after an OOM
     target = math.ceil(capacity_bytes * util)
@@ -312,7 +315,8 @@ def fit(
         kv = 0 if outcome in (NO_KV, REFUSED) or stage == "pre-KV" else kv_new  # never sized: no KV cache
         return Fit(capacity_bytes, util, target, rec.non_kv_bytes, kv, pre_peak, path_at(trace, pre_t), post,
                    post_phase, outcome, phase, overshoot, headroom, stage, rec.non_torch_bytes, rec.non_torch_source,
-                   rec.non_kv_source, oom, rec.capacity_bytes, **rec.non_torch_split)  # fmt: skip
+                   rec.non_kv_source, oom, rec.capacity_bytes, **rec.non_torch_split,
+                   others_left_out_bytes=rec.others_bytes)  # fmt: skip
 
     # vLLM's request_memory check in init_device (not with 0.34's extensible KV cache: util 1.0 of the card is never
     # free at start-up, and the H200's start-ups passed it beside a 127 GiB neighbour)
@@ -383,23 +387,3 @@ def _at_oom(rec: Recorded, capacity: int, target: int, shift: int, result, post=
 def _init_device_end(trace: Trace) -> int | None:
     ends = [p.end_us for p in trace.phases if p.name == PN.INIT_DEVICE and p.end_us is not None]
     return min(ends) if ends else None
-
-
-def fits(
-    trace: Trace,
-    capacities: list[int],
-    util: float | None = None,
-    *,
-    non_torch_bytes: int | None = None,
-    rec: Recorded | None = None,
-) -> list[Fit]:
-    """:func:`fit` for several capacities, sharing the work (``rec``: :func:`recorded`, if at hand)."""
-    rec = rec or recorded(trace, non_torch_bytes)
-    left_out = recorded_others(trace)
-    return [dataclasses.replace(fit(trace, c, util, rec=rec), others_left_out_bytes=left_out) for c in capacities]
-
-
-def search_ceiling(rec: Recorded, lo: int = MIN_CAPACITY) -> int:
-    """The largest card a smallest-card search tries: four times the recorded peak, or the recorded card when
-    larger (at least ``lo``)."""
-    return max(rec.lm.peak.bytes * 4, rec.capacity_bytes or 0, lo)

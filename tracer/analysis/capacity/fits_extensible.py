@@ -31,26 +31,20 @@ from dataclasses import dataclass
 import numpy as np
 from memtrace import facts as F
 from memtrace import vllm_phase_names as PN
-from memtrace.analysis.analysed.landmarks import landmarks
 from memtrace.analysis.capacity.extensible import (
     ExtensibleSizing,
     blocks_within,
-    extensible_sizing,
+    extensible_inputs,
     measure_kv_cache_bytes,
     pages_for,
 )
 from memtrace.analysis.capacity.fits import FITS, NO_KV, OOM, UNKNOWN, Fit, Recorded, recorded
-from memtrace.analysis.capacity.reconcile import non_kv as non_kv_model
 from memtrace.analysis.capacity.reconcile import profiled_kv_bytes
 from memtrace.analysis.capacity.whatif import (
-    default_util,
-    extensible_inputs,
-    need_curve,
     recorded_one_request,
-    recorded_others,
-    vllm_version,
+    recorded_util,
 )
-from memtrace.analysis.memory.curves import Curves, all_curves, committed_curve
+from memtrace.analysis.memory.curves import committed_curve
 from memtrace.analysis.memory.phases import path_at
 from memtrace.analysis.memory.quantities import first_max
 from memtrace.model import Trace
@@ -77,13 +71,13 @@ class Prepared:
     one_request: int | None
 
 
-def prepare(trace: Trace, curves: Curves | None = None, non_torch_bytes: int | None = None) -> Prepared | None:
-    """The card-independent part of :func:`fit_extensible`; None for a trace whose KV cache was not sized after
-    warm-up."""
-    sizing = extensible_sizing(trace, curves)
+def prepare(rank, rec: Recorded) -> Prepared | None:
+    """The card-independent part of :func:`fit_extensible` from what the analysed ``rank`` and ``rec``
+    (``fits.recorded``) already hold: the sizing, what the start-up needs, the non-KV figure; None for a trace whose
+    KV cache was not sized after warm-up."""
+    trace, sizing = rank.trace, rank.extensible
     if not is_extensible(trace) or sizing is None:
         return None
-    curves = curves or all_curves(trace)
     total = sizing.term("free").vllm_bytes and (
         (trace.facts.get(F.VLLM_KV_SIZING) or {}).get("total_memory_bytes") or trace.process.device_total_bytes
     )
@@ -92,31 +86,27 @@ def prepare(trace: Trace, curves: Curves | None = None, non_torch_bytes: int | N
     extend = next((p for p in trace.phases if p.name == PN.KV_CACHE_EXTEND), None)
     init = next((p for p in trace.phases if p.name == PN.KV_CACHE_INIT and p.end_us), None)
     end = extend.start_us if extend is not None else sizing.time_us
-    need = need_curve(trace, curves, landmarks(trace, curves), non_torch_bytes)
     floor = committed_curve(trace, kv_cache_only=True).at(init.end_us) if init is not None else 0
-    window = need.window(need.time_us[0] if len(need) else 0, end)
+    window = rec.need.window(rec.need.time_us[0] if len(rec.need) else 0, end)
     need_b = window.bytes + (window.time_us >= (init.end_us if init is not None else end)) * floor
     i = max(first_max(need_b), 0)
     peak, peak_t = (int(need_b[i]), int(window.time_us[i])) if len(need_b) else (0, end)
-    nk = non_kv_model(trace, curves)
     return Prepared(sizing, int(total), window.time_us, need_b.astype(np.int64), peak, path_at(trace, peak_t),
-                    extend is not None, init.start_us if init else None, nk.bytes if nk is not None else None,
-                    recorded_one_request(trace.facts))  # fmt: skip
+                    extend is not None, init.start_us if init else None,
+                    rec.non_kv_bytes if rec.non_kv_source else None, recorded_one_request(trace.facts))  # fmt: skip
 
 
-def fit_extensible(trace: Trace, capacity_bytes: int, util: float | None = None, *, others_bytes: int = 0,
-                   non_torch_bytes: int | None = None, curves: Curves | None = None, prep: Prepared | None = None,
-                   rec: Recorded | None = None) -> Fit | None:  # fmt: skip
-    """The prediction for a card of ``capacity_bytes`` (CUDA's total) of which other processes hold
-    ``others_bytes``; None for a trace whose KV cache was not sized after warm-up (``prep``: :func:`prepare`,
-    ``rec``: ``fits.recorded``, to share the work between cards)."""
-    prep = prep or prepare(trace, curves, non_torch_bytes)
+def fit_extensible(rank, capacity_bytes: int, util: float | None = None, *, others_bytes: int = 0,
+                   prep: Prepared | None = None, rec: Recorded | None = None) -> Fit | None:  # fmt: skip
+    """The prediction for the analysed ``rank`` on a card of ``capacity_bytes`` (CUDA's total) of which other
+    processes hold ``others_bytes``; None for a trace whose KV cache was not sized after warm-up (``rec``:
+    ``fits.recorded``, ``prep``: :func:`prepare`, to share the work between cards)."""
+    rec = rec or recorded(rank.trace, rank=rank)
+    prep = prep or prepare(rank, rec)
     if prep is None:
         return None
-    rec, facts = rec or recorded(trace, non_torch_bytes, curves=curves), trace.facts
-    if util is None:
-        user = facts.get(F.UTIL_SOURCE) == "user" and facts.get(F.UTIL)
-        util = float(facts[F.UTIL]) if user else default_util(vllm_version(trace) or (0, 34), True)
+    trace, facts = rank.trace, rank.trace.facts
+    util = recorded_util(trace) if util is None else util
     requested, pre = math.ceil(capacity_bytes * util), prep.peak_bytes + others_bytes
 
     def result(outcome, phase="", over=0, stage="KV sizing", blocks=None, kv=0):
@@ -125,7 +115,7 @@ def fit_extensible(trace: Trace, capacity_bytes: int, util: float | None = None,
                    phase, max(over, 0), capacity_bytes - pre if outcome == FITS else 0, stage, rec.non_torch_bytes,
                    rec.non_torch_source, rec.non_kv_source, None, rec.capacity_bytes, **rec.non_torch_split,
                    kv_sizing=F.KV_SIZED_EXTENSIBLE, kv_blocks=blocks, kv_tokens=blocks * tpb if blocks and tpb else None,
-                   others_left_out_bytes=recorded_others(trace))  # fmt: skip
+                   others_left_out_bytes=rec.others_bytes)  # fmt: skip
 
     # 1. before the KV cache is extended
     over = np.flatnonzero(prep.need + others_bytes > capacity_bytes)
@@ -138,7 +128,7 @@ def fit_extensible(trace: Trace, capacity_bytes: int, util: float | None = None,
         return result(NO_KV, PN.KV_CACHE_INIT, -rng)
     # 3. the size, by vLLM's formula on this card: the bytes this card has less of, free (the recorded card's other
     # processes are not on it, unless given back as ``others_bytes``)
-    lacks = prep.recorded_total - recorded_others(trace) - capacity_bytes + others_bytes
+    lacks = prep.recorded_total - rec.others_bytes - capacity_bytes + others_bytes
     s = facts.get(F.VLLM_KV_SIZING) or {}
     strides, granule = [int(x) for x in s.get("segment_strides") or []], int(s.get("granularity_bytes") or 0)
     available, *_ = measure_kv_cache_bytes(requested=requested, **extensible_inputs(s, lacks))

@@ -5,8 +5,8 @@ it was made in) and the site to a **kind** with a scaling rule (:data:`RULES`):
 
 - ``tokens``: activations and workspaces of the dummy forward passes (``profile_run``, kernel warm-up, the
   MoE / FlashInfer workspaces), x ``max-num-batched-tokens``;
-- ``seqs``: the sampler and the logits (``sampler.py``, ``sampling.py``, ``logits_processor.py``...),
-  x ``max-num-seqs`` (one row of the vocabulary per request);
+- ``seqs``: the sampler (a stack through vLLM's ``sample/`` folders: ``categories.sampler_stacks``) and the
+  logits (``compute_logits``), x ``max-num-seqs`` (one row of the vocabulary per request);
 - ``graphs``: what ``capture_model`` and ``cudagraph_profile`` allocate, x the number of CUDA graphs vLLM
   captures (its default capture sizes from ``max-num-seqs``; none with ``enforce-eager``: vLLM's own
   linear extrapolation);
@@ -41,10 +41,11 @@ from memtrace import facts as F
 from memtrace import vllm_phase_names as PN
 from memtrace.analysis.analysed.landmarks import Landmarks, total_curve
 from memtrace.analysis.capacity import priors as P
-from memtrace.analysis.capacity.extensible import blocks_within, measure_kv_cache_bytes, pages_for
+from memtrace.analysis.capacity.extensible import blocks_within, extensible_inputs, measure_kv_cache_bytes, pages_for
 from memtrace.analysis.capacity.reconcile import MEMTRACE as NON_KV_MEMTRACE
 from memtrace.analysis.capacity.reconcile import profiled_kv_bytes
 from memtrace.analysis.holders.live import Lifetimes
+from memtrace.analysis.memory.categories import sampler_stacks
 from memtrace.analysis.memory.curves import Curve, Curves, committed_curve
 from memtrace.analysis.memory.phases import path_at, phase_path
 from memtrace.analysis.memory.pinned import pinned_curve
@@ -72,27 +73,14 @@ BOOTS, DIES, REFUSES, UNKNOWN = "boots", "dies", "refuses", "unknown"
 #: Where a phase's predicted figure comes from (``PhasePeak.source``).
 RECORDED, SCALED_FROM_RECORDING, PRIOR = "recorded", "scaled", "prior"
 #: vLLM's default --gpu-memory-utilization by release (since (major, minor): with the extensible KV cache, without),
-#: newest first: 0.34 resolves it with the sizing mode (``resolved_gpu_memory_utilization``), before it was 0.9.
-VLLM_DEFAULT_UTIL = (((0, 34), 1.0, 0.92), ((0, 0), 0.9, 0.9))
+#: newest first: 0.34 resolves it with the sizing mode (``resolved_gpu_memory_utilization``); 0.33 resolved 0.92
+#: (tests/data/vllm-h200-033/moe, source ``vllm-default``); before, 0.9.
+VLLM_DEFAULT_UTIL = (((0, 34), 1.0, 0.92), ((0, 33), 0.92, 0.92), ((0, 0), 0.9, 0.9))
 
 
 #: The smallest card ``fits`` accepts (no GPU vLLM runs on has less), and the precision of the smallest-card search
-#: (a smallest card within it of MIN_CAPACITY is the floor).
+#: (``boot.smallest_card``; a smallest card within it of MIN_CAPACITY is the floor).
 MIN_CAPACITY, SEARCH_STEP = 1 << 30, 64 << 20
-
-
-def smallest_card(survives, lo: int, hi: int) -> int | None:
-    """The smallest capacity in (``lo``, ``hi``] (to :data:`SEARCH_STEP`) where ``survives(capacity)`` holds, by
-    bisection (an answer that survives on a card survives on every larger one); None when it fails at ``hi``."""
-    if not survives(hi):
-        return None
-    while hi - lo > SEARCH_STEP:
-        mid = (lo + hi) // 2
-        if survives(mid):
-            hi = mid
-        else:
-            lo = mid
-    return hi
 
 
 def default_util(version: tuple[int, int], extensible: bool) -> float:
@@ -103,17 +91,6 @@ def default_util(version: tuple[int, int], extensible: bool) -> float:
 def one_request_bytes(max_model_len: int, bytes_per_block: float, tokens_per_block: int) -> int:
     """KV bytes one request of ``max_model_len`` tokens needs: whole blocks (vLLM refuses to start below it)."""
     return math.ceil(math.ceil(max_model_len / tokens_per_block) * bytes_per_block)
-
-
-def extensible_inputs(s: dict, lacks: int, moved: int = 0, tr: float = 1.0) -> dict:
-    """vLLM's post-warm-up sizing inputs as recorded (``s``: ``facts.VLLM_KV_SIZING``) on a card with ``lacks``
-    bytes less free, the free memory after warm-up less ``moved`` more, the transients x ``tr``: the keyword
-    arguments of ``extensible.measure_kv_cache_bytes`` but ``requested``."""
-    return dict(init_free=int(s["init_free_memory_bytes"]) - lacks, free=int(s["free_memory_bytes"]) - lacks - moved,
-                committed=int(s["committed_bytes"]), transient_peak=int(s["transient_peak_bytes"] * tr),
-                torch_reserve_growth=int(s["torch_reserve_growth_bytes"] * tr),
-                margin_floor=int(s.get("margin_floor_bytes") or 1 << 30),
-                margin_fraction=float(s.get("margin_fraction") or 0.75))  # fmt: skip
 
 
 def need_curve(
@@ -146,7 +123,6 @@ def recorded_one_request(facts: dict, kv_bytes: int | None = None) -> int | None
     return one_request_bytes(max_len, per, tpb) if isinstance(max_len, int) and per and tpb else None
 
 
-_SAMPLER_FILES = ("sampler.py", "sampling.py", "topk_topp_sampler.py", "logits_processor.py", "penalties.py")
 _KV_FUNCS = ("_allocate_kv_cache_buffer", "allocate_kv_cache", "_allocate_kv_cache_tensors")
 _DTYPE_BYTES = {"fp8": 1, "fp8_e4m3": 1, "fp8_e5m2": 1, "auto": 2, "bfloat16": 2, "float16": 2, "half": 2}
 _BEFORE = np.iinfo(np.int64).min
@@ -221,18 +197,30 @@ def recorded_flags(trace) -> Flags | None:
     need = ("max_num_batched_tokens", "max_num_seqs", "max_model_len")
     if not all(isinstance(cfg.get(k), int) for k in need):
         return None
-    source = trace.facts.get(F.UTIL_SOURCE)  # older traces lack it: their figure is vLLM's resolved one, kept
-    user = source == F.UTIL_BY_USER or (source is None and not trace.facts.get(F.VLLM_KV_SIZE_SOURCE))
     return Flags(
         max_num_batched_tokens=cfg["max_num_batched_tokens"],
         max_num_seqs=cfg["max_num_seqs"],
         max_model_len=cfg["max_model_len"],
         enforce_eager=bool(cfg.get("enforce_eager")),
         kv_cache_dtype=str(cfg.get("kv_cache_dtype") or "auto"),
-        gpu_memory_utilization=float(trace.facts[F.UTIL]) if user and trace.facts.get(F.UTIL) else None,
+        gpu_memory_utilization=user_util(trace),
         extensible=extensible_kv_cache(trace),
         vllm=vllm_version(trace) or (0, 34),
     )
+
+
+def user_util(trace) -> float | None:
+    """The recorded --gpu-memory-utilization unless vLLM chose it by default (None: another sizing mode moves it,
+    :func:`default_util`); a trace that does not say who chose it (``facts.UTIL_SOURCE``) keeps vLLM's resolved figure."""
+    u = trace.facts.get(F.UTIL)
+    return float(u) if u and trace.facts.get(F.UTIL_SOURCE) != F.UTIL_VLLM_DEFAULT else None
+
+
+def recorded_util(trace) -> float:
+    """The utilization the recorded start-up ran with: the user's, else vLLM's default for the recorded release
+    (unknown: 0.34) and sizing mode (``Flags.util`` of :func:`recorded_flags`, the one figure every model uses)."""
+    user = user_util(trace)
+    return user if user is not None else default_util(vllm_version(trace) or (0, 34), extensible_kv_cache(trace))
 
 
 def extensible_kv_cache(trace) -> bool:
@@ -371,13 +359,14 @@ class Sites:
         kv_w = self.windows(PN.KV_CACHE_INIT)
         sizing_w = self.windows(PN.KV_CACHE_SIZING_WARMUP)
         by_stack: dict[int, str] = {}
+        sampler = sampler_stacks(t)  # the sampler's files: ``categories``' one definition
 
         def of_stack(s: int) -> str:
             if s not in by_stack:
                 frames = t.stack_frames(s)
                 if any(f.name in _KV_FUNCS for f in frames):
                     by_stack[s] = KV
-                elif any(f.filename.rsplit("/", 1)[-1] in _SAMPLER_FILES or f.name == "compute_logits" for f in frames):
+                elif sampler[s] or any(f.name == "compute_logits" for f in frames):  # the sampler and the logits
                     by_stack[s] = SEQS
                 else:
                     by_stack[s] = TOKENS
@@ -548,8 +537,8 @@ class Outcome:
     phases: list[PhasePeak]
     pre_kv_peak_bytes: int
     pre_kv_peak_phase: str
-    #: how much larger a card must be to boot with these flags (the smallest such card less this one, to
-    #: ``fits.SEARCH_STEP``); 0 when it boots; None where no card up to the search's ceiling does
+    #: how much larger a card must be to boot with these flags (``boot``: the smallest such card less this one, to
+    #: ``SEARCH_STEP``); 0 when it boots; None where no card up to the search's ceiling does
     short_bytes: int | None = None
     #: past the recording's end the start-up was carried on from priors (issue 43): each component that came from
     #: a prior and its spread, in words ("" when every figure is recorded or scaled); the sum of the spreads of
@@ -783,9 +772,12 @@ class WhatIf:
         return KvSizing(available, blocks, tokens, kv_bytes, tokens / self.flags.max_model_len, how, one)
 
     # -- one card ----------------------------------------------------------------------------------------
-    def on(self, capacity: int, *, keep_others: bool = False, others_bytes: int | None = None) -> Outcome:
+    def on(self, capacity: int, *, keep_others: bool = False, others_bytes: int | None = None,
+           table: bool = True) -> Outcome:  # fmt: skip
         """The answer on a card of ``capacity`` holding this process alone, or with the recording's other
-        processes (``keep_others``), or with ``others_bytes`` held by other processes (``--others``)."""
+        processes (``keep_others``), or with ``others_bytes`` held by other processes (``--others``); ``table``:
+        False while searching cards (the verdict alone, no per-phase table)."""
+        peaks = self.phase_peaks if table else lambda kv_bytes, others=0: []
         rec_others = recorded_others(self.sites.trace)
         others = others_bytes if others_bytes is not None else rec_others if keep_others else 0
         left_out = 0 if keep_others else rec_others
@@ -797,7 +789,7 @@ class WhatIf:
         if pre_peak > room:
             over = np.flatnonzero(self.no_kv[self.sites.time < self.kv_at_us] > room)
             t = int(self.sites.time[over[0]]) if len(over) else pre_t
-            phases = self.phase_peaks(0, others)
+            phases = peaks(0, others)
             ph = path_at(self.sites.trace, t)
             why = "before the KV cache is sized: --gpu-memory-utilization cannot help there"
             return Outcome(**common, verdict=DIES, phase=ph, by_bytes=pre_peak - room, why=why, kv=kv, phases=phases)
@@ -806,14 +798,14 @@ class WhatIf:
         if not self.flags.extensible and init_used and requested > room - init_used:
             why = f"free memory at start-up ({room - init_used:,} B) is less than util x card ({requested:,} B)"
             return Outcome(**common, verdict=REFUSES, phase=PN.INIT_DEVICE, by_bytes=requested - (room - init_used),
-                           why=why, kv=kv, phases=self.phase_peaks(0, others))  # fmt: skip
+                           why=why, kv=kv, phases=peaks(0, others))  # fmt: skip
         if kv is None or self.sites.trace.facts.get(F.VLLM_KV_BLOCKS) is None:
-            phases = self.phase_peaks(0, others)
+            phases = peaks(0, others)
             refused = self._refused_short_of_the_kv_cache(requested)
             if refused is not None:
                 phase, by, why = refused
                 return Outcome(**common, verdict=REFUSES, phase=phase, by_bytes=by, why=why, kv=None, phases=phases)
-            carried = self._carried(capacity, others, common)
+            carried = self._carried(capacity, others, common, peaks)
             if carried is not None:
                 return carried
             why = (
@@ -825,7 +817,7 @@ class WhatIf:
             if model_shape(self.sites.trace) is None:
                 why += " (the model's shape was not recorded: --config config.json carries it on from priors)"
             return Outcome(**common, verdict=UNKNOWN, phase="", by_bytes=0, why=why, kv=None, phases=phases)
-        phases = self.phase_peaks(kv.kv_bytes, others)
+        phases = peaks(kv.kv_bytes, others)
         sizing = PN.KV_CACHE_SIZING if self.flags.extensible else PN.DETERMINE_AVAILABLE_MEMORY
         usable = kv.blocks - (1 if self.flags.extensible else 0)  # vLLM's null block holds no tokens
         if kv.available_bytes <= 0 or usable * self.per_block[1] < self.flags.max_model_len:
@@ -870,25 +862,17 @@ class WhatIf:
             return P.Carried(shape, self.flags, library, given)
         return prior
 
-    def _carried(self, capacity: int, others: int, common: dict) -> Outcome | None:
-        """The answer on ``capacity`` with the start-up carried past the recording's end (None where it cannot be)."""
+    def _carried(self, capacity: int, others: int, common: dict, peaks) -> Outcome | None:
+        """The answer on ``capacity`` with the start-up carried past the recording's end (None where it cannot be;
+        ``peaks``: the recorded phases' table, or none while searching)."""
         c = self.carried
         per, tpb = self.per_block
         if c is None or P.WEIGHTS in c.missing or not per:
             return None
         dtype = (self.sites.trace.facts.get(F.VLLM_CONFIG) or {}).get("dtype")
         per, tpb, blocks = kv_geometry(model_shape(self.sites.trace), self.flags, tpb, dtype)
-        return carried_outcome(c, capacity, others, (per, tpb, blocks), self.phase_peaks(0, others),
-                               int(self.sites.time[-1]), common)  # fmt: skip
-
-    def short(self, capacity: int, **card) -> Outcome:
-        """:meth:`on`, with how much larger a card must be to boot (``Outcome.short_bytes``)."""
-        o = self.on(capacity, **card)
-        if o.verdict == BOOTS:
-            return dataclasses.replace(o, short_bytes=0)
-        top = max(capacity, 4 * (o.pre_kv_peak_bytes + o.others_bytes)) + SEARCH_STEP
-        least = smallest_card(lambda c: self.on(c, **card).verdict == BOOTS, capacity, top)
-        return dataclasses.replace(o, short_bytes=least - capacity if least is not None else None)
+        return carried_outcome(c, capacity, others, (per, tpb, blocks), peaks(0, others), int(self.sites.time[-1]),
+                               common)  # fmt: skip
 
     def _refused_short_of_the_kv_cache(self, requested: int) -> tuple[str, int, str] | None:
         """Where the recording ends before vLLM sized the KV cache: (phase, short, why) when vLLM's own sizing
@@ -1089,7 +1073,7 @@ def suggest(sites: Sites, capacity: int, *, keep_others: bool = False, others_by
     card = dict(keep_others=keep_others, others_bytes=others_bytes)
     others = others_bytes if others_bytes is not None else recorded_others(sites.trace) if keep_others else 0
     singles = candidates(rec, ext_known, shared_utilization(sites, capacity, others))
-    recorded_outcome = recorded or WhatIf(sites, rec, cal, library).on(capacity, **card)
+    recorded_outcome = recorded or WhatIf(sites, rec, cal, library).on(capacity, **card, table=False)
     booting: list[Suggestion] = []
     tried = 0
     for size in (1, 2):
@@ -1098,7 +1082,7 @@ def suggest(sites: Sites, capacity: int, *, keep_others: bool = False, others_by
         ]  # fmt: skip
         for change in sets:
             f = dataclasses.replace(rec, **change)
-            o = WhatIf(sites, f, cal, library).on(capacity, **card)
+            o = WhatIf(sites, f, cal, library).on(capacity, **card, table=False)
             tried += 1
             if o.verdict == BOOTS or (o.verdict == UNKNOWN and recorded_outcome.verdict != BOOTS):
                 booting.append(Suggestion(f.changes(rec), f, o))  # UNKNOWN: gets past all the recording covers
@@ -1113,7 +1097,7 @@ def suggest(sites: Sites, capacity: int, *, keep_others: bool = False, others_by
     per, tpb = w.per_block
     one = one_request_bytes(frugal.max_model_len, per, tpb) if per else 0
     return Suggestions(capacity, recorded_outcome, booting[:top], w.pre_kv[0] + one, frugal.changes(rec), tried,
-                       w.on(capacity, **card))  # fmt: skip
+                       w.on(capacity, **card, table=False))  # fmt: skip
 
 
 def clear_of_spread(o: Outcome) -> bool:

@@ -33,6 +33,11 @@ class Oom:
     source: str  # "observer" (a live capture) or "allocator event" (an imported snapshot)
     count: int  # how many OOMs the trace holds (retries after a caught OOM make more)
 
+    @property
+    def device_ran_out(self) -> bool:
+        """Whether the device itself ran out: it had fewer bytes free than were asked for (False when unknown)."""
+        return self.free_bytes is not None and self.free_bytes < self.requested_bytes
+
     def limit_bytes(self, device_total_bytes: int | None) -> int | None:
         """The allocator's limit when it was below the device (a per-process memory fraction), else None."""
         if self.total_bytes and (not device_total_bytes or self.total_bytes < device_total_bytes):

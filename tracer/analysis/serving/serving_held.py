@@ -206,7 +206,7 @@ def room(ws_device: DeviceAtEnd | None, oom: Oom | None, util: float | None, tot
     lower by a fraction ``d`` keeps ``d`` x ``total`` out of it, rounded here down to hundredths as the flag is
     usually given."""
     d = ws_device
-    if d is None or oom is None or not d.at_oom or oom.free_bytes is None or oom.free_bytes >= oom.requested_bytes:
+    if d is None or oom is None or not d.at_oom or not oom.device_ran_out:
         return None
     short = oom.requested_bytes - oom.free_bytes
     others = d.change(lambda h: h.others_bytes)
