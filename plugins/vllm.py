@@ -215,6 +215,11 @@ class Plugin:
         else:
             self.pending_notes.append((level, text))
 
+    def _note_bypasses(self, session: Any) -> None:
+        """The copies of hooked functions the passes at import could not see, rebound and named in the trace."""
+        for text in self.manager.bypasses():
+            session.add_note("warning", text)
+
     # -- session -----------------------------------------------------------------------------------
     def start_session(self, worker: Any, start_us: int) -> Any:
         """Start recording in the process that owns ``worker``'s device (after init_device)."""
@@ -289,6 +294,7 @@ class Plugin:
         from memtrace.capture import api
 
         session.set_fact(F.VLLM_STARTUP_COMPLETE_US, now_us())
+        session.later(lambda: self._note_bypasses(session))  # 10-25 ms over every module: on memtrace's writer
         if self.until == "startup":
             path = api.stop("startup-complete")
             log.info("memtrace: start-up traced: %s", path)
