@@ -159,9 +159,11 @@ class TraceWriter:
         if overwrite and self.path.exists():
             self.path.unlink()
         self._db = sqlite3.connect(str(self.path), check_same_thread=False)
+        # an empty file is made without waiting on the disk (a crash meanwhile loses nothing: it held nothing);
+        # the schema and the header in one transaction. 2-4 ms instead of ~4-30 ms on a traced program's thread
+        self._db.execute("PRAGMA synchronous=OFF")
         self._db.execute("PRAGMA journal_mode=WAL")
-        self._db.execute("PRAGMA synchronous=NORMAL")
-        self._db.executescript(_SCHEMA)
+        self._db.executescript(f"BEGIN;{_SCHEMA}COMMIT;")
         self._frames: dict[tuple[str, int, str], int] = {}
         self._stacks: dict[tuple[int, ...], int] = {}
         self._event_seq = 0
@@ -169,6 +171,7 @@ class TraceWriter:
             self._put_meta("format", FORMAT_NAME)
             self._put_meta("version", f"{FORMAT_VERSION[0]}.{FORMAT_VERSION[1]}")
             self._put_meta("writer", f"memtrace pid {os.getpid()} at {int(time.time() * 1e6)}")
+        self._db.execute("PRAGMA synchronous=NORMAL")
 
     # -- small helpers -------------------------------------------------------------------------
     def _put_meta(self, key: str, value: str) -> None:

@@ -67,13 +67,10 @@ def trace_path(path_or_dir: str | os.PathLike | None, rank: int | None) -> Path:
     return run_dir(path_or_dir) / (name + SUFFIX)
 
 
-#: A trace file's name as :func:`trace_path` makes it (compressed ones carry a further suffix).
-_NAME = re.compile(rf"^(?P<host>.+)-pid(?P<pid>\d+)(?:-rank(?P<rank>\d+))?{re.escape(SUFFIX)}")
-
-
 def name_parts(name: str) -> tuple[str, int, int | None] | None:
-    """(host, pid, rank or None) of a trace file named by :func:`trace_path`; None for another name."""
-    m = _NAME.match(name)
+    """(host, pid, rank or None) of a trace file named by :func:`trace_path` (compressed ones carry a further
+    suffix); None for another name."""
+    m = re.match(rf"^(?P<host>.+)-pid(?P<pid>\d+)(?:-rank(?P<rank>\d+))?{re.escape(SUFFIX)}", name)
     if m is None:
         return None
     return m["host"], int(m["pid"]), int(m["rank"]) if m["rank"] is not None else None

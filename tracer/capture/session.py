@@ -129,7 +129,7 @@ class Session:
         selfcost.mark_own_thread()
         try:
             with selfcost.region(selfcost.START):  # memtrace's own thread: stated apart (memtrace_threads_ns)
-                installed = env.installed_facts()
+                installed = env.installed_facts_apart(ENV_WAIT_S)
         except Exception as exc:  # noqa: BLE001 - a fact less, never a failed recording
             log.info("memtrace: installed versions not read: %s", exc)
             return
