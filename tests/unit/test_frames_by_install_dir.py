@@ -202,3 +202,16 @@ def test_the_folder_cache_forgets_a_freed_trace_and_keeps_a_bounded_number():
     for t in alive:
         assert frames.library_dirs(t).dirs == {"torch": ("/opt/x/torch/",)}
     assert len(frames._CACHE) == frames._CACHE_MAX
+
+
+def test_a_diff_names_a_changed_site_by_its_runs_recorded_library_folders(tmp_path, capsys):
+    from memtrace.cli import main
+    from memtrace.store import save_trace
+
+    base, new = _recorded_trace(), _recorded_trace()
+    new.events["size"][1] = 1 << 20  # the same site holds more in the new run
+    save_trace(base, tmp_path / "a.memtrace")
+    save_trace(new, tmp_path / "b.memtrace")
+    main(["diff", str(tmp_path / "a.memtrace"), str(tmp_path / "b.memtrace")])
+    out = capsys.readouterr().out
+    assert "f1 (app/model.py:10)" in out and "not_a_file_of_any_torch" not in out
