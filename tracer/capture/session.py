@@ -314,6 +314,14 @@ class Session:
                 self.writer.set_facts(self.facts)
 
     @selfcost.timed(selfcost.WRITES)
+    def set_facts(self, facts: dict[str, Any]) -> None:
+        """Store several JSON-compatible facts with one write of the file (one transaction, not one each)."""
+        with self._lock:
+            self.facts.update(facts)
+            if not self._file_closed:
+                self.writer.set_facts(self.facts)
+
+    @selfcost.timed(selfcost.WRITES)
     def add_note(self, level: str, text: str) -> None:
         """Store a note a reader must see ("info", "warning", "error")."""
         with self._lock:
