@@ -79,14 +79,7 @@ others_how  # tracer/model.ServingWindow: written in the window document (store.
 install_workspace_hooks  # plugins/surface.py: the table's FlashInfer allocators hooked by the GPU scripts that record
                          # FlashInfer alone (tests/gpu/seed_b12x.py, tests/data/vllm-h200/flashinfer_probe.py)
 
-# -- tracer/analysis/capacity/shape.py: used by capacity/priors.py (issue 43), the lead's module being written --
-_.from_facts  # used by capacity/priors.py (issue 43): a cut trace's model shape
-_.from_config  # used by capacity/priors.py (issue 43): fits --config PATH/config.json
-architecture  # used by capacity/priors.py (issue 43): ModelShape field, the library's key per architecture
-experts_per_tok  # used by capacity/priors.py (issue 43): ModelShape field, MoE activations scale with it
-capture_sizes  # used by capacity/priors.py (issue 43): ModelShape field, graph pool per capture size
-page_bytes  # used by capacity/priors.py (issue 43): KVPlan field, one layer's page (test_shape checks it)
-kv_bytes_per_block  # used by capacity/priors.py (issue 43)
-kv_bytes_for_tokens  # used by capacity/priors.py (issue 43)
-kv_cache_for_bytes  # used by capacity/priors.py (issue 43): vLLM's blocks and tokens from what is left
-weights_from_safetensors  # used by capacity/priors.py (issue 43): a local checkpoint's exact weights
+# -- issue 43: the priors' refit machinery, run by one script (not by the CLI) --
+observe  # tracer/analysis/capacity/observe.py: tests/bench/fit_priors.py takes each shipped start-up apart with it
+_.without  # priors.Library.without: fit_priors.py --leave-out and tests/bench/priors_check.py (leave one architecture out)
+page_bytes  # shape.KVPlan.page_bytes: one layer's page, the figure test_shape holds against vLLM's own specs

@@ -40,10 +40,7 @@ def _one_frame(f) -> str:
     return f"{f.name} ({short}:{f.line})"
 
 
-def _frame_label(frames) -> str:
-    from memtrace.analysis.holders.live import meaningful_frame
-
-    f = meaningful_frame(list(frames))
+def _frame_label(f) -> str:
     if f is None:
         return "(no stack recorded)"
     short = "/".join(f.filename.split("/")[-2:])
@@ -172,7 +169,7 @@ def _render_sites(d) -> list[str]:
     for s in d.sites:
         tag = "new " if s.is_new else "gone" if s.vanished else ("grew" if s.delta > 0 else "less")
         out.append(
-            f"  {tag} {_delta(s.delta):>12}  {_gib(s.base_bytes):>11} → {_gib(s.new_bytes):>11}  {_frame_label(s.frames)}"
+            f"  {tag} {_delta(s.delta):>12}  {_gib(s.base_bytes):>11} → {_gib(s.new_bytes):>11}  {_frame_label(s.shown)}"
             + (f"  via {_one_frame(s.apart)}" if s.apart is not None else "")
         )
     return out

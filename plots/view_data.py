@@ -47,7 +47,7 @@ from memtrace.analysis.analysed.landmarks import steady_non_torch_values
 from memtrace.analysis.analysed.rank import AnalysedRank
 from memtrace.analysis.analysed.summary import summary_doc
 from memtrace.analysis.holders.flame import frame_label
-from memtrace.analysis.holders.live import meaningful_frame
+from memtrace.analysis.holders.frames import site_frame
 from memtrace.analysis.memory.categories import CATEGORIES
 from memtrace.analysis.memory.quantities import OTHERS, holds_reserved
 from memtrace.analysis.memory.target import describe
@@ -134,7 +134,7 @@ def rank_meta(a: AnalysedRank, t0_us: int) -> dict[str, Any]:
     start, end = a.span
     titles = []
     for st in range(len(t.stacks)):
-        f = meaningful_frame(t.stack_frames(st))
+        f = site_frame(t, st)
         titles.append(frame_label(f) if f is not None else "")
     doc = summary_doc(a)
     paths = a.icicle_paths

@@ -259,9 +259,12 @@ def render_before_run(out, config: str, flags, weights, outcome: Outcome, bootin
     import dataclasses
     import json
 
+    from memtrace.analysis.capacity.priors import COMPONENTS
+
     if json_out:
         doc = {"config": config, "flags": dataclasses.asdict(flags), "weights": dataclasses.asdict(weights),
-               "priors": {"vllm": library.vllm, "architectures": library.architectures},
+               "priors": {"vllm": library.vllm, "architectures": library.architectures,
+                          "components": {k: {"what": w, "feature": f} for k, (w, f) in COMPONENTS.items()}},
                "outcome": dataclasses.asdict(outcome),
                "suggestions": [{"changes": b.changes, "outcome": dataclasses.asdict(b.outcome)} for b in booting]}  # fmt: skip
         json.dump(doc, out, indent=2)

@@ -9,6 +9,8 @@ A :class:`HookManager` owns a set of hooks. Each hook names a target and a :clas
 - **every importer is patched**: for a module-level function, every module that imported it by name
   (``from mod import func``) before the patch has its binding replaced too (found by one dict lookup per
   module and name, in one pass over ``sys.modules`` per module patched or per :meth:`HookManager.batch`);
+  a binding that pass cannot see (a lazy ``__getattr__``, an import inside a function, a reloaded home
+  module) is found and named by :meth:`HookManager.bypasses`; a reloaded hooked module is patched again;
 - **idempotent and undoable**: a wrapper carries a sentinel (``__memtrace_hook__``), patching twice is a
   no-op, :meth:`HookManager.unpatch` restores every original binding;
 - **a class's own attributes only**: ``Class.method`` is wrapped only where ``method`` is in
@@ -32,6 +34,7 @@ import logging
 import os
 import sys
 import threading
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from types import ModuleType
@@ -195,8 +198,7 @@ class HookManager:
                 self._apply(hook, module)
                 if not self._batching:
                     self._rebind_importers()
-            else:
-                self._ensure_finder()
+            self._ensure_finder()  # its import, or its reload (importlib.reload runs it again: patched again)
 
     @contextlib.contextmanager
     def batch(self) -> Iterator[None]:
@@ -240,19 +242,23 @@ class HookManager:
         is charged to ``patching`` in :mod:`memtrace.capture.selfcost`)."""
         with selfcost.region(selfcost.PATCHING), self._lock:
             for hook in list(self._hooks.get(module.__name__, ())):
-                self._apply(hook, module)
+                self._apply(hook, module, executed=True)
             if not self._batching:
                 self._rebind_importers(module)
 
-    def _apply(self, hook: _Hook, module: ModuleType) -> None:
+    def _apply(self, hook: _Hook, module: ModuleType, executed: bool = False) -> None:
+        """Wrap ``hook``'s target in ``module``. A target patched before is looked at again only when
+        ``module`` has just executed (``executed``): ``importlib.reload`` ran it again and redefined the target."""
         done_key = (hook.target.path, hook.key)
-        if done_key in self._done:
+        again = done_key in self._done
+        if again and not executed:
             return
         try:
             owner, name = _resolve(module, hook.target.qualname)
         except LookupError as exc:
-            self._done.add(done_key)  # report once
-            self._missing(hook.target.path, str(exc))
+            if not again:
+                self._done.add(done_key)  # report once
+                self._missing(hook.target.path, str(exc))
             return
         raw = _own_attr(owner, name)
         if getattr(_unwrap_descriptor(raw), SENTINEL, None) is not None:
@@ -297,6 +303,75 @@ class HookManager:
                         continue
                     self._bindings.append(_Binding(mod, name, original, wrapper))
 
+    def bypasses(self, chunk: int = 500) -> list[str]:
+        """Find, rebind and tell the copies of a patched module-level function that the passes of
+        :meth:`_rebind_importers` cannot see (:func:`_candidates`): a module imported before the function's own
+        that bound it later by name (a lazy module ``__getattr__`` that caches what it imports, a ``global``
+        import inside a function run later), and a function's home module run again by ``importlib.reload``
+        after the patch (its new function is not the one wrapped). One look at every module's names, in slices
+        of ``chunk`` modules that let other threads run between them (it runs beside the traced program, on
+        memtrace's writer); one line a case, naming the hook that calls through the copy may have bypassed.
+        """
+        with self._lock:
+            patched = [
+                b for b in self._bindings if isinstance(b.owner, ModuleType) and _own_attr(b.owner, b.name) is b.wrapper
+            ]
+        if not patched:
+            return []
+        by_original = {id(b.original): b for b in patched}
+        names = {b.name for b in patched} | {getattr(b.original, "__name__", b.name) for b in patched}
+        found: list[tuple[ModuleType, str, _Binding]] = []
+        modules = list(sys.modules.values())
+        for start in range(0, len(modules), chunk):  # 10-25 ms over a vLLM process's ~6,000 modules: in slices
+            if start:
+                time.sleep(0)  # let the traced program's threads have the GIL between slices
+            for mod in modules[start : start + chunk]:
+                namespace = getattr(mod, "__dict__", None) if isinstance(mod, ModuleType) else None
+                if namespace is None or namespace.keys().isdisjoint(names):
+                    continue
+                for name in namespace.keys() & names:
+                    b = by_original.get(id(namespace.get(name)))
+                    if b is not None:
+                        found.append((mod, name, b))
+        with self._lock:
+            notes = []
+            for mod, name, b in found:
+                if vars(mod).get(name) is not b.original:
+                    continue  # changed meanwhile
+                path = getattr(b.wrapper, SENTINEL, "?")
+                try:
+                    setattr(mod, name, b.wrapper)
+                    self._bindings.append(_Binding(mod, name, b.original, b.wrapper))
+                    done = "rebound now"
+                except Exception:  # noqa: BLE001 - an odd module (read-only) keeps its binding
+                    done = "left as it is"
+                notes.append(
+                    f"hook {path} may have been bypassed: {mod.__name__}.{name} held the unwrapped function, bound "
+                    f"after the patch's pass looked (a lazy module __getattr__ or an import inside a function); "
+                    f"{done}, its calls before are not in the trace"
+                )
+            seen = set()
+            for b in patched:
+                home = sys.modules.get(getattr(b.original, "__module__", None) or "")
+                fname = getattr(b.original, "__name__", None)
+                current = vars(home).get(fname) if home is not None and fname else None
+                path = getattr(b.wrapper, SENTINEL, "?")
+                if (
+                    current is None
+                    or current is b.original
+                    or current is _innermost(b.original)  # a decorated copy made elsewhere, not a reload
+                    or getattr(current, SENTINEL, None) is not None
+                    or getattr(current, "__qualname__", None) != getattr(b.original, "__qualname__", None)
+                    or (path, home.__name__) in seen
+                ):
+                    continue
+                seen.add((path, home.__name__))
+                notes.append(
+                    f"hook {path} may be bypassed: {home.__name__} was reloaded after the patch and its new "
+                    f"{fname} is not hooked; calls through it are not in the trace"
+                )
+            return notes
+
     def _missing(self, path: str, why: str) -> None:
         logger.warning("memtrace: hook target %s not found (%s); continuing without it", path, why)
         if self.on_missing is not None:
@@ -334,6 +409,10 @@ def _candidates(functions: list[Any], just_imported: ModuleType | None) -> list[
     found before every D, plus the modules running now. None (look everywhere) when a function's home is not
     known, or no such module comes before them (a function of a module imported before the chain that runs
     now: torch's, at the plugin's registration). Imports running on other threads meanwhile are not seen.
+
+    Not seen either: a module imported before D whose code bound the function later, outside its top-level
+    code (a lazy module ``__getattr__`` that caches what it imported, a ``global`` import inside a function
+    run after D's import). :meth:`HookManager.bypasses` finds those, once, and says so in the trace.
     """
     homes = set()
     for func in functions:

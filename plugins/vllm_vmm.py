@@ -58,8 +58,6 @@ def _codes() -> tuple[dict[str, int], dict[str, int]]:
     return {n: c for c, n in enumerate(VMM_OPS)}, {n: c for c, n in enumerate(VMM_CALLERS)}
 
 
-#: ``VmmDriver._check``'s message: ``GPU driver error {code}: {text}``.
-_ERROR_RE = re.compile(r"GPU driver error (\d+)")
 _HERE = (pystack.own_file(__file__), pystack.own_file(hooks.__file__))  # the recorder's own frames
 
 
@@ -67,7 +65,7 @@ def error_code(exc: BaseException | None) -> int:
     """The CUDA driver's error code in a failed call's exception (-1 when it names none; 0: no error)."""
     if exc is None:
         return 0
-    m = _ERROR_RE.search(str(exc))
+    m = re.search(r"GPU driver error (\d+)", str(exc))  # VmmDriver._check's message (compiled on first use)
     return int(m.group(1)) if m else -1
 
 

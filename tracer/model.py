@@ -339,6 +339,10 @@ class ServingWindow:
 #: Traces of host memory, not of a device (``Process.role`` -> label): pinned host memory from a torch
 #: snapshot (``importers.pinned_host``), the CPU's memory events of a profiler trace (``importers.kineto``).
 HOST_ROLES = {"pinned-host": "pinned host", "host": "host (CPU)"}
+#: ``Process.role`` of a device's trace whose allocations carry sizes without addresses (torch.profiler before
+#: PyTorch 1.10, ``importers.kineto``): no reserved memory (``analysis.memory.quantities.holds_reserved``). The
+#: one record of it; that who held what is not in it either, the events tell (``holders.live.knows_holders``).
+ROLE_SIZES_ONLY = "import-sizes"
 
 
 #: Fact keys (the ``facts`` document's keys) are listed once, with their types and writers, in

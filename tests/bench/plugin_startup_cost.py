@@ -9,7 +9,8 @@ and runners and a model the way a worker does (the post-import hooks: ``patching
 the plugin starts after ``init_device`` (``start``; importing memtrace's capture code first, which the worker's
 ``init_device`` hook pays: ``hooks.phases``). It prints memtrace's own figures by source
 (``memtrace.capture.selfcost``, what every trace states), and how many hook targets were patched (so a run
-that patched nothing can't look cheap).
+that patched nothing can't look cheap), and the CPU time of the thread that gathers memtrace's environment facts
+beside vLLM's thread after the session started (Python it ran: the GIL it held; its own CPU clock).
 
 ``--base REV`` (default ``HEAD``) is the code before: ``git archive REV`` of ``tracer``, ``plugins`` and
 ``plots`` laid out as the ``memtrace`` package; the working tree is laid out the same way for the code after,
@@ -81,12 +82,41 @@ def child(run_dir: str, clock: str) -> None:
         from memtrace.capture import api
     from memtrace.plugins import vllm as plugin
 
-    api.start(None, device=None, stacks="python", role="vllm-worker")
+    env_cpu = _time_env_thread()
+    session = api.start(None, device=None, stacks="python", role="vllm-worker")
     totals = selfcost.totals()
     patched = [p for p in plugin._plugin.hooked if _patched(p)] if plugin._plugin else []
+    if session._env_thread is not None:
+        session._env_thread.join()
     api.stop("bench")
     by_source = {k: v["ns"] / 1e6 for k, v in totals["sources"].items()}
-    print(json.dumps({"ms": by_source, "patched": len(patched), "modules": len(sys.modules)}))
+    print(
+        json.dumps(
+            {"ms": by_source, "patched": len(patched), "modules": len(sys.modules), "env_cpu_ms": env_cpu.get("ms")}
+        )
+    )
+
+
+def _time_env_thread() -> dict:
+    """Make the session's environment-facts thread (``Session._gather_installed``) note its CPU time in the dict
+    returned (``ms``): Python it ran, so the GIL it held while vLLM's thread started (what a loaded machine's other
+    processes can't inflate, as they can a stall measured from vLLM's thread)."""
+    import time
+
+    from memtrace.capture.session import Session
+
+    spent: dict = {}
+    gather = Session._gather_installed
+
+    def timed(self) -> None:
+        t0 = time.thread_time_ns()
+        try:
+            gather(self)
+        finally:
+            spent["ms"] = (time.thread_time_ns() - t0) / 1e6
+
+    Session._gather_installed = timed
+    return spent
 
 
 def _patched(path: str) -> bool:
@@ -147,14 +177,16 @@ def compare(rev: str, rounds: int, clock: str) -> None:
                 res = _run(paths[name], work / f"run-{name}-{r}", clock)
                 ms = res["ms"]
                 part = sum(ms.get(s, 0.0) for s in SOURCES)
+                env_cpu = res.get("env_cpu_ms") or 0.0
                 print(
                     f"round {r} {name:6s} {'  '.join(f'{s} {ms.get(s, 0.0):7.1f}' for s in SOURCES)}  "
                     f"sum {part:7.1f} ms  (all sources {sum(ms.values()):7.1f} ms; {res['patched']} targets "
-                    f"patched; {res['modules']} modules){'  [warm-up, not counted]' if r == 1 else ''}",
+                    f"patched; {res['modules']} modules; env facts thread's CPU {env_cpu:.1f} ms)"
+                    f"{'  [warm-up, not counted]' if r == 1 else ''}",
                     flush=True,
                 )
                 if r > 1:
-                    runs[name].append(ms)
+                    runs[name].append({**ms, "env thread cpu": env_cpu})
         if not runs["after"]:
             return
         print(f"medians over rounds 2-{rounds} (ms, {clock} clock; before = {rev}, after = the working tree):")
@@ -162,7 +194,12 @@ def compare(rev: str, rounds: int, clock: str) -> None:
         for name in ("before", "after"):
             med = {s: statistics.median(m.get(s, 0.0) for m in runs[name]) for s in SOURCES}
             sums[name] = statistics.median(sum(m.get(s, 0.0) for s in SOURCES) for m in runs[name])
-            print(f"  {name:6s} " + "  ".join(f"{s} {med[s]:7.1f}" for s in SOURCES) + f"  sum {sums[name]:7.1f}")
+            env_cpu = statistics.median(m.get("env thread cpu", 0.0) for m in runs[name])
+            print(
+                f"  {name:6s} "
+                + "  ".join(f"{s} {med[s]:7.1f}" for s in SOURCES)
+                + f"  sum {sums[name]:7.1f}  env facts thread's CPU (GIL held beside vLLM's thread) {env_cpu:.1f}"
+            )
         print(f"  cut: {sums['before'] / sums['after']:.1f}x (median of the sum of {', '.join(SOURCES)})")
 
 

@@ -207,3 +207,25 @@ def test_the_installed_versions_come_from_memtraces_own_thread_and_reach_the_tra
     assert env["cmdline"] == ["vllm", "serve", "m"]
     assert 0 < trace.facts[F.PROCESS_START_US] < before  # this test process started before the session
     assert trace.facts[F.SELF_COST]["memtrace_threads_ns"] > 0  # the gathering, on memtrace's own thread
+
+
+def test_a_second_start_into_the_folder_this_process_records_to_says_it_is_recording(tmp_path):
+    """The earlier-run check runs inside the registry's claim, after its "already recording" check: the file of
+    the session recording now is this process's, not a finished run's."""
+    with memtrace.trace(tmp_path) as session:
+        with pytest.raises(UsageError) as err:
+            memtrace.start(tmp_path)
+        assert (
+            str(err.value)
+            == f"memtrace is already recording this process to {session.path}; call memtrace.stop() first"
+        )
+
+
+def test_the_earlier_run_check_reads_trace_names_as_the_registry_makes_them(tmp_path):
+    from memtrace.capture import registry
+
+    for rank in (None, 0, 12):
+        path = registry.trace_path(tmp_path / "run-pid3-rank4", rank)  # a folder whose name looks like one
+        assert registry.name_parts(path.name) == (socket.gethostname(), os.getpid(), rank)
+    assert registry.name_parts("my-host-pid7-rank2.memtrace.zst") == ("my-host", 7, 2)
+    assert registry.name_parts("notes.memtrace") is None

@@ -96,3 +96,30 @@ def test_a_process_start_time_is_the_kernels_within_its_clock_tick():
         child.kill()
         child.wait()
     assert process_start_us(2**22 + 1) is None  # no such process
+
+
+@pytest.mark.vllm
+def test_a_session_reads_the_installed_metadata_in_a_child_not_on_the_traced_processs_threads(tmp_path):
+    """Issue 42: reading vLLM's pins imports packaging's parser and parses ~90 requirements (50-100 ms of Python
+    holding the GIL against vLLM's thread); a child interpreter does it. The traced process imports none of it,
+    and the trace holds the same facts the reading would give here."""
+    import json
+    import subprocess
+    import sys
+
+    from memtrace.capture.env import installed_facts
+
+    code = (
+        "import json, sys, memtrace\n"
+        f"with memtrace.trace({str(tmp_path)!r}) as s:\n"
+        "    pass\n"
+        "from memtrace.store import load_trace\n"
+        "env = load_trace(s.path).facts['env']\n"
+        "print(json.dumps([sorted(m for m in sys.modules if m.startswith('packaging.')), env]))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    imported, env = json.loads(out.splitlines()[-1])
+    assert "packaging.requirements" not in imported and "packaging.markers" not in imported
+    here = installed_facts()
+    assert {k: env[k] for k in ("platform", "vllm_requires")} == {k: here[k] for k in ("platform", "vllm_requires")}
+    assert env["vllm_requires"]["torch"].startswith("==")

@@ -153,3 +153,65 @@ def test_without_the_traces_folders_a_stacks_own_torch_frames_show_torchs_folder
     stack = ["/s/torch/_tensor.py", "/s/torch/nn/modules/module.py", "/s/vllm/worker/x.py"]
     assert _pick(*stack) == "/s/vllm/worker/x.py"  # _tensor.py: torch's, as module.py shows /s/torch/ is torch
     assert _pick("/work/torch/_tensor.py", "/work/app.py") == "/work/torch/_tensor.py"  # nothing shows it is torch
+
+
+def _recorded_trace():
+    """One allocation whose innermost frame is in the folder the recording process had torch in (a file this
+    torch lacks: only the recorded folder says it is torch's), called from the user's model."""
+    from memtrace import facts as F
+    from memtrace.model import ACTION_CODE, Trace, empty_events
+
+    files = ["/opt/x/torch/not_a_file_of_any_torch.py", "/opt/x/app/model.py"]
+    ev = empty_events(2)
+    ev["time_us"], ev["addr"], ev["size"], ev["stack"] = [10, 10], [1 << 20, 1 << 20], [2 << 20, 512], [-1, 0]
+    ev["action"] = [ACTION_CODE["segment_alloc"], ACTION_CODE["alloc"]]
+    frames = [Frame(fn, 10, f"f{i}") for i, fn in enumerate(files)]
+    return Trace(frames=frames, stacks=[(0, 1)], events=ev, facts={F.INSTALL_PATHS: {"torch": "/opt/x/torch"}})
+
+
+def test_every_output_names_a_stack_by_the_traces_recorded_library_folders():
+    """The viewer's titles, the report's holders and the budget's lines read one owner (frames.library_dirs),
+    not each a guess from the stack's own frames."""
+    from memtrace.analysis.holders.frames import site_frame
+    from memtrace.plots.view_data import rank_meta
+
+    from tests.testdata import analysed_rank
+
+    t = _recorded_trace()
+    assert site_frame(t, 0).filename == "/opt/x/app/model.py" and site_frame(t, -1) is None
+    rank = analysed_rank(t)
+    meta = rank_meta(rank, 0)
+    assert [h.frame.filename for h in rank.holders] == ["/opt/x/app/model.py"]
+    assert meta["stack_titles"][0].startswith("f1 ") and "model.py" in meta["stack_titles"][0]
+    assert all("not_a_file" not in title for title in meta["path_titles"])
+
+
+def test_the_folder_cache_forgets_a_freed_trace_and_keeps_a_bounded_number():
+    import gc
+
+    from memtrace.analysis.holders import frames
+
+    t = _recorded_trace()
+    frames.library_dirs(t)
+    key = id(t)
+    assert key in frames._CACHE
+    del t
+    gc.collect()
+    assert key not in frames._CACHE  # its id may be another trace's now: nothing of it is left to be found
+    alive = [_recorded_trace() for _ in range(frames._CACHE_MAX * 2)]
+    for t in alive:
+        assert frames.library_dirs(t).dirs == {"torch": ("/opt/x/torch/",)}
+    assert len(frames._CACHE) == frames._CACHE_MAX
+
+
+def test_a_diff_names_a_changed_site_by_its_runs_recorded_library_folders(tmp_path, capsys):
+    from memtrace.cli import main
+    from memtrace.store import save_trace
+
+    base, new = _recorded_trace(), _recorded_trace()
+    new.events["size"][1] = 1 << 20  # the same site holds more in the new run
+    save_trace(base, tmp_path / "a.memtrace")
+    save_trace(new, tmp_path / "b.memtrace")
+    main(["diff", str(tmp_path / "a.memtrace"), str(tmp_path / "b.memtrace")])
+    out = capsys.readouterr().out
+    assert "f1 (app/model.py:10)" in out and "not_a_file_of_any_torch" not in out

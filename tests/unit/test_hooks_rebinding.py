@@ -207,3 +207,129 @@ def test_a_batch_rebinds_every_function_in_one_pass_when_it_ends(pkg):
     assert passes == [2]
     assert user.work is lib.work and late.step is circ.step
     manager.unpatch()
+
+
+def _package(tmp_path, monkeypatch, prefix: str, files: dict[str, str]) -> str:
+    name = f"{prefix}_{uuid.uuid4().hex[:8]}"
+    root = tmp_path / name
+    root.mkdir()
+    (root / "__init__.py").write_text("")
+    for file, text in files.items():
+        (root / file).write_text(textwrap.dedent(text))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    return name
+
+
+def _forget(name: str) -> None:
+    for mod in [m for m in sys.modules if m == name or m.startswith(name + ".")]:
+        del sys.modules[mod]
+
+
+#: ``outer`` (still running when the hook fires) makes ``early`` (imported before it, finished) bind ``lib``'s
+#: ``work`` through code that runs after ``early``'s import, then imports ``owner``, whose hook patches ``work``:
+#: the pass looks back to ``outer`` only, so ``early``'s copy is not seen by it.
+_LATE_BINDERS = {
+    "lib.py": "def work(x):\n    return x + 1\n",
+    "owner.py": "from .lib import work\n",
+    "lazy.py": """
+        def __getattr__(name):  # a lazy module: imports on first use and caches, as transformers' and vLLM's
+            if name == "work":
+                from .lib import work
+                globals()["work"] = work
+                return work
+            raise AttributeError(name)
+
+        def call(x):
+            return globals()["work"](x)
+        """,
+    "glob.py": """
+        def setup():
+            global work
+            from .lib import work
+
+        def call(x):
+            return work(x)
+        """,
+}
+
+
+def test_a_copy_bound_by_a_lazy_getattr_before_the_patch_is_found_rebound_and_named(tmp_path, monkeypatch):
+    name = _package(
+        tmp_path,
+        monkeypatch,
+        "lazypkg",
+        {**_LATE_BINDERS, "outer.py": "from . import lazy\nlazy.work\nfrom . import owner\n"},
+    )
+    handler = Counting()
+    manager = HookManager()
+    manager.add(f"{name}.owner:work", handler)
+    try:
+        lazy = importlib.import_module(f"{name}.lazy")  # imported before outer: outside the pass's window
+        importlib.import_module(f"{name}.outer")
+        owner = sys.modules[f"{name}.owner"]
+        assert hasattr(owner.work, SENTINEL) and vars(lazy)["work"] is not owner.work  # the pass missed it
+        notes = manager.bypasses()
+        assert notes == [
+            f"hook {name}.owner:work may have been bypassed: {name}.lazy.work held the unwrapped function, bound "
+            "after the patch's pass looked (a lazy module __getattr__ or an import inside a function); rebound "
+            "now, its calls before are not in the trace"
+        ]
+        assert lazy.call(1) == 2 and handler.calls == 1  # rebound: its calls are recorded from now on
+        assert manager.bypasses() == []  # told once
+        manager.unpatch()
+        assert not hasattr(vars(lazy)["work"], SENTINEL)  # the late rebinding is undone too
+    finally:
+        manager.unpatch()
+        _forget(name)
+
+
+def test_a_copy_bound_by_a_global_import_in_a_function_before_the_patch_is_found_and_named(tmp_path, monkeypatch):
+    name = _package(
+        tmp_path,
+        monkeypatch,
+        "globpkg",
+        {**_LATE_BINDERS, "outer.py": "from . import glob\nglob.setup()\nfrom . import owner\n"},
+    )
+    handler = Counting()
+    manager = HookManager()
+    manager.add(f"{name}.owner:work", handler)
+    try:
+        glob = importlib.import_module(f"{name}.glob")
+        importlib.import_module(f"{name}.outer")
+        assert not hasattr(glob.work, SENTINEL)
+        (note,) = manager.bypasses()
+        assert note.startswith(f"hook {name}.owner:work may have been bypassed: {name}.glob.work held")
+        assert glob.call(1) == 2 and handler.calls == 1
+    finally:
+        manager.unpatch()
+        _forget(name)
+
+
+def test_reloading_the_hooked_module_patches_the_function_it_defines_again(pkg):
+    (lib,) = _imp(pkg, "lib")
+    handler = Counting()
+    manager = HookManager()
+    manager.add(f"{pkg}.lib:work", handler)
+    first = lib.work
+    importlib.reload(lib)  # runs lib again: a new, unwrapped work
+    assert lib.work is not first and getattr(lib.work, SENTINEL) == f"{pkg}.lib:work"
+    (user,) = _imp(pkg, "user")
+    assert user.call(1) == 2 and lib.work(1) == 2 and handler.calls == 2
+    assert manager.bypasses() == []
+    manager.unpatch()
+    assert not hasattr(lib.work, SENTINEL)
+
+
+def test_reloading_the_home_of_a_re_exported_hooked_function_is_named(pkg):
+    """The hook is on ``owner:work``, defined in ``lib``: reloading ``lib`` makes a new ``work`` nobody hooked,
+    which a module importing it from ``lib`` afterwards calls; memtrace cannot follow it, and says so."""
+    lib, owner = _imp(pkg, "lib", "owner")
+    manager = HookManager()
+    manager.add(f"{pkg}.owner:work", Counting())
+    assert hasattr(lib.work, SENTINEL)
+    importlib.reload(lib)
+    assert manager.bypasses() == [
+        f"hook {pkg}.owner:work may be bypassed: {pkg}.lib was reloaded after the patch and its new work is not "
+        "hooked; calls through it are not in the trace"
+    ]
+    manager.unpatch()

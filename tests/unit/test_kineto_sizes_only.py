@@ -13,7 +13,8 @@ from pathlib import Path
 import numpy as np
 from memtrace.analysis.memory import quantities as Q
 from memtrace.cli import main
-from memtrace.importers.kineto import ROLE_SIZES_ONLY, traces_from_kineto_file
+from memtrace.importers.kineto import traces_from_kineto_file
+from memtrace.model import ROLE_SIZES_ONLY
 
 from tests.testdata import analysed_rank
 
@@ -31,6 +32,7 @@ def test_the_peak_is_the_running_sum_of_the_sizes_and_nothing_reserved_is_claime
     assert not any("Addr" in e["args"] or "Total Reserved" in e["args"] for e in mem)
     t = _cuda()
     assert t.process.role == ROLE_SIZES_ONLY and not Q.holds_reserved(t.process)
+    assert "addresses" not in t.facts["import"]  # the role is the one record of it: no fact that could disagree
     rank = analysed_rank(t)
     assert int(np.max(np.cumsum(sizes))) == rank.peak_allocated.bytes == 2_791_636_480
     assert rank.peak.state_us == rank.peak_allocated.time_us  # the moment shown is the allocated peak

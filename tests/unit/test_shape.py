@@ -106,7 +106,7 @@ def test_the_plugins_shape_fact_gives_what_the_config_gives():
     flags = {"dtype": "torch.bfloat16", "kv_cache_dtype": "fp8", "block_size": 64, "max_model_len": 32_768}
     got = S.ModelShape.from_facts({F.VLLM_MODEL_SHAPE: vllm_facts.model_shape_facts(worker), F.VLLM_CONFIG: flags})
     want = dataclasses.replace(S.ModelShape.from_config(MODELS / "q35moe.json"), kv_cache_dtype="fp8",
-                               block_size=64, max_model_len=32_768, capture_sizes=(1, 2, 4))  # fmt: skip
+                               block_size=64, max_model_len=32_768)  # fmt: skip
     assert got == want and got.missing() == []
 
 
@@ -114,7 +114,7 @@ def test_the_plugins_shape_fact_gives_what_the_config_gives():
 def test_the_kv_cache_vllm_sized_on_the_h200_is_its_blocks_times_the_bytes_per_block(src, step):
     facts, shape = _traced(src, step)
     blocks, tokens, nbytes = facts[F.VLLM_KV_BLOCKS], facts[F.VLLM_KV_TOKENS], facts[F.VLLM_KV_BYTES]
-    per_block = S.kv_bytes_per_block(shape, shape.kv_cache_dtype, shape.block_size)
+    per_block = S.kv_plan(shape).bytes_per_block
     assert per_block == (524_288 if "moe" in shape.architecture.lower() else 4_194_304) * shape.block_size // 64
     assert blocks * per_block == nbytes
     assert S.kv_bytes_for_tokens(shape, tokens) == nbytes

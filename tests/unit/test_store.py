@@ -79,6 +79,22 @@ def test_reading_a_finished_trace_creates_no_files_beside_it(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == before == ["t.memtrace"]
 
 
+def test_reading_one_document_of_a_shipped_trace_creates_no_files_beside_it(tmp_path):
+    """A reader never writes beside the user's file: a recorded trace (WAL mode in its header) read for one
+    document, as a watcher or the earlier-run check reads it."""
+    import shutil
+
+    from memtrace.store import read_document
+
+    from tests.testdata import DATA
+
+    shipped = DATA / "h200" / "startup-cap6g" / "vm-pid522.memtrace"
+    copy = shutil.copy(shipped, tmp_path / shipped.name)
+    assert read_document(copy, "recording")["end_us"] > 0
+    assert read_document(copy, "process")["pid"] == 522
+    assert sorted(p.name for p in tmp_path.iterdir()) == [shipped.name]
+
+
 def test_a_path_with_uri_characters_loads(tmp_path):
     p = save_trace(full_trace(), tmp_path / "run #1 ?x%20.memtrace")
     assert load_trace(p).process.pid == 42

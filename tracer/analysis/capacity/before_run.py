@@ -24,7 +24,7 @@ from memtrace.analysis.capacity.whatif import (
     candidates,
     carried_outcome,
     clear_of_spread,
-    kv_geometry,
+    kv_shape,
 )
 
 GiB = 1 << 30
@@ -74,7 +74,7 @@ def predict(shape: dict, flags: Flags, capacity: int, weights: Weights, library:
     """The answer on ``capacity`` with nothing recorded: every figure but the weights from the priors."""
     given = {P.WEIGHTS: P.Figure(P.WEIGHTS, weights.bytes, weights.source)}
     c = P.Carried(shape, flags, library, given)
-    return carried_outcome(c, capacity, others, kv_geometry(shape, flags, BLOCK_TOKENS))
+    return carried_outcome(c, capacity, others, kv_shape(shape, flags, BLOCK_TOKENS))
 
 
 def suggest(shape: dict, flags: Flags, capacity: int, weights: Weights, library: P.Library, others: int = 0,

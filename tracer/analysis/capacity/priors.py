@@ -23,8 +23,10 @@ import statistics
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from memtrace import facts as F
 from memtrace.analysis.capacity.extensible import measure_kv_cache_bytes
 from memtrace.analysis.capacity.reconcile import profiled_kv_bytes
+from memtrace.analysis.capacity.shape import ModelShape
 from memtrace.errors import UsageError
 
 RECORDED, SCALED, PRIOR = "recorded", "scaled", "prior"
@@ -70,40 +72,36 @@ FITTED = (
 )
 
 
-def _v(shape, name: str, default=0):
-    """A shape field by its Hugging Face name (``shape`` a dict of the config, or an object with the attribute)."""
-    value = shape.get(name) if isinstance(shape, dict) else getattr(shape, name, None)
-    return default if value is None else value
+def model_shape(shape) -> ModelShape:
+    """``shape`` as a :class:`.shape.ModelShape` (a dict: Hugging Face names, the trace's ``vllm.model_shape``)."""
+    return shape if isinstance(shape, ModelShape) else ModelShape.from_facts({F.VLLM_MODEL_SHAPE: shape})
 
 
-def act_width(shape) -> int:
+def act_width(m: ModelShape) -> int:
     """One token's activations at profile_run's peak, in elements: the residual stream and its neighbours (4 x
     hidden) and the MLP's intermediates — gate and up, and the activation's output, for a dense MLP (3 x
     intermediate); for a MoE, each routed copy's (experts-per-token x (3 x the expert's intermediate + hidden):
     fused_moe's three caches) and the shared expert's."""
-    topk = int(_v(shape, "num_experts_per_tok"))
-    hidden = int(_v(shape, "hidden_size"))
-    if topk:
-        moe = int(_v(shape, "moe_intermediate_size") or _v(shape, "intermediate_size"))
-        return 4 * hidden + topk * (3 * moe + hidden) + 3 * int(_v(shape, "shared_expert_intermediate_size"))
-    return 4 * hidden + 3 * int(_v(shape, "intermediate_size"))
+    hidden = m.hidden or 0
+    if m.experts_per_tok:
+        moe = m.moe_intermediate or m.intermediate or 0
+        return 4 * hidden + m.experts_per_tok * (3 * moe + hidden) + 3 * m.shared_expert_intermediate
+    return 4 * hidden + 3 * (m.intermediate or 0)
 
 
 def features(shape, flags, values: dict[str, int] | None = None) -> dict[str, float]:
     """Each fitted component's feature for ``shape`` under ``flags`` (a ``whatif.Flags``). vLLM's transient and
     reserve growth are features of other components (``values``: their bytes, recorded or predicted)."""
+    m = model_shape(shape)
     tokens = float(flags.max_num_batched_tokens)
-    out = {ACTIVATIONS: tokens * act_width(shape) * 2, WARMUP: tokens * act_width(shape) * 2,
-           KEPT: tokens * int(_v(shape, "num_experts_per_tok")) * int(_v(shape, "hidden_size")) * 2,
-           SAMPLER: float(flags.max_num_seqs) * int(_v(shape, "vocab_size")) * 4,
-           SAMPLER_RUN: float(flags.max_num_seqs) * int(_v(shape, "vocab_size")) * 4,
-           GRAPH_POOL: 0.0 if flags.enforce_eager else 1.0}  # fmt: skip
+    per_token = tokens * act_width(m) * 2
+    seqs = float(flags.max_num_seqs) * (m.vocab or 0) * 4
+    out = {ACTIVATIONS: per_token, WARMUP: per_token, KEPT: tokens * m.experts_per_tok * (m.hidden or 0) * 2,
+           SAMPLER: seqs, SAMPLER_RUN: seqs, GRAPH_POOL: 0.0 if flags.enforce_eager else 1.0}  # fmt: skip
     out[SLACK] = out[PROFILED_SLACK] = out[CONTEXT] = 1.0
     if values is not None:
         a, k, w = (values.get(x, 0) for x in (ACTIVATIONS, KEPT, WARMUP))
-        out[TRANSIENT] = float(
-            max(a - k, w, values.get(SAMPLER_RUN, 0))
-        )  # vLLM measures the transient above what stays held
+        out[TRANSIENT] = float(max(a - k, w, values.get(SAMPLER_RUN, 0)))  # vLLM measures it above what stays held
         out[RESERVE_GROWTH] = float(max(a, k + w))
     return out
 

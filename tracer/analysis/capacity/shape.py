@@ -82,7 +82,6 @@ class ModelShape:
     max_model_len: int | None = None
     max_num_batched_tokens: int | None = None
     tensor_parallel: int = 1
-    capture_sizes: tuple[int, ...] = ()
     multimodal: bool = False  # a vision tower beside the text model: its weights are not in weights_bytes
 
     @classmethod
@@ -180,7 +179,6 @@ def _build(d: dict, arch: str | None, cfg: dict) -> ModelShape:
         kv_cache_dtype=cfg.get("kv_cache_dtype"), block_size=_int(cfg, "block_size"),
         max_model_len=_int(cfg, "max_model_len"), max_num_batched_tokens=_int(cfg, "max_num_batched_tokens"),
         tensor_parallel=_int(cfg, "tensor_parallel_size") or 1,
-        capture_sizes=tuple(d.get("cudagraph_capture_sizes") or ()),
     )  # fmt: skip
 
 
@@ -260,11 +258,6 @@ def kv_plan(shape: ModelShape, kv_cache_dtype: str | None = None, block_size: in
             per["sliding"] = math.ceil(held / block) + 1  # SlidingWindowSpec.max_admission_blocks_per_request
         per_request = sum(per[k] * n for k, n in groups)
     return KVPlan(block, page, groups, size * page, per_request)
-
-
-def kv_bytes_per_block(shape: ModelShape, kv_cache_dtype: str, block_size: int) -> int:
-    """Bytes of one block id of vLLM's KV pool (all layers of the widest group)."""
-    return kv_plan(shape, kv_cache_dtype, block_size).bytes_per_block
 
 
 def kv_bytes_for_tokens(shape: ModelShape, tokens: int) -> int:

@@ -497,16 +497,15 @@ def model_shape(trace) -> dict | None:
     return shape if isinstance(shape, dict) and shape.get("hidden_size") else None
 
 
-def kv_geometry(shape: dict, flags: Flags, block_size: int, dtype: str | None = None) -> tuple[int, int, int]:
-    """(bytes per KV block, tokens per block, blocks one request of max-model-len takes): vLLM 0.34's arithmetic on
-    the model's shape (``shape.kv_plan``: groups, sliding windows, a hybrid's raised block)."""
-    from memtrace.analysis.capacity.shape import ModelShape, kv_plan
+def kv_shape(shape: dict, flags: Flags, block_size: int, dtype: str | None = None):
+    """The model's shape with the flags that size its KV cache (``shape.ModelShape``): vLLM 0.34's arithmetic on it
+    (``shape.kv_plan``: groups, sliding windows, a hybrid's raised block, the blocks one request takes)."""
+    from memtrace.analysis.capacity.shape import ModelShape
 
     cfg = {"kv_cache_dtype": flags.kv_cache_dtype, "block_size": block_size, "max_model_len": flags.max_model_len,
            "max_num_batched_tokens": flags.max_num_batched_tokens,
            "dtype": dtype or shape.get("dtype") or shape.get("torch_dtype") or "bfloat16"}  # fmt: skip
-    plan = kv_plan(ModelShape.from_facts({F.VLLM_MODEL_SHAPE: shape, F.VLLM_CONFIG: cfg}))
-    return plan.bytes_per_block, plan.block_size, int(plan.blocks_per_request or 0)
+    return ModelShape.from_facts({F.VLLM_MODEL_SHAPE: shape, F.VLLM_CONFIG: cfg})
 
 
 @dataclass(frozen=True)
@@ -687,8 +686,12 @@ class WhatIf:
         ratio = _DTYPE_BYTES.get(self.flags.kv_cache_dtype, 2) / _DTYPE_BYTES.get(self.rec.kv_cache_dtype, 2)
         shape = model_shape(self.sites.trace)
         if not per and shape is not None:  # a recording cut before KV sizing: vLLM's arithmetic on the model's shape
-            dtype = (self.sites.trace.facts.get(F.VLLM_CONFIG) or {}).get("dtype")
-            return kv_geometry(shape, self.flags, tpb or 16, dtype)[:2]
+            from memtrace.analysis.capacity.shape import kv_plan
+
+            plan = kv_plan(
+                kv_shape(shape, self.flags, tpb or 16, (self.sites.trace.facts.get(F.VLLM_CONFIG) or {}).get("dtype"))
+            )
+            return plan.bytes_per_block, plan.block_size
         return int(per * ratio), tpb or 16
 
     def kv_on(self, capacity: int, others: int, left_out: int) -> KvSizing | None:
@@ -870,9 +873,8 @@ class WhatIf:
         if c is None or P.WEIGHTS in c.missing or not per:
             return None
         dtype = (self.sites.trace.facts.get(F.VLLM_CONFIG) or {}).get("dtype")
-        per, tpb, blocks = kv_geometry(model_shape(self.sites.trace), self.flags, tpb, dtype)
-        return carried_outcome(c, capacity, others, (per, tpb, blocks), peaks(0, others), int(self.sites.time[-1]),
-                               common)  # fmt: skip
+        m = kv_shape(model_shape(self.sites.trace), self.flags, tpb, dtype)
+        return carried_outcome(c, capacity, others, m, peaks(0, others), int(self.sites.time[-1]), common)
 
     def _refused_short_of_the_kv_cache(self, requested: int) -> tuple[str, int, str] | None:
         """Where the recording ends before vLLM sized the KV cache: (phase, short, why) when vLLM's own sizing
@@ -893,13 +895,16 @@ class WhatIf:
         return phase, withheld - requested, why
 
 
-def carried_outcome(c: P.Carried, capacity: int, others: int, geometry: tuple[int, int, int],
-                    recorded: list[PhasePeak] = (), t_end: int = 0, common: dict | None = None) -> Outcome:  # fmt: skip
+def carried_outcome(c: P.Carried, capacity: int, others: int, kv: object, recorded: list[PhasePeak] = (),
+                    t_end: int = 0, common: dict | None = None) -> Outcome:  # fmt: skip
     """The answer on ``capacity`` (``others`` held by other processes) of a start-up put together from components
     (``c``): past a recording's end (``recorded``: its phases as predicted, up to ``t_end``), or with nothing recorded.
-    ``geometry``: :func:`kv_geometry`."""
+    ``kv``: the model's shape with the KV cache's flags (:func:`kv_shape`): vLLM's blocks, tokens, one request."""
+    from memtrace.analysis.capacity.shape import kv_bytes_for_tokens, kv_cache_for_bytes, kv_plan
+
     flags, room = c.flags, capacity - others
-    per, tpb, per_request = geometry
+    plan = kv_plan(kv)
+    per, tpb, per_request = plan.bytes_per_block, plan.block_size, plan.blocks_per_request
     names = {x.phase for x in recorded}
     phases = list(recorded) + [PhasePeak(name, None, 0, b + others, t_end, False, {}, {}, src)
                                for name, b, src in c.phase_peaks() if name not in names]  # fmt: skip
@@ -920,9 +925,9 @@ def carried_outcome(c: P.Carried, capacity: int, others: int, geometry: tuple[in
         return Outcome(**common, verdict=DIES, phase=phase, by_bytes=c.pre_kv_peak - room, why=why, kv=None,
                        phases=phases)  # fmt: skip
     k = c.kv(capacity, others, per, tpb)
-    one = per_request * per
-    tokens = int(k.blocks / per_request * flags.max_model_len)  # vLLM's get_kv_cache_capacity
-    kv = KvSizing(k.available_bytes, k.blocks, tokens, k.kv_bytes, tokens / flags.max_model_len, k.how, one)
+    blocks, tokens = kv_cache_for_bytes(kv, k.available_bytes)
+    one = kv_bytes_for_tokens(kv, flags.max_model_len)
+    kv = KvSizing(k.available_bytes, blocks, tokens, blocks * per, tokens / flags.max_model_len, k.how, one)
     usable = kv.blocks - (1 if flags.extensible else 0)  # vLLM's null block holds no tokens
     if kv.available_bytes <= 0 or usable < per_request:
         why = 'no memory left for one request of max-model-len tokens ("No available memory for the cache blocks")'

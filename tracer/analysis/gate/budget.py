@@ -13,7 +13,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from memtrace.analysis.holders.live import holders_by_stack, meaningful_frame
+from memtrace.analysis.holders.frames import site_frame
+from memtrace.analysis.holders.live import holders_by_stack
 from memtrace.analysis.memory.oom import Oom
 from memtrace.analysis.memory.target import describe
 from memtrace.errors import UsageError
@@ -116,7 +117,7 @@ def check_budget(
             hs = holders_by_stack(trace, top=top, event_index=curves.allocated.peak_index - 1, lt=lt)
         else:
             hs = holders_by_stack(trace, peak_us, top=top, lt=lt)
-        holders = [BudgetHolder(h.bytes, h.count, meaningful_frame(rank.trace.stack_frames(h.stack))) for h in hs]
+        holders = [BudgetHolder(h.bytes, h.count, site_frame(rank.trace, h.stack)) for h in hs]
     return BudgetCheck(
         budget, curve, peak, peak_us, phase, holders, source, {k: v[0] for k, v in peaks.items()}, rank.oom
     )

@@ -13,7 +13,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from memtrace.analysis.holders.live import Lifetimes, holders_by_stack, lifetimes, meaningful_frame
+from memtrace.analysis.holders.frames import site_frame
+from memtrace.analysis.holders.live import Lifetimes, holders_by_stack, lifetimes
 from memtrace.model import Frame, Trace
 
 #: How many stacks to report in each direction (grew or new, shrank or vanished).
@@ -30,6 +31,8 @@ class SiteChange:
     #: when another listed stack is printed under the same frame: this stack's innermost frame that differs
     #: from theirs (the caller that tells the two apart); None when the printed frame alone is unique
     apart: Frame | None = None
+    #: the frame printed for it, told by the library folders of the run it came from (``frames.site_frame``)
+    shown: Frame | None = None
 
     @property
     def delta(self) -> int:
@@ -90,8 +93,9 @@ class SiteKeys:
         return tuple(map(self._keys.__getitem__, self._trace.stacks[stack]))
 
 
-def sites_at_peak(trace: Trace, peak_index: int, lt: Lifetimes | None = None) -> dict[tuple, tuple[int, tuple]] | None:
-    """Live bytes by :func:`site_key` right after event ``peak_index``; None when no live block has a stack."""
+def sites_at_peak(trace: Trace, peak_index: int, lt: Lifetimes | None = None) -> dict[tuple, tuple] | None:
+    """(live bytes, the frames of a stack that shows them, its printed frame) by :func:`site_key` right after event
+    ``peak_index``; None when no live block has a stack."""
     if len(trace.events) == 0 and not trace.segments:
         return {}
     lt = lt if lt is not None else lifetimes(trace)
@@ -103,7 +107,7 @@ def sites_at_peak(trace: Trace, peak_index: int, lt: Lifetimes | None = None) ->
         out[key] = (prev[0] + h.bytes, h.stack)
     if out and all(not key for key in out):
         return None  # no live block has a stack
-    return {key: (b, tuple(trace.stack_frames(stack))) for key, (b, stack) in out.items()}
+    return {key: (b, tuple(trace.stack_frames(stack)), site_frame(trace, stack)) for key, (b, stack) in out.items()}
 
 
 def site_changes(base, new, top: int = TOP_SITES) -> Sites:
@@ -115,10 +119,10 @@ def site_changes(base, new, top: int = TOP_SITES) -> Sites:
         return Sites([], "both" if b is None and n is None else "base" if b is None else "new")
     changes = []
     for key in dict.fromkeys([*n, *b]):
-        bb, bf = b.get(key, (0, ()))
-        nb, nf = n.get(key, (0, ()))
+        bb, bf, bs = b.get(key, (0, (), None))
+        nb, nf, ns = n.get(key, (0, (), None))
         if nb != bb:
-            changes.append(SiteChange(nf or bf, bb, nb))
+            changes.append(SiteChange(nf or bf, bb, nb, shown=ns if nf else bs))
     grew = sorted((c for c in changes if c.delta > 0), key=lambda c: -c.delta)[:top]
     shrank = sorted((c for c in changes if c.delta < 0), key=lambda c: c.delta)[:top]
     return Sites(tell_apart(grew + shrank))
@@ -134,14 +138,14 @@ def _first_difference(a: tuple[Frame, ...], b: tuple[Frame, ...]) -> int:
 
 
 def tell_apart(changes: list[SiteChange]) -> list[SiteChange]:
-    """Each change printed under the same frame as another (``live.meaningful_frame``) gets the frame of its
+    """Each change printed under the same frame as another (:attr:`SiteChange.shown`) gets the frame of its
     own stack that tells it apart from them (:attr:`SiteChange.apart`): the innermost one where the stacks
     differ, taken past the last point any of them shares with it."""
     from dataclasses import replace
 
     groups: dict[tuple, list[int]] = {}
     for i, c in enumerate(changes):
-        f = meaningful_frame(list(c.frames))
+        f = c.shown
         groups.setdefault((f.name, file_name(f.filename), f.line) if f else None, []).append(i)
     out = list(changes)
     for members in groups.values():

@@ -46,23 +46,29 @@ def python_frames(frames: Sequence[Frame]) -> list[Frame]:
 
 
 @functools.cache
-def _local_package_dirs() -> tuple[str, ...]:
-    """Where torch and memtrace (its three folders) are installed here, each ending in ``/``.
-
-    Found with ``importlib.util.find_spec``, which locates a package without importing it: torch is
-    never imported for this. A user's code in a folder that happens to be called ``memtrace``,
-    ``tracer`` or ``torch`` is not under any of them.
-    """
-    dirs = []
-    for name in ("torch", "memtrace", "memtrace.plugins", "memtrace.plots"):
-        try:
-            spec = importlib.util.find_spec(name)
-        except (ImportError, ValueError):
-            continue
-        for d in (spec.submodule_search_locations or []) if spec else []:
-            for form in {os.path.abspath(d), os.path.realpath(d)}:  # as imported, and through symlinks
-                dirs.append(form.replace("\\", "/").rstrip("/") + "/")
+def _installed_dirs(name: str) -> tuple[str, ...]:
+    """Where package ``name`` is installed here, each folder ending in ``/``: through symlinks first, then as
+    imported. Found with ``importlib.util.find_spec``, which locates a package without importing it: torch is
+    never imported for this. Empty when it is not installed."""
+    try:
+        spec = importlib.util.find_spec(name)
+    except (ImportError, ValueError):
+        return ()
+    dirs: list[str] = []
+    for d in (spec.submodule_search_locations or []) if spec else []:
+        for form in (os.path.realpath(d), os.path.abspath(d)):
+            if _folder(form) not in dirs:
+                dirs.append(_folder(form))
     return tuple(dirs)
+
+
+@functools.cache
+def _local_package_dirs() -> tuple[str, ...]:
+    """Where torch and memtrace (its three folders) are installed here (:func:`_installed_dirs`). A user's code
+    in a folder that happens to be called ``memtrace``, ``tracer`` or ``torch`` is not under any of them."""
+    return tuple(
+        d for name in ("torch", "memtrace", "memtrace.plugins", "memtrace.plots") for d in _installed_dirs(name)
+    )
 
 
 #: The libraries whose install folders the recording process states (``facts.INSTALL_PATHS``).
@@ -96,14 +102,19 @@ class LibraryDirs:
 
 #: No folder known: frames are judged by path patterns alone.
 NO_DIRS = LibraryDirs()
+#: id(trace) -> (a weak reference to it, its folders): an entry leaves when its trace is freed (before the id can
+#: be another trace's), and the oldest leaves past :data:`_CACHE_MAX` traces alive at once.
 _CACHE: dict[int, tuple[weakref.ref, LibraryDirs]] = {}
+_CACHE_MAX = 64
 
 
 def library_dirs(trace: Trace) -> LibraryDirs:
     """Where ``trace``'s process had its libraries: as it recorded them (``facts.INSTALL_PATHS``), else, for
     a trace written before memtrace recorded them, the folders of frames that are certainly the library's
-    (:func:`infer_library_dirs`). Computed once a trace."""
-    hit = _CACHE.get(id(trace))
+    (:func:`infer_library_dirs`). Computed once a trace; the one source of a trace's library folders, which
+    every analysis naming a trace's frame reads (:func:`site_frame`)."""
+    key = id(trace)
+    hit = _CACHE.get(key)
     if hit is not None and hit[0]() is trace:
         return hit[1]
     recorded = trace.facts.get(F.INSTALL_PATHS)
@@ -112,8 +123,25 @@ def library_dirs(trace: Trace) -> LibraryDirs:
         out = LibraryDirs(dirs, DIRS_RECORDED)
     else:
         out = infer_library_dirs(f.filename for f in trace.frames)
-    _CACHE[id(trace)] = (weakref.ref(trace), out)
+    while len(_CACHE) >= _CACHE_MAX:
+        _CACHE.pop(next(iter(_CACHE)), None)
+    _CACHE[key] = (weakref.ref(trace, functools.partial(_forget, key)), out)
     return out
+
+
+def _forget(key: int, ref: weakref.ref) -> None:
+    """A cached trace was freed: its entry leaves (unless the id is already another trace's)."""
+    hit = _CACHE.get(key)
+    if hit is not None and hit[0] is ref:
+        del _CACHE[key]
+
+
+def site_frame(trace: Trace, stack: int) -> Frame | None:
+    """The frame shown for ``stack`` of ``trace`` (:func:`meaningful_frame` with the trace's own library folders,
+    :func:`library_dirs`); None for no stack (a negative one)."""
+    if stack < 0:
+        return None
+    return meaningful_frame(trace.stack_frames(stack), library_dirs(trace))
 
 
 def _folder(path: str) -> str:
@@ -121,21 +149,10 @@ def _folder(path: str) -> str:
 
 
 @functools.cache
-def _local_layout(name: str) -> str | None:
-    """The folder of library ``name`` installed here (found without importing it), or None."""
-    try:
-        spec = importlib.util.find_spec(name)
-    except (ImportError, ValueError):
-        return None
-    locations = list(spec.submodule_search_locations or []) if spec else []
-    return _folder(os.path.realpath(locations[0])) if locations else None
-
-
-@functools.cache
 def _in_layout(name: str, rest: str) -> bool:
     """True when ``rest`` (``utils/_device.py``) is a file of library ``name`` as installed here."""
-    here = _local_layout(name)
-    return here is not None and "/" in rest and os.path.isfile(here + rest)
+    here = _installed_dirs(name)
+    return bool(here) and "/" in rest and os.path.isfile(here[0] + rest)
 
 
 def _certain_root(name: str, fn: str) -> str | None:

@@ -30,7 +30,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
-from memtrace import facts as F
 from memtrace.model import ACTION_CODE, Frame, Trace
 
 _ALLOC = ACTION_CODE["alloc"]
@@ -196,9 +195,16 @@ def live_allocations_at(
 
 def knows_holders(trace: Trace) -> bool:
     """False for a trace whose allocations carry no address (a torch.profiler trace of PyTorch before 1.10,
-    ``facts["import"]["addresses"]``): no free can be paired with its allocation, so what was live, and whose,
-    is not in it; its allocated curve (the running sum of the sizes) still is."""
-    return (trace.facts.get(F.IMPORT) or {}).get("addresses") is not False
+    the device's and the CPU's alike): no free can be paired with its allocation, so what was live, and whose,
+    is not in it; its allocated curve (the running sum of the sizes) still is. Told by the events themselves:
+    its first allocations all have address 0, which no allocator hands out (no record beside the data)."""
+    head = trace.events[:_HEAD_EVENTS]
+    addrs = head["addr"][head["action"] == ACTION_CODE["alloc"]]
+    return addrs.size == 0 or bool((addrs != 0).any())
+
+
+#: How many of a trace's first events :func:`knows_holders` reads.
+_HEAD_EVENTS = 4096
 
 
 def holders_by_stack(

@@ -15,7 +15,8 @@ from dataclasses import dataclass
 
 import numpy as np
 from memtrace.analysis.holders.flame import FramePaths, frame_label, stack_paths
-from memtrace.analysis.holders.live import Lifetimes, LiveAllocation, meaningful_frame
+from memtrace.analysis.holders.frames import site_frame
+from memtrace.analysis.holders.live import Lifetimes, LiveAllocation
 from memtrace.analysis.memory.categories import innermost_phase_indices
 from memtrace.analysis.memory.phases import recording_span
 from memtrace.model import Trace, empty_events, empty_samples
@@ -56,7 +57,7 @@ class _Interner:
         if pid is None:
             pid = self.path_ids[key] = len(self.paths)
             self.paths.append([self._label(x) for x in key])
-            f = meaningful_frame(self.trace.stack_frames(stack)) if stack >= 0 else None
+            f = site_frame(self.trace, stack)
             self.titles.append(frame_label(f) if f is not None else " ".join(key))
         return pid
 

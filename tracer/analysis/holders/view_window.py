@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 from memtrace.analysis.holders.flame import frame_label
-from memtrace.analysis.holders.live import meaningful_frame
+from memtrace.analysis.holders.frames import site_frame
 from memtrace.analysis.memory.categories import CATEGORIES
 from memtrace.model import ACTIONS
 
@@ -129,6 +129,5 @@ class RankQueries:
         return {"event": e, "t_us": t_us, "total": total, "count": len(m), "groups": out, "around": around}
 
     def _title(self, st: int) -> str:
-        frames = self.a.trace.stack_frames(st)
-        f = meaningful_frame(frames)
+        f = site_frame(self.a.trace, st)
         return frame_label(f) if f is not None else ""

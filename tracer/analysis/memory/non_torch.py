@@ -43,7 +43,7 @@ import numpy as np
 from memtrace import facts as F
 from memtrace import vllm_phase_names as PN
 from memtrace.analysis.analysed.landmarks import steady_non_torch, steady_non_torch_at
-from memtrace.analysis.holders.frames import meaningful_frame, python_frames
+from memtrace.analysis.holders.frames import LibraryDirs, library_dirs, meaningful_frame, python_frames
 from memtrace.analysis.memory.curves import Curve, Curves
 from memtrace.analysis.memory.phases import path_at
 from memtrace.model import ACTION_CODE, DEVICE_MEMORY_KINDS, MEMORY_KINDS, MEMORY_OPS, Frame, Trace
@@ -177,12 +177,12 @@ def live_at(trace: Trace, time_us: int) -> list[int]:
     return sorted(live.values())
 
 
-def _library(frames: list[Frame]) -> str:
+def _library(frames: list[Frame], dirs: LibraryDirs | None) -> str:
     """The torch operator that made the call (``op vllm::moe_forward``, when the capture named it and
     no frame outside torch lies inside it), else the package of the innermost frame outside torch and
     the standard library (its file's name when not installed; :data:`COMPILED` for Inductor's
-    generated code)."""
-    f = meaningful_frame(frames)
+    generated code); ``dirs``: the trace's library folders (``frames.library_dirs``)."""
+    f = meaningful_frame(frames, dirs)
     inner = frames[: frames.index(f)] if f is not None and f in frames else frames
     op = next((g.op for g in inner if g.op), None)
     if op:
@@ -198,9 +198,9 @@ def _library(frames: list[Frame]) -> str:
     return os.path.basename(path).removesuffix(".py")
 
 
-def classify(frames: list[Frame], phase: str, kind: str = "device") -> tuple[str, str]:
+def classify(frames: list[Frame], phase: str, kind: str = "device", dirs: LibraryDirs | None = None) -> tuple[str, str]:
     """(category, library) of an allocation from its stack (innermost first), its phase path and its
-    memory kind (``model.MEMORY_KINDS``)."""
+    memory kind (``model.MEMORY_KINDS``); ``dirs``: its trace's library folders (``frames.library_dirs``)."""
     frames = python_frames(frames)
     text = [(f.filename.replace("\\", "/").lower(), f.name.lower()) for f in frames]
     if any("nccl" in p or "nccl" in n or "torch/distributed" in p for p, n in text):
@@ -208,7 +208,7 @@ def classify(frames: list[Frame], phase: str, kind: str = "device") -> tuple[str
     if any("flashinfer" in p or "cutlass" in p or "cutlass" in n for p, n in text):
         return JIT, "flashinfer" if any("flashinfer" in p for p, _ in text) else "cutlass"
     if kind in _STATIC_KINDS:
-        return MODULES, _library(frames)
+        return MODULES, _library(frames, dirs)
     if any(p.endswith("cuda/graphs.py") or "cudagraph" in p or "cudagraph" in n for p, n in text) or any(
         g in phase for g in _GRAPH_PHASES
     ):
@@ -217,7 +217,7 @@ def classify(frames: list[Frame], phase: str, kind: str = "device") -> tuple[str
     op_base = op.split("::")[-1].split(".")[0] if op else ""
     if any("cublas" in p or "cublas" in n for p, n in text) or (text and text[0][1] in _MATMUL) or op_base in _MATMUL:
         return CUBLAS, "cublas"
-    return OTHER, _library(frames)
+    return OTHER, _library(frames, dirs)
 
 
 def live_allocations(trace: Trace, time_us: int) -> list[Allocation]:
@@ -235,6 +235,7 @@ def _live(trace: Trace, time_us: int) -> tuple[list[Allocation], int]:
     torch = torch_made(trace)
     out: list[Allocation] = []
     torch_bytes = 0
+    dirs = library_dirs(trace)
     for i in live_at(trace, time_us):
         size = int(recs["bytes"][i])
         if torch[i]:
@@ -245,7 +246,7 @@ def _live(trace: Trace, time_us: int) -> tuple[list[Allocation], int]:
         t = int(recs["time_us"][i])
         phase = path_at(trace, t)
         kind = MEMORY_KINDS[int(recs["kind"][i])] if 0 <= int(recs["kind"][i]) < len(MEMORY_KINDS) else "unknown"
-        category, library = classify(frames, phase, kind)
+        category, library = classify(frames, phase, kind, dirs)
         out.append(
             Allocation(
                 t,
@@ -254,7 +255,7 @@ def _live(trace: Trace, time_us: int) -> tuple[list[Allocation], int]:
                 kind,
                 category,
                 library,
-                meaningful_frame(frames),
+                meaningful_frame(frames, dirs),
                 phase,
                 stack,
                 next((f.op for f in frames if f.op), None),

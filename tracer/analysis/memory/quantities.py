@@ -42,6 +42,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import numpy as np
+from memtrace.model import ROLE_SIZES_ONLY
 
 if TYPE_CHECKING:  # curves.py imports the peak rule from here: no import cycle at run time
     from memtrace.analysis.memory.curves import Curve, Curves
@@ -450,9 +451,9 @@ def holds_reserved(process) -> bool:
     """Whether a trace of ``process`` (``model.Process``) has PyTorch reserved memory: every trace but the CPU's
     from torch.profiler (role "host": torch's CPU allocator caches no segments, its 'Total Reserved' stays 0),
     which holds PyTorch allocated alone, counted from the profiler's start (:data:`CPU_PROFILED`), and a device's
-    from a torch.profiler before PyTorch 1.10 (role "import-sizes", ``importers.kineto.ROLE_SIZES_ONLY``: sizes
+    from a torch.profiler before PyTorch 1.10 (role ``model.ROLE_SIZES_ONLY``: sizes
     alone, no totals)."""
-    return process.role not in ("host", "import-sizes")
+    return process.role not in ("host", ROLE_SIZES_ONLY)
 
 
 def ranked_by(process) -> Quantity:

@@ -19,7 +19,8 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 from memtrace import facts as F
-from memtrace.analysis.holders.live import Lifetimes, lifetimes, meaningful_frame
+from memtrace.analysis.holders.frames import site_frame
+from memtrace.analysis.holders.live import Lifetimes, lifetimes
 from memtrace.importers.snapshot_fields import fields_by_event
 from memtrace.model import ACTION_CODE, Frame, Trace
 
@@ -105,7 +106,7 @@ def _note(trace: Trace, lt: Lifetimes, i: int, text: str) -> TensorNote:
     return replace(
         note,
         alloc_stack=stack,
-        alloc_frame=meaningful_frame(trace.stack_frames(stack)) if stack >= 0 else None,
+        alloc_frame=site_frame(trace, stack),
         alloc_us=int(lt.alloc_us[j]) if lt.alloc_pos[j] >= 0 else None,
         free_us=int(lt.free_us[j]) if lt.free_pos[j] < n else None,
         found=True,

@@ -29,7 +29,7 @@ from typing import Any
 
 import numpy as np
 from memtrace.analysis.analysed.self_cost import ServingCost, serving_cost
-from memtrace.analysis.holders.frames import meaningful_frame
+from memtrace.analysis.holders.frames import site_frame
 from memtrace.analysis.memory.curves import Curve, all_curves, driver_reserved_bytes
 from memtrace.analysis.memory.oom import Oom, find_oom
 from memtrace.analysis.serving.serving_held import AllocatorState, DeviceAtEnd, allocator_state, device_at_end
@@ -202,7 +202,7 @@ def growth_by_site(trace: Trace, w: ServingWindow, top: int = 10) -> list[SiteGr
     frame_of: dict[int, Frame | None] = {}
     for size, stack in live.values():
         if stack not in frame_of:
-            frame_of[stack] = meaningful_frame(trace.stack_frames(stack)) if 0 <= stack < len(trace.stacks) else None
+            frame_of[stack] = site_frame(trace, stack) if stack < len(trace.stacks) else None
         entry = by.setdefault(frame_of[stack], [0, 0])
         entry[0] += size
         entry[1] += 1
