@@ -5,7 +5,8 @@
 
 Each start-up is a recorded whole start-up (it reached vLLM's KV sizing) and the config.json of its model: the
 shape comes from the trace's facts (``vllm.model_shape``, recorded since issue 43) or from that config. The list of
-start-ups is LIBRARY below: the shipped vLLM 0.34 traces recorded on the H200 with dummy weights.
+start-ups is LIBRARY below: the shipped vLLM 0.34 traces recorded with dummy weights on the H200 (the Qwen3-MoE and
+Llama-shaped dense models) and on an H100 80GB (Gemma3, Qwen3.5-MoE; tests/data/vllm-h100-034-archs).
 """
 
 from __future__ import annotations
@@ -34,9 +35,8 @@ LIBRARY = [
     *((DATA / "vllm-h200-034-grid" / n, "Qwen3MoeForCausalLM", MOE)
       for n in ("g03", "g07", "g08", "g4096-s8-eager", "g8192-s64-eager", "small-r2048", "small-rescue-p2048",
                 "small-rescue-u0835")),
-    *((DATA / "vllm-h200-034-archs" / n, a, MODELS / f"{m}.json")
-      for n, a, m in (("a-gemma3", "Gemma3ForCausalLM", "gemma3"), ("a-mistral", "MistralForCausalLM", "mistral"),
-                      ("a-q35moe", "Qwen3_5MoeForCausalLM", "q35moe"))),
+    *((DATA / "vllm-h100-034-archs" / n, a, MODELS / f"{m}.json")
+      for n, a, m in (("a-gemma3", "Gemma3ForCausalLM", "gemma3"), ("a-q35moe", "Qwen3_5MoeForCausalLM", "q35moe"))),
 ]  # fmt: skip
 
 

@@ -176,3 +176,24 @@ def test_fits_without_a_run_or_a_config_is_one_line_exit_2(capsys):
     assert main(["fits", "--capacity", "16GiB"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "--config config.json to predict before any run" in err[0]
+
+
+ARCHS = DATA / "vllm-h100-034-archs"
+
+
+def test_a_change_that_recompiles_brings_back_a_cold_compiles_autotuning_examples(capsys):
+    """Gemma3 on an H100 a holder left 6.38 GB of (cut-gemma3-0: vLLM refused after warm-up, 0 KV blocks; its
+    compile cache was warm). --max-num-batched-tokens 1024 recompiles, and the cold compile's Inductor autotuning
+    example (1,280 MiB, select_algorithm.py) lands in profile_run: vLLM's transient went 0.58 -> 1.26 GiB and it
+    refused again (cut-gemma3-1, its log). The what-if says so, and no longer names that change as a rescue."""
+    d = str(ARCHS / "cut-gemma3-0")
+    card = ["--capacity", "85017493504B", "--keep-others"]
+    assert main(["fits", d, *card, "--what-if", "max-num-batched-tokens=1024", "--json"]) == 1
+    doc = json.loads(capsys.readouterr().out)["what_if"]
+    assert doc["outcomes"][0]["verdict"] == W.REFUSES
+    assert any("recompile" in n and "the priors'" in n for n in doc["notes"])
+    log = (ARCHS / "cut-gemma3-1" / "vllm.log").read_text()
+    assert "0 KV cache blocks" in log and "1.26 GiB allocated at peak" in log
+    main(["fits", d, *card, "--suggest", "--json"])
+    booting = json.loads(capsys.readouterr().out)["what_if"]["suggestions"][0]["booting"]
+    assert booting and all(b["changes"] != ["--max-num-batched-tokens 1024"] for b in booting)

@@ -8,7 +8,7 @@ import numpy as np
 from memtrace import facts as F
 from memtrace import vllm_phase_names as PN
 from memtrace.analysis.capacity import priors as P
-from memtrace.analysis.capacity.whatif import GRAPHS_KEPT, SEQS, Sites, own_init_used
+from memtrace.analysis.capacity.whatif import COMPILE, GRAPHS_KEPT, SEQS, Sites, own_init_used
 
 
 def _at(s: Sites, t_us: int) -> int:
@@ -48,9 +48,11 @@ def observe(s: Sites, shape, architecture: str, label: str) -> P.Observed:
     prof = _profile_run(s)
     sampler = int(s.bytes[SEQS][prof[0]])  # the sampler's buffers, made while loading (penalties.py)
     run = s.bytes[SEQS][prof] - sampler  # the dummy sampler run's logits and probabilities
-    forward = s.no_kv[prof] - w - run
+    compile_ = s.bytes[COMPILE][prof]  # a cold compile's autotuning examples
+    forward = s.no_kv[prof] - w - run - compile_
     values = {P.CONTEXT: context, P.WEIGHTS: weights - sampler, P.SAMPLER: sampler,
-              P.ACTIVATIONS: int(forward.max()), P.SAMPLER_RUN: max(int(run.max()), 0)}  # fmt: skip
+              P.ACTIVATIONS: int(forward.max()), P.SAMPLER_RUN: max(int(run.max()), 0),
+              P.COMPILE: int(compile_.max())}  # fmt: skip
     warm = _window(s, PN.COMPILE_OR_WARM_UP)
     if warm is not None:
         start = int(s.no_kv[warm[0]])

@@ -36,7 +36,7 @@ LIBRARY_FILE = Path(__file__).with_name("priors-vllm-0.34.json")
 
 CONTEXT, WEIGHTS = "context", "weights"
 ACTIVATIONS, SAMPLER, KEPT, WARMUP, GRAPH_POOL = "activations", "sampler", "kept", "warmup", "graph_pool"
-SAMPLER_RUN = "sampler_run"
+SAMPLER_RUN, COMPILE = "sampler_run", "compile"
 TRANSIENT, RESERVE_GROWTH, SLACK = "transient", "reserve_growth", "sizing_slack"
 PROFILED_SLACK = "profiled_slack"
 #: component -> what it is, and its feature in words
@@ -46,12 +46,15 @@ COMPONENTS = {
     ACTIVATIONS: ("profile_run's activations and workspaces above the weights", "batched tokens x act_width x 2 B"),
     SAMPLER: ("the sampler's buffers, made while loading (penalties)", "max-num-seqs x vocabulary x 4 B"),
     SAMPLER_RUN: ("profile_run's dummy sampler run: logits, probabilities, sorting", "max-num-seqs x vocabulary x 4 B"),
+    COMPILE: ("a cold torch.compile's autotuning examples in profile_run (Inductor's select_algorithm)",
+              "vocabulary x hidden x 2 B with tied embeddings, else 0 (0 with enforce-eager)"),
     KEPT: ("what profiling leaves held (MoE workspaces)", "batched tokens x experts-per-token x hidden x 2 B"),
     WARMUP: ("the warm-up's transient above what is kept", "batched tokens x act_width x 2 B"),
     GRAPH_POOL: ("the CUDA graphs' memory pool (0 with enforce-eager)", "1 (a constant) with CUDA graphs"),
     TRANSIENT: ("vLLM 0.34's transient peak, withheld from the KV cache",
-                "max(activations - kept, warm-up, sampler run)"),
-    RESERVE_GROWTH: ("the allocator's reserve growth over warm-up, withheld too", "max(activations, kept + warm-up)"),
+                "max(activations - kept, warm-up, sampler run, compile)"),
+    RESERVE_GROWTH: ("the allocator's reserve growth over warm-up, withheld too",
+                     "max(activations, kept + warm-up, compile)"),
     SLACK: ("vLLM 0.34's non-KV figure less what the start-up needs after warm-up", "1 (a constant)"),
     PROFILED_SLACK: ("vLLM's profiled non-KV figure less profile_run's peak (graph estimate, non-PyTorch growth)",
                      "1 (a constant)"),
@@ -61,6 +64,7 @@ FITTED = (
     ACTIVATIONS,
     SAMPLER,
     SAMPLER_RUN,
+    COMPILE,
     KEPT,
     WARMUP,
     GRAPH_POOL,
@@ -97,12 +101,14 @@ def features(shape, flags, values: dict[str, int] | None = None) -> dict[str, fl
     per_token = tokens * act_width(m) * 2
     seqs = float(flags.max_num_seqs) * (m.vocab or 0) * 4
     out = {ACTIVATIONS: per_token, WARMUP: per_token, KEPT: tokens * m.experts_per_tok * (m.hidden or 0) * 2,
-           SAMPLER: seqs, SAMPLER_RUN: seqs, GRAPH_POOL: 0.0 if flags.enforce_eager else 1.0}  # fmt: skip
+           SAMPLER: seqs, SAMPLER_RUN: seqs, GRAPH_POOL: 0.0 if flags.enforce_eager else 1.0,
+           COMPILE: 0.0 if flags.enforce_eager or not m.tie_word_embeddings else float(m.vocab or 0) * (m.hidden or 0) * 2}  # fmt: skip
     out[SLACK] = out[PROFILED_SLACK] = out[CONTEXT] = 1.0
     if values is not None:
         a, k, w = (values.get(x, 0) for x in (ACTIVATIONS, KEPT, WARMUP))
-        out[TRANSIENT] = float(max(a - k, w, values.get(SAMPLER_RUN, 0)))  # vLLM measures it above what stays held
-        out[RESERVE_GROWTH] = float(max(a, k + w))
+        c = values.get(COMPILE, 0)
+        out[TRANSIENT] = float(max(a - k, w, values.get(SAMPLER_RUN, 0), c))  # vLLM's: above what stays held
+        out[RESERVE_GROWTH] = float(max(a, k + w, c))
     return out
 
 
@@ -289,7 +295,7 @@ class Carried:
     @property
     def profile_peak(self) -> int:
         """The forward pass's activations, or the sampler's run beside what the forward leaves held, the larger."""
-        return self.base + max(self[ACTIVATIONS], self[KEPT] + self[SAMPLER_RUN])
+        return self.base + max(self[ACTIVATIONS], self[KEPT] + self[SAMPLER_RUN], self[COMPILE])
 
     @property
     def after_profile(self) -> int:
@@ -314,7 +320,11 @@ class Carried:
 
         return [
             ("load_model", self.base, worst(CONTEXT, WEIGHTS, SAMPLER)),
-            ("determine_available_memory/profile_run", self.profile_peak, worst(ACTIVATIONS, KEPT, SAMPLER_RUN)),
+            (
+                "determine_available_memory/profile_run",
+                self.profile_peak,
+                worst(ACTIVATIONS, KEPT, SAMPLER_RUN, COMPILE),
+            ),
             ("compile_or_warm_up", self.warmup_peak, worst(KEPT, WARMUP)),
             ("compile_or_warm_up/capture_model", self.after_warmup, worst(GRAPH_POOL)),
         ]
@@ -332,7 +342,7 @@ class Carried:
         """The components vLLM's KV sizing reads in this mode (their priors' spreads are the KV cache's)."""
         if self.flags.extensible:
             return (CONTEXT, WEIGHTS, SAMPLER, KEPT, GRAPH_POOL, SLACK, TRANSIENT, RESERVE_GROWTH)
-        return (WEIGHTS, SAMPLER, ACTIVATIONS, KEPT, SAMPLER_RUN, PROFILED_SLACK)
+        return (WEIGHTS, SAMPLER, ACTIVATIONS, KEPT, SAMPLER_RUN, COMPILE, PROFILED_SLACK)
 
     def kv(self, capacity: int, others: int, per_block: int, tokens_per_block: int) -> CarriedKv:
         """vLLM's KV cache on ``capacity`` (``others`` held by other processes): 0.34's post-warm-up formula with
