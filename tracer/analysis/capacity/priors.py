@@ -3,9 +3,9 @@
 A start-up is a few **components**, each a number of bytes (:data:`COMPONENTS`): the CUDA context, the weights,
 the dummy forward pass's activations and workspaces, the sampler's logits, what the profiling leaves held, the
 warm-up's transient, the CUDA graphs' pool, and vLLM 0.34's own sizing inputs (its transient peak and the
-allocator's reserve growth). A recorded start-up measures each (:func:`observe`). Each component is the product of
-a **feature** of the model and flags (e.g. max-num-batched-tokens x (hidden + MLP width) x 2 B: one token's
-activations) and a coefficient; :func:`fit` takes the median coefficient over a library of real start-ups of
+allocator's reserve growth), a cold compile's autotuning example. A recorded start-up measures each
+(:func:`.observe.observe`). Each component is the product of a **feature** of the model and flags (e.g.
+max-num-batched-tokens x :func:`act_width` x 2 B: one token's activations) and a coefficient; :func:`fit` takes the median coefficient over a library of real start-ups of
 several architectures, and says its spread: the largest relative error of that median on any start-up of the
 library, the coefficient refitted without that start-up's architecture (leave one architecture out). The shipped
 library (``priors-vllm-0.34.json`` beside this module) is refitted by ``tests/bench/fit_priors.py``.
@@ -17,6 +17,7 @@ formulas (:mod:`.extensible`, :mod:`.reconcile`). Pure functions; bytes.
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import statistics
@@ -176,9 +177,14 @@ class Library:
         return cls(doc["vllm"], priors, [Observed(**o) for o in doc.get("observed", [])])
 
 
-def load_library(path: Path | None = None) -> Library:
-    """The shipped priors (or ``path``'s)."""
-    p = Path(path) if path is not None else LIBRARY_FILE
+def load_library(path: Path | str | None = None) -> Library:
+    """The shipped priors (or ``path``'s), read once per process and path (every what-if of ``--suggest`` asks)."""
+    return _load(str(path) if path is not None else str(LIBRARY_FILE))
+
+
+@functools.lru_cache(maxsize=4)
+def _load(path: str) -> Library:
+    p = Path(path)
     try:
         text = p.read_text()
     except OSError as e:
@@ -187,7 +193,10 @@ def load_library(path: Path | None = None) -> Library:
 
 
 def read_config(path: str) -> dict:
-    """A Hugging Face config.json as a shape (its ``text_config`` for a multimodal model), with where it came from."""
+    """A Hugging Face config.json (or the checkpoint folder holding it) as a shape (its ``text_config`` for a
+    multimodal model, the model's dtype with it), with where it came from."""
+    if Path(path).is_dir():
+        path = str(Path(path) / "config.json")
     try:
         with open(path, encoding="utf-8") as fh:
             doc = json.load(fh)
@@ -200,7 +209,9 @@ def read_config(path: str) -> dict:
     text = doc.get("text_config") if isinstance(doc.get("text_config"), dict) else doc
     if not text.get("hidden_size") or not text.get("num_hidden_layers"):
         raise UsageError(f"{path}: no hidden_size / num_hidden_layers: not a language model's config.json")
-    return {**text, "architectures": doc.get("architectures") or text.get("architectures"), "source": f"config {path}"}
+    dtype = text.get("torch_dtype") or text.get("dtype") or doc.get("torch_dtype") or doc.get("dtype")
+    return {**text, "architectures": doc.get("architectures") or text.get("architectures"), "torch_dtype": dtype,
+            "source": f"config {path}"}  # fmt: skip
 
 
 def _coefficient(obs: list[Observed], k: str) -> float | None:
