@@ -76,3 +76,23 @@ def test_memtrace_never_imports_its_modules_through_the_repo_folder_names():
     loaded = set(out.stdout.split())
     assert "memtrace.plugins.vllm" in loaded and "memtrace.plots.timeline" in loaded
     assert not {"tracer", "plugins", "plots"} & {name.split(".")[0] for name in loaded}
+
+
+def test_every_data_file_beside_the_code_ships_in_the_wheel():
+    """A file the code reads at run time (the shipped priors, the view's assets) is in package-data: a wheel
+    without it would fail only on a user's machine."""
+    import fnmatch
+
+    config = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    data = config["tool"]["setuptools"]["package-data"]
+    tracked = subprocess.run(["git", "ls-files"], cwd=ROOT, capture_output=True, text=True, check=True).stdout.split()
+    missing = []
+    for package, folder in ROOTS.items():
+        for f in tracked:
+            if not f.startswith(folder + "/") or f.endswith(".py"):
+                continue
+            rel = Path(f).relative_to(folder)
+            pkg = ".".join([package, *rel.parent.parts]) if rel.parent != Path(".") else package
+            if not any(fnmatch.fnmatch(rel.name, pat) for pat in data.get(pkg, [])):
+                missing.append(f)
+    assert not missing, f"not in [tool.setuptools.package-data]: {missing}"
