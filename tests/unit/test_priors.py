@@ -197,3 +197,15 @@ def test_a_change_that_recompiles_brings_back_a_cold_compiles_autotuning_example
     main(["fits", d, *card, "--suggest", "--json"])
     booting = json.loads(capsys.readouterr().out)["what_if"]["suggestions"][0]["booting"]
     assert booting and all(b["changes"] != ["--max-num-batched-tokens 1024"] for b in booting)
+
+
+def test_before_any_run_an_incomplete_config_is_one_line_exit_2(tmp_path, capsys):
+    cfg = json.loads((MODELS / "q35moe.json").read_text())
+    del cfg["linear_key_head_dim"]
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    assert main(["fits", "--config", str(tmp_path / "config.json"), "--capacity", "16GiB"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "the config lacks linear_key_head_dim" in err[0]
+    (tmp_path / "config.json").write_text("{not json")
+    assert main(["fits", "--config", str(tmp_path / "config.json"), "--capacity", "16GiB"]) == 2
+    assert len(capsys.readouterr().err.strip().splitlines()) == 1

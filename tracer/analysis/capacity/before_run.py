@@ -26,6 +26,7 @@ from memtrace.analysis.capacity.whatif import (
     clear_of_spread,
     kv_shape,
 )
+from memtrace.errors import UsageError
 
 GiB = 1 << 30
 #: vLLM 0.34's defaults for ``vllm serve`` (``EngineArgs.get_batch_defaults``, OPENAI_API_SERVER) by the card's
@@ -65,16 +66,23 @@ def weights_of(shape: dict, config_path: str) -> Weights:
     folder = Path(config_path) if Path(config_path).is_dir() else Path(config_path).parent
     if any(folder.glob("*.safetensors")):
         return Weights(S.weights_from_safetensors(folder), f"the safetensors headers in {folder}")
-    return Weights(
-        S.weights_bytes(S.ModelShape.from_config(config_path)), "the config's shape (no checkpoint beside it)"
-    )
+    m = S.ModelShape.from_config(config_path)
+    flags = ("kv_cache_dtype", "block_size", "max_model_len", "max_num_batched_tokens", "vision_weights")
+    lacking = [x for x in m.missing() if x not in flags]
+    if lacking:
+        raise UsageError(f"{config_path}: the config lacks {', '.join(lacking)}, which the weights are counted from; "
+                         "give a complete config.json, or the checkpoint's folder with its safetensors")  # fmt: skip
+    return Weights(S.weights_bytes(m), "the config's shape (no checkpoint beside it)")
 
 
 def predict(shape: dict, flags: Flags, capacity: int, weights: Weights, library: P.Library, others: int = 0) -> Outcome:
     """The answer on ``capacity`` with nothing recorded: every figure but the weights from the priors."""
     given = {P.WEIGHTS: P.Figure(P.WEIGHTS, weights.bytes, weights.source)}
     c = P.Carried(shape, flags, library, given)
-    return carried_outcome(c, capacity, others, kv_shape(shape, flags, BLOCK_TOKENS))
+    try:
+        return carried_outcome(c, capacity, others, kv_shape(shape, flags, BLOCK_TOKENS))
+    except ValueError as e:
+        raise UsageError(f"{shape.get('source', 'the config')}: {e}; give a complete config.json") from None
 
 
 def suggest(shape: dict, flags: Flags, capacity: int, weights: Weights, library: P.Library, others: int = 0,

@@ -927,7 +927,11 @@ class WhatIf:
             return None
         dtype = (self.sites.trace.facts.get(F.VLLM_CONFIG) or {}).get("dtype")
         m = kv_shape(model_shape(self.sites.trace), self.flags, tpb, dtype)
-        return carried_outcome(c, capacity, others, m, peaks(0, others), int(self.sites.time[-1]), common)
+        try:
+            return carried_outcome(c, capacity, others, m, peaks(0, others), int(self.sites.time[-1]), common)
+        except ValueError as e:  # the recorded shape lacks what vLLM's KV arithmetic needs: it stays unknown
+            self.notes.append(f"not carried past the recording: {e}")
+            return None
 
     def _refused_short_of_the_kv_cache(self, requested: int) -> tuple[str, int, str] | None:
         """Where the recording ends before vLLM sized the KV cache: (phase, short, why) when vLLM's own sizing
