@@ -25,6 +25,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from memtrace import facts as F
+from memtrace import vllm_phase_names as PN
 from memtrace.analysis.capacity.extensible import measure_kv_cache_bytes
 from memtrace.analysis.capacity.reconcile import profiled_kv_bytes
 from memtrace.analysis.capacity.shape import ModelShape
@@ -330,14 +331,14 @@ class Carried:
             return next((s for s in order if any(src.get(k) == s for k in ks)), RECORDED)
 
         return [
-            ("load_model", self.base, worst(CONTEXT, WEIGHTS, SAMPLER)),
+            (PN.LOAD_MODEL, self.base, worst(CONTEXT, WEIGHTS, SAMPLER)),
             (
-                "determine_available_memory/profile_run",
+                f"{PN.DETERMINE_AVAILABLE_MEMORY}/{PN.PROFILE_RUN}",
                 self.profile_peak,
                 worst(ACTIVATIONS, KEPT, SAMPLER_RUN, COMPILE),
             ),
-            ("compile_or_warm_up", self.warmup_peak, worst(KEPT, WARMUP)),
-            ("compile_or_warm_up/capture_model", self.after_warmup, worst(GRAPH_POOL)),
+            (PN.COMPILE_OR_WARM_UP, self.warmup_peak, worst(KEPT, WARMUP)),
+            (f"{PN.COMPILE_OR_WARM_UP}/{PN.CAPTURE_MODEL}", self.after_warmup, worst(GRAPH_POOL)),
         ]
 
     @property
