@@ -237,6 +237,7 @@ class Plugin:
                     device=device,
                     stacks=stacks,
                     role="vllm-worker",
+                    wait_for_sidecar=False,  # NVML's start (~0.3-0.5 s) overlaps load_model, off vLLM's thread
                     **ranks,
                 )
             except MemtraceError as exc:

@@ -245,3 +245,23 @@ def test_a_later_reserved_hint_finds_our_process(tmp_path, fake_nvml, monkeypatc
 def test_two_processes_that_could_be_ours_are_not_guessed(tmp_path, fake_nvml, monkeypatch):
     info, trace = _run_sidecar(tmp_path, monkeypatch, f"4242:{3 << 30}", traced_pid=777_777, reserved_bytes=0)
     assert info["others_method"] == "not-found" and info["memory_matched_pid"] is None and len(trace.others) == 0
+
+
+@pytest.mark.parametrize("wait", [True, False])
+def test_a_sidecar_not_waited_for_is_written_when_ready_and_said_late(tmp_path, wait):
+    """vLLM's plugin does not wait for NVML's first samples on vLLM's thread (issue 42: 340-470 ms of its start):
+    the sidecar's fact is then written the moment it answers (a SIGKILL later keeps it) and a note says from when
+    device-level samples exist. The library's default still waits, and writes the fact with the next documents."""
+    from memtrace.capture.session import Session
+
+    s = Session(tmp_path / "t.memtrace", sample_hz=0, handle_signals=False, wait_for_sidecar=wait)
+    s._sidecar_ready({"pid": 4242, "hz": 1000.0})
+    trace = load_trace(tmp_path / "t.memtrace")  # read while recording: what a SIGKILL now would leave
+    side = trace.facts.get("sidecar")
+    notes = [n.text for n in trace.notes]
+    if wait:
+        assert side is None and not notes
+    else:
+        assert side["pid"] == 4242 and side["ready_after_start_ms"] >= 0
+        assert any(t.startswith("NVML samples begin") and "not waited for" in t for t in notes), notes
+    s.close("stop")

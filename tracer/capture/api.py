@@ -89,6 +89,7 @@ def start(
     sidecar: bool = True,
     handle_signals: bool = True,
     cupti: bool | None = None,
+    wait_for_sidecar: bool = True,
 ) -> Session:
     """Start recording this process. Raises UsageError if a session is already recording.
 
@@ -107,6 +108,9 @@ def start(
         handle_signals: write the trace on SIGTERM/SIGINT (only possible from the main thread).
         cupti: record every device allocation and release through CUPTI (``capture.cupti``; needs
             ``pip install memtrace-vllm[cupti]``); None (default) leaves it to ``MEMTRACE_CUPTI=1``.
+        wait_for_sidecar: return only once NVML samples (0.1-1 s of the child starting Python and NVML), so a
+            program that allocates at once is sampled from its first allocation; False returns at once (the trace
+            notes when samples begin): vLLM's plugin, whose worker loads weights for seconds after this.
     """
     return begin_session(
         path_or_dir,
@@ -120,6 +124,7 @@ def start(
         role=role,
         handle_signals=handle_signals,
         cupti=cupti,
+        wait_for_sidecar=wait_for_sidecar,
     )
 
 

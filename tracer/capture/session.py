@@ -61,6 +61,7 @@ class Session:
         role: str = "user",
         handle_signals: bool = True,
         cupti: bool | None = None,
+        wait_for_sidecar: bool = True,
     ):
         self.pid = os.getpid()
         self._cost_before = selfcost.claimed()  # what earlier sessions of this process spent
@@ -80,6 +81,7 @@ class Session:
         self.facts: dict[str, Any] = {}
         self._device_arg = device
         self._sample_hz = float(sample_hz)
+        self._wait_for_sidecar = wait_for_sidecar  # False: NVML's first samples come while the program goes on
         self._handle_signals = handle_signals
         self._phases: list[Phase] = []
         self._open: list[int] = []  # indexes of open phases, outermost first
@@ -186,7 +188,7 @@ class Session:
         self._calibrate()
         self.history.enable()
         oom_observer.attach()
-        if self.sidecar is not None:  # its own source: the wait for NVML's first samples, apart from the rest
+        if self.sidecar is not None and self._wait_for_sidecar:  # its own source: the wait for NVML's first samples
             with selfcost.region(selfcost.START_SIDECAR_WAIT):
                 self.sidecar.join_started()
 
@@ -252,8 +254,20 @@ class Session:
                 self.writer.append_device_allocs(records)
 
     def _sidecar_ready(self, info: dict[str, Any]) -> None:
-        with self._lock:
-            self.facts[F.SIDECAR] = info  # written with the next documents (an OOM flush, the close)
+        if self._wait_for_sidecar:
+            with self._lock:
+                self.facts[F.SIDECAR] = info  # written with the next documents (an OOM flush, the close)
+            return
+        # not waited for: the program went on, so the fact is written at once (a SIGKILL keeps it) and the trace
+        # says from when device-level samples exist
+        late_ms = (now_us() - self.recording.start_us) / 1000
+        info["ready_after_start_ms"] = round(late_ms, 1)  # the handle's own dict: the stop's figures join it
+        self.set_fact(F.SIDECAR, info)
+        self.add_note(
+            "info",
+            f"NVML samples begin {late_ms:,.0f} ms after recording began: the sidecar was not waited for on the "
+            "program's thread (device-level memory before then is not sampled; PyTorch's allocations are all recorded)",
+        )
 
     def _no_nvml(self, reason: str) -> None:
         log.warning("memtrace: no NVML samples: %s", reason)
