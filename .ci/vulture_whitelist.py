@@ -80,6 +80,4 @@ install_workspace_hooks  # plugins/surface.py: the table's FlashInfer allocators
                          # FlashInfer alone (tests/gpu/seed_b12x.py, tests/data/vllm-h200/flashinfer_probe.py)
 
 # -- issue 43: the priors' refit machinery, run by one script (not by the CLI) --
-observe  # tracer/analysis/capacity/observe.py: tests/bench/fit_priors.py takes each shipped start-up apart with it
-_.without  # priors.Library.without: fit_priors.py --leave-out and tests/bench/priors_check.py (leave one architecture out)
 page_bytes  # shape.KVPlan.page_bytes: one layer's page, the figure test_shape holds against vLLM's own specs

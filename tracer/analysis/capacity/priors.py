@@ -3,12 +3,10 @@
 A start-up is a few **components**, each a number of bytes (:data:`COMPONENTS`): the CUDA context, the weights,
 the dummy forward pass's activations and workspaces, the sampler's logits, what the profiling leaves held, the
 warm-up's transient, the CUDA graphs' pool, and vLLM 0.34's own sizing inputs (its transient peak and the
-allocator's reserve growth), a cold compile's autotuning example. A recorded start-up measures each
-(:func:`.observe.observe`). Each component is the product of a **feature** of the model and flags (e.g.
-max-num-batched-tokens x :func:`act_width` x 2 B: one token's activations) and a coefficient; :func:`fit` takes the median coefficient over a library of real start-ups of
-several architectures, and says its spread: the largest relative error of that median on any start-up of the
-library, the coefficient refitted without that start-up's architecture (leave one architecture out). The shipped
-library (``priors-vllm-0.34.json`` beside this module) is refitted by ``tests/bench/fit_priors.py``.
+allocator's reserve growth), a cold compile's autotuning example. Each component is the product of a **feature**
+of the model and flags (e.g. max-num-batched-tokens x :func:`act_width` x 2 B) and a coefficient: the median over a
+library of real start-ups of several architectures, with its spread (the largest leave-one-architecture-out
+relative error). The shipped library (``priors-vllm-0.34.json``) is refitted by ``tests/bench/fit_priors.py``.
 
 :class:`Carried` puts a start-up together from components, each a :class:`Figure` that says where it comes from
 (recorded, scaled from the recording, or the prior with its spread), and sizes the KV cache with vLLM's own
@@ -20,8 +18,7 @@ from __future__ import annotations
 import functools
 import json
 import math
-import statistics
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from memtrace import facts as F
@@ -152,18 +149,9 @@ class Library:
     priors: dict[str, Prior]
     observed: list[Observed] = field(default_factory=list)
 
-    def without(self, architecture: str) -> Library:
-        """The library refitted without ``architecture``'s start-ups (leave one architecture out)."""
-        return fit([o for o in self.observed if o.architecture != architecture], self.vllm)
-
     @property
     def architectures(self) -> list[str]:
         return sorted({o.architecture for o in self.observed})
-
-    def to_json(self) -> str:
-        doc = {"format": FORMAT, "vllm": self.vllm, "priors": {k: asdict(p) for k, p in self.priors.items()},
-               "observed": [asdict(o) for o in self.observed]}  # fmt: skip
-        return json.dumps(doc, indent=1, sort_keys=True) + "\n"
 
     @classmethod
     def from_json(cls, text: str, where: str = "priors") -> Library:
@@ -213,32 +201,6 @@ def read_config(path: str) -> dict:
     dtype = text.get("torch_dtype") or text.get("dtype") or doc.get("torch_dtype") or doc.get("dtype")
     return {**text, "architectures": doc.get("architectures") or text.get("architectures"), "torch_dtype": dtype,
             "source": f"config {path}"}  # fmt: skip
-
-
-def _coefficient(obs: list[Observed], k: str) -> float | None:
-    ratios = [o.values[k] / o.features[k] for o in obs if k in o.values and o.features.get(k)]
-    return float(statistics.median(ratios)) if ratios else None
-
-
-def fit(observed: list[Observed], vllm: str) -> Library:
-    """Each component's median coefficient over ``observed`` and its leave-one-architecture-out spread (None where
-    no start-up's error could be measured without its architecture: one architecture has the component)."""
-    priors = {}
-    for k in FITTED:
-        c = _coefficient(observed, k)
-        if c is None:
-            continue
-        errors = []
-        for o in observed:
-            if k not in o.values or not o.features.get(k):
-                continue
-            c_out = _coefficient([x for x in observed if x.architecture != o.architecture], k)
-            if c_out is not None:
-                errors.append(abs(c_out * o.features[k] - o.values[k]) / max(abs(o.values[k]), SPREAD_FLOOR))
-        archs = sorted({o.architecture for o in observed if k in o.values and o.features.get(k)})
-        n = sum(1 for o in observed if k in o.values and o.features.get(k))
-        priors[k] = Prior(k, c, round(max(errors), 4) if errors else None, n, archs)
-    return Library(vllm, priors, list(observed))
 
 
 def _spread_bytes(b: int, p: Prior) -> int | None:
