@@ -2,7 +2,7 @@
 issue bundle and the view give (issues 28, 40).
 
 :class:`Boot` answers for one rank with the recorded flags, card by card, once: the capacity model first
-(:mod:`.fits`; :mod:`.fits_extensible` for vLLM 0.34's extensible KV cache), the recorded curve on another card.
+(:mod:`.fits`, vLLM 0.34's extensible KV cache with it), the recorded curve on another card.
 Where that model stops at the end of the recording (UNKNOWN: the part that decides was never recorded, such as a
 KV cache vLLM refused to extend on a card another process shared), the what-if model with the recorded flags
 (:mod:`.whatif`, a what-if of no change) carries the start-up on from its recorded phases; its answer replaces
@@ -43,7 +43,6 @@ from memtrace.analysis.capacity.fits import (
     fit,
     recorded,
 )
-from memtrace.analysis.capacity.fits_extensible import fit_extensible, is_extensible, prepare
 from memtrace.analysis.capacity.whatif import (
     BOOTS,
     DIES,
@@ -95,25 +94,31 @@ def short_of(boots: bool, card: int, smallest: int | None) -> int | None:
 class Boot:
     """Will one rank boot with the recorded flags on a card it holds alone, or beside other processes holding
     ``others_bytes`` (a shared card: the what-if of no change answers, said to be a prediction): :meth:`fit` per card
-    (computed once), :attr:`smallest` card, and "short by" (``Fit.short_bytes``)."""
+    (computed once), :attr:`smallest` card, and "short by" (``Fit.short_bytes``). Past the recording the what-if of
+    no change answers (:attr:`what_if`), or ``missing`` says why none can ("" when one can)."""
 
     def __init__(self, rank, util: float | None = None, non_torch_bytes: int | None = None, others_bytes: int = 0):
-        self.rank, self.util, self.others = rank, util, others_bytes
+        self.rank, self.trace, self.util, self.others = rank, rank.trace, util, others_bytes
         self.rec = recorded(rank.trace, non_torch_bytes, rank=rank)
-        ext = is_extensible(rank.trace) and rank.extensible is not None  # vLLM 0.34: sized after warm-up
-        self.prep = prepare(rank, self.rec) if ext else None
-        self.past = PastTheRecording(rank, util, non_torch_bytes)
         self._fits: dict[int, Fit] = {}
-
-    def _model(self, card: int) -> Fit:
-        if self.prep is not None:
-            return fit_extensible(self.rank, card, self.util, prep=self.prep, rec=self.rec)
-        return fit(self.rank.trace, card, self.util, rec=self.rec)
+        self.missing = ""
+        if not F.is_vllm(self.trace.facts) or recorded_flags(self.trace) is None:
+            self.missing = (
+                "vLLM's config (max_num_batched_tokens, max_num_seqs, max_model_len) is not in the recording: the "
+                "what-if model needs it to carry the start-up past the recording's end"
+            )
+        elif non_torch_bytes is not None:
+            self.missing = (
+                "the what-if model, which carries a start-up past its recording, keeps the recorded non-PyTorch "
+                "memory: without --non-torch it answers"
+            )
+        flags = "the recorded flags" + (f" and --util {util:g}" if util is not None else "")
+        self.model = WHAT_IF_MODEL.format(flags=flags)
 
     def _answer(self, card: int) -> Fit:
         if card not in self._fits:
-            f = self._model(card)
-            self._fits[card] = self.past.answer(f, self.others) if self.others or f.outcome == UNKNOWN else f
+            f = fit(self.trace, card, self.util, rec=self.rec)
+            self._fits[card] = self._past(f) if self.others or f.outcome == UNKNOWN else f
         return self._fits[card]
 
     @cached_property
@@ -146,61 +151,19 @@ class Boot:
             o = dataclasses.replace(o, phase=f.phase, by_bytes=f.overshoot_bytes)
         return dataclasses.replace(o, short_bytes=f.short_bytes)
 
-
-def _kv_sizing(f: Fit, w: WhatIf) -> KvSizing:
-    """The capacity model's KV cache on a card it boots on, in the what-if's shape (its blocks, tokens and bytes)."""
-    per, tpb = w.per_block
-    blocks = f.kv_blocks if f.kv_blocks is not None else (f.kv_cache_bytes // per if per else 0)
-    tokens = f.kv_tokens if f.kv_tokens is not None else blocks * tpb
-    how = f"the capacity model ({f.kv_sizing} KV sizing; docs/whatif.md)"
-    return KvSizing(f.kv_cache_bytes, blocks, tokens, f.kv_cache_bytes, tokens / w.flags.max_model_len, how,
-                    one_request_bytes(w.flags.max_model_len, per, tpb) if per else 0)  # fmt: skip
-
-
-def _why(f: Fit) -> str:
-    """The capacity model's answer in the what-if's words (where the two models disagree, the one said)."""
-    if f.outcome == REFUSED:
-        return "free memory at start-up is less than util x card"
-    if f.outcome == NO_KV:
-        return 'no memory left for one request of max-model-len tokens ("No available memory for the cache blocks")'
-    if f.outcome == DIED:
-        return "where the recording died: this card leaves no more room there"
-    if f.outcome == OOM:
-        return "before the KV cache is sized" if f.stage == "pre-KV" else "after the KV cache was allocated"
-    return f.missing or f.prediction_how
-
-
-class PastTheRecording:
-    """The what-if of no change for one rank (built when first asked, then asked per card), or why there is none
-    (``missing``: "" when there is one)."""
-
-    def __init__(self, rank, util: float | None, non_torch_bytes: int | None):
-        self.rank, self.trace, self.util = rank, rank.trace, util
-        self.missing = ""
-        if not F.is_vllm(self.trace.facts) or recorded_flags(self.trace) is None:
-            self.missing = (
-                "vLLM's config (max_num_batched_tokens, max_num_seqs, max_model_len) is not in the recording: the "
-                "what-if model needs it to carry the start-up past the recording's end"
-            )
-        elif non_torch_bytes is not None:
-            self.missing = (
-                "the what-if model, which carries a start-up past its recording, keeps the recorded non-PyTorch "
-                "memory: without --non-torch it answers"
-            )
-        flags = "the recorded flags" + (f" and --util {util:g}" if util is not None else "")
-        self.model = WHAT_IF_MODEL.format(flags=flags)
-
     @cached_property
     def what_if(self) -> WhatIf:
+        """The what-if of no change (``--util``, when given, its one change)."""
         s = sites_of(self.rank)
         items = [f"gpu-memory-utilization={self.util}"] if self.util is not None else []
         return WhatIf(s, apply_what_if(s.flags, items))
 
-    def answer(self, f: Fit, others: int = 0) -> Fit:
+    def _past(self, f: Fit) -> Fit:
         """``f`` (the capacity model, the card held alone) answered by the what-if of no change: where ``f`` is
-        UNKNOWN, past the recording; on a card other processes share (``others`` bytes), always (the capacity model
-        keeps the card to this process). Where it cannot, ``f`` with what is missing (said by the recorded OOM, when
-        the recording ended in one; UNKNOWN on a shared card)."""
+        UNKNOWN, past the recording; on a card other processes share, always (the capacity model keeps the card to
+        this process). Where it cannot, ``f`` with what is missing (said by the recorded OOM, when the recording
+        ended in one; UNKNOWN on a shared card)."""
+        others = self.others
         o = self.what_if.on(f.capacity_bytes, others_bytes=others) if not self.missing else None
         where = f"the card is shared: other processes hold {others:,} B of it" if others else self.ends()
         if o is not None and o.verdict != STOPS:
@@ -239,6 +202,29 @@ class PastTheRecording:
             "vLLM's sizing inputs were never recorded, so neither the capacity model nor the what-if model can "
             "size it; record a run that gets further"
         )
+
+
+def _kv_sizing(f: Fit, w: WhatIf) -> KvSizing:
+    """The capacity model's KV cache on a card it boots on, in the what-if's shape (its blocks, tokens and bytes)."""
+    per, tpb = w.per_block
+    blocks = f.kv_blocks if f.kv_blocks is not None else (f.kv_cache_bytes // per if per else 0)
+    tokens = f.kv_tokens if f.kv_tokens is not None else blocks * tpb
+    how = f"the capacity model ({f.kv_sizing} KV sizing; docs/whatif.md)"
+    return KvSizing(f.kv_cache_bytes, blocks, tokens, f.kv_cache_bytes, tokens / w.flags.max_model_len, how,
+                    one_request_bytes(w.flags.max_model_len, per, tpb) if per else 0)  # fmt: skip
+
+
+def _why(f: Fit) -> str:
+    """The capacity model's answer in the what-if's words (where the two models disagree, the one said)."""
+    if f.outcome == REFUSED:
+        return "free memory at start-up is less than util x card"
+    if f.outcome == NO_KV:
+        return 'no memory left for one request of max-model-len tokens ("No available memory for the cache blocks")'
+    if f.outcome == DIED:
+        return "where the recording died: this card leaves no more room there"
+    if f.outcome == OOM:
+        return "before the KV cache is sized" if f.stage == "pre-KV" else "after the KV cache was allocated"
+    return f.missing or f.prediction_how
 
 
 def as_predicted(f: Fit, o: Outcome, w: WhatIf, prediction: str) -> Fit:

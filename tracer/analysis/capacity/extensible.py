@@ -101,6 +101,15 @@ def blocks_within(num_bytes: int, strides: list[int], granule: int, capacity: in
     return max(n, 0)
 
 
+def sized(inputs: dict, requested: int, strides: list[int], granule: int, most: int) -> tuple[int, int, int]:
+    """vLLM 0.34's post-warm-up sizing on ``inputs`` (:func:`extensible_inputs`, moved to another card or other
+    flags) to whole blocks: (available bytes, blocks (at most ``most``), the bytes their pages commit). The one
+    extensible KV model ``fits`` and the what-if both size with."""
+    available, *_ = measure_kv_cache_bytes(requested=requested, **inputs)
+    blocks = blocks_within(available, strides, granule, most) if strides and granule else 0
+    return available, blocks, pages_for(blocks, strides, granule) if blocks else 0
+
+
 @dataclass(frozen=True)
 class Term:
     """One input of the sizing, as vLLM had it and as memtrace's curves give it (None: not recorded)."""

@@ -45,8 +45,22 @@ failed request; nothing after it is known. So, for such a recording:
   answers FITS, and ``boot.Boot.smallest`` finds no card for it.
 
 A vLLM recording that ended (without an OOM) before the KV cache was sized answers UNKNOWN past the
-part it covers, too (``analysis.boot``, which owns ``fits``' answer, then asks the what-if model). A program that is not vLLM and sizes no KV cache fits when its whole recorded
-curve does (steps 3 and 5 do not apply).
+part it covers, too (``analysis.boot``, which owns ``fits``' answer, then asks the what-if model). A program that
+is not vLLM and sizes no KV cache fits when its whole recorded curve does (steps 3 and 5 do not apply).
+
+vLLM 0.34's extensible KV cache (sized after warm-up: :func:`fit_extensible`, for a rank whose
+``facts["vllm.kv_cache_size_source"]`` is "extensible"):
+
+1. Before the KV cache is extended the start-up needs :func:`.whatif.need_curve` plus the KV pages committed in
+   ``kv_cache_init`` (the null block(s), on any card; the warm-up's blocks are bounded by what is free, so they
+   shrink with the card and are not counted), plus what other processes hold.
+2. The address range is sized by ``determine_available_memory`` as in step 2 (``requested - non_kv``); vLLM
+   refuses when it is not positive or cannot hold one request of ``max_model_len`` tokens.
+3. The size is vLLM's post-warm-up formula (:func:`.extensible.sized`) on the inputs it measured on the recorded
+   card, moved to this one: free and init-time free memory less the bytes the card lacks,
+   ``requested = ceil(util x capacity)``; the transient peak, reserve growth and null blocks do not depend on the
+   card. vLLM refuses when the blocks (less the null block) cannot hold one request. Tokens: the recorded tokens
+   per block.
 
 Pure functions over a Trace; figures are bytes.
 """
@@ -62,6 +76,7 @@ import numpy as np
 from memtrace import facts as F
 from memtrace import vllm_phase_names as PN
 from memtrace.analysis.analysed.landmarks import Landmarks, landmarks, steady_non_torch_at
+from memtrace.analysis.capacity.extensible import ExtensibleSizing, extensible_inputs, sized
 from memtrace.analysis.capacity.reconcile import KV_GIVEN, MEMTRACE, profiled_kv_bytes
 from memtrace.analysis.capacity.reconcile import non_kv as non_kv_model
 from memtrace.analysis.capacity.whatif import (
@@ -78,10 +93,10 @@ from memtrace.analysis.capacity.whatif import (
 )
 from memtrace.analysis.capacity.whatif import UNKNOWN as STOPS
 from memtrace.analysis.memory import non_torch
-from memtrace.analysis.memory.curves import Curve, Curves, all_curves
+from memtrace.analysis.memory.curves import Curve, Curves, all_curves, committed_curve
 from memtrace.analysis.memory.oom import Oom, find_oom
 from memtrace.analysis.memory.phases import path_at, recording_span
-from memtrace.analysis.memory.quantities import window_peak
+from memtrace.analysis.memory.quantities import first_max, window_peak
 from memtrace.analysis.memory.target import resolve_target
 from memtrace.errors import UsageError
 from memtrace.model import Trace
@@ -136,7 +151,7 @@ class Fit:
     non_torch_grew_unseen_bytes: int | None = None
     non_torch_cupti_own_bytes: int | None = None  # of the unexplained rest: CUPTI's own device memory
     #: how vLLM sizes the KV cache on this card: "profiling" (``util x capacity - non_kv``) or "extensible"
-    #: (vLLM 0.34's default: measured after warm-up, ``analysis.fits_extensible``)
+    #: (vLLM 0.34's default: measured after warm-up, :func:`fit_extensible`)
     kv_sizing: str = F.KV_SIZED_BY_PROFILING
     kv_blocks: int | None = None  # extensible: the blocks vLLM would commit, and their tokens
     kv_tokens: int | None = None
@@ -228,6 +243,7 @@ class Recorded:
     non_torch_split: dict[str, int | None] = dataclasses.field(default_factory=dict)
     span: tuple[int, int] = (0, 0)  # the recording's first and last microsecond (``phases.recording_span``)
     others_bytes: int = 0  # the most other processes held on the recorded card (``whatif.recorded_others``)
+    extensible: Prepared | None = None  # vLLM 0.34 sized the KV cache after warm-up (with ``rank``: :func:`prepare`)
 
 
 def recorded(trace: Trace, non_torch_bytes: int | None = None, *, curves: Curves | None = None, rank=None) -> Recorded:
@@ -262,7 +278,7 @@ def recorded(trace: Trace, non_torch_bytes: int | None = None, *, curves: Curves
             "non_torch_grew_unseen_bytes": b.grew_unseen_bytes,
             "non_torch_cupti_own_bytes": b.cupti_own_bytes,
         }
-    return Recorded(
+    rec = Recorded(
         curves=curves,
         lm=lm,
         need=need_curve(trace, curves, lm, non_torch_bytes, rank.lifetimes if rank is not None else None),
@@ -277,6 +293,7 @@ def recorded(trace: Trace, non_torch_bytes: int | None = None, *, curves: Curves
         span=span,
         others_bytes=recorded_others(trace),
     )
+    return dataclasses.replace(rec, extensible=prepare(rank, rec)) if rank is not None else rec
 
 
 def fit(
@@ -298,6 +315,8 @@ def fit(
         rec: :func:`recorded` for this trace and ``non_torch_bytes``, to share work between capacities.
     """
     rec = rec or recorded(trace, non_torch_bytes)
+    if rec.extensible is not None:
+        return fit_extensible(trace, capacity_bytes, util, rec)
     lm, need, oom = rec.lm, rec.need, rec.oom
     if util is None:
         util = recorded_util(trace)
@@ -387,3 +406,84 @@ def _at_oom(rec: Recorded, capacity: int, target: int, shift: int, result, post=
 def _init_device_end(trace: Trace) -> int | None:
     ends = [p.end_us for p in trace.phases if p.name == PN.INIT_DEVICE and p.end_us is not None]
     return min(ends) if ends else None
+
+
+# ---------------------------------------------------------------------------------------------------------
+# vLLM 0.34's extensible KV cache (see the module docstring)
+
+
+@dataclass(frozen=True)
+class Prepared:
+    """What :func:`fit_extensible` needs on any card, computed once (step 1's need, step 2's non-KV figure)."""
+
+    sizing: ExtensibleSizing
+    recorded_total: int
+    time_us: np.ndarray  # the need before the KV cache is extended: its times and bytes (the null blocks in)
+    need: np.ndarray
+    peak_bytes: int
+    peak_phase: str
+    extended: bool
+    non_kv_bytes: int | None
+    one_request: int | None
+
+
+def prepare(rank, rec: Recorded) -> Prepared | None:
+    """The card-independent part of :func:`fit_extensible` from what the analysed ``rank`` and ``rec`` already hold:
+    the sizing, what the start-up needs, the non-KV figure; None for a trace whose KV cache was not sized after
+    warm-up."""
+    trace, sizing = rank.trace, rank.extensible
+    if trace.facts.get(F.VLLM_KV_SIZE_SOURCE) != F.KV_SIZED_EXTENSIBLE or sizing is None:
+        return None
+    total = sizing.term("free").vllm_bytes and (
+        (trace.facts.get(F.VLLM_KV_SIZING) or {}).get("total_memory_bytes") or trace.process.device_total_bytes
+    )
+    if not total:
+        return None
+    extend = next((p for p in trace.phases if p.name == PN.KV_CACHE_EXTEND), None)
+    init = next((p for p in trace.phases if p.name == PN.KV_CACHE_INIT and p.end_us), None)
+    end = extend.start_us if extend is not None else sizing.time_us
+    floor = committed_curve(trace, kv_cache_only=True).at(init.end_us) if init is not None else 0
+    window = rec.need.window(rec.need.time_us[0] if len(rec.need) else 0, end)
+    need_b = window.bytes + (window.time_us >= (init.end_us if init is not None else end)) * floor
+    i = max(first_max(need_b), 0)
+    peak, peak_t = (int(need_b[i]), int(window.time_us[i])) if len(need_b) else (0, end)
+    return Prepared(sizing, int(total), window.time_us, need_b.astype(np.int64), peak, path_at(trace, peak_t),
+                    extend is not None, rec.non_kv_bytes if rec.non_kv_source else None,
+                    recorded_one_request(trace.facts))  # fmt: skip
+
+
+def fit_extensible(trace: Trace, capacity_bytes: int, util: float | None, rec: Recorded, others_bytes: int = 0) -> Fit:
+    """The prediction on a card of ``capacity_bytes`` (CUDA's total) of which other processes hold ``others_bytes``,
+    for a start-up whose KV cache vLLM sized after warm-up (``rec.extensible``)."""
+    prep, facts = rec.extensible, trace.facts
+    util = recorded_util(trace) if util is None else util
+    requested, pre = math.ceil(capacity_bytes * util), prep.peak_bytes + others_bytes
+
+    def result(outcome, phase="", over=0, stage="KV sizing", blocks=None, kv=0):
+        tpb = F.kv_tokens_per_block(facts)
+        return Fit(capacity_bytes, util, requested, rec.non_kv_bytes, kv, pre, prep.peak_phase, None, "", outcome,
+                   phase, max(over, 0), capacity_bytes - pre if outcome == FITS else 0, stage, rec.non_torch_bytes,
+                   rec.non_torch_source, rec.non_kv_source, None, rec.capacity_bytes, **rec.non_torch_split,
+                   kv_sizing=F.KV_SIZED_EXTENSIBLE, kv_blocks=blocks, kv_tokens=blocks * tpb if blocks and tpb else None,
+                   others_left_out_bytes=rec.others_bytes)  # fmt: skip
+
+    # 1. before the KV cache is extended
+    over = np.flatnonzero(prep.need + others_bytes > capacity_bytes)
+    if len(over):
+        return result(OOM, path_at(trace, int(prep.time_us[over[0]])), pre - capacity_bytes, "pre-KV")
+    # 2. the address range
+    one = prep.one_request
+    rng = profiled_kv_bytes(util, capacity_bytes, prep.non_kv_bytes) if prep.non_kv_bytes is not None else None
+    if rng is not None and (rng <= 0 or (one is not None and rng < one)):
+        return result(NO_KV, PN.KV_CACHE_INIT, -rng)
+    # 3. the size, by vLLM's formula on this card: the bytes this card has less of, free (the recorded card's other
+    # processes are not on it, unless given back as ``others_bytes``)
+    lacks = prep.recorded_total - rec.others_bytes - capacity_bytes + others_bytes
+    s = facts.get(F.VLLM_KV_SIZING) or {}
+    strides, granule = [int(x) for x in s.get("segment_strides") or []], int(s.get("granularity_bytes") or 0)
+    bpb = prep.sizing.bytes_per_block
+    most = rng // bpb if rng is not None else int(s.get("capacity_blocks") or 0)
+    _, blocks, kv = sized(extensible_inputs(s, lacks), requested, strides, granule, most)
+    if blocks <= 1 or (one is not None and (blocks - 1) * bpb < one):  # the null block holds no request
+        return result(NO_KV, path_at(trace, prep.sizing.time_us))
+    return result(FITS if prep.extended else UNKNOWN, stage="", blocks=blocks, kv=kv)

@@ -1,32 +1,13 @@
-"""Will it boot with other flags? vLLM start-up memory predicted for changed flags, from a recorded start-up.
+"""Will it boot with other flags? vLLM start-up memory predicted for changed flags, from a recorded start-up
+(docs/whatif.md, "The model").
 
-Every allocation PyTorch made after ``load_model`` is assigned to a **site** (its Python stack, or the phase
-it was made in) and the site to a **kind** with a scaling rule (:data:`RULES`):
-
-- ``tokens``: activations and workspaces of the dummy forward passes (``profile_run``, kernel warm-up, the
-  MoE / FlashInfer workspaces), x ``max-num-batched-tokens``;
-- ``seqs``: the sampler (a stack through vLLM's ``sample/`` folders: ``categories.sampler_stacks``) and the
-  logits (``compute_logits``), x ``max-num-seqs`` (one row of the vocabulary per request);
-- ``graphs``: what ``capture_model`` and ``cudagraph_profile`` allocate, x the number of CUDA graphs vLLM
-  captures (its default capture sizes from ``max-num-seqs``; none with ``enforce-eager``: vLLM's own
-  linear extrapolation);
-- ``kv``: the KV cache (PyTorch tensors of ``initialize_kv_cache``, or pages committed through CUDA VMM by
-  0.34's extensible KV cache), sized again by vLLM's formula on the other card and flags;
-- everything else (weights and what ``init_device`` / ``load_model`` made, non-PyTorch memory, the
-  allocator's rounding) is kept as recorded; allocations without a stack cannot be scaled (said so).
-
-With one trace the rules are the documented ones above (an **estimate**). With two or more traces of the
-same model (:func:`calibrate`), each (phase, kind)'s peak bytes are fitted to ``a + b x`` of its flag by
-least squares and the residual is stated.
-
-The predicted curve is the recorded one (what the start-up needs: :func:`need_curve`) with each kind's live
-bytes scaled (``pred(t) = need(t) + sum_k (s_k - 1) B_k(t)``), the recorded KV cache taken out and the new one
-put in where vLLM allocates it. vLLM's KV sizing is redone on that curve: profiled (``ceil(util x card) -
-non_kv - graph estimate``, the non-KV figure of ``reconcile.non_kv`` moved by the change of the profiling peak)
-or extensible (``extensible.measure_kv_cache_bytes`` with the free memory, transient peak and reserve growth
-moved). The card is the card alone unless ``others_bytes`` is given (memory of other processes is said).
-
-Pure functions over a Trace; bytes and microseconds.
+Every allocation PyTorch made after ``load_model`` is assigned to a **site** (its Python stack, or the phase it was
+made in) and the site to a **kind** with a scaling rule (:data:`RULES`). With one trace the rules are the documented
+ones (an **estimate**); with two or more traces of the same model (:func:`calibrate`) each (phase, kind)'s peak
+bytes are fitted to ``a + b x`` of its flag. The predicted curve is the recorded need (:func:`need_curve`) with
+each kind's live bytes scaled, the recorded KV cache taken out and the new one put in where vLLM allocates it, sized
+again by vLLM's formula (profiled, or 0.34's extensible one: ``extensible.sized``). The card is the card alone
+unless ``others_bytes`` is given. Pure functions over a Trace; bytes and microseconds.
 """
 
 from __future__ import annotations
@@ -41,7 +22,7 @@ from memtrace import facts as F
 from memtrace import vllm_phase_names as PN
 from memtrace.analysis.analysed.landmarks import Landmarks, total_curve
 from memtrace.analysis.capacity import priors as P
-from memtrace.analysis.capacity.extensible import blocks_within, extensible_inputs, measure_kv_cache_bytes, pages_for
+from memtrace.analysis.capacity.extensible import extensible_inputs, sized
 from memtrace.analysis.capacity.reconcile import MEMTRACE as NON_KV_MEMTRACE
 from memtrace.analysis.capacity.reconcile import profiled_kv_bytes
 from memtrace.analysis.holders.live import Lifetimes
@@ -233,7 +214,7 @@ def extensible_kv_cache(trace) -> bool:
     source = trace.facts.get(F.VLLM_KV_SIZE_SOURCE)
     if source is not None:
         return source == F.KV_SIZED_EXTENSIBLE
-    return _version_at_least(trace, (0, 34))
+    return (vllm_version(trace) or (0, 0)) >= (0, 34)
 
 
 def vllm_version(trace) -> tuple[int, int] | None:
@@ -244,12 +225,6 @@ def vllm_version(trace) -> tuple[int, int] | None:
     except ValueError:
         return None
     return v if len(v) == 2 and min(v) >= 0 else None
-
-
-def _version_at_least(trace, least: tuple[int, int]) -> bool:
-    """Whether the recorded vLLM is at least ``least`` (major, minor); False when unknown."""
-    v = vllm_version(trace)
-    return v is not None and v >= least
 
 
 def _bool(name: str, value: str) -> bool:
@@ -292,10 +267,9 @@ def apply_what_if(base: Flags, items: list[str]) -> Flags:
     return dataclasses.replace(base, **changes)
 
 
-def flag_value(flags: Flags, kind: str) -> float:
+def flag_value(f: Flags, kind: str) -> float:
     """The flag value a kind scales with."""
-    kept = 1 if flags.graphs else 0
-    return {TOKENS: flags.max_num_batched_tokens, SEQS: flags.max_num_seqs, GRAPHS: flags.graphs, GRAPHS_KEPT: kept}[
+    return {TOKENS: f.max_num_batched_tokens, SEQS: f.max_num_seqs, GRAPHS: f.graphs, GRAPHS_KEPT: min(f.graphs, 1)}[
         kind
     ]
 
@@ -816,15 +790,13 @@ class WhatIf:
         # vLLM's transient is the most allocated above what stays held, profile_run's included: a cold compile's
         # autotuning examples there (cut-gemma3-1 on the H100: 0.58 -> 1.26 GiB) are withheld too
         inputs["transient_peak"] = max(inputs["transient_peak"], self.compile_extra)
-        available, *_ = measure_kv_cache_bytes(requested=requested, **inputs)
         range_blocks = max(profiled_kv_bytes(self.flags.util, capacity, withheld) // per, 0)
-        blocks = blocks_within(available, strides, granule, range_blocks) if strides else 0
+        available, blocks, kv_bytes = sized(inputs, requested, strides, granule, range_blocks)
         tokens = blocks * tpb
         how = (
             f"{src}: free after warm-up {inputs['free']:,} B, transient peak {inputs['transient_peak']:,} B, reserve "
             f"growth {inputs['torch_reserve_growth']:,} B, requested ceil({self.flags.util:g} x {capacity:,} B)"
         )
-        kv_bytes = pages_for(blocks, strides, granule) if strides else 0
         return KvSizing(available, blocks, tokens, kv_bytes, tokens / self.flags.max_model_len, how, one)
 
     # -- one card ----------------------------------------------------------------------------------------
@@ -1131,7 +1103,7 @@ def suggest(sites: Sites, capacity: int, *, keep_others: bool = False, others_by
     """The changes (one, else two at once) to ``base`` (default: the recorded flags) that boot on ``capacity``
     (``recorded``: ``base``'s outcome there, when already answered)."""
     rec = base or sites.flags
-    ext_known = _version_at_least(sites.trace, (0, 34))
+    ext_known = (vllm_version(sites.trace) or (0, 0)) >= (0, 34)
     card = dict(keep_others=keep_others, others_bytes=others_bytes)
     others = others_bytes if others_bytes is not None else recorded_others(sites.trace) if keep_others else 0
     singles = candidates(rec, ext_known, shared_utilization(sites, capacity, others))
