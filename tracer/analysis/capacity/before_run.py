@@ -10,7 +10,6 @@ same model replaces the priors: ``memtrace fits RUN``.
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -25,6 +24,7 @@ from memtrace.analysis.capacity.whatif import (
     carried_outcome,
     clear_of_spread,
     kv_shape,
+    search,
 )
 from memtrace.errors import UsageError
 
@@ -89,20 +89,9 @@ def suggest(shape: dict, flags: Flags, capacity: int, weights: Weights, library:
             top: int = 8) -> list[Suggestion]:  # fmt: skip
     """The single changes (else pairs, else three at once) to ``flags`` that boot with nothing recorded: fewest
     changes first, then clear of the priors' spread, then the most KV cache."""
-    singles = candidates(flags, True)
-    found: list[Suggestion] = []
-    sets = [[c] for c in singles]
-    for _size in (1, 2, 3):  # nothing recorded to scale: each answer is cheap, so three changes at once too
-        for parts in sets:
-            change = {k: v for p in parts for k, v in p.items()}
-            f = dataclasses.replace(flags, **change)
-            o = predict(shape, f, capacity, weights, library, others)
-            if o.verdict == BOOTS:
-                found.append(Suggestion(f.changes(flags), f, o))
-        if found:
-            break
-        sets = [[*p, c] for p in sets for c in singles[singles.index(p[-1]) + 1:]
-                if not any(set(c) & set(x) for x in p)]  # fmt: skip
+    # nothing recorded to scale: each answer is cheap, so three changes at once too
+    found, _ = search(flags, candidates(flags, True), 3, lambda f: predict(shape, f, capacity, weights, library, others),
+                      (BOOTS,))  # fmt: skip
     found.sort(
         key=lambda s: (len(s.changes), not clear_of_spread(s.outcome), -(s.outcome.kv.tokens if s.outcome.kv else 0))
     )

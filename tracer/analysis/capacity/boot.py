@@ -216,15 +216,16 @@ def _kv_sizing(f: Fit, w: WhatIf) -> KvSizing:
 
 def _why(f: Fit) -> str:
     """The capacity model's answer in the what-if's words (where the two models disagree, the one said)."""
-    if f.outcome == REFUSED:
-        return "free memory at start-up is less than util x card"
-    if f.outcome == NO_KV:
-        return 'no memory left for one request of max-model-len tokens ("No available memory for the cache blocks")'
-    if f.outcome == DIED:
-        return "where the recording died: this card leaves no more room there"
-    if f.outcome == OOM:
-        return "before the KV cache is sized" if f.stage == "pre-KV" else "after the KV cache was allocated"
-    return f.missing or f.prediction_how
+    return (
+        {
+            REFUSED: "free memory at start-up is less than util x card",
+            NO_KV: 'no memory left for one request of max-model-len tokens ("No available memory for the cache blocks")',
+            DIED: "where the recording died: this card leaves no more room there",
+            OOM: "before the KV cache is sized" if f.stage == "pre-KV" else "after the KV cache was allocated",
+        }.get(f.outcome)
+        or f.missing
+        or f.prediction_how
+    )
 
 
 def as_predicted(f: Fit, o: Outcome, w: WhatIf, prediction: str) -> Fit:

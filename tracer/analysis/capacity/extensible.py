@@ -39,6 +39,7 @@ from dataclasses import dataclass, field
 
 from memtrace import facts as F
 from memtrace import vllm_phase_names as PN
+from memtrace.analysis.capacity.reconcile import phase_reading
 from memtrace.analysis.memory.blocks import block_curve
 from memtrace.analysis.memory.curves import Curve, Curves, all_curves
 from memtrace.analysis.memory.quantities import window_max
@@ -196,9 +197,9 @@ def _free_memory(trace: Trace, curves: Curves, t_us: int, total: int | None) -> 
     PyTorch's cache just before it reads, and a sample taken before that release lags it (20 MiB on
     the H200).
     """
-    for r in trace.facts.get(F.PHASE_MEMORY) or []:
-        if r.get("phase") == PN.KV_CACHE_SIZING and r.get("edge") == "end" and isinstance(r.get("free_bytes"), int):
-            return int(r["free_bytes"]), "cudaMemGetInfo read by the plugin at the end of kv_cache_sizing"
+    r = phase_reading(trace, PN.KV_CACHE_SIZING, "end") or {}
+    if isinstance(r.get("free_bytes"), int):
+        return int(r["free_bytes"]), "cudaMemGetInfo read by the plugin at the end of kv_cache_sizing"
     if not total or not curves.has_device:
         return None, "not measured (no NVML samples)"
     held = curves.non_torch.at(t_us) + curves.reserved.at(t_us) + (curves.vmm.at(t_us) if len(curves.vmm) else 0)

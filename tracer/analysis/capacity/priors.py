@@ -59,20 +59,7 @@ COMPONENTS = {
                      "1 (a constant)"),
 }  # fmt: skip
 #: components fitted per feature (the rest: recorded or computed, never a prior)
-FITTED = (
-    ACTIVATIONS,
-    SAMPLER,
-    SAMPLER_RUN,
-    COMPILE,
-    KEPT,
-    WARMUP,
-    GRAPH_POOL,
-    TRANSIENT,
-    RESERVE_GROWTH,
-    SLACK,
-    PROFILED_SLACK,
-    CONTEXT,
-)
+FITTED = (*(k for k in COMPONENTS if k not in (CONTEXT, WEIGHTS)), CONTEXT)
 
 
 def model_shape(shape) -> ModelShape:

@@ -106,10 +106,7 @@ class KvReconciliation:
 
 
 def _phase(trace: Trace, name: str) -> Phase | None:
-    for p in trace.phases:
-        if p.name == name:
-            return p
-    return None
+    return next((p for p in trace.phases if p.name == name), None)
 
 
 def choose_formula(facts: dict[str, Any]) -> str:
@@ -136,9 +133,6 @@ def _graph_estimate(trace: Trace) -> tuple[int, int | None, list[str]]:
     return estimate, None, []
 
 
-_window_max = window_max
-
-
 def _sampled_at(curve: Curve, t_us: int) -> int | None:
     """The curve's value at ``t_us``, or None when it has no sample at or before it."""
     if len(curve) == 0 or int(curve.time_us[0]) > t_us:
@@ -146,23 +140,22 @@ def _sampled_at(curve: Curve, t_us: int) -> int | None:
     return curve.at(t_us)
 
 
-def _reading(trace: Trace, phase: str, edge: str) -> dict[str, int] | None:
-    for r in trace.facts.get(F.PHASE_MEMORY) or []:
-        if r.get("phase") == phase and r.get("edge") == edge:
-            return r
-    return None
+def phase_reading(trace: Trace, phase: str, edge: str) -> dict[str, int] | None:
+    """The plugin's memory reading at ``phase``'s ``edge`` ("start" / "end"; ``facts.PHASE_MEMORY``), if taken."""
+    return next(
+        (r for r in trace.facts.get(F.PHASE_MEMORY) or [] if (r.get("phase"), r.get("edge")) == (phase, edge)), None
+    )
 
 
 class _Device:
     """Device used / non-torch bytes at the two instants, from NVML curves or boundary readings."""
 
     def __init__(self, trace: Trace, curves: Curves, source: str, init_us: int, after_us: int, after_key):
-        self.ok = True
         if source == "nvml":
             self.used = [_sampled_at(curves.device_used, t) for t in (init_us, after_us)]
             self.non_torch = [_sampled_at(curves.non_torch, t) for t in (init_us, after_us)]
         else:
-            readings = [_reading(trace, PN.INIT_DEVICE, "end"), _reading(trace, *after_key)]
+            readings = [phase_reading(trace, PN.INIT_DEVICE, "end"), phase_reading(trace, *after_key)]
             self.used = [r["total_bytes"] - r["free_bytes"] if r else None for r in readings]
             self.non_torch = [r["total_bytes"] - r["free_bytes"] - r["reserved_bytes"] if r else None for r in readings]
         self.ok = None not in self.used and None not in self.non_torch
@@ -173,7 +166,7 @@ def _init_gap(trace: Trace, formula: str) -> int | None:
     from the plugin's reading at the end of init_device; NVML's "used" counts the driver's reserved
     memory too, ~615 MiB on an H200, so it is not comparable with vLLM's snapshot)."""
     snap = (trace.facts.get(F.VLLM_PROFILE) or {}).get("init_snapshot") or {}
-    reading = _reading(trace, PN.INIT_DEVICE, "end")
+    reading = phase_reading(trace, PN.INIT_DEVICE, "end")
     if reading is None:
         return None
     used = reading["total_bytes"] - reading["free_bytes"]
@@ -216,7 +209,7 @@ def reconcile_kv(
 
     alloc = curves.allocated
     weights = alloc.at(load.end_us) - alloc.at(load.start_us)
-    peak = _window_max(alloc, prof.start_us, prof.end_us)
+    peak = window_max(alloc, prof.start_us, prof.end_us)
     estimate, disabled, more = _graph_estimate(trace)
     notes += more
     vllm_kv = trace.facts.get(F.VLLM_AVAILABLE_KV_BYTES)

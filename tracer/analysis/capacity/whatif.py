@@ -461,9 +461,7 @@ class PhasePeak:
 
     phase: str
     recorded_bytes: int | None  # report's peak of the phase: device used (NVML, ``phases.phase_stats``); None unsampled
-    needed_bytes: (
-        int  # what the start-up needed in the phase as recorded (the model's curve: pinned + non-PyTorch + KV)
-    )
+    needed_bytes: int  # what the start-up needed in the phase as recorded (pinned + non-PyTorch + KV)
     predicted_bytes: int  # the same on this card with these flags
     time_us: int
     after_kv: bool
@@ -1049,6 +1047,24 @@ class Suggestion:
     outcome: Outcome
 
 
+def search(base: Flags, singles: list[dict], most: int, answer, ok: tuple[str, ...]) -> tuple[list[Suggestion], int]:
+    """The sets of ``singles`` (one change, else two at once, ... up to ``most``) applied to ``base`` whose
+    ``answer(flags)`` has a verdict in ``ok``, from the fewest changes that have any; and how many sets were tried."""
+    sets, found, tried = [(i,) for i in range(len(singles))], [], 0
+    for _size in range(most):
+        for parts in sets:
+            f = dataclasses.replace(base, **{k: v for i in parts for k, v in singles[i].items()})
+            o = answer(f)
+            tried += 1
+            if o.verdict in ok:
+                found.append(Suggestion(f.changes(base), f, o))
+        if found:
+            break
+        sets = [(*p, j) for p in sets for j in range(p[-1] + 1, len(singles))
+                if not any(set(singles[j]) & set(singles[i]) for i in p)]  # fmt: skip
+    return found, tried
+
+
 @dataclass(frozen=True)
 class Suggestions:
     """What ``--suggest`` answers on one card: the changes that boot (fewest first, then the most KV cache),
@@ -1108,20 +1124,11 @@ def suggest(sites: Sites, capacity: int, *, keep_others: bool = False, others_by
     others = others_bytes if others_bytes is not None else recorded_others(sites.trace) if keep_others else 0
     singles = candidates(rec, ext_known, shared_utilization(sites, capacity, others))
     recorded_outcome = recorded or WhatIf(sites, rec, cal, library).on(capacity, **card, table=False)
-    booting: list[Suggestion] = []
-    tried = 0
-    for size in (1, 2):
-        sets = [c for c in singles] if size == 1 else [
-            {**a, **b} for i, a in enumerate(singles) for b in singles[i + 1:] if not set(a) & set(b)
-        ]  # fmt: skip
-        for change in sets:
-            f = dataclasses.replace(rec, **change)
-            o = WhatIf(sites, f, cal, library).on(capacity, **card, table=False)
-            tried += 1
-            if o.verdict == BOOTS or (o.verdict == UNKNOWN and recorded_outcome.verdict != BOOTS):
-                booting.append(Suggestion(f.changes(rec), f, o))  # UNKNOWN: gets past all the recording covers
-        if booting:
-            break
+    # UNKNOWN: gets past all the recording covers
+    ok = (BOOTS, UNKNOWN) if recorded_outcome.verdict != BOOTS else (BOOTS,)
+    booting, tried = search(
+        rec, singles, 2, lambda f: WhatIf(sites, f, cal, library).on(capacity, **card, table=False), ok
+    )
     booting.sort(
         key=lambda s: (len(s.changes), s.outcome.verdict != BOOTS, not clear_of_spread(s.outcome),
                        -(s.outcome.kv.tokens if s.outcome.kv else 0), s.outcome.pre_kv_peak_bytes)
