@@ -118,7 +118,7 @@ def test_fits_predicts_the_smaller_cards_kv_cache_to_the_block_from_the_full_car
     others = all_curves(small).others.peak_bytes  # NVML: the holder's 96 GiB and its CUDA context
     assert others >= 96 * GiB
     r = _rank(full)
-    f = fit_extensible(r.trace, full.process.device_total_bytes, None, recorded(r.trace, rank=r), others)
+    f = fit_extensible(r.trace, full.process.device_total_bytes, None, recorded(r), others)
     assert f.survives
     assert f.kv_blocks == int(logged("small-ext", r"Extended KV cache to (\d+) blocks")) == 60704
     assert f.kv_tokens == int(logged("small-ext", r"GPU KV cache size: ([\d,]+) tokens").replace(",", ""))
@@ -128,7 +128,7 @@ def test_fits_predicts_the_smaller_cards_kv_cache_to_the_block_from_the_full_car
 def test_a_card_too_small_for_the_weights_dies_before_the_kv_cache_exists():
     full = _trace("moe-ext")
     r = _rank(full)
-    f = fit(r.trace, 10 * GiB, rec=recorded(r.trace, rank=r))
+    f = fit(r.trace, 10 * GiB, rec=recorded(r))
     assert not f.survives and f.kv_blocks is None
     assert f.phase.startswith("load_model")
 

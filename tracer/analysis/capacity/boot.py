@@ -99,7 +99,7 @@ class Boot:
 
     def __init__(self, rank, util: float | None = None, non_torch_bytes: int | None = None, others_bytes: int = 0):
         self.rank, self.trace, self.util, self.others = rank, rank.trace, util, others_bytes
-        self.rec = recorded(rank.trace, non_torch_bytes, rank=rank)
+        self.rec = recorded(rank, non_torch_bytes)
         self._fits: dict[int, Fit] = {}
         self.missing = ""
         if not F.is_vllm(self.trace.facts) or recorded_flags(self.trace) is None:

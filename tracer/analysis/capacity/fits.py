@@ -75,10 +75,9 @@ from typing import Any
 import numpy as np
 from memtrace import facts as F
 from memtrace import vllm_phase_names as PN
-from memtrace.analysis.analysed.landmarks import Landmarks, landmarks, steady_non_torch_at
+from memtrace.analysis.analysed.landmarks import Landmarks, steady_non_torch_at
 from memtrace.analysis.capacity.extensible import ExtensibleSizing, extensible_inputs, sized
 from memtrace.analysis.capacity.reconcile import KV_GIVEN, MEMTRACE, profiled_kv_bytes
-from memtrace.analysis.capacity.reconcile import non_kv as non_kv_model
 from memtrace.analysis.capacity.whatif import (
     BOOTS,
     DIES,
@@ -93,11 +92,10 @@ from memtrace.analysis.capacity.whatif import (
 )
 from memtrace.analysis.capacity.whatif import UNKNOWN as STOPS
 from memtrace.analysis.memory import non_torch
-from memtrace.analysis.memory.curves import Curve, Curves, all_curves, committed_curve
-from memtrace.analysis.memory.oom import Oom, find_oom
-from memtrace.analysis.memory.phases import path_at, recording_span
+from memtrace.analysis.memory.curves import Curve, Curves, committed_curve
+from memtrace.analysis.memory.oom import Oom
+from memtrace.analysis.memory.phases import path_at
 from memtrace.analysis.memory.quantities import first_max, window_peak
-from memtrace.analysis.memory.target import resolve_target
 from memtrace.errors import UsageError
 from memtrace.model import Trace
 
@@ -246,19 +244,11 @@ class Recorded:
     extensible: Prepared | None = None  # vLLM 0.34 sized the KV cache after warm-up (with ``rank``: :func:`prepare`)
 
 
-def recorded(trace: Trace, non_torch_bytes: int | None = None, *, curves: Curves | None = None, rank=None) -> Recorded:
-    """Compute once what :func:`fit` needs for any capacity (``rank``: the trace's ``AnalysedRank``, whose
-    curves, landmarks, non-KV model, OOM and recorded target are taken as they are)."""
-    if rank is not None:
-        curves, lm, nk, oom, target = rank.curves, rank.landmarks, rank.non_kv, rank.oom, rank.recorded_target
-        span = rank.span
-    else:
-        span = recording_span(trace)
-        curves = curves or all_curves(trace)
-        lm = landmarks(trace, curves)
-        nk = non_kv_model(trace, curves)
-        oom = find_oom(trace)
-        target = resolve_target(trace)
+def recorded(rank, non_torch_bytes: int | None = None) -> Recorded:
+    """Compute once what :func:`fit` needs for any capacity from what the analysed ``rank`` holds (its curves,
+    landmarks, non-KV model, OOM and recorded target); ``non_torch_bytes``: ``--non-torch``."""
+    trace, curves, lm, nk, oom, span = rank.trace, rank.curves, rank.landmarks, rank.non_kv, rank.oom, rank.span
+    target = rank.recorded_target
     nt_at = None
     if non_torch_bytes is not None:
         nt, nt_source = int(non_torch_bytes), NT_ARGUMENT
@@ -281,7 +271,7 @@ def recorded(trace: Trace, non_torch_bytes: int | None = None, *, curves: Curves
     rec = Recorded(
         curves=curves,
         lm=lm,
-        need=need_curve(trace, curves, lm, non_torch_bytes, rank.lifetimes if rank is not None else None),
+        need=need_curve(trace, curves, lm, non_torch_bytes, rank.lifetimes),
         non_kv_bytes=nk.bytes if nk is not None else 0,
         non_kv_source=nk.source if nk is not None else "",
         oom=oom,
@@ -293,28 +283,18 @@ def recorded(trace: Trace, non_torch_bytes: int | None = None, *, curves: Curves
         span=span,
         others_bytes=recorded_others(trace),
     )
-    return dataclasses.replace(rec, extensible=prepare(rank, rec)) if rank is not None else rec
+    return dataclasses.replace(rec, extensible=prepare(rank, rec))
 
 
-def fit(
-    trace: Trace,
-    capacity_bytes: int,
-    util: float | None = None,
-    *,
-    non_torch_bytes: int | None = None,
-    rec: Recorded | None = None,
-) -> Fit:
+def fit(trace: Trace, capacity_bytes: int, util: float | None = None, *, rec: Recorded) -> Fit:
     """Predict whether the start-up recorded in ``trace`` survives on a card of ``capacity_bytes``.
 
     Args:
         trace: a recorded start-up (any card size; a larger card shows more of the curve).
         capacity_bytes: physical memory of the card asked about.
         util: --gpu-memory-utilization on that card; default: the recorded one (``whatif.recorded_util``).
-        non_torch_bytes: non-PyTorch memory on that card (CUDA context, NCCL, libraries), held
-            constant; default: as recorded (NVML).
-        rec: :func:`recorded` for this trace and ``non_torch_bytes``, to share work between capacities.
+        rec: :func:`recorded` for this trace (and ``--non-torch``), shared between capacities.
     """
-    rec = rec or recorded(trace, non_torch_bytes)
     if rec.extensible is not None:
         return fit_extensible(trace, capacity_bytes, util, rec)
     lm, need, oom = rec.lm, rec.need, rec.oom
