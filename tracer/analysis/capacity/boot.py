@@ -1,24 +1,13 @@
 """Will it boot on that card: the one answer ``memtrace fits`` (plain, ``--what-if``, ``--suggest``, ``--json``), the
-issue bundle and the view give (issues 28, 40).
+issue bundle and the view give (issues 28, 40; docs/whatif.md, "Plain fits").
 
 :class:`Boot` answers for one rank with the recorded flags, card by card, once: the capacity model first
-(:mod:`.fits`, vLLM 0.34's extensible KV cache with it), the recorded curve on another card.
-Where that model stops at the end of the recording (UNKNOWN: the part that decides was never recorded, such as a
-KV cache vLLM refused to extend on a card another process shared), the what-if model with the recorded flags
-(:mod:`.whatif`, a what-if of no change) carries the start-up on from its recorded phases; its answer replaces
-"unknown", said to be a prediction, with where its figures come from (``Fit.prediction``, ``Fit.prediction_how``).
-Where the what-if model cannot carry it either, the answer stays UNKNOWN and ``Fit.missing`` says exactly what the
-trace lacks. On a card other processes share (``fits --keep-others`` / ``--others``, the issue bundle of a run
-beside a neighbour) the capacity model keeps the card to this process, so the what-if of no change beside them
-answers, said to be a prediction. The smallest card is searched once (:func:`smallest_card`, up to
-:func:`search_ceiling`) on the same answer, and "short by N" (``Fit.short_bytes``) is that card less the one asked:
-the growth that boots; other flags are searched the same way, on the what-if's verdict alone. The what-if of no
-change on a card this process holds alone or shares *is* this answer (:func:`answer` takes its verdict from
-:meth:`Boot.fit`), so the table, the JSON, ``--suggest``'s recorded-flags line, the smallest card, the exit status,
-the issue bundle and the view never disagree.
-
-The issue bundle and the view ask :func:`recorded_card_answer`: ``fits --suggest`` on the card the worst rank
-was recorded on, as it was (other processes kept).
+(:mod:`.fits`), and where it stops at the end of the recording (UNKNOWN), or on a card other processes share, the
+what-if of no change (:mod:`.whatif`) carries the start-up on from its recorded phases, said to be a prediction
+(``Fit.prediction``, ``Fit.prediction_how``); where neither can, ``Fit.missing`` says what the trace lacks. The
+smallest card is searched once on that answer (:func:`smallest_card`) and "short by" is that card less the one
+asked. :func:`answer` takes the what-if's verdict from :meth:`Boot.fit` for the recorded flags, so the table, the
+JSON, ``--suggest``, the exit status, the issue bundle and the view (:func:`recorded_card_answer`) never disagree.
 """
 
 from __future__ import annotations

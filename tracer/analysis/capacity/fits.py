@@ -1,68 +1,33 @@
-"""The capacity what-if: would this start-up survive on a card of another size, and where would it die?
+"""The capacity model: would this start-up survive on a card of another size, and where would it die?
 
-Model (vLLM's own sizing, applied to a recorded start-up):
+vLLM's own sizing, applied to a recorded start-up:
 
-1. What does not depend on the card stays as recorded: weights, workspaces, the activations of
-   ``profile_run`` (sized by ``max_num_batched_tokens``), CUDA context and other non-PyTorch memory.
-   So the whole curve *before* the KV cache is allocated is the same on any card.
-2. vLLM sizes the KV cache as ``ceil(util × capacity) − non_kv`` where ``non_kv`` is what vLLM keeps
-   out of the KV cache: ``analysis.reconcile.non_kv``, the one figure ``report`` shows too. When the
-   size was given (``--kv-cache-memory-bytes``, a start-up plan) the KV cache has that size on any card.
-3. The run dies (OOM) in the first phase where the pre-KV curve goes over the *physical* capacity:
-   ``util`` cannot help there, it only bounds what is allocated after profiling. The curve compared
-   is what the start-up *needs*: the pinned segments (``analysis.pinned``: the caching allocator
-   releases free cached segments before it fails) plus non-PyTorch memory, as recorded (steady NVML
-   samples) or as given (``non_torch_bytes``: a different card has a different CUDA context). With
-   CUPTI records the assumed figure is split (``non_torch.breakdown`` at the moment it was taken):
-   what CUPTI saw allocated, what was present when recording began (the CUDA context), CUPTI's own
-   device memory (not there without CUPTI), what grew unseen.
-4. ``KV ≤ 0``: vLLM refuses to start ("No available memory for the cache blocks"); so it does
-   when the KV cache cannot hold one request of ``max_model_len`` tokens (bytes per token as
-   recorded).
-   Before all that, vLLM itself (not a plain PyTorch program) refuses at ``init_device`` when the
-   free memory then (capacity − memory in use at the end of init_device) is below util × capacity
-   (not with vLLM 0.34's extensible KV cache, whose start-up passes with less free).
-5. After the KV cache exists, the recorded curve moves by the change in KV bytes
-   (``shift = KV(capacity) − KV(recorded)``); the run dies in the first phase (warm-up, CUDA-graph
-   capture) where the shifted curve goes over the physical capacity.
+1. What does not depend on the card stays as recorded (weights, workspaces, ``profile_run``'s activations, the
+   CUDA context and other non-PyTorch memory): the curve *before* the KV cache is the same on any card. The curve
+   is what the start-up *needs* (:func:`.whatif.need_curve`: pinned segments plus non-PyTorch memory, as recorded
+   or as given by ``--non-torch``; with CUPTI records the assumed figure is split by ``non_torch.breakdown``).
+2. vLLM sizes the KV cache as ``ceil(util x capacity) - non_kv`` (``reconcile.non_kv``, the figure ``report``
+   shows); a size given to vLLM (``--kv-cache-memory-bytes``, a start-up plan) is the same on any card.
+3. It dies (OOM) in the first phase where the pre-KV curve goes over the physical card (``util`` cannot help).
+   Before that, vLLM refuses at ``init_device`` when the free memory then is below ``util x capacity`` (not
+   with 0.34's extensible KV cache).
+4. It refuses ("No available memory for the cache blocks") when ``KV <= 0`` or it cannot hold one request of
+   ``max_model_len`` tokens.
+5. After the KV cache exists the recorded curve moves by ``KV(capacity) - KV(recorded)``; it dies in the first
+   phase where that goes over the card.
 
-A recording that ended in an OOM (``analysis.oom.find_oom``) covers the start-up only up to that
-failed request; nothing after it is known. So, for such a recording:
+A recording that ended in an OOM covers the start-up only up to that failed request: a death found before it is
+answered as usual; else the failed request is added at its moment, and the answer is DIED (it dies where the
+recording died) when that goes over the card or the card has no more room there than the recorded one had (so the
+recorded card always answers DIED), NO_KV when vLLM's KV sizing already refuses on the part recorded, else UNKNOWN
+("beyond the recording"). A vLLM recording that ended before the KV cache was sized answers UNKNOWN past it too
+(``analysis.boot`` then asks the what-if model); a program that is not vLLM fits when its whole curve does.
 
-- the curve is read only up to the OOM; a death the model finds before it (steps 3-5) is answered
-  as usual (OOM, NO_KV, REFUSED);
-- else, at the OOM moment, the failed request is added to what the start-up needs there (shifted as
-  in 5 when the KV cache existed). When that goes over the asked card, or when the asked card has no
-  more room at that moment than the recorded one had (before the KV cache: capacity ≤ the recorded
-  card's; after it: capacity − ceil(util × capacity) ≤ the recorded card's capacity − target, the
-  room vLLM leaves beside the KV cache), the answer is DIED: it dies where the recording died, with
-  the recorded phase, request and free memory. So the recorded card itself always answers DIED;
-- else, when vLLM's own KV sizing already refuses on the asked card (``ceil(util x capacity) <= non_kv``,
-  vLLM's formula on the part recorded: the profiling peak only grows past the OOM, and the weights are in it),
-  the answer is NO_KV: vLLM refuses at KV sizing whatever the unrecorded rest of profiling needed;
-- else the answer is UNKNOWN ("beyond the recording"): that request would fit on the asked card, but
-  what the start-up needed after it was never recorded. A recording that ended in an OOM never
-  answers FITS, and ``boot.Boot.smallest`` finds no card for it.
-
-A vLLM recording that ended (without an OOM) before the KV cache was sized answers UNKNOWN past the
-part it covers, too (``analysis.boot``, which owns ``fits``' answer, then asks the what-if model). A program that
-is not vLLM and sizes no KV cache fits when its whole recorded curve does (steps 3 and 5 do not apply).
-
-vLLM 0.34's extensible KV cache (sized after warm-up: :func:`fit_extensible`, for a rank whose
-``facts["vllm.kv_cache_size_source"]`` is "extensible"):
-
-1. Before the KV cache is extended the start-up needs :func:`.whatif.need_curve` plus the KV pages committed in
-   ``kv_cache_init`` (the null block(s), on any card; the warm-up's blocks are bounded by what is free, so they
-   shrink with the card and are not counted), plus what other processes hold.
-2. The address range is sized by ``determine_available_memory`` as in step 2 (``requested - non_kv``); vLLM
-   refuses when it is not positive or cannot hold one request of ``max_model_len`` tokens.
-3. The size is vLLM's post-warm-up formula (:func:`.extensible.sized`) on the inputs it measured on the recorded
-   card, moved to this one: free and init-time free memory less the bytes the card lacks,
-   ``requested = ceil(util x capacity)``; the transient peak, reserve growth and null blocks do not depend on the
-   card. vLLM refuses when the blocks (less the null block) cannot hold one request. Tokens: the recorded tokens
-   per block.
-
-Pure functions over a Trace; figures are bytes.
+vLLM 0.34's extensible KV cache (:func:`fit_extensible`): before the cache is extended the start-up needs the curve
+plus the null block(s) committed in ``kv_cache_init``; the address range is sized as in 2 (refused as in 4); the
+size is vLLM's post-warm-up formula (:func:`.extensible.sized`) on its recorded inputs moved to this card (free
+memory less the bytes the card lacks, ``requested = ceil(util x capacity)``), refused when the blocks less the null
+block cannot hold one request. Pure functions over a Trace; figures are bytes.
 """
 
 from __future__ import annotations

@@ -1,47 +1,21 @@
 """vLLM's non-KV memory, the one model: memtrace's reconstruction of vLLM's KV-cache sizing (pure).
 
-**Authoritative.** :func:`reconcile_kv` (vLLM's own formula on memtrace's curves) is THE figure of
-vLLM's non-KV memory; :func:`non_kv` wraps it with its fallbacks, and ``report`` and ``fits`` both
-show what :func:`non_kv` returns ("what vLLM keeps out of the KV cache" = target - available KV =
-non-KV + the CUDA-graph estimate). The simpler estimates are its parts, used only when the trace
-cannot support the reconstruction, in this order: vLLM's own recorded figure
-(``landmarks.Landmarks.non_kv_bytes`` = target - ``facts["vllm.available_kv_cache_bytes"]``), then the
-pre-KV peak of device-level memory (``landmarks.Landmarks.pre_kv_peak``: a program that is not vLLM).
+:func:`reconcile_kv` (vLLM's own formula on memtrace's curves) is THE figure of vLLM's non-KV memory; :func:`non_kv`
+adds its fallbacks (vLLM's recorded target - available KV, then the pre-KV peak of a program that is not vLLM), and
+``report`` and ``fits`` both show it ("what vLLM keeps out of the KV cache" = non-KV + the CUDA-graph estimate).
+vLLM sizes ``available = ceil(total x util) - non_kv - graph_estimate`` with ``non_kv`` measured around
+``profile_run``, by release (read from the worker attributes in ``facts["vllm.profile"]``, else ``vllm.version``):
 
-vLLM sizes the KV cache as ``available = requested - non_kv - graph_estimate`` where ``requested``
-is ``ceil(total x gpu_memory_utilization)`` (the trace's ``target_bytes``) and ``non_kv`` is measured
-around ``profile_run``. This module recomputes ``non_kv`` from memtrace's exact allocator curves and
-NVML samples, with vLLM's formula for the version that produced the trace, so a reader can see each
-term and check vLLM's figure (``facts["vllm.available_kv_cache_bytes"]``) against it.
+- **vLLM 0.25.x** (the graph profile inside ``memory_profiling``): ``non_kv = non_torch_increase +
+  torch_peak_increase + weights_memory``, from the init snapshot to the end of ``determine_available_memory``;
+- **vLLM 0.32 and later** (the graph profile after it): ``non_kv = total_consumed + transient_peak_headroom``
+  (device used from the init snapshot to the start of ``cudagraph_profile``; peak allocated in ``profile_run``
+  less allocated then).
 
-**vLLM 0.25.x** (``gpu_worker.determine_available_memory``; the CUDA-graph profile runs *inside*
-``memory_profiling``)::
-
-    non_kv = non_torch_increase + torch_peak_increase + weights_memory
-    non_torch_increase  = non-torch(after profiling) - non-torch(init snapshot)
-    torch_peak_increase = peak allocated during profile_run - allocated when profile_run starts
-    weights_memory      = allocated after load_model - allocated before it
-
-**vLLM 0.32/0.33** (the graph profile runs *after* ``memory_profiling``)::
-
-    non_kv = total_consumed + transient_peak_headroom
-    total_consumed          = device used(after profiling) - device used(init snapshot)
-    transient_peak_headroom = peak allocated during profile_run - allocated after profiling
-
-Device memory comes from one of two sources (``source``): ``"nvml"``, the sidecar's samples (non-torch
-= NVML device used - PyTorch reserved, the non-torch curve), or ``"boundaries"``, the plugin's own
-``cudaMemGetInfo`` + reserved readings at phase edges (``facts["memtrace.phase_memory"]``, the same
-calls vLLM's MemorySnapshot makes); the default is NVML when the trace has samples. "init snapshot" is the end
-of ``init_device`` (vLLM measures a moment before it; what the runner allocates in between is torch
-memory, which the 0.25 formula does not count). Device memory that appeared between vLLM's own init
-snapshot (``facts["vllm.profile"]["init_snapshot"]``) and the end of ``init_device``, before memtrace's
-curves begin, is measured by the plugin's reading there and added as its own term (``init_gap_bytes``):
-vLLM counts it, so the reconstruction does too; "after profiling" is the end of
-``determine_available_memory`` (0.25) or the start of ``cudagraph_profile`` (0.33), after vLLM's
-``empty_cache``. The graph estimate is vLLM's own extrapolation (the return value of
-``profile_cudagraph_memory``, recorded as a fact): memtrace reports it, it does not re-derive it.
-Which formula applies is read from vLLM's worker attributes recorded in ``facts["vllm.profile"]``
-(``non_torch_memory`` exists in 0.25, ``total_consumed`` from 0.32), else from ``vllm.version``.
+Device memory comes from NVML's samples (``"nvml"``, the default with samples) or the plugin's ``cudaMemGetInfo``
+readings at phase edges (``"boundaries"``, the calls vLLM's MemorySnapshot makes). "init snapshot" is the end of
+``init_device``; what appeared between vLLM's own snapshot and then, before memtrace's curves begin, is its own
+term (``init_gap_bytes``): vLLM counts it. The graph estimate is vLLM's own (a recorded fact), not re-derived.
 """
 
 from __future__ import annotations
