@@ -41,7 +41,6 @@ TORCH_COUNTERS  # written by examples/record_startup.py
 VLLM_NON_TORCH_AT_INIT_BYTES  # "vllm.non_torch_at_init_bytes" in recorded traces (test_fits, test_real_traces)
 
 # -- closed lists of values a docstring names as the list -----------------------------------------------
-OUTCOMES  # tracer/analysis/capacity/fits.py: every outcome plots/fits_text.py words
 ENV_FIELDS  # tracer/analysis/gate/history_key.py: the fingerprint's environment fields (diff.py, its docstring)
 
 # -- fields of records the package returns, read where vulture cannot see: in JSON (dataclasses.asdict, or

@@ -35,6 +35,7 @@ from memtrace.analysis.capacity.fits import (
 from memtrace.analysis.capacity.whatif import (
     BOOTS,
     DIES,
+    NO_ROOM_WHY,
     Answer,
     KvSizing,
     Outcome,
@@ -208,7 +209,7 @@ def _why(f: Fit) -> str:
     return (
         {
             REFUSED: "free memory at start-up is less than util x card",
-            NO_KV: 'no memory left for one request of max-model-len tokens ("No available memory for the cache blocks")',
+            NO_KV: NO_ROOM_WHY,
             DIED: "where the recording died: this card leaves no more room there",
             OOM: "before the KV cache is sized" if f.stage == "pre-KV" else "after the KV cache was allocated",
         }.get(f.outcome)

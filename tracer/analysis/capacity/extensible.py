@@ -19,7 +19,7 @@ from memtrace import facts as F
 from memtrace import vllm_phase_names as PN
 from memtrace.analysis.capacity.reconcile import phase_reading
 from memtrace.analysis.memory.blocks import block_curve
-from memtrace.analysis.memory.curves import Curve, Curves, all_curves
+from memtrace.analysis.memory.curves import Curve, Curves, all_curves, committed_curve
 from memtrace.analysis.memory.quantities import window_max
 from memtrace.model import ACTION_CODE, Trace
 
@@ -210,7 +210,6 @@ def extensible_sizing(trace: Trace, curves: Curves | None = None) -> ExtensibleS
     if not isinstance(sizing, dict) or "num_blocks" not in sizing:
         return None
     curves = curves or all_curves(trace)
-    notes: list[str] = []
     t = _int(sizing, "free_read_us") or _int(sizing, "time_us") or 0
     strides = [int(s) for s in sizing.get("segment_strides") or []]
     granule = _int(sizing, "granularity_bytes") or 0
@@ -220,11 +219,9 @@ def extensible_sizing(trace: Trace, curves: Curves | None = None) -> ExtensibleS
     vllm = {k: _int(sizing, k + "_bytes") for k in ("init_free_memory", "free_memory", "committed", "requested_memory")}
     vllm["transient_peak"] = _int(sizing, "transient_peak_bytes")
     vllm["torch_reserve_growth"] = _int(sizing, "torch_reserve_growth_bytes")
-    terms, more = _terms(trace, curves, sizing, t, total, vllm)
-    notes += more
-    if any(v is None for k, v in vllm.items() if k != "init_free_memory") or vllm["init_free_memory"] is None:
-        notes.append("vLLM's sizing inputs are incomplete in this trace")
+    if None in vllm.values():  # vLLM's sizing inputs are incomplete in this trace
         return None
+    terms, notes = _terms(trace, curves, sizing, t, total, vllm)
     inputs = extensible_inputs(sizing)  # vLLM's own, as recorded
     available, _, _, margin = measure_kv_cache_bytes(requested=vllm["requested_memory"], **inputs)
     n_vllm = int(sizing["num_blocks"])
@@ -242,8 +239,6 @@ def extensible_sizing(trace: Trace, curves: Curves | None = None) -> ExtensibleS
     extend = next((p for p in trace.phases if p.name == PN.KV_CACHE_EXTEND and p.end_us), None)
     final = None
     if extend is not None and len(trace.vmm):
-        from memtrace.analysis.memory.curves import committed_curve
-
         final = committed_curve(trace, kv_cache_only=True).at(extend.end_us)
     elif extend is None:
         notes.append("no kv_cache_extend phase: the KV cache was not committed to its final size while recording")

@@ -57,7 +57,7 @@ from memtrace.analysis.capacity.whatif import (
 )
 from memtrace.analysis.capacity.whatif import UNKNOWN as STOPS
 from memtrace.analysis.memory import non_torch
-from memtrace.analysis.memory.curves import Curve, Curves, committed_curve
+from memtrace.analysis.memory.curves import Curve, committed_curve
 from memtrace.analysis.memory.oom import Oom
 from memtrace.analysis.memory.phases import path_at
 from memtrace.analysis.memory.quantities import first_max, window_peak
@@ -70,7 +70,6 @@ NO_KV = "no-kv-memory"
 UNKNOWN = "unknown"  # the recording ends (the run died) before the part that decides
 REFUSED = "refused-at-init"  # vLLM: free memory at init_device is less than util × capacity
 DIED = "died"  # the recording died of OOM, and this card has no more room there: it dies there too
-OUTCOMES = (FITS, OOM, NO_KV, REFUSED, DIED, UNKNOWN)
 #: The one verdict every output gives (``whatif``'s words): each outcome's, the outcome saying why.
 VERDICT = {FITS: BOOTS, OOM: DIES, DIED: DIES, NO_KV: REFUSES, REFUSED: REFUSES, UNKNOWN: STOPS}
 NO_KV_CACHE = "no KV cache"  # the stage of a program that sizes none (not vLLM): its whole curve fits
@@ -182,38 +181,30 @@ def _first_crossing(trace: Trace, curve: Curve, start_us: int, end_us: int, limi
 
 def _recorded_kv(lm: Landmarks) -> int | None:
     """The KV bytes the recorded run sized for (vLLM's figure), else the bytes it allocated."""
-    if lm.vllm_available_kv_bytes is not None:
-        return lm.vllm_available_kv_bytes
-    return lm.kv_cache_bytes
+    return lm.vllm_available_kv_bytes if lm.vllm_available_kv_bytes is not None else lm.kv_cache_bytes
 
 
 @dataclass(frozen=True)
 class Recorded:
-    """What every capacity's prediction shares: the curves, landmarks, what the start-up needs, the
-    non-KV figure, the recorded OOM and card, and the non-PyTorch memory assumed."""
+    """What every capacity's prediction shares: the analysed rank (its curves, landmarks, OOM, span and recorded
+    card), what the start-up needs, the non-KV figure and the non-PyTorch memory assumed."""
 
-    curves: Curves
-    lm: Landmarks
+    rank: Any  # analysed.rank.AnalysedRank
     need: Curve
     non_kv_bytes: int
     non_kv_source: str
-    oom: Oom | None
-    capacity_bytes: int | None
-    target_bytes: int | None
     non_torch_bytes: int | None
     non_torch_source: str
     #: ``Fit``'s ``non_torch_*`` split fields by name (empty: nothing to split)
     non_torch_split: dict[str, int | None] = dataclasses.field(default_factory=dict)
-    span: tuple[int, int] = (0, 0)  # the recording's first and last microsecond (``phases.recording_span``)
     others_bytes: int = 0  # the most other processes held on the recorded card (``whatif.recorded_others``)
-    extensible: Prepared | None = None  # vLLM 0.34 sized the KV cache after warm-up (with ``rank``: :func:`prepare`)
+    extensible: Prepared | None = None  # vLLM 0.34 sized the KV cache after warm-up (:func:`prepare`)
 
 
 def recorded(rank, non_torch_bytes: int | None = None) -> Recorded:
     """Compute once what :func:`fit` needs for any capacity from what the analysed ``rank`` holds (its curves,
     landmarks, non-KV model, OOM and recorded target); ``non_torch_bytes``: ``--non-torch``."""
     trace, curves, lm, nk, oom, span = rank.trace, rank.curves, rank.landmarks, rank.non_kv, rank.oom, rank.span
-    target = rank.recorded_target
     nt_at = None
     if non_torch_bytes is not None:
         nt, nt_source = int(non_torch_bytes), NT_ARGUMENT
@@ -233,21 +224,9 @@ def recorded(rank, non_torch_bytes: int | None = None) -> Recorded:
             "non_torch_grew_unseen_bytes": b.grew_unseen_bytes,
             "non_torch_cupti_own_bytes": b.cupti_own_bytes,
         }
-    rec = Recorded(
-        curves=curves,
-        lm=lm,
-        need=need_curve(trace, curves, lm, non_torch_bytes, rank.lifetimes),
-        non_kv_bytes=nk.bytes if nk is not None else 0,
-        non_kv_source=nk.source if nk is not None else "",
-        oom=oom,
-        capacity_bytes=target.capacity_bytes,
-        target_bytes=target.target_bytes,
-        non_torch_bytes=nt,
-        non_torch_source=nt_source,
-        non_torch_split=split,
-        span=span,
-        others_bytes=recorded_others(trace),
-    )
+    need = need_curve(trace, curves, lm, non_torch_bytes, rank.lifetimes)
+    rec = Recorded(rank, need, nk.bytes if nk is not None else 0, nk.source if nk is not None else "", nt, nt_source,
+                   split, recorded_others(trace))  # fmt: skip
     return dataclasses.replace(rec, extensible=prepare(rank, rec))
 
 
@@ -262,10 +241,10 @@ def fit(trace: Trace, capacity_bytes: int, util: float | None = None, *, rec: Re
     """
     if rec.extensible is not None:
         return fit_extensible(trace, capacity_bytes, util, rec)
-    lm, need, oom = rec.lm, rec.need, rec.oom
+    lm, need, oom = rec.rank.landmarks, rec.need, rec.rank.oom
     if util is None:
         util = recorded_util(trace)
-    first_us, last_us = rec.span
+    first_us, last_us = rec.rank.span
     end_us = min(oom.time_us, last_us) if oom is not None else last_us  # nothing is known after an OOM
     target = math.ceil(capacity_bytes * util)
     kv_new = profiled_kv_bytes(util, capacity_bytes, rec.non_kv_bytes)
@@ -279,7 +258,7 @@ def fit(trace: Trace, capacity_bytes: int, util: float | None = None, *, rec: Re
         kv = 0 if outcome in (NO_KV, REFUSED) or stage == "pre-KV" else kv_new  # never sized: no KV cache
         return Fit(capacity_bytes, util, target, rec.non_kv_bytes, kv, pre_peak, path_at(trace, pre_t), post,
                    post_phase, outcome, phase, overshoot, headroom, stage, rec.non_torch_bytes, rec.non_torch_source,
-                   rec.non_kv_source, oom, rec.capacity_bytes, **rec.non_torch_split,
+                   rec.non_kv_source, oom, rec.rank.recorded_target.capacity_bytes, **rec.non_torch_split,
                    others_left_out_bytes=rec.others_bytes)  # fmt: skip
 
     # vLLM's request_memory check in init_device (not with 0.34's extensible KV cache: util 1.0 of the card is never
@@ -316,32 +295,32 @@ def fit(trace: Trace, capacity_bytes: int, util: float | None = None, *, rec: Re
 
 def _post_kv(trace: Trace, rec: Recorded, capacity: int, target: int, shift: int, end_us: int, pre_peak: int, result):
     """Step 5: the recorded curve after the KV cache, moved by ``shift`` (the change in KV bytes)."""
-    lm, need = rec.lm, rec.need
+    lm, need = rec.rank.landmarks, rec.need
     post_raw, post_t = window_peak(need, lm.kv_end_us, end_us)
     post_bytes, post_phase = post_raw + shift, path_at(trace, post_t)
     t = _first_crossing(trace, need, lm.kv_start_us or lm.kv_end_us, end_us, capacity, shift)
     if t is not None:
         over = post_bytes - capacity
         return result(OOM, path_at(trace, t) or "after the KV cache", over, "post-KV", post_bytes, post_phase)
-    if rec.oom is not None:
+    if rec.rank.oom is not None:
         return _at_oom(rec, capacity, target, shift, result, post_bytes, post_phase)
     return result(FITS, "", 0, "", post_bytes, post_phase, capacity - max(pre_peak, post_bytes))
 
 
 def _at_oom(rec: Recorded, capacity: int, target: int, shift: int, result, post=None, post_phase="") -> Fit:
     """DIED or UNKNOWN at the recorded OOM (see the module docstring)."""
-    oom = rec.oom
+    oom, lm, card, curves = rec.rank.oom, rec.rank.landmarks, rec.rank.recorded_target, rec.rank.curves
     needed = rec.need.at(oom.time_us) + shift + oom.requested_bytes
     # the room the recording had: its card less what other processes held then (the asked card holds this
     # process alone)
-    others = rec.curves.others.at(oom.time_us) if len(rec.curves.others) else 0
-    if shift == 0 and (rec.lm.kv_end_us is None or oom.time_us < rec.lm.kv_end_us):
-        no_roomier = rec.capacity_bytes is not None and capacity <= rec.capacity_bytes - others
+    others = curves.others.at(oom.time_us) if len(curves.others) else 0
+    if shift == 0 and (lm.kv_end_us is None or oom.time_us < lm.kv_end_us):
+        no_roomier = card.capacity_bytes is not None and capacity <= card.capacity_bytes - others
     else:
         no_roomier = (
-            rec.capacity_bytes is not None
-            and rec.target_bytes is not None
-            and capacity - target <= rec.capacity_bytes - others - rec.target_bytes
+            card.capacity_bytes is not None
+            and card.target_bytes is not None
+            and capacity - target <= card.capacity_bytes - others - card.target_bytes
         )
     if needed > capacity or no_roomier:
         return result(DIED, oom.phase_path, max(needed - capacity, 0), "recorded OOM", post, post_phase)
@@ -408,7 +387,7 @@ def fit_extensible(trace: Trace, capacity_bytes: int, util: float | None, rec: R
         tpb = F.kv_tokens_per_block(facts)
         return Fit(capacity_bytes, util, requested, rec.non_kv_bytes, kv, pre, prep.peak_phase, None, "", outcome,
                    phase, max(over, 0), capacity_bytes - pre if outcome == FITS else 0, stage, rec.non_torch_bytes,
-                   rec.non_torch_source, rec.non_kv_source, None, rec.capacity_bytes, **rec.non_torch_split,
+                   rec.non_torch_source, rec.non_kv_source, None, rec.rank.recorded_target.capacity_bytes, **rec.non_torch_split,
                    kv_sizing=F.KV_SIZED_EXTENSIBLE, kv_blocks=blocks, kv_tokens=blocks * tpb if blocks and tpb else None,
                    others_left_out_bytes=rec.others_bytes)  # fmt: skip
 

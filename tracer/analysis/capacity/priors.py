@@ -153,14 +153,10 @@ class Library:
         return cls(doc["vllm"], priors, [Observed(**o) for o in doc.get("observed", [])])
 
 
+@functools.lru_cache(maxsize=4)
 def load_library(path: Path | str | None = None) -> Library:
     """The shipped priors (or ``path``'s), read once per process and path (every what-if of ``--suggest`` asks)."""
-    return _load(str(path) if path is not None else str(LIBRARY_FILE))
-
-
-@functools.lru_cache(maxsize=4)
-def _load(path: str) -> Library:
-    p = Path(path)
+    p = Path(path) if path is not None else LIBRARY_FILE
     try:
         text = p.read_text()
     except OSError as e:

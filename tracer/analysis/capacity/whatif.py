@@ -13,6 +13,7 @@ unless ``others_bytes`` is given. Pure functions over a Trace; bytes and microse
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 from dataclasses import dataclass, field
 from functools import cached_property
@@ -55,6 +56,8 @@ RULES = {
     "the recording's, else the prior's (issue 43: 1.25 GiB on Gemma3)",
 }
 BOOTS, DIES, REFUSES, UNKNOWN = "boots", "dies", "refuses", "unknown"
+PRE_KV_WHY = "before the KV cache is sized: --gpu-memory-utilization cannot help there"
+NO_ROOM_WHY = 'no memory left for one request of max-model-len tokens ("No available memory for the cache blocks")'
 #: Where a phase's predicted figure comes from (``PhasePeak.source``).
 RECORDED, SCALED_FROM_RECORDING, PRIOR = "recorded", "scaled", "prior"
 #: vLLM's default --gpu-memory-utilization by release (since (major, minor): with the extensible KV cache, without),
@@ -303,19 +306,15 @@ class Sites:
     """One recorded start-up, its allocations assigned to kinds, on the need curve's time grid."""
 
     def __init__(self, rank, need: Curve):
-        self.rank, self.trace = rank, rank.trace
-        self.flags = recorded_flags(self.trace)
-        t = self.trace
-        self.time = need.time_us.astype(np.int64)
-        self.need = need.bytes.astype(np.int64)
+        self.rank, self.trace, self.flags = rank, rank.trace, recorded_flags(rank.trace)
+        self.time, self.need = need.time_us.astype(np.int64), need.bytes.astype(np.int64)
         lt = rank.lifetimes
-        kinds = self._kinds(lt)
-        self.kind_of = kinds
-        self.bytes: dict[str, np.ndarray] = {}
-        for k in (TOKENS, SEQS, GRAPHS, GRAPHS_KEPT, KV, UNSTACKED, COMPILE):
-            m = kinds == k
-            self.bytes[k] = _live_at(lt.alloc_us[m], lt.free_us[m], lt.size[m], self.time)
-        vmm = committed_curve(t, kv_cache_only=True)
+        self.kind_of = kinds = self._kinds(lt)
+        self.bytes: dict[str, np.ndarray] = {
+            k: _live_at(lt.alloc_us[kinds == k], lt.free_us[kinds == k], lt.size[kinds == k], self.time)
+            for k in (TOKENS, SEQS, GRAPHS, GRAPHS_KEPT, KV, UNSTACKED, COMPILE)
+        }
+        vmm = committed_curve(self.trace, kv_cache_only=True)
         extend = self._phase(PN.KV_CACHE_EXTEND)
         self.vmm_kv = np.zeros_like(self.time)
         if len(vmm) and extend is not None:
@@ -547,24 +546,19 @@ class WhatIf:
         self.rec = sites.flags
         self.notes: list[str] = []
         s = sites
-        names = _phase_names(s) if cal is not None else None
+        names = _phase_names(s) if cal is not None else np.full(len(s.time), "")  # one trace: one scale a kind
         self.scales: dict[str, Scale] = {}
         delta = np.zeros_like(s.held, dtype=np.float64)
         for k in SCALED:
-            if cal is None:
-                sc = scale_of(k, "", self.rec, flags, None, 0)
-                self.scales[k] = sc
-                delta += (sc.factor - 1.0) * s.bytes[k]
-            else:
-                factor = np.ones(len(s.time))
-                for ph in sorted(set(names.tolist())):
-                    m = names == ph
-                    base = int(s.bytes[k][m].max()) if m.any() else 0
-                    sc = scale_of(k, ph, self.rec, flags, cal, base)
-                    factor[m] = sc.factor
-                    if k not in self.scales or (sc.rule.startswith("fitted") and base > 0):
-                        self.scales[k] = sc  # shown: a fitted phase's scaling, when there is one
-                delta += (factor - 1.0) * s.bytes[k]
+            factor = np.ones(len(s.time))
+            for ph in sorted(set(names.tolist())):
+                m = names == ph
+                base = int(s.bytes[k][m].max()) if m.any() else 0
+                sc = scale_of(k, ph, self.rec, flags, cal, base)
+                factor[m] = sc.factor
+                if k not in self.scales or (sc.rule.startswith("fitted") and base > 0):
+                    self.scales[k] = sc  # shown: a fitted phase's scaling, when there is one
+            delta += (factor - 1.0) * s.bytes[k]
         if s.bytes[UNSTACKED].any():
             self.notes.append(
                 f"{array_max(s.bytes[UNSTACKED]):,} B allocated without a recorded stack are kept as recorded "
@@ -576,8 +570,7 @@ class WhatIf:
         self.no_kv = s.no_kv + delta.astype(np.int64)
         oom = s.rank.oom
         if oom is not None:  # the request that failed counts at its moment (nothing after it is known)
-            j = int(np.searchsorted(s.time, oom.time_us, side="right")) - 1
-            self.no_kv[max(j, 0)] += oom.requested_bytes
+            self.no_kv[max(int(np.searchsorted(s.time, oom.time_us, side="right")) - 1, 0)] += oom.requested_bytes
             self.notes.append(
                 f"the recording ends at its CUDA OOM in {oom.phase_path}: the failed {oom.requested_bytes:,} B "
                 "request counts there, unscaled; nothing after it is known"
@@ -723,7 +716,13 @@ class WhatIf:
         one = one_request_bytes(self.flags.max_model_len, per, tpb)
         if self.flags.extensible:
             return self._kv_extensible(capacity, others, left_out, per, tpb, one)
-        return self._kv_profiled(capacity, others, per, tpb, one)
+        withheld, how = self._withheld
+        available = profiled_kv_bytes(self.flags.util, capacity, withheld)
+        blocks = max(available // per, 0)
+        how = f"ceil({self.flags.util:g} x {capacity:,} B) - {how}"
+        return KvSizing(
+            available, blocks, blocks * tpb, blocks * per, blocks * tpb / self.flags.max_model_len, how, one
+        )
 
     @cached_property
     def _withheld(self) -> tuple[int, str]:
@@ -748,14 +747,6 @@ class WhatIf:
             f"{moved:,} B + the CUDA-graph estimate's move {move:,} B"
         )
         return new, how
-
-    def _kv_profiled(self, capacity, others, per, tpb, one) -> KvSizing:
-        withheld, how = self._withheld
-        available = profiled_kv_bytes(self.flags.util, capacity, withheld)
-        blocks = max(available // per, 0)
-        tokens = blocks * tpb
-        how = f"ceil({self.flags.util:g} x {capacity:,} B) - {how}"
-        return KvSizing(available, blocks, tokens, blocks * per, tokens / self.flags.max_model_len, how, one)
 
     def _kv_extensible(self, capacity, others, left_out, per, tpb, one) -> KvSizing:
         f = self.sites.trace.facts
@@ -812,25 +803,25 @@ class WhatIf:
         kv = self.kv_on(capacity, others, rec_others)
         common = dict(capacity_bytes=capacity, others_bytes=others, others_left_out_bytes=left_out,
                       pre_kv_peak_bytes=pre_peak, pre_kv_peak_phase=path_at(self.sites.trace, pre_t))  # fmt: skip
+        out = functools.partial(Outcome, **common)
         if pre_peak > room:
             over = np.flatnonzero(self.no_kv[self.sites.time < self.kv_at_us] > room)
             t = int(self.sites.time[over[0]]) if len(over) else pre_t
             phases = peaks(0, others)
             ph = path_at(self.sites.trace, t)
-            why = "before the KV cache is sized: --gpu-memory-utilization cannot help there"
-            return Outcome(**common, verdict=DIES, phase=ph, by_bytes=pre_peak - room, why=why, kv=kv, phases=phases)
+            return out(verdict=DIES, phase=ph, by_bytes=pre_peak - room, why=PRE_KV_WHY, kv=kv, phases=phases)
         init_used = own_init_used(self.sites.trace)
         requested = math.ceil(self.flags.util * capacity)
         if not self.flags.extensible and init_used and requested > room - init_used:
             why = f"free memory at start-up ({room - init_used:,} B) is less than util x card ({requested:,} B)"
-            return Outcome(**common, verdict=REFUSES, phase=PN.INIT_DEVICE, by_bytes=requested - (room - init_used),
-                           why=why, kv=kv, phases=peaks(0, others))  # fmt: skip
+            by = requested - (room - init_used)
+            return out(verdict=REFUSES, phase=PN.INIT_DEVICE, by_bytes=by, why=why, kv=kv, phases=peaks(0, others))
         if kv is None or self.sites.trace.facts.get(F.VLLM_KV_BLOCKS) is None:
             phases = peaks(0, others)
             refused = self._refused_short_of_the_kv_cache(requested)
             if refused is not None:
                 phase, by, why = refused
-                return Outcome(**common, verdict=REFUSES, phase=phase, by_bytes=by, why=why, kv=None, phases=phases)
+                return out(verdict=REFUSES, phase=phase, by_bytes=by, why=why, kv=None, phases=phases)
             carried = self._carried(capacity, others, common, peaks)
             if carried is not None:
                 return carried
@@ -842,14 +833,13 @@ class WhatIf:
             why += f": up to there it fits, {room - pre_peak:,} B to spare; what comes after was never recorded"
             if model_shape(self.sites.trace) is None:
                 why += " (the model's shape was not recorded: --config config.json carries it on from priors)"
-            return Outcome(**common, verdict=UNKNOWN, phase="", by_bytes=0, why=why, kv=None, phases=phases)
+            return out(verdict=UNKNOWN, phase="", by_bytes=0, why=why, kv=None, phases=phases)
         phases = peaks(kv.kv_bytes, others)
         sizing = PN.KV_CACHE_SIZING if self.flags.extensible else PN.DETERMINE_AVAILABLE_MEMORY
         usable = kv.blocks - (1 if self.flags.extensible else 0)  # vLLM's null block holds no tokens
         if kv.available_bytes <= 0 or usable * self.per_block[1] < self.flags.max_model_len:
             short = max(kv.one_request_bytes - max(kv.available_bytes, 0), 0)
-            why = 'no memory left for one request of max-model-len tokens ("No available memory for the cache blocks")'
-            return Outcome(**common, verdict=REFUSES, phase=sizing, by_bytes=short, why=why, kv=kv, phases=phases)
+            return out(verdict=REFUSES, phase=sizing, by_bytes=short, why=NO_ROOM_WHY, kv=kv, phases=phases)
         post = self.curve(kv.kv_bytes) + others
         after = self.sites.time >= self.kv_at_us
         over = np.flatnonzero(after & (post > capacity))
@@ -857,9 +847,8 @@ class WhatIf:
             t = int(self.sites.time[over[0]])
             by = int(post[after].max()) - capacity
             why = f"after the KV cache ({kv.kv_bytes:,} B) was allocated"
-            return Outcome(**common, verdict=DIES, phase=path_at(self.sites.trace, t), by_bytes=by, why=why, kv=kv,
-                           phases=phases)  # fmt: skip
-        return Outcome(**common, verdict=BOOTS, phase="", by_bytes=0, why="", kv=kv, phases=phases)
+            return out(verdict=DIES, phase=path_at(self.sites.trace, t), by_bytes=by, why=why, kv=kv, phases=phases)
+        return out(verdict=BOOTS, phase="", by_bytes=0, why="", kv=kv, phases=phases)
 
     # -- past the recording (issue 43) -------------------------------------------------------------------
     @cached_property
@@ -946,27 +935,24 @@ def carried_outcome(c: P.Carried, capacity: int, others: int, kv: object, record
                                 pre_kv_peak_phase=PN.PROFILE_RUN)),
               "pre_kv_peak_bytes": c.pre_kv_peak, "spread_bytes": spread,
               "carried": f"from priors (vLLM {c.library.vllm}): {words}" if priors else ""}  # fmt: skip
+    out = functools.partial(Outcome, **common, phases=phases)
     if c.pre_kv_peak > room:
         phase = next((name for name, b, _ in c.phase_peaks() if b > room), PN.PROFILE_RUN)
-        why = "before the KV cache is sized: --gpu-memory-utilization cannot help there"
-        return Outcome(**common, verdict=DIES, phase=phase, by_bytes=c.pre_kv_peak - room, why=why, kv=None,
-                       phases=phases)  # fmt: skip
+        return out(verdict=DIES, phase=phase, by_bytes=c.pre_kv_peak - room, why=PRE_KV_WHY, kv=None)
     k = c.kv(capacity, others, per, tpb)
     blocks, tokens = kv_cache_for_bytes(kv, k.available_bytes)
     one = kv_bytes_for_tokens(kv, flags.max_model_len)
     kv = KvSizing(k.available_bytes, blocks, tokens, blocks * per, tokens / flags.max_model_len, k.how, one)
     usable = kv.blocks - (1 if flags.extensible else 0)  # vLLM's null block holds no tokens
     if kv.available_bytes <= 0 or usable < per_request:
-        why = 'no memory left for one request of max-model-len tokens ("No available memory for the cache blocks")'
         sizing = PN.KV_CACHE_SIZING if flags.extensible else PN.DETERMINE_AVAILABLE_MEMORY
-        return Outcome(**common, verdict=REFUSES, phase=sizing, by_bytes=max(one - max(kv.available_bytes, 0), 0),
-                       why=why, kv=kv, phases=phases)  # fmt: skip
+        by = max(one - max(kv.available_bytes, 0), 0)
+        return out(verdict=REFUSES, phase=sizing, by_bytes=by, why=NO_ROOM_WHY, kv=kv)
     post = (c.after_warmup if flags.extensible else c.warmup_peak + c[P.GRAPH_POOL]) + kv.kv_bytes
     if post > room:
         why = f"after the KV cache ({kv.kv_bytes:,} B) was allocated"
-        return Outcome(**common, verdict=DIES, phase=PN.COMPILE_OR_WARM_UP, by_bytes=post - room, why=why, kv=kv,
-                       phases=phases)  # fmt: skip
-    return Outcome(**common, verdict=BOOTS, phase="", by_bytes=0, why="", kv=kv, phases=phases)
+        return out(verdict=DIES, phase=PN.COMPILE_OR_WARM_UP, by_bytes=post - room, why=why, kv=kv)
+    return out(verdict=BOOTS, phase="", by_bytes=0, why="", kv=kv)
 
 
 def skipped_phases(rec: Flags, new: Flags) -> tuple[str, ...]:
