@@ -273,19 +273,9 @@ def answer(rank, what_if: list[str], capacities: list[int], *, suggest_too: bool
     outcomes = [on(c) for c in capacities]
     pairs = zip(capacities, outcomes, strict=True) if suggest_too else ()
     found = [suggest(sites, c, **card, cal=cal, base=flags, recorded=o, library=library) for c, o in pairs]
-    return Answer(
-        recorded=sites.flags,
-        flags=flags,
-        changes=flags.changes(sites.flags),
-        scales=w.scales,
-        calibrated_traces=cal.traces if cal is not None else 0,
-        fitted_lines=len(cal.lines) if cal is not None else 0,
-        notes=w.notes,
-        outcomes=outcomes,
-        suggestions=found,
-        keep_others=keep_others,
-        vllm_version=str(rank.trace.facts.get(F.VLLM_VERSION) or ""),
-    )
+    fitted = (cal.traces, len(cal.lines)) if cal is not None else (0, 0)
+    return Answer(sites.flags, flags, flags.changes(sites.flags), w.scales, *fitted, w.notes, outcomes, found,
+                  keep_others, str(rank.trace.facts.get(F.VLLM_VERSION) or ""))  # fmt: skip
 
 
 def _searched(w: WhatIf, rank, card: dict, others: int):

@@ -242,19 +242,6 @@ def extensible_sizing(trace: Trace, curves: Curves | None = None) -> ExtensibleS
         final = committed_curve(trace, kv_cache_only=True).at(extend.end_us)
     elif extend is None:
         notes.append("no kv_cache_extend phase: the KV cache was not committed to its final size while recording")
-    return ExtensibleSizing(
-        time_us=t,
-        terms=terms,
-        margin_bytes=margin,
-        available_bytes=available,
-        num_blocks=n_vllm,
-        num_blocks_from_inputs=n_inputs,
-        available_memtrace_bytes=mt_available,
-        num_blocks_memtrace=mt_blocks,
-        bytes_per_block=per_block,
-        pages_bytes=pages,
-        committed_final_bytes=final,
-        kept_for_transients_bytes=max(vllm["transient_peak"], vllm["torch_reserve_growth"]),
-        torch_limit_bytes=_int(sizing, "torch_memory_limit_bytes"),
-        notes=notes,
-    )
+    kept = max(vllm["transient_peak"], vllm["torch_reserve_growth"])
+    return ExtensibleSizing(t, terms, margin, available, n_vllm, n_inputs, mt_available, mt_blocks, per_block, pages,
+                            final, kept, _int(sizing, "torch_memory_limit_bytes"), notes)  # fmt: skip

@@ -59,7 +59,8 @@ COMPONENTS = {
                      "1 (a constant)"),
 }  # fmt: skip
 #: components fitted per feature (the rest: recorded or computed, never a prior)
-FITTED = (*(k for k in COMPONENTS if k not in (CONTEXT, WEIGHTS)), CONTEXT)
+FITTED = (*(k for k in COMPONENTS if k not in (CONTEXT, WEIGHTS, TRANSIENT, RESERVE_GROWTH)), CONTEXT, TRANSIENT,
+          RESERVE_GROWTH)  # fmt: skip
 
 
 def model_shape(shape) -> ModelShape:
@@ -219,23 +220,16 @@ class Carried:
         self.figures: dict[str, Figure] = dict(given)
         self.missing: list[str] = []
         feats = features(shape, flags)
-        for k in FITTED:
-            if k in (TRANSIENT, RESERVE_GROWTH):  # features of the others: after them
-                continue
-            if k in self.figures:
-                continue
+        for k in FITTED:  # vLLM's transient and reserve growth last: features of the others
+            if k == TRANSIENT:
+                feats = features(shape, flags, {x: f.bytes for x, f in self.figures.items()})
             p = library.priors.get(k)
-            if p is None:
+            if k not in self.figures and p is None and k not in (TRANSIENT, RESERVE_GROWTH):
                 self.missing.append(k)
+            if k in self.figures or p is None:
                 continue
             b = max(p.bytes_for(feats[k]), 0) if k not in (SLACK, PROFILED_SLACK) else p.bytes_for(feats[k])
             self.figures[k] = Figure(k, b, PRIOR, _spread_bytes(b, p))
-        feats = features(shape, flags, {k: f.bytes for k, f in self.figures.items()})
-        for k in (TRANSIENT, RESERVE_GROWTH):
-            p = library.priors.get(k)
-            if k not in self.figures and p is not None:
-                b = max(p.bytes_for(feats[k]), 0)
-                self.figures[k] = Figure(k, b, PRIOR, _spread_bytes(b, p))
         if WEIGHTS not in self.figures:
             self.missing.append(WEIGHTS)
 

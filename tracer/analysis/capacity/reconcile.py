@@ -121,18 +121,14 @@ def phase_reading(trace: Trace, phase: str, edge: str) -> dict[str, int] | None:
     )
 
 
-class _Device:
-    """Device used / non-torch bytes at the two instants, from NVML curves or boundary readings."""
-
-    def __init__(self, trace: Trace, curves: Curves, source: str, init_us: int, after_us: int, after_key):
-        if source == "nvml":
-            self.used = [_sampled_at(curves.device_used, t) for t in (init_us, after_us)]
-            self.non_torch = [_sampled_at(curves.non_torch, t) for t in (init_us, after_us)]
-        else:
-            readings = [phase_reading(trace, PN.INIT_DEVICE, "end"), phase_reading(trace, *after_key)]
-            self.used = [r["total_bytes"] - r["free_bytes"] if r else None for r in readings]
-            self.non_torch = [r["total_bytes"] - r["free_bytes"] - r["reserved_bytes"] if r else None for r in readings]
-        self.ok = None not in self.used and None not in self.non_torch
+def _device(trace: Trace, curves: Curves, source: str, init_us: int, after_us: int, after_key) -> tuple[list, list]:
+    """(device used, non-torch bytes) at the two instants, from NVML curves or boundary readings (None: not taken)."""
+    if source == "nvml":
+        at = (init_us, after_us)
+        return [_sampled_at(curves.device_used, t) for t in at], [_sampled_at(curves.non_torch, t) for t in at]
+    readings = [phase_reading(trace, PN.INIT_DEVICE, "end"), phase_reading(trace, *after_key)]
+    used = [r["total_bytes"] - r["free_bytes"] if r else None for r in readings]
+    return used, [u - r["reserved_bytes"] if r else None for u, r in zip(used, readings, strict=True)]
 
 
 def _init_gap(trace: Trace, formula: str) -> int | None:
@@ -160,8 +156,8 @@ def reconcile_kv(
     if kv_size_given(trace):  # vLLM ran no formula: the size was handed to it
         return None
     target = trace.facts.get(F.TARGET_BYTES)
-    load, prof, dam = (_phase(trace, n) for n in (PN.LOAD_MODEL, PN.PROFILE_RUN, PN.DETERMINE_AVAILABLE_MEMORY))
-    init = _phase(trace, PN.INIT_DEVICE)
+    phases = (PN.LOAD_MODEL, PN.PROFILE_RUN, PN.DETERMINE_AVAILABLE_MEMORY, PN.INIT_DEVICE)
+    load, prof, dam, init = (_phase(trace, n) for n in phases)
     if not isinstance(target, int) or None in (load, prof, dam, init) or len(trace.events) == 0:
         return None
     if None in (load.end_us, prof.end_us, dam.end_us, init.end_us):
@@ -177,8 +173,8 @@ def reconcile_kv(
     init_us, notes = init.end_us, []
     if source == "nvml" and curves.has_device and int(curves.device_used.time_us[0]) > init_us:
         init_us = int(curves.device_used.time_us[0])
-    device = _Device(trace, curves, source, init_us, after_us, after_key)
-    if not device.ok:
+    used, non_torch = _device(trace, curves, source, init_us, after_us, after_key)
+    if None in used or None in non_torch:
         return None
 
     alloc = curves.allocated
@@ -205,13 +201,13 @@ def reconcile_kv(
     )
     if formula == FORMULA_025:
         torch_peak_increase = peak - alloc.at(prof.start_us)
-        non_torch_increase = device.non_torch[1] - device.non_torch[0]
+        non_torch_increase = non_torch[1] - non_torch[0]
         non_kv = non_torch_increase + torch_peak_increase + weights
         terms = dict(
             torch_peak_increase_bytes=int(torch_peak_increase), non_torch_increase_bytes=int(non_torch_increase)
         )
     else:
-        total_consumed = device.used[1] - device.used[0]
+        total_consumed = used[1] - used[0]
         headroom = peak - alloc.at(after_us)
         non_kv = total_consumed + headroom
         terms = dict(total_consumed_bytes=int(total_consumed), transient_peak_headroom_bytes=int(headroom))

@@ -186,16 +186,8 @@ def recorded_flags(trace) -> Flags | None:
     need = ("max_num_batched_tokens", "max_num_seqs", "max_model_len")
     if not all(isinstance(cfg.get(k), int) for k in need):
         return None
-    return Flags(
-        max_num_batched_tokens=cfg["max_num_batched_tokens"],
-        max_num_seqs=cfg["max_num_seqs"],
-        max_model_len=cfg["max_model_len"],
-        enforce_eager=bool(cfg.get("enforce_eager")),
-        kv_cache_dtype=str(cfg.get("kv_cache_dtype") or "auto"),
-        gpu_memory_utilization=user_util(trace),
-        extensible=extensible_kv_cache(trace),
-        vllm=vllm_version(trace) or (0, 34),
-    )
+    return Flags(*(cfg[k] for k in need), bool(cfg.get("enforce_eager")), str(cfg.get("kv_cache_dtype") or "auto"),
+                 user_util(trace), extensible_kv_cache(trace), vllm_version(trace) or (0, 34))  # fmt: skip
 
 
 def user_util(trace) -> float | None:
