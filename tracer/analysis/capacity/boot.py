@@ -13,6 +13,7 @@ JSON, ``--suggest``, the exit status, the issue bundle and the view (:func:`reco
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 from functools import cached_property
 
@@ -265,11 +266,7 @@ def answer(rank, what_if: list[str], capacities: list[int], *, suggest_too: bool
     util = flags.gpu_memory_utilization if flags.gpu_memory_utilization != sites.flags.gpu_memory_utilization else None
     plain = dataclasses.replace(flags, gpu_memory_utilization=sites.flags.gpu_memory_utilization) == sites.flags
     b = rank.boot(util, others_bytes=others) if plain and cal is None else None  # plain fits (--util: the utilization)
-    search = _searched(w, rank, card, others) if b is None else None
-
-    def on(c: int) -> Outcome:
-        return b.outcome(c, w, **card) if b is not None else search(c)
-
+    on = functools.partial(b.outcome, w=w, **card) if b is not None else _searched(w, rank, card, others)
     outcomes = [on(c) for c in capacities]
     pairs = zip(capacities, outcomes, strict=True) if suggest_too else ()
     found = [suggest(sites, c, **card, cal=cal, base=flags, recorded=o, library=library) for c, o in pairs]

@@ -168,15 +168,9 @@ class Flags:
 
 
 _FLAG_KEYS = {
-    "max-num-batched-tokens": "max_num_batched_tokens",
-    "max-num-seqs": "max_num_seqs",
-    "max-model-len": "max_model_len",
-    "enforce-eager": "enforce_eager",
-    "kv-cache-dtype": "kv_cache_dtype",
-    "gpu-memory-utilization": "gpu_memory_utilization",
-    "enable-extensible-kv-cache": "extensible",
-    "extensible-kv-cache": "extensible",
+    f.name.replace("_", "-"): f.name for f in dataclasses.fields(Flags) if f.name not in ("extensible", "vllm")
 }
+_FLAG_KEYS |= {"enable-extensible-kv-cache": "extensible", "extensible-kv-cache": "extensible"}
 FLAG_NAMES = tuple(_FLAG_KEYS)
 
 
@@ -328,22 +322,19 @@ class Sites:
         graph_w = self.windows(PN.CAPTURE_MODEL, PN.CUDAGRAPH_PROFILE)
         kv_w = self.windows(PN.KV_CACHE_INIT)
         sizing_w = self.windows(PN.KV_CACHE_SIZING_WARMUP)
-        by_stack: dict[int, str] = {}
         sampler = sampler_stacks(t)  # the sampler's files: ``categories``' one definition
         lm_head = tied_lm_head_bytes(model_shape(t))
 
+        @functools.cache
         def of_stack(s: int) -> str:
-            if s not in by_stack:
-                frames = t.stack_frames(s)
-                if any(f.name in _KV_FUNCS for f in frames):
-                    by_stack[s] = KV
-                elif any(f.filename.endswith(_AUTOTUNE_FILE) for f in frames):
-                    by_stack[s] = COMPILE
-                elif sampler[s] or any(f.name == "compute_logits" for f in frames):  # the sampler and the logits
-                    by_stack[s] = SEQS
-                else:
-                    by_stack[s] = TOKENS
-            return by_stack[s]
+            frames = t.stack_frames(s)
+            if any(f.name in _KV_FUNCS for f in frames):
+                return KV
+            if any(f.filename.endswith(_AUTOTUNE_FILE) for f in frames):
+                return COMPILE
+            if sampler[s] or any(f.name == "compute_logits" for f in frames):  # the sampler and the logits
+                return SEQS
+            return TOKENS
 
         out = np.empty(len(lt.size), dtype=object)
         for i in range(len(lt.size)):
@@ -361,7 +352,7 @@ class Sites:
             if in_kv and k != KV and lt.size[i] >= 1 << 20 and any(lt.free_us[i] > hi for lo, hi in kv_w):
                 k = KV  # what initialize_kv_cache made and kept: the KV cache, with or without a stack
             in_graph = any(lo <= a <= hi for lo, hi in graph_w)
-            if k == KV and not any(lo <= a <= hi for lo, hi in kv_w):
+            if k == KV and not in_kv:
                 k = GRAPHS if in_graph else FIXED  # the minimal KV cache of the graph profile
             elif k == TOKENS and in_graph:
                 k = GRAPHS
