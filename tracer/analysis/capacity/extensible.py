@@ -133,36 +133,29 @@ def _int(d: dict, key: str) -> int | None:
     return int(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else None
 
 
-def _transient_terms(trace: Trace, curves: Curves, sizing: dict) -> tuple[int | None, int | None, list[str]]:
+def _transient_terms(trace: Trace, curves: Curves) -> tuple[int | None, int | None, list[str]]:
     """memtrace's transient peak and torch reserve growth, at the moments vLLM measured them."""
     records = [r for r in trace.facts.get(F.VLLM_TRANSIENT_PEAKS) or [] if isinstance(r, dict) and "time_us" in r]
     resets = sorted(int(t) for t in trace.facts.get(F.PEAK_RESETS_US) or [])
-    notes: list[str] = []
     if not records or not resets or not len(trace.events):
         return None, None, ["no record_transient_peak or peak-reset times: transient terms not rebuilt"]
     alloc = torch_allocated_curve(trace, curves)
     profiled = (trace.facts.get(F.VLLM_PROFILE) or {}).get("peak_activation_memory_bytes")
     peak = int(profiled) if isinstance(profiled, int) else 0
-    growth = 0
-    for r in records:
-        t = int(r["time_us"])
-        before = [x for x in resets if x <= t]
-        if not before:
-            continue
-        start = before[-1]
-        peak = max(peak, window_max(alloc, start, t) - alloc.at(t))
+    for t in (int(r["time_us"]) for r in records):
+        start = max((x for x in resets if x <= t), default=None)  # the last reset before it
+        if start is not None:
+            peak = max(peak, window_max(alloc, start, t) - alloc.at(t))
     sizing_phase = next((p for p in trace.phases if p.name == PN.KV_CACHE_SIZING_WARMUP and p.end_us), None)
-    if sizing_phase is not None:
-        for reset in (x for x in resets if sizing_phase.start_us <= x <= sizing_phase.end_us):
-            close = next((int(r["time_us"]) for r in records if int(r["time_us"]) > reset), None)
-            if close is None:
-                continue
+    if sizing_phase is None:
+        return peak, 0, ["no kv_cache_sizing_warmup phase: torch reserve growth not rebuilt"]
+    growth = 0
+    for reset in (x for x in resets if sizing_phase.start_us <= x <= sizing_phase.end_us):
+        close = next((int(r["time_us"]) for r in records if int(r["time_us"]) > reset), None)
+        if close is not None:
             left = max(alloc.at(close) - alloc.at(reset), 0)
-            step = window_max(curves.reserved, reset, close) - curves.reserved.at(reset) - left
-            growth = max(growth, step)
-    else:
-        notes.append("no kv_cache_sizing_warmup phase: torch reserve growth not rebuilt")
-    return peak, growth, notes
+            growth = max(growth, window_max(curves.reserved, reset, close) - curves.reserved.at(reset) - left)
+    return peak, growth, []
 
 
 def _free_memory(trace: Trace, curves: Curves, t_us: int, total: int | None) -> tuple[int | None, str]:
@@ -185,12 +178,12 @@ def _free_memory(trace: Trace, curves: Curves, t_us: int, total: int | None) -> 
     return total - held - others, "CUDA total - non-PyTorch (NVML) - PyTorch reserved - VMM committed - others"
 
 
-def _terms(trace: Trace, curves: Curves, sizing: dict, t: int, total: int | None, vllm: dict) -> tuple[tuple, list]:
+def _terms(trace: Trace, curves: Curves, t: int, total: int | None, vllm: dict) -> tuple[tuple, list]:
     """Each input of the sizing as vLLM had it and as memtrace's curves give it at ``t``, and notes."""
     # memtrace's own figures at the moment vLLM read free memory
     free_mt, free_how = _free_memory(trace, curves, t, total)
     committed = curves.vmm.at(t) if len(curves.vmm) else None
-    peak, growth, notes = _transient_terms(trace, curves, sizing)
+    peak, growth, notes = _transient_terms(trace, curves)
     terms = (
         Term("init_free", vllm["init_free_memory"], None, "vLLM's init snapshot, taken before recording starts"),
         Term("free", vllm["free_memory"], free_mt, free_how),
@@ -221,7 +214,7 @@ def extensible_sizing(trace: Trace, curves: Curves | None = None) -> ExtensibleS
     vllm["torch_reserve_growth"] = _int(sizing, "torch_reserve_growth_bytes")
     if None in vllm.values():  # vLLM's sizing inputs are incomplete in this trace
         return None
-    terms, notes = _terms(trace, curves, sizing, t, total, vllm)
+    terms, notes = _terms(trace, curves, t, total, vllm)
     inputs = extensible_inputs(sizing)  # vLLM's own, as recorded
     available, _, _, margin = measure_kv_cache_bytes(requested=vllm["requested_memory"], **inputs)
     n_vllm = int(sizing["num_blocks"])

@@ -993,8 +993,7 @@ def calibrate(all_sites: list[Sites]) -> Calibration | None:
                 points.setdefault((ph, k), []).append((flag_value(s.flags, k), float(s.bytes[k][m].max())))
     lines = {}
     for key, pts in points.items():
-        x = np.array([p[0] for p in pts])
-        y = np.array([p[1] for p in pts])
+        x, y = (np.array(v) for v in zip(*pts, strict=True))
         if len(set(x.tolist())) < 2:
             continue
         b, a = np.polyfit(x, y, 1)
