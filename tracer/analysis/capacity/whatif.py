@@ -142,11 +142,8 @@ class Flags:
         """How many CUDA graphs vLLM captures per mode (its default capture sizes; 0 with enforce-eager)."""
         if self.enforce_eager:
             return 0
-        top = min(self.max_num_seqs * 2, 512, self.max_num_batched_tokens)
-        sizes = (
-            [s for s in (1, 2, 4) if s <= top] + list(range(8, min(top + 1, 256), 8)) + list(range(256, top + 1, 16))
-        )
-        return len(sizes)
+        top = min(self.max_num_seqs * 2, 512, self.max_num_batched_tokens)  # sizes 1, 2, 4, then steps of 8 and 16
+        return sum(s <= top for s in (1, 2, 4)) + len(range(8, min(top + 1, 256), 8)) + len(range(256, top + 1, 16))
 
     def changes(self, base: Flags) -> list[str]:
         """The command-line changes from ``base``, as a user types them."""
