@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from memtrace.analysis.capacity import priors as P
+from memtrace.analysis.capacity import shape as S
 from memtrace.analysis.capacity.whatif import (
     BOOTS,
     Flags,
@@ -61,8 +62,6 @@ class Weights:
 
 def weights_of(shape: dict, config_path: str) -> Weights:
     """The checkpoint's safetensors headers beside ``config_path`` when there are any, else the config's shape."""
-    from memtrace.analysis.capacity import shape as S
-
     folder = Path(config_path) if Path(config_path).is_dir() else Path(config_path).parent
     if any(folder.glob("*.safetensors")):
         return Weights(S.weights_from_safetensors(folder), f"the safetensors headers in {folder}")

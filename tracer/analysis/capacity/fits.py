@@ -63,6 +63,7 @@ from memtrace.analysis.memory.phases import path_at
 from memtrace.analysis.memory.quantities import first_max, window_peak
 from memtrace.errors import UsageError
 from memtrace.model import Trace
+from memtrace.units import format_gib
 
 FITS = "fits"
 OOM = "oom"
@@ -156,8 +157,6 @@ def check_non_torch(non_torch_bytes: int | None, capacities: list[int]) -> int |
     it fills one (a CUDA context, NCCL and libraries never take the whole card)."""
     if non_torch_bytes is None:
         return None
-    from memtrace.units import format_gib
-
     full = [c for c in capacities if non_torch_bytes >= c]
     if full:
         raise UsageError(

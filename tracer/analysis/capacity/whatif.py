@@ -26,14 +26,17 @@ from memtrace.analysis.capacity import priors as P
 from memtrace.analysis.capacity.extensible import extensible_inputs, sized
 from memtrace.analysis.capacity.reconcile import MEMTRACE as NON_KV_MEMTRACE
 from memtrace.analysis.capacity.reconcile import profiled_kv_bytes
+from memtrace.analysis.capacity.shape import ModelShape, kv_bytes_for_tokens, kv_cache_for_bytes, kv_plan
+from memtrace.analysis.holders.frames import meaningful_frame
 from memtrace.analysis.holders.live import Lifetimes
 from memtrace.analysis.memory.categories import sampler_stacks
 from memtrace.analysis.memory.curves import Curve, Curves, committed_curve
-from memtrace.analysis.memory.phases import path_at, phase_path
+from memtrace.analysis.memory.phases import path_at, phase_at, phase_path
 from memtrace.analysis.memory.pinned import pinned_curve
 from memtrace.analysis.memory.quantities import array_max, first_max
 from memtrace.errors import UsageError
 from memtrace.model import Trace
+from memtrace.units import parse_fraction
 
 TOKENS, SEQS, GRAPHS, KV, FIXED, UNSTACKED = "tokens", "seqs", "graphs", "kv", "fixed", "no stack"
 GRAPHS_KEPT = "graphs kept"
@@ -239,8 +242,6 @@ def apply_what_if(base: Flags, items: list[str]) -> Flags:
                 raise UsageError(f"--what-if {item}: kv-cache-dtype is one of {', '.join(_DTYPE_BYTES)}")
             changes[key] = value
         elif key == "gpu_memory_utilization":
-            from memtrace.units import parse_fraction
-
             changes[key] = parse_fraction(value)
         else:
             try:
@@ -362,8 +363,6 @@ class Sites:
 
     def top_sites(self, kind: str, t_us: int, n: int = 3) -> list[tuple[str, int]]:
         """The largest sites (innermost meaningful frame) of ``kind`` live at ``t_us``."""
-        from memtrace.analysis.holders.frames import meaningful_frame
-
         lt = self.rank.lifetimes
         m = (self.kind_of == kind) & (lt.alloc_us <= t_us) & (lt.free_us > t_us)
         tally: dict[str, int] = {}
@@ -424,8 +423,6 @@ def scale_of(kind: str, phase: str, rec: Flags, new: Flags, cal: Calibration | N
 
 def _phase_names(sites: Sites) -> np.ndarray:
     """The top-level-or-innermost phase name at each grid time (for per-phase calibration)."""
-    from memtrace.analysis.memory.phases import phase_at
-
     return np.array([(p.name if (p := phase_at(sites.trace, int(t))) is not None else "") for t in sites.time])
 
 
@@ -470,8 +467,6 @@ def model_shape(trace) -> dict | None:
 def kv_shape(shape: dict, flags: Flags, block_size: int, dtype: str | None = None):
     """The model's shape with the flags that size its KV cache (``shape.ModelShape``): vLLM 0.34's arithmetic on it
     (``shape.kv_plan``: groups, sliding windows, a hybrid's raised block, the blocks one request takes)."""
-    from memtrace.analysis.capacity.shape import ModelShape
-
     cfg = {"kv_cache_dtype": flags.kv_cache_dtype, "block_size": block_size, "max_model_len": flags.max_model_len,
            "max_num_batched_tokens": flags.max_num_batched_tokens,
            "dtype": dtype or shape.get("dtype") or shape.get("torch_dtype") or "bfloat16"}  # fmt: skip
@@ -641,11 +636,7 @@ class WhatIf:
             end = p.end_us if p.end_us is not None else int(s.time[-1])
             peak, t = self._window_peak(pred, p.start_us, end)
             j = int(np.searchsorted(s.time, t, side="right")) - 1
-            kinds = {}
-            for k in SCALED:
-                rb = int(s.bytes[k][j])
-                if rb:
-                    kinds[k] = (rb, int(round(rb * self.scales[k].factor)))
+            kinds = {k: (rb, int(round(rb * self.scales[k].factor))) for k in SCALED if (rb := int(s.bytes[k][j]))}
             idx = s.window_index(p.start_us, end)
             kvb = int((s.bytes[KV][idx] + s.vmm_kv[idx]).max())  # the most KV cache the phase recorded
             if kvb or t >= self.kv_at_us:
@@ -670,9 +661,8 @@ class WhatIf:
         if p is None:
             return 0
         end = p.end_us or int(self.sites.time[-1])
-        return (
-            self._window_peak(self.no_kv, p.start_us, end)[0] - self._window_peak(self.sites.no_kv, p.start_us, end)[0]
-        )
+        new, old = (self._window_peak(c, p.start_us, end)[0] for c in (self.no_kv, self.sites.no_kv))
+        return new - old
 
     @cached_property
     def per_block(self) -> tuple[int, int]:
@@ -681,8 +671,6 @@ class WhatIf:
         ratio = _DTYPE_BYTES.get(self.flags.kv_cache_dtype, 2) / _DTYPE_BYTES.get(self.rec.kv_cache_dtype, 2)
         shape = model_shape(self.sites.trace)
         if not per and shape is not None:  # a recording cut before KV sizing: vLLM's arithmetic on the model's shape
-            from memtrace.analysis.capacity.shape import kv_plan
-
             plan = kv_plan(
                 kv_shape(shape, self.flags, tpb or 16, (self.sites.trace.facts.get(F.VLLM_CONFIG) or {}).get("dtype"))
             )
@@ -896,8 +884,6 @@ def carried_outcome(c: P.Carried, capacity: int, others: int, kv: object, record
     """The answer on ``capacity`` (``others`` held by other processes) of a start-up put together from components
     (``c``): past a recording's end (``recorded``: its phases as predicted, up to ``t_end``), or with nothing recorded.
     ``kv``: the model's shape with the KV cache's flags (:func:`kv_shape`): vLLM's blocks, tokens, one request."""
-    from memtrace.analysis.capacity.shape import kv_bytes_for_tokens, kv_cache_for_bytes, kv_plan
-
     flags, room = c.flags, capacity - others
     plan = kv_plan(kv)
     per, tpb, per_request = plan.bytes_per_block, plan.block_size, plan.blocks_per_request
