@@ -226,17 +226,11 @@ def as_predicted(f: Fit, o: Outcome, w: WhatIf, prediction: str) -> Fit:
     it on, ``prediction_how`` (from ``o``): where this card's figures come from."""
     cap, kv = o.capacity_bytes, o.kv if o.verdict == BOOTS else None
     post = [p.predicted_bytes for p in o.phases if p.after_kv]
-    common = dict(
-        util=w.flags.util,
-        target_bytes=math.ceil(w.flags.util * cap),
-        kv_sizing=F.KV_SIZED_EXTENSIBLE if w.flags.extensible else F.KV_SIZED_BY_PROFILING,
-        kv_cache_bytes=kv.kv_bytes if kv is not None else 0,
-        kv_blocks=kv.blocks if kv is not None else None,
-        kv_tokens=kv.tokens if kv is not None else None,
-        prediction=prediction,
-        prediction_how=f"the KV cache from {kv.how}" if kv is not None else o.why,
-        missing="",
-    )
+    common = dict(util=w.flags.util, target_bytes=math.ceil(w.flags.util * cap), prediction=prediction, missing="",
+                  kv_sizing=F.KV_SIZED_EXTENSIBLE if w.flags.extensible else F.KV_SIZED_BY_PROFILING,
+                  kv_cache_bytes=kv.kv_bytes if kv is not None else 0, kv_blocks=kv.blocks if kv is not None else None,
+                  kv_tokens=kv.tokens if kv is not None else None,
+                  prediction_how=f"the KV cache from {kv.how}" if kv is not None else o.why)  # fmt: skip
     if o.verdict == BOOTS:
         top = max([f.pre_kv_peak_bytes, *post])
         return dataclasses.replace(f, **common, outcome=FITS, phase="", overshoot_bytes=0, headroom_bytes=cap - top,

@@ -218,10 +218,7 @@ def recorded(rank, non_torch_bytes: int | None = None) -> Recorded:
     b = non_torch.breakdown(trace, nt_at, "assumed", curves=curves) if nt_at is not None else None
     if b is not None and b.nvml_non_torch_bytes == nt:  # the same figure, split by CUPTI's records
         split = {
-            "non_torch_cupti_bytes": b.cupti_bytes,
-            "non_torch_at_start_bytes": b.at_start_bytes,
-            "non_torch_grew_unseen_bytes": b.grew_unseen_bytes,
-            "non_torch_cupti_own_bytes": b.cupti_own_bytes,
+            f"non_torch_{k}_bytes": getattr(b, f"{k}_bytes") for k in ("cupti", "at_start", "grew_unseen", "cupti_own")
         }
     need = need_curve(trace, curves, lm, non_torch_bytes, rank.lifetimes)
     rec = Recorded(rank, need, nk.bytes if nk is not None else 0, nk.source if nk is not None else "", nt, nt_source,

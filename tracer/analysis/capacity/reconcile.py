@@ -184,21 +184,11 @@ def reconcile_kv(
     notes += more
     vllm_kv = trace.facts.get(F.VLLM_AVAILABLE_KV_BYTES)
     gap = _init_gap(trace, formula)
-    common = dict(
-        formula=formula,
-        source=source,
-        target_bytes=int(target),
-        weights_bytes=int(weights),
-        peak_allocated_bytes=int(peak),
-        graph_estimate_bytes=int(estimate),
-        vllm_available_kv_bytes=int(vllm_kv) if isinstance(vllm_kv, int) else None,
-        init_us=int(init_us),
-        after_us=int(after_us),
-        init_gap_bytes=gap,
-        first_sample_delay_us=int(init_us - init.end_us),
-        graph_estimate_disabled_bytes=disabled,
-        notes=notes,
-    )
+    common = dict(formula=formula, source=source, target_bytes=int(target), weights_bytes=int(weights),
+                  peak_allocated_bytes=int(peak), graph_estimate_bytes=int(estimate),
+                  vllm_available_kv_bytes=int(vllm_kv) if isinstance(vllm_kv, int) else None, init_us=int(init_us),
+                  after_us=int(after_us), init_gap_bytes=gap, first_sample_delay_us=int(init_us - init.end_us),
+                  graph_estimate_disabled_bytes=disabled, notes=notes)  # fmt: skip
     if formula == FORMULA_025:
         torch_peak_increase = peak - alloc.at(prof.start_us)
         non_torch_increase = non_torch[1] - non_torch[0]

@@ -1097,8 +1097,8 @@ def clear_of_spread(o: Outcome) -> bool:
     0 where nothing came from a prior): it boots even where every prior errs the wrong way."""
     return (
         o.kv is not None
-        and o.kv.available_bytes - o.kv.one_request_bytes > (o.spread_bytes or 0)
-        and (o.spread_bytes is not None)
+        and o.spread_bytes is not None
+        and o.kv.available_bytes - o.kv.one_request_bytes > o.spread_bytes
     )
 
 
