@@ -60,7 +60,7 @@ class Weights:
     source: str
 
 
-def weights_of(shape: dict, config_path: str) -> Weights:
+def weights_of(config_path: str) -> Weights:
     """The checkpoint's safetensors headers beside ``config_path`` when there are any, else the config's shape."""
     folder = Path(config_path) if Path(config_path).is_dir() else Path(config_path).parent
     if any(folder.glob("*.safetensors")):

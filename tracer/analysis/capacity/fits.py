@@ -166,7 +166,7 @@ def check_non_torch(non_torch_bytes: int | None, capacities: list[int]) -> int |
     return non_torch_bytes
 
 
-def _first_crossing(trace: Trace, curve: Curve, start_us: int, end_us: int, limit: int, shift: int = 0) -> int | None:
+def _first_crossing(curve: Curve, start_us: int, end_us: int, limit: int, shift: int = 0) -> int | None:
     """First time in [start_us, end_us] where curve + shift > limit; None when it never does."""
     if len(curve) == 0:
         return None
@@ -265,7 +265,7 @@ def fit(trace: Trace, capacity_bytes: int, util: float | None = None, *, rec: Re
         if free_at_init < target:
             return result(REFUSED, PN.INIT_DEVICE, target - free_at_init, "init")
     # 3. pre-KV: the card-independent part must fit physically
-    t = _first_crossing(trace, need, first_us, pre_end, capacity_bytes)
+    t = _first_crossing(need, first_us, pre_end, capacity_bytes)
     if t is not None:
         return result(OOM, path_at(trace, t), pre_peak - capacity_bytes, "pre-KV")  # "": outside any phase
     if oom is not None and (lm.kv_end_us is None or oom.time_us < lm.kv_end_us):  # died before the KV cache
@@ -294,7 +294,7 @@ def _post_kv(trace: Trace, rec: Recorded, capacity: int, target: int, shift: int
     lm, need = rec.rank.landmarks, rec.need
     post_raw, post_t = window_peak(need, lm.kv_end_us, end_us)
     post_bytes, post_phase = post_raw + shift, path_at(trace, post_t)
-    t = _first_crossing(trace, need, lm.kv_start_us or lm.kv_end_us, end_us, capacity, shift)
+    t = _first_crossing(need, lm.kv_start_us or lm.kv_end_us, end_us, capacity, shift)
     if t is not None:
         over = post_bytes - capacity
         return result(OOM, path_at(trace, t) or "after the KV cache", over, "post-KV", post_bytes, post_phase)

@@ -147,9 +147,7 @@ def _init_gap(trace: Trace, formula: str) -> int | None:
     return None
 
 
-def reconcile_kv(
-    trace: Trace, curves: Curves | None = None, formula: str | None = None, source: str | None = None
-) -> KvReconciliation | None:
+def reconcile_kv(trace: Trace, curves: Curves | None = None, source: str | None = None) -> KvReconciliation | None:
     """memtrace's available-KV figure for a vLLM start-up trace; None when the trace lacks what it
     needs (a target; the init_device, load_model, profile_run and determine_available_memory phases;
     allocator events; NVML samples or boundary readings, per ``source``)."""
@@ -164,7 +162,7 @@ def reconcile_kv(
         return None
     curves = curves or all_curves(trace)
     source = source or ("nvml" if curves.has_device else "boundaries")
-    formula = formula or choose_formula(trace.facts)
+    formula = choose_formula(trace.facts)
     graph = _phase(trace, PN.CUDAGRAPH_PROFILE)
     if formula == FORMULA_025 or graph is None or graph.start_us < prof.end_us:
         after_us, after_key = dam.end_us, (PN.DETERMINE_AVAILABLE_MEMORY, "end")
