@@ -111,7 +111,7 @@ def without(lib: P.Library, architecture: str) -> P.Library:
 
 
 def to_json(lib: P.Library) -> str:
-    """``lib`` as a priors file (``Library.from_json`` reads it back)."""
+    """``lib`` as a priors file (``priors.load_library`` reads it back)."""
     doc = {"format": P.FORMAT, "vllm": lib.vllm, "priors": {k: asdict(p) for k, p in lib.priors.items()},
            "observed": [asdict(o) for o in lib.observed]}  # fmt: skip
     return json.dumps(doc, indent=1, sort_keys=True) + "\n"

@@ -29,7 +29,7 @@ from memtrace.analysis.capacity.shape import ModelShape
 from memtrace.errors import UsageError
 
 RECORDED, SCALED, PRIOR = "recorded", "scaled", "prior"
-#: the format of a priors file (``Library.to_json``)
+#: the format of a priors file (:func:`load_library` reads it)
 FORMAT = 1
 LIBRARY_FILE = Path(__file__).with_name("priors-vllm-0.34.json")
 
@@ -141,18 +141,6 @@ class Library:
     def architectures(self) -> list[str]:
         return sorted({o.architecture for o in self.observed})
 
-    @classmethod
-    def from_json(cls, text: str, where: str = "priors") -> Library:
-        try:
-            doc = json.loads(text)
-        except ValueError as e:
-            raise UsageError(f"{where}: not a priors file ({e})") from None
-        if not isinstance(doc, dict) or doc.get("format") != FORMAT:
-            raise UsageError(f"{where}: priors format {doc.get('format') if isinstance(doc, dict) else '?'}, "
-                             f"this memtrace reads {FORMAT}: refit with tests/bench/fit_priors.py")  # fmt: skip
-        priors = {k: Prior(**p) for k, p in doc["priors"].items()}
-        return cls(doc["vllm"], priors, [Observed(**o) for o in doc.get("observed", [])])
-
 
 @functools.lru_cache(maxsize=4)
 def load_library(path: Path | str | None = None) -> Library:
@@ -162,7 +150,15 @@ def load_library(path: Path | str | None = None) -> Library:
         text = p.read_text()
     except OSError as e:
         raise UsageError(f"cannot read the priors {p}: {e.strerror}") from None
-    return Library.from_json(text, str(p))
+    try:
+        doc = json.loads(text)
+    except ValueError as e:
+        raise UsageError(f"{p}: not a priors file ({e})") from None
+    if not isinstance(doc, dict) or doc.get("format") != FORMAT:
+        raise UsageError(f"{p}: priors format {doc.get('format') if isinstance(doc, dict) else '?'}, "
+                         f"this memtrace reads {FORMAT}: refit with tests/bench/fit_priors.py")  # fmt: skip
+    priors = {k: Prior(**x) for k, x in doc["priors"].items()}
+    return Library(doc["vllm"], priors, [Observed(**o) for o in doc.get("observed", [])])
 
 
 def read_config(path: str) -> dict:
