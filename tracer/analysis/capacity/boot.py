@@ -63,10 +63,7 @@ def smallest_card(survives, lo: int, hi: int) -> int | None:
         return None
     while hi - lo > SEARCH_STEP:
         mid = (lo + hi) // 2
-        if survives(mid):
-            hi = mid
-        else:
-            lo = mid
+        lo, hi = (lo, mid) if survives(mid) else (mid, hi)
     return hi
 
 

@@ -671,9 +671,8 @@ class WhatIf:
         ratio = _DTYPE_BYTES.get(self.flags.kv_cache_dtype, 2) / _DTYPE_BYTES.get(self.rec.kv_cache_dtype, 2)
         shape = model_shape(self.sites.trace)
         if not per and shape is not None:  # a recording cut before KV sizing: vLLM's arithmetic on the model's shape
-            plan = kv_plan(
-                kv_shape(shape, self.flags, tpb or 16, (self.sites.trace.facts.get(F.VLLM_CONFIG) or {}).get("dtype"))
-            )
+            dtype = (self.sites.trace.facts.get(F.VLLM_CONFIG) or {}).get("dtype")
+            plan = kv_plan(kv_shape(shape, self.flags, tpb or 16, dtype))
             return plan.bytes_per_block, plan.block_size
         return int(per * ratio), tpb or 16
 
@@ -687,10 +686,8 @@ class WhatIf:
         withheld, how = self._withheld
         available = profiled_kv_bytes(self.flags.util, capacity, withheld)
         blocks = max(available // per, 0)
-        how = f"ceil({self.flags.util:g} x {capacity:,} B) - {how}"
-        return KvSizing(
-            available, blocks, blocks * tpb, blocks * per, blocks * tpb / self.flags.max_model_len, how, one
-        )
+        tokens, how = blocks * tpb, f"ceil({self.flags.util:g} x {capacity:,} B) - {how}"
+        return KvSizing(available, blocks, tokens, blocks * per, tokens / self.flags.max_model_len, how, one)
 
     @cached_property
     def _withheld(self) -> tuple[int, str]:
