@@ -41,21 +41,9 @@ import numpy as np
 from memtrace import facts as F
 from memtrace import vllm_phase_names as PN
 from memtrace.analysis.analysed.landmarks import Landmarks, steady_non_torch_at
+from memtrace.analysis.capacity import whatif as W
 from memtrace.analysis.capacity.extensible import ExtensibleSizing, extensible_inputs, sized
 from memtrace.analysis.capacity.reconcile import KV_GIVEN, MEMTRACE, profiled_kv_bytes
-from memtrace.analysis.capacity.whatif import (
-    BOOTS,
-    DIES,
-    MIN_CAPACITY,
-    REFUSES,
-    SEARCH_STEP,  # noqa: F401 (fits' figure, re-exported)
-    extensible_kv_cache,
-    need_curve,
-    recorded_one_request,
-    recorded_others,
-    recorded_util,
-)
-from memtrace.analysis.capacity.whatif import UNKNOWN as STOPS
 from memtrace.analysis.memory import non_torch
 from memtrace.analysis.memory.curves import Curve, committed_curve
 from memtrace.analysis.memory.oom import Oom
@@ -72,7 +60,10 @@ UNKNOWN = "unknown"  # the recording ends (the run died) before the part that de
 REFUSED = "refused-at-init"  # vLLM: free memory at init_device is less than util × capacity
 DIED = "died"  # the recording died of OOM, and this card has no more room there: it dies there too
 #: The one verdict every output gives (``whatif``'s words): each outcome's, the outcome saying why.
-VERDICT = {FITS: BOOTS, OOM: DIES, DIED: DIES, NO_KV: REFUSES, REFUSED: REFUSES, UNKNOWN: STOPS}
+VERDICT = {FITS: W.BOOTS, OOM: W.DIES, DIED: W.DIES, NO_KV: W.REFUSES, REFUSED: W.REFUSES, UNKNOWN: W.UNKNOWN}
+#: The smallest card ``fits`` accepts (no GPU vLLM runs on has less), and the precision of the smallest-card search
+#: (``boot.smallest_card``; a smallest card within it of MIN_CAPACITY is the floor).
+MIN_CAPACITY, SEARCH_STEP = 1 << 30, 64 << 20
 NO_KV_CACHE = "no KV cache"  # the stage of a program that sizes none (not vLLM): its whole curve fits
 
 
@@ -220,9 +211,9 @@ def recorded(rank, non_torch_bytes: int | None = None) -> Recorded:
         split = {
             f"non_torch_{k}_bytes": getattr(b, f"{k}_bytes") for k in ("cupti", "at_start", "grew_unseen", "cupti_own")
         }
-    need = need_curve(trace, curves, lm, non_torch_bytes, rank.lifetimes)
+    need = W.need_curve(trace, curves, lm, non_torch_bytes, rank.lifetimes)
     rec = Recorded(rank, need, nk.bytes if nk is not None else 0, nk.source if nk is not None else "", nt, nt_source,
-                   split, recorded_others(trace))  # fmt: skip
+                   split, W.recorded_others(trace))  # fmt: skip
     return dataclasses.replace(rec, extensible=prepare(rank, rec))
 
 
@@ -239,7 +230,7 @@ def fit(trace: Trace, capacity_bytes: int, util: float | None = None, *, rec: Re
         return fit_extensible(trace, capacity_bytes, util, rec)
     lm, need, oom = rec.rank.landmarks, rec.need, rec.rank.oom
     if util is None:
-        util = recorded_util(trace)
+        util = W.recorded_util(trace)
     first_us, last_us = rec.rank.span
     end_us = min(oom.time_us, last_us) if oom is not None else last_us  # nothing is known after an OOM
     target = math.ceil(capacity_bytes * util)
@@ -260,7 +251,7 @@ def fit(trace: Trace, capacity_bytes: int, util: float | None = None, *, rec: Re
     # vLLM's request_memory check in init_device (not with 0.34's extensible KV cache: util 1.0 of the card is never
     # free at start-up, and the H200's start-ups passed it beside a 127 GiB neighbour)
     init_end = _init_device_end(trace)
-    if init_end is not None and init_end <= end_us and F.is_vllm(trace.facts) and not extensible_kv_cache(trace):
+    if init_end is not None and init_end <= end_us and F.is_vllm(trace.facts) and not W.extensible_kv_cache(trace):
         free_at_init = capacity_bytes - need.at(init_end)
         if free_at_init < target:
             return result(REFUSED, PN.INIT_DEVICE, target - free_at_init, "init")
@@ -279,7 +270,7 @@ def fit(trace: Trace, capacity_bytes: int, util: float | None = None, *, rec: Re
     if kv_new <= 0:
         return result(NO_KV, "KV sizing (after determine_available_memory)", -kv_new, "KV sizing")
     kv_rec = _recorded_kv(lm)
-    one_request = recorded_one_request(trace.facts, kv_rec)
+    one_request = W.recorded_one_request(trace.facts, kv_rec)
     if one_request is not None and kv_new < one_request:  # vLLM: "To serve at least one request..."
         return result(NO_KV, "KV sizing (one max_model_len request does not fit)", one_request - kv_new, "KV sizing")
     if lm.kv_end_us is None or kv_rec is None:  # the recording ends before the KV cache was allocated
@@ -369,14 +360,14 @@ def prepare(rank, rec: Recorded) -> Prepared | None:
     peak, peak_t = (int(need_b[i]), int(window.time_us[i])) if len(need_b) else (0, end)
     return Prepared(sizing, int(total), window.time_us, need_b.astype(np.int64), peak, path_at(trace, peak_t),
                     extend is not None, rec.non_kv_bytes if rec.non_kv_source else None,
-                    recorded_one_request(trace.facts))  # fmt: skip
+                    W.recorded_one_request(trace.facts))  # fmt: skip
 
 
 def fit_extensible(trace: Trace, capacity_bytes: int, util: float | None, rec: Recorded, others_bytes: int = 0) -> Fit:
     """The prediction on a card of ``capacity_bytes`` (CUDA's total) of which other processes hold ``others_bytes``,
     for a start-up whose KV cache vLLM sized after warm-up (``rec.extensible``)."""
     prep, facts = rec.extensible, trace.facts
-    util = recorded_util(trace) if util is None else util
+    util = W.recorded_util(trace) if util is None else util
     requested, pre = math.ceil(capacity_bytes * util), prep.peak_bytes + others_bytes
 
     def result(outcome, phase="", over=0, stage="KV sizing", blocks=None, kv=0):

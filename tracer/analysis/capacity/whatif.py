@@ -69,11 +69,6 @@ RECORDED, SCALED_FROM_RECORDING, PRIOR = "recorded", "scaled", "prior"
 VLLM_DEFAULT_UTIL = (((0, 34), 1.0, 0.92), ((0, 33), 0.92, 0.92), ((0, 0), 0.9, 0.9))
 
 
-#: The smallest card ``fits`` accepts (no GPU vLLM runs on has less), and the precision of the smallest-card search
-#: (``boot.smallest_card``; a smallest card within it of MIN_CAPACITY is the floor).
-MIN_CAPACITY, SEARCH_STEP = 1 << 30, 64 << 20
-
-
 def default_util(version: tuple[int, int], extensible: bool) -> float:
     """vLLM's default utilization for a release (``version``: (major, minor)) and sizing mode."""
     return next(ext if extensible else prof for since, ext, prof in VLLM_DEFAULT_UTIL if version >= since)
@@ -502,7 +497,7 @@ class Outcome:
     pre_kv_peak_bytes: int
     pre_kv_peak_phase: str
     #: how much larger a card must be to boot with these flags (``boot``: the smallest such card less this one, to
-    #: ``SEARCH_STEP``); 0 when it boots; None where no card up to the search's ceiling does
+    #: ``fits.SEARCH_STEP``); 0 when it boots; None where no card up to the search's ceiling does
     short_bytes: int | None = None
     #: past the recording's end the start-up was carried on from priors (issue 43): each component that came from
     #: a prior and its spread, in words ("" when every figure is recorded or scaled); the sum of the spreads of
