@@ -35,17 +35,9 @@ def torch_allocated_curve(trace: Trace, curves: Curves | None = None) -> Curve:
     return block_curve(trace, curves if curves is not None else all_curves(trace))
 
 
-def measure_kv_cache_bytes(
-    *,
-    init_free: int,
-    free: int,
-    committed: int,
-    requested: int,
-    transient_peak: int,
-    torch_reserve_growth: int,
-    margin_floor: int,
-    margin_fraction: float,
-) -> tuple[int, int, int, int]:
+def measure_kv_cache_bytes(*, init_free: int, free: int, committed: int, requested: int, transient_peak: int,
+                           torch_reserve_growth: int, margin_floor: int, margin_fraction: float,
+                           ) -> tuple[int, int, int, int]:  # fmt: skip
     """vLLM 0.34's formula: (available, non_kv_used, headroom, margin)."""
     non_kv_used = init_free - free - committed
     headroom = free + committed

@@ -265,13 +265,10 @@ class Carried:
             order = (PRIOR, SCALED, RECORDED)
             return next((s for s in order if any(src.get(k) == s for k in ks)), RECORDED)
 
+        profile = f"{PN.DETERMINE_AVAILABLE_MEMORY}/{PN.PROFILE_RUN}"
         return [
             (PN.LOAD_MODEL, self.base, worst(CONTEXT, WEIGHTS, SAMPLER)),
-            (
-                f"{PN.DETERMINE_AVAILABLE_MEMORY}/{PN.PROFILE_RUN}",
-                self.profile_peak,
-                worst(ACTIVATIONS, KEPT, SAMPLER_RUN, COMPILE),
-            ),
+            (profile, self.profile_peak, worst(ACTIVATIONS, KEPT, SAMPLER_RUN, COMPILE)),
             (PN.COMPILE_OR_WARM_UP, self.warmup_peak, worst(KEPT, WARMUP)),
             (f"{PN.COMPILE_OR_WARM_UP}/{PN.CAPTURE_MODEL}", self.after_warmup, worst(GRAPH_POOL)),
         ]

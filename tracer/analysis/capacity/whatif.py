@@ -785,11 +785,8 @@ class WhatIf:
             carried = self._carried(capacity, others, common, peaks)
             if carried is not None:
                 return carried
-            why = (
-                f"the recording ends at its CUDA OOM in {self.sites.rank.oom.phase_path}, before the KV cache was sized"
-                if self.sites.rank.oom is not None
-                else "the recording ends before the KV cache was sized"
-            )
+            at = f" at its CUDA OOM in {oom.phase_path}," if (oom := self.sites.rank.oom) is not None else ""
+            why = f"the recording ends{at} before the KV cache was sized"
             why += f": up to there it fits, {room - pre_peak:,} B to spare; what comes after was never recorded"
             if model_shape(self.sites.trace) is None:
                 why += " (the model's shape was not recorded: --config config.json carries it on from priors)"
