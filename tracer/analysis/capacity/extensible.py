@@ -1,14 +1,36 @@
 """vLLM 0.34's extensible KV cache, sized after warm-up: its figures rebuilt from memtrace's curves (pure).
 
-With the extensible KV cache (vLLM 0.34's default on CUDA) the profiled figure of ``determine_available_memory``
-only sizes the address range; the cache's size is measured after warm-up and CUDA-graph capture (phase
-``kv_cache_sizing``, vLLM's formula: :func:`measure_kv_cache_bytes`) and committed in ``kv_cache_extend``. Each
-input is taken twice: as vLLM read it (the plugin's facts ``vllm.kv_cache_sizing`` and ``vllm.transient_peaks``)
-and as memtrace's own curves give it at the same moments (each :class:`Term` says how: free memory from the
-plugin's ``cudaMemGetInfo`` or NVML, committed pages from the VMM records, transient peak and reserve growth from
-the allocator's events with torch's block rounding); ``requested`` is the target, ``init_free`` vLLM's init
-snapshot (before recording starts). The final committed bytes come from the VMM records after ``kv_cache_extend``
-and must equal the pages of ``num_blocks`` ("Extended KV cache to N blocks (X GiB)").
+With the extensible KV cache (vLLM 0.34's default on CUDA) the profiled figure of
+``determine_available_memory`` only sizes the address range; the cache's real size is measured after
+warm-up and CUDA-graph capture (``measure_kv_cache_blocks``, phase ``kv_cache_sizing``) and committed in
+``kv_cache_extend``. vLLM's formula (``measure_kv_cache_bytes``)::
+
+    non_kv_used = init_free - free - committed
+    headroom    = free + committed
+    margin      = max(margin_floor, int(transient_peak * margin_fraction))
+    available   = min(requested - non_kv_used, headroom - margin) - max(transient_peak, torch_reserve_growth)
+    num_blocks  = the most blocks whose pages (each segment rounded up to whole granules) fit in available
+    torch limit = reserved now + max(free - (pages(num_blocks) - committed) - (available - kv bytes) - non_torch_reserve, 0)
+
+Each input is taken twice: as vLLM read it (the plugin's facts ``vllm.kv_cache_sizing`` and
+``vllm.transient_peaks``) and as memtrace's own curves give it at the same moments:
+
+- ``free``: CUDA's total minus this process's device-used curve and the other processes' memory at the
+  moment vLLM read it (NVML; sampled, so a sample's lag can show), and the plugin's own
+  ``cudaMemGetInfo`` reading at the end of ``kv_cache_sizing`` (the same call vLLM makes, a moment later,
+  after nothing allocated);
+- ``committed``: the VMM committed curve (``curves.committed_curve``: exact, one step per ``cuMemCreate``);
+- ``transient_peak``: the larger of the profiled activation peak vLLM kept from ``determine_available_memory``
+  and, at each ``record_transient_peak``, torch's allocated peak since the last reset minus allocated now,
+  both from the allocator's events with torch's block rounding (:func:`torch_allocated_curve`);
+- ``torch_reserve_growth``: for each sizing step (a reset of the peak counters inside
+  ``kv_cache_sizing_warmup``), reserved peak until the step's closing ``record_transient_peak`` minus
+  reserved at the reset minus what the step left allocated (reserved is exact: segments);
+- ``requested`` is the target (``ceil(total x util)``), ``init_free`` vLLM's init snapshot (before
+  recording starts, so vLLM's own figure); the margins are vLLM's constants, recorded with the facts.
+
+The final committed bytes come from the VMM records after ``kv_cache_extend`` and must equal the pages
+of ``num_blocks`` ("Extended KV cache to N blocks (X GiB)").
 """
 
 from __future__ import annotations
