@@ -114,9 +114,7 @@ class Term:
 
     @property
     def difference_bytes(self) -> int | None:
-        if self.vllm_bytes is None or self.memtrace_bytes is None:
-            return None
-        return self.memtrace_bytes - self.vllm_bytes
+        return None if None in (self.vllm_bytes, self.memtrace_bytes) else self.memtrace_bytes - self.vllm_bytes
 
 
 @dataclass(frozen=True)

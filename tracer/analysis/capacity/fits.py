@@ -250,7 +250,7 @@ def fit(trace: Trace, capacity_bytes: int, util: float | None = None, *, rec: Re
 
     # vLLM's request_memory check in init_device (not with 0.34's extensible KV cache: util 1.0 of the card is never
     # free at start-up, and the H200's start-ups passed it beside a 127 GiB neighbour)
-    init_end = _init_device_end(trace)
+    init_end = min((p.end_us for p in trace.phases if p.name == PN.INIT_DEVICE and p.end_us is not None), default=None)
     if init_end is not None and init_end <= end_us and F.is_vllm(trace.facts) and not W.extensible_kv_cache(trace):
         free_at_init = capacity_bytes - need.at(init_end)
         if free_at_init < target:
@@ -312,11 +312,6 @@ def _at_oom(rec: Recorded, capacity: int, target: int, shift: int, result, post=
     if needed > capacity or no_roomier:
         return result(DIED, oom.phase_path, max(needed - capacity, 0), "recorded OOM", post, post_phase)
     return result(UNKNOWN, oom.phase_path, 0, "beyond the recording", post, post_phase, capacity - needed)
-
-
-def _init_device_end(trace: Trace) -> int | None:
-    ends = [p.end_us for p in trace.phases if p.name == PN.INIT_DEVICE and p.end_us is not None]
-    return min(ends) if ends else None
 
 
 # ---------------------------------------------------------------------------------------------------------

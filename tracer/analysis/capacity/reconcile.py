@@ -74,9 +74,8 @@ class KvReconciliation:
     @property
     def difference_bytes(self) -> int | None:
         """memtrace's available KV minus vLLM's."""
-        if self.vllm_available_kv_bytes is None:
-            return None
-        return self.available_kv_bytes - self.vllm_available_kv_bytes
+        vllm = self.vllm_available_kv_bytes
+        return None if vllm is None else self.available_kv_bytes - vllm
 
 
 def _phase(trace: Trace, name: str) -> Phase | None:
@@ -109,9 +108,7 @@ def _graph_estimate(trace: Trace) -> tuple[int, int | None, list[str]]:
 
 def _sampled_at(curve: Curve, t_us: int) -> int | None:
     """The curve's value at ``t_us``, or None when it has no sample at or before it."""
-    if len(curve) == 0 or int(curve.time_us[0]) > t_us:
-        return None
-    return curve.at(t_us)
+    return None if len(curve) == 0 or int(curve.time_us[0]) > t_us else curve.at(t_us)
 
 
 def phase_reading(trace: Trace, phase: str, edge: str) -> dict[str, int] | None:

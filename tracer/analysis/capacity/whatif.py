@@ -249,11 +249,10 @@ def apply_what_if(base: Flags, items: list[str]) -> Flags:
     return dataclasses.replace(base, **changes)
 
 
-def flag_value(f: Flags, kind: str) -> float:
+def flag_value(flags: Flags, kind: str) -> float:
     """The flag value a kind scales with."""
-    return {TOKENS: f.max_num_batched_tokens, SEQS: f.max_num_seqs, GRAPHS: f.graphs, GRAPHS_KEPT: min(f.graphs, 1)}[
-        kind
-    ]
+    by_kind = {TOKENS: flags.max_num_batched_tokens, SEQS: flags.max_num_seqs, GRAPHS: flags.graphs}
+    return by_kind[kind] if kind != GRAPHS_KEPT else min(flags.graphs, 1)
 
 
 @dataclass(frozen=True)
