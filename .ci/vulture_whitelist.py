@@ -41,7 +41,6 @@ TORCH_COUNTERS  # written by examples/record_startup.py
 VLLM_NON_TORCH_AT_INIT_BYTES  # "vllm.non_torch_at_init_bytes" in recorded traces (test_fits, test_real_traces)
 
 # -- closed lists of values a docstring names as the list -----------------------------------------------
-OUTCOMES  # tracer/analysis/capacity/fits.py: every outcome plots/fits_text.py words
 ENV_FIELDS  # tracer/analysis/gate/history_key.py: the fingerprint's environment fields (diff.py, its docstring)
 
 # -- fields of records the package returns, read where vulture cannot see: in JSON (dataclasses.asdict, or
@@ -80,6 +79,4 @@ install_workspace_hooks  # plugins/surface.py: the table's FlashInfer allocators
                          # FlashInfer alone (tests/gpu/seed_b12x.py, tests/data/vllm-h200/flashinfer_probe.py)
 
 # -- issue 43: the priors' refit machinery, run by one script (not by the CLI) --
-observe  # tracer/analysis/capacity/observe.py: tests/bench/fit_priors.py takes each shipped start-up apart with it
-_.without  # priors.Library.without: fit_priors.py --leave-out and tests/bench/priors_check.py (leave one architecture out)
 page_bytes  # shape.KVPlan.page_bytes: one layer's page, the figure test_shape holds against vLLM's own specs

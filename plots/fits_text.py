@@ -1,7 +1,7 @@
 """The text rendering of ``memtrace fits`` (analysis.fits results): one paragraph for one capacity,
 a table for several.
 
-Every outcome the analysis can give (``analysis.fits.OUTCOMES``) has its own words here, chosen by
+Every outcome the analysis can give (``analysis.capacity.fits``: FITS ... UNKNOWN) has its own words here, chosen by
 ``outcome`` alone, so the text always says what ``--json`` says; an outcome without words is a bug
 (ValueError), never a wrong sentence.
 """

@@ -241,7 +241,9 @@ def render_timeline(
         if all(r.one_moment for r in ranks):  # a snapshot of one moment: no time to put on an axis
             main_axes[-1].set_xlabel(ONE_MOMENT_AXIS)
         else:
-            main_axes[-1].set_xlabel("seconds since start" + (" (the start: 'Times' under the figure)" if footnote else ""))
+            main_axes[-1].set_xlabel(
+                "seconds since start" + (" (the start: 'Times' under the figure)" if footnote else "")
+            )
         drawn[-1] = replace(drawn[-1], x_label=main_axes[-1].get_xlabel())
         for ax in main_axes[:-1]:
             ax.tick_params(labelbottom=False)

@@ -19,8 +19,8 @@ synthetic = importlib.util.module_from_spec(spec)
 sys.modules["synthetic_startup"] = synthetic
 spec.loader.exec_module(synthetic)
 
+from capacity_model import fit  # noqa: E402
 from memtrace.analysis.analysed.run import analyse  # noqa: E402
-from memtrace.analysis.capacity.fits import fit  # noqa: E402
 from memtrace.plots.memory_viz import export_memory_viz  # noqa: E402
 from memtrace.plots.perfetto import export_perfetto  # noqa: E402
 from memtrace.units import GiB, parse_threshold  # noqa: E402

@@ -19,9 +19,11 @@ from pathlib import Path
 from memtrace import facts as F
 from memtrace.analysis.analysed.run import analyse
 from memtrace.analysis.capacity import priors as P
-from memtrace.analysis.capacity.observe import observe
 from memtrace.analysis.capacity.whatif import sites_of
 from memtrace.store import load_run
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from priors_fit import fit, observe, to_json, without  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
 DATA = ROOT / "tests" / "data"
@@ -63,11 +65,11 @@ def main(argv=None) -> int:
     if args.leave_out:
         if not args.out:
             ap.error("--leave-out needs --out PATH")
-        lib = P.load_library().without(args.leave_out)
-        Path(args.out).write_text(lib.to_json())
+        lib = without(P.load_library(), args.leave_out)
+        Path(args.out).write_text(to_json(lib))
         print(f"wrote {args.out}: {len(lib.observed)} start-ups of {', '.join(lib.architectures)}")
         return 0
-    lib = P.fit(observations(), "0.34")
+    lib = fit(observations(), "0.34")
     for o in lib.observed:
         print(o.label, o.architecture, {k: f"{v / 2**20:.1f}M" for k, v in o.values.items()})
     for k, p in lib.priors.items():
@@ -76,7 +78,7 @@ def main(argv=None) -> int:
             f"{p.starts} start-ups, {', '.join(p.architectures)}"
         )
     if args.write:
-        P.LIBRARY_FILE.write_text(lib.to_json())
+        P.LIBRARY_FILE.write_text(to_json(lib))
         print(f"wrote {P.LIBRARY_FILE}")
     return 0
 

@@ -23,6 +23,9 @@ from memtrace.analysis.capacity import priors as P
 from memtrace.analysis.capacity.whatif import BOOTS, Flags
 
 ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "tests"))
+from priors_fit import without  # noqa: E402
+
 CASES = ROOT / "tests" / "bench" / "calculator-cases.json"
 GiB = 2**30
 
@@ -47,7 +50,7 @@ def measured_pre_kv(lib: P.Library, label: str, shape: dict, flags: Flags) -> in
 def check(case: dict, lib: P.Library, in_sample: bool) -> dict:
     shape = P.read_config(str(ROOT / case["config"]))
     arch = (shape.get("architectures") or ["?"])[0]
-    used = lib if in_sample else lib.without(arch)
+    used = lib if in_sample else without(lib, arch)
     flags = flags_of(case)
     total = int(case.get("card_total_bytes") or case["free_bytes"])
     others = total - int(case["free_bytes"])

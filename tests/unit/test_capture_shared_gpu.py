@@ -15,6 +15,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from capacity_model import fit
 from memtrace.analysis.capacity import fits as fits_mod
 from memtrace.analysis.memory.curves import all_curves
 from memtrace.model import FORMAT_VERSION, OTHERS_DTYPE
@@ -67,11 +68,11 @@ def test_the_device_used_crossing_is_where_it_really_was_not_in_init_device(real
 
 def test_fits_is_not_refused_at_init_device(real):
     cap = real.facts["capacity_bytes"]
-    shared = fits_mod.fit(_shared(real), cap)
-    assert shared.outcome == fits_mod.fit(real, cap).outcome != fits_mod.REFUSED
-    assert shared.non_torch_bytes == fits_mod.fit(real, cap).non_torch_bytes
+    shared = fit(_shared(real), cap)
+    assert shared.outcome == fit(real, cap).outcome != fits_mod.REFUSED
+    assert shared.non_torch_bytes == fit(real, cap).non_torch_bytes
     # the test can fail: the device-wide figure (as before format 1.1) answers otherwise
-    assert fits_mod.fit(_shared(real, series=False), cap).outcome != shared.outcome
+    assert fit(_shared(real, series=False), cap).outcome != shared.outcome
 
 
 def test_the_other_processes_series_survives_the_file_format(real, tmp_path):

@@ -85,9 +85,10 @@ def test_report_states_the_breakdown_in_bytes():
 
 
 def test_fits_splits_its_assumed_non_pytorch_memory_by_cuptis_records():
+    from capacity_model import fit
     from memtrace.analysis.capacity import fits
 
-    r = fits.fit(load_trace(TRACE), 80 * 2**30)
+    r = fit(load_trace(TRACE), 80 * 2**30)
     assert r.non_torch_source == fits.NT_AT_SIZING
     assert r.non_torch_cupti_bytes == 68_362_212  # the 64 MiB + 128 KiB + 1 KiB of profile_run and the statics
     assert r.non_torch_at_start_bytes == 722_272_256
@@ -99,7 +100,7 @@ def test_fits_splits_its_assumed_non_pytorch_memory_by_cuptis_records():
         r.non_torch_grew_unseen_bytes,
     )
     assert sum(parts) == r.non_torch_bytes
-    given = fits.fit(load_trace(TRACE), 80 * 2**30, non_torch_bytes=2**30)  # --non-torch: nothing to split
+    given = fit(load_trace(TRACE), 80 * 2**30, non_torch_bytes=2**30)  # --non-torch: nothing to split
     assert (given.non_torch_cupti_bytes, given.non_torch_at_start_bytes) == (None, None)
 
 

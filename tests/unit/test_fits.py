@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 import synthetic_gates as g
-from memtrace.analysis.capacity.fits import DIED, FITS, NO_KV, OOM, REFUSED, UNKNOWN, fit
+from capacity_model import fit
+from memtrace.analysis.capacity.fits import DIED, FITS, NO_KV, OOM, REFUSED, UNKNOWN
 from memtrace.analysis.memory.curves import all_curves
 from memtrace.cli import main
 from memtrace.store import save_trace

@@ -14,7 +14,13 @@ FOLDERS = {"tracer": "memtrace", "plots": "memtrace.plots", "plugins": "memtrace
 FORBIDDEN = {
     "memtrace.model": ("memtrace.analysis", "memtrace.plots", "memtrace.cli", "memtrace.capture", "memtrace.plugins"),
     "memtrace.store": ("memtrace.analysis", "memtrace.plots", "memtrace.cli", "memtrace.capture", "memtrace.plugins"),
-    "memtrace.importers": ("memtrace.analysis", "memtrace.plots", "memtrace.cli", "memtrace.capture", "memtrace.plugins"),
+    "memtrace.importers": (
+        "memtrace.analysis",
+        "memtrace.plots",
+        "memtrace.cli",
+        "memtrace.capture",
+        "memtrace.plugins",
+    ),
     "memtrace.analysis": ("memtrace.plots", "memtrace.cli", "memtrace.capture", "memtrace.plugins"),
     "memtrace.capture": ("memtrace.analysis", "memtrace.plots", "memtrace.cli"),
     "memtrace.plots": ("memtrace.cli", "memtrace.capture", "memtrace.plugins"),

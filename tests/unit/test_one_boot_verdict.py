@@ -16,11 +16,12 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from capacity_model import fit
 from memtrace import facts as F
 from memtrace.analysis.analysed.run import analyse
 from memtrace.analysis.capacity import whatif as W
-from memtrace.analysis.capacity.boot import VERDICT, answer, recorded_card_answer
-from memtrace.analysis.capacity.fits import FITS, MIN_CAPACITY, NO_KV, REFUSED, SEARCH_STEP, fit, fit_to_dict
+from memtrace.analysis.capacity.boot import answer, recorded_card_answer
+from memtrace.analysis.capacity.fits import FITS, MIN_CAPACITY, NO_KV, REFUSED, SEARCH_STEP, VERDICT, fit_to_dict
 from memtrace.analysis.capacity.whatif import BOOTS, recorded_flags, recorded_others
 from memtrace.analysis.memory.categories import sampler_stacks
 from memtrace.cli import main

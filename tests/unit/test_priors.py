@@ -15,10 +15,10 @@ import pytest
 from memtrace.analysis.analysed.run import analyse
 from memtrace.analysis.capacity import priors as P
 from memtrace.analysis.capacity import whatif as W
-from memtrace.analysis.capacity.observe import observe
 from memtrace.cli import main
 from memtrace.errors import UsageError
 from memtrace.store import load_run
+from priors_fit import fit, observe, without
 from testdata import DATA
 from whatif_heldout_cases import GRID
 
@@ -38,7 +38,7 @@ def test_the_shipped_priors_are_what_the_script_fits_from_the_shipped_start_ups(
     o = observe(W.sites_of(rank), json.loads(Path(MOE_CONFIG).read_text()), "Qwen3MoeForCausalLM", "moe-ext")
     stored = next(x for x in lib.observed if x.label == "moe-ext")
     assert o.values == stored.values and o.features == pytest.approx(stored.features)
-    refit = P.fit(lib.observed, lib.vllm)
+    refit = fit(lib.observed, lib.vllm)
     assert {k: (p.coefficient, p.spread) for k, p in refit.priors.items()} == {
         k: (p.coefficient, p.spread) for k, p in lib.priors.items()
     }
@@ -47,14 +47,14 @@ def test_the_shipped_priors_are_what_the_script_fits_from_the_shipped_start_ups(
 def test_leaving_an_architecture_out_refits_without_it_and_the_spread_is_that_error():
     lib = P.load_library()
     arch = "LlamaForCausalLM"
-    out = lib.without(arch)
+    out = without(lib, arch)
     assert arch not in out.architectures and arch in lib.architectures
     # the spread of a component is the worst relative error of the coefficient fitted without a start-up's
     # architecture, on that start-up: recomputed here from the observations for the activations
     p = lib.priors[P.ACTIVATIONS]
     worst = 0.0
     for o in lib.observed:
-        c = P.fit([x for x in lib.observed if x.architecture != o.architecture], lib.vllm).priors[P.ACTIVATIONS]
+        c = fit([x for x in lib.observed if x.architecture != o.architecture], lib.vllm).priors[P.ACTIVATIONS]
         real = o.values[P.ACTIVATIONS]
         worst = max(worst, abs(c.coefficient * o.features[P.ACTIVATIONS] - real) / max(real, P.SPREAD_FLOOR))
     assert p.spread == round(worst, 4) and p.spread > 0

@@ -172,8 +172,8 @@ def test_non_kv_is_one_figure_with_the_reconstruction_first_then_vllms_then_the_
 def test_a_given_kv_size_is_not_reconstructed_and_fits_keeps_it_on_every_card():
     # --kv-cache-memory-bytes / VLLM_ENABLE_STARTUP_PLAN: vLLM runs profile_run but no formula (vLLM 0.32's
     # determine_available_memory); the KV cache has the given size on any card
+    from capacity_model import fit
     from memtrace import facts as F
-    from memtrace.analysis.capacity.fits import fit
     from memtrace.analysis.capacity.reconcile import KV_GIVEN, non_kv, reconcile_kv
     from memtrace.store import load_run
 

@@ -16,7 +16,7 @@ import pytest
 from memtrace import facts as F
 from memtrace.analysis.analysed.run import analyse
 from memtrace.analysis.capacity.extensible import extensible_sizing
-from memtrace.analysis.capacity.fits_extensible import fit_extensible
+from memtrace.analysis.capacity.fits import fit, fit_extensible, recorded
 from memtrace.analysis.capacity.reconcile import reconcile_kv
 from memtrace.analysis.memory import torch_counters, vmm
 from memtrace.analysis.memory.curves import all_curves
@@ -117,7 +117,8 @@ def test_fits_predicts_the_smaller_cards_kv_cache_to_the_block_from_the_full_car
     full, small = _trace("moe-ext"), _trace("small-ext")
     others = all_curves(small).others.peak_bytes  # NVML: the holder's 96 GiB and its CUDA context
     assert others >= 96 * GiB
-    f = fit_extensible(_rank(full), full.process.device_total_bytes, others_bytes=others)
+    r = _rank(full)
+    f = fit_extensible(r.trace, full.process.device_total_bytes, None, recorded(r), others)
     assert f.survives
     assert f.kv_blocks == int(logged("small-ext", r"Extended KV cache to (\d+) blocks")) == 60704
     assert f.kv_tokens == int(logged("small-ext", r"GPU KV cache size: ([\d,]+) tokens").replace(",", ""))
@@ -126,7 +127,8 @@ def test_fits_predicts_the_smaller_cards_kv_cache_to_the_block_from_the_full_car
 
 def test_a_card_too_small_for_the_weights_dies_before_the_kv_cache_exists():
     full = _trace("moe-ext")
-    f = fit_extensible(_rank(full), 10 * GiB)
+    r = _rank(full)
+    f = fit(r.trace, 10 * GiB, rec=recorded(r))
     assert not f.survives and f.kv_blocks is None
     assert f.phase.startswith("load_model")
 

@@ -13,7 +13,7 @@ import re
 import statistics
 from pathlib import Path
 
-from memtrace.analysis.capacity.fits import fit
+from capacity_model import fit
 from memtrace.analysis.memory.curves import all_curves
 from memtrace.analysis.memory.oom import find_oom
 from memtrace.cli import main

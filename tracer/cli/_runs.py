@@ -18,7 +18,9 @@ from memtrace.model import Run, Trace
 from memtrace.progress import task, track
 
 
-def add_input(p: argparse.ArgumentParser, dest: str = "run_path", help: str | None = None, optional: bool = False) -> None:
+def add_input(
+    p: argparse.ArgumentParser, dest: str = "run_path", help: str | None = None, optional: bool = False
+) -> None:
     """The positional RUN (``optional``: may be left out) and ``--allow-pickle``."""
     p.add_argument(dest, metavar="RUN", nargs="?" if optional else None,
                    help=help or "run directory, .memtrace file or snapshot pickle (.pickle/.pkl)")  # fmt: skip

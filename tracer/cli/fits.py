@@ -150,7 +150,7 @@ def _before_run(args: argparse.Namespace, capacities: list[int]) -> int:
     shape = read_config(args.config)
     library = load_library(args.priors)
     others = parse_size(args.others) if args.others is not None else 0
-    weights = B.weights_of(shape, args.config)
+    weights = B.weights_of(args.config)
     boots = True
     for capacity in capacities:
         flags = B.config_flags(shape, capacity, args.what_if)

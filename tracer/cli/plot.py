@@ -43,7 +43,9 @@ def run(args: argparse.Namespace) -> int:
 
     capacities = parse_sizes(args.capacity) if args.capacity else []
     image = FORMATS["timeline"]
-    out = output_file(args.run_path, args.output, default_suffix=image.suffix, suffixes=image.suffixes, force=args.force)
+    out = output_file(
+        args.run_path, args.output, default_suffix=image.suffix, suffixes=image.suffixes, force=args.force
+    )
     run_ = events_only(analysed(args), "draw")
     with task(f"Drawing {out}", total=None), atomic_write(out) as tmp:
         render(run_, tmp, "timeline", capacities=capacities)

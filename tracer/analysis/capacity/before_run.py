@@ -10,22 +10,12 @@ same model replaces the priors: ``memtrace fits RUN``.
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
 
 from memtrace.analysis.capacity import priors as P
-from memtrace.analysis.capacity.whatif import (
-    BOOTS,
-    Flags,
-    Outcome,
-    Suggestion,
-    apply_what_if,
-    candidates,
-    carried_outcome,
-    clear_of_spread,
-    kv_shape,
-)
+from memtrace.analysis.capacity import shape as S
+from memtrace.analysis.capacity import whatif as W
 from memtrace.errors import UsageError
 
 GiB = 1 << 30
@@ -42,13 +32,13 @@ def serve_defaults(capacity: int) -> tuple[int, int]:
     return next((t, s) for least, t, s in SERVE_DEFAULTS if capacity >= least)
 
 
-def config_flags(shape: dict, capacity: int, what_if: list[str]) -> Flags:
+def config_flags(shape: dict, capacity: int, what_if: list[str]) -> W.Flags:
     """vLLM 0.34's default flags for this model on this card, changed by ``what_if``."""
     tokens, seqs = serve_defaults(capacity)
     max_len = int(shape.get("max_position_embeddings") or 0) or 8192
-    base = Flags(max_num_batched_tokens=tokens, max_num_seqs=seqs, max_model_len=max_len, enforce_eager=False,
-                 kv_cache_dtype="auto", gpu_memory_utilization=None, extensible=True)  # fmt: skip
-    return apply_what_if(base, what_if)
+    base = W.Flags(max_num_batched_tokens=tokens, max_num_seqs=seqs, max_model_len=max_len, enforce_eager=False,
+                   kv_cache_dtype="auto", gpu_memory_utilization=None, extensible=True)  # fmt: skip
+    return W.apply_what_if(base, what_if)
 
 
 @dataclass(frozen=True)
@@ -59,10 +49,8 @@ class Weights:
     source: str
 
 
-def weights_of(shape: dict, config_path: str) -> Weights:
+def weights_of(config_path: str) -> Weights:
     """The checkpoint's safetensors headers beside ``config_path`` when there are any, else the config's shape."""
-    from memtrace.analysis.capacity import shape as S
-
     folder = Path(config_path) if Path(config_path).is_dir() else Path(config_path).parent
     if any(folder.glob("*.safetensors")):
         return Weights(S.weights_from_safetensors(folder), f"the safetensors headers in {folder}")
@@ -75,35 +63,26 @@ def weights_of(shape: dict, config_path: str) -> Weights:
     return Weights(S.weights_bytes(m), "the config's shape (no checkpoint beside it)")
 
 
-def predict(shape: dict, flags: Flags, capacity: int, weights: Weights, library: P.Library, others: int = 0) -> Outcome:
+def predict(
+    shape: dict, flags: W.Flags, capacity: int, weights: Weights, library: P.Library, others: int = 0
+) -> W.Outcome:
     """The answer on ``capacity`` with nothing recorded: every figure but the weights from the priors."""
     given = {P.WEIGHTS: P.Figure(P.WEIGHTS, weights.bytes, weights.source)}
     c = P.Carried(shape, flags, library, given)
     try:
-        return carried_outcome(c, capacity, others, kv_shape(shape, flags, BLOCK_TOKENS))
+        return W.carried_outcome(c, capacity, others, W.kv_shape(shape, flags, BLOCK_TOKENS))
     except ValueError as e:
         raise UsageError(f"{shape.get('source', 'the config')}: {e}; give a complete config.json") from None
 
 
-def suggest(shape: dict, flags: Flags, capacity: int, weights: Weights, library: P.Library, others: int = 0,
-            top: int = 8) -> list[Suggestion]:  # fmt: skip
+def suggest(shape: dict, flags: W.Flags, capacity: int, weights: Weights, library: P.Library, others: int = 0,
+            top: int = 8) -> list[W.Suggestion]:  # fmt: skip
     """The single changes (else pairs, else three at once) to ``flags`` that boot with nothing recorded: fewest
     changes first, then clear of the priors' spread, then the most KV cache."""
-    singles = candidates(flags, True)
-    found: list[Suggestion] = []
-    sets = [[c] for c in singles]
-    for _size in (1, 2, 3):  # nothing recorded to scale: each answer is cheap, so three changes at once too
-        for parts in sets:
-            change = {k: v for p in parts for k, v in p.items()}
-            f = dataclasses.replace(flags, **change)
-            o = predict(shape, f, capacity, weights, library, others)
-            if o.verdict == BOOTS:
-                found.append(Suggestion(f.changes(flags), f, o))
-        if found:
-            break
-        sets = [[*p, c] for p in sets for c in singles[singles.index(p[-1]) + 1:]
-                if not any(set(c) & set(x) for x in p)]  # fmt: skip
+    # nothing recorded to scale: each answer is cheap, so three changes at once too
+    found, _ = W.search(flags, W.candidates(flags, True), 3,
+                        lambda f: predict(shape, f, capacity, weights, library, others), (W.BOOTS,))  # fmt: skip
     found.sort(
-        key=lambda s: (len(s.changes), not clear_of_spread(s.outcome), -(s.outcome.kv.tokens if s.outcome.kv else 0))
+        key=lambda s: (len(s.changes), not W.clear_of_spread(s.outcome), -(s.outcome.kv.tokens if s.outcome.kv else 0))
     )
     return found[:top]

@@ -1,65 +1,25 @@
 """Will it boot on that card: the one answer ``memtrace fits`` (plain, ``--what-if``, ``--suggest``, ``--json``), the
-issue bundle and the view give (issues 28, 40).
+issue bundle and the view give (issues 28, 40; docs/whatif.md, "Plain fits").
 
 :class:`Boot` answers for one rank with the recorded flags, card by card, once: the capacity model first
-(:mod:`.fits`; :mod:`.fits_extensible` for vLLM 0.34's extensible KV cache), the recorded curve on another card.
-Where that model stops at the end of the recording (UNKNOWN: the part that decides was never recorded, such as a
-KV cache vLLM refused to extend on a card another process shared), the what-if model with the recorded flags
-(:mod:`.whatif`, a what-if of no change) carries the start-up on from its recorded phases; its answer replaces
-"unknown", said to be a prediction, with where its figures come from (``Fit.prediction``, ``Fit.prediction_how``).
-Where the what-if model cannot carry it either, the answer stays UNKNOWN and ``Fit.missing`` says exactly what the
-trace lacks. On a card other processes share (``fits --keep-others`` / ``--others``, the issue bundle of a run
-beside a neighbour) the capacity model keeps the card to this process, so the what-if of no change beside them
-answers, said to be a prediction. The smallest card is searched once (:func:`smallest_card`, up to
-:func:`search_ceiling`) on the same answer, and "short by N" (``Fit.short_bytes``) is that card less the one asked:
-the growth that boots; other flags are searched the same way, on the what-if's verdict alone. The what-if of no
-change on a card this process holds alone or shares *is* this answer (:func:`answer` takes its verdict from
-:meth:`Boot.fit`), so the table, the JSON, ``--suggest``'s recorded-flags line, the smallest card, the exit status,
-the issue bundle and the view never disagree.
-
-The issue bundle and the view ask :func:`recorded_card_answer`: ``fits --suggest`` on the card the worst rank
-was recorded on, as it was (other processes kept).
+(:mod:`.fits`), and where it stops at the end of the recording (UNKNOWN), or on a card other processes share, the
+what-if of no change (:mod:`.whatif`) carries the start-up on from its recorded phases, said to be a prediction
+(``Fit.prediction``, ``Fit.prediction_how``); where neither can, ``Fit.missing`` says what the trace lacks. The
+smallest card is searched once on that answer (:func:`smallest_card`) and "short by" is that card less the one
+asked. :func:`answer` takes the what-if's verdict from :meth:`Boot.fit` for the recorded flags, so the table, the
+JSON, ``--suggest``, the exit status, the issue bundle and the view (:func:`recorded_card_answer`) never disagree.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 from functools import cached_property
 
 from memtrace import facts as F
 from memtrace import vllm_phase_names as PN
-from memtrace.analysis.capacity.fits import (
-    DIED,
-    FITS,
-    MIN_CAPACITY,
-    NO_KV,
-    OOM,
-    REFUSED,
-    SEARCH_STEP,
-    UNKNOWN,
-    VERDICT,
-    Fit,
-    fit,
-    recorded,
-)
-from memtrace.analysis.capacity.fits_extensible import fit_extensible, is_extensible, prepare
-from memtrace.analysis.capacity.whatif import (
-    BOOTS,
-    DIES,
-    Answer,
-    KvSizing,
-    Outcome,
-    WhatIf,
-    apply_what_if,
-    calibrate,
-    one_request_bytes,
-    recorded_flags,
-    recorded_others,
-    sites_of,
-    suggest,
-)
-from memtrace.analysis.capacity.whatif import UNKNOWN as STOPS
+from memtrace.analysis.capacity import fits, whatif
 from memtrace.analysis.memory.phases import path_at
 
 #: The model that answers past the recording, as every output names it (``{flags}``: the flags it is given).
@@ -71,19 +31,18 @@ def smallest_card(survives, lo: int, hi: int) -> int | None:
     bisection (an answer that survives on a card survives on every larger one); None when it fails at ``hi``."""
     if not survives(hi):
         return None
-    while hi - lo > SEARCH_STEP:
+    while hi - lo > fits.SEARCH_STEP:
         mid = (lo + hi) // 2
-        if survives(mid):
-            hi = mid
-        else:
-            lo = mid
+        lo, hi = (lo, mid) if survives(mid) else (mid, hi)
     return hi
 
 
 def search_ceiling(rank, others_bytes: int = 0) -> int:
     """The largest card the one smallest-card search tries: four times the recorded peak, or the recorded card when
     larger (at least ``MIN_CAPACITY``), plus what other processes hold on it."""
-    return max(rank.landmarks.peak.bytes * 4, rank.recorded_target.capacity_bytes or 0, MIN_CAPACITY) + others_bytes
+    return (
+        max(rank.landmarks.peak.bytes * 4, rank.recorded_target.capacity_bytes or 0, fits.MIN_CAPACITY) + others_bytes
+    )
 
 
 def short_of(boots: bool, card: int, smallest: int | None) -> int | None:
@@ -95,89 +54,15 @@ def short_of(boots: bool, card: int, smallest: int | None) -> int | None:
 class Boot:
     """Will one rank boot with the recorded flags on a card it holds alone, or beside other processes holding
     ``others_bytes`` (a shared card: the what-if of no change answers, said to be a prediction): :meth:`fit` per card
-    (computed once), :attr:`smallest` card, and "short by" (``Fit.short_bytes``)."""
+    (computed once), :attr:`smallest` card, and "short by" (``Fit.short_bytes``). Past the recording the what-if of
+    no change answers (:attr:`what_if`), or ``missing`` says why none can ("" when one can)."""
 
     def __init__(self, rank, util: float | None = None, non_torch_bytes: int | None = None, others_bytes: int = 0):
-        self.rank, self.util, self.others = rank, util, others_bytes
-        self.rec = recorded(rank.trace, non_torch_bytes, rank=rank)
-        ext = is_extensible(rank.trace) and rank.extensible is not None  # vLLM 0.34: sized after warm-up
-        self.prep = prepare(rank, self.rec) if ext else None
-        self.past = PastTheRecording(rank, util, non_torch_bytes)
-        self._fits: dict[int, Fit] = {}
-
-    def _model(self, card: int) -> Fit:
-        if self.prep is not None:
-            return fit_extensible(self.rank, card, self.util, prep=self.prep, rec=self.rec)
-        return fit(self.rank.trace, card, self.util, rec=self.rec)
-
-    def _answer(self, card: int) -> Fit:
-        if card not in self._fits:
-            f = self._model(card)
-            self._fits[card] = self.past.answer(f, self.others) if self.others or f.outcome == UNKNOWN else f
-        return self._fits[card]
-
-    @cached_property
-    def smallest(self) -> int | None:
-        """The smallest card (to ``SEARCH_STEP``) it boots on; None above :func:`search_ceiling`, and for a start-up
-        its recording's OOM cut (it boots on no card: the capacity model promises none)."""
-        return smallest_card(lambda c: self._answer(c).survives, MIN_CAPACITY, search_ceiling(self.rank, self.others))
-
-    def fit(self, card: int) -> Fit:
-        """The answer on ``card``, with how much larger a card must be to boot."""
-        f = self._answer(card)
-        return dataclasses.replace(f, short_bytes=short_of(f.survives, card, self.smallest))
-
-    @property
-    def smallest_prediction(self) -> str:
-        """Where the smallest card's answer goes past the recording ("" when it does not, or there is none)."""
-        return self._answer(self.smallest).prediction if self.smallest is not None else ""
-
-    def outcome(self, card: int, w: WhatIf, **shared) -> Outcome:
-        """The what-if of no change (``w``; ``shared``: its card's other processes) on ``card``, its verdict this
-        answer's: the what-if's own figures where it agrees, else the capacity model's verdict, phase and KV cache,
-        blocks and bytes both (the phase table with it)."""
-        f, o = self.fit(card), w.on(card, **shared)
-        verdict = VERDICT[f.outcome]
-        if verdict != o.verdict:
-            kv = _kv_sizing(f, w) if verdict == BOOTS else None
-            o = dataclasses.replace(o, verdict=verdict, why=_why(f), kv=kv,
-                                    phases=w.phase_peaks(kv.kv_bytes if kv else 0, o.others_bytes))  # fmt: skip
-        if verdict != BOOTS:  # where and by how much: the capacity model's, as plain fits says it
-            o = dataclasses.replace(o, phase=f.phase, by_bytes=f.overshoot_bytes)
-        return dataclasses.replace(o, short_bytes=f.short_bytes)
-
-
-def _kv_sizing(f: Fit, w: WhatIf) -> KvSizing:
-    """The capacity model's KV cache on a card it boots on, in the what-if's shape (its blocks, tokens and bytes)."""
-    per, tpb = w.per_block
-    blocks = f.kv_blocks if f.kv_blocks is not None else (f.kv_cache_bytes // per if per else 0)
-    tokens = f.kv_tokens if f.kv_tokens is not None else blocks * tpb
-    how = f"the capacity model ({f.kv_sizing} KV sizing; docs/whatif.md)"
-    return KvSizing(f.kv_cache_bytes, blocks, tokens, f.kv_cache_bytes, tokens / w.flags.max_model_len, how,
-                    one_request_bytes(w.flags.max_model_len, per, tpb) if per else 0)  # fmt: skip
-
-
-def _why(f: Fit) -> str:
-    """The capacity model's answer in the what-if's words (where the two models disagree, the one said)."""
-    if f.outcome == REFUSED:
-        return "free memory at start-up is less than util x card"
-    if f.outcome == NO_KV:
-        return 'no memory left for one request of max-model-len tokens ("No available memory for the cache blocks")'
-    if f.outcome == DIED:
-        return "where the recording died: this card leaves no more room there"
-    if f.outcome == OOM:
-        return "before the KV cache is sized" if f.stage == "pre-KV" else "after the KV cache was allocated"
-    return f.missing or f.prediction_how
-
-
-class PastTheRecording:
-    """The what-if of no change for one rank (built when first asked, then asked per card), or why there is none
-    (``missing``: "" when there is one)."""
-
-    def __init__(self, rank, util: float | None, non_torch_bytes: int | None):
-        self.rank, self.trace, self.util = rank, rank.trace, util
+        self.rank, self.trace, self.util, self.others = rank, rank.trace, util, others_bytes
+        self.rec = fits.recorded(rank, non_torch_bytes)
+        self._fits: dict[int, fits.Fit] = {}
         self.missing = ""
-        if not F.is_vllm(self.trace.facts) or recorded_flags(self.trace) is None:
+        if not F.is_vllm(self.trace.facts) or whatif.recorded_flags(self.trace) is None:
             self.missing = (
                 "vLLM's config (max_num_batched_tokens, max_num_seqs, max_model_len) is not in the recording: the "
                 "what-if model needs it to carry the start-up past the recording's end"
@@ -190,26 +75,67 @@ class PastTheRecording:
         flags = "the recorded flags" + (f" and --util {util:g}" if util is not None else "")
         self.model = WHAT_IF_MODEL.format(flags=flags)
 
-    @cached_property
-    def what_if(self) -> WhatIf:
-        s = sites_of(self.rank)
-        items = [f"gpu-memory-utilization={self.util}"] if self.util is not None else []
-        return WhatIf(s, apply_what_if(s.flags, items))
+    def _answer(self, card: int) -> fits.Fit:
+        if card not in self._fits:
+            f = fits.fit(self.trace, card, self.util, rec=self.rec)
+            self._fits[card] = self._past(f) if self.others or f.outcome == fits.UNKNOWN else f
+        return self._fits[card]
 
-    def answer(self, f: Fit, others: int = 0) -> Fit:
+    @cached_property
+    def smallest(self) -> int | None:
+        """The smallest card (to ``SEARCH_STEP``) it boots on; None above :func:`search_ceiling`, and for a start-up
+        its recording's OOM cut (it boots on no card: the capacity model promises none)."""
+        return smallest_card(
+            lambda c: self._answer(c).survives, fits.MIN_CAPACITY, search_ceiling(self.rank, self.others)
+        )
+
+    def fit(self, card: int) -> fits.Fit:
+        """The answer on ``card``, with how much larger a card must be to boot."""
+        f = self._answer(card)
+        return dataclasses.replace(f, short_bytes=short_of(f.survives, card, self.smallest))
+
+    @property
+    def smallest_prediction(self) -> str:
+        """Where the smallest card's answer goes past the recording ("" when it does not, or there is none)."""
+        return self._answer(self.smallest).prediction if self.smallest is not None else ""
+
+    def outcome(self, card: int, w: whatif.WhatIf, **shared) -> whatif.Outcome:
+        """The what-if of no change (``w``; ``shared``: its card's other processes) on ``card``, its verdict this
+        answer's: the what-if's own figures where it agrees, else the capacity model's verdict, phase and KV cache,
+        blocks and bytes both (the phase table with it)."""
+        f, o = self.fit(card), w.on(card, **shared)
+        verdict = fits.VERDICT[f.outcome]
+        if verdict != o.verdict:
+            kv = _kv_sizing(f, w) if verdict == whatif.BOOTS else None
+            o = dataclasses.replace(o, verdict=verdict, why=_why(f), kv=kv,
+                                    phases=w.phase_peaks(kv.kv_bytes if kv else 0, o.others_bytes))  # fmt: skip
+        if verdict != whatif.BOOTS:  # where and by how much: the capacity model's, as plain fits says it
+            o = dataclasses.replace(o, phase=f.phase, by_bytes=f.overshoot_bytes)
+        return dataclasses.replace(o, short_bytes=f.short_bytes)
+
+    @cached_property
+    def what_if(self) -> whatif.WhatIf:
+        """The what-if of no change (``--util``, when given, its one change)."""
+        s = whatif.sites_of(self.rank)
+        items = [f"gpu-memory-utilization={self.util}"] if self.util is not None else []
+        return whatif.WhatIf(s, whatif.apply_what_if(s.flags, items))
+
+    def _past(self, f: fits.Fit) -> fits.Fit:
         """``f`` (the capacity model, the card held alone) answered by the what-if of no change: where ``f`` is
-        UNKNOWN, past the recording; on a card other processes share (``others`` bytes), always (the capacity model
-        keeps the card to this process). Where it cannot, ``f`` with what is missing (said by the recorded OOM, when
-        the recording ended in one; UNKNOWN on a shared card)."""
+        UNKNOWN, past the recording; on a card other processes share, always (the capacity model keeps the card to
+        this process). Where it cannot, ``f`` with what is missing (said by the recorded OOM, when the recording
+        ended in one; UNKNOWN on a shared card)."""
+        others = self.others
         o = self.what_if.on(f.capacity_bytes, others_bytes=others) if not self.missing else None
         where = f"the card is shared: other processes hold {others:,} B of it" if others else self.ends()
-        if o is not None and o.verdict != STOPS:
+        if o is not None and o.verdict != whatif.UNKNOWN:
             left_out = 0 if others else f.others_left_out_bytes
             return dataclasses.replace(as_predicted(f, o, self.what_if, f"{where}; {self.model}"),
                                        others_left_out_bytes=left_out)  # fmt: skip
         if others:
-            return dataclasses.replace(f, outcome=UNKNOWN, phase="", stage="beyond the recording", kv_cache_bytes=0,
-                                       kv_blocks=None, kv_tokens=None, prediction=f"{where}; {self.model}",
+            return dataclasses.replace(f, outcome=fits.UNKNOWN, phase="", stage="beyond the recording",
+                                       kv_cache_bytes=0, kv_blocks=None, kv_tokens=None,
+                                       prediction=f"{where}; {self.model}",
                                        missing=o.why if o is not None else self.missing)  # fmt: skip
         if self.rank.oom is not None:
             return f
@@ -223,7 +149,7 @@ class PastTheRecording:
         if t.facts.get(F.VLLM_KV_BLOCKS) == 0:
             u = self.rank.unfinished
             at = f" at {u.phase_path}" if u is not None else ""
-            others = recorded_others(t)
+            others = whatif.recorded_others(t)
             beside = f", other processes holding {others:,} B" if others else ""
             return f"it ends where vLLM refused on its card (0 KV blocks{at}{beside}), before the KV cache was extended"
         return f"it ends {self._last_phase()}, before the KV cache was allocated"
@@ -241,100 +167,105 @@ class PastTheRecording:
         )
 
 
-def as_predicted(f: Fit, o: Outcome, w: WhatIf, prediction: str) -> Fit:
+def _kv_sizing(f: fits.Fit, w: whatif.WhatIf) -> whatif.KvSizing:
+    """The capacity model's KV cache on a card it boots on, in the what-if's shape (its blocks, tokens and bytes)."""
+    per, tpb = w.per_block
+    blocks = f.kv_blocks if f.kv_blocks is not None else (f.kv_cache_bytes // per if per else 0)
+    tokens = f.kv_tokens if f.kv_tokens is not None else blocks * tpb
+    how = f"the capacity model ({f.kv_sizing} KV sizing; docs/whatif.md)"
+    one = whatif.one_request_bytes(w.flags.max_model_len, per, tpb) if per else 0
+    return whatif.KvSizing(f.kv_cache_bytes, blocks, tokens, f.kv_cache_bytes, tokens / w.flags.max_model_len, how, one)
+
+
+def _why(f: fits.Fit) -> str:
+    """The capacity model's answer in the what-if's words (where the two models disagree, the one said)."""
+    return (
+        {
+            fits.REFUSED: "free memory at start-up is less than util x card",
+            fits.NO_KV: whatif.NO_ROOM_WHY,
+            fits.DIED: "where the recording died: this card leaves no more room there",
+            fits.OOM: "before the KV cache is sized" if f.stage == "pre-KV" else "after the KV cache was allocated",
+        }.get(f.outcome)
+        or f.missing
+        or f.prediction_how
+    )
+
+
+def as_predicted(f: fits.Fit, o: whatif.Outcome, w: whatif.WhatIf, prediction: str) -> fits.Fit:
     """The capacity model's UNKNOWN ``f`` answered by the what-if's outcome ``o`` on the same card: what the
     recording covers as the capacity model measured it (the pre-KV peak), what lies past it (the KV cache, the
     outcome) as the what-if model predicted it; ``prediction``: where the recording ends and which model carries
     it on, ``prediction_how`` (from ``o``): where this card's figures come from."""
-    cap, kv = o.capacity_bytes, o.kv if o.verdict == BOOTS else None
+    cap, kv = o.capacity_bytes, o.kv if o.verdict == whatif.BOOTS else None
     post = [p.predicted_bytes for p in o.phases if p.after_kv]
-    common = dict(
-        util=w.flags.util,
-        target_bytes=math.ceil(w.flags.util * cap),
-        kv_sizing=F.KV_SIZED_EXTENSIBLE if w.flags.extensible else F.KV_SIZED_BY_PROFILING,
-        kv_cache_bytes=kv.kv_bytes if kv is not None else 0,
-        kv_blocks=kv.blocks if kv is not None else None,
-        kv_tokens=kv.tokens if kv is not None else None,
-        prediction=prediction,
-        prediction_how=f"the KV cache from {kv.how}" if kv is not None else o.why,
-        missing="",
-    )
-    if o.verdict == BOOTS:
+    common = dict(util=w.flags.util, target_bytes=math.ceil(w.flags.util * cap), prediction=prediction, missing="",
+                  kv_sizing=F.KV_SIZED_EXTENSIBLE if w.flags.extensible else F.KV_SIZED_BY_PROFILING,
+                  kv_cache_bytes=kv.kv_bytes if kv is not None else 0, kv_blocks=kv.blocks if kv is not None else None,
+                  kv_tokens=kv.tokens if kv is not None else None,
+                  prediction_how=f"the KV cache from {kv.how}" if kv is not None else o.why)  # fmt: skip
+    if o.verdict == whatif.BOOTS:
         top = max([f.pre_kv_peak_bytes, *post])
-        return dataclasses.replace(f, **common, outcome=FITS, phase="", overshoot_bytes=0, headroom_bytes=cap - top,
-                                   stage="", post_kv_peak_bytes=max(post) if post else None)  # fmt: skip
-    if o.verdict == DIES:
+        return dataclasses.replace(f, **common, outcome=fits.FITS, phase="", overshoot_bytes=0,
+                                   headroom_bytes=cap - top, stage="",
+                                   post_kv_peak_bytes=max(post) if post else None)  # fmt: skip
+    if o.verdict == whatif.DIES:
         pre = o.pre_kv_peak_bytes > cap - o.others_bytes
-        return dataclasses.replace(f, **common, outcome=OOM, phase=o.phase, overshoot_bytes=o.by_bytes, headroom_bytes=0,
-                                   stage="pre-KV" if pre else "post-KV",
+        return dataclasses.replace(f, **common, outcome=fits.OOM, phase=o.phase, overshoot_bytes=o.by_bytes,
+                                   headroom_bytes=0, stage="pre-KV" if pre else "post-KV",
                                    post_kv_peak_bytes=None if pre else cap + o.by_bytes)  # fmt: skip
-    outcome, stage = (REFUSED, "init") if o.phase == PN.INIT_DEVICE else (NO_KV, "KV sizing")
+    outcome, stage = (fits.REFUSED, "init") if o.phase == PN.INIT_DEVICE else (fits.NO_KV, "KV sizing")
     return dataclasses.replace(f, **common, outcome=outcome, phase=o.phase, overshoot_bytes=o.by_bytes,
                                headroom_bytes=0, stage=stage)  # fmt: skip
 
 
 def answer(rank, what_if: list[str], capacities: list[int], *, suggest_too: bool = False, keep_others: bool = False,
-           others_bytes: int | None = None, calibration_ranks: tuple = (), library=None) -> Answer:  # fmt: skip
+           others_bytes: int | None = None, calibration_ranks: tuple = (), library=None) -> whatif.Answer:  # fmt: skip
     """The what-if of ``rank`` under ``what_if`` on each card (``calibration_ranks``: more traces of the same
     model, to fit each site's scaling), and with ``suggest_too`` the flags that boot on each card. The recorded
     flags (another utilization included) on a card this process holds alone answer as plain ``fits`` (with
     ``--util``) does (:meth:`Boot.outcome`)."""
-    sites = sites_of(rank)
-    cal = calibrate([sites, *(sites_of(r) for r in calibration_ranks)]) if calibration_ranks else None
-    flags = apply_what_if(sites.flags, what_if)
-    w = WhatIf(sites, flags, cal, library)
+    sites = whatif.sites_of(rank)
+    cal = whatif.calibrate([sites, *(whatif.sites_of(r) for r in calibration_ranks)]) if calibration_ranks else None
+    flags = whatif.apply_what_if(sites.flags, what_if)
+    w = whatif.WhatIf(sites, flags, cal, library)
     card = dict(keep_others=keep_others, others_bytes=others_bytes)
-    others = others_bytes if others_bytes is not None else recorded_others(rank.trace) if keep_others else 0
+    others = others_bytes if others_bytes is not None else whatif.recorded_others(rank.trace) if keep_others else 0
     util = flags.gpu_memory_utilization if flags.gpu_memory_utilization != sites.flags.gpu_memory_utilization else None
     plain = dataclasses.replace(flags, gpu_memory_utilization=sites.flags.gpu_memory_utilization) == sites.flags
     b = rank.boot(util, others_bytes=others) if plain and cal is None else None  # plain fits (--util: the utilization)
-    search = _searched(w, rank, card, others) if b is None else None
-
-    def on(c: int) -> Outcome:
-        return b.outcome(c, w, **card) if b is not None else search(c)
-
+    on = functools.partial(b.outcome, w=w, **card) if b is not None else _searched(w, rank, card, others)
     outcomes = [on(c) for c in capacities]
     pairs = zip(capacities, outcomes, strict=True) if suggest_too else ()
-    found = [suggest(sites, c, **card, cal=cal, base=flags, recorded=o, library=library) for c, o in pairs]
-    return Answer(
-        recorded=sites.flags,
-        flags=flags,
-        changes=flags.changes(sites.flags),
-        scales=w.scales,
-        calibrated_traces=cal.traces if cal is not None else 0,
-        fitted_lines=len(cal.lines) if cal is not None else 0,
-        notes=w.notes,
-        outcomes=outcomes,
-        suggestions=found,
-        keep_others=keep_others,
-        vllm_version=str(rank.trace.facts.get(F.VLLM_VERSION) or ""),
-    )
+    found = [whatif.suggest(sites, c, **card, cal=cal, base=flags, recorded=o, library=library) for c, o in pairs]
+    fitted = (cal.traces, len(cal.lines)) if cal is not None else (0, 0)
+    return whatif.Answer(sites.flags, flags, flags.changes(sites.flags), w.scales, *fitted, w.notes, outcomes, found,
+                         keep_others, str(rank.trace.facts.get(F.VLLM_VERSION) or ""))  # fmt: skip
 
 
-def _searched(w: WhatIf, rank, card: dict, others: int):
+def _searched(w: whatif.WhatIf, rank, card: dict, others: int):
     """``w.on`` per card with "short by" from the one smallest-card search on ``w``'s verdict alone (no phase
     table), searched once, when a card asked does not boot."""
     least: list[int | None] = []
 
     def boots(c: int) -> bool:
-        return w.on(c, **card, table=False).verdict == BOOTS
+        return w.on(c, **card, table=False).verdict == whatif.BOOTS
 
-    def on(c: int) -> Outcome:
+    def on(c: int) -> whatif.Outcome:
         o = w.on(c, **card)
-        if o.verdict != BOOTS and not least:
-            least.append(smallest_card(boots, MIN_CAPACITY, search_ceiling(rank, others)))
-        return dataclasses.replace(o, short_bytes=short_of(o.verdict == BOOTS, c, least[0] if least else None))
+        if o.verdict != whatif.BOOTS and not least:
+            least.append(smallest_card(boots, fits.MIN_CAPACITY, search_ceiling(rank, others)))
+        return dataclasses.replace(o, short_bytes=short_of(o.verdict == whatif.BOOTS, c, least[0] if least else None))
 
     return on
 
 
-def recorded_card_answer(run) -> Answer | None:
+def recorded_card_answer(run) -> whatif.Answer | None:
     """``fits --suggest`` on the card the worst rank was recorded on, as it was (other processes kept): the issue
     bundle's and the view's "What would make it boot". None for a run that is not a vLLM start-up with its config
     and card, or that booted (a start-up vLLM refused after sizing 0 KV blocks did not boot)."""
     r = run.worst
     card = r.recorded_target.capacity_bytes
-    if r.recorded_nothing or recorded_flags(r.trace) is None or not card:
+    if r.recorded_nothing or whatif.recorded_flags(r.trace) is None or not card:
         return None
     refused = r.trace.facts.get(F.VLLM_KV_BLOCKS) == 0  # vLLM sized 0 blocks: it refused
     if r.oom is None and r.verdict != "crossed" and not refused:

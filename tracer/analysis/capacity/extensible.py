@@ -39,8 +39,9 @@ from dataclasses import dataclass, field
 
 from memtrace import facts as F
 from memtrace import vllm_phase_names as PN
+from memtrace.analysis.capacity.reconcile import phase_reading
 from memtrace.analysis.memory.blocks import block_curve
-from memtrace.analysis.memory.curves import Curve, Curves, all_curves
+from memtrace.analysis.memory.curves import Curve, Curves, all_curves, committed_curve
 from memtrace.analysis.memory.quantities import window_max
 from memtrace.model import ACTION_CODE, Trace
 
@@ -56,17 +57,9 @@ def torch_allocated_curve(trace: Trace, curves: Curves | None = None) -> Curve:
     return block_curve(trace, curves if curves is not None else all_curves(trace))
 
 
-def measure_kv_cache_bytes(
-    *,
-    init_free: int,
-    free: int,
-    committed: int,
-    requested: int,
-    transient_peak: int,
-    torch_reserve_growth: int,
-    margin_floor: int,
-    margin_fraction: float,
-) -> tuple[int, int, int, int]:
+def measure_kv_cache_bytes(*, init_free: int, free: int, committed: int, requested: int, transient_peak: int,
+                           torch_reserve_growth: int, margin_floor: int, margin_fraction: float,
+                           ) -> tuple[int, int, int, int]:  # fmt: skip
     """vLLM 0.34's formula: (available, non_kv_used, headroom, margin)."""
     non_kv_used = init_free - free - committed
     headroom = free + committed
@@ -101,6 +94,15 @@ def blocks_within(num_bytes: int, strides: list[int], granule: int, capacity: in
     return max(n, 0)
 
 
+def sized(inputs: dict, requested: int, strides: list[int], granule: int, most: int) -> tuple[int, int, int]:
+    """vLLM 0.34's post-warm-up sizing on ``inputs`` (:func:`extensible_inputs`, moved to another card or other
+    flags) to whole blocks: (available bytes, blocks (at most ``most``), the bytes their pages commit). The one
+    extensible KV model ``fits`` and the what-if both size with."""
+    available, *_ = measure_kv_cache_bytes(requested=requested, **inputs)
+    blocks = blocks_within(available, strides, granule, most) if strides and granule else 0
+    return available, blocks, pages_for(blocks, strides, granule) if blocks else 0
+
+
 @dataclass(frozen=True)
 class Term:
     """One input of the sizing, as vLLM had it and as memtrace's curves give it (None: not recorded)."""
@@ -112,9 +114,7 @@ class Term:
 
     @property
     def difference_bytes(self) -> int | None:
-        if self.vllm_bytes is None or self.memtrace_bytes is None:
-            return None
-        return self.memtrace_bytes - self.vllm_bytes
+        return None if None in (self.vllm_bytes, self.memtrace_bytes) else self.memtrace_bytes - self.vllm_bytes
 
 
 @dataclass(frozen=True)
@@ -145,36 +145,29 @@ def _int(d: dict, key: str) -> int | None:
     return int(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else None
 
 
-def _transient_terms(trace: Trace, curves: Curves, sizing: dict) -> tuple[int | None, int | None, list[str]]:
+def _transient_terms(trace: Trace, curves: Curves) -> tuple[int | None, int | None, list[str]]:
     """memtrace's transient peak and torch reserve growth, at the moments vLLM measured them."""
     records = [r for r in trace.facts.get(F.VLLM_TRANSIENT_PEAKS) or [] if isinstance(r, dict) and "time_us" in r]
     resets = sorted(int(t) for t in trace.facts.get(F.PEAK_RESETS_US) or [])
-    notes: list[str] = []
     if not records or not resets or not len(trace.events):
         return None, None, ["no record_transient_peak or peak-reset times: transient terms not rebuilt"]
     alloc = torch_allocated_curve(trace, curves)
     profiled = (trace.facts.get(F.VLLM_PROFILE) or {}).get("peak_activation_memory_bytes")
     peak = int(profiled) if isinstance(profiled, int) else 0
-    growth = 0
-    for r in records:
-        t = int(r["time_us"])
-        before = [x for x in resets if x <= t]
-        if not before:
-            continue
-        start = before[-1]
-        peak = max(peak, window_max(alloc, start, t) - alloc.at(t))
+    for t in (int(r["time_us"]) for r in records):
+        start = max((x for x in resets if x <= t), default=None)  # the last reset before it
+        if start is not None:
+            peak = max(peak, window_max(alloc, start, t) - alloc.at(t))
     sizing_phase = next((p for p in trace.phases if p.name == PN.KV_CACHE_SIZING_WARMUP and p.end_us), None)
-    if sizing_phase is not None:
-        for reset in (x for x in resets if sizing_phase.start_us <= x <= sizing_phase.end_us):
-            close = next((int(r["time_us"]) for r in records if int(r["time_us"]) > reset), None)
-            if close is None:
-                continue
+    if sizing_phase is None:
+        return peak, 0, ["no kv_cache_sizing_warmup phase: torch reserve growth not rebuilt"]
+    growth = 0
+    for reset in (x for x in resets if sizing_phase.start_us <= x <= sizing_phase.end_us):
+        close = next((int(r["time_us"]) for r in records if int(r["time_us"]) > reset), None)
+        if close is not None:
             left = max(alloc.at(close) - alloc.at(reset), 0)
-            step = window_max(curves.reserved, reset, close) - curves.reserved.at(reset) - left
-            growth = max(growth, step)
-    else:
-        notes.append("no kv_cache_sizing_warmup phase: torch reserve growth not rebuilt")
-    return peak, growth, notes
+            growth = max(growth, window_max(curves.reserved, reset, close) - curves.reserved.at(reset) - left)
+    return peak, growth, []
 
 
 def _free_memory(trace: Trace, curves: Curves, t_us: int, total: int | None) -> tuple[int | None, str]:
@@ -187,9 +180,9 @@ def _free_memory(trace: Trace, curves: Curves, t_us: int, total: int | None) -> 
     PyTorch's cache just before it reads, and a sample taken before that release lags it (20 MiB on
     the H200).
     """
-    for r in trace.facts.get(F.PHASE_MEMORY) or []:
-        if r.get("phase") == PN.KV_CACHE_SIZING and r.get("edge") == "end" and isinstance(r.get("free_bytes"), int):
-            return int(r["free_bytes"]), "cudaMemGetInfo read by the plugin at the end of kv_cache_sizing"
+    r = phase_reading(trace, PN.KV_CACHE_SIZING, "end") or {}
+    if isinstance(r.get("free_bytes"), int):
+        return int(r["free_bytes"]), "cudaMemGetInfo read by the plugin at the end of kv_cache_sizing"
     if not total or not curves.has_device:
         return None, "not measured (no NVML samples)"
     held = curves.non_torch.at(t_us) + curves.reserved.at(t_us) + (curves.vmm.at(t_us) if len(curves.vmm) else 0)
@@ -197,12 +190,12 @@ def _free_memory(trace: Trace, curves: Curves, t_us: int, total: int | None) -> 
     return total - held - others, "CUDA total - non-PyTorch (NVML) - PyTorch reserved - VMM committed - others"
 
 
-def _terms(trace: Trace, curves: Curves, sizing: dict, t: int, total: int | None, vllm: dict) -> tuple[tuple, list]:
+def _terms(trace: Trace, curves: Curves, t: int, total: int | None, vllm: dict) -> tuple[tuple, list]:
     """Each input of the sizing as vLLM had it and as memtrace's curves give it at ``t``, and notes."""
     # memtrace's own figures at the moment vLLM read free memory
     free_mt, free_how = _free_memory(trace, curves, t, total)
     committed = curves.vmm.at(t) if len(curves.vmm) else None
-    peak, growth, notes = _transient_terms(trace, curves, sizing)
+    peak, growth, notes = _transient_terms(trace, curves)
     terms = (
         Term("init_free", vllm["init_free_memory"], None, "vLLM's init snapshot, taken before recording starts"),
         Term("free", vllm["free_memory"], free_mt, free_how),
@@ -222,7 +215,6 @@ def extensible_sizing(trace: Trace, curves: Curves | None = None) -> ExtensibleS
     if not isinstance(sizing, dict) or "num_blocks" not in sizing:
         return None
     curves = curves or all_curves(trace)
-    notes: list[str] = []
     t = _int(sizing, "free_read_us") or _int(sizing, "time_us") or 0
     strides = [int(s) for s in sizing.get("segment_strides") or []]
     granule = _int(sizing, "granularity_bytes") or 0
@@ -232,11 +224,9 @@ def extensible_sizing(trace: Trace, curves: Curves | None = None) -> ExtensibleS
     vllm = {k: _int(sizing, k + "_bytes") for k in ("init_free_memory", "free_memory", "committed", "requested_memory")}
     vllm["transient_peak"] = _int(sizing, "transient_peak_bytes")
     vllm["torch_reserve_growth"] = _int(sizing, "torch_reserve_growth_bytes")
-    terms, more = _terms(trace, curves, sizing, t, total, vllm)
-    notes += more
-    if any(v is None for k, v in vllm.items() if k != "init_free_memory") or vllm["init_free_memory"] is None:
-        notes.append("vLLM's sizing inputs are incomplete in this trace")
+    if None in vllm.values():  # vLLM's sizing inputs are incomplete in this trace
         return None
+    terms, notes = _terms(trace, curves, t, total, vllm)
     inputs = extensible_inputs(sizing)  # vLLM's own, as recorded
     available, _, _, margin = measure_kv_cache_bytes(requested=vllm["requested_memory"], **inputs)
     n_vllm = int(sizing["num_blocks"])
@@ -254,24 +244,9 @@ def extensible_sizing(trace: Trace, curves: Curves | None = None) -> ExtensibleS
     extend = next((p for p in trace.phases if p.name == PN.KV_CACHE_EXTEND and p.end_us), None)
     final = None
     if extend is not None and len(trace.vmm):
-        from memtrace.analysis.memory.curves import committed_curve
-
         final = committed_curve(trace, kv_cache_only=True).at(extend.end_us)
     elif extend is None:
         notes.append("no kv_cache_extend phase: the KV cache was not committed to its final size while recording")
-    return ExtensibleSizing(
-        time_us=t,
-        terms=terms,
-        margin_bytes=margin,
-        available_bytes=available,
-        num_blocks=n_vllm,
-        num_blocks_from_inputs=n_inputs,
-        available_memtrace_bytes=mt_available,
-        num_blocks_memtrace=mt_blocks,
-        bytes_per_block=per_block,
-        pages_bytes=pages,
-        committed_final_bytes=final,
-        kept_for_transients_bytes=max(vllm["transient_peak"], vllm["torch_reserve_growth"]),
-        torch_limit_bytes=_int(sizing, "torch_memory_limit_bytes"),
-        notes=notes,
-    )
+    kept = max(vllm["transient_peak"], vllm["torch_reserve_growth"])
+    return ExtensibleSizing(t, terms, margin, available, n_vllm, n_inputs, mt_available, mt_blocks, per_block, pages,
+                            final, kept, _int(sizing, "torch_memory_limit_bytes"), notes)  # fmt: skip

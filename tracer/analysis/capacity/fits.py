@@ -1,54 +1,33 @@
-"""The capacity what-if: would this start-up survive on a card of another size, and where would it die?
+"""The capacity model: would this start-up survive on a card of another size, and where would it die?
 
-Model (vLLM's own sizing, applied to a recorded start-up):
+vLLM's own sizing, applied to a recorded start-up:
 
-1. What does not depend on the card stays as recorded: weights, workspaces, the activations of
-   ``profile_run`` (sized by ``max_num_batched_tokens``), CUDA context and other non-PyTorch memory.
-   So the whole curve *before* the KV cache is allocated is the same on any card.
-2. vLLM sizes the KV cache as ``ceil(util × capacity) − non_kv`` where ``non_kv`` is what vLLM keeps
-   out of the KV cache: ``analysis.reconcile.non_kv``, the one figure ``report`` shows too. When the
-   size was given (``--kv-cache-memory-bytes``, a start-up plan) the KV cache has that size on any card.
-3. The run dies (OOM) in the first phase where the pre-KV curve goes over the *physical* capacity:
-   ``util`` cannot help there, it only bounds what is allocated after profiling. The curve compared
-   is what the start-up *needs*: the pinned segments (``analysis.pinned``: the caching allocator
-   releases free cached segments before it fails) plus non-PyTorch memory, as recorded (steady NVML
-   samples) or as given (``non_torch_bytes``: a different card has a different CUDA context). With
-   CUPTI records the assumed figure is split (``non_torch.breakdown`` at the moment it was taken):
-   what CUPTI saw allocated, what was present when recording began (the CUDA context), CUPTI's own
-   device memory (not there without CUPTI), what grew unseen.
-4. ``KV ≤ 0``: vLLM refuses to start ("No available memory for the cache blocks"); so it does
-   when the KV cache cannot hold one request of ``max_model_len`` tokens (bytes per token as
-   recorded).
-   Before all that, vLLM itself (not a plain PyTorch program) refuses at ``init_device`` when the
-   free memory then (capacity − memory in use at the end of init_device) is below util × capacity
-   (not with vLLM 0.34's extensible KV cache, whose start-up passes with less free).
-5. After the KV cache exists, the recorded curve moves by the change in KV bytes
-   (``shift = KV(capacity) − KV(recorded)``); the run dies in the first phase (warm-up, CUDA-graph
-   capture) where the shifted curve goes over the physical capacity.
+1. What does not depend on the card stays as recorded (weights, workspaces, ``profile_run``'s activations, the
+   CUDA context and other non-PyTorch memory): the curve *before* the KV cache is the same on any card. The curve
+   is what the start-up *needs* (:func:`.whatif.need_curve`: pinned segments plus non-PyTorch memory, as recorded
+   or as given by ``--non-torch``; with CUPTI records the assumed figure is split by ``non_torch.breakdown``).
+2. vLLM sizes the KV cache as ``ceil(util x capacity) - non_kv`` (``reconcile.non_kv``, the figure ``report``
+   shows); a size given to vLLM (``--kv-cache-memory-bytes``, a start-up plan) is the same on any card.
+3. It dies (OOM) in the first phase where the pre-KV curve goes over the physical card (``util`` cannot help).
+   Before that, vLLM refuses at ``init_device`` when the free memory then is below ``util x capacity`` (not
+   with 0.34's extensible KV cache).
+4. It refuses ("No available memory for the cache blocks") when ``KV <= 0`` or it cannot hold one request of
+   ``max_model_len`` tokens.
+5. After the KV cache exists the recorded curve moves by ``KV(capacity) - KV(recorded)``; it dies in the first
+   phase where that goes over the card.
 
-A recording that ended in an OOM (``analysis.oom.find_oom``) covers the start-up only up to that
-failed request; nothing after it is known. So, for such a recording:
+A recording that ended in an OOM covers the start-up only up to that failed request: a death found before it is
+answered as usual; else the failed request is added at its moment, and the answer is DIED (it dies where the
+recording died) when that goes over the card or the card has no more room there than the recorded one had (so the
+recorded card always answers DIED), NO_KV when vLLM's KV sizing already refuses on the part recorded, else UNKNOWN
+("beyond the recording"). A vLLM recording that ended before the KV cache was sized answers UNKNOWN past it too
+(``analysis.boot`` then asks the what-if model); a program that is not vLLM fits when its whole curve does.
 
-- the curve is read only up to the OOM; a death the model finds before it (steps 3-5) is answered
-  as usual (OOM, NO_KV, REFUSED);
-- else, at the OOM moment, the failed request is added to what the start-up needs there (shifted as
-  in 5 when the KV cache existed). When that goes over the asked card, or when the asked card has no
-  more room at that moment than the recorded one had (before the KV cache: capacity ≤ the recorded
-  card's; after it: capacity − ceil(util × capacity) ≤ the recorded card's capacity − target, the
-  room vLLM leaves beside the KV cache), the answer is DIED: it dies where the recording died, with
-  the recorded phase, request and free memory. So the recorded card itself always answers DIED;
-- else, when vLLM's own KV sizing already refuses on the asked card (``ceil(util x capacity) <= non_kv``,
-  vLLM's formula on the part recorded: the profiling peak only grows past the OOM, and the weights are in it),
-  the answer is NO_KV: vLLM refuses at KV sizing whatever the unrecorded rest of profiling needed;
-- else the answer is UNKNOWN ("beyond the recording"): that request would fit on the asked card, but
-  what the start-up needed after it was never recorded. A recording that ended in an OOM never
-  answers FITS, and ``boot.Boot.smallest`` finds no card for it.
-
-A vLLM recording that ended (without an OOM) before the KV cache was sized answers UNKNOWN past the
-part it covers, too (``analysis.boot``, which owns ``fits``' answer, then asks the what-if model). A program that is not vLLM and sizes no KV cache fits when its whole recorded
-curve does (steps 3 and 5 do not apply).
-
-Pure functions over a Trace; figures are bytes.
+vLLM 0.34's extensible KV cache (:func:`fit_extensible`): before the cache is extended the start-up needs the curve
+plus the null block(s) committed in ``kv_cache_init``; the address range is sized as in 2 (refused as in 4); the
+size is vLLM's post-warm-up formula (:func:`.extensible.sized`) on its recorded inputs moved to this card (free
+memory less the bytes the card lacks, ``requested = ceil(util x capacity)``), refused when the blocks less the null
+block cannot hold one request. Pure functions over a Trace; figures are bytes.
 """
 
 from __future__ import annotations
@@ -61,30 +40,18 @@ from typing import Any
 import numpy as np
 from memtrace import facts as F
 from memtrace import vllm_phase_names as PN
-from memtrace.analysis.analysed.landmarks import Landmarks, landmarks, steady_non_torch_at
+from memtrace.analysis.analysed.landmarks import Landmarks, steady_non_torch_at
+from memtrace.analysis.capacity import whatif as W
+from memtrace.analysis.capacity.extensible import ExtensibleSizing, extensible_inputs, sized
 from memtrace.analysis.capacity.reconcile import KV_GIVEN, MEMTRACE, profiled_kv_bytes
-from memtrace.analysis.capacity.reconcile import non_kv as non_kv_model
-from memtrace.analysis.capacity.whatif import (
-    BOOTS,
-    DIES,
-    MIN_CAPACITY,
-    REFUSES,
-    SEARCH_STEP,  # noqa: F401 (fits' figure, re-exported)
-    extensible_kv_cache,
-    need_curve,
-    recorded_one_request,
-    recorded_others,
-    recorded_util,
-)
-from memtrace.analysis.capacity.whatif import UNKNOWN as STOPS
 from memtrace.analysis.memory import non_torch
-from memtrace.analysis.memory.curves import Curve, Curves, all_curves
-from memtrace.analysis.memory.oom import Oom, find_oom
-from memtrace.analysis.memory.phases import path_at, recording_span
-from memtrace.analysis.memory.quantities import window_peak
-from memtrace.analysis.memory.target import resolve_target
+from memtrace.analysis.memory.curves import Curve, committed_curve
+from memtrace.analysis.memory.oom import Oom
+from memtrace.analysis.memory.phases import path_at
+from memtrace.analysis.memory.quantities import first_max, window_peak
 from memtrace.errors import UsageError
 from memtrace.model import Trace
+from memtrace.units import format_gib
 
 FITS = "fits"
 OOM = "oom"
@@ -92,9 +59,11 @@ NO_KV = "no-kv-memory"
 UNKNOWN = "unknown"  # the recording ends (the run died) before the part that decides
 REFUSED = "refused-at-init"  # vLLM: free memory at init_device is less than util × capacity
 DIED = "died"  # the recording died of OOM, and this card has no more room there: it dies there too
-OUTCOMES = (FITS, OOM, NO_KV, REFUSED, DIED, UNKNOWN)
 #: The one verdict every output gives (``whatif``'s words): each outcome's, the outcome saying why.
-VERDICT = {FITS: BOOTS, OOM: DIES, DIED: DIES, NO_KV: REFUSES, REFUSED: REFUSES, UNKNOWN: STOPS}
+VERDICT = {FITS: W.BOOTS, OOM: W.DIES, DIED: W.DIES, NO_KV: W.REFUSES, REFUSED: W.REFUSES, UNKNOWN: W.UNKNOWN}
+#: The smallest card ``fits`` accepts (no GPU vLLM runs on has less), and the precision of the smallest-card search
+#: (``boot.smallest_card``; a smallest card within it of MIN_CAPACITY is the floor).
+MIN_CAPACITY, SEARCH_STEP = 1 << 30, 64 << 20
 NO_KV_CACHE = "no KV cache"  # the stage of a program that sizes none (not vLLM): its whole curve fits
 
 
@@ -136,7 +105,7 @@ class Fit:
     non_torch_grew_unseen_bytes: int | None = None
     non_torch_cupti_own_bytes: int | None = None  # of the unexplained rest: CUPTI's own device memory
     #: how vLLM sizes the KV cache on this card: "profiling" (``util x capacity - non_kv``) or "extensible"
-    #: (vLLM 0.34's default: measured after warm-up, ``analysis.fits_extensible``)
+    #: (vLLM 0.34's default: measured after warm-up, :func:`fit_extensible`)
     kv_sizing: str = F.KV_SIZED_BY_PROFILING
     kv_blocks: int | None = None  # extensible: the blocks vLLM would commit, and their tokens
     kv_tokens: int | None = None
@@ -179,8 +148,6 @@ def check_non_torch(non_torch_bytes: int | None, capacities: list[int]) -> int |
     it fills one (a CUDA context, NCCL and libraries never take the whole card)."""
     if non_torch_bytes is None:
         return None
-    from memtrace.units import format_gib
-
     full = [c for c in capacities if non_torch_bytes >= c]
     if full:
         raise UsageError(
@@ -190,7 +157,7 @@ def check_non_torch(non_torch_bytes: int | None, capacities: list[int]) -> int |
     return non_torch_bytes
 
 
-def _first_crossing(trace: Trace, curve: Curve, start_us: int, end_us: int, limit: int, shift: int = 0) -> int | None:
+def _first_crossing(curve: Curve, start_us: int, end_us: int, limit: int, shift: int = 0) -> int | None:
     """First time in [start_us, end_us] where curve + shift > limit; None when it never does."""
     if len(curve) == 0:
         return None
@@ -204,45 +171,30 @@ def _first_crossing(trace: Trace, curve: Curve, start_us: int, end_us: int, limi
 
 def _recorded_kv(lm: Landmarks) -> int | None:
     """The KV bytes the recorded run sized for (vLLM's figure), else the bytes it allocated."""
-    if lm.vllm_available_kv_bytes is not None:
-        return lm.vllm_available_kv_bytes
-    return lm.kv_cache_bytes
+    return lm.vllm_available_kv_bytes if lm.vllm_available_kv_bytes is not None else lm.kv_cache_bytes
 
 
 @dataclass(frozen=True)
 class Recorded:
-    """What every capacity's prediction shares: the curves, landmarks, what the start-up needs, the
-    non-KV figure, the recorded OOM and card, and the non-PyTorch memory assumed."""
+    """What every capacity's prediction shares: the analysed rank (its curves, landmarks, OOM, span and recorded
+    card), what the start-up needs, the non-KV figure and the non-PyTorch memory assumed."""
 
-    curves: Curves
-    lm: Landmarks
+    rank: Any  # analysed.rank.AnalysedRank
     need: Curve
     non_kv_bytes: int
     non_kv_source: str
-    oom: Oom | None
-    capacity_bytes: int | None
-    target_bytes: int | None
     non_torch_bytes: int | None
     non_torch_source: str
     #: ``Fit``'s ``non_torch_*`` split fields by name (empty: nothing to split)
     non_torch_split: dict[str, int | None] = dataclasses.field(default_factory=dict)
-    span: tuple[int, int] = (0, 0)  # the recording's first and last microsecond (``phases.recording_span``)
     others_bytes: int = 0  # the most other processes held on the recorded card (``whatif.recorded_others``)
+    extensible: Prepared | None = None  # vLLM 0.34 sized the KV cache after warm-up (:func:`prepare`)
 
 
-def recorded(trace: Trace, non_torch_bytes: int | None = None, *, curves: Curves | None = None, rank=None) -> Recorded:
-    """Compute once what :func:`fit` needs for any capacity (``rank``: the trace's ``AnalysedRank``, whose
-    curves, landmarks, non-KV model, OOM and recorded target are taken as they are)."""
-    if rank is not None:
-        curves, lm, nk, oom, target = rank.curves, rank.landmarks, rank.non_kv, rank.oom, rank.recorded_target
-        span = rank.span
-    else:
-        span = recording_span(trace)
-        curves = curves or all_curves(trace)
-        lm = landmarks(trace, curves)
-        nk = non_kv_model(trace, curves)
-        oom = find_oom(trace)
-        target = resolve_target(trace)
+def recorded(rank, non_torch_bytes: int | None = None) -> Recorded:
+    """Compute once what :func:`fit` needs for any capacity from what the analysed ``rank`` holds (its curves,
+    landmarks, non-KV model, OOM and recorded target); ``non_torch_bytes``: ``--non-torch``."""
+    trace, curves, lm, nk, oom, span = rank.trace, rank.curves, rank.landmarks, rank.non_kv, rank.oom, rank.span
     nt_at = None
     if non_torch_bytes is not None:
         nt, nt_source = int(non_torch_bytes), NT_ARGUMENT
@@ -257,51 +209,29 @@ def recorded(trace: Trace, non_torch_bytes: int | None = None, *, curves: Curves
     b = non_torch.breakdown(trace, nt_at, "assumed", curves=curves) if nt_at is not None else None
     if b is not None and b.nvml_non_torch_bytes == nt:  # the same figure, split by CUPTI's records
         split = {
-            "non_torch_cupti_bytes": b.cupti_bytes,
-            "non_torch_at_start_bytes": b.at_start_bytes,
-            "non_torch_grew_unseen_bytes": b.grew_unseen_bytes,
-            "non_torch_cupti_own_bytes": b.cupti_own_bytes,
+            f"non_torch_{k}_bytes": getattr(b, f"{k}_bytes") for k in ("cupti", "at_start", "grew_unseen", "cupti_own")
         }
-    return Recorded(
-        curves=curves,
-        lm=lm,
-        need=need_curve(trace, curves, lm, non_torch_bytes, rank.lifetimes if rank is not None else None),
-        non_kv_bytes=nk.bytes if nk is not None else 0,
-        non_kv_source=nk.source if nk is not None else "",
-        oom=oom,
-        capacity_bytes=target.capacity_bytes,
-        target_bytes=target.target_bytes,
-        non_torch_bytes=nt,
-        non_torch_source=nt_source,
-        non_torch_split=split,
-        span=span,
-        others_bytes=recorded_others(trace),
-    )
+    need = W.need_curve(trace, curves, lm, non_torch_bytes, rank.lifetimes)
+    rec = Recorded(rank, need, nk.bytes if nk is not None else 0, nk.source if nk is not None else "", nt, nt_source,
+                   split, W.recorded_others(trace))  # fmt: skip
+    return dataclasses.replace(rec, extensible=prepare(rank, rec))
 
 
-def fit(
-    trace: Trace,
-    capacity_bytes: int,
-    util: float | None = None,
-    *,
-    non_torch_bytes: int | None = None,
-    rec: Recorded | None = None,
-) -> Fit:
+def fit(trace: Trace, capacity_bytes: int, util: float | None = None, *, rec: Recorded) -> Fit:
     """Predict whether the start-up recorded in ``trace`` survives on a card of ``capacity_bytes``.
 
     Args:
         trace: a recorded start-up (any card size; a larger card shows more of the curve).
         capacity_bytes: physical memory of the card asked about.
         util: --gpu-memory-utilization on that card; default: the recorded one (``whatif.recorded_util``).
-        non_torch_bytes: non-PyTorch memory on that card (CUDA context, NCCL, libraries), held
-            constant; default: as recorded (NVML).
-        rec: :func:`recorded` for this trace and ``non_torch_bytes``, to share work between capacities.
+        rec: :func:`recorded` for this trace (and ``--non-torch``), shared between capacities.
     """
-    rec = rec or recorded(trace, non_torch_bytes)
-    lm, need, oom = rec.lm, rec.need, rec.oom
+    if rec.extensible is not None:
+        return fit_extensible(trace, capacity_bytes, util, rec)
+    lm, need, oom = rec.rank.landmarks, rec.need, rec.rank.oom
     if util is None:
-        util = recorded_util(trace)
-    first_us, last_us = rec.span
+        util = W.recorded_util(trace)
+    first_us, last_us = rec.rank.span
     end_us = min(oom.time_us, last_us) if oom is not None else last_us  # nothing is known after an OOM
     target = math.ceil(capacity_bytes * util)
     kv_new = profiled_kv_bytes(util, capacity_bytes, rec.non_kv_bytes)
@@ -315,18 +245,18 @@ def fit(
         kv = 0 if outcome in (NO_KV, REFUSED) or stage == "pre-KV" else kv_new  # never sized: no KV cache
         return Fit(capacity_bytes, util, target, rec.non_kv_bytes, kv, pre_peak, path_at(trace, pre_t), post,
                    post_phase, outcome, phase, overshoot, headroom, stage, rec.non_torch_bytes, rec.non_torch_source,
-                   rec.non_kv_source, oom, rec.capacity_bytes, **rec.non_torch_split,
+                   rec.non_kv_source, oom, rec.rank.recorded_target.capacity_bytes, **rec.non_torch_split,
                    others_left_out_bytes=rec.others_bytes)  # fmt: skip
 
     # vLLM's request_memory check in init_device (not with 0.34's extensible KV cache: util 1.0 of the card is never
     # free at start-up, and the H200's start-ups passed it beside a 127 GiB neighbour)
-    init_end = _init_device_end(trace)
-    if init_end is not None and init_end <= end_us and F.is_vllm(trace.facts) and not extensible_kv_cache(trace):
+    init_end = min((p.end_us for p in trace.phases if p.name == PN.INIT_DEVICE and p.end_us is not None), default=None)
+    if init_end is not None and init_end <= end_us and F.is_vllm(trace.facts) and not W.extensible_kv_cache(trace):
         free_at_init = capacity_bytes - need.at(init_end)
         if free_at_init < target:
             return result(REFUSED, PN.INIT_DEVICE, target - free_at_init, "init")
     # 3. pre-KV: the card-independent part must fit physically
-    t = _first_crossing(trace, need, first_us, pre_end, capacity_bytes)
+    t = _first_crossing(need, first_us, pre_end, capacity_bytes)
     if t is not None:
         return result(OOM, path_at(trace, t), pre_peak - capacity_bytes, "pre-KV")  # "": outside any phase
     if oom is not None and (lm.kv_end_us is None or oom.time_us < lm.kv_end_us):  # died before the KV cache
@@ -340,7 +270,7 @@ def fit(
     if kv_new <= 0:
         return result(NO_KV, "KV sizing (after determine_available_memory)", -kv_new, "KV sizing")
     kv_rec = _recorded_kv(lm)
-    one_request = recorded_one_request(trace.facts, kv_rec)
+    one_request = W.recorded_one_request(trace.facts, kv_rec)
     if one_request is not None and kv_new < one_request:  # vLLM: "To serve at least one request..."
         return result(NO_KV, "KV sizing (one max_model_len request does not fit)", one_request - kv_new, "KV sizing")
     if lm.kv_end_us is None or kv_rec is None:  # the recording ends before the KV cache was allocated
@@ -352,38 +282,114 @@ def fit(
 
 def _post_kv(trace: Trace, rec: Recorded, capacity: int, target: int, shift: int, end_us: int, pre_peak: int, result):
     """Step 5: the recorded curve after the KV cache, moved by ``shift`` (the change in KV bytes)."""
-    lm, need = rec.lm, rec.need
+    lm, need = rec.rank.landmarks, rec.need
     post_raw, post_t = window_peak(need, lm.kv_end_us, end_us)
     post_bytes, post_phase = post_raw + shift, path_at(trace, post_t)
-    t = _first_crossing(trace, need, lm.kv_start_us or lm.kv_end_us, end_us, capacity, shift)
+    t = _first_crossing(need, lm.kv_start_us or lm.kv_end_us, end_us, capacity, shift)
     if t is not None:
         over = post_bytes - capacity
         return result(OOM, path_at(trace, t) or "after the KV cache", over, "post-KV", post_bytes, post_phase)
-    if rec.oom is not None:
+    if rec.rank.oom is not None:
         return _at_oom(rec, capacity, target, shift, result, post_bytes, post_phase)
     return result(FITS, "", 0, "", post_bytes, post_phase, capacity - max(pre_peak, post_bytes))
 
 
 def _at_oom(rec: Recorded, capacity: int, target: int, shift: int, result, post=None, post_phase="") -> Fit:
     """DIED or UNKNOWN at the recorded OOM (see the module docstring)."""
-    oom = rec.oom
+    oom, lm, card, curves = rec.rank.oom, rec.rank.landmarks, rec.rank.recorded_target, rec.rank.curves
     needed = rec.need.at(oom.time_us) + shift + oom.requested_bytes
     # the room the recording had: its card less what other processes held then (the asked card holds this
     # process alone)
-    others = rec.curves.others.at(oom.time_us) if len(rec.curves.others) else 0
-    if shift == 0 and (rec.lm.kv_end_us is None or oom.time_us < rec.lm.kv_end_us):
-        no_roomier = rec.capacity_bytes is not None and capacity <= rec.capacity_bytes - others
+    others = curves.others.at(oom.time_us) if len(curves.others) else 0
+    if shift == 0 and (lm.kv_end_us is None or oom.time_us < lm.kv_end_us):
+        no_roomier = card.capacity_bytes is not None and capacity <= card.capacity_bytes - others
     else:
         no_roomier = (
-            rec.capacity_bytes is not None
-            and rec.target_bytes is not None
-            and capacity - target <= rec.capacity_bytes - others - rec.target_bytes
+            card.capacity_bytes is not None
+            and card.target_bytes is not None
+            and capacity - target <= card.capacity_bytes - others - card.target_bytes
         )
     if needed > capacity or no_roomier:
         return result(DIED, oom.phase_path, max(needed - capacity, 0), "recorded OOM", post, post_phase)
     return result(UNKNOWN, oom.phase_path, 0, "beyond the recording", post, post_phase, capacity - needed)
 
 
-def _init_device_end(trace: Trace) -> int | None:
-    ends = [p.end_us for p in trace.phases if p.name == PN.INIT_DEVICE and p.end_us is not None]
-    return min(ends) if ends else None
+# ---------------------------------------------------------------------------------------------------------
+# vLLM 0.34's extensible KV cache (see the module docstring)
+
+
+@dataclass(frozen=True)
+class Prepared:
+    """What :func:`fit_extensible` needs on any card, computed once (step 1's need, step 2's non-KV figure)."""
+
+    sizing: ExtensibleSizing
+    recorded_total: int
+    time_us: np.ndarray  # the need before the KV cache is extended: its times and bytes (the null blocks in)
+    need: np.ndarray
+    peak_bytes: int
+    peak_phase: str
+    extended: bool
+    non_kv_bytes: int | None
+    one_request: int | None
+
+
+def prepare(rank, rec: Recorded) -> Prepared | None:
+    """The card-independent part of :func:`fit_extensible` from what the analysed ``rank`` and ``rec`` already hold:
+    the sizing, what the start-up needs, the non-KV figure; None for a trace whose KV cache was not sized after
+    warm-up."""
+    trace, sizing = rank.trace, rank.extensible
+    if trace.facts.get(F.VLLM_KV_SIZE_SOURCE) != F.KV_SIZED_EXTENSIBLE or sizing is None:
+        return None
+    total = sizing.term("free").vllm_bytes and (
+        (trace.facts.get(F.VLLM_KV_SIZING) or {}).get("total_memory_bytes") or trace.process.device_total_bytes
+    )
+    if not total:
+        return None
+    extend = next((p for p in trace.phases if p.name == PN.KV_CACHE_EXTEND), None)
+    init = next((p for p in trace.phases if p.name == PN.KV_CACHE_INIT and p.end_us), None)
+    end = extend.start_us if extend is not None else sizing.time_us
+    floor = committed_curve(trace, kv_cache_only=True).at(init.end_us) if init is not None else 0
+    window = rec.need.window(rec.need.time_us[0] if len(rec.need) else 0, end)
+    need_b = window.bytes + (window.time_us >= (init.end_us if init is not None else end)) * floor
+    i = max(first_max(need_b), 0)
+    peak, peak_t = (int(need_b[i]), int(window.time_us[i])) if len(need_b) else (0, end)
+    return Prepared(sizing, int(total), window.time_us, need_b.astype(np.int64), peak, path_at(trace, peak_t),
+                    extend is not None, rec.non_kv_bytes if rec.non_kv_source else None,
+                    W.recorded_one_request(trace.facts))  # fmt: skip
+
+
+def fit_extensible(trace: Trace, capacity_bytes: int, util: float | None, rec: Recorded, others_bytes: int = 0) -> Fit:
+    """The prediction on a card of ``capacity_bytes`` (CUDA's total) of which other processes hold ``others_bytes``,
+    for a start-up whose KV cache vLLM sized after warm-up (``rec.extensible``)."""
+    prep, facts = rec.extensible, trace.facts
+    util = W.recorded_util(trace) if util is None else util
+    requested, pre = math.ceil(capacity_bytes * util), prep.peak_bytes + others_bytes
+
+    def result(outcome, phase="", over=0, stage="KV sizing", blocks=None, kv=0):
+        tpb = F.kv_tokens_per_block(facts)
+        return Fit(capacity_bytes, util, requested, rec.non_kv_bytes, kv, pre, prep.peak_phase, None, "", outcome,
+                   phase, max(over, 0), capacity_bytes - pre if outcome == FITS else 0, stage, rec.non_torch_bytes,
+                   rec.non_torch_source, rec.non_kv_source, None, rec.rank.recorded_target.capacity_bytes, **rec.non_torch_split,
+                   kv_sizing=F.KV_SIZED_EXTENSIBLE, kv_blocks=blocks, kv_tokens=blocks * tpb if blocks and tpb else None,
+                   others_left_out_bytes=rec.others_bytes)  # fmt: skip
+
+    # 1. before the KV cache is extended
+    over = np.flatnonzero(prep.need + others_bytes > capacity_bytes)
+    if len(over):
+        return result(OOM, path_at(trace, int(prep.time_us[over[0]])), pre - capacity_bytes, "pre-KV")
+    # 2. the address range
+    one = prep.one_request
+    rng = profiled_kv_bytes(util, capacity_bytes, prep.non_kv_bytes) if prep.non_kv_bytes is not None else None
+    if rng is not None and (rng <= 0 or (one is not None and rng < one)):
+        return result(NO_KV, PN.KV_CACHE_INIT, -rng)
+    # 3. the size, by vLLM's formula on this card: the bytes this card has less of, free (the recorded card's other
+    # processes are not on it, unless given back as ``others_bytes``)
+    lacks = prep.recorded_total - rec.others_bytes - capacity_bytes + others_bytes
+    s = facts.get(F.VLLM_KV_SIZING) or {}
+    strides, granule = [int(x) for x in s.get("segment_strides") or []], int(s.get("granularity_bytes") or 0)
+    bpb = prep.sizing.bytes_per_block
+    most = rng // bpb if rng is not None else int(s.get("capacity_blocks") or 0)
+    _, blocks, kv = sized(extensible_inputs(s, lacks), requested, strides, granule, most)
+    if blocks <= 1 or (one is not None and (blocks - 1) * bpb < one):  # the null block holds no request
+        return result(NO_KV, path_at(trace, prep.sizing.time_us))
+    return result(FITS if prep.extended else UNKNOWN, stage="", blocks=blocks, kv=kv)

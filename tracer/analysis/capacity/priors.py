@@ -3,12 +3,10 @@
 A start-up is a few **components**, each a number of bytes (:data:`COMPONENTS`): the CUDA context, the weights,
 the dummy forward pass's activations and workspaces, the sampler's logits, what the profiling leaves held, the
 warm-up's transient, the CUDA graphs' pool, and vLLM 0.34's own sizing inputs (its transient peak and the
-allocator's reserve growth), a cold compile's autotuning example. A recorded start-up measures each
-(:func:`.observe.observe`). Each component is the product of a **feature** of the model and flags (e.g.
-max-num-batched-tokens x :func:`act_width` x 2 B: one token's activations) and a coefficient; :func:`fit` takes the median coefficient over a library of real start-ups of
-several architectures, and says its spread: the largest relative error of that median on any start-up of the
-library, the coefficient refitted without that start-up's architecture (leave one architecture out). The shipped
-library (``priors-vllm-0.34.json`` beside this module) is refitted by ``tests/bench/fit_priors.py``.
+allocator's reserve growth), a cold compile's autotuning example. Each component is the product of a **feature**
+of the model and flags (e.g. max-num-batched-tokens x :func:`act_width` x 2 B) and a coefficient: the median over a
+library of real start-ups of several architectures, with its spread (the largest leave-one-architecture-out
+relative error). The shipped library (``priors-vllm-0.34.json``) is refitted by ``tests/bench/fit_priors.py``.
 
 :class:`Carried` puts a start-up together from components, each a :class:`Figure` that says where it comes from
 (recorded, scaled from the recording, or the prior with its spread), and sizes the KV cache with vLLM's own
@@ -20,8 +18,7 @@ from __future__ import annotations
 import functools
 import json
 import math
-import statistics
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from memtrace import facts as F
@@ -32,7 +29,7 @@ from memtrace.analysis.capacity.shape import ModelShape
 from memtrace.errors import UsageError
 
 RECORDED, SCALED, PRIOR = "recorded", "scaled", "prior"
-#: the format of a priors file (``Library.to_json``)
+#: the format of a priors file (:func:`load_library` reads it)
 FORMAT = 1
 LIBRARY_FILE = Path(__file__).with_name("priors-vllm-0.34.json")
 
@@ -62,20 +59,8 @@ COMPONENTS = {
                      "1 (a constant)"),
 }  # fmt: skip
 #: components fitted per feature (the rest: recorded or computed, never a prior)
-FITTED = (
-    ACTIVATIONS,
-    SAMPLER,
-    SAMPLER_RUN,
-    COMPILE,
-    KEPT,
-    WARMUP,
-    GRAPH_POOL,
-    TRANSIENT,
-    RESERVE_GROWTH,
-    SLACK,
-    PROFILED_SLACK,
-    CONTEXT,
-)
+FITTED = (*(k for k in COMPONENTS if k not in (CONTEXT, WEIGHTS, TRANSIENT, RESERVE_GROWTH)), CONTEXT, TRANSIENT,
+          RESERVE_GROWTH)  # fmt: skip
 
 
 def model_shape(shape) -> ModelShape:
@@ -152,45 +137,28 @@ class Library:
     priors: dict[str, Prior]
     observed: list[Observed] = field(default_factory=list)
 
-    def without(self, architecture: str) -> Library:
-        """The library refitted without ``architecture``'s start-ups (leave one architecture out)."""
-        return fit([o for o in self.observed if o.architecture != architecture], self.vllm)
-
     @property
     def architectures(self) -> list[str]:
         return sorted({o.architecture for o in self.observed})
 
-    def to_json(self) -> str:
-        doc = {"format": FORMAT, "vllm": self.vllm, "priors": {k: asdict(p) for k, p in self.priors.items()},
-               "observed": [asdict(o) for o in self.observed]}  # fmt: skip
-        return json.dumps(doc, indent=1, sort_keys=True) + "\n"
-
-    @classmethod
-    def from_json(cls, text: str, where: str = "priors") -> Library:
-        try:
-            doc = json.loads(text)
-        except ValueError as e:
-            raise UsageError(f"{where}: not a priors file ({e})") from None
-        if not isinstance(doc, dict) or doc.get("format") != FORMAT:
-            raise UsageError(f"{where}: priors format {doc.get('format') if isinstance(doc, dict) else '?'}, "
-                             f"this memtrace reads {FORMAT}: refit with tests/bench/fit_priors.py")  # fmt: skip
-        priors = {k: Prior(**p) for k, p in doc["priors"].items()}
-        return cls(doc["vllm"], priors, [Observed(**o) for o in doc.get("observed", [])])
-
-
-def load_library(path: Path | str | None = None) -> Library:
-    """The shipped priors (or ``path``'s), read once per process and path (every what-if of ``--suggest`` asks)."""
-    return _load(str(path) if path is not None else str(LIBRARY_FILE))
-
 
 @functools.lru_cache(maxsize=4)
-def _load(path: str) -> Library:
-    p = Path(path)
+def load_library(path: Path | str | None = None) -> Library:
+    """The shipped priors (or ``path``'s), read once per process and path (every what-if of ``--suggest`` asks)."""
+    p = Path(path) if path is not None else LIBRARY_FILE
     try:
         text = p.read_text()
     except OSError as e:
         raise UsageError(f"cannot read the priors {p}: {e.strerror}") from None
-    return Library.from_json(text, str(p))
+    try:
+        doc = json.loads(text)
+    except ValueError as e:
+        raise UsageError(f"{p}: not a priors file ({e})") from None
+    if not isinstance(doc, dict) or doc.get("format") != FORMAT:
+        raise UsageError(f"{p}: priors format {doc.get('format') if isinstance(doc, dict) else '?'}, "
+                         f"this memtrace reads {FORMAT}: refit with tests/bench/fit_priors.py")  # fmt: skip
+    priors = {k: Prior(**x) for k, x in doc["priors"].items()}
+    return Library(doc["vllm"], priors, [Observed(**o) for o in doc.get("observed", [])])
 
 
 def read_config(path: str) -> dict:
@@ -213,32 +181,6 @@ def read_config(path: str) -> dict:
     dtype = text.get("torch_dtype") or text.get("dtype") or doc.get("torch_dtype") or doc.get("dtype")
     return {**text, "architectures": doc.get("architectures") or text.get("architectures"), "torch_dtype": dtype,
             "source": f"config {path}"}  # fmt: skip
-
-
-def _coefficient(obs: list[Observed], k: str) -> float | None:
-    ratios = [o.values[k] / o.features[k] for o in obs if k in o.values and o.features.get(k)]
-    return float(statistics.median(ratios)) if ratios else None
-
-
-def fit(observed: list[Observed], vllm: str) -> Library:
-    """Each component's median coefficient over ``observed`` and its leave-one-architecture-out spread (None where
-    no start-up's error could be measured without its architecture: one architecture has the component)."""
-    priors = {}
-    for k in FITTED:
-        c = _coefficient(observed, k)
-        if c is None:
-            continue
-        errors = []
-        for o in observed:
-            if k not in o.values or not o.features.get(k):
-                continue
-            c_out = _coefficient([x for x in observed if x.architecture != o.architecture], k)
-            if c_out is not None:
-                errors.append(abs(c_out * o.features[k] - o.values[k]) / max(abs(o.values[k]), SPREAD_FLOOR))
-        archs = sorted({o.architecture for o in observed if k in o.values and o.features.get(k)})
-        n = sum(1 for o in observed if k in o.values and o.features.get(k))
-        priors[k] = Prior(k, c, round(max(errors), 4) if errors else None, n, archs)
-    return Library(vllm, priors, list(observed))
 
 
 def _spread_bytes(b: int, p: Prior) -> int | None:
@@ -274,23 +216,16 @@ class Carried:
         self.figures: dict[str, Figure] = dict(given)
         self.missing: list[str] = []
         feats = features(shape, flags)
-        for k in FITTED:
-            if k in (TRANSIENT, RESERVE_GROWTH):  # features of the others: after them
-                continue
-            if k in self.figures:
-                continue
+        for k in FITTED:  # vLLM's transient and reserve growth last: features of the others
+            if k == TRANSIENT:
+                feats = features(shape, flags, {x: f.bytes for x, f in self.figures.items()})
             p = library.priors.get(k)
-            if p is None:
+            if k not in self.figures and p is None and k not in (TRANSIENT, RESERVE_GROWTH):
                 self.missing.append(k)
+            if k in self.figures or p is None:
                 continue
             b = max(p.bytes_for(feats[k]), 0) if k not in (SLACK, PROFILED_SLACK) else p.bytes_for(feats[k])
             self.figures[k] = Figure(k, b, PRIOR, _spread_bytes(b, p))
-        feats = features(shape, flags, {k: f.bytes for k, f in self.figures.items()})
-        for k in (TRANSIENT, RESERVE_GROWTH):
-            p = library.priors.get(k)
-            if k not in self.figures and p is not None:
-                b = max(p.bytes_for(feats[k]), 0)
-                self.figures[k] = Figure(k, b, PRIOR, _spread_bytes(b, p))
         if WEIGHTS not in self.figures:
             self.missing.append(WEIGHTS)
 
@@ -330,13 +265,10 @@ class Carried:
             order = (PRIOR, SCALED, RECORDED)
             return next((s for s in order if any(src.get(k) == s for k in ks)), RECORDED)
 
+        profile = f"{PN.DETERMINE_AVAILABLE_MEMORY}/{PN.PROFILE_RUN}"
         return [
             (PN.LOAD_MODEL, self.base, worst(CONTEXT, WEIGHTS, SAMPLER)),
-            (
-                f"{PN.DETERMINE_AVAILABLE_MEMORY}/{PN.PROFILE_RUN}",
-                self.profile_peak,
-                worst(ACTIVATIONS, KEPT, SAMPLER_RUN, COMPILE),
-            ),
+            (profile, self.profile_peak, worst(ACTIVATIONS, KEPT, SAMPLER_RUN, COMPILE)),
             (PN.COMPILE_OR_WARM_UP, self.warmup_peak, worst(KEPT, WARMUP)),
             (f"{PN.COMPILE_OR_WARM_UP}/{PN.CAPTURE_MODEL}", self.after_warmup, worst(GRAPH_POOL)),
         ]

@@ -1,47 +1,21 @@
 """vLLM's non-KV memory, the one model: memtrace's reconstruction of vLLM's KV-cache sizing (pure).
 
-**Authoritative.** :func:`reconcile_kv` (vLLM's own formula on memtrace's curves) is THE figure of
-vLLM's non-KV memory; :func:`non_kv` wraps it with its fallbacks, and ``report`` and ``fits`` both
-show what :func:`non_kv` returns ("what vLLM keeps out of the KV cache" = target - available KV =
-non-KV + the CUDA-graph estimate). The simpler estimates are its parts, used only when the trace
-cannot support the reconstruction, in this order: vLLM's own recorded figure
-(``landmarks.Landmarks.non_kv_bytes`` = target - ``facts["vllm.available_kv_cache_bytes"]``), then the
-pre-KV peak of device-level memory (``landmarks.Landmarks.pre_kv_peak``: a program that is not vLLM).
+:func:`reconcile_kv` (vLLM's own formula on memtrace's curves) is THE figure of vLLM's non-KV memory; :func:`non_kv`
+adds its fallbacks (vLLM's recorded target - available KV, then the pre-KV peak of a program that is not vLLM), and
+``report`` and ``fits`` both show it ("what vLLM keeps out of the KV cache" = non-KV + the CUDA-graph estimate).
+vLLM sizes ``available = ceil(total x util) - non_kv - graph_estimate`` with ``non_kv`` measured around
+``profile_run``, by release (read from the worker attributes in ``facts["vllm.profile"]``, else ``vllm.version``):
 
-vLLM sizes the KV cache as ``available = requested - non_kv - graph_estimate`` where ``requested``
-is ``ceil(total x gpu_memory_utilization)`` (the trace's ``target_bytes``) and ``non_kv`` is measured
-around ``profile_run``. This module recomputes ``non_kv`` from memtrace's exact allocator curves and
-NVML samples, with vLLM's formula for the version that produced the trace, so a reader can see each
-term and check vLLM's figure (``facts["vllm.available_kv_cache_bytes"]``) against it.
+- **vLLM 0.25.x** (the graph profile inside ``memory_profiling``): ``non_kv = non_torch_increase +
+  torch_peak_increase + weights_memory``, from the init snapshot to the end of ``determine_available_memory``;
+- **vLLM 0.32 and later** (the graph profile after it): ``non_kv = total_consumed + transient_peak_headroom``
+  (device used from the init snapshot to the start of ``cudagraph_profile``; peak allocated in ``profile_run``
+  less allocated then).
 
-**vLLM 0.25.x** (``gpu_worker.determine_available_memory``; the CUDA-graph profile runs *inside*
-``memory_profiling``)::
-
-    non_kv = non_torch_increase + torch_peak_increase + weights_memory
-    non_torch_increase  = non-torch(after profiling) - non-torch(init snapshot)
-    torch_peak_increase = peak allocated during profile_run - allocated when profile_run starts
-    weights_memory      = allocated after load_model - allocated before it
-
-**vLLM 0.32/0.33** (the graph profile runs *after* ``memory_profiling``)::
-
-    non_kv = total_consumed + transient_peak_headroom
-    total_consumed          = device used(after profiling) - device used(init snapshot)
-    transient_peak_headroom = peak allocated during profile_run - allocated after profiling
-
-Device memory comes from one of two sources (``source``): ``"nvml"``, the sidecar's samples (non-torch
-= NVML device used - PyTorch reserved, the non-torch curve), or ``"boundaries"``, the plugin's own
-``cudaMemGetInfo`` + reserved readings at phase edges (``facts["memtrace.phase_memory"]``, the same
-calls vLLM's MemorySnapshot makes); the default is NVML when the trace has samples. "init snapshot" is the end
-of ``init_device`` (vLLM measures a moment before it; what the runner allocates in between is torch
-memory, which the 0.25 formula does not count). Device memory that appeared between vLLM's own init
-snapshot (``facts["vllm.profile"]["init_snapshot"]``) and the end of ``init_device``, before memtrace's
-curves begin, is measured by the plugin's reading there and added as its own term (``init_gap_bytes``):
-vLLM counts it, so the reconstruction does too; "after profiling" is the end of
-``determine_available_memory`` (0.25) or the start of ``cudagraph_profile`` (0.33), after vLLM's
-``empty_cache``. The graph estimate is vLLM's own extrapolation (the return value of
-``profile_cudagraph_memory``, recorded as a fact): memtrace reports it, it does not re-derive it.
-Which formula applies is read from vLLM's worker attributes recorded in ``facts["vllm.profile"]``
-(``non_torch_memory`` exists in 0.25, ``total_consumed`` from 0.32), else from ``vllm.version``.
+Device memory comes from NVML's samples (``"nvml"``, the default with samples) or the plugin's ``cudaMemGetInfo``
+readings at phase edges (``"boundaries"``, the calls vLLM's MemorySnapshot makes). "init snapshot" is the end of
+``init_device``; what appeared between vLLM's own snapshot and then, before memtrace's curves begin, is its own
+term (``init_gap_bytes``): vLLM counts it. The graph estimate is vLLM's own (a recorded fact), not re-derived.
 """
 
 from __future__ import annotations
@@ -100,16 +74,12 @@ class KvReconciliation:
     @property
     def difference_bytes(self) -> int | None:
         """memtrace's available KV minus vLLM's."""
-        if self.vllm_available_kv_bytes is None:
-            return None
-        return self.available_kv_bytes - self.vllm_available_kv_bytes
+        vllm = self.vllm_available_kv_bytes
+        return None if vllm is None else self.available_kv_bytes - vllm
 
 
 def _phase(trace: Trace, name: str) -> Phase | None:
-    for p in trace.phases:
-        if p.name == name:
-            return p
-    return None
+    return next((p for p in trace.phases if p.name == name), None)
 
 
 def choose_formula(facts: dict[str, Any]) -> str:
@@ -136,36 +106,26 @@ def _graph_estimate(trace: Trace) -> tuple[int, int | None, list[str]]:
     return estimate, None, []
 
 
-_window_max = window_max
-
-
 def _sampled_at(curve: Curve, t_us: int) -> int | None:
     """The curve's value at ``t_us``, or None when it has no sample at or before it."""
-    if len(curve) == 0 or int(curve.time_us[0]) > t_us:
-        return None
-    return curve.at(t_us)
+    return None if len(curve) == 0 or int(curve.time_us[0]) > t_us else curve.at(t_us)
 
 
-def _reading(trace: Trace, phase: str, edge: str) -> dict[str, int] | None:
-    for r in trace.facts.get(F.PHASE_MEMORY) or []:
-        if r.get("phase") == phase and r.get("edge") == edge:
-            return r
-    return None
+def phase_reading(trace: Trace, phase: str, edge: str) -> dict[str, int] | None:
+    """The plugin's memory reading at ``phase``'s ``edge`` ("start" / "end"; ``facts.PHASE_MEMORY``), if taken."""
+    return next(
+        (r for r in trace.facts.get(F.PHASE_MEMORY) or [] if (r.get("phase"), r.get("edge")) == (phase, edge)), None
+    )
 
 
-class _Device:
-    """Device used / non-torch bytes at the two instants, from NVML curves or boundary readings."""
-
-    def __init__(self, trace: Trace, curves: Curves, source: str, init_us: int, after_us: int, after_key):
-        self.ok = True
-        if source == "nvml":
-            self.used = [_sampled_at(curves.device_used, t) for t in (init_us, after_us)]
-            self.non_torch = [_sampled_at(curves.non_torch, t) for t in (init_us, after_us)]
-        else:
-            readings = [_reading(trace, PN.INIT_DEVICE, "end"), _reading(trace, *after_key)]
-            self.used = [r["total_bytes"] - r["free_bytes"] if r else None for r in readings]
-            self.non_torch = [r["total_bytes"] - r["free_bytes"] - r["reserved_bytes"] if r else None for r in readings]
-        self.ok = None not in self.used and None not in self.non_torch
+def _device(trace: Trace, curves: Curves, source: str, init_us: int, after_us: int, after_key) -> tuple[list, list]:
+    """(device used, non-torch bytes) at the two instants, from NVML curves or boundary readings (None: not taken)."""
+    if source == "nvml":
+        at = (init_us, after_us)
+        return [_sampled_at(curves.device_used, t) for t in at], [_sampled_at(curves.non_torch, t) for t in at]
+    readings = [phase_reading(trace, PN.INIT_DEVICE, "end"), phase_reading(trace, *after_key)]
+    used = [r["total_bytes"] - r["free_bytes"] if r else None for r in readings]
+    return used, [u - r["reserved_bytes"] if r else None for u, r in zip(used, readings, strict=True)]
 
 
 def _init_gap(trace: Trace, formula: str) -> int | None:
@@ -173,7 +133,7 @@ def _init_gap(trace: Trace, formula: str) -> int | None:
     from the plugin's reading at the end of init_device; NVML's "used" counts the driver's reserved
     memory too, ~615 MiB on an H200, so it is not comparable with vLLM's snapshot)."""
     snap = (trace.facts.get(F.VLLM_PROFILE) or {}).get("init_snapshot") or {}
-    reading = _reading(trace, PN.INIT_DEVICE, "end")
+    reading = phase_reading(trace, PN.INIT_DEVICE, "end")
     if reading is None:
         return None
     used = reading["total_bytes"] - reading["free_bytes"]
@@ -184,24 +144,22 @@ def _init_gap(trace: Trace, formula: str) -> int | None:
     return None
 
 
-def reconcile_kv(
-    trace: Trace, curves: Curves | None = None, formula: str | None = None, source: str | None = None
-) -> KvReconciliation | None:
+def reconcile_kv(trace: Trace, curves: Curves | None = None, source: str | None = None) -> KvReconciliation | None:
     """memtrace's available-KV figure for a vLLM start-up trace; None when the trace lacks what it
     needs (a target; the init_device, load_model, profile_run and determine_available_memory phases;
     allocator events; NVML samples or boundary readings, per ``source``)."""
     if kv_size_given(trace):  # vLLM ran no formula: the size was handed to it
         return None
     target = trace.facts.get(F.TARGET_BYTES)
-    load, prof, dam = (_phase(trace, n) for n in (PN.LOAD_MODEL, PN.PROFILE_RUN, PN.DETERMINE_AVAILABLE_MEMORY))
-    init = _phase(trace, PN.INIT_DEVICE)
+    phases = (PN.LOAD_MODEL, PN.PROFILE_RUN, PN.DETERMINE_AVAILABLE_MEMORY, PN.INIT_DEVICE)
+    load, prof, dam, init = (_phase(trace, n) for n in phases)
     if not isinstance(target, int) or None in (load, prof, dam, init) or len(trace.events) == 0:
         return None
     if None in (load.end_us, prof.end_us, dam.end_us, init.end_us):
         return None
     curves = curves or all_curves(trace)
     source = source or ("nvml" if curves.has_device else "boundaries")
-    formula = formula or choose_formula(trace.facts)
+    formula = choose_formula(trace.facts)
     graph = _phase(trace, PN.CUDAGRAPH_PROFILE)
     if formula == FORMULA_025 or graph is None or graph.start_us < prof.end_us:
         after_us, after_key = dam.end_us, (PN.DETERMINE_AVAILABLE_MEMORY, "end")
@@ -210,41 +168,31 @@ def reconcile_kv(
     init_us, notes = init.end_us, []
     if source == "nvml" and curves.has_device and int(curves.device_used.time_us[0]) > init_us:
         init_us = int(curves.device_used.time_us[0])
-    device = _Device(trace, curves, source, init_us, after_us, after_key)
-    if not device.ok:
+    used, non_torch = _device(trace, curves, source, init_us, after_us, after_key)
+    if None in used or None in non_torch:
         return None
 
     alloc = curves.allocated
     weights = alloc.at(load.end_us) - alloc.at(load.start_us)
-    peak = _window_max(alloc, prof.start_us, prof.end_us)
+    peak = window_max(alloc, prof.start_us, prof.end_us)
     estimate, disabled, more = _graph_estimate(trace)
     notes += more
     vllm_kv = trace.facts.get(F.VLLM_AVAILABLE_KV_BYTES)
     gap = _init_gap(trace, formula)
-    common = dict(
-        formula=formula,
-        source=source,
-        target_bytes=int(target),
-        weights_bytes=int(weights),
-        peak_allocated_bytes=int(peak),
-        graph_estimate_bytes=int(estimate),
-        vllm_available_kv_bytes=int(vllm_kv) if isinstance(vllm_kv, int) else None,
-        init_us=int(init_us),
-        after_us=int(after_us),
-        init_gap_bytes=gap,
-        first_sample_delay_us=int(init_us - init.end_us),
-        graph_estimate_disabled_bytes=disabled,
-        notes=notes,
-    )
+    common = dict(formula=formula, source=source, target_bytes=int(target), weights_bytes=int(weights),
+                  peak_allocated_bytes=int(peak), graph_estimate_bytes=int(estimate),
+                  vllm_available_kv_bytes=int(vllm_kv) if isinstance(vllm_kv, int) else None, init_us=int(init_us),
+                  after_us=int(after_us), init_gap_bytes=gap, first_sample_delay_us=int(init_us - init.end_us),
+                  graph_estimate_disabled_bytes=disabled, notes=notes)  # fmt: skip
     if formula == FORMULA_025:
         torch_peak_increase = peak - alloc.at(prof.start_us)
-        non_torch_increase = device.non_torch[1] - device.non_torch[0]
+        non_torch_increase = non_torch[1] - non_torch[0]
         non_kv = non_torch_increase + torch_peak_increase + weights
         terms = dict(
             torch_peak_increase_bytes=int(torch_peak_increase), non_torch_increase_bytes=int(non_torch_increase)
         )
     else:
-        total_consumed = device.used[1] - device.used[0]
+        total_consumed = used[1] - used[0]
         headroom = peak - alloc.at(after_us)
         non_kv = total_consumed + headroom
         terms = dict(total_consumed_bytes=int(total_consumed), transient_peak_headroom_bytes=int(headroom))

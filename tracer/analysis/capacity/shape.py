@@ -120,10 +120,7 @@ class ModelShape:
 
 
 def _int(d: dict, *keys: str) -> int | None:
-    for k in keys:
-        if isinstance(d.get(k), int) and not isinstance(d.get(k), bool):
-            return d[k]
-    return None
+    return next((d[k] for k in keys if isinstance(d.get(k), int) and not isinstance(d.get(k), bool)), None)
 
 
 def _dtype(value: Any) -> str | None:

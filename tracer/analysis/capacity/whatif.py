@@ -1,37 +1,19 @@
-"""Will it boot with other flags? vLLM start-up memory predicted for changed flags, from a recorded start-up.
+"""Will it boot with other flags? vLLM start-up memory predicted for changed flags, from a recorded start-up
+(docs/whatif.md, "The model").
 
-Every allocation PyTorch made after ``load_model`` is assigned to a **site** (its Python stack, or the phase
-it was made in) and the site to a **kind** with a scaling rule (:data:`RULES`):
-
-- ``tokens``: activations and workspaces of the dummy forward passes (``profile_run``, kernel warm-up, the
-  MoE / FlashInfer workspaces), x ``max-num-batched-tokens``;
-- ``seqs``: the sampler (a stack through vLLM's ``sample/`` folders: ``categories.sampler_stacks``) and the
-  logits (``compute_logits``), x ``max-num-seqs`` (one row of the vocabulary per request);
-- ``graphs``: what ``capture_model`` and ``cudagraph_profile`` allocate, x the number of CUDA graphs vLLM
-  captures (its default capture sizes from ``max-num-seqs``; none with ``enforce-eager``: vLLM's own
-  linear extrapolation);
-- ``kv``: the KV cache (PyTorch tensors of ``initialize_kv_cache``, or pages committed through CUDA VMM by
-  0.34's extensible KV cache), sized again by vLLM's formula on the other card and flags;
-- everything else (weights and what ``init_device`` / ``load_model`` made, non-PyTorch memory, the
-  allocator's rounding) is kept as recorded; allocations without a stack cannot be scaled (said so).
-
-With one trace the rules are the documented ones above (an **estimate**). With two or more traces of the
-same model (:func:`calibrate`), each (phase, kind)'s peak bytes are fitted to ``a + b x`` of its flag by
-least squares and the residual is stated.
-
-The predicted curve is the recorded one (what the start-up needs: :func:`need_curve`) with each kind's live
-bytes scaled (``pred(t) = need(t) + sum_k (s_k - 1) B_k(t)``), the recorded KV cache taken out and the new one
-put in where vLLM allocates it. vLLM's KV sizing is redone on that curve: profiled (``ceil(util x card) -
-non_kv - graph estimate``, the non-KV figure of ``reconcile.non_kv`` moved by the change of the profiling peak)
-or extensible (``extensible.measure_kv_cache_bytes`` with the free memory, transient peak and reserve growth
-moved). The card is the card alone unless ``others_bytes`` is given (memory of other processes is said).
-
-Pure functions over a Trace; bytes and microseconds.
+Every allocation PyTorch made after ``load_model`` is assigned to a **site** (its Python stack, or the phase it was
+made in) and the site to a **kind** with a scaling rule (:data:`RULES`). With one trace the rules are the documented
+ones (an **estimate**); with two or more traces of the same model (:func:`calibrate`) each (phase, kind)'s peak
+bytes are fitted to ``a + b x`` of its flag. The predicted curve is the recorded need (:func:`need_curve`) with
+each kind's live bytes scaled, the recorded KV cache taken out and the new one put in where vLLM allocates it, sized
+again by vLLM's formula (profiled, or 0.34's extensible one: ``extensible.sized``). The card is the card alone
+unless ``others_bytes`` is given. Pure functions over a Trace; bytes and microseconds.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 from dataclasses import dataclass, field
 from functools import cached_property
@@ -41,17 +23,20 @@ from memtrace import facts as F
 from memtrace import vllm_phase_names as PN
 from memtrace.analysis.analysed.landmarks import Landmarks, total_curve
 from memtrace.analysis.capacity import priors as P
-from memtrace.analysis.capacity.extensible import blocks_within, extensible_inputs, measure_kv_cache_bytes, pages_for
+from memtrace.analysis.capacity.extensible import extensible_inputs, sized
 from memtrace.analysis.capacity.reconcile import MEMTRACE as NON_KV_MEMTRACE
 from memtrace.analysis.capacity.reconcile import profiled_kv_bytes
+from memtrace.analysis.capacity.shape import ModelShape, kv_bytes_for_tokens, kv_cache_for_bytes, kv_plan
+from memtrace.analysis.holders.frames import meaningful_frame
 from memtrace.analysis.holders.live import Lifetimes
 from memtrace.analysis.memory.categories import sampler_stacks
 from memtrace.analysis.memory.curves import Curve, Curves, committed_curve
-from memtrace.analysis.memory.phases import path_at, phase_path
+from memtrace.analysis.memory.phases import path_at, phase_at, phase_path
 from memtrace.analysis.memory.pinned import pinned_curve
 from memtrace.analysis.memory.quantities import array_max, first_max
 from memtrace.errors import UsageError
 from memtrace.model import Trace
+from memtrace.units import parse_fraction
 
 TOKENS, SEQS, GRAPHS, KV, FIXED, UNSTACKED = "tokens", "seqs", "graphs", "kv", "fixed", "no stack"
 GRAPHS_KEPT = "graphs kept"
@@ -74,17 +59,14 @@ RULES = {
     "the recording's, else the prior's (issue 43: 1.25 GiB on Gemma3)",
 }
 BOOTS, DIES, REFUSES, UNKNOWN = "boots", "dies", "refuses", "unknown"
+PRE_KV_WHY = "before the KV cache is sized: --gpu-memory-utilization cannot help there"
+NO_ROOM_WHY = 'no memory left for one request of max-model-len tokens ("No available memory for the cache blocks")'
 #: Where a phase's predicted figure comes from (``PhasePeak.source``).
 RECORDED, SCALED_FROM_RECORDING, PRIOR = "recorded", "scaled", "prior"
 #: vLLM's default --gpu-memory-utilization by release (since (major, minor): with the extensible KV cache, without),
 #: newest first: 0.34 resolves it with the sizing mode (``resolved_gpu_memory_utilization``); 0.33 resolved 0.92
 #: (tests/data/vllm-h200-033/moe, source ``vllm-default``); before, 0.9.
 VLLM_DEFAULT_UTIL = (((0, 34), 1.0, 0.92), ((0, 33), 0.92, 0.92), ((0, 0), 0.9, 0.9))
-
-
-#: The smallest card ``fits`` accepts (no GPU vLLM runs on has less), and the precision of the smallest-card search
-#: (``boot.smallest_card``; a smallest card within it of MIN_CAPACITY is the floor).
-MIN_CAPACITY, SEARCH_STEP = 1 << 30, 64 << 20
 
 
 def default_util(version: tuple[int, int], extensible: bool) -> float:
@@ -158,11 +140,8 @@ class Flags:
         """How many CUDA graphs vLLM captures per mode (its default capture sizes; 0 with enforce-eager)."""
         if self.enforce_eager:
             return 0
-        top = min(self.max_num_seqs * 2, 512, self.max_num_batched_tokens)
-        sizes = (
-            [s for s in (1, 2, 4) if s <= top] + list(range(8, min(top + 1, 256), 8)) + list(range(256, top + 1, 16))
-        )
-        return len(sizes)
+        top = min(self.max_num_seqs * 2, 512, self.max_num_batched_tokens)  # sizes 1, 2, 4, then steps of 8 and 16
+        return sum(s <= top for s in (1, 2, 4)) + len(range(8, min(top + 1, 256), 8)) + len(range(256, top + 1, 16))
 
     def changes(self, base: Flags) -> list[str]:
         """The command-line changes from ``base``, as a user types them."""
@@ -184,15 +163,9 @@ class Flags:
 
 
 _FLAG_KEYS = {
-    "max-num-batched-tokens": "max_num_batched_tokens",
-    "max-num-seqs": "max_num_seqs",
-    "max-model-len": "max_model_len",
-    "enforce-eager": "enforce_eager",
-    "kv-cache-dtype": "kv_cache_dtype",
-    "gpu-memory-utilization": "gpu_memory_utilization",
-    "enable-extensible-kv-cache": "extensible",
-    "extensible-kv-cache": "extensible",
+    f.name.replace("_", "-"): f.name for f in dataclasses.fields(Flags) if f.name not in ("extensible", "vllm")
 }
+_FLAG_KEYS |= {"enable-extensible-kv-cache": "extensible", "extensible-kv-cache": "extensible"}
 FLAG_NAMES = tuple(_FLAG_KEYS)
 
 
@@ -202,16 +175,8 @@ def recorded_flags(trace) -> Flags | None:
     need = ("max_num_batched_tokens", "max_num_seqs", "max_model_len")
     if not all(isinstance(cfg.get(k), int) for k in need):
         return None
-    return Flags(
-        max_num_batched_tokens=cfg["max_num_batched_tokens"],
-        max_num_seqs=cfg["max_num_seqs"],
-        max_model_len=cfg["max_model_len"],
-        enforce_eager=bool(cfg.get("enforce_eager")),
-        kv_cache_dtype=str(cfg.get("kv_cache_dtype") or "auto"),
-        gpu_memory_utilization=user_util(trace),
-        extensible=extensible_kv_cache(trace),
-        vllm=vllm_version(trace) or (0, 34),
-    )
+    return Flags(*(cfg[k] for k in need), bool(cfg.get("enforce_eager")), str(cfg.get("kv_cache_dtype") or "auto"),
+                 user_util(trace), extensible_kv_cache(trace), vllm_version(trace) or (0, 34))  # fmt: skip
 
 
 def user_util(trace) -> float | None:
@@ -233,7 +198,7 @@ def extensible_kv_cache(trace) -> bool:
     source = trace.facts.get(F.VLLM_KV_SIZE_SOURCE)
     if source is not None:
         return source == F.KV_SIZED_EXTENSIBLE
-    return _version_at_least(trace, (0, 34))
+    return (vllm_version(trace) or (0, 0)) >= (0, 34)
 
 
 def vllm_version(trace) -> tuple[int, int] | None:
@@ -244,12 +209,6 @@ def vllm_version(trace) -> tuple[int, int] | None:
     except ValueError:
         return None
     return v if len(v) == 2 and min(v) >= 0 else None
-
-
-def _version_at_least(trace, least: tuple[int, int]) -> bool:
-    """Whether the recorded vLLM is at least ``least`` (major, minor); False when unknown."""
-    v = vllm_version(trace)
-    return v is not None and v >= least
 
 
 def _bool(name: str, value: str) -> bool:
@@ -278,8 +237,6 @@ def apply_what_if(base: Flags, items: list[str]) -> Flags:
                 raise UsageError(f"--what-if {item}: kv-cache-dtype is one of {', '.join(_DTYPE_BYTES)}")
             changes[key] = value
         elif key == "gpu_memory_utilization":
-            from memtrace.units import parse_fraction
-
             changes[key] = parse_fraction(value)
         else:
             try:
@@ -294,10 +251,8 @@ def apply_what_if(base: Flags, items: list[str]) -> Flags:
 
 def flag_value(flags: Flags, kind: str) -> float:
     """The flag value a kind scales with."""
-    kept = 1 if flags.graphs else 0
-    return {TOKENS: flags.max_num_batched_tokens, SEQS: flags.max_num_seqs, GRAPHS: flags.graphs, GRAPHS_KEPT: kept}[
-        kind
-    ]
+    by_kind = {TOKENS: flags.max_num_batched_tokens, SEQS: flags.max_num_seqs, GRAPHS: flags.graphs}
+    return by_kind[kind] if kind != GRAPHS_KEPT else min(flags.graphs, 1)
 
 
 @dataclass(frozen=True)
@@ -329,19 +284,15 @@ class Sites:
     """One recorded start-up, its allocations assigned to kinds, on the need curve's time grid."""
 
     def __init__(self, rank, need: Curve):
-        self.rank, self.trace = rank, rank.trace
-        self.flags = recorded_flags(self.trace)
-        t = self.trace
-        self.time = need.time_us.astype(np.int64)
-        self.need = need.bytes.astype(np.int64)
+        self.rank, self.trace, self.flags = rank, rank.trace, recorded_flags(rank.trace)
+        self.time, self.need = need.time_us.astype(np.int64), need.bytes.astype(np.int64)
         lt = rank.lifetimes
-        kinds = self._kinds(lt)
-        self.kind_of = kinds
-        self.bytes: dict[str, np.ndarray] = {}
-        for k in (TOKENS, SEQS, GRAPHS, GRAPHS_KEPT, KV, UNSTACKED, COMPILE):
-            m = kinds == k
-            self.bytes[k] = _live_at(lt.alloc_us[m], lt.free_us[m], lt.size[m], self.time)
-        vmm = committed_curve(t, kv_cache_only=True)
+        self.kind_of = kinds = self._kinds(lt)
+        self.bytes: dict[str, np.ndarray] = {
+            k: _live_at(lt.alloc_us[kinds == k], lt.free_us[kinds == k], lt.size[kinds == k], self.time)
+            for k in (TOKENS, SEQS, GRAPHS, GRAPHS_KEPT, KV, UNSTACKED, COMPILE)
+        }
+        vmm = committed_curve(self.trace, kv_cache_only=True)
         extend = self._phase(PN.KV_CACHE_EXTEND)
         self.vmm_kv = np.zeros_like(self.time)
         if len(vmm) and extend is not None:
@@ -363,22 +314,19 @@ class Sites:
         graph_w = self.windows(PN.CAPTURE_MODEL, PN.CUDAGRAPH_PROFILE)
         kv_w = self.windows(PN.KV_CACHE_INIT)
         sizing_w = self.windows(PN.KV_CACHE_SIZING_WARMUP)
-        by_stack: dict[int, str] = {}
         sampler = sampler_stacks(t)  # the sampler's files: ``categories``' one definition
         lm_head = tied_lm_head_bytes(model_shape(t))
 
+        @functools.cache
         def of_stack(s: int) -> str:
-            if s not in by_stack:
-                frames = t.stack_frames(s)
-                if any(f.name in _KV_FUNCS for f in frames):
-                    by_stack[s] = KV
-                elif any(f.filename.endswith(_AUTOTUNE_FILE) for f in frames):
-                    by_stack[s] = COMPILE
-                elif sampler[s] or any(f.name == "compute_logits" for f in frames):  # the sampler and the logits
-                    by_stack[s] = SEQS
-                else:
-                    by_stack[s] = TOKENS
-            return by_stack[s]
+            frames = t.stack_frames(s)
+            if any(f.name in _KV_FUNCS for f in frames):
+                return KV
+            if any(f.filename.endswith(_AUTOTUNE_FILE) for f in frames):
+                return COMPILE
+            if sampler[s] or any(f.name == "compute_logits" for f in frames):  # the sampler and the logits
+                return SEQS
+            return TOKENS
 
         out = np.empty(len(lt.size), dtype=object)
         for i in range(len(lt.size)):
@@ -396,7 +344,7 @@ class Sites:
             if in_kv and k != KV and lt.size[i] >= 1 << 20 and any(lt.free_us[i] > hi for lo, hi in kv_w):
                 k = KV  # what initialize_kv_cache made and kept: the KV cache, with or without a stack
             in_graph = any(lo <= a <= hi for lo, hi in graph_w)
-            if k == KV and not any(lo <= a <= hi for lo, hi in kv_w):
+            if k == KV and not in_kv:
                 k = GRAPHS if in_graph else FIXED  # the minimal KV cache of the graph profile
             elif k == TOKENS and in_graph:
                 k = GRAPHS
@@ -409,8 +357,6 @@ class Sites:
 
     def top_sites(self, kind: str, t_us: int, n: int = 3) -> list[tuple[str, int]]:
         """The largest sites (innermost meaningful frame) of ``kind`` live at ``t_us``."""
-        from memtrace.analysis.holders.frames import meaningful_frame
-
         lt = self.rank.lifetimes
         m = (self.kind_of == kind) & (lt.alloc_us <= t_us) & (lt.free_us > t_us)
         tally: dict[str, int] = {}
@@ -471,8 +417,6 @@ def scale_of(kind: str, phase: str, rec: Flags, new: Flags, cal: Calibration | N
 
 def _phase_names(sites: Sites) -> np.ndarray:
     """The top-level-or-innermost phase name at each grid time (for per-phase calibration)."""
-    from memtrace.analysis.memory.phases import phase_at
-
     return np.array([(p.name if (p := phase_at(sites.trace, int(t))) is not None else "") for t in sites.time])
 
 
@@ -487,9 +431,7 @@ class PhasePeak:
 
     phase: str
     recorded_bytes: int | None  # report's peak of the phase: device used (NVML, ``phases.phase_stats``); None unsampled
-    needed_bytes: (
-        int  # what the start-up needed in the phase as recorded (the model's curve: pinned + non-PyTorch + KV)
-    )
+    needed_bytes: int  # what the start-up needed in the phase as recorded (pinned + non-PyTorch + KV)
     predicted_bytes: int  # the same on this card with these flags
     time_us: int
     after_kv: bool
@@ -519,8 +461,6 @@ def model_shape(trace) -> dict | None:
 def kv_shape(shape: dict, flags: Flags, block_size: int, dtype: str | None = None):
     """The model's shape with the flags that size its KV cache (``shape.ModelShape``): vLLM 0.34's arithmetic on it
     (``shape.kv_plan``: groups, sliding windows, a hybrid's raised block, the blocks one request takes)."""
-    from memtrace.analysis.capacity.shape import ModelShape
-
     cfg = {"kv_cache_dtype": flags.kv_cache_dtype, "block_size": block_size, "max_model_len": flags.max_model_len,
            "max_num_batched_tokens": flags.max_num_batched_tokens,
            "dtype": dtype or shape.get("dtype") or shape.get("torch_dtype") or "bfloat16"}  # fmt: skip
@@ -556,7 +496,7 @@ class Outcome:
     pre_kv_peak_bytes: int
     pre_kv_peak_phase: str
     #: how much larger a card must be to boot with these flags (``boot``: the smallest such card less this one, to
-    #: ``SEARCH_STEP``); 0 when it boots; None where no card up to the search's ceiling does
+    #: ``fits.SEARCH_STEP``); 0 when it boots; None where no card up to the search's ceiling does
     short_bytes: int | None = None
     #: past the recording's end the start-up was carried on from priors (issue 43): each component that came from
     #: a prior and its spread, in words ("" when every figure is recorded or scaled); the sum of the spreads of
@@ -575,24 +515,19 @@ class WhatIf:
         self.rec = sites.flags
         self.notes: list[str] = []
         s = sites
-        names = _phase_names(s) if cal is not None else None
+        names = _phase_names(s) if cal is not None else np.full(len(s.time), "")  # one trace: one scale a kind
         self.scales: dict[str, Scale] = {}
         delta = np.zeros_like(s.held, dtype=np.float64)
         for k in SCALED:
-            if cal is None:
-                sc = scale_of(k, "", self.rec, flags, None, 0)
-                self.scales[k] = sc
-                delta += (sc.factor - 1.0) * s.bytes[k]
-            else:
-                factor = np.ones(len(s.time))
-                for ph in sorted(set(names.tolist())):
-                    m = names == ph
-                    base = int(s.bytes[k][m].max()) if m.any() else 0
-                    sc = scale_of(k, ph, self.rec, flags, cal, base)
-                    factor[m] = sc.factor
-                    if k not in self.scales or (sc.rule.startswith("fitted") and base > 0):
-                        self.scales[k] = sc  # shown: a fitted phase's scaling, when there is one
-                delta += (factor - 1.0) * s.bytes[k]
+            factor = np.ones(len(s.time))
+            for ph in sorted(set(names.tolist())):
+                m = names == ph
+                base = int(s.bytes[k][m].max()) if m.any() else 0
+                sc = scale_of(k, ph, self.rec, flags, cal, base)
+                factor[m] = sc.factor
+                if k not in self.scales or (sc.rule.startswith("fitted") and base > 0):
+                    self.scales[k] = sc  # shown: a fitted phase's scaling, when there is one
+            delta += (factor - 1.0) * s.bytes[k]
         if s.bytes[UNSTACKED].any():
             self.notes.append(
                 f"{array_max(s.bytes[UNSTACKED]):,} B allocated without a recorded stack are kept as recorded "
@@ -604,8 +539,7 @@ class WhatIf:
         self.no_kv = s.no_kv + delta.astype(np.int64)
         oom = s.rank.oom
         if oom is not None:  # the request that failed counts at its moment (nothing after it is known)
-            j = int(np.searchsorted(s.time, oom.time_us, side="right")) - 1
-            self.no_kv[max(j, 0)] += oom.requested_bytes
+            self.no_kv[max(int(np.searchsorted(s.time, oom.time_us, side="right")) - 1, 0)] += oom.requested_bytes
             self.notes.append(
                 f"the recording ends at its CUDA OOM in {oom.phase_path}: the failed {oom.requested_bytes:,} B "
                 "request counts there, unscaled; nothing after it is known"
@@ -696,11 +630,7 @@ class WhatIf:
             end = p.end_us if p.end_us is not None else int(s.time[-1])
             peak, t = self._window_peak(pred, p.start_us, end)
             j = int(np.searchsorted(s.time, t, side="right")) - 1
-            kinds = {}
-            for k in SCALED:
-                rb = int(s.bytes[k][j])
-                if rb:
-                    kinds[k] = (rb, int(round(rb * self.scales[k].factor)))
+            kinds = {k: (rb, int(round(rb * self.scales[k].factor))) for k in SCALED if (rb := int(s.bytes[k][j]))}
             idx = s.window_index(p.start_us, end)
             kvb = int((s.bytes[KV][idx] + s.vmm_kv[idx]).max())  # the most KV cache the phase recorded
             if kvb or t >= self.kv_at_us:
@@ -725,9 +655,8 @@ class WhatIf:
         if p is None:
             return 0
         end = p.end_us or int(self.sites.time[-1])
-        return (
-            self._window_peak(self.no_kv, p.start_us, end)[0] - self._window_peak(self.sites.no_kv, p.start_us, end)[0]
-        )
+        new, old = (self._window_peak(c, p.start_us, end)[0] for c in (self.no_kv, self.sites.no_kv))
+        return new - old
 
     @cached_property
     def per_block(self) -> tuple[int, int]:
@@ -736,11 +665,8 @@ class WhatIf:
         ratio = _DTYPE_BYTES.get(self.flags.kv_cache_dtype, 2) / _DTYPE_BYTES.get(self.rec.kv_cache_dtype, 2)
         shape = model_shape(self.sites.trace)
         if not per and shape is not None:  # a recording cut before KV sizing: vLLM's arithmetic on the model's shape
-            from memtrace.analysis.capacity.shape import kv_plan
-
-            plan = kv_plan(
-                kv_shape(shape, self.flags, tpb or 16, (self.sites.trace.facts.get(F.VLLM_CONFIG) or {}).get("dtype"))
-            )
+            dtype = (self.sites.trace.facts.get(F.VLLM_CONFIG) or {}).get("dtype")
+            plan = kv_plan(kv_shape(shape, self.flags, tpb or 16, dtype))
             return plan.bytes_per_block, plan.block_size
         return int(per * ratio), tpb or 16
 
@@ -751,7 +677,11 @@ class WhatIf:
         one = one_request_bytes(self.flags.max_model_len, per, tpb)
         if self.flags.extensible:
             return self._kv_extensible(capacity, others, left_out, per, tpb, one)
-        return self._kv_profiled(capacity, others, per, tpb, one)
+        withheld, how = self._withheld
+        available = profiled_kv_bytes(self.flags.util, capacity, withheld)
+        blocks = max(available // per, 0)
+        tokens, how = blocks * tpb, f"ceil({self.flags.util:g} x {capacity:,} B) - {how}"
+        return KvSizing(available, blocks, tokens, blocks * per, tokens / self.flags.max_model_len, how, one)
 
     @cached_property
     def _withheld(self) -> tuple[int, str]:
@@ -776,14 +706,6 @@ class WhatIf:
             f"{moved:,} B + the CUDA-graph estimate's move {move:,} B"
         )
         return new, how
-
-    def _kv_profiled(self, capacity, others, per, tpb, one) -> KvSizing:
-        withheld, how = self._withheld
-        available = profiled_kv_bytes(self.flags.util, capacity, withheld)
-        blocks = max(available // per, 0)
-        tokens = blocks * tpb
-        how = f"ceil({self.flags.util:g} x {capacity:,} B) - {how}"
-        return KvSizing(available, blocks, tokens, blocks * per, tokens / self.flags.max_model_len, how, one)
 
     def _kv_extensible(self, capacity, others, left_out, per, tpb, one) -> KvSizing:
         f = self.sites.trace.facts
@@ -816,15 +738,13 @@ class WhatIf:
         # vLLM's transient is the most allocated above what stays held, profile_run's included: a cold compile's
         # autotuning examples there (cut-gemma3-1 on the H100: 0.58 -> 1.26 GiB) are withheld too
         inputs["transient_peak"] = max(inputs["transient_peak"], self.compile_extra)
-        available, *_ = measure_kv_cache_bytes(requested=requested, **inputs)
         range_blocks = max(profiled_kv_bytes(self.flags.util, capacity, withheld) // per, 0)
-        blocks = blocks_within(available, strides, granule, range_blocks) if strides else 0
+        available, blocks, kv_bytes = sized(inputs, requested, strides, granule, range_blocks)
         tokens = blocks * tpb
         how = (
             f"{src}: free after warm-up {inputs['free']:,} B, transient peak {inputs['transient_peak']:,} B, reserve "
             f"growth {inputs['torch_reserve_growth']:,} B, requested ceil({self.flags.util:g} x {capacity:,} B)"
         )
-        kv_bytes = pages_for(blocks, strides, granule) if strides else 0
         return KvSizing(available, blocks, tokens, kv_bytes, tokens / self.flags.max_model_len, how, one)
 
     # -- one card ----------------------------------------------------------------------------------------
@@ -842,44 +762,40 @@ class WhatIf:
         kv = self.kv_on(capacity, others, rec_others)
         common = dict(capacity_bytes=capacity, others_bytes=others, others_left_out_bytes=left_out,
                       pre_kv_peak_bytes=pre_peak, pre_kv_peak_phase=path_at(self.sites.trace, pre_t))  # fmt: skip
+        out = functools.partial(Outcome, **common)
         if pre_peak > room:
             over = np.flatnonzero(self.no_kv[self.sites.time < self.kv_at_us] > room)
             t = int(self.sites.time[over[0]]) if len(over) else pre_t
             phases = peaks(0, others)
             ph = path_at(self.sites.trace, t)
-            why = "before the KV cache is sized: --gpu-memory-utilization cannot help there"
-            return Outcome(**common, verdict=DIES, phase=ph, by_bytes=pre_peak - room, why=why, kv=kv, phases=phases)
+            return out(verdict=DIES, phase=ph, by_bytes=pre_peak - room, why=PRE_KV_WHY, kv=kv, phases=phases)
         init_used = own_init_used(self.sites.trace)
         requested = math.ceil(self.flags.util * capacity)
         if not self.flags.extensible and init_used and requested > room - init_used:
             why = f"free memory at start-up ({room - init_used:,} B) is less than util x card ({requested:,} B)"
-            return Outcome(**common, verdict=REFUSES, phase=PN.INIT_DEVICE, by_bytes=requested - (room - init_used),
-                           why=why, kv=kv, phases=peaks(0, others))  # fmt: skip
+            by = requested - (room - init_used)
+            return out(verdict=REFUSES, phase=PN.INIT_DEVICE, by_bytes=by, why=why, kv=kv, phases=peaks(0, others))
         if kv is None or self.sites.trace.facts.get(F.VLLM_KV_BLOCKS) is None:
             phases = peaks(0, others)
             refused = self._refused_short_of_the_kv_cache(requested)
             if refused is not None:
                 phase, by, why = refused
-                return Outcome(**common, verdict=REFUSES, phase=phase, by_bytes=by, why=why, kv=None, phases=phases)
+                return out(verdict=REFUSES, phase=phase, by_bytes=by, why=why, kv=None, phases=phases)
             carried = self._carried(capacity, others, common, peaks)
             if carried is not None:
                 return carried
-            why = (
-                f"the recording ends at its CUDA OOM in {self.sites.rank.oom.phase_path}, before the KV cache was sized"
-                if self.sites.rank.oom is not None
-                else "the recording ends before the KV cache was sized"
-            )
+            at = f" at its CUDA OOM in {oom.phase_path}," if (oom := self.sites.rank.oom) is not None else ""
+            why = f"the recording ends{at} before the KV cache was sized"
             why += f": up to there it fits, {room - pre_peak:,} B to spare; what comes after was never recorded"
             if model_shape(self.sites.trace) is None:
                 why += " (the model's shape was not recorded: --config config.json carries it on from priors)"
-            return Outcome(**common, verdict=UNKNOWN, phase="", by_bytes=0, why=why, kv=None, phases=phases)
+            return out(verdict=UNKNOWN, phase="", by_bytes=0, why=why, kv=None, phases=phases)
         phases = peaks(kv.kv_bytes, others)
         sizing = PN.KV_CACHE_SIZING if self.flags.extensible else PN.DETERMINE_AVAILABLE_MEMORY
         usable = kv.blocks - (1 if self.flags.extensible else 0)  # vLLM's null block holds no tokens
         if kv.available_bytes <= 0 or usable * self.per_block[1] < self.flags.max_model_len:
             short = max(kv.one_request_bytes - max(kv.available_bytes, 0), 0)
-            why = 'no memory left for one request of max-model-len tokens ("No available memory for the cache blocks")'
-            return Outcome(**common, verdict=REFUSES, phase=sizing, by_bytes=short, why=why, kv=kv, phases=phases)
+            return out(verdict=REFUSES, phase=sizing, by_bytes=short, why=NO_ROOM_WHY, kv=kv, phases=phases)
         post = self.curve(kv.kv_bytes) + others
         after = self.sites.time >= self.kv_at_us
         over = np.flatnonzero(after & (post > capacity))
@@ -887,9 +803,8 @@ class WhatIf:
             t = int(self.sites.time[over[0]])
             by = int(post[after].max()) - capacity
             why = f"after the KV cache ({kv.kv_bytes:,} B) was allocated"
-            return Outcome(**common, verdict=DIES, phase=path_at(self.sites.trace, t), by_bytes=by, why=why, kv=kv,
-                           phases=phases)  # fmt: skip
-        return Outcome(**common, verdict=BOOTS, phase="", by_bytes=0, why="", kv=kv, phases=phases)
+            return out(verdict=DIES, phase=path_at(self.sites.trace, t), by_bytes=by, why=why, kv=kv, phases=phases)
+        return out(verdict=BOOTS, phase="", by_bytes=0, why="", kv=kv, phases=phases)
 
     # -- past the recording (issue 43) -------------------------------------------------------------------
     @cached_property
@@ -957,8 +872,6 @@ def carried_outcome(c: P.Carried, capacity: int, others: int, kv: object, record
     """The answer on ``capacity`` (``others`` held by other processes) of a start-up put together from components
     (``c``): past a recording's end (``recorded``: its phases as predicted, up to ``t_end``), or with nothing recorded.
     ``kv``: the model's shape with the KV cache's flags (:func:`kv_shape`): vLLM's blocks, tokens, one request."""
-    from memtrace.analysis.capacity.shape import kv_bytes_for_tokens, kv_cache_for_bytes, kv_plan
-
     flags, room = c.flags, capacity - others
     plan = kv_plan(kv)
     per, tpb, per_request = plan.bytes_per_block, plan.block_size, plan.blocks_per_request
@@ -976,27 +889,24 @@ def carried_outcome(c: P.Carried, capacity: int, others: int, kv: object, record
                                 pre_kv_peak_phase=PN.PROFILE_RUN)),
               "pre_kv_peak_bytes": c.pre_kv_peak, "spread_bytes": spread,
               "carried": f"from priors (vLLM {c.library.vllm}): {words}" if priors else ""}  # fmt: skip
+    out = functools.partial(Outcome, **common, phases=phases)
     if c.pre_kv_peak > room:
         phase = next((name for name, b, _ in c.phase_peaks() if b > room), PN.PROFILE_RUN)
-        why = "before the KV cache is sized: --gpu-memory-utilization cannot help there"
-        return Outcome(**common, verdict=DIES, phase=phase, by_bytes=c.pre_kv_peak - room, why=why, kv=None,
-                       phases=phases)  # fmt: skip
+        return out(verdict=DIES, phase=phase, by_bytes=c.pre_kv_peak - room, why=PRE_KV_WHY, kv=None)
     k = c.kv(capacity, others, per, tpb)
     blocks, tokens = kv_cache_for_bytes(kv, k.available_bytes)
     one = kv_bytes_for_tokens(kv, flags.max_model_len)
     kv = KvSizing(k.available_bytes, blocks, tokens, blocks * per, tokens / flags.max_model_len, k.how, one)
     usable = kv.blocks - (1 if flags.extensible else 0)  # vLLM's null block holds no tokens
     if kv.available_bytes <= 0 or usable < per_request:
-        why = 'no memory left for one request of max-model-len tokens ("No available memory for the cache blocks")'
         sizing = PN.KV_CACHE_SIZING if flags.extensible else PN.DETERMINE_AVAILABLE_MEMORY
-        return Outcome(**common, verdict=REFUSES, phase=sizing, by_bytes=max(one - max(kv.available_bytes, 0), 0),
-                       why=why, kv=kv, phases=phases)  # fmt: skip
+        by = max(one - max(kv.available_bytes, 0), 0)
+        return out(verdict=REFUSES, phase=sizing, by_bytes=by, why=NO_ROOM_WHY, kv=kv)
     post = (c.after_warmup if flags.extensible else c.warmup_peak + c[P.GRAPH_POOL]) + kv.kv_bytes
     if post > room:
         why = f"after the KV cache ({kv.kv_bytes:,} B) was allocated"
-        return Outcome(**common, verdict=DIES, phase=PN.COMPILE_OR_WARM_UP, by_bytes=post - room, why=why, kv=kv,
-                       phases=phases)  # fmt: skip
-    return Outcome(**common, verdict=BOOTS, phase="", by_bytes=0, why="", kv=kv, phases=phases)
+        return out(verdict=DIES, phase=PN.COMPILE_OR_WARM_UP, by_bytes=post - room, why=why, kv=kv)
+    return out(verdict=BOOTS, phase="", by_bytes=0, why="", kv=kv)
 
 
 def skipped_phases(rec: Flags, new: Flags) -> tuple[str, ...]:
@@ -1054,8 +964,7 @@ def calibrate(all_sites: list[Sites]) -> Calibration | None:
                 points.setdefault((ph, k), []).append((flag_value(s.flags, k), float(s.bytes[k][m].max())))
     lines = {}
     for key, pts in points.items():
-        x = np.array([p[0] for p in pts])
-        y = np.array([p[1] for p in pts])
+        x, y = (np.array(v) for v in zip(*pts, strict=True))
         if len(set(x.tolist())) < 2:
             continue
         b, a = np.polyfit(x, y, 1)
@@ -1075,6 +984,24 @@ class Suggestion:
     changes: list[str]
     flags: Flags
     outcome: Outcome
+
+
+def search(base: Flags, singles: list[dict], most: int, answer, ok: tuple[str, ...]) -> tuple[list[Suggestion], int]:
+    """The sets of ``singles`` (one change, else two at once, ... up to ``most``) applied to ``base`` whose
+    ``answer(flags)`` has a verdict in ``ok``, from the fewest changes that have any; and how many sets were tried."""
+    sets, found, tried = [(i,) for i in range(len(singles))], [], 0
+    for _size in range(most):
+        for parts in sets:
+            f = dataclasses.replace(base, **{k: v for i in parts for k, v in singles[i].items()})
+            o = answer(f)
+            tried += 1
+            if o.verdict in ok:
+                found.append(Suggestion(f.changes(base), f, o))
+        if found:
+            break
+        sets = [(*p, j) for p in sets for j in range(p[-1] + 1, len(singles))
+                if not any(set(singles[j]) & set(singles[i]) for i in p)]  # fmt: skip
+    return found, tried
 
 
 @dataclass(frozen=True)
@@ -1131,25 +1058,16 @@ def suggest(sites: Sites, capacity: int, *, keep_others: bool = False, others_by
     """The changes (one, else two at once) to ``base`` (default: the recorded flags) that boot on ``capacity``
     (``recorded``: ``base``'s outcome there, when already answered)."""
     rec = base or sites.flags
-    ext_known = _version_at_least(sites.trace, (0, 34))
+    ext_known = (vllm_version(sites.trace) or (0, 0)) >= (0, 34)
     card = dict(keep_others=keep_others, others_bytes=others_bytes)
     others = others_bytes if others_bytes is not None else recorded_others(sites.trace) if keep_others else 0
     singles = candidates(rec, ext_known, shared_utilization(sites, capacity, others))
     recorded_outcome = recorded or WhatIf(sites, rec, cal, library).on(capacity, **card, table=False)
-    booting: list[Suggestion] = []
-    tried = 0
-    for size in (1, 2):
-        sets = [c for c in singles] if size == 1 else [
-            {**a, **b} for i, a in enumerate(singles) for b in singles[i + 1:] if not set(a) & set(b)
-        ]  # fmt: skip
-        for change in sets:
-            f = dataclasses.replace(rec, **change)
-            o = WhatIf(sites, f, cal, library).on(capacity, **card, table=False)
-            tried += 1
-            if o.verdict == BOOTS or (o.verdict == UNKNOWN and recorded_outcome.verdict != BOOTS):
-                booting.append(Suggestion(f.changes(rec), f, o))  # UNKNOWN: gets past all the recording covers
-        if booting:
-            break
+    # UNKNOWN: gets past all the recording covers
+    ok = (BOOTS, UNKNOWN) if recorded_outcome.verdict != BOOTS else (BOOTS,)
+    booting, tried = search(
+        rec, singles, 2, lambda f: WhatIf(sites, f, cal, library).on(capacity, **card, table=False), ok
+    )
     booting.sort(
         key=lambda s: (len(s.changes), s.outcome.verdict != BOOTS, not clear_of_spread(s.outcome),
                        -(s.outcome.kv.tokens if s.outcome.kv else 0), s.outcome.pre_kv_peak_bytes)
@@ -1167,8 +1085,8 @@ def clear_of_spread(o: Outcome) -> bool:
     0 where nothing came from a prior): it boots even where every prior errs the wrong way."""
     return (
         o.kv is not None
-        and o.kv.available_bytes - o.kv.one_request_bytes > (o.spread_bytes or 0)
-        and (o.spread_bytes is not None)
+        and o.spread_bytes is not None
+        and o.kv.available_bytes - o.kv.one_request_bytes > o.spread_bytes
     )
 
 

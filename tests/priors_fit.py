@@ -1,8 +1,13 @@
-"""A recorded whole vLLM start-up taken apart into the components of :mod:`.priors` (issue 43): what the library
-of priors is fitted on (``tests/bench/fit_priors.py``), and what a recording gives a carried start-up (its
-context, weights and what its cut profile_run already reached)."""
+"""Fitting the library of priors (issue 43; ``tests/bench/fit_priors.py``): a recorded whole vLLM start-up taken
+apart into the components of ``analysis.capacity.priors`` (:func:`observe`), each component's median coefficient
+over the start-ups and its leave-one-architecture-out spread (:func:`fit`), the library written back
+(:func:`to_json`)."""
 
 from __future__ import annotations
+
+import json
+import statistics
+from dataclasses import asdict
 
 import numpy as np
 from memtrace import facts as F
@@ -72,3 +77,41 @@ def observe(s: Sites, shape, architecture: str, label: str) -> P.Observed:
         values[P.PROFILED_SLACK] = non_kv - int(s.no_kv[prof].max())
     feats = P.features(shape, s.flags, values)
     return P.Observed(label, architecture, values, {k: feats[k] for k in values if k in feats})
+
+
+def _coefficient(obs: list[P.Observed], k: str) -> float | None:
+    ratios = [o.values[k] / o.features[k] for o in obs if k in o.values and o.features.get(k)]
+    return float(statistics.median(ratios)) if ratios else None
+
+
+def fit(observed: list[P.Observed], vllm: str) -> P.Library:
+    """Each component's median coefficient over ``observed`` and its leave-one-architecture-out spread (None where
+    no start-up's error could be measured without its architecture: one architecture has the component)."""
+    priors = {}
+    for k in P.FITTED:
+        c = _coefficient(observed, k)
+        if c is None:
+            continue
+        errors = []
+        for o in observed:
+            if k not in o.values or not o.features.get(k):
+                continue
+            c_out = _coefficient([x for x in observed if x.architecture != o.architecture], k)
+            if c_out is not None:
+                errors.append(abs(c_out * o.features[k] - o.values[k]) / max(abs(o.values[k]), P.SPREAD_FLOOR))
+        archs = sorted({o.architecture for o in observed if k in o.values and o.features.get(k)})
+        n = sum(1 for o in observed if k in o.values and o.features.get(k))
+        priors[k] = P.Prior(k, c, round(max(errors), 4) if errors else None, n, archs)
+    return P.Library(vllm, priors, list(observed))
+
+
+def without(lib: P.Library, architecture: str) -> P.Library:
+    """``lib`` refitted without ``architecture``'s start-ups (leave one architecture out)."""
+    return fit([o for o in lib.observed if o.architecture != architecture], lib.vllm)
+
+
+def to_json(lib: P.Library) -> str:
+    """``lib`` as a priors file (``priors.load_library`` reads it back)."""
+    doc = {"format": P.FORMAT, "vllm": lib.vllm, "priors": {k: asdict(p) for k, p in lib.priors.items()},
+           "observed": [asdict(o) for o in lib.observed]}  # fmt: skip
+    return json.dumps(doc, indent=1, sort_keys=True) + "\n"
