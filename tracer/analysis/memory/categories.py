@@ -47,7 +47,7 @@ import numpy as np
 from memtrace import vllm_phase_names as PN
 from memtrace.analysis.holders.live import Lifetimes, lifetimes
 from memtrace.analysis.memory.curves import Curves
-from memtrace.analysis.memory.phases import phase_depth, recording_span
+from memtrace.analysis.memory.phases import phase_chain, phase_depth, recording_span
 from memtrace.model import ACTION_CODE, Trace
 
 #: Category names, in stacking order (bottom first). Codes are indices into this tuple.
@@ -114,11 +114,7 @@ def phase_categories(trace: Trace) -> list[int]:
     """The category code each phase assigns to allocations made directly inside it (rule 3)."""
     out = []
     for i in range(len(trace.phases)):
-        chain, seen, j = [], set(), i
-        while j is not None and 0 <= j < len(trace.phases) and j not in seen:
-            seen.add(j)
-            chain.append(trace.phases[j].name)
-            j = trace.phases[j].parent
+        chain = [trace.phases[j].name for j in phase_chain(trace, i)]
         profiling = any("profil" in n.lower() for n in chain)
         code = ACTIVATIONS
         for name in chain:  # innermost first
@@ -256,10 +252,7 @@ def categorize(trace: Trace, lt: Lifetimes | None = None) -> Categorized:
 
     Frees are paired with their allocations by ``live.lifetimes`` (pass it to share the work).
     """
-    return _categorize(trace, lt if lt is not None else lifetimes(trace))
-
-
-def _categorize(trace: Trace, lt: Lifetimes) -> Categorized:
+    lt = lt if lt is not None else lifetimes(trace)
     ev = trace.events
     n = len(ev)
     codes = np.full(n, -1, dtype=np.int8)
@@ -272,17 +265,6 @@ def _categorize(trace: Trace, lt: Lifetimes) -> Categorized:
     is_free = frees[f_pos]  # the allocation's end may be a later alloc at its address (a lost free)
     codes[f_pos[is_free]] = codes[a_pos[is_free]]
     return Categorized(codes=codes)
-
-
-def _signed_sizes(trace: Trace, end: int | None = None) -> np.ndarray:
-    """+size for each alloc, -size for each free_completed, 0 for other events (int64), of the events before
-    ``end`` (all by default)."""
-    ev = trace.events[:end]
-    action = ev["action"]
-    delta = ev["size"].astype(np.int64)
-    delta[action == _FREE] *= -1
-    delta[(action != _ALLOC) & (action != _FREE)] = 0
-    return delta
 
 
 @dataclass(frozen=True)
@@ -317,16 +299,3 @@ def category_steps(trace: Trace, categorized: Categorized, curves: Curves) -> Ca
         sums.append(np.concatenate(([0], np.cumsum(delta))).astype(np.int64))
     starts = [curves.baseline.allocated_bytes if code == OTHER else 0 for code in range(len(CATEGORIES))]
     return CategorySteps(positions, sums, starts)
-
-
-def category_totals_at_index(
-    trace: Trace, index: int, categorized: Categorized | None = None, *, curves: Curves
-) -> dict[str, int]:
-    """``{name: that category's allocated bytes at index}`` (the state after event ``index - 1``) without
-    building the curves: one sum per category over the events before ``index``."""
-    cat = categorized or categorize(trace)
-    delta = _signed_sizes(trace, index)
-    sums = np.bincount(cat.codes[:index].astype(np.intp) + 1, weights=delta, minlength=len(CATEGORIES) + 1)
-    out = {name: int(sums[code + 1]) for code, name in enumerate(CATEGORIES)}  # one pass, not one per category
-    out[CATEGORIES[OTHER]] += curves.baseline.allocated_bytes
-    return out

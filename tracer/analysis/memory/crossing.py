@@ -28,7 +28,7 @@ from dataclasses import dataclass
 import numpy as np
 from memtrace.analysis.memory.curves import Curve, Curves
 from memtrace.analysis.memory.phases import path_at, recording_span
-from memtrace.analysis.memory.quantities import excursion_peak, first_max
+from memtrace.analysis.memory.quantities import first_max
 from memtrace.model import Trace
 
 DEVICE_USED = "device_used"
@@ -108,7 +108,7 @@ def excursion(
     i = first_max(above)
     back = np.flatnonzero(~above[i:])
     j = i + int(back[0]) if len(back) else n
-    k = excursion_peak(values, i, n)  # above the target by construction: values[i] already is
+    k = i + first_max(values[i:n])  # above the target by construction: values[i] already is
     t = int(times[i])
     if j < n:
         stop, until = int(times[j]), "dropped"

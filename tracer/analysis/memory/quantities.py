@@ -223,22 +223,15 @@ def peak(c: Curve) -> Point:
     return Point(i, int(c.time_us[i]), int(c.bytes[i]))
 
 
-def peak_bytes(c: Curve) -> int:
-    """The highest value of ``c`` (0 when empty)."""
-    return peak(c).bytes
-
-
 def window_peak(c: Curve, start_us: int, end_us: int) -> tuple[int, int]:
     """(peak bytes, first time of the peak) of ``c`` over [start_us, end_us]; (0, start_us) if empty.
 
     The value in force at ``start_us`` counts, at time ``start_us`` (before the curve's first step its first
     value holds: an event curve's first point is the baseline, the state before recording began).
     """
-    if len(c) == 0:
-        return 0, start_us
     lo = int(np.searchsorted(c.time_us, start_us, side="right"))
     hi = int(np.searchsorted(c.time_us, end_us, side="right"))
-    first = int(c.bytes[0]) if start_us < int(c.time_us[0]) else c.at(start_us)
+    first = c.at(start_us, first_before=True)
     if hi <= lo:
         return first, start_us
     j = first_max(c.bytes[lo:hi])
@@ -289,18 +282,13 @@ def window_fullest(allocated: Curve, start_us: int, end_us: int) -> int:
     return lo + first_max(allocated.bytes[lo:hi])
 
 
-def excursion_peak(values: np.ndarray, start: int, stop: int) -> int:
-    """The index of the first maximum of ``values[start:stop]`` (an excursion above a target)."""
-    return start + first_max(values[start:stop])
-
-
 def whole_device_peak(curves: Curves) -> int:
     """The highest device used with other processes' memory put back (this process's alone when none was
     sampled): how full the card itself was."""
     used = curves.device_used
     if not len(used):
         return 0
-    return peak_bytes(type(used)(used.time_us, used.bytes + curves.others.at_each(used.time_us, first_before=True)))
+    return type(used)(used.time_us, used.bytes + curves.others.at_each(used.time_us, first_before=True)).peak_bytes
 
 
 # -- memory present before recording began --------------------------------------------------------------

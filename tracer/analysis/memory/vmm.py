@@ -11,7 +11,7 @@ So:
   (``caller == "kv_cache"``); vLLM's one-granule check that the API works (``"probe"``) and anything
   else are committed memory too, briefly, but not the KV cache.
 - **address space** reserved with ``cuMemAddressReserve`` is not memory: kept apart
-  (``curves.vmm_reserved_curve``).
+  (``curves.committed_curve``).
 - a **failed create** (``error != 0``; CUDA_ERROR_OUT_OF_MEMORY is 2) is where an extensible KV cache ran
   out of memory; vLLM empties PyTorch's cache and retries once (``_map_chunk_at``), so a failure followed
   by a successful create of the same size is a recovered one.
@@ -26,7 +26,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
-from memtrace.analysis.memory.curves import CREATE, RELEASE, committed_curve, vmm_reserved_curve
+from memtrace.analysis.memory.curves import CREATE, RELEASE, committed_curve
 from memtrace.analysis.memory.phases import path_at
 from memtrace.model import VMM_CALLERS, Trace
 
@@ -126,7 +126,7 @@ def summary(trace: Trace) -> VmmSummary | None:
         return None
     kv = committed_curve(trace, kv_cache_only=True)
     every = committed_curve(trace)
-    res = vmm_reserved_curve(trace)
+    res = committed_curve(trace, address_space=True)
     ok = trace.vmm[trace.vmm["error"] == 0]
     return VmmSummary(
         kv_cache_bytes=int(kv.bytes[-1]) if len(kv) else 0,
