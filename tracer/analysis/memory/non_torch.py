@@ -246,21 +246,9 @@ def _live(trace: Trace, time_us: int) -> tuple[list[Allocation], int]:
         t = int(recs["time_us"][i])
         phase = path_at(trace, t)
         kind = MEMORY_KINDS[int(recs["kind"][i])] if 0 <= int(recs["kind"][i]) < len(MEMORY_KINDS) else "unknown"
-        category, library = classify(frames, phase, kind, dirs)
-        out.append(
-            Allocation(
-                t,
-                int(recs["address"][i]),
-                size,
-                kind,
-                category,
-                library,
-                meaningful_frame(frames, dirs),
-                phase,
-                stack,
-                next((f.op for f in frames if f.op), None),
-            )
-        )
+        op = next((f.op for f in frames if f.op), None)
+        address, frame = int(recs["address"][i]), meaningful_frame(frames, dirs)
+        out.append(Allocation(t, address, size, kind, *classify(frames, phase, kind, dirs), frame, phase, stack, op))
     return out, torch_bytes
 
 
@@ -279,21 +267,21 @@ def breakdown(trace: Trace, time_us: int, moment: str, *, curves: Curves, larges
     nvml = steady_non_torch_at(curves, time_us)
     unexplained = nvml - cupti_bytes if nvml is not None else None
     at_start = grew = own = None
-    if unexplained is not None:
+    if unexplained is not None:  # the steady NVML samples are there (the module docstring splits it)
         cats.append(CategoryBytes(UNEXPLAINED, unexplained, 0))
-        at_start = _unexplained_at_start(trace, curves)
-        own = cupti_own_bytes(trace, curves) if time_us >= _cupti_start(trace, curves) + CUPTI_SETTLE_US else None
-        grew = unexplained - at_start - (own or 0) if at_start is not None else None
+        steady = steady_non_torch(curves)
+        at_start = int(steady.bytes[0]) - live_curve(trace).at(int(steady.time_us[0]))
+        own = cupti_own_bytes(trace, curves) if time_us >= _cupti_start(trace, steady) + CUPTI_SETTLE_US else None
+        grew = unexplained - at_start - (own or 0)
     return NonTorchBreakdown(
         moment, int(time_us), path_at(trace, time_us), tuple(cats), cupti_bytes, torch_bytes, nvml, unexplained,
         at_start, grew, own,
     )  # fmt: skip
 
 
-def _cupti_start(trace: Trace, curves: Curves) -> int:
-    """When CUPTI's records were enabled (``facts["cupti"]["started_us"]``), not before the first steady
+def _cupti_start(trace: Trace, steady: Curve) -> int:
+    """When CUPTI's records were enabled (``facts["cupti"]["started_us"]``), not before the first ``steady``
     NVML sample (the first sample when the fact is missing: files before it was recorded)."""
-    steady = steady_non_torch(curves)
     first = int(steady.time_us[0]) if len(steady) else 0
     started = (trace.facts.get(F.CUPTI) or {}).get("started_us")
     return max(int(started), first) if isinstance(started, int) else first
@@ -305,19 +293,10 @@ def cupti_own_bytes(trace: Trace, curves: Curves) -> int | None:
     steady = steady_non_torch(curves)
     if not has_records(trace) or not len(steady):
         return None
-    t0 = _cupti_start(trace, curves)
+    t0 = _cupti_start(trace, steady)
     t1 = t0 + CUPTI_SETTLE_US
     seen = live_curve(trace)
     return max((steady.at(t1) - steady.at(t0)) - (seen.at(t1) - seen.at(t0)), 0)
-
-
-def _unexplained_at_start(trace: Trace, curves: Curves) -> int | None:
-    """The non-PyTorch bytes at the first steady NVML sample, less what CUPTI saw live then."""
-    steady = steady_non_torch(curves)
-    if not len(steady):
-        return None
-    t0 = int(steady.time_us[0])
-    return int(steady.bytes[0]) - int(live_curve(trace).at(t0)) if has_records(trace) else int(steady.bytes[0])
 
 
 def live_curve(trace: Trace) -> Curve:
@@ -370,16 +349,4 @@ def at_moments(
             b = breakdown(trace, t, moment, curves=curves)
             if b is not None:
                 out.append(b)
-    return out
-
-
-def counts(trace: Trace) -> dict[str, int]:
-    """Records per ``kind/op`` ("device/allocation": 12...)."""
-    recs = trace.device_allocs
-    out: dict[str, int] = {}
-    for k, o in zip(recs["kind"].tolist(), recs["op"].tolist(), strict=True):
-        kind = MEMORY_KINDS[k] if 0 <= k < len(MEMORY_KINDS) else str(k)
-        op = MEMORY_OPS[o] if 0 <= o < len(MEMORY_OPS) else str(o)
-        key = f"{kind}/{op}"
-        out[key] = out.get(key, 0) + 1
     return out
