@@ -7,6 +7,7 @@ hold the package to these slower, plainer versions, or use them to build their i
 
 from __future__ import annotations
 
+import bisect
 import os
 from dataclasses import replace
 from typing import Any
@@ -18,7 +19,6 @@ from memtrace.analysis.gate.diff_sites import site_changes
 from memtrace.analysis.holders.live import lifetimes
 from memtrace.analysis.memory.categories import CATEGORIES, OTHER, Categorized, categorize
 from memtrace.analysis.memory.curves import Baseline, Curve, Curves, all_curves
-from memtrace.analysis.memory.pinned import _Segments
 from memtrace.analysis.memory.quantities import fullest_at_peak, is_one_moment, window_fullest
 from memtrace.importers.files import traces_from_snapshot_file
 from memtrace.importers.snapshot import traces_from_snapshot
@@ -80,6 +80,34 @@ def category_curves(
             values[1:] += start
         out[name] = Curve(times, values)
     return out
+
+
+class _Segments:
+    """Active segments by start address, with a live-block count each."""
+
+    def __init__(self) -> None:
+        self.starts: list[int] = []
+        self.size: dict[int, int] = {}
+        self.live: dict[int, int] = {}
+
+    def add(self, start: int, size: int) -> None:
+        if start not in self.size:
+            bisect.insort(self.starts, start)
+        self.size[start] = size
+        self.live.setdefault(start, 0)
+
+    def remove(self, start: int) -> None:
+        if start in self.size:
+            self.starts.pop(bisect.bisect_left(self.starts, start))
+            del self.size[start]
+            self.live.pop(start, None)
+
+    def find(self, addr: int) -> int | None:
+        i = bisect.bisect_right(self.starts, addr) - 1
+        if i < 0:
+            return None
+        start = self.starts[i]
+        return start if addr < start + self.size[start] else None
 
 
 def pinned_loop(trace: Trace, curves: Curves) -> Curve:
