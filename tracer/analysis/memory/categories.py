@@ -158,6 +158,14 @@ def _hook_windows(trace: Trace) -> tuple[np.ndarray, np.ndarray]:
     return np.array(starts, dtype=np.int64), np.array(ends, dtype=np.int64)
 
 
+def outermost_hook_calls(trace: Trace) -> tuple[int, int] | None:
+    """(calls, bytes returned) of the hooked calls no other hooked call encloses: what the hooks returned in all,
+    a nested call's bytes counted once (``summary.hook_totals`` counts them under each function they ran in, so
+    those must not be added up); None without hook calls."""
+    top = [c for c in trace.hook_calls if c.parent is None]
+    return (len(top), sum(c.returned_bytes or 0 for c in top)) if trace.hook_calls else None
+
+
 def _in_windows(times: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
     if not len(starts):
         return np.zeros(len(times), dtype=bool)

@@ -46,10 +46,6 @@ class Target:
     #: when not recorded; it picks vLLM's default utilization
     kv_sizing: str = ""
 
-    @property
-    def known(self) -> bool:
-        return self.target_bytes is not None
-
 
 def card_capacity(trace: Trace) -> tuple[int | None, str]:
     """The card's memory and where it came from: the card the run stood for, else the device's."""

@@ -92,10 +92,6 @@ class WindowSummary:
         return max(begun, key=lambda s: int(s["time_us"]), default=None)
 
     @property
-    def gap_us(self) -> int | None:
-        return self.window.gap_us
-
-    @property
     def reserved_unused_bytes(self) -> int | None:
         """:data:`quantities.RESERVED_UNUSED` at the window's end (None without the allocator's state)."""
         return None if self.end_state is None else self.end_state.reserved_unused_bytes
@@ -198,36 +194,23 @@ def growth_by_site(trace: Trace, w: ServingWindow, top: int = 10) -> list[SiteGr
             live[addr] = (size, stack)
         elif action == _FREE:
             live.pop(addr, None)
-    by: dict[Frame | None, list[int]] = {}
-    frame_of: dict[int, Frame | None] = {}
+    frame_of = {s: site_frame(trace, s) if s < len(trace.stacks) else None for _, s in live.values()}
+    by: dict[Frame | None, SiteGrowth] = {}
     for size, stack in live.values():
-        if stack not in frame_of:
-            frame_of[stack] = site_frame(trace, stack) if stack < len(trace.stacks) else None
-        entry = by.setdefault(frame_of[stack], [0, 0])
-        entry[0] += size
-        entry[1] += 1
-    rows = [SiteGrowth(frame, b, n) for frame, (b, n) in by.items()]
-    rows.sort(key=lambda r: -r.bytes)
-    return rows[:top]
+        g = by.setdefault(frame_of[stack], SiteGrowth(frame_of[stack], 0, 0))
+        g.bytes, g.count = g.bytes + size, g.count + 1
+    return sorted(by.values(), key=lambda r: -r.bytes)[:top]
+
+
+#: the window's own fields in ``report --json``, in order
+_WINDOW_DOC = ("startup_end_us", "start_us", "end_us", "gap_us", "reason", "writes", "events_kept", "events_dropped",
+               "samples_kept", "samples_dropped", "steps_kept", "steps_dropped", "bounds")  # fmt: skip
 
 
 def window_doc(ws: WindowSummary) -> dict[str, Any]:
     """The window in ``report --json`` (bytes and microseconds)."""
-    w = ws.window
     return {
-        "startup_end_us": w.startup_end_us,
-        "start_us": w.start_us,
-        "end_us": w.end_us,
-        "gap_us": w.gap_us,
-        "reason": w.reason,
-        "writes": w.writes,
-        "events_kept": w.events_kept,
-        "events_dropped": w.events_dropped,
-        "samples_kept": w.samples_kept,
-        "samples_dropped": w.samples_dropped,
-        "steps_kept": w.steps_kept,
-        "steps_dropped": w.steps_dropped,
-        "bounds": w.bounds,
+        **{k: getattr(ws.window, k) for k in _WINDOW_DOC},
         "start": {"allocated": ws.start_allocated_bytes, "reserved": ws.start_reserved_bytes, "exact": ws.start_exact},
         "end": {
             "allocated": ws.end_allocated_bytes,

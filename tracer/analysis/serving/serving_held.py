@@ -50,11 +50,6 @@ class AllocatorState:
         """:data:`quantities.RESERVED_UNUSED`: torch's "reserved by PyTorch but unallocated"."""
         return self.reserved_bytes - self.blocks_bytes - self.private_cached_bytes
 
-    @property
-    def torch_allocated_bytes(self) -> int:
-        """What torch's OOM message calls "allocated by PyTorch": the blocks and the private pools' cached ones."""
-        return self.blocks_bytes + self.private_cached_bytes
-
 
 def allocator_state(segments: list[Segment]) -> AllocatorState | None:
     """The allocator's figures from its saved segments (None when none were saved)."""
@@ -151,8 +146,7 @@ def device_at_end(trace: Trace, oom: Oom | None, end_state: AllocatorState | Non
     reserve, total = driver_reserved_bytes(trace), trace.process.device_total_bytes
     s, o = trace.samples, trace.others
     t0 = w.startup_end_us
-    committed = committed_curve(trace) if len(trace.vmm) else None
-    vmm = lambda t: committed.at(t) if committed is not None else 0  # noqa: E731
+    vmm = committed_curve(trace).at
     used0 = _last(s["time_us"], s["used_bytes"], t0)
     start = _holders(
         trace,
