@@ -144,18 +144,14 @@ def innermost_phase_indices(trace: Trace, times_us: np.ndarray) -> np.ndarray:
     return out
 
 
-def _hook_windows(trace: Trace) -> tuple[np.ndarray, np.ndarray]:
-    """Merged [start, end] windows of all hook calls, sorted."""
-    spans = sorted((h.start_us, max(h.end_us, h.start_us)) for h in trace.hook_calls)
-    starts: list[int] = []
-    ends: list[int] = []
-    for s, e in spans:
-        if starts and s <= ends[-1]:
-            ends[-1] = max(ends[-1], e)
-        else:
-            starts.append(s)
-            ends.append(e)
-    return np.array(starts, dtype=np.int64), np.array(ends, dtype=np.int64)
+def _in_hook_calls(trace: Trace, times: np.ndarray) -> np.ndarray:
+    """Whether each of ``times`` lies inside a hook call's [start, end]: a call starting at or before it that
+    ends at or after it (the latest end among the calls begun by then)."""
+    spans = np.array(sorted((h.start_us, max(h.end_us, h.start_us)) for h in trace.hook_calls), np.int64)
+    if not len(spans):
+        return np.zeros(len(times), dtype=bool)
+    k = np.searchsorted(spans[:, 0], times, side="right") - 1
+    return (k >= 0) & (times <= np.maximum.accumulate(spans[:, 1])[np.clip(k, 0, None)])
 
 
 def outermost_hook_calls(trace: Trace) -> tuple[int, int] | None:
@@ -164,13 +160,6 @@ def outermost_hook_calls(trace: Trace) -> tuple[int, int] | None:
     those must not be added up); None without hook calls."""
     top = [c for c in trace.hook_calls if c.parent is None]
     return (len(top), sum(c.returned_bytes or 0 for c in top)) if trace.hook_calls else None
-
-
-def _in_windows(times: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
-    if not len(starts):
-        return np.zeros(len(times), dtype=bool)
-    k = np.searchsorted(starts, times, side="right") - 1
-    return (k >= 0) & (times <= ends[np.clip(k, 0, None)])
 
 
 def _graph_pool_ranges(trace: Trace) -> list[tuple[int, int, int]]:
@@ -188,30 +177,25 @@ def _graph_pool_ranges(trace: Trace) -> list[tuple[int, int, int]]:
     return out
 
 
+def _stacks_through(trace: Trace, hit) -> np.ndarray:
+    """For each interned stack, whether it holds a frame for which ``hit(frame)`` is true."""
+    hits = {i for i, f in enumerate(trace.frames) if hit(f)}
+    if not hits:
+        return np.zeros(len(trace.stacks), dtype=bool)
+    return np.fromiter((not hits.isdisjoint(stack) for stack in trace.stacks), dtype=bool, count=len(trace.stacks))
+
+
 def workspace_stacks(trace: Trace) -> np.ndarray:
     """For each interned stack, whether it passes through a FlashInfer workspace allocator."""
-    out = np.zeros(len(trace.stacks), dtype=bool)
-    hits = set()
-    for i, f in enumerate(trace.frames):
-        path = f.filename.replace("\\", "/")
-        if f.name in WORKSPACE_FUNCTIONS or (
-            f.name in _WORKSPACE_IN_FLASHINFER and ("flashinfer" in path or "b12x" in path)
-        ):
-            hits.add(i)
-    if hits:
-        for k, stack in enumerate(trace.stacks):
-            out[k] = any(fid in hits for fid in stack)
-    return out
+    in_flashinfer = ("flashinfer", "b12x")
+    return _stacks_through(trace, lambda f: f.name in WORKSPACE_FUNCTIONS or (
+        f.name in _WORKSPACE_IN_FLASHINFER and any(k in f.filename for k in in_flashinfer)))  # fmt: skip
 
 
 def sampler_stacks(trace: Trace) -> np.ndarray:
     """For each interned stack, whether it passes through vLLM's sampler (a file in a ``sample/`` folder of
     vLLM: ``v1/sample/``, ``v1/worker/gpu/sample/``): state the sampler keeps, never the model's weights."""
-    files = {fn for fn in {f.filename for f in trace.frames} if _is_sampler_file(fn.replace("\\", "/"))}
-    hits = {i for i, f in enumerate(trace.frames) if f.filename in files} if files else set()
-    if not hits:
-        return np.zeros(len(trace.stacks), dtype=bool)
-    return np.fromiter((not hits.isdisjoint(stack) for stack in trace.stacks), dtype=bool, count=len(trace.stacks))
+    return _stacks_through(trace, lambda f: _is_sampler_file(f.filename.replace("\\", "/")))
 
 
 def _is_sampler_file(path: str) -> bool:
@@ -235,8 +219,7 @@ def classify(trace: Trace, times_us: np.ndarray, addrs: np.ndarray, stacks: np.n
     codes[:] = table[phase_idx]
     for lo, hi, created in _graph_pool_ranges(trace):
         codes[(addrs >= lo) & (addrs < hi) & (times >= created)] = CUDAGRAPH
-    starts, ends = _hook_windows(trace)
-    codes[_in_windows(times, starts, ends)] = WORKSPACE
+    codes[_in_hook_calls(trace, times)] = WORKSPACE
     if stacks is not None and len(trace.stacks):
         st = np.asarray(stacks, dtype=np.int64)
         st = np.where((st >= 0) & (st < len(trace.stacks)), st, -1)

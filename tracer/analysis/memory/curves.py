@@ -132,10 +132,9 @@ def _baseline(trace: Trace, alloc_sums: np.ndarray, reserved_sums: np.ndarray) -
         # curve never saw; the least baseline that keeps the curves non-negative is the honest floor.
         need_alloc = max(0, -int(alloc_sums.min())) if len(alloc_sums) else 0
         need_reserved = max(0, -int(reserved_sums.min())) if len(reserved_sums) else 0
-        ok = need_alloc == 0 and need_reserved == 0
-        if state_missing(trace):  # reserved is known from below only (see all_curves): not compared
-            return Baseline(need_alloc, need_reserved, consistent=ok)
-        return Baseline(need_alloc, need_reserved, consistent=ok and _within(alloc_sums, reserved_sums, 0, 0))
+        ok = need_alloc == 0 and need_reserved == 0  # without the state reserved is known from below only: not compared
+        ok = ok and (state_missing(trace) or _within(alloc_sums, reserved_sums, 0, 0))
+        return Baseline(need_alloc, need_reserved, consistent=ok)
     final_reserved = sum(s.total_bytes for s in trace.segments)
     final_alloc = sum(b.requested_bytes for s in trace.segments for b in s.blocks if b.state.startswith("active"))
     base_alloc = final_alloc - net_alloc
