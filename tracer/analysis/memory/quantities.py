@@ -61,91 +61,44 @@ class Quantity:
         return self.label
 
 
-ALLOCATED = Quantity(
-    "allocated",
-    "PyTorch allocated",
-    "bytes live in tensors as the program requested them (the allocator's trace entries)",
-)
-ALLOCATED_BLOCKS = Quantity(
-    "allocated_blocks",
-    "PyTorch allocated (blocks)",
-    "the allocator's blocks handed out to tensors, as torch.cuda.memory_allocated() counts them",
-)
-RESERVED = Quantity(
-    "reserved",
-    "PyTorch reserved",
-    "segments PyTorch's caching allocator holds from CUDA (torch.cuda.memory_reserved())",
-)
-VMM = Quantity(
-    "vmm",
-    "KV cache outside PyTorch (CUDA VMM)",
-    "what vLLM 0.34+ committed through CUDA's virtual memory API for its KV cache; PyTorch never sees it",
-)
-HELD = Quantity(
-    "held",
-    "held by this process",
-    "PyTorch reserved + the KV cache committed outside PyTorch (CUDA VMM)",
-)
-DEVICE_USED = Quantity(
-    "device_used",
-    "device used by this process",
-    "NVML's used memory in CUDA's accounting, other processes' memory taken out (sampled)",
-)
-OTHERS = Quantity(
-    "others",
-    "other processes",
-    "memory other processes held on the same device (NVML's per-process list, sampled); never ours",
-)
-NON_TORCH = Quantity(
-    "non_torch",
-    "non-PyTorch",
-    "device used - PyTorch reserved - CUDA VMM: CUDA context, NCCL, cuBLAS, raw cudaMalloc (CUPTI splits it)",
-)
-BEFORE_RECORDING = Quantity(
-    "before_recording",
-    "present before recording began",
-    "PyTorch memory that existed at the first recorded event: exact from the allocator's state, else a lower bound",
-)
-RESERVED_UNUSED = Quantity(
-    "reserved_unused",
-    "PyTorch reserved, unallocated",
-    "PyTorch reserved minus PyTorch allocated (blocks) minus the private pools' cached blocks: free blocks and "
-    "unused tails of split blocks (fragmentation), torch's OOM message's 'reserved by PyTorch but unallocated'",
-)
-PRIVATE_POOL_CACHED = Quantity(
-    "private_pool_cached",
-    "PyTorch private pools, cached",
-    "free blocks cached in PyTorch's private pools (CUDA graphs), which torch's OOM message counts as "
-    "'allocated in private pools' and within 'allocated by PyTorch'",
-)
-DEVICE_USED_ALL = Quantity(
-    "device_used_all",
-    "device used, all processes",
-    "the whole device's used memory in CUDA's accounting (total - free): this process and every other",
-)
-DEVICE_FREE = Quantity(
-    "device_free",
-    "device free",
-    "what CUDA reported free on the whole device (cudaMemGetInfo), as torch's OOM message says it ('of which ... is free')",
-)
-
-#: every quantity, in the order outputs list them
+#: every quantity, in the order outputs list them: key, label, meaning
+# fmt: off
 QUANTITIES = (
-    ALLOCATED,
-    ALLOCATED_BLOCKS,
-    RESERVED,
-    VMM,
-    HELD,
-    DEVICE_USED,
-    OTHERS,
-    NON_TORCH,
-    BEFORE_RECORDING,
-    RESERVED_UNUSED,
-    PRIVATE_POOL_CACHED,
-    DEVICE_USED_ALL,
-    DEVICE_FREE,
+    Quantity("allocated", "PyTorch allocated",
+             "bytes live in tensors as the program requested them (the allocator's trace entries)"),
+    Quantity("allocated_blocks", "PyTorch allocated (blocks)",
+             "the allocator's blocks handed out to tensors, as torch.cuda.memory_allocated() counts them"),
+    Quantity("reserved", "PyTorch reserved",
+             "segments PyTorch's caching allocator holds from CUDA (torch.cuda.memory_reserved())"),
+    Quantity("vmm", "KV cache outside PyTorch (CUDA VMM)",
+             "what vLLM 0.34+ committed through CUDA's virtual memory API for its KV cache; PyTorch never sees it"),
+    Quantity("held", "held by this process",
+             "PyTorch reserved + the KV cache committed outside PyTorch (CUDA VMM)"),
+    Quantity("device_used", "device used by this process",
+             "NVML's used memory in CUDA's accounting, other processes' memory taken out (sampled)"),
+    Quantity("others", "other processes",
+             "memory other processes held on the same device (NVML's per-process list, sampled); never ours"),
+    Quantity("non_torch", "non-PyTorch",
+             "device used - PyTorch reserved - CUDA VMM: CUDA context, NCCL, cuBLAS, raw cudaMalloc (CUPTI splits it)"),
+    Quantity("before_recording", "present before recording began",
+             "PyTorch memory that existed at the first recorded event: exact from the allocator's state, else a lower "
+             "bound"),
+    Quantity("reserved_unused", "PyTorch reserved, unallocated",
+             "PyTorch reserved minus PyTorch allocated (blocks) minus the private pools' cached blocks: free blocks "
+             "and unused tails of split blocks (fragmentation), torch's OOM message's 'reserved by PyTorch but "
+             "unallocated'"),
+    Quantity("private_pool_cached", "PyTorch private pools, cached",
+             "free blocks cached in PyTorch's private pools (CUDA graphs), which torch's OOM message counts as "
+             "'allocated in private pools' and within 'allocated by PyTorch'"),
+    Quantity("device_used_all", "device used, all processes",
+             "the whole device's used memory in CUDA's accounting (total - free): this process and every other"),
+    Quantity("device_free", "device free",
+             "what CUDA reported free on the whole device (cudaMemGetInfo), as torch's OOM message says it ('of which "
+             "... is free')"),
 )
-#: the quantities only a serving window's outputs state (its end, what held the device at its OOM)
+(ALLOCATED, ALLOCATED_BLOCKS, RESERVED, VMM, HELD, DEVICE_USED,
+ OTHERS, NON_TORCH, BEFORE_RECORDING, RESERVED_UNUSED, PRIVATE_POOL_CACHED, DEVICE_USED_ALL, DEVICE_FREE) = QUANTITIES
+# fmt: on
 WINDOW_QUANTITIES = (RESERVED_UNUSED, PRIVATE_POOL_CACHED, DEVICE_USED_ALL, DEVICE_FREE)
 BY_KEY = {q.key: q for q in QUANTITIES}
 
