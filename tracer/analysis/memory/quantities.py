@@ -8,29 +8,8 @@ things. The peak rules live here too, and nowhere else: :func:`peak` (the first 
 state shown "at the peak": the fullest moment of the reserved peak's plateau) and
 :func:`window_fullest` (the fullest moment of a window).
 
-The quantities, all in bytes:
-
-- **PyTorch allocated** (requested): bytes live in tensors, as the program asked for them (the trace
-  entries' sizes). **PyTorch allocated (blocks)**: the allocator's blocks handed out, what
-  ``torch.cuda.memory_allocated()`` counts (requests rounded up to 512 B, and a block the allocator did not
-  split counted whole).
-- **PyTorch reserved**: segments PyTorch's caching allocator holds from CUDA (``memory_reserved()``).
-- **KV cache outside PyTorch (CUDA VMM)**: what vLLM 0.34+ committed through CUDA's virtual memory API.
-- **held by this process**: PyTorch reserved + the KV cache outside PyTorch.
-- **device used by this process** (NVML, sampled): NVML's used memory in CUDA's accounting, other
-  processes' memory taken out when it was sampled.
-- **other processes** (NVML per-process, sampled): never counted as this process's.
-- **non-PyTorch**: device used - reserved - VMM at each sample (CUDA context, NCCL, cuBLAS, raw
-  ``cudaMalloc``); CUPTI, when recorded, splits it by category.
-- **PyTorch reserved, unallocated**: reserved - allocated (blocks) - the private pools' cached blocks
-  (fragmentation), at a serving window's end: torch's OOM message's "reserved by PyTorch but unallocated".
-- **PyTorch private pools, cached**: free blocks cached in private pools (CUDA graphs), which torch's OOM
-  message counts as "allocated in private pools".
-- **device used, all processes**: the whole device's used memory (this process and every other), at a serving
-  window's end and in a window that sampled NVML without telling other processes apart (format 1.4).
-- **device free**: what CUDA reported free on the whole device, as torch's OOM message says it.
-- **present before recording began**: PyTorch memory that existed at the first recorded event, exact when
-  the allocator's final state was saved and the events add up to it, else a lower bound (said so).
+The quantities are in bytes; :data:`QUANTITIES` says what each means. Those only a serving window states (its
+end, what held the device at its OOM) are :data:`WINDOW_QUANTITIES`.
 
 How well the peaks are known (:func:`peak_bound`): exact from a recorded history; "at least" (a lower bound)
 for an imported snapshot of one moment (:data:`ONE_MOMENT`) or one without its allocator state.

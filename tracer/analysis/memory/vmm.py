@@ -63,19 +63,11 @@ def failed_commits(trace: Trace) -> list[FailedCommit]:
     creates = r[r["op"] == CREATE]
     out = []
     for i in np.flatnonzero(creates["error"] != 0):
-        rec = creates[i]
-        later = creates[i + 1 :]
+        rec, later = creates[i], creates[i + 1 :]
         retry = later[(later["bytes"] == rec["bytes"]) & (later["caller"] == rec["caller"])][:1]
-        out.append(
-            FailedCommit(
-                time_us=int(rec["time_us"]),
-                bytes=int(rec["bytes"]),
-                error=int(rec["error"]),
-                phase=path_at(trace, int(rec["time_us"])),
-                kv_cache=bool(rec["caller"] == KV_CACHE),
-                recovered=bool(len(retry) and retry["error"][0] == 0),
-            )
-        )
+        t, recovered = int(rec["time_us"]), bool(len(retry) and retry["error"][0] == 0)
+        phase, kv_cache = path_at(trace, t), bool(rec["caller"] == KV_CACHE)
+        out.append(FailedCommit(t, int(rec["bytes"]), int(rec["error"]), phase, kv_cache, recovered))
     return out
 
 

@@ -243,21 +243,12 @@ def window_doc(ws: WindowSummary) -> dict[str, Any]:
 
 
 def joined(trace: Trace) -> Trace:
-    """The run in time: start-up and its serving window as one trace (``trace`` itself without a window, or when the
-    two cannot be joined exactly).
-
-    Its events are start-up's then the window's; its allocator state the window's (the later one); its phases
-    start-up's then ``serving`` (the window's span); its recording ends where the window ends. The gap between them
-    is no memory (``Curve`` steps hold until the next record: what the gap held is unknown, and every output says it
-    as ``ServingWindow.gap_us``). NVML's samples are start-up's then the window's; a window that did not tell other
-    processes apart (format 1.4) gets their series derived as ``serving_held`` derives it at the OOM (this process's
-    non-PyTorch memory as at start-up's end, other processes the rest: ``serving_held.DERIVED``), so that other
-    processes' and this process's device-used figures are one answer over the whole run. An OOM in the window adds
-    the device's used memory torch's OOM observer was given (CUDA's total less its free bytes, exact then) as one
-    more sample.
-
-    Not joined (``trace`` returned): a window whose ring dropped events (its start state is not start-up's end plus
-    nothing) or without the allocator state its events need."""
+    """The run in time: start-up and its serving window as one trace: events, phases (then ``serving``) and NVML
+    samples start-up's then the window's, the window's allocator state, and the gap between them no memory (every
+    output says it as ``ServingWindow.gap_us``). A window that did not tell other processes apart (format 1.4) gets
+    their series derived as ``serving_held`` does (``serving_held.DERIVED``); an OOM in the window adds the device's
+    used memory torch's observer was given as one more sample. ``trace`` itself without a window, or when the two
+    cannot be joined exactly (the ring dropped events, or the allocator state its events need is missing)."""
     w = trace.window
     if w is None or w.start_us is None or w.end_us is None or not (len(w.events) or len(w.samples)):
         return trace
