@@ -15,28 +15,16 @@ exactly one category, decided by the first rule that applies, in this order:
    after that segment was created; or it was allocated inside a graph-capture phase
    (``capture_model``; ``cudagraph_profile``, vLLM's estimate of graph memory, whose minimal
    ``is_profiling`` KV cache and sample captures are freed again when it ends).
-3. By the phase it was allocated in, walking from the innermost phase outwards, the first phase
-   whose name is known decides:
+3. By the phase it was allocated in: the innermost phase whose name is known (the ``_*_PHASES`` below) decides,
+   an unknown name (a user's ``memtrace.phase``) defers to its parent, and none known is **activations**.
+   ``load_model`` → **weights**, except vLLM's sampler's buffers (a stack through a ``sample/`` folder of vLLM)
+   → **other**; a KV-cache phase → **kv_cache**, but **activations** inside a profiling phase (a KV cache made
+   to profile is freed again); ``init_device`` → **other**; forward passes and warm-ups → **activations**.
+4. Outside every phase, and blocks already live before the first recorded event (the baseline), → **other**.
 
-   - ``load_model`` → **weights**, except what vLLM's sampler allocates there (a stack through a
-     ``sample/`` folder of vLLM: ``penalties.py``'s buffers, sized by ``max_num_seqs``), → **other**;
-   - a KV-cache phase (``kv_cache_init``, ``initialize_kv_cache``, ``allocate_kv_cache``,
-     ``initialize_from_config``...) → **kv_cache**, unless the allocation is inside a profiling
-     phase (a name containing "profil"): a KV cache made to profile is freed again and counts as
-     **activations** (the vLLM plugin does not mark ``initialize_kv_cache(is_profiling=True)`` as a
-     phase at all, so vLLM's minimal cache falls under ``cudagraph_profile``);
-   - ``init_device`` → **other** (NCCL buffers, cuBLAS warm-up);
-   - forward passes (``profile_run``, ``_dummy_run``, ``determine_available_memory``,
-     ``compile_or_warm_up``, ``kernel_warmup``, sampler warm-up) → **activations**;
-   - a phase with an unknown name (a user's ``memtrace.phase``) defers to its parent; if no phase in
-     the path is known, the allocation is **activations** (tensors made while the program worked).
-4. Outside every phase, and blocks already live before the first recorded event (the baseline),
-   → **other**.
-
-Frees carry the category of the allocation they release (paired by address, as in
-``live.lifetimes``); a free with no recorded allocation releases
-baseline memory and comes out of **other**. So the category curves add up, at every step, to the
-exact ``Curves.allocated`` (requested bytes).
+Frees carry the category of the allocation they release (paired by address, ``live.lifetimes``); a free with no
+recorded allocation releases baseline memory and comes out of **other**. So the category curves add up, at every
+step, to the exact ``Curves.allocated`` (requested bytes).
 """
 
 from __future__ import annotations

@@ -65,8 +65,7 @@ class Curve:
     @property
     def peak_bytes(self) -> int:
         """The value at :attr:`peak_index` (0 for an empty curve)."""
-        i = self.peak_index
-        return int(self.bytes[i]) if i >= 0 else 0
+        return int(self.bytes[self.peak_index]) if len(self) else 0
 
     def at(self, t_us: int, *, first_before: bool = False) -> int:
         """The value in force at ``t_us`` (the last step at or before it); 0 before the first, or with

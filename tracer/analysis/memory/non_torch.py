@@ -10,17 +10,11 @@ allocation and release the CUDA driver made for the process. Definitions (bytes,
 - **live at t**: allocated at or before ``t`` and not released at or before ``t``; only kinds that
   take device memory (``model.DEVICE_MEMORY_KINDS``; pinned host memory is left out). The non-PyTorch
   ones (:func:`live_allocations`) are what the breakdown, the live curve and the flame graph count.
-- **categories**, by the Python stack of the CUDA call (``capture.cupti``), the memory kind and the
-  phase, first match: NCCL (a frame of NCCL or ``torch.distributed``), FlashInfer/CUTLASS JIT modules
-  (a frame of ``flashinfer`` or ``cutlass``), kernel modules' statics (memory kind ``device_static``:
-  the ``__device__`` globals of every module the driver loads, PyTorch's and Triton's included), CUDA
-  graphs (a frame of ``cuda/graphs.py`` or a cudagraph helper, or a phase that captures graphs),
-  cuBLAS/cuBLASLt workspaces (a cuBLAS frame, an innermost frame of a matmul/linear, or a matmul
-  operator named by the capture: the first ``aten::mm`` on the H200 made 1,024 + 131,072 + 67,108,864 B
-  of raw ``cudaMalloc`` inside cuBLAS), other
-  libraries (named by the package of the innermost frame outside torch and the standard library,
-  ``frames.meaningful_frame``: a ``cudaMalloc`` inside a torch op is named by who called the op;
-  "torch.compile graph" for Inductor's generated code; "no stack" when CUPTI gave none).
+- **categories** (:func:`classify`), the first that matches the Python stack of the CUDA call, its memory
+  kind and phase: NCCL, FlashInfer/CUTLASS JIT modules, kernel modules' statics (the ``__device__`` globals
+  of every module the driver loads), CUDA graphs, cuBLAS/cuBLASLt workspaces (the first ``aten::mm`` on the
+  H200 made 1,024 + 131,072 + 67,108,864 B of raw ``cudaMalloc`` inside cuBLAS), else other libraries, named
+  by the innermost frame outside torch and the standard library (``frames.meaningful_frame``).
 - **unexplained** = the steady NVML non-PyTorch bytes at ``t`` (``landmarks.steady_non_torch_at``:
   device used − reserved) − the non-PyTorch bytes CUPTI saw live. None without NVML samples. It is
   split in three: **present when recording began** (the non-PyTorch bytes at the first steady NVML
@@ -37,6 +31,7 @@ allocation and release the CUDA driver made for the process. Definitions (bytes,
 from __future__ import annotations
 
 import os
+from collections import Counter
 from dataclasses import dataclass
 
 import numpy as np
@@ -132,9 +127,7 @@ def torch_made(trace: Trace) -> np.ndarray:
     out = np.zeros(len(recs), dtype=bool)
     ev = trace.events
     seg = ev[np.isin(ev["action"], _SEG_UP)]
-    known: dict[tuple[int, int], int] = {}
-    for a, s in zip(seg["addr"].tolist(), seg["size"].tolist(), strict=True):
-        known[(a, s)] = known.get((a, s), 0) + 1
+    known = Counter(zip(seg["addr"].tolist(), seg["size"].tolist(), strict=True))
     for s in trace.segments:
         known.setdefault((s.address, s.total_bytes), 1)
     order = np.argsort(recs["time_us"], kind="stable")
@@ -142,20 +135,16 @@ def torch_made(trace: Trace) -> np.ndarray:
     for i in order.tolist():
         addr = int(recs["address"][i])
         if recs["op"][i] == _RELEASE:
-            if addr in live:
-                live.discard(addr)
-                out[i] = True
-            continue
-        if recs["op"][i] != _ALLOCATION:
-            continue
-        key = (addr, int(recs["bytes"][i]))
-        left = known.get(key, 0)
-        if left > 0:
-            known[key] = left - 1
-            out[i] = True
-            live.add(addr)
-        else:
+            out[i] = addr in live
             live.discard(addr)
+        elif recs["op"][i] == _ALLOCATION:
+            key = (addr, int(recs["bytes"][i]))
+            out[i] = known[key] > 0
+            if out[i]:
+                known[key] -= 1
+                live.add(addr)
+            else:
+                live.discard(addr)
     return out
 
 

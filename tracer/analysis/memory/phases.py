@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from memtrace.analysis.memory.curves import Curves
-from memtrace.analysis.memory.quantities import samples_peak, window_peak
+from memtrace.analysis.memory.quantities import samples_peak, window_max, window_peak
 from memtrace.model import Phase, Trace
 
 
@@ -117,7 +117,6 @@ def phase_stats(trace: Trace, curves: Curves) -> list[PhaseStats]:
     for i, p in enumerate(trace.phases):
         end = p.end_us if p.end_us is not None else max(end_of_trace, p.start_us)
         peak_res, peak_res_us = window_peak(curves.reserved, p.start_us, end)
-        peak_alloc, _ = window_peak(curves.allocated, p.start_us, end)
         out.append(
             PhaseStats(
                 index=i,
@@ -129,7 +128,7 @@ def phase_stats(trace: Trace, curves: Curves) -> list[PhaseStats]:
                 ended=p.end_us is not None,
                 start_allocated_bytes=curves.allocated.at(p.start_us, first_before=True),
                 end_allocated_bytes=curves.allocated.at(end, first_before=True),
-                peak_allocated_bytes=peak_alloc,
+                peak_allocated_bytes=window_max(curves.allocated, p.start_us, end),
                 start_reserved_bytes=curves.reserved.at(p.start_us, first_before=True),
                 end_reserved_bytes=curves.reserved.at(end, first_before=True),
                 peak_reserved_bytes=peak_res,

@@ -134,8 +134,7 @@ def first_max(values: np.ndarray) -> int:
 
 def array_max(values: np.ndarray) -> int:
     """The largest of ``values`` (0 when empty): :func:`first_max`'s value."""
-    i = first_max(values)
-    return int(values[i]) if i >= 0 else 0
+    return int(values[first_max(values)]) if len(values) else 0
 
 
 @dataclass(frozen=True)
@@ -150,9 +149,7 @@ class Point:
 def peak(c: Curve) -> Point:
     """The first maximum of ``c`` (bytes 0 at time 0 for an empty curve)."""
     i = first_max(c.bytes)
-    if i < 0:
-        return Point(-1, 0, 0)
-    return Point(i, int(c.time_us[i]), int(c.bytes[i]))
+    return Point(i, int(c.time_us[i]), int(c.bytes[i])) if i >= 0 else Point(-1, 0, 0)
 
 
 def window_peak(c: Curve, start_us: int, end_us: int) -> tuple[int, int]:
@@ -179,13 +176,9 @@ def window_max(c: Curve, start_us: int, end_us: int) -> int:
 
 def samples_peak(c: Curve, start_us: int, end_us: int) -> int | None:
     """The highest sample of a sampled curve taken inside [start_us, end_us]; None without one."""
-    if len(c) == 0:
-        return None
     lo = int(np.searchsorted(c.time_us, start_us, side="left"))
     hi = int(np.searchsorted(c.time_us, end_us, side="right"))
-    if hi <= lo:
-        return None
-    return int(c.bytes[lo + first_max(c.bytes[lo:hi])])
+    return int(c.bytes[lo + first_max(c.bytes[lo:hi])]) if hi > lo else None
 
 
 def plateau_end(c: Curve, i: int) -> int:

@@ -95,8 +95,8 @@ def resolve_target(
     recorded_util = float(recorded_util) if isinstance(recorded_util, (int, float)) else None
     recorded = F.int_fact(trace.facts, F.TARGET_BYTES)
     how = {
-        "util_source": str(trace.facts.get(F.UTIL_SOURCE) or ""),
-        "kv_sizing": str(trace.facts.get(F.VLLM_KV_SIZE_SOURCE) or ""),
+        k: str(trace.facts.get(fact) or "")
+        for k, fact in (("util_source", F.UTIL_SOURCE), ("kv_sizing", F.VLLM_KV_SIZE_SOURCE))
     }
     if recorded is not None and recorded > 0:
         return Target(recorded, card, recorded_util, RECORDED, card_source, **how)

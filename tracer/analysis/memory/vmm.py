@@ -10,15 +10,13 @@ So:
 - the **KV cache committed outside PyTorch** is the part made by the KV cache's buffer
   (``caller == "kv_cache"``); vLLM's one-granule check that the API works (``"probe"``) and anything
   else are committed memory too, briefly, but not the KV cache.
-- **address space** reserved with ``cuMemAddressReserve`` is not memory: kept apart
-  (``curves.committed_curve``).
+- **address space** reserved with ``cuMemAddressReserve`` is not memory: kept apart.
 - a **failed create** (``error != 0``; CUDA_ERROR_OUT_OF_MEMORY is 2) is where an extensible KV cache ran
   out of memory; vLLM empties PyTorch's cache and retries once (``_map_chunk_at``), so a failure followed
   by a successful create of the same size is a recovered one.
 
-Non-PyTorch memory (``curves.non_torch_curve``) subtracts the committed curve: device used - PyTorch
-reserved - committed through the VMM API. This module holds what is built on those curves: the failed
-commits and the summary every output shows.
+Non-PyTorch memory (``curves.non_torch_curve``) subtracts the committed curve. This module holds the failed
+commits, the KV cache's live chunks and the summary every output shows.
 """
 
 from __future__ import annotations

@@ -1,15 +1,9 @@
 """The serving window of a trace (``MEMTRACE_UNTIL=serving``): what filled the GPU before it was written.
 
-:func:`window_summary` reads ``Trace.window`` (``model.ServingWindow``): the gap after start-up, what the
-rings kept and dropped, PyTorch's state at the window's start and at its end (the start state plus the
-kept events; the allocator state saved with the last write says it for the end, when there is one), the
-window's growth by allocation site (allocations made in the window and still live at its end), the
-allocator's state at its end as torch's OOM message counts it (``serving_held.AllocatorState``: the
-reserved-but-unallocated memory, :data:`quantities.RESERVED_UNUSED`), what held the device at its end and how
-each holder changed since start-up ended (``serving_held.device_at_end``), the OOM inside the window (the one
-``analysis.oom.Oom`` every output words through ``plots.oom_text``), the scheduler steps before its end and the
-one in progress at its write (an OOM's: the step that failed; not tracked in a format 1.4 window).
-Plain data; no peak of its own.
+:func:`window_summary` reads ``Trace.window`` (``model.ServingWindow``) into plain data (:class:`WindowSummary`,
+no peak of its own): PyTorch's state at the window's start and end (the start state plus the kept events, or the
+allocator state saved with the last write), the growth by allocation site, what held the device at its end
+(``serving_held``), the OOM inside the window and the scheduler steps before its end.
 
 The window's NVML samples are the whole device's used memory (every process), as start-up's are. With the other
 processes' series recorded beside them (format 1.5) the window's curves take it out, as start-up's do; a window
@@ -126,7 +120,7 @@ def window_summary(trace: Trace, top: int = 10) -> WindowSummary | None:
         steps_before_end=list(w.steps[-STEPS_SHOWN:]),
         device_total_bytes=trace.process.device_total_bytes,
         end_state=end_state,
-        device=device_at_end(trace, oom if in_window else None, end_state),
+        device=device_at_end(trace, oom if in_window else None),
         device_used_all=device_used_all_curve(trace),
         steps_in_progress=None if w.steps_in_progress is None else list(w.steps_in_progress),
         cost=serving_cost(trace),

@@ -129,10 +129,10 @@ def _holders(trace: Trace, t_us: int, state: AllocatorState | None, vmm: int, us
     return Holders(t_us, state, vmm, used_all, others, non_torch if others is not None else None, free)
 
 
-def device_at_end(trace: Trace, oom: Oom | None, end_state: AllocatorState | None = None) -> DeviceAtEnd | None:
+def device_at_end(trace: Trace, oom: Oom | None) -> DeviceAtEnd | None:
     """What held the device at ``trace``'s serving window's end (``oom``: the OOM the process died of in the window,
-    None when it did not die there; ``end_state``: the window's allocator state, when the caller has it) and at
-    start-up's end; None without a window, or without the allocator's state at both moments."""
+    None when it did not die there) and at start-up's end; None without a window, or without the allocator's state
+    at both moments."""
     w = trace.window
     if w is None or w.startup_end_us is None or w.end_us is None or not w.segments or not trace.segments:
         return None
@@ -148,9 +148,8 @@ def device_at_end(trace: Trace, oom: Oom | None, end_state: AllocatorState | Non
         used1 = _last(w.samples, "used_bytes", t1, reserve)
     others1 = _last(w.others, "others_bytes", t1)
     derived = others1 is None and start.non_torch_bytes is not None
-    free1 = oom.free_bytes if at_oom else None
-    state1 = end_state if end_state is not None else allocator_state(w.segments)
-    end = _holders(trace, t1, state1, vmm(t1), used1, others1, start.non_torch_bytes if derived else None, free1)
+    free1, non_torch1 = oom.free_bytes if at_oom else None, start.non_torch_bytes if derived else None
+    end = _holders(trace, t1, allocator_state(w.segments), vmm(t1), used1, others1, non_torch1, free1)
     limit = oom.limit_bytes(total) if at_oom and total else None  # a limit below the device, known to be one
     within = (
         None if limit is None or end.allocator is None else end.allocator.reserved_bytes + oom.requested_bytes <= limit
