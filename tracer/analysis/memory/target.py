@@ -118,7 +118,7 @@ def describe(target: Target) -> str:
             else f"the recorded --gpu-memory-utilization {target.util:g}{_chosen(target)}"
         )
     if target.source == RECORDED_UTIL:
-        return f"recorded util {target.util:g} x the card{_chosen(target, ', ')}"
+        return f"recorded util {target.util:g} x the card{_chosen(target)}"
     return "none"
 
 
@@ -131,11 +131,11 @@ KV_SIZING_WORDS = {
 }
 
 
-def _chosen(target: Target, sep: str = ", ") -> str:
+def _chosen(target: Target) -> str:
     """Who chose the recorded utilization: ", set by the user" or ", vLLM's default for <sizing mode>"."""
     if target.util_source == F.UTIL_BY_USER:
-        return f"{sep}set by the user"
+        return ", set by the user"
     if target.util_source == F.UTIL_VLLM_DEFAULT:
         mode = KV_SIZING_WORDS.get(target.kv_sizing)
-        return f"{sep}vLLM's default" + (f" with {mode}" if mode else "")
+        return ", vLLM's default" + (f" with {mode}" if mode else "")
     return ""

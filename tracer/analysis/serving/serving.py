@@ -80,9 +80,8 @@ class WindowSummary:
     @property
     def step_at_oom(self) -> dict[str, Any] | None:
         """The scheduler step the OOM happened in: the last one in progress at the write that began by the OOM."""
-        if self.oom is None or not self.steps_in_progress:
-            return None
-        begun = [s for s in self.steps_in_progress if int(s.get("time_us", 0)) <= self.oom.time_us]
+        oom_us = self.oom.time_us if self.oom is not None else None
+        begun = [s for s in self.steps_in_progress or [] if oom_us is not None and int(s.get("time_us", 0)) <= oom_us]
         return max(begun, key=lambda s: int(s["time_us"]), default=None)
 
     @property
@@ -196,6 +195,8 @@ def growth_by_site(trace: Trace, w: ServingWindow, top: int = 10) -> list[SiteGr
     return sorted(by.values(), key=lambda r: -r.bytes)[:top]
 
 
+#: memtrace's cost's figures in ``report --json`` beside its fields (``self_cost.ServingCost``'s properties)
+_COST_SHARES = ("total_ns", "share", "share_with_own_threads")
 #: the window's own fields in ``report --json``, in order
 _WINDOW_DOC = ("startup_end_us", "start_us", "end_us", "gap_us", "reason", "writes", "events_kept", "events_dropped",
                "samples_kept", "samples_dropped", "steps_kept", "steps_dropped", "bounds")  # fmt: skip
@@ -226,13 +227,8 @@ def window_doc(ws: WindowSummary) -> dict[str, Any]:
         "steps_in_progress": ws.steps_in_progress,
         "step_at_oom": ws.step_at_oom,
         "cost": None
-        if ws.cost is None
-        else {
-            **{f.name: getattr(ws.cost, f.name) for f in fields(ws.cost)},
-            "total_ns": ws.cost.total_ns,
-            "share": ws.cost.share,
-            "share_with_own_threads": ws.cost.share_with_own_threads,
-        },
+        if (c := ws.cost) is None
+        else {k: getattr(c, k) for k in (*(f.name for f in fields(c)), *_COST_SHARES)},
     }
 
 

@@ -12,11 +12,8 @@ At each of the two moments, in bytes:
   sample, in CUDA's accounting (``curves.driver_reserved_bytes``);
 - other processes' memory (:data:`quantities.OTHERS`): their series' last sample (the start-up sidecar's, the
   window's own from format 1.5); this process's non-PyTorch memory is then the rest (:data:`quantities.NON_TORCH`:
-  device used by this process - reserved - VMM).
-
-A window written before other processes were sampled in serving (format 1.4) holds the whole device's used
-memory alone: non-PyTorch and other processes are not told apart in it. This process's non-PyTorch memory is then
-taken as at start-up's end and other processes' memory is the rest (:data:`DERIVED`, said so wherever shown).
+  device used by this process - reserved - VMM), or, in a window that sampled the whole device only, the other
+  way round (:data:`DERIVED`).
 """
 
 from __future__ import annotations
