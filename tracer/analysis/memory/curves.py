@@ -178,11 +178,8 @@ def driver_reserved_bytes(trace: Trace) -> int:
     NVML's "used" includes it. vLLM's target (util × CUDA total) and torch's numbers are in CUDA's
     accounting, so the device-used curve is moved into it. 0 when either total is unknown.
     """
-    nvml_total = (trace.facts.get(F.SIDECAR) or {}).get("total_bytes")
-    cuda_total = trace.process.device_total_bytes
-    if not nvml_total or not cuda_total:
-        return 0
-    return max(int(nvml_total) - int(cuda_total), 0)
+    nvml_total, cuda_total = (trace.facts.get(F.SIDECAR) or {}).get("total_bytes"), trace.process.device_total_bytes
+    return max(int(nvml_total) - int(cuda_total), 0) if nvml_total and cuda_total else 0
 
 
 def others_curve(trace: Trace) -> Curve:

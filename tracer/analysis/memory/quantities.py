@@ -315,14 +315,9 @@ def peak_bound(facts: dict) -> PeakBound:
     from memtrace import facts as F
 
     imported = facts.get(F.IMPORT) or {}
-    state = imported.get("state")
-    if state == "moment":
-        return PeakBound(True, ONE_MOMENT)
-    if state == "missing":
-        return PeakBound(True, STATE_MISSING)
-    if imported.get("format") == "kineto" and imported.get("memory") == "host":
-        return PeakBound(True, CPU_PROFILED)
-    return PeakBound(False)
+    cpu = imported.get("format") == "kineto" and imported.get("memory") == "host"
+    why = {"moment": ONE_MOMENT, "missing": STATE_MISSING}.get(imported.get("state"), CPU_PROFILED if cpu else "")
+    return PeakBound(bool(why), why)
 
 
 def is_one_moment(facts: dict) -> bool:
@@ -379,9 +374,7 @@ def memory_meanings(processes) -> tuple[tuple[str, str], ...]:
     """(name, meaning) of each kind of memory among ``processes`` whose figures count something other than the
     GPU's memory every quantity's meaning speaks of: the CPU's, as torch.profiler counts it (:data:`CPU_PROFILED`).
     Empty for GPU memory alone."""
-    if not any(p.role == "host" for p in processes):
-        return ()
-    return ((MEMORY_OF_ROLE["host"], CPU_PROFILED),)
+    return ((MEMORY_OF_ROLE["host"], CPU_PROFILED),) if any(p.role == "host" for p in processes) else ()
 
 
 def memory_of(traces) -> str:

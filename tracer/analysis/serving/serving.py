@@ -143,13 +143,10 @@ def device_used_all_curve(trace: Trace) -> Curve | None:
 
 
 def window_trace(trace: Trace) -> Trace | None:
-    """The serving window as a trace of its own; None without a window or with no allocator events in it.
-
-    Its events, NVML samples (with the other processes' series: this process's device used, as start-up's; none
-    when they were not told apart, :func:`told_apart`: they are the whole device's, never this process's) and
-    final allocator state are the window's; its one phase, ``serving``, spans the window; the process, the
-    interned stacks, the facts (the OOM, vLLM's figures), the KV cache's VMM calls (committed at start-up, held
-    while serving) and the notes of the window's time are the trace's."""
+    """The serving window as a trace of its own; None without a window or with no allocator events in it. Its
+    events, allocator state and NVML samples are the window's (none when not :func:`told_apart`: the whole device's
+    are never this process's), its one phase ``serving``; the process, stacks, facts, VMM calls and the notes of
+    the window's time are the trace's."""
     w = trace.window
     if w is None or not len(w.events) or w.start_us is None or w.end_us is None:
         return None
