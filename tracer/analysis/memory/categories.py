@@ -175,9 +175,12 @@ def _stacks_through(trace: Trace, hit) -> np.ndarray:
 
 def workspace_stacks(trace: Trace) -> np.ndarray:
     """For each interned stack, whether it passes through a FlashInfer workspace allocator."""
-    in_flashinfer = ("flashinfer", "b12x")
-    return _stacks_through(trace, lambda f: f.name in WORKSPACE_FUNCTIONS or (
-        f.name in _WORKSPACE_IN_FLASHINFER and any(k in f.filename for k in in_flashinfer)))  # fmt: skip
+
+    def allocator(f) -> bool:
+        in_flashinfer = "flashinfer" in f.filename or "b12x" in f.filename
+        return f.name in WORKSPACE_FUNCTIONS or (f.name in _WORKSPACE_IN_FLASHINFER and in_flashinfer)
+
+    return _stacks_through(trace, allocator)
 
 
 def sampler_stacks(trace: Trace) -> np.ndarray:

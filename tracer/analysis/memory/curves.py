@@ -194,13 +194,8 @@ def device_used_curve(trace: Trace) -> Curve:
     other processes' memory in force at each sample (their first figure before it was first read).
     One step per sample."""
     s = trace.samples
-    t = s["time_us"].astype(np.int64)
-    return Curve(
-        t,
-        s["used_bytes"].astype(np.int64)
-        - driver_reserved_bytes(trace)
-        - others_curve(trace).at_each(t, first_before=True),
-    )
+    t, used = s["time_us"].astype(np.int64), s["used_bytes"].astype(np.int64) - driver_reserved_bytes(trace)
+    return Curve(t, used - others_curve(trace).at_each(t, first_before=True))
 
 
 def _step_curve(times: np.ndarray, deltas: np.ndarray) -> Curve:

@@ -80,8 +80,9 @@ class WindowSummary:
     @property
     def step_at_oom(self) -> dict[str, Any] | None:
         """The scheduler step the OOM happened in: the last one in progress at the write that began by the OOM."""
-        oom_us = self.oom.time_us if self.oom is not None else None
-        begun = [s for s in self.steps_in_progress or [] if oom_us is not None and int(s.get("time_us", 0)) <= oom_us]
+        if self.oom is None or not self.steps_in_progress:
+            return None
+        begun = [s for s in self.steps_in_progress if int(s.get("time_us", 0)) <= self.oom.time_us]
         return max(begun, key=lambda s: int(s["time_us"]), default=None)
 
     @property
