@@ -21,7 +21,7 @@ from memtrace.analysis.analysed.rank import NOTHING
 from memtrace.analysis.analysed.titles import timeline_title, what_ran
 from memtrace.analysis.holders.live import knows_holders
 from memtrace.analysis.holders.moment import headline_words
-from memtrace.analysis.memory.hooked import outermost
+from memtrace.analysis.memory.categories import outermost_hook_calls
 from memtrace.analysis.memory.quantities import ALLOCATED, BEFORE_RECORDING, DEVICE_USED, HELD, RESERVED, holds_reserved
 from memtrace.analysis.memory.target import describe
 from memtrace.plots import verdict_text
@@ -99,16 +99,16 @@ def _hooks_line(run) -> str | None:
     from memtrace.analysis.holders.flame import hook_short_name
 
     r = run.worst
-    top = outermost(r.trace.hook_calls)
-    if top is None:
+    if (top := outermost_hook_calls(r.trace)) is None:
         return None
+    calls, returned = top
     each = ", ".join(
         f"`{hook_short_name(h.name)}` {format_gib(h.returned_bytes)} ({h.calls:,} calls)"
         for h in r.hook_totals[:_HOOKS]
     )
     more = f", {len(r.hook_totals) - _HOOKS} more" if len(r.hook_totals) > _HOOKS else ""
     return (
-        f"- **Hooked workspace allocators** returned {format_gib(top.returned_bytes)} in {top.calls:,} outermost "
+        f"- **Hooked workspace allocators** returned {format_gib(returned)} in {calls:,} outermost "
         f"calls; by function (a nested call counts under each function it ran in): {each}{more}."
     )
 

@@ -185,7 +185,7 @@ def oom_text(rank: RankTimeline, t0_us: int) -> OomDrawn | None:
 def axis_scale(ranks: list[RankTimeline], t0: int, t_end: int) -> TimeScale:
     """The time axis: broken where every rank's memory stayed flat for long (``timeline_scale``)."""
     curves = [c for r in ranks for c in drawn_curves(r) if len(c)]
-    top = max([quantities.peak_bytes(c) for c in curves] + [r.target_bytes or 0 for r in ranks] + [1])
+    top = max([c.peak_bytes for c in curves] + [r.target_bytes or 0 for r in ranks] + [1])
     marks = [t for r in ranks for p in r.phases for t in (p.start_us, p.end_us)]
     marks += [t for r in ranks for t in landmark_times_us(r)]
     start = min(r.start_us for r in ranks)

@@ -7,6 +7,7 @@ hold the package to these slower, plainer versions, or use them to build their i
 
 from __future__ import annotations
 
+import bisect
 import os
 from dataclasses import replace
 from typing import Any
@@ -16,9 +17,8 @@ from memtrace import facts as F
 from memtrace.analysis.gate.diff import TraceDiff, _sides, category_changes, compare, figures
 from memtrace.analysis.gate.diff_sites import site_changes
 from memtrace.analysis.holders.live import lifetimes
-from memtrace.analysis.memory.categories import CATEGORIES, OTHER, Categorized, _signed_sizes, categorize
-from memtrace.analysis.memory.curves import Baseline, Curve, Curves, _allocated_deltas, _curve, all_curves, baseline
-from memtrace.analysis.memory.pinned import _Segments
+from memtrace.analysis.memory.categories import CATEGORIES, OTHER, Categorized, categorize
+from memtrace.analysis.memory.curves import Baseline, Curve, Curves, all_curves
 from memtrace.analysis.memory.quantities import fullest_at_peak, is_one_moment, window_fullest
 from memtrace.importers.files import traces_from_snapshot_file
 from memtrace.importers.snapshot import traces_from_snapshot
@@ -30,10 +30,29 @@ _ALLOC, _FREE = ACTION_CODE["alloc"], ACTION_CODE["free_completed"]
 _SEG_ALLOC, _SEG_FREE = ACTION_CODE["segment_alloc"], ACTION_CODE["segment_free"]
 
 
-def allocated_curve(trace: Trace, base: Baseline | None = None) -> Curve:
+def baseline(trace: Trace) -> Baseline:
+    """The memory present before recording began (``Curves.baseline``)."""
+    return all_curves(trace).baseline
+
+
+def _event_curve(trace: Trace, up: tuple[int, ...], down: tuple[int, ...], start: int) -> Curve:
+    """``start``, then ``start`` + the running sum of +size (``up``) / -size (``down``) after every event."""
+    ev = trace.events
+    sign = np.isin(ev["action"], up).astype(np.int64) - np.isin(ev["action"], down)
+    values = np.concatenate(([start], start + np.cumsum(sign * ev["size"].astype(np.int64)))).astype(np.int64)
+    return Curve(all_curves(trace).reserved.time_us, values)
+
+
+def allocated_curve(trace: Trace) -> Curve:
     """Bytes live in tensors (requested sizes), after every event."""
-    sums = np.cumsum(_allocated_deltas(trace))
-    return _curve(trace, sums, (base or baseline(trace)).allocated_bytes)
+    return _event_curve(trace, (_ALLOC,), (_FREE,), baseline(trace).allocated_bytes)
+
+
+def reserved_curve(trace: Trace) -> Curve:
+    """Bytes PyTorch holds in segments, after every event (never raised to allocated, as ``all_curves`` does for
+    a trace imported without its allocator state)."""
+    up = (_SEG_ALLOC, ACTION_CODE["segment_map"])
+    return _event_curve(trace, up, (_SEG_FREE, ACTION_CODE["segment_unmap"]), baseline(trace).reserved_bytes)
 
 
 def category_curves(
@@ -49,7 +68,8 @@ def category_curves(
     curves = curves if curves is not None else all_curves(trace)
     base = curves.baseline.allocated_bytes
     times = curves.allocated.time_us
-    delta = _signed_sizes(trace)
+    action = trace.events["action"]
+    delta = np.where(action == _FREE, -1, np.where(action == _ALLOC, 1, 0)) * trace.events["size"].astype(np.int64)
     out = {}
     for code, name in enumerate(CATEGORIES):
         start = base if code == OTHER else 0
@@ -60,6 +80,34 @@ def category_curves(
             values[1:] += start
         out[name] = Curve(times, values)
     return out
+
+
+class _Segments:
+    """Active segments by start address, with a live-block count each."""
+
+    def __init__(self) -> None:
+        self.starts: list[int] = []
+        self.size: dict[int, int] = {}
+        self.live: dict[int, int] = {}
+
+    def add(self, start: int, size: int) -> None:
+        if start not in self.size:
+            bisect.insort(self.starts, start)
+        self.size[start] = size
+        self.live.setdefault(start, 0)
+
+    def remove(self, start: int) -> None:
+        if start in self.size:
+            self.starts.pop(bisect.bisect_left(self.starts, start))
+            del self.size[start]
+            self.live.pop(start, None)
+
+    def find(self, addr: int) -> int | None:
+        i = bisect.bisect_right(self.starts, addr) - 1
+        if i < 0:
+            return None
+        start = self.starts[i]
+        return start if addr < start + self.size[start] else None
 
 
 def pinned_loop(trace: Trace, curves: Curves) -> Curve:

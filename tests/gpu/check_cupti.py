@@ -137,6 +137,19 @@ def record(torch, memtrace, cudart, d: str):
     return path
 
 
+def counts(trace) -> dict[str, int]:
+    """Records per ``kind/op`` ("device/allocation": 12...)."""
+    from memtrace.model import MEMORY_KINDS, MEMORY_OPS
+
+    out: dict[str, int] = {}
+    for k, o in zip(trace.device_allocs["kind"].tolist(), trace.device_allocs["op"].tolist(), strict=True):
+        key = (
+            f"{MEMORY_KINDS[k] if 0 <= k < len(MEMORY_KINDS) else k}/{MEMORY_OPS[o] if 0 <= o < len(MEMORY_OPS) else o}"
+        )
+        out[key] = out.get(key, 0) + 1
+    return out
+
+
 def check(trace) -> list[str]:
     from memtrace.analysis.analysed.run import analyse
     from memtrace.analysis.memory import non_torch
@@ -144,7 +157,7 @@ def check(trace) -> list[str]:
 
     recs = trace.device_allocs
     figures["records"] = len(recs)
-    figures["per_kind_op"] = non_torch.counts(trace)
+    figures["per_kind_op"] = counts(trace)
     figures["cupti_fact"] = trace.facts.get("cupti")
     failures = []
     alloc, release = non_torch.MEMORY_OPS.index("allocation"), non_torch.MEMORY_OPS.index("release")

@@ -13,7 +13,7 @@ import time
 import memtrace
 import numpy as np
 import pytest
-from memtrace.analysis.memory.curves import non_torch_curve, reserved_curve
+from memtrace.analysis.memory.curves import all_curves
 from memtrace.model import ACTION_CODE
 from memtrace.store import load_run, load_trace
 
@@ -55,7 +55,7 @@ def test_allocator_peak_equals_max_memory_reserved(tmp_path, torch_cuda):
         expected_peak = torch.cuda.max_memory_reserved()
         expected_now = torch.cuda.memory_reserved()
     trace = load_trace(session.path)
-    curve = reserved_curve(trace)
+    curve = all_curves(trace).reserved
     assert not trace.recording.truncated
     assert curve.peak_bytes == expected_peak
     assert curve.bytes[-1] == expected_now
@@ -161,7 +161,7 @@ def test_sidecar_sees_a_raw_2gib_cudamalloc_held_2ms_as_non_torch(tmp_path, torc
             t1 = time.time_ns() // 1000
             windows.append((t0, t1))
     trace = load_trace(session.path)
-    curve = non_torch_curve(trace)
+    curve = all_curves(trace).non_torch
     assert len(curve) > 0, "no NVML samples"
     quiet = int(np.median(curve.bytes))
     hits = 0
@@ -214,7 +214,7 @@ def test_forced_oom_leaves_a_complete_trace(tmp_path, torch_cuda, capacity_gib):
     assert np.count_nonzero(on_disk.events["action"] == ACTION_CODE["oom"]) == 1
     assert on_disk.segments, "segments saved at the OOM"
     assert on_disk.recording.end_reason == "oom"
-    assert reserved_curve(on_disk).peak_bytes >= (capacity_gib - 2) * GiB
+    assert all_curves(on_disk).reserved.peak_bytes >= (capacity_gib - 2) * GiB
 
 
 @pytest.mark.parametrize("drain_s", ["0", "5"], ids=["torch-ring", "memtrace-ring"])

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import numpy as np
 from memtrace.analysis.holders.live import live_allocations_at
-from memtrace.analysis.memory.curves import all_curves, baseline, reserved_curve
+from memtrace.analysis.memory.curves import all_curves
 from memtrace.model import SAMPLE_DTYPE
-from references import allocated_curve, trace_from_snapshot
+from references import allocated_curve, baseline, reserved_curve, trace_from_snapshot
 
 MiB = 1 << 20
 SEG = 0x7F0000000000

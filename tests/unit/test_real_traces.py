@@ -7,9 +7,9 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from memtrace.analysis.memory.curves import reserved_curve
 from memtrace.model import ACTION_CODE
 from memtrace.store import load_run
+from references import reserved_curve
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "h200"
 RUNS = sorted(p.name for p in DATA.glob("startup-*"))

@@ -43,7 +43,7 @@ from memtrace.analysis.holders.live import Lifetimes, lifetimes
 from memtrace.analysis.holders.view_paths import Paths, allocation_paths
 from memtrace.analysis.holders.view_window import RankQueries
 from memtrace.analysis.memory.categories import Categorized, CategorySteps, categorize, category_steps
-from memtrace.analysis.memory.curves import Curve, Curves, all_curves, committed_curve, vmm_reserved_curve
+from memtrace.analysis.memory.curves import Curve, Curves, all_curves, committed_curve
 from memtrace.analysis.memory.non_torch import has_records, live_curve
 from memtrace.analysis.memory.oom import Oom, find_oom
 from memtrace.analysis.memory.phases import PhaseStats, phase_stats, recording_span
@@ -292,7 +292,7 @@ class AnalysedRank(PeakFigures):
     def vmm_address_space(self) -> Curve:
         """Address space reserved through CUDA's VMM API (``cuMemAddressReserve``), over time: not memory, the
         room the extensible KV cache may grow into; shown apart from memory, if at all (empty before 0.34)."""
-        return vmm_reserved_curve(self.trace)
+        return committed_curve(self.trace, address_space=True)
 
     @cached_property
     def extensible(self) -> ExtensibleSizing | None:

@@ -349,7 +349,7 @@ def category_changes(base, new) -> list[Change] | None:
     None when ``memtrace.analysis.memory.categories`` is not available.
     """
     try:
-        from memtrace.analysis.memory.categories import category_totals_at_index
+        from memtrace.analysis.memory.categories import CATEGORIES
     except ImportError:
         return None
 
@@ -357,7 +357,7 @@ def category_changes(base, new) -> list[Change] | None:
         curves = rank.curves
         if len(curves.reserved) == 0:
             return {}
-        totals = category_totals_at_index(rank.trace, rank.headline_event + 1, rank.categorized, curves=curves)
+        totals = dict(zip(CATEGORIES, map(int, rank.category_steps.at([rank.headline_event + 1])[:, 0]), strict=True))
         if len(curves.vmm):  # the KV cache committed outside PyTorch is the KV cache still
             t = rank.headline.point.time_us
             totals["kv_cache"] = totals.get("kv_cache", 0) + rank.vmm_kv.at(t)

@@ -162,15 +162,10 @@ def block_curve(trace: Trace, curves: Curves) -> Curve:
     """PyTorch allocated as ``torch.cuda.memory_allocated()`` counts it, after every event, on the curves' time
     axis. Its baseline is exact when the final snapshot's blocks were saved (their bytes less the recorded
     net); else the requested baseline rounded to whole 512 B (a lower bound, as that baseline is)."""
-    deltas = block_sizes(trace)
-    sums = np.cumsum(deltas)
-    net = int(sums[-1]) if len(sums) else 0
-    active = [b for s in trace.segments for b in s.blocks if b.state.startswith("active")]
+    values = np.concatenate(([0], np.cumsum(block_sizes(trace))))  # int64
+    active = [b.size_bytes for s in trace.segments for b in s.blocks if b.state.startswith("active")]
     if active:
-        base = sum(b.size_bytes for b in active) - net
-    else:
-        base = int(round_size(curves.baseline.allocated_bytes)) if curves.baseline.allocated_bytes else 0
-    values = np.empty(len(deltas) + 1, dtype=np.int64)
-    values[0] = base
-    np.add(sums, base, out=values[1:])
+        values += sum(active) - int(values[-1])
+    elif curves.baseline.allocated_bytes:
+        values += int(round_size(curves.baseline.allocated_bytes))
     return Curve(curves.allocated.time_us, values)

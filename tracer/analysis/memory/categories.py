@@ -15,28 +15,16 @@ exactly one category, decided by the first rule that applies, in this order:
    after that segment was created; or it was allocated inside a graph-capture phase
    (``capture_model``; ``cudagraph_profile``, vLLM's estimate of graph memory, whose minimal
    ``is_profiling`` KV cache and sample captures are freed again when it ends).
-3. By the phase it was allocated in, walking from the innermost phase outwards, the first phase
-   whose name is known decides:
+3. By the phase it was allocated in: the innermost phase whose name is known (the ``_*_PHASES`` below) decides,
+   an unknown name (a user's ``memtrace.phase``) defers to its parent, and none known is **activations**.
+   ``load_model`` → **weights**, except vLLM's sampler's buffers (a stack through a ``sample/`` folder of vLLM)
+   → **other**; a KV-cache phase → **kv_cache**, but **activations** inside a profiling phase (a KV cache made
+   to profile is freed again); ``init_device`` → **other**; forward passes and warm-ups → **activations**.
+4. Outside every phase, and blocks already live before the first recorded event (the baseline), → **other**.
 
-   - ``load_model`` → **weights**, except what vLLM's sampler allocates there (a stack through a
-     ``sample/`` folder of vLLM: ``penalties.py``'s buffers, sized by ``max_num_seqs``), → **other**;
-   - a KV-cache phase (``kv_cache_init``, ``initialize_kv_cache``, ``allocate_kv_cache``,
-     ``initialize_from_config``...) → **kv_cache**, unless the allocation is inside a profiling
-     phase (a name containing "profil"): a KV cache made to profile is freed again and counts as
-     **activations** (the vLLM plugin does not mark ``initialize_kv_cache(is_profiling=True)`` as a
-     phase at all, so vLLM's minimal cache falls under ``cudagraph_profile``);
-   - ``init_device`` → **other** (NCCL buffers, cuBLAS warm-up);
-   - forward passes (``profile_run``, ``_dummy_run``, ``determine_available_memory``,
-     ``compile_or_warm_up``, ``kernel_warmup``, sampler warm-up) → **activations**;
-   - a phase with an unknown name (a user's ``memtrace.phase``) defers to its parent; if no phase in
-     the path is known, the allocation is **activations** (tensors made while the program worked).
-4. Outside every phase, and blocks already live before the first recorded event (the baseline),
-   → **other**.
-
-Frees carry the category of the allocation they release (paired by address, as in
-``live.lifetimes``); a free with no recorded allocation releases
-baseline memory and comes out of **other**. So the category curves add up, at every step, to the
-exact ``Curves.allocated`` (requested bytes).
+Frees carry the category of the allocation they release (paired by address, ``live.lifetimes``); a free with no
+recorded allocation releases baseline memory and comes out of **other**. So the category curves add up, at every
+step, to the exact ``Curves.allocated`` (requested bytes).
 """
 
 from __future__ import annotations
@@ -47,7 +35,7 @@ import numpy as np
 from memtrace import vllm_phase_names as PN
 from memtrace.analysis.holders.live import Lifetimes, lifetimes
 from memtrace.analysis.memory.curves import Curves
-from memtrace.analysis.memory.phases import phase_depth, recording_span
+from memtrace.analysis.memory.phases import phase_chain, phase_depth, recording_span
 from memtrace.model import ACTION_CODE, Trace
 
 #: Category names, in stacking order (bottom first). Codes are indices into this tuple.
@@ -114,11 +102,7 @@ def phase_categories(trace: Trace) -> list[int]:
     """The category code each phase assigns to allocations made directly inside it (rule 3)."""
     out = []
     for i in range(len(trace.phases)):
-        chain, seen, j = [], set(), i
-        while j is not None and 0 <= j < len(trace.phases) and j not in seen:
-            seen.add(j)
-            chain.append(trace.phases[j].name)
-            j = trace.phases[j].parent
+        chain = [trace.phases[j].name for j in phase_chain(trace, i)]
         profiling = any("profil" in n.lower() for n in chain)
         code = ACTIVATIONS
         for name in chain:  # innermost first
@@ -148,25 +132,22 @@ def innermost_phase_indices(trace: Trace, times_us: np.ndarray) -> np.ndarray:
     return out
 
 
-def _hook_windows(trace: Trace) -> tuple[np.ndarray, np.ndarray]:
-    """Merged [start, end] windows of all hook calls, sorted."""
-    spans = sorted((h.start_us, max(h.end_us, h.start_us)) for h in trace.hook_calls)
-    starts: list[int] = []
-    ends: list[int] = []
-    for s, e in spans:
-        if starts and s <= ends[-1]:
-            ends[-1] = max(ends[-1], e)
-        else:
-            starts.append(s)
-            ends.append(e)
-    return np.array(starts, dtype=np.int64), np.array(ends, dtype=np.int64)
-
-
-def _in_windows(times: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
-    if not len(starts):
+def _in_hook_calls(trace: Trace, times: np.ndarray) -> np.ndarray:
+    """Whether each of ``times`` lies inside a hook call's [start, end]: a call starting at or before it that
+    ends at or after it (the latest end among the calls begun by then)."""
+    spans = np.array(sorted((h.start_us, max(h.end_us, h.start_us)) for h in trace.hook_calls), np.int64)
+    if not len(spans):
         return np.zeros(len(times), dtype=bool)
-    k = np.searchsorted(starts, times, side="right") - 1
-    return (k >= 0) & (times <= ends[np.clip(k, 0, None)])
+    k = np.searchsorted(spans[:, 0], times, side="right") - 1
+    return (k >= 0) & (times <= np.maximum.accumulate(spans[:, 1])[np.clip(k, 0, None)])
+
+
+def outermost_hook_calls(trace: Trace) -> tuple[int, int] | None:
+    """(calls, bytes returned) of the hooked calls no other hooked call encloses: what the hooks returned in all,
+    a nested call's bytes counted once (``summary.hook_totals`` counts them under each function they ran in, so
+    those must not be added up); None without hook calls."""
+    top = [c for c in trace.hook_calls if c.parent is None]
+    return (len(top), sum(c.returned_bytes or 0 for c in top)) if trace.hook_calls else None
 
 
 def _graph_pool_ranges(trace: Trace) -> list[tuple[int, int, int]]:
@@ -184,30 +165,28 @@ def _graph_pool_ranges(trace: Trace) -> list[tuple[int, int, int]]:
     return out
 
 
+def _stacks_through(trace: Trace, hit) -> np.ndarray:
+    """For each interned stack, whether it holds a frame for which ``hit(frame)`` is true."""
+    hits = {i for i, f in enumerate(trace.frames) if hit(f)}
+    if not hits:
+        return np.zeros(len(trace.stacks), dtype=bool)
+    return np.fromiter((not hits.isdisjoint(stack) for stack in trace.stacks), dtype=bool, count=len(trace.stacks))
+
+
 def workspace_stacks(trace: Trace) -> np.ndarray:
     """For each interned stack, whether it passes through a FlashInfer workspace allocator."""
-    out = np.zeros(len(trace.stacks), dtype=bool)
-    hits = set()
-    for i, f in enumerate(trace.frames):
-        path = f.filename.replace("\\", "/")
-        if f.name in WORKSPACE_FUNCTIONS or (
-            f.name in _WORKSPACE_IN_FLASHINFER and ("flashinfer" in path or "b12x" in path)
-        ):
-            hits.add(i)
-    if hits:
-        for k, stack in enumerate(trace.stacks):
-            out[k] = any(fid in hits for fid in stack)
-    return out
+
+    def allocator(f) -> bool:
+        in_flashinfer = "flashinfer" in f.filename or "b12x" in f.filename
+        return f.name in WORKSPACE_FUNCTIONS or (f.name in _WORKSPACE_IN_FLASHINFER and in_flashinfer)
+
+    return _stacks_through(trace, allocator)
 
 
 def sampler_stacks(trace: Trace) -> np.ndarray:
     """For each interned stack, whether it passes through vLLM's sampler (a file in a ``sample/`` folder of
     vLLM: ``v1/sample/``, ``v1/worker/gpu/sample/``): state the sampler keeps, never the model's weights."""
-    files = {fn for fn in {f.filename for f in trace.frames} if _is_sampler_file(fn.replace("\\", "/"))}
-    hits = {i for i, f in enumerate(trace.frames) if f.filename in files} if files else set()
-    if not hits:
-        return np.zeros(len(trace.stacks), dtype=bool)
-    return np.fromiter((not hits.isdisjoint(stack) for stack in trace.stacks), dtype=bool, count=len(trace.stacks))
+    return _stacks_through(trace, lambda f: _is_sampler_file(f.filename.replace("\\", "/")))
 
 
 def _is_sampler_file(path: str) -> bool:
@@ -231,8 +210,7 @@ def classify(trace: Trace, times_us: np.ndarray, addrs: np.ndarray, stacks: np.n
     codes[:] = table[phase_idx]
     for lo, hi, created in _graph_pool_ranges(trace):
         codes[(addrs >= lo) & (addrs < hi) & (times >= created)] = CUDAGRAPH
-    starts, ends = _hook_windows(trace)
-    codes[_in_windows(times, starts, ends)] = WORKSPACE
+    codes[_in_hook_calls(trace, times)] = WORKSPACE
     if stacks is not None and len(trace.stacks):
         st = np.asarray(stacks, dtype=np.int64)
         st = np.where((st >= 0) & (st < len(trace.stacks)), st, -1)
@@ -256,10 +234,7 @@ def categorize(trace: Trace, lt: Lifetimes | None = None) -> Categorized:
 
     Frees are paired with their allocations by ``live.lifetimes`` (pass it to share the work).
     """
-    return _categorize(trace, lt if lt is not None else lifetimes(trace))
-
-
-def _categorize(trace: Trace, lt: Lifetimes) -> Categorized:
+    lt = lt if lt is not None else lifetimes(trace)
     ev = trace.events
     n = len(ev)
     codes = np.full(n, -1, dtype=np.int8)
@@ -272,17 +247,6 @@ def _categorize(trace: Trace, lt: Lifetimes) -> Categorized:
     is_free = frees[f_pos]  # the allocation's end may be a later alloc at its address (a lost free)
     codes[f_pos[is_free]] = codes[a_pos[is_free]]
     return Categorized(codes=codes)
-
-
-def _signed_sizes(trace: Trace, end: int | None = None) -> np.ndarray:
-    """+size for each alloc, -size for each free_completed, 0 for other events (int64), of the events before
-    ``end`` (all by default)."""
-    ev = trace.events[:end]
-    action = ev["action"]
-    delta = ev["size"].astype(np.int64)
-    delta[action == _FREE] *= -1
-    delta[(action != _ALLOC) & (action != _FREE)] = 0
-    return delta
 
 
 @dataclass(frozen=True)
@@ -317,16 +281,3 @@ def category_steps(trace: Trace, categorized: Categorized, curves: Curves) -> Ca
         sums.append(np.concatenate(([0], np.cumsum(delta))).astype(np.int64))
     starts = [curves.baseline.allocated_bytes if code == OTHER else 0 for code in range(len(CATEGORIES))]
     return CategorySteps(positions, sums, starts)
-
-
-def category_totals_at_index(
-    trace: Trace, index: int, categorized: Categorized | None = None, *, curves: Curves
-) -> dict[str, int]:
-    """``{name: that category's allocated bytes at index}`` (the state after event ``index - 1``) without
-    building the curves: one sum per category over the events before ``index``."""
-    cat = categorized or categorize(trace)
-    delta = _signed_sizes(trace, index)
-    sums = np.bincount(cat.codes[:index].astype(np.intp) + 1, weights=delta, minlength=len(CATEGORIES) + 1)
-    out = {name: int(sums[code + 1]) for code, name in enumerate(CATEGORIES)}  # one pass, not one per category
-    out[CATEGORIES[OTHER]] += curves.baseline.allocated_bytes
-    return out

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 import numpy as np
 from memtrace.analysis.memory.curves import Curve, Curves
 from memtrace.analysis.memory.phases import path_at, recording_span
-from memtrace.analysis.memory.quantities import excursion_peak, first_max
+from memtrace.analysis.memory.quantities import first_max
 from memtrace.model import Trace
 
 DEVICE_USED = "device_used"
@@ -88,15 +88,8 @@ class Crossings:
 def excursion(
     trace: Trace, curve: Curve, target_bytes: int, name: str, *, end_us: int | None = None
 ) -> Excursion | None:
-    """The first excursion of ``curve`` above ``target_bytes``, reading it up to ``end_us`` (an OOM).
-
-    Args:
-        trace: the trace (for phases and the end of the recording).
-        curve: the curve.
-        target_bytes: the line.
-        name: DEVICE_USED or RESERVED.
-        end_us: read steps at or before this moment only (the OOM); None for the whole curve.
-    """
+    """The first excursion of ``curve`` (``name``: DEVICE_USED or RESERVED) above ``target_bytes``, reading its
+    steps up to ``end_us`` (an OOM; None: the whole curve)."""
     rec_end = recording_span(trace)[1]
     n = len(curve) if end_us is None else int(np.searchsorted(curve.time_us, end_us, side="right"))
     if n == 0:
@@ -108,7 +101,7 @@ def excursion(
     i = first_max(above)
     back = np.flatnonzero(~above[i:])
     j = i + int(back[0]) if len(back) else n
-    k = excursion_peak(values, i, n)  # above the target by construction: values[i] already is
+    k = i + first_max(values[i:n])  # above the target by construction: values[i] already is
     t = int(times[i])
     if j < n:
         stop, until = int(times[j]), "dropped"
@@ -134,14 +127,8 @@ def excursion(
 
 
 def crossings(trace: Trace, curves: Curves, target_bytes: int | None, *, oom_us: int | None = None) -> Crossings | None:
-    """Both curves' first excursions above ``target_bytes`` (None when there is no target).
-
-    Args:
-        trace: the trace.
-        curves: ``all_curves(trace)``.
-        target_bytes: ``analysis.target.resolve_target(...).target_bytes``.
-        oom_us: the OOM's moment (``find_oom(trace).time_us``); nothing after it is read.
-    """
+    """Both curves' first excursions above ``target_bytes`` (``resolve_target(...).target_bytes``; None when there
+    is no target), nothing read after ``oom_us`` (``find_oom(trace).time_us``)."""
     if target_bytes is None:
         return None
     dev = excursion(trace, curves.device_used, target_bytes, DEVICE_USED, end_us=oom_us) if curves.has_device else None

@@ -65,13 +65,13 @@ class Curve:
     @property
     def peak_bytes(self) -> int:
         """The value at :attr:`peak_index` (0 for an empty curve)."""
-        i = self.peak_index
-        return int(self.bytes[i]) if i >= 0 else 0
+        return int(self.bytes[self.peak_index]) if len(self) else 0
 
-    def at(self, t_us: int) -> int:
-        """The value in force at ``t_us`` (the last step at or before it); 0 before the first."""
+    def at(self, t_us: int, *, first_before: bool = False) -> int:
+        """The value in force at ``t_us`` (the last step at or before it); 0 before the first, or with
+        ``first_before`` the first step's value (an event curve's first point is the baseline); 0 when empty."""
         i = int(np.searchsorted(self.time_us, t_us, side="right")) - 1
-        return int(self.bytes[i]) if i >= 0 else 0
+        return int(self.bytes[max(i, 0)]) if (i >= 0 or first_before) and len(self) else 0
 
     def at_each(self, t_us: np.ndarray, *, first_before: bool = False) -> np.ndarray:
         """:meth:`at` at each of ``t_us`` (int64): 0 before the first step, or with ``first_before``
@@ -100,43 +100,23 @@ class Baseline:
     consistent: bool  # False when the events do not add up to the final snapshot (lost events)
 
 
-def _deltas(trace: Trace, up: tuple[int, ...], down: tuple[int, ...], out: np.ndarray | None = None) -> np.ndarray:
-    ev = trace.events
-    sign = np.zeros(256, dtype=np.int8)  # by action code (int8, read as uint8)
-    sign[list(up)], sign[list(down)] = 1, -1
-    return np.multiply(sign[ev["action"].view(np.uint8)], ev["size"], out=out, dtype=np.int64)
-
-
 def _running_sums(trace: Trace, up: tuple[int, ...], down: tuple[int, ...]) -> np.ndarray:
     """A curve's values before its baseline: 0, then the running sum of the deltas after every event, computed
     in the curve's own array (no copy: at 10M events each is 80 MB)."""
-    values = np.empty(len(trace.events) + 1, dtype=np.int64)
+    ev = trace.events
+    sign = np.zeros(256, dtype=np.int8)  # by action code (int8, read as uint8)
+    sign[list(up)], sign[list(down)] = 1, -1
+    values = np.empty(len(ev) + 1, dtype=np.int64)
     values[0] = 0
-    _deltas(trace, up, down, out=values[1:])
+    np.multiply(sign[ev["action"].view(np.uint8)], ev["size"], out=values[1:], dtype=np.int64)
     np.cumsum(values[1:], out=values[1:])
     return values
 
 
-def _allocated_deltas(trace: Trace) -> np.ndarray:
-    return _deltas(trace, (_ALLOC,), (_FREE_COMPLETED,))
-
-
-def _reserved_deltas(trace: Trace) -> np.ndarray:
-    return _deltas(trace, _SEG_UP, _SEG_DOWN)
-
-
-def baseline(trace: Trace) -> Baseline:
-    """Reconstruct the memory present before recording began from the final segments.
-
-    Without segments (none were saved), the baseline is the least value that keeps the curves from
-    going negative: zero for a recording started before the program's first CUDA allocation.
-    """
-    return _baseline(trace, np.cumsum(_allocated_deltas(trace)), np.cumsum(_reserved_deltas(trace)))
-
-
 def _baseline(trace: Trace, alloc_sums: np.ndarray, reserved_sums: np.ndarray) -> Baseline:
-    """The baseline from the running sums of the allocated and reserved deltas (computed once, shared with
-    the curves: at 10M events each cumulative sum costs a tenth of a second)."""
+    """The memory present before recording began, from the final segments and the running sums of the allocated
+    and reserved deltas. Without segments (none were saved), the least value that keeps the curves from going
+    negative: zero for a recording started before the program's first CUDA allocation."""
     net_alloc = int(alloc_sums[-1]) if len(alloc_sums) else 0
     net_reserved = int(reserved_sums[-1]) if len(reserved_sums) else 0
     known = (trace.facts.get(F.IMPORT) or {}).get("baseline") if not trace.segments else None
@@ -151,10 +131,9 @@ def _baseline(trace: Trace, alloc_sums: np.ndarray, reserved_sums: np.ndarray) -
         # curve never saw; the least baseline that keeps the curves non-negative is the honest floor.
         need_alloc = max(0, -int(alloc_sums.min())) if len(alloc_sums) else 0
         need_reserved = max(0, -int(reserved_sums.min())) if len(reserved_sums) else 0
-        ok = need_alloc == 0 and need_reserved == 0
-        if state_missing(trace):  # reserved is known from below only (see all_curves): not compared
-            return Baseline(need_alloc, need_reserved, consistent=ok)
-        return Baseline(need_alloc, need_reserved, consistent=ok and _within(alloc_sums, reserved_sums, 0, 0))
+        ok = need_alloc == 0 and need_reserved == 0  # without the state reserved is known from below only: not compared
+        ok = ok and (state_missing(trace) or _within(alloc_sums, reserved_sums, 0, 0))
+        return Baseline(need_alloc, need_reserved, consistent=ok)
     final_reserved = sum(s.total_bytes for s in trace.segments)
     final_alloc = sum(b.requested_bytes for s in trace.segments for b in s.blocks if b.state.startswith("active"))
     base_alloc = final_alloc - net_alloc
@@ -192,20 +171,6 @@ def _curve_times(trace: Trace) -> np.ndarray:
     return times
 
 
-def _curve(trace: Trace, sums: np.ndarray, start: int, times: np.ndarray | None = None) -> Curve:
-    """The curve ``start``, then ``start`` + each running sum of the deltas."""
-    values = np.empty(len(sums) + 1, dtype=np.int64)
-    values[0] = start
-    np.add(sums, start, out=values[1:])
-    return Curve(_curve_times(trace) if times is None else times, values)
-
-
-def reserved_curve(trace: Trace, base: Baseline | None = None) -> Curve:
-    """Bytes PyTorch holds in segments, after every event."""
-    sums = np.cumsum(_reserved_deltas(trace))
-    return _curve(trace, sums, (base or baseline(trace)).reserved_bytes)
-
-
 def driver_reserved_bytes(trace: Trace) -> int:
     """Memory the driver keeps that NVML counts as used but CUDA does not report at all.
 
@@ -213,11 +178,8 @@ def driver_reserved_bytes(trace: Trace) -> int:
     NVML's "used" includes it. vLLM's target (util × CUDA total) and torch's numbers are in CUDA's
     accounting, so the device-used curve is moved into it. 0 when either total is unknown.
     """
-    nvml_total = (trace.facts.get(F.SIDECAR) or {}).get("total_bytes")
-    cuda_total = trace.process.device_total_bytes
-    if not nvml_total or not cuda_total:
-        return 0
-    return max(int(nvml_total) - int(cuda_total), 0)
+    nvml_total, cuda_total = (trace.facts.get(F.SIDECAR) or {}).get("total_bytes"), trace.process.device_total_bytes
+    return max(int(nvml_total) - int(cuda_total), 0) if nvml_total and cuda_total else 0
 
 
 def others_curve(trace: Trace) -> Curve:
@@ -232,12 +194,8 @@ def device_used_curve(trace: Trace) -> Curve:
     other processes' memory in force at each sample (their first figure before it was first read).
     One step per sample."""
     s = trace.samples
-    used = s["used_bytes"].astype(np.int64) - driver_reserved_bytes(trace)
-    others = others_curve(trace)
-    if len(others) and len(used):
-        idx = np.searchsorted(others.time_us, s["time_us"], side="right") - 1
-        used = used - others.bytes[np.clip(idx, 0, None)]
-    return Curve(s["time_us"].astype(np.int64), used)
+    t, used = s["time_us"].astype(np.int64), s["used_bytes"].astype(np.int64) - driver_reserved_bytes(trace)
+    return Curve(t, used - others_curve(trace).at_each(t, first_before=True))
 
 
 def _step_curve(times: np.ndarray, deltas: np.ndarray) -> Curve:
@@ -259,48 +217,27 @@ def sum_curves(a: Curve, b: Curve) -> Curve:
     return Curve(t, a.at_each(t) + b.at_each(t))
 
 
-def committed_curve(trace: Trace, *, kv_cache_only: bool = False) -> Curve:
+def committed_curve(trace: Trace, *, kv_cache_only: bool = False, address_space: bool = False) -> Curve:
     """Bytes committed through the VMM API and not released, over time (0 before the first record);
-    with ``kv_cache_only`` the KV cache's buffer's alone. Empty without records."""
+    with ``kv_cache_only`` the KV cache's buffer's alone. Empty without records. With ``address_space``: the
+    address space reserved (``cuMemAddressReserve`` minus ``cuMemAddressFree``), not memory, the room the
+    extensible KV cache may grow into."""
+    ops = (RESERVE, FREE_RESERVED) if address_space else (CREATE, RELEASE)
     r = trace.vmm
-    ok = (r["error"] == 0) & np.isin(r["op"], (CREATE, RELEASE))
+    ok = (r["error"] == 0) & np.isin(r["op"], ops)
     if kv_cache_only:
         ok &= r["caller"] == _KV_CACHE_CALLER
     r = r[ok]
-    sign = np.where(r["op"] == CREATE, 1, -1).astype(np.int64)
+    sign = np.where(r["op"] == ops[0], 1, -1).astype(np.int64)
     return _step_curve(r["time_us"].astype(np.int64), sign * r["bytes"].astype(np.int64))
 
 
-def vmm_reserved_curve(trace: Trace) -> Curve:
-    """Address space reserved through the VMM API (``cuMemAddressReserve`` minus ``cuMemAddressFree``):
-    not memory, the room the extensible KV cache may grow into."""
-    r = trace.vmm
-    r = r[(r["error"] == 0) & np.isin(r["op"], (RESERVE, FREE_RESERVED))]
-    sign = np.where(r["op"] == RESERVE, 1, -1).astype(np.int64)
-    return _step_curve(r["time_us"].astype(np.int64), sign * r["bytes"].astype(np.int64))
-
-
-def non_torch_curve(trace: Trace, reserved: Curve | None = None, vmm: Curve | None = None) -> Curve:
-    """Device used minus PyTorch reserved at each NVML sample: CUDA context, NCCL, cuBLAS, raw cudaMalloc.
-
-    Other processes' memory is not in it when it was sampled (see :func:`device_used_curve`), nor what
-    vLLM (0.34+) committed through CUDA's virtual-memory API for its KV cache (:func:`committed_curve`):
-    that is the KV cache, counted on its own.
+def non_torch_curve(used: Curve, reserved: Curve, vmm: Curve) -> Curve:
+    """Device used (``used``, :func:`device_used_curve`) minus PyTorch reserved at each NVML sample: CUDA context,
+    NCCL, cuBLAS, raw cudaMalloc. Other processes' memory is not in it when it was sampled, nor what vLLM (0.34+)
+    committed through CUDA's virtual-memory API for its KV cache (``vmm``): that is the KV cache, counted on its own.
     """
-    used = device_used_curve(trace)
-    if len(used) == 0:
-        return used
-    if reserved is None:
-        reserved = reserved_curve(trace)
-    if len(reserved):
-        idx = np.searchsorted(reserved.time_us, used.time_us, side="right") - 1
-        res = np.where(idx >= 0, reserved.bytes[np.clip(idx, 0, None)], 0)
-    else:
-        res = np.zeros(len(used), dtype=np.int64)
-    vmm = committed_curve(trace) if vmm is None else vmm
-    if len(vmm):
-        res = res + vmm.at_each(used.time_us)
-    return Curve(used.time_us, used.bytes - res)
+    return Curve(used.time_us, used.bytes - reserved.at_each(used.time_us) - vmm.at_each(used.time_us))
 
 
 @dataclass(frozen=True)
@@ -344,13 +281,12 @@ def all_curves(trace: Trace) -> Curves:
         # so reserved is at least allocated (a history of alloc/free alone would otherwise read 0 B reserved)
         np.maximum(res, alloc, out=res)
     times = _curve_times(trace)
-    reserved = Curve(times, res)
-    vmm = committed_curve(trace)
+    reserved, vmm, used = Curve(times, res), committed_curve(trace), device_used_curve(trace)
     return Curves(
         allocated=Curve(times, alloc),
         reserved=reserved,
-        device_used=device_used_curve(trace),
-        non_torch=non_torch_curve(trace, reserved, vmm),
+        device_used=used,
+        non_torch=non_torch_curve(used, reserved, vmm),
         baseline=base,
         others=others_curve(trace),
         vmm=vmm,

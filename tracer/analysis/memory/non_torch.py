@@ -10,17 +10,11 @@ allocation and release the CUDA driver made for the process. Definitions (bytes,
 - **live at t**: allocated at or before ``t`` and not released at or before ``t``; only kinds that
   take device memory (``model.DEVICE_MEMORY_KINDS``; pinned host memory is left out). The non-PyTorch
   ones (:func:`live_allocations`) are what the breakdown, the live curve and the flame graph count.
-- **categories**, by the Python stack of the CUDA call (``capture.cupti``), the memory kind and the
-  phase, first match: NCCL (a frame of NCCL or ``torch.distributed``), FlashInfer/CUTLASS JIT modules
-  (a frame of ``flashinfer`` or ``cutlass``), kernel modules' statics (memory kind ``device_static``:
-  the ``__device__`` globals of every module the driver loads, PyTorch's and Triton's included), CUDA
-  graphs (a frame of ``cuda/graphs.py`` or a cudagraph helper, or a phase that captures graphs),
-  cuBLAS/cuBLASLt workspaces (a cuBLAS frame, an innermost frame of a matmul/linear, or a matmul
-  operator named by the capture: the first ``aten::mm`` on the H200 made 1,024 + 131,072 + 67,108,864 B
-  of raw ``cudaMalloc`` inside cuBLAS), other
-  libraries (named by the package of the innermost frame outside torch and the standard library,
-  ``frames.meaningful_frame``: a ``cudaMalloc`` inside a torch op is named by who called the op;
-  "torch.compile graph" for Inductor's generated code; "no stack" when CUPTI gave none).
+- **categories** (:func:`classify`), the first that matches the Python stack of the CUDA call, its memory
+  kind and phase: NCCL, FlashInfer/CUTLASS JIT modules, kernel modules' statics (the ``__device__`` globals
+  of every module the driver loads), CUDA graphs, cuBLAS/cuBLASLt workspaces (the first ``aten::mm`` on the
+  H200 made 1,024 + 131,072 + 67,108,864 B of raw ``cudaMalloc`` inside cuBLAS), else other libraries, named
+  by the innermost frame outside torch and the standard library (``frames.meaningful_frame``).
 - **unexplained** = the steady NVML non-PyTorch bytes at ``t`` (``landmarks.steady_non_torch_at``:
   device used − reserved) − the non-PyTorch bytes CUPTI saw live. None without NVML samples. It is
   split in three: **present when recording began** (the non-PyTorch bytes at the first steady NVML
@@ -37,6 +31,7 @@ allocation and release the CUDA driver made for the process. Definitions (bytes,
 from __future__ import annotations
 
 import os
+from collections import Counter
 from dataclasses import dataclass
 
 import numpy as np
@@ -132,9 +127,7 @@ def torch_made(trace: Trace) -> np.ndarray:
     out = np.zeros(len(recs), dtype=bool)
     ev = trace.events
     seg = ev[np.isin(ev["action"], _SEG_UP)]
-    known: dict[tuple[int, int], int] = {}
-    for a, s in zip(seg["addr"].tolist(), seg["size"].tolist(), strict=True):
-        known[(a, s)] = known.get((a, s), 0) + 1
+    known = Counter(zip(seg["addr"].tolist(), seg["size"].tolist(), strict=True))
     for s in trace.segments:
         known.setdefault((s.address, s.total_bytes), 1)
     order = np.argsort(recs["time_us"], kind="stable")
@@ -142,20 +135,16 @@ def torch_made(trace: Trace) -> np.ndarray:
     for i in order.tolist():
         addr = int(recs["address"][i])
         if recs["op"][i] == _RELEASE:
-            if addr in live:
-                live.discard(addr)
-                out[i] = True
-            continue
-        if recs["op"][i] != _ALLOCATION:
-            continue
-        key = (addr, int(recs["bytes"][i]))
-        left = known.get(key, 0)
-        if left > 0:
-            known[key] = left - 1
-            out[i] = True
-            live.add(addr)
-        else:
+            out[i] = addr in live
             live.discard(addr)
+        elif recs["op"][i] == _ALLOCATION:
+            key = (addr, int(recs["bytes"][i]))
+            out[i] = known[key] > 0
+            if out[i]:
+                known[key] -= 1
+                live.add(addr)
+            else:
+                live.discard(addr)
     return out
 
 
@@ -246,21 +235,9 @@ def _live(trace: Trace, time_us: int) -> tuple[list[Allocation], int]:
         t = int(recs["time_us"][i])
         phase = path_at(trace, t)
         kind = MEMORY_KINDS[int(recs["kind"][i])] if 0 <= int(recs["kind"][i]) < len(MEMORY_KINDS) else "unknown"
-        category, library = classify(frames, phase, kind, dirs)
-        out.append(
-            Allocation(
-                t,
-                int(recs["address"][i]),
-                size,
-                kind,
-                category,
-                library,
-                meaningful_frame(frames, dirs),
-                phase,
-                stack,
-                next((f.op for f in frames if f.op), None),
-            )
-        )
+        op = next((f.op for f in frames if f.op), None)
+        address, frame = int(recs["address"][i]), meaningful_frame(frames, dirs)
+        out.append(Allocation(t, address, size, kind, *classify(frames, phase, kind, dirs), frame, phase, stack, op))
     return out, torch_bytes
 
 
@@ -279,21 +256,21 @@ def breakdown(trace: Trace, time_us: int, moment: str, *, curves: Curves, larges
     nvml = steady_non_torch_at(curves, time_us)
     unexplained = nvml - cupti_bytes if nvml is not None else None
     at_start = grew = own = None
-    if unexplained is not None:
+    if unexplained is not None:  # the steady NVML samples are there (the module docstring splits it)
         cats.append(CategoryBytes(UNEXPLAINED, unexplained, 0))
-        at_start = _unexplained_at_start(trace, curves)
-        own = cupti_own_bytes(trace, curves) if time_us >= _cupti_start(trace, curves) + CUPTI_SETTLE_US else None
-        grew = unexplained - at_start - (own or 0) if at_start is not None else None
+        steady = steady_non_torch(curves)
+        at_start = int(steady.bytes[0]) - live_curve(trace).at(int(steady.time_us[0]))
+        own = cupti_own_bytes(trace, curves) if time_us >= _cupti_start(trace, steady) + CUPTI_SETTLE_US else None
+        grew = unexplained - at_start - (own or 0)
     return NonTorchBreakdown(
         moment, int(time_us), path_at(trace, time_us), tuple(cats), cupti_bytes, torch_bytes, nvml, unexplained,
         at_start, grew, own,
     )  # fmt: skip
 
 
-def _cupti_start(trace: Trace, curves: Curves) -> int:
-    """When CUPTI's records were enabled (``facts["cupti"]["started_us"]``), not before the first steady
+def _cupti_start(trace: Trace, steady: Curve) -> int:
+    """When CUPTI's records were enabled (``facts["cupti"]["started_us"]``), not before the first ``steady``
     NVML sample (the first sample when the fact is missing: files before it was recorded)."""
-    steady = steady_non_torch(curves)
     first = int(steady.time_us[0]) if len(steady) else 0
     started = (trace.facts.get(F.CUPTI) or {}).get("started_us")
     return max(int(started), first) if isinstance(started, int) else first
@@ -305,19 +282,10 @@ def cupti_own_bytes(trace: Trace, curves: Curves) -> int | None:
     steady = steady_non_torch(curves)
     if not has_records(trace) or not len(steady):
         return None
-    t0 = _cupti_start(trace, curves)
+    t0 = _cupti_start(trace, steady)
     t1 = t0 + CUPTI_SETTLE_US
     seen = live_curve(trace)
     return max((steady.at(t1) - steady.at(t0)) - (seen.at(t1) - seen.at(t0)), 0)
-
-
-def _unexplained_at_start(trace: Trace, curves: Curves) -> int | None:
-    """The non-PyTorch bytes at the first steady NVML sample, less what CUPTI saw live then."""
-    steady = steady_non_torch(curves)
-    if not len(steady):
-        return None
-    t0 = int(steady.time_us[0])
-    return int(steady.bytes[0]) - int(live_curve(trace).at(t0)) if has_records(trace) else int(steady.bytes[0])
 
 
 def live_curve(trace: Trace) -> Curve:
@@ -370,16 +338,4 @@ def at_moments(
             b = breakdown(trace, t, moment, curves=curves)
             if b is not None:
                 out.append(b)
-    return out
-
-
-def counts(trace: Trace) -> dict[str, int]:
-    """Records per ``kind/op`` ("device/allocation": 12...)."""
-    recs = trace.device_allocs
-    out: dict[str, int] = {}
-    for k, o in zip(recs["kind"].tolist(), recs["op"].tolist(), strict=True):
-        kind = MEMORY_KINDS[k] if 0 <= k < len(MEMORY_KINDS) else str(k)
-        op = MEMORY_OPS[o] if 0 <= o < len(MEMORY_OPS) else str(o)
-        key = f"{kind}/{op}"
-        out[key] = out.get(key, 0) + 1
     return out

@@ -45,6 +45,10 @@ class Oom:
         return None
 
 
+#: the live record's keys (``facts["oom"]``) of requested_bytes, free_bytes, total_bytes and device
+_RECORDED = ("requested_bytes", "device_free_bytes", "device_total_bytes", "device")
+
+
 def _int(value) -> int | None:
     return int(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
 
@@ -55,30 +59,13 @@ def find_oom(trace: Trace) -> Oom | None:
     idx = np.flatnonzero(events["action"] == OOM_ACTION) if len(events) else np.zeros(0, np.int64)
     record = trace.facts.get(F.OOM)
     if isinstance(record, dict) and _int(record.get("time_us")) is not None:
-        t = int(record["time_us"])
-        phase = record.get("phase")
-        return Oom(
-            time_us=t,
-            phase_path=phase if isinstance(phase, str) else path_at(trace, t),
-            requested_bytes=_int(record.get("requested_bytes")) or 0,
-            free_bytes=_int(record.get("device_free_bytes")),
-            total_bytes=_int(record.get("device_total_bytes")),
-            device=_int(record.get("device")),
-            source="observer",
-            count=max(1, len(idx)),
-        )
+        t, phase = int(record["time_us"]), record.get("phase")
+        requested, free, total, device = (_int(record.get(k)) for k in _RECORDED)
+        phase = phase if isinstance(phase, str) else path_at(trace, t)
+        return Oom(t, phase, requested or 0, free, total, device, "observer", max(1, len(idx)))
     if not len(idx):
         return None
-    first = int(idx[0])
-    t = int(events["time_us"][first])
-    free = int(events["addr"][first])
-    return Oom(
-        time_us=t,
-        phase_path=path_at(trace, t),
-        requested_bytes=int(events["size"][first]),
-        free_bytes=free if free > 0 else None,
-        total_bytes=trace.process.device_total_bytes,
-        device=trace.process.device_index,
-        source="allocator event",
-        count=len(idx),
-    )
+    t, requested, free = (int(events[k][idx[0]]) for k in ("time_us", "size", "addr"))
+    p = trace.process
+    return Oom(t, path_at(trace, t), requested, free if free > 0 else None, p.device_total_bytes, p.device_index,
+               "allocator event", len(idx))  # fmt: skip

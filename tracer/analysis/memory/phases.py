@@ -13,8 +13,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from memtrace.analysis.memory.curves import Curve, Curves
-from memtrace.analysis.memory.quantities import samples_peak, window_peak
+from memtrace.analysis.memory.curves import Curves
+from memtrace.analysis.memory.quantities import samples_peak, window_max, window_peak
 from memtrace.model import Phase, Trace
 
 
@@ -47,52 +47,40 @@ class PhaseStats:
         return self.end_allocated_bytes - self.start_allocated_bytes
 
 
-def _time_bounds(trace: Trace) -> list[tuple[int, int]]:
-    """(min, max) time of the events and of the samples, for those that are not empty."""
-    arrays = (trace.events["time_us"], trace.samples["time_us"])
-    return [(int(a.min()), int(a.max())) for a in arrays if len(a)]
-
-
 def recording_span(trace: Trace) -> tuple[int, int]:
     """(first, last) microsecond the trace knows about: recording bounds, events, samples, phases."""
-    starts, ends = [], []
     rec = trace.recording
-    for v in (rec.start_us,):
-        if v is not None:
-            starts.append(v)
-    if rec.end_us is not None:
-        ends.append(rec.end_us)
-    for lo, hi in _time_bounds(trace):
-        starts.append(lo)
-        ends.append(hi)
-    for p in trace.phases:
-        starts.append(p.start_us)
-        ends.append(p.end_us if p.end_us is not None else p.start_us)
+    starts = [rec.start_us] if rec.start_us is not None else []
+    ends = [rec.end_us] if rec.end_us is not None else []
+    for a in (trace.events["time_us"], trace.samples["time_us"]):
+        if len(a):
+            starts.append(int(a.min()))
+            ends.append(int(a.max()))
+    starts += [p.start_us for p in trace.phases]
+    ends += [p.end_us if p.end_us is not None else p.start_us for p in trace.phases]
     if not starts:
         return 0, 0
     return min(starts), max(ends) if ends else min(starts)
 
 
+def phase_chain(trace: Trace, index: int) -> list[int]:
+    """Phase ``index`` and the phases enclosing it, innermost first."""
+    out: list[int] = []
+    i: int | None = index
+    while i is not None and 0 <= i < len(trace.phases) and i not in out:
+        out.append(i)
+        i = trace.phases[i].parent
+    return out
+
+
 def phase_depth(trace: Trace, index: int) -> int:
     """Nesting depth of phase ``index`` (0 at top level)."""
-    depth, seen = 0, set()
-    parent = trace.phases[index].parent
-    while parent is not None and 0 <= parent < len(trace.phases) and parent not in seen:
-        seen.add(parent)
-        depth += 1
-        parent = trace.phases[parent].parent
-    return depth
+    return len(phase_chain(trace, index)) - 1
 
 
 def phase_path(trace: Trace, index: int) -> str:
     """The names from the outermost enclosing phase down to phase ``index``, joined by ``/``."""
-    names, seen = [], set()
-    i: int | None = index
-    while i is not None and 0 <= i < len(trace.phases) and i not in seen:
-        seen.add(i)
-        names.append(trace.phases[i].name)
-        i = trace.phases[i].parent
-    return "/".join(reversed(names))
+    return "/".join(trace.phases[i].name for i in reversed(phase_chain(trace, index)))
 
 
 def phase_index_at(trace: Trace, t_us: int) -> int | None:
@@ -122,16 +110,6 @@ def path_at(trace: Trace, t_us: int) -> str:
     return phase_path(trace, i) if i is not None else ""
 
 
-def value_at(curve: Curve, t_us: int) -> int:
-    """``curve.at(t_us)``, except that before the curve's first point its first value holds: an event
-    curve's first point is the baseline, the state before recording began."""
-    if len(curve) == 0:
-        return 0
-    if t_us < int(curve.time_us[0]):
-        return int(curve.bytes[0])
-    return curve.at(t_us)
-
-
 def phase_stats(trace: Trace, curves: Curves) -> list[PhaseStats]:
     """Statistics of every phase, in the order of ``trace.phases`` (``curves``: the run's, ``AnalysedRank.curves``)."""
     _, end_of_trace = recording_span(trace)
@@ -139,7 +117,6 @@ def phase_stats(trace: Trace, curves: Curves) -> list[PhaseStats]:
     for i, p in enumerate(trace.phases):
         end = p.end_us if p.end_us is not None else max(end_of_trace, p.start_us)
         peak_res, peak_res_us = window_peak(curves.reserved, p.start_us, end)
-        peak_alloc, _ = window_peak(curves.allocated, p.start_us, end)
         out.append(
             PhaseStats(
                 index=i,
@@ -149,11 +126,11 @@ def phase_stats(trace: Trace, curves: Curves) -> list[PhaseStats]:
                 start_us=p.start_us,
                 end_us=end,
                 ended=p.end_us is not None,
-                start_allocated_bytes=value_at(curves.allocated, p.start_us),
-                end_allocated_bytes=value_at(curves.allocated, end),
-                peak_allocated_bytes=peak_alloc,
-                start_reserved_bytes=value_at(curves.reserved, p.start_us),
-                end_reserved_bytes=value_at(curves.reserved, end),
+                start_allocated_bytes=curves.allocated.at(p.start_us, first_before=True),
+                end_allocated_bytes=curves.allocated.at(end, first_before=True),
+                peak_allocated_bytes=window_max(curves.allocated, p.start_us, end),
+                start_reserved_bytes=curves.reserved.at(p.start_us, first_before=True),
+                end_reserved_bytes=curves.reserved.at(end, first_before=True),
                 peak_reserved_bytes=peak_res,
                 peak_reserved_us=peak_res_us,
                 peak_device_used_bytes=samples_peak(curves.device_used, p.start_us, end),

@@ -37,34 +37,6 @@ _EXPANDABLE = (ACTION_CODE["segment_map"], ACTION_CODE["segment_unmap"])
 _WINDOW = 1 << 16  # events per numpy step: temporaries stay small, and so do the rounds of _Pieces.find
 
 
-class _Segments:
-    """Active segments by start address, with a live-block count each."""
-
-    def __init__(self) -> None:
-        self.starts: list[int] = []
-        self.size: dict[int, int] = {}
-        self.live: dict[int, int] = {}
-
-    def add(self, start: int, size: int) -> None:
-        if start not in self.size:
-            bisect.insort(self.starts, start)
-        self.size[start] = size
-        self.live.setdefault(start, 0)
-
-    def remove(self, start: int) -> None:
-        if start in self.size:
-            self.starts.pop(bisect.bisect_left(self.starts, start))
-            del self.size[start]
-            self.live.pop(start, None)
-
-    def find(self, addr: int) -> int | None:
-        i = bisect.bisect_right(self.starts, addr) - 1
-        if i < 0:
-            return None
-        start = self.starts[i]
-        return start if addr < start + self.size[start] else None
-
-
 def pinned_curve(trace: Trace, curves: Curves, lt: Lifetimes | None = None) -> Curve:
     """Bytes of segments holding a live block, on the reserved curve's time axis (index i: after event i-1).
 
@@ -96,7 +68,7 @@ class _History:
     chain (the loop's segment). A ``segment_free`` removes the active segment holding its address."""
 
     def __init__(self, never: int) -> None:
-        self.segs = _Segments()
+        self.active: list[int] = []  # the active segments' starts, sorted
         self.piece: dict[int, int] = {}  # active start -> its current piece
         self.start: list[int] = []
         self.size: list[int] = []
@@ -114,19 +86,19 @@ class _History:
             if k is None:
                 chain = len(self.chain_closed)
                 self.chain_closed.append(self.never)
+                bisect.insort(self.active, start)
             else:
                 chain, self.closed[k] = self.chain[k], at
             self.piece[start] = len(self.start)
             for col, v in zip(self._cols(), (start, size, at, self.never, chain), strict=True):
                 col.append(v)
-        self.segs.add(start, size)
 
     def free(self, addr: int, at: int) -> None:
-        s = self.segs.find(addr)
-        if s is not None:
-            k = self.piece.pop(s)
+        """The active segment with the largest start at or below ``addr`` goes, if ``addr`` lies in it."""
+        i = bisect.bisect_right(self.active, addr) - 1
+        if i >= 0 and addr < self.active[i] + self.size[self.piece[self.active[i]]]:
+            k = self.piece.pop(self.active.pop(i))
             self.closed[k] = self.chain_closed[self.chain[k]] = at
-            self.segs.remove(s)
 
     def _cols(self) -> tuple[list[int], ...]:
         return self.start, self.size, self.opened, self.closed, self.chain
@@ -147,7 +119,7 @@ def _history(trace: Trace) -> _History:
     for a, act, size in zip(addrs, acts, sizes, strict=True):
         if act == _SEG_ALLOC:
             seen.add(a)
-        elif a not in seen and a not in h.segs.size:  # freed, never allocated: from before recording
+        elif a not in seen and a not in h.piece:  # freed, never allocated: from before recording
             h.add(a, size, -1)
     for p, a, act, size in zip(seg_pos.tolist(), addrs, acts, sizes, strict=True):
         if act == _SEG_ALLOC:
@@ -169,7 +141,7 @@ class _Pieces:
         self.span = h.never + 3  # above every doubled position + 1
 
     def find(self, addr: np.ndarray, q: np.ndarray, lo: int, hi: int) -> np.ndarray:
-        """For each (address, doubled position ``lo < q < hi``): the piece ``_Segments.find`` returns then
+        """For each (address, doubled position ``lo < q < hi``): the piece ``_History.free`` finds then
         (the active segment with the largest start at or below the address, if the address lies in it),
         -1 for none.
 
@@ -212,11 +184,10 @@ def _placed_blocks(trace: Trace, pieces: _Pieces) -> tuple[np.ndarray, np.ndarra
     return np.concatenate(out_pos or [np.zeros(0, idx)]), np.concatenate(out_k or [np.zeros(0, np.int32)])
 
 
-def _pinned_columns(trace: Trace, lt: Lifetimes | None = None) -> np.ndarray:
+def _pinned_columns(trace: Trace, lt: Lifetimes) -> np.ndarray:
     """The pinned bytes after every event (index 0: before the first)."""
     pieces = _Pieces(_history(trace))
     n = len(trace.events)
-    lt = lt if lt is not None else lifetimes(trace)
     before = lt.addr[lt.alloc_pos < 0]
     k0 = pieces.find(before, np.zeros(len(before), np.int64), -1, 1)
     placed = _placed_blocks(trace, pieces)

@@ -8,29 +8,8 @@ things. The peak rules live here too, and nowhere else: :func:`peak` (the first 
 state shown "at the peak": the fullest moment of the reserved peak's plateau) and
 :func:`window_fullest` (the fullest moment of a window).
 
-The quantities, all in bytes:
-
-- **PyTorch allocated** (requested): bytes live in tensors, as the program asked for them (the trace
-  entries' sizes). **PyTorch allocated (blocks)**: the allocator's blocks handed out, what
-  ``torch.cuda.memory_allocated()`` counts (requests rounded up to 512 B, and a block the allocator did not
-  split counted whole).
-- **PyTorch reserved**: segments PyTorch's caching allocator holds from CUDA (``memory_reserved()``).
-- **KV cache outside PyTorch (CUDA VMM)**: what vLLM 0.34+ committed through CUDA's virtual memory API.
-- **held by this process**: PyTorch reserved + the KV cache outside PyTorch.
-- **device used by this process** (NVML, sampled): NVML's used memory in CUDA's accounting, other
-  processes' memory taken out when it was sampled.
-- **other processes** (NVML per-process, sampled): never counted as this process's.
-- **non-PyTorch**: device used - reserved - VMM at each sample (CUDA context, NCCL, cuBLAS, raw
-  ``cudaMalloc``); CUPTI, when recorded, splits it by category.
-- **PyTorch reserved, unallocated**: reserved - allocated (blocks) - the private pools' cached blocks
-  (fragmentation), at a serving window's end: torch's OOM message's "reserved by PyTorch but unallocated".
-- **PyTorch private pools, cached**: free blocks cached in private pools (CUDA graphs), which torch's OOM
-  message counts as "allocated in private pools".
-- **device used, all processes**: the whole device's used memory (this process and every other), at a serving
-  window's end and in a window that sampled NVML without telling other processes apart (format 1.4).
-- **device free**: what CUDA reported free on the whole device, as torch's OOM message says it.
-- **present before recording began**: PyTorch memory that existed at the first recorded event, exact when
-  the allocator's final state was saved and the events add up to it, else a lower bound (said so).
+The quantities are in bytes; :data:`QUANTITIES` says what each means. Those only a serving window states (its
+end, what held the device at its OOM) are :data:`WINDOW_QUANTITIES`.
 
 How well the peaks are known (:func:`peak_bound`): exact from a recorded history; "at least" (a lower bound)
 for an imported snapshot of one moment (:data:`ONE_MOMENT`) or one without its allocator state.
@@ -61,91 +40,44 @@ class Quantity:
         return self.label
 
 
-ALLOCATED = Quantity(
-    "allocated",
-    "PyTorch allocated",
-    "bytes live in tensors as the program requested them (the allocator's trace entries)",
-)
-ALLOCATED_BLOCKS = Quantity(
-    "allocated_blocks",
-    "PyTorch allocated (blocks)",
-    "the allocator's blocks handed out to tensors, as torch.cuda.memory_allocated() counts them",
-)
-RESERVED = Quantity(
-    "reserved",
-    "PyTorch reserved",
-    "segments PyTorch's caching allocator holds from CUDA (torch.cuda.memory_reserved())",
-)
-VMM = Quantity(
-    "vmm",
-    "KV cache outside PyTorch (CUDA VMM)",
-    "what vLLM 0.34+ committed through CUDA's virtual memory API for its KV cache; PyTorch never sees it",
-)
-HELD = Quantity(
-    "held",
-    "held by this process",
-    "PyTorch reserved + the KV cache committed outside PyTorch (CUDA VMM)",
-)
-DEVICE_USED = Quantity(
-    "device_used",
-    "device used by this process",
-    "NVML's used memory in CUDA's accounting, other processes' memory taken out (sampled)",
-)
-OTHERS = Quantity(
-    "others",
-    "other processes",
-    "memory other processes held on the same device (NVML's per-process list, sampled); never ours",
-)
-NON_TORCH = Quantity(
-    "non_torch",
-    "non-PyTorch",
-    "device used - PyTorch reserved - CUDA VMM: CUDA context, NCCL, cuBLAS, raw cudaMalloc (CUPTI splits it)",
-)
-BEFORE_RECORDING = Quantity(
-    "before_recording",
-    "present before recording began",
-    "PyTorch memory that existed at the first recorded event: exact from the allocator's state, else a lower bound",
-)
-RESERVED_UNUSED = Quantity(
-    "reserved_unused",
-    "PyTorch reserved, unallocated",
-    "PyTorch reserved minus PyTorch allocated (blocks) minus the private pools' cached blocks: free blocks and "
-    "unused tails of split blocks (fragmentation), torch's OOM message's 'reserved by PyTorch but unallocated'",
-)
-PRIVATE_POOL_CACHED = Quantity(
-    "private_pool_cached",
-    "PyTorch private pools, cached",
-    "free blocks cached in PyTorch's private pools (CUDA graphs), which torch's OOM message counts as "
-    "'allocated in private pools' and within 'allocated by PyTorch'",
-)
-DEVICE_USED_ALL = Quantity(
-    "device_used_all",
-    "device used, all processes",
-    "the whole device's used memory in CUDA's accounting (total - free): this process and every other",
-)
-DEVICE_FREE = Quantity(
-    "device_free",
-    "device free",
-    "what CUDA reported free on the whole device (cudaMemGetInfo), as torch's OOM message says it ('of which ... is free')",
-)
-
-#: every quantity, in the order outputs list them
+#: every quantity, in the order outputs list them: key, label, meaning
+# fmt: off
 QUANTITIES = (
-    ALLOCATED,
-    ALLOCATED_BLOCKS,
-    RESERVED,
-    VMM,
-    HELD,
-    DEVICE_USED,
-    OTHERS,
-    NON_TORCH,
-    BEFORE_RECORDING,
-    RESERVED_UNUSED,
-    PRIVATE_POOL_CACHED,
-    DEVICE_USED_ALL,
-    DEVICE_FREE,
+    Quantity("allocated", "PyTorch allocated",
+             "bytes live in tensors as the program requested them (the allocator's trace entries)"),
+    Quantity("allocated_blocks", "PyTorch allocated (blocks)",
+             "the allocator's blocks handed out to tensors, as torch.cuda.memory_allocated() counts them"),
+    Quantity("reserved", "PyTorch reserved",
+             "segments PyTorch's caching allocator holds from CUDA (torch.cuda.memory_reserved())"),
+    Quantity("vmm", "KV cache outside PyTorch (CUDA VMM)",
+             "what vLLM 0.34+ committed through CUDA's virtual memory API for its KV cache; PyTorch never sees it"),
+    Quantity("held", "held by this process",
+             "PyTorch reserved + the KV cache committed outside PyTorch (CUDA VMM)"),
+    Quantity("device_used", "device used by this process",
+             "NVML's used memory in CUDA's accounting, other processes' memory taken out (sampled)"),
+    Quantity("others", "other processes",
+             "memory other processes held on the same device (NVML's per-process list, sampled); never ours"),
+    Quantity("non_torch", "non-PyTorch",
+             "device used - PyTorch reserved - CUDA VMM: CUDA context, NCCL, cuBLAS, raw cudaMalloc (CUPTI splits it)"),
+    Quantity("before_recording", "present before recording began",
+             "PyTorch memory that existed at the first recorded event: exact from the allocator's state, else a lower "
+             "bound"),
+    Quantity("reserved_unused", "PyTorch reserved, unallocated",
+             "PyTorch reserved minus PyTorch allocated (blocks) minus the private pools' cached blocks: free blocks "
+             "and unused tails of split blocks (fragmentation), torch's OOM message's 'reserved by PyTorch but "
+             "unallocated'"),
+    Quantity("private_pool_cached", "PyTorch private pools, cached",
+             "free blocks cached in PyTorch's private pools (CUDA graphs), which torch's OOM message counts as "
+             "'allocated in private pools' and within 'allocated by PyTorch'"),
+    Quantity("device_used_all", "device used, all processes",
+             "the whole device's used memory in CUDA's accounting (total - free): this process and every other"),
+    Quantity("device_free", "device free",
+             "what CUDA reported free on the whole device (cudaMemGetInfo), as torch's OOM message says it ('of which "
+             "... is free')"),
 )
-#: the quantities only a serving window's outputs state (its end, what held the device at its OOM)
+(ALLOCATED, ALLOCATED_BLOCKS, RESERVED, VMM, HELD, DEVICE_USED,
+ OTHERS, NON_TORCH, BEFORE_RECORDING, RESERVED_UNUSED, PRIVATE_POOL_CACHED, DEVICE_USED_ALL, DEVICE_FREE) = QUANTITIES
+# fmt: on
 WINDOW_QUANTITIES = (RESERVED_UNUSED, PRIVATE_POOL_CACHED, DEVICE_USED_ALL, DEVICE_FREE)
 BY_KEY = {q.key: q for q in QUANTITIES}
 
@@ -202,8 +134,7 @@ def first_max(values: np.ndarray) -> int:
 
 def array_max(values: np.ndarray) -> int:
     """The largest of ``values`` (0 when empty): :func:`first_max`'s value."""
-    i = first_max(values)
-    return int(values[i]) if i >= 0 else 0
+    return int(values[first_max(values)]) if len(values) else 0
 
 
 @dataclass(frozen=True)
@@ -218,14 +149,7 @@ class Point:
 def peak(c: Curve) -> Point:
     """The first maximum of ``c`` (bytes 0 at time 0 for an empty curve)."""
     i = first_max(c.bytes)
-    if i < 0:
-        return Point(-1, 0, 0)
-    return Point(i, int(c.time_us[i]), int(c.bytes[i]))
-
-
-def peak_bytes(c: Curve) -> int:
-    """The highest value of ``c`` (0 when empty)."""
-    return peak(c).bytes
+    return Point(i, int(c.time_us[i]), int(c.bytes[i])) if i >= 0 else Point(-1, 0, 0)
 
 
 def window_peak(c: Curve, start_us: int, end_us: int) -> tuple[int, int]:
@@ -234,11 +158,9 @@ def window_peak(c: Curve, start_us: int, end_us: int) -> tuple[int, int]:
     The value in force at ``start_us`` counts, at time ``start_us`` (before the curve's first step its first
     value holds: an event curve's first point is the baseline, the state before recording began).
     """
-    if len(c) == 0:
-        return 0, start_us
     lo = int(np.searchsorted(c.time_us, start_us, side="right"))
     hi = int(np.searchsorted(c.time_us, end_us, side="right"))
-    first = int(c.bytes[0]) if start_us < int(c.time_us[0]) else c.at(start_us)
+    first = c.at(start_us, first_before=True)
     if hi <= lo:
         return first, start_us
     j = first_max(c.bytes[lo:hi])
@@ -254,13 +176,9 @@ def window_max(c: Curve, start_us: int, end_us: int) -> int:
 
 def samples_peak(c: Curve, start_us: int, end_us: int) -> int | None:
     """The highest sample of a sampled curve taken inside [start_us, end_us]; None without one."""
-    if len(c) == 0:
-        return None
     lo = int(np.searchsorted(c.time_us, start_us, side="left"))
     hi = int(np.searchsorted(c.time_us, end_us, side="right"))
-    if hi <= lo:
-        return None
-    return int(c.bytes[lo + first_max(c.bytes[lo:hi])])
+    return int(c.bytes[lo + first_max(c.bytes[lo:hi])]) if hi > lo else None
 
 
 def plateau_end(c: Curve, i: int) -> int:
@@ -289,18 +207,13 @@ def window_fullest(allocated: Curve, start_us: int, end_us: int) -> int:
     return lo + first_max(allocated.bytes[lo:hi])
 
 
-def excursion_peak(values: np.ndarray, start: int, stop: int) -> int:
-    """The index of the first maximum of ``values[start:stop]`` (an excursion above a target)."""
-    return start + first_max(values[start:stop])
-
-
 def whole_device_peak(curves: Curves) -> int:
     """The highest device used with other processes' memory put back (this process's alone when none was
     sampled): how full the card itself was."""
     used = curves.device_used
     if not len(used):
         return 0
-    return peak_bytes(type(used)(used.time_us, used.bytes + curves.others.at_each(used.time_us, first_before=True)))
+    return type(used)(used.time_us, used.bytes + curves.others.at_each(used.time_us, first_before=True)).peak_bytes
 
 
 # -- memory present before recording began --------------------------------------------------------------
@@ -402,14 +315,9 @@ def peak_bound(facts: dict) -> PeakBound:
     from memtrace import facts as F
 
     imported = facts.get(F.IMPORT) or {}
-    state = imported.get("state")
-    if state == "moment":
-        return PeakBound(True, ONE_MOMENT)
-    if state == "missing":
-        return PeakBound(True, STATE_MISSING)
-    if imported.get("format") == "kineto" and imported.get("memory") == "host":
-        return PeakBound(True, CPU_PROFILED)
-    return PeakBound(False)
+    cpu = imported.get("format") == "kineto" and imported.get("memory") == "host"
+    why = {"moment": ONE_MOMENT, "missing": STATE_MISSING}.get(imported.get("state"), CPU_PROFILED if cpu else "")
+    return PeakBound(bool(why), why)
 
 
 def is_one_moment(facts: dict) -> bool:
@@ -466,9 +374,7 @@ def memory_meanings(processes) -> tuple[tuple[str, str], ...]:
     """(name, meaning) of each kind of memory among ``processes`` whose figures count something other than the
     GPU's memory every quantity's meaning speaks of: the CPU's, as torch.profiler counts it (:data:`CPU_PROFILED`).
     Empty for GPU memory alone."""
-    if not any(p.role == "host" for p in processes):
-        return ()
-    return ((MEMORY_OF_ROLE["host"], CPU_PROFILED),)
+    return ((MEMORY_OF_ROLE["host"], CPU_PROFILED),) if any(p.role == "host" for p in processes) else ()
 
 
 def memory_of(traces) -> str:

@@ -46,10 +46,6 @@ class Target:
     #: when not recorded; it picks vLLM's default utilization
     kv_sizing: str = ""
 
-    @property
-    def known(self) -> bool:
-        return self.target_bytes is not None
-
 
 def card_capacity(trace: Trace) -> tuple[int | None, str]:
     """The card's memory and where it came from: the card the run stood for, else the device's."""
@@ -99,8 +95,8 @@ def resolve_target(
     recorded_util = float(recorded_util) if isinstance(recorded_util, (int, float)) else None
     recorded = F.int_fact(trace.facts, F.TARGET_BYTES)
     how = {
-        "util_source": str(trace.facts.get(F.UTIL_SOURCE) or ""),
-        "kv_sizing": str(trace.facts.get(F.VLLM_KV_SIZE_SOURCE) or ""),
+        k: str(trace.facts.get(fact) or "")
+        for k, fact in (("util_source", F.UTIL_SOURCE), ("kv_sizing", F.VLLM_KV_SIZE_SOURCE))
     }
     if recorded is not None and recorded > 0:
         return Target(recorded, card, recorded_util, RECORDED, card_source, **how)
@@ -122,7 +118,7 @@ def describe(target: Target) -> str:
             else f"the recorded --gpu-memory-utilization {target.util:g}{_chosen(target)}"
         )
     if target.source == RECORDED_UTIL:
-        return f"recorded util {target.util:g} x the card{_chosen(target, ', ')}"
+        return f"recorded util {target.util:g} x the card{_chosen(target)}"
     return "none"
 
 
@@ -135,11 +131,11 @@ KV_SIZING_WORDS = {
 }
 
 
-def _chosen(target: Target, sep: str = ", ") -> str:
+def _chosen(target: Target) -> str:
     """Who chose the recorded utilization: ", set by the user" or ", vLLM's default for <sizing mode>"."""
     if target.util_source == F.UTIL_BY_USER:
-        return f"{sep}set by the user"
+        return ", set by the user"
     if target.util_source == F.UTIL_VLLM_DEFAULT:
         mode = KV_SIZING_WORDS.get(target.kv_sizing)
-        return f"{sep}vLLM's default" + (f" with {mode}" if mode else "")
+        return ", vLLM's default" + (f" with {mode}" if mode else "")
     return ""

@@ -65,8 +65,7 @@ def counter_checks(trace: Trace, curves: Curves) -> list[CounterCheck]:
     out = []
     for r in readings:
         t = int(r["time_us"])
-        since = max([x for x in resets if x <= t], default=start)
-        since = max(since, start)
+        since = max([x for x in resets if x <= t] + [start])
         peak = r.get("allocated_peak_bytes")
         now = r.get("allocated_bytes")
         out.append(

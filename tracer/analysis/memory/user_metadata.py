@@ -52,17 +52,8 @@ def metadata_spans(trace: Trace) -> list[MetadataSpan]:
     for value in dict.fromkeys(labels[labels != ""]):
         mask = labels == value
         allocs = mask & (ev["action"] == ACTION_CODE["alloc"])
-        t = ev["time_us"][mask]
-        out.append(
-            MetadataSpan(
-                str(value),
-                int(t.min()),
-                int(t.max()),
-                int(mask.sum()),
-                int(allocs.sum()),
-                int(ev["size"][allocs].sum()),
-            )
-        )
+        t, count, n_allocs = ev["time_us"][mask], int(mask.sum()), int(allocs.sum())
+        out.append(MetadataSpan(str(value), int(t.min()), int(t.max()), count, n_allocs, int(ev["size"][allocs].sum())))
     return sorted(out, key=lambda s: (s.first_us, s.value))
 
 

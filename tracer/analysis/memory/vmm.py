@@ -10,15 +10,13 @@ So:
 - the **KV cache committed outside PyTorch** is the part made by the KV cache's buffer
   (``caller == "kv_cache"``); vLLM's one-granule check that the API works (``"probe"``) and anything
   else are committed memory too, briefly, but not the KV cache.
-- **address space** reserved with ``cuMemAddressReserve`` is not memory: kept apart
-  (``curves.vmm_reserved_curve``).
+- **address space** reserved with ``cuMemAddressReserve`` is not memory: kept apart.
 - a **failed create** (``error != 0``; CUDA_ERROR_OUT_OF_MEMORY is 2) is where an extensible KV cache ran
   out of memory; vLLM empties PyTorch's cache and retries once (``_map_chunk_at``), so a failure followed
   by a successful create of the same size is a recovered one.
 
-Non-PyTorch memory (``curves.non_torch_curve``) subtracts the committed curve: device used - PyTorch
-reserved - committed through the VMM API. This module holds what is built on those curves: the failed
-commits and the summary every output shows.
+Non-PyTorch memory (``curves.non_torch_curve``) subtracts the committed curve. This module holds the failed
+commits, the KV cache's live chunks and the summary every output shows.
 """
 
 from __future__ import annotations
@@ -26,7 +24,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
-from memtrace.analysis.memory.curves import CREATE, RELEASE, committed_curve, vmm_reserved_curve
+from memtrace.analysis.memory.curves import CREATE, RELEASE, committed_curve
 from memtrace.analysis.memory.phases import path_at
 from memtrace.model import VMM_CALLERS, Trace
 
@@ -63,19 +61,11 @@ def failed_commits(trace: Trace) -> list[FailedCommit]:
     creates = r[r["op"] == CREATE]
     out = []
     for i in np.flatnonzero(creates["error"] != 0):
-        rec = creates[i]
-        later = creates[i + 1 :]
+        rec, later = creates[i], creates[i + 1 :]
         retry = later[(later["bytes"] == rec["bytes"]) & (later["caller"] == rec["caller"])][:1]
-        out.append(
-            FailedCommit(
-                time_us=int(rec["time_us"]),
-                bytes=int(rec["bytes"]),
-                error=int(rec["error"]),
-                phase=path_at(trace, int(rec["time_us"])),
-                kv_cache=bool(rec["caller"] == KV_CACHE),
-                recovered=bool(len(retry) and retry["error"][0] == 0),
-            )
-        )
+        t, recovered = int(rec["time_us"]), bool(len(retry) and retry["error"][0] == 0)
+        phase, kv_cache = path_at(trace, t), bool(rec["caller"] == KV_CACHE)
+        out.append(FailedCommit(t, int(rec["bytes"]), int(rec["error"]), phase, kv_cache, recovered))
     return out
 
 
@@ -126,7 +116,7 @@ def summary(trace: Trace) -> VmmSummary | None:
         return None
     kv = committed_curve(trace, kv_cache_only=True)
     every = committed_curve(trace)
-    res = vmm_reserved_curve(trace)
+    res = committed_curve(trace, address_space=True)
     ok = trace.vmm[trace.vmm["error"] == 0]
     return VmmSummary(
         kv_cache_bytes=int(kv.bytes[-1]) if len(kv) else 0,

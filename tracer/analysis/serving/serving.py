@@ -1,15 +1,9 @@
 """The serving window of a trace (``MEMTRACE_UNTIL=serving``): what filled the GPU before it was written.
 
-:func:`window_summary` reads ``Trace.window`` (``model.ServingWindow``): the gap after start-up, what the
-rings kept and dropped, PyTorch's state at the window's start and at its end (the start state plus the
-kept events; the allocator state saved with the last write says it for the end, when there is one), the
-window's growth by allocation site (allocations made in the window and still live at its end), the
-allocator's state at its end as torch's OOM message counts it (``serving_held.AllocatorState``: the
-reserved-but-unallocated memory, :data:`quantities.RESERVED_UNUSED`), what held the device at its end and how
-each holder changed since start-up ended (``serving_held.device_at_end``), the OOM inside the window (the one
-``analysis.oom.Oom`` every output words through ``plots.oom_text``), the scheduler steps before its end and the
-one in progress at its write (an OOM's: the step that failed; not tracked in a format 1.4 window).
-Plain data; no peak of its own.
+:func:`window_summary` reads ``Trace.window`` (``model.ServingWindow``) into plain data (:class:`WindowSummary`,
+no peak of its own): PyTorch's state at the window's start and end (the start state plus the kept events, or the
+allocator state saved with the last write), the growth by allocation site, what held the device at its end
+(``serving_held``), the OOM inside the window and the scheduler steps before its end.
 
 The window's NVML samples are the whole device's used memory (every process), as start-up's are. With the other
 processes' series recorded beside them (format 1.5) the window's curves take it out, as start-up's do; a window
@@ -92,10 +86,6 @@ class WindowSummary:
         return max(begun, key=lambda s: int(s["time_us"]), default=None)
 
     @property
-    def gap_us(self) -> int | None:
-        return self.window.gap_us
-
-    @property
     def reserved_unused_bytes(self) -> int | None:
         """:data:`quantities.RESERVED_UNUSED` at the window's end (None without the allocator's state)."""
         return None if self.end_state is None else self.end_state.reserved_unused_bytes
@@ -130,7 +120,7 @@ def window_summary(trace: Trace, top: int = 10) -> WindowSummary | None:
         steps_before_end=list(w.steps[-STEPS_SHOWN:]),
         device_total_bytes=trace.process.device_total_bytes,
         end_state=end_state,
-        device=device_at_end(trace, oom if in_window else None, end_state),
+        device=device_at_end(trace, oom if in_window else None),
         device_used_all=device_used_all_curve(trace),
         steps_in_progress=None if w.steps_in_progress is None else list(w.steps_in_progress),
         cost=serving_cost(trace),
@@ -154,13 +144,10 @@ def device_used_all_curve(trace: Trace) -> Curve | None:
 
 
 def window_trace(trace: Trace) -> Trace | None:
-    """The serving window as a trace of its own; None without a window or with no allocator events in it.
-
-    Its events, NVML samples (with the other processes' series: this process's device used, as start-up's; none
-    when they were not told apart, :func:`told_apart`: they are the whole device's, never this process's) and
-    final allocator state are the window's; its one phase, ``serving``, spans the window; the process, the
-    interned stacks, the facts (the OOM, vLLM's figures), the KV cache's VMM calls (committed at start-up, held
-    while serving) and the notes of the window's time are the trace's."""
+    """The serving window as a trace of its own; None without a window or with no allocator events in it. Its
+    events, allocator state and NVML samples are the window's (none when not :func:`told_apart`: the whole device's
+    are never this process's), its one phase ``serving``; the process, stacks, facts, VMM calls and the notes of
+    the window's time are the trace's."""
     w = trace.window
     if w is None or not len(w.events) or w.start_us is None or w.end_us is None:
         return None
@@ -198,36 +185,25 @@ def growth_by_site(trace: Trace, w: ServingWindow, top: int = 10) -> list[SiteGr
             live[addr] = (size, stack)
         elif action == _FREE:
             live.pop(addr, None)
-    by: dict[Frame | None, list[int]] = {}
-    frame_of: dict[int, Frame | None] = {}
+    frame_of = {s: site_frame(trace, s) if s < len(trace.stacks) else None for _, s in live.values()}
+    by: dict[Frame | None, SiteGrowth] = {}
     for size, stack in live.values():
-        if stack not in frame_of:
-            frame_of[stack] = site_frame(trace, stack) if stack < len(trace.stacks) else None
-        entry = by.setdefault(frame_of[stack], [0, 0])
-        entry[0] += size
-        entry[1] += 1
-    rows = [SiteGrowth(frame, b, n) for frame, (b, n) in by.items()]
-    rows.sort(key=lambda r: -r.bytes)
-    return rows[:top]
+        g = by.setdefault(frame_of[stack], SiteGrowth(frame_of[stack], 0, 0))
+        g.bytes, g.count = g.bytes + size, g.count + 1
+    return sorted(by.values(), key=lambda r: -r.bytes)[:top]
+
+
+#: memtrace's cost's figures in ``report --json`` beside its fields (``self_cost.ServingCost``'s properties)
+_COST_SHARES = ("total_ns", "share", "share_with_own_threads")
+#: the window's own fields in ``report --json``, in order
+_WINDOW_DOC = ("startup_end_us", "start_us", "end_us", "gap_us", "reason", "writes", "events_kept", "events_dropped",
+               "samples_kept", "samples_dropped", "steps_kept", "steps_dropped", "bounds")  # fmt: skip
 
 
 def window_doc(ws: WindowSummary) -> dict[str, Any]:
     """The window in ``report --json`` (bytes and microseconds)."""
-    w = ws.window
     return {
-        "startup_end_us": w.startup_end_us,
-        "start_us": w.start_us,
-        "end_us": w.end_us,
-        "gap_us": w.gap_us,
-        "reason": w.reason,
-        "writes": w.writes,
-        "events_kept": w.events_kept,
-        "events_dropped": w.events_dropped,
-        "samples_kept": w.samples_kept,
-        "samples_dropped": w.samples_dropped,
-        "steps_kept": w.steps_kept,
-        "steps_dropped": w.steps_dropped,
-        "bounds": w.bounds,
+        **{k: getattr(ws.window, k) for k in _WINDOW_DOC},
         "start": {"allocated": ws.start_allocated_bytes, "reserved": ws.start_reserved_bytes, "exact": ws.start_exact},
         "end": {
             "allocated": ws.end_allocated_bytes,
@@ -249,32 +225,18 @@ def window_doc(ws: WindowSummary) -> dict[str, Any]:
         "steps_in_progress": ws.steps_in_progress,
         "step_at_oom": ws.step_at_oom,
         "cost": None
-        if ws.cost is None
-        else {
-            **{f.name: getattr(ws.cost, f.name) for f in fields(ws.cost)},
-            "total_ns": ws.cost.total_ns,
-            "share": ws.cost.share,
-            "share_with_own_threads": ws.cost.share_with_own_threads,
-        },
+        if (c := ws.cost) is None
+        else {k: getattr(c, k) for k in (*(f.name for f in fields(c)), *_COST_SHARES)},
     }
 
 
 def joined(trace: Trace) -> Trace:
-    """The run in time: start-up and its serving window as one trace (``trace`` itself without a window, or when the
-    two cannot be joined exactly).
-
-    Its events are start-up's then the window's; its allocator state the window's (the later one); its phases
-    start-up's then ``serving`` (the window's span); its recording ends where the window ends. The gap between them
-    is no memory (``Curve`` steps hold until the next record: what the gap held is unknown, and every output says it
-    as ``ServingWindow.gap_us``). NVML's samples are start-up's then the window's; a window that did not tell other
-    processes apart (format 1.4) gets their series derived as ``serving_held`` derives it at the OOM (this process's
-    non-PyTorch memory as at start-up's end, other processes the rest: ``serving_held.DERIVED``), so that other
-    processes' and this process's device-used figures are one answer over the whole run. An OOM in the window adds
-    the device's used memory torch's OOM observer was given (CUDA's total less its free bytes, exact then) as one
-    more sample.
-
-    Not joined (``trace`` returned): a window whose ring dropped events (its start state is not start-up's end plus
-    nothing) or without the allocator state its events need."""
+    """The run in time: start-up and its serving window as one trace: events, phases (then ``serving``) and NVML
+    samples start-up's then the window's, the window's allocator state, and the gap between them no memory (every
+    output says it as ``ServingWindow.gap_us``). A window that did not tell other processes apart (format 1.4) gets
+    their series derived as ``serving_held`` does (``serving_held.DERIVED``); an OOM in the window adds the device's
+    used memory torch's observer was given as one more sample. ``trace`` itself without a window, or when the two
+    cannot be joined exactly (the ring dropped events, or the allocator state its events need is missing)."""
     w = trace.window
     if w is None or w.start_us is None or w.end_us is None or not (len(w.events) or len(w.samples)):
         return trace

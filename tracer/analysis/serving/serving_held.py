@@ -12,11 +12,8 @@ At each of the two moments, in bytes:
   sample, in CUDA's accounting (``curves.driver_reserved_bytes``);
 - other processes' memory (:data:`quantities.OTHERS`): their series' last sample (the start-up sidecar's, the
   window's own from format 1.5); this process's non-PyTorch memory is then the rest (:data:`quantities.NON_TORCH`:
-  device used by this process - reserved - VMM).
-
-A window written before other processes were sampled in serving (format 1.4) holds the whole device's used
-memory alone: non-PyTorch and other processes are not told apart in it. This process's non-PyTorch memory is then
-taken as at start-up's end and other processes' memory is the rest (:data:`DERIVED`, said so wherever shown).
+  device used by this process - reserved - VMM), or, in a window that sampled the whole device only, the other
+  way round (:data:`DERIVED`).
 """
 
 from __future__ import annotations
@@ -49,11 +46,6 @@ class AllocatorState:
     def reserved_unused_bytes(self) -> int:
         """:data:`quantities.RESERVED_UNUSED`: torch's "reserved by PyTorch but unallocated"."""
         return self.reserved_bytes - self.blocks_bytes - self.private_cached_bytes
-
-    @property
-    def torch_allocated_bytes(self) -> int:
-        """What torch's OOM message calls "allocated by PyTorch": the blocks and the private pools' cached ones."""
-        return self.blocks_bytes + self.private_cached_bytes
 
 
 def allocator_state(segments: list[Segment]) -> AllocatorState | None:
@@ -111,21 +103,14 @@ class DeviceAtEnd:
         return None if a is None or b is None else a - b
 
 
-def _last(times: np.ndarray, values: np.ndarray, t_us: int) -> int | None:
-    i = int(np.searchsorted(times, t_us, side="right")) - 1
-    return int(values[i]) if i >= 0 else None
+def _last(series: np.ndarray, key: str, t_us: int, less: int = 0) -> int | None:
+    """``series[key]``'s last sample at or before ``t_us``, less ``less`` (None before its first)."""
+    i = int(np.searchsorted(series["time_us"], t_us, side="right")) - 1
+    return int(series[key][i]) - less if i >= 0 else None
 
 
-def _holders(
-    trace: Trace,
-    t_us: int,
-    state: AllocatorState | None,
-    vmm: int,
-    used_all: int | None,
-    others: int | None,
-    non_torch=None,
-    free=None,
-) -> Holders:
+def _holders(trace: Trace, t_us: int, state: AllocatorState | None, vmm: int, used_all: int | None,
+             others: int | None, non_torch: int | None = None, free: int | None = None) -> Holders:  # fmt: skip
     """The holders at ``t_us`` (``state`` the allocator's then, ``vmm`` the KV cache committed outside it):
     non-PyTorch from the device's used memory when others are known, else ``non_torch`` given (and others derived
     from it); ``free`` when known, else the device's total less used."""
@@ -141,44 +126,31 @@ def _holders(
     return Holders(t_us, state, vmm, used_all, others, non_torch if others is not None else None, free)
 
 
-def device_at_end(trace: Trace, oom: Oom | None, end_state: AllocatorState | None = None) -> DeviceAtEnd | None:
+def device_at_end(trace: Trace, oom: Oom | None) -> DeviceAtEnd | None:
     """What held the device at ``trace``'s serving window's end (``oom``: the OOM the process died of in the window,
-    None when it did not die there; ``end_state``: the window's allocator state, when the caller has it) and at
-    start-up's end; None without a window, or without the allocator's state at both moments."""
+    None when it did not die there) and at start-up's end; None without a window, or without the allocator's state
+    at both moments."""
     w = trace.window
     if w is None or w.startup_end_us is None or w.end_us is None or not w.segments or not trace.segments:
         return None
     reserve, total = driver_reserved_bytes(trace), trace.process.device_total_bytes
-    s, o = trace.samples, trace.others
-    t0 = w.startup_end_us
-    committed = committed_curve(trace) if len(trace.vmm) else None
-    vmm = lambda t: committed.at(t) if committed is not None else 0  # noqa: E731
-    used0 = _last(s["time_us"], s["used_bytes"], t0)
-    start = _holders(
-        trace,
-        t0,
-        allocator_state(trace.segments),
-        vmm(t0),
-        None if used0 is None else used0 - reserve,
-        _last(o["time_us"], o["others_bytes"], t0),
-    )
+    t0, vmm = w.startup_end_us, committed_curve(trace).at
+    used0, others0 = _last(trace.samples, "used_bytes", t0, reserve), _last(trace.others, "others_bytes", t0)
+    start = _holders(trace, t0, allocator_state(trace.segments), vmm(t0), used0, others0)
     at_oom = oom is not None
     t1 = oom.time_us if at_oom else w.end_us
     if at_oom and oom.free_bytes is not None and total:
         used1 = total - oom.free_bytes  # what torch's message says: "of which ... is free"
     else:
-        last = _last(w.samples["time_us"], w.samples["used_bytes"], t1)
-        used1 = None if last is None else last - reserve
-    wo = w.others
-    others1 = _last(wo["time_us"], wo["others_bytes"], t1) if len(wo) else None
+        used1 = _last(w.samples, "used_bytes", t1, reserve)
+    others1 = _last(w.others, "others_bytes", t1)
     derived = others1 is None and start.non_torch_bytes is not None
-    free1 = oom.free_bytes if at_oom else None
-    state1 = end_state if end_state is not None else allocator_state(w.segments)
-    end = _holders(trace, t1, state1, vmm(t1), used1, others1, start.non_torch_bytes if derived else None, free1)
-    within = None
+    free1, non_torch1 = oom.free_bytes if at_oom else None, start.non_torch_bytes if derived else None
+    end = _holders(trace, t1, allocator_state(w.segments), vmm(t1), used1, others1, non_torch1, free1)
     limit = oom.limit_bytes(total) if at_oom and total else None  # a limit below the device, known to be one
-    if limit is not None and end.allocator is not None:
-        within = end.allocator.reserved_bytes + oom.requested_bytes <= limit
+    within = (
+        None if limit is None or end.allocator is None else end.allocator.reserved_bytes + oom.requested_bytes <= limit
+    )
     return DeviceAtEnd(end, start, at_oom, DERIVED if derived else "", within, limit)
 
 
