@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import TextIO
 
 from memtrace.analysis.analysed.origin import who
-from memtrace.analysis.analysed.rank import DIED, NOTHING, UNFINISHED
+from memtrace.analysis.analysed.verdict import DIED, NOTHING, UNFINISHED
 from memtrace.analysis.memory import quantities
 from memtrace.plots import oom_text, verdict_text
 from memtrace.plots.text import _CURVE_NAMES, _Out, _seconds, render_definitions, render_report, wrap
