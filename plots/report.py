@@ -1,7 +1,7 @@
 """The report of an analysed run (``analysis.run.AnalysedRun``): what ``memtrace report`` prints.
 
 Every rank's section (``plots.text.render_report`` of its analysed rank), then for a run of several ranks the
-ranks side by side (``analysis.side_by_side``) and the worst rank (``AnalysedRun.worst``), the ranks
+ranks side by side (``run.side_by_side``) and the worst rank (``AnalysedRun.worst``), the ranks
 ``nodes.json`` lists that are missing from the run directory, the time origin every time counts from,
 and the definitions.
 """
@@ -34,7 +34,7 @@ def worst_line(run) -> str:
 
 
 def _side_by_side(out: _Out, run) -> None:
-    from memtrace.analysis.analysed.side_by_side import side_by_side
+    from memtrace.analysis.analysed.run import side_by_side
 
     sbs = side_by_side(run)
     if sbs is None:

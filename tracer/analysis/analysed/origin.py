@@ -1,13 +1,12 @@
 """One time origin for every output of a run, the ranks put on one clock, and the sentence that says both.
 
-Every output of a run (report, issue, plot, view, Perfetto, JSON) counts seconds from the same moment,
-:attr:`TimeOrigin.t0_us`: the earliest moment any rank of the run knows about (``phases.recording_span``),
-on the driver's clock. Before that, :func:`align` puts each trace on the driver's clock: a trace recorded on
-another host is shifted by the offset its capture measured (``analysis.clock_alignment``: driver time = trace time +
-offset), its uncertainty kept. A trace on the driver's node (same host, or a Ray worker on the driver's
-node) shares the driver's clock and is not moved. The sentence (:attr:`TimeOrigin.sentence`) states the
-origin and the alignment, e.g. "0 s = rank 0's recording start (2026-12-03 08:21:21.823 UTC); ranks 0-1
-on the driver's clock (vm); rank 1 shifted by −3.999918 s ± 0.48 ms (measured at start through Ray)".
+Every output of a run counts seconds from :attr:`TimeOrigin.t0_us`: the earliest moment any rank knows about
+(``phases.recording_span``), on the driver's clock. Before that, a trace recorded on another host is shifted by
+the offset its capture recorded in the fact ``clock`` (:func:`rank_clock`: ``same-host``, ``ray`` measured
+through Ray round trips, or ``unmeasured``; driver time = trace time + offset), its uncertainty kept; a trace on
+the driver's node shares its clock and is not moved. The sentence (:attr:`TimeOrigin.sentence`) states both,
+e.g. "0 s = rank 0's recording start (2026-12-03 08:21:21.823 UTC); ranks 0-1 on the driver's clock (vm);
+rank 1 shifted by −3.999918 s ± 0.48 ms (measured at start through Ray)".
 """
 
 from __future__ import annotations
@@ -19,13 +18,39 @@ from dataclasses import dataclass
 from typing import Any
 
 from memtrace import facts as F
-from memtrace.analysis.analysed.clock_alignment import RankClock, rank_clock
 from memtrace.analysis.memory.phases import recording_span
 from memtrace.model import Trace
 
 #: Facts holding Unix-epoch microseconds of the trace's own clock at the top level (moved with the trace).
 _TIME_FACTS = (F.PEAK_STATS_RESET_US, F.VLLM_STARTUP_COMPLETE_US, F.PEAK_RESETS_US)
 _METHODS = {"ray": "measured at start through Ray", "unmeasured": "not measured", "unrecorded": "not recorded"}
+
+
+@dataclass(frozen=True)
+class RankClock:
+    """One trace's clock relative to the driver's: ``driver time = trace time + offset_us``."""
+
+    label: str  # "rank 1", "pid 42"
+    rank: int | None
+    host: str
+    method: str  # "same-host", "ray", "unmeasured", or "unrecorded" (no clock fact in the trace)
+    offset_us: int | None  # None: unknown
+    uncertainty_us: int | None
+
+
+def _int(value: object) -> int | None:
+    return int(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+
+
+def rank_clock(trace: Trace, same_host_run: bool = True) -> RankClock:
+    """The clock of one trace; ``same_host_run`` says whether every trace of its run names one host
+    (then a trace without a clock fact shares the driver's clock)."""
+    fact, p = trace.facts.get(F.CLOCK), trace.process
+    if not isinstance(fact, dict):
+        known = 0 if same_host_run else None
+        return RankClock(trace.label, p.rank, p.hostname, "unrecorded", known, known)
+    host, method = str(fact.get("host") or p.hostname), str(fact.get("method") or "unmeasured")
+    return RankClock(trace.label, p.rank, host, method, _int(fact.get("offset_us")), _int(fact.get("uncertainty_us")))
 
 
 @dataclass(frozen=True)

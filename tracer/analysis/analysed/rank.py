@@ -24,8 +24,7 @@ from memtrace.analysis.capacity.extensible import extensible_sizing
 from memtrace.analysis.capacity.reconcile import NonKv, non_kv
 from memtrace.analysis.holders.frames import library_dirs
 from memtrace.analysis.holders.live import lifetimes
-from memtrace.analysis.holders.view_paths import allocation_paths
-from memtrace.analysis.holders.view_window import RankQueries
+from memtrace.analysis.holders.view_window import RankQueries, allocation_paths
 from memtrace.analysis.memory.categories import categorize, category_steps
 from memtrace.analysis.memory.curves import Curve, Curves, all_curves, committed_curve, vmm_reserved_curve
 from memtrace.analysis.memory.non_torch import has_records, live_curve
