@@ -1,24 +1,15 @@
 """Compare two traces of the same start-up: what grew, where, and whether it breaks a threshold.
 
-The gate (``TraceDiff.regressions``) fails when any of these grew by more than the threshold: the
-global peaks (reserved, allocated, and NVML device-used when both runs sampled it), the peak of
-every phase (matched by phase path; a phase repeated under the same path is matched by occurrence,
-``profile_run#2``), the memory before KV sizing, the post-KV transient, and the bytes returned by
-each hooked function (FlashInfer's workspace allocators) and by all of them together. The global
-peaks make the gate work on every kind of trace: an imported snapshot without phases fails when its
-peak grew. Phase peaks are gated one by one, so a regression inside ``profile_run`` fails even when
-the global peak (often in warm-up) did not move. Growth below ``MIN_GROWTH_BYTES`` never fails a
-percentage threshold: it is allocator rounding, not a regression. A trace holds the quantity it is ranked by
-(``quantities.ranked_by``): the CPU's from torch.profiler holds PyTorch allocated alone, so its phases and
-its emptiness are judged on allocated, no reserved figure is shown or gated, and no rounding floor applies
-(its allocator has no segments). A new run that died of OOM
-(``analysis.oom.find_oom``) where the base did not fails too.
+The gate (``TraceDiff.regressions``) fails when any of these grew past the threshold: the global peaks
+(reserved, allocated, device used when both runs sampled it), each phase's peak (matched by path, a repeat by
+occurrence: ``profile_run#2``), the memory before KV sizing, the post-KV transient, the bytes returned by each
+hooked function and by all together; or when the new run died of OOM where the base did not. Growth below
+``MIN_GROWTH_BYTES`` (allocator rounding) never fails a percentage threshold. A trace is judged on the quantity
+it is ranked by (``quantities.ranked_by``): the CPU's from torch.profiler on allocated alone, without a floor.
 
-The gated figures of one trace are a :class:`Figures` (what ``history`` stores); :func:`compare`
-is the one comparator, used by :func:`diff_ranks` and by ``history check``. Everything else
-(categories, sites) explains the change. Two runs whose environment fingerprints differ
-(``analysis.history_key``) are compared anyway, with the differences listed in ``mismatches``.
-Pure functions over Traces; rendering is ``plots.diff_text``'s job.
+The gated figures of one trace are a :class:`Figures` (what ``history`` stores); :func:`compare` is the one
+comparator (``diff`` and ``history check``); categories and sites explain the change. Runs whose environment
+fingerprints differ (``history_key``) are compared anyway, the differences in ``mismatches``.
 """
 
 from __future__ import annotations
@@ -149,10 +140,10 @@ class Figures:
     where: dict[str, str]  # HEADLINE label -> phase path of the moment (peaks, post-KV transient)
     phases: dict[str, tuple[int, int, int]]  # path (name#n for repeats) -> (peak, peak above start, depth)
     hooks: dict[str, tuple[int, ...]]  # hooked function -> bytes added per outermost call (hook_call_bytes)
-    oom: Oom | None  # the OOM the run died of
     nested: dict[str, int] = field(default_factory=dict)  # hooked function called inside another -> bytes added
     #: nested hooked function -> the hooked function it is called in (empty in history documents before it)
     nested_in: dict[str, str] = field(default_factory=dict)
+    oom: Oom | None = None  # the OOM the run died of
     #: fingerprint fields vLLM chose itself in this run (``history_key.left_to_vllm``)
     left_to_vllm: frozenset[str] = frozenset()
     #: how the KV cache was allocated: VIA_TORCH, VIA_VMM (vLLM 0.34+), or "" (none)
@@ -260,8 +251,8 @@ def _ranked_peak(ranked: str) -> str:
 
 def _phase_peaks(
     trace: Trace, curves: Curves, device_level: bool, less: Curve | None = None
-) -> dict[str, tuple[int, int, int, str]]:
-    """path (with #n for repeats) -> (peak, peak above start, depth, path of the peak's phase), of what the process
+) -> dict[str, tuple[int, int, int]]:
+    """path (with #n for repeats) -> (peak, peak above start, depth), of what the process
     held (the allocated curve for a trace without reserved memory: ``quantities.holds_reserved``), less the
     curve ``less`` when given."""
     held = None if Q.holds_reserved(trace.process) else curves.allocated
@@ -271,12 +262,12 @@ def _phase_peaks(
         times = np.insert(curve.time_us, at, less.time_us)
         curve = Curve(times, np.insert(curve.bytes, at, curve.at_each(less.time_us)) - less.at_each(times))
     seen: Counter[str] = Counter()
-    out: dict[str, tuple[int, int, int, str]] = {}
+    out: dict[str, tuple[int, int, int]] = {}
     for st in phase_stats(trace, curves):
         seen[st.path] += 1
         key = st.path if seen[st.path] == 1 else f"{st.path}#{seen[st.path]}"
         peak, _ = window_peak(curve, st.start_us, st.end_us)
-        out[key] = (peak, peak - curve.at(st.start_us), st.depth, st.path)
+        out[key] = (peak, peak - curve.at(st.start_us), st.depth)
     return out
 
 
@@ -291,36 +282,24 @@ def hook_call_bytes(returned: int | None, allocated_delta: int | None) -> int:
     return min(returned, max(0, allocated_delta))
 
 
-def _hook_bytes(trace: Trace) -> dict[str, list[int]]:
-    out: dict[str, list[int]] = {}
-    for c in trace.hook_calls:
-        if c.parent is not None:
-            continue  # nested calls are counted by their outermost hooked caller
-        out.setdefault(c.name, []).append(hook_call_bytes(c.returned_bytes, c.allocated_delta_bytes))
-    return out
-
-
-def _nested_hook_bytes(trace: Trace) -> dict[str, int]:
-    """Bytes added by hooked functions called inside another hooked call (FlashInfer's static and
-    dynamic workspace allocators inside ``B12xMoEWrapper._allocate_buffers``): shown per target, not
-    gated (their outermost caller already counts them)."""
-    out: dict[str, int] = {}
-    for c in trace.hook_calls:
-        if c.parent is not None:
-            out[c.name] = out.get(c.name, 0) + hook_call_bytes(c.returned_bytes, c.allocated_delta_bytes)
-    return out
-
-
-def _nested_callers(trace: Trace) -> dict[str, str]:
-    """Each nested hooked function -> the hooked function it is called in (the first call's caller):
-    ``allocate_sm120_static_workspace`` runs inside ``allocate_sm120_moe_workspace``, which runs inside
-    ``B12xMoEWrapper._allocate_buffers``, so their bytes are parts of one another, not a sum."""
-    out: dict[str, str] = {}
+def _hook_bytes(trace: Trace) -> tuple[dict[str, tuple[int, ...]], dict[str, int], dict[str, str]]:
+    """(bytes added per outermost call, by hooked function; bytes added by each hooked function called inside
+    another, shown, not gated: their outermost caller counts them; each of those -> the hooked function its first
+    call ran in: ``allocate_sm120_static_workspace`` runs inside ``allocate_sm120_moe_workspace``, inside
+    ``B12xMoEWrapper._allocate_buffers``, so their bytes are parts of one another, not a sum)."""
+    outer: dict[str, list[int]] = {}
+    nested: dict[str, int] = {}
+    callers: dict[str, str] = {}
     calls = trace.hook_calls
     for c in calls:
-        if c.parent is not None and 0 <= c.parent < len(calls):
-            out.setdefault(c.name, calls[c.parent].name)
-    return out
+        added = hook_call_bytes(c.returned_bytes, c.allocated_delta_bytes)
+        if c.parent is None:
+            outer.setdefault(c.name, []).append(added)
+            continue
+        nested[c.name] = nested.get(c.name, 0) + added
+        if 0 <= c.parent < len(calls):
+            callers.setdefault(c.name, calls[c.parent].name)
+    return {k: tuple(v) for k, v in outer.items()}, nested, callers
 
 
 def nested_order(names: set[str], nested_in: dict[str, str]) -> list[tuple[str, int]]:
@@ -341,17 +320,11 @@ def nested_order(names: set[str], nested_in: dict[str, str]) -> list[tuple[str, 
     return out
 
 
-def category_changes(base, new) -> list[Change] | None:
+def category_changes(base, new) -> list[Change]:
     """Allocated bytes per category (weights, KV cache, workspaces...) of two analysed ranks (``AnalysedRank``) at
     their headline peak (``headline_event``: the moment their sites are compared at), with the KV cache committed
-    outside PyTorch then.
-
-    None when ``memtrace.analysis.memory.categories`` is not available.
-    """
-    try:
-        from memtrace.analysis.memory.categories import category_totals_at_index
-    except ImportError:
-        return None
+    outside PyTorch then."""
+    from memtrace.analysis.memory.categories import category_totals_at_index
 
     def at_peak(rank) -> dict[str, int]:
         curves = rank.curves
@@ -443,18 +416,16 @@ def figures(
             head[name] = top.bytes
             where[name] = path_at(trace, top.time_us)
     kv_via = (VIA_VMM if len(curves.vmm) else VIA_TORCH) if lm.kv_cache_bytes else ""
+    hooks, nested, nested_in = _hook_bytes(trace)
     return Figures(
         device_level=device_level,
         fingerprint=fingerprint(trace),
         headline={k: int(v) for k, v in head.items() if v is not None},
         where=where,
-        phases={
-            k: (peak, inside, depth)
-            for k, (peak, inside, depth, _) in _phase_peaks(trace, curves, device_level).items()
-        },
-        hooks={k: tuple(v) for k, v in _hook_bytes(trace).items()},
-        nested=_nested_hook_bytes(trace),
-        nested_in=_nested_callers(trace),
+        phases=_phase_peaks(trace, curves, device_level),
+        hooks=hooks,
+        nested=nested,
+        nested_in=nested_in,
         oom=oom if oom is not None else find_oom(trace),
         left_to_vllm=left_to_vllm(trace),
         kv_via=kv_via,
@@ -470,11 +441,7 @@ def phase_peaks_less_kv(
     ``categorized``: the trace's ``categories.categorize``, when the run already holds it."""
     if not kv_via:
         return {}
-    less = kv_cache_curve(trace, curves, kv_via, categorized)
-    return {
-        k: (peak, inside, depth)
-        for k, (peak, inside, depth, _) in _phase_peaks(trace, curves, device_level, less).items()
-    }
+    return _phase_peaks(trace, curves, device_level, kv_cache_curve(trace, curves, kv_via, categorized))
 
 
 def _hook_totals(base: Figures, new: Figures, threshold: Threshold) -> list[Change]:

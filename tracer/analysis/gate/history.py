@@ -10,7 +10,7 @@ and figure for ``plots.history_png``.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields
 from typing import TYPE_CHECKING
 
 from memtrace.analysis.gate.diff import (
@@ -35,46 +35,21 @@ if TYPE_CHECKING:
 
 #: The figures ``show`` draws, in the order of the legend.
 TREND_FIGURES = (PEAK_RESERVED, PEAK_DEVICE, BEFORE_KV, AVAILABLE_KV, ALL_HOOKS)
+_FIELDS = [f.name for f in fields(Figures)]
 
 
 def figures_doc(f: Figures) -> dict:
-    """A JSON-compatible document of ``f`` (bytes as integers)."""
-    return {
-        "device_level": f.device_level,
-        "fingerprint": f.fingerprint,
-        "headline": f.headline,
-        "where": f.where,
-        "phases": {k: list(v) for k, v in f.phases.items()},
-        "hooks": {k: list(v) for k, v in f.hooks.items()},
-        "nested": dict(f.nested),
-        "nested_in": dict(f.nested_in),
-        "oom": asdict(f.oom) if f.oom is not None else None,
-        "left_to_vllm": sorted(f.left_to_vllm),
-        "kv_via": f.kv_via,
-        "ranked": f.ranked,
-        "phases_less_kv": {k: list(v) for k, v in f.phases_less_kv.items()},
-    }
+    """A JSON-compatible document of ``f`` (bytes as integers), its keys in the fields' order."""
+    return {**asdict(f), "left_to_vllm": sorted(f.left_to_vllm)}
 
 
 def figures_from_doc(doc: dict) -> Figures:
-    """The :class:`Figures` a document of :func:`figures_doc` holds."""
-    return Figures(
-        device_level=bool(doc["device_level"]),
-        fingerprint=dict(doc["fingerprint"]),
-        headline={k: int(v) for k, v in doc["headline"].items()},
-        where=dict(doc.get("where", {})),
-        phases={k: (int(v[0]), int(v[1]), int(v[2])) for k, v in doc["phases"].items()},
-        hooks={k: tuple(int(b) for b in v) for k, v in doc["hooks"].items()},
-        nested={k: int(v) for k, v in doc.get("nested", {}).items()},  # absent in documents before it
-        nested_in={k: str(v) for k, v in doc.get("nested_in", {}).items()},  # absent in documents before it
-        oom=Oom(**doc["oom"]) if doc.get("oom") else None,
-        left_to_vllm=frozenset(doc.get("left_to_vllm", ())),  # absent in documents before vLLM 0.34's support
-        kv_via=str(doc.get("kv_via", "")),
-        ranked=str(doc.get("ranked", "reserved")),  # absent in documents before the CPU's traces were ranked
-        phases_less_kv={  # absent in documents before issue 41: phases then compare as they are
-            k: (int(v[0]), int(v[1]), int(v[2])) for k, v in doc.get("phases_less_kv", {}).items()
-        },
-    )
+    """The :class:`Figures` a document of :func:`figures_doc` holds (keys a document from before them lacks take
+    their defaults: phases then compare as they are)."""
+    tuples = {"phases", "hooks", "phases_less_kv"}
+    kw = {k: {n: tuple(v) for n, v in doc[k].items()} if k in tuples else doc[k] for k in _FIELDS if k in doc}
+    oom = Oom(**doc["oom"]) if doc.get("oom") else None
+    return Figures(**{"where": {}, **kw, "oom": oom, "left_to_vllm": frozenset(doc.get("left_to_vllm", ()))})
 
 
 @dataclass(frozen=True)
