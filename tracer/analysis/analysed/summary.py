@@ -17,15 +17,8 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from memtrace import facts as F
-from memtrace.analysis.holders.frames import LibraryDirs, library_dirs
-from memtrace.analysis.holders.live import (
-    BEFORE_RECORDING,
-    Holder,
-    Lifetimes,
-    holders_by_stack,
-    lifetimes,
-    meaningful_frame,
-)
+from memtrace.analysis.holders.frames import LibraryDirs, library_dirs, meaningful_frame
+from memtrace.analysis.holders.live import BEFORE_RECORDING, Holder, Lifetimes, holders_by_stack, lifetimes
 from memtrace.analysis.memory.curves import Curves, state_missing
 from memtrace.analysis.memory.target import describe
 from memtrace.analysis.memory.vmm import Chunk
