@@ -84,9 +84,7 @@ class Change:
 
     @property
     def delta(self) -> int | None:
-        if self.base is None or self.new is None:
-            return None
-        return self.new - self.base
+        return None if self.base is None or self.new is None else self.new - self.base
 
     @property
     def over(self) -> bool:
@@ -106,9 +104,7 @@ class PhaseChange:
 
     @property
     def inside_delta(self) -> int | None:
-        if self.inside_base is None or self.inside_new is None:
-            return None
-        return self.inside_new - self.inside_base
+        return None if self.inside_base is None or self.inside_new is None else self.inside_new - self.inside_base
 
 
 @dataclass(frozen=True)
@@ -216,9 +212,8 @@ class TraceDiff:
     def default_changes(self) -> list[tuple[str, str, str]]:
         """With other versions, the fields the new run left to vLLM and that came out differently: what the
         new versions changed by themselves (vLLM 0.34's utilization 1.0 and extensible KV cache)."""
-        if not self.version_changes:
-            return []
-        return [m for m in self.mismatches if m[0] not in VERSION_FIELDS and m[0] in self.left_to_vllm]
+        others = [m for m in self.mismatches if m[0] not in VERSION_FIELDS and m[0] in self.left_to_vllm]
+        return others if self.version_changes else []
 
     @property
     def setup_changes(self) -> list[tuple[str, str, str]]:
@@ -234,9 +229,7 @@ class TraceDiff:
 def _limit(threshold: Threshold, base: int | None, floor: int = MIN_GROWTH_BYTES) -> int | None:
     if base is None:
         return None
-    if threshold.fraction is not None:
-        return max(threshold.of(abs(base)), floor)
-    return threshold.of(abs(base))
+    return max(threshold.of(abs(base)), floor) if threshold.fraction is not None else threshold.of(abs(base))
 
 
 def _floor(base: Figures, new: Figures) -> int:
@@ -275,10 +268,8 @@ def hook_call_bytes(returned: int | None, allocated_delta: int | None) -> int:
     """The bytes one hooked call added: what it returned, but no more than PyTorch's allocated bytes grew
     during it when that is known. A wrapper handed shared workspaces (FlashInfer 0.7's
     ``shared_static_workspace``...) returns them again without allocating: it adds nothing."""
-    if returned is None:
-        return max(0, allocated_delta or 0)
-    if allocated_delta is None:
-        return returned
+    if returned is None or allocated_delta is None:
+        return max(0, allocated_delta or 0) if returned is None else returned
     return min(returned, max(0, allocated_delta))
 
 
@@ -332,13 +323,11 @@ def category_changes(base, new) -> list[Change]:
             return {}
         totals = category_totals_at_index(rank.trace, rank.headline_event + 1, rank.categorized, curves=curves)
         if len(curves.vmm):  # the KV cache committed outside PyTorch is the KV cache still
-            t = rank.headline.point.time_us
-            totals["kv_cache"] = totals.get("kv_cache", 0) + rank.vmm_kv.at(t)
+            totals["kv_cache"] = totals.get("kv_cache", 0) + rank.vmm_kv.at(rank.headline.point.time_us)
         return totals
 
     bd, nd = at_peak(base), at_peak(new)
-    names = [k for k in dict.fromkeys([*bd, *nd])]
-    return [Change(k, bd.get(k, 0), nd.get(k, 0)) for k in names]
+    return [Change(k, bd.get(k, 0), nd.get(k, 0)) for k in dict.fromkeys([*bd, *nd])]
 
 
 def kv_cache_curve(trace: Trace, curves: Curves, via: str, categorized=None) -> Curve:
@@ -359,11 +348,10 @@ def kv_cache_curve(trace: Trace, curves: Curves, via: str, categorized=None) -> 
     signed = ev["size"][pos].astype(np.int64)
     signed[freed] *= -1
     # a tensor of its own segment counts from the segment's creation to its release: reserved holds it then
-    at = times[pos]
     before, after = np.clip(pos - 1, 0, None), np.clip(pos + 1, 0, len(ev) - 1)
     made = ~freed & np.isin(action[before], _SEG_UP) & (addr[before] == addr[pos])
     gone = freed & np.isin(action[after], _SEG_DOWN) & (addr[after] == addr[pos])
-    at = np.where(made, times[before], np.where(gone, times[after], at))
+    at = np.where(made, times[before], np.where(gone, times[after], times[pos]))
     order = np.argsort(at, kind="stable")
     return Curve(at[order], np.cumsum(signed[order]))
 
@@ -388,9 +376,7 @@ def figures(
         less_kv: also the phase peaks less the KV cache (``Figures.phases_less_kv``; what history keeps).
     """
     curves = curves or all_curves(trace)
-    if device_level is None:
-        device_level = curves.has_device
-    device_level = device_level and curves.has_device
+    device_level = (device_level is None or device_level) and curves.has_device
     lm = landmarks(trace, curves, include_non_torch=device_level)
     sizing = extensible_sizing(trace, curves)
     head = {
@@ -413,8 +399,7 @@ def figures(
     for name, curve in peaks:  # the same moments as ``memtrace report``'s peaks
         if len(curve):
             top = Q.peak(curve)
-            head[name] = top.bytes
-            where[name] = path_at(trace, top.time_us)
+            head[name], where[name] = top.bytes, path_at(trace, top.time_us)
     kv_via = (VIA_VMM if len(curves.vmm) else VIA_TORCH) if lm.kv_cache_bytes else ""
     hooks, nested, nested_in = _hook_bytes(trace)
     return Figures(
@@ -439,20 +424,17 @@ def phase_peaks_less_kv(
 ) -> dict[str, tuple[int, int, int]]:
     """``Figures.phases_less_kv``: each phase's peak less the KV cache held through ``kv_via`` ({} without one);
     ``categorized``: the trace's ``categories.categorize``, when the run already holds it."""
-    if not kv_via:
-        return {}
-    return _phase_peaks(trace, curves, device_level, kv_cache_curve(trace, curves, kv_via, categorized))
+    less = kv_cache_curve(trace, curves, kv_via, categorized) if kv_via else None
+    return _phase_peaks(trace, curves, device_level, less) if kv_via else {}
 
 
 def _hook_totals(base: Figures, new: Figures, threshold: Threshold) -> list[Change]:
     names = sorted(set(base.hooks) | set(new.hooks))
-    if not names:
-        return []
     out = []
     for name in names:
         b = sum(base.hooks[name]) if name in base.hooks else None
         out.append(Change(name, b, sum(new.hooks.get(name, ())), _limit(threshold, b)))
-    if len(names) == 1:
+    if len(names) < 2:
         return out
     b_all, n_all = sum(map(sum, base.hooks.values())), sum(map(sum, new.hooks.values()))
     return out + [Change(ALL_HOOKS, b_all, n_all, _limit(threshold, b_all))]
