@@ -15,7 +15,8 @@ from typing import Any
 
 from memtrace import facts as F
 from memtrace.analysis.gate.history_key import MEMORY_FLAGS as _KEY_FLAGS
-from memtrace.analysis.gate.history_key import program_name
+from memtrace.analysis.gate.history_key import program_name, vllm_config, vllm_version
+from memtrace.analysis.gate.history_key import trace_env as env
 from memtrace.model import Trace
 
 #: vLLM flags shown in the environment table: the model, then the flags that change memory (the
@@ -28,20 +29,6 @@ def public_path(value: Any) -> Any:
     if isinstance(value, str) and value.startswith("/") and " " not in value:
         return os.path.basename(value.rstrip("/")) or value
     return value
-
-
-def env(trace: Trace) -> dict[str, Any]:
-    e = trace.facts.get(F.ENV)
-    return e if isinstance(e, dict) else {}
-
-
-def vllm_config(trace: Trace) -> dict[str, Any]:
-    c = trace.facts.get(F.VLLM_CONFIG)
-    return c if isinstance(c, dict) else {}
-
-
-def vllm_version(trace: Trace) -> str | None:
-    return env(trace).get("vllm") or trace.facts.get(F.VLLM_VERSION)
 
 
 def model_name(trace: Trace) -> str:
