@@ -102,14 +102,12 @@ class HookTotal:
 
 def hook_totals(trace: Trace) -> list[HookTotal]:
     """Per hooked function: calls, bytes returned and allocated, errors; largest first."""
-    acc: dict[str, list[int]] = {}
+    acc: dict[str, np.ndarray] = {}
     for c in trace.hook_calls:
-        a = acc.setdefault(c.name, [0, 0, 0, 0])
-        a[0] += 1
-        a[1] += c.returned_bytes or 0
-        a[2] += c.allocated_delta_bytes or 0
-        a[3] += 1 if c.error else 0
-    rows = [HookTotal(name, *v) for name, v in acc.items()]
+        acc[c.name] = acc.get(c.name, 0) + np.array(
+            [1, c.returned_bytes or 0, c.allocated_delta_bytes or 0, bool(c.error)]
+        )
+    rows = [HookTotal(name, *map(int, v)) for name, v in acc.items()]
     return sorted(rows, key=lambda h: (-h.returned_bytes, h.name))
 
 
@@ -129,10 +127,9 @@ def warnings_of(trace: Trace, curves: Curves) -> list[str]:
             "the recorded events do not add up to the final allocator state: some events are missing; "
             "figures before the gap may be off"
         )
-    for p in trace.phases:
-        if p.end_us is None:
-            out.append(f"phase '{p.name}' never ended: the process stopped inside it")
-    return out
+    return out + [
+        f"phase '{p.name}' never ended: the process stopped inside it" for p in trace.phases if p.end_us is None
+    ]
 
 
 def memory_events(trace: Trace) -> int:
@@ -172,20 +169,10 @@ def holders_by_site(
         groups.setdefault(key, []).append((h, frame, frames))
     lines = []
     for members in groups.values():
-        h, frame, frames = members[0]  # holders come largest first
-        lines.append(
-            HolderLine(
-                stack=h.stack,
-                frame=frame,
-                frames=frames,
-                bytes=sum(m[0].bytes for m in members),
-                count=sum(m[0].count for m in members),
-                share=sum(m[0].share for m in members),
-                stacks=len(members),
-            )
-        )
-    lines.sort(key=lambda x: -x.bytes)
-    return lines[:top]
+        (h, frame, frames), held = members[0], [m[0] for m in members]  # holders come largest first
+        size, count, share = (sum(getattr(x, k) for x in held) for k in ("bytes", "count", "share"))
+        lines.append(HolderLine(h.stack, frame, frames, size, count, share, len(members)))
+    return sorted(lines, key=lambda x: -x.bytes)[:top]
 
 
 #: properties written beside a dataclass's fields (where its class has one of that name)

@@ -127,17 +127,13 @@ class RankQueries:
                 "action": ACTIONS[int(ev["action"][i])],
                 "size": int(ev["size"][i]),
                 "category": CATEGORIES[int(cats[i])] if cats[i] >= 0 else "",
-                "where": self._title(int(ev["stack"][i])) if ev["stack"][i] >= 0 else "",
+                "where": _title(tr, int(ev["stack"][i])),
             }
             for i in range(lo, hi)
         ]
         t_us = float(self.t[e]) if e >= 0 else float(self.curve_t0)
         total = int(lt.size[m].sum())
         return {"event": e, "t_us": t_us, "total": total, "count": len(m), "groups": out, "around": around}
-
-    def _title(self, st: int) -> str:
-        f = site_frame(self.a.trace, st)
-        return frame_label(f) if f is not None else ""
 
 
 @dataclass(frozen=True)
@@ -162,29 +158,28 @@ class _Interner:
     def __init__(self, trace: Trace) -> None:
         self.trace = _without_events(trace)
         self.paths_of = FramePaths(self.trace)
-        self.labels: list[str] = []
-        self.label_ids: dict[str, int] = {}
-        self.paths: list[list[int]] = []
+        self.ids: dict[tuple[str, ...], int] = {}
         self.titles: list[str] = []
-        self.path_ids: dict[tuple[str, ...], int] = {}
 
     def path_of(self, stack: int, alloc_us: int | None) -> int:
         """The interned path of one allocation made at ``alloc_us`` (None: before recording)."""
         (key,) = stack_paths(self.trace, [LiveAllocation(0, 1, stack, alloc_us)], self.paths_of)[0]
-        pid = self.path_ids.get(key)
-        if pid is None:
-            pid = self.path_ids[key] = len(self.paths)
-            self.paths.append([self._label(x) for x in key])
-            f = site_frame(self.trace, stack)
-            self.titles.append(frame_label(f) if f is not None else " ".join(key))
-        return pid
+        if key not in self.ids:
+            self.ids[key] = len(self.ids)
+            self.titles.append(_title(self.trace, stack, " ".join(key)))
+        return self.ids[key]
 
-    def _label(self, text: str) -> int:
-        i = self.label_ids.get(text)
-        if i is None:
-            i = self.label_ids[text] = len(self.labels)
-            self.labels.append(text)
-        return i
+    def paths(self, ids: np.ndarray) -> Paths:
+        """The interned paths as label ids, the labels in first-seen order."""
+        labels: dict[str, int] = {}
+        paths = [[labels.setdefault(x, len(labels)) for x in key] for key in self.ids]
+        return Paths(ids, list(labels), paths, self.titles)
+
+
+def _title(trace: Trace, stack: int, default: str = "") -> str:
+    """What the top-holders table calls ``stack``'s allocations (``default`` for no stack)."""
+    f = site_frame(trace, stack)
+    return frame_label(f) if f is not None else default
 
 
 def _in_hook_calls(trace: Trace, times: np.ndarray) -> np.ndarray:
@@ -216,4 +211,4 @@ def allocation_paths(trace: Trace, lt: Lifetimes) -> Paths:
     before = plain & (lt.stack < 0) & ~recorded
     if before.any():
         ids[before] = interner.path_of(-1, None)
-    return Paths(ids, interner.labels, interner.paths, interner.titles)
+    return interner.paths(ids)
