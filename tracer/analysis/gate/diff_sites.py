@@ -103,8 +103,7 @@ def sites_at_peak(trace: Trace, peak_index: int, lt: Lifetimes | None = None) ->
     keys = SiteKeys(trace)
     for h in holders_by_stack(trace, top=1 << 30, event_index=peak_index, lt=lt):
         key = keys(h.stack)
-        prev = out.get(key, (0, h.stack))
-        out[key] = (prev[0] + h.bytes, h.stack)
+        out[key] = (out.get(key, (0, 0))[0] + h.bytes, h.stack)
     if out and all(not key for key in out):
         return None  # no live block has a stack
     return {key: (b, tuple(trace.stack_frames(stack)), site_frame(trace, stack)) for key, (b, stack) in out.items()}

@@ -96,17 +96,14 @@ def record_run(run, what: str) -> list[Recorded]:
 
 def check(base: Recorded, new: Recorded, threshold: Threshold, *, label: str = "") -> TraceDiff:
     """``new`` against the stored ``base`` with ``diff.compare``, at device level when both have it."""
-    if base.device is not None and new.device is not None:
-        return compare(base.device, new.device, threshold, label=label)
-    return compare(base.reserved, new.reserved, threshold, label=label)
+    level = "device" if base.device is not None and new.device is not None else "reserved"
+    return compare(getattr(base, level), getattr(new, level), threshold, label=label)
 
 
 def closest(keys: dict[str, dict[str, str]], fp: dict[str, str]) -> tuple[str, list[tuple[str, str, str]]] | None:
     """The stored key whose fingerprint differs from ``fp`` in the fewest fields, and those fields."""
-    if not keys:
-        return None
-    best = min(keys, key=lambda k: len(differences(keys[k], fp)))
-    return best, differences(keys[best], fp)
+    best = min(keys, key=lambda k: len(differences(keys[k], fp)), default=None)
+    return None if best is None else (best, differences(keys[best], fp))
 
 
 @dataclass(frozen=True)
@@ -131,8 +128,7 @@ class Trend:
 
 def _trend_value(doc: dict, name: str) -> int | None:
     if name == ALL_HOOKS:
-        hooks = doc.get("hooks") or {}
-        return sum(sum(v) for v in hooks.values()) if hooks else None
+        return sum(map(sum, doc["hooks"].values())) if doc.get("hooks") else None
     v = doc["headline"].get(name)
     return int(v) if v is not None else None
 
@@ -148,14 +144,11 @@ def trends(rows: list) -> list[Trend]:
     out = []
     for (key, rank), rs in groups.items():
         device = all(r.figures_device is not None for r in rs)
-        series: dict[str, list[Point]] = {}
-        for name in TREND_FIGURES:
-            pts = []
-            for r in rs:
-                v = _trend_value(r.figures_device if device else r.figures_reserved, name)
-                if v is not None:
-                    pts.append(Point(r.batch, r.label, r.accepted, v))
-            if pts:
-                series[name] = pts
+        docs = [(r, r.figures_device if device else r.figures_reserved) for r in rs]
+        values = {n: [(r, _trend_value(doc, n)) for r, doc in docs] for n in TREND_FIGURES}
+        points = {
+            n: [Point(r.batch, r.label, r.accepted, v) for r, v in vs if v is not None] for n, vs in values.items()
+        }
+        series = {n: pts for n, pts in points.items() if pts}
         out.append(Trend(key, describe(rs[-1].fingerprint), rank, series))
     return out
