@@ -126,6 +126,13 @@ class AnalysedRun:
             raise NothingToJudge(nothing_line(self, what))
         return kept
 
+    def require_every_rank(self, what: str) -> None:
+        """NothingToJudge (exit 1) naming the ranks that recorded no allocator events and did not die: such a run
+        is never a reference, and never passes."""
+        empty = [r for r in self.ranks if r.recorded_nothing and r.oom is None]
+        if empty:
+            raise NothingToJudge(nothing_line(self.subset(empty), what))
+
     def on_cards(self, what: str) -> AnalysedRun:
         """The run with only its ranks of a GPU's memory (``quantities.on_a_card``: what a card holds); a
         UsageError (one line, exit 2) when it has none: a card is a GPU's, so the CPU's memory cannot ``what``."""

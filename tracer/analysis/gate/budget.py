@@ -87,8 +87,7 @@ def check_budget(
     rank = run.ranks[0]
     if rank.target.target_bytes is None:
         raise UsageError("no memory budget: give max_peak='30GiB' or util=0.9; the trace recorded no target")
-    if rank.recorded_nothing and rank.oom is None:
-        run.require_events("judge against the budget")
+    run.require_every_rank("judge against the budget")
     curves = rank.curves
     if curve == "device" and not curves.has_device:
         raise UsageError("the trace holds no NVML samples, so no device-level peak; budget the 'reserved' curve")

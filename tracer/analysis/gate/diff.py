@@ -538,17 +538,14 @@ def diff_runs(base, new, threshold: Threshold) -> list[TraceDiff]:
         NothingToJudge: a rank of either run recorded no allocator events (exit 1: never a pass).
         UsageError: the runs hold different numbers of ranks.
     """
-    from memtrace.analysis.analysed.run import nothing_line
-    from memtrace.errors import NothingToJudge, UsageError
+    from memtrace.errors import UsageError
 
     if len(base.ranks) != len(new.ranks):
         raise UsageError(
             f"{base.path} holds {len(base.ranks)} traces and {new.path} {len(new.ranks)}; pick one with --rank N"
         )
-    for run in (base, new):
-        empty = [r for r in run.ranks if r.recorded_nothing and r.oom is None]
-        if empty:
-            raise NothingToJudge(nothing_line(run.subset(empty), "compare"))
+    base.require_every_rank("compare")
+    new.require_every_rank("compare")
     return [diff_ranks(b, n, threshold, label=n.label) for b, n in zip(base.ranks, new.ranks, strict=True)]
 
 

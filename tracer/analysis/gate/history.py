@@ -85,12 +85,7 @@ def record(
 def record_run(run, what: str) -> list[Recorded]:
     """:func:`record` of every rank of an analysed run. NothingToJudge (exit 1) when a rank recorded no
     allocator events: an empty run is never a reference, and never passes a check."""
-    from memtrace.analysis.analysed.run import nothing_line
-    from memtrace.errors import NothingToJudge
-
-    empty = [r for r in run.ranks if r.recorded_nothing and r.oom is None]
-    if empty:
-        raise NothingToJudge(nothing_line(run.subset(empty), what))
+    run.require_every_rank(what)
     return [record(r.trace, curves=r.curves, oom=r.oom, categorized=r.categorized) for r in run.ranks]
 
 
