@@ -126,9 +126,7 @@ def _imported(trace: Trace) -> list[tuple[str, Any]]:
 def command_line(trace: Trace) -> str:
     """The recorded command (secrets were redacted at capture), local paths shortened."""
     cmd = env(trace).get("cmdline")
-    if isinstance(cmd, list):
-        return " ".join(str(public_path(c)) for c in cmd)
-    return str(cmd or "")
+    return " ".join(str(public_path(c)) for c in cmd) if isinstance(cmd, list) else str(cmd or "")
 
 
 def allocator_settings(trace: Trace) -> dict[str, str]:
@@ -140,9 +138,5 @@ def allocator_settings(trace: Trace) -> dict[str, str]:
         return {str(k): str(v) for k, v in recorded.items()}
     environ = env(trace).get("environ") or {}
     conf = environ.get("PYTORCH_CUDA_ALLOC_CONF") or environ.get("PYTORCH_ALLOC_CONF") or ""
-    out = {}
-    for part in str(conf).split(","):
-        key, sep, value = part.partition(":")
-        if key.strip():
-            out[key.strip()] = value.strip() if sep else ""
-    return out
+    parts = [part.partition(":") for part in str(conf).split(",")]
+    return {key.strip(): value.strip() if sep else "" for key, sep, value in parts if key.strip()}

@@ -182,9 +182,11 @@ class AnalysedRank(PeakFigures):
         """What would have left room for the request a serving OOM failed where the device ran out
         (``serving_held.room``, at the recorded utilization): the serving question; None otherwise."""
         ws = self.window
-        if ws is None:
-            return None
-        return room(ws.device, ws.oom, self.recorded_target.util, self.trace.process.device_total_bytes)
+        return (
+            None
+            if ws is None
+            else room(ws.device, ws.oom, self.recorded_target.util, self.trace.process.device_total_bytes)
+        )
 
     @cached_property
     def serving(self) -> AnalysedRank | None:

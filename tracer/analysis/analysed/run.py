@@ -216,11 +216,9 @@ def _by_time(traces: Sequence[Trace]) -> list[list[Trace]]:
     end = None
     for (lo, hi), t in spans:
         if end is None or lo > end:
-            groups.append([t])
-            end = hi
-        else:
-            groups[-1].append(t)
-            end = max(end, hi)
+            groups.append([])
+        groups[-1].append(t)
+        end = hi if end is None else max(end, hi)
     return groups
 
 

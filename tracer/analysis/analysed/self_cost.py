@@ -56,17 +56,13 @@ class SelfCost:
 
     @property
     def share_of_init_engine(self) -> float | None:
-        if not self.init_engine_us:
-            return None
-        return self.total_ns / (self.init_engine_us * 1000)
+        return self.total_ns / (self.init_engine_us * 1000) if self.init_engine_us else None
 
     @property
     def share_of_process_startup(self) -> float | None:
         """Of the worker's whole start-up (process start to start-up complete): what a user waits for, most of
         memtrace's own time (registration, patching) coming before vLLM's "init engine" begins."""
-        if not self.process_startup_us:
-            return None
-        return self.total_ns / (self.process_startup_us * 1000)
+        return self.total_ns / (self.process_startup_us * 1000) if self.process_startup_us else None
 
 
 def history_estimate_ns(events: np.ndarray, stacks: list, calibration: dict, allocs: int | None = None) -> int | None:
@@ -154,9 +150,7 @@ def _init_engine_us(trace: Trace) -> tuple[int | None, int | None]:
     if not top:
         return None, None
     end = F.int_fact(trace.facts, F.VLLM_STARTUP_COMPLETE_US)
-    if end is None:
-        ends = [p.end_us for p in top if p.end_us is not None]
-        end = max(ends) if ends else None
+    end = max((p.end_us for p in top if p.end_us is not None), default=None) if end is None else end
     if end is None:
         return None, None
     first = next((p for p in top if p.name == INIT_ENGINE_FIRST_PHASE), None)

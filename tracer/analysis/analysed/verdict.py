@@ -37,9 +37,8 @@ class Unfinished:
 def recorded_nothing(trace: Trace) -> bool:
     """No allocator events: nothing to judge (a CPU-only worker, or recording never started). A snapshot of
     allocator state alone (``facts["import"]["state"] == "moment"``) has its segments to judge."""
-    if (trace.facts.get(F.IMPORT) or {}).get("state") == "moment" and trace.segments:
-        return False
-    return len(trace.events) == 0
+    one_moment = (trace.facts.get(F.IMPORT) or {}).get("state") == "moment"
+    return len(trace.events) == 0 and not (one_moment and trace.segments)
 
 
 def unfinished(trace: Trace, last_us: int) -> Unfinished | None:

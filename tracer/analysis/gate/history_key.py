@@ -73,11 +73,7 @@ def _text(value) -> str:
 
 def program_kind(trace: Trace) -> str:
     """``vllm`` (the vLLM plugin recorded it), ``snapshot`` (an imported PyTorch snapshot) or ``pytorch``."""
-    if F.is_vllm(trace.facts):
-        return "vllm"
-    if trace.recording.source != "memtrace":
-        return "snapshot"
-    return "pytorch"
+    return "vllm" if F.is_vllm(trace.facts) else "snapshot" if trace.recording.source != "memtrace" else "pytorch"
 
 
 def program_name(env: dict) -> str:

@@ -59,9 +59,7 @@ class FlameNode:
     @property
     def kind(self) -> str:
         """ "hook", "marker" (a bracketed pseudo-frame) or "frame"."""
-        if self.name.startswith(HOOK_PREFIX):
-            return "hook"
-        return "marker" if self.name.startswith("[") else "frame"
+        return "hook" if self.name.startswith(HOOK_PREFIX) else "marker" if self.name.startswith("[") else "frame"
 
     def sorted_children(self) -> list[FlameNode]:
         """Children, widest first (ties by name, so output is deterministic)."""
@@ -115,9 +113,7 @@ def frame_label(frame: Frame) -> str:
 
 def hook_short_name(hook_name: str) -> str:
     """``pkg.mod:Class.method`` → ``Class.method``; ``pkg.mod.func`` → ``func``."""
-    if ":" in hook_name:
-        return hook_name.rsplit(":", 1)[1]
-    return hook_name.rsplit(".", 1)[-1]
+    return hook_name.rsplit(":", 1)[1] if ":" in hook_name else hook_name.rsplit(".", 1)[-1]
 
 
 def _is_wrapper(frame: Frame) -> bool:

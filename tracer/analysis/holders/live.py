@@ -141,9 +141,7 @@ def _unnamed_before(trace: Trace, freed_bytes: int) -> int:
     from memtrace import facts as F
 
     known = (trace.facts.get(F.IMPORT) or {}).get("baseline") if not trace.segments else None
-    if not known:
-        return 0
-    return max(int(known.get("allocated_bytes") or 0) - freed_bytes, 0)
+    return max(int(known.get("allocated_bytes") or 0) - freed_bytes, 0) if known else 0
 
 
 def _mask(lt: Lifetimes, t_us: int | None, event_index: int | None) -> np.ndarray:

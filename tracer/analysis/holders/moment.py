@@ -241,11 +241,9 @@ def _bytes_shown(rank, t_us: int, since_us: int | None, vmm: bool) -> tuple[int,
     from memtrace.analysis.holders.live import live_bytes_at
     from memtrace.analysis.memory.vmm import has_vmm, live_kv_chunks
 
-    torch_bytes = live_bytes_at(rank.lifetimes, t_us, since_us)
-    if not (vmm and has_vmm(rank.trace)):
-        return torch_bytes, None
-    chunks = [c.bytes for c in live_kv_chunks(rank.trace, t_us) if since_us is None or c.time_us >= since_us]
-    return torch_bytes, sum(chunks) if chunks else None
+    chunks = live_kv_chunks(rank.trace, t_us) if vmm and has_vmm(rank.trace) else []
+    chunks = [c.bytes for c in chunks if since_us is None or c.time_us >= since_us]
+    return live_bytes_at(rank.lifetimes, t_us, since_us), sum(chunks) if chunks else None
 
 
 def seconds_text(us: int) -> str:
