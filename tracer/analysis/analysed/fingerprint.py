@@ -17,7 +17,9 @@ from memtrace import facts as F
 from memtrace.analysis.gate.history_key import MEMORY_FLAGS as _KEY_FLAGS
 from memtrace.analysis.gate.history_key import program_name, vllm_config, vllm_version
 from memtrace.analysis.gate.history_key import trace_env as env
+from memtrace.analysis.memory.target import card_capacity
 from memtrace.model import Trace
+from memtrace.units import format_gib
 
 #: vLLM flags shown in the environment table: the model, then the flags that change memory (the
 #: matrix key's own list, ``history_key.MEMORY_FLAGS``: one list of them).
@@ -48,9 +50,6 @@ def model_name(trace: Trace) -> str:
 
 def gpu_name(trace: Trace) -> str:
     """The GPU, and the card the run stood for when that is smaller ("NVIDIA H200 as a 16 GiB card")."""
-    from memtrace.analysis.memory.target import card_capacity
-    from memtrace.units import format_gib
-
     gpu = str(env(trace).get("gpu_name") or "")
     stood_for, source = card_capacity(trace)  # the one owner of "the card the run stood for"
     physical = trace.process.device_total_bytes
@@ -71,8 +70,6 @@ def describe_run(trace: Trace, fallback: str = "") -> str:
 
 def environment(trace: Trace) -> list[tuple[str, str]]:
     """The environment fingerprint as (label, value) rows, in reading order; unknown values left out."""
-    from memtrace.units import format_gib
-
     e, cfg = env(trace), vllm_config(trace)
     total = e.get("total_memory_bytes") or trace.process.device_total_bytes
     rows: list[tuple[str, Any]] = [
@@ -103,8 +100,6 @@ SNAPSHOT_RECORDED_BY = "torch.cuda.memory._dump_snapshot (a PyTorch snapshot; no
 def _imported(trace: Trace) -> list[tuple[str, Any]]:
     """What an imported file says about where it came from: what recorded it, and what a profiler trace's own
     header names (its GPU, the CUDA runtime, vLLM's version); a torch snapshot records no versions."""
-    from memtrace.units import format_gib
-
     imp = trace.facts.get(F.IMPORT)
     if not isinstance(imp, dict):
         return []

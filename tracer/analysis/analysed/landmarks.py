@@ -54,8 +54,7 @@ def steady_non_torch(curves: Curves, guard_us: int = STEADY_GUARD_US) -> Curve:
         return nt
     before = np.searchsorted(res.time_us, nt.time_us - guard_us, side="right")
     after = np.searchsorted(res.time_us, nt.time_us + guard_us, side="right")
-    lo = np.clip(before - 1, 0, None)
-    hi = np.clip(after - 1, 0, None)
+    lo, hi = np.clip(before - 1, 0, None), np.clip(after - 1, 0, None)
     steps = np.concatenate(([0], np.cumsum(res.bytes[1:] != res.bytes[:-1])))  # changes up to index i
     keep = steps[hi] == steps[lo]
     if not keep.any():

@@ -194,9 +194,7 @@ class AnalysedRank(PeakFigures):
         its flame graphs), on the run's time origin and this rank's target, drawn and queried apart after
         start-up; None when the window is :attr:`joined` into this rank's timeline (the rank holds it) or holds
         no allocator events."""
-        if self.joined:
-            return None
-        t = window_trace(self.startup)
+        t = None if self.joined else window_trace(self.startup)
         return None if t is None else AnalysedRank(t, self.spec, self.origin, top=self.top, target=self.target)
 
     @cached_property

@@ -71,8 +71,7 @@ def history_estimate_ns(events: np.ndarray, stacks: list, calibration: dict, all
     events given (a ring that dropped some): their frames beyond the depth are taken as the kept ones' mean."""
     if not calibration.get("measured"):
         return None
-    per_alloc = float(calibration.get("per_alloc_ns", 0.0))
-    per_frame = float(calibration.get("per_frame_ns", 0.0))
+    per_alloc, per_frame = (float(calibration.get(k, 0.0)) for k in ("per_alloc_ns", "per_frame_ns"))
     depth0 = int(calibration.get("depth", 0))
     kept = events[events["action"] == ACTION_CODE["alloc"]]
     n = len(kept) if allocs is None else int(allocs)

@@ -21,10 +21,8 @@ def what_ran(run) -> str:
     start-up), ``CPU (host) memory`` for a profiler trace of the CPU (``quantities.memory_of``)."""
     imported = all(isinstance(r.trace.facts.get(F.IMPORT), dict) for r in run.ranks)
     memory = memory_of([r.trace for r in run.ranks])
-    if imported:
-        return memory
-    serving = any(r.trace.window is not None for r in run.ranks)
-    return f"{memory} during start-up and serving" if serving else f"{memory} during start-up"
+    serving = " and serving" if any(r.trace.window is not None for r in run.ranks) else ""
+    return memory if imported else f"{memory} during start-up{serving}"
 
 
 def died_prefix(rank, multi: bool = False, where: bool = True) -> str:

@@ -33,7 +33,7 @@ from memtrace.analysis.memory.oom import Oom, find_oom
 from memtrace.analysis.memory.phases import path_at, phase_stats
 from memtrace.analysis.memory.quantities import is_one_moment, window_peak
 from memtrace.model import ACTION_CODE, Trace
-from memtrace.units import MiB, Threshold
+from memtrace.units import MiB, Threshold, format_bytes
 
 #: Growth under this never fails a percentage threshold (one large-segment rounding unit).
 MIN_GROWTH_BYTES = 2 * MiB
@@ -462,15 +462,14 @@ def compare(base: Figures, new: Figures, threshold: Threshold, *, label: str = "
             note = MOVED_WARMUP_NOTE
         limit = _limit(threshold, b, floor) if name in GATED and not note else None
         headline.append(Change(name, b, n, limit, new.where.get(name, ""), note))
-    phases = []
     less_kv = bool(moved and base.phases_less_kv and new.phases_less_kv)  # like with like: both less the KV cache
     base_phases, new_phases = (base.phases_less_kv, new.phases_less_kv) if less_kv else (base.phases, new.phases)
+    phases = []
     for key, (peak, inside, depth) in new_phases.items():
         if key in base_phases:
             b_peak, b_inside, _ = base_phases[key]
-            phases.append(
-                PhaseChange(key, depth, Change(key, b_peak, peak, _limit(threshold, b_peak, floor)), b_inside, inside)
-            )
+            limit = _limit(threshold, b_peak, floor)
+            phases.append(PhaseChange(key, depth, Change(key, b_peak, peak, limit), b_inside, inside))
     names = sorted(set(base.hooks) | set(new.hooks))
     return TraceDiff(
         label=label,
@@ -552,8 +551,6 @@ def diff_runs(base, new, threshold: Threshold) -> list[TraceDiff]:
 def _threshold_text(threshold: Threshold) -> str:
     if threshold.fraction is not None:
         return f"{threshold.fraction * 100:g}%"
-    from memtrace.units import format_bytes
-
     return format_bytes(threshold.bytes or 0)
 
 

@@ -20,6 +20,7 @@ import os
 from memtrace import facts as F
 from memtrace.analysis.memory.target import card_capacity
 from memtrace.model import Trace
+from memtrace.units import format_gib
 
 #: Environment fields, in the order they are shown.
 ENV_FIELDS = ("gpu", "driver", "cuda", "torch", "vllm", "flashinfer")
@@ -190,8 +191,6 @@ def describe(fp: dict[str, str]) -> str:
     parts += [f"{k} {fp[k]}" for k in ("torch", "vllm", "flashinfer") if k in fp]
     parts.append(fp.get("model", ""))
     if fp.get("card_bytes", "").isdigit():
-        from memtrace.units import format_gib
-
         parts.append(f"card {format_gib(int(fp['card_bytes']))}")
     return " · ".join(p for p in parts if p)
 

@@ -105,8 +105,7 @@ def frame_label(frame: Frame) -> str:
         if roots:  # installed elsewhere (pip --target, a source checkout): cut at the package
             path = path[min(roots) + 1 :]
         else:
-            parts = path.split("/")
-            path = "/".join(parts[-2:]) if len(parts) > 2 else path
+            path = "/".join(path.split("/")[-2:])
     where = f"{path}:{frame.line}" if frame.line else path
     return f"{frame.name} ({where})".replace(";", ":")
 

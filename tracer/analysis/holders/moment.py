@@ -175,8 +175,7 @@ def rank_at(rank, at: str):
     text = at.strip().lower()
     w, t0 = rank.trace.window, rank.origin.t0_us
     if text == "oom":
-        oom = find_oom(rank.trace)
-        return win if oom is not None and oom.time_us >= w.start_us else rank
+        return win if rank.oom is not None and rank.oom.time_us >= w.start_us else rank
     if text == "serving":
         return win
     us = parse_time_us(text)
