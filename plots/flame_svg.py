@@ -38,8 +38,10 @@ from memtrace.analysis.holders.flame import (
     Flame,
     FlameNode,
     build_tree,
+    shared_prefix,
+    stack_counts,
+    without_prefix,
 )
-from memtrace.analysis.holders.flame_prefix import shared_prefix, stack_counts, without_prefix
 from memtrace.analysis.holders.moment import parse_time_us, seconds_showing
 from memtrace.analysis.memory import quantities as Q
 from memtrace.analysis.memory.categories import WORKSPACE_FUNCTIONS
@@ -82,7 +84,7 @@ class FlameSvgDrawn:
     depth: int
     top_level: list[tuple[str, int]] = field(default_factory=list)  # root's children, widest first
     non_torch_panel: bool = False  # the non-PyTorch part drawn again below at its own scale
-    shared: tuple[str, ...] = ()  # the frames every stack began with, left out (``analysis.flame_prefix``)
+    shared: tuple[str, ...] = ()  # the frames every stack began with, left out (``flame.shared_prefix``)
     rest_panel: bool = False  # what lies beside the widest holder drawn again below at its own scale
 
 
@@ -292,7 +294,7 @@ def render_flame_svg(
         subtitle: what ran and the totals, parts joined by " · " (wrapped at those joins); the
             PyTorch and non-PyTorch parts are added when the flame holds CUPTI's records.
         width: image width in pixels.
-        drop_shared: leave out the frames every stack begins with (``analysis.flame_prefix``: the
+        drop_shared: leave out the frames every stack begins with (``flame.shared_prefix``: the
             multiprocessing and vLLM launcher frames), named in a note above the graph.
     """
     shared = shared_prefix(flame) if drop_shared else ()

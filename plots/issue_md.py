@@ -17,8 +17,8 @@ import io
 from pathlib import Path
 
 from memtrace.analysis.analysed.fingerprint import allocator_settings, command_line, environment
-from memtrace.analysis.analysed.rank import NOTHING
 from memtrace.analysis.analysed.titles import timeline_title, what_ran
+from memtrace.analysis.analysed.verdict import NOTHING
 from memtrace.analysis.holders.live import knows_holders
 from memtrace.analysis.holders.moment import headline_words
 from memtrace.analysis.memory.categories import outermost_hook_calls

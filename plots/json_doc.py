@@ -11,7 +11,7 @@ import dataclasses
 import json
 from typing import Any, TextIO
 
-from memtrace.analysis.analysed.side_by_side import side_by_side
+from memtrace.analysis.analysed.run import side_by_side
 from memtrace.analysis.analysed.summary import summary_doc
 from memtrace.plots import cost_text
 

@@ -1,7 +1,7 @@
 """The report of an analysed run (``analysis.run.AnalysedRun``): what ``memtrace report`` prints.
 
 Every rank's section (``plots.text.render_report`` of its analysed rank), then for a run of several ranks the
-ranks side by side (``analysis.side_by_side``) and the worst rank (``AnalysedRun.worst``), the ranks
+ranks side by side (``run.side_by_side``) and the worst rank (``AnalysedRun.worst``), the ranks
 ``nodes.json`` lists that are missing from the run directory, the time origin every time counts from,
 and the definitions.
 """
@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import TextIO
 
 from memtrace.analysis.analysed.origin import who
-from memtrace.analysis.analysed.rank import DIED, NOTHING, UNFINISHED
+from memtrace.analysis.analysed.verdict import DIED, NOTHING, UNFINISHED
 from memtrace.analysis.memory import quantities
 from memtrace.plots import oom_text, verdict_text
 from memtrace.plots.text import _CURVE_NAMES, _Out, _seconds, render_definitions, render_report, wrap
@@ -34,7 +34,7 @@ def worst_line(run) -> str:
 
 
 def _side_by_side(out: _Out, run) -> None:
-    from memtrace.analysis.analysed.side_by_side import side_by_side
+    from memtrace.analysis.analysed.run import side_by_side
 
     sbs = side_by_side(run)
     if sbs is None:

@@ -9,7 +9,7 @@ target says by how much, and a run within its target says how far below it staye
 from __future__ import annotations
 
 from memtrace.analysis.analysed.origin import who
-from memtrace.analysis.analysed.rank import CROSSED, DIED, NOTHING, UNFINISHED, WITHIN
+from memtrace.analysis.analysed.verdict import CROSSED, DIED, NOTHING, UNFINISHED, WITHIN
 from memtrace.analysis.memory.quantities import BY_KEY, OTHERS, is_one_moment
 from memtrace.plots import oom_text
 from memtrace.units import format_gib

@@ -1,7 +1,7 @@
 """Pack one run's analysis results into the compact form ``memtrace view``'s page reads (no HTML here).
 
 Per rank (an ``analysis.rank.AnalysedRank``) the page gets a small JSON document (its figures, target,
-OOM, phases, landmarks, time origin, the interned icicle paths of ``analysis.view_paths``) and one binary blob of little-endian columns, gzip'd
+OOM, phases, landmarks, time origin, the interned icicle paths of ``holders.view_window``) and one binary blob of little-endian columns, gzip'd
 (the page inflates it with the browser's ``DecompressionStream``). Event columns, one entry per
 allocator event in trace order:
 
@@ -11,7 +11,7 @@ allocator event in trace order:
 - ``stack`` int32: the interned stack, -1 when none (the events table names its innermost frame);
 - ``life`` int32: for an ``alloc``, how many events later its allocation ends (``live.lifetimes``' free
   position minus its own; past the end when never freed), 0 for other actions;
-- ``path`` int32: for an ``alloc``, its icicle path (``view_paths``: frames, hook calls, phase), else -1.
+- ``path`` int32: for an ``alloc``, its icicle path (``view_window.allocation_paths``: frames, hook calls, phase), else -1.
 
 plus ``pre_*`` columns for allocations live before the first event (``live.lifetimes`` with no alloc
 position: their end position, size, path) and the NVML ``dev_*`` columns (device used, and

@@ -2,7 +2,7 @@
 
 The Ray and multi-rank tests check the measured offsets with it; outputs never print this line (they put
 the ranks on one clock through ``memtrace.analysis.analysed.origin``, whose sentence they state). Moved out of
-``memtrace.analysis.analysed.clock_alignment`` (issue 33: no test-only code in the package).
+``memtrace.analysis.analysed.origin`` (issue 33: no test-only code in the package).
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 
 from memtrace import facts as F
-from memtrace.analysis.analysed.clock_alignment import RankClock, rank_clock
+from memtrace.analysis.analysed.origin import RankClock, rank_clock
 from memtrace.model import Trace
 
 

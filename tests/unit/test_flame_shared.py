@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 from memtrace.analysis.analysed.run import analyse
-from memtrace.analysis.holders.flame_prefix import shared_prefix, stack_counts, without_prefix
+from memtrace.analysis.holders.flame import shared_prefix, stack_counts, without_prefix
 from memtrace.analysis.holders.moment import flame_for
 from memtrace.plots.flame_svg import render_flame_svg
 from memtrace.plots.folded import folded_lines

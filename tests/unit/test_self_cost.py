@@ -154,10 +154,12 @@ def test_the_history_estimate_counts_allocations_and_their_depth():
     allocs = trace.events[trace.events["action"] == ACTION_CODE["alloc"]]
     depth = [len(trace.stacks[i]) if i >= 0 else 0 for i in allocs["stack"]]
     base = {"measured": True, "per_alloc_ns": 1000.0, "per_frame_ns": 0.0, "depth": 0}
-    assert history_estimate_ns(trace, base) == 1000 * len(allocs)
+    assert history_estimate_ns(trace.events, trace.stacks, base) == 1000 * len(allocs)
     deeper = {**base, "per_frame_ns": 10.0, "depth": 5}
-    assert history_estimate_ns(trace, deeper) == 1000 * len(allocs) + 10 * sum(max(d - 5, 0) for d in depth)
-    assert history_estimate_ns(trace, {"measured": False, "why": "no GPU"}) is None
+    assert history_estimate_ns(trace.events, trace.stacks, deeper) == 1000 * len(allocs) + 10 * sum(
+        max(d - 5, 0) for d in depth
+    )
+    assert history_estimate_ns(trace.events, trace.stacks, {"measured": False, "why": "no GPU"}) is None
 
 
 def test_an_old_trace_says_its_cost_was_not_recorded():

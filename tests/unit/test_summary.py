@@ -123,7 +123,8 @@ def test_holders_at_the_peak_are_grouped_by_stack_with_the_meaningful_frame():
 
 
 def test_holders_skip_torch_frames_for_the_workspace_at_the_allocated_peak():
-    from memtrace.analysis.holders.live import holders_by_stack, meaningful_frame
+    from memtrace.analysis.holders.frames import meaningful_frame
+    from memtrace.analysis.holders.live import holders_by_stack
 
     tr = startup()
     top = holders_by_stack(tr, 215)

@@ -49,8 +49,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     import sys
 
-    from memtrace.analysis.analysed.rank import NOTHING
     from memtrace.analysis.analysed.summary import summary_doc
+    from memtrace.analysis.analysed.verdict import NOTHING
     from memtrace.attach import attached_name, write_attachment
     from memtrace.cli._runs import analysed
     from memtrace.outputs import atomic_write, make_dir, output_dir

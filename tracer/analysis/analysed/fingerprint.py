@@ -15,8 +15,11 @@ from typing import Any
 
 from memtrace import facts as F
 from memtrace.analysis.gate.history_key import MEMORY_FLAGS as _KEY_FLAGS
-from memtrace.analysis.gate.history_key import program_name
+from memtrace.analysis.gate.history_key import program_name, vllm_config, vllm_version
+from memtrace.analysis.gate.history_key import trace_env as env
+from memtrace.analysis.memory.target import card_capacity
 from memtrace.model import Trace
+from memtrace.units import format_gib
 
 #: vLLM flags shown in the environment table: the model, then the flags that change memory (the
 #: matrix key's own list, ``history_key.MEMORY_FLAGS``: one list of them).
@@ -28,20 +31,6 @@ def public_path(value: Any) -> Any:
     if isinstance(value, str) and value.startswith("/") and " " not in value:
         return os.path.basename(value.rstrip("/")) or value
     return value
-
-
-def env(trace: Trace) -> dict[str, Any]:
-    e = trace.facts.get(F.ENV)
-    return e if isinstance(e, dict) else {}
-
-
-def vllm_config(trace: Trace) -> dict[str, Any]:
-    c = trace.facts.get(F.VLLM_CONFIG)
-    return c if isinstance(c, dict) else {}
-
-
-def vllm_version(trace: Trace) -> str | None:
-    return env(trace).get("vllm") or trace.facts.get(F.VLLM_VERSION)
 
 
 def model_name(trace: Trace) -> str:
@@ -61,9 +50,6 @@ def model_name(trace: Trace) -> str:
 
 def gpu_name(trace: Trace) -> str:
     """The GPU, and the card the run stood for when that is smaller ("NVIDIA H200 as a 16 GiB card")."""
-    from memtrace.analysis.memory.target import card_capacity
-    from memtrace.units import format_gib
-
     gpu = str(env(trace).get("gpu_name") or "")
     stood_for, source = card_capacity(trace)  # the one owner of "the card the run stood for"
     physical = trace.process.device_total_bytes
@@ -84,8 +70,6 @@ def describe_run(trace: Trace, fallback: str = "") -> str:
 
 def environment(trace: Trace) -> list[tuple[str, str]]:
     """The environment fingerprint as (label, value) rows, in reading order; unknown values left out."""
-    from memtrace.units import format_gib
-
     e, cfg = env(trace), vllm_config(trace)
     total = e.get("total_memory_bytes") or trace.process.device_total_bytes
     rows: list[tuple[str, Any]] = [
@@ -116,8 +100,6 @@ SNAPSHOT_RECORDED_BY = "torch.cuda.memory._dump_snapshot (a PyTorch snapshot; no
 def _imported(trace: Trace) -> list[tuple[str, Any]]:
     """What an imported file says about where it came from: what recorded it, and what a profiler trace's own
     header names (its GPU, the CUDA runtime, vLLM's version); a torch snapshot records no versions."""
-    from memtrace.units import format_gib
-
     imp = trace.facts.get(F.IMPORT)
     if not isinstance(imp, dict):
         return []
@@ -139,9 +121,7 @@ def _imported(trace: Trace) -> list[tuple[str, Any]]:
 def command_line(trace: Trace) -> str:
     """The recorded command (secrets were redacted at capture), local paths shortened."""
     cmd = env(trace).get("cmdline")
-    if isinstance(cmd, list):
-        return " ".join(str(public_path(c)) for c in cmd)
-    return str(cmd or "")
+    return " ".join(str(public_path(c)) for c in cmd) if isinstance(cmd, list) else str(cmd or "")
 
 
 def allocator_settings(trace: Trace) -> dict[str, str]:
@@ -153,9 +133,5 @@ def allocator_settings(trace: Trace) -> dict[str, str]:
         return {str(k): str(v) for k, v in recorded.items()}
     environ = env(trace).get("environ") or {}
     conf = environ.get("PYTORCH_CUDA_ALLOC_CONF") or environ.get("PYTORCH_ALLOC_CONF") or ""
-    out = {}
-    for part in str(conf).split(","):
-        key, sep, value = part.partition(":")
-        if key.strip():
-            out[key.strip()] = value.strip() if sep else ""
-    return out
+    parts = [part.partition(":") for part in str(conf).split(",")]
+    return {key.strip(): value.strip() if sep else "" for key, sep, value in parts if key.strip()}

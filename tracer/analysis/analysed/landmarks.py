@@ -28,7 +28,7 @@ from memtrace import vllm_phase_names as PN
 from memtrace.analysis.memory.curves import Curve, Curves, committed_curve
 from memtrace.analysis.memory.phases import path_at, recording_span
 from memtrace.analysis.memory.quantities import window_peak
-from memtrace.model import Trace
+from memtrace.model import Phase, Trace
 
 #: Phase names marking vLLM's KV sizing (the profiling step that ends with the KV figure).
 SIZING_NAMES = (PN.DETERMINE_AVAILABLE_MEMORY,)
@@ -54,8 +54,7 @@ def steady_non_torch(curves: Curves, guard_us: int = STEADY_GUARD_US) -> Curve:
         return nt
     before = np.searchsorted(res.time_us, nt.time_us - guard_us, side="right")
     after = np.searchsorted(res.time_us, nt.time_us + guard_us, side="right")
-    lo = np.clip(before - 1, 0, None)
-    hi = np.clip(after - 1, 0, None)
+    lo, hi = np.clip(before - 1, 0, None), np.clip(after - 1, 0, None)
     steps = np.concatenate(([0], np.cumsum(res.bytes[1:] != res.bytes[:-1])))  # changes up to index i
     keep = steps[hi] == steps[lo]
     if not keep.any():
@@ -126,27 +125,23 @@ class Landmarks:
 
     @property
     def post_kv_transient_bytes(self) -> int | None:
-        if self.post_kv_peak is None or self.after_kv_bytes is None:
-            return None
-        return max(0, self.post_kv_peak.bytes - self.after_kv_bytes)
+        peak, after = self.post_kv_peak, self.after_kv_bytes
+        return None if peak is None or after is None else max(0, peak.bytes - after)
 
     @property
     def non_kv_bytes(self) -> int | None:
         """vLLM's own non-KV figure: target − available KV (facts), when both were recorded. A part of
         the authoritative model, ``analysis.reconcile.non_kv``: use that."""
-        if self.vllm_available_kv_bytes is None or self.target_bytes is None:
-            return None
-        return self.target_bytes - self.vllm_available_kv_bytes
+        available, target = self.vllm_available_kv_bytes, self.target_bytes
+        return None if available is None or target is None else target - available
 
 
-def _first_phase(trace: Trace, names: tuple[str, ...], after_us: int | None = None) -> int | None:
-    """Index of the first phase (by start) named like ``names`` (earlier names preferred)."""
+def _first_phase(trace: Trace, names: tuple[str, ...], after_us: int | None = None) -> Phase | None:
+    """The first phase (by start) named like ``names`` (earlier names preferred)."""
     for name in names:
-        found = [
-            i for i, p in enumerate(trace.phases) if p.name == name and (after_us is None or p.start_us >= after_us)
-        ]
+        found = [p for p in trace.phases if p.name == name and (after_us is None or p.start_us >= after_us)]
         if found:
-            return min(found, key=lambda i: (trace.phases[i].start_us, i))
+            return min(found, key=lambda p: p.start_us)  # the first of equal starts
     return None
 
 
@@ -171,21 +166,13 @@ def landmarks(trace: Trace, curves: Curves, *, include_non_torch: bool = True) -
     peak = _moment(trace, total, first_us, last_us) or Moment(first_us, 0, "")
 
     sizing = _first_phase(trace, SIZING_NAMES)
-    sizing_end = None
-    if sizing is not None:
-        sizing_end = trace.phases[sizing].end_us
+    sizing_end = sizing.end_us if sizing is not None else None
     kv = _first_phase(trace, KV_INIT_NAMES, after_us=sizing_end)
-    kv_start = kv_end = None
-    if kv is not None:
-        kv_start = trace.phases[kv].start_us
-        kv_end = trace.phases[kv].end_us
-    if sizing_end is None:
-        sizing_end = kv_start
+    kv_start, kv_end = (kv.start_us, kv.end_us) if kv is not None else (None, None)
+    sizing_end = kv_start if sizing_end is None else sizing_end
 
-    before = before_nt = None
-    if sizing_end is not None:
-        before = total.at(sizing_end)
-        before_nt = before - curves.reserved.at(sizing_end)
+    before = total.at(sizing_end) if sizing_end is not None else None
+    before_nt = before - curves.reserved.at(sizing_end) if before is not None else None
     pre_end = kv_start if kv_start is not None else sizing_end
     pre_peak = _moment(trace, total, first_us, pre_end) if pre_end is not None else None
 

@@ -1,13 +1,12 @@
 """One time origin for every output of a run, the ranks put on one clock, and the sentence that says both.
 
-Every output of a run (report, issue, plot, view, Perfetto, JSON) counts seconds from the same moment,
-:attr:`TimeOrigin.t0_us`: the earliest moment any rank of the run knows about (``phases.recording_span``),
-on the driver's clock. Before that, :func:`align` puts each trace on the driver's clock: a trace recorded on
-another host is shifted by the offset its capture measured (``analysis.clock_alignment``: driver time = trace time +
-offset), its uncertainty kept. A trace on the driver's node (same host, or a Ray worker on the driver's
-node) shares the driver's clock and is not moved. The sentence (:attr:`TimeOrigin.sentence`) states the
-origin and the alignment, e.g. "0 s = rank 0's recording start (2026-12-03 08:21:21.823 UTC); ranks 0-1
-on the driver's clock (vm); rank 1 shifted by −3.999918 s ± 0.48 ms (measured at start through Ray)".
+Every output of a run counts seconds from :attr:`TimeOrigin.t0_us`: the earliest moment any rank knows about
+(``phases.recording_span``), on the driver's clock. Before that, a trace recorded on another host is shifted by
+the offset its capture recorded in the fact ``clock`` (:func:`rank_clock`: ``same-host``, ``ray`` measured
+through Ray round trips, or ``unmeasured``; driver time = trace time + offset), its uncertainty kept; a trace on
+the driver's node shares its clock and is not moved. The sentence (:attr:`TimeOrigin.sentence`) states both,
+e.g. "0 s = rank 0's recording start (2026-12-03 08:21:21.823 UTC); ranks 0-1 on the driver's clock (vm);
+rank 1 shifted by −3.999918 s ± 0.48 ms (measured at start through Ray)".
 """
 
 from __future__ import annotations
@@ -19,13 +18,39 @@ from dataclasses import dataclass
 from typing import Any
 
 from memtrace import facts as F
-from memtrace.analysis.analysed.clock_alignment import RankClock, rank_clock
 from memtrace.analysis.memory.phases import recording_span
 from memtrace.model import Trace
 
 #: Facts holding Unix-epoch microseconds of the trace's own clock at the top level (moved with the trace).
 _TIME_FACTS = (F.PEAK_STATS_RESET_US, F.VLLM_STARTUP_COMPLETE_US, F.PEAK_RESETS_US)
 _METHODS = {"ray": "measured at start through Ray", "unmeasured": "not measured", "unrecorded": "not recorded"}
+
+
+@dataclass(frozen=True)
+class RankClock:
+    """One trace's clock relative to the driver's: ``driver time = trace time + offset_us``."""
+
+    label: str  # "rank 1", "pid 42"
+    rank: int | None
+    host: str
+    method: str  # "same-host", "ray", "unmeasured", or "unrecorded" (no clock fact in the trace)
+    offset_us: int | None  # None: unknown
+    uncertainty_us: int | None
+
+
+def _int(value: object) -> int | None:
+    return int(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+
+
+def rank_clock(trace: Trace, same_host_run: bool = True) -> RankClock:
+    """The clock of one trace; ``same_host_run`` says whether every trace of its run names one host
+    (then a trace without a clock fact shares the driver's clock)."""
+    fact, p = trace.facts.get(F.CLOCK), trace.process
+    if not isinstance(fact, dict):
+        known = 0 if same_host_run else None
+        return RankClock(trace.label, p.rank, p.hostname, "unrecorded", known, known)
+    host, method = str(fact.get("host") or p.hostname), str(fact.get("method") or "unmeasured")
+    return RankClock(trace.label, p.rank, host, method, _int(fact.get("offset_us")), _int(fact.get("uncertainty_us")))
 
 
 @dataclass(frozen=True)
@@ -99,62 +124,41 @@ def _shift_facts(value: Any, by: int, top: bool = False) -> Any:
 
 def shifted(trace: Trace, by_us: int) -> Trace:
     """A copy of ``trace`` with every time moved by ``by_us`` (the input is left as it was); ``trace``
-    itself when ``by_us`` is 0."""
+    itself when ``by_us`` is 0. The serving window's records and edges move too: ``serving.joined`` puts them on
+    the rank's one timeline."""
     if not by_us:
         return trace
-
-    def moved(arr):
-        arr = arr.copy()
-        arr["time_us"] += by_us
-        return arr
-
-    rec = trace.recording
-    return dataclasses.replace(
+    w, edges = trace.window, "start_us end_us"
+    window = None
+    if w is not None:
+        steps = {k: getattr(w, k) for k in ("steps", "steps_in_progress")}
+        steps = {k: None if v is None else [_step_at(st, by_us) for st in v] for k, v in steps.items()}
+        window = _moved(w, by_us, "events samples others", f"startup_end_us {edges}", **steps)
+    return _moved(
         trace,
-        recording=dataclasses.replace(
-            rec,
-            start_us=None if rec.start_us is None else rec.start_us + by_us,
-            end_us=None if rec.end_us is None else rec.end_us + by_us,
-        ),
-        events=moved(trace.events),
-        samples=moved(trace.samples),
-        others=moved(trace.others),
-        device_allocs=moved(trace.device_allocs),
-        vmm=moved(trace.vmm),
-        phases=[
-            dataclasses.replace(p, start_us=p.start_us + by_us, end_us=None if p.end_us is None else p.end_us + by_us)
-            for p in trace.phases
-        ],
-        hook_calls=[
-            dataclasses.replace(c, start_us=c.start_us + by_us, end_us=c.end_us + by_us) for c in trace.hook_calls
-        ],
-        notes=[dataclasses.replace(n, time_us=n.time_us + by_us) for n in trace.notes],
+        by_us,
+        "events samples others device_allocs vmm",
+        recording=_moved(trace.recording, by_us, edges=edges),
+        phases=[_moved(p, by_us, edges=edges) for p in trace.phases],
+        hook_calls=[_moved(c, by_us, edges=edges) for c in trace.hook_calls],
+        notes=[_moved(n, by_us, edges="time_us") for n in trace.notes],
         facts=_shift_facts(trace.facts, by_us, top=True),
-        window=_shifted_window(trace.window, by_us, moved),
+        window=window,
     )
 
 
-def _shifted_window(w, by_us: int, moved):
-    """The serving window's records and edges moved by ``by_us`` too (None without a window): ``serving.joined``
-    puts them on the rank's one timeline."""
-    if w is None:
-        return None
-    at = lambda t: None if t is None else t + by_us  # noqa: E731
-    return dataclasses.replace(
-        w,
-        startup_end_us=at(w.startup_end_us),
-        start_us=at(w.start_us),
-        end_us=at(w.end_us),
-        events=moved(w.events),
-        samples=moved(w.samples),
-        others=moved(w.others),
-        steps=[_step_at(st, at) for st in w.steps],
-        steps_in_progress=None if w.steps_in_progress is None else [_step_at(st, at) for st in w.steps_in_progress],
-    )
+def _moved(obj: Any, by_us: int, arrays: str = "", edges: str = "", **more: Any) -> Any:
+    """``obj`` (a dataclass) with the records of its ``arrays`` and its (optional) microseconds ``edges`` moved by
+    ``by_us``, and ``more`` replaced."""
+    new = {k: None if getattr(obj, k) is None else getattr(obj, k) + by_us for k in edges.split()}
+    for k in arrays.split():
+        new[k] = getattr(obj, k).copy()
+        new[k]["time_us"] += by_us
+    return dataclasses.replace(obj, **new, **more)
 
 
-def _step_at(step: dict, at) -> dict:
-    return {**step, "time_us": at(step["time_us"])} if step.get("time_us") is not None else step
+def _step_at(step: dict, by_us: int) -> dict:
+    return {**step, "time_us": step["time_us"] + by_us} if step.get("time_us") is not None else step
 
 
 def who(labels: Sequence[str]) -> str:

@@ -109,9 +109,8 @@ class PeakFigures:
         event, or on the peak held the last event at or before its microsecond. What ``diff`` compares "at the
         peak" (its sites and categories), as the holders and the flame graph show it."""
         h = self.headline
-        if h.event_index is not None:
-            return h.event_index
-        return int(np.searchsorted(self.event_times, h.point.time_us, side="right")) - 1
+        at = h.event_index
+        return at if at is not None else int(np.searchsorted(self.event_times, h.point.time_us, side="right")) - 1
 
     # -- the target crossed ------------------------------------------------------------------------------
 
@@ -146,12 +145,10 @@ class PeakFigures:
         """Live bytes at the run's :attr:`headline` peak by printed site, the ``top`` largest
         (``summary.holders_by_site``, with the KV cache committed outside PyTorch at the peak held): the state its
         flame shows, what every output names "at the peak"."""
-        h = self.headline
-        at = {"lt": self.lifetimes, "dirs": self.frame_folders}
-        if h.event_index is not None:
-            return holders_by_site(self.trace, h.event_index, self.top, **at)
-        t = h.point.time_us  # the peak held: the KV cache committed outside PyTorch then holds its part too
-        return holders_by_site(self.trace, None, self.top, t_us=t, chunks=live_kv_chunks(self.trace, t), **at)
+        h, t = self.headline, self.headline.point.time_us
+        # the peak held: the KV cache committed outside PyTorch then holds its part too
+        at = {} if h.event_index is not None else {"t_us": t, "chunks": live_kv_chunks(self.trace, t)}
+        return holders_by_site(self.trace, h.event_index, self.top, lt=self.lifetimes, dirs=self.frame_folders, **at)
 
     @cached_property
     def non_torch_moments(self) -> list[NonTorchBreakdown]:

@@ -12,6 +12,8 @@ lazily, once). For the run it answers:
 - **verdict** (:attr:`AnalysedRun.verdict`): the worst rank's (died, crossed, within target, no target),
   or "recorded nothing" when no rank recorded an allocator event: a gate never passes such a run
   (:meth:`AnalysedRun.require_events`).
+- **ranks side by side** (:func:`side_by_side`): each rank's peak of the quantity compared, how much more the top
+  rank peaked than the next (or which peaked equally), and which peaked first (the "extra 3 GB on GPU0" question).
 - **missing ranks**: traces ``nodes.json`` lists that are not in the run directory (still on their node,
   or their hand-over failed), with how to fetch them (given by the loader: analysis reads no files).
 """
@@ -124,6 +126,13 @@ class AnalysedRun:
             raise NothingToJudge(nothing_line(self, what))
         return kept
 
+    def require_every_rank(self, what: str) -> None:
+        """NothingToJudge (exit 1) naming the ranks that recorded no allocator events and did not die: such a run
+        is never a reference, and never passes."""
+        empty = [r for r in self.ranks if r.recorded_nothing and r.oom is None]
+        if empty:
+            raise NothingToJudge(nothing_line(self.subset(empty), what))
+
     def on_cards(self, what: str) -> AnalysedRun:
         """The run with only its ranks of a GPU's memory (``quantities.on_a_card``: what a card holds); a
         UsageError (one line, exit 2) when it has none: a card is a GPU's, so the CPU's memory cannot ``what``."""
@@ -207,11 +216,9 @@ def _by_time(traces: Sequence[Trace]) -> list[list[Trace]]:
     end = None
     for (lo, hi), t in spans:
         if end is None or lo > end:
-            groups.append([t])
-            end = hi
-        else:
-            groups[-1].append(t)
-            end = max(end, hi)
+            groups.append([])
+        groups[-1].append(t)
+        end = hi if end is None else max(end, hi)
     return groups
 
 
@@ -238,3 +245,47 @@ def analyse(
     origin = time_origin(on_clock, sh)
     ranks = [AnalysedRank(t, spec, origin, top=top) for t in on_clock]
     return AnalysedRun(path, ranks, origin, missing)
+
+
+@dataclass(frozen=True)
+class RankPeak:
+    """One rank's peak of the compared quantity (``SideBySide.quantity``), on the run's clock."""
+
+    label: str
+    peak_bytes: int
+    time_us: int
+    phase_path: str
+    verdict: str
+
+
+@dataclass(frozen=True)
+class SideBySide:
+    """Every rank with allocator events whose peak compares with the others', by peak (highest first), and the
+    comparisons."""
+
+    quantity: str  # the key of the quantity compared (``quantities.ranked_by``): "reserved" or "allocated"
+    rows: list[RankPeak]
+    top: str  # the label of the rank with the highest peak
+    top_ranks: list[str]  # every rank at the highest peak: the top alone, or the ranks that peaked equally
+    top_excess_bytes: int  # its peak minus the next highest rank's (0 when ranks peaked equally)
+    first: str  # the rank whose peak came first
+    first_us: int
+
+
+def side_by_side(run: AnalysedRun) -> SideBySide | None:
+    """The comparison of the run's ranks (None for fewer than two ranks with allocator events whose memory is
+    of the kind compared: the CPU's trace beside GPU workers is not one of them)."""
+    q = run.ranked_by
+    ranks = [r for r in run.with_events() if ranked_by(r.trace.process) is q]
+    if len(ranks) < 2:
+        return None
+    rows = [
+        RankPeak(r.label, r.ranked_peak.bytes, r.ranked_peak.time_us, r.ranked_peak.phase_path, r.verdict)
+        for r in ranks
+    ]
+    rows.sort(key=lambda x: (-x.peak_bytes, x.time_us))
+    first = min(rows, key=lambda x: x.time_us)
+    top = [x.label for x in rows if x.peak_bytes == rows[0].peak_bytes]
+    return SideBySide(
+        q.key, rows, rows[0].label, top, rows[0].peak_bytes - rows[1].peak_bytes, first.label, first.time_us
+    )

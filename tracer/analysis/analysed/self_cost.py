@@ -56,32 +56,22 @@ class SelfCost:
 
     @property
     def share_of_init_engine(self) -> float | None:
-        if not self.init_engine_us:
-            return None
-        return self.total_ns / (self.init_engine_us * 1000)
+        return self.total_ns / (self.init_engine_us * 1000) if self.init_engine_us else None
 
     @property
     def share_of_process_startup(self) -> float | None:
         """Of the worker's whole start-up (process start to start-up complete): what a user waits for, most of
         memtrace's own time (registration, patching) coming before vLLM's "init engine" begins."""
-        if not self.process_startup_us:
-            return None
-        return self.total_ns / (self.process_startup_us * 1000)
+        return self.total_ns / (self.process_startup_us * 1000) if self.process_startup_us else None
 
 
-def history_estimate_ns(trace: Trace, calibration: dict) -> int | None:
-    """PyTorch's cost of recording this trace's allocations, from the calibration (None if not measured)."""
-    return _history_ns(trace.events, trace.stacks, calibration)
-
-
-def _history_ns(events: np.ndarray, stacks: list, calibration: dict, allocs: int | None = None) -> int | None:
+def history_estimate_ns(events: np.ndarray, stacks: list, calibration: dict, allocs: int | None = None) -> int | None:
     """PyTorch's cost of recording allocations, from the calibration (None if not measured): per allocation at
     the calibration's depth, plus per frame beyond it. ``allocs``: how many there were, when more than the alloc
     events given (a ring that dropped some): their frames beyond the depth are taken as the kept ones' mean."""
     if not calibration.get("measured"):
         return None
-    per_alloc = float(calibration.get("per_alloc_ns", 0.0))
-    per_frame = float(calibration.get("per_frame_ns", 0.0))
+    per_alloc, per_frame = (float(calibration.get(k, 0.0)) for k in ("per_alloc_ns", "per_frame_ns"))
     depth0 = int(calibration.get("depth", 0))
     kept = events[events["action"] == ACTION_CODE["alloc"]]
     n = len(kept) if allocs is None else int(allocs)
@@ -124,23 +114,24 @@ class ServingCost:
         return (self.total_ns + self.memtrace_threads_ns) / (self.span_us * 1000) if self.span_us > 0 else None
 
 
+def _sources(cost: dict) -> list[CostSource]:
+    items = (cost.get("sources") or {}).items()
+    return [CostSource(str(k), int(v.get("ns", 0)), int(v.get("calls", 0))) for k, v in items if isinstance(v, dict)]
+
+
 def serving_cost(trace: Trace) -> ServingCost | None:
     """memtrace's cost in the trace's serving window; None without a window, or one written before format 1.6."""
     w = trace.window
     cost = w.cost if w is not None else None
     if not cost or "since_us" not in cost or "until_us" not in cost:
         return None
-    sources = [
-        CostSource(str(name), int(v.get("ns", 0)), int(v.get("calls", 0)))
-        for name, v in (cost.get("sources") or {}).items()
-        if isinstance(v, dict)
-    ]
+    sources = _sources(cost)
     allocs = cost.get("allocs")
     calibration = (trace.facts.get(F.SELF_COST) or {}).get("history") or {}
     serving_stacks = (w.bounds or {}).get("stacks", trace.recording.stacks)
     if serving_stacks != trace.recording.stacks:  # start-up's calibration priced other stacks than serving kept
         calibration = {}
-    history = None if allocs is None else _history_ns(w.events, trace.stacks, calibration, int(allocs))
+    history = None if allocs is None else history_estimate_ns(w.events, trace.stacks, calibration, int(allocs))
     if history is not None:
         sources.append(CostSource(HISTORY, history, int(allocs)))
     return ServingCost(
@@ -158,9 +149,7 @@ def _init_engine_us(trace: Trace) -> tuple[int | None, int | None]:
     if not top:
         return None, None
     end = F.int_fact(trace.facts, F.VLLM_STARTUP_COMPLETE_US)
-    if end is None:
-        ends = [p.end_us for p in top if p.end_us is not None]
-        end = max(ends) if ends else None
+    end = max((p.end_us for p in top if p.end_us is not None), default=None) if end is None else end
     if end is None:
         return None, None
     first = next((p for p in top if p.name == INIT_ENGINE_FIRST_PHASE), None)
@@ -176,13 +165,9 @@ def self_cost(trace: Trace) -> SelfCost:
     fact = trace.facts.get(F.SELF_COST)
     if not isinstance(fact, dict):
         return SelfCost(recorded=False)
-    sources = [
-        CostSource(str(name), int(v.get("ns", 0)), int(v.get("calls", 0)))
-        for name, v in (fact.get("sources") or {}).items()
-        if isinstance(v, dict)
-    ]
+    sources = _sources(fact)
     calibration = fact.get("history") or {}
-    history = history_estimate_ns(trace, calibration)
+    history = history_estimate_ns(trace.events, trace.stacks, calibration)
     if history is not None:
         sources.append(
             CostSource(HISTORY, history, int(np.count_nonzero(trace.events["action"] == ACTION_CODE["alloc"])))

@@ -1,29 +1,10 @@
 """The figures' shapes of one analysed rank, and its JSON: the peak, the headline, the top holders, the hooks' totals.
 
-``AnalysedRank`` (``analysis.rank``) is the only holder of figures, and what every renderer reads; this module
-defines the plain data its peak figures are (:class:`Peak`, :class:`PeakPoint`, :class:`Headline`,
-:class:`HolderLine`, :class:`HookTotal`), the functions the rank computes some of them with, and
-:func:`summary_doc`: the JSON shape of a rank (what ``memtrace report --json`` holds for it), every key read from
-one of its cached properties. Bytes and microseconds as integers.
-
-Definitions:
-
-- **peak**: the global maximum of the reserved curve (the first time it is reached), with the
-  allocated bytes at that same instant and the innermost phase in force. The peaks of the
-  allocated curve and of NVML device-used are reported beside it.
-- **crossing**: ``analysis.crossing`` (the one definition report and plot share): the first time a
-  curve goes above the target, device used first when sampled, then the exact reserved one. Its
-  *excursion* lasts until the curve drops back to or below the target, the OOM or the end;
-  ``max_bytes`` is the excursion's maximum, ``overshoot_bytes`` = maximum - target: a
-  ``crossing.Excursion``, one class for a crossing everywhere.
-- **target**: ``analysis.target.resolve_target`` (the one resolver): a ``Target`` (bytes, card, where it came
-  from).
-- **OOM**: ``analysis.oom.find_oom`` (recorded live or imported); nothing after it is claimed.
-- **top holders**: live bytes at the run's headline peak (``Headline``: the peak held on a run with vLLM 0.34's
-  KV cache outside PyTorch, else reserved's fullest moment) grouped by the frame a report prints for them (the
-  innermost meaningful frame), so one line per printed site; ``stacks`` counts the distinct
-  allocating stacks behind a line.
-- **non-KV memory**: ``analysis.reconcile.non_kv`` (the one model, also what ``fits`` uses).
+``AnalysedRank`` (``analysis.rank``) is the only holder of figures; this module defines the plain data its peak
+figures are, the functions the rank computes some of them with, and :func:`summary_doc`: the JSON shape of a rank
+(``memtrace report --json``), every key read from the rank. Bytes and microseconds as integers. The **top
+holders** are the live bytes at the run's headline peak grouped by the frame a report prints for them (the
+innermost meaningful frame), one line per printed site; ``stacks`` counts the allocating stacks behind a line.
 """
 
 from __future__ import annotations
@@ -31,19 +12,13 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass
+from operator import attrgetter
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from memtrace import facts as F
-from memtrace.analysis.holders.frames import LibraryDirs, library_dirs
-from memtrace.analysis.holders.live import (
-    BEFORE_RECORDING,
-    Holder,
-    Lifetimes,
-    holders_by_stack,
-    lifetimes,
-    meaningful_frame,
-)
+from memtrace.analysis.holders.frames import LibraryDirs, library_dirs, meaningful_frame
+from memtrace.analysis.holders.live import BEFORE_RECORDING, Holder, Lifetimes, holders_by_stack, lifetimes
 from memtrace.analysis.memory.curves import Curves, state_missing
 from memtrace.analysis.memory.target import describe
 from memtrace.analysis.memory.vmm import Chunk
@@ -127,14 +102,12 @@ class HookTotal:
 
 def hook_totals(trace: Trace) -> list[HookTotal]:
     """Per hooked function: calls, bytes returned and allocated, errors; largest first."""
-    acc: dict[str, list[int]] = {}
+    acc: dict[str, np.ndarray] = {}
     for c in trace.hook_calls:
-        a = acc.setdefault(c.name, [0, 0, 0, 0])
-        a[0] += 1
-        a[1] += c.returned_bytes or 0
-        a[2] += c.allocated_delta_bytes or 0
-        a[3] += 1 if c.error else 0
-    rows = [HookTotal(name, *v) for name, v in acc.items()]
+        acc[c.name] = acc.get(c.name, 0) + np.array(
+            [1, c.returned_bytes or 0, c.allocated_delta_bytes or 0, bool(c.error)]
+        )
+    rows = [HookTotal(name, *map(int, v)) for name, v in acc.items()]
     return sorted(rows, key=lambda h: (-h.returned_bytes, h.name))
 
 
@@ -154,10 +127,9 @@ def warnings_of(trace: Trace, curves: Curves) -> list[str]:
             "the recorded events do not add up to the final allocator state: some events are missing; "
             "figures before the gap may be off"
         )
-    for p in trace.phases:
-        if p.end_us is None:
-            out.append(f"phase '{p.name}' never ended: the process stopped inside it")
-    return out
+    return out + [
+        f"phase '{p.name}' never ended: the process stopped inside it" for p in trace.phases if p.end_us is None
+    ]
 
 
 def memory_events(trace: Trace) -> int:
@@ -197,40 +169,34 @@ def holders_by_site(
         groups.setdefault(key, []).append((h, frame, frames))
     lines = []
     for members in groups.values():
-        h, frame, frames = members[0]  # holders come largest first
-        lines.append(
-            HolderLine(
-                stack=h.stack,
-                frame=frame,
-                frames=frames,
-                bytes=sum(m[0].bytes for m in members),
-                count=sum(m[0].count for m in members),
-                share=sum(m[0].share for m in members),
-                stacks=len(members),
-            )
-        )
-    lines.sort(key=lambda x: -x.bytes)
-    return lines[:top]
+        (h, frame, frames), held = members[0], [m[0] for m in members]  # holders come largest first
+        size, count, share = (sum(getattr(x, k) for x in held) for k in ("bytes", "count", "share"))
+        lines.append(HolderLine(h.stack, frame, frames, size, count, share, len(members)))
+    return sorted(lines, key=lambda x: -x.bytes)[:top]
+
+
+#: properties written beside a dataclass's fields (where its class has one of that name)
+_JSON_PROPERTIES = (
+    "delta_reserved_bytes delta_allocated_bytes difference_bytes withheld_bytes truncated target_bytes target_source "
+    "overshoot_bytes total_ns share_of_init_engine share_of_process_startup before_recording"
+).split()
+#: the keys of a rank's JSON, in order: ``key`` (the rank's attribute of that name) or ``key=dotted.path``
+_DOC_KEYS = (
+    "label process=trace.process recording=trace.recording env start_us end_us n_events n_samples "
+    "baseline=curves.baseline peak peak_allocated peak_device_used peak_others target crossings=crossing_list phases "
+    "holders hook_calls=trace.hook_calls hook_totals notes=trace.notes warnings non_kv oom allocator path=trace.path "
+    "non_torch=non_torch_moments t0_us=origin.t0_us time_origin=origin.sentence vmm extensible counter_checks "
+    "peak_held headline vllm whole_device_peak_bytes self_cost peak_bound user_metadata tensor_notes "
+    "before_recording window frame_folders truncated=trace.recording.truncated target_bytes=target.target_bytes "
+    "target_source"
+).split()
 
 
 def _plain(obj: Any) -> Any:
     if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
         out = {f.name: _plain(getattr(obj, f.name)) for f in dataclasses.fields(obj)}
-        for name in (
-            "delta_reserved_bytes",
-            "delta_allocated_bytes",
-            "difference_bytes",
-            "withheld_bytes",
-            "truncated",
-            "target_bytes",
-            "target_source",
-            "overshoot_bytes",
-            "total_ns",
-            "share_of_init_engine",
-            "share_of_process_startup",
-            "before_recording",
-        ):
-            if hasattr(type(obj), name) and isinstance(getattr(type(obj), name), property):
+        for name in _JSON_PROPERTIES:
+            if isinstance(getattr(type(obj), name, None), property):
                 out[name] = _plain(getattr(obj, name))
         return out
     if isinstance(obj, dict):
@@ -249,52 +215,15 @@ def summary_doc(rank: AnalysedRank) -> dict[str, Any]:
     of the rank's figures (nothing computed here), exact integers of bytes and microseconds, nothing rounded."""
     from memtrace.analysis.serving.serving import window_doc
 
-    t, target = rank.trace, rank.target
-    doc = {
-        "label": rank.label,
-        "process": t.process,
-        "recording": t.recording,
-        "env": dict(t.facts.get(F.ENV) or {}),
+    special = {
+        "env": dict(rank.trace.facts.get(F.ENV) or {}),
         "start_us": rank.span[0],
         "end_us": rank.span[1],
-        "n_events": rank.n_events,
-        "n_samples": rank.n_samples,
-        "baseline": rank.curves.baseline,
-        "peak": rank.peak,
-        "peak_allocated": rank.peak_allocated,
-        "peak_device_used": rank.peak_device_used,
-        "peak_others": rank.peak_others,
-        "target": target,
-        "crossings": rank.crossing_list,
-        "phases": rank.phases,
-        "holders": rank.holders,
-        "hook_calls": t.hook_calls,
-        "hook_totals": rank.hook_totals,
-        "notes": t.notes,
-        "warnings": rank.warnings,
-        "non_kv": rank.non_kv,
-        "oom": rank.oom,
-        "allocator": rank.allocator,
-        "path": t.path,
-        "non_torch": rank.non_torch_moments,
-        "t0_us": rank.origin.t0_us,
-        "time_origin": rank.origin.sentence,
-        "vmm": rank.vmm,
-        "extensible": rank.extensible,
-        "counter_checks": rank.counter_checks,
-        "peak_held": rank.peak_held,
-        "headline": rank.headline,
-        "vllm": rank.vllm,
-        "whole_device_peak_bytes": rank.whole_device_peak_bytes,
-        "self_cost": rank.self_cost,
-        "peak_bound": rank.peak_bound,
-        "user_metadata": rank.user_metadata,
-        "tensor_notes": rank.tensor_notes,
-        "before_recording": rank.before_recording,
         "window": None if rank.window is None else window_doc(rank.window),
-        "frame_folders": rank.frame_folders,
-        "truncated": t.recording.truncated,
-        "target_bytes": target.target_bytes,
-        "target_source": describe(target),
+        "target_source": describe(rank.target),
     }
+    doc = {}
+    for item in _DOC_KEYS:
+        key, _, path = item.partition("=")
+        doc[key] = special[key] if key in special else attrgetter(path or key)(rank)
     return {k: _plain(v) for k, v in doc.items()}

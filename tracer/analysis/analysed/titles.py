@@ -21,10 +21,8 @@ def what_ran(run) -> str:
     start-up), ``CPU (host) memory`` for a profiler trace of the CPU (``quantities.memory_of``)."""
     imported = all(isinstance(r.trace.facts.get(F.IMPORT), dict) for r in run.ranks)
     memory = memory_of([r.trace for r in run.ranks])
-    if imported:
-        return memory
-    serving = any(r.trace.window is not None for r in run.ranks)
-    return f"{memory} during start-up and serving" if serving else f"{memory} during start-up"
+    serving = " and serving" if any(r.trace.window is not None for r in run.ranks) else ""
+    return memory if imported else f"{memory} during start-up{serving}"
 
 
 def died_prefix(rank, multi: bool = False, where: bool = True) -> str:
@@ -65,19 +63,18 @@ def flame_titles(rank, flame, moment, fallback: str = "", oom_words: str = "") -
     secs = rank.seconds(moment.time_us)
     where = "" if moment.what.endswith(moment.phase_path) else f", in {moment.phase_path or 'no phase'}"
     phase = moment.phase_path
-    if moment.since_us is not None and (moment.since_what, moment.what) == (
-        f"the start of {phase}",
-        f"the fullest moment of {phase}",
-    ):
+    whole_phase = (moment.since_what, moment.what) == (f"the start of {phase}", f"the fullest moment of {phase}")
+    if moment.since_us is not None and whole_phase:
         title = f"What {phase} added and still held at its fullest moment: {secs:.3f} s"
     elif moment.since_us is not None:
         title = f"Allocated since {moment.since_what} and still live at {moment.what}: {secs:.3f} s{where}"
     else:
         at = moment.what if moment.what == f"{secs:.3f} s" else f"{moment.what}: {secs:.3f} s"  # --at 179.5: once
         title = f"Live {memory_of([trace])} at {at}{where}"
-    k = moment.event_index
-    reserved = int(curves.reserved.bytes[k + 1]) if k is not None else curves.reserved.at(moment.time_us)
-    allocated = int(curves.allocated.bytes[k + 1]) if k is not None else curves.allocated.at(moment.time_us)
+    k, now = moment.event_index, moment.time_us
+    reserved, allocated = (
+        int(c.bytes[k + 1]) if k is not None else c.at(now) for c in (curves.reserved, curves.allocated)
+    )
     shown = f"{format_bytes(flame.torch_bytes, 2)} shown of " if moment.since_us is not None else ""
     sub = [describe_run(trace, fallback), trace.label, f"{shown}{format_gib(allocated)} allocated",
            f"reserved {format_gib(reserved)}" if holds_reserved(trace.process) else ""]  # fmt: skip

@@ -2,7 +2,7 @@
 
 Pure functions over a trace and figures already computed (``analysis.rank.AnalysedRank`` calls them once and
 holds the answers): :func:`recorded_nothing` (no allocator events to judge), :func:`unfinished` (a vLLM start-up
-that ended before it completed, not of CUDA OOM) and :func:`verdict` (the worst that applies). The run's
+that ended before it completed, not of CUDA OOM). The run's
 verdict is its worst rank's (``analysis.run``).
 """
 
@@ -37,9 +37,8 @@ class Unfinished:
 def recorded_nothing(trace: Trace) -> bool:
     """No allocator events: nothing to judge (a CPU-only worker, or recording never started). A snapshot of
     allocator state alone (``facts["import"]["state"] == "moment"``) has its segments to judge."""
-    if (trace.facts.get(F.IMPORT) or {}).get("state") == "moment" and trace.segments:
-        return False
-    return len(trace.events) == 0
+    one_moment = (trace.facts.get(F.IMPORT) or {}).get("state") == "moment"
+    return len(trace.events) == 0 and not (one_moment and trace.segments)
 
 
 def unfinished(trace: Trace, last_us: int) -> Unfinished | None:
@@ -64,17 +63,3 @@ def unfinished(trace: Trace, last_us: int) -> Unfinished | None:
         error_type=error.get("type"),
         error_message=error.get("message"),
     )
-
-
-def verdict(*, died: bool, stopped: bool, nothing: bool, has_target: bool, crossed: bool) -> str:
-    """The worst verdict that applies: DIED (a CUDA OOM), UNFINISHED (``stopped`` before start-up completed),
-    NOTHING (no events), NO_TARGET (nothing to compare with), CROSSED or WITHIN (the target)."""
-    if died:
-        return DIED
-    if stopped:
-        return UNFINISHED
-    if nothing:
-        return NOTHING
-    if not has_target:
-        return NO_TARGET
-    return CROSSED if crossed else WITHIN

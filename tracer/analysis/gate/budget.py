@@ -79,7 +79,7 @@ def check_budget(
     """
     from memtrace.analysis.analysed.rank import TargetSpec
     from memtrace.analysis.analysed.run import analyse
-    from memtrace.analysis.analysed.summary import holders_by_site
+    from memtrace.analysis.analysed.summary import PeakPoint, holders_by_site
 
     if curve not in CURVES:
         raise UsageError(f"unknown curve {curve!r} for a memory budget; use one of {', '.join(CURVES)}")
@@ -87,21 +87,17 @@ def check_budget(
     rank = run.ranks[0]
     if rank.target.target_bytes is None:
         raise UsageError("no memory budget: give max_peak='30GiB' or util=0.9; the trace recorded no target")
-    if rank.recorded_nothing and rank.oom is None:
-        run.require_events("judge against the budget")
+    run.require_every_rank("judge against the budget")
     curves = rank.curves
     if curve == "device" and not curves.has_device:
         raise UsageError("the trace holds no NVML samples, so no device-level peak; budget the 'reserved' curve")
     budget, source = rank.target.target_bytes, describe(rank.target)
     if rank.recorded_nothing:  # died before its first allocation: nothing to show but the OOM
         return BudgetCheck(budget, curve, 0, rank.span[0], "", [], source, {}, rank.oom)
-    pr, pa, pd = rank.peak, rank.peak_allocated, rank.peak_device_used
-    peaks = {
-        "reserved": (pr.reserved_bytes, pr.time_us, pr.phase_path),
-        "allocated": (pa.bytes, pa.time_us, pa.phase_path),
-    }
-    if pd is not None:
-        peaks["device"] = (pd.bytes, pd.time_us, pd.phase_path)
+    pr = rank.peak
+    points = {"reserved": PeakPoint("reserved", pr.time_us, pr.reserved_bytes, pr.phase_path)}
+    points |= {"allocated": rank.peak_allocated, "device": rank.peak_device_used}
+    peaks = {k: (p.bytes, p.time_us, p.phase_path) for k, p in points.items() if p is not None}
     peak, peak_us, phase = peaks[curve]
     if curve == "reserved":  # the reserved peak's holders: report's, where the run's headline is that peak
         at = rank.peak.event_index
@@ -111,12 +107,9 @@ def check_budget(
             else holders_by_site(trace, at, top, lt=rank.lifetimes, dirs=rank.frame_folders)
         )
         holders = [BudgetHolder(h.bytes, h.count, h.frame) for h in lines]
-    else:
-        lt = rank.lifetimes
-        if curve == "allocated":  # curve index i is the state after event i - 1
-            hs = holders_by_stack(trace, top=top, event_index=curves.allocated.peak_index - 1, lt=lt)
-        else:
-            hs = holders_by_stack(trace, peak_us, top=top, lt=lt)
+    else:  # allocated's curve index i is the state after event i - 1
+        at = {"event_index": curves.allocated.peak_index - 1} if curve == "allocated" else {"t_us": peak_us}
+        hs = holders_by_stack(trace, top=top, lt=rank.lifetimes, **at)
         holders = [BudgetHolder(h.bytes, h.count, site_frame(rank.trace, h.stack)) for h in hs]
     return BudgetCheck(
         budget, curve, peak, peak_us, phase, holders, source, {k: v[0] for k, v in peaks.items()}, rank.oom

@@ -1,24 +1,15 @@
 """Compare two traces of the same start-up: what grew, where, and whether it breaks a threshold.
 
-The gate (``TraceDiff.regressions``) fails when any of these grew by more than the threshold: the
-global peaks (reserved, allocated, and NVML device-used when both runs sampled it), the peak of
-every phase (matched by phase path; a phase repeated under the same path is matched by occurrence,
-``profile_run#2``), the memory before KV sizing, the post-KV transient, and the bytes returned by
-each hooked function (FlashInfer's workspace allocators) and by all of them together. The global
-peaks make the gate work on every kind of trace: an imported snapshot without phases fails when its
-peak grew. Phase peaks are gated one by one, so a regression inside ``profile_run`` fails even when
-the global peak (often in warm-up) did not move. Growth below ``MIN_GROWTH_BYTES`` never fails a
-percentage threshold: it is allocator rounding, not a regression. A trace holds the quantity it is ranked by
-(``quantities.ranked_by``): the CPU's from torch.profiler holds PyTorch allocated alone, so its phases and
-its emptiness are judged on allocated, no reserved figure is shown or gated, and no rounding floor applies
-(its allocator has no segments). A new run that died of OOM
-(``analysis.oom.find_oom``) where the base did not fails too.
+The gate (``TraceDiff.regressions``) fails when any of these grew past the threshold: the global peaks
+(reserved, allocated, device used when both runs sampled it), each phase's peak (matched by path, a repeat by
+occurrence: ``profile_run#2``), the memory before KV sizing, the post-KV transient, the bytes returned by each
+hooked function and by all together; or when the new run died of OOM where the base did not. Growth below
+``MIN_GROWTH_BYTES`` (allocator rounding) never fails a percentage threshold. A trace is judged on the quantity
+it is ranked by (``quantities.ranked_by``): the CPU's from torch.profiler on allocated alone, without a floor.
 
-The gated figures of one trace are a :class:`Figures` (what ``history`` stores); :func:`compare`
-is the one comparator, used by :func:`diff_ranks` and by ``history check``. Everything else
-(categories, sites) explains the change. Two runs whose environment fingerprints differ
-(``analysis.history_key``) are compared anyway, with the differences listed in ``mismatches``.
-Pure functions over Traces; rendering is ``plots.diff_text``'s job.
+The gated figures of one trace are a :class:`Figures` (what ``history`` stores); :func:`compare` is the one
+comparator (``diff`` and ``history check``); categories and sites explain the change. Runs whose environment
+fingerprints differ (``history_key``) are compared anyway, the differences in ``mismatches``.
 """
 
 from __future__ import annotations
@@ -42,7 +33,7 @@ from memtrace.analysis.memory.oom import Oom, find_oom
 from memtrace.analysis.memory.phases import path_at, phase_stats
 from memtrace.analysis.memory.quantities import is_one_moment, window_peak
 from memtrace.model import ACTION_CODE, Trace
-from memtrace.units import MiB, Threshold
+from memtrace.units import MiB, Threshold, format_bytes
 
 #: Growth under this never fails a percentage threshold (one large-segment rounding unit).
 MIN_GROWTH_BYTES = 2 * MiB
@@ -93,9 +84,7 @@ class Change:
 
     @property
     def delta(self) -> int | None:
-        if self.base is None or self.new is None:
-            return None
-        return self.new - self.base
+        return None if self.base is None or self.new is None else self.new - self.base
 
     @property
     def over(self) -> bool:
@@ -115,9 +104,7 @@ class PhaseChange:
 
     @property
     def inside_delta(self) -> int | None:
-        if self.inside_base is None or self.inside_new is None:
-            return None
-        return self.inside_new - self.inside_base
+        return None if self.inside_base is None or self.inside_new is None else self.inside_new - self.inside_base
 
 
 @dataclass(frozen=True)
@@ -149,10 +136,10 @@ class Figures:
     where: dict[str, str]  # HEADLINE label -> phase path of the moment (peaks, post-KV transient)
     phases: dict[str, tuple[int, int, int]]  # path (name#n for repeats) -> (peak, peak above start, depth)
     hooks: dict[str, tuple[int, ...]]  # hooked function -> bytes added per outermost call (hook_call_bytes)
-    oom: Oom | None  # the OOM the run died of
     nested: dict[str, int] = field(default_factory=dict)  # hooked function called inside another -> bytes added
     #: nested hooked function -> the hooked function it is called in (empty in history documents before it)
     nested_in: dict[str, str] = field(default_factory=dict)
+    oom: Oom | None = None  # the OOM the run died of
     #: fingerprint fields vLLM chose itself in this run (``history_key.left_to_vllm``)
     left_to_vllm: frozenset[str] = frozenset()
     #: how the KV cache was allocated: VIA_TORCH, VIA_VMM (vLLM 0.34+), or "" (none)
@@ -225,9 +212,8 @@ class TraceDiff:
     def default_changes(self) -> list[tuple[str, str, str]]:
         """With other versions, the fields the new run left to vLLM and that came out differently: what the
         new versions changed by themselves (vLLM 0.34's utilization 1.0 and extensible KV cache)."""
-        if not self.version_changes:
-            return []
-        return [m for m in self.mismatches if m[0] not in VERSION_FIELDS and m[0] in self.left_to_vllm]
+        others = [m for m in self.mismatches if m[0] not in VERSION_FIELDS and m[0] in self.left_to_vllm]
+        return others if self.version_changes else []
 
     @property
     def setup_changes(self) -> list[tuple[str, str, str]]:
@@ -243,9 +229,7 @@ class TraceDiff:
 def _limit(threshold: Threshold, base: int | None, floor: int = MIN_GROWTH_BYTES) -> int | None:
     if base is None:
         return None
-    if threshold.fraction is not None:
-        return max(threshold.of(abs(base)), floor)
-    return threshold.of(abs(base))
+    return max(threshold.of(abs(base)), floor) if threshold.fraction is not None else threshold.of(abs(base))
 
 
 def _floor(base: Figures, new: Figures) -> int:
@@ -260,8 +244,8 @@ def _ranked_peak(ranked: str) -> str:
 
 def _phase_peaks(
     trace: Trace, curves: Curves, device_level: bool, less: Curve | None = None
-) -> dict[str, tuple[int, int, int, str]]:
-    """path (with #n for repeats) -> (peak, peak above start, depth, path of the peak's phase), of what the process
+) -> dict[str, tuple[int, int, int]]:
+    """path (with #n for repeats) -> (peak, peak above start, depth), of what the process
     held (the allocated curve for a trace without reserved memory: ``quantities.holds_reserved``), less the
     curve ``less`` when given."""
     held = None if Q.holds_reserved(trace.process) else curves.allocated
@@ -271,12 +255,12 @@ def _phase_peaks(
         times = np.insert(curve.time_us, at, less.time_us)
         curve = Curve(times, np.insert(curve.bytes, at, curve.at_each(less.time_us)) - less.at_each(times))
     seen: Counter[str] = Counter()
-    out: dict[str, tuple[int, int, int, str]] = {}
+    out: dict[str, tuple[int, int, int]] = {}
     for st in phase_stats(trace, curves):
         seen[st.path] += 1
         key = st.path if seen[st.path] == 1 else f"{st.path}#{seen[st.path]}"
         peak, _ = window_peak(curve, st.start_us, st.end_us)
-        out[key] = (peak, peak - curve.at(st.start_us), st.depth, st.path)
+        out[key] = (peak, peak - curve.at(st.start_us), st.depth)
     return out
 
 
@@ -284,43 +268,29 @@ def hook_call_bytes(returned: int | None, allocated_delta: int | None) -> int:
     """The bytes one hooked call added: what it returned, but no more than PyTorch's allocated bytes grew
     during it when that is known. A wrapper handed shared workspaces (FlashInfer 0.7's
     ``shared_static_workspace``...) returns them again without allocating: it adds nothing."""
-    if returned is None:
-        return max(0, allocated_delta or 0)
-    if allocated_delta is None:
-        return returned
+    if returned is None or allocated_delta is None:
+        return max(0, allocated_delta or 0) if returned is None else returned
     return min(returned, max(0, allocated_delta))
 
 
-def _hook_bytes(trace: Trace) -> dict[str, list[int]]:
-    out: dict[str, list[int]] = {}
-    for c in trace.hook_calls:
-        if c.parent is not None:
-            continue  # nested calls are counted by their outermost hooked caller
-        out.setdefault(c.name, []).append(hook_call_bytes(c.returned_bytes, c.allocated_delta_bytes))
-    return out
-
-
-def _nested_hook_bytes(trace: Trace) -> dict[str, int]:
-    """Bytes added by hooked functions called inside another hooked call (FlashInfer's static and
-    dynamic workspace allocators inside ``B12xMoEWrapper._allocate_buffers``): shown per target, not
-    gated (their outermost caller already counts them)."""
-    out: dict[str, int] = {}
-    for c in trace.hook_calls:
-        if c.parent is not None:
-            out[c.name] = out.get(c.name, 0) + hook_call_bytes(c.returned_bytes, c.allocated_delta_bytes)
-    return out
-
-
-def _nested_callers(trace: Trace) -> dict[str, str]:
-    """Each nested hooked function -> the hooked function it is called in (the first call's caller):
-    ``allocate_sm120_static_workspace`` runs inside ``allocate_sm120_moe_workspace``, which runs inside
-    ``B12xMoEWrapper._allocate_buffers``, so their bytes are parts of one another, not a sum."""
-    out: dict[str, str] = {}
+def _hook_bytes(trace: Trace) -> tuple[dict[str, tuple[int, ...]], dict[str, int], dict[str, str]]:
+    """(bytes added per outermost call, by hooked function; bytes added by each hooked function called inside
+    another, shown, not gated: their outermost caller counts them; each of those -> the hooked function its first
+    call ran in: ``allocate_sm120_static_workspace`` runs inside ``allocate_sm120_moe_workspace``, inside
+    ``B12xMoEWrapper._allocate_buffers``, so their bytes are parts of one another, not a sum)."""
+    outer: dict[str, list[int]] = {}
+    nested: dict[str, int] = {}
+    callers: dict[str, str] = {}
     calls = trace.hook_calls
     for c in calls:
-        if c.parent is not None and 0 <= c.parent < len(calls):
-            out.setdefault(c.name, calls[c.parent].name)
-    return out
+        added = hook_call_bytes(c.returned_bytes, c.allocated_delta_bytes)
+        if c.parent is None:
+            outer.setdefault(c.name, []).append(added)
+            continue
+        nested[c.name] = nested.get(c.name, 0) + added
+        if 0 <= c.parent < len(calls):
+            callers.setdefault(c.name, calls[c.parent].name)
+    return {k: tuple(v) for k, v in outer.items()}, nested, callers
 
 
 def nested_order(names: set[str], nested_in: dict[str, str]) -> list[tuple[str, int]]:
@@ -341,17 +311,11 @@ def nested_order(names: set[str], nested_in: dict[str, str]) -> list[tuple[str, 
     return out
 
 
-def category_changes(base, new) -> list[Change] | None:
+def category_changes(base, new) -> list[Change]:
     """Allocated bytes per category (weights, KV cache, workspaces...) of two analysed ranks (``AnalysedRank``) at
     their headline peak (``headline_event``: the moment their sites are compared at), with the KV cache committed
-    outside PyTorch then.
-
-    None when ``memtrace.analysis.memory.categories`` is not available.
-    """
-    try:
-        from memtrace.analysis.memory.categories import CATEGORIES
-    except ImportError:
-        return None
+    outside PyTorch then."""
+    from memtrace.analysis.memory.categories import CATEGORIES
 
     def at_peak(rank) -> dict[str, int]:
         curves = rank.curves
@@ -359,13 +323,11 @@ def category_changes(base, new) -> list[Change] | None:
             return {}
         totals = dict(zip(CATEGORIES, map(int, rank.category_steps.at([rank.headline_event + 1])[:, 0]), strict=True))
         if len(curves.vmm):  # the KV cache committed outside PyTorch is the KV cache still
-            t = rank.headline.point.time_us
-            totals["kv_cache"] = totals.get("kv_cache", 0) + rank.vmm_kv.at(t)
+            totals["kv_cache"] = totals.get("kv_cache", 0) + rank.vmm_kv.at(rank.headline.point.time_us)
         return totals
 
     bd, nd = at_peak(base), at_peak(new)
-    names = [k for k in dict.fromkeys([*bd, *nd])]
-    return [Change(k, bd.get(k, 0), nd.get(k, 0)) for k in names]
+    return [Change(k, bd.get(k, 0), nd.get(k, 0)) for k in dict.fromkeys([*bd, *nd])]
 
 
 def kv_cache_curve(trace: Trace, curves: Curves, via: str, categorized=None) -> Curve:
@@ -386,11 +348,10 @@ def kv_cache_curve(trace: Trace, curves: Curves, via: str, categorized=None) -> 
     signed = ev["size"][pos].astype(np.int64)
     signed[freed] *= -1
     # a tensor of its own segment counts from the segment's creation to its release: reserved holds it then
-    at = times[pos]
     before, after = np.clip(pos - 1, 0, None), np.clip(pos + 1, 0, len(ev) - 1)
     made = ~freed & np.isin(action[before], _SEG_UP) & (addr[before] == addr[pos])
     gone = freed & np.isin(action[after], _SEG_DOWN) & (addr[after] == addr[pos])
-    at = np.where(made, times[before], np.where(gone, times[after], at))
+    at = np.where(made, times[before], np.where(gone, times[after], times[pos]))
     order = np.argsort(at, kind="stable")
     return Curve(at[order], np.cumsum(signed[order]))
 
@@ -415,9 +376,7 @@ def figures(
         less_kv: also the phase peaks less the KV cache (``Figures.phases_less_kv``; what history keeps).
     """
     curves = curves or all_curves(trace)
-    if device_level is None:
-        device_level = curves.has_device
-    device_level = device_level and curves.has_device
+    device_level = (device_level is None or device_level) and curves.has_device
     lm = landmarks(trace, curves, include_non_torch=device_level)
     sizing = extensible_sizing(trace, curves)
     head = {
@@ -440,21 +399,18 @@ def figures(
     for name, curve in peaks:  # the same moments as ``memtrace report``'s peaks
         if len(curve):
             top = Q.peak(curve)
-            head[name] = top.bytes
-            where[name] = path_at(trace, top.time_us)
+            head[name], where[name] = top.bytes, path_at(trace, top.time_us)
     kv_via = (VIA_VMM if len(curves.vmm) else VIA_TORCH) if lm.kv_cache_bytes else ""
+    hooks, nested, nested_in = _hook_bytes(trace)
     return Figures(
         device_level=device_level,
         fingerprint=fingerprint(trace),
         headline={k: int(v) for k, v in head.items() if v is not None},
         where=where,
-        phases={
-            k: (peak, inside, depth)
-            for k, (peak, inside, depth, _) in _phase_peaks(trace, curves, device_level).items()
-        },
-        hooks={k: tuple(v) for k, v in _hook_bytes(trace).items()},
-        nested=_nested_hook_bytes(trace),
-        nested_in=_nested_callers(trace),
+        phases=_phase_peaks(trace, curves, device_level),
+        hooks=hooks,
+        nested=nested,
+        nested_in=nested_in,
         oom=oom if oom is not None else find_oom(trace),
         left_to_vllm=left_to_vllm(trace),
         kv_via=kv_via,
@@ -468,24 +424,17 @@ def phase_peaks_less_kv(
 ) -> dict[str, tuple[int, int, int]]:
     """``Figures.phases_less_kv``: each phase's peak less the KV cache held through ``kv_via`` ({} without one);
     ``categorized``: the trace's ``categories.categorize``, when the run already holds it."""
-    if not kv_via:
-        return {}
-    less = kv_cache_curve(trace, curves, kv_via, categorized)
-    return {
-        k: (peak, inside, depth)
-        for k, (peak, inside, depth, _) in _phase_peaks(trace, curves, device_level, less).items()
-    }
+    less = kv_cache_curve(trace, curves, kv_via, categorized) if kv_via else None
+    return _phase_peaks(trace, curves, device_level, less) if kv_via else {}
 
 
 def _hook_totals(base: Figures, new: Figures, threshold: Threshold) -> list[Change]:
     names = sorted(set(base.hooks) | set(new.hooks))
-    if not names:
-        return []
     out = []
     for name in names:
         b = sum(base.hooks[name]) if name in base.hooks else None
         out.append(Change(name, b, sum(new.hooks.get(name, ())), _limit(threshold, b)))
-    if len(names) == 1:
+    if len(names) < 2:
         return out
     b_all, n_all = sum(map(sum, base.hooks.values())), sum(map(sum, new.hooks.values()))
     return out + [Change(ALL_HOOKS, b_all, n_all, _limit(threshold, b_all))]
@@ -513,15 +462,14 @@ def compare(base: Figures, new: Figures, threshold: Threshold, *, label: str = "
             note = MOVED_WARMUP_NOTE
         limit = _limit(threshold, b, floor) if name in GATED and not note else None
         headline.append(Change(name, b, n, limit, new.where.get(name, ""), note))
-    phases = []
     less_kv = bool(moved and base.phases_less_kv and new.phases_less_kv)  # like with like: both less the KV cache
     base_phases, new_phases = (base.phases_less_kv, new.phases_less_kv) if less_kv else (base.phases, new.phases)
+    phases = []
     for key, (peak, inside, depth) in new_phases.items():
         if key in base_phases:
             b_peak, b_inside, _ = base_phases[key]
-            phases.append(
-                PhaseChange(key, depth, Change(key, b_peak, peak, _limit(threshold, b_peak, floor)), b_inside, inside)
-            )
+            limit = _limit(threshold, b_peak, floor)
+            phases.append(PhaseChange(key, depth, Change(key, b_peak, peak, limit), b_inside, inside))
     names = sorted(set(base.hooks) | set(new.hooks))
     return TraceDiff(
         label=label,
@@ -589,25 +537,20 @@ def diff_runs(base, new, threshold: Threshold) -> list[TraceDiff]:
         NothingToJudge: a rank of either run recorded no allocator events (exit 1: never a pass).
         UsageError: the runs hold different numbers of ranks.
     """
-    from memtrace.analysis.analysed.run import nothing_line
-    from memtrace.errors import NothingToJudge, UsageError
+    from memtrace.errors import UsageError
 
     if len(base.ranks) != len(new.ranks):
         raise UsageError(
             f"{base.path} holds {len(base.ranks)} traces and {new.path} {len(new.ranks)}; pick one with --rank N"
         )
-    for run in (base, new):
-        empty = [r for r in run.ranks if r.recorded_nothing and r.oom is None]
-        if empty:
-            raise NothingToJudge(nothing_line(run.subset(empty), "compare"))
+    base.require_every_rank("compare")
+    new.require_every_rank("compare")
     return [diff_ranks(b, n, threshold, label=n.label) for b, n in zip(base.ranks, new.ranks, strict=True)]
 
 
 def _threshold_text(threshold: Threshold) -> str:
     if threshold.fraction is not None:
         return f"{threshold.fraction * 100:g}%"
-    from memtrace.units import format_bytes
-
     return format_bytes(threshold.bytes or 0)
 
 

@@ -58,10 +58,8 @@ class Sites:
 def file_name(filename: str) -> str:
     """A frame's file without the install folder: the path after ``site-packages/``, else its last two parts."""
     fn = filename.replace("\\", "/")
-    for marker in ("site-packages/", "dist-packages/"):
-        if marker in fn:
-            return fn.split(marker, 1)[1]
-    return "/".join(fn.split("/")[-2:])
+    cut = next((fn.split(m, 1)[1] for m in ("site-packages/", "dist-packages/") if m in fn), None)
+    return cut if cut is not None else "/".join(fn.split("/")[-2:])
 
 
 def site_key(frames: list[Frame]) -> tuple[tuple[str, str], ...]:
@@ -103,8 +101,7 @@ def sites_at_peak(trace: Trace, peak_index: int, lt: Lifetimes | None = None) ->
     keys = SiteKeys(trace)
     for h in holders_by_stack(trace, top=1 << 30, event_index=peak_index, lt=lt):
         key = keys(h.stack)
-        prev = out.get(key, (0, h.stack))
-        out[key] = (prev[0] + h.bytes, h.stack)
+        out[key] = (out.get(key, (0, 0))[0] + h.bytes, h.stack)
     if out and all(not key for key in out):
         return None  # no live block has a stack
     return {key: (b, tuple(trace.stack_frames(stack)), site_frame(trace, stack)) for key, (b, stack) in out.items()}
@@ -131,10 +128,7 @@ def site_changes(base, new, top: int = TOP_SITES) -> Sites:
 def _first_difference(a: tuple[Frame, ...], b: tuple[Frame, ...]) -> int:
     """The innermost index where the two stacks' (function, file) differ (one past the shorter if none)."""
     ka, kb = site_key(list(a)), site_key(list(b))
-    for i, (x, y) in enumerate(zip(ka, kb, strict=False)):
-        if x != y:
-            return i
-    return min(len(ka), len(kb))
+    return next((i for i, (x, y) in enumerate(zip(ka, kb, strict=False)) if x != y), min(len(ka), len(kb)))
 
 
 def tell_apart(changes: list[SiteChange]) -> list[SiteChange]:

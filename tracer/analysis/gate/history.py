@@ -10,7 +10,7 @@ and figure for ``plots.history_png``.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields
 from typing import TYPE_CHECKING
 
 from memtrace.analysis.gate.diff import (
@@ -35,46 +35,21 @@ if TYPE_CHECKING:
 
 #: The figures ``show`` draws, in the order of the legend.
 TREND_FIGURES = (PEAK_RESERVED, PEAK_DEVICE, BEFORE_KV, AVAILABLE_KV, ALL_HOOKS)
+_FIELDS = [f.name for f in fields(Figures)]
 
 
 def figures_doc(f: Figures) -> dict:
-    """A JSON-compatible document of ``f`` (bytes as integers)."""
-    return {
-        "device_level": f.device_level,
-        "fingerprint": f.fingerprint,
-        "headline": f.headline,
-        "where": f.where,
-        "phases": {k: list(v) for k, v in f.phases.items()},
-        "hooks": {k: list(v) for k, v in f.hooks.items()},
-        "nested": dict(f.nested),
-        "nested_in": dict(f.nested_in),
-        "oom": asdict(f.oom) if f.oom is not None else None,
-        "left_to_vllm": sorted(f.left_to_vllm),
-        "kv_via": f.kv_via,
-        "ranked": f.ranked,
-        "phases_less_kv": {k: list(v) for k, v in f.phases_less_kv.items()},
-    }
+    """A JSON-compatible document of ``f`` (bytes as integers), its keys in the fields' order."""
+    return {**asdict(f), "left_to_vllm": sorted(f.left_to_vllm)}
 
 
 def figures_from_doc(doc: dict) -> Figures:
-    """The :class:`Figures` a document of :func:`figures_doc` holds."""
-    return Figures(
-        device_level=bool(doc["device_level"]),
-        fingerprint=dict(doc["fingerprint"]),
-        headline={k: int(v) for k, v in doc["headline"].items()},
-        where=dict(doc.get("where", {})),
-        phases={k: (int(v[0]), int(v[1]), int(v[2])) for k, v in doc["phases"].items()},
-        hooks={k: tuple(int(b) for b in v) for k, v in doc["hooks"].items()},
-        nested={k: int(v) for k, v in doc.get("nested", {}).items()},  # absent in documents before it
-        nested_in={k: str(v) for k, v in doc.get("nested_in", {}).items()},  # absent in documents before it
-        oom=Oom(**doc["oom"]) if doc.get("oom") else None,
-        left_to_vllm=frozenset(doc.get("left_to_vllm", ())),  # absent in documents before vLLM 0.34's support
-        kv_via=str(doc.get("kv_via", "")),
-        ranked=str(doc.get("ranked", "reserved")),  # absent in documents before the CPU's traces were ranked
-        phases_less_kv={  # absent in documents before issue 41: phases then compare as they are
-            k: (int(v[0]), int(v[1]), int(v[2])) for k, v in doc.get("phases_less_kv", {}).items()
-        },
-    )
+    """The :class:`Figures` a document of :func:`figures_doc` holds (keys a document from before them lacks take
+    their defaults: phases then compare as they are)."""
+    tuples = {"phases", "hooks", "phases_less_kv"}
+    kw = {k: {n: tuple(v) for n, v in doc[k].items()} if k in tuples else doc[k] for k in _FIELDS if k in doc}
+    oom = Oom(**doc["oom"]) if doc.get("oom") else None
+    return Figures(**{"where": {}, **kw, "oom": oom, "left_to_vllm": frozenset(doc.get("left_to_vllm", ()))})
 
 
 @dataclass(frozen=True)
@@ -110,28 +85,20 @@ def record(
 def record_run(run, what: str) -> list[Recorded]:
     """:func:`record` of every rank of an analysed run. NothingToJudge (exit 1) when a rank recorded no
     allocator events: an empty run is never a reference, and never passes a check."""
-    from memtrace.analysis.analysed.run import nothing_line
-    from memtrace.errors import NothingToJudge
-
-    empty = [r for r in run.ranks if r.recorded_nothing and r.oom is None]
-    if empty:
-        raise NothingToJudge(nothing_line(run.subset(empty), what))
+    run.require_every_rank(what)
     return [record(r.trace, curves=r.curves, oom=r.oom, categorized=r.categorized) for r in run.ranks]
 
 
 def check(base: Recorded, new: Recorded, threshold: Threshold, *, label: str = "") -> TraceDiff:
     """``new`` against the stored ``base`` with ``diff.compare``, at device level when both have it."""
-    if base.device is not None and new.device is not None:
-        return compare(base.device, new.device, threshold, label=label)
-    return compare(base.reserved, new.reserved, threshold, label=label)
+    level = "device" if base.device is not None and new.device is not None else "reserved"
+    return compare(getattr(base, level), getattr(new, level), threshold, label=label)
 
 
 def closest(keys: dict[str, dict[str, str]], fp: dict[str, str]) -> tuple[str, list[tuple[str, str, str]]] | None:
     """The stored key whose fingerprint differs from ``fp`` in the fewest fields, and those fields."""
-    if not keys:
-        return None
-    best = min(keys, key=lambda k: len(differences(keys[k], fp)))
-    return best, differences(keys[best], fp)
+    best = min(keys, key=lambda k: len(differences(keys[k], fp)), default=None)
+    return None if best is None else (best, differences(keys[best], fp))
 
 
 @dataclass(frozen=True)
@@ -156,8 +123,7 @@ class Trend:
 
 def _trend_value(doc: dict, name: str) -> int | None:
     if name == ALL_HOOKS:
-        hooks = doc.get("hooks") or {}
-        return sum(sum(v) for v in hooks.values()) if hooks else None
+        return sum(map(sum, doc["hooks"].values())) if doc.get("hooks") else None
     v = doc["headline"].get(name)
     return int(v) if v is not None else None
 
@@ -173,14 +139,11 @@ def trends(rows: list) -> list[Trend]:
     out = []
     for (key, rank), rs in groups.items():
         device = all(r.figures_device is not None for r in rs)
-        series: dict[str, list[Point]] = {}
-        for name in TREND_FIGURES:
-            pts = []
-            for r in rs:
-                v = _trend_value(r.figures_device if device else r.figures_reserved, name)
-                if v is not None:
-                    pts.append(Point(r.batch, r.label, r.accepted, v))
-            if pts:
-                series[name] = pts
+        docs = [(r, r.figures_device if device else r.figures_reserved) for r in rs]
+        values = {n: [(r, _trend_value(doc, n)) for r, doc in docs] for n in TREND_FIGURES}
+        points = {
+            n: [Point(r.batch, r.label, r.accepted, v) for r, v in vs if v is not None] for n, vs in values.items()
+        }
+        series = {n: pts for n, pts in points.items() if pts}
         out.append(Trend(key, describe(rs[-1].fingerprint), rank, series))
     return out

@@ -20,6 +20,7 @@ import os
 from memtrace import facts as F
 from memtrace.analysis.memory.target import card_capacity
 from memtrace.model import Trace
+from memtrace.units import format_gib
 
 #: Environment fields, in the order they are shown.
 ENV_FIELDS = ("gpu", "driver", "cuda", "torch", "vllm", "flashinfer")
@@ -46,6 +47,23 @@ MEMORY_FLAGS = (
 UNKNOWN = "—"
 
 
+def trace_env(trace: Trace) -> dict:
+    """The recorded environment (``facts.ENV``); {} when none was recorded."""
+    e = trace.facts.get(F.ENV)
+    return e if isinstance(e, dict) else {}
+
+
+def vllm_config(trace: Trace) -> dict:
+    """vLLM's recorded configuration (``facts.VLLM_CONFIG``); {} when none was recorded."""
+    c = trace.facts.get(F.VLLM_CONFIG)
+    return c if isinstance(c, dict) else {}
+
+
+def vllm_version(trace: Trace) -> str | None:
+    """The vLLM version the run recorded (its environment's, else the plugin's fact)."""
+    return trace_env(trace).get("vllm") or trace.facts.get(F.VLLM_VERSION)
+
+
 def _text(value) -> str:
     if value is None or value == "":
         return ""
@@ -56,11 +74,7 @@ def _text(value) -> str:
 
 def program_kind(trace: Trace) -> str:
     """``vllm`` (the vLLM plugin recorded it), ``snapshot`` (an imported PyTorch snapshot) or ``pytorch``."""
-    if F.is_vllm(trace.facts):
-        return "vllm"
-    if trace.recording.source != "memtrace":
-        return "snapshot"
-    return "pytorch"
+    return "vllm" if F.is_vllm(trace.facts) else "snapshot" if trace.recording.source != "memtrace" else "pytorch"
 
 
 def program_name(env: dict) -> str:
@@ -89,20 +103,10 @@ def fingerprint(trace: Trace) -> dict[str, str]:
     CUPTI source recorded: its own 12,582,912 B of device memory on the H200 change what vLLM sizes,
     so a run with it does not compare with one without).
     """
-    facts = trace.facts
-    env = facts.get(F.ENV) if isinstance(facts.get(F.ENV), dict) else {}
-    config = facts.get(F.VLLM_CONFIG) if isinstance(facts.get(F.VLLM_CONFIG), dict) else {}
-    kind = program_kind(trace)
-    out = {"kind": kind}
-    values = {
-        "gpu": env.get("gpu_name"),
-        "driver": env.get("driver"),
-        "cuda": env.get("cuda"),
-        "torch": env.get("torch"),
-        "vllm": env.get("vllm") or facts.get(F.VLLM_VERSION),
-        "flashinfer": env.get("flashinfer"),
-        "model": config.get("model") or (program_name(env) if kind == "pytorch" else None),
-    }
+    facts, env, config, kind = trace.facts, trace_env(trace), vllm_config(trace), program_kind(trace)
+    values = {"kind": kind, **{f: env.get("gpu_name" if f == "gpu" else f) for f in ENV_FIELDS}}
+    values["vllm"] = vllm_version(trace)
+    values["model"] = config.get("model") or (program_name(env) if kind == "pytorch" else None)
     values.update({flag: config.get(flag) for flag in MEMORY_FLAGS})
     values["gpu_memory_utilization"] = facts.get(F.UTIL)
     values["kv_cache_sizing"] = kv_cache_sizing(trace) if kind == "vllm" else None
@@ -112,8 +116,7 @@ def fingerprint(trace: Trace) -> dict[str, str]:
     values["card_bytes"] = card if smaller else None  # only a run that stood for a smaller card
     cupti = facts.get(F.CUPTI)
     values["cupti"] = "on" if (isinstance(cupti, dict) and cupti.get("records")) or len(trace.device_allocs) else None
-    out.update({k: t for k, v in values.items() if (t := _text(v))})
-    return out
+    return {k: t for k, v in values.items() if (t := _text(v))}
 
 
 #: The first vLLM whose KV cache may be sized after warm-up (the extensible KV cache, its default).
@@ -138,11 +141,10 @@ def kv_cache_sizing(trace: Trace) -> str | None:
     recorded = trace.facts.get(F.VLLM_KV_SIZE_SOURCE)
     if recorded:
         return str(recorded)
-    env = trace.facts.get(F.ENV) if isinstance(trace.facts.get(F.ENV), dict) else {}
-    argv = [str(a).split("=", 1)[0] for a in env.get("cmdline") or []]
+    argv = [str(a).split("=", 1)[0] for a in trace_env(trace).get("cmdline") or []]
     if "--kv-cache-memory-bytes" in argv:
         return F.KV_SIZE_GIVEN_FLAG
-    version = _version(env.get("vllm") or trace.facts.get(F.VLLM_VERSION))
+    version = _version(vllm_version(trace))
     if version is not None and version < _EXTENSIBLE_SINCE:
         return F.KV_SIZED_BY_PROFILING
     return None
@@ -154,8 +156,7 @@ def left_to_vllm(trace: Trace) -> frozenset[str]:
     says it resolved its own default (``facts.UTIL_SOURCE``), and the KV cache's sizing mode unless the
     user picked one. A new release may change those by itself; ``diff`` says so instead of calling the
     runs incomparable. Empty when the command line was not recorded."""
-    env = trace.facts.get(F.ENV) if isinstance(trace.facts.get(F.ENV), dict) else {}
-    argv = [a.split("=", 1)[0] for a in env.get("cmdline") or [] if isinstance(a, str)]
+    argv = [a.split("=", 1)[0] for a in trace_env(trace).get("cmdline") or [] if isinstance(a, str)]
     if not argv:
         return frozenset()
     if not flags_readable(argv):  # which flags the user gave is not known: claim none was left to vLLM
@@ -190,17 +191,11 @@ def describe(fp: dict[str, str]) -> str:
     parts += [f"{k} {fp[k]}" for k in ("torch", "vllm", "flashinfer") if k in fp]
     parts.append(fp.get("model", ""))
     if fp.get("card_bytes", "").isdigit():
-        from memtrace.units import format_gib
-
         parts.append(f"card {format_gib(int(fp['card_bytes']))}")
     return " · ".join(p for p in parts if p)
 
 
 def differences(base: dict[str, str], new: dict[str, str]) -> list[tuple[str, str, str]]:
     """Fields whose values differ: (field, base value, new value), ``—`` where a run lacks it."""
-    out = []
-    for k in dict.fromkeys([*base, *new]):
-        b, n = base.get(k, UNKNOWN), new.get(k, UNKNOWN)
-        if b != n:
-            out.append((k, b, n))
-    return out
+    pairs = ((k, base.get(k, UNKNOWN), new.get(k, UNKNOWN)) for k in dict.fromkeys([*base, *new]))
+    return [(k, b, n) for k, b, n in pairs if b != n]

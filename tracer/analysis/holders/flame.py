@@ -1,37 +1,22 @@
 """The memory live at one moment, grouped by allocating stack: a tree for flame graphs.
 
-Every live PyTorch allocation (``live.live_allocations_at``) contributes its requested bytes to one
-path of frames, outermost first (root → leaf). When the trace holds CUPTI records
-(``non_torch.has_records``), every non-PyTorch device allocation CUPTI saw live then
-(``non_torch.live_allocations``) contributes its bytes too, under a top-level frame of its own,
-``[non-PyTorch, CUPTI]``, then its category (``[kernel modules' statics]``), then its Python stack.
-The root holds both, and the invariant is two-fold, to the byte: the PyTorch part (everything outside
-``[non-PyTorch, CUPTI]``, ``Flame.torch_bytes``) equals ``Curves.allocated.at`` that moment, and the
-CUPTI part (``Flame.non_torch_bytes``) equals ``non_torch.breakdown(...).cupti_bytes`` at the same
-microsecond; folded lines made from the tree (``frame;frame;frame bytes``) add up to their sum.
-A trace without CUPTI records gives the PyTorch part alone, exactly as before.
+Every live PyTorch allocation (``live.live_allocations_at``) adds its requested bytes to one path of frames,
+root → leaf; with ``non_torch``, the non-PyTorch allocations CUPTI saw live go under ``[non-PyTorch, CUPTI]``
+then their category, and the KV cache vLLM (0.34+) committed through CUDA's VMM API under ``[KV cache outside
+PyTorch (CUDA VMM)]``, each then by its Python stack. Each part equals its curve at that moment to the byte
+(``Flame.torch_bytes``: ``Curves.allocated``; ``non_torch_bytes``: ``breakdown``'s ``cupti_bytes``;
+``vmm_bytes``: the KV cache's committed curve), and folded lines add up to their sum.
 
-The KV cache vLLM (0.34+) commits through CUDA's VMM API, outside PyTorch (``vmm.live_kv_chunks``), gets a
-top-level frame of its own, ``[KV cache outside PyTorch (CUDA VMM)]``, each chunk's bytes under the Python
-stack that committed it (``[no stack recorded]`` and the phase when none was taken); that part
-(``Flame.vmm_bytes``) equals ``committed_curve(trace, kv_cache_only=True).at`` that microsecond. It is asked
-for with ``non_torch`` (memory outside PyTorch's allocator), and absent before vLLM 0.34.
-
-Frames are labelled ``function (path/file.py:line)`` with the path cut after ``site-packages/``.
-An allocation made while a hooked function ran (``trace.hook_calls``: FlashInfer's workspace
-allocators by default) gets a frame of its own, ``[hook] allocate_sm120_dynamic_workspace``, right
-outside the innermost frame of the hooked function (in place of memtrace's wrapper frames there),
-else as the leaf. memtrace's own wrapper frames (``memtrace/plugins/hooks.py``, also found around
-vLLM's phase methods) are dropped from every stack: they are the tracer, not the program.
-Allocations without a recorded stack sit under ``[no stack recorded]``, then the phase they were
-made in (``[phase] kv_cache_init``); blocks allocated before recording began under
-``[present before recording began]``. CUPTI's records follow the same rules below their category.
-A block the user annotated (torch 2.14's ``_annotate_tensor``: ``user_metadata.tensor_notes``) gets its note
-as a leaf of its own, ``[note] result of step 1``, above the frames that allocated it.
+Frames are labelled ``function (path/file.py:line)`` (:func:`frame_label`). A hooked call running when the
+allocation was made gets a frame ``[hook] name`` in place of memtrace's own wrapper frames, which are dropped
+from every stack. No stack: ``[no stack recorded]`` then the phase (``[phase] kv_cache_init``); blocks from
+before recording: ``[present before recording began]``; a block the user annotated gets its note as a leaf,
+``[note] result of step 1``.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -39,6 +24,7 @@ from memtrace.analysis.holders.frames import python_frames
 from memtrace.analysis.holders.live import Lifetimes, LiveAllocation, lifetimes, live_allocations_at
 from memtrace.analysis.memory import non_torch as _non_torch
 from memtrace.analysis.memory import vmm as _vmm
+from memtrace.analysis.memory.phases import path_at
 from memtrace.analysis.memory.quantities import BEFORE_RECORDING as BEFORE
 from memtrace.analysis.memory.quantities import VMM
 from memtrace.analysis.memory.user_metadata import TensorNote, notes_by_block, tensor_notes
@@ -73,9 +59,7 @@ class FlameNode:
     @property
     def kind(self) -> str:
         """ "hook", "marker" (a bracketed pseudo-frame) or "frame"."""
-        if self.name.startswith(HOOK_PREFIX):
-            return "hook"
-        return "marker" if self.name.startswith("[") else "frame"
+        return "hook" if self.name.startswith(HOOK_PREFIX) else "marker" if self.name.startswith("[") else "frame"
 
     def sorted_children(self) -> list[FlameNode]:
         """Children, widest first (ties by name, so output is deterministic)."""
@@ -121,17 +105,14 @@ def frame_label(frame: Frame) -> str:
         if roots:  # installed elsewhere (pip --target, a source checkout): cut at the package
             path = path[min(roots) + 1 :]
         else:
-            parts = path.split("/")
-            path = "/".join(parts[-2:]) if len(parts) > 2 else path
+            path = "/".join(path.split("/")[-2:])
     where = f"{path}:{frame.line}" if frame.line else path
     return f"{frame.name} ({where})".replace(";", ":")
 
 
 def hook_short_name(hook_name: str) -> str:
     """``pkg.mod:Class.method`` → ``Class.method``; ``pkg.mod.func`` → ``func``."""
-    if ":" in hook_name:
-        return hook_name.rsplit(":", 1)[1]
-    return hook_name.rsplit(".", 1)[-1]
+    return hook_name.rsplit(":", 1)[1] if ":" in hook_name else hook_name.rsplit(".", 1)[-1]
 
 
 def _is_wrapper(frame: Frame) -> bool:
@@ -195,34 +176,19 @@ def stack_paths(
     return _tally(keyed)
 
 
-def non_torch_paths(
-    trace: Trace, allocations: list[_non_torch.Allocation]
+def _outside_paths(
+    trace: Trace, items: list, head, phase
 ) -> tuple[dict[tuple[str, ...], int], dict[tuple[str, ...], int]]:
-    """(bytes, allocation count) per root→leaf path of CUPTI's non-PyTorch ``allocations``:
-    ``[non-PyTorch, CUPTI]``, ``[category]``, then the Python stack as for PyTorch's allocations
-    (``[no stack recorded]`` and the phase when CUPTI gave none)."""
+    """(bytes, count) per root→leaf path of memory outside PyTorch's allocator (CUPTI's allocations, the KV
+    cache's VMM chunks): ``head(item)``, then the Python stack that made each (``[no stack recorded]`` and the
+    phase ``phase(item)`` when none was taken)."""
     paths_of = FramePaths(trace)
     keyed = []
-    for a in allocations:
-        path, bare = paths_of.path(a.stack, a.time_us)
+    for x in items:
+        path, bare = paths_of.path(x.stack, x.time_us)
         if bare:
-            path = [NO_STACK, phase_label(a.phase_path), *path]
-        keyed.append(((NON_TORCH, f"[{a.category}]", *path), a.bytes))
-    return _tally(keyed)
-
-
-def vmm_paths(trace: Trace, chunks: list[_vmm.Chunk]) -> tuple[dict[tuple[str, ...], int], dict[tuple[str, ...], int]]:
-    """(bytes, chunk count) per root→leaf path of the KV cache's VMM ``chunks``: :data:`VMM_KV`, then the
-    Python stack that committed each (``[no stack recorded]`` and the phase when none was taken)."""
-    from memtrace.analysis.memory.phases import path_at
-
-    paths_of = FramePaths(trace)
-    keyed = []
-    for c in chunks:
-        path, bare = paths_of.path(c.stack, c.time_us)
-        if bare:
-            path = [NO_STACK, phase_label(path_at(trace, c.time_us)), *path]
-        keyed.append(((VMM_KV, *path), c.bytes))
+            path = [NO_STACK, phase_label(phase(x)), *path]
+        keyed.append(((*head(x), *path), x.bytes))
     return _tally(keyed)
 
 
@@ -338,23 +304,77 @@ def flame_at(
         t_us = int(ev["time_us"][event_index]) if event_index is not None and 0 <= event_index < len(ev) else 0
     notes = notes if notes is not None else tensor_notes(trace, lt)
     paths, counts = stack_paths(trace, live, notes=notes_by_block(notes))
-    torch_bytes = sum(paths.values())
-    non_torch_bytes = None
+    torch_bytes, outside = sum(paths.values()), {}
     if non_torch and _non_torch.has_records(trace):
         cupti = _made_since(_non_torch.live_allocations(trace, int(t_us)), since_us)
-        more, more_counts = non_torch_paths(trace, cupti)
-        non_torch_bytes = sum(more.values())
+        outside["cupti"] = _outside_paths(
+            trace, cupti, lambda a: (NON_TORCH, f"[{a.category}]"), lambda a: a.phase_path
+        )
+    chunks = _made_since(_vmm.live_kv_chunks(trace, int(t_us)), since_us) if non_torch and _vmm.has_vmm(trace) else []
+    if chunks:
+        outside["vmm"] = _outside_paths(trace, chunks, lambda c: (VMM_KV,), lambda c: path_at(trace, c.time_us))
+    for more, more_counts in outside.values():
         paths, counts = {**paths, **more}, {**counts, **more_counts}
-    vmm_bytes = None
-    if non_torch and _vmm.has_vmm(trace):
-        more, more_counts = vmm_paths(trace, _made_since(_vmm.live_kv_chunks(trace, int(t_us)), since_us))
-        if more:
-            vmm_bytes = sum(more.values())
-            paths, counts = {**paths, **more}, {**counts, **more_counts}
-    return Flame(int(t_us), event_index, build_tree(paths, counts), paths, since_us, torch_bytes, non_torch_bytes,
-                 vmm_bytes)  # fmt: skip
+    cupti_bytes, vmm_bytes = (sum(outside[k][0].values()) if k in outside else None for k in ("cupti", "vmm"))
+    return Flame(
+        int(t_us), event_index, build_tree(paths, counts), paths, since_us, torch_bytes, cupti_bytes, vmm_bytes
+    )
 
 
 def widest_leaves(flame: Flame, top: int = 5) -> list[tuple[tuple[str, ...], int]]:
     """The ``top`` root→leaf paths holding the most bytes, largest first."""
     return sorted(flame.stacks.items(), key=lambda kv: (-kv[1], kv[0]))[:top]
+
+
+# -- the frames every stack shares (vLLM's launcher frames: <module>, spawn_main, run_engine_core...): the SVG
+# leaves them out and names them; the folded export keeps every frame
+
+
+def _python_start(path: tuple[str, ...]) -> int:
+    """Index of the first real frame of ``path`` (after its bracketed pseudo-frames); len(path) if none."""
+    return next((i for i, name in enumerate(path) if not name.startswith("[")), len(path))
+
+
+def shared_prefix(flame: Flame) -> tuple[str, ...]:
+    """The frames (outermost first) that every stack with Python frames begins its Python part with, short of
+    the innermost frame of the shortest one (a stack is never emptied); () when they differ from the root."""
+    parts = [path[_python_start(path) :] for path, nbytes in flame.stacks.items() if nbytes > 0]
+    parts = [p for p in parts if p]
+    if not parts:
+        return ()
+    limit = min(len(p) for p in parts) - 1
+    first = parts[0]
+    n = 0
+    while n < limit and all(p[n] == first[n] for p in parts):
+        n += 1
+    return first[:n]
+
+
+def without_prefix(flame: Flame, prefix: tuple[str, ...]) -> Flame:
+    """``flame`` with ``prefix`` taken out of every stack whose Python part begins with it (every one, when
+    ``prefix`` is :func:`shared_prefix`); the same bytes per stack, the same total."""
+    if not prefix:
+        return flame
+    n = len(prefix)
+    stacks: dict[tuple[str, ...], int] = {}
+    counts: dict[tuple[str, ...], int] = {}
+    old_counts = stack_counts(flame)
+    for path, nbytes in flame.stacks.items():
+        k = _python_start(path)
+        new = path[:k] + path[k + n :] if path[k : k + n] == prefix else path
+        stacks[new] = stacks.get(new, 0) + nbytes
+        counts[new] = counts.get(new, 0) + old_counts.get(path, 1)
+    root = dataclasses.replace(build_tree(stacks, counts), name=flame.root.name)
+    return dataclasses.replace(flame, root=root, stacks=stacks)
+
+
+def stack_counts(flame: Flame) -> dict[tuple[str, ...], int]:
+    """Allocations per stack, read back from the tree (the count ending at each path's leaf)."""
+    out: dict[tuple[str, ...], int] = {}
+    for path in flame.stacks:
+        node = flame.root
+        for name in path:
+            node = node.children[name]
+        below = sum(c.count for c in node.children.values())
+        out[path] = node.count - below
+    return out

@@ -54,12 +54,8 @@ def _installed_dirs(name: str) -> tuple[str, ...]:
         spec = importlib.util.find_spec(name)
     except (ImportError, ValueError):
         return ()
-    dirs: list[str] = []
-    for d in (spec.submodule_search_locations or []) if spec else []:
-        for form in (os.path.realpath(d), os.path.abspath(d)):
-            if _folder(form) not in dirs:
-                dirs.append(_folder(form))
-    return tuple(dirs)
+    found = (spec.submodule_search_locations or []) if spec else []
+    return tuple(dict.fromkeys(_folder(form(d)) for d in found for form in (os.path.realpath, os.path.abspath)))
 
 
 @functools.cache
@@ -91,10 +87,7 @@ class LibraryDirs:
     def library(self, filename: str) -> str | None:
         """The library whose folder holds ``filename``; None when none does."""
         fn = filename.replace("\\", "/")
-        for name, dirs in self.dirs.items():
-            if fn.startswith(dirs):
-                return name
-        return None
+        return next((name for name, dirs in self.dirs.items() if fn.startswith(dirs)), None)
 
     def torch_dirs(self) -> tuple[str, ...]:
         return self.dirs.get("torch", ())
@@ -131,17 +124,14 @@ def library_dirs(trace: Trace) -> LibraryDirs:
 
 def _forget(key: int, ref: weakref.ref) -> None:
     """A cached trace was freed: its entry leaves (unless the id is already another trace's)."""
-    hit = _CACHE.get(key)
-    if hit is not None and hit[0] is ref:
+    if _CACHE.get(key, (None,))[0] is ref:
         del _CACHE[key]
 
 
 def site_frame(trace: Trace, stack: int) -> Frame | None:
     """The frame shown for ``stack`` of ``trace`` (:func:`meaningful_frame` with the trace's own library folders,
     :func:`library_dirs`); None for no stack (a negative one)."""
-    if stack < 0:
-        return None
-    return meaningful_frame(trace.stack_frames(stack), library_dirs(trace))
+    return meaningful_frame(trace.stack_frames(stack), library_dirs(trace)) if stack >= 0 else None
 
 
 def _folder(path: str) -> str:
@@ -172,14 +162,11 @@ def infer_library_dirs(filenames) -> LibraryDirs:
     ``utils/_device.py`` exists in torch's layout here makes ``<root>/torch/`` torch's; every frame below it is
     then torch's too. Nothing is found for a library not installed here."""
     found: dict[str, set[str]] = {}
-    for fn in {f.replace("\\", "/") for f in filenames}:
-        if not fn.endswith(".py"):
-            continue
+    for fn in {f.replace("\\", "/") for f in filenames if f.endswith(".py")}:
         for name in LIBRARIES:
-            if f"/{name}/" in fn:
-                root = _certain_root(name, fn)
-                if root is not None:
-                    found.setdefault(name, set()).add(root)
+            root = _certain_root(name, fn) if f"/{name}/" in fn else None
+            if root is not None:
+                found.setdefault(name, set()).add(root)
     if not found:
         return NO_DIRS
     return LibraryDirs({k: tuple(sorted(found[k])) for k in LIBRARIES if k in found}, DIRS_INFERRED)  # one order
@@ -190,18 +177,14 @@ def _is_package_plumbing(fn: str, torch_dirs: tuple[str, ...]) -> bool:
     installed here, or right below an install folder (``.../site-packages/torch/...``)."""
     if torch_dirs and fn.startswith(torch_dirs):
         return True
-    for d in _INSTALL_DIRS:
-        at = fn.rfind(d)
-        if at >= 0 and fn[at + len(d) :].split("/", 1)[0] in _PLUMBING_PACKAGES:
-            return True
-    return fn.startswith(_local_package_dirs())
+    below = [fn[at + len(d) :].split("/", 1)[0] for d in _INSTALL_DIRS if (at := fn.rfind(d)) >= 0]
+    return any(p in _PLUMBING_PACKAGES for p in below) or fn.startswith(_local_package_dirs())
 
 
 def _is_plumbing(f: Frame, torch_dirs: tuple[str, ...]) -> bool:
     fn = f.filename.replace("\\", "/")
-    if any(p in fn for p in _PLUMBING_FILES) or _is_package_plumbing(fn, torch_dirs):
-        return True
-    return "/lib/python3" in fn and not any(d in fn for d in _INSTALL_DIRS)
+    stdlib = "/lib/python3" in fn and not any(d in fn for d in _INSTALL_DIRS)
+    return stdlib or any(p in fn for p in _PLUMBING_FILES) or _is_package_plumbing(fn, torch_dirs)
 
 
 def meaningful_frame(frames: Sequence[Frame], dirs: LibraryDirs | None = None) -> Frame | None:
@@ -216,12 +199,8 @@ def meaningful_frame(frames: Sequence[Frame], dirs: LibraryDirs | None = None) -
         torch_dirs = tuple(
             {r for f in py if "/torch/" in f.filename and (r := _certain_root("torch", f.filename.replace("\\", "/")))}
         )
-    for f in py:
-        if not _is_plumbing(f, torch_dirs):
-            return f
-    if py:
-        return py[0]
-    return _native_frame(frames)
+    shown = next((f for f in py if not _is_plumbing(f, torch_dirs)), py[0] if py else None)
+    return shown if shown is not None else _native_frame(frames)
 
 
 def native_name(name: str) -> str:
@@ -247,10 +226,6 @@ _NATIVE_PLUMBING = ("torch::unwind", "torch::CapturedTraceback", "torch::cuda::"
 def _native_frame(frames: Sequence[Frame]) -> Frame | None:
     """For a stack with no Python frame (an autograd engine thread, a C++ extension): the autograd
     node that ran (``DivBackward0::apply``), else the innermost frame past the unwinder and allocator."""
-    for f in frames:
-        if "Backward" in f.name and "::apply" in f.name:
-            return f
-    for f in frames:
-        if f.name and not f.name.startswith(_NATIVE_PLUMBING):
-            return f
-    return frames[0] if frames else None
+    node = next((f for f in frames if "Backward" in f.name and "::apply" in f.name), None)
+    node = node or next((f for f in frames if f.name and not f.name.startswith(_NATIVE_PLUMBING)), None)
+    return node or (frames[0] if frames else None)

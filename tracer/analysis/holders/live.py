@@ -30,7 +30,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
-from memtrace.model import ACTION_CODE, Frame, Trace
+from memtrace.model import ACTION_CODE, Trace
 
 _ALLOC = ACTION_CODE["alloc"]
 _FREE_COMPLETED = ACTION_CODE["free_completed"]
@@ -82,10 +82,6 @@ def lifetimes(trace: Trace, times: np.ndarray | None = None) -> Lifetimes:
     ``times``: the events' times made non-decreasing, when already computed (the curves' time axis after its
     first point, ``AnalysedRank.event_times``). An analysed rank computes the lifetimes once
     (``analysis.rank.AnalysedRank.lifetimes``); pass them on to share them."""
-    return _lifetimes(trace, times)
-
-
-def _lifetimes(trace: Trace, times: np.ndarray | None = None) -> Lifetimes:
     ev = trace.events
     n = len(ev)
     action = ev["action"]
@@ -145,9 +141,7 @@ def _unnamed_before(trace: Trace, freed_bytes: int) -> int:
     from memtrace import facts as F
 
     known = (trace.facts.get(F.IMPORT) or {}).get("baseline") if not trace.segments else None
-    if not known:
-        return 0
-    return max(int(known.get("allocated_bytes") or 0) - freed_bytes, 0)
+    return max(int(known.get("allocated_bytes") or 0) - freed_bytes, 0) if known else 0
 
 
 def _mask(lt: Lifetimes, t_us: int | None, event_index: int | None) -> np.ndarray:
@@ -239,10 +233,3 @@ def holders_by_stack(
             break
         out.append(Holder(int(s) - 2, int(sizes[s]), int(counts[s]), float(sizes[s] / total) if total else 0.0))
     return out
-
-
-def meaningful_frame(frames: list[Frame], dirs=None) -> Frame | None:
-    """The innermost Python frame worth showing (see ``analysis.holders.frames.meaningful_frame``)."""
-    from memtrace.analysis.holders.frames import meaningful_frame as pick
-
-    return pick(frames, dirs)

@@ -73,9 +73,7 @@ def headline_words(headline, process) -> str:
 def parse_time_us(text: str) -> int | None:
     """Microseconds from ``7.05``, ``7.05s``, ``7050ms``, ``7050us``; None when ``text`` is not a time."""
     m = _TIME.match(text)
-    if m is None:
-        return None
-    value = float(m.group(1)) * _UNIT_US[m.group(2).lower() if m.group(2) else None]
+    value = float(m.group(1)) * _UNIT_US[m.group(2).lower() if m.group(2) else None] if m else math.nan
     return round(value) if math.isfinite(value) else None
 
 
@@ -123,13 +121,6 @@ def peak_moment(rank) -> Moment:
 def resolve_moment(trace: Trace, curves: Curves, at: str, *, t0_us: int | None = None) -> Moment:
     """Read ``--at`` other than ``peak`` (:func:`peak_moment`; see the module docstring) for ``trace``; a time
     counts from ``t0_us`` (the run's origin, ``analysis.origin``; default: the trace's own start)."""
-    start, _ = recording_span(trace)
-    ev_time = trace.events["time_us"]
-
-    def after_event(k: int, what: str) -> Moment:
-        t = int(ev_time[k]) if k >= 0 else start
-        return Moment(t, k, what, path_at(trace, t))
-
     text = at.strip()
     if text.lower() == "oom":
         oom = find_oom(trace)
@@ -142,8 +133,8 @@ def resolve_moment(trace: Trace, curves: Curves, at: str, *, t0_us: int | None =
         return Moment(t, None, f"{seconds_text(us)} s", path_at(trace, t))
     best = find_phase(trace, curves, text, "--at")
     k = window_fullest(curves.allocated, best.start_us, best.end_us) - 1
-    m = after_event(k, f"the fullest moment of {best.path}")
-    return Moment(max(m.time_us, best.start_us), k, m.what, best.path)
+    t = int(trace.events["time_us"][k]) if k >= 0 else recording_span(trace)[0]
+    return Moment(max(t, best.start_us), k, f"the fullest moment of {best.path}", best.path)
 
 
 def with_since(
@@ -155,18 +146,15 @@ def with_since(
         return moment
     if since is not None and added:
         raise UsageError("give either --added or --since, not both")
-    if added:
-        if not moment.phase_path:
-            raise UsageError(f"--added: {moment.what} lies outside every phase; give --since PHASE|TIME")
-        phase = find_phase(trace, curves, moment.phase_path, "--added")
-        since_us, what = phase.start_us, f"the start of {phase.path}"
+    if added and not moment.phase_path:
+        raise UsageError(f"--added: {moment.what} lies outside every phase; give --since PHASE|TIME")
+    us = None if added else parse_time_us(since)
+    if us is not None:
+        since_us, what = _at_time(trace, us, "--since", since, t0_us), f"{us / 1e6:.3f} s"
     else:
-        us = parse_time_us(since)
-        if us is not None:
-            since_us, what = _at_time(trace, us, "--since", since, t0_us), f"{us / 1e6:.3f} s"
-        else:
-            phase = find_phase(trace, curves, since.strip(), "--since")
-            since_us, what = phase.start_us, f"the start of {phase.path}"
+        flag, name = ("--added", moment.phase_path) if added else ("--since", since.strip())
+        phase = find_phase(trace, curves, name, flag)
+        since_us, what = phase.start_us, f"the start of {phase.path}"
     if since_us > moment.time_us:
         start = recording_span(trace)[0] if t0_us is None else t0_us
         raise UsageError(
@@ -187,8 +175,7 @@ def rank_at(rank, at: str):
     text = at.strip().lower()
     w, t0 = rank.trace.window, rank.origin.t0_us
     if text == "oom":
-        oom = find_oom(rank.trace)
-        return win if oom is not None and oom.time_us >= w.start_us else rank
+        return win if rank.oom is not None and rank.oom.time_us >= w.start_us else rank
     if text == "serving":
         return win
     us = parse_time_us(text)
@@ -253,11 +240,9 @@ def _bytes_shown(rank, t_us: int, since_us: int | None, vmm: bool) -> tuple[int,
     from memtrace.analysis.holders.live import live_bytes_at
     from memtrace.analysis.memory.vmm import has_vmm, live_kv_chunks
 
-    torch_bytes = live_bytes_at(rank.lifetimes, t_us, since_us)
-    if not (vmm and has_vmm(rank.trace)):
-        return torch_bytes, None
-    chunks = [c.bytes for c in live_kv_chunks(rank.trace, t_us) if since_us is None or c.time_us >= since_us]
-    return torch_bytes, sum(chunks) if chunks else None
+    chunks = live_kv_chunks(rank.trace, t_us) if vmm and has_vmm(rank.trace) else []
+    chunks = [c.bytes for c in chunks if since_us is None or c.time_us >= since_us]
+    return live_bytes_at(rank.lifetimes, t_us, since_us), sum(chunks) if chunks else None
 
 
 def seconds_text(us: int) -> str:

@@ -1,24 +1,31 @@
-"""The view's two queries, answered from an analysed rank, for runs too big for one page: a zoomed window
-of the timeline (exact steps when it holds few events, a min/max envelope per pixel otherwise) and the
-live set after one event. ``memtrace view --serve`` (``cli._serve``) answers the page with them;
-``plots.view_html`` uses the window for the coarse overview.
+"""The view's queries, answered from an analysed rank: the icicle path of every allocation, a zoomed window of
+the timeline (exact steps when it holds few events, a min/max envelope per pixel otherwise) and the live set
+after one event. ``memtrace view --serve`` (``cli._serve``) answers the page with them; ``plots.view_html`` uses
+the window for the coarse overview and ``plots.view_data`` the paths.
 
-The answers have the shape the page's own code (``assets/view.js``) computes for a page that carries
-its events: ``{"data": [x, stacked categories top first..., reserved, device used], "exact", "events"}``
-and ``{"event", "t_us", "total", "count", "groups", "around"}``. Every value comes from the analysis
-(an ``analysis.rank.AnalysedRank``'s curves, categories, lifetimes, icicle paths); this module only
-selects and groups.
+The answers have the shape the page's own code (``assets/view.js``) computes for a page that carries its events:
+``{"data": [x, stacked categories top first..., reserved, device used], "exact", "events"}`` and ``{"event",
+"t_us", "total", "count", "groups", "around"}``. Every value comes from the analysis (an ``AnalysedRank``'s
+curves, categories, lifetimes, icicle paths); this module only selects and groups.
+
+An allocation's icicle path is exactly what ``memtrace flame`` builds (``flame.stack_paths``): allocations that
+share a path (same stack outside every hook call; same phase without a stack; memory from before recording) are
+asked once per class; those made while a hook ran one by one (they are few: workspace allocations).
 """
 
 from __future__ import annotations
 
+import dataclasses
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-from memtrace.analysis.holders.flame import frame_label
+from memtrace.analysis.holders.flame import FramePaths, frame_label, stack_paths
 from memtrace.analysis.holders.frames import site_frame
-from memtrace.analysis.memory.categories import CATEGORIES
-from memtrace.model import ACTIONS
+from memtrace.analysis.holders.live import Lifetimes, LiveAllocation
+from memtrace.analysis.memory.categories import CATEGORIES, innermost_phase_indices
+from memtrace.analysis.memory.phases import recording_span
+from memtrace.model import ACTIONS, Trace, empty_events, empty_samples
 
 _ALLOC = ACTIONS.index("alloc")
 
@@ -93,7 +100,7 @@ class RankQueries:
         return ex, ci, res
 
     def live(self, e: int, *, top: int = 200) -> dict[str, Any]:
-        """The allocations live right after event ``e``, grouped by icicle path (``view_paths``)."""
+        """The allocations live right after event ``e``, grouped by icicle path (:func:`allocation_paths`)."""
         a, lt = self.a, self.a.lifetimes
         tr = a.trace
         m = np.flatnonzero((lt.alloc_pos <= e) & (lt.free_pos > e))
@@ -120,7 +127,7 @@ class RankQueries:
                 "action": ACTIONS[int(ev["action"][i])],
                 "size": int(ev["size"][i]),
                 "category": CATEGORIES[int(cats[i])] if cats[i] >= 0 else "",
-                "where": self._title(int(ev["stack"][i])) if ev["stack"][i] >= 0 else "",
+                "where": _title(tr, int(ev["stack"][i])),
             }
             for i in range(lo, hi)
         ]
@@ -128,6 +135,80 @@ class RankQueries:
         total = int(lt.size[m].sum())
         return {"event": e, "t_us": t_us, "total": total, "count": len(m), "groups": out, "around": around}
 
-    def _title(self, st: int) -> str:
-        f = site_frame(self.a.trace, st)
-        return frame_label(f) if f is not None else ""
+
+@dataclass(frozen=True)
+class Paths:
+    """``ids[k]``: the path of allocation k of the Lifetimes; ``paths[id]``: label ids root→leaf."""
+
+    ids: np.ndarray  # int32, one per allocation of the Lifetimes
+    labels: list[str]
+    paths: list[list[int]]
+    titles: list[str]  # what the top-holders table calls each path
+
+
+def _without_events(trace: Trace) -> Trace:
+    """``trace`` without its event and sample arrays but with the same recording span: ``stack_paths``
+    reads phases, hook calls and stacks, and would otherwise scan every event once per call."""
+    start, end = recording_span(trace)
+    rec = dataclasses.replace(trace.recording, start_us=start, end_us=end)
+    return dataclasses.replace(trace, events=empty_events(), samples=empty_samples(), recording=rec)
+
+
+class _Interner:
+    def __init__(self, trace: Trace) -> None:
+        self.trace = _without_events(trace)
+        self.paths_of = FramePaths(self.trace)
+        self.ids: dict[tuple[str, ...], int] = {}
+        self.titles: list[str] = []
+
+    def path_of(self, stack: int, alloc_us: int | None) -> int:
+        """The interned path of one allocation made at ``alloc_us`` (None: before recording)."""
+        (key,) = stack_paths(self.trace, [LiveAllocation(0, 1, stack, alloc_us)], self.paths_of)[0]
+        if key not in self.ids:
+            self.ids[key] = len(self.ids)
+            self.titles.append(_title(self.trace, stack, " ".join(key)))
+        return self.ids[key]
+
+    def paths(self, ids: np.ndarray) -> Paths:
+        """The interned paths as label ids, the labels in first-seen order."""
+        labels: dict[str, int] = {}
+        paths = [[labels.setdefault(x, len(labels)) for x in key] for key in self.ids]
+        return Paths(ids, list(labels), paths, self.titles)
+
+
+def _title(trace: Trace, stack: int, default: str = "") -> str:
+    """What the top-holders table calls ``stack``'s allocations (``default`` for no stack)."""
+    f = site_frame(trace, stack)
+    return frame_label(f) if f is not None else default
+
+
+def _in_hook_calls(trace: Trace, times: np.ndarray) -> np.ndarray:
+    inside = np.zeros(len(times), dtype=bool)
+    for h in trace.hook_calls:
+        inside |= (times >= h.start_us) & (times <= max(h.end_us, h.start_us))
+    return inside
+
+
+def allocation_paths(trace: Trace, lt: Lifetimes) -> Paths:
+    """The flame graph's path of every allocation in ``lt`` (see the module docstring)."""
+    ids = np.zeros(len(lt.size), dtype=np.int32)
+    interner = _Interner(trace)
+    recorded = lt.alloc_pos >= 0
+    hooked = recorded & _in_hook_calls(trace, lt.alloc_us)
+    for k in np.flatnonzero(hooked):  # one by one: the hooks running differ
+        ids[k] = interner.path_of(int(lt.stack[k]), int(lt.alloc_us[k]))
+    plain = ~hooked
+    with_stack = plain & (lt.stack >= 0)
+    stacks = np.unique(lt.stack[with_stack])  # a stack's path does not depend on when, outside hooks
+    by_stack = np.array([interner.path_of(int(s), None) for s in stacks], dtype=np.int32)
+    ids[with_stack] = by_stack[np.searchsorted(stacks, lt.stack[with_stack])]
+    no_stack = plain & (lt.stack < 0) & recorded
+    phase = innermost_phase_indices(trace, lt.alloc_us[no_stack])
+    where = np.flatnonzero(no_stack)
+    phases, first = np.unique(phase, return_index=True)  # no stack: the phase it was made in
+    by_phase = np.array([interner.path_of(-1, int(lt.alloc_us[where[k]])) for k in first], dtype=np.int32)
+    ids[where] = by_phase[np.searchsorted(phases, phase)] if len(where) else ids[where]
+    before = plain & (lt.stack < 0) & ~recorded
+    if before.any():
+        ids[before] = interner.path_of(-1, None)
+    return interner.paths(ids)
