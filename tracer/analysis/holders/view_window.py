@@ -23,7 +23,7 @@ import numpy as np
 from memtrace.analysis.holders.flame import FramePaths, frame_label, stack_paths
 from memtrace.analysis.holders.frames import site_frame
 from memtrace.analysis.holders.live import Lifetimes, LiveAllocation
-from memtrace.analysis.memory.categories import CATEGORIES, innermost_phase_indices
+from memtrace.analysis.memory.categories import CATEGORIES, in_hook_calls, innermost_phase_indices
 from memtrace.analysis.memory.phases import recording_span
 from memtrace.model import ACTIONS, Trace, empty_events, empty_samples
 
@@ -182,19 +182,12 @@ def _title(trace: Trace, stack: int, default: str = "") -> str:
     return frame_label(f) if f is not None else default
 
 
-def _in_hook_calls(trace: Trace, times: np.ndarray) -> np.ndarray:
-    inside = np.zeros(len(times), dtype=bool)
-    for h in trace.hook_calls:
-        inside |= (times >= h.start_us) & (times <= max(h.end_us, h.start_us))
-    return inside
-
-
 def allocation_paths(trace: Trace, lt: Lifetimes) -> Paths:
     """The flame graph's path of every allocation in ``lt`` (see the module docstring)."""
     ids = np.zeros(len(lt.size), dtype=np.int32)
     interner = _Interner(trace)
     recorded = lt.alloc_pos >= 0
-    hooked = recorded & _in_hook_calls(trace, lt.alloc_us)
+    hooked = recorded & in_hook_calls(trace, lt.alloc_us)
     for k in np.flatnonzero(hooked):  # one by one: the hooks running differ
         ids[k] = interner.path_of(int(lt.stack[k]), int(lt.alloc_us[k]))
     plain = ~hooked

@@ -132,7 +132,7 @@ def innermost_phase_indices(trace: Trace, times_us: np.ndarray) -> np.ndarray:
     return out
 
 
-def _in_hook_calls(trace: Trace, times: np.ndarray) -> np.ndarray:
+def in_hook_calls(trace: Trace, times: np.ndarray) -> np.ndarray:
     """Whether each of ``times`` lies inside a hook call's [start, end]: a call starting at or before it that
     ends at or after it (the latest end among the calls begun by then)."""
     spans = np.array(sorted((h.start_us, max(h.end_us, h.start_us)) for h in trace.hook_calls), np.int64)
@@ -210,7 +210,7 @@ def classify(trace: Trace, times_us: np.ndarray, addrs: np.ndarray, stacks: np.n
     codes[:] = table[phase_idx]
     for lo, hi, created in _graph_pool_ranges(trace):
         codes[(addrs >= lo) & (addrs < hi) & (times >= created)] = CUDAGRAPH
-    codes[_in_hook_calls(trace, times)] = WORKSPACE
+    codes[in_hook_calls(trace, times)] = WORKSPACE
     if stacks is not None and len(trace.stacks):
         st = np.asarray(stacks, dtype=np.int64)
         st = np.where((st >= 0) & (st < len(trace.stacks)), st, -1)
