@@ -209,3 +209,16 @@ def test_before_any_run_an_incomplete_config_is_one_line_exit_2(tmp_path, capsys
     (tmp_path / "config.json").write_text("{not json")
     assert main(["fits", "--config", str(tmp_path / "config.json"), "--capacity", "16GiB"]) == 2
     assert len(capsys.readouterr().err.strip().splitlines()) == 1
+
+
+def test_a_carried_start_ups_pre_kv_peak_names_the_phase_that_needs_it(capsys):
+    """With the extensible cache, warm-up comes before the KV cache too: where its prior needs more than the recorded
+    profile_run, the pre-KV peak is warm-up's, named so (it had kept the recorded profile_run's name beside
+    warm-up's bytes), and it is the phase the start-up dies in."""
+    d = str(GRID.run_dir("small-d16384"))
+    main(["fits", d, "--capacity", "13GiB", "--config", MOE_CONFIG, "--what-if", "max-num-seqs=256", "--json"])
+    o = json.loads(capsys.readouterr().out)["what_if"]["outcomes"][0]
+    needed = {p["phase"]: p["predicted_bytes"] for p in o["phases"]}
+    top = max(needed, key=needed.get)
+    assert o["verdict"] == W.DIES and o["pre_kv_peak_bytes"] == needed[top]
+    assert o["pre_kv_peak_phase"] == top == o["phase"] == "compile_or_warm_up"

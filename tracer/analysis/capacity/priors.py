@@ -274,12 +274,15 @@ class Carried:
         ]
 
     @property
+    def pre_kv(self) -> tuple[str, int]:
+        """(phase, bytes): the most needed before the KV cache exists (with the extensible cache: everything before
+        its extension), the first phase that needs it."""
+        return max((p[:2] for p in self.phase_peaks()[: 4 if self.flags.extensible else 2]), key=lambda p: p[1])
+
+    @property
     def pre_kv_peak(self) -> int:
-        """The most needed before the KV cache exists (with the extensible cache: everything before its extension)."""
-        peaks = [self.base, self.profile_peak]
-        if self.flags.extensible:
-            peaks += [self.warmup_peak, self.after_warmup]
-        return max(peaks)
+        """The bytes of :attr:`pre_kv`."""
+        return self.pre_kv[1]
 
     @property
     def sizing_components(self) -> tuple[str, ...]:

@@ -885,9 +885,8 @@ def carried_outcome(c: P.Carried, capacity: int, others: int, kv: object, record
     spread = None if None in spreads or c.missing else sum(spreads)  # the KV cache's
     if c.missing:
         words += f"; no prior for {', '.join(c.missing)} (no start-up of this kind in the library): counted 0 B"
-    common = {**(common or dict(capacity_bytes=capacity, others_bytes=others, others_left_out_bytes=0,
-                                pre_kv_peak_phase=PN.PROFILE_RUN)),
-              "pre_kv_peak_bytes": c.pre_kv_peak, "spread_bytes": spread,
+    common = {**(common or dict(capacity_bytes=capacity, others_bytes=others, others_left_out_bytes=0)),
+              "pre_kv_peak_phase": c.pre_kv[0], "pre_kv_peak_bytes": c.pre_kv_peak, "spread_bytes": spread,
               "carried": f"from priors (vLLM {c.library.vllm}): {words}" if priors else ""}  # fmt: skip
     out = functools.partial(Outcome, **common, phases=phases)
     if c.pre_kv_peak > room:
