@@ -280,11 +280,6 @@ class Carried:
         return max((p[:2] for p in self.phase_peaks()[: 4 if self.flags.extensible else 2]), key=lambda p: p[1])
 
     @property
-    def pre_kv_peak(self) -> int:
-        """The bytes of :attr:`pre_kv`."""
-        return self.pre_kv[1]
-
-    @property
     def sizing_components(self) -> tuple[str, ...]:
         """The components vLLM's KV sizing reads in this mode (their priors' spreads are the KV cache's)."""
         if self.flags.extensible:

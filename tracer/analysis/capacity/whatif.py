@@ -885,13 +885,14 @@ def carried_outcome(c: P.Carried, capacity: int, others: int, kv: object, record
     spread = None if None in spreads or c.missing else sum(spreads)  # the KV cache's
     if c.missing:
         words += f"; no prior for {', '.join(c.missing)} (no start-up of this kind in the library): counted 0 B"
+    pre_phase, pre_peak = c.pre_kv
     common = {**(common or dict(capacity_bytes=capacity, others_bytes=others, others_left_out_bytes=0)),
-              "pre_kv_peak_phase": c.pre_kv[0], "pre_kv_peak_bytes": c.pre_kv_peak, "spread_bytes": spread,
+              "pre_kv_peak_phase": pre_phase, "pre_kv_peak_bytes": pre_peak, "spread_bytes": spread,
               "carried": f"from priors (vLLM {c.library.vllm}): {words}" if priors else ""}  # fmt: skip
     out = functools.partial(Outcome, **common, phases=phases)
-    if c.pre_kv_peak > room:
+    if pre_peak > room:
         phase = next((name for name, b, _ in c.phase_peaks() if b > room), PN.PROFILE_RUN)
-        return out(verdict=DIES, phase=phase, by_bytes=c.pre_kv_peak - room, why=PRE_KV_WHY, kv=None)
+        return out(verdict=DIES, phase=phase, by_bytes=pre_peak - room, why=PRE_KV_WHY, kv=None)
     k = c.kv(capacity, others, per, tpb)
     blocks, tokens = kv_cache_for_bytes(kv, k.available_bytes)
     one = kv_bytes_for_tokens(kv, flags.max_model_len)

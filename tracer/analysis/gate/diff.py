@@ -315,13 +315,14 @@ def category_changes(base, new) -> list[Change]:
     """Allocated bytes per category (weights, KV cache, workspaces...) of two analysed ranks (``AnalysedRank``) at
     their headline peak (``headline_event``: the moment their sites are compared at), with the KV cache committed
     outside PyTorch then."""
-    from memtrace.analysis.memory.categories import CATEGORIES
+    from memtrace.analysis.memory.categories import CATEGORIES, category_totals_at
 
     def at_peak(rank) -> dict[str, int]:
         curves = rank.curves
         if len(curves.reserved) == 0:
             return {}
-        totals = dict(zip(CATEGORIES, map(int, rank.category_steps.at([rank.headline_event + 1])[:, 0]), strict=True))
+        at = category_totals_at(rank.trace, rank.categorized, curves, rank.headline_event + 1)
+        totals = dict(zip(CATEGORIES, map(int, at), strict=True))
         if len(curves.vmm):  # the KV cache committed outside PyTorch is the KV cache still
             totals["kv_cache"] = totals.get("kv_cache", 0) + rank.vmm_kv.at(rank.headline.point.time_us)
         return totals

@@ -269,6 +269,16 @@ class CategorySteps:
         return np.array(rows, dtype=np.int64).reshape(len(CATEGORIES), len(idx))
 
 
+def category_totals_at(trace: Trace, categorized: Categorized, curves: Curves, index: int) -> np.ndarray:
+    """``CategorySteps.at([index])[:, 0]`` in one weighted count (diff's one moment: not every step, 10x faster)."""
+    ev = trace.events
+    signed = np.where(ev["action"][:index] == _FREE, -1.0, 1.0) * ev["size"][:index]  # exact below 2**53 B
+    sums = np.bincount(categorized.codes[:index].astype(np.intp) + 1, signed, minlength=len(CATEGORIES) + 1)
+    out = sums[1:].astype(np.int64)
+    out[OTHER] += curves.baseline.allocated_bytes
+    return out
+
+
 def category_steps(trace: Trace, categorized: Categorized, curves: Curves) -> CategorySteps:
     """:class:`CategorySteps` of ``trace`` (what the view's zoom reads at a few thousand indices)."""
     ev = trace.events
