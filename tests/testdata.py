@@ -24,7 +24,13 @@ DATA = TESTS / "data"
 
 #: Folders of tests/data shipped plain until they were compressed (``xz -9e``) for size: the tests read them
 #: unpacked (:func:`unpacked`), and :func:`real_traces` still lists their traces.
-PACKED = ("vllm-h200/startup", "vllm-h200/startup-cupti", "vllm-h200/startup-stacks")
+PACKED = (
+    "vllm-h200/startup",
+    "vllm-h200/startup-cupti",
+    "vllm-h200/startup-stacks",
+    "h200/startup-ws1g",
+    "h200/seed-b12x-0613",
+)
 
 _UNPACKED = Path(tempfile.gettempdir()) / f"memtrace-tests-data-{os.getpid()}"
 atexit.register(shutil.rmtree, _UNPACKED, ignore_errors=True)  # nothing left behind in /tmp
