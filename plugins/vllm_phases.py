@@ -73,9 +73,12 @@ class PhaseHook:
 
 
 class InitDevice(PhaseHook):
-    """``init_device``: recording starts where it returns (the process owns a device now)."""
+    """``init_device``: recording starts where it returns (the process owns a device now). As it begins, memtrace's
+    capture code is imported on a thread of memtrace's own (:meth:`.vllm.Plugin.preimport`): vLLM's device set-up runs
+    meanwhile, and the session's start finds the modules imported."""
 
     def before(self, target: Target, args: tuple, kwargs: dict) -> Any:
+        self.plugin.preimport()
         return (None, args[0] if args else None, now_us())
 
     def after(self, token: Any, result: Any, error: BaseException | None) -> None:

@@ -146,9 +146,7 @@ class VmmHook:
         else:
             rec["address"] = _int(first)
             rec["bytes"] = _int(values[1])
-        if frames:
-            rec["stack"] = session.intern_stack(frames)
-        session.record_vmm(rec)
+        session.record_vmm(rec, frames)  # the stack is interned where the row is written (off vLLM's thread)
 
 
 def _int(value: Any) -> int:

@@ -70,7 +70,7 @@ class FakeTorch:
         cuda = types.SimpleNamespace(
             memory=memory,
             is_initialized=lambda: True,
-            memory_stats=lambda d: dict(self.stats),
+            memory_stats=lambda d: {**self.stats, "reserved_bytes.all.current": self.reserved},
             memory_reserved=lambda d: self.reserved,
         )
         prof = types.SimpleNamespace(record_function=lambda name: contextlib.nullcontext())

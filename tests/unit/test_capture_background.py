@@ -172,3 +172,37 @@ def test_phase_boundaries_tell_the_sidecar_pytorchs_reserved_bytes(snap, tmp_pat
     s.phase_exit(token)
     s.close("stop")
     assert s.sidecar.hints == [3 << 30, 5 << 30]
+
+
+def test_writes_asked_on_the_programs_thread_reach_the_file_in_order_once_waited_for(snap, tmp_path, monkeypatch):
+    """Issue 42: facts, notes, phases, hook calls and VMM rows are written by the background writer (the program's
+    thread does not wait for SQLite); indexes are handed out at once and match the rows, a phase ended by the close
+    is written after it began, and what is asked after the close is dropped, never raised."""
+    from memtrace.model import HookCall, empty_vmm
+
+    monkeypatch.setenv("MEMTRACE_CAPTURE_SYNC", "")
+    _slow_conversion(monkeypatch, 0.2)  # the writer is busy while the program goes on
+    path = tmp_path / "t.memtrace"
+    s, fake = session_with(snap, path)
+    outer = s.phase_enter("load_model", source="vllm")
+    fake.allocate(2_500)  # past the boundary threshold: the next boundary drains (a slow conversion queued)
+    inner = s.phase_enter("profile_run", source="vllm")
+    first = s.record_hook_call(HookCall("fi.workspace", 10, 20))
+    second = s.record_hook_call(HookCall("fi.inner", 11, 19, parent=first))
+    s.set_fact("a", 1)
+    s.set_fact("a", 2)  # one write for both, with the later value
+    s.add_note("info", "hello")
+    rec = empty_vmm(1)
+    rec["bytes"] = 2 << 20
+    s.record_vmm(rec, [("vllm/kv.py", 7, "reserve")])
+    s.phase_exit(inner)
+    assert (first, second, inner, outer) == (0, 1, 1, 0)
+    s.close("stop")  # load_model is still open: the close ends it
+    assert s.record_hook_call(HookCall("late", 30, 31)) == -1
+    trace = load_trace(path)
+    assert [(p.name, p.parent) for p in trace.phases] == [("load_model", None), ("profile_run", 0)]
+    assert all(p.end_us is not None for p in trace.phases)
+    assert [(c.name, c.parent) for c in trace.hook_calls] == [("fi.workspace", None), ("fi.inner", 0)]
+    assert trace.facts["a"] == 2 and any(n.text == "hello" for n in trace.notes)
+    assert len(trace.vmm) == 1 and trace.vmm["bytes"][0] == 2 << 20
+    assert [f.filename for f in trace.stack_frames(int(trace.vmm["stack"][0]))] == ["vllm/kv.py"]

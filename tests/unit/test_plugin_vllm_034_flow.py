@@ -272,3 +272,28 @@ def test_without_the_extensible_kv_cache_startup_ends_after_warm_up(monkeypatch,
         wait_finishing()
     trace = load_run(tmp_path / "run").traces[0]
     assert trace.facts[F.UTIL] == 0.92 and trace.facts[F.UTIL_SOURCE] == "vllm-default"
+
+
+def test_the_capture_code_is_imported_on_memtraces_own_thread_as_init_device_begins():
+    """Issue 42: the worker's session imports ~10 modules of memtrace's capture code; they are imported on a thread of
+    memtrace's own while vLLM's init_device runs (its time stated with memtrace's threads), once per process, and the
+    session's start on vLLM's thread then finds them imported."""
+    import subprocess
+
+    code = """
+import sys
+from memtrace.capture import selfcost
+from memtrace.plugins import vllm as V
+assert "memtrace.capture.session" not in sys.modules
+p = V.Plugin()
+p.preimport()
+t = p._preimport
+t.join(60)
+p.preimport()  # once per process
+tot = selfcost.totals()
+print(t.name, p._preimport is t, all(m in sys.modules for m in V.Plugin.PREIMPORT + ("memtrace.capture.session",)))
+print(sorted(tot["sources"]), tot["memtrace_threads_ns"] > 0)
+"""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split("\n")[:2] == ["memtrace-import True True", "['registration'] True"]

@@ -50,11 +50,14 @@ _COUNTERS = {
     "segment.all.allocated": "segment_alloc",
     "segment.all.freed": "segment_free",
 }
+_RESERVED = "reserved_bytes.all.current"  # read with the counters, for the sidecar's hint
 #: The drain watchdog polls the allocator's counters (~90 us with the GIL held, each) every 20 ms while allocations
-#: come fast, and at most every 160 ms while they do not: the busiest 160 ms of 30 shipped vLLM start-ups (H200 and
-#: H100, vLLM 0.25-0.34) held 11,796 events, an eighth of the default ring's half (100,000 entries).
+#: come fast, and at most every 0.5 s while they do not. It drains once half the ring is pending, so a poll that
+#: just missed that leaves the other half (100,000 entries of the default ring) for the next period: the busiest
+#: 160 ms of 30 shipped vLLM start-ups (H200 and H100, vLLM 0.25-0.34) held 11,796 events (73,700 a second), so
+#: 0.5 s at that rate fills 37 % of it.
 WATCH_PERIOD_S = 0.02
-WATCH_PERIOD_MAX_S = 0.16
+WATCH_PERIOD_MAX_S = 0.5
 MAX_UNDRAINED_S = 30.0
 BOUNDARY_MIN_PENDING = 2_000
 TOP_LEVEL_MIN_INTERVAL_S = 0.5
@@ -251,9 +254,10 @@ class AllocatorHistory:
                 "allocation.all.freed": int(s["allocation"]["all"]["freed"]),
                 "segment.all.allocated": int(s["segment"]["all"]["allocated"]),
                 "segment.all.freed": int(s["segment"]["all"]["freed"]),
+                _RESERVED: int(s["reserved_bytes"]["all"]["current"]),
             }
         stats = torch.cuda.memory_stats(self.device)
-        return {k: int(stats.get(k, 0)) for k in _COUNTERS}
+        return {k: int(stats.get(k, 0)) for k in (*_COUNTERS, _RESERVED)}
 
     def allocations(self) -> int | None:
         """The allocations the allocator has counted so far on this device (None: unreadable)."""
@@ -284,11 +288,13 @@ class AllocatorHistory:
         except Exception:  # noqa: BLE001 - a hint only
             return None
 
-    def _pending(self) -> int:
-        """Estimated entries recorded since the last drain (alloc 1, free 2: requested and completed, segment 1)."""
+    def _pending(self) -> tuple[int, int | None]:
+        """Estimated entries recorded since the last drain (alloc 1, free 2: requested and completed, segment 1),
+        and PyTorch's reserved bytes read with them (None before CUDA is initialised)."""
         last, now = self._last_stats, self._stats()
         counted = counted_between(last, now)
-        return 0 if counted is None else counted + now["allocation.all.freed"] - last["allocation.all.freed"]
+        pending = 0 if counted is None else counted + now["allocation.all.freed"] - last["allocation.all.freed"]
+        return pending, now.get(_RESERVED)
 
     def _snapshot_and_clear(self, *, stop: bool) -> dict[str, Any]:
         if self.held and not stop:  # the flight recorder's ring is read, never cleared
@@ -415,14 +421,16 @@ class AllocatorHistory:
         return segments_from_snapshot(snap.get("segments") or [], self.intern_stack, device=self.device)
 
     @selfcost.timed(f"{selfcost.DRAIN}.phase")
-    def boundary(self, *, top_level: bool) -> None:
-        """A phase began or ended: drain if it is worth it."""
+    def boundary(self, *, top_level: bool) -> int | None:
+        """A phase began or ended: drain if it is worth it. Returns PyTorch's reserved bytes, read with the counters
+        (None when not read: the session's hint to the sidecar needs no second read)."""
         if self._stop.is_set():
-            return
-        pending = self._pending()
+            return None
+        pending, reserved = self._pending()
         recent = time.monotonic() - self._last_drain < TOP_LEVEL_MIN_INTERVAL_S
         if pending >= BOUNDARY_MIN_PENDING or (top_level and pending > 0 and not recent):
             self.drain("phase")
+        return reserved
 
     def capture_fact(self, phases: list) -> dict[str, Any]:
         """Drain costs and how far the record_function annotations sit from the Python phase times."""
@@ -483,7 +491,7 @@ class AllocatorHistory:
         while not self._stop.wait(period):
             try:
                 with selfcost.region(f"{selfcost.DRAIN}.watchdog_poll"):
-                    pending, now = self._pending(), time.monotonic()
+                    pending, now = self._pending()[0], time.monotonic()
                     overdue = now - self._last_drain > self.max_undrained_s
                     if pending > self.max_entries // 2 or (overdue and pending > 0):
                         self.drain("watchdog")

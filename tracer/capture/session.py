@@ -84,6 +84,8 @@ class Session:
         self._wait_for_sidecar = wait_for_sidecar  # False: NVML's first samples come while the program goes on
         self._handle_signals = handle_signals
         self._phases: list[Phase] = []
+        self._hook_calls = 0  # hook calls recorded: the next one's index
+        self._facts_queued = False  # a write of the facts is waiting on the background writer
         self._open: list[int] = []  # indexes of open phases, outermost first
         self._ranges: dict[int, Any] = {}  # phase index -> entered record_function
         self.history = None  # AllocatorHistory when CUDA is there
@@ -319,28 +321,54 @@ class Session:
                 self.writer.append_events(events)
 
     # -- facts, notes, hook calls --------------------------------------------------------------
+    # Writes of the trace file run on the background writer when there is one (in the order they were asked for,
+    # after the drains handed to it before): the program's thread changes the session's own state and goes on.
+    # Everything that promises a complete file waits for them (flush, close, the OOM path, SIGTERM, exit).
+    def _write(self, write) -> None:
+        """Run ``write`` (a write of the trace file) under the lock while the file is open: on the background
+        writer when there is one, else here."""
+
+        def task() -> None:
+            with self._lock:
+                if not self._file_closed:
+                    write()
+
+        self._later(task)
+
+    def _queue_facts(self) -> None:
+        """Write the facts as they will stand when the write runs (one write for any number of changes before it).
+        Start-up's completion is left out: it reaches the file with the finished trace (:meth:`flush_documents`),
+        where a watcher (``memtrace run``) takes it for "the trace is complete"."""
+        with self._lock:
+            if self._facts_queued:
+                return
+            self._facts_queued = True
+
+        def write() -> None:
+            self._facts_queued = False
+            self.writer.set_facts({k: v for k, v in self.facts.items() if k != F.VLLM_STARTUP_COMPLETE_US})
+
+        self._write(write)
+
     @selfcost.timed(selfcost.WRITES)
     def set_fact(self, key: str, value: Any) -> None:
-        """Store a JSON-compatible fact (written to the file at once)."""
+        """Store a JSON-compatible fact (written to the file at once, or by the background writer)."""
         with self._lock:
             self.facts[key] = value
-            if not self._file_closed:
-                self.writer.set_facts(self.facts)
+        self._queue_facts()
 
     @selfcost.timed(selfcost.WRITES)
     def set_facts(self, facts: dict[str, Any]) -> None:
-        """Store several JSON-compatible facts with one write of the file (one transaction, not one each)."""
+        """Store several JSON-compatible facts (with one write of the file, not one each)."""
         with self._lock:
             self.facts.update(facts)
-            if not self._file_closed:
-                self.writer.set_facts(self.facts)
+        self._queue_facts()
 
     @selfcost.timed(selfcost.WRITES)
     def add_note(self, level: str, text: str) -> None:
         """Store a note a reader must see ("info", "warning", "error")."""
-        with self._lock:
-            if not self._file_closed:
-                self.writer.add_note(Note(now_us(), level, text))
+        note = Note(now_us(), level, text)
+        self._write(lambda: self.writer.add_note(note))
 
     @selfcost.timed(selfcost.WRITES)
     def record_hook_call(self, call: HookCall) -> int:
@@ -348,14 +376,23 @@ class Session:
         with self._lock:
             if self.closed:
                 return -1
-            return self.writer.add_hook_call(call)
+            index, self._hook_calls = self._hook_calls, self._hook_calls + 1
+        self._write(lambda: self.writer.add_hook_call(call))
+        return index
 
     @selfcost.timed(selfcost.WRITES)
-    def record_vmm(self, records) -> None:
-        """Store calls of CUDA's virtual-memory API (``model.VMM_DTYPE`` rows: vLLM's extensible KV cache)."""
-        with self._lock:
-            if not self.closed:
-                self.writer.append_vmm(records)
+    def record_vmm(self, records, frames=None) -> None:
+        """Store calls of CUDA's virtual-memory API (``model.VMM_DTYPE`` rows: vLLM's extensible KV cache);
+        ``frames``: the caller's stack for the rows' ``stack`` column, interned where the rows are written."""
+        if self.closed:
+            return
+
+        def write() -> None:
+            if frames:
+                records["stack"] = self.writer.intern_stack(frames)
+            self.writer.append_vmm(records)
+
+        self._write(write)
 
     # -- phases --------------------------------------------------------------------------------
     def phase_path(self) -> str:
@@ -371,10 +408,21 @@ class Session:
             return -1
         with self._lock:
             parent = self._open[-1] if self._open else None
-            ph = Phase(name=name, start_us=int(start_us), end_us=int(end_us), parent=parent, source=source)
-            index = self.writer.add_phase(ph)
-            self._phases.append(ph)
+            return self._new_phase(
+                Phase(name=name, start_us=int(start_us), end_us=int(end_us), parent=parent, source=source)
+            )
+
+    def _new_phase(self, ph: Phase) -> int:
+        """Keep ``ph`` and write it (under the lock); its index is its row's, as phases are written in order."""
+        index = len(self._phases)
+        self._phases.append(ph)
+        row = Phase(ph.name, ph.start_us, ph.end_us, ph.parent, ph.source)  # as it is now: ends are written apart
+        self._write(lambda: self.writer.add_phase(row))
         return index
+
+    def _end_phase(self, index: int, t: int) -> None:
+        self._phases[index].end_us = t
+        self._write(lambda: self.writer.end_phase(index, t))
 
     @selfcost.timed(selfcost.PHASES)
     def phase_enter(self, name: str, source: str = "user") -> int:
@@ -382,15 +430,12 @@ class Session:
         if self.closed:
             return -1
         if self.history is not None:  # drain first, so its cost never lands inside the phase
-            self.history.boundary(top_level=not self._open)
-            self._hint_sidecar()
+            self._hint_sidecar(self.history.boundary(top_level=not self._open))
         if not self._open:
             self._flush_cupti(throttle_s=0.5)
         with self._lock:
             parent = self._open[-1] if self._open else None
-            ph = Phase(name=name, start_us=now_us(), end_us=None, parent=parent, source=source)
-            index = self.writer.add_phase(ph)
-            self._phases.append(ph)
+            index = self._new_phase(Phase(name=name, start_us=now_us(), end_us=None, parent=parent, source=source))
             self._open.append(index)
         if self.history is not None:
             self._ranges[index] = self.history.enter_range(f"memtrace:{name}")
@@ -410,24 +455,20 @@ class Session:
             t = now_us()
             while self._open:
                 top = self._open.pop()
-                self._phases[top].end_us = t
-                self.writer.end_phase(top, t)
+                self._end_phase(top, t)
                 if top == index:
                     break
                 self.add_note("warning", f"phase {self._phases[top].name!r} was still open when its parent ended")
             top_level = not self._open
         if self.history is not None:
-            self.history.boundary(top_level=top_level)
-            self._hint_sidecar()
+            self._hint_sidecar(self.history.boundary(top_level=top_level))
         if top_level:
             self._flush_cupti(throttle_s=0.5)
 
-    def _hint_sidecar(self) -> None:
+    def _hint_sidecar(self, reserved: int | None) -> None:
         """Tell the sidecar PyTorch's reserved bytes (how it finds us by memory inside a container)."""
-        if self.sidecar is not None:
-            reserved = self.history.reserved_bytes()
-            if reserved is not None:
-                self.sidecar.hint(reserved)
+        if self.sidecar is not None and reserved is not None:
+            self.sidecar.hint(reserved)
 
     # -- writing -------------------------------------------------------------------------------
     def flush_documents(self) -> None:
@@ -576,7 +617,7 @@ class Session:
         """
         deferred = self._bg is not None and reason == "startup-complete"
         with selfcost.region(selfcost.STOP):
-            if not self._stop_recording(reason, deferred):
+            if not self._stop_recording(reason):
                 return self.path
         if deferred:
             registry.finishing(self)
@@ -588,21 +629,16 @@ class Session:
         registry.deactivate(self)
         return self.path
 
-    def _stop_recording(self, reason: str, deferred: bool) -> bool:
+    def _stop_recording(self, reason: str) -> bool:
         """End the open phases, stop CUPTI and the allocator history (the final snapshot); False if closed."""
         with self._lock:
             if self.closed:
                 return False
             self.closed = True
-            if deferred and F.VLLM_STARTUP_COMPLETE_US in self.facts:
-                # a watcher (memtrace run) takes this fact for "the trace is complete": it reaches the
-                # file with the finished trace (_finish), not before
-                self.writer.set_facts({k: v for k, v in self.facts.items() if k != F.VLLM_STARTUP_COMPLETE_US})
             t = now_us()
             if reason in ("stop", "exit", "startup-complete") or reason.startswith("exception"):
                 for index in self._open:  # a graceful stop inside phases ends them now
-                    self._phases[index].end_us = t
-                    self.writer.end_phase(index, t)
+                    self._end_phase(index, t)
                 self._open.clear()
             if self.recording.end_reason != "oom" or reason not in ("exit", "stop"):
                 self.recording.end_reason = reason
