@@ -57,7 +57,7 @@ def observations(entries=LIBRARY) -> list[P.Observed]:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--write", action="store_true", help=f"write {P.LIBRARY_FILE.relative_to(ROOT)}")
+    ap.add_argument("--write", action="store_true", help=f"write {P.LIBRARY_FILE}")
     ap.add_argument("--leave-out", metavar="ARCH", help="refit the shipped library's observations without ARCH "
                     "(fast: no trace is read) and write it to --out (leave one architecture out)")  # fmt: skip
     ap.add_argument("--out", metavar="PATH", help="with --leave-out: where to write the refitted priors")

@@ -222,3 +222,25 @@ def test_a_carried_start_ups_pre_kv_peak_names_the_phase_that_needs_it(capsys):
     top = max(needed, key=needed.get)
     assert o["verdict"] == W.DIES and o["pre_kv_peak_bytes"] == needed[top]
     assert o["pre_kv_peak_phase"] == top == o["phase"] == "compile_or_warm_up"
+
+
+def test_a_cold_compile_dies_asking_for_the_lm_heads_autotuning_example(capsys):
+    """Two real deaths on an H100 (cold-moe-0, cold-dense-0: a fresh machine, so torch.compile ran cold; a holder left
+    load_model's peak + 0.4 x profile_run's rise free): profile_run died in Inductor's autotuning, asking for exactly
+    the LM head's vocabulary x hidden x 2 B, though neither model ties its embeddings. The what-if says the failed
+    request is that example: it counts for flags that compile, and enforce-eager (no compile) leaves it out."""
+    card = ["--capacity", "85017493504B", "--keep-others", "--json"]
+    for name, mib in (("cold-moe-0", 594), ("cold-dense-0", 1002)):
+        d = ARCHS / name
+        log = (d / "vllm.log").read_text()
+        assert f"Failed to run autotuning code block: CUDA out of memory. Tried to allocate {mib}.00 MiB" in log
+        trace = load_run(d).traces[0]
+        assert not trace.facts["vllm.model_shape"]["tie_word_embeddings"]
+        assert trace.facts["oom"]["requested_bytes"] == W.lm_head_example(trace) == mib << 20
+        notes = {}
+        for flags in ([], ["--what-if", "enforce-eager"]):
+            main(["fits", str(d), *card, *flags])
+            doc = json.loads(capsys.readouterr().out)
+            notes[bool(flags)] = " ".join(doc.get("what_if", doc).get("notes", []))
+        assert "the cold compile's autotuning example of the LM head" in notes[False]
+        assert "unscaled" in notes[False] and "which enforce-eager does not compile" in notes[True]

@@ -26,7 +26,7 @@ from memtrace.analysis.capacity import priors as P
 from memtrace.analysis.capacity.extensible import extensible_inputs, sized
 from memtrace.analysis.capacity.reconcile import MEMTRACE as NON_KV_MEMTRACE
 from memtrace.analysis.capacity.reconcile import profiled_kv_bytes
-from memtrace.analysis.capacity.shape import ModelShape, kv_bytes_for_tokens, kv_cache_for_bytes, kv_plan
+from memtrace.analysis.capacity.shape import VOCAB_PADDING, ModelShape, kv_bytes_for_tokens, kv_cache_for_bytes, kv_plan
 from memtrace.analysis.holders.frames import meaningful_frame
 from memtrace.analysis.holders.live import Lifetimes
 from memtrace.analysis.memory.categories import sampler_stacks
@@ -452,6 +452,19 @@ def tied_lm_head_bytes(shape: dict | None) -> float:
     return 0.99 * int(shape.get("vocab_size") or 0) * int(shape.get("hidden_size") or 0) * 2 or math.inf
 
 
+def lm_head_example(trace) -> int | None:
+    """The bytes of a cold torch.compile's autotuning example of the LM head GEMM (Inductor's select_algorithm):
+    vocabulary (padded) x hidden x 2 B, as the allocator asks for it (2 MiB blocks). On the H100 (issue 43) profile_run
+    died asking for exactly this on Qwen3-MoE (594 MiB) and a Llama-shaped model (1,002 MiB), both untied: "Failed to
+    run autotuning code block: CUDA out of memory"; Gemma3's cold compiles held it too. None without the shape."""
+    shape = model_shape(trace)
+    m = P.model_shape(shape) if shape is not None else None
+    if m is None or not m.vocab or not m.hidden:
+        return None
+    vocab = -(-m.vocab // VOCAB_PADDING) * VOCAB_PADDING
+    return -(-vocab * m.hidden * 2 // (2 << 20)) * (2 << 20)
+
+
 def model_shape(trace) -> dict | None:
     """The model's shape as recorded (``facts.VLLM_MODEL_SHAPE``; ``fits --config`` gives it to older recordings)."""
     shape = trace.facts.get(F.VLLM_MODEL_SHAPE)
@@ -539,10 +552,15 @@ class WhatIf:
         self.no_kv = s.no_kv + delta.astype(np.int64)
         oom = s.rank.oom
         if oom is not None:  # the request that failed counts at its moment (nothing after it is known)
-            self.no_kv[max(int(np.searchsorted(s.time, oom.time_us, side="right")) - 1, 0)] += oom.requested_bytes
+            i = max(int(np.searchsorted(s.time, oom.time_us, side="right")) - 1, 0)
+            example = PN.PROFILE_RUN in oom.phase_path.split("/") and oom.requested_bytes == lm_head_example(s.trace)
+            count = 0 if example and flags.enforce_eager else oom.requested_bytes
+            self.no_kv[i] += count
+            how = ("unscaled" if not example else "as the cold compile's autotuning example of the LM head (vocabulary "
+                   f"x hidden x 2 B), {'which enforce-eager does not compile' if not count else 'unscaled'}")  # fmt: skip
             self.notes.append(
                 f"the recording ends at its CUDA OOM in {oom.phase_path}: the failed {oom.requested_bytes:,} B "
-                "request counts there, unscaled; nothing after it is known"
+                f"request counts there {how}; nothing after it is known"
             )
         self._cold_compile()
         extend = s._phase(PN.KV_CACHE_EXTEND)
@@ -1020,9 +1038,10 @@ class Suggestions:
 
 def candidates(rec: Flags, extensible_known: bool, shared_util: float | None = None) -> list[dict]:
     """Single changes worth trying, each a dict of Flags fields. ``shared_util``: on a card other processes
-    share, the largest utilization vLLM's start-up check lets through there, tried (and 4 steps of 0.002 below
-    it, room for the warm-up after the KV cache) with the profiled KV cache: the extensible one keeps a
-    post-warm-up margin no flag makes room for on a nearly full card."""
+    share, the largest utilization vLLM's start-up check lets through there, tried (and 4 steps of 0.002 and 4 of
+    0.01 below it: room for the warm-up after the KV cache, which vLLM's profiled sizing can leave too little of)
+    with the profiled KV cache: the extensible one keeps a post-warm-up margin no flag makes room for on a nearly
+    full card."""
     out: list[dict] = []
     out += [{"max_num_batched_tokens": v} for v in (1024, 2048, 4096, 8192) if v < rec.max_num_batched_tokens]
     out += [{"max_num_seqs": v} for v in (1, 2, 4, 8, 16, 32, 64, 128) if v < rec.max_num_seqs]
@@ -1036,7 +1055,7 @@ def candidates(rec: Flags, extensible_known: bool, shared_util: float | None = N
         out.append({"extensible": not rec.extensible})
     if shared_util is not None and shared_util < rec.util:  # the largest, and below it room for the warm-up
         profiled = {"extensible": False} if extensible_known else {}
-        for u in sorted({round(shared_util - 0.002 * k, 4) for k in range(5)}, reverse=True):
+        for u in sorted({round(shared_util - d * k, 4) for k in range(5) for d in (0.002, 0.01)}, reverse=True):
             if u > 0:
                 out.append({"gpu_memory_utilization": u, **profiled})
     return out
@@ -1055,7 +1074,7 @@ def shared_utilization(sites: Sites, capacity: int, others: int) -> float | None
 def suggest(sites: Sites, capacity: int, *, keep_others: bool = False, others_bytes: int | None = None,
             cal: Calibration | None = None, top: int = 8, base: Flags | None = None,
             recorded: Outcome | None = None, library: P.Library | None = None) -> Suggestions:  # fmt: skip
-    """The changes (one, else two at once) to ``base`` (default: the recorded flags) that boot on ``capacity``
+    """The changes (one, else two at once, else three) to ``base`` (default: the recorded flags) that boot on ``capacity``
     (``recorded``: ``base``'s outcome there, when already answered)."""
     rec = base or sites.flags
     ext_known = (vllm_version(sites.trace) or (0, 0)) >= (0, 34)
@@ -1066,7 +1085,7 @@ def suggest(sites: Sites, capacity: int, *, keep_others: bool = False, others_by
     # UNKNOWN: gets past all the recording covers
     ok = (BOOTS, UNKNOWN) if recorded_outcome.verdict != BOOTS else (BOOTS,)
     booting, tried = search(
-        rec, singles, 2, lambda f: WhatIf(sites, f, cal, library).on(capacity, **card, table=False), ok
+        rec, singles, 3, lambda f: WhatIf(sites, f, cal, library).on(capacity, **card, table=False), ok
     )
     booting.sort(
         key=lambda s: (len(s.changes), s.outcome.verdict != BOOTS, not clear_of_spread(s.outcome),
