@@ -160,7 +160,7 @@ def no_flag_helps(s: Suggestions) -> str:
     if f is not None and s.floor_bytes <= s.capacity_bytes - others and f.verdict != BOOTS:
         how = f"dies in {f.phase} by {_gib(f.by_bytes)}" if f.verdict == DIES else f"vLLM refuses in {f.phase}"
         return (
-            f"No flag tried helps ({s.tried} sets of up to three flag changes): with {' '.join(s.floor_flags)} the "
+            f"No flag tried helps ({s.tried} sets of up to four flag changes): with {' '.join(s.floor_flags)} the "
             f"pre-KV peak and one request's KV cache need {_gib(s.floor_bytes)}, under the card's "
             f"{_gib(s.capacity_bytes - others)}, yet {how}: {f.why}"
         )
@@ -190,7 +190,7 @@ def _change(s: Suggestions) -> str:
     """What ``--suggest`` answers on one card, in a few words: the first change, or the floor."""
     if not s.booting:
         if s.floor_outcome is not None and s.floor_bytes <= s.capacity_bytes - s.recorded.others_bytes:
-            return f"no flag tried helps ({s.tried} sets of up to three flag changes)"
+            return f"no flag tried helps ({s.tried} sets of up to four flag changes)"
         return f"no flag helps: the most frugal flags need {_gib(s.floor_bytes)} with one request's KV cache"
     first = s.booting[0]
     flags = " ".join(first.changes)

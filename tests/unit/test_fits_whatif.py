@@ -98,7 +98,7 @@ def test_a_card_smaller_than_the_weights_dies_in_profiling_and_no_flag_helps(cap
     assert code == 1
     assert "DIES in determine_available_memory/profile_run by 0.64 GiB" in out
     # the most frugal flags tried (--max-model-len 2048 among them) fit under the card, yet vLLM refuses at 0.92
-    assert "No flag tried helps (513 sets of up to three flag changes): with --max-num-batched-tokens 256 " in out
+    assert "No flag tried helps (1178 sets of up to four flag changes): with --max-num-batched-tokens 256 " in out
     assert "need 15.96 GiB, under the card's 16.00 GiB, yet vLLM refuses in determine_available_memory" in out
 
 
@@ -160,10 +160,8 @@ def test_the_issue_bundle_of_a_run_that_died_says_what_would_make_it_boot(tmp_pa
     md = " ".join((out / "issue.md").read_text().split())
     assert "## What would make it boot" in md
     assert "DIES in determine_available_memory/profile_run" in md
-    # the request that failed in profile_run is per token (issue 43): with fewer batched tokens it is smaller, so a
-    # change gets past all the recording covers (33,554,432 B counted unscaled left no flag that helps)
-    assert "the failed 33,554,432 B request counts there, unscaled" in md  # the recorded flags: unscaled
-    assert "1. `--max-num-batched-tokens 1024 --gpu-memory-utilization 0.8`: gets past all the recording covers" in md
+    assert "No flag helps: weights and workspaces alone need 11.23 GiB" in md
+    assert "11.21 GiB of it free of other processes" in md
 
 
 def test_a_recording_that_ends_at_its_oom_answers_unknown_past_it_where_vllms_sizing_does_not_decide():

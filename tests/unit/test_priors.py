@@ -244,3 +244,19 @@ def test_a_cold_compile_dies_asking_for_the_lm_heads_autotuning_example(capsys):
             notes[bool(flags)] = " ".join(doc.get("what_if", doc).get("notes", []))
         assert "the cold compile's autotuning example of the LM head" in notes[False]
         assert "unscaled" in notes[False] and "which enforce-eager does not compile" in notes[True]
+
+
+def test_the_cold_dense_death_is_rescued_by_four_changes_with_its_own_architecture_left_out(tmp_path, capsys):
+    """The rescue protocol's answer for cold-dense-0 (to be run on a GPU): the priors refitted without the Llama-shaped
+    model; no set of up to three changes boots, so the search goes on to four (enforce-eager drops the autotuning
+    example; fewer batched tokens, a shorter max-model-len and the profiled KV cache at what the shared card lets
+    through make room for one request)."""
+    from priors_fit import to_json
+
+    priors = tmp_path / "priors.json"
+    priors.write_text(to_json(without(P.load_library(), "LlamaForCausalLM")))
+    args = ["fits", str(ARCHS / "cold-dense-0"), "--capacity", "85017493504B", "--keep-others", "--suggest", "--json"]
+    main([*args, "--priors", str(priors)])
+    first = json.loads(capsys.readouterr().out)["what_if"]["suggestions"][0]["booting"][0]
+    assert first["changes"] == ["--max-num-batched-tokens 1024", "--max-model-len 8192", "--enforce-eager",
+                                "--gpu-memory-utilization 0.1998", "--no-enable-extensible-kv-cache"]  # fmt: skip

@@ -1074,7 +1074,7 @@ def shared_utilization(sites: Sites, capacity: int, others: int) -> float | None
 def suggest(sites: Sites, capacity: int, *, keep_others: bool = False, others_bytes: int | None = None,
             cal: Calibration | None = None, top: int = 8, base: Flags | None = None,
             recorded: Outcome | None = None, library: P.Library | None = None) -> Suggestions:  # fmt: skip
-    """The changes (one, else two at once, else three) to ``base`` (default: the recorded flags) that boot on ``capacity``
+    """The changes (one, else two at once, else three, else four) to ``base`` (default: the recorded flags) that boot on ``capacity``
     (``recorded``: ``base``'s outcome there, when already answered)."""
     rec = base or sites.flags
     ext_known = (vllm_version(sites.trace) or (0, 0)) >= (0, 34)
@@ -1085,7 +1085,7 @@ def suggest(sites: Sites, capacity: int, *, keep_others: bool = False, others_by
     # UNKNOWN: gets past all the recording covers
     ok = (BOOTS, UNKNOWN) if recorded_outcome.verdict != BOOTS else (BOOTS,)
     booting, tried = search(
-        rec, singles, 3, lambda f: WhatIf(sites, f, cal, library).on(capacity, **card, table=False), ok
+        rec, singles, 4, lambda f: WhatIf(sites, f, cal, library).on(capacity, **card, table=False), ok
     )
     booting.sort(
         key=lambda s: (len(s.changes), s.outcome.verdict != BOOTS, not clear_of_spread(s.outcome),
