@@ -265,6 +265,14 @@ def test_a_corrupt_or_absent_safetensors_file_is_one_line_saying_what_to_do(tmp_
     bad.write_bytes(struct.pack("<Q", len(header)) + header + bytes(16))  # 32 bytes of BF16 in 16
     with pytest.raises(UsageError, match="spans 16 bytes, not its dtype x shape"):
         S.weights_from_safetensors(tmp_path)
-    (tmp_path / "config.json").write_text("{not json")
-    with pytest.raises(UsageError, match="cannot read a model config"):
-        S.ModelShape.from_config(tmp_path)
+    for content, why in (
+        ("{not json", "not JSON"),
+        ("[1]", "not a JSON object"),
+        ('{"hidden_size": 8}', "lacks hidden_size"),
+    ):
+        (tmp_path / "config.json").write_text(content)
+        with pytest.raises(UsageError, match=why) as err:  # one reader, one message: give a complete config.json
+            S.ModelShape.from_config(tmp_path)
+        assert "\n" not in str(err.value) and str(err.value).endswith("its checkpoint's folder")
+    with pytest.raises(UsageError, match="cannot read it"):
+        S.read_config(tmp_path / "absent.json")

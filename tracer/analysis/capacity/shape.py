@@ -11,7 +11,6 @@ rotary cos/sin cache it keeps beside the parameters). A local checkpoint gives t
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import math
 import struct
@@ -94,20 +93,9 @@ class ModelShape:
 
     @classmethod
     def from_config(cls, path: str | Path) -> ModelShape:
-        """From a Hugging Face ``config.json`` (or the folder holding it); a multimodal config's
-        ``text_config`` is the model. vLLM's flags are left None: ``dataclasses.replace`` them in."""
-        path = Path(path)
-        path = path / "config.json" if path.is_dir() else path
-        try:
-            cfg = json.loads(path.read_text())
-        except (OSError, UnicodeDecodeError, ValueError) as exc:
-            raise UsageError(f"{path}: cannot read a model config ({exc}); give a config.json") from None
-        if not isinstance(cfg, dict):
-            raise UsageError(f"{path}: not a model config (a JSON object); give a config.json")
-        text = {**cfg, **cfg["text_config"]} if isinstance(cfg.get("text_config"), dict) else cfg
-        text.setdefault("dtype", cfg.get("torch_dtype") or cfg.get("dtype"))
-        shape = _build(text, (cfg.get("architectures") or [None])[0], {})
-        return dataclasses.replace(shape, multimodal=isinstance(cfg.get("vision_config"), dict))
+        """From a Hugging Face ``config.json`` (or the folder holding it), read by :func:`read_config`. vLLM's flags
+        are left None: ``dataclasses.replace`` them in."""
+        return cls.from_facts({F.VLLM_MODEL_SHAPE: read_config(path)})
 
     def missing(self) -> list[str]:
         """The fields the KV cache and weights need that neither the facts nor the config gave, and
@@ -125,6 +113,34 @@ def _int(d: dict, *keys: str) -> int | None:
 
 def _dtype(value: Any) -> str | None:
     return str(value).removeprefix("torch.") if value else None
+
+
+def config_error(path: str | Path, what: str) -> UsageError:
+    """The one message of a model config memtrace cannot use: what is wrong with it, and what to give instead."""
+    return UsageError(f"{path}: {what}; give a language model's complete config.json, or its checkpoint's folder")
+
+
+def read_config(path: str | Path) -> dict:
+    """The one reader of a Hugging Face ``config.json`` (or the checkpoint's folder holding it): its text model's
+    fields as the trace's ``vllm.model_shape`` fact holds them (a multimodal config's ``text_config``, vLLM's
+    ``hf_text_config``), with ``architectures``, the model's dtype (``torch_dtype``), ``multimodal`` (a vision tower
+    beside it) and where it came from (``source``). UsageError (:func:`config_error`) for a file that cannot be
+    read or is not a language model's config."""
+    path = Path(path) / "config.json" if Path(path).is_dir() else Path(path)
+    try:
+        doc = json.loads(path.read_text(encoding="utf-8"))
+    except OSError as e:
+        raise config_error(path, f"cannot read it ({e.strerror or e})") from None
+    except ValueError as e:  # UnicodeDecodeError too
+        raise config_error(path, f"not JSON ({e})") from None
+    if not isinstance(doc, dict):
+        raise config_error(path, "not a JSON object")
+    text = doc["text_config"] if isinstance(doc.get("text_config"), dict) else doc
+    if not text.get("hidden_size") or not text.get("num_hidden_layers"):
+        raise config_error(path, "the config lacks hidden_size / num_hidden_layers")
+    dtype = text.get("torch_dtype") or text.get("dtype") or doc.get("torch_dtype") or doc.get("dtype")
+    return {**text, "architectures": doc.get("architectures") or text.get("architectures"), "torch_dtype": dtype,
+            "multimodal": isinstance(doc.get("vision_config"), dict), "source": f"config {path}"}  # fmt: skip
 
 
 def _kinds(d: dict, model_type: str, layers: int | None, window: int | None) -> tuple[int | None, int, int]:
@@ -175,7 +191,7 @@ def _build(d: dict, arch: str | None, cfg: dict) -> ModelShape:
         dtype=_dtype(cfg.get("dtype") or d.get("dtype") or d.get("torch_dtype")),
         kv_cache_dtype=cfg.get("kv_cache_dtype"), block_size=_int(cfg, "block_size"),
         max_model_len=_int(cfg, "max_model_len"), max_num_batched_tokens=_int(cfg, "max_num_batched_tokens"),
-        tensor_parallel=_int(cfg, "tensor_parallel_size") or 1,
+        tensor_parallel=_int(cfg, "tensor_parallel_size") or 1, multimodal=d.get("multimodal") is True,
     )  # fmt: skip
 
 
