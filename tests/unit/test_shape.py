@@ -276,3 +276,17 @@ def test_a_corrupt_or_absent_safetensors_file_is_one_line_saying_what_to_do(tmp_
         assert "\n" not in str(err.value) and str(err.value).endswith("its checkpoint's folder")
     with pytest.raises(UsageError, match="cannot read it"):
         S.read_config(tmp_path / "absent.json")
+
+
+def test_one_dtype_table_sizes_the_models_and_the_kv_caches_elements():
+    from memtrace.analysis.capacity import whatif as W
+
+    assert [S.dtype_bytes(d) for d in ("auto", "bfloat16", "fp8", "fp8_inc", "float32")] == [2, 2, 1, 1, 4]
+    assert S.dtype_bytes("auto", "float32") == 4 and S.dtype_bytes("nvfp4", unknown=2) == 2
+    with pytest.raises(ValueError, match="unknown dtype"):
+        S.dtype_bytes("nvfp4")
+    base = W.Flags(8192, 8, 32768, False, "auto", None, True)
+    assert W.apply_what_if(base, ["kv-cache-dtype=fp8_e5m2"]).kv_cache_dtype == "fp8_e5m2"
+    with pytest.raises(UsageError) as err:  # the what-if's choices, as its error has always listed them
+        W.apply_what_if(base, ["kv-cache-dtype=bf16"])
+    assert str(err.value).endswith("kv-cache-dtype is one of fp8, fp8_e4m3, fp8_e5m2, auto, bfloat16, float16, half")

@@ -24,6 +24,8 @@ from memtrace.errors import UsageError
 #: Bytes per element of the dtypes vLLM's configs and ``--kv-cache-dtype`` name (``auto``: the model's).
 DTYPE_BYTES = {"float32": 4, "float": 4, "bfloat16": 2, "float16": 2, "half": 2,
                "fp8": 1, "fp8_e4m3": 1, "fp8_e5m2": 1, "fp8_inc": 1, "fp8_ds_mla": 1, "int8": 1}  # fmt: skip
+#: ``--kv-cache-dtype``'s values the what-if takes (``auto``: the model's dtype), in the order its errors list them
+KV_CACHE_DTYPES = ("fp8", "fp8_e4m3", "fp8_e5m2", "auto", "bfloat16", "float16", "half")
 #: safetensors' dtype names (header ``dtype``) -> bits per element
 _ST_BITS = {"F64": 64, "I64": 64, "U64": 64, "F32": 32, "I32": 32, "U32": 32, "F16": 16, "BF16": 16,
             "I16": 16, "U16": 16, "I8": 8, "U8": 8, "BOOL": 8, "F8_E4M3": 8, "F8_E5M2": 8, "F8_E8M0": 8,
@@ -201,11 +203,13 @@ def _need(shape: ModelShape, *names: str) -> None:
         raise ValueError(f"the model's shape lacks {', '.join(lacking)} (ModelShape.missing)")
 
 
-def _bytes(dtype: str | None, model_dtype: str | None) -> int:
+def dtype_bytes(dtype: str | None, model_dtype: str | None = "bfloat16", unknown: int | None = None) -> int:
+    """Bytes per element of ``dtype`` (``auto`` or None: ``model_dtype``'s) from :data:`DTYPE_BYTES`; a name it
+    does not hold is ``unknown`` bytes (None: ValueError)."""
     name = _dtype(model_dtype if dtype in (None, "auto") else dtype)
-    if name not in DTYPE_BYTES:
+    if name not in DTYPE_BYTES and unknown is None:
         raise ValueError(f"unknown dtype {dtype!r} (model {model_dtype!r})")
-    return DTYPE_BYTES[name]
+    return DTYPE_BYTES.get(name, unknown)
 
 
 # -- KV cache ---------------------------------------------------------------------------------------------
@@ -231,7 +235,7 @@ def _mamba_page(shape: ModelShape) -> int:
     s, tp = shape, shape.tensor_parallel
     conv = (s.linear_key_head_dim * s.linear_key_heads * 2 + s.linear_value_head_dim * s.linear_value_heads) // tp
     recurrent = s.linear_value_heads // tp * s.linear_value_head_dim * s.linear_key_head_dim
-    return (conv * (s.linear_conv_kernel - 1) + recurrent) * _bytes(None, s.dtype)
+    return (conv * (s.linear_conv_kernel - 1) + recurrent) * dtype_bytes(None, s.dtype)
 
 
 def kv_plan(shape: ModelShape, kv_cache_dtype: str | None = None, block_size: int | None = None) -> KVPlan:
@@ -251,7 +255,7 @@ def kv_plan(shape: ModelShape, kv_cache_dtype: str | None = None, block_size: in
     if block is None or kv_cache_dtype is None:
         raise ValueError("the KV cache needs kv_cache_dtype and block_size (vllm.config)")
     kv_heads = max(1, shape.kv_heads // shape.tensor_parallel)  # replicated below one a rank
-    per_token = kv_heads * 2 * shape.head_dim * _bytes(kv_cache_dtype, shape.dtype)
+    per_token = kv_heads * 2 * shape.head_dim * dtype_bytes(kv_cache_dtype, shape.dtype)
     if shape.linear_layers:
         _need(shape, *_LINEAR_DIMS)
         block = max(block, block * math.ceil(_mamba_page(shape) / (block * per_token)))
@@ -329,14 +333,14 @@ def rotary_cache_bytes(shape: ModelShape) -> int:
     distinct rope: Gemma3 has a local and a global one)."""
     _need(shape, "max_position", "rotary_dim", "dtype")
     ropes = 2 if shape.sliding_layers and (shape.model_type or "").startswith("gemma3") else 1
-    return ropes * shape.max_position * shape.rotary_dim * _bytes(None, shape.dtype)
+    return ropes * shape.max_position * shape.rotary_dim * dtype_bytes(None, shape.dtype)
 
 
 def weights_bytes(shape: ModelShape) -> int:
     """What vLLM's "Model loading took" counts on one rank: the parameters in the model's dtype and the
     rotary cache."""
     _need(shape, "dtype")
-    return parameters(shape) * _bytes(None, shape.dtype) + rotary_cache_bytes(shape)
+    return parameters(shape) * dtype_bytes(None, shape.dtype) + rotary_cache_bytes(shape)
 
 
 def weights_from_safetensors(folder: str | Path) -> int:

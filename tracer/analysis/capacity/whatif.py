@@ -23,10 +23,10 @@ from memtrace import facts as F
 from memtrace import vllm_phase_names as PN
 from memtrace.analysis.analysed.landmarks import Landmarks, total_curve
 from memtrace.analysis.capacity import priors as P
+from memtrace.analysis.capacity import shape as S
 from memtrace.analysis.capacity.extensible import extensible_inputs, sized
 from memtrace.analysis.capacity.reconcile import MEMTRACE as NON_KV_MEMTRACE
 from memtrace.analysis.capacity.reconcile import profiled_kv_bytes
-from memtrace.analysis.capacity.shape import ModelShape, kv_bytes_for_tokens, kv_cache_for_bytes, kv_plan
 from memtrace.analysis.holders.frames import meaningful_frame
 from memtrace.analysis.holders.live import Lifetimes
 from memtrace.analysis.memory.categories import sampler_stacks
@@ -111,7 +111,6 @@ def recorded_one_request(facts: dict, kv_bytes: int | None = None) -> int | None
 
 _AUTOTUNE_FILE = "_inductor/select_algorithm.py"
 _KV_FUNCS = ("_allocate_kv_cache_buffer", "allocate_kv_cache", "_allocate_kv_cache_tensors")
-_DTYPE_BYTES = {"fp8": 1, "fp8_e4m3": 1, "fp8_e5m2": 1, "auto": 2, "bfloat16": 2, "float16": 2, "half": 2}
 _BEFORE = np.iinfo(np.int64).min
 _NEVER = np.iinfo(np.int64).max
 
@@ -233,8 +232,8 @@ def apply_what_if(base: Flags, items: list[str]) -> Flags:
         if key in ("enforce_eager", "extensible"):
             changes[key] = (not _bool(name, value)) if negate else _bool(name, value)
         elif key == "kv_cache_dtype":
-            if value not in _DTYPE_BYTES:
-                raise UsageError(f"--what-if {item}: kv-cache-dtype is one of {', '.join(_DTYPE_BYTES)}")
+            if value not in S.KV_CACHE_DTYPES:
+                raise UsageError(f"--what-if {item}: kv-cache-dtype is one of {', '.join(S.KV_CACHE_DTYPES)}")
             changes[key] = value
         elif key == "gpu_memory_utilization":
             changes[key] = parse_fraction(value)
@@ -464,7 +463,7 @@ def kv_shape(shape: dict, flags: Flags, block_size: int, dtype: str | None = Non
     cfg = {"kv_cache_dtype": flags.kv_cache_dtype, "block_size": block_size, "max_model_len": flags.max_model_len,
            "max_num_batched_tokens": flags.max_num_batched_tokens,
            "dtype": dtype or shape.get("dtype") or shape.get("torch_dtype") or "bfloat16"}  # fmt: skip
-    return ModelShape.from_facts({F.VLLM_MODEL_SHAPE: shape, F.VLLM_CONFIG: cfg})
+    return S.ModelShape.from_facts({F.VLLM_MODEL_SHAPE: shape, F.VLLM_CONFIG: cfg})
 
 
 @dataclass(frozen=True)
@@ -662,11 +661,11 @@ class WhatIf:
     def per_block(self) -> tuple[int, int]:
         """(bytes per KV block, tokens per block) on the new flags."""
         per, tpb = kv_block(self.sites.trace.facts)
-        ratio = _DTYPE_BYTES.get(self.flags.kv_cache_dtype, 2) / _DTYPE_BYTES.get(self.rec.kv_cache_dtype, 2)
+        ratio = S.dtype_bytes(self.flags.kv_cache_dtype, unknown=2) / S.dtype_bytes(self.rec.kv_cache_dtype, unknown=2)
         shape = model_shape(self.sites.trace)
         if not per and shape is not None:  # a recording cut before KV sizing: vLLM's arithmetic on the model's shape
             dtype = (self.sites.trace.facts.get(F.VLLM_CONFIG) or {}).get("dtype")
-            plan = kv_plan(kv_shape(shape, self.flags, tpb or 16, dtype))
+            plan = S.kv_plan(kv_shape(shape, self.flags, tpb or 16, dtype))
             return plan.bytes_per_block, plan.block_size
         return int(per * ratio), tpb or 16
 
@@ -873,7 +872,7 @@ def carried_outcome(c: P.Carried, capacity: int, others: int, kv: object, record
     (``c``): past a recording's end (``recorded``: its phases as predicted, up to ``t_end``), or with nothing recorded.
     ``kv``: the model's shape with the KV cache's flags (:func:`kv_shape`): vLLM's blocks, tokens, one request."""
     flags, room = c.flags, capacity - others
-    plan = kv_plan(kv)
+    plan = S.kv_plan(kv)
     per, tpb, per_request = plan.bytes_per_block, plan.block_size, plan.blocks_per_request
     names = {x.phase for x in recorded}
     phases = list(recorded) + [PhasePeak(name, None, 0, b + others, t_end, False, {}, {}, src)
@@ -894,8 +893,8 @@ def carried_outcome(c: P.Carried, capacity: int, others: int, kv: object, record
         phase = next((name for name, b, _ in c.phase_peaks() if b > room), PN.PROFILE_RUN)
         return out(verdict=DIES, phase=phase, by_bytes=pre_peak - room, why=PRE_KV_WHY, kv=None)
     k = c.kv(capacity, others, per, tpb)
-    blocks, tokens = kv_cache_for_bytes(kv, k.available_bytes)
-    one = kv_bytes_for_tokens(kv, flags.max_model_len)
+    blocks, tokens = S.kv_cache_for_bytes(kv, k.available_bytes)
+    one = S.kv_bytes_for_tokens(kv, flags.max_model_len)
     kv = KvSizing(k.available_bytes, blocks, tokens, blocks * per, tokens / flags.max_model_len, k.how, one)
     usable = kv.blocks - (1 if flags.extensible else 0)  # vLLM's null block holds no tokens
     if kv.available_bytes <= 0 or usable < per_request:
@@ -1029,7 +1028,7 @@ def candidates(rec: Flags, extensible_known: bool, shared_util: float | None = N
     if not rec.enforce_eager:
         out.append({"enforce_eager": True})
     out += [{"max_model_len": rec.max_model_len // d} for d in (2, 4, 8, 16) if rec.max_model_len // d >= 1024]
-    if _DTYPE_BYTES.get(rec.kv_cache_dtype, 2) > 1:
+    if S.dtype_bytes(rec.kv_cache_dtype, unknown=2) > 1:
         out.append({"kv_cache_dtype": "fp8"})
     out += [{"gpu_memory_utilization": u} for u in (0.8, 0.85, 0.9, 0.95, 0.98) if u != rec.util]
     if extensible_known:
@@ -1097,7 +1096,7 @@ def _frugal(rec: Flags, singles: list[dict]) -> Flags:
     dtypes = [rec.kv_cache_dtype, *(c["kv_cache_dtype"] for c in singles if "kv_cache_dtype" in c)]
     return dataclasses.replace(rec, max_num_batched_tokens=min(256, rec.max_num_batched_tokens), max_num_seqs=1,
                                enforce_eager=True, max_model_len=min(lens),
-                               kv_cache_dtype=min(dtypes, key=lambda d: _DTYPE_BYTES.get(d, 2)))  # fmt: skip
+                               kv_cache_dtype=min(dtypes, key=lambda d: S.dtype_bytes(d, unknown=2)))  # fmt: skip
 
 
 @dataclass(frozen=True)
