@@ -67,11 +67,32 @@ RECORDED, SCALED_FROM_RECORDING, PRIOR = "recorded", "scaled", "prior"
 #: newest first: 0.34 resolves it with the sizing mode (``resolved_gpu_memory_utilization``); 0.33 resolved 0.92
 #: (tests/data/vllm-h200-033/moe, source ``vllm-default``); before, 0.9.
 VLLM_DEFAULT_UTIL = (((0, 34), 1.0, 0.92), ((0, 33), 0.92, 0.92), ((0, 0), 0.9, 0.9))
+#: The newest release the table knows: the first with the extensible KV cache (on by default), and the one a trace
+#: that does not name its vLLM stands for (:func:`recorded_release`)
+EXTENSIBLE_SINCE = VLLM_DEFAULT_UTIL[0][0]
 
 
-def default_util(version: tuple[int, int], extensible: bool) -> float:
-    """vLLM's default utilization for a release (``version``: (major, minor)) and sizing mode."""
+def resolved_util(user: float | None, version: tuple[int, int], extensible: bool) -> float:
+    """The utilization vLLM runs with (its ``resolved_gpu_memory_utilization``): the user's, else the default of the
+    release (``version``: (major, minor)) for the sizing mode."""
+    if user is not None:
+        return user
     return next(ext if extensible else prof for since, ext, prof in VLLM_DEFAULT_UTIL if version >= since)
+
+
+def recorded_release(trace, unknown: tuple[int, int] = EXTENSIBLE_SINCE) -> tuple[int, int]:
+    """The recorded vLLM's (major, minor); ``unknown`` where the trace does not say (by default 0.34, the newest)."""
+    parts = str(trace.facts.get(F.VLLM_VERSION) or "").split(".")[:2]
+    try:
+        v = tuple(int("".join(c for c in p if c.isdigit()) or -1) for p in parts)
+    except ValueError:
+        return unknown
+    return v if len(v) == 2 and min(v) >= 0 else unknown
+
+
+def knows_extensible(trace) -> bool:
+    """The recorded vLLM is known to have the extensible KV cache (0.34 or later; not when the trace does not say)."""
+    return recorded_release(trace, (0, 0)) >= EXTENSIBLE_SINCE
 
 
 def one_request_bytes(max_model_len: int, bytes_per_block: float, tokens_per_block: int) -> int:
@@ -126,13 +147,11 @@ class Flags:
     kv_cache_dtype: str
     gpu_memory_utilization: float | None
     extensible: bool
-    vllm: tuple[int, int] = (0, 34)  # the recorded release (major, minor): its default utilization
+    vllm: tuple[int, int] = EXTENSIBLE_SINCE  # the recorded release (:func:`recorded_release`): its default util
 
     @property
     def util(self) -> float:
-        if self.gpu_memory_utilization is not None:
-            return self.gpu_memory_utilization
-        return default_util(self.vllm, self.extensible)
+        return resolved_util(self.gpu_memory_utilization, self.vllm, self.extensible)
 
     @property
     def graphs(self) -> int:
@@ -175,12 +194,12 @@ def recorded_flags(trace) -> Flags | None:
     if not all(isinstance(cfg.get(k), int) for k in need):
         return None
     return Flags(*(cfg[k] for k in need), bool(cfg.get("enforce_eager")), str(cfg.get("kv_cache_dtype") or "auto"),
-                 user_util(trace), extensible_kv_cache(trace), vllm_version(trace) or (0, 34))  # fmt: skip
+                 user_util(trace), extensible_kv_cache(trace), recorded_release(trace))  # fmt: skip
 
 
 def user_util(trace) -> float | None:
     """The recorded --gpu-memory-utilization unless vLLM chose it by default (None: another sizing mode moves it,
-    :func:`default_util`); a trace that does not say who chose it (``facts.UTIL_SOURCE``) keeps vLLM's resolved figure."""
+    :func:`resolved_util`); a trace that does not say who chose it (``facts.UTIL_SOURCE``) keeps vLLM's resolved figure."""
     u = trace.facts.get(F.UTIL)
     return float(u) if u and trace.facts.get(F.UTIL_SOURCE) != F.UTIL_VLLM_DEFAULT else None
 
@@ -188,8 +207,7 @@ def user_util(trace) -> float | None:
 def recorded_util(trace) -> float:
     """The utilization the recorded start-up ran with: the user's, else vLLM's default for the recorded release
     (unknown: 0.34) and sizing mode (``Flags.util`` of :func:`recorded_flags`, the one figure every model uses)."""
-    user = user_util(trace)
-    return user if user is not None else default_util(vllm_version(trace) or (0, 34), extensible_kv_cache(trace))
+    return resolved_util(user_util(trace), recorded_release(trace), extensible_kv_cache(trace))
 
 
 def extensible_kv_cache(trace) -> bool:
@@ -197,17 +215,7 @@ def extensible_kv_cache(trace) -> bool:
     source = trace.facts.get(F.VLLM_KV_SIZE_SOURCE)
     if source is not None:
         return source == F.KV_SIZED_EXTENSIBLE
-    return (vllm_version(trace) or (0, 0)) >= (0, 34)
-
-
-def vllm_version(trace) -> tuple[int, int] | None:
-    """The recorded vLLM's (major, minor); None when unknown."""
-    parts = str(trace.facts.get(F.VLLM_VERSION) or "").split(".")[:2]
-    try:
-        v = tuple(int("".join(c for c in p if c.isdigit()) or -1) for p in parts)
-    except ValueError:
-        return None
-    return v if len(v) == 2 and min(v) >= 0 else None
+    return knows_extensible(trace)
 
 
 def _bool(name: str, value: str) -> bool:
@@ -1057,7 +1065,7 @@ def suggest(sites: Sites, capacity: int, *, keep_others: bool = False, others_by
     """The changes (one, else two at once) to ``base`` (default: the recorded flags) that boot on ``capacity``
     (``recorded``: ``base``'s outcome there, when already answered)."""
     rec = base or sites.flags
-    ext_known = (vllm_version(sites.trace) or (0, 0)) >= (0, 34)
+    ext_known = knows_extensible(sites.trace)
     card = dict(keep_others=keep_others, others_bytes=others_bytes)
     others = others_bytes if others_bytes is not None else recorded_others(sites.trace) if keep_others else 0
     singles = candidates(rec, ext_known, shared_utilization(sites, capacity, others))
