@@ -39,7 +39,7 @@ from dataclasses import dataclass, field
 
 from memtrace import facts as F
 from memtrace import vllm_phase_names as PN
-from memtrace.analysis.capacity.reconcile import phase_reading
+from memtrace.analysis.capacity.reconcile import phase_reading, profiled_kv_bytes
 from memtrace.analysis.memory.blocks import block_curve
 from memtrace.analysis.memory.curves import Curve, Curves, all_curves, committed_curve
 from memtrace.analysis.memory.quantities import window_max
@@ -92,6 +92,16 @@ def blocks_within(num_bytes: int, strides: list[int], granule: int, capacity: in
     while n > 0 and pages_for(n, strides, granule) > num_bytes:
         n -= 1
     return max(n, 0)
+
+
+def address_range(util: float, capacity: int, non_kv: int, per_block: int) -> tuple[int, int]:
+    """The extensible KV cache's address range on a card, (bytes, blocks): vLLM 0.34's profiled figure,
+    ``ceil(util x capacity) - non_kv`` (``Worker.determine_available_memory``), whose non-KV figure holds no CUDA-graph
+    estimate in this mode (``profile_cudagraph_memory`` returns 0: the graphs are captured after it, and the sizing
+    after warm-up counts them); its blocks are the most that sizing may commit (``ExtensibleKVCache.capacity_blocks``).
+    The one range ``fits`` and the what-if size with."""
+    range_bytes = profiled_kv_bytes(util, capacity, non_kv)
+    return range_bytes, max(range_bytes // per_block, 0) if per_block else 0
 
 
 def sized(inputs: dict, requested: int, strides: list[int], granule: int, most: int) -> tuple[int, int, int]:

@@ -24,7 +24,7 @@ from memtrace import vllm_phase_names as PN
 from memtrace.analysis.analysed.landmarks import Landmarks, total_curve
 from memtrace.analysis.capacity import priors as P
 from memtrace.analysis.capacity import shape as S
-from memtrace.analysis.capacity.extensible import extensible_inputs, sized
+from memtrace.analysis.capacity.extensible import address_range, extensible_inputs, sized
 from memtrace.analysis.capacity.reconcile import MEMTRACE as NON_KV_MEMTRACE
 from memtrace.analysis.capacity.reconcile import profiled_kv_bytes
 from memtrace.analysis.holders.frames import meaningful_frame
@@ -684,21 +684,24 @@ class WhatIf:
         one = one_request_bytes(self.flags.max_model_len, per, tpb)
         if self.flags.extensible:
             return self._kv_extensible(capacity, others, left_out, per, tpb, one)
-        withheld, how = self._withheld
+        withheld, how = self.withheld
         available = profiled_kv_bytes(self.flags.util, capacity, withheld)
         blocks = max(available // per, 0)
         tokens, how = blocks * tpb, f"ceil({self.flags.util:g} x {capacity:,} B) - {how}"
         return KvSizing(available, blocks, tokens, blocks * per, tokens / self.flags.max_model_len, how, one)
 
     @cached_property
-    def _withheld(self) -> tuple[int, str]:
-        """vLLM's non-KV figure (``reconcile.non_kv``) on the new flags, and its words (the same on every card)."""
+    def withheld(self) -> tuple[int, str]:
+        """vLLM's non-KV figure (``reconcile.non_kv``) on the new flags, and its words (the same on every card): with
+        the extensible KV cache the address range's, with no CUDA-graph term (:func:`.extensible.address_range`)."""
         nk = self.sites.rank.non_kv
         moved = self._moved_peak(PN.PROFILE_RUN) or self._moved_peak(PN.DETERMINE_AVAILABLE_MEMORY)
         base = nk.bytes if nk is not None else 0
         cg = int((self.sites.trace.facts.get(F.VLLM_PROFILE) or {}).get("cudagraph_memory_estimate_bytes") or 0)
         kept = 0
-        if self.rec.extensible:  # vLLM measured no graph estimate: the captured graphs' memory stands for it
+        if self.flags.extensible:  # the range: no estimate (the recorded one out; vLLM records 0 in this mode)
+            base, cg = base - cg, 0
+        elif self.rec.extensible:  # vLLM measured no graph estimate: the captured graphs' memory stands for it
             cap = self.sites._phase(PN.CAPTURE_MODEL)
             if cap:
                 idx = self.sites.window_index(cap.start_us, cap.end_us or _NEVER)
@@ -718,7 +721,7 @@ class WhatIf:
         f = self.sites.trace.facts
         s = f.get(F.VLLM_KV_SIZING) or {}
         requested = math.ceil(self.flags.util * capacity)
-        withheld, _ = self._withheld
+        withheld, _ = self.withheld
         s_time = int(s.get("time_us") or self.sites.time[-1])
         j = int(np.searchsorted(self.sites.time, s_time, side="right")) - 1
         moved_at_sizing = int(self.no_kv[j] - self.sites.no_kv[j])
@@ -745,7 +748,7 @@ class WhatIf:
         # vLLM's transient is the most allocated above what stays held, profile_run's included: a cold compile's
         # autotuning examples there (cut-gemma3-1 on the H100: 0.58 -> 1.26 GiB) are withheld too
         inputs["transient_peak"] = max(inputs["transient_peak"], self.compile_extra)
-        range_blocks = max(profiled_kv_bytes(self.flags.util, capacity, withheld) // per, 0)
+        _, range_blocks = address_range(self.flags.util, capacity, withheld, per)
         available, blocks, kv_bytes = sized(inputs, requested, strides, granule, range_blocks)
         tokens = blocks * tpb
         how = (
@@ -862,7 +865,7 @@ class WhatIf:
         nk = self.sites.rank.non_kv
         if nk is None or nk.source != NON_KV_MEMTRACE:
             return None
-        withheld, how = self._withheld
+        withheld, how = self.withheld
         if withheld < requested:
             return None
         phase = PN.KV_CACHE_INIT if self.flags.extensible else PN.DETERMINE_AVAILABLE_MEMORY
