@@ -11,6 +11,7 @@ Bytes are integers of bytes, times integers of Unix-epoch microseconds, as every
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 
@@ -301,6 +302,12 @@ VLLM_NON_TORCH_AT_INIT_BYTES = _fact(
 def is_vllm(facts: dict) -> bool:
     """True for a trace the vLLM plugin recorded (vLLM's own checks and formulas apply)."""
     return VLLM_VERSION in facts or VLLM_CONFIG in facts
+
+
+def vllm_release(facts: dict) -> tuple[int, int] | None:
+    """The recorded vLLM's (major, minor) from :data:`VLLM_VERSION` ("0.34.0", "0.25.1.dev4+g..."); None unknown."""
+    m = re.match(r"(\d+)\.(\d+)", str(facts.get(VLLM_VERSION) or ""))
+    return (int(m.group(1)), int(m.group(2))) if m else None
 
 
 def int_fact(facts: dict, key: str) -> int | None:

@@ -81,13 +81,9 @@ def resolved_util(user: float | None, version: tuple[int, int], extensible: bool
 
 
 def recorded_release(trace, unknown: tuple[int, int] = EXTENSIBLE_SINCE) -> tuple[int, int]:
-    """The recorded vLLM's (major, minor); ``unknown`` where the trace does not say (by default 0.34, the newest)."""
-    parts = str(trace.facts.get(F.VLLM_VERSION) or "").split(".")[:2]
-    try:
-        v = tuple(int("".join(c for c in p if c.isdigit()) or -1) for p in parts)
-    except ValueError:
-        return unknown
-    return v if len(v) == 2 and min(v) >= 0 else unknown
+    """The recorded vLLM's (major, minor) (``facts.vllm_release``); ``unknown`` where the trace does not say (by default
+    0.34, the newest)."""
+    return F.vllm_release(trace.facts) or unknown
 
 
 def knows_extensible(trace) -> bool:
@@ -213,9 +209,7 @@ def recorded_util(trace) -> float:
 def extensible_kv_cache(trace) -> bool:
     """Whether the start-up sized its KV cache the extensible way (0.34's default where it died before sizing)."""
     source = trace.facts.get(F.VLLM_KV_SIZE_SOURCE)
-    if source is not None:
-        return source == F.KV_SIZED_EXTENSIBLE
-    return knows_extensible(trace)
+    return source == F.KV_SIZED_EXTENSIBLE if source is not None else knows_extensible(trace)
 
 
 def _bool(name: str, value: str) -> bool:
