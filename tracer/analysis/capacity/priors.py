@@ -272,11 +272,8 @@ class Carried:
             init_free = capacity - others - self[CONTEXT]
             non_kv_used = self.after_warmup - self[CONTEXT] + self[SLACK]
             free = init_free - non_kv_used
-            available, *_ = measure_kv_cache_bytes(
-                init_free=init_free, free=free, committed=0, requested=requested,
-                transient_peak=self[TRANSIENT], torch_reserve_growth=self[RESERVE_GROWTH],
-                margin_floor=1 << 30, margin_fraction=0.75,
-            )  # fmt: skip
+            available, *_ = measure_kv_cache_bytes(init_free=init_free, free=free, requested=requested,
+                transient_peak=self[TRANSIENT], torch_reserve_growth=self[RESERVE_GROWTH])  # fmt: skip
             how = (f"vLLM 0.34's post-warm-up formula: free after warm-up {free:,} B, transient peak "
                    f"{self[TRANSIENT]:,} B, reserve growth {self[RESERVE_GROWTH]:,} B, requested ceil("
                    f"{self.flags.util:g} x {capacity:,} B)")  # fmt: skip

@@ -95,8 +95,7 @@ class ModelShape:
 
     @classmethod
     def from_config(cls, path: str | Path) -> ModelShape:
-        """From a Hugging Face ``config.json`` (or the folder holding it), read by :func:`read_config`. vLLM's flags
-        are left None: ``dataclasses.replace`` them in."""
+        """From a ``config.json`` (:func:`read_config`); vLLM's flags are left None: ``dataclasses.replace`` them in."""
         return cls.from_facts({F.VLLM_MODEL_SHAPE: read_config(path)})
 
     def missing(self) -> list[str]:
@@ -123,11 +122,9 @@ def config_error(path: str | Path, what: str) -> UsageError:
 
 
 def read_config(path: str | Path) -> dict:
-    """The one reader of a Hugging Face ``config.json`` (or the checkpoint's folder holding it): its text model's
-    fields as the trace's ``vllm.model_shape`` fact holds them (a multimodal config's ``text_config``, vLLM's
-    ``hf_text_config``), with ``architectures``, the model's dtype (``torch_dtype``), ``multimodal`` (a vision tower
-    beside it) and where it came from (``source``). UsageError (:func:`config_error`) for a file that cannot be
-    read or is not a language model's config."""
+    """The one reader of a Hugging Face ``config.json`` (or its folder): the text model's fields as the fact
+    ``vllm.model_shape`` holds them (vLLM's ``hf_text_config``), ``architectures``, ``torch_dtype``, ``multimodal``
+    (a vision tower beside it) and ``source``; :func:`config_error` where it is unreadable or not a language model's."""
     path = Path(path) / "config.json" if Path(path).is_dir() else Path(path)
     try:
         doc = json.loads(path.read_text(encoding="utf-8"))

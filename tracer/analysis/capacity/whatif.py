@@ -67,17 +67,13 @@ RECORDED, SCALED_FROM_RECORDING, PRIOR = "recorded", "scaled", "prior"
 #: newest first: 0.34 resolves it with the sizing mode (``resolved_gpu_memory_utilization``); 0.33 resolved 0.92
 #: (tests/data/vllm-h200-033/moe, source ``vllm-default``); before, 0.9.
 VLLM_DEFAULT_UTIL = (((0, 34), 1.0, 0.92), ((0, 33), 0.92, 0.92), ((0, 0), 0.9, 0.9))
-#: The newest release the table knows: the first with the extensible KV cache (on by default), and the one a trace
-#: that does not name its vLLM stands for (:func:`recorded_release`)
+#: The newest release the table knows, the first with the extensible KV cache: a trace's vLLM where it does not say
 EXTENSIBLE_SINCE = VLLM_DEFAULT_UTIL[0][0]
 
 
 def resolved_util(user: float | None, version: tuple[int, int], extensible: bool) -> float:
-    """The utilization vLLM runs with (its ``resolved_gpu_memory_utilization``): the user's, else the default of the
-    release (``version``: (major, minor)) for the sizing mode."""
-    if user is not None:
-        return user
-    return next(ext if extensible else prof for since, ext, prof in VLLM_DEFAULT_UTIL if version >= since)
+    """vLLM's ``resolved_gpu_memory_utilization``: the user's, else the release's default for the sizing mode."""
+    return user if user is not None else next(e if extensible else p for v, e, p in VLLM_DEFAULT_UTIL if version >= v)
 
 
 def recorded_release(trace, unknown: tuple[int, int] = EXTENSIBLE_SINCE) -> tuple[int, int]:
@@ -686,14 +682,13 @@ class WhatIf:
 
     @cached_property
     def withheld(self) -> tuple[int, str]:
-        """vLLM's non-KV figure (``reconcile.non_kv``) on the new flags, and its words (the same on every card): with
-        the extensible KV cache the address range's, with no CUDA-graph term (:func:`.extensible.address_range`)."""
+        """vLLM's non-KV figure (``reconcile.non_kv``) on the new flags, and its words (the same on every card)."""
         nk = self.sites.rank.non_kv
         moved = self._moved_peak(PN.PROFILE_RUN) or self._moved_peak(PN.DETERMINE_AVAILABLE_MEMORY)
         base = nk.bytes if nk is not None else 0
         cg = int((self.sites.trace.facts.get(F.VLLM_PROFILE) or {}).get("cudagraph_memory_estimate_bytes") or 0)
         kept = 0
-        if self.flags.extensible:  # the range: no estimate (the recorded one out; vLLM records 0 in this mode)
+        if self.flags.extensible:  # the address range's: no graph estimate (``extensible.address_range``)
             base, cg = base - cg, 0
         elif self.rec.extensible:  # vLLM measured no graph estimate: the captured graphs' memory stands for it
             cap = self.sites._phase(PN.CAPTURE_MODEL)
@@ -734,9 +729,8 @@ class WhatIf:
             src = "vLLM's post-warm-up inputs as recorded, moved to this card and these flags"
         else:  # recorded profiled: vLLM's inputs rebuilt from the curve (an estimate)
             transient = int(((f.get(F.VLLM_PROFILE) or {}).get("peak_activation_memory_bytes") or 0) * tr)
-            inputs = dict(init_free=capacity - others - own_init_used(self.sites.trace),
-                          free=capacity - others - int(self.no_kv[j]), committed=0, transient_peak=transient,
-                          torch_reserve_growth=transient, margin_floor=1 << 30, margin_fraction=0.75)  # fmt: skip
+            inputs = dict(init_free=capacity - others - own_init_used(self.sites.trace), transient_peak=transient,
+                          free=capacity - others - int(self.no_kv[j]), torch_reserve_growth=transient)  # fmt: skip
             strides, granule = [per], 2 << 20
             src = "vLLM 0.34's post-warm-up formula on the predicted curve (estimate: the recording was profiled)"
         # vLLM's transient is the most allocated above what stays held, profile_run's included: a cold compile's
