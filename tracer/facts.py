@@ -304,9 +304,13 @@ def is_vllm(facts: dict) -> bool:
     return VLLM_VERSION in facts or VLLM_CONFIG in facts
 
 
-def vllm_release(facts: dict) -> tuple[int, int] | None:
-    """The recorded vLLM's (major, minor) from :data:`VLLM_VERSION` ("0.34.0", "0.25.1.dev4+g..."); None unknown."""
-    m = re.match(r"(\d+)\.(\d+)", str(facts.get(VLLM_VERSION) or ""))
+#: The first vLLM with the extensible KV cache, sized after warm-up (its default): (major, minor)
+VLLM_EXTENSIBLE_SINCE = (0, 34)
+
+
+def vllm_release(version: object) -> tuple[int, int] | None:
+    """(major, minor) of a recorded vLLM version (:data:`VLLM_VERSION`: "0.34.0", "0.25.1.dev4+g..."); None if not one."""
+    m = re.match(r"(\d+)\.(\d+)", str(version or ""))
     return (int(m.group(1)), int(m.group(2))) if m else None
 
 

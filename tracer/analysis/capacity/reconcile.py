@@ -88,7 +88,7 @@ def choose_formula(facts: dict[str, Any]) -> str:
         return FORMULA_025
     if "total_consumed_bytes" in profile:
         return FORMULA_033
-    release = F.vllm_release(facts)
+    release = F.vllm_release(facts.get(F.VLLM_VERSION))
     if release is not None and release < (0, 32):
         return FORMULA_025
     return FORMULA_033

@@ -66,9 +66,7 @@ RECORDED, SCALED_FROM_RECORDING, PRIOR = "recorded", "scaled", "prior"
 #: vLLM's default --gpu-memory-utilization by release (since (major, minor): with the extensible KV cache, without),
 #: newest first: 0.34 resolves it with the sizing mode (``resolved_gpu_memory_utilization``); 0.33 resolved 0.92
 #: (tests/data/vllm-h200-033/moe, source ``vllm-default``); before, 0.9.
-VLLM_DEFAULT_UTIL = (((0, 34), 1.0, 0.92), ((0, 33), 0.92, 0.92), ((0, 0), 0.9, 0.9))
-#: The newest release the table knows, the first with the extensible KV cache: a trace's vLLM where it does not say
-EXTENSIBLE_SINCE = VLLM_DEFAULT_UTIL[0][0]
+VLLM_DEFAULT_UTIL = ((F.VLLM_EXTENSIBLE_SINCE, 1.0, 0.92), ((0, 33), 0.92, 0.92), ((0, 0), 0.9, 0.9))
 
 
 def resolved_util(user: float | None, version: tuple[int, int], extensible: bool) -> float:
@@ -76,15 +74,15 @@ def resolved_util(user: float | None, version: tuple[int, int], extensible: bool
     return user if user is not None else next(e if extensible else p for v, e, p in VLLM_DEFAULT_UTIL if version >= v)
 
 
-def recorded_release(trace, unknown: tuple[int, int] = EXTENSIBLE_SINCE) -> tuple[int, int]:
-    """The recorded vLLM's (major, minor) (``facts.vllm_release``); ``unknown`` where the trace does not say (by default
-    0.34, the newest)."""
-    return F.vllm_release(trace.facts) or unknown
+def recorded_release(trace, unknown: tuple[int, int] = F.VLLM_EXTENSIBLE_SINCE) -> tuple[int, int]:
+    """The recorded vLLM's (major, minor) (``facts.vllm_release``); ``unknown`` where the trace does not say (by
+    default 0.34, the newest release :data:`VLLM_DEFAULT_UTIL` knows)."""
+    return F.vllm_release(trace.facts.get(F.VLLM_VERSION)) or unknown
 
 
 def knows_extensible(trace) -> bool:
     """The recorded vLLM is known to have the extensible KV cache (0.34 or later; not when the trace does not say)."""
-    return recorded_release(trace, (0, 0)) >= EXTENSIBLE_SINCE
+    return recorded_release(trace, (0, 0)) >= F.VLLM_EXTENSIBLE_SINCE
 
 
 def one_request_bytes(max_model_len: int, bytes_per_block: float, tokens_per_block: int) -> int:
@@ -139,7 +137,7 @@ class Flags:
     kv_cache_dtype: str
     gpu_memory_utilization: float | None
     extensible: bool
-    vllm: tuple[int, int] = EXTENSIBLE_SINCE  # the recorded release (:func:`recorded_release`): its default util
+    vllm: tuple[int, int] = F.VLLM_EXTENSIBLE_SINCE  # the recorded release (:func:`recorded_release`): its default util
 
     @property
     def util(self) -> float:
