@@ -11,6 +11,7 @@ Bytes are integers of bytes, times integers of Unix-epoch microseconds, as every
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 
@@ -301,6 +302,16 @@ VLLM_NON_TORCH_AT_INIT_BYTES = _fact(
 def is_vllm(facts: dict) -> bool:
     """True for a trace the vLLM plugin recorded (vLLM's own checks and formulas apply)."""
     return VLLM_VERSION in facts or VLLM_CONFIG in facts
+
+
+#: The first vLLM with the extensible KV cache, sized after warm-up (its default): (major, minor)
+VLLM_EXTENSIBLE_SINCE = (0, 34)
+
+
+def vllm_release(version: object) -> tuple[int, int] | None:
+    """(major, minor) of a recorded vLLM version (:data:`VLLM_VERSION`: "0.34.0", "0.25.1.dev4+g..."); None if not one."""
+    m = re.match(r"(\d+)\.(\d+)", str(version or ""))
+    return (int(m.group(1)), int(m.group(2))) if m else None
 
 
 def int_fact(facts: dict, key: str) -> int | None:

@@ -20,6 +20,7 @@ from pathlib import Path
 
 from memtrace.analysis.capacity import before_run as B
 from memtrace.analysis.capacity import priors as P
+from memtrace.analysis.capacity.shape import read_config
 from memtrace.analysis.capacity.whatif import BOOTS, Flags
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -48,7 +49,7 @@ def measured_pre_kv(lib: P.Library, label: str, shape: dict, flags: Flags) -> in
 
 
 def check(case: dict, lib: P.Library, in_sample: bool) -> dict:
-    shape = P.read_config(str(ROOT / case["config"]))
+    shape = read_config(str(ROOT / case["config"]))
     arch = (shape.get("architectures") or ["?"])[0]
     used = lib if in_sample else without(lib, arch)
     flags = flags_of(case)

@@ -58,3 +58,13 @@ def test_the_store_format_documents_the_registry():
     from memtrace import store
 
     assert "memtrace.facts" in (store.__doc__ or "")
+
+
+def test_the_recorded_vllm_release_is_read_in_one_place():
+    """``facts.vllm_release``: reconcile's formula, the what-if's default utilization and the history key's KV sizing
+    read the same release."""
+    from memtrace.analysis.capacity.reconcile import FORMULA_025, FORMULA_033, choose_formula
+
+    for text, release, formula in (("0.34.0", (0, 34), FORMULA_033), ("0.25.1.dev4+g1a2b", (0, 25), FORMULA_025),
+                                   ("", None, FORMULA_033), ("unknown", None, FORMULA_033)):  # fmt: skip
+        assert F.vllm_release(text) == release and choose_formula({F.VLLM_VERSION: text}) == formula

@@ -11,8 +11,11 @@ from __future__ import annotations
 import json
 
 import pytest
+from memtrace import facts as F
 from memtrace.analysis.analysed.run import analyse
+from memtrace.analysis.capacity import fits
 from memtrace.analysis.capacity import whatif as W
+from memtrace.analysis.capacity.extensible import address_range
 from memtrace.cli import main
 from memtrace.errors import UsageError
 from memtrace.store import load_run
@@ -39,6 +42,27 @@ def test_the_recorded_flags_on_the_recorded_card_give_vllms_own_block_count(step
     o = W.WhatIf(W.sites_of(r), W.sites_of(r).flags).on(r.trace.process.device_total_bytes)
     assert o.verdict == W.BOOTS and o.kv.blocks == blocks
     assert o.kv.tokens == int(logged(step, r"GPU KV cache size: ([0-9,]+) tokens").replace(",", ""))
+
+
+@pytest.mark.parametrize(("step", "blocks"), [("moe-ext", 263_061), ("dense-ext", 31_641)])
+def test_the_extensible_address_range_is_vllms_with_no_cuda_graphs_in_it(step, blocks):
+    """vLLM 0.34 sizes the extensible cache's address range (its ``capacity_blocks``, the most the sizing after
+    warm-up may commit) in determine_available_memory, before it captures the CUDA graphs, with no graph estimate
+    (``profile_cudagraph_memory`` returns 0 in that mode). ``fits`` and the what-if size it with one function; the
+    what-if used to count the captured graphs against it (moe-ext: 42,518,564 B, 262,980 blocks)."""
+    r = _rank(step)
+    sizing = r.trace.facts[F.VLLM_KV_SIZING]
+    total, per = sizing.get("total_memory_bytes") or r.trace.process.device_total_bytes, sizing["bytes_per_block"]
+    w = _what_if(step)
+    assert address_range(w.flags.util, total, w.withheld[0], per)[1] == blocks == sizing["capacity_blocks"]
+    assert address_range(w.flags.util, total, fits.recorded(r).extensible.non_kv_bytes, per)[1] == blocks
+
+
+def test_a_profiled_recording_switched_to_the_extensible_cache_sizes_the_range_without_its_graph_estimate():
+    """moe-noext's 89,128,960 B CUDA-graph estimate is not withheld from the extensible range: its non-KV figure is
+    moe-ext's (the same start-up recorded with the extensible cache)."""
+    noext = _what_if("moe-noext", "extensible-kv-cache=on").withheld[0]
+    assert noext == _what_if("moe-ext").withheld[0] == fits.recorded(_rank("moe-ext")).non_kv_bytes == 12_189_696_164
 
 
 def test_small_ext_with_its_neighbour_kept_gives_vllms_60704_blocks():

@@ -265,6 +265,28 @@ def test_a_corrupt_or_absent_safetensors_file_is_one_line_saying_what_to_do(tmp_
     bad.write_bytes(struct.pack("<Q", len(header)) + header + bytes(16))  # 32 bytes of BF16 in 16
     with pytest.raises(UsageError, match="spans 16 bytes, not its dtype x shape"):
         S.weights_from_safetensors(tmp_path)
-    (tmp_path / "config.json").write_text("{not json")
-    with pytest.raises(UsageError, match="cannot read a model config"):
-        S.ModelShape.from_config(tmp_path)
+    for content, why in (
+        ("{not json", "not JSON"),
+        ("[1]", "not a JSON object"),
+        ('{"hidden_size": 8}', "lacks hidden_size"),
+    ):
+        (tmp_path / "config.json").write_text(content)
+        with pytest.raises(UsageError, match=why) as err:  # one reader, one message: give a complete config.json
+            S.ModelShape.from_config(tmp_path)
+        assert "\n" not in str(err.value) and str(err.value).endswith("its checkpoint's folder")
+    with pytest.raises(UsageError, match="cannot read it"):
+        S.read_config(tmp_path / "absent.json")
+
+
+def test_one_dtype_table_sizes_the_models_and_the_kv_caches_elements():
+    from memtrace.analysis.capacity import whatif as W
+
+    assert [S.dtype_bytes(d) for d in ("auto", "bfloat16", "fp8", "fp8_inc", "float32")] == [2, 2, 1, 1, 4]
+    assert S.dtype_bytes("auto", "float32") == 4 and S.dtype_bytes("nvfp4", unknown=2) == 2
+    with pytest.raises(ValueError, match="unknown dtype"):
+        S.dtype_bytes("nvfp4")
+    base = W.Flags(8192, 8, 32768, False, "auto", None, True)
+    assert W.apply_what_if(base, ["kv-cache-dtype=fp8_e5m2"]).kv_cache_dtype == "fp8_e5m2"
+    with pytest.raises(UsageError) as err:  # the what-if's choices, as its error has always listed them
+        W.apply_what_if(base, ["kv-cache-dtype=bf16"])
+    assert str(err.value).endswith("kv-cache-dtype is one of fp8, fp8_e4m3, fp8_e5m2, auto, bfloat16, float16, half")

@@ -136,7 +136,8 @@ def run(args: argparse.Namespace) -> int:
 def _before_run(args: argparse.Namespace, capacities: list[int]) -> int:
     """--config without RUN: the start-up from the model's config and the priors, per card; exit 0 if it boots."""
     from memtrace.analysis.capacity import before_run as B
-    from memtrace.analysis.capacity.priors import load_library, read_config
+    from memtrace.analysis.capacity.priors import load_library
+    from memtrace.analysis.capacity.shape import read_config
     from memtrace.analysis.capacity.whatif import BOOTS
     from memtrace.errors import UsageError
     from memtrace.plots.whatif_text import render_before_run
@@ -164,7 +165,7 @@ def _before_run(args: argparse.Namespace, capacities: list[int]) -> int:
 def _give_shape(run_, path: str) -> None:
     """The model's shape from ``path`` (a Hugging Face config.json) for the ranks that did not record theirs."""
     from memtrace import facts as F
-    from memtrace.analysis.capacity.priors import read_config
+    from memtrace.analysis.capacity.shape import read_config
 
     shape = read_config(path)
     for r in run_.ranks:

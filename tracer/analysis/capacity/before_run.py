@@ -16,7 +16,6 @@ from pathlib import Path
 from memtrace.analysis.capacity import priors as P
 from memtrace.analysis.capacity import shape as S
 from memtrace.analysis.capacity import whatif as W
-from memtrace.errors import UsageError
 
 GiB = 1 << 30
 #: vLLM 0.34's defaults for ``vllm serve`` (``EngineArgs.get_batch_defaults``, OPENAI_API_SERVER) by the card's
@@ -58,8 +57,7 @@ def weights_of(config_path: str) -> Weights:
     flags = ("kv_cache_dtype", "block_size", "max_model_len", "max_num_batched_tokens", "vision_weights")
     lacking = [x for x in m.missing() if x not in flags]
     if lacking:
-        raise UsageError(f"{config_path}: the config lacks {', '.join(lacking)}, which the weights are counted from; "
-                         "give a complete config.json, or the checkpoint's folder with its safetensors")  # fmt: skip
+        raise S.config_error(config_path, f"the config lacks {', '.join(lacking)}, which the weights are counted from")
     return Weights(S.weights_bytes(m), "the config's shape (no checkpoint beside it)")
 
 
@@ -72,7 +70,7 @@ def predict(
     try:
         return W.carried_outcome(c, capacity, others, W.kv_shape(shape, flags, BLOCK_TOKENS))
     except ValueError as e:
-        raise UsageError(f"{shape.get('source', 'the config')}: {e}; give a complete config.json") from None
+        raise S.config_error(shape.get("source", "the config"), str(e)) from None
 
 
 def suggest(shape: dict, flags: W.Flags, capacity: int, weights: Weights, library: P.Library, others: int = 0,

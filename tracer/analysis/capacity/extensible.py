@@ -39,7 +39,7 @@ from dataclasses import dataclass, field
 
 from memtrace import facts as F
 from memtrace import vllm_phase_names as PN
-from memtrace.analysis.capacity.reconcile import phase_reading
+from memtrace.analysis.capacity.reconcile import phase_reading, profiled_kv_bytes
 from memtrace.analysis.memory.blocks import block_curve
 from memtrace.analysis.memory.curves import Curve, Curves, all_curves, committed_curve
 from memtrace.analysis.memory.quantities import window_max
@@ -50,6 +50,8 @@ _FREE_COMPLETED = ACTION_CODE["free_completed"]
 #: torch's caching allocator rounds every block up to a multiple of 512 B (``round_size``, without
 #: ``roundup_power2_divisions``): its ``allocated_bytes`` counters count rounded blocks.
 MIN_BLOCK_BYTES = 512
+#: vLLM 0.34's margin below the free memory after warm-up on CUDA (``KV_CACHE_MARGIN_FLOOR_BYTES``, ``..._FRACTION``)
+MARGIN_FLOOR_BYTES, MARGIN_FRACTION = 1 << 30, 0.75
 
 
 def torch_allocated_curve(trace: Trace, curves: Curves | None = None) -> Curve:
@@ -57,10 +59,10 @@ def torch_allocated_curve(trace: Trace, curves: Curves | None = None) -> Curve:
     return block_curve(trace, curves if curves is not None else all_curves(trace))
 
 
-def measure_kv_cache_bytes(*, init_free: int, free: int, committed: int, requested: int, transient_peak: int,
-                           torch_reserve_growth: int, margin_floor: int, margin_fraction: float,
-                           ) -> tuple[int, int, int, int]:  # fmt: skip
-    """vLLM 0.34's formula: (available, non_kv_used, headroom, margin)."""
+def measure_kv_cache_bytes(*, init_free: int, free: int, requested: int, transient_peak: int, torch_reserve_growth: int,
+                           committed: int = 0, margin_floor: int = MARGIN_FLOOR_BYTES,
+                           margin_fraction: float = MARGIN_FRACTION) -> tuple[int, int, int, int]:  # fmt: skip
+    """vLLM 0.34's formula, its margins by default: (available, non_kv_used, headroom, margin)."""
     non_kv_used = init_free - free - committed
     headroom = free + committed
     margin = max(margin_floor, int(transient_peak * margin_fraction))
@@ -76,8 +78,8 @@ def extensible_inputs(s: dict, lacks: int = 0, moved: int = 0, tr: float = 1.0) 
     return dict(init_free=int(s["init_free_memory_bytes"]) - lacks, free=int(s["free_memory_bytes"]) - lacks - moved,
                 committed=int(s["committed_bytes"]), transient_peak=int(s["transient_peak_bytes"] * tr),
                 torch_reserve_growth=int(s["torch_reserve_growth_bytes"] * tr),
-                margin_floor=int(s.get("margin_floor_bytes") or 1 << 30),
-                margin_fraction=float(s.get("margin_fraction") or 0.75))  # fmt: skip
+                margin_floor=int(s.get("margin_floor_bytes") or MARGIN_FLOOR_BYTES),
+                margin_fraction=float(s.get("margin_fraction") or MARGIN_FRACTION))  # fmt: skip
 
 
 def pages_for(num_blocks: int, strides: list[int], granule: int) -> int:
@@ -92,6 +94,14 @@ def blocks_within(num_bytes: int, strides: list[int], granule: int, capacity: in
     while n > 0 and pages_for(n, strides, granule) > num_bytes:
         n -= 1
     return max(n, 0)
+
+
+def address_range(util: float, capacity: int, non_kv: int, per_block: int) -> tuple[int, int]:
+    """The address range on a card, (bytes, blocks: the most the sizing after warm-up commits, ``capacity_blocks``):
+    ``ceil(util x capacity) - non_kv`` (``Worker.determine_available_memory``), ``non_kv`` with no CUDA-graph estimate:
+    ``profile_cudagraph_memory`` returns 0 in this mode, the graphs are captured later. ``fits`` and the what-if's."""
+    range_bytes = profiled_kv_bytes(util, capacity, non_kv)
+    return range_bytes, max(range_bytes // per_block, 0) if per_block else 0
 
 
 def sized(inputs: dict, requested: int, strides: list[int], granule: int, most: int) -> tuple[int, int, int]:

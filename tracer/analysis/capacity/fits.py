@@ -42,7 +42,7 @@ from memtrace import facts as F
 from memtrace import vllm_phase_names as PN
 from memtrace.analysis.analysed.landmarks import Landmarks, steady_non_torch_at
 from memtrace.analysis.capacity import whatif as W
-from memtrace.analysis.capacity.extensible import ExtensibleSizing, extensible_inputs, sized
+from memtrace.analysis.capacity.extensible import ExtensibleSizing, address_range, extensible_inputs, sized
 from memtrace.analysis.capacity.reconcile import KV_GIVEN, MEMTRACE, profiled_kv_bytes
 from memtrace.analysis.memory import non_torch
 from memtrace.analysis.memory.curves import Curve, committed_curve
@@ -378,17 +378,15 @@ def fit_extensible(trace: Trace, capacity_bytes: int, util: float | None, rec: R
     if len(over):
         return result(OOM, path_at(trace, int(prep.time_us[over[0]])), pre - capacity_bytes, "pre-KV")
     # 2. the address range
-    one = prep.one_request
-    rng = profiled_kv_bytes(util, capacity_bytes, prep.non_kv_bytes) if prep.non_kv_bytes is not None else None
+    one, bpb, s = prep.one_request, prep.sizing.bytes_per_block, facts.get(F.VLLM_KV_SIZING) or {}
+    rng, most = (None, int(s.get("capacity_blocks") or 0)) if prep.non_kv_bytes is None else address_range(
+        util, capacity_bytes, prep.non_kv_bytes, bpb)  # fmt: skip
     if rng is not None and (rng <= 0 or (one is not None and rng < one)):
         return result(NO_KV, PN.KV_CACHE_INIT, -rng)
     # 3. the size, by vLLM's formula on this card: the bytes this card has less of, free (the recorded card's other
     # processes are not on it, unless given back as ``others_bytes``)
     lacks = prep.recorded_total - rec.others_bytes - capacity_bytes + others_bytes
-    s = facts.get(F.VLLM_KV_SIZING) or {}
     strides, granule = [int(x) for x in s.get("segment_strides") or []], int(s.get("granularity_bytes") or 0)
-    bpb = prep.sizing.bytes_per_block
-    most = rng // bpb if rng is not None else int(s.get("capacity_blocks") or 0)
     _, blocks, kv = sized(extensible_inputs(s, lacks), requested, strides, granule, most)
     if blocks <= 1 or (one is not None and (blocks - 1) * bpb < one):  # the null block holds no request
         return result(NO_KV, path_at(trace, prep.sizing.time_us))

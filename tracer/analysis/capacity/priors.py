@@ -161,28 +161,6 @@ def load_library(path: Path | str | None = None) -> Library:
     return Library(doc["vllm"], priors, [Observed(**o) for o in doc.get("observed", [])])
 
 
-def read_config(path: str) -> dict:
-    """A Hugging Face config.json (or the checkpoint folder holding it) as a shape (its ``text_config`` for a
-    multimodal model, the model's dtype with it), with where it came from."""
-    if Path(path).is_dir():
-        path = str(Path(path) / "config.json")
-    try:
-        with open(path, encoding="utf-8") as fh:
-            doc = json.load(fh)
-    except OSError as e:
-        raise UsageError(f"cannot read the model config {path}: {e.strerror}") from None
-    except ValueError as e:
-        raise UsageError(f"{path}: not a JSON config.json ({e})") from None
-    if not isinstance(doc, dict):
-        raise UsageError(f"{path}: not a model config (a JSON object with hidden_size, num_hidden_layers, ...)")
-    text = doc.get("text_config") if isinstance(doc.get("text_config"), dict) else doc
-    if not text.get("hidden_size") or not text.get("num_hidden_layers"):
-        raise UsageError(f"{path}: no hidden_size / num_hidden_layers: not a language model's config.json")
-    dtype = text.get("torch_dtype") or text.get("dtype") or doc.get("torch_dtype") or doc.get("dtype")
-    return {**text, "architectures": doc.get("architectures") or text.get("architectures"), "torch_dtype": dtype,
-            "source": f"config {path}"}  # fmt: skip
-
-
 def _spread_bytes(b: int, p: Prior) -> int | None:
     return int(math.ceil(max(abs(b), SPREAD_FLOOR) * p.spread)) if p.spread is not None else None
 
@@ -294,11 +272,8 @@ class Carried:
             init_free = capacity - others - self[CONTEXT]
             non_kv_used = self.after_warmup - self[CONTEXT] + self[SLACK]
             free = init_free - non_kv_used
-            available, *_ = measure_kv_cache_bytes(
-                init_free=init_free, free=free, committed=0, requested=requested,
-                transient_peak=self[TRANSIENT], torch_reserve_growth=self[RESERVE_GROWTH],
-                margin_floor=1 << 30, margin_fraction=0.75,
-            )  # fmt: skip
+            available, *_ = measure_kv_cache_bytes(init_free=init_free, free=free, requested=requested,
+                transient_peak=self[TRANSIENT], torch_reserve_growth=self[RESERVE_GROWTH])  # fmt: skip
             how = (f"vLLM 0.34's post-warm-up formula: free after warm-up {free:,} B, transient peak "
                    f"{self[TRANSIENT]:,} B, reserve growth {self[RESERVE_GROWTH]:,} B, requested ceil("
                    f"{self.flags.util:g} x {capacity:,} B)")  # fmt: skip

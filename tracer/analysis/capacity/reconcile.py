@@ -21,7 +21,6 @@ term (``init_gap_bytes``): vLLM counts it. The graph estimate is vLLM's own (a r
 from __future__ import annotations
 
 import math
-import re
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -89,8 +88,8 @@ def choose_formula(facts: dict[str, Any]) -> str:
         return FORMULA_025
     if "total_consumed_bytes" in profile:
         return FORMULA_033
-    m = re.match(r"(\d+)\.(\d+)", str(facts.get(F.VLLM_VERSION) or ""))
-    if m and (int(m.group(1)), int(m.group(2))) < (0, 32):
+    release = F.vllm_release(facts.get(F.VLLM_VERSION))
+    if release is not None and release < (0, 32):
         return FORMULA_025
     return FORMULA_033
 

@@ -11,7 +11,6 @@ rotary cos/sin cache it keeps beside the parameters). A local checkpoint gives t
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import math
 import struct
@@ -25,6 +24,8 @@ from memtrace.errors import UsageError
 #: Bytes per element of the dtypes vLLM's configs and ``--kv-cache-dtype`` name (``auto``: the model's).
 DTYPE_BYTES = {"float32": 4, "float": 4, "bfloat16": 2, "float16": 2, "half": 2,
                "fp8": 1, "fp8_e4m3": 1, "fp8_e5m2": 1, "fp8_inc": 1, "fp8_ds_mla": 1, "int8": 1}  # fmt: skip
+#: ``--kv-cache-dtype``'s values the what-if takes (``auto``: the model's dtype), in the order its errors list them
+KV_CACHE_DTYPES = ("fp8", "fp8_e4m3", "fp8_e5m2", "auto", "bfloat16", "float16", "half")
 #: safetensors' dtype names (header ``dtype``) -> bits per element
 _ST_BITS = {"F64": 64, "I64": 64, "U64": 64, "F32": 32, "I32": 32, "U32": 32, "F16": 16, "BF16": 16,
             "I16": 16, "U16": 16, "I8": 8, "U8": 8, "BOOL": 8, "F8_E4M3": 8, "F8_E5M2": 8, "F8_E8M0": 8,
@@ -94,20 +95,8 @@ class ModelShape:
 
     @classmethod
     def from_config(cls, path: str | Path) -> ModelShape:
-        """From a Hugging Face ``config.json`` (or the folder holding it); a multimodal config's
-        ``text_config`` is the model. vLLM's flags are left None: ``dataclasses.replace`` them in."""
-        path = Path(path)
-        path = path / "config.json" if path.is_dir() else path
-        try:
-            cfg = json.loads(path.read_text())
-        except (OSError, UnicodeDecodeError, ValueError) as exc:
-            raise UsageError(f"{path}: cannot read a model config ({exc}); give a config.json") from None
-        if not isinstance(cfg, dict):
-            raise UsageError(f"{path}: not a model config (a JSON object); give a config.json")
-        text = {**cfg, **cfg["text_config"]} if isinstance(cfg.get("text_config"), dict) else cfg
-        text.setdefault("dtype", cfg.get("torch_dtype") or cfg.get("dtype"))
-        shape = _build(text, (cfg.get("architectures") or [None])[0], {})
-        return dataclasses.replace(shape, multimodal=isinstance(cfg.get("vision_config"), dict))
+        """From a ``config.json`` (:func:`read_config`); vLLM's flags are left None: ``dataclasses.replace`` them in."""
+        return cls.from_facts({F.VLLM_MODEL_SHAPE: read_config(path)})
 
     def missing(self) -> list[str]:
         """The fields the KV cache and weights need that neither the facts nor the config gave, and
@@ -125,6 +114,32 @@ def _int(d: dict, *keys: str) -> int | None:
 
 def _dtype(value: Any) -> str | None:
     return str(value).removeprefix("torch.") if value else None
+
+
+def config_error(path: str | Path, what: str) -> UsageError:
+    """The one message of a model config memtrace cannot use: what is wrong with it, and what to give instead."""
+    return UsageError(f"{path}: {what}; give a language model's complete config.json, or its checkpoint's folder")
+
+
+def read_config(path: str | Path) -> dict:
+    """The one reader of a Hugging Face ``config.json`` (or its folder): the text model's fields as the fact
+    ``vllm.model_shape`` holds them (vLLM's ``hf_text_config``), ``architectures``, ``torch_dtype``, ``multimodal``
+    (a vision tower beside it) and ``source``; :func:`config_error` where it is unreadable or not a language model's."""
+    path = Path(path) / "config.json" if Path(path).is_dir() else Path(path)
+    try:
+        doc = json.loads(path.read_text(encoding="utf-8"))
+    except OSError as e:
+        raise config_error(path, f"cannot read it ({e.strerror or e})") from None
+    except ValueError as e:  # UnicodeDecodeError too
+        raise config_error(path, f"not JSON ({e})") from None
+    if not isinstance(doc, dict):
+        raise config_error(path, "not a JSON object")
+    text = doc["text_config"] if isinstance(doc.get("text_config"), dict) else doc
+    if not text.get("hidden_size") or not text.get("num_hidden_layers"):
+        raise config_error(path, "the config lacks hidden_size / num_hidden_layers")
+    dtype = text.get("torch_dtype") or text.get("dtype") or doc.get("torch_dtype") or doc.get("dtype")
+    return {**text, "architectures": doc.get("architectures") or text.get("architectures"), "torch_dtype": dtype,
+            "multimodal": isinstance(doc.get("vision_config"), dict), "source": f"config {path}"}  # fmt: skip
 
 
 def _kinds(d: dict, model_type: str, layers: int | None, window: int | None) -> tuple[int | None, int, int]:
@@ -175,7 +190,7 @@ def _build(d: dict, arch: str | None, cfg: dict) -> ModelShape:
         dtype=_dtype(cfg.get("dtype") or d.get("dtype") or d.get("torch_dtype")),
         kv_cache_dtype=cfg.get("kv_cache_dtype"), block_size=_int(cfg, "block_size"),
         max_model_len=_int(cfg, "max_model_len"), max_num_batched_tokens=_int(cfg, "max_num_batched_tokens"),
-        tensor_parallel=_int(cfg, "tensor_parallel_size") or 1,
+        tensor_parallel=_int(cfg, "tensor_parallel_size") or 1, multimodal=d.get("multimodal") is True,
     )  # fmt: skip
 
 
@@ -185,11 +200,13 @@ def _need(shape: ModelShape, *names: str) -> None:
         raise ValueError(f"the model's shape lacks {', '.join(lacking)} (ModelShape.missing)")
 
 
-def _bytes(dtype: str | None, model_dtype: str | None) -> int:
+def dtype_bytes(dtype: str | None, model_dtype: str | None = "bfloat16", unknown: int | None = None) -> int:
+    """Bytes per element of ``dtype`` (``auto`` or None: ``model_dtype``'s) from :data:`DTYPE_BYTES`; a name it
+    does not hold is ``unknown`` bytes (None: ValueError)."""
     name = _dtype(model_dtype if dtype in (None, "auto") else dtype)
-    if name not in DTYPE_BYTES:
+    if name not in DTYPE_BYTES and unknown is None:
         raise ValueError(f"unknown dtype {dtype!r} (model {model_dtype!r})")
-    return DTYPE_BYTES[name]
+    return DTYPE_BYTES.get(name, unknown)
 
 
 # -- KV cache ---------------------------------------------------------------------------------------------
@@ -215,7 +232,7 @@ def _mamba_page(shape: ModelShape) -> int:
     s, tp = shape, shape.tensor_parallel
     conv = (s.linear_key_head_dim * s.linear_key_heads * 2 + s.linear_value_head_dim * s.linear_value_heads) // tp
     recurrent = s.linear_value_heads // tp * s.linear_value_head_dim * s.linear_key_head_dim
-    return (conv * (s.linear_conv_kernel - 1) + recurrent) * _bytes(None, s.dtype)
+    return (conv * (s.linear_conv_kernel - 1) + recurrent) * dtype_bytes(None, s.dtype)
 
 
 def kv_plan(shape: ModelShape, kv_cache_dtype: str | None = None, block_size: int | None = None) -> KVPlan:
@@ -235,7 +252,7 @@ def kv_plan(shape: ModelShape, kv_cache_dtype: str | None = None, block_size: in
     if block is None or kv_cache_dtype is None:
         raise ValueError("the KV cache needs kv_cache_dtype and block_size (vllm.config)")
     kv_heads = max(1, shape.kv_heads // shape.tensor_parallel)  # replicated below one a rank
-    per_token = kv_heads * 2 * shape.head_dim * _bytes(kv_cache_dtype, shape.dtype)
+    per_token = kv_heads * 2 * shape.head_dim * dtype_bytes(kv_cache_dtype, shape.dtype)
     if shape.linear_layers:
         _need(shape, *_LINEAR_DIMS)
         block = max(block, block * math.ceil(_mamba_page(shape) / (block * per_token)))
@@ -313,14 +330,14 @@ def rotary_cache_bytes(shape: ModelShape) -> int:
     distinct rope: Gemma3 has a local and a global one)."""
     _need(shape, "max_position", "rotary_dim", "dtype")
     ropes = 2 if shape.sliding_layers and (shape.model_type or "").startswith("gemma3") else 1
-    return ropes * shape.max_position * shape.rotary_dim * _bytes(None, shape.dtype)
+    return ropes * shape.max_position * shape.rotary_dim * dtype_bytes(None, shape.dtype)
 
 
 def weights_bytes(shape: ModelShape) -> int:
     """What vLLM's "Model loading took" counts on one rank: the parameters in the model's dtype and the
     rotary cache."""
     _need(shape, "dtype")
-    return parameters(shape) * _bytes(None, shape.dtype) + rotary_cache_bytes(shape)
+    return parameters(shape) * dtype_bytes(None, shape.dtype) + rotary_cache_bytes(shape)
 
 
 def weights_from_safetensors(folder: str | Path) -> int:

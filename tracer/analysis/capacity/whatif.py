@@ -23,10 +23,10 @@ from memtrace import facts as F
 from memtrace import vllm_phase_names as PN
 from memtrace.analysis.analysed.landmarks import Landmarks, total_curve
 from memtrace.analysis.capacity import priors as P
-from memtrace.analysis.capacity.extensible import extensible_inputs, sized
+from memtrace.analysis.capacity import shape as S
+from memtrace.analysis.capacity.extensible import address_range, extensible_inputs, sized
 from memtrace.analysis.capacity.reconcile import MEMTRACE as NON_KV_MEMTRACE
 from memtrace.analysis.capacity.reconcile import profiled_kv_bytes
-from memtrace.analysis.capacity.shape import VOCAB_PADDING, ModelShape, kv_bytes_for_tokens, kv_cache_for_bytes, kv_plan
 from memtrace.analysis.holders.frames import meaningful_frame
 from memtrace.analysis.holders.live import Lifetimes
 from memtrace.analysis.memory.categories import sampler_stacks
@@ -66,12 +66,23 @@ RECORDED, SCALED_FROM_RECORDING, PRIOR = "recorded", "scaled", "prior"
 #: vLLM's default --gpu-memory-utilization by release (since (major, minor): with the extensible KV cache, without),
 #: newest first: 0.34 resolves it with the sizing mode (``resolved_gpu_memory_utilization``); 0.33 resolved 0.92
 #: (tests/data/vllm-h200-033/moe, source ``vllm-default``); before, 0.9.
-VLLM_DEFAULT_UTIL = (((0, 34), 1.0, 0.92), ((0, 33), 0.92, 0.92), ((0, 0), 0.9, 0.9))
+VLLM_DEFAULT_UTIL = ((F.VLLM_EXTENSIBLE_SINCE, 1.0, 0.92), ((0, 33), 0.92, 0.92), ((0, 0), 0.9, 0.9))
 
 
-def default_util(version: tuple[int, int], extensible: bool) -> float:
-    """vLLM's default utilization for a release (``version``: (major, minor)) and sizing mode."""
-    return next(ext if extensible else prof for since, ext, prof in VLLM_DEFAULT_UTIL if version >= since)
+def resolved_util(user: float | None, version: tuple[int, int], extensible: bool) -> float:
+    """vLLM's ``resolved_gpu_memory_utilization``: the user's, else the release's default for the sizing mode."""
+    return user if user is not None else next(e if extensible else p for v, e, p in VLLM_DEFAULT_UTIL if version >= v)
+
+
+def recorded_release(trace, unknown: tuple[int, int] = F.VLLM_EXTENSIBLE_SINCE) -> tuple[int, int]:
+    """The recorded vLLM's (major, minor) (``facts.vllm_release``); ``unknown`` where the trace does not say (by
+    default 0.34, the newest release :data:`VLLM_DEFAULT_UTIL` knows)."""
+    return F.vllm_release(trace.facts.get(F.VLLM_VERSION)) or unknown
+
+
+def knows_extensible(trace) -> bool:
+    """The recorded vLLM is known to have the extensible KV cache (0.34 or later; not when the trace does not say)."""
+    return recorded_release(trace, (0, 0)) >= F.VLLM_EXTENSIBLE_SINCE
 
 
 def one_request_bytes(max_model_len: int, bytes_per_block: float, tokens_per_block: int) -> int:
@@ -111,7 +122,6 @@ def recorded_one_request(facts: dict, kv_bytes: int | None = None) -> int | None
 
 _AUTOTUNE_FILE = "_inductor/select_algorithm.py"
 _KV_FUNCS = ("_allocate_kv_cache_buffer", "allocate_kv_cache", "_allocate_kv_cache_tensors")
-_DTYPE_BYTES = {"fp8": 1, "fp8_e4m3": 1, "fp8_e5m2": 1, "auto": 2, "bfloat16": 2, "float16": 2, "half": 2}
 _BEFORE = np.iinfo(np.int64).min
 _NEVER = np.iinfo(np.int64).max
 
@@ -127,13 +137,11 @@ class Flags:
     kv_cache_dtype: str
     gpu_memory_utilization: float | None
     extensible: bool
-    vllm: tuple[int, int] = (0, 34)  # the recorded release (major, minor): its default utilization
+    vllm: tuple[int, int] = F.VLLM_EXTENSIBLE_SINCE  # the recorded release (:func:`recorded_release`): its default util
 
     @property
     def util(self) -> float:
-        if self.gpu_memory_utilization is not None:
-            return self.gpu_memory_utilization
-        return default_util(self.vllm, self.extensible)
+        return resolved_util(self.gpu_memory_utilization, self.vllm, self.extensible)
 
     @property
     def graphs(self) -> int:
@@ -176,12 +184,12 @@ def recorded_flags(trace) -> Flags | None:
     if not all(isinstance(cfg.get(k), int) for k in need):
         return None
     return Flags(*(cfg[k] for k in need), bool(cfg.get("enforce_eager")), str(cfg.get("kv_cache_dtype") or "auto"),
-                 user_util(trace), extensible_kv_cache(trace), vllm_version(trace) or (0, 34))  # fmt: skip
+                 user_util(trace), extensible_kv_cache(trace), recorded_release(trace))  # fmt: skip
 
 
 def user_util(trace) -> float | None:
     """The recorded --gpu-memory-utilization unless vLLM chose it by default (None: another sizing mode moves it,
-    :func:`default_util`); a trace that does not say who chose it (``facts.UTIL_SOURCE``) keeps vLLM's resolved figure."""
+    :func:`resolved_util`); a trace that does not say who chose it (``facts.UTIL_SOURCE``) keeps vLLM's resolved figure."""
     u = trace.facts.get(F.UTIL)
     return float(u) if u and trace.facts.get(F.UTIL_SOURCE) != F.UTIL_VLLM_DEFAULT else None
 
@@ -189,26 +197,13 @@ def user_util(trace) -> float | None:
 def recorded_util(trace) -> float:
     """The utilization the recorded start-up ran with: the user's, else vLLM's default for the recorded release
     (unknown: 0.34) and sizing mode (``Flags.util`` of :func:`recorded_flags`, the one figure every model uses)."""
-    user = user_util(trace)
-    return user if user is not None else default_util(vllm_version(trace) or (0, 34), extensible_kv_cache(trace))
+    return resolved_util(user_util(trace), recorded_release(trace), extensible_kv_cache(trace))
 
 
 def extensible_kv_cache(trace) -> bool:
     """Whether the start-up sized its KV cache the extensible way (0.34's default where it died before sizing)."""
     source = trace.facts.get(F.VLLM_KV_SIZE_SOURCE)
-    if source is not None:
-        return source == F.KV_SIZED_EXTENSIBLE
-    return (vllm_version(trace) or (0, 0)) >= (0, 34)
-
-
-def vllm_version(trace) -> tuple[int, int] | None:
-    """The recorded vLLM's (major, minor); None when unknown."""
-    parts = str(trace.facts.get(F.VLLM_VERSION) or "").split(".")[:2]
-    try:
-        v = tuple(int("".join(c for c in p if c.isdigit()) or -1) for p in parts)
-    except ValueError:
-        return None
-    return v if len(v) == 2 and min(v) >= 0 else None
+    return source == F.KV_SIZED_EXTENSIBLE if source is not None else knows_extensible(trace)
 
 
 def _bool(name: str, value: str) -> bool:
@@ -233,8 +228,8 @@ def apply_what_if(base: Flags, items: list[str]) -> Flags:
         if key in ("enforce_eager", "extensible"):
             changes[key] = (not _bool(name, value)) if negate else _bool(name, value)
         elif key == "kv_cache_dtype":
-            if value not in _DTYPE_BYTES:
-                raise UsageError(f"--what-if {item}: kv-cache-dtype is one of {', '.join(_DTYPE_BYTES)}")
+            if value not in S.KV_CACHE_DTYPES:
+                raise UsageError(f"--what-if {item}: kv-cache-dtype is one of {', '.join(S.KV_CACHE_DTYPES)}")
             changes[key] = value
         elif key == "gpu_memory_utilization":
             changes[key] = parse_fraction(value)
@@ -461,7 +456,7 @@ def lm_head_example(trace) -> int | None:
     m = P.model_shape(shape) if shape is not None else None
     if m is None or not m.vocab or not m.hidden:
         return None
-    vocab = -(-m.vocab // VOCAB_PADDING) * VOCAB_PADDING
+    vocab = -(-m.vocab // S.VOCAB_PADDING) * S.VOCAB_PADDING
     return -(-vocab * m.hidden * 2 // (2 << 20)) * (2 << 20)
 
 
@@ -477,7 +472,7 @@ def kv_shape(shape: dict, flags: Flags, block_size: int, dtype: str | None = Non
     cfg = {"kv_cache_dtype": flags.kv_cache_dtype, "block_size": block_size, "max_model_len": flags.max_model_len,
            "max_num_batched_tokens": flags.max_num_batched_tokens,
            "dtype": dtype or shape.get("dtype") or shape.get("torch_dtype") or "bfloat16"}  # fmt: skip
-    return ModelShape.from_facts({F.VLLM_MODEL_SHAPE: shape, F.VLLM_CONFIG: cfg})
+    return S.ModelShape.from_facts({F.VLLM_MODEL_SHAPE: shape, F.VLLM_CONFIG: cfg})
 
 
 @dataclass(frozen=True)
@@ -680,11 +675,11 @@ class WhatIf:
     def per_block(self) -> tuple[int, int]:
         """(bytes per KV block, tokens per block) on the new flags."""
         per, tpb = kv_block(self.sites.trace.facts)
-        ratio = _DTYPE_BYTES.get(self.flags.kv_cache_dtype, 2) / _DTYPE_BYTES.get(self.rec.kv_cache_dtype, 2)
+        ratio = S.dtype_bytes(self.flags.kv_cache_dtype, unknown=2) / S.dtype_bytes(self.rec.kv_cache_dtype, unknown=2)
         shape = model_shape(self.sites.trace)
         if not per and shape is not None:  # a recording cut before KV sizing: vLLM's arithmetic on the model's shape
             dtype = (self.sites.trace.facts.get(F.VLLM_CONFIG) or {}).get("dtype")
-            plan = kv_plan(kv_shape(shape, self.flags, tpb or 16, dtype))
+            plan = S.kv_plan(kv_shape(shape, self.flags, tpb or 16, dtype))
             return plan.bytes_per_block, plan.block_size
         return int(per * ratio), tpb or 16
 
@@ -695,21 +690,23 @@ class WhatIf:
         one = one_request_bytes(self.flags.max_model_len, per, tpb)
         if self.flags.extensible:
             return self._kv_extensible(capacity, others, left_out, per, tpb, one)
-        withheld, how = self._withheld
+        withheld, how = self.withheld
         available = profiled_kv_bytes(self.flags.util, capacity, withheld)
         blocks = max(available // per, 0)
         tokens, how = blocks * tpb, f"ceil({self.flags.util:g} x {capacity:,} B) - {how}"
         return KvSizing(available, blocks, tokens, blocks * per, tokens / self.flags.max_model_len, how, one)
 
     @cached_property
-    def _withheld(self) -> tuple[int, str]:
+    def withheld(self) -> tuple[int, str]:
         """vLLM's non-KV figure (``reconcile.non_kv``) on the new flags, and its words (the same on every card)."""
         nk = self.sites.rank.non_kv
         moved = self._moved_peak(PN.PROFILE_RUN) or self._moved_peak(PN.DETERMINE_AVAILABLE_MEMORY)
         base = nk.bytes if nk is not None else 0
         cg = int((self.sites.trace.facts.get(F.VLLM_PROFILE) or {}).get("cudagraph_memory_estimate_bytes") or 0)
         kept = 0
-        if self.rec.extensible:  # vLLM measured no graph estimate: the captured graphs' memory stands for it
+        if self.flags.extensible:  # the address range's: no graph estimate (``extensible.address_range``)
+            base, cg = base - cg, 0
+        elif self.rec.extensible:  # vLLM measured no graph estimate: the captured graphs' memory stands for it
             cap = self.sites._phase(PN.CAPTURE_MODEL)
             if cap:
                 idx = self.sites.window_index(cap.start_us, cap.end_us or _NEVER)
@@ -729,7 +726,7 @@ class WhatIf:
         f = self.sites.trace.facts
         s = f.get(F.VLLM_KV_SIZING) or {}
         requested = math.ceil(self.flags.util * capacity)
-        withheld, _ = self._withheld
+        withheld, _ = self.withheld
         s_time = int(s.get("time_us") or self.sites.time[-1])
         j = int(np.searchsorted(self.sites.time, s_time, side="right")) - 1
         moved_at_sizing = int(self.no_kv[j] - self.sites.no_kv[j])
@@ -748,15 +745,14 @@ class WhatIf:
             src = "vLLM's post-warm-up inputs as recorded, moved to this card and these flags"
         else:  # recorded profiled: vLLM's inputs rebuilt from the curve (an estimate)
             transient = int(((f.get(F.VLLM_PROFILE) or {}).get("peak_activation_memory_bytes") or 0) * tr)
-            inputs = dict(init_free=capacity - others - own_init_used(self.sites.trace),
-                          free=capacity - others - int(self.no_kv[j]), committed=0, transient_peak=transient,
-                          torch_reserve_growth=transient, margin_floor=1 << 30, margin_fraction=0.75)  # fmt: skip
+            inputs = dict(init_free=capacity - others - own_init_used(self.sites.trace), transient_peak=transient,
+                          free=capacity - others - int(self.no_kv[j]), torch_reserve_growth=transient)  # fmt: skip
             strides, granule = [per], 2 << 20
             src = "vLLM 0.34's post-warm-up formula on the predicted curve (estimate: the recording was profiled)"
         # vLLM's transient is the most allocated above what stays held, profile_run's included: a cold compile's
         # autotuning examples there (cut-gemma3-1 on the H100: 0.58 -> 1.26 GiB) are withheld too
         inputs["transient_peak"] = max(inputs["transient_peak"], self.compile_extra)
-        range_blocks = max(profiled_kv_bytes(self.flags.util, capacity, withheld) // per, 0)
+        _, range_blocks = address_range(self.flags.util, capacity, withheld, per)
         available, blocks, kv_bytes = sized(inputs, requested, strides, granule, range_blocks)
         tokens = blocks * tpb
         how = (
@@ -873,7 +869,7 @@ class WhatIf:
         nk = self.sites.rank.non_kv
         if nk is None or nk.source != NON_KV_MEMTRACE:
             return None
-        withheld, how = self._withheld
+        withheld, how = self.withheld
         if withheld < requested:
             return None
         phase = PN.KV_CACHE_INIT if self.flags.extensible else PN.DETERMINE_AVAILABLE_MEMORY
@@ -891,7 +887,7 @@ def carried_outcome(c: P.Carried, capacity: int, others: int, kv: object, record
     (``c``): past a recording's end (``recorded``: its phases as predicted, up to ``t_end``), or with nothing recorded.
     ``kv``: the model's shape with the KV cache's flags (:func:`kv_shape`): vLLM's blocks, tokens, one request."""
     flags, room = c.flags, capacity - others
-    plan = kv_plan(kv)
+    plan = S.kv_plan(kv)
     per, tpb, per_request = plan.bytes_per_block, plan.block_size, plan.blocks_per_request
     names = {x.phase for x in recorded}
     phases = list(recorded) + [PhasePeak(name, None, 0, b + others, t_end, False, {}, {}, src)
@@ -912,8 +908,8 @@ def carried_outcome(c: P.Carried, capacity: int, others: int, kv: object, record
         phase = next((name for name, b, _ in c.phase_peaks() if b > room), PN.PROFILE_RUN)
         return out(verdict=DIES, phase=phase, by_bytes=pre_peak - room, why=PRE_KV_WHY, kv=None)
     k = c.kv(capacity, others, per, tpb)
-    blocks, tokens = kv_cache_for_bytes(kv, k.available_bytes)
-    one = kv_bytes_for_tokens(kv, flags.max_model_len)
+    blocks, tokens = S.kv_cache_for_bytes(kv, k.available_bytes)
+    one = S.kv_bytes_for_tokens(kv, flags.max_model_len)
     kv = KvSizing(k.available_bytes, blocks, tokens, blocks * per, tokens / flags.max_model_len, k.how, one)
     usable = kv.blocks - (1 if flags.extensible else 0)  # vLLM's null block holds no tokens
     if kv.available_bytes <= 0 or usable < per_request:
@@ -1048,7 +1044,7 @@ def candidates(rec: Flags, extensible_known: bool, shared_util: float | None = N
     if not rec.enforce_eager:
         out.append({"enforce_eager": True})
     out += [{"max_model_len": rec.max_model_len // d} for d in (2, 4, 8, 16) if rec.max_model_len // d >= 1024]
-    if _DTYPE_BYTES.get(rec.kv_cache_dtype, 2) > 1:
+    if S.dtype_bytes(rec.kv_cache_dtype, unknown=2) > 1:
         out.append({"kv_cache_dtype": "fp8"})
     out += [{"gpu_memory_utilization": u} for u in (0.8, 0.85, 0.9, 0.95, 0.98) if u != rec.util]
     if extensible_known:
@@ -1077,7 +1073,7 @@ def suggest(sites: Sites, capacity: int, *, keep_others: bool = False, others_by
     """The changes (one, else two at once, else three, else four) to ``base`` (default: the recorded flags) that boot on ``capacity``
     (``recorded``: ``base``'s outcome there, when already answered)."""
     rec = base or sites.flags
-    ext_known = (vllm_version(sites.trace) or (0, 0)) >= (0, 34)
+    ext_known = knows_extensible(sites.trace)
     card = dict(keep_others=keep_others, others_bytes=others_bytes)
     others = others_bytes if others_bytes is not None else recorded_others(sites.trace) if keep_others else 0
     singles = candidates(rec, ext_known, shared_utilization(sites, capacity, others))
@@ -1116,7 +1112,7 @@ def _frugal(rec: Flags, singles: list[dict]) -> Flags:
     dtypes = [rec.kv_cache_dtype, *(c["kv_cache_dtype"] for c in singles if "kv_cache_dtype" in c)]
     return dataclasses.replace(rec, max_num_batched_tokens=min(256, rec.max_num_batched_tokens), max_num_seqs=1,
                                enforce_eager=True, max_model_len=min(lens),
-                               kv_cache_dtype=min(dtypes, key=lambda d: _DTYPE_BYTES.get(d, 2)))  # fmt: skip
+                               kv_cache_dtype=min(dtypes, key=lambda d: S.dtype_bytes(d, unknown=2)))  # fmt: skip
 
 
 @dataclass(frozen=True)

@@ -119,20 +119,6 @@ def fingerprint(trace: Trace) -> dict[str, str]:
     return {k: t for k, v in values.items() if (t := _text(v))}
 
 
-#: The first vLLM whose KV cache may be sized after warm-up (the extensible KV cache, its default).
-_EXTENSIBLE_SINCE = (0, 34)
-
-
-def _version(text) -> tuple[int, ...] | None:
-    parts = []
-    for p in str(text or "").split("."):
-        digits = "".join(ch for ch in p if ch.isdigit()) if p[:1].isdigit() else ""
-        if not digits:
-            break
-        parts.append(int(digits))
-    return tuple(parts) if len(parts) >= 2 else None
-
-
 def kv_cache_sizing(trace: Trace) -> str | None:
     """How vLLM sized the KV cache (``facts.VLLM_KV_SIZE_SOURCE``), or its known default for a trace recorded
     before the plugin wrote that fact: the size given when the command line holds ``--kv-cache-memory-bytes``,
@@ -144,8 +130,8 @@ def kv_cache_sizing(trace: Trace) -> str | None:
     argv = [str(a).split("=", 1)[0] for a in trace_env(trace).get("cmdline") or []]
     if "--kv-cache-memory-bytes" in argv:
         return F.KV_SIZE_GIVEN_FLAG
-    version = _version(vllm_version(trace))
-    if version is not None and version < _EXTENSIBLE_SINCE:
+    version = F.vllm_release(vllm_version(trace))
+    if version is not None and version < F.VLLM_EXTENSIBLE_SINCE:
         return F.KV_SIZED_BY_PROFILING
     return None
 
