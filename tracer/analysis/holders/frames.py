@@ -111,8 +111,8 @@ def per_trace(fn):
         if hit is None or hit[0]() is not trace:
             out = fn(trace)
             while len(memo) >= MEMO_MAX:
-                memo.pop(next(iter(memo)))
-            hit = memo[key] = (weakref.ref(trace, lambda ref: memo.get(key, (0,))[0] is ref and memo.pop(key)), out)
+                memo.pop(next(iter(memo)), None)
+            hit = memo[key] = (weakref.ref(trace, lambda r: memo.get(key, (0,))[0] is r and memo.pop(key, None)), out)
         return hit[1]
 
     once.memo = memo  # type: ignore[attr-defined]
