@@ -88,7 +88,9 @@ def _json_safe(value: Any) -> Any:
     return json.loads(json.dumps(value, default=str))
 
 
-CHUNK = 1 << 16
+#: counter points per string written: ~800 kB stays in the CPU's caches (65,536, 6 MB strings each freshly mapped,
+#: took 40% more CPU at 3M events)
+CHUNK = 1 << 13
 
 
 def _records(run, progress=None) -> Iterator[str]:
@@ -158,9 +160,9 @@ def _counters(rank, pid: int, t0: int) -> Iterator[str]:
     for name, curve in zip(COUNTERS, series, strict=True):
         t, b = _changes(curve)
         fmt = f'{{"name":"{name}","ph":"C","ts":%d,"pid":{pid},"tid":0,"args":{{"bytes":%d}}}}'
-        for lo in range(0, len(t), CHUNK):
-            pairs = zip((t[lo : lo + CHUNK] - t0).tolist(), b[lo : lo + CHUNK].tolist(), strict=True)
-            yield ",\n".join(map(fmt.__mod__, pairs))
+        for lo in range(0, len(t), CHUNK):  # one % of the whole chunk: one per point took 1.7x as long
+            pairs = np.column_stack((t[lo : lo + CHUNK] - t0, b[lo : lo + CHUNK])).ravel().tolist()
+            yield ",\n".join([fmt] * (len(pairs) // 2)) % tuple(pairs)
 
 
 def _landmarks(rank, pid: int, t0: int) -> Iterator[dict[str, Any]]:

@@ -194,14 +194,14 @@ def test_the_folder_cache_forgets_a_freed_trace_and_keeps_a_bounded_number():
     t = _recorded_trace()
     frames.library_dirs(t)
     key = id(t)
-    assert key in frames._CACHE
+    assert key in frames.library_dirs.memo
     del t
     gc.collect()
-    assert key not in frames._CACHE  # its id may be another trace's now: nothing of it is left to be found
-    alive = [_recorded_trace() for _ in range(frames._CACHE_MAX * 2)]
+    assert key not in frames.library_dirs.memo  # its id may be another trace's now: nothing of it is left to be found
+    alive = [_recorded_trace() for _ in range(frames.MEMO_MAX * 2)]
     for t in alive:
         assert frames.library_dirs(t).dirs == {"torch": ("/opt/x/torch/",)}
-    assert len(frames._CACHE) == frames._CACHE_MAX
+    assert len(frames.library_dirs.memo) == frames.MEMO_MAX
 
 
 def test_a_diff_names_a_changed_site_by_its_runs_recorded_library_folders(tmp_path, capsys):

@@ -146,7 +146,7 @@ def test_recording_a_run_reads_the_categories_the_run_already_made(monkeypatch):
 
     run = analyse(load_run(VLLM).traces)
     rank = run.ranks[0]
-    expected = record(rank.trace, curves=rank.curves, oom=rank.oom)  # categorizes the trace itself
+    expected = record(rank.trace, curves=rank.curves)  # categorizes the trace itself
     assert rank.categorized is not None
     monkeypatch.setattr(categories, "categorize", lambda *a, **k: pytest.fail("categorized again"))
     (got,) = record_run(run, "add")

@@ -8,6 +8,7 @@ are ``rank_peaks.PeakFigures``.
 
 from __future__ import annotations
 
+from contextlib import nullcontext
 from dataclasses import dataclass
 from functools import cached_property, partial
 from operator import attrgetter
@@ -45,7 +46,9 @@ if TYPE_CHECKING:
 
 def _of(fn, *needs: str) -> cached_property:
     """A figure of the rank computed once: ``fn`` of its attributes ``needs`` (dotted paths; "": the rank)."""
-    return cached_property(lambda self: fn(*(attrgetter(n)(self) if n else self for n in needs)))
+    figure = cached_property(lambda self: fn(*(attrgetter(n)(self) if n else self for n in needs)))
+    figure.lock = nullcontext()  # Python 3.11's lock is one for every rank: diff's two runs' analyses took turns
+    return figure
 
 
 @dataclass(frozen=True)

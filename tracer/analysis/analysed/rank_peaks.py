@@ -148,7 +148,7 @@ class PeakFigures:
         h, t = self.headline, self.headline.point.time_us
         # the peak held: the KV cache committed outside PyTorch then holds its part too
         at = {} if h.event_index is not None else {"t_us": t, "chunks": live_kv_chunks(self.trace, t)}
-        return holders_by_site(self.trace, h.event_index, self.top, lt=self.lifetimes, dirs=self.frame_folders, **at)
+        return holders_by_site(self.trace, h.event_index, self.top, lt=self.lifetimes, **at)
 
     @cached_property
     def non_torch_moments(self) -> list[NonTorchBreakdown]:

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from memtrace import facts as F
-from memtrace.analysis.holders.frames import LibraryDirs, library_dirs, meaningful_frame
+from memtrace.analysis.holders.frames import library_dirs, meaningful_frame
 from memtrace.analysis.holders.live import BEFORE_RECORDING, Holder, Lifetimes, holders_by_stack, lifetimes
 from memtrace.analysis.memory.curves import Curves, state_missing
 from memtrace.analysis.memory.target import describe
@@ -146,16 +146,15 @@ def holders_by_site(
     lt: Lifetimes | None = None,
     t_us: int | None = None,
     chunks: Sequence[Chunk] = (),
-    dirs: LibraryDirs | None = None,
 ) -> list[HolderLine]:
     """Live bytes right after ``event_index`` (None: at ``t_us``, every event then done) grouped by the frame
     printed for them (the innermost meaningful frame: file, line, function), largest first, at most ``top`` lines;
     with ``chunks``, the KV cache committed outside PyTorch then (``vmm.live_kv_chunks``) held by the frames that
-    committed it, shares of both together (what the flame graph shows there). ``lt``, ``dirs``: the trace's
-    ``live.lifetimes`` and ``frames.library_dirs``, when the rank holds them."""
+    committed it, shares of both together (what the flame graph shows there). ``lt``: the trace's ``live.lifetimes``,
+    when the rank holds them."""
     groups: dict[tuple, list] = {}
     lt = lt if lt is not None else lifetimes(trace)
-    dirs = dirs if dirs is not None else library_dirs(trace)
+    dirs = library_dirs(trace)
     held = holders_by_stack(trace, t_us, top=len(trace.stacks) + 2, event_index=event_index, lt=lt)
     torch_bytes, vmm_bytes = sum(h.bytes for h in held), sum(c.bytes for c in chunks)
     scale = torch_bytes / (torch_bytes + vmm_bytes) if vmm_bytes else 1.0

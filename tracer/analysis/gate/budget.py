@@ -101,11 +101,7 @@ def check_budget(
     peak, peak_us, phase = peaks[curve]
     if curve == "reserved":  # the reserved peak's holders: report's, where the run's headline is that peak
         at = rank.peak.event_index
-        lines = (
-            rank.holders
-            if rank.headline.event_index == at
-            else holders_by_site(trace, at, top, lt=rank.lifetimes, dirs=rank.frame_folders)
-        )
+        lines = rank.holders if rank.headline.event_index == at else holders_by_site(trace, at, top, lt=rank.lifetimes)
         holders = [BudgetHolder(h.bytes, h.count, h.frame) for h in lines]
     else:  # allocated's curve index i is the state after event i - 1
         at = {"event_index": curves.allocated.peak_index - 1} if curve == "allocated" else {"t_us": peak_us}

@@ -362,7 +362,6 @@ def figures(
     *,
     device_level: bool | None = None,
     curves: Curves | None = None,
-    oom: Oom | None = None,
     categorized=None,
     less_kv: bool = True,
 ) -> Figures:
@@ -412,7 +411,7 @@ def figures(
         hooks=hooks,
         nested=nested,
         nested_in=nested_in,
-        oom=oom if oom is not None else find_oom(trace),
+        oom=find_oom(trace),  # once a trace: the analysed rank's own
         left_to_vllm=left_to_vllm(trace),
         kv_via=kv_via,
         ranked=ranked.key,
@@ -515,7 +514,7 @@ def diff_ranks(base, new, threshold: Threshold, *, label: str = "") -> TraceDiff
     device_level = bc.has_device and nc.has_device
 
     def figures_of(rank) -> Figures:
-        return figures(rank.trace, device_level=device_level, curves=rank.curves, oom=rank.oom, less_kv=False)
+        return figures(rank.trace, device_level=device_level, curves=rank.curves, less_kv=False)
 
     def less_kv(rank, f: Figures) -> Figures:
         return replace(f, phases_less_kv=phase_peaks_less_kv(rank.trace, rank.curves, f.device_level, f.kv_via,

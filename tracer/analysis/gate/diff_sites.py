@@ -91,9 +91,9 @@ class SiteKeys:
         return tuple(map(self._keys.__getitem__, self._trace.stacks[stack]))
 
 
-def sites_at_peak(trace: Trace, peak_index: int, lt: Lifetimes | None = None) -> dict[tuple, tuple] | None:
-    """(live bytes, the frames of a stack that shows them, its printed frame) by :func:`site_key` right after event
-    ``peak_index``; None when no live block has a stack."""
+def sites_at_peak(trace: Trace, peak_index: int, lt: Lifetimes | None = None) -> dict[tuple, tuple[int, int]] | None:
+    """(live bytes, a stack that shows them) by :func:`site_key` right after event ``peak_index``; None when no live
+    block has a stack."""
     if len(trace.events) == 0 and not trace.segments:
         return {}
     lt = lt if lt is not None else lifetimes(trace)
@@ -102,9 +102,7 @@ def sites_at_peak(trace: Trace, peak_index: int, lt: Lifetimes | None = None) ->
     for h in holders_by_stack(trace, top=1 << 30, event_index=peak_index, lt=lt):
         key = keys(h.stack)
         out[key] = (out.get(key, (0, 0))[0] + h.bytes, h.stack)
-    if out and all(not key for key in out):
-        return None  # no live block has a stack
-    return {key: (b, tuple(trace.stack_frames(stack)), site_frame(trace, stack)) for key, (b, stack) in out.items()}
+    return None if out and all(not key for key in out) else out  # None: no live block has a stack
 
 
 def site_changes(base, new, top: int = TOP_SITES) -> Sites:
@@ -114,15 +112,14 @@ def site_changes(base, new, top: int = TOP_SITES) -> Sites:
     n = sites_at_peak(new.trace, new.headline_event, new.lifetimes)
     if b is None or n is None:
         return Sites([], "both" if b is None and n is None else "base" if b is None else "new")
+    moved = [(key, *b.get(key, (0, -1)), *n.get(key, (0, -1))) for key in dict.fromkeys([*n, *b])]
+    grew = sorted((m for m in moved if m[3] > m[1]), key=lambda m: m[1] - m[3])[:top]
+    shrank = sorted((m for m in moved if m[3] < m[1]), key=lambda m: m[3] - m[1])[:top]
     changes = []
-    for key in dict.fromkeys([*n, *b]):
-        bb, bf, bs = b.get(key, (0, (), None))
-        nb, nf, ns = n.get(key, (0, (), None))
-        if nb != bb:
-            changes.append(SiteChange(nf or bf, bb, nb, shown=ns if nf else bs))
-    grew = sorted((c for c in changes if c.delta > 0), key=lambda c: -c.delta)[:top]
-    shrank = sorted((c for c in changes if c.delta < 0), key=lambda c: c.delta)[:top]
-    return Sites(tell_apart(grew + shrank))
+    for key, bb, bs, nb, ns in grew + shrank:  # frames read for the stacks listed alone: the new run's when it has them
+        trace, stack = (new.trace, ns) if key and key in n else (base.trace, bs)
+        changes.append(SiteChange(tuple(trace.stack_frames(stack)), bb, nb, shown=site_frame(trace, stack)))
+    return Sites(tell_apart(changes))
 
 
 def _first_difference(a: tuple[Frame, ...], b: tuple[Frame, ...]) -> int:

@@ -64,14 +64,12 @@ class Recorded:
     device: Figures | None  # None without NVML samples
 
 
-def record(
-    trace: Trace, *, curves: Curves | None = None, oom: Oom | None = None, categorized: Categorized | None = None
-) -> Recorded:
-    """The figures of ``trace`` at both levels, and its matrix key (``curves``, ``oom``, ``categorized``: an analysed
+def record(trace: Trace, *, curves: Curves | None = None, categorized: Categorized | None = None) -> Recorded:
+    """The figures of ``trace`` at both levels, and its matrix key (``curves``, ``categorized``: an analysed
     rank's, so nothing the run computed is computed again)."""
     curves = curves or all_curves(trace)
     fp = fingerprint(trace)
-    kw = {"curves": curves, "oom": oom, "categorized": categorized}
+    kw = {"curves": curves, "categorized": categorized}
     return Recorded(
         key=matrix_key(fp),
         fingerprint=fp,
@@ -86,7 +84,7 @@ def record_run(run, what: str) -> list[Recorded]:
     """:func:`record` of every rank of an analysed run. NothingToJudge (exit 1) when a rank recorded no
     allocator events: an empty run is never a reference, and never passes a check."""
     run.require_every_rank(what)
-    return [record(r.trace, curves=r.curves, oom=r.oom, categorized=r.categorized) for r in run.ranks]
+    return [record(r.trace, curves=r.curves, categorized=r.categorized) for r in run.ranks]
 
 
 def check(base: Recorded, new: Recorded, threshold: Threshold, *, label: str = "") -> TraceDiff:

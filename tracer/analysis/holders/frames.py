@@ -11,7 +11,8 @@ PyTorch records stacks two ways (``_record_memory_history(stacks=...)``):
 
 Attribution (holders, flame graphs, diffs) is about the program's Python code, so every analysis
 that names a frame goes through :func:`python_frames` / :func:`meaningful_frame`: the native frames
-are kept in the trace (exact) but never blamed.
+are kept in the trace (exact) but never blamed. :func:`per_trace` is the memo of a trace's figures (these folders,
+its span, its OOM).
 """
 
 from __future__ import annotations
@@ -95,37 +96,40 @@ class LibraryDirs:
 
 #: No folder known: frames are judged by path patterns alone.
 NO_DIRS = LibraryDirs()
-#: id(trace) -> (a weak reference to it, its folders): an entry leaves when its trace is freed (before the id can
-#: be another trace's), and the oldest leaves past :data:`_CACHE_MAX` traces alive at once.
-_CACHE: dict[int, tuple[weakref.ref, LibraryDirs]] = {}
-_CACHE_MAX = 64
+#: How many traces alive at once a :func:`per_trace` figure is kept for (the oldest leaves first).
+MEMO_MAX = 64
 
 
+def per_trace(fn):
+    """``fn(trace)`` computed once a trace (analysis never modifies one), kept in ``.memo`` by the trace's id beside a
+    weak reference whose callback (the trace freed) drops the entry, before the id can be another trace's."""
+    memo: dict[int, tuple[weakref.ref, object]] = {}
+
+    @functools.wraps(fn)
+    def once(trace: Trace):
+        key, hit = id(trace), memo.get(id(trace))
+        if hit is None or hit[0]() is not trace:
+            out = fn(trace)
+            while len(memo) >= MEMO_MAX:
+                memo.pop(next(iter(memo)), None)
+            hit = memo[key] = (weakref.ref(trace, lambda r: memo.get(key, (0,))[0] is r and memo.pop(key, None)), out)
+        return hit[1]
+
+    once.memo = memo  # type: ignore[attr-defined]
+    return once
+
+
+@per_trace
 def library_dirs(trace: Trace) -> LibraryDirs:
     """Where ``trace``'s process had its libraries: as it recorded them (``facts.INSTALL_PATHS``), else, for
     a trace written before memtrace recorded them, the folders of frames that are certainly the library's
     (:func:`infer_library_dirs`). Computed once a trace; the one source of a trace's library folders, which
     every analysis naming a trace's frame reads (:func:`site_frame`)."""
-    key = id(trace)
-    hit = _CACHE.get(key)
-    if hit is not None and hit[0]() is trace:
-        return hit[1]
     recorded = trace.facts.get(F.INSTALL_PATHS)
     if isinstance(recorded, dict) and recorded:
         dirs = {k: (_folder(v),) for k, v in recorded.items() if k in LIBRARIES and isinstance(v, str) and v}
-        out = LibraryDirs(dirs, DIRS_RECORDED)
-    else:
-        out = infer_library_dirs(f.filename for f in trace.frames)
-    while len(_CACHE) >= _CACHE_MAX:
-        _CACHE.pop(next(iter(_CACHE)), None)
-    _CACHE[key] = (weakref.ref(trace, functools.partial(_forget, key)), out)
-    return out
-
-
-def _forget(key: int, ref: weakref.ref) -> None:
-    """A cached trace was freed: its entry leaves (unless the id is already another trace's)."""
-    if _CACHE.get(key, (None,))[0] is ref:
-        del _CACHE[key]
+        return LibraryDirs(dirs, DIRS_RECORDED)
+    return infer_library_dirs(f.filename for f in trace.frames)
 
 
 def site_frame(trace: Trace, stack: int) -> Frame | None:

@@ -152,13 +152,14 @@ def outermost_hook_calls(trace: Trace) -> tuple[int, int] | None:
 
 def _graph_pool_ranges(trace: Trace) -> list[tuple[int, int, int]]:
     """(start address, end address, created_us) of final-snapshot segments in private pools."""
+    private = [s for s in trace.segments if s.pool_id not in ("", _DEFAULT_POOL)]
+    if not private:  # no CUDA graph's pool: no pass over the events for segment creations
+        return []
     ev = trace.events
     seg_mask = np.isin(ev["action"], _SEG_ALLOC)
     seg_addr, seg_time = ev["addr"][seg_mask], ev["time_us"][seg_mask]
     out = []
-    for s in trace.segments:
-        if s.pool_id in ("", _DEFAULT_POOL):
-            continue
+    for s in private:
         hits = np.flatnonzero(seg_addr == s.address)
         created = int(seg_time[hits[-1]]) if len(hits) else np.iinfo(np.int64).min
         out.append((s.address, s.address + s.total_bytes, created))

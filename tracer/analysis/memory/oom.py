@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 import numpy as np
 from memtrace import facts as F
+from memtrace.analysis.holders.frames import per_trace
 from memtrace.analysis.memory.phases import path_at
 from memtrace.model import ACTION_CODE, Trace
 
@@ -53,6 +54,7 @@ def _int(value) -> int | None:
     return int(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
 
 
+@per_trace
 def find_oom(trace: Trace) -> Oom | None:
     """The OOM ``trace`` recorded (see the module docstring), or None if it recorded none."""
     events = trace.events

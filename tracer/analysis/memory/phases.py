@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from memtrace.analysis.holders.frames import per_trace
 from memtrace.analysis.memory.curves import Curves
 from memtrace.analysis.memory.quantities import samples_peak, window_max, window_peak
 from memtrace.model import Phase, Trace
@@ -47,8 +48,9 @@ class PhaseStats:
         return self.end_allocated_bytes - self.start_allocated_bytes
 
 
+@per_trace
 def recording_span(trace: Trace) -> tuple[int, int]:
-    """(first, last) microsecond the trace knows about: recording bounds, events, samples, phases."""
+    """(first, last) microsecond the trace knows about: recording bounds, events, samples, phases (once a trace)."""
     rec = trace.recording
     starts = [rec.start_us] if rec.start_us is not None else []
     ends = [rec.end_us] if rec.end_us is not None else []
@@ -58,9 +60,7 @@ def recording_span(trace: Trace) -> tuple[int, int]:
             ends.append(int(a.max()))
     starts += [p.start_us for p in trace.phases]
     ends += [p.end_us if p.end_us is not None else p.start_us for p in trace.phases]
-    if not starts:
-        return 0, 0
-    return min(starts), max(ends) if ends else min(starts)
+    return (min(starts), max(ends or starts)) if starts else (0, 0)  # no ends: starts is the recording's start alone
 
 
 def phase_chain(trace: Trace, index: int) -> list[int]:
