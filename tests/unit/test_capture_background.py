@@ -206,3 +206,20 @@ def test_writes_asked_on_the_programs_thread_reach_the_file_in_order_once_waited
     assert trace.facts["a"] == 2 and any(n.text == "hello" for n in trace.notes)
     assert len(trace.vmm) == 1 and trace.vmm["bytes"][0] == 2 << 20
     assert [f.filename for f in trace.stack_frames(int(trace.vmm["stack"][0]))] == ["vllm/kv.py"]
+
+
+def test_start_ups_completion_stays_in_the_file_once_a_flush_wrote_it(snap, tmp_path, monkeypatch):
+    """Serving mode and --until exit flush the finished start-up (its completion fact with it) and go on recording: a
+    fact set later must not write the facts back without it (memtrace run waits for it to print the summary)."""
+    monkeypatch.setenv("MEMTRACE_CAPTURE_SYNC", "")
+    path = tmp_path / "t.memtrace"
+    s, fake = session_with(snap, path)
+    s.set_fact(F.VLLM_STARTUP_COMPLETE_US, 123)
+    s.wait_written()
+    assert read_fact(path, F.VLLM_STARTUP_COMPLETE_US) is None  # not before the start-up is written
+    s.flush()
+    assert read_fact(path, F.VLLM_STARTUP_COMPLETE_US) == 123
+    s.set_fact("serving", {"started_us": 1})
+    s.wait_written()
+    assert read_fact(path, F.VLLM_STARTUP_COMPLETE_US) == 123 and read_fact(path, "serving") == {"started_us": 1}
+    s.close("stop")

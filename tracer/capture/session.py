@@ -87,6 +87,7 @@ class Session:
         self._hook_calls = 0  # hook calls recorded: the next one's index
         self._small_lock = threading.Lock()  # the two counters above and below, never held while writing
         self._facts_queued = False  # a write of the facts is waiting on the background writer
+        self._complete_written = False  # start-up's completion is in the file (a flush wrote it: serving, until exit)
         self._open: list[int] = []  # indexes of open phases, outermost first
         self._ranges: dict[int, Any] = {}  # phase index -> entered record_function
         self.history = None  # AllocatorHistory when CUDA is there
@@ -338,8 +339,8 @@ class Session:
 
     def _queue_facts(self) -> None:
         """Write the facts as they will stand when the write runs (one write for any number of changes before it).
-        Start-up's completion is left out: it reaches the file with the finished trace (:meth:`flush_documents`),
-        where a watcher (``memtrace run``) takes it for "the trace is complete". Neither this nor the setters take
+        Start-up's completion is left out until :meth:`flush_documents` wrote it with the finished start-up (a watcher,
+        ``memtrace run``, takes it for "the trace is complete"), and kept after that. Neither this nor the setters take
         the session's lock, which the background writer holds while it converts a drain: the program's thread would
         wait for it (27 ms of ``writes`` in one H100 start-up); a fact is one dict item, replaced under the GIL."""
         with self._small_lock:
@@ -350,7 +351,8 @@ class Session:
         def write() -> None:
             self._facts_queued = False
             facts = dict(self.facts)  # one copy under the GIL: a setter's new item never lands mid-encoding
-            facts.pop(F.VLLM_STARTUP_COMPLETE_US, None)
+            if not self._complete_written:
+                facts.pop(F.VLLM_STARTUP_COMPLETE_US, None)
             self.writer.set_facts(facts)
 
         self._write(write)
@@ -492,6 +494,7 @@ class Session:
             self.writer.set_process(self.process)
             self.writer.set_recording(self.recording)
             self.writer.set_facts(self.facts)
+            self._complete_written = F.VLLM_STARTUP_COMPLETE_US in self.facts  # later writes keep it
 
     def self_cost(self) -> dict[str, Any]:
         """memtrace's own time on this process's threads so far (:mod:`.selfcost`), with the allocator
