@@ -551,11 +551,11 @@ class WhatIf:
             example = PN.PROFILE_RUN in oom.phase_path.split("/") and oom.requested_bytes == lm_head_example(s.trace)
             count = 0 if example and flags.enforce_eager else oom.requested_bytes
             self.no_kv[i] += count
-            how = ("unscaled" if not example else "as the cold compile's autotuning example of the LM head (vocabulary "
-                   f"x hidden x 2 B), {'which enforce-eager does not compile' if not count else 'unscaled'}")  # fmt: skip
+            how = (", unscaled" if not example else " as the cold compile's autotuning example of the LM head "
+                   f"(vocabulary x hidden x 2 B), {'which enforce-eager does not compile' if not count else 'unscaled'}")  # fmt: skip
             self.notes.append(
                 f"the recording ends at its CUDA OOM in {oom.phase_path}: the failed {oom.requested_bytes:,} B "
-                f"request counts there {how}; nothing after it is known"
+                f"request counts there{how}; nothing after it is known"
             )
         self._cold_compile()
         extend = s._phase(PN.KV_CACHE_EXTEND)
