@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from memtrace import facts as F
 from memtrace.analysis.analysed.run import analyse
 from memtrace.analysis.capacity import priors as P
 from memtrace.analysis.capacity import whatif as W
@@ -235,8 +236,8 @@ def test_a_cold_compile_dies_asking_for_the_lm_heads_autotuning_example(capsys):
         log = (d / "vllm.log").read_text()
         assert f"Failed to run autotuning code block: CUDA out of memory. Tried to allocate {mib}.00 MiB" in log
         trace = load_run(d).traces[0]
-        assert not trace.facts["vllm.model_shape"]["tie_word_embeddings"]
-        assert trace.facts["oom"]["requested_bytes"] == W.lm_head_example(trace) == mib << 20
+        assert not trace.facts[F.VLLM_MODEL_SHAPE]["tie_word_embeddings"]
+        assert trace.facts[F.OOM]["requested_bytes"] == W.lm_head_example(trace) == mib << 20
         notes = {}
         for flags in ([], ["--what-if", "enforce-eager"]):
             main(["fits", str(d), *card, *flags])
