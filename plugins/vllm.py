@@ -314,8 +314,10 @@ class Plugin:
         session.set_fact(F.VLLM_STARTUP_COMPLETE_US, now_us())
         session.later(lambda: self._note_bypasses(session))  # 10-25 ms over every module: on memtrace's writer
         if self.until == "startup":
-            path = api.stop("startup-complete")
-            log.info("memtrace: start-up traced: %s", path)
+            # said before the file is finished: `memtrace run` prints its summary once the file holds the
+            # completion, so its lines follow this one (said after, they raced it on a loaded machine)
+            log.info("memtrace: start-up traced: %s", session.path)
+            api.stop("startup-complete")
         elif self.until == "serving":
             try:
                 session.enter_serving()

@@ -100,7 +100,7 @@ class VllmServer:
                 start_new_session=True,
             )
         while time.monotonic() - t0 < STARTUP_TIMEOUT_S:
-            if READY_LINE in self.log():
+            if READY_LINE in self.log() and self._listening():
                 self.startup_s = time.monotonic() - t0
                 return self
             if self.proc.poll() is not None:
@@ -108,6 +108,15 @@ class VllmServer:
             time.sleep(0.5)
         self.kill()
         raise RuntimeError(f"vLLM did not start within {STARTUP_TIMEOUT_S} s:\n{self.log()[-4000:]}")
+
+    def _listening(self) -> bool:
+        """The port accepts connections: uvicorn says "Application startup complete" before it listens on
+        the socket vLLM bound early, and a loaded machine once refused the first request in between."""
+        try:
+            with socket.create_connection(("127.0.0.1", self.port), timeout=2):
+                return True
+        except OSError:
+            return False
 
     def log(self) -> str:
         return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
