@@ -8,13 +8,14 @@ Every outcome the analysis can give (``analysis.capacity.fits``: FITS ... UNKNOW
 
 from __future__ import annotations
 
-from memtrace import vllm_phase_names as PN
 from memtrace.analysis.capacity.fits import (
+    ADDRESS_RANGE,
     DIED,
     FITS,
     MIN_CAPACITY,
     NO_KV,
     NO_KV_CACHE,
+    ONE_REQUEST,
     OOM,
     REFUSED,
     SEARCH_STEP,
@@ -41,8 +42,12 @@ from memtrace.units import format_gib as _gib
 #: The width of the one-capacity answer (the table is as wide as it needs).
 WIDTH = 100
 #: The ``fits --json`` document's format and version: 2 says each card's answer in one vocabulary (``verdict``; why:
-#: ``stage`` and ``phase``), without version 1's unversioned ``outcome`` beside it.
-JSON_FORMAT, JSON_VERSION = "memtrace-fits", 2
+#: ``stage`` and ``phase``), without version 1's unversioned ``outcome`` beside it; 3: ``kv_cache_bytes`` is the whole
+#: blocks vLLM allocates (``kv_blocks``, ``kv_tokens``) on a profiled cache too, vLLM's available figure beside it
+#: (``kv_available_bytes``), and vLLM's KV check is one place, ``phase`` "KV sizing (after
+#: determine_available_memory)", with why in ``stage`` ("KV sizing", "KV sizing: one request", "KV sizing: address
+#: range").
+JSON_FORMAT, JSON_VERSION = "memtrace-fits", 3
 
 #: What fits can answer for an input of one moment, and for one whose allocator state is missing.
 MOMENT_ANSWER = (
@@ -122,7 +127,7 @@ def _outcome_phrase(r: Fit, vllm: bool) -> str:
         return f"vLLM refuses at init_device: free memory {_gib(r.overshoot_bytes)} below util × capacity"
     if r.outcome == NO_KV and r.kv_sizing == EXTENSIBLE:
         return f"vLLM refuses {_in(r.phase)}: no room for one max_model_len request"
-    if r.outcome == NO_KV and "max_model_len" in r.phase:
+    if r.outcome == NO_KV and r.stage == ONE_REQUEST:
         return f"vLLM refuses: its KV cache would be short of one max_model_len request ({_gib(r.overshoot_bytes)} missing)"
     if r.outcome == NO_KV:
         least = "at least " if r.recorded_oom is not None else ""  # vLLM's figure on the part recorded
@@ -181,14 +186,14 @@ def _refused_or_dies(r: Fit, head: str) -> list[str]:
             f"{head} at init_device: vLLM needs {_gib(r.target_bytes)} free at start-up and would find "
             f"{_gib(r.overshoot_bytes)} less (CUDA context and other memory); lower --gpu-memory-utilization"
         ]
-    if r.outcome == NO_KV and "max_model_len" in r.phase:
+    if r.outcome == NO_KV and r.stage == ONE_REQUEST:
         return [
             f"{head} at KV sizing: the KV cache vLLM may size cannot hold one request of max_model_len "
             f"tokens ({_gib(r.overshoot_bytes)} missing); lower --max-model-len or raise --gpu-memory-utilization"
         ]
-    if r.outcome == NO_KV and r.kv_sizing == EXTENSIBLE and r.phase == PN.KV_CACHE_INIT:
+    if r.outcome == NO_KV and r.stage == ADDRESS_RANGE:
         return [
-            f"{head} at kv_cache_init: the KV cache's address range (vLLM may fill {_gib(r.target_bytes)} - "
+            f"{head} at {r.phase}: the KV cache's address range (vLLM may fill {_gib(r.target_bytes)} - "
             f"non-KV {_gib(r.non_kv_bytes)}) cannot hold one request of max_model_len tokens (vLLM refuses); "
             "lower --max-model-len or use a larger card"
         ]

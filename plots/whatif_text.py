@@ -31,6 +31,11 @@ PHASE_COLUMNS = (
     "predicted: the same on this card with these flags"
 )
 
+#: The ``fits --what-if/--suggest --json`` document's format and version: 1 is the first one that says it, each
+#: outcome's ``phase`` a phase path (``compile_or_warm_up/kv_cache_sizing``) or vLLM's KV check between two phases
+#: ("KV sizing (after determine_available_memory)"), as the capacity model's ``fits --json`` says it (version 3)
+JSON_FORMAT, JSON_VERSION = "memtrace-whatif", 1
+
 
 def _flags_line(a: Answer) -> str:
     f = a.recorded
@@ -246,7 +251,8 @@ def render(run, out, *, answers: list[tuple], json_out: bool = False) -> None:
     multi = len(answers) > 1
     if json_out:
         docs = [{"rank": r.rank, **answer_to_dict(a)} for r, a in answers]
-        json.dump({"run": run.path, "what_if": docs if multi else docs[0]}, out, indent=2)
+        doc = {"format": JSON_FORMAT, "version": JSON_VERSION, "run": run.path, "what_if": docs if multi else docs[0]}
+        json.dump(doc, out, indent=2)
         out.write("\n")
         return
     for r, a in answers:

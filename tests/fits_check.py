@@ -16,6 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from memtrace import facts as F
+from memtrace import vllm_phase_names as PN
 from memtrace.analysis.capacity import whatif as W
 
 #: The bar: 2 % of the measured value, or 256 MiB, whichever is larger.
@@ -88,7 +89,7 @@ def happened(sites: W.Sites) -> str:
         return f"dies in {oom.phase_path}"
     blocks = measured_blocks(sites.trace)
     if blocks == 0:
-        sizing = "kv_cache_sizing" if sites.flags.extensible else "determine_available_memory"
+        sizing = PN.path(PN.KV_CACHE_SIZING) if sites.flags.extensible else PN.KV_SIZING_CHECK
         return f"vLLM refuses in {sizing}"
     return "boots" if blocks is not None else "unknown"
 

@@ -50,3 +50,17 @@ KV_CACHE_SIZING = _phase(
     "kv_cache_sizing", COMPILE_OR_WARM_UP, "0.34's extensible cache: the free memory measured, the blocks counted"
 )
 KV_CACHE_EXTEND = _phase("kv_cache_extend", None, "0.34's extensible cache: the KV pages committed through CUDA's VMM")
+
+#: Not a phase: where vLLM's engine checks the KV cache it may size, between determine_available_memory and
+#: kv_cache_init (``get_kv_cache_configs``: "No available memory for the cache blocks", "To serve at least one
+#: request ..."), the profiled cache and 0.34's extensible address range alike; vLLM refuses there.
+KV_SIZING_CHECK = "KV sizing (after determine_available_memory)"
+
+
+def path(name: str) -> str:
+    """The phase path of ``name`` as vLLM nests it (``compile_or_warm_up/kv_cache_sizing``), the way a recorded
+    trace names where a start-up stops (``analysis.memory.phases.phase_path``); an unregistered name as given."""
+    chain = [name]
+    while (p := REGISTRY.get(chain[-1])) is not None and p.parent is not None:
+        chain.append(p.parent)
+    return "/".join(reversed(chain))

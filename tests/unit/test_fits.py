@@ -4,12 +4,13 @@ real H200 runs at mimicked capacities (tests/data/h200) check its predictions ag
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 import pytest
 import synthetic_gates as g
 from capacity_model import fit
-from memtrace.analysis.capacity.fits import DIED, FITS, NO_KV, OOM, REFUSED, UNKNOWN
+from memtrace.analysis.capacity.fits import DIED, FITS, NO_KV, ONE_REQUEST, OOM, REFUSED, UNKNOWN
 from memtrace.analysis.memory.curves import all_curves
 from memtrace.cli import main
 from memtrace.store import save_trace
@@ -213,7 +214,8 @@ def test_vllm_refuses_a_kv_cache_too_small_for_one_max_model_len_request():
     trace.facts["vllm.config"] = {"max_model_len": 147456}  # one request needs 9 GiB
     # 0.92 x 40 GiB - 28.0 GiB non-KV = 8.80 GiB of KV cache: positive, but short of one request
     r = fit(trace, 40 * GiB)
-    assert (r.outcome, r.phase) == (NO_KV, "KV sizing (one max_model_len request does not fit)")
+    # vLLM's engine checks it between determine_available_memory and kv_cache_init (get_kv_cache_configs)
+    assert (r.outcome, r.phase, r.stage) == (NO_KV, "KV sizing (after determine_available_memory)", ONE_REQUEST)
     assert 0.19 * GiB < r.overshoot_bytes < 0.21 * GiB
     assert fit(trace, 44 * GiB).outcome == FITS
 
@@ -247,11 +249,26 @@ def test_real_vllm_startup_applies_vllms_own_checks():
     full = fit(trace, trace.process.device_total_bytes)
     assert full.outcome == FITS
     # memtrace's reconstruction (what report shows) is vLLM's figure but for requested-vs-rounded weights
-    assert full.kv_cache_bytes - trace.facts["vllm.available_kv_cache_bytes"] == 1_068_928
-    # 0.71 GiB in use after init_device (CUDA's accounting) is more than the 8% of an 8 GiB card vLLM
-    # leaves free: refused at init; on 12 GiB the 10.5 GiB of weights plus profiling do not fit
-    small = fit(trace, 8 * GiB)
-    assert (small.outcome, small.phase) == (REFUSED, "init_device")
+    assert full.kv_available_bytes - trace.facts["vllm.available_kv_cache_bytes"] == 1_068_928
+    # and vLLM allocates whole blocks of it, as it did on this card (958,658 blocks of 131,072 B): 9 blocks more here
+    per = trace.facts["vllm.kv_cache_bytes"] // trace.facts["vllm.kv_cache_blocks"]
+    assert full.kv_blocks == full.kv_available_bytes // per and full.kv_cache_bytes == full.kv_blocks * per
+    assert full.kv_blocks - trace.facts["vllm.kv_cache_blocks"] == 9
+    assert (trace.facts["vllm.available_kv_cache_bytes"] % per + 1_068_928) // per == 9
+    # vLLM's request_memory compares its own init snapshot's free memory with ceil(util x card): that snapshot
+    # (after NCCL's init) saw this process use 552,402,944 B, not the 0.71 GiB the need curve holds at
+    # init_device's end (its non-PyTorch part is NVML's at KV sizing, after cuBLAS and the like grew)
+    snap = trace.facts["vllm.profile"]["init_snapshot"]
+    used = snap["total_memory"] - snap["free_memory"]
+    assert used == 552_402_944
+    for card in (6 * GiB, 8 * GiB):  # 6 GiB: 8% of it is less than the snapshot's use; 8 GiB: more
+        refused = math.ceil(0.92 * card) > card - used
+        got = fit(trace, card)
+        assert (got.outcome == REFUSED) == refused and card == (6 * GiB if refused else 8 * GiB)
+        if refused:
+            assert got.phase == "init_device" and got.overshoot_bytes == math.ceil(0.92 * card) - (card - used)
+    small = fit(trace, 8 * GiB)  # past init, the 10.5 GiB of weights do not fit
+    assert (small.outcome, small.phase) == (OOM, "load_model")
     mid = fit(trace, 12 * GiB)
     assert (mid.outcome, mid.phase) == (OOM, "determine_available_memory/profile_run")
     assert fit(trace, 16 * GiB).outcome == FITS

@@ -54,7 +54,7 @@ def test_the_hand_picked_rescue_is_predicted_to_be_refused_and_suggest_names_one
     """small-r2048 (g08's flags on the small card): vLLM read 1,295,581,184 B free after warm-up, sized 0 blocks."""
     s = sites("g08")
     o = W.WhatIf(s, s.flags).on(CARD, others_bytes=CARD - FREE)
-    assert o.verdict == W.REFUSES and o.phase == "kv_cache_sizing" and o.kv.blocks == 0
+    assert o.verdict == W.REFUSES and o.phase == "compile_or_warm_up/kv_cache_sizing" and o.kv.blocks == 0
     vllm_free = sites("small-r2048").trace.facts["vllm.kv_cache_sizing"]["free_memory_bytes"]
     predicted_free = int(re.search(r"free after warm-up ([\d,]+) B", o.kv.how).group(1).replace(",", ""))
     assert abs(predicted_free - vllm_free) <= 0.02 * vllm_free
@@ -97,7 +97,7 @@ def test_the_view_of_a_start_up_vllm_refused_says_what_would_make_it_boot(tmp_pa
     doc = json.loads(out.read_text().split('id="mt-doc">', 1)[1].split("</script>", 1)[0])
     boot = " ".join(doc["boot"].split())
     assert boot.startswith(
-        "On the recorded card (139.80 GiB), with the recorded flags: vLLM REFUSES at kv_cache_sizing"
+        "On the recorded card (139.80 GiB), with the recorded flags: vLLM REFUSES at compile_or_warm_up/kv_cache_sizing"
     )
     # "short" is the card growth that boots beside its neighbour (issue 40), not one request's KV cache
     assert "; 0.43 GiB short: boots on a 140.23 GiB card." in boot

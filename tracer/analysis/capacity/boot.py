@@ -134,7 +134,7 @@ class Boot:
                                        others_left_out_bytes=left_out)  # fmt: skip
         if others:
             return dataclasses.replace(f, outcome=fits.UNKNOWN, phase="", stage="beyond the recording",
-                                       kv_cache_bytes=0, kv_blocks=None, kv_tokens=None,
+                                       kv_cache_bytes=0, kv_blocks=None, kv_tokens=None, kv_available_bytes=None,
                                        prediction=f"{where}; {self.model}",
                                        missing=o.why if o is not None else self.missing)  # fmt: skip
         if self.rank.oom is not None:
@@ -174,7 +174,8 @@ def _kv_sizing(f: fits.Fit, w: whatif.WhatIf) -> whatif.KvSizing:
     tokens = f.kv_tokens if f.kv_tokens is not None else blocks * tpb
     how = f"the capacity model ({f.kv_sizing} KV sizing; docs/whatif.md)"
     one = whatif.one_request_bytes(w.flags.max_model_len, per, tpb) if per else 0
-    return whatif.KvSizing(f.kv_cache_bytes, blocks, tokens, f.kv_cache_bytes, tokens / w.flags.max_model_len, how, one)
+    available = f.kv_available_bytes if f.kv_available_bytes is not None else f.kv_cache_bytes
+    return whatif.KvSizing(available, blocks, tokens, f.kv_cache_bytes, tokens / w.flags.max_model_len, how, one)
 
 
 def _why(f: fits.Fit) -> str:
@@ -202,6 +203,7 @@ def as_predicted(f: fits.Fit, o: whatif.Outcome, w: whatif.WhatIf, prediction: s
                   kv_sizing=F.KV_SIZED_EXTENSIBLE if w.flags.extensible else F.KV_SIZED_BY_PROFILING,
                   kv_cache_bytes=kv.kv_bytes if kv is not None else 0, kv_blocks=kv.blocks if kv is not None else None,
                   kv_tokens=kv.tokens if kv is not None else None,
+                  kv_available_bytes=kv.available_bytes if kv is not None else None,
                   prediction_how=f"the KV cache from {kv.how}" if kv is not None else o.why)  # fmt: skip
     if o.verdict == whatif.BOOTS:
         top = max([f.pre_kv_peak_bytes, *post])
@@ -213,9 +215,18 @@ def as_predicted(f: fits.Fit, o: whatif.Outcome, w: whatif.WhatIf, prediction: s
         return dataclasses.replace(f, **common, outcome=fits.OOM, phase=o.phase, overshoot_bytes=o.by_bytes,
                                    headroom_bytes=0, stage="pre-KV" if pre else "post-KV",
                                    post_kv_peak_bytes=None if pre else cap + o.by_bytes)  # fmt: skip
-    outcome, stage = (fits.REFUSED, "init") if o.phase == PN.INIT_DEVICE else (fits.NO_KV, "KV sizing")
+    outcome, stage = (fits.REFUSED, "init") if o.phase == PN.INIT_DEVICE else (fits.NO_KV, _kv_refusal(o, w))
     return dataclasses.replace(f, **common, outcome=outcome, phase=o.phase, overshoot_bytes=o.by_bytes,
                                headroom_bytes=0, stage=stage)  # fmt: skip
+
+
+def _kv_refusal(o: whatif.Outcome, w: whatif.WhatIf) -> str:
+    """Why vLLM's KV check refuses in the what-if's outcome ``o``, as ``Fit.stage`` says it."""
+    if o.phase != PN.KV_SIZING_CHECK:
+        return "KV sizing"  # after the extensible cache's warm-up
+    if w.flags.extensible:
+        return fits.ADDRESS_RANGE
+    return fits.ONE_REQUEST if o.kv is not None and o.kv.available_bytes > 0 else "KV sizing"
 
 
 def answer(rank, what_if: list[str], capacities: list[int], *, suggest_too: bool = False, keep_others: bool = False,

@@ -65,6 +65,10 @@ VERDICT = {FITS: W.BOOTS, OOM: W.DIES, DIED: W.DIES, NO_KV: W.REFUSES, REFUSED: 
 #: (``boot.smallest_card``; a smallest card within it of MIN_CAPACITY is the floor).
 MIN_CAPACITY, SEARCH_STEP = 1 << 30, 64 << 20
 NO_KV_CACHE = "no KV cache"  # the stage of a program that sizes none (not vLLM): its whole curve fits
+#: Why vLLM's KV check refuses (``Fit.stage``; at ``PN.KV_SIZING_CHECK`` both, or after the extensible cache's warm-up):
+#: no memory at all is plain "KV sizing"; these two hold some, but not one request of max_model_len tokens
+ONE_REQUEST = "KV sizing: one request"  # the profiled cache
+ADDRESS_RANGE = "KV sizing: address range"  # 0.34's extensible cache, its reserved range
 
 
 #: Where the assumed non-PyTorch memory came from.
@@ -91,7 +95,7 @@ class Fit:
     phase: str  # where it dies ("" when it fits)
     overshoot_bytes: int  # by how much it goes over the capacity (OOM), or the missing KV bytes (NO_KV)
     headroom_bytes: int  # the smallest gap under the capacity (FITS; UNKNOWN: at the recorded OOM)
-    stage: str  # "init", "pre-KV", "KV sizing", "post-KV", "recorded OOM", "beyond the recording", ""
+    stage: str  # "init", "pre-KV", "KV sizing" (ONE_REQUEST, ADDRESS_RANGE), "post-KV", "recorded OOM", "beyond the recording", ""
     non_torch_bytes: int | None = None  # the non-PyTorch memory assumed (see non_torch_source)
     non_torch_source: str = NT_NONE
     non_kv_source: str = ""  # reconcile.non_kv's source
@@ -116,6 +120,9 @@ class Fit:
     prediction: str = ""
     prediction_how: str = ""
     missing: str = ""  # UNKNOWN: exactly what the trace lacks for an answer ("" when said by the recorded OOM)
+    #: vLLM's "available KV cache memory" on this card, of which ``kv_cache_bytes`` is the whole blocks (None where
+    #: vLLM never sizes it: it refuses or dies first)
+    kv_available_bytes: int | None = None
     #: how much larger a card must be to boot (``analysis.boot``: the smallest card less this one, to the search's
     #: step; 0 when it boots here; None where no card up to the search's ceiling is known to boot)
     short_bytes: int | None = None
@@ -241,18 +248,25 @@ def fit(trace: Trace, capacity_bytes: int, util: float | None = None, *, rec: Re
     pre_end = min(pre_end, end_us)
     pre_peak, pre_t = window_peak(need, first_us, pre_end)
 
+    per, tpb = W.kv_block(trace.facts)
+
     def result(outcome, phase, overshoot, stage, post=None, post_phase="", headroom=0):
         kv = 0 if outcome in (NO_KV, REFUSED) or stage == "pre-KV" else kv_new  # never sized: no KV cache
-        return Fit(capacity_bytes, util, target, rec.non_kv_bytes, kv, pre_peak, path_at(trace, pre_t), post,
-                   post_phase, outcome, phase, overshoot, headroom, stage, rec.non_torch_bytes, rec.non_torch_source,
-                   rec.non_kv_source, oom, rec.rank.recorded_target.capacity_bytes, **rec.non_torch_split,
+        blocks = kv // per if kv > 0 and per else None  # vLLM allocates whole blocks of what is available
+        return Fit(capacity_bytes, util, target, rec.non_kv_bytes, blocks * per if blocks is not None else kv, pre_peak,
+                   path_at(trace, pre_t), post, post_phase, outcome, phase, overshoot, headroom, stage,
+                   rec.non_torch_bytes, rec.non_torch_source, rec.non_kv_source, oom,
+                   rec.rank.recorded_target.capacity_bytes, **rec.non_torch_split, kv_blocks=blocks,
+                   kv_tokens=blocks * tpb if blocks is not None and tpb else None, kv_available_bytes=kv or None,
                    others_left_out_bytes=rec.others_bytes)  # fmt: skip
 
     # vLLM's request_memory check in init_device (not with 0.34's extensible KV cache: util 1.0 of the card is never
     # free at start-up, and the H200's start-ups passed it beside a 127 GiB neighbour)
     init_end = min((p.end_us for p in trace.phases if p.name == PN.INIT_DEVICE and p.end_us is not None), default=None)
     if init_end is not None and init_end <= end_us and F.is_vllm(trace.facts) and not W.extensible_kv_cache(trace):
-        free_at_init = capacity_bytes - need.at(init_end)
+        # vLLM compares its own snapshot's free memory (the CUDA context then); the need curve at init_device's end
+        # holds the non-PyTorch memory assumed for the whole start-up (NVML at KV sizing: cuBLAS, NCCL... larger)
+        free_at_init = capacity_bytes - (W.own_init_used(trace) or need.at(init_end))
         if free_at_init < target:
             return result(REFUSED, PN.INIT_DEVICE, target - free_at_init, "init")
     # 3. pre-KV: the card-independent part must fit physically
@@ -262,17 +276,17 @@ def fit(trace: Trace, capacity_bytes: int, util: float | None = None, *, rec: Re
     if oom is not None and (lm.kv_end_us is None or oom.time_us < lm.kv_end_us):  # died before the KV cache
         at = _at_oom(rec, capacity_bytes, target, 0, result)
         if at.outcome == UNKNOWN and kv_new <= 0 and rec.non_kv_source == MEMTRACE:  # refused whatever came next
-            return result(NO_KV, "KV sizing (after determine_available_memory)", -kv_new, "KV sizing")
+            return result(NO_KV, PN.KV_SIZING_CHECK, -kv_new, "KV sizing")
         return at
     if lm.sizing_end_us is None and not F.is_vllm(trace.facts):  # a program with no KV cache: all of it fits
         return result(FITS, "", 0, NO_KV_CACHE, headroom=capacity_bytes - pre_peak)
     # 4. KV sizing
     if kv_new <= 0:
-        return result(NO_KV, "KV sizing (after determine_available_memory)", -kv_new, "KV sizing")
+        return result(NO_KV, PN.KV_SIZING_CHECK, -kv_new, "KV sizing")
     kv_rec = _recorded_kv(lm)
     one_request = W.recorded_one_request(trace.facts, kv_rec)
     if one_request is not None and kv_new < one_request:  # vLLM: "To serve at least one request..."
-        return result(NO_KV, "KV sizing (one max_model_len request does not fit)", one_request - kv_new, "KV sizing")
+        return result(NO_KV, PN.KV_SIZING_CHECK, one_request - kv_new, ONE_REQUEST)
     if lm.kv_end_us is None or kv_rec is None:  # the recording ends before the KV cache was allocated
         if lm.sizing_end_us is None:
             return result(UNKNOWN, "", 0, "beyond the recording", headroom=capacity_bytes - pre_peak)
@@ -365,13 +379,13 @@ def fit_extensible(trace: Trace, capacity_bytes: int, util: float | None, rec: R
     util = W.recorded_util(trace) if util is None else util
     requested, pre = math.ceil(capacity_bytes * util), prep.peak_bytes + others_bytes
 
-    def result(outcome, phase="", over=0, stage="KV sizing", blocks=None, kv=0):
+    def result(outcome, phase="", over=0, stage="KV sizing", blocks=None, kv=0, available=None):
         tpb = F.kv_tokens_per_block(facts)
         return Fit(capacity_bytes, util, requested, rec.non_kv_bytes, kv, pre, prep.peak_phase, None, "", outcome,
                    phase, max(over, 0), capacity_bytes - pre if outcome == FITS else 0, stage, rec.non_torch_bytes,
                    rec.non_torch_source, rec.non_kv_source, None, rec.rank.recorded_target.capacity_bytes, **rec.non_torch_split,
                    kv_sizing=F.KV_SIZED_EXTENSIBLE, kv_blocks=blocks, kv_tokens=blocks * tpb if blocks and tpb else None,
-                   others_left_out_bytes=rec.others_bytes)  # fmt: skip
+                   kv_available_bytes=available, others_left_out_bytes=rec.others_bytes)  # fmt: skip
 
     # 1. before the KV cache is extended
     over = np.flatnonzero(prep.need + others_bytes > capacity_bytes)
@@ -382,12 +396,12 @@ def fit_extensible(trace: Trace, capacity_bytes: int, util: float | None, rec: R
     rng, most = (None, int(s.get("capacity_blocks") or 0)) if prep.non_kv_bytes is None else address_range(
         util, capacity_bytes, prep.non_kv_bytes, bpb)  # fmt: skip
     if rng is not None and (rng <= 0 or (one is not None and rng < one)):
-        return result(NO_KV, PN.KV_CACHE_INIT, -rng)
+        return result(NO_KV, PN.KV_SIZING_CHECK, (one - max(rng, 0)) if one is not None else -rng, ADDRESS_RANGE)
     # 3. the size, by vLLM's formula on this card: the bytes this card has less of, free (the recorded card's other
     # processes are not on it, unless given back as ``others_bytes``)
     lacks = prep.recorded_total - rec.others_bytes - capacity_bytes + others_bytes
     strides, granule = [int(x) for x in s.get("segment_strides") or []], int(s.get("granularity_bytes") or 0)
-    _, blocks, kv = sized(extensible_inputs(s, lacks), requested, strides, granule, most)
+    available, blocks, kv = sized(extensible_inputs(s, lacks), requested, strides, granule, most)
     if blocks <= 1 or (one is not None and (blocks - 1) * bpb < one):  # the null block holds no request
         return result(NO_KV, path_at(trace, prep.sizing.time_us))
-    return result(FITS if prep.extended else UNKNOWN, stage="", blocks=blocks, kv=kv)
+    return result(FITS if prep.extended else UNKNOWN, stage="", blocks=blocks, kv=kv, available=available)

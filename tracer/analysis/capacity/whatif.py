@@ -656,10 +656,20 @@ class WhatIf:
         return out
 
     @cached_property
+    def before_kv(self) -> np.ndarray:
+        """The predicted curve before the KV cache exists: without it, but for the null block(s) that vLLM 0.34's
+        extensible cache commits in kv_cache_init, held until the cache is extended (``fits.prepare`` alike)."""
+        init = self.sites._phase(PN.KV_CACHE_INIT)
+        if not (self.flags.extensible and self.rec.extensible) or init is None or init.end_us is None:
+            return self.no_kv
+        floor = committed_curve(self.sites.trace, kv_cache_only=True).at(init.end_us)
+        return self.no_kv + np.where(self.sites.time >= init.end_us, floor, 0).astype(np.int64)
+
+    @cached_property
     def pre_kv(self) -> tuple[int, int]:
         """The predicted peak before the KV cache exists, and when."""
         first = int(self.sites.time[0])
-        return self._window_peak(self.no_kv, first, min(self.kv_at_us - 1, int(self.sites.time[-1])))
+        return self._window_peak(self.before_kv, first, min(self.kv_at_us - 1, int(self.sites.time[-1])))
 
     # -- the KV cache ------------------------------------------------------------------------------------
     def _moved_peak(self, name: str) -> int:
@@ -777,17 +787,20 @@ class WhatIf:
         common = dict(capacity_bytes=capacity, others_bytes=others, others_left_out_bytes=left_out,
                       pre_kv_peak_bytes=pre_peak, pre_kv_peak_phase=path_at(self.sites.trace, pre_t))  # fmt: skip
         out = functools.partial(Outcome, **common)
-        if pre_peak > room:
-            over = np.flatnonzero(self.no_kv[self.sites.time < self.kv_at_us] > room)
+        context = init_used(self.sites)  # vLLM's own snapshot, else the need at init_device's end
+        requested = math.ceil(self.flags.util * capacity)
+        # vLLM checks the free memory at init_device, before it loads a byte of weights: where that refuses, the
+        # start-up never gets to the pre-KV peak (the CUDA context itself must fit, or it dies there)
+        refused_at_init = not self.flags.extensible and 0 < context <= room and requested > room - context
+        if pre_peak > room and not refused_at_init:
+            over = np.flatnonzero(self.before_kv[self.sites.time < self.kv_at_us] > room)
             t = int(self.sites.time[over[0]]) if len(over) else pre_t
             phases = peaks(0, others)
             ph = path_at(self.sites.trace, t)
             return out(verdict=DIES, phase=ph, by_bytes=pre_peak - room, why=PRE_KV_WHY, kv=kv, phases=phases)
-        init_used = own_init_used(self.sites.trace)
-        requested = math.ceil(self.flags.util * capacity)
-        if not self.flags.extensible and init_used and requested > room - init_used:
-            why = f"free memory at start-up ({room - init_used:,} B) is less than util x card ({requested:,} B)"
-            by = requested - (room - init_used)
+        if refused_at_init:
+            why = f"free memory at start-up ({room - context:,} B) is less than util x card ({requested:,} B)"
+            by = requested - (room - context)
             return out(verdict=REFUSES, phase=PN.INIT_DEVICE, by_bytes=by, why=why, kv=kv, phases=peaks(0, others))
         if kv is None or self.sites.trace.facts.get(F.VLLM_KV_BLOCKS) is None:
             phases = peaks(0, others)
@@ -805,7 +818,12 @@ class WhatIf:
                 why += " (the model's shape was not recorded: --config config.json carries it on from priors)"
             return out(verdict=UNKNOWN, phase="", by_bytes=0, why=why, kv=None, phases=phases)
         phases = peaks(kv.kv_bytes, others)
-        sizing = PN.KV_CACHE_SIZING if self.flags.extensible else PN.DETERMINE_AVAILABLE_MEMORY
+        rng = address_range(self.flags.util, capacity, self.withheld[0], self.per_block[0])[0]
+        if self.flags.extensible and rng < kv.one_request_bytes:  # vLLM checks the address range first
+            short = kv.one_request_bytes - max(rng, 0)
+            why = f"the address range vLLM may reserve ({rng:,} B) cannot hold one request of max-model-len tokens"
+            return out(verdict=REFUSES, phase=PN.KV_SIZING_CHECK, by_bytes=short, why=why, kv=None, phases=phases)
+        sizing = PN.path(PN.KV_CACHE_SIZING) if self.flags.extensible else PN.KV_SIZING_CHECK
         usable = kv.blocks - (1 if self.flags.extensible else 0)  # vLLM's null block holds no tokens
         if kv.available_bytes <= 0 or usable * self.per_block[1] < self.flags.max_model_len:
             short = max(kv.one_request_bytes - max(kv.available_bytes, 0), 0)
@@ -872,7 +890,7 @@ class WhatIf:
         withheld, how = self.withheld
         if withheld < requested:
             return None
-        phase = PN.KV_CACHE_INIT if self.flags.extensible else PN.DETERMINE_AVAILABLE_MEMORY
+        phase = PN.KV_SIZING_CHECK  # the profiled cache's and the extensible address range's check
         why = (
             f"vLLM keeps at least {withheld:,} B out of the KV cache ({how}), not less than ceil({self.flags.util:g} x "
             f'card) = {requested:,} B ("No available memory for the cache blocks"); the recording ends before the '
@@ -906,14 +924,14 @@ def carried_outcome(c: P.Carried, capacity: int, others: int, kv: object, record
     out = functools.partial(Outcome, **common, phases=phases)
     if pre_peak > room:
         phase = next((name for name, b, _ in c.phase_peaks() if b > room), PN.PROFILE_RUN)
-        return out(verdict=DIES, phase=phase, by_bytes=pre_peak - room, why=PRE_KV_WHY, kv=None)
+        return out(verdict=DIES, phase=PN.path(phase), by_bytes=pre_peak - room, why=PRE_KV_WHY, kv=None)
     k = c.kv(capacity, others, per, tpb)
     blocks, tokens = S.kv_cache_for_bytes(kv, k.available_bytes)
     one = S.kv_bytes_for_tokens(kv, flags.max_model_len)
     kv = KvSizing(k.available_bytes, blocks, tokens, blocks * per, tokens / flags.max_model_len, k.how, one)
     usable = kv.blocks - (1 if flags.extensible else 0)  # vLLM's null block holds no tokens
     if kv.available_bytes <= 0 or usable < per_request:
-        sizing = PN.KV_CACHE_SIZING if flags.extensible else PN.DETERMINE_AVAILABLE_MEMORY
+        sizing = PN.path(PN.KV_CACHE_SIZING) if flags.extensible else PN.KV_SIZING_CHECK
         by = max(one - max(kv.available_bytes, 0), 0)
         return out(verdict=REFUSES, phase=sizing, by_bytes=by, why=NO_ROOM_WHY, kv=kv)
     post = (c.after_warmup if flags.extensible else c.warmup_peak + c[P.GRAPH_POOL]) + kv.kv_bytes
