@@ -238,7 +238,7 @@ def _pct(p: float | None) -> str:
 
 def _verdict(row: dict) -> str:
     if "refused" in row:
-        return "refuses: " + row["refused"].replace("|", "/")
+        return "refuses: " + " / ".join(row["refused"].replace("|", "/").split("\n"))  # one table row
     if row["verdict_right"] is None:
         return "no verdict"
     by_hand = row.get("fits") is None
