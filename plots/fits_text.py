@@ -204,15 +204,16 @@ def _refused_or_dies(r: Fit, head: str) -> list[str]:
         ]
     if r.outcome == NO_KV and r.recorded_oom is not None:  # vLLM's formula on the part recorded: a lower bound
         return [
-            f"{head} at KV sizing: vLLM keeps at least {_gib(r.non_kv_bytes)} out of the KV cache, at least "
-            f'{_gib(r.overshoot_bytes)} more than it may fill ("No available memory for the cache blocks")',
+            f"{head} at KV sizing: vLLM keeps at least {_gib(r.non_kv_bytes)} out of the KV cache, more than it may "
+            f'fill ("No available memory for the cache blocks"): at least {_gib(r.overshoot_bytes)} short of one '
+            "request's KV cache",
             f"{_oom_facts(r)}; what the rest of that phase needed (never recorded) only adds to vLLM's figure, so "
             "vLLM refuses here whatever it was (if that rest does not fit on this card, the start-up dies there first)",
         ]
     if r.outcome == NO_KV:
         return [
-            f"{head} at KV sizing: vLLM counts {_gib(r.non_kv_bytes)} that is not KV cache, "
-            f'{_gib(r.overshoot_bytes)} more than it may fill ("No available memory for the cache blocks")'
+            f"{head} at KV sizing: vLLM counts {_gib(r.non_kv_bytes)} that is not KV cache, more than it may fill "
+            f'("No available memory for the cache blocks"): {_gib(r.overshoot_bytes)} short of one request\'s KV cache'
         ]
     if r.outcome == OOM and r.stage == "pre-KV":
         return [

@@ -184,8 +184,9 @@ def test_a_given_kv_size_is_not_reconstructed_and_fits_keeps_it_on_every_card():
     assert reconcile_kv(trace) is None
     nk = non_kv(trace)
     assert nk.source == KV_GIVEN and nk.bytes == trace.facts[F.TARGET_BYTES] - given
-    for capacity in (150 << 30, 200 << 30):
-        assert fit(trace, capacity).kv_cache_bytes == given
+    for capacity in (150 << 30, 200 << 30):  # the given size, in whole blocks: the bytes vLLM allocated
+        f = fit(trace, capacity)
+        assert f.kv_available_bytes == given and f.kv_cache_bytes == trace.facts[F.VLLM_KV_BYTES] < given
 
 
 def test_every_sizing_mode_the_plugin_records_is_known_by_name_and_in_words():

@@ -6,8 +6,10 @@ issue bundle and the view give (issues 28, 40; docs/whatif.md, "Plain fits").
 what-if of no change (:mod:`.whatif`) carries the start-up on from its recorded phases, said to be a prediction
 (``Fit.prediction``, ``Fit.prediction_how``); where neither can, ``Fit.missing`` says what the trace lacks. The
 smallest card is searched once on that answer (:func:`smallest_card`) and "short by" is that card less the one
-asked. :func:`answer` takes the what-if's verdict from :meth:`Boot.fit` for the recorded flags, so the table, the
-JSON, ``--suggest``, the exit status, the issue bundle and the view (:func:`recorded_card_answer`) never disagree.
+asked. The two models are one where both answer (the same verdict, place and bytes on every shipped start-up:
+``tests/unit/test_one_boot_verdict.py``), so :func:`answer` gives the what-if's outcome for the recorded flags with
+that "short by", and the table, the JSON, ``--suggest``, the exit status, the issue bundle and the view
+(:func:`recorded_card_answer`) say one thing.
 """
 
 from __future__ import annotations
@@ -100,18 +102,10 @@ class Boot:
         return self._answer(self.smallest).prediction if self.smallest is not None else ""
 
     def outcome(self, card: int, w: whatif.WhatIf, **shared) -> whatif.Outcome:
-        """The what-if of no change (``w``; ``shared``: its card's other processes) on ``card``, its verdict this
-        answer's: the what-if's own figures where it agrees, else the capacity model's verdict, phase and KV cache,
-        blocks and bytes both (the phase table with it)."""
-        f, o = self.fit(card), w.on(card, **shared)
-        verdict = fits.VERDICT[f.outcome]
-        if verdict != o.verdict:
-            kv = _kv_sizing(f, w) if verdict == whatif.BOOTS else None
-            o = dataclasses.replace(o, verdict=verdict, why=_why(f), kv=kv,
-                                    phases=w.phase_peaks(kv.kv_bytes if kv else 0, o.others_bytes))  # fmt: skip
-        if verdict != whatif.BOOTS:  # where and by how much: the capacity model's, as plain fits says it
-            o = dataclasses.replace(o, phase=f.phase, by_bytes=f.overshoot_bytes)
-        return dataclasses.replace(o, short_bytes=f.short_bytes)
+        """The what-if of no change (``w``; ``shared``: its card's other processes) on ``card`` with "short by" from
+        the one smallest-card search. Where the capacity model answers, the what-if gives its verdict, place and bytes
+        (one model: ``test_one_boot_verdict``); past the recording :meth:`fit` is the what-if's own answer."""
+        return dataclasses.replace(w.on(card, **shared), short_bytes=self.fit(card).short_bytes)
 
     @cached_property
     def what_if(self) -> whatif.WhatIf:
@@ -165,31 +159,6 @@ class Boot:
             "vLLM's sizing inputs were never recorded, so neither the capacity model nor the what-if model can "
             "size it; record a run that gets further"
         )
-
-
-def _kv_sizing(f: fits.Fit, w: whatif.WhatIf) -> whatif.KvSizing:
-    """The capacity model's KV cache on a card it boots on, in the what-if's shape (its blocks, tokens and bytes)."""
-    per, tpb = w.per_block
-    blocks = f.kv_blocks if f.kv_blocks is not None else (f.kv_cache_bytes // per if per else 0)
-    tokens = f.kv_tokens if f.kv_tokens is not None else blocks * tpb
-    how = f"the capacity model ({f.kv_sizing} KV sizing; docs/whatif.md)"
-    one = whatif.one_request_bytes(w.flags.max_model_len, per, tpb) if per else 0
-    available = f.kv_available_bytes if f.kv_available_bytes is not None else f.kv_cache_bytes
-    return whatif.KvSizing(available, blocks, tokens, f.kv_cache_bytes, tokens / w.flags.max_model_len, how, one)
-
-
-def _why(f: fits.Fit) -> str:
-    """The capacity model's answer in the what-if's words (where the two models disagree, the one said)."""
-    return (
-        {
-            fits.REFUSED: "free memory at start-up is less than util x card",
-            fits.NO_KV: whatif.NO_ROOM_WHY,
-            fits.DIED: "where the recording died: this card leaves no more room there",
-            fits.OOM: "before the KV cache is sized" if f.stage == "pre-KV" else "after the KV cache was allocated",
-        }.get(f.outcome)
-        or f.missing
-        or f.prediction_how
-    )
 
 
 def as_predicted(f: fits.Fit, o: whatif.Outcome, w: whatif.WhatIf, prediction: str) -> fits.Fit:

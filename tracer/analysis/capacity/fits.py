@@ -224,6 +224,13 @@ def recorded(rank, non_torch_bytes: int | None = None) -> Recorded:
     return dataclasses.replace(rec, extensible=prepare(rank, rec))
 
 
+def failed_request_peak(rank, need: Curve) -> tuple[int, int] | None:
+    """The need at a recorded CUDA OOM with the failed request counted (it was asked for: the start-up needs it to get
+    past there, as the what-if counts it), and when; None without an OOM."""
+    oom = rank.oom
+    return (need.at(oom.time_us) + oom.requested_bytes, oom.time_us) if oom is not None else None
+
+
 def fit(trace: Trace, capacity_bytes: int, util: float | None = None, *, rec: Recorded) -> Fit:
     """Predict whether the start-up recorded in ``trace`` survives on a card of ``capacity_bytes``.
 
@@ -247,17 +254,20 @@ def fit(trace: Trace, capacity_bytes: int, util: float | None = None, *, rec: Re
     pre_end = lm.kv_start_us if lm.kv_start_us is not None else (lm.sizing_end_us or last_us)
     pre_end = min(pre_end, end_us)
     pre_peak, pre_t = window_peak(need, first_us, pre_end)
+    failed = failed_request_peak(rec.rank, need)
+    if failed is not None and failed[1] <= pre_end and failed[0] > pre_peak:
+        pre_peak, pre_t = failed
 
     per, tpb = W.kv_block(trace.facts)
 
-    def result(outcome, phase, overshoot, stage, post=None, post_phase="", headroom=0):
+    def result(outcome, phase, overshoot, stage, post=None, post_phase="", headroom=0, available=None):
         kv = 0 if outcome in (NO_KV, REFUSED) or stage == "pre-KV" else kv_new  # never sized: no KV cache
         blocks = kv // per if kv > 0 and per else None  # vLLM allocates whole blocks of what is available
         return Fit(capacity_bytes, util, target, rec.non_kv_bytes, blocks * per if blocks is not None else kv, pre_peak,
                    path_at(trace, pre_t), post, post_phase, outcome, phase, overshoot, headroom, stage,
                    rec.non_torch_bytes, rec.non_torch_source, rec.non_kv_source, oom,
                    rec.rank.recorded_target.capacity_bytes, **rec.non_torch_split, kv_blocks=blocks,
-                   kv_tokens=blocks * tpb if blocks is not None and tpb else None, kv_available_bytes=kv or None,
+                   kv_tokens=blocks * tpb if blocks is not None and tpb else None, kv_available_bytes=kv or available,
                    others_left_out_bytes=rec.others_bytes)  # fmt: skip
 
     # vLLM's request_memory check in init_device (not with 0.34's extensible KV cache: util 1.0 of the card is never
@@ -273,20 +283,20 @@ def fit(trace: Trace, capacity_bytes: int, util: float | None = None, *, rec: Re
     t = _first_crossing(need, first_us, pre_end, capacity_bytes)
     if t is not None:
         return result(OOM, path_at(trace, t), pre_peak - capacity_bytes, "pre-KV")  # "": outside any phase
+    kv_rec = _recorded_kv(lm)
+    one_request = W.recorded_one_request(trace, kv_rec)
     if oom is not None and (lm.kv_end_us is None or oom.time_us < lm.kv_end_us):  # died before the KV cache
         at = _at_oom(rec, capacity_bytes, target, 0, result)
         if at.outcome == UNKNOWN and kv_new <= 0 and rec.non_kv_source == MEMTRACE:  # refused whatever came next
-            return result(NO_KV, PN.KV_SIZING_CHECK, -kv_new, "KV sizing")
+            return result(NO_KV, PN.KV_SIZING_CHECK, W.kv_short(one_request, kv_new), "KV sizing", available=kv_new)
         return at
     if lm.sizing_end_us is None and not F.is_vllm(trace.facts):  # a program with no KV cache: all of it fits
         return result(FITS, "", 0, NO_KV_CACHE, headroom=capacity_bytes - pre_peak)
     # 4. KV sizing
     if kv_new <= 0:
-        return result(NO_KV, PN.KV_SIZING_CHECK, -kv_new, "KV sizing")
-    kv_rec = _recorded_kv(lm)
-    one_request = W.recorded_one_request(trace.facts, kv_rec)
+        return result(NO_KV, PN.KV_SIZING_CHECK, W.kv_short(one_request, kv_new), "KV sizing", available=kv_new)
     if one_request is not None and kv_new < one_request:  # vLLM: "To serve at least one request..."
-        return result(NO_KV, PN.KV_SIZING_CHECK, one_request - kv_new, ONE_REQUEST)
+        return result(NO_KV, PN.KV_SIZING_CHECK, W.kv_short(one_request, kv_new), ONE_REQUEST, available=kv_new)
     if lm.kv_end_us is None or kv_rec is None:  # the recording ends before the KV cache was allocated
         if lm.sizing_end_us is None:
             return result(UNKNOWN, "", 0, "beyond the recording", headroom=capacity_bytes - pre_peak)
@@ -369,7 +379,7 @@ def prepare(rank, rec: Recorded) -> Prepared | None:
     peak, peak_t = (int(need_b[i]), int(window.time_us[i])) if len(need_b) else (0, end)
     return Prepared(sizing, int(total), window.time_us, need_b.astype(np.int64), peak, path_at(trace, peak_t),
                     extend is not None, rec.non_kv_bytes if rec.non_kv_source else None,
-                    W.recorded_one_request(trace.facts))  # fmt: skip
+                    W.recorded_one_request(trace))  # fmt: skip
 
 
 def fit_extensible(trace: Trace, capacity_bytes: int, util: float | None, rec: Recorded, others_bytes: int = 0) -> Fit:
@@ -396,12 +406,12 @@ def fit_extensible(trace: Trace, capacity_bytes: int, util: float | None, rec: R
     rng, most = (None, int(s.get("capacity_blocks") or 0)) if prep.non_kv_bytes is None else address_range(
         util, capacity_bytes, prep.non_kv_bytes, bpb)  # fmt: skip
     if rng is not None and (rng <= 0 or (one is not None and rng < one)):
-        return result(NO_KV, PN.KV_SIZING_CHECK, (one - max(rng, 0)) if one is not None else -rng, ADDRESS_RANGE)
+        return result(NO_KV, PN.KV_SIZING_CHECK, W.kv_short(one, rng), ADDRESS_RANGE, available=rng)
     # 3. the size, by vLLM's formula on this card: the bytes this card has less of, free (the recorded card's other
     # processes are not on it, unless given back as ``others_bytes``)
     lacks = prep.recorded_total - rec.others_bytes - capacity_bytes + others_bytes
     strides, granule = [int(x) for x in s.get("segment_strides") or []], int(s.get("granularity_bytes") or 0)
     available, blocks, kv = sized(extensible_inputs(s, lacks), requested, strides, granule, most)
     if blocks <= 1 or (one is not None and (blocks - 1) * bpb < one):  # the null block holds no request
-        return result(NO_KV, path_at(trace, prep.sizing.time_us))
+        return result(NO_KV, path_at(trace, prep.sizing.time_us), W.kv_short(one, available), available=available)
     return result(FITS if prep.extended else UNKNOWN, stage="", blocks=blocks, kv=kv, available=available)

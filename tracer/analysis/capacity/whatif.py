@@ -109,15 +109,29 @@ def kv_block(facts: dict) -> tuple[int, int | None]:
     return int(per), F.kv_tokens_per_block(facts)
 
 
-def recorded_one_request(facts: dict, kv_bytes: int | None = None) -> int | None:
+def recorded_one_request(trace, kv_bytes: int | None = None) -> int | None:
     """:func:`one_request_bytes` at the recorded ``max_model_len`` and blocks (without blocks: ``kv_bytes`` over
-    the recorded tokens, one token a block); None when the trace lacks the figures (not a vLLM trace)."""
+    the recorded tokens, one token a block; else vLLM's arithmetic on the recorded model shape, as the what-if
+    sizes a recording cut before KV sizing); None when the trace lacks the figures (not a vLLM trace)."""
+    facts = trace.facts
     max_len = (facts.get(F.VLLM_CONFIG) or {}).get("max_model_len")
     per, tpb = kv_block(facts)
     tokens = facts.get(F.VLLM_KV_TOKENS)
     if not (per and tpb) and kv_bytes and isinstance(tokens, int) and tokens > 0:
         per, tpb = kv_bytes / tokens, 1
+    elif not per:
+        try:
+            per, tpb = shape_block(trace, recorded_flags(trace), tpb)
+        except ValueError:  # the recorded shape lacks what vLLM's KV arithmetic needs
+            per = 0
     return one_request_bytes(max_len, per, tpb) if isinstance(max_len, int) and per and tpb else None
+
+
+def kv_short(one_request: int | None, available: int) -> int:
+    """The KV bytes vLLM lacks to start (its KV check refuses below one request of max-model-len tokens): one
+    request less what is available (``-available`` where the one request's size is not known), the one figure of a
+    KV refusal in the capacity model and the what-if."""
+    return max(one_request - available, 0) if one_request is not None else -available
 
 
 _AUTOTUNE_FILE = "_inductor/select_algorithm.py"
@@ -466,6 +480,17 @@ def model_shape(trace) -> dict | None:
     return shape if isinstance(shape, dict) and shape.get("hidden_size") else None
 
 
+def shape_block(trace, flags: Flags | None, tokens_per_block: int | None) -> tuple[int, int]:
+    """(bytes per KV block, tokens per block) by vLLM's arithmetic on the recorded model shape with ``flags``;
+    (0, the block size) without the shape or flags."""
+    shape = model_shape(trace)
+    if shape is None or flags is None:
+        return 0, tokens_per_block or 16
+    dtype = (trace.facts.get(F.VLLM_CONFIG) or {}).get("dtype")
+    plan = S.kv_plan(kv_shape(shape, flags, tokens_per_block or 16, dtype))
+    return plan.bytes_per_block, plan.block_size
+
+
 def kv_shape(shape: dict, flags: Flags, block_size: int, dtype: str | None = None):
     """The model's shape with the flags that size its KV cache (``shape.ModelShape``): vLLM 0.34's arithmetic on it
     (``shape.kv_plan``: groups, sliding windows, a hybrid's raised block, the blocks one request takes)."""
@@ -545,12 +570,14 @@ class WhatIf:
             self.notes.append("the recording captured no CUDA graphs (enforce-eager): their memory is not predicted")
         #: the predicted curve without any KV cache
         self.no_kv = s.no_kv + delta.astype(np.int64)
+        self._failed = (0, 0)  # (grid index, bytes) of a recorded OOM's failed request as counted here
         oom = s.rank.oom
         if oom is not None:  # the request that failed counts at its moment (nothing after it is known)
             i = max(int(np.searchsorted(s.time, oom.time_us, side="right")) - 1, 0)
             example = PN.PROFILE_RUN in oom.phase_path.split("/") and oom.requested_bytes == lm_head_example(s.trace)
             count = 0 if example and flags.enforce_eager else oom.requested_bytes
             self.no_kv[i] += count
+            self._failed = (i, count)  # not in vLLM's non-KV figure (:meth:`_moved_peak`)
             how = (", unscaled" if not example else " as the cold compile's autotuning example of the LM head "
                    f"(vocabulary x hidden x 2 B), {'which enforce-eager does not compile' if not count else 'unscaled'}")  # fmt: skip
             self.notes.append(
@@ -678,19 +705,20 @@ class WhatIf:
         if p is None:
             return 0
         end = p.end_us or int(self.sites.time[-1])
-        new, old = (self._window_peak(c, p.start_us, end)[0] for c in (self.no_kv, self.sites.no_kv))
+        predicted = self.no_kv
+        if self._failed[1]:  # a recorded OOM's failed request counts where it was asked, not in the non-KV figure
+            predicted = self.no_kv.copy()  # (``reconcile.non_kv``, which report and fits show, is the part recorded)
+            predicted[self._failed[0]] -= self._failed[1]
+        new, old = (self._window_peak(c, p.start_us, end)[0] for c in (predicted, self.sites.no_kv))
         return new - old
 
     @cached_property
     def per_block(self) -> tuple[int, int]:
         """(bytes per KV block, tokens per block) on the new flags."""
         per, tpb = kv_block(self.sites.trace.facts)
+        if not per:  # a recording cut before KV sizing: vLLM's arithmetic on the model's shape
+            return shape_block(self.sites.trace, self.flags, tpb)
         ratio = S.dtype_bytes(self.flags.kv_cache_dtype, unknown=2) / S.dtype_bytes(self.rec.kv_cache_dtype, unknown=2)
-        shape = model_shape(self.sites.trace)
-        if not per and shape is not None:  # a recording cut before KV sizing: vLLM's arithmetic on the model's shape
-            dtype = (self.sites.trace.facts.get(F.VLLM_CONFIG) or {}).get("dtype")
-            plan = S.kv_plan(kv_shape(shape, self.flags, tpb or 16, dtype))
-            return plan.bytes_per_block, plan.block_size
         return int(per * ratio), tpb or 16
 
     def kv_on(self, capacity: int, others: int, left_out: int) -> KvSizing | None:
@@ -820,13 +848,13 @@ class WhatIf:
         phases = peaks(kv.kv_bytes, others)
         rng = address_range(self.flags.util, capacity, self.withheld[0], self.per_block[0])[0]
         if self.flags.extensible and rng < kv.one_request_bytes:  # vLLM checks the address range first
-            short = kv.one_request_bytes - max(rng, 0)
+            short = kv_short(kv.one_request_bytes, rng)
             why = f"the address range vLLM may reserve ({rng:,} B) cannot hold one request of max-model-len tokens"
             return out(verdict=REFUSES, phase=PN.KV_SIZING_CHECK, by_bytes=short, why=why, kv=None, phases=phases)
         sizing = PN.path(PN.KV_CACHE_SIZING) if self.flags.extensible else PN.KV_SIZING_CHECK
         usable = kv.blocks - (1 if self.flags.extensible else 0)  # vLLM's null block holds no tokens
         if kv.available_bytes <= 0 or usable * self.per_block[1] < self.flags.max_model_len:
-            short = max(kv.one_request_bytes - max(kv.available_bytes, 0), 0)
+            short = kv_short(kv.one_request_bytes, kv.available_bytes)
             return out(verdict=REFUSES, phase=sizing, by_bytes=short, why=NO_ROOM_WHY, kv=kv, phases=phases)
         post = self.curve(kv.kv_bytes) + others
         after = self.sites.time >= self.kv_at_us
@@ -896,7 +924,9 @@ class WhatIf:
             f'card) = {requested:,} B ("No available memory for the cache blocks"); the recording ends before the '
             "KV cache was sized, and what it did not reach only adds to that figure"
         )
-        return phase, withheld - requested, why
+        per, tpb = self.per_block
+        one = one_request_bytes(self.flags.max_model_len, per, tpb) if per else None
+        return phase, kv_short(one, requested - withheld), why
 
 
 def carried_outcome(c: P.Carried, capacity: int, others: int, kv: object, recorded: list[PhasePeak] = (),
@@ -932,7 +962,7 @@ def carried_outcome(c: P.Carried, capacity: int, others: int, kv: object, record
     usable = kv.blocks - (1 if flags.extensible else 0)  # vLLM's null block holds no tokens
     if kv.available_bytes <= 0 or usable < per_request:
         sizing = PN.path(PN.KV_CACHE_SIZING) if flags.extensible else PN.KV_SIZING_CHECK
-        by = max(one - max(kv.available_bytes, 0), 0)
+        by = kv_short(one, kv.available_bytes)
         return out(verdict=REFUSES, phase=sizing, by_bytes=by, why=NO_ROOM_WHY, kv=kv)
     post = (c.after_warmup if flags.extensible else c.warmup_peak + c[P.GRAPH_POOL]) + kv.kv_bytes
     if post > room:
