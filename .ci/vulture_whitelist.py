@@ -60,6 +60,7 @@ lane_label  # RankDrawn: the phase lane's label (test_one_run_in_time: none on a
 x_label  # RankDrawn: the main plot's x label (test_one_run_in_time: "one moment", no time axis)
 post_kv_peak_phase  # tracer/analysis/fits.Fit: in fits' JSON (fit_to_dict: dataclasses.asdict)
 recorded_capacity_bytes  # Fit: in fits' JSON
+kv_available_bytes  # Fit: in fits' JSON (version 3: vLLM's available KV figure beside the whole blocks)
 after_kv  # tracer/analysis/whatif.PhasePeak: in the what-if JSON (answer_to_dict: dataclasses.asdict)
 peak_reserved_us  # tracer/analysis/phases.PhaseStats: in report --json (traces[].phases[])
 reserved_peak_bytes  # tracer/analysis/vmm.VmmSummary: in report --json (traces[].vmm)
