@@ -102,8 +102,9 @@ def test_the_capacity_model_and_the_what_if_of_no_change_are_one_model_where_bot
     the KV bytes short of one request) and, where it boots, one KV cache (available, blocks, bytes) on every card
     from 8 GiB to the recorded one, wherever the capacity model answers (past a recording's end it says "unknown",
     and the what-if carries the start-up on: that is the one model's second half, not a disagreement). Before issue
-    40's decisions, of 7,349 cards, 22 refused at init_device in one and died in load_model in the other (vLLM
-    compares its own init snapshot), 1,312 named the place differently and 1,211 gave another figure."""
+    40's decisions, of these 7,359 cards, 22 refused at init_device in one and died in load_model in the other (vLLM
+    compares its own init snapshot), 1,058 named the place differently, 179 more gave another figure, and on the
+    2,036 profiled cards both boot on, the capacity model's KV cache was vLLM's available bytes, not whole blocks."""
     from memtrace.analysis.capacity import fits as FM
 
     run, r = _rank(path)
