@@ -8,6 +8,9 @@ Every outcome the analysis can give (``analysis.capacity.fits``: FITS ... UNKNOW
 
 from __future__ import annotations
 
+import dataclasses
+from typing import Any
+
 from memtrace.analysis.capacity.fits import (
     ADDRESS_RANGE,
     DIED,
@@ -110,6 +113,14 @@ def short_by(r) -> str:
     if not r.short_bytes:
         return ""
     return f"; {_gib(r.short_bytes)} short: boots on a {_gib(r.capacity_bytes + r.short_bytes)} card"
+
+
+def fit_to_dict(r: Fit) -> dict[str, Any]:
+    """A JSON-ready dict of ``r`` (exact integers; the recorded OOM nested) in one vocabulary: the verdict (why:
+    ``stage``, ``phase``) and ``survives``, not the capacity model's own outcome beside it."""
+    d = dataclasses.asdict(r)
+    del d["outcome"]
+    return {**d, "verdict": VERDICT[r.outcome], "survives": r.survives}
 
 
 def _outcome_phrase(r: Fit, vllm: bool) -> str:
@@ -405,10 +416,7 @@ def render(run, out, *, capacities: list[int], util: float | None = None, non_to
     """``memtrace fits`` of an analysed run: every rank with allocator events, the worst rank named (the
     run's: ``AnalysedRun.worst``), as text or JSON on the stream ``out``. NothingToJudge when no rank
     recorded an event."""
-    import dataclasses
     import json
-
-    from memtrace.analysis.capacity.fits import fit_to_dict
 
     answers = [r.fits(capacities, util, non_torch) for r in run.require_events("predict")]
     multi = len(answers) > 1

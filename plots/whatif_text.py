@@ -4,6 +4,8 @@ boot, or the floor no flag goes under. Words only: every figure comes from the a
 
 from __future__ import annotations
 
+import dataclasses
+
 from memtrace.analysis.capacity.whatif import (
     BOOTS,
     DIES,
@@ -242,11 +244,25 @@ def render_answer(a: Answer, run_path: str) -> str:
     return "\n".join(lines) + "\n"
 
 
+def answer_to_dict(a: Answer) -> dict:
+    """A JSON-ready dict of ``a`` (exact integers)."""
+    d = dataclasses.asdict(a)
+    d["recorded"]["util"], d["flags"]["util"] = a.recorded.util, a.flags.util
+    d["recorded"]["graphs"], d["flags"]["graphs"] = a.recorded.graphs, a.flags.graphs
+    for o in d["outcomes"]:
+        for p in o["phases"]:
+            p["kinds"] = {k: {"recorded_bytes": v[0], "predicted_bytes": v[1]} for k, v in p["kinds"].items()}
+            p["sites"] = {k: [{"site": s, "bytes": b} for s, b in v] for k, v in p["sites"].items()}
+    for s in d["suggestions"]:
+        for x in [s["recorded"], *(b["outcome"] for b in s["booting"]), s["floor_outcome"]]:
+            if x is not None:
+                x.pop("phases")
+    return d
+
+
 def render(run, out, *, answers: list[tuple], json_out: bool = False) -> None:
     """``answers``: (rank, ``Answer``) per rank with events, as ``analysis.whatif.answer`` built them."""
     import json
-
-    from memtrace.analysis.capacity.whatif import answer_to_dict
 
     multi = len(answers) > 1
     if json_out:

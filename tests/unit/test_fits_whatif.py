@@ -123,7 +123,10 @@ def test_a_card_smaller_than_the_weights_dies_in_profiling_and_no_flag_helps(cap
     assert "DIES in determine_available_memory/profile_run by 0.64 GiB" in out
     # the most frugal flags tried (--max-model-len 2048 among them) fit under the card, yet vLLM refuses at 0.92
     assert "No flag tried helps (1178 sets of up to four flag changes): with --max-num-batched-tokens 256 " in out
-    assert "need 15.96 GiB, under the card's 16.00 GiB, yet vLLM refuses in KV sizing (after determine_available_memory)" in out
+    assert (
+        "need 15.96 GiB, under the card's 16.00 GiB, yet vLLM refuses in KV sizing (after determine_available_memory)"
+        in out
+    )
 
 
 def test_suggest_ranks_the_changes_that_boot_by_the_kv_cache_they_leave():

@@ -21,11 +21,11 @@ from memtrace import facts as F
 from memtrace.analysis.analysed.run import analyse
 from memtrace.analysis.capacity import whatif as W
 from memtrace.analysis.capacity.boot import answer, recorded_card_answer
-from memtrace.analysis.capacity.fits import FITS, MIN_CAPACITY, NO_KV, REFUSED, SEARCH_STEP, VERDICT, fit_to_dict
+from memtrace.analysis.capacity.fits import FITS, MIN_CAPACITY, NO_KV, REFUSED, SEARCH_STEP, VERDICT
 from memtrace.analysis.capacity.whatif import BOOTS, recorded_flags, recorded_others
 from memtrace.analysis.memory.categories import sampler_stacks
 from memtrace.cli import main
-from memtrace.plots.fits_text import HEADLINE
+from memtrace.plots.fits_text import HEADLINE, fit_to_dict
 from memtrace.store import load_run
 from testdata import DATA
 

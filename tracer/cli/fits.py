@@ -109,8 +109,37 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", action="store_true", help="print the predictions as JSON")
 
 
+def check_capacity(capacity_bytes: int) -> int:
+    """``capacity_bytes`` when it is a card's memory; UsageError for 0, 1 MiB and the like."""
+    from memtrace.analysis.capacity.fits import MIN_CAPACITY
+    from memtrace.errors import UsageError
+
+    if capacity_bytes < MIN_CAPACITY:
+        raise UsageError(
+            f"--capacity {capacity_bytes:,} B is not a GPU's memory; give the card's memory, at least 1GiB "
+            "(e.g. 24GiB, 80GB)"
+        )
+    return capacity_bytes
+
+
+def check_non_torch(non_torch_bytes: int | None, capacities: list[int]) -> int | None:
+    """``non_torch_bytes`` (``--non-torch``) when it leaves room on every card asked about; UsageError when
+    it fills one (a CUDA context, NCCL and libraries never take the whole card)."""
+    from memtrace.errors import UsageError
+    from memtrace.units import format_gib
+
+    if non_torch_bytes is None:
+        return None
+    full = [c for c in capacities if non_torch_bytes >= c]
+    if full:
+        raise UsageError(
+            f"--non-torch {format_gib(non_torch_bytes)} is not less than the {format_gib(min(full))} card; "
+            "give the non-PyTorch memory (CUDA context, NCCL, libraries) on that card, e.g. 0.6GiB"
+        )
+    return non_torch_bytes
+
+
 def run(args: argparse.Namespace) -> int:
-    from memtrace.analysis.capacity.fits import check_capacity, check_non_torch
     from memtrace.cli._runs import analysed
     from memtrace.plots.render import render
     from memtrace.progress import task

@@ -49,9 +49,7 @@ from memtrace.analysis.memory.curves import Curve, committed_curve
 from memtrace.analysis.memory.oom import Oom
 from memtrace.analysis.memory.phases import path_at
 from memtrace.analysis.memory.quantities import first_max, window_peak
-from memtrace.errors import UsageError
 from memtrace.model import Trace
-from memtrace.units import format_gib
 
 FITS = "fits"
 OOM = "oom"
@@ -130,38 +128,6 @@ class Fit:
     @property
     def survives(self) -> bool:
         return self.outcome == FITS
-
-
-def fit_to_dict(r: Fit) -> dict[str, Any]:
-    """A JSON-ready dict of ``r`` (exact integers; the recorded OOM nested) in one vocabulary: the verdict (why:
-    ``stage``, ``phase``) and ``survives``, not the capacity model's own outcome beside it."""
-    d = dataclasses.asdict(r)
-    del d["outcome"]
-    return {**d, "verdict": VERDICT[r.outcome], "survives": r.survives}
-
-
-def check_capacity(capacity_bytes: int) -> int:
-    """``capacity_bytes`` when it is a card's memory; UsageError for 0, 1 MiB and the like."""
-    if capacity_bytes < MIN_CAPACITY:
-        raise UsageError(
-            f"--capacity {capacity_bytes:,} B is not a GPU's memory; give the card's memory, at least 1GiB "
-            "(e.g. 24GiB, 80GB)"
-        )
-    return capacity_bytes
-
-
-def check_non_torch(non_torch_bytes: int | None, capacities: list[int]) -> int | None:
-    """``non_torch_bytes`` (``--non-torch``) when it leaves room on every card asked about; UsageError when
-    it fills one (a CUDA context, NCCL and libraries never take the whole card)."""
-    if non_torch_bytes is None:
-        return None
-    full = [c for c in capacities if non_torch_bytes >= c]
-    if full:
-        raise UsageError(
-            f"--non-torch {format_gib(non_torch_bytes)} is not less than the {format_gib(min(full))} card; "
-            "give the non-PyTorch memory (CUDA context, NCCL, libraries) on that card, e.g. 0.6GiB"
-        )
-    return non_torch_bytes
 
 
 def _first_crossing(curve: Curve, start_us: int, end_us: int, limit: int, shift: int = 0) -> int | None:

@@ -1178,19 +1178,3 @@ class Answer:
     suggestions: list[Suggestions]
     keep_others: bool
     vllm_version: str
-
-
-def answer_to_dict(a: Answer) -> dict:
-    """A JSON-ready dict of ``a`` (exact integers)."""
-    d = dataclasses.asdict(a)
-    d["recorded"]["util"], d["flags"]["util"] = a.recorded.util, a.flags.util
-    d["recorded"]["graphs"], d["flags"]["graphs"] = a.recorded.graphs, a.flags.graphs
-    for o in d["outcomes"]:
-        for p in o["phases"]:
-            p["kinds"] = {k: {"recorded_bytes": v[0], "predicted_bytes": v[1]} for k, v in p["kinds"].items()}
-            p["sites"] = {k: [{"site": s, "bytes": b} for s, b in v] for k, v in p["sites"].items()}
-    for s in d["suggestions"]:
-        for x in [s["recorded"], *(b["outcome"] for b in s["booting"]), s["floor_outcome"]]:
-            if x is not None:
-                x.pop("phases")
-    return d
