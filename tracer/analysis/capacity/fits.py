@@ -91,7 +91,7 @@ class Fit:
     post_kv_peak_phase: str
     outcome: str  # FITS, OOM, NO_KV, REFUSED or UNKNOWN
     phase: str  # where it dies ("" when it fits)
-    overshoot_bytes: int  # by how much it goes over the capacity (OOM), or the missing KV bytes (NO_KV)
+    overshoot_bytes: int  # by how much it goes over the capacity (OOM), or the KV bytes short of one request (NO_KV)
     headroom_bytes: int  # the smallest gap under the capacity (FITS; UNKNOWN: at the recorded OOM)
     stage: str  # "init", "pre-KV", "KV sizing" (ONE_REQUEST, ADDRESS_RANGE), "post-KV", "recorded OOM", "beyond the recording", ""
     non_torch_bytes: int | None = None  # the non-PyTorch memory assumed (see non_torch_source)
