@@ -96,6 +96,13 @@ def blocks_within(num_bytes: int, strides: list[int], granule: int, capacity: in
     return max(n, 0)
 
 
+def null_blocks(trace: Trace) -> tuple[int, int] | None:
+    """(from when, bytes): what vLLM 0.34's extensible cache commits in ``kv_cache_init`` (its null block(s)), held
+    until the cache is extended; None without that phase. The capacity model's and the what-if's pre-KV curves."""
+    init = next((p for p in trace.phases if p.name == PN.KV_CACHE_INIT and p.end_us), None)
+    return (init.end_us, int(committed_curve(trace, kv_cache_only=True).at(init.end_us))) if init is not None else None
+
+
 def address_range(util: float, capacity: int, non_kv: int, per_block: int) -> tuple[int, int]:
     """The address range on a card, (bytes, blocks: the most the sizing after warm-up commits, ``capacity_blocks``):
     ``ceil(util x capacity) - non_kv`` (``Worker.determine_available_memory``), ``non_kv`` with no CUDA-graph estimate:

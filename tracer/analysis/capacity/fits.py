@@ -42,10 +42,10 @@ from memtrace import facts as F
 from memtrace import vllm_phase_names as PN
 from memtrace.analysis.analysed.landmarks import Landmarks, steady_non_torch_at
 from memtrace.analysis.capacity import whatif as W
-from memtrace.analysis.capacity.extensible import ExtensibleSizing, address_range, extensible_inputs, sized
+from memtrace.analysis.capacity.extensible import ExtensibleSizing, address_range, extensible_inputs, null_blocks, sized
 from memtrace.analysis.capacity.reconcile import KV_GIVEN, MEMTRACE, profiled_kv_bytes
 from memtrace.analysis.memory import non_torch
-from memtrace.analysis.memory.curves import Curve, committed_curve
+from memtrace.analysis.memory.curves import Curve
 from memtrace.analysis.memory.oom import Oom
 from memtrace.analysis.memory.phases import path_at
 from memtrace.analysis.memory.quantities import first_max, window_peak
@@ -161,6 +161,7 @@ class Recorded:
     #: ``Fit``'s ``non_torch_*`` split fields by name (empty: nothing to split)
     non_torch_split: dict[str, int | None] = dataclasses.field(default_factory=dict)
     others_bytes: int = 0  # the most other processes held on the recorded card (``whatif.recorded_others``)
+    one_request: int | None = None  # the KV bytes one max-model-len request needs (``whatif.recorded_one_request``)
     extensible: Prepared | None = None  # vLLM 0.34 sized the KV cache after warm-up (:func:`prepare`)
 
 
@@ -186,7 +187,7 @@ def recorded(rank, non_torch_bytes: int | None = None) -> Recorded:
         }
     need = W.need_curve(trace, curves, lm, non_torch_bytes, rank.lifetimes)
     rec = Recorded(rank, need, nk.bytes if nk is not None else 0, nk.source if nk is not None else "", nt, nt_source,
-                   split, W.recorded_others(trace))  # fmt: skip
+                   split, W.recorded_others(trace), W.recorded_one_request(trace, _recorded_kv(lm)))  # fmt: skip
     return dataclasses.replace(rec, extensible=prepare(rank, rec))
 
 
@@ -249,8 +250,7 @@ def fit(trace: Trace, capacity_bytes: int, util: float | None = None, *, rec: Re
     t = _first_crossing(need, first_us, pre_end, capacity_bytes)
     if t is not None:
         return result(OOM, path_at(trace, t), pre_peak - capacity_bytes, "pre-KV")  # "": outside any phase
-    kv_rec = _recorded_kv(lm)
-    one_request = W.recorded_one_request(trace, kv_rec)
+    kv_rec, one_request = _recorded_kv(lm), rec.one_request
     if oom is not None and (lm.kv_end_us is None or oom.time_us < lm.kv_end_us):  # died before the KV cache
         at = _at_oom(rec, capacity_bytes, target, 0, result)
         if at.outcome == UNKNOWN and kv_new <= 0 and rec.non_kv_source == MEMTRACE:  # refused whatever came next
@@ -320,7 +320,6 @@ class Prepared:
     peak_phase: str
     extended: bool
     non_kv_bytes: int | None
-    one_request: int | None
 
 
 def prepare(rank, rec: Recorded) -> Prepared | None:
@@ -336,16 +335,14 @@ def prepare(rank, rec: Recorded) -> Prepared | None:
     if not total:
         return None
     extend = next((p for p in trace.phases if p.name == PN.KV_CACHE_EXTEND), None)
-    init = next((p for p in trace.phases if p.name == PN.KV_CACHE_INIT and p.end_us), None)
     end = extend.start_us if extend is not None else sizing.time_us
-    floor = committed_curve(trace, kv_cache_only=True).at(init.end_us) if init is not None else 0
+    held_from, floor = null_blocks(trace) or (end, 0)
     window = rec.need.window(rec.need.time_us[0] if len(rec.need) else 0, end)
-    need_b = window.bytes + (window.time_us >= (init.end_us if init is not None else end)) * floor
+    need_b = window.bytes + (window.time_us >= held_from) * floor
     i = max(first_max(need_b), 0)
     peak, peak_t = (int(need_b[i]), int(window.time_us[i])) if len(need_b) else (0, end)
     return Prepared(sizing, int(total), window.time_us, need_b.astype(np.int64), peak, path_at(trace, peak_t),
-                    extend is not None, rec.non_kv_bytes if rec.non_kv_source else None,
-                    W.recorded_one_request(trace))  # fmt: skip
+                    extend is not None, rec.non_kv_bytes if rec.non_kv_source else None)  # fmt: skip
 
 
 def fit_extensible(trace: Trace, capacity_bytes: int, util: float | None, rec: Recorded, others_bytes: int = 0) -> Fit:
@@ -368,7 +365,7 @@ def fit_extensible(trace: Trace, capacity_bytes: int, util: float | None, rec: R
     if len(over):
         return result(OOM, path_at(trace, int(prep.time_us[over[0]])), pre - capacity_bytes, "pre-KV")
     # 2. the address range
-    one, bpb, s = prep.one_request, prep.sizing.bytes_per_block, facts.get(F.VLLM_KV_SIZING) or {}
+    one, bpb, s = rec.one_request, prep.sizing.bytes_per_block, facts.get(F.VLLM_KV_SIZING) or {}
     rng, most = (None, int(s.get("capacity_blocks") or 0)) if prep.non_kv_bytes is None else address_range(
         util, capacity_bytes, prep.non_kv_bytes, bpb)  # fmt: skip
     if rng is not None and (rng <= 0 or (one is not None and rng < one)):

@@ -24,7 +24,7 @@ from memtrace import vllm_phase_names as PN
 from memtrace.analysis.analysed.landmarks import Landmarks, total_curve
 from memtrace.analysis.capacity import priors as P
 from memtrace.analysis.capacity import shape as S
-from memtrace.analysis.capacity.extensible import address_range, extensible_inputs, sized
+from memtrace.analysis.capacity.extensible import address_range, extensible_inputs, null_blocks, sized
 from memtrace.analysis.capacity.reconcile import MEMTRACE as NON_KV_MEMTRACE
 from memtrace.analysis.capacity.reconcile import profiled_kv_bytes
 from memtrace.analysis.holders.frames import meaningful_frame
@@ -686,11 +686,10 @@ class WhatIf:
     def before_kv(self) -> np.ndarray:
         """The predicted curve before the KV cache exists: without it, but for the null block(s) that vLLM 0.34's
         extensible cache commits in kv_cache_init, held until the cache is extended (``fits.prepare`` alike)."""
-        init = self.sites._phase(PN.KV_CACHE_INIT)
-        if not (self.flags.extensible and self.rec.extensible) or init is None or init.end_us is None:
+        held = null_blocks(self.sites.trace)
+        if not (self.flags.extensible and self.rec.extensible) or held is None:
             return self.no_kv
-        floor = committed_curve(self.sites.trace, kv_cache_only=True).at(init.end_us)
-        return self.no_kv + np.where(self.sites.time >= init.end_us, floor, 0).astype(np.int64)
+        return self.no_kv + np.where(self.sites.time >= held[0], held[1], 0).astype(np.int64)
 
     @cached_property
     def pre_kv(self) -> tuple[int, int]:
