@@ -26,14 +26,23 @@ def read(device: int) -> dict[str, int] | None:
     if torch is None or not torch.cuda.is_initialized():
         return None
     free, total = torch.cuda.mem_get_info(device)
+    raw = getattr(torch._C, "_cuda_memoryStats", None)
+    if raw is None:  # a torch without the raw counters: its public readers (each flattens every counter)
+        reserved, allocated = torch.cuda.memory_reserved(device), torch.cuda.memory_allocated(device)
+        reserved_peak, allocated_peak = torch.cuda.max_memory_reserved(device), torch.cuda.max_memory_allocated(device)
+    else:  # one read of the allocator's nested counters (~5x cheaper than the four readers above)
+        stats = raw(device)
+        reserved, allocated = stats["reserved_bytes"]["all"], stats["allocated_bytes"]["all"]
+        reserved_peak, allocated_peak = reserved["peak"], allocated["peak"]
+        reserved, allocated = reserved["current"], allocated["current"]
     return {
         "time_us": time.time_ns() // 1000,
         "free_bytes": int(free),
         "total_bytes": int(total),
-        "reserved_bytes": int(torch.cuda.memory_reserved(device)),
-        "allocated_bytes": int(torch.cuda.memory_allocated(device)),
-        "reserved_peak_bytes": int(torch.cuda.max_memory_reserved(device)),
-        "allocated_peak_bytes": int(torch.cuda.max_memory_allocated(device)),
+        "reserved_bytes": int(reserved),
+        "allocated_bytes": int(allocated),
+        "reserved_peak_bytes": int(reserved_peak),
+        "allocated_peak_bytes": int(allocated_peak),
     }
 
 
