@@ -20,7 +20,10 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-N_ALLOCS = 200
+#: allocations per timed loop: 4 loops a round, 3 rounds. 200 a loop cost 7.5-16.3 ms of vLLM's thread on the H100
+#: (``calibration`` in ``tests/data/vllm-h100-034-cost``) to estimate 2.4-4.8 ms of history recording; 50 cost a quarter
+#: of that, and a loop of 50 still lasts ~100 us, far above the clock's resolution
+N_ALLOCS = 50
 ROUNDS = 3
 EXTRA_DEPTH = 40
 BLOCK_BYTES = 512
