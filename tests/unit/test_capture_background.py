@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 from capture_fakes import session_with
 from memtrace import facts as F
+from memtrace.capture import allocator_history as H
 from memtrace.capture import registry as R
 from memtrace.capture import session as S
 from memtrace.facts import OOM as FACT_OOM
@@ -109,6 +110,7 @@ def test_the_oom_path_writes_everything_before_it_returns(snap, tmp_path, monkey
 
 def test_a_failing_conversion_is_a_note_and_later_drains_are_kept(snap, tmp_path, monkeypatch):
     monkeypatch.setenv("MEMTRACE_CAPTURE_SYNC", "")
+    monkeypatch.setattr(H, "BOUNDARY_MIN_PENDING", 2_000)  # each phase's ~3,480 entries drain at its end
     real, calls = TS.entries_to_events, []
 
     def fails_once(entries, intern):
