@@ -89,6 +89,11 @@ class Session:
         self._facts_queued = False  # a write of the facts is waiting on the background writer
         self._complete_written = False  # start-up's completion is in the file (a flush wrote it: serving, until exit)
         self._open: list[int] = []  # indexes of open phases, outermost first
+        # ``_phases`` and ``_open`` change under this lock, never under ``_lock``, which the background writer holds
+        # while it writes a drain: a phase's start on vLLM's thread never waits for the writer. Taken before
+        # ``_lock`` where both are (a write run here, without a writer, takes ``_lock`` inside it); re-entrant, as a
+        # signal handler that stops the session may interrupt a phase's bookkeeping on the same thread.
+        self._phase_lock = threading.RLock()
         self._ranges: dict[int, Any] = {}  # phase index -> entered record_function
         self.history = None  # AllocatorHistory when CUDA is there
         self.sidecar = None  # Sidecar process handle when NVML is there
@@ -402,7 +407,7 @@ class Session:
     # -- phases --------------------------------------------------------------------------------
     def phase_path(self) -> str:
         """The open phases as a path, ``compile_or_warm_up/capture_model``; "" outside any phase."""
-        with self._lock:
+        with self._phase_lock:
             return "/".join(self._phases[i].name for i in self._open)
 
     @selfcost.timed(selfcost.WRITES)
@@ -411,14 +416,14 @@ class Session:
         returns). It nests under the phase open now, if any. Returns its index, -1 once closed."""
         if self.closed:
             return -1
-        with self._lock:
+        with self._phase_lock:
             parent = self._open[-1] if self._open else None
             return self._new_phase(
                 Phase(name=name, start_us=int(start_us), end_us=int(end_us), parent=parent, source=source)
             )
 
     def _new_phase(self, ph: Phase) -> int:
-        """Keep ``ph`` and write it (under the lock); its index is its row's, as phases are written in order."""
+        """Keep ``ph`` and write it (under the phase lock); its index is its row's, as phases are written in order."""
         index = len(self._phases)
         self._phases.append(ph)
         row = Phase(ph.name, ph.start_us, ph.end_us, ph.parent, ph.source)  # as it is now: ends are written apart
@@ -438,7 +443,7 @@ class Session:
             self._hint_sidecar(self.history.boundary(top_level=not self._open))
         if not self._open:
             self._flush_cupti(throttle_s=0.5)
-        with self._lock:
+        with self._phase_lock:
             parent = self._open[-1] if self._open else None
             index = self._new_phase(Phase(name=name, start_us=now_us(), end_us=None, parent=parent, source=source))
             self._open.append(index)
@@ -454,7 +459,7 @@ class Session:
         rng = self._ranges.pop(index, None)
         if rng is not None:
             self.history.exit_range(rng)
-        with self._lock:
+        with self._phase_lock:
             if index not in self._open:
                 return
             t = now_us()
@@ -637,7 +642,7 @@ class Session:
 
     def _stop_recording(self, reason: str) -> bool:
         """End the open phases, stop CUPTI and the allocator history (the final snapshot); False if closed."""
-        with self._lock:
+        with self._phase_lock, self._lock:
             if self.closed:
                 return False
             self.closed = True
