@@ -12,6 +12,8 @@
 #   cost         ROUNDS rounds of warm eager MoE start-ups (COST_FLAGS: --enforce-eager --max-num-batched-tokens 4096),
 #                plugin on (MEMTRACE_DIR) / off, order alternating; cost/runs.tsv has each run's self-reported cost
 #   cost-dense   one dense start-up with the plugin, the same flags (its self-reported cost in cost/runs.tsv)
+#   cost-graphs  start-ups with the plugin, torch.compile and CUDA graphs (COST_GRAPH_FLAGS: --max-num-batched-tokens
+#                4096), one per model of COST_GRAPHS (default "moe moe dense": a cold compile, a warm one, dense)
 #   grid         the flags grid of issue 28: GRID="name:model:flag,flag;name:model:..." (model moe|dense; flags
 #                separated by commas, e.g. g01:moe:--max-num-batched-tokens,2048), each one traced start-up;
 #                GRID_TAG=x packs every folder into one grid-x.tar.gz (the 8-file limit of $OUT)
@@ -352,6 +354,16 @@ if want cost-dense && [ "$(left)" -gt 150 ]; then
   cost_files
   one_run "dense-$(date +%H%M%S)-on" on /tmp/model-dense
   pack
+fi
+if want cost-graphs; then  # start-ups with vLLM's torch.compile and CUDA graphs (COST_GRAPHS: models, in order)
+  cost_files
+  EAGER=("${COST_FLAGS[@]}"); COST_FLAGS=(${COST_GRAPH_FLAGS:---max-num-batched-tokens 4096})
+  for m in ${COST_GRAPHS:-moe moe dense}; do
+    [ "$(left)" -lt 200 ] && { log "(cost) graphs: $(left)s left, not starting $m"; break; }
+    one_run "graphs-$m-$(date +%H%M%S)-on" on "/tmp/model-$m"
+    pack
+  done
+  COST_FLAGS=("${EAGER[@]}")
 fi
 
 # ---- serving-ab (issue 30): the cost of serving mode, every configuration served at once ----------------------
