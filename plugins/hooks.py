@@ -449,28 +449,21 @@ def _candidates(functions: list[Any], just_imported: ModuleType | None) -> list[
         homes.add(home.__name__)
     running = _running_modules()
     stops = running | {just_imported.__name__} if just_imported is not None else running
-    order = list(sys.modules)  # import order; list.index below runs in C (the loop it replaces cost ~3 ms a pass)
+    found: dict[str, Any] = {}
     try:
-        first_home = min(order.index(name) for name in homes)
-    except ValueError:  # a home under another name in sys.modules: look everywhere
+        for name in reversed(sys.modules):
+            found[name] = sys.modules[name]
+            homes.discard(name)
+            if not homes and name in stops:
+                break
+        else:
+            return None
+    except (RuntimeError, KeyError):  # another thread imported meanwhile: look everywhere
         return None
-    # the stop read first from the end once every home was passed: the latest one at or before the first home
-    start = max((i for i in (_position(order, name) for name in stops) if 0 <= i <= first_home), default=-1)
-    if start < 0:
-        return None
-    modules = sys.modules
-    found = {name: modules.get(name) for name in reversed(order[start:])}  # newest first, as they were read
     for name in running:
-        if name in modules:
-            found[name] = modules[name]
-    return [m for m in found.values() if m is not None]
-
-
-def _position(order: list[str], name: str) -> int:
-    try:
-        return order.index(name)
-    except ValueError:
-        return -1
+        if name in sys.modules:
+            found[name] = sys.modules[name]
+    return list(found.values())
 
 
 def _innermost(func: Any) -> Any:
