@@ -6,6 +6,7 @@ log lines of the small card's rescue, the priors file the one script wrote from 
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 import sys
@@ -261,3 +262,16 @@ def test_the_cold_dense_death_is_rescued_by_four_changes_with_its_own_architectu
     first = json.loads(capsys.readouterr().out)["what_if"]["suggestions"][0]["booting"][0]
     assert first["changes"] == ["--max-num-batched-tokens 1024", "--max-model-len 8192", "--enforce-eager",
                                 "--gpu-memory-utilization 0.1998", "--no-enable-extensible-kv-cache"]  # fmt: skip
+
+
+def test_a_failed_request_of_the_examples_size_is_left_out_only_where_a_change_stops_a_compile():
+    """The failed request counts where it was asked in every model of booting (``fits.failed_request_peak``), unless
+    the what-if turns compilation off and the recording compiled: only then was it Inductor's autotuning example.
+    cold-moe-0 compiled; read as if it had run with enforce-eager, the same request was no example and stays."""
+    trace = load_run(ARCHS / "cold-moe-0").traces[0]
+    asked = trace.facts[F.OOM]["requested_bytes"]
+    for recorded_eager, new_eager, counted in ((False, False, asked), (False, True, 0), (True, True, asked)):
+        trace.facts[F.VLLM_CONFIG]["enforce_eager"] = recorded_eager
+        s = W.sites_of(analyse([trace]).ranks[0])
+        flags = dataclasses.replace(s.flags, enforce_eager=new_eager)
+        assert W.WhatIf(s, flags)._failed[1] == counted, (recorded_eager, new_eager)

@@ -474,6 +474,14 @@ def lm_head_example(trace) -> int | None:
     return -(-vocab * m.hidden * 2 // (2 << 20)) * (2 << 20)
 
 
+def failed_request_bytes(requested: int, example: bool, new: Flags) -> int:
+    """What a recorded OOM's failed request of ``requested`` bytes counts at its moment under ``new`` flags: all of it
+    (the start-up asked for it and needs it to get past there; at no change this is the capacity model's rule,
+    ``fits.failed_request_peak``), unless it was a cold compile's autotuning example of the LM head (``example``:
+    only a recording that compiled has one) and the change turns compilation off."""
+    return 0 if example and new.enforce_eager else requested
+
+
 def model_shape(trace) -> dict | None:
     """The model's shape as recorded (``facts.VLLM_MODEL_SHAPE``; ``fits --config`` gives it to older recordings)."""
     shape = trace.facts.get(F.VLLM_MODEL_SHAPE)
@@ -574,8 +582,9 @@ class WhatIf:
         oom = s.rank.oom
         if oom is not None:  # the request that failed counts at its moment (nothing after it is known)
             i = max(int(np.searchsorted(s.time, oom.time_us, side="right")) - 1, 0)
-            example = PN.PROFILE_RUN in oom.phase_path.split("/") and oom.requested_bytes == lm_head_example(s.trace)
-            count = 0 if example and flags.enforce_eager else oom.requested_bytes
+            example = (not self.rec.enforce_eager and PN.PROFILE_RUN in oom.phase_path.split("/")
+                       and oom.requested_bytes == lm_head_example(s.trace))  # an eager recording compiled nothing
+            count = failed_request_bytes(oom.requested_bytes, example, flags)
             self.no_kv[i] += count
             self._failed = (i, count)  # not in vLLM's non-KV figure (:meth:`_moved_peak`)
             how = (", unscaled" if not example else " as the cold compile's autotuning example of the LM head "
