@@ -239,11 +239,11 @@ def fit(trace: Trace, capacity_bytes: int, util: float | None = None, *, rec: Re
 
     # vLLM's request_memory check in init_device (not with 0.34's extensible KV cache: util 1.0 of the card is never
     # free at start-up, and the H200's start-ups passed it beside a 127 GiB neighbour)
-    init_end = min((p.end_us for p in trace.phases if p.name == PN.INIT_DEVICE and p.end_us is not None), default=None)
+    init_end = W.init_device_end(trace)
     if init_end is not None and init_end <= end_us and F.is_vllm(trace.facts) and not W.extensible_kv_cache(trace):
         # vLLM compares its own snapshot's free memory (the CUDA context then); the need curve at init_device's end
         # holds the non-PyTorch memory assumed for the whole start-up (NVML at KV sizing: cuBLAS, NCCL... larger)
-        free_at_init = capacity_bytes - (W.own_init_used(trace) or need.at(init_end))
+        free_at_init = capacity_bytes - W.init_used(trace, need.at)
         if free_at_init < target:
             return result(REFUSED, PN.INIT_DEVICE, target - free_at_init, "init")
     # 3. pre-KV: the card-independent part must fit physically

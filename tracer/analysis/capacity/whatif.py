@@ -15,6 +15,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import cached_property
 
@@ -312,6 +313,10 @@ class Sites:
 
     def _phase(self, name: str):
         return next((p for p in self.trace.phases if p.name == name), None)
+
+    def need_at(self, time_us: int) -> int:
+        """The recorded need at ``time_us`` (the grid's last point at or before it)."""
+        return int(self.need[max(int(np.searchsorted(self.time, time_us, side="right")) - 1, 0)])
 
     def windows(self, *names: str) -> list[tuple[int, int]]:
         return [(p.start_us, p.end_us or _NEVER) for p in self.trace.phases if p.name in names]
@@ -823,7 +828,7 @@ class WhatIf:
         common = dict(capacity_bytes=capacity, others_bytes=others, others_left_out_bytes=left_out,
                       pre_kv_peak_bytes=pre_peak, pre_kv_peak_phase=path_at(self.sites.trace, pre_t))  # fmt: skip
         out = functools.partial(Outcome, **common)
-        context = init_used(self.sites)  # vLLM's own snapshot, else the need at init_device's end
+        context = init_used(self.sites.trace, self.sites.need_at)  # vLLM's own snapshot, else the need at init_device's end
         requested = math.ceil(self.flags.util * capacity)
         # vLLM checks the free memory at init_device, before it loads a byte of weights: where that refuses, the
         # start-up never gets to the pre-KV peak (the CUDA context itself must fit, or it dies there)
@@ -886,7 +891,7 @@ class WhatIf:
             return None
         library = self.library or P.load_library()
         j = max(int(np.searchsorted(s.time, p.start_us, side="right")) - 1, 0)
-        context = init_used(s)
+        context = init_used(s.trace, s.need_at)
         f = self.scales[SEQS].factor
         sampler = int(round(int(s.bytes[SEQS][j]) * f))
         start = int(self.no_kv[j]) - (int(s.bytes[SEQS][j]) - sampler)
@@ -997,14 +1002,18 @@ def own_init_used(trace) -> int:
     return max(used - recorded_others(trace), 0) if used > 0 else 0
 
 
-def init_used(sites: Sites) -> int:
-    """:func:`own_init_used`, else (vLLM's init snapshot not recorded: a recording cut before profiling) what the
-    start-up needed when init_device ended (its CUDA context)."""
-    used = own_init_used(sites.trace)
-    p = sites._phase(PN.INIT_DEVICE)
-    if used or p is None or p.end_us is None:
-        return used
-    return int(sites.need[max(int(np.searchsorted(sites.time, p.end_us, side="right")) - 1, 0)])
+def init_used(trace, need_at: Callable[[int], int]) -> int:
+    """What this process used at init_device, the one rule of both models of booting: vLLM's own snapshot
+    (:func:`own_init_used`), else (not recorded: a recording cut before profiling) the start-up's need when init_device
+    ended (its CUDA context), read by ``need_at(time_us)``; 0 without either."""
+    used = own_init_used(trace)
+    end = init_device_end(trace)
+    return used if used or end is None else int(need_at(end))
+
+
+def init_device_end(trace) -> int | None:
+    """When vLLM's init_device ended (None: not recorded)."""
+    return min((p.end_us for p in trace.phases if p.name == PN.INIT_DEVICE and p.end_us is not None), default=None)
 
 
 def recorded_others(trace) -> int:
@@ -1116,7 +1125,7 @@ def candidates(rec: Flags, extensible_known: bool, shared_util: float | None = N
 def shared_utilization(sites: Sites, capacity: int, others: int) -> float | None:
     """The largest utilization (4 decimals, rounded down) whose request fits what is free at vLLM's start-up
     on a card where other processes hold ``others`` bytes (None: the card is not shared, or unknown)."""
-    used = init_used(sites)
+    used = init_used(sites.trace, sites.need_at)
     if others <= 0 or not used or capacity <= 0:
         return None
     u = math.floor((capacity - others - used) / capacity * 10_000) / 10_000
