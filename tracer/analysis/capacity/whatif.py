@@ -587,8 +587,11 @@ class WhatIf:
         oom = s.rank.oom
         if oom is not None:  # the request that failed counts at its moment (nothing after it is known)
             i = max(int(np.searchsorted(s.time, oom.time_us, side="right")) - 1, 0)
-            example = (not self.rec.enforce_eager and PN.PROFILE_RUN in oom.phase_path.split("/")
-                       and oom.requested_bytes == lm_head_example(s.trace))  # an eager recording compiled nothing
+            example = (
+                not self.rec.enforce_eager
+                and PN.PROFILE_RUN in oom.phase_path.split("/")
+                and oom.requested_bytes == lm_head_example(s.trace)
+            )  # an eager recording compiled nothing
             count = failed_request_bytes(oom.requested_bytes, example, flags)
             self.no_kv[i] += count
             self._failed = (i, count)  # not in vLLM's non-KV figure (:meth:`_moved_peak`)
@@ -828,7 +831,9 @@ class WhatIf:
         common = dict(capacity_bytes=capacity, others_bytes=others, others_left_out_bytes=left_out,
                       pre_kv_peak_bytes=pre_peak, pre_kv_peak_phase=path_at(self.sites.trace, pre_t))  # fmt: skip
         out = functools.partial(Outcome, **common)
-        context = init_used(self.sites.trace, self.sites.need_at)  # vLLM's own snapshot, else the need at init_device's end
+        context = init_used(
+            self.sites.trace, self.sites.need_at
+        )  # vLLM's own snapshot, else the need at init_device's end
         requested = math.ceil(self.flags.util * capacity)
         # vLLM checks the free memory at init_device, before it loads a byte of weights: where that refuses, the
         # start-up never gets to the pre-KV peak (the CUDA context itself must fit, or it dies there)
