@@ -239,7 +239,8 @@ class Plugin:
     def start_session(self, worker: Any, start_us: int) -> Any:
         """Start recording in the process that owns ``worker``'s device (after init_device)."""
         if self._preimport is not None:  # the same modules are never imported on two threads at once
-            self._preimport.join(PREIMPORT_WAIT_S)
+            with selfcost.region(selfcost.START_PREIMPORT_WAIT):
+                self._preimport.join(PREIMPORT_WAIT_S)
         from memtrace.capture import api
         from memtrace.errors import MemtraceError
 

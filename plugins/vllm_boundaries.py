@@ -18,6 +18,7 @@ import time
 from typing import Any
 
 from memtrace import facts as F
+from memtrace.capture import selfcost
 
 
 def read(device: int) -> dict[str, int] | None:
@@ -47,9 +48,15 @@ def read(device: int) -> dict[str, int] | None:
 
 
 def record(session: Any, phase: str, edge: str) -> None:
-    """Append a reading for ``phase`` at ``edge`` ("start"/"end") to the session's facts (CUDA sessions only)."""
+    """Append a reading for ``phase`` at ``edge`` ("start"/"end") to the session's facts (CUDA sessions only; its time
+    is memtrace's ``phase_memory`` source)."""
     if getattr(session, "history", None) is None:
         return
+    with selfcost.region(selfcost.PHASE_MEMORY):
+        _record(session, phase, edge)
+
+
+def _record(session: Any, phase: str, edge: str) -> None:
     device = getattr(getattr(session, "process", None), "device_index", None)
     if device is None:
         return

@@ -4,7 +4,8 @@ Every piece of memtrace that runs on a thread of the traced program (vLLM's work
 thread that calls a hooked function) brackets itself with two reads of ``time.perf_counter_ns``
 (monotonic) and charges the difference to a *source*: ``registration``, ``patching`` (hooks applied
 when vLLM imports a watched module), ``start`` (session start-up; its wait for the NVML sidecar's
-first samples apart, ``start.sidecar_wait``),
+first samples apart, ``start.sidecar_wait``; the vLLM plugin's wait for its capture code's import on a thread of its
+own, ``start.preimport_wait``), ``phase_memory`` (the device readings at vLLM's phase edges),
 ``calibration`` (the allocator history's cost estimate, :mod:`.history_cost`), ``hooks.<kind>`` (a
 hook's wrapper and handler, apart from the wrapped call), ``drain.<reason>`` (PyTorch's snapshot and
 clear of the allocator history), ``writes`` (the trace file's SQLite writes), ``oom`` and ``stop``.
@@ -34,6 +35,8 @@ REGISTRATION = "registration"
 PATCHING = "patching"  # hooks applied when a watched module is imported (after registration)
 START = "start"
 START_SIDECAR_WAIT = "start.sidecar_wait"  # the session's start waiting for the NVML sidecar's first samples
+START_PREIMPORT_WAIT = "start.preimport_wait"  # vLLM's plugin waiting for its capture code's import on its own thread
+PHASE_MEMORY = "phase_memory"  # the device readings at vLLM's phase edges (``plugins.vllm_boundaries``)
 CALIBRATION = "calibration"
 WRITES = "writes"
 PHASES = "phases"  # the session's phase bookkeeping (record_function ranges, the phase rows)
