@@ -1,16 +1,15 @@
 """One analysed rank: a trace with its target, and every figure an output shows, each computed once, lazily.
 
 An :class:`AnalysedRank` is built by ``analysis.run.analyse`` (never by a renderer) from one trace (already on
-the driver's clock), the run's target specification and time origin. Each figure is a ``cached_property``: kept
+the driver's clock), the run's target specification and time origin. Each figure is a :class:`figure` (a ``cached_property``): kept
 on the object, shared by every renderer; the trace is never modified. The figures read at the curves' highest
 are ``rank_peaks.PeakFigures``.
 """
 
 from __future__ import annotations
 
-from contextlib import nullcontext
 from dataclasses import dataclass
-from functools import cached_property, partial
+from functools import partial
 from operator import attrgetter
 from typing import TYPE_CHECKING, Any
 
@@ -44,11 +43,26 @@ if TYPE_CHECKING:
     from memtrace.analysis.capacity.fits import Fit
 
 
-def _of(fn, *needs: str) -> cached_property:
+class figure:  # noqa: N801 - a decorator, named as functools.cached_property is
+    """A figure of the rank computed on first read and kept in the rank's ``__dict__``: ``functools.cached_property``
+    without Python 3.11's one lock for every instance of the class (diff's two runs' analyses took turns behind it)."""
+
+    def __init__(self, fn) -> None:
+        self.fn, self.name, self.__doc__ = fn, None, getattr(fn, "__doc__", None)
+
+    def __set_name__(self, owner, name: str) -> None:
+        self.name = name
+
+    def __get__(self, rank, owner=None):
+        if rank is None:
+            return self
+        value = rank.__dict__[self.name] = self.fn(rank)
+        return value
+
+
+def _of(fn, *needs: str) -> figure:
     """A figure of the rank computed once: ``fn`` of its attributes ``needs`` (dotted paths; "": the rank)."""
-    figure = cached_property(lambda self: fn(*(attrgetter(n)(self) if n else self for n in needs)))
-    figure.lock = nullcontext()  # Python 3.11's lock is one for every rank: diff's two runs' analyses took turns
-    return figure
+    return figure(lambda self: fn(*(attrgetter(n)(self) if n else self for n in needs)))
 
 
 @dataclass(frozen=True)
@@ -154,24 +168,24 @@ class AnalysedRank(PeakFigures):
     event_times = _of(lambda c: c.allocated.time_us[1:], "curves")
     queries = _of(RankQueries, "", "origin.t0_us")  # the view's zoom and click queries, on the run's time origin
 
-    @cached_property
+    @figure
     def unfinished(self) -> V.Unfinished | None:
         """How a vLLM start-up ended before it completed, other than by CUDA OOM (``verdict.unfinished``)."""
         return V.unfinished(self.trace, self.span[1])
 
-    @cached_property
+    @figure
     def cupti(self) -> Curve | None:
         """The non-PyTorch bytes CUPTI saw live (``non_torch.live_curve``); None without CUPTI records."""
         return live_curve(self.trace) if has_records(self.trace) else None
 
-    @cached_property
+    @figure
     def n_samples(self) -> int:
         """NVML's samples as recorded: start-up's and its serving window's (not the OOM's own reading ``joined``
         adds)."""
         w = self.startup.window
         return len(self.startup.samples) + (len(w.samples) if w is not None else 0)
 
-    @cached_property
+    @figure
     def boot_rank(self) -> AnalysedRank:
         """Start-up alone (this rank when no serving window was joined to it): what "would it boot" is asked of
         (``analysis.capacity``: ``fits``, ``--suggest``, the what-if), whose model reads a start-up's phases and its
@@ -180,7 +194,7 @@ class AnalysedRank(PeakFigures):
             return self
         return AnalysedRank(self.startup, self.spec, self.origin, top=self.top, target=self.target, join=False)
 
-    @cached_property
+    @figure
     def room(self) -> Room | None:
         """What would have left room for the request a serving OOM failed where the device ran out
         (``serving_held.room``, at the recorded utilization): the serving question; None otherwise."""
@@ -191,7 +205,7 @@ class AnalysedRank(PeakFigures):
             else room(ws.device, ws.oom, self.recorded_target.util, self.trace.process.device_total_bytes)
         )
 
-    @cached_property
+    @figure
     def serving(self) -> AnalysedRank | None:
         """The serving window analysed as a rank of its own (``serving.window_trace``: its curves, its OOM,
         its flame graphs), on the run's time origin and this rank's target, drawn and queried apart after
@@ -200,7 +214,7 @@ class AnalysedRank(PeakFigures):
         t = None if self.joined else window_trace(self.startup)
         return None if t is None else AnalysedRank(t, self.spec, self.origin, top=self.top, target=self.target)
 
-    @cached_property
+    @figure
     def non_kv(self) -> NonKv | None:
         """vLLM's non-KV memory, the one model (``reconcile.non_kv``): what the report and ``fits`` show. None
         when the rank recorded nothing (a CPU worker's vLLM figures are not GPU memory: no figure from nothing)."""
