@@ -89,11 +89,11 @@ class Session:
         self._facts_queued = False  # a write of the facts is waiting on the background writer
         self._complete_written = False  # start-up's completion is in the file (a flush wrote it: serving, until exit)
         self._open: list[int] = []  # indexes of open phases, outermost first
-        # ``_phases`` and ``_open`` change under this lock, never under ``_lock``, which the background writer holds
-        # while it writes a drain: a phase's start on vLLM's thread never waits for the writer. Taken before
-        # ``_lock`` where both are (a write run here, without a writer, takes ``_lock`` inside it); re-entrant, as a
-        # signal handler that stops the session may interrupt a phase's bookkeeping on the same thread.
-        self._phase_lock = threading.RLock()
+        # ``_phases`` and ``_open`` change under this lock. Without a background writer it is ``_lock`` (the writes run
+        # here, under it); with one (:meth:`attach_history`) a lock of its own, which the writer never holds, so a
+        # phase's start on vLLM's thread never waits for a drain being written. Taken before ``_lock`` where both are;
+        # re-entrant: a signal handler that stops the session may interrupt a phase's bookkeeping on the same thread.
+        self._phase_lock = self._lock
         self._ranges: dict[int, Any] = {}  # phase index -> entered record_function
         self.history = None  # AllocatorHistory when CUDA is there
         self.sidecar = None  # Sidecar process handle when NVML is there
@@ -291,6 +291,7 @@ class Session:
         if not background.synchronous():
             self._bg = background.Background(on_error=lambda text: self.add_note("error", text))
             history.defer = self._bg.submit
+            self._phase_lock = threading.RLock()  # writes queue for the writer now: phases need not wait for it
 
     def _preimport_symbolizer(self) -> None:
         """Import torch._inductor now if Python stacks will be symbolized.
