@@ -16,6 +16,7 @@ import pytest
 from capture_fakes import session_with
 from memtrace import facts as F
 from memtrace.analysis.serving.serving import window_summary
+from memtrace.capture import allocator_history as H
 from memtrace.capture import registry as R
 from memtrace.capture import serving, signals
 from memtrace.capture import session as S
@@ -78,6 +79,7 @@ def test_a_serving_oom_writes_the_startup_then_a_bounded_window_with_the_failed_
     snap, tmp_path, monkeypatch, held
 ):
     path = tmp_path / "serve.memtrace"
+    monkeypatch.setattr(H, "TOP_LEVEL_MIN_INTERVAL_S", 0.0)  # the boundary below comes at once, not seconds later
     s, fake_history, n_startup = _serving_session(snap, path, monkeypatch, 1000, "0" if held else "5")
     assert s.history.held is held
     serving_entries = fake_history.all_entries[n_startup:]
