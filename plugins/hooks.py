@@ -136,12 +136,18 @@ if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_reset_after_fork)
 
 
-def original_function(target: Target) -> Callable | None:
-    """The unwrapped function a target names, if its module is imported (None otherwise)."""
+def _named(target: Target) -> Callable | None:
+    """The callable a target names as it stands (maybe wrapped), if its module is imported (None otherwise)."""
     obj: Any = sys.modules.get(target.module)
     for part in target.qualname.split("."):
         obj = getattr(obj, part, None) if obj is not None else None
-    if obj is None or not callable(obj):
+    return obj if obj is not None and callable(obj) else None
+
+
+def original_function(target: Target) -> Callable | None:
+    """The unwrapped function a target names, if its module is imported (None otherwise)."""
+    obj = _named(target)
+    if obj is None:
         return None
     import inspect
 
@@ -152,10 +158,8 @@ def call_argument(target: Target, name: str, args: tuple, kwargs: dict) -> Any:
     """The value of parameter ``name`` in a call of ``target``, keyword or positional (None if absent)."""
     if name in kwargs:
         return kwargs[name]
-    obj: Any = sys.modules.get(target.module)
-    for part in target.qualname.split("."):
-        obj = getattr(obj, part, None) if obj is not None else None
-    if obj is None or not callable(obj):
+    obj = _named(target)
+    if obj is None:
         return None
     position = _positions(obj).get(name)
     if position is not None:
