@@ -479,14 +479,6 @@ def lm_head_example(trace) -> int | None:
     return -(-vocab * m.hidden * 2 // (2 << 20)) * (2 << 20)
 
 
-def failed_request_bytes(requested: int, example: bool, new: Flags) -> int:
-    """What a recorded OOM's failed request of ``requested`` bytes counts at its moment under ``new`` flags: all of it
-    (the start-up asked for it and needs it to get past there; at no change this is the capacity model's rule,
-    ``fits.failed_request_peak``), unless it was a cold compile's autotuning example of the LM head (``example``:
-    only a recording that compiled has one) and the change turns compilation off."""
-    return 0 if example and new.enforce_eager else requested
-
-
 def model_shape(trace) -> dict | None:
     """The model's shape as recorded (``facts.VLLM_MODEL_SHAPE``; ``fits --config`` gives it to older recordings)."""
     shape = trace.facts.get(F.VLLM_MODEL_SHAPE)
@@ -592,7 +584,9 @@ class WhatIf:
                 and PN.PROFILE_RUN in oom.phase_path.split("/")
                 and oom.requested_bytes == lm_head_example(s.trace)
             )  # an eager recording compiled nothing
-            count = failed_request_bytes(oom.requested_bytes, example, flags)
+            # all of it (the start-up needs it to get past there: at no change, ``fits.failed_request_peak``'s rule),
+            # unless it was the cold compile's example and the change turns compilation off
+            count = 0 if example and flags.enforce_eager else oom.requested_bytes
             self.no_kv[i] += count
             self._failed = (i, count)  # not in vLLM's non-KV figure (:meth:`_moved_peak`)
             how = (", unscaled" if not example else " as the cold compile's autotuning example of the LM head "
@@ -831,9 +825,7 @@ class WhatIf:
         common = dict(capacity_bytes=capacity, others_bytes=others, others_left_out_bytes=left_out,
                       pre_kv_peak_bytes=pre_peak, pre_kv_peak_phase=path_at(self.sites.trace, pre_t))  # fmt: skip
         out = functools.partial(Outcome, **common)
-        context = init_used(
-            self.sites.trace, self.sites.need_at
-        )  # vLLM's own snapshot, else the need at init_device's end
+        context = init_used(self.sites.trace, self.sites.need_at)  # vLLM's snapshot, else the need at its end
         requested = math.ceil(self.flags.util * capacity)
         # vLLM checks the free memory at init_device, before it loads a byte of weights: where that refuses, the
         # start-up never gets to the pre-KV peak (the CUDA context itself must fit, or it dies there)
