@@ -8,12 +8,16 @@ from __future__ import annotations
 import json
 import statistics
 from dataclasses import asdict
+from pathlib import Path
 
 import numpy as np
 from memtrace import facts as F
 from memtrace import vllm_phase_names as PN
+from memtrace.analysis.analysed.run import analyse
 from memtrace.analysis.capacity import priors as P
-from memtrace.analysis.capacity.whatif import COMPILE, GRAPHS_KEPT, SEQS, Sites, own_init_used
+from memtrace.analysis.capacity.shape import ModelShape
+from memtrace.analysis.capacity.whatif import COMPILE, GRAPHS_KEPT, SEQS, Sites, own_init_used, sites_of
+from memtrace.store import load_run
 
 
 def _at(s: Sites, t_us: int) -> int:
@@ -56,8 +60,9 @@ def observe(s: Sites, shape, architecture: str, label: str) -> P.Observed:
     compile_ = s.bytes[COMPILE][prof]  # a cold compile's autotuning examples
     forward = s.no_kv[prof] - w - run - compile_
     values = {P.CONTEXT: context, P.WEIGHTS: weights - sampler, P.SAMPLER: sampler,
-              P.ACTIVATIONS: int(forward.max()), P.SAMPLER_RUN: max(int(run.max()), 0),
-              P.COMPILE: int(compile_.max())}  # fmt: skip
+              P.ACTIVATIONS: int(forward.max()), P.SAMPLER_RUN: max(int(run.max()), 0)}  # fmt: skip
+    if compile_.max() > 0:  # a cold compile's example; a warm compile (the cache hit) says nothing of its size
+        values[P.COMPILE] = int(compile_.max())
     warm = _window(s, PN.COMPILE_OR_WARM_UP)
     if warm is not None:
         start = int(s.no_kv[warm[0]])
@@ -77,6 +82,18 @@ def observe(s: Sites, shape, architecture: str, label: str) -> P.Observed:
         values[P.PROFILED_SLACK] = non_kv - int(s.no_kv[prof].max())
     feats = P.features(shape, s.flags, values)
     return P.Observed(label, architecture, values, {k: feats[k] for k in values if k in feats})
+
+
+def observe_folder(folder: Path, architecture: str, config: Path) -> P.Observed:
+    """:func:`observe` of the run in ``folder``; ``config`` (a config.json) gives the model's shape where the
+    recording lacks it, as ``fits --config`` does (older recordings did not record it)."""
+    traces = load_run(str(folder)).traces
+    for t in traces:
+        if not isinstance(t.facts.get(F.VLLM_MODEL_SHAPE), dict):
+            t.facts[F.VLLM_MODEL_SHAPE] = json.loads(Path(config).read_text())
+    rank = analyse(traces, path=str(folder)).worst
+    shape = ModelShape.from_facts(rank.trace.facts)  # with vllm.config's compile mode
+    return observe(sites_of(rank), shape, architecture, folder.name)
 
 
 def _coefficient(obs: list[P.Observed], k: str) -> float | None:

@@ -12,18 +12,13 @@ Llama-shaped dense models) and on an H100 80GB (Gemma3, Qwen3.5-MoE; tests/data/
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 
-from memtrace import facts as F
-from memtrace.analysis.analysed.run import analyse
 from memtrace.analysis.capacity import priors as P
-from memtrace.analysis.capacity.whatif import sites_of
-from memtrace.store import load_run
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from priors_fit import fit, observe, to_json, without  # noqa: E402
+from priors_fit import fit, observe_folder, to_json, without  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
 DATA = ROOT / "tests" / "data"
@@ -48,10 +43,7 @@ def observations(entries=LIBRARY) -> list[P.Observed]:
         if not folder.exists():
             print(f"  (no {folder.relative_to(ROOT)}: left out)", file=sys.stderr)
             continue
-        traces = load_run(str(folder)).traces
-        rank = analyse(traces, path=str(folder)).worst
-        shape = rank.trace.facts.get(F.VLLM_MODEL_SHAPE) or json.loads(Path(config).read_text())
-        out.append(observe(sites_of(rank), shape, arch, folder.name))
+        out.append(observe_folder(folder, arch, config))
     return out
 
 

@@ -20,7 +20,7 @@ from memtrace.analysis.capacity import whatif as W
 from memtrace.cli import main
 from memtrace.errors import UsageError
 from memtrace.store import load_run
-from priors_fit import fit, observe, without
+from priors_fit import fit, observe_folder, without
 from testdata import DATA
 from whatif_heldout_cases import GRID
 
@@ -36,8 +36,7 @@ def test_the_shipped_priors_are_what_the_script_fits_from_the_shipped_start_ups(
     lib = P.load_library()
     assert lib.vllm == "0.34" and len(lib.architectures) >= 2
     folder = DATA / "vllm-h200-034" / "moe-ext"
-    rank = analyse(load_run(str(folder)).traces, path=str(folder)).worst
-    o = observe(W.sites_of(rank), json.loads(Path(MOE_CONFIG).read_text()), "Qwen3MoeForCausalLM", "moe-ext")
+    o = observe_folder(folder, "Qwen3MoeForCausalLM", Path(MOE_CONFIG))
     stored = next(x for x in lib.observed if x.label == "moe-ext")
     assert o.values == stored.values and o.features == pytest.approx(stored.features)
     refit = fit(lib.observed, lib.vllm)

@@ -25,7 +25,7 @@ from memtrace import facts as F
 from memtrace import vllm_phase_names as PN
 from memtrace.analysis.capacity.extensible import measure_kv_cache_bytes
 from memtrace.analysis.capacity.reconcile import profiled_kv_bytes
-from memtrace.analysis.capacity.shape import ModelShape
+from memtrace.analysis.capacity.shape import ModelShape, lm_head_example_bytes
 from memtrace.errors import UsageError
 
 RECORDED, SCALED, PRIOR = "recorded", "scaled", "prior"
@@ -45,8 +45,8 @@ COMPONENTS = {
     ACTIVATIONS: ("profile_run's activations and workspaces above the weights", "batched tokens x act_width x 2 B"),
     SAMPLER: ("the sampler's buffers, made while loading (penalties)", "max-num-seqs x vocabulary x 4 B"),
     SAMPLER_RUN: ("profile_run's dummy sampler run: logits, probabilities, sorting", "max-num-seqs x vocabulary x 4 B"),
-    COMPILE: ("a cold torch.compile's autotuning examples in profile_run (Inductor's select_algorithm)",
-              "vocabulary x hidden x 2 B with tied embeddings, else 0 (0 with enforce-eager)"),
+    COMPILE: ("a cold torch.compile's autotuning example of the LM head in profile_run (Inductor's select_algorithm)",
+              "padded vocabulary x hidden x 2 B where vLLM compiles the model (0 with enforce-eager)"),
     KEPT: ("what profiling leaves held (MoE workspaces)", "batched tokens x experts-per-token x hidden x 2 B"),
     WARMUP: ("the warm-up's transient above what is kept", "batched tokens x act_width x 2 B"),
     GRAPH_POOL: ("the CUDA graphs' memory pool (0 with enforce-eager)", "1 (a constant) with CUDA graphs"),
@@ -89,7 +89,7 @@ def features(shape, flags, values: dict[str, int] | None = None) -> dict[str, fl
     seqs = float(flags.max_num_seqs) * (m.vocab or 0) * 4
     out = {ACTIVATIONS: per_token, WARMUP: per_token, KEPT: tokens * m.experts_per_tok * (m.hidden or 0) * 2,
            SAMPLER: seqs, SAMPLER_RUN: seqs, GRAPH_POOL: 0.0 if flags.enforce_eager else 1.0,
-           COMPILE: 0.0 if flags.enforce_eager or not m.tie_word_embeddings else float(m.vocab or 0) * (m.hidden or 0) * 2}  # fmt: skip
+           COMPILE: 0.0 if flags.enforce_eager or not m.torch_compiled else float(lm_head_example_bytes(m))}  # fmt: skip
     out[SLACK] = out[PROFILED_SLACK] = out[CONTEXT] = 1.0
     if values is not None:
         a, k, w = (values.get(x, 0) for x in (ACTIVATIONS, KEPT, WARMUP))

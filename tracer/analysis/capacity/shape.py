@@ -46,6 +46,21 @@ _REQUIRED = ("vocab", "hidden", "layers", "heads", "kv_heads", "head_dim", "dtyp
 _LINEAR_DIMS = ("linear_key_heads", "linear_value_heads", "linear_key_head_dim", "linear_value_head_dim",
                 "linear_conv_kernel")  # fmt: skip
 _FLAGS = ("kv_cache_dtype", "block_size", "max_model_len")
+#: Architectures vLLM 0.34 runs without torch.compile on CUDA (breakable CUDA graphs by default:
+#: ``config/vllm.py`` ``default_breakable_cudagraph_architectures``, which sets ``CompilationMode.NONE``); a
+#: recording's own ``compilation_mode`` overrides this table
+VLLM_034_NO_COMPILE = frozenset({
+    "AliceAIForCausalLM", "BeamForCausalLM", "DeepseekV32MTPModel", "DeepseekV32ForCausalLM", "DeepseekV4ForCausalLM",
+    "DeepseekV4ForConditionalGeneration", "DeepSeekV4MTPModel", "DeepseekV41ForCausalLM", "Dots3NoteForCausalLM",
+    "Dots3NoteMTPModel", "Glm5NextForCausalLM", "Glm5NextForConditionalGeneration", "Glm5NextMTPModel",
+    "GlmMoeDsaForCausalLM", "HYV4ForCausalLM", "HYV4MTPModel", "InklingForCausalLM", "InklingForConditionalGeneration",
+    "KimiK3ForConditionalGeneration", "KimiK3MTPModel", "KimiK31ForConditionalGeneration", "KimiLinearForCausalLM",
+    "MiniMaxM3SparseForCausalLM", "MiniMaxM3SparseForConditionalGeneration", "MistralLarge4ForCausalLM",
+    "MuseSparkForCausalLM", "MuseSparkForConditionalGeneration", "Qwen4ExpForCausalLM",
+    "Qwen4ExpForConditionalGeneration", "Qwen4ExpMTP", "Step5ForCausalLM", "Step5ForConditionalGeneration",
+    "Qwen3_5ForCausalLM", "Qwen3_5ForConditionalGeneration", "Qwen3_5MTP", "Qwen3_5MoeForCausalLM",
+    "Qwen3_5MoeForConditionalGeneration", "Qwen3_5MoeMTP",
+})  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -84,6 +99,15 @@ class ModelShape:
     max_num_batched_tokens: int | None = None
     tensor_parallel: int = 1
     multimodal: bool = False  # a vision tower beside the text model: its weights are not in weights_bytes
+    #: whether vLLM torch.compiles this model when not told enforce-eager: a compiled recording's
+    #: ``compilation_mode``; None where nothing recorded it (an eager recording, a config)
+    compiles: bool | None = None
+
+    @property
+    def torch_compiled(self) -> bool:
+        """vLLM torch.compiles it unless enforce-eager: as recorded, else not for the architectures vLLM 0.34 runs
+        with breakable CUDA graphs (:data:`VLLM_034_NO_COMPILE`)."""
+        return self.compiles if self.compiles is not None else self.architecture not in VLLM_034_NO_COMPILE
 
     @classmethod
     def from_facts(cls, facts: dict[str, Any]) -> ModelShape:
@@ -191,6 +215,7 @@ def _build(d: dict, arch: str | None, cfg: dict) -> ModelShape:
         kv_cache_dtype=cfg.get("kv_cache_dtype"), block_size=_int(cfg, "block_size"),
         max_model_len=_int(cfg, "max_model_len"), max_num_batched_tokens=_int(cfg, "max_num_batched_tokens"),
         tensor_parallel=_int(cfg, "tensor_parallel_size") or 1, multimodal=d.get("multimodal") is True,
+        compiles=None if cfg.get("enforce_eager") or cfg.get("compilation_mode") is None else bool(cfg["compilation_mode"]),
     )  # fmt: skip
 
 
@@ -323,6 +348,17 @@ def parameters(shape: ModelShape) -> int:
         gdn = (gdn + 2 * s.linear_value_heads + vd * h) // tp + s.linear_value_head_dim
         total += s.linear_layers * gdn
     return total
+
+
+def lm_head_example_bytes(shape: ModelShape) -> int:
+    """A cold torch.compile's autotuning example of the LM head GEMM (Inductor's ``select_algorithm.py``
+    ``generate_example_value``): the padded vocabulary x hidden in the model's dtype, tied embeddings or not. Every
+    cold compile of issue 43's compiled architectures allocated it in profile_run (Gemma3 1,342,504,960 B; the
+    Llama-shaped model 1,050,673,152 B; Qwen3-MoE 622,329,856 B), and two died asking for it. 0 without the shape."""
+    if not shape.vocab or not shape.hidden:
+        return 0
+    vocab = -(-shape.vocab // VOCAB_PADDING) * VOCAB_PADDING
+    return vocab * shape.hidden * dtype_bytes(shape.dtype, unknown=2)
 
 
 def rotary_cache_bytes(shape: ModelShape) -> int:

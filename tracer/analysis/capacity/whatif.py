@@ -41,7 +41,7 @@ from memtrace.units import parse_fraction
 
 TOKENS, SEQS, GRAPHS, KV, FIXED, UNSTACKED = "tokens", "seqs", "graphs", "kv", "fixed", "no stack"
 GRAPHS_KEPT = "graphs kept"
-COMPILE = "compile"  # a cold compile's autotuning example of a tied lm_head (torch/_inductor/select_algorithm.py)
+COMPILE = "compile"  # a cold compile's autotuning example of the LM head (torch/_inductor/select_algorithm.py)
 SCALED = (TOKENS, SEQS, GRAPHS, GRAPHS_KEPT)
 #: The one-trace rule of each kind, in words.
 RULES = {
@@ -55,11 +55,14 @@ RULES = {
     FIXED: "as recorded (weights, init_device, load_model, non-PyTorch memory, allocator rounding, the logits of "
     "0.34's KV-sizing warm-up: 1,024 rows on the H200 traces, neither flag's value)",
     UNSTACKED: "as recorded: no stack was recorded, so it cannot be scaled",
-    COMPILE: "as recorded (a tied embedding's lm_head example, vocabulary x hidden x 2 B; other autotuning examples "
-    "are the tokens'); a change that recompiles (max-num-batched-tokens, enforce-eager off) puts it in profile_run: "
-    "the recording's, else the prior's (issue 43: 1.25 GiB on Gemma3)",
+    COMPILE: "as recorded (the LM head's example, padded vocabulary x hidden x 2 B; other autotuning examples are the "
+    "tokens'); a change that recompiles (a flag in vLLM's compile-cache key, enforce-eager off) puts it in "
+    "profile_run: the recording's, else the prior's (issue 43: 1.25 GiB on Gemma3, 1,002 MiB on the dense model)",
 }
 BOOTS, DIES, REFUSES, UNKNOWN = "boots", "dies", "refuses", "unknown"
+#: the flags in vLLM 0.34's compile-cache key (``compile_factors`` of ``config/model.py``, ``cache.py``,
+#: ``scheduler.py``: not in their ``ignored_factors``); utilization and the extensible KV cache are not
+COMPILE_FACTORS = ("max_num_batched_tokens", "max_num_seqs", "max_model_len", "kv_cache_dtype")
 PRE_KV_WHY = "before the KV cache is sized: --gpu-memory-utilization cannot help there"
 NO_ROOM_WHY = 'no memory left for one request of max-model-len tokens ("No available memory for the cache blocks")'
 #: Where a phase's predicted figure comes from (``PhasePeak.source``).
@@ -329,7 +332,7 @@ class Sites:
         kv_w = self.windows(PN.KV_CACHE_INIT)
         sizing_w = self.windows(PN.KV_CACHE_SIZING_WARMUP)
         sampler = sampler_stacks(t)  # the sampler's files: ``categories``' one definition
-        lm_head = tied_lm_head_bytes(model_shape(t))
+        lm_head = lm_head_example_floor(t)
 
         @functools.cache
         def of_stack(s: int) -> str:
@@ -457,26 +460,19 @@ class PhasePeak:
     source: str = "recorded"
 
 
-def tied_lm_head_bytes(shape: dict | None) -> float:
-    """A cold compile's autotuning example of a tied embedding's lm_head GEMM (vocabulary x hidden x 2 B: 1,342,504,960
-    B on Gemma3, Inductor's select_algorithm, in both cold Gemma3 start-ups of issue 43), 99 % of it: the smallest
-    example counted as that one; infinite for an untied model or an unknown shape (its examples are the tokens')."""
-    if not shape or not shape.get("tie_word_embeddings"):
-        return math.inf
-    return 0.99 * int(shape.get("vocab_size") or 0) * int(shape.get("hidden_size") or 0) * 2 or math.inf
+def lm_head_example_floor(trace) -> float:
+    """The smallest autotuning example counted as the LM head's (:func:`.shape.lm_head_example_bytes`, 99 % of it);
+    infinite without the shape (every example is then the tokens')."""
+    return 0.99 * S.lm_head_example_bytes(S.ModelShape.from_facts(trace.facts)) or math.inf
 
 
 def lm_head_example(trace) -> int | None:
-    """The bytes of a cold torch.compile's autotuning example of the LM head GEMM (Inductor's select_algorithm):
-    vocabulary (padded) x hidden x 2 B, as the allocator asks for it (2 MiB blocks). On the H100 (issue 43) profile_run
-    died asking for exactly this on Qwen3-MoE (594 MiB) and a Llama-shaped model (1,002 MiB), both untied: "Failed to
-    run autotuning code block: CUDA out of memory"; Gemma3's cold compiles held it too. None without the shape."""
-    shape = model_shape(trace)
-    m = P.model_shape(shape) if shape is not None else None
-    if m is None or not m.vocab or not m.hidden:
-        return None
-    vocab = -(-m.vocab // S.VOCAB_PADDING) * S.VOCAB_PADDING
-    return -(-vocab * m.hidden * 2 // (2 << 20)) * (2 << 20)
+    """The LM head's autotuning example (:func:`.shape.lm_head_example_bytes`) as the allocator asks for it (2 MiB
+    blocks): what a cold compile's profile_run died asking for on the H100 (issue 43: 594 MiB on Qwen3-MoE, 1,002 MiB
+    on a Llama-shaped model, both untied: "Failed to run autotuning code block: CUDA out of memory"). None without
+    the shape."""
+    example = S.lm_head_example_bytes(S.ModelShape.from_facts(trace.facts))
+    return -(-example // (2 << 20)) * (2 << 20) if example else None
 
 
 def model_shape(trace) -> dict | None:
@@ -566,6 +562,10 @@ class WhatIf:
                 if k not in self.scales or (sc.rule.startswith("fitted") and base > 0):
                     self.scales[k] = sc  # shown: a fitted phase's scaling, when there is one
             delta += (factor - 1.0) * s.bytes[k]
+        if flags.enforce_eager and s.bytes[COMPILE].any():  # enforce-eager compiles nothing: no autotuning example
+            delta -= s.bytes[COMPILE]
+            self.notes.append(f"enforce-eager compiles nothing: the recorded autotuning examples "
+                              f"({array_max(s.bytes[COMPILE]):,} B at most) are left out")  # fmt: skip
         if s.bytes[UNSTACKED].any():
             self.notes.append(
                 f"{array_max(s.bytes[UNSTACKED]):,} B allocated without a recorded stack are kept as recorded "
@@ -610,9 +610,11 @@ class WhatIf:
             )
 
     def recompiles(self) -> bool:
-        """These flags change what torch.compile compiled for the recording: vLLM compiles again, cold."""
+        """These flags change vLLM's compile-cache key for a model it compiles: it compiles again, cold."""
         f, r = self.flags, self.rec
-        return not f.enforce_eager and (r.enforce_eager or f.max_num_batched_tokens != r.max_num_batched_tokens)
+        if f.enforce_eager or not S.ModelShape.from_facts(self.sites.trace.facts).torch_compiled:
+            return False
+        return r.enforce_eager or any(getattr(f, k) != getattr(r, k) for k in COMPILE_FACTORS)
 
     def _cold_compile(self) -> None:
         """A change that recompiles brings back Inductor's autotuning examples in profile_run (a 1.25 GiB example
@@ -626,9 +628,9 @@ class WhatIf:
         idx = s.window_index(p.start_us, p.end_us if p.end_us is not None else int(s.time[-1]))
         recorded = int(s.bytes[COMPILE][idx].max())
         extra, src = recorded, "the recording's"
-        shape = model_shape(s.trace)
-        if not recorded and shape is not None:
+        if not recorded and model_shape(s.trace) is not None:
             prior = (self.library or P.load_library()).priors.get(P.COMPILE)
+            shape = S.ModelShape.from_facts(s.trace.facts)
             extra = prior.bytes_for(P.features(shape, self.flags)[P.COMPILE]) if prior is not None else 0
             src = "the priors'"
         if not extra:
