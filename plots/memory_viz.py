@@ -8,7 +8,9 @@ The dict has PyTorch's shape, so memory_viz and ``torch.cuda._memory_viz`` read 
 - ``device_traces``: one list per device up to the traced one, whose entries are the allocator
   events (action, addr, size, stream, time_us, frames, compile_context, user_metadata, and pool_id
   when not the default pool), with the compile_context / user_metadata / pool_id the import kept
-  (``facts["snapshot_fields"]``), torch's defaults ("N/A", "") elsewhere;
+  (``facts["snapshot_fields"]``), torch's defaults ("N/A", "") elsewhere; a ``free_completed``
+  without its block's ``free_requested`` (memtrace records none where torch can skip them, a
+  profiler's import has none) gets one just before it (:func:`with_free_requests`);
 - a pinned host memory trace (``importers.pinned_host``) goes to ``host_segments`` / ``host_traces``;
 - ``external_annotations``: the phases as ``record_function`` ranges
   (``{name: "memtrace:<phase>", stage: START|END, device, time_us}``);
@@ -48,6 +50,8 @@ from memtrace.plots.pickle_stream import (
 )
 
 _OOM = ACTION_CODE["oom"]
+_FREE_REQUESTED, _FREE_COMPLETED = ACTION_CODE["free_requested"], ACTION_CODE["free_completed"]
+_BLOCK_ACTIONS = (ACTION_CODE["alloc"], _FREE_REQUESTED, _FREE_COMPLETED)
 
 
 def _covering_blocks(seg, frames_of) -> list[dict[str, Any]]:
@@ -129,6 +133,33 @@ def _fields(trace: Trace) -> tuple[np.ndarray, list]:
     return fields_by_event(trace.facts.get(F.SNAPSHOT_FIELDS), len(trace.events))
 
 
+def _unrequested_frees(ev: np.ndarray) -> np.ndarray:
+    """Positions of the ``free_completed`` entries with no ``free_requested`` of their block just before them at
+    their address (memtrace's recordings skip those: ``facts["capture"]["skipped_actions"]``)."""
+    idx = np.flatnonzero(np.isin(ev["action"], _BLOCK_ACTIONS))
+    idx = idx[np.lexsort((idx, ev["addr"][idx]))]  # by address, each address's entries in order
+    action, addr = ev["action"][idx], ev["addr"][idx]
+    requested = np.zeros(len(idx), dtype=bool)
+    requested[1:] = (action[:-1] == _FREE_REQUESTED) & (addr[:-1] == addr[1:])
+    return np.sort(idx[(action == _FREE_COMPLETED) & ~requested])
+
+
+def with_free_requests(ev: np.ndarray, which: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``ev`` and its fields' ``which`` with a ``free_requested`` put back just before each free without one, at the
+    free's time, with its stack and fields.
+
+    memory_viz's "Allocator State History" replays the entries backwards from the final state and draws a freed
+    block red ("block freed but waiting due to record_stream") until it meets the block's ``free_requested``:
+    without one, every block freed later would be drawn so from its allocation on. Put back, the pair reads as one
+    "free"; a block that did wait on another stream shows as allocated until it was returned."""
+    pos = _unrequested_frees(ev)
+    if len(pos) == 0:
+        return ev, which
+    requests = ev[pos]
+    requests["action"] = _FREE_REQUESTED
+    return np.insert(ev, pos, requests), np.insert(which, pos, which[pos])
+
+
 def _is_host(trace: Trace) -> bool:
     return trace.process.role == PINNED_HOST
 
@@ -175,6 +206,7 @@ def write_snapshot(trace: Trace, out: IO[bytes], progress=None) -> None:
     device = trace.process.device_index or 0
     ps = PickleStream(out, [(f.filename, f.line, f.name) for f in trace.frames], trace.stacks)
     which, values = _fields(trace)
+    events, which = with_free_requests(trace.events, which)
     ps.w(PROTO4 + EMPTY_DICT + MARK)
     if _is_host(trace):  # pinned host memory goes back where torch 2.14 keeps it
         for key in ("segments", "device_traces"):
@@ -183,7 +215,7 @@ def write_snapshot(trace: Trace, out: IO[bytes], progress=None) -> None:
         ps.string("host_segments")
         ps.value(_segments(trace, StackRef))
         ps.string("host_traces")
-        _write_entries(ps, trace.events, which, values)
+        _write_entries(ps, events, which, values)
         ps.w(SETITEMS + STOP)
         ps.flush()
         return
@@ -191,7 +223,7 @@ def write_snapshot(trace: Trace, out: IO[bytes], progress=None) -> None:
     ps.value(_segments(trace, StackRef))
     ps.string("device_traces")
     ps.w(EMPTY_LIST + MARK + EMPTY_LIST * device)
-    _write_entries(ps, trace.events, which, values)
+    _write_entries(ps, events, which, values)
     ps.w(APPENDS)
     if progress is not None:
         progress.advance()

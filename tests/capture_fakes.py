@@ -39,6 +39,7 @@ class FakeTorch:
         self.history: list[dict] = []
         self.max_entries: int | None = None  # torch's ring: the newest entries overwrite the oldest past it
         self.skip: set[str] = set()  # the actions torch is told not to record (skip_actions)
+        self.recorded = 0  # entries put in the history (those of the replayed ones not skipped)
         self.stats = dict.fromkeys(_COUNTER.values(), 0)
 
     def allocate(self, n: int) -> None:
@@ -49,6 +50,7 @@ class FakeTorch:
                 self.stats[key] += 1
             if e["action"] in self.skip:
                 continue
+            self.recorded += 1
             stack = self.context is not None and (keep_free or e["action"] in ("alloc", "segment_alloc"))
             self.history.append({**e, "frames": list(e["frames"]) if stack else []})  # one list per entry
         if self.max_entries is not None and len(self.history) > self.max_entries:

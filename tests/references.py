@@ -23,7 +23,7 @@ from memtrace.analysis.memory.quantities import fullest_at_peak, is_one_moment, 
 from memtrace.importers.files import traces_from_snapshot_file
 from memtrace.importers.snapshot import traces_from_snapshot
 from memtrace.model import ACTION_CODE, Trace
-from memtrace.plots.memory_viz import _annotations, _entry, _fields, _is_host, _segments
+from memtrace.plots.memory_viz import _annotations, _entry, _fields, _is_host, _segments, with_free_requests
 from memtrace.units import Threshold
 
 _ALLOC, _FREE = ACTION_CODE["alloc"], ACTION_CODE["free_completed"]
@@ -173,12 +173,12 @@ def snapshot_dict(trace: Trace, progress=None) -> dict[str, Any]:
     def frames_of(stack: int) -> list[dict[str, Any]]:
         return stacks[stack] if 0 <= stack < len(stacks) else empty
 
-    ev = trace.events
+    which, values = _fields(trace)
+    ev, which = with_free_requests(trace.events, which)
     cols = zip(
         ev["time_us"].tolist(), ev["action"].tolist(), ev["addr"].tolist(), ev["size"].tolist(),
         ev["stream"].tolist(), ev["stack"].tolist(), strict=True,
     )  # fmt: skip
-    which, values = _fields(trace)
     entries = [
         _entry(t, a, addr, size, stream, frames_of(stack), values[w] if w >= 0 else None)
         for (t, a, addr, size, stream, stack), w in zip(cols, which.tolist(), strict=True)

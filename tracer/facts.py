@@ -51,7 +51,14 @@ INSTALL_PATHS = _fact(
     "has its folders inferred from its frames",
 )
 MEMTRACE_VERSION = _fact("memtrace", "str", "capture.env", "the memtrace version that recorded the trace")
-CAPTURE = _fact("capture", "dict", "capture.session", "how the allocator history was drained (drains, clock skew)")
+CAPTURE = _fact(
+    "capture",
+    "dict",
+    "capture.session",
+    "how the allocator history was drained (drains, clock skew) and skipped_actions: the actions torch was told not "
+    "to record (['free_requested'] where torch can skip it; [] where it cannot: the trace then holds them). A trace "
+    "without the key recorded free_requested at start-up and skipped it only in a held serving ring",
+)
 SERVING = _fact(
     "serving",
     "dict",

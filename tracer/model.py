@@ -25,7 +25,7 @@ FORMAT_VERSION = (1, 6)
 #: The names are PyTorch's own (``c10/core/CachingDeviceAllocator.h`` TraceEntry::Action).
 ACTIONS: tuple[str, ...] = (
     "alloc",  # a block handed to a tensor; size = requested bytes
-    "free_requested",  # the tensor released it; memory may still wait on stream uses
+    "free_requested",  # the tensor released it; memory may still wait on stream uses (memtrace skips it: capture)
     "free_completed",  # the block is back in the allocator's pool
     "segment_alloc",  # cudaMalloc of a new segment; size = segment bytes
     "segment_free",  # cudaFree of a segment

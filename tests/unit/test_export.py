@@ -4,6 +4,7 @@ and, where they exist, real H200 traces (tests/data/h200)."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import pickle
 from pathlib import Path
@@ -13,7 +14,8 @@ import pytest
 import synthetic_gates as g
 from memtrace.analysis.memory.curves import all_curves
 from memtrace.cli import main
-from memtrace.plots.memory_viz import export_memory_viz
+from memtrace.model import ACTION_CODE
+from memtrace.plots.memory_viz import export_memory_viz, with_free_requests
 from memtrace.plots.perfetto import export_perfetto
 from memtrace.store import load_trace, save_trace
 from references import snapshot_dict, trace_from_snapshot
@@ -263,3 +265,25 @@ def test_streamed_memory_viz_file_is_read_by_torchs_memory_viz(tmp_path):
     assert f"segments: {len(trace.segments)}" in memory_viz.segsum(snap)
     (oom,) = [e for e in snap["device_traces"][1] if e["action"] == "oom"]
     assert (oom["device_free"], oom["size"]) == (95_682_560, 5_308_694_528)  # the recorded figure, not 0
+
+
+def test_memory_viz_puts_back_the_free_requested_entries_a_recording_skipped(tmp_path, capsys):
+    """memtrace records no ``free_requested`` where torch can skip it. memory_viz's "Allocator State History" draws a
+    freed block red ("waiting due to record_stream") back to its allocation unless the block's ``free_requested``
+    comes before its ``free_completed``, and torch's ``trace_plot(filter_freed=True)`` pairs frees by it: the export
+    puts one back just before each free, so the file reads as the recording with them would."""
+    memory_viz = pytest.importorskip("torch.cuda._memory_viz")
+    full = g.vllm_like_startup()  # its frees are requested and completed at one moment, without a stack
+    assert with_free_requests(full.events, np.full(len(full.events), -1))[0] is full.events  # nothing to add
+    skipped = dataclasses.replace(full, events=full.events[full.events["action"] != ACTION_CODE["free_requested"]])
+    assert len(skipped.events) < len(full.events)
+
+    def entries(trace):
+        with open(export_memory_viz(trace, tmp_path / "s.pickle"), "rb") as f:
+            return pickle.load(f)
+
+    snap = entries(skipped)
+    assert snap["device_traces"] == entries(full)["device_traces"]
+    live = memory_viz.filter_alloc_free_pairs(snap)["device_traces"][0]  # leaves what was never freed
+    assert "free_completed without free_requested" not in capsys.readouterr().out
+    assert {e["action"] for e in live} <= {"alloc", "segment_alloc", "segment_free"}

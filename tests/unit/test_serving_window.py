@@ -69,9 +69,9 @@ def _serving_session(snap, path, monkeypatch, ring_events: int, drain_s: str = "
     return s, fake_history, len(startup)
 
 
-def _recorded(entries, held: bool) -> list[dict]:
-    """The entries a ring receives: a held one is told to skip ``free_requested`` (torch's ``skip_actions``)."""
-    return [e for e in entries if not (held and e["action"] == "free_requested")]
+def _recorded(entries) -> list[dict]:
+    """The entries torch records: it is told to skip ``free_requested`` (``skip_actions``), at start-up as in a ring."""
+    return [e for e in entries if e["action"] != "free_requested"]
 
 
 @pytest.mark.parametrize("held", [True, False], ids=["torch-ring", "memtrace-ring"])
@@ -91,9 +91,10 @@ def test_a_serving_oom_writes_the_startup_then_a_bounded_window_with_the_failed_
     s.on_oom(0, 3 << 30, 80 << 30, 1 << 30)
     t = load_trace(path)
     w = t.window
-    assert len(t.events) == n_startup  # the start-up part as at the end of warm-up, untouched by the window
+    # the start-up part as at the end of warm-up, untouched by the window
+    assert len(t.events) == len(_recorded(fake_history.all_entries[:n_startup]))
     assert w.reason == "oom" and w.writes == 1
-    recorded = _recorded(serving_entries, held)
+    recorded = _recorded(serving_entries)
     assert w.events_kept == len(w.events) == 1000
     assert w.events_dropped == len(recorded) - 1000  # exact: every overwritten kind is one the counters count
     assert w.events["time_us"].tolist() == [e["time_us"] for e in recorded[-1000:]]
@@ -130,7 +131,7 @@ def test_a_held_ring_that_never_filled_drops_nothing_and_its_window_has_no_gap(s
     assert s.write_window("signal:SIGUSR2")
     w = load_trace(path).window
     assert w.events_dropped == 0 and w.gap_us == 0  # no gap, whatever the counters say of that pending free
-    assert w.events_kept == len(_recorded(fake_history.all_entries[n_startup : n_startup + 300], True))
+    assert w.events_kept == len(_recorded(fake_history.all_entries[n_startup : n_startup + 300]))
     a, r = _state(fake_history.all_entries[:n_startup])
     assert (w.start_state["allocated_bytes"], w.start_state["reserved_bytes"]) == (a, r)
     s.close("stop")
@@ -168,7 +169,7 @@ def test_sigusr2_writes_the_window_and_the_process_goes_on(snap, tmp_path, monke
         fake_history.allocate(200)
         os.kill(os.getpid(), signal.SIGUSR2)
         w = load_trace(path).window
-        recorded = _recorded(fake_history.all_entries[fake_history.pos - 200 : fake_history.pos], True)
+        recorded = _recorded(fake_history.all_entries[fake_history.pos - 200 : fake_history.pos])
         assert w.reason == "signal:SIGUSR2" and w.events_kept == 50 and w.events_dropped == len(recorded) - 50
         assert seen == [signal.SIGUSR2]  # the handler installed before memtrace's was called
         fake_history.allocate(10)  # still recording

@@ -22,8 +22,12 @@ ring. The watchdog and the boundary drains stop, ``max_entries`` becomes the ser
 nothing is converted while vLLM serves; a drain then only reads the ring (no clear) and hands all of it, with
 PyTorch's bytes read just before, to ``on_ring``. Entries the ring overwrote are the window's dropped ones, not a
 loss: the allocations, completed frees and segment changes among them are counted exactly from the allocator's
-counters (``free_requested`` entries are not recorded while held, where torch can skip them: a third of the
-entries, which no curve reads).
+counters.
+
+Neither mode records ``free_requested`` entries where torch can skip them (torch's ``skip_actions``): a third of the
+entries, which no analysis reads (every curve, holder and check frees a block at its ``free_completed``; the
+memory-viz export puts one back before each free), and each adds to ``_snapshot()``'s ~2.1 us an entry on the H100.
+``facts["capture"]["skipped_actions"]`` says what was skipped.
 """
 
 from __future__ import annotations
@@ -195,6 +199,10 @@ class AllocatorHistory:
         self._held_base: dict[str, int] | None = None
         params = inspect.signature(torch.cuda.memory._record_memory_history).parameters
         self._supports = set(params)
+        #: The actions torch is told not to record. ``free_requested``: nothing reads it (a block is freed at its
+        #: ``free_completed``; the loss check counts neither), and it was a third of the entries each drain's
+        #: ``_snapshot()`` pays for (~2.1 us an entry on the H100, issue 42). Empty where torch cannot skip.
+        self.skipped: list[str] = ["free_requested"] if "skip_actions" in self._supports else []
 
     # -- recording -----------------------------------------------------------------------------
     def _record(self, *, clear: bool, enabled: str | None = "all") -> None:
@@ -209,8 +217,8 @@ class AllocatorHistory:
                 kwargs["max_entries"] = self.max_entries
             if "global_record_annotations" in self._supports:  # phases from any thread
                 kwargs["global_record_annotations"] = True
-            if self.held and "skip_actions" in self._supports:  # the flight recorder: no curve reads them
-                kwargs["skip_actions"] = ["free_requested"]
+            if self.skipped:
+                kwargs["skip_actions"] = self.skipped
         if clear and "clear_history" in self._supports:
             kwargs["clear_history"] = True
         self.torch.cuda.memory._record_memory_history(**kwargs)
@@ -294,12 +302,13 @@ class AllocatorHistory:
             return None
 
     def _pending(self) -> tuple[int, int | None]:
-        """Estimated entries recorded since the last drain (alloc 1, free 2: requested and completed, segment 1),
-        and PyTorch's reserved bytes read with them (None before CUDA is initialised)."""
+        """Estimated entries recorded since the last drain (alloc 1, free 1, or 2 where ``free_requested`` is
+        recorded, segment 1), and PyTorch's reserved bytes read with them (None before CUDA is initialised)."""
         last, now = self._last_stats, self._stats()
         counted = counted_between(last, now)
-        pending = 0 if counted is None else counted + now["allocation.all.freed"] - last["allocation.all.freed"]
-        return pending, now.get(_RESERVED)
+        if counted is not None and "free_requested" not in self.skipped:
+            counted += now["allocation.all.freed"] - last["allocation.all.freed"]
+        return counted or 0, now.get(_RESERVED)
 
     def _snapshot_and_clear(self, *, stop: bool) -> dict[str, Any]:
         if self.held and not stop:  # the flight recorder's ring is read, never cleared
@@ -438,7 +447,8 @@ class AllocatorHistory:
         return reserved
 
     def capture_fact(self, phases: list) -> dict[str, Any]:
-        """Drain costs and how far the record_function annotations sit from the Python phase times."""
+        """Drain costs, the actions torch did not record, and how far the record_function annotations sit from the
+        Python phase times."""
         starts: dict[str, list[int]] = {}
         for a in self.annotations:
             if a.get("stage") == "START":
@@ -451,7 +461,7 @@ class AllocatorHistory:
                 skew.append(starts[p.name][i] - p.start_us)
                 used[p.name] = i + 1
         drains = {**self.timing.as_fact(), "converted_on": "traced thread" if self.defer is None else "background"}
-        fact: dict[str, Any] = {"drains": drains, "annotations": len(self.annotations)}
+        fact: dict[str, Any] = {"drains": drains, "annotations": len(self.annotations), "skipped_actions": self.skipped}
         if skew:
             fact["annotation_minus_phase_start_us"] = {
                 "matched": len(skew),

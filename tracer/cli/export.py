@@ -5,7 +5,8 @@
               committed through CUDA VMM, and apart the VMM address space reserved, which is not
               memory), slices for phases and hook calls, one process track per traced process (every rank)
   memory-viz  a torch.cuda.memory._snapshot()-shaped pickle (protocol 4) for pytorch.org/memory_viz
-              (one rank: --rank, default the run's worst rank, as every output names it)
+              (one rank: --rank, default the run's worst rank, as every output names it); a free recorded
+              without its free_requested (memtrace skips them) gets one back just before it
   folded      folded stacks of what was live at the peak, for speedscope / flamegraph.pl (the worst rank; with
               CUPTI records, the non-PyTorch allocations under "[non-PyTorch, CUPTI]" too; from vLLM
               0.34, the KV cache committed through CUDA VMM under "[KV cache outside PyTorch (CUDA VMM)]")
