@@ -146,10 +146,16 @@ write_holder() {
 """Hold all but N bytes of the GPU's free memory until killed (another process on a shared GPU: a smaller card)."""
 import os, sys, time
 import torch
+want = int(sys.argv[1])
 free, total = torch.cuda.mem_get_info()
-x = torch.empty(free - int(sys.argv[1]), dtype=torch.uint8, device="cuda"); x.fill_(1)
-torch.cuda.synchronize(); free, total = torch.cuda.mem_get_info()
-print(f"holder pid {os.getpid()} holds {x.numel()} B; cudaMemGetInfo free {free} B of {total} B", flush=True)
+size = free - want
+for _ in range(4):  # the first fill loads kernels (lazy module loading: ~92 MiB on the H100 once): measure, then correct
+    x = torch.empty(size, dtype=torch.uint8, device="cuda"); x.fill_(1)
+    torch.cuda.synchronize(); free, total = torch.cuda.mem_get_info()
+    if free == want:
+        break
+    size += free - want; del x; torch.cuda.empty_cache()
+print(f"holder pid {os.getpid()} holds {x.numel()} B; cudaMemGetInfo free {free} B of {total} B (asked {want} B)", flush=True)
 while True:
     time.sleep(1)
 PY
