@@ -25,6 +25,7 @@ Call order in a worker (all listed versions)::
         kv_cache_sizing_warmup      # 0.34, extensible KV cache: the steps whose peak sizes the cache
         capture_model
         kv_cache_sizing             # 0.34, extensible: measure_kv_cache_blocks ("Memory after warmup")
+    (finalize_extensible_kv_cache)  # 0.34, in EngineCore: the blocks settled; not a phase, its error is kept
     kv_cache_extend                 # 0.34, extensible: Worker.extend_kv_cache commits the final size
 
 A runner method called *while profiling* is not a phase of its own: ``skip_kwarg`` names the flag.
@@ -89,6 +90,7 @@ ROLES = {
     "vmm": "the KV cache's CUDA virtual-memory commits (outside PyTorch)",
     "sizing-read": "vLLM's free-memory reading the KV cache is sized from",
     "transient-peak": "vLLM's reading of the transient peak",
+    "engine-error": "vLLM's engine may refuse to start here, outside the phases: its error is kept for the verdict",
     "ray": "memtrace's switches reach Ray workers; the collector starts with Ray",
     "workspace": "a FlashInfer workspace allocator: bytes and arguments per call",
     "serving-step": "a scheduler step of the serving window (MEMTRACE_UNTIL=serving only)",
@@ -175,6 +177,7 @@ _EXT = vllm_facts.EXTENSIBLE_MODULE
 _DISPATCH = "flashinfer.fused_moe.cute_dsl.blackwell_sm12x.moe_dispatch"
 _B12X_MOE = "flashinfer.fused_moe.cute_dsl.b12x_moe"
 _B12X_IMPL = "b12x.moe.fused_moe._impl"
+_PLANNING = "vllm.v1.core.kv_cache_planning"
 _V034 = (0, 34)
 
 
@@ -259,6 +262,17 @@ TABLE: tuple[Entry, ...] = (
     Entry("vllm.utils.mem_utils:device_memory_info", "vllm", "sizing-read", P.SizingReadHook, since=_V034),
     Entry(
         f"{_EXT}:ExtensibleKVCache.record_transient_peak", "vllm", "transient-peak", P.TransientPeakHook, since=_V034
+    ),
+    # 0.34's engine settles the extensible KV cache after the workers' warm-up (EngineCore._initialize_kv_caches,
+    # bound by name in vllm.v1.engine.core) and refuses there when no block fits: the error the verdict names
+    Entry(
+        f"{_PLANNING}:finalize_extensible_kv_cache",
+        "vllm",
+        "engine-error",
+        P.EngineErrorHook,
+        since=_V034,
+        phase=PN.KV_CACHE_SIZING,
+        required=False,
     ),
     # Ray: the copy list every vLLM Ray launcher asks for, and where vLLM starts Ray
     Entry(ray_env.COPY_LIST_TARGET, "vllm", "ray", ray_env.CopyListHook),

@@ -262,6 +262,27 @@ class SizingReadHook:
             token.set_fact(F.VLLM_KV_SIZING, sizing)
 
 
+class EngineErrorHook:
+    """Keeps an error vLLM's engine raises outside the worker's phases, as a phase's would be (``_record_error``):
+    0.34's ``finalize_extensible_kv_cache`` (``EngineCore._initialize_kv_caches``, after ``compile_or_warm_up``
+    returned) refuses there when the measured KV cache holds no block ("No available memory for the cache
+    blocks"). Records nothing when the call returns; vLLM's error goes on untouched. ``entry.phase``: the phase
+    the error is kept under. Only a process that records sees it (the worker's own under the uni executor)."""
+
+    cost_source = "phases"
+
+    def __init__(self, plugin: Any, entry: Any):
+        self.phase = entry.phase
+        self.key = entry.path
+
+    def before(self, target: Target, args: tuple, kwargs: dict) -> Any:
+        return session()
+
+    def after(self, token: Any, result: Any, error: BaseException | None) -> None:
+        if token is not None and error is not None:
+            _record_error(self.phase, error, token)
+
+
 _oom_logged: set[int] = set()  # ids of the OOM errors already logged (each phase it crosses sees it)
 
 
