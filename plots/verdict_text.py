@@ -40,15 +40,23 @@ def unfinished_sentence(run) -> str:
     u = r.unfinished
     name = f"{r.label}'s" if run.multi else "the process's"
     how = "the process exited" if u.end_reason == "exit" else u.end_reason
-    why = (
-        f"vLLM raised {u.error_type}: {u.error_message}"
-        if u.error_type
-        else "vLLM's log says why (this trace predates the plugin keeping the error)"
-    )
     return (
         f"DID NOT FINISH: {name} start-up ended at {r.seconds(u.end_us):.2f} s ({how}) in {u.phase_path}, "
-        f"without a CUDA OOM: {why}. Nothing after it was recorded; no KV cache was sized to judge."
+        f"without a CUDA OOM: {_why(u)}. Nothing after it was recorded; no KV cache was sized to judge."
     )
+
+
+def _why(u) -> str:
+    """What ended an unfinished start-up: vLLM's error as the plugin kept it, else why the trace does not say."""
+    if u.error_type:
+        return f"vLLM raised {u.error_type}: {u.error_message}"
+    if u.plugin_keeps_errors:
+        return (
+            "the plugin did not see the error (vLLM raised it outside the phases memtrace hooks): vLLM's log says why"
+        )
+    if u.plugin_keeps_errors is False:
+        return "vLLM's log says why (this trace predates the plugin keeping the error)"
+    return "memtrace did not see the error: vLLM's log says why"
 
 
 def nothing_sentence(run) -> str:

@@ -374,6 +374,8 @@ class Trace:
     notes: list[Note] = field(default_factory=list)
     #: Where the trace was read from (set by the store; not saved).
     path: str = ""
+    #: The format version of the file it was read from (set by the store; not saved): which memtrace wrote it.
+    format_version: tuple[int, int] = FORMAT_VERSION
 
     def stack_frames(self, stack: int) -> list[Frame]:
         """The frames of an interned stack, innermost first; [] for -1."""

@@ -581,7 +581,7 @@ def _read(db: sqlite3.Connection, path: Path) -> Trace:
     tables = {r[0] for r in db.execute("SELECT name FROM sqlite_master WHERE type='table'")}
     if "meta" not in tables:
         raise TraceFormatError(f"{path} is an SQLite file but not a memtrace trace (no meta table)")
-    _version(db, path)
+    version = _version(db, path)
     meta = dict(db.execute("SELECT key, value FROM meta").fetchall())
 
     def doc(key: str) -> dict[str, Any]:
@@ -595,6 +595,7 @@ def _read(db: sqlite3.Connection, path: Path) -> Trace:
         recording=_from_dict(Recording, doc("recording")),
         facts=with_committed_kv_cache(doc("facts")),  # an older plugin's extensible KV facts, as they mean now
         path=str(path),
+        format_version=version,
     )
     trace.frames = [
         Frame(f or "", int(ln or 0), n or "")

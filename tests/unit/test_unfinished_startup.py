@@ -8,6 +8,7 @@ run "within target". `g08`, the same flags on the whole card, completed.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -16,7 +17,9 @@ from memtrace.cli import main
 from memtrace.plugins import vllm_phases
 from memtrace.plugins.surface import of_role
 
-GRID = Path(__file__).resolve().parents[1] / "data" / "vllm-h200-034-grid"
+DATA = Path(__file__).resolve().parents[1] / "data"
+GRID = DATA / "vllm-h200-034-grid"
+CUT = DATA / "vllm-h100-034-archs" / "cut-gemma3-0"  # H100, vLLM 0.34.0, format 1.6: refused in the engine
 
 
 def _json(capsys, run: Path) -> dict:
@@ -81,3 +84,39 @@ def test_the_plugin_keeps_the_first_error_that_left_a_phase_and_not_an_oom():
         "type": "ValueError",
         "message": "No available memory for the cache blocks.",
     }
+
+
+def _headline(run: Path, format_version: tuple[int, int] | None = None) -> str:
+    from memtrace.analysis.analysed.run import analyse
+    from memtrace.plots.verdict_text import headline
+    from memtrace.store import load_run
+
+    traces = load_run(run).traces
+    if format_version is not None:
+        traces = [dataclasses.replace(t, format_version=format_version) for t in traces]
+    return headline(analyse(traces))
+
+
+NOT_SEEN = (
+    "DID NOT FINISH: the process's start-up ended at 15.13 s (the process exited) in compile_or_warm_up/"
+    "kv_cache_sizing, without a CUDA OOM: {why}. Nothing after it was recorded; no KV cache was sized to judge."
+)
+
+
+def test_an_error_a_current_plugin_did_not_see_is_not_blamed_on_an_old_trace():
+    """cut-gemma3-0: vLLM 0.34 raised in ``finalize_extensible_kv_cache`` (its log), after every hooked phase of the
+    worker returned; the plugin that recorded it keeps errors (format 1.6), it did not see this one."""
+    assert _headline(CUT) == NOT_SEEN.format(
+        why="the plugin did not see the error (vLLM raised it outside the phases memtrace hooks): vLLM's log says why"
+    )
+
+
+def test_only_a_format_from_before_the_error_fact_says_the_trace_predates_it():
+    """Format 1.2 and before: no plugin kept errors. 1.3 was written before and after it came (2026-12-04):
+    a wording true either way (small-r2048 is one such 1.3 trace)."""
+    assert _headline(CUT, (1, 2)) == NOT_SEEN.format(
+        why="vLLM's log says why (this trace predates the plugin keeping the error)"
+    )
+    assert _headline(CUT, (1, 3)) == NOT_SEEN.format(why="memtrace did not see the error: vLLM's log says why")
+    small = _headline(GRID / "small-r2048")
+    assert "without a CUDA OOM: memtrace did not see the error: vLLM's log says why." in small.replace("\n", " ")

@@ -32,6 +32,21 @@ class Unfinished:
     end_reason: str  # "exit", "signal:SIGTERM", "exception..."
     error_type: str | None = None  # the error that left the phase, when the plugin saw it
     error_message: str | None = None
+    #: whether the plugin that recorded it keeps vLLM's error (None: its trace format cannot tell)
+    plugin_keeps_errors: bool | None = None
+
+
+#: The plugin keeps vLLM's start-up error (``facts.VLLM_STARTUP_ERROR``) since 2026-12-04: every memtrace writing
+#: format 1.4 or later has it, none writing 1.2 or earlier did; 1.3 files were written both before and after.
+KEEPS_ERRORS_FORMAT = (1, 4)
+LACKS_ERRORS_FORMAT = (1, 2)
+
+
+def plugin_keeps_errors(trace: Trace) -> bool | None:
+    """Whether the memtrace that wrote ``trace`` keeps vLLM's start-up error, from its format (None: 1.3)."""
+    if trace.format_version >= KEEPS_ERRORS_FORMAT:
+        return True
+    return False if trace.format_version <= LACKS_ERRORS_FORMAT else None
 
 
 def recorded_nothing(trace: Trace) -> bool:
@@ -62,4 +77,5 @@ def unfinished(trace: Trace, last_us: int) -> Unfinished | None:
         end_reason=reason,
         error_type=error.get("type"),
         error_message=error.get("message"),
+        plugin_keeps_errors=plugin_keeps_errors(trace),
     )
