@@ -274,3 +274,40 @@ def test_a_failed_request_of_the_examples_size_is_left_out_only_where_a_change_s
         s = W.sites_of(analyse([trace]).ranks[0])
         flags = dataclasses.replace(s.flags, enforce_eager=new_eager)
         assert W.WhatIf(s, flags)._failed[1] == counted, (recorded_eager, new_eager)
+
+
+def test_every_cold_compile_held_the_lm_heads_example_tied_or_not_and_the_uncompiled_hybrid_none():
+    """The example is the padded vocabulary x hidden x 2 B of whatever model vLLM compiles: Gemma3 (tied), Qwen3-MoE
+    and the Llama-shaped model (untied) all held it in their cold compiles (the H200 moe-ext and dense-ext, the H100
+    a-gemma3); vLLM 0.34 runs Qwen3.5-MoE without torch.compile on CUDA (compilation_mode 0, breakable CUDA graphs)
+    and a-q35moe held none. The refitted prior is 1.0 with no leave-one-architecture-out error."""
+    from memtrace.analysis.capacity import shape as S
+
+    for folder, example in ((DATA / "vllm-h200-034" / "moe-ext", 622_329_856),
+                            (DATA / "vllm-h200-034" / "dense-ext", 1_050_673_152),
+                            (ARCHS / "a-gemma3", 1_342_504_960), (ARCHS / "a-q35moe", 0)):  # fmt: skip
+        trace = load_run(folder).traces[0]
+        if not isinstance(trace.facts.get(F.VLLM_MODEL_SHAPE), dict):  # the H200 traces predate the recorded shape
+            config = MOE_CONFIG if "moe" in folder.name else DATA.parent / "gpu" / "vllm034" / "dense-config.json"
+            trace.facts[F.VLLM_MODEL_SHAPE] = json.loads(Path(config).read_text())
+        m = S.ModelShape.from_facts(trace.facts)
+        s = W.sites_of(analyse([trace]).ranks[0])
+        assert (S.lm_head_example_bytes(m) if m.torch_compiled else 0) == example
+        assert int(s.bytes[W.COMPILE].max()) == example, folder.name
+    prior = P.load_library().priors[P.COMPILE]
+    assert prior.coefficient == 1.0 and prior.spread == 0.0 and len(prior.architectures) == 3
+
+
+def test_only_a_flag_in_vllms_compile_cache_key_recompiles():
+    """vLLM 0.34 keys its compile cache on max-num-batched-tokens, max-num-seqs, max-model-len and the KV cache dtype
+    (``compile_factors``; utilization and the extensible KV cache are in ``ignored_factors``): a change of those
+    compiles cold again, enforce-eager compiles nothing, and a model vLLM does not compile never recompiles."""
+    s = W.sites_of(analyse(load_run(ARCHS / "cut-gemma3-0").traces).worst)
+    r = s.flags
+    for change, again in (({"max_num_seqs": 4}, True), ({"max_model_len": 8192}, True),
+                          ({"kv_cache_dtype": "auto"}, True), ({"max_num_batched_tokens": 1024}, True),
+                          ({"gpu_memory_utilization": 0.06}, False), ({"extensible": False}, False),
+                          ({"max_num_seqs": 4, "enforce_eager": True}, False)):  # fmt: skip
+        assert W.WhatIf(s, dataclasses.replace(r, **change)).recompiles() is again, change
+    q = W.sites_of(analyse(load_run(ARCHS / "a-q35moe").traces).worst)
+    assert not W.WhatIf(q, dataclasses.replace(q.flags, max_num_seqs=4)).recompiles()
