@@ -19,6 +19,7 @@ from typing import Any
 
 from memtrace import facts as F
 from memtrace.capture import selfcost
+from memtrace.capture.allocator_history import allocator_stats, stat
 
 
 def read(device: int) -> dict[str, int] | None:
@@ -27,15 +28,9 @@ def read(device: int) -> dict[str, int] | None:
     if torch is None or not torch.cuda.is_initialized():
         return None
     free, total = torch.cuda.mem_get_info(device)
-    raw = getattr(torch._C, "_cuda_memoryStats", None)
-    if raw is None:  # a torch without the raw counters: its public readers (each flattens every counter)
-        reserved, allocated = torch.cuda.memory_reserved(device), torch.cuda.memory_allocated(device)
-        reserved_peak, allocated_peak = torch.cuda.max_memory_reserved(device), torch.cuda.max_memory_allocated(device)
-    else:  # one read of the allocator's nested counters (~5x cheaper than the four readers above)
-        stats = raw(device)
-        reserved, allocated = stats["reserved_bytes"]["all"], stats["allocated_bytes"]["all"]
-        reserved_peak, allocated_peak = reserved["peak"], allocated["peak"]
-        reserved, allocated = reserved["current"], allocated["current"]
+    s = allocator_stats(torch, device)
+    reserved, allocated = (stat(s, f"{k}_bytes.all.current", 0) for k in ("reserved", "allocated"))
+    reserved_peak, allocated_peak = (stat(s, f"{k}_bytes.all.peak", 0) for k in ("reserved", "allocated"))
     return {
         "time_us": time.time_ns() // 1000,
         "free_bytes": int(free),
