@@ -260,4 +260,7 @@ def _wait(child: subprocess.Popen, run_dir: Path, width: int) -> int:
         print(f"memtrace: the command exited ({exit_code(returncode)}) before start-up completed", file=sys.stderr)
         if startup_state(run_dir)[0]:
             _summary(run_dir, width)
+        else:  # e.g. vLLM refusing in init_device: less free memory than --gpu-memory-utilization asks
+            print(f"memtrace: no trace was written in {run_dir}: a vLLM worker is recorded from the end of its "
+                  "init_device, and none got there (the command's own error says why)", file=sys.stderr)  # fmt: skip
     return exit_code(returncode)
