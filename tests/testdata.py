@@ -30,6 +30,7 @@ PACKED = (
     "vllm-h200/startup-stacks",
     "h200/startup-ws1g",
     "h200/seed-b12x-0613",
+    "h200/startup-cap44g",
 )
 
 _UNPACKED = Path(tempfile.gettempdir()) / f"memtrace-tests-data-{os.getpid()}"

@@ -244,7 +244,7 @@ def test_two_ranks_get_one_lane_each_on_a_shared_time_axis(browser, tmp_path):
     run_dir.mkdir()
     for rank, name in enumerate(["startup-cap32g", "startup-cap44g"]):
         dst = run_dir / f"vm-pid{1000 + rank}-rank{rank}.memtrace"
-        shutil.copy(next((DATA / "h200" / name).glob("*.memtrace")), dst)
+        shutil.copy(next(unpacked(DATA / "h200" / name).glob("*.memtrace")), dst)
         db = sqlite3.connect(dst)
         with db:
             (doc,) = db.execute("SELECT value FROM meta WHERE key='process'").fetchone()

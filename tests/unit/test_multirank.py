@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 from memtrace.cli import main
 from memtrace.store import load_run
+from testdata import unpacked
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "h200"
 
@@ -53,7 +54,7 @@ def _two_rank_run(tmp_path: Path) -> Path:
     run_dir = tmp_path / "tp2"
     run_dir.mkdir()
     for rank, name in enumerate(["startup-cap32g", "startup-cap44g"]):
-        src = next((DATA / name).glob("*.memtrace"))
+        src = next(unpacked(DATA / name).glob("*.memtrace"))
         dst = run_dir / f"vm-pid{1000 + rank}-rank{rank}.memtrace"
         shutil.copy(src, dst)
         db = sqlite3.connect(dst)
