@@ -19,7 +19,7 @@ from typing import Any
 
 from memtrace import facts as F
 from memtrace.capture import selfcost
-from memtrace.capture.allocator_history import allocator_stats, stat
+from memtrace.capture.counters import allocator_stats, stat
 
 
 def read(device: int) -> dict[str, int] | None:

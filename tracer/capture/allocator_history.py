@@ -43,6 +43,7 @@ from typing import Any
 
 import numpy as np
 from memtrace.capture import selfcost
+from memtrace.capture.counters import allocator_stats, stat
 from memtrace.model import ACTION_CODE, Recording, Segment
 
 log = logging.getLogger("memtrace")
@@ -55,34 +56,6 @@ _COUNTERS = {
     "segment.all.freed": "segment_free",
 }
 _RESERVED = "reserved_bytes.all.current"  # read with the counters, for the sidecar's hint
-
-
-def allocator_stats(torch: Any, device: int) -> dict[str, Any]:
-    """The caching allocator's nested counters (``stats["reserved_bytes"]["all"]["current"]``) in one read of
-    ``torch._C._cuda_memoryStats``; a torch without it: ``memory_stats()``' flat names nested the same way (that
-    reader flattens every counter, ~5x slower). The one reader of the counters: the drains, the serving window,
-    the sidecar's hint and the vLLM plugin's phase edges read through it."""
-    raw = getattr(torch._C, "_cuda_memoryStats", None)
-    if raw is not None:
-        return raw(device)
-    out: dict[str, Any] = {}
-    for name, value in torch.cuda.memory_stats(device).items():
-        *parents, leaf = name.split(".")
-        d = out
-        for p in parents:
-            d = d.setdefault(p, {})
-        d[leaf] = value
-    return out
-
-
-def stat(stats: dict[str, Any], name: str, default: int | None = None) -> int | None:
-    """The counter ``name`` ("reserved_bytes.all.current") of :func:`allocator_stats`; ``default`` where absent."""
-    node: Any = stats
-    for part in name.split("."):
-        if not isinstance(node, dict) or part not in node:
-            return default
-        node = node[part]
-    return int(node)
 
 
 #: The drain watchdog polls the allocator's counters (~90 us with the GIL held, each) every 20 ms while allocations
